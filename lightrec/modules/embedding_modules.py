@@ -1,0 +1,274 @@
+"""Unsharded embedding collections: many tables, one ``KeyedJaggedTensor`` in, one result out.
+
+``EmbeddingBagCollection`` pools (SUM/MEAN) each feature's ids per sample and returns a
+``KeyedTensor`` ``[B, sum(D)]``; ``EmbeddingCollection`` returns every id's row as a
+``JaggedTensor`` per feature. These are the plain-PyTorch modules users prototype with and the
+reference the sharded and fused versions are tested against; ``DistributedModelParallel``
+replaces them with batched, fused, sharded equivalents that keep the same state-dict keys.
+
+Both are buildable on ``device="meta"`` (no memory is allocated; the sharder materialises only
+the local shards later).
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.fx._symbolic_trace import is_fx_tracing
+
+from lightrec.modules.embedding_configs import (
+    BaseEmbeddingConfig,
+    EmbeddingBagConfig,
+    EmbeddingConfig,
+    PoolingType,
+)
+from lightrec.modules.feature_checks import BOUNDS_CHECK_MODES, apply_bounds_check, check_feature_keys
+from lightrec.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
+from lightrec.sparse._ops import complete_cumsum
+
+__all__ = ["EmbeddingBagCollection", "EmbeddingCollection"]
+
+
+def _check_tables(tables: list[BaseEmbeddingConfig], where: str) -> list[str]:
+    """Validate a table list; return the flat feature order (table by table)."""
+    if len(tables) == 0:
+        raise ValueError(f"{where} needs at least one table config, got tables=[]")
+    names = [t.name for t in tables]
+    if any(not n for n in names):
+        raise ValueError(f"{where}: every table needs a non-empty name, got names {names}")
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"{where}: table names must be unique, duplicated: {dupes}")
+    features: list[str] = []
+    for t in tables:
+        if not t.feature_names:
+            raise ValueError(f"{where}: table {t.name!r} has no feature_names; name the features that look it up")
+        for f in t.feature_names:
+            if f in features:
+                owner = next(o.name for o in tables if f in o.feature_names)
+                raise ValueError(
+                    f"{where}: feature {f!r} is listed by tables {owner!r} and {t.name!r}; a feature looks up "
+                    "exactly one table (several features may share one table)"
+                )
+            features.append(f)
+    return features
+
+
+def _check_bounds_mode(bounds_check: str) -> None:
+    if bounds_check not in BOUNDS_CHECK_MODES:
+        raise ValueError(f"bounds_check must be one of {BOUNDS_CHECK_MODES}, got {bounds_check!r}")
+
+
+class EmbeddingBagCollection(nn.Module):
+    """Pooled embedding tables: ``KeyedJaggedTensor`` → ``KeyedTensor`` ``[B, sum_f D_f]``.
+
+    Output keys are the feature names in table order (a table's features in their listed order);
+    the block of feature ``f`` is ``D`` wide, where ``D`` is its table's ``embedding_dim``.
+
+    Args:
+        tables: one ``EmbeddingBagConfig`` per table.
+        is_weighted: use the KJT's per-id weights (``per_sample_weights``); the KJT must carry them.
+        device: where to allocate the tables; ``"meta"`` allocates nothing.
+        bounds_check: what to do with ids outside ``[0, num_embeddings)``: ``"error"`` (default),
+            ``"clamp"`` or ``"skip"``.
+    """
+
+    def __init__(
+        self,
+        tables: list[EmbeddingBagConfig],
+        is_weighted: bool = False,
+        device: torch.device | str | None = None,
+        bounds_check: str = "error",
+    ) -> None:
+        super().__init__()
+        for t in tables:
+            if not isinstance(t, EmbeddingBagConfig):
+                raise TypeError(f"EmbeddingBagCollection takes EmbeddingBagConfig tables, got {type(t).__name__}")
+        self._feature_order = _check_tables(tables, "EmbeddingBagCollection")
+        _check_bounds_mode(bounds_check)
+        self._embedding_bag_configs = list(tables)
+        self._is_weighted = is_weighted
+        self._bounds_check = bounds_check
+        self.embedding_bags = nn.ModuleDict()
+        for t in tables:
+            mode = "sum" if t.pooling == PoolingType.SUM else "mean"
+            self.embedding_bags[t.name] = nn.EmbeddingBag(
+                t.num_embeddings, t.embedding_dim, mode=mode, include_last_offset=True, device=device
+            )
+        self._embedding_names: list[str] = list(self._feature_order)
+        self._lengths_per_embedding: list[int] = [t.embedding_dim for t in tables for _ in t.feature_names]
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Initialise every table from its config (uniform range or ``init_fn``); no-op on meta."""
+        for t in self._embedding_bag_configs:
+            t.init_weight(self.embedding_bags[t.name].weight)
+
+    def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
+        return self._embedding_bag_configs
+
+    def is_weighted(self) -> bool:
+        return self._is_weighted
+
+    def feature_names(self) -> list[str]:
+        return list(self._feature_order)
+
+    @property
+    def device(self) -> torch.device:
+        return next(iter(self.embedding_bags.values())).weight.device
+
+    def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        """Pool every feature's ids.
+
+        Args:
+            features: KJT with exactly this collection's feature names as keys (any order).
+
+        Returns:
+            ``KeyedTensor`` with keys ``feature_names()`` and values ``[B, sum D]``.
+        """
+        if not is_fx_tracing():
+            check_feature_keys(features.keys(), self._feature_order, "EmbeddingBagCollection")
+        features = features.permute_to_keys(self._feature_order)
+        weights = None
+        if self._is_weighted:
+            weights = features.weights_or_none()
+            if weights is None and not is_fx_tracing():
+                raise ValueError(
+                    "EmbeddingBagCollection(is_weighted=True) needs per-id weights, but the KeyedJaggedTensor "
+                    "has weights=None; pass weights=... or build the collection with is_weighted=False"
+                )
+        stride = features.stride()
+        offset_per_key = features.offset_per_key()
+        lengths = features.lengths()
+        values = features.values()
+        pooled: list[torch.Tensor] = []
+        first_feature = 0
+        for table in self._embedding_bag_configs:
+            num_features = len(table.feature_names)
+            last_feature = first_feature + num_features
+            start, end = offset_per_key[first_feature], offset_per_key[last_feature]
+            ids, bag_lengths, id_weights = apply_bounds_check(
+                self._bounds_check,
+                values[start:end],
+                lengths[first_feature * stride : last_feature * stride],
+                weights[start:end] if weights is not None else None,
+                table.num_embeddings,
+                table.name,
+                table.feature_names,
+                stride,
+            )
+            out = _pool(self.embedding_bags[table.name].weight, ids, bag_lengths, id_weights, table.pooling)
+            # [num_features * B, D] (feature-major) -> [B, num_features * D] (feature blocks side by side)
+            pooled.append(
+                out.view(num_features, stride, table.embedding_dim).transpose(0, 1).reshape(stride, -1)
+            )
+            first_feature = last_feature
+        return KeyedTensor(
+            keys=self._embedding_names,
+            length_per_key=self._lengths_per_embedding,
+            values=torch.cat(pooled, dim=1),
+            key_dim=1,
+        )
+
+    def extra_repr(self) -> str:
+        return f"is_weighted={self._is_weighted}, bounds_check={self._bounds_check!r}"
+
+
+def _pool(
+    weight: torch.Tensor,
+    ids: torch.Tensor,
+    lengths: torch.Tensor,
+    id_weights: torch.Tensor | None,
+    pooling: PoolingType,
+) -> torch.Tensor:
+    """``[num_bags, D]`` SUM/MEAN of ``weight`` rows per bag; empty bags give zeros."""
+    offsets = complete_cumsum(lengths).to(ids.dtype)
+    if pooling == PoolingType.MEAN and id_weights is not None:
+        # nn.EmbeddingBag has no weighted mean: weighted sum divided by the ids per bag (fbgemm's rule).
+        summed = F.embedding_bag(ids, weight, offsets, mode="sum", per_sample_weights=id_weights,
+                                 include_last_offset=True, norm_type=2.0)
+        return summed / lengths.clamp(min=1).to(summed.dtype).unsqueeze(1)
+    mode = "sum" if pooling == PoolingType.SUM else "mean"
+    return F.embedding_bag(ids, weight, offsets, mode=mode, per_sample_weights=id_weights, include_last_offset=True, norm_type=2.0)
+
+
+class EmbeddingCollection(nn.Module):
+    """Unpooled embedding tables: ``KeyedJaggedTensor`` → ``{feature: JaggedTensor}``.
+
+    The JaggedTensor of feature ``f`` has values ``[N_f, D]`` (one row per id, in input order)
+    and the feature's lengths, so sequence models can attend over them.
+
+    Args:
+        tables: one ``EmbeddingConfig`` per table.
+        device: where to allocate; ``"meta"`` allocates nothing.
+        bounds_check: ``"error"`` (default), ``"clamp"`` or ``"skip"``.
+    """
+
+    def __init__(
+        self,
+        tables: list[EmbeddingConfig],
+        device: torch.device | str | None = None,
+        bounds_check: str = "error",
+    ) -> None:
+        super().__init__()
+        for t in tables:
+            if not isinstance(t, EmbeddingConfig):
+                raise TypeError(f"EmbeddingCollection takes EmbeddingConfig tables, got {type(t).__name__}")
+        self._feature_order = _check_tables(tables, "EmbeddingCollection")
+        _check_bounds_mode(bounds_check)
+        self._embedding_configs = list(tables)
+        self._bounds_check = bounds_check
+        self.embeddings = nn.ModuleDict()
+        for t in tables:
+            self.embeddings[t.name] = nn.Embedding(t.num_embeddings, t.embedding_dim, device=device)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for t in self._embedding_configs:
+            t.init_weight(self.embeddings[t.name].weight)
+
+    def embedding_configs(self) -> list[EmbeddingConfig]:
+        return self._embedding_configs
+
+    def feature_names(self) -> list[str]:
+        return list(self._feature_order)
+
+    @property
+    def device(self) -> torch.device:
+        return next(iter(self.embeddings.values())).weight.device
+
+    def forward(self, features: KeyedJaggedTensor) -> Dict[str, JaggedTensor]:
+        """Look up every id; returns ``{feature: JaggedTensor(values [N_f, D], lengths [B])}``."""
+        if not is_fx_tracing():
+            check_feature_keys(features.keys(), self._feature_order, "EmbeddingCollection")
+        features = features.permute_to_keys(self._feature_order)
+        stride = features.stride()
+        offset_per_key = features.offset_per_key()
+        lengths = features.lengths()
+        values = features.values()
+        out: Dict[str, JaggedTensor] = {}
+        first_feature = 0
+        for table in self._embedding_configs:
+            weight = self.embeddings[table.name].weight
+            for i, name in enumerate(table.feature_names):
+                f = first_feature + i
+                ids, f_lengths, _ = apply_bounds_check(
+                    self._bounds_check,
+                    values[offset_per_key[f] : offset_per_key[f + 1]],
+                    lengths[f * stride : (f + 1) * stride],
+                    None,
+                    table.num_embeddings,
+                    table.name,
+                    [name],
+                    stride,
+                )
+                out[name] = JaggedTensor(values=F.embedding(ids, weight), weights=None, lengths=f_lengths, offsets=None)
+            first_feature += len(table.feature_names)
+        return out
+
+    def extra_repr(self) -> str:
+        return f"bounds_check={self._bounds_check!r}"
+

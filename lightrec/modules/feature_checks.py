@@ -1,0 +1,120 @@
+"""Input checks shared by every embedding collection: feature keys and id ranges.
+
+Errors name what a user can act on: the feature, the table, the offending id and the valid range.
+``check_ids`` is an ``torch.fx.wrap``-ed leaf so collections stay fx-traceable (the data-dependent
+check becomes one graph node instead of failing on proxies).
+"""
+
+from typing import List, Tuple
+
+import torch
+
+__all__ = [
+    "BOUNDS_CHECK_MODES",
+    "EmbeddingIdError",
+    "FeatureKeyError",
+    "apply_bounds_check",
+    "check_feature_keys",
+    "check_ids",
+]
+
+BOUNDS_CHECK_MODES = ("error", "clamp", "skip")
+
+
+class EmbeddingIdError(IndexError):
+    """An id outside ``[0, num_embeddings)`` of the table its feature looks up."""
+
+
+class FeatureKeyError(KeyError):
+    """A batch whose feature keys do not match the features a collection serves."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; we want it readable
+        return str(self.args[0]) if self.args else ""
+
+
+def check_feature_keys(given: List[str], expected: List[str], where: str) -> None:
+    """Raise ``FeatureKeyError`` listing missing and unknown keys (order does not matter)."""
+    given_set, expected_set = set(given), set(expected)
+    if given_set == expected_set and len(given) == len(given_set):
+        return
+    missing = [k for k in expected if k not in given_set]
+    unknown = [k for k in given if k not in expected_set]
+    dupes = sorted({k for k in given if given.count(k) > 1})
+    parts = []
+    if missing:
+        parts.append(f"missing features {missing}")
+    if unknown:
+        parts.append(f"unknown features {unknown}")
+    if dupes:
+        parts.append(f"duplicated features {dupes}")
+    raise FeatureKeyError(
+        f"{where}: the KeyedJaggedTensor keys do not match the collection's features: "
+        + "; ".join(parts)
+        + f". The collection serves {expected}; build the batch with exactly these keys."
+    )
+
+
+@torch.fx.wrap
+def check_ids(
+    values: torch.Tensor,
+    lengths: torch.Tensor,
+    num_embeddings: int,
+    table: str,
+    features: List[str],
+    stride: int,
+) -> torch.Tensor:
+    """Raise ``EmbeddingIdError`` if any id of ``values`` is outside ``[0, num_embeddings)``.
+
+    Args:
+        values: ``[N]`` ids of ``features`` (key-major, as in a KJT slice).
+        lengths: ``[len(features) * stride]`` lengths of those ids.
+        num_embeddings / table: the table's rows and name (for the message).
+        features: the features whose ids ``values`` holds, in order.
+        stride: batch size.
+
+    Returns:
+        ``values`` unchanged (so the check is a node that the lookup depends on).
+    """
+    if values.numel() == 0:
+        return values
+    bad = (values < 0) | (values >= num_embeddings)
+    if bool(bad.any()):
+        position = int(torch.nonzero(bad)[0, 0])
+        feature, sample = _locate(lengths, position, stride)
+        raise EmbeddingIdError(
+            f"feature '{features[feature]}' (sample {sample}) has id {int(values[position])} but table "
+            f"'{table}' has {num_embeddings} rows: ids must be in [0, {num_embeddings}). Hash or take the "
+            "id modulo num_embeddings, enlarge the table, or pass bounds_check='clamp' or 'skip'."
+        )
+    return values
+
+
+def _locate(lengths: torch.Tensor, position: int, stride: int) -> Tuple[int, int]:
+    """(feature index, sample index) of value ``position`` in a key-major jagged layout."""
+    ends = torch.cumsum(lengths.long(), 0)
+    bag = int(torch.searchsorted(ends, torch.tensor(position, dtype=ends.dtype), right=True))
+    return bag // max(stride, 1), bag % max(stride, 1)
+
+
+def apply_bounds_check(
+    mode: str, values: torch.Tensor, lengths: torch.Tensor, weights: torch.Tensor | None,
+    num_embeddings: int, table: str, features: List[str], stride: int,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Apply the collection's ``bounds_check`` policy to one table's ids.
+
+    ``"error"`` raises (see ``check_ids``); ``"clamp"`` maps bad ids to the nearest valid row;
+    ``"skip"`` drops bad ids and shortens their bags (a bag left empty pools to zeros).
+
+    Returns:
+        ``(values, lengths, weights)`` to look up.
+    """
+    if mode == "error":
+        return check_ids(values, lengths, num_embeddings, table, features, stride), lengths, weights
+    if mode == "clamp":
+        return values.clamp(0, num_embeddings - 1), lengths, weights
+    keep = (values >= 0) & (values < num_embeddings)
+    bag = torch.repeat_interleave(
+        torch.arange(lengths.numel(), device=lengths.device), lengths.long(), output_size=values.numel()
+    )
+    dropped = torch.bincount(bag[~keep], minlength=lengths.numel()).to(lengths.dtype)
+    return values[keep], lengths - dropped, (weights[keep] if weights is not None else None)

@@ -1,0 +1,35 @@
+"""Shared pytest set-up.
+
+``LIGHTREC_BLOCK_FBGEMM=1`` makes ``import fbgemm_gpu`` fail for the whole run (and for the
+gloo ranks it spawns, which inherit the environment): the CI variant that proves lightrec works
+where no fbgemm wheel matches the installed torch.
+"""
+
+from __future__ import annotations
+
+import os
+
+from tests.fbgemm_block import install_fbgemm_block
+
+if os.environ.get("LIGHTREC_BLOCK_FBGEMM", "") not in ("", "0"):
+    install_fbgemm_block()
+
+
+def pytest_configure(config) -> None:  # noqa: ANN001
+    import torch
+
+    # Tests compare against references; one intra-op thread keeps CPU numerics and timings stable
+    # on the 2-core CI machine while gloo ranks run side by side.
+    torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001
+    import pytest
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
