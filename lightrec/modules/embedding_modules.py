@@ -163,7 +163,7 @@ class EmbeddingBagCollection(nn.Module):
             out = _pool(self.embedding_bags[table.name].weight, ids, bag_lengths, id_weights, table.pooling)
             # [num_features * B, D] (feature-major) -> [B, num_features * D] (feature blocks side by side)
             pooled.append(
-                out.view(num_features, stride, table.embedding_dim).transpose(0, 1).reshape(stride, -1)
+                out.view(num_features, stride, table.embedding_dim).transpose(0, 1).reshape(stride, num_features * table.embedding_dim)
             )
             first_feature = last_feature
         return KeyedTensor(

@@ -75,9 +75,16 @@ def check_ids(
     Returns:
         ``values`` unchanged (so the check is a node that the lookup depends on).
     """
-    if values.numel() == 0:
-        return values
     bad = (values < 0) | (values >= num_embeddings)
+    # Inside torch.compile a host-side check would break the graph; assert on the device instead.
+    # (TorchScript skips the branch: it cannot compile is_compiling.)
+    if not torch.jit.is_scripting():
+        if torch.compiler.is_compiling():
+            torch._assert_async(
+                torch.logical_not(bad.any()),
+                f"an id of features {features} is outside [0, {num_embeddings}) of table '{table}'",
+            )
+            return values
     if bool(bad.any()):
         position = int(torch.nonzero(bad)[0, 0])
         feature, sample = _locate(lengths, position, stride)
