@@ -1,0 +1,30 @@
+"""Recommendation metrics as torchmetrics ``Metric``s that sync across ranks (see docs/metrics.md).
+
+Binary click metrics share ``update(preds [B], labels [B], weights [B] | None)``:
+:class:`AUC` (exact by default), :class:`NE`, :class:`Calibration`, :class:`CTR`, :class:`Accuracy`;
+:func:`rec_metrics` bundles them in one ``MetricCollection``. Retrieval: :class:`RecallAtK`
+(``update(scores [B, C], target [B])``).
+"""
+
+from lightrec.metrics._validation import MetricInputError
+from lightrec.metrics.auc import AUC, auc_from_grouped_masses, binary_auc
+from lightrec.metrics.collection import DEFAULT_METRICS, UnknownMetricError, rec_metrics
+from lightrec.metrics.ne import NE
+from lightrec.metrics.rates import CTR, Accuracy, Calibration
+from lightrec.metrics.retrieval import RecallAtK, recall_at_k_hits
+
+__all__ = [
+    "AUC",
+    "CTR",
+    "DEFAULT_METRICS",
+    "NE",
+    "Accuracy",
+    "Calibration",
+    "MetricInputError",
+    "RecallAtK",
+    "UnknownMetricError",
+    "auc_from_grouped_masses",
+    "binary_auc",
+    "rec_metrics",
+    "recall_at_k_hits",
+]

@@ -1,0 +1,155 @@
+"""Weighted-ratio metrics for click prediction: ``Calibration``, ``CTR`` and ``Accuracy``.
+
+Each keeps two float64 running sums, reduced across ranks with ``sum``, and returns their ratio.
+With predictions ``p_i``, labels ``y_i`` in ``[0, 1]`` and sample weights ``w_i``::
+
+    Calibration = sum_i w_i * p_i / sum_i w_i * y_i         (1.0 = calibrated; > 1 over-predicts)
+    CTR         = sum_i w_i * y_i / sum_i w_i
+    Accuracy    = sum_i w_i * (y_i * [p_i > t] + (1 - y_i) * [p_i <= t]) / sum_i w_i     (t = 0.5)
+
+``Accuracy`` thresholds like ``torchmetrics.classification.BinaryAccuracy`` (``p > t`` is a
+positive prediction). A soft label counts as ``y_i`` of a positive and ``1 - y_i`` of a negative.
+When the denominator is zero (nothing seen; for Calibration: no positive label) ``compute`` warns
+and returns NaN.
+
+State names are distinct per class so that a user's ``MetricCollection(compute_groups=True)`` can
+never mistake two of these metrics for one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+from torchmetrics.utilities import rank_zero_warn
+
+from lightrec.metrics._validation import check_binary_inputs, nan_result
+
+
+class _WeightedRatio(Metric):
+    """Base class: ``compute`` = numerator state / denominator state; subclasses fill them."""
+
+    is_differentiable = False
+    full_state_update = False
+    _numerator_state: str
+    _denominator_state: str
+    _empty_reason: str
+
+    def __init__(self, validate_args: bool = True, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.validate_args = validate_args
+        zero = torch.tensor(0.0, dtype=torch.float64)
+        self.add_state(self._numerator_state, default=zero.clone(), dist_reduce_fx="sum")
+        self.add_state(self._denominator_state, default=zero.clone(), dist_reduce_fx="sum")
+
+    def _add(self, numerator: Tensor, denominator: Tensor) -> None:
+        num = getattr(self, self._numerator_state)
+        den = getattr(self, self._denominator_state)
+        num += numerator.sum().to(num.dtype)
+        den += denominator.sum().to(den.dtype)
+
+    def compute(self) -> Tensor:
+        """Returns numerator / denominator over all ranks as a float32 scalar; NaN when undefined."""
+        num = getattr(self, self._numerator_state).double()
+        den = getattr(self, self._denominator_state).double()
+        if den <= 0:
+            rank_zero_warn(
+                f"{type(self).__name__} is undefined because {self._empty_reason}; returning NaN.",
+                UserWarning,
+            )
+            return nan_result(self.device)
+        return (num / den).to(torch.float32)
+
+
+class Calibration(_WeightedRatio):
+    """Sum of predicted probabilities over sum of labels (weighted); 1.0 means calibrated.
+
+    Args:
+        validate_args: check values on every update (one device sync per update on accelerators).
+        **kwargs: forwarded to :class:`torchmetrics.Metric`.
+    """
+
+    higher_is_better = None
+    plot_lower_bound = 0.0
+    _numerator_state = "calibration_weighted_preds"
+    _denominator_state = "calibration_weighted_labels"
+    _empty_reason = "no positive label mass was seen"
+
+    def update(self, preds: Tensor, labels: Tensor, weights: Tensor | None = None) -> None:
+        """Adds a batch: ``preds`` [B] probabilities, ``labels`` [B] in [0, 1], ``weights`` [B] or None."""
+        preds, labels, weights = check_binary_inputs(
+            "Calibration",
+            preds,
+            labels,
+            weights,
+            preds_are_probabilities=True,
+            validate_args=self.validate_args,
+        )
+        self._add(weights * preds, weights * labels)
+
+
+class CTR(_WeightedRatio):
+    """Click-through rate: the weighted mean label. Predictions are accepted (and validated) but unused.
+
+    Args:
+        validate_args: check values on every update (one device sync per update on accelerators).
+        **kwargs: forwarded to :class:`torchmetrics.Metric`.
+    """
+
+    higher_is_better = None
+    plot_lower_bound = 0.0
+    plot_upper_bound = 1.0
+    _numerator_state = "ctr_weighted_labels"
+    _denominator_state = "ctr_weights"
+    _empty_reason = "no samples (or only zero weights) were seen"
+
+    def update(self, preds: Tensor, labels: Tensor, weights: Tensor | None = None) -> None:
+        """Adds a batch: ``preds`` [B] (shape-checked only), ``labels`` [B] in [0, 1], ``weights`` [B] or None."""
+        # `preds` is part of the signature so that one MetricCollection call feeds every metric.
+        _, labels, weights = check_binary_inputs(
+            "CTR", preds, labels, weights, preds_are_probabilities=False, validate_args=self.validate_args
+        )
+        self._add(weights * labels, weights)
+
+
+class Accuracy(_WeightedRatio):
+    """Weighted fraction of samples whose thresholded prediction matches the label.
+
+    Args:
+        threshold: a prediction ``p > threshold`` counts as a positive; default 0.5.
+        validate_args: check values on every update (one device sync per update on accelerators).
+        **kwargs: forwarded to :class:`torchmetrics.Metric`.
+    """
+
+    higher_is_better = True
+    plot_lower_bound = 0.0
+    plot_upper_bound = 1.0
+    _numerator_state = "accuracy_weighted_correct"
+    _denominator_state = "accuracy_weights"
+    _empty_reason = "no samples (or only zero weights) were seen"
+
+    def __init__(self, threshold: float = 0.5, validate_args: bool = True, **kwargs: Any) -> None:
+        if (
+            isinstance(threshold, bool)
+            or not isinstance(threshold, (int, float))
+            or not 0.0 <= threshold <= 1.0
+        ):
+            raise ValueError(f"Accuracy: `threshold` must be a float in [0, 1], got {threshold!r}.")
+        super().__init__(validate_args=validate_args, **kwargs)
+        self.threshold = float(threshold)
+
+    def update(self, preds: Tensor, labels: Tensor, weights: Tensor | None = None) -> None:
+        """Adds a batch: ``preds`` [B] probabilities, ``labels`` [B] in [0, 1], ``weights`` [B] or None."""
+        preds, labels, weights = check_binary_inputs(
+            "Accuracy",
+            preds,
+            labels,
+            weights,
+            preds_are_probabilities=True,
+            validate_args=self.validate_args,
+        )
+        positive = (preds > self.threshold).to(torch.float64)
+        correct = labels * positive + (1.0 - labels) * (1.0 - positive)
+        self._add(weights * correct, weights)
