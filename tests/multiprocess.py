@@ -16,6 +16,7 @@ after ``timeout`` seconds instead of blocking CI.
 
 from __future__ import annotations
 
+import io
 import os
 import socket
 import tempfile
@@ -58,7 +59,11 @@ def _worker(
             timeout=timedelta(seconds=timeout_s),
         )
         result = fn(rank, world_size, *args)
-        queue.put((rank, "ok", result))
+        # Serialise to bytes: tensors sent through the queue live in shared memory that can vanish
+        # when this process exits before the parent reads them.
+        buffer = io.BytesIO()
+        torch.save(result, buffer)
+        queue.put((rank, "ok", buffer.getvalue()))
     except BaseException:  # noqa: BLE001 - report everything to the parent
         queue.put((rank, "error", traceback.format_exc()))
     finally:
@@ -88,7 +93,7 @@ def run_ranks(
             for _ in range(world_size):
                 rank, status, payload = queue.get(timeout=timeout + 30)
                 if status == "ok":
-                    results[rank] = payload
+                    results[rank] = torch.load(io.BytesIO(payload), weights_only=False)
                 else:
                     errors.append(f"--- rank {rank} ---\n{payload}")
                     break

@@ -1,0 +1,27 @@
+"""Reference recommendation models built on ``lightrec.modules``.
+
+- ``dlrm``: ``DLRM`` (dot interaction), ``DLRM_DCN`` (low-rank DCN-v2 interaction), ``DLRMTrain``.
+- ``deepfm``: ``DeepFM`` and torchrec's ``SimpleDeepFMNN`` constructor.
+- ``two_tower``: ``TwoTower`` retrieval model and ``TwoTowerTrainTask`` (in-batch negatives).
+
+Every model takes an ``EmbeddingBagCollection`` that may live on ``meta`` (to be sharded later)
+and creates its dense parameters on ``dense_device`` (``device`` for ``TwoTower``).
+"""
+
+from lightrec.models.deepfm import DeepFM, SimpleDeepFMNN
+from lightrec.models.dlrm import DLRM, DLRM_DCN, DenseArch, DLRMTrain, InteractionArch, OverArch, SparseArch
+from lightrec.models.two_tower import TwoTower, TwoTowerTrainTask
+
+__all__ = [
+    "DLRM",
+    "DLRMTrain",
+    "DLRM_DCN",
+    "DeepFM",
+    "DenseArch",
+    "InteractionArch",
+    "OverArch",
+    "SimpleDeepFMNN",
+    "SparseArch",
+    "TwoTower",
+    "TwoTowerTrainTask",
+]

@@ -131,7 +131,7 @@ class LowRankCrossNet(nn.Module):
 
     def reset_parameters(self) -> None:
         """Xavier-normal ``U_l`` and ``V_l``, zero biases."""
-        for down, up in zip(self.down, self.up):
+        for down, up in zip(self.down, self.up, strict=True):
             if down.weight.device.type == "meta":
                 continue
             nn.init.xavier_normal_(down.weight)
@@ -143,7 +143,7 @@ class LowRankCrossNet(nn.Module):
         _checks.check_matrix("LowRankCrossNet input", x, self._in_features)
         x0 = x
         xl = x
-        for down, up in zip(self.down, self.up):
+        for down, up in zip(self.down, self.up):  # noqa: B905 - TorchScript has no zip(strict=)
             xl = x0 * up(down(xl)) + xl
         return xl
 

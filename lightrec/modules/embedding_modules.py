@@ -12,12 +12,12 @@ the local shards later).
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.fx._symbolic_trace import is_fx_tracing
+from torch.fx._symbolic_trace import is_fx_symbolic_tracing as is_fx_tracing
 
 from lightrec.modules.embedding_configs import (
     BaseEmbeddingConfig,
@@ -32,11 +32,21 @@ from lightrec.sparse._ops import complete_cumsum
 __all__ = ["EmbeddingBagCollection", "EmbeddingCollection"]
 
 
+# ModuleDict keys may not shadow its own attributes.
+_RESERVED_TABLE_NAMES = frozenset(n for n in dir(nn.ModuleDict) if not n.startswith("_"))
+
+
 def _check_tables(tables: list[BaseEmbeddingConfig], where: str) -> list[str]:
     """Validate a table list; return the flat feature order (table by table)."""
     if len(tables) == 0:
         raise ValueError(f"{where} needs at least one table config, got tables=[]")
     names = [t.name for t in tables]
+    clashes = sorted(n for n in names if n in _RESERVED_TABLE_NAMES or "." in n)
+    if clashes:
+        raise ValueError(
+            f"{where}: table names {clashes} cannot be used (they clash with nn.ModuleDict attributes "
+            "or contain '.'); rename the tables, e.g. 't_items'"
+        )
     if any(not n for n in names):
         raise ValueError(f"{where}: every table needs a non-empty name, got names {names}")
     dupes = sorted({n for n in names if names.count(n) > 1})
@@ -76,6 +86,8 @@ class EmbeddingBagCollection(nn.Module):
             ``"clamp"`` or ``"skip"``.
     """
 
+    __jit_unused_properties__ = ["device"]  # TorchScript cannot compile next(iter(...))
+
     def __init__(
         self,
         tables: list[EmbeddingBagConfig],
@@ -100,6 +112,11 @@ class EmbeddingBagCollection(nn.Module):
             )
         self._embedding_names: list[str] = list(self._feature_order)
         self._lengths_per_embedding: list[int] = [t.embedding_dim for t in tables for _ in t.feature_names]
+        # Plain per-table lists read by forward() (TorchScript cannot iterate config dataclasses).
+        self._table_features: List[List[str]] = [list(t.feature_names) for t in tables]
+        self._table_rows: List[int] = [t.num_embeddings for t in tables]
+        self._table_dims: List[int] = [t.embedding_dim for t in tables]
+        self._table_mean: List[bool] = [t.pooling == PoolingType.MEAN for t in tables]
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -129,13 +146,14 @@ class EmbeddingBagCollection(nn.Module):
         Returns:
             ``KeyedTensor`` with keys ``feature_names()`` and values ``[B, sum D]``.
         """
-        if not is_fx_tracing():
-            check_feature_keys(features.keys(), self._feature_order, "EmbeddingBagCollection")
+        if not torch.jit.is_scripting():  # TorchScript skips this branch; it cannot compile set logic
+            if not is_fx_tracing():
+                check_feature_keys(features.keys(), self._feature_order, "EmbeddingBagCollection")
         features = features.permute_to_keys(self._feature_order)
-        weights = None
+        weights: Optional[torch.Tensor] = None
         if self._is_weighted:
             weights = features.weights_or_none()
-            if weights is None and not is_fx_tracing():
+            if weights is None:
                 raise ValueError(
                     "EmbeddingBagCollection(is_weighted=True) needs per-id weights, but the KeyedJaggedTensor "
                     "has weights=None; pass weights=... or build the collection with is_weighted=False"
@@ -144,10 +162,13 @@ class EmbeddingBagCollection(nn.Module):
         offset_per_key = features.offset_per_key()
         lengths = features.lengths()
         values = features.values()
-        pooled: list[torch.Tensor] = []
+        pooled: List[torch.Tensor] = []
         first_feature = 0
-        for table in self._embedding_bag_configs:
-            num_features = len(table.feature_names)
+        t = 0
+        for name, bag in self.embedding_bags.items():
+            features_of_table = self._table_features[t]
+            num_features = len(features_of_table)
+            dim = self._table_dims[t]
             last_feature = first_feature + num_features
             start, end = offset_per_key[first_feature], offset_per_key[last_feature]
             ids, bag_lengths, id_weights = apply_bounds_check(
@@ -155,17 +176,16 @@ class EmbeddingBagCollection(nn.Module):
                 values[start:end],
                 lengths[first_feature * stride : last_feature * stride],
                 weights[start:end] if weights is not None else None,
-                table.num_embeddings,
-                table.name,
-                table.feature_names,
+                self._table_rows[t],
+                name,
+                features_of_table,
                 stride,
             )
-            out = _pool(self.embedding_bags[table.name].weight, ids, bag_lengths, id_weights, table.pooling)
+            out = _pool(bag.weight, ids, bag_lengths, id_weights, self._table_mean[t])
             # [num_features * B, D] (feature-major) -> [B, num_features * D] (feature blocks side by side)
-            pooled.append(
-                out.view(num_features, stride, table.embedding_dim).transpose(0, 1).reshape(stride, num_features * table.embedding_dim)
-            )
+            pooled.append(out.view(num_features, stride, dim).transpose(0, 1).reshape(stride, num_features * dim))
             first_feature = last_feature
+            t += 1
         return KeyedTensor(
             keys=self._embedding_names,
             length_per_key=self._lengths_per_embedding,
@@ -181,18 +201,20 @@ def _pool(
     weight: torch.Tensor,
     ids: torch.Tensor,
     lengths: torch.Tensor,
-    id_weights: torch.Tensor | None,
-    pooling: PoolingType,
+    id_weights: Optional[torch.Tensor],
+    mean: bool,
 ) -> torch.Tensor:
-    """``[num_bags, D]`` SUM/MEAN of ``weight`` rows per bag; empty bags give zeros."""
+    """``[num_bags, D]`` SUM (or MEAN when ``mean``) of ``weight`` rows per bag; empty bags give zeros."""
     offsets = complete_cumsum(lengths).to(ids.dtype)
-    if pooling == PoolingType.MEAN and id_weights is not None:
+    if mean and id_weights is not None:
         # nn.EmbeddingBag has no weighted mean: weighted sum divided by the ids per bag (fbgemm's rule).
         summed = F.embedding_bag(ids, weight, offsets, mode="sum", per_sample_weights=id_weights,
                                  include_last_offset=True, norm_type=2.0)
         return summed / lengths.clamp(min=1).to(summed.dtype).unsqueeze(1)
-    mode = "sum" if pooling == PoolingType.SUM else "mean"
-    return F.embedding_bag(ids, weight, offsets, mode=mode, per_sample_weights=id_weights, include_last_offset=True, norm_type=2.0)
+    mode = "mean" if mean else "sum"
+    return F.embedding_bag(
+        ids, weight, offsets, mode=mode, per_sample_weights=id_weights, include_last_offset=True, norm_type=2.0
+    )
 
 
 class EmbeddingCollection(nn.Module):
@@ -206,6 +228,8 @@ class EmbeddingCollection(nn.Module):
         device: where to allocate; ``"meta"`` allocates nothing.
         bounds_check: ``"error"`` (default), ``"clamp"`` or ``"skip"``.
     """
+
+    __jit_unused_properties__ = ["device"]  # TorchScript cannot compile next(iter(...))
 
     def __init__(
         self,
@@ -224,6 +248,8 @@ class EmbeddingCollection(nn.Module):
         self.embeddings = nn.ModuleDict()
         for t in tables:
             self.embeddings[t.name] = nn.Embedding(t.num_embeddings, t.embedding_dim, device=device)
+        self._table_features: List[List[str]] = [list(t.feature_names) for t in tables]
+        self._table_rows: List[int] = [t.num_embeddings for t in tables]
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -242,8 +268,9 @@ class EmbeddingCollection(nn.Module):
 
     def forward(self, features: KeyedJaggedTensor) -> Dict[str, JaggedTensor]:
         """Look up every id; returns ``{feature: JaggedTensor(values [N_f, D], lengths [B])}``."""
-        if not is_fx_tracing():
-            check_feature_keys(features.keys(), self._feature_order, "EmbeddingCollection")
+        if not torch.jit.is_scripting():  # TorchScript skips this branch; it cannot compile set logic
+            if not is_fx_tracing():
+                check_feature_keys(features.keys(), self._feature_order, "EmbeddingCollection")
         features = features.permute_to_keys(self._feature_order)
         stride = features.stride()
         offset_per_key = features.offset_per_key()
@@ -251,22 +278,26 @@ class EmbeddingCollection(nn.Module):
         values = features.values()
         out: Dict[str, JaggedTensor] = {}
         first_feature = 0
-        for table in self._embedding_configs:
-            weight = self.embeddings[table.name].weight
-            for i, name in enumerate(table.feature_names):
+        t = 0
+        for table_name, embedding in self.embeddings.items():
+            features_of_table = self._table_features[t]
+            for i, name in enumerate(features_of_table):
                 f = first_feature + i
                 ids, f_lengths, _ = apply_bounds_check(
                     self._bounds_check,
                     values[offset_per_key[f] : offset_per_key[f + 1]],
                     lengths[f * stride : (f + 1) * stride],
                     None,
-                    table.num_embeddings,
-                    table.name,
+                    self._table_rows[t],
+                    table_name,
                     [name],
                     stride,
                 )
-                out[name] = JaggedTensor(values=F.embedding(ids, weight), weights=None, lengths=f_lengths, offsets=None)
-            first_feature += len(table.feature_names)
+                out[name] = JaggedTensor(
+                    values=F.embedding(ids, embedding.weight), weights=None, lengths=f_lengths, offsets=None
+                )
+            first_feature += len(features_of_table)
+            t += 1
         return out
 
     def extra_repr(self) -> str:

@@ -5,7 +5,7 @@ Errors name what a user can act on: the feature, the table, the offending id and
 check becomes one graph node instead of failing on proxies).
 """
 
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -104,9 +104,9 @@ def _locate(lengths: torch.Tensor, position: int, stride: int) -> Tuple[int, int
 
 
 def apply_bounds_check(
-    mode: str, values: torch.Tensor, lengths: torch.Tensor, weights: torch.Tensor | None,
+    mode: str, values: torch.Tensor, lengths: torch.Tensor, weights: Optional[torch.Tensor],
     num_embeddings: int, table: str, features: List[str], stride: int,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """Apply the collection's ``bounds_check`` policy to one table's ids.
 
     ``"error"`` raises (see ``check_ids``); ``"clamp"`` maps bad ids to the nearest valid row;

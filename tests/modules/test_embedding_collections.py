@@ -186,7 +186,7 @@ def test_ec_matches_embedding_per_id() -> None:
     assert list(out) == ["f0", "f1", "f2"]
     loss = sum((jt.values() * (i + 1)).sum() for i, jt in enumerate(out.values()))
     loss.backward()
-    for name, table, scale in (("f0", "t0", 1), ("f1", "t0", 2), ("f2", "t1", 3)):
+    for name, table in (("f0", "t0"), ("f1", "t0"), ("f2", "t1")):
         emb = nn.Embedding.from_pretrained(ec.embeddings[table].weight.detach())
         torch.testing.assert_close(out[name].values(), emb(kjt[name].values()))
         assert torch.equal(out[name].lengths(), kjt[name].lengths())
@@ -196,3 +196,20 @@ def test_ec_matches_embedding_per_id() -> None:
     torch.testing.assert_close(ec.embeddings["t0"].weight.grad, ref)
     with pytest.raises(EmbeddingIdError, match="table 't1' has 7 rows"):
         ec(KeyedJaggedTensor(keys=["f0", "f1", "f2"], values=torch.tensor([8]), lengths=torch.tensor([0, 0, 0, 0, 0, 1])))
+
+
+def test_table_names_that_clash_with_module_dict_are_rejected() -> None:
+    with pytest.raises(ValueError, match=r"table names \['items'\] cannot be used"):
+        EmbeddingBagCollection([EmbeddingBagConfig(name="items", num_embeddings=2, embedding_dim=2, feature_names=["x"])])
+
+
+def test_collections_script_directly() -> None:
+    torch.manual_seed(0)
+    ebc = EmbeddingBagCollection(_tables(PoolingType.MEAN), is_weighted=True)
+    kjt = _batch(True)
+    torch.testing.assert_close(torch.jit.script(ebc)(kjt).values(), ebc(kjt).values())
+    ec = EmbeddingCollection([EmbeddingConfig(name="t", num_embeddings=11, embedding_dim=3, feature_names=["f0", "f1"]),
+                              EmbeddingConfig(name="u", num_embeddings=7, embedding_dim=3, feature_names=["f2"])])
+    scripted = torch.jit.script(ec)(kjt)
+    for name, jt in ec(kjt).items():
+        torch.testing.assert_close(scripted[name].values(), jt.values())

@@ -1,0 +1,263 @@
+"""DLRM and DLRM-DCNv2: the click-through-rate models of the DLRM paper.
+
+One sample flows through four arches::
+
+    dense_features [B, I] --DenseArch (MLP)--------------------> dense  [B, D]
+    sparse_features (KJT, F features) --SparseArch (EBC)-------> sparse [B, F, D]
+    (dense, sparse) --InteractionArch--------------------------> [B, D + (F+1)F/2]   (DLRM)
+                    --InteractionDCNArch (low-rank cross net)--> [B, (F+1)D]         (DLRM_DCN)
+    --OverArch (MLP, last layer linear)------------------------> logits [B, over_arch_layer_sizes[-1]]
+
+Every sparse feature must have the same embedding dim ``D``, equal to the dense arch's output
+width, because the interaction multiplies dense and sparse vectors together.
+
+The embedding collection may live on the ``meta`` device (to be sharded and materialized later
+by ``DistributedModelParallel``); the dense arches are created on ``dense_device``. Only the
+collection's configs are read at construction.
+
+``DLRMTrain`` wraps any ``model(dense_features, sparse_features) -> logits`` into the torchrec
+training contract ``forward(batch) -> (loss, (loss, logits, labels))`` with binary cross-entropy.
+"""
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from lightrec.models._sparse_arch import SparseArch
+from lightrec.modules import _dense_checks as _checks
+from lightrec.modules.crossnet import LowRankCrossNet
+from lightrec.modules.interaction import InteractionArch, InteractionDCNArch, num_interaction_outputs
+from lightrec.modules.mlp import MLP, check_layer_sizes
+from lightrec.sparse import KeyedJaggedTensor
+
+if TYPE_CHECKING:
+    from lightrec.modules.embedding_modules import EmbeddingBagCollection
+
+__all__ = [
+    "DLRM",
+    "DLRMTrain",
+    "DLRM_DCN",
+    "DenseArch",
+    "InteractionArch",
+    "InteractionDCNArch",
+    "OverArch",
+    "SparseArch",
+]
+
+Device = torch.device | str | None
+
+
+def _positive(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+class DenseArch(nn.Module):
+    """The bottom MLP: continuous features to one ``D``-wide dense embedding.
+
+    Args:
+        in_features: ``I``, the number of dense (continuous) features.
+        layer_sizes: widths of the MLP layers; the last is ``D``.
+        device: where the parameters are created.
+
+    Shapes:
+        ``[B, I] -> [B, layer_sizes[-1]]`` (every layer ends with ReLU).
+    """
+
+    def __init__(self, in_features: int, layer_sizes: list[int], device: Device = None) -> None:
+        super().__init__()
+        self._in_features = _positive("in_features", in_features)
+        self.model = MLP(in_features, check_layer_sizes("layer_sizes", layer_sizes), device=device)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        """``[B, I] -> [B, D]``."""
+        _checks.check_matrix("dense_features", features, self._in_features)
+        return self.model(features)
+
+
+class OverArch(nn.Module):
+    """The top MLP: interaction output to logits; the last layer has no activation.
+
+    Args:
+        in_features: width of the interaction output.
+        layer_sizes: widths of the layers; ``layer_sizes[-1]`` is the number of logits (1 for CTR).
+        device: where the parameters are created.
+
+    Shapes:
+        ``[B, in_features] -> [B, layer_sizes[-1]]``.
+    """
+
+    def __init__(self, in_features: int, layer_sizes: list[int], device: Device = None) -> None:
+        super().__init__()
+        sizes = check_layer_sizes("layer_sizes", layer_sizes)
+        self._in_features = _positive("in_features", in_features)
+        hidden: list[nn.Module] = []
+        if len(sizes) > 1:
+            hidden.append(MLP(in_features, sizes[:-1], device=device))
+        last_in = sizes[-2] if len(sizes) > 1 else in_features
+        # A raw logit: a ReLU here would clamp every negative score to probability 0.5.
+        self.model = nn.Sequential(*hidden, nn.Linear(last_in, sizes[-1], bias=True, device=device))
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        """``[B, in_features] -> [B, layer_sizes[-1]]``."""
+        _checks.check_matrix("over arch input", features, self._in_features)
+        return self.model(features)
+
+
+class DLRM(nn.Module):
+    """DLRM with the dot interaction.
+
+    Args:
+        embedding_bag_collection: pooled embeddings of the ``F`` sparse features; every table
+            must have ``embedding_dim == dense_arch_layer_sizes[-1]``. May be on ``meta``.
+        dense_in_features: ``I``, the number of dense features.
+        dense_arch_layer_sizes: widths of the bottom MLP; the last one is ``D``.
+        over_arch_layer_sizes: widths of the top MLP; the last one is the number of logits.
+        dense_device: where the dense arches are created (default: torch's default device).
+
+    Shapes:
+        ``forward(dense_features [B, I], sparse_features KJT with stride B) -> [B, over[-1]]``.
+
+    Raises:
+        ValueError: a table's embedding dim differs from ``dense_arch_layer_sizes[-1]``, or a
+            size argument is not a positive int.
+
+    Example::
+
+        ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name="t", num_embeddings=100,
+                                     embedding_dim=8, feature_names=["f1", "f2"])], device="meta")
+        model = DLRM(ebc, dense_in_features=13, dense_arch_layer_sizes=[32, 8],
+                     over_arch_layer_sizes=[16, 1])
+    """
+
+    def __init__(
+        self,
+        embedding_bag_collection: "EmbeddingBagCollection",
+        dense_in_features: int,
+        dense_arch_layer_sizes: list[int],
+        over_arch_layer_sizes: list[int],
+        dense_device: Device = None,
+    ) -> None:
+        super().__init__()
+        self._build(
+            embedding_bag_collection, dense_in_features, dense_arch_layer_sizes, over_arch_layer_sizes,
+            dense_device, dcn=None,
+        )
+
+    def _build(
+        self,
+        embedding_bag_collection: "EmbeddingBagCollection",
+        dense_in_features: int,
+        dense_arch_layer_sizes: list[int],
+        over_arch_layer_sizes: list[int],
+        dense_device: Device,
+        dcn: tuple[int, int] | None,
+    ) -> None:
+        dense_sizes = check_layer_sizes("dense_arch_layer_sizes", dense_arch_layer_sizes)
+        check_layer_sizes("over_arch_layer_sizes", over_arch_layer_sizes)
+        _positive("dense_in_features", dense_in_features)
+        self.sparse_arch = SparseArch(embedding_bag_collection)
+        dim = dense_sizes[-1]
+        if self.sparse_arch.embedding_dim != dim:
+            raise ValueError(
+                f"the sparse embedding dim ({self.sparse_arch.embedding_dim}) must equal "
+                f"dense_arch_layer_sizes[-1] ({dim}) because the interaction takes dot products of "
+                f"dense and sparse embeddings; got dense_arch_layer_sizes={dense_sizes}. Set its last "
+                f"entry to {self.sparse_arch.embedding_dim} or change the tables' embedding_dim"
+            )
+        num_features = self.sparse_arch.num_sparse_features
+        self.dense_arch = DenseArch(dense_in_features, dense_sizes, device=dense_device)
+        if dcn is None:
+            self.inter_arch: nn.Module = InteractionArch(num_features)
+            over_in = num_interaction_outputs(num_features, dim)
+        else:
+            num_layers, low_rank = dcn
+            crossnet = LowRankCrossNet((num_features + 1) * dim, num_layers, low_rank, device=dense_device)
+            self.inter_arch = InteractionDCNArch(num_features, crossnet)
+            over_in = (num_features + 1) * dim
+        if dense_device is not None:
+            self.inter_arch.to(dense_device)
+        self.over_arch = OverArch(over_in, over_arch_layer_sizes, device=dense_device)
+
+    def forward(self, dense_features: torch.Tensor, sparse_features: KeyedJaggedTensor) -> torch.Tensor:
+        """Score a batch.
+
+        Args:
+            dense_features: ``[B, I]`` float.
+            sparse_features: KJT with the collection's feature keys and stride ``B``.
+
+        Returns:
+            ``[B, over_arch_layer_sizes[-1]]`` logits.
+        """
+        embedded_dense = self.dense_arch(dense_features)
+        embedded_sparse = self.sparse_arch(sparse_features)
+        return self.over_arch(self.inter_arch(embedded_dense, embedded_sparse))
+
+
+class DLRM_DCN(DLRM):  # noqa: N801 - torchrec's public name
+    """DLRM with a low-rank DCN-v2 cross net as the interaction (DLRM-DCNv2).
+
+    Args:
+        embedding_bag_collection, dense_in_features, dense_arch_layer_sizes,
+        over_arch_layer_sizes, dense_device: as in ``DLRM``.
+        dcn_num_layers: number of cross layers.
+        dcn_low_rank_dim: rank ``r`` of each cross layer's weight.
+
+    The cross net runs over ``[dense | sparse_0 | ... | sparse_{F-1}]`` (width ``(F+1) D``), and
+    the over arch reads its ``[B, (F+1) D]`` output.
+    """
+
+    def __init__(
+        self,
+        embedding_bag_collection: "EmbeddingBagCollection",
+        dense_in_features: int,
+        dense_arch_layer_sizes: list[int],
+        over_arch_layer_sizes: list[int],
+        dcn_num_layers: int,
+        dcn_low_rank_dim: int,
+        dense_device: Device = None,
+    ) -> None:
+        nn.Module.__init__(self)
+        dcn = (_positive("dcn_num_layers", dcn_num_layers), _positive("dcn_low_rank_dim", dcn_low_rank_dim))
+        self._build(
+            embedding_bag_collection, dense_in_features, dense_arch_layer_sizes, over_arch_layer_sizes,
+            dense_device, dcn=dcn,
+        )
+
+
+class DLRMTrain(nn.Module):
+    """Training wrapper: binary cross-entropy on a CTR model's logits.
+
+    Args:
+        dlrm: any module called as ``dlrm(dense_features, sparse_features)`` that returns logits
+            ``[B, 1]`` or ``[B]`` (``DLRM``, ``DLRM_DCN``, ``DeepFM``, ...).
+
+    ``forward(batch)`` reads ``batch.dense_features`` ``[B, I]``, ``batch.sparse_features`` (KJT)
+    and ``batch.labels`` ``[B]`` (0/1, any dtype) and returns
+    ``(loss, (loss.detach(), logits.detach(), labels.detach()))`` with ``logits`` ``[B]``, the
+    same contract as torchrec's ``DLRMTrain`` (the loss is the batch mean).
+    """
+
+    def __init__(self, dlrm: nn.Module) -> None:
+        super().__init__()
+        if not isinstance(dlrm, nn.Module):
+            raise TypeError(f"dlrm must be an nn.Module, got {type(dlrm).__name__}")
+        self.model = dlrm
+        self.loss_fn = nn.BCEWithLogitsLoss()
+
+    def forward(self, batch: Any) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """``batch -> (loss, (loss, logits [B], labels [B]))``, all but the first detached."""
+        logits = self.model(batch.dense_features, batch.sparse_features)
+        if logits.dim() == 2 and logits.shape[1] == 1:
+            logits = logits.squeeze(1)
+        labels = batch.labels
+        if logits.shape != labels.shape:
+            raise ValueError(
+                f"DLRMTrain needs one logit per label: the model returned logits of shape "
+                f"{tuple(logits.shape)} for labels of shape {tuple(labels.shape)}; use "
+                f"over_arch_layer_sizes ending in 1 and labels of shape [B]"
+            )
+        loss = self.loss_fn(logits, labels.to(logits.dtype))
+        return loss, (loss.detach(), logits.detach(), labels.detach())
