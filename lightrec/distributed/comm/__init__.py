@@ -1,0 +1,62 @@
+"""Collectives for model-parallel embeddings, returned as awaitables (see docs/collectives.md)."""
+
+from lightrec.distributed.comm.awaitable import (
+    Awaitable,
+    AwaitableList,
+    LazyAwaitable,
+    LazyNoWait,
+    NoWait,
+    wait_all,
+)
+from lightrec.distributed.comm.bucketize import (
+    IdOutOfRangeError,
+    RowWiseBucketized,
+    bucketize_kjt_row_wise,
+    row_wise_block_bounds,
+    row_wise_block_size,
+)
+from lightrec.distributed.comm.kjt_all_to_all import (
+    KJTAllToAll,
+    KJTAllToAllError,
+    KJTAllToAllSplitsAwaitable,
+    KJTAllToAllTensorsAwaitable,
+)
+from lightrec.distributed.comm.pooled_all_to_all import PooledEmbeddingsAllToAll, PooledEmbeddingsAwaitable
+from lightrec.distributed.comm.reduce_scatter import (
+    AllGatherAwaitable,
+    PooledEmbeddingsAllGather,
+    PooledEmbeddingsReduceScatter,
+    ReduceScatterAwaitable,
+    exchange_batch_sizes,
+)
+from lightrec.distributed.comm.sequence_all_to_all import (
+    SequenceEmbeddingsAllToAll,
+    SequenceEmbeddingsAwaitable,
+)
+
+__all__ = [
+    "AllGatherAwaitable",
+    "Awaitable",
+    "AwaitableList",
+    "IdOutOfRangeError",
+    "KJTAllToAll",
+    "KJTAllToAllError",
+    "KJTAllToAllSplitsAwaitable",
+    "KJTAllToAllTensorsAwaitable",
+    "LazyAwaitable",
+    "LazyNoWait",
+    "NoWait",
+    "PooledEmbeddingsAllGather",
+    "PooledEmbeddingsAllToAll",
+    "PooledEmbeddingsAwaitable",
+    "PooledEmbeddingsReduceScatter",
+    "ReduceScatterAwaitable",
+    "RowWiseBucketized",
+    "SequenceEmbeddingsAllToAll",
+    "SequenceEmbeddingsAwaitable",
+    "bucketize_kjt_row_wise",
+    "exchange_batch_sizes",
+    "row_wise_block_bounds",
+    "row_wise_block_size",
+    "wait_all",
+]

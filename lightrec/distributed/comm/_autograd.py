@@ -1,0 +1,136 @@
+"""Asynchronous, differentiable collectives: the machinery shared by every dense collective.
+
+A collective that must overlap with computation *and* carry gradients is split into two autograd
+nodes, so that neither forward nor backward blocks earlier than it must::
+
+    forward                                   backward (runs in reverse)
+    x ──_Launch──> token (0 elements)         _Wait.backward : start the reverse collective on dy
+    token ──_Wait──> y   (at .wait())         _Launch.backward: block on it, return dx
+
+``_Launch`` starts the forward collective and returns an empty *token* tensor that only carries
+the autograd edge; ``_Wait`` blocks and returns the real output. In backward the autograd engine
+runs ``_Wait.backward`` first (it starts the reverse collective and returns at once) and reaches
+``_Launch.backward`` only when nothing else is ready, so the reverse communication overlaps with
+whatever other gradient work the graph still holds.
+
+Every rank must run the same collectives in the same order, forward *and* backward: a rank whose
+output does not reach its loss skips the backward collective and the others block. Sharded modules
+guarantee this by always using their outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+from torch.autograd import Function
+
+from lightrec.distributed.comm.awaitable import LazyAwaitable
+
+__all__ = ["Pending", "DifferentiableCollective", "CollectiveAwaitable", "group_rank_and_size"]
+
+
+def group_rank_and_size(group: dist.ProcessGroup | None) -> tuple[int, int]:
+    """``(rank, world_size)`` of this process within ``group`` (the default group when None)."""
+    if not dist.is_initialized():
+        raise RuntimeError(
+            "torch.distributed is not initialized: call torch.distributed.init_process_group(...) "
+            "(or build a lightrec ShardingEnv) before using lightrec collectives"
+        )
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+@dataclass
+class Pending:
+    """A started collective: ``work`` (None when nothing was sent) and how to build its result.
+
+    ``keep`` holds the tensors the backend reads or writes until the work completes (the input and
+    the receive buffer); they must stay alive until :meth:`result` runs.
+    """
+
+    work: Any
+    finish: Callable[[], torch.Tensor]
+    keep: tuple[torch.Tensor, ...] = ()
+
+    def result(self) -> torch.Tensor:
+        """Block until the collective is done and return its output."""
+        if self.work is not None:
+            self.work.wait()
+        out = self.finish()
+        self.keep = ()
+        return out
+
+
+class DifferentiableCollective(Protocol):
+    """A collective together with its adjoint (the collective that moves gradients back)."""
+
+    def start_forward(self, x: torch.Tensor) -> Pending:
+        """Start the collective on ``x``; return the pending result."""
+        ...
+
+    def start_backward(self, grad: torch.Tensor) -> Pending:
+        """Start the adjoint collective on the output gradient; return the pending input gradient."""
+        ...
+
+
+class _CallState:
+    """Per-call state shared by the two autograd nodes of one collective."""
+
+    __slots__ = ("op", "forward", "backward")
+
+    def __init__(self, op: DifferentiableCollective) -> None:
+        self.op = op
+        self.forward: Pending | None = None
+        self.backward: Pending | None = None
+
+
+class _Launch(Function):
+    @staticmethod
+    def forward(ctx: Any, state: _CallState, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        state.forward = state.op.start_forward(x)
+        ctx.state = state
+        # A zero-element token: it only carries the autograd edge from x to the output.
+        return x.new_empty(0)
+
+    @staticmethod
+    def backward(ctx: Any, _token_grad: torch.Tensor) -> tuple[None, torch.Tensor]:  # type: ignore[override]
+        state: _CallState = ctx.state
+        if state.backward is None:
+            raise RuntimeError("internal error: collective backward reached _Launch before _Wait")
+        grad = state.backward.result()
+        state.backward = None
+        return None, grad
+
+
+class _Wait(Function):
+    @staticmethod
+    def forward(ctx: Any, state: _CallState, token: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.state = state
+        if state.forward is None:
+            raise RuntimeError("internal error: collective waited twice")
+        out = state.forward.result()
+        state.forward = None
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, torch.Tensor]:  # type: ignore[override]
+        state: _CallState = ctx.state
+        state.backward = state.op.start_backward(grad.contiguous())
+        return None, grad.new_empty(0)
+
+
+class CollectiveAwaitable(LazyAwaitable[torch.Tensor]):
+    """The output tensor of a differentiable collective that was started at construction time."""
+
+    def __init__(self, op: DifferentiableCollective, x: torch.Tensor) -> None:
+        super().__init__()
+        self._state = _CallState(op)
+        self._token = _Launch.apply(self._state, x)
+
+    def _wait_impl(self) -> torch.Tensor:
+        out = _Wait.apply(self._state, self._token)
+        self._token = None
+        return out

@@ -1,0 +1,261 @@
+"""KeyedJaggedTensor all-to-all: the input dist that routes sparse features to the ranks owning them.
+
+Every rank holds a KJT for *its* samples whose keys are grouped by destination rank
+(``key_splits[d]`` consecutive keys go to rank ``d``; row-wise sharding repeats each key once per
+rank after bucketization). Each rank receives, for its own keys, the samples of *every* rank, and
+concatenates them in source-rank order, so its batch is the global batch::
+
+    rank 0 (B_0 = 2)   keys: f0 f1 | f2        key_splits = [2, 1]  (f0, f1 -> rank 0; f2 -> rank 1)
+    rank 1 (B_1 = 1)   keys: f0 f1 | f2
+
+                       on the wire (from each source)        after the permute (output KJT)
+    rank 0 receives    src 0: f0[b0 b1] f1[b0 b1]            f0: [src0 b0, src0 b1, src1 b0]
+                       src 1: f0[b0]    f1[b0]               f1: [src0 b0, src0 b1, src1 b0]
+                                                             stride = B_0 + B_1 = 3
+    rank 1 receives    src 0: f2[b0 b1]   src 1: f2[b0]      f2: [src0 b0, src0 b1, src1 b0]
+
+Two stages, as two awaitables, so a training pipeline can start them early:
+
+1. ``KJTAllToAll(pg, key_splits)(kjt)`` starts a tiny all-to-all of the counts every destination
+   will receive (batch size, number of lengths, number of values, weighted?, input consistent?)
+   and returns a
+   :class:`KJTAllToAllSplitsAwaitable`.
+2. Its ``wait()`` reads the counts (one host sync: the receive buffers must be sized), starts the
+   lengths, values and weights all-to-alls and returns a :class:`KJTAllToAllTensorsAwaitable`,
+   whose ``wait()`` gives the output KJT. It also records ``batch_size_per_rank`` (the batch of
+   each source rank, which the output dist needs to send the embeddings back) and, for sequence
+   output dists, ``values_per_rank`` and ``value_index`` (the value permutation applied above).
+
+Batch sizes may differ between ranks; a rank may receive no key (``key_splits[rank] == 0``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from lightrec.distributed.comm._autograd import group_rank_and_size
+from lightrec.distributed.comm._jagged import permute_segments
+from lightrec.distributed.comm.awaitable import Awaitable
+from lightrec.sparse import KeyedJaggedTensor
+
+__all__ = ["KJTAllToAll", "KJTAllToAllError", "KJTAllToAllSplitsAwaitable", "KJTAllToAllTensorsAwaitable"]
+
+# Columns of the per-destination count table exchanged first.
+_BATCH, _LENGTHS, _VALUES, _WEIGHTED, _CONSISTENT = range(5)
+_NUM_COLS = 5
+
+
+class KJTAllToAllError(ValueError):
+    """Ranks called the KJT all-to-all with inputs that do not fit together."""
+
+
+class KJTAllToAllTensorsAwaitable(Awaitable[KeyedJaggedTensor]):
+    """Second stage: lengths/values/weights all-to-alls in flight; ``wait()`` gives the output KJT.
+
+    Attributes:
+        batch_size_per_rank: ``[W]`` batch size of each source rank (output stride is their sum).
+        values_per_rank: ``[W]`` number of values received from each source rank.
+        values_sent_per_rank: ``[W]`` number of values this rank sent to each destination.
+        keys: the keys of the output KJT (this rank's ``key_splits`` segment).
+    """
+
+    def __init__(
+        self,
+        keys: list[str],
+        batch_size_per_rank: list[int],
+        values_per_rank: list[int],
+        values_sent_per_rank: list[int],
+        works: list[object],
+        lengths: torch.Tensor,
+        values: torch.Tensor,
+        weights: torch.Tensor | None,
+        keep: tuple[torch.Tensor, ...],
+    ) -> None:
+        super().__init__()
+        self.keys = keys
+        self.batch_size_per_rank = batch_size_per_rank
+        self.values_per_rank = values_per_rank
+        self.values_sent_per_rank = values_sent_per_rank
+        self._value_index: torch.Tensor | None = None
+        self._works = works
+        self._lengths, self._values, self._weights = lengths, values, weights
+        self._keep = keep
+
+    @property
+    def value_index(self) -> torch.Tensor | None:
+        """After ``wait()``: for each output value, its position in the received (source-major)
+        buffer; None when no permute was needed (the received order is already key-major)."""
+        return self._value_index
+
+    def _wait_impl(self) -> KeyedJaggedTensor:
+        for work in self._works:
+            work.wait()  # type: ignore[attr-defined]
+        self._keep = ()
+        lengths, values, weights = self._lengths, self._values, self._weights
+        num_keys, world_size = len(self.keys), len(self.batch_size_per_rank)
+        if num_keys > 1 and world_size > 1:
+            # Received source-major [src][key][sample]; the output is key-major [key][src][sample].
+            sizes = [b for b in self.batch_size_per_rank for _ in range(num_keys)]
+            order = [s * num_keys + k for k in range(num_keys) for s in range(world_size)]
+            lengths, values, weights, self._value_index = permute_segments(
+                lengths, values, weights, sizes, order
+            )
+        return KeyedJaggedTensor(
+            keys=self.keys,
+            values=values,
+            weights=weights,
+            lengths=lengths,
+            stride=sum(self.batch_size_per_rank),
+        )
+
+
+class KJTAllToAllSplitsAwaitable(Awaitable[KJTAllToAllTensorsAwaitable]):
+    """First stage: the count exchange is in flight; ``wait()`` starts the tensor all-to-alls."""
+
+    def __init__(
+        self,
+        pg: dist.ProcessGroup | None,
+        rank: int,
+        kjt: KeyedJaggedTensor,
+        keys: list[str],
+        work: object,
+        sent: torch.Tensor,
+        received: torch.Tensor,
+    ) -> None:
+        super().__init__()
+        self._pg, self._rank, self._kjt, self._keys = pg, rank, kjt, keys
+        self._work, self._sent, self._received = work, sent, received
+
+    def _wait_impl(self) -> KJTAllToAllTensorsAwaitable:
+        self._work.wait()  # type: ignore[attr-defined]
+        sent = self._sent.view(-1, _NUM_COLS).tolist()
+        recv = self._received.view(-1, _NUM_COLS).tolist()
+        kjt, pg = self._kjt, self._pg
+        self._kjt = None  # type: ignore[assignment]
+        _check_counts(self._rank, len(self._keys), kjt, sent, recv)
+        weighted = kjt.weights_or_none() is not None
+
+        lengths_in = kjt.lengths().contiguous()
+        values_in = kjt.values().contiguous()
+        out_lengths = lengths_in.new_empty(sum(r[_LENGTHS] for r in recv))
+        out_values = values_in.new_empty(sum(r[_VALUES] for r in recv))
+        works = [
+            dist.all_to_all_single(
+                out_lengths, lengths_in, [r[_LENGTHS] for r in recv], [s[_LENGTHS] for s in sent],
+                group=pg, async_op=True,
+            ),
+            dist.all_to_all_single(
+                out_values, values_in, [r[_VALUES] for r in recv], [s[_VALUES] for s in sent],
+                group=pg, async_op=True,
+            ),
+        ]  # fmt: skip
+        keep: tuple[torch.Tensor, ...] = (lengths_in, values_in)
+        out_weights: torch.Tensor | None = None
+        if weighted:
+            weights_in = kjt.weights().contiguous()
+            out_weights = weights_in.new_empty(out_values.numel())
+            works.append(
+                dist.all_to_all_single(
+                    out_weights, weights_in, [r[_VALUES] for r in recv], [s[_VALUES] for s in sent],
+                    group=pg, async_op=True,
+                )
+            )  # fmt: skip
+            keep = keep + (weights_in,)
+        return KJTAllToAllTensorsAwaitable(
+            keys=self._keys,
+            batch_size_per_rank=[r[_BATCH] for r in recv],
+            values_per_rank=[r[_VALUES] for r in recv],
+            values_sent_per_rank=[s[_VALUES] for s in sent],
+            works=works,
+            lengths=out_lengths,
+            values=out_values,
+            weights=out_weights,
+            keep=keep,
+        )
+
+
+def _check_counts(
+    rank: int, num_keys: int, kjt: KeyedJaggedTensor, sent: list[list[int]], recv: list[list[int]]
+) -> None:
+    """Fail before the tensor all-to-alls if ranks disagree (on every rank alike where possible;
+    mismatched ``key_splits`` are only visible to the receiver, the others then time out)."""
+    flags = {r[_WEIGHTED] for r in recv}
+    if len(flags) > 1:
+        weighted_ranks = [s for s, r in enumerate(recv) if r[_WEIGHTED]]
+        raise KJTAllToAllError(
+            f"KJTAllToAll: ranks {weighted_ranks} sent weighted KJTs and the others unweighted ones; "
+            "every rank must pass weights for the same features (or none)"
+        )
+    for src, row in enumerate(recv):
+        if row[_LENGTHS] != num_keys * row[_BATCH]:
+            raise KJTAllToAllError(
+                f"KJTAllToAll: rank {src} sent {row[_LENGTHS]} lengths to rank {rank}, which expects "
+                f"{num_keys} keys x batch {row[_BATCH]}; every rank must use the same key_splits"
+            )
+    # Every rank sees every source's consistency flag, so all of them raise together.
+    broken = [src for src, row in enumerate(recv) if not row[_CONSISTENT]]
+    if broken:
+        raise KJTAllToAllError(
+            f"KJTAllToAll: the KJT on rank(s) {broken} has lengths that do not sum to its number of "
+            f"values (on this rank, rank {rank}: lengths sum to {sum(s[_VALUES] for s in sent)}, "
+            f"values has {kjt.values().numel()}); fix the input (see KeyedJaggedTensor.validate())"
+        )
+
+
+class KJTAllToAll:
+    """Route each key segment of a KJT to its destination rank (see the module docstring).
+
+    Args:
+        pg: process group (None: the default group).
+        key_splits: ``[W]`` number of consecutive keys sent to each rank; sums to the number of
+            keys of every input KJT. The same on every rank.
+    """
+
+    def __init__(self, pg: dist.ProcessGroup | None, key_splits: list[int]) -> None:
+        self._pg = pg
+        self._rank, self._world_size = group_rank_and_size(pg)
+        splits = [int(k) for k in key_splits]
+        if len(splits) != self._world_size or any(k < 0 for k in splits):
+            raise ValueError(
+                f"key_splits must list {self._world_size} non-negative key counts (one per rank), "
+                f"got {key_splits!r}"
+            )
+        self._splits = splits
+
+    @property
+    def key_splits(self) -> list[int]:
+        return list(self._splits)
+
+    def __call__(self, kjt: KeyedJaggedTensor) -> KJTAllToAllSplitsAwaitable:
+        """Start the count exchange for ``kjt`` (keys ``[sum(key_splits)]``, stride ``B_rank``)."""
+        keys = kjt.keys()
+        if len(keys) != sum(self._splits):
+            raise ValueError(
+                f"KJTAllToAll(key_splits={self._splits}) expects KJTs with {sum(self._splits)} keys, "
+                f"got {len(keys)}: {keys}"
+            )
+        world_size, batch = self._world_size, kjt.stride()
+        lengths = kjt.lengths()
+        device = lengths.device
+        splits_t = torch.tensor(self._splits, dtype=torch.int64, device=device)
+        if len(keys) > 0 and batch > 0:
+            per_key = lengths.view(len(keys), batch).sum(dim=1).to(torch.int64)
+        else:
+            per_key = torch.zeros(len(keys), dtype=torch.int64, device=device)
+        owner = torch.repeat_interleave(torch.arange(world_size, device=device), splits_t)
+        values_per_dest = torch.zeros(world_size, dtype=torch.int64, device=device)
+        values_per_dest.index_add_(0, owner, per_key)
+        table = torch.empty((world_size, _NUM_COLS), dtype=torch.int64, device=device)
+        table[:, _BATCH] = batch
+        table[:, _LENGTHS] = splits_t * batch
+        table[:, _VALUES] = values_per_dest
+        table[:, _WEIGHTED] = int(kjt.weights_or_none() is not None)
+        # Checked on device (no host sync here) and shipped, so every rank can raise together.
+        table[:, _CONSISTENT] = per_key.sum() == kjt.values().numel()
+        sent = table.view(-1)
+        received = torch.empty_like(sent)
+        work = dist.all_to_all_single(received, sent, group=self._pg, async_op=True)
+        start = sum(self._splits[: self._rank])
+        my_keys = list(keys[start : start + self._splits[self._rank]])
+        return KJTAllToAllSplitsAwaitable(self._pg, self._rank, kjt, my_keys, work, sent, received)
