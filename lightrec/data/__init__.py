@@ -1,0 +1,69 @@
+"""Data for recommendation models: the ``Batch`` type, synthetic Criteo-like data, Criteo and
+MovieLens readers, and rank-aware LightningDataModules.
+
+Everything yields whole :class:`Batch` objects (dense ``[B, D]``, sparse ``KeyedJaggedTensor``,
+labels ``[B]``). The LightningDataModules (``SyntheticCriteo``, ``CriteoDataModule``,
+``MovieLensDataModule``) are imported lazily, so ``from lightrec.data import Batch`` does not
+import Lightning (layers below ``lightrec.lightning`` may use ``Batch``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightrec.data.batch import Batch, collate_samples, concat_batches
+from lightrec.data.criteo import parse_criteo_lines, preprocess_criteo
+from lightrec.data.criteo_dataset import CriteoMemmapDataset, load_criteo_meta
+from lightrec.data.criteo_spec import (
+    CRITEO_1TB_CARDINALITIES,
+    CRITEO_KAGGLE_CARDINALITIES,
+    DEFAULT_CAT_NAMES,
+    DEFAULT_INT_NAMES,
+    resolve_cardinalities,
+    table_configs,
+)
+from lightrec.data.errors import DataFormatError
+from lightrec.data.movielens import MovieLensData, MovieLensDataset, read_movielens
+from lightrec.data.sharding import RankBatchSampler, rank_dataloader, resolve_rank
+from lightrec.data.synthetic import PlantedCriteoModel, SyntheticCriteoDataset
+
+_LAZY = {"SyntheticCriteo", "SyntheticCriteoDataModule", "CriteoDataModule", "MovieLensDataModule"}
+
+__all__ = [
+    "Batch",
+    "CRITEO_1TB_CARDINALITIES",
+    "CRITEO_KAGGLE_CARDINALITIES",
+    "CriteoDataModule",
+    "CriteoMemmapDataset",
+    "DEFAULT_CAT_NAMES",
+    "DEFAULT_INT_NAMES",
+    "DataFormatError",
+    "MovieLensData",
+    "MovieLensDataModule",
+    "MovieLensDataset",
+    "PlantedCriteoModel",
+    "RankBatchSampler",
+    "SyntheticCriteo",
+    "SyntheticCriteoDataModule",
+    "SyntheticCriteoDataset",
+    "collate_samples",
+    "concat_batches",
+    "load_criteo_meta",
+    "parse_criteo_lines",
+    "preprocess_criteo",
+    "rank_dataloader",
+    "read_movielens",
+    "resolve_cardinalities",
+    "resolve_rank",
+    "table_configs",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from lightrec.data import datamodules
+
+        return (
+            datamodules.SyntheticCriteo if name == "SyntheticCriteoDataModule" else getattr(datamodules, name)
+        )
+    raise AttributeError(f"module 'lightrec.data' has no attribute {name!r}")

@@ -1,0 +1,395 @@
+"""Criteo TSV (Kaggle ``train.txt``, 1TB ``day_N``) → preprocessed memory-mapped numpy chunks.
+
+Input lines: ``label \\t I1..I13 \\t C1..C26`` — 40 tab-separated fields, integer counts and 32-bit
+hex categoricals, any of which may be empty. Output, under ``out_dir``::
+
+    settings.json                     the preprocessing arguments (a resume must use the same)
+    counts/<part>.npz                 per-id frequencies of one input (only with min_count > 0)
+    chunks/<part>-<k>.dense.npy       [n, 13] float32   log(max(x, 0) + 1), empty -> 0
+    chunks/<part>-<k>.sparse.npy      [n, 26] int32     ids in [0, num_embeddings_f); 0 = missing/rare
+    chunks/<part>-<k>.labels.npy      [n]     float32
+    chunks/<part>-<k>.json            written last: the chunk is complete (rows, skipped lines)
+    meta.json                         names, num_embeddings_per_feature, parts and their chunks
+
+``<part>`` is the input file's name without suffixes (``train``, ``day_0``). Ids: ``raw = int(hex, 16)``;
+``id = 1 + raw % (cap - 1)`` (or of a 64-bit hash of ``raw`` with ``hash_ids=True``); empty -> 0.
+With ``min_count = T > 0`` a first pass counts every id, ids seen fewer than ``T`` times map to the
+shared id 0, and the kept ids are renumbered ``1..K`` (tables shrink to ``K + 1`` rows).
+
+Resumable: each input is cut into chunks of ``rows_per_chunk`` input lines; finished chunks (and
+finished count files) are skipped when the same command runs again after an interruption.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import math
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from lightrec.data._criteo_fast import parse_fast
+from lightrec.data._random import mix64
+from lightrec.data.criteo_spec import (
+    CAT_FEATURE_COUNT,
+    DEFAULT_CAT_NAMES,
+    DEFAULT_INT_NAMES,
+    INT_FEATURE_COUNT,
+)
+from lightrec.data.errors import LineErrors, OnError, check_on_error
+
+__all__ = ["hash_categoricals", "parse_criteo_lines", "preprocess_criteo"]
+
+logger = logging.getLogger(__name__)
+NUM_FIELDS = 1 + INT_FEATURE_COUNT + CAT_FEATURE_COUNT
+FORMAT = "lightrec-criteo-v1"
+_FOLD = (1 << 63) - 1
+
+
+def _open(path: Path) -> IO[bytes]:
+    if path.suffix == ".gz":
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    return open(path, "rb")  # noqa: SIM115
+
+
+def _part_name(path: Path) -> str:
+    name = path.name
+    for suffix in (".gz", ".tsv", ".txt", ".csv"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    return name
+
+
+def parse_criteo_lines(
+    lines: Sequence[bytes], path: str, first_line: int, errors: LineErrors
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Parse raw Criteo lines.
+
+    Args:
+        lines: raw lines (bytes, with their newline; a last line without one may be truncated).
+        path: file name for error messages.
+        first_line: 1-based line number of ``lines[0]``.
+        errors: raise-or-skip policy; skipped lines are left out of the result.
+
+    Returns:
+        ``labels`` [n] float32, ``dense`` [n, 13] float32 (raw counts, empty -> 0),
+        ``cats`` [n, 26] int64 (raw values, wider than 63 bits folded, empty -> -1).
+    """
+    fast = parse_fast(lines)
+    if fast is not None:
+        return fast
+    labels: list[float] = []
+    dense: list[list[float]] = []
+    cats: list[list[int]] = []
+    for i, raw in enumerate(lines):
+        lineno = first_line + i
+        fields = raw.rstrip(b"\r\n").split(b"\t")
+        if len(fields) != NUM_FIELDS:
+            truncated = not raw.endswith(b"\n")
+            what = "truncated line (no newline at end of file)" if truncated else "wrong column count"
+            errors.bad_line(
+                path, lineno, f"{what}: expected {NUM_FIELDS} tab-separated fields, got {len(fields)}"
+            )
+            continue
+        if fields[0] not in (b"0", b"1"):
+            errors.bad_line(path, lineno, f"label must be 0 or 1, got {fields[0][:20]!r}")
+            continue
+        try:
+            row_dense = [float(s) if s else 0.0 for s in fields[1 : 1 + INT_FEATURE_COUNT]]
+        except ValueError:
+            bad = next(j for j, s in enumerate(fields[1 : 1 + INT_FEATURE_COUNT]) if s and not _is_number(s))
+            errors.bad_line(
+                path, lineno, f"non-numeric dense value {fields[1 + bad][:20]!r} in {DEFAULT_INT_NAMES[bad]}"
+            )
+            continue
+        if not all(math.isfinite(v) for v in row_dense):
+            errors.bad_line(path, lineno, "dense value is not finite (nan/inf)")
+            continue
+        if any(len(s) > 16 for s in fields[1 + INT_FEATURE_COUNT :]):
+            errors.bad_line(path, lineno, "categorical value longer than 16 hex digits (64 bits)")
+            continue
+        try:
+            # Criteo values are 32-bit; wider ones are folded to 63 bits (they are hashed anyway).
+            row_cats = [int(s, 16) & _FOLD if s else -1 for s in fields[1 + INT_FEATURE_COUNT :]]
+        except ValueError:
+            tail = fields[1 + INT_FEATURE_COUNT :]
+            bad = next(j for j, s in enumerate(tail) if s and not _is_hex(s))
+            errors.bad_line(
+                path, lineno, f"categorical value {tail[bad][:20]!r} in {DEFAULT_CAT_NAMES[bad]} is not hex"
+            )
+            continue
+        if any(s[:1] in (b"-", b"+") for s in fields[1 + INT_FEATURE_COUNT :]):
+            errors.bad_line(path, lineno, "categorical values must be unsigned hex, got a sign")
+            continue
+        labels.append(float(fields[0]))
+        dense.append(row_dense)
+        cats.append(row_cats)
+    n = len(labels)
+    return (
+        np.asarray(labels, dtype=np.float32).reshape(n),
+        np.asarray(dense, dtype=np.float32).reshape(n, INT_FEATURE_COUNT),
+        np.asarray(cats, dtype=np.int64).reshape(n, CAT_FEATURE_COUNT),
+    )
+
+
+def _is_number(s: bytes) -> bool:
+    try:
+        float(s)
+        return True
+    except ValueError:
+        return False
+
+
+def _is_hex(s: bytes) -> bool:
+    try:
+        int(s, 16)
+        return True
+    except ValueError:
+        return False
+
+
+def hash_categoricals(cats: np.ndarray, caps: Sequence[int], hash_ids: bool) -> np.ndarray:
+    """Raw values ``[n, 26]`` (``-1`` = empty) → ids ``1 + v % (cap_f - 1)``, empty → 0 (int64)."""
+    out = np.zeros(cats.shape, dtype=np.int64)
+    for f, cap in enumerate(caps):
+        col = cats[:, f]
+        present = col >= 0
+        v = col[present].astype(np.uint64)
+        if hash_ids:
+            v = mix64(v)
+        if cap > 1:  # cap == 1: a single row, every id is 0
+            out[present, f] = 1 + (v % np.uint64(cap - 1)).astype(np.int64)
+    return out
+
+
+def _iter_chunks(path: Path, rows_per_chunk: int) -> Iterator[tuple[int, int, list[bytes], int]]:
+    """``(chunk index, first line number, lines, bytes read)`` for consecutive chunks of a file."""
+    with _open(path) as fh:
+        k, lineno = 0, 1
+        while True:
+            lines = _take(fh, rows_per_chunk)
+            if not lines:
+                return
+            yield k, lineno, lines, sum(len(x) for x in lines)
+            k += 1
+            lineno += len(lines)
+
+
+def _take(fh: IO[bytes], n: int) -> list[bytes]:
+    out = []
+    for line in fh:
+        out.append(line)
+        if len(out) == n:
+            break
+    return out
+
+
+class _Progress:
+    """tqdm over input bytes when tqdm is installed, else one log line per chunk."""
+
+    def __init__(self, path: Path, desc: str, enabled: bool) -> None:
+        self.bar: Any = None
+        self.desc = desc
+        self.enabled = enabled
+        if enabled:
+            try:
+                from tqdm.auto import tqdm
+
+                total = None if path.suffix == ".gz" else path.stat().st_size
+                self.bar = tqdm(total=total, unit="B", unit_scale=True, desc=desc)
+            except ImportError:
+                self.bar = None
+
+    def update(self, nbytes: int, chunk: int) -> None:
+        if self.bar is not None:
+            self.bar.update(nbytes)
+        elif self.enabled:
+            logger.info("%s: chunk %d done", self.desc, chunk)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _atomic_save(path: Path, array: np.ndarray) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        np.save(fh, array)
+    os.replace(tmp, path)
+
+
+def _atomic_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)
+
+
+def _count_ids(path: Path, out: Path, caps: list[int], args: dict[str, Any], progress: bool) -> None:
+    """Counting pass over one input: ``counts/<part>.npz`` with one uint32 array per feature."""
+    if out.exists():
+        return
+    counts = [np.zeros(cap, dtype=np.int64) for cap in caps]
+    errors = LineErrors(args["on_error"])
+    bar = _Progress(path, f"count {path.name}", progress)
+    for k, first, lines, nbytes in _iter_chunks(path, args["rows_per_chunk"]):
+        _, _, cats = parse_criteo_lines(lines, str(path), first, errors)
+        ids = hash_categoricals(cats, caps, args["hash_ids"])
+        for f in range(CAT_FEATURE_COUNT):
+            counts[f] += np.bincount(ids[:, f], minlength=caps[f])
+        bar.update(nbytes, k)
+    bar.close()
+    tmp = out.with_name(out.name + ".tmp.npz")
+    np.savez(tmp, *[c.astype(np.uint32) for c in counts])
+    os.replace(tmp, out)
+
+
+def _write_chunks(
+    path: Path,
+    out_dir: Path,
+    caps: list[int],
+    remap: list[np.ndarray] | None,
+    args: dict[str, Any],
+    progress: bool,
+) -> dict[str, Any]:
+    """Writing pass over one input; returns the part's entry of ``meta.json``."""
+    part = _part_name(path)
+    chunks: list[dict[str, Any]] = []
+    errors = LineErrors(args["on_error"])
+    bar = _Progress(path, f"write {path.name}", progress)
+    for k, first, lines, nbytes in _iter_chunks(path, args["rows_per_chunk"]):
+        stem = f"{part}-{k:05d}"
+        done = out_dir / "chunks" / f"{stem}.json"
+        if done.exists():  # finished by an earlier, interrupted run
+            chunks.append(json.loads(done.read_text()))
+            bar.update(nbytes, k)
+            continue
+        skipped_before = errors.skipped
+        labels, dense, cats = parse_criteo_lines(lines, str(path), first, errors)
+        ids = hash_categoricals(cats, caps, args["hash_ids"])
+        if remap is not None:
+            ids = np.stack([remap[f][ids[:, f]] for f in range(CAT_FEATURE_COUNT)], axis=1)
+        dense = np.log1p(np.maximum(dense, 0.0)).astype(np.float32)
+        _atomic_save(out_dir / "chunks" / f"{stem}.dense.npy", dense)
+        _atomic_save(out_dir / "chunks" / f"{stem}.sparse.npy", ids.astype(np.int32))
+        _atomic_save(out_dir / "chunks" / f"{stem}.labels.npy", labels)
+        entry = {"name": stem, "rows": int(labels.shape[0]), "skipped_lines": errors.skipped - skipped_before}
+        _atomic_json(done, entry)
+        chunks.append(entry)
+        bar.update(nbytes, k)
+    bar.close()
+    errors.log_summary(str(path))
+    return {
+        "name": part,
+        "source": str(path),
+        "rows": sum(c["rows"] for c in chunks),
+        "skipped_lines": sum(c["skipped_lines"] for c in chunks),
+        "chunks": chunks,
+    }
+
+
+def preprocess_criteo(
+    inputs: str | Path | Sequence[str | Path],
+    out_dir: str | Path,
+    num_embeddings_cap: int | Sequence[int] = 10_000_000,
+    min_count: int = 0,
+    hash_ids: bool = False,
+    rows_per_chunk: int = 1_000_000,
+    on_error: OnError = "raise",
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Preprocess Criteo TSV files into memory-mapped chunks (see the module docstring).
+
+    Args:
+        inputs: ``train.txt`` and/or ``day_0`` … ``day_23`` (optionally ``.gz``), in time order.
+        out_dir: output folder; re-running the same call resumes an interrupted run.
+        num_embeddings_cap: table rows per feature before frequency filtering (one int or 26).
+        min_count: ids seen fewer times than this over all inputs map to id 0; ``0`` disables the
+            counting pass.
+        hash_ids: mix raw values with a 64-bit hash before the modulo (spreads structured values).
+        rows_per_chunk: input lines per output chunk (the resume granularity).
+        on_error: ``"raise"`` on the first malformed line, or ``"skip"`` and count them.
+        progress: show a tqdm bar per pass and file (log lines without tqdm).
+
+    Returns:
+        The content of ``meta.json``: ``num_embeddings_per_feature``, ``parts`` (name, rows,
+        skipped_lines, chunks), ``skipped_lines`` in total, and the settings.
+    """
+    paths = [Path(inputs)] if isinstance(inputs, (str, Path)) else [Path(p) for p in inputs]
+    if not paths:
+        raise ValueError("inputs must name at least one Criteo TSV file, got an empty list")
+    for p in paths:
+        if not p.is_file():
+            raise FileNotFoundError(f"Criteo input {str(p)!r} does not exist or is not a file")
+    names = [_part_name(p) for p in paths]
+    if len(set(names)) != len(names):
+        raise ValueError(f"inputs must have distinct file names (they name the output parts), got {names}")
+    caps = (
+        [int(num_embeddings_cap)] * CAT_FEATURE_COUNT
+        if isinstance(num_embeddings_cap, int)
+        else [int(c) for c in num_embeddings_cap]
+    )
+    if len(caps) != CAT_FEATURE_COUNT or any(c < 1 for c in caps):
+        raise ValueError(
+            f"num_embeddings_cap must be a positive int or {CAT_FEATURE_COUNT} of them, got {num_embeddings_cap!r}"
+        )
+    if min_count < 0:
+        raise ValueError(f"min_count must be >= 0, got {min_count!r}")
+    if rows_per_chunk < 1:
+        raise ValueError(f"rows_per_chunk must be >= 1, got {rows_per_chunk!r}")
+    args = {
+        "caps": caps,
+        "min_count": int(min_count),
+        "hash_ids": bool(hash_ids),
+        "rows_per_chunk": int(rows_per_chunk),
+        "on_error": check_on_error(on_error),
+        "format": FORMAT,
+    }
+    out = Path(out_dir)
+    (out / "chunks").mkdir(parents=True, exist_ok=True)
+    settings = out / "settings.json"
+    if settings.exists():
+        old = json.loads(settings.read_text())
+        if old != args:
+            changed = sorted(k for k in args if old.get(k) != args[k])
+            raise ValueError(
+                f"{str(out)!r} holds a preprocessing run with different settings ({changed}); "
+                "use another out_dir or delete it to start over"
+            )
+    else:
+        _atomic_json(settings, args)
+
+    remap: list[np.ndarray] | None = None
+    num_embeddings = list(caps)
+    if min_count > 0:
+        (out / "counts").mkdir(exist_ok=True)
+        for p in paths:
+            _count_ids(p, out / "counts" / f"{_part_name(p)}.npz", caps, args, progress)
+        totals = [np.zeros(c, dtype=np.int64) for c in caps]
+        for p in paths:
+            with np.load(out / "counts" / f"{_part_name(p)}.npz") as z:
+                for f in range(CAT_FEATURE_COUNT):
+                    totals[f] += z[f"arr_{f}"]
+        remap = []
+        for f in range(CAT_FEATURE_COUNT):
+            kept = totals[f] >= min_count
+            kept[0] = False  # id 0 is the shared missing/rare id
+            remap.append((np.cumsum(kept) * kept).astype(np.int64))
+            num_embeddings[f] = int(kept.sum()) + 1
+    parts = [_write_chunks(p, out, caps, remap, args, progress) for p in paths]
+    meta = {
+        "format": FORMAT,
+        "int_names": DEFAULT_INT_NAMES,
+        "cat_names": DEFAULT_CAT_NAMES,
+        "num_embeddings_per_feature": num_embeddings,
+        "parts": parts,
+        "rows": sum(p["rows"] for p in parts),
+        "skipped_lines": sum(p["skipped_lines"] for p in parts),
+        "settings": args,
+    }
+    _atomic_json(out / "meta.json", meta)
+    return meta

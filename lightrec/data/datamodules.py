@@ -1,0 +1,328 @@
+"""LightningDataModules over the lightrec datasets, sharded by rank.
+
+Every DataModule yields whole :class:`~lightrec.data.Batch` objects (``DataLoader(batch_size=None)``)
+and shards batch indices over ranks with :class:`~lightrec.data.RankBatchSampler`: rank and world
+size come from the attached trainer, else from ``torch.distributed``, else ``(0, 1)``.
+``batch_size`` is per rank; ``num_*_batches`` / the data are global, so ``W`` ranks run
+``num_batches // W`` steps each and together see the same samples as one rank.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import lightning.pytorch as pl
+import numpy as np
+from torch.utils.data import DataLoader, Dataset
+
+from lightrec.data.criteo import preprocess_criteo
+from lightrec.data.criteo_dataset import CriteoMemmapDataset, load_criteo_meta
+from lightrec.data.errors import OnError, check_on_error
+from lightrec.data.movielens import MovieLensData, MovieLensDataset, read_movielens
+from lightrec.data.sharding import rank_dataloader, resolve_rank
+from lightrec.data.synthetic import SyntheticCriteoDataset
+from lightrec.modules.embedding_configs import EmbeddingBagConfig
+
+__all__ = ["CriteoDataModule", "MovieLensDataModule", "SyntheticCriteo"]
+
+
+class _RankedDataModule(pl.LightningDataModule):
+    """Shared loader construction: rank-aware sampler, workers, pinning."""
+
+    def __init__(
+        self, num_workers: int, pin_memory: bool, shuffle: bool, seed: int, persistent_workers: bool
+    ) -> None:
+        super().__init__()
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.shuffle = shuffle
+        self.seed = seed
+        self.persistent_workers = persistent_workers
+
+    def rank_and_world_size(self) -> tuple[int, int]:
+        """``(rank, world_size)`` this DataModule shards for."""
+        return resolve_rank(self.trainer)
+
+    def _loader(self, dataset: Dataset, shuffle: bool) -> DataLoader:
+        rank, world = self.rank_and_world_size()
+        return rank_dataloader(
+            dataset,  # type: ignore[arg-type]
+            rank=rank,
+            world_size=world,
+            shuffle=shuffle,
+            seed=self.seed,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            persistent_workers=self.persistent_workers,
+        )
+
+
+class SyntheticCriteo(_RankedDataModule):
+    """The default data of every recipe: synthetic Criteo-like clicks with a known best AUC.
+
+    Args:
+        batch_size: samples per batch per rank.
+        num_train_batches / num_val_batches / num_test_batches: batches per split (all ranks together).
+        seed: fixes the hidden model and every sample.
+        cardinalities: ``"kaggle"``, ``"1tb"`` or 26 ints.
+        scale / num_embeddings_cap: shrink the tables (``scale`` first, then the cap).
+        zipf_exponent / ids_per_feature / ids_distribution / dense_signal / sparse_signal / base_ctr:
+            see :class:`~lightrec.data.PlantedCriteoModel`.
+        block_size: samples per generator seed (default ``batch_size``); keep it fixed to compare
+            runs with different per-rank batch sizes sample for sample.
+        shuffle: shuffle the order of training batches every epoch.
+        num_workers / pin_memory / persistent_workers: ``DataLoader`` settings.
+    """
+
+    def __init__(
+        self,
+        batch_size: int = 512,
+        num_train_batches: int = 400,
+        num_val_batches: int = 20,
+        num_test_batches: int = 40,
+        seed: int = 0,
+        cardinalities: str | list[int] = "kaggle",
+        scale: float = 1.0,
+        num_embeddings_cap: int | None = 100_000,
+        zipf_exponent: float = 1.1,
+        ids_per_feature: int | list[int] = 1,
+        ids_distribution: Literal["fixed", "poisson"] = "fixed",
+        dense_signal: float = 0.8,
+        sparse_signal: float = 1.6,
+        base_ctr: float = 0.25,
+        block_size: int | None = None,
+        shuffle: bool = False,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        persistent_workers: bool = False,
+    ) -> None:
+        super().__init__(num_workers, pin_memory, shuffle, seed, persistent_workers)
+        self.save_hyperparameters()
+        common: dict[str, Any] = dict(
+            batch_size=batch_size, seed=seed, cardinalities=cardinalities, scale=scale,
+            num_embeddings_cap=num_embeddings_cap, block_size=block_size, zipf_exponent=zipf_exponent,
+            ids_per_feature=ids_per_feature, ids_distribution=ids_distribution, dense_signal=dense_signal,
+            sparse_signal=sparse_signal, base_ctr=base_ctr,
+        )  # fmt: skip
+        # Building the datasets is cheap (no data is generated until a batch is read).
+        self.datasets = {
+            "train": SyntheticCriteoDataset(num_batches=num_train_batches, split="train", **common),
+            "val": SyntheticCriteoDataset(num_batches=num_val_batches, split="val", **common),
+            "test": SyntheticCriteoDataset(num_batches=num_test_batches, split="test", **common),
+        }
+        self._bayes_auc: float | None = None
+
+    @property
+    def num_embeddings_per_feature(self) -> list[int]:
+        return self.datasets["train"].num_embeddings_per_feature
+
+    def table_configs(self, embedding_dim: int) -> list[EmbeddingBagConfig]:
+        """One ``EmbeddingBagConfig`` per categorical feature (``t_cat_i`` over ``["cat_i"]``)."""
+        return self.datasets["train"].table_configs(embedding_dim)
+
+    def bayes_optimal_auc(self) -> float:
+        """Best AUC any model can reach on this data (computed once, ~1 s)."""
+        if self._bayes_auc is None:
+            self._bayes_auc = self.datasets["train"].bayes_optimal_auc()
+        return self._bayes_auc
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.datasets["train"], self.shuffle)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.datasets["val"], False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.datasets["test"], False)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader(self.datasets["test"], False)
+
+
+class CriteoDataModule(_RankedDataModule):
+    """Criteo Kaggle / 1TB data preprocessed by :func:`~lightrec.data.preprocess_criteo`.
+
+    Args:
+        data_dir: the preprocessed folder.
+        batch_size: samples per batch per rank.
+        raw_inputs: Criteo TSV files; when given, ``prepare_data`` preprocesses them into
+            ``data_dir`` first (on one process per node; resumes an interrupted run).
+        preprocess_kwargs: extra arguments of ``preprocess_criteo`` (``num_embeddings_cap``,
+            ``min_count``, ``on_error``, ...).
+        train_parts / val_parts / test_parts: part names (input file names without suffix) per split.
+            Without any, the rows of all parts are split in time order by the fractions below. When
+            ``val_parts == test_parts`` those rows are halved: first half val, second half test
+            (the usual ``day_23`` split of the 1TB data).
+        val_fraction / test_fraction: tail fractions for the default split.
+        shuffle: shuffle training batch order every epoch.
+    """
+
+    def __init__(
+        self,
+        data_dir: str,
+        batch_size: int = 2048,
+        raw_inputs: list[str] | None = None,
+        preprocess_kwargs: dict[str, Any] | None = None,
+        train_parts: list[str] | None = None,
+        val_parts: list[str] | None = None,
+        test_parts: list[str] | None = None,
+        val_fraction: float = 0.05,
+        test_fraction: float = 0.05,
+        shuffle: bool = True,
+        seed: int = 0,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        persistent_workers: bool = False,
+    ) -> None:
+        super().__init__(num_workers, pin_memory, shuffle, seed, persistent_workers)
+        if not (0 <= val_fraction and 0 <= test_fraction and val_fraction + test_fraction < 1):
+            raise ValueError(
+                f"val_fraction and test_fraction must be >= 0 and sum to < 1, got {val_fraction!r}, {test_fraction!r}"
+            )
+        self.save_hyperparameters()
+        self.data_dir = data_dir
+        self.batch_size = batch_size
+        self.raw_inputs = raw_inputs
+        self.preprocess_kwargs = dict(preprocess_kwargs or {})
+        self.parts = {"train": train_parts, "val": val_parts, "test": test_parts}
+        self.fractions = (val_fraction, test_fraction)
+        self.datasets: dict[str, CriteoMemmapDataset] = {}
+
+    def prepare_data(self) -> None:
+        if self.raw_inputs:
+            preprocess_criteo(self.raw_inputs, self.data_dir, **self.preprocess_kwargs)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.datasets:
+            return
+        b, d = self.batch_size, self.data_dir
+        if all(p is None for p in self.parts.values()):
+            v, t = self.fractions
+            bounds = {"train": (0.0, 1.0 - v - t), "val": (1.0 - v - t, 1.0 - t), "test": (1.0 - t, 1.0)}
+            self.datasets = {s: CriteoMemmapDataset(d, b, row_range=r) for s, r in bounds.items()}
+            return
+        shared = self.parts["val"] is not None and self.parts["val"] == self.parts["test"]
+        for split, parts in self.parts.items():
+            if parts is None:
+                self.datasets[split] = CriteoMemmapDataset(d, b, parts=[], row_range=None)
+            elif shared and split in ("val", "test"):
+                self.datasets[split] = CriteoMemmapDataset(
+                    d, b, parts=parts, row_range=(0.0, 0.5) if split == "val" else (0.5, 1.0)
+                )
+            else:
+                self.datasets[split] = CriteoMemmapDataset(d, b, parts=parts)
+
+    @property
+    def num_embeddings_per_feature(self) -> list[int]:
+        return list(load_criteo_meta(self.data_dir)["num_embeddings_per_feature"])
+
+    def table_configs(self, embedding_dim: int) -> list[EmbeddingBagConfig]:
+        from lightrec.data.criteo_spec import table_configs
+
+        return table_configs(embedding_dim, self.num_embeddings_per_feature)
+
+    def _split(self, split: str) -> CriteoMemmapDataset:
+        self.setup()
+        return self.datasets[split]
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self._split("train"), self.shuffle)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self._split("val"), False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self._split("test"), False)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader(self._split("test"), False)
+
+
+class MovieLensDataModule(_RankedDataModule):
+    """MovieLens batches for click prediction (``task="ctr"``) or retrieval (``task="retrieval"``).
+
+    Args:
+        data_dir: unpacked ml-100k / ml-1m / ml-20m / ml-25m folder.
+        task: ``"ctr"``: every rating, label ``rating >= label_threshold``; ``"retrieval"``: only
+            ratings ``>= label_threshold`` (positive user→item pairs, label = the rating), meant
+            for in-batch negatives.
+        batch_size: samples per batch per rank.
+        split: ``"random"`` (seeded permutation of the ratings) or ``"time"`` (oldest ratings train,
+            newest test).
+        val_fraction / test_fraction: share of ratings in val / test.
+        on_error: ``"raise"`` or ``"skip"`` malformed lines (see ``read_movielens``).
+    """
+
+    def __init__(
+        self,
+        data_dir: str,
+        task: Literal["ctr", "retrieval"] = "ctr",
+        batch_size: int = 1024,
+        split: Literal["random", "time"] = "random",
+        val_fraction: float = 0.1,
+        test_fraction: float = 0.1,
+        label_threshold: float = 4.0,
+        on_error: OnError = "raise",
+        shuffle: bool = True,
+        seed: int = 0,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        persistent_workers: bool = False,
+    ) -> None:
+        super().__init__(num_workers, pin_memory, shuffle, seed, persistent_workers)
+        if task not in ("ctr", "retrieval"):
+            raise ValueError(f"task must be 'ctr' or 'retrieval', got {task!r}")
+        if split not in ("random", "time"):
+            raise ValueError(f"split must be 'random' or 'time', got {split!r}")
+        if not (0 <= val_fraction and 0 <= test_fraction and val_fraction + test_fraction < 1):
+            raise ValueError(
+                f"val_fraction and test_fraction must be >= 0 and sum to < 1, got {val_fraction!r}, {test_fraction!r}"
+            )
+        self.save_hyperparameters()
+        self.data_dir, self.task, self.batch_size, self.split = data_dir, task, batch_size, split
+        self.fractions = (val_fraction, test_fraction)
+        self.label_threshold = label_threshold
+        self.on_error = check_on_error(on_error)
+        self.data: MovieLensData | None = None
+        self.datasets: dict[str, MovieLensDataset] = {}
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.datasets:
+            return
+        data = read_movielens(self.data_dir, on_error=self.on_error)
+        rows = np.arange(len(data))
+        if self.task == "retrieval":
+            rows = rows[data.rating[rows] >= self.label_threshold]
+        if self.split == "random":
+            rows = rows[np.random.default_rng(self.seed).permutation(len(rows))]
+        else:
+            rows = rows[np.argsort(data.timestamp[rows], kind="stable")]
+        n, (v, t) = len(rows), self.fractions
+        a, b = int(round(n * (1 - v - t))), int(round(n * (1 - t)))
+        threshold = None if self.task == "retrieval" else self.label_threshold
+        self.data = data
+        self.datasets = {
+            s: MovieLensDataset(data, r, self.batch_size, label_threshold=threshold)
+            for s, r in (("train", rows[:a]), ("val", rows[a:b]), ("test", rows[b:]))
+        }
+
+    def table_configs(self, embedding_dim: int) -> list[EmbeddingBagConfig]:
+        """One table per sparse feature, sized from the data (reads it if needed)."""
+        self.setup()
+        return self.datasets["train"].table_configs(embedding_dim)
+
+    def _split(self, split: str) -> MovieLensDataset:
+        self.setup()
+        return self.datasets[split]
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self._split("train"), self.shuffle)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self._split("val"), False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self._split("test"), False)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader(self._split("test"), False)

@@ -1,0 +1,82 @@
+"""Errors for malformed data files and the raise-or-skip policy every reader shares.
+
+Readers parse text files line by line. A bad line (wrong column count, non-numeric value, truncated
+last line) either stops the reader with a :class:`DataFormatError` that names the file, the 1-based
+line number and what was wrong (``on_error="raise"``, the default), or is skipped and counted
+(``on_error="skip"``), the count being reported by the reader and logged once at the end.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = ["DataFormatError", "LineErrors", "OnError", "check_on_error"]
+
+logger = logging.getLogger(__name__)
+
+OnError = Literal["raise", "skip"]
+
+
+class DataFormatError(ValueError):
+    """A line of a data file does not have the expected format.
+
+    Attributes:
+        path: the file.
+        line: 1-based line number.
+        reason: what was wrong, in words.
+    """
+
+    def __init__(self, path: str, line: int, reason: str) -> None:
+        self.path = str(path)
+        self.line = line
+        self.reason = reason
+        super().__init__(
+            f"{self.path}:{line}: {reason}. Fix or remove the line, or pass on_error='skip' to skip "
+            "malformed lines (they are counted and reported)"
+        )
+
+
+def check_on_error(on_error: str) -> OnError:
+    """Validate the ``on_error`` argument of a reader."""
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    return on_error  # type: ignore[return-value]
+
+
+@dataclass
+class LineErrors:
+    """Applies the ``on_error`` policy and counts skipped lines of one or more files.
+
+    Args:
+        on_error: ``"raise"`` raises at the first bad line, ``"skip"`` counts it and goes on.
+        examples: how many skipped-line messages to keep for the final report.
+    """
+
+    on_error: OnError = "raise"
+    examples: int = 5
+    skipped: int = 0
+    messages: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        check_on_error(self.on_error)
+
+    def bad_line(self, path: str, line: int, reason: str) -> None:
+        """Report a malformed line: raises under ``"raise"``, counts it under ``"skip"``."""
+        error = DataFormatError(path, line, reason)
+        if self.on_error == "raise":
+            raise error
+        self.skipped += 1
+        if len(self.messages) < self.examples:
+            self.messages.append(f"{path}:{line}: {reason}")
+
+    def log_summary(self, what: str) -> None:
+        """Log how many lines were skipped (nothing when none were)."""
+        if self.skipped:
+            logger.warning(
+                "%s: skipped %d malformed line(s); first ones: %s",
+                what,
+                self.skipped,
+                "; ".join(self.messages),
+            )

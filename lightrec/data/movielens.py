@@ -1,0 +1,326 @@
+"""MovieLens readers (ml-100k, ml-1m, ml-20m, ml-25m) and batch-level datasets over them.
+
+Files read (``data_dir`` is the unpacked archive folder)::
+
+    ml-100k   u.data  "user \\t item \\t rating \\t ts"     u.user "user|age|gender|occupation|zip"
+              u.item  "item|title|date|video date|url|19 genre flags"                  (latin-1)
+    ml-1m     ratings.dat "user::item::rating::ts"  users.dat "user::gender::age::occupation::zip"
+              movies.dat  "item::title::Genre1|Genre2"                                  (latin-1)
+    ml-20m/25m ratings.csv "userId,movieId,rating,timestamp"  movies.csv "movieId,title,genres" (header)
+
+Ids are renumbered densely from 1 (``0`` = unknown/padding), so a feature's table has
+``num_embeddings[feature]`` rows. Sparse features of a batch: ``userId``, ``movieId``, ``genres``
+(multi-hot: all genres of the movie), and with a user file ``gender``, ``age``, ``occupation``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from lightrec.data.batch import Batch
+from lightrec.data.errors import LineErrors, OnError
+from lightrec.modules.embedding_configs import EmbeddingBagConfig
+from lightrec.sparse import KeyedJaggedTensor
+
+__all__ = ["ML100K_GENRES", "MovieLensData", "MovieLensDataset", "detect_variant", "read_movielens"]
+
+logger = logging.getLogger(__name__)
+
+ML100K_GENRES = [
+    "unknown", "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime", "Documentary", "Drama",
+    "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery", "Romance", "Sci-Fi", "Thriller", "War", "Western",
+]  # fmt: skip
+# ml-1m age codes; ml-100k raw ages are bucketed into the same groups.
+_AGE_BUCKETS = [1, 18, 25, 35, 45, 50, 56]
+
+
+@dataclass
+class MovieLensData:
+    """All interactions of one MovieLens release, ids renumbered from 1.
+
+    Attributes:
+        user, item: ``[N]`` int64 dense ids.   rating: ``[N]`` float32.   timestamp: ``[N]`` int64.
+        genre_offsets / genre_values: CSR of genre ids per item id (``offsets`` has ``num_items + 2``
+            entries, row ``i`` is item id ``i``).
+        user_features: ``{name: [num_users + 1] int64}`` side features per user id (may be empty).
+        num_embeddings: rows per sparse feature, id 0 included.
+        raw_user_ids / raw_item_ids: original id of dense id ``k`` at position ``k - 1``.
+        skipped_lines: malformed lines skipped under ``on_error="skip"``.
+    """
+
+    user: np.ndarray
+    item: np.ndarray
+    rating: np.ndarray
+    timestamp: np.ndarray
+    genre_offsets: np.ndarray
+    genre_values: np.ndarray
+    genre_names: list[str]
+    raw_user_ids: np.ndarray
+    raw_item_ids: np.ndarray
+    user_features: dict[str, np.ndarray] = field(default_factory=dict)
+    num_embeddings: dict[str, int] = field(default_factory=dict)
+    skipped_lines: int = 0
+
+    def __len__(self) -> int:
+        return int(self.user.shape[0])
+
+
+def detect_variant(data_dir: str | Path) -> str:
+    """``"100k"``, ``"1m"`` or ``"csv"`` (20m/25m) from the files in ``data_dir``."""
+    d = Path(data_dir)
+    for name, variant in (("u.data", "100k"), ("ratings.dat", "1m"), ("ratings.csv", "csv")):
+        if (d / name).is_file():
+            return variant
+    raise FileNotFoundError(
+        f"{str(d)!r} holds no MovieLens ratings file (u.data for ml-100k, ratings.dat for ml-1m, "
+        "ratings.csv for ml-20m/ml-25m); point data_dir at the unpacked archive folder"
+    )
+
+
+def _lines(path: Path, encoding: str) -> list[str]:
+    with open(path, encoding=encoding, newline="") as fh:
+        return fh.read().splitlines(keepends=True)
+
+
+def _split_rows(
+    path: Path, sep: str, ncols: int, errors: LineErrors, encoding: str = "latin-1", skip: int = 0
+) -> tuple[list[tuple[int, list[str]]], int | None]:
+    """``(line number, fields)`` of every line with ``ncols`` fields, and the number of a last line
+    that lacks its newline (``None`` if the file ends properly)."""
+    lines = _lines(path, encoding)
+    cut = len(lines) if lines and not lines[-1].endswith("\n") else None
+    out = []
+    for i, line in enumerate(lines[skip:], start=1 + skip):
+        fields = line.rstrip("\r\n").split(sep)
+        if len(fields) != ncols:
+            what = "truncated line (no newline at end of file)" if i == cut else "wrong column count"
+            errors.bad_line(
+                str(path), i, f"{what}: expected {ncols} {sep!r}-separated fields, got {len(fields)}"
+            )
+            continue
+        out.append((i, fields))
+    return out, cut
+
+
+def _read_ratings(path: Path, sep: str, errors: LineErrors, header: bool) -> np.ndarray:
+    """Ratings as a structured array (user, item, rating, ts)."""
+    dtype = [("u", "i8"), ("i", "i8"), ("r", "f4"), ("t", "i8")]
+    if sep == "," and errors.on_error == "raise":
+        try:  # fast C parser; any problem falls back to the line parser, which names the line
+            arr = np.loadtxt(path, delimiter=",", skiprows=1 if header else 0, dtype=dtype, ndmin=1)
+            with open(path, "rb") as fh:
+                fh.seek(max(path.stat().st_size - 1, 0))
+                last = fh.read(1)
+            if last in (b"\n", b""):  # otherwise let the line parser judge the last line
+                return arr
+        except (ValueError, IndexError):
+            pass
+    rows = []
+    split, cut = _split_rows(path, sep, 4, errors, "utf-8", skip=1 if header else 0)
+    for lineno, f in split:
+        try:
+            rows.append((int(f[0]), int(f[1]), float(f[2]), int(float(f[3]))))
+        except ValueError:
+            what = "truncated line (no newline at end of file): " if lineno == cut else ""
+            errors.bad_line(str(path), lineno, f"{what}non-numeric user/item/rating/timestamp in {f!r}")
+    return np.array(rows, dtype=dtype).reshape(-1)
+
+
+def _age_bucket(age: int) -> int:
+    return max(b for b in _AGE_BUCKETS if age >= b) if age >= 18 else 1
+
+
+def _read_users(path: Path, variant: str, errors: LineErrors) -> dict[int, tuple[str, int, str]]:
+    """``{raw user id: (gender, age bucket, occupation)}``."""
+    sep, ncols = ("|", 5) if variant == "100k" else ("::", 5)
+    users = {}
+    for lineno, f in _split_rows(path, sep, ncols, errors)[0]:
+        try:
+            if variant == "100k":
+                users[int(f[0])] = (f[2], _age_bucket(int(f[1])), f[3])
+            else:
+                users[int(f[0])] = (f[1], int(f[2]), f[3])
+        except ValueError:
+            errors.bad_line(str(path), lineno, f"non-numeric user id or age in {f!r}")
+    return users
+
+
+def _read_movies(path: Path, variant: str, errors: LineErrors) -> dict[int, list[str]]:
+    """``{raw item id: [genre names]}``."""
+    movies: dict[int, list[str]] = {}
+    if variant == "100k":
+        for lineno, f in _split_rows(path, "|", 5 + len(ML100K_GENRES), errors)[0]:
+            try:
+                movies[int(f[0])] = [
+                    g for g, flag in zip(ML100K_GENRES, f[5:], strict=True) if int(flag) == 1
+                ]
+            except ValueError:
+                errors.bad_line(str(path), lineno, f"non-numeric movie id or genre flag in {f[:1] + f[5:]!r}")
+        return movies
+    if variant == "1m":
+        rows = _split_rows(path, "::", 3, errors)[0]
+    else:
+        text = path.read_text(encoding="utf-8")
+        reader = csv.reader(io.StringIO(text, newline=""))
+        rows = []
+        for f in reader:
+            if reader.line_num == 1:
+                continue
+            if len(f) != 3:
+                errors.bad_line(
+                    str(path),
+                    reader.line_num,
+                    f"wrong column count: expected 3 comma-separated fields, got {len(f)}",
+                )
+                continue
+            rows.append((reader.line_num, f))
+    for lineno, f in rows:
+        try:
+            movies[int(f[0])] = [g for g in f[2].split("|") if g and g != "(no genres listed)"]
+        except ValueError:
+            errors.bad_line(str(path), lineno, f"non-numeric movie id {f[0]!r}")
+    return movies
+
+
+def read_movielens(data_dir: str | Path, on_error: OnError = "raise") -> MovieLensData:
+    """Read one MovieLens release (variant detected from the file names).
+
+    Args:
+        data_dir: unpacked ``ml-100k``, ``ml-1m``, ``ml-20m`` or ``ml-25m`` folder.
+        on_error: ``"raise"`` a ``DataFormatError`` (file:line) at the first malformed line, or
+            ``"skip"`` malformed lines and count them in ``skipped_lines``.
+    """
+    d = Path(data_dir)
+    variant = detect_variant(d)
+    errors = LineErrors(on_error)
+    files = {
+        "100k": ("u.data", "u.user", "u.item"),
+        "1m": ("ratings.dat", "users.dat", "movies.dat"),
+        "csv": ("ratings.csv", None, "movies.csv"),
+    }[variant]
+    sep = {"100k": "\t", "1m": "::", "csv": ","}[variant]
+    ratings = _read_ratings(d / files[0], sep, errors, header=variant == "csv")
+    movies = _read_movies(d / files[2], variant, errors) if (d / files[2]).is_file() else {}
+    users = _read_users(d / files[1], variant, errors) if files[1] and (d / files[1]).is_file() else {}
+    errors.log_summary(str(d))
+
+    raw_users, user = np.unique(ratings["u"], return_inverse=True)
+    raw_items, item = np.unique(
+        np.concatenate([ratings["i"], np.fromiter(movies, dtype=np.int64, count=len(movies))]),
+        return_inverse=True,
+    )
+    item = item[: len(ratings)]
+    genre_names = sorted({g for gs in movies.values() for g in gs})
+    gid = {g: k + 1 for k, g in enumerate(genre_names)}
+    per_item = [[gid[g] for g in movies.get(int(raw), [])] for raw in raw_items]
+    genre_offsets = np.zeros(len(raw_items) + 2, dtype=np.int64)
+    genre_offsets[2:] = np.cumsum([len(g) for g in per_item])
+    genre_values = np.array([g for gs in per_item for g in gs], dtype=np.int64)
+
+    user_features: dict[str, np.ndarray] = {}
+    if users:
+        for k, name in enumerate(("gender", "age", "occupation")):
+            vocab = {v: j + 1 for j, v in enumerate(sorted({u[k] for u in users.values()}, key=str))}
+            col = np.zeros(len(raw_users) + 1, dtype=np.int64)
+            col[1:] = [vocab[users[int(r)][k]] if int(r) in users else 0 for r in raw_users]
+            user_features[name] = col
+    num_embeddings = {
+        "userId": len(raw_users) + 1,
+        "movieId": len(raw_items) + 1,
+        "genres": len(genre_names) + 1,
+    }
+    for name, col in user_features.items():
+        num_embeddings[name] = int(col.max()) + 1
+    return MovieLensData(
+        user=user.astype(np.int64) + 1,
+        item=item.astype(np.int64) + 1,
+        rating=ratings["r"].astype(np.float32),
+        timestamp=ratings["t"].astype(np.int64),
+        genre_offsets=genre_offsets,
+        genre_values=genre_values,
+        genre_names=genre_names,
+        raw_user_ids=raw_users,
+        raw_item_ids=raw_items,
+        user_features=user_features,
+        num_embeddings=num_embeddings,
+        skipped_lines=errors.skipped,
+    )
+
+
+class MovieLensDataset(Dataset):
+    """Map-style dataset: item ``g`` is the ``Batch`` of interactions ``rows[g*B:(g+1)*B]``.
+
+    Sparse keys: ``userId``, the user side features (if read), ``movieId``, ``genres``; dense
+    features are ``[B, 0]``. Labels: ``rating >= label_threshold`` as 0./1. (CTR), or the raw rating
+    when ``label_threshold`` is ``None`` (retrieval pairs, regression).
+
+    Args:
+        data: the output of :func:`read_movielens`.
+        rows: interaction indices of this split, in reading order.
+        batch_size: samples per batch; a last partial batch is dropped.
+        label_threshold: click threshold on the rating (``4.0``: 4 and 5 stars are clicks).
+    """
+
+    def __init__(
+        self, data: MovieLensData, rows: np.ndarray, batch_size: int, label_threshold: float | None = 4.0
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        self.data = data
+        self.rows = np.asarray(rows, dtype=np.int64)
+        self.batch_size = int(batch_size)
+        self.label_threshold = label_threshold
+        self.user_keys = ["userId", *data.user_features]
+        self.item_keys = ["movieId", "genres"]
+        self.keys = self.user_keys + self.item_keys
+
+    def __len__(self) -> int:
+        return len(self.rows) // self.batch_size
+
+    def __getitem__(self, index: int) -> Batch:
+        if not 0 <= index < len(self):
+            raise IndexError(f"batch index {index} is out of range for {len(self)} batches")
+        b = self.batch_size
+        r = self.rows[index * b : (index + 1) * b]
+        d = self.data
+        users, items = d.user[r], d.item[r]
+        starts, ends = d.genre_offsets[items], d.genre_offsets[items + 1]
+        glen = ends - starts
+        gidx = np.repeat(starts - np.cumsum(glen) + glen, glen) + np.arange(int(glen.sum()))
+        values = (
+            [users] + [d.user_features[k][users] for k in self.user_keys[1:]] + [items, d.genre_values[gidx]]
+        )
+        lengths = np.concatenate([np.ones(b * (len(self.keys) - 1), dtype=np.int32), glen.astype(np.int32)])
+        kjt = KeyedJaggedTensor(
+            keys=self.keys,
+            values=torch.from_numpy(np.concatenate(values).astype(np.int64)),
+            lengths=torch.from_numpy(lengths),
+            stride=b,
+        )
+        rating = d.rating[r]
+        labels = (
+            (rating >= self.label_threshold).astype(np.float32)
+            if self.label_threshold is not None
+            else rating.astype(np.float32)
+        )
+        return Batch(torch.zeros(b, 0), kjt, torch.from_numpy(labels))
+
+    def table_configs(self, embedding_dim: int) -> list[EmbeddingBagConfig]:
+        """One table per sparse feature (``t_<feature>``), sized from the data."""
+        return [
+            EmbeddingBagConfig(
+                num_embeddings=self.data.num_embeddings[k],
+                embedding_dim=embedding_dim,
+                name=f"t_{k}",
+                feature_names=[k],
+            )
+            for k in self.keys
+        ]

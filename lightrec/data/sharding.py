@@ -1,0 +1,106 @@
+"""Rank-aware reading of batch-level datasets.
+
+Every lightrec dataset is map-style with one whole batch per index. Ranks split the *batch
+indices*: with ``world_size`` ranks, step ``t`` of rank ``r`` reads global batch ``t * world_size + r``
+(after an optional seeded shuffle of all batch indices), so ranks see disjoint data, every rank
+runs the same number of steps (a remainder of fewer than ``world_size`` batches is dropped: a rank
+with one step more would wait forever in a collective), and the batches of one step across ranks
+are consecutive batches of the single-process order.
+
+:class:`RankBatchSampler` subclasses ``DistributedSampler`` on purpose: Lightning leaves a
+``DistributedSampler`` in place instead of wrapping the loader in its own (which would shard the
+already sharded indices a second time), and calls ``set_epoch`` on it at every epoch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sized
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler
+
+__all__ = ["RankBatchSampler", "check_rank", "rank_dataloader", "resolve_rank"]
+
+
+def check_rank(rank: int, world_size: int) -> None:
+    """Validate a ``(rank, world_size)`` pair."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size!r}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank!r}")
+
+
+def resolve_rank(trainer: Any = None) -> tuple[int, int]:
+    """``(rank, world_size)`` from a Lightning trainer, else ``torch.distributed``, else ``(0, 1)``."""
+    if trainer is not None:
+        return int(trainer.global_rank), int(trainer.world_size)
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class RankBatchSampler(DistributedSampler):
+    """Yields this rank's batch indices of a dataset of ``len(dataset)`` whole batches.
+
+    Args:
+        dataset: anything with ``len()``: the number of batches.
+        rank / world_size: this rank and the number of ranks.
+        shuffle: permute the batch order each epoch (seeded by ``seed + epoch``; same on all ranks).
+        seed: shuffle seed.
+    """
+
+    def __init__(
+        self, dataset: Sized, rank: int = 0, world_size: int = 1, shuffle: bool = False, seed: int = 0
+    ) -> None:
+        check_rank(rank, world_size)
+        ds: Any = dataset  # DistributedSampler only calls len() on it
+        super().__init__(ds, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=True)
+        self.steps = len(dataset) // world_size
+
+    def __iter__(self) -> Iterator[int]:
+        total = self.steps * self.num_replicas
+        if self.shuffle:
+            g = torch.Generator()
+            g.manual_seed(self.seed + self.epoch)
+            order = torch.randperm(len(self.dataset), generator=g)[:total].tolist()  # type: ignore[arg-type]
+        else:
+            order = list(range(total))
+        return iter(order[self.rank : total : self.num_replicas])
+
+    def __len__(self) -> int:
+        return self.steps
+
+
+def rank_dataloader(
+    dataset: Sized,
+    rank: int = 0,
+    world_size: int = 1,
+    shuffle: bool = False,
+    seed: int = 0,
+    num_workers: int = 0,
+    pin_memory: bool = False,
+    persistent_workers: bool = False,
+    prefetch_factor: int | None = None,
+) -> DataLoader:
+    """A ``DataLoader(batch_size=None)`` over this rank's batches of a batch-level dataset.
+
+    Output order (and content) does not depend on ``num_workers``: the loader reassembles the
+    batches in sampler order.
+    """
+    if num_workers < 0:
+        raise ValueError(f"num_workers must be >= 0, got {num_workers!r}")
+    kwargs: dict[str, Any] = {}
+    if num_workers > 0:
+        kwargs["persistent_workers"] = persistent_workers
+        if prefetch_factor is not None:
+            kwargs["prefetch_factor"] = prefetch_factor
+    return DataLoader(
+        dataset,  # type: ignore[arg-type]
+        batch_size=None,
+        sampler=RankBatchSampler(dataset, rank, world_size, shuffle=shuffle, seed=seed),
+        num_workers=num_workers,
+        pin_memory=pin_memory and torch.cuda.is_available(),
+        **kwargs,
+    )
