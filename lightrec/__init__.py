@@ -4,6 +4,7 @@ The flat namespace mirrors torchrec's, so ``import lightrec as torchrec``-style 
 ``lightrec.KeyedJaggedTensor``, ``lightrec.EmbeddingBagCollection``, ``lightrec.EmbeddingBagConfig``...
 """
 
+from lightrec.kernels import FusedEmbeddingBagCollection, FusedEmbeddingCollection
 from lightrec.modules import (
     DataType,
     EmbeddingBagCollection,
@@ -12,11 +13,50 @@ from lightrec.modules import (
     EmbeddingConfig,
     PoolingType,
 )
+from lightrec.optim import (
+    CombinedOptimizer,
+    EmbOptimType,
+    KeyedOptimizer,
+    KeyedOptimizerWrapper,
+    RowWiseAdagrad,
+    apply_optimizer_in_backward,
+    in_backward_optimizer_filter,
+)
 from lightrec.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 
 __version__ = "0.1.0.dev0"
 
+# Names that pull in Lightning (or the data stack) load on first use, so `import lightrec`
+# stays light for inference processes and users of the distributed layer alone.
+_LAZY = {
+    "RecModule": "lightrec.lightning",
+    "RecStrategy": "lightrec.lightning",
+    "Batch": "lightrec.data",
+}
+
+
+def __getattr__(name: str):  # noqa: ANN202 - PEP 562 module attribute hook
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in ("data", "distributed", "inference", "kernels", "lightning", "metrics", "models", "optim"):
+        import importlib
+
+        return importlib.import_module(f"lightrec.{name}")
+    raise AttributeError(f"module 'lightrec' has no attribute {name!r}")
+
 __all__ = [
+    "Batch",
+    "CombinedOptimizer",
+    "EmbOptimType",
+    "FusedEmbeddingBagCollection",
+    "FusedEmbeddingCollection",
+    "KeyedOptimizer",
+    "KeyedOptimizerWrapper",
+    "RowWiseAdagrad",
+    "apply_optimizer_in_backward",
+    "in_backward_optimizer_filter",
     "DataType",
     "EmbeddingBagCollection",
     "EmbeddingBagConfig",
@@ -26,5 +66,7 @@ __all__ = [
     "KeyedJaggedTensor",
     "KeyedTensor",
     "PoolingType",
+    "RecModule",
+    "RecStrategy",
     "__version__",
 ]

@@ -1,0 +1,32 @@
+"""Batched embedding kernels (fbgemm TBE and pure torch) and fused (in-backward) optimizers.
+
+- ``BatchedEmbeddingBag`` / ``BatchedEmbedding``: one kernel call per forward for a group of tables,
+  fbgemm's flattened ``(indices, offsets, per_sample_weights)`` layout.
+- ``FusedEmbeddingBagCollection`` / ``FusedEmbeddingCollection``: single-process collections that
+  take a ``KeyedJaggedTensor`` and update their rows inside backward.
+"""
+
+from lightrec.kernels.batched_embedding import (
+    BatchedEmbedding,
+    BatchedEmbeddingBag,
+    EmbeddingFusedOptimizer,
+    TableSpec,
+    select_backend,
+)
+from lightrec.kernels.fbgemm_backend import fbgemm_supports
+from lightrec.kernels.fused_collection import FusedEmbeddingBagCollection, FusedEmbeddingCollection
+from lightrec.optim.fused_spec import EmbOptimType, FusedOptimizerSpec, WeightDecayMode
+
+__all__ = [
+    "BatchedEmbedding",
+    "BatchedEmbeddingBag",
+    "EmbOptimType",
+    "EmbeddingFusedOptimizer",
+    "FusedEmbeddingBagCollection",
+    "FusedEmbeddingCollection",
+    "FusedOptimizerSpec",
+    "TableSpec",
+    "WeightDecayMode",
+    "fbgemm_supports",
+    "select_backend",
+]

@@ -1,0 +1,397 @@
+"""Batched lookup modules: a group of tables served by one kernel call per forward.
+
+Input layout (fbgemm TBE's flattened layout; ``T`` features, batch ``B``)::
+
+    offsets  [T*B + 1]   bags ordered feature-major: feature 0's B bags, then feature 1's, ...
+    indices  [N]         ids of bag k are indices[offsets[k]:offsets[k+1]] (local to the table)
+    per_sample_weights [N] | None
+
+    example T=2 (f0 -> table A, f1 -> table B), B=2:
+        bag:      (f0,s0) (f0,s1) (f1,s0) (f1,s1)
+        offsets:  0       2       3       3       5
+        indices:  [a a    a       |       b b]
+
+``feature_table_map[f]`` names the table of feature ``f``; several features may share a table.
+
+Outputs: :class:`BatchedEmbeddingBag` returns ``[B, sum_f D_f]`` (feature ``f`` occupies its own
+column block, in feature order); :class:`BatchedEmbedding` returns ``[N, D]`` (one row per id).
+
+Each module owns per-table ``nn.Parameter`` views (``weights.<table>``) of a storage the backend
+owns. With ``optimizer=None`` those parameters receive ordinary dense gradients; with a fused
+optimizer they do not require grad, the update happens inside backward, and ``fused_optimizer``
+(a :class:`EmbeddingFusedOptimizer`) exposes and checkpoints the optimizer state.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from lightrec.kernels.fbgemm_backend import FbgemmBatchedLookup, fbgemm_supports
+from lightrec.kernels.torch_backend import TorchBatchedLookup
+from lightrec.modules.embedding_configs import PoolingType
+from lightrec.modules.feature_checks import EmbeddingIdError
+from lightrec.optim.fused_spec import FusedOptimizerSpec
+from lightrec.optim.keyed import KeyedOptimizer
+
+__all__ = [
+    "BatchedEmbedding",
+    "BatchedEmbeddingBag",
+    "EmbeddingFusedOptimizer",
+    "TableSpec",
+    "select_backend",
+]
+
+BACKENDS = ("auto", "fbgemm", "torch")
+
+
+@dataclass
+class TableSpec:
+    """Shape of one table (or one shard of a table) served by a batched module."""
+
+    num_embeddings: int
+    embedding_dim: int
+    name: str = ""
+    init_fn: Callable[[torch.Tensor], Any] | None = None
+
+
+def select_backend(
+    backend: str,
+    spec: FusedOptimizerSpec | None,
+    device: torch.device,
+    dims: Sequence[int],
+    pooling: PoolingType,
+    feature_table_map: Sequence[int],
+) -> str:
+    """Resolve ``"auto"`` to ``"fbgemm"`` or ``"torch"``; validate an explicit choice."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    reason = fbgemm_supports(spec, device, dims, pooling, feature_table_map)
+    if backend == "auto":
+        return "fbgemm" if reason is None else "torch"
+    if backend == "fbgemm" and reason is not None:
+        raise ValueError(
+            f"backend='fbgemm' cannot serve this lookup: {reason}; use backend='auto' or 'torch'"
+        )
+    return backend
+
+
+class EmbeddingFusedOptimizer(KeyedOptimizer):
+    """The optimizer a batched module applies in backward, as a checkpointable ``KeyedOptimizer``.
+
+    ``state[param]`` holds the live optimizer state of that table (views of the kernel's storage,
+    e.g. ``{"momentum1": [rows]}`` for row-wise Adagrad). ``step()`` does nothing: rows were
+    already updated in backward. ``param_groups[0]["lr"]`` is read at every forward, so LR
+    schedulers driving this optimizer (or a ``CombinedOptimizer`` holding it) take effect at once.
+    """
+
+    def __init__(
+        self, spec: FusedOptimizerSpec, params: Mapping[str, nn.Parameter], states: Sequence[dict]
+    ) -> None:
+        self.spec = spec
+        state = {p: dict(s) for p, s in zip(params.values(), states, strict=True)}
+        super().__init__(params, state, [{"params": list(params.values()), "lr": spec.learning_rate}])
+
+    def _refresh(self, states: Sequence[dict]) -> None:
+        for p, s in zip(self.params.values(), states, strict=True):
+            self.state[p] = dict(s)
+
+
+def _table_specs(tables: Sequence[Any]) -> list[TableSpec]:
+    out = []
+    for i, t in enumerate(tables):
+        if isinstance(t, TableSpec):
+            spec = t
+        elif isinstance(t, tuple) and len(t) == 2:
+            spec = TableSpec(int(t[0]), int(t[1]))
+        elif hasattr(t, "num_embeddings") and hasattr(t, "embedding_dim"):
+            init = getattr(t, "init_weight", None)
+            spec = TableSpec(t.num_embeddings, t.embedding_dim, getattr(t, "name", ""), init)
+        else:
+            raise TypeError(
+                f"tables[{i}] must be an EmbeddingBagConfig/EmbeddingConfig, a TableSpec or a (rows, dim) "
+                f"tuple, got {type(t).__name__}"
+            )
+        if spec.num_embeddings <= 0 or spec.embedding_dim <= 0:
+            raise ValueError(
+                f"tables[{i}] needs positive rows and dim, got {spec.num_embeddings}x{spec.embedding_dim}"
+            )
+        out.append(spec)
+    return out
+
+
+class _BatchedLookupBase(nn.Module):
+    """Shared construction, validation, parameter views and fused-optimizer plumbing."""
+
+    def __init__(
+        self,
+        tables: Sequence[Any],
+        feature_table_map: Sequence[int] | None,
+        pooling: PoolingType,
+        optimizer: FusedOptimizerSpec | Mapping[str, Any] | None,
+        backend: str,
+        device: torch.device | str | None,
+        optimizer_param_names: Sequence[str] | None,
+    ) -> None:
+        super().__init__()
+        specs = _table_specs(tables)
+        if not specs:
+            raise ValueError("a batched embedding module needs at least one table")
+        self.table_names = [s.name or f"t{i}" for i, s in enumerate(specs)]
+        if len(set(self.table_names)) != len(self.table_names) or any("." in n for n in self.table_names):
+            raise ValueError(f"table names must be unique and contain no '.', got {self.table_names}")
+        self.rows = [s.num_embeddings for s in specs]
+        self.dims = [s.embedding_dim for s in specs]
+        ftm = list(range(len(specs))) if feature_table_map is None else [int(t) for t in feature_table_map]
+        bad = [t for t in ftm if not 0 <= t < len(specs)]
+        if bad or not ftm:
+            raise ValueError(
+                f"feature_table_map={ftm} must name tables 0..{len(specs) - 1} (at least one feature)"
+            )
+        unused = sorted(set(range(len(specs))) - set(ftm))
+        if unused:
+            raise ValueError(
+                f"tables {[self.table_names[t] for t in unused]} are read by no feature in feature_table_map"
+            )
+        self.feature_table_map = ftm
+        self.pooling = pooling
+        self.optimizer_spec = FusedOptimizerSpec.coerce(optimizer)
+        device = torch.device(device) if device is not None else torch.device("cpu")
+        self.backend_name = select_backend(backend, self.optimizer_spec, device, self.dims, pooling, ftm)
+        if self.backend_name == "fbgemm":
+            assert self.optimizer_spec is not None  # select_backend guarantees it
+            self._backend: Any = FbgemmBatchedLookup(
+                self.rows, self.dims, ftm, pooling, self.optimizer_spec, device, self.table_names
+            )
+        else:
+            self._backend = TorchBatchedLookup(
+                self.rows, self.dims, ftm, pooling, self.optimizer_spec, device
+            )
+        self._rows_per_feature = torch.tensor([self.rows[t] for t in ftm], dtype=torch.long, device=device)
+
+        fused = self.optimizer_spec is not None
+        self.weights = nn.ParameterDict()
+        for name, view, spec in zip(self.table_names, self._backend.table_weights(), specs, strict=True):
+            if spec.init_fn is not None:
+                spec.init_fn(view)
+            else:
+                bound = math.sqrt(1.0 / view.shape[0])
+                with torch.no_grad():
+                    view.uniform_(-bound, bound)
+            self.weights[name] = nn.Parameter(view, requires_grad=not fused)
+        self._placeholder = torch.zeros(0, device=device, requires_grad=True)  # lets autograd reach backward
+        names = (
+            list(optimizer_param_names)
+            if optimizer_param_names
+            else [f"weights.{n}" for n in self.table_names]
+        )
+        if len(names) != len(self.table_names):
+            raise ValueError(f"optimizer_param_names needs {len(self.table_names)} names, got {names}")
+        self._fused_optimizer: EmbeddingFusedOptimizer | None = None
+        if fused:
+            assert self.optimizer_spec is not None
+            params = dict(zip(names, self.weights.values(), strict=True))
+            self._fused_optimizer = EmbeddingFusedOptimizer(
+                self.optimizer_spec, params, self._backend.table_states()
+            )
+            for p in self.weights.values():
+                p._in_backward_optimizers = [self._fused_optimizer]  # type: ignore[attr-defined]
+
+    @property
+    def fused_optimizer(self) -> EmbeddingFusedOptimizer:
+        if self._fused_optimizer is None:
+            raise AttributeError("this module has no fused optimizer (built with optimizer=None)")
+        return self._fused_optimizer
+
+    @property
+    def num_features(self) -> int:
+        return len(self.feature_table_map)
+
+    def split_embedding_weights(self) -> list[torch.Tensor]:
+        """Per table ``[rows, D]`` weights (the parameters themselves; they alias the storage)."""
+        return list(self.weights.values())
+
+    def named_split_embedding_weights(self) -> list[tuple[str, torch.Tensor]]:
+        return list(self.weights.items())
+
+    def _apply(self, fn, recurse: bool = True):  # noqa: ANN001, ANN202
+        # The per-table parameters alias one storage; converting them one by one would split it.
+        self._backend.apply(fn)
+        for p in self.weights.values():
+            if p.grad is not None:
+                p.grad = fn(p.grad)
+        self._placeholder = fn(self._placeholder.detach()).requires_grad_(True)
+        self._rows_per_feature = self._rows_per_feature.to(self._placeholder.device)
+        self._relink()
+        return self
+
+    def _relink(self) -> None:
+        """Point each table parameter (and the fused optimizer's state) at the backend's storage."""
+        for p, view in zip(self.weights.values(), self._backend.table_weights(), strict=True):
+            if p.data.data_ptr() != view.data_ptr() or p.data.shape != view.shape or p.dtype != view.dtype:
+                p.data = view
+        if self._fused_optimizer is not None:
+            self._fused_optimizer._refresh(self._backend.table_states())
+            for p in self.weights.values():
+                p._in_backward_optimizers = [self._fused_optimizer]  # type: ignore[attr-defined]
+
+    def __deepcopy__(self, memo: dict) -> _BatchedLookupBase:
+        # Default deep copies clone each parameter on its own (Parameter.__deepcopy__), which
+        # would detach the table weights from the copied kernel storage; re-link them.
+        new = self.__class__.__new__(self.__class__)
+        memo[id(self)] = new
+        for key, value in self.__dict__.items():
+            new.__dict__[key] = copy.deepcopy(value, memo)
+        new._relink()
+        return new
+
+    def _check_inputs(
+        self, indices: torch.Tensor, offsets: torch.Tensor, per_sample_weights: torch.Tensor | None
+    ) -> int:
+        """Validate shapes and id ranges; return the batch size ``B``."""
+        if indices.dim() != 1 or offsets.dim() != 1:
+            raise ValueError(
+                f"indices and offsets must be 1-D, got shapes {tuple(indices.shape)}, {tuple(offsets.shape)}"
+            )
+        if indices.dtype not in (torch.int64, torch.int32) or offsets.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"indices/offsets must be int32 or int64, got {indices.dtype}/{offsets.dtype}")
+        num_bags = offsets.numel() - 1
+        if num_bags < 0 or num_bags % self.num_features:
+            raise ValueError(
+                f"offsets must have T*B + 1 entries for T={self.num_features} features, got {offsets.numel()}"
+            )
+        if per_sample_weights is not None and per_sample_weights.shape != indices.shape:
+            raise ValueError(
+                f"per_sample_weights must match indices {tuple(indices.shape)}, got {tuple(per_sample_weights.shape)}"
+            )
+        batch = num_bags // self.num_features
+        if batch == 0 or indices.numel() == 0:
+            return batch
+        if int(offsets[-1]) != indices.numel() or int(offsets[0]) != 0:
+            raise ValueError(
+                f"offsets must start at 0 and end at len(indices)={indices.numel()}, got {offsets[[0, -1]].tolist()}"
+            )
+        if bool((offsets[1:] < offsets[:-1]).any()):
+            raise ValueError("offsets must be non-decreasing (bag k is indices[offsets[k]:offsets[k+1]])")
+        counts = offsets[::batch].diff()
+        limit = torch.repeat_interleave(self._rows_per_feature, counts, output_size=indices.numel())
+        bad = (indices < 0) | (indices >= limit)
+        if bool(bad.any()):
+            pos = int(bad.nonzero()[0])
+            feature = (
+                int(
+                    torch.searchsorted(offsets[::batch], torch.tensor(pos, device=offsets.device), right=True)
+                )
+                - 1
+            )
+            table = self.feature_table_map[feature]
+            raise EmbeddingIdError(
+                f"id {int(indices[pos])} (position {pos}, feature {feature}) is out of range for table "
+                f"{self.table_names[table]!r} with {self.rows[table]} rows: ids must be in [0, {self.rows[table]}). "
+                "Hash or take the id modulo num_embeddings, or enlarge the table."
+            )
+        return batch
+
+    def _run(self, indices: torch.Tensor, offsets: torch.Tensor, psw: torch.Tensor | None) -> torch.Tensor:
+        batch = self._check_inputs(indices, offsets, psw)
+        indices, offsets = indices.long(), offsets.long()
+        fused = self._fused_optimizer is not None
+        inputs = [self._placeholder] if fused else list(self.weights.values())
+        lr = (lambda: self._fused_optimizer.param_groups[0]["lr"]) if fused else (lambda: 0.0)  # type: ignore[union-attr]
+        if batch == 0:  # nothing to look up; keep the output shape contract
+            width = (
+                sum(self.dims[t] for t in self.feature_table_map)
+                if self.pooling != PoolingType.NONE
+                else self.dims[0]
+            )
+            rows = 0 if self.pooling != PoolingType.NONE else indices.numel()
+            return torch.zeros(rows, width, device=self._placeholder.device)
+        return self._backend.lookup(indices, offsets, psw, batch, inputs, lr)
+
+    def extra_repr(self) -> str:
+        opt = (
+            "None"
+            if self.optimizer_spec is None
+            else f"{self.optimizer_spec.optimizer.name}(lr={self.fused_optimizer.param_groups[0]['lr']})"
+        )
+        return (
+            f"tables={self.table_names}, rows={self.rows}, dims={self.dims}, features={self.num_features}, "
+            f"pooling={self.pooling.name}, backend='{self.backend_name}', optimizer={opt}"
+        )
+
+
+class BatchedEmbeddingBag(_BatchedLookupBase):
+    """Pooled lookup of a group of tables in one kernel call.
+
+    Args:
+        tables: ``EmbeddingBagConfig`` s (their ``init_weight`` initialises the rows), ``TableSpec`` s
+            or ``(rows, dim)`` tuples; a shard is just a table with the shard's rows/dim.
+        feature_table_map: ``[T]`` table index of each feature (default: one feature per table).
+        pooling: ``PoolingType.SUM`` or ``PoolingType.MEAN``.
+        optimizer: fused optimizer (``FusedOptimizerSpec`` or torchrec ``fused_params`` dict), or
+            None for plain autograd gradients on ``weights.<table>``.
+        backend: ``"auto"`` (fbgemm when it supports the configuration, else torch), ``"fbgemm"``
+            or ``"torch"``.
+        device: where the tables live.
+        optimizer_param_names: names under which ``fused_optimizer`` checkpoints each table
+            (default ``weights.<table>``); collections pass ``embedding_bags.<table>.weight``.
+
+    ``forward(indices [N], offsets [T*B+1], per_sample_weights [N] | None) -> [B, sum_f D_f]``.
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[Any],
+        feature_table_map: Sequence[int] | None = None,
+        pooling: PoolingType = PoolingType.SUM,
+        optimizer: FusedOptimizerSpec | Mapping[str, Any] | None = None,
+        backend: str = "auto",
+        device: torch.device | str | None = None,
+        optimizer_param_names: Sequence[str] | None = None,
+    ) -> None:
+        if pooling not in (PoolingType.SUM, PoolingType.MEAN):
+            raise ValueError(
+                f"BatchedEmbeddingBag pools with SUM or MEAN, got {pooling}; use BatchedEmbedding for NONE"
+            )
+        super().__init__(
+            tables, feature_table_map, pooling, optimizer, backend, device, optimizer_param_names
+        )
+
+    def forward(
+        self, indices: torch.Tensor, offsets: torch.Tensor, per_sample_weights: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return self._run(indices, offsets, per_sample_weights)
+
+
+class BatchedEmbedding(_BatchedLookupBase):
+    """Unpooled (sequence) lookup of a group of tables sharing one embedding dim.
+
+    Same arguments as :class:`BatchedEmbeddingBag` without ``pooling``.
+    ``forward(indices [N], offsets [T*B+1]) -> [N, D]`` (row ``i`` is the embedding of ``indices[i]``
+    in the table of its feature).
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[Any],
+        feature_table_map: Sequence[int] | None = None,
+        optimizer: FusedOptimizerSpec | Mapping[str, Any] | None = None,
+        backend: str = "auto",
+        device: torch.device | str | None = None,
+        optimizer_param_names: Sequence[str] | None = None,
+    ) -> None:
+        dims = {s.embedding_dim for s in _table_specs(tables)}
+        if len(dims) > 1:
+            raise ValueError(f"BatchedEmbedding tables must share one embedding_dim, got {sorted(dims)}")
+        super().__init__(
+            tables, feature_table_map, PoolingType.NONE, optimizer, backend, device, optimizer_param_names
+        )
+
+    def forward(self, indices: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        return self._run(indices, offsets, None)

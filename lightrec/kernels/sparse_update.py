@@ -1,0 +1,96 @@
+"""Row-sparse optimizer updates: the arithmetic of the fused optimizers of the torch backend.
+
+Every function here receives the rows touched by one batch *after* de-duplication (``rows`` is
+unique; ``grad[i]`` is the sum of all gradient contributions to ``rows[i]``), mirroring fbgemm's
+"exact" optimizers: a row seen k times in a batch gets ONE update with its summed gradient, never
+k sequential updates. Untouched rows, their optimizer state and their weight decay are left alone.
+See ``lightrec.optim.fused_spec`` for the formulas.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lightrec.optim.fused_spec import EmbOptimType, FusedOptimizerSpec, WeightDecayMode
+
+__all__ = ["accumulate_rows", "apply_sparse_update", "needs_dedup"]
+
+
+def needs_dedup(spec: FusedOptimizerSpec) -> bool:
+    """False only for plain SGD, where ``w[ids] -= lr * g`` with duplicates summed is already exact."""
+    return not (spec.optimizer == EmbOptimType.SGD and spec.weight_decay_mode == WeightDecayMode.NONE)
+
+
+def accumulate_rows(ids: torch.Tensor, contrib: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sum the gradient contributions of duplicate ids.
+
+    Args:
+        ids: ``[N]`` row ids (storage rows, possibly repeated).
+        contrib: ``[N, D]`` gradient contribution of each occurrence.
+
+    Returns:
+        ``(rows [U], grad [U, D])`` with ``rows`` sorted and unique.
+    """
+    rows, inverse = torch.unique(ids, sorted=True, return_inverse=True)
+    grad = torch.zeros(rows.numel(), contrib.shape[1], dtype=contrib.dtype, device=contrib.device)
+    grad.index_add_(0, inverse, contrib)
+    return rows, grad
+
+
+@torch.no_grad()
+def apply_sparse_update(
+    spec: FusedOptimizerSpec,
+    lr: float,
+    step: int,
+    weight: torch.Tensor,
+    states: dict[str, torch.Tensor],
+    ids: torch.Tensor,
+    contrib: torch.Tensor,
+) -> None:
+    """Update ``weight`` (and ``states``) in place for the rows named in ``ids``.
+
+    Args:
+        spec: optimizer kind and hyper-parameters (``lr`` overrides ``spec.learning_rate``).
+        lr: current learning rate (a scheduler may have changed it).
+        step: 1-based count of updates of this module so far (Adam bias correction).
+        weight: ``[R, D]`` storage rows.
+        states: ``{"momentum1": [R] or [R, D], "momentum2": [R, D]}`` aligned with ``weight``.
+        ids: ``[N]`` storage rows, possibly repeated.
+        contrib: ``[N, D]`` gradient of each occurrence.
+    """
+    if not needs_dedup(spec):
+        # index_add_ with alpha= takes a much slower path on CPU (measured 2.5x); scale first.
+        weight.index_add_(0, ids, contrib * -lr)
+        return
+    rows, grad = accumulate_rows(ids, contrib)
+    w = weight.index_select(0, rows)
+    wd = spec.weight_decay
+    if spec.weight_decay_mode == WeightDecayMode.L2:
+        grad = grad + wd * w
+    kind = spec.optimizer
+    if kind == EmbOptimType.SGD:
+        update = lr * grad
+    elif kind == EmbOptimType.ADAGRAD:
+        acc = states["momentum1"]
+        s = acc.index_select(0, rows) + grad * grad
+        acc.index_copy_(0, rows, s)
+        update = lr * grad / (s.sqrt() + spec.eps)
+    elif kind == EmbOptimType.ROWWISE_ADAGRAD:
+        acc = states["momentum1"]
+        m = acc.index_select(0, rows) + grad.square().mean(dim=1)
+        acc.index_copy_(0, rows, m)
+        update = (lr / (m.sqrt() + spec.eps)).unsqueeze(1) * grad
+    elif kind == EmbOptimType.ADAM:
+        m1_all, m2_all = states["momentum1"], states["momentum2"]
+        m1 = m1_all.index_select(0, rows).mul_(spec.beta1).add_(grad, alpha=1.0 - spec.beta1)
+        m2 = m2_all.index_select(0, rows).mul_(spec.beta2).addcmul_(grad, grad, value=1.0 - spec.beta2)
+        m1_all.index_copy_(0, rows, m1)
+        m2_all.index_copy_(0, rows, m2)
+        bias1 = 1.0 - spec.beta1**step
+        bias2 = 1.0 - spec.beta2**step
+        update = lr * (m1 / bias1) / ((m2 / bias2).sqrt() + spec.eps)
+    else:  # EmbOptimType is closed; a new member must be taught here.
+        raise ValueError(f"no sparse update rule for optimizer {kind}")
+    if spec.weight_decay_mode == WeightDecayMode.DECOUPLED:
+        w = w * (1.0 - lr * wd)
+    weight.index_copy_(0, rows, w - update)

@@ -1,0 +1,327 @@
+"""Optimizers whose state is addressed by parameter *name*.
+
+A model-parallel model has no single place where every parameter lives: embedding rows sit in
+kernel-owned storage and are updated inside backward, dense layers are replicated. Checkpoints
+therefore key optimizer state by the fully qualified parameter name (``embedding_bags.t1.weight``),
+not by a position in a parameter list, so a checkpoint can be read back into a differently
+built (or differently sharded) model.
+
+``state_dict()`` layout (all three classes)::
+
+    {"state":        {"<param name>": {"<state name>": Tensor | number, ...}, ...},
+     "param_groups": [{"params": ["<param name>", ...], "lr": ..., ...}, ...]}
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+__all__ = ["CombinedOptimizer", "KeyedOptimizer", "KeyedOptimizerWrapper"]
+
+
+class KeyedOptimizer(torch.optim.Optimizer):
+    """A ``torch.optim.Optimizer`` over named parameters, checkpointed by name.
+
+    The base class does not update anything by itself (``step`` is a no-op); subclasses such as
+    :class:`KeyedOptimizerWrapper` or a fused embedding optimizer provide the update.
+
+    Args:
+        params: ``{name: parameter}``.
+        state: ``{parameter: {state name: value}}`` (tensors are checkpointed by reference and
+            restored in place).
+        param_groups: groups in torch's format (``{"params": [tensors], "lr": ...}``); every
+            parameter of ``params`` must belong to exactly one group.
+    """
+
+    def __init__(
+        self,
+        params: Mapping[str, torch.Tensor],
+        state: Mapping[Any, Any],
+        param_groups: Collection[Mapping[str, Any]],
+    ) -> None:
+        torch._C._log_api_usage_once("lightrec.optim.KeyedOptimizer")
+        # torch.optim.Optimizer.__init__ would rebuild the groups; we adopt the given objects so a
+        # wrapper and its inner optimizer share them (an LR scheduler on one drives the other).
+        self.defaults: dict[str, Any] = {}
+        self._optimizer_step_pre_hooks = OrderedDict()
+        self._optimizer_step_post_hooks = OrderedDict()
+        self._optimizer_state_dict_pre_hooks = OrderedDict()
+        self._optimizer_state_dict_post_hooks = OrderedDict()
+        self._optimizer_load_state_dict_pre_hooks = OrderedDict()
+        self._optimizer_load_state_dict_post_hooks = OrderedDict()
+        self._patch_step_function()
+        self.params: dict[str, torch.Tensor] = dict(params)
+        self.state = state  # type: ignore[assignment]
+        self.param_groups = param_groups  # type: ignore[assignment]
+        self._warned_capturable_if_run_uncaptured = True
+        self._check_groups()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # torch.optim.Optimizer pickles only defaults/state/param_groups; keep the names (and any
+        # subclass attributes) so deep copies and pickles stay keyed optimizers.
+        return dict(self.__dict__)
+
+    def _check_groups(self) -> None:
+        ids = {id(p) for p in self.params.values()}
+        grouped: set[int] = set()
+        for i, group in enumerate(self.param_groups):
+            for p in group["params"]:
+                if id(p) not in ids:
+                    raise ValueError(
+                        f"param_groups[{i}] holds a parameter that is not among the named params"
+                    )
+                if id(p) in grouped:
+                    raise ValueError(f"a parameter appears in more than one param group (group {i})")
+                grouped.add(id(p))
+        missing = [name for name, p in self.params.items() if id(p) not in grouped]
+        if missing:
+            raise ValueError(f"parameters {missing} belong to no param group")
+
+    def _names_by_id(self) -> dict[int, str]:
+        return {id(p): name for name, p in self.params.items()}
+
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        """No update here (fused subclasses update in backward); runs ``closure`` if given."""
+        return closure() if closure is not None else None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params.values():
+            if p.grad is None:
+                continue
+            if set_to_none:
+                p.grad = None
+            else:
+                p.grad.detach_().zero_()
+
+    def init_state(self) -> None:
+        """Materialise lazily created state so a fresh optimizer checkpoints every key.
+
+        Runs one ``step`` with all-zero gradients and learning rate 0 (weights do not move), then
+        resets any ``step`` counters, so the next real step behaves as on a fresh optimizer.
+        """
+        saved_lrs = [group.get("lr") for group in self.param_groups]
+        saved_grads = {name: p.grad for name, p in self.params.items()}
+        for group in self.param_groups:
+            if "lr" in group:
+                group["lr"] = 0.0
+        for p in self.params.values():
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
+        try:
+            self.step()
+        finally:
+            for group, lr in zip(self.param_groups, saved_lrs, strict=True):
+                if lr is not None:
+                    group["lr"] = lr
+            for name, p in self.params.items():
+                p.grad = saved_grads[name]
+        for p in self.params.values():
+            st = self.state.get(p, {})
+            if "step" in st:
+                st["step"] = torch.zeros_like(st["step"]) if isinstance(st["step"], torch.Tensor) else 0
+
+    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+        names = self._names_by_id()
+        state = {names[id(p)]: dict(s) for p, s in self.state.items() if id(p) in names}
+        groups = []
+        for group in self.param_groups:
+            g = {k: v for k, v in group.items() if k != "params"}
+            g["params"] = [names[id(p)] for p in group["params"]]
+            groups.append(g)
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:  # type: ignore[override]
+        """Restore state and hyper-parameters by name; tensors are copied in place.
+
+        Raises ``KeyError`` naming any parameter or state entry the checkpoint lacks, before
+        changing anything.
+        """
+        if (
+            not isinstance(state_dict, Mapping)
+            or "state" not in state_dict
+            or "param_groups" not in state_dict
+        ):
+            raise KeyError("optimizer state_dict must have 'state' and 'param_groups' entries")
+        saved_state = state_dict["state"]
+        for name, p in self.params.items():
+            own = self.state.get(p, {})
+            if own and name not in saved_state:
+                raise KeyError(f"optimizer state_dict has no state for parameter {name!r}")
+            for key in own:
+                if key not in saved_state[name]:
+                    raise KeyError(f"optimizer state_dict entry {name!r} lacks state {key!r}")
+        saved_groups = {tuple(sorted(g["params"])): g for g in state_dict["param_groups"]}
+        names = self._names_by_id()
+        own_groups = []
+        for group in self.param_groups:
+            key = tuple(sorted(names[id(p)] for p in group["params"]))
+            if key not in saved_groups:
+                raise KeyError(f"optimizer state_dict has no param group with params {list(key)}")
+            own_groups.append((group, saved_groups[key]))
+        with torch.no_grad():
+            for name, p in self.params.items():
+                if name not in saved_state:
+                    continue
+                own = self.state.setdefault(p, {}) if isinstance(self.state, dict) else self.state[p]
+                for key, value in saved_state[name].items():
+                    current = own.get(key)
+                    if isinstance(current, torch.Tensor) and isinstance(value, torch.Tensor):
+                        if current.shape != value.shape:
+                            raise ValueError(
+                                f"optimizer state {name}.{key}: shape {tuple(value.shape)} in the checkpoint, "
+                                f"{tuple(current.shape)} here"
+                            )
+                        current.copy_(value)
+                    elif isinstance(value, torch.Tensor):
+                        own[key] = value.detach().clone().to(p.device if key != "step" else value.device)
+                    else:
+                        own[key] = value
+        for group, saved in own_groups:
+            for k, v in saved.items():
+                if k != "params":
+                    group[k] = v
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        raise TypeError(f"{type(self).__name__} has a fixed set of named parameters; build a new one instead")
+
+
+class KeyedOptimizerWrapper(KeyedOptimizer):
+    """Give any torch optimizer name-keyed checkpoints.
+
+    Args:
+        params: ``{name: parameter}``.
+        optim_factory: ``fn(list_of_params) -> torch.optim.Optimizer``, e.g.
+            ``lambda ps: torch.optim.Adam(ps, lr=1e-3)``.
+    """
+
+    def __init__(
+        self,
+        params: Mapping[str, torch.Tensor],
+        optim_factory: Callable[[list[torch.Tensor]], torch.optim.Optimizer],
+    ) -> None:
+        if not params:
+            raise ValueError("KeyedOptimizerWrapper got no parameters")
+        self._optimizer = optim_factory(list(params.values()))
+        super().__init__(params, self._optimizer.state, self._optimizer.param_groups)
+
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        return self._optimizer.step(closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._optimizer.zero_grad(set_to_none=set_to_none)
+
+    def __repr__(self) -> str:
+        return f"KeyedOptimizerWrapper({self._optimizer!r})"
+
+
+def _prefixed(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+class CombinedOptimizer(KeyedOptimizer):
+    """Several keyed optimizers driven as one (dense optimizer + fused embedding optimizers).
+
+    ``param_groups`` is the concatenation of the children's group dicts (the same objects), so an
+    LR scheduler built on the combined optimizer changes every child's learning rate.
+
+    Args:
+        optims: keyed optimizers, or ``(prefix, optimizer)`` pairs; a prefix is prepended to the
+            child's parameter names as ``"<prefix>.<name>"``.
+    """
+
+    def __init__(self, optims: Sequence[KeyedOptimizer | tuple[str, KeyedOptimizer]]) -> None:
+        self._optims: list[tuple[str, KeyedOptimizer]] = []
+        for item in optims:
+            prefix, opt = item if isinstance(item, tuple) else ("", item)
+            if not isinstance(opt, KeyedOptimizer):
+                raise TypeError(
+                    f"CombinedOptimizer takes KeyedOptimizers, got {type(opt).__name__}; wrap a plain torch "
+                    "optimizer with KeyedOptimizerWrapper(dict(model.named_parameters()), factory)"
+                )
+            self._optims.append((prefix, opt))
+        params: dict[str, torch.Tensor] = {}
+        for prefix, opt in self._optims:
+            for name, p in opt.params.items():
+                key = _prefixed(prefix, name)
+                if key in params:
+                    raise ValueError(
+                        f"parameter name {key!r} appears in two optimizers given to CombinedOptimizer"
+                    )
+                params[key] = p
+        groups = [g for _, opt in self._optims for g in opt.param_groups]
+        super().__init__(params, _CombinedState(self._optims), groups)
+
+    @property
+    def optimizers(self) -> list[tuple[str, KeyedOptimizer]]:
+        return list(self._optims)
+
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        loss = closure() if closure is not None else None
+        for _, opt in self._optims:
+            opt.step()
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for _, opt in self._optims:
+            opt.zero_grad(set_to_none=set_to_none)
+
+    def init_state(self) -> None:
+        for _, opt in self._optims:
+            opt.init_state()
+
+    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+        out: dict[str, Any] = {"state": {}, "param_groups": []}
+        for prefix, opt in self._optims:
+            sd = opt.state_dict()
+            out["state"].update({_prefixed(prefix, k): v for k, v in sd["state"].items()})
+            for g in sd["param_groups"]:
+                out["param_groups"].append({**g, "params": [_prefixed(prefix, n) for n in g["params"]]})
+        return out
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:  # type: ignore[override]
+        for prefix, opt in self._optims:
+            own = set(opt.params)
+
+            def strip(name: str, prefix: str = prefix) -> str:
+                return name[len(prefix) + 1 :] if prefix else name
+
+            state = {
+                strip(k): v
+                for k, v in state_dict["state"].items()
+                if (k.startswith(prefix + ".") or not prefix) and strip(k) in own
+            }
+            groups = []
+            for g in state_dict["param_groups"]:
+                names = [strip(n) for n in g["params"] if (n.startswith(prefix + ".") or not prefix)]
+                if names and all(n in own for n in names):
+                    groups.append({**g, "params": names})
+            opt.load_state_dict({"state": state, "param_groups": groups})
+
+    def __repr__(self) -> str:
+        return ",".join(f"{prefix}: {opt!r}" for prefix, opt in self._optims)
+
+
+class _CombinedState(Mapping):
+    """Read-through view ``{param: state}`` over the children (nothing is copied)."""
+
+    def __init__(self, optims: Iterable[tuple[str, KeyedOptimizer]]) -> None:
+        self._optims = list(optims)
+
+    def _merged(self) -> dict[Any, Any]:
+        out: dict[Any, Any] = {}
+        for _, opt in self._optims:
+            out.update(opt.state)
+        return out
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._merged()[key]
+
+    def __iter__(self):  # noqa: ANN204
+        return iter(self._merged())
+
+    def __len__(self) -> int:
+        return len(self._merged())

@@ -1,0 +1,75 @@
+"""Row-wise Adagrad as a regular (dense-gradient) ``torch.optim.Optimizer``.
+
+Recommendation tables use one adaptive learning rate per embedding row instead of one per element:
+the state is ``[rows]`` instead of ``[rows, D]``, a factor ``D`` less memory, and rows that are seen
+rarely keep a large step. This class exists so that ``apply_optimizer_in_backward(RowWiseAdagrad,
+...)`` can name the fused row-wise Adagrad, and so that non-fused parameters can use the same rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+__all__ = ["RowWiseAdagrad"]
+
+
+class RowWiseAdagrad(torch.optim.Optimizer):
+    """Adagrad whose accumulator is the mean squared gradient of each row.
+
+    For a parameter ``w`` of shape ``[rows, D]`` with gradient ``g`` (1-D parameters count as one
+    row per element)::
+
+        g = g + weight_decay * w          (if weight_decay)
+        sum += mean(g * g, dim=1)         # state "sum": [rows]
+        w -= lr * g / (sqrt(sum) + eps)[:, None]
+
+    Rows with an all-zero gradient keep their accumulator and (without weight decay) their weights.
+
+    Args:
+        params: parameters or parameter groups.
+        lr: learning rate.
+        eps: denominator guard.
+        weight_decay: L2 penalty added to the gradient.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
+        lr: float = 1e-2,
+        eps: float = 1e-10,
+        weight_decay: float = 0.0,
+    ) -> None:
+        for name, value in (("lr", lr), ("eps", eps), ("weight_decay", weight_decay)):
+            if value < 0.0:
+                raise ValueError(f"RowWiseAdagrad {name} must be non-negative, got {value}")
+        super().__init__(params, {"lr": lr, "eps": eps, "weight_decay": weight_decay})
+        for group in self.param_groups:
+            for p in group["params"]:
+                rows = p.shape[0] if p.dim() > 0 else 1
+                self.state[p]["sum"] = torch.zeros(rows, dtype=p.dtype, device=p.device)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError(
+                        "RowWiseAdagrad takes dense gradients; use a fused collection for sparse"
+                    )
+                w = p.view(p.shape[0], -1) if p.dim() > 1 else p.view(-1, 1)
+                g = p.grad.view_as(w)
+                if group["weight_decay"] != 0.0:
+                    g = g + group["weight_decay"] * w
+                acc = self.state[p]["sum"]
+                acc.add_(g.square().mean(dim=1))
+                w.sub_(group["lr"] * g / (acc.sqrt() + group["eps"]).unsqueeze(1))
+        return loss

@@ -1,0 +1,371 @@
+"""BatchedEmbeddingBag / BatchedEmbedding against plain-PyTorch references, on both backends."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lightrec._fbgemm import fbgemm_available
+from lightrec.kernels import (
+    BatchedEmbedding,
+    BatchedEmbeddingBag,
+    EmbOptimType,
+    FusedOptimizerSpec,
+    fbgemm_supports,
+)
+from lightrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+from lightrec.modules.feature_checks import EmbeddingIdError
+from lightrec.optim import CombinedOptimizer
+from tests.kernels.reference import LAYOUTS, ReferenceOptimizer, pooled_reference, random_batch, touched_rows
+
+BACKENDS = [
+    "torch",
+    pytest.param("fbgemm", marks=pytest.mark.skipif(not fbgemm_available(), reason="fbgemm absent")),
+]
+
+# (our kind, reference kind, weight decay, mode)
+OPTIMIZER_CASES = [
+    (EmbOptimType.SGD, "sgd", 0.0, "none"),
+    (EmbOptimType.SGD, "sgd", 0.1, "l2"),
+    (EmbOptimType.ADAGRAD, "adagrad", 0.0, "none"),
+    (EmbOptimType.ADAGRAD, "adagrad", 0.1, "decoupled"),
+    (EmbOptimType.ROWWISE_ADAGRAD, "rowwise_adagrad", 0.0, "none"),
+    (EmbOptimType.ROWWISE_ADAGRAD, "rowwise_adagrad", 0.1, "l2"),
+    (EmbOptimType.ROWWISE_ADAGRAD, "rowwise_adagrad", 0.1, "decoupled"),
+    (EmbOptimType.ADAM, "adam", 0.0, "none"),
+    (EmbOptimType.ADAM, "adam", 0.1, "l2"),
+    (EmbOptimType.ADAM, "adam", 0.1, "decoupled"),
+]
+
+
+def _spec(kind: EmbOptimType, wd: float, mode: str, lr: float = 0.1) -> FusedOptimizerSpec:
+    return FusedOptimizerSpec(
+        kind, learning_rate=lr, eps=1e-6, weight_decay=wd, weight_decay_mode=mode or "l2"
+    )
+
+
+def _build(
+    layout: str, backend: str, spec: FusedOptimizerSpec | None, pooling=PoolingType.SUM
+) -> BatchedEmbeddingBag:
+    tables, ftm = LAYOUTS[layout]
+    if backend == "fbgemm":
+        reason = fbgemm_supports(spec, torch.device("cpu"), [d for _, d in tables], pooling, ftm)
+        if reason:
+            pytest.skip(reason)
+    torch.manual_seed(0)
+    return BatchedEmbeddingBag(tables, ftm, pooling, optimizer=spec, backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("pooling", [PoolingType.SUM, PoolingType.MEAN])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_pooled_output_matches_embedding_bag(
+    backend: str, layout: str, pooling: PoolingType, weighted: bool
+) -> None:
+    spec = _spec(EmbOptimType.SGD, 0.0, "none")
+    module = _build(layout, backend, spec, pooling)
+    tables, ftm = LAYOUTS[layout]
+    b = random_batch(
+        torch.Generator().manual_seed(1), [r for r, _ in tables], ftm, batch=6, weighted=weighted
+    )
+    out = module(b.indices, b.offsets, b.weights)
+    ref = pooled_reference(
+        [w.detach() for w in module.split_embedding_weights()], ftm, b, pooling.value.lower()
+    )
+    assert out.shape == (6, sum(tables[t][1] for t in ftm))
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_matches_nn_embedding_bag_module() -> None:
+    bag = torch.nn.EmbeddingBag(20, 8, mode="sum", include_last_offset=True)
+    module = BatchedEmbeddingBag([(20, 8)], backend="torch")
+    with torch.no_grad():
+        module.split_embedding_weights()[0].copy_(bag.weight)
+    b = random_batch(torch.Generator().manual_seed(3), [20], [0], batch=7, weighted=False)
+    torch.testing.assert_close(module(b.indices, b.offsets), bag(b.indices, b.offsets))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("case", OPTIMIZER_CASES, ids=lambda c: f"{c[1]}-{c[3]}")
+def test_fused_optimizer_matches_reference(backend: str, layout: str, case: tuple) -> None:
+    kind, ref_kind, wd, mode = case
+    spec = _spec(kind, wd, mode)
+    pooling = PoolingType.MEAN if layout == "mixed_shared" else PoolingType.SUM
+    module = _build(layout, backend, spec, pooling)
+    tables, ftm = LAYOUTS[layout]
+    ref_w = [w.detach().clone().requires_grad_(True) for w in module.split_embedding_weights()]
+    ref_opt = ReferenceOptimizer(ref_kind, ref_w, lr=0.1, eps=1e-6, wd=wd, wd_mode=mode)
+    gen = torch.Generator().manual_seed(2)
+    for _ in range(4):
+        b = random_batch(gen, [r for r, _ in tables], ftm, batch=5, weighted=(layout == "uniform_shared"))
+        grad_scale = torch.randn(5, sum(tables[t][1] for t in ftm), generator=gen)
+        (module(b.indices, b.offsets, b.weights) * grad_scale).sum().backward()
+        ref_out = pooled_reference(ref_w, ftm, b, pooling.value.lower())
+        (ref_out * grad_scale).sum().backward()
+        ref_opt.step(ref_w, touched_rows(ftm, len(tables), b))
+    for w, r in zip(module.split_embedding_weights(), ref_w, strict=True):
+        torch.testing.assert_close(w, r.detach(), rtol=1e-5, atol=1e-6)
+    state = module.fused_optimizer.state_dict()["state"]
+    for name, ref_state in zip(module.table_names, ref_opt.state, strict=True):
+        for key, value in ref_state.items():
+            torch.testing.assert_close(state[f"weights.{name}"][key], value, rtol=1e-5, atol=1e-7)
+    if ref_kind == "adam":
+        assert float(state[f"weights.{module.table_names[0]}"]["step"]) == 4
+
+
+@pytest.mark.parametrize("kind", [EmbOptimType.SGD, EmbOptimType.ADAGRAD])
+def test_fused_matches_torch_optim_without_weight_decay(kind: EmbOptimType) -> None:
+    """SGD / Adagrad without decay: dense torch.optim gives the same rows (untouched rows get 0 grads)."""
+    module = _build("uniform_shared", "torch", FusedOptimizerSpec(kind, learning_rate=0.05, eps=1e-10))
+    tables, ftm = LAYOUTS["uniform_shared"]
+    ref_w = [w.detach().clone().requires_grad_(True) for w in module.split_embedding_weights()]
+    opt = (
+        torch.optim.SGD(ref_w, lr=0.05)
+        if kind == EmbOptimType.SGD
+        else torch.optim.Adagrad(ref_w, lr=0.05, eps=1e-10)
+    )
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(3):
+        b = random_batch(gen, [r for r, _ in tables], ftm, batch=4, weighted=False)
+        module(b.indices, b.offsets).square().sum().backward()
+        opt.zero_grad()
+        pooled_reference(ref_w, ftm, b, "sum").square().sum().backward()
+        opt.step()
+    for w, r in zip(module.split_embedding_weights(), ref_w, strict=True):
+        torch.testing.assert_close(w, r.detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(not fbgemm_available(), reason="fbgemm absent")
+@pytest.mark.parametrize("kind", [EmbOptimType.SGD, EmbOptimType.ADAGRAD, EmbOptimType.ROWWISE_ADAGRAD])
+@pytest.mark.parametrize("pooling", [PoolingType.SUM, PoolingType.MEAN])
+def test_backends_agree_after_training(kind: EmbOptimType, pooling: PoolingType) -> None:
+    """Weighted bags, both poolings (fbgemm's own weighted-MEAN backward drops 1/len; we route around it)."""
+    spec = FusedOptimizerSpec(kind, learning_rate=0.2)
+    a, b_mod = _build("uniform", "torch", spec, pooling), _build("uniform", "fbgemm", spec, pooling)
+    tables, ftm = LAYOUTS["uniform"]
+    gen = torch.Generator().manual_seed(7)
+    for _ in range(5):
+        b = random_batch(gen, [r for r, _ in tables], ftm, batch=8, weighted=True)
+        out_a, out_b = a(b.indices, b.offsets, b.weights), b_mod(b.indices, b.offsets, b.weights)
+        torch.testing.assert_close(out_a, out_b, rtol=1e-5, atol=1e-6)
+        out_a.sum().backward()
+        out_b.sum().backward()
+    for wa, wb in zip(a.split_embedding_weights(), b_mod.split_embedding_weights(), strict=True):
+        torch.testing.assert_close(wa, wb, rtol=1e-5, atol=1e-6)
+
+
+def test_non_fused_mode_gives_dense_grads_like_embedding_bag() -> None:
+    module = _build("mixed_shared", "torch", None, PoolingType.MEAN)
+    tables, ftm = LAYOUTS["mixed_shared"]
+    ref_w = [w.detach().clone().requires_grad_(True) for w in module.split_embedding_weights()]
+    b = random_batch(torch.Generator().manual_seed(9), [r for r, _ in tables], ftm, batch=4, weighted=False)
+    scale = torch.randn(4, sum(tables[t][1] for t in ftm))
+    (module(b.indices, b.offsets) * scale).sum().backward()
+    (pooled_reference(ref_w, ftm, b, "mean") * scale).sum().backward()
+    names = [n for n, _ in module.named_parameters()]
+    assert names == [f"weights.{n}" for n in module.table_names]
+    for p, r in zip(module.parameters(), ref_w, strict=True):
+        torch.testing.assert_close(p.grad, r.grad)
+    torch.optim.SGD(module.parameters(), lr=1.0).step()  # dense optimizer writes through to the storage
+    out_after = module(b.indices, b.offsets)
+    ref_after = pooled_reference([(r - r.grad).detach() for r in ref_w], ftm, b, "mean")
+    torch.testing.assert_close(out_after, ref_after)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_learning_rate_change_at_run_time(backend: str) -> None:
+    spec = FusedOptimizerSpec(EmbOptimType.ROWWISE_ADAGRAD, learning_rate=0.5, eps=1e-6)
+    module = _build("uniform", backend, spec)
+    tables, ftm = LAYOUTS["uniform"]
+    ref_w = [w.detach().clone().requires_grad_(True) for w in module.split_embedding_weights()]
+    ref_opt = ReferenceOptimizer("rowwise_adagrad", ref_w, lr=0.5, eps=1e-6, wd=0.0, wd_mode="none")
+    combined = CombinedOptimizer([module.fused_optimizer])
+    scheduler = torch.optim.lr_scheduler.StepLR(combined, step_size=1, gamma=0.1)
+    gen = torch.Generator().manual_seed(11)
+    for _ in range(3):
+        b = random_batch(gen, [r for r, _ in tables], ftm, batch=4, weighted=False)
+        module(b.indices, b.offsets).sum().backward()
+        pooled_reference(ref_w, ftm, b, "sum").sum().backward()
+        ref_opt.step(ref_w, touched_rows(ftm, len(tables), b))
+        combined.step()
+        scheduler.step()
+        ref_opt.lr *= 0.1
+    assert module.fused_optimizer.param_groups[0]["lr"] == pytest.approx(0.5e-3)
+    for w, r in zip(module.split_embedding_weights(), ref_w, strict=True):
+        torch.testing.assert_close(w, r.detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", [EmbOptimType.ROWWISE_ADAGRAD, EmbOptimType.ADAGRAD, EmbOptimType.ADAM])
+def test_state_round_trip_continues_bit_identically(backend: str, kind: EmbOptimType) -> None:
+    spec = FusedOptimizerSpec(kind, learning_rate=0.1)
+    first = _build("uniform", backend, spec)
+    tables, ftm = LAYOUTS["uniform"]
+    gen = torch.Generator().manual_seed(13)
+    batches = [random_batch(gen, [r for r, _ in tables], ftm, batch=4, weighted=False) for _ in range(5)]
+    for b in batches[:2]:
+        first(b.indices, b.offsets).sum().backward()
+    module_sd = copy.deepcopy(first.state_dict())
+    optim_sd = copy.deepcopy(first.fused_optimizer.state_dict())
+    torch.manual_seed(99)  # the new module starts from different weights and empty state
+    second = BatchedEmbeddingBag(tables, ftm, optimizer=spec, backend=backend)
+    second.load_state_dict(module_sd)
+    second.fused_optimizer.load_state_dict(optim_sd)
+    for b in batches[2:]:
+        out1, out2 = first(b.indices, b.offsets), second(b.indices, b.offsets)
+        assert torch.equal(out1, out2)
+        out1.sum().backward()
+        out2.sum().backward()
+    for w1, w2 in zip(first.split_embedding_weights(), second.split_embedding_weights(), strict=True):
+        assert torch.equal(w1, w2)
+    s1, s2 = first.fused_optimizer.state_dict()["state"], second.fused_optimizer.state_dict()["state"]
+    for name in s1:
+        for key in s1[name]:
+            assert torch.equal(torch.as_tensor(s1[name][key]), torch.as_tensor(s2[name][key]))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_out_of_range_id_names_table_and_id(backend: str) -> None:
+    module = _build("uniform", backend, FusedOptimizerSpec(EmbOptimType.SGD))
+    # features f0 (t0, 20 rows), f1 (t1, 30 rows), f2 (t2, 25 rows); B=1
+    with pytest.raises(EmbeddingIdError, match=r"id 27 .*table 't2' with 25 rows"):
+        module(torch.tensor([1, 29, 27]), torch.tensor([0, 1, 2, 3]))
+    with pytest.raises(EmbeddingIdError, match=r"id -1 .*table 't0'"):
+        module(torch.tensor([-1, 2, 3]), torch.tensor([0, 1, 2, 3]))
+    with pytest.raises(ValueError, match="non-decreasing"):
+        module(torch.tensor([1, 2, 3]), torch.tensor([0, 2, 1, 3]))
+    with pytest.raises(ValueError, match="T\\*B \\+ 1"):
+        module(torch.tensor([1, 2]), torch.tensor([0, 1, 2]))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_unpooled_lookup_and_fused_update(backend: str) -> None:
+    spec = FusedOptimizerSpec(EmbOptimType.ADAGRAD, learning_rate=0.1, eps=1e-6)
+    # fbgemm's CPU Adagrad is exact only when no table is shared (see fbgemm_backend)
+    tables, ftm = [(20, 8), (30, 8)], ([0, 1] if backend == "fbgemm" else [0, 1, 0])
+    torch.manual_seed(0)
+    module = BatchedEmbedding(tables, ftm, optimizer=spec, backend=backend)
+    ref_w = [w.detach().clone().requires_grad_(True) for w in module.split_embedding_weights()]
+    ref_opt = ReferenceOptimizer("adagrad", ref_w, lr=0.1, eps=1e-6, wd=0.0, wd_mode="none")
+    gen = torch.Generator().manual_seed(4)
+    for _ in range(3):
+        b = random_batch(gen, [20, 30], ftm, batch=3, weighted=False)
+        out = module(b.indices, b.offsets)
+        parts = []
+        for f, t in enumerate(ftm):
+            lo, hi = int(b.offsets[f * 3]), int(b.offsets[(f + 1) * 3])
+            parts.append(F.embedding(b.indices[lo:hi], ref_w[t]))
+        ref = torch.cat(parts)
+        torch.testing.assert_close(out, ref.detach())
+        scale = torch.randn(out.shape, generator=gen)
+        (out * scale).sum().backward()
+        (ref * scale).sum().backward()
+        ref_opt.step(ref_w, touched_rows(ftm, 2, b))
+    assert module.backend_name == backend
+    for w, r in zip(module.split_embedding_weights(), ref_w, strict=True):
+        torch.testing.assert_close(w, r.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_backend_selection_and_repr() -> None:
+    sgd = FusedOptimizerSpec(EmbOptimType.SGD)
+    auto = BatchedEmbeddingBag([(10, 8)], optimizer=sgd)
+    assert auto.backend_name == ("fbgemm" if fbgemm_available() else "torch")
+    assert f"backend='{auto.backend_name}'" in repr(auto)
+    # Adam has no CPU fbgemm kernel; non-fused lookups need fbgemm's CUDA-only OptimType.NONE.
+    assert (
+        BatchedEmbeddingBag([(10, 8)], optimizer=FusedOptimizerSpec(EmbOptimType.ADAM)).backend_name
+        == "torch"
+    )
+    assert BatchedEmbeddingBag([(10, 8)]).backend_name == "torch"
+    with pytest.raises(ValueError, match="backend='fbgemm' cannot serve"):
+        BatchedEmbeddingBag([(10, 8)], optimizer=FusedOptimizerSpec(EmbOptimType.ADAM), backend="fbgemm")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        BatchedEmbeddingBag([(10, 8)], backend="cuda")
+
+
+def test_configs_initialise_weights_and_names() -> None:
+    configs = [
+        EmbeddingBagConfig(
+            num_embeddings=10, embedding_dim=4, name="a", feature_names=["fa"], init_fn=lambda w: w.fill_(0.5)
+        ),
+        EmbeddingBagConfig(num_embeddings=12, embedding_dim=4, name="b", feature_names=["fb"]),
+    ]
+    module = BatchedEmbeddingBag(configs, optimizer={"optimizer": "sgd", "learning_rate": 0.1})
+    a, b = module.split_embedding_weights()
+    assert torch.equal(a, torch.full((10, 4), 0.5))
+    assert b.abs().max() <= configs[1].get_weight_init_max()
+    assert list(module.state_dict()) == ["weights.a", "weights.b"]
+    assert all(hasattr(p, "_in_backward_optimizers") for p in module.parameters())
+
+
+def test_torch_backend_moves_with_module_and_keeps_aliasing() -> None:
+    module = BatchedEmbeddingBag(
+        [(10, 4), (6, 4)], optimizer=FusedOptimizerSpec(EmbOptimType.ADAGRAD), backend="torch"
+    )
+    module.double()
+    w = module.split_embedding_weights()[1]
+    assert w.dtype == torch.float64
+    out = module(torch.tensor([3, 2]), torch.tensor([0, 1, 2]))
+    out.sum().backward()
+    assert out.dtype == torch.float64
+    # the update landed in the parameter the module exposes (and the optimizer state follows the move)
+    assert module.fused_optimizer.state[w]["momentum1"].dtype == torch.float64
+    assert float(module.fused_optimizer.state[w]["momentum1"][2].sum()) == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", [None, EmbOptimType.SGD, EmbOptimType.ROWWISE_ADAGRAD])
+@pytest.mark.parametrize("pooling", [PoolingType.SUM, PoolingType.MEAN])
+def test_one_id_per_bag_batches(backend: str, kind: EmbOptimType | None, pooling: PoolingType) -> None:
+    """The torch backend gathers rows directly when every bag has one id; same numbers as the general path."""
+    if backend == "fbgemm" and kind is None:
+        pytest.skip("non-fused lookups use the torch backend")
+    spec = None if kind is None else FusedOptimizerSpec(kind, learning_rate=0.1, eps=1e-6)
+    module = _build("uniform", backend, spec, pooling)
+    tables, ftm = LAYOUTS["uniform"]
+    ref_w = [w.detach().clone().requires_grad_(True) for w in module.split_embedding_weights()]
+    ref_kind = kind.name.lower() if kind else "sgd"
+    ref_opt = ReferenceOptimizer(ref_kind, ref_w, lr=0.1, eps=1e-6, wd=0.0, wd_mode="none")
+    gen = torch.Generator().manual_seed(21)
+    for _ in range(3):
+        b = random_batch(gen, [r for r, _ in tables], ftm, batch=6, weighted=True, one_per_bag=True)
+        out = module(b.indices, b.offsets, b.weights)
+        ref = pooled_reference(ref_w, ftm, b, pooling.value.lower())
+        torch.testing.assert_close(out, ref.detach(), rtol=1e-5, atol=1e-6)
+        scale = torch.randn(out.shape, generator=gen)
+        (out * scale).sum().backward()
+        (ref * scale).sum().backward()
+        if kind is None:  # non-fused: dense gradients as autograd gives them; nothing is updated
+            for p, r in zip(module.parameters(), ref_w, strict=True):
+                torch.testing.assert_close(p.grad, r.grad)
+                p.grad, r.grad = None, None
+        else:
+            ref_opt.step(ref_w, touched_rows(ftm, len(tables), b))
+    for w, r in zip(module.split_embedding_weights(), ref_w, strict=True):
+        torch.testing.assert_close(w, r.detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["torch", "auto"])
+def test_cuda_lookup_trains_like_cpu(backend: str) -> None:
+    """Opt-in (-m gpu): the same lookup and fused update on CUDA as on CPU."""
+    spec = FusedOptimizerSpec(EmbOptimType.ROWWISE_ADAGRAD, learning_rate=0.1)
+    tables, ftm = LAYOUTS["uniform"]
+    cpu = BatchedEmbeddingBag(tables, ftm, optimizer=spec, backend="torch")
+    gpu = BatchedEmbeddingBag(tables, ftm, optimizer=spec, backend=backend, device="cuda")
+    gpu.load_state_dict(cpu.state_dict())
+    gen = torch.Generator().manual_seed(17)
+    for _ in range(3):
+        b = random_batch(gen, [r for r, _ in tables], ftm, batch=8, weighted=True)
+        out_c = cpu(b.indices, b.offsets, b.weights)
+        out_g = gpu(b.indices.cuda(), b.offsets.cuda(), b.weights.cuda())
+        torch.testing.assert_close(out_g.cpu(), out_c, rtol=1e-5, atol=1e-6)
+        out_c.sum().backward()
+        out_g.sum().backward()
+    for wc, wg in zip(cpu.split_embedding_weights(), gpu.split_embedding_weights(), strict=True):
+        torch.testing.assert_close(wg.cpu(), wc, rtol=1e-5, atol=1e-6)
