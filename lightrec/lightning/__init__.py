@@ -1,0 +1,15 @@
+"""Lightning integration: ``RecStrategy``, ``RecModule`` and callbacks.
+
+Importing this package registers ``RecStrategy`` in Lightning's strategy registry as
+``"lightrec"``, so ``Trainer(strategy="lightrec")`` works.
+"""
+
+from lightning.pytorch.strategies import StrategyRegistry
+
+from lightrec.lightning.rec_module import RecModule, dlrm_lr_lambda
+from lightrec.lightning.rec_strategy import RecStrategy
+
+if RecStrategy.strategy_name not in StrategyRegistry:
+    RecStrategy.register_strategies(StrategyRegistry)
+
+__all__ = ["RecModule", "RecStrategy", "dlrm_lr_lambda"]

@@ -1,0 +1,205 @@
+"""``RecModule``: the LightningModule base class of every lightrec model.
+
+A user subclasses it, builds the model in ``__init__`` (or ``configure_model`` for meta-device
+tables) and writes ``forward(dense_features, sparse_features) -> logits``; ``RecModule`` supplies
+the rest of a CTR training loop:
+
+* ``training_step`` / ``validation_step`` / ``test_step``: binary cross-entropy on ``Batch.labels``,
+  loss and throughput (samples/s) logged, AUC / NE / calibration / CTR / accuracy accumulated as
+  torchmetrics (synced across ranks) and logged per epoch;
+* ``predict_step``: probabilities ``sigmoid(logits)``;
+* ``configure_optimizers``: one ``CombinedOptimizer`` holding the fused embedding optimizer(s)
+  (whatever the sharded or fused collections expose as ``fused_optimizer``) and a dense optimizer
+  over every other parameter, driven by one learning-rate schedule (linear warm-up, then constant,
+  then polynomial decay — DLRM's schedule), which reaches both.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torch import nn
+from typing_extensions import override
+
+from lightrec.data.batch import Batch
+from lightrec.metrics import rec_metrics
+from lightrec.optim import (
+    CombinedOptimizer,
+    KeyedOptimizer,
+    KeyedOptimizerWrapper,
+    in_backward_optimizer_filter,
+)
+
+__all__ = ["RecModule", "dlrm_lr_lambda"]
+
+_DENSE_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
+    "sgd": torch.optim.SGD,
+    "adagrad": torch.optim.Adagrad,
+    "adam": torch.optim.Adam,
+    "adamw": torch.optim.AdamW,
+}
+
+
+def dlrm_lr_lambda(
+    warmup_steps: int, decay_start_step: int | None, decay_steps: int, decay_power: float = 2.0, min_factor: float = 0.0
+) -> Callable[[int], float]:
+    """LR multiplier of DLRM training: linear warm-up, constant, then polynomial decay to ``min_factor``.
+
+    ``factor(step)`` is ``(step + 1) / warmup_steps`` during warm-up, 1 until ``decay_start_step``,
+    then ``max(min_factor, (1 - (step - decay_start) / decay_steps) ** decay_power)``.
+    """
+    if warmup_steps < 0 or decay_steps < 0:
+        raise ValueError(f"warmup_steps and decay_steps must be >= 0, got {warmup_steps} and {decay_steps}")
+
+    def factor(step: int) -> float:
+        if warmup_steps > 0 and step < warmup_steps:
+            return (step + 1) / warmup_steps
+        if decay_start_step is None or decay_steps == 0 or step < decay_start_step:
+            return 1.0
+        remaining = 1.0 - (step - decay_start_step) / decay_steps
+        return max(min_factor, max(remaining, 0.0) ** decay_power)
+
+    return factor
+
+
+class RecModule(pl.LightningModule):
+    """Base class for recommendation models trained with Lightning.
+
+    Subclasses implement ``forward(dense_features [B, D_dense], sparse_features: KeyedJaggedTensor)``
+    returning logits ``[B]`` (or ``[B, 1]``). Override ``training_step`` only for a different loss.
+
+    Args:
+        dense_optimizer: ``"sgd" | "adagrad" | "adam" | "adamw"`` or a ``torch.optim.Optimizer`` class,
+            used for every parameter not updated by a fused embedding optimizer.
+        dense_lr: learning rate of the dense optimizer.
+        dense_optimizer_kwargs: extra keyword arguments for it.
+        warmup_steps / decay_start_step / decay_steps / decay_power: the LR schedule (``dlrm_lr_lambda``),
+            applied to dense and fused embedding optimizers alike. ``warmup_steps=0`` and
+            ``decay_start_step=None`` keep the LR constant.
+        metrics: names for ``lightrec.metrics.rec_metrics`` computed on validation and test (and train
+            when ``train_metrics=True``).
+    """
+
+    def __init__(
+        self,
+        dense_optimizer: str | type[torch.optim.Optimizer] = "adagrad",
+        dense_lr: float = 0.01,
+        dense_optimizer_kwargs: dict[str, Any] | None = None,
+        warmup_steps: int = 0,
+        decay_start_step: int | None = None,
+        decay_steps: int = 0,
+        decay_power: float = 2.0,
+        metrics: tuple[str, ...] = ("auc", "ne", "calibration", "ctr", "accuracy"),
+        train_metrics: bool = False,
+    ) -> None:
+        super().__init__()
+        if isinstance(dense_optimizer, str) and dense_optimizer.lower() not in _DENSE_OPTIMIZERS:
+            raise ValueError(
+                f"dense_optimizer must be one of {sorted(_DENSE_OPTIMIZERS)} or an Optimizer class, "
+                f"got {dense_optimizer!r}"
+            )
+        self._dense_optimizer = dense_optimizer
+        self._dense_lr = dense_lr
+        self._dense_optimizer_kwargs = dict(dense_optimizer_kwargs or {})
+        self._lr_lambda = dlrm_lr_lambda(warmup_steps, decay_start_step, decay_steps, decay_power)
+        self._schedule_is_constant = warmup_steps == 0 and decay_start_step is None
+        self.train_metrics = rec_metrics(metrics, prefix="train/") if train_metrics else None
+        self.val_metrics = rec_metrics(metrics, prefix="val/")
+        self.test_metrics = rec_metrics(metrics, prefix="test/")
+        self._step_started_at: float | None = None
+
+    # ------------------------------------------------------------------ steps
+    def _logits_and_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self(batch.dense_features, batch.sparse_features).reshape(-1)
+        loss = nn.functional.binary_cross_entropy_with_logits(logits, batch.labels.to(logits.dtype))
+        return logits, loss
+
+    @override
+    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+        logits, loss = self._logits_and_loss(batch)
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch.batch_size)
+        if self.train_metrics is not None:
+            self.train_metrics.update(torch.sigmoid(logits.detach()), batch.labels)
+            self.log_dict(self.train_metrics, on_step=False, on_epoch=True, batch_size=batch.batch_size)
+        return loss
+
+    @override
+    def validation_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+        logits, loss = self._logits_and_loss(batch)
+        self.log("val/loss", loss, prog_bar=True, sync_dist=True, batch_size=batch.batch_size)
+        self.val_metrics.update(torch.sigmoid(logits), batch.labels)
+        self.log_dict(self.val_metrics, on_step=False, on_epoch=True, batch_size=batch.batch_size)
+        return loss
+
+    @override
+    def test_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+        logits, loss = self._logits_and_loss(batch)
+        self.log("test/loss", loss, sync_dist=True, batch_size=batch.batch_size)
+        self.test_metrics.update(torch.sigmoid(logits), batch.labels)
+        self.log_dict(self.test_metrics, on_step=False, on_epoch=True, batch_size=batch.batch_size)
+        return loss
+
+    @override
+    def predict_step(self, batch: Batch, batch_idx: int, dataloader_idx: int = 0) -> torch.Tensor:
+        """Click probabilities ``[B]``."""
+        return torch.sigmoid(self(batch.dense_features, batch.sparse_features).reshape(-1))
+
+    # ------------------------------------------------------------------ throughput
+    @override
+    def on_train_batch_start(self, batch: Batch, batch_idx: int) -> None:
+        self._step_started_at = time.perf_counter()
+
+    @override
+    def on_train_batch_end(self, outputs: Any, batch: Batch, batch_idx: int) -> None:
+        if self._step_started_at is None:
+            return
+        seconds = max(time.perf_counter() - self._step_started_at, 1e-9)
+        world = self.trainer.world_size if self._trainer is not None else 1
+        self.log("train/samples_per_sec", batch.batch_size * world / seconds, batch_size=batch.batch_size)
+
+    # ------------------------------------------------------------------ optimizers
+    def fused_optimizers(self) -> Iterator[tuple[str, KeyedOptimizer]]:
+        """``(module path, fused_optimizer)`` of every outermost collection that updates rows in backward.
+
+        A sharded collection's optimizer already covers its inner kernels, so the walk does not
+        descend below a module that exposes one.
+        """
+        owners: list[str] = []
+        for name, module in self.named_modules():
+            if any(name.startswith(owner + ".") for owner in owners):
+                continue
+            optimizer = getattr(module, "fused_optimizer", None)
+            if isinstance(optimizer, KeyedOptimizer):
+                owners.append(name)
+                yield name, optimizer
+
+    def dense_parameters(self) -> dict[str, nn.Parameter]:
+        """Trainable parameters that no fused optimizer updates (those the dense optimizer steps)."""
+        return {n: p for n, p in in_backward_optimizer_filter(self.named_parameters()) if p.requires_grad}
+
+    def _dense_optimizer_class(self) -> type[torch.optim.Optimizer]:
+        if isinstance(self._dense_optimizer, str):
+            return _DENSE_OPTIMIZERS[self._dense_optimizer.lower()]
+        return self._dense_optimizer
+
+    @override
+    def configure_optimizers(self) -> Any:
+        """One ``CombinedOptimizer`` (fused embedding part + dense part) and one LR schedule for both."""
+        parts: list[tuple[str, KeyedOptimizer]] = [(path or "embeddings", opt) for path, opt in self.fused_optimizers()]
+        dense = self.dense_parameters()
+        if dense:
+            cls, kwargs = self._dense_optimizer_class(), dict(lr=self._dense_lr, **self._dense_optimizer_kwargs)
+            parts.append(("dense", KeyedOptimizerWrapper(dense, lambda params: cls(params, **kwargs))))
+        if not parts:
+            raise ValueError(
+                f"{type(self).__name__} has no trainable parameters and no fused embedding optimizer to configure"
+            )
+        optimizer = CombinedOptimizer(parts)
+        if self._schedule_is_constant:
+            return optimizer
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, self._lr_lambda)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -1,0 +1,206 @@
+"""``RecStrategy``: Lightning strategy for model-parallel embeddings + data-parallel dense layers.
+
+It is a ``DDPStrategy`` in everything that is about processes — launchers (subprocess script,
+spawn, torchrun/SLURM environments), process-group initialisation in ``setup_environment``
+(gloo on CPU, NCCL on GPU), ``reduce``/``barrier``/``broadcast``/``all_gather`` — and differs in
+what ``setup`` does to the model: instead of wrapping it in DDP, it hands the LightningModule to
+``DistributedModelParallel``, which plans (or takes the given plan), replaces every embedding
+collection by its sharded version (materialising only local shards of meta-device tables) and
+wraps the remaining dense parameters in DDP.
+
+Nothing here creates process groups inside the user's module or skips moving the model: dense
+parameters are moved to the root device, embedding shards are placed by the plan.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any, Literal
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.trainer.states import TrainerFn
+from torch import nn
+from typing_extensions import override
+
+from lightrec._compat import default_pg_timeout, optimizers_to_device
+from lightrec.modules import EmbeddingBagCollection, EmbeddingCollection
+
+__all__ = ["RecStrategy"]
+
+_COLLECTIONS = (EmbeddingBagCollection, EmbeddingCollection)
+
+
+def _move_dense_to_device(module: nn.Module, device: torch.device) -> None:
+    """Move every parameter/buffer outside embedding collections to ``device``.
+
+    Embedding collections stay where they are (possibly ``meta``): the sharder places their shards.
+    Dense parameters still on ``meta`` are materialised empty and re-initialised with the
+    submodule's own ``reset_parameters`` (the same seed on every rank gives the same values; DDP
+    then broadcasts rank 0's anyway).
+    """
+    for child in module.children():
+        if isinstance(child, _COLLECTIONS):
+            continue
+        _move_dense_to_device(child, device)
+    own = list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False))
+    if not own:
+        return
+    if any(t.is_meta for _, t in own):
+        module.to_empty(device=device, recurse=False)
+        reset = getattr(module, "reset_parameters", None)
+        if callable(reset):
+            reset()
+        return
+    module.to(device)  # recurse is fine: children were handled first and are already there
+
+
+class RecStrategy(DDPStrategy):
+    """Shard embedding collections across ranks; run everything else data-parallel.
+
+    Args:
+        plan: a fixed ``ShardingPlan`` or a path to its JSON; planned automatically when ``None``.
+        topology / constraints: planner inputs (``lightrec.distributed.planner.Topology``,
+            ``{table: ParameterConstraints}``) used when ``plan`` is ``None``.
+        fused_params: the fused embedding optimizer, torchrec style, e.g.
+            ``{"optimizer": "exact_row_wise_adagrad", "learning_rate": 0.02, "eps": 1e-8}``.
+        kernel_backend: ``"auto" | "fbgemm" | "torch"`` for the batched lookups.
+        sharders: custom sharders (default: EBC and EC sharders built from ``fused_params``).
+        process_group_backend / timeout / start_method: as for ``DDPStrategy``.
+        **ddp_kwargs: forwarded to the DDP wrapper of the dense parameters.
+    """
+
+    strategy_name = "lightrec"
+
+    def __init__(
+        self,
+        accelerator: pl.accelerators.Accelerator | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: Any = None,
+        checkpoint_io: Any = None,
+        precision_plugin: Any = None,
+        plan: Any = None,
+        topology: Any = None,
+        constraints: dict[str, Any] | None = None,
+        fused_params: dict[str, Any] | None = None,
+        kernel_backend: str = "auto",
+        sharders: list[Any] | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+        start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
+        **ddp_kwargs: Any,
+    ) -> None:
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            checkpoint_io=checkpoint_io,
+            precision_plugin=precision_plugin,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+            start_method=start_method,
+            **ddp_kwargs,
+        )
+        if kernel_backend not in ("auto", "fbgemm", "torch"):
+            raise ValueError(f"kernel_backend must be 'auto', 'fbgemm' or 'torch', got {kernel_backend!r}")
+        if isinstance(plan, (str, os.PathLike)):
+            from lightrec.distributed.types import ShardingPlan
+
+            plan = ShardingPlan.load(plan)
+        self._plan = plan
+        self._topology = topology
+        self._constraints = constraints
+        self._fused_params = dict(fused_params or {})
+        self._kernel_backend = kernel_backend
+        self._sharders = sharders
+        self.dmp: nn.Module | None = None
+
+    # ------------------------------------------------------------------ model set-up
+    @property
+    def plan(self) -> Any:
+        """The ``ShardingPlan`` in use (after ``setup``), or the one given."""
+        return self.dmp.plan if self.dmp is not None else self._plan
+
+    @override
+    def model_to_device(self) -> None:
+        assert self.model is not None
+        _move_dense_to_device(self.model, self.root_device)
+
+    def _build_sharders(self) -> list[Any]:
+        if self._sharders is not None:
+            return self._sharders
+        from lightrec.distributed import EmbeddingBagCollectionSharder, EmbeddingCollectionSharder
+
+        params = dict(self._fused_params)
+        params.setdefault("kernel_backend", self._kernel_backend)
+        return [EmbeddingBagCollectionSharder(fused_params=params), EmbeddingCollectionSharder(fused_params=params)]
+
+    def _plan_for(self, module: nn.Module, sharders: list[Any]) -> Any:
+        if self._plan is not None:
+            return self._plan
+        from lightrec.distributed.planner import EmbeddingShardingPlanner, Topology
+
+        topology = self._topology or Topology(
+            world_size=self.world_size,
+            local_world_size=self.num_processes,
+            compute_device=self.root_device.type,
+        )
+        planner = EmbeddingShardingPlanner(topology=topology, constraints=self._constraints)
+        return planner.collective_plan(module, sharders, torch.distributed.group.WORLD)
+
+    def _shard(self, module: pl.LightningModule, data_parallel: bool) -> nn.Module:
+        from lightrec.distributed import DistributedModelParallel, ShardingEnv
+
+        sharders = self._build_sharders()
+        plan = self._plan_for(module, sharders)
+        self.dmp = DistributedModelParallel(
+            module,
+            device=self.root_device,
+            plan=plan,
+            sharders=sharders,
+            env=ShardingEnv.from_process_group(torch.distributed.group.WORLD),
+            init_data_parallel=data_parallel,
+            **({"ddp_kwargs": self._ddp_kwargs} if self._ddp_kwargs else {}),
+        )
+        return self.dmp
+
+    @override
+    def setup(self, trainer: pl.Trainer) -> None:
+        assert self.accelerator is not None and self.model is not None
+        self.accelerator.setup(trainer)
+        fitting = trainer.state.fn == TrainerFn.FITTING
+        self.precision_plugin.convert_module(self.model)
+        self.model_to_device()
+        # Shard for every stage: tables may not fit on one rank even for validate/test/predict.
+        self.model = self._shard(self.lightning_module, data_parallel=fitting)
+        if fitting:
+            self.setup_optimizers(trainer)
+        self.setup_precision_plugin()
+        if fitting:
+            optimizers_to_device(self.optimizers, self.root_device)
+
+    @override
+    def teardown(self) -> None:
+        self.dmp = None
+        super().teardown()
+
+    @override
+    def batch_to_device(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
+        """Move a ``Batch`` (or any collection holding KJTs) without blocking the host."""
+        device = device or self.root_device
+        mover = getattr(batch, "to", None)
+        if callable(mover) and not isinstance(batch, torch.Tensor):
+            return mover(device, non_blocking=True)
+        return super().batch_to_device(batch, device, dataloader_idx)
+
+    @classmethod
+    @override
+    def register_strategies(cls, strategy_registry: Any) -> None:
+        strategy_registry.register(
+            cls.strategy_name, cls, description="lightrec: sharded embeddings + data-parallel dense layers"
+        )
+        strategy_registry.register(
+            "lightrec_spawn", cls, description="lightrec with start_method='spawn'", start_method="spawn"
+        )

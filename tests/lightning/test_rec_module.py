@@ -1,0 +1,70 @@
+"""RecModule in a single process (default strategy): steps, optimizers, schedules, logging."""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from lightrec.lightning import RecModule, dlrm_lr_lambda
+from lightrec.optim import CombinedOptimizer
+from tests.lightning.toy import ToyDLRM, toy_data
+
+
+def _trainer(tmp_path, **kwargs) -> pl.Trainer:  # noqa: ANN001
+    return pl.Trainer(
+        accelerator="cpu", devices=1, max_epochs=1, logger=pl.loggers.TensorBoardLogger(tmp_path),
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, **kwargs,
+    )  # fmt: skip
+
+
+def test_fit_logs_loss_metrics_and_throughput_to_tensorboard(tmp_path) -> None:  # noqa: ANN001
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    module = ToyDLRM(dense_lr=0.05, train_metrics=True)
+    trainer = _trainer(tmp_path, log_every_n_steps=1)
+    trainer.fit(module, datamodule=toy_data())
+    trainer.test(module, datamodule=toy_data())
+    events = EventAccumulator(str(tmp_path / "lightning_logs" / "version_0")).Reload()
+    tags = set(events.Tags()["scalars"])
+    for tag in ("train/loss", "train/samples_per_sec", "val/auc", "val/ne", "val/calibration", "test/auc", "train/auc"):
+        assert tag in tags, tags
+    losses = [e.value for e in events.Scalars("train/loss")]
+    assert len(losses) == 8 and all(torch.isfinite(torch.tensor(losses)))
+
+
+def test_configure_optimizers_returns_one_combined_optimizer_with_a_schedule() -> None:
+    module = ToyDLRM(dense_optimizer="adam", dense_lr=0.1, warmup_steps=4, decay_start_step=6, decay_steps=4)
+    config = module.configure_optimizers()
+    optimizer, scheduler = config["optimizer"], config["lr_scheduler"]["scheduler"]
+    assert isinstance(optimizer, CombinedOptimizer)
+    assert config["lr_scheduler"]["interval"] == "step"
+    lrs = []
+    for _ in range(10):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    expected = [0.1 * dlrm_lr_lambda(4, 6, 4)(s) for s in range(10)]
+    assert lrs == pytest.approx(expected)
+    # every trainable parameter is stepped by the dense part (the unsharded EBC has no fused optimizer)
+    assert set(optimizer.params) == {f"dense.{n}" for n, p in module.named_parameters() if p.requires_grad}
+
+
+def test_predict_step_returns_probabilities(tmp_path) -> None:  # noqa: ANN001
+    module = ToyDLRM()
+    data = toy_data()
+    preds = _trainer(tmp_path).predict(module, dataloaders=data.test_dataloader())
+    assert len(preds) == 2 and preds[0].shape == (64,)
+    assert float(preds[0].min()) >= 0.0 and float(preds[0].max()) <= 1.0
+
+
+def test_bad_dense_optimizer_name() -> None:
+    with pytest.raises(ValueError, match="dense_optimizer must be one of"):
+        RecModule(dense_optimizer="lbfgs-ish")
+
+
+def test_lr_lambda_shape() -> None:
+    f = dlrm_lr_lambda(warmup_steps=2, decay_start_step=4, decay_steps=2, decay_power=1.0)
+    assert [f(s) for s in range(7)] == [0.5, 1.0, 1.0, 1.0, 1.0, 0.5, 0.0]
+    with pytest.raises(ValueError, match="warmup_steps"):
+        dlrm_lr_lambda(-1, None, 0)
