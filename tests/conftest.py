@@ -7,12 +7,7 @@ where no fbgemm wheel matches the installed torch.
 
 from __future__ import annotations
 
-import os
-
-from tests.fbgemm_block import install_fbgemm_block
-
-if os.environ.get("LIGHTREC_BLOCK_FBGEMM", "") not in ("", "0"):
-    install_fbgemm_block()
+import tests  # noqa: F401  (installs the fbgemm block first when LIGHTREC_BLOCK_FBGEMM=1)
 
 
 def pytest_configure(config) -> None:  # noqa: ANN001

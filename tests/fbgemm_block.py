@@ -15,7 +15,8 @@ class _BlockFbgemm(MetaPathFinder):
 
 def install_fbgemm_block() -> None:
     """Block ``fbgemm_gpu`` for this process; fails loudly if it was already imported."""
+    if any(isinstance(f, _BlockFbgemm) for f in sys.meta_path):
+        return
     if "fbgemm_gpu" in sys.modules:
         raise RuntimeError("fbgemm_gpu was imported before the block could be installed")
-    if not any(isinstance(f, _BlockFbgemm) for f in sys.meta_path):
-        sys.meta_path.insert(0, _BlockFbgemm())
+    sys.meta_path.insert(0, _BlockFbgemm())

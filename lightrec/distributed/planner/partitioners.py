@@ -1,0 +1,243 @@
+"""Assign the shards of chosen options to ranks: balance cost, never exceed a memory cap.
+
+Order of placement (``W`` ranks, ``L`` per host):
+
+1. data-parallel replicas go to every rank and row-wise shard ``i`` to rank ``i`` (fixed);
+2. table-row-wise / table-column-wise groups, most expensive first, go to the host whose busiest
+   rank stays least busy (shard ``i`` on local rank ``i``) among hosts with room;
+3. table-wise and column-wise shards, most expensive first (longest processing time first), go
+   to the least-loaded rank with room for them (a heap keyed by load).
+
+:func:`refine` then lowers the busiest rank's cost by moving a shard off it, or by switching one
+of its tables to an option with cheaper shards (split a table, or stop replicating it), as long
+as each step strictly lowers the busiest rank without exceeding a cap.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+
+from lightrec.distributed.planner.enumerators import Options
+from lightrec.distributed.planner.estimators import CW, DP, RW, TW, TWCW, TWRW
+from lightrec.distributed.planner.types import Topology
+
+__all__ = ["Placement", "partition", "refine"]
+
+_EPS = 1e-12
+
+
+@dataclass
+class Placement:
+    """Chosen option and ranks of every table.
+
+    Attributes:
+        choice: ``[T]`` option index per table.
+        ranks: per table, the rank of each shard (data parallel: every rank).
+        load, storage: ``[W]`` cost (s/step) and table-memory bytes per rank.
+        unplaced: tables whose shards found no rank with room.
+    """
+
+    choice: np.ndarray
+    ranks: list[np.ndarray]
+    load: np.ndarray
+    storage: np.ndarray
+    unplaced: list[int]
+
+    @property
+    def ok(self) -> bool:
+        return not self.unplaced
+
+
+def _shards(opts: Options, o: int) -> slice:
+    s = int(opts.start[o])
+    return slice(s, s + int(opts.nshards[o]))
+
+
+def partition(opts: Options, choice: np.ndarray, topo: Topology) -> Placement:
+    """Place the shards of ``choice`` (one option per table) on ranks; see the module docstring."""
+    W, L = topo.world_size, int(topo.local_world_size)  # type: ignore[arg-type]
+    caps = topo.storage_caps
+    T = len(choice)
+    load = np.zeros(W)
+    mem = np.zeros(W)
+    ranks: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * T
+    unplaced: list[int] = []
+    stype = opts.stype[choice]
+    all_ranks = np.arange(W, dtype=np.int64)
+
+    for t in np.flatnonzero((stype == DP) | (stype == RW)).tolist():
+        sl = _shards(opts, int(choice[t]))
+        load += opts.sh_cost[sl]  # broadcasts a replica to every rank, or shard i to rank i
+        mem += opts.sh_storage[sl]
+        ranks[t] = all_ranks
+    over = np.flatnonzero(mem > caps)
+    if len(over):
+        # Fixed shards alone overflow: report every fixed table on those ranks.
+        return Placement(choice, ranks, load, mem, np.flatnonzero((stype == DP) | (stype == RW)).tolist())
+
+    host_tables = np.flatnonzero((stype == TWRW) | (stype == TWCW))
+    host_order = host_tables[np.lexsort((host_tables, -opts.total_cost[choice[host_tables]]))]
+    caps_h = caps.reshape(-1, L)
+    for t in host_order.tolist():
+        sl = _shards(opts, int(choice[t]))
+        c, m = opts.sh_cost[sl], opts.sh_storage[sl]
+        k = len(c)
+        fit = (mem.reshape(-1, L)[:, :k] + m <= caps_h[:, :k]).all(axis=1)
+        if not fit.any():
+            unplaced.append(t)
+            continue
+        h = int(np.argmin(np.where(fit, (load.reshape(-1, L)[:, :k] + c).max(axis=1), np.inf)))
+        load[h * L : h * L + k] += c
+        mem[h * L : h * L + k] += m
+        ranks[t] = h * L + np.arange(k, dtype=np.int64)
+
+    movable = np.flatnonzero((stype == TW) | (stype == CW))
+    if len(movable):
+        n = opts.nshards[choice[movable]]
+        np.repeat(movable, n)
+        first = np.repeat(opts.start[choice[movable]] - np.concatenate([[0], np.cumsum(n)[:-1]]), n)
+        idx = first + np.arange(int(n.sum()))
+        cost, stor = opts.sh_cost[idx], opts.sh_storage[idx]
+        order = np.lexsort((idx, -stor, -cost)).tolist()
+        loads, free = load.tolist(), (caps - mem).tolist()
+        heap = [(loads[r], r) for r in range(W)]
+        heapq.heapify(heap)
+        where = np.full(len(idx), -1, dtype=np.int64)
+        cost_l, stor_l = cost.tolist(), stor.tolist()
+        for j in order:
+            c, m = cost_l[j], stor_l[j]
+            popped = []
+            rank = -1
+            while heap:
+                entry = heapq.heappop(heap)
+                if free[entry[1]] >= m:
+                    rank = entry[1]
+                    break
+                popped.append(entry)
+            if rank >= 0:
+                loads[rank] += c
+                free[rank] -= m
+                heapq.heappush(heap, (loads[rank], rank))
+                where[j] = rank
+            for entry in popped:
+                heapq.heappush(heap, entry)
+        load = np.asarray(loads)
+        mem = caps - np.asarray(free)
+        bounds = np.concatenate([[0], np.cumsum(n)])
+        for i, t in enumerate(movable.tolist()):
+            r = where[bounds[i] : bounds[i + 1]]
+            if (r < 0).any():
+                unplaced.append(t)
+                np.subtract.at(load, r[r >= 0], cost[bounds[i] : bounds[i + 1]][r >= 0])
+                np.subtract.at(mem, r[r >= 0], stor[bounds[i] : bounds[i + 1]][r >= 0])
+            ranks[t] = r
+    return Placement(choice, ranks, load, mem, sorted(unplaced))
+
+
+def _contrib(opts: Options, o: int, ranks: np.ndarray, W: int) -> tuple[np.ndarray, np.ndarray]:
+    """``[W]`` cost and storage that option ``o`` placed on ``ranks`` adds to each rank."""
+    sl = _shards(opts, o)
+    cost, stor = np.zeros(W), np.zeros(W)
+    if opts.stype[o] == DP:
+        cost += opts.sh_cost[sl]
+        stor += opts.sh_storage[sl]
+    else:
+        np.add.at(cost, ranks, opts.sh_cost[sl])
+        np.add.at(stor, ranks, opts.sh_storage[sl])
+    return cost, stor
+
+
+def _cost_on(opts: Options, o: int, ranks: np.ndarray, b: int) -> float:
+    """Cost that option ``o`` placed on ``ranks`` puts on rank ``b``."""
+    s = int(opts.start[o])
+    if opts.stype[o] == DP:
+        return float(opts.sh_cost[s])
+    return float(opts.sh_cost[s : s + len(ranks)][ranks == b].sum())
+
+
+def _place_alone(
+    opts: Options, o: int, load: np.ndarray, mem: np.ndarray, caps: np.ndarray, topo: Topology
+) -> np.ndarray | None:
+    """Ranks for option ``o``'s shards given the other tables' ``load``/``mem``; None if no room."""
+    W, L = topo.world_size, int(topo.local_world_size)  # type: ignore[arg-type]
+    sl = _shards(opts, o)
+    c, m = opts.sh_cost[sl], opts.sh_storage[sl]
+    st = int(opts.stype[o])
+    if st in (DP, RW):
+        return np.arange(W, dtype=np.int64) if (mem + m <= caps).all() else None
+    if st in (TWRW, TWCW):
+        k = len(c)
+        fit = (mem.reshape(-1, L)[:, :k] + m <= caps.reshape(-1, L)[:, :k]).all(axis=1)
+        if not fit.any():
+            return None
+        h = int(np.argmin(np.where(fit, (load.reshape(-1, L)[:, :k] + c).max(axis=1), np.inf)))
+        return h * L + np.arange(k, dtype=np.int64)
+    load, mem = load.copy(), mem.copy()
+    out = np.empty(len(c), dtype=np.int64)
+    for j in np.argsort(-c, kind="stable").tolist():
+        r = int(np.argmin(np.where(mem + m[j] <= caps, load, np.inf)))
+        if mem[r] + m[j] > caps[r]:
+            return None
+        out[j] = r
+        load[r] += c[j]
+        mem[r] += m[j]
+    return out
+
+
+def refine(opts: Options, pl: Placement, topo: Topology, max_steps: int | None = None) -> Placement:
+    """Lower the busiest rank's cost step by step (moves, then option switches); see module doc."""
+    W = topo.world_size
+    caps = topo.storage_caps
+    choice, ranks = pl.choice.copy(), list(pl.ranks)
+    load, mem = pl.load.copy(), pl.storage.copy()
+    on_rank: list[set[int]] = [set() for _ in range(W)]
+    for t, r in enumerate(ranks):
+        for rr in set(r.tolist()):
+            on_rank[rr].add(t)
+    steps = max_steps if max_steps is not None else 20 * W + 4 * len(choice)
+    for _ in range(steps):
+        b = int(np.argmax(load))
+        top = load[b]
+        # Each candidate table with its cost on b, most expensive first.
+        cands = []
+        for t in on_rank[b]:
+            cands.append((-_cost_on(opts, int(choice[t]), ranks[t], b), t))
+        cands.sort()
+        improved = False
+        for _neg, t in cands[:8]:
+            o = int(choice[t])
+            c_old, m_old = _contrib(opts, o, ranks[t], W)
+            base_load, base_mem = load - c_old, mem - m_old
+            tried = [o]
+            # Same option re-placed (a move), then the cheapest option with cheaper shards.
+            alts = np.arange(opts.first[t], opts.first[t] + opts.count[t])
+            ok = opts.fits[alts] & (opts.max_cost[alts] < -_neg * (1 - 1e-9)) & (alts != o)
+            if ok.any():
+                good = alts[ok]
+                tried.append(int(good[np.lexsort((good, opts.total_cost[good]))[0]]))
+            for o_new in tried:
+                if opts.stype[o_new] in (DP, RW) and o_new == o:
+                    continue  # fixed placement: nothing to move
+                r_new = _place_alone(opts, o_new, base_load, base_mem, caps, topo)
+                if r_new is None:
+                    continue
+                c_new, m_new = _contrib(opts, o_new, r_new, W)
+                new_load = base_load + c_new
+                touched = (c_new > 0) | (c_old > 0)
+                if new_load[b] < top * (1 - 1e-9) and new_load[touched].max() < top * (1 - 1e-9):
+                    for rr in set(ranks[t].tolist()):
+                        on_rank[rr].discard(t)
+                    choice[t], ranks[t] = o_new, r_new
+                    for rr in set(r_new.tolist()):
+                        on_rank[rr].add(t)
+                    load, mem = new_load, base_mem + m_new
+                    improved = True
+                    break
+            if improved:
+                break
+        if not improved:
+            break
+    return Placement(choice, ranks, load, mem, [])

@@ -1,0 +1,166 @@
+"""Read the tables of a model into the planner's arrays.
+
+A model is walked with ``named_modules()``; every module whose type a sharder handles is a
+*shardable module* (its children are not visited further) and contributes the tables its sharder
+reports via ``shardable_parameters``. Constraints are keyed by table name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from torch import nn
+
+from lightrec.distributed.planner.estimators import (
+    DENSE,
+    FUSED,
+    KERNELS,
+    SHARDING_TYPES,
+    TableArrays,
+)
+from lightrec.distributed.planner.types import OPTIMIZER_STATE, ParameterConstraints, Topology, optimizer_name
+from lightrec.distributed.types import ModuleSharder
+from lightrec.modules.embedding_configs import BaseEmbeddingConfig, DataType, PoolingType
+
+__all__ = ["ShardableModule", "collect_tables", "find_shardable_modules"]
+
+_ELEM_BYTES = {
+    DataType.FP32: 4.0,
+    DataType.FP16: 2.0,
+    DataType.BF16: 2.0,
+    DataType.INT8: 1.0,
+    DataType.INT4: 0.5,
+    DataType.INT2: 0.25,
+}
+_QUANT_ROW_BYTES = 4.0  # fp16 scale + fp16 bias stored with every quantized row
+DEFAULT_MIN_PARTITION = 32
+
+
+@dataclass
+class ShardableModule:
+    path: str
+    module: nn.Module
+    sharder: ModuleSharder
+    configs: dict[str, BaseEmbeddingConfig]
+
+
+def _sharder_for(module: nn.Module, sharders: list[ModuleSharder]) -> ModuleSharder | None:
+    for sharder in sharders:  # exact type first: a subclass may have a sharder of its own
+        if type(module) is sharder.module_type:
+            return sharder
+    for sharder in sharders:
+        if isinstance(module, sharder.module_type):
+            return sharder
+    return None
+
+
+def find_shardable_modules(module: nn.Module, sharders: list[ModuleSharder]) -> list[ShardableModule]:
+    """Shardable modules of ``module`` (itself included) in ``named_modules()`` order."""
+    if not sharders:
+        raise ValueError(
+            "sharders must list at least one ModuleSharder (e.g. EmbeddingBagCollectionSharder())"
+        )
+    for s in sharders:
+        if not isinstance(s, ModuleSharder):
+            raise TypeError(f"sharders must be ModuleSharder instances, got {type(s).__name__}: {s!r}")
+    found: list[ShardableModule] = []
+    for path, sub in module.named_modules():
+        if any(f.path == "" or path.startswith(f.path + ".") for f in found):
+            continue  # inside a module that is sharded as a whole
+        sharder = _sharder_for(sub, sharders)
+        if sharder is not None:
+            found.append(ShardableModule(path, sub, sharder, sharder.shardable_parameters(sub)))
+    return found
+
+
+def _per_feature(values: list, n: int, arg: str, table: str) -> np.ndarray:
+    if len(values) == 1:
+        return np.full(n, float(values[0]))
+    if len(values) != n:
+        raise ValueError(
+            f"ParameterConstraints.{arg} of table {table!r} has {len(values)} entries; give one per "
+            f"feature ({n}) or a single value for all"
+        )
+    return np.asarray(values, dtype=np.float64)
+
+
+def collect_tables(
+    modules: list[ShardableModule],
+    topo: Topology,
+    constraints: dict[str, ParameterConstraints],
+    batch_size: int,
+) -> TableArrays:
+    """Build :class:`TableArrays` from the shardable modules, sharders and constraints."""
+    for name, c in constraints.items():
+        if not isinstance(c, ParameterConstraints):
+            raise TypeError(f"constraints[{name!r}] must be a ParameterConstraints, got {type(c).__name__}")
+    names = {name for m in modules for name in m.configs}
+    unknown = sorted(set(constraints) - names)
+    if unknown:
+        raise KeyError(
+            f"constraints name tables that are not in the model: {unknown}; tables are {sorted(names)[:20]}"
+        )
+    device = str(topo.compute_device)
+    keys, cols_ = [], {k: [] for k in ("rows", "cols", "eb", "ro", "ids", "bags", "pooled", "oe", "or", "mp")}
+    allowed: list[list[tuple[int, list[int]]]] = []
+    for m in modules:
+        default_opt = m.sharder.fused_params.get("optimizer")
+        offered = m.sharder.sharding_types(device)
+        offered_kernels = {stype: m.sharder.compute_kernels(stype, device) for stype in offered}
+        for name, cfg in m.configs.items():
+            c = constraints.get(name, ParameterConstraints())
+            opts: list[tuple[int, list[int]]] = []
+            for code, stype in enumerate(SHARDING_TYPES):
+                if stype not in offered or (c.sharding_types is not None and stype not in c.sharding_types):
+                    continue
+                kernels = [
+                    KERNELS.index(k)
+                    for k in offered_kernels[stype]
+                    if c.compute_kernels is None or k in c.compute_kernels
+                ]
+                if FUSED in kernels:
+                    # The kernel decides which optimizer trains the table (fused: the sharder's
+                    # fused optimizer; dense: the dense optimizer), so the planner never trades
+                    # it for speed: dense only where fused is not allowed. Dense never saves memory.
+                    kernels = [k for k in kernels if k != DENSE]
+                if kernels:
+                    opts.append((code, sorted(kernels)))
+            if not opts:
+                raise ValueError(
+                    f"table {name!r} has no allowed (sharding type, compute kernel) pair: constraints allow "
+                    f"sharding_types={c.sharding_types}, compute_kernels={c.compute_kernels}, and "
+                    f"{type(m.sharder).__name__} offers {offered} on {device!r}; widen the constraints"
+                )
+            n_feat = max(1, len(cfg.feature_names))
+            pf = _per_feature(c.pooling_factors, n_feat, "pooling_factors", name)
+            bs = _per_feature(c.batch_sizes or [batch_size], n_feat, "batch_sizes", name)
+            opt = c.optimizer or (optimizer_name(default_opt) if default_opt is not None else "sgd")
+            quant = cfg.data_type in (DataType.INT8, DataType.INT4, DataType.INT2)
+            keys.append((m.path, name))
+            allowed.append(opts)
+            cols_["rows"].append(cfg.num_embeddings)
+            cols_["cols"].append(cfg.embedding_dim)
+            cols_["eb"].append(_ELEM_BYTES[cfg.data_type])
+            cols_["ro"].append(_QUANT_ROW_BYTES if quant else 0.0)
+            cols_["ids"].append(float((bs * pf).sum()))
+            cols_["bags"].append(float(bs.sum()))
+            cols_["pooled"].append(getattr(cfg, "pooling", PoolingType.SUM) != PoolingType.NONE)
+            cols_["oe"].append(OPTIMIZER_STATE[opt][0])
+            cols_["or"].append(OPTIMIZER_STATE[opt][1])
+            cols_["mp"].append(min(c.min_partition or DEFAULT_MIN_PARTITION, cfg.embedding_dim))
+    f64 = lambda k: np.asarray(cols_[k], dtype=np.float64)  # noqa: E731
+    return TableArrays(
+        keys=keys,
+        rows=np.asarray(cols_["rows"], dtype=np.int64),
+        cols=np.asarray(cols_["cols"], dtype=np.int64),
+        elem_bytes=f64("eb"),
+        row_overhead=f64("ro"),
+        ids=f64("ids"),
+        bags=f64("bags"),
+        pooled=np.asarray(cols_["pooled"], dtype=bool),
+        opt_elem=f64("oe"),
+        opt_row=f64("or"),
+        allowed=allowed,
+        min_partition=np.asarray(cols_["mp"], dtype=np.int64),
+    )

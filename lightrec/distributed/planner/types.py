@@ -1,0 +1,248 @@
+"""Planner inputs: the cluster (:class:`Topology`), per-table hints (:class:`ParameterConstraints`)
+and the error raised when no plan fits (:class:`PlannerError`).
+
+All sizes are bytes, all bandwidths bytes per second, all costs seconds per training step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from lightrec.distributed.types import EmbeddingComputeKernel, ShardingType, _enum_value
+
+__all__ = ["GiB", "OPTIMIZER_STATE", "ParameterConstraints", "PlannerError", "Topology"]
+
+GiB = 1024**3
+
+# Defaults per compute device. GPU numbers are those of a data-centre GPU of the A100/H100 class
+# with NVLink inside a host and a 100 Gb/s NIC between hosts; CPU numbers are one core's share of
+# DDR bandwidth and gloo over loopback TCP (inside a host) or 10 GbE (between hosts).
+_DEFAULTS: dict[str, dict[str, float]] = {
+    "cuda": {
+        "hbm_cap": 32 * GiB,
+        "ddr_cap": 128 * GiB,
+        "hbm_mem_bw": 900e9,
+        "ddr_mem_bw": 50e9,
+        "intra_host_bw": 300e9,
+        "inter_host_bw": 12.5e9,
+        "kernel_overhead_s": 10e-6,
+    },
+    "cpu": {
+        "hbm_cap": 0,
+        "ddr_cap": 128 * GiB,
+        "hbm_mem_bw": 0.0,
+        "ddr_mem_bw": 20e9,
+        "intra_host_bw": 5e9,
+        "inter_host_bw": 1.25e9,
+        "kernel_overhead_s": 20e-6,
+    },
+}
+
+# Optimizer state of the fused optimizer: (fp32 values per weight element, fp32 values per row).
+OPTIMIZER_STATE: dict[str, tuple[float, float]] = {
+    "sgd": (0.0, 0.0),
+    "exact_sgd": (0.0, 0.0),
+    "adagrad": (1.0, 0.0),
+    "exact_adagrad": (1.0, 0.0),
+    "rowwise_adagrad": (0.0, 1.0),
+    "exact_rowwise_adagrad": (0.0, 1.0),
+    "adam": (2.0, 0.0),
+    "lamb": (2.0, 0.0),
+    "partial_rowwise_adam": (1.0, 1.0),
+    "partial_rowwise_lamb": (1.0, 1.0),
+    "lars_sgd": (0.0, 0.0),
+}
+
+
+def optimizer_name(optimizer: object) -> str:
+    """Canonical optimizer key: accepts ``"adam"``, ``"EXACT_ROWWISE_ADAGRAD"``,
+    ``"row_wise_adagrad"`` or an enum member (its name or value)."""
+    spellings = (
+        [optimizer]
+        if isinstance(optimizer, str)
+        else [getattr(optimizer, "name", None), getattr(optimizer, "value", None), str(optimizer)]
+    )
+    for spelling in spellings:
+        if isinstance(spelling, str):
+            key = spelling.lower().replace("row_wise", "rowwise")
+            if key in OPTIMIZER_STATE:
+                return key
+    raise ValueError(
+        f"optimizer {optimizer!r} is unknown to the planner's storage model; use one of {sorted(OPTIMIZER_STATE)}"
+    )
+
+
+@dataclass
+class Topology:
+    """The cluster the plan is for.
+
+    Args:
+        world_size: number of ranks.
+        compute_device: ``"cuda"`` or ``"cpu"``; ``None`` picks ``"cuda"`` when a GPU is visible.
+            Tables live in HBM on ``cuda`` and in DDR on ``cpu``.
+        local_world_size: ranks per host (default: ``world_size``, one host); must divide it.
+        hbm_cap: device memory per rank, bytes (one int, or one per rank).
+        ddr_cap: host memory per rank, bytes (one int, or one per rank).
+        hbm_mem_bw / ddr_mem_bw: memory bandwidth per rank, bytes/s.
+        intra_host_bw / inter_host_bw: collective bandwidth per rank inside / across hosts, bytes/s.
+        kernel_overhead_s: fixed cost of one shard's lookup (launch, bookkeeping), seconds.
+
+    ``None`` fields take the defaults of ``compute_device`` (see docs/planner.md).
+    """
+
+    world_size: int
+    compute_device: str | None = None
+    local_world_size: int | None = None
+    hbm_cap: int | list[int] | None = None
+    ddr_cap: int | list[int] | None = None
+    hbm_mem_bw: float | None = None
+    ddr_mem_bw: float | None = None
+    intra_host_bw: float | None = None
+    inter_host_bw: float | None = None
+    kernel_overhead_s: float | None = None
+    _caps: dict[str, np.ndarray] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.world_size, int) or self.world_size <= 0:
+            raise ValueError(f"Topology(world_size=...) must be a positive int, got {self.world_size!r}")
+        if self.compute_device is None:
+            self.compute_device = "cuda" if torch.cuda.is_available() else "cpu"
+        if self.compute_device not in _DEFAULTS:
+            raise ValueError(
+                f"Topology(compute_device=...) must be 'cuda' or 'cpu', got {self.compute_device!r}"
+            )
+        if self.local_world_size is None:
+            self.local_world_size = self.world_size
+        if (
+            not isinstance(self.local_world_size, int)
+            or self.local_world_size <= 0
+            or self.world_size % self.local_world_size
+        ):
+            raise ValueError(
+                f"Topology(local_world_size=...) must be a positive divisor of world_size={self.world_size}, "
+                f"got {self.local_world_size!r}"
+            )
+        defaults = _DEFAULTS[self.compute_device]
+        for name, value in defaults.items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
+        for name in ("hbm_mem_bw", "ddr_mem_bw", "intra_host_bw", "inter_host_bw", "kernel_overhead_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"Topology({name}=...) must be >= 0, got {getattr(self, name)!r}")
+        for name in ("hbm_cap", "ddr_cap"):
+            value = getattr(self, name)
+            caps = np.asarray([value] * self.world_size if np.isscalar(value) else value, dtype=np.float64)
+            if caps.shape != (self.world_size,) or (caps < 0).any():
+                raise ValueError(
+                    f"Topology({name}=...) must be a byte count >= 0 or a list of {self.world_size} of them, "
+                    f"got {value!r}"
+                )
+            self._caps[name] = caps
+        if self.device_mem_bw <= 0:
+            raise ValueError(
+                f"Topology: the memory bandwidth of compute_device={self.compute_device!r} must be > 0"
+            )
+
+    @property
+    def num_hosts(self) -> int:
+        return self.world_size // self.local_world_size  # type: ignore[operator]
+
+    @property
+    def hbm_caps(self) -> np.ndarray:
+        """``[world_size]`` HBM bytes per rank."""
+        return self._caps["hbm_cap"]
+
+    @property
+    def ddr_caps(self) -> np.ndarray:
+        """``[world_size]`` DDR bytes per rank."""
+        return self._caps["ddr_cap"]
+
+    @property
+    def storage_caps(self) -> np.ndarray:
+        """``[world_size]`` bytes of the memory tables live in (HBM on cuda, DDR on cpu)."""
+        return self.hbm_caps if self.compute_device == "cuda" else self.ddr_caps
+
+    @property
+    def storage_kind(self) -> str:
+        return "HBM" if self.compute_device == "cuda" else "DDR"
+
+    @property
+    def device_mem_bw(self) -> float:
+        return float(self.hbm_mem_bw if self.compute_device == "cuda" else self.ddr_mem_bw)  # type: ignore[arg-type]
+
+    @property
+    def comm_bw(self) -> float:
+        """Bandwidth of a collective over all ranks: inter-host once the world spans hosts."""
+        return float(self.intra_host_bw if self.num_hosts == 1 else self.inter_host_bw)  # type: ignore[arg-type]
+
+
+@dataclass
+class ParameterConstraints:
+    """Hints and limits for one table (keyed by table name in the planner's ``constraints``).
+
+    Args:
+        sharding_types: allowed sharding types (default: all the sharder offers).
+        compute_kernels: allowed kernels (default: all the sharder offers).
+        min_partition: narrowest column shard for column-wise types (default 32, or the dim).
+        pooling_factors: average ids per bag, one per feature of the table (or one for all).
+        batch_sizes: per-rank batch size, one per feature (or one for all); default: the planner's.
+        optimizer: fused optimizer name (sizes its state); default: the sharder's
+            ``fused_params["optimizer"]``, else ``"sgd"``.
+    """
+
+    sharding_types: list[str] | None = None
+    compute_kernels: list[str] | None = None
+    min_partition: int | None = None
+    pooling_factors: list[float] = field(default_factory=lambda: [1.0])
+    batch_sizes: list[int] | None = None
+    optimizer: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.sharding_types is not None:
+            self.sharding_types = [
+                _enum_value(t, ShardingType, "ParameterConstraints.sharding_types")
+                for t in self.sharding_types
+            ]
+        if self.compute_kernels is not None:
+            self.compute_kernels = [
+                _enum_value(k, EmbeddingComputeKernel, "ParameterConstraints.compute_kernels")
+                for k in self.compute_kernels
+            ]
+        if self.min_partition is not None and (
+            not isinstance(self.min_partition, int) or self.min_partition <= 0
+        ):
+            raise ValueError(
+                f"ParameterConstraints.min_partition must be a positive int, got {self.min_partition!r}"
+            )
+        self.pooling_factors = [float(p) for p in self.pooling_factors]
+        if not self.pooling_factors or any(not math.isfinite(p) or p < 0 for p in self.pooling_factors):
+            raise ValueError(
+                f"ParameterConstraints.pooling_factors must be non-negative numbers, got {self.pooling_factors!r}"
+            )
+        if self.batch_sizes is not None and (
+            not self.batch_sizes or any(not isinstance(b, int) or b <= 0 for b in self.batch_sizes)
+        ):
+            raise ValueError(
+                f"ParameterConstraints.batch_sizes must be positive ints, got {self.batch_sizes!r}"
+            )
+        if self.optimizer is not None:
+            self.optimizer = optimizer_name(self.optimizer)
+
+
+class PlannerError(ValueError):
+    """No plan fits the topology. ``tables`` names the tables that do not fit (possibly all);
+    ``needed_bytes`` / ``available_bytes`` give the memory per rank behind the verdict."""
+
+    def __init__(self, message: str, tables: list[str], needed_bytes: float, available_bytes: float) -> None:
+        super().__init__(message)
+        self.tables = tables
+        self.needed_bytes = needed_bytes
+        self.available_bytes = available_bytes
+
+    def __reduce__(self) -> tuple:
+        # Pickle with all constructor arguments (collective_plan broadcasts it to every rank).
+        return (type(self), (str(self), self.tables, self.needed_bytes, self.available_bytes))

@@ -1,0 +1,416 @@
+"""Sharding plan types: where every shard of every embedding table lives.
+
+A plan is pure data (no collectives, no tensors), so it can be printed, saved as JSON, edited by
+hand and fed back to ``DistributedModelParallel``::
+
+    ShardingPlan.plan                      {module path: EmbeddingModuleShardingPlan}
+      EmbeddingModuleShardingPlan          {table name:  ParameterSharding}
+        ParameterSharding                  sharding_type, compute_kernel, ranks, sharding_spec
+          sharding_spec: list[ShardMetadata]
+            ShardMetadata                  shard_offsets [row, col], shard_sizes [rows, cols],
+                                           placement "rank:<r>/<device>"
+
+Shard layout rules (shared by the hand-written helpers, the planner and the sharders):
+
+* row-wise over ``n`` ranks: ``block = ceil(rows / n)``; shard ``i`` holds rows
+  ``[i * block, min((i + 1) * block, rows))`` -- the last shards may be short or empty
+  (see :func:`row_wise_shard_sizes`);
+* column-wise over ``n`` shards: columns are dealt in units of 4 when ``cols % 4 == 0`` and there
+  are at least ``n`` such units, else in units of 1; the first ``units % n`` shards get one unit
+  more (see :func:`column_wise_shard_sizes`).
+
+The sharder interface the planner reads (:class:`ModuleSharder`) lives here as well, so the
+planner depends only on this file and never on the sharded modules.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import math
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from enum import Enum, unique
+from typing import Any
+
+import torch.distributed as dist
+from torch import nn
+
+from lightrec.modules.embedding_configs import BaseEmbeddingConfig
+
+__all__ = [
+    "EmbeddingComputeKernel",
+    "EmbeddingModuleShardingPlan",
+    "ModuleSharder",
+    "ParameterSharding",
+    "ShardMetadata",
+    "ShardingEnv",
+    "ShardingPlan",
+    "ShardingType",
+    "column_wise_shard_sizes",
+    "placement_for",
+    "row_wise_shard_sizes",
+]
+
+_PLAN_JSON_VERSION = 1
+
+
+@unique
+class ShardingType(str, Enum):
+    """How one table is split across ranks (values are the strings stored in plans)."""
+
+    DATA_PARALLEL = "data_parallel"
+    TABLE_WISE = "table_wise"
+    ROW_WISE = "row_wise"
+    COLUMN_WISE = "column_wise"
+    TABLE_ROW_WISE = "table_row_wise"
+    TABLE_COLUMN_WISE = "table_column_wise"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@unique
+class EmbeddingComputeKernel(str, Enum):
+    """Which lookup kernel serves a shard: plain autograd (``dense``), optimizer fused into the
+    backward pass (``fused``), or quantized inference (``quant``)."""
+
+    DENSE = "dense"
+    FUSED = "fused"
+    QUANT = "quant"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_ENUM_VALUES: dict[type[Enum], frozenset[str]] = {}
+
+
+def _enum_value(value: Any, enum_cls: type[Enum], arg: str) -> str:
+    """Normalise an enum member or its string value to the string; reject anything else."""
+    if isinstance(value, enum_cls):
+        return str(value.value)
+    allowed = _ENUM_VALUES.setdefault(enum_cls, frozenset(m.value for m in enum_cls))
+    if isinstance(value, str) and value in allowed:
+        return str.__str__(value)  # plain str even for another library's str-Enum member
+    allowed = sorted(allowed)
+    raise ValueError(f"{arg} must be one of {allowed} (or {enum_cls.__name__} members), got {value!r}")
+
+
+_PLACEMENT_RE = re.compile(r"^rank:(\d+)/(.+)$")
+
+
+def placement_for(rank: int, device_type: str, local_size: int) -> str:
+    """Placement string of a shard on ``rank``: ``"rank:3/cpu"`` or ``"rank:3/cuda:1"``.
+
+    CUDA ranks use the local device ``rank % local_size`` (one GPU per local rank).
+    """
+    if device_type == "cuda":
+        return f"rank:{rank}/cuda:{rank % local_size}"
+    return f"rank:{rank}/{device_type}"
+
+
+def row_wise_shard_sizes(rows: int, num_shards: int) -> list[int]:
+    """Rows of each row-wise shard: blocks of ``ceil(rows / num_shards)``, last ones short/empty.
+
+    >>> row_wise_shard_sizes(10, 4)
+    [3, 3, 3, 1]
+    >>> row_wise_shard_sizes(5, 4)
+    [2, 2, 1, 0]
+    """
+    if num_shards <= 0:
+        raise ValueError(f"num_shards must be positive, got {num_shards}")
+    block = math.ceil(rows / num_shards)
+    return [max(0, min(block, rows - i * block)) for i in range(num_shards)]
+
+
+def column_wise_shard_sizes(cols: int, num_shards: int) -> list[int]:
+    """Columns of each column-wise shard (4-aligned when possible, sizes differ by one unit).
+
+    >>> column_wise_shard_sizes(64, 3)
+    [24, 20, 20]
+    >>> column_wise_shard_sizes(10, 3)
+    [4, 3, 3]
+    """
+    if num_shards <= 0 or num_shards > cols:
+        raise ValueError(
+            f"cannot split {cols} columns into {num_shards} column-wise shards: use between 1 and "
+            f"{cols} shards (ranks)"
+        )
+    unit = 4 if cols % 4 == 0 and cols // 4 >= num_shards else 1
+    q, r = divmod(cols // unit, num_shards)
+    return [(q + (1 if i < r else 0)) * unit for i in range(num_shards)]
+
+
+@dataclass
+class ShardMetadata:
+    """One shard: a ``[rows, cols]`` block at ``[row, col]`` offsets of the full table.
+
+    Args:
+        shard_offsets: ``[first row, first column]`` of the shard in the full table.
+        shard_sizes: ``[rows, cols]`` of the shard (rows may be 0 for trailing row-wise shards).
+        placement: ``"rank:<global rank>/<device>"``, e.g. ``"rank:0/cpu"``, ``"rank:1/cuda:1"``.
+    """
+
+    shard_offsets: list[int]
+    shard_sizes: list[int]
+    placement: str
+
+    def __post_init__(self) -> None:
+        for arg in ("shard_offsets", "shard_sizes"):
+            value = list(getattr(self, arg))
+            if len(value) != 2 or not all(isinstance(v, int) and v >= 0 for v in value):
+                raise ValueError(
+                    f"ShardMetadata.{arg} must be two non-negative ints [row, col], got {value!r}"
+                )
+            setattr(self, arg, value)
+        if not isinstance(self.placement, str) or not _PLACEMENT_RE.match(self.placement):
+            raise ValueError(
+                f"ShardMetadata.placement must look like 'rank:0/cpu' or 'rank:1/cuda:1', got {self.placement!r}"
+            )
+
+    @property
+    def rank(self) -> int:
+        """Global rank that owns the shard."""
+        return int(_PLACEMENT_RE.match(self.placement).group(1))  # type: ignore[union-attr]
+
+    @property
+    def device(self) -> str:
+        """Device string of the shard on its rank (``"cpu"``, ``"cuda:1"``)."""
+        return _PLACEMENT_RE.match(self.placement).group(2)  # type: ignore[union-attr]
+
+
+@dataclass
+class ParameterSharding:
+    """How one table is sharded.
+
+    Args:
+        sharding_type: a :class:`ShardingType` value (stored as its string).
+        compute_kernel: an :class:`EmbeddingComputeKernel` value (stored as its string).
+        ranks: ranks holding a shard, in shard order (all ranks for data parallel).
+        sharding_spec: one :class:`ShardMetadata` per shard, in the same order as ``ranks``;
+            ``None`` for data parallel (every rank holds the whole table).
+    """
+
+    sharding_type: str
+    compute_kernel: str
+    ranks: list[int] | None = None
+    sharding_spec: list[ShardMetadata] | None = None
+
+    def __post_init__(self) -> None:
+        self.sharding_type = _enum_value(self.sharding_type, ShardingType, "sharding_type")
+        self.compute_kernel = _enum_value(self.compute_kernel, EmbeddingComputeKernel, "compute_kernel")
+        if self.ranks is not None:
+            self.ranks = [int(r) for r in self.ranks]
+        if self.sharding_spec is not None:
+            self.sharding_spec = list(self.sharding_spec)
+            if self.ranks is not None and [s.rank for s in self.sharding_spec] != self.ranks:
+                raise ValueError(
+                    f"ranks {self.ranks} disagree with the ranks of sharding_spec placements "
+                    f"{[s.placement for s in self.sharding_spec]}; list one rank per shard, in order"
+                )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sharding_type": self.sharding_type,
+            "compute_kernel": self.compute_kernel,
+            "ranks": self.ranks,
+            "sharding_spec": None
+            if self.sharding_spec is None
+            else [
+                {"shard_offsets": s.shard_offsets, "shard_sizes": s.shard_sizes, "placement": s.placement}
+                for s in self.sharding_spec
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ParameterSharding:
+        spec = data.get("sharding_spec")
+        return cls(
+            sharding_type=data["sharding_type"],
+            compute_kernel=data["compute_kernel"],
+            ranks=data.get("ranks"),
+            sharding_spec=None if spec is None else [ShardMetadata(**s) for s in spec],
+        )
+
+
+def _format_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """``a | b`` rows under a dashed rule as wide as each column (the seed tutorial's layout)."""
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(header)]
+    lines = [" | ".join(header), " | ".join("-" * w for w in widths)]
+    lines += [" | ".join(r) for r in rows]
+    return lines
+
+
+class EmbeddingModuleShardingPlan(dict[str, ParameterSharding]):
+    """Shardings of one collection's tables: ``{table name: ParameterSharding}``."""
+
+    def __str__(self) -> str:
+        params = [[n, p.sharding_type, p.compute_kernel, str(p.ranks)] for n, p in self.items()]
+        shards = [
+            [n, str(s.shard_offsets), str(s.shard_sizes), s.placement]
+            for n, p in self.items()
+            for s in p.sharding_spec or []
+        ]
+        lines = _format_table(["param", "sharding type", "compute kernel", "ranks"], params)
+        lines += _format_table(["param", "shard offsets", "shard sizes", "placement"], shards)
+        return "\n".join(lines)
+
+
+@dataclass
+class ShardingPlan:
+    """The plan of a whole model: ``{module path: EmbeddingModuleShardingPlan}``.
+
+    ``""`` is the path of the root module (a bare ``EmbeddingBagCollection``). ``str(plan)``
+    prints the seed tutorial's table; :meth:`to_json`/:meth:`save` write a file that
+    :meth:`from_json`/:meth:`load` read back into an equal plan.
+    """
+
+    plan: dict[str, EmbeddingModuleShardingPlan] = field(default_factory=dict)
+
+    def get_plan_for_module(self, module_path: str) -> EmbeddingModuleShardingPlan | None:
+        """The plan of the module at ``module_path`` (as in ``named_modules()``), or ``None``."""
+        return self.plan.get(module_path)
+
+    def __str__(self) -> str:
+        blocks = [
+            (f"module: {path}" if path else "module:") + "\n" + str(module_plan)
+            for path, module_plan in self.plan.items()
+        ]
+        return "\n\n".join(blocks)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": _PLAN_JSON_VERSION,
+            "plan": {path: {name: ps.to_dict() for name, ps in mp.items()} for path, mp in self.plan.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ShardingPlan:
+        if not isinstance(data, dict) or "plan" not in data:
+            raise ValueError(f"a sharding plan JSON object needs a 'plan' key, got keys {list(data)[:5]!r}")
+        version = data.get("version", _PLAN_JSON_VERSION)
+        if version != _PLAN_JSON_VERSION:
+            raise ValueError(
+                f"sharding plan JSON version {version!r} is not supported (expected {_PLAN_JSON_VERSION})"
+            )
+        plan: dict[str, EmbeddingModuleShardingPlan] = {}
+        for path, tables in data["plan"].items():
+            plan[path] = EmbeddingModuleShardingPlan(
+                {name: ParameterSharding.from_dict(ps) for name, ps in tables.items()}
+            )
+        return cls(plan)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str) -> ShardingPlan:
+        return cls.from_dict(json.loads(text))
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the plan as JSON atomically (a reader never sees a half-written file)."""
+        path = os.fspath(path)
+        directory = os.path.dirname(os.path.abspath(path))
+        fd, tmp = tempfile.mkstemp(prefix=".plan-", suffix=".json.tmp", dir=directory)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(self.to_json())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> ShardingPlan:
+        with open(path) as f:
+            return cls.from_json(f.read())
+
+
+@dataclass
+class ShardingEnv:
+    """Who this process is in the sharded world: ``world_size``, ``rank`` and the process group."""
+
+    world_size: int
+    rank: int
+    pg: dist.ProcessGroup | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.world_size, int) or self.world_size <= 0:
+            raise ValueError(f"world_size must be a positive int, got {self.world_size!r}")
+        if not isinstance(self.rank, int) or not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank must be an int in [0, {self.world_size}), got {self.rank!r}")
+
+    @classmethod
+    def from_process_group(cls, pg: dist.ProcessGroup) -> ShardingEnv:
+        """Environment of this process inside the initialised process group ``pg``."""
+        return cls(dist.get_world_size(pg), dist.get_rank(pg), pg)
+
+    @classmethod
+    def from_local(cls, world_size: int, rank: int) -> ShardingEnv:
+        """Environment without a process group (single process, inference sharding)."""
+        return cls(world_size, rank, None)
+
+
+_COMPUTE_DEVICES = ("cpu", "cuda", "meta")
+
+
+class ModuleSharder(abc.ABC):
+    """What the planner needs to know about a sharder of one module type.
+
+    Subclasses (``EmbeddingBagCollectionSharder``, ...) add the ``shard(...)`` method that builds
+    the sharded module; the planner only reads the methods below.
+
+    Args:
+        fused_params: options of the fused kernel, e.g. ``{"optimizer": "rowwise_adagrad",
+            "learning_rate": 0.01}``; the planner reads ``"optimizer"`` to size optimizer state.
+    """
+
+    def __init__(self, fused_params: dict[str, Any] | None = None) -> None:
+        self._fused_params = dict(fused_params or {})
+
+    @property
+    @abc.abstractmethod
+    def module_type(self) -> type[nn.Module]:
+        """The module class this sharder shards."""
+
+    @property
+    def fused_params(self) -> dict[str, Any]:
+        return self._fused_params
+
+    def sharding_types(self, compute_device_type: str) -> list[str]:
+        """Sharding types offered on ``compute_device_type`` (every type on CPU and CUDA)."""
+        _check_device_type(compute_device_type)
+        return [t.value for t in ShardingType]
+
+    def compute_kernels(self, sharding_type: str, compute_device_type: str) -> list[str]:
+        """Kernels offered for ``sharding_type``: data parallel uses the dense kernel (its gradient
+        is all-reduced like any dense parameter); the others offer fused, then dense."""
+        _check_device_type(compute_device_type)
+        if _enum_value(sharding_type, ShardingType, "sharding_type") == ShardingType.DATA_PARALLEL.value:
+            return [EmbeddingComputeKernel.DENSE.value]
+        return [EmbeddingComputeKernel.FUSED.value, EmbeddingComputeKernel.DENSE.value]
+
+    def shardable_parameters(self, module: nn.Module) -> dict[str, BaseEmbeddingConfig]:
+        """``{table name: config}`` of ``module``'s tables, read from ``embedding_bag_configs()``
+        (pooled collections) or ``embedding_configs()`` (unpooled)."""
+        for getter in ("embedding_bag_configs", "embedding_configs"):
+            if hasattr(module, getter):
+                configs = getattr(module, getter)()
+                return {cfg.name: cfg for cfg in configs}
+        raise TypeError(
+            f"{type(module).__name__} has neither embedding_bag_configs() nor embedding_configs(); "
+            f"{type(self).__name__} can only shard embedding collections"
+        )
+
+
+def _check_device_type(compute_device_type: str) -> None:
+    if compute_device_type not in _COMPUTE_DEVICES:
+        raise ValueError(
+            f"compute_device_type must be one of {_COMPUTE_DEVICES}, got {compute_device_type!r}"
+        )
