@@ -40,7 +40,7 @@ def __getattr__(name: str):  # noqa: ANN202 - PEP 562 module attribute hook
         import importlib
 
         return getattr(importlib.import_module(_LAZY[name]), name)
-    if name in ("data", "distributed", "inference", "kernels", "lightning", "metrics", "models", "optim"):
+    if name in ("data", "distributed", "inference", "kernels", "lightning", "metrics", "models", "optim", "quant", "fx"):
         import importlib
 
         return importlib.import_module(f"lightrec.{name}")

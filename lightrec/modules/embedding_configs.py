@@ -169,3 +169,11 @@ class EmbeddingConfig(BaseEmbeddingConfig):
     """An unpooled table, served by ``EmbeddingCollection``: one vector per id."""
 
     pooling: PoolingType = PoolingType.NONE
+
+
+def __getattr__(name: str):  # noqa: ANN202 - torchrec imports QuantConfig from this module
+    if name == "QuantConfig":
+        from lightrec.modules.quant_config import QuantConfig
+
+        return QuantConfig
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

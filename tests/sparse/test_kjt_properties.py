@@ -6,8 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightrec.sparse import JaggedTensor, KeyedJaggedTensor
-from lightrec.sparse import _ops
+from lightrec.sparse import JaggedTensor, KeyedJaggedTensor, _ops
 from tests.sparse.strategies import kjt_as_lists, kjts
 
 SETTINGS = settings(max_examples=60, deadline=None)

@@ -1,0 +1,315 @@
+"""Serving artifacts: TorchScript (fx trace + script) and ``torch.export`` programs, plus metadata.
+
+Artifacts take plain tensors, not a ``KeyedJaggedTensor``, so that a process without lightrec (C++,
+or Python with only torch) can call them. The exported module wraps the model as::
+
+    forward(dense_features [B, I] float32,       # omitted for models that take only the KJT
+            values [N] int64,                     # ids of every feature, key-major (feature order
+            lengths [F * B] int64                 #   = meta["feature_names"]), lengths per (feature, sample)
+            [, weights [N] float32])              # only for weighted collections
+        -> the model's output (DLRM: logits [B, 1])
+
+and builds the KJT inside. ``<path>.meta.json`` records the input contract, the tables and the
+versions; :func:`lightrec.inference.load` reads both and returns a :class:`Predictor`.
+
+``format="torchscript"`` traces with :class:`lightrec.inference.Tracer` and scripts the graph;
+the file loads with ``torch.jit.load`` (``import fbgemm_gpu`` first when ``meta["uses_fbgemm"]``).
+``format="export"`` runs ``torch.export`` with a dynamic batch size; it loads with
+``torch.export.load`` after ``import lightrec.inference`` (the pure-torch kernel is a lightrec
+custom op) or ``import fbgemm_gpu``; exported programs take batches of 2 or more (``Predictor`` pads a
+single request). Dynamic int8 dense layers (``quantize_dense=True``) and
+fbgemm TBE groups of sharded models can only be exported as TorchScript.
+"""
+
+# No `from __future__ import annotations`: fx copies forward() annotations into traced code.
+
+import importlib.metadata
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, List, Optional
+
+import torch
+from torch import nn
+
+import lightrec
+from lightrec.inference.fx import symbolic_trace
+from lightrec.sparse import KeyedJaggedTensor
+
+__all__ = ["EXPORT_FORMATS", "ExportError", "TensorInputModule", "describe_model", "export", "export_from_checkpoint"]
+
+EXPORT_FORMATS = ("torchscript", "export")
+
+
+class ExportError(RuntimeError):
+    """The model cannot be written in the requested format (the message says what to change)."""
+
+
+class TensorInputModule(nn.Module):
+    """Calls ``model(dense, kjt)`` (or ``model(kjt)``) from tensors; see the module docstring."""
+
+    def __init__(self, model: nn.Module, feature_names: List[str], takes_dense: bool, weighted: bool) -> None:
+        super().__init__()
+        self.model = model
+        self._feature_names = feature_names
+        self._takes_dense = takes_dense
+        self._weighted = weighted
+
+    def forward(self, dense_features: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor,
+                weights: Optional[torch.Tensor] = None) -> torch.Tensor:
+        kjt = KeyedJaggedTensor(keys=self._feature_names, values=values, weights=weights, lengths=lengths,
+                                stride=lengths.shape[0] // len(self._feature_names))
+        if self._takes_dense:
+            return self.model(dense_features, kjt)
+        return self.model(kjt)
+
+
+def _tables_of(model: nn.Module) -> list[tuple[nn.Module, list[Any]]]:
+    out = []
+    for m in model.modules():
+        configs = getattr(m, "embedding_bag_configs", None)
+        if callable(configs):
+            out.append((m, list(configs())))
+    # a sharded collection holds per-group collections; keep the outermost ones only
+    outer = []
+    for m, configs in out:
+        if not any(m is not o and any(m is sub for sub in o.modules()) for o, _ in out):
+            outer.append((m, configs))
+    return outer
+
+
+def describe_model(model: nn.Module, dense_in_features: int | None = None) -> dict[str, Any]:
+    """Input contract of ``model``: feature names (KJT key order), tables, dense width, weighting."""
+    found = _tables_of(model)
+    if not found:
+        raise ExportError(f"{type(model).__name__} has no embedding bag collection; nothing tells the feature names")
+    feature_names: list[str] = []
+    tables: list[dict[str, Any]] = []
+    weighted = False
+    for module, configs in found:
+        weighted = weighted or bool(getattr(module, "is_weighted", lambda: False)())
+        for t in configs:
+            feature_names.extend(t.feature_names)
+            tables.append({"name": t.name, "num_embeddings": t.num_embeddings, "embedding_dim": t.embedding_dim,
+                           "feature_names": list(t.feature_names), "pooling": t.pooling.value,
+                           "data_type": t.data_type.value})
+    if dense_in_features is None:
+        for m in model.modules():
+            if type(m).__name__ == "DenseArch":
+                dense_in_features = int(m._in_features)
+                break
+    return {"feature_names": feature_names, "tables": tables, "is_weighted": weighted,
+            "dense_in_features": dense_in_features}
+
+
+def _versions() -> dict[str, str | None]:
+    fbgemm = None
+    for dist in ("fbgemm-gpu-cpu", "fbgemm-gpu", "fbgemm_gpu"):
+        try:
+            fbgemm = importlib.metadata.version(dist)
+            break
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return {"lightrec": lightrec.__version__, "torch": torch.__version__, "fbgemm_gpu": fbgemm}
+
+
+def _example_inputs(info: dict[str, Any], batch_size: int = 3) -> tuple[torch.Tensor, ...]:
+    """A small valid batch: feature ``f`` of sample ``b`` has ``(f + b) % 3 + 1`` ids (all distinct sizes)."""
+    num_features = len(info["feature_names"])
+    rows = {f: t["num_embeddings"] for t in info["tables"] for f in t["feature_names"]}
+    lengths = torch.tensor([(f + b) % 3 + 1 for f in range(num_features) for b in range(batch_size)])
+    values = torch.cat([torch.arange(int(n)) % rows[info["feature_names"][i // batch_size]]
+                        for i, n in enumerate(lengths.tolist())])
+    dense = torch.zeros(batch_size, info["dense_in_features"] or 0)
+    weights = torch.ones(values.shape[0]) if info["is_weighted"] else None
+    return (dense, values, lengths) + ((weights,) if weights is not None else ())
+
+
+def _split_example(example_batch: Any, info: dict[str, Any]) -> tuple[torch.Tensor, ...]:
+    if isinstance(example_batch, KeyedJaggedTensor):
+        dense, kjt = None, example_batch
+    elif isinstance(example_batch, (tuple, list)) and len(example_batch) == 2:
+        dense, kjt = example_batch
+    else:
+        raise TypeError(f"example_batch must be (dense_features, kjt) or a kjt, got {type(example_batch).__name__}")
+    kjt = kjt.permute_to_keys(info["feature_names"])
+    if dense is None:
+        dense = torch.zeros(kjt.stride(), info["dense_in_features"] or 0)
+    weights = kjt.weights_or_none()
+    return (dense, kjt.values(), kjt.lengths()) + ((weights,) if info["is_weighted"] and weights is not None else ())
+
+
+def export(
+    model: nn.Module,
+    path: str | os.PathLike,
+    format: str = "torchscript",
+    example_batch: Any = None,
+    takes_dense: bool | None = None,
+    dense_in_features: int | None = None,
+) -> Path:
+    """Write a serving artifact of ``model`` to ``path`` and its metadata to ``<path>.meta.json``.
+
+    Args:
+        model: usually ``quantize(model)`` (optionally sharded); a float model works too.
+        path: artifact file (``.pt`` for TorchScript, ``.pt2`` for ``torch.export`` by convention).
+        format: ``"torchscript"`` or ``"export"``.
+        example_batch: ``(dense_features, kjt)`` or ``kjt``; used to check the artifact reproduces the
+            model and as export's example input. Default: a small synthetic batch.
+        takes_dense: whether ``model`` is called ``model(dense, kjt)``; default: it has a ``DenseArch``
+            or its forward takes two arguments.
+        dense_in_features: dense width when the model has no ``DenseArch`` to read it from.
+
+    Returns:
+        ``Path(path)``.
+
+    Raises:
+        ValueError: unknown ``format``; ExportError: the model cannot be traced/exported (with why),
+            or the artifact's output differs from the model's on the example batch.
+    """
+    if format not in EXPORT_FORMATS:
+        raise ValueError(f"format must be one of {EXPORT_FORMATS}, got {format!r}")
+    path = Path(path)
+    model = model.eval()
+    info = describe_model(model, dense_in_features)
+    if takes_dense is None:
+        import inspect
+
+        takes_dense = len(inspect.signature(model.forward).parameters) >= 2
+    if takes_dense and not info["dense_in_features"]:
+        if isinstance(example_batch, (tuple, list)):
+            info["dense_in_features"] = int(example_batch[0].shape[1])
+        else:
+            raise ExportError("the model takes dense features but their width is unknown; pass dense_in_features=")
+    wrapper = TensorInputModule(model, info["feature_names"], takes_dense, info["is_weighted"]).eval()
+    inputs = _split_example(example_batch, info) if example_batch is not None else _example_inputs(info)
+    with torch.no_grad():
+        expected = wrapper(*inputs)
+        if format == "torchscript":
+            artifact = _to_torchscript(wrapper)
+            got = artifact(*inputs)
+            torch.jit.save(artifact, str(path))
+            uses_fbgemm = "fbgemm" in _all_code(artifact)
+        else:
+            program = _to_exported_program(wrapper, inputs)
+            got = program.module()(*inputs)
+            torch.export.save(program, str(path))
+            uses_fbgemm = "fbgemm" in str(program.graph_module.code)
+    if not torch.equal(got, expected):
+        raise ExportError(f"the {format} artifact's output differs from the model's on the example batch "
+                          f"(max abs diff {(got - expected).abs().max().item():.3g}); please report this")
+    meta = {
+        "format": format,
+        "inputs": ["dense_features", "values", "lengths"] + (["weights"] if info["is_weighted"] else []),
+        "takes_dense": takes_dense,
+        "uses_fbgemm": uses_fbgemm,
+        "output": "model output (DLRM: logits [B, 1]); Predictor.predict applies a sigmoid",
+        "dtype": sorted({t["data_type"] for t in info["tables"]}),
+        "versions": _versions(),
+        **info,
+    }
+    Path(str(path) + ".meta.json").write_text(json.dumps(meta, indent=2))
+    return path
+
+
+def _all_code(module: torch.jit.ScriptModule) -> str:
+    code = [module.code]
+    for _, sub in module.named_modules():
+        try:
+            code.append(sub.code)
+        except (RuntimeError, AttributeError):
+            continue
+    return "\n".join(code)
+
+
+def _to_torchscript(wrapper: nn.Module) -> torch.jit.ScriptModule:
+    try:
+        graph_module = symbolic_trace(wrapper)
+    except Exception as exc:  # fx reports the failing Python line; add what to do
+        raise ExportError(f"torch.fx could not trace the model ({type(exc).__name__}: {exc}); control flow on "
+                          "tensor values must live in torch.fx.wrap-ed functions") from exc
+    try:
+        return torch.jit.script(graph_module)
+    except Exception as exc:
+        raise ExportError(f"torch.jit.script failed on the traced model: {exc}") from exc
+
+
+def _to_exported_program(wrapper: nn.Module, inputs: tuple[torch.Tensor, ...]) -> torch.export.ExportedProgram:
+    if any(type(m).__name__ == "IntNBitTableBatchedEmbeddingBagsCodegen" for m in wrapper.modules()):
+        raise ExportError(
+            "torch.export cannot trace fbgemm's IntNBitTableBatchedEmbeddingBagsCodegen (its AtomicCounter has no "
+            "fake class): export the unsharded quantized model, shard with use_fbgemm=False, or use format='torchscript'"
+        )
+    if any(type(m).__module__.startswith("torch.ao.nn.quantized") for m in wrapper.modules()):
+        raise ExportError("dynamic int8 Linear layers (quantize_dense=True) export only as format='torchscript'")
+    # Batch 1 is specialized away by torch.export (0/1 specialization), so programs serve B >= 2;
+    # Predictor pads a single request to two.
+    batch = torch.export.Dim("batch", min=2)
+    num_ids = torch.export.Dim("num_ids", min=1)
+    num_features = len(wrapper._feature_names)
+    shapes: dict[str, Any] = {
+        "dense_features": {0: batch},
+        "values": {0: num_ids},
+        "lengths": {0: batch * num_features},
+    }
+    if len(inputs) == 4:
+        shapes["weights"] = {0: num_ids}
+    try:
+        return torch.export.export(wrapper, inputs, dynamic_shapes=shapes, strict=False)
+    except Exception as exc:
+        raise ExportError(f"torch.export failed ({type(exc).__name__}: {exc})") from exc
+
+
+def export_from_checkpoint(
+    checkpoint: str | os.PathLike | dict[str, Any],
+    model_factory: Callable[[], nn.Module],
+    out_path: str | os.PathLike,
+    dtype: object = torch.int8,
+    format: str = "torchscript",
+    per_table: dict[str, object] | None = None,
+    quantize_dense: bool = False,
+    example_batch: Any = None,
+) -> Path:
+    """Checkpoint (file or full-table state dict) -> quantized serving artifact in one call.
+
+    Args:
+        checkpoint: a path to ``torch.save``-d state dict or Lightning checkpoint (its ``"state_dict"``),
+            or the state dict itself. Keys may carry a prefix (``"model."``), which is stripped.
+            Sharded checkpoints must be gathered to full tables first (``gather_full_state_dict``).
+        model_factory: builds the float model (its tables may be on ``meta``; only configs are read).
+        out_path, dtype, format, per_table, quantize_dense, example_batch: as in ``quantize``/``export``.
+
+    Returns:
+        ``Path(out_path)``.
+
+    Raises:
+        FileNotFoundError: no checkpoint at the path; ValueError: keys do not match the model.
+    """
+    from lightrec.inference.quantize import quantize
+
+    if isinstance(checkpoint, (str, os.PathLike)):
+        if not Path(checkpoint).exists():
+            raise FileNotFoundError(f"checkpoint {str(checkpoint)!r} does not exist")
+        checkpoint = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    if not isinstance(checkpoint, dict):
+        raise TypeError(f"checkpoint must be a path or a state dict, got {type(checkpoint).__name__}")
+    state = checkpoint.get("state_dict", checkpoint)
+    model = model_factory()
+    state = _strip_prefix(state, list(model.state_dict().keys()))
+    qmodel = quantize(model, dtype=dtype, per_table=per_table, quantize_dense=quantize_dense, state_dict=state)
+    return export(qmodel, out_path, format=format, example_batch=example_batch)
+
+
+def _strip_prefix(state: dict[str, Any], model_keys: list[str]) -> dict[str, Any]:
+    """Drop the prefix (``"model."``, ``"module."``...) that maps the checkpoint's keys onto the model's."""
+    if all(k in state for k in model_keys):
+        return state
+    probe = model_keys[0]
+    for key in state:
+        if key.endswith(probe):
+            prefix = key[: len(key) - len(probe)]
+            stripped = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+            if all(k in stripped for k in model_keys):
+                return stripped
+    missing = [k for k in model_keys if k not in state][:5]
+    raise ValueError(f"the checkpoint's keys do not match the model's (e.g. missing {missing}; checkpoint has "
+                     f"{list(state)[:5]}...); build the model with the same model_factory that trained it")

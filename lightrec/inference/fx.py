@@ -1,0 +1,40 @@
+"""``torch.fx`` tracing for inference models (the seed's ``torchrec.fx.Tracer``).
+
+Batched-kernel modules are kept as leaves (one ``call_module`` node each) so that their
+Python-side bookkeeping is not traced and ``torch.jit.script`` compiles them from their own
+source. lightrec's sparse types trace as values (their constructors become graph nodes), and the
+kernels' data-dependent parts are ``torch.fx.wrap``-ed functions, so the whole model traces.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["DEFAULT_LEAF_MODULES", "Tracer", "symbolic_trace"]
+
+DEFAULT_LEAF_MODULES = ("IntNBitTableBatchedEmbeddingBagsCodegen",)
+
+
+class Tracer(torch.fx.Tracer):
+    """An fx tracer whose leaf modules include fbgemm's table-batched embedding modules.
+
+    Args:
+        leaf_modules: extra module class names to keep as leaves (``DEFAULT_LEAF_MODULES`` always are).
+    """
+
+    def __init__(self, leaf_modules: list[str] | None = None) -> None:
+        super().__init__()
+        self._leaf_modules = set(DEFAULT_LEAF_MODULES) | set(leaf_modules or [])
+
+    def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
+        if type(m).__name__ in self._leaf_modules:
+            return True
+        return super().is_leaf_module(m, module_qualified_name)
+
+
+def symbolic_trace(module: torch.nn.Module, leaf_modules: list[str] | None = None) -> torch.fx.GraphModule:
+    """Trace ``module`` with :class:`Tracer` and return the ``GraphModule`` (scriptable)."""
+    tracer = Tracer(leaf_modules)
+    graph = tracer.trace(module)
+    name = module.__class__.__name__
+    return torch.fx.GraphModule(tracer.root, graph, name)

@@ -1,0 +1,292 @@
+"""Pooled lookups over quantized rows: fbgemm's IntN TBE op, or pure torch with identical results.
+
+Both kernels read one table stored in fbgemm's row layout (see :mod:`lightrec.inference.quant_rows`)
+and pool the rows of every bag of every feature that reads the table:
+
+    weight   [rows, row_bytes] uint8        one table
+    ids      [N]                            ids of the table's F features, key-major
+    offsets  [F * B + 1]                    bag boundaries into ids (starts at 0)
+    ->       [B, F * D] float32             feature blocks side by side (KeyedTensor layout)
+
+Numerics (what fbgemm 1.8's CPU kernel does, measured, and what the torch kernel reproduces bit for
+bit): scale ``s`` and bias ``b`` are fp16 in the row and widened to fp32; with a per-id weight
+``w`` they become ``s * w`` and ``b * w`` (fp32). Each id of a bag is accumulated in order into an
+fp32 buffer as ``acc = fma(s, q, acc + b)`` (one rounding for the multiply-add); fp16/fp32 rows
+accumulate ``acc = fma(w, x, acc)``. MEAN multiplies the sum by ``fp32(1 / len)``; empty bags
+give zeros. The torch kernel emulates the fused multiply-add in float64, where ``s * q`` is exact.
+
+The torch kernel loops over bag positions (``max(len)`` steps), a data-dependent loop: under
+``torch.export``/``torch.compile`` it runs as the custom op ``lightrec::nbit_pooled_lookup``
+(with a shape-only fake), and ``torch.fx`` records each kernel as one call (``torch.fx.wrap``) that
+``torch.jit.script`` compiles from source.
+"""
+
+from typing import List, Optional
+
+import torch
+
+from lightrec._fbgemm import fbgemm_available
+
+__all__ = [
+    "SPARSE_TYPE_FP16",
+    "SPARSE_TYPE_FP32",
+    "SPARSE_TYPE_INT4",
+    "SPARSE_TYPE_INT8",
+    "FbgemmNBitKernel",
+    "TorchNBitKernel",
+    "make_kernel",
+    "pooled_lookup_fbgemm",
+    "pooled_lookup_torch",
+]
+
+# fbgemm's SparseType.as_int() codes, used by both kernels so a table's code means the same thing.
+SPARSE_TYPE_FP32 = 0
+SPARSE_TYPE_FP16 = 1
+SPARSE_TYPE_INT8 = 2
+SPARSE_TYPE_INT4 = 3
+SCALE_BIAS_BYTES = 4  # fp16 scale then fp16 bias, at the start of every int8/int4 row
+
+# (TorchScript cannot read module globals, so the functions below spell these codes as literals.)
+# fbgemm EmbeddingLocation codes: DEVICE for accelerator memory, HOST for CPU memory.
+_LOCATION_DEVICE = 0
+_LOCATION_HOST = 3
+
+
+def fp16_bytes_to_float(raw: torch.Tensor) -> torch.Tensor:
+    """Little-endian fp16 bytes ``[..., 2k]`` uint8 -> float32 ``[..., k]`` (exact).
+
+    Eager code bit-casts with ``view``; TorchScript has no dtype ``view``, so scripted code decodes
+    the sign / exponent / mantissa fields instead (same values for every finite half; inf and NaN,
+    which quantization never writes, are not decoded).
+    """
+    if not torch.jit.is_scripting():
+        return raw.contiguous().view(torch.float16).float()
+    pairs = raw.reshape(raw.shape[:-1] + (raw.shape[-1] // 2, 2)).to(torch.int32)
+    bits = torch.bitwise_or(pairs[..., 0], torch.bitwise_left_shift(pairs[..., 1], 8))
+    exponent = torch.bitwise_and(torch.bitwise_right_shift(bits, 10), 31)
+    mantissa = torch.bitwise_and(bits, 1023)
+    subnormal = exponent == 0
+    significand = torch.where(subnormal, mantissa, mantissa + 1024).float()
+    power = torch.where(subnormal, torch.full_like(exponent, -24), exponent - 25).float()
+    magnitude = significand * torch.pow(2.0, power)
+    return torch.where(torch.bitwise_and(bits, 32768) != 0, -magnitude, magnitude)
+
+
+def _accumulate_positions(
+    rows: torch.Tensor,
+    data_type: int,
+    dim: int,
+    offsets: torch.Tensor,
+    per_sample_weights: Optional[torch.Tensor],
+    mean: bool,
+) -> torch.Tensor:
+    """``[num_bags, dim]`` pooled bags from the gathered rows ``[N, row_bytes]`` (see module doc)."""
+    num_bags = offsets.numel() - 1
+    out = torch.zeros(num_bags, dim, dtype=torch.float32, device=rows.device)
+    if rows.shape[0] == 0 or num_bags == 0:
+        return out
+    quantized = data_type == 2 or data_type == 3
+    scale = torch.empty(0, dtype=torch.float64, device=rows.device)
+    bias = torch.empty(0, dtype=torch.float32, device=rows.device)
+    if quantized:
+        scale_bias = fp16_bytes_to_float(rows[:, :4])
+        scale32 = scale_bias[:, 0]
+        bias = scale_bias[:, 1]
+        if per_sample_weights is not None:
+            w = per_sample_weights.float()
+            scale32 = scale32 * w
+            bias = bias * w
+        scale = scale32.double().unsqueeze(1)
+        bias = bias.unsqueeze(1)
+        if data_type == 2:
+            values = rows[:, 4 : 4 + dim].double()
+        else:
+            packed = rows[:, 4 : 4 + dim // 2]
+            # low nibble holds the even column, high nibble the odd one (fbgemm's packing)
+            values = torch.stack([torch.bitwise_and(packed, 15), torch.bitwise_right_shift(packed, 4)], dim=2).reshape(-1, dim).double()
+    else:  # fp16 rows (fp32 storage is not offered: TorchScript cannot bit-cast 4 bytes to float)
+        values = fp16_bytes_to_float(rows[:, : 2 * dim]).double()
+    weights64 = torch.empty(0, dtype=torch.float64, device=rows.device)
+    if per_sample_weights is not None and not quantized:
+        weights64 = per_sample_weights.float().double().unsqueeze(1)
+    lengths = offsets[1:] - offsets[:-1]
+    starts = offsets[:-1].long()
+    max_len = int(lengths.max())
+    for p in range(max_len):
+        active = torch.nonzero(lengths > p).squeeze(1)
+        pos = starts.index_select(0, active) + p
+        acc = out.index_select(0, active)
+        if quantized:
+            # fma(s, q, acc + b): s * q is exact in float64, so one rounding to float32 remains
+            acc = (scale.index_select(0, pos) * values.index_select(0, pos)
+                   + (acc + bias.index_select(0, pos)).double()).float()
+        elif per_sample_weights is None:
+            acc = acc + values.index_select(0, pos).float()
+        else:
+            acc = (weights64.index_select(0, pos) * values.index_select(0, pos) + acc.double()).float()
+        out.index_copy_(0, active, acc)
+    if mean:
+        inverse = 1.0 / lengths.clamp(min=1).float()
+        out = out * inverse.unsqueeze(1)
+    return out
+
+
+def pooled_lookup_torch(
+    weight: torch.Tensor,
+    data_type: int,
+    dim: int,
+    num_features: int,
+    ids: torch.Tensor,
+    offsets: torch.Tensor,
+    per_sample_weights: Optional[torch.Tensor],
+    mean: bool,
+) -> torch.Tensor:
+    """Pure-torch pooled lookup of one quantized table (layouts in the module docstring).
+
+    Returns:
+        ``[B, num_features * dim]`` float32, ``B = (offsets.numel() - 1) // num_features``.
+    """
+    if not torch.jit.is_scripting():
+        if torch.compiler.is_compiling():
+            return torch.ops.lightrec.nbit_pooled_lookup(
+                weight, data_type, dim, num_features, ids, offsets, per_sample_weights, mean
+            )
+    rows = weight.index_select(0, ids.long())
+    pooled = _accumulate_positions(rows, data_type, dim, offsets, per_sample_weights, mean)
+    batch = pooled.shape[0] // num_features
+    return pooled.view(num_features, batch, dim).transpose(0, 1).reshape(batch, num_features * dim)
+
+
+@torch.library.custom_op("lightrec::nbit_pooled_lookup", mutates_args=())
+def _nbit_pooled_lookup_op(
+    weight: torch.Tensor,
+    data_type: int,
+    dim: int,
+    num_features: int,
+    ids: torch.Tensor,
+    offsets: torch.Tensor,
+    per_sample_weights: Optional[torch.Tensor],
+    mean: bool,
+) -> torch.Tensor:
+    rows = weight.index_select(0, ids.long())
+    pooled = _accumulate_positions(rows, data_type, dim, offsets, per_sample_weights, mean)
+    batch = pooled.shape[0] // num_features
+    return pooled.view(num_features, batch, dim).transpose(0, 1).reshape(batch, num_features * dim)
+
+
+@_nbit_pooled_lookup_op.register_fake
+def _(weight, data_type, dim, num_features, ids, offsets, per_sample_weights, mean):  # noqa: ANN001, ANN202
+    batch = (offsets.shape[0] - 1) // num_features
+    return weight.new_empty((batch, num_features * dim), dtype=torch.float32)
+
+
+def pooled_lookup_fbgemm(
+    weight: torch.Tensor,
+    data_type: int,
+    dim: int,
+    num_features: int,
+    ids: torch.Tensor,
+    offsets: torch.Tensor,
+    per_sample_weights: Optional[torch.Tensor],
+    mean: bool,
+    row_alignment: int,
+) -> torch.Tensor:
+    """fbgemm's ``int_nbit_split_embedding_codegen_lookup_function`` on one table read by
+    ``num_features`` features (each feature is one TBE "table" at weight offset 0).
+
+    Returns:
+        ``[B, num_features * dim]`` float32.
+    """
+    device = weight.device
+    location = 3 if device.type == "cpu" else 0
+    d_offsets: List[int] = [f * dim for f in range(num_features + 1)]
+    return torch.ops.fbgemm.int_nbit_split_embedding_codegen_lookup_function(
+        dev_weights=weight.view(-1),
+        uvm_weights=torch.empty(0, dtype=torch.uint8, device=device),
+        weights_placements=torch.full([num_features], location, dtype=torch.int32, device=device),
+        weights_offsets=torch.zeros([num_features], dtype=torch.int64, device=device),
+        weights_tys=torch.full([num_features], data_type, dtype=torch.uint8, device=device),
+        D_offsets=torch.tensor(d_offsets, dtype=torch.int32, device=device),
+        total_D=num_features * dim,
+        max_int2_D=0,
+        max_int4_D=dim if data_type == 3 else 0,
+        max_int8_D=dim if data_type == 2 else 0,
+        max_float16_D=dim if data_type == 1 else 0,
+        max_float32_D=dim if data_type == 0 else 0,
+        indices=ids.to(offsets.dtype),
+        offsets=offsets,
+        pooling_mode=1 if mean else 0,
+        indice_weights=per_sample_weights.float() if per_sample_weights is not None else None,
+        output_dtype=0,
+        lxu_cache_weights=torch.empty(0, 0, dtype=torch.uint8, device=device),
+        lxu_cache_locations=torch.empty(0, dtype=torch.int32, device=device),
+        row_alignment=row_alignment,
+        max_float8_D=0,
+        fp8_exponent_bits=-1,
+        fp8_exponent_bias=-1,
+    )
+
+
+# One graph node each under torch.fx (their bodies hold data-dependent loops / fbgemm calls).
+torch.fx.wrap("pooled_lookup_torch")
+torch.fx.wrap("pooled_lookup_fbgemm")
+
+
+class TorchNBitKernel(torch.nn.Module):
+    """Pooled quantized lookup in pure torch (any device, no fbgemm)."""
+
+    def forward(
+        self,
+        weight: torch.Tensor,
+        data_type: int,
+        dim: int,
+        num_features: int,
+        ids: torch.Tensor,
+        offsets: torch.Tensor,
+        per_sample_weights: Optional[torch.Tensor],
+        mean: bool,
+    ) -> torch.Tensor:
+        return pooled_lookup_torch(weight, data_type, dim, num_features, ids, offsets, per_sample_weights, mean)
+
+
+class FbgemmNBitKernel(torch.nn.Module):
+    """Pooled quantized lookup with fbgemm's IntN TBE kernel (same results as ``TorchNBitKernel``)."""
+
+    def __init__(self, row_alignment: int) -> None:
+        super().__init__()
+        self.row_alignment = row_alignment
+
+    def forward(
+        self,
+        weight: torch.Tensor,
+        data_type: int,
+        dim: int,
+        num_features: int,
+        ids: torch.Tensor,
+        offsets: torch.Tensor,
+        per_sample_weights: Optional[torch.Tensor],
+        mean: bool,
+    ) -> torch.Tensor:
+        return pooled_lookup_fbgemm(
+            weight, data_type, dim, num_features, ids, offsets, per_sample_weights, mean, self.row_alignment
+        )
+
+
+def make_kernel(use_fbgemm: Optional[bool], row_alignment: int) -> torch.nn.Module:
+    """The fbgemm kernel when ``use_fbgemm`` (or, when None, whenever fbgemm imports), else torch.
+
+    Raises:
+        RuntimeError: ``use_fbgemm=True`` but fbgemm_gpu cannot be used here.
+    """
+    if use_fbgemm is None:
+        use_fbgemm = fbgemm_available()
+    if use_fbgemm:
+        from lightrec._fbgemm import fbgemm_unavailable_reason, has_fbgemm_op
+
+        if not has_fbgemm_op("int_nbit_split_embedding_codegen_lookup_function"):
+            raise RuntimeError(
+                f"use_fbgemm=True but fbgemm's IntN lookup is unavailable ({fbgemm_unavailable_reason()}); "
+                "pass use_fbgemm=None or False to use the pure-torch kernel (same results)"
+            )
+        return FbgemmNBitKernel(row_alignment)
+    return TorchNBitKernel()

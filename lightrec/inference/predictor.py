@@ -1,0 +1,193 @@
+"""``load(path)`` and ``Predictor``: score raw feature dicts with an exported artifact.
+
+A request is one sample::
+
+    {"dense": [0.1, 2.0, ...],                  # exactly dense_in_features floats (omit if the model has none)
+     "sparse": {"user": [12, 7], "item": [3]},  # ids per feature (a missing feature = no ids, see below)
+     "weights": {"user": [1.0, 0.5]}}           # per-id weights, weighted models only
+
+``Predictor.predict(requests)`` validates every request, builds one batch (the artifact's tensor
+inputs: dense ``[B, I]``, key-major ``values``/``lengths``) and returns probabilities
+(``sigmoid`` of the model's logits), one per request. A malformed request raises
+:class:`RequestError` naming the request index, the feature and the offending value; nothing is
+scored when any request is bad. ``missing_features="empty"`` (default) treats an absent feature as
+an empty id list (the model pools it to zeros); ``"error"`` rejects such requests.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["Predictor", "RequestError", "load"]
+
+_REQUEST_KEYS = ("dense", "sparse", "weights")
+
+
+class RequestError(ValueError):
+    """A request that cannot be scored (unknown/missing feature, bad id, wrong dense width...)."""
+
+
+class Predictor:
+    """A loaded artifact plus its metadata.
+
+    Args:
+        module: the artifact (``torch.jit.ScriptModule`` or an exported program's module) taking
+            ``(dense_features, values, lengths[, weights])``.
+        meta: the ``<path>.meta.json`` content.
+        missing_features: ``"empty"`` or ``"error"`` (see the module docstring).
+    """
+
+    def __init__(self, module: Any, meta: dict[str, Any], missing_features: str = "empty") -> None:
+        if missing_features not in ("empty", "error"):
+            raise ValueError(f"missing_features must be 'empty' or 'error', got {missing_features!r}")
+        self.module = module
+        self.meta = meta
+        self.missing_features = missing_features
+        self.feature_names: list[str] = list(meta["feature_names"])
+        self.dense_in_features: int = int(meta.get("dense_in_features") or 0)
+        self.takes_dense: bool = bool(meta.get("takes_dense", True))
+        self.is_weighted: bool = bool(meta.get("is_weighted", False))
+        self._rows = {f: int(t["num_embeddings"]) for t in meta["tables"] for f in t["feature_names"]}
+
+    def __call__(self, dense_features: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor,
+                 weights: torch.Tensor | None = None) -> torch.Tensor:
+        """Run the artifact on tensors (layout in :mod:`lightrec.inference.export`); returns raw outputs."""
+        batch = dense_features.shape[0]
+        if batch == 1 and self.meta.get("format") == "export":
+            # exported programs are specialized to B >= 2: score the sample twice, keep one
+            dense_features, values, lengths = dense_features.repeat(2, 1), _twice(values, lengths), lengths.repeat_interleave(2)
+            weights = _twice(weights, lengths[::2]) if weights is not None else None
+            return self(dense_features, values, lengths, weights)[:1]
+        with torch.no_grad():
+            if self.is_weighted:
+                return self.module(dense_features, values, lengths, weights)
+            return self.module(dense_features, values, lengths)
+
+    def predict(self, requests: list[dict[str, Any]]) -> torch.Tensor:
+        """Probabilities ``[len(requests)]`` (``[len(requests), K]`` for K-logit models).
+
+        Raises:
+            RequestError: a request is malformed (the message names its index).
+            TypeError: ``requests`` is not a non-empty list of dicts.
+        """
+        if not isinstance(requests, (list, tuple)) or len(requests) == 0:
+            raise TypeError(f"requests must be a non-empty list of dicts, got {type(requests).__name__}")
+        dense_rows: list[list[float]] = []
+        ids: dict[str, list[list[int]]] = {f: [] for f in self.feature_names}
+        weights: dict[str, list[list[float]]] = {f: [] for f in self.feature_names}
+        for index, request in enumerate(requests):
+            dense, sparse, wts = self._check(index, request)
+            dense_rows.append(dense)
+            for f in self.feature_names:
+                ids[f].append(sparse.get(f, []))
+                weights[f].append(wts.get(f, [1.0] * len(sparse.get(f, []))))
+        values = torch.tensor([i for f in self.feature_names for sample in ids[f] for i in sample], dtype=torch.int64)
+        lengths = torch.tensor([len(sample) for f in self.feature_names for sample in ids[f]], dtype=torch.int64)
+        dense_t = torch.tensor(dense_rows, dtype=torch.float32).reshape(len(requests), self.dense_in_features)
+        w = None
+        if self.is_weighted:
+            w = torch.tensor([x for f in self.feature_names for sample in weights[f] for x in sample],
+                             dtype=torch.float32)
+        out = torch.sigmoid(self(dense_t, values, lengths, w))
+        return out.squeeze(1) if out.dim() == 2 and out.shape[1] == 1 else out
+
+    # ------------------------------------------------------------------ validation
+    def _check(self, index: int, request: Any) -> tuple[list[float], dict[str, list[int]], dict[str, list[float]]]:
+        where = f"request {index}"
+        if not isinstance(request, dict):
+            raise RequestError(f"{where}: must be a dict with keys {list(_REQUEST_KEYS)}, got {type(request).__name__}")
+        extra = sorted(set(request) - set(_REQUEST_KEYS))
+        if extra:
+            raise RequestError(f"{where}: unknown keys {extra}; a request has 'dense', 'sparse' and (weighted models) 'weights'")
+        dense = self._check_dense(where, request.get("dense"))
+        sparse = request.get("sparse", {})
+        if not isinstance(sparse, dict):
+            raise RequestError(f"{where}: 'sparse' must be a dict feature -> list of ids, got {type(sparse).__name__}")
+        unknown = sorted(set(sparse) - set(self.feature_names))
+        if unknown:
+            raise RequestError(f"{where}: unknown features {unknown}; the model's features are {self.feature_names}")
+        missing = [f for f in self.feature_names if f not in sparse]
+        if missing and self.missing_features == "error":
+            raise RequestError(f"{where}: missing features {missing} (missing_features='error'); send [] for no ids")
+        checked = {f: self._check_ids(where, f, ids) for f, ids in sparse.items()}
+        wts = request.get("weights", {})
+        if wts and not self.is_weighted:
+            raise RequestError(f"{where}: 'weights' given but the model is not weighted; drop them")
+        if not isinstance(wts, dict):
+            raise RequestError(f"{where}: 'weights' must be a dict feature -> list of floats, got {type(wts).__name__}")
+        for f, w in wts.items():
+            if f not in checked:
+                raise RequestError(f"{where}: weights for feature {f!r}, which has no ids in 'sparse'")
+            if not isinstance(w, (list, tuple)) or len(w) != len(checked[f]) or not all(_is_number(x) for x in w):
+                raise RequestError(f"{where}: weights of feature {f!r} must be {len(checked[f])} numbers (one per id), got {w!r}")
+        return dense, checked, {f: [float(x) for x in w] for f, w in wts.items()}
+
+    def _check_dense(self, where: str, dense: Any) -> list[float]:
+        if not self.takes_dense:
+            if dense not in (None, []):
+                raise RequestError(f"{where}: the model takes no dense features, but 'dense' was given")
+            return []
+        if dense is None:
+            raise RequestError(f"{where}: 'dense' is missing; give {self.dense_in_features} floats")
+        if not isinstance(dense, (list, tuple)) or len(dense) != self.dense_in_features:
+            got = len(dense) if isinstance(dense, (list, tuple)) else type(dense).__name__
+            raise RequestError(f"{where}: 'dense' must be a list of {self.dense_in_features} floats, got {got}"
+                               + (" values" if isinstance(got, int) else ""))
+        bad = [i for i, x in enumerate(dense) if not _is_number(x) or not math.isfinite(float(x))]
+        if bad:
+            raise RequestError(f"{where}: dense[{bad[0]}]={dense[bad[0]]!r} is not a finite number")
+        return [float(x) for x in dense]
+
+    def _check_ids(self, where: str, feature: str, ids: Any) -> list[int]:
+        if not isinstance(ids, (list, tuple)):
+            raise RequestError(f"{where}: ids of feature {feature!r} must be a list of ints, got {type(ids).__name__}")
+        rows = self._rows[feature]
+        for i in ids:
+            if isinstance(i, bool) or not isinstance(i, int):
+                raise RequestError(f"{where}: feature {feature!r} has non-integer id {i!r}; ids are ints in [0, {rows})")
+            if not 0 <= i < rows:
+                raise RequestError(f"{where}: feature {feature!r} has id {i}, outside [0, {rows}) of its table; "
+                                   "hash or take ids modulo the table size")
+        return list(ids)
+
+
+def _twice(values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Key-major values of a one-sample batch, each feature's ids repeated for a second sample."""
+    return torch.cat([seg.repeat(2) for seg in torch.split(values, lengths.tolist())]) if values.numel() else values
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def load(path: str | os.PathLike, missing_features: str = "empty") -> Predictor:
+    """Load an artifact written by :func:`lightrec.inference.export` (reads ``<path>.meta.json``).
+
+    Raises:
+        FileNotFoundError: the artifact or its metadata is missing.
+    """
+    path = Path(path)
+    meta_path = Path(str(path) + ".meta.json")
+    for p in (path, meta_path):
+        if not p.exists():
+            raise FileNotFoundError(f"{str(p)!r} does not exist; write it with lightrec.inference.export(model, {str(path)!r})")
+    meta = json.loads(meta_path.read_text())
+    if meta.get("uses_fbgemm"):
+        from lightrec._fbgemm import fbgemm_available, fbgemm_unavailable_reason
+
+        if not fbgemm_available():
+            raise RuntimeError(f"{str(path)!r} calls fbgemm ops but fbgemm_gpu is unavailable "
+                               f"({fbgemm_unavailable_reason()}); re-export on a machine without fbgemm")
+    if meta["format"] == "torchscript":
+        module: Any = torch.jit.load(str(path), map_location="cpu")
+    else:
+        import lightrec.inference.kernels  # noqa: F401  registers lightrec::nbit_pooled_lookup
+
+        module = torch.export.load(str(path)).module()
+    return Predictor(module, meta, missing_features)
