@@ -1,0 +1,244 @@
+"""Sharded DLRM training throughput on gloo ranks: lightrec's DistributedModelParallel vs torchrec's.
+
+Model (the issue's benchmark): 13 dense features, 26 tables x 100k rows x dim 64 (one feature each),
+bottom MLP 512-256-64, top MLP 512-256-1, fused row-wise Adagrad for the tables, Adagrad for the
+dense part, batch 2048 per rank, 2 gloo ranks with one intra-op thread each. Every rank trains on
+pre-generated synthetic batches (ids uniform, ``--pooling-factor`` ids per bag), so the numbers
+measure the training step, not data loading.
+
+Run::
+
+    python benchmarks/bench_dmp.py                      # 2 ranks, JSON to stdout
+    python benchmarks/bench_dmp.py --out results.json --repeats 9 --plan row_wise
+
+torchrec is measured in the same run when ``import torchrec`` works (it is not a lightrec
+dependency; install torchrec 1.8.0 with ``--no-deps`` in a separate venv to compare); otherwise
+the script says so and reports lightrec alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+NUM_TABLES, ROWS, DIM, DENSE_IN = 26, 100_000, 64, 13
+BOTTOM, TOP = [512, 256, 64], [512, 256, 1]
+
+
+def _batches(
+    rank: int, args: argparse.Namespace, kjt_cls: Any
+) -> list[tuple[torch.Tensor, Any, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1234 + rank)
+    out = []
+    keys = [f"f{t}" for t in range(NUM_TABLES)]
+    for _ in range(args.num_batches):
+        lengths = torch.full((NUM_TABLES * args.batch_size,), args.pooling_factor, dtype=torch.int64)
+        values = torch.randint(0, ROWS, (int(lengths.sum()),), generator=g)
+        kjt = kjt_cls(keys=keys, values=values, lengths=lengths)
+        dense = torch.randn(args.batch_size, DENSE_IN, generator=g)
+        labels = torch.randint(0, 2, (args.batch_size,), generator=g).float()
+        out.append((dense, kjt, labels))
+    return out
+
+
+def _lightrec_model(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    from lightrec.distributed import DistributedModelParallel, EmbeddingBagCollectionSharder
+    from lightrec.distributed.planner import construct_module_sharding_plan, row_wise, table_wise
+    from lightrec.distributed.types import ShardingPlan
+    from lightrec.models import DLRM
+    from lightrec.modules.embedding_configs import EmbeddingBagConfig
+    from lightrec.modules.embedding_modules import EmbeddingBagCollection
+    from lightrec.optim import (
+        CombinedOptimizer,
+        EmbOptimType,
+        KeyedOptimizerWrapper,
+        in_backward_optimizer_filter,
+    )
+    from lightrec.sparse import KeyedJaggedTensor
+
+    tables = [EmbeddingBagConfig(num_embeddings=ROWS, embedding_dim=DIM, name=f"t{t}", feature_names=[f"f{t}"])
+              for t in range(NUM_TABLES)]  # fmt: skip
+    ebc = EmbeddingBagCollection(tables, device="meta")
+    model = DLRM(ebc, DENSE_IN, BOTTOM, TOP)
+    sharder = EmbeddingBagCollectionSharder(
+        {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.01}
+    )
+    world = dist.get_world_size()
+    plan = None
+    if args.plan in ("table_wise", "row_wise"):
+        per = max(1, NUM_TABLES // world)
+        gens = {t.name: (row_wise() if args.plan == "row_wise" else table_wise(rank=min(i // per, world - 1)))
+                for i, t in enumerate(tables)}  # fmt: skip
+        plan = ShardingPlan(
+            {
+                "sparse_arch.embedding_bag_collection": construct_module_sharding_plan(
+                    ebc, gens, world_size=world
+                )
+            }
+        )
+    dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=[sharder])
+    dense = dict(in_backward_optimizer_filter(dmp.named_parameters()))
+    opt = CombinedOptimizer(
+        [dmp.fused_optimizer, KeyedOptimizerWrapper(dense, lambda ps: torch.optim.Adagrad(ps, lr=0.01))]
+    )
+    return dmp, opt, KeyedJaggedTensor
+
+
+def _torchrec_model(args: argparse.Namespace) -> tuple[Any, Any, Any]:  # pragma: no cover - needs torchrec
+    import torchrec
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec.distributed import DistributedModelParallel
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.models.dlrm import DLRM
+    from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+    tables = [torchrec.EmbeddingBagConfig(num_embeddings=ROWS, embedding_dim=DIM, name=f"t{t}", feature_names=[f"f{t}"])
+              for t in range(NUM_TABLES)]  # fmt: skip
+    ebc = torchrec.EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+    model = DLRM(embedding_bag_collection=ebc, dense_in_features=DENSE_IN, dense_arch_layer_sizes=BOTTOM,
+                 over_arch_layer_sizes=TOP)  # fmt: skip
+    sharder = EmbeddingBagCollectionSharder(
+        fused_params={"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.01}
+    )
+    dmp = DistributedModelParallel(model, device=torch.device("cpu"), sharders=[sharder])
+    dense = dict(in_backward_optimizer_filter(dmp.named_parameters()))
+    opt = CombinedOptimizer(
+        [dmp.fused_optimizer, KeyedOptimizerWrapper(dense, lambda ps: torch.optim.Adagrad(ps, lr=0.01))]
+    )
+    return dmp, opt, torchrec.KeyedJaggedTensor
+
+
+def _measure(build: Any, rank: int, args: argparse.Namespace) -> dict[str, float]:
+    model, opt, kjt_cls = build(args)
+    batches = _batches(rank, args, kjt_cls)
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+
+    def step(i: int) -> None:
+        dense, kjt, labels = batches[i % len(batches)]
+        loss = loss_fn(model(dense, kjt).squeeze(-1), labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    for i in range(args.warmup):
+        step(i)
+    world = dist.get_world_size()
+    rates, cpu = [], []
+    for _ in range(args.repeats):  # several windows: the median resists a noisy shared machine
+        dist.barrier()
+        start, start_cpu = time.perf_counter(), time.thread_time()
+        for i in range(args.steps):
+            step(i)
+        cpu.append((time.thread_time() - start_cpu) / args.steps)
+        dist.barrier()
+        seconds = torch.tensor([time.perf_counter() - start])
+        dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+        rates.append(world * args.batch_size * args.steps / float(seconds))
+    ordered = sorted(rates)
+    return {
+        "steps_per_window": args.steps,
+        "windows_samples_per_s": rates,
+        "global_samples_per_s": ordered[len(ordered) // 2],
+        "best_samples_per_s": ordered[-1],
+        "ms_per_step_median": 1000.0 * world * args.batch_size / ordered[len(ordered) // 2],
+        # CPU time of the training thread per step (rank 0): robust to other load on the machine
+        "rank0_thread_cpu_ms_per_step": 1000.0 * sorted(cpu)[len(cpu) // 2],
+    }
+
+
+def _worker(rank: int, world: int, init: str, args: argparse.Namespace, queue: Any) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=init, rank=rank, world_size=world, timeout=timedelta(seconds=600)
+    )
+    try:
+        result: dict[str, Any] = {"lightrec": _measure(_lightrec_model, rank, args)}
+        try:
+            import torchrec  # noqa: F401
+        except Exception as exc:  # noqa: BLE001 - any import failure means "not measured"
+            result["torchrec"] = {"skipped": f"torchrec is not importable ({type(exc).__name__}: {exc})"}
+        else:
+            result["torchrec"] = _measure(_torchrec_model, rank, args)
+        if rank == 0:
+            queue.put(result)
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=2048, help="samples per rank and step")
+    parser.add_argument("--pooling-factor", type=int, default=1, help="ids per bag")
+    parser.add_argument("--steps", type=int, default=10, help="steps per timed window")
+    parser.add_argument("--repeats", type=int, default=5, help="timed windows (the median is reported)")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--num-batches", type=int, default=4, help="distinct pre-generated batches per rank")
+    parser.add_argument("--plan", choices=["planner", "table_wise", "row_wise"], default="planner",
+                        help="lightrec plan: its planner (default), contiguous table-wise, or all row-wise")  # fmt: skip
+    parser.add_argument("--out", help="write the JSON result here as well")
+    args = parser.parse_args(argv)
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        init = f"file://{os.path.join(tmp, 'init')}"
+        procs = [
+            ctx.Process(target=_worker, args=(r, args.world_size, init, args, queue))
+            for r in range(args.world_size)
+        ]
+        for p in procs:
+            p.start()
+        result = queue.get(timeout=3600)
+        for p in procs:
+            p.join()
+    report = {
+        "benchmark": "bench_dmp",
+        "config": vars(args)
+        | {
+            "tables": NUM_TABLES,
+            "rows": ROWS,
+            "dim": DIM,
+            "bottom": BOTTOM,
+            "top": TOP,
+            "threads_per_rank": 1,
+            "backend": "gloo",
+        },  # fmt: skip
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "torch": torch.__version__,
+            "platform": platform.platform(),
+        },  # fmt: skip
+        **result,
+    }
+    tr = result.get("torchrec", {})
+    if "global_samples_per_s" in tr:
+        report["speedup_vs_torchrec"] = (
+            result["lightrec"]["global_samples_per_s"] / tr["global_samples_per_s"]
+        )
+    else:
+        print(f"torchrec not measured: {tr.get('skipped')}", file=sys.stderr)
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""Sharded ``EmbeddingCollection`` (sequence / unpooled embeddings) and its sharder.
+
+Every id gets its own row back, in the order of the input KJT's values:
+``sharded_ec(kjt).wait()`` is ``{feature: JaggedTensor(values [N_f, D], lengths [B_local])}``,
+equal to the unsharded module's output. Row-wise sharding restores the id order with the
+bucketization's unbucketize permutation; column-wise sharding concatenates each row's column
+pieces. Rows of one sharding type travel in one all-to-all, zero-padded to its widest shard.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from lightrec.distributed.comm import LazyAwaitable
+from lightrec.distributed.sharding.collection import ShardedCollectionBase, as_env, normalized_fused_params
+from lightrec.distributed.sharding.common import DistContext, EmbeddingSharding
+from lightrec.distributed.types import EmbeddingModuleShardingPlan, ModuleSharder, ShardingEnv
+from lightrec.modules.embedding_configs import EmbeddingConfig
+from lightrec.modules.embedding_modules import EmbeddingCollection
+from lightrec.optim.fused_spec import FusedOptimizerSpec
+from lightrec.sparse import JaggedTensor, KeyedJaggedTensor
+
+__all__ = ["EmbeddingCollectionAwaitable", "EmbeddingCollectionSharder", "ShardedEmbeddingCollection"]
+
+
+class EmbeddingCollectionAwaitable(LazyAwaitable[dict[str, JaggedTensor]]):
+    """Pending rows of this rank's ids; ``wait()`` gives ``{feature: JaggedTensor}``."""
+
+    def __init__(
+        self,
+        shardings: list[EmbeddingSharding],
+        contexts: list[DistContext],
+        awaitables: list[Any],
+        features: KeyedJaggedTensor,
+        positions: list[int] | None,
+        feature_order: list[str],
+    ) -> None:
+        super().__init__()
+        self._parts = list(zip(shardings, contexts, awaitables))
+        self._features = features
+        self._positions = positions
+        self._feature_order = feature_order
+
+    def _wait_impl(self) -> dict[str, JaggedTensor]:
+        rows: dict[str, torch.Tensor] = {}
+        for sharding, ctx, awaitable in self._parts:
+            rows.update(sharding.feature_rows(awaitable.wait(), ctx))  # type: ignore[attr-defined]
+        batch = self._features.stride()
+        lengths = self._features.lengths().view(-1, batch) if batch > 0 else None
+        out = {}
+        for i, f in enumerate(self._feature_order):
+            k = i if self._positions is None else self._positions[i]
+            f_lengths = lengths[k] if lengths is not None else self._features.lengths()[:0]
+            out[f] = JaggedTensor(values=rows[f], lengths=f_lengths)
+        self._parts, self._features = [], None  # type: ignore[assignment]
+        return out
+
+
+class ShardedEmbeddingCollection(ShardedCollectionBase):
+    """An ``EmbeddingCollection`` whose tables are spread over ranks by a plan (any sharding type).
+
+    Same contract as the unsharded module, returned as a lazy awaitable; ``state_dict`` keys
+    are ``embeddings.<table>.weight``. Build it with :class:`EmbeddingCollectionSharder`.
+    """
+
+    _attr = "embeddings"
+    _pooled = False
+    _configs_getter = "embedding_configs"
+
+    def __init__(
+        self,
+        module: EmbeddingCollection,
+        table_plan: EmbeddingModuleShardingPlan | Mapping[str, Any],
+        env: ShardingEnv,
+        device: torch.device,
+        fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(module, table_plan, env, device, fused_params, seed)
+
+    def embedding_configs(self) -> list[EmbeddingConfig]:
+        return list(self._configs)  # type: ignore[arg-type]
+
+    def forward(self, features: KeyedJaggedTensor) -> EmbeddingCollectionAwaitable:
+        """Start the lookups of this rank's ids; returns an awaitable of ``{feature: JaggedTensor}``."""
+        return super().forward(features)
+
+    def _start(self, features: KeyedJaggedTensor) -> EmbeddingCollectionAwaitable:
+        contexts, results, positions = self._run(features)
+        return EmbeddingCollectionAwaitable(
+            self._shardings, contexts, results, features, positions, self._feature_order
+        )
+
+
+class EmbeddingCollectionSharder(ModuleSharder):
+    """Builds :class:`ShardedEmbeddingCollection` s (``fused_params`` as for the bag sharder)."""
+
+    def __init__(self, fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None) -> None:
+        super().__init__(normalized_fused_params(fused_params))
+
+    @property
+    def module_type(self) -> type[nn.Module]:
+        return EmbeddingCollection
+
+    def shard(
+        self,
+        module: EmbeddingCollection,
+        params: EmbeddingModuleShardingPlan | Mapping[str, Any],
+        env: ShardingEnv | dist.ProcessGroup | None = None,
+        device: torch.device | str | None = None,
+        module_fqn: str | None = None,
+        seed: int = 0,
+    ) -> ShardedEmbeddingCollection:
+        """Shard ``module`` by ``params`` over ``env`` (collective); see the bag sharder."""
+        if not isinstance(module, EmbeddingCollection):
+            raise TypeError(
+                f"EmbeddingCollectionSharder shards EmbeddingCollection, got {type(module).__name__}"
+                + (f" at {module_fqn!r}" if module_fqn else "")
+            )
+        device = torch.device(device) if device is not None else torch.device("cpu")
+        return ShardedEmbeddingCollection(
+            module, params, as_env(env), device, self.fused_params or None, seed
+        )

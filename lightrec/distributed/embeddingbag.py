@@ -1,0 +1,163 @@
+"""Sharded ``EmbeddingBagCollection`` and its sharder (torchrec's names and call shapes).
+
+::
+
+    sharder = EmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+                                                          "learning_rate": 0.02})
+    plan = EmbeddingShardingPlanner(topology=Topology(world_size=2, compute_device="cpu")).collective_plan(
+        ebc, [sharder], pg)
+    sharded = sharder.shard(ebc, plan.plan[""], ShardingEnv.from_process_group(pg), torch.device("cpu"))
+    kt = sharded(kjt).wait()          # KeyedTensor [B_local, sum D], keys = ebc.feature_names()
+
+The forward returns an :class:`EmbeddingBagCollectionAwaitable` (a ``LazyAwaitable``): the output
+all-to-alls / reduce-scatters are in flight until it is waited -- or used, since a lazy awaitable
+resolves itself on first use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from lightrec.distributed.comm import LazyAwaitable
+from lightrec.distributed.sharding.collection import ShardedCollectionBase, as_env, normalized_fused_params
+from lightrec.distributed.types import EmbeddingModuleShardingPlan, ModuleSharder, ShardingEnv
+from lightrec.modules.embedding_configs import EmbeddingBagConfig
+from lightrec.modules.embedding_modules import EmbeddingBagCollection
+from lightrec.optim.fused_spec import FusedOptimizerSpec
+from lightrec.sparse import KeyedJaggedTensor, KeyedTensor
+
+__all__ = [
+    "EmbeddingBagCollectionAwaitable",
+    "EmbeddingBagCollectionSharder",
+    "ShardedEmbeddingBagCollection",
+]
+
+
+class EmbeddingBagCollectionAwaitable(LazyAwaitable[KeyedTensor]):
+    """Pending pooled embeddings of this rank's samples; ``wait()`` gives the ``KeyedTensor``.
+
+    Args:
+        awaitables: one per sharding type, each ``[B_local, width of that type]``.
+        column_index: ``[sum D]`` columns of the concatenated results in feature order, or None
+            when they already are in feature order.
+        keys, length_per_key: the output ``KeyedTensor``'s keys and widths.
+    """
+
+    def __init__(
+        self,
+        awaitables: list[Any],
+        column_index: torch.Tensor | None,
+        keys: list[str],
+        length_per_key: list[int],
+    ) -> None:
+        super().__init__()
+        self._awaitables = awaitables
+        self._column_index = column_index
+        self._keys = keys
+        self._length_per_key = length_per_key
+
+    def _wait_impl(self) -> KeyedTensor:
+        parts = [a.wait() for a in self._awaitables]
+        values = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+        if self._column_index is not None:
+            values = values.index_select(1, self._column_index)
+        return KeyedTensor(keys=self._keys, length_per_key=self._length_per_key, values=values, key_dim=1)
+
+
+class ShardedEmbeddingBagCollection(ShardedCollectionBase):
+    """An ``EmbeddingBagCollection`` whose tables are spread over ranks by a plan.
+
+    Same input and output as the unsharded module (a KJT of this rank's samples in, a
+    ``KeyedTensor`` ``[B_local, sum D]`` out, as a lazy awaitable); every sharding type of
+    ``lightrec.distributed.types.ShardingType`` may appear, mixed. Tables are updated inside
+    backward by ``fused_optimizer``. Build it with :class:`EmbeddingBagCollectionSharder`.
+    """
+
+    _attr = "embedding_bags"
+    _pooled = True
+    _configs_getter = "embedding_bag_configs"
+
+    def __init__(
+        self,
+        module: EmbeddingBagCollection,
+        table_plan: EmbeddingModuleShardingPlan | Mapping[str, Any],
+        env: ShardingEnv,
+        device: torch.device,
+        fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(module, table_plan, env, device, fused_params, seed)
+        dims = {f: c.embedding_dim for c in self._configs for f in c.feature_names}
+        self._length_per_key = [dims[f] for f in self._feature_order]
+
+    def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
+        return list(self._configs)  # type: ignore[arg-type]
+
+    def is_weighted(self) -> bool:
+        return self._is_weighted
+
+    def forward(self, features: KeyedJaggedTensor) -> EmbeddingBagCollectionAwaitable:
+        """Start the lookups of this rank's samples ``features`` (stride ``B_local``).
+
+        Returns:
+            awaitable of ``KeyedTensor(keys=feature_names(), values=[B_local, sum D])``.
+        """
+        return super().forward(features)
+
+    def _start(self, features: KeyedJaggedTensor) -> EmbeddingBagCollectionAwaitable:
+        _, results, _ = self._run(features)
+        return EmbeddingBagCollectionAwaitable(
+            results, self._column_index, self._feature_order, self._length_per_key
+        )
+
+
+class EmbeddingBagCollectionSharder(ModuleSharder):
+    """Builds :class:`ShardedEmbeddingBagCollection` s.
+
+    Args:
+        fused_params: the fused optimizer of tables not marked by ``apply_optimizer_in_backward``
+            (torchrec-style dict, e.g. ``{"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+            "learning_rate": 0.02, "eps": 0.002}``, or a ``FusedOptimizerSpec``); default SGD with
+            learning rate 0.01, like torchrec.
+    """
+
+    def __init__(self, fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None) -> None:
+        super().__init__(normalized_fused_params(fused_params))
+
+    @property
+    def module_type(self) -> type[nn.Module]:
+        return EmbeddingBagCollection
+
+    def shard(
+        self,
+        module: EmbeddingBagCollection,
+        params: EmbeddingModuleShardingPlan | Mapping[str, Any],
+        env: ShardingEnv | dist.ProcessGroup | None = None,
+        device: torch.device | str | None = None,
+        module_fqn: str | None = None,
+        seed: int = 0,
+    ) -> ShardedEmbeddingBagCollection:
+        """Shard ``module`` by ``params`` (its entry of the plan) over ``env`` (collective).
+
+        Args:
+            module: the collection (on ``meta`` or materialised; materialised weights are kept).
+            params: ``plan.plan["<module path>"]``.
+            env: ``ShardingEnv`` (or a process group; default: the world).
+            device: where the local shards live (default CPU).
+            module_fqn: the module's path (for messages only).
+            seed: base seed of shard initialisation of ``meta`` tables.
+        """
+        if not isinstance(module, EmbeddingBagCollection):
+            raise TypeError(
+                f"EmbeddingBagCollectionSharder shards EmbeddingBagCollection, got {type(module).__name__}"
+                + (f" at {module_fqn!r}" if module_fqn else "")
+            )
+        device = torch.device(device) if device is not None else torch.device("cpu")
+        return ShardedEmbeddingBagCollection(
+            module, params, as_env(env), device, self.fused_params or None, seed
+        )

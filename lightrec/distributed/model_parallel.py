@@ -1,0 +1,280 @@
+"""``DistributedModelParallel``: shard every embedding collection of a model, replicate the rest.
+
+::
+
+    model = DLRM(EmbeddingBagCollection(tables, device="meta"), ...)
+    model = DistributedModelParallel(model, device=torch.device("cpu"))     # plans, shards, wraps in DDP
+    opt = CombinedOptimizer([model.fused_optimizer,
+                             KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(model.named_parameters())),
+                                                   lambda ps: torch.optim.Adagrad(ps, lr=0.01))])
+    loss = model(dense, kjt).sum(); loss.backward(); opt.step()
+
+Construction (collective: every rank builds the same model and calls it together):
+
+1. **Plan** -- the given ``plan``, else ``EmbeddingShardingPlanner(...).collective_plan`` (rank 0
+   plans, every rank receives it), else (planner unavailable) a balanced table-wise plan.
+2. **Shard** -- every module at a path of the plan whose type a sharder handles is replaced by its
+   sharded version. Tables on ``meta`` are created only as this rank's shards (a table never
+   exists whole anywhere), each initialised from its config with a per-table seed so the values do
+   not depend on the plan or world size. Tables that already hold weights **keep them** (each rank
+   copies its blocks) -- unlike torchrec, which re-initialises them.
+3. **Dense part** -- ``meta`` dense parameters are materialised (``reset_parameters``), then every
+   trainable parameter outside the sharded modules is wrapped in ``DistributedDataParallel`` (on
+   its own process group, so its all-reduces never interleave with the embedding all-to-alls).
+
+Gradient semantics (docs/sharding.md): every parameter, dense or embedding, model-parallel or
+replicated, receives the gradient of the *mean* of the per-rank losses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from lightrec.distributed.embedding import EmbeddingCollectionSharder
+from lightrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from lightrec.distributed.sharding.collection import ShardedCollectionBase, as_env
+from lightrec.distributed.state_dict import gather_full_state_dict
+from lightrec.distributed.types import (
+    EmbeddingComputeKernel,
+    EmbeddingModuleShardingPlan,
+    ModuleSharder,
+    ParameterSharding,
+    ShardingEnv,
+    ShardingPlan,
+    ShardingType,
+    ShardMetadata,
+    placement_for,
+)
+from lightrec.optim.keyed import CombinedOptimizer
+from lightrec.sparse import KeyedJaggedTensor
+
+__all__ = ["DistributedModelParallel", "balanced_table_wise_plan", "get_default_sharders"]
+
+
+def get_default_sharders() -> list[ModuleSharder]:
+    """Sharders for ``EmbeddingBagCollection`` and ``EmbeddingCollection`` (default fused SGD)."""
+    return [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
+
+
+def _shardable(
+    module: nn.Module, sharders: list[ModuleSharder]
+) -> dict[str, tuple[nn.Module, ModuleSharder]]:
+    out: dict[str, tuple[nn.Module, ModuleSharder]] = {}
+    for path, m in module.named_modules():
+        if any(path.startswith(p + ".") or p == "" for p in out) and path:
+            continue  # inside a module that will be sharded
+        sharder = next((s for s in sharders if type(m) is s.module_type), None)
+        if sharder is not None:
+            out[path] = (m, sharder)
+    return out
+
+
+def balanced_table_wise_plan(
+    module: nn.Module, sharders: list[ModuleSharder], world_size: int, device_type: str = "cpu"
+) -> ShardingPlan:
+    """Table-wise plan: each collection's tables, in order, cut into ``world_size`` contiguous runs
+    of about equal size (rows x dim). Contiguous runs keep the output columns in feature order."""
+    plan = ShardingPlan()
+    for path, (m, sharder) in _shardable(module, sharders).items():
+        configs = list(sharder.shardable_parameters(m).values())
+        sizes = [c.num_embeddings * c.embedding_dim for c in configs]
+        total, before = float(sum(sizes)), 0.0
+        module_plan = EmbeddingModuleShardingPlan()
+        for c, size in zip(configs, sizes):
+            rank = min(world_size - 1, int((before + size / 2) * world_size / total))
+            before += size
+            placement = placement_for(rank, device_type, world_size)
+            module_plan[c.name] = ParameterSharding(
+                ShardingType.TABLE_WISE, EmbeddingComputeKernel.FUSED, [rank],
+                [ShardMetadata([0, 0], [c.num_embeddings, c.embedding_dim], placement)],
+            )  # fmt: skip
+        plan.plan[path] = module_plan
+    return plan
+
+
+def _plan(
+    module: nn.Module, sharders: list[ModuleSharder], env: ShardingEnv, device: torch.device
+) -> ShardingPlan:
+    try:
+        from lightrec.distributed.planner import EmbeddingShardingPlanner, Topology
+    except ImportError:
+        return balanced_table_wise_plan(module, sharders, env.world_size, device.type)
+    planner = EmbeddingShardingPlanner(
+        topology=Topology(world_size=env.world_size, compute_device=device.type)
+    )
+    return planner.collective_plan(module, sharders, env.pg)
+
+
+class DistributedModelParallel(nn.Module):
+    """Model parallel embeddings + data parallel dense layers (see the module docstring).
+
+    Args:
+        module: the model (its embedding collections may be on ``meta``).
+        env: sharding environment (default: the default process group, which must exist).
+        device: where shards and dense parameters live (default CPU).
+        plan: a :class:`ShardingPlan` (default: planned, see above).
+        sharders: sharders to use (default :func:`get_default_sharders`).
+        init_data_parallel: wrap the dense part in DDP when the world has several ranks.
+        init_parameters: materialise ``meta`` dense parameters.
+        seed: base seed of the initialisation of ``meta`` tables.
+        ddp_kwargs: extra ``DistributedDataParallel`` arguments (override lightrec's defaults,
+            e.g. ``{"find_unused_parameters": True}``).
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        env: ShardingEnv | dist.ProcessGroup | None = None,
+        device: torch.device | str | None = None,
+        plan: ShardingPlan | None = None,
+        sharders: list[ModuleSharder] | None = None,
+        init_data_parallel: bool = True,
+        init_parameters: bool = True,
+        seed: int = 0,
+        ddp_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        self._ddp_kwargs = dict(ddp_kwargs or {})
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
+        self._env = as_env(env)
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self._sharders = list(sharders) if sharders is not None else get_default_sharders()
+        if plan is not None and not isinstance(plan, ShardingPlan):
+            raise TypeError(f"plan must be a ShardingPlan, got {type(plan).__name__}")
+        self._plan = plan if plan is not None else _plan(module, self._sharders, self._env, self.device)
+        module, self._sharded_paths = self._shard(module, seed)
+        if init_parameters:
+            self._init_dense(module)
+        self._dmp_wrapped_module = self._wrap_dense(module) if init_data_parallel else module
+        sharded = self._sharded_modules()
+        self._fused_optimizer = CombinedOptimizer([(path, m.fused_optimizer) for path, m in sharded.items()])
+        self._prefetch_target = next(iter(sharded.values())) if len(sharded) == 1 else None
+
+    # ---- construction ---------------------------------------------------------------------
+    def _shard(self, module: nn.Module, seed: int) -> tuple[nn.Module, list[str]]:
+        paths = []
+        for path, (m, sharder) in _shardable(module, self._sharders).items():
+            module_plan = self._plan.get_plan_for_module(path)
+            if module_plan is None:
+                continue  # not in the plan: stays an ordinary (data parallel) module
+            kwargs = (
+                {"seed": seed}
+                if isinstance(sharder, (EmbeddingBagCollectionSharder, EmbeddingCollectionSharder))
+                else {}
+            )
+            sharded = sharder.shard(m, module_plan, self._env, self.device, path, **kwargs)  # type: ignore[attr-defined]
+            paths.append(path)
+            if path == "":
+                module = sharded
+            else:
+                parent_path, _, name = path.rpartition(".")
+                setattr(module.get_submodule(parent_path), name, sharded)
+        return module, paths
+
+    def _init_dense(self, module: nn.Module) -> None:
+        for m in self._dense_modules(module):
+            if any(
+                p.device.type == "meta"
+                for p in list(m.parameters(recurse=False)) + list(m.buffers(recurse=False))
+            ):
+                m.to_empty(device=self.device, recurse=False)
+                if hasattr(m, "reset_parameters"):
+                    m.reset_parameters()  # type: ignore[operator]
+            else:
+                for p in m.parameters(recurse=False):
+                    p.data = p.data.to(self.device)
+
+    def _dense_modules(self, module: nn.Module) -> Iterator[nn.Module]:
+        for path, m in module.named_modules():
+            if not any(path == p or path.startswith(p + ".") or p == "" for p in self._sharded_paths):
+                yield m
+
+    def _wrap_dense(self, module: nn.Module) -> nn.Module:
+        ignore = [
+            f"{path}.{name}" if path else name
+            for path in self._sharded_paths
+            for name, _ in module.get_submodule(path).named_parameters()
+        ]
+        ignored = set(ignore)
+        trainable = [p for n, p in module.named_parameters() if n not in ignored and p.requires_grad]
+        if self._env.world_size == 1 or not trainable:
+            return module
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, ignore)
+        ranks = dist.get_process_group_ranks(self._env.pg or dist.group.WORLD)
+        ddp_group = dist.new_group(ranks=ranks, backend=dist.get_backend(self._env.pg))
+        # Integer buffers (index tables such as the interaction's triu indices) never change:
+        # syncing them once at construction is enough; float buffers (running stats) sync per forward.
+        constant_buffers = all(
+            not b.is_floating_point() for n, b in module.named_buffers() if n not in ignored
+        )
+        kwargs: dict[str, Any] = {
+            "device_ids": [self.device] if self.device.type == "cuda" else None,
+            "process_group": ddp_group,
+            "gradient_as_bucket_view": True,
+            "forward_sync_buffers": not constant_buffers,
+        }
+        kwargs.update(self._ddp_kwargs)
+        return DistributedDataParallel(module, **kwargs)
+
+    def _sharded_modules(self) -> dict[str, ShardedCollectionBase]:
+        root = self.module
+        return {p: root.get_submodule(p) for p in self._sharded_paths}  # type: ignore[misc]
+
+    # ---- public surface --------------------------------------------------------------------
+    @property
+    def module(self) -> nn.Module:
+        """The sharded model without the DDP wrapper (its state dict keys are the unsharded ones)."""
+        wrapped = self._dmp_wrapped_module
+        return wrapped.module if isinstance(wrapped, DistributedDataParallel) else wrapped
+
+    @property
+    def plan(self) -> ShardingPlan:
+        return self._plan
+
+    @property
+    def fused_optimizer(self) -> CombinedOptimizer:
+        """Every sharded collection's in-backward optimizer, parameter names prefixed by module path."""
+        return self._fused_optimizer
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the model. With one sharded collection and one ``KeyedJaggedTensor`` argument
+        holding exactly its features, the collection's lookup is started first (``prefetch``):
+        its all-to-alls then overlap with the dense layers, forward and backward."""
+        if self._prefetch_target is not None:
+            kjts = [a for a in (*args, *kwargs.values()) if isinstance(a, KeyedJaggedTensor)]
+            if len(kjts) == 1:
+                self._prefetch_target.prefetch(kjts[0])
+        return self._dmp_wrapped_module(*args, **kwargs)
+
+    def state_dict(
+        self, *args: Any, destination: Any = None, prefix: str = "", keep_vars: bool = False
+    ) -> Any:  # type: ignore[override]
+        """Keys of the unsharded model; model-parallel tables as ``ShardedTableState`` (this rank's shards)."""
+        return self.module.state_dict(*args, destination=destination, prefix=prefix, keep_vars=keep_vars)
+
+    def load_state_dict(
+        self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False
+    ) -> Any:  # type: ignore[override]
+        """Load a sharded state dict of the same plan, or full tables into any plan (resharding)."""
+        return self.module.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def gather_full_state_dict(self, dst: int | None = None) -> dict[str, Any]:
+        """Full tables (plain tensors) on every rank, or only on rank ``dst`` (``{}`` elsewhere). Collective."""
+        return gather_full_state_dict(self.state_dict(), self._env.pg, dst)
+
+    def named_parameters(
+        self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
+    ) -> Iterator[tuple[str, nn.Parameter]]:  # type: ignore[override]
+        return self.module.named_parameters(prefix=prefix, recurse=recurse, remove_duplicate=remove_duplicate)
+
+    def named_buffers(
+        self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
+    ) -> Iterator[tuple[str, torch.Tensor]]:  # type: ignore[override]
+        return self.module.named_buffers(prefix=prefix, recurse=recurse, remove_duplicate=remove_duplicate)

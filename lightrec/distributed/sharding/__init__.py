@@ -1,0 +1,45 @@
+"""One module per sharding type; each builds an input dist, a local lookup and an output dist.
+
+``SHARDING_CLASSES`` maps a ``ShardingType`` value to its :class:`EmbeddingSharding` class.
+"""
+
+from lightrec.distributed.sharding.column_wise import CwEmbeddingSharding
+from lightrec.distributed.sharding.common import (
+    EmbeddingSharding,
+    GroupedEmbeddingsLookup,
+    GroupedPooledEmbeddingsLookup,
+    ShardedTable,
+    ShardSlot,
+    init_shard_,
+)
+from lightrec.distributed.sharding.data_parallel import DpEmbeddingSharding
+from lightrec.distributed.sharding.row_wise import RwEmbeddingSharding
+from lightrec.distributed.sharding.table_column_wise import TwcwEmbeddingSharding
+from lightrec.distributed.sharding.table_row_wise import TwrwEmbeddingSharding
+from lightrec.distributed.sharding.table_wise import TwEmbeddingSharding
+from lightrec.distributed.types import ShardingType
+
+SHARDING_CLASSES: dict[str, type[EmbeddingSharding]] = {
+    ShardingType.DATA_PARALLEL.value: DpEmbeddingSharding,
+    ShardingType.TABLE_WISE.value: TwEmbeddingSharding,
+    ShardingType.ROW_WISE.value: RwEmbeddingSharding,
+    ShardingType.COLUMN_WISE.value: CwEmbeddingSharding,
+    ShardingType.TABLE_ROW_WISE.value: TwrwEmbeddingSharding,
+    ShardingType.TABLE_COLUMN_WISE.value: TwcwEmbeddingSharding,
+}
+
+__all__ = [
+    "SHARDING_CLASSES",
+    "CwEmbeddingSharding",
+    "DpEmbeddingSharding",
+    "EmbeddingSharding",
+    "GroupedEmbeddingsLookup",
+    "GroupedPooledEmbeddingsLookup",
+    "RwEmbeddingSharding",
+    "ShardSlot",
+    "ShardedTable",
+    "TwEmbeddingSharding",
+    "TwcwEmbeddingSharding",
+    "TwrwEmbeddingSharding",
+    "init_shard_",
+]

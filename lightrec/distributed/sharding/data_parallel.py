@@ -1,0 +1,215 @@
+"""Data-parallel "sharding": every rank holds the whole table and looks up its own samples.
+
+No input or output communication: the lookup runs on the local KJT and returns
+``[B_local, sum D]`` (or one row per id). The gradient is synchronised in backward, per table, by
+:class:`DataParallelTableSync`:
+
+1. the kernel computes the table's dense gradient from the local batch (plain autograd);
+2. a post-accumulate-grad hook all-reduces it and divides by the world size -- the gradient of the
+   *mean* of the per-rank losses, exactly what DDP gives dense parameters and what the
+   model-parallel shardings give their rows (docs/sharding.md);
+3. the table's fused optimizer rule (``lightrec.kernels.sparse_update``) updates the rows whose
+   averaged gradient is non-zero, and the gradient is freed.
+
+So data-parallel tables behave like every other table of the collection: updated inside backward,
+their optimizer state exposed and checkpointed through ``fused_optimizer``, invisible to the dense
+optimizer (``in_backward_optimizer_filter``) and to DDP. All replicas start identical (the shard
+initialisation is seeded, or copied from the unsharded module) and stay identical.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from lightrec.distributed.comm import NoWait
+from lightrec.distributed.sharding.common import (
+    DistContext,
+    EmbeddingSharding,
+    GroupedEmbeddingsLookup,
+    GroupedPooledEmbeddingsLookup,
+    KeySelector,
+    ShardedTable,
+    ShardSlot,
+    _GroupedLookupBase,
+    check_blocks,
+    order_slots,
+    width_of,
+)
+from lightrec.distributed.types import ShardingEnv
+from lightrec.kernels.batched_embedding import EmbeddingFusedOptimizer
+from lightrec.kernels.sparse_update import apply_sparse_update
+from lightrec.modules.embedding_configs import PoolingType
+from lightrec.optim.fused_spec import EmbOptimType, FusedOptimizerSpec
+from lightrec.sparse import KeyedJaggedTensor
+
+__all__ = [
+    "DataParallelTableSync",
+    "DpEmbeddingSharding",
+    "DpPooledEmbeddingDist",
+    "DpSequenceEmbeddingDist",
+    "DpSparseFeaturesDist",
+]
+
+_SIDE_GROUPS: dict[int, dist.ProcessGroup] = {}
+
+
+def side_group(pg: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
+    """A second process group over the same ranks, for collectives issued from backward hooks
+    (they then never interleave with the embedding all-to-alls of the main group). Collective:
+    every rank of the default group must call it in the same order (sharding is collective)."""
+    if not dist.is_initialized() or dist.get_world_size(pg) == 1:
+        return pg
+    key = id(pg)
+    if key not in _SIDE_GROUPS:
+        ranks = dist.get_process_group_ranks(pg or dist.group.WORLD)
+        _SIDE_GROUPS[key] = dist.new_group(ranks=ranks, backend=dist.get_backend(pg))
+    return _SIDE_GROUPS[key]
+
+
+class DpSparseFeaturesDist(nn.Module):
+    """Input dist of data-parallel tables: select the features locally; nothing is sent."""
+
+    def __init__(self, feature_indices: list[int], keep_weights: bool) -> None:
+        super().__init__()
+        self._select = KeySelector(feature_indices, keep_weights)
+
+    def forward(self, kjt: KeyedJaggedTensor, positions: list[int] | None = None) -> DistContext:
+        sent = self._select(kjt, positions)
+        return DistContext(sent, NoWait(NoWait(sent)))
+
+
+class DpPooledEmbeddingDist(nn.Module):
+    """Output dist of data-parallel tables: the local result is already final."""
+
+    def forward(self, local_embs: torch.Tensor, tensors: object, ctx: DistContext) -> NoWait[torch.Tensor]:
+        return NoWait(local_embs)
+
+
+class DpSequenceEmbeddingDist(DpPooledEmbeddingDist):
+    """Output dist of data-parallel sequence tables (rows are already in input order)."""
+
+
+class DataParallelTableSync:
+    """Average, then apply, the gradient of replicated tables inside backward (module docstring).
+
+    Args:
+        lookup: the grouped lookup whose (non-fused) kernels hold the replicas.
+        specs: ``{table: fused optimizer}``.
+        env: the sharding environment; ``attr``: ``"embedding_bags"`` or ``"embeddings"``.
+    """
+
+    def __init__(
+        self, lookup: nn.Module, specs: dict[str, FusedOptimizerSpec], env: ShardingEnv, attr: str
+    ) -> None:
+        self._world_size = env.world_size
+        self._group = side_group(env.pg)
+        self.optimizers: list[EmbeddingFusedOptimizer] = []
+        by_spec: dict[str, tuple[FusedOptimizerSpec, dict[str, nn.Parameter], list[dict]]] = {}
+        for kernel, shards in lookup.kernel_tables():  # type: ignore[operator]
+            for (table, _), param in zip(shards, kernel.weights.values()):  # type: ignore[operator]
+                spec = specs[table]
+                state = _new_state(spec, param)
+                entry = by_spec.setdefault(repr(spec), (spec, {}, []))
+                entry[1][f"{attr}.{table}.weight"] = param
+                entry[2].append(state)
+        for spec, params, states in by_spec.values():
+            optimizer = EmbeddingFusedOptimizer(spec, params, states)
+            self.optimizers.append(optimizer)
+            for param, state in zip(params.values(), states):
+                # Marked like fused parameters: the dense optimizer must leave them alone.
+                param._in_backward_optimizers = [optimizer]  # type: ignore[attr-defined]
+                param.register_post_accumulate_grad_hook(self._make_hook(optimizer, state))
+
+    def _make_hook(self, optimizer: EmbeddingFusedOptimizer, state: dict):  # noqa: ANN202
+        spec, world, group = optimizer.spec, self._world_size, self._group
+
+        def hook(param: torch.Tensor) -> None:
+            grad = param.grad
+            param.grad = None
+            if grad is None:
+                return
+            grad = grad.contiguous()
+            if world > 1:
+                dist.all_reduce(grad, group=group)
+                grad.div_(world)
+            rows = grad.ne(0).any(dim=1).nonzero().squeeze(1)
+            if "step" in state:
+                state["step"] += 1
+            step = int(state["step"]) if "step" in state else 1
+            lr = float(optimizer.param_groups[0]["lr"])
+            moments = {k: v for k, v in state.items() if k != "step"}
+            apply_sparse_update(spec, lr, step, param.detach(), moments, rows, grad.index_select(0, rows))
+
+        return hook
+
+
+def _new_state(spec: FusedOptimizerSpec, weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    rows, dim = weight.shape
+    state: dict[str, torch.Tensor] = {}
+    for name in spec.state_names:
+        shape = (rows,) if spec.optimizer == EmbOptimType.ROWWISE_ADAGRAD else (rows, dim)
+        state[name] = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
+    if spec.optimizer == EmbOptimType.ADAM:
+        state["step"] = torch.zeros((), dtype=torch.float32)
+    return state
+
+
+class DpEmbeddingSharding(EmbeddingSharding):
+    """Replicated tables (see the module docstring).
+
+    The tables' kernels are plain autograd kernels; ``optimizers`` gives each table's fused rule.
+    """
+
+    name = "data_parallel"
+
+    def __init__(
+        self,
+        tables: list[ShardedTable],
+        feature_order: list[str],
+        env: ShardingEnv,
+        device: torch.device,
+        pooled: bool,
+        is_weighted: bool,
+        seed: int,
+    ) -> None:
+        # The replica kernels compute plain gradients; the fused rule runs in DataParallelTableSync.
+        self.specs = {t.name: t.optimizer or FusedOptimizerSpec() for t in tables}
+        for t in tables:
+            t.optimizer = None
+            check_blocks(t, self.name)
+        super().__init__(tables, feature_order, env, device, pooled, is_weighted, seed)
+        slots = [
+            ShardSlot(f, i, t.name, 0, env.rank, 0, t.config.num_embeddings, 0, t.config.embedding_dim)
+            for f, i, t in self.features
+        ]
+        self.slots = order_slots(slots, self.tables, pooled)
+        self.width = width_of(tables)
+        self.sync: DataParallelTableSync | None = None
+
+    def create_input_dist(self) -> nn.Module:
+        return DpSparseFeaturesDist([s.feature_index for s in self.slots], self.is_weighted)
+
+    def create_lookup(self) -> nn.Module:
+        if self.pooled:
+            mean = [self.tables[s.table].pooling == PoolingType.MEAN for s in self.slots]
+            lookup: _GroupedLookupBase = GroupedPooledEmbeddingsLookup(
+                self.slots, self.tables, self.device, self.seed, self.attr, 1.0, mean
+            )
+        else:
+            lookup = GroupedEmbeddingsLookup(
+                self.slots, self.tables, self.device, self.seed, self.width, self.attr, 1.0
+            )
+        self.sync = DataParallelTableSync(lookup, self.specs, self.env, self.attr)
+        return lookup
+
+    def create_output_dist(self) -> nn.Module:
+        return DpPooledEmbeddingDist() if self.pooled else DpSequenceEmbeddingDist()
+
+    def output_layout(self) -> list[tuple[str, int, int]]:
+        return [(s.feature, 0, s.cols) for s in self.slots]
+
+    def feature_rows(self, rows: torch.Tensor, ctx: DistContext) -> dict[str, torch.Tensor]:
+        opk = ctx.sent.offset_per_key()
+        return {s.feature: rows[opk[k] : opk[k + 1], : s.cols] for k, s in enumerate(self.slots)}

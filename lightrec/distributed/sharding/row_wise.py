@@ -1,0 +1,234 @@
+"""Row-wise sharding: each table's rows split into contiguous blocks, one block per rank.
+
+Forward, for the tables of this sharding type (``W`` ranks, rank ``s`` holds ``B_s`` samples)::
+
+    input dist   select the features; MEAN tables get per-id weights 1/len(bag) computed HERE,
+                 from the whole bag, before its ids are split; bucketize every id to the rank
+                 owning its row (rebased to the shard's local row); KJT all-to-all -> rank r holds,
+                 for every feature, the ids of all sum(B) samples that fall into its block
+    lookup       one batched SUM kernel call per optimizer group -> partial sums [sum B, sum D]
+    output dist  reduce-scatter: partial sums added over ranks, rank s keeps its B_s rows (EBC)
+                 sequence all-to-all + unbucketize permutation back to the input order (EC)
+
+Because the MEAN factor is the true bag length and travels with each id, the reduced sum of the
+partial sums is exactly the mean over the whole bag (a per-shard mean would be wrong).
+
+Shards: at most one per rank and table, spanning all columns; blocks are laid out in rank order
+(``rows`` of rank 0 first), so a plan listing shards in another rank order keeps each rank's
+block size but re-bases the offsets (:meth:`RwEmbeddingSharding.normalize`). Ranks without a
+block (tables smaller than the world size, or ranks outside a host for table-row-wise) receive no
+ids for the table and contribute zero partial sums.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lightrec.distributed.comm import (
+    KJTAllToAll,
+    PooledEmbeddingsReduceScatter,
+    SequenceEmbeddingsAllToAll,
+    bucketize_kjt_row_wise,
+    row_wise_block_bounds,
+    row_wise_block_size,
+)
+from lightrec.distributed.sharding.common import (
+    DistContext,
+    EmbeddingSharding,
+    GroupedEmbeddingsLookup,
+    GroupedPooledEmbeddingsLookup,
+    KeySelector,
+    ShardedTable,
+    ShardSlot,
+    mean_weights,
+    order_slots,
+    width_of,
+)
+from lightrec.distributed.types import ShardingEnv, ShardMetadata
+from lightrec.modules.embedding_configs import PoolingType
+from lightrec.sparse import KeyedJaggedTensor
+
+__all__ = ["RwEmbeddingSharding", "RwPooledEmbeddingDist", "RwSequenceEmbeddingDist", "RwSparseFeaturesDist"]
+
+
+class RwSparseFeaturesDist(nn.Module):
+    """Input dist: select features, add MEAN factors, bucketize by row block, KJT all-to-all.
+
+    Args:
+        pg: process group; ``world_size``: number of buckets.
+        feature_indices: collection feature index of each row-wise feature (in sharding order).
+        num_rows: ``[T]`` rows of each feature's table (ids are checked against it).
+        block_bounds: ``[T][W + 1]`` row offsets of each rank's block, or None for the default
+            ``ceil(rows / W)`` blocks.
+        mean_keys: ``[T]`` MEAN flags.
+        keep_weights: the collection is weighted.
+        sequence: also compute the unbucketize permutation.
+    """
+
+    def __init__(
+        self,
+        pg: torch.distributed.ProcessGroup | None,
+        world_size: int,
+        feature_indices: list[int],
+        num_rows: list[int],
+        block_bounds: list[list[int]] | None,
+        mean_keys: list[bool],
+        keep_weights: bool,
+        sequence: bool,
+    ) -> None:
+        super().__init__()
+        self._select = KeySelector(feature_indices, keep_weights)
+        self._world_size = world_size
+        self._num_rows = list(num_rows)
+        self._block_sizes = [row_wise_block_size(r, world_size) for r in num_rows]
+        self._block_bounds = block_bounds
+        self._has_mean = any(mean_keys)
+        self._mean_mask = None if all(mean_keys) else torch.tensor(mean_keys, dtype=torch.bool)
+        self._sequence = sequence
+        self._dist = KJTAllToAll(pg, [len(feature_indices)] * world_size)
+
+    def forward(self, kjt: KeyedJaggedTensor, positions: list[int] | None = None) -> DistContext:
+        sent = self._select(kjt, positions)
+        if self._has_mean:
+            lengths, values = sent.lengths(), sent.values()
+            mask = None if self._mean_mask is None else self._mean_mask.to(lengths.device)
+            w = mean_weights(lengths, values.numel(), mask, sent.stride(), sent.weights_or_none())
+            sent = KeyedJaggedTensor(sent.keys(), values, w, lengths=lengths, stride=sent.stride())
+        bucketized = bucketize_kjt_row_wise(
+            sent,
+            self._world_size,
+            self._block_sizes,
+            block_bounds=self._block_bounds,
+            num_rows=self._num_rows,
+            output_permute=self._sequence,
+        )
+        return DistContext(sent, self._dist(bucketized.kjt), bucketized.unbucketize_permute)
+
+    def extra_repr(self) -> str:
+        return f"features={len(self._num_rows)}, world_size={self._world_size}"
+
+
+class RwPooledEmbeddingDist(nn.Module):
+    """Output dist: reduce-scatter of the partial pooled sums ``[sum B, D] -> [B_s, D]``."""
+
+    def __init__(self, pg: torch.distributed.ProcessGroup | None) -> None:
+        super().__init__()
+        self._dist = PooledEmbeddingsReduceScatter(pg)
+
+    def forward(self, partial: torch.Tensor, tensors: object, ctx: DistContext) -> object:
+        return self._dist(partial, tensors.batch_size_per_rank)  # type: ignore[attr-defined]
+
+
+class RwSequenceEmbeddingDist(nn.Module):
+    """Output dist: rows back to their senders, then into the pre-bucketization id order."""
+
+    def __init__(self, pg: torch.distributed.ProcessGroup | None) -> None:
+        super().__init__()
+        self._dist = SequenceEmbeddingsAllToAll(pg)
+
+    def forward(self, rows: torch.Tensor, tensors: object, ctx: DistContext) -> object:
+        perm = ctx.unbucketize
+        assert perm is not None  # set by RwSparseFeaturesDist(sequence=True)
+        return self._dist(rows, tensors).then(lambda r: r.index_select(0, perm.long()))  # type: ignore[arg-type]
+
+
+class RwEmbeddingSharding(EmbeddingSharding):
+    """Row-wise sharding over the ranks listed by each table's shards (all ranks for row_wise)."""
+
+    name = "row_wise"
+    input_dist_cls: type[nn.Module] = RwSparseFeaturesDist
+    pooled_dist_cls: type[nn.Module] = RwPooledEmbeddingDist
+    sequence_dist_cls: type[nn.Module] = RwSequenceEmbeddingDist
+
+    def __init__(
+        self,
+        tables: list[ShardedTable],
+        feature_order: list[str],
+        env: ShardingEnv,
+        device: torch.device,
+        pooled: bool,
+        is_weighted: bool,
+        seed: int,
+    ) -> None:
+        super().__init__(tables, feature_order, env, device, pooled, is_weighted, seed)
+        world = env.world_size
+        self.bounds: dict[str, list[int]] = {t.name: self.normalize(t, world) for t in tables}
+        # Features in kernel-group order (the same on every rank, so groups are contiguous keys).
+        probes = [
+            ShardSlot(f, i, t.name, 0, 0, 0, t.config.num_embeddings, 0, t.config.embedding_dim)
+            for f, i, t in self.features
+        ]
+        self.rw_slots = order_slots(probes, self.tables, pooled)
+        self.slots_by_rank: list[list[ShardSlot]] = []
+        for rank in range(world):
+            slots = []
+            for p in self.rw_slots:
+                table = self.tables[p.table]
+                bounds = self.bounds[p.table]
+                index = next((i for i, s in enumerate(table.shards) if s.rank == rank), -1)
+                rows = bounds[rank + 1] - bounds[rank] if index >= 0 else 0
+                slots.append(
+                    ShardSlot(p.feature, p.feature_index, p.table, index, rank, bounds[rank], rows, 0, p.cols)
+                )
+            self.slots_by_rank.append(slots)
+        self.width = width_of(tables)
+
+    def normalize(self, table: ShardedTable, world_size: int) -> list[int]:
+        """Check the shards and lay them out in rank order; return the ``W + 1`` block bounds."""
+        rows, cols = table.config.num_embeddings, table.config.embedding_dim
+        ranks = [s.rank for s in table.shards]
+        problems = []
+        if len(set(ranks)) != len(ranks):
+            problems.append(f"ranks {ranks} repeat (one block per rank)")
+        if any(r >= world_size for r in ranks):
+            problems.append(f"ranks {ranks} exceed world size {world_size}")
+        if any(s.shard_offsets[1] != 0 or s.shard_sizes[1] != cols for s in table.shards):
+            problems.append(f"every shard must span all {cols} columns")
+        if sum(s.shard_sizes[0] for s in table.shards) != rows:
+            problems.append(f"shard rows {[s.shard_sizes[0] for s in table.shards]} must add up to {rows}")
+        if problems:
+            raise ValueError(f"{self.name} table {table.name!r}: " + "; ".join(problems) + "; fix the plan")
+        size = [0] * world_size
+        for s in table.shards:
+            size[s.rank] = s.shard_sizes[0]
+        bounds = [0]
+        for r in range(world_size):
+            bounds.append(bounds[-1] + size[r])
+        table.shards = [
+            ShardMetadata([bounds[s.rank], 0], [s.shard_sizes[0], cols], s.placement)
+            for s in sorted(table.shards, key=lambda s: s.rank)
+        ]
+        return bounds
+
+    def create_input_dist(self) -> nn.Module:
+        world = self.env.world_size
+        rows = [self.tables[s.table].config.num_embeddings for s in self.rw_slots]
+        bounds = [self.bounds[s.table] for s in self.rw_slots]
+        default = all(b == row_wise_block_bounds(r, world) for b, r in zip(bounds, rows))
+        mean = [self.pooled and self.tables[s.table].pooling == PoolingType.MEAN for s in self.rw_slots]
+        return self.input_dist_cls(
+            self.env.pg, world, [s.feature_index for s in self.rw_slots], rows, None if default else bounds, mean,
+            self.is_weighted, not self.pooled,
+        )  # fmt: skip
+
+    def create_lookup(self) -> nn.Module:
+        mine = self.slots_by_rank[self.env.rank]
+        if self.pooled:
+            return GroupedPooledEmbeddingsLookup(
+                mine, self.tables, self.device, self.seed, self.attr, self.grad_scale
+            )
+        return GroupedEmbeddingsLookup(
+            mine, self.tables, self.device, self.seed, self.width, self.attr, self.grad_scale
+        )
+
+    def create_output_dist(self) -> nn.Module:
+        return self.pooled_dist_cls(self.env.pg) if self.pooled else self.sequence_dist_cls(self.env.pg)
+
+    def output_layout(self) -> list[tuple[str, int, int]]:
+        return [(s.feature, 0, s.cols) for s in self.rw_slots]
+
+    def feature_rows(self, rows: torch.Tensor, ctx: DistContext) -> dict[str, torch.Tensor]:
+        """Sequence output: rows are in the sent KJT's value order; cut per feature."""
+        opk = ctx.sent.offset_per_key()
+        return {s.feature: rows[opk[k] : opk[k + 1], : s.cols] for k, s in enumerate(self.rw_slots)}
