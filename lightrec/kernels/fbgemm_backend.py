@@ -119,6 +119,7 @@ class FbgemmBatchedLookup:
         }[spec.weight_decay_mode]
         self.spec = spec
         self.pooling = pooling
+        self._feature_table_map = list(feature_table_map)
         self.tbe = SplitTableBatchedEmbeddingBagsCodegen(
             [(r, d, location, compute) for r, d in zip(rows, dims, strict=True)],
             feature_table_map=list(feature_table_map),
@@ -187,4 +188,29 @@ class FbgemmBatchedLookup:
             per_sample_weights = (
                 mean_weights if per_sample_weights is None else per_sample_weights * mean_weights
             )
+        if torch.is_inference_mode_enabled():
+            # fbgemm's fused training ops have no inference-mode kernel (Lightning validates and
+            # tests under torch.inference_mode); read the same storage with plain torch instead.
+            return self._lookup_without_autograd(indices, offsets, per_sample_weights, batch)
         return self.tbe(indices, offsets, per_sample_weights)
+
+    def _lookup_without_autograd(
+        self, indices: torch.Tensor, offsets: torch.Tensor, per_sample_weights: torch.Tensor | None, batch: int
+    ) -> torch.Tensor:
+        """The forward of ``self.tbe`` in plain torch: ``[B, sum D]`` pooled, or ``[N, D]`` unpooled."""
+        tables = self.tbe.split_embedding_weights()
+        outs = []
+        for f, t in enumerate(self._feature_table_map):
+            bounds = offsets[f * batch : (f + 1) * batch + 1]
+            start, end = int(bounds[0]), int(bounds[-1])
+            ids = indices[start:end]
+            if self.pooling == PoolingType.NONE:
+                outs.append(torch.nn.functional.embedding(ids, tables[t]))
+                continue
+            psw = per_sample_weights[start:end] if per_sample_weights is not None else None
+            outs.append(
+                torch.nn.functional.embedding_bag(
+                    ids, tables[t], bounds - start, mode="sum", per_sample_weights=psw, include_last_offset=True
+                )
+            )
+        return torch.cat(outs, dim=0 if self.pooling == PoolingType.NONE else 1)

@@ -133,8 +133,7 @@ class RecStrategy(DDPStrategy):
             return self._sharders
         from lightrec.distributed import EmbeddingBagCollectionSharder, EmbeddingCollectionSharder
 
-        params = dict(self._fused_params)
-        params.setdefault("kernel_backend", self._kernel_backend)
+        params = self._fused_params or None
         return [EmbeddingBagCollectionSharder(fused_params=params), EmbeddingCollectionSharder(fused_params=params)]
 
     def _plan_for(self, module: nn.Module, sharders: list[Any]) -> Any:
@@ -184,6 +183,12 @@ class RecStrategy(DDPStrategy):
     @override
     def teardown(self) -> None:
         self.dmp = None
+        module = self.lightning_module
+        if module is not None and any(p.is_meta for p in module.parameters()):
+            # Set-up failed before the tables were sharded: the base teardown's `module.cpu()`
+            # would raise "Cannot copy out of meta tensor" and hide the original error.
+            self.model = None
+            self._lightning_module = None
         super().teardown()
 
     @override

@@ -250,3 +250,24 @@ def test_from_module_reads_apply_optimizer_in_backward_marks() -> None:
         torch.testing.assert_close(fused.state_dict()[name], p.detach())
     with pytest.raises(ValueError, match="from_module needs fused_params"):
         FusedEmbeddingBagCollection.from_module(EmbeddingBagCollection(_tables()))
+
+
+@pytest.mark.skipif(not fbgemm_available(), reason="needs fbgemm")
+@pytest.mark.parametrize("pooling", [PoolingType.SUM, PoolingType.MEAN])
+def test_fbgemm_lookup_under_inference_mode_matches_training_forward(pooling: PoolingType) -> None:
+    """Lightning runs validation under torch.inference_mode, where fbgemm's fused ops have no kernel."""
+    tables = [
+        EmbeddingBagConfig(name="t0", num_embeddings=9, embedding_dim=4, feature_names=["a"], pooling=pooling),
+        EmbeddingBagConfig(name="t1", num_embeddings=9, embedding_dim=4, feature_names=["b"], pooling=pooling),
+        EmbeddingBagConfig(name="t2", num_embeddings=5, embedding_dim=8, feature_names=["c"], pooling=pooling),
+    ]
+    ebc = FusedEmbeddingBagCollection(
+        tables, fused_params={"optimizer": "exact_row_wise_adagrad", "learning_rate": 0.1}, backend="fbgemm"
+    )
+    kjt = KeyedJaggedTensor(keys=["a", "b", "c"], values=torch.tensor([1, 8, 2, 3, 4, 0]),
+                            lengths=torch.tensor([2, 0, 1, 1, 0, 2]))
+    with torch.no_grad():
+        expected = ebc(kjt).values()
+    with torch.inference_mode():
+        got = ebc(kjt).values()
+    torch.testing.assert_close(got, expected)

@@ -1,0 +1,362 @@
+"""The ``lightrec`` console script: run, list, copy and plan recipes; export checkpoints.
+
+::
+
+    lightrec run dlrm                          # the main job: DLRM, synthetic data, 2 CPU ranks
+    lightrec run dlrm --devices 1 --trainer.strategy auto --trainer.max_steps 50
+    lightrec run two_tower --config two_tower_movielens --data.init_args.data_dir data/ml-1m
+    lightrec ls                                # recipes and configs
+    lightrec cp dlrm my_dlrm                   # my_dlrm/dlrm.py + my_dlrm/configs/*.yaml to edit
+    lightrec plan dlrm_criteo --devices 8 --num-nodes 2 --markdown
+    lightrec export lightning_logs/dlrm/version_0/checkpoints/last.ckpt
+
+``run`` hands every argument it does not know to the recipe's LightningCLI (``fit`` is the
+default subcommand), so ``--trainer.*``/``--model.*``/``--data.*`` work as in the recipe itself.
+With ``devices > 1`` Lightning launches the other ranks by re-running this same command line.
+Usage errors exit with code 2 and a line naming the valid choices; failures of a command with 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from lightrec.recipes import CONFIGS, CONFIGS_DIR, RECIPES, config_summary, configs_of, get_recipe
+
+__all__ = ["main"]
+
+USAGE_ERROR = 2
+FAILURE = 1
+
+
+class CommandError(Exception):
+    """A command could not do its job (exit code 1, message printed without a traceback)."""
+
+
+# ---------------------------------------------------------------------------------------------- run
+def _run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParser) -> int:
+    recipe = _recipe_or_usage_error(ns.recipe, parser)
+    args = list(rest)
+    subcommand = args.pop(0) if args and args[0] in ("fit", "validate", "test", "predict") else "fit"
+    overrides = []
+    for flag, value in (
+        ("devices", ns.devices),
+        ("accelerator", ns.accelerator),
+        ("num_nodes", ns.num_nodes),
+    ):
+        if value is not None:
+            overrides += [f"--trainer.{flag}", str(value)]
+    config = (
+        []
+        if any(a == "--config" or a.startswith("--config=") for a in args)
+        else ["--config", recipe.default_config]
+    )
+    module = importlib.import_module(recipe.module)
+    # Options given after the recipe name win over the shortcuts, which win over the config.
+    module.main([subcommand, *config, *overrides, *args])
+    return 0
+
+
+def _recipe_or_usage_error(name: str, parser: argparse.ArgumentParser) -> Any:
+    if name not in RECIPES:
+        parser.error(f"unknown recipe {name!r}; valid recipes: {', '.join(RECIPES)} (see `lightrec ls`)")
+    return get_recipe(name)
+
+
+# ----------------------------------------------------------------------------------------------- ls
+def _ls(ns: argparse.Namespace) -> int:
+    print("recipes (lightrec run <recipe>):")
+    width = max(map(len, RECIPES))
+    for r in RECIPES.values():
+        print(f"  {r.name:<{width}}  {r.description}  [{r.script}.py, default config {r.default_config}]")
+    print(f"\nconfigs (lightrec run <recipe> --config <config>; files in {CONFIGS_DIR}):")
+    width = max(map(len, CONFIGS))
+    for name, script in CONFIGS.items():
+        print(f"  {name:<{width}}  ({script}.py)  {config_summary(name)}")
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------- cp
+def _cp(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    recipe = _recipe_or_usage_error(ns.recipe, parser)
+    dest = Path(ns.dir)
+    copies = [(recipe.path, dest / recipe.path.name)]
+    copies += [(CONFIGS_DIR / f"{c}.yaml", dest / "configs" / f"{c}.yaml") for c in configs_of(recipe.script)]
+    existing = [str(target) for _, target in copies if target.exists()]
+    if existing:
+        raise CommandError(
+            f"refusing to overwrite {', '.join(existing)}; choose another directory or remove them first"
+        )
+    (dest / "configs").mkdir(parents=True, exist_ok=True)
+    for source, target in copies:
+        shutil.copyfile(source, target)
+        print(f"wrote {target}")
+    script = dest / recipe.path.name
+    print(f"\nedit, then run:  python {script} fit --config {dest / 'configs' / recipe.default_config}.yaml")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------- plan
+def _script_for_config(config: str, recipe: str | None, parser: argparse.ArgumentParser) -> tuple[str, str]:
+    """``(script, config file)`` for a shipped config name, a recipe name or a YAML path."""
+    if recipe is not None:
+        script = _recipe_or_usage_error(recipe, parser).script
+    if config in RECIPES and not Path(config).exists():
+        config = RECIPES[config].default_config
+    stem = Path(config).stem
+    if not Path(config).exists():
+        if config.removesuffix(".yaml") not in CONFIGS:
+            parser.error(
+                f"config {config!r} is neither a file nor a shipped config; valid configs: "
+                f"{', '.join(CONFIGS)}; valid recipes: {', '.join(RECIPES)}"
+            )
+        path = str(CONFIGS_DIR / f"{config.removesuffix('.yaml')}.yaml")
+        return (script if recipe is not None else CONFIGS[stem]), path
+    if recipe is not None:
+        return script, config
+    if stem in CONFIGS:
+        return CONFIGS[stem], config
+    parser.error(
+        f"cannot tell which recipe config {config!r} is for; pass --recipe with one of: {', '.join(RECIPES)}"
+    )
+    raise AssertionError  # parser.error exits
+
+
+def _count_devices(devices: Any, accelerator: str) -> int:
+    if isinstance(devices, int) and devices > 0:
+        return devices
+    if isinstance(devices, (list, tuple)):
+        return len(devices)
+    if isinstance(devices, str) and devices.strip().isdigit() and int(devices) > 0:
+        return int(devices)
+    if isinstance(devices, str) and "," in devices:
+        return len([d for d in devices.split(",") if d.strip()])
+    import torch
+
+    # "auto" / -1: every visible GPU, or one CPU process.
+    return max(torch.cuda.device_count(), 1) if accelerator in ("gpu", "cuda") else 1
+
+
+def _plan(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    script, config = _script_for_config(ns.config, ns.recipe, parser)
+    module = importlib.import_module(f"lightrec.recipes.{script}")
+    from lightrec.recipes._cli import plan_cli
+
+    try:
+        cli = plan_cli(module, config, ns.overrides)
+    except (ValueError, TypeError, OSError) as exc:
+        raise CommandError(f"cannot build the model of {config}: {exc}") from exc
+    trainer_cfg = cli.config["trainer"]
+    accelerator = str(ns.accelerator or trainer_cfg.get("accelerator") or "cpu")
+    devices = _count_devices(
+        ns.devices if ns.devices is not None else trainer_cfg.get("devices", 1), accelerator
+    )
+    num_nodes = int(ns.num_nodes if ns.num_nodes is not None else trainer_cfg.get("num_nodes", 1) or 1)
+
+    from lightrec.distributed import EmbeddingBagCollectionSharder, EmbeddingCollectionSharder
+    from lightrec.distributed.planner import EmbeddingShardingPlanner, Topology
+
+    rec_module = cli.model
+    model = rec_module.model_for_planning()
+    fused = rec_module.fused_params()
+    sharders = [
+        EmbeddingBagCollectionSharder(fused_params=fused),
+        EmbeddingCollectionSharder(fused_params=fused),
+    ]
+    topology = Topology(
+        world_size=devices * num_nodes,
+        local_world_size=devices,
+        compute_device="cuda" if accelerator in ("gpu", "cuda") else "cpu",
+    )
+    batch_size = getattr(cli.datamodule, "batch_size", None)
+    planner = EmbeddingShardingPlanner(
+        topology=topology, batch_size=batch_size if isinstance(batch_size, int) else None
+    )
+    from lightrec.distributed.planner import PlannerError
+
+    try:
+        plan = planner.plan(model, sharders)
+    except PlannerError as exc:
+        raise CommandError(f"no sharding plan fits: {exc}") from exc
+    report = planner.last_report
+    print(
+        f"plan for {config} ({script}.py): {devices} device(s) x {num_nodes} node(s), {topology.compute_device}"
+    )
+    if report is None:
+        print("the model has no embedding tables to shard")
+        return 0
+    print(report.to_markdown() if ns.markdown else report.to_text())
+    if ns.png:
+        report.figure(ns.png)
+        print(f"wrote {ns.png}")
+    if ns.json:
+        Path(ns.json).write_text(plan.to_json())
+        print(f"wrote {ns.json}")
+    return 0
+
+
+# ------------------------------------------------------------------------------------------- export
+def _load_class(reference: str) -> type:
+    if ":" in reference:
+        path, name = reference.rsplit(":", 1)
+        spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+        if spec is None or spec.loader is None:
+            raise CommandError(f"cannot import the recipe file {path!r} named in the checkpoint")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return getattr(module, name)
+    module_name, _, name = reference.rpartition(".")
+    return getattr(importlib.import_module(module_name), name)
+
+
+def _export(ns: argparse.Namespace) -> int:
+    checkpoint = Path(ns.checkpoint)
+    if not checkpoint.exists():
+        raise CommandError(f"checkpoint {str(checkpoint)!r} does not exist")
+    try:
+        from lightrec import inference
+    except ImportError as exc:  # pragma: no cover - the package always ships lightrec.inference
+        raise CommandError(f"lightrec.inference cannot be imported ({exc}); export is unavailable") from exc
+    out = (
+        Path(ns.out)
+        if ns.out
+        else checkpoint.parent / f"{checkpoint.stem}_{ns.dtype}.{'pt2' if ns.format == 'export' else 'pt'}"
+    )
+    from_checkpoint = getattr(inference, "export_from_checkpoint", None)
+    if not callable(from_checkpoint):
+        raise CommandError(
+            "lightrec export needs lightrec.inference.export_from_checkpoint, which this lightrec does not "
+            "provide yet; the checkpoint itself holds the trained weights"
+        )
+    if checkpoint.is_dir():
+        raise CommandError(
+            f"{str(checkpoint)!r} is a sharded checkpoint folder; gather it into one file of full tables "
+            "first (lightrec.distributed.gather_full_state_dict), then export that file"
+        )
+    import torch
+
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    reference = ns.module or state.get("lightrec_module")
+    if not reference:
+        raise CommandError(
+            f"{str(checkpoint)!r} was not written by a lightrec recipe (no 'lightrec_module' entry); "
+            "pass --module package.module.ClassName of its RecModule"
+        )
+    rec_module = _load_class(reference).load_from_checkpoint(checkpoint, map_location="cpu")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    from_checkpoint(state, rec_module.serving_factory, out, dtype=ns.dtype, format=ns.format)
+    print(f"exported {checkpoint} -> {out}")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------- main
+_PLAN_OVERRIDES = ("--model.", "--data.", "--trainer.")
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The ``lightrec`` parser and its ``run`` subparser (whose help ``lightrec run --help`` prints)."""
+    parser = argparse.ArgumentParser(
+        prog="lightrec", description="Run, list, copy and plan lightrec recipes.", allow_abbrev=False
+    )
+    sub = parser.add_subparsers(dest="command", metavar="{run,ls,cp,plan,export}")
+    sub.required = True
+
+    run = sub.add_parser(
+        "run",
+        help="run a recipe (other arguments go to its LightningCLI; `fit` by default)",
+        allow_abbrev=False,
+        add_help=False,  # `lightrec run dlrm --help` shows the recipe's LightningCLI help
+    )
+    run.add_argument("recipe", help=f"one of: {', '.join(RECIPES)}")
+    run.add_argument("--devices", type=_positive_int, help="processes per node (trainer.devices)")
+    run.add_argument("--accelerator", choices=["cpu", "gpu", "cuda", "auto"], help="trainer.accelerator")
+    run.add_argument("--num-nodes", dest="num_nodes", type=_positive_int, help="trainer.num_nodes")
+
+    sub.add_parser("ls", help="list recipes and configs", allow_abbrev=False)
+
+    cp = sub.add_parser(
+        "cp", help="copy a recipe and its configs into a directory to edit", allow_abbrev=False
+    )
+    cp.add_argument("recipe", help=f"one of: {', '.join(RECIPES)}")
+    cp.add_argument("dir", help="destination directory (existing files are never overwritten)")
+
+    plan = sub.add_parser(
+        "plan", help="print the sharding plan of a config without training", allow_abbrev=False
+    )
+    plan.add_argument("config", help="a shipped config or recipe name, or a YAML file")
+    plan.add_argument("--recipe", help="the recipe of a YAML file that is not a shipped config")
+    plan.add_argument("--devices", type=_positive_int, help="ranks per node (default: the config's)")
+    plan.add_argument(
+        "--num-nodes", dest="num_nodes", type=_positive_int, help="nodes (default: the config's)"
+    )
+    plan.add_argument("--accelerator", choices=["cpu", "gpu", "cuda"], help="default: the config's")
+    plan.add_argument("--markdown", action="store_true", help="print the report as a markdown table")
+    plan.add_argument("--png", metavar="PATH", help="also write the per-rank memory/cost chart there")
+    plan.add_argument("--json", metavar="PATH", help="also write the plan as JSON (RecStrategy(plan=PATH))")
+
+    export = sub.add_parser(
+        "export", help="quantize a recipe checkpoint and write a serving artifact", allow_abbrev=False
+    )
+    export.add_argument("checkpoint", help="a .ckpt written by a recipe")
+    export.add_argument("--out", help="artifact path (default: next to the checkpoint)")
+    export.add_argument("--dtype", choices=["int8", "int4", "fp16"], default="int8")
+    export.add_argument("--format", choices=["torchscript", "export"], default="torchscript")
+    export.add_argument(
+        "--module", help="RecModule class (package.module.Class) if the checkpoint names none"
+    )
+    plan.epilog = (
+        "Config overrides such as --model.embedding_dim=64 or --data.init_args.batch_size=4096 also work."
+    )
+    return parser, run
+
+
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value!r}")
+    return number
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``lightrec`` console script; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser, run_parser = build_parser()
+    if argv == ["run"]:
+        run_parser.error(f"the recipe is missing; valid recipes: {', '.join(RECIPES)}")
+    if argv[:1] == ["run"] and argv[1] in ("-h", "--help"):
+        run_parser.print_help()
+        return 0
+    ns, rest = parser.parse_known_args(argv)
+    try:
+        if ns.command == "run":
+            return _run(ns, rest, parser)
+        if ns.command == "plan":
+            bad = [a for a in rest if a.startswith("-") and not a.startswith(_PLAN_OVERRIDES)]
+            if bad:
+                parser.error(
+                    f"unrecognized arguments: {' '.join(bad)} (plan takes {', '.join(_PLAN_OVERRIDES)}* overrides)"
+                )
+            ns.overrides = rest
+            return _plan(ns, parser)
+        if rest:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        if ns.command == "ls":
+            return _ls(ns)
+        if ns.command == "cp":
+            return _cp(ns, parser)
+        return _export(ns)
+    except CommandError as exc:
+        print(f"lightrec {ns.command}: error: {exc}", file=sys.stderr)
+        return FAILURE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

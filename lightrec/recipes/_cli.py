@@ -1,0 +1,256 @@
+"""The LightningCLI every recipe runs: table linking, default config, end-of-fit test, summary, export.
+
+``run_recipe(DLRMModule, "dlrm.yaml", __file__, args)`` is a recipe's whole ``main``:
+
+1. a config name (``--config dlrm_criteo``) resolves to ``<recipe dir>/configs/dlrm_criteo.yaml``,
+   and with no ``--config`` at all the recipe's default config is used;
+2. ``RecipeCLI`` links the DataModule's table sizes and dense width into the model's ``tables`` /
+   ``dense_in_features`` (``link_arguments(..., apply_on="instantiate")``), so a config never
+   repeats the data's cardinalities;
+3. after ``fit`` it runs the test set (``recipe.test_after_fit``), prints the test metrics — for
+   synthetic data with the Bayes-optimal AUC and the fraction of the gap from 0.5 reached — and
+   where the TensorBoard logs and checkpoints are, then exports a quantized model when
+   ``recipe.export`` is on and ``lightrec.inference`` provides ``quantize``/``export``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning.pytorch as pl
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from lightrec.recipes._common import dense_width_of, table_specs_of
+
+__all__ = ["RecipeCLI", "RecipeOptions", "resolve_config_args", "run_recipe", "summarize"]
+
+SUBCOMMANDS = ("fit", "validate", "test", "predict")
+
+
+@dataclass
+class RecipeOptions:
+    """What a recipe does around ``Trainer.fit`` (the ``recipe:`` section of a config).
+
+    Args:
+        test_after_fit: evaluate the test split after training and print the summary.
+        export: write a quantized inference artifact after training (needs ``lightrec.inference``).
+        export_dtype: ``"int8"``, ``"int4"`` or ``"fp16"`` embedding tables in the artifact.
+        export_format: ``"torchscript"`` or ``"export"`` (``torch.export``).
+        export_dir: where the artifact goes (default: ``<log dir>/export``).
+    """
+
+    test_after_fit: bool = True
+    export: bool = False
+    export_dtype: Literal["int8", "int4", "fp16"] = "int8"
+    export_format: Literal["torchscript", "export"] = "torchscript"
+    export_dir: str | None = None
+
+
+def _has_config(args: list[str]) -> bool:
+    return any(a == "--config" or a.startswith("--config=") for a in args)
+
+
+def resolve_config_args(args: list[str], configs_dir: Path, default_config: str) -> list[str]:
+    """Default subcommand ``fit``, default config, and config names resolved to files of ``configs_dir``.
+
+    ``["fit"]`` -> ``["fit", "--config", <configs_dir>/<default_config>]``; ``--config dlrm_criteo``
+    -> ``--config <configs_dir>/dlrm_criteo.yaml`` when that file exists (paths are kept as given).
+    """
+    args = list(args)
+    if not args or args[0].startswith("-") and not any(a in ("-h", "--help") for a in args):
+        args.insert(0, "fit")
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--config" and i + 1 < len(args):
+            out += [a, _config_file(args[i + 1], configs_dir)]
+            i += 2
+            continue
+        if a.startswith("--config="):
+            out.append("--config=" + _config_file(a.split("=", 1)[1], configs_dir))
+        else:
+            out.append(a)
+        i += 1
+    if out and out[0] in SUBCOMMANDS and not _has_config(out) and not any(a in ("-h", "--help") for a in out):
+        out[1:1] = ["--config", str(configs_dir / default_config)]
+    return out
+
+
+def _config_file(value: str, configs_dir: Path) -> str:
+    if Path(value).is_file():
+        return value
+    name = value if value.endswith((".yaml", ".yml")) else value + ".yaml"
+    candidate = configs_dir / name
+    return str(candidate) if candidate.is_file() and "/" not in value else value
+
+
+class RecipeCLI(LightningCLI):
+    """``LightningCLI`` for recipes: data-linked tables, ``recipe:`` options, end-of-fit summary."""
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_class_arguments(RecipeOptions, "recipe")
+        params = inspect.signature(self._model_class).parameters
+        if "tables" in params:
+            parser.link_arguments("data", "model.tables", compute_fn=table_specs_of, apply_on="instantiate")
+        if "dense_in_features" in params:
+            parser.link_arguments(
+                "data", "model.dense_in_features", compute_fn=dense_width_of, apply_on="instantiate"
+            )
+
+    def _options(self) -> RecipeOptions:
+        section = self.config_init[self.subcommand] if self.subcommand else self.config_init
+        options = section.get("recipe")
+        return options if isinstance(options, RecipeOptions) else RecipeOptions()
+
+    def after_fit(self) -> None:
+        options = self._options()
+        if options.test_after_fit and not self.trainer.interrupted:
+            self.trainer.test(self.model, datamodule=self.datamodule, verbose=False)
+        if self.trainer.is_global_zero:
+            print(summarize(self.trainer, self.datamodule, tested=options.test_after_fit), flush=True)
+        if options.export and not self.trainer.interrupted:
+            export_after_fit(self.trainer, self.model, options)
+
+
+def _fmt(value: Any) -> str:
+    try:
+        return f"{float(value):.4f}"
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def summarize(trainer: pl.Trainer, datamodule: Any, tested: bool = True) -> str:
+    """End-of-run report: test metrics, Bayes-optimal AUC (synthetic data), log and checkpoint paths."""
+    lines = ["", "=" * 72, "lightrec recipe finished"]
+    metrics = {k: v for k, v in trainer.callback_metrics.items() if k.startswith("test/")}
+    if tested and metrics:
+        lines.append("  test: " + "  ".join(f"{k[5:]}={_fmt(v)}" for k, v in sorted(metrics.items())))
+    elif tested:
+        lines.append("  test: no test metrics were logged")
+    bayes = getattr(datamodule, "bayes_optimal_auc", None)
+    if callable(bayes) and "test/auc" in metrics:
+        auc, best = float(metrics["test/auc"]), float(bayes())
+        gap = (auc - 0.5) / (best - 0.5) if best > 0.5 else float("nan")
+        lines.append(
+            f"  Bayes-optimal AUC of the synthetic data: {best:.4f}; this model reached "
+            f"{gap:.1%} of the way from 0.5 to it"
+        )
+    logger = trainer.logger
+    if logger is not None and getattr(logger, "log_dir", None):
+        lines.append(f"  TensorBoard logs: {logger.log_dir}   (tensorboard --logdir {logger.save_dir})")
+    ckpt = trainer.checkpoint_callback
+    if ckpt is not None:
+        best_path = getattr(ckpt, "best_model_path", "") or getattr(ckpt, "last_model_path", "")
+        lines.append(f"  checkpoint: {best_path or '(none written)'}")
+        last = getattr(ckpt, "last_model_path", "")
+        if last and last != best_path:
+            lines.append(f"  last checkpoint: {last}")
+    lines.append("=" * 72)
+    return "\n".join(lines)
+
+
+def _inference_api() -> tuple[Any, Any] | None:
+    """``(quantize, export)`` of ``lightrec.inference`` or None while it is not available."""
+    try:
+        from lightrec import inference
+    except ImportError:
+        return None
+    quantize, export = getattr(inference, "quantize", None), getattr(inference, "export", None)
+    return (quantize, export) if callable(quantize) and callable(export) else None
+
+
+def export_after_fit(trainer: pl.Trainer, module: pl.LightningModule, options: RecipeOptions) -> Path | None:
+    """Quantize the trained model and write the inference artifact (rank 0); returns its path."""
+    api = _inference_api()
+    if api is None:
+        if trainer.is_global_zero:
+            warnings.warn(
+                "recipe.export is on but this lightrec has no lightrec.inference.quantize/export; "
+                "the model was not exported (the checkpoint above has the trained weights)",
+                stacklevel=2,
+            )
+        return None
+    quantize, export = api
+    out_dir = Path(options.export_dir or Path(trainer.log_dir or ".") / "export")
+    suffix = ".pt2" if options.export_format == "export" else ".pt"
+    path = out_dir / f"model_{options.export_dtype}{suffix}"
+    # Every rank takes part: quantizing a sharded model gathers its tables.
+    sharded = getattr(module, "_sharded_run", lambda: False)()
+    source = module.model if sharded or not hasattr(module, "serving_model") else module.serving_model()
+    quantized = quantize(source, dtype=options.export_dtype)
+    if trainer.is_global_zero:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        export(quantized, str(path), format=options.export_format)
+        print(f"  exported model: {path}", flush=True)
+    return path
+
+
+class _PlanCLI(RecipeCLI):
+    """Parses a config and builds model and data, but no Trainer (planning needs no accelerator)."""
+
+    def instantiate_trainer(self, **kwargs: Any) -> Any:
+        return None
+
+
+def plan_cli(recipe_module: Any, config: str, overrides: list[str]) -> RecipeCLI:
+    """Model and DataModule of ``config`` for a recipe module, without a Trainer (``lightrec plan``)."""
+    from lightrec.recipes._common import RecipeModule
+
+    classes = [
+        v
+        for v in vars(recipe_module).values()
+        if isinstance(v, type) and issubclass(v, RecipeModule) and v.__module__ == recipe_module.__name__
+    ]
+    if len(classes) != 1:
+        raise TypeError(
+            f"{recipe_module.__name__} must define exactly one RecipeModule subclass, found {classes}"
+        )
+    import lightrec.lightning  # noqa: F401 - registers strategy "lightrec" for the config's trainer section
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*args parameter is intended to run from within Python.*")
+        return _PlanCLI(
+            classes[0],
+            pl.LightningDataModule,
+            subclass_mode_data=True,
+            seed_everything_default=0,
+            args=["--config", config, *overrides],
+            run=False,
+        )
+
+
+def run_recipe(
+    module_class: type[pl.LightningModule],
+    default_config: str,
+    recipe_file: str,
+    args: list[str] | None = None,
+) -> RecipeCLI:
+    """A recipe's ``main``: parse ``args`` (default ``sys.argv[1:]``), build everything, run the subcommand.
+
+    Args:
+        module_class: the recipe's ``RecModule`` subclass.
+        default_config: file name in ``<dir of recipe_file>/configs`` used when no ``--config`` is given.
+        recipe_file: the recipe's ``__file__`` (configs are found next to it, also in a ``lightrec cp`` copy).
+        args: LightningCLI arguments; a leading subcommand is optional (``fit`` by default).
+    """
+    configs_dir = Path(recipe_file).resolve().parent / "configs"
+    raw = resolve_config_args(list(sys.argv[1:] if args is None else args), configs_dir, default_config)
+    import lightrec.lightning  # noqa: F401 - registers strategy "lightrec" before the Trainer parses it
+
+    with warnings.catch_warnings():
+        # `lightrec run` passes the recipe's arguments explicitly while sys.argv holds its own.
+        warnings.filterwarnings("ignore", message=".*args parameter is intended to run from within Python.*")
+        return RecipeCLI(
+            module_class,
+            pl.LightningDataModule,
+            subclass_mode_data=True,
+            save_config_kwargs={"overwrite": True},
+            seed_everything_default=0,
+            args=raw,
+        )

@@ -1,0 +1,182 @@
+"""The ``lightrec`` console script: ls, cp, plan, run, export and their usage errors."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lightrec.cli import main
+from lightrec.recipes import CONFIGS, CONFIGS_DIR, RECIPES
+
+TINY = ["--trainer.max_steps=2", "--trainer.limit_val_batches=1", "--trainer.limit_test_batches=1",
+        "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+        "--data.init_args.num_embeddings_cap=200", "--data.init_args.batch_size=32"]  # fmt: skip
+
+
+def usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_ls_lists_every_recipe_and_config(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["ls"]) == 0
+    out = capsys.readouterr().out
+    for name in [*RECIPES, *CONFIGS]:
+        assert f"  {name} " in out
+
+
+def test_cp_copies_recipe_and_configs_and_refuses_to_overwrite(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dest = tmp_path / "mine"
+    assert main(["cp", "two_tower", str(dest)]) == 0
+    assert (dest / "two_tower.py").read_text() == RECIPES["two_tower"].path.read_text()
+    copied = dest / "configs" / "two_tower_movielens.yaml"
+    assert copied.read_text() == (CONFIGS_DIR / "two_tower_movielens.yaml").read_text()
+    copied.write_text("# edited\n")
+    assert main(["cp", "two_tower", str(dest)]) == 1
+    err = capsys.readouterr().err
+    assert "refusing to overwrite" in err and str(copied) in err
+    assert copied.read_text() == "# edited\n"  # nothing was touched
+
+
+def test_copied_recipe_runs_from_its_own_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+
+    assert main(["cp", "dlrm", str(tmp_path / "my")]) == 0
+    spec = importlib.util.spec_from_file_location("my_dlrm", tmp_path / "my" / "dlrm.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    # No --config: the copy's own configs/dlrm.yaml is the default.
+    cli = module.main(["fit", "--trainer.devices=1", "--trainer.strategy=auto",
+                       f"--trainer.logger.init_args.save_dir={tmp_path}", *TINY])  # fmt: skip
+    assert type(cli.model).__module__ == "my_dlrm" and cli.trainer.global_step == 2
+
+
+def test_run_passes_shortcuts_and_lightningcli_arguments(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["run", "dlrm", "--devices", "1", "--accelerator", "cpu", "--trainer.strategy", "auto",
+            f"--trainer.logger.init_args.save_dir={tmp_path}", "--model.embedding_dim=8", *TINY]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "lightrec recipe finished" in out and "Bayes-optimal AUC" in out
+    saved = (tmp_path / "dlrm" / "version_0" / "config.yaml").read_text()
+    assert "embedding_dim: 8" in saved and "strategy: auto" in saved
+    assert re.search(r"devices: '?1'?\n", saved) and re.search(r"accelerator: cpu\n", saved)
+
+
+def test_unknown_recipe_and_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    valid = ", ".join(RECIPES)
+    assert f"unknown recipe 'dlrn'; valid recipes: {valid}" in usage_error(["run", "dlrn"], capsys)
+    assert f"valid recipes: {valid}" in usage_error(["run"], capsys)
+    assert f"valid recipes: {valid}" in usage_error(["cp", "nope", "x"], capsys)
+    assert "--devices: must be a positive integer, got '0'" in usage_error(
+        ["run", "dlrm", "--devices", "0"], capsys
+    )
+    assert "invalid choice: 'tpu'" in usage_error(["run", "dlrm", "--accelerator", "tpu"], capsys)
+    assert "invalid choice: 'train'" in usage_error(["train"], capsys)
+    assert "unrecognized arguments: --verbose" in usage_error(["ls", "--verbose"], capsys)
+    err = usage_error(["plan", "no_such_config"], capsys)
+    assert "valid configs: " + ", ".join(CONFIGS) in err
+    assert "unrecognized arguments: --fast" in usage_error(["plan", "dlrm", "--fast"], capsys)
+
+
+def test_plan_prints_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    png, plan_json = tmp_path / "plan.png", tmp_path / "plan.json"
+    assert main(["plan", "dlrm", "--devices", "4", "--png", str(png), "--json", str(plan_json)]) == 0
+    out = capsys.readouterr().out
+    assert "4 device(s) x 1 node(s), cpu" in out
+    assert "26 tables on 4 ranks (cpu)" in out
+    rows = [line for line in out.splitlines() if line[:1].isdigit() and " | " in line]
+    assert [int(r.split("|")[0]) for r in rows] == [0, 1, 2, 3]
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    from lightrec.distributed import ShardingPlan
+
+    plan = ShardingPlan.from_json(plan_json.read_text())
+    tables = {t for module_plan in plan.plan.values() for t in module_plan}
+    assert tables == {f"t_cat_{i}" for i in range(26)}
+
+
+def test_plan_markdown_config_file_and_overrides(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "custom.yaml"
+    config.write_text((CONFIGS_DIR / "dlrm_dcn.yaml").read_text())
+    assert "cannot tell which recipe" in usage_error(["plan", str(config)], capsys)
+    argv = ["plan", str(config), "--recipe", "dlrm", "--markdown", "--data.init_args.num_embeddings_cap=50"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| rank | HBM used / cap |" in out and "2 device(s) x 1 node(s)" in out
+
+
+def test_plan_reports_a_config_whose_data_is_missing(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "dlrm_criteo", "--data.init_args.data_dir=/nonexistent/criteo"]) == 1
+    err = capsys.readouterr().err
+    assert "cannot build the model of" in err and "preprocess_criteo" in err
+
+
+def test_export_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["export", str(tmp_path / "missing.ckpt")]) == 1
+    assert "does not exist" in capsys.readouterr().err
+    import torch
+
+    foreign = tmp_path / "foreign.ckpt"
+    torch.save({"state_dict": {}}, foreign)
+    assert main(["export", str(foreign)]) == 1
+    assert "not written by a lightrec recipe" in capsys.readouterr().err
+
+
+def test_export_writes_a_quantized_artifact_that_scores_like_the_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    inference = pytest.importorskip("lightrec.inference")
+    if not callable(getattr(inference, "export_from_checkpoint", None)):
+        pytest.skip("lightrec.inference.export_from_checkpoint is not available yet")
+    argv = ["run", "dlrm", "--devices", "1", "--trainer.strategy", "auto", "--recipe.test_after_fit=false",
+            f"--trainer.logger.init_args.save_dir={tmp_path}", *TINY]  # fmt: skip
+    assert main(argv) == 0
+    last = tmp_path / "dlrm" / "version_0" / "checkpoints" / "last.ckpt"
+    out = tmp_path / "served" / "dlrm.pt"
+    assert main(["export", str(last), "--out", str(out), "--dtype", "fp16"]) == 0
+    assert out.is_file() and f"-> {out}" in capsys.readouterr().out
+    from lightrec.data import SyntheticCriteo
+    from lightrec.recipes.dlrm import DLRMModule
+
+    batch = SyntheticCriteo(batch_size=16, num_embeddings_cap=200).datasets["test"][0]
+    reference = DLRMModule.load_from_checkpoint(last, map_location="cpu").serving_model()
+    artifact = torch.jit.load(str(out))
+    with torch.no_grad():
+        expected = reference(batch.dense_features, batch.sparse_features).reshape(-1)
+        kjt = batch.sparse_features
+        got = artifact(batch.dense_features, kjt.values(), kjt.lengths()).reshape(-1)
+    torch.testing.assert_close(got, expected, atol=2e-2, rtol=0)  # fp16 tables
+
+
+def _dmp_available() -> str | None:
+    try:
+        from lightrec.distributed import DistributedModelParallel  # noqa: F401
+    except ImportError as exc:
+        return f"lightrec.distributed.DistributedModelParallel is not importable yet ({exc})"
+    return None
+
+
+@pytest.mark.skipif(_dmp_available() is not None, reason=str(_dmp_available()))
+def test_main_job_on_two_cpu_ranks_with_rec_strategy(tmp_path: Path) -> None:
+    """The README's main job, reduced: `lightrec run dlrm` sharded over 2 gloo ranks (strategy lightrec)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "lightrec.cli", "run", "dlrm", "--devices", "2",
+           f"--trainer.logger.init_args.save_dir={tmp_path}", "--trainer.max_steps=4", *TINY[1:]]  # fmt: skip
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "lightrec recipe finished" in done.stdout and "Bayes-optimal AUC" in done.stdout
+    assert done.stdout.count("lightrec recipe finished") == 1  # printed by rank 0 only
+    saved = (tmp_path / "dlrm" / "version_0" / "config.yaml").read_text()
+    assert "strategy: lightrec" in saved and re.search(r"devices: '?2'?\n", saved)
