@@ -6,13 +6,12 @@
 from lightrec.distributed.sharding.column_wise import CwEmbeddingSharding
 from lightrec.distributed.sharding.common import (
     EmbeddingSharding,
-    GroupedEmbeddingsLookup,
-    GroupedPooledEmbeddingsLookup,
     ShardedTable,
     ShardSlot,
     init_shard_,
 )
 from lightrec.distributed.sharding.data_parallel import DpEmbeddingSharding
+from lightrec.distributed.sharding.lookups import GroupedEmbeddingsLookup, GroupedPooledEmbeddingsLookup
 from lightrec.distributed.sharding.row_wise import RwEmbeddingSharding
 from lightrec.distributed.sharding.table_column_wise import TwcwEmbeddingSharding
 from lightrec.distributed.sharding.table_row_wise import TwrwEmbeddingSharding

@@ -30,9 +30,9 @@ from lightrec.distributed.sharding.common import (
     DistContext,
     EmbeddingSharding,
     ShardedTable,
-    _GroupedLookupBase,
 )
 from lightrec.distributed.sharding.data_parallel import DpEmbeddingSharding
+from lightrec.distributed.sharding.lookups import _GroupedLookupBase
 from lightrec.distributed.state_dict import ShardedTableState, local_slice
 from lightrec.distributed.types import (
     EmbeddingComputeKernel,

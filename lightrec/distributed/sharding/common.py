@@ -13,8 +13,8 @@ Each sharding type (``table_wise.py``, ``row_wise.py`` ...) implements
 :class:`EmbeddingSharding` -- ``create_input_dist`` / ``create_lookup`` / ``create_output_dist``
 -- and the sharded collections chain the three per sharding type.
 
-On each rank the slots of one sharding type are served by :class:`GroupedPooledEmbeddingsLookup`
-(or :class:`GroupedEmbeddingsLookup` for sequence embeddings): one batched kernel call per group
+On each rank the slots of one sharding type are served by ``lookups.GroupedPooledEmbeddingsLookup``
+(or ``lookups.GroupedEmbeddingsLookup`` for sequence embeddings): one batched kernel call per group
 of slots sharing an optimizer (and, unpooled, a width). Slots are ordered so that every group is a
 contiguous run of keys of the received ``KeyedJaggedTensor``.
 
@@ -36,15 +36,12 @@ from torch import nn
 
 from lightrec._fbgemm import has_fbgemm_op
 from lightrec.distributed.types import EmbeddingComputeKernel, ParameterSharding, ShardingEnv, ShardMetadata
-from lightrec.kernels.batched_embedding import BatchedEmbedding, BatchedEmbeddingBag, TableSpec
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, PoolingType
 from lightrec.optim.fused_spec import FusedOptimizerSpec
 from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = [
     "EmbeddingSharding",
-    "GroupedEmbeddingsLookup",
-    "GroupedPooledEmbeddingsLookup",
     "ShardSlot",
     "ShardedTable",
     "complete_cumsum",
@@ -226,237 +223,6 @@ def order_slots(slots: Sequence[ShardSlot], tables: dict[str, ShardedTable], poo
     """Stable sort of slots by kernel group, so each group is a contiguous run of keys."""
     keys = list(dict.fromkeys(_group_key(tables[s.table], s, pooled) for s in slots))
     return sorted(slots, key=lambda s: keys.index(_group_key(tables[s.table], s, pooled)))
-
-
-@dataclass
-class _Group:
-    first: int  # first key of the group in the received KJT
-    last: int  # one past the last key
-    keys: list[int]  # keys served (empty shards excluded)
-    width: int  # pooled: sum of the keys' widths; unpooled: the rows' width
-
-
-class _GroupedLookupBase(nn.Module):
-    """Kernels for the slots one rank serves; see the module docstring."""
-
-    def __init__(
-        self,
-        slots: Sequence[ShardSlot],
-        tables: dict[str, ShardedTable],
-        pooled: bool,
-        device: torch.device,
-        seed: int,
-        attr: str,
-        grad_scale: float,
-    ) -> None:
-        super().__init__()
-        self._slots = list(slots)
-        self._pooled = pooled
-        self._grad_scale = grad_scale
-        self._emb_modules = nn.ModuleList()
-        self._groups: list[_Group] = []
-        self._device = device
-        widths = [s.cols for s in self._slots]
-        self._total_width = sum(widths)
-        # A rank may hold several shards of one table (column-wise); they get distinct names.
-        held = dict.fromkeys((s.table, s.shard_index) for s in self._slots if s.rows > 0 and s.cols > 0)
-        self._shards_per_table = {t: sum(1 for tt, _ in held if tt == t) for t, _ in held}
-        start = 0
-        while start < len(self._slots):
-            key = _group_key(tables[self._slots[start].table], self._slots[start], pooled)
-            end = start
-            while (
-                end < len(self._slots)
-                and _group_key(tables[self._slots[end].table], self._slots[end], pooled) == key
-            ):
-                end += 1
-            served = [k for k in range(start, end) if self._slots[k].rows > 0 and self._slots[k].cols > 0]
-            if served:
-                self._emb_modules.append(
-                    self._make_kernel([self._slots[k] for k in served], tables, device, seed, attr)
-                )
-                width = sum(widths[k] for k in served) if pooled else self._slots[start].cols
-                self._groups.append(_Group(start, end, served, width))
-            start = end
-        # Pooled output columns of the served keys, in key order, plus zero columns for empty shards.
-        served_keys = [k for g in self._groups for k in g.keys]
-        self._needs_fill = pooled and served_keys != list(range(len(self._slots)))
-        self._fill_index: torch.Tensor | None = None
-        if self._needs_fill:
-            col_of: dict[int, int] = {}
-            col = 0
-            for k in served_keys:
-                col_of[k], col = col, col + widths[k]
-            zero_col = col  # one extra zero column appended after the served outputs
-            index = []
-            for k, w in enumerate(widths):
-                index += list(range(col_of[k], col_of[k] + w)) if k in col_of else [zero_col] * w
-            self._fill_index = torch.tensor(index, dtype=torch.long, device=device)
-
-    def _make_kernel(
-        self,
-        slots: list[ShardSlot],
-        tables: dict[str, ShardedTable],
-        device: torch.device,
-        seed: int,
-        attr: str,
-    ) -> nn.Module:
-        shards = list(dict.fromkeys((s.table, s.shard_index) for s in slots))
-        per_table = self._shards_per_table
-        names, specs = [], []
-        for t, i in shards:
-            meta = tables[t].shards[i]
-            names.append(t if per_table[t] == 1 else f"{t}_shard{i}")
-            specs.append(TableSpec(meta.shard_sizes[0], meta.shard_sizes[1], names[-1], _no_init))
-        ftm = [shards.index((s.table, s.shard_index)) for s in slots]
-        table = tables[slots[0].table]
-        param_names = [f"{attr}.{t}.weight" + ("" if per_table[t] == 1 else f".shard{i}") for t, i in shards]
-        if self._pooled:
-            kernel: BatchedEmbeddingBag | BatchedEmbedding = BatchedEmbeddingBag(
-                specs, ftm, PoolingType.SUM, table.optimizer, "auto", device, param_names
-            )
-        else:
-            kernel = BatchedEmbedding(specs, ftm, table.optimizer, "auto", device, param_names)
-        for (t, i), weight in zip(shards, kernel.split_embedding_weights()):
-            meta = tables[t].shards[i]
-            init_shard_(
-                weight.data,
-                tables[t].config,
-                meta.shard_offsets[0],
-                meta.shard_offsets[1],
-                seed,
-                tables[t].source,
-            )
-        return kernel
-
-    @property
-    def slots(self) -> list[ShardSlot]:
-        return list(self._slots)
-
-    def kernel_tables(self) -> list[tuple[BatchedEmbeddingBag | BatchedEmbedding, list[tuple[str, int]]]]:
-        """``(kernel, [(table, shard index) per kernel table])`` for every kernel."""
-        out: list[tuple[BatchedEmbeddingBag | BatchedEmbedding, list[tuple[str, int]]]] = []
-        for kernel, group in zip(self._emb_modules, self._groups):
-            shards = list(
-                dict.fromkeys((self._slots[k].table, self._slots[k].shard_index) for k in group.keys)
-            )
-            out.append((kernel, shards))  # type: ignore[arg-type]
-        return out
-
-    def _group_inputs(
-        self, kjt: KeyedJaggedTensor, group: _Group, weights: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Values, offsets and weights of one group's keys."""
-        batch = kjt.stride()
-        lengths, values = kjt.lengths(), kjt.values()
-        if (
-            len(self._groups) == 1
-            and group.first == 0
-            and group.last == len(self._slots)
-            and len(group.keys) == len(self._slots)
-        ):
-            return values, complete_cumsum(lengths), weights
-        opk = kjt.offset_per_key()
-        lo, hi = opk[group.first], opk[group.last]
-        if len(group.keys) == group.last - group.first:
-            return (
-                values[lo:hi],
-                complete_cumsum(lengths[group.first * batch : group.last * batch]),
-                (weights[lo:hi] if weights is not None else None),
-            )
-        # Keys of empty shards received no ids (they own no rows): drop their lengths only.
-        keep = torch.tensor(group.keys, dtype=torch.long, device=lengths.device)
-        sub_lengths = lengths.view(-1, batch).index_select(0, keep).reshape(-1)
-        return values[lo:hi], complete_cumsum(sub_lengths), (weights[lo:hi] if weights is not None else None)
-
-    def extra_repr(self) -> str:
-        return f"slots={len(self._slots)}, kernels={len(self._emb_modules)}"
-
-
-def _no_init(weight: torch.Tensor) -> None:
-    """Kernel tables are filled by :func:`init_shard_` right after construction."""
-
-
-class GroupedPooledEmbeddingsLookup(_GroupedLookupBase):
-    """Pooled lookups of one rank: ``KJT (slot keys, stride B) -> [B, sum of slot widths]``.
-
-    The KJT's weights (per-id weights and/or MEAN factors from the input dist) scale each id; the
-    kernels pool with SUM. ``mean_keys`` (``[T]`` bool) makes the lookup compute MEAN factors from
-    the received lengths itself (used when bags arrive whole).
-    """
-
-    def __init__(
-        self,
-        slots: Sequence[ShardSlot],
-        tables: dict[str, ShardedTable],
-        device: torch.device,
-        seed: int,
-        attr: str = "embedding_bags",
-        grad_scale: float = 1.0,
-        mean_keys: list[bool] | None = None,
-    ) -> None:
-        super().__init__(slots, tables, True, device, seed, attr, grad_scale)
-        self._mean_all = mean_keys is not None and all(mean_keys)
-        self._mean_mask: torch.Tensor | None = None
-        if mean_keys is not None and any(mean_keys) and not self._mean_all:
-            self._mean_mask = torch.tensor(mean_keys, dtype=torch.bool, device=device)
-        self._has_mean = mean_keys is not None and any(mean_keys)
-
-    def forward(self, kjt: KeyedJaggedTensor) -> torch.Tensor:
-        batch = kjt.stride()
-        if not self._groups:
-            # Nothing served here; still join the backward collectives (the output needs a graph).
-            return torch.zeros(
-                batch, self._total_width, device=self._device, requires_grad=torch.is_grad_enabled()
-            )
-        weights = kjt.weights_or_none()
-        if self._has_mean:
-            weights = mean_weights(kjt.lengths(), kjt.values().numel(), self._mean_mask, batch, weights)
-        outs = []
-        for kernel, group in zip(self._emb_modules, self._groups):
-            values, offsets, w = self._group_inputs(kjt, group, weights)
-            outs.append(kernel(values, offsets, w))
-        if self._needs_fill:
-            outs.append(outs[0].new_zeros(batch, 1))
-        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
-        if self._fill_index is not None:
-            out = out.index_select(1, self._fill_index)
-        return scale_grad(out, self._grad_scale)
-
-
-class GroupedEmbeddingsLookup(_GroupedLookupBase):
-    """Unpooled lookups of one rank: ``KJT (slot keys) -> [N, width]`` rows in value order.
-
-    Rows narrower than ``width`` (the widest slot of the sharding, the same on every rank) are
-    zero-padded so one sequence all-to-all can carry every slot.
-    """
-
-    def __init__(
-        self,
-        slots: Sequence[ShardSlot],
-        tables: dict[str, ShardedTable],
-        device: torch.device,
-        seed: int,
-        width: int,
-        attr: str = "embeddings",
-        grad_scale: float = 1.0,
-    ) -> None:
-        super().__init__(slots, tables, False, device, seed, attr, grad_scale)
-        self._width = width
-
-    def forward(self, kjt: KeyedJaggedTensor) -> torch.Tensor:
-        n = kjt.values().numel()
-        if not self._groups:
-            return torch.zeros(n, self._width, device=self._device, requires_grad=torch.is_grad_enabled())
-        outs = []
-        for kernel, group in zip(self._emb_modules, self._groups):
-            values, offsets, _ = self._group_inputs(kjt, group, None)
-            rows = kernel(values, offsets)
-            if group.width < self._width:
-                rows = nn.functional.pad(rows, (0, self._width - group.width))
-            outs.append(rows)
-        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
-        return scale_grad(out, self._grad_scale)
 
 
 class EmbeddingSharding(abc.ABC):

@@ -27,15 +27,17 @@ from lightrec.distributed.comm import NoWait
 from lightrec.distributed.sharding.common import (
     DistContext,
     EmbeddingSharding,
-    GroupedEmbeddingsLookup,
-    GroupedPooledEmbeddingsLookup,
     KeySelector,
     ShardedTable,
     ShardSlot,
-    _GroupedLookupBase,
     check_blocks,
     order_slots,
     width_of,
+)
+from lightrec.distributed.sharding.lookups import (
+    GroupedEmbeddingsLookup,
+    GroupedPooledEmbeddingsLookup,
+    _GroupedLookupBase,
 )
 from lightrec.distributed.types import ShardingEnv
 from lightrec.kernels.batched_embedding import EmbeddingFusedOptimizer

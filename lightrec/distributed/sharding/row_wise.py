@@ -36,8 +36,6 @@ from lightrec.distributed.comm import (
 from lightrec.distributed.sharding.common import (
     DistContext,
     EmbeddingSharding,
-    GroupedEmbeddingsLookup,
-    GroupedPooledEmbeddingsLookup,
     KeySelector,
     ShardedTable,
     ShardSlot,
@@ -45,6 +43,7 @@ from lightrec.distributed.sharding.common import (
     order_slots,
     width_of,
 )
+from lightrec.distributed.sharding.lookups import GroupedEmbeddingsLookup, GroupedPooledEmbeddingsLookup
 from lightrec.distributed.types import ShardingEnv, ShardMetadata
 from lightrec.modules.embedding_configs import PoolingType
 from lightrec.sparse import KeyedJaggedTensor

@@ -24,8 +24,6 @@ from lightrec.distributed.comm import KJTAllToAll, SequenceEmbeddingsAllToAll
 from lightrec.distributed.sharding.common import (
     DistContext,
     EmbeddingSharding,
-    GroupedEmbeddingsLookup,
-    GroupedPooledEmbeddingsLookup,
     KeySelector,
     ShardedTable,
     ShardSlot,
@@ -33,6 +31,7 @@ from lightrec.distributed.sharding.common import (
     order_slots,
     width_of,
 )
+from lightrec.distributed.sharding.lookups import GroupedEmbeddingsLookup, GroupedPooledEmbeddingsLookup
 from lightrec.distributed.sharding.pooled_dist import FusedPooledAllToAll
 from lightrec.distributed.types import ShardingEnv
 from lightrec.modules.embedding_configs import PoolingType
