@@ -66,7 +66,6 @@ class RecStrategy(DDPStrategy):
             ``{table: ParameterConstraints}``) used when ``plan`` is ``None``.
         fused_params: the fused embedding optimizer, torchrec style, e.g.
             ``{"optimizer": "exact_row_wise_adagrad", "learning_rate": 0.02, "eps": 1e-8}``.
-        kernel_backend: ``"auto" | "fbgemm" | "torch"`` for the batched lookups.
         sharders: custom sharders (default: EBC and EC sharders built from ``fused_params``).
         process_group_backend / timeout / start_method: as for ``DDPStrategy``.
         **ddp_kwargs: forwarded to the DDP wrapper of the dense parameters.
@@ -85,7 +84,6 @@ class RecStrategy(DDPStrategy):
         topology: Any = None,
         constraints: dict[str, Any] | None = None,
         fused_params: dict[str, Any] | None = None,
-        kernel_backend: str = "auto",
         sharders: list[Any] | None = None,
         process_group_backend: str | None = None,
         timeout: timedelta | None = default_pg_timeout,
@@ -103,8 +101,6 @@ class RecStrategy(DDPStrategy):
             start_method=start_method,
             **ddp_kwargs,
         )
-        if kernel_backend not in ("auto", "fbgemm", "torch"):
-            raise ValueError(f"kernel_backend must be 'auto', 'fbgemm' or 'torch', got {kernel_backend!r}")
         if isinstance(plan, (str, os.PathLike)):
             from lightrec.distributed.types import ShardingPlan
 
@@ -113,7 +109,6 @@ class RecStrategy(DDPStrategy):
         self._topology = topology
         self._constraints = constraints
         self._fused_params = dict(fused_params or {})
-        self._kernel_backend = kernel_backend
         self._sharders = sharders
         self.dmp: nn.Module | None = None
 
