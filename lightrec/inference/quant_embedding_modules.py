@@ -15,11 +15,10 @@ bit-identical results (:mod:`lightrec.inference.kernels`). Build one with :meth:
 # and TorchScript must see real classes there, not strings.
 
 import dataclasses
-from typing import List, Optional
+from typing import List
 
 import torch
 from torch import nn
-from torch.fx._symbolic_trace import is_fx_symbolic_tracing as is_fx_tracing
 
 from lightrec.inference.kernels import make_kernel
 from lightrec.inference.quant_rows import (
@@ -31,8 +30,8 @@ from lightrec.inference.quant_rows import (
     sparse_type_code,
 )
 from lightrec.modules.embedding_configs import DataType, EmbeddingBagConfig, PoolingType
-from lightrec.modules.embedding_modules import EmbeddingBagCollection, _check_tables
-from lightrec.modules.feature_checks import BOUNDS_CHECK_MODES, apply_bounds_check, check_feature_keys
+from lightrec.modules.embedding_modules import EmbeddingBagCollection, _check_tables, ids_per_table
+from lightrec.modules.feature_checks import BOUNDS_CHECK_MODES
 from lightrec.modules.quant_config import data_type_from_qconfig, resolve_data_type
 from lightrec.sparse import KeyedJaggedTensor, KeyedTensor
 from lightrec.sparse._ops import complete_cumsum
@@ -120,6 +119,7 @@ class QuantEmbeddingBagCollection(nn.Module):
         self._kernel = make_kernel(use_fbgemm, row_alignment)
         self._embedding_names: List[str] = list(self._feature_order)
         self._lengths_per_embedding: List[int] = [t.embedding_dim for t in tables for _ in t.feature_names]
+        self._table_names: List[str] = [t.name for t in tables]
         self._table_features: List[List[str]] = [list(t.feature_names) for t in tables]
         self._table_rows: List[int] = [t.num_embeddings for t in tables]
         self._table_dims: List[int] = [t.embedding_dim for t in tables]
@@ -204,47 +204,20 @@ class QuantEmbeddingBagCollection(nn.Module):
         Returns:
             ``KeyedTensor`` with keys ``feature_names()`` and float32 values ``[B, sum D]``.
         """
-        if not torch.jit.is_scripting():
-            if not is_fx_tracing():
-                check_feature_keys(features.keys(), self._feature_order, "QuantEmbeddingBagCollection")
-        features = features.permute_to_keys(self._feature_order)
-        weights: Optional[torch.Tensor] = None
-        if self._is_weighted:
-            if not torch.jit.is_scripting():
-                if not is_fx_tracing() and features.weights_or_none() is None:
-                    raise ValueError(
-                        "QuantEmbeddingBagCollection(is_weighted=True) needs per-id weights, but the "
-                        "KeyedJaggedTensor has weights=None; pass weights=... with the ids"
-                    )
-            # weights() (a Tensor, not Optional) keeps the traced graph scriptable
-            weights = features.weights()
-        stride = features.stride()
-        offset_per_key = features.offset_per_key()
-        lengths = features.lengths()
-        values = features.values()
+        _, slices = ids_per_table(
+            features, self._feature_order, self._table_names, self._table_features, self._table_rows,
+            self._is_weighted, self._bounds_check, "QuantEmbeddingBagCollection",
+        )  # fmt: skip
         pooled: List[torch.Tensor] = []
-        first_feature = 0
         t = 0
-        for name, table in self.embedding_bags.items():
+        for _, table in self.embedding_bags.items():
+            ids, bag_lengths, id_weights = slices[t]
             num_features = len(self._table_features[t])
-            last_feature = first_feature + num_features
-            start, end = offset_per_key[first_feature], offset_per_key[last_feature]
-            ids, bag_lengths, id_weights = apply_bounds_check(
-                self._bounds_check,
-                values[start:end],
-                lengths[first_feature * stride : last_feature * stride],
-                weights[start:end] if weights is not None else None,
-                self._table_rows[t],
-                name,
-                self._table_features[t],
-                stride,
-            )
             offsets = complete_cumsum(bag_lengths)
             pooled.append(
                 self._kernel(table.weight, self._table_types[t], self._table_dims[t], num_features, ids, offsets,
                              id_weights, self._table_mean[t])
             )
-            first_feature = last_feature
             t += 1
         return KeyedTensor(
             keys=self._embedding_names,

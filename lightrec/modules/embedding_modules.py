@@ -12,7 +12,7 @@ the local shards later).
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -72,6 +72,62 @@ def _check_bounds_mode(bounds_check: str) -> None:
         raise ValueError(f"bounds_check must be one of {BOUNDS_CHECK_MODES}, got {bounds_check!r}")
 
 
+def ids_per_table(
+    features: KeyedJaggedTensor,
+    feature_order: List[str],
+    table_names: List[str],
+    table_features: List[List[str]],
+    table_rows: List[int],
+    is_weighted: bool,
+    bounds_check: str,
+    where: str,
+) -> Tuple[int, List[Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]]]:
+    """Align a KJT to ``feature_order`` and cut it into one bounds-checked slice per table.
+
+    Shared by every pooled collection (plain and quantized), so key checks, weight checks and id
+    checks behave the same everywhere. Tables own consecutive features of ``feature_order``.
+
+    Returns:
+        ``(stride, [(ids [N_t], lengths [F_t * B], weights [N_t] | None) per table])``.
+    """
+    if not torch.jit.is_scripting():  # TorchScript skips this branch; it cannot compile set logic
+        if not is_fx_tracing():
+            check_feature_keys(features.keys(), feature_order, where)
+            if is_weighted and features.weights_or_none() is None:
+                raise ValueError(
+                    f"{where}(is_weighted=True) needs per-id weights, but the KeyedJaggedTensor has "
+                    "weights=None; pass weights=... or build the collection with is_weighted=False"
+                )
+    features = features.permute_to_keys(feature_order)
+    weights: Optional[torch.Tensor] = None
+    if is_weighted:
+        # weights() (a Tensor, not Optional) keeps an fx-traced graph scriptable
+        weights = features.weights()
+    stride = features.stride()
+    offset_per_key = features.offset_per_key()
+    lengths = features.lengths()
+    values = features.values()
+    out: List[Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]] = []
+    first = 0
+    for t in range(len(table_names)):
+        last = first + len(table_features[t])
+        start, end = offset_per_key[first], offset_per_key[last]
+        out.append(
+            apply_bounds_check(
+                bounds_check,
+                values[start:end],
+                lengths[first * stride : last * stride],
+                weights[start:end] if weights is not None else None,
+                table_rows[t],
+                table_names[t],
+                table_features[t],
+                stride,
+            )
+        )
+        first = last
+    return stride, out
+
+
 class EmbeddingBagCollection(nn.Module):
     """Pooled embedding tables: ``KeyedJaggedTensor`` → ``KeyedTensor`` ``[B, sum_f D_f]``.
 
@@ -113,6 +169,7 @@ class EmbeddingBagCollection(nn.Module):
         self._embedding_names: list[str] = list(self._feature_order)
         self._lengths_per_embedding: list[int] = [t.embedding_dim for t in tables for _ in t.feature_names]
         # Plain per-table lists read by forward() (TorchScript cannot iterate config dataclasses).
+        self._table_names: List[str] = [t.name for t in tables]
         self._table_features: List[List[str]] = [list(t.feature_names) for t in tables]
         self._table_rows: List[int] = [t.num_embeddings for t in tables]
         self._table_dims: List[int] = [t.embedding_dim for t in tables]
@@ -146,45 +203,19 @@ class EmbeddingBagCollection(nn.Module):
         Returns:
             ``KeyedTensor`` with keys ``feature_names()`` and values ``[B, sum D]``.
         """
-        if not torch.jit.is_scripting():  # TorchScript skips this branch; it cannot compile set logic
-            if not is_fx_tracing():
-                check_feature_keys(features.keys(), self._feature_order, "EmbeddingBagCollection")
-        features = features.permute_to_keys(self._feature_order)
-        weights: Optional[torch.Tensor] = None
-        if self._is_weighted:
-            weights = features.weights_or_none()
-            if weights is None:
-                raise ValueError(
-                    "EmbeddingBagCollection(is_weighted=True) needs per-id weights, but the KeyedJaggedTensor "
-                    "has weights=None; pass weights=... or build the collection with is_weighted=False"
-                )
-        stride = features.stride()
-        offset_per_key = features.offset_per_key()
-        lengths = features.lengths()
-        values = features.values()
+        stride, slices = ids_per_table(
+            features, self._feature_order, self._table_names, self._table_features, self._table_rows,
+            self._is_weighted, self._bounds_check, "EmbeddingBagCollection",
+        )  # fmt: skip
         pooled: List[torch.Tensor] = []
-        first_feature = 0
         t = 0
-        for name, bag in self.embedding_bags.items():
-            features_of_table = self._table_features[t]
-            num_features = len(features_of_table)
+        for _, bag in self.embedding_bags.items():
+            ids, bag_lengths, id_weights = slices[t]
+            num_features = len(self._table_features[t])
             dim = self._table_dims[t]
-            last_feature = first_feature + num_features
-            start, end = offset_per_key[first_feature], offset_per_key[last_feature]
-            ids, bag_lengths, id_weights = apply_bounds_check(
-                self._bounds_check,
-                values[start:end],
-                lengths[first_feature * stride : last_feature * stride],
-                weights[start:end] if weights is not None else None,
-                self._table_rows[t],
-                name,
-                features_of_table,
-                stride,
-            )
             out = _pool(bag.weight, ids, bag_lengths, id_weights, self._table_mean[t])
             # [num_features * B, D] (feature-major) -> [B, num_features * D] (feature blocks side by side)
             pooled.append(out.view(num_features, stride, dim).transpose(0, 1).reshape(stride, num_features * dim))
-            first_feature = last_feature
             t += 1
         return KeyedTensor(
             keys=self._embedding_names,

@@ -85,3 +85,24 @@ def test_torch_compile_has_no_graph_breaks_in_common_paths() -> None:
         assert explanation.graph_break_count == 0, explanation.break_reasons
         compiled = torch.compile(step, backend="eager", fullgraph=True)
         torch.testing.assert_close(compiled(kjt.values(), kjt.lengths()), step(kjt.values(), kjt.lengths()))
+
+
+class _WeightedModel(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ebc = EmbeddingBagCollection(
+            [EmbeddingBagConfig(name="t", num_embeddings=20, embedding_dim=4, feature_names=["a", "b", "c"])],
+            is_weighted=True,
+        )
+
+    def forward(self, kjt: KeyedJaggedTensor) -> torch.Tensor:
+        return self.ebc(kjt).values()
+
+
+def test_weighted_collection_traces_then_scripts() -> None:
+    model = _WeightedModel()
+    kjt = _kjt()
+    kjt = KeyedJaggedTensor(keys=kjt.keys(), values=kjt.values(), lengths=kjt.lengths(),
+                            weights=torch.rand(kjt.values().numel()))
+    scripted = torch.jit.script(torch.fx.symbolic_trace(model))
+    torch.testing.assert_close(scripted(kjt), model(kjt))
