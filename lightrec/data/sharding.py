@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
 
-__all__ = ["RankBatchSampler", "check_rank", "rank_dataloader", "resolve_rank"]
+__all__ = ["RankBatchSampler", "RankDataLoader", "check_rank", "rank_dataloader", "resolve_rank"]
 
 
 def check_rank(rank: int, world_size: int) -> None:
@@ -58,6 +58,7 @@ class RankBatchSampler(DistributedSampler):
         ds: Any = dataset  # DistributedSampler only calls len() on it
         super().__init__(ds, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=True)
         self.steps = len(dataset) // world_size
+        self.skip = 0  # global batches of this epoch's order already consumed (set on resume)
 
     def __iter__(self) -> Iterator[int]:
         total = self.steps * self.num_replicas
@@ -67,10 +68,58 @@ class RankBatchSampler(DistributedSampler):
             order = torch.randperm(len(self.dataset), generator=g)[:total].tolist()  # type: ignore[arg-type]
         else:
             order = list(range(total))
-        return iter(order[self.rank : total : self.num_replicas])
+        start = min(self.skip, total)
+        end = start + (total - start) // self.num_replicas * self.num_replicas
+        return iter(order[start + self.rank : end : self.num_replicas])
 
     def __len__(self) -> int:
         return self.steps
+
+
+class RankDataLoader(DataLoader):
+    """A ``DataLoader`` over a :class:`RankBatchSampler` that Lightning checkpoints mid-epoch.
+
+    ``state_dict()`` records how far the epoch got in *samples* over all ranks (``{"epoch",
+    "samples"}``); ``load_state_dict`` makes the next iteration start right after them. Counting
+    samples rather than steps lets a run resume on another number of ranks: with the same global
+    batch (``batch_size`` per rank scaled by ``old_world / new_world``) the remaining batches of
+    the epoch are the same samples, split over the new ranks. Lightning finds the two methods and
+    saves the state in the checkpoint (its loops call them; nothing to do by hand).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not isinstance(self.sampler, RankBatchSampler):
+            raise TypeError(f"RankDataLoader needs a RankBatchSampler, got {type(self.sampler).__name__}")
+        self._yielded = 0
+        self._resume_skip = 0
+
+    def _samples_per_batch(self) -> int:
+        return int(getattr(self.dataset, "batch_size", 1) or 1)
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        sampler: RankBatchSampler = self.sampler  # type: ignore[assignment]
+        sampler.skip, self._resume_skip = self._resume_skip, 0
+        self._yielded = 0
+        for batch in super().__iter__():
+            self._yielded += 1  # counted as handed out: the loop consumed it
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        sampler: RankBatchSampler = self.sampler  # type: ignore[assignment]
+        batches = sampler.skip + self._yielded * sampler.num_replicas
+        return {"epoch": int(sampler.epoch), "samples": batches * self._samples_per_batch()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        per_batch = self._samples_per_batch()
+        samples = int(state["samples"])
+        if samples % per_batch:
+            raise ValueError(
+                f"the checkpoint stopped after {samples} samples of the epoch, which is not a whole number of "
+                f"batches of {per_batch}; resume with a global batch size that divides it (keep "
+                "batch_size x world size as it was)"
+            )
+        self._resume_skip = samples // per_batch
 
 
 def rank_dataloader(
@@ -96,7 +145,7 @@ def rank_dataloader(
         kwargs["persistent_workers"] = persistent_workers
         if prefetch_factor is not None:
             kwargs["prefetch_factor"] = prefetch_factor
-    return DataLoader(
+    return RankDataLoader(
         dataset,  # type: ignore[arg-type]
         batch_size=None,
         sampler=RankBatchSampler(dataset, rank, world_size, shuffle=shuffle, seed=seed),

@@ -175,6 +175,56 @@ class RecStrategy(DDPStrategy):
         if fitting:
             optimizers_to_device(self.optimizers, self.root_device)
 
+    # ------------------------------------------------------------------ checkpoints
+    @property
+    @override
+    def restore_checkpoint_after_setup(self) -> bool:
+        # A sharded checkpoint is cut to the live plan, which exists only once setup has sharded.
+        return True
+
+    @override
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], filepath: str | os.PathLike, storage_options: Any | None = None
+    ) -> None:
+        """Every rank writes its own shards into the checkpoint directory ``filepath`` (atomically).
+
+        Layout and guarantees: ``lightrec.distributed.checkpoint``. ``ModelCheckpoint`` and
+        ``Trainer.save_checkpoint`` call this on every rank, as they do for any strategy.
+        """
+        if storage_options is not None:
+            raise TypeError(
+                "RecStrategy.save_checkpoint writes a sharded checkpoint directory and takes no storage_options; "
+                f"got {storage_options!r}"
+            )
+        from lightrec.distributed.checkpoint import save_sharded_checkpoint
+
+        training = "optimizer_states" in checkpoint
+        save_sharded_checkpoint(
+            filepath,
+            checkpoint,
+            self.lightning_module,
+            self.optimizers if training else (),
+            [c.scheduler for c in self.lr_scheduler_configs] if "lr_schedulers" in checkpoint else (),
+        )
+
+    @override
+    def load_checkpoint(self, checkpoint_path: str | os.PathLike, weights_only: bool | None = None) -> dict[str, Any]:
+        """Read a sharded checkpoint (or a consolidated one) cut to this rank's shards, for any plan
+        and world size; any other file is read as a plain Lightning checkpoint (full tables reshard
+        on load, optimizer state must then match the live optimizers)."""
+        from lightrec.distributed.checkpoint import is_sharded_checkpoint, load_sharded_checkpoint
+
+        if is_sharded_checkpoint(checkpoint_path) or self._is_consolidated(checkpoint_path):
+            return load_sharded_checkpoint(checkpoint_path, self.lightning_module, self.optimizers)
+        return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+
+    @staticmethod
+    def _is_consolidated(path: str | os.PathLike) -> bool:
+        if not os.path.isfile(path):
+            return False
+        keys = torch.load(path, map_location="cpu", mmap=True, weights_only=False).keys()
+        return "lightrec_consolidated" in keys
+
     @override
     def teardown(self) -> None:
         self.dmp = None

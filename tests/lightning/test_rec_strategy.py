@@ -16,6 +16,24 @@ from tests.multiprocess import free_port, run_ranks
 STEPS = 4
 
 
+def mixed_plan(world_size: int):  # noqa: ANN201
+    """Row-wise, data-parallel and table-wise tables in turn (for the toy DLRM of tests/lightning/toy.py)."""
+    from lightrec.distributed.planner import construct_module_sharding_plan, data_parallel, row_wise, table_wise
+    from lightrec.distributed.types import ShardingPlan
+    from tests.lightning.toy import ToyDLRM
+
+    module = ToyDLRM(device="meta")
+    ebc = module.model.sparse_arch.embedding_bag_collection
+    # (column-wise shards keep their own row-wise Adagrad state, so they are compared with SGD
+    # in tests/distributed; row-wise Adagrad is exact under RW, TW and DP)
+    kinds = [row_wise(), data_parallel(), table_wise(rank=world_size - 1)]
+    per_table = {t.name: kinds[i % 3] for i, t in enumerate(ebc.embedding_bag_configs())}
+    return ShardingPlan({
+        "model.sparse_arch.embedding_bag_collection": construct_module_sharding_plan(
+            ebc, per_table, world_size=world_size, local_size=world_size, device_type="cpu")
+    })  # fmt: skip
+
+
 def _fit_losses(rank: int, world_size: int, port: int, plan_kind: str, tmp: str) -> dict:
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
@@ -33,21 +51,7 @@ def _fit_losses(rank: int, world_size: int, port: int, plan_kind: str, tmp: str)
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:  # noqa: ANN001
             losses.append(float(outputs["loss"]))
 
-    plan = None
-    if plan_kind == "mixed":
-        from lightrec.distributed.planner import construct_module_sharding_plan, data_parallel, row_wise, table_wise
-        from lightrec.distributed.types import ShardingPlan
-
-        module = ToyDLRM(device="meta")
-        ebc = module.model.sparse_arch.embedding_bag_collection
-        # (column-wise shards keep their own row-wise Adagrad state, so they are compared with SGD
-        # in tests/distributed; row-wise Adagrad is exact under RW, TW and DP)
-        kinds = [row_wise(), data_parallel(), table_wise(rank=world_size - 1)]
-        per_table = {t.name: kinds[i % 3] for i, t in enumerate(ebc.embedding_bag_configs())}
-        plan = ShardingPlan({
-            "model.sparse_arch.embedding_bag_collection": construct_module_sharding_plan(
-                ebc, per_table, world_size=world_size, local_size=world_size, device_type="cpu")
-        })  # fmt: skip
+    plan = mixed_plan(world_size) if plan_kind == "mixed" else None
     data = toy_data(batch_size=64 // world_size, num_train_batches=STEPS * world_size, block_size=32)
     trainer = pl.Trainer(
         accelerator="cpu", devices=world_size, max_steps=STEPS, num_sanity_val_steps=0, limit_val_batches=0,
