@@ -9,6 +9,7 @@
     lightrec cp dlrm my_dlrm                   # my_dlrm/dlrm.py + my_dlrm/configs/*.yaml to edit
     lightrec plan dlrm_criteo --devices 8 --num-nodes 2 --markdown
     lightrec export lightning_logs/dlrm/version_0/checkpoints/last.ckpt
+    lightrec consolidate lightning_logs/dlrm/version_0/checkpoints/last.ckpt full.ckpt
 
 ``run`` hands every argument it does not know to the recipe's LightningCLI (``fit`` is the
 default subcommand), so ``--trainer.*``/``--model.*``/``--data.*`` work as in the recipe itself.
@@ -23,6 +24,7 @@ import importlib
 import importlib.util
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -234,23 +236,47 @@ def _export(ns: argparse.Namespace) -> int:
             "provide yet; the checkpoint itself holds the trained weights"
         )
     if checkpoint.is_dir():
-        raise CommandError(
-            f"{str(checkpoint)!r} is a sharded checkpoint folder; gather it into one file of full tables "
-            "first (lightrec.distributed.gather_full_state_dict), then export that file"
-        )
+        from lightrec.distributed.checkpoint import consolidate_checkpoint, is_sharded_checkpoint
+
+        if not is_sharded_checkpoint(checkpoint):
+            raise CommandError(f"{str(checkpoint)!r} is a folder but not a lightrec sharded checkpoint (no meta.pt)")
+        with tempfile.TemporaryDirectory() as tmp:  # the whole model is gathered in this process
+            full = Path(tmp) / "full.ckpt"
+            consolidate_checkpoint(checkpoint, full)
+            return _export_file(ns, full, out, from_checkpoint, shown=checkpoint)
+    return _export_file(ns, checkpoint, out, from_checkpoint, shown=checkpoint)
+
+
+def _export_file(ns: argparse.Namespace, checkpoint: Path, out: Path, from_checkpoint: Any, shown: Path) -> int:
     import torch
 
     state = torch.load(checkpoint, map_location="cpu", weights_only=False)
     reference = ns.module or state.get("lightrec_module")
     if not reference:
         raise CommandError(
-            f"{str(checkpoint)!r} was not written by a lightrec recipe (no 'lightrec_module' entry); "
+            f"{str(shown)!r} was not written by a lightrec recipe (no 'lightrec_module' entry); "
             "pass --module package.module.ClassName of its RecModule"
         )
     rec_module = _load_class(reference).load_from_checkpoint(checkpoint, map_location="cpu")
     out.parent.mkdir(parents=True, exist_ok=True)
     from_checkpoint(state, rec_module.serving_factory, out, dtype=ns.dtype, format=ns.format)
-    print(f"exported {checkpoint} -> {out}")
+    print(f"exported {shown} -> {out}")
+    return 0
+
+
+def _consolidate(ns: argparse.Namespace) -> int:
+    from lightrec.distributed.checkpoint import CheckpointError, consolidate_checkpoint
+
+    source, out = Path(ns.checkpoint), Path(ns.out)
+    if not source.exists():
+        raise CommandError(f"checkpoint {str(source)!r} does not exist")
+    if out.exists() and not ns.force:
+        raise CommandError(f"{str(out)!r} exists; pass --force to replace it")
+    try:
+        consolidate_checkpoint(source, out)
+    except CheckpointError as exc:
+        raise CommandError(str(exc)) from exc
+    print(f"consolidated {source} -> {out} ({out.stat().st_size / 2**20:.1f} MiB of full tables)")
     return 0
 
 
@@ -263,7 +289,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     parser = argparse.ArgumentParser(
         prog="lightrec", description="Run, list, copy and plan lightrec recipes.", allow_abbrev=False
     )
-    sub = parser.add_subparsers(dest="command", metavar="{run,ls,cp,plan,export}")
+    sub = parser.add_subparsers(dest="command", metavar="{run,ls,cp,plan,export,consolidate}")
     sub.required = True
 
     run = sub.add_parser(
@@ -302,13 +328,21 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     export = sub.add_parser(
         "export", help="quantize a recipe checkpoint and write a serving artifact", allow_abbrev=False
     )
-    export.add_argument("checkpoint", help="a .ckpt written by a recipe")
+    export.add_argument("checkpoint", help="a .ckpt written by a recipe (a file, or a sharded checkpoint folder)")
     export.add_argument("--out", help="artifact path (default: next to the checkpoint)")
     export.add_argument("--dtype", choices=["int8", "int4", "fp16"], default="int8")
     export.add_argument("--format", choices=["torchscript", "export"], default="torchscript")
     export.add_argument(
         "--module", help="RecModule class (package.module.Class) if the checkpoint names none"
     )
+    consolidate = sub.add_parser(
+        "consolidate",
+        help="gather a sharded checkpoint folder into one file of full tables",
+        allow_abbrev=False,
+    )
+    consolidate.add_argument("checkpoint", help="a sharded checkpoint folder (RecStrategy / ModelCheckpoint)")
+    consolidate.add_argument("out", help="the file to write")
+    consolidate.add_argument("--force", action="store_true", help="replace OUT if it exists")
     plan.epilog = (
         "Config overrides such as --model.embedding_dim=64 or --data.init_args.batch_size=4096 also work."
     )
@@ -352,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
             return _ls(ns)
         if ns.command == "cp":
             return _cp(ns, parser)
+        if ns.command == "consolidate":
+            return _consolidate(ns)
         return _export(ns)
     except CommandError as exc:
         print(f"lightrec {ns.command}: error: {exc}", file=sys.stderr)

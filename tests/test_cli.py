@@ -180,3 +180,18 @@ def test_main_job_on_two_cpu_ranks_with_rec_strategy(tmp_path: Path) -> None:
     assert done.stdout.count("lightrec recipe finished") == 1  # printed by rank 0 only
     saved = (tmp_path / "dlrm" / "version_0" / "config.yaml").read_text()
     assert "strategy: lightrec" in saved and re.search(r"devices: '?2'?\n", saved)
+    # The checkpoint is sharded (a folder, one file per rank); consolidate and export read it.
+    last = tmp_path / "dlrm" / "version_0" / "checkpoints" / "last.ckpt"
+    assert sorted(p.name for p in last.iterdir()) == ["meta.pt", "shards-rank00000.pt", "shards-rank00001.pt"]
+    full = tmp_path / "full.ckpt"
+    assert main(["consolidate", str(last), str(full)]) == 0
+    assert main(["consolidate", str(last), str(full)]) == 1  # never overwrites without --force
+    import torch
+
+    from lightrec.recipes.dlrm import DLRMModule
+
+    state = torch.load(full, weights_only=False)["state_dict"]
+    table = state["model.sparse_arch.embedding_bag_collection.embedding_bags.t_cat_0.weight"]
+    assert table.dim() == 2 and table.shape[1] == DLRMModule.load_from_checkpoint(full).hparams.embedding_dim
+    out = tmp_path / "served.pt"
+    assert main(["export", str(last), "--out", str(out)]) == 0 and out.is_file()
