@@ -6,10 +6,12 @@ Importing this package registers ``RecStrategy`` in Lightning's strategy registr
 
 from lightning.pytorch.strategies import StrategyRegistry
 
+from lightrec.lightning.monitor import ThroughputMonitor
+from lightrec.lightning.plan_report import PlanReport
 from lightrec.lightning.rec_module import RecModule, dlrm_lr_lambda
 from lightrec.lightning.rec_strategy import RecStrategy
 
 if RecStrategy.strategy_name not in StrategyRegistry:
     RecStrategy.register_strategies(StrategyRegistry)
 
-__all__ = ["RecModule", "RecStrategy", "dlrm_lr_lambda"]
+__all__ = ["PlanReport", "RecModule", "RecStrategy", "ThroughputMonitor", "dlrm_lr_lambda"]

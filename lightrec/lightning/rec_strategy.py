@@ -111,12 +111,16 @@ class RecStrategy(DDPStrategy):
         self._fused_params = dict(fused_params or {})
         self._sharders = sharders
         self.dmp: nn.Module | None = None
+        self._used_plan: Any = None
+        self.plan_report: Any = None  # the planner's PlanReport when this strategy planned
 
     # ------------------------------------------------------------------ model set-up
     @property
     def plan(self) -> Any:
-        """The ``ShardingPlan`` in use (after ``setup``), or the one given."""
-        return self.dmp.plan if self.dmp is not None else self._plan
+        """The ``ShardingPlan`` in use (after ``setup``; kept after ``teardown``), or the one given."""
+        if self.dmp is not None:
+            return self.dmp.plan
+        return self._used_plan if self._used_plan is not None else self._plan
 
     @override
     def model_to_device(self) -> None:
@@ -142,7 +146,9 @@ class RecStrategy(DDPStrategy):
             compute_device=self.root_device.type,
         )
         planner = EmbeddingShardingPlanner(topology=topology, constraints=self._constraints)
-        return planner.collective_plan(module, sharders, torch.distributed.group.WORLD)
+        plan = planner.collective_plan(module, sharders, torch.distributed.group.WORLD)
+        self.plan_report = planner.last_report
+        return plan
 
     def _shard(self, module: pl.LightningModule, data_parallel: bool) -> nn.Module:
         from lightrec.distributed import DistributedModelParallel, ShardingEnv
@@ -227,6 +233,8 @@ class RecStrategy(DDPStrategy):
 
     @override
     def teardown(self) -> None:
+        if self.dmp is not None:
+            self._used_plan = self.dmp.plan
         self.dmp = None
         module = self.lightning_module
         if module is not None and any(p.is_meta for p in module.parameters()):

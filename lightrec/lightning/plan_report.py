@@ -1,0 +1,268 @@
+"""``PlanReport`` callback: show the sharding plan at fit start, on the console and in TensorBoard.
+
+At ``on_fit_start`` (``RecStrategy.setup`` has planned and sharded the model by then) rank 0
+
+* prints the per-rank plan table (memory used / cap, estimated cost, tables on each rank);
+* writes to every ``TensorBoardLogger`` of the trainer, at the current global step:
+
+  ==============  =======  ==================================================================
+  tag             kind     content
+  ==============  =======  ==================================================================
+  ``plan/table``  text     markdown: per-rank table + summary, then one row per table
+                           (module, table, sharding type, kernel, ranks, storage, est. cost)
+  ``plan/chart``  image    bar chart: memory per rank (with the cap) and estimated cost per rank
+  ``plan/json``   text     the ``ShardingPlan`` JSON in a fenced block (see
+                           :func:`load_plan_from_events`)
+  ==============  =======  ==================================================================
+
+The numbers come from the planner's cost model: the strategy's ``plan_report`` when it exposes
+one (the report of the planning run), otherwise the planner's ``evaluate`` of the plan in use,
+applied to the tables of the sharded collections. Nothing here is collective: ranks other than 0
+do nothing, so the callback cannot desynchronise the job.
+
+A strategy without a ``ShardingPlan`` (not ``RecStrategy``) gets one warning and no report. A
+plan the cost model cannot estimate (a warning says why) is still printed and logged, as the
+plan's own per-table listing, without the chart.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from torch import nn
+from typing_extensions import override
+
+from lightrec.distributed.planner import EmbeddingShardingPlanner, Topology
+from lightrec.distributed.planner import PlanReport as PlannerReport
+from lightrec.distributed.types import ShardingPlan
+from lightrec.modules import EmbeddingBagCollection, EmbeddingCollection
+
+__all__ = ["PlanReport", "load_plan_from_events", "plan_report_for"]
+
+_JSON_BLOCK = re.compile(r"```(?:json)?\s*\n(.*?)\n```", re.DOTALL)
+
+
+def _mib(x: float) -> str:
+    return f"{x / 1024**2:.4g} MiB"
+
+
+def _shadow_collection(sharded: nn.Module) -> nn.Module | None:
+    """An unsharded ``meta`` collection with the sharded module's tables (None: not a known kind)."""
+    bag_configs = getattr(sharded, "embedding_bag_configs", None)
+    if callable(bag_configs):
+        weighted = getattr(sharded, "is_weighted", lambda: False)()
+        return EmbeddingBagCollection(list(bag_configs()), is_weighted=bool(weighted), device="meta")
+    configs = getattr(sharded, "embedding_configs", None)
+    if callable(configs):
+        return EmbeddingCollection(list(configs()), device="meta")
+    return None
+
+
+def _shadow_model(model: nn.Module, plan: ShardingPlan) -> tuple[nn.Module, list[str]]:
+    """A module tree holding, at each path of ``plan``, a meta collection with the same tables.
+
+    The planner's ``evaluate`` reads table configs from unsharded collections, and after
+    ``RecStrategy.setup`` only sharded ones are left; ``meta`` tables cost no memory.
+
+    Returns:
+        ``(shadow root, paths of the plan that could not be rebuilt)``.
+    """
+    root: nn.Module = nn.Module()
+    skipped: list[str] = []
+    for path in plan.plan:
+        try:
+            sharded = model.get_submodule(path)
+        except AttributeError:
+            skipped.append(path)
+            continue
+        shadow = _shadow_collection(sharded)
+        if shadow is None:
+            skipped.append(path)
+        elif path == "":
+            return shadow, [p for p in plan.plan if p != ""]
+        else:
+            parent = root
+            *parents, name = path.split(".")
+            for part in parents:
+                if not hasattr(parent, part):
+                    parent.add_module(part, nn.Module())
+                parent = getattr(parent, part)
+            parent.add_module(name, shadow)
+    return root, skipped
+
+
+def plan_report_for(
+    model: nn.Module,
+    plan: ShardingPlan,
+    topology: Topology,
+    fused_params: dict[str, Any] | None = None,
+) -> PlannerReport:
+    """The planner's :class:`~lightrec.distributed.planner.PlanReport` of ``plan`` on a sharded ``model``.
+
+    Args:
+        model: the module the plan's paths are relative to (sharded or not).
+        plan: the plan in use.
+        topology: the cluster (world size, device, memory caps) the report is drawn against.
+        fused_params: the sharders' fused optimizer (its state counts towards table memory).
+
+    Raises:
+        ValueError: ``topology.world_size`` is smaller than a rank the plan uses.
+    """
+    from lightrec.distributed import EmbeddingBagCollectionSharder, EmbeddingCollectionSharder
+
+    shadow, skipped = _shadow_model(model, plan)
+    if skipped:
+        warnings.warn(
+            f"plan_report_for: modules {skipped} are not (sharded) EmbeddingBagCollection/EmbeddingCollection; "
+            "their tables are left out of the report",
+            stacklevel=2,
+        )
+    sharders = [EmbeddingBagCollectionSharder(fused_params), EmbeddingCollectionSharder(fused_params)]
+    return EmbeddingShardingPlanner(topology=topology).evaluate(shadow, sharders, plan)
+
+
+def _tables_markdown(report: PlannerReport) -> str:
+    """One markdown row per table: module, table, sharding type, kernel, ranks, storage, est. cost."""
+    lines = [
+        "| module | table | sharding | kernel | ranks | storage (all shards) | est. cost (ms/step) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for t in report.tables:
+        ranks = ",".join(str(r) for r in t.ranks)
+        lines.append(
+            f"| {t.module or '(root)'} | {t.table} | {t.sharding_type} | {t.compute_kernel} | {ranks} "
+            f"| {_mib(t.storage_bytes)} | {t.cost_s * 1e3:.4g} |"
+        )
+    return "\n".join(lines)
+
+
+def _figure_to_rgb(fig: Any) -> np.ndarray:
+    """Render a matplotlib figure on an Agg canvas to ``[H, W, 3]`` uint8 (no pyplot involved)."""
+    fig.canvas.draw()
+    return np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
+
+
+def load_plan_from_events(path: str | os.PathLike[str], tag: str = "plan/json") -> ShardingPlan:
+    """Read back the plan :class:`PlanReport` wrote to a TensorBoard log directory (or event file).
+
+    Raises:
+        KeyError: the events hold no ``tag`` text (the run had no ``PlanReport`` callback).
+    """
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.util import tensor_util
+
+    events = EventAccumulator(os.fspath(path), size_guidance={"tensors": 0}).Reload()
+    key = f"{tag}/text_summary"  # SummaryWriter.add_text's tag suffix
+    if key not in events.Tags().get("tensors", []):
+        raise KeyError(
+            f"no {key!r} in the TensorBoard events at {os.fspath(path)!r}; was PlanReport a callback?"
+        )
+    text = tensor_util.make_ndarray(events.Tensors(key)[-1].tensor_proto).item()
+    text = text.decode() if isinstance(text, bytes) else str(text)
+    match = _JSON_BLOCK.search(text)
+    return ShardingPlan.from_json(match.group(1) if match else text)
+
+
+class PlanReport(pl.Callback):
+    """Print the sharding plan on rank 0 and log its table, chart and JSON to TensorBoard at fit start.
+
+    Args:
+        max_tables: table names listed per rank in the per-rank table (the rest are counted);
+            the per-table section of ``plan/table`` always lists every table.
+        log_chart: also render the per-rank chart (``plan/chart``; costs ~0.2 s of matplotlib).
+        tag_prefix: prefix of the TensorBoard tags (``"plan"`` gives ``plan/table`` ...).
+
+    After fit start, :attr:`report` holds the planner report that was shown (rank 0 only).
+    """
+
+    def __init__(self, max_tables: int = 8, log_chart: bool = True, tag_prefix: str = "plan") -> None:
+        if not isinstance(max_tables, int) or max_tables < 1:
+            raise ValueError(f"PlanReport(max_tables=...) must be a positive int, got {max_tables!r}")
+        self.max_tables = max_tables
+        self.log_chart = log_chart
+        self.tag_prefix = tag_prefix.rstrip("/")
+        self.report: PlannerReport | None = None
+        self._warned_no_plan = False
+
+    # ------------------------------------------------------------------ report
+    def _report(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, plan: ShardingPlan
+    ) -> PlannerReport:
+        strategy = trainer.strategy
+        given = getattr(strategy, "plan_report", None)
+        if isinstance(given, PlannerReport):
+            return given
+        topology = getattr(strategy, "_topology", None)
+        if not isinstance(topology, Topology):
+            local = getattr(strategy, "num_processes", trainer.world_size) or trainer.world_size
+            topology = Topology(
+                world_size=trainer.world_size,
+                local_world_size=local if trainer.world_size % local == 0 else trainer.world_size,
+                compute_device="cuda" if strategy.root_device.type == "cuda" else "cpu",
+            )
+        fused = getattr(strategy, "_fused_params", None) or None
+        return plan_report_for(pl_module, plan, topology, fused)
+
+    def _text(self, report: PlannerReport) -> str:
+        return "\n\n".join(
+            [
+                "### per rank",
+                report.to_markdown(self.max_tables),
+                f"### per table ({len(report.tables)})",
+                _tables_markdown(report),
+            ]
+        )
+
+    # ------------------------------------------------------------------ hook
+    @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        plan = getattr(trainer.strategy, "plan", None)
+        if not isinstance(plan, ShardingPlan):
+            if not self._warned_no_plan:
+                rank_zero_warn(
+                    f"PlanReport: the strategy {type(trainer.strategy).__name__} has no sharding plan, so there "
+                    "is nothing to report; use strategy=lightrec.lightning.RecStrategy() to shard the model."
+                )
+                self._warned_no_plan = True
+            return
+        if not trainer.is_global_zero:
+            return
+        try:
+            self.report = self._report(trainer, pl_module, plan)
+        except (KeyError, TypeError, ValueError) as exc:
+            # A plan the cost model cannot read (e.g. tables of a custom sharder) must not stop the
+            # run on rank 0 alone: fall back to the plan's own table and keep the JSON.
+            rank_zero_warn(
+                f"PlanReport: could not estimate the plan ({exc}); logging the plan without estimates"
+            )
+            self.report = None
+        report = self.report
+        if report is not None:
+            rank_zero_info(
+                f"Sharding plan ({report.proposer or 'given'}):\n{report.to_text(self.max_tables)}"
+            )
+            text = self._text(report)
+        else:
+            rank_zero_info(f"Sharding plan:\n{plan}")
+            text = "```text\n" + str(plan) + "\n```"
+        writers = [lg.experiment for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
+        if not writers:
+            return
+        step = trainer.global_step
+        plan_json = "```json\n" + plan.to_json(indent=2) + "\n```"
+        image = None
+        if self.log_chart and report is not None and report.world_size > 0:
+            image = _figure_to_rgb(report.figure())
+        for writer in writers:
+            writer.add_text(f"{self.tag_prefix}/table", text, global_step=step)
+            writer.add_text(f"{self.tag_prefix}/json", plan_json, global_step=step)
+            if image is not None:
+                writer.add_image(f"{self.tag_prefix}/chart", image, global_step=step, dataformats="HWC")
+            writer.flush()  # visible in TensorBoard right away, not at the first scalar flush
