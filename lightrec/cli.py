@@ -7,7 +7,7 @@
     lightrec run two_tower --config two_tower_movielens --data.init_args.data_dir data/ml-1m
     lightrec ls                                # recipes and configs
     lightrec cp dlrm my_dlrm                   # my_dlrm/dlrm.py + my_dlrm/configs/*.yaml to edit
-    lightrec plan dlrm_criteo --devices 8 --num-nodes 2 --markdown
+    lightrec plan dlrm --devices 8 --num-nodes 2 --markdown
     lightrec export lightning_logs/dlrm/version_0/checkpoints/last.ckpt
     lightrec consolidate lightning_logs/dlrm/version_0/checkpoints/last.ckpt full.ckpt
 
@@ -164,7 +164,10 @@ def _plan(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from lightrec.distributed.planner import EmbeddingShardingPlanner, Topology
 
     rec_module = cli.model
-    model = rec_module.model_for_planning()
+    # Plan the RecModule itself (its model built with meta tables): the plan's module paths are
+    # then the ones RecStrategy sees (model.sparse_arch...), so --json output is directly usable.
+    rec_module.model = rec_module.model_for_planning()
+    model = rec_module
     fused = rec_module.fused_params()
     sharders = [
         EmbeddingBagCollectionSharder(fused_params=fused),

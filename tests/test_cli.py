@@ -103,6 +103,7 @@ def test_plan_prints_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[st
     plan = ShardingPlan.from_json(plan_json.read_text())
     tables = {t for module_plan in plan.plan.values() for t in module_plan}
     assert tables == {f"t_cat_{i}" for i in range(26)}
+    assert list(plan.plan) == ["model.sparse_arch.embedding_bag_collection"]  # RecStrategy's path
 
 
 def test_plan_markdown_config_file_and_overrides(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -189,10 +189,9 @@ def test_lightrec_plan_command_prints_what_the_page_explains(tmp_path: Path) -> 
     assert "26 tables on 16 ranks (cuda)" in out, out
     assert "t_cat_0(TWRW)" in out, out  # the page's reading of this plan
     assert (tmp_path / "plan.png").stat().st_size > 0
-    # The page says the file names the collection by its path in the recipe's *model* (and that
-    # RecStrategy needs the RecModule's path): when `lightrec plan --json` changes, update the page.
+    # The page says the file names the collection by its RecModule path, the one RecStrategy sees.
     assert list(json.loads((tmp_path / "plan.json").read_text())["plan"]) == [
-        "sparse_arch.embedding_bag_collection"
+        "model.sparse_arch.embedding_bag_collection"
     ]
 
 
