@@ -2,11 +2,13 @@
 
 The seed tutorial's flow, in lightrec::
 
-    qmodel = lightrec.inference.quantize(model, dtype="int8")          # or torch's quantize_dynamic
+    qmodel = lightrec.inference.quantize(model, dtype="int8")          # EBC and EC; or torch's quantize_dynamic
     qmodel = lightrec.inference.shard_for_inference(qmodel, devices=2)  # optional: spread tables
     lightrec.inference.export(qmodel, "model.pt")                       # + model.pt.meta.json
     scores = lightrec.inference.load("model.pt").predict([{"dense": [...], "sparse": {...}}])
 
+A ``DistributedModelParallel`` (sharded) model goes through the same calls, as a collective:
+``quantize(dmp, dst=0)`` gathers full tables to rank 0 (:mod:`lightrec.inference.sharded`).
 See ``docs/serving.md``.
 """
 
@@ -20,9 +22,11 @@ from lightrec.inference.export import (
 )
 from lightrec.inference.fx import Tracer, symbolic_trace
 from lightrec.inference.predictor import Predictor, RequestError, load
+from lightrec.inference.quant_embedding_collection import QuantEmbeddingCollection
 from lightrec.inference.quant_embedding_modules import QuantEmbeddingBagCollection
 from lightrec.inference.quant_rows import dequantize_rows, quantize_rows, row_size_in_bytes
 from lightrec.inference.quantize import quantize
+from lightrec.inference.sharded import export_on_rank, has_sharded_collections, unshard
 from lightrec.inference.sharding import ShardedQuantEmbeddingBagCollection, shard_for_inference, shard_modules
 from lightrec.modules.quant_config import QuantConfig, resolve_data_type
 
@@ -32,6 +36,7 @@ __all__ = [
     "Predictor",
     "QuantConfig",
     "QuantEmbeddingBagCollection",
+    "QuantEmbeddingCollection",
     "RequestError",
     "ShardedQuantEmbeddingBagCollection",
     "TensorInputModule",
@@ -40,6 +45,8 @@ __all__ = [
     "describe_model",
     "export",
     "export_from_checkpoint",
+    "export_on_rank",
+    "has_sharded_collections",
     "load",
     "quantize",
     "quantize_rows",
@@ -48,4 +55,5 @@ __all__ = [
     "shard_for_inference",
     "shard_modules",
     "symbolic_trace",
+    "unshard",
 ]

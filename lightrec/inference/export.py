@@ -68,6 +68,8 @@ def _tables_of(model: nn.Module) -> list[tuple[nn.Module, list[Any]]]:
     out = []
     for m in model.modules():
         configs = getattr(m, "embedding_bag_configs", None)
+        if not callable(configs):  # sequence collections (EmbeddingCollection and its quantized form)
+            configs = getattr(m, "embedding_configs", None)
         if callable(configs):
             out.append((m, list(configs())))
     # a sharded collection holds per-group collections; keep the outermost ones only
@@ -82,7 +84,7 @@ def describe_model(model: nn.Module, dense_in_features: int | None = None) -> di
     """Input contract of ``model``: feature names (KJT key order), tables, dense width, weighting."""
     found = _tables_of(model)
     if not found:
-        raise ExportError(f"{type(model).__name__} has no embedding bag collection; nothing tells the feature names")
+        raise ExportError(f"{type(model).__name__} has no embedding collection; nothing tells the feature names")
     feature_names: list[str] = []
     tables: list[dict[str, Any]] = []
     weighted = False
@@ -146,11 +148,22 @@ def export(
     example_batch: Any = None,
     takes_dense: bool | None = None,
     dense_in_features: int | None = None,
+    extra_meta: dict[str, Any] | None = None,
 ) -> Path:
     """Write a serving artifact of ``model`` to ``path`` and its metadata to ``<path>.meta.json``.
 
+    Both files are written to temporary names in the same folder and moved into place with
+    ``os.replace`` (artifact first, metadata last), so a reader never sees a half-written file.
+
+    A model sharded over ranks (a ``DistributedModelParallel``, or a model holding its sharded
+    collections) makes this a collective: every rank calls it, the float tables are gathered to
+    rank 0 of the sharding group (:func:`lightrec.inference.sharded.unshard`), rank 0 writes, and
+    every rank returns once the artifact exists (or raises ``ExportError`` if rank 0 failed). To
+    export it quantized, ``export(quantize(dmp, dst=0), path)`` on rank 0 after the collective
+    ``quantize`` (what the ``QuantizedExport`` callback does).
+
     Args:
-        model: usually ``quantize(model)`` (optionally sharded); a float model works too.
+        model: usually ``quantize(model)`` (optionally sharded for inference); a float model works too.
         path: artifact file (``.pt`` for TorchScript, ``.pt2`` for ``torch.export`` by convention).
         format: ``"torchscript"`` or ``"export"``.
         example_batch: ``(dense_features, kjt)`` or ``kjt``; used to check the artifact reproduces the
@@ -158,6 +171,7 @@ def export(
         takes_dense: whether ``model`` is called ``model(dense, kjt)``; default: it has a ``DenseArch``
             or its forward takes two arguments.
         dense_in_features: dense width when the model has no ``DenseArch`` to read it from.
+        extra_meta: more JSON-serializable entries for the metadata (e.g. epoch and step).
 
     Returns:
         ``Path(path)``.
@@ -168,6 +182,13 @@ def export(
     """
     if format not in EXPORT_FORMATS:
         raise ValueError(f"format must be one of {EXPORT_FORMATS}, got {format!r}")
+    from lightrec.inference.sharded import export_on_rank, has_sharded_collections, sharding_group, unshard
+
+    if has_sharded_collections(model):
+        group, _, _ = sharding_group(model)
+        return export_on_rank(lambda: unshard(model, dst=0), path, group=group, dst=0, format=format,
+                              example_batch=example_batch, takes_dense=takes_dense,
+                              dense_in_features=dense_in_features, extra_meta=extra_meta)
     path = Path(path)
     model = model.eval()
     info = describe_model(model, dense_in_features)
@@ -184,15 +205,16 @@ def export(
     inputs = _split_example(example_batch, info) if example_batch is not None else _example_inputs(info)
     with torch.no_grad():
         expected = wrapper(*inputs)
+        if not isinstance(expected, torch.Tensor):
+            raise ExportError(f"the model must return one tensor, got {type(expected).__name__}; wrap it in a module "
+                              "that turns its output (e.g. a dict of JaggedTensors) into scores")
         if format == "torchscript":
             artifact = _to_torchscript(wrapper)
             got = artifact(*inputs)
-            torch.jit.save(artifact, str(path))
             uses_fbgemm = "fbgemm" in _all_code(artifact)
         else:
             program = _to_exported_program(wrapper, inputs)
             got = program.module()(*inputs)
-            torch.export.save(program, str(path))
             uses_fbgemm = "fbgemm" in str(program.graph_module.code)
     if not torch.equal(got, expected):
         raise ExportError(f"the {format} artifact's output differs from the model's on the example batch "
@@ -206,9 +228,27 @@ def export(
         "dtype": sorted({t["data_type"] for t in info["tables"]}),
         "versions": _versions(),
         **info,
+        **(extra_meta or {}),
     }
-    Path(str(path) + ".meta.json").write_text(json.dumps(meta, indent=2))
+    meta_path = Path(str(path) + ".meta.json")
+    if format == "torchscript":
+        _write_atomically(path, lambda tmp: torch.jit.save(artifact, str(tmp)))
+    else:
+        _write_atomically(path, lambda tmp: torch.export.save(program, str(tmp)))
+    _write_atomically(meta_path, lambda tmp: tmp.write_text(json.dumps(meta, indent=2)))
     return path
+
+
+def _write_atomically(path: Path, write: Callable[[Path], Any]) -> None:
+    """``write`` a temporary file next to ``path``, then move it onto ``path`` (``os.replace``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
 
 
 def _all_code(module: torch.jit.ScriptModule) -> str:
@@ -274,7 +314,7 @@ def export_from_checkpoint(
     Args:
         checkpoint: a path to ``torch.save``-d state dict or Lightning checkpoint (its ``"state_dict"``),
             or the state dict itself. Keys may carry a prefix (``"model."``), which is stripped.
-            Sharded checkpoints must be gathered to full tables first (``gather_full_state_dict``).
+            A sharded checkpoint folder (``RecStrategy``) is consolidated into full tables first.
         model_factory: builds the float model (its tables may be on ``meta``; only configs are read).
         out_path, dtype, format, per_table, quantize_dense, example_batch: as in ``quantize``/``export``.
 
@@ -289,7 +329,12 @@ def export_from_checkpoint(
     if isinstance(checkpoint, (str, os.PathLike)):
         if not Path(checkpoint).exists():
             raise FileNotFoundError(f"checkpoint {str(checkpoint)!r} does not exist")
-        checkpoint = torch.load(checkpoint, map_location="cpu", weights_only=False)
+        from lightrec.distributed.checkpoint import consolidate_checkpoint, is_sharded_checkpoint
+
+        if is_sharded_checkpoint(checkpoint):  # a RecStrategy folder: gather full tables here
+            checkpoint = consolidate_checkpoint(checkpoint)
+        else:
+            checkpoint = torch.load(checkpoint, map_location="cpu", weights_only=False)
     if not isinstance(checkpoint, dict):
         raise TypeError(f"checkpoint must be a path or a state dict, got {type(checkpoint).__name__}")
     state = checkpoint.get("state_dict", checkpoint)

@@ -1,12 +1,16 @@
 """Pooled lookups over quantized rows: fbgemm's IntN TBE op, or pure torch with identical results.
 
-Both kernels read one table stored in fbgemm's row layout (see :mod:`lightrec.inference.quant_rows`)
-and pool the rows of every bag of every feature that reads the table:
+The torch kernel reads one table stored in fbgemm's row layout (see
+:mod:`lightrec.inference.quant_rows`) and pools the rows of every bag of every feature that reads it:
 
     weight   [rows, row_bytes] uint8        one table
     ids      [N]                            ids of the table's F features, key-major
     offsets  [F * B + 1]                    bag boundaries into ids (starts at 0)
     ->       [B, F * D] float32             feature blocks side by side (KeyedTensor layout)
+
+The fbgemm kernel does the same for many tables in one call: they lie back to back in one flat
+byte buffer and each feature names its table's byte offset (see
+:mod:`lightrec.inference.table_groups`).
 
 Numerics (what fbgemm 1.8's CPU kernel does, measured, and what the torch kernel reproduces bit for
 bit): scale ``s`` and bias ``b`` are fp16 in the row and widened to fp32; with a per-id weight
@@ -21,21 +25,17 @@ The torch kernel loops over bag positions (``max(len)`` steps), a data-dependent
 ``torch.jit.script`` compiles from source.
 """
 
-from typing import List, Optional
+from typing import Optional
 
 import torch
-
-from lightrec._fbgemm import fbgemm_available
 
 __all__ = [
     "SPARSE_TYPE_FP16",
     "SPARSE_TYPE_FP32",
     "SPARSE_TYPE_INT4",
     "SPARSE_TYPE_INT8",
-    "FbgemmNBitKernel",
-    "TorchNBitKernel",
-    "make_kernel",
-    "pooled_lookup_fbgemm",
+    "fp16_bytes_to_float",
+    "grouped_lookup_fbgemm",
     "pooled_lookup_torch",
 ]
 
@@ -180,39 +180,49 @@ def _(weight, data_type, dim, num_features, ids, offsets, per_sample_weights, me
     return weight.new_empty((batch, num_features * dim), dtype=torch.float32)
 
 
-def pooled_lookup_fbgemm(
-    weight: torch.Tensor,
-    data_type: int,
-    dim: int,
-    num_features: int,
+def grouped_lookup_fbgemm(
+    flat: torch.Tensor,
+    weights_offsets: torch.Tensor,
+    weights_tys: torch.Tensor,
+    d_offsets: torch.Tensor,
+    total_d: int,
+    max_int4_d: int,
+    max_int8_d: int,
+    max_fp16_d: int,
     ids: torch.Tensor,
     offsets: torch.Tensor,
     per_sample_weights: Optional[torch.Tensor],
     mean: bool,
     row_alignment: int,
 ) -> torch.Tensor:
-    """fbgemm's ``int_nbit_split_embedding_codegen_lookup_function`` on one table read by
-    ``num_features`` features (each feature is one TBE "table" at weight offset 0).
+    """fbgemm's ``int_nbit_split_embedding_codegen_lookup_function`` over several tables at once.
+
+    Args:
+        flat: every table's rows back to back, ``[total bytes]`` uint8.
+        weights_offsets / weights_tys: ``[F]`` byte offset into ``flat`` and type code of the table
+            each feature reads (one TBE "table" per feature).
+        d_offsets: ``[F + 1]`` int32 column offsets of the features in the output (cumulative D).
+        total_d / max_*_d: output width and the widest feature of each storage type (0 if none).
+        ids / offsets: ids of the F features (key-major) and their ``[F * B + 1]`` bag boundaries.
 
     Returns:
-        ``[B, num_features * dim]`` float32.
+        ``[B, total_d]`` float32, feature blocks side by side.
     """
-    device = weight.device
-    location = 3 if device.type == "cpu" else 0
-    d_offsets: List[int] = [f * dim for f in range(num_features + 1)]
+    device = flat.device
+    location = 3 if device.type == "cpu" else 0  # EmbeddingLocation.HOST / DEVICE
     return torch.ops.fbgemm.int_nbit_split_embedding_codegen_lookup_function(
-        dev_weights=weight.view(-1),
+        dev_weights=flat,
         uvm_weights=torch.empty(0, dtype=torch.uint8, device=device),
-        weights_placements=torch.full([num_features], location, dtype=torch.int32, device=device),
-        weights_offsets=torch.zeros([num_features], dtype=torch.int64, device=device),
-        weights_tys=torch.full([num_features], data_type, dtype=torch.uint8, device=device),
-        D_offsets=torch.tensor(d_offsets, dtype=torch.int32, device=device),
-        total_D=num_features * dim,
+        weights_placements=torch.full(weights_offsets.shape, location, dtype=torch.int32, device=device),
+        weights_offsets=weights_offsets,
+        weights_tys=weights_tys,
+        D_offsets=d_offsets,
+        total_D=total_d,
         max_int2_D=0,
-        max_int4_D=dim if data_type == 3 else 0,
-        max_int8_D=dim if data_type == 2 else 0,
-        max_float16_D=dim if data_type == 1 else 0,
-        max_float32_D=dim if data_type == 0 else 0,
+        max_int4_D=max_int4_d,
+        max_int8_D=max_int8_d,
+        max_float16_D=max_fp16_d,
+        max_float32_D=0,
         indices=ids.to(offsets.dtype),
         offsets=offsets,
         pooling_mode=1 if mean else 0,
@@ -226,67 +236,3 @@ def pooled_lookup_fbgemm(
         fp8_exponent_bias=-1,
     )
 
-
-# One graph node each under torch.fx (their bodies hold data-dependent loops / fbgemm calls).
-torch.fx.wrap("pooled_lookup_torch")
-torch.fx.wrap("pooled_lookup_fbgemm")
-
-
-class TorchNBitKernel(torch.nn.Module):
-    """Pooled quantized lookup in pure torch (any device, no fbgemm)."""
-
-    def forward(
-        self,
-        weight: torch.Tensor,
-        data_type: int,
-        dim: int,
-        num_features: int,
-        ids: torch.Tensor,
-        offsets: torch.Tensor,
-        per_sample_weights: Optional[torch.Tensor],
-        mean: bool,
-    ) -> torch.Tensor:
-        return pooled_lookup_torch(weight, data_type, dim, num_features, ids, offsets, per_sample_weights, mean)
-
-
-class FbgemmNBitKernel(torch.nn.Module):
-    """Pooled quantized lookup with fbgemm's IntN TBE kernel (same results as ``TorchNBitKernel``)."""
-
-    def __init__(self, row_alignment: int) -> None:
-        super().__init__()
-        self.row_alignment = row_alignment
-
-    def forward(
-        self,
-        weight: torch.Tensor,
-        data_type: int,
-        dim: int,
-        num_features: int,
-        ids: torch.Tensor,
-        offsets: torch.Tensor,
-        per_sample_weights: Optional[torch.Tensor],
-        mean: bool,
-    ) -> torch.Tensor:
-        return pooled_lookup_fbgemm(
-            weight, data_type, dim, num_features, ids, offsets, per_sample_weights, mean, self.row_alignment
-        )
-
-
-def make_kernel(use_fbgemm: Optional[bool], row_alignment: int) -> torch.nn.Module:
-    """The fbgemm kernel when ``use_fbgemm`` (or, when None, whenever fbgemm imports), else torch.
-
-    Raises:
-        RuntimeError: ``use_fbgemm=True`` but fbgemm_gpu cannot be used here.
-    """
-    if use_fbgemm is None:
-        use_fbgemm = fbgemm_available()
-    if use_fbgemm:
-        from lightrec._fbgemm import fbgemm_unavailable_reason, has_fbgemm_op
-
-        if not has_fbgemm_op("int_nbit_split_embedding_codegen_lookup_function"):
-            raise RuntimeError(
-                f"use_fbgemm=True but fbgemm's IntN lookup is unavailable ({fbgemm_unavailable_reason()}); "
-                "pass use_fbgemm=None or False to use the pure-torch kernel (same results)"
-            )
-        return FbgemmNBitKernel(row_alignment)
-    return TorchNBitKernel()

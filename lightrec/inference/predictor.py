@@ -57,7 +57,13 @@ class Predictor:
 
     def __call__(self, dense_features: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor,
                  weights: torch.Tensor | None = None) -> torch.Tensor:
-        """Run the artifact on tensors (layout in :mod:`lightrec.inference.export`); returns raw outputs."""
+        """Run the artifact on tensors (layout in :mod:`lightrec.inference.export`); returns raw outputs.
+
+        Ids and lengths of any integer dtype (KJTs often carry int32 lengths) are passed on as the
+        artifact's int64, dense features and weights as float32.
+        """
+        dense_features, values, lengths = dense_features.float(), values.long(), lengths.long()
+        weights = weights.float() if weights is not None else None
         batch = dense_features.shape[0]
         if batch == 1 and self.meta.get("format") == "export":
             # exported programs are specialized to B >= 2: score the sample twice, keep one

@@ -1,32 +1,78 @@
 """``quantize(model, dtype)``: a serving copy of a model with quantized embedding tables.
 
-Every ``EmbeddingBagCollection`` becomes a ``QuantEmbeddingBagCollection`` (int8 / int4 / fp16
-rows, see :mod:`lightrec.inference.quant_rows`); dense layers stay float32, or become dynamic
-int8 ``Linear`` layers with ``quantize_dense=True``. The float model is not modified and its
-tables are not copied (only the quantized tables are allocated).
+Every pooled collection (``EmbeddingBagCollection``, ``FusedEmbeddingBagCollection``) becomes a
+``QuantEmbeddingBagCollection`` and every sequence collection (``EmbeddingCollection``,
+``FusedEmbeddingCollection``) a ``QuantEmbeddingCollection`` (int8 / int4 / fp16 rows, see
+:mod:`lightrec.inference.quant_rows`); dense layers stay float32, or become dynamic int8
+``Linear`` layers with ``quantize_dense=True``. The float model is not modified and its tables
+are not copied (only the quantized tables are allocated).
 
-Tables may come from the model or from a full-table state dict (``state_dict=``), e.g. gathered
-from a ``DistributedModelParallel`` checkpoint, whose keys are the model's (``sparse_arch.
-embedding_bag_collection.embedding_bags.<table>.weight``, ``dense_arch...``).
+Tables may come from the model, from a full-table state dict (``state_dict=``) whose keys are the
+model's (``sparse_arch.embedding_bag_collection.embedding_bags.<table>.weight``, ``dense_arch...``),
+or -- for a ``DistributedModelParallel`` or a model whose collections it sharded -- from the ranks
+holding them: then ``quantize`` is a collective (see :mod:`lightrec.inference.sharded`).
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
+from lightrec.inference.quant_embedding_collection import QuantEmbeddingCollection
 from lightrec.inference.quant_embedding_modules import QuantEmbeddingBagCollection
 from lightrec.inference.quant_rows import DEFAULT_ROW_ALIGNMENT
-from lightrec.modules.embedding_modules import EmbeddingBagCollection
+from lightrec.inference.sharded import (
+    quantize_sharded_collection,
+    sharded_collections,
+    sharding_group,
+    unwrap_model_parallel,
+)
+from lightrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
 __all__ = ["quantize", "quantize_dense_layers"]
 
 
-def _collections(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    return [(name, m) for name, m in model.named_modules() if type(m) is EmbeddingBagCollection]
+class _Found(NamedTuple):
+    path: str
+    module: nn.Module
+    pooled: bool
+    sharded: bool
+
+
+def _float_types() -> tuple[tuple[type, ...], tuple[type, ...]]:
+    bags: tuple[type, ...] = (EmbeddingBagCollection,)
+    sequences: tuple[type, ...] = (EmbeddingCollection,)
+    try:
+        from lightrec.kernels import FusedEmbeddingBagCollection, FusedEmbeddingCollection
+    except ImportError:  # pragma: no cover - lightrec.kernels ships with lightrec
+        return bags, sequences
+    return bags + (FusedEmbeddingBagCollection,), sequences + (FusedEmbeddingCollection,)
+
+
+def _collections(model: nn.Module) -> list[_Found]:
+    """The outermost float or sharded embedding collections of ``model`` (module order)."""
+    bags, sequences = _float_types()
+    sharded = {id(m) for _, m in sharded_collections(model)}
+    found: list[_Found] = []
+    for path, m in model.named_modules():
+        if any(path == f.path or path.startswith(f.path + ".") or f.path == "" for f in found):
+            continue  # inside a collection already found
+        if id(m) in sharded:
+            found.append(_Found(path, m, bool(m._pooled), True))
+        elif type(m) in bags:
+            found.append(_Found(path, m, True, False))
+        elif type(m) in sequences:
+            found.append(_Found(path, m, False, False))
+    return found
+
+
+def _table_names(found: _Found) -> set[str]:
+    getter = "embedding_bag_configs" if found.pooled else "embedding_configs"
+    return {t.name for t in getattr(found.module, getter)()}
 
 
 def quantize(
@@ -37,11 +83,13 @@ def quantize(
     state_dict: Mapping[str, torch.Tensor] | None = None,
     row_alignment: int = DEFAULT_ROW_ALIGNMENT,
     use_fbgemm: bool | None = None,
-) -> nn.Module:
-    """Return a copy of ``model`` whose embedding bag collections are quantized.
+    dst: int | None = None,
+) -> nn.Module | None:
+    """Return a copy of ``model`` whose embedding collections are quantized.
 
     Args:
-        model: any module holding ``EmbeddingBagCollection`` s (or one itself).
+        model: any module holding embedding collections (or one itself), a
+            ``DistributedModelParallel``, or a model whose collections it sharded.
         dtype: ``torch.int8``/``"int8"``, ``torch.quint4x2``/``"int4"`` or ``torch.float16``/``"fp16"``.
         per_table: ``{table name: dtype}`` overrides (e.g. keep a small, sensitive table in fp16).
         quantize_dense: also turn ``nn.Linear`` layers into dynamic int8 ones
@@ -49,45 +97,74 @@ def quantize(
         state_dict: full float state dict to take every weight from (tables and dense layers).
         row_alignment: stored rows are padded to this many bytes.
         use_fbgemm: lookup kernel choice (None: fbgemm when it imports; same results either way).
+        dst: sharded models only: the rank (in the sharding group) that receives the quantized
+            copy; None gives every rank one. Ignored for unsharded models.
 
     Returns:
-        The quantized copy, in eval mode.
+        The quantized copy, in eval mode and with ``requires_grad=False`` on every parameter (on CPU
+        when the tables were gathered from ranks); None on the ranks other than ``dst`` of a
+        sharded model.
 
     Raises:
-        ValueError: the model has no ``EmbeddingBagCollection``, or a state-dict entry is missing or
-            has the wrong shape; KeyError: ``per_table`` names an unknown table.
+        ValueError: the model has no embedding collection, or a state-dict entry is missing or has
+            the wrong shape; KeyError: ``per_table`` names an unknown table.
     """
-    found = _collections(model) if not isinstance(model, EmbeddingBagCollection) else [("", model)]
+    root = unwrap_model_parallel(model)
+    found = _collections(root)
     if not found:
         raise ValueError(
-            f"{type(model).__name__} has no EmbeddingBagCollection to quantize (EmbeddingCollection is not "
-            "supported yet); pass the model that holds the float tables"
+            f"{type(root).__name__} has no EmbeddingBagCollection or EmbeddingCollection to quantize; pass the "
+            "model that holds the float (or sharded) tables"
         )
-    known = {t.name for _, ebc in found for t in ebc.embedding_bag_configs()}
+    known = set().union(*(_table_names(f) for f in found))
     unknown = sorted(set(per_table or {}) - known)
     if unknown:
         raise KeyError(f"per_table names tables {unknown} that the model does not have; its tables are {sorted(known)}")
-    memo: dict[int, nn.Module] = {}
-    for name, ebc in found:
-        mine = {t.name for t in ebc.embedding_bag_configs()}
-        memo[id(ebc)] = QuantEmbeddingBagCollection.from_float(
-            ebc, dtype=dtype, per_table={k: v for k, v in (per_table or {}).items() if k in mine},
-            row_alignment=row_alignment, use_fbgemm=use_fbgemm,
-            state_dict=dict(state_dict) if state_dict is not None else None, prefix=f"{name}." if name else "",
-        )
-    # deepcopy with the collections pre-seeded in the memo: float tables are never copied
-    quantized = copy.deepcopy(model, memo)
-    if state_dict is not None:
-        _load_dense(quantized, state_dict)
+    gathering = state_dict is None and any(f.sharded for f in found)
+    receiving = True
+    if gathering:
+        _, rank, world_size = sharding_group(root)
+        if dst is not None and (isinstance(dst, bool) or not isinstance(dst, int) or not 0 <= dst < world_size):
+            raise ValueError(f"dst must be None (every rank) or a rank in [0, {world_size}), got {dst!r}")
+        receiving = dst is None or rank == dst
+    full_state = dict(state_dict) if state_dict is not None else None
+    replacements: dict[int, nn.Module] = {}
+    for f in found:
+        names = _table_names(f)
+        mine = {k: v for k, v in (per_table or {}).items() if k in names}
+        if f.sharded and full_state is None:
+            replacement = quantize_sharded_collection(f.module, dtype, mine, row_alignment, use_fbgemm, dst)
+        else:
+            cls = QuantEmbeddingBagCollection if f.pooled else QuantEmbeddingCollection
+            replacement = cls.from_float(f.module, dtype=dtype, per_table=mine, row_alignment=row_alignment,
+                                         use_fbgemm=use_fbgemm, state_dict=full_state,
+                                         prefix=f"{f.path}." if f.path else "")
+        if replacement is not None:
+            replacements[id(f.module)] = replacement
+    if not receiving:
+        return None
+    # deepcopy with the collections pre-seeded in the memo: float (or sharded) tables are never copied
+    quantized = replacements[id(root)] if id(root) in replacements else copy.deepcopy(root, dict(replacements))
+    if full_state is not None:
+        _load_dense(quantized, full_state, found)
+    if gathering:
+        quantized = quantized.to(torch.device("cpu"))
     if quantize_dense:
         quantized = quantize_dense_layers(quantized)
+    # A serving copy: no parameter needs a gradient, so eager calls take the same (no-grad) code
+    # paths as the exported artifact and give the same numbers.
+    quantized.requires_grad_(False)
     return quantized.eval()
 
 
-def _load_dense(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> None:
-    """Load every non-table entry of ``state_dict`` into ``model``; raise on missing dense weights."""
-    own = model.state_dict()
-    dense_keys = [k for k in own if ".embedding_bags." not in f".{k}"]
+def _load_dense(model: nn.Module, state_dict: Mapping[str, torch.Tensor], found: list[_Found]) -> None:
+    """Load every entry of ``state_dict`` that is not a table into ``model``; raise on missing dense weights."""
+    table_keys = set()
+    for f in found:
+        prefix = f"{f.path}." if f.path else ""
+        attr = "embedding_bags" if f.pooled else "embeddings"
+        table_keys |= {f"{prefix}{attr}.{name}.weight" for name in _table_names(f)}
+    dense_keys = [k for k in model.state_dict() if k not in table_keys]
     missing = [k for k in dense_keys if k not in state_dict]
     if missing:
         raise ValueError(

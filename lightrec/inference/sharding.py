@@ -26,16 +26,17 @@ from torch.fx._symbolic_trace import is_fx_symbolic_tracing as is_fx_tracing
 from lightrec._fbgemm import fbgemm_available
 from lightrec.inference.quant_embedding_modules import QuantEmbeddingBagCollection
 from lightrec.inference.quant_rows import SCALE_BIAS_BYTES
+from lightrec.inference.table_groups import check_ids_by_table, equal_rows_runs
 from lightrec.modules.embedding_configs import DataType, EmbeddingBagConfig, PoolingType
-from lightrec.modules.feature_checks import check_feature_keys, check_ids
+from lightrec.modules.feature_checks import check_feature_keys
 from lightrec.sparse import KeyedJaggedTensor, KeyedTensor
 
 __all__ = ["ShardedQuantEmbeddingBagCollection", "TableGroupLookup", "TbeGroupLookup", "shard_for_inference", "shard_modules"]
 
 PLACEMENTS = ("device", "host")
 
-# check_ids is data-dependent; record it as one fx node here too (fx.wrap patches per module).
-torch.fx.wrap("check_ids")
+# the id check is data-dependent; record it as one fx node here too (fx.wrap patches per module).
+torch.fx.wrap("check_ids_by_table")
 
 
 class TableGroupLookup(nn.Module):
@@ -98,18 +99,19 @@ class TbeGroupLookup(nn.Module):
         self._table_names: List[str] = [t.name for t in tables]
         self._table_features: List[List[str]] = [list(t.feature_names) for t in tables]
         self._table_rows: List[int] = [t.num_embeddings for t in tables]
+        self._equal_rows_runs: List[int] = equal_rows_runs(self._table_rows)
+        self._feature_offsets: List[int] = [0]  # [T + 1] index of each table's first feature
+        for t in tables:
+            self._feature_offsets.append(self._feature_offsets[-1] + len(t.feature_names))
 
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
         values = features.values()
         lengths = features.lengths()
         stride = features.stride()
         offset_per_key = features.offset_per_key()
-        first = 0
-        for t in range(len(self._table_names)):
-            last = first + len(self._table_features[t])
-            check_ids(values[offset_per_key[first] : offset_per_key[last]], lengths[first * stride : last * stride],
-                      self._table_rows[t], self._table_names[t], self._table_features[t], stride)
-            first = last
+        value_offsets: List[int] = [offset_per_key[f] for f in self._feature_offsets]
+        values = check_ids_by_table(values, lengths, value_offsets, self._feature_offsets, self._table_rows,
+                                    self._table_names, self._table_features, stride, self._equal_rows_runs)
         offsets = features.offsets()
         weights: Optional[torch.Tensor] = None
         if self._is_weighted:

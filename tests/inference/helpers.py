@@ -51,3 +51,41 @@ def dlrm(seed: int = 0) -> DLRM:
     torch.manual_seed(seed)
     ebc = lightrec.EmbeddingBagCollection(tables(mean_last=False))
     return DLRM(ebc, dense_in_features=5, dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[8, 1]).eval()
+
+
+def sequence_tables() -> list[lightrec.EmbeddingConfig]:
+    """Unpooled tables over the same features as ``tables()``: t0 shared by f0 and f1, mixed widths."""
+    return [
+        lightrec.EmbeddingConfig(name="t0", num_embeddings=40, embedding_dim=8, feature_names=["f0", "f1"]),
+        lightrec.EmbeddingConfig(name="t1", num_embeddings=31, embedding_dim=4, feature_names=["f2"]),
+        lightrec.EmbeddingConfig(name="t2", num_embeddings=17, embedding_dim=6, feature_names=["f3"]),
+    ]
+
+
+class SequenceScorer(torch.nn.Module):
+    """A KJT-only model over an ``EmbeddingCollection``: per feature, the rows of a sample's ids are
+    summed, and a linear layer scores the concatenation ``[B, 1]``."""
+
+    def __init__(self, ec: torch.nn.Module) -> None:
+        super().__init__()
+        self.ec = ec
+        configs = ec.embedding_configs()
+        self._features = [f for t in configs for f in t.feature_names]
+        width = sum(t.embedding_dim * len(t.feature_names) for t in configs)
+        self.linear = torch.nn.Linear(width, 1)
+
+    def forward(self, features: lightrec.KeyedJaggedTensor) -> torch.Tensor:
+        rows = self.ec(features)
+        pooled = []
+        for name in self._features:
+            jt = rows[name]
+            lengths = jt.lengths()
+            values = jt.values()
+            sample = torch.repeat_interleave(lengths, output_size=values.shape[0])  # sample index of every id
+            pooled.append(values.new_zeros([lengths.shape[0], values.shape[1]]).index_add_(0, sample, values))
+        return self.linear(torch.cat(pooled, dim=1))
+
+
+def sequence_model(seed: int = 0) -> SequenceScorer:
+    torch.manual_seed(seed)
+    return SequenceScorer(lightrec.EmbeddingCollection(sequence_tables())).eval()

@@ -11,7 +11,7 @@ from lightrec.inference import QuantEmbeddingBagCollection, quantize, row_size_i
 from lightrec.inference.quant_rows import max_abs_error
 from lightrec.modules import DataType
 from tests.inference import reference
-from tests.inference.helpers import dlrm, kernel_params, kjt, needs_fbgemm, tables
+from tests.inference.helpers import FEATURES, dlrm, kernel_params, kjt, needs_fbgemm, tables
 
 KINDS = {"int8": DataType.INT8, "int4": DataType.INT4, "fp16": DataType.FP16}
 
@@ -40,14 +40,19 @@ def test_rows_decode_within_documented_bound(kind: str) -> None:
 
 @pytest.mark.parametrize("use_fbgemm", kernel_params())
 @pytest.mark.parametrize("weighted", [False, True])
-@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("kind", [*KINDS, "mixed"])
 def test_pooled_equals_reference_dequantization_exactly(kind: str, weighted: bool, use_fbgemm: bool) -> None:
     torch.manual_seed(1)
-    ebc = lightrec.EmbeddingBagCollection(tables(), is_weighted=weighted)
-    q = QuantEmbeddingBagCollection.from_float(ebc, dtype=kind, use_fbgemm=use_fbgemm)
+    ebc = lightrec.EmbeddingBagCollection(tables(mean_last=kind != "mixed"), is_weighted=weighted)
+    # "mixed": int4, fp16 and int8 tables pooled by one fbgemm call (one SUM group)
+    per_table = {"t0": "int4", "t1": "fp16"} if kind == "mixed" else None
+    q = QuantEmbeddingBagCollection.from_float(ebc, dtype="int8" if kind == "mixed" else kind, per_table=per_table,
+                                               use_fbgemm=use_fbgemm)
+    assert len(q._groups) == (1 if kind == "mixed" else 2)
     batch = kjt(batch=6, seed=2, weighted=weighted)
     got = q(batch).to_dict()
     for t in q.embedding_bag_configs():
+        kind = t.data_type.value.lower()
         for f in t.feature_names:
             jt = batch[f]
             offsets = [0] + torch.cumsum(jt.lengths(), 0).tolist()
@@ -101,8 +106,8 @@ def test_seed_quantize_dynamic_api_and_buffers() -> None:
     q = quant.quantize_dynamic(holder, qconfig_spec={lightrec.EmbeddingBagCollection: qconfig},
                                mapping={lightrec.EmbeddingBagCollection: QuantEBC}, inplace=False)
     assert isinstance(q[0], QuantEmbeddingBagCollection) and holder[0] is ebc
-    buffers = {n: (tuple(b.shape), b.dtype) for n, b in q.named_buffers()}
-    assert buffers == {f"0.embedding_bags.{t}.weight": ((r, 48), torch.uint8) for t, r in [("t0", 40), ("t1", 31), ("t2", 17)]}
+    saved = {n: (tuple(b.shape), b.dtype) for n, b in q.state_dict().items()}
+    assert saved == {f"0.embedding_bags.{t}.weight": ((r, 48), torch.uint8) for t, r in [("t0", 40), ("t1", 31), ("t2", 17)]}
     assert not list(q.parameters())
     assert q[0].embedding_bag_configs()[0].data_type == DataType.INT4
 
@@ -159,3 +164,74 @@ def test_bad_ids_raise_like_the_float_collection() -> None:
                                      lengths=torch.tensor([1, 1, 1, 1]))
     with pytest.raises(IndexError, match="table 't1' has 31 rows"):
         q(bad)
+
+
+@pytest.mark.parametrize("use_fbgemm", kernel_params())
+def test_tables_are_views_of_one_flat_buffer_through_moves_copies_and_loads(use_fbgemm: bool) -> None:
+    import copy
+
+    torch.manual_seed(6)
+    ebc = lightrec.EmbeddingBagCollection(tables())
+    q = QuantEmbeddingBagCollection.from_float(ebc, dtype="int8", per_table={"t1": "int4"}, use_fbgemm=use_fbgemm)
+    batch = kjt(batch=5, seed=8)
+    want = q(batch).values()
+
+    def shares_storage(m: QuantEmbeddingBagCollection) -> bool:
+        flat = m._flat_weights.untyped_storage().data_ptr()
+        return all(t.weight.untyped_storage().data_ptr() == flat for t in m.embedding_bags.values())
+
+    assert shares_storage(q) and q.storage_bytes() == q._flat_weights.numel()
+    assert shares_storage(copy.deepcopy(q)) and shares_storage(q.to("cpu"))
+    # built on meta, materialised empty, then loaded (the group constants are rebuilt, not left garbage)
+    for assign in (False, True):
+        fresh = QuantEmbeddingBagCollection(ebc.embedding_bag_configs(), dtype="int8", per_table={"t1": "int4"},
+                                            use_fbgemm=use_fbgemm, device="meta").to_empty(device="cpu")
+        assert shares_storage(fresh)
+        fresh.load_state_dict(q.state_dict(), assign=assign)  # lands in the flat buffer the kernel reads
+        assert shares_storage(fresh) and torch.equal(fresh(batch).values(), want)
+    copied = copy.deepcopy(q)
+    copied.set_float_weight("t0", torch.zeros(40, 8))
+    assert torch.equal(copied(batch).values()[:, :16], torch.zeros(5, 16)) and torch.equal(q(batch).values(), want)
+
+
+@pytest.mark.parametrize("use_fbgemm", kernel_params())
+def test_id_checks_of_equal_sized_tables_name_feature_and_sample(use_fbgemm: bool) -> None:
+    # three tables of 10 rows form one min/max run; the error still names the right table and sample
+    equal = [lightrec.EmbeddingBagConfig(name=f"e{i}", num_embeddings=10, embedding_dim=4, feature_names=[f"x{i}"])
+             for i in range(3)]
+    q = quantize(lightrec.EmbeddingBagCollection(equal), "int8", use_fbgemm=use_fbgemm)
+    lengths = torch.tensor([1, 0, 1, 1, 0, 1])  # x0: [a], [] | x1: [b], [c] | x2: [], [d]
+    ok = lightrec.KeyedJaggedTensor(keys=["x0", "x1", "x2"], values=torch.tensor([0, 9, 3, 9]), lengths=lengths)
+    assert q(ok).values().shape == (2, 12)
+    for values, message in (([0, 9, 10, 9], r"feature 'x1' \(sample 1\) has id 10 but table 'e1' has 10 rows"),
+                            ([0, 9, 3, -1], r"feature 'x2' \(sample 1\) has id -1 but table 'e2' has 10 rows")):
+        bad = lightrec.KeyedJaggedTensor(keys=["x0", "x1", "x2"], values=torch.tensor(values), lengths=lengths)
+        with pytest.raises(IndexError, match=message):
+            q(bad)
+
+
+@pytest.mark.parametrize("use_fbgemm", kernel_params())
+@pytest.mark.parametrize("mode", ["clamp", "skip"])
+def test_clamp_and_skip_modes_match_the_float_collection(mode: str, use_fbgemm: bool) -> None:
+    torch.manual_seed(9)
+    ebc = lightrec.EmbeddingBagCollection(tables(), is_weighted=True, bounds_check=mode)
+    q = quantize(ebc, "fp16", use_fbgemm=use_fbgemm)
+    batch = kjt(batch=6, seed=10, weighted=True)
+    values = batch.values().clone()
+    values[::3] += 35  # every third id: some beyond their table
+    values[1] = -2
+    bad = lightrec.KeyedJaggedTensor(keys=FEATURES, values=values, lengths=batch.lengths(), weights=batch.weights())
+    torch.testing.assert_close(q(bad).values(), ebc(bad).values(), atol=2e-3, rtol=0)
+
+
+@pytest.mark.parametrize("use_fbgemm", kernel_params())
+@pytest.mark.parametrize("mode", ["error", "clamp", "skip"])
+def test_collection_scripts_directly_and_after_fx_trace(mode: str, use_fbgemm: bool) -> None:
+    from lightrec.inference.fx import symbolic_trace
+
+    ebc = lightrec.EmbeddingBagCollection(tables(), is_weighted=True, bounds_check=mode)
+    q = quantize(ebc, "int8", per_table={"t1": "int4"}, use_fbgemm=use_fbgemm)
+    batch = kjt(batch=4, seed=12, weighted=True)
+    want = q(batch).values()
+    for scripted in (torch.jit.script(q), torch.jit.script(symbolic_trace(q))):
+        assert torch.equal(scripted(batch).values(), want)

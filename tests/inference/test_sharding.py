@@ -63,3 +63,13 @@ def test_shard_modules_seed_call_shape() -> None:
     out = shard_modules(module=holder, device=torch.device("cpu"), env=ShardingEnv.from_local(2, 0))
     assert out is holder and isinstance(holder[0], ShardedQuantEmbeddingBagCollection)
     assert torch.equal(holder(batch).values(), want)
+
+
+@pytest.mark.parametrize("use_fbgemm", kernel_params())
+def test_sharded_groups_reject_bad_ids_like_the_unsharded_collection(use_fbgemm: bool) -> None:
+    q = quantize(lightrec.EmbeddingBagCollection(tables()), "int8")
+    sharded = shard_for_inference(q, devices=2, use_fbgemm=use_fbgemm)
+    bad = lightrec.KeyedJaggedTensor(keys=["f0", "f1", "f2", "f3"], values=torch.tensor([1, 2, 31, 0]),
+                                     lengths=torch.tensor([1, 1, 1, 1]))
+    with pytest.raises(IndexError, match=r"feature 'f2' \(sample 0\) has id 31 but table 't1' has 31 rows"):
+        sharded(bad)

@@ -1,0 +1,137 @@
+"""Unpooled lookups over quantized rows: fbgemm's IntN TBE op (pooling NONE), or pure torch.
+
+The sequence (``EmbeddingCollection``) counterpart of :mod:`lightrec.inference.kernels`: every id
+gets its own decoded row back, in input order::
+
+    weight   [rows, row_bytes] uint8        one table, fbgemm's row layout (quant_rows)
+    ids      [N]                            ids of one feature (any batch layout)
+    ->       [N, D] float32                 one row per id
+
+Numerics (measured on fbgemm 1.8's CPU kernel, and reproduced bit for bit by the torch kernel):
+int8/int4 values decode as ``fma(scale, q, bias)`` with fp16 scale/bias widened to fp32; fp16
+rows decode exactly. ``scale * q`` is exact in fp32 (an 11-bit fp16 significand times a
+``q < 256`` fits in 24 bits, subnormal halves included), so the plain ``q * scale + bias`` in fp32
+rounds once, like the fused multiply-add -- and both equal
+:func:`lightrec.inference.quant_rows.dequantize_rows` of the looked-up rows.
+
+Neither kernel has data-dependent control flow, so ``torch.export`` traces them as they are;
+``torch.fx`` records each as one call (``torch.fx.wrap``) that ``torch.jit.script`` compiles from
+source (the scripted fp16 decode cannot be traced through ``Tensor.view(dtype)``).
+"""
+
+from typing import Optional
+
+import torch
+
+from lightrec._fbgemm import fbgemm_available
+from lightrec.inference.kernels import fp16_bytes_to_float
+
+__all__ = [
+    "FbgemmSequenceKernel",
+    "TorchSequenceKernel",
+    "make_sequence_kernel",
+    "sequence_lookup_fbgemm",
+    "sequence_lookup_torch",
+]
+
+
+def sequence_lookup_torch(weight: torch.Tensor, data_type: int, dim: int, ids: torch.Tensor) -> torch.Tensor:
+    """Decoded rows ``[N, dim]`` float32 of ``ids`` (``data_type``: fbgemm code 1 fp16, 2 int8, 3 int4)."""
+    rows = weight.index_select(0, ids.long())
+    if data_type == 1:
+        return fp16_bytes_to_float(rows[:, : 2 * dim])
+    scale_bias = fp16_bytes_to_float(rows[:, :4])
+    if data_type == 2:
+        q = rows[:, 4 : 4 + dim].float()
+    else:
+        packed = rows[:, 4 : 4 + dim // 2]
+        # low nibble holds the even column, high nibble the odd one (fbgemm's packing)
+        q = torch.stack([torch.bitwise_and(packed, 15), torch.bitwise_right_shift(packed, 4)], dim=2)
+        q = q.reshape(-1, dim).float()
+    # scale * q is exact in fp32, so the one rounding of the add is fbgemm's fma(scale, q, bias)
+    return q * scale_bias[:, 0:1] + scale_bias[:, 1:2]
+
+
+def sequence_lookup_fbgemm(
+    weight: torch.Tensor, data_type: int, dim: int, ids: torch.Tensor, row_alignment: int
+) -> torch.Tensor:
+    """fbgemm's ``int_nbit_split_embedding_codegen_lookup_function`` with pooling NONE on one table.
+
+    All ids form one "bag" (offsets ``[0, N]``): without pooling the output is one row per id
+    whatever the bag boundaries are.
+
+    Returns:
+        ``[N, dim]`` float32.
+    """
+    device = weight.device
+    location = 3 if device.type == "cpu" else 0
+    indices = ids.to(torch.int64)
+    offsets = torch.zeros([2], dtype=torch.int64, device=device)
+    offsets[1] = indices.numel()
+    return torch.ops.fbgemm.int_nbit_split_embedding_codegen_lookup_function(
+        dev_weights=weight.view(-1),
+        uvm_weights=torch.empty(0, dtype=torch.uint8, device=device),
+        weights_placements=torch.full([1], location, dtype=torch.int32, device=device),
+        weights_offsets=torch.zeros([1], dtype=torch.int64, device=device),
+        weights_tys=torch.full([1], data_type, dtype=torch.uint8, device=device),
+        D_offsets=torch.tensor([0, dim], dtype=torch.int32, device=device),
+        total_D=dim,
+        max_int2_D=0,
+        max_int4_D=dim if data_type == 3 else 0,
+        max_int8_D=dim if data_type == 2 else 0,
+        max_float16_D=dim if data_type == 1 else 0,
+        max_float32_D=0,
+        indices=indices,
+        offsets=offsets,
+        pooling_mode=2,  # PoolingMode.NONE
+        indice_weights=None,
+        output_dtype=0,
+        lxu_cache_weights=torch.empty(0, 0, dtype=torch.uint8, device=device),
+        lxu_cache_locations=torch.empty(0, dtype=torch.int32, device=device),
+        row_alignment=row_alignment,
+        max_float8_D=0,
+        fp8_exponent_bits=-1,
+        fp8_exponent_bias=-1,
+    )
+
+
+torch.fx.wrap("sequence_lookup_torch")
+torch.fx.wrap("sequence_lookup_fbgemm")
+
+
+class TorchSequenceKernel(torch.nn.Module):
+    """Unpooled quantized lookup in pure torch (any device, no fbgemm)."""
+
+    def forward(self, weight: torch.Tensor, data_type: int, dim: int, ids: torch.Tensor) -> torch.Tensor:
+        return sequence_lookup_torch(weight, data_type, dim, ids)
+
+
+class FbgemmSequenceKernel(torch.nn.Module):
+    """Unpooled quantized lookup with fbgemm's IntN kernel (same results as ``TorchSequenceKernel``)."""
+
+    def __init__(self, row_alignment: int) -> None:
+        super().__init__()
+        self.row_alignment = row_alignment
+
+    def forward(self, weight: torch.Tensor, data_type: int, dim: int, ids: torch.Tensor) -> torch.Tensor:
+        return sequence_lookup_fbgemm(weight, data_type, dim, ids, self.row_alignment)
+
+
+def make_sequence_kernel(use_fbgemm: Optional[bool], row_alignment: int) -> torch.nn.Module:
+    """The fbgemm kernel when ``use_fbgemm`` (or, when None, whenever fbgemm imports), else torch.
+
+    Raises:
+        RuntimeError: ``use_fbgemm=True`` but fbgemm_gpu cannot be used here.
+    """
+    if use_fbgemm is None:
+        use_fbgemm = fbgemm_available()
+    if use_fbgemm:
+        from lightrec._fbgemm import fbgemm_unavailable_reason, has_fbgemm_op
+
+        if not has_fbgemm_op("int_nbit_split_embedding_codegen_lookup_function"):
+            raise RuntimeError(
+                f"use_fbgemm=True but fbgemm's IntN lookup is unavailable ({fbgemm_unavailable_reason()}); "
+                "pass use_fbgemm=None or False to use the pure-torch kernel (same results)"
+            )
+        return FbgemmSequenceKernel(row_alignment)
+    return TorchSequenceKernel()

@@ -1,0 +1,222 @@
+"""Serving copies of model-parallel models: gather full tables from the ranks that hold them.
+
+A model sharded by ``DistributedModelParallel`` (or by ``RecStrategy``, which uses it) holds each
+table as blocks spread over ranks. :func:`lightrec.inference.quantize` and
+:func:`lightrec.inference.export` accept such a model (or the ``DistributedModelParallel`` itself)
+and turn it into an unsharded serving copy with this module. Both are **collectives**: every rank
+of the sharding group calls them with the same arguments::
+
+    qmodel = quantize(dmp, dtype="int8", dst=0)       # the quantized copy on rank 0, None elsewhere
+    if rank == 0:
+        export(qmodel, "dlrm.pt")
+    export(dmp, "dlrm_fp32.pt")                       # float copy gathered to rank 0, which writes it
+
+Tables travel one at a time (``lightrec.distributed.state_dict.gather_full_state_dict`` on a
+one-entry state dict) and the receiving rank quantizes each as it arrives, so it never holds more
+than one full float table besides the quantized ones. Data-parallel (replicated) tables are read
+locally; dense layers are copied from the local replica (DDP keeps them equal on every rank).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+from torch import nn
+
+__all__ = [
+    "export_on_rank",
+    "has_sharded_collections",
+    "quantize_sharded_collection",
+    "sharded_collections",
+    "sharding_group",
+    "unshard",
+    "unwrap_model_parallel",
+]
+
+
+def _sharded_base() -> type | None:
+    try:
+        from lightrec.distributed.sharding.collection import ShardedCollectionBase
+    except ImportError:  # pragma: no cover - lightrec.distributed ships with lightrec
+        return None
+    return ShardedCollectionBase
+
+
+def unwrap_model_parallel(model: nn.Module) -> nn.Module:
+    """The sharded model inside a ``DistributedModelParallel`` (without its DDP wrapper), else ``model``."""
+    try:
+        from lightrec.distributed.model_parallel import DistributedModelParallel
+    except ImportError:  # pragma: no cover
+        return model
+    return model.module if isinstance(model, DistributedModelParallel) else model
+
+
+def sharded_collections(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``(path, module)`` of every sharded embedding collection in ``model`` (module order)."""
+    base = _sharded_base()
+    if base is None:
+        return []
+    return [(path, m) for path, m in unwrap_model_parallel(model).named_modules() if isinstance(m, base)]  # type: ignore[misc]
+
+
+def has_sharded_collections(model: nn.Module) -> bool:
+    """True when ``model`` (or the model inside a ``DistributedModelParallel``) holds sharded tables."""
+    return bool(sharded_collections(model))
+
+
+def sharding_group(model: nn.Module) -> tuple[dist.ProcessGroup | None, int, int]:
+    """``(process group, rank in it, its size)`` of the model's sharded collections.
+
+    Raises:
+        ValueError: the collections are sharded over different groups (gather them separately).
+    """
+    envs: list[Any] = [m._env for _, m in sharded_collections(model)]
+    if not envs:
+        return None, 0, 1
+    first = envs[0]
+    if any(e.pg is not first.pg for e in envs[1:]):
+        raise ValueError("the model's sharded collections use different process groups; quantize each collection "
+                         "separately (lightrec.inference.quantize(collection, dst=...))")
+    return first.pg, first.rank, first.world_size
+
+
+def _check_dst(dst: int | None, world_size: int) -> None:
+    if dst is not None and (isinstance(dst, bool) or not isinstance(dst, int) or not 0 <= dst < world_size):
+        raise ValueError(f"dst must be None (every rank) or a rank in [0, {world_size}), got {dst!r}")
+
+
+def _gathered_tables(collection: Any, dst: int | None) -> Any:
+    """Yield ``(config, full float table [rows, D] or None on ranks that do not receive it)``, one
+    table at a time (a collective per model-parallel table, in config order on every rank)."""
+    from lightrec.distributed.state_dict import gather_full_state_dict
+
+    env = collection._env
+    state = collection.state_dict()
+    for config in collection._configs:
+        key = f"{collection._attr}.{config.name}.weight"
+        full = gather_full_state_dict({key: state[key]}, env.pg, dst)
+        yield config, (full[key] if key in full else None)
+
+
+def quantize_sharded_collection(
+    collection: Any,
+    dtype: object,
+    per_table: dict[str, object] | None = None,
+    row_alignment: int = 16,
+    use_fbgemm: bool | None = None,
+    dst: int | None = None,
+) -> nn.Module | None:
+    """Quantized CPU copy of one sharded collection (collective over its group).
+
+    Returns:
+        A ``QuantEmbeddingBagCollection`` (pooled) or ``QuantEmbeddingCollection`` on rank ``dst``
+        (every rank when ``dst`` is None); None on the other ranks.
+    """
+    from lightrec.inference.quant_embedding_collection import QuantEmbeddingCollection
+    from lightrec.inference.quant_embedding_modules import QuantEmbeddingBagCollection
+
+    env = collection._env
+    _check_dst(dst, env.world_size)
+    quantized: nn.Module | None = None
+    if dst is None or env.rank == dst:
+        common: dict[str, Any] = {"device": "cpu", "dtype": dtype, "per_table": per_table, "row_alignment": row_alignment,
+                  "use_fbgemm": use_fbgemm}
+        if collection._pooled:
+            quantized = QuantEmbeddingBagCollection(list(collection._configs), is_weighted=collection._is_weighted,
+                                                    **common)
+        else:
+            quantized = QuantEmbeddingCollection(list(collection._configs), **common)
+    for config, full in _gathered_tables(collection, dst):
+        if quantized is not None:
+            quantized.set_float_weight(config.name, full)  # type: ignore[operator]
+    return quantized
+
+
+def _unsharded_float(collection: Any, dst: int | None) -> nn.Module | None:
+    from lightrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+
+    env = collection._env
+    plain: nn.Module | None = None
+    if dst is None or env.rank == dst:
+        configs = list(collection._configs)
+        plain = (EmbeddingBagCollection(configs, is_weighted=collection._is_weighted, device="meta")
+                 if collection._pooled else EmbeddingCollection(configs, device="meta"))
+    for config, full in _gathered_tables(collection, dst):
+        if plain is not None:
+            holder: Any = getattr(plain, collection._attr)[config.name]
+            holder.weight = nn.Parameter(full.float(), requires_grad=False)
+    return plain
+
+
+def _copy_with(model: nn.Module, replacements: dict[int, nn.Module]) -> nn.Module:
+    """A deep copy of ``model`` in which the modules ``replacements`` names (by id) are swapped in
+    as they are (never copied): sharded collections and their process groups are not copied."""
+    if id(model) in replacements:
+        return replacements[id(model)]
+    return copy.deepcopy(model, dict(replacements))
+
+
+def unshard(model: nn.Module, dst: int | None = 0) -> nn.Module | None:
+    """Float copy of a sharded model with plain collections holding the full tables (collective).
+
+    Args:
+        model: a ``DistributedModelParallel`` or a model holding sharded collections.
+        dst: the rank (in the sharding group) that receives the copy; None: every rank.
+
+    Returns:
+        The unsharded copy, on CPU tables, in eval mode, on the receiving rank(s); None elsewhere.
+    """
+    root = unwrap_model_parallel(model)
+    found = sharded_collections(root)
+    _, rank, world_size = sharding_group(root)
+    _check_dst(dst, world_size)
+    replacements = {id(m): _unsharded_float(m, dst) for _, m in found}
+    if dst is not None and rank != dst:
+        return None
+    return _copy_with(root, replacements).eval()  # type: ignore[arg-type]
+
+
+def export_on_rank(
+    build: Callable[[], nn.Module | None],
+    path: str | os.PathLike,
+    group: dist.ProcessGroup | None = None,
+    dst: int = 0,
+    **export_kwargs: Any,
+) -> Path:
+    """Collective export: every rank runs ``build`` (which may gather), rank ``dst`` exports the model
+    it returns to ``path``, then every rank learns whether that worked.
+
+    Returns:
+        ``Path(path)`` on every rank, once the artifact is written.
+
+    Raises:
+        ExportError: on the other ranks when rank ``dst`` failed (rank ``dst`` raises the original error).
+    """
+    from lightrec.inference.export import ExportError, export
+
+    distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
+    rank = dist.get_rank(group) if distributed else 0
+    error: BaseException | None = None
+    try:
+        model = build()
+        if rank == dst:
+            if model is None:
+                raise ExportError(f"rank {dst} received no model to export; build it with dst={dst}")
+            export(model, path, **export_kwargs)
+    except Exception as exc:  # reported to every rank below, then re-raised here
+        error = exc
+    if distributed:
+        status = [None if error is None else f"{type(error).__name__}: {error}"]
+        source = dist.get_global_rank(group or dist.group.WORLD, dst)  # type: ignore[arg-type]
+        dist.broadcast_object_list(status, src=source, group=group)
+        if error is None and status[0] is not None:
+            raise ExportError(f"rank {dst} failed to export {str(path)!r}: {status[0]}")
+    if error is not None:
+        raise error
+    return Path(path)
+

@@ -1,0 +1,238 @@
+"""Lookups of a run of quantized tables that pool the same way, reading one flat byte buffer.
+
+A ``QuantEmbeddingBagCollection`` keeps all its tables back to back in one ``uint8`` buffer; each
+table's ``embedding_bags.<t>.weight`` is a view of its part::
+
+    flat  | table 0: rows_0 x row_bytes_0 | table 1: rows_1 x row_bytes_1 | ...
+            ^ byte offset 0                 ^ byte offset rows_0 * row_bytes_0 (a multiple of row_alignment)
+
+The tables are cut into *groups*: maximal runs of consecutive tables with the same pooling (SUM
+or MEAN). A group's lookup reads the collection's bounds-checked ids (key-major, features in the
+collection's order, so a group's ids are one contiguous run; ``value_offsets[t]`` is where table
+``t``'s ids start) and returns its features' pooled blocks side by side, ``[B, sum D]``:
+
+* :class:`FbgemmTableGroup`: **one** fbgemm IntN call for the whole group -- every feature is a
+  TBE "table" pointing at its table's byte offset -- so a 26-table collection costs one kernel
+  launch and no concatenation of per-table outputs;
+* :class:`TorchTableGroup`: the pure-torch kernel table by table on views of the flat buffer
+  (bit-identical results, see :mod:`lightrec.inference.kernels`).
+
+:func:`check_ids_by_table` is the id check these lookups rely on (fbgemm's kernel would read any
+row it is given): one ``aminmax`` per run of equal-sized tables and one host sync.
+"""
+
+# No `from __future__ import annotations`: these modules are fx-traced and scripted.
+
+from typing import List, Optional
+
+import torch
+from torch import nn
+
+from lightrec.inference.kernels import grouped_lookup_fbgemm, pooled_lookup_torch
+from lightrec.modules.feature_checks import check_ids
+from lightrec.sparse._ops import complete_cumsum
+
+__all__ = ["FbgemmTableGroup", "TableSpec", "TorchTableGroup", "check_ids_by_table", "equal_rows_runs", "make_table_groups"]
+
+# torch.fx.wrap patches the calling module's globals: the kernels are called from this module, so
+# they are wrapped here (one graph node each; their bodies hold data-dependent loops / fbgemm calls).
+torch.fx.wrap("pooled_lookup_torch")
+torch.fx.wrap("grouped_lookup_fbgemm")
+
+
+class TableSpec:
+    """What a group needs to know about one stored table (plain Python, not scripted)."""
+
+    def __init__(self, byte_offset: int, rows: int, row_bytes: int, dim: int, type_code: int,
+                 num_features: int, mean: bool) -> None:
+        self.byte_offset = byte_offset
+        self.rows = rows
+        self.row_bytes = row_bytes
+        self.dim = dim
+        self.type_code = type_code
+        self.num_features = num_features
+        self.mean = mean
+
+
+class FbgemmTableGroup(nn.Module):
+    """Tables ``[first, last)`` of a collection, looked up with one fbgemm IntN call.
+
+    Buffers (non-persistent, rebuilt from the table configs by :meth:`reset_constants`):
+    ``weights_offsets`` ``[F]`` int64 (byte offset of each feature's table), ``weights_tys`` ``[F]``
+    uint8 (type codes), ``d_offsets`` ``[F + 1]`` int32 (output column offsets).
+    """
+
+    def __init__(self, first: int, feature_first: int, tables: List[TableSpec], row_alignment: int,
+                 device: Optional[torch.device] = None) -> None:
+        super().__init__()
+        self._first = first
+        self._last = first + len(tables)
+        self._feature_first = feature_first
+        self._feature_last = feature_first + sum(t.num_features for t in tables)
+        offsets: List[int] = []
+        tys: List[int] = []
+        dims: List[int] = []
+        for t in tables:
+            offsets += [t.byte_offset] * t.num_features
+            tys += [t.type_code] * t.num_features
+            dims += [t.dim] * t.num_features
+        d_offsets = [0]
+        for d in dims:
+            d_offsets.append(d_offsets[-1] + d)
+        self._constants = (offsets, tys, d_offsets)
+        self.reset_constants(device)
+        self._total_d = d_offsets[-1]
+        self._max_int4_d = max([d for d, ty in zip(dims, tys) if ty == 3] + [0])
+        self._max_int8_d = max([d for d, ty in zip(dims, tys) if ty == 2] + [0])
+        self._max_fp16_d = max([d for d, ty in zip(dims, tys) if ty == 1] + [0])
+        self._mean = tables[0].mean
+        self._row_alignment = row_alignment
+        # fbgemm's CPU kernel is ~10% faster on int32 ids and offsets; ids fit when every table has
+        # < 2**31 rows (and a batch has < 2**31 ids).
+        self._int32_indices = all(t.rows < 2**31 for t in tables)
+
+    @torch.jit.unused
+    def reset_constants(self, device: Optional[torch.device]) -> None:
+        """(Re)build the constant buffers on ``device``. The owning collection calls this after every
+        ``.to()`` / ``to_empty()``: a wrong offset here would make the kernel read out of bounds."""
+        offsets, tys, d_offsets = self._constants
+        self.register_buffer("weights_offsets", torch.tensor(offsets, dtype=torch.int64, device=device),
+                             persistent=False)
+        self.register_buffer("weights_tys", torch.tensor(tys, dtype=torch.uint8, device=device), persistent=False)
+        self.register_buffer("d_offsets", torch.tensor(d_offsets, dtype=torch.int32, device=device),
+                             persistent=False)
+
+    def forward(self, flat: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor,
+                weights: Optional[torch.Tensor], value_offsets: List[int], stride: int) -> torch.Tensor:
+        """Pool the group's features: its ids are one contiguous run of ``values`` (no copy)."""
+        start, end = value_offsets[self._first], value_offsets[self._last]
+        ids = values[start:end]
+        group_weights: Optional[torch.Tensor] = None
+        if weights is not None:
+            group_weights = weights[start:end]
+        group_lengths = lengths[self._feature_first * stride : self._feature_last * stride]
+        if self._int32_indices:
+            group_lengths = group_lengths.to(torch.int32)
+        offsets = complete_cumsum(group_lengths)
+        return grouped_lookup_fbgemm(
+            flat, self.weights_offsets, self.weights_tys, self.d_offsets, self._total_d, self._max_int4_d,
+            self._max_int8_d, self._max_fp16_d, ids, offsets, group_weights, self._mean, self._row_alignment,
+        )  # fmt: skip
+
+
+class TorchTableGroup(nn.Module):
+    """Tables ``[first, last)`` of a collection, looked up table by table in pure torch."""
+
+    def __init__(self, first: int, feature_first: int, tables: List[TableSpec]) -> None:
+        super().__init__()
+        self._first = first
+        self._feature_starts: List[int] = [feature_first]
+        for t in tables:
+            self._feature_starts.append(self._feature_starts[-1] + t.num_features)
+        self._byte_offsets: List[int] = [t.byte_offset for t in tables]
+        self._rows: List[int] = [t.rows for t in tables]
+        self._row_bytes: List[int] = [t.row_bytes for t in tables]
+        self._dims: List[int] = [t.dim for t in tables]
+        self._types: List[int] = [t.type_code for t in tables]
+        self._num_features: List[int] = [t.num_features for t in tables]
+        self._mean = tables[0].mean
+
+    def forward(self, flat: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor,
+                weights: Optional[torch.Tensor], value_offsets: List[int], stride: int) -> torch.Tensor:
+        pooled: List[torch.Tensor] = []
+        for i in range(len(self._rows)):
+            start, end = value_offsets[self._first + i], value_offsets[self._first + i + 1]
+            table_weights: Optional[torch.Tensor] = None
+            if weights is not None:
+                table_weights = weights[start:end]
+            table_lengths = lengths[self._feature_starts[i] * stride : self._feature_starts[i + 1] * stride]
+            byte_start = self._byte_offsets[i]
+            size = self._rows[i] * self._row_bytes[i]
+            table = flat[byte_start : byte_start + size].view(self._rows[i], self._row_bytes[i])
+            pooled.append(pooled_lookup_torch(table, self._types[i], self._dims[i], self._num_features[i],
+                                              values[start:end], complete_cumsum(table_lengths), table_weights,
+                                              self._mean))
+        return pooled[0] if len(pooled) == 1 else torch.cat(pooled, dim=1)
+
+
+def equal_rows_runs(table_rows: List[int]) -> List[int]:
+    """Start of every maximal run of consecutive tables with the same row count, then ``T``."""
+    runs = [0]
+    for t in range(1, len(table_rows)):
+        if table_rows[t] != table_rows[t - 1]:
+            runs.append(t)
+    return runs + [len(table_rows)]
+
+
+def check_ids_by_table(
+    values: torch.Tensor,
+    lengths: torch.Tensor,
+    value_offsets: List[int],
+    feature_offsets: List[int],
+    table_rows: List[int],
+    table_names: List[str],
+    table_features: List[List[str]],
+    stride: int,
+    runs: List[int],
+) -> torch.Tensor:
+    """Raise ``EmbeddingIdError`` (the message of ``check_ids``) if an id is outside its table.
+
+    Ids are in range iff, for every run of consecutive tables with the same row count (``runs``,
+    from :func:`equal_rows_runs`), the min of the run's ids is >= 0 and the max < rows: one
+    ``aminmax`` per run and one host sync for the whole collection, instead of a masked comparison
+    and a sync per table (26 equal tables: one ``aminmax``).
+
+    Args:
+        values / lengths: the collection's ids and lengths (key-major, in its feature order).
+        value_offsets: ``[T + 1]`` start of each table's ids in ``values``.
+        feature_offsets: ``[T + 1]`` index of each table's first feature.
+
+    Returns:
+        ``values`` unchanged (so the check is a node that the lookups depend on).
+    """
+    compiling = False
+    if not torch.jit.is_scripting():
+        compiling = torch.compiler.is_compiling()
+    if not compiling:  # (table sizes are data-dependent under torch.export: no branching on them there)
+        extremes: List[torch.Tensor] = []
+        limits: List[int] = []
+        for r in range(len(runs) - 1):
+            start, end = value_offsets[runs[r]], value_offsets[runs[r + 1]]
+            if end > start:
+                low, high = torch.aminmax(values[start:end])
+                extremes += [low, high]
+                limits.append(table_rows[runs[r]])
+        if len(extremes) == 0:
+            return values
+        found: List[int] = torch.stack(extremes).tolist()  # the one host sync
+        ok = True
+        for r in range(len(limits)):
+            ok = ok and found[2 * r] >= 0 and found[2 * r + 1] < limits[r]
+        if ok:
+            return values
+    # a bad id (or compiling): check_ids per table raises naming feature and sample (asserts on the
+    # device when compiling)
+    for t in range(len(table_rows)):
+        check_ids(values[value_offsets[t] : value_offsets[t + 1]],
+                  lengths[feature_offsets[t] * stride : feature_offsets[t + 1] * stride],
+                  table_rows[t], table_names[t], table_features[t], stride)
+    return values
+
+
+def make_table_groups(tables: List[TableSpec], use_fbgemm: bool, row_alignment: int,
+                      device: Optional[torch.device] = None) -> nn.ModuleList:
+    """One group per maximal run of consecutive tables with the same pooling, in table order
+    (so the groups' outputs, concatenated, are in the collection's feature order)."""
+    groups = nn.ModuleList()
+    first = 0
+    feature_first = 0
+    while first < len(tables):
+        last = first + 1
+        while last < len(tables) and tables[last].mean == tables[first].mean:
+            last += 1
+        run = tables[first:last]
+        groups.append(FbgemmTableGroup(first, feature_first, run, row_alignment, device) if use_fbgemm
+                      else TorchTableGroup(first, feature_first, run))
+        feature_first += sum(t.num_features for t in run)
+        first = last
+    return groups
