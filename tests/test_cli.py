@@ -174,7 +174,8 @@ def test_main_job_on_two_cpu_ranks_with_rec_strategy(tmp_path: Path) -> None:
     """The README's main job, reduced: `lightrec run dlrm` sharded over 2 gloo ranks (strategy lightrec)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "lightrec.cli", "run", "dlrm", "--devices", "2",
-           f"--trainer.logger.init_args.save_dir={tmp_path}", "--trainer.max_steps=4", *TINY[1:]]  # fmt: skip
+           f"--trainer.logger.init_args.save_dir={tmp_path}", "--trainer.max_steps=4", "--recipe.export=true",
+           *TINY[1:]]  # fmt: skip
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "lightrec recipe finished" in done.stdout and "Bayes-optimal AUC" in done.stdout
@@ -196,3 +197,14 @@ def test_main_job_on_two_cpu_ranks_with_rec_strategy(tmp_path: Path) -> None:
     assert table.dim() == 2 and table.shape[1] == DLRMModule.load_from_checkpoint(full).hparams.embedding_dim
     out = tmp_path / "served.pt"
     assert main(["export", str(last), "--out", str(out)]) == 0 and out.is_file()
+    # recipe.export: the QuantizedExport callback gathered the sharded tables; rank 0 wrote the artifact,
+    # which scores like the artifact exported from the (consolidated) last checkpoint.
+    artifact = tmp_path / "dlrm" / "version_0" / "export" / "model_int8.pt"
+    assert artifact.is_file() and "model_int8.pt" in done.stdout
+    from lightrec.data import SyntheticCriteo
+
+    batch = SyntheticCriteo(batch_size=16, num_embeddings_cap=200).datasets["test"][0]
+    kjt = batch.sparse_features
+    with torch.no_grad():
+        scores = [torch.jit.load(str(p))(batch.dense_features, kjt.values(), kjt.lengths()) for p in (artifact, out)]
+    torch.testing.assert_close(scores[0], scores[1])

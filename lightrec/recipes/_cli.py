@@ -9,8 +9,9 @@
    repeats the data's cardinalities;
 3. after ``fit`` it runs the test set (``recipe.test_after_fit``), prints the test metrics — for
    synthetic data with the Bayes-optimal AUC and the fraction of the gap from 0.5 reached — and
-   where the TensorBoard logs and checkpoints are, then exports a quantized model when
-   ``recipe.export`` is on and ``lightrec.inference`` provides ``quantize``/``export``.
+   where the TensorBoard logs and checkpoints are; with ``recipe.export`` on, a
+   ``QuantizedExport`` callback writes a quantized serving artifact at the end of training
+   (sharded runs included: every rank joins the gather of the full tables, rank 0 writes).
 """
 
 from __future__ import annotations
@@ -103,6 +104,19 @@ class RecipeCLI(LightningCLI):
                 "data", "model.dense_in_features", compute_fn=dense_width_of, apply_on="instantiate"
             )
 
+    def instantiate_trainer(self, **kwargs: Any) -> Any:
+        trainer = super().instantiate_trainer(**kwargs)
+        options = self._options()
+        if options.export and self.subcommand in (None, "fit"):
+            from lightrec.lightning import QuantizedExport
+
+            # A callback, not a step after fit: it runs in on_train_end, while a sharded model and
+            # its process group are still set up, so the full tables can be gathered.
+            trainer.callbacks.append(
+                QuantizedExport(dirpath=options.export_dir, dtype=options.export_dtype, format=options.export_format)
+            )
+        return trainer
+
     def _options(self) -> RecipeOptions:
         section = self.config_init[self.subcommand] if self.subcommand else self.config_init
         options = section.get("recipe")
@@ -114,8 +128,6 @@ class RecipeCLI(LightningCLI):
             self.trainer.test(self.model, datamodule=self.datamodule, verbose=False)
         if self.trainer.is_global_zero:
             print(summarize(self.trainer, self.datamodule, tested=options.test_after_fit), flush=True)
-        if options.export and not self.trainer.interrupted:
-            export_after_fit(self.trainer, self.model, options)
 
 
 def _fmt(value: Any) -> str:
@@ -151,44 +163,11 @@ def summarize(trainer: pl.Trainer, datamodule: Any, tested: bool = True) -> str:
         last = getattr(ckpt, "last_model_path", "")
         if last and last != best_path:
             lines.append(f"  last checkpoint: {last}")
+    exported = [p for cb in trainer.callbacks for p in getattr(cb, "paths", []) if type(cb).__name__ == "QuantizedExport"]
+    if exported:
+        lines.append(f"  exported model: {exported[-1]}   (lightrec.inference.load or torch.jit.load)")
     lines.append("=" * 72)
     return "\n".join(lines)
-
-
-def _inference_api() -> tuple[Any, Any] | None:
-    """``(quantize, export)`` of ``lightrec.inference`` or None while it is not available."""
-    try:
-        from lightrec import inference
-    except ImportError:
-        return None
-    quantize, export = getattr(inference, "quantize", None), getattr(inference, "export", None)
-    return (quantize, export) if callable(quantize) and callable(export) else None
-
-
-def export_after_fit(trainer: pl.Trainer, module: pl.LightningModule, options: RecipeOptions) -> Path | None:
-    """Quantize the trained model and write the inference artifact (rank 0); returns its path."""
-    api = _inference_api()
-    if api is None:
-        if trainer.is_global_zero:
-            warnings.warn(
-                "recipe.export is on but this lightrec has no lightrec.inference.quantize/export; "
-                "the model was not exported (the checkpoint above has the trained weights)",
-                stacklevel=2,
-            )
-        return None
-    quantize, export = api
-    out_dir = Path(options.export_dir or Path(trainer.log_dir or ".") / "export")
-    suffix = ".pt2" if options.export_format == "export" else ".pt"
-    path = out_dir / f"model_{options.export_dtype}{suffix}"
-    # Every rank takes part: quantizing a sharded model gathers its tables.
-    sharded = getattr(module, "_sharded_run", lambda: False)()
-    source = module.model if sharded or not hasattr(module, "serving_model") else module.serving_model()
-    quantized = quantize(source, dtype=options.export_dtype)
-    if trainer.is_global_zero:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        export(quantized, str(path), format=options.export_format)
-        print(f"  exported model: {path}", flush=True)
-    return path
 
 
 class _PlanCLI(RecipeCLI):
