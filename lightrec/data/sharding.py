@@ -93,6 +93,9 @@ class RankDataLoader(DataLoader):
             raise TypeError(f"RankDataLoader needs a RankBatchSampler, got {type(self.sampler).__name__}")
         self._yielded = 0
         self._resume_skip = 0
+        # Batches read ahead by a pipelining callback (SparseDistPrefetch) and not trained on yet:
+        # the checkpointed position leaves them out, so a resume trains them.
+        self.prefetched = 0
 
     def _samples_per_batch(self) -> int:
         return int(getattr(self.dataset, "batch_size", 1) or 1)
@@ -100,14 +103,14 @@ class RankDataLoader(DataLoader):
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         sampler: RankBatchSampler = self.sampler  # type: ignore[assignment]
         sampler.skip, self._resume_skip = self._resume_skip, 0
-        self._yielded = 0
+        self._yielded = self.prefetched = 0
         for batch in super().__iter__():
             self._yielded += 1  # counted as handed out: the loop consumed it
             yield batch
 
     def state_dict(self) -> dict[str, Any]:
         sampler: RankBatchSampler = self.sampler  # type: ignore[assignment]
-        batches = sampler.skip + self._yielded * sampler.num_replicas
+        batches = sampler.skip + (self._yielded - self.prefetched) * sampler.num_replicas
         return {"epoch": int(sampler.epoch), "samples": batches * self._samples_per_batch()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -17,7 +17,12 @@ import torch.distributed as dist
 from torch import nn
 
 from lightrec.distributed.comm import LazyAwaitable
-from lightrec.distributed.sharding.collection import ShardedCollectionBase, as_env, normalized_fused_params
+from lightrec.distributed.sharding.collection import (
+    ShardedCollectionBase,
+    as_env,
+    check_kernel_backend,
+    normalized_fused_params,
+)
 from lightrec.distributed.sharding.common import DistContext, EmbeddingSharding
 from lightrec.distributed.types import EmbeddingModuleShardingPlan, ModuleSharder, ShardingEnv
 from lightrec.modules.embedding_configs import EmbeddingConfig
@@ -80,8 +85,9 @@ class ShardedEmbeddingCollection(ShardedCollectionBase):
         device: torch.device,
         fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None,
         seed: int = 0,
+        kernel_backend: str = "auto",
     ) -> None:
-        super().__init__(module, table_plan, env, device, fused_params, seed)
+        super().__init__(module, table_plan, env, device, fused_params, seed, kernel_backend)
 
     def embedding_configs(self) -> list[EmbeddingConfig]:
         return list(self._configs)  # type: ignore[arg-type]
@@ -92,6 +98,9 @@ class ShardedEmbeddingCollection(ShardedCollectionBase):
 
     def _start(self, features: KeyedJaggedTensor) -> EmbeddingCollectionAwaitable:
         contexts, results, positions = self._run(features)
+        # Output bags have the lengths the lookup saw: under bounds_check="skip" dropped ids
+        # shorten them (the input dist applied the same rewrite; it is deterministic).
+        features = self._id_bounds(features)
         return EmbeddingCollectionAwaitable(
             self._shardings, contexts, results, features, positions, self._feature_order
         )
@@ -100,8 +109,12 @@ class ShardedEmbeddingCollection(ShardedCollectionBase):
 class EmbeddingCollectionSharder(ModuleSharder):
     """Builds :class:`ShardedEmbeddingCollection` s (``fused_params`` as for the bag sharder)."""
 
-    def __init__(self, fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None) -> None:
+    def __init__(
+        self, fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None, kernel_backend: str = "auto"
+    ) -> None:
         super().__init__(normalized_fused_params(fused_params))
+        check_kernel_backend(kernel_backend)
+        self.kernel_backend = kernel_backend
 
     @property
     def module_type(self) -> type[nn.Module]:
@@ -124,5 +137,5 @@ class EmbeddingCollectionSharder(ModuleSharder):
             )
         device = torch.device(device) if device is not None else torch.device("cpu")
         return ShardedEmbeddingCollection(
-            module, params, as_env(env), device, self.fused_params or None, seed
+            module, params, as_env(env), device, self.fused_params or None, seed, self.kernel_backend
         )

@@ -24,7 +24,12 @@ import torch.distributed as dist
 from torch import nn
 
 from lightrec.distributed.comm import LazyAwaitable
-from lightrec.distributed.sharding.collection import ShardedCollectionBase, as_env, normalized_fused_params
+from lightrec.distributed.sharding.collection import (
+    ShardedCollectionBase,
+    as_env,
+    check_kernel_backend,
+    normalized_fused_params,
+)
 from lightrec.distributed.types import EmbeddingModuleShardingPlan, ModuleSharder, ShardingEnv
 from lightrec.modules.embedding_configs import EmbeddingBagConfig
 from lightrec.modules.embedding_modules import EmbeddingBagCollection
@@ -90,8 +95,9 @@ class ShardedEmbeddingBagCollection(ShardedCollectionBase):
         device: torch.device,
         fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None,
         seed: int = 0,
+        kernel_backend: str = "auto",
     ) -> None:
-        super().__init__(module, table_plan, env, device, fused_params, seed)
+        super().__init__(module, table_plan, env, device, fused_params, seed, kernel_backend)
         dims = {f: c.embedding_dim for c in self._configs for f in c.feature_names}
         self._length_per_key = [dims[f] for f in self._feature_order]
 
@@ -126,8 +132,12 @@ class EmbeddingBagCollectionSharder(ModuleSharder):
             learning rate 0.01, like torchrec.
     """
 
-    def __init__(self, fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None) -> None:
+    def __init__(
+        self, fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None, kernel_backend: str = "auto"
+    ) -> None:
         super().__init__(normalized_fused_params(fused_params))
+        check_kernel_backend(kernel_backend)
+        self.kernel_backend = kernel_backend
 
     @property
     def module_type(self) -> type[nn.Module]:
@@ -159,5 +169,5 @@ class EmbeddingBagCollectionSharder(ModuleSharder):
             )
         device = torch.device(device) if device is not None else torch.device("cpu")
         return ShardedEmbeddingBagCollection(
-            module, params, as_env(env), device, self.fused_params or None, seed
+            module, params, as_env(env), device, self.fused_params or None, seed, self.kernel_backend
         )

@@ -28,6 +28,7 @@ replicated, receives the gradient of the *mean* of the per-rank losses.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -55,6 +56,15 @@ from lightrec.optim.keyed import CombinedOptimizer
 from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = ["DistributedModelParallel", "balanced_table_wise_plan", "get_default_sharders"]
+
+
+def _timeout_of(pg: dist.ProcessGroup) -> Any:
+    """The timeout ``pg`` was created with (None: torch's default)."""
+    try:
+        device = torch.device("cuda" if dist.get_backend(pg) == "nccl" else "cpu")
+        return pg._get_backend(device).options._timeout
+    except (AttributeError, RuntimeError):
+        return None
 
 
 def get_default_sharders() -> list[ModuleSharder]:
@@ -109,6 +119,18 @@ def _plan(
         topology=Topology(world_size=env.world_size, compute_device=device.type)
     )
     return planner.collective_plan(module, sharders, env.pg)
+
+
+def _kjt_arguments(args: tuple[Any, ...]) -> list[KeyedJaggedTensor]:
+    """The KJTs among ``args`` and among the fields of dataclass arguments (one level deep)."""
+    out = []
+    for a in args:
+        if isinstance(a, KeyedJaggedTensor):
+            out.append(a)
+        elif dataclasses.is_dataclass(a) and not isinstance(a, type):
+            fields = (getattr(a, f.name) for f in dataclasses.fields(a))
+            out += [v for v in fields if isinstance(v, KeyedJaggedTensor)]
+    return out
 
 
 class DistributedModelParallel(nn.Module):
@@ -208,7 +230,11 @@ class DistributedModelParallel(nn.Module):
             return module
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, ignore)
         ranks = dist.get_process_group_ranks(self._env.pg or dist.group.WORLD)
-        ddp_group = dist.new_group(ranks=ranks, backend=dist.get_backend(self._env.pg))
+        # The DDP group inherits the sharding group's timeout: with torch's default (30 min on
+        # gloo) a rank that dies inside the dense backward would leave the others hanging.
+        ddp_group = dist.new_group(
+            ranks=ranks, backend=dist.get_backend(self._env.pg), timeout=_timeout_of(self._env.pg or dist.group.WORLD)
+        )
         # Integer buffers (index tables such as the interaction's triu indices) never change:
         # syncing them once at construction is enough; float buffers (running stats) sync per forward.
         constant_buffers = all(
@@ -243,12 +269,20 @@ class DistributedModelParallel(nn.Module):
         """Every sharded collection's in-backward optimizer, parameter names prefixed by module path."""
         return self._fused_optimizer
 
+    @property
+    def prefetch_target(self) -> ShardedCollectionBase | None:
+        """The model's only sharded collection (None with zero or several): the one ``forward``
+        prefetches and ``SparseDistPrefetch`` pipelines."""
+        return self._prefetch_target
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Run the model. With one sharded collection and one ``KeyedJaggedTensor`` argument
-        holding exactly its features, the collection's lookup is started first (``prefetch``):
-        its all-to-alls then overlap with the dense layers, forward and backward."""
+        holding exactly its features -- directly, or as a field of a dataclass argument such as
+        ``lightrec.Batch`` (what Lightning passes through ``training_step``) -- the collection's
+        lookup is started first (``prefetch``): its all-to-alls then overlap with the dense
+        layers, forward and backward."""
         if self._prefetch_target is not None:
-            kjts = [a for a in (*args, *kwargs.values()) if isinstance(a, KeyedJaggedTensor)]
+            kjts = _kjt_arguments((*args, *kwargs.values()))
             if len(kjts) == 1:
                 self._prefetch_target.prefetch(kjts[0])
         return self._dmp_wrapped_module(*args, **kwargs)

@@ -126,6 +126,20 @@ def _table_specs(tables: Sequence[Any]) -> list[TableSpec]:
     return out
 
 
+class _EmptyLookup(torch.autograd.Function):
+    """``[rows, width]`` zeros whose backward gives every input a zero gradient (a batch of 0)."""
+
+    @staticmethod
+    def forward(ctx: Any, rows: int, width: int, device: torch.device, *inputs: torch.Tensor) -> torch.Tensor:
+        ctx.inputs_meta = [(t.shape, t.dtype, t.device) for t in inputs]
+        return torch.zeros(rows, width, device=device)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        zeros = [torch.zeros(shape, dtype=dtype, device=device) for shape, dtype, device in ctx.inputs_meta]
+        return (None, None, None, *zeros)
+
+
 class _BatchedLookupBase(nn.Module):
     """Shared construction, validation, parameter views and fused-optimizer plumbing."""
 
@@ -311,7 +325,10 @@ class _BatchedLookupBase(nn.Module):
                 else self.dims[0]
             )
             rows = 0 if self.pooling != PoolingType.NONE else indices.numel()
-            return torch.zeros(rows, width, device=self._placeholder.device)
+            # Still one autograd node over the same inputs as a real lookup: backward reaches the
+            # parameters in the same order on every rank (data-parallel replicas all-reduce their
+            # gradient there, so a rank with no samples must join, in step with the others).
+            return _EmptyLookup.apply(rows, width, self._placeholder.device, *inputs)
         return self._backend.lookup(indices, offsets, psw, batch, inputs, lr)
 
     def extra_repr(self) -> str:

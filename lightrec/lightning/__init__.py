@@ -11,8 +11,9 @@ from lightrec.lightning.plan_report import PlanReport
 from lightrec.lightning.quantized_export import QuantizedExport
 from lightrec.lightning.rec_module import RecModule, dlrm_lr_lambda
 from lightrec.lightning.rec_strategy import RecStrategy
+from lightrec.lightning.sparse_dist_prefetch import SparseDistPrefetch
 
 if RecStrategy.strategy_name not in StrategyRegistry:
     RecStrategy.register_strategies(StrategyRegistry)
 
-__all__ = ["PlanReport", "QuantizedExport", "RecModule", "RecStrategy", "ThroughputMonitor", "dlrm_lr_lambda"]
+__all__ = ["PlanReport", "QuantizedExport", "RecModule", "RecStrategy", "SparseDistPrefetch", "ThroughputMonitor", "dlrm_lr_lambda"]

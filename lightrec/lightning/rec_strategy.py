@@ -67,6 +67,8 @@ class RecStrategy(DDPStrategy):
         fused_params: the fused embedding optimizer, torchrec style, e.g.
             ``{"optimizer": "exact_row_wise_adagrad", "learning_rate": 0.02, "eps": 1e-8}``.
         sharders: custom sharders (default: EBC and EC sharders built from ``fused_params``).
+        kernel_backend: lookup kernels of the default sharders: ``"auto"`` (fbgemm TBE where it
+            supports the tables, else pure torch), ``"fbgemm"`` or ``"torch"``.
         process_group_backend / timeout / start_method: as for ``DDPStrategy``.
         **ddp_kwargs: forwarded to the DDP wrapper of the dense parameters.
     """
@@ -85,6 +87,7 @@ class RecStrategy(DDPStrategy):
         constraints: dict[str, Any] | None = None,
         fused_params: dict[str, Any] | None = None,
         sharders: list[Any] | None = None,
+        kernel_backend: str = "auto",
         process_group_backend: str | None = None,
         timeout: timedelta | None = default_pg_timeout,
         start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
@@ -110,6 +113,10 @@ class RecStrategy(DDPStrategy):
         self._constraints = constraints
         self._fused_params = dict(fused_params or {})
         self._sharders = sharders
+        from lightrec.distributed.sharding.collection import check_kernel_backend
+
+        check_kernel_backend(kernel_backend)
+        self._kernel_backend = kernel_backend
         self.dmp: nn.Module | None = None
         self._used_plan: Any = None
         self.plan_report: Any = None  # the planner's PlanReport when this strategy planned
@@ -133,7 +140,11 @@ class RecStrategy(DDPStrategy):
         from lightrec.distributed import EmbeddingBagCollectionSharder, EmbeddingCollectionSharder
 
         params = self._fused_params or None
-        return [EmbeddingBagCollectionSharder(fused_params=params), EmbeddingCollectionSharder(fused_params=params)]
+        backend = self._kernel_backend
+        return [
+            EmbeddingBagCollectionSharder(fused_params=params, kernel_backend=backend),
+            EmbeddingCollectionSharder(fused_params=params, kernel_backend=backend),
+        ]
 
     def _plan_for(self, module: nn.Module, sharders: list[Any]) -> Any:
         if self._plan is not None:

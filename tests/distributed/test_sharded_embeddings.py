@@ -52,11 +52,23 @@ def table_configs(pooled: bool, world_size: int) -> list[Any]:
     ]
 
 
-def batch_sizes(world_size: int, equal: bool) -> list[int]:
+def batch_sizes(world_size: int, equal: bool | str) -> list[int]:
+    """Per-rank batch sizes: equal, unequal, or ``"zero"``: rank 1 has no samples this step."""
+    if equal == "zero":
+        return [0 if r == 1 else 2 + r for r in range(world_size)]
     return [3] * world_size if equal else [2 + r for r in range(world_size)]
 
 
-def global_batch(step: int, world_size: int, equal: bool, weighted: bool, seed: int = 0) -> list[Any]:
+def max_abs(diff: torch.Tensor) -> float:
+    return diff.abs().max().item() if diff.numel() else 0.0
+
+
+def mean_or_zero(losses: torch.Tensor) -> torch.Tensor:
+    """Mean over samples; 0 (with a gradient path) for a rank that has none."""
+    return losses.sum() / max(1, losses.shape[0])
+
+
+def global_batch(step: int, world_size: int, equal: bool | str, weighted: bool, seed: int = 0) -> list[Any]:
     """Per-rank KJTs of one step (keys in a shuffled order; empty bags included)."""
     from lightrec.sparse import KeyedJaggedTensor
 
@@ -66,7 +78,8 @@ def global_batch(step: int, world_size: int, equal: bool, weighted: bool, seed: 
     out = []
     for batch in batch_sizes(world_size, equal):
         lengths = torch.randint(0, 4, (len(keys), batch), generator=g)
-        lengths[0, 0] = 0  # an empty bag on every rank
+        if batch:
+            lengths[0, 0] = 0  # an empty bag on every rank
         values = torch.cat(
             [torch.randint(0, rows[k], (int(lengths[i].sum()),), generator=g) for i, k in enumerate(keys)]
         )
@@ -178,7 +191,7 @@ def per_sample_loss(values: torch.Tensor, first_sample: int) -> torch.Tensor:
 
 
 def _pooled_case(
-    rank: int, world_size: int, kind: str, weighted: bool, optimizer: str, equal: bool
+    rank: int, world_size: int, kind: str, weighted: bool, optimizer: str, equal: bool | str
 ) -> dict[str, float]:
     import torch.distributed as dist
 
@@ -199,17 +212,17 @@ def _pooled_case(
     for step in range(STEPS):
         kjts = global_batch(step, world_size, equal, weighted)
         out = sharded(kjts[rank]).wait()
-        loss = per_sample_loss(out.values(), first).mean()
+        loss = mean_or_zero(per_sample_loss(out.values(), first))
         # Reference: the global batch in one process, loss = mean over ranks of the per-rank means.
         ref_out = ref(concat_kjts(kjts))
         errors["forward"] = max(
             errors["forward"],
-            (out.values() - ref_out.values()[first : first + sizes[rank]]).abs().max().item(),
+            max_abs(out.values() - ref_out.values()[first : first + sizes[rank]]),
         )
         assert out.keys() == ref_out.keys()
         starts = [sum(sizes[:r]) for r in range(world_size)]
         ref_loss = (
-            sum(per_sample_loss(ref_out.values()[s : s + b], s).mean() for s, b in zip(starts, sizes))
+            sum(mean_or_zero(per_sample_loss(ref_out.values()[s : s + b], s)) for s, b in zip(starts, sizes))
             / world_size
         )
         ref.zero_grad()
@@ -293,7 +306,9 @@ def _errors_case(rank: int, world_size: int) -> list[str]:
     return messages
 
 
-def _sequence_case(rank: int, world_size: int, kind: str, optimizer: str) -> dict[str, float]:
+def _sequence_case(
+    rank: int, world_size: int, kind: str, optimizer: str, equal: bool | str = True
+) -> dict[str, float]:
     import torch.distributed as dist
 
     from lightrec.distributed import EmbeddingCollectionSharder, ShardingEnv, gather_full_state_dict
@@ -308,7 +323,10 @@ def _sequence_case(rank: int, world_size: int, kind: str, optimizer: str) -> dic
     sharded = EmbeddingCollectionSharder(fused_params=fused_params(optimizer)).shard(
         ref, plan, ShardingEnv.from_process_group(dist.group.WORLD), torch.device("cpu")
     )
-    sizes = batch_sizes(world_size, equal=True)
+    sizes = batch_sizes(world_size, equal)
+    # per-rank loss: a mean over the batch when batches are equal, else a plain sum (a rank may
+    # have no samples); the global loss is the mean over ranks either way
+    scale = 1.0 / sizes[rank] if equal is True else 1.0
     errors = {"forward": 0.0, "tables": 0.0}
     states: dict[str, dict] = {}
 
@@ -319,7 +337,7 @@ def _sequence_case(rank: int, world_size: int, kind: str, optimizer: str) -> dic
         )
 
     for step in range(STEPS):
-        kjts = global_batch(step, world_size, True, False, seed=1)
+        kjts = global_batch(step, world_size, equal, False, seed=1)
         out = sharded(kjts[rank]).wait()
         full_batch = concat_kjts(kjts)
         ref_out = ref(full_batch)
@@ -333,9 +351,9 @@ def _sequence_case(rank: int, world_size: int, kind: str, optimizer: str) -> dic
                 errors["forward"], (jt.values() - mine).abs().max().item() if mine.numel() else 0.0
             )
         # Each rank's loss is a sum over its ids divided by its batch; the reference averages over ranks.
-        loss_of(out, 1.0 / sizes[rank]).backward()
+        loss_of(out, scale).backward()
         ref.zero_grad()
-        (loss_of(ref_out, 1.0 / sizes[rank]) / world_size).backward()
+        (loss_of(ref_out, scale) / world_size).backward()
         for name, emb in ref.embeddings.items():
             blocks = column_blocks(plan, name, emb.weight.shape[1])
             reference_update(emb.weight, emb.weight.grad, states.setdefault(name, {}), optimizer, blocks)
@@ -350,7 +368,7 @@ def _sequence_case(rank: int, world_size: int, kind: str, optimizer: str) -> dic
 def _body(rank: int, world_size: int) -> dict[str, dict[str, float]]:
     results = {}
     for kind in KINDS:
-        combos = [(False, "rowwise_adagrad", True), (True, "sgd", False), (True, "rowwise_adagrad", False)]
+        combos = [(False, "rowwise_adagrad", True), (True, "sgd", False), (True, "rowwise_adagrad", "zero")]
         if kind == "dense_kernels":
             combos = [(False, "sgd", True), (True, "sgd", False)]
         for weighted, optimizer, equal in combos:
@@ -359,8 +377,10 @@ def _body(rank: int, world_size: int) -> dict[str, dict[str, float]]:
             )
         if kind == "dense_kernels":
             continue
-        for optimizer in ("sgd", "rowwise_adagrad"):
-            results[f"ec/{kind}/{optimizer}"] = _sequence_case(rank, world_size, kind, optimizer)
+        for optimizer, equal in (("sgd", True), ("rowwise_adagrad", "zero")):
+            results[f"ec/{kind}/{optimizer}/equal_batches={equal}"] = _sequence_case(
+                rank, world_size, kind, optimizer, equal
+            )
     results["errors"] = {"messages": 0.0 if len(_errors_case(rank, world_size)) >= 4 else 1.0}
     return results
 

@@ -6,7 +6,9 @@ Adam for the dense part, warm-up LR schedule), ``ModelCheckpoint`` saving every 
 
 * 2 ranks, same plan: per-step losses bit-identical to run A;
 * 1 rank (another plan, the global batch kept): equal within float tolerance;
-  the data loader resumes mid-epoch from the samples the checkpoint recorded.
+  the data loader resumes mid-epoch from the samples the checkpoint recorded;
+* a checkpoint written by a run with ``SparseDistPrefetch`` (which reads the next batch one step
+  early) resumes bit-identically too: the held batch is not counted as consumed.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from tests.multiprocess import free_port, run_ranks
 STEPS, SAVE_EVERY, STEPS_PER_EPOCH, GLOBAL_BATCH = 6, 2, 4, 64
 
 
-def _fit(rank: int, world_size: int, port: int, root: str, ckpt_path: str | None) -> dict[str, Any]:
+def _fit(
+    rank: int, world_size: int, port: int, root: str, ckpt_path: str | None, prefetch: bool = False
+) -> dict[str, Any]:
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
         WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size), NODE_RANK="0",
@@ -43,6 +47,10 @@ def _fit(rank: int, world_size: int, port: int, root: str, ckpt_path: str | None
             losses[trainer.global_step] = float(loss) / world_size
 
     callbacks: list[Any] = [Record()]
+    if prefetch:
+        from lightrec.lightning import SparseDistPrefetch
+
+        callbacks.append(SparseDistPrefetch())
     if ckpt_path is None:
         callbacks.append(
             ModelCheckpoint(dirpath=os.path.join(root, "ckpts"), every_n_train_steps=SAVE_EVERY, save_top_k=-1)
@@ -91,3 +99,13 @@ def test_resume_on_one_rank_reshards(uninterrupted: dict[str, Any], tmp_path: An
     resumed = run_ranks(_fit, 1, args=(free_port(), str(tmp_path), ckpt), timeout=300)
     expected = {s: v for s, v in uninterrupted["ranks"][0]["losses"].items() if s > SAVE_EVERY}
     assert resumed[0]["losses"] == pytest.approx(expected, rel=1e-5, abs=1e-6)
+
+
+def test_checkpoint_of_a_prefetching_run_resumes_bit_identically(uninterrupted: dict[str, Any], tmp_path: Any) -> None:
+    root = str(tmp_path / "prefetching")
+    written = run_ranks(_fit, 2, args=(free_port(), root, None, True), timeout=300)
+    assert written[0]["losses"] == uninterrupted["ranks"][0]["losses"]  # prefetch changes nothing
+    ckpt = os.path.join(root, "ckpts", "epoch=0-step=2.ckpt")
+    resumed = run_ranks(_fit, 2, args=(free_port(), str(tmp_path / "resumed"), ckpt, True), timeout=300)
+    expected = {s: v for s, v in uninterrupted["ranks"][0]["losses"].items() if s > SAVE_EVERY}
+    assert resumed[0]["losses"] == expected

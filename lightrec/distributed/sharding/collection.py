@@ -10,6 +10,14 @@ classes::
 
 All input dists are started before any is waited, so their all-to-alls overlap.
 
+Pipelining (``SparseDistPrefetch``): the input dist of the *next* batch may be started ahead of
+its forward, in two stages -- :meth:`ShardedCollectionBase.start_input_dist` (the splits
+exchange) and :meth:`~ShardedCollectionBase.progress_input_dists` (wait for the splits, start the
+lengths/values/weights exchange). The batch's own forward then finds the input dist in flight
+and only waits for it before its lookup, which therefore still runs after the previous batch's
+backward (the fused optimizer updates rows there). The input dist reads only the ids, never the
+tables, so starting it early does not change any result.
+
 State dict: the kernels' parameters are renamed to the unsharded collection's keys
 (``<attr>.<table>.weight``); a model-parallel table's value is a
 :class:`~lightrec.distributed.state_dict.ShardedTableState`, a data-parallel table's is its
@@ -19,6 +27,7 @@ tensor. Loading takes either form (see ``state_dict.py``).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,6 +41,7 @@ from lightrec.distributed.sharding.common import (
     ShardedTable,
 )
 from lightrec.distributed.sharding.data_parallel import DpEmbeddingSharding
+from lightrec.distributed.sharding.id_bounds import IdBounds
 from lightrec.distributed.sharding.lookups import _GroupedLookupBase
 from lightrec.distributed.state_dict import ShardedTableState, local_slice
 from lightrec.distributed.types import (
@@ -42,13 +52,14 @@ from lightrec.distributed.types import (
     ShardMetadata,
     placement_for,
 )
+from lightrec.kernels.batched_embedding import BACKENDS
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, PoolingType
 from lightrec.modules.feature_checks import check_feature_keys
 from lightrec.optim.fused_spec import FusedOptimizerSpec
 from lightrec.optim.in_backward import fused_spec_from_parameter
 from lightrec.optim.keyed import CombinedOptimizer, KeyedOptimizer
 
-__all__ = ["ShardedCollectionBase", "as_env", "normalized_fused_params"]
+__all__ = ["ShardedCollectionBase", "as_env", "normalized_fused_params", "same_features"]
 
 
 def normalized_fused_params(
@@ -63,6 +74,49 @@ def normalized_fused_params(
     params = spec.to_fused_params()
     params["optimizer"] = spec.optimizer.name
     return params
+
+
+def same_features(a: Any, b: Any) -> bool:
+    """Whether KJTs ``a`` and ``b`` hold the very same tensors (``b`` may be ``a.to(its device)``,
+    which builds a new KJT around the same tensors, as Lightning's ``batch_to_device`` does)."""
+    if a is b:
+        return True
+    if a.values() is not b.values() or a.weights_or_none() is not b.weights_or_none() or a.keys() != b.keys():
+        return False
+    la, lb, oa, ob = a.lengths_or_none(), b.lengths_or_none(), a.offsets_or_none(), b.offsets_or_none()
+    return (la is not None and la is lb) or (oa is not None and oa is ob)
+
+
+@dataclass
+class _PendingInputDist:
+    """An input dist started before its forward (``start_input_dist``).
+
+    Attributes:
+        features: the KJT it was started for (kept alive, so its tensors identify it).
+        positions: key index in ``features`` of each collection feature (None: same order).
+        contexts: one per sharding type; their splits exchanges are in flight.
+        tensors: one lengths/values exchange awaitable per sharding type once the splits were
+            waited (``progress``), else None.
+    """
+
+    features: Any
+    positions: list[int] | None
+    contexts: list[DistContext]
+    tensors: list[Any] | None = None
+
+    def progress(self) -> list[Any]:
+        if self.tensors is None:
+            self.tensors = [c.splits.wait() for c in self.contexts]  # type: ignore[attr-defined]
+        return self.tensors
+
+
+def check_kernel_backend(kernel_backend: str) -> None:
+    """Reject an unknown ``kernel_backend`` (one of ``lightrec.kernels`` ``BACKENDS``)."""
+    if kernel_backend not in BACKENDS:
+        raise ValueError(
+            f"kernel_backend must be one of {BACKENDS} (auto: fbgemm where it supports the tables, else "
+            f"pure torch), got {kernel_backend!r}"
+        )
 
 
 def as_env(env: ShardingEnv | dist.ProcessGroup | None) -> ShardingEnv:
@@ -91,6 +145,8 @@ class ShardedCollectionBase(nn.Module):
         fused_params: the sharder's fused optimizer (torchrec-style dict or spec), used for
             tables whose weight was not marked with ``apply_optimizer_in_backward``.
         seed: base seed of shard initialisation.
+        kernel_backend: ``"auto"`` (fbgemm TBE where it supports a table group, else pure torch),
+            ``"fbgemm"`` (an error names a group it cannot run) or ``"torch"``.
     """
 
     _attr = "embedding_bags"
@@ -105,13 +161,19 @@ class ShardedCollectionBase(nn.Module):
         device: torch.device,
         fused_params: Mapping[str, Any] | FusedOptimizerSpec | None,
         seed: int = 0,
+        kernel_backend: str = "auto",
     ) -> None:
         super().__init__()
+        check_kernel_backend(kernel_backend)
         configs = self._configs_of(module)
         self._configs = list(configs)
         self._env = env
         self._device = device
         self._is_weighted = bool(getattr(module, "is_weighted", lambda: False)())
+        self._id_bounds = IdBounds(
+            getattr(module, "_bounds_check", "error"),
+            {f: c.num_embeddings for c in configs for f in c.feature_names},
+        )
         self._check_plan(configs, table_plan)
         self._feature_order = [f for c in configs for f in c.feature_names]
         default_spec = FusedOptimizerSpec.coerce(fused_params) or FusedOptimizerSpec()
@@ -136,7 +198,7 @@ class ShardedCollectionBase(nn.Module):
             source = None if weight.device.type == "meta" else weight.detach()
             pooling = getattr(c, "pooling", PoolingType.NONE) if self._pooled else PoolingType.NONE
             by_type.setdefault(ps.sharding_type, []).append(
-                ShardedTable(c, ps, shards, spec, source, pooling)
+                ShardedTable(c, ps, shards, spec, source, pooling, kernel_backend)
             )
         self._shardings: list[EmbeddingSharding] = [
             SHARDING_CLASSES[st](
@@ -157,6 +219,7 @@ class ShardedCollectionBase(nn.Module):
         self._positions_cache: dict[tuple[str, ...], list[int]] = {}
         self._prefetchable: dict[tuple[str, ...], bool] = {}
         self._prefetched: tuple[Any, Any] | None = None
+        self._pending_input_dists: list[_PendingInputDist] = []  # oldest first
         self._register_state_dict_hook(_state_dict_hook)
         self._register_load_state_dict_pre_hook(_load_pre_hook, with_module=True)
 
@@ -280,15 +343,77 @@ class ShardedCollectionBase(nn.Module):
         embedding all-to-alls travel while the dense layers compute (and, in backward, the
         gradient all-to-all is started before the dense layers' backward). Returns False (and
         does nothing) when ``features`` does not have exactly this module's keys."""
+        ok = self._has_all_keys(features)
+        if ok:
+            self._prefetched = (features, self._start(features))
+        return ok
+
+    def _has_all_keys(self, features: Any) -> bool:
         keys = tuple(features.keys())
         ok = self._prefetchable.get(keys)
         if ok is None:
             ok = self._prefetchable[keys] = len(keys) == len(self._feature_order) and set(keys) == set(
                 self._feature_order
             )
-        if ok:
-            self._prefetched = (features, self._start(features))
         return ok
+
+    # ---- pipelining: input dists started ahead of their forward --------------------------------
+    def start_input_dist(self, features: Any) -> bool:
+        """Start the input dist of a *later* forward of ``features`` (stage 1: the splits exchange).
+
+        Collective: every rank must call it at the same point. The forward of ``features`` (the same
+        KJT, or a KJT around the same tensors such as ``features.to(its device)``) then waits for it
+        instead of starting its own; until then other forwards run normally, so a validation loop may
+        come in between. Returns False (and does nothing) when ``features`` does not have exactly
+        this module's keys; True if it was started (or already was).
+        """
+        if not self._has_all_keys(features):
+            return False
+        if self._find_pending(features) is not None:
+            return True
+        positions = self._positions(features.keys())
+        bounded = self._id_bounds(features)  # the unsharded module's bounds_check policy
+        contexts = [d(bounded, positions) for d in self._input_dists]
+        self._pending_input_dists.append(_PendingInputDist(features, positions, contexts))
+        return True
+
+    def progress_input_dists(self) -> None:
+        """Stage 2 of every pending input dist: wait for its splits exchange (a host sync) and start
+        its lengths/values/weights exchange. Collective; a no-op when nothing is pending."""
+        for pending in self._pending_input_dists:
+            pending.progress()
+
+    def has_pending_input_dist(self, features: Any | None = None) -> bool:
+        """Whether an input dist started by ``start_input_dist`` (for ``features``, or any) waits for its forward."""
+        if features is None:
+            return bool(self._pending_input_dists)
+        return self._find_pending(features) is not None
+
+    def cancel_input_dists(self, wait: bool = True) -> int:
+        """Drop every pending input dist and return how many there were.
+
+        With ``wait`` (collective: every rank must call it together) each is completed first, so no
+        exchange is left in flight; ``wait=False`` only forgets them (after an error, when the other
+        ranks may not take part any more).
+        """
+        pending, self._pending_input_dists = self._pending_input_dists, []
+        if wait:
+            for p in pending:
+                for t in p.progress():
+                    t.wait()
+        return len(pending)
+
+    def _find_pending(self, features: Any) -> _PendingInputDist | None:
+        for pending in self._pending_input_dists:
+            if same_features(pending.features, features):
+                return pending
+        return None
+
+    def _take_pending(self, features: Any) -> _PendingInputDist | None:
+        pending = self._find_pending(features) if self._pending_input_dists else None
+        if pending is not None:
+            self._pending_input_dists.remove(pending)
+        return pending
 
     def _positions(self, keys: list[str]) -> list[int] | None:
         if keys == self._feature_order:
@@ -300,10 +425,15 @@ class ShardedCollectionBase(nn.Module):
         return self._positions_cache[key]
 
     def _run(self, features: Any) -> tuple[list[DistContext], list[Any], list[int] | None]:
-        check_feature_keys(features.keys(), self._feature_order, type(self).__name__)
-        positions = self._positions(features.keys())
-        contexts = [d(features, positions) for d in self._input_dists]  # every splits exchange in flight
-        tensors = [c.splits.wait() for c in contexts]  # every lengths/values exchange in flight
+        pending = self._take_pending(features)
+        if pending is not None:  # started ahead by start_input_dist (pipelined training)
+            contexts, positions, tensors = pending.contexts, pending.positions, pending.progress()
+        else:
+            check_feature_keys(features.keys(), self._feature_order, type(self).__name__)
+            positions = self._positions(features.keys())
+            bounded = self._id_bounds(features)  # the unsharded module's bounds_check policy
+            contexts = [d(bounded, positions) for d in self._input_dists]  # every splits exchange in flight
+            tensors = [c.splits.wait() for c in contexts]  # every lengths/values exchange in flight
         results = []
         for ctx, t, lookup, output_dist in zip(contexts, tensors, self._lookups, self._output_dists):
             results.append(output_dist(lookup(t.wait()), t, ctx))

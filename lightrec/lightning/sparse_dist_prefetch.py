@@ -1,0 +1,308 @@
+"""``SparseDistPrefetch``: pipelined training -- the next batch's input dist travels during this step.
+
+A sharded embedding step is *input dist* (the KJT all-to-alls that send every id to the rank
+owning its row: a splits exchange, then lengths / values / weights), *lookup* (reads the rows;
+the fused optimizer updates them in backward) and *output dist*. The input dist only reads the
+ids, so it may run early; the lookup may not (it must see the rows the previous backward wrote).
+With this callback, training step ``i`` runs, on every rank in the same order::
+
+    on_train_batch_start(i)  take batch i+1 from the fit loop's data fetcher, move it to the
+                             device (CUDA: non-blocking on a side stream), start its splits exchange
+    training_step(i)         forward of batch i: its input dist is already done (wait for the last
+                             exchange), lookup, output dist, dense layers
+    on_before_backward(i)    wait for batch i+1's splits, start its lengths/values/weights exchange
+    backward(i)              the exchange travels while gradients flow; rows are updated
+    training_step(i+1)       lookup of batch i+1 reads the updated rows
+
+so the losses and tables are bit-identical to training without the callback (tested). Batches
+with no successor (the last of an epoch) simply are not prefetched; a validation loop between two
+training steps runs its own forwards while batch i+1's exchange waits; anything started for a batch
+that is never trained (``max_steps`` reached mid-epoch, early stopping) is completed and dropped at
+the end of the epoch.
+
+Requirements (otherwise the callback warns once and does nothing): the model holds exactly one
+sharded collection (``ShardedEmbeddingBagCollection`` / ``ShardedEmbeddingCollection``, as
+``RecStrategy`` builds), the world size is above 1, the batch holds exactly one
+``KeyedJaggedTensor`` with exactly that collection's features, and ``training_step`` takes a batch
+(not ``dataloader_iter``).
+
+Where batch i+1 comes from: Lightning's training data fetcher already holds it for a loader
+without length; for a sized loader the callback wraps the fetcher's iterator and reads one item
+ahead (the fetcher still receives every item once, so its "last batch" accounting is unchanged;
+a stateful loader's saved position is then one batch ahead, as with Lightning's own pre-fetching).
+On CUDA the copy is issued on a side stream; the main stream waits for it before the input dist
+(the copy of a batch is small next to a step, and the main stream may still be busy with step
+i-1's queued kernels while it runs) and ``record_stream`` keeps the allocator from reusing the
+copied tensors early.
+
+Interaction with Lightning's batch hooks: batch i+1 is moved with ``strategy.batch_to_device``
+one step early; Lightning then still runs ``convert_input``, ``on_before_batch_transfer`` and
+``batch_to_device`` on it when its turn comes (they find it on the device already, and
+``RecStrategy.batch_to_device`` reuses the same tensors). A hook that rebuilds the sparse features
+out of new tensors defeats the pipeline: the callback notices, warns and turns itself off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities import rank_zero_warn
+from typing_extensions import override
+
+from lightrec._compat import fit_data_fetcher
+from lightrec.distributed.sharding.collection import ShardedCollectionBase
+from lightrec.sparse import KeyedJaggedTensor
+
+__all__ = ["SparseDistPrefetch"]
+
+_NOTHING = object()
+
+
+class _Lookahead(Iterator):
+    """Wraps the data fetcher's iterator so the next item can be read, and replaced, one step early.
+
+    The fetcher still receives every item exactly once, from ``__next__``, so its accounting of
+    fetched batches (and of which one is the last) is unchanged.
+    """
+
+    def __init__(self, inner: Iterator, loaders: list[Any] = ()) -> None:  # type: ignore[assignment]
+        self.inner = inner
+        self._next: Any = _NOTHING
+        self._exhausted = False
+        # Resumable loaders (RankDataLoader) count a batch as consumed when it is read; one held
+        # here has not been trained on yet, so their checkpointed position must leave it out.
+        self._loaders = list(loaders)
+
+    def _holding(self, n: int) -> None:
+        for loader in self._loaders:
+            loader.prefetched = n
+
+    def __iter__(self) -> _Lookahead:
+        return self
+
+    def __next__(self) -> Any:
+        if self._next is not _NOTHING:
+            item, self._next = self._next, _NOTHING
+            self._holding(0)
+            return item
+        if self._exhausted:
+            raise StopIteration
+        return next(self.inner)
+
+    def peek(self) -> Any:
+        """The next item (read from the wrapped iterator now if needed), or ``_NOTHING`` at the end."""
+        if self._next is _NOTHING and not self._exhausted:
+            try:
+                self._next = next(self.inner)
+                self._holding(1)
+            except StopIteration:
+                self._exhausted = True
+        return self._next
+
+    def replace(self, item: Any) -> None:
+        self._next = item
+
+
+def _resumable_loaders(trainer: pl.Trainer) -> list[Any]:
+    """The training loaders that checkpoint their position and can leave out a held batch."""
+    loaders = trainer.train_dataloader
+    if isinstance(loaders, dict):
+        loaders = list(loaders.values())
+    elif not isinstance(loaders, (list, tuple)):
+        loaders = [loaders]
+    return [loader for loader in loaders if hasattr(loader, "prefetched")]
+
+
+def _find_kjts(obj: Any, depth: int = 3) -> list[KeyedJaggedTensor]:
+    """Every ``KeyedJaggedTensor`` in a batch: itself, or inside dataclasses, mappings and sequences."""
+    if isinstance(obj, KeyedJaggedTensor):
+        return [obj]
+    if depth == 0 or isinstance(obj, (torch.Tensor, str, bytes)):
+        return []
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        children: Any = [getattr(obj, f.name) for f in dataclasses.fields(obj)]
+    elif isinstance(obj, Mapping):
+        children = obj.values()
+    elif isinstance(obj, (list, tuple)):
+        children = obj
+    else:
+        return []
+    return [k for child in children for k in _find_kjts(child, depth - 1)]
+
+
+def _record_stream(obj: Any, stream: torch.cuda.Stream, depth: int = 3) -> None:
+    """``record_stream`` on every tensor of a batch (``Batch``, KJT and tensors implement it)."""
+    if isinstance(obj, (torch.Tensor, KeyedJaggedTensor)) or callable(getattr(obj, "record_stream", None)):
+        if not isinstance(obj, torch.Tensor) or obj.is_cuda:
+            obj.record_stream(stream)
+        return
+    if depth == 0:
+        return
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        children: Any = [getattr(obj, f.name) for f in dataclasses.fields(obj)]
+    elif isinstance(obj, Mapping):
+        children = obj.values()
+    elif isinstance(obj, (list, tuple)):
+        children = obj
+    else:
+        return
+    for child in children:
+        _record_stream(child, stream, depth - 1)
+
+
+class SparseDistPrefetch(pl.Callback):
+    """Start the next batch's embedding input dist while the current batch trains (see the module docstring).
+
+    Example::
+
+        trainer = Trainer(strategy=RecStrategy(), accelerator="cpu", devices=2,
+                          callbacks=[SparseDistPrefetch()])
+
+    Results are identical with and without it; what it saves per step is the input dist's
+    latency (two all-to-all round trips and a host sync), which otherwise sits between the
+    start of the forward and the lookup.
+    """
+
+    def __init__(self) -> None:
+        self._target: ShardedCollectionBase | None = None
+        self._copy_stream: torch.cuda.Stream | None = None
+        self._warned: set[str] = set()
+
+    # ------------------------------------------------------------------ set-up
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            rank_zero_warn(f"SparseDistPrefetch: {message}", category=UserWarning)
+
+    def _disable(self, key: str, message: str) -> None:
+        self._warn_once(key, message + "; the callback does nothing for the rest of this fit")
+        if self._target is not None:
+            self._target.cancel_input_dists(wait=True)
+        self._target = None
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._target = None
+        sharded = [m for m in pl_module.modules() if isinstance(m, ShardedCollectionBase)]
+        if len(sharded) != 1:
+            self._warn_once(
+                "collections",
+                f"the model holds {len(sharded)} sharded embedding collections (expected exactly one; train with "
+                "RecStrategy, which shards the EmbeddingBagCollection/EmbeddingCollection) -- nothing to prefetch, "
+                "the callback does nothing",
+            )
+            return
+        if trainer.world_size == 1:
+            self._warn_once(
+                "world", "world size is 1: there is no all-to-all to overlap, the callback does nothing"
+            )
+            return
+        self._target = sharded[0]
+        root = trainer.strategy.root_device
+        if root.type == "cuda" and self._copy_stream is None:
+            self._copy_stream = torch.cuda.Stream(device=root)
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._target is not None:
+            self._target.cancel_input_dists(wait=True)
+        self._target = None
+
+    @override
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        if self._target is not None:
+            self._target.cancel_input_dists(wait=False)  # other ranks may be gone: no collective
+        self._target = None
+
+    # ------------------------------------------------------------------ the pipeline
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        target = self._target
+        if target is None:
+            return
+        if target.has_pending_input_dist():
+            kjts = _find_kjts(batch)
+            if len(kjts) != 1 or not target.has_pending_input_dist(kjts[0]):
+                self._disable(
+                    "rebuilt",
+                    "the batch reaching training_step does not hold the sparse features whose input dist was "
+                    "started (does on_before_batch_transfer/transfer_batch_to_device build new tensors?)",
+                )
+                return
+        slot = self._next_batch_slot(trainer)
+        if slot is None:
+            return  # last batch of the epoch
+        item, put = slot
+        if not (isinstance(item, tuple) and len(item) == 3):
+            self._disable("item", f"unexpected data fetcher item {type(item).__name__} (Lightning changed?)")
+            return
+        next_batch = self._to_device(trainer, item[0])
+        put((next_batch, *item[1:]))
+        kjts = _find_kjts(next_batch)
+        if len(kjts) != 1:
+            self._disable("kjt", f"a batch must hold exactly one KeyedJaggedTensor, found {len(kjts)}")
+            return
+        if not target.start_input_dist(kjts[0]):
+            self._disable(
+                "keys",
+                f"the batch's sparse features {kjts[0].keys()} are not exactly the sharded collection's "
+                f"{target.feature_names()}",
+            )
+
+    @override
+    def on_before_backward(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor
+    ) -> None:
+        if self._target is not None:
+            self._target.progress_input_dists()
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # The epoch ended before the prefetched batch was trained (max_steps, early stopping, a
+        # hook returning -1): complete its exchanges on every rank and forget it.
+        if self._target is not None:
+            self._target.cancel_input_dists(wait=True)
+
+    # ------------------------------------------------------------------ helpers
+    def _next_batch_slot(self, trainer: pl.Trainer) -> tuple[Any, Any] | None:
+        """``(next fetcher item, function that replaces it)``, or None when there is no next batch."""
+        fetcher = fit_data_fetcher(trainer)
+        if fetcher is None:
+            self._disable("fetcher", "training_step takes dataloader_iter (it fetches its own batches)")
+            return None
+        if fetcher.batches:  # a loader without length: Lightning already holds the next batch
+
+            def put_list(new: Any) -> None:
+                fetcher.batches[0] = new
+
+            return fetcher.batches[0], put_list
+        if fetcher.done or fetcher.iterator is None:
+            return None
+        if not isinstance(fetcher.iterator, _Lookahead):  # a fresh iterator every epoch
+            fetcher.iterator = _Lookahead(fetcher.iterator, _resumable_loaders(trainer))
+        lookahead = fetcher.iterator
+        item = lookahead.peek()
+        if item is _NOTHING:
+            return None
+        return item, lookahead.replace
+
+    def _to_device(self, trainer: pl.Trainer, batch: Any) -> Any:
+        strategy = trainer.strategy
+        if self._copy_stream is None or strategy.root_device.type != "cuda":
+            return strategy.batch_to_device(batch, dataloader_idx=0)
+        main = torch.cuda.current_stream(strategy.root_device)
+        with torch.cuda.stream(self._copy_stream):
+            moved = strategy.batch_to_device(batch, dataloader_idx=0)
+        # The input dist below (and every later use) runs on the main stream: order it after the
+        # copy, and tell the allocator the copy stream's blocks are in use there.
+        main.wait_stream(self._copy_stream)
+        _record_stream(moved, main)
+        return moved
