@@ -182,7 +182,15 @@ class DistributedModelParallel(nn.Module):
     # ---- construction ---------------------------------------------------------------------
     def _shard(self, module: nn.Module, seed: int) -> tuple[nn.Module, list[str]]:
         paths = []
-        for path, (m, sharder) in _shardable(module, self._sharders).items():
+        shardable = _shardable(module, self._sharders)
+        unmatched = sorted(set(self._plan.plan) - set(shardable))
+        if unmatched:
+            raise ValueError(
+                f"plan names module paths {unmatched} that are not shardable modules of {type(module).__name__}; "
+                f"its shardable modules are {sorted(shardable)}. Plan this module (under RecStrategy: the "
+                "LightningModule, e.g. 'model.sparse_arch.embedding_bag_collection') or fix the paths"
+            )
+        for path, (m, sharder) in shardable.items():
             module_plan = self._plan.get_plan_for_module(path)
             if module_plan is None:
                 continue  # not in the plan: stays an ordinary (data parallel) module

@@ -280,3 +280,22 @@ def test_sharding_without_process_group_says_what_to_do() -> None:
         DistributedModelParallel(_tables("meta"))
     with pytest.raises(TypeError, match="nn.Module"):
         DistributedModelParallel("not a module")  # type: ignore[arg-type]
+
+
+def _wrong_path_body(rank: int, world_size: int) -> str:
+    from lightrec.distributed import DistributedModelParallel
+
+    plan = _mixed_plan(1)
+    plan.plan["model.sparse_arch.embedding_bag_collection"] = plan.plan.pop("sparse_arch.embedding_bag_collection")
+    try:
+        DistributedModelParallel(_dlrm("meta"), device="cpu", plan=plan, sharders=_sharders())
+    except ValueError as e:
+        return str(e)
+    return "no error"
+
+
+def test_plan_paths_that_match_no_module_are_an_error() -> None:
+    """A plan written for another root (e.g. the LightningModule) must not silently shard nothing."""
+    message = run_ranks(_wrong_path_body, 1, timeout=120)[0]
+    assert "['model.sparse_arch.embedding_bag_collection'] that are not shardable" in message
+    assert "['sparse_arch.embedding_bag_collection']" in message
