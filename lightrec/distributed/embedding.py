@@ -13,18 +13,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-import torch.distributed as dist
-from torch import nn
 
 from lightrec.distributed.comm import LazyAwaitable
-from lightrec.distributed.sharding.collection import (
-    ShardedCollectionBase,
-    as_env,
-    check_kernel_backend,
-    normalized_fused_params,
-)
+from lightrec.distributed.sharding.collection import CollectionSharder, ShardedCollectionBase
 from lightrec.distributed.sharding.common import DistContext, EmbeddingSharding
-from lightrec.distributed.types import EmbeddingModuleShardingPlan, ModuleSharder, ShardingEnv
+from lightrec.distributed.types import EmbeddingModuleShardingPlan, ShardingEnv
 from lightrec.modules.embedding_configs import EmbeddingConfig
 from lightrec.modules.embedding_modules import EmbeddingCollection
 from lightrec.optim.fused_spec import FusedOptimizerSpec
@@ -106,36 +99,8 @@ class ShardedEmbeddingCollection(ShardedCollectionBase):
         )
 
 
-class EmbeddingCollectionSharder(ModuleSharder):
-    """Builds :class:`ShardedEmbeddingCollection` s (``fused_params`` as for the bag sharder)."""
+class EmbeddingCollectionSharder(CollectionSharder):
+    """Builds :class:`ShardedEmbeddingCollection` s (arguments: :class:`CollectionSharder`)."""
 
-    def __init__(
-        self, fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None, kernel_backend: str = "auto"
-    ) -> None:
-        super().__init__(normalized_fused_params(fused_params))
-        check_kernel_backend(kernel_backend)
-        self.kernel_backend = kernel_backend
-
-    @property
-    def module_type(self) -> type[nn.Module]:
-        return EmbeddingCollection
-
-    def shard(
-        self,
-        module: EmbeddingCollection,
-        params: EmbeddingModuleShardingPlan | Mapping[str, Any],
-        env: ShardingEnv | dist.ProcessGroup | None = None,
-        device: torch.device | str | None = None,
-        module_fqn: str | None = None,
-        seed: int = 0,
-    ) -> ShardedEmbeddingCollection:
-        """Shard ``module`` by ``params`` over ``env`` (collective); see the bag sharder."""
-        if not isinstance(module, EmbeddingCollection):
-            raise TypeError(
-                f"EmbeddingCollectionSharder shards EmbeddingCollection, got {type(module).__name__}"
-                + (f" at {module_fqn!r}" if module_fqn else "")
-            )
-        device = torch.device(device) if device is not None else torch.device("cpu")
-        return ShardedEmbeddingCollection(
-            module, params, as_env(env), device, self.fused_params or None, seed, self.kernel_backend
-        )
+    _module_class = EmbeddingCollection
+    _sharded_class = ShardedEmbeddingCollection

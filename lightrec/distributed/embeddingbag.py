@@ -20,17 +20,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-import torch.distributed as dist
-from torch import nn
 
 from lightrec.distributed.comm import LazyAwaitable
-from lightrec.distributed.sharding.collection import (
-    ShardedCollectionBase,
-    as_env,
-    check_kernel_backend,
-    normalized_fused_params,
-)
-from lightrec.distributed.types import EmbeddingModuleShardingPlan, ModuleSharder, ShardingEnv
+from lightrec.distributed.sharding.collection import CollectionSharder, ShardedCollectionBase
+from lightrec.distributed.types import EmbeddingModuleShardingPlan, ShardingEnv
 from lightrec.modules.embedding_configs import EmbeddingBagConfig
 from lightrec.modules.embedding_modules import EmbeddingBagCollection
 from lightrec.optim.fused_spec import FusedOptimizerSpec
@@ -122,52 +115,8 @@ class ShardedEmbeddingBagCollection(ShardedCollectionBase):
         )
 
 
-class EmbeddingBagCollectionSharder(ModuleSharder):
-    """Builds :class:`ShardedEmbeddingBagCollection` s.
+class EmbeddingBagCollectionSharder(CollectionSharder):
+    """Builds :class:`ShardedEmbeddingBagCollection` s (arguments: :class:`CollectionSharder`)."""
 
-    Args:
-        fused_params: the fused optimizer of tables not marked by ``apply_optimizer_in_backward``
-            (torchrec-style dict, e.g. ``{"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
-            "learning_rate": 0.02, "eps": 0.002}``, or a ``FusedOptimizerSpec``); default SGD with
-            learning rate 0.01, like torchrec.
-    """
-
-    def __init__(
-        self, fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None, kernel_backend: str = "auto"
-    ) -> None:
-        super().__init__(normalized_fused_params(fused_params))
-        check_kernel_backend(kernel_backend)
-        self.kernel_backend = kernel_backend
-
-    @property
-    def module_type(self) -> type[nn.Module]:
-        return EmbeddingBagCollection
-
-    def shard(
-        self,
-        module: EmbeddingBagCollection,
-        params: EmbeddingModuleShardingPlan | Mapping[str, Any],
-        env: ShardingEnv | dist.ProcessGroup | None = None,
-        device: torch.device | str | None = None,
-        module_fqn: str | None = None,
-        seed: int = 0,
-    ) -> ShardedEmbeddingBagCollection:
-        """Shard ``module`` by ``params`` (its entry of the plan) over ``env`` (collective).
-
-        Args:
-            module: the collection (on ``meta`` or materialised; materialised weights are kept).
-            params: ``plan.plan["<module path>"]``.
-            env: ``ShardingEnv`` (or a process group; default: the world).
-            device: where the local shards live (default CPU).
-            module_fqn: the module's path (for messages only).
-            seed: base seed of shard initialisation of ``meta`` tables.
-        """
-        if not isinstance(module, EmbeddingBagCollection):
-            raise TypeError(
-                f"EmbeddingBagCollectionSharder shards EmbeddingBagCollection, got {type(module).__name__}"
-                + (f" at {module_fqn!r}" if module_fqn else "")
-            )
-        device = torch.device(device) if device is not None else torch.device("cpu")
-        return ShardedEmbeddingBagCollection(
-            module, params, as_env(env), device, self.fused_params or None, seed, self.kernel_backend
-        )
+    _module_class = EmbeddingBagCollection
+    _sharded_class = ShardedEmbeddingBagCollection

@@ -39,7 +39,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from lightrec.distributed.embedding import EmbeddingCollectionSharder
 from lightrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-from lightrec.distributed.sharding.collection import ShardedCollectionBase, as_env
+from lightrec.distributed.sharding.collection import CollectionSharder, ShardedCollectionBase, as_env
 from lightrec.distributed.state_dict import gather_full_state_dict
 from lightrec.distributed.types import (
     EmbeddingComputeKernel,
@@ -194,11 +194,7 @@ class DistributedModelParallel(nn.Module):
             module_plan = self._plan.get_plan_for_module(path)
             if module_plan is None:
                 continue  # not in the plan: stays an ordinary (data parallel) module
-            kwargs = (
-                {"seed": seed}
-                if isinstance(sharder, (EmbeddingBagCollectionSharder, EmbeddingCollectionSharder))
-                else {}
-            )
+            kwargs = {"seed": seed} if isinstance(sharder, CollectionSharder) else {}
             sharded = sharder.shard(m, module_plan, self._env, self.device, path, **kwargs)  # type: ignore[attr-defined]
             paths.append(path)
             if path == "":
