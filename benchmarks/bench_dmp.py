@@ -14,6 +14,21 @@ Run::
 torchrec is measured in the same run when ``import torchrec`` works (it is not a lightrec
 dependency; install torchrec 1.8.0 with ``--no-deps`` in a separate venv to compare); otherwise
 the script says so and reports lightrec alone.
+
+Fairness on a shared machine:
+
+* Both models live in the same rank processes and their timed windows *alternate* (lightrec,
+  torchrec, torchrec, lightrec, ...), so a burst of load from other jobs hits both alike; the
+  report gives each side's median window and the median of the per-pair ratios.
+* ``--malloc-tuning`` (default on) starts the rank processes with a fixed glibc malloc policy
+  (``MALLOC_MMAP_THRESHOLD_=32 MiB``, ``MALLOC_TRIM_THRESHOLD_=1 GiB``). With glibc's default
+  adaptive policy a rank re-faults freshly mapped pages for its multi-MiB activations at random
+  steps: measured 0 to 17k minor page faults per step (10-25 ms of CPU), different per rank and
+  per run, for both frameworks. The fixed policy keeps freed memory in the heap, so neither side
+  pays it; ``--no-malloc-tuning`` measures with the default.
+* Besides wall-clock throughput, rank 0's CPU time per step is reported for its training thread
+  and for the whole process (gloo's communication threads included), which other jobs on the
+  machine disturb much less than wall-clock time.
 """
 
 from __future__ import annotations
@@ -22,6 +37,8 @@ import argparse
 import json
 import os
 import platform
+import resource
+import statistics
 import sys
 import tempfile
 import time
@@ -120,42 +137,83 @@ def _torchrec_model(args: argparse.Namespace) -> tuple[Any, Any, Any]:  # pragma
     return dmp, opt, torchrec.KeyedJaggedTensor
 
 
-def _measure(build: Any, rank: int, args: argparse.Namespace) -> dict[str, float]:
-    model, opt, kjt_cls = build(args)
-    batches = _batches(rank, args, kjt_cls)
-    loss_fn = torch.nn.BCEWithLogitsLoss()
+class _Contender:
+    """One framework's model, optimizer and batches on this rank, and its timed windows."""
 
-    def step(i: int) -> None:
-        dense, kjt, labels = batches[i % len(batches)]
-        loss = loss_fn(model(dense, kjt).squeeze(-1), labels)
-        opt.zero_grad()
+    def __init__(self, build: Any, rank: int, args: argparse.Namespace) -> None:
+        self.model, self.opt, kjt_cls = build(args)
+        self.batches = _batches(rank, args, kjt_cls)
+        self.loss_fn = torch.nn.BCEWithLogitsLoss()
+        self.rates: list[float] = []
+        self.thread_cpu: list[float] = []
+        self.process_cpu: list[float] = []
+
+    def step(self, i: int) -> None:
+        dense, kjt, labels = self.batches[i % len(self.batches)]
+        loss = self.loss_fn(self.model(dense, kjt).squeeze(-1), labels)
+        self.opt.zero_grad()
         loss.backward()
-        opt.step()
+        self.opt.step()
 
-    for i in range(args.warmup):
-        step(i)
-    world = dist.get_world_size()
-    rates, cpu = [], []
-    for _ in range(args.repeats):  # several windows: the median resists a noisy shared machine
+    def window(self, args: argparse.Namespace) -> float:
+        """Time ``args.steps`` steps (collective); returns the global samples/s of the window."""
+        world = dist.get_world_size()
         dist.barrier()
-        start, start_cpu = time.perf_counter(), time.thread_time()
+        start, start_cpu, start_proc = time.perf_counter(), time.thread_time(), _process_cpu()
         for i in range(args.steps):
-            step(i)
-        cpu.append((time.thread_time() - start_cpu) / args.steps)
+            self.step(i)
+        self.thread_cpu.append((time.thread_time() - start_cpu) / args.steps)
+        self.process_cpu.append((_process_cpu() - start_proc) / args.steps)
         dist.barrier()
         seconds = torch.tensor([time.perf_counter() - start])
         dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
-        rates.append(world * args.batch_size * args.steps / float(seconds))
-    ordered = sorted(rates)
-    return {
-        "steps_per_window": args.steps,
-        "windows_samples_per_s": rates,
-        "global_samples_per_s": ordered[len(ordered) // 2],
-        "best_samples_per_s": ordered[-1],
-        "ms_per_step_median": 1000.0 * world * args.batch_size / ordered[len(ordered) // 2],
-        # CPU time of the training thread per step (rank 0): robust to other load on the machine
-        "rank0_thread_cpu_ms_per_step": 1000.0 * sorted(cpu)[len(cpu) // 2],
-    }
+        rate = world * args.batch_size * args.steps / float(seconds)
+        self.rates.append(rate)
+        return rate
+
+    def report(self, args: argparse.Namespace) -> dict[str, Any]:
+        median = statistics.median(self.rates)
+        return {
+            "steps_per_window": args.steps,
+            "windows_samples_per_s": self.rates,
+            "global_samples_per_s": median,
+            "best_samples_per_s": max(self.rates),
+            "ms_per_step_median": 1000.0 * dist.get_world_size() * args.batch_size / median,
+            # CPU time per step on rank 0: robust to other load on the machine
+            "rank0_thread_cpu_ms_per_step": 1000.0 * statistics.median(self.thread_cpu),
+            "rank0_process_cpu_ms_per_step": 1000.0 * statistics.median(self.process_cpu),
+        }
+
+
+def _process_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _measure_all(rank: int, args: argparse.Namespace) -> dict[str, Any]:
+    contenders = {"lightrec": _Contender(_lightrec_model, rank, args)}
+    result: dict[str, Any] = {}
+    try:
+        import torchrec  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - any import failure means "not measured"
+        result["torchrec"] = {"skipped": f"torchrec is not importable ({type(exc).__name__}: {exc})"}
+    else:
+        contenders["torchrec"] = _Contender(_torchrec_model, rank, args)
+    for c in contenders.values():
+        for i in range(args.warmup):
+            c.step(i)
+    order = list(contenders.values())
+    ratios = []
+    for repeat in range(args.repeats):
+        # Alternate which side goes first, so neither always runs right after the other.
+        rates = {id(c): c.window(args) for c in (order if repeat % 2 == 0 else order[::-1])}
+        if len(order) == 2:
+            ratios.append(rates[id(order[0])] / rates[id(order[1])])
+    for name, c in contenders.items():
+        result[name] = c.report(args)
+    if ratios:
+        result["paired_ratios"] = ratios
+    return result
 
 
 def _worker(rank: int, world: int, init: str, args: argparse.Namespace, queue: Any) -> None:
@@ -164,13 +222,7 @@ def _worker(rank: int, world: int, init: str, args: argparse.Namespace, queue: A
         "gloo", init_method=init, rank=rank, world_size=world, timeout=timedelta(seconds=600)
     )
     try:
-        result: dict[str, Any] = {"lightrec": _measure(_lightrec_model, rank, args)}
-        try:
-            import torchrec  # noqa: F401
-        except Exception as exc:  # noqa: BLE001 - any import failure means "not measured"
-            result["torchrec"] = {"skipped": f"torchrec is not importable ({type(exc).__name__}: {exc})"}
-        else:
-            result["torchrec"] = _measure(_torchrec_model, rank, args)
+        result = _measure_all(rank, args)
         if rank == 0:
             queue.put(result)
     finally:
@@ -190,8 +242,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--num-batches", type=int, default=4, help="distinct pre-generated batches per rank")
     parser.add_argument("--plan", choices=["planner", "table_wise", "row_wise"], default="planner",
                         help="lightrec plan: its planner (default), contiguous table-wise, or all row-wise")  # fmt: skip
+    parser.add_argument("--malloc-tuning", action=argparse.BooleanOptionalAction, default=True,
+                        help="fixed glibc malloc thresholds in the rank processes (see above)")  # fmt: skip
     parser.add_argument("--out", help="write the JSON result here as well")
     args = parser.parse_args(argv)
+    # Read by glibc when each (spawned) rank process starts; both frameworks run in those processes.
+    malloc_env = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
+    saved_env = {k: os.environ.get(k) for k in malloc_env}
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
@@ -200,8 +257,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ctx.Process(target=_worker, args=(r, args.world_size, init, args, queue))
             for r in range(args.world_size)
         ]
-        for p in procs:
-            p.start()
+        try:
+            if args.malloc_tuning:
+                os.environ.update(malloc_env)
+            for p in procs:
+                p.start()
+        finally:  # the caller's environment is left as it was
+            for k, v in saved_env.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
         result = queue.get(timeout=3600)
         for p in procs:
             p.join()
@@ -230,6 +296,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         report["speedup_vs_torchrec"] = (
             result["lightrec"]["global_samples_per_s"] / tr["global_samples_per_s"]
         )
+        report["speedup_vs_torchrec_paired_median"] = statistics.median(result["paired_ratios"])
     else:
         print(f"torchrec not measured: {tr.get('skipped')}", file=sys.stderr)
     text = json.dumps(report, indent=2)

@@ -27,6 +27,12 @@ Two stages, as two awaitables, so a training pipeline can start them early:
    output dists, ``values_per_rank`` and ``value_index`` (the value permutation applied above).
 
 Batch sizes may differ between ranks; a rank may receive no key (``key_splits[rank] == 0``).
+
+When lengths and values share a dtype (the usual int64 and int64) they travel in ONE all-to-all:
+each destination's chunk is its lengths followed by its values, and the receiver cuts each
+source's chunk back apart. Every collective costs a round trip and, on gloo, ~0.5 ms of its
+transport thread's CPU even for a few bytes; the pack and unpack copies of the ids cost ~0.1 ms
+at 26 x 2048 ids.
 """
 
 from __future__ import annotations
@@ -67,10 +73,11 @@ class KJTAllToAllTensorsAwaitable(Awaitable[KeyedJaggedTensor]):
         values_per_rank: list[int],
         values_sent_per_rank: list[int],
         works: list[object],
-        lengths: torch.Tensor,
+        lengths: torch.Tensor | None,
         values: torch.Tensor,
         weights: torch.Tensor | None,
         keep: tuple[torch.Tensor, ...],
+        lengths_per_rank: list[int] | None = None,
     ) -> None:
         super().__init__()
         self.keys = keys
@@ -79,7 +86,9 @@ class KJTAllToAllTensorsAwaitable(Awaitable[KeyedJaggedTensor]):
         self.values_sent_per_rank = values_sent_per_rank
         self._value_index: torch.Tensor | None = None
         self._works = works
+        # lengths None: ``values`` is the merged buffer, per source [lengths | values].
         self._lengths, self._values, self._weights = lengths, values, weights
+        self._lengths_per_rank = lengths_per_rank
         self._keep = keep
 
     @property
@@ -93,6 +102,8 @@ class KJTAllToAllTensorsAwaitable(Awaitable[KeyedJaggedTensor]):
             work.wait()  # type: ignore[attr-defined]
         self._keep = ()
         lengths, values, weights = self._lengths, self._values, self._weights
+        if lengths is None:
+            lengths, values = _split_merged(values, self._lengths_per_rank or [], self.values_per_rank)
         num_keys, world_size = len(self.keys), len(self.batch_size_per_rank)
         if num_keys > 1 and world_size > 1:
             # Received source-major [src][key][sample]; the output is key-major [key][src][sample].
@@ -138,29 +149,37 @@ class KJTAllToAllSplitsAwaitable(Awaitable[KJTAllToAllTensorsAwaitable]):
 
         lengths_in = kjt.lengths().contiguous()
         values_in = kjt.values().contiguous()
-        out_lengths = lengths_in.new_empty(sum(r[_LENGTHS] for r in recv))
-        out_values = values_in.new_empty(sum(r[_VALUES] for r in recv))
-        works = [
-            dist.all_to_all_single(
-                out_lengths, lengths_in, [r[_LENGTHS] for r in recv], [s[_LENGTHS] for s in sent],
-                group=pg, async_op=True,
-            ),
-            dist.all_to_all_single(
-                out_values, values_in, [r[_VALUES] for r in recv], [s[_VALUES] for s in sent],
-                group=pg, async_op=True,
-            ),
-        ]  # fmt: skip
-        keep: tuple[torch.Tensor, ...] = (lengths_in, values_in)
+        recv_lengths, recv_values = [r[_LENGTHS] for r in recv], [r[_VALUES] for r in recv]
+        sent_lengths, sent_values = [s[_LENGTHS] for s in sent], [s[_VALUES] for s in sent]
+        out_lengths: torch.Tensor | None
+        if lengths_in.dtype == values_in.dtype:  # one exchange for both (module docstring)
+            send = _merge(lengths_in, values_in, sent_lengths, sent_values)
+            out_lengths = None
+            out_values = send.new_empty(sum(recv_lengths) + sum(recv_values))
+            works = [
+                dist.all_to_all_single(
+                    out_values, send, [a + b for a, b in zip(recv_lengths, recv_values)],
+                    [a + b for a, b in zip(sent_lengths, sent_values)], group=pg, async_op=True,
+                )
+            ]  # fmt: skip
+            keep: tuple[torch.Tensor, ...] = (send,)
+        else:
+            out_lengths = lengths_in.new_empty(sum(recv_lengths))
+            out_values = values_in.new_empty(sum(recv_values))
+            works = [
+                dist.all_to_all_single(
+                    out_lengths, lengths_in, recv_lengths, sent_lengths, group=pg, async_op=True
+                ),
+                dist.all_to_all_single(out_values, values_in, recv_values, sent_values, group=pg, async_op=True),
+            ]
+            keep = (lengths_in, values_in)
         out_weights: torch.Tensor | None = None
         if weighted:
             weights_in = kjt.weights().contiguous()
-            out_weights = weights_in.new_empty(out_values.numel())
+            out_weights = weights_in.new_empty(sum(recv_values))
             works.append(
-                dist.all_to_all_single(
-                    out_weights, weights_in, [r[_VALUES] for r in recv], [s[_VALUES] for s in sent],
-                    group=pg, async_op=True,
-                )
-            )  # fmt: skip
+                dist.all_to_all_single(out_weights, weights_in, recv_values, sent_values, group=pg, async_op=True)
+            )
             keep = keep + (weights_in,)
         return KJTAllToAllTensorsAwaitable(
             keys=self._keys,
@@ -172,7 +191,32 @@ class KJTAllToAllSplitsAwaitable(Awaitable[KJTAllToAllTensorsAwaitable]):
             values=out_values,
             weights=out_weights,
             keep=keep,
+            lengths_per_rank=recv_lengths,
         )
+
+
+def _merge(lengths: torch.Tensor, values: torch.Tensor, lengths_per_dest: list[int], values_per_dest: list[int]) -> torch.Tensor:
+    """``[l_0 | v_0 | l_1 | v_1 | ...]``: each destination's lengths followed by its values."""
+    pieces, lo_l, lo_v = [], 0, 0
+    for n_l, n_v in zip(lengths_per_dest, values_per_dest, strict=True):
+        pieces += [lengths[lo_l : lo_l + n_l], values[lo_v : lo_v + n_v]]
+        lo_l, lo_v = lo_l + n_l, lo_v + n_v
+    return torch.cat(pieces)
+
+
+def _split_merged(
+    buffer: torch.Tensor, lengths_per_src: list[int], values_per_src: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of :func:`_merge` on the receiving side: (lengths, values), source-major."""
+    lengths, values, offset = [], [], 0
+    for n_l, n_v in zip(lengths_per_src, values_per_src, strict=True):
+        lengths.append(buffer[offset : offset + n_l])
+        values.append(buffer[offset + n_l : offset + n_l + n_v])
+        offset += n_l + n_v
+    return (
+        lengths[0] if len(lengths) == 1 else torch.cat(lengths),
+        values[0] if len(values) == 1 else torch.cat(values),
+    )
 
 
 def _check_counts(

@@ -15,11 +15,21 @@ hot path of a sharded DLRM needs and a generic collective cannot know:
   and waited for in an autograd *final callback*, after the rest of the backward pass (the dense
   layers) has run; the callback then runs the lookup's backward (the fused optimizer update).
   Without this the autograd engine -- which runs the most recently created ready node first --
-  would block on the transfer before doing any dense backward work.
+  would block on the transfer before doing any dense backward work. The callback is queued
+  before DDP's, so the update overlaps DDP's last gradient all-reduce.
+* **No self-transfer.** A rank's own samples never go through the collective: the forward reads
+  them straight from the lookup result and the backward packs their gradient straight into the
+  lookup's gradient buffer (half the bytes through gloo on 2 ranks). The collective takes each
+  rank's chunks from one contiguous range of its buffer, so this needs the other ranks' rows on
+  one side of the own rows: the first and the last rank skip themselves (every rank when
+  ``W = 2``), middle ranks send to themselves as a plain all-to-all would.
 
-Layout: the column permutation is precomputed as runs of consecutive columns, so receiving is one
-``torch.cat`` of strided pieces and packing the gradient one ``torch.cat(..., out=send buffer)``
-per destination rank.
+Layout: the column permutation is precomputed as *placements* -- runs of equal width whose source
+columns are consecutive and whose output columns are evenly spaced (a planner that deals tables
+round-robin over ranks gives one placement per rank). Each placement is one strided copy
+(``[B, n, w]`` views of both sides), receiving and packing alike. Measured on 2 ranks with 26
+tables of dim 64 dealt alternately (B = 2048): receiving takes 0.9 ms against 1.5 ms for a
+``torch.cat`` of the 26 column pieces.
 """
 
 from __future__ import annotations
@@ -35,10 +45,56 @@ from lightrec.distributed.comm import LazyAwaitable
 __all__ = ["FusedPooledAllToAll"]
 
 
+class _Placement:
+    """``count`` runs of ``width`` columns: source columns ``lo + i * width`` of one rank's block go
+    to output columns ``out + i * step`` (``i < count``), for every sample row."""
+
+    __slots__ = ("lo", "out", "width", "count", "step")
+
+    def __init__(self, lo: int, out: int, width: int) -> None:
+        self.lo, self.out, self.width, self.count, self.step = lo, out, width, 1, width
+
+    def extend(self, lo: int, out: int, width: int) -> bool:
+        """Take the next run of the rank (increasing ``lo``) if it continues the pattern."""
+        if width != self.width or lo != self.lo + self.count * width:
+            return False
+        if self.count == 1:
+            if out <= self.out:
+                return False
+            self.step = out - self.out
+        elif out != self.out + self.count * self.step:
+            return False
+        self.count += 1
+        return True
+
+    def output_view(self, full: torch.Tensor) -> torch.Tensor:
+        """``[B, count, width]`` view of this placement's columns of ``full`` ``[B, *]`` (unit column stride)."""
+        return full.as_strided(
+            (full.shape[0], self.count, self.width),
+            (full.stride(0), self.step, 1),
+            full.storage_offset() + self.out,
+        )
+
+    def block_view(self, block: torch.Tensor) -> torch.Tensor:
+        """``[B, count, width]`` view of this placement's columns of a rank block ``[B, D_r]``."""
+        return block[:, self.lo : self.lo + self.count * self.width].view(
+            block.shape[0], self.count, self.width
+        )
+
+
+def _placements(runs: list[tuple[int, int, int]]) -> list[_Placement]:
+    """Greedy merge of one rank's ``(column in block, output column, width)`` runs (block order)."""
+    out: list[_Placement] = []
+    for lo, col, width in runs:
+        if not out or not out[-1].extend(lo, col, width):
+            out.append(_Placement(lo, col, width))
+    return out
+
+
 class _Call:
     """Per-forward state shared by the two autograd nodes."""
 
-    __slots__ = ("dist", "batches", "work", "recv", "send", "lookup_out", "grad_work", "grad_recv")
+    __slots__ = ("dist", "batches", "work", "recv", "send", "lookup_out", "grad_work", "lookup_grad")
 
     def __init__(self, dist_: FusedPooledAllToAll, batches: list[int]) -> None:
         self.dist = dist_
@@ -48,7 +104,18 @@ class _Call:
         self.send: torch.Tensor | None = None
         self.lookup_out: torch.Tensor | None = None
         self.grad_work: Any = None
-        self.grad_recv: torch.Tensor | None = None
+        self.lookup_grad: torch.Tensor | None = None
+
+
+def _others(flat: torch.Tensor, rows_before: int, own_rows: int, width: int, skip_self: bool) -> torch.Tensor:
+    """The part of a flat ``[sum B * width]`` buffer (rows in source-rank order) that the collective
+    reads or writes: everything, or -- skipping the own rows -- the rows after them (first rank)
+    or before them (last rank)."""
+    if not skip_self:
+        return flat
+    if rows_before == 0:
+        return flat[own_rows * width :]
+    return flat[: rows_before * width]
 
 
 class _Launch(Function):
@@ -58,78 +125,116 @@ class _Launch(Function):
 
     @staticmethod
     def forward(ctx: Any, call: _Call, anchor: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        d = call.dist
+        d, me = call.dist, call.dist.rank
         send = x.contiguous()
-        b_me = call.batches[d.rank]
-        recv = send.new_empty(b_me * d.total_width)
-        call.work = dist.all_to_all_single(
-            recv, send.view(-1), [b_me * w for w in d.dims], [b * d.dims[d.rank] for b in call.batches],
-            group=d.pg, async_op=True,
-        )  # fmt: skip
+        b_me, d_me = call.batches[me], d.dims[me]
+        out_splits = [b_me * w for w in d.dims]
+        in_splits = [b * d_me for b in call.batches]
+        if d.skip_self:
+            out_splits[me] = in_splits[me] = 0
+        recv = send.new_empty(sum(out_splits))
+        if d.world_size > 1:
+            rows_before = sum(call.batches[:me])
+            call.work = dist.all_to_all_single(
+                recv, _others(send.view(-1), rows_before, b_me, d_me, d.skip_self), out_splits, in_splits,
+                group=d.pg, async_op=True,
+            )  # fmt: skip
         call.send, call.recv = send, recv
         ctx.call = call
         return x.new_empty(0)
 
     @staticmethod
     def backward(ctx: Any, _token: torch.Tensor) -> tuple[None, None, None]:  # type: ignore[override]
-        call: _Call = ctx.call
-        lookup_out = call.lookup_out
-        if lookup_out is None:
-            return None, None, None
-
-        def finish() -> None:
-            call.grad_work.wait()
-            d = call.dist
-            grad = call.grad_recv.view(sum(call.batches), d.dims[d.rank])  # type: ignore[union-attr]
-            call.grad_work = call.grad_recv = call.lookup_out = None
-            torch.autograd.backward(lookup_out, grad)
-
-        # Runs after every other backward node of this pass (the dense layers' included).
-        torch.autograd.Variable._execution_engine.queue_callback(finish)
-        return None, None, None
+        return None, None, None  # the lookup's backward is queued by _Wait.backward
 
 
 class _Wait(Function):
     @staticmethod
     def forward(ctx: Any, call: _Call, token: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        d = call.dist
-        call.work.wait()
-        b_me = call.batches[d.rank]
-        recv = call.recv
+        d, me = call.dist, call.dist.rank
+        if call.work is not None:
+            call.work.wait()
+        b_me = call.batches[me]
+        recv, send = call.recv, call.send
         call.work = call.recv = call.send = None
+        rows_before = sum(call.batches[:me])
         blocks, offset = [], 0
-        for width in d.dims:
+        for r, width in enumerate(d.dims):
+            if r == me and d.skip_self:  # never left this rank: the lookup result itself
+                blocks.append(send[rows_before : rows_before + b_me])  # type: ignore[index]
+                continue
             blocks.append(recv[offset : offset + b_me * width].view(b_me, width))  # type: ignore[index]
             offset += b_me * width
         ctx.call = call
-        if d.out_pieces is None:
-            return blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=1)
-        # One pass: the pieces of the rank blocks, concatenated in output column order.
-        return torch.cat([blocks[r][:, lo : lo + w] for r, lo, w in d.out_pieces], dim=1)
+        if d.identity and len(blocks) == 1:
+            return blocks[0]
+        out = blocks[0].new_empty(b_me, d.total_width)
+        for block, placements in zip(blocks, d.placements):
+            for p in placements:
+                p.output_view(out).copy_(p.block_view(block))
+        return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, torch.Tensor]:  # type: ignore[override]
         call: _Call = ctx.call
-        d = call.dist
-        b_me = call.batches[d.rank]
-        send = grad.new_empty(b_me * d.total_width)
+        d, me = call.dist, call.dist.rank
+        b_me, d_me = call.batches[me], d.dims[me]
+        if grad.stride(-1) != 1:  # e.g. the stride-0 gradient of out.sum(): the views need unit column stride
+            grad = grad.contiguous()
+        rows_before = sum(call.batches[:me])
+        lookup_grad = grad.new_empty(sum(call.batches), d_me)
+        send_splits = [b_me * w for w in d.dims]
+        if d.skip_self:
+            send_splits[me] = 0
+        send = grad.new_empty(sum(send_splits))
         offset = 0
         for r, width in enumerate(d.dims):
-            if width:
+            if r == me and d.skip_self:  # the own samples' gradient goes straight to the lookup
+                dst = lookup_grad[rows_before : rows_before + b_me]
+            else:
                 dst = send[offset : offset + b_me * width].view(b_me, width)
-                # Gather rank r's columns out of the (possibly strided) gradient straight into
-                # the send buffer, then scale them there (1 / world_size).
-                torch.cat([grad[:, lo : lo + w] for lo, w in d.send_pieces[r]], dim=1, out=dst)
+                offset += b_me * width
+            # Gather rank r's columns out of the (possibly strided) gradient straight into their
+            # buffer, scaled on the way (1 / world_size: one rounding, as a copy then a multiply).
+            for p in d.placements[r]:
                 if d.grad_scale != 1.0:
-                    dst.mul_(d.grad_scale)
-            offset += b_me * width
-        recv = grad.new_empty(sum(call.batches) * d.dims[d.rank])
-        call.grad_work = dist.all_to_all_single(
-            recv, send, [b * d.dims[d.rank] for b in call.batches], [b_me * w for w in d.dims],
-            group=d.pg, async_op=True,
-        )  # fmt: skip
-        call.grad_recv = recv
+                    torch.mul(p.output_view(grad), d.grad_scale, out=p.block_view(dst))
+                else:
+                    p.block_view(dst).copy_(p.output_view(grad))
+        if d.world_size > 1:
+            recv_splits = [b * d_me for b in call.batches]
+            if d.skip_self:
+                recv_splits[me] = 0
+            call.grad_work = dist.all_to_all_single(
+                _others(lookup_grad.view(-1), rows_before, b_me, d_me, d.skip_self), send, recv_splits,
+                send_splits, group=d.pg, async_op=True,
+            )  # fmt: skip
+        call.lookup_grad = lookup_grad
+        _queue_lookup_backward(call)
         return None, grad.new_empty(0)
+
+
+def _queue_lookup_backward(call: _Call) -> None:
+    """Run the lookup's backward (the fused optimizer update) once this backward pass is done.
+
+    Queued here, before the dense layers below the embeddings run their backward, so it comes
+    before DDP's final callback (queued when the last gradient bucket is ready, at the very end):
+    the embedding update then computes while DDP's last all-reduce is in flight, instead of after
+    waiting for it.
+    """
+    lookup_out = call.lookup_out
+    if lookup_out is None:  # not differentiable, or a second backward through a retained graph
+        return
+
+    def finish() -> None:
+        if call.grad_work is not None:
+            call.grad_work.wait()
+        grad = call.lookup_grad
+        call.grad_work = call.lookup_grad = call.lookup_out = None
+        torch.autograd.backward(lookup_out, grad)
+
+    # Runs after every other backward node of this pass (the dense layers' included).
+    torch.autograd.Variable._execution_engine.queue_callback(finish)
 
 
 class FusedPooledAllToAllAwaitable(LazyAwaitable[torch.Tensor]):
@@ -166,9 +271,14 @@ class FusedPooledAllToAll:
     ) -> None:
         self.pg = pg
         self.rank = dist.get_rank(pg)
+        self.world_size = dist.get_world_size(pg)
         self.dims = [int(d) for d in dims]
+        if len(self.dims) != self.world_size:
+            raise ValueError(f"dims must list one width per rank ({self.world_size}), got {dims}")
         self.total_width = sum(self.dims)
         self.grad_scale = float(grad_scale)
+        # See the module docstring ("No self-transfer").
+        self.skip_self = self.rank in (0, self.world_size - 1)
         order = column_order if column_order is not None else list(range(self.total_width))
         # Runs of consecutive columns: (rank, column in the rank's block, output column, width).
         runs: list[list[int]] = []
@@ -181,13 +291,9 @@ class FusedPooledAllToAll:
                 else:
                     runs.append([r, c - first, order[c], 1])
             first += width
-        identity = order == list(range(self.total_width))
-        by_output = sorted(runs, key=lambda run: run[2])
-        self.out_pieces: list[tuple[int, int, int]] | None = (
-            None if identity else [(r, lo, w) for r, lo, _, w in by_output]
-        )
-        self.send_pieces: list[list[tuple[int, int]]] = [
-            [(out, w) for rr, _, out, w in runs if rr == r] for r in range(len(self.dims))
+        self.identity = order == list(range(self.total_width))
+        self.placements: list[list[_Placement]] = [
+            _placements([(lo, out, w) for rr, lo, out, w in runs if rr == r]) for r in range(len(self.dims))
         ]
 
     def __call__(self, local: torch.Tensor, batch_size_per_rank: list[int]) -> FusedPooledAllToAllAwaitable:
