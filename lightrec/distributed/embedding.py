@@ -90,10 +90,8 @@ class ShardedEmbeddingCollection(ShardedCollectionBase):
         return super().forward(features)
 
     def _start(self, features: KeyedJaggedTensor) -> EmbeddingCollectionAwaitable:
-        contexts, results, positions = self._run(features)
-        # Output bags have the lengths the lookup saw: under bounds_check="skip" dropped ids
-        # shorten them (the input dist applied the same rewrite; it is deterministic).
-        features = self._id_bounds(features)
+        # Output bags have the lengths the lookup saw: under bounds_check="skip" dropped ids shorten them.
+        contexts, results, positions, features = self._run(features)
         return EmbeddingCollectionAwaitable(
             self._shardings, contexts, results, features, positions, self._feature_order
         )

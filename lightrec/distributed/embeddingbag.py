@@ -109,7 +109,7 @@ class ShardedEmbeddingBagCollection(ShardedCollectionBase):
         return super().forward(features)
 
     def _start(self, features: KeyedJaggedTensor) -> EmbeddingBagCollectionAwaitable:
-        _, results, _ = self._run(features)
+        _, results, _, _ = self._run(features)
         return EmbeddingBagCollectionAwaitable(
             results, self._column_index, self._feature_order, self._length_per_key
         )

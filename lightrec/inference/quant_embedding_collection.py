@@ -20,7 +20,6 @@ results (:mod:`lightrec.inference.sequence_kernels`). Build one with :meth:`from
 # No `from __future__ import annotations`: fx copies forward() annotations into traced code,
 # and TorchScript must see real classes there, not strings.
 
-import dataclasses
 from typing import Dict, List
 
 import torch
@@ -30,20 +29,18 @@ from torch.fx._symbolic_trace import is_fx_symbolic_tracing as is_fx_tracing
 from lightrec.inference.quant_embedding_modules import (
     QuantTable,
     _float_weight,
-    _table_data_types,
     set_stored_table,
+    storage_configs,
 )
 from lightrec.inference.quant_rows import (
     DEFAULT_ROW_ALIGNMENT,
-    check_dim,
     dequantize_rows,
     row_size_in_bytes,
     sparse_type_code,
 )
 from lightrec.inference.sequence_kernels import make_sequence_kernel
 from lightrec.modules.embedding_configs import DataType, EmbeddingConfig
-from lightrec.modules.embedding_modules import _check_tables
-from lightrec.modules.feature_checks import BOUNDS_CHECK_MODES, apply_bounds_check, check_feature_keys
+from lightrec.modules.feature_checks import apply_bounds_check, check_feature_keys
 from lightrec.modules.quant_config import data_type_from_qconfig
 from lightrec.sparse import JaggedTensor, KeyedJaggedTensor
 
@@ -80,19 +77,10 @@ class QuantEmbeddingCollection(nn.Module):
         use_fbgemm: bool | None = None,
     ) -> None:
         super().__init__()
-        for t in tables:
-            if not isinstance(t, EmbeddingConfig):
-                raise TypeError(f"QuantEmbeddingCollection takes EmbeddingConfig tables, got {type(t).__name__}")
-        self._feature_order = _check_tables(tables, "QuantEmbeddingCollection")
-        if bounds_check not in BOUNDS_CHECK_MODES:
-            raise ValueError(f"bounds_check must be one of {BOUNDS_CHECK_MODES}, got {bounds_check!r}")
-        if not isinstance(row_alignment, int) or row_alignment <= 0:
-            raise ValueError(f"row_alignment must be a positive int (bytes), got {row_alignment!r}")
-        data_types = _table_data_types(tables, dtype, per_table)
-        for t, dt in zip(tables, data_types):
-            check_dim(t.embedding_dim, dt, t.name)
-        # The configs report the storage type, as torchrec's quantized collections do.
-        self._embedding_configs = [dataclasses.replace(t, data_type=dt) for t, dt in zip(tables, data_types)]
+        self._feature_order, self._embedding_configs = storage_configs(
+            tables, EmbeddingConfig, "QuantEmbeddingCollection", dtype, per_table, bounds_check, row_alignment
+        )
+        data_types = [t.data_type for t in self._embedding_configs]
         self._bounds_check = bounds_check
         self._row_alignment = row_alignment
         self.embeddings = nn.ModuleDict()

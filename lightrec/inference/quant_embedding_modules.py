@@ -96,6 +96,30 @@ def _table_data_types(
             for t in tables]
 
 
+def storage_configs(
+    tables: list, config_type: type, owner: str, dtype: object, per_table: dict[str, object] | None,
+    bounds_check: str, row_alignment: int,
+) -> tuple[list[str], list]:
+    """Validate a quantized collection's arguments (both collections take the same ones).
+
+    Returns:
+        ``(feature order, configs)``: the configs carry their storage ``data_type``, as torchrec's
+        quantized collections report it.
+    """
+    for t in tables:
+        if not isinstance(t, config_type):
+            raise TypeError(f"{owner} takes {config_type.__name__} tables, got {type(t).__name__}")
+    feature_order = _check_tables(tables, owner)
+    if bounds_check not in BOUNDS_CHECK_MODES:
+        raise ValueError(f"bounds_check must be one of {BOUNDS_CHECK_MODES}, got {bounds_check!r}")
+    if not isinstance(row_alignment, int) or row_alignment <= 0:
+        raise ValueError(f"row_alignment must be a positive int (bytes), got {row_alignment!r}")
+    data_types = _table_data_types(tables, dtype, per_table)
+    for t, dt in zip(tables, data_types):
+        check_dim(t.embedding_dim, dt, t.name)
+    return feature_order, [dataclasses.replace(t, data_type=dt) for t, dt in zip(tables, data_types)]
+
+
 class QuantEmbeddingBagCollection(nn.Module):
     """Pooled embedding tables stored as int8 / int4 / fp16 rows, looked up in float32.
 
@@ -128,19 +152,10 @@ class QuantEmbeddingBagCollection(nn.Module):
         use_fbgemm: bool | None = None,
     ) -> None:
         super().__init__()
-        for t in tables:
-            if not isinstance(t, EmbeddingBagConfig):
-                raise TypeError(f"QuantEmbeddingBagCollection takes EmbeddingBagConfig tables, got {type(t).__name__}")
-        self._feature_order = _check_tables(tables, "QuantEmbeddingBagCollection")
-        if bounds_check not in BOUNDS_CHECK_MODES:
-            raise ValueError(f"bounds_check must be one of {BOUNDS_CHECK_MODES}, got {bounds_check!r}")
-        if not isinstance(row_alignment, int) or row_alignment <= 0:
-            raise ValueError(f"row_alignment must be a positive int (bytes), got {row_alignment!r}")
-        data_types = _table_data_types(tables, dtype, per_table)
-        for t, dt in zip(tables, data_types):
-            check_dim(t.embedding_dim, dt, t.name)
-        # The configs report the storage type, as torchrec's quantized collections do.
-        self._embedding_bag_configs = [dataclasses.replace(t, data_type=dt) for t, dt in zip(tables, data_types)]
+        self._feature_order, self._embedding_bag_configs = storage_configs(
+            tables, EmbeddingBagConfig, "QuantEmbeddingBagCollection", dtype, per_table, bounds_check, row_alignment
+        )
+        data_types = [t.data_type for t in self._embedding_bag_configs]
         self._is_weighted = is_weighted
         self._bounds_check = bounds_check
         self._row_alignment = row_alignment

@@ -229,18 +229,20 @@ class RecStrategy(DDPStrategy):
         """Read a sharded checkpoint (or a consolidated one) cut to this rank's shards, for any plan
         and world size; any other file is read as a plain Lightning checkpoint (full tables reshard
         on load, optimizer state must then match the live optimizers)."""
-        from lightrec.distributed.checkpoint import is_sharded_checkpoint, load_sharded_checkpoint
+        from lightrec.distributed.checkpoint import (
+            CheckpointError,
+            is_sharded_checkpoint,
+            load_sharded_checkpoint,
+            open_checkpoint,
+        )
 
-        if is_sharded_checkpoint(checkpoint_path) or self._is_consolidated(checkpoint_path):
+        if is_sharded_checkpoint(checkpoint_path):  # an incomplete folder raises, naming what is missing
             return load_sharded_checkpoint(checkpoint_path, self.lightning_module, self.optimizers)
-        return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
-
-    @staticmethod
-    def _is_consolidated(path: str | os.PathLike) -> bool:
-        if not os.path.isfile(path):
-            return False
-        keys = torch.load(path, map_location="cpu", mmap=True, weights_only=False).keys()
-        return "lightrec_consolidated" in keys
+        try:
+            source = open_checkpoint(checkpoint_path)  # a consolidated file, read once
+        except CheckpointError:  # any other file: a plain Lightning checkpoint
+            return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        return load_sharded_checkpoint(source, self.lightning_module, self.optimizers)
 
     @override
     def teardown(self) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 import torch
 
 from tests.distributed.test_sharded_embeddings import concat_kjts
@@ -51,7 +50,11 @@ def _body(rank: int, world_size: int) -> dict[str, float]:
 
     from lightrec.distributed import EmbeddingBagCollectionSharder, EmbeddingCollectionSharder, ShardingEnv
     from lightrec.distributed.planner import (
-        column_wise, construct_module_sharding_plan, data_parallel, row_wise, table_wise,
+        column_wise,
+        construct_module_sharding_plan,
+        data_parallel,
+        row_wise,
+        table_wise,
     )  # fmt: skip
     from lightrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 

@@ -29,7 +29,11 @@ STEPS, SAVE_AT, GLOBAL_BATCH = 6, 3, 12
 def _plan(world_size: int) -> Any:
     from lightrec.distributed import ShardingPlan
     from lightrec.distributed.planner import (
-        column_wise, construct_module_sharding_plan, data_parallel, row_wise, table_wise,
+        column_wise,
+        construct_module_sharding_plan,
+        data_parallel,
+        row_wise,
+        table_wise,
     )  # fmt: skip
 
     if world_size == 2:
@@ -89,7 +93,7 @@ def _save_body(rank: int, world_size: int, path: str) -> dict[str, Any]:
             before = sorted(os.listdir(path)), os.path.getmtime(os.path.join(path, "meta.pt"))
             real_save = torch.save
 
-            def failing_save(obj: Any, f: Any, *a: Any, **k: Any) -> None:
+            def failing_save(obj: Any, f: Any, *a: Any, real_save: Any = real_save, **k: Any) -> None:
                 if rank == 1:
                     raise OSError("disk full (injected)")
                 real_save(obj, f, *a, **k)

@@ -18,7 +18,12 @@ STEPS = 4
 
 def mixed_plan(world_size: int):  # noqa: ANN201
     """Row-wise, data-parallel and table-wise tables in turn (for the toy DLRM of tests/lightning/toy.py)."""
-    from lightrec.distributed.planner import construct_module_sharding_plan, data_parallel, row_wise, table_wise
+    from lightrec.distributed.planner import (
+        construct_module_sharding_plan,
+        data_parallel,
+        row_wise,
+        table_wise,
+    )
     from lightrec.distributed.types import ShardingPlan
     from tests.lightning.toy import ToyDLRM
 

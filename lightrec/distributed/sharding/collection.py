@@ -96,6 +96,7 @@ class _PendingInputDist:
         features: the KJT it was started for (kept alive, so its tensors identify it).
         positions: key index in ``features`` of each collection feature (None: same order).
         contexts: one per sharding type; their splits exchanges are in flight.
+        bounded: ``features`` after the ``bounds_check`` rewrite (what the input dist sent).
         tensors: one lengths/values exchange awaitable per sharding type once the splits were
             waited (``progress``), else None.
     """
@@ -103,6 +104,7 @@ class _PendingInputDist:
     features: Any
     positions: list[int] | None
     contexts: list[DistContext]
+    bounded: Any
     tensors: list[Any] | None = None
 
     def progress(self) -> list[Any]:
@@ -375,7 +377,7 @@ class ShardedCollectionBase(nn.Module):
         positions = self._positions(features.keys())
         bounded = self._id_bounds(features)  # the unsharded module's bounds_check policy
         contexts = [d(bounded, positions) for d in self._input_dists]
-        self._pending_input_dists.append(_PendingInputDist(features, positions, contexts))
+        self._pending_input_dists.append(_PendingInputDist(features, positions, contexts, bounded))
         return True
 
     def progress_input_dists(self) -> None:
@@ -425,10 +427,16 @@ class ShardedCollectionBase(nn.Module):
             self._positions_cache[key] = [index[f] for f in self._feature_order]
         return self._positions_cache[key]
 
-    def _run(self, features: Any) -> tuple[list[DistContext], list[Any], list[int] | None]:
+    def _run(self, features: Any) -> tuple[list[DistContext], list[Any], list[int] | None, Any]:
+        """Input dists, lookups and output dists of ``features``.
+
+        Returns:
+            ``(contexts, output awaitables, positions, features after the bounds_check rewrite)``.
+        """
         pending = self._take_pending(features)
         if pending is not None:  # started ahead by start_input_dist (pipelined training)
             contexts, positions, tensors = pending.contexts, pending.positions, pending.progress()
+            bounded = pending.bounded
         else:
             check_feature_keys(features.keys(), self._feature_order, type(self).__name__)
             positions = self._positions(features.keys())
@@ -438,7 +446,7 @@ class ShardedCollectionBase(nn.Module):
         results = []
         for ctx, t, lookup, output_dist in zip(contexts, tensors, self._lookups, self._output_dists):
             results.append(output_dist(lookup(t.wait()), t, ctx))
-        return contexts, results, positions
+        return contexts, results, positions, bounded
 
     def __repr__(self) -> str:
         """The seed tutorial's tree: lookups, input dists, output dists, then the table holders."""
