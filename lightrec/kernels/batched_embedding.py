@@ -1,4 +1,5 @@
-"""Batched lookup modules: a group of tables served by one kernel call per forward.
+"""Batched lookup modules: a group of tables served by one kernel call per forward (fbgemm TBE,
+Triton or pure torch, see :func:`select_backend`).
 
 Input layout (fbgemm TBE's flattened layout; ``T`` features, batch ``B``)::
 
@@ -34,9 +35,10 @@ import torch
 from torch import nn
 
 from lightrec.kernels.fbgemm_backend import FbgemmBatchedLookup, fbgemm_supports
+from lightrec.kernels.input_checks import ID_CHECK_MODES, LookupInputChecker
 from lightrec.kernels.torch_backend import TorchBatchedLookup
+from lightrec.kernels.triton_backend import TritonBatchedLookup, triton_supports
 from lightrec.modules.embedding_configs import PoolingType
-from lightrec.modules.feature_checks import EmbeddingIdError
 from lightrec.optim.fused_spec import FusedOptimizerSpec
 from lightrec.optim.keyed import KeyedOptimizer
 
@@ -48,7 +50,7 @@ __all__ = [
     "select_backend",
 ]
 
-BACKENDS = ("auto", "fbgemm", "torch")
+BACKENDS = ("auto", "fbgemm", "torch", "triton")
 
 
 @dataclass
@@ -69,17 +71,37 @@ def select_backend(
     pooling: PoolingType,
     feature_table_map: Sequence[int],
 ) -> str:
-    """Resolve ``"auto"`` to ``"fbgemm"`` or ``"torch"``; validate an explicit choice."""
+    """Resolve ``"auto"`` to a backend; validate an explicit choice.
+
+    ``"auto"``: fbgemm when it imports and serves the configuration; else, on CUDA, triton when it
+    imports; else torch. On CPU ``"auto"`` never picks triton (its interpreter is for tests).
+
+    Raises:
+        ValueError: an unknown backend, or an explicit one that cannot serve this lookup here.
+    """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "torch":
+        return backend
+    if backend == "triton":
+        reason = triton_supports(spec, device, dims, pooling, feature_table_map)
+        if reason is not None:
+            raise ValueError(
+                f"backend='triton' cannot serve this lookup: {reason}; use backend='auto' or 'torch'"
+            )
+        return backend
     reason = fbgemm_supports(spec, device, dims, pooling, feature_table_map)
-    if backend == "auto":
-        return "fbgemm" if reason is None else "torch"
-    if backend == "fbgemm" and reason is not None:
-        raise ValueError(
-            f"backend='fbgemm' cannot serve this lookup: {reason}; use backend='auto' or 'torch'"
-        )
-    return backend
+    if backend == "fbgemm":
+        if reason is not None:
+            raise ValueError(
+                f"backend='fbgemm' cannot serve this lookup: {reason}; use backend='auto', 'triton' or 'torch'"
+            )
+        return backend
+    if reason is None:
+        return "fbgemm"
+    if device.type == "cuda" and triton_supports(spec, device, dims, pooling, feature_table_map) is None:
+        return "triton"
+    return "torch"
 
 
 class EmbeddingFusedOptimizer(KeyedOptimizer):
@@ -152,6 +174,7 @@ class _BatchedLookupBase(nn.Module):
         backend: str,
         device: torch.device | str | None,
         optimizer_param_names: Sequence[str] | None,
+        id_check: str = "auto",
     ) -> None:
         super().__init__()
         specs = _table_specs(tables)
@@ -183,11 +206,17 @@ class _BatchedLookupBase(nn.Module):
             self._backend: Any = FbgemmBatchedLookup(
                 self.rows, self.dims, ftm, pooling, self.optimizer_spec, device, self.table_names
             )
+        elif self.backend_name == "triton":
+            self._backend = TritonBatchedLookup(
+                self.rows, self.dims, ftm, pooling, self.optimizer_spec, device
+            )
         else:
             self._backend = TorchBatchedLookup(
                 self.rows, self.dims, ftm, pooling, self.optimizer_spec, device
             )
-        self._rows_per_feature = torch.tensor([self.rows[t] for t in ftm], dtype=torch.long, device=device)
+        self._input_checker = LookupInputChecker(
+            self.rows, ftm, self.table_names, _id_check_mode(id_check, self.backend_name, device)
+        )
 
         fused = self.optimizer_spec is not None
         self.weights = nn.ParameterDict()
@@ -241,7 +270,6 @@ class _BatchedLookupBase(nn.Module):
             if p.grad is not None:
                 p.grad = fn(p.grad)
         self._placeholder = fn(self._placeholder.detach()).requires_grad_(True)
-        self._rows_per_feature = self._rows_per_feature.to(self._placeholder.device)
         self._relink()
         return self
 
@@ -265,56 +293,32 @@ class _BatchedLookupBase(nn.Module):
         new._relink()
         return new
 
-    def _check_inputs(
-        self, indices: torch.Tensor, offsets: torch.Tensor, per_sample_weights: torch.Tensor | None
-    ) -> int:
-        """Validate shapes and id ranges; return the batch size ``B``."""
-        if indices.dim() != 1 or offsets.dim() != 1:
-            raise ValueError(
-                f"indices and offsets must be 1-D, got shapes {tuple(indices.shape)}, {tuple(offsets.shape)}"
-            )
-        if indices.dtype not in (torch.int64, torch.int32) or offsets.dtype not in (torch.int64, torch.int32):
-            raise TypeError(f"indices/offsets must be int32 or int64, got {indices.dtype}/{offsets.dtype}")
-        num_bags = offsets.numel() - 1
-        if num_bags < 0 or num_bags % self.num_features:
-            raise ValueError(
-                f"offsets must have T*B + 1 entries for T={self.num_features} features, got {offsets.numel()}"
-            )
-        if per_sample_weights is not None and per_sample_weights.shape != indices.shape:
-            raise ValueError(
-                f"per_sample_weights must match indices {tuple(indices.shape)}, got {tuple(per_sample_weights.shape)}"
-            )
-        batch = num_bags // self.num_features
-        if batch == 0 or indices.numel() == 0:
-            return batch
-        if int(offsets[-1]) != indices.numel() or int(offsets[0]) != 0:
-            raise ValueError(
-                f"offsets must start at 0 and end at len(indices)={indices.numel()}, got {offsets[[0, -1]].tolist()}"
-            )
-        if bool((offsets[1:] < offsets[:-1]).any()):
-            raise ValueError("offsets must be non-decreasing (bag k is indices[offsets[k]:offsets[k+1]])")
-        counts = offsets[::batch].diff()
-        limit = torch.repeat_interleave(self._rows_per_feature, counts, output_size=indices.numel())
-        bad = (indices < 0) | (indices >= limit)
-        if bool(bad.any()):
-            pos = int(bad.nonzero()[0])
-            feature = (
-                int(
-                    torch.searchsorted(offsets[::batch], torch.tensor(pos, device=offsets.device), right=True)
-                )
-                - 1
-            )
-            table = self.feature_table_map[feature]
-            raise EmbeddingIdError(
-                f"id {int(indices[pos])} (position {pos}, feature {feature}) is out of range for table "
-                f"{self.table_names[table]!r} with {self.rows[table]} rows: ids must be in [0, {self.rows[table]}). "
-                "Hash or take the id modulo num_embeddings, or enlarge the table."
-            )
-        return batch
+    @property
+    def id_check(self) -> str:
+        """How ids and offsets are checked: ``"sync"`` or ``"async"`` (see ``lightrec.kernels.input_checks``)."""
+        return self._input_checker.mode
+
+    def report_pending_errors(self) -> None:
+        """Raise now an input error that asynchronous id checks found in an earlier call (if any).
+
+        With ``id_check="async"`` a bad id is reported by the call after the one that carried it;
+        call this after the last batch (e.g. at the end of an epoch) to hear about that one too.
+        It does not wait for the device: checks whose result has not arrived stay pending.
+        """
+        self._input_checker.report_pending()
 
     def _run(self, indices: torch.Tensor, offsets: torch.Tensor, psw: torch.Tensor | None) -> torch.Tensor:
-        batch = self._check_inputs(indices, offsets, psw)
-        indices, offsets = indices.long(), offsets.long()
+        checker = self._input_checker
+        if checker.mode == "async":
+            checker.report_pending()
+        batch = checker.check_shapes(indices, offsets, psw)
+        singletons = None
+        if checker.mode == "sync":
+            # The torch backend's one-id-per-bag fast path learns its answer in the same host read.
+            want = self.backend_name == "torch" and self.pooling != PoolingType.NONE
+            singletons = checker.check_values(indices, offsets, batch, want_singletons=want)
+        if self.backend_name != "triton":  # the Triton kernels read int32 and int64 ids as they are
+            indices, offsets = indices.long(), offsets.long()
         fused = self._fused_optimizer is not None
         inputs = [self._placeholder] if fused else list(self.weights.values())
         lr = (lambda: self._fused_optimizer.param_groups[0]["lr"]) if fused else (lambda: 0.0)  # type: ignore[union-attr]
@@ -329,7 +333,13 @@ class _BatchedLookupBase(nn.Module):
             # parameters in the same order on every rank (data-parallel replicas all-reduce their
             # gradient there, so a rank with no samples must join, in step with the others).
             return _EmptyLookup.apply(rows, width, self._placeholder.device, *inputs)
-        return self._backend.lookup(indices, offsets, psw, batch, inputs, lr)
+        if self.backend_name == "torch":
+            out = self._backend.lookup(indices, offsets, psw, batch, inputs, lr, singletons)
+        else:
+            out = self._backend.lookup(indices, offsets, psw, batch, inputs, lr)
+        if checker.mode == "async":
+            checker.arm(self._backend.error_flag, indices, offsets, batch)
+        return out
 
     def extra_repr(self) -> str:
         opt = (
@@ -339,8 +349,23 @@ class _BatchedLookupBase(nn.Module):
         )
         return (
             f"tables={self.table_names}, rows={self.rows}, dims={self.dims}, features={self.num_features}, "
-            f"pooling={self.pooling.name}, backend='{self.backend_name}', optimizer={opt}"
+            f"pooling={self.pooling.name}, backend='{self.backend_name}', optimizer={opt}, "
+            f"id_check='{self.id_check}'"
         )
+
+
+def _id_check_mode(id_check: str, backend: str, device: torch.device) -> str:
+    """``"auto"``: asynchronous (device-side) checks for the Triton backend on CUDA, else ``"sync"``."""
+    if id_check not in ID_CHECK_MODES:
+        raise ValueError(f"id_check must be one of {ID_CHECK_MODES}, got {id_check!r}")
+    if id_check == "async" and backend != "triton":
+        raise ValueError(
+            f"id_check='async' needs the Triton backend (its kernels skip bad ids; the {backend!r} backend "
+            "would read out of bounds); use id_check='sync' or backend='triton'"
+        )
+    if id_check == "auto":
+        return "async" if backend == "triton" and device.type == "cuda" else "sync"
+    return id_check
 
 
 class BatchedEmbeddingBag(_BatchedLookupBase):
@@ -353,11 +378,16 @@ class BatchedEmbeddingBag(_BatchedLookupBase):
         pooling: ``PoolingType.SUM`` or ``PoolingType.MEAN``.
         optimizer: fused optimizer (``FusedOptimizerSpec`` or torchrec ``fused_params`` dict), or
             None for plain autograd gradients on ``weights.<table>``.
-        backend: ``"auto"`` (fbgemm when it supports the configuration, else torch), ``"fbgemm"``
-            or ``"torch"``.
+        backend: ``"auto"`` (fbgemm when it supports the configuration; else triton on CUDA;
+            else torch), ``"fbgemm"``, ``"triton"`` (CUDA, or CPU under ``TRITON_INTERPRET=1``)
+            or ``"torch"``. ``select_backend`` documents the rule; ``backend_name`` says which runs.
         device: where the tables live.
         optimizer_param_names: names under which ``fused_optimizer`` checkpoints each table
             (default ``weights.<table>``); collections pass ``embedding_bags.<table>.weight``.
+        id_check: ``"sync"`` (ids and offsets checked before the kernel, one host read per call),
+            ``"async"`` (Triton only: checked by the kernels on the device, no host read; an error
+            is raised by the next call or :meth:`report_pending_errors`) or ``"auto"`` (async for
+            Triton on CUDA, else sync). See ``lightrec.kernels.input_checks``.
 
     ``forward(indices [N], offsets [T*B+1], per_sample_weights [N] | None) -> [B, sum_f D_f]``.
     """
@@ -371,13 +401,14 @@ class BatchedEmbeddingBag(_BatchedLookupBase):
         backend: str = "auto",
         device: torch.device | str | None = None,
         optimizer_param_names: Sequence[str] | None = None,
+        id_check: str = "auto",
     ) -> None:
         if pooling not in (PoolingType.SUM, PoolingType.MEAN):
             raise ValueError(
                 f"BatchedEmbeddingBag pools with SUM or MEAN, got {pooling}; use BatchedEmbedding for NONE"
             )
         super().__init__(
-            tables, feature_table_map, pooling, optimizer, backend, device, optimizer_param_names
+            tables, feature_table_map, pooling, optimizer, backend, device, optimizer_param_names, id_check
         )
 
     def forward(
@@ -402,12 +433,20 @@ class BatchedEmbedding(_BatchedLookupBase):
         backend: str = "auto",
         device: torch.device | str | None = None,
         optimizer_param_names: Sequence[str] | None = None,
+        id_check: str = "auto",
     ) -> None:
         dims = {s.embedding_dim for s in _table_specs(tables)}
         if len(dims) > 1:
             raise ValueError(f"BatchedEmbedding tables must share one embedding_dim, got {sorted(dims)}")
         super().__init__(
-            tables, feature_table_map, PoolingType.NONE, optimizer, backend, device, optimizer_param_names
+            tables,
+            feature_table_map,
+            PoolingType.NONE,
+            optimizer,
+            backend,
+            device,
+            optimizer_param_names,
+            id_check,
         )
 
     def forward(self, indices: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ import torch
 
 from lightrec.optim.fused_spec import EmbOptimType, FusedOptimizerSpec, WeightDecayMode
 
-__all__ = ["accumulate_rows", "apply_sparse_update", "needs_dedup"]
+__all__ = ["accumulate_rows", "adam_bias_corrections", "apply_sparse_update", "needs_dedup"]
 
 
 def needs_dedup(spec: FusedOptimizerSpec) -> bool:
@@ -37,11 +37,22 @@ def accumulate_rows(ids: torch.Tensor, contrib: torch.Tensor) -> tuple[torch.Ten
     return rows, grad
 
 
+def adam_bias_corrections(step: torch.Tensor, beta1: float, beta2: float) -> torch.Tensor:
+    """``[1 - beta1**t, 1 - beta2**t]`` (float64, on ``step``'s device) for the step count ``t``.
+
+    Computed on the device from the step tensor, so no host read of ``t`` is needed (a ``.item()``
+    would stall a CUDA stream once per backward); cast to the weights' dtype it equals the host's
+    ``1.0 - beta1**t`` in Python.
+    """
+    t = step.detach().to(torch.float64)
+    return torch.stack([1.0 - beta1**t, 1.0 - beta2**t])
+
+
 @torch.no_grad()
 def apply_sparse_update(
     spec: FusedOptimizerSpec,
     lr: float,
-    step: int,
+    step: int | torch.Tensor,
     weight: torch.Tensor,
     states: dict[str, torch.Tensor],
     ids: torch.Tensor,
@@ -52,7 +63,8 @@ def apply_sparse_update(
     Args:
         spec: optimizer kind and hyper-parameters (``lr`` overrides ``spec.learning_rate``).
         lr: current learning rate (a scheduler may have changed it).
-        step: 1-based count of updates of this module so far (Adam bias correction).
+        step: 1-based count of updates of this module so far (Adam bias correction); a tensor is
+            read on its device (no host sync).
         weight: ``[R, D]`` storage rows.
         states: ``{"momentum1": [R] or [R, D], "momentum2": [R, D]}`` aligned with ``weight``.
         ids: ``[N]`` storage rows, possibly repeated.
@@ -86,8 +98,11 @@ def apply_sparse_update(
         m2 = m2_all.index_select(0, rows).mul_(spec.beta2).addcmul_(grad, grad, value=1.0 - spec.beta2)
         m1_all.index_copy_(0, rows, m1)
         m2_all.index_copy_(0, rows, m2)
-        bias1 = 1.0 - spec.beta1**step
-        bias2 = 1.0 - spec.beta2**step
+        if isinstance(step, torch.Tensor):
+            bias = adam_bias_corrections(step, spec.beta1, spec.beta2).to(m1.device)
+            bias1, bias2 = bias[0].to(m1.dtype), bias[1].to(m1.dtype)
+        else:
+            bias1, bias2 = 1.0 - spec.beta1**step, 1.0 - spec.beta2**step  # type: ignore[assignment]
         update = lr * (m1 / bias1) / ((m2 / bias2).sqrt() + spec.eps)
     else:  # EmbOptimType is closed; a new member must be taught here.
         raise ValueError(f"no sparse update rule for optimizer {kind}")

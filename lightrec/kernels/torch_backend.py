@@ -62,7 +62,9 @@ class TorchBatchedLookup:
     ) -> None:
         self.rows, self.dims, self.ftm = list(rows), list(dims), list(feature_table_map)
         self.pooling, self.spec = pooling, spec
-        self.step = torch.zeros((), dtype=torch.float32)  # backward passes so far (Adam's t)
+        # Backward passes so far (Adam's t). It lives with the weights and is read on the device, so a
+        # CUDA backward needs no host sync for it.
+        self.step = torch.zeros((), dtype=torch.float32, device=device)
         self.row_offset = [0] * len(self.rows)
         self.table_group = [0] * len(self.rows)
         self.groups: list[_DimGroup] = []
@@ -118,6 +120,7 @@ class TorchBatchedLookup:
             g.weight = fn(g.weight)
             g.states = {k: fn(v) for k, v in g.states.items()}
         self.feature_shift = self.feature_shift.to(self.groups[0].weight.device)
+        self.step = self.step.to(self.groups[0].weight.device)
 
     # ---- lookup -------------------------------------------------------------------------------
 
@@ -156,18 +159,29 @@ class TorchBatchedLookup:
         batch: int,
         weight_inputs: Sequence[torch.Tensor],
         lr: Callable[[], float],
+        singletons: bool | None = None,
     ) -> torch.Tensor:
-        """Pooled ``[B, sum D]`` (features in order) or unpooled ``[N, D]`` output."""
-        return _LookupFunction.apply(self, indices, offsets, per_sample_weights, batch, lr, *weight_inputs)
+        """Pooled ``[B, sum D]`` (features in order) or unpooled ``[N, D]`` output.
+
+        ``singletons``: whether every bag holds one id, when the caller already knows (its input
+        check reads it with the id check, saving a host sync); None computes it here.
+        """
+        return _LookupFunction.apply(
+            self, indices, offsets, per_sample_weights, batch, lr, singletons, *weight_inputs
+        )
 
 
 class _LookupFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, backend: TorchBatchedLookup, indices, offsets, psw, batch, lr, *weight_inputs):  # noqa: ANN001, ANN205
+    def forward(
+        ctx, backend: TorchBatchedLookup, indices, offsets, psw, batch, lr, singletons, *weight_inputs
+    ):  # noqa: ANN001, ANN205
         pooled = backend.pooling != PoolingType.NONE
         ctx.backend, ctx.batch, ctx.lr = backend, batch, lr
         ctx.num_weight_inputs = len(weight_inputs)
-        if pooled and len(backend.groups) == 1 and _all_singletons(offsets, indices.numel()):
+        if singletons is None:
+            singletons = pooled and len(backend.groups) == 1 and _all_singletons(offsets, indices.numel())
+        if pooled and len(backend.groups) == 1 and singletons:
             # One id per bag (the common "one id per feature" batch): pooling is a row gather. Reading
             # the ids sample-major makes the gather land directly in the [B, T*D] output layout,
             # saving the feature-major -> sample-major transposes of output and gradient.
@@ -220,7 +234,7 @@ class _LookupFunction(torch.autograd.Function):
         fused = backend.spec is not None
         if fused:
             backend.step += 1
-            lr, step = float(ctx.lr()), int(backend.step.item())
+            lr, step = float(ctx.lr()), backend.step
         dense_grads = []
         for g, (ids, offs, w) in zip(backend.groups, ctx.saved, strict=True):
             if not pooled:
@@ -242,7 +256,7 @@ class _LookupFunction(torch.autograd.Function):
             for t, n in enumerate(backend.rows):
                 off = backend.row_offset[t]
                 weight_grads[t] = dense_grads[backend.table_group[t]][off : off + n]
-        return (None, None, None, None, None, None, *weight_grads)
+        return (None, None, None, None, None, None, None, *weight_grads)
 
 
 def _all_singletons(offsets: torch.Tensor, num_ids: int) -> bool:

@@ -1,0 +1,357 @@
+"""Triton batched lookup: fbgemm-style GPU kernels that need no fbgemm wheel.
+
+Storage (fbgemm TBE's layout): every table of the group lives in ONE flat weight buffer; table
+``t`` is the ``rows[t] x dims[t]`` row-major block starting at element ``woff[t]`` (rounded up to
+a multiple of 16 elements, so rows load 16 bytes at a time)::
+
+    weight  | table A: 10 x 4 | pad | table B: 7 x 8 | ...        [E] elements
+    global row ("key") of table t's row i = row_start[t] + i       (R rows in all)
+
+A lookup of every feature of the group is one launch of ``lookup_forward_kernel``; its backward is
+one ``torch.sort`` of the looked-up keys plus one launch of ``lookup_backward_kernel``, which sums
+each row's gradient straight from the output gradient and applies the fused optimizer (or writes
+a dense gradient when ``optimizer=None``). See :mod:`lightrec.kernels.triton_kernels`.
+
+No launch reads a device value on the host: grids come from host ints (batch, number of ids,
+number of features), the learning rate is the Python float of the fused optimizer, and Adam's
+step counter lives on the device.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from lightrec._triton import triton_device_reason
+from lightrec.kernels.sparse_update import adam_bias_corrections
+from lightrec.modules.embedding_configs import PoolingType
+from lightrec.optim.fused_spec import EmbOptimType, FusedOptimizerSpec, WeightDecayMode
+
+__all__ = ["LAUNCH_OVERRIDES", "TritonBatchedLookup", "triton_supports"]
+
+MAX_DIM = 2048  # widest row one program holds (BLOCK_D = next power of two of the widest dim)
+_TABLE_ALIGN = 16  # table starts in the flat buffer are multiples of this many elements
+# Tuning knobs read at every launch ({"forward_block_b", "backward_block_n", "num_warps"}), for
+# sweeps in benchmarks/bench_gpu.py; empty means the heuristics of ``_launch_config``.
+LAUNCH_OVERRIDES: dict[str, int] = {}
+
+
+def triton_supports(
+    spec: FusedOptimizerSpec | None,
+    device: torch.device,
+    dims: Sequence[int],
+    pooling: PoolingType,
+    feature_table_map: Sequence[int],
+) -> str | None:
+    """None when the Triton backend can serve this configuration, else the reason it cannot.
+
+    Every optimizer, weight-decay mode and pooling is served; the limits are the device (CUDA, or
+    CPU under ``TRITON_INTERPRET=1``) and the row width (at most ``MAX_DIM``).
+    """
+    reason = triton_device_reason(device)
+    if reason is not None:
+        return reason
+    if max(dims) > MAX_DIM:
+        return f"the Triton kernels hold rows of at most {MAX_DIM} elements, got dims {list(dims)}"
+    return None
+
+
+@dataclass(frozen=True)
+class _LaunchConfig:
+    forward_block_b: int  # bags per forward program
+    backward_block_n: int  # sorted ids per backward program
+    num_warps: int
+
+
+def _launch_config(block_d: int) -> _LaunchConfig:
+    """Tiles of ~4k elements forward (16 KiB of fp32 rows in flight per step) and ~2k backward."""
+    forward = max(1, min(64, 4096 // block_d))
+    backward = max(1, min(64, 2048 // block_d))
+    warps = 4 if block_d * forward >= 2048 else 2
+    return _LaunchConfig(
+        LAUNCH_OVERRIDES.get("forward_block_b", forward),
+        LAUNCH_OVERRIDES.get("backward_block_n", backward),
+        LAUNCH_OVERRIDES.get("num_warps", warps),
+    )
+
+
+def _next_power_of_two(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+class TritonBatchedLookup:
+    """Flat storage, Triton lookup and fused update of a group of tables.
+
+    Args: as :class:`lightrec.kernels.torch_backend.TorchBatchedLookup`.
+
+    Raises:
+        ValueError: ``triton_supports`` says the configuration cannot run here.
+    """
+
+    def __init__(
+        self,
+        rows: Sequence[int],
+        dims: Sequence[int],
+        feature_table_map: Sequence[int],
+        pooling: PoolingType,
+        spec: FusedOptimizerSpec | None,
+        device: torch.device,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        reason = triton_supports(spec, device, dims, pooling, feature_table_map)
+        if reason is not None:
+            raise ValueError(f"backend='triton' cannot serve this lookup: {reason}")
+        from lightrec.kernels import triton_kernels  # defines the kernels (reads TRITON_INTERPRET)
+
+        self._kernels = triton_kernels
+        self.rows, self.dims, self.ftm = list(rows), list(dims), list(feature_table_map)
+        self.pooling, self.spec = pooling, spec
+        self.woff, self.row_start = [], []
+        elements = total_rows = 0
+        for r, d in zip(self.rows, self.dims, strict=True):
+            elements = -(-elements // _TABLE_ALIGN) * _TABLE_ALIGN
+            self.woff.append(elements)
+            self.row_start.append(total_rows)
+            elements += r * d
+            total_rows += r
+        self.total_rows = total_rows
+        # Zero-filled: the padding between tables is never read, but must not hold NaNs either.
+        self.weight = torch.zeros(elements, device=device, dtype=dtype)
+        self.states = self._new_states(elements, total_rows, device)
+        self.step = torch.zeros((), dtype=torch.float32, device=device)  # backward passes (Adam's t)
+        self.error_flag = torch.zeros(1, dtype=torch.int32, device=device)
+        feature_dims = [self.dims[t] for t in self.ftm]
+        self.fixed_dim = feature_dims[0] if len(set(feature_dims)) == 1 else 0
+        self.vec = math.gcd(16, *self.dims)
+        self.block_d = _next_power_of_two(max(self.dims))
+        self.out_width = sum(feature_dims)
+        # Keys (global rows) sort faster as int32; total_rows itself marks a bad id.
+        self.key_dtype = torch.int32 if total_rows < 2**31 - 1 else torch.int64
+        self._meta_host = {
+            "woff": ([self.woff[t] for t in self.ftm], torch.int64),
+            "rows": ([self.rows[t] for t in self.ftm], torch.int64),
+            "key_base": ([self.row_start[t] for t in self.ftm], torch.int64),
+            "dim": (feature_dims, torch.int32),
+            "col": ([sum(feature_dims[:f]) for f in range(len(self.ftm))], torch.int32),
+        }
+        self.meta = {k: torch.tensor(v, dtype=dt, device=device) for k, (v, dt) in self._meta_host.items()}
+
+    def _new_states(self, elements: int, total_rows: int, device: torch.device) -> dict[str, torch.Tensor]:
+        if self.spec is None:
+            return {}
+        shape = (total_rows,) if self.spec.optimizer == EmbOptimType.ROWWISE_ADAGRAD else (elements,)
+        # Optimizer state stays float32 whatever the weights' dtype (fp16/bf16 weights keep fp32 sums).
+        return {
+            name: torch.zeros(shape, device=device, dtype=torch.float32) for name in self.spec.state_names
+        }
+
+    # ---- views -------------------------------------------------------------------------------
+
+    def table_weights(self) -> list[torch.Tensor]:
+        """``[rows, D]`` view of each table (aliases the flat buffer; in-place writes are visible)."""
+        flat = self.weight.detach()
+        return [
+            flat[o : o + r * d].view(r, d) for o, r, d in zip(self.woff, self.rows, self.dims, strict=True)
+        ]
+
+    def table_states(self) -> list[dict[str, torch.Tensor]]:
+        """Per table ``{state name: view}`` shaped like the torch backend's (``[rows]`` or ``[rows, D]``)."""
+        out = []
+        rowwise = self.spec is not None and self.spec.optimizer == EmbOptimType.ROWWISE_ADAGRAD
+        for t, (r, d) in enumerate(zip(self.rows, self.dims, strict=True)):
+            if rowwise:
+                st = {k: v[self.row_start[t] : self.row_start[t] + r] for k, v in self.states.items()}
+            else:
+                st = {k: v[self.woff[t] : self.woff[t] + r * d].view(r, d) for k, v in self.states.items()}
+            if self.spec is not None and self.spec.optimizer == EmbOptimType.ADAM:
+                st["step"] = self.step
+            out.append(st)
+        return out
+
+    def apply(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Convert the storage (``nn.Module._apply``); optimizer state and counters keep float32."""
+        self.weight = fn(self.weight)
+        device = self.weight.device
+        self.states = {k: v.to(device) for k, v in self.states.items()}
+        self.step = self.step.to(device)
+        self.error_flag = self.error_flag.to(device)
+        self.meta = {k: v.to(device) for k, v in self.meta.items()}
+
+    # ---- lookup -------------------------------------------------------------------------------
+
+    def _check_device(self) -> None:
+        reason = triton_device_reason(self.weight.device)
+        if reason is not None:
+            raise RuntimeError(f"this Triton-backed lookup now lives on {self.weight.device}: {reason}")
+        if self.weight.device.type == "cpu" and not isinstance(
+            self._kernels.lookup_forward_kernel, _interpreted_function_type()
+        ):
+            raise RuntimeError(
+                "TRITON_INTERPRET=1 was set after lightrec.kernels.triton_kernels was imported, so its "
+                "kernels are compiled for a GPU; set it before importing lightrec's Triton kernels"
+            )
+
+    def lookup(
+        self,
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+        per_sample_weights: torch.Tensor | None,
+        batch: int,
+        weight_inputs: Sequence[torch.Tensor],
+        lr: Callable[[], float],
+    ) -> torch.Tensor:
+        """Pooled ``[B, sum D]`` (features in order) or unpooled ``[N, D]`` output; int32/int64 ids."""
+        self._check_device()
+        training = torch.is_grad_enabled() and any(t.requires_grad for t in weight_inputs)
+        if not training:  # no backward will come: skip writing the per-id keys it would need
+            return self.forward(indices, offsets, per_sample_weights, batch, False)[0]
+        return _TritonLookupFunction.apply(
+            self, indices, offsets, per_sample_weights, batch, lr, *weight_inputs
+        )
+
+    def forward(
+        self,
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+        psw: torch.Tensor | None,
+        batch: int,
+        write_meta: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Run the forward kernel; returns ``(output, keys [N] | None, bags [N] | None)``."""
+        pooled = self.pooling != PoolingType.NONE
+        n = indices.numel()
+        device, dtype = self.weight.device, self.weight.dtype
+        out = torch.empty(
+            (batch, self.out_width) if pooled else (n, self.dims[0]), device=device, dtype=dtype
+        )
+        keys = torch.empty(n if write_meta else 0, device=device, dtype=self.key_dtype)
+        bags = torch.empty(n if write_meta else 0, device=device, dtype=torch.int32)
+        cfg = _launch_config(self.block_d)
+        grid = (-(-batch // cfg.forward_block_b), len(self.ftm))
+        with _on_device(device):
+            self._kernels.lookup_forward_kernel[grid](
+                self.weight, indices, offsets, psw if psw is not None else self.weight, out,
+                self.meta["woff"], self.meta["rows"], self.meta["key_base"], self.meta["dim"], self.meta["col"],
+                keys, bags, self.error_flag,
+                batch, n, out.stride(0), self.total_rows,
+                FIXED_D=self.fixed_dim, VEC=self.vec, BLOCK_B=cfg.forward_block_b, BLOCK_D=self.block_d,
+                POOLED=pooled, MEAN=self.pooling == PoolingType.MEAN, HAS_WEIGHTS=psw is not None,
+                WRITE_META=write_meta, ACC=_acc_dtype(dtype), num_warps=cfg.num_warps,
+            )  # fmt: skip
+        return out, (keys if write_meta else None), (bags if write_meta else None)
+
+    def backward(
+        self,
+        grad_out: torch.Tensor,
+        keys: torch.Tensor,
+        bags: torch.Tensor,
+        offsets: torch.Tensor,
+        psw: torch.Tensor | None,
+        batch: int,
+        lr: float,
+    ) -> torch.Tensor | None:
+        """Fused update in place (returns None), or the dense ``[E]`` gradient when ``spec is None``."""
+        k = self._kernels
+        spec = self.spec
+        dense = torch.zeros_like(self.weight) if spec is None else None
+        if spec is not None and spec.optimizer == EmbOptimType.ADAM:
+            self.step += 1
+            adam_bias = adam_bias_corrections(self.step, spec.beta1, spec.beta2)
+        else:
+            adam_bias = self.step  # not read
+        n = keys.numel()
+        if n == 0:
+            return dense
+        sorted_keys, order = torch.sort(keys, stable=True)
+        opt = (
+            k.OPT_DENSE_GRAD
+            if spec is None
+            else {
+                EmbOptimType.SGD: k.OPT_SGD,
+                EmbOptimType.ADAGRAD: k.OPT_ADAGRAD,
+                EmbOptimType.ROWWISE_ADAGRAD: k.OPT_ROWWISE_ADAGRAD,
+                EmbOptimType.ADAM: k.OPT_ADAM,
+            }[spec.optimizer]
+        )
+        mode = WeightDecayMode.NONE if spec is None else spec.weight_decay_mode
+        wd_mode = {
+            WeightDecayMode.NONE: k.WD_NONE,
+            WeightDecayMode.L2: k.WD_L2,
+            WeightDecayMode.DECOUPLED: k.WD_DECOUPLED,
+        }
+        wd = spec.weight_decay if spec is not None else 0.0
+        beta1 = spec.beta1 if spec is not None else 0.0
+        beta2 = spec.beta2 if spec is not None else 0.0
+        state1 = self.states.get("momentum1", self.weight)
+        state2 = self.states.get("momentum2", self.weight)
+        cfg = _launch_config(self.block_d)
+        grid = (-(-n // cfg.backward_block_n),)
+        with _on_device(self.weight.device):
+            k.lookup_backward_kernel[grid](
+                sorted_keys, order, bags, offsets, psw if psw is not None else self.weight, grad_out,
+                self.weight, state1, state2, dense if dense is not None else self.weight,
+                self.meta["woff"], self.meta["key_base"], self.meta["dim"], self.meta["col"], adam_bias,
+                n, batch, grad_out.stride(0), self.total_rows,
+                lr, spec.eps if spec is not None else 0.0, wd, 1.0 - lr * wd, beta1, 1.0 - beta1, beta2, 1.0 - beta2,
+                OPT=opt.value, WD_MODE=wd_mode[mode].value, FIXED_D=self.fixed_dim, VEC=self.vec,
+                BLOCK_N=cfg.backward_block_n, BLOCK_D=self.block_d, POOLED=self.pooling != PoolingType.NONE,
+                MEAN=self.pooling == PoolingType.MEAN, HAS_WEIGHTS=psw is not None,
+                ACC=_acc_dtype(self.weight.dtype), num_warps=cfg.num_warps,
+            )  # fmt: skip
+        return dense
+
+
+class _TritonLookupFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, backend: TritonBatchedLookup, indices, offsets, psw, batch, lr, *weight_inputs):  # noqa: ANN001, ANN205
+        out, keys, bags = backend.forward(indices, offsets, psw, batch, True)
+        ctx.backend, ctx.batch, ctx.lr = backend, batch, lr
+        ctx.num_weight_inputs = len(weight_inputs)
+        ctx.saved = (keys, bags, offsets, psw)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):  # noqa: ANN001, ANN205
+        backend: TritonBatchedLookup = ctx.backend
+        keys, bags, offsets, psw = ctx.saved
+        fused = backend.spec is not None
+        lr = float(ctx.lr()) if fused else 0.0
+        dense = backend.backward(grad_out.contiguous(), keys, bags, offsets, psw, ctx.batch, lr)
+        grads: list[torch.Tensor | None] = [None] * ctx.num_weight_inputs
+        if dense is not None:  # non-fused: per-table views of the dense gradient, as parameters' grads
+            for t, (o, r, d) in enumerate(zip(backend.woff, backend.rows, backend.dims, strict=True)):
+                grads[t] = dense[o : o + r * d].view(r, d)
+        return (None, None, None, None, None, None, *grads)
+
+
+def _acc_dtype(dtype: torch.dtype) -> Any:
+    """Arithmetic type of the kernels: float64 for float64 storage, float32 otherwise."""
+    import triton.language as tl
+
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def _interpreted_function_type() -> type:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return InterpretedFunction
+
+
+class _on_device:
+    """``torch.cuda.device(d)`` for CUDA tensors (Triton launches on the current device); no-op on CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._ctx = torch.cuda.device(device) if device.type == "cuda" else None
+
+    def __enter__(self) -> None:
+        if self._ctx is not None:
+            self._ctx.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._ctx is not None:
+            self._ctx.__exit__(*exc)
