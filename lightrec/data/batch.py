@@ -64,11 +64,20 @@ class Batch:
         """Number of samples ``B``."""
         return int(self.labels.shape[0])
 
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
-        """Copy to ``device`` (a pinned batch copies asynchronously with ``non_blocking=True``)."""
+    def to(self, device: torch.device | str, non_blocking: bool | None = None) -> Batch:
+        """Copy to ``device`` (tensors already there are kept, not copied).
+
+        ``non_blocking=None`` (the default) copies asynchronously whenever the target is a CUDA
+        device: host-to-device copies are safe to queue (from pinned memory they really overlap
+        compute; from pageable memory torch stages them), and Lightning's default
+        ``batch_to_device`` calls ``batch.to(device)`` without the flag. Pass ``False`` to wait.
+        """
+        device = torch.device(device)
+        if non_blocking is None:
+            non_blocking = device.type == "cuda"
         return Batch(
             dense_features=self.dense_features.to(device, non_blocking=non_blocking),
-            sparse_features=self.sparse_features.to(torch.device(device), non_blocking=non_blocking),
+            sparse_features=self.sparse_features.to(device, non_blocking=non_blocking),
             labels=self.labels.to(device, non_blocking=non_blocking),
         )
 

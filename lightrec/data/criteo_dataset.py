@@ -127,6 +127,7 @@ class CriteoMemmapDataset(Dataset):
             values=torch.from_numpy(np.ascontiguousarray(ids.T).reshape(-1).astype(np.int64)),
             lengths=torch.ones(len(self.keys) * b, dtype=torch.int32),
             stride=b,
+            length_per_key=[b] * len(self.keys),  # known here: lookups then need no host sync for it
         )
         return Batch(
             torch.from_numpy(np.array(dense, dtype=np.float32)),

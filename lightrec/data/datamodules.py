@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import lightning.pytorch as pl
 import numpy as np
+import torch
 from torch.utils.data import DataLoader, Dataset
 
 from lightrec.data.criteo import preprocess_criteo
@@ -27,10 +28,14 @@ __all__ = ["CriteoDataModule", "MovieLensDataModule", "SyntheticCriteo"]
 
 
 class _RankedDataModule(pl.LightningDataModule):
-    """Shared loader construction: rank-aware sampler, workers, pinning."""
+    """Shared loader construction: rank-aware sampler, workers, pinning.
+
+    ``pin_memory=None`` (the default) pins the loaders' batches when the attached trainer trains
+    on a CUDA device, so that ``Batch.to`` copies them asynchronously (see :class:`Batch`).
+    """
 
     def __init__(
-        self, num_workers: int, pin_memory: bool, shuffle: bool, seed: int, persistent_workers: bool
+        self, num_workers: int, pin_memory: bool | None, shuffle: bool, seed: int, persistent_workers: bool
     ) -> None:
         super().__init__()
         self.num_workers = num_workers
@@ -43,6 +48,17 @@ class _RankedDataModule(pl.LightningDataModule):
         """``(rank, world_size)`` this DataModule shards for."""
         return resolve_rank(self.trainer)
 
+    def pins_memory(self) -> bool:
+        """Whether the loaders pin batches: ``pin_memory``, or for None, whether training runs on CUDA."""
+        if self.pin_memory is not None:
+            return self.pin_memory
+        device = self.trainer_device()
+        return device is not None and device.type == "cuda"
+
+    def trainer_device(self) -> torch.device | None:
+        """The attached trainer's root device, or None (no trainer, or one without a strategy)."""
+        return getattr(getattr(self.trainer, "strategy", None), "root_device", None)
+
     def _loader(self, dataset: Dataset, shuffle: bool) -> DataLoader:
         rank, world = self.rank_and_world_size()
         return rank_dataloader(
@@ -52,7 +68,7 @@ class _RankedDataModule(pl.LightningDataModule):
             shuffle=shuffle,
             seed=self.seed,
             num_workers=self.num_workers,
-            pin_memory=self.pin_memory,
+            pin_memory=self.pins_memory(),
             persistent_workers=self.persistent_workers,
         )
 
@@ -70,8 +86,12 @@ class SyntheticCriteo(_RankedDataModule):
             see :class:`~lightrec.data.PlantedCriteoModel`.
         block_size: samples per generator seed (default ``batch_size``); keep it fixed to compare
             runs with different per-rank batch sizes sample for sample.
+        device: draw the batches with torch on this device instead of numpy on the host (e.g.
+            ``"cuda"``: the batch is made where it is consumed; no copy, no pinning). ``"auto"``
+            uses the attached trainer's device (each rank its own GPU). See ``SyntheticCriteoDataset``.
         shuffle: shuffle the order of training batches every epoch.
-        num_workers / pin_memory / persistent_workers: ``DataLoader`` settings.
+        num_workers / pin_memory / persistent_workers: ``DataLoader`` settings (``pin_memory=None``:
+            pin when training on CUDA and the batches are drawn on the host).
     """
 
     def __init__(
@@ -91,13 +111,20 @@ class SyntheticCriteo(_RankedDataModule):
         sparse_signal: float = 1.6,
         base_ctr: float = 0.25,
         block_size: int | None = None,
+        device: str | None = None,
         shuffle: bool = False,
         num_workers: int = 0,
-        pin_memory: bool = False,
+        pin_memory: bool | None = None,
         persistent_workers: bool = False,
     ) -> None:
         super().__init__(num_workers, pin_memory, shuffle, seed, persistent_workers)
+        if device is not None and device != "auto" and torch.device(device).type == "cuda" and num_workers > 0:
+            raise ValueError(
+                f"SyntheticCriteo(device={device!r}) draws batches on the GPU in the main process; "
+                f"use num_workers=0, got {num_workers}"
+            )
         self.save_hyperparameters()
+        self.device = device
         common: dict[str, Any] = dict(
             batch_size=batch_size, seed=seed, cardinalities=cardinalities, scale=scale,
             num_embeddings_cap=num_embeddings_cap, block_size=block_size, zipf_exponent=zipf_exponent,
@@ -111,6 +138,26 @@ class SyntheticCriteo(_RankedDataModule):
             "test": SyntheticCriteoDataset(num_batches=num_test_batches, split="test", **common),
         }
         self._bayes_auc: float | None = None
+        self._place_datasets(None if device == "auto" else device)
+
+    def _place_datasets(self, device: str | torch.device | None) -> None:
+        for dataset in self.datasets.values():
+            dataset.device = torch.device(device) if device is not None else None
+            dataset._sampler = None
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.device == "auto":  # the attached trainer's device, known once Lightning set it up
+            device = self.trainer_device()
+            if device is not None and device.type == "cuda" and self.num_workers > 0:
+                raise ValueError(
+                    f"SyntheticCriteo(device='auto') draws batches on {device} in the main process; "
+                    f"use num_workers=0, got {self.num_workers}"
+                )
+            self._place_datasets(device)
+
+    def pins_memory(self) -> bool:
+        # Batches drawn on a device are already there: nothing to pin.
+        return self.datasets["train"].device is None and super().pins_memory()
 
     @property
     def num_embeddings_per_feature(self) -> list[int]:
@@ -171,7 +218,7 @@ class CriteoDataModule(_RankedDataModule):
         shuffle: bool = True,
         seed: int = 0,
         num_workers: int = 0,
-        pin_memory: bool = False,
+        pin_memory: bool | None = None,
         persistent_workers: bool = False,
     ) -> None:
         super().__init__(num_workers, pin_memory, shuffle, seed, persistent_workers)
@@ -266,7 +313,7 @@ class MovieLensDataModule(_RankedDataModule):
         shuffle: bool = True,
         seed: int = 0,
         num_workers: int = 0,
-        pin_memory: bool = False,
+        pin_memory: bool | None = None,
         persistent_workers: bool = False,
     ) -> None:
         super().__init__(num_workers, pin_memory, shuffle, seed, persistent_workers)

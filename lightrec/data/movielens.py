@@ -304,6 +304,7 @@ class MovieLensDataset(Dataset):
             values=torch.from_numpy(np.concatenate(values).astype(np.int64)),
             lengths=torch.from_numpy(lengths),
             stride=b,
+            length_per_key=[b] * (len(self.keys) - 1) + [int(glen.sum())],  # host-known: no sync later
         )
         rating = d.rating[r]
         labels = (

@@ -40,6 +40,7 @@ from lightrec.data.criteo_spec import (
     resolve_cardinalities,
     table_configs,
 )
+from lightrec.data.device_synthetic import TorchPlantedSampler
 from lightrec.modules.embedding_configs import EmbeddingBagConfig
 from lightrec.sparse import KeyedJaggedTensor
 
@@ -197,6 +198,10 @@ class SyntheticCriteoDataset(Dataset):
         scale / num_embeddings_cap: shrink the tables (see :func:`resolve_cardinalities`).
         block_size: samples per generator seed; must divide ``batch_size`` (default: ``batch_size``).
             Keep it fixed to get identical samples under different per-rank batch sizes.
+        device: None (default) draws batches with numpy on the host; a device (``"cuda"``,
+            ``"cpu"``) draws them with torch right there (:mod:`lightrec.data.device_synthetic`):
+            same hidden model and Bayes AUC, another sample stream, no host-to-device copy, every
+            size host-known. Read a CUDA dataset in the main process (``num_workers=0``).
         **model_kwargs: ``zipf_exponent``, ``ids_per_feature``, ``ids_distribution``,
             ``dense_signal``, ``sparse_signal``, ``base_ctr`` of :class:`PlantedCriteoModel`.
     """
@@ -211,6 +216,7 @@ class SyntheticCriteoDataset(Dataset):
         scale: float = 1.0,
         num_embeddings_cap: int | None = None,
         block_size: int | None = None,
+        device: torch.device | str | None = None,
         **model_kwargs: object,
     ) -> None:
         if batch_size < 1:
@@ -228,6 +234,8 @@ class SyntheticCriteoDataset(Dataset):
         self.num_embeddings_per_feature = resolve_cardinalities(cardinalities, scale, num_embeddings_cap)
         self.model = PlantedCriteoModel(seed, self.num_embeddings_per_feature, **model_kwargs)  # type: ignore[arg-type]
         self.keys = list(DEFAULT_CAT_NAMES)
+        self.device = torch.device(device) if device is not None else None
+        self._sampler: TorchPlantedSampler | None = None  # built on first use (device tensors)
 
     def __len__(self) -> int:
         return self.num_batches
@@ -243,25 +251,64 @@ class SyntheticCriteoDataset(Dataset):
         ]
 
     def __getitem__(self, index: int) -> Batch:
+        if self.device is not None:
+            return self._device_batch(index)[0]
         return self._to_batch(self._blocks(index))
 
     def batch_with_probabilities(self, index: int) -> tuple[Batch, torch.Tensor]:
         """Batch ``index`` and the true click probability of each of its samples ``[B]`` (float64)."""
+        if self.device is not None:
+            batch, logit = self._device_batch(index)
+            return batch, torch.sigmoid(logit)
         blocks = self._blocks(index)
         logit = np.concatenate([b.logit for b in blocks])
         return self._to_batch(blocks), torch.from_numpy(_sigmoid(logit))
+
+    def _device_batch(self, index: int) -> tuple[Batch, torch.Tensor]:
+        """Batch ``index`` drawn on ``self.device`` and its logits ``[B]`` (see ``device``)."""
+        if not 0 <= index < self.num_batches:
+            raise IndexError(
+                f"batch index {index} is out of range for {self.num_batches} batches of split {self.split!r}"
+            )
+        if self._sampler is None:
+            assert self.device is not None
+            self._sampler = TorchPlantedSampler(self.model, self.device)
+        per = self.batch_size // self.block_size
+        blocks = [self._sampler.generate(self._split_code, index * per + j, self.block_size) for j in range(per)]
+        if len(blocks) == 1:
+            values, ids_per_key = blocks[0].values, blocks[0].ids_per_key
+        else:  # key-major over the whole batch: each key's ids of block 0, then block 1, ...
+            pieces = [b.values.split(b.ids_per_key) for b in blocks]
+            values = torch.cat([p[f] for f in range(CAT_FEATURE_COUNT) for p in pieces])
+            ids_per_key = [sum(b.ids_per_key[f] for b in blocks) for f in range(CAT_FEATURE_COUNT)]
+        kjt = KeyedJaggedTensor(
+            keys=self.keys,
+            values=values,
+            lengths=torch.cat([b.lengths for b in blocks], dim=1).reshape(-1),
+            stride=self.batch_size,
+            length_per_key=ids_per_key,
+        )
+        batch = Batch(torch.cat([b.dense for b in blocks]), kjt, torch.cat([b.labels for b in blocks]))
+        return batch, torch.cat([b.logit for b in blocks])
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_sampler"] = None  # rebuilt where the dataset is used (e.g. in a loader worker)
+        return state
 
     def _to_batch(self, blocks: list[SampleBlock]) -> Batch:
         dense = np.concatenate([b.dense for b in blocks])
         labels = np.concatenate([b.labels for b in blocks])
         # Key-major KJT: all ids of cat_0 (block 0, block 1, ...), then cat_1, ...
         values = np.concatenate([b.ids[f] for f in range(CAT_FEATURE_COUNT) for b in blocks])
-        lengths = np.concatenate([b.lengths for b in blocks], axis=1).reshape(-1)
+        lengths = np.concatenate([b.lengths for b in blocks], axis=1)
         kjt = KeyedJaggedTensor(
             keys=self.keys,
             values=torch.from_numpy(values.astype(np.int64, copy=False)),
-            lengths=torch.from_numpy(lengths),
+            lengths=torch.from_numpy(lengths.reshape(-1)),
             stride=self.batch_size,
+            # Ids per key, known here on the host: lookups that need them then read no device value.
+            length_per_key=[int(n) for n in lengths.sum(axis=1)],
         )
         return Batch(torch.from_numpy(dense), kjt, torch.from_numpy(labels))
 

@@ -155,7 +155,8 @@ class FusedEmbeddingBagCollection(_FusedCollectionBase):
             ``FusedOptimizerSpec``.
         is_weighted: pool with the KJT's per-id weights.
         device: where the tables live.
-        backend: ``"auto"``, ``"fbgemm"`` or ``"torch"`` (see ``BatchedEmbeddingBag``).
+        backend: ``"auto"``, ``"fbgemm"``, ``"triton"`` or ``"torch"`` (see ``BatchedEmbeddingBag``).
+        id_check: ``"auto"``, ``"sync"`` or ``"async"`` (see ``BatchedEmbeddingBag``).
     """
 
     _attr = "embedding_bags"
@@ -170,6 +171,7 @@ class FusedEmbeddingBagCollection(_FusedCollectionBase):
         is_weighted: bool = False,
         device: torch.device | str | None = None,
         backend: str = "auto",
+        id_check: str = "auto",
     ) -> None:
         for t in tables:
             if not isinstance(t, EmbeddingBagConfig):
@@ -191,20 +193,24 @@ class FusedEmbeddingBagCollection(_FusedCollectionBase):
                 backend,
                 device,
                 optimizer_param_names=self._param_names(group),
+                id_check=id_check,
             )
             self._add_lookup(lookup, group)
             self._group_features.append([f for t in group for f in t.feature_names])
         self._lookup_order = [f for g in self._group_features for f in g]
         self._dims = {f: t.embedding_dim for t in tables for f in t.feature_names}
         # Column permutation from lookup order back to table order (None when already in order).
-        self._out_perm: torch.Tensor | None = None
+        # A buffer, so it moves with the module: copying it to the device at every call would be a
+        # host-to-device copy (and a stall) per step.
+        out_perm: torch.Tensor | None = None
         if self._lookup_order != self._feature_names:
             starts, col = {}, 0
             for f in self._lookup_order:
                 starts[f], col = col, col + self._dims[f]
-            self._out_perm = torch.cat(
+            out_perm = torch.cat(
                 [torch.arange(starts[f], starts[f] + self._dims[f]) for f in self._feature_names]
-            )
+            ).to(self.device)
+        self.register_buffer("_out_perm", out_perm, persistent=False)
 
     def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
         return list(self._tables)  # type: ignore[arg-type]
@@ -222,18 +228,20 @@ class FusedEmbeddingBagCollection(_FusedCollectionBase):
                 "FusedEmbeddingBagCollection(is_weighted=True) needs a KeyedJaggedTensor with weights"
             )
         batch, lengths, values = kjt.stride(), kjt.lengths(), kjt.values()
-        offset_per_key = kjt.offset_per_key()
+        # With one lookup group its ids are all of values: no per-key sizes (a host sync when the
+        # KJT does not carry them) are needed.
+        offset_per_key = None if len(self._lookups) == 1 else kjt.offset_per_key()
         outs, first = [], 0
         for lookup, group in zip(self._lookups, self._group_features, strict=True):
             last = first + len(group)
-            lo, hi = offset_per_key[first], offset_per_key[last]
+            lo, hi = (0, values.numel()) if offset_per_key is None else (offset_per_key[first], offset_per_key[last])
             group_lengths = lengths[first * batch : last * batch]
             offsets = complete_cumsum(group_lengths)
             outs.append(lookup(values[lo:hi], offsets, weights[lo:hi] if weights is not None else None))
             first = last
         pooled = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
         if self._out_perm is not None:
-            pooled = pooled.index_select(1, self._out_perm.to(pooled.device))
+            pooled = pooled.index_select(1, self._out_perm)
         return KeyedTensor(
             keys=list(self._feature_names),
             length_per_key=[self._dims[f] for f in self._feature_names],
@@ -296,6 +304,7 @@ class FusedEmbeddingCollection(_FusedCollectionBase):
         fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None,
         device: torch.device | str | None = None,
         backend: str = "auto",
+        id_check: str = "auto",
     ) -> None:
         for t in tables:
             if not isinstance(t, EmbeddingConfig):
@@ -304,7 +313,9 @@ class FusedEmbeddingCollection(_FusedCollectionBase):
                 )
         super().__init__(tables, _resolve_spec(optimizer_type, optimizer_kwargs, fused_params))
         ftm = [i for i, t in enumerate(tables) for _ in t.feature_names]
-        lookup = BatchedEmbedding(tables, ftm, self._spec, backend, device, self._param_names(tables))
+        lookup = BatchedEmbedding(
+            tables, ftm, self._spec, backend, device, self._param_names(tables), id_check=id_check
+        )
         self._add_lookup(lookup, tables)
 
     def embedding_configs(self) -> list[EmbeddingConfig]:
