@@ -29,6 +29,7 @@ from torch.fx._symbolic_trace import is_fx_symbolic_tracing as is_fx_tracing
 from lightrec.inference.quant_embedding_modules import (
     QuantTable,
     _float_weight,
+    resolve_quant_kernel,
     set_stored_table,
     storage_configs,
 )
@@ -59,6 +60,8 @@ class QuantEmbeddingCollection(nn.Module):
         row_alignment: stored rows are padded to a multiple of this many bytes (16, like torchrec).
         bounds_check: ``"error"`` (default), ``"clamp"`` or ``"skip"`` for ids outside a table.
         use_fbgemm: force (True) or forbid (False) fbgemm's kernel; None uses it when it imports.
+        backend: ``"auto"``, ``"fbgemm"``, ``"triton"`` or ``"torch"`` lookups (overrides ``use_fbgemm``;
+            see ``resolve_quant_kernel``). ``kernel`` says which runs.
 
     The tables are zero until filled: use :meth:`from_float`, :meth:`set_float_weight`, or
     ``load_state_dict`` with a state dict of this module.
@@ -75,6 +78,7 @@ class QuantEmbeddingCollection(nn.Module):
         row_alignment: int = DEFAULT_ROW_ALIGNMENT,
         bounds_check: str = "error",
         use_fbgemm: bool | None = None,
+        backend: str | None = None,
     ) -> None:
         super().__init__()
         self._feature_order, self._embedding_configs = storage_configs(
@@ -88,7 +92,8 @@ class QuantEmbeddingCollection(nn.Module):
             self.embeddings[t.name] = QuantTable(
                 t.num_embeddings, row_size_in_bytes(t.embedding_dim, dt, row_alignment), device
             )
-        self._kernel = make_sequence_kernel(use_fbgemm, row_alignment)
+        self.kernel = resolve_quant_kernel(backend, use_fbgemm, device)
+        self._kernel = make_sequence_kernel(self.kernel, row_alignment)
         self._table_features: List[List[str]] = [list(t.feature_names) for t in tables]
         self._table_rows: List[int] = [t.num_embeddings for t in tables]
         self._table_dims: List[int] = [t.embedding_dim for t in tables]
@@ -105,13 +110,14 @@ class QuantEmbeddingCollection(nn.Module):
         use_fbgemm: bool | None = None,
         state_dict: dict[str, torch.Tensor] | None = None,
         prefix: str = "",
+        backend: str | None = None,
     ) -> "QuantEmbeddingCollection":
         """Quantize a float ``EmbeddingCollection`` (``torch.ao.quantization`` calls this).
 
         Args:
             module: the float collection (read only; weights may come from ``state_dict`` instead).
             dtype: storage type; when None, read from ``module.qconfig`` (a ``QuantConfig``).
-            per_table, row_alignment, use_fbgemm: as in the constructor.
+            per_table, row_alignment, use_fbgemm, backend: as in the constructor.
             state_dict / prefix: take table ``t`` from ``state_dict[prefix + "embeddings.t.weight"]``.
 
         Raises:
@@ -129,7 +135,8 @@ class QuantEmbeddingCollection(nn.Module):
         tables = list(get_configs())
         first = _float_weight(module, state_dict, prefix, tables[0], attr="embeddings")
         quantized = cls(tables, device=first.device, dtype=dtype, per_table=per_table, row_alignment=row_alignment,
-                        bounds_check=getattr(module, "_bounds_check", "error"), use_fbgemm=use_fbgemm)
+                        bounds_check=getattr(module, "_bounds_check", "error"), use_fbgemm=use_fbgemm,
+                        backend=backend)
         for t in tables:
             quantized.set_float_weight(t.name, _float_weight(module, state_dict, prefix, t, attr="embeddings"))
         return quantized
@@ -202,4 +209,5 @@ class QuantEmbeddingCollection(nn.Module):
 
     def extra_repr(self) -> str:
         kinds = sorted({str(t.data_type) for t in self._embedding_configs})
-        return f"dtype={'/'.join(kinds)}, bounds_check={self._bounds_check!r}, row_alignment={self._row_alignment}"
+        return (f"dtype={'/'.join(kinds)}, bounds_check={self._bounds_check!r}, row_alignment={self._row_alignment}, "
+                f"kernel='{self.kernel}'")

@@ -23,7 +23,6 @@ import torch
 from torch import nn
 from torch.fx._symbolic_trace import is_fx_symbolic_tracing as is_fx_tracing
 
-from lightrec._fbgemm import fbgemm_available
 from lightrec.inference.host_memory import allocate_host_buffer
 from lightrec.inference.quant_rows import (
     DEFAULT_ROW_ALIGNMENT,
@@ -46,23 +45,46 @@ __all__ = ["QuantEmbeddingBagCollection", "QuantTable", "set_stored_table"]
 torch.fx.wrap("check_ids_by_table")
 
 
-def _resolve_use_fbgemm(use_fbgemm: bool | None) -> bool:
-    """fbgemm's kernel when asked (or, for None, whenever it imports); torch otherwise.
+QUANT_KERNELS = ("auto", "fbgemm", "triton", "torch")
+
+
+def resolve_quant_kernel(backend: str | None, use_fbgemm: bool | None, device: torch.device | str | None) -> str:
+    """Which kernel serves a quantized collection: ``"fbgemm"``, ``"triton"`` or ``"torch"``.
+
+    ``backend`` (``"auto"``, ``"fbgemm"``, ``"triton"``, ``"torch"``) wins; without it the older
+    ``use_fbgemm`` says ``"fbgemm"`` (True), ``"torch"`` (False) or ``"auto"`` (None). ``"auto"``:
+    fbgemm's IntN op when it imports; else, on CUDA, the Triton kernel when triton imports; else
+    torch. All three give the same numbers (see :mod:`lightrec.inference.kernels`).
 
     Raises:
-        RuntimeError: ``use_fbgemm=True`` but fbgemm_gpu cannot be used here.
+        ValueError: unknown or conflicting choice, or ``"triton"`` where it cannot run.
+        RuntimeError: ``"fbgemm"`` but fbgemm_gpu cannot be used here.
     """
-    if use_fbgemm is None:
-        return fbgemm_available()
-    if use_fbgemm:
-        from lightrec._fbgemm import fbgemm_unavailable_reason, has_fbgemm_op
+    from lightrec._fbgemm import fbgemm_unavailable_reason, has_fbgemm_op
+    from lightrec._triton import triton_device_reason
 
-        if not has_fbgemm_op("int_nbit_split_embedding_codegen_lookup_function"):
-            raise RuntimeError(
-                f"use_fbgemm=True but fbgemm's IntN lookup is unavailable ({fbgemm_unavailable_reason()}); "
-                "pass use_fbgemm=None or False to use the pure-torch kernel (same results)"
-            )
-    return bool(use_fbgemm)
+    if backend is None:
+        backend = "auto" if use_fbgemm is None else ("fbgemm" if use_fbgemm else "torch")
+    elif backend not in QUANT_KERNELS:
+        raise ValueError(f"backend must be one of {QUANT_KERNELS}, got {backend!r}")
+    elif use_fbgemm is not None and backend != ("fbgemm" if use_fbgemm else "torch"):
+        raise ValueError(f"use_fbgemm={use_fbgemm} contradicts backend={backend!r}; pass only backend=...")
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    fbgemm_op = has_fbgemm_op("int_nbit_split_embedding_codegen_lookup_function")
+    if backend == "fbgemm" and not fbgemm_op:
+        raise RuntimeError(
+            f"backend='fbgemm' (use_fbgemm=True) but fbgemm's IntN lookup is unavailable ({fbgemm_unavailable_reason()}); "
+            "use backend='auto', 'triton' or 'torch' (same results)"
+        )
+    if backend == "triton":
+        reason = triton_device_reason(device)
+        if reason is not None:
+            raise ValueError(f"backend='triton' cannot serve quantized lookups here: {reason}")
+    if backend != "auto":
+        return backend
+    if fbgemm_op:
+        return "fbgemm"
+    return "triton" if device.type == "cuda" and triton_device_reason(device) is None else "torch"
 
 
 class QuantTable(nn.Module):
@@ -133,6 +155,8 @@ class QuantEmbeddingBagCollection(nn.Module):
         row_alignment: stored rows are padded to a multiple of this many bytes (16, like torchrec).
         bounds_check: ``"error"`` (default), ``"clamp"`` or ``"skip"`` for ids outside a table.
         use_fbgemm: force (True) or forbid (False) fbgemm's kernel; None uses it when it imports.
+        backend: ``"auto"``, ``"fbgemm"``, ``"triton"`` or ``"torch"`` lookups (overrides
+            ``use_fbgemm``; see :func:`resolve_quant_kernel`). ``kernel`` says which runs.
 
     The tables are zero until filled: use :meth:`from_float`, :meth:`set_float_weight`, or
     ``load_state_dict`` with a state dict of this module.
@@ -150,6 +174,7 @@ class QuantEmbeddingBagCollection(nn.Module):
         row_alignment: int = DEFAULT_ROW_ALIGNMENT,
         bounds_check: str = "error",
         use_fbgemm: bool | None = None,
+        backend: str | None = None,
     ) -> None:
         super().__init__()
         self._feature_order, self._embedding_bag_configs = storage_configs(
@@ -174,8 +199,8 @@ class QuantEmbeddingBagCollection(nn.Module):
         self.embedding_bags = nn.ModuleDict()
         for t, spec in zip(tables, specs):
             self.embedding_bags[t.name] = QuantTable(spec.rows, spec.row_bytes, storage=self._table_view(spec))
-        self._use_fbgemm = _resolve_use_fbgemm(use_fbgemm)
-        self._groups = make_table_groups(specs, self._use_fbgemm, row_alignment, torch.device(device) if device else None)
+        self.kernel = resolve_quant_kernel(backend, use_fbgemm, device)
+        self._groups = make_table_groups(specs, self.kernel, row_alignment, torch.device(device) if device else None)
         self.register_load_state_dict_post_hook(QuantEmbeddingBagCollection._restore_views)
         self._embedding_names: List[str] = list(self._feature_order)
         self._lengths_per_embedding: List[int] = [t.embedding_dim for t in tables for _ in t.feature_names]
@@ -201,13 +226,14 @@ class QuantEmbeddingBagCollection(nn.Module):
         use_fbgemm: bool | None = None,
         state_dict: dict[str, torch.Tensor] | None = None,
         prefix: str = "",
+        backend: str | None = None,
     ) -> "QuantEmbeddingBagCollection":
         """Quantize a float ``EmbeddingBagCollection`` (``torch.ao.quantization`` calls this).
 
         Args:
             module: the float collection (read only; weights may come from ``state_dict`` instead).
             dtype: storage type; when None, read from ``module.qconfig`` (a ``QuantConfig``).
-            per_table, row_alignment, use_fbgemm: as in the constructor.
+            per_table, row_alignment, use_fbgemm, backend: as in the constructor.
             state_dict / prefix: take table ``t`` from ``state_dict[prefix + "embedding_bags.t.weight"]``
                 (full tables, e.g. gathered from a ``DistributedModelParallel``) instead of the module.
 
@@ -228,7 +254,8 @@ class QuantEmbeddingBagCollection(nn.Module):
         is_weighted = module.is_weighted() if callable(getattr(module, "is_weighted", None)) else False
         first = _float_weight(module, state_dict, prefix, tables[0])
         quantized = cls(tables, is_weighted=is_weighted, device=first.device, dtype=dtype, per_table=per_table,
-                        row_alignment=row_alignment, bounds_check=bounds_check, use_fbgemm=use_fbgemm)
+                        row_alignment=row_alignment, bounds_check=bounds_check, use_fbgemm=use_fbgemm,
+                        backend=backend)
         for t in tables:
             quantized.set_float_weight(t.name, _float_weight(module, state_dict, prefix, t))
         return quantized
@@ -353,7 +380,8 @@ class QuantEmbeddingBagCollection(nn.Module):
 
     def extra_repr(self) -> str:
         kinds = sorted({str(t.data_type) for t in self._embedding_bag_configs})
-        return f"dtype={'/'.join(kinds)}, is_weighted={self._is_weighted}, row_alignment={self._row_alignment}"
+        return (f"dtype={'/'.join(kinds)}, is_weighted={self._is_weighted}, row_alignment={self._row_alignment}, "
+                f"kernel='{self.kernel}'")
 
 
 def set_stored_table(

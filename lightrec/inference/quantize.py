@@ -84,6 +84,7 @@ def quantize(
     row_alignment: int = DEFAULT_ROW_ALIGNMENT,
     use_fbgemm: bool | None = None,
     dst: int | None = None,
+    backend: str | None = None,
 ) -> nn.Module | None:
     """Return a copy of ``model`` whose embedding collections are quantized.
 
@@ -97,6 +98,8 @@ def quantize(
         state_dict: full float state dict to take every weight from (tables and dense layers).
         row_alignment: stored rows are padded to this many bytes.
         use_fbgemm: lookup kernel choice (None: fbgemm when it imports; same results either way).
+        backend: ``"auto"``, ``"fbgemm"``, ``"triton"`` or ``"torch"`` lookups of the quantized
+            collections (overrides ``use_fbgemm``; see ``resolve_quant_kernel``).
         dst: sharded models only: the rank (in the sharding group) that receives the quantized
             copy; None gives every rank one. Ignored for unsharded models.
 
@@ -138,7 +141,7 @@ def quantize(
             cls = QuantEmbeddingBagCollection if f.pooled else QuantEmbeddingCollection
             replacement = cls.from_float(f.module, dtype=dtype, per_table=mine, row_alignment=row_alignment,
                                          use_fbgemm=use_fbgemm, state_dict=full_state,
-                                         prefix=f"{f.path}." if f.path else "")
+                                         prefix=f"{f.path}." if f.path else "", backend=backend)
         if replacement is not None:
             replacements[id(f.module)] = replacement
     if not receiving:

@@ -1,4 +1,5 @@
-"""Unpooled lookups over quantized rows: fbgemm's IntN TBE op (pooling NONE), or pure torch.
+"""Unpooled lookups over quantized rows: fbgemm's IntN TBE op (pooling NONE), pure torch, or the
+Triton kernel of :mod:`lightrec.inference.triton_lookup` (every id a bag of one).
 
 The sequence (``EmbeddingCollection``) counterpart of :mod:`lightrec.inference.kernels`: every id
 gets its own decoded row back, in input order::
@@ -19,11 +20,9 @@ Neither kernel has data-dependent control flow, so ``torch.export`` traces them 
 source (the scripted fp16 decode cannot be traced through ``Tensor.view(dtype)``).
 """
 
-from typing import Optional
 
 import torch
 
-from lightrec._fbgemm import fbgemm_available
 from lightrec.inference.kernels import fp16_bytes_to_float
 
 __all__ = [
@@ -117,21 +116,13 @@ class FbgemmSequenceKernel(torch.nn.Module):
         return sequence_lookup_fbgemm(weight, data_type, dim, ids, self.row_alignment)
 
 
-def make_sequence_kernel(use_fbgemm: Optional[bool], row_alignment: int) -> torch.nn.Module:
-    """The fbgemm kernel when ``use_fbgemm`` (or, when None, whenever fbgemm imports), else torch.
-
-    Raises:
-        RuntimeError: ``use_fbgemm=True`` but fbgemm_gpu cannot be used here.
-    """
-    if use_fbgemm is None:
-        use_fbgemm = fbgemm_available()
-    if use_fbgemm:
-        from lightrec._fbgemm import fbgemm_unavailable_reason, has_fbgemm_op
-
-        if not has_fbgemm_op("int_nbit_split_embedding_codegen_lookup_function"):
-            raise RuntimeError(
-                f"use_fbgemm=True but fbgemm's IntN lookup is unavailable ({fbgemm_unavailable_reason()}); "
-                "pass use_fbgemm=None or False to use the pure-torch kernel (same results)"
-            )
+def make_sequence_kernel(kernel: str, row_alignment: int) -> torch.nn.Module:
+    """The unpooled kernel module for ``kernel`` (``"fbgemm"``, ``"triton"`` or ``"torch"``, as
+    chosen by :func:`lightrec.inference.quant_embedding_modules.resolve_quant_kernel`)."""
+    if kernel == "fbgemm":
         return FbgemmSequenceKernel(row_alignment)
+    if kernel == "triton":
+        from lightrec.inference.triton_lookup import TritonSequenceKernel
+
+        return TritonSequenceKernel()
     return TorchSequenceKernel()

@@ -14,6 +14,8 @@ collection's order, so a group's ids are one contiguous run; ``value_offsets[t]`
 * :class:`FbgemmTableGroup`: **one** fbgemm IntN call for the whole group -- every feature is a
   TBE "table" pointing at its table's byte offset -- so a 26-table collection costs one kernel
   launch and no concatenation of per-table outputs;
+* :class:`TritonTableGroup`: the same single launch on lightrec's Triton dequantize-and-pool
+  kernel (:mod:`lightrec.inference.triton_lookup`), for CUDA without an fbgemm wheel;
 * :class:`TorchTableGroup`: the pure-torch kernel table by table on views of the flat buffer
   (bit-identical results, see :mod:`lightrec.inference.kernels`).
 
@@ -29,15 +31,28 @@ import torch
 from torch import nn
 
 from lightrec.inference.kernels import grouped_lookup_fbgemm, pooled_lookup_torch
+from lightrec.inference.triton_lookup import feature_meta
 from lightrec.modules.feature_checks import check_ids
 from lightrec.sparse._ops import complete_cumsum
 
-__all__ = ["FbgemmTableGroup", "TableSpec", "TorchTableGroup", "check_ids_by_table", "equal_rows_runs", "make_table_groups"]
+__all__ = ["FbgemmTableGroup", "TableSpec", "TorchTableGroup", "TritonTableGroup", "check_ids_by_table",
+           "equal_rows_runs", "make_table_groups"]
 
 # torch.fx.wrap patches the calling module's globals: the kernels are called from this module, so
 # they are wrapped here (one graph node each; their bodies hold data-dependent loops / fbgemm calls).
 torch.fx.wrap("pooled_lookup_torch")
 torch.fx.wrap("grouped_lookup_fbgemm")
+
+
+def grouped_lookup_triton(flat: torch.Tensor, meta: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor,
+                          per_sample_weights: Optional[torch.Tensor], total_d: int, max_d: int,
+                          mean: bool) -> torch.Tensor:
+    """The Triton custom op (``lightrec::triton_quant_pooled_lookup``) over a group of features."""
+    return torch.ops.lightrec.triton_quant_pooled_lookup(flat, meta, ids, offsets, per_sample_weights, total_d,
+                                                          max_d, mean)
+
+
+torch.fx.wrap("grouped_lookup_triton")
 
 
 class TableSpec:
@@ -118,6 +133,45 @@ class FbgemmTableGroup(nn.Module):
             flat, self.weights_offsets, self.weights_tys, self.d_offsets, self._total_d, self._max_int4_d,
             self._max_int8_d, self._max_fp16_d, ids, offsets, group_weights, self._mean, self._row_alignment,
         )  # fmt: skip
+
+
+class TritonTableGroup(nn.Module):
+    """Tables ``[first, last)`` of a collection, looked up with one launch of the Triton kernel.
+
+    Buffer (non-persistent, rebuilt by :meth:`reset_constants`): ``meta`` ``[F, 6]`` int64 (see
+    :func:`lightrec.inference.triton_lookup.feature_meta`).
+    """
+
+    def __init__(self, first: int, feature_first: int, tables: List[TableSpec],
+                 device: Optional[torch.device] = None) -> None:
+        super().__init__()
+        self._first = first
+        self._last = first + len(tables)
+        self._feature_first = feature_first
+        self._feature_last = feature_first + sum(t.num_features for t in tables)
+        self._columns = [[t.byte_offset, t.row_bytes, t.type_code, t.dim, t.rows]
+                         for t in tables for _ in range(t.num_features)]
+        self.reset_constants(device)
+        self._total_d = sum(c[3] for c in self._columns)
+        self._max_d = max(c[3] for c in self._columns)
+        self._mean = tables[0].mean
+
+    @torch.jit.unused
+    def reset_constants(self, device: Optional[torch.device]) -> None:
+        """(Re)build ``meta`` on ``device`` (the owning collection calls this after ``.to()``)."""
+        c = self._columns
+        self.register_buffer("meta", feature_meta([x[0] for x in c], [x[1] for x in c], [x[2] for x in c],
+                                                  [x[3] for x in c], [x[4] for x in c], device), persistent=False)
+
+    def forward(self, flat: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor,
+                weights: Optional[torch.Tensor], value_offsets: List[int], stride: int) -> torch.Tensor:
+        start, end = value_offsets[self._first], value_offsets[self._last]
+        group_weights: Optional[torch.Tensor] = None
+        if weights is not None:
+            group_weights = weights[start:end]
+        group_lengths = lengths[self._feature_first * stride : self._feature_last * stride]
+        return grouped_lookup_triton(flat, self.meta, values[start:end], complete_cumsum(group_lengths),
+                                     group_weights, self._total_d, self._max_d, self._mean)
 
 
 class TorchTableGroup(nn.Module):
@@ -219,10 +273,12 @@ def check_ids_by_table(
     return values
 
 
-def make_table_groups(tables: List[TableSpec], use_fbgemm: bool, row_alignment: int,
+def make_table_groups(tables: List[TableSpec], kernel: str, row_alignment: int,
                       device: Optional[torch.device] = None) -> nn.ModuleList:
     """One group per maximal run of consecutive tables with the same pooling, in table order
-    (so the groups' outputs, concatenated, are in the collection's feature order)."""
+    (so the groups' outputs, concatenated, are in the collection's feature order).
+
+    ``kernel``: ``"fbgemm"``, ``"triton"`` or ``"torch"`` (see ``resolve_quant_kernel``)."""
     groups = nn.ModuleList()
     first = 0
     feature_first = 0
@@ -231,8 +287,12 @@ def make_table_groups(tables: List[TableSpec], use_fbgemm: bool, row_alignment: 
         while last < len(tables) and tables[last].mean == tables[first].mean:
             last += 1
         run = tables[first:last]
-        groups.append(FbgemmTableGroup(first, feature_first, run, row_alignment, device) if use_fbgemm
-                      else TorchTableGroup(first, feature_first, run))
+        if kernel == "fbgemm":
+            groups.append(FbgemmTableGroup(first, feature_first, run, row_alignment, device))
+        elif kernel == "triton":
+            groups.append(TritonTableGroup(first, feature_first, run, device))
+        else:
+            groups.append(TorchTableGroup(first, feature_first, run))
         feature_first += sum(t.num_features for t in run)
         first = last
     return groups

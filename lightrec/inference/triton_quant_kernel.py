@@ -1,0 +1,93 @@
+"""Triton kernel: dequantize-and-pool of int8 / int4 / fp16 rows for a run of tables, one launch.
+
+Imported only when a Triton lookup runs (see :mod:`lightrec.inference.triton_lookup`). Layouts::
+
+    flat     [bytes] uint8      every table back to back, rows in fbgemm's layout (quant_rows)
+    flat16   [bytes / 2] fp16   the same buffer read two bytes at a time (scales, biases, fp16 rows)
+    meta     [F, 6] int64       per feature: byte offset of its table, row bytes, type code
+                                (1 fp16, 2 int8, 3 int4), dim, first output column, rows
+    ids      [N], offsets [F * B + 1], per_sample_weights [N] | None
+    out      [B, total_D] float32
+
+Program ``(i, f)`` pools bags ``f*B + i*BLOCK_B ...`` of feature ``f`` as a ``[BLOCK_B, BLOCK_D]``
+tile. Numerics are those of :mod:`lightrec.inference.kernels` (fbgemm's CPU kernel): per id in bag
+order ``acc = fma(s, q, acc + b)`` with fp16 scale/bias widened to fp32 (times the id's weight when
+weighted); fp16 rows ``acc = fma(w, x, acc)`` (``acc + x`` unweighted); MEAN multiplies by
+``fp32(1 / len)``. Ids outside their table read nothing (the collections check ids before).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__ = ["quant_pooled_kernel"]
+
+
+@triton.jit
+def quant_pooled_kernel(
+    flat_ptr,
+    flat16_ptr,
+    meta_ptr,
+    ids_ptr,
+    offsets_ptr,
+    psw_ptr,
+    out_ptr,
+    batch,
+    num_ids,
+    out_stride,
+    BLOCK_B: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    MEAN: tl.constexpr,
+    HAS_WEIGHTS: tl.constexpr,
+):
+    f = tl.program_id(1)
+    b = tl.program_id(0).to(tl.int64) * BLOCK_B + tl.arange(0, BLOCK_B)
+    in_batch = b < batch
+    bag = f.to(tl.int64) * batch + b
+    start = tl.load(offsets_ptr + bag, mask=in_batch, other=0).to(tl.int64)
+    end = tl.load(offsets_ptr + bag + 1, mask=in_batch, other=0).to(tl.int64)
+    start = tl.minimum(tl.maximum(start, 0), num_ids)
+    end = tl.minimum(tl.maximum(end, start), num_ids)
+    length = tl.where(in_batch, end - start, 0)
+    table = tl.load(meta_ptr + f * 6)
+    row_bytes = tl.load(meta_ptr + f * 6 + 1)
+    kind = tl.load(meta_ptr + f * 6 + 2)
+    dim = tl.load(meta_ptr + f * 6 + 3)
+    col = tl.load(meta_ptr + f * 6 + 4)
+    rows = tl.load(meta_ptr + f * 6 + 5)
+    cols = tl.arange(0, BLOCK_D)
+    col_ok = cols < dim
+    acc = tl.zeros([BLOCK_B, BLOCK_D], dtype=tl.float32)
+    for j in range(0, tl.max(length, axis=0)):
+        active = j < length
+        pos = start + j
+        idx = tl.load(ids_ptr + pos, mask=active, other=0).to(tl.int64)
+        ok = active & (idx >= 0) & (idx < rows)
+        row = table + idx * row_bytes  # byte offset of the row (even: rows are 16-byte aligned)
+        m = ok[:, None] & col_ok[None, :]
+        if HAS_WEIGHTS:
+            w = tl.load(psw_ptr + pos, mask=active, other=0.0).to(tl.float32)
+        else:
+            w = tl.full([BLOCK_B], 1.0, tl.float32)
+        if kind == 1:  # fp16 row
+            x = tl.load(flat16_ptr + (row // 2)[:, None] + cols[None, :], mask=m, other=0.0).to(tl.float32)
+            if HAS_WEIGHTS:
+                acc = tl.fma(w[:, None], x, acc)
+            else:
+                acc = acc + x
+        else:  # int8 / int4: fp16 scale and bias, then one byte (or nibble) per value
+            scale = tl.load(flat16_ptr + row // 2, mask=ok, other=0.0).to(tl.float32) * w
+            bias = tl.load(flat16_ptr + row // 2 + 1, mask=ok, other=0.0).to(tl.float32) * w
+            if kind == 2:
+                q = tl.load(flat_ptr + (row + 4)[:, None] + cols[None, :], mask=m, other=0)
+            else:
+                packed = tl.load(flat_ptr + (row + 4)[:, None] + (cols // 2)[None, :], mask=m, other=0)
+                q = tl.where((cols % 2 == 0)[None, :], packed & 15, packed >> 4)
+            bias2 = tl.where(m, bias[:, None], 0.0)
+            acc = tl.fma(scale[:, None], q.to(tl.float32), acc + bias2)
+    if MEAN:
+        inverse = tl.div_rn(tl.full([BLOCK_B], 1.0, tl.float32), tl.maximum(length, 1).to(tl.float32))
+        acc = acc * inverse[:, None]
+    dst = out_ptr + b[:, None] * out_stride + col + cols[None, :]
+    tl.store(dst, acc, mask=in_batch[:, None] & col_ok[None, :])

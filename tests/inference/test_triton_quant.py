@@ -1,0 +1,111 @@
+"""Quantized lookups on the Triton kernel: the same numbers as the torch kernel, bit for bit.
+
+Runs on CPU tensors under ``TRITON_INTERPRET=1`` (or on a GPU); see ``tests/triton_support.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import lightrec
+import lightrec.inference.quant_embedding_modules as quant_modules
+from lightrec._triton import triton_available
+from lightrec.inference import QuantEmbeddingBagCollection, QuantEmbeddingCollection, export, load, quantize
+from lightrec.inference.fx import symbolic_trace
+from lightrec.inference.quant_embedding_modules import resolve_quant_kernel
+from tests.inference import reference
+from tests.inference.helpers import dlrm, kjt, sequence_tables, tables
+from tests.triton_support import DEVICE, requires_triton
+
+KINDS = ["int8", "int4", "fp16", "mixed"]
+
+
+def _quantized(kind: str, weighted: bool, backend: str, mean_last: bool = True) -> QuantEmbeddingBagCollection:
+    torch.manual_seed(1)
+    ebc = lightrec.EmbeddingBagCollection(tables(mean_last=mean_last and kind != "mixed"), is_weighted=weighted)
+    with torch.no_grad():  # rows of very different ranges stress the fp16 scale and bias
+        for t in ebc.embedding_bags.values():
+            t.weight.mul_(torch.rand(t.weight.shape[0], 1) * 20)
+    per_table = {"t0": "int4", "t1": "fp16"} if kind == "mixed" else None
+    q = QuantEmbeddingBagCollection.from_float(
+        ebc, dtype="int8" if kind == "mixed" else kind, per_table=per_table, backend=backend
+    )
+    return q.to(DEVICE) if backend == "triton" else q
+
+
+@requires_triton
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("kind", KINDS)
+def test_pooled_triton_equals_torch_kernel_and_reference(kind: str, weighted: bool) -> None:
+    """SUM and MEAN groups, empty bags, int4/fp16/int8 mixed in one launch; exact equality."""
+    tri, ref = _quantized(kind, weighted, "triton"), _quantized(kind, weighted, "torch")
+    assert tri.kernel == "triton" and "kernel='triton'" in repr(tri)
+    for seed in (2, 3):
+        batch = kjt(batch=6, seed=seed, weighted=weighted)
+        got, want = tri(batch.to(DEVICE)).values().cpu(), ref(batch).values()
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+    # and against the numpy reference of fbgemm's arithmetic, feature by feature
+    got = tri(batch.to(DEVICE)).to_dict()
+    for t in tri.embedding_bag_configs():
+        for f in t.feature_names:
+            jt = batch[f]
+            offsets = [0] + torch.cumsum(jt.lengths(), 0).tolist()
+            w = jt.weights().tolist() if weighted else None
+            stored = tri.embedding_bags[t.name].weight.cpu()
+            want = reference.pooled(stored, t.data_type.value.lower(), t.embedding_dim, jt.values().tolist(), offsets,
+                                    w, t.pooling == lightrec.PoolingType.MEAN)  # fmt: skip
+            np.testing.assert_array_equal(got[f].cpu().numpy(), want)
+
+
+@requires_triton
+@pytest.mark.parametrize("kind", ["int8", "int4", "fp16"])
+def test_sequence_triton_equals_torch_kernel(kind: str) -> None:
+    torch.manual_seed(1)
+    ec = lightrec.EmbeddingCollection(sequence_tables())
+    tri = QuantEmbeddingCollection.from_float(ec, dtype=kind, backend="triton").to(DEVICE)
+    ref = QuantEmbeddingCollection.from_float(ec, dtype=kind, backend="torch")
+    assert tri.kernel == "triton" and "kernel='triton'" in repr(tri)
+    batch = kjt(batch=6, seed=4)
+    got, want = tri(batch.to(DEVICE)), ref(batch)
+    for f in want:
+        np.testing.assert_array_equal(got[f].values().cpu().numpy(), want[f].values().numpy())
+        assert torch.equal(got[f].lengths().cpu(), want[f].lengths())
+
+
+@requires_triton
+@pytest.mark.parametrize("fmt,suffix", [("torchscript", "pt"), ("export", "pt2")])
+def test_triton_model_traces_scripts_and_exports(tmp_path: Path, fmt: str, suffix: str) -> None:
+    """The Triton lookup is the custom op ``lightrec::triton_quant_pooled_lookup``: fx keeps it as
+    one call, TorchScript compiles the caller, torch.export keeps one node."""
+    q = _quantized("mixed", False, "triton")
+    batch = kjt(batch=4, seed=5).to(DEVICE)
+    assert torch.equal(torch.jit.script(symbolic_trace(q))(batch).values(), q(batch).values())
+    model = quantize(dlrm(), "int8", backend="triton").to(DEVICE)
+    assert {m.kernel for m in model.modules() if hasattr(m, "kernel")} == {"triton"}
+    predictor = load(export(model, tmp_path / f"m.{suffix}", format=fmt))
+    dense = torch.randn(4, 5, device=DEVICE)
+    got = predictor(dense, batch.values(), batch.lengths())
+    torch.testing.assert_close(got, model(dense, batch), rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not triton_available(), reason="triton is not importable")
+def test_kernel_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    cuda = torch.device("cuda")
+    monkeypatch.setattr("lightrec._fbgemm.has_fbgemm_op", lambda name: False)
+    assert resolve_quant_kernel(None, None, cuda) == "triton"  # auto on CUDA without fbgemm
+    assert resolve_quant_kernel("auto", None, torch.device("cpu")) == "torch"  # never triton on CPU
+    assert resolve_quant_kernel(None, False, cuda) == "torch"
+    monkeypatch.setattr("lightrec._fbgemm.has_fbgemm_op", lambda name: True)
+    assert resolve_quant_kernel(None, None, cuda) == "fbgemm"
+    with pytest.raises(ValueError, match="contradicts"):
+        resolve_quant_kernel("triton", True, cuda)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        resolve_quant_kernel("tbe", None, cuda)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        QuantEmbeddingBagCollection(tables(), backend="triton")
+    assert quant_modules.QUANT_KERNELS == ("auto", "fbgemm", "triton", "torch")
