@@ -258,8 +258,8 @@ class SyntheticCriteoDataset(Dataset):
     def batch_with_probabilities(self, index: int) -> tuple[Batch, torch.Tensor]:
         """Batch ``index`` and the true click probability of each of its samples ``[B]`` (float64)."""
         if self.device is not None:
-            batch, logit = self._device_batch(index)
-            return batch, torch.sigmoid(logit)
+            batch, device_logit = self._device_batch(index)
+            return batch, torch.sigmoid(device_logit)
         blocks = self._blocks(index)
         logit = np.concatenate([b.logit for b in blocks])
         return self._to_batch(blocks), torch.from_numpy(_sigmoid(logit))

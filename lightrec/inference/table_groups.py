@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from lightrec.inference.kernels import grouped_lookup_fbgemm, pooled_lookup_torch
-from lightrec.inference.triton_lookup import feature_meta
+from lightrec.inference.triton_lookup import alignment_hint, feature_meta
 from lightrec.modules.feature_checks import check_ids
 from lightrec.sparse._ops import complete_cumsum
 
@@ -45,11 +45,11 @@ torch.fx.wrap("grouped_lookup_fbgemm")
 
 
 def grouped_lookup_triton(flat: torch.Tensor, meta: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor,
-                          per_sample_weights: Optional[torch.Tensor], total_d: int, max_d: int,
-                          mean: bool) -> torch.Tensor:
+                          per_sample_weights: Optional[torch.Tensor], total_d: int, max_d: int, vec: int,
+                          row_align: int, mean: bool) -> torch.Tensor:
     """The Triton custom op (``lightrec::triton_quant_pooled_lookup``) over a group of features."""
     return torch.ops.lightrec.triton_quant_pooled_lookup(flat, meta, ids, offsets, per_sample_weights, total_d,
-                                                          max_d, mean)
+                                                          max_d, vec, row_align, mean)
 
 
 torch.fx.wrap("grouped_lookup_triton")
@@ -154,6 +154,8 @@ class TritonTableGroup(nn.Module):
         self.reset_constants(device)
         self._total_d = sum(c[3] for c in self._columns)
         self._max_d = max(c[3] for c in self._columns)
+        self._vec = min(alignment_hint(c[3], 4) for c in self._columns)
+        self._row_align = min(min(alignment_hint(c[0], 16), alignment_hint(c[1], 16)) for c in self._columns)
         self._mean = tables[0].mean
 
     @torch.jit.unused
@@ -171,7 +173,7 @@ class TritonTableGroup(nn.Module):
             group_weights = weights[start:end]
         group_lengths = lengths[self._feature_first * stride : self._feature_last * stride]
         return grouped_lookup_triton(flat, self.meta, values[start:end], complete_cumsum(group_lengths),
-                                     group_weights, self._total_d, self._max_d, self._mean)
+                                     group_weights, self._total_d, self._max_d, self._vec, self._row_align, self._mean)
 
 
 class TorchTableGroup(nn.Module):

@@ -16,7 +16,8 @@ from typing import List, Optional
 
 import torch
 
-__all__ = ["TritonSequenceKernel", "feature_meta", "triton_quant_pooled_lookup", "triton_sequence_lookup"]
+__all__ = ["TritonSequenceKernel", "alignment_hint", "feature_meta", "triton_quant_pooled_lookup",
+           "triton_sequence_lookup"]
 
 _META_COLUMNS = 6  # byte offset of the table, row bytes, type code, dim, output column, rows
 
@@ -32,6 +33,14 @@ def feature_meta(byte_offsets: List[int], row_bytes: List[int], types: List[int]
     return torch.tensor(out, dtype=torch.int64, device=device).reshape(-1, _META_COLUMNS)
 
 
+def alignment_hint(n: int, cap: int) -> int:
+    """The largest power of two ``<= cap`` dividing ``n`` (the kernel's alignment hints)."""
+    hint = 1
+    while hint < cap and n % (hint * 2) == 0:
+        hint *= 2
+    return hint
+
+
 @torch.library.custom_op("lightrec::triton_quant_pooled_lookup", mutates_args=())
 def triton_quant_pooled_lookup(
     flat: torch.Tensor,
@@ -41,6 +50,8 @@ def triton_quant_pooled_lookup(
     per_sample_weights: Optional[torch.Tensor],
     total_d: int,
     max_d: int,
+    vec: int,
+    row_align: int,
     mean: bool,
 ) -> torch.Tensor:
     """``[B, total_d]`` float32: pooled rows of the ``F = meta.shape[0]`` features (key-major ids).
@@ -51,6 +62,8 @@ def triton_quant_pooled_lookup(
         ids / offsets: the features' ids (key-major) and ``[F * B + 1]`` bag boundaries.
         per_sample_weights: ``[N]`` or None.
         total_d / max_d: output width and widest feature.
+        vec / row_align: a power of two dividing every dim, and one (at most 16) dividing every row's
+            byte offset: alignment hints that let the kernel read and write wider words.
         mean: MEAN pooling (else SUM).
     """
     from lightrec.inference.triton_quant_kernel import quant_pooled_kernel
@@ -61,7 +74,9 @@ def triton_quant_pooled_lookup(
     if batch == 0:
         return out
     block_d = 1 << max(0, (max_d - 1).bit_length())
-    block_b = max(1, min(64, 4096 // block_d))
+    # Small tiles: the three row formats share one program, and [4, 128] keeps it in ~72 registers
+    # (sm_90, benchmarks/triton_kernel_report.py); larger tiles spill.
+    block_b = max(1, min(4, 512 // block_d))
     grid = (-(-batch // block_b), num_features)
     with torch.cuda.device(flat.device) if flat.device.type == "cuda" else contextlib.nullcontext():
         quant_pooled_kernel[grid](
@@ -69,13 +84,13 @@ def triton_quant_pooled_lookup(
             per_sample_weights if per_sample_weights is not None else flat, out,
             batch, ids.numel(), out.stride(0),
             BLOCK_B=block_b, BLOCK_D=block_d, MEAN=mean, HAS_WEIGHTS=per_sample_weights is not None,
-            num_warps=4 if block_b * block_d >= 2048 else 2,
+            VEC=vec, ROW_ALIGN=row_align, num_warps=4 if block_b * block_d >= 512 else 2,
         )  # fmt: skip
     return out
 
 
 @triton_quant_pooled_lookup.register_fake
-def _(flat, meta, ids, offsets, per_sample_weights, total_d, max_d, mean):  # noqa: ANN001, ANN202
+def _(flat, meta, ids, offsets, per_sample_weights, total_d, max_d, vec, row_align, mean):  # noqa: ANN001, ANN202
     batch = (offsets.shape[0] - 1) // meta.shape[0]
     return flat.new_empty((batch, total_d), dtype=torch.float32)
 
@@ -85,7 +100,8 @@ def triton_sequence_lookup(weight: torch.Tensor, data_type: int, dim: int, ids: 
     rows, row_bytes = weight.shape[0], weight.shape[1]
     meta = torch.tensor([[0, row_bytes, data_type, dim, 0, rows]], dtype=torch.int64, device=weight.device)
     offsets = torch.arange(ids.numel() + 1, dtype=torch.int64, device=ids.device)
-    return torch.ops.lightrec.triton_quant_pooled_lookup(weight.reshape(-1), meta, ids, offsets, None, dim, dim, False)
+    return torch.ops.lightrec.triton_quant_pooled_lookup(weight.reshape(-1), meta, ids, offsets, None, dim, dim,
+                                                         alignment_hint(dim, 4), alignment_hint(row_bytes, 16), False)
 
 
 torch.fx.wrap("triton_sequence_lookup")

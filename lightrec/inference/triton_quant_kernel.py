@@ -24,7 +24,7 @@ import triton.language as tl
 __all__ = ["quant_pooled_kernel"]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["batch", "num_ids"])
 def quant_pooled_kernel(
     flat_ptr,
     flat16_ptr,
@@ -40,7 +40,11 @@ def quant_pooled_kernel(
     BLOCK_D: tl.constexpr,
     MEAN: tl.constexpr,
     HAS_WEIGHTS: tl.constexpr,
+    VEC: tl.constexpr,
+    ROW_ALIGN: tl.constexpr,
 ):
+    """``VEC`` divides every dim (so output columns are VEC-aligned); rows start at multiples of
+    ``ROW_ALIGN`` bytes (the collection's row alignment, capped at 16)."""
     f = tl.program_id(1)
     b = tl.program_id(0).to(tl.int64) * BLOCK_B + tl.arange(0, BLOCK_B)
     in_batch = b < batch
@@ -50,11 +54,11 @@ def quant_pooled_kernel(
     start = tl.minimum(tl.maximum(start, 0), num_ids)
     end = tl.minimum(tl.maximum(end, start), num_ids)
     length = tl.where(in_batch, end - start, 0)
-    table = tl.load(meta_ptr + f * 6)
-    row_bytes = tl.load(meta_ptr + f * 6 + 1)
+    table = tl.multiple_of(tl.load(meta_ptr + f * 6), ROW_ALIGN)
+    row_bytes = tl.multiple_of(tl.load(meta_ptr + f * 6 + 1), ROW_ALIGN)
     kind = tl.load(meta_ptr + f * 6 + 2)
-    dim = tl.load(meta_ptr + f * 6 + 3)
-    col = tl.load(meta_ptr + f * 6 + 4)
+    dim = tl.multiple_of(tl.load(meta_ptr + f * 6 + 3), VEC)
+    col = tl.multiple_of(tl.load(meta_ptr + f * 6 + 4), VEC)
     rows = tl.load(meta_ptr + f * 6 + 5)
     cols = tl.arange(0, BLOCK_D)
     col_ok = cols < dim

@@ -59,7 +59,9 @@ WD_L2 = tl.constexpr(1)
 WD_DECOUPLED = tl.constexpr(2)
 
 
-@triton.jit
+# Sizes that change from batch to batch are not specialized on (a new batch size must not
+# recompile); row strides are, so 16-byte alignment is known.
+@triton.jit(do_not_specialize=["batch", "num_ids", "invalid_key"])
 def lookup_forward_kernel(
     weights_ptr,
     indices_ptr,
@@ -212,7 +214,7 @@ def _gather_contributions(
     return g, f
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_ids", "batch", "invalid_key"])
 def lookup_backward_kernel(
     sorted_keys_ptr,
     order_ptr,

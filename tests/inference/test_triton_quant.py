@@ -24,9 +24,13 @@ from tests.triton_support import DEVICE, requires_triton
 KINDS = ["int8", "int4", "fp16", "mixed"]
 
 
-def _quantized(kind: str, weighted: bool, backend: str, mean_last: bool = True) -> QuantEmbeddingBagCollection:
+def _quantized(
+    kind: str, weighted: bool, backend: str, mean_last: bool = True
+) -> QuantEmbeddingBagCollection:
     torch.manual_seed(1)
-    ebc = lightrec.EmbeddingBagCollection(tables(mean_last=mean_last and kind != "mixed"), is_weighted=weighted)
+    ebc = lightrec.EmbeddingBagCollection(
+        tables(mean_last=mean_last and kind != "mixed"), is_weighted=weighted
+    )
     with torch.no_grad():  # rows of very different ranges stress the fp16 scale and bias
         for t in ebc.embedding_bags.values():
             t.weight.mul_(torch.rand(t.weight.shape[0], 1) * 20)

@@ -1,0 +1,63 @@
+"""The GPU benchmark and the sm_90 kernel report run end to end (``-m slow``; CI's Triton step).
+
+``bench_gpu.py --smoke`` proves the script (both parts, JSON and tables) on tiny sizes on CPU; the
+kernel report compiles the Triton kernels for sm_90 without a GPU and checks what a memory-bound
+kernel needs there: 16-byte loads and stores of rows and no register spills.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lightrec._triton import triton_available, triton_interpreting
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def _run(args: list[str], env: dict[str, str]) -> str:
+    done = subprocess.run(
+        [sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+def test_bench_gpu_smoke_writes_both_parts(tmp_path: Path) -> None:
+    out = tmp_path / "bench_gpu.json"
+    args = ["benchmarks/bench_gpu.py", "--smoke", "--batch-size", "32", "--warmup", "0", "--iters", "2",
+            "--steps", "2", "--dlrm-backend", "torch", "--out", str(out)]  # fmt: skip
+    if triton_interpreting():
+        args += ["--backends", "triton,torch,plain"]
+    stdout = _run(args, dict(os.environ))
+    report = json.loads(out.read_text())
+    assert report["environment"]["torch"] and report["copy_bytes_per_s"] > 0
+    contenders = {r["contender"] for r in report["embedding"]}
+    assert {"torch", "plain"} <= contenders and (not triton_interpreting() or "triton" in contenders)
+    assert len({r["workload"] for r in report["embedding"]}) == 3
+    for r in report["embedding"]:
+        assert r["samples_per_s"] > 0 and r["useful_bytes"] > 0 and r["x_plain"] > 0
+    dlrm = report["dlrm"]
+    assert dlrm["samples_per_s"] > 0 and dlrm["tables"] == 26 and dlrm["backend"] == "torch"
+    assert set(dlrm["breakdown_ms"]) == {"input", "lookups", "dense", "optimizer", "other"}
+    assert "| stage | ms/step | share |" in stdout and "| workload | contender |" in stdout
+
+
+@pytest.mark.skipif(not triton_available(), reason="triton is not importable")
+def test_kernels_compile_for_sm90_with_wide_accesses_and_no_spills(tmp_path: Path) -> None:
+    out = tmp_path / "kernels.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    _run(["benchmarks/triton_kernel_report.py", "--arch", "90", "--out", str(out)], env)
+    kernels = json.loads(out.read_text())["kernels"]
+    assert len(kernels) == 15
+    for k in kernels:
+        assert k["stack_bytes"] == 0 or k["dims"].startswith("mixed"), k
+        if k["kernel"].startswith("lookup") and k["dims"] == "uniform 128":
+            assert k["ld_global_v4"] >= 8 and k["st_global_v4"] >= 4 and k["registers"] <= 128, k
+    assert next(k for k in kernels if k["kernel"] == "quant_pooled")["registers"] <= 128
