@@ -15,7 +15,7 @@ import os
 
 import torch
 
-__all__ = ["fbgemm_available", "fbgemm_unavailable_reason", "has_fbgemm_op"]
+__all__ = ["fbgemm_available", "fbgemm_serves_cuda", "fbgemm_unavailable_reason", "has_fbgemm_op"]
 
 _reason: str | None = None
 
@@ -49,3 +49,18 @@ def has_fbgemm_op(name: str) -> bool:
     except (AttributeError, RuntimeError):
         return False
     return True
+
+
+def fbgemm_serves_cuda() -> bool:
+    """True when the installed fbgemm has CUDA kernels (``fbgemm-gpu``, not ``fbgemm-gpu-cpu``).
+
+    The CPU wheel imports on any machine and registers the same op names, but its ops have no
+    CUDA implementation; ``fbgemm_gpu.__variant__`` says which build it is (``"cpu"``, ``"cuda"``,
+    ``"rocm"``).
+    """
+    if not fbgemm_available():
+        return False
+    import fbgemm_gpu
+
+    return getattr(fbgemm_gpu, "__variant__", "cuda") != "cpu"
+

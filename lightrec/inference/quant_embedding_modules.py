@@ -53,14 +53,14 @@ def resolve_quant_kernel(backend: str | None, use_fbgemm: bool | None, device: t
 
     ``backend`` (``"auto"``, ``"fbgemm"``, ``"triton"``, ``"torch"``) wins; without it the older
     ``use_fbgemm`` says ``"fbgemm"`` (True), ``"torch"`` (False) or ``"auto"`` (None). ``"auto"``:
-    fbgemm's IntN op when it imports; else, on CUDA, the Triton kernel when triton imports; else
-    torch. All three give the same numbers (see :mod:`lightrec.inference.kernels`).
+    fbgemm's IntN op when it imports (on CUDA: a CUDA build of it); else, on CUDA, the Triton kernel
+    when triton imports; else torch. All three give the same numbers (see :mod:`lightrec.inference.kernels`).
 
     Raises:
         ValueError: unknown or conflicting choice, or ``"triton"`` where it cannot run.
         RuntimeError: ``"fbgemm"`` but fbgemm_gpu cannot be used here.
     """
-    from lightrec._fbgemm import fbgemm_unavailable_reason, has_fbgemm_op
+    from lightrec._fbgemm import fbgemm_serves_cuda, fbgemm_unavailable_reason, has_fbgemm_op
     from lightrec._triton import triton_device_reason
 
     if backend is None:
@@ -82,7 +82,7 @@ def resolve_quant_kernel(backend: str | None, use_fbgemm: bool | None, device: t
             raise ValueError(f"backend='triton' cannot serve quantized lookups here: {reason}")
     if backend != "auto":
         return backend
-    if fbgemm_op:
+    if fbgemm_op and (device.type != "cuda" or fbgemm_serves_cuda()):
         return "fbgemm"
     return "triton" if device.type == "cuda" and triton_device_reason(device) is None else "torch"
 

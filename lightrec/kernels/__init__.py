@@ -1,4 +1,4 @@
-"""Batched embedding kernels (fbgemm TBE and pure torch) and fused (in-backward) optimizers.
+"""Batched embedding kernels (fbgemm TBE, Triton and pure torch) and fused (in-backward) optimizers.
 
 - ``BatchedEmbeddingBag`` / ``BatchedEmbedding``: one kernel call per forward for a group of tables,
   fbgemm's flattened ``(indices, offsets, per_sample_weights)`` layout.
@@ -15,6 +15,7 @@ from lightrec.kernels.batched_embedding import (
 )
 from lightrec.kernels.fbgemm_backend import fbgemm_supports
 from lightrec.kernels.fused_collection import FusedEmbeddingBagCollection, FusedEmbeddingCollection
+from lightrec.kernels.triton_backend import triton_supports
 from lightrec.optim.fused_spec import EmbOptimType, FusedOptimizerSpec, WeightDecayMode
 
 __all__ = [
@@ -29,4 +30,5 @@ __all__ = [
     "WeightDecayMode",
     "fbgemm_supports",
     "select_backend",
+    "triton_supports",
 ]

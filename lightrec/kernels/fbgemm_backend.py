@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from lightrec._fbgemm import fbgemm_available, fbgemm_unavailable_reason
+from lightrec._fbgemm import fbgemm_available, fbgemm_serves_cuda, fbgemm_unavailable_reason
 from lightrec.modules.embedding_configs import PoolingType
 from lightrec.optim.fused_spec import EmbOptimType, FusedOptimizerSpec, WeightDecayMode
 
@@ -49,6 +49,8 @@ def fbgemm_supports(
         return "non-fused lookups (optimizer=None) need fbgemm's CUDA-only OptimType.NONE"
     if device.type not in ("cpu", "cuda"):
         return f"fbgemm serves cpu and cuda devices, not {device.type}"
+    if device.type == "cuda" and not fbgemm_serves_cuda():
+        return "the installed fbgemm is the CPU build (fbgemm-gpu-cpu): it has no CUDA kernels"
     if any(d % 4 for d in dims):
         return f"fbgemm needs embedding dims that are multiples of 4, got {list(dims)}"
     kind, mode = spec.optimizer, spec.weight_decay_mode

@@ -105,9 +105,7 @@ class TritonBatchedLookup:
         reason = triton_supports(spec, device, dims, pooling, feature_table_map)
         if reason is not None:
             raise ValueError(f"backend='triton' cannot serve this lookup: {reason}")
-        from lightrec.kernels import triton_kernels  # defines the kernels (reads TRITON_INTERPRET)
-
-        self._kernels = triton_kernels
+        _kernels()  # defines the kernels now (reads TRITON_INTERPRET), not at the first lookup
         self.rows, self.dims, self.ftm = list(rows), list(dims), list(feature_table_map)
         self.pooling, self.spec = pooling, spec
         self.woff, self.row_start = [], []
@@ -188,7 +186,7 @@ class TritonBatchedLookup:
         if reason is not None:
             raise RuntimeError(f"this Triton-backed lookup now lives on {self.weight.device}: {reason}")
         if self.weight.device.type == "cpu" and not isinstance(
-            self._kernels.lookup_forward_kernel, _interpreted_function_type()
+            _kernels().lookup_forward_kernel, _interpreted_function_type()
         ):
             raise RuntimeError(
                 "TRITON_INTERPRET=1 was set after lightrec.kernels.triton_kernels was imported, so its "
@@ -206,6 +204,10 @@ class TritonBatchedLookup:
     ) -> torch.Tensor:
         """Pooled ``[B, sum D]`` (features in order) or unpooled ``[N, D]`` output; int32/int64 ids."""
         self._check_device()
+        # The kernels index with unit strides (no-ops for the usual contiguous inputs).
+        indices, offsets = indices.contiguous(), offsets.contiguous()
+        if per_sample_weights is not None:
+            per_sample_weights = per_sample_weights.contiguous()
         training = torch.is_grad_enabled() and any(t.requires_grad for t in weight_inputs)
         if not training:  # no backward will come: skip writing the per-id keys it would need
             return self.forward(indices, offsets, per_sample_weights, batch, False)[0]
@@ -233,7 +235,7 @@ class TritonBatchedLookup:
         cfg = _launch_config(self.block_d)
         grid = (-(-batch // cfg.forward_block_b), len(self.ftm))
         with _on_device(device):
-            self._kernels.lookup_forward_kernel[grid](
+            _kernels().lookup_forward_kernel[grid](
                 self.weight, indices, offsets, psw if psw is not None else self.weight, out,
                 self.meta["woff"], self.meta["rows"], self.meta["key_base"], self.meta["dim"], self.meta["col"],
                 keys, bags, self.error_flag,
@@ -255,7 +257,7 @@ class TritonBatchedLookup:
         lr: float,
     ) -> torch.Tensor | None:
         """Fused update in place (returns None), or the dense ``[E]`` gradient when ``spec is None``."""
-        k = self._kernels
+        k = _kernels()
         spec = self.spec
         dense = torch.zeros_like(self.weight) if spec is None else None
         if spec is not None and spec.optimizer == EmbOptimType.ADAM:
@@ -327,6 +329,14 @@ class _TritonLookupFunction(torch.autograd.Function):
             for t, (o, r, d) in enumerate(zip(backend.woff, backend.rows, backend.dims, strict=True)):
                 grads[t] = dense[o : o + r * d].view(r, d)
         return (None, None, None, None, None, None, *grads)
+
+
+def _kernels() -> Any:
+    """``lightrec.kernels.triton_kernels``, imported on first use (not kept on objects: a module
+    object cannot be deep-copied or pickled, and modules holding a backend are)."""
+    from lightrec.kernels import triton_kernels
+
+    return triton_kernels
 
 
 def _acc_dtype(dtype: torch.dtype) -> Any:

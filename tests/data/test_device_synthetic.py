@@ -111,3 +111,20 @@ def test_datamodule_device_option_and_pinning() -> None:
         host.trainer = types.SimpleNamespace(strategy=types.SimpleNamespace(root_device=torch.device(device)))  # type: ignore[assignment]
         assert host.pins_memory() is pinned
     assert not SyntheticCriteo(pin_memory=False, **SMALL).pins_memory()
+
+
+@pytest.mark.gpu
+def test_cuda_batches_are_drawn_on_the_gpu_and_pinned_batches_copy_asynchronously() -> None:
+    """Opt-in (-m gpu): device generation on CUDA, and Batch.to's default non-blocking copy."""
+    ds = SyntheticCriteoDataset(batch_size=4096, num_batches=2, device="cuda", ids_per_feature=2, **SMALL)
+    batch, probabilities = ds.batch_with_probabilities(1)
+    kjt = batch.sparse_features
+    assert batch.dense_features.is_cuda and kjt.values().is_cuda and kjt.lengths().is_cuda
+    assert kjt.length_per_key_or_none() == [2 * 4096] * 26
+    host = SyntheticCriteoDataset(batch_size=4096, num_batches=1, ids_per_feature=2, **SMALL)
+    assert abs(float(probabilities.mean()) - float(host.batch_with_probabilities(0)[1].mean())) < 0.03
+    pinned = host[0].pin_memory()
+    moved = pinned.to("cuda")  # non_blocking=None: asynchronous from pinned memory
+    torch.cuda.synchronize()
+    assert torch.equal(moved.sparse_features.values().cpu(), pinned.sparse_features.values())
+    assert torch.equal(moved.labels.cpu(), pinned.labels)

@@ -104,7 +104,11 @@ def test_kernel_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     assert resolve_quant_kernel("auto", None, torch.device("cpu")) == "torch"  # never triton on CPU
     assert resolve_quant_kernel(None, False, cuda) == "torch"
     monkeypatch.setattr("lightrec._fbgemm.has_fbgemm_op", lambda name: True)
+    monkeypatch.setattr("lightrec._fbgemm.fbgemm_serves_cuda", lambda: True)
     assert resolve_quant_kernel(None, None, cuda) == "fbgemm"
+    monkeypatch.setattr("lightrec._fbgemm.fbgemm_serves_cuda", lambda: False)  # fbgemm-gpu-cpu
+    assert resolve_quant_kernel(None, None, cuda) == "triton"
+    assert resolve_quant_kernel(None, None, torch.device("cpu")) == "fbgemm"
     with pytest.raises(ValueError, match="contradicts"):
         resolve_quant_kernel("triton", True, cuda)
     with pytest.raises(ValueError, match="backend must be one of"):

@@ -241,3 +241,24 @@ def test_inference_mode_lookup_writes_nothing_for_backward() -> None:
         out = module(ids, offsets)
     assert not out.requires_grad
     torch.testing.assert_close(out, ref(ids, offsets).detach())
+
+
+def test_deep_copies_and_pickles_train_on_their_own_storage() -> None:
+    import copy
+    import io
+
+    spec = FusedOptimizerSpec(EmbOptimType.ADAM, learning_rate=0.1)
+    module = BatchedEmbeddingBag([(10, 4), (6, 4)], optimizer=spec, backend="triton", device=DEVICE)
+    ids, offsets = torch.tensor([1, 2, 1], device=DEVICE), torch.tensor([0, 2, 3], device=DEVICE)
+    module(ids, offsets).sum().backward()
+    buffer = io.BytesIO()
+    torch.save(module, buffer)
+    buffer.seek(0)
+    copies = [copy.deepcopy(module), torch.load(buffer, weights_only=False)]
+    for c in copies:  # the parameters alias the copy's own flat buffer, not the original's
+        assert c.split_embedding_weights()[0].data_ptr() == c._backend.weight.data_ptr()
+        assert c._backend.weight.data_ptr() != module._backend.weight.data_ptr()
+    for m in [module, *copies]:
+        m(ids, offsets).sum().backward()
+    for c in copies:
+        _assert_same_state(module, c, fused=True)

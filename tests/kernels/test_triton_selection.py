@@ -6,8 +6,16 @@ import pytest
 import torch
 
 import lightrec.kernels.batched_embedding as batched_embedding
+import lightrec.kernels.fbgemm_backend as fbgemm_backend
+from lightrec._fbgemm import fbgemm_available
 from lightrec._triton import triton_available
-from lightrec.kernels import BatchedEmbeddingBag, EmbOptimType, FusedOptimizerSpec, select_backend
+from lightrec.kernels import (
+    BatchedEmbeddingBag,
+    EmbOptimType,
+    FusedOptimizerSpec,
+    fbgemm_supports,
+    select_backend,
+)
 from lightrec.modules.embedding_configs import PoolingType
 from lightrec.modules.feature_checks import EmbeddingIdError
 from tests.triton_support import DEVICE, requires_triton
@@ -31,6 +39,16 @@ def test_auto_on_cuda_prefers_fbgemm_then_triton_then_torch(monkeypatch: pytest.
     assert _select("auto", None, CUDA) == "triton"  # non-fused lookups too
     monkeypatch.setattr(batched_embedding, "triton_supports", lambda *a: "triton failed to import (test)")
     assert _select("auto", ROWWISE, CUDA) == "torch"
+
+
+@pytest.mark.skipif(not fbgemm_available(), reason="fbgemm absent")
+def test_the_cpu_build_of_fbgemm_does_not_serve_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fbgemm-gpu-cpu imports everywhere but has no CUDA kernels: auto must look further."""
+    monkeypatch.setattr(fbgemm_backend, "fbgemm_serves_cuda", lambda: False)
+    assert "CPU build" in str(fbgemm_supports(ROWWISE, CUDA, [8], PoolingType.SUM, [0]))
+    assert fbgemm_supports(ROWWISE, torch.device("cpu"), [8], PoolingType.SUM, [0]) is None
+    monkeypatch.setattr(fbgemm_backend, "fbgemm_serves_cuda", lambda: True)
+    assert fbgemm_supports(ROWWISE, CUDA, [8], PoolingType.SUM, [0]) is None
 
 
 @needs_triton_import
