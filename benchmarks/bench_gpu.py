@@ -285,6 +285,8 @@ def print_tables(report: dict) -> None:
         print("| stage | ms/step | share |\n| --- | --- | --- |")
         for stage, ms in d["breakdown_ms"].items():
             print(f"| {stage} | {ms:.2f} | {100 * ms / d['step_ms']:.0f}% |")
+        if d.get("host_syncs_per_step") is not None:
+            print(f"host syncs per measured step: {d['host_syncs_per_step'] or 'none'}")
 
 
 def main() -> None:

@@ -17,12 +17,16 @@ Stage boundaries are marked with CUDA events recorded from hooks (no host sync i
 
 A stage's time is the GPU timeline between its marks, idle time included: the numbers add up to
 the step period. samples/s is wall time over the measured steps (one synchronize at each end).
+On CUDA the measured steps run under ``torch.cuda.set_sync_debug_mode("warn")``; every host sync
+they make is counted by source line (``host_syncs_per_step`` in the JSON).
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+import warnings
+from collections import Counter
 from typing import Any
 
 import torch
@@ -74,6 +78,8 @@ def _callback(
             if batch_idx in (warmup, warmup + steps):  # the measured window's edges
                 if timer.cuda:
                     torch.cuda.synchronize()
+                    # Every host sync inside the window becomes a warning (counted by run_dlrm).
+                    torch.cuda.set_sync_debug_mode("warn" if batch_idx == warmup else "default")
                 self.wall.append(time.perf_counter())
             self._mark("step_start")
 
@@ -154,11 +160,17 @@ def run_dlrm(device: torch.device, args: Any) -> dict[str, Any]:
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         limit_val_batches=0, num_sanity_val_steps=0, callbacks=[callback],
     )  # fmt: skip
-    trainer.fit(module, datamodule=data)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(module, datamodule=data)
+    if timer.cuda:
+        torch.cuda.set_sync_debug_mode("default")
+    syncs = Counter(f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message))
     wall = callback.wall[1] - callback.wall[0]
     stages = _breakdown(timer, marks, warmup, warmup + steps - 1)
     period = stages.pop("period")
     backend = sorted({lk.backend_name for lk in ebc._lookups})[0]
     return {"backend": backend, "batch_size": batch_size, "steps": steps, "samples_per_s": batch_size * steps / wall,
             "step_ms": period, "breakdown_ms": stages, "tables": len(data.table_configs(dim)),
+            "host_syncs_per_step": {k: v / steps for k, v in syncs.items()} if timer.cuda else None,
             "rows": sum(t.num_embeddings for t in data.table_configs(dim))}  # fmt: skip

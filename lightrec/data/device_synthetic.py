@@ -15,8 +15,9 @@ Everything is vectorised over all 26 features at once, ids laid out key-major::
     ids     [N]  (rank * a_f + b_f) % n_f            effects [N]  std_f * hash_unit(id, seed, 1000 + f)
     logit   [n]  bias + z . w + sum_f mean over bag_f of effects
 
-Bag sizes come from the host (numpy, a few bytes per sample), so every size the lookups need,
-including ids per key, is known without reading the device. Hashes reproduce
+Bag sizes are drawn on the host (numpy, a few bytes per sample; fixed sizes need no draw), so every
+size the lookups need, including ids per key, is known without reading the device, and no
+pageable host-to-device copy (which would stall a CUDA stream) is made. Hashes reproduce
 :func:`lightrec.data._random.mix64` bit for bit in int64 arithmetic (wrapping multiply, masked
 logical shifts).
 """
@@ -123,6 +124,7 @@ class TorchPlantedSampler:
         self._dense_sigma = torch.tensor(m.dense_sigma, dtype=f64, device=dev)  # type: ignore[attr-defined]
         self._dense_weight = torch.tensor(m.dense_weight, dtype=f64, device=dev)  # type: ignore[attr-defined]
         self._features = torch.arange(self.num_features, device=dev)
+        self._fixed_counts = torch.tensor(m.ids_per_feature, dtype=i64, device=dev)  # type: ignore[attr-defined]
 
     def _generator(self, split: int, block: int) -> torch.Generator:
         seed = int(mix64(np.array([self.model.seed * 7_919 + split * 104_729 + block], dtype=np.uint64))[0])  # type: ignore[attr-defined]
@@ -158,13 +160,17 @@ class TorchPlantedSampler:
         counts_host = self._bag_sizes(split, block, n)
         ids_per_key = [int(c) for c in counts_host.sum(axis=1)]
         total = sum(ids_per_key)
-        lengths = torch.from_numpy(counts_host).to(dev, non_blocking=True)
+        # No pageable host-to-device copy (CUDA would wait for the stream): fixed bag sizes are built
+        # on the device, Poisson ones travel from pinned memory.
+        if self.model.ids_distribution == "poisson":  # type: ignore[attr-defined]
+            host = torch.from_numpy(counts_host)
+            lengths = (host.pin_memory() if dev.type == "cuda" else host).to(dev, non_blocking=True)
+        else:
+            lengths = self._fixed_counts.to(torch.int32)[:, None].expand(self.num_features, n).contiguous()
         z = torch.randn(n, len(self.model.dense_mu), generator=gen, device=dev, dtype=torch.float64)  # type: ignore[attr-defined]
         dense = torch.log1p(torch.exp(self._dense_mu + self._dense_sigma * z)).to(torch.float32)
         logit = self.model.bias + z @ self._dense_weight  # type: ignore[attr-defined]
-        fid = torch.repeat_interleave(
-            self._features, torch.tensor(ids_per_key, device=dev), output_size=total
-        )
+        fid = torch.repeat_interleave(self._features, lengths.sum(dim=1), output_size=total)
         u = torch.rand(total, generator=gen, device=dev, dtype=torch.float64)
         ids = (self.ranks(u, fid) * self._scatter_a[fid] + self._scatter_b[fid]) % self._size[fid]
         effects = self._effect_std[fid] * torch_hash_unit(ids, self._hash_key[fid])

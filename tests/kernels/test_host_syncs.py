@@ -96,16 +96,15 @@ def test_triton_backend_with_device_side_id_checks_never_reads_the_device() -> N
 
 @pytest.mark.gpu
 def test_cuda_fused_training_step_runs_under_sync_debug_error() -> None:
-    """Opt-in (-m gpu): Triton backend (auto on CUDA without fbgemm), batches drawn on the GPU."""
+    """Opt-in (-m gpu): Triton backend, batches drawn on the GPU, no host sync in the step."""
     device = torch.device("cuda")
     model, data = _model_and_data("triton", "auto", device)
     optimizer = torch.optim.SGD([p for n, p in model.named_parameters() if "embedding" not in n], lr=0.01)
-    _train_step(model, optimizer, data[0])
-    batch = data[1]
+    _train_step(model, optimizer, data[0])  # compiles the kernels, creates optimizer state
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
-    try:
-        _train_step(model, optimizer, batch)
+    try:  # drawing the batch on the GPU is part of the step
+        _train_step(model, optimizer, data[1])
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
