@@ -25,7 +25,7 @@ row it is given): one ``aminmax`` per run of equal-sized tables and one host syn
 
 # No `from __future__ import annotations`: these modules are fx-traced and scripted.
 
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -69,7 +69,28 @@ class TableSpec:
         self.mean = mean
 
 
-class FbgemmTableGroup(nn.Module):
+class _OneCallGroup(nn.Module):
+    """Tables ``[first, last)`` of a collection whose features are looked up together (one call)."""
+
+    def __init__(self, first: int, feature_first: int, tables: List[TableSpec]) -> None:
+        super().__init__()
+        self._first = first
+        self._last = first + len(tables)
+        self._feature_first = feature_first
+        self._feature_last = feature_first + sum(t.num_features for t in tables)
+
+    def _group_inputs(self, values: torch.Tensor, lengths: torch.Tensor, weights: Optional[torch.Tensor],
+                      value_offsets: List[int], stride: int
+                      ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        """The group's ids, lengths and weights: contiguous runs of the collection's (no copy)."""
+        start, end = value_offsets[self._first], value_offsets[self._last]
+        group_weights: Optional[torch.Tensor] = None
+        if weights is not None:
+            group_weights = weights[start:end]
+        return values[start:end], lengths[self._feature_first * stride : self._feature_last * stride], group_weights
+
+
+class FbgemmTableGroup(_OneCallGroup):
     """Tables ``[first, last)`` of a collection, looked up with one fbgemm IntN call.
 
     Buffers (non-persistent, rebuilt from the table configs by :meth:`reset_constants`):
@@ -79,11 +100,7 @@ class FbgemmTableGroup(nn.Module):
 
     def __init__(self, first: int, feature_first: int, tables: List[TableSpec], row_alignment: int,
                  device: Optional[torch.device] = None) -> None:
-        super().__init__()
-        self._first = first
-        self._last = first + len(tables)
-        self._feature_first = feature_first
-        self._feature_last = feature_first + sum(t.num_features for t in tables)
+        super().__init__(first, feature_first, tables)
         offsets: List[int] = []
         tys: List[int] = []
         dims: List[int] = []
@@ -120,12 +137,7 @@ class FbgemmTableGroup(nn.Module):
     def forward(self, flat: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor,
                 weights: Optional[torch.Tensor], value_offsets: List[int], stride: int) -> torch.Tensor:
         """Pool the group's features: its ids are one contiguous run of ``values`` (no copy)."""
-        start, end = value_offsets[self._first], value_offsets[self._last]
-        ids = values[start:end]
-        group_weights: Optional[torch.Tensor] = None
-        if weights is not None:
-            group_weights = weights[start:end]
-        group_lengths = lengths[self._feature_first * stride : self._feature_last * stride]
+        ids, group_lengths, group_weights = self._group_inputs(values, lengths, weights, value_offsets, stride)
         if self._int32_indices:
             group_lengths = group_lengths.to(torch.int32)
         offsets = complete_cumsum(group_lengths)
@@ -135,7 +147,7 @@ class FbgemmTableGroup(nn.Module):
         )  # fmt: skip
 
 
-class TritonTableGroup(nn.Module):
+class TritonTableGroup(_OneCallGroup):
     """Tables ``[first, last)`` of a collection, looked up with one launch of the Triton kernel.
 
     Buffer (non-persistent, rebuilt by :meth:`reset_constants`): ``meta`` ``[F, 6]`` int64 (see
@@ -144,11 +156,7 @@ class TritonTableGroup(nn.Module):
 
     def __init__(self, first: int, feature_first: int, tables: List[TableSpec],
                  device: Optional[torch.device] = None) -> None:
-        super().__init__()
-        self._first = first
-        self._last = first + len(tables)
-        self._feature_first = feature_first
-        self._feature_last = feature_first + sum(t.num_features for t in tables)
+        super().__init__(first, feature_first, tables)
         self._columns = [[t.byte_offset, t.row_bytes, t.type_code, t.dim, t.rows]
                          for t in tables for _ in range(t.num_features)]
         self.reset_constants(device)
@@ -167,13 +175,9 @@ class TritonTableGroup(nn.Module):
 
     def forward(self, flat: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor,
                 weights: Optional[torch.Tensor], value_offsets: List[int], stride: int) -> torch.Tensor:
-        start, end = value_offsets[self._first], value_offsets[self._last]
-        group_weights: Optional[torch.Tensor] = None
-        if weights is not None:
-            group_weights = weights[start:end]
-        group_lengths = lengths[self._feature_first * stride : self._feature_last * stride]
-        return grouped_lookup_triton(flat, self.meta, values[start:end], complete_cumsum(group_lengths),
-                                     group_weights, self._total_d, self._max_d, self._vec, self._row_align, self._mean)
+        ids, group_lengths, group_weights = self._group_inputs(values, lengths, weights, value_offsets, stride)
+        return grouped_lookup_triton(flat, self.meta, ids, complete_cumsum(group_lengths), group_weights,
+                                     self._total_d, self._max_d, self._vec, self._row_align, self._mean)
 
 
 class TorchTableGroup(nn.Module):
