@@ -322,6 +322,19 @@ class ShardedCollectionBase(nn.Module):
     def shardings(self) -> list[EmbeddingSharding]:
         return list(self._shardings)
 
+    @property
+    def device(self) -> torch.device:
+        """Where this rank's shards live (fixed: sharded storage is never moved, see ``placement.py``)."""
+        return self._device
+
+    @property
+    def sharding_env(self) -> ShardingEnv:
+        return self._env
+
+    def module_sharding_plan(self) -> EmbeddingModuleShardingPlan:
+        """``{table: ParameterSharding}`` this collection was sharded by (its entry of the plan)."""
+        return EmbeddingModuleShardingPlan({c.name: self._tables[c.name].sharding for c in self._configs})
+
     def feature_names(self) -> list[str]:
         return list(self._feature_order)
 
