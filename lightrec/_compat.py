@@ -18,6 +18,8 @@ finds an API used outside this file that one of them lacks).
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -27,6 +29,7 @@ __all__ = [
     "PrefetchDataFetcher",
     "TORCH_VERSION",
     "all_gather_single",
+    "ddp_buffer_sync",
     "default_pg_timeout",
     "fit_data_fetcher",
     "optimizers_to_device",
@@ -68,6 +71,25 @@ def all_gather_single(
     if native is None:
         native = dist.all_gather_into_tensor
     return native(output, input, group=group, async_op=async_op)
+
+
+# torch 2.13 added DistributedDataParallel(forward_sync_buffers=...) and deprecated
+# broadcast_buffers (FutureWarning); torch 2.11 only has broadcast_buffers, which with False also
+# leaves buffers out of DDP's initial sync (lightrec passes False only for buffers that are the same
+# on every rank by construction: integer index tables).
+@functools.lru_cache(maxsize=1)
+def _ddp_parameters() -> frozenset[str]:
+    from torch.nn.parallel import DistributedDataParallel
+
+    return frozenset(inspect.signature(DistributedDataParallel.__init__).parameters)
+
+
+def ddp_buffer_sync(every_forward: bool) -> dict[str, bool]:
+    """The ``DistributedDataParallel`` keyword that (de)activates broadcasting the module's buffers
+    at every forward: ``forward_sync_buffers`` where torch has it (>= 2.13), else ``broadcast_buffers``."""
+    if "forward_sync_buffers" in _ddp_parameters():
+        return {"forward_sync_buffers": every_forward}
+    return {"broadcast_buffers": every_forward}
 
 
 # ------------------------------------------------------------------------------------------ Lightning

@@ -132,3 +132,13 @@ def test_lightning_names_resolve_lazily() -> None:
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         _compat.nope  # noqa: B018
     assert _compat.TORCH_VERSION >= (2, 11)
+
+
+def test_ddp_buffer_sync_names_a_keyword_this_torch_has(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch.nn.parallel import DistributedDataParallel
+
+    (key,) = _compat.ddp_buffer_sync(every_forward=False)
+    assert key in DistributedDataParallel.__init__.__code__.co_varnames
+    monkeypatch.setattr(_compat, "_ddp_parameters", lambda: frozenset({"broadcast_buffers"}))  # torch 2.11
+    assert _compat.ddp_buffer_sync(every_forward=True) == {"broadcast_buffers": True}
+

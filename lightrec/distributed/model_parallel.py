@@ -43,6 +43,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from lightrec._compat import ddp_buffer_sync
 from lightrec.distributed.embedding import EmbeddingCollectionSharder
 from lightrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from lightrec.distributed.placement import move_dense_to_device, outermost
@@ -276,8 +277,10 @@ class DistributedModelParallel(nn.Module):
         ddp_group = dist.new_group(
             ranks=ranks, backend=dist.get_backend(self._env.pg), timeout=_timeout_of(self._env.pg or dist.group.WORLD)
         )
-        # Integer buffers (index tables such as the interaction's triu indices) never change:
-        # syncing them once at construction is enough; float buffers (running stats) sync per forward.
+        # Integer buffers (index tables such as the interaction's triu indices) never change and
+        # are the same on every rank by construction: no per-forward broadcast (torch < 2.13 then
+        # skips their initial sync too, see lightrec._compat); float buffers (running stats) sync
+        # every forward.
         constant_buffers = all(
             not b.is_floating_point() for n, b in module.named_buffers() if n not in ignored
         )
@@ -285,7 +288,7 @@ class DistributedModelParallel(nn.Module):
             "device_ids": [self.device] if self.device.type == "cuda" else None,
             "process_group": ddp_group,
             "gradient_as_bucket_view": True,
-            "forward_sync_buffers": not constant_buffers,
+            **ddp_buffer_sync(every_forward=not constant_buffers),
         }
         kwargs.update(self._ddp_kwargs)
         return DistributedDataParallel(module, **kwargs)
