@@ -208,3 +208,29 @@ def test_main_job_on_two_cpu_ranks_with_rec_strategy(tmp_path: Path) -> None:
     with torch.no_grad():
         scores = [torch.jit.load(str(p))(batch.dense_features, kjt.values(), kjt.lengths()) for p in (artifact, out)]
     torch.testing.assert_close(scores[0], scores[1])
+
+
+def _main_job_test_auc(workdir: Path, accelerator: str) -> float:
+    """`lightrec run dlrm --accelerator <accelerator> --devices 1` (the full default config): test AUC."""
+    from tests.multiprocess import free_port
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    cmd = [sys.executable, "-m", "lightrec.cli", "run", "dlrm", "--accelerator", accelerator, "--devices", "1",
+           f"--trainer.logger.init_args.save_dir={workdir}", "--trainer.enable_progress_bar=false"]  # fmt: skip
+    done = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stderr[-4000:]
+    match = re.search(r"\bauc=([0-9.]+)", done.stdout)
+    assert match is not None, done.stdout[-2000:]
+    return float(match.group(1))
+
+
+@pytest.mark.gpu
+def test_main_job_on_one_gpu_matches_the_cpu_run(tmp_path: Path) -> None:
+    """`lightrec run dlrm --accelerator gpu --devices 1` completes (fit, sharded checkpoint, test,
+    int8 export) with a test AUC within 0.005 of the same command on CPU."""
+    gpu = _main_job_test_auc(tmp_path / "gpu", "gpu")
+    cpu = _main_job_test_auc(tmp_path / "cpu", "cpu")
+    assert abs(gpu - cpu) <= 0.005, (gpu, cpu)
+    assert (tmp_path / "gpu" / "dlrm" / "version_0" / "export" / "model_int8.pt").is_file()
+

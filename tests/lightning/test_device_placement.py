@@ -27,7 +27,7 @@ from torch import nn
 from lightrec.distributed.placement import detached, move_dense_to_device
 from lightrec.modules import EmbeddingBagCollection
 from tests.lightning.toy import ToyDLRM
-from tests.multiprocess import free_port, run_ranks
+from tests.multiprocess import free_port, run_nccl, run_ranks
 
 
 def _metric_states(module: nn.Module) -> list[torch.Tensor]:
@@ -78,7 +78,7 @@ def test_detached_restores_the_tree_in_order_even_after_an_error() -> None:
 # One Trainer: fit -> validate -> test -> predict on 2 ranks
 
 
-def _stages_body(rank: int, world_size: int, port: int, tmp: str) -> dict[str, Any]:
+def _stages_body(rank: int, world_size: int, port: int, tmp: str, accelerator: str = "cpu") -> dict[str, Any]:
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
         WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size), NODE_RANK="0",
@@ -89,7 +89,7 @@ def _stages_body(rank: int, world_size: int, port: int, tmp: str) -> dict[str, A
     from lightrec.distributed import ShardedEmbeddingBagCollection
     from lightrec.distributed.sharding.collection import ShardedCollectionBase
     from lightrec.distributed.state_dict import gather_full_state_dict
-    from lightrec.lightning import RecStrategy
+    from lightrec.lightning import PlanReport, RecStrategy
     from tests.lightning.test_rec_strategy import mixed_plan
     from tests.lightning.toy import toy_data
 
@@ -116,13 +116,14 @@ def _stages_body(rank: int, world_size: int, port: int, tmp: str) -> dict[str, A
         def on_predict_batch_start(self, trainer, module, batch, batch_idx, dataloader_idx=0) -> None:  # noqa: ANN001
             batches.append(batch)
 
+    report = PlanReport(log_chart=False)
     data = toy_data(batch_size=16, num_train_batches=3 * world_size, block_size=16)
     trainer = pl.Trainer(
-        accelerator="cpu", devices=world_size, max_steps=3, limit_val_batches=2, num_sanity_val_steps=0,
-        strategy=RecStrategy(plan=mixed_plan(world_size),
+        accelerator=accelerator, devices=world_size, max_steps=3, limit_val_batches=2, num_sanity_val_steps=0,
+        strategy=RecStrategy(plan=mixed_plan(world_size, "cuda" if accelerator == "gpu" else "cpu"),
                              fused_params={"optimizer": "exact_row_wise_adagrad", "learning_rate": 0.1}),
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        callbacks=[RecordPredictBatches()], default_root_dir=tmp,
+        callbacks=[RecordPredictBatches(), report], default_root_dir=tmp,
     )  # fmt: skip
     module = ToyDLRM(device="meta", dense_optimizer="sgd", dense_lr=0.1)
     trainer.fit(module, datamodule=data)
@@ -150,17 +151,20 @@ def _stages_body(rank: int, world_size: int, port: int, tmp: str) -> dict[str, A
     out["same_plan"] = trainer.strategy.plan.to_json() == plan
     out["moves"], out["moves_after_fit"], out["optimizer_moves"] = moves, moves_after_fit, optimizer_moves
     out["strategy_model_is_module"] = trainer.strategy.model is module
+    out["metric_devices"] = {s.device.type for s in _metric_states(module)}
+    out["dense_devices"] = {p.device.type for n, p in module.named_parameters() if "embedding_bag" not in n}
+    out["table_devices"] = {p.device.type for p in after.parameters()}
+    out["hbm_caps"] = report.report.hbm_caps.tolist() if report.report is not None else None
 
     # the predictions are those of an unsharded model holding the gathered tables
-    full = gather_full_state_dict(module.state_dict())
+    full = {k: v.cpu() for k, v in gather_full_state_dict(module.state_dict()).items()}
     reference = ToyDLRM()
     reference.load_state_dict(full)
     reference.eval()
     with torch.no_grad():
-        expected = [
-            torch.sigmoid(reference(b.dense_features, b.sparse_features).reshape(-1)) for b in batches
-        ]
-    out["predictions"] = torch.cat(predictions)
+        cpu = [b.to(torch.device("cpu")) for b in batches]
+        expected = [torch.sigmoid(reference(b.dense_features, b.sparse_features).reshape(-1)) for b in cpu]
+    out["predictions"] = torch.cat(predictions).cpu()
     out["expected"] = torch.cat(expected)
     return out
 
@@ -171,9 +175,29 @@ def test_fit_validate_test_predict_keep_the_sharded_tables(tmp_path: Any) -> Non
         assert r["same_object"] and r["same_tensors"] and r["same_values"], f"rank {rank}"
         assert r["same_fused_state"] and r["same_plan"], f"rank {rank}"
         assert r["strategy_model_is_module"]
+        assert r["metric_devices"] == r["dense_devices"] == r["table_devices"] == {"cpu"}
         assert r["moves"] == [], f"rank {rank}: a device move reached sharded storage: {r['moves']}"
         assert r["optimizer_moves"] == [], f"rank {rank}: optimizer state was moved: {r['optimizer_moves']}"
         assert len(r["predictions"]) == 16  # one test batch per rank
         torch.testing.assert_close(r["predictions"], r["expected"], rtol=1e-5, atol=1e-6)
         assert 0.0 < r["test"]["test/auc"] < 1.0 and "val/loss" in r["val"]
     assert ranks[0]["val"]["val/loss"] == pytest.approx(ranks[1]["val"]["val/loss"])  # synced across ranks
+
+
+@pytest.mark.gpu
+def test_fit_validate_test_predict_on_a_gpu(tmp_path: Any) -> None:
+    """The same on CUDA (NCCL group of size 1): metric states, dense part and tables on the GPU
+    through every stage; the plan report's HBM cap is the GPU's memory."""
+    r = run_nccl(_stages_body, args=(free_port(), str(tmp_path), "gpu"), timeout=300)
+    assert (
+        r["same_object"]
+        and r["same_tensors"]
+        and r["same_values"]
+        and r["same_fused_state"]
+        and r["same_plan"]
+    )
+    assert r["moves"] == [] and r["optimizer_moves"] == []
+    assert r["metric_devices"] == r["dense_devices"] == r["table_devices"] == {"cuda"}
+    assert r["hbm_caps"] == [torch.cuda.get_device_properties(0).total_memory]
+    assert len(r["predictions"]) == 32  # both test batches on the one rank
+    torch.testing.assert_close(r["predictions"], r["expected"], rtol=1e-4, atol=1e-5)
