@@ -73,6 +73,23 @@ def test_run_passes_shortcuts_and_lightningcli_arguments(
     assert re.search(r"devices: '?1'?\n", saved) and re.search(r"accelerator: cpu\n", saved)
 
 
+def test_run_with_accelerator_gpu_reaches_the_trainer_and_picks_nccl(capsys: pytest.CaptureFixture[str]) -> None:
+    """`lightrec run dlrm --accelerator gpu --devices 1`: the shortcut lands in the Trainer's
+    config (parsed only: no GPU here) and the recipe's RecStrategy talks NCCL on a CUDA device."""
+    import torch
+
+    from lightrec.lightning import RecStrategy
+
+    with pytest.raises(SystemExit) as done:
+        main(["run", "dlrm", "--accelerator", "gpu", "--devices", "1", "--print_config"])
+    assert done.value.code in (0, None)
+    config = capsys.readouterr().out
+    assert re.search(r"accelerator: gpu\n", config) and "strategy: lightrec" in config
+    assert re.search(r"devices: '?1'?\n", config)
+    strategy = RecStrategy(parallel_devices=[torch.device("cuda", 0)])
+    assert strategy._get_process_group_backend() == "nccl"
+
+
 def test_unknown_recipe_and_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     valid = ", ".join(RECIPES)
     assert f"unknown recipe 'dlrn'; valid recipes: {valid}" in usage_error(["run", "dlrn"], capsys)
