@@ -149,7 +149,8 @@ class RecStrategy(DDPStrategy):
     def _plan_for(self, module: nn.Module, sharders: list[Any]) -> Any:
         if self._plan is not None:
             return self._plan
-        if not _has_unsharded_collections(module) and any(isinstance(m, ShardedCollectionBase) for m in module.modules()):
+        sharded = any(isinstance(m, ShardedCollectionBase) for m in module.modules())
+        if sharded and not _has_unsharded_collections(module):
             # Sharded by an earlier stage: DistributedModelParallel takes over the plan it was sharded by.
             return None
         from lightrec.distributed.planner import EmbeddingShardingPlanner, Topology
