@@ -141,4 +141,3 @@ def test_ddp_buffer_sync_names_a_keyword_this_torch_has(monkeypatch: pytest.Monk
     assert key in DistributedDataParallel.__init__.__code__.co_varnames
     monkeypatch.setattr(_compat, "_ddp_parameters", lambda: frozenset({"broadcast_buffers"}))  # torch 2.11
     assert _compat.ddp_buffer_sync(every_forward=True) == {"broadcast_buffers": True}
-

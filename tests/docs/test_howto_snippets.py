@@ -210,7 +210,9 @@ def test_install_matrix_matches_pyproject() -> None:
     text = (HOWTO / "install-matrix.md").read_text()
     for name in ("cpu", "cuda"):
         pins = json.dumps(extras[name])  # the fbgemm release and the torch it is built for
-        assert f"{name} = {pins}" in text, f"the page quotes a different [{name}] extra than pyproject's {pins}"
+        assert f"{name} = {pins}" in text, (
+            f"the page quotes a different [{name}] extra than pyproject's {pins}"
+        )
         assert f".[{name}]" in text
     torch_pin = next(d for d in pyproject["project"]["dependencies"] if d.startswith("torch"))
     assert torch_pin.replace("torch", "") in text, f"the page must quote the torch pin {torch_pin}"
