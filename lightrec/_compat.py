@@ -1,27 +1,133 @@
-"""Every private Lightning import lightrec relies on, in one place.
+"""Everything lightrec uses that differs between the releases it supports, in one place.
 
-Lightning moves private helpers between minor releases; when it does, this is the only file to
-change. Public Lightning API is imported directly where it is used.
+Two kinds of things live here:
+
+* **torch APIs that moved within the supported range** (``torch>=2.11,<2.15``, see
+  ``pyproject.toml``): importing this module imports torch only, so every room may use these
+  shims. When lightrec starts to use an API newer than the oldest supported torch, it goes here,
+  with the release that introduced it;
+* **private Lightning imports** -- Lightning moves private helpers between minor releases; when it
+  does, this is the only file to change. They are resolved on first access (module
+  ``__getattr__``), so the rooms below ``lightrec.lightning`` can import this module without
+  importing Lightning. Public Lightning API is imported directly where it is used.
+
+The torch APIs lightrec reads directly are checked against the running torch by
+``tests/test_torch_compat.py`` (so running the suite on the oldest and newest supported torch
+finds an API used outside this file that one of them lacks).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+import inspect
+from typing import TYPE_CHECKING, Any
 
-from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
-from lightning.fabric.utilities.optimizer import _optimizers_to_device as optimizers_to_device
-from lightning.pytorch.loops.fetchers import _PrefetchDataFetcher as PrefetchDataFetcher
+import torch
+import torch.distributed as dist
 
-__all__ = ["PrefetchDataFetcher", "default_pg_timeout", "fit_data_fetcher", "optimizers_to_device"]
+__all__ = [
+    "PrefetchDataFetcher",
+    "TORCH_VERSION",
+    "all_gather_single",
+    "ddp_buffer_sync",
+    "default_pg_timeout",
+    "fit_data_fetcher",
+    "optimizers_to_device",
+    "reduce_scatter_single",
+]
+
+#: ``(major, minor)`` of the running torch.
+TORCH_VERSION: tuple[int, int] = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])  # type: ignore[assignment]
 
 
-def fit_data_fetcher(trainer: Any) -> PrefetchDataFetcher | None:
-    """The fit loop's training data fetcher, or None (not set up yet, or a ``training_step`` that
-    takes ``dataloader_iter`` and fetches its own batches).
+# ---------------------------------------------------------------------------------------------- torch
+# torch 2.13 renamed the tensor-shaped collectives: `reduce_scatter_single` / `all_gather_single`
+# (the old `reduce_scatter_tensor` / `all_gather_into_tensor` still exist there, deprecated with a
+# FutureWarning); torch 2.11 and 2.12 only have the old names. Same signatures.
+def reduce_scatter_single(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    group: dist.ProcessGroup | None = None,
+    async_op: bool = False,
+) -> Any:
+    """Sum ``input`` ``[W * n, ...]`` over the ranks of ``group``; rank r receives rows ``[r * n, (r + 1) * n)``
+    in ``output`` ``[n, ...]``. ``dist.reduce_scatter_single`` on torch >= 2.13, else
+    ``dist.reduce_scatter_tensor``."""
+    native = getattr(dist, "reduce_scatter_single", None)
+    if native is None:
+        native = dist.reduce_scatter_tensor
+    return native(output, input, group=group, async_op=async_op)
+
+
+def all_gather_single(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    group: dist.ProcessGroup | None = None,
+    async_op: bool = False,
+) -> Any:
+    """Concatenate every rank's ``input`` ``[n, ...]`` into ``output`` ``[W * n, ...]`` in rank order.
+    ``dist.all_gather_single`` on torch >= 2.13, else ``dist.all_gather_into_tensor``."""
+    native = getattr(dist, "all_gather_single", None)
+    if native is None:
+        native = dist.all_gather_into_tensor
+    return native(output, input, group=group, async_op=async_op)
+
+
+# torch 2.13 added DistributedDataParallel(forward_sync_buffers=...) and deprecated
+# broadcast_buffers (FutureWarning); torch 2.11 only has broadcast_buffers, which with False also
+# leaves buffers out of DDP's initial sync (lightrec passes False only for buffers that are the same
+# on every rank by construction: integer index tables).
+@functools.lru_cache(maxsize=1)
+def _ddp_parameters() -> frozenset[str]:
+    from torch.nn.parallel import DistributedDataParallel
+
+    return frozenset(inspect.signature(DistributedDataParallel.__init__).parameters)
+
+
+def ddp_buffer_sync(every_forward: bool) -> dict[str, bool]:
+    """The ``DistributedDataParallel`` keyword that (de)activates broadcasting the module's buffers
+    at every forward: ``forward_sync_buffers`` where torch has it (>= 2.13), else ``broadcast_buffers``."""
+    if "forward_sync_buffers" in _ddp_parameters():
+        return {"forward_sync_buffers": every_forward}
+    return {"broadcast_buffers": every_forward}
+
+
+# ------------------------------------------------------------------------------------------ Lightning
+if TYPE_CHECKING:
+    from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+    from lightning.fabric.utilities.optimizer import _optimizers_to_device as optimizers_to_device
+    from lightning.pytorch.loops.fetchers import _PrefetchDataFetcher as PrefetchDataFetcher
+
+
+def _lightning_private(name: str) -> Any:
+    if name == "default_pg_timeout":
+        from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+
+        return default_pg_timeout
+    if name == "optimizers_to_device":
+        from lightning.fabric.utilities.optimizer import _optimizers_to_device
+
+        return _optimizers_to_device
+    if name == "PrefetchDataFetcher":
+        from lightning.pytorch.loops.fetchers import _PrefetchDataFetcher
+
+        return _PrefetchDataFetcher
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __getattr__(name: str) -> Any:
+    value = _lightning_private(name)
+    globals()[name] = value  # resolved once
+    return value
+
+
+def fit_data_fetcher(trainer: Any) -> Any:
+    """The fit loop's training data fetcher (a ``PrefetchDataFetcher``), or None (not set up yet,
+    or a ``training_step`` that takes ``dataloader_iter`` and fetches its own batches).
 
     A ``PrefetchDataFetcher`` yields ``(batch, batch_idx, dataloader_idx)`` items read from its
     ``iterator``; when the loader has no length it holds the next item in ``batches`` (Lightning
     pre-reads one to know which batch is the last), otherwise ``batches`` stays empty.
     """
     fetcher = getattr(getattr(trainer, "fit_loop", None), "_data_fetcher", None)
-    return fetcher if isinstance(fetcher, PrefetchDataFetcher) else None
+    return fetcher if isinstance(fetcher, _lightning_private("PrefetchDataFetcher")) else None

@@ -7,7 +7,18 @@ where no fbgemm wheel matches the installed torch.
 
 from __future__ import annotations
 
+import pytest
+
 import tests  # noqa: F401  (installs the fbgemm block first when LIGHTREC_BLOCK_FBGEMM=1)
+from tests.devices import DEVICES
+
+
+@pytest.fixture(params=DEVICES)
+def device(request: pytest.FixtureRequest):  # noqa: ANN201 - torch.device
+    """Each test that takes it runs on ``cpu`` and, marked ``gpu`` (``-m gpu``), on ``cuda``."""
+    import torch
+
+    return torch.device(request.param)
 
 
 def pytest_configure(config) -> None:  # noqa: ANN001
@@ -19,7 +30,6 @@ def pytest_configure(config) -> None:  # noqa: ANN001
 
 
 def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001
-    import pytest
     import torch
 
     if torch.cuda.is_available():

@@ -12,6 +12,14 @@ Usage::
 The body must be a module-level function (it is pickled into spawned processes). An exception
 on any rank is re-raised in the test with that rank's traceback; a rank that hangs fails the test
 after ``timeout`` seconds instead of blocking CI.
+
+``backend="nccl"`` runs the ranks on GPUs (rank r on ``cuda:r``); :func:`run_nccl` is the one-GPU
+case, an NCCL group of size 1, which is how the ``gpu`` tests exercise the NCCL code paths on a
+single-GPU machine.
+
+Parallel runs (``pytest -n N``): the process group rendezvous through a file in a fresh temporary
+directory, never a port; the tests that let Lightning or a launched command bind ``MASTER_PORT``
+take it from :func:`free_port`, which gives every xdist worker its own port range.
 """
 
 from __future__ import annotations
@@ -29,8 +37,33 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+# Worker N of ``pytest -n`` draws ports from [_BASE + N * _SPAN, _BASE + (N + 1) * _SPAN): below
+# Linux's ephemeral range (32768-60999), where the OS picks ports for ``bind(0)`` and outgoing
+# connections, so no two workers, and no OS-chosen port, can be handed the same number.
+_BASE, _SPAN = 10_000, 500
+_next_offset = 0
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
 
 def free_port() -> int:
+    """A TCP port nothing listens on, for ``MASTER_PORT``; distinct across xdist workers."""
+    global _next_offset
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1", ... under pytest -n
+    if worker.startswith("gw") and worker[2:].isdigit() and int(worker[2:]) < (32_768 - _BASE) // _SPAN:
+        start = _BASE + int(worker[2:]) * _SPAN
+        for _ in range(_SPAN):
+            port = start + _next_offset % _SPAN
+            _next_offset += 1  # never hand out the same port twice in a worker
+            if _bindable(port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -44,6 +77,7 @@ def _worker(
     args: tuple,
     queue: Any,
     timeout_s: float,
+    backend: str = "gloo",
 ) -> None:
     if os.environ.get("LIGHTREC_BLOCK_FBGEMM", "") not in ("", "0"):
         from tests.fbgemm_block import install_fbgemm_block
@@ -51,8 +85,10 @@ def _worker(
         install_fbgemm_block()
     torch.set_num_threads(1)
     try:
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
         dist.init_process_group(
-            "gloo",
+            backend,
             init_method=f"file://{init_file}",
             rank=rank,
             world_size=world_size,
@@ -72,16 +108,23 @@ def _worker(
 
 
 def run_ranks(
-    fn: Callable[..., Any], world_size: int, args: tuple = (), timeout: float = 120.0
+    fn: Callable[..., Any], world_size: int, args: tuple = (), timeout: float = 120.0, backend: str = "gloo"
 ) -> list[Any]:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return results by rank."""
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` ranks of ``backend`` ("gloo" on CPU,
+    "nccl" on GPUs, rank r on ``cuda:r``); return results by rank (tensors as the ranks made them)."""
+    if backend == "nccl" and torch.cuda.device_count() < world_size:
+        raise RuntimeError(
+            f"run_ranks(backend='nccl') needs {world_size} CUDA device(s), found {torch.cuda.device_count()}"
+        )
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "pg_init")
         procs = [
             ctx.Process(
-                target=_worker, args=(r, world_size, init_file, fn, args, queue, timeout), daemon=True
+                target=_worker,
+                args=(r, world_size, init_file, fn, args, queue, timeout, backend),
+                daemon=True,
             )
             for r in range(world_size)
         ]
@@ -107,3 +150,12 @@ def run_ranks(
         if errors:
             raise AssertionError("distributed test failed:\n" + "\n".join(errors))
     return [results[r] for r in range(world_size)]
+
+
+def run_nccl(fn: Callable[..., Any], args: tuple = (), timeout: float = 180.0) -> Any:
+    """Run ``fn(0, 1, *args)`` in one process holding an NCCL group of size 1 on ``cuda:0``.
+
+    The single-GPU form of the distributed tests: every collective of the sharded code runs through
+    NCCL (on CUDA tensors) with one rank. Returns the body's result.
+    """
+    return run_ranks(fn, 1, args=args, timeout=timeout, backend="nccl")[0]

@@ -18,9 +18,15 @@ Construction (collective: every rank builds the same model and calls it together
    exists whole anywhere), each initialised from its config with a per-table seed so the values do
    not depend on the plan or world size. Tables that already hold weights **keep them** (each rank
    copies its blocks) -- unlike torchrec, which re-initialises them.
-3. **Dense part** -- ``meta`` dense parameters are materialised (``reset_parameters``), then every
-   trainable parameter outside the sharded modules is wrapped in ``DistributedDataParallel`` (on
-   its own process group, so its all-reduces never interleave with the embedding all-to-alls).
+3. **Dense part** -- everything outside the sharded modules (parameters, buffers, metric states)
+   moves to ``device``, ``meta`` dense parameters are materialised (``reset_parameters``), then
+   every trainable parameter outside the sharded modules is wrapped in ``DistributedDataParallel``
+   (on its own process group, so its all-reduces never interleave with the embedding all-to-alls).
+
+A module that already holds sharded collections (a ``DistributedModelParallel`` built on it
+before, e.g. by ``RecStrategy`` for an earlier ``fit``) keeps them as they are: their plan is
+taken over (a plan naming them must agree) and the wrapper is rebuilt around them, so the same
+sharded tables serve fit, validate, test and predict. They must be on this world and ``device``.
 
 Gradient semantics (docs/sharding.md): every parameter, dense or embedding, model-parallel or
 replicated, receives the gradient of the *mean* of the per-rank losses.
@@ -37,8 +43,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from lightrec._compat import ddp_buffer_sync
 from lightrec.distributed.embedding import EmbeddingCollectionSharder
 from lightrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from lightrec.distributed.placement import move_dense_to_device, outermost
 from lightrec.distributed.sharding.collection import CollectionSharder, ShardedCollectionBase, as_env
 from lightrec.distributed.state_dict import gather_full_state_dict
 from lightrec.distributed.types import (
@@ -108,6 +116,19 @@ def balanced_table_wise_plan(
     return plan
 
 
+def _same_device(device: torch.device) -> torch.device:
+    """``cuda`` and ``cuda:<current>`` are the same device (so are ``cpu`` and ``cpu:0``)."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(device.type) if device.type == "cpu" else device
+
+
+def _with_adopted(plan: ShardingPlan, adopted: Mapping[str, ShardedCollectionBase]) -> ShardingPlan:
+    """``plan`` plus the module plans of already-sharded collections it does not name (a new object)."""
+    missing = {path: m.module_sharding_plan() for path, m in adopted.items() if path not in plan.plan}
+    return ShardingPlan({**plan.plan, **missing}) if missing else plan
+
+
 def _plan(
     module: nn.Module, sharders: list[ModuleSharder], env: ShardingEnv, device: torch.device
 ) -> ShardingPlan:
@@ -143,7 +164,9 @@ class DistributedModelParallel(nn.Module):
         plan: a :class:`ShardingPlan` (default: planned, see above).
         sharders: sharders to use (default :func:`get_default_sharders`).
         init_data_parallel: wrap the dense part in DDP when the world has several ranks.
-        init_parameters: materialise ``meta`` dense parameters.
+        init_parameters: move the dense part (everything outside the sharded collections:
+            parameters, buffers, metric states) to ``device``, materialising ``meta`` dense
+            parameters with their ``reset_parameters``. With ``False`` it is left as it is.
         seed: base seed of the initialisation of ``meta`` tables.
         ddp_kwargs: extra ``DistributedDataParallel`` arguments (override lightrec's defaults,
             e.g. ``{"find_unused_parameters": True}``).
@@ -170,20 +193,31 @@ class DistributedModelParallel(nn.Module):
         self._sharders = list(sharders) if sharders is not None else get_default_sharders()
         if plan is not None and not isinstance(plan, ShardingPlan):
             raise TypeError(f"plan must be a ShardingPlan, got {type(plan).__name__}")
-        self._plan = plan if plan is not None else _plan(module, self._sharders, self._env, self.device)
-        module, self._sharded_paths = self._shard(module, seed)
+        adopted = dict(outermost(module, (ShardedCollectionBase,)))
+        if plan is None:  # nothing left to shard: no planning (the sharded ones bring their plan)
+            shardable = _shardable(module, self._sharders)
+            plan = _plan(module, self._sharders, self._env, self.device) if shardable else ShardingPlan()
+        self._plan = _with_adopted(plan, adopted)
+        module, self._sharded_paths = self._shard(module, seed, adopted)
         if init_parameters:
-            self._init_dense(module)
+            # The dense part (parameters, buffers, any module's device state such as metric
+            # states) goes to `device`; sharded collections already are where the plan put them.
+            move_dense_to_device(module, self.device, (ShardedCollectionBase,))
         self._dmp_wrapped_module = self._wrap_dense(module) if init_data_parallel else module
         sharded = self._sharded_modules()
         self._fused_optimizer = CombinedOptimizer([(path, m.fused_optimizer) for path, m in sharded.items()])
         self._prefetch_target = next(iter(sharded.values())) if len(sharded) == 1 else None
 
     # ---- construction ---------------------------------------------------------------------
-    def _shard(self, module: nn.Module, seed: int) -> tuple[nn.Module, list[str]]:
+    def _shard(
+        self, module: nn.Module, seed: int, adopted: dict[str, ShardedCollectionBase]
+    ) -> tuple[nn.Module, list[str]]:
         paths = []
+        for path, sharded in adopted.items():
+            self._check_adoptable(path, sharded)
+            paths.append(path)
         shardable = _shardable(module, self._sharders)
-        unmatched = sorted(set(self._plan.plan) - set(shardable))
+        unmatched = sorted(set(self._plan.plan) - set(shardable) - set(adopted))
         if unmatched:
             raise ValueError(
                 f"plan names module paths {unmatched} that are not shardable modules of {type(module).__name__}; "
@@ -204,23 +238,27 @@ class DistributedModelParallel(nn.Module):
                 setattr(module.get_submodule(parent_path), name, sharded)
         return module, paths
 
-    def _init_dense(self, module: nn.Module) -> None:
-        for m in self._dense_modules(module):
-            if any(
-                p.device.type == "meta"
-                for p in list(m.parameters(recurse=False)) + list(m.buffers(recurse=False))
-            ):
-                m.to_empty(device=self.device, recurse=False)
-                if hasattr(m, "reset_parameters"):
-                    m.reset_parameters()  # type: ignore[operator]
-            else:
-                for p in m.parameters(recurse=False):
-                    p.data = p.data.to(self.device)
-
-    def _dense_modules(self, module: nn.Module) -> Iterator[nn.Module]:
-        for path, m in module.named_modules():
-            if not any(path == p or path.startswith(p + ".") or p == "" for p in self._sharded_paths):
-                yield m
+    def _check_adoptable(self, path: str, sharded: ShardedCollectionBase) -> None:
+        """An already-sharded collection is kept as is if it was sharded for this world, device and plan."""
+        where = f"the module at {path!r} is already a {type(sharded).__name__}"
+        env = sharded.sharding_env
+        if (env.rank, env.world_size) != (self._env.rank, self._env.world_size):
+            raise ValueError(
+                f"{where} sharded for rank {env.rank} of {env.world_size}, but this DistributedModelParallel "
+                f"runs rank {self._env.rank} of {self._env.world_size}; build the model afresh (or load a "
+                "checkpoint into a model sharded for this world)"
+            )
+        if _same_device(sharded.device) != _same_device(self.device):
+            raise ValueError(
+                f"{where} whose shards live on {sharded.device}, but device={self.device} was asked for; "
+                f"sharded tables do not move: pass device={sharded.device} or build the model afresh"
+            )
+        wanted = self._plan.get_plan_for_module(path)
+        if wanted is not None and dict(wanted) != dict(sharded.module_sharding_plan()):
+            raise ValueError(
+                f"{where} sharded by another plan than the one given for it; a live sharded module is never "
+                "resharded: save a checkpoint and load it into a model sharded by the new plan"
+            )
 
     def _wrap_dense(self, module: nn.Module) -> nn.Module:
         ignore = [
@@ -239,8 +277,10 @@ class DistributedModelParallel(nn.Module):
         ddp_group = dist.new_group(
             ranks=ranks, backend=dist.get_backend(self._env.pg), timeout=_timeout_of(self._env.pg or dist.group.WORLD)
         )
-        # Integer buffers (index tables such as the interaction's triu indices) never change:
-        # syncing them once at construction is enough; float buffers (running stats) sync per forward.
+        # Integer buffers (index tables such as the interaction's triu indices) never change and
+        # are the same on every rank by construction: no per-forward broadcast (torch < 2.13 then
+        # skips their initial sync too, see lightrec._compat); float buffers (running stats) sync
+        # every forward.
         constant_buffers = all(
             not b.is_floating_point() for n, b in module.named_buffers() if n not in ignored
         )
@@ -248,7 +288,7 @@ class DistributedModelParallel(nn.Module):
             "device_ids": [self.device] if self.device.type == "cuda" else None,
             "process_group": ddp_group,
             "gradient_as_bucket_view": True,
-            "forward_sync_buffers": not constant_buffers,
+            **ddp_buffer_sync(every_forward=not constant_buffers),
         }
         kwargs.update(self._ddp_kwargs)
         return DistributedDataParallel(module, **kwargs)

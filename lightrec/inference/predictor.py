@@ -12,6 +12,10 @@ inputs: dense ``[B, I]``, key-major ``values``/``lengths``) and returns probabil
 :class:`RequestError` naming the request index, the feature and the offending value; nothing is
 scored when any request is bad. ``missing_features="empty"`` (default) treats an absent feature as
 an empty id list (the model pools it to zeros); ``"error"`` rejects such requests.
+
+``load(path, device="cuda")`` serves on a GPU: the artifact's tensors are loaded onto the device,
+inputs are moved there, ``predict`` returns CPU probabilities and ``__call__`` the raw outputs on
+the device.
 """
 
 from __future__ import annotations
@@ -41,12 +45,16 @@ class Predictor:
             ``(dense_features, values, lengths[, weights])``.
         meta: the ``<path>.meta.json`` content.
         missing_features: ``"empty"`` or ``"error"`` (see the module docstring).
+        device: where ``module`` runs; inputs are moved there.
     """
 
-    def __init__(self, module: Any, meta: dict[str, Any], missing_features: str = "empty") -> None:
+    def __init__(
+        self, module: Any, meta: dict[str, Any], missing_features: str = "empty", device: torch.device | str = "cpu"
+    ) -> None:
         if missing_features not in ("empty", "error"):
             raise ValueError(f"missing_features must be 'empty' or 'error', got {missing_features!r}")
         self.module = module
+        self.device = torch.device(device)
         self.meta = meta
         self.missing_features = missing_features
         self.feature_names: list[str] = list(meta["feature_names"])
@@ -60,10 +68,11 @@ class Predictor:
         """Run the artifact on tensors (layout in :mod:`lightrec.inference.export`); returns raw outputs.
 
         Ids and lengths of any integer dtype (KJTs often carry int32 lengths) are passed on as the
-        artifact's int64, dense features and weights as float32.
+        artifact's int64, dense features and weights as float32, all on the predictor's ``device``.
         """
-        dense_features, values, lengths = dense_features.float(), values.long(), lengths.long()
-        weights = weights.float() if weights is not None else None
+        device = self.device
+        dense_features, values, lengths = dense_features.to(device, torch.float32), values.to(device, torch.int64), lengths.to(device, torch.int64)
+        weights = weights.to(device, torch.float32) if weights is not None else None
         batch = dense_features.shape[0]
         if batch == 1 and self.meta.get("format") == "export":
             # exported programs are specialized to B >= 2: score the sample twice, keep one
@@ -100,7 +109,7 @@ class Predictor:
         if self.is_weighted:
             w = torch.tensor([x for f in self.feature_names for sample in weights[f] for x in sample],
                              dtype=torch.float32)
-        out = torch.sigmoid(self(dense_t, values, lengths, w))
+        out = torch.sigmoid(self(dense_t, values, lengths, w)).cpu()
         return out.squeeze(1) if out.dim() == 2 and out.shape[1] == 1 else out
 
     # ------------------------------------------------------------------ validation
@@ -172,8 +181,13 @@ def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-def load(path: str | os.PathLike, missing_features: str = "empty") -> Predictor:
+def load(path: str | os.PathLike, missing_features: str = "empty", device: torch.device | str = "cpu") -> Predictor:
     """Load an artifact written by :func:`lightrec.inference.export` (reads ``<path>.meta.json``).
+
+    Args:
+        path: the artifact.
+        missing_features: ``"empty"`` or ``"error"`` (module docstring).
+        device: where the artifact runs (``"cpu"``, ``"cuda"``, ``"cuda:1"`` ...).
 
     Raises:
         FileNotFoundError: the artifact or its metadata is missing.
@@ -191,9 +205,9 @@ def load(path: str | os.PathLike, missing_features: str = "empty") -> Predictor:
             raise RuntimeError(f"{str(path)!r} calls fbgemm ops but fbgemm_gpu is unavailable "
                                f"({fbgemm_unavailable_reason()}); re-export on a machine without fbgemm")
     if meta["format"] == "torchscript":
-        module: Any = torch.jit.load(str(path), map_location="cpu")
+        module: Any = torch.jit.load(str(path), map_location=torch.device(device))
     else:
         import lightrec.inference.kernels  # noqa: F401  registers lightrec::nbit_pooled_lookup
 
-        module = torch.export.load(str(path)).module()
-    return Predictor(module, meta, missing_features)
+        module = torch.export.load(str(path)).module().to(torch.device(device))
+    return Predictor(module, meta, missing_features, device)

@@ -10,6 +10,20 @@ wraps the remaining dense parameters in DDP.
 
 Nothing here creates process groups inside the user's module or skips moving the model: dense
 parameters are moved to the root device, embedding shards are placed by the plan.
+
+Device placement across stages (one ``Trainer``: fit, then validate / test / predict):
+
+* ``model_to_device`` moves the *dense part* with the module's own ``.to()`` -- parameters,
+  buffers and every other kind of device state, torchmetrics states included -- with the
+  embedding collections taken out of the tree meanwhile (``lightrec.distributed.placement``):
+  unsharded ones are placed by their sharder, sharded ones already are where the plan put them;
+* ``setup`` shards the model for every stage. A module already sharded by an earlier stage keeps
+  its sharded collections -- same objects, same values, same plan -- and only the wrapper is
+  rebuilt (with DDP for ``fit``, without for the others);
+* ``teardown`` leaves the model and the optimizer state where they are, as Lightning's own
+  ``FSDPStrategy`` and ``ModelParallelStrategy`` do: sharded storage cannot follow a
+  ``module.cpu()`` (kernel state, fused optimizer state and index tensors are not all parameters),
+  and the next stage runs on the same devices. Delete the model to release its memory.
 """
 
 from __future__ import annotations
@@ -26,35 +40,19 @@ from torch import nn
 from typing_extensions import override
 
 from lightrec._compat import default_pg_timeout, optimizers_to_device
+from lightrec.distributed.placement import detached, move_dense_to_device
+from lightrec.distributed.sharding.collection import ShardedCollectionBase
 from lightrec.modules import EmbeddingBagCollection, EmbeddingCollection
 
 __all__ = ["RecStrategy"]
 
-_COLLECTIONS = (EmbeddingBagCollection, EmbeddingCollection)
+#: Placed by the plan, not by ``model_to_device``: unsharded collections (possibly on ``meta``;
+#: their sharder materialises this rank's shards) and sharded ones (already placed).
+_PLACED_BY_PLAN = (EmbeddingBagCollection, EmbeddingCollection, ShardedCollectionBase)
 
 
-def _move_dense_to_device(module: nn.Module, device: torch.device) -> None:
-    """Move every parameter/buffer outside embedding collections to ``device``.
-
-    Embedding collections stay where they are (possibly ``meta``): the sharder places their shards.
-    Dense parameters still on ``meta`` are materialised empty and re-initialised with the
-    submodule's own ``reset_parameters`` (the same seed on every rank gives the same values; DDP
-    then broadcasts rank 0's anyway).
-    """
-    for child in module.children():
-        if isinstance(child, _COLLECTIONS):
-            continue
-        _move_dense_to_device(child, device)
-    own = list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False))
-    if not own:
-        return
-    if any(t.is_meta for _, t in own):
-        module.to_empty(device=device, recurse=False)
-        reset = getattr(module, "reset_parameters", None)
-        if callable(reset):
-            reset()
-        return
-    module.to(device)  # recurse is fine: children were handled first and are already there
+def _has_unsharded_collections(module: nn.Module) -> bool:
+    return any(type(m) in (EmbeddingBagCollection, EmbeddingCollection) for m in module.modules())
 
 
 class RecStrategy(DDPStrategy):
@@ -68,7 +66,7 @@ class RecStrategy(DDPStrategy):
             ``{"optimizer": "exact_row_wise_adagrad", "learning_rate": 0.02, "eps": 1e-8}``.
         sharders: custom sharders (default: EBC and EC sharders built from ``fused_params``).
         kernel_backend: lookup kernels of the default sharders: ``"auto"`` (fbgemm TBE where it
-            supports the tables, else pure torch), ``"fbgemm"`` or ``"torch"``.
+            supports the tables, else Triton on CUDA, else pure torch), ``"fbgemm"``, ``"triton"`` or ``"torch"``.
         process_group_backend / timeout / start_method: as for ``DDPStrategy``.
         **ddp_kwargs: forwarded to the DDP wrapper of the dense parameters.
     """
@@ -131,8 +129,10 @@ class RecStrategy(DDPStrategy):
 
     @override
     def model_to_device(self) -> None:
+        """Move the dense part (parameters, buffers, metric states, ...) to the root device; embedding
+        collections are placed by the plan (see the module docstring)."""
         assert self.model is not None
-        _move_dense_to_device(self.model, self.root_device)
+        move_dense_to_device(self.model, self.root_device, _PLACED_BY_PLAN)
 
     def _build_sharders(self) -> list[Any]:
         if self._sharders is not None:
@@ -149,6 +149,10 @@ class RecStrategy(DDPStrategy):
     def _plan_for(self, module: nn.Module, sharders: list[Any]) -> Any:
         if self._plan is not None:
             return self._plan
+        sharded = any(isinstance(m, ShardedCollectionBase) for m in module.modules())
+        if sharded and not _has_unsharded_collections(module):
+            # Sharded by an earlier stage: DistributedModelParallel takes over the plan it was sharded by.
+            return None
         from lightrec.distributed.planner import EmbeddingShardingPlanner, Topology
 
         topology = self._topology or Topology(
@@ -182,7 +186,8 @@ class RecStrategy(DDPStrategy):
         assert self.accelerator is not None and self.model is not None
         self.accelerator.setup(trainer)
         fitting = trainer.state.fn == TrainerFn.FITTING
-        self.precision_plugin.convert_module(self.model)
+        with detached(self.model, (ShardedCollectionBase,)):  # sharded by an earlier stage: kept as is
+            self.precision_plugin.convert_module(self.model)
         self.model_to_device()
         # Shard for every stage: tables may not fit on one rank even for validate/test/predict.
         self.model = self._shard(self.lightning_module, data_parallel=fitting)
@@ -246,16 +251,21 @@ class RecStrategy(DDPStrategy):
 
     @override
     def teardown(self) -> None:
+        """Release the stage's resources but leave the model and optimizer state on their devices.
+
+        Unlike ``DDPStrategy.teardown`` this does not call ``module.cpu()`` nor move optimizer
+        state to the CPU (the module docstring says why); like it, the model is unwrapped, so
+        ``strategy.model`` is the ``LightningModule`` (its sharded collections stay in it).
+        """
         if self.dmp is not None:
             self._used_plan = self.dmp.plan
         self.dmp = None
-        module = self.lightning_module
-        if module is not None and any(p.is_meta for p in module.parameters()):
-            # Set-up failed before the tables were sharded: the base teardown's `module.cpu()`
-            # would raise "Cannot copy out of meta tensor" and hide the original error.
-            self.model = None
-            self._lightning_module = None
-        super().teardown()
+        self.model = self.lightning_module
+        assert self.cluster_environment is not None and self.accelerator is not None
+        self.cluster_environment.teardown()
+        self.precision_plugin.teardown()
+        self.accelerator.teardown()
+        self.checkpoint_io.teardown()
 
     @override
     def batch_to_device(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:

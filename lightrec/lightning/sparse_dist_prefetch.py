@@ -7,12 +7,15 @@ ids, so it may run early; the lookup may not (it must see the rows the previous 
 With this callback, training step ``i`` runs, on every rank in the same order::
 
     on_train_batch_start(i)  take batch i+1 from the fit loop's data fetcher, move it to the
-                             device (CUDA: non-blocking on a side stream), start its splits exchange
+                             device and start its splits exchange (CUDA: both on a side stream)
     training_step(i)         forward of batch i: its input dist is already done (wait for the last
                              exchange), lookup, output dist, dense layers
     on_before_backward(i)    wait for batch i+1's splits, start its lengths/values/weights exchange
+                             (CUDA: on the side stream, so the host waits for the splits only)
     backward(i)              the exchange travels while gradients flow; rows are updated
-    training_step(i+1)       lookup of batch i+1 reads the updated rows
+    on_train_batch_end(i)    CUDA: the main stream waits for batch i+1's copy
+    training_step(i+1)       lookup of batch i+1 reads the updated rows (CUDA: after the main
+                             stream waited for its input dist)
 
 so the losses and tables are bit-identical to training without the callback (tested). Batches
 with no successor (the last of an epoch) simply are not prefetched; a validation loop between two
@@ -22,7 +25,8 @@ the end of the epoch.
 
 Requirements (otherwise the callback warns once and does nothing): the model holds exactly one
 sharded collection (``ShardedEmbeddingBagCollection`` / ``ShardedEmbeddingCollection``, as
-``RecStrategy`` builds), the world size is above 1, the batch holds exactly one
+``RecStrategy`` builds), the world size is above 1 or the model is on a GPU (one GPU still has a
+host-to-device copy and a host sync to take off the critical path), the batch holds exactly one
 ``KeyedJaggedTensor`` with exactly that collection's features, and ``training_step`` takes a batch
 (not ``dataloader_iter``).
 
@@ -30,10 +34,14 @@ Where batch i+1 comes from: Lightning's training data fetcher already holds it f
 without length; for a sized loader the callback wraps the fetcher's iterator and reads one item
 ahead (the fetcher still receives every item once, so its "last batch" accounting is unchanged;
 a stateful loader's saved position is then one batch ahead, as with Lightning's own pre-fetching).
-On CUDA the copy is issued on a side stream; the main stream waits for it before the input dist
-(the copy of a batch is small next to a step, and the main stream may still be busy with step
-i-1's queued kernels while it runs) and ``record_stream`` keeps the allocator from reusing the
-copied tensors early.
+CUDA streams (``lightrec/distributed/streams.py``): the copy of batch i+1 and both stages of its
+input dist are issued on one side stream, so they overlap step i's kernels on the main stream; the
+stage-2 host sync (the receive sizes) waits for the count exchange only, not for step i's queued
+work. The main stream waits for the copy (an event recorded right after it) at the end of step i,
+once step i's kernels are queued, and for the input dist inside the forward of batch i+1; ``record_stream`` marks
+the copied batch and everything the input dist produced as used by the main stream, so the caching
+allocator does not hand their memory to the side stream while the main stream still reads it. On
+CPU nothing of this applies and the pipeline is bit-identical to training without it.
 
 Interaction with Lightning's batch hooks: batch i+1 is moved with ``strategy.batch_to_device``
 one step early; Lightning then still runs ``convert_input``, ``on_before_batch_transfer`` and
@@ -55,6 +63,7 @@ from typing_extensions import override
 
 from lightrec._compat import fit_data_fetcher
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
+from lightrec.distributed.streams import record_stream_all
 from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = ["SparseDistPrefetch"]
@@ -134,26 +143,6 @@ def _find_kjts(obj: Any, depth: int = 3) -> list[KeyedJaggedTensor]:
     return [k for child in children for k in _find_kjts(child, depth - 1)]
 
 
-def _record_stream(obj: Any, stream: torch.cuda.Stream, depth: int = 3) -> None:
-    """``record_stream`` on every tensor of a batch (``Batch``, KJT and tensors implement it)."""
-    if isinstance(obj, (torch.Tensor, KeyedJaggedTensor)) or callable(getattr(obj, "record_stream", None)):
-        if not isinstance(obj, torch.Tensor) or obj.is_cuda:
-            obj.record_stream(stream)
-        return
-    if depth == 0:
-        return
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        children: Any = [getattr(obj, f.name) for f in dataclasses.fields(obj)]
-    elif isinstance(obj, Mapping):
-        children = obj.values()
-    elif isinstance(obj, (list, tuple)):
-        children = obj
-    else:
-        return
-    for child in children:
-        _record_stream(child, stream, depth - 1)
-
-
 class SparseDistPrefetch(pl.Callback):
     """Start the next batch's embedding input dist while the current batch trains (see the module docstring).
 
@@ -170,7 +159,14 @@ class SparseDistPrefetch(pl.Callback):
     def __init__(self) -> None:
         self._target: ShardedCollectionBase | None = None
         self._copy_stream: torch.cuda.Stream | None = None
+        # CUDA: events recorded on the side stream right after the copies of batches read ahead
+        self._copied: list[torch.cuda.Event] = []
         self._warned: set[str] = set()
+
+    @property
+    def side_stream(self) -> torch.cuda.Stream | None:
+        """The CUDA stream the next batch's copy and input dist are issued on (None on CPU)."""
+        return self._copy_stream
 
     # ------------------------------------------------------------------ set-up
     def _warn_once(self, key: str, message: str) -> None:
@@ -196,14 +192,16 @@ class SparseDistPrefetch(pl.Callback):
                 "the callback does nothing",
             )
             return
-        if trainer.world_size == 1:
+        root = trainer.strategy.root_device
+        if trainer.world_size == 1 and root.type != "cuda":
             self._warn_once(
-                "world", "world size is 1: there is no all-to-all to overlap, the callback does nothing"
+                "world",
+                "world size is 1 on CPU: there is no all-to-all to overlap, the callback does nothing",
             )
             return
         self._target = sharded[0]
-        root = trainer.strategy.root_device
-        if root.type == "cuda" and self._copy_stream is None:
+        self._copied = []
+        if root.type == "cuda" and (self._copy_stream is None or self._copy_stream.device != root):
             self._copy_stream = torch.cuda.Stream(device=root)
 
     @override
@@ -211,6 +209,7 @@ class SparseDistPrefetch(pl.Callback):
         if self._target is not None:
             self._target.cancel_input_dists(wait=True)
         self._target = None
+        self._copied = []
 
     @override
     def on_exception(
@@ -219,6 +218,7 @@ class SparseDistPrefetch(pl.Callback):
         if self._target is not None:
             self._target.cancel_input_dists(wait=False)  # other ranks may be gone: no collective
         self._target = None
+        self._copied = []
 
     # ------------------------------------------------------------------ the pipeline
     @override
@@ -250,12 +250,30 @@ class SparseDistPrefetch(pl.Callback):
         if len(kjts) != 1:
             self._disable("kjt", f"a batch must hold exactly one KeyedJaggedTensor, found {len(kjts)}")
             return
-        if not target.start_input_dist(kjts[0]):
+        if self._copy_stream is not None:
+            copied = torch.cuda.Event()
+            copied.record(self._copy_stream)
+            self._copied.append(copied)
+        if not target.start_input_dist(kjts[0], stream=self._copy_stream):
             self._disable(
                 "keys",
                 f"the batch's sparse features {kjts[0].keys()} are not exactly the sharded collection's "
                 f"{target.feature_names()}",
             )
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        # CUDA: batch i+1 was copied on the side stream during step i. The main stream waits for
+        # that copy now -- after step i's kernels, so the copy overlapped them, and before Lightning's
+        # batch hooks or a validation loop may read batch i+1 on the main stream. (The forward of
+        # batch i+1 waits for its input dist.)
+        if self._copied:
+            main = torch.cuda.current_stream(trainer.strategy.root_device)
+            for copied in self._copied:
+                main.wait_event(copied)
+            self._copied = []
 
     @override
     def on_before_backward(
@@ -270,6 +288,7 @@ class SparseDistPrefetch(pl.Callback):
         # hook returning -1): complete its exchanges on every rank and forget it.
         if self._target is not None:
             self._target.cancel_input_dists(wait=True)
+        self._copied = []
 
     # ------------------------------------------------------------------ helpers
     def _next_batch_slot(self, trainer: pl.Trainer) -> tuple[Any, Any] | None:
@@ -298,11 +317,11 @@ class SparseDistPrefetch(pl.Callback):
         strategy = trainer.strategy
         if self._copy_stream is None or strategy.root_device.type != "cuda":
             return strategy.batch_to_device(batch, dataloader_idx=0)
-        main = torch.cuda.current_stream(strategy.root_device)
+        # Host memory the copy reads must not be reused before the side stream ran the copy: the
+        # loader's pinned buffers are kept alive by the batch object the fetcher holds until then.
         with torch.cuda.stream(self._copy_stream):
             moved = strategy.batch_to_device(batch, dataloader_idx=0)
-        # The input dist below (and every later use) runs on the main stream: order it after the
-        # copy, and tell the allocator the copy stream's blocks are in use there.
-        main.wait_stream(self._copy_stream)
-        _record_stream(moved, main)
+        # The main stream reads these tensors from the end of step i on (it waits for the copy
+        # then): the allocator must not recycle them before the main stream is done with them.
+        record_stream_all(moved, torch.cuda.current_stream(strategy.root_device))
         return moved

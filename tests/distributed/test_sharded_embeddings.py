@@ -1,4 +1,5 @@
-"""Sharded EBC / EC on real gloo ranks against unsharded references: every sharding type.
+"""Sharded EBC / EC on real gloo ranks (and, with ``-m gpu``, on CUDA with NCCL) against unsharded
+references: every sharding type.
 
 One process-group launch per world size (2 and 3) runs every case. For each case every rank
 builds the same *global* batches (deterministic), keeps its own slice (ranks have different batch
@@ -21,7 +22,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.multiprocess import run_ranks
+from tests.multiprocess import run_nccl, run_ranks
 
 STEPS = 3
 LR = 0.1
@@ -191,7 +192,13 @@ def per_sample_loss(values: torch.Tensor, first_sample: int) -> torch.Tensor:
 
 
 def _pooled_case(
-    rank: int, world_size: int, kind: str, weighted: bool, optimizer: str, equal: bool | str
+    rank: int,
+    world_size: int,
+    kind: str,
+    weighted: bool,
+    optimizer: str,
+    equal: bool | str,
+    device: str = "cpu",
 ) -> dict[str, float]:
     import torch.distributed as dist
 
@@ -204,20 +211,20 @@ def _pooled_case(
     plan = construct_module_sharding_plan(ref, plan_generators(kind, world_size, True), world_size=world_size)
     sharder = EmbeddingBagCollectionSharder(fused_params=fused_params(optimizer))
     env = ShardingEnv.from_process_group(dist.group.WORLD)
-    sharded = sharder.shard(ref, plan, env, torch.device("cpu"))  # keeps ref's weights
+    sharded = sharder.shard(ref, plan, env, torch.device(device))  # keeps ref's weights (on CPU)
     sizes = batch_sizes(world_size, equal)
     first = sum(sizes[:rank])
     errors = {"forward": 0.0, "tables": 0.0}
     states: dict[str, dict] = {}
     for step in range(STEPS):
         kjts = global_batch(step, world_size, equal, weighted)
-        out = sharded(kjts[rank]).wait()
-        loss = mean_or_zero(per_sample_loss(out.values(), first))
+        out = sharded(kjts[rank].to(device)).wait()
+        loss = mean_or_zero(per_sample_loss(out.values().cpu(), first))
         # Reference: the global batch in one process, loss = mean over ranks of the per-rank means.
         ref_out = ref(concat_kjts(kjts))
         errors["forward"] = max(
             errors["forward"],
-            max_abs(out.values() - ref_out.values()[first : first + sizes[rank]]),
+            max_abs(out.values().detach().cpu() - ref_out.values()[first : first + sizes[rank]]),
         )
         assert out.keys() == ref_out.keys()
         starts = [sum(sizes[:r]) for r in range(world_size)]
@@ -245,7 +252,8 @@ def _pooled_case(
     full = gather_full_state_dict(sharded.state_dict())
     for name, bag in ref.embedding_bags.items():
         errors["tables"] = max(
-            errors["tables"], (full[f"embedding_bags.{name}.weight"] - bag.weight.detach()).abs().max().item()
+            errors["tables"],
+            (full[f"embedding_bags.{name}.weight"].cpu() - bag.weight.detach()).abs().max().item(),
         )
     return errors
 
@@ -307,7 +315,7 @@ def _errors_case(rank: int, world_size: int) -> list[str]:
 
 
 def _sequence_case(
-    rank: int, world_size: int, kind: str, optimizer: str, equal: bool | str = True
+    rank: int, world_size: int, kind: str, optimizer: str, equal: bool | str = True, device: str = "cpu"
 ) -> dict[str, float]:
     import torch.distributed as dist
 
@@ -321,7 +329,7 @@ def _sequence_case(
         ref, plan_generators(kind, world_size, False), world_size=world_size
     )
     sharded = EmbeddingCollectionSharder(fused_params=fused_params(optimizer)).shard(
-        ref, plan, ShardingEnv.from_process_group(dist.group.WORLD), torch.device("cpu")
+        ref, plan, ShardingEnv.from_process_group(dist.group.WORLD), torch.device(device)
     )
     sizes = batch_sizes(world_size, equal)
     # per-rank loss: a mean over the batch when batches are equal, else a plain sum (a rank may
@@ -338,7 +346,7 @@ def _sequence_case(
 
     for step in range(STEPS):
         kjts = global_batch(step, world_size, equal, False, seed=1)
-        out = sharded(kjts[rank]).wait()
+        out = {f: jt.to(torch.device("cpu")) for f, jt in sharded(kjts[rank].to(device)).wait().items()}
         full_batch = concat_kjts(kjts)
         ref_out = ref(full_batch)
         # This rank's ids are a contiguous slice of each feature's ids in the global batch.
@@ -360,12 +368,13 @@ def _sequence_case(
     full = gather_full_state_dict(sharded.state_dict())
     for name, emb in ref.embeddings.items():
         errors["tables"] = max(
-            errors["tables"], (full[f"embeddings.{name}.weight"] - emb.weight.detach()).abs().max().item()
+            errors["tables"],
+            (full[f"embeddings.{name}.weight"].cpu() - emb.weight.detach()).abs().max().item(),
         )
     return errors
 
 
-def _body(rank: int, world_size: int) -> dict[str, dict[str, float]]:
+def _body(rank: int, world_size: int, device: str = "cpu") -> dict[str, dict[str, float]]:
     results = {}
     for kind in KINDS:
         combos = [(False, "rowwise_adagrad", True), (True, "sgd", False), (True, "rowwise_adagrad", "zero")]
@@ -373,15 +382,16 @@ def _body(rank: int, world_size: int) -> dict[str, dict[str, float]]:
             combos = [(False, "sgd", True), (True, "sgd", False)]
         for weighted, optimizer, equal in combos:
             results[f"ebc/{kind}/weighted={weighted}/{optimizer}/equal_batches={equal}"] = _pooled_case(
-                rank, world_size, kind, weighted, optimizer, equal
+                rank, world_size, kind, weighted, optimizer, equal, device
             )
         if kind == "dense_kernels":
             continue
         for optimizer, equal in (("sgd", True), ("rowwise_adagrad", "zero")):
             results[f"ec/{kind}/{optimizer}/equal_batches={equal}"] = _sequence_case(
-                rank, world_size, kind, optimizer, equal
+                rank, world_size, kind, optimizer, equal, device
             )
-    results["errors"] = {"messages": 0.0 if len(_errors_case(rank, world_size)) >= 4 else 1.0}
+    if device == "cpu":  # the typed errors do not depend on the device
+        results["errors"] = {"messages": 0.0 if len(_errors_case(rank, world_size)) >= 4 else 1.0}
     return results
 
 
@@ -397,3 +407,18 @@ def test_every_sharding_type_matches_unsharded_reference(world_size: int) -> Non
     ]
     assert not failures, "\n".join(failures)
     assert len(per_rank[0]) == (len(KINDS) - 1) * 5 + 2 + 1
+
+
+@pytest.mark.gpu
+def test_every_sharding_type_on_nccl_matches_unsharded_reference() -> None:
+    """Every sharding type, EBC and EC, on CUDA with an NCCL group of size 1: forward outputs and
+    the tables after 3 fused steps equal the unsharded CPU reference."""
+    results = run_nccl(_body, args=("cuda",), timeout=300)
+    failures = [
+        f"{case}: {what} differs by {err:.3g}"
+        for case, errs in results.items()
+        for what, err in errs.items()
+        if not err <= TOL
+    ]
+    assert not failures, "\n".join(failures)
+    assert len(results) == (len(KINDS) - 1) * 5 + 2

@@ -21,17 +21,19 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.mark.parametrize("fmt,suffix", [("torchscript", "pt"), ("export", "pt2")])
 @pytest.mark.parametrize("dtype", ["int8", "int4"])
-def test_artifact_reproduces_model(tmp_path: Path, fmt: str, suffix: str, dtype: str) -> None:
+def test_artifact_reproduces_model(tmp_path: Path, fmt: str, suffix: str, dtype: str, device: torch.device) -> None:
     q = quantize(dlrm(), dtype)
     path = export(q, tmp_path / f"m.{suffix}", format=fmt)
     meta = json.loads(Path(f"{path}.meta.json").read_text())
     assert meta["feature_names"] == FEATURES and meta["dense_in_features"] == 5
     assert meta["versions"]["torch"] == torch.__version__ and meta["dtype"] == [dtype.upper()]
-    predictor = load(path)
+    predictor = load(path, device=device)  # the artifact is written on CPU; served on `device`
+    q = q.to(device)
     for batch_size in (1, 4, 9):  # dynamic batch size (export: B=1 is padded by the Predictor)
-        batch, dense = kjt(batch=batch_size, seed=batch_size), torch.randn(batch_size, 5)
+        batch, dense = kjt(batch=batch_size, seed=batch_size).to(device), torch.randn(batch_size, 5, device=device)
         want = q(dense, batch)
-        got = predictor(dense, batch.values(), batch.lengths())
+        got = predictor(dense.cpu(), batch.values().cpu(), batch.lengths().cpu())  # moved to `device` by it
+        assert got.device.type == device.type
         if batch_size == 1 and fmt == "export":  # scored as a batch of 2: matmul blocking may move the last bit
             torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
         else:

@@ -48,15 +48,15 @@ def _spec(kind: EmbOptimType, wd: float, mode: str, lr: float = 0.1) -> FusedOpt
 
 
 def _build(
-    layout: str, backend: str, spec: FusedOptimizerSpec | None, pooling=PoolingType.SUM
+    layout: str, backend: str, spec: FusedOptimizerSpec | None, pooling=PoolingType.SUM, device: str = "cpu"
 ) -> BatchedEmbeddingBag:
     tables, ftm = LAYOUTS[layout]
     if backend == "fbgemm":
-        reason = fbgemm_supports(spec, torch.device("cpu"), [d for _, d in tables], pooling, ftm)
+        reason = fbgemm_supports(spec, torch.device(device), [d for _, d in tables], pooling, ftm)
         if reason:
             pytest.skip(reason)
     torch.manual_seed(0)
-    return BatchedEmbeddingBag(tables, ftm, pooling, optimizer=spec, backend=backend)
+    return BatchedEmbeddingBag(tables, ftm, pooling, optimizer=spec, backend=backend, device=device)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -64,20 +64,21 @@ def _build(
 @pytest.mark.parametrize("pooling", [PoolingType.SUM, PoolingType.MEAN])
 @pytest.mark.parametrize("weighted", [False, True])
 def test_pooled_output_matches_embedding_bag(
-    backend: str, layout: str, pooling: PoolingType, weighted: bool
+    backend: str, layout: str, pooling: PoolingType, weighted: bool, device: torch.device
 ) -> None:
     spec = _spec(EmbOptimType.SGD, 0.0, "none")
-    module = _build(layout, backend, spec, pooling)
+    module = _build(layout, backend, spec, pooling, device.type)
     tables, ftm = LAYOUTS[layout]
     b = random_batch(
         torch.Generator().manual_seed(1), [r for r, _ in tables], ftm, batch=6, weighted=weighted
     )
-    out = module(b.indices, b.offsets, b.weights)
+    weights = b.weights.to(device) if b.weights is not None else None
+    out = module(b.indices.to(device), b.offsets.to(device), weights)
     ref = pooled_reference(
-        [w.detach() for w in module.split_embedding_weights()], ftm, b, pooling.value.lower()
+        [w.detach().cpu() for w in module.split_embedding_weights()], ftm, b, pooling.value.lower()
     )
-    assert out.shape == (6, sum(tables[t][1] for t in ftm))
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    assert out.shape == (6, sum(tables[t][1] for t in ftm)) and out.device.type == device.type
+    torch.testing.assert_close(out.cpu(), ref, rtol=1e-5, atol=1e-6)
 
 
 def test_matches_nn_embedding_bag_module() -> None:

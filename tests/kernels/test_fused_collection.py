@@ -67,12 +67,12 @@ def _copy_weights(src: torch.nn.Module, dst: torch.nn.Module) -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("weighted", [False, True])
 def test_matches_embedding_bag_collection_and_trains_like_rowwise_adagrad(
-    backend: str, weighted: bool
+    backend: str, weighted: bool, device: torch.device
 ) -> None:
     shared = backend == "torch"
     tables = _tables(shared)
     fused = FusedEmbeddingBagCollection(
-        tables, RowWiseAdagrad, {"lr": 0.1, "eps": 1e-8}, is_weighted=weighted, backend=backend
+        tables, RowWiseAdagrad, {"lr": 0.1, "eps": 1e-8}, is_weighted=weighted, backend=backend, device=device
     )
     assert [lk.backend_name for lk in fused._lookups] == [backend, backend]
     ebc = EmbeddingBagCollection(_tables(shared), is_weighted=weighted)
@@ -84,21 +84,21 @@ def test_matches_embedding_bag_collection_and_trains_like_rowwise_adagrad(
     keys = ["cat", "item", "friend", "user"]
     for _ in range(3):
         kjt = _kjt(gen, keys, batch=5, weighted=weighted)
-        out, ref = fused(kjt), ebc(kjt)
+        out, ref = fused(kjt.to(device)), ebc(kjt)  # the reference stays on the CPU
         assert out.keys() == ref.keys() == ["user", "friend", "item", "cat"]
         assert out.length_per_key() == [8, 8, 4, 8]
-        torch.testing.assert_close(out.values(), ref.values(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(out.values().cpu(), ref.values(), rtol=1e-5, atol=1e-6)
         scale = torch.randn(out.values().shape, generator=gen)
-        (out.values() * scale).sum().backward()
+        (out.values() * scale.to(device)).sum().backward()
         dense_opt.zero_grad()
         (ref.values() * scale).sum().backward()
         dense_opt.step()  # dense row-wise Adagrad: untouched rows get 0 grads, so only touched rows move
     for name, p in ebc.named_parameters():
-        torch.testing.assert_close(fused.state_dict()[name], p.detach(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(fused.state_dict()[name].cpu(), p.detach(), rtol=1e-5, atol=1e-6)
     state = fused.fused_optimizer.state_dict()["state"]
     for t in tables:
         torch.testing.assert_close(
-            state[f"embedding_bags.{t.name}.weight"]["momentum1"],
+            state[f"embedding_bags.{t.name}.weight"]["momentum1"].cpu(),
             dense_opt.state[ebc.embedding_bags[t.name].weight]["sum"],
             rtol=1e-5,
             atol=1e-7,

@@ -15,16 +15,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.multiprocess import free_port, run_ranks
+from tests.multiprocess import free_port, run_nccl, run_ranks
 
 STEPS = 4
 
 
-def _trainer(tmp: str, callback, devices: int = 1, strategy=None, max_epochs: int = 1, max_steps: int = -1):  # noqa: ANN001, ANN202
+def _trainer(tmp: str, callback, devices: int = 1, strategy=None, max_epochs: int = 1, max_steps: int = -1,  # noqa: ANN001, ANN202
+             accelerator: str = "cpu"):
     import lightning.pytorch as pl
 
     return pl.Trainer(
-        accelerator="cpu", devices=devices, strategy=strategy or "auto", max_epochs=max_epochs, max_steps=max_steps,
+        accelerator=accelerator, devices=devices, strategy=strategy or "auto", max_epochs=max_epochs, max_steps=max_steps,
         num_sanity_val_steps=0, limit_val_batches=0, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, callbacks=[callback], default_root_dir=tmp,
     )  # fmt: skip
@@ -81,7 +82,7 @@ def test_fit_end_export_and_argument_errors(tmp_path: Path) -> None:
         QuantizedExport(filename="model_{rank}")
 
 
-def _fit_and_export(rank: int, world_size: int, port: int, tmp: str) -> dict:
+def _fit_and_export(rank: int, world_size: int, port: int, tmp: str, accelerator: str = "cpu") -> dict:
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
         WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size), NODE_RANK="0",
@@ -103,17 +104,19 @@ def _fit_and_export(rank: int, world_size: int, port: int, tmp: str) -> dict:
     per_table = {t.name: kinds[i % 3] for i, t in enumerate(ebc.embedding_bag_configs())}
     plan = ShardingPlan({
         "model.sparse_arch.embedding_bag_collection": construct_module_sharding_plan(
-            ebc, per_table, world_size=world_size, local_size=world_size, device_type="cpu")
+            ebc, per_table, world_size=world_size, local_size=world_size,
+            device_type="cuda" if accelerator == "gpu" else "cpu")
     })  # fmt: skip
     strategy = RecStrategy(plan=plan, fused_params={"optimizer": "exact_row_wise_adagrad", "learning_rate": 0.1})
     callback = QuantizedExport(dirpath=Path(tmp) / f"world{world_size}", dtype="int8")
     module = ToyDLRM(device="meta", dense_optimizer="sgd", dense_lr=0.1)
     data = toy_data(batch_size=64 // world_size, num_train_batches=STEPS * world_size, block_size=32)
-    _trainer(tmp, callback, devices=world_size, strategy=strategy, max_steps=STEPS).fit(module, datamodule=data)
+    trainer = _trainer(tmp, callback, devices=world_size, strategy=strategy, max_steps=STEPS, accelerator=accelerator)
+    trainer.fit(module, datamodule=data)
     assert has_sharded_collections(module.model)  # the export above went through the gather
     trained = unshard(module.model, dst=0)  # the trained float tables, for the exact reference
     return {"paths": [str(p) for p in callback.paths],
-            "state": {k: v.clone() for k, v in trained.state_dict().items()} if trained is not None else None}
+            "state": {k: v.cpu().clone() for k, v in trained.state_dict().items()} if trained is not None else None}
 
 
 def _scores(path: str, batch) -> torch.Tensor:  # noqa: ANN001
@@ -163,3 +166,16 @@ def test_two_rank_export_is_close_to_one_rank_training(tmp_path: Path) -> None:
     torch.testing.assert_close(single, two_scores, atol=5e-3, rtol=0)
     untrained = quantize(ToyDLRM().model, "int8")(batch.dense_features, batch.sparse_features)
     assert (untrained - two_scores).abs().max() > 20 * (single - two_scores).abs().max()
+
+
+@pytest.mark.gpu
+def test_gpu_rec_strategy_export_equals_one_process_quantization(tmp_path: Path) -> None:
+    """Trained on CUDA (RecStrategy, NCCL group of size 1), the int8 artifact written at fit end is
+    exactly quantize() of the trained tables, run on CPU in one process."""
+    from tests.lightning.toy import toy_data
+
+    one = run_nccl(_fit_and_export, args=(free_port(), str(tmp_path), "gpu"), timeout=300)
+    artifact = tmp_path / "world1" / "model_int8.pt"
+    assert one["paths"] == [str(artifact)]
+    batch = toy_data().datasets["test"][0]
+    assert torch.equal(_scores(str(artifact), batch), _quantized_reference(one["state"], batch))

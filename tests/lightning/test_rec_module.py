@@ -11,18 +11,19 @@ from lightrec.optim import CombinedOptimizer
 from tests.lightning.toy import ToyDLRM, toy_data
 
 
-def _trainer(tmp_path, **kwargs) -> pl.Trainer:  # noqa: ANN001
+def _trainer(tmp_path, device: torch.device | None = None, **kwargs) -> pl.Trainer:  # noqa: ANN001
+    accelerator = "gpu" if device is not None and device.type == "cuda" else "cpu"
     return pl.Trainer(
-        accelerator="cpu", devices=1, max_epochs=1, logger=pl.loggers.TensorBoardLogger(tmp_path),
+        accelerator=accelerator, devices=1, max_epochs=1, logger=pl.loggers.TensorBoardLogger(tmp_path),
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, **kwargs,
     )  # fmt: skip
 
 
-def test_fit_logs_loss_metrics_and_throughput_to_tensorboard(tmp_path) -> None:  # noqa: ANN001
+def test_fit_logs_loss_metrics_and_throughput_to_tensorboard(tmp_path, device: torch.device) -> None:  # noqa: ANN001
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     module = ToyDLRM(dense_lr=0.05, train_metrics=True)
-    trainer = _trainer(tmp_path, log_every_n_steps=1)
+    trainer = _trainer(tmp_path, device, log_every_n_steps=1)
     trainer.fit(module, datamodule=toy_data())
     trainer.test(module, datamodule=toy_data())
     events = EventAccumulator(str(tmp_path / "lightning_logs" / "version_0")).Reload()
@@ -50,10 +51,10 @@ def test_configure_optimizers_returns_one_combined_optimizer_with_a_schedule() -
     assert set(optimizer.params) == {f"dense.{n}" for n, p in module.named_parameters() if p.requires_grad}
 
 
-def test_predict_step_returns_probabilities(tmp_path) -> None:  # noqa: ANN001
+def test_predict_step_returns_probabilities(tmp_path, device: torch.device) -> None:  # noqa: ANN001
     module = ToyDLRM()
     data = toy_data()
-    preds = _trainer(tmp_path).predict(module, dataloaders=data.test_dataloader())
+    preds = _trainer(tmp_path, device).predict(module, dataloaders=data.test_dataloader())
     assert len(preds) == 2 and preds[0].shape == (64,)
     assert float(preds[0].min()) >= 0.0 and float(preds[0].max()) <= 1.0
 

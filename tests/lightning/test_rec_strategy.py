@@ -16,7 +16,7 @@ from tests.multiprocess import free_port, run_ranks
 STEPS = 4
 
 
-def mixed_plan(world_size: int):  # noqa: ANN201
+def mixed_plan(world_size: int, device_type: str = "cpu"):  # noqa: ANN201
     """Row-wise, data-parallel and table-wise tables in turn (for the toy DLRM of tests/lightning/toy.py)."""
     from lightrec.distributed.planner import (
         construct_module_sharding_plan,
@@ -35,7 +35,7 @@ def mixed_plan(world_size: int):  # noqa: ANN201
     per_table = {t.name: kinds[i % 3] for i, t in enumerate(ebc.embedding_bag_configs())}
     return ShardingPlan({
         "model.sparse_arch.embedding_bag_collection": construct_module_sharding_plan(
-            ebc, per_table, world_size=world_size, local_size=world_size, device_type="cpu")
+            ebc, per_table, world_size=world_size, local_size=world_size, device_type=device_type)
     })  # fmt: skip
 
 

@@ -63,12 +63,13 @@ def _reference_pooled(ebc: EmbeddingBagCollection, kjt: KeyedJaggedTensor, weigh
 
 @pytest.mark.parametrize("pooling", [PoolingType.SUM, PoolingType.MEAN])
 @pytest.mark.parametrize("weighted", [False, True])
-def test_ebc_forward_backward_match_embedding_bag(pooling: PoolingType, weighted: bool) -> None:
+def test_ebc_forward_backward_match_embedding_bag(pooling: PoolingType, weighted: bool, device: torch.device) -> None:
     torch.manual_seed(0)
-    ebc = EmbeddingBagCollection(_tables(pooling), is_weighted=weighted)
-    kjt = _batch(weighted)
+    ebc = EmbeddingBagCollection(_tables(pooling), is_weighted=weighted, device=device)
+    kjt = _batch(weighted).to(device)
     out = ebc(kjt)
     assert out.keys() == ["f0", "f1", "f2"] and out.length_per_key() == [3, 3, 5]
+    assert out.values().device.type == device.type
     grad = torch.randn_like(out.values())
     out.values().backward(grad)
     got_grads = {n: p.grad.clone() for n, p in ebc.named_parameters()}
@@ -81,9 +82,9 @@ def test_ebc_forward_backward_match_embedding_bag(pooling: PoolingType, weighted
     assert set(got_grads) == {"embedding_bags.t0.weight", "embedding_bags.t1.weight"}
 
 
-def test_ebc_accepts_keys_in_any_order() -> None:
-    ebc = EmbeddingBagCollection(_tables(PoolingType.SUM))
-    kjt = _batch(False)
+def test_ebc_accepts_keys_in_any_order(device: torch.device) -> None:
+    ebc = EmbeddingBagCollection(_tables(PoolingType.SUM), device=device)
+    kjt = _batch(False).to(device)
     shuffled = kjt.permute([2, 0, 1])
     torch.testing.assert_close(ebc(shuffled).values(), ebc(kjt).values())
 
@@ -105,20 +106,20 @@ def test_feature_key_errors_list_missing_and_unknown() -> None:
 
 
 @pytest.mark.parametrize("bad_id", [7, -1])
-def test_out_of_range_ids_name_feature_table_and_id(bad_id: int) -> None:
-    ebc = EmbeddingBagCollection(_tables(PoolingType.SUM))
+def test_out_of_range_ids_name_feature_table_and_id(bad_id: int, device: torch.device) -> None:
+    ebc = EmbeddingBagCollection(_tables(PoolingType.SUM), device=device)
     kjt = KeyedJaggedTensor(keys=["f0", "f1", "f2"], values=torch.tensor([1, 2, 3, bad_id]),
-                            lengths=torch.tensor([1, 0, 1, 0, 0, 2]))
+                            lengths=torch.tensor([1, 0, 1, 0, 0, 2])).to(device)
     with pytest.raises(EmbeddingIdError, match=rf"feature 'f2' \(sample 1\) has id {bad_id} but table 't1' has 7 rows"):
         ebc(kjt)
 
 
-def test_bounds_check_clamp_and_skip() -> None:
+def test_bounds_check_clamp_and_skip(device: torch.device) -> None:
     tables = _tables(PoolingType.SUM)
     kjt = KeyedJaggedTensor(keys=["f0", "f1", "f2"], values=torch.tensor([1, 2, 3, 9, 6]),
-                            lengths=torch.tensor([1, 0, 1, 0, 0, 3]))
-    clamp = EmbeddingBagCollection(tables, bounds_check="clamp")
-    skip = EmbeddingBagCollection(tables, bounds_check="skip")
+                            lengths=torch.tensor([1, 0, 1, 0, 0, 3])).to(device)
+    clamp = EmbeddingBagCollection(tables, bounds_check="clamp", device=device)
+    skip = EmbeddingBagCollection(tables, bounds_check="skip", device=device)
     skip.load_state_dict(clamp.state_dict())
     w = clamp.embedding_bags["t1"].weight
     torch.testing.assert_close(clamp(kjt)["f2"][1], w[3] + w[6] + w[6])
@@ -174,14 +175,14 @@ def test_meta_device_allocates_nothing_and_init_ranges() -> None:
     assert torch.equal(EmbeddingBagCollection([custom]).embedding_bags["t"].weight, torch.full((3, 2), 7.0))
 
 
-def test_ec_matches_embedding_per_id() -> None:
+def test_ec_matches_embedding_per_id(device: torch.device) -> None:
     torch.manual_seed(0)
     tables = [
         EmbeddingConfig(name="t0", num_embeddings=11, embedding_dim=4, feature_names=["f0", "f1"]),
         EmbeddingConfig(name="t1", num_embeddings=7, embedding_dim=4, feature_names=["f2"]),
     ]
-    ec = EmbeddingCollection(tables)
-    kjt = _batch(False)
+    ec = EmbeddingCollection(tables, device=device)
+    kjt = _batch(False).to(device)
     out = ec(kjt)
     assert list(out) == ["f0", "f1", "f2"]
     loss = sum((jt.values() * (i + 1)).sum() for i, jt in enumerate(out.values()))
@@ -191,11 +192,11 @@ def test_ec_matches_embedding_per_id() -> None:
         torch.testing.assert_close(out[name].values(), emb(kjt[name].values()))
         assert torch.equal(out[name].lengths(), kjt[name].lengths())
     ref = torch.zeros_like(ec.embeddings["t0"].weight)
-    ref.index_add_(0, kjt["f0"].values(), torch.ones(kjt["f0"].values().numel(), 4))
-    ref.index_add_(0, kjt["f1"].values(), torch.full((kjt["f1"].values().numel(), 4), 2.0))
+    ref.index_add_(0, kjt["f0"].values(), torch.ones(kjt["f0"].values().numel(), 4, device=device))
+    ref.index_add_(0, kjt["f1"].values(), torch.full((kjt["f1"].values().numel(), 4), 2.0, device=device))
     torch.testing.assert_close(ec.embeddings["t0"].weight.grad, ref)
     with pytest.raises(EmbeddingIdError, match="table 't1' has 7 rows"):
-        ec(KeyedJaggedTensor(keys=["f0", "f1", "f2"], values=torch.tensor([8]), lengths=torch.tensor([0, 0, 0, 0, 0, 1])))
+        ec(KeyedJaggedTensor(keys=["f0", "f1", "f2"], values=torch.tensor([8]), lengths=torch.tensor([0, 0, 0, 0, 0, 1])).to(device))
 
 
 def test_table_names_that_clash_with_module_dict_are_rejected() -> None:

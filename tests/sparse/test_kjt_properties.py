@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lightrec.sparse import JaggedTensor, KeyedJaggedTensor, _ops
+from tests.devices import DEVICES
 from tests.sparse.strategies import kjt_as_lists, kjts
 
 SETTINGS = settings(max_examples=60, deadline=None)
@@ -20,9 +22,11 @@ def test_to_dict_then_from_jt_dict_is_identity(kjt: KeyedJaggedTensor) -> None:
     assert rebuilt.keys() == kjt.keys()
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @SETTINGS
 @given(kjts(), st.data())
-def test_split_then_concat_is_identity(kjt: KeyedJaggedTensor, data) -> None:
+def test_split_then_concat_is_identity(device: str, kjt: KeyedJaggedTensor, data) -> None:
+    kjt = kjt.to(torch.device(device))
     num_keys = len(kjt.keys())
     cuts = sorted(data.draw(st.lists(st.integers(0, num_keys), max_size=3)))
     bounds = [0, *cuts, num_keys]
@@ -36,9 +40,11 @@ def test_split_then_concat_is_identity(kjt: KeyedJaggedTensor, data) -> None:
     assert kjt_as_lists(KeyedJaggedTensor.concat(parts)) == expected
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @SETTINGS
 @given(kjts(), st.data())
-def test_permute_moves_whole_keys(kjt: KeyedJaggedTensor, data) -> None:
+def test_permute_moves_whole_keys(device: str, kjt: KeyedJaggedTensor, data) -> None:
+    kjt = kjt.to(torch.device(device))
     num_keys = len(kjt.keys())
     order = data.draw(st.lists(st.integers(0, num_keys - 1), min_size=1, max_size=num_keys + 2))
     permuted = kjt.permute(order)
@@ -69,11 +75,13 @@ def test_permute_then_inverse_is_identity(kjt: KeyedJaggedTensor) -> None:
     assert kjt_as_lists(back) == kjt_as_lists(kjt)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @SETTINGS
 @given(kjts(weighted=True), st.data())
-def test_torch_and_fbgemm_permute_agree(kjt: KeyedJaggedTensor, data) -> None:
+def test_torch_and_fbgemm_permute_agree(device: str, kjt: KeyedJaggedTensor, data) -> None:
+    kjt = kjt.to(torch.device(device))
     n = len(kjt.keys())
-    order = torch.tensor(data.draw(st.permutations(list(range(n)))), dtype=torch.int32)
+    order = torch.tensor(data.draw(st.permutations(list(range(n)))), dtype=torch.int32, device=device)
     lengths2d = kjt.lengths().view(n, -1)
     ref = _ops._permute_2d_sparse_torch(order, lengths2d, kjt.values(), kjt.weights())
     got = _ops.permute_2d_sparse(order, lengths2d, kjt.values(), kjt.weights())
@@ -99,11 +107,15 @@ def test_jagged_dense_round_trips(rows: list[list[int]], pad_to: int) -> None:
         assert r == (row + [0] * pad_to)[:pad_to]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @SETTINGS
 @given(kjts())
-def test_offsets_and_lengths_agree(kjt: KeyedJaggedTensor) -> None:
+def test_offsets_and_lengths_agree(device: str, kjt: KeyedJaggedTensor) -> None:
+    kjt = kjt.to(torch.device(device))
     offsets = kjt.offsets()
-    from_offsets = KeyedJaggedTensor(keys=kjt.keys(), values=kjt.values(), offsets=offsets, stride=kjt.stride())
+    from_offsets = KeyedJaggedTensor(
+        keys=kjt.keys(), values=kjt.values(), offsets=offsets, stride=kjt.stride()
+    )
     assert torch.equal(from_offsets.lengths(), kjt.lengths())
     assert offsets[0] == 0 and offsets[-1] == kjt.values().numel()
     assert kjt.offset_per_key()[-1] == kjt.values().numel()

@@ -17,8 +17,9 @@ def _kjt(weighted: bool = False) -> KeyedJaggedTensor:
     )
 
 
-def test_accessors_follow_the_key_major_layout() -> None:
-    kjt = _kjt()
+def test_accessors_follow_the_key_major_layout(device: torch.device) -> None:
+    kjt = _kjt().to(device)
+    assert kjt.values().device.type == device.type
     assert kjt.stride() == 2
     assert kjt.length_per_key() == [2, 2, 3]
     assert kjt.offset_per_key() == [0, 2, 4, 7]
@@ -46,8 +47,8 @@ def test_empty_and_empty_like() -> None:
     assert JaggedTensor.empty().lengths().numel() == 0
 
 
-def test_weighted_split_and_to_dict_carry_weights() -> None:
-    kjt = _kjt(weighted=True)
+def test_weighted_split_and_to_dict_carry_weights(device: torch.device) -> None:
+    kjt = _kjt(weighted=True).to(device)
     first, rest = kjt.split([1, 2])
     assert first.weights().tolist() == [0.0, 1.0]
     assert rest.keys() == ["b", "c"] and rest.weights().tolist() == [2.0, 3.0, 4.0, 5.0, 6.0]
@@ -118,21 +119,23 @@ def test_concat_rejects_different_strides() -> None:
         KeyedJaggedTensor.concat([a, b])
 
 
-def test_to_keeps_caches_and_moves_tensors() -> None:
+def test_to_keeps_caches_and_moves_tensors(device: torch.device) -> None:
     kjt = _kjt(weighted=True).sync()
-    moved = kjt.to(torch.device("cpu"), non_blocking=True)
+    moved = kjt.to(device, non_blocking=True)
     assert moved.length_per_key_or_none() == [2, 2, 3]
-    assert torch.equal(moved.values(), kjt.values()) and torch.equal(moved.weights(), kjt.weights())
+    assert moved.values().device.type == moved.lengths().device.type == moved.weights().device.type == device.type
+    assert torch.equal(moved.values().cpu(), kjt.values()) and torch.equal(moved.weights().cpu(), kjt.weights())
     assert kjt.unsync().length_per_key_or_none() is None
 
 
-def test_keyed_tensor_blocks_and_regroup() -> None:
-    a = KeyedTensor.from_tensor_list(["x", "y"], [torch.ones(2, 3), torch.zeros(2, 1)])
-    b = KeyedTensor(keys=["z"], length_per_key=[2], values=torch.full((2, 2), 5.0))
+def test_keyed_tensor_blocks_and_regroup(device: torch.device) -> None:
+    a = KeyedTensor.from_tensor_list(["x", "y"], [torch.ones(2, 3, device=device), torch.zeros(2, 1, device=device)])
+    b = KeyedTensor(keys=["z"], length_per_key=[2], values=torch.full((2, 2), 5.0, device=device))
     assert a.values().shape == (2, 4) and a.offset_per_key() == [0, 3, 4]
-    assert a["y"].shape == (2, 1) and torch.equal(a.to_dict()["x"], torch.ones(2, 3))
+    assert a["y"].shape == (2, 1) and torch.equal(a.to_dict()["x"].cpu(), torch.ones(2, 3))
     g1, g2 = KeyedTensor.regroup([a, b], [["z", "x"], ["y"]])
-    assert torch.equal(g1, torch.cat([torch.full((2, 2), 5.0), torch.ones(2, 3)], dim=1))
+    assert g1.device.type == device.type
+    assert torch.equal(g1.cpu(), torch.cat([torch.full((2, 2), 5.0), torch.ones(2, 3)], dim=1))
     assert g2.shape == (2, 1)
     d = KeyedTensor.regroup_as_dict([a, b], [["y", "z"]], ["yz"])
     assert d["yz"].shape == (2, 3)

@@ -4,8 +4,9 @@ Both are each other's adjoint, so they live together. Rows are samples; rank ``s
 of them and the global batch is every rank's rows concatenated in rank order.
 
 Backend choice (checked on torch 2.13): NCCL and gloo both implement ``reduce_scatter_single`` and
-``all_gather_single`` (gloo gained reduce-scatter in recent releases; older torch raised), but both
-require *equal* shares. ``all_to_all_single`` takes arbitrary split sizes on every backend:
+``all_gather_single`` (gloo gained reduce-scatter in recent releases; older torch raised; torch 2.11
+and 2.12 name them ``reduce_scatter_tensor`` / ``all_gather_into_tensor``, which ``lightrec._compat``
+picks), but both require *equal* shares. ``all_to_all_single`` takes arbitrary split sizes on every backend:
 
 * reduce-scatter: each rank sends rank s its ``B_s`` rows; rank s sums the ``W`` pieces it receives
   (in rank order, so the result is deterministic) — the same bytes on the wire as a reduce-scatter.
@@ -23,6 +24,7 @@ import math
 import torch
 import torch.distributed as dist
 
+from lightrec._compat import all_gather_single, reduce_scatter_single
 from lightrec.distributed.comm._autograd import Pending
 
 __all__ = ["start_reduce_scatter", "start_all_gather", "CPU_NATIVE_REDUCE_SCATTER"]
@@ -49,7 +51,7 @@ def start_reduce_scatter(
     native = x.device.type != "cpu" or CPU_NATIVE_REDUCE_SCATTER
     if native and all(b == b_me for b in batches):
         out = send.new_empty((b_me, *rest))
-        work = dist.reduce_scatter_single(out, send, group=group, async_op=True)
+        work = reduce_scatter_single(out, send, group=group, async_op=True)
         return Pending(work, lambda: out, (send, out))
     row = _row_numel(x)
     in_splits = [b * row for b in batches]
@@ -69,7 +71,7 @@ def start_all_gather(
     total = sum(batches)
     if all(b == batches[rank] for b in batches):
         out = send.new_empty((total, *rest))
-        work = dist.all_gather_single(out, send, group=group, async_op=True)
+        work = all_gather_single(out, send, group=group, async_op=True)
         return Pending(work, lambda: out, (send, out))
     row = _row_numel(x)
     # Every rank receives the same rows, so the input is sent once per destination.

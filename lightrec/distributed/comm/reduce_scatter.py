@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from lightrec._compat import all_gather_single
 from lightrec.distributed.comm._autograd import (
     CollectiveAwaitable,
     Pending,
@@ -42,7 +43,7 @@ def exchange_batch_sizes(local_batch_size: int, pg: dist.ProcessGroup | None = N
     _, world_size = group_rank_and_size(pg)
     mine = torch.tensor([int(local_batch_size)], dtype=torch.int64, device=_comm_device(pg))
     out = torch.empty(world_size, dtype=torch.int64, device=mine.device)
-    dist.all_gather_single(out, mine, group=pg)
+    all_gather_single(out, mine, group=pg)
     return [int(b) for b in out.tolist()]
 
 

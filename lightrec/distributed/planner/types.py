@@ -14,7 +14,7 @@ import torch
 
 from lightrec.distributed.types import EmbeddingComputeKernel, ShardingType, _enum_value
 
-__all__ = ["GiB", "OPTIMIZER_STATE", "ParameterConstraints", "PlannerError", "Topology"]
+__all__ = ["GiB", "OPTIMIZER_STATE", "ParameterConstraints", "PlannerError", "Topology", "device_hbm_caps"]
 
 GiB = 1024**3
 
@@ -76,6 +76,24 @@ def optimizer_name(optimizer: object) -> str:
     )
 
 
+def device_hbm_caps(world_size: int, local_world_size: int) -> list[int] | None:
+    """HBM bytes of every rank's GPU, read from the visible devices; None without CUDA.
+
+    Rank ``r`` uses local device ``r % local_world_size`` (the usual one process per GPU); the
+    devices of other hosts cannot be seen from here, so each host is assumed to hold the same GPUs
+    as this one, and a local index beyond this host's devices takes device 0's size.
+    """
+    if not torch.cuda.is_available():
+        return None
+    count = torch.cuda.device_count()
+    if count == 0:
+        return None
+    local = [int(torch.cuda.get_device_properties(i).total_memory) for i in range(count)]
+    return [
+        local[r % local_world_size] if r % local_world_size < count else local[0] for r in range(world_size)
+    ]
+
+
 @dataclass
 class Topology:
     """The cluster the plan is for.
@@ -85,7 +103,9 @@ class Topology:
         compute_device: ``"cuda"`` or ``"cpu"``; ``None`` picks ``"cuda"`` when a GPU is visible.
             Tables live in HBM on ``cuda`` and in DDR on ``cpu``.
         local_world_size: ranks per host (default: ``world_size``, one host); must divide it.
-        hbm_cap: device memory per rank, bytes (one int, or one per rank).
+        hbm_cap: device memory per rank, bytes (one int, or one per rank). With
+            ``compute_device="cuda"`` and a visible GPU the default is read from the device
+            (:func:`device_hbm_caps`), else 32 GiB.
         ddr_cap: host memory per rank, bytes (one int, or one per rank).
         hbm_mem_bw / ddr_mem_bw: memory bandwidth per rank, bytes/s.
         intra_host_bw / inter_host_bw: collective bandwidth per rank inside / across hosts, bytes/s.
@@ -127,6 +147,10 @@ class Topology:
                 f"got {self.local_world_size!r}"
             )
         defaults = _DEFAULTS[self.compute_device]
+        if self.compute_device == "cuda" and self.hbm_cap is None:
+            measured = device_hbm_caps(self.world_size, self.local_world_size)
+            if measured is not None:
+                self.hbm_cap = measured
         for name, value in defaults.items():
             if getattr(self, name) is None:
                 setattr(self, name, value)

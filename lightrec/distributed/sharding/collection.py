@@ -16,7 +16,11 @@ exchange) and :meth:`~ShardedCollectionBase.progress_input_dists` (wait for the 
 lengths/values/weights exchange). The batch's own forward then finds the input dist in flight
 and only waits for it before its lookup, which therefore still runs after the previous batch's
 backward (the fused optimizer updates rows there). The input dist reads only the ids, never the
-tables, so starting it early does not change any result.
+tables, so starting it early does not change any result. On CUDA both stages may be issued on a
+side stream (``start_input_dist(kjt, stream=...)``): the forward waits for it there, makes its
+own stream wait for the side stream and ``record_stream``s what it received
+(``lightrec/distributed/streams.py``); the stage-2 host sync then waits for the count exchange only,
+not for the work queued on the main stream.
 
 State dict: the kernels' parameters are renamed to the unsharded collection's keys
 (``<attr>.<table>.weight``); a model-parallel table's value is a
@@ -44,6 +48,7 @@ from lightrec.distributed.sharding.data_parallel import DpEmbeddingSharding
 from lightrec.distributed.sharding.id_bounds import IdBounds
 from lightrec.distributed.sharding.lookups import _GroupedLookupBase
 from lightrec.distributed.state_dict import ShardedTableState, local_slice
+from lightrec.distributed.streams import handoff, on_stream
 from lightrec.distributed.types import (
     EmbeddingComputeKernel,
     EmbeddingModuleShardingPlan,
@@ -94,6 +99,7 @@ class _PendingInputDist:
 
     Attributes:
         features: the KJT it was started for (kept alive, so its tensors identify it).
+        stream: the side CUDA stream its work is issued on, or None (the current stream).
         positions: key index in ``features`` of each collection feature (None: same order).
         contexts: one per sharding type; their splits exchanges are in flight.
         bounded: ``features`` after the ``bounds_check`` rewrite (what the input dist sent).
@@ -106,11 +112,22 @@ class _PendingInputDist:
     contexts: list[DistContext]
     bounded: Any
     tensors: list[Any] | None = None
+    stream: Any = None
 
     def progress(self) -> list[Any]:
         if self.tensors is None:
-            self.tensors = [c.splits.wait() for c in self.contexts]  # type: ignore[attr-defined]
+            with on_stream(self.stream):
+                self.tensors = [c.splits.wait() for c in self.contexts]  # type: ignore[attr-defined]
         return self.tensors
+
+    def received(self, device: torch.device) -> list[Any]:
+        """The KJT each sharding looks up (waits for the exchanges). With a side stream: waited
+        there, then handed to the current stream of ``device`` (``lightrec.distributed.streams``)."""
+        tensors = self.progress()
+        with on_stream(self.stream):
+            kjts = [t.wait() for t in tensors]
+        handoff((kjts, tensors, self.contexts, self.bounded), self.stream, device)
+        return kjts
 
 
 def check_kernel_backend(kernel_backend: str) -> None:
@@ -148,8 +165,8 @@ class ShardedCollectionBase(nn.Module):
         fused_params: the sharder's fused optimizer (torchrec-style dict or spec), used for
             tables whose weight was not marked with ``apply_optimizer_in_backward``.
         seed: base seed of shard initialisation.
-        kernel_backend: ``"auto"`` (fbgemm TBE where it supports a table group, else pure torch),
-            ``"fbgemm"`` (an error names a group it cannot run) or ``"torch"``.
+        kernel_backend: ``"auto"`` (fbgemm TBE where it supports a table group, else Triton on
+            CUDA, else pure torch), ``"fbgemm"`` (an error names a group it cannot run), ``"triton"`` or ``"torch"``.
     """
 
     _attr = "embedding_bags"
@@ -322,6 +339,19 @@ class ShardedCollectionBase(nn.Module):
     def shardings(self) -> list[EmbeddingSharding]:
         return list(self._shardings)
 
+    @property
+    def device(self) -> torch.device:
+        """Where this rank's shards live (fixed: sharded storage is never moved, see ``placement.py``)."""
+        return self._device
+
+    @property
+    def sharding_env(self) -> ShardingEnv:
+        return self._env
+
+    def module_sharding_plan(self) -> EmbeddingModuleShardingPlan:
+        """``{table: ParameterSharding}`` this collection was sharded by (its entry of the plan)."""
+        return EmbeddingModuleShardingPlan({c.name: self._tables[c.name].sharding for c in self._configs})
+
     def feature_names(self) -> list[str]:
         return list(self._feature_order)
 
@@ -361,7 +391,7 @@ class ShardedCollectionBase(nn.Module):
         return ok
 
     # ---- pipelining: input dists started ahead of their forward --------------------------------
-    def start_input_dist(self, features: Any) -> bool:
+    def start_input_dist(self, features: Any, stream: Any = None) -> bool:
         """Start the input dist of a *later* forward of ``features`` (stage 1: the splits exchange).
 
         Collective: every rank must call it at the same point. The forward of ``features`` (the same
@@ -369,15 +399,24 @@ class ShardedCollectionBase(nn.Module):
         instead of starting its own; until then other forwards run normally, so a validation loop may
         come in between. Returns False (and does nothing) when ``features`` does not have exactly
         this module's keys; True if it was started (or already was).
+
+        Args:
+            features: the KJT of the later forward (its tensors must be ready on ``stream``).
+            stream: a side ``torch.cuda.Stream`` to issue every stage of this input dist on (the
+                forward then makes its own stream wait for it and ``record_stream``s what it
+                receives); None: the current stream.
         """
         if not self._has_all_keys(features):
             return False
         if self._find_pending(features) is not None:
             return True
         positions = self._positions(features.keys())
-        bounded = self._id_bounds(features)  # the unsharded module's bounds_check policy
-        contexts = [d(bounded, positions) for d in self._input_dists]
-        self._pending_input_dists.append(_PendingInputDist(features, positions, contexts, bounded))
+        with on_stream(stream):
+            bounded = self._id_bounds(features)  # the unsharded module's bounds_check policy
+            contexts = [d(bounded, positions) for d in self._input_dists]
+        self._pending_input_dists.append(
+            _PendingInputDist(features, positions, contexts, bounded, stream=stream)
+        )
         return True
 
     def progress_input_dists(self) -> None:
@@ -402,8 +441,7 @@ class ShardedCollectionBase(nn.Module):
         pending, self._pending_input_dists = self._pending_input_dists, []
         if wait:
             for p in pending:
-                for t in p.progress():
-                    t.wait()
+                p.received(self._device)
         return len(pending)
 
     def _find_pending(self, features: Any) -> _PendingInputDist | None:
@@ -437,6 +475,8 @@ class ShardedCollectionBase(nn.Module):
         if pending is not None:  # started ahead by start_input_dist (pipelined training)
             contexts, positions, tensors = pending.contexts, pending.positions, pending.progress()
             bounded = pending.bounded
+            if pending.stream is not None:  # issued on a side stream: wait there, hand over to this one
+                pending.received(self._device)
         else:
             check_feature_keys(features.keys(), self._feature_order, type(self).__name__)
             positions = self._positions(features.keys())
@@ -512,7 +552,7 @@ class CollectionSharder(ModuleSharder):
             (torchrec-style dict, e.g. ``{"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
             "learning_rate": 0.02, "eps": 0.002}``, or a ``FusedOptimizerSpec``); default SGD with
             learning rate 0.01, like torchrec.
-        kernel_backend: lookup kernels of every shard: ``"auto"``, ``"fbgemm"`` or ``"torch"``.
+        kernel_backend: lookup kernels of every shard: ``"auto"``, ``"fbgemm"``, ``"triton"`` or ``"torch"``.
     """
 
     _module_class: type[nn.Module]

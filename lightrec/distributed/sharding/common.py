@@ -67,7 +67,7 @@ class ShardedTable:
         source: the unsharded weight to copy shards from, or None to initialise them.
         pooling: the table's pooling (``NONE`` for sequence tables).
         backend: kernel backend of its shards: ``"auto"`` (fbgemm where it supports the table,
-            else pure torch), ``"fbgemm"`` or ``"torch"``.
+            else Triton on CUDA, else pure torch), ``"fbgemm"``, ``"triton"`` or ``"torch"``.
     """
 
     config: BaseEmbeddingConfig
