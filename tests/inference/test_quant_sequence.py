@@ -12,11 +12,11 @@ import pytest
 import torch
 
 import lightrec
+from lightrec.fx.tracer import symbolic_trace
 from lightrec.inference import QuantEmbeddingCollection, export, load, quantize
-from lightrec.inference.fx import symbolic_trace
-from lightrec.inference.quant_rows import max_abs_error
 from lightrec.modules import DataType
 from lightrec.modules.feature_checks import EmbeddingIdError
+from lightrec.quant.row_codec import max_abs_error
 from tests.inference import reference
 from tests.inference.helpers import (
     FEATURES,

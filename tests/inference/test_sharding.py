@@ -6,13 +6,13 @@ import pytest
 import torch
 
 import lightrec
+from lightrec.fx.tracer import symbolic_trace
 from lightrec.inference import (
     ShardedQuantEmbeddingBagCollection,
     quantize,
     shard_for_inference,
     shard_modules,
 )
-from lightrec.inference.fx import symbolic_trace
 from tests.inference.helpers import dlrm, kernel_params, kjt, tables
 
 

@@ -24,11 +24,11 @@ from torch import nn
 from torch.fx._symbolic_trace import is_fx_symbolic_tracing as is_fx_tracing
 
 from lightrec._fbgemm import fbgemm_available
-from lightrec.inference.quant_embedding_modules import QuantEmbeddingBagCollection
-from lightrec.inference.quant_rows import SCALE_BIAS_BYTES
-from lightrec.inference.table_groups import check_ids_by_table, equal_rows_runs
 from lightrec.modules.embedding_configs import DataType, EmbeddingBagConfig, PoolingType
 from lightrec.modules.feature_checks import check_feature_keys
+from lightrec.quant.embedding_modules import QuantEmbeddingBagCollection
+from lightrec.quant.row_codec import SCALE_BIAS_BYTES
+from lightrec.quant.table_groups import check_ids_by_table, equal_rows_runs
 from lightrec.sparse import KeyedJaggedTensor, KeyedTensor
 
 __all__ = ["ShardedQuantEmbeddingBagCollection", "TableGroupLookup", "TbeGroupLookup", "shard_for_inference", "shard_modules"]

@@ -1,7 +1,7 @@
 """Pooled lookups over quantized rows: fbgemm's IntN TBE op, or pure torch with identical results.
 
 The torch kernel reads one table stored in fbgemm's row layout (see
-:mod:`lightrec.inference.quant_rows`) and pools the rows of every bag of every feature that reads it:
+:mod:`lightrec.quant.row_codec`) and pools the rows of every bag of every feature that reads it:
 
     weight   [rows, row_bytes] uint8        one table
     ids      [N]                            ids of the table's F features, key-major
@@ -10,7 +10,7 @@ The torch kernel reads one table stored in fbgemm's row layout (see
 
 The fbgemm kernel does the same for many tables in one call: they lie back to back in one flat
 byte buffer and each feature names its table's byte offset (see
-:mod:`lightrec.inference.table_groups`).
+:mod:`lightrec.quant.table_groups`).
 
 Numerics (what fbgemm 1.8's CPU kernel does, measured, and what the torch kernel reproduces bit for
 bit): scale ``s`` and bias ``b`` are fp16 in the row and widened to fp32; with a per-id weight

@@ -1,7 +1,7 @@
 """Unpooled lookups over quantized rows: fbgemm's IntN TBE op (pooling NONE), pure torch, or the
-Triton kernel of :mod:`lightrec.inference.triton_lookup` (every id a bag of one).
+Triton kernel of :mod:`lightrec.quant.triton_lookup` (every id a bag of one).
 
-The sequence (``EmbeddingCollection``) counterpart of :mod:`lightrec.inference.kernels`: every id
+The sequence (``EmbeddingCollection``) counterpart of :mod:`lightrec.quant.pooled_kernels`: every id
 gets its own decoded row back, in input order::
 
     weight   [rows, row_bytes] uint8        one table, fbgemm's row layout (quant_rows)
@@ -13,7 +13,7 @@ int8/int4 values decode as ``fma(scale, q, bias)`` with fp16 scale/bias widened 
 rows decode exactly. ``scale * q`` is exact in fp32 (an 11-bit fp16 significand times a
 ``q < 256`` fits in 24 bits, subnormal halves included), so the plain ``q * scale + bias`` in fp32
 rounds once, like the fused multiply-add -- and both equal
-:func:`lightrec.inference.quant_rows.dequantize_rows` of the looked-up rows.
+:func:`lightrec.quant.row_codec.dequantize_rows` of the looked-up rows.
 
 Neither kernel has data-dependent control flow, so ``torch.export`` traces them as they are;
 ``torch.fx`` records each as one call (``torch.fx.wrap``) that ``torch.jit.script`` compiles from
@@ -23,7 +23,7 @@ source (the scripted fp16 decode cannot be traced through ``Tensor.view(dtype)``
 
 import torch
 
-from lightrec.inference.kernels import fp16_bytes_to_float
+from lightrec.quant.pooled_kernels import fp16_bytes_to_float
 
 __all__ = [
     "FbgemmSequenceKernel",
@@ -118,11 +118,11 @@ class FbgemmSequenceKernel(torch.nn.Module):
 
 def make_sequence_kernel(kernel: str, row_alignment: int) -> torch.nn.Module:
     """The unpooled kernel module for ``kernel`` (``"fbgemm"``, ``"triton"`` or ``"torch"``, as
-    chosen by :func:`lightrec.inference.quant_embedding_modules.resolve_quant_kernel`)."""
+    chosen by :func:`lightrec.quant.embedding_modules.resolve_quant_kernel`)."""
     if kernel == "fbgemm":
         return FbgemmSequenceKernel(row_alignment)
     if kernel == "triton":
-        from lightrec.inference.triton_lookup import TritonSequenceKernel
+        from lightrec.quant.triton_lookup import TritonSequenceKernel
 
         return TritonSequenceKernel()
     return TorchSequenceKernel()
