@@ -10,7 +10,7 @@ Those buffers are views of one flat buffer holding every table back to back (``_
 not in the state dict), so that tables pooling the same way are looked up with **one** fbgemm IntN
 call (:mod:`lightrec.quant.table_groups`) when fbgemm imports, otherwise with a pure-torch
 kernel with bit-identical results (:mod:`lightrec.quant.pooled_kernels`). Build one with :meth:`from_float`, with
-:func:`lightrec.inference.quantize`, or with torch's ``quantize_dynamic`` (the seed tutorial's way).
+:func:`lightrec.inference.quantize`, or with torch's ``quantize_dynamic`` (the TorchRec tutorial's way).
 """
 
 # No `from __future__ import annotations`: fx copies forward() annotations into traced code,

@@ -146,7 +146,7 @@ def test_quantize_swaps_ec_and_keeps_float_model() -> None:
     assert torch.equal(from_state(batch), quantize(model, "int8")(batch))
 
 
-def test_quantize_dynamic_seed_api_and_fused_collection() -> None:
+def test_quantize_dynamic_torchrec_api_and_fused_collection() -> None:
     from torch import quantization as quant
 
     from lightrec.modules.quant_config import QuantConfig

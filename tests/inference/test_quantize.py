@@ -94,7 +94,7 @@ def test_fbgemm_kernel_equals_torch_kernel_on_larger_batch() -> None:
         assert torch.equal(a, b), kind
 
 
-def test_seed_quantize_dynamic_api_and_buffers() -> None:
+def test_torchrec_quantize_dynamic_api_and_buffers() -> None:
     from torch import quantization as quant
 
     from lightrec.modules.quant_config import QuantConfig

@@ -54,7 +54,7 @@ def test_capacity_and_argument_errors() -> None:
         shard_for_inference(torch.nn.Sequential(torch.nn.Linear(2, 2)), devices=1)
 
 
-def test_shard_modules_seed_call_shape() -> None:
+def test_shard_modules_torchrec_call_shape() -> None:
     from lightrec.distributed import ShardingEnv
 
     holder = torch.nn.Sequential(quantize(lightrec.EmbeddingBagCollection(tables()), "int8"))

@@ -12,7 +12,6 @@ import torch
 from lightrec.recipes import CONFIGS, CONFIGS_DIR, RECIPES, config_path, configs_of
 from lightrec.recipes.recipe_cli import resolve_config_args
 
-
 # Tiny sizes: a few steps, one val and two test batches, small tables.
 COMMON = [
     "--trainer.devices=1",
