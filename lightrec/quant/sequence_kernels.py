@@ -24,6 +24,7 @@ source (the scripted fp16 decode cannot be traced through ``Tensor.view(dtype)``
 import torch
 
 from lightrec.quant.pooled_kernels import fp16_bytes_to_float
+from lightrec.quant.triton_lookup import TritonSequenceKernel
 
 __all__ = [
     "FbgemmSequenceKernel",
@@ -118,11 +119,9 @@ class FbgemmSequenceKernel(torch.nn.Module):
 
 def make_sequence_kernel(kernel: str, row_alignment: int) -> torch.nn.Module:
     """The unpooled kernel module for ``kernel`` (``"fbgemm"``, ``"triton"`` or ``"torch"``, as
-    chosen by :func:`lightrec.quant.embedding_modules.resolve_quant_kernel`)."""
+    chosen by :func:`lightrec.quant.collection_base.resolve_quant_kernel`)."""
     if kernel == "fbgemm":
         return FbgemmSequenceKernel(row_alignment)
     if kernel == "triton":
-        from lightrec.quant.triton_lookup import TritonSequenceKernel
-
         return TritonSequenceKernel()
     return TorchSequenceKernel()
