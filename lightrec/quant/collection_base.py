@@ -170,14 +170,35 @@ def _float_weight(
 class QuantCollectionBase(nn.Module):
     """Behaviour both quantized collections share (see the module docstring).
 
-    A subclass sets the class attributes below, fills ``_feature_order``, ``_configs`` (the configs
-    with their storage ``data_type``), ``_bounds_check``, ``_row_alignment``, ``kernel`` and the
-    ``<TABLES_ATTR>`` ``ModuleDict`` of :class:`QuantTable` in its constructor, and writes ``forward``.
+    The constructor validates the arguments both collections take (the subclass's docstring lists
+    them) and sets ``_feature_order``, ``_configs`` (the configs with their storage ``data_type``),
+    ``_bounds_check``, ``_row_alignment`` and ``kernel``. A subclass sets the class attributes below,
+    fills the ``<TABLES_ATTR>`` ``ModuleDict`` of :class:`QuantTable` and writes ``forward``.
     """
 
     TABLES_ATTR = ""  # "embedding_bags" (pooled) or "embeddings" (sequence): the state-dict prefix
     FLOAT_CONFIGS = ""  # the float collection's config getter: "embedding_bag_configs" / "embedding_configs"
     __jit_unused_properties__ = ["device"]
+
+    def __init__(
+        self,
+        tables: list,
+        config_type: type,
+        device: torch.device | str | None,
+        dtype: object,
+        per_table: dict[str, object] | None,
+        row_alignment: int,
+        bounds_check: str,
+        use_fbgemm: bool | None,
+        backend: str | None,
+    ) -> None:
+        super().__init__()
+        self._feature_order, self._configs = storage_configs(
+            tables, config_type, type(self).__name__, dtype, per_table, bounds_check, row_alignment
+        )
+        self._bounds_check = bounds_check
+        self._row_alignment = row_alignment
+        self.kernel = resolve_quant_kernel(backend, use_fbgemm, device)
 
     # ------------------------------------------------------------------ construction
     @classmethod

@@ -28,12 +28,7 @@ from torch.fx._symbolic_trace import is_fx_symbolic_tracing as is_fx_tracing
 
 from lightrec.modules.embedding_configs import DataType, EmbeddingConfig
 from lightrec.modules.feature_checks import apply_bounds_check, check_feature_keys
-from lightrec.quant.collection_base import (
-    QuantCollectionBase,
-    QuantTable,
-    resolve_quant_kernel,
-    storage_configs,
-)
+from lightrec.quant.collection_base import QuantCollectionBase, QuantTable
 from lightrec.quant.row_codec import DEFAULT_ROW_ALIGNMENT, row_size_in_bytes, sparse_type_code
 from lightrec.quant.sequence_kernels import make_sequence_kernel
 from lightrec.sparse import JaggedTensor, KeyedJaggedTensor
@@ -46,15 +41,9 @@ class QuantEmbeddingCollection(QuantCollectionBase):
 
     Args:
         tables: the float collection's ``EmbeddingConfig`` list.
-        device: where the stored tables live.
-        dtype: storage type of every table (``torch.int8``/``"int8"``, ``torch.quint4x2``/``"int4"``,
-            ``torch.float16``/``"fp16"`` or a ``DataType``).
-        per_table: ``{table name: dtype}`` overrides.
-        row_alignment: stored rows are padded to a multiple of this many bytes (16, like torchrec).
-        bounds_check: ``"error"`` (default), ``"clamp"`` or ``"skip"`` for ids outside a table.
-        use_fbgemm: force (True) or forbid (False) fbgemm's kernel; None uses it when it imports.
-        backend: ``"auto"``, ``"fbgemm"``, ``"triton"`` or ``"torch"`` lookups (overrides ``use_fbgemm``;
-            see ``resolve_quant_kernel``). ``kernel`` says which runs.
+        device, dtype, per_table, row_alignment, bounds_check, use_fbgemm, backend: as in
+            ``QuantEmbeddingBagCollection`` (storage type, per-table overrides, row padding, what
+            to do with ids outside a table, and which kernel looks up; ``kernel`` says which runs).
 
     The tables are zero until filled: use :meth:`from_float`, :meth:`set_float_weight`, or
     ``load_state_dict`` with a state dict of this module.
@@ -74,19 +63,14 @@ class QuantEmbeddingCollection(QuantCollectionBase):
         use_fbgemm: bool | None = None,
         backend: str | None = None,
     ) -> None:
-        super().__init__()
-        self._feature_order, self._configs = storage_configs(
-            tables, EmbeddingConfig, "QuantEmbeddingCollection", dtype, per_table, bounds_check, row_alignment
-        )
+        super().__init__(tables, EmbeddingConfig, device, dtype, per_table, row_alignment, bounds_check, use_fbgemm,
+                         backend)
         data_types = [t.data_type for t in self._configs]
-        self._bounds_check = bounds_check
-        self._row_alignment = row_alignment
         self.embeddings = nn.ModuleDict()
         for t, dt in zip(tables, data_types):
             self.embeddings[t.name] = QuantTable(
                 t.num_embeddings, row_size_in_bytes(t.embedding_dim, dt, row_alignment), device
             )
-        self.kernel = resolve_quant_kernel(backend, use_fbgemm, device)
         self._kernel = make_sequence_kernel(self.kernel, row_alignment)
         self._table_features: List[List[str]] = [list(t.feature_names) for t in tables]
         self._table_rows: List[int] = [t.num_embeddings for t in tables]

@@ -25,12 +25,7 @@ from torch.fx._symbolic_trace import is_fx_symbolic_tracing as is_fx_tracing
 from lightrec.modules.embedding_configs import DataType, EmbeddingBagConfig, PoolingType
 from lightrec.modules.embedding_modules import ids_per_table
 from lightrec.modules.feature_checks import check_feature_keys
-from lightrec.quant.collection_base import (
-    QuantCollectionBase,
-    QuantTable,
-    resolve_quant_kernel,
-    storage_configs,
-)
+from lightrec.quant.collection_base import QuantCollectionBase, QuantTable
 from lightrec.quant.embedding_collection import QuantEmbeddingCollection
 from lightrec.quant.host_memory import allocate_host_buffer
 from lightrec.quant.row_codec import DEFAULT_ROW_ALIGNMENT, row_size_in_bytes, sparse_type_code
@@ -62,7 +57,8 @@ class QuantEmbeddingBagCollection(QuantCollectionBase):
         bounds_check: ``"error"`` (default), ``"clamp"`` or ``"skip"`` for ids outside a table.
         use_fbgemm: force (True) or forbid (False) fbgemm's kernel; None uses it when it imports.
         backend: ``"auto"``, ``"fbgemm"``, ``"triton"`` or ``"torch"`` lookups (overrides
-            ``use_fbgemm``; see :func:`resolve_quant_kernel`). ``kernel`` says which runs.
+            ``use_fbgemm``; see :func:`~lightrec.quant.collection_base.resolve_quant_kernel`). ``kernel``
+            says which runs.
 
     The tables are zero until filled: use :meth:`from_float`, :meth:`set_float_weight`, or
     ``load_state_dict`` with a state dict of this module.
@@ -83,14 +79,10 @@ class QuantEmbeddingBagCollection(QuantCollectionBase):
         use_fbgemm: bool | None = None,
         backend: str | None = None,
     ) -> None:
-        super().__init__()
-        self._feature_order, self._configs = storage_configs(
-            tables, EmbeddingBagConfig, "QuantEmbeddingBagCollection", dtype, per_table, bounds_check, row_alignment
-        )
+        super().__init__(tables, EmbeddingBagConfig, device, dtype, per_table, row_alignment, bounds_check, use_fbgemm,
+                         backend)
         data_types = [t.data_type for t in self._configs]
         self._is_weighted = is_weighted
-        self._bounds_check = bounds_check
-        self._row_alignment = row_alignment
         # All tables live back to back in one flat buffer (lightrec.quant.table_groups), so a
         # group of tables is one fbgemm call; embedding_bags.<t>.weight are views of it (the state
         # dict keys), and the flat buffer itself is not saved.
@@ -106,7 +98,6 @@ class QuantEmbeddingBagCollection(QuantCollectionBase):
         self.embedding_bags = nn.ModuleDict()
         for t, spec in zip(tables, specs):
             self.embedding_bags[t.name] = QuantTable(spec.rows, spec.row_bytes, storage=self._table_view(spec))
-        self.kernel = resolve_quant_kernel(backend, use_fbgemm, device)
         self._groups = make_table_groups(specs, self.kernel, row_alignment, torch.device(device) if device else None)
         self.register_load_state_dict_post_hook(QuantEmbeddingBagCollection._restore_views)
         self._embedding_names: List[str] = list(self._feature_order)

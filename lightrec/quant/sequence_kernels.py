@@ -23,7 +23,7 @@ source (the scripted fp16 decode cannot be traced through ``Tensor.view(dtype)``
 
 import torch
 
-from lightrec.quant.pooled_kernels import fp16_bytes_to_float
+from lightrec.quant.pooled_kernels import fp16_bytes_to_float, grouped_lookup_fbgemm
 from lightrec.quant.triton_lookup import TritonSequenceKernel
 
 __all__ = [
@@ -64,34 +64,22 @@ def sequence_lookup_fbgemm(
         ``[N, dim]`` float32.
     """
     device = weight.device
-    location = 3 if device.type == "cpu" else 0
-    indices = ids.to(torch.int64)
     offsets = torch.zeros([2], dtype=torch.int64, device=device)
-    offsets[1] = indices.numel()
-    return torch.ops.fbgemm.int_nbit_split_embedding_codegen_lookup_function(
-        dev_weights=weight.view(-1),
-        uvm_weights=torch.empty(0, dtype=torch.uint8, device=device),
-        weights_placements=torch.full([1], location, dtype=torch.int32, device=device),
-        weights_offsets=torch.zeros([1], dtype=torch.int64, device=device),
-        weights_tys=torch.full([1], data_type, dtype=torch.uint8, device=device),
-        D_offsets=torch.tensor([0, dim], dtype=torch.int32, device=device),
-        total_D=dim,
-        max_int2_D=0,
-        max_int4_D=dim if data_type == 3 else 0,
-        max_int8_D=dim if data_type == 2 else 0,
-        max_float16_D=dim if data_type == 1 else 0,
-        max_float32_D=0,
-        indices=indices,
-        offsets=offsets,
-        pooling_mode=2,  # PoolingMode.NONE
-        indice_weights=None,
-        output_dtype=0,
-        lxu_cache_weights=torch.empty(0, 0, dtype=torch.uint8, device=device),
-        lxu_cache_locations=torch.empty(0, dtype=torch.int32, device=device),
-        row_alignment=row_alignment,
-        max_float8_D=0,
-        fp8_exponent_bits=-1,
-        fp8_exponent_bias=-1,
+    offsets[1] = ids.numel()
+    return grouped_lookup_fbgemm(
+        weight.view(-1),
+        torch.zeros([1], dtype=torch.int64, device=device),
+        torch.full([1], data_type, dtype=torch.uint8, device=device),
+        torch.tensor([0, dim], dtype=torch.int32, device=device),
+        dim,
+        dim if data_type == 3 else 0,
+        dim if data_type == 2 else 0,
+        dim if data_type == 1 else 0,
+        ids,
+        offsets,
+        None,
+        2,  # PoolingMode.NONE
+        row_alignment,
     )
 
 

@@ -122,7 +122,7 @@ class FbgemmTableGroup(_OneCallGroup):
         self._max_int4_d = max([d for d, ty in zip(dims, tys) if ty == 3] + [0])
         self._max_int8_d = max([d for d, ty in zip(dims, tys) if ty == 2] + [0])
         self._max_fp16_d = max([d for d, ty in zip(dims, tys) if ty == 1] + [0])
-        self._mean = tables[0].mean
+        self._pooling_mode = 1 if tables[0].mean else 0  # fbgemm's PoolingMode: MEAN or SUM
         self._row_alignment = row_alignment
         # fbgemm's CPU kernel is ~10% faster on int32 ids and offsets; ids fit when every table has
         # < 2**31 rows (and a batch has < 2**31 ids).
@@ -148,7 +148,7 @@ class FbgemmTableGroup(_OneCallGroup):
         offsets = complete_cumsum(group_lengths)
         return grouped_lookup_fbgemm(
             flat, self.weights_offsets, self.weights_tys, self.d_offsets, self._total_d, self._max_int4_d,
-            self._max_int8_d, self._max_fp16_d, ids, offsets, group_weights, self._mean, self._row_alignment,
+            self._max_int8_d, self._max_fp16_d, ids, offsets, group_weights, self._pooling_mode, self._row_alignment,
         )  # fmt: skip
 
 

@@ -42,10 +42,9 @@ class DeepFMModule(RecModule):
         dense_in_features: number of dense features (linked; 0 for MovieLens).
         embedding_dim: width ``D`` of every field embedding.
         deep_layer_sizes: hidden widths of the deep MLP (a linear layer to one logit follows).
-        dense_lr: learning rate of the dense optimizer.
-        **rec_module_kwargs: ``RecModule``'s arguments: the tables' fused optimizer
-            (``embedding_optimizer``, ``embedding_lr``, ``embedding_eps``), the dense optimizer
-            (``dense_optimizer``, ...) and the LR schedule of both (``warmup_steps``, ``decay_*``).
+        dense_lr: learning rate of the dense (adagrad) optimizer.
+        **rec_module_kwargs: everything else ``RecModule`` takes: the tables' fused optimizer
+            (``embedding_*``), ``dense_optimizer`` and the LR schedule of both.
     """
 
     def __init__(

@@ -48,10 +48,9 @@ class DLRMModule(RecModule):
         over_arch_layer_sizes: top MLP widths, ending in 1 (one logit).
         interaction: ``"dot"`` (DLRM) or ``"dcn"`` (low-rank DCN-v2 cross net).
         dcn_num_layers / dcn_low_rank_dim: the cross net, for ``interaction="dcn"``.
-        dense_lr: learning rate of the dense optimizer.
-        **rec_module_kwargs: ``RecModule``'s arguments: the tables' fused optimizer
-            (``embedding_optimizer``, ``embedding_lr``, ``embedding_eps``), the dense optimizer
-            (``dense_optimizer``, ...) and the LR schedule of both (``warmup_steps``, ``decay_*``).
+        dense_lr: learning rate of the dense (adagrad) optimizer.
+        **rec_module_kwargs: ``RecModule``'s: ``embedding_optimizer`` / ``embedding_lr`` / ``embedding_eps``,
+            ``dense_optimizer``, the LR schedule (``warmup_steps``, ``decay_*``), ``metrics``.
     """
 
     def __init__(

@@ -50,9 +50,8 @@ class TwoTowerModule(RecModule):
         temperature: the in-batch logits are ``q . c / temperature``.
         recall_k: ``k`` of the logged ``val/recall@k`` and ``test/recall@k``.
         dense_optimizer / dense_lr: the towers' optimizer and its learning rate.
-        **rec_module_kwargs: ``RecModule``'s other arguments: the tables' fused optimizer
-            (``embedding_optimizer``, ``embedding_lr``, ``embedding_eps``) and the LR schedule of
-            both (``warmup_steps``, ``decay_*``).
+        **rec_module_kwargs: the embedding tables' fused optimizer (``embedding_optimizer``,
+            ``embedding_lr``, ``embedding_eps``) and the LR schedule (see ``RecModule``).
     """
 
     def __init__(
