@@ -27,7 +27,10 @@ __all__ = ["MOVED", "install"]
 
 MOVED: dict[str, tuple[str, ...]] = {
     # quantized tables and their kernels: lightrec.inference -> lightrec.quant (issue 14)
-    "lightrec.inference.quant_embedding_modules": ("lightrec.quant.embedding_modules", "lightrec.quant.collection_base"),
+    "lightrec.inference.quant_embedding_modules": (
+        "lightrec.quant.embedding_modules",
+        "lightrec.quant.collection_base",
+    ),
     "lightrec.inference.quant_embedding_collection": ("lightrec.quant.embedding_collection",),
     "lightrec.inference.quant_rows": ("lightrec.quant.row_codec",),
     "lightrec.inference.host_memory": ("lightrec.quant.host_memory",),
@@ -56,7 +59,9 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def __init__(self) -> None:
         self._real_specs: dict[str, importlib.machinery.ModuleSpec | None] = {}
 
-    def find_spec(self, fullname: str, path: object = None, target: object = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: object = None, target: object = None
+    ) -> importlib.machinery.ModuleSpec | None:
         if fullname not in MOVED:
             return None
         return importlib.machinery.ModuleSpec(fullname, self)
@@ -69,7 +74,9 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             # real one so the module still knows where it lives (exec_module puts it back).
             self._real_specs[spec.name] = module.__spec__
             return module
-        composite = types.ModuleType(spec.name, f"Old path of {', '.join(homes)} (see lightrec._moved_modules).")
+        composite = types.ModuleType(
+            spec.name, f"Old path of {', '.join(homes)} (see lightrec._moved_modules)."
+        )
         names: list[str] = []
         for home in homes:
             module = importlib.import_module(home)

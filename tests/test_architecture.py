@@ -45,7 +45,18 @@ ALLOWED: dict[str, frozenset[str]] = {
     "distributed": frozenset({"sparse", "modules", "optim", "kernels", "quant"}),
     "inference": frozenset({"sparse", "modules", "optim", "kernels", "quant", "fx", "distributed"}),
     "lightning": frozenset(
-        {"sparse", "modules", "optim", "kernels", "quant", "fx", "distributed", "inference", "data", "metrics"}
+        {
+            "sparse",
+            "modules",
+            "optim",
+            "kernels",
+            "quant",
+            "fx",
+            "distributed",
+            "inference",
+            "data",
+            "metrics",
+        }
     ),
     "recipes": frozenset(
         {"sparse", "modules", "optim", "models", "data", "metrics", "kernels", "inference", "lightning"}
@@ -58,7 +69,17 @@ ALLOWED: dict[str, frozenset[str]] = {
 ALLOWED.update({name: frozenset() for name in FOUNDATION})
 
 # Rooms below lightrec.lightning: they must run in a process without Lightning.
-BELOW_LIGHTNING = ("sparse", "optim", "modules", "models", "kernels", "quant", "fx", "distributed", "inference")
+BELOW_LIGHTNING = (
+    "sparse",
+    "optim",
+    "modules",
+    "models",
+    "kernels",
+    "quant",
+    "fx",
+    "distributed",
+    "inference",
+)
 LIGHTNING_PACKAGES = ("lightning", "pytorch_lightning", "lightning_fabric")
 # The one training-side file that hands a model to the serving workflow.
 INFERENCE_BRIDGES = frozenset({"lightrec.lightning.quantized_export", "lightrec.lightning"})
@@ -178,7 +199,9 @@ def test_imports_run_one_way_between_rooms() -> None:
         src, dst = room(imp.source), room(imp.target)
         if dst != src and dst not in FOUNDATION and dst not in ALLOWED[src]:
             where = "function-level" if imp.local else "module-level"
-            wrong.append(f"{imp.source}:{imp.line} imports {imp.target} ({where}); {src} may import {sorted(ALLOWED[src])}")
+            wrong.append(
+                f"{imp.source}:{imp.line} imports {imp.target} ({where}); {src} may import {sorted(ALLOWED[src])}"
+            )
     assert not wrong, "imports against the floors:\n" + "\n".join(wrong)
 
 
@@ -219,7 +242,8 @@ def test_copied_recipes_import_public_modules_only() -> None:
         private = [
             f"{recipe.name}:{imp.line} imports {imp.target}"
             for imp in imports_of(recipe)
-            if imp.target.startswith("lightrec") and any(part.startswith("_") for part in imp.target.split("."))
+            if imp.target.startswith("lightrec")
+            and any(part.startswith("_") for part in imp.target.split("."))
         ]
         assert not private, "a recipe `lightrec cp` hands out imports private modules:\n" + "\n".join(private)
 
@@ -246,7 +270,11 @@ def test_the_architecture_doc_draws_the_same_table() -> None:
         name = cells[0].split("`")[1]
         name = {"cli.py": "cli", "lightrec/__init__.py": "lightrec"}.get(name, name)
         drawn[name] = frozenset(cells[1].split("`")[1::2])
-    rooms = {name: allowed for name, allowed in ALLOWED.items() if name not in FOUNDATION and name != "_moved_modules"}
+    rooms = {
+        name: allowed
+        for name, allowed in ALLOWED.items()
+        if name not in FOUNDATION and name != "_moved_modules"
+    }
     assert drawn == rooms
 
 

@@ -39,7 +39,9 @@ __all__ = [
 QUANT_KERNELS = ("auto", "fbgemm", "triton", "torch")
 
 
-def resolve_quant_kernel(backend: str | None, use_fbgemm: bool | None, device: torch.device | str | None) -> str:
+def resolve_quant_kernel(
+    backend: str | None, use_fbgemm: bool | None, device: torch.device | str | None
+) -> str:
     """Which kernel serves a quantized collection: ``"fbgemm"``, ``"triton"`` or ``"torch"``.
 
     ``backend`` (``"auto"``, ``"fbgemm"``, ``"triton"``, ``"torch"``) wins; without it the older
@@ -82,8 +84,13 @@ class QuantTable(nn.Module):
     used as the buffer instead of allocating a new one.
     """
 
-    def __init__(self, rows: int, row_bytes: int, device: torch.device | str | None = None,
-                 storage: torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        rows: int,
+        row_bytes: int,
+        device: torch.device | str | None = None,
+        storage: torch.Tensor | None = None,
+    ) -> None:
         super().__init__()
         if storage is None:
             storage = torch.zeros(rows, row_bytes, dtype=torch.uint8, device=device)
@@ -99,14 +106,23 @@ def _table_data_types(tables: list, data_type: object, per_table: dict[str, obje
     names = {t.name for t in tables}
     unknown = sorted(set(per_table) - names)
     if unknown:
-        raise KeyError(f"per_table names tables {unknown} that the collection does not have; its tables are {sorted(names)}")
-    return [resolve_data_type(per_table[t.name], f"per_table[{t.name!r}]") if t.name in per_table else default
-            for t in tables]
+        raise KeyError(
+            f"per_table names tables {unknown} that the collection does not have; its tables are {sorted(names)}"
+        )
+    return [
+        resolve_data_type(per_table[t.name], f"per_table[{t.name!r}]") if t.name in per_table else default
+        for t in tables
+    ]
 
 
 def storage_configs(
-    tables: list, config_type: type, owner: str, dtype: object, per_table: dict[str, object] | None,
-    bounds_check: str, row_alignment: int,
+    tables: list,
+    config_type: type,
+    owner: str,
+    dtype: object,
+    per_table: dict[str, object] | None,
+    bounds_check: str,
+    row_alignment: int,
 ) -> tuple[list[str], list]:
     """Validate a quantized collection's arguments (both collections take the same ones).
 
@@ -137,9 +153,13 @@ def set_stored_table(
         raise KeyError(f"no table {table!r}; tables are {[c.name for c in configs]}")
     expected = (config.num_embeddings, config.embedding_dim)
     if tuple(weight.shape) != expected:
-        raise ValueError(f"table {table!r} weight has shape {tuple(weight.shape)}, expected the full table {expected}")
+        raise ValueError(
+            f"table {table!r} weight has shape {tuple(weight.shape)}, expected the full table {expected}"
+        )
     if weight.device.type == "meta":
-        raise ValueError(f"table {table!r} is on the meta device; load or gather its weights before quantizing")
+        raise ValueError(
+            f"table {table!r} is on the meta device; load or gather its weights before quantizing"
+        )
     stored = holders[table].weight
     stored.copy_(quantize_rows(weight.to(stored.device), config.data_type, row_alignment, table))
 
@@ -152,7 +172,10 @@ def _float_weight(
     if state_dict is not None:
         if key not in state_dict:
             near = sorted(k for k in state_dict if k.endswith(f"{table.name}.weight"))
-            raise KeyError(f"state_dict has no {key!r} for table {table.name!r}" + (f"; similar keys: {near}" if near else ""))
+            raise KeyError(
+                f"state_dict has no {key!r} for table {table.name!r}"
+                + (f"; similar keys: {near}" if near else "")
+            )
         weight = state_dict[key]
     else:
         weight = getattr(module, attr)[table.name].weight
@@ -163,7 +186,9 @@ def _float_weight(
             "gather sharded tables first (lightrec.distributed.state_dict.gather_full_state_dict)"
         )
     if weight.device.type == "meta":
-        raise ValueError(f"table {table.name!r} is on the meta device; load or gather its weights before quantizing")
+        raise ValueError(
+            f"table {table.name!r} is on the meta device; load or gather its weights before quantizing"
+        )
     return weight
 
 
@@ -235,13 +260,23 @@ class QuantCollectionBase(nn.Module):
         if dtype is None:
             qconfig = getattr(module, "qconfig", None)
             if qconfig is None:
-                raise ValueError("from_float needs dtype=... or a module.qconfig (QuantConfig) to know the storage type")
+                raise ValueError(
+                    "from_float needs dtype=... or a module.qconfig (QuantConfig) to know the storage type"
+                )
             dtype = data_type_from_qconfig(qconfig)
         tables = list(get_configs())
         first = _float_weight(module, state_dict, prefix, tables[0], cls.TABLES_ATTR)
-        quantized = cls(tables, device=first.device, dtype=dtype, per_table=per_table, row_alignment=row_alignment,
-                        bounds_check=getattr(module, "_bounds_check", "error"), use_fbgemm=use_fbgemm,
-                        backend=backend, **cls._float_options(module))
+        quantized = cls(
+            tables,
+            device=first.device,
+            dtype=dtype,
+            per_table=per_table,
+            row_alignment=row_alignment,
+            bounds_check=getattr(module, "_bounds_check", "error"),
+            use_fbgemm=use_fbgemm,
+            backend=backend,
+            **cls._float_options(module),
+        )
         for t in tables:
             quantized.set_float_weight(t.name, _float_weight(module, state_dict, prefix, t, cls.TABLES_ATTR))
         return quantized
