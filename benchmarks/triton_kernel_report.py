@@ -65,7 +65,7 @@ def _compile(
 
 
 def report(arch: int) -> list[dict[str, Any]]:
-    from lightrec.inference.triton_quant_kernel import quant_pooled_kernel
+    from lightrec.quant.triton_quant_kernel import quant_pooled_kernel
     from lightrec.kernels import triton_kernels as k
     from lightrec.kernels.triton_backend import _launch_config
 

@@ -4,6 +4,8 @@ The flat namespace mirrors torchrec's, so ``import lightrec as torchrec``-style 
 ``lightrec.KeyedJaggedTensor``, ``lightrec.EmbeddingBagCollection``, ``lightrec.EmbeddingBagConfig``...
 """
 
+from lightrec import _moved_modules
+from lightrec._version import __version__
 from lightrec.kernels import FusedEmbeddingBagCollection, FusedEmbeddingCollection
 from lightrec.modules import (
     DataType,
@@ -24,7 +26,7 @@ from lightrec.optim import (
 )
 from lightrec.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 
-__version__ = "0.1.0.dev0"
+_moved_modules.install()
 
 # Names that pull in Lightning (or the data stack) load on first use, so `import lightrec`
 # stays light for inference processes and users of the distributed layer alone.

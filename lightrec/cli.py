@@ -147,7 +147,7 @@ def _count_devices(devices: Any, accelerator: str) -> int:
 def _plan(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     script, config = _script_for_config(ns.config, ns.recipe, parser)
     module = importlib.import_module(f"lightrec.recipes.{script}")
-    from lightrec.recipes._cli import plan_cli
+    from lightrec.recipes.recipe_cli import plan_cli
 
     try:
         cli = plan_cli(module, config, ns.overrides)

@@ -24,7 +24,7 @@ from lightrec.data.criteo_spec import (
 )
 from lightrec.data.errors import DataFormatError
 from lightrec.data.movielens import MovieLensData, MovieLensDataset, read_movielens
-from lightrec.data.sharding import RankBatchSampler, RankDataLoader, rank_dataloader, resolve_rank
+from lightrec.data.rank_sampling import RankBatchSampler, RankDataLoader, rank_dataloader, resolve_rank
 from lightrec.data.synthetic import PlantedCriteoModel, SyntheticCriteoDataset
 
 _LAZY = {"SyntheticCriteo", "SyntheticCriteoDataModule", "CriteoDataModule", "MovieLensDataModule"}

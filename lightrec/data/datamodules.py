@@ -20,7 +20,7 @@ from lightrec.data.criteo import preprocess_criteo
 from lightrec.data.criteo_dataset import CriteoMemmapDataset, load_criteo_meta
 from lightrec.data.errors import OnError, check_on_error
 from lightrec.data.movielens import MovieLensData, MovieLensDataset, read_movielens
-from lightrec.data.sharding import rank_dataloader, resolve_rank
+from lightrec.data.rank_sampling import rank_dataloader, resolve_rank
 from lightrec.data.synthetic import SyntheticCriteoDataset
 from lightrec.modules.embedding_configs import EmbeddingBagConfig
 

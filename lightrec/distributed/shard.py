@@ -1,23 +1,16 @@
 """torchrec's ``torchrec.distributed.shard._shard_modules`` call shape, for inference sharding.
 
-Inference sharding lives in ``lightrec.inference``; this alias imports it on call so the
-distributed package does not depend on the inference package at import time.
+The TorchRec tutorial shards a *quantized* model for serving with
+``_shard_modules(module=qmodel, device=..., env=ShardingEnv.from_local(world_size, 0))``. That is
+inference sharding -- spreading the quantized tables over local serving devices -- which lives in
+:mod:`lightrec.quant.sharded_embedding_bag`, one floor down; this module gives it torchrec's path.
+Model-parallel *training* sharding is ``DistributedModelParallel`` (``lightrec.distributed``).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from torch import nn
+from lightrec.quant.sharded_embedding_bag import shard_modules
 
 __all__ = ["_shard_modules", "shard_modules"]
-
-
-def shard_modules(module: nn.Module, device: Any = None, env: Any = None) -> nn.Module:
-    """Shard the quantized collections of ``module`` for serving (see ``lightrec.inference.shard_modules``)."""
-    from lightrec.inference import shard_modules as _impl
-
-    return _impl(module, device=device, env=env)
-
 
 _shard_modules = shard_modules

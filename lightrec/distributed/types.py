@@ -237,7 +237,7 @@ class ParameterSharding:
 
 
 def _format_table(header: list[str], rows: list[list[str]]) -> list[str]:
-    """``a | b`` rows under a dashed rule as wide as each column (the seed tutorial's layout)."""
+    """``a | b`` rows under a dashed rule as wide as each column (the TorchRec tutorial's layout)."""
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(header)]
     lines = [" | ".join(header), " | ".join("-" * w for w in widths)]
     lines += [" | ".join(r) for r in rows]
@@ -264,7 +264,7 @@ class ShardingPlan:
     """The plan of a whole model: ``{module path: EmbeddingModuleShardingPlan}``.
 
     ``""`` is the path of the root module (a bare ``EmbeddingBagCollection``). ``str(plan)``
-    prints the seed tutorial's table; :meth:`to_json`/:meth:`save` write a file that
+    prints the TorchRec tutorial's table; :meth:`to_json`/:meth:`save` write a file that
     :meth:`from_json`/:meth:`load` read back into an equal plan.
     """
 

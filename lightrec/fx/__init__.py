@@ -1,5 +1,5 @@
-"""torchrec-compatible ``lightrec.fx.Tracer`` (``from torchrec.fx import Tracer`` in the seed)."""
+"""``torch.fx`` tracing of lightrec models (``torchrec.fx`` -> ``lightrec.fx``): :class:`Tracer`."""
 
-from lightrec.inference.fx import Tracer, symbolic_trace
+from lightrec.fx.tracer import DEFAULT_LEAF_MODULES, Tracer, symbolic_trace
 
-__all__ = ["Tracer", "symbolic_trace"]
+__all__ = ["DEFAULT_LEAF_MODULES", "Tracer", "symbolic_trace"]

@@ -1,6 +1,6 @@
-"""Serving: quantized embedding tables, inference sharding, TorchScript / torch.export artifacts.
+"""The serving workflow: quantize a model, gather a sharded one, export an artifact, load and predict.
 
-The seed tutorial's flow, in lightrec::
+The TorchRec tutorial's flow, in lightrec::
 
     qmodel = lightrec.inference.quantize(model, dtype="int8")          # EBC and EC; or torch's quantize_dynamic
     qmodel = lightrec.inference.shard_for_inference(qmodel, devices=2)  # optional: spread tables
@@ -8,10 +8,15 @@ The seed tutorial's flow, in lightrec::
     scores = lightrec.inference.load("model.pt").predict([{"dense": [...], "sparse": {...}}])
 
 A ``DistributedModelParallel`` (sharded) model goes through the same calls, as a collective:
-``quantize(dmp, dst=0)`` gathers full tables to rank 0 (:mod:`lightrec.inference.sharded`).
-See ``docs/serving.md``.
+``quantize(dmp, dst=0)`` gathers full tables to rank 0 (:mod:`lightrec.inference.gather`).
+
+Files, each on top of the one before: ``gather.py`` (full tables from the ranks that hold them),
+``quantize.py``, ``export.py`` (artifacts and their metadata), ``predictor.py`` (``load`` and
+``Predictor``). The quantized tables themselves and their kernels live one floor down, in
+:mod:`lightrec.quant` (re-exported here), the tracer in :mod:`lightrec.fx`. See ``docs/serving.md``.
 """
 
+from lightrec.fx.tracer import Tracer, symbolic_trace
 from lightrec.inference.export import (
     EXPORT_FORMATS,
     ExportError,
@@ -19,16 +24,20 @@ from lightrec.inference.export import (
     describe_model,
     export,
     export_from_checkpoint,
+    export_on_rank,
 )
-from lightrec.inference.fx import Tracer, symbolic_trace
+from lightrec.inference.gather import has_sharded_collections, unshard
 from lightrec.inference.predictor import Predictor, RequestError, load
-from lightrec.inference.quant_embedding_collection import QuantEmbeddingCollection
-from lightrec.inference.quant_embedding_modules import QuantEmbeddingBagCollection
-from lightrec.inference.quant_rows import dequantize_rows, quantize_rows, row_size_in_bytes
 from lightrec.inference.quantize import quantize
-from lightrec.inference.sharded import export_on_rank, has_sharded_collections, unshard
-from lightrec.inference.sharding import ShardedQuantEmbeddingBagCollection, shard_for_inference, shard_modules
 from lightrec.modules.quant_config import QuantConfig, resolve_data_type
+from lightrec.quant.embedding_collection import QuantEmbeddingCollection
+from lightrec.quant.embedding_modules import QuantEmbeddingBagCollection
+from lightrec.quant.row_codec import dequantize_rows, quantize_rows, row_size_in_bytes
+from lightrec.quant.sharded_embedding_bag import (
+    ShardedQuantEmbeddingBagCollection,
+    shard_for_inference,
+    shard_modules,
+)
 
 __all__ = [
     "EXPORT_FORMATS",

@@ -24,19 +24,32 @@ fbgemm TBE groups of sharded models can only be exported as TorchScript.
 # No `from __future__ import annotations`: fx copies forward() annotations into traced code.
 
 import importlib.metadata
+import inspect
 import json
 import os
 from pathlib import Path
 from typing import Any, Callable, List, Optional
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
-import lightrec
-from lightrec.inference.fx import symbolic_trace
+from lightrec._version import __version__
+from lightrec.distributed.checkpoint import consolidate_checkpoint, is_sharded_checkpoint
+from lightrec.fx.tracer import symbolic_trace
+from lightrec.inference.gather import has_sharded_collections, run_on_rank, sharding_group, unshard
+from lightrec.inference.quantize import quantize
 from lightrec.sparse import KeyedJaggedTensor
 
-__all__ = ["EXPORT_FORMATS", "ExportError", "TensorInputModule", "describe_model", "export", "export_from_checkpoint"]
+__all__ = [
+    "EXPORT_FORMATS",
+    "ExportError",
+    "TensorInputModule",
+    "describe_model",
+    "export",
+    "export_from_checkpoint",
+    "export_on_rank",
+]
 
 EXPORT_FORMATS = ("torchscript", "export")
 
@@ -106,13 +119,13 @@ def describe_model(model: nn.Module, dense_in_features: int | None = None) -> di
 
 def _versions() -> dict[str, str | None]:
     fbgemm = None
-    for dist in ("fbgemm-gpu-cpu", "fbgemm-gpu", "fbgemm_gpu"):
+    for distribution in ("fbgemm-gpu-cpu", "fbgemm-gpu", "fbgemm_gpu"):
         try:
-            fbgemm = importlib.metadata.version(dist)
+            fbgemm = importlib.metadata.version(distribution)
             break
         except importlib.metadata.PackageNotFoundError:
             continue
-    return {"lightrec": lightrec.__version__, "torch": torch.__version__, "fbgemm_gpu": fbgemm}
+    return {"lightrec": __version__, "torch": torch.__version__, "fbgemm_gpu": fbgemm}
 
 
 def _example_inputs(info: dict[str, Any], batch_size: int = 3) -> tuple[torch.Tensor, ...]:
@@ -157,7 +170,7 @@ def export(
 
     A model sharded over ranks (a ``DistributedModelParallel``, or a model holding its sharded
     collections) makes this a collective: every rank calls it, the float tables are gathered to
-    rank 0 of the sharding group (:func:`lightrec.inference.sharded.unshard`), rank 0 writes, and
+    rank 0 of the sharding group (:func:`lightrec.inference.gather.unshard`), rank 0 writes, and
     every rank returns once the artifact exists (or raises ``ExportError`` if rank 0 failed). To
     export it quantized, ``export(quantize(dmp, dst=0), path)`` on rank 0 after the collective
     ``quantize`` (what the ``QuantizedExport`` callback does).
@@ -182,8 +195,6 @@ def export(
     """
     if format not in EXPORT_FORMATS:
         raise ValueError(f"format must be one of {EXPORT_FORMATS}, got {format!r}")
-    from lightrec.inference.sharded import export_on_rank, has_sharded_collections, sharding_group, unshard
-
     if has_sharded_collections(model):
         group, _, _ = sharding_group(model)
         return export_on_rank(lambda: unshard(model, dst=0), path, group=group, dst=0, format=format,
@@ -193,8 +204,6 @@ def export(
     model = model.eval()
     info = describe_model(model, dense_in_features)
     if takes_dense is None:
-        import inspect
-
         takes_dense = len(inspect.signature(model.forward).parameters) >= 2
     if takes_dense and not info["dense_in_features"]:
         if isinstance(example_batch, (tuple, list)):
@@ -237,6 +246,27 @@ def export(
         _write_atomically(path, lambda tmp: torch.export.save(program, str(tmp)))
     _write_atomically(meta_path, lambda tmp: tmp.write_text(json.dumps(meta, indent=2)))
     return path
+
+
+def export_on_rank(
+    build: Callable[[], Optional[nn.Module]],
+    path: str | os.PathLike,
+    group: dist.ProcessGroup | None = None,
+    dst: int = 0,
+    **export_kwargs: Any,
+) -> Path:
+    """Collective export: every rank runs ``build`` (which may gather), rank ``dst`` exports the model
+    it returns to ``path``, then every rank learns whether that worked.
+
+    Returns:
+        ``Path(path)`` on every rank, once the artifact is written.
+
+    Raises:
+        ExportError: on the other ranks when rank ``dst`` failed (rank ``dst`` raises the original error).
+    """
+    run_on_rank(build, lambda model: export(model, path, **export_kwargs), f"export {str(path)!r}", group=group,
+                dst=dst, failure=ExportError)
+    return Path(path)
 
 
 def _write_atomically(path: Path, write: Callable[[Path], Any]) -> None:
@@ -324,13 +354,9 @@ def export_from_checkpoint(
     Raises:
         FileNotFoundError: no checkpoint at the path; ValueError: keys do not match the model.
     """
-    from lightrec.inference.quantize import quantize
-
     if isinstance(checkpoint, (str, os.PathLike)):
         if not Path(checkpoint).exists():
             raise FileNotFoundError(f"checkpoint {str(checkpoint)!r} does not exist")
-        from lightrec.distributed.checkpoint import consolidate_checkpoint, is_sharded_checkpoint
-
         if is_sharded_checkpoint(checkpoint):  # a RecStrategy folder: gather full tables here
             checkpoint = consolidate_checkpoint(checkpoint)
         else:

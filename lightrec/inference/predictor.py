@@ -28,6 +28,9 @@ from typing import Any
 
 import torch
 
+import lightrec.quant.pooled_kernels  # noqa: F401  registers lightrec::nbit_pooled_lookup, which exported programs call
+from lightrec._fbgemm import fbgemm_available, fbgemm_unavailable_reason
+
 __all__ = ["Predictor", "RequestError", "load"]
 
 _REQUEST_KEYS = ("dense", "sparse", "weights")
@@ -199,15 +202,11 @@ def load(path: str | os.PathLike, missing_features: str = "empty", device: torch
             raise FileNotFoundError(f"{str(p)!r} does not exist; write it with lightrec.inference.export(model, {str(path)!r})")
     meta = json.loads(meta_path.read_text())
     if meta.get("uses_fbgemm"):
-        from lightrec._fbgemm import fbgemm_available, fbgemm_unavailable_reason
-
         if not fbgemm_available():
             raise RuntimeError(f"{str(path)!r} calls fbgemm ops but fbgemm_gpu is unavailable "
                                f"({fbgemm_unavailable_reason()}); re-export on a machine without fbgemm")
     if meta["format"] == "torchscript":
         module: Any = torch.jit.load(str(path), map_location=torch.device(device))
     else:
-        import lightrec.inference.kernels  # noqa: F401  registers lightrec::nbit_pooled_lookup
-
         module = torch.export.load(str(path)).module().to(torch.device(device))
     return Predictor(module, meta, missing_features, device)

@@ -3,14 +3,14 @@
 Every pooled collection (``EmbeddingBagCollection``, ``FusedEmbeddingBagCollection``) becomes a
 ``QuantEmbeddingBagCollection`` and every sequence collection (``EmbeddingCollection``,
 ``FusedEmbeddingCollection``) a ``QuantEmbeddingCollection`` (int8 / int4 / fp16 rows, see
-:mod:`lightrec.inference.quant_rows`); dense layers stay float32, or become dynamic int8
+:mod:`lightrec.quant.row_codec`); dense layers stay float32, or become dynamic int8
 ``Linear`` layers with ``quantize_dense=True``. The float model is not modified and its tables
 are not copied (only the quantized tables are allocated).
 
 Tables may come from the model, from a full-table state dict (``state_dict=``) whose keys are the
 model's (``sparse_arch.embedding_bag_collection.embedding_bags.<table>.weight``, ``dense_arch...``),
 or -- for a ``DistributedModelParallel`` or a model whose collections it sharded -- from the ranks
-holding them: then ``quantize`` is a collective (see :mod:`lightrec.inference.sharded`).
+holding them: then ``quantize`` is a collective (see :mod:`lightrec.inference.gather`).
 """
 
 from __future__ import annotations
@@ -22,16 +22,17 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from lightrec.inference.quant_embedding_collection import QuantEmbeddingCollection
-from lightrec.inference.quant_embedding_modules import QuantEmbeddingBagCollection
-from lightrec.inference.quant_rows import DEFAULT_ROW_ALIGNMENT
-from lightrec.inference.sharded import (
+from lightrec.inference.gather import (
     quantize_sharded_collection,
     sharded_collections,
     sharding_group,
     unwrap_model_parallel,
 )
+from lightrec.kernels import FusedEmbeddingBagCollection, FusedEmbeddingCollection
 from lightrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+from lightrec.quant.embedding_collection import QuantEmbeddingCollection
+from lightrec.quant.embedding_modules import QuantEmbeddingBagCollection
+from lightrec.quant.row_codec import DEFAULT_ROW_ALIGNMENT
 
 __all__ = ["quantize", "quantize_dense_layers"]
 
@@ -43,19 +44,13 @@ class _Found(NamedTuple):
     sharded: bool
 
 
-def _float_types() -> tuple[tuple[type, ...], tuple[type, ...]]:
-    bags: tuple[type, ...] = (EmbeddingBagCollection,)
-    sequences: tuple[type, ...] = (EmbeddingCollection,)
-    try:
-        from lightrec.kernels import FusedEmbeddingBagCollection, FusedEmbeddingCollection
-    except ImportError:  # pragma: no cover - lightrec.kernels ships with lightrec
-        return bags, sequences
-    return bags + (FusedEmbeddingBagCollection,), sequences + (FusedEmbeddingCollection,)
+# The float collections quantize() replaces (the fused ones keep the plain ones' state-dict keys).
+_POOLED_FLOAT = (EmbeddingBagCollection, FusedEmbeddingBagCollection)
+_SEQUENCE_FLOAT = (EmbeddingCollection, FusedEmbeddingCollection)
 
 
 def _collections(model: nn.Module) -> list[_Found]:
     """The outermost float or sharded embedding collections of ``model`` (module order)."""
-    bags, sequences = _float_types()
     sharded = {id(m) for _, m in sharded_collections(model)}
     found: list[_Found] = []
     for path, m in model.named_modules():
@@ -63,9 +58,9 @@ def _collections(model: nn.Module) -> list[_Found]:
             continue  # inside a collection already found
         if id(m) in sharded:
             found.append(_Found(path, m, bool(m._pooled), True))
-        elif type(m) in bags:
+        elif type(m) in _POOLED_FLOAT:
             found.append(_Found(path, m, True, False))
-        elif type(m) in sequences:
+        elif type(m) in _SEQUENCE_FLOAT:
             found.append(_Found(path, m, False, False))
     return found
 

@@ -9,6 +9,7 @@
 from lightrec.kernels.batched_embedding import (
     BatchedEmbedding,
     BatchedEmbeddingBag,
+    BatchedTableSpec,
     EmbeddingFusedOptimizer,
     TableSpec,
     select_backend,
@@ -21,12 +22,13 @@ from lightrec.optim.fused_spec import EmbOptimType, FusedOptimizerSpec, WeightDe
 __all__ = [
     "BatchedEmbedding",
     "BatchedEmbeddingBag",
+    "BatchedTableSpec",
     "EmbOptimType",
     "EmbeddingFusedOptimizer",
     "FusedEmbeddingBagCollection",
     "FusedEmbeddingCollection",
     "FusedOptimizerSpec",
-    "TableSpec",
+    "TableSpec",  # the old name of BatchedTableSpec
     "WeightDecayMode",
     "fbgemm_supports",
     "select_backend",

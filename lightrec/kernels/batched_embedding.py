@@ -46,6 +46,7 @@ __all__ = [
     "BatchedEmbedding",
     "BatchedEmbeddingBag",
     "EmbeddingFusedOptimizer",
+    "BatchedTableSpec",
     "TableSpec",
     "select_backend",
 ]
@@ -54,13 +55,17 @@ BACKENDS = ("auto", "fbgemm", "torch", "triton")
 
 
 @dataclass
-class TableSpec:
-    """Shape of one table (or one shard of a table) served by a batched module."""
+class BatchedTableSpec:
+    """Shape of one table (or one shard of a table) served by a batched training module."""
 
     num_embeddings: int
     embedding_dim: int
     name: str = ""
     init_fn: Callable[[torch.Tensor], Any] | None = None
+
+
+TableSpec = BatchedTableSpec
+"""The name ``BatchedTableSpec`` had before 0.1 (``lightrec.kernels.TableSpec``)."""
 
 
 def select_backend(
@@ -125,19 +130,19 @@ class EmbeddingFusedOptimizer(KeyedOptimizer):
             self.state[p] = dict(s)
 
 
-def _table_specs(tables: Sequence[Any]) -> list[TableSpec]:
+def _table_specs(tables: Sequence[Any]) -> list[BatchedTableSpec]:
     out = []
     for i, t in enumerate(tables):
-        if isinstance(t, TableSpec):
+        if isinstance(t, BatchedTableSpec):
             spec = t
         elif isinstance(t, tuple) and len(t) == 2:
-            spec = TableSpec(int(t[0]), int(t[1]))
+            spec = BatchedTableSpec(int(t[0]), int(t[1]))
         elif hasattr(t, "num_embeddings") and hasattr(t, "embedding_dim"):
             init = getattr(t, "init_weight", None)
-            spec = TableSpec(t.num_embeddings, t.embedding_dim, getattr(t, "name", ""), init)
+            spec = BatchedTableSpec(t.num_embeddings, t.embedding_dim, getattr(t, "name", ""), init)
         else:
             raise TypeError(
-                f"tables[{i}] must be an EmbeddingBagConfig/EmbeddingConfig, a TableSpec or a (rows, dim) "
+                f"tables[{i}] must be an EmbeddingBagConfig/EmbeddingConfig, a BatchedTableSpec or a (rows, dim) "
                 f"tuple, got {type(t).__name__}"
             )
         if spec.num_embeddings <= 0 or spec.embedding_dim <= 0:
@@ -372,7 +377,7 @@ class BatchedEmbeddingBag(_BatchedLookupBase):
     """Pooled lookup of a group of tables in one kernel call.
 
     Args:
-        tables: ``EmbeddingBagConfig`` s (their ``init_weight`` initialises the rows), ``TableSpec`` s
+        tables: ``EmbeddingBagConfig`` s (their ``init_weight`` initialises the rows), ``BatchedTableSpec`` s
             or ``(rows, dim)`` tuples; a shard is just a table with the shard's rows/dim.
         feature_table_map: ``[T]`` table index of each feature (default: one feature per table).
         pooling: ``PoolingType.SUM`` or ``PoolingType.MEAN``.

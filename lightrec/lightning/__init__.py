@@ -6,14 +6,23 @@ Importing this package registers ``RecStrategy`` in Lightning's strategy registr
 
 from lightning.pytorch.strategies import StrategyRegistry
 
-from lightrec.lightning.monitor import ThroughputMonitor
 from lightrec.lightning.plan_report import PlanReport
 from lightrec.lightning.quantized_export import QuantizedExport
 from lightrec.lightning.rec_module import RecModule, dlrm_lr_lambda
 from lightrec.lightning.rec_strategy import RecStrategy
+from lightrec.lightning.rec_throughput_monitor import RecThroughputMonitor, ThroughputMonitor
 from lightrec.lightning.sparse_dist_prefetch import SparseDistPrefetch
 
 if RecStrategy.strategy_name not in StrategyRegistry:
     RecStrategy.register_strategies(StrategyRegistry)
 
-__all__ = ["PlanReport", "QuantizedExport", "RecModule", "RecStrategy", "SparseDistPrefetch", "ThroughputMonitor", "dlrm_lr_lambda"]
+__all__ = [
+    "PlanReport",
+    "QuantizedExport",
+    "RecModule",
+    "RecStrategy",
+    "RecThroughputMonitor",
+    "SparseDistPrefetch",
+    "ThroughputMonitor",  # the old name of RecThroughputMonitor (it shadowed Lightning's own)
+    "dlrm_lr_lambda",
+]

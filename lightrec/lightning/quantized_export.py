@@ -43,7 +43,7 @@ from lightrec.inference import (
     quantize,
     resolve_data_type,
 )
-from lightrec.inference.sharded import sharding_group
+from lightrec.inference.gather import sharding_group
 
 __all__ = ["QuantizedExport"]
 

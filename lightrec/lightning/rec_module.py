@@ -12,10 +12,30 @@ the rest of a CTR training loop:
   (whatever the sharded or fused collections expose as ``fused_optimizer``) and a dense optimizer
   over every other parameter, driven by one learning-rate schedule (linear warm-up, then constant,
   then polynomial decay — DLRM's schedule), which reaches both.
+
+**A model built from tables** (what every recipe does). A subclass that defines
+``table_configs() -> list[EmbeddingBagConfig]`` and ``build_model(embedding_bag_collection) -> model``
+lets ``RecModule`` build ``self.model`` in ``configure_model``, once the strategy is known:
+
+* under ``RecStrategy`` the tables are an ``EmbeddingBagCollection`` on ``meta`` -- no rank ever
+  allocates a whole table; the strategy's ``DistributedModelParallel`` materialises each rank's
+  shards -- whose weights carry an ``apply_optimizer_in_backward`` mark for the embedding optimizer
+  (``embedding_optimizer`` / ``embedding_lr`` / ``embedding_eps``), which the sharders turn into the
+  fused optimizer;
+* under any other strategy (one process) they are a ``FusedEmbeddingBagCollection`` with the very
+  same fused optimizer, so both runs train with the same update rule.
+
+The same two hooks give ``model_for_planning()`` (``lightrec plan``), ``fused_params()`` (the
+sharders' and planner's view of the embedding optimizer), ``serving_model()`` / ``serving_factory()``
+(plain ``EmbeddingBagCollection`` tables, the input of ``lightrec.inference.quantize`` / ``export``)
+and a checkpoint entry ``lightrec_module`` naming the class, so ``lightrec export`` can rebuild it.
+An optional ``for_serving(model)`` picks the part of the model that serves requests.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -26,15 +46,21 @@ from torch import nn
 from typing_extensions import override
 
 from lightrec.data.batch import Batch
+from lightrec.kernels import FusedEmbeddingBagCollection
+from lightrec.lightning.rec_strategy import RecStrategy
 from lightrec.metrics import rec_metrics
+from lightrec.modules import EmbeddingBagCollection, EmbeddingBagConfig
 from lightrec.optim import (
     CombinedOptimizer,
     KeyedOptimizer,
     KeyedOptimizerWrapper,
+    RowWiseAdagrad,
+    apply_optimizer_in_backward,
     in_backward_optimizer_filter,
+    optimizer_class_to_spec,
 )
 
-__all__ = ["RecModule", "dlrm_lr_lambda"]
+__all__ = ["EMBEDDING_OPTIMIZERS", "RecModule", "class_reference", "dlrm_lr_lambda"]
 
 _DENSE_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
     "sgd": torch.optim.SGD,
@@ -42,6 +68,14 @@ _DENSE_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
     "adam": torch.optim.Adam,
     "adamw": torch.optim.AdamW,
 }
+
+EMBEDDING_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
+    "sgd": torch.optim.SGD,
+    "adagrad": torch.optim.Adagrad,
+    "rowwise_adagrad": RowWiseAdagrad,
+    "adam": torch.optim.Adam,
+}
+"""The fused optimizers ``RecModule(embedding_optimizer=...)`` names for tables it builds."""
 
 
 def dlrm_lr_lambda(
@@ -82,6 +116,10 @@ class RecModule(pl.LightningModule):
             ``decay_start_step=None`` keep the LR constant.
         metrics: names for ``lightrec.metrics.rec_metrics`` computed on validation and test (and train
             when ``train_metrics=True``).
+        embedding_optimizer: fused optimizer of the tables ``RecModule`` builds (see the module
+            docstring): ``"rowwise_adagrad"`` (DLRM's), ``"adagrad"``, ``"sgd"`` or ``"adam"``. Tables
+            a subclass builds itself carry their own optimizer and ignore these three.
+        embedding_lr / embedding_eps: its learning rate and epsilon (the LR schedule scales the LR).
     """
 
     def __init__(
@@ -95,6 +133,9 @@ class RecModule(pl.LightningModule):
         decay_power: float = 2.0,
         metrics: tuple[str, ...] = ("auc", "ne", "calibration", "ctr", "accuracy"),
         train_metrics: bool = False,
+        embedding_optimizer: str = "rowwise_adagrad",
+        embedding_lr: float = 0.05,
+        embedding_eps: float = 1e-8,
     ) -> None:
         super().__init__()
         if isinstance(dense_optimizer, str) and dense_optimizer.lower() not in _DENSE_OPTIMIZERS:
@@ -102,6 +143,14 @@ class RecModule(pl.LightningModule):
                 f"dense_optimizer must be one of {sorted(_DENSE_OPTIMIZERS)} or an Optimizer class, "
                 f"got {dense_optimizer!r}"
             )
+        if embedding_optimizer not in EMBEDDING_OPTIMIZERS:
+            raise ValueError(
+                f"embedding_optimizer must be one of {sorted(EMBEDDING_OPTIMIZERS)}, got {embedding_optimizer!r}"
+            )
+        self.embedding_optimizer = embedding_optimizer
+        self._embedding_optimizer_kwargs: dict[str, Any] = {"lr": embedding_lr}
+        if embedding_optimizer != "sgd":
+            self._embedding_optimizer_kwargs["eps"] = embedding_eps
         self._dense_optimizer = dense_optimizer
         self._dense_lr = dense_lr
         self._dense_optimizer_kwargs = dict(dense_optimizer_kwargs or {})
@@ -111,6 +160,7 @@ class RecModule(pl.LightningModule):
         self.val_metrics = rec_metrics(metrics, prefix="val/")
         self.test_metrics = rec_metrics(metrics, prefix="test/")
         self._step_started_at: float | None = None
+        self.model: nn.Module | None = None
 
     # ------------------------------------------------------------------ steps
     def _logits_and_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -206,3 +256,90 @@ class RecModule(pl.LightningModule):
             return optimizer
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, self._lr_lambda)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # ------------------------------------------------------------------ a model built from tables
+    def embedding_collection(self, tables: list[EmbeddingBagConfig], sharded: bool) -> nn.Module:
+        """``tables`` with the embedding optimizer: on ``meta`` and marked for the sharders when
+        ``sharded``, else a materialised ``FusedEmbeddingBagCollection`` (see the module docstring)."""
+        optimizer = EMBEDDING_OPTIMIZERS[self.embedding_optimizer]
+        if sharded:
+            ebc = EmbeddingBagCollection(tables=tables, device="meta")
+            # The mark names the fused optimizer the sharders build; nothing steps a meta tensor.
+            apply_optimizer_in_backward(optimizer, ebc.parameters(), self._embedding_optimizer_kwargs, False)
+            return ebc
+        return FusedEmbeddingBagCollection(
+            tables, optimizer_type=optimizer, optimizer_kwargs=self._embedding_optimizer_kwargs
+        )
+
+    def fused_params(self) -> dict[str, Any]:
+        """The embedding optimizer as torchrec-style ``fused_params`` (for sharders and the planner)."""
+        spec = optimizer_class_to_spec(EMBEDDING_OPTIMIZERS[self.embedding_optimizer], self._embedding_optimizer_kwargs)
+        return spec.to_fused_params()
+
+    def _model_from_tables(self, collection: Callable[[list[EmbeddingBagConfig]], nn.Module]) -> nn.Module:
+        """``build_model(collection(table_configs()))``: the subclass's model around tables made by ``collection``."""
+        build, configs = getattr(self, "build_model", None), getattr(self, "table_configs", None)
+        if not callable(build) or not callable(configs):
+            raise TypeError(
+                f"{type(self).__name__} builds its own model; define table_configs() and "
+                "build_model(embedding_bag_collection) to let RecModule build it from tables"
+            )
+        return build(collection(configs()))
+
+    @override
+    def configure_model(self) -> None:
+        """Build ``self.model`` once, for the strategy in use, when the subclass defines ``build_model``."""
+        if self.model is not None or not callable(getattr(self, "build_model", None)):
+            return
+        sharded = self._trainer is not None and isinstance(self._trainer.strategy, RecStrategy)
+        self.model = self._model_from_tables(lambda tables: self.embedding_collection(tables, sharded))
+
+    def built_model(self) -> nn.Module:
+        """``self.model``, built on first use outside a Trainer (e.g. after ``load_from_checkpoint``)."""
+        if self.model is None:
+            self.configure_model()
+        if self.model is None:
+            raise TypeError(f"{type(self).__name__} has no model: set self.model, or define build_model()")
+        return self.model
+
+    def model_for_planning(self) -> nn.Module:
+        """The model with ``meta`` tables, as ``RecStrategy`` would shard it (for ``lightrec plan``)."""
+        return self._model_from_tables(lambda tables: self.embedding_collection(tables, sharded=True))
+
+    def serving_model(self) -> nn.Module:
+        """The trained model with plain ``EmbeddingBagCollection`` tables, on CPU, in eval mode.
+
+        The input of ``lightrec.inference.quantize``/``export`` for an unsharded module (the fused
+        collection's state-dict keys are the plain collection's, so the weights load one to one).
+        """
+        model = self._model_from_tables(lambda tables: EmbeddingBagCollection(tables=tables, device="cpu"))
+        model.load_state_dict({k: v.detach().cpu() for k, v in self.built_model().state_dict().items()})
+        return self._serving_part(model).eval()
+
+    def serving_factory(self) -> nn.Module:
+        """An untrained serving model with ``meta`` tables (``export_from_checkpoint``'s model factory)."""
+        return self._serving_part(
+            self._model_from_tables(lambda tables: EmbeddingBagCollection(tables=tables, device="meta"))
+        )
+
+    def _serving_part(self, model: nn.Module) -> nn.Module:
+        for_serving = getattr(self, "for_serving", None)
+        return for_serving(model) if callable(for_serving) else model
+
+    @override
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Lets `lightrec export <checkpoint>` find the class that rebuilds this model from tables.
+        if callable(getattr(self, "build_model", None)):
+            checkpoint["lightrec_module"] = class_reference(type(self))
+
+
+def class_reference(cls: type) -> str:
+    """``"package.module.Class"``, or ``"/abs/path/recipe.py:Class"`` for a class of a script run as a file."""
+    module = cls.__module__
+    if module == "__main__":
+        main = sys.modules["__main__"]
+        spec = getattr(main, "__spec__", None)
+        if spec is None or not spec.name:
+            return f"{os.path.abspath(main.__file__)}:{cls.__qualname__}"
+        module = spec.name
+    return f"{module}.{cls.__qualname__}"

@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum, unique
+from typing import Any, NamedTuple
 
 import torch
 
@@ -20,6 +21,7 @@ __all__ = [
     "EmbeddingBagConfig",
     "EmbeddingConfig",
     "PoolingType",
+    "QuantConfig",
     "data_type_to_dtype",
     "pooling_type_to_str",
 ]
@@ -171,9 +173,24 @@ class EmbeddingConfig(BaseEmbeddingConfig):
     pooling: PoolingType = PoolingType.NONE
 
 
-def __getattr__(name: str):  # noqa: ANN202 - torchrec imports QuantConfig from this module
-    if name == "QuantConfig":
-        from lightrec.modules.quant_config import QuantConfig
+class QuantConfig(NamedTuple):
+    """torchrec-compatible quantization config for embedding collections.
 
-        return QuantConfig
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    Args:
+        activation: observer factory for the lookup output; lightrec always returns float32
+            (the dense layers after it are not quantized), so only ``torch.float`` is accepted.
+        weight: observer factory whose ``dtype`` is the table storage type: ``torch.int8``
+            (or ``torch.quint8``), ``torch.quint4x2`` (int4) or ``torch.float16``.
+
+    Lives here because torchrec users import it from ``torchrec.modules.embedding_configs``;
+    :mod:`lightrec.modules.quant_config` turns it into a ``DataType``. Example (the TorchRec
+    tutorial's)::
+
+        qconfig = QuantConfig(
+            activation=quant.PlaceholderObserver.with_args(dtype=torch.float),
+            weight=quant.PlaceholderObserver.with_args(dtype=torch.int8),
+        )
+    """
+
+    activation: Any
+    weight: Any

@@ -1,6 +1,7 @@
 """Which storage type each table gets when a model is quantized for serving.
 
-``QuantConfig`` is torchrec's two-observer config (``activation`` says what the lookup returns,
+``QuantConfig`` (defined in :mod:`lightrec.modules.embedding_configs`, where torchrec has it) is
+torchrec's two-observer config (``activation`` says what the lookup returns,
 ``weight`` what the table stores); lightrec reads only the observers' ``dtype``. Everything else
 in lightrec speaks :class:`~lightrec.modules.DataType`; :func:`resolve_data_type` turns every
 spelling users write (``torch.int8``, ``"int4"``, ``DataType.FP16``, an observer) into one.
@@ -8,37 +9,16 @@ spelling users write (``torch.int8``, ``"int4"``, ``DataType.FP16``, an observer
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
-from lightrec.modules.embedding_configs import DataType
+from lightrec.modules.embedding_configs import DataType, QuantConfig
 
 __all__ = ["QUANTIZED_DATA_TYPES", "QuantConfig", "resolve_data_type", "data_type_from_qconfig"]
 
 # Storage types the quantized collections serve (fbgemm's IntN TBE supports exactly these on CPU).
 QUANTIZED_DATA_TYPES = (DataType.INT8, DataType.INT4, DataType.FP16)
-
-
-class QuantConfig(NamedTuple):
-    """torchrec-compatible quantization config for embedding collections.
-
-    Args:
-        activation: observer factory for the lookup output; lightrec always returns float32
-            (the dense layers after it are not quantized), so only ``torch.float`` is accepted.
-        weight: observer factory whose ``dtype`` is the table storage type: ``torch.int8``
-            (or ``torch.quint8``), ``torch.quint4x2`` (int4) or ``torch.float16``.
-
-    Example (the seed tutorial's)::
-
-        qconfig = QuantConfig(
-            activation=quant.PlaceholderObserver.with_args(dtype=torch.float),
-            weight=quant.PlaceholderObserver.with_args(dtype=torch.int8),
-        )
-    """
-
-    activation: Any
-    weight: Any
 
 
 _DTYPE_TO_DATA_TYPE: dict[torch.dtype, DataType] = {

@@ -1,15 +1,18 @@
 """Runnable training recipes (LightningCLI scripts + YAML configs), shipped inside the package.
 
-Layout (``lightrec cp <recipe> <dir>`` copies the same layout for editing)::
+Layout (``lightrec cp <recipe> <dir>`` copies a recipe and its configs in the same layout)::
 
     lightrec/recipes/dlrm.py          DLRMModule: DLRM / DLRM-DCNv2 (synthetic data or Criteo)
     lightrec/recipes/two_tower.py     TwoTowerModule: retrieval on MovieLens, recall@k
     lightrec/recipes/deepfm.py        DeepFMModule: CTR on MovieLens
     lightrec/recipes/configs/*.yaml   one config per (recipe, data) pair; the header gives the command
+    lightrec/recipes/recipe_cli.py    RecipeCLI / run_recipe: the LightningCLI every recipe runs
+    lightrec/recipes/table_specs.py   tables as the data describes them, linked into the model
 
-``RECIPES`` maps each name ``lightrec run`` accepts to its script and default config;
-``CONFIGS`` maps every config to the script that runs it. The top-level ``recipes/`` folder of a
-source checkout holds thin wrappers around these modules (``python recipes/dlrm.py fit ...``).
+A recipe is one ``RecModule`` subclass and a ``main`` that calls ``run_recipe``; it imports public
+modules only (the two above among them), so a copy runs outside the package. ``RECIPES`` maps each
+name ``lightrec run`` accepts to its script and default config; ``CONFIGS`` maps every config to
+the script that runs it.
 """
 
 from __future__ import annotations

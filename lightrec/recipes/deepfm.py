@@ -11,6 +11,7 @@ work the same: set ``data.init_args.data_dir``)::
 
 Sparse fields: ``userId``, ``gender``, ``age``, ``occupation``, ``movieId``, ``genres`` (multi-hot);
 no dense features. Ends with the test AUC / NE and where the logs and checkpoints are.
+``lightrec cp deepfm my_dir`` copies this file and its config for editing.
 """
 
 from __future__ import annotations
@@ -20,61 +21,53 @@ from typing import Any
 import torch
 from torch import nn
 
+from lightrec.lightning import RecModule
 from lightrec.models import DeepFM
-from lightrec.recipes._cli import run_recipe
-from lightrec.recipes._common import RecipeModule, TableSpec
+from lightrec.modules import EmbeddingBagConfig
+from lightrec.recipes.recipe_cli import run_recipe
+from lightrec.recipes.table_specs import DataTableSpec, table_configs_from_specs
 from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = ["DeepFMModule", "main"]
 
 
-class DeepFMModule(RecipeModule):
+class DeepFMModule(RecModule):
     """DeepFM (first-order + factorization machine + deep MLP over shared field embeddings).
+
+    ``RecModule`` builds the model in ``configure_model`` from :meth:`table_configs` and
+    :meth:`build_model`: sharded tables on ``meta`` under ``RecStrategy``, fused tables otherwise.
 
     Args:
         tables: table specs, linked from the DataModule by the recipe.
         dense_in_features: number of dense features (linked; 0 for MovieLens).
         embedding_dim: width ``D`` of every field embedding.
         deep_layer_sizes: hidden widths of the deep MLP (a linear layer to one logit follows).
-        embedding_optimizer / embedding_lr / embedding_eps: the fused optimizer of the tables.
-        dense_optimizer / dense_lr / warmup_steps / decay_start_step / decay_steps / decay_power:
-            the dense optimizer and the LR schedule of both (``RecModule``).
+        dense_lr: learning rate of the dense (adagrad) optimizer.
+        **rec_module_kwargs: everything else ``RecModule`` takes: the tables' fused optimizer
+            (``embedding_*``), ``dense_optimizer`` and the LR schedule of both.
     """
 
     def __init__(
         self,
-        tables: list[TableSpec] | None = None,
+        tables: list[DataTableSpec] | None = None,
         dense_in_features: int = 0,
         embedding_dim: int = 16,
         deep_layer_sizes: list[int] = [64, 32],  # noqa: B006 - LightningCLI shows list defaults
-        embedding_optimizer: str = "rowwise_adagrad",
-        embedding_lr: float = 0.05,
-        embedding_eps: float = 1e-8,
-        dense_optimizer: str = "adagrad",
         dense_lr: float = 0.02,
-        warmup_steps: int = 0,
-        decay_start_step: int | None = None,
-        decay_steps: int = 0,
-        decay_power: float = 2.0,
+        **rec_module_kwargs: Any,
     ) -> None:
-        super().__init__(
-            tables=tables,
-            embedding_dim=embedding_dim,
-            embedding_optimizer=embedding_optimizer,
-            embedding_lr=embedding_lr,
-            embedding_eps=embedding_eps,
-            dense_optimizer=dense_optimizer,
-            dense_lr=dense_lr,
-            warmup_steps=warmup_steps,
-            decay_start_step=decay_start_step,
-            decay_steps=decay_steps,
-            decay_power=decay_power,
-        )
+        super().__init__(dense_lr=dense_lr, **rec_module_kwargs)
         self.save_hyperparameters()
+        self.tables = list(tables or [])
+        self.embedding_dim = embedding_dim
         self.dense_in_features = dense_in_features
         self.deep_layer_sizes = list(deep_layer_sizes)
 
+    def table_configs(self) -> list[EmbeddingBagConfig]:
+        return table_configs_from_specs(self.tables, self.embedding_dim, type(self).__name__)
+
     def build_model(self, embedding_bag_collection: nn.Module) -> nn.Module:
+        """The model around the given tables (``RecModule`` hands in the collection for the strategy)."""
         return DeepFM(embedding_bag_collection, self.dense_in_features, self.deep_layer_sizes)
 
     def forward(self, dense_features: torch.Tensor, sparse_features: KeyedJaggedTensor) -> torch.Tensor:

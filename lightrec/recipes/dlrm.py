@@ -13,7 +13,7 @@ where the TensorBoard logs and checkpoints are::
 
 Any ``--model.*``, ``--data.*`` or ``--trainer.*`` option of LightningCLI works, e.g.
 ``--trainer.max_steps 100 --model.embedding_dim 32``. ``lightrec cp dlrm my_dir`` copies this file and
-its configs for editing.
+its configs for editing; it imports public lightrec modules only, so the copy runs anywhere.
 """
 
 from __future__ import annotations
@@ -23,16 +23,21 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from lightrec.lightning import RecModule
 from lightrec.models import DLRM, DLRM_DCN
-from lightrec.recipes._cli import run_recipe
-from lightrec.recipes._common import RecipeModule, TableSpec
+from lightrec.modules import EmbeddingBagConfig
+from lightrec.recipes.recipe_cli import run_recipe
+from lightrec.recipes.table_specs import DataTableSpec, table_configs_from_specs
 from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = ["DLRMModule", "main"]
 
 
-class DLRMModule(RecipeModule):
+class DLRMModule(RecModule):
     """DLRM (dot interaction) or DLRM-DCNv2 (``interaction="dcn"``) as a ``RecModule``.
+
+    ``RecModule`` builds the model in ``configure_model`` from :meth:`table_configs` and
+    :meth:`build_model`: sharded tables on ``meta`` under ``RecStrategy``, fused tables otherwise.
 
     Args:
         tables: table specs, linked from the DataModule by the recipe.
@@ -43,14 +48,14 @@ class DLRMModule(RecipeModule):
         over_arch_layer_sizes: top MLP widths, ending in 1 (one logit).
         interaction: ``"dot"`` (DLRM) or ``"dcn"`` (low-rank DCN-v2 cross net).
         dcn_num_layers / dcn_low_rank_dim: the cross net, for ``interaction="dcn"``.
-        embedding_optimizer / embedding_lr / embedding_eps: the fused optimizer of the tables.
-        dense_optimizer / dense_lr / warmup_steps / decay_start_step / decay_steps / decay_power:
-            the dense optimizer and the LR schedule of both (``RecModule``).
+        dense_lr: learning rate of the dense (adagrad) optimizer.
+        **rec_module_kwargs: ``RecModule``'s: ``embedding_optimizer`` / ``embedding_lr`` / ``embedding_eps``,
+            ``dense_optimizer``, the LR schedule (``warmup_steps``, ``decay_*``), ``metrics``.
     """
 
     def __init__(
         self,
-        tables: list[TableSpec] | None = None,
+        tables: list[DataTableSpec] | None = None,
         dense_in_features: int = 13,
         embedding_dim: int = 16,
         dense_arch_layer_sizes: list[int] = [64, 16],  # noqa: B006 - LightningCLI shows list defaults
@@ -58,39 +63,26 @@ class DLRMModule(RecipeModule):
         interaction: Literal["dot", "dcn"] = "dot",
         dcn_num_layers: int = 3,
         dcn_low_rank_dim: int = 16,
-        embedding_optimizer: str = "rowwise_adagrad",
-        embedding_lr: float = 0.05,
-        embedding_eps: float = 1e-8,
-        dense_optimizer: str = "adagrad",
         dense_lr: float = 0.05,
-        warmup_steps: int = 0,
-        decay_start_step: int | None = None,
-        decay_steps: int = 0,
-        decay_power: float = 2.0,
+        **rec_module_kwargs: Any,
     ) -> None:
-        super().__init__(
-            tables=tables,
-            embedding_dim=embedding_dim,
-            embedding_optimizer=embedding_optimizer,
-            embedding_lr=embedding_lr,
-            embedding_eps=embedding_eps,
-            dense_optimizer=dense_optimizer,
-            dense_lr=dense_lr,
-            warmup_steps=warmup_steps,
-            decay_start_step=decay_start_step,
-            decay_steps=decay_steps,
-            decay_power=decay_power,
-        )
+        super().__init__(dense_lr=dense_lr, **rec_module_kwargs)
         if interaction not in ("dot", "dcn"):
             raise ValueError(f"interaction must be 'dot' or 'dcn', got {interaction!r}")
         self.save_hyperparameters()
+        self.tables = list(tables or [])
+        self.embedding_dim = embedding_dim
         self.dense_in_features = dense_in_features
         self.dense_arch_layer_sizes = [*dense_arch_layer_sizes[:-1], embedding_dim]
         self.over_arch_layer_sizes = list(over_arch_layer_sizes)
         self.interaction = interaction
         self.dcn = (dcn_num_layers, dcn_low_rank_dim)
 
+    def table_configs(self) -> list[EmbeddingBagConfig]:
+        return table_configs_from_specs(self.tables, self.embedding_dim, type(self).__name__)
+
     def build_model(self, embedding_bag_collection: nn.Module) -> nn.Module:
+        """The model around the given tables (``RecModule`` hands in the collection for the strategy)."""
         common: dict[str, Any] = dict(
             embedding_bag_collection=embedding_bag_collection,
             dense_in_features=self.dense_in_features,

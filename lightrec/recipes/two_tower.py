@@ -12,7 +12,7 @@ of the batch are its negatives (a softmax over the batch). Needs MovieLens unpac
 
 Query tower: ``userId``, ``gender``, ``age``, ``occupation``; candidate tower: ``movieId``,
 ``genres``. Ends with the test recall@k (among the batch's candidates) and the paths of the logs
-and checkpoints.
+and checkpoints. ``lightrec cp two_tower my_dir`` copies this file and its config for editing.
 """
 
 from __future__ import annotations
@@ -24,17 +24,22 @@ from torch import nn
 from typing_extensions import override
 
 from lightrec.data import Batch
+from lightrec.lightning import RecModule
 from lightrec.metrics import RecallAtK
 from lightrec.models import TwoTower, TwoTowerTrainTask
-from lightrec.recipes._cli import run_recipe
-from lightrec.recipes._common import RecipeModule, TableSpec
+from lightrec.modules import EmbeddingBagConfig
+from lightrec.recipes.recipe_cli import run_recipe
+from lightrec.recipes.table_specs import DataTableSpec, table_configs_from_specs
 from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = ["TwoTowerModule", "main"]
 
 
-class TwoTowerModule(RecipeModule):
+class TwoTowerModule(RecModule):
     """Query and candidate towers trained with an in-batch softmax; recall@k on val and test.
+
+    ``RecModule`` builds the model in ``configure_model`` from :meth:`table_configs` and
+    :meth:`build_model`: sharded tables on ``meta`` under ``RecStrategy``, fused tables otherwise.
 
     Args:
         tables: table specs, linked from the DataModule by the recipe.
@@ -44,44 +49,28 @@ class TwoTowerModule(RecipeModule):
         normalize: L2-normalize both embeddings (cosine scores; use with a temperature < 1).
         temperature: the in-batch logits are ``q . c / temperature``.
         recall_k: ``k`` of the logged ``val/recall@k`` and ``test/recall@k``.
-        embedding_optimizer / embedding_lr / embedding_eps: the fused optimizer of the tables.
-        dense_optimizer / dense_lr / warmup_steps / decay_start_step / decay_steps / decay_power:
-            the towers' optimizer and the LR schedule of both (``RecModule``).
+        dense_optimizer / dense_lr: the towers' optimizer and its learning rate.
+        **rec_module_kwargs: the embedding tables' fused optimizer (``embedding_optimizer``,
+            ``embedding_lr``, ``embedding_eps``) and the LR schedule (see ``RecModule``).
     """
 
     def __init__(
         self,
-        tables: list[TableSpec] | None = None,
+        tables: list[DataTableSpec] | None = None,
         embedding_dim: int = 32,
         layer_sizes: list[int] = [64, 32],  # noqa: B006 - LightningCLI shows list defaults
         candidate_feature_names: list[str] = ["movieId", "genres"],  # noqa: B006
         normalize: bool = True,
         temperature: float = 0.1,
         recall_k: int = 10,
-        embedding_optimizer: str = "rowwise_adagrad",
-        embedding_lr: float = 0.05,
-        embedding_eps: float = 1e-8,
         dense_optimizer: str = "adam",
         dense_lr: float = 0.002,
-        warmup_steps: int = 0,
-        decay_start_step: int | None = None,
-        decay_steps: int = 0,
-        decay_power: float = 2.0,
+        **rec_module_kwargs: Any,
     ) -> None:
-        super().__init__(
-            tables=tables,
-            embedding_dim=embedding_dim,
-            embedding_optimizer=embedding_optimizer,
-            embedding_lr=embedding_lr,
-            embedding_eps=embedding_eps,
-            dense_optimizer=dense_optimizer,
-            dense_lr=dense_lr,
-            warmup_steps=warmup_steps,
-            decay_start_step=decay_start_step,
-            decay_steps=decay_steps,
-            decay_power=decay_power,
-        )
+        super().__init__(dense_optimizer=dense_optimizer, dense_lr=dense_lr, **rec_module_kwargs)
         self.save_hyperparameters()
+        self.tables = list(tables or [])
+        self.embedding_dim = embedding_dim
         self.layer_sizes = list(layer_sizes)
         self.candidate_feature_names = list(candidate_feature_names)
         self.normalize = normalize
@@ -90,7 +79,11 @@ class TwoTowerModule(RecipeModule):
         self.val_recall = RecallAtK(recall_k)
         self.test_recall = RecallAtK(recall_k)
 
+    def table_configs(self) -> list[EmbeddingBagConfig]:
+        return table_configs_from_specs(self.tables, self.embedding_dim, type(self).__name__)
+
     def build_model(self, embedding_bag_collection: nn.Module) -> nn.Module:
+        """The model around the given tables (``RecModule`` hands in the collection for the strategy)."""
         two_tower = TwoTower(
             embedding_bag_collection,
             self.layer_sizes,

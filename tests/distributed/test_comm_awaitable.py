@@ -9,7 +9,7 @@ from lightrec.distributed.comm import Awaitable, AwaitableList, LazyAwaitable, L
 
 
 class ExampleAwaitable(LazyAwaitable[torch.Tensor]):
-    """The seed tutorial's example, verbatim apart from the import."""
+    """The TorchRec tutorial's example, verbatim apart from the import."""
 
     def __init__(self, size: list[int]) -> None:
         super().__init__()

@@ -1,4 +1,4 @@
-"""Plan types: printing (seed tutorial), JSON round-trip, validation, shard layout helpers."""
+"""Plan types: printing (TorchRec tutorial), JSON round-trip, validation, shard layout helpers."""
 
 from __future__ import annotations
 
@@ -33,12 +33,12 @@ from lightrec.distributed.types import (
 )
 from tests.planner.stand_in import tables, tutorial_ebc
 
-SEED = Path("/work/shared/seeds/intro-to-torchrec-tutorial.txt")
+TUTORIAL = Path("/work/shared/seeds/intro-to-torchrec-tutorial.txt")
 
 
-def seed_plan_text() -> str:
-    """The plan block printed in the seed tutorial (after 'Sharding Plan generated: ')."""
-    lines = SEED.read_text().splitlines()
+def tutorial_plan_text() -> str:
+    """The plan block printed in the TorchRec tutorial (after 'Sharding Plan generated: ')."""
+    lines = TUTORIAL.read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("Sharding Plan generated: module:"))
     block = [lines[start].removeprefix("Sharding Plan generated: ")]
     for line in lines[start + 1 :]:
@@ -55,9 +55,9 @@ def tutorial_plan(device: str) -> ShardingPlan:
     )
 
 
-@pytest.mark.skipif(not SEED.exists(), reason="seed tutorial not available")
+@pytest.mark.skipif(not TUTORIAL.exists(), reason="TorchRec tutorial text not available")
 def test_plan_prints_exactly_like_the_seed() -> None:
-    assert str(tutorial_plan("cuda")) == seed_plan_text()
+    assert str(tutorial_plan("cuda")) == tutorial_plan_text()
 
 
 def test_plan_prints_cpu_placement_and_multiple_modules() -> None:

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from lightrec.inference.host_memory import HUGE_PAGE_BYTES, allocate_host_buffer
+from lightrec.quant.host_memory import HUGE_PAGE_BYTES, allocate_host_buffer
 
 
 @pytest.mark.parametrize("nbytes", [0, 100, HUGE_PAGE_BYTES + 123, 3 * HUGE_PAGE_BYTES])

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 import lightrec
+from lightrec.fx.tracer import symbolic_trace
 from lightrec.inference import QuantEmbeddingCollection, export, load, quantize
-from lightrec.inference.fx import symbolic_trace
-from lightrec.inference.quant_rows import max_abs_error
 from lightrec.modules import DataType
 from lightrec.modules.feature_checks import EmbeddingIdError
+from lightrec.quant.row_codec import max_abs_error
 from tests.inference import reference
 from tests.inference.helpers import (
     FEATURES,
@@ -146,7 +146,7 @@ def test_quantize_swaps_ec_and_keeps_float_model() -> None:
     assert torch.equal(from_state(batch), quantize(model, "int8")(batch))
 
 
-def test_quantize_dynamic_seed_api_and_fused_collection() -> None:
+def test_quantize_dynamic_torchrec_api_and_fused_collection() -> None:
     from torch import quantization as quant
 
     from lightrec.modules.quant_config import QuantConfig

@@ -8,8 +8,8 @@ import torch
 
 import lightrec
 from lightrec.inference import QuantEmbeddingBagCollection, quantize, row_size_in_bytes
-from lightrec.inference.quant_rows import max_abs_error
 from lightrec.modules import DataType
+from lightrec.quant.row_codec import max_abs_error
 from tests.inference import reference
 from tests.inference.helpers import FEATURES, dlrm, kernel_params, kjt, needs_fbgemm, tables
 
@@ -94,7 +94,7 @@ def test_fbgemm_kernel_equals_torch_kernel_on_larger_batch() -> None:
         assert torch.equal(a, b), kind
 
 
-def test_seed_quantize_dynamic_api_and_buffers() -> None:
+def test_torchrec_quantize_dynamic_api_and_buffers() -> None:
     from torch import quantization as quant
 
     from lightrec.modules.quant_config import QuantConfig
@@ -228,7 +228,7 @@ def test_clamp_and_skip_modes_match_the_float_collection(mode: str, use_fbgemm: 
 @pytest.mark.parametrize("use_fbgemm", kernel_params())
 @pytest.mark.parametrize("mode", ["error", "clamp", "skip"])
 def test_collection_scripts_directly_and_after_fx_trace(mode: str, use_fbgemm: bool) -> None:
-    from lightrec.inference.fx import symbolic_trace
+    from lightrec.fx.tracer import symbolic_trace
 
     ebc = lightrec.EmbeddingBagCollection(tables(), is_weighted=True, bounds_check=mode)
     q = quantize(ebc, "int8", per_table={"t1": "int4"}, use_fbgemm=use_fbgemm)

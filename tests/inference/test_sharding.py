@@ -6,13 +6,13 @@ import pytest
 import torch
 
 import lightrec
+from lightrec.fx.tracer import symbolic_trace
 from lightrec.inference import (
     ShardedQuantEmbeddingBagCollection,
     quantize,
     shard_for_inference,
     shard_modules,
 )
-from lightrec.inference.fx import symbolic_trace
 from tests.inference.helpers import dlrm, kernel_params, kjt, tables
 
 
@@ -54,7 +54,7 @@ def test_capacity_and_argument_errors() -> None:
         shard_for_inference(torch.nn.Sequential(torch.nn.Linear(2, 2)), devices=1)
 
 
-def test_shard_modules_seed_call_shape() -> None:
+def test_shard_modules_torchrec_call_shape() -> None:
     from lightrec.distributed import ShardingEnv
 
     holder = torch.nn.Sequential(quantize(lightrec.EmbeddingBagCollection(tables()), "int8"))

@@ -12,11 +12,10 @@ import pytest
 import torch
 
 import lightrec
-import lightrec.inference.quant_embedding_modules as quant_modules
 from lightrec._triton import triton_available
+from lightrec.fx.tracer import symbolic_trace
 from lightrec.inference import QuantEmbeddingBagCollection, QuantEmbeddingCollection, export, load, quantize
-from lightrec.inference.fx import symbolic_trace
-from lightrec.inference.quant_embedding_modules import resolve_quant_kernel
+from lightrec.quant import QUANT_KERNELS, resolve_quant_kernel
 from tests.inference import reference
 from tests.inference.helpers import dlrm, kjt, sequence_tables, tables
 from tests.triton_support import DEVICE, requires_triton
@@ -116,4 +115,4 @@ def test_kernel_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         QuantEmbeddingBagCollection(tables(), backend="triton")
-    assert quant_modules.QUANT_KERNELS == ("auto", "fbgemm", "triton", "torch")
+    assert QUANT_KERNELS == ("auto", "fbgemm", "triton", "torch")

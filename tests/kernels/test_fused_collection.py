@@ -233,7 +233,7 @@ def test_deepcopy_keeps_weights_linked_to_kernel_storage(backend: str) -> None:
 
 
 def test_from_module_reads_apply_optimizer_in_backward_marks() -> None:
-    """Seed tutorial option 2: mark an unsharded EBC, convert it, train without optimizer.step()."""
+    """TorchRec tutorial, option 2: mark an unsharded EBC, convert it, train without optimizer.step()."""
     ebc = EmbeddingBagCollection(_tables())
     for param in ebc.parameters():
         apply_optimizer_in_backward(torch.optim.SGD, [param], {"lr": 0.5})

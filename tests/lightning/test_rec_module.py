@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from lightrec.lightning import RecModule, dlrm_lr_lambda
+from lightrec.modules import EmbeddingBagCollection, EmbeddingBagConfig
 from lightrec.optim import CombinedOptimizer
 from tests.lightning.toy import ToyDLRM, toy_data
 
@@ -69,3 +70,58 @@ def test_lr_lambda_shape() -> None:
     assert [f(s) for s in range(7)] == [0.5, 1.0, 1.0, 1.0, 1.0, 0.5, 0.0]
     with pytest.raises(ValueError, match="warmup_steps"):
         dlrm_lr_lambda(-1, None, 0)
+
+
+class _TablesModule(RecModule):
+    """A RecModule that lets RecModule build its model from tables (the recipes' way)."""
+
+    def __init__(self, **kwargs) -> None:  # noqa: ANN003
+        super().__init__(**kwargs)
+        self.tables = [EmbeddingBagConfig(name="t", num_embeddings=20, embedding_dim=4, feature_names=["f"])]
+
+    def table_configs(self) -> list[EmbeddingBagConfig]:
+        return self.tables
+
+    def build_model(self, embedding_bag_collection: torch.nn.Module) -> torch.nn.Module:
+        return torch.nn.ModuleDict({"sparse": embedding_bag_collection})
+
+    def for_serving(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model["sparse"]
+
+
+def test_a_model_built_from_tables_gets_the_embedding_optimizer_for_each_strategy() -> None:
+    from lightrec.kernels import FusedEmbeddingBagCollection
+    from lightrec.optim import EmbOptimType, fused_spec_from_parameter
+
+    module = _TablesModule(embedding_optimizer="sgd", embedding_lr=0.5)
+    module.configure_model()  # no Trainer: one process, fused tables
+    fused = module.built_model()["sparse"]
+    assert isinstance(fused, FusedEmbeddingBagCollection)
+    assert fused.fused_optimizer.param_groups[0]["lr"] == 0.5
+    assert module.fused_params()["learning_rate"] == 0.5
+    # RecStrategy's view: meta tables marked with the same optimizer, for the sharders
+    planned = module.model_for_planning()["sparse"]
+    weight = planned.embedding_bags["t"].weight
+    assert weight.is_meta and fused_spec_from_parameter(weight).optimizer == EmbOptimType.SGD
+    # serving: plain tables holding the trained rows, the part for_serving picks
+    serving = module.serving_model()
+    assert isinstance(serving, EmbeddingBagCollection) and not serving.training
+    torch.testing.assert_close(serving.embedding_bags["t"].weight, fused.state_dict()["embedding_bags.t.weight"])
+    assert module.serving_factory().embedding_bags["t"].weight.is_meta
+    checkpoint: dict = {}
+    module.on_save_checkpoint(checkpoint)
+    assert checkpoint["lightrec_module"].endswith("test_rec_module._TablesModule")
+
+
+def test_a_module_that_builds_its_own_model_is_left_alone() -> None:
+    module = ToyDLRM()
+    model = module.model
+    module.configure_model()
+    assert module.model is model and module.built_model() is model
+    checkpoint: dict = {}
+    module.on_save_checkpoint(checkpoint)
+    assert "lightrec_module" not in checkpoint
+    with pytest.raises(TypeError, match=r"define table_configs\(\) and build_model"):
+        module.model_for_planning()
+    with pytest.raises(ValueError, match="embedding_optimizer must be one of"):
+        RecModule(embedding_optimizer="lamb")

@@ -19,7 +19,7 @@ from tests.multiprocess import free_port, run_ranks
 
 STEPS = 4  # per rank; one epoch, then the validation loop (AUC, NE ...)
 BATCH = 32  # per rank
-EVERY = 2  # ThroughputMonitor window
+EVERY = 2  # RecThroughputMonitor window
 FUSED = {"optimizer": "exact_row_wise_adagrad", "learning_rate": 0.1}
 
 
@@ -52,14 +52,13 @@ def _fit(rank: int, world_size: int, port: int, log_dir: str) -> dict:
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
         WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size), NODE_RANK="0",
     )  # fmt: skip
-    from lightrec.lightning import RecStrategy
-    from lightrec.lightning.monitor import ThroughputMonitor
+    from lightrec.lightning import RecStrategy, RecThroughputMonitor
     from lightrec.lightning.plan_report import PlanReport
 
     console = io.StringIO()  # what PlanReport prints (through Lightning's console logger)
     handler = logging.StreamHandler(console)
     logging.getLogger("lightning.pytorch").addHandler(handler)
-    monitor, report = ThroughputMonitor(every_n_steps=EVERY), PlanReport()
+    monitor, report = RecThroughputMonitor(every_n_steps=EVERY), PlanReport()
     seen: dict = {}
 
     class RecordPlan(pl.Callback):  # the strategy forgets its plan at teardown
@@ -165,10 +164,10 @@ def test_events_hold_the_plan(two_rank_run) -> None:  # noqa: ANN001
 
 
 def test_without_rec_strategy_plan_report_warns_once_and_logs_nothing(tmp_path) -> None:  # noqa: ANN001
-    from lightrec.lightning.monitor import ThroughputMonitor
+    from lightrec.lightning import RecThroughputMonitor
     from lightrec.lightning.plan_report import PlanReport
 
-    report, monitor = PlanReport(), ThroughputMonitor(every_n_steps=3)
+    report, monitor = PlanReport(), RecThroughputMonitor(every_n_steps=3)
 
     def fit(version: int) -> None:
         trainer = pl.Trainer(
@@ -234,9 +233,9 @@ def test_plan_the_cost_model_cannot_estimate_is_still_logged(tmp_path) -> None: 
 def test_monitor_logs_cuda_memory_on_a_gpu(tmp_path) -> None:  # noqa: ANN001
     from lightning.pytorch.demos.boring_classes import BoringModel
 
-    from lightrec.lightning.monitor import ThroughputMonitor
+    from lightrec.lightning import RecThroughputMonitor
 
-    monitor = ThroughputMonitor(every_n_steps=2)
+    monitor = RecThroughputMonitor(every_n_steps=2)
     trainer = pl.Trainer(
         accelerator="gpu", devices=1, max_steps=4, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
         callbacks=[monitor], enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,

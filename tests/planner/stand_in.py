@@ -40,7 +40,7 @@ class StandInSharder(ModuleSharder):
 
 
 def tutorial_ebc() -> StandInEBC:
-    """The seed tutorial's two 4096 x 64 tables."""
+    """The TorchRec tutorial's two 4096 x 64 tables."""
     return StandInEBC(
         [
             EmbeddingBagConfig(

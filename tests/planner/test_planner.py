@@ -15,7 +15,7 @@ from lightrec.distributed.planner import (
 )
 from lightrec.distributed.types import ShardingPlan, ShardingType
 from lightrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
-from tests.distributed.test_types import SEED, seed_plan_text
+from tests.distributed.test_types import TUTORIAL, tutorial_plan_text
 from tests.planner.stand_in import StandInEBC, StandInEC, StandInSharder, tables, tutorial_ebc
 
 MiB = 1024**2
@@ -53,12 +53,12 @@ def check_tiles(module, plan: ShardingPlan, world_size: int) -> None:  # noqa: A
         assert all(0 <= r < world_size for r in ps.ranks)
 
 
-@pytest.mark.skipif(not SEED.exists(), reason="seed tutorial not available")
+@pytest.mark.skipif(not TUTORIAL.exists(), reason="TorchRec tutorial text not available")
 def test_tutorial_plan_prints_like_the_seed() -> None:
     plan, _ = plan_of(tutorial_ebc(), Topology(world_size=1, compute_device="cuda"))
-    assert str(plan) == seed_plan_text()
+    assert str(plan) == tutorial_plan_text()
     cpu, _ = plan_of(tutorial_ebc(), Topology(world_size=1, compute_device="cpu"))
-    assert str(cpu) == seed_plan_text().replace("rank:0/cuda:0", "rank:0/cpu").replace(
+    assert str(cpu) == tutorial_plan_text().replace("rank:0/cuda:0", "rank:0/cpu").replace(
         "-------------\n", "----------\n", 1
     )
 

@@ -24,7 +24,7 @@ from lightrec.distributed.sharding.common import (
     mean_weights,
     scale_grad,
 )
-from lightrec.kernels.batched_embedding import BatchedEmbedding, BatchedEmbeddingBag, TableSpec
+from lightrec.kernels.batched_embedding import BatchedEmbedding, BatchedEmbeddingBag, BatchedTableSpec
 from lightrec.modules.embedding_configs import PoolingType
 from lightrec.sparse import KeyedJaggedTensor
 
@@ -110,7 +110,7 @@ class _GroupedLookupBase(nn.Module):
         for t, i in shards:
             meta = tables[t].shards[i]
             names.append(t if per_table[t] == 1 else f"{t}_shard{i}")
-            specs.append(TableSpec(meta.shard_sizes[0], meta.shard_sizes[1], names[-1], _no_init))
+            specs.append(BatchedTableSpec(meta.shard_sizes[0], meta.shard_sizes[1], names[-1], _no_init))
         ftm = [shards.index((s.table, s.shard_index)) for s in slots]
         table = tables[slots[0].table]
         param_names = [f"{attr}.{t}.weight" + ("" if per_table[t] == 1 else f".shard{i}") for t, i in shards]

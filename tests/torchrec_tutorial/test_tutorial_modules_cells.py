@@ -1,8 +1,8 @@
-"""The seed tutorial's data-type and EBC cells, with ``torchrec`` replaced by ``lightrec``.
+"""The TorchRec tutorial's data-type and EBC cells, with ``torchrec`` replaced by ``lightrec``.
 
 The code below is the tutorial's (``../shared/seeds/intro-to-torchrec-tutorial.txt``, sections
 "TorchRec Input/Output Data Types" and "From EmbeddingBag to EmbeddingBagCollection"); the expected
-lines are the output the seed prints. Object addresses in the seed's ``to_dict`` line are compared
+lines are the output the TorchRec tutorial prints. Object addresses in the TorchRec tutorial's ``to_dict`` line are compared
 by type only.
 """
 
@@ -48,7 +48,7 @@ def _normalise(text: str) -> list[str]:
     lines = [ln.strip() for ln in text.splitlines()]
     lines = [re.sub(r"<lightrec\.sparse\.jagged_tensor\.JaggedTensor object at 0x[0-9a-f]+>", "<JaggedTensor>", ln)
              for ln in lines]
-    # print("X: ", y) puts two spaces after the colon; the seed's HTML rendering collapsed them.
+    # print("X: ", y) puts two spaces after the colon; the TorchRec tutorial's HTML rendering collapsed them.
     return [re.sub(r"\s+", " ", ln) for ln in lines if ln]
 
 
@@ -114,7 +114,7 @@ def _run_cells():
     return ebc_out.getvalue(), out.getvalue(), ebc, kjt
 
 
-def test_tutorial_data_type_cells_print_what_the_seed_shows() -> None:
+def test_tutorial_data_type_cells_print_what_the_tutorial_shows() -> None:
     ebc_text, text, _, _ = _run_cells()
     assert _normalise(ebc_text) == _normalise(EXPECTED_EBC)
     assert _normalise(text) == _normalise(EXPECTED_DATA_TYPES)

@@ -1,11 +1,11 @@
-"""The seed tutorial's distributed cells with ``torchrec`` replaced by ``lightrec`` (CPU, gloo, 1 rank).
+"""The TorchRec tutorial's distributed cells with ``torchrec`` replaced by ``lightrec`` (CPU, gloo, 1 rank).
 
 Sections "Distributed Training and Sharding" to "Adding an Optimizer to EmbeddingBagCollection" of
 ``../shared/seeds/intro-to-torchrec-tutorial.txt``: sharder -> planner -> ``collective_plan`` ->
 ``sharder.shard`` -> awaitable output -> ``DistributedModelParallel(ebc, device=...)`` -> fused
 optimizers through ``fused_params`` and through ``apply_optimizer_in_backward``. The device is
-``cpu`` instead of ``cuda``; everything else is the seed's code. The printed module trees must
-contain the seed's structure, in the seed's order.
+``cpu`` instead of ``cuda``; everything else is the TorchRec tutorial's code. The printed module trees must
+contain the TorchRec tutorial's structure, in the TorchRec tutorial's order.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ Non Fused Model Parameters:
 dict_keys([])"""
 
 
-def _cells(rank: int, world_size: int) -> dict[str, Any]:  # noqa: PLR0915 - the seed's cells, in order
+def _cells(rank: int, world_size: int) -> dict[str, Any]:  # noqa: PLR0915 - the TorchRec tutorial's cells, in order
     import copy
 
     import torch
@@ -195,5 +195,5 @@ def test_tutorial_distributed_cells_run_on_cpu_gloo() -> None:
     )
     first, second = out["losses"]
     # loss = sum(1 - e) has gradient -1 for every output: the update inside backward raises the
-    # looked-up rows, so the second forward (no optimizer.step()) gives a lower loss, as in the seed.
+    # looked-up rows, so the second forward (no optimizer.step()) gives a lower loss, as in the TorchRec tutorial.
     assert second < first - 1.0

@@ -11,7 +11,7 @@ one buffer) when fbgemm imports, or the pure-torch quantized collection otherwis
       group lookup [B, sum D_g] --.to(output device)--> cat --reorder columns--> KeyedTensor [B, sum D]
 
 The output is bitwise identical to the unsharded quantized collection's (every feature is pooled
-by the same kernel arithmetic). ``shard_modules`` is the seed tutorial's ``_shard_modules`` call shape.
+by the same kernel arithmetic). ``shard_modules`` is the TorchRec tutorial's ``_shard_modules`` call shape.
 """
 
 # No `from __future__ import annotations`: fx copies forward() annotations into traced code.
@@ -24,11 +24,11 @@ from torch import nn
 from torch.fx._symbolic_trace import is_fx_symbolic_tracing as is_fx_tracing
 
 from lightrec._fbgemm import fbgemm_available
-from lightrec.inference.quant_embedding_modules import QuantEmbeddingBagCollection
-from lightrec.inference.quant_rows import SCALE_BIAS_BYTES
-from lightrec.inference.table_groups import check_ids_by_table, equal_rows_runs
 from lightrec.modules.embedding_configs import DataType, EmbeddingBagConfig, PoolingType
 from lightrec.modules.feature_checks import check_feature_keys
+from lightrec.quant.embedding_modules import QuantEmbeddingBagCollection
+from lightrec.quant.row_codec import SCALE_BIAS_BYTES
+from lightrec.quant.table_groups import check_ids_by_table, equal_rows_runs
 from lightrec.sparse import KeyedJaggedTensor, KeyedTensor
 
 __all__ = ["ShardedQuantEmbeddingBagCollection", "TableGroupLookup", "TbeGroupLookup", "shard_for_inference", "shard_modules"]
@@ -323,7 +323,7 @@ def shard_for_inference(
 
 
 def shard_modules(module: nn.Module, device: torch.device | str | None = None, env: object = None) -> nn.Module:
-    """The seed's ``_shard_modules(module=..., device=..., env=ShardingEnv.from_local(n, 0))``.
+    """The TorchRec tutorial's ``_shard_modules(module=..., device=..., env=ShardingEnv.from_local(n, 0))``.
 
     Shards ``module``'s quantized collections over ``env.world_size`` groups on ``device`` (all
     ``cuda:0..n-1`` when ``device`` is CUDA), in place, and returns it.

@@ -1,4 +1,4 @@
-"""Serving copies of model-parallel models: gather full tables from the ranks that hold them.
+"""Gather a model-parallel model into a serving copy: full tables from the ranks that hold them.
 
 A model sharded by ``DistributedModelParallel`` (or by ``RecStrategy``, which uses it) holds each
 table as blocks spread over ranks. :func:`lightrec.inference.quantize` and
@@ -20,18 +20,24 @@ locally; dense layers are copied from the local replica (DDP keeps them equal on
 from __future__ import annotations
 
 import copy
-import os
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch import nn
 
+from lightrec.distributed.model_parallel import DistributedModelParallel
+from lightrec.distributed.sharding.collection import ShardedCollectionBase
+from lightrec.distributed.state_dict import gather_full_state_dict
+from lightrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+from lightrec.quant.embedding_collection import QuantEmbeddingCollection
+from lightrec.quant.embedding_modules import QuantEmbeddingBagCollection
+
 __all__ = [
-    "export_on_rank",
     "has_sharded_collections",
     "quantize_sharded_collection",
+    "run_on_rank",
     "sharded_collections",
     "sharding_group",
     "unshard",
@@ -39,29 +45,14 @@ __all__ = [
 ]
 
 
-def _sharded_base() -> type | None:
-    try:
-        from lightrec.distributed.sharding.collection import ShardedCollectionBase
-    except ImportError:  # pragma: no cover - lightrec.distributed ships with lightrec
-        return None
-    return ShardedCollectionBase
-
-
 def unwrap_model_parallel(model: nn.Module) -> nn.Module:
     """The sharded model inside a ``DistributedModelParallel`` (without its DDP wrapper), else ``model``."""
-    try:
-        from lightrec.distributed.model_parallel import DistributedModelParallel
-    except ImportError:  # pragma: no cover
-        return model
     return model.module if isinstance(model, DistributedModelParallel) else model
 
 
 def sharded_collections(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """``(path, module)`` of every sharded embedding collection in ``model`` (module order)."""
-    base = _sharded_base()
-    if base is None:
-        return []
-    return [(path, m) for path, m in unwrap_model_parallel(model).named_modules() if isinstance(m, base)]  # type: ignore[misc]
+    return [(path, m) for path, m in unwrap_model_parallel(model).named_modules() if isinstance(m, ShardedCollectionBase)]
 
 
 def has_sharded_collections(model: nn.Module) -> bool:
@@ -90,11 +81,9 @@ def _check_dst(dst: int | None, world_size: int) -> None:
         raise ValueError(f"dst must be None (every rank) or a rank in [0, {world_size}), got {dst!r}")
 
 
-def _gathered_tables(collection: Any, dst: int | None) -> Any:
+def _gathered_tables(collection: Any, dst: int | None) -> Iterator[tuple[Any, torch.Tensor | None]]:
     """Yield ``(config, full float table [rows, D] or None on ranks that do not receive it)``, one
     table at a time (a collective per model-parallel table, in config order on every rank)."""
-    from lightrec.distributed.state_dict import gather_full_state_dict
-
     env = collection._env
     state = collection.state_dict()
     for config in collection._configs:
@@ -117,12 +106,9 @@ def quantize_sharded_collection(
         A ``QuantEmbeddingBagCollection`` (pooled) or ``QuantEmbeddingCollection`` on rank ``dst``
         (every rank when ``dst`` is None); None on the other ranks.
     """
-    from lightrec.inference.quant_embedding_collection import QuantEmbeddingCollection
-    from lightrec.inference.quant_embedding_modules import QuantEmbeddingBagCollection
-
     env = collection._env
     _check_dst(dst, env.world_size)
-    quantized: nn.Module | None = None
+    quantized: QuantEmbeddingBagCollection | QuantEmbeddingCollection | None = None
     if dst is None or env.rank == dst:
         common: dict[str, Any] = {"device": "cpu", "dtype": dtype, "per_table": per_table, "row_alignment": row_alignment,
                   "use_fbgemm": use_fbgemm}
@@ -133,13 +119,11 @@ def quantize_sharded_collection(
             quantized = QuantEmbeddingCollection(list(collection._configs), **common)
     for config, full in _gathered_tables(collection, dst):
         if quantized is not None:
-            quantized.set_float_weight(config.name, full)  # type: ignore[operator]
+            quantized.set_float_weight(config.name, full)
     return quantized
 
 
 def _unsharded_float(collection: Any, dst: int | None) -> nn.Module | None:
-    from lightrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
-
     env = collection._env
     plain: nn.Module | None = None
     if dst is None or env.rank == dst:
@@ -181,24 +165,22 @@ def unshard(model: nn.Module, dst: int | None = 0) -> nn.Module | None:
     return _copy_with(root, replacements).eval()  # type: ignore[arg-type]
 
 
-def export_on_rank(
+def run_on_rank(
     build: Callable[[], nn.Module | None],
-    path: str | os.PathLike,
+    action: Callable[[nn.Module], object],
+    what: str,
     group: dist.ProcessGroup | None = None,
     dst: int = 0,
-    **export_kwargs: Any,
-) -> Path:
-    """Collective export: every rank runs ``build`` (which may gather), rank ``dst`` exports the model
-    it returns to ``path``, then every rank learns whether that worked.
-
-    Returns:
-        ``Path(path)`` on every rank, once the artifact is written.
+    failure: type[Exception] = RuntimeError,
+) -> None:
+    """Collective: every rank runs ``build`` (which may gather), rank ``dst`` runs ``action`` on the
+    model it returns, then every rank learns whether that worked.
 
     Raises:
-        ExportError: on the other ranks when rank ``dst`` failed (rank ``dst`` raises the original error).
+        failure: on the other ranks when rank ``dst`` failed (rank ``dst`` raises the original
+            error), naming ``what`` rank ``dst`` was doing; also on rank ``dst`` when ``build``
+            gave it no model.
     """
-    from lightrec.inference.export import ExportError, export
-
     distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
     rank = dist.get_rank(group) if distributed else 0
     error: BaseException | None = None
@@ -206,8 +188,8 @@ def export_on_rank(
         model = build()
         if rank == dst:
             if model is None:
-                raise ExportError(f"rank {dst} received no model to export; build it with dst={dst}")
-            export(model, path, **export_kwargs)
+                raise failure(f"rank {dst} received no model to {what}; build it with dst={dst}")
+            action(model)
     except Exception as exc:  # reported to every rank below, then re-raised here
         error = exc
     if distributed:
@@ -215,8 +197,7 @@ def export_on_rank(
         source = dist.get_global_rank(group or dist.group.WORLD, dst)  # type: ignore[arg-type]
         dist.broadcast_object_list(status, src=source, group=group)
         if error is None and status[0] is not None:
-            raise ExportError(f"rank {dst} failed to export {str(path)!r}: {status[0]}")
+            raise failure(f"rank {dst} failed to {what}: {status[0]}")
     if error is not None:
         raise error
-    return Path(path)
 

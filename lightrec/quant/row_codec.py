@@ -8,7 +8,7 @@ Every row of a quantized table is one run of bytes (``uint8``), padded to ``row_
 
 so a ``[4096, 64]`` table in int8 with the default alignment of 16 is ``[4096, 80]`` uint8
 (64 + 4 = 68, rounded up to 80), as torchrec prints it. A stored value decodes to
-``fp32(scale * q + bias)`` (one rounding, see :mod:`lightrec.inference.kernels`).
+``fp32(scale * q + bias)`` (one rounding, see :mod:`lightrec.quant.pooled_kernels`).
 
 Quantization (per row, ``qmax = 255`` for int8 and ``15`` for int4)::
 
@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import torch
 
-from lightrec.inference.kernels import (
+from lightrec.modules.embedding_configs import DataType
+from lightrec.quant.pooled_kernels import (
     SCALE_BIAS_BYTES,
     SPARSE_TYPE_FP16,
     SPARSE_TYPE_INT4,
     SPARSE_TYPE_INT8,
 )
-from lightrec.modules.embedding_configs import DataType
 
 __all__ = [
     "DEFAULT_ROW_ALIGNMENT",

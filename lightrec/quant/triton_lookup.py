@@ -1,7 +1,7 @@
 """Quantized lookups on the Triton kernel, as the custom op ``lightrec::triton_quant_pooled_lookup``.
 
 One launch pools every feature of a run of tables (like fbgemm's IntN TBE op), reading the
-collection's flat byte buffer (:mod:`lightrec.inference.table_groups`). The op is a registered
+collection's flat byte buffer (:mod:`lightrec.quant.table_groups`). The op is a registered
 custom op, so ``torch.fx`` records one call, ``torch.jit.script`` compiles the caller (the op is
 resolved when the artifact runs, after ``import lightrec.inference``) and ``torch.export`` keeps it
 as one node with a shape-only fake. The kernel module (and ``triton``) is imported when the op
@@ -66,7 +66,7 @@ def triton_quant_pooled_lookup(
             byte offset: alignment hints that let the kernel read and write wider words.
         mean: MEAN pooling (else SUM).
     """
-    from lightrec.inference.triton_quant_kernel import quant_pooled_kernel
+    from lightrec.quant.triton_quant_kernel import quant_pooled_kernel
 
     num_features = meta.shape[0]
     batch = (offsets.numel() - 1) // num_features

@@ -1,6 +1,6 @@
 """Triton kernel: dequantize-and-pool of int8 / int4 / fp16 rows for a run of tables, one launch.
 
-Imported only when a Triton lookup runs (see :mod:`lightrec.inference.triton_lookup`). Layouts::
+Imported only when a Triton lookup runs (see :mod:`lightrec.quant.triton_lookup`). Layouts::
 
     flat     [bytes] uint8      every table back to back, rows in fbgemm's layout (quant_rows)
     flat16   [bytes / 2] fp16   the same buffer read two bytes at a time (scales, biases, fp16 rows)
@@ -10,7 +10,7 @@ Imported only when a Triton lookup runs (see :mod:`lightrec.inference.triton_loo
     out      [B, total_D] float32
 
 Program ``(i, f)`` pools bags ``f*B + i*BLOCK_B ...`` of feature ``f`` as a ``[BLOCK_B, BLOCK_D]``
-tile. Numerics are those of :mod:`lightrec.inference.kernels` (fbgemm's CPU kernel): per id in bag
+tile. Numerics are those of :mod:`lightrec.quant.pooled_kernels` (fbgemm's CPU kernel): per id in bag
 order ``acc = fma(s, q, acc + b)`` with fp16 scale/bias widened to fp32 (times the id's weight when
 weighted); fp16 rows ``acc = fma(w, x, acc)`` (``acc + x`` unweighted); MEAN multiplies by
 ``fp32(1 / len)``. Ids outside their table read nothing (the collections check ids before).

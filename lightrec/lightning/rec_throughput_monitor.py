@@ -1,4 +1,10 @@
-"""``ThroughputMonitor`` callback: global samples/s, step time and memory every N training steps.
+"""``RecThroughputMonitor`` callback: global samples/s, step time and memory every N training steps.
+
+Named apart from Lightning's own ``lightning.pytorch.callbacks.ThroughputMonitor`` (samples/s and
+FLOPs from a user-supplied ``batch_size_fn``, assuming a fixed batch size): this one counts each
+batch's samples, times the slowest rank and reports embedding shard and optimizer-state memory,
+gathered over ranks in one collective. ``ThroughputMonitor`` stays importable from
+``lightrec.lightning`` as an alias of this class.
 
 Every ``every_n_steps`` training steps each rank contributes one row
 ``[samples, seconds, peak RSS, CUDA max allocated, CUDA max reserved, embedding shard bytes,
@@ -48,7 +54,7 @@ from typing_extensions import override
 from lightrec.distributed import ShardedEmbeddingBagCollection, ShardedEmbeddingCollection
 from lightrec.modules import EmbeddingBagCollection, EmbeddingCollection
 
-__all__ = ["ThroughputMonitor", "embedding_memory_bytes"]
+__all__ = ["RecThroughputMonitor", "ThroughputMonitor", "embedding_memory_bytes"]
 
 _COLLECTIONS = (
     ShardedEmbeddingBagCollection,
@@ -131,7 +137,7 @@ def _peak_rss_bytes() -> float:
     return float(peak if sys.platform == "darwin" else peak * 1024)  # bytes on macOS, KiB on Linux
 
 
-class ThroughputMonitor(pl.Callback):
+class RecThroughputMonitor(pl.Callback):
     """Log global samples/s, step time and memory every ``every_n_steps`` training steps.
 
     Args:
@@ -145,7 +151,7 @@ class ThroughputMonitor(pl.Callback):
     def __init__(self, every_n_steps: int = 50, prefix: str = "monitor/") -> None:
         if not isinstance(every_n_steps, int) or every_n_steps < 1:
             raise ValueError(
-                f"ThroughputMonitor(every_n_steps=...) must be a positive int, got {every_n_steps!r}"
+                f"RecThroughputMonitor(every_n_steps=...) must be a positive int, got {every_n_steps!r}"
             )
         self.every_n_steps = every_n_steps
         self.prefix = prefix
@@ -233,3 +239,7 @@ class ThroughputMonitor(pl.Callback):
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.log_metrics(self.last_metrics, step=step)
+
+
+ThroughputMonitor = RecThroughputMonitor
+"""The name ``RecThroughputMonitor`` had before 0.1; it shadowed Lightning's own ``ThroughputMonitor``."""

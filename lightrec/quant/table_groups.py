@@ -15,9 +15,9 @@ collection's order, so a group's ids are one contiguous run; ``value_offsets[t]`
   TBE "table" pointing at its table's byte offset -- so a 26-table collection costs one kernel
   launch and no concatenation of per-table outputs;
 * :class:`TritonTableGroup`: the same single launch on lightrec's Triton dequantize-and-pool
-  kernel (:mod:`lightrec.inference.triton_lookup`), for CUDA without an fbgemm wheel;
+  kernel (:mod:`lightrec.quant.triton_lookup`), for CUDA without an fbgemm wheel;
 * :class:`TorchTableGroup`: the pure-torch kernel table by table on views of the flat buffer
-  (bit-identical results, see :mod:`lightrec.inference.kernels`).
+  (bit-identical results, see :mod:`lightrec.quant.pooled_kernels`).
 
 :func:`check_ids_by_table` is the id check these lookups rely on (fbgemm's kernel would read any
 row it is given): one ``aminmax`` per run of equal-sized tables and one host sync.
@@ -30,12 +30,12 @@ from typing import List, Optional, Tuple
 import torch
 from torch import nn
 
-from lightrec.inference.kernels import grouped_lookup_fbgemm, pooled_lookup_torch
-from lightrec.inference.triton_lookup import alignment_hint, feature_meta
 from lightrec.modules.feature_checks import check_ids
+from lightrec.quant.pooled_kernels import grouped_lookup_fbgemm, pooled_lookup_torch
+from lightrec.quant.triton_lookup import alignment_hint, feature_meta
 from lightrec.sparse._ops import complete_cumsum
 
-__all__ = ["FbgemmTableGroup", "TableSpec", "TorchTableGroup", "TritonTableGroup", "check_ids_by_table",
+__all__ = ["FbgemmTableGroup", "StoredTableLayout", "TorchTableGroup", "TritonTableGroup", "check_ids_by_table",
            "equal_rows_runs", "make_table_groups"]
 
 # torch.fx.wrap patches the calling module's globals: the kernels are called from this module, so
@@ -55,8 +55,13 @@ def grouped_lookup_triton(flat: torch.Tensor, meta: torch.Tensor, ids: torch.Ten
 torch.fx.wrap("grouped_lookup_triton")
 
 
-class TableSpec:
-    """What a group needs to know about one stored table (plain Python, not scripted)."""
+class StoredTableLayout:
+    """Where one stored table lies in a collection's flat buffer and how to decode it.
+
+    Plain Python, read when the groups are built (never scripted): ``byte_offset`` of its first row,
+    ``rows`` x ``row_bytes``, the decoded width ``dim``, fbgemm's ``type_code`` (1 fp16, 2 int8,
+    3 int4), how many features read it and whether it pools with MEAN.
+    """
 
     def __init__(self, byte_offset: int, rows: int, row_bytes: int, dim: int, type_code: int,
                  num_features: int, mean: bool) -> None:
@@ -72,7 +77,7 @@ class TableSpec:
 class _OneCallGroup(nn.Module):
     """Tables ``[first, last)`` of a collection whose features are looked up together (one call)."""
 
-    def __init__(self, first: int, feature_first: int, tables: List[TableSpec]) -> None:
+    def __init__(self, first: int, feature_first: int, tables: List[StoredTableLayout]) -> None:
         super().__init__()
         self._first = first
         self._last = first + len(tables)
@@ -98,7 +103,7 @@ class FbgemmTableGroup(_OneCallGroup):
     uint8 (type codes), ``d_offsets`` ``[F + 1]`` int32 (output column offsets).
     """
 
-    def __init__(self, first: int, feature_first: int, tables: List[TableSpec], row_alignment: int,
+    def __init__(self, first: int, feature_first: int, tables: List[StoredTableLayout], row_alignment: int,
                  device: Optional[torch.device] = None) -> None:
         super().__init__(first, feature_first, tables)
         offsets: List[int] = []
@@ -117,7 +122,7 @@ class FbgemmTableGroup(_OneCallGroup):
         self._max_int4_d = max([d for d, ty in zip(dims, tys) if ty == 3] + [0])
         self._max_int8_d = max([d for d, ty in zip(dims, tys) if ty == 2] + [0])
         self._max_fp16_d = max([d for d, ty in zip(dims, tys) if ty == 1] + [0])
-        self._mean = tables[0].mean
+        self._pooling_mode = 1 if tables[0].mean else 0  # fbgemm's PoolingMode: MEAN or SUM
         self._row_alignment = row_alignment
         # fbgemm's CPU kernel is ~10% faster on int32 ids and offsets; ids fit when every table has
         # < 2**31 rows (and a batch has < 2**31 ids).
@@ -143,7 +148,7 @@ class FbgemmTableGroup(_OneCallGroup):
         offsets = complete_cumsum(group_lengths)
         return grouped_lookup_fbgemm(
             flat, self.weights_offsets, self.weights_tys, self.d_offsets, self._total_d, self._max_int4_d,
-            self._max_int8_d, self._max_fp16_d, ids, offsets, group_weights, self._mean, self._row_alignment,
+            self._max_int8_d, self._max_fp16_d, ids, offsets, group_weights, self._pooling_mode, self._row_alignment,
         )  # fmt: skip
 
 
@@ -151,10 +156,10 @@ class TritonTableGroup(_OneCallGroup):
     """Tables ``[first, last)`` of a collection, looked up with one launch of the Triton kernel.
 
     Buffer (non-persistent, rebuilt by :meth:`reset_constants`): ``meta`` ``[F, 6]`` int64 (see
-    :func:`lightrec.inference.triton_lookup.feature_meta`).
+    :func:`lightrec.quant.triton_lookup.feature_meta`).
     """
 
-    def __init__(self, first: int, feature_first: int, tables: List[TableSpec],
+    def __init__(self, first: int, feature_first: int, tables: List[StoredTableLayout],
                  device: Optional[torch.device] = None) -> None:
         super().__init__(first, feature_first, tables)
         self._columns = [[t.byte_offset, t.row_bytes, t.type_code, t.dim, t.rows]
@@ -183,7 +188,7 @@ class TritonTableGroup(_OneCallGroup):
 class TorchTableGroup(nn.Module):
     """Tables ``[first, last)`` of a collection, looked up table by table in pure torch."""
 
-    def __init__(self, first: int, feature_first: int, tables: List[TableSpec]) -> None:
+    def __init__(self, first: int, feature_first: int, tables: List[StoredTableLayout]) -> None:
         super().__init__()
         self._first = first
         self._feature_starts: List[int] = [feature_first]
@@ -279,7 +284,7 @@ def check_ids_by_table(
     return values
 
 
-def make_table_groups(tables: List[TableSpec], kernel: str, row_alignment: int,
+def make_table_groups(tables: List[StoredTableLayout], kernel: str, row_alignment: int,
                       device: Optional[torch.device] = None) -> nn.ModuleList:
     """One group per maximal run of consecutive tables with the same pooling, in table order
     (so the groups' outputs, concatenated, are in the collection's feature order).
@@ -302,3 +307,7 @@ def make_table_groups(tables: List[TableSpec], kernel: str, row_alignment: int,
         feature_first += sum(t.num_features for t in run)
         first = last
     return groups
+
+
+TableSpec = StoredTableLayout
+"""The name ``StoredTableLayout`` had before 0.1 (``lightrec.inference.table_groups.TableSpec``)."""

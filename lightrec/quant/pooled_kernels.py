@@ -1,7 +1,7 @@
 """Pooled lookups over quantized rows: fbgemm's IntN TBE op, or pure torch with identical results.
 
 The torch kernel reads one table stored in fbgemm's row layout (see
-:mod:`lightrec.inference.quant_rows`) and pools the rows of every bag of every feature that reads it:
+:mod:`lightrec.quant.row_codec`) and pools the rows of every bag of every feature that reads it:
 
     weight   [rows, row_bytes] uint8        one table
     ids      [N]                            ids of the table's F features, key-major
@@ -10,7 +10,7 @@ The torch kernel reads one table stored in fbgemm's row layout (see
 
 The fbgemm kernel does the same for many tables in one call: they lie back to back in one flat
 byte buffer and each feature names its table's byte offset (see
-:mod:`lightrec.inference.table_groups`).
+:mod:`lightrec.quant.table_groups`).
 
 Numerics (what fbgemm 1.8's CPU kernel does, measured, and what the torch kernel reproduces bit for
 bit): scale ``s`` and bias ``b`` are fp16 in the row and widened to fp32; with a per-id weight
@@ -157,21 +157,10 @@ def pooled_lookup_torch(
     return pooled.view(num_features, batch, dim).transpose(0, 1).reshape(batch, num_features * dim)
 
 
-@torch.library.custom_op("lightrec::nbit_pooled_lookup", mutates_args=())
-def _nbit_pooled_lookup_op(
-    weight: torch.Tensor,
-    data_type: int,
-    dim: int,
-    num_features: int,
-    ids: torch.Tensor,
-    offsets: torch.Tensor,
-    per_sample_weights: Optional[torch.Tensor],
-    mean: bool,
-) -> torch.Tensor:
-    rows = weight.index_select(0, ids.long())
-    pooled = _accumulate_positions(rows, data_type, dim, offsets, per_sample_weights, mean)
-    batch = pooled.shape[0] // num_features
-    return pooled.view(num_features, batch, dim).transpose(0, 1).reshape(batch, num_features * dim)
+# Under torch.compile / torch.export the function above runs as this custom op (its data-dependent
+# loop stays opaque; the fake below gives the shape). At run time the op calls the same function,
+# which then takes the eager path: torch.compiler.is_compiling() is False outside tracing.
+_nbit_pooled_lookup_op = torch.library.custom_op("lightrec::nbit_pooled_lookup", pooled_lookup_torch, mutates_args=())
 
 
 @_nbit_pooled_lookup_op.register_fake
@@ -192,21 +181,27 @@ def grouped_lookup_fbgemm(
     ids: torch.Tensor,
     offsets: torch.Tensor,
     per_sample_weights: Optional[torch.Tensor],
-    mean: bool,
+    pooling_mode: int,
     row_alignment: int,
 ) -> torch.Tensor:
     """fbgemm's ``int_nbit_split_embedding_codegen_lookup_function`` over several tables at once.
 
+    The one call site of fbgemm's IntN op: the pooled groups (:mod:`lightrec.quant.table_groups`)
+    and the unpooled kernel (:mod:`lightrec.quant.sequence_kernels`) both go through it.
+
     Args:
-        flat: every table's rows back to back, ``[total bytes]`` uint8.
+        flat: every table's rows back to back, ``[total bytes]`` uint8 (CPU: HOST, else DEVICE memory).
         weights_offsets / weights_tys: ``[F]`` byte offset into ``flat`` and type code of the table
             each feature reads (one TBE "table" per feature).
         d_offsets: ``[F + 1]`` int32 column offsets of the features in the output (cumulative D).
         total_d / max_*_d: output width and the widest feature of each storage type (0 if none).
         ids / offsets: ids of the F features (key-major) and their ``[F * B + 1]`` bag boundaries.
+        per_sample_weights: ``[N]`` or None.
+        pooling_mode: fbgemm's ``PoolingMode`` code: 0 SUM, 1 MEAN (a ``mean`` bool works), 2 NONE.
 
     Returns:
-        ``[B, total_d]`` float32, feature blocks side by side.
+        ``[B, total_d]`` float32, feature blocks side by side (``[N, total_d]``, one row per id,
+        for pooling NONE).
     """
     device = flat.device
     location = 3 if device.type == "cpu" else 0  # EmbeddingLocation.HOST / DEVICE
@@ -225,7 +220,7 @@ def grouped_lookup_fbgemm(
         max_float32_D=0,
         indices=ids.to(offsets.dtype),
         offsets=offsets,
-        pooling_mode=1 if mean else 0,
+        pooling_mode=int(pooling_mode),
         indice_weights=per_sample_weights.float() if per_sample_weights is not None else None,
         output_dtype=0,
         lxu_cache_weights=torch.empty(0, 0, dtype=torch.uint8, device=device),

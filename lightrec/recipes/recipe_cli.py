@@ -1,5 +1,6 @@
 """The LightningCLI every recipe runs: table linking, default config, end-of-fit test, summary, export.
 
+Public API for recipes: a recipe copied with ``lightrec cp`` imports it as it is.
 ``run_recipe(DLRMModule, "dlrm.yaml", __file__, args)`` is a recipe's whole ``main``:
 
 1. a config name (``--config dlrm_criteo``) resolves to ``<recipe dir>/configs/dlrm_criteo.yaml``,
@@ -26,7 +27,9 @@ from typing import Any, Literal
 import lightning.pytorch as pl
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from lightrec.recipes._common import dense_width_of, table_specs_of
+# importing lightrec.lightning registers RecStrategy as strategy "lightrec" before a config names it
+from lightrec.lightning import QuantizedExport, RecModule
+from lightrec.recipes.table_specs import dense_width_of, table_specs_of
 
 __all__ = ["RecipeCLI", "RecipeOptions", "resolve_config_args", "run_recipe", "summarize"]
 
@@ -108,8 +111,6 @@ class RecipeCLI(LightningCLI):
         trainer = super().instantiate_trainer(**kwargs)
         options = self._options()
         if options.export and self.subcommand in (None, "fit"):
-            from lightrec.lightning import QuantizedExport
-
             # A callback, not a step after fit: it runs in on_train_end, while a sharded model and
             # its process group are still set up, so the full tables can be gathered.
             trainer.callbacks.append(
@@ -179,19 +180,13 @@ class _PlanCLI(RecipeCLI):
 
 def plan_cli(recipe_module: Any, config: str, overrides: list[str]) -> RecipeCLI:
     """Model and DataModule of ``config`` for a recipe module, without a Trainer (``lightrec plan``)."""
-    from lightrec.recipes._common import RecipeModule
-
     classes = [
         v
         for v in vars(recipe_module).values()
-        if isinstance(v, type) and issubclass(v, RecipeModule) and v.__module__ == recipe_module.__name__
+        if isinstance(v, type) and issubclass(v, RecModule) and v.__module__ == recipe_module.__name__
     ]
     if len(classes) != 1:
-        raise TypeError(
-            f"{recipe_module.__name__} must define exactly one RecipeModule subclass, found {classes}"
-        )
-    import lightrec.lightning  # noqa: F401 - registers strategy "lightrec" for the config's trainer section
-
+        raise TypeError(f"{recipe_module.__name__} must define exactly one RecModule subclass, found {classes}")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*args parameter is intended to run from within Python.*")
         return _PlanCLI(
@@ -220,8 +215,6 @@ def run_recipe(
     """
     configs_dir = Path(recipe_file).resolve().parent / "configs"
     raw = resolve_config_args(list(sys.argv[1:] if args is None else args), configs_dir, default_config)
-    import lightrec.lightning  # noqa: F401 - registers strategy "lightrec" before the Trainer parses it
-
     with warnings.catch_warnings():
         # `lightrec run` passes the recipe's arguments explicitly while sys.argv holds its own.
         warnings.filterwarnings("ignore", message=".*args parameter is intended to run from within Python.*")

@@ -1,4 +1,4 @@
-"""``torch.fx`` tracing for inference models (the seed's ``torchrec.fx.Tracer``).
+"""``torch.fx`` tracing for inference models (the TorchRec tutorial's ``torchrec.fx.Tracer``).
 
 Batched-kernel modules are kept as leaves (one ``call_module`` node each) so that their
 Python-side bookkeeping is not traced and ``torch.jit.script`` compiles them from their own

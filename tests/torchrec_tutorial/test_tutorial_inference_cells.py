@@ -1,4 +1,4 @@
-"""The seed tutorial's "Inference" cells (quantize -> shard -> fx trace -> script) under lightrec.
+"""The TorchRec tutorial's "Inference" cells (quantize -> shard -> fx trace -> script) under lightrec.
 
 The code is the tutorial's (``../shared/seeds/intro-to-torchrec-tutorial.txt``, section
 "Inference"), with ``torchrec`` replaced by ``lightrec`` -- including the torchrec module paths
@@ -43,7 +43,7 @@ class InferenceModule(torch.nn.Module):
         return self.ebc_(kjt)
 
 
-def test_seed_inference_cells() -> None:
+def test_torchrec_tutorial_inference_cells() -> None:
     QuantConfig, _shard_modules, Tracer = _imports()
     from torch import quantization as quant
 

@@ -1,7 +1,7 @@
 """Unpooled lookups over quantized rows: fbgemm's IntN TBE op (pooling NONE), pure torch, or the
-Triton kernel of :mod:`lightrec.inference.triton_lookup` (every id a bag of one).
+Triton kernel of :mod:`lightrec.quant.triton_lookup` (every id a bag of one).
 
-The sequence (``EmbeddingCollection``) counterpart of :mod:`lightrec.inference.kernels`: every id
+The sequence (``EmbeddingCollection``) counterpart of :mod:`lightrec.quant.pooled_kernels`: every id
 gets its own decoded row back, in input order::
 
     weight   [rows, row_bytes] uint8        one table, fbgemm's row layout (quant_rows)
@@ -13,7 +13,7 @@ int8/int4 values decode as ``fma(scale, q, bias)`` with fp16 scale/bias widened 
 rows decode exactly. ``scale * q`` is exact in fp32 (an 11-bit fp16 significand times a
 ``q < 256`` fits in 24 bits, subnormal halves included), so the plain ``q * scale + bias`` in fp32
 rounds once, like the fused multiply-add -- and both equal
-:func:`lightrec.inference.quant_rows.dequantize_rows` of the looked-up rows.
+:func:`lightrec.quant.row_codec.dequantize_rows` of the looked-up rows.
 
 Neither kernel has data-dependent control flow, so ``torch.export`` traces them as they are;
 ``torch.fx`` records each as one call (``torch.fx.wrap``) that ``torch.jit.script`` compiles from
@@ -23,7 +23,8 @@ source (the scripted fp16 decode cannot be traced through ``Tensor.view(dtype)``
 
 import torch
 
-from lightrec.inference.kernels import fp16_bytes_to_float
+from lightrec.quant.pooled_kernels import fp16_bytes_to_float, grouped_lookup_fbgemm
+from lightrec.quant.triton_lookup import TritonSequenceKernel
 
 __all__ = [
     "FbgemmSequenceKernel",
@@ -63,34 +64,22 @@ def sequence_lookup_fbgemm(
         ``[N, dim]`` float32.
     """
     device = weight.device
-    location = 3 if device.type == "cpu" else 0
-    indices = ids.to(torch.int64)
     offsets = torch.zeros([2], dtype=torch.int64, device=device)
-    offsets[1] = indices.numel()
-    return torch.ops.fbgemm.int_nbit_split_embedding_codegen_lookup_function(
-        dev_weights=weight.view(-1),
-        uvm_weights=torch.empty(0, dtype=torch.uint8, device=device),
-        weights_placements=torch.full([1], location, dtype=torch.int32, device=device),
-        weights_offsets=torch.zeros([1], dtype=torch.int64, device=device),
-        weights_tys=torch.full([1], data_type, dtype=torch.uint8, device=device),
-        D_offsets=torch.tensor([0, dim], dtype=torch.int32, device=device),
-        total_D=dim,
-        max_int2_D=0,
-        max_int4_D=dim if data_type == 3 else 0,
-        max_int8_D=dim if data_type == 2 else 0,
-        max_float16_D=dim if data_type == 1 else 0,
-        max_float32_D=0,
-        indices=indices,
-        offsets=offsets,
-        pooling_mode=2,  # PoolingMode.NONE
-        indice_weights=None,
-        output_dtype=0,
-        lxu_cache_weights=torch.empty(0, 0, dtype=torch.uint8, device=device),
-        lxu_cache_locations=torch.empty(0, dtype=torch.int32, device=device),
-        row_alignment=row_alignment,
-        max_float8_D=0,
-        fp8_exponent_bits=-1,
-        fp8_exponent_bias=-1,
+    offsets[1] = ids.numel()
+    return grouped_lookup_fbgemm(
+        weight.view(-1),
+        torch.zeros([1], dtype=torch.int64, device=device),
+        torch.full([1], data_type, dtype=torch.uint8, device=device),
+        torch.tensor([0, dim], dtype=torch.int32, device=device),
+        dim,
+        dim if data_type == 3 else 0,
+        dim if data_type == 2 else 0,
+        dim if data_type == 1 else 0,
+        ids,
+        offsets,
+        None,
+        2,  # PoolingMode.NONE
+        row_alignment,
     )
 
 
@@ -118,11 +107,9 @@ class FbgemmSequenceKernel(torch.nn.Module):
 
 def make_sequence_kernel(kernel: str, row_alignment: int) -> torch.nn.Module:
     """The unpooled kernel module for ``kernel`` (``"fbgemm"``, ``"triton"`` or ``"torch"``, as
-    chosen by :func:`lightrec.inference.quant_embedding_modules.resolve_quant_kernel`)."""
+    chosen by :func:`lightrec.quant.collection_base.resolve_quant_kernel`)."""
     if kernel == "fbgemm":
         return FbgemmSequenceKernel(row_alignment)
     if kernel == "triton":
-        from lightrec.inference.triton_lookup import TritonSequenceKernel
-
         return TritonSequenceKernel()
     return TorchSequenceKernel()

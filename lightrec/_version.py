@@ -1,0 +1,3 @@
+"""lightrec's version, in a module of its own so that any module can read it without importing the package's flat namespace."""
+
+__version__ = "0.1.0.dev0"

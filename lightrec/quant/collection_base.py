@@ -1,0 +1,321 @@
+"""What the two quantized collections share: arguments, stored tables, kernel choice, float import.
+
+``QuantEmbeddingBagCollection`` (pooled) and ``QuantEmbeddingCollection`` (sequence) differ only in
+how they look ids up. Both keep every table as a ``uint8`` buffer in fbgemm's row layout
+(:mod:`lightrec.quant.row_codec`), under the name the float weight had::
+
+    <tables attr>.<table>.weight   [num_embeddings, row_bytes] uint8   (buffer, not a parameter)
+
+where ``<tables attr>`` is ``embedding_bags`` (pooled) or ``embeddings`` (sequence), as in the
+float collections, so a float state dict's keys map one to one. :class:`QuantCollectionBase`
+holds the behaviour around those buffers (``from_float``, ``set_float_weight``,
+``dequantized_weight``, ...); the subclasses add the constructor and ``forward``.
+"""
+
+# No `from __future__ import annotations`: the subclasses are fx-traced and scripted.
+
+import dataclasses
+from typing import Any
+
+import torch
+from torch import nn
+
+from lightrec import _fbgemm, _triton
+from lightrec.modules.embedding_configs import DataType
+from lightrec.modules.embedding_modules import _check_tables
+from lightrec.modules.feature_checks import BOUNDS_CHECK_MODES
+from lightrec.modules.quant_config import data_type_from_qconfig, resolve_data_type
+from lightrec.quant.row_codec import DEFAULT_ROW_ALIGNMENT, check_dim, dequantize_rows, quantize_rows
+
+__all__ = [
+    "QUANT_KERNELS",
+    "QuantCollectionBase",
+    "QuantTable",
+    "resolve_quant_kernel",
+    "set_stored_table",
+    "storage_configs",
+]
+
+QUANT_KERNELS = ("auto", "fbgemm", "triton", "torch")
+
+
+def resolve_quant_kernel(
+    backend: str | None, use_fbgemm: bool | None, device: torch.device | str | None
+) -> str:
+    """Which kernel serves a quantized collection: ``"fbgemm"``, ``"triton"`` or ``"torch"``.
+
+    ``backend`` (``"auto"``, ``"fbgemm"``, ``"triton"``, ``"torch"``) wins; without it the older
+    ``use_fbgemm`` says ``"fbgemm"`` (True), ``"torch"`` (False) or ``"auto"`` (None). ``"auto"``:
+    fbgemm's IntN op when it imports (on CUDA: a CUDA build of it); else, on CUDA, the Triton kernel
+    when triton imports; else torch. All three give the same numbers (see :mod:`lightrec.quant.pooled_kernels`).
+
+    Raises:
+        ValueError: unknown or conflicting choice, or ``"triton"`` where it cannot run.
+        RuntimeError: ``"fbgemm"`` but fbgemm_gpu cannot be used here.
+    """
+    if backend is None:
+        backend = "auto" if use_fbgemm is None else ("fbgemm" if use_fbgemm else "torch")
+    elif backend not in QUANT_KERNELS:
+        raise ValueError(f"backend must be one of {QUANT_KERNELS}, got {backend!r}")
+    elif use_fbgemm is not None and backend != ("fbgemm" if use_fbgemm else "torch"):
+        raise ValueError(f"use_fbgemm={use_fbgemm} contradicts backend={backend!r}; pass only backend=...")
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    fbgemm_op = _fbgemm.has_fbgemm_op("int_nbit_split_embedding_codegen_lookup_function")
+    if backend == "fbgemm" and not fbgemm_op:
+        raise RuntimeError(
+            f"backend='fbgemm' (use_fbgemm=True) but fbgemm's IntN lookup is unavailable "
+            f"({_fbgemm.fbgemm_unavailable_reason()}); use backend='auto', 'triton' or 'torch' (same results)"
+        )
+    if backend == "triton":
+        reason = _triton.triton_device_reason(device)
+        if reason is not None:
+            raise ValueError(f"backend='triton' cannot serve quantized lookups here: {reason}")
+    if backend != "auto":
+        return backend
+    if fbgemm_op and (device.type != "cuda" or _fbgemm.fbgemm_serves_cuda()):
+        return "fbgemm"
+    return "triton" if device.type == "cuda" and _triton.triton_device_reason(device) is None else "torch"
+
+
+class QuantTable(nn.Module):
+    """Holds one stored table: buffer ``weight`` ``[num_embeddings, row_bytes]`` uint8.
+
+    ``storage`` (a ``[num_embeddings, row_bytes]`` uint8 view of a collection's flat buffer) is
+    used as the buffer instead of allocating a new one.
+    """
+
+    def __init__(
+        self,
+        rows: int,
+        row_bytes: int,
+        device: torch.device | str | None = None,
+        storage: torch.Tensor | None = None,
+    ) -> None:
+        super().__init__()
+        if storage is None:
+            storage = torch.zeros(rows, row_bytes, dtype=torch.uint8, device=device)
+        self.register_buffer("weight", storage)
+
+    def extra_repr(self) -> str:
+        return f"weight={tuple(self.weight.shape)} {self.weight.dtype}"
+
+
+def _table_data_types(tables: list, data_type: object, per_table: dict[str, object] | None) -> list[DataType]:
+    default = resolve_data_type(data_type, "dtype")
+    per_table = dict(per_table or {})
+    names = {t.name for t in tables}
+    unknown = sorted(set(per_table) - names)
+    if unknown:
+        raise KeyError(
+            f"per_table names tables {unknown} that the collection does not have; its tables are {sorted(names)}"
+        )
+    return [
+        resolve_data_type(per_table[t.name], f"per_table[{t.name!r}]") if t.name in per_table else default
+        for t in tables
+    ]
+
+
+def storage_configs(
+    tables: list,
+    config_type: type,
+    owner: str,
+    dtype: object,
+    per_table: dict[str, object] | None,
+    bounds_check: str,
+    row_alignment: int,
+) -> tuple[list[str], list]:
+    """Validate a quantized collection's arguments (both collections take the same ones).
+
+    Returns:
+        ``(feature order, configs)``: the configs carry their storage ``data_type``, as torchrec's
+        quantized collections report it.
+    """
+    for t in tables:
+        if not isinstance(t, config_type):
+            raise TypeError(f"{owner} takes {config_type.__name__} tables, got {type(t).__name__}")
+    feature_order = _check_tables(tables, owner)
+    if bounds_check not in BOUNDS_CHECK_MODES:
+        raise ValueError(f"bounds_check must be one of {BOUNDS_CHECK_MODES}, got {bounds_check!r}")
+    if not isinstance(row_alignment, int) or row_alignment <= 0:
+        raise ValueError(f"row_alignment must be a positive int (bytes), got {row_alignment!r}")
+    data_types = _table_data_types(tables, dtype, per_table)
+    for t, dt in zip(tables, data_types):
+        check_dim(t.embedding_dim, dt, t.name)
+    return feature_order, [dataclasses.replace(t, data_type=dt) for t, dt in zip(tables, data_types)]
+
+
+def set_stored_table(
+    holders: nn.ModuleDict, configs: list, row_alignment: int, table: str, weight: torch.Tensor
+) -> None:
+    """Quantize ``weight`` into ``holders[table].weight`` with the storage type of ``table``'s config."""
+    config = next((c for c in configs if c.name == table), None)
+    if config is None:
+        raise KeyError(f"no table {table!r}; tables are {[c.name for c in configs]}")
+    expected = (config.num_embeddings, config.embedding_dim)
+    if tuple(weight.shape) != expected:
+        raise ValueError(
+            f"table {table!r} weight has shape {tuple(weight.shape)}, expected the full table {expected}"
+        )
+    if weight.device.type == "meta":
+        raise ValueError(
+            f"table {table!r} is on the meta device; load or gather its weights before quantizing"
+        )
+    stored = holders[table].weight
+    stored.copy_(quantize_rows(weight.to(stored.device), config.data_type, row_alignment, table))
+
+
+def _float_weight(
+    module: nn.Module, state_dict: dict[str, torch.Tensor] | None, prefix: str, table: Any, attr: str
+) -> torch.Tensor:
+    """Table ``table``'s float weight ``[rows, D]`` from ``state_dict`` (when given) or the module."""
+    key = f"{prefix}{attr}.{table.name}.weight"
+    if state_dict is not None:
+        if key not in state_dict:
+            near = sorted(k for k in state_dict if k.endswith(f"{table.name}.weight"))
+            raise KeyError(
+                f"state_dict has no {key!r} for table {table.name!r}"
+                + (f"; similar keys: {near}" if near else "")
+            )
+        weight = state_dict[key]
+    else:
+        weight = getattr(module, attr)[table.name].weight
+    expected = (table.num_embeddings, table.embedding_dim)
+    if tuple(weight.shape) != expected:
+        raise ValueError(
+            f"table {table.name!r} weight has shape {tuple(weight.shape)}, expected the full table {expected}; "
+            "gather sharded tables first (lightrec.distributed.state_dict.gather_full_state_dict)"
+        )
+    if weight.device.type == "meta":
+        raise ValueError(
+            f"table {table.name!r} is on the meta device; load or gather its weights before quantizing"
+        )
+    return weight
+
+
+class QuantCollectionBase(nn.Module):
+    """Behaviour both quantized collections share (see the module docstring).
+
+    The constructor validates the arguments both collections take (the subclass's docstring lists
+    them) and sets ``_feature_order``, ``_configs`` (the configs with their storage ``data_type``),
+    ``_bounds_check``, ``_row_alignment`` and ``kernel``. A subclass sets the class attributes below,
+    fills the ``<TABLES_ATTR>`` ``ModuleDict`` of :class:`QuantTable` and writes ``forward``.
+    """
+
+    TABLES_ATTR = ""  # "embedding_bags" (pooled) or "embeddings" (sequence): the state-dict prefix
+    FLOAT_CONFIGS = ""  # the float collection's config getter: "embedding_bag_configs" / "embedding_configs"
+    __jit_unused_properties__ = ["device"]
+
+    def __init__(
+        self,
+        tables: list,
+        config_type: type,
+        device: torch.device | str | None,
+        dtype: object,
+        per_table: dict[str, object] | None,
+        row_alignment: int,
+        bounds_check: str,
+        use_fbgemm: bool | None,
+        backend: str | None,
+    ) -> None:
+        super().__init__()
+        self._feature_order, self._configs = storage_configs(
+            tables, config_type, type(self).__name__, dtype, per_table, bounds_check, row_alignment
+        )
+        self._bounds_check = bounds_check
+        self._row_alignment = row_alignment
+        self.kernel = resolve_quant_kernel(backend, use_fbgemm, device)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_float(
+        cls,
+        module: nn.Module,
+        dtype: object | None = None,
+        per_table: dict[str, object] | None = None,
+        row_alignment: int = DEFAULT_ROW_ALIGNMENT,
+        use_fbgemm: bool | None = None,
+        state_dict: dict[str, torch.Tensor] | None = None,
+        prefix: str = "",
+        backend: str | None = None,
+    ) -> Any:
+        """Quantize a float collection (``torch.ao.quantization`` calls this).
+
+        Args:
+            module: the float collection (read only; weights may come from ``state_dict`` instead).
+            dtype: storage type; when None, read from ``module.qconfig`` (a ``QuantConfig``).
+            per_table, row_alignment, use_fbgemm, backend: as in the constructor.
+            state_dict / prefix: take table ``t`` from ``state_dict[prefix + "<TABLES_ATTR>.t.weight"]``
+                (full tables, e.g. gathered from a ``DistributedModelParallel``) instead of the module.
+
+        Raises:
+            TypeError: ``module`` is not the matching float collection; ValueError: no dtype given.
+            KeyError / ValueError: a table is missing from ``state_dict`` or has the wrong shape.
+        """
+        get_configs = getattr(module, cls.FLOAT_CONFIGS, None)
+        if not callable(get_configs):
+            raise TypeError(
+                f"{cls.__name__}.from_float needs a float collection with {cls.FLOAT_CONFIGS}(), "
+                f"got {type(module).__name__}"
+            )
+        if dtype is None:
+            qconfig = getattr(module, "qconfig", None)
+            if qconfig is None:
+                raise ValueError(
+                    "from_float needs dtype=... or a module.qconfig (QuantConfig) to know the storage type"
+                )
+            dtype = data_type_from_qconfig(qconfig)
+        tables = list(get_configs())
+        first = _float_weight(module, state_dict, prefix, tables[0], cls.TABLES_ATTR)
+        quantized = cls(
+            tables,
+            device=first.device,
+            dtype=dtype,
+            per_table=per_table,
+            row_alignment=row_alignment,
+            bounds_check=getattr(module, "_bounds_check", "error"),
+            use_fbgemm=use_fbgemm,
+            backend=backend,
+            **cls._float_options(module),
+        )
+        for t in tables:
+            quantized.set_float_weight(t.name, _float_weight(module, state_dict, prefix, t, cls.TABLES_ATTR))
+        return quantized
+
+    @classmethod
+    def _float_options(cls, module: nn.Module) -> dict[str, Any]:
+        """Constructor arguments read from the float collection besides its tables (none here)."""
+        return {}
+
+    def set_float_weight(self, table: str, weight: torch.Tensor) -> None:
+        """Quantize the float table ``weight`` ``[num_embeddings, D]`` into table ``table``'s storage.
+
+        Raises:
+            KeyError: no such table; ValueError: wrong shape, or values quantization cannot store.
+        """
+        set_stored_table(self._stored_tables(), self._configs, self._row_alignment, table, weight)
+
+    # ------------------------------------------------------------------ introspection
+    def feature_names(self) -> list[str]:
+        return list(self._feature_order)
+
+    @property
+    def device(self) -> torch.device:
+        return next(iter(self._stored_tables().values())).weight.device
+
+    def dequantized_weight(self, table: str) -> torch.Tensor:
+        """The float32 ``[num_embeddings, D]`` rows table ``table`` decodes to (what lookups read)."""
+        for t in self._configs:
+            if t.name == table:
+                return dequantize_rows(self._stored_tables()[table].weight, t.data_type, t.embedding_dim)
+        raise KeyError(f"no table {table!r}; tables are {[t.name for t in self._configs]}")
+
+    def storage_bytes(self) -> int:
+        """Bytes held by the stored tables (what a serving host must keep in memory)."""
+        return sum(int(m.weight.numel()) for m in self._stored_tables().values())
+
+    def _stored_tables(self) -> nn.ModuleDict:
+        return getattr(self, self.TABLES_ATTR)
+
+    def _repr_settings(self) -> str:
+        kinds = sorted({str(t.data_type) for t in self._configs})
+        return f"dtype={'/'.join(kinds)}, row_alignment={self._row_alignment}, kernel='{self.kernel}'"
