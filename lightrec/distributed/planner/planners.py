@@ -32,7 +32,7 @@ from lightrec.distributed.planner.estimators import (
 )
 from lightrec.distributed.planner.partitioners import Placement, partition, refine
 from lightrec.distributed.planner.proposers import escalate, greedy_proposal, memory_dp_proposal
-from lightrec.distributed.planner.report import PlanReport, TableReport
+from lightrec.distributed.planner.report import PlannerReport, TableReport
 from lightrec.distributed.planner.tables import ShardableModule, collect_tables, find_shardable_modules
 from lightrec.distributed.planner.types import ParameterConstraints, PlannerError, Topology
 from lightrec.distributed.types import (
@@ -64,7 +64,7 @@ class EmbeddingShardingPlanner:
         storage_reservation: fraction of each rank's table memory kept free for everything else
             (dense parameters, activations); 0.0 plans right up to the caps.
 
-    After :meth:`plan`, :attr:`last_report` holds the :class:`PlanReport` of the returned plan.
+    After :meth:`plan`, :attr:`last_report` holds the :class:`PlannerReport` of the returned plan.
     """
 
     def __init__(
@@ -84,7 +84,7 @@ class EmbeddingShardingPlanner:
         self._batch_size = batch_size or DEFAULT_BATCH_SIZE
         self._constraints = dict(constraints or {})
         self._reservation = storage_reservation
-        self.last_report: PlanReport | None = None
+        self.last_report: PlannerReport | None = None
 
     # ---- public API --------------------------------------------------------------------------
     def plan(self, module: nn.Module, sharders: list[ModuleSharder]) -> ShardingPlan:
@@ -124,7 +124,7 @@ class EmbeddingShardingPlanner:
         self.last_report = report  # type: ignore[assignment]
         return ShardingPlan.from_json(body)  # type: ignore[arg-type]
 
-    def evaluate(self, module: nn.Module, sharders: list[ModuleSharder], plan: ShardingPlan) -> PlanReport:
+    def evaluate(self, module: nn.Module, sharders: list[ModuleSharder], plan: ShardingPlan) -> PlannerReport:
         """Estimate any plan (e.g. one written by hand) with the planner's cost model.
 
         Tables the plan does not mention are ignored. The report's memory may exceed the caps:
@@ -187,7 +187,7 @@ class EmbeddingShardingPlanner:
             pos += n
         on_hbm = topo.compute_device == "cuda"
         zeros = np.zeros(W)
-        return PlanReport(
+        return PlannerReport(
             str(topo.compute_device),
             mem if on_hbm else zeros,
             zeros if on_hbm else mem,
@@ -315,7 +315,7 @@ def _build_plan(
 
 def _build_report(
     tables: TableArrays, opts: Options, pl: Placement, topo: Topology, proposer: str, seconds: float
-) -> PlanReport:
+) -> PlannerReport:
     zeros = np.zeros(topo.world_size)
     on_hbm = topo.compute_device == "cuda"
     rows = []
@@ -332,7 +332,7 @@ def _build_report(
                 float(opts.total_storage[o]),
             )
         )
-    return PlanReport(
+    return PlannerReport(
         compute_device=str(topo.compute_device),
         hbm_bytes=pl.storage.copy() if on_hbm else zeros,
         ddr_bytes=zeros.copy() if on_hbm else pl.storage.copy(),
