@@ -22,7 +22,9 @@ from typing import Any
 import torch
 
 from lightrec.distributed.comm import LazyAwaitable
-from lightrec.distributed.sharding.collection import CollectionSharder, ShardedCollectionBase
+from lightrec.distributed.input_dist_pipeline import StartedInputDist
+from lightrec.distributed.sharding.collection import ShardedCollectionBase
+from lightrec.distributed.sharding.collection_sharder import CollectionSharder
 from lightrec.distributed.types import EmbeddingModuleShardingPlan, ShardingEnv
 from lightrec.modules.embedding_configs import EmbeddingBagConfig
 from lightrec.modules.embedding_modules import EmbeddingBagCollection
@@ -108,8 +110,10 @@ class ShardedEmbeddingBagCollection(ShardedCollectionBase):
         """
         return super().forward(features)
 
-    def _start(self, features: KeyedJaggedTensor) -> EmbeddingBagCollectionAwaitable:
-        _, results, _, _ = self._run(features)
+    def _start(
+        self, features: KeyedJaggedTensor, started: StartedInputDist | None
+    ) -> EmbeddingBagCollectionAwaitable:
+        _, results, _, _ = self._run(features, started)
         return EmbeddingBagCollectionAwaitable(
             results, self._column_index, self._feature_order, self._length_per_key
         )

@@ -11,8 +11,8 @@
 
 Construction (collective: every rank builds the same model and calls it together):
 
-1. **Plan** -- the given ``plan``, else ``EmbeddingShardingPlanner(...).collective_plan`` (rank 0
-   plans, every rank receives it), else (planner unavailable) a balanced table-wise plan.
+1. **Plan** -- the given ``plan``, else ``lightrec.distributed.planning.plan_sharding`` with
+   ``collective=True`` (``EmbeddingShardingPlanner``: rank 0 plans, every rank receives it).
 2. **Shard** -- every module at a path of the plan whose type a sharder handles is replaced by its
    sharded version. Tables on ``meta`` are created only as this rank's shards (a table never
    exists whole anywhere), each initialised from its config with a per-table seed so the values do
@@ -34,7 +34,6 @@ replicated, receives the gradient of the *mean* of the per-rank losses.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -44,10 +43,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from lightrec._compat import ddp_buffer_sync
-from lightrec.distributed.embedding import EmbeddingCollectionSharder
-from lightrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from lightrec.distributed.input_dist_pipeline import find_kjts
 from lightrec.distributed.placement import move_dense_to_device, outermost
-from lightrec.distributed.sharding.collection import CollectionSharder, ShardedCollectionBase, as_env
+from lightrec.distributed.planning import get_default_sharders, plan_sharding, topology_for
+from lightrec.distributed.sharding.collection import ShardedCollectionBase
+from lightrec.distributed.sharding.collection_sharder import CollectionSharder
 from lightrec.distributed.state_dict import gather_full_state_dict
 from lightrec.distributed.types import (
     EmbeddingComputeKernel,
@@ -58,10 +58,10 @@ from lightrec.distributed.types import (
     ShardingPlan,
     ShardingType,
     ShardMetadata,
+    as_env,
     placement_for,
 )
 from lightrec.optim.keyed import CombinedOptimizer
-from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = ["DistributedModelParallel", "balanced_table_wise_plan", "get_default_sharders"]
 
@@ -73,11 +73,6 @@ def _timeout_of(pg: dist.ProcessGroup) -> Any:
         return pg._get_backend(device).options._timeout
     except (AttributeError, RuntimeError):
         return None
-
-
-def get_default_sharders() -> list[ModuleSharder]:
-    """Sharders for ``EmbeddingBagCollection`` and ``EmbeddingCollection`` (default fused SGD)."""
-    return [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
 
 
 def _shardable(
@@ -129,31 +124,6 @@ def _with_adopted(plan: ShardingPlan, adopted: Mapping[str, ShardedCollectionBas
     return ShardingPlan({**plan.plan, **missing}) if missing else plan
 
 
-def _plan(
-    module: nn.Module, sharders: list[ModuleSharder], env: ShardingEnv, device: torch.device
-) -> ShardingPlan:
-    try:
-        from lightrec.distributed.planner import EmbeddingShardingPlanner, Topology
-    except ImportError:
-        return balanced_table_wise_plan(module, sharders, env.world_size, device.type)
-    planner = EmbeddingShardingPlanner(
-        topology=Topology(world_size=env.world_size, compute_device=device.type)
-    )
-    return planner.collective_plan(module, sharders, env.pg)
-
-
-def _kjt_arguments(args: tuple[Any, ...]) -> list[KeyedJaggedTensor]:
-    """The KJTs among ``args`` and among the fields of dataclass arguments (one level deep)."""
-    out = []
-    for a in args:
-        if isinstance(a, KeyedJaggedTensor):
-            out.append(a)
-        elif dataclasses.is_dataclass(a) and not isinstance(a, type):
-            fields = (getattr(a, f.name) for f in dataclasses.fields(a))
-            out += [v for v in fields if isinstance(v, KeyedJaggedTensor)]
-    return out
-
-
 class DistributedModelParallel(nn.Module):
     """Model parallel embeddings + data parallel dense layers (see the module docstring).
 
@@ -194,9 +164,11 @@ class DistributedModelParallel(nn.Module):
         if plan is not None and not isinstance(plan, ShardingPlan):
             raise TypeError(f"plan must be a ShardingPlan, got {type(plan).__name__}")
         adopted = dict(outermost(module, (ShardedCollectionBase,)))
-        if plan is None:  # nothing left to shard: no planning (the sharded ones bring their plan)
-            shardable = _shardable(module, self._sharders)
-            plan = _plan(module, self._sharders, self._env, self.device) if shardable else ShardingPlan()
+        if plan is None and not _shardable(module, self._sharders):
+            plan = ShardingPlan()  # nothing left to shard: no planning (the sharded ones bring their plan)
+        elif plan is None:
+            topology = topology_for(self._env.world_size, self.device.type)
+            plan = plan_sharding(module, self._sharders, topology, collective=True, pg=self._env.pg).plan
         self._plan = _with_adopted(plan, adopted)
         module, self._sharded_paths = self._shard(module, seed, adopted)
         if init_parameters:
@@ -228,8 +200,15 @@ class DistributedModelParallel(nn.Module):
             module_plan = self._plan.get_plan_for_module(path)
             if module_plan is None:
                 continue  # not in the plan: stays an ordinary (data parallel) module
+            shard = getattr(sharder, "shard", None)
+            if not callable(shard):
+                raise TypeError(
+                    f"sharder {type(sharder).__name__} for the module at {path!r} has no shard(module, params, "
+                    "env, device, module_fqn) method; give DistributedModelParallel sharders that build sharded "
+                    "modules (e.g. lightrec.distributed.get_default_sharders())"
+                )
             kwargs = {"seed": seed} if isinstance(sharder, CollectionSharder) else {}
-            sharded = sharder.shard(m, module_plan, self._env, self.device, path, **kwargs)  # type: ignore[attr-defined]
+            sharded = shard(m, module_plan, self._env, self.device, path, **kwargs)
             paths.append(path)
             if path == "":
                 module = sharded
@@ -326,9 +305,9 @@ class DistributedModelParallel(nn.Module):
         lookup is started first (``prefetch``): its all-to-alls then overlap with the dense
         layers, forward and backward."""
         if self._prefetch_target is not None:
-            kjts = _kjt_arguments((*args, *kwargs.values()))
+            kjts = find_kjts((*args, *kwargs.values()))
             if len(kjts) == 1:
-                self._prefetch_target.prefetch(kjts[0])
+                self._prefetch_target.lookahead.launch(kjts[0])
         return self._dmp_wrapped_module(*args, **kwargs)
 
     def state_dict(

@@ -49,6 +49,7 @@ __all__ = [
     "ShardingEnv",
     "ShardingPlan",
     "ShardingType",
+    "as_env",
     "column_wise_shard_sizes",
     "placement_for",
     "row_wise_shard_sizes",
@@ -347,14 +348,29 @@ class ShardingEnv:
             raise ValueError(f"rank must be an int in [0, {self.world_size}), got {self.rank!r}")
 
     @classmethod
-    def from_process_group(cls, pg: dist.ProcessGroup) -> ShardingEnv:
-        """Environment of this process inside the initialised process group ``pg``."""
-        return cls(dist.get_world_size(pg), dist.get_rank(pg), pg)
+    def from_process_group(cls, pg: dist.ProcessGroup | None) -> ShardingEnv:
+        """Environment of this process inside the initialised process group ``pg`` (None: the default group)."""
+        group = pg if pg is not None else dist.group.WORLD
+        return cls(dist.get_world_size(group), dist.get_rank(group), group)
 
     @classmethod
     def from_local(cls, world_size: int, rank: int) -> ShardingEnv:
         """Environment without a process group (single process, inference sharding)."""
         return cls(world_size, rank, None)
+
+
+def as_env(env: ShardingEnv | dist.ProcessGroup | None) -> ShardingEnv:
+    """Accept a ``ShardingEnv``, a process group, or None (the default group)."""
+    if isinstance(env, ShardingEnv):
+        return env
+    if env is None or isinstance(env, dist.ProcessGroup):
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "sharding needs torch.distributed: call dist.init_process_group('gloo') (or 'nccl') first, "
+                "even for a single process (world size 1)"
+            )
+        return ShardingEnv.from_process_group(env)
+    raise TypeError(f"env must be a ShardingEnv or a ProcessGroup, got {type(env).__name__}")
 
 
 _COMPUTE_DEVICES = ("cpu", "cuda", "meta")

@@ -47,10 +47,20 @@ __all__ = [
     "BatchedEmbeddingBag",
     "EmbeddingFusedOptimizer",
     "TableSpec",
+    "check_kernel_backend",
     "select_backend",
 ]
 
 BACKENDS = ("auto", "fbgemm", "torch", "triton")
+
+
+def check_kernel_backend(kernel_backend: str) -> None:
+    """Reject an unknown ``kernel_backend`` argument (one of :data:`BACKENDS`)."""
+    if kernel_backend not in BACKENDS:
+        raise ValueError(
+            f"kernel_backend must be one of {BACKENDS} (auto: fbgemm where it supports the tables, else "
+            f"pure torch), got {kernel_backend!r}"
+        )
 
 
 @dataclass
