@@ -28,6 +28,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from lightrec.distributed.planner import PlannerError
+from lightrec.distributed.planning import get_default_sharders, plan_sharding, topology_for
 from lightrec.recipes import CONFIGS, CONFIGS_DIR, RECIPES, config_summary, configs_of, get_recipe
 
 __all__ = ["main"]
@@ -160,35 +162,20 @@ def _plan(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     )
     num_nodes = int(ns.num_nodes if ns.num_nodes is not None else trainer_cfg.get("num_nodes", 1) or 1)
 
-    from lightrec.distributed import EmbeddingBagCollectionSharder, EmbeddingCollectionSharder
-    from lightrec.distributed.planner import EmbeddingShardingPlanner, Topology
-
     rec_module = cli.model
     # Plan the RecModule itself (its model built with meta tables): the plan's module paths are
     # then the ones RecStrategy sees (model.sparse_arch...), so --json output is directly usable.
     rec_module.model = rec_module.model_for_planning()
-    model = rec_module
-    fused = rec_module.fused_params()
-    sharders = [
-        EmbeddingBagCollectionSharder(fused_params=fused),
-        EmbeddingCollectionSharder(fused_params=fused),
-    ]
-    topology = Topology(
-        world_size=devices * num_nodes,
-        local_world_size=devices,
-        compute_device="cuda" if accelerator in ("gpu", "cuda") else "cpu",
-    )
+    sharders = get_default_sharders(rec_module.fused_params())
+    topology = topology_for(devices * num_nodes, "cuda" if accelerator in ("gpu", "cuda") else "cpu", devices)
     batch_size = getattr(cli.datamodule, "batch_size", None)
-    planner = EmbeddingShardingPlanner(
-        topology=topology, batch_size=batch_size if isinstance(batch_size, int) else None
-    )
-    from lightrec.distributed.planner import PlannerError
-
     try:
-        plan = planner.plan(model, sharders)
+        planned = plan_sharding(
+            rec_module, sharders, topology, batch_size=batch_size if isinstance(batch_size, int) else None
+        )
     except PlannerError as exc:
         raise CommandError(f"no sharding plan fits: {exc}") from exc
-    report = planner.last_report
+    plan, report = planned.plan, planned.report
     print(
         f"plan for {config} ({script}.py): {devices} device(s) x {num_nodes} node(s), {topology.compute_device}"
     )

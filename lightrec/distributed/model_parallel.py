@@ -284,6 +284,13 @@ class DistributedModelParallel(nn.Module):
         return wrapped.module if isinstance(wrapped, DistributedDataParallel) else wrapped
 
     @property
+    def data_parallel(self) -> DistributedDataParallel | None:
+        """The ``DistributedDataParallel`` wrapping the dense part, e.g. to register a communication
+        hook on (None: not wrapped -- one rank, nothing dense to train, or ``init_data_parallel=False``)."""
+        wrapped = self._dmp_wrapped_module
+        return wrapped if isinstance(wrapped, DistributedDataParallel) else None
+
+    @property
     def plan(self) -> ShardingPlan:
         return self._plan
 
