@@ -71,7 +71,8 @@ class ShardedEmbeddingCollection(ShardedCollectionBase):
     _configs_getter = "embedding_configs"
 
     def embedding_configs(self) -> list[EmbeddingConfig]:
-        return list(self._configs)  # type: ignore[arg-type]
+        # All are: these are the unsharded collection's configs (the filter tells the type checker).
+        return [c for c in self._configs if isinstance(c, EmbeddingConfig)]
 
     def forward(self, features: KeyedJaggedTensor) -> EmbeddingCollectionAwaitable:
         """Start the lookups of this rank's ids; returns an awaitable of ``{feature: JaggedTensor}``."""

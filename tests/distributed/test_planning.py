@@ -61,7 +61,12 @@ def test_plan_sharding_is_the_planners_plan_and_report() -> None:
 
 def _collective_body(rank: int, world_size: int) -> dict[str, Any]:
     from lightrec.distributed import DistributedModelParallel
-    from lightrec.distributed.planning import get_default_sharders, plan_report_for, plan_sharding, topology_for
+    from lightrec.distributed.planning import (
+        get_default_sharders,
+        plan_report_for,
+        plan_sharding,
+        topology_for,
+    )
     from tests.distributed.test_dmp import _dlrm
 
     topology = topology_for(world_size, "cpu")

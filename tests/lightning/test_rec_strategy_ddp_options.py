@@ -125,7 +125,8 @@ def _fit(world_size: int, tmp: str, refused: bool = False, **options: Any) -> di
     tables = _local_tables(module)
     return {
         "dense_moved": any(
-            not torch.equal(p.detach(), at_start["dense"][n]) for n, p in module.model.dense_arch.named_parameters()
+            not torch.equal(p.detach(), at_start["dense"][n])
+            for n, p in module.model.dense_arch.named_parameters()
         ),
         "tables_moved": any(not torch.equal(v, at_start["tables"][k]) for k, v in tables.items()),
         "norm_type": type(module.norm).__name__,
@@ -158,7 +159,9 @@ def _body(rank: int, world_size: int, port: int, tmp: str) -> dict[str, Any]:
     torch.manual_seed(rank)
     out = {
         "plain": _fit(world_size, tmp),
-        "hooked": _fit(world_size, tmp, ddp_comm_hook=zero_gradients, ddp_comm_state=calls, ddp_comm_wrapper=counting),
+        "hooked": _fit(
+            world_size, tmp, ddp_comm_hook=zero_gradients, ddp_comm_state=calls, ddp_comm_wrapper=counting
+        ),
         "layer_sync": _fit(world_size, tmp, plugins=[_layer_sync()]),
         "sync_batchnorm": _fit(world_size, tmp, refused=True, sync_batchnorm=True),
     }
@@ -204,4 +207,6 @@ def test_post_local_sgd_is_refused() -> None:
     with pytest.raises(ValueError, match="model_averaging_period=4"):
         RecStrategy(model_averaging_period=4)
     with pytest.raises(ValueError, match="PostLocalSGDState"):
-        RecStrategy(ddp_comm_state=PostLocalSGDState(process_group=None, subgroup=None, start_localSGD_iter=2))
+        RecStrategy(
+            ddp_comm_state=PostLocalSGDState(process_group=None, subgroup=None, start_localSGD_iter=2)
+        )

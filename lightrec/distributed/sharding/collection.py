@@ -36,7 +36,7 @@ from lightrec.distributed.input_dist_pipeline import InputDistPipeline, StartedI
 from lightrec.distributed.sharding import SHARDING_CLASSES
 from lightrec.distributed.sharding.collection_sharder import CollectionSharder, normalized_fused_params
 from lightrec.distributed.sharding.collection_state_dict import load_state_dict_pre_hook, state_dict_hook
-from lightrec.distributed.sharding.common import DistContext, EmbeddingSharding, ShardedTable
+from lightrec.distributed.sharding.common import DistContext, EmbeddingSharding, ShardedTable, ShardingContext
 from lightrec.distributed.sharding.data_parallel import DpEmbeddingSharding
 from lightrec.distributed.sharding.id_bounds import IdBounds
 from lightrec.distributed.sharding.lookups import _GroupedLookupBase
@@ -113,6 +113,8 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
         )
         self._check_plan(configs, table_plan)
         self._feature_order = [f for c in configs for f in c.feature_names]
+        dims = {f: c.embedding_dim for c in configs for f in c.feature_names}
+        self._length_per_key = [dims[f] for f in self._feature_order]  # pooled output widths
         default_spec = FusedOptimizerSpec.coerce(fused_params) or FusedOptimizerSpec()
         holders = getattr(module, self._attr)
         by_type: dict[str, list[ShardedTable]] = {}
@@ -137,11 +139,9 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
             by_type.setdefault(ps.sharding_type, []).append(
                 ShardedTable(c, ps, shards, spec, source, pooling, kernel_backend)
             )
+        context = ShardingContext(self._feature_order, env, device, self._pooled, self._is_weighted, seed)
         self._shardings: list[EmbeddingSharding] = [
-            SHARDING_CLASSES[st](
-                tables, self._feature_order, env, device, self._pooled, self._is_weighted, seed
-            )
-            for st, tables in by_type.items()
+            SHARDING_CLASSES[st](tables, context) for st, tables in by_type.items()
         ]
         self._column_index = self._output_column_index() if self._pooled else None
         self._input_dists = nn.ModuleList(s.create_input_dist() for s in self._shardings)
@@ -201,7 +201,7 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
             order = [0] * len(index)
             for out_col, in_col in enumerate(index):
                 order[in_col] = out_col
-            self._shardings[0].set_column_order(order)  # type: ignore[attr-defined]
+            self._shardings[0].set_column_order(order)
             return None
         return torch.tensor(index, device=self._device)
 
@@ -216,7 +216,7 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
         return out
 
     def _grouped_lookups(self) -> list[_GroupedLookupBase]:
-        return list(self._lookups)  # type: ignore[arg-type]
+        return [lk for lk in self._lookups if isinstance(lk, _GroupedLookupBase)]  # all are
 
     def _build_fused_optimizer(self) -> CombinedOptimizer:
         optims: list[tuple[str, KeyedOptimizer]] = []
@@ -393,5 +393,3 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
     def extra_repr(self) -> str:
         kinds = ", ".join(f"{s.name}: {sorted(s.tables)}" for s in self._shardings)
         return f"rank={self._env.rank}/{self._env.world_size}, {kinds}"
-
-
