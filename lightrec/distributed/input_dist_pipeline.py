@@ -103,7 +103,7 @@ class StartedInputDist:
         """Stage 2 (once): wait for the splits (a host sync), start the lengths/values exchange."""
         if self.tensors is None:
             with on_stream(self.stream):
-                self.tensors = [c.splits.wait() for c in self.contexts]  # type: ignore[attr-defined]
+                self.tensors = [c.splits.wait() for c in self.contexts]
         return self.tensors
 
     def received(self, device: torch.device) -> list[KeyedJaggedTensor]:
@@ -200,11 +200,11 @@ class InputDistPipeline:
         exchange is left in flight; ``wait=False`` only forgets them (after an error, when the other
         ranks may not take part any more).
         """
-        started = [e for e in self._ahead.values() if e.input_dist is not None]
-        for entry in started:
-            del self._ahead[id(entry.features)]
+        started = [(key, e.input_dist) for key, e in self._ahead.items() if e.input_dist is not None]
+        for key, input_dist in started:
+            del self._ahead[key]
             if wait:
-                entry.input_dist.received(self._device)  # type: ignore[union-attr]
+                input_dist.received(self._device)
         return len(started)
 
     # ---- DistributedModelParallel: the whole forward, before the model runs ---------------------

@@ -35,6 +35,7 @@ replicated, receives the gradient of the *mean* of the per-rank losses.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -60,17 +61,19 @@ from lightrec.distributed.types import (
     ShardMetadata,
     as_env,
     placement_for,
+    resolve_group,
 )
 from lightrec.optim.keyed import CombinedOptimizer
 
 __all__ = ["DistributedModelParallel", "balanced_table_wise_plan", "get_default_sharders"]
 
 
-def _timeout_of(pg: dist.ProcessGroup) -> Any:
+def _timeout_of(pg: dist.ProcessGroup) -> timedelta | None:
     """The timeout ``pg`` was created with (None: torch's default)."""
     try:
         device = torch.device("cuda" if dist.get_backend(pg) == "nccl" else "cpu")
-        return pg._get_backend(device).options._timeout
+        timeout: timedelta = pg._get_backend(device).options._timeout
+        return timeout
     except (AttributeError, RuntimeError):
         return None
 
@@ -163,7 +166,11 @@ class DistributedModelParallel(nn.Module):
         self._sharders = list(sharders) if sharders is not None else get_default_sharders()
         if plan is not None and not isinstance(plan, ShardingPlan):
             raise TypeError(f"plan must be a ShardingPlan, got {type(plan).__name__}")
-        adopted = dict(outermost(module, (ShardedCollectionBase,)))
+        adopted = {
+            p: m
+            for p, m in outermost(module, (ShardedCollectionBase,))
+            if isinstance(m, ShardedCollectionBase)
+        }
         if plan is None and not _shardable(module, self._sharders):
             plan = ShardingPlan()  # nothing left to shard: no planning (the sharded ones bring their plan)
         elif plan is None:
@@ -250,12 +257,11 @@ class DistributedModelParallel(nn.Module):
         if self._env.world_size == 1 or not trainable:
             return module
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, ignore)
-        ranks = dist.get_process_group_ranks(self._env.pg or dist.group.WORLD)
+        group = resolve_group(self._env.pg)
+        ranks = dist.get_process_group_ranks(group)
         # The DDP group inherits the sharding group's timeout: with torch's default (30 min on
         # gloo) a rank that dies inside the dense backward would leave the others hanging.
-        ddp_group = dist.new_group(
-            ranks=ranks, backend=dist.get_backend(self._env.pg), timeout=_timeout_of(self._env.pg or dist.group.WORLD)
-        )
+        ddp_group = dist.new_group(ranks=ranks, backend=dist.get_backend(group), timeout=_timeout_of(group))
         # Integer buffers (index tables such as the interaction's triu indices) never change and
         # are the same on every rank by construction: no per-forward broadcast (torch < 2.13 then
         # skips their initial sync too, see lightrec._compat); float buffers (running stats) sync
@@ -274,7 +280,12 @@ class DistributedModelParallel(nn.Module):
 
     def _sharded_modules(self) -> dict[str, ShardedCollectionBase]:
         root = self.module
-        return {p: root.get_submodule(p) for p in self._sharded_paths}  # type: ignore[misc]
+        out: dict[str, ShardedCollectionBase] = {}
+        for path in self._sharded_paths:
+            sharded = root.get_submodule(path)
+            assert isinstance(sharded, ShardedCollectionBase)  # _shard put it there
+            out[path] = sharded
+        return out
 
     # ---- public surface --------------------------------------------------------------------
     @property
@@ -319,13 +330,13 @@ class DistributedModelParallel(nn.Module):
 
     def state_dict(
         self, *args: Any, destination: Any = None, prefix: str = "", keep_vars: bool = False
-    ) -> Any:  # type: ignore[override]
+    ) -> Any:
         """Keys of the unsharded model; model-parallel tables as ``ShardedTableState`` (this rank's shards)."""
         return self.module.state_dict(*args, destination=destination, prefix=prefix, keep_vars=keep_vars)
 
     def load_state_dict(
         self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False
-    ) -> Any:  # type: ignore[override]
+    ) -> Any:
         """Load a sharded state dict of the same plan, or full tables into any plan (resharding)."""
         return self.module.load_state_dict(state_dict, strict=strict, assign=assign)
 
@@ -335,10 +346,10 @@ class DistributedModelParallel(nn.Module):
 
     def named_parameters(
         self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
-    ) -> Iterator[tuple[str, nn.Parameter]]:  # type: ignore[override]
+    ) -> Iterator[tuple[str, nn.Parameter]]:
         return self.module.named_parameters(prefix=prefix, recurse=recurse, remove_duplicate=remove_duplicate)
 
     def named_buffers(
         self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
-    ) -> Iterator[tuple[str, torch.Tensor]]:  # type: ignore[override]
+    ) -> Iterator[tuple[str, torch.Tensor]]:
         return self.module.named_buffers(prefix=prefix, recurse=recurse, remove_duplicate=remove_duplicate)

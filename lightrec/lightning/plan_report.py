@@ -35,6 +35,8 @@ import lightning.pytorch as pl
 import numpy as np
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.util import tensor_util
 from typing_extensions import override
 
 from lightrec.distributed.planner import PlannerReport, Topology
@@ -78,9 +80,6 @@ def load_plan_from_events(path: str | os.PathLike[str], tag: str = "plan/json") 
     Raises:
         KeyError: the events hold no ``tag`` text (the run had no ``PlanReport`` callback).
     """
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    from tensorboard.util import tensor_util
-
     events = EventAccumulator(os.fspath(path), size_guidance={"tensors": 0}).Reload()
     key = f"{tag}/text_summary"  # SummaryWriter.add_text's tag suffix
     if key not in events.Tags().get("tensors", []):

@@ -157,7 +157,7 @@ class RecModule(pl.LightningModule):
     def on_train_batch_end(self, outputs: Any, batch: Batch, batch_idx: int) -> None:
         if self._step_started_at is None:
             return
-        every = self.trainer.log_every_n_steps if self._trainer is not None else 1
+        every = int(getattr(self.trainer, "log_every_n_steps", 1)) if self._trainer is not None else 1
         if (self.trainer.global_step if self._trainer is not None else 0) % max(every, 1):
             return  # self.log costs ~0.6 ms; only log on the steps the logger writes anyway
         seconds = max(time.perf_counter() - self._step_started_at, 1e-9)

@@ -176,6 +176,14 @@ class RecStrategy(DDPStrategy):
         """The fused embedding optimizer of the default sharders (empty: their default)."""
         return dict(self._fused_params)
 
+    def _connected_module(self) -> pl.LightningModule:
+        module = self.lightning_module
+        if module is None:
+            raise RuntimeError(
+                "RecStrategy has no LightningModule: the Trainer connects it in fit/validate/test/predict"
+            )
+        return module
+
     @override
     def model_to_device(self) -> None:
         """Move the dense part (parameters, buffers, metric states, ...) to the root device; embedding
@@ -210,7 +218,7 @@ class RecStrategy(DDPStrategy):
             sharders=sharders,
             env=ShardingEnv.from_process_group(None),
             init_data_parallel=data_parallel,
-            **({"ddp_kwargs": self._ddp_kwargs} if self._ddp_kwargs else {}),
+            ddp_kwargs=self._ddp_kwargs or None,
         )
         if data_parallel:
             self._register_comm_hook(self.dmp)
@@ -254,7 +262,7 @@ class RecStrategy(DDPStrategy):
             self.precision_plugin.convert_module(self.model)
         self.model_to_device()
         # Shard for every stage: tables may not fit on one rank even for validate/test/predict.
-        self.model = self._shard(self.lightning_module, data_parallel=fitting)
+        self.model = self._shard(self._connected_module(), data_parallel=fitting)
         if fitting:
             self.setup_optimizers(trainer)
         self.setup_precision_plugin()
@@ -286,7 +294,7 @@ class RecStrategy(DDPStrategy):
         save_sharded_checkpoint(
             filepath,
             checkpoint,
-            self.lightning_module,
+            self._connected_module(),
             self.optimizers if training else (),
             [c.scheduler for c in self.lr_scheduler_configs] if "lr_schedulers" in checkpoint else (),
         )
@@ -297,12 +305,12 @@ class RecStrategy(DDPStrategy):
         and world size; any other file is read as a plain Lightning checkpoint (full tables reshard
         on load, optimizer state must then match the live optimizers)."""
         if is_sharded_checkpoint(checkpoint_path):  # an incomplete folder raises, naming what is missing
-            return load_sharded_checkpoint(checkpoint_path, self.lightning_module, self.optimizers)
+            return load_sharded_checkpoint(checkpoint_path, self._connected_module(), self.optimizers)
         try:
             source = open_checkpoint(checkpoint_path)  # a consolidated file, read once
         except CheckpointError:  # any other file: a plain Lightning checkpoint
-            return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
-        return load_sharded_checkpoint(source, self.lightning_module, self.optimizers)
+            return super().load_checkpoint(os.fspath(checkpoint_path), weights_only=weights_only)
+        return load_sharded_checkpoint(source, self._connected_module(), self.optimizers)
 
     @override
     def teardown(self) -> None:

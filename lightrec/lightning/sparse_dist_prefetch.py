@@ -56,7 +56,7 @@ hand-over refuses, and the callback warns and turns itself off.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import lightning.pytorch as pl
@@ -82,7 +82,7 @@ class _Lookahead(Iterator):
     fetched batches (and of which one is the last) is unchanged.
     """
 
-    def __init__(self, inner: Iterator, loaders: list[Any] = ()) -> None:  # type: ignore[assignment]
+    def __init__(self, inner: Iterator[Any], loaders: Sequence[Any] = ()) -> None:
         self.inner = inner
         self._next: Any = _NOTHING
         self._exhausted = False

@@ -72,7 +72,7 @@ def pooling_type_to_str(pooling: PoolingType) -> str:
     """``nn.EmbeddingBag`` mode string for a pooling type (``"sum"`` or ``"mean"``)."""
     if pooling == PoolingType.NONE:
         raise ValueError("pooling=PoolingType.NONE has no EmbeddingBag mode; use EmbeddingCollection instead")
-    return pooling.value.lower()
+    return str(pooling.value).lower()
 
 
 @dataclass
@@ -171,7 +171,7 @@ class EmbeddingConfig(BaseEmbeddingConfig):
     pooling: PoolingType = PoolingType.NONE
 
 
-def __getattr__(name: str):  # noqa: ANN202 - torchrec imports QuantConfig from this module
+def __getattr__(name: str) -> type:  # torchrec imports QuantConfig from this module
     if name == "QuantConfig":
         from lightrec.modules.quant_config import QuantConfig
 
