@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 __all__ = [
     "PrefetchDataFetcher",
@@ -79,8 +80,6 @@ def all_gather_single(
 # on every rank by construction: integer index tables).
 @functools.lru_cache(maxsize=1)
 def _ddp_parameters() -> frozenset[str]:
-    from torch.nn.parallel import DistributedDataParallel
-
     return frozenset(inspect.signature(DistributedDataParallel.__init__).parameters)
 
 

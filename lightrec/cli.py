@@ -26,9 +26,18 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import torch
+
+from lightrec.distributed.checkpoint import CheckpointError, consolidate_checkpoint, is_sharded_checkpoint
+from lightrec.distributed.planner import PlannerError
+from lightrec.distributed.planning import get_default_sharders, plan_sharding, topology_for
+from lightrec.inference import export_from_checkpoint
 from lightrec.recipes import CONFIGS, CONFIGS_DIR, RECIPES, config_summary, configs_of, get_recipe
+
+if TYPE_CHECKING:  # annotation only: importing Lightning would slow every command down by a second
+    from lightrec.lightning import RecModule
 
 __all__ = ["main"]
 
@@ -138,8 +147,6 @@ def _count_devices(devices: Any, accelerator: str) -> int:
         return int(devices)
     if isinstance(devices, str) and "," in devices:
         return len([d for d in devices.split(",") if d.strip()])
-    import torch
-
     # "auto" / -1: every visible GPU, or one CPU process.
     return max(torch.cuda.device_count(), 1) if accelerator in ("gpu", "cuda") else 1
 
@@ -160,35 +167,20 @@ def _plan(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     )
     num_nodes = int(ns.num_nodes if ns.num_nodes is not None else trainer_cfg.get("num_nodes", 1) or 1)
 
-    from lightrec.distributed import EmbeddingBagCollectionSharder, EmbeddingCollectionSharder
-    from lightrec.distributed.planner import EmbeddingShardingPlanner, Topology
-
     rec_module = cli.model
     # Plan the RecModule itself (its model built with meta tables): the plan's module paths are
     # then the ones RecStrategy sees (model.sparse_arch...), so --json output is directly usable.
     rec_module.model = rec_module.model_for_planning()
-    model = rec_module
-    fused = rec_module.fused_params()
-    sharders = [
-        EmbeddingBagCollectionSharder(fused_params=fused),
-        EmbeddingCollectionSharder(fused_params=fused),
-    ]
-    topology = Topology(
-        world_size=devices * num_nodes,
-        local_world_size=devices,
-        compute_device="cuda" if accelerator in ("gpu", "cuda") else "cpu",
-    )
+    sharders = get_default_sharders(rec_module.fused_params())
+    topology = topology_for(devices * num_nodes, "cuda" if accelerator in ("gpu", "cuda") else "cpu", devices)
     batch_size = getattr(cli.datamodule, "batch_size", None)
-    planner = EmbeddingShardingPlanner(
-        topology=topology, batch_size=batch_size if isinstance(batch_size, int) else None
-    )
-    from lightrec.distributed.planner import PlannerError
-
     try:
-        plan = planner.plan(model, sharders)
+        planned = plan_sharding(
+            rec_module, sharders, topology, batch_size=batch_size if isinstance(batch_size, int) else None
+        )
     except PlannerError as exc:
         raise CommandError(f"no sharding plan fits: {exc}") from exc
-    report = planner.last_report
+    plan, report = planned.plan, planned.report
     print(
         f"plan for {config} ({script}.py): {devices} device(s) x {num_nodes} node(s), {topology.compute_device}"
     )
@@ -206,7 +198,8 @@ def _plan(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 # ------------------------------------------------------------------------------------------- export
-def _load_class(reference: str) -> type:
+def _load_class(reference: str) -> type[RecModule]:
+    """The ``RecModule`` class a checkpoint names: ``package.module.Class`` or ``path/to/file.py:Class``."""
     if ":" in reference:
         path, name = reference.rsplit(":", 1)
         spec = importlib.util.spec_from_file_location(Path(path).stem, path)
@@ -214,45 +207,33 @@ def _load_class(reference: str) -> type:
             raise CommandError(f"cannot import the recipe file {path!r} named in the checkpoint")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        return getattr(module, name)
+        found: type[RecModule] = getattr(module, name)
+        return found
     module_name, _, name = reference.rpartition(".")
-    return getattr(importlib.import_module(module_name), name)
+    found = getattr(importlib.import_module(module_name), name)
+    return found
 
 
 def _export(ns: argparse.Namespace) -> int:
     checkpoint = Path(ns.checkpoint)
     if not checkpoint.exists():
         raise CommandError(f"checkpoint {str(checkpoint)!r} does not exist")
-    try:
-        from lightrec import inference
-    except ImportError as exc:  # pragma: no cover - the package always ships lightrec.inference
-        raise CommandError(f"lightrec.inference cannot be imported ({exc}); export is unavailable") from exc
     out = (
         Path(ns.out)
         if ns.out
         else checkpoint.parent / f"{checkpoint.stem}_{ns.dtype}.{'pt2' if ns.format == 'export' else 'pt'}"
     )
-    from_checkpoint = getattr(inference, "export_from_checkpoint", None)
-    if not callable(from_checkpoint):
-        raise CommandError(
-            "lightrec export needs lightrec.inference.export_from_checkpoint, which this lightrec does not "
-            "provide yet; the checkpoint itself holds the trained weights"
-        )
     if checkpoint.is_dir():
-        from lightrec.distributed.checkpoint import consolidate_checkpoint, is_sharded_checkpoint
-
         if not is_sharded_checkpoint(checkpoint):
             raise CommandError(f"{str(checkpoint)!r} is a folder but not a lightrec sharded checkpoint (no meta.pt)")
         with tempfile.TemporaryDirectory() as tmp:  # the whole model is gathered in this process
             full = Path(tmp) / "full.ckpt"
             consolidate_checkpoint(checkpoint, full)
-            return _export_file(ns, full, out, from_checkpoint, shown=checkpoint)
-    return _export_file(ns, checkpoint, out, from_checkpoint, shown=checkpoint)
+            return _export_file(ns, full, out, shown=checkpoint)
+    return _export_file(ns, checkpoint, out, shown=checkpoint)
 
 
-def _export_file(ns: argparse.Namespace, checkpoint: Path, out: Path, from_checkpoint: Any, shown: Path) -> int:
-    import torch
-
+def _export_file(ns: argparse.Namespace, checkpoint: Path, out: Path, shown: Path) -> int:
     state = torch.load(checkpoint, map_location="cpu", weights_only=False)
     reference = ns.module or state.get("lightrec_module")
     if not reference:
@@ -261,15 +242,19 @@ def _export_file(ns: argparse.Namespace, checkpoint: Path, out: Path, from_check
             "pass --module package.module.ClassName of its RecModule"
         )
     rec_module = _load_class(reference).load_from_checkpoint(checkpoint, map_location="cpu")
+    serving_factory = getattr(rec_module, "serving_factory", None)
+    if not callable(serving_factory):
+        raise CommandError(
+            f"{reference} has no serving_factory() method (what builds the model to quantize); export "
+            "checkpoints of lightrec recipes, or add the method to your RecModule"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
-    from_checkpoint(state, rec_module.serving_factory, out, dtype=ns.dtype, format=ns.format)
+    export_from_checkpoint(state, serving_factory, out, dtype=ns.dtype, format=ns.format)
     print(f"exported {shown} -> {out}")
     return 0
 
 
 def _consolidate(ns: argparse.Namespace) -> int:
-    from lightrec.distributed.checkpoint import CheckpointError, consolidate_checkpoint
-
     source, out = Path(ns.checkpoint), Path(ns.out)
     if not source.exists():
         raise CommandError(f"checkpoint {str(source)!r} does not exist")

@@ -3,7 +3,8 @@
 torchrec users switch by changing imports: ``torchrec.distributed.X`` -> ``lightrec.distributed.X``
 for the names below (``EmbeddingBagCollectionSharder``, ``ShardingEnv``, ``ShardingType``,
 ``DistributedModelParallel``, ``LazyAwaitable`` ...). The planner lives in
-``lightrec.distributed.planner`` (re-exported here when importable).
+``lightrec.distributed.planner`` (its main names are re-exported here); sharders, plan and report
+for a model come from ``lightrec.distributed.planning``.
 """
 
 from lightrec.distributed.comm import (
@@ -28,11 +29,20 @@ from lightrec.distributed.embeddingbag import (
     EmbeddingBagCollectionSharder,
     ShardedEmbeddingBagCollection,
 )
-from lightrec.distributed.model_parallel import (
-    DistributedModelParallel,
-    balanced_table_wise_plan,
-    get_default_sharders,
+from lightrec.distributed.model_parallel import DistributedModelParallel, balanced_table_wise_plan
+from lightrec.distributed.planner import (
+    EmbeddingShardingPlanner,
+    ParameterConstraints,
+    Topology,
+    column_wise,
+    construct_module_sharding_plan,
+    data_parallel,
+    row_wise,
+    table_column_wise,
+    table_row_wise,
+    table_wise,
 )
+from lightrec.distributed.planning import get_default_sharders
 from lightrec.distributed.state_dict import ShardedTableState, gather_full_state_dict
 from lightrec.distributed.types import (
     EmbeddingComputeKernel,
@@ -56,11 +66,13 @@ __all__ = [
     "EmbeddingCollectionSharder",
     "EmbeddingComputeKernel",
     "EmbeddingModuleShardingPlan",
+    "EmbeddingShardingPlanner",
     "KJTAllToAll",
     "LazyAwaitable",
     "LazyNoWait",
     "ModuleSharder",
     "NoWait",
+    "ParameterConstraints",
     "ParameterSharding",
     "PooledEmbeddingsAllGather",
     "PooledEmbeddingsAllToAll",
@@ -73,39 +85,18 @@ __all__ = [
     "ShardingEnv",
     "ShardingPlan",
     "ShardingType",
+    "Topology",
     "balanced_table_wise_plan",
     "bucketize_kjt_row_wise",
+    "column_wise",
     "column_wise_shard_sizes",
+    "construct_module_sharding_plan",
+    "data_parallel",
     "gather_full_state_dict",
     "get_default_sharders",
+    "row_wise",
     "row_wise_shard_sizes",
+    "table_column_wise",
+    "table_row_wise",
+    "table_wise",
 ]
-
-try:  # the planner is optional at import time (it needs numpy)
-    from lightrec.distributed.planner import (  # noqa: F401
-        EmbeddingShardingPlanner,
-        ParameterConstraints,
-        Topology,
-        column_wise,
-        construct_module_sharding_plan,
-        data_parallel,
-        row_wise,
-        table_column_wise,
-        table_row_wise,
-        table_wise,
-    )
-
-    __all__ += [
-        "EmbeddingShardingPlanner",
-        "ParameterConstraints",
-        "Topology",
-        "column_wise",
-        "construct_module_sharding_plan",
-        "data_parallel",
-        "row_wise",
-        "table_column_wise",
-        "table_row_wise",
-        "table_wise",
-    ]
-except ImportError:  # pragma: no cover - exercised only without numpy
-    pass

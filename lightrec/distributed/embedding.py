@@ -9,18 +9,17 @@ pieces. Rows of one sharding type travel in one all-to-all, zero-padded to its w
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from lightrec.distributed.comm import LazyAwaitable
-from lightrec.distributed.sharding.collection import CollectionSharder, ShardedCollectionBase
+from lightrec.distributed.input_dist_pipeline import StartedInputDist
+from lightrec.distributed.sharding.collection import ShardedCollectionBase
+from lightrec.distributed.sharding.collection_sharder import CollectionSharder
 from lightrec.distributed.sharding.common import DistContext, EmbeddingSharding
-from lightrec.distributed.types import EmbeddingModuleShardingPlan, ShardingEnv
 from lightrec.modules.embedding_configs import EmbeddingConfig
 from lightrec.modules.embedding_modules import EmbeddingCollection
-from lightrec.optim.fused_spec import FusedOptimizerSpec
 from lightrec.sparse import JaggedTensor, KeyedJaggedTensor
 
 __all__ = ["EmbeddingCollectionAwaitable", "EmbeddingCollectionSharder", "ShardedEmbeddingCollection"]
@@ -63,35 +62,27 @@ class ShardedEmbeddingCollection(ShardedCollectionBase):
     """An ``EmbeddingCollection`` whose tables are spread over ranks by a plan (any sharding type).
 
     Same contract as the unsharded module, returned as a lazy awaitable; ``state_dict`` keys
-    are ``embeddings.<table>.weight``. Build it with :class:`EmbeddingCollectionSharder`.
+    are ``embeddings.<table>.weight``. Build it with :class:`EmbeddingCollectionSharder`
+    (constructor arguments: :class:`~lightrec.distributed.sharding.collection.ShardedCollectionBase`).
     """
 
     _attr = "embeddings"
     _pooled = False
     _configs_getter = "embedding_configs"
 
-    def __init__(
-        self,
-        module: EmbeddingCollection,
-        table_plan: EmbeddingModuleShardingPlan | Mapping[str, Any],
-        env: ShardingEnv,
-        device: torch.device,
-        fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None,
-        seed: int = 0,
-        kernel_backend: str = "auto",
-    ) -> None:
-        super().__init__(module, table_plan, env, device, fused_params, seed, kernel_backend)
-
     def embedding_configs(self) -> list[EmbeddingConfig]:
-        return list(self._configs)  # type: ignore[arg-type]
+        # All are: these are the unsharded collection's configs (the filter tells the type checker).
+        return [c for c in self._configs if isinstance(c, EmbeddingConfig)]
 
     def forward(self, features: KeyedJaggedTensor) -> EmbeddingCollectionAwaitable:
         """Start the lookups of this rank's ids; returns an awaitable of ``{feature: JaggedTensor}``."""
         return super().forward(features)
 
-    def _start(self, features: KeyedJaggedTensor) -> EmbeddingCollectionAwaitable:
+    def _start(
+        self, features: KeyedJaggedTensor, started: StartedInputDist | None
+    ) -> EmbeddingCollectionAwaitable:
         # Output bags have the lengths the lookup saw: under bounds_check="skip" dropped ids shorten them.
-        contexts, results, positions, features = self._run(features)
+        contexts, results, positions, features = self._run(features, started)
         return EmbeddingCollectionAwaitable(
             self._shardings, contexts, results, features, positions, self._feature_order
         )

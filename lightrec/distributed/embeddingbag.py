@@ -16,17 +16,16 @@ resolves itself on first use.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from lightrec.distributed.comm import LazyAwaitable
-from lightrec.distributed.sharding.collection import CollectionSharder, ShardedCollectionBase
-from lightrec.distributed.types import EmbeddingModuleShardingPlan, ShardingEnv
+from lightrec.distributed.input_dist_pipeline import StartedInputDist
+from lightrec.distributed.sharding.collection import ShardedCollectionBase
+from lightrec.distributed.sharding.collection_sharder import CollectionSharder
 from lightrec.modules.embedding_configs import EmbeddingBagConfig
 from lightrec.modules.embedding_modules import EmbeddingBagCollection
-from lightrec.optim.fused_spec import FusedOptimizerSpec
 from lightrec.sparse import KeyedJaggedTensor, KeyedTensor
 
 __all__ = [
@@ -73,29 +72,17 @@ class ShardedEmbeddingBagCollection(ShardedCollectionBase):
     Same input and output as the unsharded module (a KJT of this rank's samples in, a
     ``KeyedTensor`` ``[B_local, sum D]`` out, as a lazy awaitable); every sharding type of
     ``lightrec.distributed.types.ShardingType`` may appear, mixed. Tables are updated inside
-    backward by ``fused_optimizer``. Build it with :class:`EmbeddingBagCollectionSharder`.
+    backward by ``fused_optimizer``. Build it with :class:`EmbeddingBagCollectionSharder`
+    (constructor arguments: :class:`~lightrec.distributed.sharding.collection.ShardedCollectionBase`).
     """
 
     _attr = "embedding_bags"
     _pooled = True
     _configs_getter = "embedding_bag_configs"
 
-    def __init__(
-        self,
-        module: EmbeddingBagCollection,
-        table_plan: EmbeddingModuleShardingPlan | Mapping[str, Any],
-        env: ShardingEnv,
-        device: torch.device,
-        fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None,
-        seed: int = 0,
-        kernel_backend: str = "auto",
-    ) -> None:
-        super().__init__(module, table_plan, env, device, fused_params, seed, kernel_backend)
-        dims = {f: c.embedding_dim for c in self._configs for f in c.feature_names}
-        self._length_per_key = [dims[f] for f in self._feature_order]
-
     def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
-        return list(self._configs)  # type: ignore[arg-type]
+        # All are: these are the unsharded collection's configs (the filter tells the type checker).
+        return [c for c in self._configs if isinstance(c, EmbeddingBagConfig)]
 
     def is_weighted(self) -> bool:
         return self._is_weighted
@@ -108,8 +95,10 @@ class ShardedEmbeddingBagCollection(ShardedCollectionBase):
         """
         return super().forward(features)
 
-    def _start(self, features: KeyedJaggedTensor) -> EmbeddingBagCollectionAwaitable:
-        _, results, _, _ = self._run(features)
+    def _start(
+        self, features: KeyedJaggedTensor, started: StartedInputDist | None
+    ) -> EmbeddingBagCollectionAwaitable:
+        _, results, _, _ = self._run(features, started)
         return EmbeddingBagCollectionAwaitable(
             results, self._column_index, self._feature_order, self._length_per_key
         )

@@ -11,8 +11,8 @@
 
 Construction (collective: every rank builds the same model and calls it together):
 
-1. **Plan** -- the given ``plan``, else ``EmbeddingShardingPlanner(...).collective_plan`` (rank 0
-   plans, every rank receives it), else (planner unavailable) a balanced table-wise plan.
+1. **Plan** -- the given ``plan``, else ``lightrec.distributed.planning.plan_sharding`` with
+   ``collective=True`` (``EmbeddingShardingPlanner``: rank 0 plans, every rank receives it).
 2. **Shard** -- every module at a path of the plan whose type a sharder handles is replaced by its
    sharded version. Tables on ``meta`` are created only as this rank's shards (a table never
    exists whole anywhere), each initialised from its config with a per-table seed so the values do
@@ -34,8 +34,8 @@ replicated, receives the gradient of the *mean* of the per-rank losses.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator, Mapping
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -44,10 +44,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from lightrec._compat import ddp_buffer_sync
-from lightrec.distributed.embedding import EmbeddingCollectionSharder
-from lightrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from lightrec.distributed.input_dist_pipeline import find_kjts
 from lightrec.distributed.placement import move_dense_to_device, outermost
-from lightrec.distributed.sharding.collection import CollectionSharder, ShardedCollectionBase, as_env
+from lightrec.distributed.planning import get_default_sharders, plan_sharding, topology_for
+from lightrec.distributed.sharding.collection import ShardedCollectionBase
+from lightrec.distributed.sharding.collection_sharder import CollectionSharder
 from lightrec.distributed.state_dict import gather_full_state_dict
 from lightrec.distributed.types import (
     EmbeddingComputeKernel,
@@ -58,26 +59,23 @@ from lightrec.distributed.types import (
     ShardingPlan,
     ShardingType,
     ShardMetadata,
+    as_env,
     placement_for,
+    resolve_group,
 )
 from lightrec.optim.keyed import CombinedOptimizer
-from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = ["DistributedModelParallel", "balanced_table_wise_plan", "get_default_sharders"]
 
 
-def _timeout_of(pg: dist.ProcessGroup) -> Any:
+def _timeout_of(pg: dist.ProcessGroup) -> timedelta | None:
     """The timeout ``pg`` was created with (None: torch's default)."""
     try:
         device = torch.device("cuda" if dist.get_backend(pg) == "nccl" else "cpu")
-        return pg._get_backend(device).options._timeout
+        timeout: timedelta = pg._get_backend(device).options._timeout
+        return timeout
     except (AttributeError, RuntimeError):
         return None
-
-
-def get_default_sharders() -> list[ModuleSharder]:
-    """Sharders for ``EmbeddingBagCollection`` and ``EmbeddingCollection`` (default fused SGD)."""
-    return [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
 
 
 def _shardable(
@@ -129,31 +127,6 @@ def _with_adopted(plan: ShardingPlan, adopted: Mapping[str, ShardedCollectionBas
     return ShardingPlan({**plan.plan, **missing}) if missing else plan
 
 
-def _plan(
-    module: nn.Module, sharders: list[ModuleSharder], env: ShardingEnv, device: torch.device
-) -> ShardingPlan:
-    try:
-        from lightrec.distributed.planner import EmbeddingShardingPlanner, Topology
-    except ImportError:
-        return balanced_table_wise_plan(module, sharders, env.world_size, device.type)
-    planner = EmbeddingShardingPlanner(
-        topology=Topology(world_size=env.world_size, compute_device=device.type)
-    )
-    return planner.collective_plan(module, sharders, env.pg)
-
-
-def _kjt_arguments(args: tuple[Any, ...]) -> list[KeyedJaggedTensor]:
-    """The KJTs among ``args`` and among the fields of dataclass arguments (one level deep)."""
-    out = []
-    for a in args:
-        if isinstance(a, KeyedJaggedTensor):
-            out.append(a)
-        elif dataclasses.is_dataclass(a) and not isinstance(a, type):
-            fields = (getattr(a, f.name) for f in dataclasses.fields(a))
-            out += [v for v in fields if isinstance(v, KeyedJaggedTensor)]
-    return out
-
-
 class DistributedModelParallel(nn.Module):
     """Model parallel embeddings + data parallel dense layers (see the module docstring).
 
@@ -193,10 +166,16 @@ class DistributedModelParallel(nn.Module):
         self._sharders = list(sharders) if sharders is not None else get_default_sharders()
         if plan is not None and not isinstance(plan, ShardingPlan):
             raise TypeError(f"plan must be a ShardingPlan, got {type(plan).__name__}")
-        adopted = dict(outermost(module, (ShardedCollectionBase,)))
-        if plan is None:  # nothing left to shard: no planning (the sharded ones bring their plan)
-            shardable = _shardable(module, self._sharders)
-            plan = _plan(module, self._sharders, self._env, self.device) if shardable else ShardingPlan()
+        adopted = {
+            p: m
+            for p, m in outermost(module, (ShardedCollectionBase,))
+            if isinstance(m, ShardedCollectionBase)
+        }
+        if plan is None and not _shardable(module, self._sharders):
+            plan = ShardingPlan()  # nothing left to shard: no planning (the sharded ones bring their plan)
+        elif plan is None:
+            topology = topology_for(self._env.world_size, self.device.type)
+            plan = plan_sharding(module, self._sharders, topology, collective=True, pg=self._env.pg).plan
         self._plan = _with_adopted(plan, adopted)
         module, self._sharded_paths = self._shard(module, seed, adopted)
         if init_parameters:
@@ -228,8 +207,15 @@ class DistributedModelParallel(nn.Module):
             module_plan = self._plan.get_plan_for_module(path)
             if module_plan is None:
                 continue  # not in the plan: stays an ordinary (data parallel) module
+            shard = getattr(sharder, "shard", None)
+            if not callable(shard):
+                raise TypeError(
+                    f"sharder {type(sharder).__name__} for the module at {path!r} has no shard(module, params, "
+                    "env, device, module_fqn) method; give DistributedModelParallel sharders that build sharded "
+                    "modules (e.g. lightrec.distributed.get_default_sharders())"
+                )
             kwargs = {"seed": seed} if isinstance(sharder, CollectionSharder) else {}
-            sharded = sharder.shard(m, module_plan, self._env, self.device, path, **kwargs)  # type: ignore[attr-defined]
+            sharded = shard(m, module_plan, self._env, self.device, path, **kwargs)
             paths.append(path)
             if path == "":
                 module = sharded
@@ -271,12 +257,11 @@ class DistributedModelParallel(nn.Module):
         if self._env.world_size == 1 or not trainable:
             return module
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, ignore)
-        ranks = dist.get_process_group_ranks(self._env.pg or dist.group.WORLD)
+        group = resolve_group(self._env.pg)
+        ranks = dist.get_process_group_ranks(group)
         # The DDP group inherits the sharding group's timeout: with torch's default (30 min on
         # gloo) a rank that dies inside the dense backward would leave the others hanging.
-        ddp_group = dist.new_group(
-            ranks=ranks, backend=dist.get_backend(self._env.pg), timeout=_timeout_of(self._env.pg or dist.group.WORLD)
-        )
+        ddp_group = dist.new_group(ranks=ranks, backend=dist.get_backend(group), timeout=_timeout_of(group))
         # Integer buffers (index tables such as the interaction's triu indices) never change and
         # are the same on every rank by construction: no per-forward broadcast (torch < 2.13 then
         # skips their initial sync too, see lightrec._compat); float buffers (running stats) sync
@@ -295,7 +280,12 @@ class DistributedModelParallel(nn.Module):
 
     def _sharded_modules(self) -> dict[str, ShardedCollectionBase]:
         root = self.module
-        return {p: root.get_submodule(p) for p in self._sharded_paths}  # type: ignore[misc]
+        out: dict[str, ShardedCollectionBase] = {}
+        for path in self._sharded_paths:
+            sharded = root.get_submodule(path)
+            assert isinstance(sharded, ShardedCollectionBase)  # _shard put it there
+            out[path] = sharded
+        return out
 
     # ---- public surface --------------------------------------------------------------------
     @property
@@ -303,6 +293,13 @@ class DistributedModelParallel(nn.Module):
         """The sharded model without the DDP wrapper (its state dict keys are the unsharded ones)."""
         wrapped = self._dmp_wrapped_module
         return wrapped.module if isinstance(wrapped, DistributedDataParallel) else wrapped
+
+    @property
+    def data_parallel(self) -> DistributedDataParallel | None:
+        """The ``DistributedDataParallel`` wrapping the dense part, e.g. to register a communication
+        hook on (None: not wrapped -- one rank, nothing dense to train, or ``init_data_parallel=False``)."""
+        wrapped = self._dmp_wrapped_module
+        return wrapped if isinstance(wrapped, DistributedDataParallel) else None
 
     @property
     def plan(self) -> ShardingPlan:
@@ -326,20 +323,20 @@ class DistributedModelParallel(nn.Module):
         lookup is started first (``prefetch``): its all-to-alls then overlap with the dense
         layers, forward and backward."""
         if self._prefetch_target is not None:
-            kjts = _kjt_arguments((*args, *kwargs.values()))
+            kjts = find_kjts((*args, *kwargs.values()))
             if len(kjts) == 1:
-                self._prefetch_target.prefetch(kjts[0])
+                self._prefetch_target.lookahead.launch(kjts[0])
         return self._dmp_wrapped_module(*args, **kwargs)
 
     def state_dict(
         self, *args: Any, destination: Any = None, prefix: str = "", keep_vars: bool = False
-    ) -> Any:  # type: ignore[override]
+    ) -> Any:
         """Keys of the unsharded model; model-parallel tables as ``ShardedTableState`` (this rank's shards)."""
         return self.module.state_dict(*args, destination=destination, prefix=prefix, keep_vars=keep_vars)
 
     def load_state_dict(
         self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False
-    ) -> Any:  # type: ignore[override]
+    ) -> Any:
         """Load a sharded state dict of the same plan, or full tables into any plan (resharding)."""
         return self.module.load_state_dict(state_dict, strict=strict, assign=assign)
 
@@ -349,10 +346,10 @@ class DistributedModelParallel(nn.Module):
 
     def named_parameters(
         self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
-    ) -> Iterator[tuple[str, nn.Parameter]]:  # type: ignore[override]
+    ) -> Iterator[tuple[str, nn.Parameter]]:
         return self.module.named_parameters(prefix=prefix, recurse=recurse, remove_duplicate=remove_duplicate)
 
     def named_buffers(
         self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
-    ) -> Iterator[tuple[str, torch.Tensor]]:  # type: ignore[override]
+    ) -> Iterator[tuple[str, torch.Tensor]]:
         return self.module.named_buffers(prefix=prefix, recurse=recurse, remove_duplicate=remove_duplicate)

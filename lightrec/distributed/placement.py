@@ -33,7 +33,7 @@ from torch import nn
 __all__ = ["detached", "move_dense_to_device", "outermost"]
 
 
-def outermost(module: nn.Module, kinds: tuple[type, ...]) -> list[tuple[str, nn.Module]]:
+def outermost(module: nn.Module, kinds: tuple[type[nn.Module], ...]) -> list[tuple[str, nn.Module]]:
     """``(path, submodule)`` of every submodule of one of ``kinds`` not inside another such one."""
     found: list[tuple[str, nn.Module]] = []
     for path, child in module.named_modules():
@@ -43,7 +43,7 @@ def outermost(module: nn.Module, kinds: tuple[type, ...]) -> list[tuple[str, nn.
 
 
 @contextlib.contextmanager
-def detached(module: nn.Module, kinds: tuple[type, ...]) -> Iterator[list[tuple[str, nn.Module]]]:
+def detached(module: nn.Module, kinds: tuple[type[nn.Module], ...]) -> Iterator[list[tuple[str, nn.Module]]]:
     """Take every outermost submodule of ``kinds`` out of ``module``'s tree, and put it back after.
 
     Inside the block ``module.children()``/``modules()``/``_apply`` (so ``.to()``, ``.cpu()``,
@@ -72,7 +72,7 @@ def _own_tensors(module: nn.Module) -> list[torch.Tensor]:
     return list(module.parameters(recurse=False)) + list(module.buffers(recurse=False))
 
 
-def _materialize_meta(module: nn.Module, device: torch.device, keep: tuple[type, ...]) -> None:
+def _materialize_meta(module: nn.Module, device: torch.device, keep: tuple[type[nn.Module], ...]) -> None:
     """``to_empty`` + ``reset_parameters`` for every module (outside ``keep``) holding ``meta`` tensors.
 
     The same seed on every rank gives the same values; data-parallel wrappers broadcast rank 0's anyway.
@@ -88,7 +88,9 @@ def _materialize_meta(module: nn.Module, device: torch.device, keep: tuple[type,
             reset()
 
 
-def move_dense_to_device(module: nn.Module, device: torch.device | str, keep: tuple[type, ...]) -> None:
+def move_dense_to_device(
+    module: nn.Module, device: torch.device | str, keep: tuple[type[nn.Module], ...]
+) -> None:
     """Move everything of ``module`` outside the submodules of ``keep`` to ``device``.
 
     Dense modules still on ``meta`` are materialised empty on ``device`` and re-initialised with

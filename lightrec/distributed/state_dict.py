@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from lightrec.distributed.types import ShardMetadata
+from lightrec.distributed.types import ShardMetadata, resolve_group
 
 __all__ = ["ShardedTableState", "gather_full_state_dict", "local_slice"]
 
@@ -115,8 +115,7 @@ def gather_full_state_dict(
                 if dst is None:
                     dist.all_reduce(full, group=pg)
                 else:
-                    group = pg or dist.group.WORLD
-                    dist.reduce(full, dist.get_global_rank(group, dst), group=pg)  # type: ignore[arg-type]
+                    dist.reduce(full, dist.get_global_rank(resolve_group(pg), dst), group=pg)
             value = full
         elif isinstance(value, torch.Tensor):
             value = value.detach().clone()

@@ -34,7 +34,7 @@ __all__ = ["handoff", "on_stream", "record_stream_all"]
 
 
 @contextlib.contextmanager
-def on_stream(stream: Any) -> Iterator[None]:
+def on_stream(stream: torch.cuda.Stream | None) -> Iterator[None]:
     """Issue the block's GPU work on ``stream`` (a ``torch.cuda.Stream``); no-op for None."""
     if stream is None:
         yield
@@ -43,7 +43,9 @@ def on_stream(stream: Any) -> Iterator[None]:
         yield
 
 
-def record_stream_all(obj: Any, stream: Any, depth: int = 6, _seen: set[int] | None = None) -> None:
+def record_stream_all(
+    obj: Any, stream: torch.cuda.Stream, depth: int = 6, _seen: set[int] | None = None
+) -> None:
     """``record_stream(stream)`` on every CUDA tensor reachable from ``obj``.
 
     Follows tensors, objects with a ``record_stream`` method (``KeyedJaggedTensor``,
@@ -82,7 +84,7 @@ def record_stream_all(obj: Any, stream: Any, depth: int = 6, _seen: set[int] | N
         record_stream_all(child, stream, depth - 1, seen)
 
 
-def handoff(result: Any, side: Any, device: torch.device) -> None:
+def handoff(result: Any, side: torch.cuda.Stream | None, device: torch.device) -> None:
     """Make the current stream of ``device`` wait for ``side`` and keep ``result``'s tensors alive
     for it (rules 1 and 2 of the module docstring); no-op when ``side`` is None."""
     if side is None:

@@ -49,8 +49,10 @@ __all__ = [
     "ShardingEnv",
     "ShardingPlan",
     "ShardingType",
+    "as_env",
     "column_wise_shard_sizes",
     "placement_for",
+    "resolve_group",
     "row_wise_shard_sizes",
 ]
 
@@ -95,8 +97,9 @@ def _enum_value(value: Any, enum_cls: type[Enum], arg: str) -> str:
     allowed = _ENUM_VALUES.setdefault(enum_cls, frozenset(m.value for m in enum_cls))
     if isinstance(value, str) and value in allowed:
         return str.__str__(value)  # plain str even for another library's str-Enum member
-    allowed = sorted(allowed)
-    raise ValueError(f"{arg} must be one of {allowed} (or {enum_cls.__name__} members), got {value!r}")
+    raise ValueError(
+        f"{arg} must be one of {sorted(allowed)} (or {enum_cls.__name__} members), got {value!r}"
+    )
 
 
 _PLACEMENT_RE = re.compile(r"^rank:(\d+)/(.+)$")
@@ -171,15 +174,21 @@ class ShardMetadata:
                 f"ShardMetadata.placement must look like 'rank:0/cpu' or 'rank:1/cuda:1', got {self.placement!r}"
             )
 
+    def _placement_parts(self) -> tuple[str, str]:
+        match = _PLACEMENT_RE.match(self.placement)
+        if match is None:  # placement was checked at construction; only a later assignment gets here
+            raise ValueError(f"ShardMetadata.placement must look like 'rank:0/cpu', got {self.placement!r}")
+        return match.group(1), match.group(2)
+
     @property
     def rank(self) -> int:
         """Global rank that owns the shard."""
-        return int(_PLACEMENT_RE.match(self.placement).group(1))  # type: ignore[union-attr]
+        return int(self._placement_parts()[0])
 
     @property
     def device(self) -> str:
         """Device string of the shard on its rank (``"cpu"``, ``"cuda:1"``)."""
-        return _PLACEMENT_RE.match(self.placement).group(2)  # type: ignore[union-attr]
+        return self._placement_parts()[1]
 
 
 @dataclass
@@ -347,14 +356,40 @@ class ShardingEnv:
             raise ValueError(f"rank must be an int in [0, {self.world_size}), got {self.rank!r}")
 
     @classmethod
-    def from_process_group(cls, pg: dist.ProcessGroup) -> ShardingEnv:
-        """Environment of this process inside the initialised process group ``pg``."""
-        return cls(dist.get_world_size(pg), dist.get_rank(pg), pg)
+    def from_process_group(cls, pg: dist.ProcessGroup | None) -> ShardingEnv:
+        """Environment of this process inside the initialised process group ``pg`` (None: the default group)."""
+        group = resolve_group(pg)
+        return cls(dist.get_world_size(group), dist.get_rank(group), group)
 
     @classmethod
     def from_local(cls, world_size: int, rank: int) -> ShardingEnv:
         """Environment without a process group (single process, inference sharding)."""
         return cls(world_size, rank, None)
+
+
+def resolve_group(pg: dist.ProcessGroup | None) -> dist.ProcessGroup:
+    """``pg``, or the default process group when it is None."""
+    group = pg if pg is not None else dist.group.WORLD
+    if group is None:
+        raise RuntimeError(
+            "no process group: call torch.distributed.init_process_group('gloo') (or 'nccl') first, "
+            "or pass the group explicitly"
+        )
+    return group
+
+
+def as_env(env: ShardingEnv | dist.ProcessGroup | None) -> ShardingEnv:
+    """Accept a ``ShardingEnv``, a process group, or None (the default group)."""
+    if isinstance(env, ShardingEnv):
+        return env
+    if env is None or isinstance(env, dist.ProcessGroup):
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "sharding needs torch.distributed: call dist.init_process_group('gloo') (or 'nccl') first, "
+                "even for a single process (world size 1)"
+            )
+        return ShardingEnv.from_process_group(env)
+    raise TypeError(f"env must be a ShardingEnv or a ProcessGroup, got {type(env).__name__}")
 
 
 _COMPUTE_DEVICES = ("cpu", "cuda", "meta")

@@ -29,7 +29,7 @@ import copy
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Union
 
 import torch
 from torch import nn
@@ -38,7 +38,7 @@ from lightrec.kernels.fbgemm_backend import FbgemmBatchedLookup, fbgemm_supports
 from lightrec.kernels.input_checks import ID_CHECK_MODES, LookupInputChecker
 from lightrec.kernels.torch_backend import TorchBatchedLookup
 from lightrec.kernels.triton_backend import TritonBatchedLookup, triton_supports
-from lightrec.modules.embedding_configs import PoolingType
+from lightrec.modules.embedding_configs import BaseEmbeddingConfig, PoolingType
 from lightrec.optim.fused_spec import FusedOptimizerSpec
 from lightrec.optim.keyed import KeyedOptimizer
 
@@ -48,10 +48,25 @@ __all__ = [
     "EmbeddingFusedOptimizer",
     "BatchedTableSpec",
     "TableSpec",
+    "check_kernel_backend",
     "select_backend",
 ]
 
 BACKENDS = ("auto", "fbgemm", "torch", "triton")
+
+
+#: What the batched modules accept as a table: a config (``EmbeddingBagConfig`` / ``EmbeddingConfig``:
+#: rows, dim, name, init), a :class:`BatchedTableSpec` or a ``(rows, dim)`` tuple.
+TableLike = Union["BatchedTableSpec", BaseEmbeddingConfig, tuple[int, int]]
+
+
+def check_kernel_backend(kernel_backend: str) -> None:
+    """Reject an unknown ``kernel_backend`` argument (one of :data:`BACKENDS`)."""
+    if kernel_backend not in BACKENDS:
+        raise ValueError(
+            f"kernel_backend must be one of {BACKENDS} (auto: fbgemm where it supports the tables, else "
+            f"Triton on CUDA, else pure torch), got {kernel_backend!r}"
+        )
 
 
 @dataclass
@@ -119,18 +134,18 @@ class EmbeddingFusedOptimizer(KeyedOptimizer):
     """
 
     def __init__(
-        self, spec: FusedOptimizerSpec, params: Mapping[str, nn.Parameter], states: Sequence[dict]
+        self, spec: FusedOptimizerSpec, params: Mapping[str, nn.Parameter], states: Sequence[dict[str, Any]]
     ) -> None:
         self.spec = spec
         state = {p: dict(s) for p, s in zip(params.values(), states, strict=True)}
         super().__init__(params, state, [{"params": list(params.values()), "lr": spec.learning_rate}])
 
-    def _refresh(self, states: Sequence[dict]) -> None:
+    def _refresh(self, states: Sequence[dict[str, Any]]) -> None:
         for p, s in zip(self.params.values(), states, strict=True):
             self.state[p] = dict(s)
 
 
-def _table_specs(tables: Sequence[Any]) -> list[BatchedTableSpec]:
+def _table_specs(tables: Sequence[TableLike]) -> list[BatchedTableSpec]:
     out = []
     for i, t in enumerate(tables):
         if isinstance(t, BatchedTableSpec):
@@ -172,7 +187,7 @@ class _BatchedLookupBase(nn.Module):
 
     def __init__(
         self,
-        tables: Sequence[Any],
+        tables: Sequence[TableLike],
         feature_table_map: Sequence[int] | None,
         pooling: PoolingType,
         optimizer: FusedOptimizerSpec | Mapping[str, Any] | None,
@@ -208,8 +223,10 @@ class _BatchedLookupBase(nn.Module):
         self.backend_name = select_backend(backend, self.optimizer_spec, device, self.dims, pooling, ftm)
         if self.backend_name == "fbgemm":
             assert self.optimizer_spec is not None  # select_backend guarantees it
-            self._backend: Any = FbgemmBatchedLookup(
-                self.rows, self.dims, ftm, pooling, self.optimizer_spec, device, self.table_names
+            self._backend: FbgemmBatchedLookup | TritonBatchedLookup | TorchBatchedLookup = (
+                FbgemmBatchedLookup(
+                    self.rows, self.dims, ftm, pooling, self.optimizer_spec, device, self.table_names
+                )
             )
         elif self.backend_name == "triton":
             self._backend = TritonBatchedLookup(
@@ -249,7 +266,7 @@ class _BatchedLookupBase(nn.Module):
                 self.optimizer_spec, params, self._backend.table_states()
             )
             for p in self.weights.values():
-                p._in_backward_optimizers = [self._fused_optimizer]  # type: ignore[attr-defined]
+                p._in_backward_optimizers = [self._fused_optimizer]
 
     @property
     def fused_optimizer(self) -> EmbeddingFusedOptimizer:
@@ -261,14 +278,14 @@ class _BatchedLookupBase(nn.Module):
     def num_features(self) -> int:
         return len(self.feature_table_map)
 
-    def split_embedding_weights(self) -> list[torch.Tensor]:
+    def split_embedding_weights(self) -> list[nn.Parameter]:
         """Per table ``[rows, D]`` weights (the parameters themselves; they alias the storage)."""
         return list(self.weights.values())
 
     def named_split_embedding_weights(self) -> list[tuple[str, torch.Tensor]]:
         return list(self.weights.items())
 
-    def _apply(self, fn, recurse: bool = True):  # noqa: ANN001, ANN202
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> _BatchedLookupBase:
         # The per-table parameters alias one storage; converting them one by one would split it.
         self._backend.apply(fn)
         for p in self.weights.values():
@@ -286,9 +303,9 @@ class _BatchedLookupBase(nn.Module):
         if self._fused_optimizer is not None:
             self._fused_optimizer._refresh(self._backend.table_states())
             for p in self.weights.values():
-                p._in_backward_optimizers = [self._fused_optimizer]  # type: ignore[attr-defined]
+                p._in_backward_optimizers = [self._fused_optimizer]
 
-    def __deepcopy__(self, memo: dict) -> _BatchedLookupBase:
+    def __deepcopy__(self, memo: dict[int, Any]) -> _BatchedLookupBase:
         # Default deep copies clone each parameter on its own (Parameter.__deepcopy__), which
         # would detach the table weights from the copied kernel storage; re-link them.
         new = self.__class__.__new__(self.__class__)
@@ -324,9 +341,16 @@ class _BatchedLookupBase(nn.Module):
             singletons = checker.check_values(indices, offsets, batch, want_singletons=want)
         if self.backend_name != "triton":  # the Triton kernels read int32 and int64 ids as they are
             indices, offsets = indices.long(), offsets.long()
-        fused = self._fused_optimizer is not None
+        optimizer = self._fused_optimizer
+        fused = optimizer is not None
         inputs = [self._placeholder] if fused else list(self.weights.values())
-        lr = (lambda: self._fused_optimizer.param_groups[0]["lr"]) if fused else (lambda: 0.0)  # type: ignore[union-attr]
+
+        def lr() -> float:  # read when the kernel runs, so LR schedulers take effect at once
+            if optimizer is None:
+                return 0.0
+            current: float = optimizer.param_groups[0]["lr"]
+            return current
+
         if batch == 0:  # nothing to look up; keep the output shape contract
             width = (
                 sum(self.dims[t] for t in self.feature_table_map)
@@ -337,12 +361,13 @@ class _BatchedLookupBase(nn.Module):
             # Still one autograd node over the same inputs as a real lookup: backward reaches the
             # parameters in the same order on every rank (data-parallel replicas all-reduce their
             # gradient there, so a rank with no samples must join, in step with the others).
-            return _EmptyLookup.apply(rows, width, self._placeholder.device, *inputs)
-        if self.backend_name == "torch":
+            empty: torch.Tensor = _EmptyLookup.apply(rows, width, self._placeholder.device, *inputs)
+            return empty
+        if isinstance(self._backend, TorchBatchedLookup):
             out = self._backend.lookup(indices, offsets, psw, batch, inputs, lr, singletons)
         else:
             out = self._backend.lookup(indices, offsets, psw, batch, inputs, lr)
-        if checker.mode == "async":
+        if checker.mode == "async" and isinstance(self._backend, TritonBatchedLookup):  # async: Triton only
             checker.arm(self._backend.error_flag, indices, offsets, batch)
         return out
 
@@ -399,7 +424,7 @@ class BatchedEmbeddingBag(_BatchedLookupBase):
 
     def __init__(
         self,
-        tables: Sequence[Any],
+        tables: Sequence[TableLike],
         feature_table_map: Sequence[int] | None = None,
         pooling: PoolingType = PoolingType.SUM,
         optimizer: FusedOptimizerSpec | Mapping[str, Any] | None = None,
@@ -432,7 +457,7 @@ class BatchedEmbedding(_BatchedLookupBase):
 
     def __init__(
         self,
-        tables: Sequence[Any],
+        tables: Sequence[TableLike],
         feature_table_map: Sequence[int] | None = None,
         optimizer: FusedOptimizerSpec | Mapping[str, Any] | None = None,
         backend: str = "auto",

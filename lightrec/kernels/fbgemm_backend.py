@@ -194,7 +194,8 @@ class FbgemmBatchedLookup:
             # fbgemm's fused training ops have no inference-mode kernel (Lightning validates and
             # tests under torch.inference_mode); read the same storage with plain torch instead.
             return self._lookup_without_autograd(indices, offsets, per_sample_weights, batch)
-        return self.tbe(indices, offsets, per_sample_weights)
+        out: torch.Tensor = self.tbe(indices, offsets, per_sample_weights)
+        return out
 
     def _lookup_without_autograd(
         self, indices: torch.Tensor, offsets: torch.Tensor, per_sample_weights: torch.Tensor | None, batch: int

@@ -24,26 +24,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightrec._fbgemm import has_fbgemm_op
 from lightrec.kernels.batched_embedding import BatchedEmbedding, BatchedEmbeddingBag
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, EmbeddingBagConfig, EmbeddingConfig
+from lightrec.modules.embedding_modules import EmbeddingBagCollection
 from lightrec.modules.feature_checks import check_feature_keys
 from lightrec.optim.fused_spec import FusedOptimizerSpec, optimizer_class_to_spec
 from lightrec.optim.in_backward import fused_spec_from_parameter
 from lightrec.optim.keyed import CombinedOptimizer
 from lightrec.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
+from lightrec.sparse._ops import complete_cumsum
 
 __all__ = ["FusedEmbeddingBagCollection", "FusedEmbeddingCollection"]
-
-
-def complete_cumsum(lengths: torch.Tensor) -> torch.Tensor:
-    """Bag offsets ``[0, l0, l0+l1, ...]`` (``len(lengths) + 1`` entries, int64) of 1-D ``lengths``."""
-    lengths = lengths.long()
-    if has_fbgemm_op("asynchronous_complete_cumsum"):
-        return torch.ops.fbgemm.asynchronous_complete_cumsum(lengths)
-    offsets = lengths.new_zeros(lengths.numel() + 1)
-    torch.cumsum(lengths, 0, out=offsets[1:])
-    return offsets
 
 
 class _TableWeight(nn.Module):
@@ -75,6 +66,7 @@ class _FusedCollectionBase(nn.Module):
     """Table bookkeeping, lookups, the state-dict de-duplication and the combined fused optimizer."""
 
     _attr: str  # "embedding_bags" or "embeddings"
+    _lookups: nn.ModuleList  # of BatchedEmbeddingBag / BatchedEmbedding (see _lookup_modules)
 
     def __init__(self, tables: Sequence[BaseEmbeddingConfig], spec: FusedOptimizerSpec) -> None:
         super().__init__()
@@ -109,34 +101,41 @@ class _FusedCollectionBase(nn.Module):
         if len(self._pending) == len(self._tables):  # all lookups built: expose weights in table order
             holder = getattr(self, self._attr)
             for t in self._tables:
-                holder[t.name] = _TableWeight(self._pending[t.name])  # type: ignore[arg-type]
+                holder[t.name] = _TableWeight(self._pending[t.name])
             self._pending.clear()
 
     def _param_names(self, tables: Sequence[BaseEmbeddingConfig]) -> list[str]:
         return [f"{self._attr}.{t.name}.weight" for t in tables]
 
+    def _lookup_modules(self) -> list[BatchedEmbeddingBag | BatchedEmbedding]:
+        return [lk for lk in self._lookups if isinstance(lk, (BatchedEmbeddingBag, BatchedEmbedding))]
+
     @property
     def fused_optimizer(self) -> CombinedOptimizer:
         """All lookups' fused optimizers as one ``CombinedOptimizer`` (state keyed by parameter name)."""
-        return CombinedOptimizer([("", lk.fused_optimizer) for lk in self._lookups])
+        return CombinedOptimizer([("", lk.fused_optimizer) for lk in self._lookup_modules()])
 
     def feature_names(self) -> list[str]:
         return list(self._feature_names)
 
     @property
     def device(self) -> torch.device:
-        return next(iter(getattr(self, self._attr).values())).weight.device
+        return self._lookup_modules()[0].split_embedding_weights()[0].device
 
 
-def _drop_lookup_entries(module: nn.Module, state_dict: dict, prefix: str, local_metadata: Any) -> None:
+def _drop_lookup_entries(
+    module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any
+) -> None:
     for key in [k for k in state_dict if k.startswith(prefix + "_lookups.")]:
         del state_dict[key]
 
 
-def _fill_lookup_entries(module: _FusedCollectionBase, state_dict: dict, prefix: str, *args: Any) -> None:
+def _fill_lookup_entries(
+    module: _FusedCollectionBase, state_dict: dict[str, Any], prefix: str, *args: Any
+) -> None:
     # The lookups' parameters are the table weights themselves; feed them the same entries so a
     # state_dict without "_lookups.*" keys loads strictly.
-    for i, lookup in enumerate(module._lookups):
+    for i, lookup in enumerate(module._lookup_modules()):
         for name in lookup.table_names:
             src = f"{prefix}{module._attr}.{name}.weight"
             if src in state_dict:
@@ -160,6 +159,7 @@ class FusedEmbeddingBagCollection(_FusedCollectionBase):
     """
 
     _attr = "embedding_bags"
+    _out_perm: torch.Tensor | None  # buffer: column permutation from lookup order to table order
 
     def __init__(
         self,
@@ -213,7 +213,7 @@ class FusedEmbeddingBagCollection(_FusedCollectionBase):
         self.register_buffer("_out_perm", out_perm, persistent=False)
 
     def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
-        return list(self._tables)  # type: ignore[arg-type]
+        return [t for t in self._tables if isinstance(t, EmbeddingBagConfig)]  # all are (checked in __init__)
 
     def is_weighted(self) -> bool:
         return self._is_weighted
@@ -234,9 +234,13 @@ class FusedEmbeddingBagCollection(_FusedCollectionBase):
         outs, first = [], 0
         for lookup, group in zip(self._lookups, self._group_features, strict=True):
             last = first + len(group)
-            lo, hi = (0, values.numel()) if offset_per_key is None else (offset_per_key[first], offset_per_key[last])
+            lo, hi = (
+                (0, values.numel())
+                if offset_per_key is None
+                else (offset_per_key[first], offset_per_key[last])
+            )
             group_lengths = lengths[first * batch : last * batch]
-            offsets = complete_cumsum(group_lengths)
+            offsets = complete_cumsum(group_lengths.long())
             outs.append(lookup(values[lo:hi], offsets, weights[lo:hi] if weights is not None else None))
             first = last
         pooled = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
@@ -252,7 +256,7 @@ class FusedEmbeddingBagCollection(_FusedCollectionBase):
     @classmethod
     def from_module(
         cls,
-        module: nn.Module,
+        module: EmbeddingBagCollection,
         fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None,
         backend: str = "auto",
     ) -> FusedEmbeddingBagCollection:
@@ -319,14 +323,14 @@ class FusedEmbeddingCollection(_FusedCollectionBase):
         self._add_lookup(lookup, tables)
 
     def embedding_configs(self) -> list[EmbeddingConfig]:
-        return list(self._tables)  # type: ignore[arg-type]
+        return [t for t in self._tables if isinstance(t, EmbeddingConfig)]  # all are (checked in __init__)
 
     def forward(self, features: KeyedJaggedTensor) -> dict[str, JaggedTensor]:
         """Look up every id; ``{feature: JaggedTensor(values [N_f, D], lengths [B])}``."""
         check_feature_keys(features.keys(), self._feature_names, "FusedEmbeddingCollection")
         kjt = features.permute_to_keys(self._feature_names)
         lengths = kjt.lengths()
-        offsets = complete_cumsum(lengths)
+        offsets = complete_cumsum(lengths.long())
         rows = self._lookups[0](kjt.values(), offsets)
         batch, opk = kjt.stride(), kjt.offset_per_key()
         return {

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -73,7 +74,7 @@ class LookupInputChecker:
         self._pending: deque[_Pending] = deque()
         self._calls = 0
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         # Copies (deepcopy, pickling) start with no pending async checks (CUDA events do not copy).
         state = dict(self.__dict__)
         state["_pending"], state["_rows_per_feature"] = deque(), {}
@@ -189,8 +190,9 @@ class LookupInputChecker:
         if error_flag.device.type == "cuda":
             flag = torch.empty(1, dtype=error_flag.dtype, pin_memory=True)
             flag.copy_(error_flag, non_blocking=True)
-            event: torch.cuda.Event | None = torch.cuda.Event()
-            event.record()  # type: ignore[union-attr]
+            recorded = torch.cuda.Event()
+            recorded.record()
+            event: torch.cuda.Event | None = recorded
         else:
             flag, event = error_flag.clone(), None
         error_flag.zero_()  # ordered after the copy on the same stream

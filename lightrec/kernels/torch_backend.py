@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -140,7 +141,8 @@ class TorchBatchedLookup:
                 )
             return ids, offsets, psw
         # Mixed dims: gather this group's feature segments (one slice per feature).
-        id_parts, off_parts, w_parts, base = [], [], [], 0
+        id_parts, off_parts, w_parts = [], [], []
+        base: torch.Tensor | int = 0
         for f in g.features:
             lo, hi = offsets[f * batch], offsets[(f + 1) * batch]
             id_parts.append(indices[lo:hi] + self.row_offset[self.ftm[f]])
@@ -166,16 +168,25 @@ class TorchBatchedLookup:
         ``singletons``: whether every bag holds one id, when the caller already knows (its input
         check reads it with the id check, saving a host sync); None computes it here.
         """
-        return _LookupFunction.apply(
+        out: torch.Tensor = _LookupFunction.apply(
             self, indices, offsets, per_sample_weights, batch, lr, singletons, *weight_inputs
         )
+        return out
 
 
 class _LookupFunction(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx, backend: TorchBatchedLookup, indices, offsets, psw, batch, lr, singletons, *weight_inputs
-    ):  # noqa: ANN001, ANN205
+        ctx: Any,
+        backend: TorchBatchedLookup,
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+        psw: torch.Tensor | None,
+        batch: int,
+        lr: Callable[[], float],
+        singletons: bool | None,
+        *weight_inputs: torch.Tensor,
+    ) -> torch.Tensor:
         pooled = backend.pooling != PoolingType.NONE
         ctx.backend, ctx.batch, ctx.lr = backend, batch, lr
         ctx.num_weight_inputs = len(weight_inputs)
@@ -225,7 +236,7 @@ class _LookupFunction(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out):  # noqa: ANN001, ANN205
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         backend: TorchBatchedLookup = ctx.backend
         # A loss like out.sum() hands back an expanded (stride-0) gradient; arithmetic on it takes
         # a slow broadcasting path on CPU (measured 20 ms vs 1 ms for [53k, 64]), a copy is cheap.

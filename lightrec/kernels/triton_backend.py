@@ -20,6 +20,7 @@ step counter lives on the device.
 from __future__ import annotations
 
 import math
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -211,9 +212,10 @@ class TritonBatchedLookup:
         training = torch.is_grad_enabled() and any(t.requires_grad for t in weight_inputs)
         if not training:  # no backward will come: skip writing the per-id keys it would need
             return self.forward(indices, offsets, per_sample_weights, batch, False)[0]
-        return _TritonLookupFunction.apply(
+        out: torch.Tensor = _TritonLookupFunction.apply(
             self, indices, offsets, per_sample_weights, batch, lr, *weight_inputs
         )
+        return out
 
     def forward(
         self,
@@ -309,7 +311,16 @@ class TritonBatchedLookup:
 
 class _TritonLookupFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, backend: TritonBatchedLookup, indices, offsets, psw, batch, lr, *weight_inputs):  # noqa: ANN001, ANN205
+    def forward(
+        ctx: Any,
+        backend: TritonBatchedLookup,
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+        psw: torch.Tensor | None,
+        batch: int,
+        lr: Callable[[], float],
+        *weight_inputs: torch.Tensor,
+    ) -> torch.Tensor:
         out, keys, bags = backend.forward(indices, offsets, psw, batch, True)
         ctx.backend, ctx.batch, ctx.lr = backend, batch, lr
         ctx.num_weight_inputs = len(weight_inputs)
@@ -318,7 +329,7 @@ class _TritonLookupFunction(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out):  # noqa: ANN001, ANN205
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         backend: TritonBatchedLookup = ctx.backend
         keys, bags, offsets, psw = ctx.saved
         fused = backend.spec is not None
@@ -331,7 +342,7 @@ class _TritonLookupFunction(torch.autograd.Function):
         return (None, None, None, None, None, None, *grads)
 
 
-def _kernels() -> Any:
+def _kernels() -> types.ModuleType:
     """``lightrec.kernels.triton_kernels``, imported on first use (not kept on objects: a module
     object cannot be deep-copied or pickled, and modules holding a backend are)."""
     from lightrec.kernels import triton_kernels
@@ -349,7 +360,8 @@ def _acc_dtype(dtype: torch.dtype) -> Any:
 def _interpreted_function_type() -> type:
     from triton.runtime.interpreter import InterpretedFunction
 
-    return InterpretedFunction
+    function_type: type = InterpretedFunction
+    return function_type
 
 
 class _on_device:

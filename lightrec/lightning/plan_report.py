@@ -29,21 +29,21 @@ from __future__ import annotations
 
 import os
 import re
-import warnings
 from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from torch import nn
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.util import tensor_util
 from typing_extensions import override
 
-from lightrec.distributed.planner import EmbeddingShardingPlanner, Topology
-from lightrec.distributed.planner import PlanReport as PlannerReport
+from lightrec.distributed.planner import PlannerReport, Topology
+from lightrec.distributed.planning import plan_report_for, topology_for
 from lightrec.distributed.types import ShardingPlan
-from lightrec.modules import EmbeddingBagCollection, EmbeddingCollection
 
+# plan_report_for lives in lightrec.distributed.planning; re-exported here, its former home.
 __all__ = ["PlanReport", "load_plan_from_events", "plan_report_for"]
 
 _JSON_BLOCK = re.compile(r"```(?:json)?\s*\n(.*?)\n```", re.DOTALL)
@@ -51,81 +51,6 @@ _JSON_BLOCK = re.compile(r"```(?:json)?\s*\n(.*?)\n```", re.DOTALL)
 
 def _mib(x: float) -> str:
     return f"{x / 1024**2:.4g} MiB"
-
-
-def _shadow_collection(sharded: nn.Module) -> nn.Module | None:
-    """An unsharded ``meta`` collection with the sharded module's tables (None: not a known kind)."""
-    bag_configs = getattr(sharded, "embedding_bag_configs", None)
-    if callable(bag_configs):
-        weighted = getattr(sharded, "is_weighted", lambda: False)()
-        return EmbeddingBagCollection(list(bag_configs()), is_weighted=bool(weighted), device="meta")
-    configs = getattr(sharded, "embedding_configs", None)
-    if callable(configs):
-        return EmbeddingCollection(list(configs()), device="meta")
-    return None
-
-
-def _shadow_model(model: nn.Module, plan: ShardingPlan) -> tuple[nn.Module, list[str]]:
-    """A module tree holding, at each path of ``plan``, a meta collection with the same tables.
-
-    The planner's ``evaluate`` reads table configs from unsharded collections, and after
-    ``RecStrategy.setup`` only sharded ones are left; ``meta`` tables cost no memory.
-
-    Returns:
-        ``(shadow root, paths of the plan that could not be rebuilt)``.
-    """
-    root: nn.Module = nn.Module()
-    skipped: list[str] = []
-    for path in plan.plan:
-        try:
-            sharded = model.get_submodule(path)
-        except AttributeError:
-            skipped.append(path)
-            continue
-        shadow = _shadow_collection(sharded)
-        if shadow is None:
-            skipped.append(path)
-        elif path == "":
-            return shadow, [p for p in plan.plan if p != ""]
-        else:
-            parent = root
-            *parents, name = path.split(".")
-            for part in parents:
-                if not hasattr(parent, part):
-                    parent.add_module(part, nn.Module())
-                parent = getattr(parent, part)
-            parent.add_module(name, shadow)
-    return root, skipped
-
-
-def plan_report_for(
-    model: nn.Module,
-    plan: ShardingPlan,
-    topology: Topology,
-    fused_params: dict[str, Any] | None = None,
-) -> PlannerReport:
-    """The planner's :class:`~lightrec.distributed.planner.PlanReport` of ``plan`` on a sharded ``model``.
-
-    Args:
-        model: the module the plan's paths are relative to (sharded or not).
-        plan: the plan in use.
-        topology: the cluster (world size, device, memory caps) the report is drawn against.
-        fused_params: the sharders' fused optimizer (its state counts towards table memory).
-
-    Raises:
-        ValueError: ``topology.world_size`` is smaller than a rank the plan uses.
-    """
-    from lightrec.distributed import EmbeddingBagCollectionSharder, EmbeddingCollectionSharder
-
-    shadow, skipped = _shadow_model(model, plan)
-    if skipped:
-        warnings.warn(
-            f"plan_report_for: modules {skipped} are not (sharded) EmbeddingBagCollection/EmbeddingCollection; "
-            "their tables are left out of the report",
-            stacklevel=2,
-        )
-    sharders = [EmbeddingBagCollectionSharder(fused_params), EmbeddingCollectionSharder(fused_params)]
-    return EmbeddingShardingPlanner(topology=topology).evaluate(shadow, sharders, plan)
 
 
 def _tables_markdown(report: PlannerReport) -> str:
@@ -155,9 +80,6 @@ def load_plan_from_events(path: str | os.PathLike[str], tag: str = "plan/json") 
     Raises:
         KeyError: the events hold no ``tag`` text (the run had no ``PlanReport`` callback).
     """
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    from tensorboard.util import tensor_util
-
     events = EventAccumulator(os.fspath(path), size_guidance={"tensors": 0}).Reload()
     key = f"{tag}/text_summary"  # SummaryWriter.add_text's tag suffix
     if key not in events.Tags().get("tensors", []):
@@ -199,15 +121,11 @@ class PlanReport(pl.Callback):
         given = getattr(strategy, "plan_report", None)
         if isinstance(given, PlannerReport):
             return given
-        topology = getattr(strategy, "_topology", None)
+        topology = getattr(strategy, "topology", None)
         if not isinstance(topology, Topology):
             local = getattr(strategy, "num_processes", trainer.world_size) or trainer.world_size
-            topology = Topology(
-                world_size=trainer.world_size,
-                local_world_size=local if trainer.world_size % local == 0 else trainer.world_size,
-                compute_device="cuda" if strategy.root_device.type == "cuda" else "cpu",
-            )
-        fused = getattr(strategy, "_fused_params", None) or None
+            topology = topology_for(trainer.world_size, strategy.root_device.type, local)
+        fused = getattr(strategy, "fused_params", None) or None
         return plan_report_for(pl_module, plan, topology, fused)
 
     def _text(self, report: PlannerReport) -> str:

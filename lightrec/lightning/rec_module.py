@@ -207,7 +207,7 @@ class RecModule(pl.LightningModule):
     def on_train_batch_end(self, outputs: Any, batch: Batch, batch_idx: int) -> None:
         if self._step_started_at is None:
             return
-        every = self.trainer.log_every_n_steps if self._trainer is not None else 1
+        every = int(getattr(self.trainer, "log_every_n_steps", 1)) if self._trainer is not None else 1
         if (self.trainer.global_step if self._trainer is not None else 0) % max(every, 1):
             return  # self.log costs ~0.6 ms; only log on the steps the logger writes anyway
         seconds = max(time.perf_counter() - self._step_started_at, 1e-9)
@@ -340,6 +340,6 @@ def class_reference(cls: type) -> str:
         main = sys.modules["__main__"]
         spec = getattr(main, "__spec__", None)
         if spec is None or not spec.name:
-            return f"{os.path.abspath(main.__file__)}:{cls.__qualname__}"
+            return f"{os.path.abspath(str(main.__file__))}:{cls.__qualname__}"
         module = spec.name
     return f"{module}.{cls.__qualname__}"

@@ -9,7 +9,18 @@ collection by its sharded version (materialising only local shards of meta-devic
 wraps the remaining dense parameters in DDP.
 
 Nothing here creates process groups inside the user's module or skips moving the model: dense
-parameters are moved to the root device, embedding shards are placed by the plan.
+parameters are moved to the root device, embedding shards are placed by the plan. Sharders, plan
+and plan report come from ``lightrec.distributed.planning``, as for ``DistributedModelParallel``
+and ``lightrec plan``.
+
+``DDPStrategy`` options that concern the dense part's DDP wrapper are forwarded to it:
+``Trainer(sync_batchnorm=True)`` (or any ``LayerSync`` plugin) converts the dense layers when
+fitting, as ``DDPStrategy`` does (torch's ``SyncBatchNorm`` needs CUDA: on CPU the strategy says
+so at setup instead of failing in the first forward); ``ddp_comm_hook`` / ``ddp_comm_state`` /
+``ddp_comm_wrapper`` are registered on the dense part's ``DistributedDataParallel`` on every
+device type (``DDPStrategy`` registers them on CUDA only). Post-local SGD (``model_averaging_period``
+or a ``PostLocalSGDState``) is rejected: its model averager would have to average the
+data-parallel embedding tables too, which it cannot see.
 
 Device placement across stages (one ``Trainer``: fit, then validate / test / predict):
 
@@ -29,19 +40,35 @@ Device placement across stages (one ``Trainer``: fit, then validate / test / pre
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
+from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
+from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState
 from typing_extensions import override
 
 from lightrec._compat import default_pg_timeout, optimizers_to_device
+from lightrec.distributed.checkpoint import (
+    CheckpointError,
+    is_sharded_checkpoint,
+    load_sharded_checkpoint,
+    open_checkpoint,
+    save_sharded_checkpoint,
+)
+from lightrec.distributed.model_parallel import DistributedModelParallel
 from lightrec.distributed.placement import detached, move_dense_to_device
+from lightrec.distributed.planner import ParameterConstraints, PlannerReport, Topology
+from lightrec.distributed.planning import get_default_sharders, plan_sharding, topology_for
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
+from lightrec.distributed.types import ModuleSharder, ShardingEnv, ShardingPlan
+from lightrec.kernels.batched_embedding import check_kernel_backend
 from lightrec.modules import EmbeddingBagCollection, EmbeddingCollection
 
 __all__ = ["RecStrategy"]
@@ -64,9 +91,13 @@ class RecStrategy(DDPStrategy):
             ``{table: ParameterConstraints}``) used when ``plan`` is ``None``.
         fused_params: the fused embedding optimizer, torchrec style, e.g.
             ``{"optimizer": "exact_row_wise_adagrad", "learning_rate": 0.02, "eps": 1e-8}``.
-        sharders: custom sharders (default: EBC and EC sharders built from ``fused_params``).
+        sharders: custom sharders (default: ``get_default_sharders(fused_params, kernel_backend)``).
         kernel_backend: lookup kernels of the default sharders: ``"auto"`` (fbgemm TBE where it
             supports the tables, else Triton on CUDA, else pure torch), ``"fbgemm"``, ``"triton"`` or ``"torch"``.
+        ddp_comm_state / ddp_comm_hook / ddp_comm_wrapper: a DDP communication hook for the dense
+            part's gradients (``DistributedDataParallel.register_comm_hook(state, hook)``; the
+            wrapper, if any, wraps the hook first), as for ``DDPStrategy``.
+        model_averaging_period: not supported (post-local SGD); must be None.
         process_group_backend / timeout / start_method: as for ``DDPStrategy``.
         **ddp_kwargs: forwarded to the DDP wrapper of the dense parameters.
     """
@@ -77,55 +108,81 @@ class RecStrategy(DDPStrategy):
         self,
         accelerator: pl.accelerators.Accelerator | None = None,
         parallel_devices: list[torch.device] | None = None,
-        cluster_environment: Any = None,
-        checkpoint_io: Any = None,
-        precision_plugin: Any = None,
-        plan: Any = None,
-        topology: Any = None,
-        constraints: dict[str, Any] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        precision_plugin: Precision | None = None,
+        plan: str | os.PathLike[str] | ShardingPlan | None = None,
+        topology: Topology | None = None,
+        constraints: dict[str, ParameterConstraints] | None = None,
         fused_params: dict[str, Any] | None = None,
-        sharders: list[Any] | None = None,
+        sharders: list[ModuleSharder] | None = None,
         kernel_backend: str = "auto",
+        ddp_comm_state: object | None = None,
+        ddp_comm_hook: Callable[..., Any] | None = None,
+        ddp_comm_wrapper: Callable[..., Any] | None = None,
+        model_averaging_period: int | None = None,
         process_group_backend: str | None = None,
         timeout: timedelta | None = default_pg_timeout,
         start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
         **ddp_kwargs: Any,
     ) -> None:
+        if model_averaging_period is not None or isinstance(ddp_comm_state, PostLocalSGDState):
+            raise ValueError(
+                "RecStrategy does not support post-local SGD (got model_averaging_period="
+                f"{model_averaging_period!r}, ddp_comm_state={type(ddp_comm_state).__name__}): its periodic model "
+                "averaging would leave the data-parallel embedding tables out. Drop model_averaging_period and use "
+                "a plain DDP communication hook (e.g. torch's fp16_compress_hook) instead"
+            )
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
             cluster_environment=cluster_environment,
             checkpoint_io=checkpoint_io,
             precision_plugin=precision_plugin,
+            ddp_comm_state=ddp_comm_state,
+            ddp_comm_hook=ddp_comm_hook,
+            ddp_comm_wrapper=ddp_comm_wrapper,
             process_group_backend=process_group_backend,
             timeout=timeout,
             start_method=start_method,
             **ddp_kwargs,
         )
-        if isinstance(plan, (str, os.PathLike)):
-            from lightrec.distributed.types import ShardingPlan
-
-            plan = ShardingPlan.load(plan)
-        self._plan = plan
+        self._plan = ShardingPlan.load(plan) if isinstance(plan, (str, os.PathLike)) else plan
         self._topology = topology
         self._constraints = constraints
         self._fused_params = dict(fused_params or {})
         self._sharders = sharders
-        from lightrec.distributed.sharding.collection import check_kernel_backend
-
         check_kernel_backend(kernel_backend)
         self._kernel_backend = kernel_backend
-        self.dmp: nn.Module | None = None
-        self._used_plan: Any = None
-        self.plan_report: Any = None  # the planner's PlanReport when this strategy planned
+        self.dmp: DistributedModelParallel | None = None
+        self._used_plan: ShardingPlan | None = None
+        self.plan_report: PlannerReport | None = None  # the planner's report when this strategy planned
 
     # ------------------------------------------------------------------ model set-up
     @property
-    def plan(self) -> Any:
+    def plan(self) -> ShardingPlan | None:
         """The ``ShardingPlan`` in use (after ``setup``; kept after ``teardown``), or the one given."""
         if self.dmp is not None:
             return self.dmp.plan
         return self._used_plan if self._used_plan is not None else self._plan
+
+    @property
+    def topology(self) -> Topology | None:
+        """The ``Topology`` given to plan for (None: the world this strategy runs, see ``setup``)."""
+        return self._topology
+
+    @property
+    def fused_params(self) -> dict[str, Any]:
+        """The fused embedding optimizer of the default sharders (empty: their default)."""
+        return dict(self._fused_params)
+
+    def _connected_module(self) -> pl.LightningModule:
+        module = self.lightning_module
+        if module is None:
+            raise RuntimeError(
+                "RecStrategy has no LightningModule: the Trainer connects it in fit/validate/test/predict"
+            )
+        return module
 
     @override
     def model_to_device(self) -> None:
@@ -134,40 +191,24 @@ class RecStrategy(DDPStrategy):
         assert self.model is not None
         move_dense_to_device(self.model, self.root_device, _PLACED_BY_PLAN)
 
-    def _build_sharders(self) -> list[Any]:
+    def _build_sharders(self) -> list[ModuleSharder]:
         if self._sharders is not None:
             return self._sharders
-        from lightrec.distributed import EmbeddingBagCollectionSharder, EmbeddingCollectionSharder
+        return get_default_sharders(self._fused_params or None, self._kernel_backend)
 
-        params = self._fused_params or None
-        backend = self._kernel_backend
-        return [
-            EmbeddingBagCollectionSharder(fused_params=params, kernel_backend=backend),
-            EmbeddingCollectionSharder(fused_params=params, kernel_backend=backend),
-        ]
-
-    def _plan_for(self, module: nn.Module, sharders: list[Any]) -> Any:
+    def _plan_for(self, module: nn.Module, sharders: list[ModuleSharder]) -> ShardingPlan | None:
         if self._plan is not None:
             return self._plan
         sharded = any(isinstance(m, ShardedCollectionBase) for m in module.modules())
         if sharded and not _has_unsharded_collections(module):
             # Sharded by an earlier stage: DistributedModelParallel takes over the plan it was sharded by.
             return None
-        from lightrec.distributed.planner import EmbeddingShardingPlanner, Topology
+        topology = self._topology or topology_for(self.world_size, self.root_device.type, self.num_processes)
+        planned = plan_sharding(module, sharders, topology, self._constraints, collective=True)
+        self.plan_report = planned.report
+        return planned.plan
 
-        topology = self._topology or Topology(
-            world_size=self.world_size,
-            local_world_size=self.num_processes,
-            compute_device=self.root_device.type,
-        )
-        planner = EmbeddingShardingPlanner(topology=topology, constraints=self._constraints)
-        plan = planner.collective_plan(module, sharders, torch.distributed.group.WORLD)
-        self.plan_report = planner.last_report
-        return plan
-
-    def _shard(self, module: pl.LightningModule, data_parallel: bool) -> nn.Module:
-        from lightrec.distributed import DistributedModelParallel, ShardingEnv
-
+    def _shard(self, module: pl.LightningModule, data_parallel: bool) -> DistributedModelParallel:
         sharders = self._build_sharders()
         plan = self._plan_for(module, sharders)
         self.dmp = DistributedModelParallel(
@@ -175,22 +216,53 @@ class RecStrategy(DDPStrategy):
             device=self.root_device,
             plan=plan,
             sharders=sharders,
-            env=ShardingEnv.from_process_group(torch.distributed.group.WORLD),
+            env=ShardingEnv.from_process_group(None),
             init_data_parallel=data_parallel,
-            **({"ddp_kwargs": self._ddp_kwargs} if self._ddp_kwargs else {}),
+            ddp_kwargs=self._ddp_kwargs or None,
         )
+        if data_parallel:
+            self._register_comm_hook(self.dmp)
         return self.dmp
+
+    def _register_comm_hook(self, dmp: DistributedModelParallel) -> None:
+        """Register ``ddp_comm_hook`` (wrapped by ``ddp_comm_wrapper``) on the dense part's DDP."""
+        hook = self._ddp_comm_hook
+        if hook is None:
+            return
+        ddp = dmp.data_parallel
+        if ddp is None:  # one rank, or nothing dense to train: no gradient all-reduce to hook
+            return
+        if self._ddp_comm_wrapper is not None:
+            hook = self._ddp_comm_wrapper(hook)
+        ddp.register_comm_hook(state=self._ddp_comm_state, hook=hook)
+
+    def _sync_layers(self) -> None:
+        """Apply the trainer's ``LayerSync`` plugin (``sync_batchnorm=True``) to the dense part."""
+        layer_sync = self._layer_sync
+        if layer_sync is None:
+            return
+        assert self.model is not None
+        with detached(self.model, _PLACED_BY_PLAN):  # the embedding collections have no layers to sync
+            self.model = layer_sync.apply(self.model)
+        synced = [name for name, m in self.model.named_modules() if isinstance(m, nn.SyncBatchNorm)]
+        if synced and self.root_device.type == "cpu":
+            raise ValueError(
+                f"sync_batchnorm=True converted {synced} to torch.nn.SyncBatchNorm, which runs on CUDA only, but "
+                "this RecStrategy trains on CPU: train without sync_batchnorm, or on GPUs (accelerator='gpu')"
+            )
 
     @override
     def setup(self, trainer: pl.Trainer) -> None:
         assert self.accelerator is not None and self.model is not None
         self.accelerator.setup(trainer)
         fitting = trainer.state.fn == TrainerFn.FITTING
+        if fitting:
+            self._sync_layers()
         with detached(self.model, (ShardedCollectionBase,)):  # sharded by an earlier stage: kept as is
             self.precision_plugin.convert_module(self.model)
         self.model_to_device()
         # Shard for every stage: tables may not fit on one rank even for validate/test/predict.
-        self.model = self._shard(self.lightning_module, data_parallel=fitting)
+        self.model = self._shard(self._connected_module(), data_parallel=fitting)
         if fitting:
             self.setup_optimizers(trainer)
         self.setup_precision_plugin()
@@ -218,13 +290,11 @@ class RecStrategy(DDPStrategy):
                 "RecStrategy.save_checkpoint writes a sharded checkpoint directory and takes no storage_options; "
                 f"got {storage_options!r}"
             )
-        from lightrec.distributed.checkpoint import save_sharded_checkpoint
-
         training = "optimizer_states" in checkpoint
         save_sharded_checkpoint(
             filepath,
             checkpoint,
-            self.lightning_module,
+            self._connected_module(),
             self.optimizers if training else (),
             [c.scheduler for c in self.lr_scheduler_configs] if "lr_schedulers" in checkpoint else (),
         )
@@ -234,20 +304,13 @@ class RecStrategy(DDPStrategy):
         """Read a sharded checkpoint (or a consolidated one) cut to this rank's shards, for any plan
         and world size; any other file is read as a plain Lightning checkpoint (full tables reshard
         on load, optimizer state must then match the live optimizers)."""
-        from lightrec.distributed.checkpoint import (
-            CheckpointError,
-            is_sharded_checkpoint,
-            load_sharded_checkpoint,
-            open_checkpoint,
-        )
-
         if is_sharded_checkpoint(checkpoint_path):  # an incomplete folder raises, naming what is missing
-            return load_sharded_checkpoint(checkpoint_path, self.lightning_module, self.optimizers)
+            return load_sharded_checkpoint(checkpoint_path, self._connected_module(), self.optimizers)
         try:
             source = open_checkpoint(checkpoint_path)  # a consolidated file, read once
         except CheckpointError:  # any other file: a plain Lightning checkpoint
-            return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
-        return load_sharded_checkpoint(source, self.lightning_module, self.optimizers)
+            return super().load_checkpoint(os.fspath(checkpoint_path), weights_only=weights_only)
+        return load_sharded_checkpoint(source, self._connected_module(), self.optimizers)
 
     @override
     def teardown(self) -> None:

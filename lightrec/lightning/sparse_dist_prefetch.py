@@ -46,14 +46,17 @@ CPU nothing of this applies and the pipeline is bit-identical to training withou
 Interaction with Lightning's batch hooks: batch i+1 is moved with ``strategy.batch_to_device``
 one step early; Lightning then still runs ``convert_input``, ``on_before_batch_transfer`` and
 ``batch_to_device`` on it when its turn comes (they find it on the device already, and
-``RecStrategy.batch_to_device`` reuses the same tensors). A hook that rebuilds the sparse features
-out of new tensors defeats the pipeline: the callback notices, warns and turns itself off.
+``RecStrategy.batch_to_device`` reuses the same tensors, in a new ``KeyedJaggedTensor``). At
+``on_train_batch_start(i+1)`` the callback hands the started input dist over to the KJT that
+reaches ``training_step`` (``InputDistPipeline.hand_over``, in
+``lightrec/distributed/input_dist_pipeline.py``, which ``DistributedModelParallel``'s prefetch
+uses too). A hook that rebuilds the sparse features out of new tensors defeats the pipeline: the
+hand-over refuses, and the callback warns and turns itself off.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import lightning.pytorch as pl
@@ -62,6 +65,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from lightrec._compat import fit_data_fetcher
+from lightrec.distributed.input_dist_pipeline import InputDistPipeline, find_kjts
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
 from lightrec.distributed.streams import record_stream_all
 from lightrec.sparse import KeyedJaggedTensor
@@ -78,7 +82,7 @@ class _Lookahead(Iterator):
     fetched batches (and of which one is the last) is unchanged.
     """
 
-    def __init__(self, inner: Iterator, loaders: list[Any] = ()) -> None:  # type: ignore[assignment]
+    def __init__(self, inner: Iterator[Any], loaders: Sequence[Any] = ()) -> None:
         self.inner = inner
         self._next: Any = _NOTHING
         self._exhausted = False
@@ -126,23 +130,6 @@ def _resumable_loaders(trainer: pl.Trainer) -> list[Any]:
     return [loader for loader in loaders if hasattr(loader, "prefetched")]
 
 
-def _find_kjts(obj: Any, depth: int = 3) -> list[KeyedJaggedTensor]:
-    """Every ``KeyedJaggedTensor`` in a batch: itself, or inside dataclasses, mappings and sequences."""
-    if isinstance(obj, KeyedJaggedTensor):
-        return [obj]
-    if depth == 0 or isinstance(obj, (torch.Tensor, str, bytes)):
-        return []
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        children: Any = [getattr(obj, f.name) for f in dataclasses.fields(obj)]
-    elif isinstance(obj, Mapping):
-        children = obj.values()
-    elif isinstance(obj, (list, tuple)):
-        children = obj
-    else:
-        return []
-    return [k for child in children for k in _find_kjts(child, depth - 1)]
-
-
 class SparseDistPrefetch(pl.Callback):
     """Start the next batch's embedding input dist while the current batch trains (see the module docstring).
 
@@ -157,7 +144,12 @@ class SparseDistPrefetch(pl.Callback):
     """
 
     def __init__(self) -> None:
-        self._target: ShardedCollectionBase | None = None
+        # The sharded collection's look-ahead (None: the callback is off) and its features.
+        self._pipeline: InputDistPipeline | None = None
+        self._features: list[str] = []
+        # The KJT of the next training batch whose input dist is in flight (handed over to the
+        # KJT that reaches training_step, which Lightning's batch_to_device rebuilds).
+        self._started: KeyedJaggedTensor | None = None
         self._copy_stream: torch.cuda.Stream | None = None
         # CUDA: events recorded on the side stream right after the copies of batches read ahead
         self._copied: list[torch.cuda.Event] = []
@@ -174,15 +166,25 @@ class SparseDistPrefetch(pl.Callback):
             self._warned.add(key)
             rank_zero_warn(f"SparseDistPrefetch: {message}", category=UserWarning)
 
+    def _stop(self, wait: bool) -> None:
+        """Complete (``wait``, collective) or forget the started input dists; turn the pipeline off.
+
+        A batch already copied on the side stream stays in ``_copied``: the main stream must still
+        wait for its copy at the end of the step.
+        """
+        if self._pipeline is not None:
+            self._pipeline.cancel(wait=wait)
+        self._pipeline = None
+        self._started = None
+
     def _disable(self, key: str, message: str) -> None:
         self._warn_once(key, message + "; the callback does nothing for the rest of this fit")
-        if self._target is not None:
-            self._target.cancel_input_dists(wait=True)
-        self._target = None
+        self._stop(wait=True)
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._target = None
+        self._stop(wait=False)  # nothing is in flight between two fits
+        self._copied = []
         sharded = [m for m in pl_module.modules() if isinstance(m, ShardedCollectionBase)]
         if len(sharded) != 1:
             self._warn_once(
@@ -199,25 +201,21 @@ class SparseDistPrefetch(pl.Callback):
                 "world size is 1 on CPU: there is no all-to-all to overlap, the callback does nothing",
             )
             return
-        self._target = sharded[0]
-        self._copied = []
+        self._pipeline = sharded[0].lookahead
+        self._features = sharded[0].feature_names()
         if root.type == "cuda" and (self._copy_stream is None or self._copy_stream.device != root):
             self._copy_stream = torch.cuda.Stream(device=root)
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._target is not None:
-            self._target.cancel_input_dists(wait=True)
-        self._target = None
+        self._stop(wait=True)
         self._copied = []
 
     @override
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
-        if self._target is not None:
-            self._target.cancel_input_dists(wait=False)  # other ranks may be gone: no collective
-        self._target = None
+        self._stop(wait=False)  # other ranks may be gone: no collective
         self._copied = []
 
     # ------------------------------------------------------------------ the pipeline
@@ -225,18 +223,19 @@ class SparseDistPrefetch(pl.Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        target = self._target
-        if target is None:
+        pipeline = self._pipeline
+        if pipeline is None:
             return
-        if target.has_pending_input_dist():
-            kjts = _find_kjts(batch)
-            if len(kjts) != 1 or not target.has_pending_input_dist(kjts[0]):
+        if self._started is not None:  # this batch's input dist was started during the previous step
+            kjts = find_kjts(batch)
+            if len(kjts) != 1 or not pipeline.hand_over(self._started, kjts[0]):
                 self._disable(
                     "rebuilt",
                     "the batch reaching training_step does not hold the sparse features whose input dist was "
                     "started (does on_before_batch_transfer/transfer_batch_to_device build new tensors?)",
                 )
                 return
+            self._started = None
         slot = self._next_batch_slot(trainer)
         if slot is None:
             return  # last batch of the epoch
@@ -246,7 +245,7 @@ class SparseDistPrefetch(pl.Callback):
             return
         next_batch = self._to_device(trainer, item[0])
         put((next_batch, *item[1:]))
-        kjts = _find_kjts(next_batch)
+        kjts = find_kjts(next_batch)
         if len(kjts) != 1:
             self._disable("kjt", f"a batch must hold exactly one KeyedJaggedTensor, found {len(kjts)}")
             return
@@ -254,12 +253,14 @@ class SparseDistPrefetch(pl.Callback):
             copied = torch.cuda.Event()
             copied.record(self._copy_stream)
             self._copied.append(copied)
-        if not target.start_input_dist(kjts[0], stream=self._copy_stream):
+        if not pipeline.start(kjts[0], stream=self._copy_stream):
             self._disable(
                 "keys",
                 f"the batch's sparse features {kjts[0].keys()} are not exactly the sharded collection's "
-                f"{target.feature_names()}",
+                f"{self._features}",
             )
+            return
+        self._started = kjts[0]
 
     @override
     def on_train_batch_end(
@@ -279,15 +280,16 @@ class SparseDistPrefetch(pl.Callback):
     def on_before_backward(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor
     ) -> None:
-        if self._target is not None:
-            self._target.progress_input_dists()
+        if self._pipeline is not None:
+            self._pipeline.progress()
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # The epoch ended before the prefetched batch was trained (max_steps, early stopping, a
         # hook returning -1): complete its exchanges on every rank and forget it.
-        if self._target is not None:
-            self._target.cancel_input_dists(wait=True)
+        if self._pipeline is not None:
+            self._pipeline.cancel(wait=True)
+        self._started = None
         self._copied = []
 
     # ------------------------------------------------------------------ helpers

@@ -23,7 +23,7 @@ the histogram mode uses constant memory and treats predictions falling in the sa
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -155,7 +155,7 @@ class AUC(Metric):
         if self.num_bins is None:
             # Stored in the metric dtype (float32 unless `set_dtype`) so every rank, including one
             # that saw no data and is padded by torchmetrics with that dtype, gathers the same type.
-            dtype = cast(torch.dtype, self.dtype)
+            dtype = self.dtype
             self.auc_preds.append(preds.to(dtype))
             self.auc_labels.append(labels.to(dtype))
             self.auc_weights.append(weights.to(dtype))

@@ -68,6 +68,7 @@ class CrossNet(nn.Module):
     def reset_parameters(self) -> None:
         """Xavier-normal weights, zero biases."""
         for layer in self.layers:
+            assert isinstance(layer, nn.Linear)  # built in __init__
             if layer.weight.device.type == "meta":
                 continue
             nn.init.xavier_normal_(layer.weight)
@@ -132,6 +133,7 @@ class LowRankCrossNet(nn.Module):
     def reset_parameters(self) -> None:
         """Xavier-normal ``U_l`` and ``V_l``, zero biases."""
         for down, up in zip(self.down, self.up, strict=True):
+            assert isinstance(down, nn.Linear) and isinstance(up, nn.Linear)  # built in __init__
             if down.weight.device.type == "meta":
                 continue
             nn.init.xavier_normal_(down.weight)

@@ -91,4 +91,5 @@ class DeepFM(nn.Module):
 
     def forward(self, embeddings: list[torch.Tensor]) -> torch.Tensor:
         """``list of [B, ...] -> [B, out]``."""
-        return self.dense_module(_flatten_fields(embeddings))
+        out: torch.Tensor = self.dense_module(_flatten_fields(embeddings))
+        return out

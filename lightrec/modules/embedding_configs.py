@@ -74,7 +74,7 @@ def pooling_type_to_str(pooling: PoolingType) -> str:
     """``nn.EmbeddingBag`` mode string for a pooling type (``"sum"`` or ``"mean"``)."""
     if pooling == PoolingType.NONE:
         raise ValueError("pooling=PoolingType.NONE has no EmbeddingBag mode; use EmbeddingCollection instead")
-    return pooling.value.lower()
+    return str(pooling.value).lower()
 
 
 @dataclass

@@ -12,7 +12,7 @@ the local shards later).
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -36,7 +36,14 @@ __all__ = ["EmbeddingBagCollection", "EmbeddingCollection"]
 _RESERVED_TABLE_NAMES = frozenset(n for n in dir(nn.ModuleDict) if not n.startswith("_"))
 
 
-def _check_tables(tables: list[BaseEmbeddingConfig], where: str) -> list[str]:
+def _weight_of(table: nn.Module) -> torch.Tensor:
+    """A table module's weight (eager code only: ``nn.Module`` attributes are typed loosely)."""
+    weight = table.weight
+    assert isinstance(weight, torch.Tensor)
+    return weight
+
+
+def _check_tables(tables: Sequence[BaseEmbeddingConfig], where: str) -> list[str]:
     """Validate a table list; return the flat feature order (table by table)."""
     if len(tables) == 0:
         raise ValueError(f"{where} needs at least one table config, got tables=[]")
@@ -179,7 +186,7 @@ class EmbeddingBagCollection(nn.Module):
     def reset_parameters(self) -> None:
         """Initialise every table from its config (uniform range or ``init_fn``); no-op on meta."""
         for t in self._embedding_bag_configs:
-            t.init_weight(self.embedding_bags[t.name].weight)
+            t.init_weight(_weight_of(self.embedding_bags[t.name]))
 
     def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
         return self._embedding_bag_configs
@@ -192,7 +199,7 @@ class EmbeddingBagCollection(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return next(iter(self.embedding_bags.values())).weight.device
+        return _weight_of(next(iter(self.embedding_bags.values()))).device
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         """Pool every feature's ids.
@@ -213,7 +220,8 @@ class EmbeddingBagCollection(nn.Module):
             ids, bag_lengths, id_weights = slices[t]
             num_features = len(self._table_features[t])
             dim = self._table_dims[t]
-            out = _pool(bag.weight, ids, bag_lengths, id_weights, self._table_mean[t])
+            weight = torch.jit.annotate(torch.Tensor, bag.weight)  # a Tensor to type checkers too
+            out = _pool(weight, ids, bag_lengths, id_weights, self._table_mean[t])
             # [num_features * B, D] (feature-major) -> [B, num_features * D] (feature blocks side by side)
             pooled.append(out.view(num_features, stride, dim).transpose(0, 1).reshape(stride, num_features * dim))
             t += 1
@@ -285,7 +293,7 @@ class EmbeddingCollection(nn.Module):
 
     def reset_parameters(self) -> None:
         for t in self._embedding_configs:
-            t.init_weight(self.embeddings[t.name].weight)
+            t.init_weight(_weight_of(self.embeddings[t.name]))
 
     def embedding_configs(self) -> list[EmbeddingConfig]:
         return self._embedding_configs
@@ -295,7 +303,7 @@ class EmbeddingCollection(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return next(iter(self.embeddings.values())).weight.device
+        return _weight_of(next(iter(self.embeddings.values()))).device
 
     def forward(self, features: KeyedJaggedTensor) -> Dict[str, JaggedTensor]:
         """Look up every id; returns ``{feature: JaggedTensor(values [N_f, D], lengths [B])}``."""
@@ -325,7 +333,10 @@ class EmbeddingCollection(nn.Module):
                     stride,
                 )
                 out[name] = JaggedTensor(
-                    values=F.embedding(ids, embedding.weight), weights=None, lengths=f_lengths, offsets=None
+                    values=F.embedding(ids, torch.jit.annotate(torch.Tensor, embedding.weight)),
+                    weights=None,
+                    lengths=f_lengths,
+                    offsets=None,
                 )
             first_feature += len(features_of_table)
             t += 1

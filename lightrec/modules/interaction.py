@@ -67,6 +67,13 @@ class InteractionArch(nn.Module):
     with ``.to()`` but never appear in a ``state_dict``.
     """
 
+    # Buffers registered in __init__ (declared for type checkers; TorchScript reads them too).
+    triu_rows: torch.Tensor
+    triu_cols: torch.Tensor
+    triu_flat: torch.Tensor
+    fused_triu_flat: torch.Tensor
+    mirror_index: torch.Tensor
+
     def __init__(self, num_sparse_features: int) -> None:
         super().__init__()
         self._num_sparse_features = _check_num_features(num_sparse_features)
@@ -118,9 +125,10 @@ class InteractionArch(nn.Module):
         _checks.check_batch_size("dense_features", dense_features, "sparse_features", sparse_features)
         if torch.jit.is_scripting() or not _wants_fused_backward(dense_features, sparse_features):
             return _dot_interaction(dense_features, sparse_features, self.triu_flat)
-        return _DotInteraction.apply(
+        out: torch.Tensor = _DotInteraction.apply(
             dense_features, sparse_features, self.fused_triu_flat, self.mirror_index, self._stack_rows
         )
+        return out
 
 
 def _dot_interaction(dense: torch.Tensor, sparse: torch.Tensor, triu_flat: torch.Tensor) -> torch.Tensor:
@@ -160,7 +168,7 @@ class _DotInteraction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         dense: torch.Tensor,
         sparse: torch.Tensor,
@@ -175,7 +183,7 @@ class _DotInteraction(torch.autograd.Function):
         return torch.cat([dense, pairs], dim=1)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None, None, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None, None, None]:
         dense, sparse, stacked, mirror = ctx.saved_tensors
         batch, rows, dim = stacked.shape
         if torch.is_grad_enabled():
@@ -238,4 +246,5 @@ class InteractionDCNArch(nn.Module):
         )
         _checks.check_batch_size("dense_features", dense_features, "sparse_features", sparse_features)
         combined = torch.cat([dense_features, sparse_features.flatten(1)], dim=1)
-        return self.crossnet(combined)
+        out: torch.Tensor = self.crossnet(combined)
+        return out

@@ -27,7 +27,8 @@ plain autograd.
 """
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -107,8 +108,9 @@ def make_activation(activation: ActivationSpec) -> nn.Module:
     if isinstance(activation, type) and issubclass(activation, nn.Module):
         return activation()
     if callable(activation):
-        factory = _FUNCTION_ACTIVATIONS.get(activation)  # type: ignore[arg-type]
-        return factory() if factory is not None else _FunctionActivation(activation)
+        fn = cast(Callable[[torch.Tensor], torch.Tensor], activation)  # a class that is not a module is called too
+        factory = _FUNCTION_ACTIVATIONS.get(fn)
+        return factory() if factory is not None else _FunctionActivation(fn)
     raise TypeError(
         f"activation must be a name, an nn.Module, an nn.Module class or a function, got "
         f"{type(activation).__name__}: {activation!r}"
@@ -172,16 +174,21 @@ class Perceptron(nn.Module):
         return self._out_size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Annotated locals: nn.Module calls are untyped to mypy; TorchScript accepts the annotations.
         if torch.jit.is_scripting():
-            return self.activation(self.linear(x))
-        return self.activation(self._eager_linear(x))
+            scripted: torch.Tensor = self.activation(self.linear(x))
+            return scripted
+        out: torch.Tensor = self.activation(self._eager_linear(x))
+        return out
 
     @torch.jit.unused
     def _eager_linear(self, x: torch.Tensor) -> torch.Tensor:
         if isinstance(x, torch.Tensor) and torch.is_grad_enabled() and not torch.compiler.is_compiling():
             with _LayoutAwareLinear():
-                return self.linear(x)
-        return self.linear(x)
+                routed: torch.Tensor = self.linear(x)
+            return routed
+        y: torch.Tensor = self.linear(x)
+        return y
 
 
 # Below this many multiply-adds the transposed product's extra copy costs more than it saves.
@@ -206,13 +213,15 @@ class _LinearFunction(torch.autograd.Function):
     """``F.linear`` for 2-D inputs with the layout-aware backward GEMMs."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:  # type: ignore[override]  # noqa: ANN001
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
         return F.linear(x, weight, bias)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]  # noqa: ANN001, ANN205
+    def backward(
+        ctx: Any, grad: torch.Tensor
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         x, weight = ctx.saved_tensors
         grad_x = _aligned_product(grad, weight) if ctx.needs_input_grad[0] else None
         grad_w = _aligned_product(grad.t(), x) if ctx.needs_input_grad[1] else None
@@ -223,7 +232,13 @@ class _LinearFunction(torch.autograd.Function):
 class _LayoutAwareLinear(TorchFunctionMode):
     """Routes 2-D ``F.linear`` calls that need a gradient through :class:`_LinearFunction`."""
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Collection[type],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         kwargs = kwargs or {}
         if func is F.linear and len(args) >= 2:  # nn.Linear passes (input, weight, bias) positionally
             x, weight = args[0], args[1]
@@ -291,4 +306,5 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[*, in_size] -> [*, layer_sizes[-1]]``."""
-        return self._mlp(x)
+        out: torch.Tensor = self._mlp(x)
+        return out

@@ -35,6 +35,8 @@ from typing import Any
 
 import torch
 
+from lightrec.optim.rowwise_adagrad import RowWiseAdagrad
+
 __all__ = ["EmbOptimType", "FusedOptimizerSpec", "WeightDecayMode", "optimizer_class_to_spec"]
 
 
@@ -200,8 +202,6 @@ def optimizer_class_to_spec(optimizer_class: type, optimizer_kwargs: Mapping[str
     ``lightrec.optim.RowWiseAdagrad``, ``Adam`` (L2 weight decay) and ``AdamW`` (decoupled) map
     over; anything else raises ``ValueError`` saying what is supported.
     """
-    from lightrec.optim.rowwise_adagrad import RowWiseAdagrad
-
     kw = dict(optimizer_kwargs)
     lr = kw.pop("lr", None)
 

@@ -17,13 +17,15 @@ as ``torch.distributed.optim._apply_optimizer_in_backward`` does:
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from lightrec.optim.fused_spec import FusedOptimizerSpec, optimizer_class_to_spec
 
 __all__ = ["apply_optimizer_in_backward", "fused_spec_from_parameter", "in_backward_optimizer_filter"]
+
+_TensorT = TypeVar("_TensorT", bound=torch.Tensor)  # a Parameter stays typed as one
 
 
 def apply_optimizer_in_backward(
@@ -85,8 +87,8 @@ def fused_spec_from_parameter(param: torch.Tensor) -> FusedOptimizerSpec | None:
 
 
 def in_backward_optimizer_filter(
-    named_parameters: Iterable[tuple[str, torch.Tensor]], include: bool = False
-) -> Iterator[tuple[str, torch.Tensor]]:
+    named_parameters: Iterable[tuple[str, _TensorT]], include: bool = False
+) -> Iterator[tuple[str, _TensorT]]:
     """Yield ``(name, param)`` pairs NOT optimized in backward (``include=True``: only those that are)."""
     for name, param in named_parameters:
         if hasattr(param, "_in_backward_optimizers") == include:

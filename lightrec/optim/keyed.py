@@ -15,7 +15,7 @@ built (or differently sharded) model.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -124,7 +124,7 @@ class KeyedOptimizer(torch.optim.Optimizer):
             if "step" in st:
                 st["step"] = torch.zeros_like(st["step"]) if isinstance(st["step"], torch.Tensor) else 0
 
-    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+    def state_dict(self) -> dict[str, Any]:
         names = self._names_by_id()
         state = {names[id(p)]: dict(s) for p, s in self.state.items() if id(p) in names}
         groups = []
@@ -134,7 +134,7 @@ class KeyedOptimizer(torch.optim.Optimizer):
             groups.append(g)
         return {"state": state, "param_groups": groups}
 
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:  # type: ignore[override]
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore state and hyper-parameters by name; tensors are copied in place.
 
         Raises ``KeyError`` naming any parameter or state entry the checkpoint lacks, before
@@ -273,7 +273,7 @@ class CombinedOptimizer(KeyedOptimizer):
         for _, opt in self._optims:
             opt.init_state()
 
-    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+    def state_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"state": {}, "param_groups": []}
         for prefix, opt in self._optims:
             sd = opt.state_dict()
@@ -282,7 +282,7 @@ class CombinedOptimizer(KeyedOptimizer):
                 out["param_groups"].append({**g, "params": [_prefixed(prefix, n) for n in g["params"]]})
         return out
 
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:  # type: ignore[override]
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         for prefix, opt in self._optims:
             own = set(opt.params)
 
@@ -305,7 +305,7 @@ class CombinedOptimizer(KeyedOptimizer):
         return ",".join(f"{prefix}: {opt!r}" for prefix, opt in self._optims)
 
 
-class _CombinedState(Mapping):
+class _CombinedState(Mapping[Any, Any]):
     """Read-through view ``{param: state}`` over the children (nothing is copied)."""
 
     def __init__(self, optims: Iterable[tuple[str, KeyedOptimizer]]) -> None:
@@ -320,7 +320,7 @@ class _CombinedState(Mapping):
     def __getitem__(self, key: Any) -> Any:
         return self._merged()[key]
 
-    def __iter__(self):  # noqa: ANN204
+    def __iter__(self) -> Iterator[Any]:
         return iter(self._merged())
 
     def __len__(self) -> int:

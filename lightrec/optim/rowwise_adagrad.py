@@ -9,7 +9,7 @@ rarely keep a large step. This class exists so that ``apply_optimizer_in_backwar
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, overload
 
 import torch
 
@@ -50,6 +50,12 @@ class RowWiseAdagrad(torch.optim.Optimizer):
             for p in group["params"]:
                 rows = p.shape[0] if p.dim() > 0 else 1
                 self.state[p]["sum"] = torch.zeros(rows, dtype=p.dtype, device=p.device)
+
+    @overload
+    def step(self, closure: None = None) -> None: ...
+
+    @overload
+    def step(self, closure: Callable[[], float]) -> float: ...
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:

@@ -52,7 +52,8 @@ if USING_FBGEMM:
 
     def complete_cumsum(lengths: torch.Tensor) -> torch.Tensor:
         """Offsets ``[0, l0, l0+l1, ...]`` (``len(lengths) + 1`` entries) of 1-D ``lengths``."""
-        return torch.ops.fbgemm.asynchronous_complete_cumsum(lengths)
+        offsets: torch.Tensor = torch.ops.fbgemm.asynchronous_complete_cumsum(lengths)
+        return offsets
 
     def permute_2d_sparse(
         permute: torch.Tensor,

@@ -15,7 +15,7 @@ The sparse types are written in the subset of Python that ``torch.jit.script`` c
 them inside a traced module records a node instead of failing on proxies.
 """
 
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 from torch.fx import ProxyableClassMeta
@@ -40,7 +40,7 @@ class JaggedTensorMeta(ProxyableClassMeta):
     eager construction can check its input while scripted inference code stays check-free.
     """
 
-    def __call__(cls, *args, validate: bool = False, **kwargs):  # noqa: ANN002, ANN003, ANN204
+    def __call__(cls, *args: Any, validate: bool = False, **kwargs: Any) -> Any:
         for name in ("values", "weights", "lengths", "offsets"):
             value = kwargs.get(name)
             if isinstance(value, (list, tuple)):

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from lightrec.distributed.checkpoint.blocks import CheckpointError
+from lightrec.distributed.types import resolve_group
 
 __all__ = ["FORMAT", "META_FILE", "is_sharded_checkpoint", "read_meta", "read_shards", "shard_file", "write_collectively"]
 
@@ -81,7 +82,7 @@ def write_collectively(
     rank, world = _world(pg)
     token = [uuid.uuid4().hex[:12]]
     if world > 1:
-        dist.broadcast_object_list(token, src=dist.get_global_rank(pg or dist.group.WORLD, 0), group=pg)
+        dist.broadcast_object_list(token, src=dist.get_global_rank(resolve_group(pg), 0), group=pg)
     tmp = f"{path.rstrip(os.sep)}.tmp-{token[0]}"
     _agree(_attempt(lambda: os.makedirs(tmp)) if rank == 0 else None, pg)
 

@@ -123,13 +123,13 @@ def save_sharded_checkpoint(
                 for g, v in zip(groups, value, strict=True):
                     g.setdefault("sched", {}).setdefault(k, {})[name] = v
 
-    meta = {k: v for k, v in checkpoint.items() if k not in ("state_dict", "optimizer_states", "lr_schedulers")}
-    meta["state_dict"] = state_dict
-    meta["lightrec_sharded"] = {
+    header = {k: v for k, v in checkpoint.items() if k not in ("state_dict", "optimizer_states", "lr_schedulers")}
+    header["state_dict"] = state_dict
+    header["lightrec_sharded"] = {
         "format": FORMAT,
         "world_size": world,
         "tables": sorted(tables),
         "dense_optim": dense_states,
         "has_training_state": "optimizer_states" in checkpoint,
     }
-    write_collectively(path, meta, payload, pg)
+    write_collectively(path, header, payload, pg)

@@ -89,14 +89,14 @@ class _CallState:
 
 class _Launch(Function):
     @staticmethod
-    def forward(ctx: Any, state: _CallState, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, state: _CallState, x: torch.Tensor) -> torch.Tensor:
         state.forward = state.op.start_forward(x)
         ctx.state = state
         # A zero-element token: it only carries the autograd edge from x to the output.
         return x.new_empty(0)
 
     @staticmethod
-    def backward(ctx: Any, _token_grad: torch.Tensor) -> tuple[None, torch.Tensor]:  # type: ignore[override]
+    def backward(ctx: Any, _token_grad: torch.Tensor) -> tuple[None, torch.Tensor]:
         state: _CallState = ctx.state
         if state.backward is None:
             raise RuntimeError("internal error: collective backward reached _Launch before _Wait")
@@ -107,7 +107,7 @@ class _Launch(Function):
 
 class _Wait(Function):
     @staticmethod
-    def forward(ctx: Any, state: _CallState, token: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, state: _CallState, token: torch.Tensor) -> torch.Tensor:
         ctx.state = state
         if state.forward is None:
             raise RuntimeError("internal error: collective waited twice")
@@ -116,7 +116,7 @@ class _Wait(Function):
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, torch.Tensor]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, torch.Tensor]:
         state: _CallState = ctx.state
         state.backward = state.op.start_backward(grad.contiguous())
         return None, grad.new_empty(0)

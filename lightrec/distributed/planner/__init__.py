@@ -1,10 +1,11 @@
 """Sharding planner: decide the sharding type, kernel and ranks of every embedding table.
 
-See docs/planner.md for the cost model and the algorithm.
+See docs/planner.md for the cost model and the algorithm. ``PlanReport`` is the former name of
+:class:`PlannerReport` (an alias).
 """
 
 from lightrec.distributed.planner.planners import EmbeddingShardingPlanner
-from lightrec.distributed.planner.report import PlanReport, TableReport
+from lightrec.distributed.planner.report import PlannerReport, PlanReport, TableReport
 from lightrec.distributed.planner.sharding_plan import (
     ParameterShardingGenerator,
     column_wise,
@@ -22,6 +23,7 @@ __all__ = [
     "ParameterConstraints",
     "ParameterShardingGenerator",
     "PlanReport",
+    "PlannerReport",
     "PlannerError",
     "TableReport",
     "Topology",

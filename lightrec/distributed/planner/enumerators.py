@@ -84,7 +84,7 @@ def _column_counts(cols: int, min_partition: int, limit: int) -> list[int]:
 
 def _table_options(t: TableArrays, i: int, topo: Topology) -> list[tuple[int, int, int]]:
     """``(sharding type, kernel, shards)`` options of table ``i``, in preference order."""
-    W, L, H = topo.world_size, topo.local_world_size, topo.num_hosts
+    W, L, H = topo.world_size, topo.local_size, topo.num_hosts
     allowed = dict(t.allowed[i])
     cols, min_part = int(t.cols[i]), int(t.min_partition[i])
     out: list[tuple[int, int, int]] = []
@@ -101,14 +101,14 @@ def _table_options(t: TableArrays, i: int, topo: Topology) -> list[tuple[int, in
                     out.append((stype, kernel, W))
             elif stype == TWRW:
                 if not ((H == 1 and has(RW)) or (L == 1 and has(TW))):
-                    out.append((stype, kernel, L))  # type: ignore[arg-type]
+                    out.append((stype, kernel, L))
             elif stype == CW:
                 counts = _column_counts(cols, min_part, W)
                 if not counts and not has(TW):
                     counts = [1]
                 out += [(stype, kernel, k) for k in counts]
             elif stype == TWCW:
-                k = min(L, cols // min_part, cols)  # type: ignore[type-var]
+                k = min(L, cols // min_part, cols)
                 if k < 2 and not has(TW):
                     k = 1
                 if k >= 1 and not (H == 1 and has(CW) and k in _column_counts(cols, min_part, W)):
@@ -118,7 +118,7 @@ def _table_options(t: TableArrays, i: int, topo: Topology) -> list[tuple[int, in
 
 def enumerate_options(t: TableArrays, topo: Topology) -> Options:
     """Enumerate every table's options and estimate all their shards."""
-    W, L = topo.world_size, int(topo.local_world_size)  # type: ignore[arg-type]
+    W, L = topo.world_size, topo.local_size
     per_table = [_table_options(t, i, topo) for i in range(len(t))]
     count = np.array([len(o) for o in per_table], dtype=np.int64)
     first = np.concatenate([[0], np.cumsum(count)[:-1]]).astype(np.int64)
@@ -164,7 +164,7 @@ def enumerate_options(t: TableArrays, topo: Topology) -> Options:
         for k in np.unique(nshards[stype == code]).tolist():
             opts = np.flatnonzero((stype == code) & (nshards == k))
             mat = sh_storage[start[opts][:, None] + np.arange(k)[None, :]]  # [O_g, k]
-            ok = (mat[:, None, :] <= host_caps[None, :, :k]).all(axis=2).any(axis=1)
+            ok = np.any(np.all(mat[:, None, :] <= host_caps[None, :, :k], axis=2), axis=1)
             fits[opts] &= ok
     return Options(
         table=table,

@@ -101,7 +101,7 @@ def estimate_shards(
         ``(storage [S], cost [S])`` float64 arrays.
     """
     W = float(topo.world_size)
-    L = float(topo.local_world_size)  # type: ignore[arg-type]
+    L = float(topo.local_size)
     rows = rows.astype(np.float64)
     cols = cols.astype(np.float64)
     R = t.rows[table].astype(np.float64)
@@ -165,7 +165,8 @@ def estimate_shards(
             * GRAD_BYTES
             * passes
             * (
-                (L - 1.0) / L / float(topo.intra_host_bw) + (W - L) / W / L / float(topo.inter_host_bw)  # type: ignore[arg-type]
+                (L - 1.0) / L / float(topo.intra_host_bw or 0.0)
+                + (W - L) / W / L / float(topo.inter_host_bw or 0.0)
             )
         )
         output_dist = np.where(stype == TWRW, twrw_out, output_dist)
@@ -173,5 +174,5 @@ def estimate_shards(
     allreduce = np.where(training, 2.0 * off_rank * rows * cols * GRAD_BYTES / bw_c, 0.0)
     comm = np.where(is_dp, allreduce, input_dist + output_dist)
 
-    cost = fwd + bwd + comm + float(topo.kernel_overhead_s)  # type: ignore[arg-type]
+    cost = fwd + bwd + comm + float(topo.kernel_overhead_s or 0.0)
     return storage, cost

@@ -58,7 +58,7 @@ def _shards(opts: Options, o: int) -> slice:
 
 def partition(opts: Options, choice: np.ndarray, topo: Topology) -> Placement:
     """Place the shards of ``choice`` (one option per table) on ranks; see the module docstring."""
-    W, L = topo.world_size, int(topo.local_world_size)  # type: ignore[arg-type]
+    W, L = topo.world_size, topo.local_size
     caps = topo.storage_caps
     T = len(choice)
     load = np.zeros(W)
@@ -162,7 +162,7 @@ def _place_alone(
     opts: Options, o: int, load: np.ndarray, mem: np.ndarray, caps: np.ndarray, topo: Topology
 ) -> np.ndarray | None:
     """Ranks for option ``o``'s shards given the other tables' ``load``/``mem``; None if no room."""
-    W, L = topo.world_size, int(topo.local_world_size)  # type: ignore[arg-type]
+    W, L = topo.world_size, topo.local_size
     sl = _shards(opts, o)
     c, m = opts.sh_cost[sl], opts.sh_storage[sl]
     st = int(opts.stype[o])

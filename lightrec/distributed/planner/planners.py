@@ -32,7 +32,7 @@ from lightrec.distributed.planner.estimators import (
 )
 from lightrec.distributed.planner.partitioners import Placement, partition, refine
 from lightrec.distributed.planner.proposers import escalate, greedy_proposal, memory_dp_proposal
-from lightrec.distributed.planner.report import PlanReport, TableReport
+from lightrec.distributed.planner.report import PlannerReport, TableReport
 from lightrec.distributed.planner.tables import ShardableModule, collect_tables, find_shardable_modules
 from lightrec.distributed.planner.types import ParameterConstraints, PlannerError, Topology
 from lightrec.distributed.types import (
@@ -42,6 +42,7 @@ from lightrec.distributed.types import (
     ShardingPlan,
     ShardMetadata,
     placement_for,
+    resolve_group,
 )
 
 __all__ = ["EmbeddingShardingPlanner"]
@@ -64,7 +65,7 @@ class EmbeddingShardingPlanner:
         storage_reservation: fraction of each rank's table memory kept free for everything else
             (dense parameters, activations); 0.0 plans right up to the caps.
 
-    After :meth:`plan`, :attr:`last_report` holds the :class:`PlanReport` of the returned plan.
+    After :meth:`plan`, :attr:`last_report` holds the :class:`PlannerReport` of the returned plan.
     """
 
     def __init__(
@@ -84,7 +85,7 @@ class EmbeddingShardingPlanner:
         self._batch_size = batch_size or DEFAULT_BATCH_SIZE
         self._constraints = dict(constraints or {})
         self._reservation = storage_reservation
-        self.last_report: PlanReport | None = None
+        self.last_report: PlannerReport | None = None
 
     # ---- public API --------------------------------------------------------------------------
     def plan(self, module: nn.Module, sharders: list[ModuleSharder]) -> ShardingPlan:
@@ -101,7 +102,7 @@ class EmbeddingShardingPlanner:
         """
         if not dist.is_initialized():
             return self.plan(module, sharders)
-        pg = pg or dist.group.WORLD
+        pg = resolve_group(pg)
         world = dist.get_world_size(pg)
         topo = self._topology or Topology(
             world_size=world, compute_device="cuda" if dist.get_backend(pg) == "nccl" else "cpu"
@@ -110,21 +111,24 @@ class EmbeddingShardingPlanner:
             raise ValueError(
                 f"Topology(world_size={topo.world_size}) does not match the process group's {world} ranks"
             )
-        payload: list[object] = [None]
+        # Rank 0 sends (plan JSON, report) or (the planning error, None).
+        payload: list[tuple[str | Exception, PlannerReport | None] | None] = [None]
         if dist.get_rank(pg) == 0:
             try:
                 plan = self._plan(module, sharders, topo)
-                payload = [("ok", plan.to_json(indent=None), self.last_report)]
+                payload = [(plan.to_json(indent=None), self.last_report)]
             except Exception as exc:  # noqa: BLE001 - re-raised on every rank below
-                payload = [("error", exc, None)]
+                payload = [(exc, None)]
         dist.broadcast_object_list(payload, src=dist.get_global_rank(pg, 0), group=pg)
-        status, body, report = payload[0]  # type: ignore[misc]
-        if status == "error":
-            raise body  # type: ignore[misc]
-        self.last_report = report  # type: ignore[assignment]
-        return ShardingPlan.from_json(body)  # type: ignore[arg-type]
+        received = payload[0]
+        assert received is not None  # broadcast_object_list filled it from rank 0
+        body, report = received
+        if isinstance(body, Exception):
+            raise body
+        self.last_report = report
+        return ShardingPlan.from_json(body)
 
-    def evaluate(self, module: nn.Module, sharders: list[ModuleSharder], plan: ShardingPlan) -> PlanReport:
+    def evaluate(self, module: nn.Module, sharders: list[ModuleSharder], plan: ShardingPlan) -> PlannerReport:
         """Estimate any plan (e.g. one written by hand) with the planner's cost model.
 
         Tables the plan does not mention are ignored. The report's memory may exceed the caps:
@@ -153,14 +157,12 @@ class EmbeddingShardingPlanner:
                     raise ValueError(
                         f"plan puts a shard of table {name!r} on rank {rank}; the topology has {W} ranks"
                     )
-                (
-                    idx.append(t),
-                    st.append(code),
-                    kern.append(k),
-                    rows.append(r),
-                    cols.append(c),
-                    ranks.append(rank),
-                )
+                idx.append(t)
+                st.append(code)
+                kern.append(k)
+                rows.append(r)
+                cols.append(c)
+                ranks.append(rank)
             reports.append((t, ps, len(shards)))
         arr = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
         storage, cost = estimate_shards(tables, topo, arr(idx), arr(st), arr(kern), arr(rows), arr(cols))
@@ -187,7 +189,7 @@ class EmbeddingShardingPlanner:
             pos += n
         on_hbm = topo.compute_device == "cuda"
         zeros = np.zeros(W)
-        return PlanReport(
+        return PlannerReport(
             str(topo.compute_device),
             mem if on_hbm else zeros,
             zeros if on_hbm else mem,
@@ -241,7 +243,8 @@ class EmbeddingShardingPlanner:
             if best is None or key < best:
                 best, result = key, (name, pl)
         if result is None:
-            raise _no_packing_error(tables, opts, topo, failed)  # type: ignore[arg-type]
+            assert failed is not None  # every proposal (there is at least the greedy one) failed to pack
+            raise _no_packing_error(tables, opts, topo, failed)
         name, pl = result
         plan = _build_plan(modules, tables, opts, pl, topo)
         self.last_report = _build_report(tables, opts, pl, topo, name, time.perf_counter() - t0)
@@ -281,7 +284,7 @@ def _shard_specs(opts: Options, o: int, ranks: np.ndarray, topo: Topology) -> li
     st = int(opts.stype[o])
     row_off = np.concatenate([[0], np.cumsum(rows)[:-1]]) if st in (RW, TWRW) else np.zeros(n, np.int64)
     col_off = np.concatenate([[0], np.cumsum(cols)[:-1]]) if st in (CW, TWCW) else np.zeros(n, np.int64)
-    device, local = str(topo.compute_device), int(topo.local_world_size)  # type: ignore[arg-type]
+    device, local = str(topo.compute_device), topo.local_size
     return [
         ShardMetadata(
             [int(row_off[i]), int(col_off[i])],
@@ -315,7 +318,7 @@ def _build_plan(
 
 def _build_report(
     tables: TableArrays, opts: Options, pl: Placement, topo: Topology, proposer: str, seconds: float
-) -> PlanReport:
+) -> PlannerReport:
     zeros = np.zeros(topo.world_size)
     on_hbm = topo.compute_device == "cuda"
     rows = []
@@ -332,7 +335,7 @@ def _build_report(
                 float(opts.total_storage[o]),
             )
         )
-    return PlanReport(
+    return PlannerReport(
         compute_device=str(topo.compute_device),
         hbm_bytes=pl.storage.copy() if on_hbm else zeros,
         ddr_bytes=zeros.copy() if on_hbm else pl.storage.copy(),

@@ -1,8 +1,11 @@
-"""Plan report: what the planner decided and why, per rank.
+"""Planner report: what the planner decided and why, per rank.
 
-``str(report)`` is a text table, :meth:`PlanReport.to_markdown` the same as markdown, and
-:meth:`PlanReport.figure` a matplotlib bar chart (memory and estimated cost per rank) built on
+``str(report)`` is a text table, :meth:`PlannerReport.to_markdown` the same as markdown, and
+:meth:`PlannerReport.figure` a matplotlib bar chart (memory and estimated cost per rank) built on
 the Agg canvas, so it works headless and never touches pyplot's global state.
+
+``PlanReport`` is the former name of :class:`PlannerReport`, kept as an alias so old imports keep
+working; the Lightning callback that shows a report is ``lightrec.lightning.PlanReport``.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["PlanReport", "TableReport"]
+__all__ = ["PlanReport", "PlannerReport", "TableReport"]
 
 _ABBREV = {
     "table_wise": "TW",
@@ -43,8 +46,8 @@ class TableReport:
 
 
 @dataclass
-class PlanReport:
-    """Per-rank memory and cost of a plan.
+class PlannerReport:
+    """Per-rank memory and cost of a plan (what ``EmbeddingShardingPlanner`` decided, and why).
 
     Attributes:
         compute_device: ``"cpu"`` or ``"cuda"``.
@@ -141,6 +144,8 @@ class PlanReport:
         Returns:
             The ``matplotlib.figure.Figure`` (e.g. for ``SummaryWriter.add_figure``).
         """
+        # Imported here, not at the top: matplotlib costs ~0.25 s to import and every training rank
+        # imports the planner, while only a report that is drawn needs it.
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
 
@@ -178,3 +183,8 @@ class PlanReport:
         if path is not None:
             fig.savefig(os.fspath(path), format="png", dpi=100)
         return fig
+
+
+#: Former name of :class:`PlannerReport` (an alias: the same class). Renamed because the Lightning
+#: callback ``lightrec.lightning.PlanReport`` has that name.
+PlanReport = PlannerReport

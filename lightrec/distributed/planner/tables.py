@@ -102,7 +102,10 @@ def collect_tables(
             f"constraints name tables that are not in the model: {unknown}; tables are {sorted(names)[:20]}"
         )
     device = str(topo.compute_device)
-    keys, cols_ = [], {k: [] for k in ("rows", "cols", "eb", "ro", "ids", "bags", "pooled", "oe", "or", "mp")}
+    keys: list[tuple[str, str]] = []
+    cols_: dict[str, list[float]] = {
+        k: [] for k in ("rows", "cols", "eb", "ro", "ids", "bags", "pooled", "oe", "or", "mp")
+    }
     allowed: list[list[tuple[int, list[int]]]] = []
     for m in modules:
         default_opt = m.sharder.fused_params.get("optimizer")

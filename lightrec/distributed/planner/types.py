@@ -171,9 +171,16 @@ class Topology:
                 f"Topology: the memory bandwidth of compute_device={self.compute_device!r} must be > 0"
             )
 
+    # The Optional fields (local_world_size, the bandwidths, kernel_overhead_s) are never None after
+    # __post_init__; readers write `x or 0.0` / use local_size to say so to the type checker.
+    @property
+    def local_size(self) -> int:
+        """Ranks per host: ``local_world_size`` as resolved by ``__post_init__`` (default ``world_size``)."""
+        return self.local_world_size or self.world_size
+
     @property
     def num_hosts(self) -> int:
-        return self.world_size // self.local_world_size  # type: ignore[operator]
+        return self.world_size // self.local_size
 
     @property
     def hbm_caps(self) -> np.ndarray:
@@ -196,12 +203,13 @@ class Topology:
 
     @property
     def device_mem_bw(self) -> float:
-        return float(self.hbm_mem_bw if self.compute_device == "cuda" else self.ddr_mem_bw)  # type: ignore[arg-type]
+        bandwidth = self.hbm_mem_bw if self.compute_device == "cuda" else self.ddr_mem_bw
+        return float(bandwidth or 0.0)  # __post_init__ filled the device's default
 
     @property
     def comm_bw(self) -> float:
         """Bandwidth of a collective over all ranks: inter-host once the world spans hosts."""
-        return float(self.intra_host_bw if self.num_hosts == 1 else self.inter_host_bw)  # type: ignore[arg-type]
+        return float((self.intra_host_bw if self.num_hosts == 1 else self.inter_host_bw) or 0.0)
 
 
 @dataclass

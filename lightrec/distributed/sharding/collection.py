@@ -1,4 +1,4 @@
-"""Machinery shared by ``ShardedEmbeddingBagCollection`` and ``ShardedEmbeddingCollection``.
+"""``ShardedCollectionBase``: what ``ShardedEmbeddingBagCollection`` and ``ShardedEmbeddingCollection`` share.
 
 A sharded collection groups its tables by sharding type (in order of first appearance in the
 table list, the same on every rank) and chains, per type, the three parts built by the sharding
@@ -10,150 +10,65 @@ classes::
 
 All input dists are started before any is waited, so their all-to-alls overlap.
 
-Pipelining (``SparseDistPrefetch``): the input dist of the *next* batch may be started ahead of
-its forward, in two stages -- :meth:`ShardedCollectionBase.start_input_dist` (the splits
-exchange) and :meth:`~ShardedCollectionBase.progress_input_dists` (wait for the splits, start the
-lengths/values/weights exchange). The batch's own forward then finds the input dist in flight
-and only waits for it before its lookup, which therefore still runs after the previous batch's
-backward (the fused optimizer updates rows there). The input dist reads only the ids, never the
-tables, so starting it early does not change any result. On CUDA both stages may be issued on a
-side stream (``start_input_dist(kjt, stream=...)``): the forward waits for it there, makes its
-own stream wait for the side stream and ``record_stream``s what it received
-(``lightrec/distributed/streams.py``); the stage-2 host sync then waits for the count exchange only,
-not for the work queued on the main stream.
+Work started before its forward -- the next batch's input dist (``SparseDistPrefetch``), the
+whole forward of the batch ``DistributedModelParallel`` was given (its prefetch) -- lives in the
+collection's :attr:`~ShardedCollectionBase.lookahead`, an ``InputDistPipeline``
+(``lightrec/distributed/input_dist_pipeline.py``), which hands it to the forward of that batch
+once. The input dist reads only the ids, never the tables, so starting it early does not change
+any result.
 
-State dict: the kernels' parameters are renamed to the unsharded collection's keys
-(``<attr>.<table>.weight``); a model-parallel table's value is a
-:class:`~lightrec.distributed.state_dict.ShardedTableState`, a data-parallel table's is its
-tensor. Loading takes either form (see ``state_dict.py``).
+Siblings of this file: ``collection_sharder.py`` (``CollectionSharder``, which builds a sharded
+collection) and ``collection_state_dict.py`` (the state dict under the unsharded module's keys:
+``<attr>.<table>.weight``, a ``ShardedTableState`` for a model-parallel table, a tensor for a
+data-parallel one).
 """
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
+from lightrec.distributed.input_dist_pipeline import InputDistPipeline, StartedInputDist, same_features
 from lightrec.distributed.sharding import SHARDING_CLASSES
-from lightrec.distributed.sharding.common import (
-    DistContext,
-    EmbeddingSharding,
-    ShardedTable,
-)
+from lightrec.distributed.sharding.collection_state_dict import load_state_dict_pre_hook, state_dict_hook
+from lightrec.distributed.sharding.common import DistContext, EmbeddingSharding, ShardedTable, ShardingContext
 from lightrec.distributed.sharding.data_parallel import DpEmbeddingSharding
 from lightrec.distributed.sharding.id_bounds import IdBounds
 from lightrec.distributed.sharding.lookups import _GroupedLookupBase
-from lightrec.distributed.state_dict import ShardedTableState, local_slice
-from lightrec.distributed.streams import handoff, on_stream
+from lightrec.distributed.streams import on_stream
 from lightrec.distributed.types import (
     EmbeddingComputeKernel,
     EmbeddingModuleShardingPlan,
-    ModuleSharder,
     ShardingEnv,
     ShardingType,
     ShardMetadata,
+    as_env,
     placement_for,
 )
-from lightrec.kernels.batched_embedding import BACKENDS
+from lightrec.kernels.batched_embedding import check_kernel_backend
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, PoolingType
 from lightrec.modules.feature_checks import check_feature_keys
 from lightrec.optim.fused_spec import FusedOptimizerSpec
 from lightrec.optim.in_backward import fused_spec_from_parameter
 from lightrec.optim.keyed import CombinedOptimizer, KeyedOptimizer
+from lightrec.sparse import KeyedJaggedTensor
 
-__all__ = ["ShardedCollectionBase", "as_env", "normalized_fused_params", "same_features"]
-
-
-def normalized_fused_params(
-    fused_params: Mapping[str, Any] | FusedOptimizerSpec | None,
-) -> dict[str, Any] | None:
-    """Validate a sharder's ``fused_params`` (errors name the bad key) and return the full dict,
-    with the optimizer spelled by its enum *name* (``"ROWWISE_ADAGRAD"``), the spelling every
-    consumer (the fused spec, the planner's storage model) understands."""
-    spec = FusedOptimizerSpec.coerce(fused_params)
-    if spec is None:
-        return None
-    params = spec.to_fused_params()
-    params["optimizer"] = spec.optimizer.name
-    return params
+# as_env, check_kernel_backend and same_features lived here before the split; they are re-exported so
+# that their old import path keeps working. CollectionSharder (collection_sharder.py) is not: the sharder
+# builds this class, so importing it back here would close an import circle.
+__all__ = [
+    "ShardedCollectionBase",
+    "as_env",
+    "check_kernel_backend",
+    "same_features",
+]
 
 
-def same_features(a: Any, b: Any) -> bool:
-    """Whether KJTs ``a`` and ``b`` hold the very same tensors (``b`` may be ``a.to(its device)``,
-    which builds a new KJT around the same tensors, as Lightning's ``batch_to_device`` does)."""
-    if a is b:
-        return True
-    if a.values() is not b.values() or a.weights_or_none() is not b.weights_or_none() or a.keys() != b.keys():
-        return False
-    la, lb, oa, ob = a.lengths_or_none(), b.lengths_or_none(), a.offsets_or_none(), b.offsets_or_none()
-    return (la is not None and la is lb) or (oa is not None and oa is ob)
-
-
-@dataclass
-class _PendingInputDist:
-    """An input dist started before its forward (``start_input_dist``).
-
-    Attributes:
-        features: the KJT it was started for (kept alive, so its tensors identify it).
-        stream: the side CUDA stream its work is issued on, or None (the current stream).
-        positions: key index in ``features`` of each collection feature (None: same order).
-        contexts: one per sharding type; their splits exchanges are in flight.
-        bounded: ``features`` after the ``bounds_check`` rewrite (what the input dist sent).
-        tensors: one lengths/values exchange awaitable per sharding type once the splits were
-            waited (``progress``), else None.
-    """
-
-    features: Any
-    positions: list[int] | None
-    contexts: list[DistContext]
-    bounded: Any
-    tensors: list[Any] | None = None
-    stream: Any = None
-
-    def progress(self) -> list[Any]:
-        if self.tensors is None:
-            with on_stream(self.stream):
-                self.tensors = [c.splits.wait() for c in self.contexts]  # type: ignore[attr-defined]
-        return self.tensors
-
-    def received(self, device: torch.device) -> list[Any]:
-        """The KJT each sharding looks up (waits for the exchanges). With a side stream: waited
-        there, then handed to the current stream of ``device`` (``lightrec.distributed.streams``)."""
-        tensors = self.progress()
-        with on_stream(self.stream):
-            kjts = [t.wait() for t in tensors]
-        handoff((kjts, tensors, self.contexts, self.bounded), self.stream, device)
-        return kjts
-
-
-def check_kernel_backend(kernel_backend: str) -> None:
-    """Reject an unknown ``kernel_backend`` (one of ``lightrec.kernels`` ``BACKENDS``)."""
-    if kernel_backend not in BACKENDS:
-        raise ValueError(
-            f"kernel_backend must be one of {BACKENDS} (auto: fbgemm where it supports the tables, else "
-            f"pure torch), got {kernel_backend!r}"
-        )
-
-
-def as_env(env: ShardingEnv | dist.ProcessGroup | None) -> ShardingEnv:
-    """Accept a ``ShardingEnv``, a process group, or None (the default group)."""
-    if isinstance(env, ShardingEnv):
-        return env
-    if env is None or isinstance(env, dist.ProcessGroup):
-        if not dist.is_initialized():
-            raise RuntimeError(
-                "sharding needs torch.distributed: call dist.init_process_group('gloo') (or 'nccl') first, "
-                "even for a single process (world size 1)"
-            )
-        return ShardingEnv.from_process_group(env or dist.group.WORLD)  # type: ignore[arg-type]
-    raise TypeError(f"env must be a ShardingEnv or a ProcessGroup, got {type(env).__name__}")
-
-
-class ShardedCollectionBase(nn.Module):
+class ShardedCollectionBase(nn.Module, abc.ABC):
     """Common construction, forward plumbing, optimizer and state dict of sharded collections.
 
     Args:
@@ -179,7 +94,7 @@ class ShardedCollectionBase(nn.Module):
         table_plan: EmbeddingModuleShardingPlan | Mapping[str, Any],
         env: ShardingEnv,
         device: torch.device,
-        fused_params: Mapping[str, Any] | FusedOptimizerSpec | None,
+        fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None,
         seed: int = 0,
         kernel_backend: str = "auto",
     ) -> None:
@@ -196,6 +111,8 @@ class ShardedCollectionBase(nn.Module):
         )
         self._check_plan(configs, table_plan)
         self._feature_order = [f for c in configs for f in c.feature_names]
+        dims = {f: c.embedding_dim for c in configs for f in c.feature_names}
+        self._length_per_key = [dims[f] for f in self._feature_order]  # pooled output widths
         default_spec = FusedOptimizerSpec.coerce(fused_params) or FusedOptimizerSpec()
         holders = getattr(module, self._attr)
         by_type: dict[str, list[ShardedTable]] = {}
@@ -220,11 +137,9 @@ class ShardedCollectionBase(nn.Module):
             by_type.setdefault(ps.sharding_type, []).append(
                 ShardedTable(c, ps, shards, spec, source, pooling, kernel_backend)
             )
+        context = ShardingContext(self._feature_order, env, device, self._pooled, self._is_weighted, seed)
         self._shardings: list[EmbeddingSharding] = [
-            SHARDING_CLASSES[st](
-                tables, self._feature_order, env, device, self._pooled, self._is_weighted, seed
-            )
-            for st, tables in by_type.items()
+            SHARDING_CLASSES[st](tables, context) for st, tables in by_type.items()
         ]
         self._column_index = self._output_column_index() if self._pooled else None
         self._input_dists = nn.ModuleList(s.create_input_dist() for s in self._shardings)
@@ -238,10 +153,9 @@ class ShardedCollectionBase(nn.Module):
         self._fused_optimizer = self._build_fused_optimizer()
         self._positions_cache: dict[tuple[str, ...], list[int]] = {}
         self._prefetchable: dict[tuple[str, ...], bool] = {}
-        self._prefetched: tuple[Any, Any] | None = None
-        self._pending_input_dists: list[_PendingInputDist] = []  # oldest first
-        self._register_state_dict_hook(_state_dict_hook)
-        self._register_load_state_dict_pre_hook(_load_pre_hook, with_module=True)
+        self._lookahead = InputDistPipeline(self._has_all_keys, self._begin_input_dist, self._start, device)
+        self._register_state_dict_hook(state_dict_hook)
+        self._register_load_state_dict_pre_hook(load_state_dict_pre_hook, with_module=True)
 
     # ---- construction helpers ---------------------------------------------------------------
     def _configs_of(self, module: nn.Module) -> list[BaseEmbeddingConfig]:
@@ -285,7 +199,7 @@ class ShardedCollectionBase(nn.Module):
             order = [0] * len(index)
             for out_col, in_col in enumerate(index):
                 order[in_col] = out_col
-            self._shardings[0].set_column_order(order)  # type: ignore[attr-defined]
+            self._shardings[0].set_column_order(order)
             return None
         return torch.tensor(index, device=self._device)
 
@@ -300,7 +214,7 @@ class ShardedCollectionBase(nn.Module):
         return out
 
     def _grouped_lookups(self) -> list[_GroupedLookupBase]:
-        return list(self._lookups)  # type: ignore[arg-type]
+        return [lk for lk in self._lookups if isinstance(lk, _GroupedLookupBase)]  # all are
 
     def _build_fused_optimizer(self) -> CombinedOptimizer:
         optims: list[tuple[str, KeyedOptimizer]] = []
@@ -360,28 +274,28 @@ class ShardedCollectionBase(nn.Module):
         return [n for n, _ in self.named_parameters()]
 
     # ---- forward plumbing ---------------------------------------------------------------------
-    def _start(self, features: Any) -> Any:
-        """Start the lookup of ``features``; returns the awaitable ``forward`` returns."""
-        raise TypeError(f"{type(self).__name__} must implement _start")  # every subclass does
+    @property
+    def lookahead(self) -> InputDistPipeline:
+        """Work started before its forward: input dists of later batches, a prefetched forward."""
+        return self._lookahead
 
-    def forward(self, features: Any) -> Any:
-        prefetched, self._prefetched = self._prefetched, None
-        if prefetched is not None and prefetched[0] is features:
-            return prefetched[1]
-        return self._start(features)
+    @abc.abstractmethod
+    def _start(self, features: KeyedJaggedTensor, started: StartedInputDist | None) -> Any:
+        """The rest of the forward of ``features`` (after ``started``, its input dist started
+        ahead, or all of it); returns the awaitable ``forward`` returns."""
 
-    def prefetch(self, features: Any) -> bool:
+    def forward(self, features: KeyedJaggedTensor) -> Any:
+        return self._lookahead.forward(features)
+
+    def prefetch(self, features: KeyedJaggedTensor) -> bool:
         """Start the forward of ``features`` now; the next ``forward(features)`` (same object)
         returns it. ``DistributedModelParallel`` calls this before running the model, so the
         embedding all-to-alls travel while the dense layers compute (and, in backward, the
         gradient all-to-all is started before the dense layers' backward). Returns False (and
         does nothing) when ``features`` does not have exactly this module's keys."""
-        ok = self._has_all_keys(features)
-        if ok:
-            self._prefetched = (features, self._start(features))
-        return ok
+        return self._lookahead.launch(features)
 
-    def _has_all_keys(self, features: Any) -> bool:
+    def _has_all_keys(self, features: KeyedJaggedTensor) -> bool:
         keys = tuple(features.keys())
         ok = self._prefetchable.get(keys)
         if ok is None:
@@ -390,15 +304,16 @@ class ShardedCollectionBase(nn.Module):
             )
         return ok
 
-    # ---- pipelining: input dists started ahead of their forward --------------------------------
-    def start_input_dist(self, features: Any, stream: Any = None) -> bool:
-        """Start the input dist of a *later* forward of ``features`` (stage 1: the splits exchange).
+    # ---- pipelining: input dists started ahead of their forward (see ``lookahead``) ------------
+    def start_input_dist(self, features: KeyedJaggedTensor, stream: torch.cuda.Stream | None = None) -> bool:
+        """Start the input dist of a *later* ``forward(features)`` (stage 1: the splits exchange).
 
         Collective: every rank must call it at the same point. The forward of ``features`` (the same
-        KJT, or a KJT around the same tensors such as ``features.to(its device)``) then waits for it
-        instead of starting its own; until then other forwards run normally, so a validation loop may
-        come in between. Returns False (and does nothing) when ``features`` does not have exactly
-        this module's keys; True if it was started (or already was).
+        KJT object; a caller whose forward receives a rebuilt KJT hands it over with
+        ``lookahead.hand_over``) then waits for it instead of starting its own; until then other
+        forwards run normally, so a validation loop may come in between. Returns False (and does
+        nothing) when ``features`` does not have exactly this module's keys; True if it was started
+        (or already was).
 
         Args:
             features: the KJT of the later forward (its tensors must be ready on ``stream``).
@@ -406,55 +321,20 @@ class ShardedCollectionBase(nn.Module):
                 forward then makes its own stream wait for it and ``record_stream``s what it
                 receives); None: the current stream.
         """
-        if not self._has_all_keys(features):
-            return False
-        if self._find_pending(features) is not None:
-            return True
-        positions = self._positions(features.keys())
-        with on_stream(stream):
-            bounded = self._id_bounds(features)  # the unsharded module's bounds_check policy
-            contexts = [d(bounded, positions) for d in self._input_dists]
-        self._pending_input_dists.append(
-            _PendingInputDist(features, positions, contexts, bounded, stream=stream)
-        )
-        return True
+        return self._lookahead.start(features, stream)
 
     def progress_input_dists(self) -> None:
         """Stage 2 of every pending input dist: wait for its splits exchange (a host sync) and start
         its lengths/values/weights exchange. Collective; a no-op when nothing is pending."""
-        for pending in self._pending_input_dists:
-            pending.progress()
+        self._lookahead.progress()
 
-    def has_pending_input_dist(self, features: Any | None = None) -> bool:
+    def has_pending_input_dist(self, features: KeyedJaggedTensor | None = None) -> bool:
         """Whether an input dist started by ``start_input_dist`` (for ``features``, or any) waits for its forward."""
-        if features is None:
-            return bool(self._pending_input_dists)
-        return self._find_pending(features) is not None
+        return self._lookahead.pending(features)
 
     def cancel_input_dists(self, wait: bool = True) -> int:
-        """Drop every pending input dist and return how many there were.
-
-        With ``wait`` (collective: every rank must call it together) each is completed first, so no
-        exchange is left in flight; ``wait=False`` only forgets them (after an error, when the other
-        ranks may not take part any more).
-        """
-        pending, self._pending_input_dists = self._pending_input_dists, []
-        if wait:
-            for p in pending:
-                p.received(self._device)
-        return len(pending)
-
-    def _find_pending(self, features: Any) -> _PendingInputDist | None:
-        for pending in self._pending_input_dists:
-            if same_features(pending.features, features):
-                return pending
-        return None
-
-    def _take_pending(self, features: Any) -> _PendingInputDist | None:
-        pending = self._find_pending(features) if self._pending_input_dists else None
-        if pending is not None:
-            self._pending_input_dists.remove(pending)
-        return pending
+        """Drop every pending input dist and return how many there were (see ``InputDistPipeline.cancel``)."""
+        return self._lookahead.cancel(wait)
 
     def _positions(self, keys: list[str]) -> list[int] | None:
         if keys == self._feature_order:
@@ -465,28 +345,34 @@ class ShardedCollectionBase(nn.Module):
             self._positions_cache[key] = [index[f] for f in self._feature_order]
         return self._positions_cache[key]
 
-    def _run(self, features: Any) -> tuple[list[DistContext], list[Any], list[int] | None, Any]:
-        """Input dists, lookups and output dists of ``features``.
+    def _begin_input_dist(
+        self, features: KeyedJaggedTensor, stream: torch.cuda.Stream | None
+    ) -> StartedInputDist:
+        """Stage 1 of the input dist of ``features``: every sharding's splits exchange in flight."""
+        positions = self._positions(features.keys())
+        with on_stream(stream):
+            bounded = self._id_bounds(features)  # the unsharded module's bounds_check policy
+            contexts = [d(bounded, positions) for d in self._input_dists]
+        return StartedInputDist(features, positions, contexts, bounded, stream=stream)
+
+    def _run(
+        self, features: KeyedJaggedTensor, started: StartedInputDist | None
+    ) -> tuple[list[DistContext], list[Any], list[int] | None, KeyedJaggedTensor]:
+        """Input dists (unless ``started`` ahead), lookups and output dists of ``features``.
 
         Returns:
             ``(contexts, output awaitables, positions, features after the bounds_check rewrite)``.
         """
-        pending = self._take_pending(features)
-        if pending is not None:  # started ahead by start_input_dist (pipelined training)
-            contexts, positions, tensors = pending.contexts, pending.positions, pending.progress()
-            bounded = pending.bounded
-            if pending.stream is not None:  # issued on a side stream: wait there, hand over to this one
-                pending.received(self._device)
-        else:
+        if started is None:
             check_feature_keys(features.keys(), self._feature_order, type(self).__name__)
-            positions = self._positions(features.keys())
-            bounded = self._id_bounds(features)  # the unsharded module's bounds_check policy
-            contexts = [d(bounded, positions) for d in self._input_dists]  # every splits exchange in flight
-            tensors = [c.splits.wait() for c in contexts]  # every lengths/values exchange in flight
+            started = self._begin_input_dist(features, None)  # every splits exchange in flight
+        tensors = started.progress()  # every lengths/values exchange in flight
+        if started.stream is not None:  # issued on a side stream: wait there, hand over to this one
+            started.received(self._device)
         results = []
-        for ctx, t, lookup, output_dist in zip(contexts, tensors, self._lookups, self._output_dists):
+        for ctx, t, lookup, output_dist in zip(started.contexts, tensors, self._lookups, self._output_dists):
             results.append(output_dist(lookup(t.wait()), t, ctx))
-        return contexts, results, positions, bounded
+        return started.contexts, results, started.positions, started.bounded
 
     def __repr__(self) -> str:
         """The seed tutorial's tree: lookups, input dists, output dists, then the table holders."""
@@ -505,95 +391,3 @@ class ShardedCollectionBase(nn.Module):
     def extra_repr(self) -> str:
         kinds = ", ".join(f"{s.name}: {sorted(s.tables)}" for s in self._shardings)
         return f"rank={self._env.rank}/{self._env.world_size}, {kinds}"
-
-
-def _state_dict_hook(
-    module: ShardedCollectionBase, state_dict: dict, prefix: str, local_metadata: Any
-) -> None:
-    for key in [k for k in state_dict if k.startswith(prefix + "_lookups.")]:
-        del state_dict[key]
-    for c in module._configs:
-        table = module._tables[c.name]
-        key = f"{prefix}{module._attr}.{c.name}.weight"
-        local = module._local_params[c.name]
-        if table.sharding.sharding_type == ShardingType.DATA_PARALLEL.value:
-            state_dict[key] = local[0][2].detach()
-        else:
-            state_dict[key] = ShardedTableState(
-                [c.num_embeddings, c.embedding_dim],
-                [(meta, p.detach()) for _, meta, p in local],
-                local[0][2].dtype if local else torch.float32,
-            )
-
-
-def _load_pre_hook(module: ShardedCollectionBase, state_dict: dict, prefix: str, *args: Any) -> None:
-    """Turn ``<attr>.<table>.weight`` (full tensor or sharded state) into the kernel parameters."""
-    for c in module._configs:
-        key = f"{prefix}{module._attr}.{c.name}.weight"
-        if key not in state_dict:
-            continue  # reported as missing under the kernel parameter's key
-        value = state_dict.pop(key)
-        if isinstance(value, ShardedTableState) and value.global_shape != [c.num_embeddings, c.embedding_dim]:
-            raise ValueError(f"state_dict[{key!r}] is a [{value.global_shape}] table, expected "
-                             f"[{c.num_embeddings}, {c.embedding_dim}]")  # fmt: skip
-        if isinstance(value, torch.Tensor) and tuple(value.shape) != (c.num_embeddings, c.embedding_dim):
-            raise ValueError(
-                f"state_dict[{key!r}] has shape {tuple(value.shape)}, expected ({c.num_embeddings}, {c.embedding_dim})"
-            )
-        for param_key, meta, _ in module._local_params[c.name]:
-            state_dict[prefix + param_key] = local_slice(value, meta, key)
-
-
-class CollectionSharder(ModuleSharder):
-    """Builds a sharded collection (``_sharded_class``) from an unsharded one (``_module_class``).
-
-    Args:
-        fused_params: the fused optimizer of tables not marked by ``apply_optimizer_in_backward``
-            (torchrec-style dict, e.g. ``{"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
-            "learning_rate": 0.02, "eps": 0.002}``, or a ``FusedOptimizerSpec``); default SGD with
-            learning rate 0.01, like torchrec.
-        kernel_backend: lookup kernels of every shard: ``"auto"``, ``"fbgemm"``, ``"triton"`` or ``"torch"``.
-    """
-
-    _module_class: type[nn.Module]
-    _sharded_class: type[ShardedCollectionBase]
-
-    def __init__(
-        self, fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None, kernel_backend: str = "auto"
-    ) -> None:
-        super().__init__(normalized_fused_params(fused_params))
-        check_kernel_backend(kernel_backend)
-        self.kernel_backend = kernel_backend
-
-    @property
-    def module_type(self) -> type[nn.Module]:
-        return self._module_class
-
-    def shard(
-        self,
-        module: nn.Module,
-        params: EmbeddingModuleShardingPlan | Mapping[str, Any],
-        env: ShardingEnv | dist.ProcessGroup | None = None,
-        device: torch.device | str | None = None,
-        module_fqn: str | None = None,
-        seed: int = 0,
-    ) -> ShardedCollectionBase:
-        """Shard ``module`` by ``params`` (its entry of the plan) over ``env`` (collective).
-
-        Args:
-            module: the collection (on ``meta`` or materialised; materialised weights are kept).
-            params: ``plan.plan["<module path>"]``.
-            env: ``ShardingEnv`` (or a process group; default: the world).
-            device: where the local shards live (default CPU).
-            module_fqn: the module's path (for messages only).
-            seed: base seed of shard initialisation of ``meta`` tables.
-        """
-        if not isinstance(module, self._module_class):
-            raise TypeError(
-                f"{type(self).__name__} shards {self._module_class.__name__}, got {type(module).__name__}"
-                + (f" at {module_fqn!r}" if module_fqn else "")
-            )
-        device = torch.device(device) if device is not None else torch.device("cpu")
-        return self._sharded_class(
-            module, params, as_env(env), device, self.fused_params or None, seed, self.kernel_backend
-        )

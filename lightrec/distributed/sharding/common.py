@@ -30,20 +30,23 @@ import abc
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
-from lightrec._fbgemm import has_fbgemm_op
+from lightrec.distributed.comm.awaitable import Awaitable
 from lightrec.distributed.types import EmbeddingComputeKernel, ParameterSharding, ShardingEnv, ShardMetadata
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, PoolingType
 from lightrec.optim.fused_spec import FusedOptimizerSpec
 from lightrec.sparse import KeyedJaggedTensor
+from lightrec.sparse._ops import complete_cumsum  # re-exported: its former home was here
 
 __all__ = [
     "EmbeddingSharding",
     "ShardSlot",
     "ShardedTable",
+    "ShardingContext",
     "complete_cumsum",
     "init_shard_",
     "mean_weights",
@@ -108,16 +111,6 @@ class ShardSlot:
     cols: int
 
 
-def complete_cumsum(lengths: torch.Tensor) -> torch.Tensor:
-    """``[len + 1]`` int64 offsets ``[0, l0, l0 + l1, ...]`` of 1-D ``lengths``."""
-    lengths = lengths.long()
-    if has_fbgemm_op("asynchronous_complete_cumsum"):
-        return torch.ops.fbgemm.asynchronous_complete_cumsum(lengths)
-    offsets = lengths.new_zeros(lengths.numel() + 1)
-    torch.cumsum(lengths, 0, out=offsets[1:])
-    return offsets
-
-
 def mean_weights(
     lengths: torch.Tensor,
     num_values: int,
@@ -148,12 +141,12 @@ def mean_weights(
 
 class _ScaleGrad(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor, scale: float) -> torch.Tensor:  # type: ignore[override]  # noqa: ANN001
+    def forward(ctx, x: torch.Tensor, scale: float) -> torch.Tensor:  # noqa: ANN001
         ctx.scale = scale
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]  # noqa: ANN001
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # noqa: ANN001
         if torch.is_grad_enabled():  # create_graph=True: stay differentiable
             return grad * ctx.scale, None
         # The incoming gradient is the fresh output of a backward collective that nothing else
@@ -228,11 +221,11 @@ def order_slots(slots: Sequence[ShardSlot], tables: dict[str, ShardedTable], poo
     return sorted(slots, key=lambda s: keys.index(_group_key(tables[s.table], s, pooled)))
 
 
-class EmbeddingSharding(abc.ABC):
-    """One sharding type's part of a sharded collection: input dist, local lookup, output dist.
+@dataclass(frozen=True)
+class ShardingContext:
+    """What the sharding types of one sharded collection share (the collection builds one).
 
-    Args:
-        tables: the tables of this sharding type, in the collection's table order.
+    Attributes:
         feature_order: the collection's feature names (outputs use this order).
         env: world size, rank and process group.
         device: where this rank's shards live.
@@ -241,33 +234,40 @@ class EmbeddingSharding(abc.ABC):
         seed: base seed of shard initialisation (see :func:`init_shard_`).
     """
 
+    feature_order: list[str]
+    env: ShardingEnv
+    device: torch.device
+    pooled: bool
+    is_weighted: bool
+    seed: int
+
+
+class EmbeddingSharding(abc.ABC):
+    """One sharding type's part of a sharded collection: input dist, local lookup, output dist.
+
+    Args:
+        tables: the tables of this sharding type, in the collection's table order.
+        context: what every sharding type of the collection shares (:class:`ShardingContext`).
+    """
+
     name: str = "abstract"
 
-    def __init__(
-        self,
-        tables: list[ShardedTable],
-        feature_order: list[str],
-        env: ShardingEnv,
-        device: torch.device,
-        pooled: bool,
-        is_weighted: bool,
-        seed: int,
-    ) -> None:
+    def __init__(self, tables: list[ShardedTable], context: ShardingContext) -> None:
         self.tables = {t.name: t for t in tables}
         self.table_list = list(tables)
-        self.env = env
-        self.device = device
-        self.pooled = pooled
-        self.is_weighted = is_weighted
-        self.seed = seed
-        self.attr = "embedding_bags" if pooled else "embeddings"
-        index = {f: i for i, f in enumerate(feature_order)}
+        self.env = context.env
+        self.device = context.device
+        self.pooled = context.pooled
+        self.is_weighted = context.is_weighted
+        self.seed = context.seed
+        self.attr = "embedding_bags" if context.pooled else "embeddings"
+        index = {f: i for i, f in enumerate(context.feature_order)}
         # Features of this sharding in the collection's order, with their tables.
         self.features: list[tuple[str, int, ShardedTable]] = [
             (f, index[f], t) for t in tables for f in t.config.feature_names
         ]
         self.features.sort(key=lambda x: x[1])
-        self.grad_scale = 1.0 / env.world_size
+        self.grad_scale = 1.0 / context.env.world_size
 
     @abc.abstractmethod
     def create_input_dist(self) -> nn.Module:
@@ -325,7 +325,7 @@ class DistContext:
     """
 
     sent: KeyedJaggedTensor
-    splits: object
+    splits: Awaitable[Any]
     unbucketize: torch.Tensor | None = None
 
 

@@ -29,6 +29,7 @@ from lightrec.distributed.sharding.common import (
     EmbeddingSharding,
     KeySelector,
     ShardedTable,
+    ShardingContext,
     ShardSlot,
     check_blocks,
     order_slots,
@@ -110,7 +111,7 @@ class DataParallelTableSync:
         self.optimizers: list[EmbeddingFusedOptimizer] = []
         by_spec: dict[str, tuple[FusedOptimizerSpec, dict[str, nn.Parameter], list[dict]]] = {}
         for kernel, shards in lookup.kernel_tables():  # type: ignore[operator]
-            for (table, _), param in zip(shards, kernel.weights.values()):  # type: ignore[operator]
+            for (table, _), param in zip(shards, kernel.weights.values()):
                 spec = specs[table]
                 state = _new_state(spec, param)
                 entry = by_spec.setdefault(repr(spec), (spec, {}, []))
@@ -166,27 +167,18 @@ class DpEmbeddingSharding(EmbeddingSharding):
 
     name = "data_parallel"
 
-    def __init__(
-        self,
-        tables: list[ShardedTable],
-        feature_order: list[str],
-        env: ShardingEnv,
-        device: torch.device,
-        pooled: bool,
-        is_weighted: bool,
-        seed: int,
-    ) -> None:
+    def __init__(self, tables: list[ShardedTable], context: ShardingContext) -> None:
         # The replica kernels compute plain gradients; the fused rule runs in DataParallelTableSync.
         self.specs = {t.name: t.optimizer or FusedOptimizerSpec() for t in tables}
         for t in tables:
             t.optimizer = None
             check_blocks(t, self.name)
-        super().__init__(tables, feature_order, env, device, pooled, is_weighted, seed)
+        super().__init__(tables, context)
         slots = [
-            ShardSlot(f, i, t.name, 0, env.rank, 0, t.config.num_embeddings, 0, t.config.embedding_dim)
+            ShardSlot(f, i, t.name, 0, self.env.rank, 0, t.config.num_embeddings, 0, t.config.embedding_dim)
             for f, i, t in self.features
         ]
-        self.slots = order_slots(slots, self.tables, pooled)
+        self.slots = order_slots(slots, self.tables, self.pooled)
         self.width = width_of(tables)
         self.sync: DataParallelTableSync | None = None
 

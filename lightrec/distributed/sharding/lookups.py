@@ -19,7 +19,6 @@ from lightrec.distributed.sharding.common import (
     ShardedTable,
     ShardSlot,
     _group_key,
-    complete_cumsum,
     init_shard_,
     mean_weights,
     scale_grad,
@@ -27,6 +26,7 @@ from lightrec.distributed.sharding.common import (
 from lightrec.kernels.batched_embedding import BatchedEmbedding, BatchedEmbeddingBag, BatchedTableSpec
 from lightrec.modules.embedding_configs import PoolingType
 from lightrec.sparse import KeyedJaggedTensor
+from lightrec.sparse._ops import complete_cumsum
 
 __all__ = ["GroupedEmbeddingsLookup", "GroupedPooledEmbeddingsLookup"]
 
@@ -158,19 +158,23 @@ class _GroupedLookupBase(nn.Module):
             and group.last == len(self._slots)
             and len(group.keys) == len(self._slots)
         ):
-            return values, complete_cumsum(lengths), weights
+            return values, complete_cumsum(lengths.long()), weights
         opk = kjt.offset_per_key()
         lo, hi = opk[group.first], opk[group.last]
         if len(group.keys) == group.last - group.first:
             return (
                 values[lo:hi],
-                complete_cumsum(lengths[group.first * batch : group.last * batch]),
+                complete_cumsum(lengths[group.first * batch : group.last * batch].long()),
                 (weights[lo:hi] if weights is not None else None),
             )
         # Keys of empty shards received no ids (they own no rows): drop their lengths only.
         keep = torch.tensor(group.keys, dtype=torch.long, device=lengths.device)
         sub_lengths = lengths.view(-1, batch).index_select(0, keep).reshape(-1)
-        return values[lo:hi], complete_cumsum(sub_lengths), (weights[lo:hi] if weights is not None else None)
+        return (
+            values[lo:hi],
+            complete_cumsum(sub_lengths.long()),
+            (weights[lo:hi] if weights is not None else None),
+        )
 
     def extra_repr(self) -> str:
         return f"slots={len(self._slots)}, kernels={len(self._emb_modules)}"

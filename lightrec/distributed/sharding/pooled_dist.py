@@ -99,11 +99,11 @@ class _Call:
     def __init__(self, dist_: FusedPooledAllToAll, batches: list[int]) -> None:
         self.dist = dist_
         self.batches = batches
-        self.work: Any = None
+        self.work: dist.Work | None = None
         self.recv: torch.Tensor | None = None
         self.send: torch.Tensor | None = None
         self.lookup_out: torch.Tensor | None = None
-        self.grad_work: Any = None
+        self.grad_work: dist.Work | None = None
         self.lookup_grad: torch.Tensor | None = None
 
 
@@ -124,7 +124,7 @@ class _Launch(Function):
     node (with an undefined gradient) in the main pass and free its saved tensors."""
 
     @staticmethod
-    def forward(ctx: Any, call: _Call, anchor: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, call: _Call, anchor: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         d, me = call.dist, call.dist.rank
         send = x.contiguous()
         b_me, d_me = call.batches[me], d.dims[me]
@@ -144,13 +144,13 @@ class _Launch(Function):
         return x.new_empty(0)
 
     @staticmethod
-    def backward(ctx: Any, _token: torch.Tensor) -> tuple[None, None, None]:  # type: ignore[override]
+    def backward(ctx: Any, _token: torch.Tensor) -> tuple[None, None, None]:
         return None, None, None  # the lookup's backward is queued by _Wait.backward
 
 
 class _Wait(Function):
     @staticmethod
-    def forward(ctx: Any, call: _Call, token: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, call: _Call, token: torch.Tensor) -> torch.Tensor:
         d, me = call.dist, call.dist.rank
         if call.work is not None:
             call.work.wait()
@@ -175,7 +175,7 @@ class _Wait(Function):
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, torch.Tensor]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, torch.Tensor]:
         call: _Call = ctx.call
         d, me = call.dist, call.dist.rank
         b_me, d_me = call.batches[me], d.dims[me]

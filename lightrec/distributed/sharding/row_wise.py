@@ -38,13 +38,14 @@ from lightrec.distributed.sharding.common import (
     EmbeddingSharding,
     KeySelector,
     ShardedTable,
+    ShardingContext,
     ShardSlot,
     mean_weights,
     order_slots,
     width_of,
 )
 from lightrec.distributed.sharding.lookups import GroupedEmbeddingsLookup, GroupedPooledEmbeddingsLookup
-from lightrec.distributed.types import ShardingEnv, ShardMetadata
+from lightrec.distributed.types import ShardMetadata
 from lightrec.modules.embedding_configs import PoolingType
 from lightrec.sparse import KeyedJaggedTensor
 
@@ -140,25 +141,16 @@ class RwEmbeddingSharding(EmbeddingSharding):
     pooled_dist_cls: type[nn.Module] = RwPooledEmbeddingDist
     sequence_dist_cls: type[nn.Module] = RwSequenceEmbeddingDist
 
-    def __init__(
-        self,
-        tables: list[ShardedTable],
-        feature_order: list[str],
-        env: ShardingEnv,
-        device: torch.device,
-        pooled: bool,
-        is_weighted: bool,
-        seed: int,
-    ) -> None:
-        super().__init__(tables, feature_order, env, device, pooled, is_weighted, seed)
-        world = env.world_size
+    def __init__(self, tables: list[ShardedTable], context: ShardingContext) -> None:
+        super().__init__(tables, context)
+        world = self.env.world_size
         self.bounds: dict[str, list[int]] = {t.name: self.normalize(t, world) for t in tables}
         # Features in kernel-group order (the same on every rank, so groups are contiguous keys).
         probes = [
             ShardSlot(f, i, t.name, 0, 0, 0, t.config.num_embeddings, 0, t.config.embedding_dim)
             for f, i, t in self.features
         ]
-        self.rw_slots = order_slots(probes, self.tables, pooled)
+        self.rw_slots = order_slots(probes, self.tables, self.pooled)
         self.slots_by_rank: list[list[ShardSlot]] = []
         for rank in range(world):
             slots = []

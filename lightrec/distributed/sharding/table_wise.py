@@ -26,6 +26,7 @@ from lightrec.distributed.sharding.common import (
     EmbeddingSharding,
     KeySelector,
     ShardedTable,
+    ShardingContext,
     ShardSlot,
     check_blocks,
     order_slots,
@@ -33,7 +34,6 @@ from lightrec.distributed.sharding.common import (
 )
 from lightrec.distributed.sharding.lookups import GroupedEmbeddingsLookup, GroupedPooledEmbeddingsLookup
 from lightrec.distributed.sharding.pooled_dist import FusedPooledAllToAll
-from lightrec.distributed.types import ShardingEnv
 from lightrec.modules.embedding_configs import PoolingType
 from lightrec.sparse import KeyedJaggedTensor
 
@@ -120,27 +120,18 @@ class TwEmbeddingSharding(EmbeddingSharding):
     pooled_dist_cls: type[nn.Module] = TwPooledEmbeddingDist
     sequence_dist_cls: type[nn.Module] = TwSequenceEmbeddingDist
 
-    def __init__(
-        self,
-        tables: list[ShardedTable],
-        feature_order: list[str],
-        env: ShardingEnv,
-        device: torch.device,
-        pooled: bool,
-        is_weighted: bool,
-        seed: int,
-    ) -> None:
-        super().__init__(tables, feature_order, env, device, pooled, is_weighted, seed)
+    def __init__(self, tables: list[ShardedTable], context: ShardingContext) -> None:
+        super().__init__(tables, context)
         for t in tables:
             self.check_table(t)
-        by_rank: list[list[ShardSlot]] = [[] for _ in range(env.world_size)]
+        by_rank: list[list[ShardSlot]] = [[] for _ in range(self.env.world_size)]
         for feature, index, table in self.features:
             for i, s in enumerate(table.shards):
                 by_rank[s.rank].append(
                     ShardSlot(feature, index, table.name, i, s.rank, s.shard_offsets[0], s.shard_sizes[0],
                               s.shard_offsets[1], s.shard_sizes[1])
                 )  # fmt: skip
-        self.slots_by_rank = [order_slots(slots, self.tables, pooled) for slots in by_rank]
+        self.slots_by_rank = [order_slots(slots, self.tables, self.pooled) for slots in by_rank]
         self.sent_slots = [s for slots in self.slots_by_rank for s in slots]
         self.width = width_of(tables)
         self.column_order: list[int] | None = None
