@@ -69,7 +69,7 @@ def test_malformed_offsets_update_no_row_and_are_reported(stale: int) -> None:
         for b, a in zip(before, module.split_embedding_weights(), strict=True)
     ]
     assert changed == [[6], [7]]  # only the rows looked up in some bag
-    with pytest.raises(Exception, match="offsets"):
+    with pytest.raises(ValueError, match="offsets"):
         module(torch.tensor([1, 2], device=DEVICE), torch.tensor([0, 1, 2], device=DEVICE))
 
 
@@ -81,8 +81,7 @@ def test_malformed_offsets_leave_unpooled_rows_zero() -> None:
         out = module(ids, offsets)
     assert torch.equal(out[0], torch.zeros(4, device=DEVICE))
     torch.testing.assert_close(out[1:], module.split_embedding_weights()[0][[6, 7]].detach())
-    assert module._backend.weight.grad is None  # nothing else needed: the next call reports it
-    with pytest.raises(Exception, match="offsets"):
+    with pytest.raises(ValueError, match="offsets"):
         module(ids, torch.tensor([0, 3], device=DEVICE))
 
 
