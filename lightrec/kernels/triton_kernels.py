@@ -1,5 +1,6 @@
 """Triton kernels of the ``triton`` lookup backend: one launch looks up every table of a group,
-one launch sums the gradient of every touched row and applies the optimizer to it.
+one launch per level of a segmented reduction sums the gradient of every touched row and applies
+the optimizer to it.
 
 Imported only when a Triton backend is built (``@triton.jit`` reads ``TRITON_INTERPRET`` here,
 when the kernels are defined). Storage, shared with :mod:`lightrec.kernels.triton_backend`::
