@@ -34,7 +34,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 # Integer arguments Triton specializes as multiples of 16 at launch when they are (row strides of
 # 128-wide outputs), and pointer arguments (16-byte aligned tensors).
-_ALIGNED_INTS = ("out_stride", "grad_stride")
+_ALIGNED_INTS = ("out_stride", "grad_stride", "piece_stride")
 
 
 def _compile(
@@ -65,9 +65,9 @@ def _compile(
 
 
 def report(arch: int) -> list[dict[str, Any]]:
-    from lightrec.quant.triton_quant_kernel import quant_pooled_kernel
     from lightrec.kernels import triton_kernels as k
     from lightrec.kernels.triton_backend import _launch_config
+    from lightrec.quant.triton_quant_kernel import quant_pooled_kernel
 
     cfg = _launch_config(128)
     meta = {"feat_woff_ptr": "*i64", "feat_rows_ptr": "*i64", "feat_key_base_ptr": "*i64", "feat_dim_ptr": "*i32",
@@ -82,23 +82,33 @@ def report(arch: int) -> list[dict[str, Any]]:
             r = _compile(k.lookup_forward_kernel, fwd_types, consts, arch, cfg.num_warps)
             rows.append({"kernel": "lookup_forward", "dims": "uniform 128" if fixed else "mixed (max 128)",
                          "variant": "training (writes keys)" if meta_out else "inference", **r})  # fmt: skip
-    bwd_types = {**meta, "sorted_keys_ptr": "*i32", "order_ptr": "*i64", "occ_bag_ptr": "*i32", "offsets_ptr": "*i64",
-                 "adam_bias_ptr": "*fp64", "num_ids": "i32", "batch": "i32", "grad_stride": "i32", "invalid_key": "i32",
+    bwd_types = {**meta, "keys_ptr": "*i32", "order_ptr": "*i64", "occ_bag_ptr": "*i32", "offsets_ptr": "*i64",
+                 "in_feat_ptr": "*i32", "in_real_ptr": "*i8", "piece_key_ptr": "*i32", "piece_feat_ptr": "*i32",
+                 "piece_real_ptr": "*i8", "adam_bias_ptr": "*fp64", "num_ids": "i32", "batch": "i32",
+                 "grad_stride": "i32", "invalid_key": "i32", "steps": "i32", "piece_stride": "i32",
                  **{n: "fp32" for n in ("lr", "eps", "weight_decay", "decay_factor", "beta1", "one_minus_beta1",
                                         "beta2", "one_minus_beta2")}}  # fmt: skip
     names = {0: "dense grad", 1: "sgd", 2: "adagrad", 3: "row-wise adagrad", 4: "adam"}
-    for opt, name in names.items():
-        for fixed in (128, 0):
-            consts = dict(OPT=opt, WD_MODE=0, FIXED_D=fixed, VEC=16, BLOCK_N=cfg.backward_block_n, BLOCK_D=128,
-                          POOLED=True, MEAN=False, HAS_WEIGHTS=False, ACC=tl.float32)  # fmt: skip
-            r = _compile(k.lookup_backward_kernel, bwd_types, consts, arch, cfg.num_warps)
-            rows.append({"kernel": "lookup_backward", "dims": "uniform 128" if fixed else "mixed (max 128)",
-                         "variant": name, **r})  # fmt: skip
+    # Level 1 (GATHER: reads the output gradient) for every optimizer; the later levels (partial
+    # sums of the level before) for two. float64 weights: the Adam level 1 with float64 arithmetic.
+    variants = [(opt, fixed, True, "fp32") for opt in names for fixed in (128, 0)]
+    variants += [(3, 128, False, "fp32"), (4, 128, False, "fp32"), (4, 128, True, "fp64")]
+    for opt, fixed, gather, acc in variants:
+        consts = dict(OPT=opt, WD_MODE=0, FIXED_D=fixed, VEC=16, BLOCK_N=cfg.backward_block_n, BLOCK_D=128,
+                      POOLED=True, MEAN=False, HAS_WEIGHTS=False, GATHER=gather,
+                      ACC=tl.float64 if acc == "fp64" else tl.float32)  # fmt: skip
+        types = bwd_types if acc == "fp32" else {**bwd_types, **{n: "*fp64" for n in (
+            "grad_ptr", "in_sum_ptr", "piece_sum_ptr", "weights_ptr", "dense_grad_ptr")}, "lr": "fp64"}  # fmt: skip
+        r = _compile(k.lookup_backward_kernel, types, consts, arch, cfg.num_warps)
+        level = "level 1" if gather else "levels 2+"
+        rows.append({"kernel": "lookup_backward", "dims": "uniform 128" if fixed else "mixed (max 128)",
+                     "variant": f"{names[opt]}, {level}" + (", float64" if acc == "fp64" else ""), **r})  # fmt: skip
     quant_types = {"flat_ptr": "*u8", "flat16_ptr": "*fp16", "meta_ptr": "*i64", "ids_ptr": "*i64",
                    "offsets_ptr": "*i64", "batch": "i32", "num_ids": "i32", "out_stride": "i32"}  # fmt: skip
-    consts = dict(BLOCK_B=4, BLOCK_D=128, MEAN=False, HAS_WEIGHTS=False, VEC=4, ROW_ALIGN=16)
-    rows.append({"kernel": "quant_pooled", "dims": "128", "variant": "int8/int4/fp16",
-                 **_compile(quant_pooled_kernel, quant_types, consts, arch, 4)})  # fmt: skip
+    for align in (16, 1):  # the default row alignment; an odd one (fp16 values read bytewise)
+        consts = dict(BLOCK_B=4, BLOCK_D=128, MEAN=False, HAS_WEIGHTS=False, VEC=4, ROW_ALIGN=align)
+        rows.append({"kernel": "quant_pooled", "dims": "128", "variant": f"int8/int4/fp16, row_align {align}",
+                     **_compile(quant_pooled_kernel, quant_types, consts, arch, 4)})  # fmt: skip
     return rows
 
 

@@ -49,3 +49,32 @@ def test_missing_lists_only_wheels_this_python_lacks() -> None:
 def test_usage_without_a_command() -> None:
     done = subprocess.run(["bash", str(RUNNER)], capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and ".ci/gpu fetch" in done.stdout and ".ci/gpu test" in done.stdout
+
+
+def test_gpu_test_also_runs_the_triton_kernel_tests_compiled(tmp_path: Path) -> None:
+    """``.ci/gpu test`` runs ``-m gpu`` and then the Triton kernels' own (unmarked) test files with
+    ``TRITON_INTERPRET`` unset, so the compiled kernels are compared with the torch backend on the
+    GPU. A stand-in Python logs each pytest call; the exit status is the worst of the two runs."""
+    log = tmp_path / "calls.log"
+    fake = tmp_path / "python"
+    fake.write_text(
+        "#!/usr/bin/env bash\n"
+        'if [ "$1" = "-m" ] && [ "$2" = "pytest" ]; then\n'
+        f'  echo "TRITON_INTERPRET=${{TRITON_INTERPRET:-unset}} $*" >> {log}\n'
+        '  case "$*" in *"-m gpu"*) exit 3;; esac\n'
+        "fi\n"
+        "exit 0\n"
+    )
+    fake.chmod(0o755)
+    done = subprocess.run(
+        ["bash", str(RUNNER), "test", "-x"],
+        env={**os.environ, "PYTHON": str(fake), "SITE": str(tmp_path / "site"), "TRITON_INTERPRET": "1"},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr  # the -m gpu run failed: so does the command
+    gpu_run, triton_run = log.read_text().splitlines()
+    assert "-m pytest -m gpu" in gpu_run and gpu_run.endswith("-x")
+    assert triton_run.startswith("TRITON_INTERPRET=unset -m pytest -m not gpu")
+    files = triton_run.split()
+    for name in ("test_triton_backend.py", "test_triton_edge_cases.py", "test_triton_quant.py"):
+        assert any(f.endswith(name) for f in files), name

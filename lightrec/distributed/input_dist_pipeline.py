@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from lightrec.distributed.sharding.common import DistContext
-from lightrec.distributed.streams import handoff, on_stream
+from lightrec.distributed.streams import handoff, on_stream, wait_for_current
 from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = ["InputDistPipeline", "StartedInputDist", "find_kjts", "same_features"]
@@ -162,6 +162,9 @@ class InputDistPipeline:
             return False
         entry = self._ahead.get(id(features))
         if entry is None or entry.input_dist is None:
+            # The ids may be on the device already, written by kernels still queued on the
+            # current stream: the side stream must not read them before those ran.
+            wait_for_current(stream, self._device)
             self._ahead[id(features)] = _LookAhead(features, self._begin(features, stream))
         return True
 

@@ -8,6 +8,10 @@ main stream computes batch i. Two rules make that correct::
                                                        │ wait_stream: the main stream waits here
     main stream     fwd(i) ── bwd(i) ─────────────────── lookup(i+1) ── ...
 
+0. **Inputs** -- before the side stream reads a tensor that may already be on the device (a
+   batch drawn on the GPU, a loader yielding CUDA tensors), it calls ``side.wait_stream(main)``
+   (:func:`wait_for_current`): that tensor may be written by kernels still queued on the main
+   stream. Work queued on the main stream later (step i) still overlaps;
 1. **Order** -- before the consumer stream uses anything the side stream produced, it calls
    ``consumer.wait_stream(side)`` (no host sync; only the GPU queue waits);
 2. **Lifetime** -- a tensor allocated on the side stream is recycled by the caching allocator as
@@ -30,7 +34,7 @@ import torch
 
 from lightrec.distributed.comm.awaitable import Awaitable
 
-__all__ = ["handoff", "on_stream", "record_stream_all"]
+__all__ = ["handoff", "on_stream", "record_stream_all", "wait_for_current"]
 
 
 @contextlib.contextmanager
@@ -82,6 +86,14 @@ def record_stream_all(
         return
     for child in children:
         record_stream_all(child, stream, depth - 1, seen)
+
+
+def wait_for_current(side: torch.cuda.Stream | None, device: torch.device) -> None:
+    """Order ``side`` after everything already queued on the current stream of ``device`` (rule 0
+    of the module docstring); no-op when ``side`` is None."""
+    if side is None:
+        return
+    side.wait_stream(torch.cuda.current_stream(device))
 
 
 def handoff(result: Any, side: torch.cuda.Stream | None, device: torch.device) -> None:

@@ -111,7 +111,7 @@ def describe_model(model: nn.Module, dense_in_features: int | None = None) -> di
     if dense_in_features is None:
         for m in model.modules():
             if type(m).__name__ == "DenseArch":
-                dense_in_features = int(m._in_features)
+                dense_in_features = int(vars(m)["_in_features"])  # a plain int attribute of DenseArch
                 break
     return {"feature_names": feature_names, "tables": tables, "is_weighted": weighted,
             "dense_in_features": dense_in_features}
@@ -303,7 +303,9 @@ def _to_torchscript(wrapper: nn.Module) -> torch.jit.ScriptModule:
         raise ExportError(f"torch.jit.script failed on the traced model: {exc}") from exc
 
 
-def _to_exported_program(wrapper: nn.Module, inputs: tuple[torch.Tensor, ...]) -> torch.export.ExportedProgram:
+def _to_exported_program(
+    wrapper: TensorInputModule, inputs: tuple[torch.Tensor, ...]
+) -> torch.export.ExportedProgram:
     if any(type(m).__name__ == "IntNBitTableBatchedEmbeddingBagsCodegen" for m in wrapper.modules()):
         raise ExportError(
             "torch.export cannot trace fbgemm's IntNBitTableBatchedEmbeddingBagsCodegen (its AtomicCounter has no "

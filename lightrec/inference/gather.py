@@ -118,7 +118,7 @@ def quantize_sharded_collection(
         else:
             quantized = QuantEmbeddingCollection(list(collection._configs), **common)
     for config, full in _gathered_tables(collection, dst):
-        if quantized is not None:
+        if quantized is not None and full is not None:  # (the receiving ranks get every table)
             quantized.set_float_weight(config.name, full)
     return quantized
 
@@ -131,7 +131,7 @@ def _unsharded_float(collection: Any, dst: int | None) -> nn.Module | None:
         plain = (EmbeddingBagCollection(configs, is_weighted=collection._is_weighted, device="meta")
                  if collection._pooled else EmbeddingCollection(configs, device="meta"))
     for config, full in _gathered_tables(collection, dst):
-        if plain is not None:
+        if plain is not None and full is not None:
             holder: Any = getattr(plain, collection._attr)[config.name]
             holder.weight = nn.Parameter(full.float(), requires_grad=False)
     return plain

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from typing import NamedTuple
+from typing import NamedTuple, overload
 
 import torch
 from torch import nn
@@ -68,6 +68,34 @@ def _collections(model: nn.Module) -> list[_Found]:
 def _table_names(found: _Found) -> set[str]:
     getter = "embedding_bag_configs" if found.pooled else "embedding_configs"
     return {t.name for t in getattr(found.module, getter)()}
+
+
+@overload
+def quantize(
+    model: nn.Module,
+    dtype: object = ...,
+    per_table: dict[str, object] | None = ...,
+    quantize_dense: bool = ...,
+    state_dict: Mapping[str, torch.Tensor] | None = ...,
+    row_alignment: int = ...,
+    use_fbgemm: bool | None = ...,
+    dst: None = ...,
+    backend: str | None = ...,
+) -> nn.Module: ...
+
+
+@overload
+def quantize(
+    model: nn.Module,
+    dtype: object = ...,
+    per_table: dict[str, object] | None = ...,
+    quantize_dense: bool = ...,
+    state_dict: Mapping[str, torch.Tensor] | None = ...,
+    row_alignment: int = ...,
+    use_fbgemm: bool | None = ...,
+    dst: int | None = ...,
+    backend: str | None = ...,
+) -> nn.Module | None: ...
 
 
 def quantize(

@@ -169,17 +169,23 @@ def _table_specs(tables: Sequence[TableLike]) -> list[BatchedTableSpec]:
 
 
 class _EmptyLookup(torch.autograd.Function):
-    """``[rows, width]`` zeros whose backward gives every input a zero gradient (a batch of 0)."""
+    """``[rows, width]`` zeros whose backward gives every input a zero gradient (a batch of 0).
+
+    The zeros have the tables' dtype, as a real lookup's output does (a rank with an empty batch
+    must send what the others send).
+    """
 
     @staticmethod
-    def forward(ctx: Any, rows: int, width: int, device: torch.device, *inputs: torch.Tensor) -> torch.Tensor:
+    def forward(
+        ctx: Any, rows: int, width: int, device: torch.device, dtype: torch.dtype, *inputs: torch.Tensor
+    ) -> torch.Tensor:
         ctx.inputs_meta = [(t.shape, t.dtype, t.device) for t in inputs]
-        return torch.zeros(rows, width, device=device)
+        return torch.zeros(rows, width, device=device, dtype=dtype)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         zeros = [torch.zeros(shape, dtype=dtype, device=device) for shape, dtype, device in ctx.inputs_meta]
-        return (None, None, None, *zeros)
+        return (None, None, None, None, *zeros)
 
 
 class _BatchedLookupBase(nn.Module):
@@ -361,10 +367,13 @@ class _BatchedLookupBase(nn.Module):
             # Still one autograd node over the same inputs as a real lookup: backward reaches the
             # parameters in the same order on every rank (data-parallel replicas all-reduce their
             # gradient there, so a rank with no samples must join, in step with the others).
-            empty: torch.Tensor = _EmptyLookup.apply(rows, width, self._placeholder.device, *inputs)
+            dtype = next(iter(self.weights.values())).dtype
+            empty: torch.Tensor = _EmptyLookup.apply(rows, width, self._placeholder.device, dtype, *inputs)
             return empty
         if isinstance(self._backend, TorchBatchedLookup):
             out = self._backend.lookup(indices, offsets, psw, batch, inputs, lr, singletons)
+        elif isinstance(self._backend, TritonBatchedLookup):
+            out = self._backend.lookup(indices, offsets, psw, batch, inputs, lr, checker.mode == "sync")
         else:
             out = self._backend.lookup(indices, offsets, psw, batch, inputs, lr)
         if checker.mode == "async" and isinstance(self._backend, TritonBatchedLookup):  # async: Triton only

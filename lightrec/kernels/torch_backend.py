@@ -64,8 +64,8 @@ class TorchBatchedLookup:
         self.rows, self.dims, self.ftm = list(rows), list(dims), list(feature_table_map)
         self.pooling, self.spec = pooling, spec
         # Backward passes so far (Adam's t). It lives with the weights and is read on the device, so a
-        # CUDA backward needs no host sync for it.
-        self.step = torch.zeros((), dtype=torch.float32, device=device)
+        # CUDA backward needs no host sync for it; int64 like fbgemm's ``iter`` (float32 stops at 2^24).
+        self.step = torch.zeros((), dtype=torch.int64, device=device)
         self.row_offset = [0] * len(self.rows)
         self.table_group = [0] * len(self.rows)
         self.groups: list[_DimGroup] = []

@@ -8,9 +8,12 @@ a multiple of 16 elements, so rows load 16 bytes at a time)::
     global row ("key") of table t's row i = row_start[t] + i       (R rows in all)
 
 A lookup of every feature of the group is one launch of ``lookup_forward_kernel``; its backward is
-one ``torch.sort`` of the looked-up keys plus one launch of ``lookup_backward_kernel``, which sums
-each row's gradient straight from the output gradient and applies the fused optimizer (or writes
-a dense gradient when ``optimizer=None``). See :mod:`lightrec.kernels.triton_kernels`.
+one ``torch.sort`` of the looked-up keys plus a few launches of ``lookup_backward_kernel``, one
+per level of its segmented reduction (one launch when the ids fit one tile; else a launch over
+the ids, then launches over the two partial sums each program leaves, 128 per program: 2-4
+launches for 10^2 to 10^6 ids, see :func:`reduction_levels`). They sum each row's gradient
+straight from the output gradient and apply the fused optimizer (or write a dense gradient when
+``optimizer=None``). See :mod:`lightrec.kernels.triton_kernels`.
 
 No launch reads a device value on the host: grids come from host ints (batch, number of ids,
 number of features), the learning rate is the Python float of the fused optimizer, and Adam's
@@ -32,12 +35,13 @@ from lightrec.kernels.sparse_update import adam_bias_corrections
 from lightrec.modules.embedding_configs import PoolingType
 from lightrec.optim.fused_spec import EmbOptimType, FusedOptimizerSpec, WeightDecayMode
 
-__all__ = ["LAUNCH_OVERRIDES", "TritonBatchedLookup", "triton_supports"]
+__all__ = ["LAUNCH_OVERRIDES", "TritonBatchedLookup", "reduction_levels", "triton_supports"]
 
 MAX_DIM = 2048  # widest row one program holds (BLOCK_D = next power of two of the widest dim)
 _TABLE_ALIGN = 16  # table starts in the flat buffer are multiples of this many elements
-# Tuning knobs read at every launch ({"forward_block_b", "backward_block_n", "num_warps"}), for
-# sweeps in benchmarks/bench_gpu.py; empty means the heuristics of ``_launch_config``.
+# Tuning knobs read at every launch ({"forward_block_b", "backward_block_n", "backward_steps",
+# "num_warps"}), for sweeps in benchmarks/bench_gpu.py and tiny tiles in tests; empty means the
+# heuristics of ``_launch_config`` and ``_backward_steps``.
 LAUNCH_OVERRIDES: dict[str, int] = {}
 
 
@@ -61,10 +65,14 @@ def triton_supports(
     return None
 
 
+_BACKWARD_SPAN = 128  # sorted ids per backward program at most (tiles of backward_block_n ids)
+_BACKWARD_MIN_PROGRAMS = 1024  # fewer ids per program while that leaves fewer programs than this
+
+
 @dataclass(frozen=True)
 class _LaunchConfig:
     forward_block_b: int  # bags per forward program
-    backward_block_n: int  # sorted ids per backward program
+    backward_block_n: int  # sorted ids per backward tile
     num_warps: int
 
 
@@ -78,6 +86,40 @@ def _launch_config(block_d: int) -> _LaunchConfig:
         LAUNCH_OVERRIDES.get("backward_block_n", backward),
         LAUNCH_OVERRIDES.get("num_warps", warps),
     )
+
+
+def reduction_levels(n: int, block_n: int) -> list[tuple[int, int, int]]:
+    """``(entries, tiles per program, programs)`` of each launch of the backward over ``n`` ids.
+
+    Depends on ``n`` and the tile size only, never on the ids: a batch whose ids are all one row
+    runs the same launches, each program the same number of tiles, as a batch of distinct rows.
+    The last level has one program.
+    """
+    levels = []
+    first = True
+    while True:
+        steps = _backward_steps(n, block_n, first)
+        programs = -(-n // (block_n * steps))
+        levels.append((n, steps, programs))
+        if programs == 1:
+            return levels
+        n, first = 2 * programs, False
+
+
+def _backward_steps(n: int, block_n: int, first_level: bool) -> int:
+    """Tiles per backward program at one level of the reduction over ``n`` sorted entries.
+
+    Level 1 (the gather of every id's gradient, the bulk of the work): up to ``_BACKWARD_SPAN``
+    ids per program, fewer while the launch would otherwise have fewer than
+    ``_BACKWARD_MIN_PROGRAMS`` programs (small batches keep the GPU busy). Later levels read only
+    ``2 * D`` values per program of the level before, so they take the full span (fewest
+    launches), and must cover more than their 2 pieces per program (at least 4 entries), or they
+    would not shrink the problem.
+    """
+    most = max(1, _BACKWARD_SPAN // block_n)
+    heuristic = min(most, -(-n // (block_n * _BACKWARD_MIN_PROGRAMS))) if first_level else most
+    steps = LAUNCH_OVERRIDES.get("backward_steps", heuristic)
+    return max(1, steps) if first_level else max(steps, -(-4 // block_n))
 
 
 def _next_power_of_two(n: int) -> int:
@@ -121,7 +163,8 @@ class TritonBatchedLookup:
         # Zero-filled: the padding between tables is never read, but must not hold NaNs either.
         self.weight = torch.zeros(elements, device=device, dtype=dtype)
         self.states = self._new_states(elements, total_rows, device)
-        self.step = torch.zeros((), dtype=torch.float32, device=device)  # backward passes (Adam's t)
+        # Backward passes (Adam's t), int64 like fbgemm's ``iter``: a float32 count would stop at 2^24.
+        self.step = torch.zeros((), dtype=torch.int64, device=device)
         self.error_flag = torch.zeros(1, dtype=torch.int32, device=device)
         feature_dims = [self.dims[t] for t in self.ftm]
         self.fixed_dim = feature_dims[0] if len(set(feature_dims)) == 1 else 0
@@ -202,8 +245,14 @@ class TritonBatchedLookup:
         batch: int,
         weight_inputs: Sequence[torch.Tensor],
         lr: Callable[[], float],
+        checked: bool,
     ) -> torch.Tensor:
-        """Pooled ``[B, sum D]`` (features in order) or unpooled ``[N, D]`` output; int32/int64 ids."""
+        """Pooled ``[B, sum D]`` (features in order) or unpooled ``[N, D]`` output; int32/int64 ids.
+
+        ``checked``: the offsets were verified on the host before (``id_check="sync"``), so every id
+        lies in exactly one bag; else malformed offsets are possible and the unpooled output is
+        zero-filled first (positions in no bag are never written by the kernel).
+        """
         self._check_device()
         # The kernels index with unit strides (no-ops for the usual contiguous inputs).
         indices, offsets = indices.contiguous(), offsets.contiguous()
@@ -211,9 +260,9 @@ class TritonBatchedLookup:
             per_sample_weights = per_sample_weights.contiguous()
         training = torch.is_grad_enabled() and any(t.requires_grad for t in weight_inputs)
         if not training:  # no backward will come: skip writing the per-id keys it would need
-            return self.forward(indices, offsets, per_sample_weights, batch, False)[0]
+            return self.forward(indices, offsets, per_sample_weights, batch, False, checked)[0]
         out: torch.Tensor = _TritonLookupFunction.apply(
-            self, indices, offsets, per_sample_weights, batch, lr, *weight_inputs
+            self, indices, offsets, per_sample_weights, batch, lr, checked, *weight_inputs
         )
         return out
 
@@ -224,15 +273,25 @@ class TritonBatchedLookup:
         psw: torch.Tensor | None,
         batch: int,
         write_meta: bool,
+        checked: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """Run the forward kernel; returns ``(output, keys [N] | None, bags [N] | None)``."""
+        """Run the forward kernel; returns ``(output, keys [N] | None, bags [N] | None)``.
+
+        Every bag's pooled row is written. With malformed offsets (possible unless ``checked``)
+        some ids lie in no bag: their unpooled rows stay zero and their keys keep the fill value
+        ``total_rows`` (the bad-id key), so the backward updates nothing for them. Their bag
+        numbers stay unwritten, and are never read for such a key.
+        """
         pooled = self.pooling != PoolingType.NONE
         n = indices.numel()
         device, dtype = self.weight.device, self.weight.dtype
-        out = torch.empty(
-            (batch, self.out_width) if pooled else (n, self.dims[0]), device=device, dtype=dtype
+        shape = (batch, self.out_width) if pooled else (n, self.dims[0])
+        # One memset of the output, only where it can matter: unpooled and unchecked.
+        out = torch.empty(shape, device=device, dtype=dtype) if pooled or checked else torch.zeros(
+            shape, device=device, dtype=dtype
         )
-        keys = torch.empty(n if write_meta else 0, device=device, dtype=self.key_dtype)
+        # 4-8 bytes per id; cheap next to the lookup, and the backward relies on it.
+        keys = torch.full((n if write_meta else 0,), self.total_rows, device=device, dtype=self.key_dtype)
         bags = torch.empty(n if write_meta else 0, device=device, dtype=torch.int32)
         cfg = _launch_config(self.block_d)
         grid = (-(-batch // cfg.forward_block_b), len(self.ftm))
@@ -270,7 +329,7 @@ class TritonBatchedLookup:
         n = keys.numel()
         if n == 0:
             return dense
-        sorted_keys, order = torch.sort(keys, stable=True)
+        sorted_keys, order = torch.sort(keys, stable=True)  # a fixed summation order: reproducible
         opt = (
             k.OPT_DENSE_GRAD
             if spec is None
@@ -293,19 +352,32 @@ class TritonBatchedLookup:
         state1 = self.states.get("momentum1", self.weight)
         state2 = self.states.get("momentum2", self.weight)
         cfg = _launch_config(self.block_d)
-        grid = (-(-n // cfg.backward_block_n),)
-        with _on_device(self.weight.device):
-            k.lookup_backward_kernel[grid](
-                sorted_keys, order, bags, offsets, psw if psw is not None else self.weight, grad_out,
-                self.weight, state1, state2, dense if dense is not None else self.weight,
-                self.meta["woff"], self.meta["key_base"], self.meta["dim"], self.meta["col"], adam_bias,
-                n, batch, grad_out.stride(0), self.total_rows,
-                lr, spec.eps if spec is not None else 0.0, wd, 1.0 - lr * wd, beta1, 1.0 - beta1, beta2, 1.0 - beta2,
-                OPT=opt.value, WD_MODE=wd_mode[mode].value, FIXED_D=self.fixed_dim, VEC=self.vec,
-                BLOCK_N=cfg.backward_block_n, BLOCK_D=self.block_d, POOLED=self.pooling != PoolingType.NONE,
-                MEAN=self.pooling == PoolingType.MEAN, HAS_WEIGHTS=psw is not None,
-                ACC=_acc_dtype(self.weight.dtype), num_warps=cfg.num_warps,
-            )  # fmt: skip
+        acc = _acc_dtype(self.weight.dtype)
+        width = max(self.dims)  # row width of the pieces' partial sums
+        sum_dtype = torch.float64 if self.weight.dtype == torch.float64 else torch.float32
+        # Level 1 reads the sorted ids; each further level reads the pieces of the one before.
+        level_keys, pieces = sorted_keys, (self.weight, self.weight, self.weight)
+        for level, (entries, steps, programs) in enumerate(reduction_levels(n, cfg.backward_block_n)):
+            out_keys = torch.empty(2 * programs, device=self.weight.device, dtype=self.key_dtype)
+            out = (
+                torch.empty(2 * programs, device=self.weight.device, dtype=torch.int32),
+                torch.empty(2 * programs, device=self.weight.device, dtype=torch.int8),
+                torch.empty((2 * programs, width), device=self.weight.device, dtype=sum_dtype),
+            )
+            with _on_device(self.weight.device):
+                k.lookup_backward_kernel[(programs,)](
+                    level_keys, order, bags, offsets, psw if psw is not None else self.weight, grad_out,
+                    *pieces, out_keys, *out,
+                    self.weight, state1, state2, dense if dense is not None else self.weight,
+                    self.meta["woff"], self.meta["key_base"], self.meta["dim"], self.meta["col"], adam_bias,
+                    entries, batch, grad_out.stride(0), self.total_rows, steps, width,
+                    lr, spec.eps if spec is not None else 0.0, wd, 1.0 - lr * wd, beta1, 1.0 - beta1, beta2, 1.0 - beta2,
+                    OPT=opt.value, WD_MODE=wd_mode[mode].value, FIXED_D=self.fixed_dim, VEC=self.vec,
+                    BLOCK_N=cfg.backward_block_n, BLOCK_D=self.block_d, POOLED=self.pooling != PoolingType.NONE,
+                    MEAN=self.pooling == PoolingType.MEAN, HAS_WEIGHTS=psw is not None, GATHER=level == 0,
+                    ACC=acc, num_warps=cfg.num_warps,
+                )  # fmt: skip
+            level_keys, pieces = out_keys, out
         return dense
 
 
@@ -319,9 +391,10 @@ class _TritonLookupFunction(torch.autograd.Function):
         psw: torch.Tensor | None,
         batch: int,
         lr: Callable[[], float],
+        checked: bool,
         *weight_inputs: torch.Tensor,
     ) -> torch.Tensor:
-        out, keys, bags = backend.forward(indices, offsets, psw, batch, True)
+        out, keys, bags = backend.forward(indices, offsets, psw, batch, True, checked)
         ctx.backend, ctx.batch, ctx.lr = backend, batch, lr
         ctx.num_weight_inputs = len(weight_inputs)
         ctx.saved = (keys, bags, offsets, psw)
@@ -334,12 +407,16 @@ class _TritonLookupFunction(torch.autograd.Function):
         keys, bags, offsets, psw = ctx.saved
         fused = backend.spec is not None
         lr = float(ctx.lr()) if fused else 0.0
-        dense = backend.backward(grad_out.contiguous(), keys, bags, offsets, psw, ctx.batch, lr)
+        # The kernels take any row stride (a column slice of a wider gradient, as a lookup group's
+        # share of a concatenated output is, is read in place); only the elements of a row must
+        # be adjacent.
+        grad = grad_out if grad_out.dim() == 2 and grad_out.stride(1) == 1 else grad_out.contiguous()
+        dense = backend.backward(grad, keys, bags, offsets, psw, ctx.batch, lr)
         grads: list[torch.Tensor | None] = [None] * ctx.num_weight_inputs
         if dense is not None:  # non-fused: per-table views of the dense gradient, as parameters' grads
             for t, (o, r, d) in enumerate(zip(backend.woff, backend.rows, backend.dims, strict=True)):
                 grads[t] = dense[o : o + r * d].view(r, d)
-        return (None, None, None, None, None, None, *grads)
+        return (None, None, None, None, None, None, None, *grads)
 
 
 def _kernels() -> types.ModuleType:

@@ -1,5 +1,6 @@
 """Triton kernels of the ``triton`` lookup backend: one launch looks up every table of a group,
-one launch sums the gradient of every touched row and applies the optimizer to it.
+one launch per level of a segmented reduction sums the gradient of every touched row and applies
+the optimizer to it.
 
 Imported only when a Triton backend is built (``@triton.jit`` reads ``TRITON_INTERPRET`` here,
 when the kernels are defined). Storage, shared with :mod:`lightrec.kernels.triton_backend`::
@@ -17,16 +18,30 @@ Per-feature tables (``[T]``, feature f reads table ftm[f]): ``feat_woff`` (int64
 Forward: program ``(i, f)`` pools bags ``f*B + i*BLOCK_B ..`` as a ``[BLOCK_B, BLOCK_D]`` tile
 (one row load per bag per step, all bags of the tile in flight together), loops over bag positions
 up to the longest bag of the tile, and for training also writes each id's *key* (its global row)
-and its bag number. Bad ids and malformed offsets never read out of bounds: they are skipped and
-raise the error flag (``error[0] = 1``), which the module reports (see ``input_checks``).
+and its bag number. Bad ids and malformed offsets never read out of bounds: bad ids are skipped,
+offsets are clamped, and both raise the error flag (``error[0] = 1``), which the module reports (see
+``input_checks``). Positions that lie in no bag (malformed offsets) keep the key the host filled in,
+``invalid_key``, so the backward skips them.
 
-Backward (the "exact" rule: one update per row with its summed gradient): the host sorts the keys;
-program ``i`` takes sorted positions ``[i*BLOCK_N, (i+1)*BLOCK_N)``, gathers each position's
-gradient straight from the output gradient, and sums runs of equal keys with a segmented scan. A
-program owns the runs that *start* in its tile; a run that continues past the tile's end is
-finished by its owner reading the following tiles. Each owned run's row is then updated (or, for
-``optimizer=None``, its summed gradient written to a dense gradient buffer). No ``[rows, D]`` and
-no ``[N, D]`` buffer is ever written.
+Backward (the "exact" rule: one update per row with its summed gradient), a segmented reduction
+over the host-sorted keys in *levels*. At level 1, program ``p`` takes ``steps`` tiles of
+``BLOCK_N`` sorted positions, gathers each position's gradient straight from the output gradient
+and sums runs of equal keys with a segmented scan, carrying the open run from tile to tile. A run
+that starts and ends inside the program is complete: its row is updated at once (or, for
+``optimizer=None``, its summed gradient written to a dense gradient buffer). A run that crosses the
+program's first or last position is not: the program writes its partial sum as a *piece*, two
+slots per program::
+
+    slot 2p     head piece: the run continuing from program p-1 (its sum inside p), or a pad
+    slot 2p+1   tail piece: the run continuing into program p+1 (its sum inside p), or a pad
+
+Pieces (key, feature, "real" flag, [D] partial sum) are sorted by key like the positions, so the
+next level is the same reduction over ``2 * programs`` entries whose values are read densely; pads
+carry a neighbour's key, no value and ``real = 0`` (a run made of pads only updates nothing). The
+host launches levels until one program covers everything. A hot id (one key in half the batch)
+therefore costs what spread ids cost: every program does ``steps`` tiles, whatever the keys, and
+each level shrinks the problem ``steps * BLOCK_N / 2`` times. No ``[rows, D]`` and no ``[N, D]``
+buffer is written; pieces take ``2 * D`` values per program.
 """
 
 from __future__ import annotations
@@ -57,6 +72,25 @@ OPT_ADAM = tl.constexpr(4)
 WD_NONE = tl.constexpr(0)
 WD_L2 = tl.constexpr(1)
 WD_DECOUPLED = tl.constexpr(2)
+
+
+@triton.jit
+def _div(a, b, ACC: tl.constexpr):
+    """IEEE-rounded ``a / b`` in ``ACC``: ``div_rn`` for float32 (``/`` is approximate there, and
+    ``div_rn`` takes float32 only); plain ``/`` for float64, which is already ``div.rn.f64``."""
+    if ACC == tl.float64:
+        return a / b
+    else:
+        return tl.div_rn(a, b)
+
+
+@triton.jit
+def _sqrt(x, ACC: tl.constexpr):
+    """IEEE-rounded square root in ``ACC`` (``sqrt_rn`` is float32 only; float64 ``sqrt`` is exact)."""
+    if ACC == tl.float64:
+        return tl.sqrt(x)
+    else:
+        return tl.sqrt_rn(x)
 
 
 # Sizes that change from batch to batch are not specialized on (a new batch size must not
@@ -149,7 +183,7 @@ def lookup_forward_kernel(
 
     if POOLED:
         if MEAN:
-            acc = tl.div_rn(acc, tl.maximum(length, 1).to(ACC)[:, None])
+            acc = _div(acc, tl.maximum(length, 1).to(ACC)[:, None], ACC)
         dst = out_ptr + b[:, None] * out_stride + col + cols[None, :]
         tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=in_batch[:, None] & col_ok[None, :])
     if tl.max(bad.to(tl.int32), axis=0) > 0:
@@ -205,7 +239,7 @@ def _gather_contributions(
     if MEAN:
         lo = tl.load(offsets_ptr + bag, mask=take, other=0)
         hi = tl.load(offsets_ptr + bag + 1, mask=take, other=1)
-        scale = tl.div_rn(tl.full(lo.shape, 1.0, ACC), tl.maximum(hi - lo, 1).to(ACC))
+        scale = _div(tl.full(lo.shape, 1.0, ACC), tl.maximum(hi - lo, 1).to(ACC), ACC)
         if HAS_WEIGHTS:
             scale = scale * tl.load(psw_ptr + occ, mask=take, other=0.0).to(ACC)
         g = g * scale[:, None]
@@ -214,14 +248,21 @@ def _gather_contributions(
     return g, f
 
 
-@triton.jit(do_not_specialize=["num_ids", "batch", "invalid_key"])
+@triton.jit(do_not_specialize=["num_ids", "batch", "invalid_key", "steps"])
 def lookup_backward_kernel(
-    sorted_keys_ptr,
+    keys_ptr,
     order_ptr,
     occ_bag_ptr,
     offsets_ptr,
     psw_ptr,
     grad_ptr,
+    in_feat_ptr,
+    in_real_ptr,
+    in_sum_ptr,
+    piece_key_ptr,
+    piece_feat_ptr,
+    piece_real_ptr,
+    piece_sum_ptr,
     weights_ptr,
     state1_ptr,
     state2_ptr,
@@ -235,6 +276,8 @@ def lookup_backward_kernel(
     batch,
     grad_stride,
     invalid_key,
+    steps,
+    piece_stride,
     lr,
     eps,
     weight_decay,
@@ -252,60 +295,117 @@ def lookup_backward_kernel(
     POOLED: tl.constexpr,
     MEAN: tl.constexpr,
     HAS_WEIGHTS: tl.constexpr,
+    GATHER: tl.constexpr,
     ACC: tl.constexpr,
 ):
-    """Sum the gradient of every run of equal sorted keys and update that row once (see module doc).
+    """One level of the backward's segmented reduction (see the module doc).
 
-    ``decay_factor`` is ``1 - lr * weight_decay`` (decoupled decay), ``one_minus_beta*`` are
-    ``1 - beta*`` computed in double on the host, ``adam_bias`` holds ``[1 - b1^t, 1 - b2^t]``.
+    ``keys [num_ids]`` are sorted (``invalid_key`` and above: nothing to update). ``GATHER`` (level
+    1): each position's gradient comes from ``grad`` through ``order``/``occ_bag``; otherwise
+    (levels 2+) the positions are the previous level's pieces (``in_feat``, ``in_real``,
+    ``in_sum [num_ids, piece_stride]``). Writes this level's pieces to ``piece_*`` (slots ``2p``,
+    ``2p + 1``). ``decay_factor`` is ``1 - lr * weight_decay`` (decoupled decay), ``one_minus_beta*``
+    are ``1 - beta*`` computed in double on the host, ``adam_bias`` holds ``[1 - b1^t, 1 - b2^t]``.
     """
+    pid = tl.program_id(0).to(tl.int64)
     r = tl.arange(0, BLOCK_N)
-    tile = tl.program_id(0).to(tl.int64) * BLOCK_N
-    pos = tile + r
-    in_range = pos < num_ids
-    key = tl.load(sorted_keys_ptr + pos, mask=in_range, other=invalid_key).to(tl.int64)
-    prev = tl.load(sorted_keys_ptr + pos - 1, mask=in_range & (pos > 0), other=-1).to(tl.int64)
-    after = tl.load(sorted_keys_ptr + pos + 1, mask=(pos + 1) < num_ids, other=-1).to(tl.int64)
-    valid = in_range & (key != invalid_key)  # bad ids sort last under invalid_key; they update nothing
-    is_start = valid & (key != prev)
-    # Positions before the tile's first run start continue a run owned by an earlier tile.
-    first_start = tl.min(tl.where(is_start, r, BLOCK_N), axis=0)
-    if first_start < BLOCK_N:
-        cols = tl.arange(0, BLOCK_D)
-        g, f = _gather_contributions(
-            pos, valid, cols, order_ptr, occ_bag_ptr, offsets_ptr, psw_ptr, grad_ptr, feat_dim_ptr,
-            feat_col_ptr, batch, grad_stride, FIXED_D, VEC, POOLED, MEAN, HAS_WEIGHTS, ACC,
-        )  # fmt: skip
-        flags = tl.broadcast_to(is_start[:, None], (BLOCK_N, BLOCK_D))
-        summed = tl.associative_scan((flags, g), 0, _segment_add)[1]
+    cols = tl.arange(0, BLOCK_D)
+    piece_cols = cols < piece_stride
+    base = pid * steps * BLOCK_N  # < num_ids: the host sizes the grid so
+    # What a pad in the head slot carries: the program's first key and its feature (any feature
+    # of the key's table will do; garbage only for a bad id, whose pads never update anything).
+    first_key = tl.load(keys_ptr + base).to(tl.int64)
+    if GATHER:
+        first_feat = tl.load(occ_bag_ptr + tl.load(order_ptr + base)).to(tl.int64) // batch
+    else:
+        first_feat = tl.load(in_feat_ptr + base).to(tl.int64)
+    last_key = tl.zeros([], tl.int64) + invalid_key
+    last_feat = tl.zeros([], tl.int64)
+    # The run open after the tiles seen so far: its partial sum, its count of real entries, whether
+    # it started in this program ("mine"), and whether there is one.
+    open_sum = tl.zeros([BLOCK_D], dtype=ACC)
+    open_real = tl.zeros([], tl.int32)
+    open_mine = tl.zeros([], tl.int32)
+    is_open = tl.zeros([], tl.int32)
+    head_done = tl.zeros([], tl.int32)
+    for s in range(0, steps):
+        pos = base + s * BLOCK_N + r
+        in_range = pos < num_ids
+        key = tl.load(keys_ptr + pos, mask=in_range, other=invalid_key).to(tl.int64)
+        prev = tl.load(keys_ptr + pos - 1, mask=in_range & (pos > 0), other=-1).to(tl.int64)
+        after = tl.load(keys_ptr + pos + 1, mask=(pos + 1) < num_ids, other=-1).to(tl.int64)
+        # Keys are sorted, so this range check only trims the tail of bad ids (and, defensively,
+        # anything else outside the rows; the host fills positions no bag covers with invalid_key).
+        valid = in_range & (key >= 0) & (key < invalid_key)
+        is_start = valid & (key != prev)
         is_end = valid & (key != after)
-        # The tile's last valid position may continue into the next tiles: its owner sums them.
-        last = tl.max(tl.where(valid, r, -1), axis=0)
-        last_key = tl.max(tl.where(r == last, key, -1), axis=0)
-        last_is_end = tl.max(tl.where(r == last, is_end, False).to(tl.int32), axis=0) > 0
-        tail = tl.zeros([BLOCK_D], dtype=ACC)
-        more = (last >= first_start) & (~last_is_end)
-        next_tile = tile + BLOCK_N
-        while more:
-            nxt = next_tile + r
-            same = (nxt < num_ids) & (
-                tl.load(sorted_keys_ptr + nxt, mask=nxt < num_ids, other=-1).to(tl.int64) == last_key
-            )
-            g_next, _unused_f = _gather_contributions(
-                nxt, same, cols, order_ptr, occ_bag_ptr, offsets_ptr, psw_ptr, grad_ptr, feat_dim_ptr,
+        if GATHER:
+            g, f = _gather_contributions(
+                pos, valid, cols, order_ptr, occ_bag_ptr, offsets_ptr, psw_ptr, grad_ptr, feat_dim_ptr,
                 feat_col_ptr, batch, grad_stride, FIXED_D, VEC, POOLED, MEAN, HAS_WEIGHTS, ACC,
             )  # fmt: skip
-            tail += tl.sum(g_next, axis=0)
-            more = tl.sum(same.to(tl.int32), axis=0) == BLOCK_N
-            next_tile += BLOCK_N
-        is_last = r == last
-        summed = tl.where(is_last[:, None], summed + tail[None, :], summed)
-        update = valid & (r >= first_start) & (is_end | is_last)
+            real = valid
+        else:
+            f = tl.load(in_feat_ptr + pos, mask=valid, other=0).to(tl.int64)
+            real = valid & (tl.load(in_real_ptr + pos, mask=valid, other=0) != 0)
+            src = in_sum_ptr + pos[:, None] * piece_stride + cols[None, :]
+            g = tl.load(src, mask=real[:, None] & piece_cols[None, :], other=0.0).to(ACC)
+        flags = tl.broadcast_to(is_start[:, None], (BLOCK_N, BLOCK_D))
+        summed = tl.associative_scan((flags, g), 0, _segment_add)[1]
+        n_real = tl.associative_scan((is_start, real.to(tl.int32)), 0, _segment_add)[1]
+        # Positions before the tile's first run start continue the open run.
+        first_start = tl.min(tl.where(is_start, r, BLOCK_N), axis=0)
+        cont = valid & (r < first_start)
+        summed = tl.where(cont[:, None], summed + open_sum[None, :], summed)
+        n_real = tl.where(cont, n_real + open_real, n_real)
+        mine = tl.where(cont, open_mine, 1) != 0
+        # A run that ends here and started in this program is complete: update its row now.
+        update = is_end & mine & (n_real > 0)
         _apply_rows(
             summed, update, key, f, cols, weights_ptr, state1_ptr, state2_ptr, dense_grad_ptr, feat_woff_ptr,
             feat_key_base_ptr, feat_dim_ptr, adam_bias_ptr, lr, eps, weight_decay, decay_factor, beta1,
             one_minus_beta1, beta2, one_minus_beta2, OPT, WD_MODE, FIXED_D, VEC, ACC,
         )  # fmt: skip
+        # The run that came from the previous program ends here (at most once): the head piece.
+        head_end = is_end & (~mine)
+        head = 2 * pid + r * 0
+        has_sum = head_end & (n_real > 0)
+        tl.store(piece_key_ptr + head, key.to(piece_key_ptr.dtype.element_ty), mask=head_end)
+        tl.store(piece_feat_ptr + head, f.to(tl.int32), mask=head_end)
+        tl.store(piece_real_ptr + head, has_sum.to(tl.int8), mask=head_end)
+        dst = piece_sum_ptr + head[:, None] * piece_stride + cols[None, :]
+        tl.store(dst, summed.to(piece_sum_ptr.dtype.element_ty), mask=has_sum[:, None] & piece_cols[None, :])
+        head_done = head_done | tl.max(head_end.to(tl.int32), axis=0)
+        # Carry the run of the tile's last valid position into the next tile (if it goes on).
+        last = tl.max(tl.where(valid, r, -1), axis=0)
+        if last >= 0:
+            at_last = r == last
+            last_key = tl.sum(tl.where(at_last, key, 0), axis=0)
+            last_feat = tl.sum(tl.where(at_last, f, 0), axis=0)
+            is_open = 1 - tl.max(tl.where(at_last, is_end, False).to(tl.int32), axis=0)
+            open_sum = tl.sum(tl.where(at_last[:, None], summed, 0.0), axis=0) * is_open.to(ACC)
+            open_real = tl.sum(tl.where(at_last, n_real, 0), axis=0) * is_open
+            open_mine = tl.sum(tl.where(at_last, mine.to(tl.int32), 0), axis=0)
+    # The run still open at the program's end goes on in the next program: it is the tail piece
+    # when it started here; else the whole program lies inside one run, which is the head piece.
+    open_here = (is_open != 0) & (open_mine != 0)
+    open_before = (is_open != 0) & (open_mine == 0)
+    tail = 2 * pid + 1
+    tl.store(piece_key_ptr + tail, last_key.to(piece_key_ptr.dtype.element_ty))
+    tl.store(piece_feat_ptr + tail, last_feat.to(tl.int32))
+    tl.store(piece_real_ptr + tail, (open_here & (open_real > 0)).to(tl.int8))
+    sum_dst = piece_sum_ptr + tail * piece_stride + cols
+    # (cols * 0 + flag != 0: a per-column copy of a scalar condition; Triton's interpreter rejects
+    # a mask made by broadcasting a scalar bool)
+    has_sum = (cols * 0 + (open_here & (open_real > 0)).to(tl.int32)) != 0
+    tl.store(sum_dst, open_sum.to(piece_sum_ptr.dtype.element_ty), mask=piece_cols & has_sum)
+    if head_done == 0:
+        head_key = tl.where(open_before, last_key, first_key)
+        tl.store(piece_key_ptr + 2 * pid, head_key.to(piece_key_ptr.dtype.element_ty))
+        tl.store(piece_feat_ptr + 2 * pid, tl.where(open_before, last_feat, first_feat).to(tl.int32))
+        tl.store(piece_real_ptr + 2 * pid, (open_before & (open_real > 0)).to(tl.int8))
+        has_sum = (cols * 0 + (open_before & (open_real > 0)).to(tl.int32)) != 0
+        tl.store(sum_dst - piece_stride, open_sum.to(piece_sum_ptr.dtype.element_ty), mask=piece_cols & has_sum)
 
 
 @triton.jit
@@ -363,12 +463,12 @@ def _apply_rows(
         elif OPT == OPT_ADAGRAD:
             s = tl.load(state1_ptr + at, mask=mask, other=0.0).to(ACC) + g * g
             tl.store(state1_ptr + at, s.to(state1_ptr.dtype.element_ty), mask=mask)
-            step = tl.div_rn(lr * g, tl.sqrt_rn(s) + eps)
+            step = _div(lr * g, _sqrt(s, ACC) + eps, ACC)
         elif OPT == OPT_ROWWISE_ADAGRAD:
-            mean_sq = tl.div_rn(tl.sum(g * g, axis=1), dim.to(ACC))
+            mean_sq = _div(tl.sum(g * g, axis=1), dim.to(ACC), ACC)
             m = tl.load(state1_ptr + key, mask=update, other=0.0).to(ACC) + mean_sq
             tl.store(state1_ptr + key, m.to(state1_ptr.dtype.element_ty), mask=update)
-            step = tl.div_rn(tl.full(m.shape, lr, ACC), tl.sqrt_rn(m) + eps)[:, None] * g
+            step = _div(tl.full(m.shape, lr, ACC), _sqrt(m, ACC) + eps, ACC)[:, None] * g
         else:  # OPT_ADAM
             bias1 = tl.load(adam_bias_ptr).to(ACC)
             bias2 = tl.load(adam_bias_ptr + 1).to(ACC)
@@ -376,7 +476,7 @@ def _apply_rows(
             m2 = tl.load(state2_ptr + at, mask=mask, other=0.0).to(ACC) * beta2 + one_minus_beta2 * (g * g)
             tl.store(state1_ptr + at, m1.to(state1_ptr.dtype.element_ty), mask=mask)
             tl.store(state2_ptr + at, m2.to(state2_ptr.dtype.element_ty), mask=mask)
-            step = tl.div_rn(lr * tl.div_rn(m1, bias1), tl.sqrt_rn(tl.div_rn(m2, bias2)) + eps)
+            step = _div(lr * _div(m1, bias1, ACC), _sqrt(_div(m2, bias2, ACC), ACC) + eps, ACC)
         if WD_MODE == WD_DECOUPLED:
             w = w * decay_factor
         tl.store(weights_ptr + at, (w - step).to(weights_ptr.dtype.element_ty), mask=mask)

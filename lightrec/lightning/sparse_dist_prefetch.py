@@ -35,7 +35,9 @@ without length; for a sized loader the callback wraps the fetcher's iterator and
 ahead (the fetcher still receives every item once, so its "last batch" accounting is unchanged;
 a stateful loader's saved position is then one batch ahead, as with Lightning's own pre-fetching).
 CUDA streams (``lightrec/distributed/streams.py``): the copy of batch i+1 and both stages of its
-input dist are issued on one side stream, so they overlap step i's kernels on the main stream; the
+input dist are issued on one side stream, so they overlap step i's kernels on the main stream. The
+side stream first waits for what is already queued on the main stream (batch i+1 may be on the
+device already, drawn there by kernels queued during step i-1); step i's kernels come later. The
 stage-2 host sync (the receive sizes) waits for the count exchange only, not for step i's queued
 work. The main stream waits for the copy (an event recorded right after it) at the end of step i,
 once step i's kernels are queued, and for the input dist inside the forward of batch i+1; ``record_stream`` marks
@@ -67,7 +69,7 @@ from typing_extensions import override
 from lightrec._compat import fit_data_fetcher
 from lightrec.distributed.input_dist_pipeline import InputDistPipeline, find_kjts
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
-from lightrec.distributed.streams import record_stream_all
+from lightrec.distributed.streams import record_stream_all, wait_for_current
 from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = ["SparseDistPrefetch"]
@@ -319,8 +321,16 @@ class SparseDistPrefetch(pl.Callback):
         strategy = trainer.strategy
         if self._copy_stream is None or strategy.root_device.type != "cuda":
             return strategy.batch_to_device(batch, dataloader_idx=0)
-        # Host memory the copy reads must not be reused before the side stream ran the copy: the
-        # loader's pinned buffers are kept alive by the batch object the fetcher holds until then.
+        # A batch already on the device (drawn on the GPU, or a loader yielding CUDA tensors) may
+        # be written by kernels still queued on the main stream: the side stream reads it only
+        # after them (step i's kernels, queued later, still overlap the copy and input dist).
+        wait_for_current(self._copy_stream, strategy.root_device)
+        # Host memory the copy reads must not be reused before the side stream ran the copy. The
+        # fetcher then holds the *moved* batch, so nothing of ours keeps the host tensors alive:
+        # torch's pinned-memory allocator does (it records an event on every non-blocking copy
+        # from memory it pinned and reuses the block only after it). Memory pinned elsewhere (a
+        # loader's own registered buffers) is not protected that way; such a loader must keep
+        # its buffers until the copy ran.
         with torch.cuda.stream(self._copy_stream):
             moved = strategy.batch_to_device(batch, dataloader_idx=0)
         # The main stream reads these tensors from the end of step i on (it waits for the copy

@@ -15,6 +15,7 @@ holds the behaviour around those buffers (``from_float``, ``set_float_weight``,
 # No `from __future__ import annotations`: the subclasses are fx-traced and scripted.
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -31,6 +32,7 @@ __all__ = [
     "QUANT_KERNELS",
     "QuantCollectionBase",
     "QuantTable",
+    "quant_tables",
     "resolve_quant_kernel",
     "set_stored_table",
     "storage_configs",
@@ -84,6 +86,8 @@ class QuantTable(nn.Module):
     used as the buffer instead of allocating a new one.
     """
 
+    weight: torch.Tensor
+
     def __init__(
         self,
         rows: int,
@@ -98,6 +102,11 @@ class QuantTable(nn.Module):
 
     def extra_repr(self) -> str:
         return f"weight={tuple(self.weight.shape)} {self.weight.dtype}"
+
+
+def quant_tables(holders: nn.ModuleDict) -> dict[str, QuantTable]:
+    """``{table name: QuantTable}`` of a collection's table holders (``embedding_bags`` / ``embeddings``)."""
+    return {name: m for name, m in holders.items() if isinstance(m, QuantTable)}
 
 
 def _table_data_types(tables: list, data_type: object, per_table: dict[str, object] | None) -> list[DataType]:
@@ -145,7 +154,7 @@ def storage_configs(
 
 
 def set_stored_table(
-    holders: nn.ModuleDict, configs: list, row_alignment: int, table: str, weight: torch.Tensor
+    holders: Mapping[str, QuantTable], configs: list, row_alignment: int, table: str, weight: torch.Tensor
 ) -> None:
     """Quantize ``weight`` into ``holders[table].weight`` with the storage type of ``table``'s config."""
     config = next((c for c in configs if c.name == table), None)
@@ -311,10 +320,10 @@ class QuantCollectionBase(nn.Module):
 
     def storage_bytes(self) -> int:
         """Bytes held by the stored tables (what a serving host must keep in memory)."""
-        return sum(int(m.weight.numel()) for m in self._stored_tables().values())
+        return sum(m.weight.numel() for m in self._stored_tables().values())
 
-    def _stored_tables(self) -> nn.ModuleDict:
-        return getattr(self, self.TABLES_ATTR)
+    def _stored_tables(self) -> dict[str, QuantTable]:
+        return quant_tables(getattr(self, self.TABLES_ATTR))
 
     def _repr_settings(self) -> str:
         kinds = sorted({str(t.data_type) for t in self._configs})

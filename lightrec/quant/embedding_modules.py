@@ -66,6 +66,7 @@ class QuantEmbeddingBagCollection(QuantCollectionBase):
 
     TABLES_ATTR = "embedding_bags"
     FLOAT_CONFIGS = "embedding_bag_configs"
+    _flat_weights: torch.Tensor  # every stored table back to back (buffer; the tables are views)
 
     def __init__(
         self,
@@ -204,7 +205,7 @@ class QuantEmbeddingBagCollection(QuantCollectionBase):
         # load_state_dict(assign=True) replaces the per-table buffers by the loaded tensors: copy
         # them into the flat buffer the lookups read and make the tables views again.
         for name, spec in zip(module._table_names, module._specs):
-            holder = module.embedding_bags[name]
+            holder = module._stored_tables()[name]
             view = module._table_view(spec)
             if holder.weight.data_ptr() != view.data_ptr():
                 view.copy_(holder.weight)

@@ -17,7 +17,7 @@ by the same kernel arithmetic). ``shard_modules`` is the TorchRec tutorial's ``_
 # No `from __future__ import annotations`: fx copies forward() annotations into traced code.
 
 import copy
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -87,7 +87,7 @@ class TbeGroupLookup(nn.Module):
             row_alignment=row_alignment,
         )
         self.tbe.initialize_weights()
-        assigned = []
+        assigned: List[Tuple[torch.Tensor, Optional[torch.Tensor]]] = []  # (rows, scale/bias | None)
         for t, rows in zip(tables, stored):
             if t.data_type == DataType.FP16:
                 assigned.append((rows[:, : 2 * t.embedding_dim], None))
@@ -132,6 +132,8 @@ class ShardedQuantEmbeddingBagCollection(nn.Module):
         use_fbgemm: fbgemm TBE groups (True), pure-torch groups (False), or fbgemm when it imports (None).
     """
 
+    _output_columns: torch.Tensor  # [total D] group column of each output column (buffer; used to reorder)
+
     def __init__(self, qebc: QuantEmbeddingBagCollection, devices: List[torch.device], assignment: List[int],
                  output_device: Optional[torch.device] = None, placement: str = "device",
                  use_fbgemm: Optional[bool] = None) -> None:
@@ -151,7 +153,7 @@ class ShardedQuantEmbeddingBagCollection(nn.Module):
         for device_index, _mean in keys:
             device = devices[device_index]
             members = [t for i, t in enumerate(configs) if (assignment[i], t.pooling == PoolingType.MEAN) == (device_index, _mean)]
-            stored = [qebc.embedding_bags[t.name].weight.to(device) for t in members]
+            stored = [qebc._stored_tables()[t.name].weight.to(device) for t in members]
             if use_fbgemm:
                 lookup: nn.Module = TbeGroupLookup(members, stored, qebc._row_alignment, device, placement,
                                                    qebc.is_weighted())
@@ -162,7 +164,7 @@ class ShardedQuantEmbeddingBagCollection(nn.Module):
                     bounds_check=qebc._bounds_check, use_fbgemm=False,
                 )
                 for t, rows in zip(members, stored):
-                    group.embedding_bags[t.name].weight.copy_(rows)
+                    group._stored_tables()[t.name].weight.copy_(rows)
                 lookup = TableGroupLookup(group)
             self.lookups.append(lookup)
             self._feature_order.extend(f for t in members for f in t.feature_names)
@@ -226,7 +228,7 @@ class ShardedQuantEmbeddingBagCollection(nn.Module):
 def _assign_tables(configs: list[EmbeddingBagConfig], qebc: QuantEmbeddingBagCollection, num_devices: int,
                    max_bytes_per_device: int | None) -> list[int]:
     """Greedy table-wise placement: biggest table first onto the least loaded device."""
-    sizes = [int(qebc.embedding_bags[t.name].weight.numel()) for t in configs]
+    sizes = [qebc._stored_tables()[t.name].weight.numel() for t in configs]
     load = [0] * num_devices
     assignment = [0] * len(configs)
     for i in sorted(range(len(configs)), key=lambda i: (-sizes[i], i)):

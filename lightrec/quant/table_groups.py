@@ -103,6 +103,10 @@ class FbgemmTableGroup(_OneCallGroup):
     uint8 (type codes), ``d_offsets`` ``[F + 1]`` int32 (output column offsets).
     """
 
+    weights_offsets: torch.Tensor
+    weights_tys: torch.Tensor
+    d_offsets: torch.Tensor
+
     def __init__(self, first: int, feature_first: int, tables: List[StoredTableLayout], row_alignment: int,
                  device: Optional[torch.device] = None) -> None:
         super().__init__(first, feature_first, tables)
@@ -158,6 +162,8 @@ class TritonTableGroup(_OneCallGroup):
     Buffer (non-persistent, rebuilt by :meth:`reset_constants`): ``meta`` ``[F, 6]`` int64 (see
     :func:`lightrec.quant.triton_lookup.feature_meta`).
     """
+
+    meta: torch.Tensor
 
     def __init__(self, first: int, feature_first: int, tables: List[StoredTableLayout],
                  device: Optional[torch.device] = None) -> None:

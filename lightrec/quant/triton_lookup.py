@@ -57,13 +57,16 @@ def triton_quant_pooled_lookup(
     """``[B, total_d]`` float32: pooled rows of the ``F = meta.shape[0]`` features (key-major ids).
 
     Args:
-        flat: every table's rows back to back, ``[bytes]`` uint8 (an even number of bytes).
+        flat: every table's rows back to back, ``[bytes]`` uint8 (an even number of bytes unless
+            ``row_align`` is 1).
         meta: :func:`feature_meta` of the features, on ``flat``'s device.
         ids / offsets: the features' ids (key-major) and ``[F * B + 1]`` bag boundaries.
         per_sample_weights: ``[N]`` or None.
         total_d / max_d: output width and widest feature.
         vec / row_align: a power of two dividing every dim, and one (at most 16) dividing every row's
-            byte offset: alignment hints that let the kernel read and write wider words.
+            byte offset: alignment hints that let the kernel read and write wider words (with
+            ``row_align`` 1, an odd ``row_alignment``, the fp16 scales, biases and rows are read
+            bytewise).
         mean: MEAN pooling (else SUM).
     """
     from lightrec.quant.triton_quant_kernel import quant_pooled_kernel
@@ -80,7 +83,7 @@ def triton_quant_pooled_lookup(
     grid = (-(-batch // block_b), num_features)
     with torch.cuda.device(flat.device) if flat.device.type == "cuda" else contextlib.nullcontext():
         quant_pooled_kernel[grid](
-            flat, flat.view(torch.float16), meta, ids, offsets,
+            flat, flat.view(torch.float16) if row_align % 2 == 0 else flat, meta, ids, offsets,
             per_sample_weights if per_sample_weights is not None else flat, out,
             batch, ids.numel(), out.stride(0),
             BLOCK_B=block_b, BLOCK_D=block_d, MEAN=mean, HAS_WEIGHTS=per_sample_weights is not None,

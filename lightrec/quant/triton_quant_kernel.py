@@ -3,7 +3,8 @@
 Imported only when a Triton lookup runs (see :mod:`lightrec.quant.triton_lookup`). Layouts::
 
     flat     [bytes] uint8      every table back to back, rows in fbgemm's layout (quant_rows)
-    flat16   [bytes / 2] fp16   the same buffer read two bytes at a time (scales, biases, fp16 rows)
+    flat16   [bytes / 2] fp16   the same buffer read two bytes at a time (scales, biases, fp16 rows);
+                                with an odd row alignment ``flat`` itself, read bytewise
     meta     [F, 6] int64       per feature: byte offset of its table, row bytes, type code
                                 (1 fp16, 2 int8, 3 int4), dim, first output column, rows
     ids      [N], offsets [F * B + 1], per_sample_weights [N] | None
@@ -22,6 +23,21 @@ import triton
 import triton.language as tl
 
 __all__ = ["quant_pooled_kernel"]
+
+
+@triton.jit
+def _load_fp16(flat_ptr, flat16_ptr, byte_offset, mask, ROW_ALIGN: tl.constexpr):
+    """fp16 values at ``byte_offset`` (any shape), widened to fp32.
+
+    Even offsets (``ROW_ALIGN >= 2``) read two bytes at a time through ``flat16``; an odd
+    ``row_alignment`` can put a row at an odd byte, so then the two bytes are read one by one and
+    joined (little-endian, as the rows are stored)."""
+    if ROW_ALIGN % 2 == 0:
+        return tl.load(flat16_ptr + byte_offset // 2, mask=mask, other=0.0).to(tl.float32)
+    else:
+        lo = tl.load(flat_ptr + byte_offset, mask=mask, other=0).to(tl.uint16)
+        hi = tl.load(flat_ptr + byte_offset + 1, mask=mask, other=0).to(tl.uint16)
+        return (lo | (hi << 8)).to(tl.float16, bitcast=True).to(tl.float32)
 
 
 @triton.jit(do_not_specialize=["batch", "num_ids"])
@@ -44,7 +60,8 @@ def quant_pooled_kernel(
     ROW_ALIGN: tl.constexpr,
 ):
     """``VEC`` divides every dim (so output columns are VEC-aligned); rows start at multiples of
-    ``ROW_ALIGN`` bytes (the collection's row alignment, capped at 16)."""
+    ``ROW_ALIGN`` bytes (the largest power of two, at most 16, dividing every table offset and row
+    size: 1 when ``row_alignment`` is odd, and then fp16 values are read bytewise)."""
     f = tl.program_id(1)
     b = tl.program_id(0).to(tl.int64) * BLOCK_B + tl.arange(0, BLOCK_B)
     in_batch = b < batch
@@ -68,21 +85,21 @@ def quant_pooled_kernel(
         pos = start + j
         idx = tl.load(ids_ptr + pos, mask=active, other=0).to(tl.int64)
         ok = active & (idx >= 0) & (idx < rows)
-        row = table + idx * row_bytes  # byte offset of the row (even: rows are 16-byte aligned)
+        row = table + idx * row_bytes  # byte offset of the row (a multiple of ROW_ALIGN)
         m = ok[:, None] & col_ok[None, :]
         if HAS_WEIGHTS:
             w = tl.load(psw_ptr + pos, mask=active, other=0.0).to(tl.float32)
         else:
             w = tl.full([BLOCK_B], 1.0, tl.float32)
         if kind == 1:  # fp16 row
-            x = tl.load(flat16_ptr + (row // 2)[:, None] + cols[None, :], mask=m, other=0.0).to(tl.float32)
+            x = _load_fp16(flat_ptr, flat16_ptr, row[:, None] + 2 * cols[None, :], m, ROW_ALIGN)
             if HAS_WEIGHTS:
                 acc = tl.fma(w[:, None], x, acc)
             else:
                 acc = acc + x
         else:  # int8 / int4: fp16 scale and bias, then one byte (or nibble) per value
-            scale = tl.load(flat16_ptr + row // 2, mask=ok, other=0.0).to(tl.float32) * w
-            bias = tl.load(flat16_ptr + row // 2 + 1, mask=ok, other=0.0).to(tl.float32) * w
+            scale = _load_fp16(flat_ptr, flat16_ptr, row, ok, ROW_ALIGN) * w
+            bias = _load_fp16(flat_ptr, flat16_ptr, row + 2, ok, ROW_ALIGN) * w
             if kind == 2:
                 q = tl.load(flat_ptr + (row + 4)[:, None] + cols[None, :], mask=m, other=0)
             else:

@@ -29,6 +29,7 @@ def _permute_2d_sparse_torch(
     lengths: torch.Tensor,
     values: torch.Tensor,
     weights: Optional[torch.Tensor],
+    total: Optional[int] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """Reorder whole key segments of a jagged batch (pure torch; see ``permute_2d_sparse``)."""
     key_lengths = lengths.sum(dim=1)
@@ -37,7 +38,8 @@ def _permute_2d_sparse_torch(
     seg_lengths = key_lengths.index_select(0, permute)
     seg_starts = key_starts.index_select(0, permute)
     out_starts = torch.cumsum(seg_lengths, 0) - seg_lengths
-    total = int(seg_lengths.sum().item()) if seg_lengths.numel() > 0 else 0
+    if total is None:  # one device read; callers that know the sizes on the host pass them
+        total = int(seg_lengths.sum().item()) if seg_lengths.numel() > 0 else 0
     # Each output position i of segment s reads input position seg_starts[s] + (i - out_starts[s]).
     shift = torch.repeat_interleave(seg_starts - out_starts, seg_lengths, output_size=total)
     index = torch.arange(total, device=values.device, dtype=shift.dtype) + shift
@@ -60,6 +62,7 @@ if USING_FBGEMM:
         lengths: torch.Tensor,
         values: torch.Tensor,
         weights: Optional[torch.Tensor],
+        total: Optional[int] = None,
     ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
         """Reorder the key segments of a jagged batch.
 
@@ -68,13 +71,15 @@ if USING_FBGEMM:
                 (keys may repeat or be dropped).
             lengths: ``[K_in, B]`` lengths, key-major.
             values / weights: ``[sum(lengths)]`` values (and optional per-value weights).
+            total: number of output values when the caller knows it on the host; without it the
+                output size is read from the device (a host sync on CUDA).
 
         Returns:
             ``(lengths [K_out, B], values, weights)`` in the permuted key order.
         """
         # fbgemm's kernel takes the permutation as int32.
         out_lengths, out_values, out_weights = torch.ops.fbgemm.permute_2D_sparse_data(
-            permute.to(torch.int32), lengths, values, weights, None
+            permute.to(torch.int32), lengths, values, weights, total
         )
         return out_lengths, out_values, out_weights
 
@@ -90,9 +95,10 @@ else:
         lengths: torch.Tensor,
         values: torch.Tensor,
         weights: Optional[torch.Tensor],
+        total: Optional[int] = None,
     ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
         """Reorder the key segments of a jagged batch (see the fbgemm variant for the layout)."""
-        return _permute_2d_sparse_torch(permute, lengths, values, weights)
+        return _permute_2d_sparse_torch(permute, lengths, values, weights, total)
 
 
 def segment_ids(lengths: torch.Tensor, total: int) -> torch.Tensor:

@@ -387,8 +387,12 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         stride = self.stride()
         lpk = self.length_per_key()
         lengths2d = self.lengths().view(num_keys, stride)
+        # The output size from the host-side sizes: the kernel need not read it from the device.
+        total = 0
+        for i in indices:
+            total += lpk[i]
         out_lengths, out_values, out_weights = permute_2d_sparse(
-            indices_tensor, lengths2d, self._values, self._weights
+            indices_tensor, lengths2d, self._values, self._weights, total
         )
         return KeyedJaggedTensor(
             keys=[self._keys[i] for i in indices],

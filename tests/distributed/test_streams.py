@@ -119,3 +119,32 @@ def test_input_dist_on_a_side_stream_gives_the_same_lookups() -> None:
     result = run_nccl(_side_stream_body)
     for plain, piped in zip(result["plain"], result["piped"], strict=True):
         torch.testing.assert_close(piped, plain, rtol=1e-6, atol=1e-6)
+
+
+def test_pipeline_start_orders_the_side_stream_after_the_current_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``InputDistPipeline.start(features, stream=side)`` makes ``side`` wait for the current stream
+    before stage 1 is issued on it (the ids may be written by kernels still queued there). Spy
+    streams on CPU; the GPU twin is in tests/lightning/test_sparse_dist_prefetch.py."""
+    from lightrec.distributed.input_dist_pipeline import InputDistPipeline
+    from lightrec.sparse import KeyedJaggedTensor
+
+    log: list[str] = []
+
+    class Spy:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def wait_stream(self, other: Spy) -> None:
+            log.append(f"{self.name}.wait_stream({other.name})")
+
+    main, side = Spy("main"), Spy("side")
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: main)
+
+    def begin(features: KeyedJaggedTensor, stream: Any) -> Any:
+        log.append(f"begin on {stream.name}")
+        return None
+
+    pipeline = InputDistPipeline(lambda kjt: True, begin, lambda kjt, started: None, torch.device("cuda", 0))
+    kjt = KeyedJaggedTensor(["f"], torch.tensor([1, 2]), lengths=torch.tensor([1, 1]))
+    assert pipeline.start(kjt, stream=side)
+    assert log == ["side.wait_stream(main)", "begin on side"]

@@ -24,18 +24,22 @@ KINDS = ["int8", "int4", "fp16", "mixed"]
 
 
 def _quantized(
-    kind: str, weighted: bool, backend: str, mean_last: bool = True
+    kind: str, weighted: bool, backend: str, mean_last: bool = True, row_alignment: int = 16, dim: int = 8
 ) -> QuantEmbeddingBagCollection:
     torch.manual_seed(1)
     ebc = lightrec.EmbeddingBagCollection(
-        tables(mean_last=mean_last and kind != "mixed"), is_weighted=weighted
+        tables(dim, mean_last=mean_last and kind != "mixed"), is_weighted=weighted
     )
     with torch.no_grad():  # rows of very different ranges stress the fp16 scale and bias
         for t in ebc.embedding_bags.values():
             t.weight.mul_(torch.rand(t.weight.shape[0], 1) * 20)
     per_table = {"t0": "int4", "t1": "fp16"} if kind == "mixed" else None
     q = QuantEmbeddingBagCollection.from_float(
-        ebc, dtype="int8" if kind == "mixed" else kind, per_table=per_table, backend=backend
+        ebc,
+        dtype="int8" if kind == "mixed" else kind,
+        per_table=per_table,
+        backend=backend,
+        row_alignment=row_alignment,
     )
     return q.to(DEVICE) if backend == "triton" else q
 
@@ -77,6 +81,39 @@ def test_sequence_triton_equals_torch_kernel(kind: str) -> None:
     for f in want:
         np.testing.assert_array_equal(got[f].values().cpu().numpy(), want[f].values().numpy())
         assert torch.equal(got[f].lengths().cpu(), want[f].lengths())
+
+
+# (kind, row_alignment, dim): each stores rows of an odd number of bytes (int8 dim 5: 4 + 5 = 9;
+# int4 dim 6: 4 + 3 = 7; fp16 dim 4 padded to a multiple of 3: 9), so tables start at odd bytes.
+ODD_LAYOUTS = [("int8", 1, 5), ("int8", 3, 4), ("int4", 1, 6), ("int4", 3, 6), ("fp16", 3, 4), ("fp16", 5, 6),
+               ("mixed", 1, 6), ("mixed", 3, 6)]  # fmt: skip
+
+
+@requires_triton
+@pytest.mark.parametrize("kind,row_alignment,dim", ODD_LAYOUTS)
+def test_odd_row_alignment_equals_torch_kernel(kind: str, row_alignment: int, dim: int) -> None:
+    """An odd ``row_alignment`` puts rows (their fp16 scale and bias, or fp16 values) at odd
+    bytes, and can make the flat buffer's length odd: the kernel reads them bytewise, exactly."""
+    tri = _quantized(kind, True, "triton", row_alignment=row_alignment, dim=dim)
+    ref = _quantized(kind, True, "torch", row_alignment=row_alignment, dim=dim)
+    assert any(t.weight.shape[1] % 2 for t in tri.embedding_bags.values())
+    batch = kjt(batch=6, seed=7, weighted=True)
+    got, want = tri(batch.to(DEVICE)).values().cpu(), ref(batch).values()
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+    if kind == "mixed":
+        return
+    torch.manual_seed(1)
+    ec = lightrec.EmbeddingCollection(
+        [lightrec.EmbeddingConfig(name=t.name, num_embeddings=t.num_embeddings, embedding_dim=dim + 2 * i,
+                                  feature_names=t.feature_names) for i, t in enumerate(sequence_tables())]
+    )  # fmt: skip
+    seq = {
+        be: QuantEmbeddingCollection.from_float(ec, dtype=kind, backend=be, row_alignment=row_alignment)
+        for be in ("triton", "torch")
+    }
+    seq_got, seq_want = seq["triton"].to(DEVICE)(batch.to(DEVICE)), seq["torch"](batch)
+    for f in seq_want:
+        np.testing.assert_array_equal(seq_got[f].values().cpu().numpy(), seq_want[f].values().numpy())
 
 
 @requires_triton

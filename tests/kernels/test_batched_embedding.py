@@ -370,3 +370,28 @@ def test_cuda_lookup_trains_like_cpu(backend: str) -> None:
         out_g.sum().backward()
     for wc, wg in zip(cpu.split_embedding_weights(), gpu.split_embedding_weights(), strict=True):
         torch.testing.assert_close(wg.cpu(), wc, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("pooling", [PoolingType.SUM, PoolingType.NONE])
+def test_empty_batch_output_has_the_weights_dtype(pooling: PoolingType) -> None:
+    """A rank with no samples sends what the others send: the tables' dtype, not float32 (the
+    empty-batch path is shared by every backend)."""
+    if pooling == PoolingType.NONE:
+        module = BatchedEmbedding([(10, 4)], backend="torch").double()
+    else:
+        module = BatchedEmbeddingBag([(10, 4), (6, 4)], backend="torch").double()
+    out = module(torch.zeros(0, dtype=torch.long), torch.zeros(1, dtype=torch.long))
+    assert out.dtype == torch.float64 and out.shape == ((0, 8) if pooling == PoolingType.SUM else (0, 4))
+    out.sum().backward()
+
+
+def test_adam_step_counts_past_float32_precision() -> None:
+    """Adam's ``t`` is an int64 (fbgemm's ``iter``): a float32 counter would stop at 2^24 (the Triton
+    twin is in ``test_triton_edge_cases``)."""
+    spec = FusedOptimizerSpec(EmbOptimType.ADAM, learning_rate=0.1)
+    module = BatchedEmbeddingBag([(10, 4)], optimizer=spec, backend="torch")
+    step = module.fused_optimizer.state_dict()["state"]["weights.t0"]["step"]
+    assert step.dtype == torch.int64
+    step.fill_(2**24)
+    module(torch.tensor([1, 2]), torch.tensor([0, 1, 2])).sum().backward()
+    assert int(step) == 2**24 + 1

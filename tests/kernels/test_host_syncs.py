@@ -1,9 +1,11 @@
-"""Host reads of device values on the single-device fused training path, counted on CPU.
+"""Host syncs on the single-device fused training path and in the sparse data path, counted on CPU.
 
 On CUDA each ``Tensor.item`` / ``bool`` / ``int`` / ``float`` / ``tolist`` / ``nonzero`` stalls the
-host until the stream has caught up. On CPU they cost nothing, but the same calls are made, so
-counting them (those made by lightrec's own code) finds the syncs a GPU run would have. The CUDA
-twin runs the same step under ``torch.cuda.set_sync_debug_mode("error")`` (``-m gpu``).
+host until the stream has caught up, and so do ``torch.tensor(host data, device=...)`` (a blocking
+copy from pageable memory) and ``torch.repeat_interleave`` without ``output_size`` (it reads the
+output size). On CPU they cost nothing, but the same calls are made, so counting them (those made
+by lightrec's own code) finds the syncs a GPU run would have. The CUDA twin runs the same step
+under ``torch.cuda.set_sync_debug_mode("error")`` (``-m gpu``).
 """
 
 from __future__ import annotations
@@ -12,13 +14,18 @@ import sys
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 import torch
 
 from lightrec.data import SyntheticCriteoDataset
+from lightrec.distributed.comm.kjt_all_to_all import KJTAllToAll
+from lightrec.distributed.sharding.common import KeySelector
 from lightrec.kernels import FusedEmbeddingBagCollection
 from lightrec.models import DLRM
+from lightrec.sparse import KeyedJaggedTensor
+from tests.multiprocess import run_ranks
 from tests.triton_support import DEVICE, requires_triton
 
 _READS = ("item", "__bool__", "__int__", "__float__", "tolist", "nonzero")
@@ -41,13 +48,36 @@ def count_host_reads() -> Iterator[Counter]:
 
         return counted
 
+    def from_lightrec() -> str | None:
+        caller = sys._getframe(2).f_code
+        if "/lightrec/" not in caller.co_filename.replace("\\", "/"):
+            return None
+        return f"{caller.co_filename.rsplit('lightrec/', 1)[-1]}:{caller.co_name}"
+
+    real_tensor, real_repeat = torch.tensor, torch.repeat_interleave
+
+    def tensor(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        where = from_lightrec()
+        if where is not None and kwargs.get("device") is not None:  # host data copied to a device
+            counts[f"{where} tensor(device=)"] += 1
+        return real_tensor(*args, **kwargs)
+
+    def repeat_interleave(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        where = from_lightrec()
+        repeats = args[1] if len(args) > 1 else kwargs.get("repeats")
+        if where is not None and isinstance(repeats, torch.Tensor) and kwargs.get("output_size") is None:
+            counts[f"{where} repeat_interleave"] += 1
+        return real_repeat(*args, **kwargs)
+
     for name in _READS:
         setattr(torch.Tensor, name, wrap(name))
+    torch.tensor, torch.repeat_interleave = tensor, repeat_interleave
     try:
         yield counts
     finally:
         for name, original in originals.items():
             setattr(torch.Tensor, name, original)
+        torch.tensor, torch.repeat_interleave = real_tensor, real_repeat
 
 
 def _model_and_data(
@@ -108,3 +138,68 @@ def test_cuda_fused_training_step_runs_under_sync_debug_error() -> None:
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
+
+
+def _kjt(weighted: bool) -> KeyedJaggedTensor:
+    """Three keys, batch 2, with host-side ``length_per_key`` (as lightrec's datasets attach)."""
+    lengths = torch.tensor([1, 2, 0, 3, 2, 1])
+    values = torch.arange(9)
+    weights = torch.rand(9) if weighted else None
+    return KeyedJaggedTensor(
+        ["a", "b", "c"], values, weights, lengths=lengths, stride=2, length_per_key=[3, 3, 3]
+    )
+
+
+def test_kjt_permute_with_host_sizes_reads_nothing() -> None:
+    """The output size comes from ``length_per_key``: no read of the device's lengths."""
+    kjt = _kjt(weighted=True)
+    index = torch.tensor([2, 0], dtype=torch.int32)
+    with count_host_reads() as counts:
+        out = kjt.permute([2, 0], index)
+    assert counts == Counter()
+    assert out.keys() == ["c", "a"] and out.length_per_key() == [3, 3]
+    assert out.values().tolist() == [6, 7, 8, 0, 1, 2]
+
+
+def test_kjt_permute_hands_the_output_size_to_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fbgemm's ``permute_2D_sparse_data`` reads the output size from the device (in C++, unseen
+    by the counter above) unless it is given ``permuted_lengths_sum``."""
+    from lightrec.sparse import keyed_jagged_tensor
+
+    seen: list[int | None] = []
+    real = keyed_jagged_tensor.permute_2d_sparse
+
+    def spy(*args: Any) -> Any:
+        seen.append(args[4] if len(args) > 4 else None)
+        return real(*args)
+
+    monkeypatch.setattr(keyed_jagged_tensor, "permute_2d_sparse", spy)
+    _kjt(weighted=False).permute([1, 1, 2])
+    assert seen == [9]
+
+
+def test_key_selector_dropping_weights_keeps_host_sizes() -> None:
+    """An unweighted sharding of a weighted KJT: selecting and reordering its keys reads nothing,
+    and the selected KJT still knows its sizes on the host."""
+    select = KeySelector([1, 0], keep_weights=False)
+    select(_kjt(weighted=True), None)  # the first call builds its index tensor (once)
+    with count_host_reads() as counts:
+        out = select(_kjt(weighted=True), None)
+        sizes = out.length_per_key()
+    assert counts == Counter()
+    assert out.weights_or_none() is None and sizes == [3, 3]
+
+
+def _all_to_all_counts(rank: int, world_size: int) -> dict[str, int]:
+    kjt = _kjt(weighted=False)
+    all_to_all = KJTAllToAll(None, [2, 1])
+    all_to_all(kjt).wait().wait()  # the first call builds the per-device split tensors (once)
+    with count_host_reads() as counts:
+        splits = all_to_all(kjt)
+    splits.wait().wait()  # (the exchanged counts sizing the receive buffers are the known sync)
+    return dict(counts)
+
+
+def test_kjt_all_to_all_builds_no_tensor_from_host_data_per_call() -> None:
+    """Starting an input dist copies nothing from the host (the key splits are cached per device)."""
+    assert run_ranks(_all_to_all_counts, world_size=2) == [{}, {}]

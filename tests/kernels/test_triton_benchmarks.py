@@ -51,13 +51,21 @@ def test_bench_gpu_smoke_writes_both_parts(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not triton_available(), reason="triton is not importable")
 def test_kernels_compile_for_sm90_with_wide_accesses_and_no_spills(tmp_path: Path) -> None:
+    """The figures of docs/performance.md: 16-byte row accesses everywhere; no spills in the
+    forward and the quantized kernel; at most 16 stack bytes in the levelled backward (its open-run
+    carry costs registers: Adam's level 1 holds ~152, the others stay at or under 128)."""
     out = tmp_path / "kernels.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     _run(["benchmarks/triton_kernel_report.py", "--arch", "90", "--out", str(out)], env)
     kernels = json.loads(out.read_text())["kernels"]
-    assert len(kernels) == 15
+    assert len(kernels) == 19
     for k in kernels:
-        assert k["stack_bytes"] == 0 or k["dims"].startswith("mixed"), k
-        if k["kernel"].startswith("lookup") and k["dims"] == "uniform 128":
-            assert k["ld_global_v4"] >= 8 and k["st_global_v4"] >= 4 and k["registers"] <= 128, k
-    assert next(k for k in kernels if k["kernel"] == "quant_pooled")["registers"] <= 128
+        if k["kernel"] == "lookup_backward":
+            assert k["stack_bytes"] <= 16, k
+        else:
+            assert k["stack_bytes"] == 0, k
+            assert k["registers"] <= 128, k
+        if k["kernel"].startswith("lookup") and k["dims"] == "uniform 128" and "float64" not in k["variant"]:
+            assert k["ld_global_v4"] >= 4 and k["st_global_v4"] >= 4, k
+            if "adam" not in k["variant"]:
+                assert k["registers"] <= 128, k

@@ -10,6 +10,8 @@
   two steps, and ``max_steps`` reached mid-epoch (the prefetched batch is dropped); for a sized and
   an unsized (iterable) loader.
 * The callback is a no-op with one warning when the world size is 1 or there is no sharded collection.
+* Stream order: the side stream waits for the main stream before it copies (or reads) a batch
+  that may already be on the device (spy streams on CPU; a ``gpu``-marked CUDA twin).
 """
 
 from __future__ import annotations
@@ -330,3 +332,75 @@ def test_fit_with_prefetch_on_a_gpu_matches_without(tmp_path: Any) -> None:
             torch.testing.assert_close(piped["full"][key], value, rtol=1e-5, atol=1e-6)
         assert piped["pending"] == [True, True, False, True, True, False, True]
         assert not any("SparseDistPrefetch" in w for w in both[loader]["warnings"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Stream order of the look-ahead copy: the side stream waits for the main stream first
+
+
+class _SpyStream:
+    """Stands in for a ``torch.cuda.Stream`` on CPU; logs what the code under test does with it."""
+
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.name, self.log = name, log
+
+    def wait_stream(self, other: _SpyStream) -> None:
+        self.log.append(f"{self.name}.wait_stream({other.name})")
+
+
+def test_side_stream_waits_for_the_main_stream_before_reading_the_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The batch may already be on the device, written by kernels queued on the main stream: the
+    side stream must be ordered after them *before* the copy (and the input dist) is issued on it.
+    Runs the callback's real ``_to_device`` with spy streams (the CUDA twin is below)."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from lightrec.lightning import SparseDistPrefetch
+
+    log: list[str] = []
+    main, side = _SpyStream("main", log), _SpyStream("side", log)
+
+    @contextlib.contextmanager
+    def on(stream: _SpyStream):  # noqa: ANN202
+        log.append(f"enter {stream.name}")
+        yield
+        log.append(f"exit {stream.name}")
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: main)
+    monkeypatch.setattr(torch.cuda, "stream", on)
+
+    def batch_to_device(batch: Any, dataloader_idx: int) -> Any:
+        log.append("batch_to_device")
+        return batch
+
+    strategy = SimpleNamespace(root_device=torch.device("cuda", 0), batch_to_device=batch_to_device)
+    callback = SparseDistPrefetch()
+    callback._copy_stream = side  # type: ignore[assignment]
+    batch = torch.ones(3)
+    assert callback._to_device(SimpleNamespace(strategy=strategy), batch) is batch  # type: ignore[arg-type]
+    assert log == ["side.wait_stream(main)", "enter side", "batch_to_device", "exit side"]
+
+
+@pytest.mark.gpu
+def test_side_stream_reads_a_batch_still_being_written_on_the_main_stream() -> None:
+    """CUDA twin: the batch is written on the main stream behind a long kernel; what the side
+    stream computes from it after ``_to_device`` must see the written values."""
+    from types import SimpleNamespace
+
+    from lightrec.lightning import SparseDistPrefetch
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    strategy = SimpleNamespace(root_device=device, batch_to_device=lambda batch, dataloader_idx: batch)
+    callback = SparseDistPrefetch()
+    callback._copy_stream = torch.cuda.Stream(device=device)
+    for _ in range(3):
+        batch = torch.zeros(1 << 20, device=device)
+        torch.cuda._sleep(50_000_000)  # ~tens of ms of queued work before the batch is written
+        batch.fill_(1.0)
+        moved = callback._to_device(SimpleNamespace(strategy=strategy), batch)  # type: ignore[arg-type]
+        with torch.cuda.stream(callback._copy_stream):
+            total = moved.sum()
+        torch.cuda.synchronize()
+        assert float(total) == float(1 << 20)

@@ -266,10 +266,23 @@ class KJTAllToAll:
                 f"got {key_splits!r}"
             )
         self._splits = splits
+        # Per device: ``key_splits`` as a tensor and the destination rank of each key. Built once:
+        # a tensor made from host data on CUDA is a blocking copy (a host sync) at every call.
+        self._split_tensors: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @property
     def key_splits(self) -> list[int]:
         return list(self._splits)
+
+    def _splits_on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``([W] key_splits, [K] destination rank of each key)`` int64 on ``device`` (cached)."""
+        cached = self._split_tensors.get(device)
+        if cached is None:
+            splits = torch.tensor(self._splits, dtype=torch.int64)
+            owner = torch.repeat_interleave(torch.arange(self._world_size), splits)
+            cached = (splits.to(device), owner.to(device))
+            self._split_tensors[device] = cached
+        return cached
 
     def __call__(self, kjt: KeyedJaggedTensor) -> KJTAllToAllSplitsAwaitable:
         """Start the count exchange for ``kjt`` (keys ``[sum(key_splits)]``, stride ``B_rank``)."""
@@ -282,12 +295,11 @@ class KJTAllToAll:
         world_size, batch = self._world_size, kjt.stride()
         lengths = kjt.lengths()
         device = lengths.device
-        splits_t = torch.tensor(self._splits, dtype=torch.int64, device=device)
+        splits_t, owner = self._splits_on(device)
         if len(keys) > 0 and batch > 0:
             per_key = lengths.view(len(keys), batch).sum(dim=1).to(torch.int64)
         else:
             per_key = torch.zeros(len(keys), dtype=torch.int64, device=device)
-        owner = torch.repeat_interleave(torch.arange(world_size, device=device), splits_t)
         values_per_dest = torch.zeros(world_size, dtype=torch.int64, device=device)
         values_per_dest.index_add_(0, owner, per_key)
         table = torch.empty((world_size, _NUM_COLS), dtype=torch.int64, device=device)

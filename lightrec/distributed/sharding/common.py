@@ -345,8 +345,14 @@ class KeySelector:
     def __call__(self, kjt: KeyedJaggedTensor, positions: list[int] | None) -> KeyedJaggedTensor:
         """``positions[i]``: key index in ``kjt`` of collection feature ``i`` (None: same order)."""
         if not self.keep_weights and kjt.weights_or_none() is not None:
+            # Keep the host-side sizes: without them the next length_per_key() reads the device.
             kjt = KeyedJaggedTensor(
-                kjt.keys(), kjt.values(), None, lengths=kjt.lengths(), stride=kjt.stride()
+                kjt.keys(),
+                kjt.values(),
+                None,
+                lengths=kjt.lengths(),
+                stride=kjt.stride(),
+                length_per_key=kjt.length_per_key_or_none(),
             )
         idx = self.feature_indices if positions is None else [positions[i] for i in self.feature_indices]
         key = tuple(idx)
