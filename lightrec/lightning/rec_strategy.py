@@ -56,7 +56,8 @@ from typing_extensions import override
 
 from lightrec._compat import default_pg_timeout, optimizers_to_device
 from lightrec.distributed.checkpoint import (
-    CheckpointError,
+    ForeignCheckpointError,
+    UnsafeCheckpointError,
     is_sharded_checkpoint,
     load_sharded_checkpoint,
     open_checkpoint,
@@ -303,13 +304,22 @@ class RecStrategy(DDPStrategy):
     def load_checkpoint(self, checkpoint_path: str | os.PathLike, weights_only: bool | None = None) -> dict[str, Any]:
         """Read a sharded checkpoint (or a consolidated one) cut to this rank's shards, for any plan
         and world size; any other file is read as a plain Lightning checkpoint (full tables reshard
-        on load, optimizer state must then match the live optimizers)."""
-        if is_sharded_checkpoint(checkpoint_path):  # an incomplete folder raises, naming what is missing
-            return load_sharded_checkpoint(checkpoint_path, self._connected_module(), self.optimizers)
+        on load, optimizer state must then match the live optimizers).
+
+        lightrec's files are always read with ``weights_only=True`` (they never need code); a plain
+        file is read with ``weights_only=True`` unless the caller passes ``weights_only=False``.
+        """
+        if is_sharded_checkpoint(checkpoint_path):  # an incomplete or damaged folder raises, naming the file
+            source = open_checkpoint(checkpoint_path)
+            return load_sharded_checkpoint(source, self._connected_module(), self.optimizers)
         try:
             source = open_checkpoint(checkpoint_path)  # a consolidated file, read once
-        except CheckpointError:  # any other file: a plain Lightning checkpoint
-            return super().load_checkpoint(os.fspath(checkpoint_path), weights_only=weights_only)
+        except UnsafeCheckpointError:
+            if weights_only is not False:
+                raise
+            return super().load_checkpoint(os.fspath(checkpoint_path), weights_only=False)
+        except ForeignCheckpointError:  # any other readable file: a plain Lightning checkpoint
+            return super().load_checkpoint(os.fspath(checkpoint_path), weights_only=weights_only is not False)
         return load_sharded_checkpoint(source, self._connected_module(), self.optimizers)
 
     @override
