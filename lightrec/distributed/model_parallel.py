@@ -18,6 +18,8 @@ Construction (collective: every rank builds the same model and calls it together
    exists whole anywhere), each initialised from its config with a per-table seed so the values do
    not depend on the plan or world size. Tables that already hold weights **keep them** (each rank
    copies its blocks) -- unlike torchrec, which re-initialises them.
+   Before sharding, the ranks compare a fingerprint of their tables, plan and world
+   (``lightrec.distributed.fingerprint``); a difference raises ``RankMismatchError`` on every rank.
 3. **Dense part** -- everything outside the sharded modules (parameters, buffers, metric states)
    moves to ``device``, ``meta`` dense parameters are materialised (``reset_parameters``), then
    every trainable parameter outside the sharded modules is wrapped in ``DistributedDataParallel``
@@ -44,6 +46,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from lightrec._compat import ddp_buffer_sync
+from lightrec.distributed.fingerprint import check_ranks_agree, describe
 from lightrec.distributed.input_dist_pipeline import find_kjts
 from lightrec.distributed.placement import move_dense_to_device, outermost
 from lightrec.distributed.planning import get_default_sharders, plan_sharding, topology_for
@@ -177,6 +180,9 @@ class DistributedModelParallel(nn.Module):
             topology = topology_for(self._env.world_size, self.device.type)
             plan = plan_sharding(module, self._sharders, topology, collective=True, pg=self._env.pg).plan
         self._plan = _with_adopted(plan, adopted)
+        # Before any collective of the sharding: ranks with other tables or plans fail here, by name.
+        mine = describe(module, self._sharders, self._plan, self._env.world_size, self.device.type)
+        check_ranks_agree(mine, self._env.pg)
         module, self._sharded_paths = self._shard(module, seed, adopted)
         if init_parameters:
             # The dense part (parameters, buffers, any module's device state such as metric

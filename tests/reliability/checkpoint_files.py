@@ -47,7 +47,9 @@ def save_folder(path: str | os.PathLike, step: int, extra: dict[str, Any] | None
 
     torch.manual_seed(step)
     layer = torch.nn.Linear(64, 64)
-    save_sharded_checkpoint(path, {"state_dict": layer.state_dict(), "step": step, **(extra or {})}, layer)
+    # a scheduler state goes to the rank's shard file, so shards of different saves differ too
+    checkpoint = {"state_dict": layer.state_dict(), "step": step, "lr_schedulers": [{"last_epoch": step}]}
+    save_sharded_checkpoint(path, {**checkpoint, **(extra or {})}, layer)
 
 
 def saved_step(path: str | os.PathLike) -> int:

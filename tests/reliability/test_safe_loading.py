@@ -123,7 +123,9 @@ def test_load_from_checkpoint_refuses(copies: Path) -> None:
     with pytest.raises(Exception, match="Weights only load failed|not safe"):
         ToyDLRM.load_from_checkpoint(copies / "lightning.ckpt")
     assert not (copies / "marker").exists()
-    ToyDLRM.load_from_checkpoint(copies / "lightning.ckpt", weights_only=False)  # control: the payload is live
+    ToyDLRM.load_from_checkpoint(
+        copies / "lightning.ckpt", weights_only=False
+    )  # control: the payload is live
     assert (copies / "marker").exists()
 
 
