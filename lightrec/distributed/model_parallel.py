@@ -37,7 +37,6 @@ replicated, receives the gradient of the *mean* of the per-rank losses.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from datetime import timedelta
 from typing import Any
 
 import torch
@@ -46,6 +45,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from lightrec._compat import ddp_buffer_sync
+from lightrec.distributed.comm.failures import collective_guard, timeout_of
 from lightrec.distributed.fingerprint import check_ranks_agree, describe
 from lightrec.distributed.input_dist_pipeline import find_kjts
 from lightrec.distributed.placement import move_dense_to_device, outermost
@@ -69,16 +69,6 @@ from lightrec.distributed.types import (
 from lightrec.optim.keyed import CombinedOptimizer
 
 __all__ = ["DistributedModelParallel", "balanced_table_wise_plan", "get_default_sharders"]
-
-
-def _timeout_of(pg: dist.ProcessGroup) -> timedelta | None:
-    """The timeout ``pg`` was created with (None: torch's default)."""
-    try:
-        device = torch.device("cuda" if dist.get_backend(pg) == "nccl" else "cpu")
-        timeout: timedelta = pg._get_backend(device).options._timeout
-        return timeout
-    except (AttributeError, RuntimeError):
-        return None
 
 
 def _shardable(
@@ -267,7 +257,7 @@ class DistributedModelParallel(nn.Module):
         ranks = dist.get_process_group_ranks(group)
         # The DDP group inherits the sharding group's timeout: with torch's default (30 min on
         # gloo) a rank that dies inside the dense backward would leave the others hanging.
-        ddp_group = dist.new_group(ranks=ranks, backend=dist.get_backend(group), timeout=_timeout_of(group))
+        ddp_group = dist.new_group(ranks=ranks, backend=dist.get_backend(group), timeout=timeout_of(group))
         # Integer buffers (index tables such as the interaction's triu indices) never change and
         # are the same on every rank by construction: no per-forward broadcast (torch < 2.13 then
         # skips their initial sync too, see lightrec._compat); float buffers (running stats) sync
@@ -328,11 +318,12 @@ class DistributedModelParallel(nn.Module):
         ``lightrec.Batch`` (what Lightning passes through ``training_step``) -- the collection's
         lookup is started first (``prefetch``): its all-to-alls then overlap with the dense
         layers, forward and backward."""
-        if self._prefetch_target is not None:
-            kjts = find_kjts((*args, *kwargs.values()))
-            if len(kjts) == 1:
-                self._prefetch_target.lookahead.launch(kjts[0])
-        return self._dmp_wrapped_module(*args, **kwargs)
+        with collective_guard("a forward collective of DistributedModelParallel (embedding all-to-alls)"):
+            if self._prefetch_target is not None:
+                kjts = find_kjts((*args, *kwargs.values()))
+                if len(kjts) == 1:
+                    self._prefetch_target.lookahead.launch(kjts[0])
+            return self._dmp_wrapped_module(*args, **kwargs)
 
     def state_dict(
         self, *args: Any, destination: Any = None, prefix: str = "", keep_vars: bool = False

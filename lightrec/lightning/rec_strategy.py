@@ -52,6 +52,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState
+from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightrec._compat import default_pg_timeout, optimizers_to_device
@@ -63,6 +64,7 @@ from lightrec.distributed.checkpoint import (
     open_checkpoint,
     save_sharded_checkpoint,
 )
+from lightrec.distributed.comm.failures import collective_guard
 from lightrec.distributed.model_parallel import DistributedModelParallel
 from lightrec.distributed.placement import detached, move_dense_to_device
 from lightrec.distributed.planner import ParameterConstraints, PlannerReport, Topology
@@ -339,6 +341,14 @@ class RecStrategy(DDPStrategy):
         self.precision_plugin.teardown()
         self.accelerator.teardown()
         self.checkpoint_io.teardown()
+
+    @override
+    def backward(self, closure_loss: torch.Tensor, optimizer: Optimizer | None, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """Backward as ``DDPStrategy`` does; a dead or stuck peer raises ``CollectiveError`` naming it."""
+        with collective_guard(
+            "a backward collective (embedding gradient all-to-all, or the dense gradients' all-reduce of DDP)"
+        ):
+            return super().backward(closure_loss, optimizer, *args, **kwargs)
 
     @override
     def batch_to_device(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
