@@ -19,6 +19,7 @@ import os
 import pickle
 import re
 import zipfile
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -38,7 +39,7 @@ from lightrec.modules.embedding_configs import DataType, EmbeddingBagConfig, Emb
 __all__ = ["SAFE_TYPES", "UnsafeCheckpointError", "load_file"]
 
 #: lightrec's types that may appear in a checkpoint and carry no code of their own.
-SAFE_TYPES: list[type] = [
+SAFE_TYPES: list[Callable[..., Any] | tuple[Callable[..., Any], str]] = [
     ShardedTableState,
     ShardMetadata,
     ParameterSharding,

@@ -54,7 +54,7 @@ def timeout_of(pg: dist.ProcessGroup | None) -> timedelta | None:
 
 def _describe(name: str, pg: dist.ProcessGroup | None, exc: BaseException) -> str:
     try:
-        ranks = dist.get_process_group_ranks(pg if pg is not None else dist.group.WORLD)  # type: ignore[arg-type]
+        ranks = dist.get_process_group_ranks(pg if pg is not None else dist.group.WORLD)
         me = dist.get_rank()
     except (RuntimeError, ValueError):
         ranks, me = [], -1
