@@ -10,14 +10,13 @@ the same decision (no hang).
 from __future__ import annotations
 
 import json
-import time
-import traceback
 from typing import Any
 
 import pytest
 import torch
 
 from tests.lightning.test_rank_failure import _launch
+from tests.reliability.torchrun_rank import run_as_torchrun_rank
 
 NAN_AT = 2
 
@@ -100,38 +99,31 @@ def test_bad_policy_is_refused() -> None:
 
 # ------------------------------------------------------------------------------ two gloo ranks
 def _rank_main(rank: int, world_size: int, port: int, victim: int, how: str, tmp: str, reports: Any) -> None:
-    import os
+    run_as_torchrun_rank(rank, world_size, port, reports, lambda: _train_with_a_nan(world_size, how, tmp))
 
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size), NODE_RANK="0",
+
+def _train_with_a_nan(world_size: int, how: str, tmp: str) -> str:
+    from datetime import timedelta
+
+    import lightning.pytorch as pl
+
+    from lightrec.lightning import RecStrategy
+    from tests.lightning.toy import toy_data
+
+    class NanOnOneRank(pl.Callback):
+        def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:  # noqa: ANN001
+            if batch_idx == NAN_AT and trainer.global_rank == 1:
+                batch.dense_features[0, 0] = float("nan")
+
+    module = _module_class()(dense_optimizer="sgd", dense_lr=0.1, nonfinite_loss=how)
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=world_size, max_steps=5, num_sanity_val_steps=0, limit_val_batches=0,
+        strategy=RecStrategy(timeout=timedelta(seconds=30)), logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, callbacks=[NanOnOneRank()], default_root_dir=tmp,
     )  # fmt: skip
-    try:
-        from datetime import timedelta
-
-        import lightning.pytorch as pl
-
-        from lightrec.lightning import RecStrategy
-        from tests.lightning.toy import toy_data
-
-        torch.set_num_threads(1)
-
-        class NanOnOneRank(pl.Callback):
-            def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:  # noqa: ANN001
-                if batch_idx == NAN_AT and trainer.global_rank == 1:
-                    batch.dense_features[0, 0] = float("nan")
-
-        module = _module_class()(dense_optimizer="sgd", dense_lr=0.1, nonfinite_loss=how)
-        trainer = pl.Trainer(
-            accelerator="cpu", devices=world_size, max_steps=5, num_sanity_val_steps=0, limit_val_batches=0,
-            strategy=RecStrategy(timeout=timedelta(seconds=30)), logger=False, enable_checkpointing=False,
-            enable_progress_bar=False, enable_model_summary=False, callbacks=[NanOnOneRank()], default_root_dir=tmp,
-        )  # fmt: skip
-        trainer.fit(module, datamodule=toy_data(batch_size=32, num_train_batches=16))
-        finite = all(bool(torch.isfinite(s).all()) for s in _local_shards(module))
-        reports.put((rank, "finished", json.dumps([module.skipped_nonfinite_batches, finite]), time.monotonic()))
-    except BaseException as exc:  # noqa: BLE001
-        reports.put((rank, "raised", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}", time.monotonic()))
+    trainer.fit(module, datamodule=toy_data(batch_size=32, num_train_batches=16))
+    finite = all(bool(torch.isfinite(s).all()) for s in _local_shards(module))
+    return json.dumps([module.skipped_nonfinite_batches, finite])
 
 
 def _local_shards(module: Any) -> list[torch.Tensor]:
