@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.lightning.test_rank_failure import SLACK_S, _check_survivor_failed, _launch
 from tests.reliability.checkpoint_files import run_python, save_folder, saved_step
+from tests.reliability.torchrun_rank import run_as_torchrun_rank
 
 CHILD = """
 import os, signal, sys
@@ -74,3 +77,49 @@ def test_killed_save_leaves_a_loadable_checkpoint(tmp_path: Path, point: str, ex
     save_folder(path, step=3)  # the next save finishes what was interrupted and cleans up
     assert saved_step(path) == 3
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+
+
+# ---------------------------------------------------------------- a rank killed in a 2-rank save
+def _saving_rank(
+    rank: int, world_size: int, port: int, victim: int, how: str, tmp: str, reports: Any
+) -> None:
+    run_as_torchrun_rank(rank, world_size, port, reports, lambda: _save_twice(rank, victim, tmp, reports))
+
+
+def _save_twice(rank: int, victim: int, tmp: str, reports: Any) -> str:
+    import os
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from lightrec.distributed.checkpoint import integrity
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=30))
+    path = os.path.join(tmp, "last.ckpt")
+    save_folder(path, step=1)
+    if rank == victim:
+        write = integrity.HashingWriter.write
+
+        def write_then_die(self: Any, data: Any) -> int:
+            n = write(self, data)
+            if self.bytes > 512:
+                reports.put((rank, "killing", "", time.monotonic()))
+                time.sleep(0.5)
+                os.kill(os.getpid(), signal.SIGKILL)
+            return n
+
+        integrity.HashingWriter.write = write_then_die  # type: ignore[method-assign]
+    save_folder(path, step=2)
+    return "saved"
+
+
+def test_rank_killed_while_saving_fails_the_save_on_the_others_and_keeps_the_old_checkpoint(
+    tmp_path: Path,
+) -> None:
+    run = _launch(2, 1, "kill", str(tmp_path), target=_saving_rank)
+    _check_survivor_failed(run, 1, within_s=SLACK_S, messages=("its peer, rank 1,",))
+    first = run["reports"][0][1].splitlines()[0]
+    assert first.startswith("CollectiveError: all_gather of a checkpoint save's outcome"), first
+    assert saved_step(tmp_path / "last.ckpt") == 1  # the old checkpoint, complete
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]  # rank 0 removed the partial save

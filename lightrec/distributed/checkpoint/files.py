@@ -42,6 +42,7 @@ from lightrec.distributed.checkpoint.integrity import (
 )
 from lightrec.distributed.checkpoint.publish import is_complete, publish, recover, resolve, temp_folder
 from lightrec.distributed.checkpoint.safe_load import load_file
+from lightrec.distributed.comm.failures import CollectiveError, collective_guard
 from lightrec.distributed.types import resolve_group
 
 __all__ = [
@@ -90,7 +91,8 @@ def _agree(outcome: tuple[str | None, T], pg: dist.ProcessGroup | None) -> list[
     outcomes = [outcome]
     if world > 1:
         outcomes = [outcome] * world
-        dist.all_gather_object(outcomes, outcome, group=pg)
+        with collective_guard("all_gather of a checkpoint save's outcome (a rank died while saving?)", pg):
+            dist.all_gather_object(outcomes, outcome, group=pg)
     failed = [(r, e) for r, (e, _) in enumerate(outcomes) if e is not None]
     if failed:
         raise CheckpointError("; ".join(f"rank {r}: {e}" for r, e in failed))
@@ -143,6 +145,10 @@ def write_collectively(
             publish(tmp, path, run_id)
 
         _agree(_attempt(finish) if rank == 0 else (None, None), pg)
+    except CollectiveError:  # a peer died mid-save: no barrier to wait at; the next save cleans up too
+        if rank == 0 and not is_complete(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     except CheckpointError:
         if rank == 0 and not is_complete(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
