@@ -86,3 +86,47 @@ def test_first_difference_reports_missing_keys() -> None:
 
     assert first_difference({"a": {"x": 1}}, {"a": {"x": 1}}) is None
     assert first_difference({"a": {"x": 1}}, {"a": {"y": 1}}) == ("a['x']", 1, "<missing>")
+
+
+# ------------------------------------------------------------------ the same through RecStrategy
+def _strategy_rank(
+    rank: int, world_size: int, port: int, victim: int, how: str, tmp: str, reports: Any
+) -> None:
+    from tests.reliability.torchrun_rank import run_as_torchrun_rank
+
+    run_as_torchrun_rank(rank, world_size, port, reports, lambda: _fit_with_rows(rank, world_size, tmp))
+
+
+def _fit_with_rows(rank: int, world_size: int, tmp: str) -> str:
+    from datetime import timedelta
+
+    import lightning.pytorch as pl
+
+    from lightrec import EmbeddingBagCollection
+    from lightrec.lightning import RecStrategy
+    from tests.lightning.toy import DIM, ToyDLRM, toy_data
+
+    module = ToyDLRM(device="meta", dense_optimizer="sgd")
+    tables = toy_data().table_configs(DIM)
+    if rank == 1:
+        tables[3].num_embeddings += 1  # another config file on rank 1
+    module.model.sparse_arch.embedding_bag_collection = EmbeddingBagCollection(tables, device="meta")
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=world_size, max_steps=2, strategy=RecStrategy(timeout=timedelta(seconds=60)),
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        num_sanity_val_steps=0, limit_val_batches=0, default_root_dir=tmp,
+    )  # fmt: skip
+    trainer.fit(module, datamodule=toy_data(batch_size=32, num_train_batches=8))
+    return "trained"
+
+
+def test_rec_strategy_ranks_with_different_tables_fail_fast(tmp_path) -> None:  # noqa: ANN001
+    from tests.lightning.test_rank_failure import _launch
+
+    run = _launch(2, -1, "tables", str(tmp_path), target=_strategy_rank)
+    for rank in (0, 1):
+        status, text, _ = run["reports"][rank]
+        assert status == "raised" and text.startswith(
+            "RankMismatchError: ranks disagree before training: rank 1"
+        ), text
+        assert "['t_cat_3']['num_embeddings']" in text.splitlines()[0], text.splitlines()[0]
