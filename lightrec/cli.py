@@ -30,7 +30,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from lightrec.distributed.checkpoint import CheckpointError, consolidate_checkpoint, is_sharded_checkpoint
+from lightrec.distributed.checkpoint import (
+    CheckpointError,
+    consolidate_checkpoint,
+    is_sharded_checkpoint,
+    load_file,
+)
 from lightrec.distributed.planner import PlannerError
 from lightrec.distributed.planning import get_default_sharders, plan_sharding, topology_for
 from lightrec.inference import export_from_checkpoint
@@ -228,20 +233,26 @@ def _export(ns: argparse.Namespace) -> int:
             raise CommandError(f"{str(checkpoint)!r} is a folder but not a lightrec sharded checkpoint (no meta.pt)")
         with tempfile.TemporaryDirectory() as tmp:  # the whole model is gathered in this process
             full = Path(tmp) / "full.ckpt"
-            consolidate_checkpoint(checkpoint, full)
+            try:
+                consolidate_checkpoint(checkpoint, full)
+            except CheckpointError as exc:
+                raise CommandError(str(exc)) from exc
             return _export_file(ns, full, out, shown=checkpoint)
     return _export_file(ns, checkpoint, out, shown=checkpoint)
 
 
 def _export_file(ns: argparse.Namespace, checkpoint: Path, out: Path, shown: Path) -> int:
-    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    try:
+        state = load_file(checkpoint)  # weights_only=True: nothing in the file runs
+    except CheckpointError as exc:
+        raise CommandError(str(exc)) from exc
     reference = ns.module or state.get("lightrec_module")
     if not reference:
         raise CommandError(
             f"{str(shown)!r} was not written by a lightrec recipe (no 'lightrec_module' entry); "
             "pass --module package.module.ClassName of its RecModule"
         )
-    rec_module = _load_class(reference).load_from_checkpoint(checkpoint, map_location="cpu")
+    rec_module = _load_class(reference).load_from_checkpoint(checkpoint, map_location="cpu", weights_only=True)
     serving_factory = getattr(rec_module, "serving_factory", None)
     if not callable(serving_factory):
         raise CommandError(

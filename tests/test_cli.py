@@ -201,7 +201,7 @@ def test_main_job_on_two_cpu_ranks_with_rec_strategy(tmp_path: Path) -> None:
     assert "strategy: lightrec" in saved and re.search(r"devices: '?2'?\n", saved)
     # The checkpoint is sharded (a folder, one file per rank); consolidate and export read it.
     last = tmp_path / "dlrm" / "version_0" / "checkpoints" / "last.ckpt"
-    assert sorted(p.name for p in last.iterdir()) == ["meta.pt", "shards-rank00000.pt", "shards-rank00001.pt"]
+    assert sorted(p.name for p in last.iterdir()) == ["manifest.json", "meta.pt", "shards-rank00000.pt", "shards-rank00001.pt"]
     full = tmp_path / "full.ckpt"
     assert main(["consolidate", str(last), str(full)]) == 0
     assert main(["consolidate", str(last), str(full)]) == 1  # never overwrites without --force

@@ -4,7 +4,7 @@ The bytes of a block of lines are parsed in place with numpy (no Python object p
 separator positions give every field's start and length, fields are gathered into fixed-width
 character matrices, and integers / hex values are accumulated digit by digit. A block is accepted
 only when every line has exactly 40 fields, every label is 0/1, every dense value is a (signed)
-decimal integer of at most 18 digits and every categorical is hex of at most 16 digits; otherwise
+decimal integer of at most 15 characters (below 1e15, exact in float64) and every categorical is hex of at most 16 digits; otherwise
 :func:`parse_fast` returns ``None`` and the caller re-parses the block line by line, which names the
 offending line (or skips it) and also accepts decimal fractions. Both parsers give identical results.
 """
@@ -19,6 +19,9 @@ __all__ = ["parse_fast"]
 
 NUM_DENSE, NUM_CAT = 13, 26
 NUM_FIELDS = 1 + NUM_DENSE + NUM_CAT
+#: Dense values of up to 15 characters are below 1e15 < 2**53: exact in int64 and float64, so this
+#: parser and the line parser round them to the same float32.
+MAX_DENSE_DIGITS = 15
 _BLOCK = 16384  # lines per vectorised step: bounds the temporary index arrays to ~20 MB
 
 # ASCII byte -> digit value; 255 marks a byte that is not a digit of the base.
@@ -69,7 +72,7 @@ def _parse_block(lines: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray, np.nda
         return None
 
     d_len = lengths[:, 1 : 1 + NUM_DENSE].reshape(-1)
-    if d_len.max(initial=0) > 19:
+    if d_len.max(initial=0) > MAX_DENSE_DIGITS:  # longer values: the line parser accepts or refuses them
         return None
     chars, mask = _gather(
         buf, starts2d[:, 1 : 1 + NUM_DENSE].reshape(-1), d_len, max(int(d_len.max(initial=0)), 1)

@@ -7,6 +7,7 @@ hex categoricals, any of which may be empty. Output, under ``out_dir``::
     counts/<part>.npz                 per-id frequencies of one input (only with min_count > 0)
     chunks/<part>-<k>.dense.npy       [n, 13] float32   log(max(x, 0) + 1), empty -> 0
     chunks/<part>-<k>.sparse.npy      [n, 26] int32     ids in [0, num_embeddings_f); 0 = missing/rare
+                                                        (int64 when a cap exceeds 2**31 rows)
     chunks/<part>-<k>.labels.npy      [n]     float32
     chunks/<part>-<k>.json            written last: the chunk is complete (rows, skipped lines)
     meta.json                         names, num_embeddings_per_feature, parts and their chunks
@@ -15,6 +16,10 @@ hex categoricals, any of which may be empty. Output, under ``out_dir``::
 ``id = 1 + raw % (cap - 1)`` (or of a 64-bit hash of ``raw`` with ``hash_ids=True``); empty -> 0.
 With ``min_count = T > 0`` a first pass counts every id, ids seen fewer than ``T`` times map to the
 shared id 0, and the kept ids are renumbered ``1..K`` (tables shrink to ``K + 1`` rows).
+
+Dense values are integers (decimal fractions are accepted) with ``|value| < 1e15``; a larger one is
+a malformed line (``on_error``), never silently wrapped or rounded differently by the two parsers.
+An empty input, or a truncated ``.gz``, raises ``DataFormatError`` naming the file.
 
 Resumable: each input is cut into chunks of ``rows_per_chunk`` input lines; finished chunks (and
 finished count files) are skipped when the same command runs again after an interruption.
@@ -27,6 +32,7 @@ import json
 import logging
 import math
 import os
+import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -41,14 +47,23 @@ from lightrec.data.criteo_spec import (
     DEFAULT_INT_NAMES,
     INT_FEATURE_COUNT,
 )
-from lightrec.data.errors import LineErrors, OnError, check_on_error
+from lightrec.data.errors import DataFormatError, LineErrors, OnError, check_on_error
 
-__all__ = ["hash_categoricals", "parse_criteo_lines", "preprocess_criteo"]
+__all__ = [
+    "MAX_DENSE_VALUE",
+    "hash_categoricals",
+    "id_dtype",
+    "parse_criteo_lines",
+    "parse_criteo_lines_one_by_one",
+    "preprocess_criteo",
+]
 
 logger = logging.getLogger(__name__)
 NUM_FIELDS = 1 + INT_FEATURE_COUNT + CAT_FEATURE_COUNT
 FORMAT = "lightrec-criteo-v1"
 _FOLD = (1 << 63) - 1
+#: Dense values at or above this magnitude are malformed (see the module docstring).
+MAX_DENSE_VALUE = 1e15
 
 
 def _open(path: Path) -> IO[bytes]:
@@ -83,6 +98,14 @@ def parse_criteo_lines(
     fast = parse_fast(lines)
     if fast is not None:
         return fast
+    return parse_criteo_lines_one_by_one(lines, path, first_line, errors)
+
+
+def parse_criteo_lines_one_by_one(
+    lines: Sequence[bytes], path: str, first_line: int, errors: LineErrors
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The line parser behind :func:`parse_criteo_lines` (same arguments and result): names each
+    bad line, accepts decimal fractions; on well-formed lines it equals the vectorised parser."""
     labels: list[float] = []
     dense: list[list[float]] = []
     cats: list[list[int]] = []
@@ -109,6 +132,13 @@ def parse_criteo_lines(
             continue
         if not all(math.isfinite(v) for v in row_dense):
             errors.bad_line(path, lineno, "dense value is not finite (nan/inf)")
+            continue
+        if any(abs(v) >= MAX_DENSE_VALUE for v in row_dense):
+            bad = next(j for j, v in enumerate(row_dense) if abs(v) >= MAX_DENSE_VALUE)
+            errors.bad_line(
+                path, lineno, f"dense value {fields[1 + bad][:24]!r} in {DEFAULT_INT_NAMES[bad]} is out of range "
+                f"(|value| must be below {MAX_DENSE_VALUE:.0e}; Criteo dense features are counts)",
+            )
             continue
         if any(len(s) > 16 for s in fields[1 + INT_FEATURE_COUNT :]):
             errors.bad_line(path, lineno, "categorical value longer than 16 hex digits (64 bits)")
@@ -168,12 +198,23 @@ def hash_categoricals(cats: np.ndarray, caps: Sequence[int], hash_ids: bool) -> 
 
 
 def _iter_chunks(path: Path, rows_per_chunk: int) -> Iterator[tuple[int, int, list[bytes], int]]:
-    """``(chunk index, first line number, lines, bytes read)`` for consecutive chunks of a file."""
+    """``(chunk index, first line number, lines, bytes read)`` for consecutive chunks of a file.
+
+    Raises:
+        DataFormatError: the file is empty, or its gzip stream is truncated or corrupt.
+    """
     with _open(path) as fh:
         k, lineno = 0, 1
         while True:
-            lines = _take(fh, rows_per_chunk)
+            try:
+                lines = _take(fh, rows_per_chunk)
+            except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+                raise DataFormatError(
+                    str(path), lineno, f"the gzip stream is truncated or corrupt after this line ({exc})"
+                ) from exc
             if not lines:
+                if k == 0:
+                    raise DataFormatError(str(path), 0, "the file is empty: no Criteo lines to read")
                 return
             yield k, lineno, lines, sum(len(x) for x in lines)
             k += 1
@@ -214,6 +255,11 @@ class _Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+def id_dtype(caps: Sequence[int]) -> type[np.signedinteger]:
+    """The dtype of stored ids: int32 while every table fits (ids < 2**31), int64 beyond."""
+    return np.int32 if max(caps) <= np.iinfo(np.int32).max + 1 else np.int64
 
 
 def _atomic_save(path: Path, array: np.ndarray) -> None:
@@ -275,7 +321,7 @@ def _write_chunks(
             ids = np.stack([remap[f][ids[:, f]] for f in range(CAT_FEATURE_COUNT)], axis=1)
         dense = np.log1p(np.maximum(dense, 0.0)).astype(np.float32)
         _atomic_save(out_dir / "chunks" / f"{stem}.dense.npy", dense)
-        _atomic_save(out_dir / "chunks" / f"{stem}.sparse.npy", ids.astype(np.int32))
+        _atomic_save(out_dir / "chunks" / f"{stem}.sparse.npy", ids.astype(id_dtype(caps)))
         _atomic_save(out_dir / "chunks" / f"{stem}.labels.npy", labels)
         entry = {"name": stem, "rows": int(labels.shape[0]), "skipped_lines": errors.skipped - skipped_before}
         _atomic_json(done, entry)

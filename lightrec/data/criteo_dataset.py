@@ -20,6 +20,7 @@ from torch.utils.data import Dataset
 from lightrec.data.batch import Batch
 from lightrec.data.criteo import FORMAT
 from lightrec.data.criteo_spec import table_configs
+from lightrec.data.errors import DataFormatError
 from lightrec.modules.embedding_configs import EmbeddingBagConfig
 from lightrec.sparse import KeyedJaggedTensor
 
@@ -38,6 +39,21 @@ def load_criteo_meta(data_dir: str | Path) -> dict[str, Any]:
     if meta.get("format") != FORMAT:
         raise ValueError(f"{str(path)!r} has format {meta.get('format')!r}, expected {FORMAT!r}")
     return meta
+
+
+def _open_array(path: str, rows: int) -> np.ndarray:
+    """Memory-map one chunk array; a truncated or damaged file raises ``DataFormatError`` naming it."""
+    try:
+        array = np.load(path, mmap_mode="r")
+    except (ValueError, OSError, EOFError) as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        raise DataFormatError(
+            path, 0, f"cannot be read as a .npy array (truncated or corrupt: {exc}); run preprocess_criteo again"
+        ) from exc
+    if array.shape[0] != rows:
+        raise DataFormatError(path, 0, f"holds {array.shape[0]} rows, meta.json records {rows}")
+    return array
 
 
 class CriteoMemmapDataset(Dataset):
@@ -93,7 +109,7 @@ class CriteoMemmapDataset(Dataset):
         if i not in self._arrays:
             stem = self.data_dir / "chunks" / self.chunks[i]["name"]
             self._arrays[i] = tuple(  # type: ignore[assignment]
-                np.load(f"{stem}.{kind}.npy", mmap_mode="r") for kind in ("dense", "sparse", "labels")
+                _open_array(f"{stem}.{kind}.npy", self.chunks[i]["rows"]) for kind in ("dense", "sparse", "labels")
             )
         return self._arrays[i]
 

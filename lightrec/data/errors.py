@@ -24,7 +24,7 @@ class DataFormatError(ValueError):
 
     Attributes:
         path: the file.
-        line: 1-based line number.
+        line: 1-based line number; 0 when the problem is the whole file (empty, truncated, corrupt).
         reason: what was wrong, in words.
     """
 
@@ -32,6 +32,9 @@ class DataFormatError(ValueError):
         self.path = str(path)
         self.line = line
         self.reason = reason
+        if line <= 0:  # about the whole file, not one line
+            super().__init__(f"{self.path}: {reason}")
+            return
         super().__init__(
             f"{self.path}:{line}: {reason}. Fix or remove the line, or pass on_error='skip' to skip "
             "malformed lines (they are counted and reported)"

@@ -8,6 +8,10 @@ Files read (``data_dir`` is the unpacked archive folder)::
               movies.dat  "item::title::Genre1|Genre2"                                  (latin-1)
     ml-20m/25m ratings.csv "userId,movieId,rating,timestamp"  movies.csv "movieId,title,genres" (header)
 
+A ratings file's first line is a header when its first field is not an integer (detected, not
+assumed: a ``ratings.csv`` without one keeps its first rating). Rows with ids below 1 or a rating
+that is not a number from 0.5 to 5 are malformed lines under the reader's ``on_error`` policy.
+
 Ids are renumbered densely from 1 (``0`` = unknown/padding), so a feature's table has
 ``num_embeddings[feature]`` rows. Sparse features of a batch: ``userId``, ``movieId``, ``genres``
 (multi-hot: all genres of the movie), and with a user file ``gender``, ``age``, ``occupation``.
@@ -110,9 +114,41 @@ def _split_rows(
     return out, cut
 
 
-def _read_ratings(path: Path, sep: str, errors: LineErrors, header: bool) -> np.ndarray:
-    """Ratings as a structured array (user, item, rating, ts)."""
+#: Accepted values (MovieLens ids start at 1; ratings are 0.5 to 5 stars); other rows are bad lines.
+RATING_RANGE = (0.5, 5.0)
+
+
+def _has_header(path: Path, sep: str) -> bool:
+    """True when the first line is a header: its first field is not an integer id."""
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        first = fh.readline()
+    head = first.split(sep, 1)[0].strip()
+    try:
+        int(head)
+    except ValueError:
+        return bool(first.strip())
+    return False
+
+
+def _check_ranges(arr: np.ndarray, linenos: np.ndarray, path: Path, errors: LineErrors) -> np.ndarray:
+    """Rows whose ids are >= 1 and rating is finite and within ``RATING_RANGE``; others are bad lines."""
+    lo, hi = RATING_RANGE
+    rating = arr["r"]
+    bad = (arr["u"] < 1) | (arr["i"] < 1) | ~np.isfinite(rating) | (rating < lo) | (rating > hi)
+    for k in np.flatnonzero(bad)[: None if errors.on_error == "skip" else 1]:
+        row = arr[k]
+        if row["u"] < 1 or row["i"] < 1:
+            reason = f"user and item ids must be >= 1, got user {int(row['u'])}, item {int(row['i'])}"
+        else:
+            reason = f"rating must be a number from {lo} to {hi}, got {float(row['r'])}"
+        errors.bad_line(str(path), int(linenos[k]), reason)
+    return arr[~bad]
+
+
+def _read_ratings(path: Path, sep: str, errors: LineErrors) -> np.ndarray:
+    """Ratings as a structured array (user, item, rating, ts); a header line is detected, not assumed."""
     dtype = [("u", "i8"), ("i", "i8"), ("r", "f4"), ("t", "i8")]
+    header = _has_header(path, sep)
     if sep == "," and errors.on_error == "raise":
         try:  # fast C parser; any problem falls back to the line parser, which names the line
             arr = np.loadtxt(path, delimiter=",", skiprows=1 if header else 0, dtype=dtype, ndmin=1)
@@ -120,18 +156,19 @@ def _read_ratings(path: Path, sep: str, errors: LineErrors, header: bool) -> np.
                 fh.seek(max(path.stat().st_size - 1, 0))
                 last = fh.read(1)
             if last in (b"\n", b""):  # otherwise let the line parser judge the last line
-                return arr
+                return _check_ranges(arr, np.arange(len(arr)) + 1 + int(header), path, errors)
         except (ValueError, IndexError):
             pass
-    rows = []
+    rows, linenos = [], []
     split, cut = _split_rows(path, sep, 4, errors, "utf-8", skip=1 if header else 0)
     for lineno, f in split:
         try:
             rows.append((int(f[0]), int(f[1]), float(f[2]), int(float(f[3]))))
+            linenos.append(lineno)
         except ValueError:
             what = "truncated line (no newline at end of file): " if lineno == cut else ""
             errors.bad_line(str(path), lineno, f"{what}non-numeric user/item/rating/timestamp in {f!r}")
-    return np.array(rows, dtype=dtype).reshape(-1)
+    return _check_ranges(np.array(rows, dtype=dtype).reshape(-1), np.array(linenos, dtype=np.int64), path, errors)
 
 
 def _age_bucket(age: int) -> int:
@@ -207,7 +244,7 @@ def read_movielens(data_dir: str | Path, on_error: OnError = "raise") -> MovieLe
         "csv": ("ratings.csv", None, "movies.csv"),
     }[variant]
     sep = {"100k": "\t", "1m": "::", "csv": ","}[variant]
-    ratings = _read_ratings(d / files[0], sep, errors, header=variant == "csv")
+    ratings = _read_ratings(d / files[0], sep, errors)
     movies = _read_movies(d / files[2], variant, errors) if (d / files[2]).is_file() else {}
     users = _read_users(d / files[1], variant, errors) if files[1] and (d / files[1]).is_file() else {}
     errors.log_summary(str(d))

@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from lightrec.distributed.comm.failures import collective_guard
 from lightrec.distributed.sharding.common import DistContext
 from lightrec.distributed.streams import handoff, on_stream, wait_for_current
 from lightrec.sparse import KeyedJaggedTensor
@@ -102,7 +103,7 @@ class StartedInputDist:
     def progress(self) -> list[Any]:
         """Stage 2 (once): wait for the splits (a host sync), start the lengths/values exchange."""
         if self.tensors is None:
-            with on_stream(self.stream):
+            with on_stream(self.stream), collective_guard("splits all-to-all of an embedding input dist"):
                 self.tensors = [c.splits.wait() for c in self.contexts]
         return self.tensors
 
@@ -110,7 +111,7 @@ class StartedInputDist:
         """The KJT each sharding looks up (waits for the exchanges). With a side stream: waited
         there, then handed to the current stream of ``device`` (``lightrec.distributed.streams``)."""
         tensors = self.progress()
-        with on_stream(self.stream):
+        with on_stream(self.stream), collective_guard("lengths/values all-to-all of an embedding input dist"):
             kjts = [t.wait() for t in tensors]
         handoff((kjts, tensors, self.contexts, self.bounded), self.stream, device)
         return kjts

@@ -18,6 +18,8 @@ Construction (collective: every rank builds the same model and calls it together
    exists whole anywhere), each initialised from its config with a per-table seed so the values do
    not depend on the plan or world size. Tables that already hold weights **keep them** (each rank
    copies its blocks) -- unlike torchrec, which re-initialises them.
+   Before sharding, the ranks compare a fingerprint of their tables, plan and world
+   (``lightrec.distributed.fingerprint``); a difference raises ``RankMismatchError`` on every rank.
 3. **Dense part** -- everything outside the sharded modules (parameters, buffers, metric states)
    moves to ``device``, ``meta`` dense parameters are materialised (``reset_parameters``), then
    every trainable parameter outside the sharded modules is wrapped in ``DistributedDataParallel``
@@ -35,7 +37,6 @@ replicated, receives the gradient of the *mean* of the per-rank losses.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from datetime import timedelta
 from typing import Any
 
 import torch
@@ -44,6 +45,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from lightrec._compat import ddp_buffer_sync
+from lightrec.distributed.comm.failures import collective_guard, timeout_of
+from lightrec.distributed.fingerprint import check_ranks_agree, describe
 from lightrec.distributed.input_dist_pipeline import find_kjts
 from lightrec.distributed.placement import move_dense_to_device, outermost
 from lightrec.distributed.planning import get_default_sharders, plan_sharding, topology_for
@@ -66,16 +69,6 @@ from lightrec.distributed.types import (
 from lightrec.optim.keyed import CombinedOptimizer
 
 __all__ = ["DistributedModelParallel", "balanced_table_wise_plan", "get_default_sharders"]
-
-
-def _timeout_of(pg: dist.ProcessGroup) -> timedelta | None:
-    """The timeout ``pg`` was created with (None: torch's default)."""
-    try:
-        device = torch.device("cuda" if dist.get_backend(pg) == "nccl" else "cpu")
-        timeout: timedelta = pg._get_backend(device).options._timeout
-        return timeout
-    except (AttributeError, RuntimeError):
-        return None
 
 
 def _shardable(
@@ -177,6 +170,9 @@ class DistributedModelParallel(nn.Module):
             topology = topology_for(self._env.world_size, self.device.type)
             plan = plan_sharding(module, self._sharders, topology, collective=True, pg=self._env.pg).plan
         self._plan = _with_adopted(plan, adopted)
+        # Before any collective of the sharding: ranks with other tables or plans fail here, by name.
+        mine = describe(module, self._sharders, self._plan, self._env.world_size, self.device.type)
+        check_ranks_agree(mine, self._env.pg)
         module, self._sharded_paths = self._shard(module, seed, adopted)
         if init_parameters:
             # The dense part (parameters, buffers, any module's device state such as metric
@@ -261,7 +257,7 @@ class DistributedModelParallel(nn.Module):
         ranks = dist.get_process_group_ranks(group)
         # The DDP group inherits the sharding group's timeout: with torch's default (30 min on
         # gloo) a rank that dies inside the dense backward would leave the others hanging.
-        ddp_group = dist.new_group(ranks=ranks, backend=dist.get_backend(group), timeout=_timeout_of(group))
+        ddp_group = dist.new_group(ranks=ranks, backend=dist.get_backend(group), timeout=timeout_of(group))
         # Integer buffers (index tables such as the interaction's triu indices) never change and
         # are the same on every rank by construction: no per-forward broadcast (torch < 2.13 then
         # skips their initial sync too, see lightrec._compat); float buffers (running stats) sync
@@ -322,11 +318,12 @@ class DistributedModelParallel(nn.Module):
         ``lightrec.Batch`` (what Lightning passes through ``training_step``) -- the collection's
         lookup is started first (``prefetch``): its all-to-alls then overlap with the dense
         layers, forward and backward."""
-        if self._prefetch_target is not None:
-            kjts = find_kjts((*args, *kwargs.values()))
-            if len(kjts) == 1:
-                self._prefetch_target.lookahead.launch(kjts[0])
-        return self._dmp_wrapped_module(*args, **kwargs)
+        with collective_guard("a forward collective of DistributedModelParallel (embedding all-to-alls)"):
+            if self._prefetch_target is not None:
+                kjts = find_kjts((*args, *kwargs.values()))
+                if len(kjts) == 1:
+                    self._prefetch_target.lookahead.launch(kjts[0])
+            return self._dmp_wrapped_module(*args, **kwargs)
 
     def state_dict(
         self, *args: Any, destination: Any = None, prefix: str = "", keep_vars: bool = False

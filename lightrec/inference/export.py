@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch import nn
 
 from lightrec._version import __version__
-from lightrec.distributed.checkpoint import consolidate_checkpoint, is_sharded_checkpoint
+from lightrec.distributed.checkpoint import consolidate_checkpoint, is_sharded_checkpoint, load_file
 from lightrec.fx.tracer import symbolic_trace
 from lightrec.inference.gather import has_sharded_collections, run_on_rank, sharding_group, unshard
 from lightrec.inference.quantize import quantize
@@ -354,7 +354,8 @@ def export_from_checkpoint(
         ``Path(out_path)``.
 
     Raises:
-        FileNotFoundError: no checkpoint at the path; ValueError: keys do not match the model.
+        FileNotFoundError: no checkpoint at the path; ValueError: keys do not match the model;
+        CheckpointError: the file is unreadable, fails its checksums, or holds objects unsafe to load.
     """
     if isinstance(checkpoint, (str, os.PathLike)):
         if not Path(checkpoint).exists():
@@ -362,7 +363,7 @@ def export_from_checkpoint(
         if is_sharded_checkpoint(checkpoint):  # a RecStrategy folder: gather full tables here
             checkpoint = consolidate_checkpoint(checkpoint)
         else:
-            checkpoint = torch.load(checkpoint, map_location="cpu", weights_only=False)
+            checkpoint = load_file(checkpoint)  # weights_only=True: nothing in the file runs
     if not isinstance(checkpoint, dict):
         raise TypeError(f"checkpoint must be a path or a state dict, got {type(checkpoint).__name__}")
     state = checkpoint.get("state_dict", checkpoint)

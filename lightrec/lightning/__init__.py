@@ -6,6 +6,7 @@ Importing this package registers ``RecStrategy`` in Lightning's strategy registr
 
 from lightning.pytorch.strategies import StrategyRegistry
 
+from lightrec.lightning.nonfinite import NonFiniteLossError
 from lightrec.lightning.plan_report import PlanReport
 from lightrec.lightning.quantized_export import QuantizedExport
 from lightrec.lightning.rec_module import RecModule, dlrm_lr_lambda
@@ -17,6 +18,7 @@ if RecStrategy.strategy_name not in StrategyRegistry:
     RecStrategy.register_strategies(StrategyRegistry)
 
 __all__ = [
+    "NonFiniteLossError",
     "PlanReport",
     "QuantizedExport",
     "RecModule",

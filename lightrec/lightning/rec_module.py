@@ -38,7 +38,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
@@ -47,6 +47,7 @@ from typing_extensions import override
 
 from lightrec.data.batch import Batch
 from lightrec.kernels import FusedEmbeddingBagCollection
+from lightrec.lightning.nonfinite import NonFiniteLossError, check_nonfinite_policy, nonfinite_ranks
 from lightrec.lightning.rec_strategy import RecStrategy
 from lightrec.metrics import rec_metrics
 from lightrec.modules import EmbeddingBagCollection, EmbeddingBagConfig
@@ -120,6 +121,11 @@ class RecModule(pl.LightningModule):
             docstring): ``"rowwise_adagrad"`` (DLRM's), ``"adagrad"``, ``"sgd"`` or ``"adam"``. Tables
             a subclass builds itself carry their own optimizer and ignore these three.
         embedding_lr / embedding_eps: its learning rate and epsilon (the LR schedule scales the LR).
+        nonfinite_loss: what a NaN/inf training loss does, checked before backward (the fused
+            embedding optimizer updates the tables inside backward): ``"raise"`` (default) a
+            ``NonFiniteLossError`` on every rank, ``"skip"`` the batch on every rank (counted in
+            ``skipped_nonfinite_batches``), ``None`` no check (saves one host sync per step on GPU;
+            ``lightrec.lightning.nonfinite``).
     """
 
     def __init__(
@@ -136,8 +142,11 @@ class RecModule(pl.LightningModule):
         embedding_optimizer: str = "rowwise_adagrad",
         embedding_lr: float = 0.05,
         embedding_eps: float = 1e-8,
+        nonfinite_loss: Literal["raise", "skip"] | None = "raise",
     ) -> None:
         super().__init__()
+        self.nonfinite_loss = check_nonfinite_policy(nonfinite_loss)
+        self.skipped_nonfinite_batches = 0
         if isinstance(dense_optimizer, str) and dense_optimizer.lower() not in _DENSE_OPTIMIZERS:
             raise ValueError(
                 f"dense_optimizer must be one of {sorted(_DENSE_OPTIMIZERS)} or an Optimizer class, "
@@ -197,6 +206,25 @@ class RecModule(pl.LightningModule):
     def predict_step(self, batch: Batch, batch_idx: int, dataloader_idx: int = 0) -> torch.Tensor:
         """Click probabilities ``[B]``."""
         return torch.sigmoid(self(batch.dense_features, batch.sparse_features).reshape(-1))
+
+    @override
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """``loss.backward()`` unless the loss is NaN/inf on some rank (``nonfinite_loss``)."""
+        if self.nonfinite_loss is not None:
+            bad = nonfinite_ranks(loss)  # every rank takes the same decision
+            if bad:
+                step = self.trainer.global_step if self._trainer is not None else None
+                if self.nonfinite_loss == "raise":
+                    raise NonFiniteLossError(
+                        f"the training loss is not finite on rank(s) {bad} at global step {step} (this rank's loss: "
+                        f"{loss.detach().float().item()}); stopped before backward, so no weight changed. Pass "
+                        "RecModule(nonfinite_loss='skip') to skip such batches, or find the bad input/learning rate"
+                    )
+                self.skipped_nonfinite_batches += 1
+                for p in self.parameters():  # the dense optimizer's step then changes nothing
+                    p.grad = None
+                return
+        super().backward(loss, *args, **kwargs)
 
     # ------------------------------------------------------------------ throughput
     @override

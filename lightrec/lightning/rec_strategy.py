@@ -52,16 +52,19 @@ from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState
+from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightrec._compat import default_pg_timeout, optimizers_to_device
 from lightrec.distributed.checkpoint import (
-    CheckpointError,
+    ForeignCheckpointError,
+    UnsafeCheckpointError,
     is_sharded_checkpoint,
     load_sharded_checkpoint,
     open_checkpoint,
     save_sharded_checkpoint,
 )
+from lightrec.distributed.comm.failures import collective_guard
 from lightrec.distributed.model_parallel import DistributedModelParallel
 from lightrec.distributed.placement import detached, move_dense_to_device
 from lightrec.distributed.planner import ParameterConstraints, PlannerReport, Topology
@@ -303,13 +306,22 @@ class RecStrategy(DDPStrategy):
     def load_checkpoint(self, checkpoint_path: str | os.PathLike, weights_only: bool | None = None) -> dict[str, Any]:
         """Read a sharded checkpoint (or a consolidated one) cut to this rank's shards, for any plan
         and world size; any other file is read as a plain Lightning checkpoint (full tables reshard
-        on load, optimizer state must then match the live optimizers)."""
-        if is_sharded_checkpoint(checkpoint_path):  # an incomplete folder raises, naming what is missing
-            return load_sharded_checkpoint(checkpoint_path, self._connected_module(), self.optimizers)
+        on load, optimizer state must then match the live optimizers).
+
+        lightrec's files are always read with ``weights_only=True`` (they never need code); a plain
+        file is read with ``weights_only=True`` unless the caller passes ``weights_only=False``.
+        """
+        if is_sharded_checkpoint(checkpoint_path):  # an incomplete or damaged folder raises, naming the file
+            source = open_checkpoint(checkpoint_path)
+            return load_sharded_checkpoint(source, self._connected_module(), self.optimizers)
         try:
             source = open_checkpoint(checkpoint_path)  # a consolidated file, read once
-        except CheckpointError:  # any other file: a plain Lightning checkpoint
-            return super().load_checkpoint(os.fspath(checkpoint_path), weights_only=weights_only)
+        except UnsafeCheckpointError:
+            if weights_only is not False:
+                raise
+            return super().load_checkpoint(os.fspath(checkpoint_path), weights_only=False)
+        except ForeignCheckpointError:  # any other readable file: a plain Lightning checkpoint
+            return super().load_checkpoint(os.fspath(checkpoint_path), weights_only=weights_only is not False)
         return load_sharded_checkpoint(source, self._connected_module(), self.optimizers)
 
     @override
@@ -329,6 +341,14 @@ class RecStrategy(DDPStrategy):
         self.precision_plugin.teardown()
         self.accelerator.teardown()
         self.checkpoint_io.teardown()
+
+    @override
+    def backward(self, closure_loss: torch.Tensor, optimizer: Optimizer | None, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """Backward as ``DDPStrategy`` does; a dead or stuck peer raises ``CollectiveError`` naming it."""
+        with collective_guard(
+            "a backward collective (embedding gradient all-to-all, or the dense gradients' all-reduce of DDP)"
+        ):
+            return super().backward(closure_loss, optimizer, *args, **kwargs)
 
     @override
     def batch_to_device(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:

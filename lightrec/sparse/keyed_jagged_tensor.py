@@ -513,8 +513,10 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         """Raise ``SparseValueError`` when the layout is inconsistent.
 
         Checks: unique keys; ``len(lengths)`` divisible by the number of keys (and equal to
-        ``len(keys) * stride`` when a stride was given); lengths non-negative and summing to
-        ``len(values)``; offsets equal to the running sum of lengths; one weight per value.
+        ``len(keys) * stride`` when a stride was given); ids (``values``) and lengths int32 or
+        int64 (float or uint8 ids are refused, not cast); lengths non-negative (naming the
+        feature) and summing to ``len(values)`` (surplus values are named, never dropped);
+        offsets equal to the running sum of lengths; one weight per value.
         """
         _validate_kjt(self)
 
@@ -566,7 +568,39 @@ def _validate_kjt(kjt: KeyedJaggedTensor) -> None:
             f"KeyedJaggedTensor stride={kjt._stride} with {len(keys)} keys needs {kjt._stride * len(keys)} "
             f"lengths, got {lengths.numel()}"
         )
+    _check_id_dtypes(kjt.values(), lengths, keys)
+    _check_per_feature_counts(kjt.values(), lengths, keys)
     _check_lengths_offsets(kjt.values(), kjt.weights_or_none(), lengths, kjt.offsets_or_none(), "KeyedJaggedTensor")
+
+
+_ID_DTYPES = (torch.int32, torch.int64)
+
+
+def _check_id_dtypes(values: torch.Tensor, lengths: torch.Tensor, keys: List[str]) -> None:
+    """Ids and lengths are int32/int64: what every lookup kernel indexes with (no silent casts)."""
+    for name, tensor in (("values (the ids)", values), ("lengths", lengths)):
+        if tensor.dtype not in _ID_DTYPES:
+            raise SparseValueError(
+                f"KeyedJaggedTensor {name} of features {keys} must be int64 or int32, got {tensor.dtype}; "
+                f"convert them with .long() (ids must be whole numbers: a float id is not an embedding row)"
+            )
+
+
+def _check_per_feature_counts(values: torch.Tensor, lengths: torch.Tensor, keys: List[str]) -> None:
+    """Name the feature whose lengths are negative, and say where values beyond the lengths start."""
+    per_key = lengths.reshape(len(keys), -1)
+    if lengths.numel() > 0 and bool((per_key < 0).any()):
+        k = int(torch.nonzero((per_key < 0).any(dim=1))[0, 0])
+        raise SparseValueError(
+            f"KeyedJaggedTensor feature {keys[k]!r} has a negative length (lengths must be non-negative: every sample needs a count >= 0 of ids)"
+        )
+    total = int(lengths.sum()) if lengths.numel() > 0 else 0
+    if total < values.size(0):
+        raise SparseValueError(
+            f"KeyedJaggedTensor has {values.size(0) - total} values beyond the last feature {keys[-1]!r}: lengths "
+            f"sum to {total} but values has {values.size(0)} entries, so the surplus ids would be dropped "
+            "silently; lengths must count every value exactly once"
+        )
 
 
 def _kjt_flatten(kjt: KeyedJaggedTensor) -> Tuple[List[Optional[torch.Tensor]], List[str]]:

@@ -136,7 +136,7 @@ def test_failed_save_raises_on_every_rank_and_keeps_the_old_checkpoint(saved: di
     for r in saved["ranks"]:
         assert "rank 1: OSError: disk full (injected)" in r["failed_save"]
         assert r["unchanged"] and r["leftovers"] == []
-    assert sorted(os.listdir(saved["path"])) == ["meta.pt", "shards-rank00000.pt", "shards-rank00001.pt"]
+    assert sorted(os.listdir(saved["path"])) == ["manifest.json", "meta.pt", "shards-rank00000.pt", "shards-rank00001.pt"]
 
 
 def test_resume_on_same_ranks_is_bit_identical(saved: dict[str, Any]) -> None:

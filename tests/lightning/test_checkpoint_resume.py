@@ -90,7 +90,7 @@ def test_model_checkpoint_writes_sharded_directories(uninterrupted: dict[str, An
     files = uninterrupted["ranks"][0]["files"]
     assert files == ["epoch=0-step=2.ckpt", "epoch=0-step=4.ckpt", "epoch=1-step=6.ckpt"]
     ckpt = os.path.join(uninterrupted["root"], "ckpts", files[0])
-    assert sorted(os.listdir(ckpt)) == ["meta.pt", "shards-rank00000.pt", "shards-rank00001.pt"]
+    assert sorted(os.listdir(ckpt)) == ["manifest.json", "meta.pt", "shards-rank00000.pt", "shards-rank00001.pt"]
 
 
 def test_resume_mid_epoch_on_two_ranks_is_bit_identical(uninterrupted: dict[str, Any], tmp_path: Any) -> None:

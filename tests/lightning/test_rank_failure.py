@@ -81,7 +81,7 @@ def _rank_main(rank: int, world_size: int, port: int, victim: int, how: str, tmp
         reports.put((rank, "raised", text, time.monotonic()))
 
 
-def _launch(world_size: int, victim: int, how: str, tmp: str) -> dict[str, Any]:
+def _launch(world_size: int, victim: int, how: str, tmp: str, target: Any = _rank_main) -> dict[str, Any]:
     """Start the ranks and wait (at most ``BOUND_S``) for the victim's kill and every survivor's report.
 
     Returns ``{"reports": {rank: (status, text, monotonic time)}, "killed_at": time | None,
@@ -91,7 +91,7 @@ def _launch(world_size: int, victim: int, how: str, tmp: str) -> dict[str, Any]:
     reports = ctx.Queue()
     port = free_port()
     procs = [
-        ctx.Process(target=_rank_main, args=(r, world_size, port, victim, how, tmp, reports), daemon=True)
+        ctx.Process(target=target, args=(r, world_size, port, victim, how, tmp, reports), daemon=True)
         for r in range(world_size)
     ]
     t0 = time.monotonic()

@@ -9,6 +9,7 @@ import torch
 
 from lightrec.distributed.checkpoint.blocks import assemble
 from lightrec.distributed.checkpoint.files import FORMAT
+from lightrec.distributed.checkpoint.integrity import save_hashed
 from lightrec.distributed.checkpoint.load import open_checkpoint
 
 __all__ = ["consolidate_checkpoint"]
@@ -75,7 +76,7 @@ def consolidate_checkpoint(path: str | os.PathLike, out: str | os.PathLike | Non
         out = os.fspath(out)
         tmp = f"{out}.tmp-{os.getpid()}"
         try:
-            torch.save(result, tmp)
+            save_hashed(result, tmp)  # synced; running out of space says how much was needed
             os.replace(tmp, out)
         finally:
             if os.path.exists(tmp):

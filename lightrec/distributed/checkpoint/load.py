@@ -22,9 +22,14 @@ from torch import nn
 from lightrec.distributed.checkpoint.blocks import Block, CheckpointError, assemble
 from lightrec.distributed.checkpoint.files import FORMAT, is_sharded_checkpoint, read_meta, read_shards
 from lightrec.distributed.checkpoint.index import LocalTable, ParamIndex, local_tables, optimizer_params
+from lightrec.distributed.checkpoint.safe_load import load_file
 from lightrec.distributed.state_dict import ShardedTableState
 
-__all__ = ["CheckpointSource", "load_sharded_checkpoint", "open_checkpoint"]
+__all__ = ["CheckpointSource", "ForeignCheckpointError", "load_sharded_checkpoint", "open_checkpoint"]
+
+
+class ForeignCheckpointError(CheckpointError):
+    """A readable checkpoint file that lightrec did not write (e.g. a plain Lightning checkpoint)."""
 
 
 @dataclass
@@ -65,20 +70,28 @@ class CheckpointSource:
 
 
 def open_checkpoint(path: str | os.PathLike) -> CheckpointSource:
-    """Open a sharded checkpoint directory or a file written by ``consolidate_checkpoint``."""
+    """Open a sharded checkpoint directory or a file written by ``consolidate_checkpoint``.
+
+    Files are verified against the folder's manifest and unpickled with ``weights_only=True``.
+
+    Raises:
+        CheckpointError: a file is missing, truncated, corrupt, from another save, or holds
+            objects that are not safe to load (the message names the file).
+        FileNotFoundError: nothing at ``path``.
+    """
     if is_sharded_checkpoint(path):
         meta = read_meta(path)
         info = meta.pop("lightrec_sharded")
         return CheckpointSource(
-            meta, read_shards(path, info["world_size"]), info["dense_optim"], info["world_size"],
+            meta, read_shards(info["folder"], info["world_size"]), info["dense_optim"], info["world_size"],
             info["has_training_state"],
         )  # fmt: skip
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint {os.fspath(path)!r} does not exist")
-    meta = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
-    info = meta.pop("lightrec_consolidated", None)
+    meta = load_file(path, mmap=True)
+    info = meta.pop("lightrec_consolidated", None) if isinstance(meta, dict) else None
     if info is None or info.get("format") != FORMAT:
-        raise CheckpointError(
+        raise ForeignCheckpointError(
             f"{os.fspath(path)!r} is neither a lightrec sharded checkpoint directory nor a file written by "
             "lightrec.distributed.checkpoint.consolidate_checkpoint"
         )

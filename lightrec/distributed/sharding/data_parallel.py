@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from lightrec.distributed.comm import NoWait
+from lightrec.distributed.comm.failures import collective_guard, timeout_of
 from lightrec.distributed.sharding.common import (
     DistContext,
     EmbeddingSharding,
@@ -67,7 +68,8 @@ def side_group(pg: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
     key = id(pg)
     if key not in _SIDE_GROUPS:
         ranks = dist.get_process_group_ranks(pg or dist.group.WORLD)
-        _SIDE_GROUPS[key] = dist.new_group(ranks=ranks, backend=dist.get_backend(pg))
+        # the user's timeout (torch's default would be 30 minutes whatever the user set)
+        _SIDE_GROUPS[key] = dist.new_group(ranks=ranks, backend=dist.get_backend(pg), timeout=timeout_of(pg))
     return _SIDE_GROUPS[key]
 
 
@@ -135,7 +137,8 @@ class DataParallelTableSync:
                 return
             grad = grad.contiguous()
             if world > 1:
-                dist.all_reduce(grad, group=group)
+                with collective_guard("all_reduce of data-parallel table gradients", group):
+                    dist.all_reduce(grad, group=group)
                 grad.div_(world)
             rows = grad.ne(0).any(dim=1).nonzero().squeeze(1)
             if "step" in state:

@@ -1,0 +1,145 @@
+"""Deliver 1: no code runs from any file lightrec reads (``weights_only=True`` on every load).
+
+Each read path gets a checkpoint whose unpickling would create a marker file (``builtins.open``
+named in the pickle). The manifest is re-signed after the file is rewritten, as an attacker who
+controls the folder would do, so it is ``weights_only`` -- not the checksum -- that refuses it. The
+first test shows the payload is live: ``torch.load(weights_only=False)`` does create the marker.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.reliability.checkpoint_files import TOY_SAVE, poison, resign, run_python
+
+
+@pytest.fixture(scope="module")
+def toy_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A RecStrategy folder, its consolidated file and a plain Lightning checkpoint of the toy DLRM."""
+    out = tmp_path_factory.mktemp("toy")
+    done = run_python(TOY_SAVE.format(out=str(out)))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+@pytest.fixture
+def copies(toy_checkpoints: Path, tmp_path: Path) -> Path:
+    for name in ("sharded.ckpt", "full.ckpt", "lightning.ckpt"):
+        src = toy_checkpoints / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name)
+    return tmp_path
+
+
+def _poisoned_folder(copies: Path, which: str) -> tuple[Path, Path]:
+    folder, marker = copies / "sharded.ckpt", copies / "marker"
+    poison(folder / which, marker)
+    resign(folder, which)
+    return folder, marker
+
+
+def test_the_payload_runs_code_when_loaded_without_weights_only(copies: Path) -> None:
+    folder, marker = _poisoned_folder(copies, "meta.pt")
+    torch.load(folder / "meta.pt", weights_only=False)
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("which", ["meta.pt", "shards-rank00000.pt"])
+def test_sharded_folder_files_are_refused(copies: Path, which: str) -> None:
+    from lightrec.distributed.checkpoint import UnsafeCheckpointError, open_checkpoint
+
+    folder, marker = _poisoned_folder(copies, which)
+    with pytest.raises(UnsafeCheckpointError, match=rf"{which}.*not safe to unpickle \(it names io\.open\)"):
+        open_checkpoint(folder)
+    assert not marker.exists()
+
+
+def test_consolidated_file_is_refused(copies: Path) -> None:
+    from lightrec.distributed.checkpoint import UnsafeCheckpointError, open_checkpoint
+
+    poison(copies / "full.ckpt", copies / "marker")
+    with pytest.raises(UnsafeCheckpointError, match="full.ckpt"):
+        open_checkpoint(copies / "full.ckpt")
+    assert not (copies / "marker").exists()
+
+
+@pytest.mark.parametrize("source", ["full.ckpt", "sharded.ckpt"])
+def test_export_from_checkpoint_refuses(copies: Path, source: str) -> None:
+    from lightrec.distributed.checkpoint import UnsafeCheckpointError
+    from lightrec.inference import export_from_checkpoint
+    from tests.lightning.toy import ToyDLRM
+
+    if source == "full.ckpt":
+        poison(copies / source, copies / "marker")
+    else:
+        _poisoned_folder(copies, "meta.pt")
+    with pytest.raises(UnsafeCheckpointError):
+        export_from_checkpoint(copies / source, lambda: ToyDLRM(device="meta").model, copies / "out.pt")
+    assert not (copies / "marker").exists()
+
+
+def test_cli_export_and_consolidate_refuse(copies: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from lightrec.cli import main
+
+    poison(copies / "full.ckpt", copies / "marker")
+    _poisoned_folder(copies, "shards-rank00000.pt")
+    for argv in (
+        ["export", str(copies / "full.ckpt")],
+        ["export", str(copies / "sharded.ckpt")],
+        ["consolidate", str(copies / "sharded.ckpt"), str(copies / "again.ckpt")],
+    ):
+        code = main(argv)
+        err = capsys.readouterr().err
+        assert code != 0 and "not safe to unpickle" in err, (argv, code, err)
+    assert not (copies / "marker").exists()
+    assert not (copies / "again.ckpt").exists()
+
+
+def test_rec_strategy_load_checkpoint_honours_weights_only(copies: Path) -> None:
+    from lightrec.distributed.checkpoint import UnsafeCheckpointError
+    from lightrec.lightning import RecStrategy
+
+    poison(copies / "lightning.ckpt", copies / "marker")
+    strategy = RecStrategy()
+    for weights_only in (None, True):
+        with pytest.raises(UnsafeCheckpointError, match="lightning.ckpt"):
+            strategy.load_checkpoint(copies / "lightning.ckpt", weights_only=weights_only)
+    assert not (copies / "marker").exists()
+    _poisoned_folder(copies, "meta.pt")
+    with pytest.raises(UnsafeCheckpointError, match="meta.pt"):  # refused before the model is needed
+        strategy.load_checkpoint(copies / "sharded.ckpt", weights_only=False)  # lightrec files: always safe
+    assert not (copies / "marker").exists()
+    strategy.load_checkpoint(copies / "lightning.ckpt", weights_only=False)  # the caller's explicit choice
+    assert (copies / "marker").exists()
+
+
+def test_load_from_checkpoint_refuses(copies: Path) -> None:
+    from tests.lightning.toy import ToyDLRM
+
+    poison(copies / "lightning.ckpt", copies / "marker")
+    with pytest.raises(Exception, match="Weights only load failed|not safe"):
+        ToyDLRM.load_from_checkpoint(copies / "lightning.ckpt")
+    assert not (copies / "marker").exists()
+    ToyDLRM.load_from_checkpoint(
+        copies / "lightning.ckpt", weights_only=False
+    )  # control: the payload is live
+    assert (copies / "marker").exists()
+
+
+def test_fit_with_a_poisoned_ckpt_path_refuses(copies: Path) -> None:
+    folder, marker = _poisoned_folder(copies, "meta.pt")
+    code = f"""
+import lightning.pytorch as pl
+from lightrec.lightning import RecStrategy
+from tests.lightning.toy import ToyDLRM, toy_data
+trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=3, strategy=RecStrategy(), logger=False,
+                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(ToyDLRM(device="meta", dense_optimizer="sgd"), datamodule=toy_data(), ckpt_path={str(folder)!r})
+"""
+    done = run_python(code)
+    assert done.returncode != 0
+    assert "UnsafeCheckpointError" in done.stderr and "meta.pt" in done.stderr, done.stderr[-3000:]
+    assert not marker.exists()
