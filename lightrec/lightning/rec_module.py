@@ -47,6 +47,7 @@ from typing_extensions import override
 
 from lightrec.data.batch import Batch
 from lightrec.kernels import FusedEmbeddingBagCollection
+from lightrec.lightning.loop_state import start_next_epoch_counters
 from lightrec.lightning.rec_strategy import RecStrategy
 from lightrec.metrics import rec_metrics
 from lightrec.modules import EmbeddingBagCollection, EmbeddingBagConfig
@@ -331,6 +332,12 @@ class RecModule(pl.LightningModule):
         # Lets `lightrec export <checkpoint>` find the class that rebuilds this model from tables.
         if callable(getattr(self, "build_model", None)):
             checkpoint["lightrec_module"] = class_reference(type(self))
+
+    @override
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Runs before Lightning restores its loops from the same dict: a checkpoint of a finished
+        # epoch must resume into a whole next epoch (see lightrec.lightning.loop_state).
+        start_next_epoch_counters(checkpoint)
 
 
 def class_reference(cls: type) -> str:
