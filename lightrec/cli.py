@@ -158,6 +158,13 @@ def _plan(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     try:
         cli = plan_cli(module, config, ns.overrides)
+        rec_module, datamodule = cli.model, cli.datamodule
+        size_tables_from = getattr(rec_module, "size_tables_from", None)
+        if callable(size_tables_from) and not getattr(rec_module, "tables", None):
+            # What Trainer.fit does before configure_model: prepare the data, then size the tables.
+            datamodule.prepare_data()
+            datamodule.setup("fit")
+            size_tables_from(datamodule)
     except (ValueError, TypeError, OSError) as exc:
         raise CommandError(f"cannot build the model of {config}: {exc}") from exc
     trainer_cfg = cli.config["trainer"]
@@ -167,16 +174,18 @@ def _plan(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     )
     num_nodes = int(ns.num_nodes if ns.num_nodes is not None else trainer_cfg.get("num_nodes", 1) or 1)
 
-    rec_module = cli.model
     # Plan the RecModule itself (its model built with meta tables): the plan's module paths are
     # then the ones RecStrategy sees (model.sparse_arch...), so --json output is directly usable.
     rec_module.model = rec_module.model_for_planning()
     sharders = get_default_sharders(rec_module.fused_params())
     topology = topology_for(devices * num_nodes, "cuda" if accelerator in ("gpu", "cuda") else "cpu", devices)
-    batch_size = getattr(cli.datamodule, "batch_size", None)
+    batch_size = getattr(datamodule, "batch_size", None)
     try:
         planned = plan_sharding(
-            rec_module, sharders, topology, batch_size=batch_size if isinstance(batch_size, int) else None
+            rec_module,
+            sharders,
+            topology,
+            batch_size=batch_size if isinstance(batch_size, int) and not isinstance(batch_size, bool) else None,
         )
     except PlannerError as exc:
         raise CommandError(f"no sharding plan fits: {exc}") from exc
@@ -189,7 +198,9 @@ def _plan(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 0
     print(report.to_markdown() if ns.markdown else report.to_text())
     if ns.png:
-        report.figure(ns.png)
+        from lightrec.lightning.plan_chart import plan_chart  # matplotlib, only when asked
+
+        plan_chart(report, ns.png)
         print(f"wrote {ns.png}")
     if ns.json:
         Path(ns.json).write_text(plan.to_json())

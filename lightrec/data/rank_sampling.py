@@ -113,6 +113,9 @@ class RankDataLoader(DataLoader):
         sampler.skip = self._resume_skip if resumes_this_epoch else 0
         self._resume_skip, self._resume_epoch = 0, None
         self._yielded = self.prefetched = 0
+        set_epoch = getattr(self.dataset, "set_epoch", None)
+        if callable(set_epoch):  # a dataset that reshuffles its rows per epoch (MovieLensDataset)
+            set_epoch(sampler.epoch)
         for batch in super().__iter__():
             self._yielded += 1  # counted as handed out: the loop consumed it
             yield batch

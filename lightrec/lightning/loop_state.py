@@ -28,7 +28,10 @@ def _finished_epoch(fit_loop: dict[str, Any]) -> bool:
     batches_done = (
         bool(batches.get("is_last_batch"))
         and current.get("ready", 0) > 0
-        and current.get("ready") == current.get("started") == current.get("processed") == current.get("completed")
+        and current.get("ready")
+        == current.get("started")
+        == current.get("processed")
+        == current.get("completed")
     )
     return epoch_processed and batches_done
 

@@ -10,7 +10,7 @@ At ``on_fit_start`` (``RecStrategy.setup`` has planned and sharded the model by 
   ==============  =======  ==================================================================
   ``plan/table``  text     markdown: per-rank table + summary, then one row per table
                            (module, table, sharding type, kernel, ranks, storage, est. cost)
-  ``plan/chart``  image    bar chart: memory per rank (with the cap) and estimated cost per rank
+  ``plan/chart``  image    bar chart: table memory and estimated cost per rank (``plan_chart``)
   ``plan/json``   text     the ``ShardingPlan`` JSON in a fenced block (see
                            :func:`load_plan_from_events`)
   ==============  =======  ==================================================================
@@ -42,6 +42,7 @@ from typing_extensions import override
 from lightrec.distributed.planner import PlannerReport, Topology
 from lightrec.distributed.planning import plan_report_for, topology_for
 from lightrec.distributed.types import ShardingPlan
+from lightrec.lightning.plan_chart import plan_chart
 
 # plan_report_for lives in lightrec.distributed.planning; re-exported here, its former home.
 __all__ = ["PlanReport", "load_plan_from_events", "plan_report_for"]
@@ -177,7 +178,7 @@ class PlanReport(pl.Callback):
         plan_json = "```json\n" + plan.to_json(indent=2) + "\n```"
         image = None
         if self.log_chart and report is not None and report.world_size > 0:
-            image = _figure_to_rgb(report.figure())
+            image = _figure_to_rgb(plan_chart(report))
         for writer in writers:
             writer.add_text(f"{self.tag_prefix}/table", text, global_step=step)
             writer.add_text(f"{self.tag_prefix}/json", plan_json, global_step=step)

@@ -48,6 +48,7 @@ from typing_extensions import override
 from lightrec.data.batch import Batch
 from lightrec.kernels import FusedEmbeddingBagCollection
 from lightrec.lightning.loop_state import start_next_epoch_counters
+from lightrec.lightning.rec_model_summary import summary_for
 from lightrec.lightning.rec_strategy import RecStrategy
 from lightrec.metrics import rec_metrics
 from lightrec.modules import EmbeddingBagCollection, EmbeddingBagConfig
@@ -332,6 +333,13 @@ class RecModule(pl.LightningModule):
         # Lets `lightrec export <checkpoint>` find the class that rebuilds this model from tables.
         if callable(getattr(self, "build_model", None)):
             checkpoint["lightrec_module"] = class_reference(type(self))
+
+    @override
+    def configure_callbacks(self) -> list[pl.Callback]:
+        """A :class:`RecModelSummary` in place of the Trainer's default model summary: it counts the
+        whole embedding tables (every rank's shards) and counts them as trained."""
+        summary = summary_for(self._trainer)
+        return [summary] if summary is not None else []
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:

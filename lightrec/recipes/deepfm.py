@@ -21,24 +21,23 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightrec.lightning import RecModule
 from lightrec.models import DeepFM
-from lightrec.modules import EmbeddingBagConfig
 from lightrec.recipes.recipe_cli import run_recipe
-from lightrec.recipes.table_specs import DataTableSpec, table_configs_from_specs
+from lightrec.recipes.table_specs import DataTableSpec, RecipeModule
 from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = ["DeepFMModule", "main"]
 
 
-class DeepFMModule(RecModule):
+class DeepFMModule(RecipeModule):
     """DeepFM (first-order + factorization machine + deep MLP over shared field embeddings).
 
-    ``RecModule`` builds the model in ``configure_model`` from :meth:`table_configs` and
+    ``RecipeModule`` sizes the tables from the data and ``RecModule`` builds the model in
+    ``configure_model`` from :meth:`table_configs` and
     :meth:`build_model`: sharded tables on ``meta`` under ``RecStrategy``, fused tables otherwise.
 
     Args:
-        tables: table specs, linked from the DataModule by the recipe.
+        tables: table specs; empty: sized from the DataModule when the model is built.
         dense_in_features: number of dense features (linked; 0 for MovieLens).
         embedding_dim: width ``D`` of every field embedding.
         deep_layer_sizes: hidden widths of the deep MLP (a linear layer to one logit follows).
@@ -56,15 +55,10 @@ class DeepFMModule(RecModule):
         dense_lr: float = 0.02,
         **rec_module_kwargs: Any,
     ) -> None:
-        super().__init__(dense_lr=dense_lr, **rec_module_kwargs)
+        super().__init__(tables=tables, embedding_dim=embedding_dim, dense_lr=dense_lr, **rec_module_kwargs)
         self.save_hyperparameters()
-        self.tables = list(tables or [])
-        self.embedding_dim = embedding_dim
         self.dense_in_features = dense_in_features
         self.deep_layer_sizes = list(deep_layer_sizes)
-
-    def table_configs(self) -> list[EmbeddingBagConfig]:
-        return table_configs_from_specs(self.tables, self.embedding_dim, type(self).__name__)
 
     def build_model(self, embedding_bag_collection: nn.Module) -> nn.Module:
         """The model around the given tables (``RecModule`` hands in the collection for the strategy)."""

@@ -5,9 +5,10 @@ Public API for recipes: a recipe copied with ``lightrec cp`` imports it as it is
 
 1. a config name (``--config dlrm_criteo``) resolves to ``<recipe dir>/configs/dlrm_criteo.yaml``,
    and with no ``--config`` at all the recipe's default config is used;
-2. ``RecipeCLI`` links the DataModule's table sizes and dense width into the model's ``tables`` /
-   ``dense_in_features`` (``link_arguments(..., apply_on="instantiate")``), so a config never
-   repeats the data's cardinalities;
+2. ``RecipeCLI`` links the DataModule's dense width into the model's ``dense_in_features``
+   (``link_arguments(..., apply_on="instantiate")``); the tables are sized from the DataModule in
+   ``configure_model``, after ``prepare_data`` / ``setup`` (``RecipeModule``), so a config never
+   repeats the data's cardinalities and data prepared inside the run sizes them;
 3. after ``fit`` it runs the test set (``recipe.test_after_fit``), prints the test metrics — for
    synthetic data with the Bayes-optimal AUC and the fraction of the gap from 0.5 reached — and
    where the TensorBoard logs and checkpoints are; with ``recipe.export`` on, a
@@ -29,7 +30,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 # importing lightrec.lightning registers RecStrategy as strategy "lightrec" before a config names it
 from lightrec.lightning import QuantizedExport, RecModule
-from lightrec.recipes.table_specs import dense_width_of, table_specs_of
+from lightrec.recipes.table_specs import dense_width_of
 
 __all__ = ["RecipeCLI", "RecipeOptions", "resolve_config_args", "run_recipe", "summarize"]
 
@@ -100,8 +101,6 @@ class RecipeCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_class_arguments(RecipeOptions, "recipe")
         params = inspect.signature(self._model_class).parameters
-        if "tables" in params:
-            parser.link_arguments("data", "model.tables", compute_fn=table_specs_of, apply_on="instantiate")
         if "dense_in_features" in params:
             parser.link_arguments(
                 "data", "model.dense_in_features", compute_fn=dense_width_of, apply_on="instantiate"

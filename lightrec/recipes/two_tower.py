@@ -24,25 +24,24 @@ from torch import nn
 from typing_extensions import override
 
 from lightrec.data import Batch
-from lightrec.lightning import RecModule
 from lightrec.metrics import RecallAtK
 from lightrec.models import TwoTower, TwoTowerTrainTask
-from lightrec.modules import EmbeddingBagConfig
 from lightrec.recipes.recipe_cli import run_recipe
-from lightrec.recipes.table_specs import DataTableSpec, table_configs_from_specs
+from lightrec.recipes.table_specs import DataTableSpec, RecipeModule
 from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = ["TwoTowerModule", "main"]
 
 
-class TwoTowerModule(RecModule):
+class TwoTowerModule(RecipeModule):
     """Query and candidate towers trained with an in-batch softmax; recall@k on val and test.
 
-    ``RecModule`` builds the model in ``configure_model`` from :meth:`table_configs` and
+    ``RecipeModule`` sizes the tables from the data and ``RecModule`` builds the model in
+    ``configure_model`` from :meth:`table_configs` and
     :meth:`build_model`: sharded tables on ``meta`` under ``RecStrategy``, fused tables otherwise.
 
     Args:
-        tables: table specs, linked from the DataModule by the recipe.
+        tables: table specs; empty: sized from the DataModule when the model is built.
         embedding_dim: width of every table.
         layer_sizes: widths of each tower; the last is the retrieval embedding size.
         candidate_feature_names: features of the candidate (item) tower; all others feed the query tower.
@@ -67,10 +66,14 @@ class TwoTowerModule(RecModule):
         dense_lr: float = 0.002,
         **rec_module_kwargs: Any,
     ) -> None:
-        super().__init__(dense_optimizer=dense_optimizer, dense_lr=dense_lr, **rec_module_kwargs)
+        super().__init__(
+            tables=tables,
+            embedding_dim=embedding_dim,
+            dense_optimizer=dense_optimizer,
+            dense_lr=dense_lr,
+            **rec_module_kwargs,
+        )
         self.save_hyperparameters()
-        self.tables = list(tables or [])
-        self.embedding_dim = embedding_dim
         self.layer_sizes = list(layer_sizes)
         self.candidate_feature_names = list(candidate_feature_names)
         self.normalize = normalize
@@ -78,9 +81,6 @@ class TwoTowerModule(RecModule):
         self.recall_key = f"recall@{recall_k}"
         self.val_recall = RecallAtK(recall_k)
         self.test_recall = RecallAtK(recall_k)
-
-    def table_configs(self) -> list[EmbeddingBagConfig]:
-        return table_configs_from_specs(self.tables, self.embedding_dim, type(self).__name__)
 
     def build_model(self, embedding_bag_collection: nn.Module) -> nn.Module:
         """The model around the given tables (``RecModule`` hands in the collection for the strategy)."""
