@@ -20,7 +20,8 @@ one (the report of the planning run), otherwise the planner's ``evaluate`` of th
 applied to the tables of the sharded collections. Nothing here is collective: ranks other than 0
 do nothing, so the callback cannot desynchronise the job.
 
-A strategy without a ``ShardingPlan`` (not ``RecStrategy``) gets one warning and no report. A
+A strategy without a ``ShardingPlan`` (not ``RecStrategy``, e.g. a one-process run of a recipe
+whose config lists the callback) gets one info line and no report. A
 plan the cost model cannot estimate (a warning says why) is still printed and logged, as the
 plan's own per-table listing, without the chart.
 """
@@ -145,9 +146,9 @@ class PlanReport(pl.Callback):
         plan = getattr(trainer.strategy, "plan", None)
         if not isinstance(plan, ShardingPlan):
             if not self._warned_no_plan:
-                rank_zero_warn(
-                    f"PlanReport: the strategy {type(trainer.strategy).__name__} has no sharding plan, so there "
-                    "is nothing to report; use strategy=lightrec.lightning.RecStrategy() to shard the model."
+                rank_zero_info(
+                    f"PlanReport: the strategy {type(trainer.strategy).__name__} does not shard the model, so there "
+                    "is no sharding plan to report (strategy=lightrec.lightning.RecStrategy() shards it)"
                 )
                 self._warned_no_plan = True
             return

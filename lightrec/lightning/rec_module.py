@@ -36,16 +36,18 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import IO, Any
 
 import lightning.pytorch as pl
 import torch
 from torch import nn
-from typing_extensions import override
+from typing_extensions import Self, override
 
 from lightrec.data.batch import Batch
+from lightrec.distributed.checkpoint import consolidate_checkpoint, is_sharded_checkpoint
 from lightrec.kernels import FusedEmbeddingBagCollection
 from lightrec.lightning.loop_state import start_next_epoch_counters
 from lightrec.lightning.rec_model_summary import summary_for
@@ -333,6 +335,24 @@ class RecModule(pl.LightningModule):
         # Lets `lightrec export <checkpoint>` find the class that rebuilds this model from tables.
         if callable(getattr(self, "build_model", None)):
             checkpoint["lightrec_module"] = class_reference(type(self))
+
+    @classmethod
+    def load_from_checkpoint(  # type: ignore[override]
+        cls, checkpoint_path: str | os.PathLike | IO[bytes], *args: Any, **kwargs: Any
+    ) -> Self:
+        """Lightning's ``load_from_checkpoint``, also for a sharded checkpoint folder (``last.ckpt/``).
+
+        A folder written by ``RecStrategy`` on any number of ranks is gathered into full tables in
+        this one process first (``consolidate_checkpoint``, through a temporary file), so the
+        module loads with whole tables on one process, as from a single-file checkpoint.
+        """
+        parent = super()
+        if isinstance(checkpoint_path, (str, os.PathLike)) and is_sharded_checkpoint(checkpoint_path):
+            with tempfile.TemporaryDirectory(prefix="lightrec-consolidated-") as tmp:
+                full = os.path.join(tmp, "full.ckpt")
+                consolidate_checkpoint(checkpoint_path, full)
+                return parent.load_from_checkpoint(full, *args, **kwargs)  # type: ignore[return-value]
+        return parent.load_from_checkpoint(checkpoint_path, *args, **kwargs)  # type: ignore[return-value]
 
     @override
     def configure_callbacks(self) -> list[pl.Callback]:

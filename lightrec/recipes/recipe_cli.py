@@ -19,6 +19,7 @@ Public API for recipes: a recipe copied with ``lightrec cp`` imports it as it is
 from __future__ import annotations
 
 import inspect
+import os
 import sys
 import warnings
 from dataclasses import dataclass
@@ -30,11 +31,19 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 # importing lightrec.lightning registers RecStrategy as strategy "lightrec" before a config names it
 from lightrec.lightning import QuantizedExport, RecModule
+from lightrec.recipes.run_checks import (
+    CHECKED_ENV,
+    RecipeArgumentError,
+    check_recipe_args,
+    print_warning,
+    warn_if_devices_exceed_cores,
+)
 from lightrec.recipes.table_specs import dense_width_of
 
 __all__ = ["RecipeCLI", "RecipeOptions", "resolve_config_args", "run_recipe", "summarize"]
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
+USAGE_ERROR = 2
 
 
 @dataclass
@@ -57,7 +66,7 @@ class RecipeOptions:
 
 
 def _has_config(args: list[str]) -> bool:
-    return any(a == "--config" or a.startswith("--config=") for a in args)
+    return any(a in ("--config", "-c") or a.startswith(("--config=", "-c=")) for a in args)
 
 
 def resolve_config_args(args: list[str], configs_dir: Path, default_config: str) -> list[str]:
@@ -73,12 +82,13 @@ def resolve_config_args(args: list[str], configs_dir: Path, default_config: str)
     i = 0
     while i < len(args):
         a = args[i]
-        if a == "--config" and i + 1 < len(args):
+        if a in ("--config", "-c") and i + 1 < len(args):
             out += [a, _config_file(args[i + 1], configs_dir)]
             i += 2
             continue
-        if a.startswith("--config="):
-            out.append("--config=" + _config_file(a.split("=", 1)[1], configs_dir))
+        if a.startswith(("--config=", "-c=")):
+            flag, value = a.split("=", 1)
+            out.append(f"{flag}={_config_file(value, configs_dir)}")
         else:
             out.append(a)
         i += 1
@@ -214,14 +224,28 @@ def run_recipe(
     """
     configs_dir = Path(recipe_file).resolve().parent / "configs"
     raw = resolve_config_args(list(sys.argv[1:] if args is None else args), configs_dir, default_config)
-    with warnings.catch_warnings():
-        # `lightrec run` passes the recipe's arguments explicitly while sys.argv holds its own.
-        warnings.filterwarnings("ignore", message=".*args parameter is intended to run from within Python.*")
-        return RecipeCLI(
-            module_class,
-            pl.LightningDataModule,
-            subclass_mode_data=True,
-            save_config_kwargs={"overwrite": True},
-            seed_everything_default=0,
-            args=raw,
-        )
+    checked = os.environ.get(CHECKED_ENV) == "1"
+    if not checked:  # the launching process; the ranks Lightning starts inherit CHECKED_ENV
+        try:
+            plan = check_recipe_args(RecipeCLI, module_class, raw, configs_dir)
+        except RecipeArgumentError as exc:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(USAGE_ERROR) from None
+        if plan is not None:
+            print_warning(warn_if_devices_exceed_cores(plan))
+        os.environ[CHECKED_ENV] = "1"
+    try:
+        with warnings.catch_warnings():
+            # `lightrec run` passes the recipe's arguments explicitly while sys.argv holds its own.
+            warnings.filterwarnings("ignore", message=".*args parameter is intended to run from within Python.*")
+            return RecipeCLI(
+                module_class,
+                pl.LightningDataModule,
+                subclass_mode_data=True,
+                save_config_kwargs={"overwrite": True},
+                seed_everything_default=0,
+                args=raw,
+            )
+    finally:
+        if not checked:
+            os.environ.pop(CHECKED_ENV, None)
