@@ -79,7 +79,8 @@ def _run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParse
 
 def _config_args(args: list[str]) -> tuple[list[str], list[str]]:
     """``(the --config / -c arguments, the others)``: configs go first, so options override them."""
-    config, rest = [], []
+    config: list[str] = []
+    rest: list[str] = []
     i = 0
     while i < len(args):
         if args[i] in ("--config", "-c") and i + 1 < len(args):

@@ -337,7 +337,7 @@ class RecModule(pl.LightningModule):
             checkpoint["lightrec_module"] = class_reference(type(self))
 
     @classmethod
-    def load_from_checkpoint(  # type: ignore[override]
+    def load_from_checkpoint(
         cls, checkpoint_path: str | os.PathLike | IO[bytes], *args: Any, **kwargs: Any
     ) -> Self:
         """Lightning's ``load_from_checkpoint``, also for a sharded checkpoint folder (``last.ckpt/``).
@@ -346,13 +346,15 @@ class RecModule(pl.LightningModule):
         this one process first (``consolidate_checkpoint``, through a temporary file), so the
         module loads with whole tables on one process, as from a single-file checkpoint.
         """
-        parent = super()
+        load = getattr(super(), "load_from_checkpoint")  # noqa: B009 - Lightning's restricted classmethod
         if isinstance(checkpoint_path, (str, os.PathLike)) and is_sharded_checkpoint(checkpoint_path):
             with tempfile.TemporaryDirectory(prefix="lightrec-consolidated-") as tmp:
                 full = os.path.join(tmp, "full.ckpt")
                 consolidate_checkpoint(checkpoint_path, full)
-                return parent.load_from_checkpoint(full, *args, **kwargs)  # type: ignore[return-value]
-        return parent.load_from_checkpoint(checkpoint_path, *args, **kwargs)  # type: ignore[return-value]
+                loaded: Self = load(full, *args, **kwargs)
+                return loaded
+        loaded = load(checkpoint_path, *args, **kwargs)
+        return loaded
 
     @override
     def configure_callbacks(self) -> list[pl.Callback]:

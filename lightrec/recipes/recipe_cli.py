@@ -122,7 +122,7 @@ class RecipeCLI(LightningCLI):
         if options.export and self.subcommand in (None, "fit"):
             # A callback, not a step after fit: it runs in on_train_end, while a sharded model and
             # its process group are still set up, so the full tables can be gathered.
-            trainer.callbacks.append(
+            _callbacks(trainer).append(
                 QuantizedExport(dirpath=options.export_dir, dtype=options.export_dtype, format=options.export_format)
             )
         return trainer
@@ -138,6 +138,12 @@ class RecipeCLI(LightningCLI):
             self.trainer.test(self.model, datamodule=self.datamodule, verbose=False)
         if self.trainer.is_global_zero:
             print(summarize(self.trainer, self.datamodule, tested=options.test_after_fit), flush=True)
+
+
+def _callbacks(trainer: pl.Trainer) -> list[pl.Callback]:
+    """``trainer.callbacks`` (set by Lightning's callback connector, so invisible to type checkers)."""
+    callbacks: list[pl.Callback] = getattr(trainer, "callbacks")  # noqa: B009
+    return callbacks
 
 
 def _fmt(value: Any) -> str:
@@ -173,7 +179,7 @@ def summarize(trainer: pl.Trainer, datamodule: Any, tested: bool = True) -> str:
         last = getattr(ckpt, "last_model_path", "")
         if last and last != best_path:
             lines.append(f"  last checkpoint: {last}")
-    exported = [p for cb in trainer.callbacks for p in getattr(cb, "paths", []) if type(cb).__name__ == "QuantizedExport"]
+    exported = [p for cb in _callbacks(trainer) for p in getattr(cb, "paths", []) if isinstance(cb, QuantizedExport)]
     if exported:
         lines.append(f"  exported model: {exported[-1]}   (lightrec.inference.load or torch.jit.load)")
     lines.append("=" * 72)

@@ -94,13 +94,17 @@ class TwoTowerModule(RecipeModule):
 
     def for_serving(self, model: nn.Module) -> nn.Module:
         """The ``TwoTower`` (KJT -> query and candidate embeddings), without the training task."""
-        return model.two_tower
+        two_tower = model.two_tower
+        if not isinstance(two_tower, nn.Module):
+            raise TypeError(f"expected the TwoTowerTrainTask built by build_model(), got {type(model).__name__}")
+        return two_tower
 
     def forward(
         self, dense_features: torch.Tensor, sparse_features: KeyedJaggedTensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """KJT of ``B`` pairs -> ``(query [B, E], candidate [B, E])`` (dense features are unused)."""
-        return self.built_model().two_tower(sparse_features)
+        query, candidate = self.for_serving(self.built_model())(sparse_features)
+        return query, candidate
 
     def _step(self, batch: Batch, stage: str, recall: RecallAtK | None) -> torch.Tensor:
         loss, (_, logits, targets) = self.built_model()(batch)
