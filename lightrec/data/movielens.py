@@ -271,7 +271,9 @@ class MovieLensDataset(Dataset):
     Training splits (``cover_all=False``) are cut into ``len(rows) // batch_size`` whole batches
     (a last partial batch is dropped); with ``shuffle_seed`` set, :meth:`set_epoch` (called by
     :class:`~lightrec.data.RankDataLoader` every epoch) draws a new permutation of *all rows*
-    before they are cut, so a batch is not the same block of consecutive rows every epoch.
+    before they are cut, so a batch is not the same block of consecutive rows every epoch
+    (DataLoader workers get the new order when they start: with ``persistent_workers`` they keep
+    the first epoch's).
     Evaluation splits (``cover_all=True``) score every row: they are cut into a multiple of
     ``ranks`` batches of at most ``batch_size`` rows (sizes differ by at most one), so each of
     ``ranks`` ranks runs the same number of steps and no row -- e.g. the newest ratings of a time
