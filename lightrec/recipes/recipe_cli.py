@@ -214,6 +214,15 @@ def plan_cli(recipe_module: Any, config: str, overrides: list[str]) -> RecipeCLI
         )
 
 
+def _prog_kwargs() -> dict[str, Any]:
+    """``{"prog": "lightrec run <recipe>"}`` under the ``lightrec`` command, so ``--help`` shows the
+    command the user typed (LightningCLI names ``sys.argv[0]``, i.e. ``lightrec [options] fit``)."""
+    argv = sys.argv
+    if Path(argv[0]).name in ("lightrec", "cli.py") and argv[1:2] == ["run"] and len(argv) > 2:
+        return {"prog": f"lightrec run {argv[2]}"}
+    return {}
+
+
 def run_recipe(
     module_class: type[pl.LightningModule],
     default_config: str,
@@ -251,6 +260,7 @@ def run_recipe(
                 save_config_kwargs={"overwrite": True},
                 seed_everything_default=0,
                 args=raw,
+                parser_kwargs=_prog_kwargs(),
             )
     finally:
         if not checked:
