@@ -1,13 +1,14 @@
 """DeepFM click-through-rate training on MovieLens (rating >= 4 is a click) — LightningCLI recipe.
 
-Needs a MovieLens release unpacked under ``data/`` (ml-100k by default; ml-1m / ml-20m / ml-25m
-work the same: set ``data.init_args.data_dir``)::
+By default it trains offline on the built-in synthetic MovieLens set (ml-100k's shape, a planted
+preference signal); a real release is one option away (``data.init_args.data_dir``: ml-100k,
+ml-1m, ml-20m or ml-25m unpacked)::
 
+    lightrec run deepfm                                 # synthetic MovieLens, no download
+    python -m lightrec.recipes.deepfm fit --config lightrec/recipes/configs/deepfm_movielens.yaml
     mkdir -p data && cd data && curl -LO https://files.grouplens.org/datasets/movielens/ml-100k.zip \
         && unzip ml-100k.zip && cd ..
-    lightrec run deepfm
-    python -m lightrec.recipes.deepfm fit --config lightrec/recipes/configs/deepfm_movielens.yaml
-    lightrec run deepfm --data.init_args.data_dir data/ml-1m
+    lightrec run deepfm --data.init_args.data_dir data/ml-100k
 
 Sparse fields: ``userId``, ``gender``, ``age``, ``occupation``, ``movieId``, ``genres`` (multi-hot);
 no dense features. Ends with the test AUC / NE and where the logs and checkpoints are.

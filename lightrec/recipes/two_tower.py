@@ -1,14 +1,16 @@
 """Two-tower retrieval on MovieLens with in-batch negatives, logging recall@k — LightningCLI recipe.
 
 Every positive (rating >= 4) user→movie pair of a batch is a training example; the other movies
-of the batch are its negatives (a softmax over the batch). Needs MovieLens unpacked under
-``data/`` (ml-100k by default; ml-1m / ml-20m / ml-25m work the same)::
+of the batch are its negatives (a softmax over the batch). By default it trains offline on the
+built-in synthetic MovieLens set (ml-100k's shape, a planted preference signal); real MovieLens is
+one option away (ml-100k, or ml-1m / ml-20m / ml-25m the same way)::
 
-    mkdir -p data && cd data && curl -LO https://files.grouplens.org/datasets/movielens/ml-100k.zip \
-        && unzip ml-100k.zip && cd ..
-    lightrec run two_tower
+    lightrec run two_tower                              # synthetic MovieLens, no download
     python -m lightrec.recipes.two_tower fit --config lightrec/recipes/configs/two_tower_movielens.yaml
     lightrec run two_tower --model.recall_k 50
+    mkdir -p data && cd data && curl -LO https://files.grouplens.org/datasets/movielens/ml-100k.zip \
+        && unzip ml-100k.zip && cd ..
+    lightrec run two_tower --data.init_args.data_dir data/ml-100k
 
 Query tower: ``userId``, ``gender``, ``age``, ``occupation``; candidate tower: ``movieId``,
 ``genres``. Ends with the test recall@k (among the batch's candidates) and the paths of the logs
