@@ -239,8 +239,10 @@ def run_recipe(
     """
     configs_dir = Path(recipe_file).resolve().parent / "configs"
     raw = resolve_config_args(list(sys.argv[1:] if args is None else args), configs_dir, default_config)
-    checked = os.environ.get(CHECKED_ENV) == "1"
-    if not checked:  # the launching process; the ranks Lightning starts inherit CHECKED_ENV
+    # The launching process checks; the ranks Lightning starts inherit CHECKED_ENV, and under
+    # torchrun only global rank 0 checks (the others stop when it exits), so a mistake prints once.
+    checked = os.environ.get(CHECKED_ENV) == "1" or os.environ.get("RANK", "0") != "0"
+    if not checked:
         try:
             plan = check_recipe_args(RecipeCLI, module_class, raw, configs_dir)
         except RecipeArgumentError as exc:
