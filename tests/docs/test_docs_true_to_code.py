@@ -53,3 +53,31 @@ def test_samples_per_sec_is_logged_when_the_docs_say(tmp_path: Path) -> None:
     text = (DOCS / "lightning.md").read_text()
     assert "| `train/samples_per_sec` | every `log_every_n_steps` steps" in text
     assert "`train/samples_per_sec` itself, at every step" not in text
+
+
+def test_ci_installs_exactly_as_the_readme_says() -> None:
+    """Issue 16, item 3: the README's CPU install takes torch from PyTorch's CPU index (PyPI's Linux
+    wheel is the CUDA build), and `.ci/run` runs the same commands."""
+    root = DOCS.parent
+    readme = (root / "README.md").read_text()
+    quick_start = readme[readme.index("## Quick start") :].split("```bash", 1)[1].split("```", 1)[0]
+    readme_installs = [
+        line.strip() for line in quick_start.splitlines() if line.strip().startswith("pip install")
+    ]
+    assert readme_installs == [
+        "pip install torch==2.13.0 --extra-index-url https://download.pytorch.org/whl/cpu",
+        'pip install -e ".[cpu,dev]"',
+    ]
+    ci_installs = [
+        line.strip().replace("python -m pip install -q ", "pip install ")
+        for line in (root / ".ci" / "run").read_text().splitlines()
+        if line.strip().startswith("python -m pip install -q")
+        and "upgrade pip" not in line
+        and "triton" not in line
+    ]
+    assert ci_installs == readme_installs
+    assert "192 MB" in readme and "several GB" in readme  # the download sizes are stated
+    assert (
+        "pip install torch==2.13.0 fbgemm-gpu==1.8.0 --index-url https://download.pytorch.org/whl/cu126"
+        in readme
+    )
