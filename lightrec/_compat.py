@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -35,6 +37,7 @@ __all__ = [
     "fit_data_fetcher",
     "optimizers_to_device",
     "reduce_scatter_single",
+    "silence_known_warnings",
 ]
 
 #: ``(major, minor)`` of the running torch.
@@ -42,6 +45,41 @@ TORCH_VERSION: tuple[int, int] = tuple(int(p) for p in torch.__version__.split("
 
 
 # ---------------------------------------------------------------------------------------------- torch
+@functools.cache
+def silence_known_warnings() -> None:
+    """Silence two warnings about other projects' internals that every training process repeats.
+
+    * torch (2.11+) logs "is_fx_tracing will return true for both fx.symbolic_trace and
+      torch.export" the first time a ``torch.fx.ProxyableClassMeta`` class (``KeyedJaggedTensor``)
+      is built outside tracing: torch's own metaclass calls the deprecated ``is_fx_tracing``. The
+      message comes from an ``lru_cache``-d function, so calling it once with its logger muted
+      consumes it for the process (lightrec's code calls ``is_fx_symbolic_tracing`` itself);
+    * Lightning 2.6 on torch 2.13+ warns "``isinstance(treespec, LeafSpec)`` is deprecated" from
+      its own ``utilities/_pytree.py`` on every stage of every rank, and that
+      ``torch.distributed.nn.functional.all_gather`` is deprecated from its own ``all_gather``.
+
+    Idempotent; called on import of ``lightrec.lightning``. Other warnings are left alone.
+    """
+    from torch.fx import _symbolic_trace
+
+    once = getattr(_symbolic_trace, "is_fx_tracing_warning", None)
+    if callable(once):
+        fx_log = logging.getLogger(_symbolic_trace.__name__)
+        disabled, fx_log.disabled = fx_log.disabled, True
+        try:
+            once()
+        finally:
+            fx_log.disabled = disabled
+    warnings.filterwarnings(
+        "ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated", category=Warning
+    )
+    warnings.filterwarnings(
+        "ignore",
+        message=r"torch\.distributed\.nn\.functional\.all_gather is deprecated",
+        module=r"lightning\.fabric\.utilities\.distributed",
+    )
+
+
 # torch 2.13 renamed the tensor-shaped collectives: `reduce_scatter_single` / `all_gather_single`
 # (the old `reduce_scatter_tensor` / `all_gather_into_tensor` still exist there, deprecated with a
 # FutureWarning); torch 2.11 and 2.12 only have the old names. Same signatures.

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import logging
 import os
 import warnings
 
@@ -102,6 +103,26 @@ def _fix() -> str:
     )
 
 
+def _import_fbgemm_keeping_logging() -> None:
+    """``import fbgemm_gpu`` (registers ``torch.ops.fbgemm.*``), leaving the root logger as it was.
+
+    fbgemm_gpu's import calls ``logging.basicConfig(level=DEBUG)`` (a module of its benchmarks), which
+    adds a stderr handler to an unconfigured root logger: every record of a propagating logger --
+    Lightning's INFO lines, which have their own handler -- then printed twice. A user who set up
+    logging before keeps it (``basicConfig`` does nothing then); otherwise the root logger's
+    handlers and level are put back to what they were.
+    """
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        import fbgemm_gpu  # noqa: F401
+    finally:
+        for handler in root.handlers[:]:
+            if handler not in handlers:
+                root.removeHandler(handler)
+        root.setLevel(level)
+
+
 @functools.lru_cache(maxsize=1)
 def fbgemm_available() -> bool:
     """True when ``fbgemm_gpu`` imports and registers its ops on this torch (see the module docstring)."""
@@ -114,7 +135,7 @@ def fbgemm_available() -> bool:
         _reason = mismatch
     else:
         try:
-            import fbgemm_gpu  # noqa: F401  (registers torch.ops.fbgemm.*)
+            _import_fbgemm_keeping_logging()
         except ModuleNotFoundError as exc:
             _reason = (
                 "fbgemm_gpu is not installed"

@@ -40,6 +40,7 @@ from lightrec.distributed.planner import PlannerError
 from lightrec.distributed.planning import get_default_sharders, plan_sharding, topology_for
 from lightrec.inference import export_from_checkpoint
 from lightrec.recipes import CONFIGS, CONFIGS_DIR, RECIPES, config_summary, configs_of, get_recipe
+from lightrec.recipes.run_checks import nearest
 
 if TYPE_CHECKING:  # annotation only: importing Lightning would slow every command down by a second
     from lightrec.lightning import RecModule
@@ -56,7 +57,7 @@ class CommandError(Exception):
 
 # ---------------------------------------------------------------------------------------------- run
 def _run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParser) -> int:
-    recipe = _recipe_or_usage_error(ns.recipe, parser)
+    recipe = _recipe_or_usage_error(ns.recipe, parser, files=True)
     args = list(rest)
     subcommand = args.pop(0) if args and args[0] in ("fit", "validate", "test", "predict") else "fit"
     overrides = []
@@ -67,20 +68,59 @@ def _run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParse
     ):
         if value is not None:
             overrides += [f"--trainer.{flag}", str(value)]
-    config = (
-        []
-        if any(a == "--config" or a.startswith("--config=") for a in args)
-        else ["--config", recipe.default_config]
-    )
-    module = importlib.import_module(recipe.module)
-    # Options given after the recipe name win over the shortcuts, which win over the config.
-    module.main([subcommand, *config, *overrides, *args])
+    config, args = _config_args(args)
+    if isinstance(recipe, Path):  # a recipe file: its main() picks its own default config
+        module = _import_file(recipe)
+    else:
+        module = importlib.import_module(recipe.module)
+        config = config or ["--config", recipe.default_config]
+    # Options given after the recipe name win over the shortcuts, which win over the config(s).
+    try:
+        module.main([subcommand, *config, *overrides, *args])
+    except SystemExit as exc:  # the recipe's own usage errors (printed already) and exits
+        return exc.code if isinstance(exc.code, int) else FAILURE
     return 0
 
 
-def _recipe_or_usage_error(name: str, parser: argparse.ArgumentParser) -> Any:
+def _config_args(args: list[str]) -> tuple[list[str], list[str]]:
+    """``(the --config / -c arguments, the others)``: configs go first, so options override them."""
+    config: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(args):
+        if args[i] in ("--config", "-c") and i + 1 < len(args):
+            config += args[i : i + 2]
+            i += 2
+            continue
+        (config if args[i].startswith(("--config=", "-c=")) else rest).append(args[i])
+        i += 1
+    return config, rest
+
+
+def _import_file(path: Path) -> Any:
+    """Import a recipe file (``lightrec cp`` copies import lightrec's public modules only)."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    if spec is None or spec.loader is None:
+        raise CommandError(f"cannot import the recipe file {str(path)!r}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(path.stem, module)
+    spec.loader.exec_module(module)
+    if not callable(getattr(module, "main", None)):
+        raise CommandError(f"{str(path)!r} has no main(args) function; a recipe calls run_recipe(...) in main")
+    return module
+
+
+def _recipe_or_usage_error(name: str, parser: argparse.ArgumentParser, files: bool = False) -> Any:
+    """The recipe called ``name`` (or, with ``files``, a recipe ``.py`` file); else a usage error."""
+    if files and name.endswith(".py"):
+        if not Path(name).is_file():
+            parser.error(f"recipe file {name!r} does not exist")
+        return Path(name)
     if name not in RECIPES:
-        parser.error(f"unknown recipe {name!r}; valid recipes: {', '.join(RECIPES)} (see `lightrec ls`)")
+        parser.error(
+            f"unknown recipe {name!r}{nearest(name, list(RECIPES))}; valid recipes: {', '.join(RECIPES)}"
+            + (" or a recipe .py file" if files else "")
+        )
     return get_recipe(name)
 
 
@@ -101,6 +141,14 @@ def _ls(ns: argparse.Namespace) -> int:
 def _cp(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     recipe = _recipe_or_usage_error(ns.recipe, parser)
     dest = Path(ns.dir)
+    if dest.suffix in (".yaml", ".yml"):  # one config to edit, not a folder named x.yaml
+        if dest.exists():
+            raise CommandError(f"refusing to overwrite {str(dest)!r}; choose another name or remove it first")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(CONFIGS_DIR / f"{recipe.default_config}.yaml", dest)
+        print(f"wrote {dest} (the {recipe.name} recipe's default config)")
+        print(f"\nedit, then run:  lightrec run {recipe.name} --config {dest}")
+        return 0
     copies = [(recipe.path, dest / recipe.path.name)]
     copies += [(CONFIGS_DIR / f"{c}.yaml", dest / "configs" / f"{c}.yaml") for c in configs_of(recipe.script)]
     existing = [str(target) for _, target in copies if target.exists()]
@@ -163,6 +211,13 @@ def _plan(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     try:
         cli = plan_cli(module, config, ns.overrides)
+        rec_module, datamodule = cli.model, cli.datamodule
+        size_tables_from = getattr(rec_module, "size_tables_from", None)
+        if callable(size_tables_from) and not getattr(rec_module, "tables", None):
+            # What Trainer.fit does before configure_model: prepare the data, then size the tables.
+            datamodule.prepare_data()
+            datamodule.setup("fit")
+            size_tables_from(datamodule)
     except (ValueError, TypeError, OSError) as exc:
         raise CommandError(f"cannot build the model of {config}: {exc}") from exc
     trainer_cfg = cli.config["trainer"]
@@ -172,16 +227,18 @@ def _plan(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     )
     num_nodes = int(ns.num_nodes if ns.num_nodes is not None else trainer_cfg.get("num_nodes", 1) or 1)
 
-    rec_module = cli.model
     # Plan the RecModule itself (its model built with meta tables): the plan's module paths are
     # then the ones RecStrategy sees (model.sparse_arch...), so --json output is directly usable.
     rec_module.model = rec_module.model_for_planning()
     sharders = get_default_sharders(rec_module.fused_params())
     topology = topology_for(devices * num_nodes, "cuda" if accelerator in ("gpu", "cuda") else "cpu", devices)
-    batch_size = getattr(cli.datamodule, "batch_size", None)
+    batch_size = getattr(datamodule, "batch_size", None)
     try:
         planned = plan_sharding(
-            rec_module, sharders, topology, batch_size=batch_size if isinstance(batch_size, int) else None
+            rec_module,
+            sharders,
+            topology,
+            batch_size=batch_size if isinstance(batch_size, int) and not isinstance(batch_size, bool) else None,
         )
     except PlannerError as exc:
         raise CommandError(f"no sharding plan fits: {exc}") from exc
@@ -194,7 +251,9 @@ def _plan(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 0
     print(report.to_markdown() if ns.markdown else report.to_text())
     if ns.png:
-        report.figure(ns.png)
+        from lightrec.lightning.plan_chart import plan_chart  # matplotlib, only when asked
+
+        plan_chart(report, ns.png)
         print(f"wrote {ns.png}")
     if ns.json:
         Path(ns.json).write_text(plan.to_json())
@@ -286,8 +345,12 @@ _PLAN_OVERRIDES = ("--model.", "--data.", "--trainer.")
 def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     """The ``lightrec`` parser and its ``run`` subparser (whose help ``lightrec run --help`` prints)."""
     parser = argparse.ArgumentParser(
-        prog="lightrec", description="Run, list, copy and plan lightrec recipes.", allow_abbrev=False
+        prog="lightrec",
+        description="Run, list, copy and plan lightrec recipes; export and consolidate checkpoints.",
+        epilog="Start with `lightrec ls`, then `lightrec run dlrm`. `lightrec --version` names the versions in use.",
+        allow_abbrev=False,
     )
+    parser.add_argument("-V", "--version", action="store_true", help="print lightrec's and its dependencies' versions")
     sub = parser.add_subparsers(dest="command", metavar="{run,ls,cp,plan,export,consolidate}")
     sub.required = True
 
@@ -308,7 +371,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         "cp", help="copy a recipe and its configs into a directory to edit", allow_abbrev=False
     )
     cp.add_argument("recipe", help=f"one of: {', '.join(RECIPES)}")
-    cp.add_argument("dir", help="destination directory (existing files are never overwritten)")
+    cp.add_argument(
+        "dir",
+        help="destination directory, or a .yaml file for the recipe's default config alone "
+        "(existing files are never overwritten)",
+    )
 
     plan = sub.add_parser(
         "plan", help="print the sharding plan of a config without training", allow_abbrev=False
@@ -348,6 +415,21 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     return parser, run
 
 
+def _version_line() -> str:
+    """``lightrec X (torch Y, lightning Z, fbgemm_gpu W)``: what a bug report needs."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from lightrec._version import __version__
+
+    parts = [f"torch {torch.__version__}"]
+    for dist in ("lightning", "fbgemm-gpu-cpu", "fbgemm-gpu", "triton"):
+        try:
+            parts.append(f"{dist} {version(dist)}")
+        except PackageNotFoundError:
+            continue
+    return f"lightrec {__version__} ({', '.join(parts)}; Python {sys.version.split()[0]})"
+
+
 def _positive_int(value: str) -> int:
     try:
         number = int(value)
@@ -362,6 +444,12 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``lightrec`` console script; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser, run_parser = build_parser()
+    if not argv:
+        parser.print_help()
+        return 0
+    if argv[0] in ("-V", "--version"):
+        print(_version_line())
+        return 0
     if argv == ["run"]:
         run_parser.error(f"the recipe is missing; valid recipes: {', '.join(RECIPES)}")
     if argv[:1] == ["run"] and argv[1] in ("-h", "--help"):

@@ -9,6 +9,7 @@ size come from the attached trainer, else from ``torch.distributed``, else ``(0,
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 import lightning.pytorch as pl
@@ -18,13 +19,17 @@ from torch.utils.data import DataLoader, Dataset
 
 from lightrec.data.criteo import preprocess_criteo
 from lightrec.data.criteo_dataset import CriteoMemmapDataset, load_criteo_meta
-from lightrec.data.errors import OnError, check_on_error
-from lightrec.data.movielens import MovieLensData, MovieLensDataset, read_movielens
+from lightrec.data.errors import DatasetNotFoundError, OnError, check_on_error
+from lightrec.data.movielens import MovieLensData, MovieLensDataset, detect_variant, read_movielens
 from lightrec.data.rank_sampling import rank_dataloader, resolve_rank
 from lightrec.data.synthetic import SyntheticCriteoDataset
-from lightrec.modules.embedding_configs import EmbeddingBagConfig
+from lightrec.data.synthetic_movielens import synthetic_movielens
+from lightrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 
-__all__ = ["CriteoDataModule", "MovieLensDataModule", "SyntheticCriteo"]
+__all__ = ["CRITEO_KAGGLE_URL", "CriteoDataModule", "MovieLensDataModule", "SyntheticCriteo"]
+
+CRITEO_KAGGLE_URL = "https://go.criteo.net/criteo-research-kaggle-display-advertising-challenge-dataset.tar.gz"
+"""The Criteo Kaggle display-advertising data (``train.txt``); the 1TB click logs come from Criteo AI Lab."""
 
 
 class _RankedDataModule(pl.LightningDataModule):
@@ -235,6 +240,31 @@ class CriteoDataModule(_RankedDataModule):
         self.fractions = (val_fraction, test_fraction)
         self.datasets: dict[str, CriteoMemmapDataset] = {}
 
+    def check_data(self) -> None:
+        """Raise ``DatasetNotFoundError`` (with the download URL) when there is nothing to read.
+
+        Cheap (file names only): ``data_dir`` must hold a finished preprocess (``meta.json``), or
+        every ``raw_inputs`` file must exist for ``prepare_data`` to preprocess. ``lightrec run``
+        calls it before starting any rank.
+        """
+        missing = [p for p in self.raw_inputs or [] if not Path(p).is_file()]
+        if self.raw_inputs and not missing:
+            return
+        if not self.raw_inputs and (Path(self.data_dir) / "meta.json").is_file():
+            return
+        what = (
+            f"raw_inputs {missing} do not exist."
+            if missing
+            else f"{self.data_dir!r} holds no preprocessed Criteo data (meta.json)."
+        )
+        raise DatasetNotFoundError(
+            self.data_dir,
+            what,
+            CRITEO_KAGGLE_URL,
+            "unpack train.txt, then pass --data.init_args.raw_inputs '[path/to/train.txt]' to preprocess "
+            "it on the first run, or run lightrec.data.preprocess_criteo; the default dlrm config needs no data",
+        )
+
     def prepare_data(self) -> None:
         if self.raw_inputs:
             preprocess_criteo(self.raw_inputs, self.data_dir, **self.preprocess_kwargs)
@@ -288,8 +318,15 @@ class CriteoDataModule(_RankedDataModule):
 class MovieLensDataModule(_RankedDataModule):
     """MovieLens batches for click prediction (``task="ctr"``) or retrieval (``task="retrieval"``).
 
+    Without ``data_dir`` the data is :func:`~lightrec.data.synthetic_movielens` (ml-100k's shape,
+    a planted preference signal, no download); with it, a real release read from disk
+    (``https://files.grouplens.org/datasets/movielens/ml-100k.zip``, unzipped).
+
+    Training batches are reshuffled row by row every epoch (``shuffle``); validation and test keep
+    every row (a last partial batch is shared out, see ``MovieLensDataset(cover_all=True)``).
+
     Args:
-        data_dir: unpacked ml-100k / ml-1m / ml-20m / ml-25m folder.
+        data_dir: unpacked ml-100k / ml-1m / ml-20m / ml-25m folder; ``None``: the synthetic set.
         task: ``"ctr"``: every rating, label ``rating >= label_threshold``; ``"retrieval"``: only
             ratings ``>= label_threshold`` (positive user→item pairs, label = the rating), meant
             for in-batch negatives.
@@ -298,11 +335,13 @@ class MovieLensDataModule(_RankedDataModule):
             newest test).
         val_fraction / test_fraction: share of ratings in val / test.
         on_error: ``"raise"`` or ``"skip"`` malformed lines (see ``read_movielens``).
+        pooling: ``"SUM"`` or ``"MEAN"`` pooling of the tables (matters for multi-hot ``genres``).
+        synthetic_size: ``(users, movies, ratings)`` of the synthetic set (without ``data_dir``).
     """
 
     def __init__(
         self,
-        data_dir: str,
+        data_dir: str | None = None,
         task: Literal["ctr", "retrieval"] = "ctr",
         batch_size: int = 1024,
         split: Literal["random", "time"] = "random",
@@ -315,8 +354,14 @@ class MovieLensDataModule(_RankedDataModule):
         num_workers: int = 0,
         pin_memory: bool | None = None,
         persistent_workers: bool = False,
+        pooling: Literal["SUM", "MEAN"] = "SUM",
+        synthetic_size: tuple[int, int, int] = (943, 1682, 100_000),
     ) -> None:
         super().__init__(num_workers, pin_memory, shuffle, seed, persistent_workers)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        if pooling not in ("SUM", "MEAN"):
+            raise ValueError(f"pooling must be 'SUM' or 'MEAN', got {pooling!r}")
         if task not in ("ctr", "retrieval"):
             raise ValueError(f"task must be 'ctr' or 'retrieval', got {task!r}")
         if split not in ("random", "time"):
@@ -330,13 +375,29 @@ class MovieLensDataModule(_RankedDataModule):
         self.fractions = (val_fraction, test_fraction)
         self.label_threshold = label_threshold
         self.on_error = check_on_error(on_error)
+        self.pooling = PoolingType(pooling)
+        self.synthetic_size = tuple(synthetic_size)
         self.data: MovieLensData | None = None
         self.datasets: dict[str, MovieLensDataset] = {}
+
+    def check_data(self) -> None:
+        """Raise ``DatasetNotFoundError`` (with the download URL) if ``data_dir`` holds no release.
+
+        Cheap (looks at file names only); ``lightrec run`` calls it before starting any rank.
+        """
+        if self.data_dir is not None:
+            detect_variant(self.data_dir)
+
+    def _read(self) -> MovieLensData:
+        if self.data_dir is None:
+            users, movies, ratings = self.synthetic_size
+            return synthetic_movielens(users, movies, ratings, seed=self.seed)
+        return read_movielens(self.data_dir, on_error=self.on_error)
 
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
             return
-        data = read_movielens(self.data_dir, on_error=self.on_error)
+        data = self._read()
         rows = np.arange(len(data))
         if self.task == "retrieval":
             rows = rows[data.rating[rows] >= self.label_threshold]
@@ -348,9 +409,13 @@ class MovieLensDataModule(_RankedDataModule):
         a, b = int(round(n * (1 - v - t))), int(round(n * (1 - t)))
         threshold = None if self.task == "retrieval" else self.label_threshold
         self.data = data
+        common: dict[str, Any] = dict(label_threshold=threshold, pooling=self.pooling)
+        ranks = self.rank_and_world_size()[1]
+        shuffle_seed = self.seed if self.shuffle else None
         self.datasets = {
-            s: MovieLensDataset(data, r, self.batch_size, label_threshold=threshold)
-            for s, r in (("train", rows[:a]), ("val", rows[a:b]), ("test", rows[b:]))
+            "train": MovieLensDataset(data, rows[:a], self.batch_size, shuffle_seed=shuffle_seed, **common),
+            "val": MovieLensDataset(data, rows[a:b], self.batch_size, cover_all=True, ranks=ranks, **common),
+            "test": MovieLensDataset(data, rows[b:], self.batch_size, cover_all=True, ranks=ranks, **common),
         }
 
     def table_configs(self, embedding_dim: int) -> list[EmbeddingBagConfig]:

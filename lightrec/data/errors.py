@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["DataFormatError", "LineErrors", "OnError", "check_on_error"]
+__all__ = ["DataFormatError", "DatasetNotFoundError", "LineErrors", "OnError", "check_on_error"]
 
 logger = logging.getLogger(__name__)
 
@@ -83,3 +83,17 @@ class LineErrors:
                 self.skipped,
                 "; ".join(self.messages),
             )
+
+
+class DatasetNotFoundError(FileNotFoundError):
+    """A real data set a DataModule was pointed at is not there; the message says where to get it.
+
+    Attributes:
+        path: the folder or file that is missing or incomplete.
+        url: where to download the data set.
+    """
+
+    def __init__(self, path: str, what: str, url: str, alternative: str) -> None:
+        self.path = str(path)
+        self.url = url
+        super().__init__(f"{what} Download it from {url} ({alternative})")

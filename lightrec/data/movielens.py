@@ -30,13 +30,16 @@ import torch
 from torch.utils.data import Dataset
 
 from lightrec.data.batch import Batch
-from lightrec.data.errors import LineErrors, OnError
-from lightrec.modules.embedding_configs import EmbeddingBagConfig
+from lightrec.data.errors import DatasetNotFoundError, LineErrors, OnError
+from lightrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from lightrec.sparse import KeyedJaggedTensor
 
-__all__ = ["ML100K_GENRES", "MovieLensData", "MovieLensDataset", "detect_variant", "read_movielens"]
+__all__ = ["ML100K_GENRES", "MOVIELENS_URL", "MovieLensData", "MovieLensDataset", "detect_variant", "read_movielens"]
 
 logger = logging.getLogger(__name__)
+
+MOVIELENS_URL = "https://files.grouplens.org/datasets/movielens/ml-100k.zip"
+"""Where ml-100k is downloaded (ml-1m / ml-20m / ml-25m: the same folder, their own zip)."""
 
 ML100K_GENRES = [
     "unknown", "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime", "Documentary", "Drama",
@@ -83,9 +86,12 @@ def detect_variant(data_dir: str | Path) -> str:
     for name, variant in (("u.data", "100k"), ("ratings.dat", "1m"), ("ratings.csv", "csv")):
         if (d / name).is_file():
             return variant
-    raise FileNotFoundError(
+    raise DatasetNotFoundError(
+        str(d),
         f"{str(d)!r} holds no MovieLens ratings file (u.data for ml-100k, ratings.dat for ml-1m, "
-        "ratings.csv for ml-20m/ml-25m); point data_dir at the unpacked archive folder"
+        "ratings.csv for ml-20m/ml-25m); point data_dir at the unpacked archive folder.",
+        MOVIELENS_URL,
+        "unzip it, e.g. into data/ml-100k; leave data_dir unset for the built-in synthetic MovieLens set",
     )
 
 
@@ -299,34 +305,73 @@ class MovieLensDataset(Dataset):
     features are ``[B, 0]``. Labels: ``rating >= label_threshold`` as 0./1. (CTR), or the raw rating
     when ``label_threshold`` is ``None`` (retrieval pairs, regression).
 
+    Training splits (``cover_all=False``) are cut into ``len(rows) // batch_size`` whole batches
+    (a last partial batch is dropped); with ``shuffle_seed`` set, :meth:`set_epoch` (called by
+    :class:`~lightrec.data.RankDataLoader` every epoch) draws a new permutation of *all rows*
+    before they are cut, so a batch is not the same block of consecutive rows every epoch
+    (DataLoader workers get the new order when they start: with ``persistent_workers`` they keep
+    the first epoch's).
+    Evaluation splits (``cover_all=True``) score every row: they are cut into a multiple of
+    ``ranks`` batches of at most ``batch_size`` rows (sizes differ by at most one), so each of
+    ``ranks`` ranks runs the same number of steps and no row -- e.g. the newest ratings of a time
+    split -- is left out.
+
     Args:
         data: the output of :func:`read_movielens`.
         rows: interaction indices of this split, in reading order.
-        batch_size: samples per batch; a last partial batch is dropped.
+        batch_size: samples per batch (at most, for ``cover_all``).
         label_threshold: click threshold on the rating (``4.0``: 4 and 5 stars are clicks).
+        cover_all: keep every row (evaluation), see above.
+        ranks: number of ranks the batches are shared by (``cover_all`` only).
+        shuffle_seed: reshuffle the rows every epoch (training), see above.
+        pooling: pooling of every table in :meth:`table_configs` (``genres`` is the multi-hot one).
     """
 
     def __init__(
-        self, data: MovieLensData, rows: np.ndarray, batch_size: int, label_threshold: float | None = 4.0
+        self,
+        data: MovieLensData,
+        rows: np.ndarray,
+        batch_size: int,
+        label_threshold: float | None = 4.0,
+        cover_all: bool = False,
+        ranks: int = 1,
+        shuffle_seed: int | None = None,
+        pooling: PoolingType = PoolingType.SUM,
     ) -> None:
-        if batch_size < 1:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        if ranks < 1:
+            raise ValueError(f"ranks must be a positive int, got {ranks!r}")
         self.data = data
         self.rows = np.asarray(rows, dtype=np.int64)
+        self._order = self.rows
         self.batch_size = int(batch_size)
         self.label_threshold = label_threshold
+        self.shuffle_seed = shuffle_seed
+        self.pooling = PoolingType(pooling)
+        n = len(self.rows)
+        if cover_all:
+            count = -(-n // (self.batch_size * ranks)) * ranks if n else 0
+            self._bounds = np.linspace(0, n, count + 1).round().astype(np.int64) if count else np.zeros(1, np.int64)
+        else:
+            self._bounds = np.arange(n // self.batch_size + 1, dtype=np.int64) * self.batch_size
         self.user_keys = ["userId", *data.user_features]
         self.item_keys = ["movieId", "genres"]
         self.keys = self.user_keys + self.item_keys
 
     def __len__(self) -> int:
-        return len(self.rows) // self.batch_size
+        return len(self._bounds) - 1
+
+    def set_epoch(self, epoch: int) -> None:
+        """Draw epoch ``epoch``'s order of the rows (only with ``shuffle_seed``; same on every rank)."""
+        if self.shuffle_seed is not None:
+            self._order = self.rows[np.random.default_rng((self.shuffle_seed, epoch)).permutation(len(self.rows))]
 
     def __getitem__(self, index: int) -> Batch:
         if not 0 <= index < len(self):
             raise IndexError(f"batch index {index} is out of range for {len(self)} batches")
-        b = self.batch_size
-        r = self.rows[index * b : (index + 1) * b]
+        r = self._order[self._bounds[index] : self._bounds[index + 1]]
+        b = len(r)
         d = self.data
         users, items = d.user[r], d.item[r]
         starts, ends = d.genre_offsets[items], d.genre_offsets[items + 1]
@@ -359,6 +404,7 @@ class MovieLensDataset(Dataset):
                 embedding_dim=embedding_dim,
                 name=f"t_{k}",
                 feature_names=[k],
+                pooling=self.pooling,
             )
             for k in self.keys
         ]

@@ -80,11 +80,15 @@ class RankDataLoader(DataLoader):
     """A ``DataLoader`` over a :class:`RankBatchSampler` that Lightning checkpoints mid-epoch.
 
     ``state_dict()`` records how far the epoch got in *samples* over all ranks (``{"epoch",
-    "samples"}``); ``load_state_dict`` makes the next iteration start right after them. Counting
-    samples rather than steps lets a run resume on another number of ranks: with the same global
-    batch (``batch_size`` per rank scaled by ``old_world / new_world``) the remaining batches of
-    the epoch are the same samples, split over the new ranks. Lightning finds the two methods and
-    saves the state in the checkpoint (its loops call them; nothing to do by hand).
+    "samples"}``); ``load_state_dict`` makes the next iteration *of that epoch* start right after
+    them. Counting samples rather than steps lets a run resume on another number of ranks: with the
+    same global batch (``batch_size`` per rank scaled by ``old_world / new_world``) the remaining
+    batches of the epoch are the same samples, split over the new ranks. Lightning finds the two
+    methods and saves the state in the checkpoint (its loops call them; nothing to do by hand).
+
+    The position belongs to its epoch: a checkpoint written at the end of epoch ``e`` (the whole
+    epoch read) resumes into epoch ``e + 1``, which Lightning announces with ``set_epoch(e + 1)``
+    on the sampler before the first batch is read, and that epoch starts from its beginning.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -93,6 +97,7 @@ class RankDataLoader(DataLoader):
             raise TypeError(f"RankDataLoader needs a RankBatchSampler, got {type(self.sampler).__name__}")
         self._yielded = 0
         self._resume_skip = 0
+        self._resume_epoch: int | None = None  # the epoch the loaded position belongs to
         # Batches read ahead by a pipelining callback (SparseDistPrefetch) and not trained on yet:
         # the checkpointed position leaves them out, so a resume trains them.
         self.prefetched = 0
@@ -102,8 +107,15 @@ class RankDataLoader(DataLoader):
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         sampler: RankBatchSampler = self.sampler  # type: ignore[assignment]
-        sampler.skip, self._resume_skip = self._resume_skip, 0
+        # Read at the first batch, after Lightning's set_epoch: a position saved in another epoch
+        # (the checkpoint of a finished epoch) says nothing about this one.
+        resumes_this_epoch = self._resume_epoch is None or self._resume_epoch == sampler.epoch
+        sampler.skip = self._resume_skip if resumes_this_epoch else 0
+        self._resume_skip, self._resume_epoch = 0, None
         self._yielded = self.prefetched = 0
+        set_epoch = getattr(self.dataset, "set_epoch", None)
+        if callable(set_epoch):  # a dataset that reshuffles its rows per epoch (MovieLensDataset)
+            set_epoch(sampler.epoch)
         for batch in super().__iter__():
             self._yielded += 1  # counted as handed out: the loop consumed it
             yield batch
@@ -123,6 +135,7 @@ class RankDataLoader(DataLoader):
                 "batch_size x world size as it was)"
             )
         self._resume_skip = samples // per_batch
+        self._resume_epoch = int(state["epoch"]) if "epoch" in state else None
 
 
 def rank_dataloader(

@@ -10,7 +10,7 @@ At ``on_fit_start`` (``RecStrategy.setup`` has planned and sharded the model by 
   ==============  =======  ==================================================================
   ``plan/table``  text     markdown: per-rank table + summary, then one row per table
                            (module, table, sharding type, kernel, ranks, storage, est. cost)
-  ``plan/chart``  image    bar chart: memory per rank (with the cap) and estimated cost per rank
+  ``plan/chart``  image    bar chart: table memory and estimated cost per rank (``plan_chart``)
   ``plan/json``   text     the ``ShardingPlan`` JSON in a fenced block (see
                            :func:`load_plan_from_events`)
   ==============  =======  ==================================================================
@@ -20,7 +20,8 @@ one (the report of the planning run), otherwise the planner's ``evaluate`` of th
 applied to the tables of the sharded collections. Nothing here is collective: ranks other than 0
 do nothing, so the callback cannot desynchronise the job.
 
-A strategy without a ``ShardingPlan`` (not ``RecStrategy``) gets one warning and no report. A
+A strategy without a ``ShardingPlan`` (not ``RecStrategy``, e.g. a one-process run of a recipe
+whose config lists the callback) gets one info line and no report. A
 plan the cost model cannot estimate (a warning says why) is still printed and logged, as the
 plan's own per-table listing, without the chart.
 """
@@ -42,6 +43,7 @@ from typing_extensions import override
 from lightrec.distributed.planner import PlannerReport, Topology
 from lightrec.distributed.planning import plan_report_for, topology_for
 from lightrec.distributed.types import ShardingPlan
+from lightrec.lightning.plan_chart import plan_chart
 
 # plan_report_for lives in lightrec.distributed.planning; re-exported here, its former home.
 __all__ = ["PlanReport", "load_plan_from_events", "plan_report_for"]
@@ -144,9 +146,9 @@ class PlanReport(pl.Callback):
         plan = getattr(trainer.strategy, "plan", None)
         if not isinstance(plan, ShardingPlan):
             if not self._warned_no_plan:
-                rank_zero_warn(
-                    f"PlanReport: the strategy {type(trainer.strategy).__name__} has no sharding plan, so there "
-                    "is nothing to report; use strategy=lightrec.lightning.RecStrategy() to shard the model."
+                rank_zero_info(
+                    f"PlanReport: the strategy {type(trainer.strategy).__name__} does not shard the model, so there "
+                    "is no sharding plan to report (strategy=lightrec.lightning.RecStrategy() shards it)"
                 )
                 self._warned_no_plan = True
             return
@@ -177,7 +179,7 @@ class PlanReport(pl.Callback):
         plan_json = "```json\n" + plan.to_json(indent=2) + "\n```"
         image = None
         if self.log_chart and report is not None and report.world_size > 0:
-            image = _figure_to_rgb(report.figure())
+            image = _figure_to_rgb(plan_chart(report))
         for writer in writers:
             writer.add_text(f"{self.tag_prefix}/table", text, global_step=step)
             writer.add_text(f"{self.tag_prefix}/json", plan_json, global_step=step)

@@ -27,6 +27,7 @@ Works the same with a plain single-process ``Trainer``.
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -166,7 +167,9 @@ class QuantizedExport(pl.Callback):
 
         meta = {"epoch": trainer.current_epoch, "global_step": trainer.global_step, "exported_by": "QuantizedExport"}
         was_training = model.training
-        with torch.no_grad():
+        with torch.no_grad(), warnings.catch_warnings():
+            # TorchScript's note on annotations inside __init__ of the scripted modules: not actionable.
+            warnings.filterwarnings("ignore", message=".*instance-level annotations on empty non-base types")
             export_on_rank(build, path, group=group, dst=0, format=self.format, extra_meta=meta)
         model.train(was_training)
         self.paths.append(path)

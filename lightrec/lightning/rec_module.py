@@ -36,18 +36,22 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Literal
+from typing import IO, Any, Literal
 
 import lightning.pytorch as pl
 import torch
 from torch import nn
-from typing_extensions import override
+from typing_extensions import Self, override
 
 from lightrec.data.batch import Batch
+from lightrec.distributed.checkpoint import consolidate_checkpoint, is_sharded_checkpoint
 from lightrec.kernels import FusedEmbeddingBagCollection
+from lightrec.lightning.loop_state import start_next_epoch_counters
 from lightrec.lightning.nonfinite import NonFiniteLossError, check_nonfinite_policy, nonfinite_ranks
+from lightrec.lightning.rec_model_summary import summary_for
 from lightrec.lightning.rec_strategy import RecStrategy
 from lightrec.metrics import rec_metrics
 from lightrec.modules import EmbeddingBagCollection, EmbeddingBagConfig
@@ -359,6 +363,39 @@ class RecModule(pl.LightningModule):
         # Lets `lightrec export <checkpoint>` find the class that rebuilds this model from tables.
         if callable(getattr(self, "build_model", None)):
             checkpoint["lightrec_module"] = class_reference(type(self))
+
+    @classmethod
+    def load_from_checkpoint(
+        cls, checkpoint_path: str | os.PathLike | IO[bytes], *args: Any, **kwargs: Any
+    ) -> Self:
+        """Lightning's ``load_from_checkpoint``, also for a sharded checkpoint folder (``last.ckpt/``).
+
+        A folder written by ``RecStrategy`` on any number of ranks is gathered into full tables in
+        this one process first (``consolidate_checkpoint``, through a temporary file), so the
+        module loads with whole tables on one process, as from a single-file checkpoint.
+        """
+        load = getattr(super(), "load_from_checkpoint")  # noqa: B009 - Lightning's restricted classmethod
+        if isinstance(checkpoint_path, (str, os.PathLike)) and is_sharded_checkpoint(checkpoint_path):
+            with tempfile.TemporaryDirectory(prefix="lightrec-consolidated-") as tmp:
+                full = os.path.join(tmp, "full.ckpt")
+                consolidate_checkpoint(checkpoint_path, full)
+                loaded: Self = load(full, *args, **kwargs)
+                return loaded
+        loaded = load(checkpoint_path, *args, **kwargs)
+        return loaded
+
+    @override
+    def configure_callbacks(self) -> list[pl.Callback]:
+        """A :class:`RecModelSummary` in place of the Trainer's default model summary: it counts the
+        whole embedding tables (every rank's shards) and counts them as trained."""
+        summary = summary_for(self._trainer)
+        return [summary] if summary is not None else []
+
+    @override
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Runs before Lightning restores its loops from the same dict: a checkpoint of a finished
+        # epoch must resume into a whole next epoch (see lightrec.lightning.loop_state).
+        start_next_epoch_counters(checkpoint)
 
 
 def class_reference(cls: type) -> str:

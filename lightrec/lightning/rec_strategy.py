@@ -197,7 +197,20 @@ class RecStrategy(DDPStrategy):
     def _build_sharders(self) -> list[ModuleSharder]:
         if self._sharders is not None:
             return self._sharders
-        return get_default_sharders(self._fused_params or None, self._kernel_backend)
+        return get_default_sharders(self._fused_params or self._module_fused_params(), self._kernel_backend)
+
+    def _module_fused_params(self) -> dict[str, Any] | None:
+        """The embedding optimizer of a ``RecModule`` that builds its tables (``build_model``).
+
+        Its tables carry the same optimizer as ``apply_optimizer_in_backward`` marks, which the
+        sharders follow anyway; handing it to the default sharders lets the planner count its
+        state in table memory, as ``lightrec plan`` does, so both print the same plan numbers.
+        """
+        module = self.lightning_module
+        fused_params = getattr(module, "fused_params", None)
+        if module is None or not callable(getattr(module, "build_model", None)) or not callable(fused_params):
+            return None
+        return dict(fused_params())
 
     def _plan_for(self, module: nn.Module, sharders: list[ModuleSharder]) -> ShardingPlan | None:
         if self._plan is not None:
@@ -207,7 +220,18 @@ class RecStrategy(DDPStrategy):
             # Sharded by an earlier stage: DistributedModelParallel takes over the plan it was sharded by.
             return None
         topology = self._topology or topology_for(self.world_size, self.root_device.type, self.num_processes)
-        planned = plan_sharding(module, sharders, topology, self._constraints, collective=True)
+        # The cost model's batch is the DataModule's per-rank batch, as `lightrec plan` passes it:
+        # both then print the same plan numbers.
+        trainer = getattr(self.lightning_module, "_trainer", None)
+        batch_size = getattr(getattr(trainer, "datamodule", None), "batch_size", None)
+        planned = plan_sharding(
+            module,
+            sharders,
+            topology,
+            self._constraints,
+            batch_size=batch_size if isinstance(batch_size, int) and not isinstance(batch_size, bool) else None,
+            collective=True,
+        )
         self.plan_report = planned.report
         return planned.plan
 

@@ -32,8 +32,8 @@ The two ``cuda_*`` tags are logged only when the model runs on a GPU, ``peak_rss
 where ``resource`` exists (not Windows). Samples are counted from the batch (``Batch.labels``,
 or the first dimension of the first tensor), so uneven last batches are counted exactly.
 
-This is distinct from ``RecModule``'s ``train/samples_per_sec``: that one is logged every step
-from one rank's batch size times the world size over the time between ``on_train_batch_start``
+This is distinct from ``RecModule``'s ``train/samples_per_sec``: that one is logged every
+``log_every_n_steps`` steps from one rank's batch size times the world size over the time between ``on_train_batch_start``
 and ``on_train_batch_end`` (forward, backward and optimizer only), so it excludes data loading
 and is a per-step figure; ``monitor/samples_per_sec`` is the end-to-end rate over a window.
 """

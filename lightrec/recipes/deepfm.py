@@ -1,13 +1,14 @@
 """DeepFM click-through-rate training on MovieLens (rating >= 4 is a click) — LightningCLI recipe.
 
-Needs a MovieLens release unpacked under ``data/`` (ml-100k by default; ml-1m / ml-20m / ml-25m
-work the same: set ``data.init_args.data_dir``)::
+By default it trains offline on the built-in synthetic MovieLens set (ml-100k's shape, a planted
+preference signal); a real release is one option away (``data.init_args.data_dir``: ml-100k,
+ml-1m, ml-20m or ml-25m unpacked)::
 
+    lightrec run deepfm                                 # synthetic MovieLens, no download
+    python -m lightrec.recipes.deepfm fit --config lightrec/recipes/configs/deepfm_movielens.yaml
     mkdir -p data && cd data && curl -LO https://files.grouplens.org/datasets/movielens/ml-100k.zip \
         && unzip ml-100k.zip && cd ..
-    lightrec run deepfm
-    python -m lightrec.recipes.deepfm fit --config lightrec/recipes/configs/deepfm_movielens.yaml
-    lightrec run deepfm --data.init_args.data_dir data/ml-1m
+    lightrec run deepfm --data.init_args.data_dir data/ml-100k
 
 Sparse fields: ``userId``, ``gender``, ``age``, ``occupation``, ``movieId``, ``genres`` (multi-hot);
 no dense features. Ends with the test AUC / NE and where the logs and checkpoints are.
@@ -21,24 +22,23 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightrec.lightning import RecModule
 from lightrec.models import DeepFM
-from lightrec.modules import EmbeddingBagConfig
 from lightrec.recipes.recipe_cli import run_recipe
-from lightrec.recipes.table_specs import DataTableSpec, table_configs_from_specs
+from lightrec.recipes.table_specs import DataTableSpec, RecipeModule
 from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = ["DeepFMModule", "main"]
 
 
-class DeepFMModule(RecModule):
+class DeepFMModule(RecipeModule):
     """DeepFM (first-order + factorization machine + deep MLP over shared field embeddings).
 
-    ``RecModule`` builds the model in ``configure_model`` from :meth:`table_configs` and
+    ``RecipeModule`` sizes the tables from the data and ``RecModule`` builds the model in
+    ``configure_model`` from :meth:`table_configs` and
     :meth:`build_model`: sharded tables on ``meta`` under ``RecStrategy``, fused tables otherwise.
 
     Args:
-        tables: table specs, linked from the DataModule by the recipe.
+        tables: table specs; empty: sized from the DataModule when the model is built.
         dense_in_features: number of dense features (linked; 0 for MovieLens).
         embedding_dim: width ``D`` of every field embedding.
         deep_layer_sizes: hidden widths of the deep MLP (a linear layer to one logit follows).
@@ -56,15 +56,10 @@ class DeepFMModule(RecModule):
         dense_lr: float = 0.02,
         **rec_module_kwargs: Any,
     ) -> None:
-        super().__init__(dense_lr=dense_lr, **rec_module_kwargs)
+        super().__init__(tables=tables, embedding_dim=embedding_dim, dense_lr=dense_lr, **rec_module_kwargs)
         self.save_hyperparameters()
-        self.tables = list(tables or [])
-        self.embedding_dim = embedding_dim
         self.dense_in_features = dense_in_features
         self.deep_layer_sizes = list(deep_layer_sizes)
-
-    def table_configs(self) -> list[EmbeddingBagConfig]:
-        return table_configs_from_specs(self.tables, self.embedding_dim, type(self).__name__)
 
     def build_model(self, embedding_bag_collection: nn.Module) -> nn.Module:
         """The model around the given tables (``RecModule`` hands in the collection for the strategy)."""

@@ -23,24 +23,23 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from lightrec.lightning import RecModule
 from lightrec.models import DLRM, DLRM_DCN
-from lightrec.modules import EmbeddingBagConfig
 from lightrec.recipes.recipe_cli import run_recipe
-from lightrec.recipes.table_specs import DataTableSpec, table_configs_from_specs
+from lightrec.recipes.table_specs import DataTableSpec, RecipeModule
 from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = ["DLRMModule", "main"]
 
 
-class DLRMModule(RecModule):
+class DLRMModule(RecipeModule):
     """DLRM (dot interaction) or DLRM-DCNv2 (``interaction="dcn"``) as a ``RecModule``.
 
-    ``RecModule`` builds the model in ``configure_model`` from :meth:`table_configs` and
+    ``RecipeModule`` sizes the tables from the data and ``RecModule`` builds the model in
+    ``configure_model`` from :meth:`table_configs` and
     :meth:`build_model`: sharded tables on ``meta`` under ``RecStrategy``, fused tables otherwise.
 
     Args:
-        tables: table specs, linked from the DataModule by the recipe.
+        tables: table specs; empty: sized from the DataModule when the model is built.
         dense_in_features: number of dense features (linked from the DataModule).
         embedding_dim: width ``D`` of every table; equals ``dense_arch_layer_sizes[-1]``.
         dense_arch_layer_sizes: bottom MLP widths; when the last differs from ``embedding_dim`` it is
@@ -66,20 +65,15 @@ class DLRMModule(RecModule):
         dense_lr: float = 0.05,
         **rec_module_kwargs: Any,
     ) -> None:
-        super().__init__(dense_lr=dense_lr, **rec_module_kwargs)
+        super().__init__(tables=tables, embedding_dim=embedding_dim, dense_lr=dense_lr, **rec_module_kwargs)
         if interaction not in ("dot", "dcn"):
             raise ValueError(f"interaction must be 'dot' or 'dcn', got {interaction!r}")
         self.save_hyperparameters()
-        self.tables = list(tables or [])
-        self.embedding_dim = embedding_dim
         self.dense_in_features = dense_in_features
         self.dense_arch_layer_sizes = [*dense_arch_layer_sizes[:-1], embedding_dim]
         self.over_arch_layer_sizes = list(over_arch_layer_sizes)
         self.interaction = interaction
         self.dcn = (dcn_num_layers, dcn_low_rank_dim)
-
-    def table_configs(self) -> list[EmbeddingBagConfig]:
-        return table_configs_from_specs(self.tables, self.embedding_dim, type(self).__name__)
 
     def build_model(self, embedding_bag_collection: nn.Module) -> nn.Module:
         """The model around the given tables (``RecModule`` hands in the collection for the strategy)."""

@@ -5,9 +5,10 @@ Public API for recipes: a recipe copied with ``lightrec cp`` imports it as it is
 
 1. a config name (``--config dlrm_criteo``) resolves to ``<recipe dir>/configs/dlrm_criteo.yaml``,
    and with no ``--config`` at all the recipe's default config is used;
-2. ``RecipeCLI`` links the DataModule's table sizes and dense width into the model's ``tables`` /
-   ``dense_in_features`` (``link_arguments(..., apply_on="instantiate")``), so a config never
-   repeats the data's cardinalities;
+2. ``RecipeCLI`` links the DataModule's dense width into the model's ``dense_in_features``
+   (``link_arguments(..., apply_on="instantiate")``); the tables are sized from the DataModule in
+   ``configure_model``, after ``prepare_data`` / ``setup`` (``RecipeModule``), so a config never
+   repeats the data's cardinalities and data prepared inside the run sizes them;
 3. after ``fit`` it runs the test set (``recipe.test_after_fit``), prints the test metrics — for
    synthetic data with the Bayes-optimal AUC and the fraction of the gap from 0.5 reached — and
    where the TensorBoard logs and checkpoints are; with ``recipe.export`` on, a
@@ -18,6 +19,7 @@ Public API for recipes: a recipe copied with ``lightrec cp`` imports it as it is
 from __future__ import annotations
 
 import inspect
+import os
 import sys
 import warnings
 from dataclasses import dataclass
@@ -29,11 +31,19 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 # importing lightrec.lightning registers RecStrategy as strategy "lightrec" before a config names it
 from lightrec.lightning import QuantizedExport, RecModule
-from lightrec.recipes.table_specs import dense_width_of, table_specs_of
+from lightrec.recipes.run_checks import (
+    CHECKED_ENV,
+    RecipeArgumentError,
+    check_recipe_args,
+    print_warning,
+    warn_if_devices_exceed_cores,
+)
+from lightrec.recipes.table_specs import dense_width_of
 
 __all__ = ["RecipeCLI", "RecipeOptions", "resolve_config_args", "run_recipe", "summarize"]
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
+USAGE_ERROR = 2
 
 
 @dataclass
@@ -56,7 +66,7 @@ class RecipeOptions:
 
 
 def _has_config(args: list[str]) -> bool:
-    return any(a == "--config" or a.startswith("--config=") for a in args)
+    return any(a in ("--config", "-c") or a.startswith(("--config=", "-c=")) for a in args)
 
 
 def resolve_config_args(args: list[str], configs_dir: Path, default_config: str) -> list[str]:
@@ -72,12 +82,13 @@ def resolve_config_args(args: list[str], configs_dir: Path, default_config: str)
     i = 0
     while i < len(args):
         a = args[i]
-        if a == "--config" and i + 1 < len(args):
+        if a in ("--config", "-c") and i + 1 < len(args):
             out += [a, _config_file(args[i + 1], configs_dir)]
             i += 2
             continue
-        if a.startswith("--config="):
-            out.append("--config=" + _config_file(a.split("=", 1)[1], configs_dir))
+        if a.startswith(("--config=", "-c=")):
+            flag, value = a.split("=", 1)
+            out.append(f"{flag}={_config_file(value, configs_dir)}")
         else:
             out.append(a)
         i += 1
@@ -100,8 +111,6 @@ class RecipeCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_class_arguments(RecipeOptions, "recipe")
         params = inspect.signature(self._model_class).parameters
-        if "tables" in params:
-            parser.link_arguments("data", "model.tables", compute_fn=table_specs_of, apply_on="instantiate")
         if "dense_in_features" in params:
             parser.link_arguments(
                 "data", "model.dense_in_features", compute_fn=dense_width_of, apply_on="instantiate"
@@ -113,7 +122,7 @@ class RecipeCLI(LightningCLI):
         if options.export and self.subcommand in (None, "fit"):
             # A callback, not a step after fit: it runs in on_train_end, while a sharded model and
             # its process group are still set up, so the full tables can be gathered.
-            trainer.callbacks.append(
+            _callbacks(trainer).append(
                 QuantizedExport(dirpath=options.export_dir, dtype=options.export_dtype, format=options.export_format)
             )
         return trainer
@@ -129,6 +138,12 @@ class RecipeCLI(LightningCLI):
             self.trainer.test(self.model, datamodule=self.datamodule, verbose=False)
         if self.trainer.is_global_zero:
             print(summarize(self.trainer, self.datamodule, tested=options.test_after_fit), flush=True)
+
+
+def _callbacks(trainer: pl.Trainer) -> list[pl.Callback]:
+    """``trainer.callbacks`` (set by Lightning's callback connector, so invisible to type checkers)."""
+    callbacks: list[pl.Callback] = getattr(trainer, "callbacks")  # noqa: B009
+    return callbacks
 
 
 def _fmt(value: Any) -> str:
@@ -164,7 +179,7 @@ def summarize(trainer: pl.Trainer, datamodule: Any, tested: bool = True) -> str:
         last = getattr(ckpt, "last_model_path", "")
         if last and last != best_path:
             lines.append(f"  last checkpoint: {last}")
-    exported = [p for cb in trainer.callbacks for p in getattr(cb, "paths", []) if type(cb).__name__ == "QuantizedExport"]
+    exported = [p for cb in _callbacks(trainer) for p in getattr(cb, "paths", []) if isinstance(cb, QuantizedExport)]
     if exported:
         lines.append(f"  exported model: {exported[-1]}   (lightrec.inference.load or torch.jit.load)")
     lines.append("=" * 72)
@@ -199,6 +214,15 @@ def plan_cli(recipe_module: Any, config: str, overrides: list[str]) -> RecipeCLI
         )
 
 
+def _prog_kwargs() -> dict[str, Any]:
+    """``{"prog": "lightrec run <recipe>"}`` under the ``lightrec`` command, so ``--help`` shows the
+    command the user typed (LightningCLI names ``sys.argv[0]``, i.e. ``lightrec [options] fit``)."""
+    argv = sys.argv
+    if Path(argv[0]).name in ("lightrec", "cli.py") and argv[1:2] == ["run"] and len(argv) > 2:
+        return {"prog": f"lightrec run {argv[2]}"}
+    return {}
+
+
 def run_recipe(
     module_class: type[pl.LightningModule],
     default_config: str,
@@ -215,14 +239,31 @@ def run_recipe(
     """
     configs_dir = Path(recipe_file).resolve().parent / "configs"
     raw = resolve_config_args(list(sys.argv[1:] if args is None else args), configs_dir, default_config)
-    with warnings.catch_warnings():
-        # `lightrec run` passes the recipe's arguments explicitly while sys.argv holds its own.
-        warnings.filterwarnings("ignore", message=".*args parameter is intended to run from within Python.*")
-        return RecipeCLI(
-            module_class,
-            pl.LightningDataModule,
-            subclass_mode_data=True,
-            save_config_kwargs={"overwrite": True},
-            seed_everything_default=0,
-            args=raw,
-        )
+    # The launching process checks; the ranks Lightning starts inherit CHECKED_ENV, and under
+    # torchrun only global rank 0 checks (the others stop when it exits), so a mistake prints once.
+    checked = os.environ.get(CHECKED_ENV) == "1" or os.environ.get("RANK", "0") != "0"
+    if not checked:
+        try:
+            plan = check_recipe_args(RecipeCLI, module_class, raw, configs_dir)
+        except RecipeArgumentError as exc:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(USAGE_ERROR) from None
+        if plan is not None:
+            print_warning(warn_if_devices_exceed_cores(plan))
+        os.environ[CHECKED_ENV] = "1"
+    try:
+        with warnings.catch_warnings():
+            # `lightrec run` passes the recipe's arguments explicitly while sys.argv holds its own.
+            warnings.filterwarnings("ignore", message=".*args parameter is intended to run from within Python.*")
+            return RecipeCLI(
+                module_class,
+                pl.LightningDataModule,
+                subclass_mode_data=True,
+                save_config_kwargs={"overwrite": True},
+                seed_everything_default=0,
+                args=raw,
+                parser_kwargs=_prog_kwargs(),
+            )
+    finally:
+        if not checked:
+            os.environ.pop(CHECKED_ENV, None)

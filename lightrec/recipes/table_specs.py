@@ -5,9 +5,12 @@ recipe's ``tables`` argument is a list of :data:`DataTableSpec` dicts::
 
     {"name": "t_cat_0", "num_embeddings": 1460, "feature_names": ["cat_0"]}
 
-``RecipeCLI`` (:mod:`lightrec.recipes.recipe_cli`) fills it from the DataModule with
-:func:`table_specs_of` and :func:`dense_width_of` (``LightningCLI.link_arguments``), so configs never
-repeat the data's sizes and the sizes land in the checkpoint's hyper-parameters;
+:class:`RecipeModule`, the recipes' base class, fills it from the trainer's DataModule with
+:func:`table_specs_of` in ``configure_model`` -- after ``prepare_data`` and ``setup`` ran, the
+Lightning way, so a DataModule may create or preprocess its data in ``prepare_data`` (Criteo's
+``raw_inputs``) and still size the tables. The sizes land in the checkpoint's hyper-parameters, so
+``load_from_checkpoint`` rebuilds the same tables without the data. ``RecipeCLI`` links
+:func:`dense_width_of` (known without reading data) into ``dense_in_features``;
 :func:`table_configs_from_specs` gives the model its ``EmbeddingBagConfig`` s at its own width.
 """
 
@@ -15,6 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
+
+from typing_extensions import override
 
 from lightrec.data import CriteoDataModule, MovieLensDataModule, SyntheticCriteo
 from lightrec.data.criteo_spec import INT_FEATURE_COUNT
@@ -104,11 +109,11 @@ def table_configs_from_specs(
 
 
 class RecipeModule(RecModule):
-    """The base class of the recipes before 0.1 (``lightrec.recipes._common.RecipeModule``).
+    """The recipes' base class: a ``RecModule`` whose tables are sized from the data.
 
-    Kept so that recipes copied with an older ``lightrec cp`` still run; today's recipes subclass
-    ``RecModule`` directly. Takes ``tables`` and ``embedding_dim`` and gives ``table_configs()``;
-    every other argument is ``RecModule``'s.
+    Takes ``tables`` (empty: filled from the trainer's DataModule in ``configure_model``, after
+    ``prepare_data`` / ``setup``) and ``embedding_dim``, and gives ``table_configs()``; every other
+    argument is ``RecModule``'s. (Also the base class of recipes copied by lightrec before 0.1.)
     """
 
     def __init__(
@@ -120,3 +125,20 @@ class RecipeModule(RecModule):
 
     def table_configs(self) -> list[EmbeddingBagConfig]:
         return table_configs_from_specs(self.tables, self.embedding_dim, type(self).__name__)
+
+    def size_tables_from(self, datamodule: Any) -> None:
+        """Take the tables from ``datamodule`` (``table_specs_of``) unless they are set already.
+
+        The specs are also stored in ``hparams``, so checkpoints rebuild the same tables.
+        """
+        if not self.tables:
+            self.tables = table_specs_of(datamodule)
+            self.hparams["tables"] = self.tables
+
+    @override
+    def configure_model(self) -> None:
+        """Size the tables from the trainer's DataModule (its data is prepared by now), then build."""
+        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        if self.model is None and not self.tables and datamodule is not None:
+            self.size_tables_from(datamodule)
+        super().configure_model()

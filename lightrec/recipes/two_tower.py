@@ -1,14 +1,16 @@
 """Two-tower retrieval on MovieLens with in-batch negatives, logging recall@k — LightningCLI recipe.
 
 Every positive (rating >= 4) user→movie pair of a batch is a training example; the other movies
-of the batch are its negatives (a softmax over the batch). Needs MovieLens unpacked under
-``data/`` (ml-100k by default; ml-1m / ml-20m / ml-25m work the same)::
+of the batch are its negatives (a softmax over the batch). By default it trains offline on the
+built-in synthetic MovieLens set (ml-100k's shape, a planted preference signal); real MovieLens is
+one option away (ml-100k, or ml-1m / ml-20m / ml-25m the same way)::
 
-    mkdir -p data && cd data && curl -LO https://files.grouplens.org/datasets/movielens/ml-100k.zip \
-        && unzip ml-100k.zip && cd ..
-    lightrec run two_tower
+    lightrec run two_tower                              # synthetic MovieLens, no download
     python -m lightrec.recipes.two_tower fit --config lightrec/recipes/configs/two_tower_movielens.yaml
     lightrec run two_tower --model.recall_k 50
+    mkdir -p data && cd data && curl -LO https://files.grouplens.org/datasets/movielens/ml-100k.zip \
+        && unzip ml-100k.zip && cd ..
+    lightrec run two_tower --data.init_args.data_dir data/ml-100k
 
 Query tower: ``userId``, ``gender``, ``age``, ``occupation``; candidate tower: ``movieId``,
 ``genres``. Ends with the test recall@k (among the batch's candidates) and the paths of the logs
@@ -24,25 +26,24 @@ from torch import nn
 from typing_extensions import override
 
 from lightrec.data import Batch
-from lightrec.lightning import RecModule
 from lightrec.metrics import RecallAtK
 from lightrec.models import TwoTower, TwoTowerTrainTask
-from lightrec.modules import EmbeddingBagConfig
 from lightrec.recipes.recipe_cli import run_recipe
-from lightrec.recipes.table_specs import DataTableSpec, table_configs_from_specs
+from lightrec.recipes.table_specs import DataTableSpec, RecipeModule
 from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = ["TwoTowerModule", "main"]
 
 
-class TwoTowerModule(RecModule):
+class TwoTowerModule(RecipeModule):
     """Query and candidate towers trained with an in-batch softmax; recall@k on val and test.
 
-    ``RecModule`` builds the model in ``configure_model`` from :meth:`table_configs` and
+    ``RecipeModule`` sizes the tables from the data and ``RecModule`` builds the model in
+    ``configure_model`` from :meth:`table_configs` and
     :meth:`build_model`: sharded tables on ``meta`` under ``RecStrategy``, fused tables otherwise.
 
     Args:
-        tables: table specs, linked from the DataModule by the recipe.
+        tables: table specs; empty: sized from the DataModule when the model is built.
         embedding_dim: width of every table.
         layer_sizes: widths of each tower; the last is the retrieval embedding size.
         candidate_feature_names: features of the candidate (item) tower; all others feed the query tower.
@@ -67,10 +68,14 @@ class TwoTowerModule(RecModule):
         dense_lr: float = 0.002,
         **rec_module_kwargs: Any,
     ) -> None:
-        super().__init__(dense_optimizer=dense_optimizer, dense_lr=dense_lr, **rec_module_kwargs)
+        super().__init__(
+            tables=tables,
+            embedding_dim=embedding_dim,
+            dense_optimizer=dense_optimizer,
+            dense_lr=dense_lr,
+            **rec_module_kwargs,
+        )
         self.save_hyperparameters()
-        self.tables = list(tables or [])
-        self.embedding_dim = embedding_dim
         self.layer_sizes = list(layer_sizes)
         self.candidate_feature_names = list(candidate_feature_names)
         self.normalize = normalize
@@ -78,9 +83,6 @@ class TwoTowerModule(RecModule):
         self.recall_key = f"recall@{recall_k}"
         self.val_recall = RecallAtK(recall_k)
         self.test_recall = RecallAtK(recall_k)
-
-    def table_configs(self) -> list[EmbeddingBagConfig]:
-        return table_configs_from_specs(self.tables, self.embedding_dim, type(self).__name__)
 
     def build_model(self, embedding_bag_collection: nn.Module) -> nn.Module:
         """The model around the given tables (``RecModule`` hands in the collection for the strategy)."""
@@ -94,13 +96,17 @@ class TwoTowerModule(RecModule):
 
     def for_serving(self, model: nn.Module) -> nn.Module:
         """The ``TwoTower`` (KJT -> query and candidate embeddings), without the training task."""
-        return model.two_tower
+        two_tower = model.two_tower
+        if not isinstance(two_tower, nn.Module):
+            raise TypeError(f"expected the TwoTowerTrainTask built by build_model(), got {type(model).__name__}")
+        return two_tower
 
     def forward(
         self, dense_features: torch.Tensor, sparse_features: KeyedJaggedTensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """KJT of ``B`` pairs -> ``(query [B, E], candidate [B, E])`` (dense features are unused)."""
-        return self.built_model().two_tower(sparse_features)
+        query, candidate = self.for_serving(self.built_model())(sparse_features)
+        return query, candidate
 
     def _step(self, batch: Batch, stage: str, recall: RecallAtK | None) -> torch.Tensor:
         loss, (_, logits, targets) = self.built_model()(batch)

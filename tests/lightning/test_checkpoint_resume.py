@@ -61,6 +61,12 @@ def _fit(
         callbacks.append(
             ModelCheckpoint(dirpath=os.path.join(root, "ckpts"), every_n_train_steps=SAVE_EVERY, save_top_k=-1)
         )
+        # What the recipes' ModelCheckpoint writes: a checkpoint at the end of each epoch.
+        callbacks.append(
+            ModelCheckpoint(
+                dirpath=os.path.join(root, "epoch_end"), filename="{epoch}", save_top_k=-1, save_on_train_epoch_end=True
+            )
+        )
     data = toy_data(batch_size=GLOBAL_BATCH // world_size, num_train_batches=STEPS_PER_EPOCH * world_size)
     trainer = pl.Trainer(
         accelerator=accelerator, devices=world_size, max_steps=STEPS, num_sanity_val_steps=0, limit_val_batches=0,
@@ -130,3 +136,17 @@ def test_gpu_run_resumed_mid_epoch_gives_the_same_losses(tmp_path: Any, prefetch
     expected = {s: v for s, v in written["losses"].items() if s > SAVE_EVERY}
     assert sorted(resumed["losses"]) == sorted(expected) == list(range(SAVE_EVERY + 1, STEPS + 1))
     assert resumed["losses"] == pytest.approx(expected, rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize("checkpoint", ["epoch_end/epoch=0.ckpt", f"ckpts/epoch=0-step={STEPS_PER_EPOCH}.ckpt"])
+def test_resume_after_a_finished_epoch_trains_the_next_epoch(
+    uninterrupted: dict[str, Any], tmp_path: Any, checkpoint: str
+) -> None:
+    """Issue 16, item 1: a checkpoint written when epoch 0 was read to its end (``last.ckpt`` at the
+    epoch's end, or the step checkpoint of its last step) resumes into epoch 1 from its beginning;
+    the position saved for epoch 0 used to skip all of epoch 1 (nothing trained, exit 0)."""
+    ckpt = os.path.join(uninterrupted["root"], checkpoint)
+    resumed = run_ranks(_fit, 2, args=(free_port(), str(tmp_path), ckpt), timeout=300)
+    expected = {s: v for s, v in uninterrupted["ranks"][0]["losses"].items() if s > STEPS_PER_EPOCH}
+    assert sorted(resumed[0]["losses"]) == list(range(STEPS_PER_EPOCH + 1, STEPS + 1))
+    assert resumed[0]["losses"] == expected
