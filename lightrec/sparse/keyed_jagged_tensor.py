@@ -33,7 +33,13 @@ from lightrec.sparse.jagged import (
     _values_repr,
 )
 from lightrec.sparse.kjt_checks import validate_kjt_layout
-from lightrec.sparse.variable_batch import cumsum_list, permute_segments, regroup_received, segment_sums
+from lightrec.sparse.variable_batch import (
+    cumsum_list,
+    expand_segment,
+    permute_segments,
+    regroup_received,
+    segment_sums,
+)
 
 __all__ = ["KeyedJaggedTensor", "SparseValueError"]
 
@@ -550,6 +556,55 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
             inverse_indices=self.inverse_indices_or_none(),
             stride_per_key=None,
             lengths_offset_per_key=None,
+        )
+
+    @torch.jit.unused
+    def to_fixed_batch(self) -> "KeyedJaggedTensor":
+        """A variable-batch KJT expanded to one bag per sample of the full batch (itself otherwise).
+
+        Bag ``b`` of key ``k`` becomes bag ``inverse_indices[1][i_k][b]`` of ``k``'s own batch, so a
+        pooled lookup of the result equals the variable-batch lookup expanded by its inverse
+        indices. Used by the sharded collections, which move fixed-batch KJTs between ranks.
+        """
+        if self._stride_per_key_per_rank is None:
+            return self
+        inverse = self._inverse_indices
+        if inverse is None:
+            raise ValueError(
+                f"to_fixed_batch: this variable-batch KeyedJaggedTensor (stride_per_key_per_rank="
+                f"{self._stride_per_key_per_rank}) has no inverse_indices to expand it by; pass "
+                "inverse_indices=(keys, [len(keys), B])"
+            )
+        row_of_key = {k: i for i, k in enumerate(inverse[0])}
+        missing = [k for k in self._keys if k not in row_of_key]
+        if len(missing) > 0:
+            raise ValueError(f"to_fixed_batch: inverse_indices has no row for keys {missing}; its keys are {inverse[0]}")
+        lengths: List[torch.Tensor] = []
+        values: List[torch.Tensor] = []
+        weights: List[torch.Tensor] = []
+        for key, jt in self.to_dict().items():
+            out_lengths, out_values, out_weights = expand_segment(
+                jt.lengths(), jt.values(), jt.weights_or_none(), inverse[1][row_of_key[key]]
+            )
+            lengths.append(out_lengths)
+            values.append(out_values)
+            if out_weights is not None:
+                weights.append(out_weights)
+        return KeyedJaggedTensor(
+            keys=self._keys,
+            values=torch.cat(values) if len(values) > 0 else self._values,
+            weights=torch.cat(weights) if len(weights) > 0 else None,
+            lengths=torch.cat(lengths) if len(lengths) > 0 else self.lengths(),
+            stride=inverse[1].size(-1),
+            offsets=None,
+            stride_per_key_per_rank=None,
+            stride_per_key=None,
+            length_per_key=None,
+            lengths_offset_per_key=None,
+            offset_per_key=None,
+            index_per_key=None,
+            jt_dict=None,
+            inverse_indices=None,
         )
 
     def permute_to_keys(self, keys: List[str]) -> "KeyedJaggedTensor":
