@@ -8,7 +8,7 @@ dense features, one more field: the dense features projected to ``D``::
                                                                    |
     logit = first_order(v) + FM(v) + deep(v)                      [B, 1]
       first_order = Linear(F' D, 1) on the flattened fields       (w_f . v_f summed, plus a bias)
-      FM          = sum_{i<j} <v_i, v_j>                          (lightrec.modules.deepfm)
+      FM          = sum_{i<j} <v_i, v_j>                          (field-wise: lightrec.modules.deepfm)
       deep        = MLP(F' D -> deep_layer_sizes) -> Linear(., 1)
 
 The paper's first-order term gives every id a scalar weight; here it reads the id's embedding
@@ -26,7 +26,7 @@ from torch import nn
 from lightrec.models._sparse_arch import SparseArch
 from lightrec.modules import _dense_checks as _checks
 from lightrec.modules.deepfm import DeepFM as DeepComponent
-from lightrec.modules.deepfm import FactorizationMachine
+from lightrec.modules.deepfm import field_factorization_machine
 from lightrec.modules.mlp import MLP, check_layer_sizes
 from lightrec.sparse import KeyedJaggedTensor
 
@@ -84,7 +84,6 @@ class DeepFM(nn.Module):
             nn.Linear(dense_in_features, dim, device=dense_device) if dense_in_features > 0 else nn.Identity()
         )
         self.first_order = nn.Linear(flat, 1, device=dense_device)
-        self.fm = FactorizationMachine()
         self.deep = DeepComponent(
             nn.Sequential(MLP(flat, sizes, device=dense_device), nn.Linear(sizes[-1], 1, device=dense_device))
         )
@@ -109,7 +108,7 @@ class DeepFM(nn.Module):
         else:
             _check_no_dense(dense_features)
         first = self.first_order(fields.flatten(1))
-        return first + self.fm([fields]) + self.deep([fields])
+        return first + field_factorization_machine([fields]) + self.deep([fields])
 
 
 class SimpleDeepFMNN(DeepFM):
