@@ -771,24 +771,13 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         lengths, values, weights, table = regroup_received(
             len(keys), tensors, variable_stride_per_key, num_workers, recat, stride_per_rank, stagger
         )
-        if table is not None:
-            return KeyedJaggedTensor(
-                keys=keys, values=values, weights=weights, lengths=lengths, stride_per_key_per_rank=table,
-                offsets=None,
-                stride=None,
-                stride_per_key=None,
-                length_per_key=None,
-                lengths_offset_per_key=None,
-                offset_per_key=None,
-                index_per_key=None,
-                jt_dict=None,
-                inverse_indices=None,
-            ).sync()
-        assert stride_per_rank is not None  # regroup_received raised otherwise
+        stride: Optional[int] = None  # variable-batch: the batch sizes are in the table
+        if table is None and stride_per_rank is not None:  # regroup_received raised if both are None
+            stride = sum(stride_per_rank)
         return KeyedJaggedTensor(
-            keys=keys, values=values, weights=weights, lengths=lengths, stride=sum(stride_per_rank),
+            keys=keys, values=values, weights=weights, lengths=lengths, stride=stride,
+            stride_per_key_per_rank=table,
             offsets=None,
-            stride_per_key_per_rank=None,
             stride_per_key=None,
             length_per_key=None,
             lengths_offset_per_key=None,
