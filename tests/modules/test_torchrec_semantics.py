@@ -180,3 +180,25 @@ def test_two_collections_fed_from_one_kjt_trace_and_script() -> None:
     batch = _kjt(["a", "b", "c"])
     expected = model(batch)
     torch.testing.assert_close(torch.jit.script(torch.fx.symbolic_trace(model))(batch), expected)
+
+
+def test_quantized_collections_name_and_pool_shared_features_like_the_float_ones() -> None:
+    from lightrec.quant import QuantEmbeddingCollection
+
+    torch.manual_seed(0)
+    bags = EmbeddingBagCollection([
+        EmbeddingBagConfig(name="small", num_embeddings=6, embedding_dim=4, feature_names=["a"]),
+        EmbeddingBagConfig(name="big", num_embeddings=6, embedding_dim=8, feature_names=["a", "c"]),
+    ])  # fmt: skip
+    seqs = EmbeddingCollection([
+        EmbeddingConfig(name="s", num_embeddings=6, embedding_dim=4, feature_names=["a"]),
+        EmbeddingConfig(name="b", num_embeddings=6, embedding_dim=4, feature_names=["a", "c"]),
+    ])  # fmt: skip
+    batch = _kjt(["a", "c", "zz"])
+    pooled, quant_pooled = bags(batch), QuantEmbeddingBagCollection.from_float(bags, "fp16")(batch)
+    assert quant_pooled.keys() == pooled.keys() == ["a@small", "a@big", "c"]
+    torch.testing.assert_close(quant_pooled.values(), pooled.values(), atol=1e-2, rtol=1e-2)
+    rows, quant_rows = seqs(batch), QuantEmbeddingCollection.from_float(seqs, "fp16")(batch)
+    assert list(quant_rows) == list(rows) == ["a@s", "a@b", "c"]
+    for key in rows:
+        torch.testing.assert_close(quant_rows[key].values(), rows[key].values(), atol=1e-2, rtol=1e-2)
