@@ -328,6 +328,12 @@ class JaggedTensor(metaclass=JaggedTensorMeta):
         return out
 
     @torch.jit.unused
+    def __repr__(self) -> str:
+        # Python's default form, under the public import path (as torchrec prints
+        # "<torchrec.sparse.jagged_tensor.JaggedTensor object at 0x...>"), not this file's name.
+        return f"<lightrec.sparse.jagged_tensor.JaggedTensor object at {hex(id(self))}>"
+
+    @torch.jit.unused
     def __str__(self) -> str:
         body = _values_repr(list(self.to_dense()))
         dw = self.to_dense_weights()
