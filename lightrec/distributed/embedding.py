@@ -75,7 +75,17 @@ class ShardedEmbeddingCollection(ShardedCollectionBase):
         return [c for c in self._configs if isinstance(c, EmbeddingConfig)]
 
     def forward(self, features: KeyedJaggedTensor) -> EmbeddingCollectionAwaitable:
-        """Start the lookups of this rank's ids; returns an awaitable of ``{feature: JaggedTensor}``."""
+        """Start the lookups of this rank's ids; returns an awaitable of ``{feature: JaggedTensor}``.
+
+        Raises:
+            ValueError: for a variable-batch KJT (only the pooled sharded collection takes them).
+        """
+        if features.variable_stride_per_key():
+            raise ValueError(
+                "ShardedEmbeddingCollection takes fixed-batch KeyedJaggedTensors; got a variable-batch one "
+                f"(stride_per_key_per_rank={features.stride_per_key_per_rank()}). Expand it with "
+                "features.to_fixed_batch() or use an unsharded EmbeddingCollection"
+            )
         return super().forward(features)
 
     def _start(

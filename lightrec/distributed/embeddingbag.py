@@ -90,9 +90,16 @@ class ShardedEmbeddingBagCollection(ShardedCollectionBase):
     def forward(self, features: KeyedJaggedTensor) -> EmbeddingBagCollectionAwaitable:
         """Start the lookups of this rank's samples ``features`` (stride ``B_local``).
 
+        A variable-batch KJT (``stride_per_key_per_rank`` + ``inverse_indices``) is expanded to its
+        full batch first (``KeyedJaggedTensor.to_fixed_batch``), so every sharding type takes it and
+        the result equals the unsharded collection's; torchrec's VBE saving of all-to-all volume is
+        not reproduced (the expanded bags travel).
+
         Returns:
             awaitable of ``KeyedTensor(keys=feature_names(), values=[B_local, sum D])``.
         """
+        if features.variable_stride_per_key():
+            features = features.to_fixed_batch()
         return super().forward(features)
 
     def _start(

@@ -33,15 +33,23 @@ import re
 import tempfile
 from dataclasses import dataclass, field
 from enum import Enum, unique
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch.distributed as dist
 from torch import nn
 
+from lightrec.distributed.comm.awaitable import Awaitable, LazyAwaitable, LazyGetItemMixin, LazyNoWait, NoWait
+from lightrec.distributed.sharding_spec import EnumerableShardingSpec
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig
 
 __all__ = [
+    "Awaitable",
     "EmbeddingComputeKernel",
+    "EnumerableShardingSpec",
+    "LazyAwaitable",
+    "LazyGetItemMixin",
+    "LazyNoWait",
+    "NoWait",
     "EmbeddingModuleShardingPlan",
     "ModuleSharder",
     "ParameterSharding",
@@ -214,7 +222,7 @@ class ParameterSharding:
         if self.ranks is not None:
             self.ranks = [int(r) for r in self.ranks]
         if self.sharding_spec is not None:
-            self.sharding_spec = list(self.sharding_spec)
+            self.sharding_spec = EnumerableShardingSpec(self.sharding_spec)
             if self.ranks is not None and [s.rank for s in self.sharding_spec] != self.ranks:
                 raise ValueError(
                     f"ranks {self.ranks} disagree with the ranks of sharding_spec placements "
@@ -395,8 +403,13 @@ def as_env(env: ShardingEnv | dist.ProcessGroup | None) -> ShardingEnv:
 _COMPUTE_DEVICES = ("cpu", "cuda", "meta")
 
 
-class ModuleSharder(abc.ABC):
+M = TypeVar("M", bound=nn.Module)
+
+
+class ModuleSharder(abc.ABC, Generic[M]):
     """What the planner needs to know about a sharder of one module type.
+
+    Generic in the module type, as torchrec's (``ModuleSharder[nn.Module]`` in annotations).
 
     Subclasses (``EmbeddingBagCollectionSharder``, ...) add the ``shard(...)`` method that builds
     the sharded module; the planner only reads the methods below.

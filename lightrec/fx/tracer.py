@@ -8,7 +8,10 @@ kernels' data-dependent parts are ``torch.fx.wrap``-ed functions, so the whole m
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+from torch.fx.node import Argument
 
 __all__ = ["DEFAULT_LEAF_MODULES", "Tracer", "symbolic_trace"]
 
@@ -30,6 +33,17 @@ class Tracer(torch.fx.Tracer):
         if type(m).__name__ in self._leaf_modules:
             return True
         return super().is_leaf_module(m, module_qualified_name)
+
+    def create_arg(self, a: Any) -> Argument:
+        """Record a ``LazyAwaitable`` (a sharded module's lazy result) as the value it waits for.
+
+        Under tracing the awaitable wraps proxies, so waiting only unwraps them; as torchrec's
+        tracer does, a traced graph thereby returns (or passes on) plain values. Matched by class
+        name: ``lightrec.fx`` sits below ``lightrec.distributed``, where ``LazyAwaitable`` lives.
+        """
+        if any(c.__name__ == "LazyAwaitable" for c in type(a).__mro__):
+            a = a.wait()
+        return super().create_arg(a)
 
 
 def symbolic_trace(module: torch.nn.Module, leaf_modules: list[str] | None = None) -> torch.fx.GraphModule:

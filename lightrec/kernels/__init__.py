@@ -15,6 +15,7 @@ from lightrec.kernels.batched_embedding import (
     select_backend,
 )
 from lightrec.kernels.fbgemm_backend import fbgemm_supports
+from lightrec.kernels.fuse_optimizer import fuse_embedding_optimizer
 from lightrec.kernels.fused_collection import FusedEmbeddingBagCollection, FusedEmbeddingCollection
 from lightrec.kernels.triton_backend import triton_supports
 from lightrec.optim.fused_spec import EmbOptimType, FusedOptimizerSpec, WeightDecayMode
@@ -31,6 +32,7 @@ __all__ = [
     "TableSpec",  # the old name of BatchedTableSpec
     "WeightDecayMode",
     "fbgemm_supports",
+    "fuse_embedding_optimizer",
     "select_backend",
     "triton_supports",
 ]

@@ -1,7 +1,8 @@
 """Reference recommendation models built on ``lightrec.modules``.
 
 - ``dlrm``: ``DLRM`` (dot interaction), ``DLRM_DCN`` (low-rank DCN-v2 interaction), ``DLRMTrain``.
-- ``deepfm``: ``DeepFM`` and torchrec's ``SimpleDeepFMNN`` constructor.
+- ``deepfm``: ``DeepFM``; torchrec's ``SimpleDeepFMNN`` and its arches (``simple_deepfm.py``).
+- ``dlrm`` also holds torchrec's ``DLRM_Projection`` and ``DLRMWrapper``.
 - ``two_tower``: ``TwoTower`` retrieval model and ``TwoTowerTrainTask`` (in-batch negatives).
 
 Every model takes an ``EmbeddingBagCollection`` that may live on ``meta`` (to be sharded later)
@@ -9,16 +10,30 @@ and creates its dense parameters on ``dense_device`` (``device`` for ``TwoTower`
 """
 
 from lightrec.models.deepfm import DeepFM, SimpleDeepFMNN
-from lightrec.models.dlrm import DLRM, DLRM_DCN, DenseArch, DLRMTrain, InteractionArch, OverArch, SparseArch
+from lightrec.models.dlrm import (
+    DLRM,
+    DLRM_DCN,
+    DenseArch,
+    DLRM_Projection,
+    DLRMTrain,
+    DLRMWrapper,
+    InteractionArch,
+    InteractionProjectionArch,
+    OverArch,
+    SparseArch,
+)
 from lightrec.models.two_tower import TwoTower, TwoTowerTrainTask
 
 __all__ = [
     "DLRM",
     "DLRMTrain",
+    "DLRMWrapper",
     "DLRM_DCN",
+    "DLRM_Projection",
     "DeepFM",
     "DenseArch",
     "InteractionArch",
+    "InteractionProjectionArch",
     "OverArch",
     "SimpleDeepFMNN",
     "SparseArch",

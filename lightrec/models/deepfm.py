@@ -8,29 +8,45 @@ dense features, one more field: the dense features projected to ``D``::
                                                                    |
     logit = first_order(v) + FM(v) + deep(v)                      [B, 1]
       first_order = Linear(F' D, 1) on the flattened fields       (w_f . v_f summed, plus a bias)
-      FM          = sum_{i<j} <v_i, v_j>                          (lightrec.modules.deepfm)
+      FM          = sum_{i<j} <v_i, v_j>                          (field-wise: lightrec.modules.deepfm)
       deep        = MLP(F' D -> deep_layer_sizes) -> Linear(., 1)
 
 The paper's first-order term gives every id a scalar weight; here it reads the id's embedding
 through a per-field vector ``w_f`` instead, which keeps all per-id state in the one (shardable)
 embedding table.
 
-``SimpleDeepFMNN`` keeps torchrec's constructor
-``(num_dense_features, embedding_bag_collection, hidden_layer_size, deep_fm_dimension)``.
-Train either with ``lightrec.models.dlrm.DLRMTrain``.
+torchrec's ``SimpleDeepFMNN`` (its architecture, arches and parameter names; probabilities out)
+lives in :mod:`lightrec.models.simple_deepfm` and is importable from here, torchrec's path.
+Train ``DeepFM`` with ``lightrec.models.dlrm.DLRMTrain``.
 """
 
 import torch
 from torch import nn
 
-from lightrec.models._sparse_arch import SparseArch
+from lightrec.models._sparse_arch import SparseArch as _StackedSparseArch
+from lightrec.models.simple_deepfm import (  # torchrec's torchrec.models.deepfm names
+    DenseArch,
+    FMInteractionArch,
+    OverArch,
+    SimpleDeepFMNN,
+    SimpleDeepFMNNWrapper,
+    SparseArch,
+)
 from lightrec.modules import _dense_checks as _checks
 from lightrec.modules.deepfm import DeepFM as DeepComponent
-from lightrec.modules.deepfm import FactorizationMachine
+from lightrec.modules.deepfm import field_factorization_machine
 from lightrec.modules.mlp import MLP, check_layer_sizes
 from lightrec.sparse import KeyedJaggedTensor
 
-__all__ = ["DeepFM", "SimpleDeepFMNN"]
+__all__ = [
+    "DeepFM",
+    "DenseArch",
+    "FMInteractionArch",
+    "OverArch",
+    "SimpleDeepFMNN",
+    "SimpleDeepFMNNWrapper",
+    "SparseArch",
+]
 
 Device = torch.device | str | None
 
@@ -74,7 +90,7 @@ class DeepFM(nn.Module):
         if isinstance(dense_in_features, bool) or not isinstance(dense_in_features, int) or dense_in_features < 0:
             raise ValueError(f"dense_in_features must be an int >= 0, got {dense_in_features!r}")
         sizes = check_layer_sizes("deep_layer_sizes", deep_layer_sizes)
-        self.sparse_arch = SparseArch(embedding_bag_collection)
+        self.sparse_arch = _StackedSparseArch(embedding_bag_collection)
         dim = self.sparse_arch.embedding_dim
         self._dense_in_features = dense_in_features
         self._num_fields = self.sparse_arch.num_sparse_features + (1 if dense_in_features > 0 else 0)
@@ -84,7 +100,6 @@ class DeepFM(nn.Module):
             nn.Linear(dense_in_features, dim, device=dense_device) if dense_in_features > 0 else nn.Identity()
         )
         self.first_order = nn.Linear(flat, 1, device=dense_device)
-        self.fm = FactorizationMachine()
         self.deep = DeepComponent(
             nn.Sequential(MLP(flat, sizes, device=dense_device), nn.Linear(sizes[-1], 1, device=dense_device))
         )
@@ -109,31 +124,4 @@ class DeepFM(nn.Module):
         else:
             _check_no_dense(dense_features)
         first = self.first_order(fields.flatten(1))
-        return first + self.fm([fields]) + self.deep([fields])
-
-
-class SimpleDeepFMNN(DeepFM):
-    """``DeepFM`` with torchrec's ``SimpleDeepFMNN`` constructor.
-
-    Args:
-        num_dense_features: ``I`` (0 allowed).
-        embedding_bag_collection: as in ``DeepFM``.
-        hidden_layer_size: width of the deep MLP's first hidden layer.
-        deep_fm_dimension: width of its second hidden layer.
-        dense_device: where the dense parameters are created.
-    """
-
-    def __init__(
-        self,
-        num_dense_features: int,
-        embedding_bag_collection: nn.Module,
-        hidden_layer_size: int,
-        deep_fm_dimension: int,
-        dense_device: Device = None,
-    ) -> None:
-        super().__init__(
-            embedding_bag_collection,
-            dense_in_features=num_dense_features,
-            deep_layer_sizes=[hidden_layer_size, deep_fm_dimension],
-            dense_device=dense_device,
-        )
+        return first + field_factorization_machine([fields]) + self.deep([fields])

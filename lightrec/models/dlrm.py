@@ -17,14 +17,22 @@ collection's configs are read at construction.
 
 ``DLRMTrain`` wraps any ``model(dense_features, sparse_features) -> logits`` into the torchrec
 training contract ``forward(batch) -> (loss, (loss, logits, labels))`` with binary cross-entropy.
+
+torchrec's other variants live here too (torchrec's path): ``DLRM_Projection`` with
+``InteractionProjectionArch`` -- with ``x = [dense, sparse_0 .. sparse_{F-1}]`` flattened
+(``[B, (F+1) D]``), ``P1 = branch1(x).view(B, F1, D)``, ``P2 = branch2(x).view(B, D, F2)`` and
+output ``[dense | (P1 @ P2).flatten]`` ``[B, D + F1 F2]`` -- and ``DLRMWrapper`` (DLRM called
+with one input object that carries its label).
 """
 
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from lightrec.models._sparse_arch import SparseArch
+from lightrec.models.simple_deepfm import model_input_features
 from lightrec.modules import _dense_checks as _checks
 from lightrec.modules.crossnet import LowRankCrossNet
 from lightrec.modules.interaction import InteractionArch, InteractionDCNArch, num_interaction_outputs
@@ -37,10 +45,13 @@ if TYPE_CHECKING:
 __all__ = [
     "DLRM",
     "DLRMTrain",
+    "DLRMWrapper",
     "DLRM_DCN",
+    "DLRM_Projection",
     "DenseArch",
     "InteractionArch",
     "InteractionDCNArch",
+    "InteractionProjectionArch",
     "OverArch",
     "SparseArch",
 ]
@@ -261,3 +272,98 @@ class DLRMTrain(nn.Module):
             )
         loss = self.loss_fn(logits, labels.to(logits.dtype))
         return loss, (loss.detach(), logits.detach(), labels.detach())
+
+
+# ---------------------------------------------------------------------- torchrec's other variants
+class InteractionProjectionArch(nn.Module):
+    """Projected dot interaction (see the module docstring).
+
+    Args:
+        num_sparse_features: ``F``.
+        interaction_branch1 / interaction_branch2: ``[B, (F+1) D] -> [B, F1 D]`` / ``[B, F2 D]``.
+    """
+
+    def __init__(self, num_sparse_features: int, interaction_branch1: nn.Module, interaction_branch2: nn.Module) -> None:
+        super().__init__()
+        self.F = num_sparse_features
+        self.interaction_branch1 = interaction_branch1
+        self.interaction_branch2 = interaction_branch2
+
+    def forward(self, dense_features: torch.Tensor, sparse_features: torch.Tensor) -> torch.Tensor:
+        """``[B, D]``, ``[B, F, D]`` -> ``[B, D + F1 * F2]`` (``dense_features`` alone when ``F == 0``)."""
+        if self.F <= 0:
+            return dense_features
+        _checks.check_batch_size("dense_features", dense_features, "sparse_features", sparse_features)
+        batch, dim = dense_features.shape
+        flat = torch.cat([dense_features.unsqueeze(1), sparse_features], dim=1).reshape(batch, -1)
+        left = self.interaction_branch1(flat).reshape(batch, -1, dim)
+        right = self.interaction_branch2(flat).reshape(batch, dim, -1)
+        return torch.cat([dense_features, torch.bmm(left, right).reshape(batch, -1)], dim=1)
+
+
+class DLRM_Projection(DLRM):  # noqa: N801 - torchrec's public name
+    """DLRM whose interaction is :class:`InteractionProjectionArch` (torchrec's ``DLRM_Projection``).
+
+    Args:
+        embedding_bag_collection, dense_in_features, dense_arch_layer_sizes,
+        over_arch_layer_sizes, dense_device: as in ``DLRM``.
+        interaction_branch1_layer_sizes / interaction_branch2_layer_sizes: MLP widths of the two
+            branches; each last width must be a multiple of ``D`` (``F1 D``, ``F2 D``).
+
+    Raises:
+        ValueError: a branch's last width is not a multiple of ``D``.
+    """
+
+    def __init__(
+        self,
+        embedding_bag_collection: "EmbeddingBagCollection",
+        dense_in_features: int,
+        dense_arch_layer_sizes: list[int],
+        over_arch_layer_sizes: list[int],
+        interaction_branch1_layer_sizes: list[int],
+        interaction_branch2_layer_sizes: list[int],
+        dense_device: Device = None,
+    ) -> None:
+        super().__init__(
+            embedding_bag_collection, dense_in_features, dense_arch_layer_sizes, over_arch_layer_sizes, dense_device
+        )
+        dim = dense_arch_layer_sizes[-1]
+        num_features = self.sparse_arch.num_sparse_features
+        projected = []
+        for arg, sizes in (("interaction_branch1_layer_sizes", interaction_branch1_layer_sizes),
+                           ("interaction_branch2_layer_sizes", interaction_branch2_layer_sizes)):  # fmt: skip
+            if sizes[-1] % dim != 0:
+                raise ValueError(
+                    f"{arg}[-1] = {sizes[-1]} must be a multiple of the embedding dim {dim} (it is F_i * D)"
+                )
+            projected.append(sizes[-1] // dim)
+        in_features = (num_features + 1) * dim
+        self.inter_arch = InteractionProjectionArch(
+            num_features,
+            DenseArch(in_features, interaction_branch1_layer_sizes, device=dense_device),
+            DenseArch(in_features, interaction_branch2_layer_sizes, device=dense_device),
+        )
+        self.over_arch = OverArch(dim + projected[0] * projected[1], over_arch_layer_sizes, device=dense_device)
+
+
+class DLRMWrapper(DLRM):
+    """``DLRM`` called with one input object, as torchrec's ``DLRMWrapper``.
+
+    ``forward(model_input)`` reads ``float_features`` / ``idlist_features`` (torchrec's
+    ``ModelInput``) or ``dense_features`` / ``sparse_features`` (``lightrec.Batch``). In training
+    mode it returns ``(loss, logits)`` with binary cross-entropy against ``label`` / ``labels``;
+    in eval mode the logits ``[B, 1]``.
+    """
+
+    def forward(self, model_input: Any) -> Any:  # type: ignore[override]
+        dense, sparse = model_input_features(model_input)
+        logits = super().forward(dense, sparse)
+        if not self.training:
+            return logits
+        labels = getattr(model_input, "label", None)
+        if labels is None:
+            labels = getattr(model_input, "labels", None)
+        if labels is None:
+            raise ValueError("DLRMWrapper in training mode needs model_input.label (or .labels) for the loss")
+        loss = F.binary_cross_entropy_with_logits(logits.squeeze(-1), labels.to(logits.dtype))
+        return loss, logits

@@ -4,9 +4,18 @@ DeepFM (Guo et al., 2017) scores a sample from its ``F`` field embeddings ``v_1 
 width ``D``) with three terms that share the embeddings::
 
     logit = first order  +  FM second order  +  deep MLP
-    FM second order = sum_{i<j} <v_i, v_j> = 0.5 * sum_d ( (sum_f v_fd)^2 - sum_f v_fd^2 )
 
-The second form is ``O(F D)`` instead of ``O(F^2 D)``; ``FactorizationMachine`` computes it.
+Two second-order terms are offered, on purpose with different names:
+
+* ``FactorizationMachine`` is torchrec's module, bit for bit in formula: it flattens every input
+  to ``[B, n]``, concatenates them into ``x [B, M]`` and returns
+  ``0.5 * ((sum_m x_m)^2 - sum_m x_m^2) = sum_{m<m'} x_m x_m'`` ``[B, 1]`` -- the pairwise
+  products of *all scalars*, so inputs of mixed widths are fine (and the number differs from the
+  paper's field-wise FM).
+* ``field_factorization_machine`` is the paper's field-wise FM that ``lightrec.models.deepfm.DeepFM``
+  uses: ``sum_{i<j} <v_i, v_j> = 0.5 * sum_d ((sum_f v_fd)^2 - sum_f v_fd^2)`` over fields of one
+  width ``D``.
+
 ``DeepFM`` is the deep part: it flattens and concatenates the embeddings and runs a user-given
 dense module over them. The full model is ``lightrec.models.deepfm.DeepFM``.
 
@@ -19,7 +28,7 @@ from torch import nn
 
 from lightrec.modules import _dense_checks as _checks
 
-__all__ = ["DeepFM", "FactorizationMachine"]
+__all__ = ["DeepFM", "FactorizationMachine", "field_factorization_machine"]
 
 
 def _stack_fields(embeddings: list[torch.Tensor]) -> torch.Tensor:
@@ -55,20 +64,36 @@ torch.fx.wrap("_flatten_fields")
 
 
 class FactorizationMachine(nn.Module):
-    """Second-order FM term: the sum of pairwise dot products of all field embeddings.
+    """torchrec's FM term: pairwise products of every scalar of the flattened inputs.
 
-    No parameters. ``forward(embeddings)`` takes a list of ``[B, D]`` (one field) or
-    ``[B, F_i, D]`` (``F_i`` fields) tensors of one width ``D`` and returns ``[B, 1]``::
+    No parameters. ``forward(embeddings)`` takes a list of ``[B, ...]`` tensors (any widths; each
+    is flattened after the batch dim and all are concatenated into ``x [B, M]``) and returns
+    ``[B, 1]``::
 
-        out[b] = sum_{i<j} <v_i[b], v_j[b]>   over all F = sum F_i fields
+        out[b] = 0.5 * ((sum_m x[b, m])^2 - sum_m x[b, m]^2) = sum_{m < m'} x[b, m] x[b, m']
     """
 
     def forward(self, embeddings: list[torch.Tensor]) -> torch.Tensor:
-        """``list of [B, D] / [B, F_i, D] -> [B, 1]``."""
-        fields = _stack_fields(embeddings)  # [B, F, D]
-        square_of_sum = fields.sum(dim=1).pow(2)  # [B, D]
-        sum_of_square = fields.pow(2).sum(dim=1)  # [B, D]
-        return 0.5 * (square_of_sum - sum_of_square).sum(dim=1, keepdim=True)
+        """``list of [B, ...] -> [B, 1]``."""
+        x = _flatten_fields(embeddings)  # [B, M]
+        sum_of_input = x.sum(dim=1, keepdim=True)
+        sum_of_square = (x * x).sum(dim=1, keepdim=True)
+        return 0.5 * (sum_of_input * sum_of_input - sum_of_square)
+
+
+def field_factorization_machine(embeddings: list[torch.Tensor]) -> torch.Tensor:
+    """The paper's field-wise FM: the sum of pairwise dot products of all field embeddings.
+
+    Args:
+        embeddings: ``[B, D]`` (one field) or ``[B, F_i, D]`` (``F_i`` fields) tensors of one width ``D``.
+
+    Returns:
+        ``[B, 1]``: ``sum_{i<j} <v_i[b], v_j[b]>`` over all ``F = sum F_i`` fields.
+    """
+    fields = _stack_fields(embeddings)  # [B, F, D]
+    square_of_sum = fields.sum(dim=1).pow(2)  # [B, D]
+    sum_of_square = fields.pow(2).sum(dim=1)  # [B, D]
+    return 0.5 * (square_of_sum - sum_of_square).sum(dim=1, keepdim=True)
 
 
 class DeepFM(nn.Module):

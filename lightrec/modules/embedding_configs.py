@@ -181,6 +181,8 @@ class QuantConfig(NamedTuple):
             (the dense layers after it are not quantized), so only ``torch.float`` is accepted.
         weight: observer factory whose ``dtype`` is the table storage type: ``torch.int8``
             (or ``torch.quint8``), ``torch.quint4x2`` (int4) or ``torch.float16``.
+        per_table_weight_dtype: ``{table name: dtype}`` overriding ``weight``'s dtype for some
+            tables (torchrec's field; ``from_float`` reads it as ``per_table``).
 
     Lives here because torchrec users import it from ``torchrec.modules.embedding_configs``;
     :mod:`lightrec.modules.quant_config` turns it into a ``DataType``. Example (the TorchRec
@@ -194,3 +196,4 @@ class QuantConfig(NamedTuple):
 
     activation: Any
     weight: Any
+    per_table_weight_dtype: dict[str, Any] | None = None

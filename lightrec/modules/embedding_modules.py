@@ -8,9 +8,14 @@ replaces them with batched, fused, sharded equivalents that keep the same state-
 
 Both are buildable on ``device="meta"`` (no memory is allocated; the sharder materialises only
 the local shards later).
-"""
 
-from __future__ import annotations
+As in torchrec, a KJT may carry keys a collection does not read (they are ignored), a feature may
+be read by several tables (its pooled output is then named ``feature@table``), and ``tables=[]``
+gives an empty collection; ``feature_checks.set_strict_checks(True)`` turns these into errors.
+
+No ``from __future__ import annotations`` here: ``torch.fx`` copies ``forward``'s annotations into
+the code it generates, which TorchScript must then compile (an fx-traced collection is scripted).
+"""
 
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -25,7 +30,12 @@ from lightrec.modules.embedding_configs import (
     EmbeddingConfig,
     PoolingType,
 )
-from lightrec.modules.feature_checks import BOUNDS_CHECK_MODES, apply_bounds_check, check_feature_keys
+from lightrec.modules.feature_checks import (
+    BOUNDS_CHECK_MODES,
+    apply_bounds_check,
+    check_feature_keys,
+    check_table_features,
+)
 from lightrec.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 from lightrec.sparse._ops import complete_cumsum
 
@@ -44,9 +54,8 @@ def _weight_of(table: nn.Module) -> torch.Tensor:
 
 
 def _check_tables(tables: Sequence[BaseEmbeddingConfig], where: str) -> list[str]:
-    """Validate a table list; return the flat feature order (table by table)."""
-    if len(tables) == 0:
-        raise ValueError(f"{where} needs at least one table config, got tables=[]")
+    """Validate a table list; return the flat feature order (table by table; a feature read by
+    several tables appears once per table)."""
     names = [t.name for t in tables]
     clashes = sorted(n for n in names if n in _RESERVED_TABLE_NAMES or "." in n)
     if clashes:
@@ -63,15 +72,22 @@ def _check_tables(tables: Sequence[BaseEmbeddingConfig], where: str) -> list[str
     for t in tables:
         if not t.feature_names:
             raise ValueError(f"{where}: table {t.name!r} has no feature_names; name the features that look it up")
-        for f in t.feature_names:
-            if f in features:
-                owner = next(o.name for o in tables if f in o.feature_names)
-                raise ValueError(
-                    f"{where}: feature {f!r} is listed by tables {owner!r} and {t.name!r}; a feature looks up "
-                    "exactly one table (several features may share one table)"
-                )
-            features.append(f)
+        twice = sorted({f for f in t.feature_names if list(t.feature_names).count(f) > 1})
+        if twice:
+            raise ValueError(f"{where}: table {t.name!r} lists features {twice} more than once; list each once")
+        features.extend(t.feature_names)
+    check_table_features([(t.name, list(t.feature_names)) for t in tables], where)
     return features
+
+
+def embedding_names_by_table(tables: Sequence[BaseEmbeddingConfig]) -> list[list[str]]:
+    """Output key of each (table, feature): the feature name, or ``feature@table`` for a feature
+    that several tables read (torchrec's naming, so outputs stay unique)."""
+    count: dict[str, int] = {}
+    for t in tables:
+        for f in t.feature_names:
+            count[f] = count.get(f, 0) + 1
+    return [[f if count[f] == 1 else f"{f}@{t.name}" for f in t.feature_names] for t in tables]
 
 
 def _check_bounds_mode(bounds_check: str) -> None:
@@ -95,7 +111,8 @@ def ids_per_table(
     checks behave the same everywhere. Tables own consecutive features of ``feature_order``.
 
     Returns:
-        ``(stride, [(ids [N_t], lengths [F_t * B], weights [N_t] | None) per table])``.
+        ``(stride, [(ids [N_t], lengths [F_t * B], weights [N_t] | None) per table])``; for a
+        variable-batch KJT a table's lengths hold ``sum_f B_f`` entries.
     """
     if not torch.jit.is_scripting():  # TorchScript skips this branch; it cannot compile set logic
         if not is_fx_tracing():
@@ -112,6 +129,7 @@ def ids_per_table(
         weights = features.weights()
     stride = features.stride()
     offset_per_key = features.offset_per_key()
+    lengths_offset_per_key = features.lengths_offset_per_key()  # k * B, or each key's own batch (VBE)
     lengths = features.lengths()
     values = features.values()
     out: List[Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]] = []
@@ -123,7 +141,7 @@ def ids_per_table(
             apply_bounds_check(
                 bounds_check,
                 values[start:end],
-                lengths[first * stride : last * stride],
+                lengths[lengths_offset_per_key[first] : lengths_offset_per_key[last]],
                 weights[start:end] if weights is not None else None,
                 table_rows[t],
                 table_names[t],
@@ -173,7 +191,8 @@ class EmbeddingBagCollection(nn.Module):
             self.embedding_bags[t.name] = nn.EmbeddingBag(
                 t.num_embeddings, t.embedding_dim, mode=mode, include_last_offset=True, device=device
             )
-        self._embedding_names: list[str] = list(self._feature_order)
+        self._device_arg = torch.device(device) if device is not None else torch.device("cpu")
+        self._embedding_names: list[str] = [n for names in embedding_names_by_table(tables) for n in names]
         self._lengths_per_embedding: list[int] = [t.embedding_dim for t in tables for _ in t.feature_names]
         # Plain per-table lists read by forward() (TorchScript cannot iterate config dataclasses).
         self._table_names: List[str] = [t.name for t in tables]
@@ -197,40 +216,85 @@ class EmbeddingBagCollection(nn.Module):
     def feature_names(self) -> list[str]:
         return list(self._feature_order)
 
+    def embedding_names(self) -> list[str]:
+        """Output keys: feature names in table order (``feature@table`` for a shared feature)."""
+        return list(self._embedding_names)
+
     @property
     def device(self) -> torch.device:
+        if len(self.embedding_bags) == 0:
+            return self._device_arg
         return _weight_of(next(iter(self.embedding_bags.values()))).device
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         """Pool every feature's ids.
 
         Args:
-            features: KJT with exactly this collection's feature names as keys (any order).
+            features: KJT holding at least this collection's feature names as keys (any order;
+                other keys are ignored unless strict checks are on). A variable-batch KJT
+                (``stride_per_key_per_rank`` + ``inverse_indices``) is pooled per key's own batch
+                and expanded to the full batch through its inverse indices, as torchrec does.
 
         Returns:
-            ``KeyedTensor`` with keys ``feature_names()`` and values ``[B, sum D]``.
+            ``KeyedTensor`` with keys ``embedding_names()`` and values ``[B, sum D]``.
         """
         stride, slices = ids_per_table(
             features, self._feature_order, self._table_names, self._table_features, self._table_rows,
             self._is_weighted, self._bounds_check, "EmbeddingBagCollection",
         )  # fmt: skip
-        pooled: List[torch.Tensor] = []
+        per_table: List[torch.Tensor] = []
         t = 0
         for _, bag in self.embedding_bags.items():
             ids, bag_lengths, id_weights = slices[t]
+            weight = torch.jit.annotate(torch.Tensor, bag.weight)  # a Tensor to type checkers too
+            per_table.append(_pool(weight, ids, bag_lengths, id_weights, self._table_mean[t]))
+            t += 1
+        if not torch.jit.is_scripting():  # eager only: a traced/scripted graph takes fixed-batch KJTs
+            if not is_fx_tracing() and features.variable_stride_per_key():
+                return self._expand_variable_batch(features, per_table)
+        pooled: List[torch.Tensor] = []
+        for t in range(len(per_table)):
             num_features = len(self._table_features[t])
             dim = self._table_dims[t]
-            weight = torch.jit.annotate(torch.Tensor, bag.weight)  # a Tensor to type checkers too
-            out = _pool(weight, ids, bag_lengths, id_weights, self._table_mean[t])
             # [num_features * B, D] (feature-major) -> [B, num_features * D] (feature blocks side by side)
-            pooled.append(out.view(num_features, stride, dim).transpose(0, 1).reshape(stride, num_features * dim))
-            t += 1
+            pooled.append(
+                per_table[t].view(num_features, stride, dim).transpose(0, 1).reshape(stride, num_features * dim)
+            )
+        if len(pooled) == 0:  # tables=[]: no columns, one row per sample
+            pooled.append(torch.zeros(stride, 0, device=features.device()))
         return KeyedTensor(
             keys=self._embedding_names,
             length_per_key=self._lengths_per_embedding,
             values=torch.cat(pooled, dim=1),
             key_dim=1,
         )
+
+    @torch.jit.unused
+    def _expand_variable_batch(self, features: KeyedJaggedTensor, per_table: List[torch.Tensor]) -> KeyedTensor:
+        """Pooled rows of a variable-batch KJT (``[B_f, D]`` per feature) -> ``[B, sum D]``.
+
+        Row ``b`` of feature ``f`` is the pooled bag ``inverse_indices[1][i_f][b]`` of ``f``.
+        """
+        inverse = features.inverse_indices_or_none()
+        if inverse is None:
+            raise ValueError(
+                "EmbeddingBagCollection got a variable-batch KeyedJaggedTensor (stride_per_key_per_rank="
+                f"{features.stride_per_key_per_rank()}) without inverse_indices; pass inverse_indices=(keys, "
+                "[len(keys), B]) so every sample of the batch gets its row"
+            )
+        row_of_key = {k: i for i, k in enumerate(inverse[0])}
+        batch_of = dict(zip(features.keys(), features.stride_per_key(), strict=True))
+        blocks: List[torch.Tensor] = []
+        for t, pooled in enumerate(per_table):
+            first = 0
+            for f in self._table_features[t]:
+                if f not in row_of_key:
+                    raise ValueError(f"inverse_indices has no row for feature {f!r}; its keys are {inverse[0]}")
+                rows = pooled[first : first + batch_of[f]]
+                blocks.append(rows.index_select(0, inverse[1][row_of_key[f]].long()))
+                first += batch_of[f]
+        values = torch.cat(blocks, dim=1) if blocks else torch.zeros(inverse[1].size(-1), 0, device=features.device())
+        return KeyedTensor(keys=self._embedding_names, length_per_key=self._lengths_per_embedding, values=values)
 
     def extra_repr(self) -> str:
         return f"is_weighted={self._is_weighted}, bounds_check={self._bounds_check!r}"
@@ -274,6 +338,7 @@ class EmbeddingCollection(nn.Module):
         self,
         tables: list[EmbeddingConfig],
         device: torch.device | str | None = None,
+        need_indices: bool = False,
         bounds_check: str = "error",
     ) -> None:
         super().__init__()
@@ -284,6 +349,9 @@ class EmbeddingCollection(nn.Module):
         _check_bounds_mode(bounds_check)
         self._embedding_configs = list(tables)
         self._bounds_check = bounds_check
+        self._need_indices = need_indices
+        self._device_arg = torch.device(device) if device is not None else torch.device("cpu")
+        self._embedding_names_by_table: List[List[str]] = embedding_names_by_table(tables)
         self.embeddings = nn.ModuleDict()
         for t in tables:
             self.embeddings[t.name] = nn.Embedding(t.num_embeddings, t.embedding_dim, device=device)
@@ -301,18 +369,33 @@ class EmbeddingCollection(nn.Module):
     def feature_names(self) -> list[str]:
         return list(self._feature_order)
 
+    def need_indices(self) -> bool:
+        return self._need_indices
+
+    def embedding_names(self) -> list[str]:
+        """Output keys: feature names in table order (``feature@table`` for a shared feature)."""
+        return [n for names in self._embedding_names_by_table for n in names]
+
     @property
     def device(self) -> torch.device:
+        if len(self.embeddings) == 0:
+            return self._device_arg
         return _weight_of(next(iter(self.embeddings.values()))).device
 
     def forward(self, features: KeyedJaggedTensor) -> Dict[str, JaggedTensor]:
-        """Look up every id; returns ``{feature: JaggedTensor(values [N_f, D], lengths [B])}``."""
+        """Look up every id; returns ``{feature: JaggedTensor(values [N_f, D], lengths [B_f])}``.
+
+        With ``need_indices=True`` each JaggedTensor's ``weights`` holds the ids looked up
+        (torchrec's convention). Keys are ``embedding_names()``; a variable-batch KJT gives each
+        feature its own batch size ``B_f``.
+        """
         if not torch.jit.is_scripting():  # TorchScript skips this branch; it cannot compile set logic
             if not is_fx_tracing():
                 check_feature_keys(features.keys(), self._feature_order, "EmbeddingCollection")
         features = features.permute_to_keys(self._feature_order)
         stride = features.stride()
         offset_per_key = features.offset_per_key()
+        lengths_offset_per_key = features.lengths_offset_per_key()
         lengths = features.lengths()
         values = features.values()
         out: Dict[str, JaggedTensor] = {}
@@ -325,16 +408,16 @@ class EmbeddingCollection(nn.Module):
                 ids, f_lengths, _ = apply_bounds_check(
                     self._bounds_check,
                     values[offset_per_key[f] : offset_per_key[f + 1]],
-                    lengths[f * stride : (f + 1) * stride],
+                    lengths[lengths_offset_per_key[f] : lengths_offset_per_key[f + 1]],
                     None,
                     self._table_rows[t],
                     table_name,
                     [name],
                     stride,
                 )
-                out[name] = JaggedTensor(
+                out[self._embedding_names_by_table[t][i]] = JaggedTensor(
                     values=F.embedding(ids, torch.jit.annotate(torch.Tensor, embedding.weight)),
-                    weights=None,
+                    weights=ids if self._need_indices else None,
                     lengths=f_lengths,
                     offsets=None,
                 )
@@ -343,5 +426,5 @@ class EmbeddingCollection(nn.Module):
         return out
 
     def extra_repr(self) -> str:
-        return f"bounds_check={self._bounds_check!r}"
+        return f"need_indices={self._need_indices}, bounds_check={self._bounds_check!r}"
 

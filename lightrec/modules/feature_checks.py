@@ -1,10 +1,22 @@
-"""Input checks shared by every embedding collection: feature keys and id ranges.
+"""Input checks shared by every embedding collection: feature keys, table lists and id ranges.
 
 Errors name what a user can act on: the feature, the table, the offending id and the valid range.
 ``check_ids`` is an ``torch.fx.wrap``-ed leaf so collections stay fx-traceable (the data-dependent
 check becomes one graph node instead of failing on proxies).
+
+Two kinds of checks live here, on purpose in one file:
+
+* **Protective checks, always on**: ids outside a table (``EmbeddingIdError``), a batch missing a
+  feature the collection reads, duplicated KJT keys, inconsistent jagged lengths (``validate``).
+  These catch input that would give wrong numbers or crash a kernel.
+* **Strict checks, off by default** (torchrec's behaviour): a KJT carrying keys the collection does
+  not read (models with several collections fed from one KJT rely on them being ignored), a
+  feature read by several tables, a collection with ``tables=[]``. Turn them on for a process with
+  ``set_strict_checks(True)`` or for a block with ``with strict_checks():``.
 """
 
+import contextlib
+from collections.abc import Iterator
 from typing import List, Optional, Tuple
 
 import torch
@@ -16,6 +28,10 @@ __all__ = [
     "apply_bounds_check",
     "check_feature_keys",
     "check_ids",
+    "check_table_features",
+    "set_strict_checks",
+    "strict_checks",
+    "strict_checks_enabled",
 ]
 
 BOUNDS_CHECK_MODES = ("error", "clamp", "skip")
@@ -32,13 +48,48 @@ class FeatureKeyError(KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+_STRICT = [False]  # a list so the setting is shared by every importer without a global statement
+
+
+def set_strict_checks(enabled: bool) -> None:
+    """Turn lightrec's strict input checks on or off for this process (default off, as torchrec).
+
+    Strict: a KJT's keys must be exactly the collection's features, a feature is read by one
+    table only, and a collection needs at least one table.
+    """
+    if not isinstance(enabled, bool):
+        raise TypeError(f"set_strict_checks(enabled=...) takes a bool, got {enabled!r}")
+    _STRICT[0] = enabled
+
+
+def strict_checks_enabled() -> bool:
+    """Whether the strict checks are on (see ``set_strict_checks``)."""
+    return _STRICT[0]
+
+
+@contextlib.contextmanager
+def strict_checks(enabled: bool = True) -> Iterator[None]:
+    """``with strict_checks():`` turns the strict checks on inside the block (and restores after)."""
+    previous = _STRICT[0]
+    set_strict_checks(enabled)
+    try:
+        yield
+    finally:
+        _STRICT[0] = previous
+
+
 def check_feature_keys(given: List[str], expected: List[str], where: str) -> None:
-    """Raise ``FeatureKeyError`` listing missing and unknown keys (order does not matter)."""
+    """Raise ``FeatureKeyError`` for missing or duplicated keys (order does not matter).
+
+    Keys the collection does not read are ignored, as in torchrec, unless the strict checks are on
+    (``set_strict_checks``); then they are an error too.
+    """
     given_set, expected_set = set(given), set(expected)
-    if given_set == expected_set and len(given) == len(given_set):
+    strict = _STRICT[0]
+    if expected_set <= given_set and len(given) == len(given_set) and (not strict or given_set == expected_set):
         return
     missing = [k for k in expected if k not in given_set]
-    unknown = [k for k in given if k not in expected_set]
+    unknown = [k for k in given if k not in expected_set] if strict else []
     dupes = sorted({k for k in given if given.count(k) > 1})
     parts = []
     if missing:
@@ -50,8 +101,34 @@ def check_feature_keys(given: List[str], expected: List[str], where: str) -> Non
     raise FeatureKeyError(
         f"{where}: the KeyedJaggedTensor keys do not match the collection's features: "
         + "; ".join(parts)
-        + f". The collection serves {expected}; build the batch with exactly these keys."
+        + f". The collection serves {expected}; build the batch with "
+        + ("exactly these keys (strict checks are on)." if strict else "at least these keys.")
     )
+
+
+def check_table_features(tables_features: List[Tuple[str, List[str]]], where: str) -> None:
+    """The table-list checks that are strict-only: ``tables=[]`` and a feature read by several tables.
+
+    Args:
+        tables_features: ``(table name, feature names)`` per table, in order.
+        where: the collection, for the message.
+    """
+    if not _STRICT[0]:
+        return
+    if len(tables_features) == 0:
+        raise ValueError(
+            f"{where} needs at least one table config, got tables=[] (strict checks are on; "
+            "set_strict_checks(False) allows an empty collection, as torchrec does)"
+        )
+    owner: dict[str, str] = {}
+    for table, features in tables_features:
+        for f in features:
+            if f in owner:
+                raise ValueError(
+                    f"{where}: feature {f!r} is listed by tables {owner[f]!r} and {table!r}; with strict checks on "
+                    "a feature looks up exactly one table (several features may share one table)"
+                )
+            owner[f] = table
 
 
 @torch.fx.wrap

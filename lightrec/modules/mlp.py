@@ -164,6 +164,7 @@ class Perceptron(nn.Module):
         self._out_size = _check_size("out_size", out_size)
         self.linear = nn.Linear(in_size, out_size, bias=bias, device=device, dtype=dtype)
         self.activation = make_activation(activation)
+        self.register_load_state_dict_pre_hook(_accept_torchrec_linear_keys)
 
     @property
     def in_size(self) -> int:
@@ -189,6 +190,13 @@ class Perceptron(nn.Module):
             return routed
         y: torch.Tensor = self.linear(x)
         return y
+
+
+def _accept_torchrec_linear_keys(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+    """torchrec's Perceptron stores its layer as ``_linear``: load ``<prefix>_linear.*`` keys as
+    ``<prefix>linear.*`` so torchrec MLP / DLRM state dicts load unchanged (lightrec saves ``linear``)."""
+    for key in [k for k in state_dict if k.startswith(prefix + "_linear.")]:
+        state_dict[prefix + key[len(prefix) + 1 :]] = state_dict.pop(key)
 
 
 # Below this many multiply-adds the transposed product's extra copy costs more than it saves.

@@ -11,7 +11,7 @@ from lightrec.optim.in_backward import (
     fused_spec_from_parameter,
     in_backward_optimizer_filter,
 )
-from lightrec.optim.keyed import CombinedOptimizer, KeyedOptimizer, KeyedOptimizerWrapper
+from lightrec.optim.keyed import CombinedOptimizer, KeyedOptimizer, KeyedOptimizerWrapper, OptimizerWrapper
 from lightrec.optim.rowwise_adagrad import RowWiseAdagrad
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "FusedOptimizerSpec",
     "KeyedOptimizer",
     "KeyedOptimizerWrapper",
+    "OptimizerWrapper",
     "RowWiseAdagrad",
     "WeightDecayMode",
     "apply_optimizer_in_backward",

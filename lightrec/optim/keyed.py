@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["CombinedOptimizer", "KeyedOptimizer", "KeyedOptimizerWrapper"]
+__all__ = ["CombinedOptimizer", "KeyedOptimizer", "KeyedOptimizerWrapper", "OptimizerWrapper"]
 
 
 class KeyedOptimizer(torch.optim.Optimizer):
@@ -58,7 +58,23 @@ class KeyedOptimizer(torch.optim.Optimizer):
         self.state = state  # type: ignore[assignment]
         self.param_groups = param_groups  # type: ignore[assignment]
         self._warned_capturable_if_run_uncaptured = True
+        self._save_param_groups = True
         self._check_groups()
+
+    def __call__(self) -> KeyedOptimizer:
+        """Itself: torchrec calls ``module.fused_optimizer()`` where lightrec has a property that
+        returns this optimizer, so both spellings work."""
+        return self
+
+    def save_param_groups(self, save: bool) -> None:
+        """Whether ``state_dict`` carries ``param_groups`` (hyper-parameters) besides the state.
+
+        torchrec's switch. lightrec saves them by default (torchrec does not); a state dict
+        without groups loads the state and keeps the current hyper-parameters.
+        """
+        if not isinstance(save, bool):
+            raise TypeError(f"save_param_groups(save=...) takes a bool, got {save!r}")
+        self._save_param_groups = save
 
     def __getstate__(self) -> dict[str, Any]:
         # torch.optim.Optimizer pickles only defaults/state/param_groups; keep the names (and any
@@ -97,20 +113,28 @@ class KeyedOptimizer(torch.optim.Optimizer):
             else:
                 p.grad.detach_().zero_()
 
-    def init_state(self) -> None:
+    def init_state(self, sparse_grad_parameter_names: Collection[str] | None = None) -> None:
         """Materialise lazily created state so a fresh optimizer checkpoints every key.
 
         Runs one ``step`` with all-zero gradients and learning rate 0 (weights do not move), then
         resets any ``step`` counters, so the next real step behaves as on a fresh optimizer.
+
+        Args:
+            sparse_grad_parameter_names: parameters whose zero gradient is a sparse tensor (as
+                torchrec: for optimizers that take sparse gradients, e.g. of ``sparse=True`` embeddings).
         """
+        sparse_names = set(sparse_grad_parameter_names or ())
+        unknown = sorted(sparse_names - set(self.params))
+        if unknown:
+            raise KeyError(f"init_state(sparse_grad_parameter_names=...) names unknown parameters {unknown}")
         saved_lrs = [group.get("lr") for group in self.param_groups]
         saved_grads = {name: p.grad for name, p in self.params.items()}
         for group in self.param_groups:
             if "lr" in group:
                 group["lr"] = 0.0
-        for p in self.params.values():
+        for name, p in self.params.items():
             if p.requires_grad and p.grad is None:
-                p.grad = torch.zeros_like(p)
+                p.grad = torch.zeros_like(p).to_sparse() if name in sparse_names else torch.zeros_like(p)
         try:
             self.step()
         finally:
@@ -132,7 +156,7 @@ class KeyedOptimizer(torch.optim.Optimizer):
             g = {k: v for k, v in group.items() if k != "params"}
             g["params"] = [names[id(p)] for p in group["params"]]
             groups.append(g)
-        return {"state": state, "param_groups": groups}
+        return {"state": state, "param_groups": groups if self._save_param_groups else []}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore state and hyper-parameters by name; tensors are copied in place.
@@ -157,7 +181,7 @@ class KeyedOptimizer(torch.optim.Optimizer):
         saved_groups = {tuple(sorted(g["params"])): g for g in state_dict["param_groups"]}
         names = self._names_by_id()
         own_groups = []
-        for group in self.param_groups:
+        for group in self.param_groups if saved_groups else []:  # no groups saved: keep ours
             key = tuple(sorted(names[id(p)] for p in group["params"]))
             if key not in saved_groups:
                 raise KeyError(f"optimizer state_dict has no param group with params {list(key)}")
@@ -218,6 +242,43 @@ class KeyedOptimizerWrapper(KeyedOptimizer):
         return f"KeyedOptimizerWrapper({self._optimizer!r})"
 
 
+class OptimizerWrapper(KeyedOptimizer):
+    """A keyed optimizer that forwards everything to another one: the base of optimizers that
+    add behaviour around ``step`` (warm-up, gradient clipping), as torchrec's ``OptimizerWrapper``.
+
+    Args:
+        optimizer: the wrapped ``KeyedOptimizer`` (its parameters, state and groups are shared).
+    """
+
+    def __init__(self, optimizer: KeyedOptimizer) -> None:
+        if not isinstance(optimizer, KeyedOptimizer):
+            raise TypeError(f"OptimizerWrapper wraps a KeyedOptimizer, got {type(optimizer).__name__}")
+        self._optimizer = optimizer
+        super().__init__(optimizer.params, optimizer.state, optimizer.param_groups)
+
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        return self._optimizer.step(closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._optimizer.zero_grad(set_to_none=set_to_none)
+
+    def init_state(self, sparse_grad_parameter_names: Collection[str] | None = None) -> None:
+        self._optimizer.init_state(sparse_grad_parameter_names)
+
+    def save_param_groups(self, save: bool) -> None:
+        super().save_param_groups(save)
+        self._optimizer.save_param_groups(save)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        self._optimizer.load_state_dict(state_dict)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._optimizer!r})"
+
+
 def _prefixed(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
@@ -269,9 +330,15 @@ class CombinedOptimizer(KeyedOptimizer):
         for _, opt in self._optims:
             opt.zero_grad(set_to_none=set_to_none)
 
-    def init_state(self) -> None:
+    def init_state(self, sparse_grad_parameter_names: Collection[str] | None = None) -> None:
+        names = set(sparse_grad_parameter_names or ())
+        for prefix, opt in self._optims:
+            opt.init_state([n for n in opt.params if _prefixed(prefix, n) in names])
+
+    def save_param_groups(self, save: bool) -> None:
+        super().save_param_groups(save)
         for _, opt in self._optims:
-            opt.init_state()
+            opt.save_param_groups(save)
 
     def state_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"state": {}, "param_groups": []}

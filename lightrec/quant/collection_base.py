@@ -273,6 +273,8 @@ class QuantCollectionBase(nn.Module):
                     "from_float needs dtype=... or a module.qconfig (QuantConfig) to know the storage type"
                 )
             dtype = data_type_from_qconfig(qconfig)
+            if per_table is None and getattr(qconfig, "per_table_weight_dtype", None):
+                per_table = dict(qconfig.per_table_weight_dtype)
         tables = list(get_configs())
         first = _float_weight(module, state_dict, prefix, tables[0], cls.TABLES_ATTR)
         quantized = cls(

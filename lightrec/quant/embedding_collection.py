@@ -27,6 +27,7 @@ from torch import nn
 from torch.fx._symbolic_trace import is_fx_symbolic_tracing as is_fx_tracing
 
 from lightrec.modules.embedding_configs import DataType, EmbeddingConfig
+from lightrec.modules.embedding_modules import embedding_names_by_table
 from lightrec.modules.feature_checks import apply_bounds_check, check_feature_keys
 from lightrec.quant.collection_base import QuantCollectionBase, QuantTable
 from lightrec.quant.row_codec import DEFAULT_ROW_ALIGNMENT, row_size_in_bytes, sparse_type_code
@@ -73,6 +74,7 @@ class QuantEmbeddingCollection(QuantCollectionBase):
             )
         self._kernel = make_sequence_kernel(self.kernel, row_alignment)
         self._table_features: List[List[str]] = [list(t.feature_names) for t in tables]
+        self._embedding_names_by_table: List[List[str]] = embedding_names_by_table(tables)
         self._table_rows: List[int] = [t.num_embeddings for t in tables]
         self._table_dims: List[int] = [t.embedding_dim for t in tables]
         self._table_types: List[int] = [sparse_type_code(dt) for dt in data_types]
@@ -100,6 +102,7 @@ class QuantEmbeddingCollection(QuantCollectionBase):
         f = 0
         t = 0
         for table_name, table in self.embeddings.items():
+            first = f
             for name in self._table_features[t]:
                 ids, f_lengths, _ = apply_bounds_check(
                     self._bounds_check,
@@ -112,7 +115,9 @@ class QuantEmbeddingCollection(QuantCollectionBase):
                     stride,
                 )
                 rows = self._kernel(table.weight, self._table_types[t], self._table_dims[t], ids)
-                out[name] = JaggedTensor(values=rows, weights=None, lengths=f_lengths, offsets=None)
+                out[self._embedding_names_by_table[t][f - first]] = JaggedTensor(
+                    values=rows, weights=None, lengths=f_lengths, offsets=None
+                )
                 f += 1
             t += 1
         return out

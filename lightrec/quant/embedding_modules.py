@@ -23,7 +23,7 @@ from torch import nn
 from torch.fx._symbolic_trace import is_fx_symbolic_tracing as is_fx_tracing
 
 from lightrec.modules.embedding_configs import DataType, EmbeddingBagConfig, PoolingType
-from lightrec.modules.embedding_modules import ids_per_table
+from lightrec.modules.embedding_modules import embedding_names_by_table, ids_per_table
 from lightrec.modules.feature_checks import check_feature_keys
 from lightrec.quant.collection_base import QuantCollectionBase, QuantTable
 from lightrec.quant.embedding_collection import QuantEmbeddingCollection
@@ -101,7 +101,7 @@ class QuantEmbeddingBagCollection(QuantCollectionBase):
             self.embedding_bags[t.name] = QuantTable(spec.rows, spec.row_bytes, storage=self._table_view(spec))
         self._groups = make_table_groups(specs, self.kernel, row_alignment, torch.device(device) if device else None)
         self.register_load_state_dict_post_hook(QuantEmbeddingBagCollection._restore_views)
-        self._embedding_names: List[str] = list(self._feature_order)
+        self._embedding_names: List[str] = [n for names in embedding_names_by_table(tables) for n in names]
         self._lengths_per_embedding: List[int] = [t.embedding_dim for t in tables for _ in t.feature_names]
         self._table_names: List[str] = [t.name for t in tables]
         self._table_features: List[List[str]] = [list(t.feature_names) for t in tables]

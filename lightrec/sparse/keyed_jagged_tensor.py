@@ -14,6 +14,10 @@ Layout (keys ``product``, ``user``; batch of 2, so ``stride() == 2``)::
 ``lengths`` is key-major: the lengths of key ``k`` are ``lengths[k * B:(k + 1) * B]``. ``weights``
 (optional, ``[N]``) carries one score per id for weighted features. This is exactly the
 ``indices``/``offsets`` layout that batched embedding kernels (fbgemm TBE) consume.
+
+A *variable-batch* KJT (torchrec's VBE input) gives each key its own batch size:
+``stride_per_key_per_rank`` ``[F][R]`` and, to expand pooled results back to one row per sample,
+``inverse_indices`` ``(keys, [F, B])``; see :mod:`lightrec.sparse.variable_batch` for the layout.
 """
 
 from typing import Dict, List, Optional, Tuple
@@ -21,24 +25,24 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from lightrec.sparse._ops import complete_cumsum, permute_2d_sparse
-from lightrec.sparse.jagged_tensor import (
+from lightrec.sparse.jagged import (
     JaggedTensor,
     JaggedTensorMeta,
     SparseValueError,
-    _check_lengths_offsets,
     _lengths_from_offsets,
-    _raise,
     _values_repr,
 )
+from lightrec.sparse.kjt_checks import validate_kjt_layout
+from lightrec.sparse.variable_batch import (
+    cumsum_list,
+    expand_segment,
+    permute_segments,
+    regroup_received,
+    segment_sums,
+)
 
-__all__ = ["KeyedJaggedTensor"]
+__all__ = ["KeyedJaggedTensor", "SparseValueError"]
 
-
-def _cumsum_list(xs: List[int]) -> List[int]:
-    out = [0]
-    for x in xs:
-        out.append(out[-1] + x)
-    return out
 
 
 class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
@@ -51,7 +55,13 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         lengths: ``[K * B]`` ids per (key, sample). Give ``lengths`` or ``offsets``.
         offsets: ``[K * B + 1]`` running sum of ``lengths``.
         stride: batch size ``B``; inferred as ``len(lengths) // len(keys)`` when omitted.
-        length_per_key / offset_per_key / index_per_key: optional precomputed caches.
+        stride_per_key_per_rank: ``[F][R]`` batch size of each key from each rank: a variable-batch
+            KJT (key ``k`` has ``sum(stride_per_key_per_rank[k])`` lengths). An ``[F, R]`` int
+            tensor is accepted too (torchrec's form).
+        inverse_indices: ``(keys, [F, B])``: for each key, the row of its batch that every sample
+            of the full batch ``B`` uses (a variable-batch KJT; see ``variable_batch.py``).
+        stride_per_key / length_per_key / lengths_offset_per_key / offset_per_key / index_per_key:
+            optional precomputed caches.
         validate: check the layout (``validate()``) while constructing.
     """
 
@@ -63,10 +73,14 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         lengths: Optional[torch.Tensor] = None,
         offsets: Optional[torch.Tensor] = None,
         stride: Optional[int] = None,
+        stride_per_key_per_rank: Optional[List[List[int]]] = None,
+        stride_per_key: Optional[List[int]] = None,
         length_per_key: Optional[List[int]] = None,
+        lengths_offset_per_key: Optional[List[int]] = None,
         offset_per_key: Optional[List[int]] = None,
         index_per_key: Optional[Dict[str, int]] = None,
         jt_dict: Optional[Dict[str, JaggedTensor]] = None,
+        inverse_indices: Optional[Tuple[List[str], torch.Tensor]] = None,
     ) -> None:
         if lengths is None and offsets is None:
             raise ValueError("KeyedJaggedTensor needs lengths or offsets to know where each sample's ids start")
@@ -76,6 +90,10 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         self._lengths: Optional[torch.Tensor] = lengths
         self._offsets: Optional[torch.Tensor] = offsets
         self._stride: Optional[int] = stride
+        self._stride_per_key_per_rank: Optional[List[List[int]]] = stride_per_key_per_rank
+        self._stride_per_key: Optional[List[int]] = stride_per_key
+        self._lengths_offset_per_key: Optional[List[int]] = lengths_offset_per_key
+        self._inverse_indices: Optional[Tuple[List[str], torch.Tensor]] = inverse_indices
         self._length_per_key: Optional[List[int]] = length_per_key
         self._offset_per_key: Optional[List[int]] = offset_per_key
         self._index_per_key: Optional[Dict[str, int]] = index_per_key
@@ -89,9 +107,26 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         offsets: torch.Tensor,
         weights: Optional[torch.Tensor] = None,
         stride: Optional[int] = None,
+        stride_per_key_per_rank: Optional[List[List[int]]] = None,
+        inverse_indices: Optional[Tuple[List[str], torch.Tensor]] = None,
     ) -> "KeyedJaggedTensor":
-        """Build from offsets and compute the per-key caches now (one host sync)."""
-        kjt = KeyedJaggedTensor(keys=keys, values=values, weights=weights, offsets=offsets, stride=stride)
+        """Build from offsets and compute the per-key caches now (one host sync; none on ``meta``)."""
+        kjt = KeyedJaggedTensor(
+            keys=keys,
+            values=values,
+            weights=weights,
+            offsets=offsets,
+            stride=stride,
+            stride_per_key_per_rank=stride_per_key_per_rank,
+            inverse_indices=inverse_indices,
+            lengths=None,
+            stride_per_key=None,
+            length_per_key=None,
+            lengths_offset_per_key=None,
+            offset_per_key=None,
+            index_per_key=None,
+            jt_dict=None,
+        )
         return kjt.sync()
 
     @staticmethod
@@ -101,32 +136,53 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         lengths: torch.Tensor,
         weights: Optional[torch.Tensor] = None,
         stride: Optional[int] = None,
+        stride_per_key_per_rank: Optional[List[List[int]]] = None,
+        inverse_indices: Optional[Tuple[List[str], torch.Tensor]] = None,
     ) -> "KeyedJaggedTensor":
-        """Build from lengths and compute the per-key caches now (one host sync)."""
-        kjt = KeyedJaggedTensor(keys=keys, values=values, weights=weights, lengths=lengths, stride=stride)
+        """Build from lengths and compute the per-key caches now (one host sync; none on ``meta``)."""
+        kjt = KeyedJaggedTensor(
+            keys=keys,
+            values=values,
+            weights=weights,
+            lengths=lengths,
+            stride=stride,
+            stride_per_key_per_rank=stride_per_key_per_rank,
+            inverse_indices=inverse_indices,
+            offsets=None,
+            stride_per_key=None,
+            length_per_key=None,
+            lengths_offset_per_key=None,
+            offset_per_key=None,
+            index_per_key=None,
+            jt_dict=None,
+        )
         return kjt.sync()
 
     @staticmethod
     def from_jt_dict(jt_dict: Dict[str, JaggedTensor]) -> "KeyedJaggedTensor":
-        """Stack ``{key: JaggedTensor}`` (all with the same batch size) in the dict's key order.
+        """Stack ``{key: JaggedTensor}`` in the dict's key order.
 
-        Either every JaggedTensor has weights or none does.
+        JaggedTensors of different batch sizes give a variable-batch KJT (``stride_per_key_per_rank``
+        ``[[B_k]]``), as in torchrec. Either every JaggedTensor has weights or none does.
         """
         keys = list(jt_dict.keys())
         if len(keys) == 0:
             return KeyedJaggedTensor.empty()
         jts = [jt_dict[k] for k in keys]
-        stride = jts[0].lengths().numel()
-        for k, jt in zip(keys, jts):
-            if jt.lengths().numel() != stride:
-                _raise(
-                    f"from_jt_dict: every feature needs the same batch size; '{keys[0]}' has {stride} samples "
-                    f"but '{k}' has {jt.lengths().numel()}"
-                )
+        strides = [jt.lengths().numel() for jt in jts]
+        stride: Optional[int] = strides[0]
+        stride_per_key_per_rank: Optional[List[List[int]]] = None
+        for b in strides:
+            if b != strides[0]:
+                stride = None
+                stride_per_key_per_rank = [[b] for b in strides]
+                break
         weighted = [jt.weights_or_none() is not None for jt in jts]
         if any(weighted) and not all(weighted):
             missing = [k for k, w in zip(keys, weighted) if not w]
-            _raise(f"from_jt_dict: features {missing} have no weights while others do; weight all or none")
+            raise SparseValueError(
+                f"from_jt_dict: features {missing} have no weights while others do; weight all or none"
+            )
         weights: Optional[torch.Tensor] = None
         if all(weighted):
             weights = torch.cat([jt.weights() for jt in jts])
@@ -136,11 +192,15 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
             weights=weights,
             lengths=torch.cat([jt.lengths() for jt in jts]),
             stride=stride,
+            stride_per_key_per_rank=stride_per_key_per_rank,
             offsets=None,
             length_per_key=None,
             offset_per_key=None,
             index_per_key=None,
             jt_dict=None,
+            stride_per_key=None,
+            lengths_offset_per_key=None,
+            inverse_indices=None,
         )
 
     @staticmethod
@@ -168,61 +228,59 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
             offset_per_key=None,
             index_per_key=None,
             jt_dict=None,
+            stride_per_key_per_rank=None,
+            stride_per_key=None,
+            lengths_offset_per_key=None,
+            inverse_indices=None,
         )
 
     @staticmethod
-    def empty_like(kjt: "KeyedJaggedTensor") -> "KeyedJaggedTensor":
-        """A KJT with the keys and batch size of ``kjt`` and no ids."""
+    def empty_like(kjt: "KeyedJaggedTensor", device: Optional[torch.device] = None) -> "KeyedJaggedTensor":
+        """A KJT with the keys and batch sizes of ``kjt`` and no ids; with ``device``, torchrec's
+        device-copy form: uninitialised tensors of ``kjt``'s shapes on ``device``."""
         w = kjt.weights_or_none()
+        if device is not None:
+            offsets = kjt.offsets_or_none()
+            return KeyedJaggedTensor(
+                keys=kjt.keys(),
+                values=torch.empty_like(kjt.values(), device=device),
+                weights=torch.empty_like(w, device=device) if w is not None else None,
+                lengths=torch.empty_like(kjt.lengths(), device=device),
+                offsets=torch.empty_like(offsets, device=device) if offsets is not None else None,
+                stride=kjt.stride(),
+                stride_per_key_per_rank=kjt._stride_per_key_per_rank,
+                length_per_key=kjt._length_per_key,
+                offset_per_key=kjt._offset_per_key,
+                index_per_key=None,
+                jt_dict=None,
+                stride_per_key=None,
+                lengths_offset_per_key=None,
+                inverse_indices=None,
+            )
         return KeyedJaggedTensor(
             keys=kjt.keys(),
             values=torch.empty(0, dtype=kjt.values().dtype, device=kjt.device()),
             weights=torch.empty(0, dtype=w.dtype, device=w.device) if w is not None else None,
             lengths=torch.zeros_like(kjt.lengths()),
             stride=kjt.stride(),
+            stride_per_key_per_rank=kjt._stride_per_key_per_rank,
             offsets=None,
             length_per_key=None,
             offset_per_key=None,
             index_per_key=None,
             jt_dict=None,
+            stride_per_key=None,
+            lengths_offset_per_key=None,
+            inverse_indices=None,
         )
 
     @staticmethod
     def concat(kjt_list: List["KeyedJaggedTensor"]) -> "KeyedJaggedTensor":
-        """Put the keys of several KJTs with the same batch size side by side."""
-        if len(kjt_list) == 0:
-            raise ValueError("KeyedJaggedTensor.concat needs at least one KeyedJaggedTensor")
-        if len(kjt_list) == 1:
-            return kjt_list[0]
-        stride = kjt_list[0].stride()
-        keys: List[str] = []
-        length_per_key: List[int] = []
-        weighted = kjt_list[0].weights_or_none() is not None
-        for kjt in kjt_list:
-            if kjt.stride() != stride:
-                raise ValueError(
-                    f"KeyedJaggedTensor.concat needs one batch size, got strides "
-                    f"{[k.stride() for k in kjt_list]}"
-                )
-            if (kjt.weights_or_none() is not None) != weighted:
-                raise ValueError("KeyedJaggedTensor.concat needs all inputs weighted or all unweighted")
-            keys.extend(kjt.keys())
-            length_per_key.extend(kjt.length_per_key())
-        weights: Optional[torch.Tensor] = None
-        if weighted:
-            weights = torch.cat([kjt.weights() for kjt in kjt_list])
-        return KeyedJaggedTensor(
-            keys=keys,
-            values=torch.cat([kjt.values() for kjt in kjt_list]),
-            weights=weights,
-            lengths=torch.cat([kjt.lengths() for kjt in kjt_list]),
-            stride=stride,
-            length_per_key=length_per_key,
-            offsets=None,
-            offset_per_key=None,
-            index_per_key=None,
-            jt_dict=None,
-        )
+        """Put the keys of several KJTs side by side (one batch size, or all variable-batch).
+
+        A single ``torch.fx`` node when traced (the loop over the list needs real KJTs).
+        """
+        return _kjt_concat(kjt_list)
 
     # ---------------------------------------------------------------- accessors
     def keys(self) -> List[str]:
@@ -270,12 +328,22 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         return self._values.device
 
     def stride(self) -> int:
-        """Batch size ``B`` (samples per key)."""
+        """Batch size ``B`` (samples per key); for a variable-batch KJT the width of its inverse
+        indices, else the largest batch of a key (torchrec's rule)."""
         stride = self._stride
         if stride is None:
             num_keys = len(self._keys)
+            strides = self._stride_per_key_per_rank
+            inverse = self._inverse_indices
             if num_keys == 0:
                 stride = 0
+            elif strides is not None:
+                if inverse is not None and inverse[1].numel() > 0:
+                    stride = inverse[1].size(-1)
+                else:
+                    stride = 0
+                    for per_rank in strides:
+                        stride = max(stride, sum(per_rank))
             else:
                 lengths = self._lengths
                 n = lengths.numel() if lengths is not None else self.offsets().numel() - 1
@@ -283,13 +351,54 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
             self._stride = stride
         return stride
 
+    def stride_per_key(self) -> List[int]:
+        """Batch size of each key (all ``stride()`` unless variable-batch)."""
+        spk = self._stride_per_key
+        if spk is None:
+            strides = self._stride_per_key_per_rank
+            if strides is not None:
+                spk = [sum(per_rank) for per_rank in strides]
+            else:
+                spk = [self.stride()] * len(self._keys)
+            self._stride_per_key = spk
+        return spk
+
+    def stride_per_key_per_rank(self) -> List[List[int]]:
+        """``[F][R]`` batch size of each key from each rank (``[]`` for a fixed-batch KJT, like torchrec)."""
+        strides = self._stride_per_key_per_rank
+        return strides if strides is not None else []
+
+    def variable_stride_per_key(self) -> bool:
+        """Whether keys have their own batch sizes (``stride_per_key_per_rank`` was given)."""
+        return self._stride_per_key_per_rank is not None
+
+    def inverse_indices(self) -> Tuple[List[str], torch.Tensor]:
+        """``(keys, [F, B])`` of a variable-batch KJT (raises when it has none)."""
+        inverse = self._inverse_indices
+        if inverse is None:
+            raise ValueError("this KeyedJaggedTensor has no inverse_indices; check inverse_indices_or_none() first")
+        return inverse
+
+    def inverse_indices_or_none(self) -> Optional[Tuple[List[str], torch.Tensor]]:
+        return self._inverse_indices
+
     def length_per_key(self) -> List[int]:
-        """Number of ids of each key over the batch (host list; computing it syncs once)."""
+        """Number of ids of each key over the batch (host list; computing it syncs once).
+
+        On the ``meta`` device there is nothing to read: like torchrec, the ids are dealt evenly
+        over the keys (placeholders that let a meta KJT flow through shape-only code).
+        """
         lpk = self._length_per_key
         if lpk is None:
             num_keys = len(self._keys)
             if num_keys == 0:
                 lpk = []
+            elif self._values.device.type == "meta":
+                total = self._values.numel()
+                lpk = [total // num_keys] * num_keys
+                lpk[0] += total % num_keys
+            elif self._stride_per_key_per_rank is not None:
+                lpk = segment_sums(self.lengths(), self.stride_per_key())
             else:
                 sums: List[int] = self.lengths().view(num_keys, -1).sum(dim=1).tolist()
                 lpk = sums
@@ -303,7 +412,7 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         """Start of each key's ids in ``values`` (``len(keys) + 1`` entries)."""
         opk = self._offset_per_key
         if opk is None:
-            opk = _cumsum_list(self.length_per_key())
+            opk = cumsum_list(self.length_per_key())
             self._offset_per_key = opk
         return opk
 
@@ -322,9 +431,16 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         return ipk
 
     def lengths_offset_per_key(self) -> List[int]:
-        """Start of each key's lengths in ``lengths()`` (multiples of the stride)."""
-        stride = self.stride()
-        return [i * stride for i in range(len(self._keys) + 1)]
+        """Start of each key's lengths in ``lengths()`` (multiples of the stride unless variable-batch)."""
+        lopk = self._lengths_offset_per_key
+        if lopk is None:
+            if self._stride_per_key_per_rank is not None:
+                lopk = cumsum_list(self.stride_per_key())
+            else:
+                stride = self.stride()
+                lopk = [i * stride for i in range(len(self._keys) + 1)]
+            self._lengths_offset_per_key = lopk
+        return lopk
 
     def sync(self) -> "KeyedJaggedTensor":
         """Compute the host-side caches (length/offset per key) now."""
@@ -346,8 +462,10 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
                 f"split(segments={segments}) must cover the {len(self._keys)} keys exactly, "
                 f"but the segments sum to {sum(segments)}"
             )
+        variable = self._stride_per_key_per_rank is not None
         stride = self.stride()
         lpk = self.length_per_key()
+        lopk = self.lengths_offset_per_key()
         lengths = self.lengths()
         weights = self._weights
         out: List[KeyedJaggedTensor] = []
@@ -356,18 +474,25 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         for seg in segments:
             key_end = key_start + seg
             value_end = value_start + sum(lpk[key_start:key_end])
+            strides: Optional[List[List[int]]] = None
+            if variable:
+                strides = self.stride_per_key_per_rank()[key_start:key_end]
             out.append(
                 KeyedJaggedTensor(
                     keys=self._keys[key_start:key_end],
                     values=self._values[value_start:value_end],
                     weights=weights[value_start:value_end] if weights is not None else None,
-                    lengths=lengths[key_start * stride : key_end * stride],
+                    lengths=lengths[lopk[key_start] : lopk[key_end]],
                     stride=stride,
+                    stride_per_key_per_rank=strides,
                     length_per_key=lpk[key_start:key_end],
                     offsets=None,
                     offset_per_key=None,
                     index_per_key=None,
                     jt_dict=None,
+                    inverse_indices=self._inverse_indices,
+                    stride_per_key=None,
+                    lengths_offset_per_key=None,
                 )
             )
             key_start = key_end
@@ -382,6 +507,8 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         for i in indices:
             if i < 0 or i >= num_keys:
                 raise IndexError(f"permute: index {i} is out of range for {num_keys} keys {self._keys}")
+        if self._stride_per_key_per_rank is not None:  # keys of different batch sizes: no [K, B] view
+            return self._permute_variable_batch(indices)
         if indices_tensor is None:
             indices_tensor = torch.tensor(indices, dtype=torch.int32, device=self._values.device)
         stride = self.stride()
@@ -405,6 +532,83 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
             offset_per_key=None,
             index_per_key=None,
             jt_dict=None,
+            stride_per_key_per_rank=None,
+            stride_per_key=None,
+            lengths_offset_per_key=None,
+            inverse_indices=None,
+        )
+
+    def _permute_variable_batch(self, indices: List[int]) -> "KeyedJaggedTensor":
+        """``self.permute(indices)`` for a variable-batch KJT: whole key segments moved, on any device."""
+        lengths, _ = permute_segments(indices, self.stride_per_key(), self.lengths(), None)
+        lpk = self.length_per_key()
+        values, weights = permute_segments(indices, lpk, self.values(), self.weights_or_none())
+        keys = self.keys()
+        strides = self.stride_per_key_per_rank()
+        return KeyedJaggedTensor(
+            keys=[keys[i] for i in indices],
+            values=values,
+            weights=weights,
+            lengths=lengths,
+            stride=self.stride(),
+            stride_per_key_per_rank=[strides[i] for i in indices],
+            length_per_key=[lpk[i] for i in indices],
+            offsets=None,
+            offset_per_key=None,
+            index_per_key=None,
+            jt_dict=None,
+            inverse_indices=self.inverse_indices_or_none(),
+            stride_per_key=None,
+            lengths_offset_per_key=None,
+        )
+
+    @torch.jit.unused
+    def to_fixed_batch(self) -> "KeyedJaggedTensor":
+        """A variable-batch KJT expanded to one bag per sample of the full batch (itself otherwise).
+
+        Bag ``b`` of key ``k`` becomes bag ``inverse_indices[1][i_k][b]`` of ``k``'s own batch, so a
+        pooled lookup of the result equals the variable-batch lookup expanded by its inverse
+        indices. Used by the sharded collections, which move fixed-batch KJTs between ranks.
+        """
+        if self._stride_per_key_per_rank is None:
+            return self
+        inverse = self._inverse_indices
+        if inverse is None:
+            raise ValueError(
+                f"to_fixed_batch: this variable-batch KeyedJaggedTensor (stride_per_key_per_rank="
+                f"{self._stride_per_key_per_rank}) has no inverse_indices to expand it by; pass "
+                "inverse_indices=(keys, [len(keys), B])"
+            )
+        row_of_key = {k: i for i, k in enumerate(inverse[0])}
+        missing = [k for k in self._keys if k not in row_of_key]
+        if len(missing) > 0:
+            raise ValueError(f"to_fixed_batch: inverse_indices has no row for keys {missing}; its keys are {inverse[0]}")
+        lengths: List[torch.Tensor] = []
+        values: List[torch.Tensor] = []
+        weights: List[torch.Tensor] = []
+        for key, jt in self.to_dict().items():
+            out_lengths, out_values, out_weights = expand_segment(
+                jt.lengths(), jt.values(), jt.weights_or_none(), inverse[1][row_of_key[key]]
+            )
+            lengths.append(out_lengths)
+            values.append(out_values)
+            if out_weights is not None:
+                weights.append(out_weights)
+        return KeyedJaggedTensor(
+            keys=self._keys,
+            values=torch.cat(values) if len(values) > 0 else self._values,
+            weights=torch.cat(weights) if len(weights) > 0 else None,
+            lengths=torch.cat(lengths) if len(lengths) > 0 else self.lengths(),
+            stride=inverse[1].size(-1),
+            offsets=None,
+            stride_per_key_per_rank=None,
+            stride_per_key=None,
+            length_per_key=None,
+            lengths_offset_per_key=None,
+            offset_per_key=None,
+            index_per_key=None,
+            jt_dict=None,
+            inverse_indices=None,
         )
 
     def permute_to_keys(self, keys: List[str]) -> "KeyedJaggedTensor":
@@ -427,7 +631,7 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         jt_dict = self._jt_dict
         if jt_dict is not None:
             return jt_dict
-        stride = self.stride()
+        lopk = self.lengths_offset_per_key()
         opk = self.offset_per_key()
         lengths = self.lengths()
         weights = self._weights
@@ -436,7 +640,7 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
             new_dict[key] = JaggedTensor(
                 values=self._values[opk[i] : opk[i + 1]],
                 weights=weights[opk[i] : opk[i + 1]] if weights is not None else None,
-                lengths=lengths[i * stride : (i + 1) * stride],
+                lengths=lengths[lopk[i] : lopk[i + 1]],
                 offsets=None,
             )
         self._jt_dict = new_dict
@@ -460,10 +664,14 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
             lengths=lengths.to(device, non_blocking=non_blocking) if lengths is not None else None,
             offsets=offsets.to(device, non_blocking=non_blocking) if offsets is not None else None,
             stride=self._stride,
+            stride_per_key_per_rank=self._stride_per_key_per_rank,
             length_per_key=self._length_per_key,
             offset_per_key=self._offset_per_key,
             index_per_key=self._index_per_key,
             jt_dict=None,
+            inverse_indices=_inverse_indices_to(self._inverse_indices, device, non_blocking),
+            stride_per_key=None,
+            lengths_offset_per_key=None,
         )
 
     @torch.jit.unused
@@ -479,10 +687,14 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
             lengths=lengths.pin_memory() if lengths is not None else None,
             offsets=offsets.pin_memory() if offsets is not None else None,
             stride=self._stride,
+            stride_per_key_per_rank=self._stride_per_key_per_rank,
+            inverse_indices=self._inverse_indices,
             length_per_key=self._length_per_key,
             offset_per_key=self._offset_per_key,
             index_per_key=self._index_per_key,
             jt_dict=None,
+            stride_per_key=None,
+            lengths_offset_per_key=None,
         )
 
     @torch.jit.unused
@@ -500,12 +712,84 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
             weights=self._weights,
             lengths=self.lengths(),
             stride=self._stride,
+            stride_per_key_per_rank=self._stride_per_key_per_rank,
+            inverse_indices=self._inverse_indices,
             length_per_key=self._length_per_key,
             offsets=None,
             offset_per_key=None,
             index_per_key=None,
             jt_dict=None,
+            stride_per_key=None,
+            lengths_offset_per_key=None,
         )
+
+    # ---------------------------------------------------------------- all-to-all of a KJT (torchrec's names)
+    def dist_labels(self) -> List[str]:
+        """Names of the tensors :meth:`dist_tensors` sends, in order."""
+        labels = ["lengths", "values"]
+        if self.variable_stride_per_key():
+            labels.append("strides")
+        if self._weights is not None:
+            labels.append("weights")
+        return labels
+
+    def dist_splits(self, key_splits: List[int]) -> List[List[int]]:
+        """Entries of each :meth:`dist_tensors` tensor that go to each destination, for keys split
+        into consecutive groups of ``key_splits[r]`` keys (group ``r`` to rank ``r``)."""
+        batch_size_per_split = _sum_by_splits(self.stride_per_key(), key_splits)
+        length_per_split = _sum_by_splits(self.length_per_key(), key_splits)
+        splits = [batch_size_per_split, length_per_split]
+        if self.variable_stride_per_key():
+            splits.append(key_splits)
+        if self._weights is not None:
+            splits.append(length_per_split)
+        return splits
+
+    def dist_tensors(self) -> List[torch.Tensor]:
+        """The tensors an all-to-all sends: lengths, values, [per-key batch sizes], [weights]."""
+        tensors = [self.lengths(), self.values()]
+        if self.variable_stride_per_key():
+            tensors.append(torch.tensor(self.stride_per_key(), dtype=torch.int64, device=self.device()))
+        weights = self._weights
+        if weights is not None:
+            tensors.append(weights)
+        return tensors
+
+    @staticmethod
+    def dist_init(
+        keys: List[str],
+        tensors: List[torch.Tensor],
+        variable_stride_per_key: bool,
+        num_workers: int,
+        recat: Optional[torch.Tensor],
+        stride_per_rank: Optional[List[int]],
+        stagger: int = 1,
+    ) -> "KeyedJaggedTensor":
+        """The KJT a rank received: ``tensors`` as :meth:`dist_tensors` of each source rank laid end to end.
+
+        The received blocks are rank-major (rank 0's keys, then rank 1's ...); ``recat`` (``[F * R]``,
+        an index of ``(rank, key)`` blocks) reorders them key-major. ``stride_per_rank`` is each source
+        rank's batch size (fixed-batch), or ``None`` with ``variable_stride_per_key`` (the batch sizes
+        travel in ``tensors[2]``). ``stagger`` reorders the ranks as torchrec's 2-D sharding does.
+        """
+        lengths, values, weights, table = regroup_received(
+            len(keys), tensors, variable_stride_per_key, num_workers, recat, stride_per_rank, stagger
+        )
+        stride: Optional[int] = None  # variable-batch: the batch sizes are in the table
+        if table is None and stride_per_rank is not None:  # regroup_received raised if both are None
+            stride = sum(stride_per_rank)
+        return KeyedJaggedTensor(
+            keys=keys, values=values, weights=weights, lengths=lengths, stride=stride,
+            stride_per_key_per_rank=table,
+            offsets=None,
+            stride_per_key=None,
+            length_per_key=None,
+            lengths_offset_per_key=None,
+            offset_per_key=None,
+            index_per_key=None,
+            jt_dict=None,
+            inverse_indices=None,
+        ).sync()
 
     # ---------------------------------------------------------------- validation / printing
     @torch.jit.unused
@@ -518,7 +802,10 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         feature) and summing to ``len(values)`` (surplus values are named, never dropped);
         offsets equal to the running sum of lengths; one weight per value.
         """
-        _validate_kjt(self)
+        validate_kjt_layout(
+            self._keys, self._values, self._weights, self.lengths(), self._offsets, self._stride,
+            self._stride_per_key_per_rank, self._inverse_indices,
+        )  # fmt: skip
 
     @torch.jit.unused
     def __str__(self) -> str:
@@ -545,79 +832,72 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         )
 
 
-@torch.jit.unused
-def _validate_kjt(kjt: KeyedJaggedTensor) -> None:
-    keys = kjt.keys()
-    if len(set(keys)) != len(keys):
-        dupes = sorted({k for k in keys if keys.count(k) > 1})
-        raise SparseValueError(f"KeyedJaggedTensor keys must be unique; duplicated: {dupes}")
-    lengths = kjt.lengths()
-    if len(keys) == 0:
-        if lengths.numel() != 0 or kjt.values().numel() != 0:
-            raise SparseValueError(
-                f"KeyedJaggedTensor has no keys but {lengths.numel()} lengths and {kjt.values().numel()} values"
-            )
-        return
-    if lengths.numel() % len(keys) != 0:
-        raise SparseValueError(
-            f"KeyedJaggedTensor has {lengths.numel()} lengths, not divisible by its {len(keys)} keys {keys}; "
-            "lengths must hold batch_size entries per key"
-        )
-    if kjt._stride is not None and kjt._stride * len(keys) != lengths.numel():
-        raise SparseValueError(
-            f"KeyedJaggedTensor stride={kjt._stride} with {len(keys)} keys needs {kjt._stride * len(keys)} "
-            f"lengths, got {lengths.numel()}"
-        )
-    _check_id_dtypes(kjt.values(), lengths, keys)
-    _check_per_feature_counts(kjt.values(), lengths, keys)
-    _check_lengths_offsets(kjt.values(), kjt.weights_or_none(), lengths, kjt.offsets_or_none(), "KeyedJaggedTensor")
+def _sum_by_splits(xs: List[int], splits: List[int]) -> List[int]:
+    out: List[int] = []
+    start = 0
+    for n in splits:
+        out.append(sum(xs[start : start + n]))
+        start += n
+    return out
 
 
-_ID_DTYPES = (torch.int32, torch.int64)
+def _inverse_indices_to(
+    inverse: Optional[Tuple[List[str], torch.Tensor]], device: torch.device, non_blocking: bool
+) -> Optional[Tuple[List[str], torch.Tensor]]:
+    if inverse is None:
+        return None
+    return inverse[0], inverse[1].to(device, non_blocking=non_blocking)
 
 
-def _check_id_dtypes(values: torch.Tensor, lengths: torch.Tensor, keys: List[str]) -> None:
-    """Ids and lengths are int32/int64: what every lookup kernel indexes with (no silent casts)."""
-    for name, tensor in (("values (the ids)", values), ("lengths", lengths)):
-        if tensor.dtype not in _ID_DTYPES:
-            raise SparseValueError(
-                f"KeyedJaggedTensor {name} of features {keys} must be int64 or int32, got {tensor.dtype}; "
-                f"convert them with .long() (ids must be whole numbers: a float id is not an embedding row)"
-            )
-
-
-def _check_per_feature_counts(values: torch.Tensor, lengths: torch.Tensor, keys: List[str]) -> None:
-    """Name the feature whose lengths are negative, and say where values beyond the lengths start."""
-    per_key = lengths.reshape(len(keys), -1)
-    if lengths.numel() > 0 and bool((per_key < 0).any()):
-        k = int(torch.nonzero((per_key < 0).any(dim=1))[0, 0])
-        raise SparseValueError(
-            f"KeyedJaggedTensor feature {keys[k]!r} has a negative length (lengths must be non-negative: every sample needs a count >= 0 of ids)"
-        )
-    total = int(lengths.sum()) if lengths.numel() > 0 else 0
-    if total < values.size(0):
-        raise SparseValueError(
-            f"KeyedJaggedTensor has {values.size(0) - total} values beyond the last feature {keys[-1]!r}: lengths "
-            f"sum to {total} but values has {values.size(0)} entries, so the surplus ids would be dropped "
-            "silently; lengths must count every value exactly once"
-        )
-
-
-def _kjt_flatten(kjt: KeyedJaggedTensor) -> Tuple[List[Optional[torch.Tensor]], List[str]]:
-    return [kjt.values(), kjt.weights_or_none(), kjt.lengths()], kjt.keys()
-
-
-def _kjt_unflatten(tensors: List[Optional[torch.Tensor]], keys: List[str]) -> KeyedJaggedTensor:
-    values, weights, lengths = tensors
-    return KeyedJaggedTensor(keys=keys, values=values, weights=weights, lengths=lengths)  # type: ignore[arg-type]
-
-
-# Register with pytree so torch.compile / torch.export / DataLoader pin_memory see through KJTs.
-torch.utils._pytree.register_pytree_node(
-    KeyedJaggedTensor,
-    lambda kjt: _kjt_flatten(kjt),
-    lambda tensors, keys: _kjt_unflatten(list(tensors), keys),
-    serialized_type_name="lightrec.KeyedJaggedTensor",
-)
-
-__all__ += ["SparseValueError"]
+@torch.fx.wrap
+def _kjt_concat(kjt_list: List[KeyedJaggedTensor]) -> KeyedJaggedTensor:
+    """``KeyedJaggedTensor.concat`` (one ``torch.fx`` node: the loop needs real KJTs)."""
+    if len(kjt_list) == 0:
+        raise ValueError("KeyedJaggedTensor.concat needs at least one KeyedJaggedTensor")
+    if len(kjt_list) == 1:
+        return kjt_list[0]
+    variable = kjt_list[0].variable_stride_per_key()
+    weighted = kjt_list[0].weights_or_none() is not None
+    stride = kjt_list[0].stride()
+    keys: List[str] = []
+    length_per_key: List[int] = []
+    strides: List[List[int]] = []
+    inverse_keys: List[str] = []
+    inverse_tensors: List[torch.Tensor] = []
+    for kjt in kjt_list:
+        if kjt.variable_stride_per_key() != variable:
+            raise ValueError("KeyedJaggedTensor.concat needs all inputs variable-batch or all fixed-batch")
+        if not variable and kjt.stride() != stride:
+            strides_seen: List[int] = [k.stride() for k in kjt_list]
+            raise ValueError(f"KeyedJaggedTensor.concat needs one batch size, got strides {strides_seen}")
+        if (kjt.weights_or_none() is not None) != weighted:
+            raise ValueError("KeyedJaggedTensor.concat needs all inputs weighted or all unweighted")
+        keys.extend(kjt.keys())
+        length_per_key.extend(kjt.length_per_key())
+        strides.extend(kjt.stride_per_key_per_rank())
+        inverse = kjt.inverse_indices_or_none()
+        if inverse is not None:
+            inverse_keys.extend(inverse[0])
+            inverse_tensors.append(inverse[1])
+    weights: Optional[torch.Tensor] = None
+    if weighted:
+        weights = torch.cat([kjt.weights() for kjt in kjt_list])
+    inverse_indices: Optional[Tuple[List[str], torch.Tensor]] = None
+    if len(inverse_tensors) > 0:
+        inverse_indices = (inverse_keys, torch.cat(inverse_tensors))
+    return KeyedJaggedTensor(
+        keys=keys,
+        values=torch.cat([kjt.values() for kjt in kjt_list]),
+        weights=weights,
+        lengths=torch.cat([kjt.lengths() for kjt in kjt_list]),
+        stride=None if variable else stride,
+        stride_per_key_per_rank=strides if variable else None,
+        length_per_key=length_per_key,
+        offsets=None,
+        offset_per_key=None,
+        index_per_key=None,
+        jt_dict=None,
+        inverse_indices=inverse_indices,
+        stride_per_key=None,
+        lengths_offset_per_key=None,
+    )

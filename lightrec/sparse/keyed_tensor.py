@@ -14,7 +14,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from lightrec.sparse.jagged_tensor import JaggedTensorMeta
+from lightrec.sparse.jagged import JaggedTensorMeta
 
 __all__ = ["KeyedTensor"]
 
@@ -119,23 +119,10 @@ class KeyedTensor(metaclass=JaggedTensorMeta):
         """One tensor per group: the blocks named in ``groups[i]``, concatenated in that order.
 
         Used to feed interaction layers that want a different grouping of features than the
-        embedding collections produced (e.g. user features vs item features).
+        embedding collections produced (e.g. user features vs item features). One ``torch.fx``
+        node when traced (the key lookups need real KeyedTensors).
         """
-        blocks: Dict[str, torch.Tensor] = {}
-        key_dim = 1
-        for kt in keyed_tensors:
-            key_dim = kt.key_dim()
-            for k, v in kt.to_dict().items():
-                blocks[k] = v
-        out: List[torch.Tensor] = []
-        for group in groups:
-            parts: List[torch.Tensor] = []
-            for k in group:
-                if k not in blocks:
-                    raise KeyError("regroup: key " + k + " is in no KeyedTensor")
-                parts.append(blocks[k])
-            out.append(torch.cat(parts, dim=key_dim))
-        return out
+        return _regroup_keyed_tensors(keyed_tensors, groups)
 
     @staticmethod
     def regroup_as_dict(
@@ -183,9 +170,21 @@ class KeyedTensor(metaclass=JaggedTensorMeta):
         return f"KeyedTensor(keys={self._keys}, length_per_key={self._length_per_key}, values={tuple(self._values.shape)})"
 
 
-torch.utils._pytree.register_pytree_node(
-    KeyedTensor,
-    lambda kt: ([kt.values()], (kt.keys(), kt.length_per_key(), kt.key_dim())),
-    lambda tensors, ctx: KeyedTensor(keys=ctx[0], length_per_key=ctx[1], values=list(tensors)[0], key_dim=ctx[2]),
-    serialized_type_name="lightrec.KeyedTensor",
-)
+@torch.fx.wrap
+def _regroup_keyed_tensors(keyed_tensors: List[KeyedTensor], groups: List[List[str]]) -> List[torch.Tensor]:
+    """``KeyedTensor.regroup`` (one ``torch.fx`` node)."""
+    blocks: Dict[str, torch.Tensor] = {}
+    key_dim = 1
+    for kt in keyed_tensors:
+        key_dim = kt.key_dim()
+        for k, v in kt.to_dict().items():
+            blocks[k] = v
+    out: List[torch.Tensor] = []
+    for group in groups:
+        parts: List[torch.Tensor] = []
+        for k in group:
+            if k not in blocks:
+                raise KeyError("regroup: key " + k + " is in no KeyedTensor")
+            parts.append(blocks[k])
+        out.append(torch.cat(parts, dim=key_dim))
+    return out

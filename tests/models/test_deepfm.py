@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from lightrec.models import DeepFM, DLRMTrain, SimpleDeepFMNN
+from lightrec.models.deepfm import SimpleDeepFMNNWrapper
 from lightrec.modules import EmbeddingBagCollection
 from lightrec.modules._dense_checks import DenseShapeError
 from tests.models.helpers import FakeBatch, linears, random_kjt, reference_mlp, reference_pooled, tables
@@ -47,13 +48,27 @@ def test_forward_backward_match_reference(dense_in: int) -> None:
         torch.testing.assert_close(model(torch.zeros(B, 0), kjt), out)
 
 
-def test_simple_deepfmnn_uses_torchrec_constructor() -> None:
-    ebc = EmbeddingBagCollection(tables(D), device="meta")
+def test_simple_deepfmnn_is_torchrecs_architecture() -> None:
+    """torchrec's SimpleDeepFMNN by its formulas: dense arch, [d | deep | all-scalar-pairs FM], sigmoid."""
+    torch.manual_seed(0)
+    ebc = EmbeddingBagCollection(tables(D))
     model = SimpleDeepFMNN(num_dense_features=2, embedding_bag_collection=ebc, hidden_layer_size=9, deep_fm_dimension=7)
-    widths = [layer.out_features for layer in linears(model.deep)]
-    assert widths == [9, 7, 1]
-    assert model.num_fields == 4
-    assert linears(model.deep)[0].in_features == 4 * D
+    assert {"dense_arch.model.0.weight", "dense_arch.model.2.bias", "inter_arch.deep_fm.dense_module.0.weight",
+            "over_arch.model.0.weight"} <= set(model.state_dict())  # fmt: skip
+    g = torch.Generator().manual_seed(1)
+    dense, kjt = torch.randn(B, 2, generator=g), random_kjt(B, g)
+    sd = model.state_dict()
+    d = torch.relu(torch.relu(dense @ sd["dense_arch.model.0.weight"].t() + sd["dense_arch.model.0.bias"])
+                   @ sd["dense_arch.model.2.weight"].t() + sd["dense_arch.model.2.bias"])  # fmt: skip
+    x = torch.cat([d, *reference_pooled(ebc, kjt)], dim=1)
+    deep = torch.relu(x @ sd["inter_arch.deep_fm.dense_module.0.weight"].t() + sd["inter_arch.deep_fm.dense_module.0.bias"])
+    fm = 0.5 * (x.sum(1, keepdim=True) ** 2 - (x * x).sum(1, keepdim=True))
+    z = torch.cat([d, deep, fm], dim=1)
+    want = torch.sigmoid(z @ sd["over_arch.model.0.weight"].t() + sd["over_arch.model.0.bias"])
+    torch.testing.assert_close(model(dense, kjt), want)
+    wrapped = SimpleDeepFMNNWrapper(2, ebc, 9, 7)
+    wrapped.load_state_dict(sd)
+    torch.testing.assert_close(wrapped(FakeBatch(dense, kjt, None)), want)
 
 
 def test_meta_collection_and_dense_device() -> None:

@@ -39,8 +39,8 @@ def _reference_dlrm(model: DLRM, dense: torch.Tensor, kjt: KeyedJaggedTensor) ->
         x0 = torch.cat(vectors, dim=1)
         xl = x0
         cross = model.inter_arch.crossnet
-        for down, up in zip(cross.down, cross.up, strict=True):
-            xl = x0 * (xl @ down.weight.t() @ up.weight.t() + up.bias) + xl
+        for w, v, b in zip(cross.W_kernels, cross.V_kernels, cross.bias, strict=True):
+            xl = x0 * (xl @ v.t() @ w.t() + b.squeeze(1)) + xl
         z = xl
     else:
         pairs = [(vectors[i] * vectors[j]).sum(1, keepdim=True) for i, j in itertools.combinations(range(len(vectors)), 2)]

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from lightrec.modules._dense_checks import DenseShapeError
-from lightrec.modules.crossnet import CrossNet, LowRankCrossNet, VectorCrossNet
-from lightrec.modules.deepfm import DeepFM, FactorizationMachine
+from lightrec.modules.crossnet import CrossNet, LowRankCrossNet, LowRankMixtureCrossNet, VectorCrossNet
+from lightrec.modules.deepfm import DeepFM, FactorizationMachine, field_factorization_machine
 from lightrec.modules.interaction import InteractionArch, InteractionDCNArch, num_interaction_outputs
 from lightrec.modules.mlp import MLP, Perceptron
 
@@ -181,17 +181,19 @@ def test_interaction_arch_rejects_bad_num_features(bad) -> None:  # noqa: ANN001
 
 
 def _reference_crossnet(net: nn.Module, x0: torch.Tensor) -> torch.Tensor:
-    xl = x0
+    """torchrec's formulas on column vectors: x_{l+1} = x_0 * (W x_l + b) + x_l, ``[B, N, 1]``."""
+    c0 = x0.unsqueeze(2)
+    cl = c0
     if isinstance(net, CrossNet):
-        for layer in net.layers:
-            xl = x0 * (xl @ layer.weight.t() + layer.bias) + xl
+        for w, b in zip(net.kernels, net.bias, strict=True):
+            cl = c0 * (torch.matmul(w, cl) + b) + cl
     elif isinstance(net, LowRankCrossNet):
-        for down, up in zip(net.down, net.up, strict=True):
-            xl = x0 * ((xl @ down.weight.t()) @ up.weight.t() + up.bias) + xl
+        for w, v, b in zip(net.W_kernels, net.V_kernels, net.bias, strict=True):
+            cl = c0 * (torch.matmul(w, torch.matmul(v, cl)) + b) + cl
     else:
-        for w, b in zip(net.kernels, net.biases, strict=True):
-            xl = x0 * (xl @ w).unsqueeze(1) + b + xl
-    return xl
+        for w, b in zip(net.kernels, net.bias, strict=True):
+            cl = torch.matmul(c0, torch.tensordot(cl, w, dims=([1], [0]))) + b + cl
+    return cl.squeeze(2)
 
 
 @pytest.mark.parametrize(
@@ -215,6 +217,55 @@ def test_crossnets_match_reference(make) -> None:  # noqa: ANN001
     ref.backward(g)
     torch.testing.assert_close(x.grad, x_ref.grad)
     assert all(p.grad is not None for p in net.parameters())
+
+
+def _reference_mixture(net: LowRankMixtureCrossNet, x0: torch.Tensor) -> torch.Tensor:
+    """torchrec's per-expert loop on ``[B, N, 1]`` column vectors."""
+    c0 = x0.unsqueeze(2)
+    cl = c0
+    for layer in range(net.num_layers):
+        experts = []
+        for i in range(net.num_experts):
+            h = torch.matmul(net.V_kernels[layer][i], cl).relu()
+            h = torch.matmul(net.C_kernels[layer][i], h).relu()
+            experts.append((c0 * (torch.matmul(net.U_kernels[layer][i], h) + net.bias[layer])).squeeze(2))
+        stacked = torch.stack(experts, 2)  # [B, N, K]
+        if net.num_experts > 1:
+            gates = torch.stack([g(cl.squeeze(2)) for g in net.gates], 1)  # [B, K, 1]
+            cl = torch.matmul(stacked, torch.softmax(gates, 1)) + cl
+        else:
+            cl = stacked + cl
+    return cl.squeeze(2)
+
+
+@pytest.mark.parametrize("experts", [1, 3])
+def test_low_rank_mixture_crossnet_matches_reference(experts: int) -> None:
+    torch.manual_seed(0)
+    net = LowRankMixtureCrossNet(6, 2, num_experts=experts, low_rank=2)
+    with torch.no_grad():
+        for b in net.bias:
+            b.normal_()
+    x = torch.randn(4, 6)
+    torch.testing.assert_close(net(x), _reference_mixture(net, x))
+    names = {n for n, _ in net.named_parameters()}
+    assert {"U_kernels.0", "V_kernels.1", "C_kernels.0", "bias.1"} <= names
+    assert ("gates.2.weight" in names) == (experts == 3)
+
+
+def test_crossnets_load_torchrec_state_dicts() -> None:
+    """Keys and shapes as torchrec's ParameterLists write them (docs/migrating-from-torchrec.md)."""
+    n, r, g = 5, 2, torch.Generator().manual_seed(3)
+    x = torch.randn(3, n, generator=g)
+    layouts = {
+        CrossNet(n, 2): {f"{k}.{layer}": s for layer in range(2) for k, s in (("kernels", [n, n]), ("bias", [n, 1]))},
+        LowRankCrossNet(n, 2, r): {f"{k}.{layer}": s for layer in range(2)
+                                   for k, s in (("W_kernels", [n, r]), ("V_kernels", [r, n]), ("bias", [n, 1]))},
+        VectorCrossNet(n, 2): {f"{k}.{layer}": s for layer in range(2) for k, s in (("kernels", [n, 1]), ("bias", [n, 1]))},
+    }  # fmt: skip
+    for net, layout in layouts.items():
+        torchrec_state = {k: torch.randn(s, generator=g) for k, s in layout.items()}
+        net.load_state_dict(torchrec_state)  # strict: same keys, same shapes
+        torch.testing.assert_close(net(x), _reference_crossnet(net, x))
 
 
 def test_crossnet_shapes_init_and_parameter_counts() -> None:
@@ -267,10 +318,10 @@ def test_interaction_dcn_arch_crosses_the_flat_concatenation() -> None:
 # ------------------------------------------------------------------------------------- DeepFM
 
 
-def test_factorization_machine_matches_pairwise_sum() -> None:
+def test_field_factorization_machine_matches_pairwise_sum() -> None:
     torch.manual_seed(0)
     one, many = torch.randn(4, 3, requires_grad=True), torch.randn(4, 5, 3, requires_grad=True)
-    out = FactorizationMachine()([one, many])
+    out = field_factorization_machine([one, many])
     assert out.shape == (4, 1)
     fields = [one] + [many[:, f] for f in range(5)]
     ref = sum((fields[i] * fields[j]).sum(1, keepdim=True) for i, j in itertools.combinations(range(6), 2))
@@ -280,14 +331,29 @@ def test_factorization_machine_matches_pairwise_sum() -> None:
     torch.testing.assert_close(gi, gr)
 
 
+def test_factorization_machine_is_torchrecs_all_scalar_pairs() -> None:
+    """torchrec's FM: every pair of scalars of the flattened inputs, mixed widths allowed."""
+    torch.manual_seed(0)
+    a, b = torch.randn(3, 2, 8, requires_grad=True), torch.randn(3, 5, requires_grad=True)
+    out = FactorizationMachine()([a, b])
+    assert out.shape == (3, 1)
+    x = torch.cat([a.flatten(1), b], dim=1)
+    ref = torch.stack([
+        sum(x[r, i] * x[r, j] for i, j in itertools.combinations(range(x.shape[1]), 2)) for r in range(3)
+    ]).unsqueeze(1)  # fmt: skip
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(torch.autograd.grad(out.sum(), [a, b]), torch.autograd.grad(ref.sum(), [a, b]))
+    # not the field-wise FM: on one [3, 2, 8] input the two differ (the issue's -3.24 vs -0.61 case)
+    assert not torch.allclose(FactorizationMachine()([a]), field_factorization_machine([a]))
+
+
 def test_factorization_machine_rejects_bad_inputs() -> None:
-    fm = FactorizationMachine()
     with pytest.raises(ValueError, match="at least one tensor"):
-        fm([])
-    with pytest.raises(DenseShapeError, match=r"embeddings\[1\] must have shape"):
-        fm([torch.randn(2, 3), torch.randn(2, 4)])
+        FactorizationMachine()([])
     with pytest.raises(DenseShapeError, match="same batch size, got 2 and 5"):
-        fm([torch.randn(2, 3), torch.randn(5, 3)])
+        FactorizationMachine()([torch.randn(2, 3), torch.randn(5, 3)])
+    with pytest.raises(DenseShapeError, match=r"embeddings\[1\] must have shape"):
+        field_factorization_machine([torch.randn(2, 3), torch.randn(2, 4)])
 
 
 def test_deepfm_component_runs_dense_module_on_flat_concatenation() -> None:

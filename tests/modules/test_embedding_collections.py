@@ -15,6 +15,7 @@ from lightrec import (
     PoolingType,
 )
 from lightrec.modules import EmbeddingIdError, FeatureKeyError
+from lightrec.modules.feature_checks import strict_checks
 
 B = 4
 
@@ -101,7 +102,9 @@ def test_empty_batch_and_all_empty_bags() -> None:
 
 def test_feature_key_errors_list_missing_and_unknown() -> None:
     ebc = EmbeddingBagCollection(_tables(PoolingType.SUM))
-    with pytest.raises(FeatureKeyError, match=r"missing features \['f2'\]; unknown features \['zz'\]"):
+    with pytest.raises(FeatureKeyError, match=r"missing features \['f2'\]\. The collection serves"):
+        ebc(_batch(False, keys=("f0", "f1", "zz")))  # a missing feature is an error in every mode
+    with strict_checks(), pytest.raises(FeatureKeyError, match=r"missing features \['f2'\]; unknown features \['zz'\]"):
         ebc(_batch(False, keys=("f0", "f1", "zz")))
 
 
@@ -146,7 +149,7 @@ def test_weighted_collection_needs_weights() -> None:
     ],
 )
 def test_bad_table_lists(tables: list, match: str) -> None:
-    with pytest.raises(ValueError, match=match):
+    with strict_checks(), pytest.raises(ValueError, match=match):  # some are errors only when strict
         EmbeddingBagCollection(tables)
 
 

@@ -103,11 +103,12 @@ def test_permute_and_getitem_errors_name_the_keys() -> None:
         kjt.split([1, 1])
 
 
-def test_from_jt_dict_rejects_mixed_batch_sizes_and_weights() -> None:
+def test_from_jt_dict_of_mixed_batch_sizes_is_variable_batch_and_rejects_mixed_weights() -> None:
     a = JaggedTensor(values=torch.tensor([1]), lengths=torch.tensor([1, 0]))
     b = JaggedTensor(values=torch.tensor([1]), lengths=torch.tensor([1]))
-    with pytest.raises(SparseValueError, match="same batch size"):
-        KeyedJaggedTensor.from_jt_dict({"a": a, "b": b})
+    mixed = KeyedJaggedTensor.from_jt_dict({"a": a, "b": b})  # torchrec: a variable-batch KJT
+    assert mixed.variable_stride_per_key() and mixed.stride_per_key_per_rank() == [[2], [1]]
+    assert mixed["a"].lengths().tolist() == [1, 0] and mixed["b"].lengths().tolist() == [1]
     w = JaggedTensor(values=torch.tensor([1]), lengths=torch.tensor([1, 0]), weights=torch.ones(1))
     with pytest.raises(SparseValueError, match="weight all or none"):
         KeyedJaggedTensor.from_jt_dict({"a": a, "w": w})

@@ -29,10 +29,11 @@ import abc
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Awaitable", "LazyAwaitable", "NoWait", "LazyNoWait", "AwaitableList", "wait_all"]
+__all__ = ["Awaitable", "AwaitableList", "GetItemLazyAwaitable", "LazyAwaitable", "LazyGetItemMixin", "LazyNoWait", "NoWait", "wait_all"]
 
 W = TypeVar("W")
 U = TypeVar("U")
+K = TypeVar("K")
 
 # Attributes set by the base classes; ``LazyAwaitable.__getattr__`` must never forward them to
 # the result (that would recurse while the object is half constructed).
@@ -203,3 +204,28 @@ class LazyNoWait(LazyAwaitable[W]):
 
     def _wait_impl(self) -> W:
         return self._obj
+
+
+class GetItemLazyAwaitable(LazyAwaitable[Any]):
+    """``parent[key]`` of a lazy result, itself lazy: nothing waits until the item is used."""
+
+    def __init__(self, parent: LazyAwaitable[Any], key: Any) -> None:
+        super().__init__()
+        self._parent = parent
+        self._key = key
+
+    def _wait_impl(self) -> Any:
+        return self._parent.wait()[self._key]
+
+
+class LazyGetItemMixin(Generic[K, W]):
+    """Mix into a ``LazyAwaitable`` (before it in the bases) so ``result[key]`` stays lazy.
+
+    torchrec's mixin: ``out["f1"]`` on a sharded collection's result returns a
+    :class:`GetItemLazyAwaitable` instead of waiting for the whole result at once.
+    """
+
+    def __getitem__(self, key: K) -> LazyAwaitable[W]:
+        if not isinstance(self, LazyAwaitable):
+            raise TypeError(f"LazyGetItemMixin needs a LazyAwaitable subclass, got {type(self).__name__}")
+        return GetItemLazyAwaitable(self, key)

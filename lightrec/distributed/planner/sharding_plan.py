@@ -72,13 +72,19 @@ def _cols_split(sizes: list[int], rows: int, devices: list[str]) -> list[ShardMe
     return [ShardMetadata([0, o], [rows, s], d) for o, s, d in zip(offsets, sizes, devices, strict=False)]
 
 
-def table_wise(rank: int, compute_kernel: str = _FUSED) -> ParameterShardingGenerator:
-    """The whole table on ``rank``."""
+def table_wise(rank: int, device: str | None = None, compute_kernel: str = _FUSED) -> ParameterShardingGenerator:
+    """The whole table on ``rank``.
+
+    Args:
+        rank: the owning rank.
+        device: device type of the shard (``"cpu"``, ``"cuda"``); default: the plan's device type.
+        compute_kernel: an ``EmbeddingComputeKernel`` value.
+    """
 
     def gen(table, local_size: int, world_size: int, device_type: str) -> ParameterSharding:  # noqa: ANN001
         _check_rank(rank, world_size, "table_wise(rank=...)")
         rows, cols = _shape(table)
-        spec = [ShardMetadata([0, 0], [rows, cols], placement_for(rank, device_type, local_size))]
+        spec = [ShardMetadata([0, 0], [rows, cols], placement_for(rank, device or device_type, local_size))]
         return ParameterSharding(ShardingType.TABLE_WISE, compute_kernel, [rank], spec)
 
     return gen
@@ -119,18 +125,47 @@ def row_wise(
     return gen
 
 
-def column_wise(ranks: list[int], compute_kernel: str = _FUSED) -> ParameterShardingGenerator:
-    """Columns split into ``len(ranks)`` shards, shard ``i`` on ``ranks[i]`` (a rank may repeat)."""
+def column_wise(
+    ranks: list[int] | None = None,
+    size_per_rank: list[int] | None = None,
+    compute_kernel: str = _FUSED,
+    device_types: list[str] | None = None,
+) -> ParameterShardingGenerator:
+    """Columns split into shards, as torchrec's ``column_wise``.
+
+    Args:
+        ranks: shard ``i`` on ``ranks[i]`` (a rank may repeat); columns split evenly (4-aligned).
+        size_per_rank: instead of ``ranks``: shard ``i`` holds ``size_per_rank[i]`` columns and
+            lives on rank ``i``; the sizes must add up to the table's columns.
+        compute_kernel: an ``EmbeddingComputeKernel`` value.
+        device_types: device type of each shard (default: the plan's device type for all).
+    """
+    if (ranks is None) == (size_per_rank is None):
+        raise ValueError(
+            f"column_wise needs exactly one of ranks=... or size_per_rank=..., got ranks={ranks!r}, "
+            f"size_per_rank={size_per_rank!r}"
+        )
 
     def gen(table, local_size: int, world_size: int, device_type: str) -> ParameterSharding:  # noqa: ANN001
-        if not ranks:
-            raise ValueError("column_wise(ranks=...) needs at least one rank")
-        for r in ranks:
-            _check_rank(r, world_size, "column_wise(ranks=...) entry")
         rows, cols = _shape(table)
-        sizes = column_wise_shard_sizes(cols, len(ranks))
-        spec = _cols_split(sizes, rows, [placement_for(r, device_type, local_size) for r in ranks])
-        return ParameterSharding(ShardingType.COLUMN_WISE, compute_kernel, list(ranks), spec)
+        if size_per_rank is not None:
+            sizes, shard_ranks = list(size_per_rank), list(range(len(size_per_rank)))
+            if sum(sizes) != cols or any(s <= 0 for s in sizes):
+                raise ValueError(
+                    f"column_wise(size_per_rank={sizes}) must be positive and add up to the table's {cols} columns"
+                )
+        else:
+            assert ranks is not None  # checked above
+            if not ranks:
+                raise ValueError("column_wise(ranks=...) needs at least one rank")
+            shard_ranks, sizes = list(ranks), column_wise_shard_sizes(cols, len(ranks))
+        for r in shard_ranks:
+            _check_rank(r, world_size, "column_wise shard rank")
+        devices = list(device_types) if device_types is not None else [device_type] * len(shard_ranks)
+        if len(devices) != len(shard_ranks):
+            raise ValueError(f"column_wise(device_types=...) gives {len(devices)} devices for {len(shard_ranks)} shards")
+        placements = [placement_for(r, d, local_size) for r, d in zip(shard_ranks, devices, strict=True)]
+        return ParameterSharding(ShardingType.COLUMN_WISE, compute_kernel, shard_ranks, _cols_split(sizes, rows, placements))
 
     return gen
 

@@ -101,6 +101,14 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
         super().__init__()
         check_kernel_backend(kernel_backend)
         configs = self._configs_of(module)
+        listed = [f for c in configs for f in c.feature_names]
+        shared = sorted({f for f in listed if listed.count(f) > 1})
+        if shared:
+            raise ValueError(
+                f"{type(self).__name__}: features {shared} are read by several tables; a sharded collection "
+                "routes each feature to one table's shards. Give each table its own feature name "
+                "(copy the KJT key) or keep this collection unsharded"
+            )
         self._configs = list(configs)
         self._env = env
         self._device = device

@@ -1,0 +1,11 @@
+"""torchrec's ``torchrec.distributed.embedding_types`` path: the kernel and sharding enums and the
+sharder base of the embedding collections, re-exported.
+
+``BaseEmbeddingSharder`` is lightrec's :class:`~lightrec.distributed.sharding.collection_sharder.CollectionSharder`
+(the base of ``EmbeddingBagCollectionSharder`` / ``EmbeddingCollectionSharder``).
+"""
+
+from lightrec.distributed.sharding.collection_sharder import CollectionSharder as BaseEmbeddingSharder
+from lightrec.distributed.types import EmbeddingComputeKernel, ShardingType
+
+__all__ = ["BaseEmbeddingSharder", "EmbeddingComputeKernel", "ShardingType"]

@@ -1,0 +1,254 @@
+"""``sed s/torchrec/lightrec/`` on a torchrec user's imports: every mirrored path and name imports,
+and the torchrec signatures issue 17 lists are accepted with torchrec's meaning.
+
+The table below is written from torchrec's public layout (its docs and API pages), not generated
+from torchrec; docs/migrating-from-torchrec.md lists the same paths.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+from torch import nn
+
+TORCHREC_PATHS: dict[str, list[str]] = {
+    "torchrec": ["JaggedTensor", "KeyedJaggedTensor", "KeyedTensor", "EmbeddingBagCollection",
+                 "EmbeddingCollection", "EmbeddingBagConfig", "EmbeddingConfig", "PoolingType", "DataType"],
+    "torchrec.sparse.jagged_tensor": ["JaggedTensor", "KeyedJaggedTensor", "KeyedTensor", "jt_is_equal",
+                                      "kjt_is_equal", "ComputeKJTToJTDict", "ComputeJTDictToKJT"],
+    "torchrec.modules.embedding_configs": ["EmbeddingBagConfig", "EmbeddingConfig", "PoolingType", "DataType",
+                                           "QuantConfig", "data_type_to_dtype", "pooling_type_to_str",
+                                           "BaseEmbeddingConfig"],
+    "torchrec.modules.embedding_modules": ["EmbeddingBagCollection", "EmbeddingCollection"],
+    "torchrec.modules.mlp": ["MLP", "Perceptron"],
+    "torchrec.modules.crossnet": ["CrossNet", "LowRankCrossNet", "LowRankMixtureCrossNet", "VectorCrossNet"],
+    "torchrec.modules.deepfm": ["DeepFM", "FactorizationMachine"],
+    "torchrec.modules.fused_embedding_modules": ["FusedEmbeddingBagCollection", "FusedEmbeddingCollection",
+                                                 "fuse_embedding_optimizer"],
+    "torchrec.optim.keyed": ["KeyedOptimizer", "CombinedOptimizer", "KeyedOptimizerWrapper", "OptimizerWrapper"],
+    "torchrec.optim.optimizers": ["in_backward_optimizer_filter"],
+    "torchrec.optim.apply_optimizer_in_backward": ["apply_optimizer_in_backward"],
+    "torchrec.optim.rowwise_adagrad": ["RowWiseAdagrad"],
+    "torchrec.quant.embedding_modules": ["EmbeddingBagCollection", "EmbeddingCollection",
+                                         "QuantEmbeddingBagCollection", "QuantEmbeddingCollection"],
+    "torchrec.fx": ["Tracer", "symbolic_trace"],
+    "torchrec.fx.tracer": ["Tracer", "symbolic_trace"],
+    "torchrec.models.dlrm": ["DLRM", "DLRM_DCN", "DLRM_Projection", "DLRMTrain", "DLRMWrapper", "DenseArch",
+                             "InteractionArch", "InteractionDCNArch", "InteractionProjectionArch", "OverArch",
+                             "SparseArch"],
+    "torchrec.models.deepfm": ["DenseArch", "FMInteractionArch", "OverArch", "SimpleDeepFMNN",
+                               "SimpleDeepFMNNWrapper", "SparseArch"],
+    "torchrec.distributed": ["DistributedModelParallel", "ModuleSharder", "ShardingEnv", "ShardingPlan",
+                             "ShardingType", "ParameterSharding", "EmbeddingBagCollectionSharder",
+                             "EmbeddingCollectionSharder"],
+    "torchrec.distributed.types": ["Awaitable", "LazyAwaitable", "NoWait", "LazyNoWait", "LazyGetItemMixin",
+                                   "ModuleSharder", "ShardingType", "ShardingEnv", "ShardingPlan",
+                                   "ParameterSharding", "EnumerableShardingSpec", "ShardMetadata",
+                                   "EmbeddingModuleShardingPlan"],
+    "torchrec.distributed.sharding_plan": ["construct_module_sharding_plan", "table_wise", "row_wise",
+                                           "column_wise", "data_parallel", "table_row_wise", "table_column_wise",
+                                           "get_default_sharders"],
+    "torchrec.distributed.embedding_types": ["EmbeddingComputeKernel", "ShardingType", "BaseEmbeddingSharder"],
+    "torchrec.distributed.embeddingbag": ["EmbeddingBagCollectionSharder", "ShardedEmbeddingBagCollection"],
+    "torchrec.distributed.embedding": ["EmbeddingCollectionSharder", "ShardedEmbeddingCollection"],
+    "torchrec.distributed.model_parallel": ["DistributedModelParallel"],
+    "torchrec.distributed.dist_data": ["KJTAllToAll", "PooledEmbeddingsAllToAll", "PooledEmbeddingsReduceScatter",
+                                       "PooledEmbeddingsAllGather", "SequenceEmbeddingsAllToAll"],
+    "torchrec.distributed.planner": ["EmbeddingShardingPlanner", "Topology", "ParameterConstraints"],
+    "torchrec.distributed.planner.types": ["Topology", "ParameterConstraints", "PlannerError"],
+    "torchrec.distributed.planner.planners": ["EmbeddingShardingPlanner"],
+    "torchrec.distributed.shard": ["_shard_modules"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("path", sorted(TORCHREC_PATHS))
+def test_torchrec_path_imports_under_lightrec(path: str) -> None:
+    module = importlib.import_module(path.replace("torchrec", "lightrec"))
+    missing = [name for name in TORCHREC_PATHS[path] if not hasattr(module, name)]
+    assert not missing, f"{path} -> lightrec lacks {missing}"
+
+
+def test_mirrors_are_the_same_objects() -> None:
+    from lightrec.distributed.comm import LazyAwaitable
+    from lightrec.distributed.types import LazyAwaitable as FromTypes
+    from lightrec.kernels import FusedEmbeddingBagCollection
+    from lightrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection as FromModules
+    from lightrec.sparse import KeyedJaggedTensor
+    from lightrec.sparse.jagged_tensor import KeyedJaggedTensor as FromPath
+
+    assert FromTypes is LazyAwaitable and FromModules is FusedEmbeddingBagCollection and FromPath is KeyedJaggedTensor
+
+
+# ----------------------------------------------------------------------------------- signatures
+def test_module_sharder_is_generic() -> None:
+    from lightrec.distributed.types import ModuleSharder
+
+    alias = ModuleSharder[nn.Module]
+    assert alias.__origin__ is ModuleSharder  # type: ignore[attr-defined]
+
+
+def test_column_wise_size_per_rank_and_device_types_and_table_wise_device() -> None:
+    from lightrec import EmbeddingBagCollection, EmbeddingBagConfig
+    from lightrec.distributed.sharding_plan import column_wise, construct_module_sharding_plan, table_wise
+
+    ebc = EmbeddingBagCollection([
+        EmbeddingBagConfig(name="a", num_embeddings=5, embedding_dim=8, feature_names=["x"]),
+        EmbeddingBagConfig(name="b", num_embeddings=5, embedding_dim=8, feature_names=["y"]),
+    ], device="meta")  # fmt: skip
+    plan = construct_module_sharding_plan(
+        ebc, {"a": column_wise(size_per_rank=[6, 2], device_types=["cpu", "cuda"]), "b": table_wise(1, device="cpu")},
+        world_size=2, device_type="cuda",
+    )  # fmt: skip
+    a, b = plan["a"], plan["b"]
+    assert [s.shard_sizes for s in a.sharding_spec] == [[5, 6], [5, 2]] and a.ranks == [0, 1]
+    assert [s.device for s in a.sharding_spec] == ["cpu", "cuda:1"]
+    assert b.sharding_spec.shards[0].placement == "rank:1/cpu"  # EnumerableShardingSpec's .shards
+    with pytest.raises(ValueError, match="exactly one of ranks"):
+        column_wise()
+    with pytest.raises(ValueError, match="add up to the table's 8 columns"):
+        construct_module_sharding_plan(ebc, {"a": column_wise(size_per_rank=[3, 3])}, world_size=2)
+
+
+def test_keyed_optimizer_init_state_save_param_groups_and_wrappers() -> None:
+    from lightrec.optim import CombinedOptimizer, KeyedOptimizerWrapper, OptimizerWrapper
+
+    emb = nn.Embedding(4, 2, sparse=True)
+    lin = nn.Linear(2, 1)
+    sparse_opt = KeyedOptimizerWrapper({"emb.weight": emb.weight}, lambda ps: torch.optim.Adagrad(ps, lr=0.1))
+    dense_opt = KeyedOptimizerWrapper(dict(lin.named_parameters()), lambda ps: torch.optim.Adam(ps, lr=0.1))
+    combined = CombinedOptimizer([("s", sparse_opt), ("d", dense_opt)])
+    combined.init_state({"s.emb.weight"})  # Adagrad's state from a sparse zero gradient
+    assert set(combined.state_dict()["state"]) == {"s.emb.weight", "d.weight", "d.bias"}
+    assert emb.weight.grad is None and torch.count_nonzero(combined.state_dict()["state"]["d.weight"]["exp_avg"]) == 0
+    with pytest.raises(KeyError, match="unknown parameters"):
+        dense_opt.init_state(["nope"])
+    combined.save_param_groups(False)
+    state = combined.state_dict()
+    assert state["param_groups"] == []
+    combined.load_state_dict(state)  # loads the state, keeps the groups
+    wrapped = OptimizerWrapper(combined)
+    assert wrapped.state_dict().keys() == state.keys() and wrapped() is wrapped  # torchrec's call form
+    lin(emb(torch.tensor([1]))).sum().backward()
+    wrapped.step()
+    assert combined.state_dict()["state"]["d.weight"]["step"] == 1
+
+
+def test_fused_optimizer_property_is_also_callable_and_fuse_embedding_optimizer() -> None:
+    from lightrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+    from lightrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection, fuse_embedding_optimizer
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ebc = EmbeddingBagCollection([EmbeddingBagConfig(name="t", num_embeddings=6, embedding_dim=2,
+                                                                  feature_names=["f"])])  # fmt: skip
+
+        def forward(self, kjt: KeyedJaggedTensor) -> torch.Tensor:
+            return self.ebc(kjt).values()
+
+    model = Model()
+    before = model.ebc.embedding_bags["t"].weight.detach().clone()
+    kjt = KeyedJaggedTensor(keys=["f"], values=torch.tensor([1, 2]), lengths=torch.tensor([1, 1]))
+    expected = model(kjt).detach()
+    fuse_embedding_optimizer(model, torch.optim.SGD, {"lr": 0.5}, torch.device("cpu"))
+    assert isinstance(model.ebc, FusedEmbeddingBagCollection)
+    torch.testing.assert_close(model(kjt), expected)
+    model(kjt).sum().backward()  # SGD inside backward: rows 1 and 2 move by -0.5
+    after = model.ebc.state_dict()["embedding_bags.t.weight"]
+    torch.testing.assert_close(after[[1, 2]], before[[1, 2]] - 0.5)
+    torch.testing.assert_close(after[[0, 3]], before[[0, 3]])
+    from lightrec.optim import CombinedOptimizer
+
+    assert isinstance(model.ebc.fused_optimizer(), CombinedOptimizer)  # torchrec calls it; lightrec's is a property
+    with pytest.raises(ValueError, match="holds no EmbeddingBagCollection"):
+        fuse_embedding_optimizer(nn.Linear(1, 1), torch.optim.SGD, {"lr": 0.1}, "cpu")
+
+
+def test_quant_config_per_table_weight_dtype() -> None:
+    from torch.ao import quantization as quant
+
+    from lightrec import EmbeddingBagCollection, EmbeddingBagConfig
+    from lightrec.modules.embedding_configs import DataType, QuantConfig
+    from lightrec.quant import QuantEmbeddingBagCollection
+
+    ebc = EmbeddingBagCollection([
+        EmbeddingBagConfig(name="a", num_embeddings=5, embedding_dim=8, feature_names=["x"]),
+        EmbeddingBagConfig(name="b", num_embeddings=5, embedding_dim=8, feature_names=["y"]),
+    ])  # fmt: skip
+    ebc.qconfig = QuantConfig(
+        activation=quant.PlaceholderObserver.with_args(dtype=torch.float),
+        weight=quant.PlaceholderObserver.with_args(dtype=torch.qint8),
+        per_table_weight_dtype={"b": torch.float16},
+    )
+    q = QuantEmbeddingBagCollection.from_float(ebc)
+    assert [c.data_type for c in q.embedding_bag_configs()] == [DataType.INT8, DataType.FP16]
+
+
+def test_lazy_get_item_mixin_waits_only_when_used() -> None:
+    from lightrec.distributed.types import LazyAwaitable, LazyGetItemMixin
+
+    calls = []
+
+    class Result(LazyGetItemMixin[str, torch.Tensor], LazyAwaitable[dict[str, torch.Tensor]]):
+        def _wait_impl(self) -> dict[str, torch.Tensor]:
+            calls.append(1)
+            return {"f": torch.ones(2)}
+
+    item = Result()["f"]
+    assert calls == [] and isinstance(item, LazyAwaitable)
+    torch.testing.assert_close(item + 1, torch.full((2,), 2.0))
+    assert calls == [1]
+
+
+class _Inner(nn.Module):
+    def forward(self, x: torch.Tensor) -> object:
+        from lightrec.distributed.comm import LazyNoWait
+
+        return LazyNoWait(x * 2)
+
+
+class _ReturnsLazy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = _Inner()
+
+    def forward(self, x: torch.Tensor) -> object:
+        return self.inner(x)
+
+
+def test_lazy_awaitable_survives_fx_tracing() -> None:
+    from lightrec.fx import symbolic_trace
+
+    traced = symbolic_trace(_ReturnsLazy())
+    torch.testing.assert_close(traced(torch.ones(3)), torch.full((3,), 2.0))  # a tensor, not an awaitable
+
+
+def test_dlrm_projection_and_wrapper() -> None:
+    from lightrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+    from lightrec.models.dlrm import DLRM_Projection, DLRMWrapper
+
+    torch.manual_seed(0)
+    tables = [EmbeddingBagConfig(name="t", num_embeddings=6, embedding_dim=2, feature_names=["f", "g"])]
+    model = DLRM_Projection(EmbeddingBagCollection(tables), 3, [4, 2], [5, 1], [4, 6], [4, 4])
+    dense = torch.randn(2, 3)
+    kjt = KeyedJaggedTensor(keys=["f", "g"], values=torch.tensor([1, 2, 3]), lengths=torch.tensor([1, 1, 0, 1]))
+    d = model.dense_arch(dense)
+    s = model.sparse_arch(kjt)  # [B, F, D]
+    x = torch.cat([d.unsqueeze(1), s], dim=1).flatten(1)
+    p1 = model.inter_arch.interaction_branch1(x).view(2, 3, 2)
+    p2 = model.inter_arch.interaction_branch2(x).view(2, 2, 2)
+    want = model.over_arch(torch.cat([d, torch.bmm(p1, p2).flatten(1)], dim=1))
+    torch.testing.assert_close(model(dense, kjt), want)
+    with pytest.raises(ValueError, match="multiple of the embedding dim 2"):
+        DLRM_Projection(EmbeddingBagCollection(tables), 3, [4, 2], [5, 1], [4, 5], [4, 4])
+
+    class ModelInput:
+        def __init__(self) -> None:
+            self.float_features, self.idlist_features, self.label = dense, kjt, torch.tensor([1.0, 0.0])
+
+    wrapper = DLRMWrapper(EmbeddingBagCollection(tables), 3, [4, 2], [5, 1])
+    loss, logits = wrapper(ModelInput())
+    torch.testing.assert_close(loss, nn.functional.binary_cross_entropy_with_logits(logits.squeeze(1), ModelInput().label))
+    assert wrapper.eval()(ModelInput()).shape == (2, 1)
