@@ -13,7 +13,10 @@ between the two contenders (so both see the same machine load of the moment):
   ``KeyedJaggedTensor.validate()`` of every batch (dtype, per-feature length and offset checks).
 
 Prints the median window's ms/step for each and their difference, plus each check alone timed
-over the same batches on rank 0 (``validate()``; the loss check with its all-gather, both ranks).
+over the same batches on rank 0 (``validate()``; the loss check with its all-gather, both ranks;
+the collections' always-on input check ``check_collection_input`` -- ids' dtypes and surplus
+values -- on a fresh KJT, so its ``length_per_key`` is computed, not cached). That input check
+cannot be switched off, so it runs in both contenders; its figure alone is its cost per step.
 
 Run::
 
@@ -71,12 +74,14 @@ def _worker(rank: int, args: argparse.Namespace, port: int, queue: Any) -> None:
 
     from lightrec.lightning import RecStrategy
     from lightrec.lightning.nonfinite import nonfinite_ranks
+    from lightrec.modules.feature_checks import check_collection_input
+    from lightrec.sparse import KeyedJaggedTensor
 
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore")
     module, data = _module_and_data(args)
     windows: dict[str, list[float]] = {"off": [], "on": []}
-    alone: dict[str, list[float]] = {"validate": [], "loss check": []}
+    alone: dict[str, list[float]] = {"validate": [], "loss check": [], "collection input check": []}
 
     class Windows(pl.Callback):
         def __init__(self) -> None:
@@ -115,6 +120,11 @@ def _worker(rank: int, args: argparse.Namespace, port: int, queue: Any) -> None:
                 t0 = time.perf_counter()
                 nonfinite_ranks(loss)
                 alone["loss check"].append((time.perf_counter() - t0) * 1e3)
+                kjt = batch.sparse_features
+                fresh = KeyedJaggedTensor(kjt.keys(), kjt.values(), kjt.weights_or_none(), lengths=kjt.lengths())
+                t0 = time.perf_counter()
+                check_collection_input(fresh, kjt.keys(), "bench")
+                alone["collection input check"].append((time.perf_counter() - t0) * 1e3)
 
     trainer = pl.Trainer(
         accelerator="cpu", devices=args.world, strategy=RecStrategy(timeout=timedelta(seconds=600)),

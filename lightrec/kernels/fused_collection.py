@@ -27,7 +27,7 @@ from torch import nn
 from lightrec.kernels.batched_embedding import BatchedEmbedding, BatchedEmbeddingBag
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, EmbeddingBagConfig, EmbeddingConfig
 from lightrec.modules.embedding_modules import EmbeddingBagCollection
-from lightrec.modules.feature_checks import check_feature_keys
+from lightrec.modules.feature_checks import check_collection_input
 from lightrec.optim.fused_spec import FusedOptimizerSpec, optimizer_class_to_spec
 from lightrec.optim.in_backward import fused_spec_from_parameter
 from lightrec.optim.keyed import CombinedOptimizer
@@ -220,7 +220,7 @@ class FusedEmbeddingBagCollection(_FusedCollectionBase):
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         """Pool every feature; returns ``KeyedTensor(keys=feature_names(), values=[B, sum D])``."""
-        check_feature_keys(features.keys(), self._feature_names, "FusedEmbeddingBagCollection")
+        check_collection_input(features, self._feature_names, "FusedEmbeddingBagCollection")
         kjt = features.permute_to_keys(self._lookup_order)
         weights = kjt.weights_or_none() if self._is_weighted else None
         if self._is_weighted and weights is None:
@@ -327,7 +327,7 @@ class FusedEmbeddingCollection(_FusedCollectionBase):
 
     def forward(self, features: KeyedJaggedTensor) -> dict[str, JaggedTensor]:
         """Look up every id; ``{feature: JaggedTensor(values [N_f, D], lengths [B])}``."""
-        check_feature_keys(features.keys(), self._feature_names, "FusedEmbeddingCollection")
+        check_collection_input(features, self._feature_names, "FusedEmbeddingCollection")
         kjt = features.permute_to_keys(self._feature_names)
         lengths = kjt.lengths()
         offsets = complete_cumsum(lengths.long())

@@ -33,7 +33,7 @@ from lightrec.modules.embedding_configs import (
 from lightrec.modules.feature_checks import (
     BOUNDS_CHECK_MODES,
     apply_bounds_check,
-    check_feature_keys,
+    check_collection_input,
     check_table_features,
 )
 from lightrec.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
@@ -116,7 +116,7 @@ def ids_per_table(
     """
     if not torch.jit.is_scripting():  # TorchScript skips this branch; it cannot compile set logic
         if not is_fx_tracing():
-            check_feature_keys(features.keys(), feature_order, where)
+            check_collection_input(features, feature_order, where)
             if is_weighted and features.weights_or_none() is None:
                 raise ValueError(
                     f"{where}(is_weighted=True) needs per-id weights, but the KeyedJaggedTensor has "
@@ -391,7 +391,7 @@ class EmbeddingCollection(nn.Module):
         """
         if not torch.jit.is_scripting():  # TorchScript skips this branch; it cannot compile set logic
             if not is_fx_tracing():
-                check_feature_keys(features.keys(), self._feature_order, "EmbeddingCollection")
+                check_collection_input(features, self._feature_order, "EmbeddingCollection")
         features = features.permute_to_keys(self._feature_order)
         stride = features.stride()
         offset_per_key = features.offset_per_key()

@@ -7,8 +7,10 @@ check becomes one graph node instead of failing on proxies).
 Two kinds of checks live here, on purpose in one file:
 
 * **Protective checks, always on**: ids outside a table (``EmbeddingIdError``), a batch missing a
-  feature the collection reads, duplicated KJT keys, inconsistent jagged lengths (``validate``).
-  These catch input that would give wrong numbers or crash a kernel.
+  feature the collection reads, duplicated KJT keys, ids or lengths that are not int32/int64 and
+  values beyond the last feature's lengths (``check_collection_input``: dtypes only, and one sum of the
+  host-side ``length_per_key``), inconsistent jagged lengths (``validate``). These catch input that
+  would give wrong numbers or crash a kernel, also in torchrec's lenient mode.
 * **Strict checks, off by default** (torchrec's behaviour): a KJT carrying keys the collection does
   not read (models with several collections fed from one KJT rely on them being ignored), a
   feature read by several tables, a collection with ``tables=[]``. Turn them on for a process with
@@ -21,11 +23,16 @@ from typing import List, Optional, Tuple
 
 import torch
 
+from lightrec.sparse.jagged import SparseValueError
+from lightrec.sparse.keyed_jagged_tensor import KeyedJaggedTensor
+from lightrec.sparse.kjt_checks import check_id_dtypes
+
 __all__ = [
     "BOUNDS_CHECK_MODES",
     "EmbeddingIdError",
     "FeatureKeyError",
     "apply_bounds_check",
+    "check_collection_input",
     "check_feature_keys",
     "check_ids",
     "check_table_features",
@@ -104,6 +111,36 @@ def check_feature_keys(given: List[str], expected: List[str], where: str) -> Non
         + f". The collection serves {expected}; build the batch with "
         + ("exactly these keys (strict checks are on)." if strict else "at least these keys.")
     )
+
+
+def check_collection_input(features: KeyedJaggedTensor, expected: List[str], where: str) -> None:
+    """Every collection's input check: the keys (``check_feature_keys``) and what is never lenient.
+
+    Always on, whatever ``set_strict_checks`` says, because each case would otherwise be silently
+    wrong: ids or lengths that are not int32/int64 (a float id is not a row), and values beyond the
+    last feature's lengths (the lookup would drop them). Cheap by design: dtypes are host metadata,
+    and the surplus check sums the KJT's ``length_per_key``, which the lookup computes anyway; it is
+    skipped (not forced) for an accelerator KJT whose per-key sizes are not yet on the host, so it
+    adds no device sync to the sharded input path.
+
+    Args:
+        features: the batch the collection was called with.
+        expected: the collection's feature names.
+        where: the collection, for the message.
+    """
+    check_feature_keys(features.keys(), expected, where)
+    keys, values = features.keys(), features.values()
+    check_id_dtypes(keys, values, features.lengths())
+    per_key = features.length_per_key_or_none()
+    if per_key is None and values.device.type == "cpu":
+        per_key = features.length_per_key()  # cached on the KJT: the lookup reuses it
+    if per_key is not None and keys and sum(per_key) != values.numel():
+        total = sum(per_key)
+        raise SparseValueError(
+            f"{where}: the KeyedJaggedTensor has {values.numel()} values but its lengths count {total} "
+            f"({values.numel() - total:+d} beyond the last feature {keys[-1]!r}); lengths must count every value "
+            "exactly once, or the surplus ids would be dropped silently"
+        )
 
 
 def check_table_features(tables_features: List[Tuple[str, List[str]]], where: str) -> None:

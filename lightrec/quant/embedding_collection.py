@@ -28,7 +28,7 @@ from torch.fx._symbolic_trace import is_fx_symbolic_tracing as is_fx_tracing
 
 from lightrec.modules.embedding_configs import DataType, EmbeddingConfig
 from lightrec.modules.embedding_modules import embedding_names_by_table
-from lightrec.modules.feature_checks import apply_bounds_check, check_feature_keys
+from lightrec.modules.feature_checks import apply_bounds_check, check_collection_input
 from lightrec.quant.collection_base import QuantCollectionBase, QuantTable
 from lightrec.quant.row_codec import DEFAULT_ROW_ALIGNMENT, row_size_in_bytes, sparse_type_code
 from lightrec.quant.sequence_kernels import make_sequence_kernel
@@ -92,7 +92,7 @@ class QuantEmbeddingCollection(QuantCollectionBase):
         """
         if not torch.jit.is_scripting():  # TorchScript skips this branch; it cannot compile set logic
             if not is_fx_tracing():
-                check_feature_keys(features.keys(), self._feature_order, "QuantEmbeddingCollection")
+                check_collection_input(features, self._feature_order, "QuantEmbeddingCollection")
         features = features.permute_to_keys(self._feature_order)
         stride = features.stride()
         offset_per_key = features.offset_per_key()

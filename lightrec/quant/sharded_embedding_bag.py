@@ -25,7 +25,7 @@ from torch.fx._symbolic_trace import is_fx_symbolic_tracing as is_fx_tracing
 
 from lightrec._fbgemm import fbgemm_available
 from lightrec.modules.embedding_configs import DataType, EmbeddingBagConfig, PoolingType
-from lightrec.modules.feature_checks import check_feature_keys
+from lightrec.modules.feature_checks import check_collection_input
 from lightrec.quant.embedding_modules import QuantEmbeddingBagCollection
 from lightrec.quant.row_codec import SCALE_BIAS_BYTES
 from lightrec.quant.table_groups import check_ids_by_table, equal_rows_runs
@@ -206,7 +206,7 @@ class ShardedQuantEmbeddingBagCollection(nn.Module):
         """Same contract as ``QuantEmbeddingBagCollection.forward``."""
         if not torch.jit.is_scripting():
             if not is_fx_tracing():
-                check_feature_keys(features.keys(), self._embedding_names, "ShardedQuantEmbeddingBagCollection")
+                check_collection_input(features, self._embedding_names, "ShardedQuantEmbeddingBagCollection")
         features = features.permute_to_keys(self._feature_order)
         parts = features.split(self._group_num_features)
         pooled: List[torch.Tensor] = []

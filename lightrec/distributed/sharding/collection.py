@@ -51,7 +51,7 @@ from lightrec.distributed.types import (
 )
 from lightrec.kernels.batched_embedding import check_kernel_backend
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, PoolingType
-from lightrec.modules.feature_checks import check_feature_keys
+from lightrec.modules.feature_checks import check_collection_input
 from lightrec.optim.fused_spec import FusedOptimizerSpec
 from lightrec.optim.in_backward import fused_spec_from_parameter
 from lightrec.optim.keyed import CombinedOptimizer, KeyedOptimizer
@@ -372,7 +372,7 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
             ``(contexts, output awaitables, positions, features after the bounds_check rewrite)``.
         """
         if started is None:
-            check_feature_keys(features.keys(), self._feature_order, type(self).__name__)
+            check_collection_input(features, self._feature_order, type(self).__name__)
             started = self._begin_input_dist(features, None)  # every splits exchange in flight
         tensors = started.progress()  # every lengths/values exchange in flight
         if started.stream is not None:  # issued on a side stream: wait there, hand over to this one
