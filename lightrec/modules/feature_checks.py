@@ -134,8 +134,17 @@ def check_collection_input(features: KeyedJaggedTensor, expected: List[str], whe
     per_key = features.length_per_key_or_none()
     if per_key is None and values.device.type == "cpu":
         per_key = features.length_per_key()  # cached on the KJT: the lookup reuses it
-    if per_key is not None and keys and sum(per_key) != values.numel():
-        total = sum(per_key)
+    if per_key is None or not keys:
+        return
+    total = sum(per_key)
+    if torch.compiler.is_compiling():
+        # torch.compile / torch.export see data-dependent sizes: a Python branch on them would break
+        # the graph, so record the equality as a runtime assert of the compiled program instead.
+        torch._check(
+            total == values.numel(), lambda: f"{where}: the KeyedJaggedTensor's lengths must count every value"
+        )
+        return
+    if total != values.numel():
         raise SparseValueError(
             f"{where}: the KeyedJaggedTensor has {values.numel()} values but its lengths count {total} "
             f"({values.numel() - total:+d} beyond the last feature {keys[-1]!r}); lengths must count every value "
