@@ -24,27 +24,15 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
+import lightrec.sparse.kjt_layout as kjt_layout
+import lightrec.sparse.kjt_transforms as kjt_transforms
 from lightrec.sparse._ops import complete_cumsum
 from lightrec.sparse.jagged import JaggedTensor, JaggedTensorMeta, SparseValueError, _lengths_from_offsets
 from lightrec.sparse.kjt_checks import validate_kjt_layout
-from lightrec.sparse.kjt_dist import dist_labels, dist_splits, dist_tensors
-from lightrec.sparse.kjt_layout import infer_stride, meta_length_per_key, sum_length_per_key
-from lightrec.sparse.kjt_printing import kjt_str
-from lightrec.sparse.kjt_transforms import (
-    check_concat_inputs,
-    check_permute_indices,
-    check_split_segments,
-    checked_inverse_indices,
-    concat_inverse_indices,
-    expand_to_fixed_batch,
-    inverse_indices_to,
-    key_positions,
-    permute_fixed_batch,
-    permute_variable_batch,
-    split_bounds,
-    stack_features,
-)
-from lightrec.sparse.variable_batch import cumsum_list, regroup_received
+from lightrec.sparse.kjt_device import empty_like_tensors, inverse_indices_to, pin_tensors, tensors_to
+from lightrec.sparse.kjt_dist import dist_labels, dist_splits, dist_tensors, received_parts
+from lightrec.sparse.kjt_printing import kjt_repr, kjt_str
+from lightrec.sparse.variable_batch import cumsum_list
 
 __all__ = ["KeyedJaggedTensor", "SparseValueError"]
 
@@ -105,15 +93,10 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
 
     @staticmethod
     def _build(
-        keys: List[str],
-        values: torch.Tensor,
-        weights: Optional[torch.Tensor],
-        lengths: torch.Tensor,
-        stride: Optional[int],
-        stride_per_key_per_rank: Optional[List[List[int]]],
-        length_per_key: Optional[List[int]],
-        inverse_indices: Optional[Tuple[List[str], torch.Tensor]],
-    ) -> "KeyedJaggedTensor":
+        keys: List[str], values: torch.Tensor, weights: Optional[torch.Tensor], lengths: torch.Tensor,
+        stride: Optional[int], stride_per_key_per_rank: Optional[List[List[int]]],
+        length_per_key: Optional[List[int]], inverse_indices: Optional[Tuple[List[str], torch.Tensor]],
+    ) -> "KeyedJaggedTensor":  # fmt: skip
         """A KJT from lengths, with no offsets and no derived caches but ``length_per_key``.
 
         What the static constructors build; every argument is passed explicitly, as TorchScript
@@ -122,50 +105,24 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         methods build with :meth:`_derive` instead.
         """
         return KeyedJaggedTensor(
-            keys=keys,
-            values=values,
-            weights=weights,
-            lengths=lengths,
-            offsets=None,
-            stride=stride,
-            stride_per_key_per_rank=stride_per_key_per_rank,
-            stride_per_key=None,
-            length_per_key=length_per_key,
-            lengths_offset_per_key=None,
-            offset_per_key=None,
-            index_per_key=None,
-            jt_dict=None,
-            inverse_indices=inverse_indices,
-        )
+            keys=keys, values=values, weights=weights, lengths=lengths, offsets=None, stride=stride,
+            stride_per_key_per_rank=stride_per_key_per_rank, stride_per_key=None,
+            length_per_key=length_per_key, lengths_offset_per_key=None, offset_per_key=None,
+            index_per_key=None, jt_dict=None, inverse_indices=inverse_indices,
+        )  # fmt: skip
 
     def _derive(
-        self,
-        keys: List[str],
-        values: torch.Tensor,
-        weights: Optional[torch.Tensor],
-        lengths: torch.Tensor,
-        stride: Optional[int],
-        stride_per_key_per_rank: Optional[List[List[int]]],
-        length_per_key: Optional[List[int]],
-        inverse_indices: Optional[Tuple[List[str], torch.Tensor]],
-    ) -> "KeyedJaggedTensor":
+        self, keys: List[str], values: torch.Tensor, weights: Optional[torch.Tensor], lengths: torch.Tensor,
+        stride: Optional[int], stride_per_key_per_rank: Optional[List[List[int]]],
+        length_per_key: Optional[List[int]], inverse_indices: Optional[Tuple[List[str], torch.Tensor]],
+    ) -> "KeyedJaggedTensor":  # fmt: skip
         """:meth:`_build` for the methods (the transforms' results); ``self`` only gives access."""
         return KeyedJaggedTensor(
-            keys=keys,
-            values=values,
-            weights=weights,
-            lengths=lengths,
-            offsets=None,
-            stride=stride,
-            stride_per_key_per_rank=stride_per_key_per_rank,
-            stride_per_key=None,
-            length_per_key=length_per_key,
-            lengths_offset_per_key=None,
-            offset_per_key=None,
-            index_per_key=None,
-            jt_dict=None,
-            inverse_indices=inverse_indices,
-        )
+            keys=keys, values=values, weights=weights, lengths=lengths, offsets=None, stride=stride,
+            stride_per_key_per_rank=stride_per_key_per_rank, stride_per_key=None,
+            length_per_key=length_per_key, lengths_offset_per_key=None, offset_per_key=None,
+            index_per_key=None, jt_dict=None, inverse_indices=inverse_indices,
+        )  # fmt: skip
 
     # ---------------------------------------------------------------- constructors
     @staticmethod
@@ -180,21 +137,11 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
     ) -> "KeyedJaggedTensor":
         """Build from offsets and compute the per-key caches now (one host sync; none on ``meta``)."""
         kjt = KeyedJaggedTensor(
-            keys=keys,
-            values=values,
-            weights=weights,
-            offsets=offsets,
-            stride=stride,
-            stride_per_key_per_rank=stride_per_key_per_rank,
+            keys=keys, values=values, weights=weights, lengths=None, offsets=offsets, stride=stride,
+            stride_per_key_per_rank=stride_per_key_per_rank, stride_per_key=None, length_per_key=None,
+            lengths_offset_per_key=None, offset_per_key=None, index_per_key=None, jt_dict=None,
             inverse_indices=inverse_indices,
-            lengths=None,
-            stride_per_key=None,
-            length_per_key=None,
-            lengths_offset_per_key=None,
-            offset_per_key=None,
-            index_per_key=None,
-            jt_dict=None,
-        )
+        )  # fmt: skip
         return kjt.sync()
 
     @staticmethod
@@ -224,11 +171,8 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         if len(keys) == 0:
             return KeyedJaggedTensor.empty()
         jts = [jt_dict[k] for k in keys]
-        values, weights, lengths, stride, stride_per_key_per_rank = stack_features(
-            keys,
-            [jt.values() for jt in jts],
-            [jt.weights_or_none() for jt in jts],
-            [jt.lengths() for jt in jts],
+        values, weights, lengths, stride, stride_per_key_per_rank = kjt_transforms.stack_features(
+            keys, [jt.values() for jt in jts], [jt.weights_or_none() for jt in jts], [jt.lengths() for jt in jts]
         )
         return KeyedJaggedTensor._build(keys, values, weights, lengths, stride, stride_per_key_per_rank, None, None)
 
@@ -241,11 +185,8 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         lengths_dtype: torch.dtype = torch.int32,
     ) -> "KeyedJaggedTensor":
         """A KJT with no keys, no samples and no values."""
-        weights = (
-            torch.empty(0, dtype=weights_dtype if weights_dtype is not None else torch.float32, device=device)
-            if is_weighted
-            else None
-        )
+        w_dtype = weights_dtype if weights_dtype is not None else torch.float32
+        weights = torch.empty(0, dtype=w_dtype, device=device) if is_weighted else None
         values = torch.empty(0, dtype=values_dtype if values_dtype is not None else torch.int64, device=device)
         lengths = torch.empty(0, dtype=lengths_dtype, device=device)
         return KeyedJaggedTensor._build([], values, weights, lengths, 0, None, None, None)
@@ -257,22 +198,15 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         w = kjt.weights_or_none()
         if device is not None:
             offsets = kjt.offsets_or_none()
-            return KeyedJaggedTensor(
-                keys=kjt.keys(),
-                values=torch.empty_like(kjt.values(), device=device),
-                weights=torch.empty_like(w, device=device) if w is not None else None,
-                lengths=torch.empty_like(kjt.lengths(), device=device),
-                offsets=torch.empty_like(offsets, device=device) if offsets is not None else None,
-                stride=kjt.stride(),
-                stride_per_key_per_rank=kjt._stride_per_key_per_rank,
-                length_per_key=kjt._length_per_key,
-                offset_per_key=kjt._offset_per_key,
-                index_per_key=None,
-                jt_dict=None,
-                stride_per_key=None,
-                lengths_offset_per_key=None,
-                inverse_indices=None,
+            values, weights, lengths, offsets = empty_like_tensors(
+                kjt.values(), w, kjt.lengths(), offsets, device
             )
+            return KeyedJaggedTensor(
+                keys=kjt.keys(), values=values, weights=weights, lengths=lengths, offsets=offsets,
+                stride=kjt.stride(), stride_per_key_per_rank=kjt._stride_per_key_per_rank,
+                stride_per_key=None, length_per_key=kjt._length_per_key, lengths_offset_per_key=None,
+                offset_per_key=kjt._offset_per_key, index_per_key=None, jt_dict=None, inverse_indices=None,
+            )  # fmt: skip
         values = torch.empty(0, dtype=kjt.values().dtype, device=kjt.device())
         weights = torch.empty(0, dtype=w.dtype, device=w.device) if w is not None else None
         lengths = torch.zeros_like(kjt.lengths())
@@ -340,7 +274,7 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         if stride is None:
             lengths = self._lengths
             num_lengths = lengths.numel() if lengths is not None else self.offsets().numel() - 1
-            stride = infer_stride(
+            stride = kjt_layout.infer_stride(
                 len(self._keys), self._stride_per_key_per_rank, self._inverse_indices, num_lengths
             )
             self._stride = stride
@@ -351,10 +285,7 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         spk = self._stride_per_key
         if spk is None:
             strides = self._stride_per_key_per_rank
-            if strides is not None:
-                spk = [sum(per_rank) for per_rank in strides]
-            else:
-                spk = [self.stride()] * len(self._keys)
+            spk = kjt_layout.row_sums(strides) if strides is not None else [self.stride()] * len(self._keys)
             self._stride_per_key = spk
         return spk
 
@@ -387,10 +318,10 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         if lpk is None:
             num_keys = len(self._keys)
             if num_keys == 0 or self._values.device.type == "meta":
-                lpk = meta_length_per_key(self._values.numel(), num_keys)
+                lpk = kjt_layout.meta_length_per_key(self._values.numel(), num_keys)
             else:
                 spk = self.stride_per_key() if self._stride_per_key_per_rank is not None else None
-                lpk = sum_length_per_key(self.lengths(), num_keys, spk)
+                lpk = kjt_layout.sum_length_per_key(self.lengths(), num_keys, spk)
             self._length_per_key = lpk
         return lpk
 
@@ -412,22 +343,17 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         """``{key: position}``."""
         ipk = self._index_per_key
         if ipk is None:
-            new_ipk: Dict[str, int] = {}
-            for i, k in enumerate(self._keys):
-                new_ipk[k] = i
-            self._index_per_key = new_ipk
-            ipk = new_ipk
+            ipk = kjt_layout.positions_of(self._keys)
+            self._index_per_key = ipk
         return ipk
 
     def lengths_offset_per_key(self) -> List[int]:
         """Start of each key's lengths in ``lengths()`` (multiples of the stride unless variable-batch)."""
         lopk = self._lengths_offset_per_key
         if lopk is None:
-            if self._stride_per_key_per_rank is not None:
-                lopk = cumsum_list(self.stride_per_key())
-            else:
-                stride = self.stride()
-                lopk = [i * stride for i in range(len(self._keys) + 1)]
+            variable = self._stride_per_key_per_rank is not None
+            num_keys = len(self._keys)
+            lopk = cumsum_list(self.stride_per_key()) if variable else kjt_layout.multiples(self.stride(), num_keys + 1)
             self._lengths_offset_per_key = lopk
         return lopk
 
@@ -446,7 +372,7 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
     # ---------------------------------------------------------------- transforms
     def split(self, segments: List[int]) -> List["KeyedJaggedTensor"]:
         """Split the keys into consecutive groups of ``segments[i]`` keys (views where possible)."""
-        check_split_segments(segments, len(self._keys))
+        kjt_transforms.check_split_segments(segments, len(self._keys))
         stride = self.stride()
         lpk = self.length_per_key()
         lopk = self.lengths_offset_per_key()
@@ -454,7 +380,7 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         weights = self._weights
         all_strides = self._stride_per_key_per_rank
         out: List[KeyedJaggedTensor] = []
-        for k0, k1, v0, v1 in split_bounds(segments, lpk):
+        for k0, k1, v0, v1 in kjt_transforms.split_bounds(segments, lpk):
             strides = all_strides[k0:k1] if all_strides is not None else None
             out.append(
                 self._derive(
@@ -468,24 +394,22 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         self, indices: List[int], indices_tensor: Optional[torch.Tensor] = None
     ) -> "KeyedJaggedTensor":
         """New KJT whose key ``i`` is this KJT's key ``indices[i]`` (keys may repeat or be left out)."""
-        check_permute_indices(indices, self._keys)
+        kjt_transforms.check_permute_indices(indices, self._keys)
         keys = [self._keys[i] for i in indices]
+        lpk = self.length_per_key()
         strides = self._stride_per_key_per_rank
         if strides is not None:  # keys of different batch sizes: no [K, B] view, whole segments move
-            lengths, values, weights = permute_variable_batch(
-                indices, self.stride_per_key(), self.length_per_key(), self.lengths(), self._values, self._weights
+            lengths, values, weights = kjt_transforms.permute_variable_batch(
+                indices, self.stride_per_key(), lpk, self.lengths(), self._values, self._weights
             )
-            lpk = self.length_per_key()
-            return self._derive(
-                keys, values, weights, lengths, self.stride(), [strides[i] for i in indices],
-                [lpk[i] for i in indices], self._inverse_indices,
-            )  # fmt: skip
-        stride = self.stride()
-        lpk = self.length_per_key()
-        lengths, values, weights = permute_fixed_batch(
-            indices, indices_tensor, self.lengths(), self._values, self._weights, lpk, stride
+            new_strides = [strides[i] for i in indices]
+            new_lpk = [lpk[i] for i in indices]
+            inverse = self._inverse_indices
+            return self._derive(keys, values, weights, lengths, self.stride(), new_strides, new_lpk, inverse)
+        lengths, values, weights = kjt_transforms.permute_fixed_batch(
+            indices, indices_tensor, self.lengths(), self._values, self._weights, lpk, self.stride()
         )
-        return self._derive(keys, values, weights, lengths, stride, None, [lpk[i] for i in indices], None)
+        return self._derive(keys, values, weights, lengths, self.stride(), None, [lpk[i] for i in indices], None)
 
     @torch.jit.unused
     def to_fixed_batch(self) -> "KeyedJaggedTensor":
@@ -498,9 +422,9 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         strides = self._stride_per_key_per_rank
         if strides is None:
             return self
-        inverse_keys, rows = checked_inverse_indices(self._keys, strides, self._inverse_indices)
+        inverse_keys, rows = kjt_transforms.checked_inverse_indices(self._keys, strides, self._inverse_indices)
         jt_parts = [(jt.lengths(), jt.values(), jt.weights_or_none()) for jt in self.to_dict().values()]
-        values, weights, lengths = expand_to_fixed_batch(self._keys, jt_parts, inverse_keys, rows)
+        values, weights, lengths = kjt_transforms.expand_to_fixed_batch(self._keys, jt_parts, inverse_keys, rows)
         values = values if values is not None else self._values
         lengths = lengths if lengths is not None else self.lengths()
         return self._derive(self._keys, values, weights, lengths, rows.size(-1), None, None, None)
@@ -512,25 +436,19 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         """
         if keys == self._keys:
             return self
-        return self.permute(key_positions(keys, self.index_per_key(), self._keys), None)
+        return self.permute(kjt_transforms.key_positions(keys, self.index_per_key(), self._keys), None)
 
     def to_dict(self) -> Dict[str, JaggedTensor]:
         """``{key: JaggedTensor}`` views of each feature (cached)."""
         jt_dict = self._jt_dict
         if jt_dict is not None:
             return jt_dict
-        lopk = self.lengths_offset_per_key()
-        opk = self.offset_per_key()
-        lengths = self.lengths()
-        weights = self._weights
+        parts = kjt_transforms.slice_per_key(
+            self._values, self._weights, self.lengths(), self.offset_per_key(), self.lengths_offset_per_key()
+        )
         new_dict: Dict[str, JaggedTensor] = {}
-        for i, key in enumerate(self._keys):
-            new_dict[key] = JaggedTensor(
-                values=self._values[opk[i] : opk[i + 1]],
-                weights=weights[opk[i] : opk[i + 1]] if weights is not None else None,
-                lengths=lengths[lopk[i] : lopk[i + 1]],
-                offsets=None,
-            )
+        for key, (values, weights, lengths) in zip(self._keys, parts):
+            new_dict[key] = JaggedTensor(values=values, weights=weights, lengths=lengths, offsets=None)
         self._jt_dict = new_dict
         return new_dict
 
@@ -542,30 +460,17 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "KeyedJaggedTensor":
         """Copy every tensor to ``device``; host-side caches are kept (no sync)."""
-        weights = self._weights
-        lengths = self._lengths
-        offsets = self._offsets
-        return self._copy_with(
-            self._values.to(device, non_blocking=non_blocking),
-            weights.to(device, non_blocking=non_blocking) if weights is not None else None,
-            lengths.to(device, non_blocking=non_blocking) if lengths is not None else None,
-            offsets.to(device, non_blocking=non_blocking) if offsets is not None else None,
-            inverse_indices_to(self._inverse_indices, device, non_blocking),
+        values, weights, lengths, offsets = tensors_to(
+            self._values, self._weights, self._lengths, self._offsets, device, non_blocking
         )
+        inverse_indices = inverse_indices_to(self._inverse_indices, device, non_blocking)
+        return self._copy_with(values, weights, lengths, offsets, inverse_indices)
 
     @torch.jit.unused
     def pin_memory(self) -> "KeyedJaggedTensor":
         """Copy into page-locked host memory so a later ``to(cuda, non_blocking=True)`` is async."""
-        weights = self._weights
-        lengths = self._lengths
-        offsets = self._offsets
-        return self._copy_with(
-            self._values.pin_memory(),
-            weights.pin_memory() if weights is not None else None,
-            lengths.pin_memory() if lengths is not None else None,
-            offsets.pin_memory() if offsets is not None else None,
-            self._inverse_indices,
-        )
+        values, weights, lengths, offsets = pin_tensors(self._values, self._weights, self._lengths, self._offsets)
+        return self._copy_with(values, weights, lengths, offsets, self._inverse_indices)
 
     @torch.jit.unused
     def record_stream(self, stream: torch.Stream) -> None:
@@ -575,30 +480,17 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
                 t.record_stream(stream)
 
     def _copy_with(
-        self,
-        values: torch.Tensor,
-        weights: Optional[torch.Tensor],
-        lengths: Optional[torch.Tensor],
-        offsets: Optional[torch.Tensor],
-        inverse_indices: Optional[Tuple[List[str], torch.Tensor]],
-    ) -> "KeyedJaggedTensor":
+        self, values: torch.Tensor, weights: Optional[torch.Tensor], lengths: Optional[torch.Tensor],
+        offsets: Optional[torch.Tensor], inverse_indices: Optional[Tuple[List[str], torch.Tensor]],
+    ) -> "KeyedJaggedTensor":  # fmt: skip
         """These keys and host-side caches over other tensors (a copy elsewhere: same sizes)."""
         return KeyedJaggedTensor(
-            keys=self._keys,
-            values=values,
-            weights=weights,
-            lengths=lengths,
-            offsets=offsets,
-            stride=self._stride,
-            stride_per_key_per_rank=self._stride_per_key_per_rank,
-            stride_per_key=None,
-            length_per_key=self._length_per_key,
-            lengths_offset_per_key=None,
-            offset_per_key=self._offset_per_key,
-            index_per_key=self._index_per_key,
-            jt_dict=None,
+            keys=self._keys, values=values, weights=weights, lengths=lengths, offsets=offsets,
+            stride=self._stride, stride_per_key_per_rank=self._stride_per_key_per_rank, stride_per_key=None,
+            length_per_key=self._length_per_key, lengths_offset_per_key=None,
+            offset_per_key=self._offset_per_key, index_per_key=self._index_per_key, jt_dict=None,
             inverse_indices=inverse_indices,
-        )
+        )  # fmt: skip
 
     def flatten_lengths(self) -> "KeyedJaggedTensor":
         """The same KJT holding only lengths (drops cached offsets; kernels want one or the other)."""
@@ -638,29 +530,21 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
     ) -> "KeyedJaggedTensor":
         """The KJT a rank received: ``tensors`` as :meth:`dist_tensors` of each source rank laid end to end.
 
-        The received blocks are rank-major (rank 0's keys, then rank 1's ...); ``recat`` (``[F * R]``,
-        an index of ``(rank, key)`` blocks) reorders them key-major. ``stride_per_rank`` is each source
-        rank's batch size (fixed-batch), or ``None`` with ``variable_stride_per_key`` (the batch sizes
-        travel in ``tensors[2]``). ``stagger`` reorders the ranks as torchrec's 2-D sharding does.
+        ``recat`` (``[F * R]``) reorders the rank-major blocks key-major; ``stride_per_rank`` is each
+        source rank's batch size, or ``None`` with ``variable_stride_per_key`` (see :mod:`kjt_dist`).
         """
-        lengths, values, weights, table = regroup_received(
+        lengths, values, weights, stride, table = received_parts(
             len(keys), tensors, variable_stride_per_key, num_workers, recat, stride_per_rank, stagger
         )
-        stride: Optional[int] = None  # variable-batch: the batch sizes are in the table
-        if table is None and stride_per_rank is not None:  # regroup_received raised if both are None
-            stride = sum(stride_per_rank)
         return KeyedJaggedTensor._build(keys, values, weights, lengths, stride, table, None, None).sync()
 
     # ---------------------------------------------------------------- validation / printing
     @torch.jit.unused
     def validate(self) -> None:
-        """Raise ``SparseValueError`` when the layout is inconsistent.
+        """Raise ``SparseValueError`` naming the first inconsistency of the layout.
 
-        Checks: unique keys; ``len(lengths)`` divisible by the number of keys (and equal to
-        ``len(keys) * stride`` when a stride was given); ids (``values``) and lengths int32 or
-        int64 (float or uint8 ids are refused, not cast); lengths non-negative (naming the
-        feature) and summing to ``len(values)`` (surplus values are named, never dropped);
-        offsets equal to the running sum of lengths; one weight per value.
+        Unique keys, one length per (key, sample), int32/int64 ids and lengths, non-negative lengths
+        counting every value once, offsets their running sum, one weight per value (:mod:`kjt_checks`).
         """
         validate_kjt_layout(
             self._keys, self._values, self._weights, self.lengths(), self._offsets, self._stride,
@@ -673,10 +557,7 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
 
     @torch.jit.unused
     def __repr__(self) -> str:
-        return (
-            f"KeyedJaggedTensor(keys={self._keys}, stride={self.stride()}, "
-            f"values={tuple(self._values.shape)}, weighted={self._weights is not None})"
-        )
+        return kjt_repr(self._keys, self.stride(), self._values.shape, self._weights is not None)
 
 
 @torch.fx.wrap
@@ -692,20 +573,17 @@ def _kjt_concat(kjt_list: List[KeyedJaggedTensor]) -> KeyedJaggedTensor:
     strides_seen: List[int] = []  # only fixed-batch KJTs must agree on one batch size
     if not variable:
         strides_seen = [kjt.stride() for kjt in kjt_list]
-    check_concat_inputs(
+    kjt_transforms.check_concat_inputs(
         [kjt.variable_stride_per_key() for kjt in kjt_list],
         strides_seen,
         [kjt.weights_or_none() is not None for kjt in kjt_list],
     )
-    keys: List[str] = []
-    length_per_key: List[int] = []
-    strides: List[List[int]] = []
-    inverses: List[Optional[Tuple[List[str], torch.Tensor]]] = []
-    for kjt in kjt_list:
-        keys.extend(kjt.keys())
-        length_per_key.extend(kjt.length_per_key())
-        strides.extend(kjt.stride_per_key_per_rank())
-        inverses.append(kjt.inverse_indices_or_none())
+    keys, length_per_key, strides = kjt_transforms.concat_key_lists(
+        [kjt.keys() for kjt in kjt_list],
+        [kjt.length_per_key() for kjt in kjt_list],
+        [kjt.stride_per_key_per_rank() for kjt in kjt_list],
+    )
+    inverse_indices = kjt_transforms.concat_inverse_indices([kjt.inverse_indices_or_none() for kjt in kjt_list])
     weights: Optional[torch.Tensor] = None
     if weighted:
         weights = torch.cat([kjt.weights() for kjt in kjt_list])
@@ -713,5 +591,5 @@ def _kjt_concat(kjt_list: List[KeyedJaggedTensor]) -> KeyedJaggedTensor:
     lengths = torch.cat([kjt.lengths() for kjt in kjt_list])
     return KeyedJaggedTensor._build(
         keys, values, weights, lengths, None if variable else stride, strides if variable else None,
-        length_per_key, concat_inverse_indices(inverses),
+        length_per_key, inverse_indices,
     )  # fmt: skip

@@ -12,13 +12,13 @@ The functions take tensors and host lists, never a ``KeyedJaggedTensor`` (TorchS
 them from the class's methods; see ``kjt_transforms``).
 """
 
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
 from lightrec.sparse.variable_batch import segment_sums
 
-__all__ = ["infer_stride", "meta_length_per_key", "sum_length_per_key"]
+__all__ = ["infer_stride", "meta_length_per_key", "multiples", "positions_of", "row_sums", "sum_length_per_key"]
 
 
 def infer_stride(
@@ -76,3 +76,21 @@ def sum_length_per_key(lengths: torch.Tensor, num_keys: int, stride_per_key: Opt
     sums: List[int] = lengths.view(num_keys, -1).sum(dim=1).tolist()
     return sums
 
+
+
+def row_sums(stride_per_key_per_rank: List[List[int]]) -> List[int]:
+    """``stride_per_key`` ``[F]`` of a variable-batch KJT: each key's batch over all ranks."""
+    return [sum(per_rank) for per_rank in stride_per_key_per_rank]
+
+
+def multiples(stride: int, count: int) -> List[int]:
+    """``[0, stride, 2 * stride, ...]`` (``count`` entries): ``lengths_offset_per_key`` of a fixed batch."""
+    return [i * stride for i in range(count)]
+
+
+def positions_of(keys: List[str]) -> Dict[str, int]:
+    """``index_per_key``: ``{key: position}``."""
+    positions: Dict[str, int] = {}
+    for i, k in enumerate(keys):
+        positions[k] = i
+    return positions

@@ -10,6 +10,8 @@
         }
     })
 
+``repr(kjt)`` is one line: ``KeyedJaggedTensor(keys=['a', 'b'], stride=2, values=(8,), weighted=False)``.
+
 A weighted feature shows its values and weights; an unweighted one only its values. The function
 takes the KJT's ``to_dict()`` (plain ``JaggedTensor`` s), not the KJT, so the module needs no
 import of the class.
@@ -17,9 +19,11 @@ import of the class.
 
 from typing import Dict, List
 
+import torch
+
 from lightrec.sparse.jagged import JaggedTensor, _values_repr
 
-__all__ = ["kjt_str"]
+__all__ = ["kjt_repr", "kjt_str"]
 
 
 def kjt_str(jt_dict: Dict[str, JaggedTensor]) -> str:
@@ -38,3 +42,8 @@ def kjt_str(jt_dict: Dict[str, JaggedTensor]) -> str:
                 f'        "weights": {_values_repr(list(dw))}\n    }}'
             )
     return "KeyedJaggedTensor({\n" + ",\n".join(lines) + "\n})\n"
+
+
+def kjt_repr(keys: List[str], stride: int, values_shape: torch.Size, weighted: bool) -> str:
+    """``repr()`` of a KJT: its keys, batch size, the shape of its values and whether it is weighted."""
+    return f"KeyedJaggedTensor(keys={keys}, stride={stride}, values={tuple(values_shape)}, weighted={weighted})"

@@ -25,11 +25,12 @@ __all__ = [
     "check_split_segments",
     "checked_inverse_indices",
     "concat_inverse_indices",
+    "concat_key_lists",
     "expand_to_fixed_batch",
-    "inverse_indices_to",
     "key_positions",
     "permute_fixed_batch",
     "permute_variable_batch",
+    "slice_per_key",
     "split_bounds",
     "stack_features",
 ]
@@ -107,6 +108,33 @@ def split_bounds(segments: List[int], length_per_key: List[int]) -> List[Tuple[i
     return bounds
 
 
+def slice_per_key(
+    values: torch.Tensor,
+    weights: Optional[torch.Tensor],
+    lengths: torch.Tensor,
+    offset_per_key: List[int],
+    lengths_offset_per_key: List[int],
+) -> List[Tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]]:
+    """``(values, weights, lengths)`` views of each key (``to_dict``): no copies.
+
+    Args:
+        values / weights: ``[N]``; lengths ``[sum B_k]``, key-major.
+        offset_per_key: ``[F + 1]`` start of each key's ids; lengths_offset_per_key ``[F + 1]`` of its lengths.
+    """
+    parts: List[Tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]] = []
+    for i in range(len(offset_per_key) - 1):
+        start = offset_per_key[i]
+        end = offset_per_key[i + 1]
+        parts.append(
+            (
+                values[start:end],
+                weights[start:end] if weights is not None else None,
+                lengths[lengths_offset_per_key[i] : lengths_offset_per_key[i + 1]],
+            )
+        )
+    return parts
+
+
 def key_positions(keys: List[str], index_per_key: Dict[str, int], own_keys: List[str]) -> List[int]:
     """Position of each of ``keys`` among ``own_keys`` (``permute_to_keys``).
 
@@ -115,7 +143,9 @@ def key_positions(keys: List[str], index_per_key: Dict[str, int], own_keys: List
     indices: List[int] = []
     for k in keys:
         if k not in index_per_key:
-            raise KeyError("feature " + k + " is not in this KeyedJaggedTensor; its keys are " + ", ".join(own_keys))
+            raise KeyError(
+                "feature " + k + " is not in this KeyedJaggedTensor; its keys are " + ", ".join(own_keys)
+            )
         indices.append(index_per_key[k])
     return indices
 
@@ -151,6 +181,20 @@ def concat_inverse_indices(
     if len(rows) == 0:
         return None
     return keys, torch.cat(rows)
+
+
+def concat_key_lists(
+    keys: List[List[str]], length_per_key: List[List[int]], stride_per_key_per_rank: List[List[List[int]]]
+) -> Tuple[List[str], List[int], List[List[int]]]:
+    """The per-key host lists of KJTs put side by side, each list of lists joined in order."""
+    out_keys: List[str] = []
+    out_lengths: List[int] = []
+    out_strides: List[List[int]] = []
+    for i in range(len(keys)):
+        out_keys.extend(keys[i])
+        out_lengths.extend(length_per_key[i])
+        out_strides.extend(stride_per_key_per_rank[i])
+    return out_keys, out_lengths, out_strides
 
 
 def check_permute_indices(indices: List[int], keys: List[str]) -> None:
@@ -277,11 +321,3 @@ def expand_to_fixed_batch(
         torch.cat(lengths) if len(lengths) > 0 else None,
     )
 
-
-def inverse_indices_to(
-    inverse: Optional[Tuple[List[str], torch.Tensor]], device: torch.device, non_blocking: bool
-) -> Optional[Tuple[List[str], torch.Tensor]]:
-    """``inverse_indices`` with its ``[F, B]`` tensor copied to ``device`` (None stays None)."""
-    if inverse is None:
-        return None
-    return inverse[0], inverse[1].to(device, non_blocking=non_blocking)
