@@ -30,9 +30,9 @@ from lightrec.sparse._ops import complete_cumsum
 from lightrec.sparse.jagged import JaggedTensor, JaggedTensorMeta, SparseValueError, _lengths_from_offsets
 from lightrec.sparse.kjt_checks import validate_kjt_layout
 from lightrec.sparse.kjt_device import empty_like_tensors, inverse_indices_to, pin_tensors, tensors_to
-from lightrec.sparse.kjt_dist import dist_labels, dist_splits, dist_tensors, received_parts
+from lightrec.sparse.kjt_dist import dist_labels, dist_splits, dist_tensors
 from lightrec.sparse.kjt_printing import kjt_repr, kjt_str
-from lightrec.sparse.variable_batch import cumsum_list
+from lightrec.sparse.variable_batch import cumsum_list, regroup_received
 
 __all__ = ["KeyedJaggedTensor", "SparseValueError"]
 
@@ -424,9 +424,9 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
             return self
         inverse_keys, rows = kjt_transforms.checked_inverse_indices(self._keys, strides, self._inverse_indices)
         jt_parts = [(jt.lengths(), jt.values(), jt.weights_or_none()) for jt in self.to_dict().values()]
-        values, weights, lengths = kjt_transforms.expand_to_fixed_batch(self._keys, jt_parts, inverse_keys, rows)
-        values = values if values is not None else self._values
-        lengths = lengths if lengths is not None else self.lengths()
+        values, weights, lengths = kjt_transforms.expand_to_fixed_batch(
+            self._keys, jt_parts, inverse_keys, rows, self._values, self.lengths()
+        )
         return self._derive(self._keys, values, weights, lengths, rows.size(-1), None, None, None)
 
     def permute_to_keys(self, keys: List[str]) -> "KeyedJaggedTensor":
@@ -514,9 +514,9 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
 
     def dist_tensors(self) -> List[torch.Tensor]:
         """The tensors an all-to-all sends: lengths, values, [per-key batch sizes], [weights]."""
-        return dist_tensors(
-            self.lengths(), self._values, self._weights, self.stride_per_key(), self.variable_stride_per_key()
-        )
+        # only a variable-batch KJT sends (and so computes) its batch sizes
+        stride_per_key = self.stride_per_key() if self.variable_stride_per_key() else None
+        return dist_tensors(self.lengths(), self._values, self._weights, stride_per_key)
 
     @staticmethod
     def dist_init(
@@ -533,7 +533,7 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         ``recat`` (``[F * R]``) reorders the rank-major blocks key-major; ``stride_per_rank`` is each
         source rank's batch size, or ``None`` with ``variable_stride_per_key`` (see :mod:`kjt_dist`).
         """
-        lengths, values, weights, stride, table = received_parts(
+        lengths, values, weights, stride, table = regroup_received(
             len(keys), tensors, variable_stride_per_key, num_workers, recat, stride_per_rank, stagger
         )
         return KeyedJaggedTensor._build(keys, values, weights, lengths, stride, table, None, None).sync()
@@ -583,7 +583,10 @@ def _kjt_concat(kjt_list: List[KeyedJaggedTensor]) -> KeyedJaggedTensor:
         [kjt.length_per_key() for kjt in kjt_list],
         [kjt.stride_per_key_per_rank() for kjt in kjt_list],
     )
-    inverse_indices = kjt_transforms.concat_inverse_indices([kjt.inverse_indices_or_none() for kjt in kjt_list])
+    inverses: List[Optional[Tuple[List[str], torch.Tensor]]] = []  # typed: TorchScript warns on a comprehension
+    for kjt in kjt_list:
+        inverses.append(kjt.inverse_indices_or_none())
+    inverse_indices = kjt_transforms.concat_inverse_indices(inverses)
     weights: Optional[torch.Tensor] = None
     if weighted:
         weights = torch.cat([kjt.weights() for kjt in kjt_list])

@@ -9,7 +9,8 @@ A KJT crosses ranks as up to four flat tensors, sent in this order::
     strides   | stride_per_key()       [F] (int64)   | number of keys in group r (variable-batch only)
     weights   | weights()              [N]           | as values (weighted KJTs only)
 
-The receiving side (``KeyedJaggedTensor.dist_init``, :func:`received_parts`) gets each tensor's
+The receiving side (``KeyedJaggedTensor.dist_init``,
+:func:`lightrec.sparse.variable_batch.regroup_received`) gets each tensor's
 blocks rank-major (rank 0's keys, then rank 1's ...); ``recat`` (``[F * R]``, an index of
 ``(rank, key)`` blocks) reorders them key-major. Its batch size is the sum of ``stride_per_rank``
 (each source rank's batch size), or, with ``variable_stride_per_key``, the per-key batch sizes
@@ -19,13 +20,11 @@ The functions take the KJT's parts (tensors and host lists), never a ``KeyedJagg
 TorchScript compiles them from the class's methods without compiling the class a second time.
 """
 
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 import torch
 
-from lightrec.sparse.variable_batch import regroup_received
-
-__all__ = ["dist_labels", "dist_splits", "dist_tensors", "received_parts", "sum_by_splits"]
+__all__ = ["dist_labels", "dist_splits", "dist_tensors", "sum_by_splits"]
 
 
 def sum_by_splits(xs: List[int], splits: List[int]) -> List[int]:
@@ -80,37 +79,16 @@ def dist_tensors(
     lengths: torch.Tensor,
     values: torch.Tensor,
     weights: Optional[torch.Tensor],
-    stride_per_key: List[int],
-    variable_stride_per_key: bool,
+    stride_per_key: Optional[List[int]],
 ) -> List[torch.Tensor]:
-    """The tensors an all-to-all sends: lengths, values, [per-key batch sizes ``[F]`` int64], [weights]."""
+    """The tensors an all-to-all sends: lengths, values, [per-key batch sizes ``[F]`` int64], [weights].
+
+    ``stride_per_key`` is given for a variable-batch KJT only (a fixed-batch one sends no batch sizes).
+    """
     tensors = [lengths, values]
-    if variable_stride_per_key:
+    if stride_per_key is not None:
         tensors.append(torch.tensor(stride_per_key, dtype=torch.int64, device=values.device))
     if weights is not None:
         tensors.append(weights)
     return tensors
 
-
-def received_parts(
-    num_keys: int,
-    tensors: List[torch.Tensor],
-    variable_stride_per_key: bool,
-    num_workers: int,
-    recat: Optional[torch.Tensor],
-    stride_per_rank: Optional[List[int]],
-    stagger: int,
-) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor], Optional[int], Optional[List[List[int]]]]:
-    """The parts of the KJT a rank received (``dist_init``): see the module docstring.
-
-    Returns:
-        ``(lengths, values, weights, stride, stride_per_key_per_rank)``: ``stride`` for a
-        fixed-batch KJT, ``stride_per_key_per_rank`` ``[F][R]`` for a variable-batch one.
-    """
-    lengths, values, weights, table = regroup_received(
-        num_keys, tensors, variable_stride_per_key, num_workers, recat, stride_per_rank, stagger
-    )
-    stride: Optional[int] = None  # variable-batch: the batch sizes are in the table
-    if table is None and stride_per_rank is not None:  # regroup_received raised if both are None
-        stride = sum(stride_per_rank)
-    return lengths, values, weights, stride, table

@@ -291,17 +291,20 @@ def expand_to_fixed_batch(
     jt_parts: List[Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]],
     inverse_keys: List[str],
     rows: torch.Tensor,
-) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor]]:
+    values_if_no_keys: torch.Tensor,
+    lengths_if_no_keys: torch.Tensor,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
     """The tensor work of ``to_fixed_batch``: each key's bags picked by its row of inverse indices.
 
     Args:
         keys: ``[F]`` the KJT's keys, each in ``inverse_keys`` (see :func:`checked_inverse_indices`).
         jt_parts: ``(lengths [B_k], values, weights or None)`` of each key, in key order.
         inverse_keys / rows: the inverse indices, ``rows`` ``[F', B]``.
+        values_if_no_keys / lengths_if_no_keys: the (empty) KJT's own tensors, returned when there
+            are no keys to expand.
 
     Returns:
-        ``(values, weights, lengths [F * B])``, each None when there is nothing to concatenate
-        (no keys; no weights).
+        ``(values, weights or None, lengths [F * B])``.
     """
     row_of_key: Dict[str, int] = {k: i for i, k in enumerate(inverse_keys)}
     lengths: List[torch.Tensor] = []
@@ -316,8 +319,8 @@ def expand_to_fixed_batch(
         if out_weights is not None:
             weights.append(out_weights)
     return (
-        torch.cat(values) if len(values) > 0 else None,
+        torch.cat(values) if len(values) > 0 else values_if_no_keys,
         torch.cat(weights) if len(weights) > 0 else None,
-        torch.cat(lengths) if len(lengths) > 0 else None,
+        torch.cat(lengths) if len(lengths) > 0 else lengths_if_no_keys,
     )
 
