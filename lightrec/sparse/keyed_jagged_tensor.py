@@ -24,25 +24,17 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from lightrec.sparse._ops import complete_cumsum, permute_2d_sparse
-from lightrec.sparse.jagged import (
-    JaggedTensor,
-    JaggedTensorMeta,
-    SparseValueError,
-    _lengths_from_offsets,
-    _values_repr,
-)
+import lightrec.sparse.kjt_layout as kjt_layout
+import lightrec.sparse.kjt_transforms as kjt_transforms
+from lightrec.sparse._ops import complete_cumsum
+from lightrec.sparse.jagged import JaggedTensor, JaggedTensorMeta, SparseValueError, _lengths_from_offsets
 from lightrec.sparse.kjt_checks import validate_kjt_layout
-from lightrec.sparse.variable_batch import (
-    cumsum_list,
-    expand_segment,
-    permute_segments,
-    regroup_received,
-    segment_sums,
-)
+from lightrec.sparse.kjt_device import empty_like_tensors, inverse_indices_to, pin_tensors, tensors_to
+from lightrec.sparse.kjt_dist import dist_labels, dist_splits, dist_tensors
+from lightrec.sparse.kjt_printing import kjt_repr, kjt_str
+from lightrec.sparse.variable_batch import cumsum_list, regroup_received
 
 __all__ = ["KeyedJaggedTensor", "SparseValueError"]
-
 
 
 class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
@@ -99,6 +91,39 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         self._index_per_key: Optional[Dict[str, int]] = index_per_key
         self._jt_dict: Optional[Dict[str, JaggedTensor]] = jt_dict
 
+    @staticmethod
+    def _build(
+        keys: List[str], values: torch.Tensor, weights: Optional[torch.Tensor], lengths: torch.Tensor,
+        stride: Optional[int], stride_per_key_per_rank: Optional[List[List[int]]],
+        length_per_key: Optional[List[int]], inverse_indices: Optional[Tuple[List[str], torch.Tensor]],
+    ) -> "KeyedJaggedTensor":  # fmt: skip
+        """A KJT from lengths, with no offsets and no derived caches but ``length_per_key``.
+
+        What the static constructors build; every argument is passed explicitly, as TorchScript
+        needs. TorchScript compiles static methods as free functions: one that names the class,
+        called from a method while the class compiles, compiles the class a second time, so the
+        methods build with :meth:`_derive` instead.
+        """
+        return KeyedJaggedTensor(
+            keys=keys, values=values, weights=weights, lengths=lengths, offsets=None, stride=stride,
+            stride_per_key_per_rank=stride_per_key_per_rank, stride_per_key=None,
+            length_per_key=length_per_key, lengths_offset_per_key=None, offset_per_key=None,
+            index_per_key=None, jt_dict=None, inverse_indices=inverse_indices,
+        )  # fmt: skip
+
+    def _derive(
+        self, keys: List[str], values: torch.Tensor, weights: Optional[torch.Tensor], lengths: torch.Tensor,
+        stride: Optional[int], stride_per_key_per_rank: Optional[List[List[int]]],
+        length_per_key: Optional[List[int]], inverse_indices: Optional[Tuple[List[str], torch.Tensor]],
+    ) -> "KeyedJaggedTensor":  # fmt: skip
+        """:meth:`_build` for the methods (the transforms' results); ``self`` only gives access."""
+        return KeyedJaggedTensor(
+            keys=keys, values=values, weights=weights, lengths=lengths, offsets=None, stride=stride,
+            stride_per_key_per_rank=stride_per_key_per_rank, stride_per_key=None,
+            length_per_key=length_per_key, lengths_offset_per_key=None, offset_per_key=None,
+            index_per_key=None, jt_dict=None, inverse_indices=inverse_indices,
+        )  # fmt: skip
+
     # ---------------------------------------------------------------- constructors
     @staticmethod
     def from_offsets_sync(
@@ -112,21 +137,11 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
     ) -> "KeyedJaggedTensor":
         """Build from offsets and compute the per-key caches now (one host sync; none on ``meta``)."""
         kjt = KeyedJaggedTensor(
-            keys=keys,
-            values=values,
-            weights=weights,
-            offsets=offsets,
-            stride=stride,
-            stride_per_key_per_rank=stride_per_key_per_rank,
+            keys=keys, values=values, weights=weights, lengths=None, offsets=offsets, stride=stride,
+            stride_per_key_per_rank=stride_per_key_per_rank, stride_per_key=None, length_per_key=None,
+            lengths_offset_per_key=None, offset_per_key=None, index_per_key=None, jt_dict=None,
             inverse_indices=inverse_indices,
-            lengths=None,
-            stride_per_key=None,
-            length_per_key=None,
-            lengths_offset_per_key=None,
-            offset_per_key=None,
-            index_per_key=None,
-            jt_dict=None,
-        )
+        )  # fmt: skip
         return kjt.sync()
 
     @staticmethod
@@ -140,21 +155,8 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         inverse_indices: Optional[Tuple[List[str], torch.Tensor]] = None,
     ) -> "KeyedJaggedTensor":
         """Build from lengths and compute the per-key caches now (one host sync; none on ``meta``)."""
-        kjt = KeyedJaggedTensor(
-            keys=keys,
-            values=values,
-            weights=weights,
-            lengths=lengths,
-            stride=stride,
-            stride_per_key_per_rank=stride_per_key_per_rank,
-            inverse_indices=inverse_indices,
-            offsets=None,
-            stride_per_key=None,
-            length_per_key=None,
-            lengths_offset_per_key=None,
-            offset_per_key=None,
-            index_per_key=None,
-            jt_dict=None,
+        kjt = KeyedJaggedTensor._build(
+            keys, values, weights, lengths, stride, stride_per_key_per_rank, None, inverse_indices
         )
         return kjt.sync()
 
@@ -169,39 +171,10 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         if len(keys) == 0:
             return KeyedJaggedTensor.empty()
         jts = [jt_dict[k] for k in keys]
-        strides = [jt.lengths().numel() for jt in jts]
-        stride: Optional[int] = strides[0]
-        stride_per_key_per_rank: Optional[List[List[int]]] = None
-        for b in strides:
-            if b != strides[0]:
-                stride = None
-                stride_per_key_per_rank = [[b] for b in strides]
-                break
-        weighted = [jt.weights_or_none() is not None for jt in jts]
-        if any(weighted) and not all(weighted):
-            missing = [k for k, w in zip(keys, weighted) if not w]
-            raise SparseValueError(
-                f"from_jt_dict: features {missing} have no weights while others do; weight all or none"
-            )
-        weights: Optional[torch.Tensor] = None
-        if all(weighted):
-            weights = torch.cat([jt.weights() for jt in jts])
-        return KeyedJaggedTensor(
-            keys=keys,
-            values=torch.cat([jt.values() for jt in jts]),
-            weights=weights,
-            lengths=torch.cat([jt.lengths() for jt in jts]),
-            stride=stride,
-            stride_per_key_per_rank=stride_per_key_per_rank,
-            offsets=None,
-            length_per_key=None,
-            offset_per_key=None,
-            index_per_key=None,
-            jt_dict=None,
-            stride_per_key=None,
-            lengths_offset_per_key=None,
-            inverse_indices=None,
+        values, weights, lengths, stride, stride_per_key_per_rank = kjt_transforms.stack_features(
+            keys, [jt.values() for jt in jts], [jt.weights_or_none() for jt in jts], [jt.lengths() for jt in jts]
         )
+        return KeyedJaggedTensor._build(keys, values, weights, lengths, stride, stride_per_key_per_rank, None, None)
 
     @staticmethod
     def empty(
@@ -212,27 +185,11 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         lengths_dtype: torch.dtype = torch.int32,
     ) -> "KeyedJaggedTensor":
         """A KJT with no keys, no samples and no values."""
-        weights = (
-            torch.empty(0, dtype=weights_dtype if weights_dtype is not None else torch.float32, device=device)
-            if is_weighted
-            else None
-        )
-        return KeyedJaggedTensor(
-            keys=[],
-            values=torch.empty(0, dtype=values_dtype if values_dtype is not None else torch.int64, device=device),
-            weights=weights,
-            lengths=torch.empty(0, dtype=lengths_dtype, device=device),
-            stride=0,
-            offsets=None,
-            length_per_key=None,
-            offset_per_key=None,
-            index_per_key=None,
-            jt_dict=None,
-            stride_per_key_per_rank=None,
-            stride_per_key=None,
-            lengths_offset_per_key=None,
-            inverse_indices=None,
-        )
+        w_dtype = weights_dtype if weights_dtype is not None else torch.float32
+        weights = torch.empty(0, dtype=w_dtype, device=device) if is_weighted else None
+        values = torch.empty(0, dtype=values_dtype if values_dtype is not None else torch.int64, device=device)
+        lengths = torch.empty(0, dtype=lengths_dtype, device=device)
+        return KeyedJaggedTensor._build([], values, weights, lengths, 0, None, None, None)
 
     @staticmethod
     def empty_like(kjt: "KeyedJaggedTensor", device: Optional[torch.device] = None) -> "KeyedJaggedTensor":
@@ -241,37 +198,20 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         w = kjt.weights_or_none()
         if device is not None:
             offsets = kjt.offsets_or_none()
-            return KeyedJaggedTensor(
-                keys=kjt.keys(),
-                values=torch.empty_like(kjt.values(), device=device),
-                weights=torch.empty_like(w, device=device) if w is not None else None,
-                lengths=torch.empty_like(kjt.lengths(), device=device),
-                offsets=torch.empty_like(offsets, device=device) if offsets is not None else None,
-                stride=kjt.stride(),
-                stride_per_key_per_rank=kjt._stride_per_key_per_rank,
-                length_per_key=kjt._length_per_key,
-                offset_per_key=kjt._offset_per_key,
-                index_per_key=None,
-                jt_dict=None,
-                stride_per_key=None,
-                lengths_offset_per_key=None,
-                inverse_indices=None,
+            values, weights, lengths, offsets = empty_like_tensors(
+                kjt.values(), w, kjt.lengths(), offsets, device
             )
-        return KeyedJaggedTensor(
-            keys=kjt.keys(),
-            values=torch.empty(0, dtype=kjt.values().dtype, device=kjt.device()),
-            weights=torch.empty(0, dtype=w.dtype, device=w.device) if w is not None else None,
-            lengths=torch.zeros_like(kjt.lengths()),
-            stride=kjt.stride(),
-            stride_per_key_per_rank=kjt._stride_per_key_per_rank,
-            offsets=None,
-            length_per_key=None,
-            offset_per_key=None,
-            index_per_key=None,
-            jt_dict=None,
-            stride_per_key=None,
-            lengths_offset_per_key=None,
-            inverse_indices=None,
+            return KeyedJaggedTensor(
+                keys=kjt.keys(), values=values, weights=weights, lengths=lengths, offsets=offsets,
+                stride=kjt.stride(), stride_per_key_per_rank=kjt._stride_per_key_per_rank,
+                stride_per_key=None, length_per_key=kjt._length_per_key, lengths_offset_per_key=None,
+                offset_per_key=kjt._offset_per_key, index_per_key=None, jt_dict=None, inverse_indices=None,
+            )  # fmt: skip
+        values = torch.empty(0, dtype=kjt.values().dtype, device=kjt.device())
+        weights = torch.empty(0, dtype=w.dtype, device=w.device) if w is not None else None
+        lengths = torch.zeros_like(kjt.lengths())
+        return KeyedJaggedTensor._build(
+            kjt.keys(), values, weights, lengths, kjt.stride(), kjt._stride_per_key_per_rank, None, None
         )
 
     @staticmethod
@@ -332,22 +272,11 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         indices, else the largest batch of a key (torchrec's rule)."""
         stride = self._stride
         if stride is None:
-            num_keys = len(self._keys)
-            strides = self._stride_per_key_per_rank
-            inverse = self._inverse_indices
-            if num_keys == 0:
-                stride = 0
-            elif strides is not None:
-                if inverse is not None and inverse[1].numel() > 0:
-                    stride = inverse[1].size(-1)
-                else:
-                    stride = 0
-                    for per_rank in strides:
-                        stride = max(stride, sum(per_rank))
-            else:
-                lengths = self._lengths
-                n = lengths.numel() if lengths is not None else self.offsets().numel() - 1
-                stride = n // num_keys
+            lengths = self._lengths
+            num_lengths = lengths.numel() if lengths is not None else self.offsets().numel() - 1
+            stride = kjt_layout.infer_stride(
+                len(self._keys), self._stride_per_key_per_rank, self._inverse_indices, num_lengths
+            )
             self._stride = stride
         return stride
 
@@ -356,10 +285,7 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         spk = self._stride_per_key
         if spk is None:
             strides = self._stride_per_key_per_rank
-            if strides is not None:
-                spk = [sum(per_rank) for per_rank in strides]
-            else:
-                spk = [self.stride()] * len(self._keys)
+            spk = kjt_layout.row_sums(strides) if strides is not None else [self.stride()] * len(self._keys)
             self._stride_per_key = spk
         return spk
 
@@ -391,17 +317,11 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         lpk = self._length_per_key
         if lpk is None:
             num_keys = len(self._keys)
-            if num_keys == 0:
-                lpk = []
-            elif self._values.device.type == "meta":
-                total = self._values.numel()
-                lpk = [total // num_keys] * num_keys
-                lpk[0] += total % num_keys
-            elif self._stride_per_key_per_rank is not None:
-                lpk = segment_sums(self.lengths(), self.stride_per_key())
+            if num_keys == 0 or self._values.device.type == "meta":
+                lpk = kjt_layout.meta_length_per_key(self._values.numel(), num_keys)
             else:
-                sums: List[int] = self.lengths().view(num_keys, -1).sum(dim=1).tolist()
-                lpk = sums
+                spk = self.stride_per_key() if self._stride_per_key_per_rank is not None else None
+                lpk = kjt_layout.sum_length_per_key(self.lengths(), num_keys, spk)
             self._length_per_key = lpk
         return lpk
 
@@ -423,22 +343,17 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         """``{key: position}``."""
         ipk = self._index_per_key
         if ipk is None:
-            new_ipk: Dict[str, int] = {}
-            for i, k in enumerate(self._keys):
-                new_ipk[k] = i
-            self._index_per_key = new_ipk
-            ipk = new_ipk
+            ipk = kjt_layout.positions_of(self._keys)
+            self._index_per_key = ipk
         return ipk
 
     def lengths_offset_per_key(self) -> List[int]:
         """Start of each key's lengths in ``lengths()`` (multiples of the stride unless variable-batch)."""
         lopk = self._lengths_offset_per_key
         if lopk is None:
-            if self._stride_per_key_per_rank is not None:
-                lopk = cumsum_list(self.stride_per_key())
-            else:
-                stride = self.stride()
-                lopk = [i * stride for i in range(len(self._keys) + 1)]
+            variable = self._stride_per_key_per_rank is not None
+            num_keys = len(self._keys)
+            lopk = cumsum_list(self.stride_per_key()) if variable else kjt_layout.multiples(self.stride(), num_keys + 1)
             self._lengths_offset_per_key = lopk
         return lopk
 
@@ -457,110 +372,44 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
     # ---------------------------------------------------------------- transforms
     def split(self, segments: List[int]) -> List["KeyedJaggedTensor"]:
         """Split the keys into consecutive groups of ``segments[i]`` keys (views where possible)."""
-        if sum(segments) != len(self._keys):
-            raise ValueError(
-                f"split(segments={segments}) must cover the {len(self._keys)} keys exactly, "
-                f"but the segments sum to {sum(segments)}"
-            )
-        variable = self._stride_per_key_per_rank is not None
+        kjt_transforms.check_split_segments(segments, len(self._keys))
         stride = self.stride()
         lpk = self.length_per_key()
         lopk = self.lengths_offset_per_key()
         lengths = self.lengths()
         weights = self._weights
+        all_strides = self._stride_per_key_per_rank
         out: List[KeyedJaggedTensor] = []
-        key_start = 0
-        value_start = 0
-        for seg in segments:
-            key_end = key_start + seg
-            value_end = value_start + sum(lpk[key_start:key_end])
-            strides: Optional[List[List[int]]] = None
-            if variable:
-                strides = self.stride_per_key_per_rank()[key_start:key_end]
+        for k0, k1, v0, v1 in kjt_transforms.split_bounds(segments, lpk):
+            strides = all_strides[k0:k1] if all_strides is not None else None
             out.append(
-                KeyedJaggedTensor(
-                    keys=self._keys[key_start:key_end],
-                    values=self._values[value_start:value_end],
-                    weights=weights[value_start:value_end] if weights is not None else None,
-                    lengths=lengths[lopk[key_start] : lopk[key_end]],
-                    stride=stride,
-                    stride_per_key_per_rank=strides,
-                    length_per_key=lpk[key_start:key_end],
-                    offsets=None,
-                    offset_per_key=None,
-                    index_per_key=None,
-                    jt_dict=None,
-                    inverse_indices=self._inverse_indices,
-                    stride_per_key=None,
-                    lengths_offset_per_key=None,
-                )
+                self._derive(
+                    self._keys[k0:k1], self._values[v0:v1], weights[v0:v1] if weights is not None else None,
+                    lengths[lopk[k0] : lopk[k1]], stride, strides, lpk[k0:k1], self._inverse_indices,
+                )  # fmt: skip
             )
-            key_start = key_end
-            value_start = value_end
         return out
 
     def permute(
         self, indices: List[int], indices_tensor: Optional[torch.Tensor] = None
     ) -> "KeyedJaggedTensor":
         """New KJT whose key ``i`` is this KJT's key ``indices[i]`` (keys may repeat or be left out)."""
-        num_keys = len(self._keys)
-        for i in indices:
-            if i < 0 or i >= num_keys:
-                raise IndexError(f"permute: index {i} is out of range for {num_keys} keys {self._keys}")
-        if self._stride_per_key_per_rank is not None:  # keys of different batch sizes: no [K, B] view
-            return self._permute_variable_batch(indices)
-        if indices_tensor is None:
-            indices_tensor = torch.tensor(indices, dtype=torch.int32, device=self._values.device)
-        stride = self.stride()
+        kjt_transforms.check_permute_indices(indices, self._keys)
+        keys = [self._keys[i] for i in indices]
         lpk = self.length_per_key()
-        lengths2d = self.lengths().view(num_keys, stride)
-        # The output size from the host-side sizes: the kernel need not read it from the device.
-        total = 0
-        for i in indices:
-            total += lpk[i]
-        out_lengths, out_values, out_weights = permute_2d_sparse(
-            indices_tensor, lengths2d, self._values, self._weights, total
+        strides = self._stride_per_key_per_rank
+        if strides is not None:  # keys of different batch sizes: no [K, B] view, whole segments move
+            lengths, values, weights = kjt_transforms.permute_variable_batch(
+                indices, self.stride_per_key(), lpk, self.lengths(), self._values, self._weights
+            )
+            new_strides = [strides[i] for i in indices]
+            new_lpk = [lpk[i] for i in indices]
+            inverse = self._inverse_indices
+            return self._derive(keys, values, weights, lengths, self.stride(), new_strides, new_lpk, inverse)
+        lengths, values, weights = kjt_transforms.permute_fixed_batch(
+            indices, indices_tensor, self.lengths(), self._values, self._weights, lpk, self.stride()
         )
-        return KeyedJaggedTensor(
-            keys=[self._keys[i] for i in indices],
-            values=out_values,
-            weights=out_weights,
-            lengths=out_lengths.view(-1),
-            stride=stride,
-            length_per_key=[lpk[i] for i in indices],
-            offsets=None,
-            offset_per_key=None,
-            index_per_key=None,
-            jt_dict=None,
-            stride_per_key_per_rank=None,
-            stride_per_key=None,
-            lengths_offset_per_key=None,
-            inverse_indices=None,
-        )
-
-    def _permute_variable_batch(self, indices: List[int]) -> "KeyedJaggedTensor":
-        """``self.permute(indices)`` for a variable-batch KJT: whole key segments moved, on any device."""
-        lengths, _ = permute_segments(indices, self.stride_per_key(), self.lengths(), None)
-        lpk = self.length_per_key()
-        values, weights = permute_segments(indices, lpk, self.values(), self.weights_or_none())
-        keys = self.keys()
-        strides = self.stride_per_key_per_rank()
-        return KeyedJaggedTensor(
-            keys=[keys[i] for i in indices],
-            values=values,
-            weights=weights,
-            lengths=lengths,
-            stride=self.stride(),
-            stride_per_key_per_rank=[strides[i] for i in indices],
-            length_per_key=[lpk[i] for i in indices],
-            offsets=None,
-            offset_per_key=None,
-            index_per_key=None,
-            jt_dict=None,
-            inverse_indices=self.inverse_indices_or_none(),
-            stride_per_key=None,
-            lengths_offset_per_key=None,
-        )
+        return self._derive(keys, values, weights, lengths, self.stride(), None, [lpk[i] for i in indices], None)
 
     @torch.jit.unused
     def to_fixed_batch(self) -> "KeyedJaggedTensor":
@@ -570,46 +419,15 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         pooled lookup of the result equals the variable-batch lookup expanded by its inverse
         indices. Used by the sharded collections, which move fixed-batch KJTs between ranks.
         """
-        if self._stride_per_key_per_rank is None:
+        strides = self._stride_per_key_per_rank
+        if strides is None:
             return self
-        inverse = self._inverse_indices
-        if inverse is None:
-            raise ValueError(
-                f"to_fixed_batch: this variable-batch KeyedJaggedTensor (stride_per_key_per_rank="
-                f"{self._stride_per_key_per_rank}) has no inverse_indices to expand it by; pass "
-                "inverse_indices=(keys, [len(keys), B])"
-            )
-        row_of_key = {k: i for i, k in enumerate(inverse[0])}
-        missing = [k for k in self._keys if k not in row_of_key]
-        if len(missing) > 0:
-            raise ValueError(f"to_fixed_batch: inverse_indices has no row for keys {missing}; its keys are {inverse[0]}")
-        lengths: List[torch.Tensor] = []
-        values: List[torch.Tensor] = []
-        weights: List[torch.Tensor] = []
-        for key, jt in self.to_dict().items():
-            out_lengths, out_values, out_weights = expand_segment(
-                jt.lengths(), jt.values(), jt.weights_or_none(), inverse[1][row_of_key[key]]
-            )
-            lengths.append(out_lengths)
-            values.append(out_values)
-            if out_weights is not None:
-                weights.append(out_weights)
-        return KeyedJaggedTensor(
-            keys=self._keys,
-            values=torch.cat(values) if len(values) > 0 else self._values,
-            weights=torch.cat(weights) if len(weights) > 0 else None,
-            lengths=torch.cat(lengths) if len(lengths) > 0 else self.lengths(),
-            stride=inverse[1].size(-1),
-            offsets=None,
-            stride_per_key_per_rank=None,
-            stride_per_key=None,
-            length_per_key=None,
-            lengths_offset_per_key=None,
-            offset_per_key=None,
-            index_per_key=None,
-            jt_dict=None,
-            inverse_indices=None,
+        inverse_keys, rows = kjt_transforms.checked_inverse_indices(self._keys, strides, self._inverse_indices)
+        jt_parts = [(jt.lengths(), jt.values(), jt.weights_or_none()) for jt in self.to_dict().values()]
+        values, weights, lengths = kjt_transforms.expand_to_fixed_batch(
+            self._keys, jt_parts, inverse_keys, rows, self._values, self.lengths()
         )
+        return self._derive(self._keys, values, weights, lengths, rows.size(-1), None, None, None)
 
     def permute_to_keys(self, keys: List[str]) -> "KeyedJaggedTensor":
         """This KJT with its keys in the order ``keys`` (itself when already so ordered).
@@ -618,31 +436,19 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         """
         if keys == self._keys:
             return self
-        index = self.index_per_key()
-        indices: List[int] = []
-        for k in keys:
-            if k not in index:
-                raise KeyError("feature " + k + " is not in this KeyedJaggedTensor; its keys are " + ", ".join(self._keys))
-            indices.append(index[k])
-        return self.permute(indices, None)
+        return self.permute(kjt_transforms.key_positions(keys, self.index_per_key(), self._keys), None)
 
     def to_dict(self) -> Dict[str, JaggedTensor]:
         """``{key: JaggedTensor}`` views of each feature (cached)."""
         jt_dict = self._jt_dict
         if jt_dict is not None:
             return jt_dict
-        lopk = self.lengths_offset_per_key()
-        opk = self.offset_per_key()
-        lengths = self.lengths()
-        weights = self._weights
+        parts = kjt_transforms.slice_per_key(
+            self._values, self._weights, self.lengths(), self.offset_per_key(), self.lengths_offset_per_key()
+        )
         new_dict: Dict[str, JaggedTensor] = {}
-        for i, key in enumerate(self._keys):
-            new_dict[key] = JaggedTensor(
-                values=self._values[opk[i] : opk[i + 1]],
-                weights=weights[opk[i] : opk[i + 1]] if weights is not None else None,
-                lengths=lengths[lopk[i] : lopk[i + 1]],
-                offsets=None,
-            )
+        for key, (values, weights, lengths) in zip(self._keys, parts):
+            new_dict[key] = JaggedTensor(values=values, weights=weights, lengths=lengths, offsets=None)
         self._jt_dict = new_dict
         return new_dict
 
@@ -654,48 +460,17 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "KeyedJaggedTensor":
         """Copy every tensor to ``device``; host-side caches are kept (no sync)."""
-        weights = self._weights
-        lengths = self._lengths
-        offsets = self._offsets
-        return KeyedJaggedTensor(
-            keys=self._keys,
-            values=self._values.to(device, non_blocking=non_blocking),
-            weights=weights.to(device, non_blocking=non_blocking) if weights is not None else None,
-            lengths=lengths.to(device, non_blocking=non_blocking) if lengths is not None else None,
-            offsets=offsets.to(device, non_blocking=non_blocking) if offsets is not None else None,
-            stride=self._stride,
-            stride_per_key_per_rank=self._stride_per_key_per_rank,
-            length_per_key=self._length_per_key,
-            offset_per_key=self._offset_per_key,
-            index_per_key=self._index_per_key,
-            jt_dict=None,
-            inverse_indices=_inverse_indices_to(self._inverse_indices, device, non_blocking),
-            stride_per_key=None,
-            lengths_offset_per_key=None,
+        values, weights, lengths, offsets = tensors_to(
+            self._values, self._weights, self._lengths, self._offsets, device, non_blocking
         )
+        inverse_indices = inverse_indices_to(self._inverse_indices, device, non_blocking)
+        return self._copy_with(values, weights, lengths, offsets, inverse_indices)
 
     @torch.jit.unused
     def pin_memory(self) -> "KeyedJaggedTensor":
         """Copy into page-locked host memory so a later ``to(cuda, non_blocking=True)`` is async."""
-        weights = self._weights
-        lengths = self._lengths
-        offsets = self._offsets
-        return KeyedJaggedTensor(
-            keys=self._keys,
-            values=self._values.pin_memory(),
-            weights=weights.pin_memory() if weights is not None else None,
-            lengths=lengths.pin_memory() if lengths is not None else None,
-            offsets=offsets.pin_memory() if offsets is not None else None,
-            stride=self._stride,
-            stride_per_key_per_rank=self._stride_per_key_per_rank,
-            inverse_indices=self._inverse_indices,
-            length_per_key=self._length_per_key,
-            offset_per_key=self._offset_per_key,
-            index_per_key=self._index_per_key,
-            jt_dict=None,
-            stride_per_key=None,
-            lengths_offset_per_key=None,
-        )
+        values, weights, lengths, offsets = pin_tensors(self._values, self._weights, self._lengths, self._offsets)
+        return self._copy_with(values, weights, lengths, offsets, self._inverse_indices)
 
     @torch.jit.unused
     def record_stream(self, stream: torch.Stream) -> None:
@@ -704,56 +479,44 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
             if t is not None:
                 t.record_stream(stream)
 
+    def _copy_with(
+        self, values: torch.Tensor, weights: Optional[torch.Tensor], lengths: Optional[torch.Tensor],
+        offsets: Optional[torch.Tensor], inverse_indices: Optional[Tuple[List[str], torch.Tensor]],
+    ) -> "KeyedJaggedTensor":  # fmt: skip
+        """These keys and host-side caches over other tensors (a copy elsewhere: same sizes)."""
+        return KeyedJaggedTensor(
+            keys=self._keys, values=values, weights=weights, lengths=lengths, offsets=offsets,
+            stride=self._stride, stride_per_key_per_rank=self._stride_per_key_per_rank, stride_per_key=None,
+            length_per_key=self._length_per_key, lengths_offset_per_key=None,
+            offset_per_key=self._offset_per_key, index_per_key=self._index_per_key, jt_dict=None,
+            inverse_indices=inverse_indices,
+        )  # fmt: skip
+
     def flatten_lengths(self) -> "KeyedJaggedTensor":
         """The same KJT holding only lengths (drops cached offsets; kernels want one or the other)."""
-        return KeyedJaggedTensor(
-            keys=self._keys,
-            values=self._values,
-            weights=self._weights,
-            lengths=self.lengths(),
-            stride=self._stride,
-            stride_per_key_per_rank=self._stride_per_key_per_rank,
-            inverse_indices=self._inverse_indices,
-            length_per_key=self._length_per_key,
-            offsets=None,
-            offset_per_key=None,
-            index_per_key=None,
-            jt_dict=None,
-            stride_per_key=None,
-            lengths_offset_per_key=None,
-        )
+        return self._derive(
+            self._keys, self._values, self._weights, self.lengths(), self._stride,
+            self._stride_per_key_per_rank, self._length_per_key, self._inverse_indices,
+        )  # fmt: skip
 
     # ---------------------------------------------------------------- all-to-all of a KJT (torchrec's names)
     def dist_labels(self) -> List[str]:
         """Names of the tensors :meth:`dist_tensors` sends, in order."""
-        labels = ["lengths", "values"]
-        if self.variable_stride_per_key():
-            labels.append("strides")
-        if self._weights is not None:
-            labels.append("weights")
-        return labels
+        return dist_labels(self.variable_stride_per_key(), self._weights is not None)
 
     def dist_splits(self, key_splits: List[int]) -> List[List[int]]:
         """Entries of each :meth:`dist_tensors` tensor that go to each destination, for keys split
         into consecutive groups of ``key_splits[r]`` keys (group ``r`` to rank ``r``)."""
-        batch_size_per_split = _sum_by_splits(self.stride_per_key(), key_splits)
-        length_per_split = _sum_by_splits(self.length_per_key(), key_splits)
-        splits = [batch_size_per_split, length_per_split]
-        if self.variable_stride_per_key():
-            splits.append(key_splits)
-        if self._weights is not None:
-            splits.append(length_per_split)
-        return splits
+        return dist_splits(
+            self.stride_per_key(), self.length_per_key(), key_splits, self.variable_stride_per_key(),
+            self._weights is not None,
+        )  # fmt: skip
 
     def dist_tensors(self) -> List[torch.Tensor]:
         """The tensors an all-to-all sends: lengths, values, [per-key batch sizes], [weights]."""
-        tensors = [self.lengths(), self.values()]
-        if self.variable_stride_per_key():
-            tensors.append(torch.tensor(self.stride_per_key(), dtype=torch.int64, device=self.device()))
-        weights = self._weights
-        if weights is not None:
-            tensors.append(weights)
-        return tensors
+        # only a variable-batch KJT sends (and so computes) its batch sizes
+        stride_per_key = self.stride_per_key() if self.variable_stride_per_key() else None
+        return dist_tensors(self.lengths(), self._values, self._weights, stride_per_key)
 
     @staticmethod
     def dist_init(
@@ -767,40 +530,21 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
     ) -> "KeyedJaggedTensor":
         """The KJT a rank received: ``tensors`` as :meth:`dist_tensors` of each source rank laid end to end.
 
-        The received blocks are rank-major (rank 0's keys, then rank 1's ...); ``recat`` (``[F * R]``,
-        an index of ``(rank, key)`` blocks) reorders them key-major. ``stride_per_rank`` is each source
-        rank's batch size (fixed-batch), or ``None`` with ``variable_stride_per_key`` (the batch sizes
-        travel in ``tensors[2]``). ``stagger`` reorders the ranks as torchrec's 2-D sharding does.
+        ``recat`` (``[F * R]``) reorders the rank-major blocks key-major; ``stride_per_rank`` is each
+        source rank's batch size, or ``None`` with ``variable_stride_per_key`` (see :mod:`kjt_dist`).
         """
-        lengths, values, weights, table = regroup_received(
+        lengths, values, weights, stride, table = regroup_received(
             len(keys), tensors, variable_stride_per_key, num_workers, recat, stride_per_rank, stagger
         )
-        stride: Optional[int] = None  # variable-batch: the batch sizes are in the table
-        if table is None and stride_per_rank is not None:  # regroup_received raised if both are None
-            stride = sum(stride_per_rank)
-        return KeyedJaggedTensor(
-            keys=keys, values=values, weights=weights, lengths=lengths, stride=stride,
-            stride_per_key_per_rank=table,
-            offsets=None,
-            stride_per_key=None,
-            length_per_key=None,
-            lengths_offset_per_key=None,
-            offset_per_key=None,
-            index_per_key=None,
-            jt_dict=None,
-            inverse_indices=None,
-        ).sync()
+        return KeyedJaggedTensor._build(keys, values, weights, lengths, stride, table, None, None).sync()
 
     # ---------------------------------------------------------------- validation / printing
     @torch.jit.unused
     def validate(self) -> None:
-        """Raise ``SparseValueError`` when the layout is inconsistent.
+        """Raise ``SparseValueError`` naming the first inconsistency of the layout.
 
-        Checks: unique keys; ``len(lengths)`` divisible by the number of keys (and equal to
-        ``len(keys) * stride`` when a stride was given); ids (``values``) and lengths int32 or
-        int64 (float or uint8 ids are refused, not cast); lengths non-negative (naming the
-        feature) and summing to ``len(values)`` (surplus values are named, never dropped);
-        offsets equal to the running sum of lengths; one weight per value.
+        Unique keys, one length per (key, sample), int32/int64 ids and lengths, non-negative lengths
+        counting every value once, offsets their running sum, one weight per value (:mod:`kjt_checks`).
         """
         validate_kjt_layout(
             self._keys, self._values, self._weights, self.lengths(), self._offsets, self._stride,
@@ -809,44 +553,11 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
 
     @torch.jit.unused
     def __str__(self) -> str:
-        if len(self._keys) == 0:
-            return "KeyedJaggedTensor()\n"
-        lines: List[str] = []
-        for key, jt in self.to_dict().items():
-            dense = list(jt.to_dense())
-            dw = jt.to_dense_weights()
-            if dw is None:
-                lines.append(f'    "{key}": {_values_repr(dense)}')
-            else:
-                lines.append(
-                    f'    "{key}": {{\n        "values": {_values_repr(dense)},\n'
-                    f'        "weights": {_values_repr(list(dw))}\n    }}'
-                )
-        return "KeyedJaggedTensor({\n" + ",\n".join(lines) + "\n})\n"
+        return kjt_str(self.to_dict() if len(self._keys) > 0 else {})
 
     @torch.jit.unused
     def __repr__(self) -> str:
-        return (
-            f"KeyedJaggedTensor(keys={self._keys}, stride={self.stride()}, "
-            f"values={tuple(self._values.shape)}, weighted={self._weights is not None})"
-        )
-
-
-def _sum_by_splits(xs: List[int], splits: List[int]) -> List[int]:
-    out: List[int] = []
-    start = 0
-    for n in splits:
-        out.append(sum(xs[start : start + n]))
-        start += n
-    return out
-
-
-def _inverse_indices_to(
-    inverse: Optional[Tuple[List[str], torch.Tensor]], device: torch.device, non_blocking: bool
-) -> Optional[Tuple[List[str], torch.Tensor]]:
-    if inverse is None:
-        return None
-    return inverse[0], inverse[1].to(device, non_blocking=non_blocking)
+        return kjt_repr(self._keys, self.stride(), self._values.shape, self._weights is not None)
 
 
 @torch.fx.wrap
@@ -859,45 +570,29 @@ def _kjt_concat(kjt_list: List[KeyedJaggedTensor]) -> KeyedJaggedTensor:
     variable = kjt_list[0].variable_stride_per_key()
     weighted = kjt_list[0].weights_or_none() is not None
     stride = kjt_list[0].stride()
-    keys: List[str] = []
-    length_per_key: List[int] = []
-    strides: List[List[int]] = []
-    inverse_keys: List[str] = []
-    inverse_tensors: List[torch.Tensor] = []
+    strides_seen: List[int] = []  # only fixed-batch KJTs must agree on one batch size
+    if not variable:
+        strides_seen = [kjt.stride() for kjt in kjt_list]
+    kjt_transforms.check_concat_inputs(
+        [kjt.variable_stride_per_key() for kjt in kjt_list],
+        strides_seen,
+        [kjt.weights_or_none() is not None for kjt in kjt_list],
+    )
+    keys, length_per_key, strides = kjt_transforms.concat_key_lists(
+        [kjt.keys() for kjt in kjt_list],
+        [kjt.length_per_key() for kjt in kjt_list],
+        [kjt.stride_per_key_per_rank() for kjt in kjt_list],
+    )
+    inverses: List[Optional[Tuple[List[str], torch.Tensor]]] = []  # typed: TorchScript warns on a comprehension
     for kjt in kjt_list:
-        if kjt.variable_stride_per_key() != variable:
-            raise ValueError("KeyedJaggedTensor.concat needs all inputs variable-batch or all fixed-batch")
-        if not variable and kjt.stride() != stride:
-            strides_seen: List[int] = [k.stride() for k in kjt_list]
-            raise ValueError(f"KeyedJaggedTensor.concat needs one batch size, got strides {strides_seen}")
-        if (kjt.weights_or_none() is not None) != weighted:
-            raise ValueError("KeyedJaggedTensor.concat needs all inputs weighted or all unweighted")
-        keys.extend(kjt.keys())
-        length_per_key.extend(kjt.length_per_key())
-        strides.extend(kjt.stride_per_key_per_rank())
-        inverse = kjt.inverse_indices_or_none()
-        if inverse is not None:
-            inverse_keys.extend(inverse[0])
-            inverse_tensors.append(inverse[1])
+        inverses.append(kjt.inverse_indices_or_none())
+    inverse_indices = kjt_transforms.concat_inverse_indices(inverses)
     weights: Optional[torch.Tensor] = None
     if weighted:
         weights = torch.cat([kjt.weights() for kjt in kjt_list])
-    inverse_indices: Optional[Tuple[List[str], torch.Tensor]] = None
-    if len(inverse_tensors) > 0:
-        inverse_indices = (inverse_keys, torch.cat(inverse_tensors))
-    return KeyedJaggedTensor(
-        keys=keys,
-        values=torch.cat([kjt.values() for kjt in kjt_list]),
-        weights=weights,
-        lengths=torch.cat([kjt.lengths() for kjt in kjt_list]),
-        stride=None if variable else stride,
-        stride_per_key_per_rank=strides if variable else None,
-        length_per_key=length_per_key,
-        offsets=None,
-        offset_per_key=None,
-        index_per_key=None,
-        jt_dict=None,
-        inverse_indices=inverse_indices,
-        stride_per_key=None,
-        lengths_offset_per_key=None,
-    )
+    values = torch.cat([kjt.values() for kjt in kjt_list])
+    lengths = torch.cat([kjt.lengths() for kjt in kjt_list])
+    return KeyedJaggedTensor._build(
+        keys, values, weights, lengths, None if variable else stride, strides if variable else None,
+        length_per_key, inverse_indices,
+    )  # fmt: skip

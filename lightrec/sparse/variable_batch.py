@@ -136,7 +136,7 @@ def regroup_received(
     recat: Optional[torch.Tensor],
     stride_per_rank: Optional[List[int]],
     stagger: int,
-) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor], Optional[List[List[int]]]]:
+) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor], Optional[int], Optional[List[List[int]]]]:
     """The tensor work of ``KeyedJaggedTensor.dist_init``: received rank-major blocks, key-major.
 
     Args:
@@ -149,7 +149,9 @@ def regroup_received(
         stagger: torchrec's 2-D sharding rank interleave (1: none).
 
     Returns:
-        ``(lengths, values, weights, stride_per_key_per_rank or None)``.
+        ``(lengths, values, weights, stride, stride_per_key_per_rank)``: ``stride`` (the sum of
+        ``stride_per_rank``) for a fixed-batch KJT, ``stride_per_key_per_rank`` ``[F][R]`` for a
+        variable-batch one; the other is None.
     """
     if len(tensors) not in (2, 3, 4):
         raise ValueError(f"dist_init takes 2 to 4 tensors (lengths, values, [strides], [weights]), got {len(tensors)}")
@@ -175,4 +177,7 @@ def regroup_received(
         block_lengths = segment_sums(lengths, block_sizes)
         lengths, _ = permute_segments(order, block_sizes, lengths, None)
         values, weights = permute_segments(order, block_lengths, values, weights)
-    return lengths, values, weights, table
+    stride: Optional[int] = None  # variable-batch: the batch sizes are in the table
+    if table is None and stride_per_rank is not None:  # raised above if both are None
+        stride = sum(stride_per_rank)
+    return lengths, values, weights, stride, table

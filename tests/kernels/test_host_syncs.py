@@ -164,16 +164,16 @@ def test_kjt_permute_with_host_sizes_reads_nothing() -> None:
 def test_kjt_permute_hands_the_output_size_to_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """fbgemm's ``permute_2D_sparse_data`` reads the output size from the device (in C++, unseen
     by the counter above) unless it is given ``permuted_lengths_sum``."""
-    from lightrec.sparse import keyed_jagged_tensor
+    from lightrec.sparse import kjt_transforms  # the tensor work of KeyedJaggedTensor.permute
 
     seen: list[int | None] = []
-    real = keyed_jagged_tensor.permute_2d_sparse
+    real = kjt_transforms.permute_2d_sparse
 
     def spy(*args: Any) -> Any:
         seen.append(args[4] if len(args) > 4 else None)
         return real(*args)
 
-    monkeypatch.setattr(keyed_jagged_tensor, "permute_2d_sparse", spy)
+    monkeypatch.setattr(kjt_transforms, "permute_2d_sparse", spy)
     _kjt(weighted=False).permute([1, 1, 2])
     assert seen == [9]
 

@@ -67,6 +67,37 @@ def test_scripted_function_uses_kjt_methods() -> None:
     assert got[3].shape == (7, 1)
 
 
+def _every_scriptable_kjt_path(values: torch.Tensor, lengths: torch.Tensor) -> list[torch.Tensor]:
+    kjt = KeyedJaggedTensor.from_lengths_sync(["a", "b", "c"], values, lengths)
+    from_offsets = KeyedJaggedTensor.from_offsets_sync(["a", "b", "c"], values, kjt.offsets())
+    both = KeyedJaggedTensor.concat([kjt, from_offsets.permute_to_keys(["c", "a", "b"])])
+    moved = kjt.to(torch.device("cpu")).flatten_lengths()
+    like = KeyedJaggedTensor.empty_like(kjt, torch.device("cpu"))
+    variable = KeyedJaggedTensor(
+        keys=["u", "i"], values=values[:6], lengths=lengths[:5], stride_per_key_per_rank=[[2], [3]]
+    )
+    out = [both.lengths(), both.split([2, 4])[1].values(), moved.offsets()]
+    out.extend(kjt.dist_tensors() + variable.dist_tensors() + [variable.permute([1, 0]).values()])
+    sizes = [kjt.stride(), like.stride(), like.lengths().numel(), KeyedJaggedTensor.empty(True).stride()]
+    sizes += [len(KeyedJaggedTensor.empty_like(kjt).keys())]
+    sizes += kjt.dist_splits([1, 2])[1] + variable.dist_splits([1, 1])[0] + variable.lengths_offset_per_key()
+    sizes += variable.length_per_key() + [kjt.index_per_key()["c"]] + variable.split([1, 1])[1].stride_per_key()
+    return out + [torch.tensor(sizes)]
+
+
+def test_scripted_kjt_constructors_and_transforms_match_eager() -> None:
+    """Every method TorchScript compiles runs the same scripted and eager: the helpers in the
+    ``kjt_*`` modules are compiled from the class's methods without compiling the class twice."""
+    scripted = torch.jit.script(_every_scriptable_kjt_path)
+    values = torch.tensor([1, 5, 19, 3, 4, 8, 0])
+    lengths = torch.tensor([2, 1, 0, 2, 1, 1])
+    expected = _every_scriptable_kjt_path(values, lengths)
+    got = scripted(values, lengths)
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e)
+
+
 def test_torch_compile_has_no_graph_breaks_in_common_paths() -> None:
     """Splitting values per key needs data-dependent sizes, which dynamo captures as unbacked
     symbolic ints once ``capture_scalar_outputs`` is on (the setting torchrec documents too)."""
