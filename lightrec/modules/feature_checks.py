@@ -139,10 +139,9 @@ def check_collection_input(features: KeyedJaggedTensor, expected: List[str], whe
     total = sum(per_key)
     if torch.compiler.is_compiling():
         # torch.compile / torch.export see data-dependent sizes: a Python branch on them would break
-        # the graph, so record the equality as a runtime assert of the compiled program instead.
-        torch._check(
-            total == values.numel(), lambda: f"{where}: the KeyedJaggedTensor's lengths must count every value"
-        )
+        # the graph, so record the equality as a runtime assert of the compiled program instead
+        # (without a message: torch 2.11's dynamo breaks the graph on torch._check's message callable).
+        torch._check(total == values.numel())
         return
     if total != values.numel():
         raise SparseValueError(
