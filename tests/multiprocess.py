@@ -53,6 +53,15 @@ def _bindable(port: int) -> bool:
     return True
 
 
+def set_torchrun_env(rank: int, world_size: int, port: int) -> None:
+    """Give this process the environment ``torchrun`` gives a rank on one node (127.0.0.1:``port``),
+    so Lightning's strategies create the process group themselves."""
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size), NODE_RANK="0",
+    )  # fmt: skip
+
+
 def free_port() -> int:
     """A TCP port nothing listens on, for ``MASTER_PORT``; distinct across xdist workers."""
     global _next_offset

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.multiprocess import free_port, run_nccl, run_ranks
+from tests.multiprocess import free_port, run_nccl, run_ranks, set_torchrun_env
 
 STEPS, SAVE_EVERY, STEPS_PER_EPOCH, GLOBAL_BATCH = 6, 2, 4, 64
 
@@ -32,10 +32,7 @@ def _fit(
     prefetch: bool = False,
     accelerator: str = "cpu",
 ) -> dict[str, Any]:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size), NODE_RANK="0",
-    )  # fmt: skip
+    set_torchrun_env(rank, world_size, port)
     import lightning.pytorch as pl
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint

@@ -16,7 +16,6 @@ On CPU a misplaced tensor cannot be seen by its device, so these tests check the
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
@@ -27,7 +26,7 @@ from torch import nn
 from lightrec.distributed.placement import detached, move_dense_to_device
 from lightrec.modules import EmbeddingBagCollection
 from tests.lightning.toy import ToyDLRM
-from tests.multiprocess import free_port, run_nccl, run_ranks
+from tests.multiprocess import free_port, run_nccl, run_ranks, set_torchrun_env
 
 
 def _metric_states(module: nn.Module) -> list[torch.Tensor]:
@@ -79,10 +78,7 @@ def test_detached_restores_the_tree_in_order_even_after_an_error() -> None:
 
 
 def _stages_body(rank: int, world_size: int, port: int, tmp: str, accelerator: str = "cpu") -> dict[str, Any]:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size), NODE_RANK="0",
-    )  # fmt: skip
+    set_torchrun_env(rank, world_size, port)
     import lightning.pytorch as pl
     import lightning.pytorch.strategies.strategy as strategy_module
 

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import torch.multiprocessing as mp
 
-from tests.multiprocess import free_port
+from tests.multiprocess import free_port, set_torchrun_env
 
 PG_TIMEOUT_S = 15  # RecStrategy(timeout=...)
 KILL_AT_BATCH = 2
@@ -37,10 +37,7 @@ BOUND_S = 60 + PG_TIMEOUT_S  # whole run: spawn + imports + set-up (~10 s) + tim
 
 
 def _rank_main(rank: int, world_size: int, port: int, victim: int, how: str, tmp: str, reports: Any) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size), NODE_RANK="0",
-    )  # fmt: skip
+    set_torchrun_env(rank, world_size, port)
     try:
         from datetime import timedelta
 

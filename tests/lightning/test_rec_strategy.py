@@ -7,11 +7,9 @@ RecStrategy reuses the already-initialised process group.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-from tests.multiprocess import free_port, run_ranks
+from tests.multiprocess import free_port, run_ranks, set_torchrun_env
 
 STEPS = 4
 
@@ -40,10 +38,7 @@ def mixed_plan(world_size: int, device_type: str = "cpu"):  # noqa: ANN201
 
 
 def _fit_losses(rank: int, world_size: int, port: int, plan_kind: str, tmp: str) -> dict:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size), NODE_RANK="0",
-    )  # fmt: skip
+    set_torchrun_env(rank, world_size, port)
     import lightning.pytorch as pl
     import torch
 

@@ -12,14 +12,13 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
-from tests.multiprocess import free_port, run_ranks
+from tests.multiprocess import free_port, run_ranks, set_torchrun_env
 
 STEPS = 3
 
@@ -135,10 +134,7 @@ def _fit(world_size: int, tmp: str, refused: bool = False, **options: Any) -> di
 
 
 def _body(rank: int, world_size: int, port: int, tmp: str) -> dict[str, Any]:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size), NODE_RANK="0",
-    )  # fmt: skip
+    set_torchrun_env(rank, world_size, port)
     calls = {"hook": 0, "wrapped": 0}
 
     # DDP checks a hook's annotations against the real GradBucket / Future classes, which this

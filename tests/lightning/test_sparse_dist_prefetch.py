@@ -16,14 +16,13 @@
 
 from __future__ import annotations
 
-import os
 import warnings
 from typing import Any
 
 import pytest
 import torch
 
-from tests.multiprocess import free_port, run_nccl, run_ranks
+from tests.multiprocess import free_port, run_nccl, run_ranks, set_torchrun_env
 
 # ---------------------------------------------------------------------------------------------
 # DistributedModelParallel driven by hand
@@ -215,10 +214,7 @@ def _fit(world_size: int, sized: bool, prefetch: bool, tmp: str, accelerator: st
 
 
 def _fit_body(rank: int, world_size: int, port: int, tmp: str, accelerator: str = "cpu") -> dict[str, Any]:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size), NODE_RANK="0",
-    )  # fmt: skip
+    set_torchrun_env(rank, world_size, port)
     out = {}
     for sized in (True, False):
         with warnings.catch_warnings(record=True) as caught:
@@ -261,10 +257,7 @@ def test_fit_with_prefetch_is_bit_identical(fit_results: list[dict[str, Any]], l
 
 
 def _one_rank_body(rank: int, world_size: int, port: int, tmp: str) -> list[str]:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", LOCAL_RANK="0",
-        WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", NODE_RANK="0",
-    )  # fmt: skip
+    set_torchrun_env(0, 1, port)
     import lightning.pytorch as pl
 
     from lightrec.lightning import RecStrategy

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.lightning.toy import DIM, ToyDLRM, toy_data
-from tests.multiprocess import free_port, run_ranks
+from tests.multiprocess import free_port, run_ranks, set_torchrun_env
 
 STEPS = 4  # per rank; one epoch, then the validation loop (AUC, NE ...)
 BATCH = 32  # per rank
@@ -48,10 +48,7 @@ def _local_embedding_bytes(plan, rank: int, world_size: int) -> int:  # noqa: AN
 
 
 def _fit(rank: int, world_size: int, port: int, log_dir: str) -> dict:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size), NODE_RANK="0",
-    )  # fmt: skip
+    set_torchrun_env(rank, world_size, port)
     from lightrec.lightning import RecStrategy, RecThroughputMonitor
     from lightrec.lightning.plan_report import PlanReport
 

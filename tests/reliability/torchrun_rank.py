@@ -6,21 +6,19 @@ the launcher's queue as ``(rank, "finished" | "raised", text, time.monotonic())`
 
 from __future__ import annotations
 
-import os
 import time
 import traceback
 from collections.abc import Callable
 from typing import Any
+
+from tests.multiprocess import set_torchrun_env
 
 
 def run_as_torchrun_rank(
     rank: int, world_size: int, port: int, reports: Any, body: Callable[[], str]
 ) -> None:
     """Set torchrun's environment, run ``body()`` (its return value is the report's text), report."""
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size), NODE_RANK="0",
-    )  # fmt: skip
+    set_torchrun_env(rank, world_size, port)
     try:
         import torch
 
