@@ -221,7 +221,7 @@ def check_ids(
 def _locate(lengths: torch.Tensor, position: int, stride: int) -> Tuple[int, int]:
     """(feature index, sample index) of value ``position`` in a key-major jagged layout."""
     ends = torch.cumsum(lengths.long(), 0)
-    bag = int(torch.searchsorted(ends, torch.tensor(position, dtype=ends.dtype), right=True))
+    bag = int(torch.searchsorted(ends, torch.tensor(position, dtype=ends.dtype, device=ends.device), right=True))
     return bag // max(stride, 1), bag % max(stride, 1)
 
 
