@@ -25,6 +25,7 @@ fbgemm TBE groups of sharded models can only be exported as TorchScript.
 
 import importlib.metadata
 import inspect
+import itertools
 import json
 import os
 from pathlib import Path
@@ -140,6 +141,13 @@ def _example_inputs(info: dict[str, Any], batch_size: int = 3) -> tuple[torch.Te
     return (dense, values, lengths) + ((weights,) if weights is not None else ())
 
 
+def _model_device(model: nn.Module) -> torch.device:
+    """The device of the model's first parameter or buffer (CPU for a model with neither)."""
+    for tensor in itertools.chain(model.parameters(), model.buffers()):
+        return tensor.device
+    return torch.device("cpu")
+
+
 def _split_example(example_batch: Any, info: dict[str, Any]) -> tuple[torch.Tensor, ...]:
     if isinstance(example_batch, KeyedJaggedTensor):
         dense, kjt = None, example_batch
@@ -212,6 +220,9 @@ def export(
             raise ExportError("the model takes dense features but their width is unknown; pass dense_in_features=")
     wrapper = TensorInputModule(model, info["feature_names"], takes_dense, info["is_weighted"]).eval()
     inputs = _split_example(example_batch, info) if example_batch is not None else _example_inputs(info)
+    # Trace where the model lives (a model on the GPU, say); `load(path, device=...)` moves the
+    # artifact to wherever it is served.
+    inputs = tuple(t.to(_model_device(model)) for t in inputs)
     with torch.no_grad():
         expected = wrapper(*inputs)
         if not isinstance(expected, torch.Tensor):

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.export.passes import move_to_device_pass
 
 import lightrec.quant.pooled_kernels  # noqa: F401  registers lightrec::nbit_pooled_lookup, which exported programs call
 from lightrec._fbgemm import fbgemm_available, fbgemm_unavailable_reason
@@ -208,5 +209,9 @@ def load(path: str | os.PathLike, missing_features: str = "empty", device: torch
     if meta["format"] == "torchscript":
         module: Any = torch.jit.load(str(path), map_location=torch.device(device))
     else:
-        module = torch.export.load(str(path)).module().to(torch.device(device))
+        # An exported program bakes the device it was traced on into its graph (device checks,
+        # tensor constructors): moving only the weights (``.module().to(device)``) leaves those
+        # pointing at the old device. move_to_device_pass rewrites the graph and the state.
+        program = move_to_device_pass(torch.export.load(str(path)), torch.device(device))
+        module = program.module()
     return Predictor(module, meta, missing_features, device)

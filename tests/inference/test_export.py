@@ -42,6 +42,21 @@ def test_artifact_reproduces_model(tmp_path: Path, fmt: str, suffix: str, dtype:
             assert torch.equal(predictor(dense, batch.values().int(), batch.lengths().int()), want)
 
 
+def test_exported_program_is_moved_whole_to_the_serving_device(tmp_path: Path) -> None:
+    """torch.export writes the tracing device into the graph (device checks, constructors); `load`
+    rewrites every one of them, not just the weights (which alone fails on a GPU: "Tensor device
+    mismatch! Expected: cpu, Got: cuda:0"). "meta" stands in for the GPU here."""
+    path = export(quantize(dlrm(), "int8"), tmp_path / "m.pt2", format="export")
+
+    def devices(module: torch.nn.Module) -> list[str]:
+        return [torch.device(n.kwargs["device"]).type for n in module.graph.nodes if "device" in n.kwargs]
+
+    assert "cpu" in devices(load(path).module)  # the CPU artifact names its device in the graph ...
+    moved = load(path, device="meta").module
+    assert set(devices(moved)) == {"meta"}  # ... and every mention is rewritten
+    assert {t.device.type for t in [*moved.parameters(), *moved.buffers()]} == {"meta"}
+
+
 def test_sharded_model_exports_as_torchscript(tmp_path: Path) -> None:
     from lightrec.inference import shard_for_inference
 
