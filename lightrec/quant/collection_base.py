@@ -49,7 +49,8 @@ def resolve_quant_kernel(
     ``backend`` (``"auto"``, ``"fbgemm"``, ``"triton"``, ``"torch"``) wins; without it the older
     ``use_fbgemm`` says ``"fbgemm"`` (True), ``"torch"`` (False) or ``"auto"`` (None). ``"auto"``:
     fbgemm's IntN op when it imports (on CUDA: a CUDA build of it); else, on CUDA, the Triton kernel
-    when triton imports; else torch. All three give the same numbers (see :mod:`lightrec.quant.pooled_kernels`).
+    when triton imports; else torch. ``"triton"`` for a module on the CPU is accepted where a GPU is
+    visible (move the module there before its first lookup) or under ``TRITON_INTERPRET=1``. All three give the same numbers (see :mod:`lightrec.quant.pooled_kernels`).
 
     Raises:
         ValueError: unknown or conflicting choice, or ``"triton"`` where it cannot run.
@@ -70,7 +71,11 @@ def resolve_quant_kernel(
         )
     if backend == "triton":
         reason = _triton.triton_device_reason(device)
-        if reason is not None:
+        # Quantizing on the host and then moving the module to a GPU (``.to("cuda")``) is the usual
+        # order: a CPU module may choose Triton when a GPU is there to move to. The lookup itself
+        # checks the device it runs on (lightrec.quant.triton_lookup).
+        movable = device.type == "cpu" and _triton.triton_available() and torch.cuda.is_available()
+        if reason is not None and not movable:
             raise ValueError(f"backend='triton' cannot serve quantized lookups here: {reason}")
     if backend != "auto":
         return backend

@@ -16,6 +16,8 @@ from typing import List, Optional
 
 import torch
 
+from lightrec._triton import triton_device_reason
+
 __all__ = ["TritonSequenceKernel", "alignment_hint", "feature_meta", "triton_quant_pooled_lookup",
            "triton_sequence_lookup"]
 
@@ -71,6 +73,12 @@ def triton_quant_pooled_lookup(
     """
     from lightrec.quant.triton_quant_kernel import quant_pooled_kernel
 
+    reason = triton_device_reason(flat.device)
+    if reason is not None:
+        raise RuntimeError(
+            f"this quantized collection (kernel='triton') has its tables on {flat.device}: {reason}. Move it "
+            "to a GPU (module.to('cuda')) or quantize with backend='torch'"
+        )
     num_features = meta.shape[0]
     batch = (offsets.numel() - 1) // num_features
     out = torch.empty(batch, total_d, dtype=torch.float32, device=flat.device)

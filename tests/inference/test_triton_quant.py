@@ -126,7 +126,7 @@ def test_triton_model_traces_scripts_and_exports(tmp_path: Path, fmt: str, suffi
     assert torch.equal(torch.jit.script(symbolic_trace(q))(batch).values(), q(batch).values())
     model = quantize(dlrm(), "int8", backend="triton").to(DEVICE)
     assert {m.kernel for m in model.modules() if hasattr(m, "kernel")} == {"triton"}
-    predictor = load(export(model, tmp_path / f"m.{suffix}", format=fmt))
+    predictor = load(export(model, tmp_path / f"m.{suffix}", format=fmt), device=DEVICE)
     dense = torch.randn(4, 5, device=DEVICE)
     got = predictor(dense, batch.values(), batch.lengths())
     torch.testing.assert_close(got, model(dense, batch), rtol=0, atol=0)
@@ -150,6 +150,19 @@ def test_kernel_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="backend must be one of"):
         resolve_quant_kernel("tbe", None, cuda)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):  # no GPU to move to, no interpreter
         QuantEmbeddingBagCollection(tables(), backend="triton")
     assert QUANT_KERNELS == ("auto", "fbgemm", "triton", "torch")
+
+
+@pytest.mark.skipif(not triton_available(), reason="triton is not importable")
+def test_triton_module_built_on_the_host_is_for_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Quantize on the host, then ``.to("cuda")``: a CPU module may pick Triton where a GPU is
+    visible; a lookup left on the CPU (no interpreter) raises and says to move the module."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    q = QuantEmbeddingBagCollection(tables(), backend="triton")
+    assert q.kernel == "triton"
+    with pytest.raises(RuntimeError, match=r"kernel='triton'\) has its tables on cpu.*module.to\('cuda'\)"):
+        q(kjt(batch=2, seed=0))
