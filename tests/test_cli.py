@@ -278,9 +278,15 @@ def _main_job_test_auc(workdir: Path, accelerator: str) -> float:
 @pytest.mark.gpu
 def test_main_job_on_one_gpu_matches_the_cpu_run(tmp_path: Path) -> None:
     """`lightrec run dlrm --accelerator gpu --devices 1` completes (fit, sharded checkpoint, test,
-    int8 export) with a test AUC within 0.005 of the same command on CPU."""
+    int8 export) and learns as the same command on CPU does.
+
+    Not "within 0.005 of the CPU run": both start from the same tables, dense layers and batches, but
+    one process's 600 steps are chaotic -- on CPU, dense_lr 0.05 ends at test AUC 0.764 and 0.0501 at
+    0.805 (seed 1: 0.807) -- so the GPU's other rounding can land either way (an H200 gave 0.807
+    where the CPU gave 0.764). Both must be in the band the CPU runs reach (0.75 and up) and below
+    the data's Bayes-optimal 0.836."""
     gpu = _main_job_test_auc(tmp_path / "gpu", "gpu")
     cpu = _main_job_test_auc(tmp_path / "cpu", "cpu")
-    assert abs(gpu - cpu) <= 0.005, (gpu, cpu)
+    assert 0.75 <= gpu <= 0.836 and 0.75 <= cpu <= 0.836, (gpu, cpu)
     assert (tmp_path / "gpu" / "dlrm" / "version_0" / "export" / "model_int8.pt").is_file()
 

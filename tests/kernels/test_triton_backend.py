@@ -48,9 +48,16 @@ def _on_device(b: Batch, ids_dtype: torch.dtype) -> Batch:
     return Batch(b.indices.to(DEVICE, ids_dtype), b.offsets.to(DEVICE, ids_dtype), w, b.batch)
 
 
+# Compiled on a GPU, the two backends add a hot row's gradients in different orders (torch's CUDA
+# kernels with atomics) and contract differently into FMAs: a few float32 ulps, which Adam's
+# m / sqrt(v) can blow up where a row's gradients nearly cancel (seen on an H200: 3.6e-6 on a weight
+# of 0.13 after two steps of lr 0.3). Under the interpreter the tolerance stays tight.
+WEIGHT_ATOL = 1e-5 if DEVICE.type == "cuda" else 1e-6
+
+
 def _assert_same_state(ref: torch.nn.Module, tri: torch.nn.Module, fused: bool) -> None:
     for w_ref, w_tri in zip(ref.split_embedding_weights(), tri.split_embedding_weights(), strict=True):
-        torch.testing.assert_close(w_tri, w_ref, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(w_tri, w_ref, rtol=1e-5, atol=WEIGHT_ATOL)
     if not fused:
         return
     s_ref, s_tri = ref.fused_optimizer.state_dict()["state"], tri.fused_optimizer.state_dict()["state"]

@@ -90,7 +90,9 @@ def _assert_same_float64_state(ref: torch.nn.Module, tri: torch.nn.Module) -> No
     every weight dtype there, see docs/kernels.md) equal to float32 rounding."""
     for w_ref, w_tri in zip(ref.split_embedding_weights(), tri.split_embedding_weights(), strict=True):
         assert w_tri.dtype == torch.float64
-        torch.testing.assert_close(w_tri, w_ref, rtol=1e-6, atol=1e-9)
+        # atol: one float32 rounding of an update of up to lr (0.3 x 6e-8; compiled kernels on an
+        # H200 differed from the torch backend by 2.4e-9 where the interpreter matched to 1e-9)
+        torch.testing.assert_close(w_tri, w_ref, rtol=1e-6, atol=2e-8)
     if ref.optimizer_spec is None:
         return
     s_ref, s_tri = ref.fused_optimizer.state_dict()["state"], tri.fused_optimizer.state_dict()["state"]
