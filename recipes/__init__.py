@@ -1,18 +1,20 @@
-"""Runnable training recipes (LightningCLI scripts + YAML configs), shipped inside the package.
+"""The recipes: runnable LightningCLI scripts and their YAML configs (installed as ``lightrec.recipes``).
 
-Layout (``lightrec cp <recipe> <dir>`` copies a recipe and its configs in the same layout)::
+This folder sits at the top of the checkout; a wheel installs it as the package ``lightrec.recipes``
+(``package-dir`` in ``pyproject.toml``), and a checkout imported without installing finds it under
+that name too (``lightrec/_source_tree.py``), so ``lightrec run|ls|cp|plan`` work either way::
 
-    lightrec/recipes/dlrm.py          DLRMModule: DLRM / DLRM-DCNv2 (synthetic data or Criteo)
-    lightrec/recipes/two_tower.py     TwoTowerModule: retrieval on MovieLens, recall@k
-    lightrec/recipes/deepfm.py        DeepFMModule: CTR on MovieLens
-    lightrec/recipes/configs/*.yaml   one config per (recipe, data) pair; the header gives the command
-    lightrec/recipes/recipe_cli.py    RecipeCLI / run_recipe: the LightningCLI every recipe runs
-    lightrec/recipes/table_specs.py   tables as the data describes them, linked into the model
+    recipes/dlrm.py          DLRMModule: DLRM / DLRM-DCNv2 (synthetic data or Criteo)
+    recipes/two_tower.py     TwoTowerModule: retrieval on MovieLens, recall@k
+    recipes/deepfm.py        DeepFMModule: CTR on MovieLens
+    recipes/configs/*.yaml   one config per (recipe, data) pair; the header gives the commands
 
 A recipe is one ``RecModule`` subclass and a ``main`` that calls ``run_recipe``; it imports public
-modules only (the two above among them), so a copy runs outside the package. ``RECIPES`` maps each
-name ``lightrec run`` accepts to its script and default config; ``CONFIGS`` maps every config to
-the script that runs it.
+lightrec modules only (``lightrec.lightning.recipe_cli``, ``lightrec.lightning.recipe_module``,
+``lightrec.models`` ...), so it runs as ``lightrec run NAME``, ``python recipes/NAME.py``, under
+``torchrun`` and ``fabric run``, and a ``lightrec cp`` copy runs anywhere. ``RECIPES`` maps each name
+``lightrec run`` accepts to its script and default config; ``CONFIGS`` maps every config to the
+script that runs it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tables as the data describes them: what a recipe's model is sized from (public API for recipes).
+"""``RecipeModule``: a ``RecModule`` whose tables are sized from the data (public API for recipes).
 
 A DataModule knows its features and their cardinalities but not the width the model wants, so a
 recipe's ``tables`` argument is a list of :data:`DataTableSpec` dicts::
@@ -23,13 +23,12 @@ from typing_extensions import override
 
 from lightrec.data import CriteoDataModule, MovieLensDataModule, SyntheticCriteo
 from lightrec.data.criteo_spec import INT_FEATURE_COUNT
-from lightrec.lightning import RecModule
+from lightrec.lightning.rec_module import RecModule
 from lightrec.modules import EmbeddingBagConfig
 
 __all__ = [
     "DataTableSpec",
     "RecipeModule",
-    "TableSpec",
     "dense_width_of",
     "table_configs_from_specs",
     "table_specs_of",
@@ -37,9 +36,6 @@ __all__ = [
 
 DataTableSpec = dict[str, Any]
 """``{"name": str, "num_embeddings": int, "feature_names": list[str]}`` -- one table, any width."""
-
-TableSpec = DataTableSpec
-"""The name ``DataTableSpec`` had before 0.1 (``lightrec.recipes._common.TableSpec``)."""
 
 
 def table_specs_of(datamodule: Any) -> list[DataTableSpec]:
@@ -113,7 +109,7 @@ class RecipeModule(RecModule):
 
     Takes ``tables`` (empty: filled from the trainer's DataModule in ``configure_model``, after
     ``prepare_data`` / ``setup``) and ``embedding_dim``, and gives ``table_configs()``; every other
-    argument is ``RecModule``'s. (Also the base class of recipes copied by lightrec before 0.1.)
+    argument is ``RecModule``'s.
     """
 
     def __init__(

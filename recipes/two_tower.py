@@ -6,7 +6,7 @@ built-in synthetic MovieLens set (ml-100k's shape, a planted preference signal);
 one option away (ml-100k, or ml-1m / ml-20m / ml-25m the same way)::
 
     lightrec run two_tower                              # synthetic MovieLens, no download
-    python -m lightrec.recipes.two_tower fit --config lightrec/recipes/configs/two_tower_movielens.yaml
+    python recipes/two_tower.py fit --config recipes/configs/two_tower_movielens.yaml
     lightrec run two_tower --model.recall_k 50
     mkdir -p data && cd data && curl -LO https://files.grouplens.org/datasets/movielens/ml-100k.zip \
         && unzip ml-100k.zip && cd ..
@@ -26,10 +26,10 @@ from torch import nn
 from typing_extensions import override
 
 from lightrec.data import Batch
+from lightrec.lightning.recipe_cli import run_recipe
+from lightrec.lightning.recipe_module import DataTableSpec, RecipeModule
 from lightrec.metrics import RecallAtK
 from lightrec.models import TwoTower, TwoTowerTrainTask
-from lightrec.recipes.recipe_cli import run_recipe
-from lightrec.recipes.table_specs import DataTableSpec, RecipeModule
 from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = ["TwoTowerModule", "main"]

@@ -1,6 +1,6 @@
 """The LightningCLI every recipe runs: table linking, default config, end-of-fit test, summary, export.
 
-Public API for recipes: a recipe copied with ``lightrec cp`` imports it as it is.
+Public API for recipes (``recipes/*.py`` and the copies ``lightrec cp`` writes import it as it is).
 ``run_recipe(DLRMModule, "dlrm.yaml", __file__, args)`` is a recipe's whole ``main``:
 
 1. a config name (``--config dlrm_criteo``) resolves to ``<recipe dir>/configs/dlrm_criteo.yaml``,
@@ -22,6 +22,7 @@ import inspect
 import os
 import sys
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -30,17 +31,27 @@ import lightning.pytorch as pl
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 # importing lightrec.lightning registers RecStrategy as strategy "lightrec" before a config names it
-from lightrec.lightning import QuantizedExport, RecModule
-from lightrec.recipes.run_checks import (
+import lightrec.lightning  # noqa: F401
+from lightrec.lightning.quantized_export import QuantizedExport
+from lightrec.lightning.rec_module import RecModule
+from lightrec.lightning.recipe_checks import (
     CHECKED_ENV,
     RecipeArgumentError,
     check_recipe_args,
     print_warning,
     warn_if_devices_exceed_cores,
 )
-from lightrec.recipes.table_specs import dense_width_of
+from lightrec.lightning.recipe_module import dense_width_of
 
-__all__ = ["RecipeCLI", "RecipeOptions", "resolve_config_args", "run_recipe", "summarize"]
+__all__ = [
+    "RecipeCLI",
+    "RecipeOptions",
+    "fabric_run_overrides",
+    "resolve_config_args",
+    "run_recipe",
+    "summarize",
+    "with_launcher_overrides",
+]
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 USAGE_ERROR = 2
@@ -95,6 +106,38 @@ def resolve_config_args(args: list[str], configs_dir: Path, default_config: str)
     if out and out[0] in SUBCOMMANDS and not _has_config(out) and not any(a in ("-h", "--help") for a in out):
         out[1:1] = ["--config", str(configs_dir / default_config)]
     return out
+
+
+# `fabric run` (Lightning's launcher, lightning.fabric.cli) starts a script under torchrun and hands
+# its --accelerator / --devices / --num-nodes / --precision to the processes in LT_* variables that
+# only Fabric reads. A recipe's Trainer takes them as overrides of its config, so the launcher's
+# flags mean what they say (`fabric run --devices 1 recipes/dlrm.py` is one process, not a Trainer
+# waiting for the second rank its config names). Its --strategy is not taken: Fabric's strategy
+# names are not the Trainer's, and the configs' `strategy: lightrec` is what shards the tables.
+_FABRIC_RUN_ENV = (
+    ("LT_ACCELERATOR", "accelerator"),
+    ("LT_DEVICES", "devices"),
+    ("LT_NUM_NODES", "num_nodes"),
+    ("LT_PRECISION", "precision"),
+)
+
+
+def fabric_run_overrides(environ: Mapping[str, str]) -> list[str]:
+    """``--trainer.<key>=<value>`` for each setting ``fabric run`` passed (empty outside ``fabric run``)."""
+    if environ.get("LT_CLI_USED") != "1":
+        return []
+    return [f"--trainer.{key}={environ[var]}" for var, key in _FABRIC_RUN_ENV if environ.get(var)]
+
+
+def with_launcher_overrides(args: list[str], overrides: list[str]) -> list[str]:
+    """``args`` with ``overrides`` placed after the subcommand and its configs: they win over the
+    configs, and the options the user typed (after them) win over both."""
+    if not overrides or not args or args[0] not in SUBCOMMANDS:
+        return args
+    at = 1
+    while at < len(args) and (args[at] in ("--config", "-c") or args[at].startswith(("--config=", "-c="))):
+        at += 1 if "=" in args[at] else 2
+    return [*args[:at], *overrides, *args[at:]]
 
 
 def _config_file(value: str, configs_dir: Path) -> str:
@@ -218,7 +261,9 @@ def _prog_kwargs() -> dict[str, Any]:
     """``{"prog": "lightrec run <recipe>"}`` under the ``lightrec`` command, so ``--help`` shows the
     command the user typed (LightningCLI names ``sys.argv[0]``, i.e. ``lightrec [options] fit``)."""
     argv = sys.argv
-    if Path(argv[0]).name in ("lightrec", "cli.py") and argv[1:2] == ["run"] and len(argv) > 2:
+    command = Path(argv[0])
+    is_lightrec = command.name == "lightrec" or command.parent.name == "cli"  # the script, or -m lightrec.cli
+    if is_lightrec and argv[1:2] == ["run"] and len(argv) > 2:
         return {"prog": f"lightrec run {argv[2]}"}
     return {}
 
@@ -239,17 +284,18 @@ def run_recipe(
     """
     configs_dir = Path(recipe_file).resolve().parent / "configs"
     raw = resolve_config_args(list(sys.argv[1:] if args is None else args), configs_dir, default_config)
+    raw = with_launcher_overrides(raw, fabric_run_overrides(os.environ))
     # The launching process checks; the ranks Lightning starts inherit CHECKED_ENV, and under
     # torchrun only global rank 0 checks (the others stop when it exits), so a mistake prints once.
     checked = os.environ.get(CHECKED_ENV) == "1" or os.environ.get("RANK", "0") != "0"
     if not checked:
         try:
-            plan = check_recipe_args(RecipeCLI, module_class, raw, configs_dir)
+            requested = check_recipe_args(RecipeCLI, module_class, raw, configs_dir)
         except RecipeArgumentError as exc:
             print(f"error: {exc}", file=sys.stderr, flush=True)
             raise SystemExit(USAGE_ERROR) from None
-        if plan is not None:
-            print_warning(warn_if_devices_exceed_cores(plan))
+        if requested is not None:
+            print_warning(warn_if_devices_exceed_cores(requested))
         os.environ[CHECKED_ENV] = "1"
     try:
         with warnings.catch_warnings():

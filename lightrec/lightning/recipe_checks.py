@@ -31,7 +31,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.cli import LightningCLI
 
-__all__ = ["CHECKED_ENV", "RecipeArgumentError", "RunPlan", "check_recipe_args", "nearest"]
+__all__ = ["CHECKED_ENV", "RecipeArgumentError", "RequestedDevices", "check_recipe_args", "nearest"]
 
 CHECKED_ENV = "LIGHTREC_ARGS_CHECKED"
 """Set to ``1`` in the environment of the rank processes of a checked command line."""
@@ -45,8 +45,8 @@ class RecipeArgumentError(ValueError):
 
 
 @dataclass(frozen=True)
-class RunPlan:
-    """What the checked command line will run: ``devices`` per node on ``accelerator``."""
+class RequestedDevices:
+    """The processes the checked command line asks for: ``devices`` per node on ``accelerator``."""
 
     devices: Any
     accelerator: str
@@ -190,7 +190,7 @@ def _config_only(args: list[str]) -> list[str]:
 
 def check_recipe_args(
     cli_class: type[LightningCLI], model_class: type, args: list[str], configs_dir: Path
-) -> RunPlan | None:
+) -> RequestedDevices | None:
     """Check a recipe's resolved arguments (``[subcommand, --config, FILE, ...]``) before any rank starts.
 
     Returns:
@@ -229,17 +229,17 @@ def check_recipe_args(
         except FileNotFoundError as exc:
             raise RecipeArgumentError(str(exc)) from exc
     trainer = cli.config.get("trainer", {})
-    return RunPlan(trainer.get("devices", "auto"), str(trainer.get("accelerator", "auto")))
+    return RequestedDevices(trainer.get("devices", "auto"), str(trainer.get("accelerator", "auto")))
 
 
-def warn_if_devices_exceed_cores(plan: RunPlan) -> str | None:
+def warn_if_devices_exceed_cores(requested: RequestedDevices) -> str | None:
     """A warning line when more CPU processes than cores are asked for (each rank then waits its turn)."""
     cores = os.cpu_count() or 1
-    devices = plan.devices
+    devices = requested.devices
     count = (
         int(devices) if isinstance(devices, int) or (isinstance(devices, str) and devices.isdigit()) else 0
     )
-    on_cpu = plan.accelerator == "cpu" or (plan.accelerator == "auto" and not _has_gpu())
+    on_cpu = requested.accelerator == "cpu" or (requested.accelerator == "auto" and not _has_gpu())
     if on_cpu and count > cores:
         return (
             f"warning: --devices {count} starts {count} CPU processes on a machine with {cores} cores; they will take "

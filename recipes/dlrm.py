@@ -4,12 +4,13 @@ Default: synthetic Criteo-like data (no download), 26 tables capped at 100k rows
 2 CPU ranks by ``RecStrategy``; ends with the test AUC / NE, the Bayes-optimal AUC of the data and
 where the TensorBoard logs and checkpoints are::
 
-    lightrec run dlrm                                   # = the command below
-    python -m lightrec.recipes.dlrm fit --config lightrec/recipes/configs/dlrm.yaml
+    lightrec run dlrm                                   # = each of the next three commands
+    python recipes/dlrm.py fit --config recipes/configs/dlrm.yaml
+    torchrun --nproc_per_node 2 recipes/dlrm.py fit --config recipes/configs/dlrm.yaml
+    fabric run --accelerator cpu --devices 2 recipes/dlrm.py fit --config recipes/configs/dlrm.yaml
     lightrec run dlrm_dcn                               # DCN-v2 interaction
     lightrec run dlrm --config dlrm_criteo              # preprocessed Criteo (see the config's header)
     lightrec run dlrm --devices 1 --trainer.strategy auto   # one process, no sharding
-    torchrun --nproc_per_node 2 -m lightrec.recipes.dlrm fit --config lightrec/recipes/configs/dlrm.yaml
 
 Any ``--model.*``, ``--data.*`` or ``--trainer.*`` option of LightningCLI works, e.g.
 ``--trainer.max_steps 100 --model.embedding_dim 32``. ``lightrec cp dlrm my_dir`` copies this file and
@@ -23,9 +24,9 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from lightrec.lightning.recipe_cli import run_recipe
+from lightrec.lightning.recipe_module import DataTableSpec, RecipeModule
 from lightrec.models import DLRM, DLRM_DCN
-from lightrec.recipes.recipe_cli import run_recipe
-from lightrec.recipes.table_specs import DataTableSpec, RecipeModule
 from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = ["DLRMModule", "main"]

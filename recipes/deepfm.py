@@ -5,7 +5,7 @@ preference signal); a real release is one option away (``data.init_args.data_dir
 ml-1m, ml-20m or ml-25m unpacked)::
 
     lightrec run deepfm                                 # synthetic MovieLens, no download
-    python -m lightrec.recipes.deepfm fit --config lightrec/recipes/configs/deepfm_movielens.yaml
+    python recipes/deepfm.py fit --config recipes/configs/deepfm_movielens.yaml
     mkdir -p data && cd data && curl -LO https://files.grouplens.org/datasets/movielens/ml-100k.zip \
         && unzip ml-100k.zip && cd ..
     lightrec run deepfm --data.init_args.data_dir data/ml-100k
@@ -22,9 +22,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from lightrec.lightning.recipe_cli import run_recipe
+from lightrec.lightning.recipe_module import DataTableSpec, RecipeModule
 from lightrec.models import DeepFM
-from lightrec.recipes.recipe_cli import run_recipe
-from lightrec.recipes.table_specs import DataTableSpec, RecipeModule
 from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = ["DeepFMModule", "main"]
