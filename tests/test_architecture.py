@@ -83,6 +83,21 @@ MIRRORS: dict[str, tuple[frozenset[str], str]] = {
     ),
 }
 
+# torchrec's import paths whose code lives elsewhere in lightrec: re-export modules only (imports,
+# ``__all__`` and aliases), imported by users, never by a lightrec file, so the grab-bag module
+# ``distributed/types.py`` once was cannot grow back.
+TORCHREC_PATHS = (
+    "lightrec.distributed.dist_data",
+    "lightrec.distributed.embedding_types",
+    "lightrec.distributed.shard",
+    "lightrec.distributed.sharding_plan",
+    "lightrec.distributed.types",
+    "lightrec.modules.fused_embedding_modules",
+    "lightrec.optim.apply_optimizer_in_backward",
+    "lightrec.optim.optimizers",
+    "lightrec.sparse.jagged_tensor",
+)
+
 # Rooms below lightrec.lightning: they must run in a process without Lightning.
 BELOW_LIGHTNING = (
     "sparse",
@@ -237,6 +252,26 @@ def test_mirrors_are_imported_by_no_lightrec_file() -> None:
     assert not offenders, f"lightrec files import a torchrec-path mirror module: {offenders}"
     for mirror in MIRRORS:
         assert is_module(mirror), f"MIRRORS names {mirror}, which is not a module"
+
+
+@pytest.mark.parametrize("dotted", TORCHREC_PATHS)
+def test_torchrec_paths_only_re_export(dotted: str) -> None:
+    path = PACKAGE.parent.joinpath(*dotted.split(".")).with_suffix(".py")
+    tree = ast.parse(path.read_text())
+    defined = [
+        node.name
+        for node in tree.body
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+    ]
+    assert not defined, f"{dotted} is a torchrec path: define {defined} in the room's own module and re-export it"
+    importers = [  # `from dotted import x` / `import dotted` (a name of the parent package is not the module)
+        f"{module_name(p)}:{node.lineno}"
+        for p in source_files()
+        for node in ast.walk(ast.parse(p.read_text()))
+        if (isinstance(node, ast.ImportFrom) and node.module == dotted)
+        or (isinstance(node, ast.Import) and any(a.name == dotted for a in node.names))
+    ]
+    assert not importers, f"lightrec files import the torchrec path {dotted} (import the home module): {importers}"
 
 
 def test_no_import_circle_between_files() -> None:

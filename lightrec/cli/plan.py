@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from lightrec.cli.common import CommandError, positive_int, shipped_recipe
-from lightrec.distributed.planner import PlannerError
-from lightrec.distributed.planning import get_default_sharders, plan_sharding, topology_for
+from lightrec.distributed.planner import PlannerError, plan_sharding, topology_for
+from lightrec.distributed.sharders import get_default_sharders
 from lightrec.recipes import CONFIGS, CONFIGS_DIR, RECIPES
 
 __all__ = ["register", "run"]
@@ -127,7 +127,7 @@ def run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParser
         return 0
     print(report.to_markdown() if ns.markdown else report.to_text())
     if ns.png:
-        from lightrec.lightning.plan_chart import plan_chart  # matplotlib, only when asked
+        from lightrec.distributed.planner.chart import plan_chart  # matplotlib, only when asked
 
         plan_chart(report, ns.png)
         print(f"wrote {ns.png}")

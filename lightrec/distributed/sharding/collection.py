@@ -33,22 +33,21 @@ import torch
 from torch import nn
 
 from lightrec.distributed.input_dist_pipeline import InputDistPipeline, StartedInputDist, same_features
+from lightrec.distributed.planner.plan import (
+    EmbeddingComputeKernel,
+    EmbeddingModuleShardingPlan,
+    ShardingType,
+    ShardMetadata,
+    placement_for,
+)
 from lightrec.distributed.sharding import SHARDING_CLASSES
 from lightrec.distributed.sharding.collection_state_dict import load_state_dict_pre_hook, state_dict_hook
 from lightrec.distributed.sharding.common import DistContext, EmbeddingSharding, ShardedTable, ShardingContext
 from lightrec.distributed.sharding.data_parallel import DpEmbeddingSharding
 from lightrec.distributed.sharding.id_bounds import IdBounds
 from lightrec.distributed.sharding.lookups import _GroupedLookupBase
+from lightrec.distributed.sharding_env import ShardingEnv, as_env
 from lightrec.distributed.streams import on_stream
-from lightrec.distributed.types import (
-    EmbeddingComputeKernel,
-    EmbeddingModuleShardingPlan,
-    ShardingEnv,
-    ShardingType,
-    ShardMetadata,
-    as_env,
-    placement_for,
-)
 from lightrec.kernels.batched_embedding import check_kernel_backend
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, PoolingType
 from lightrec.modules.feature_checks import check_collection_input

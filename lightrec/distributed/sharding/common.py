@@ -36,7 +36,8 @@ import torch
 from torch import nn
 
 from lightrec.distributed.comm.awaitable import Awaitable
-from lightrec.distributed.types import EmbeddingComputeKernel, ParameterSharding, ShardingEnv, ShardMetadata
+from lightrec.distributed.planner.plan import EmbeddingComputeKernel, ParameterSharding, ShardMetadata
+from lightrec.distributed.sharding_env import ShardingEnv
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, PoolingType
 from lightrec.optim.fused_spec import FusedOptimizerSpec
 from lightrec.sparse import KeyedJaggedTensor

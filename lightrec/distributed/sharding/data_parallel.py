@@ -41,7 +41,7 @@ from lightrec.distributed.sharding.lookups import (
     GroupedPooledEmbeddingsLookup,
     _GroupedLookupBase,
 )
-from lightrec.distributed.types import ShardingEnv
+from lightrec.distributed.sharding_env import ShardingEnv
 from lightrec.kernels.batched_embedding import EmbeddingFusedOptimizer
 from lightrec.kernels.sparse_update import apply_sparse_update
 from lightrec.modules.embedding_configs import PoolingType

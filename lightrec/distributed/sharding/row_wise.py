@@ -33,6 +33,7 @@ from lightrec.distributed.comm import (
     row_wise_block_bounds,
     row_wise_block_size,
 )
+from lightrec.distributed.planner.plan import ShardMetadata
 from lightrec.distributed.sharding.common import (
     DistContext,
     EmbeddingSharding,
@@ -45,7 +46,6 @@ from lightrec.distributed.sharding.common import (
     width_of,
 )
 from lightrec.distributed.sharding.lookups import GroupedEmbeddingsLookup, GroupedPooledEmbeddingsLookup
-from lightrec.distributed.types import ShardMetadata
 from lightrec.modules.embedding_configs import PoolingType
 from lightrec.sparse import KeyedJaggedTensor
 

@@ -1,4 +1,4 @@
-"""The per-rank chart of a sharding plan: what ``PlanReport`` logs and ``lightrec plan --png`` writes.
+"""The chart of a sharding plan, per rank: what the ``PlanReport`` callback logs and ``lightrec plan --png`` writes.
 
 Two panels over the ranks (one bar group per rank, ticks at the integer ranks only)::
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from lightrec.distributed.planner import PlannerReport
+from lightrec.distributed.planner.report import PlannerReport
 
 __all__ = ["memory_unit", "plan_chart"]
 

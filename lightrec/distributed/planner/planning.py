@@ -1,17 +1,18 @@
-"""Sharders, planner and plan report from one place.
+"""Plan a model, and report on any plan: the functions every entry point that shards a model calls.
 
-Every entry point that shards a model goes through these functions, so a model is planned the
-same way whichever one is used::
+So a model is planned the same way whichever entry point is used::
 
     DistributedModelParallel(module)          get_default_sharders() -> plan_sharding(collective=True)
     RecStrategy(fused_params=..., ...)         get_default_sharders(fused_params, kernel_backend)
                                                -> plan_sharding(topology, constraints, collective=True)
     lightrec plan <config>                     get_default_sharders(fused_params) -> plan_sharding(...)
-    PlanReport callback (a given plan)         plan_report_for(model, plan, topology, fused_params)
+    PlanReport callback (a given plan)         plan_report_for(model, plan, topology, sharders)
 
 :func:`plan_sharding` returns the plan together with the planner's :class:`PlannerReport`
 (:class:`PlanningResult`); :func:`topology_for` builds the ``Topology`` of a world from its size,
-ranks per host and device type.
+ranks per host and device type. The sharders come from the caller
+(``lightrec.distributed.get_default_sharders`` for the collections lightrec shards), so this file
+never depends on the sharded modules.
 """
 
 from __future__ import annotations
@@ -19,42 +20,18 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch.distributed as dist
 from torch import nn
 
-from lightrec.distributed.embedding import EmbeddingCollectionSharder
-from lightrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-from lightrec.distributed.planner import (
-    EmbeddingShardingPlanner,
-    ParameterConstraints,
-    PlannerReport,
-    Topology,
-)
-from lightrec.distributed.types import ModuleSharder, ShardingPlan
+from lightrec.distributed.planner.plan import ShardingPlan
+from lightrec.distributed.planner.planners import EmbeddingShardingPlanner
+from lightrec.distributed.planner.report import PlannerReport
+from lightrec.distributed.planner.sharder import ModuleSharder
+from lightrec.distributed.planner.types import ParameterConstraints, Topology
 from lightrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
-from lightrec.optim.fused_spec import FusedOptimizerSpec
 
-__all__ = ["PlanningResult", "get_default_sharders", "plan_report_for", "plan_sharding", "topology_for"]
-
-
-def get_default_sharders(
-    fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None, kernel_backend: str = "auto"
-) -> list[ModuleSharder]:
-    """Sharders of ``EmbeddingBagCollection`` and ``EmbeddingCollection``.
-
-    Args:
-        fused_params: the fused optimizer of every table not marked with
-            ``apply_optimizer_in_backward`` (torchrec-style dict or ``FusedOptimizerSpec``);
-            default SGD with learning rate 0.01, like torchrec.
-        kernel_backend: lookup kernels of every shard: ``"auto"``, ``"fbgemm"``, ``"triton"`` or
-            ``"torch"`` (see ``CollectionSharder``).
-    """
-    return [
-        EmbeddingBagCollectionSharder(fused_params=fused_params, kernel_backend=kernel_backend),
-        EmbeddingCollectionSharder(fused_params=fused_params, kernel_backend=kernel_backend),
-    ]
+__all__ = ["PlanningResult", "plan_report_for", "plan_sharding", "topology_for"]
 
 
 def topology_for(world_size: int, device_type: str, local_world_size: int | None = None) -> Topology:
@@ -172,7 +149,7 @@ def plan_report_for(
     model: nn.Module,
     plan: ShardingPlan,
     topology: Topology,
-    fused_params: Mapping[str, Any] | None = None,
+    sharders: Sequence[ModuleSharder],
 ) -> PlannerReport:
     """The planner's :class:`PlannerReport` of ``plan`` (any plan, e.g. one given by hand) on ``model``.
 
@@ -180,7 +157,8 @@ def plan_report_for(
         model: the module the plan's paths are relative to (sharded or not).
         plan: the plan in use.
         topology: the cluster (world size, device, memory caps) the report is drawn against.
-        fused_params: the sharders' fused optimizer (its state counts towards table memory).
+        sharders: the sharders of the plan's modules; their fused optimizer's state counts towards
+            table memory (``lightrec.distributed.get_default_sharders(fused_params)``).
 
     Raises:
         ValueError: ``topology.world_size`` is smaller than a rank the plan uses.
@@ -192,5 +170,4 @@ def plan_report_for(
             "their tables are left out of the report",
             stacklevel=2,
         )
-    sharders = get_default_sharders(fused_params)
-    return EmbeddingShardingPlanner(topology=topology).evaluate(unsharded, sharders, plan)
+    return EmbeddingShardingPlanner(topology=topology).evaluate(unsharded, list(sharders), plan)

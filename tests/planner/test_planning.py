@@ -1,4 +1,4 @@
-"""lightrec.distributed.planning: the one factory of sharders, plan and plan report.
+"""lightrec.distributed.planner's entry points (planning.py) and the default sharders: plan and plan report.
 
 * ``get_default_sharders`` builds the EBC and EC sharders from ``fused_params`` + ``kernel_backend``
   (errors name a bad backend); ``topology_for`` maps a world onto a ``Topology``.
@@ -19,11 +19,14 @@ from tests.multiprocess import run_ranks
 
 
 def test_default_sharders_carry_fused_params_and_kernel_backend() -> None:
-    from lightrec.distributed import EmbeddingBagCollectionSharder, EmbeddingCollectionSharder
-    from lightrec.distributed.model_parallel import get_default_sharders as old_path
-    from lightrec.distributed.planning import get_default_sharders
+    from lightrec.distributed import (
+        EmbeddingBagCollectionSharder,
+        EmbeddingCollectionSharder,
+        get_default_sharders,
+    )
+    from lightrec.distributed.sharding_plan import get_default_sharders as torchrec_path
 
-    assert old_path is get_default_sharders
+    assert torchrec_path is get_default_sharders
     ebc, ec = get_default_sharders({"optimizer": "exact_row_wise_adagrad", "learning_rate": 0.05}, "torch")
     assert isinstance(ebc, EmbeddingBagCollectionSharder) and isinstance(ec, EmbeddingCollectionSharder)
     for sharder in (ebc, ec):
@@ -36,7 +39,7 @@ def test_default_sharders_carry_fused_params_and_kernel_backend() -> None:
 
 
 def test_topology_for() -> None:
-    from lightrec.distributed.planning import topology_for
+    from lightrec.distributed.planner import topology_for
 
     t = topology_for(8, "cuda", 4)
     assert (t.world_size, t.local_world_size, t.compute_device) == (8, 4, "cuda")
@@ -46,8 +49,8 @@ def test_topology_for() -> None:
 
 
 def test_plan_sharding_is_the_planners_plan_and_report() -> None:
-    from lightrec.distributed.planner import EmbeddingShardingPlanner
-    from lightrec.distributed.planning import get_default_sharders, plan_sharding, topology_for
+    from lightrec.distributed import get_default_sharders
+    from lightrec.distributed.planner import EmbeddingShardingPlanner, plan_sharding, topology_for
     from tests.distributed.test_dmp import _dlrm
 
     model, sharders, topology = _dlrm("meta"), get_default_sharders(), topology_for(3, "cpu")
@@ -60,19 +63,14 @@ def test_plan_sharding_is_the_planners_plan_and_report() -> None:
 
 
 def _collective_body(rank: int, world_size: int) -> dict[str, Any]:
-    from lightrec.distributed import DistributedModelParallel
-    from lightrec.distributed.planning import (
-        get_default_sharders,
-        plan_report_for,
-        plan_sharding,
-        topology_for,
-    )
+    from lightrec.distributed import DistributedModelParallel, get_default_sharders
+    from lightrec.distributed.planner import plan_report_for, plan_sharding, topology_for
     from tests.distributed.test_dmp import _dlrm
 
     topology = topology_for(world_size, "cpu")
     planned = plan_sharding(_dlrm("meta"), get_default_sharders(), topology, collective=True)
     dmp = DistributedModelParallel(_dlrm("meta"), device="cpu")
-    report = plan_report_for(dmp.module, dmp.plan, topology)
+    report = plan_report_for(dmp.module, dmp.plan, topology, get_default_sharders())
     assert planned.report is not None
     return {
         "plan": planned.plan.to_json(),
@@ -84,9 +82,8 @@ def _collective_body(rank: int, world_size: int) -> dict[str, Any]:
 
 
 def test_collective_plan_is_the_same_on_every_rank_and_what_dmp_uses() -> None:
-    from lightrec.distributed.planner import EmbeddingShardingPlanner
-    from lightrec.distributed.planning import get_default_sharders, topology_for
-    from lightrec.distributed.types import ShardingPlan
+    from lightrec.distributed import get_default_sharders
+    from lightrec.distributed.planner import EmbeddingShardingPlanner, ShardingPlan, topology_for
     from tests.distributed.test_dmp import _dlrm
 
     r0, r1 = run_ranks(_collective_body, 2, timeout=120)

@@ -1,6 +1,6 @@
-"""Write a plan by hand.
+"""Write a plan by hand, or ask for a simple one.
 
-Each helper returns a *generator*: ``gen(config, local_size, world_size, device_type) ->
+Each per-table helper returns a *generator*: ``gen(config, local_size, world_size, device_type) ->
 ParameterSharding``. :func:`construct_module_sharding_plan` applies one generator per table::
 
     plan = construct_module_sharding_plan(
@@ -9,8 +9,10 @@ ParameterSharding``. :func:`construct_module_sharding_plan` applies one generato
         world_size=2,
     )
 
-Shard shapes follow :mod:`lightrec.distributed.types` (row blocks of ``ceil(rows / n)``,
+Shard shapes follow :mod:`lightrec.distributed.planner.plan` (row blocks of ``ceil(rows / n)``,
 4-aligned column splits). ``config`` may also be a 2-D tensor (only its shape is read).
+:func:`balanced_table_wise_plan` plans a whole model table-wise without the planner's cost model;
+:func:`shardable_modules` finds what a set of sharders would shard in a model.
 """
 
 from __future__ import annotations
@@ -21,25 +23,28 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from lightrec.distributed.types import (
+from lightrec.distributed.planner.plan import (
     EmbeddingComputeKernel,
     EmbeddingModuleShardingPlan,
-    ModuleSharder,
     ParameterSharding,
+    ShardingPlan,
     ShardingType,
     ShardMetadata,
     column_wise_shard_sizes,
     placement_for,
     row_wise_shard_sizes,
 )
+from lightrec.distributed.planner.sharder import ModuleSharder
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig
 
 __all__ = [
     "ParameterShardingGenerator",
+    "balanced_table_wise_plan",
     "column_wise",
     "construct_module_sharding_plan",
     "data_parallel",
     "row_wise",
+    "shardable_modules",
     "table_column_wise",
     "table_row_wise",
     "table_wise",
@@ -268,3 +273,39 @@ def construct_module_sharding_plan(
             for name, gen in per_param_sharding.items()
         }
     )
+
+
+def shardable_modules(module: nn.Module, sharders: list[ModuleSharder]) -> dict[str, tuple[nn.Module, ModuleSharder]]:
+    """``{module path: (module, its sharder)}`` of the outermost modules of ``module`` that one of
+    ``sharders`` shards (by exact type), in ``named_modules`` order."""
+    out: dict[str, tuple[nn.Module, ModuleSharder]] = {}
+    for path, m in module.named_modules():
+        if any(path.startswith(p + ".") or p == "" for p in out) and path:
+            continue  # inside a module that will be sharded
+        sharder = next((s for s in sharders if type(m) is s.module_type), None)
+        if sharder is not None:
+            out[path] = (m, sharder)
+    return out
+
+
+def balanced_table_wise_plan(
+    module: nn.Module, sharders: list[ModuleSharder], world_size: int, device_type: str = "cpu"
+) -> ShardingPlan:
+    """Table-wise plan: each collection's tables, in order, cut into ``world_size`` contiguous runs
+    of about equal size (rows x dim). Contiguous runs keep the output columns in feature order."""
+    plan = ShardingPlan()
+    for path, (m, sharder) in shardable_modules(module, sharders).items():
+        configs = list(sharder.shardable_parameters(m).values())
+        sizes = [c.num_embeddings * c.embedding_dim for c in configs]
+        total, before = float(sum(sizes)), 0.0
+        module_plan = EmbeddingModuleShardingPlan()
+        for c, size in zip(configs, sizes):
+            rank = min(world_size - 1, int((before + size / 2) * world_size / total))
+            before += size
+            placement = placement_for(rank, device_type, world_size)
+            module_plan[c.name] = ParameterSharding(
+                ShardingType.TABLE_WISE, EmbeddingComputeKernel.FUSED, [rank],
+                [ShardMetadata([0, 0], [c.num_embeddings, c.embedding_dim], placement)],
+            )  # fmt: skip
+        plan.plan[path] = module_plan
+    return plan

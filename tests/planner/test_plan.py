@@ -11,7 +11,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lightrec.distributed.planner.sharding_plan import (
+from lightrec.distributed.planner.plan_builders import (
     column_wise,
     construct_module_sharding_plan,
     data_parallel,
