@@ -23,12 +23,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from lightrec.distributed.comm import NoWait
+from lightrec.distributed.comm import Awaitable, NoWait
 from lightrec.distributed.comm.failures import collective_guard, timeout_of
 from lightrec.distributed.sharding.common import (
     DistContext,
     EmbeddingSharding,
     KeySelector,
+    OutputDist,
     ShardedTable,
     ShardingContext,
     ShardSlot,
@@ -51,8 +52,7 @@ from lightrec.sparse import KeyedJaggedTensor
 __all__ = [
     "DataParallelTableSync",
     "DpEmbeddingSharding",
-    "DpPooledEmbeddingDist",
-    "DpSequenceEmbeddingDist",
+    "DpEmbeddingDist",
     "DpSparseFeaturesDist",
 ]
 
@@ -85,15 +85,14 @@ class DpSparseFeaturesDist(nn.Module):
         return DistContext(sent, NoWait(NoWait(sent)))
 
 
-class DpPooledEmbeddingDist(nn.Module):
-    """Output dist of data-parallel tables: the local result is already final."""
+class DpEmbeddingDist(OutputDist):
+    """Output dist of data-parallel tables: the local result is already final (pooled ``[B, D]``,
+    or sequence rows already in input order)."""
 
-    def forward(self, local_embs: torch.Tensor, tensors: object, ctx: DistContext) -> NoWait[torch.Tensor]:
-        return NoWait(local_embs)
-
-
-class DpSequenceEmbeddingDist(DpPooledEmbeddingDist):
-    """Output dist of data-parallel sequence tables (rows are already in input order)."""
+    def forward(
+        self, embeddings: torch.Tensor, received: Awaitable[KeyedJaggedTensor], ctx: DistContext
+    ) -> Awaitable[torch.Tensor]:
+        return NoWait(embeddings)
 
 
 class DataParallelTableSync:
@@ -201,8 +200,8 @@ class DpEmbeddingSharding(EmbeddingSharding):
         self.sync = DataParallelTableSync(lookup, self.specs, self.env, self.attr)
         return lookup
 
-    def create_output_dist(self) -> nn.Module:
-        return DpPooledEmbeddingDist() if self.pooled else DpSequenceEmbeddingDist()
+    def create_output_dist(self) -> OutputDist:
+        return DpEmbeddingDist()
 
     def output_layout(self) -> list[tuple[str, int, int]]:
         return [(s.feature, 0, s.cols) for s in self.slots]
