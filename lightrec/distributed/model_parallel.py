@@ -47,7 +47,6 @@ from torch.nn.parallel import DistributedDataParallel
 from lightrec._compat import ddp_buffer_sync
 from lightrec.distributed.comm.failures import collective_guard, timeout_of
 from lightrec.distributed.fingerprint import check_ranks_agree, describe
-from lightrec.distributed.input_dist_pipeline import find_kjts
 from lightrec.distributed.placement import move_dense_to_device, outermost
 from lightrec.distributed.planner.plan import ShardingPlan
 from lightrec.distributed.planner.plan_builders import shardable_modules
@@ -57,6 +56,7 @@ from lightrec.distributed.sharders import get_default_sharders
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
 from lightrec.distributed.sharding.collection_sharder import CollectionSharder
 from lightrec.distributed.sharding_env import ShardingEnv, as_env, resolve_group
+from lightrec.distributed.sparse_dist_pipeline import SparseDistPipeline
 from lightrec.distributed.state_dict import gather_full_state_dict
 from lightrec.optim.keyed import CombinedOptimizer
 
@@ -137,7 +137,7 @@ class DistributedModelParallel(nn.Module):
         self._dmp_wrapped_module = self._wrap_dense(module) if init_data_parallel else module
         sharded = self._sharded_modules()
         self._fused_optimizer = CombinedOptimizer([(path, m.fused_optimizer) for path, m in sharded.items()])
-        self._prefetch_target = next(iter(sharded.values())) if len(sharded) == 1 else None
+        self._pipeline = SparseDistPipeline(sharded.values())
 
     # ---- construction ---------------------------------------------------------------------
     def _shard(
@@ -263,22 +263,19 @@ class DistributedModelParallel(nn.Module):
         return self._fused_optimizer
 
     @property
-    def prefetch_target(self) -> ShardedCollectionBase | None:
-        """The model's only sharded collection (None with zero or several): the one ``forward``
-        prefetches and ``SparseDistPrefetch`` pipelines."""
-        return self._prefetch_target
+    def pipeline(self) -> SparseDistPipeline:
+        """The pipeline over the sharded collections: ``forward`` launches through it, and
+        ``SparseDistPrefetch`` (or a train loop) starts the next batch's input dist with it."""
+        return self._pipeline
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the model. With one sharded collection and one ``KeyedJaggedTensor`` argument
-        holding exactly its features -- directly, or as a field of a dataclass argument such as
-        ``lightrec.Batch`` (what Lightning passes through ``training_step``) -- the collection's
-        lookup is started first (``prefetch``): its all-to-alls then overlap with the dense
-        layers, forward and backward."""
+        """Run the model. Each sharded collection that one ``KeyedJaggedTensor`` of the arguments
+        feeds -- directly, or as a field of a dataclass argument such as ``lightrec.Batch`` (what
+        Lightning passes through ``training_step``) -- has its lookup launched first
+        (``SparseDistPipeline.launch``): its all-to-alls then overlap with the dense layers, forward
+        and backward."""
         with collective_guard("a forward collective of DistributedModelParallel (embedding all-to-alls)"):
-            if self._prefetch_target is not None:
-                kjts = find_kjts((*args, *kwargs.values()))
-                if len(kjts) == 1:
-                    self._prefetch_target.lookahead.launch(kjts[0])
+            self._pipeline.launch((*args, *kwargs.values()))
             return self._dmp_wrapped_module(*args, **kwargs)
 
     def state_dict(

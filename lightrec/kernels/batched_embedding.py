@@ -284,6 +284,14 @@ class _BatchedLookupBase(nn.Module):
     def num_features(self) -> int:
         return len(self.feature_table_map)
 
+    @property
+    def prefetches(self) -> bool:
+        """Whether the kernel wants a later batch's ids ahead (:meth:`prefetch`); in-memory kernels do not."""
+        return False
+
+    def prefetch(self, indices: torch.Tensor, offsets: torch.Tensor) -> None:
+        """The ids a later call will look up (a kernel behind a cache fetches the rows it misses)."""
+
     def split_embedding_weights(self) -> list[nn.Parameter]:
         """Per table ``[rows, D]`` weights (the parameters themselves; they alias the storage)."""
         return list(self.weights.values())

@@ -291,6 +291,10 @@ class EmbeddingSharding(abc.ABC):
         in order; unpooled shardings describe their rows in :meth:`feature_rows` instead."""
         raise TypeError(f"{type(self).__name__} has no pooled output layout")
 
+    def feature_rows(self, rows: torch.Tensor, ctx: DistContext) -> dict[str, torch.Tensor]:
+        """Sequence output: ``{feature: [N_f, D]}`` out of the rows the output dist returned."""
+        raise TypeError(f"{type(self).__name__} has no sequence output")
+
 
 def width_of(tables: Sequence[ShardedTable]) -> int:
     """Widest shard over the tables (the padded row width of sequence all-to-alls)."""
