@@ -20,7 +20,7 @@ device-to-device copy (bytes read + written) measured in the same run.
 (b) End to end: DLRM with 13 dense features, the 26 Criteo-Kaggle tables capped at 1M rows, dim
 128, bottom MLP 512-256-128, top MLP 1024-1024-512-256-1, a ``RecModule`` trained by
 ``Trainer.fit`` on one GPU (fused row-wise Adagrad tables through ``FusedEmbeddingBagCollection``
-with ``backend="auto"``, Adagrad dense layers), batch 16384, batches drawn on the GPU
+with ``kernel_backend="auto"``, Adagrad dense layers), batch 16384, batches drawn on the GPU
 (``SyntheticCriteo(device=...)``). Prints samples/s and a per-step breakdown from CUDA events
 (input, lookups forward + backward/update, dense forward + backward, optimizer, rest). See
 ``benchmarks/gpu_dlrm.py``.
@@ -188,7 +188,7 @@ def _contender(kind: str, w: Workload, device: torch.device) -> tuple[Any, Any]:
         configs,
         fused_params={"optimizer": "exact_row_wise_adagrad", "learning_rate": 0.01},
         device=device,
-        backend=kind,
+        kernel_backend=kind,
     )
 
     def fused_step(kjt: Any, grad: torch.Tensor) -> None:

@@ -74,7 +74,7 @@ from lightrec.distributed.planner.sharder import ModuleSharder
 from lightrec.distributed.sharders import get_default_sharders
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
 from lightrec.distributed.sharding_env import ShardingEnv
-from lightrec.kernels.batched_embedding import check_kernel_backend
+from lightrec.kernels.kernel_registry import check_kernel_backend
 from lightrec.modules import EmbeddingBagCollection, EmbeddingCollection
 
 __all__ = ["RecStrategy"]

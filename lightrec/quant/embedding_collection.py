@@ -42,7 +42,7 @@ class QuantEmbeddingCollection(QuantCollectionBase):
 
     Args:
         tables: the float collection's ``EmbeddingConfig`` list.
-        device, dtype, per_table, row_alignment, bounds_check, use_fbgemm, backend: as in
+        device, dtype, per_table, row_alignment, bounds_check, kernel_backend, use_fbgemm, backend: as in
             ``QuantEmbeddingBagCollection`` (storage type, per-table overrides, row padding, what
             to do with ids outside a table, and which kernel looks up; ``kernel`` says which runs).
 
@@ -61,11 +61,13 @@ class QuantEmbeddingCollection(QuantCollectionBase):
         per_table: dict[str, object] | None = None,
         row_alignment: int = DEFAULT_ROW_ALIGNMENT,
         bounds_check: str = "error",
+        kernel_backend: str = "auto",
+        *,
         use_fbgemm: bool | None = None,
         backend: str | None = None,
     ) -> None:
-        super().__init__(tables, EmbeddingConfig, device, dtype, per_table, row_alignment, bounds_check, use_fbgemm,
-                         backend)
+        super().__init__(tables, EmbeddingConfig, device, dtype, per_table, row_alignment, bounds_check,
+                         kernel_backend, use_fbgemm, backend)
         data_types = [t.data_type for t in self._configs]
         self.embeddings = nn.ModuleDict()
         for t, dt in zip(tables, data_types):

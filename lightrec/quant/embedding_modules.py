@@ -55,10 +55,10 @@ class QuantEmbeddingBagCollection(QuantCollectionBase):
         per_table: ``{table name: dtype}`` overrides.
         row_alignment: stored rows are padded to a multiple of this many bytes (16, like torchrec).
         bounds_check: ``"error"`` (default), ``"clamp"`` or ``"skip"`` for ids outside a table.
-        use_fbgemm: force (True) or forbid (False) fbgemm's kernel; None uses it when it imports.
-        backend: ``"auto"``, ``"fbgemm"``, ``"triton"`` or ``"torch"`` lookups (overrides
-            ``use_fbgemm``; see :func:`~lightrec.quant.collection_base.resolve_quant_kernel`). ``kernel``
-            says which runs.
+        kernel_backend: ``"auto"``, ``"fbgemm"``, ``"triton"`` or ``"torch"`` lookups (see
+            :func:`~lightrec.quant.collection_base.resolve_quant_kernel`); ``kernel`` says which runs.
+        use_fbgemm, backend: deprecated spellings of ``kernel_backend`` (``use_fbgemm=True``:
+            ``"fbgemm"``, ``False``: ``"torch"``; see ``lightrec.modules.kernel_backend``).
 
     The tables are zero until filled: use :meth:`from_float`, :meth:`set_float_weight`, or
     ``load_state_dict`` with a state dict of this module.
@@ -77,11 +77,13 @@ class QuantEmbeddingBagCollection(QuantCollectionBase):
         per_table: dict[str, object] | None = None,
         row_alignment: int = DEFAULT_ROW_ALIGNMENT,
         bounds_check: str = "error",
+        kernel_backend: str = "auto",
+        *,
         use_fbgemm: bool | None = None,
         backend: str | None = None,
     ) -> None:
-        super().__init__(tables, EmbeddingBagConfig, device, dtype, per_table, row_alignment, bounds_check, use_fbgemm,
-                         backend)
+        super().__init__(tables, EmbeddingBagConfig, device, dtype, per_table, row_alignment, bounds_check,
+                         kernel_backend, use_fbgemm, backend)
         data_types = [t.data_type for t in self._configs]
         self._is_weighted = is_weighted
         # All tables live back to back in one flat buffer (lightrec.quant.table_groups), so a

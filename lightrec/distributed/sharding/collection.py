@@ -56,7 +56,7 @@ from lightrec.distributed.sharding.lookups import _GroupedLookupBase
 from lightrec.distributed.sharding.work_ahead import AheadQueue, StartedInputDist
 from lightrec.distributed.sharding_env import ShardingEnv
 from lightrec.distributed.streams import on_stream
-from lightrec.kernels.batched_embedding import check_kernel_backend
+from lightrec.kernels.kernel_registry import check_kernel_backend
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, PoolingType
 from lightrec.modules.feature_checks import check_collection_input
 from lightrec.optim.fused_spec import FusedOptimizerSpec

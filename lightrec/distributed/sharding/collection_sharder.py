@@ -18,7 +18,7 @@ from lightrec.distributed.planner.plan import EmbeddingModuleShardingPlan
 from lightrec.distributed.planner.sharder import ModuleSharder
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
 from lightrec.distributed.sharding_env import ShardingEnv, as_env
-from lightrec.kernels.batched_embedding import check_kernel_backend
+from lightrec.kernels.kernel_registry import check_kernel_backend
 from lightrec.optim.fused_spec import FusedOptimizerSpec
 
 __all__ = ["CollectionSharder", "normalized_fused_params"]

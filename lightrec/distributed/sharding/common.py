@@ -74,7 +74,7 @@ class ShardedTable:
         optimizer: fused optimizer of the table, or None for a dense (autograd) kernel.
         source: the unsharded weight to copy shards from, or None to initialise them.
         pooling: the table's pooling (``NONE`` for sequence tables).
-        backend: kernel backend of its shards: ``"auto"`` (fbgemm where it supports the table,
+        kernel_backend: kernel of its shards: ``"auto"`` (fbgemm where it supports the table,
             else Triton on CUDA, else pure torch), ``"fbgemm"``, ``"triton"`` or ``"torch"``.
     """
 
@@ -84,7 +84,7 @@ class ShardedTable:
     optimizer: FusedOptimizerSpec | None
     source: torch.Tensor | None
     pooling: PoolingType
-    backend: str = "auto"
+    kernel_backend: str = "auto"
 
     @property
     def name(self) -> str:
