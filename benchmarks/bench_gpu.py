@@ -43,11 +43,11 @@ import os
 import platform
 import statistics
 import sys
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from gpu_timer import Timer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -58,26 +58,6 @@ SWEEP = [
     {"forward_block_b": 64, "backward_block_n": 32, "num_warps": 8},
     {"forward_block_b": 32, "backward_block_n": 16, "num_warps": 8},
 ]
-
-
-class Timer:
-    """CUDA events on a GPU (no host sync until read), ``perf_counter`` on CPU."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-
-    def mark(self) -> Any:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
-
-    def ms(self, start: Any, end: Any) -> float:
-        if self.cuda:
-            end.synchronize()
-            return float(start.elapsed_time(end))
-        return (end - start) * 1e3
 
 
 def environment(device: torch.device) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from collections import Counter
 from typing import Any
 
 import torch
-from bench_gpu import Timer
+from gpu_timer import Timer
 
 
 class _TimedDataset(torch.utils.data.Dataset):

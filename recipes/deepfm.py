@@ -24,7 +24,7 @@ from torch import nn
 
 from lightrec.lightning.recipe_cli import run_recipe
 from lightrec.lightning.recipe_module import DataTableSpec, RecipeModule
-from lightrec.models import DeepFM
+from lightrec.models import FieldDeepFM
 from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = ["DeepFMModule", "main"]
@@ -63,7 +63,7 @@ class DeepFMModule(RecipeModule):
 
     def build_model(self, embedding_bag_collection: nn.Module) -> nn.Module:
         """The model around the given tables (``RecModule`` hands in the collection for the strategy)."""
-        return DeepFM(embedding_bag_collection, self.dense_in_features, self.deep_layer_sizes)
+        return FieldDeepFM(embedding_bag_collection, self.dense_in_features, self.deep_layer_sizes)
 
     def forward(self, dense_features: torch.Tensor, sparse_features: KeyedJaggedTensor) -> torch.Tensor:
         """``[B, I]`` dense (``[B, 0]`` for MovieLens) + KJT -> ``[B, 1]`` logits."""

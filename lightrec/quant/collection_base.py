@@ -16,7 +16,7 @@ holds the behaviour around those buffers (``from_float``, ``set_float_weight``,
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, List
 
 import torch
 from torch import nn
@@ -27,7 +27,13 @@ from lightrec.modules.embedding_modules import _check_tables
 from lightrec.modules.feature_checks import BOUNDS_CHECK_MODES
 from lightrec.modules.kernel_backend import KERNEL_BACKENDS, resolve_kernel_backend
 from lightrec.modules.quant_config import data_type_from_qconfig, resolve_data_type
-from lightrec.quant.row_codec import DEFAULT_ROW_ALIGNMENT, check_dim, dequantize_rows, quantize_rows
+from lightrec.quant.row_codec import (
+    DEFAULT_ROW_ALIGNMENT,
+    check_dim,
+    dequantize_rows,
+    quantize_rows,
+    sparse_type_code,
+)
 
 __all__ = [
     "QUANT_KERNELS",
@@ -234,6 +240,11 @@ class QuantCollectionBase(nn.Module):
         )
         self._bounds_check = bounds_check
         self._row_alignment = row_alignment
+        # Per-table facts both forwards read (TorchScript-typed lists; the configs carry the storage type).
+        self._table_features: List[List[str]] = [list(t.feature_names) for t in self._configs]
+        self._table_rows: List[int] = [t.num_embeddings for t in self._configs]
+        self._table_dims: List[int] = [t.embedding_dim for t in self._configs]
+        self._table_types: List[int] = [sparse_type_code(t.data_type) for t in self._configs]
         chosen = resolve_kernel_backend(
             kernel_backend, type(self).__name__, backend=backend, use_fbgemm=use_fbgemm, stacklevel=4
         )

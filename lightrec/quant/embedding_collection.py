@@ -30,7 +30,7 @@ from lightrec.modules.embedding_configs import DataType, EmbeddingConfig
 from lightrec.modules.embedding_modules import embedding_names_by_table
 from lightrec.modules.feature_checks import apply_bounds_check, check_collection_input
 from lightrec.quant.collection_base import QuantCollectionBase, QuantTable
-from lightrec.quant.row_codec import DEFAULT_ROW_ALIGNMENT, row_size_in_bytes, sparse_type_code
+from lightrec.quant.row_codec import DEFAULT_ROW_ALIGNMENT, row_size_in_bytes
 from lightrec.quant.sequence_kernels import make_sequence_kernel
 from lightrec.sparse import JaggedTensor, KeyedJaggedTensor
 
@@ -75,11 +75,7 @@ class QuantEmbeddingCollection(QuantCollectionBase):
                 t.num_embeddings, row_size_in_bytes(t.embedding_dim, dt, row_alignment), device
             )
         self._kernel = make_sequence_kernel(self.kernel, row_alignment)
-        self._table_features: List[List[str]] = [list(t.feature_names) for t in tables]
         self._embedding_names_by_table: List[List[str]] = embedding_names_by_table(tables)
-        self._table_rows: List[int] = [t.num_embeddings for t in tables]
-        self._table_dims: List[int] = [t.embedding_dim for t in tables]
-        self._table_types: List[int] = [sparse_type_code(dt) for dt in data_types]
 
     # ------------------------------------------------------------------ introspection
     def embedding_configs(self) -> List[EmbeddingConfig]:
