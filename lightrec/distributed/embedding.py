@@ -39,7 +39,7 @@ class EmbeddingCollectionAwaitable(LazyAwaitable[dict[str, JaggedTensor]]):
     ) -> None:
         super().__init__()
         self._parts = list(zip(shardings, contexts, awaitables))
-        self._features = features
+        self._features: KeyedJaggedTensor | None = features
         self._positions = positions
         self._feature_order = feature_order
 
@@ -47,14 +47,17 @@ class EmbeddingCollectionAwaitable(LazyAwaitable[dict[str, JaggedTensor]]):
         rows: dict[str, torch.Tensor] = {}
         for sharding, ctx, awaitable in self._parts:
             rows.update(sharding.feature_rows(awaitable.wait(), ctx))
-        batch = self._features.stride()
-        lengths = self._features.lengths().view(-1, batch) if batch > 0 else None
+        features = self._features
+        if features is None:
+            raise RuntimeError("internal error: an EmbeddingCollectionAwaitable resolved twice")
+        batch = features.stride()
+        lengths = features.lengths().view(-1, batch) if batch > 0 else None
         out = {}
         for i, f in enumerate(self._feature_order):
             k = i if self._positions is None else self._positions[i]
-            f_lengths = lengths[k] if lengths is not None else self._features.lengths()[:0]
+            f_lengths = lengths[k] if lengths is not None else features.lengths()[:0]
             out[f] = JaggedTensor(values=rows[f], lengths=f_lengths)
-        self._parts, self._features = [], None  # type: ignore[assignment]
+        self._parts, self._features = [], None  # release the inputs once resolved
         return out
 
 

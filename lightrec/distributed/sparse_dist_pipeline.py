@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 import torch
 from torch import nn
@@ -46,14 +45,14 @@ from lightrec.sparse import KeyedJaggedTensor
 __all__ = ["SparseDistPipeline", "find_kjts", "sharded_collections"]
 
 
-def find_kjts(obj: Any, depth: int = 3) -> list[KeyedJaggedTensor]:
+def find_kjts(obj: object, depth: int = 3) -> list[KeyedJaggedTensor]:
     """Every ``KeyedJaggedTensor`` in a batch or an argument list: ``obj`` itself, or inside
     dataclasses (``lightrec.Batch``), mappings, lists and tuples, up to ``depth`` levels down."""
     if isinstance(obj, KeyedJaggedTensor):
         return [obj]
     if depth == 0 or isinstance(obj, (torch.Tensor, str, bytes)):
         return []
-    children: Any
+    children: Iterable[object]
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         children = [getattr(obj, f.name) for f in dataclasses.fields(obj)]
     elif isinstance(obj, Mapping):
@@ -80,7 +79,7 @@ class SparseDistPipeline:
     def __init__(self, collections: Iterable[ShardedCollectionBase]) -> None:
         self.collections = list(collections)
 
-    def _fed_by(self, batch: Any) -> list[tuple[ShardedCollectionBase, KeyedJaggedTensor]]:
+    def _fed_by(self, batch: object) -> list[tuple[ShardedCollectionBase, KeyedJaggedTensor]]:
         """``(collection, its KJT)`` for every collection the batch has exactly one KJT for."""
         kjts = find_kjts(batch)
         out = []
@@ -91,7 +90,7 @@ class SparseDistPipeline:
         return out
 
     # ---- input dists of later forwards -----------------------------------------------------
-    def start(self, batch: Any, stream: torch.cuda.Stream | None = None) -> int:
+    def start(self, batch: object, stream: torch.cuda.Stream | None = None) -> int:
         """Stage 1 of the input dist of a later forward of ``batch`` (a KJT or a batch holding KJTs).
 
         Args:
@@ -127,7 +126,7 @@ class SparseDistPipeline:
             for started in collection.ahead.started():
                 collection.prefetch(started)
 
-    def started_for(self, batch: Any = None) -> bool:
+    def started_for(self, batch: object = None) -> bool:
         """Whether an input dist started ahead waits for the forward of ``batch`` (None: any batch)."""
         if batch is None:
             return any(c.ahead.started_for() for c in self.collections)
@@ -140,7 +139,7 @@ class SparseDistPipeline:
         return sum(c.ahead.drop(c.device, wait) for c in self.collections)
 
     # ---- DistributedModelParallel's look-ahead -----------------------------------------------
-    def launch(self, batch: Any) -> int:
+    def launch(self, batch: object) -> int:
         """Run the forward of ``batch``'s KJTs now (finishing input dists started for them); the next
         forward of each collection returns its output. Returns how many were launched."""
         fed = self._fed_by(batch)

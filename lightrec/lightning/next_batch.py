@@ -20,7 +20,6 @@ is told that one batch is held, so its checkpointed position leaves that batch o
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
 
 import lightning.pytorch as pl
 
@@ -31,7 +30,7 @@ __all__ = ["NextTrainingBatch", "PeekingIterator", "UnsupportedFetch"]
 _NOTHING = object()
 
 
-class PeekingIterator(Iterator[Any]):
+class PeekingIterator(Iterator[object]):
     """An iterator whose next item can be read, and replaced, one step early.
 
     Args:
@@ -39,9 +38,9 @@ class PeekingIterator(Iterator[Any]):
         loaders: resumable loaders (with a ``prefetched`` attribute) told how many items are held.
     """
 
-    def __init__(self, inner: Iterator[Any], loaders: Sequence[Any] = ()) -> None:
+    def __init__(self, inner: Iterator[object], loaders: Sequence[object] = ()) -> None:
         self.inner = inner
-        self._next: Any = _NOTHING
+        self._next: object = _NOTHING
         self._exhausted = False
         # Resumable loaders count a batch as consumed when it is read; one held here has not been
         # trained on yet, so their checkpointed position must leave it out.
@@ -49,12 +48,12 @@ class PeekingIterator(Iterator[Any]):
 
     def _holding(self, n: int) -> None:
         for loader in self._loaders:
-            loader.prefetched = n
+            setattr(loader, "prefetched", n)  # noqa: B010 - RankDataLoader's count, on loaders that have one
 
     def __iter__(self) -> PeekingIterator:
         return self
 
-    def __next__(self) -> Any:
+    def __next__(self) -> object:
         if self._next is not _NOTHING:
             item, self._next = self._next, _NOTHING
             self._holding(0)
@@ -63,7 +62,7 @@ class PeekingIterator(Iterator[Any]):
             raise StopIteration
         return next(self.inner)
 
-    def peek(self) -> Any:
+    def peek(self) -> object:
         """The next item (read from the wrapped iterator now if needed), or None at the end."""
         if self._next is _NOTHING and not self._exhausted:
             try:
@@ -73,11 +72,11 @@ class PeekingIterator(Iterator[Any]):
                 self._exhausted = True
         return None if self._next is _NOTHING else self._next
 
-    def replace(self, item: Any) -> None:
+    def replace(self, item: object) -> None:
         self._next = item
 
 
-def _resumable_loaders(trainer: pl.Trainer) -> list[Any]:
+def _resumable_loaders(trainer: pl.Trainer) -> list[object]:
     """The training loaders that checkpoint their position and can leave out a held batch."""
     loaders = trainer.train_dataloader
     if isinstance(loaders, dict):
@@ -94,7 +93,7 @@ class UnsupportedFetch(Exception):
 class NextTrainingBatch:
     """The batch after the current one of a running fit, and a way to replace it (module docstring)."""
 
-    def slot(self, trainer: pl.Trainer) -> tuple[Any, Callable[[Any], None]] | None:
+    def slot(self, trainer: pl.Trainer) -> tuple[object, Callable[[object], None]] | None:
         """``(next batch, function that replaces it)``, or None when the epoch has no next batch.
 
         Raises:
@@ -105,12 +104,12 @@ class NextTrainingBatch:
         if fetcher is None:
             raise UnsupportedFetch("training_step takes dataloader_iter (it fetches its own batches)")
         if fetcher.batches:  # a loader without length: Lightning already holds the next item
-            item = fetcher.batches[0]
+            held = self._checked(fetcher.batches[0])
 
-            def put_held(batch: Any) -> None:
-                fetcher.batches[0] = (batch, *item[1:])
+            def put_held(batch: object) -> None:
+                fetcher.batches[0] = (batch, *held[1:])
 
-            return self._checked(item), put_held
+            return held[0], put_held
         if fetcher.done or fetcher.iterator is None:
             return None
         if not isinstance(fetcher.iterator, PeekingIterator):  # a fresh iterator every epoch
@@ -119,15 +118,16 @@ class NextTrainingBatch:
         item = peeking.peek()
         if item is None:
             return None
+        peeked = self._checked(item)
 
-        def put_peeked(batch: Any) -> None:
-            peeking.replace((batch, *item[1:]))
+        def put_peeked(batch: object) -> None:
+            peeking.replace((batch, *peeked[1:]))
 
-        return self._checked(item), put_peeked
+        return peeked[0], put_peeked
 
     @staticmethod
-    def _checked(item: Any) -> Any:
-        """The batch of a fetcher item ``(batch, batch_idx, dataloader_idx)``."""
+    def _checked(item: object) -> tuple[object, ...]:
+        """A fetcher item ``(batch, batch_idx, dataloader_idx)``, checked."""
         if not (isinstance(item, tuple) and len(item) == 3):
             raise UnsupportedFetch(f"unexpected data fetcher item {type(item).__name__} (Lightning changed?)")
-        return item[0]
+        return item

@@ -231,7 +231,7 @@ class SparseDistPrefetch(pl.Callback):
         self._copied = []
 
     # ------------------------------------------------------------------ helpers
-    def _to_device(self, trainer: pl.Trainer, batch: Any) -> Any:
+    def _to_device(self, trainer: pl.Trainer, batch: object) -> object:
         strategy = trainer.strategy
         if self._copy_stream is None or strategy.root_device.type != "cuda":
             return strategy.batch_to_device(batch, dataloader_idx=0)

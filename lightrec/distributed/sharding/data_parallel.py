@@ -105,13 +105,13 @@ class DataParallelTableSync:
     """
 
     def __init__(
-        self, lookup: nn.Module, specs: dict[str, FusedOptimizerSpec], env: ShardingEnv, attr: str
+        self, lookup: _GroupedLookupBase, specs: dict[str, FusedOptimizerSpec], env: ShardingEnv, attr: str
     ) -> None:
         self._world_size = env.world_size
         self._group = side_group(env.pg)
         self.optimizers: list[EmbeddingFusedOptimizer] = []
         by_spec: dict[str, tuple[FusedOptimizerSpec, dict[str, nn.Parameter], list[dict]]] = {}
-        for kernel, shards in lookup.kernel_tables():  # type: ignore[operator]
+        for kernel, shards in lookup.kernel_tables():
             for (table, _), param in zip(shards, kernel.weights.values()):
                 spec = specs[table]
                 state = _new_state(spec, param)
