@@ -13,7 +13,7 @@ __all__ = [
     "USAGE_ERROR",
     "CommandError",
     "positive_int",
-    "recipe_or_usage_error",
+    "recipe_or_file",
     "reject_extra_arguments",
     "shipped_recipe",
 ]
@@ -26,25 +26,24 @@ class CommandError(Exception):
     """A command could not do its job (exit code 1, message printed without a traceback)."""
 
 
-def recipe_or_usage_error(name: str, parser: argparse.ArgumentParser, files: bool = False) -> Recipe | Path:
-    """The recipe called ``name`` (or, with ``files``, a recipe ``.py`` file); else a usage error."""
-    if files and name.endswith(".py"):
-        if not Path(name).is_file():
-            parser.error(f"recipe file {name!r} does not exist")
-        return Path(name)
+def shipped_recipe(name: str, parser: argparse.ArgumentParser, or_file: bool = False) -> Recipe:
+    """The shipped recipe called ``name``; else a usage error naming the valid ones (and, with
+    ``or_file``, saying a recipe ``.py`` file is accepted too)."""
     if name not in RECIPES:
         parser.error(
             f"unknown recipe {name!r}{nearest(name, list(RECIPES))}; valid recipes: {', '.join(RECIPES)}"
-            + (" or a recipe .py file" if files else "")
+            + (" or a recipe .py file" if or_file else "")
         )
     return get_recipe(name)
 
 
-def shipped_recipe(name: str, parser: argparse.ArgumentParser) -> Recipe:
-    """The shipped recipe called ``name``; else a usage error naming the valid ones."""
-    recipe = recipe_or_usage_error(name, parser)
-    assert isinstance(recipe, Recipe)  # files=False never gives a path
-    return recipe
+def recipe_or_file(name: str, parser: argparse.ArgumentParser) -> Recipe | Path:
+    """The recipe called ``name``, or the recipe ``.py`` file it names; else a usage error."""
+    if name.endswith(".py"):
+        if not Path(name).is_file():
+            parser.error(f"recipe file {name!r} does not exist")
+        return Path(name)
+    return shipped_recipe(name, parser, or_file=True)
 
 
 def reject_extra_arguments(rest: list[str], parser: argparse.ArgumentParser) -> None:

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from lightrec.cli.common import FAILURE, CommandError, positive_int, recipe_or_usage_error
+from lightrec.cli.common import FAILURE, CommandError, positive_int, recipe_or_file
 from lightrec.recipes import RECIPES
 
 __all__ = ["register", "run"]
@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParser) -> int:
-    recipe = recipe_or_usage_error(ns.recipe, parser, files=True)
+    recipe = recipe_or_file(ns.recipe, parser)
     args = list(rest)
     subcommand = args.pop(0) if args and args[0] in SUBCOMMANDS else "fit"
     overrides = []
