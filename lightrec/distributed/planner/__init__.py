@@ -4,7 +4,8 @@ report and the per-rank chart.
 =====================  =======================================================================
 ``plan.py``            ``ShardingPlan`` / ``EmbeddingModuleShardingPlan`` / ``ParameterSharding`` /
                        ``ShardMetadata`` (JSON round-trip, atomic ``save``), ``ShardingType``,
-                       ``EmbeddingComputeKernel``, the shard-size rules
+                       ``EmbeddingComputeKernel``, the shard-size rules; ``cache_params.py``: the
+                       tiered kernels' ``CacheParams`` / ``KeyValueParams`` / ``CacheAlgorithm``
 ``sharder.py``         ``ModuleSharder``: what the planner reads about a sharder
 ``plan_builders.py``   ``construct_module_sharding_plan`` with ``table_wise`` / ``row_wise`` / ...,
                        ``balanced_table_wise_plan``, ``shardable_modules``
@@ -23,9 +24,13 @@ docs/planner.md for the cost model and the algorithm. ``PlanReport`` is the form
 """
 
 from lightrec.distributed.planner.plan import (
+    CacheAlgorithm,
+    CacheParams,
+    CacheStatistics,
     EmbeddingComputeKernel,
     EmbeddingModuleShardingPlan,
     EnumerableShardingSpec,
+    KeyValueParams,
     ParameterSharding,
     ShardingPlan,
     ShardingType,
@@ -53,10 +58,14 @@ from lightrec.distributed.planner.sharder import ModuleSharder
 from lightrec.distributed.planner.types import ParameterConstraints, PlannerError, Topology
 
 __all__ = [
+    "CacheAlgorithm",
+    "CacheParams",
+    "CacheStatistics",
     "EmbeddingComputeKernel",
     "EmbeddingModuleShardingPlan",
     "EmbeddingShardingPlanner",
     "EnumerableShardingSpec",
+    "KeyValueParams",
     "ModuleSharder",
     "ParameterConstraints",
     "ParameterSharding",
