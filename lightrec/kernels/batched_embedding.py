@@ -50,6 +50,7 @@ __all__ = [
     "EmbeddingFusedOptimizer",
     "BatchedTableSpec",
     "TableSpec",
+    "flush_kernels",
 ]
 
 
@@ -392,6 +393,14 @@ class _BatchedLookupBase(nn.Module):
             f"pooling={self.pooling.name}, kernel_backend='{self.backend_name}', optimizer={opt}, "
             f"id_check='{self.id_check}'{tiering}"
         )
+
+
+def flush_kernels(module: nn.Module) -> None:
+    """Flush every batched lookup inside ``module``: tiered tables write their dirty cached rows back,
+    so their split views (the backing stores) hold every row's current value."""
+    for m in module.modules():
+        if isinstance(m, _BatchedLookupBase):
+            m.flush()
 
 
 def _flush_before_state_dict(module: nn.Module, prefix: str, keep_vars: bool) -> None:
