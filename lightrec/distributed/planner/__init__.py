@@ -15,6 +15,8 @@ report and the per-rank chart.
 ``planning.py``        ``plan_sharding``, ``topology_for``, ``plan_report_for``: what every entry
                        point calls
 ``report.py``          ``PlannerReport`` (text and markdown); ``chart.py``: ``plan_chart``
+``cache_stats.py``     how tiered tables' caches are priced: ``ZipfCacheStatistics``, ``cache_model``;
+                       ``planner_errors.py``: the errors that say what to change
 =====================  =======================================================================
 
 torchrec's paths re-export from here: ``lightrec.distributed.types`` (the plan types and
@@ -23,6 +25,7 @@ docs/planner.md for the cost model and the algorithm. ``PlanReport`` is the form
 :class:`PlannerReport` (an alias).
 """
 
+from lightrec.distributed.planner.cache_stats import ZipfCacheStatistics
 from lightrec.distributed.planner.plan import (
     CacheAlgorithm,
     CacheParams,
@@ -79,6 +82,7 @@ __all__ = [
     "ShardingType",
     "TableReport",
     "Topology",
+    "ZipfCacheStatistics",
     "balanced_table_wise_plan",
     "column_wise",
     "column_wise_shard_sizes",

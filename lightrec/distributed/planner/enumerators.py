@@ -1,6 +1,7 @@
 """Enumerate the sharding options of every table and estimate all their shards at once.
 
-An *option* is (table, sharding type, kernel, number of shards). Options are stored as parallel
+An *option* is (table, sharding type, kernel, number of shards, cache load factor -- tiered kernels
+only, one option per load factor the table allows). Options are stored as parallel
 numpy arrays, table by table, and their shards as one flat array set, so that estimating ~10^5
 shards is a handful of vectorised numpy expressions rather than 10^5 Python objects.
 
@@ -17,7 +18,7 @@ table-row-wise on one host is row-wise, ...) unless the earlier one is not allow
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -25,6 +26,7 @@ from lightrec.distributed.planner.estimators import (
     CW,
     DP,
     RW,
+    TIERED,
     TW,
     TWCW,
     TWRW,
@@ -43,9 +45,12 @@ class Options:
     Attributes:
         table, stype, kernel, nshards, start: ``[O]`` option description; the shards of option
             ``o`` are ``start[o] : start[o] + nshards[o]`` in the shard arrays.
+        clf: ``[O]`` cache load factor of tiered options (0 for the others).
         first, count: ``[T]`` the options of table ``t`` are ``first[t] : first[t] + count[t]``.
         sh_idx, sh_rows, sh_cols, sh_storage, sh_cost: ``[S]`` shard index inside its option,
             shard shape, storage bytes and cost seconds.
+        sh_backing, sh_hit: ``[S, 2]`` host-memory and SSD bytes, ``[S]`` expected cache hit rate
+            (NaN: not tiered).
         footprint: ``[O]`` most bytes the option puts on one rank.
         max_cost: ``[O]`` cost of its most expensive shard.
         total_storage, total_cost: ``[O]`` summed over all ranks (replicas counted ``W`` times).
@@ -69,6 +74,16 @@ class Options:
     total_storage: np.ndarray
     total_cost: np.ndarray
     fits: np.ndarray
+    clf: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    sh_backing: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
+    sh_hit: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    def __post_init__(self) -> None:  # options built without tiered kernels (tests, hand-made)
+        if len(self.clf) != len(self.table):
+            self.clf = np.zeros(len(self.table))
+        if len(self.sh_backing) != len(self.sh_storage):
+            self.sh_backing = np.zeros((len(self.sh_storage), 2))
+            self.sh_hit = np.full(len(self.sh_storage), np.nan)
 
 
 def _column_counts(cols: int, min_partition: int, limit: int) -> list[int]:
@@ -82,8 +97,15 @@ def _column_counts(cols: int, min_partition: int, limit: int) -> list[int]:
     return counts
 
 
-def _table_options(t: TableArrays, i: int, topo: Topology) -> list[tuple[int, int, int]]:
-    """``(sharding type, kernel, shards)`` options of table ``i``, in preference order."""
+def _table_options(t: TableArrays, i: int, topo: Topology) -> list[tuple[int, int, int, float]]:
+    """``(sharding type, kernel, shards, cache load factor)`` options of table ``i``, in preference order."""
+    out = _shardings(t, i, topo)
+    choices = t.clf_choices[i] if t.clf_choices else [0.2]
+    return [(s, k, n, clf) for s, k, n in out for clf in (choices if k in TIERED else [0.0])]
+
+
+def _shardings(t: TableArrays, i: int, topo: Topology) -> list[tuple[int, int, int]]:
+    """``(sharding type, kernel, shards)`` of table ``i``, in preference order."""
     W, L, H = topo.world_size, topo.local_size, topo.num_hosts
     allowed = dict(t.allowed[i])
     cols, min_part = int(t.cols[i]), int(t.min_partition[i])
@@ -122,7 +144,8 @@ def enumerate_options(t: TableArrays, topo: Topology) -> Options:
     per_table = [_table_options(t, i, topo) for i in range(len(t))]
     count = np.array([len(o) for o in per_table], dtype=np.int64)
     first = np.concatenate([[0], np.cumsum(count)[:-1]]).astype(np.int64)
-    flat = np.array([opt for opts in per_table for opt in opts], dtype=np.int64).reshape(-1, 3)
+    flat = np.array([opt[:3] for opts in per_table for opt in opts], dtype=np.int64).reshape(-1, 3)
+    clf = np.array([opt[3] for opts in per_table for opt in opts], dtype=np.float64)
     table = np.repeat(np.arange(len(t), dtype=np.int64), count)
     stype, kernel, nshards = flat[:, 0], flat[:, 1], flat[:, 2]
     start = np.concatenate([[0], np.cumsum(nshards)[:-1]]).astype(np.int64)
@@ -143,7 +166,8 @@ def enumerate_options(t: TableArrays, topo: Topology) -> Options:
     col_split = (sh_type == CW) | (sh_type == TWCW)
     sh_rows = np.where(row_split, split_rows, R)
     sh_cols = np.where(col_split, split_cols, D)
-    sh_storage, sh_cost = estimate_shards(t, topo, sh_table, sh_type, kernel[sh_opt], sh_rows, sh_cols)
+    est = estimate_shards(t, topo, sh_table, sh_type, kernel[sh_opt], sh_rows, sh_cols, clf[sh_opt])
+    sh_storage, sh_cost = est.storage, est.cost
 
     # ---- per-option aggregates ------------------------------------------------------------
     footprint = np.maximum.reduceat(sh_storage, start)
@@ -166,12 +190,20 @@ def enumerate_options(t: TableArrays, topo: Topology) -> Options:
             mat = sh_storage[start[opts][:, None] + np.arange(k)[None, :]]  # [O_g, k]
             ok = np.any(np.all(mat[:, None, :] <= host_caps[None, :, :k], axis=2), axis=1)
             fits[opts] &= ok
+    # Backing tiers (tiered kernels): every shard within some rank's host memory / SSD, row-wise
+    # shard i within rank i's.
+    backing_caps = topo.backing_caps
+    fits &= np.logical_and.reduceat((est.backing <= backing_caps.max(axis=0)).all(axis=1), start)
+    fits &= np.logical_and.reduceat(
+        np.where(sh_type == RW, (est.backing <= backing_caps[sh_idx % W]).all(axis=1), True), start
+    )
     return Options(
         table=table,
         stype=stype,
         kernel=kernel,
         nshards=nshards,
         start=start,
+        clf=clf,
         first=first,
         count=count,
         sh_idx=sh_idx,
@@ -179,6 +211,8 @@ def enumerate_options(t: TableArrays, topo: Topology) -> Options:
         sh_cols=sh_cols,
         sh_storage=sh_storage,
         sh_cost=sh_cost,
+        sh_backing=est.backing,
+        sh_hit=est.hit_rate,
         footprint=footprint,
         max_cost=max_cost,
         total_storage=total_storage,

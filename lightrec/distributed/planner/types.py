@@ -1,7 +1,10 @@
 """Planner inputs: the cluster (:class:`Topology`), per-table hints (:class:`ParameterConstraints`)
 and the error raised when no plan fits (:class:`PlannerError`).
 
-All sizes are bytes, all bandwidths bytes per second, all costs seconds per training step.
+All sizes are bytes, all bandwidths bytes per second, all costs seconds per training step. A rank
+has three tiers: *fast* memory, where tables and caches live (HBM on ``cuda``, DDR on ``cpu``),
+*host* memory behind a GPU (DDR, the backing tier of ``fused_uvm_caching`` tables) and *SSD* (the
+backing tier of ``key_value`` tables).
 """
 
 from __future__ import annotations
@@ -12,7 +15,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from lightrec.distributed.planner.plan import EmbeddingComputeKernel, ShardingType, enum_value
+from lightrec.distributed.planner.plan import (
+    CacheParams,
+    EmbeddingComputeKernel,
+    KeyValueParams,
+    ShardingType,
+    enum_value,
+)
 
 __all__ = ["GiB", "OPTIMIZER_STATE", "ParameterConstraints", "PlannerError", "Topology", "device_hbm_caps"]
 
@@ -20,7 +29,9 @@ GiB = 1024**3
 
 # Defaults per compute device. GPU numbers are those of a data-centre GPU of the A100/H100 class
 # with NVLink inside a host and a 100 Gb/s NIC between hosts; CPU numbers are one core's share of
-# DDR bandwidth and gloo over loopback TCP (inside a host) or 10 GbE (between hosts).
+# DDR bandwidth and gloo over loopback TCP (inside a host) or 10 GbE (between hosts). SSD: a local
+# NVMe drive's random-read bandwidth at queue depth (4 KiB pages), and 1 TiB of it per rank;
+# host <-> GPU copies at PCIe 4.0 x16 speed.
 _DEFAULTS: dict[str, dict[str, float]] = {
     "cuda": {
         "hbm_cap": 32 * GiB,
@@ -30,6 +41,9 @@ _DEFAULTS: dict[str, dict[str, float]] = {
         "intra_host_bw": 300e9,
         "inter_host_bw": 12.5e9,
         "kernel_overhead_s": 10e-6,
+        "ssd_cap": 1024 * GiB,
+        "ssd_mem_bw": 2e9,
+        "hbm_to_ddr_mem_bw": 25e9,
     },
     "cpu": {
         "hbm_cap": 0,
@@ -39,6 +53,9 @@ _DEFAULTS: dict[str, dict[str, float]] = {
         "intra_host_bw": 5e9,
         "inter_host_bw": 1.25e9,
         "kernel_overhead_s": 20e-6,
+        "ssd_cap": 1024 * GiB,
+        "ssd_mem_bw": 2e9,
+        "hbm_to_ddr_mem_bw": 0.0,
     },
 }
 
@@ -110,6 +127,9 @@ class Topology:
         hbm_mem_bw / ddr_mem_bw: memory bandwidth per rank, bytes/s.
         intra_host_bw / inter_host_bw: collective bandwidth per rank inside / across hosts, bytes/s.
         kernel_overhead_s: fixed cost of one shard's lookup (launch, bookkeeping), seconds.
+        ssd_cap: local SSD bytes per rank for ``key_value`` tables (one int, or one per rank).
+        ssd_mem_bw: the SSD's bandwidth for a tiered table's page reads and writes, bytes/s.
+        hbm_to_ddr_mem_bw: host <-> GPU copy bandwidth (``fused_uvm_caching`` fetches), bytes/s.
 
     ``None`` fields take the defaults of ``compute_device`` (see docs/planner.md).
     """
@@ -124,6 +144,9 @@ class Topology:
     intra_host_bw: float | None = None
     inter_host_bw: float | None = None
     kernel_overhead_s: float | None = None
+    ssd_cap: int | list[int] | None = None
+    ssd_mem_bw: float | None = None
+    hbm_to_ddr_mem_bw: float | None = None
     _caps: dict[str, np.ndarray] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -154,10 +177,11 @@ class Topology:
         for name, value in defaults.items():
             if getattr(self, name) is None:
                 setattr(self, name, value)
-        for name in ("hbm_mem_bw", "ddr_mem_bw", "intra_host_bw", "inter_host_bw", "kernel_overhead_s"):
+        for name in ("hbm_mem_bw", "ddr_mem_bw", "intra_host_bw", "inter_host_bw", "kernel_overhead_s", "ssd_mem_bw",
+                     "hbm_to_ddr_mem_bw"):  # fmt: skip
             if getattr(self, name) < 0:
                 raise ValueError(f"Topology({name}=...) must be >= 0, got {getattr(self, name)!r}")
-        for name in ("hbm_cap", "ddr_cap"):
+        for name in ("hbm_cap", "ddr_cap", "ssd_cap"):
             value = getattr(self, name)
             caps = np.asarray([value] * self.world_size if np.isscalar(value) else value, dtype=np.float64)
             if caps.shape != (self.world_size,) or (caps < 0).any():
@@ -193,6 +217,18 @@ class Topology:
         return self._caps["ddr_cap"]
 
     @property
+    def ssd_caps(self) -> np.ndarray:
+        """``[world_size]`` SSD bytes per rank."""
+        return self._caps["ssd_cap"]
+
+    @property
+    def backing_caps(self) -> np.ndarray:
+        """``[world_size, 2]`` bytes of the backing tiers per rank: host memory behind a GPU (none on
+        ``cpu``, where DDR is the fast tier) and SSD."""
+        host = self.ddr_caps if self.compute_device == "cuda" else np.zeros(self.world_size)
+        return np.stack([host, self.ssd_caps], axis=1)
+
+    @property
     def storage_caps(self) -> np.ndarray:
         """``[world_size]`` bytes of the memory tables live in (HBM on cuda, DDR on cpu)."""
         return self.hbm_caps if self.compute_device == "cuda" else self.ddr_caps
@@ -224,6 +260,10 @@ class ParameterConstraints:
         batch_sizes: per-rank batch size, one per feature (or one for all); default: the planner's.
         optimizer: fused optimizer name (sizes its state); default: the sharder's
             ``fused_params["optimizer"]``, else ``"sgd"``.
+        cache_params: for the tiered kernels (``fused_uvm_caching``, ``key_value``): a fixed
+            ``load_factor`` (else the planner picks one) and ``stats`` of the id stream (else ids
+            are taken to follow a Zipf law, ``ZipfCacheStatistics``).
+        key_value_params: the SSD directory of a ``key_value`` table (put in the plan as is).
     """
 
     sharding_types: list[str] | None = None
@@ -232,6 +272,8 @@ class ParameterConstraints:
     pooling_factors: list[float] = field(default_factory=lambda: [1.0])
     batch_sizes: list[int] | None = None
     optimizer: str | None = None
+    cache_params: CacheParams | None = None
+    key_value_params: KeyValueParams | None = None
 
     def __post_init__(self) -> None:
         if self.sharding_types is not None:
