@@ -24,7 +24,14 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-__all__ = ["BACKING_TIERS", "CACHE_ALGORITHMS", "DEFAULT_CACHE_LOAD_FACTOR", "TieringConfig", "coerce_algorithm"]
+__all__ = [
+    "BACKING_TIERS",
+    "CACHE_ALGORITHMS",
+    "DEFAULT_CACHE_LOAD_FACTOR",
+    "TieringConfig",
+    "coerce_algorithm",
+    "refuse_tiered_export",
+]
 
 BACKING_TIERS = ("host", "ssd")
 CACHE_ALGORITHMS = ("lru", "lfu")
@@ -33,6 +40,16 @@ DEFAULT_CACHE_LOAD_FACTOR = 0.2
 #: Rows a table's cache holds at least (or the whole table, when smaller): a batch and the one
 #: prefetched behind it must fit at once, whatever the load factor says for a small table.
 DEFAULT_MIN_CACHE_ROWS = 4096
+
+
+def refuse_tiered_export(tables: list[str]) -> str:
+    """Why a model with tiered tables is not quantized or exported (the message of the ``ValueError``)."""
+    return (
+        f"tables {tables} are tiered (fused_uvm_caching / key_value: their rows live on SSD or in host memory "
+        "behind a cache), and lightrec does not export tiered tables: a serving artifact holds every row in "
+        "memory, which these tables were tiered to avoid. Export a model whose tables are in memory (train with "
+        "tables_on='memory'), or serve lookups from the trained row store; in the recipes, --recipe.export false"
+    )
 
 
 def coerce_algorithm(value: Any) -> str:

@@ -14,6 +14,8 @@ from lightrec.lightning.rec_module import RecModule, dlrm_lr_lambda
 from lightrec.lightning.rec_strategy import RecStrategy
 from lightrec.lightning.rec_throughput_monitor import RecThroughputMonitor, ThroughputMonitor
 from lightrec.lightning.sparse_dist_prefetch import SparseDistPrefetch
+from lightrec.lightning.table_tiering import TableTiering
+from lightrec.lightning.tiered_table_monitor import TieredTableMonitor
 
 silence_known_warnings()  # torch's is_fx_tracing log line and a Lightning-internal deprecation
 if RecStrategy.strategy_name not in StrategyRegistry:
@@ -27,6 +29,8 @@ __all__ = [
     "RecStrategy",
     "RecThroughputMonitor",
     "SparseDistPrefetch",
+    "TableTiering",
     "ThroughputMonitor",  # the old name of RecThroughputMonitor (it shadowed Lightning's own)
+    "TieredTableMonitor",
     "dlrm_lr_lambda",
 ]

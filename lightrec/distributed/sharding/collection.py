@@ -337,6 +337,11 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
             results.append(output_dist(lookup(t.wait()), t, ctx))
         return self._assemble(started, results)
 
+    @property
+    def prefetches(self) -> bool:
+        """Whether a kernel of this collection takes later batches' ids ahead (tiered tables)."""
+        return any(lookup.prefetches for lookup in self._grouped_lookups())
+
     def prefetch(self, started: StartedInputDist) -> None:
         """Hand the ids ``started`` brings to the prefetch hooks of the kernels that have one (tables
         behind a cache fetch the rows they will miss); a no-op -- no wait either -- when none has."""
