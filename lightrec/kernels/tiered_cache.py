@@ -85,6 +85,9 @@ class CacheIndex:
         self.pins = torch.zeros(total_slots, dtype=torch.int32, device=device)
         self.dirty = torch.zeros(total_slots, dtype=torch.bool, device=device)
         self.tick = 0
+        # per table, its free slots (table-local): admission takes from the front without scanning
+        # the whole cache for them (a scan per batch would cost O(cache) on every step)
+        self._free = [torch.arange(c, dtype=torch.int64, device=device) for c in self.cache_rows]
 
     # ---- per-id bookkeeping (the hot path) ------------------------------------------------
     def slots(self, global_rows: torch.Tensor) -> torch.Tensor:
@@ -140,12 +143,11 @@ class CacheIndex:
             CacheFullError: not ``best_effort`` and fewer slots are free or evictable than ``rows``.
         """
         lo, size = self.cache_offset[table], self.cache_rows[table]
-        held = self.row_of[lo : lo + size]
-        free = torch.nonzero(held < 0).flatten()
+        free = self._free[table]
         need = rows.numel()
         victims = torch.empty(0, dtype=torch.int64, device=self.device)
         if free.numel() < need:
-            evictable = (held >= 0) & (self.pins[lo : lo + size] == 0)
+            evictable = (self.row_of[lo : lo + size] >= 0) & (self.pins[lo : lo + size] == 0)
             available = int(evictable.sum())
             short = need - free.numel()
             if available < short:
@@ -160,6 +162,7 @@ class CacheIndex:
             need = min(need, free.numel())
         rows = rows[:need]
         slots = free[:need] + lo
+        self._free[table] = free[need:]
         victim_slots = victims + lo
         victim_rows = self.row_of.index_select(0, victim_slots)
         dirty = self.dirty.index_select(0, victim_slots)
@@ -200,5 +203,6 @@ class CacheIndex:
         """Forget every cached row (nothing is written back: see ``TieredBatchedLookup.invalidate``)."""
         self.slot_of.fill_(-1)
         self.row_of.fill_(-1)
+        self._free = [torch.arange(c, dtype=torch.int64, device=self.device) for c in self.cache_rows]
         for buffer in (self.last_used, self.freq, self.pins, self.dirty):
             buffer.zero_()
