@@ -38,6 +38,14 @@ OPTIMIZER_CASES = [
     (EmbOptimType.ADAM, "adam", 0.0, "none"),
     (EmbOptimType.ADAM, "adam", 0.1, "l2"),
     (EmbOptimType.ADAM, "adam", 0.1, "decoupled"),
+    # torchrec's LAMB / LarsSGD / PartialRowWise* (weight decay is part of their rule; mode unused)
+    (EmbOptimType.LAMB, "lamb", 0.0, "none"),
+    (EmbOptimType.LAMB, "lamb", 0.1, "l2"),
+    (EmbOptimType.PARTIAL_ROWWISE_LAMB, "partial_rowwise_lamb", 0.1, "l2"),
+    (EmbOptimType.PARTIAL_ROWWISE_ADAM, "partial_rowwise_adam", 0.0, "none"),
+    (EmbOptimType.PARTIAL_ROWWISE_ADAM, "partial_rowwise_adam", 0.1, "l2"),
+    (EmbOptimType.LARS_SGD, "lars_sgd", 0.0, "none"),
+    (EmbOptimType.LARS_SGD, "lars_sgd", 0.1, "l2"),
 ]
 
 
@@ -115,7 +123,7 @@ def test_fused_optimizer_matches_reference(backend: str, layout: str, case: tupl
     for name, ref_state in zip(module.table_names, ref_opt.state, strict=True):
         for key, value in ref_state.items():
             torch.testing.assert_close(state[f"weights.{name}"][key], value, rtol=1e-5, atol=1e-7)
-    if ref_kind == "adam":
+    if ref_kind in ("adam", "lamb", "partial_rowwise_lamb", "partial_rowwise_adam"):
         assert float(state[f"weights.{module.table_names[0]}"]["step"]) == 4
 
 

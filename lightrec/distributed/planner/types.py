@@ -54,7 +54,7 @@ OPTIMIZER_STATE: dict[str, tuple[float, float]] = {
     "lamb": (2.0, 0.0),
     "partial_rowwise_adam": (1.0, 1.0),
     "partial_rowwise_lamb": (1.0, 1.0),
-    "lars_sgd": (0.0, 0.0),
+    "lars_sgd": (1.0, 0.0),
 }
 
 
