@@ -50,7 +50,7 @@ def test_position_weighted_pooling_and_gradients(kind: str) -> None:
     pos_keys = {f: next(k for k in params if k.endswith(f"{f}.position_weight") or k.endswith(f"position_weights.{f}"))
                 for f in ("f", "g")}  # fmt: skip
     with torch.no_grad():
-        for f, key in pos_keys.items():
+        for key in pos_keys.values():
             params[key].copy_(torch.arange(1.0, 1.0 + params[key].numel()) * 0.5)
     ref_pos = {f: params[k].detach().clone().requires_grad_(True) for f, k in pos_keys.items()}
     ref_tables = {t: ebc.embedding_bags[t].weight.detach().clone().requires_grad_(True) for t in ("t0", "t1")}
