@@ -12,9 +12,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from lightrec.distributed.types import EmbeddingComputeKernel, ShardingType, _enum_value
+from lightrec.distributed.types import EmbeddingComputeKernel, ShardingPlan, ShardingType, _enum_value
 
-__all__ = ["GiB", "OPTIMIZER_STATE", "ParameterConstraints", "PlannerError", "Topology", "device_hbm_caps"]
+__all__ = [
+    "GiB",
+    "OPTIMIZER_STATE",
+    "ParameterConstraints",
+    "PlannerError",
+    "ShardingPlan",
+    "Topology",
+    "device_hbm_caps",
+]
 
 GiB = 1024**3
 

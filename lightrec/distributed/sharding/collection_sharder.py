@@ -87,5 +87,9 @@ class CollectionSharder(ModuleSharder):
             )
         device = torch.device(device) if device is not None else torch.device("cpu")
         return self._sharded_class(
-            module, params, as_env(env), device, self.fused_params or None, seed, self.kernel_backend
+            module, params, as_env(env), device, self._fused_params_for(module), seed, self.kernel_backend
         )
+
+    def _fused_params_for(self, module: nn.Module) -> Mapping[str, Any] | FusedOptimizerSpec | None:
+        """The fused optimizer of ``module``'s tables not marked by ``apply_optimizer_in_backward``."""
+        return self.fused_params or None
