@@ -26,6 +26,8 @@ from torch import nn
 
 from lightrec.distributed.embedding import EmbeddingCollectionSharder
 from lightrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from lightrec.distributed.fp_embeddingbag import FeatureProcessedEmbeddingBagCollectionSharder
+from lightrec.distributed.fused_embeddingbag import FusedEmbeddingBagCollectionSharder
 from lightrec.distributed.planner import (
     EmbeddingShardingPlanner,
     ParameterConstraints,
@@ -42,7 +44,9 @@ __all__ = ["PlanningResult", "get_default_sharders", "plan_report_for", "plan_sh
 def get_default_sharders(
     fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None, kernel_backend: str = "auto"
 ) -> list[ModuleSharder]:
-    """Sharders of ``EmbeddingBagCollection`` and ``EmbeddingCollection``.
+    """Sharders of ``EmbeddingBagCollection``, ``EmbeddingCollection``,
+    ``FeatureProcessedEmbeddingBagCollection`` and ``FusedEmbeddingBagCollection`` (whose own fused
+    optimizer is kept; ``fused_params`` do not override it).
 
     Args:
         fused_params: the fused optimizer of every table not marked with
@@ -54,6 +58,8 @@ def get_default_sharders(
     return [
         EmbeddingBagCollectionSharder(fused_params=fused_params, kernel_backend=kernel_backend),
         EmbeddingCollectionSharder(fused_params=fused_params, kernel_backend=kernel_backend),
+        FeatureProcessedEmbeddingBagCollectionSharder(fused_params=fused_params, kernel_backend=kernel_backend),
+        FusedEmbeddingBagCollectionSharder(kernel_backend=kernel_backend),
     ]
 
 

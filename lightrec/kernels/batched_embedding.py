@@ -38,6 +38,7 @@ from lightrec.kernels.fbgemm_backend import FbgemmBatchedLookup, fbgemm_supports
 from lightrec.kernels.input_checks import ID_CHECK_MODES, LookupInputChecker
 from lightrec.kernels.torch_backend import TorchBatchedLookup
 from lightrec.kernels.triton_backend import TritonBatchedLookup, triton_supports
+from lightrec.kernels.weight_grad import with_weight_grad
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, PoolingType
 from lightrec.optim.fused_spec import FusedOptimizerSpec
 from lightrec.optim.keyed import KeyedOptimizer
@@ -370,6 +371,9 @@ class _BatchedLookupBase(nn.Module):
             dtype = next(iter(self.weights.values())).dtype
             empty: torch.Tensor = _EmptyLookup.apply(rows, width, self._placeholder.device, dtype, *inputs)
             return empty
+        # The kernels treat per-id weights as constants; with_weight_grad differentiates learned ones.
+        learned = psw is not None and psw.requires_grad and torch.is_grad_enabled() and self.pooling != PoolingType.NONE
+        weights_in, psw = (psw, psw.detach()) if learned and psw is not None else (None, psw)
         if isinstance(self._backend, TorchBatchedLookup):
             out = self._backend.lookup(indices, offsets, psw, batch, inputs, lr, singletons)
         elif isinstance(self._backend, TritonBatchedLookup):
@@ -378,6 +382,9 @@ class _BatchedLookupBase(nn.Module):
             out = self._backend.lookup(indices, offsets, psw, batch, inputs, lr)
         if checker.mode == "async" and isinstance(self._backend, TritonBatchedLookup):  # async: Triton only
             checker.arm(self._backend.error_flag, indices, offsets, batch)
+        if weights_in is not None:
+            out = with_weight_grad(out, weights_in, indices, offsets, batch, self._backend.table_weights,
+                                   self.feature_table_map, self.pooling == PoolingType.MEAN)  # fmt: skip
         return out
 
     def extra_repr(self) -> str:

@@ -378,9 +378,16 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
         if started.stream is not None:  # issued on a side stream: wait there, hand over to this one
             started.received(self._device)
         results = []
-        for ctx, t, lookup, output_dist in zip(started.contexts, tensors, self._lookups, self._output_dists):
-            results.append(output_dist(lookup(t.wait()), t, ctx))
+        for i, (ctx, t, lookup, output_dist) in enumerate(
+            zip(started.contexts, tensors, self._lookups, self._output_dists)
+        ):
+            results.append(output_dist(lookup(self._lookup_input(i, t.wait())), t, ctx))
         return started.contexts, results, started.positions, started.bounded
+
+    def _lookup_input(self, sharding: int, received: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        """The KJT sharding ``sharding`` looks up, from the one its input dist received (a hook:
+        the feature-processed collection turns received positions into learned weights here)."""
+        return received
 
     def __repr__(self) -> str:
         """The seed tutorial's tree: lookups, input dists, output dists, then the table holders."""
