@@ -32,6 +32,7 @@ from torch import nn
 from torch.autograd import Function
 
 from lightrec.distributed.comm import LazyAwaitable
+from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
 from lightrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 from lightrec.distributed.input_dist_pipeline import StartedInputDist
 from lightrec.distributed.sharding.collection_sharder import CollectionSharder
@@ -109,6 +110,7 @@ class ShardedFeatureProcessedEmbeddingBagCollection(ShardedEmbeddingBagCollectio
         fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None,
         seed: int = 0,
         kernel_backend: str = "auto",
+        qcomm_codecs_registry: Mapping[str, QuantizedCommCodecs] | None = None,
     ) -> None:
         if not isinstance(module, FeatureProcessedEmbeddingBagCollection):
             raise TypeError(f"expected a FeatureProcessedEmbeddingBagCollection, got {type(module).__name__}")
@@ -120,7 +122,7 @@ class ShardedFeatureProcessedEmbeddingBagCollection(ShardedEmbeddingBagCollectio
                 f"a sharded FeatureProcessedEmbeddingBagCollection needs SUM pooling and model-parallel tables; "
                 f"MEAN tables {mean}, data_parallel tables {replicated}: change the pooling or the plan"
             )
-        super().__init__(ebc, table_plan, env, device, fused_params, seed, kernel_backend)
+        super().__init__(ebc, table_plan, env, device, fused_params, seed, kernel_backend, qcomm_codecs_registry)
         processors = module._feature_processors
         if any(p.device.type == "meta" for p in processors.parameters()):
             processors.to_empty(device=device)

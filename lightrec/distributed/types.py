@@ -39,6 +39,7 @@ import torch.distributed as dist
 from torch import nn
 
 from lightrec.distributed.comm.awaitable import Awaitable, LazyAwaitable, LazyGetItemMixin, LazyNoWait, NoWait
+from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
 from lightrec.distributed.sharding_spec import EnumerableShardingSpec
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig
 
@@ -53,6 +54,7 @@ __all__ = [
     "EmbeddingModuleShardingPlan",
     "ModuleSharder",
     "ParameterSharding",
+    "QuantizedCommCodecs",
     "ShardMetadata",
     "ShardingEnv",
     "ShardingPlan",

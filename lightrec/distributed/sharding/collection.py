@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
 from lightrec.distributed.input_dist_pipeline import InputDistPipeline, StartedInputDist, same_features
 from lightrec.distributed.sharding import SHARDING_CLASSES
 from lightrec.distributed.sharding.collection_state_dict import load_state_dict_pre_hook, state_dict_hook
@@ -82,6 +83,8 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
         seed: base seed of shard initialisation.
         kernel_backend: ``"auto"`` (fbgemm TBE where it supports a table group, else Triton on
             CUDA, else pure torch), ``"fbgemm"`` (an error names a group it cannot run), ``"triton"`` or ``"torch"``.
+        qcomm_codecs_registry: quantized communication of the output dists, by comm op
+            (``lightrec.distributed.fbgemm_qcomm_codec.get_qcomm_codecs_registry``).
     """
 
     _attr = "embedding_bags"
@@ -97,6 +100,7 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
         fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None,
         seed: int = 0,
         kernel_backend: str = "auto",
+        qcomm_codecs_registry: Mapping[str, QuantizedCommCodecs] | None = None,
     ) -> None:
         super().__init__()
         check_kernel_backend(kernel_backend)
@@ -145,7 +149,9 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
             by_type.setdefault(ps.sharding_type, []).append(
                 ShardedTable(c, ps, shards, spec, source, pooling, kernel_backend)
             )
-        context = ShardingContext(self._feature_order, env, device, self._pooled, self._is_weighted, seed)
+        context = ShardingContext(
+            self._feature_order, env, device, self._pooled, self._is_weighted, seed, qcomm_codecs_registry
+        )
         self._shardings: list[EmbeddingSharding] = [
             SHARDING_CLASSES[st](tables, context) for st, tables in by_type.items()
         ]

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import abc
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from lightrec.distributed.comm.awaitable import Awaitable
+from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
 from lightrec.distributed.types import EmbeddingComputeKernel, ParameterSharding, ShardingEnv, ShardMetadata
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, PoolingType
 from lightrec.optim.fused_spec import FusedOptimizerSpec
@@ -232,6 +233,8 @@ class ShardingContext:
         pooled: EmbeddingBagCollection (True) or EmbeddingCollection (False).
         is_weighted: the collection pools with per-id weights.
         seed: base seed of shard initialisation (see :func:`init_shard_`).
+        qcomm_codecs_registry: ``{comm op: QuantizedCommCodecs}`` of the output dists
+            (``lightrec.distributed.fbgemm_qcomm_codec``), or None for float rows.
     """
 
     feature_order: list[str]
@@ -240,6 +243,7 @@ class ShardingContext:
     pooled: bool
     is_weighted: bool
     seed: int
+    qcomm_codecs_registry: Mapping[str, QuantizedCommCodecs] | None = None
 
 
 class EmbeddingSharding(abc.ABC):
@@ -268,6 +272,12 @@ class EmbeddingSharding(abc.ABC):
         ]
         self.features.sort(key=lambda x: x[1])
         self.grad_scale = 1.0 / context.env.world_size
+        self.qcomm_codecs_registry = dict(context.qcomm_codecs_registry or {})
+
+    def codecs(self, comm_op: str) -> QuantizedCommCodecs | None:
+        """The codecs of ``comm_op`` (``"pooled_embeddings_all_to_all"``, ``"pooled_embeddings_reduce_scatter"``,
+        ``"sequence_embeddings_all_to_all"``), or None."""
+        return self.qcomm_codecs_registry.get(comm_op)
 
     @abc.abstractmethod
     def create_input_dist(self) -> nn.Module:

@@ -41,6 +41,7 @@ import torch.distributed as dist
 from torch.autograd import Function
 
 from lightrec.distributed.comm import LazyAwaitable
+from lightrec.distributed.comm.qcomm import QuantizedCommCodecs, RowCodec
 
 __all__ = ["FusedPooledAllToAll"]
 
@@ -94,7 +95,7 @@ def _placements(runs: list[tuple[int, int, int]]) -> list[_Placement]:
 class _Call:
     """Per-forward state shared by the two autograd nodes."""
 
-    __slots__ = ("dist", "batches", "work", "recv", "send", "lookup_out", "grad_work", "lookup_grad")
+    __slots__ = ("dist", "batches", "work", "recv", "send", "lookup_out", "grad_work", "lookup_grad", "grad_wire")
 
     def __init__(self, dist_: FusedPooledAllToAll, batches: list[int]) -> None:
         self.dist = dist_
@@ -105,6 +106,7 @@ class _Call:
         self.lookup_out: torch.Tensor | None = None
         self.grad_work: dist.Work | None = None
         self.lookup_grad: torch.Tensor | None = None
+        self.grad_wire: torch.Tensor | None = None  # encoded gradient rows received (with a codec)
 
 
 def _others(flat: torch.Tensor, rows_before: int, own_rows: int, width: int, skip_self: bool) -> torch.Tensor:
@@ -127,17 +129,19 @@ class _Launch(Function):
     def forward(ctx: Any, call: _Call, anchor: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         d, me = call.dist, call.dist.rank
         send = x.contiguous()
+        codec = d.forward_codec
+        wire = send if codec is None else codec.encode(send)  # [sum B, width of d_me on the wire]
         b_me, d_me = call.batches[me], d.dims[me]
-        out_splits = [b_me * w for w in d.dims]
-        in_splits = [b * d_me for b in call.batches]
+        out_splits = [b_me * d.wire_width(w, codec) for w in d.dims]
+        in_splits = [b * d.wire_width(d_me, codec) for b in call.batches]
         if d.skip_self:
             out_splits[me] = in_splits[me] = 0
-        recv = send.new_empty(sum(out_splits))
+        recv = wire.new_empty(sum(out_splits))
         if d.world_size > 1:
             rows_before = sum(call.batches[:me])
             call.work = dist.all_to_all_single(
-                recv, _others(send.view(-1), rows_before, b_me, d_me, d.skip_self), out_splits, in_splits,
-                group=d.pg, async_op=True,
+                recv, _others(wire.reshape(-1), rows_before, b_me, d.wire_width(d_me, codec), d.skip_self),
+                out_splits, in_splits, group=d.pg, async_op=True,
             )  # fmt: skip
         call.send, call.recv = send, recv
         ctx.call = call
@@ -158,13 +162,16 @@ class _Wait(Function):
         recv, send = call.recv, call.send
         call.work = call.recv = call.send = None
         rows_before = sum(call.batches[:me])
+        codec = d.forward_codec
         blocks, offset = [], 0
         for r, width in enumerate(d.dims):
             if r == me and d.skip_self:  # never left this rank: the lookup result itself
                 blocks.append(send[rows_before : rows_before + b_me])  # type: ignore[index]
                 continue
-            blocks.append(recv[offset : offset + b_me * width].view(b_me, width))  # type: ignore[index]
-            offset += b_me * width
+            wire_width = d.wire_width(width, codec)
+            block = recv[offset : offset + b_me * wire_width].view(b_me, wire_width)  # type: ignore[index]
+            blocks.append(block if codec is None else codec.decode(block, width).to(send.dtype))  # type: ignore[union-attr]
+            offset += b_me * wire_width
         ctx.call = call
         if d.identity and len(blocks) == 1:
             return blocks[0]
@@ -201,13 +208,29 @@ class _Wait(Function):
                     torch.mul(p.output_view(grad), d.grad_scale, out=p.block_view(dst))
                 else:
                     p.block_view(dst).copy_(p.output_view(grad))
-        if d.world_size > 1:
+        codec = d.backward_codec
+        if d.world_size > 1 and codec is None:
             recv_splits = [b * d_me for b in call.batches]
             if d.skip_self:
                 recv_splits[me] = 0
             call.grad_work = dist.all_to_all_single(
                 _others(lookup_grad.view(-1), rows_before, b_me, d_me, d.skip_self), send, recv_splits,
                 send_splits, group=d.pg, async_op=True,
+            )  # fmt: skip
+        elif d.world_size > 1 and codec is not None:
+            wire, wire_splits, offset = [], [], 0
+            for r, width in enumerate(d.dims):
+                if send_splits[r]:
+                    wire.append(codec.encode(send[offset : offset + b_me * width].view(b_me, width)).reshape(-1))
+                wire_splits.append(b_me * codec.wire_width(width) if send_splits[r] else 0)
+                offset += send_splits[r]
+            recv_splits = [b * codec.wire_width(d_me) for b in call.batches]
+            if d.skip_self:
+                recv_splits[me] = 0
+            call.grad_wire = grad.new_empty(sum(recv_splits), dtype=torch.uint8)
+            call.grad_work = dist.all_to_all_single(
+                call.grad_wire, torch.cat(wire) if wire else grad.new_empty(0, dtype=torch.uint8), recv_splits,
+                wire_splits, group=d.pg, async_op=True,
             )  # fmt: skip
         call.lookup_grad = lookup_grad
         _queue_lookup_backward(call)
@@ -230,11 +253,27 @@ def _queue_lookup_backward(call: _Call) -> None:
         if call.grad_work is not None:
             call.grad_work.wait()
         grad = call.lookup_grad
-        call.grad_work = call.lookup_grad = call.lookup_out = None
+        if call.grad_wire is not None and grad is not None:
+            _decode_into(call, grad)
+        call.grad_work = call.lookup_grad = call.lookup_out = call.grad_wire = None
         torch.autograd.backward(lookup_out, grad)
 
     # Runs after every other backward node of this pass (the dense layers' included).
     torch.autograd.Variable._execution_engine.queue_callback(finish)
+
+
+def _decode_into(call: _Call, lookup_grad: torch.Tensor) -> None:
+    """Decode the gradient rows other ranks sent (``call.grad_wire``) into ``lookup_grad``."""
+    d, me = call.dist, call.dist.rank
+    codec = d.backward_codec
+    assert codec is not None and call.grad_wire is not None  # set together in _Wait.backward
+    d_me, rows_before, b_me = d.dims[me], sum(call.batches[:me]), call.batches[me]
+    rows = slice(0, lookup_grad.shape[0])
+    if d.skip_self:
+        rows = slice(b_me, None) if rows_before == 0 else slice(0, rows_before)
+    target = lookup_grad[rows]
+    wire = call.grad_wire.view(target.shape[0], codec.wire_width(d_me))
+    target.copy_(codec.decode(wire, d_me))
 
 
 class FusedPooledAllToAllAwaitable(LazyAwaitable[torch.Tensor]):
@@ -264,11 +303,25 @@ class FusedPooledAllToAll:
         column_order: ``[sum dims]`` for each column of the concatenated rank blocks, its column in
             the output (a permutation), or None for the plain concatenation.
         grad_scale: factor applied to the gradient sent back (``1 / world_size``).
+        codecs: quantized communication of the forward / backward all-to-all (``comm.qcomm``);
+            rows that stay on this rank are never encoded.
     """
 
+    @staticmethod
+    def wire_width(width: int, codec: RowCodec | None) -> int:
+        """Elements on the wire per row of ``width`` values (bytes with a codec)."""
+        return width if codec is None else codec.wire_width(width)
+
     def __init__(
-        self, pg: dist.ProcessGroup | None, dims: list[int], column_order: list[int] | None, grad_scale: float
+        self,
+        pg: dist.ProcessGroup | None,
+        dims: list[int],
+        column_order: list[int] | None,
+        grad_scale: float,
+        codecs: QuantizedCommCodecs | None = None,
     ) -> None:
+        self.forward_codec = codecs.forward if codecs is not None else None
+        self.backward_codec = codecs.backward if codecs is not None else None
         self.pg = pg
         self.rank = dist.get_rank(pg)
         self.world_size = dist.get_world_size(pg)

@@ -33,6 +33,7 @@ from lightrec.distributed.comm import (
     row_wise_block_bounds,
     row_wise_block_size,
 )
+from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
 from lightrec.distributed.sharding.common import (
     DistContext,
     EmbeddingSharding,
@@ -112,9 +113,9 @@ class RwSparseFeaturesDist(nn.Module):
 class RwPooledEmbeddingDist(nn.Module):
     """Output dist: reduce-scatter of the partial pooled sums ``[sum B, D] -> [B_s, D]``."""
 
-    def __init__(self, pg: torch.distributed.ProcessGroup | None) -> None:
+    def __init__(self, pg: torch.distributed.ProcessGroup | None, codecs: QuantizedCommCodecs | None = None) -> None:
         super().__init__()
-        self._dist = PooledEmbeddingsReduceScatter(pg)
+        self._dist = PooledEmbeddingsReduceScatter(pg, codecs)
 
     def forward(self, partial: torch.Tensor, tensors: object, ctx: DistContext) -> object:
         return self._dist(partial, tensors.batch_size_per_rank)  # type: ignore[attr-defined]
@@ -123,9 +124,9 @@ class RwPooledEmbeddingDist(nn.Module):
 class RwSequenceEmbeddingDist(nn.Module):
     """Output dist: rows back to their senders, then into the pre-bucketization id order."""
 
-    def __init__(self, pg: torch.distributed.ProcessGroup | None) -> None:
+    def __init__(self, pg: torch.distributed.ProcessGroup | None, codecs: QuantizedCommCodecs | None = None) -> None:
         super().__init__()
-        self._dist = SequenceEmbeddingsAllToAll(pg)
+        self._dist = SequenceEmbeddingsAllToAll(pg, codecs)
 
     def forward(self, rows: torch.Tensor, tensors: object, ctx: DistContext) -> object:
         perm = ctx.unbucketize
@@ -214,7 +215,9 @@ class RwEmbeddingSharding(EmbeddingSharding):
         )
 
     def create_output_dist(self) -> nn.Module:
-        return self.pooled_dist_cls(self.env.pg) if self.pooled else self.sequence_dist_cls(self.env.pg)
+        if self.pooled:
+            return self.pooled_dist_cls(self.env.pg, self.codecs("pooled_embeddings_reduce_scatter"))
+        return self.sequence_dist_cls(self.env.pg, self.codecs("sequence_embeddings_all_to_all"))
 
     def output_layout(self) -> list[tuple[str, int, int]]:
         return [(s.feature, 0, s.cols) for s in self.rw_slots]

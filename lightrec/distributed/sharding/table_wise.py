@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from lightrec.distributed.comm import KJTAllToAll, SequenceEmbeddingsAllToAll
+from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
 from lightrec.distributed.sharding.common import (
     DistContext,
     EmbeddingSharding,
@@ -89,9 +90,10 @@ class TwPooledEmbeddingDist(nn.Module):
         dim_sum_per_rank: list[int],
         column_order: list[int] | None = None,
         grad_scale: float = 1.0,
+        codecs: QuantizedCommCodecs | None = None,
     ) -> None:
         super().__init__()
-        self._dist = FusedPooledAllToAll(pg, dim_sum_per_rank, column_order, grad_scale)
+        self._dist = FusedPooledAllToAll(pg, dim_sum_per_rank, column_order, grad_scale, codecs)
         self._dims = list(dim_sum_per_rank)
 
     def forward(self, local_embs: torch.Tensor, tensors: object, ctx: DistContext) -> object:
@@ -104,9 +106,9 @@ class TwPooledEmbeddingDist(nn.Module):
 class TwSequenceEmbeddingDist(nn.Module):
     """Output dist: every looked-up row goes back to the rank that sent its id."""
 
-    def __init__(self, pg: torch.distributed.ProcessGroup | None) -> None:
+    def __init__(self, pg: torch.distributed.ProcessGroup | None, codecs: QuantizedCommCodecs | None = None) -> None:
         super().__init__()
-        self._dist = SequenceEmbeddingsAllToAll(pg)
+        self._dist = SequenceEmbeddingsAllToAll(pg, codecs)
 
     def forward(self, rows: torch.Tensor, tensors: object, ctx: DistContext) -> object:
         return self._dist(rows, tensors)  # type: ignore[arg-type]
@@ -173,8 +175,9 @@ class TwEmbeddingSharding(EmbeddingSharding):
     def create_output_dist(self) -> nn.Module:
         if self.pooled:
             dims = [sum(s.cols for s in slots) for slots in self.slots_by_rank]
-            return self.pooled_dist_cls(self.env.pg, dims, self.column_order, self.grad_scale)
-        return self.sequence_dist_cls(self.env.pg)
+            return self.pooled_dist_cls(self.env.pg, dims, self.column_order, self.grad_scale,
+                                        self.codecs("pooled_embeddings_all_to_all"))  # fmt: skip
+        return self.sequence_dist_cls(self.env.pg, self.codecs("sequence_embeddings_all_to_all"))
 
     def output_layout(self) -> list[tuple[str, int, int]]:
         return [(s.feature, s.col_offset, s.cols) for s in self.sent_slots]
