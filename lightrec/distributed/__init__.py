@@ -44,6 +44,11 @@ from lightrec.distributed.planner import (
 )
 from lightrec.distributed.planning import get_default_sharders
 from lightrec.distributed.state_dict import ShardedTableState, gather_full_state_dict
+from lightrec.distributed.train_pipeline import (
+    EvalPipelineSparseDist,
+    TrainPipelineBase,
+    TrainPipelineSparseDist,
+)
 from lightrec.distributed.types import (
     EmbeddingComputeKernel,
     EmbeddingModuleShardingPlan,
@@ -67,6 +72,7 @@ __all__ = [
     "EmbeddingComputeKernel",
     "EmbeddingModuleShardingPlan",
     "EmbeddingShardingPlanner",
+    "EvalPipelineSparseDist",
     "KJTAllToAll",
     "LazyAwaitable",
     "LazyNoWait",
@@ -86,6 +92,8 @@ __all__ = [
     "ShardingPlan",
     "ShardingType",
     "Topology",
+    "TrainPipelineBase",
+    "TrainPipelineSparseDist",
     "balanced_table_wise_plan",
     "bucketize_kjt_row_wise",
     "column_wise",

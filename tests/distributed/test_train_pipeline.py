@@ -67,7 +67,11 @@ def _run(pipeline, it) -> list[float]:  # noqa: ANN001
 
 def _body(rank: int, world_size: int) -> dict:
     from lightrec.distributed import gather_full_state_dict
-    from lightrec.distributed.train_pipeline import EvalPipelineSparseDist, TrainPipelineBase, TrainPipelineSparseDist
+    from lightrec.distributed.train_pipeline import (
+        EvalPipelineSparseDist,
+        TrainPipelineBase,
+        TrainPipelineSparseDist,
+    )
 
     out: dict = {}
     for kind in ("plain", "sparse_dist", "base", "stop_early"):
@@ -76,10 +80,11 @@ def _body(rank: int, world_size: int) -> dict:
         if kind == "plain":
             out[kind] = _plain(model, opt, batches)
         else:
-            pipeline = {"sparse_dist": lambda: TrainPipelineSparseDist(model, opt, torch.device("cpu")),
-                        "base": lambda: TrainPipelineBase(model, opt, torch.device("cpu")),
-                        "stop_early": lambda: TrainPipelineSparseDist(model, opt, torch.device("cpu"),
-                                                                      execute_all_batches=False)}[kind]()  # fmt: skip
+            cpu = torch.device("cpu")
+            if kind == "base":
+                pipeline = TrainPipelineBase(model, opt, cpu)
+            else:
+                pipeline = TrainPipelineSparseDist(model, opt, cpu, execute_all_batches=kind == "sparse_dist")
             it = iter(batches)
             out[kind] = _run(pipeline, it)
             with pytest.raises(StopIteration):
