@@ -32,7 +32,8 @@ Run (one GPU; prints JSON and a table; ``--out`` also writes the JSON)::
     python benchmarks/bench_gpu.py --smoke            # tiny sizes, any machine (CPU included)
     TRITON_INTERPRET=1 python benchmarks/bench_gpu.py --smoke   # ... with the Triton backend on CPU
 
-``--sweep`` also times the Triton backend under a few launch-tile settings (per workload).
+``--sweep`` also times the Triton backend under a few launch-tile settings (per workload);
+``--profile`` lists, on a GPU, the CUDA kernels of one iteration of each fused contender.
 """
 
 from __future__ import annotations
@@ -221,6 +222,28 @@ def time_contender(
             "useful_bytes": moved, "bytes_per_s": moved / (ms / 1e3)}  # fmt: skip
 
 
+def kernel_profile(kind: str, w: Workload, device: torch.device, batches: list[Any], iters: int = 5) -> list[dict]:
+    """Where one contender's iteration spends its GPU time: the CUDA kernels of ``iters`` iterations
+    under ``torch.profiler``, as ``[{"kernel", "ms_per_iter", "share"}]``, largest first (top 12)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step, _module = _contender(kind, w, device)
+    grad = torch.randn(w.batch, w.tables * w.dim, device=device)
+    for kjt, _ in batches[:2]:  # compile and warm up outside the trace
+        step(kjt, grad)
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(iters):
+            step(batches[i % len(batches)][0], grad)
+        torch.cuda.synchronize(device)
+    # self_device_time_total: the kernel's own GPU time (torch >= 2.4 names it so)
+    rows = [(e.key, getattr(e, "self_device_time_total", 0.0)) for e in prof.key_averages()]
+    rows = [(k, us) for k, us in rows if us > 0]
+    total = sum(us for _, us in rows) or 1.0
+    rows.sort(key=lambda r: -r[1])
+    return [{"kernel": k[:90], "ms_per_iter": us / 1e3 / iters, "share": us / total} for k, us in rows[:12]]
+
+
 def available_backends(device: torch.device, wanted: list[str]) -> list[str]:
     from lightrec.kernels import fbgemm_supports
     from lightrec.kernels.triton_backend import triton_supports
@@ -259,6 +282,14 @@ def embedding_part(device: torch.device, args: argparse.Namespace, copy_bps: flo
                       flush=True)  # fmt: skip
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
+            if args.profile and device.type == "cuda" and kind != "plain":
+                triton_backend.LAUNCH_OVERRIDES.clear()
+                top = kernel_profile(kind, w, device, batches)
+                results[-1 - len(settings) + 1]["profile"] = top
+                print(f"  kernels of one {kind} iteration ({w.name}):")
+                for k in top:
+                    print(f"    {k['ms_per_iter']:7.3f} ms {100 * k['share']:4.0f}%  {k['kernel']}")
+                torch.cuda.empty_cache()
         triton_backend.LAUNCH_OVERRIDES.clear()
         plain = {r["workload"]: r["samples_per_s"] for r in results if r["contender"] == "plain"}
         for r in results:
@@ -301,6 +332,8 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=None)
     parser.add_argument("--steps", type=int, default=None, help="measured Trainer.fit steps of part (b)")
     parser.add_argument("--sweep", action="store_true", help="also time the Triton backend under other tiles")
+    parser.add_argument("--profile", action="store_true",
+                        help="GPU only: the CUDA kernels of each fused contender's iteration (torch.profiler)")
     parser.add_argument("--dlrm-backend", default="auto", help="kernel backend of the DLRM's tables")
     parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     parser.add_argument("--out", default=None)
