@@ -20,7 +20,7 @@ device-to-device copy (bytes read + written) measured in the same run.
 (b) End to end: DLRM with 13 dense features, the 26 Criteo-Kaggle tables capped at 1M rows, dim
 128, bottom MLP 512-256-128, top MLP 1024-1024-512-256-1, a ``RecModule`` trained by
 ``Trainer.fit`` on one GPU (fused row-wise Adagrad tables through ``FusedEmbeddingBagCollection``
-with ``backend="auto"``, Adagrad dense layers), batch 16384, batches drawn on the GPU
+with ``kernel_backend="auto"``, Adagrad dense layers), batch 16384, batches drawn on the GPU
 (``SyntheticCriteo(device=...)``). Prints samples/s and a per-step breakdown from CUDA events
 (input, lookups forward + backward/update, dense forward + backward, optimizer, rest). See
 ``benchmarks/gpu_dlrm.py``.
@@ -44,11 +44,11 @@ import os
 import platform
 import statistics
 import sys
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from gpu_timer import Timer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -59,26 +59,6 @@ SWEEP = [
     {"forward_block_b": 64, "backward_block_n": 32, "num_warps": 8},
     {"forward_block_b": 32, "backward_block_n": 16, "num_warps": 8},
 ]
-
-
-class Timer:
-    """CUDA events on a GPU (no host sync until read), ``perf_counter`` on CPU."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-
-    def mark(self) -> Any:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
-
-    def ms(self, start: Any, end: Any) -> float:
-        if self.cuda:
-            end.synchronize()
-            return float(start.elapsed_time(end))
-        return (end - start) * 1e3
 
 
 def environment(device: torch.device) -> dict[str, Any]:
@@ -189,7 +169,7 @@ def _contender(kind: str, w: Workload, device: torch.device) -> tuple[Any, Any]:
         configs,
         fused_params={"optimizer": "exact_row_wise_adagrad", "learning_rate": 0.01},
         device=device,
-        backend=kind,
+        kernel_backend=kind,
     )
 
     def fused_step(kjt: Any, grad: torch.Tensor) -> None:

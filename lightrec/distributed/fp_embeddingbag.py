@@ -34,9 +34,10 @@ from torch.autograd import Function
 from lightrec.distributed.comm import LazyAwaitable
 from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
 from lightrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
-from lightrec.distributed.input_dist_pipeline import StartedInputDist
+from lightrec.distributed.planner.plan import ShardingType
 from lightrec.distributed.sharding.collection_sharder import CollectionSharder
-from lightrec.distributed.types import ShardingEnv, ShardingType, resolve_group
+from lightrec.distributed.sharding.work_ahead import StartedInputDist
+from lightrec.distributed.sharding_env import ShardingEnv, resolve_group
 from lightrec.modules.embedding_configs import PoolingType
 from lightrec.modules.feature_processor_ import (
     FeatureProcessorError,
@@ -134,8 +135,9 @@ class ShardedFeatureProcessedEmbeddingBagCollection(ShardedEmbeddingBagCollectio
         self._max_lengths = {f: p.numel() for f, p in self._weights_of.items()}
         self._register_state_dict_hook(_torchrec_keys)
 
-    def _begin_input_dist(self, features: KeyedJaggedTensor, stream: torch.cuda.Stream | None) -> StartedInputDist:
+    def _prepare(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
         """Carry each id's position in its bag as its weight through the input dist."""
+        features = super()._prepare(features)
         lengths = features.lengths()
         for key, lens in zip(features.keys(), lengths.split(features.stride_per_key())):
             limit = self._max_lengths.get(key)
@@ -145,7 +147,7 @@ class ShardedFeatureProcessedEmbeddingBagCollection(ShardedEmbeddingBagCollectio
                     f"max_feature_length={limit} positions; truncate the bags or give a larger max_feature_length"
                 )
         positions = positions_in_bags(lengths, features.values().numel()).to(torch.float32)
-        return super()._begin_input_dist(with_weights(features, positions), stream)
+        return with_weights(features, positions)
 
     def _lookup_input(self, sharding: int, received: KeyedJaggedTensor) -> KeyedJaggedTensor:
         positions = received.weights().long()
@@ -155,8 +157,8 @@ class ShardedFeatureProcessedEmbeddingBagCollection(ShardedEmbeddingBagCollectio
             parts.append(weights[pos] if weights is not None else torch.ones(pos.numel(), device=pos.device))
         return with_weights(received, torch.cat(parts) if parts else positions.float())
 
-    def _start(self, features: KeyedJaggedTensor, started: StartedInputDist | None) -> Any:
-        return _SyncedAwaitable(super()._start(features, started), self._sum_position_weight_grads)
+    def _assemble(self, started: StartedInputDist, results: list[Any]) -> Any:
+        return _SyncedAwaitable(super()._assemble(started, results), self._sum_position_weight_grads)
 
     def _sum_position_weight_grads(self) -> None:
         """Sum every rank's position-weight gradients (one all-reduce; ranks without one add zeros)."""

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from lightrec.distributed.sharding_env import resolve_group
 from lightrec.distributed.state_dict import ShardedTableState
-from lightrec.distributed.types import resolve_group
 
 __all__ = ["state_dict_all_gather_keys", "state_dict_gather", "state_dict_to_device"]
 

@@ -33,6 +33,13 @@ from lightrec.distributed.planner.estimators import (
 )
 from lightrec.distributed.planner.partitioners import Placement, partition, refine
 from lightrec.distributed.planner.perf_models import NoopPerfModel
+from lightrec.distributed.planner.plan import (
+    EmbeddingModuleShardingPlan,
+    ParameterSharding,
+    ShardingPlan,
+    ShardMetadata,
+    placement_for,
+)
 from lightrec.distributed.planner.proposers import (
     GreedyProposer,
     escalate,
@@ -42,6 +49,7 @@ from lightrec.distributed.planner.proposers import (
 from lightrec.distributed.planner.report import PlannerReport, TableReport
 from lightrec.distributed.planner.search import protocol_search, vectorised_partitioner
 from lightrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
+from lightrec.distributed.planner.sharder import ModuleSharder
 from lightrec.distributed.planner.sharding_options import option_index, write_back_estimates
 from lightrec.distributed.planner.tables import ShardableModule, collect_tables, find_shardable_modules
 from lightrec.distributed.planner.types import (
@@ -54,15 +62,7 @@ from lightrec.distributed.planner.types import (
     StorageReservation,
     Topology,
 )
-from lightrec.distributed.types import (
-    EmbeddingModuleShardingPlan,
-    ModuleSharder,
-    ParameterSharding,
-    ShardingPlan,
-    ShardMetadata,
-    placement_for,
-    resolve_group,
-)
+from lightrec.distributed.sharding_env import resolve_group
 
 __all__ = ["EmbeddingShardingPlanner"]
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from lightrec.distributed.types import EmbeddingComputeKernel, ShardingPlan, ShardingType, _enum_value
+from lightrec.distributed.planner.plan import EmbeddingComputeKernel, ShardingPlan, ShardingType, enum_value
 
 __all__ = [
     "Enumerator",
@@ -278,12 +278,12 @@ class ParameterConstraints:
     def __post_init__(self) -> None:
         if self.sharding_types is not None:
             self.sharding_types = [
-                _enum_value(t, ShardingType, "ParameterConstraints.sharding_types")
+                enum_value(t, ShardingType, "ParameterConstraints.sharding_types")
                 for t in self.sharding_types
             ]
         if self.compute_kernels is not None:
             self.compute_kernels = [
-                _enum_value(k, EmbeddingComputeKernel, "ParameterConstraints.compute_kernels")
+                enum_value(k, EmbeddingComputeKernel, "ParameterConstraints.compute_kernels")
                 for k in self.compute_kernels
             ]
         if self.min_partition is not None and (

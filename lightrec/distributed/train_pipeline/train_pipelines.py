@@ -15,8 +15,9 @@
 ``optimizer.step()`` when the model is in training mode, and returns ``output``. With
 ``TrainPipelineSparseDist`` step ``i`` runs, on every rank in the same order::
 
-    batch i+1: its input dist started (the splits exchange; lightrec's look-ahead of the sharded
-               collection, the one ``DistributedModelParallel``'s prefetch and ``SparseDistPrefetch`` use)
+    batch i+1: its input dist started (the splits exchange), through the one pipelining seam of the
+               sharded collections (``SparseDistPipeline``, which ``DistributedModelParallel``'s
+               look-ahead and ``SparseDistPrefetch`` drive too)
     batch i+2: read from the iterator and copied to the device
     batch i:   forward (its input dist was started a step earlier: only its last exchange is waited)
     batch i+1: the lengths/values exchange started, travelling during the backward of batch i
@@ -27,7 +28,7 @@ bit-identical to an unpipelined loop (tested on 2 gloo ranks). Every sharded col
 model whose features a KJT of the batch holds exactly is pipelined; a collection that receives
 another KJT (the model rebuilds or splits it) runs its input dist in its forward, as without the
 pipeline, and the pipeline stops starting input dists early (a warning says so). On CUDA the copies run on a side
-stream and the input dists on another (the look-ahead hands their results to the main stream);
+stream and the input dists on another (the collections hand their results to the main stream);
 on CPU there are no streams. ``StopIteration`` is raised by the first ``progress`` after the data
 ran out: with ``execute_all_batches`` (default) once every fetched batch was trained, without it
 as soon as the iterator is exhausted (the batches in flight are dropped, as torchrec does).
@@ -39,15 +40,13 @@ import abc
 import logging
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import torch
 from torch import nn
 
-from lightrec.distributed.input_dist_pipeline import find_kjts
-from lightrec.distributed.sharding.collection import ShardedCollectionBase
-from lightrec.sparse import KeyedJaggedTensor
+from lightrec.distributed.sparse_dist_pipeline import SparseDistPipeline, sharded_collections
 
 __all__ = [
     "EvalPipelineSparseDist",
@@ -80,11 +79,11 @@ class TrainPipeline(abc.ABC, Generic[In, Out]):
 
 @dataclass
 class TrainPipelineContext:
-    """What the pipeline started for one batch: ``(collection, KJT)`` input dists, the copy event."""
+    """What the pipeline started for one batch: how many collections' input dists, the copy event."""
 
     index: int = 0
     version: int = 1
-    started: list[tuple[ShardedCollectionBase, KeyedJaggedTensor]] = field(default_factory=list)
+    started: int = 0
     copied: torch.cuda.Event | None = None
 
 
@@ -179,7 +178,7 @@ class TrainPipelineSparseDist(TrainPipeline[In, Out]):
         self._data_dist_stream = torch.cuda.Stream(device=self._device) if cuda else None
         self.batches: deque[Any] = deque()
         self.contexts: deque[TrainPipelineContext] = deque()
-        self._collections: list[ShardedCollectionBase] | None = None
+        self._sparse_dist: SparseDistPipeline | None = None
         self._pipelining = True
         self._next_index = 0
         self._dataloader_iter: Iterator[In] | None = None
@@ -187,10 +186,14 @@ class TrainPipelineSparseDist(TrainPipeline[In, Out]):
         self._attached = True
 
     # ---- batches in flight ------------------------------------------------------------------
-    def _pipelined_collections(self) -> list[ShardedCollectionBase]:
-        if self._collections is None:
-            self._collections = [m for m in self._model.modules() if isinstance(m, ShardedCollectionBase)]
-        return self._collections
+    def _pipeline(self) -> SparseDistPipeline:
+        """The seam over the model's sharded collections (a ``DistributedModelParallel``'s own one)."""
+        if self._sparse_dist is None:
+            own = getattr(self._model, "pipeline", None)
+            self._sparse_dist = own if isinstance(own, SparseDistPipeline) else SparseDistPipeline(
+                sharded_collections(self._model)
+            )
+        return self._sparse_dist
 
     def _next_batch(self, dataloader_iter: Iterator[In]) -> Any:
         if dataloader_iter is not self._dataloader_iter:
@@ -241,19 +244,15 @@ class TrainPipelineSparseDist(TrainPipeline[In, Out]):
         """Stage 1 of the input dist of ``batch`` for every collection a KJT of it feeds (collective)."""
         if batch is None or not self._pipelining:
             return
-        kjts = find_kjts(batch)
         stream = self._data_dist_stream
         if stream is not None and context.copied is not None:
             stream.wait_event(context.copied)  # the ids must have arrived before the input dist reads them
-        for collection in self._pipelined_collections():
-            kjt = next((k for k in kjts if collection.lookahead.start(k, stream=stream)), None)
-            if kjt is not None:
-                context.started.append((collection, kjt))
+        context.started = self._pipeline().start(batch, stream=stream)
 
     def wait_sparse_data_dist(self, context: TrainPipelineContext) -> None:
         """Stage 2 (the lengths/values exchange) of the started input dists (collective)."""
-        for collection in {id(c): c for c, _ in context.started}.values():
-            collection.lookahead.progress()
+        if context.started:
+            self._pipeline().progress()
 
     def _wait_for_batch(self, batch: Any, context: TrainPipelineContext) -> None:
         if context.copied is None:
@@ -264,14 +263,14 @@ class TrainPipelineSparseDist(TrainPipeline[In, Out]):
         if callable(record):
             record(main)
 
-    def _check_consumed(self, context: TrainPipelineContext) -> None:
+    def _check_consumed(self, batch: Any, context: TrainPipelineContext) -> None:
         """Input dists started for a KJT the forward did not pass to its collection are completed
         and dropped, and the pipeline stops starting them (the model rebuilt the features)."""
-        left = [(c, k) for c, k in context.started if c.lookahead.pending(k)]
-        if not left:
+        if not context.started or not self._pipeline().started_for(batch):
             return
-        for collection in {id(c): c for c, _ in left}.values():
-            collection.lookahead.cancel(wait=True)
+        self._pipeline().cancel(wait=True)  # also the next batch's: it runs its input dist in its forward
+        for later in self.contexts:
+            later.started = 0
         self._pipelining = False
         logger.warning(
             "TrainPipelineSparseDist: the model did not pass the batch's KeyedJaggedTensor to its sharded "
@@ -279,9 +278,8 @@ class TrainPipelineSparseDist(TrainPipeline[In, Out]):
         )
 
     def _drop_in_flight(self) -> None:
-        for context in self.contexts:
-            for collection, _ in context.started:
-                collection.lookahead.cancel(wait=True)
+        if any(context.started for context in self.contexts):
+            self._pipeline().cancel(wait=True)
         self.batches.clear()
         self.contexts.clear()
 
@@ -299,7 +297,7 @@ class TrainPipelineSparseDist(TrainPipeline[In, Out]):
             self.start_sparse_data_dist(self.batches[1], self.contexts[1])
         self.enqueue_batch(dataloader_iter)
         losses, output = self._model_fwd(self.batches[0])
-        self._check_consumed(self.contexts[0])
+        self._check_consumed(self.batches[0], self.contexts[0])
         if len(self.batches) >= 2:
             self.wait_sparse_data_dist(self.contexts[1])
         if training:
@@ -315,17 +313,17 @@ class TrainPipelineSparseDist(TrainPipeline[In, Out]):
     def detach(self) -> nn.Module:
         """Complete the input dists in flight (collective) and return the model, e.g. to evaluate it
         between training steps; the next ``progress`` re-attaches (batches in flight are kept)."""
+        if any(context.started for context in self.contexts):
+            self._pipeline().cancel(wait=True)
         for context in self.contexts:
-            for collection, _ in context.started:
-                collection.lookahead.cancel(wait=True)
-            context.started.clear()
+            context.started = 0
         self._attached = False
         return self._model
 
     def attach(self, model: nn.Module | None = None, sparse_dist: bool = True) -> None:
         """Use ``model`` (default: the same) again; restart the input dist of the next batch."""
         if model is not None:
-            self._model, self._collections = model, None
+            self._model, self._sparse_dist = model, None
             self._model_fwd = model
         self._attached = True
         if sparse_dist and self.batches:
