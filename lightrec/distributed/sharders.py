@@ -1,4 +1,4 @@
-"""``get_default_sharders``: the sharders of ``EmbeddingBagCollection`` and ``EmbeddingCollection``.
+"""``get_default_sharders``: the sharders of lightrec's embedding collections.
 
 What every entry point that shards a model uses when it is given no sharders:
 ``DistributedModelParallel``, ``RecStrategy``, ``lightrec plan`` and the ``PlanReport`` callback.
@@ -12,6 +12,8 @@ from typing import Any
 
 from lightrec.distributed.embedding import EmbeddingCollectionSharder
 from lightrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from lightrec.distributed.fp_embeddingbag import FeatureProcessedEmbeddingBagCollectionSharder
+from lightrec.distributed.fused_embeddingbag import FusedEmbeddingBagCollectionSharder
 from lightrec.distributed.planner.sharder import ModuleSharder
 from lightrec.optim.fused_spec import FusedOptimizerSpec
 
@@ -21,7 +23,9 @@ __all__ = ["get_default_sharders"]
 def get_default_sharders(
     fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None, kernel_backend: str = "auto"
 ) -> list[ModuleSharder]:
-    """Sharders of ``EmbeddingBagCollection`` and ``EmbeddingCollection``.
+    """Sharders of ``EmbeddingBagCollection``, ``EmbeddingCollection``,
+    ``FeatureProcessedEmbeddingBagCollection`` and ``FusedEmbeddingBagCollection`` (whose own fused
+    optimizer is kept; ``fused_params`` do not override it).
 
     Args:
         fused_params: the fused optimizer of every table not marked with
@@ -33,4 +37,6 @@ def get_default_sharders(
     return [
         EmbeddingBagCollectionSharder(fused_params=fused_params, kernel_backend=kernel_backend),
         EmbeddingCollectionSharder(fused_params=fused_params, kernel_backend=kernel_backend),
+        FeatureProcessedEmbeddingBagCollectionSharder(fused_params=fused_params, kernel_backend=kernel_backend),
+        FusedEmbeddingBagCollectionSharder(kernel_backend=kernel_backend),
     ]

@@ -124,3 +124,36 @@ def test_cache_statistics() -> None:
     assert hit == pytest.approx(0.6) and fetched == pytest.approx(0.4 * 1000 * 0.5)
     with pytest.raises(ValueError, match="alpha"):
         ZipfCacheStatistics(alpha=0.0)
+
+
+def test_torchrec_planner_parts_see_and_keep_tiered_options() -> None:
+    """torchrec's planner classes over tiered options: the enumerator's ShardingOptions carry the cache
+    load factor, and a custom proposer/partitioner pair (the ShardingOption protocol) plans the big table
+    on SSD within the SSD and memory caps, with the same bytes per tier in the report."""
+    from lightrec.distributed.planner import GreedyPerfPartitioner, SortBy, UniformProposer
+    from lightrec.distributed.planner.enumerators import enumerate_options
+    from lightrec.distributed.planner.sharding_options import option_index, to_sharding_options
+    from lightrec.distributed.planner.tables import collect_tables, find_shardable_modules
+
+    topo = Topology(world_size=1, compute_device="cpu", ddr_cap=4 * GiB)
+    model = tables(BIG)
+    modules = find_shardable_modules(model, [SHARDER])
+    arrays = collect_tables(modules, topo, {}, 2048, tiered=True)
+    opts = enumerate_options(arrays, topo)
+    sos = to_sharding_options(arrays, opts, modules, topo, 2048)
+    tiered = [so for so in sos if so.compute_kernel == "key_value"]
+    assert tiered and all(so.cache_load_factor is not None and so.cache_load_factor > 0 for so in tiered)
+    assert len({so.cache_load_factor for so in tiered if so.name == "t0"}) > 1  # several cache sizes offered
+    for so in tiered:  # a copy without its recorded index maps back to the option of its cache size
+        so._option_index = None
+        assert opts.clf[option_index(so, arrays, opts)] == pytest.approx(so.cache_load_factor)
+    assert all(so.cache_params is None for so in sos if so.compute_kernel == "fused")
+
+    planner = EmbeddingShardingPlanner(
+        topology=topo, batch_size=2048, proposer=UniformProposer(), partitioner=GreedyPerfPartitioner(SortBy.PERF)
+    )
+    plan = planner.plan(model, [SHARDER])
+    assert _kernels(plan)["t0"][0] == "key_value"
+    report = planner.last_report
+    assert report.ssd_bytes[0] == pytest.approx(64_000_000 * (64 + 1) * 4)
+    assert report.ddr_bytes[0] <= 4 * GiB

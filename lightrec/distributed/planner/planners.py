@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Any
 
 import numpy as np
 import torch.distributed as dist
 from torch import nn
 
-from lightrec.distributed.planner.enumerators import Options, enumerate_options
+from lightrec.distributed.planner.enumerators import EmbeddingEnumerator, Options, enumerate_options
+from lightrec.distributed.planner.errors import gib, no_packing_error, too_big_error
 from lightrec.distributed.planner.estimators import (
     CW,
     DP,
@@ -37,6 +39,7 @@ from lightrec.distributed.planner.estimators import (
     estimate_shards,
 )
 from lightrec.distributed.planner.partitioners import Placement, partition, refine
+from lightrec.distributed.planner.perf_models import NoopPerfModel
 from lightrec.distributed.planner.plan import (
     CacheParams,
     EmbeddingModuleShardingPlan,
@@ -45,12 +48,28 @@ from lightrec.distributed.planner.plan import (
     ShardMetadata,
     placement_for,
 )
-from lightrec.distributed.planner.planner_errors import no_packing_error, too_big_error
-from lightrec.distributed.planner.proposers import escalate, greedy_proposal, memory_dp_proposal
+from lightrec.distributed.planner.proposers import (
+    GreedyProposer,
+    escalate,
+    greedy_proposal,
+    memory_dp_proposal,
+)
 from lightrec.distributed.planner.report import PlannerReport, TableReport
+from lightrec.distributed.planner.search import protocol_search, vectorised_partitioner
+from lightrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
 from lightrec.distributed.planner.sharder import ModuleSharder
+from lightrec.distributed.planner.sharding_options import option_index, write_back_estimates
 from lightrec.distributed.planner.tables import ShardableModule, collect_tables, find_shardable_modules
-from lightrec.distributed.planner.types import ParameterConstraints, PlannerError, Topology
+from lightrec.distributed.planner.types import (
+    Enumerator,
+    ParameterConstraints,
+    Partitioner,
+    PerfModel,
+    PlannerError,
+    Proposer,
+    StorageReservation,
+    Topology,
+)
 from lightrec.distributed.sharding_env import resolve_group
 from lightrec.kernels.tiered_config import DEFAULT_CACHE_LOAD_FACTOR
 
@@ -60,19 +79,29 @@ DEFAULT_BATCH_SIZE = 512
 _MAX_REPAIR_ROUNDS = 200
 
 
-def _gib(x: float) -> str:
-    return f"{x / 1024**3:.3f} GiB"
-
-
 class EmbeddingShardingPlanner:
     """Plans how to shard every embedding table of a model.
 
-    Args:
-        topology: the cluster; default: ``Topology(world_size)`` of the process group (or 1).
-        batch_size: per-rank batch size used by the cost model (default 512).
-        constraints: ``{table name: ParameterConstraints}``.
-        storage_reservation: fraction of each rank's table memory kept free for everything else
-            (dense parameters, activations); 0.0 plans right up to the caps.
+    Args (torchrec's, in torchrec's order):
+        topology: the cluster; default: the enumerator's, else ``Topology(world_size)`` of the
+            process group (or 1).
+        batch_size: per-rank batch size used by the cost model (default: the enumerator's, else 512).
+        enumerator: an :class:`~lightrec.distributed.planner.enumerators.EmbeddingEnumerator` (its
+            topology, batch size and constraints fill in the planner's missing ones; its
+            estimators' numbers are planned with), or any ``Enumerator``: the planner then keeps to
+            the options it returns.
+        storage_reservation: a fraction of each rank's table memory kept free, or a
+            ``StorageReservation`` (:mod:`lightrec.distributed.planner.storage_reservations`).
+        proposer: a ``Proposer`` or a list. None, or lightrec's ``GreedyProposer`` alone, runs
+            lightrec's search (greedy, memory DP, repair, refinement); others run the proposers'
+            proposals through the partitioner (:mod:`lightrec.distributed.planner.search`).
+        partitioner: None or ``GreedyPerfPartitioner`` (vectorised; ``sort_by`` honoured), or any
+            ``Partitioner`` (run on the proposals' ``ShardingOption`` s).
+        performance_model: a ``PerfModel`` rating partitioned proposals (None/``NoopPerfModel``:
+            the busiest rank's cost).
+        stats, debug, callbacks, timeout_seconds: accepted for torchrec's signature; lightrec's
+            report is :attr:`last_report` (they do not change the plan).
+        constraints: ``{table name: ParameterConstraints}`` (default: the enumerator's).
 
     After :meth:`plan`, :attr:`last_report` holds the :class:`PlannerReport` of the returned plan.
     """
@@ -81,20 +110,57 @@ class EmbeddingShardingPlanner:
         self,
         topology: Topology | None = None,
         batch_size: int | None = None,
+        enumerator: Enumerator | None = None,
+        storage_reservation: float | StorageReservation = 0.0,
+        proposer: Proposer | list[Proposer] | None = None,
+        partitioner: Partitioner | None = None,
+        performance_model: PerfModel | None = None,
+        stats: Any = None,
         constraints: dict[str, ParameterConstraints] | None = None,
-        storage_reservation: float = 0.0,
+        debug: bool = True,
+        callbacks: Any = None,
+        timeout_seconds: int | None = None,
     ) -> None:
         if topology is not None and not isinstance(topology, Topology):
             raise TypeError(f"topology must be a Topology, got {type(topology).__name__}")
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size <= 0):
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        if not 0.0 <= storage_reservation < 1.0:
-            raise ValueError(f"storage_reservation must be in [0, 1), got {storage_reservation!r}")
-        self._topology = topology
-        self._batch_size = batch_size or DEFAULT_BATCH_SIZE
-        self._constraints = dict(constraints or {})
+        if not isinstance(storage_reservation, StorageReservation) and not 0.0 <= storage_reservation < 1.0:
+            raise ValueError(
+                f"storage_reservation must be a fraction in [0, 1) or a StorageReservation, got {storage_reservation!r}"
+            )
+        for name, part, kind in (("enumerator", enumerator, Enumerator), ("partitioner", partitioner, Partitioner),
+                                 ("performance_model", performance_model, PerfModel)):  # fmt: skip
+            if part is not None and not isinstance(part, kind):
+                raise TypeError(f"{name} must be a {kind.__name__}, got {type(part).__name__}")
+        proposers = proposer if isinstance(proposer, list) else ([proposer] if proposer is not None else [])
+        bad = [type(p).__name__ for p in proposers if not isinstance(p, Proposer)]
+        if bad:
+            raise TypeError(f"proposer must be Proposer(s), got {bad}")
+        self._enumerator = enumerator
+        self._topology = topology or getattr(enumerator, "topology", None)
+        self._batch_size = batch_size or getattr(enumerator, "batch_size", None) or DEFAULT_BATCH_SIZE
+        self._constraints = dict(constraints or getattr(enumerator, "constraints", None) or {})
         self._reservation = storage_reservation
+        self._proposers = proposers
+        self._partitioner = partitioner
+        self._perf_model = performance_model
         self.last_report: PlannerReport | None = None
+
+    def _uses_lightrec_search(self) -> bool:
+        """None of the given parts needs the ShardingOption protocol (module docstring of search.py)."""
+        lightrec_greedy = all(type(p) is GreedyProposer for p in self._proposers) and len(self._proposers) <= 1
+        default_rating = self._perf_model is None or type(self._perf_model) is NoopPerfModel
+        return lightrec_greedy and default_rating and vectorised_partitioner(self._partitioner) is not None
+
+    def _custom_enumerator(self) -> bool:
+        e = self._enumerator
+        if e is None:
+            return False
+        if type(e).enumerate is not EmbeddingEnumerator.enumerate:
+            return True
+        defaults = (EmbeddingPerfEstimator, EmbeddingStorageEstimator)
+        return any(type(est) not in defaults for est in getattr(e, "estimators", []))
 
     # ---- public API --------------------------------------------------------------------------
     def plan(self, module: nn.Module, sharders: list[ModuleSharder]) -> ShardingPlan:
@@ -201,30 +267,36 @@ class EmbeddingShardingPlanner:
     # ---- pipeline ----------------------------------------------------------------------------
     def _plan(self, module: nn.Module, sharders: list[ModuleSharder], topo: Topology) -> ShardingPlan:
         t0 = time.perf_counter()
-        if self._reservation:
-            keep = 1.0 - self._reservation
-            topo = dataclasses.replace(
-                topo, hbm_cap=(topo.hbm_caps * keep).tolist(), ddr_cap=(topo.ddr_caps * keep).tolist()
-            )
+        topo = self._reserve(topo, module, sharders)
         modules = find_shardable_modules(module, sharders)
         try:
-            return self._plan_tables(modules, topo, t0, tiered=False)
+            return self._plan_tables(module, sharders, modules, topo, t0, tiered=False)
         except PlannerError as in_memory:
             tables = collect_tables(modules, topo, self._constraints, self._batch_size, tiered=True)
             if not any(k in TIERED for opts in tables.allowed for _, kernels in opts for k in kernels):
                 raise  # nothing more to try: the sharders or constraints offer no tiered kernel
             try:
-                return self._plan_tables(modules, topo, t0, tiered=True)
+                return self._plan_tables(module, sharders, modules, topo, t0, tiered=True)
             except PlannerError as tiered:
                 raise tiered from in_memory
 
-    def _plan_tables(self, modules: list[ShardableModule], topo: Topology, t0: float, tiered: bool) -> ShardingPlan:
+    def _plan_tables(
+        self, module: nn.Module, sharders: list[ModuleSharder], modules: list[ShardableModule], topo: Topology,
+        t0: float, tiered: bool,
+    ) -> ShardingPlan:  # fmt: skip
         """One planning pass, with (``tiered``) or without the tiered kernels on offer."""
         tables = collect_tables(modules, topo, self._constraints, self._batch_size, tiered=tiered)
         if len(tables) == 0:
             self.last_report = None
             return ShardingPlan({m.path: EmbeddingModuleShardingPlan() for m in modules})
         opts = enumerate_options(tables, topo)
+        if self._custom_enumerator():
+            assert self._enumerator is not None  # _custom_enumerator checked it
+            enumerated = self._enumerator.enumerate(module, sharders)
+            keep = np.zeros(len(opts.fits), dtype=bool)
+            keep[[option_index(so, tables, opts) for so in enumerated]] = True
+            opts.fits &= keep
+            write_back_estimates(enumerated, tables, opts, topo)
         no_fit = [
             t
             for t in range(len(tables))
@@ -232,7 +304,34 @@ class EmbeddingShardingPlanner:
         ]
         if no_fit:
             raise too_big_error(tables, opts, topo, no_fit)
+        if self._uses_lightrec_search():
+            name, pl = self._lightrec_search(opts, tables, topo)
+        else:
+            found = protocol_search(opts, tables, modules, topo, self._batch_size, self._proposers or [GreedyProposer()],
+                                    self._partitioner, self._perf_model)  # fmt: skip
+            if found is None:
+                raise PlannerError(
+                    f"none of the proposals of {[type(p).__name__ for p in self._proposers]} could be partitioned "
+                    f"onto {topo.world_size} rank(s) with {gib(float(topo.storage_caps.max()))} of "
+                    f"{topo.storage_kind} each; add GreedyProposer() to the proposers or give the ranks more memory",
+                    [k[1] for k in tables.keys], float(opts.total_storage.sum()), float(topo.storage_caps.max()),
+                )  # fmt: skip
+            name, pl = found
+        plan = _build_plan(modules, tables, opts, pl, topo, self._constraints)
+        self.last_report = _build_report(tables, opts, pl, topo, name, time.perf_counter() - t0)
+        return plan
 
+    def _reserve(self, topo: Topology, module: nn.Module, sharders: list[ModuleSharder]) -> Topology:
+        if isinstance(self._reservation, StorageReservation):
+            return self._reservation.reserve(topo, self._batch_size, module, sharders, self._constraints)
+        if not self._reservation:
+            return topo
+        keep = 1.0 - self._reservation
+        return dataclasses.replace(topo, hbm_cap=(topo.hbm_caps * keep).tolist(), ddr_cap=(topo.ddr_caps * keep).tolist())
+
+    def _lightrec_search(self, opts: Options, tables: TableArrays, topo: Topology) -> tuple[str, Placement]:
+        """Greedy and memory-DP proposals, each packed with repair and refined; the best one."""
+        sort_by = vectorised_partitioner(self._partitioner) or "perf"
         proposals = [("greedy", greedy_proposal(opts))]
         total = float(topo.storage_caps.sum())
         if opts.total_storage[proposals[0][1]].sum() > total:
@@ -244,7 +343,7 @@ class EmbeddingShardingPlanner:
         result: tuple[str, Placement] | None = None
         failed: Placement | None = None
         for i, (name, choice) in enumerate(proposals):
-            pl = _place_with_repair(opts, choice.copy(), topo)
+            pl = _place_with_repair(opts, choice.copy(), topo, sort_by)
             if not pl.ok:
                 failed = failed or pl
                 continue
@@ -255,15 +354,12 @@ class EmbeddingShardingPlanner:
         if result is None:
             assert failed is not None  # every proposal (there is at least the greedy one) failed to pack
             raise no_packing_error(tables, opts, topo, failed)
-        name, pl = result
-        plan = _build_plan(modules, tables, opts, pl, topo, self._constraints)
-        self.last_report = _build_report(tables, opts, pl, topo, name, time.perf_counter() - t0)
-        return plan
+        return result
 
 
-def _place_with_repair(opts: Options, choice: np.ndarray, topo: Topology) -> Placement:
+def _place_with_repair(opts: Options, choice: np.ndarray, topo: Topology, sort_by: str = "perf") -> Placement:
     """Partition; while tables do not pack, move them (or the biggest others) to smaller options."""
-    pl = partition(opts, choice, topo)
+    pl = partition(opts, choice, topo, sort_by)
     for _ in range(_MAX_REPAIR_ROUNDS):
         if pl.ok:
             return pl
@@ -284,7 +380,7 @@ def _place_with_repair(opts: Options, choice: np.ndarray, topo: Topology) -> Pla
                         break
         if not changed:
             return pl
-        pl = partition(opts, choice, topo)
+        pl = partition(opts, choice, topo, sort_by)
     return pl
 
 

@@ -13,15 +13,15 @@ import math
 
 import numpy as np
 
-from lightrec.distributed.planner.enumerators import Options
 from lightrec.distributed.planner.estimators import KERNELS, SHARDING_TYPES, TIERED, TableArrays
+from lightrec.distributed.planner.options import Options
 from lightrec.distributed.planner.partitioners import Placement
 from lightrec.distributed.planner.types import PlannerError, Topology
 
-__all__ = ["no_packing_error", "too_big_error"]
+__all__ = ["gib", "no_packing_error", "too_big_error"]
 
 
-def _gib(x: float) -> str:
+def gib(x: float) -> str:
     return f"{x / 1024**3:.3f} GiB"
 
 
@@ -53,15 +53,15 @@ def _advice(tables: TableArrays, opts: Options, topo: Topology, ts: list[int], n
         )
     elif over.any():  # some tiered option's rows do not fit a rank's SSD (or host memory)
         advice.append(
-            f"give each rank more SSD for key_value tables: Topology(ssd_cap=...) (now {_gib(float(topo.ssd_caps.max()))}"
-            + (f"), or more host memory: Topology(ddr_cap=...) (now {_gib(float(topo.ddr_caps.max()))})"
+            f"give each rank more SSD for key_value tables: Topology(ssd_cap=...) (now {gib(float(topo.ssd_caps.max()))}"
+            + (f"), or more host memory: Topology(ddr_cap=...) (now {gib(float(topo.ddr_caps.max()))})"
                if topo.compute_device == "cuda" else ")")
         )  # fmt: skip
     advice += [
         "reduce embedding_dim or num_embeddings of these tables, or store them in FP16",
         "use the fused kernel (the dense kernel keeps a full gradient) and a lighter optimizer "
         "(sgd keeps no state, rowwise_adagrad one float per row, adam two floats per weight)",
-        f"give each rank more table memory: Topology({kind}=...) (now {_gib(cap)}), or lower the "
+        f"give each rank more table memory: Topology({kind}=...) (now {gib(cap)}), or lower the "
         "planner's storage_reservation",
     ]
     return advice
@@ -71,7 +71,7 @@ def too_big_error(tables: TableArrays, opts: Options, topo: Topology, no_fit: li
     cap = float(topo.storage_caps.max())
     lines = [
         f"No sharding plan fits: {len(no_fit)} table(s) do not fit on {topo.world_size} rank(s) with "
-        f"{_gib(cap)} of {topo.storage_kind} each:"
+        f"{gib(cap)} of {topo.storage_kind} each:"
     ]
     worst = 0.0
     for t in no_fit:
@@ -79,9 +79,9 @@ def too_big_error(tables: TableArrays, opts: Options, topo: Topology, no_fit: li
         o = int(alts[np.lexsort((alts, opts.footprint[alts]))[0]])
         worst = max(worst, float(opts.footprint[o]))
         lines.append(
-            f"  - {_describe(tables, t, opts)} needs at least {_gib(float(opts.footprint[o]))} on one rank "
+            f"  - {_describe(tables, t, opts)} needs at least {gib(float(opts.footprint[o]))} on one rank "
             f"(its smallest option: {SHARDING_TYPES[int(opts.stype[o])]}/{KERNELS[int(opts.kernel[o])]} over "
-            f"{int(opts.nshards[o])} shard(s)){_backing_needs(opts, o, topo)}; a rank has {_gib(cap)}"
+            f"{int(opts.nshards[o])} shard(s)){_backing_needs(opts, o, topo)}; a rank has {gib(cap)}"
         )
     need = max(float(opts.total_storage[opts.first[t] : opts.first[t] + opts.count[t]].min()) for t in no_fit)
     lines.append("What to change:")
@@ -101,14 +101,14 @@ def no_packing_error(tables: TableArrays, opts: Options, topo: Topology, pl: Pla
     need = float(least.sum())
     stuck = pl.unplaced or list(range(len(tables)))
     lines = [
-        f"No sharding plan fits: the tables need at least {_gib(need)} of {topo.storage_kind} in all "
-        f"({_gib(need / W)} per rank on average) but the {W} rank(s) have {_gib(float(caps.sum()))} "
-        f"({_gib(float(caps.min()))} to {_gib(float(caps.max()))} per rank).",
+        f"No sharding plan fits: the tables need at least {gib(need)} of {topo.storage_kind} in all "
+        f"({gib(need / W)} per rank on average) but the {W} rank(s) have {gib(float(caps.sum()))} "
+        f"({gib(float(caps.min()))} to {gib(float(caps.max()))} per rank).",
         f"Tables that could not be placed ({len(stuck)}):",
     ]
     for t in stuck[:20]:
         lines.append(
-            f"  - {_describe(tables, t, opts)} needs at least {_gib(float(least[t]))} summed over ranks"
+            f"  - {_describe(tables, t, opts)} needs at least {gib(float(least[t]))} summed over ranks"
         )
     if len(stuck) > 20:
         lines.append(f"  ... and {len(stuck) - 20} more")
@@ -125,6 +125,6 @@ def _backing_needs(opts: Options, o: int, topo: Topology) -> str:
     tier = 1 if shards[:, 1].any() else 0
     name, caps = ("SSD", topo.ssd_caps) if tier else ("host memory", topo.backing_caps[:, 0])
     return (
-        f" and {_gib(float(shards[:, tier].max()))} of {name} (cache load factor {float(opts.clf[o]):g}), where a "
-        f"rank has {_gib(float(caps.max()))} of {name}"
+        f" and {gib(float(shards[:, tier].max()))} of {name} (cache load factor {float(opts.clf[o]):g}), where a "
+        f"rank has {gib(float(caps.max()))} of {name}"
     )
