@@ -299,3 +299,18 @@ def test_one_id_bags_and_a_cache_served_by_fbgemm(cache_kernel: str, tmp_path) -
         out.square().sum().backward()
         ref.square().sum().backward()
     _assert_same_tables(tiered, memory)
+
+
+def test_page_ranges_cover_every_missed_page_in_few_ranges() -> None:
+    """The SSD store announces the missed rows' pages as ranges (one posix_fadvise each, not one per page)."""
+    import numpy as np
+
+    from lightrec.kernels.tiered_store import page_ranges
+
+    pages = np.array([40, 3, 3, 5, 9, 10, 41, 100, 0])
+    first, count = page_ranges(pages, gap=4)
+    assert first.tolist() == [0, 40, 100] and count.tolist() == [11, 2, 1]
+    covered = set(np.concatenate([np.arange(f, f + c) for f, c in zip(first, count)]).tolist())
+    assert set(pages.tolist()) <= covered and len(covered) == 14
+    assert page_ranges(pages, gap=0)[0].tolist() == [0, 3, 5, 9, 40, 100]  # gap 0: only adjacent pages merge
+    assert page_ranges(np.zeros(0, dtype=np.int64), gap=4)[0].size == 0
