@@ -6,8 +6,9 @@
 //
 //   shm_store(words, i, value)               release-store value into int32 word i, wake its waiters
 //   shm_wait(words, i, value, timeout_s) -> int   block until (int32)(word - value) >= 0 (wrap-aware);
-//                                                 returns the word, or raises after timeout_s seconds
-//                                                 of no progress (the caller checks its peers)
+//                                                 returns the word, or the word - 2^40 once timeout_s
+//                                                 seconds passed (the caller checks its peers and
+//                                                 waits again); timeout_s <= 0 polls once
 //   shm_fetch_add(words, i, delta) -> int    atomic add, returns the previous value
 
 #include <ATen/core/Tensor.h>
@@ -47,8 +48,9 @@ void shm_store(at::Tensor words, int64_t i, int64_t value) {
 int64_t shm_wait(at::Tensor words, int64_t i, int64_t value, double timeout_s) {
   int32_t* w = word_ptr(words, i);
   const int32_t target = static_cast<int32_t>(value);
-  // A short spin first: the peer is usually a few microseconds away.
-  for (int spin = 0; spin < 2000; ++spin) {
+  // A short spin first: the peer is usually a few microseconds away (none for a poll, timeout <= 0).
+  const int spins = timeout_s > 0 ? 2000 : 1;
+  for (int spin = 0; spin < spins; ++spin) {
     const int32_t cur = __atomic_load_n(w, __ATOMIC_ACQUIRE);
     if (static_cast<int32_t>(static_cast<uint32_t>(cur) - static_cast<uint32_t>(target)) >= 0) return cur;
     cpu_relax();
