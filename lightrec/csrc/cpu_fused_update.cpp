@@ -68,8 +68,13 @@ inline void update_row(const Params& p, int64_t d, scalar_t* w, scalar_t* m1, sc
       }
       break;
     case ROWWISE_ADAGRAD: {
-      scalar_t sq = 0;
-      for (int64_t j = 0; j < d; ++j) sq += g[j] * g[j];
+      // Eight partial sums (vectorisable); torch's mean reduces in its own order too.
+      scalar_t part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      int64_t j = 0;
+      for (; j + 8 <= d; j += 8)
+        for (int k = 0; k < 8; ++k) part[k] += g[j + k] * g[j + k];
+      for (; j < d; ++j) part[0] += g[j] * g[j];
+      const scalar_t sq = ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
       const scalar_t m = m1[0] + sq / static_cast<scalar_t>(d);
       m1[0] = m;
       const scalar_t f = lr / (std::sqrt(m) + eps);
@@ -99,6 +104,16 @@ inline void update_row(const Params& p, int64_t d, scalar_t* w, scalar_t* m1, sc
   }
 }
 
+inline void prefetch_lines(const char* p, int64_t bytes, bool write) {
+  for (int64_t off = 0; off < bytes; off += 64) {
+    if (write) {
+      __builtin_prefetch(p + off, 1);
+    } else {
+      __builtin_prefetch(p + off, 0);
+    }
+  }
+}
+
 template <typename scalar_t>
 void run(const Params& p, at::Tensor& weight, scalar_t* m1, scalar_t* m2, int64_t m1_row, int32_t* scratch,
          const int64_t* ids, int64_t n, const GradRows<scalar_t>& grads) {
@@ -124,6 +139,7 @@ void run(const Params& p, at::Tensor& weight, scalar_t* m1, scalar_t* m2, int64_
     inv[i] = s;
   }
   const int64_t u_count = static_cast<int64_t>(uniq.size());
+
   // 2. Occurrences of each unique row, in input order (CSR); skipped when every id is distinct.
   std::vector<int64_t> start, order;
   const bool distinct = u_count == n;
@@ -136,15 +152,23 @@ void run(const Params& p, at::Tensor& weight, scalar_t* m1, scalar_t* m2, int64_
     for (int64_t i = 0; i < n; ++i) order[cursor[inv[i]]++] = i;
   }
   // 3. Sum each row's contributions and update it once; rows are independent, so threads split them.
-  constexpr int64_t kAhead = 8;  // rows prefetched ahead: the reads are random, latency-bound
+  // Rows are visited in input order, so the gradient streams; the rows themselves are random reads,
+  // latency-bound: every cache line of the row 8 ahead is prefetched (measured on 53k random rows of
+  // 13 x 100k x 64: 0 ahead 17 ms, 4 ahead 11.4, 8 ahead 10.3, 16 ahead 10.3; visiting in row
+  // order instead was slower, 15 ms, as the gradient reads turn random).
+  constexpr int64_t kAhead = 8;
+  const int64_t row_bytes = d * static_cast<int64_t>(sizeof(scalar_t));
+  const int64_t state_bytes = m1_row * static_cast<int64_t>(sizeof(scalar_t));
   at::parallel_for(0, u_count, 64, [&](int64_t lo, int64_t hi) {
     std::vector<scalar_t> g(static_cast<size_t>(d));
     for (int64_t u = lo; u < hi; ++u) {
-      if (u + kAhead < hi) {
-        const int64_t r = uniq[u + kAhead];
-        __builtin_prefetch(w + r * w_row, 1);
-        if (m1 != nullptr) __builtin_prefetch(m1 + r * m1_row, 1);
-        __builtin_prefetch(grads.row(distinct ? u + kAhead : order[start[u + kAhead]]), 0);
+      if (u + kAhead < hi) {  // every cache line of the row ahead, its state and its gradient
+        const int64_t ua = u + kAhead;
+        const int64_t r = uniq[ua];
+        prefetch_lines(reinterpret_cast<const char*>(w + r * w_row), row_bytes, true);
+        if (m1 != nullptr) prefetch_lines(reinterpret_cast<const char*>(m1 + r * m1_row), state_bytes, true);
+        if (m2 != nullptr) prefetch_lines(reinterpret_cast<const char*>(m2 + r * m1_row), state_bytes, true);
+        prefetch_lines(reinterpret_cast<const char*>(grads.row(distinct ? ua : order[start[ua]])), row_bytes, false);
       }
       const int64_t first = distinct ? u : start[u];
       const int64_t last = distinct ? u + 1 : start[u + 1];
