@@ -41,13 +41,17 @@ struct GradRows {
   }
 };
 
+// `grad` is the row's summed gradient (read only); `buf` a [d] buffer for the L2-decayed copy.
 template <typename scalar_t>
-inline void update_row(const Params& p, int64_t d, scalar_t* w, scalar_t* m1, scalar_t* m2, scalar_t* g) {
+inline void update_row(const Params& p, int64_t d, scalar_t* w, scalar_t* m1, scalar_t* m2, const scalar_t* grad,
+                       scalar_t* buf) {
   const scalar_t lr = static_cast<scalar_t>(p.lr);
   const scalar_t eps = static_cast<scalar_t>(p.eps);
   const scalar_t wd = static_cast<scalar_t>(p.weight_decay);
+  const scalar_t* g = grad;
   if (p.decay_mode == L2) {
-    for (int64_t j = 0; j < d; ++j) g[j] = g[j] + wd * w[j];
+    for (int64_t j = 0; j < d; ++j) buf[j] = grad[j] + wd * w[j];
+    g = buf;
   }
   // The decoupled decay scales the row read *before* the update (sparse_update's order).
   const scalar_t keep = p.decay_mode == DECOUPLED ? static_cast<scalar_t>(1.0) - lr * wd : static_cast<scalar_t>(1.0);
@@ -160,7 +164,7 @@ void run(const Params& p, at::Tensor& weight, scalar_t* m1, scalar_t* m2, int64_
   const int64_t row_bytes = d * static_cast<int64_t>(sizeof(scalar_t));
   const int64_t state_bytes = m1_row * static_cast<int64_t>(sizeof(scalar_t));
   at::parallel_for(0, u_count, 64, [&](int64_t lo, int64_t hi) {
-    std::vector<scalar_t> g(static_cast<size_t>(d));
+    std::vector<scalar_t> g(static_cast<size_t>(d)), buf(static_cast<size_t>(d));
     for (int64_t u = lo; u < hi; ++u) {
       if (u + kAhead < hi) {  // every cache line of the row ahead, its state and its gradient
         const int64_t ua = u + kAhead;
@@ -169,6 +173,15 @@ void run(const Params& p, at::Tensor& weight, scalar_t* m1, scalar_t* m2, int64_
         if (m1 != nullptr) prefetch_lines(reinterpret_cast<const char*>(m1 + r * m1_row), state_bytes, true);
         if (m2 != nullptr) prefetch_lines(reinterpret_cast<const char*>(m2 + r * m1_row), state_bytes, true);
         prefetch_lines(reinterpret_cast<const char*>(grads.row(distinct ? ua : order[start[ua]])), row_bytes, false);
+      }
+      const int64_t r = uniq[u];
+      scalar_t* wr = w + r * w_row;
+      scalar_t* m1r = m1 ? m1 + r * m1_row : nullptr;
+      scalar_t* m2r = m2 ? m2 + r * m1_row : nullptr;
+      if (distinct && grads.scale == nullptr) {  // one plain contribution: the gradient row itself
+        update_row<scalar_t>(p, d, wr, m1r, m2r, grads.row(u), buf.data());
+        scratch[r] = -1;
+        continue;
       }
       const int64_t first = distinct ? u : start[u];
       const int64_t last = distinct ? u + 1 : start[u + 1];
@@ -183,9 +196,7 @@ void run(const Params& p, at::Tensor& weight, scalar_t* m1, scalar_t* m2, int64_
           for (int64_t j = 0; j < d; ++j) g[j] += src[j];
         }
       }
-      const int64_t r = uniq[u];
-      update_row<scalar_t>(p, d, w + r * w_row, m1 ? m1 + r * m1_row : nullptr, m2 ? m2 + r * m1_row : nullptr,
-                           g.data());
+      update_row<scalar_t>(p, d, wr, m1r, m2r, g.data(), buf.data());
       scratch[r] = -1;
     }
   });
