@@ -4,7 +4,7 @@ fbgemm's CPU TBE (a JIT-generated row-wise update) and the torch kernel with the
 (``cpu_update.py``) are close, and which one is faster depends on the processor, its caches and
 memory (measured on the 2-core development machine, 13 x 100k x 64 tables, 53k ids: forward +
 backward ~11-12 ms of CPU for fbgemm, ~15 ms for torch). So it is *measured once per machine*:
-the first ``"auto"`` choice on CPU between the two times both on a small group (8 tables x 20k x 64,
+the first ``"auto"`` choice on CPU between the two times both on a small group (8 tables x 100k x 64,
 row-wise Adagrad, 2048 one-id bags, forward + backward + update, alternating, median of thread CPU
 time) and caches the winner in ``$LIGHTREC_CACHE_DIR/cpu_kernel_choice.json`` (default
 ``~/.cache/lightrec``) under a key of the processor, the torch and fbgemm versions and the native
@@ -68,7 +68,7 @@ def _machine_key() -> str:
 
 def measure_cpu_kernels(iterations: int = 5) -> dict[str, float]:
     """Median thread-CPU milliseconds of one forward + backward + row-wise Adagrad update per kernel."""
-    tables, rows, dim, batch = 8, 20_000, 64, 2048
+    tables, rows, dim, batch = 8, 100_000, 64, 2048  # rows at random from 200 MiB: TLB and cache misses count
     spec = FusedOptimizerSpec(EmbOptimType.ROWWISE_ADAGRAD, learning_rate=0.01)
     gen = torch.Generator().manual_seed(0)
     lookup = LookupBatch(
