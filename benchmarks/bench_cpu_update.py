@@ -107,7 +107,7 @@ def _measure(args: argparse.Namespace, kind: EmbOptimType) -> dict[str, dict[str
         name: {k + "_ms": 1000.0 * statistics.median(v) for k, v in rec.items()}
         for name, rec in times.items()
     }
-    for name, r in result.items():
+    for r in result.values():
         r["update_speedup_vs_today"] = result["today"]["bwd_cpu_ms"] / r["bwd_cpu_ms"]
     return result
 
