@@ -33,6 +33,8 @@ from lightrec.distributed.comm.sequence_all_to_all import (
     SequenceEmbeddingsAllToAll,
     SequenceEmbeddingsAwaitable,
 )
+from lightrec.distributed.comm.shm_segments import ShmSpaceError
+from lightrec.distributed.comm.shm_transport import ShmPeerError
 
 __all__ = [
     "AllGatherAwaitable",
@@ -54,6 +56,8 @@ __all__ = [
     "RowWiseBucketized",
     "SequenceEmbeddingsAllToAll",
     "SequenceEmbeddingsAwaitable",
+    "ShmPeerError",
+    "ShmSpaceError",
     "bucketize_kjt_row_wise",
     "exchange_batch_sizes",
     "row_wise_block_bounds",
