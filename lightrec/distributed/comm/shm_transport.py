@@ -24,8 +24,8 @@ larger generation (a new segment that peers map when they first see it; the last
 unlinks the name), never waited for -- waiting could deadlock against a rank blocked elsewhere.
 
 A peer that dies mid-exchange is noticed within a second by the ranks waiting for it
-(:class:`ShmPeerError` names it); ``LIGHTREC_SHM_TIMEOUT`` (seconds, default 1800) bounds a wait
-for a live but stuck peer.
+(:class:`ShmPeerError`, a ``CollectiveError``, names it); the process group's timeout bounds a wait
+for a live but stuck peer, as it bounds gloo's (``LIGHTREC_SHM_TIMEOUT``, seconds, overrides it).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 from lightrec._native import native_ops
+from lightrec.distributed.comm.failures import CollectiveError, timeout_of
 from lightrec.distributed.comm.shm_segments import ShmSegment, ShmSpaceError, sweep_stale_segments
 
 __all__ = ["ShmExchange", "ShmPeerError", "ShmTransport", "shm_transport"]
@@ -53,8 +54,8 @@ _INITIAL_ARENA = 16 << 20
 _TIMED_OUT = -(1 << 39)  # shm_wait's return below this: the wait timed out
 
 
-class ShmPeerError(RuntimeError):
-    """A peer of the shared-memory transport died or stopped answering."""
+class ShmPeerError(CollectiveError):
+    """A peer of the shared-memory transport died or stopped answering (a :class:`CollectiveError`)."""
 
 
 def _pid_alive(pid: int) -> bool:
@@ -117,7 +118,10 @@ class ShmTransport:
         self._arenas: list[_Arena] = []  # this rank's generations, newest last
         self._peer_data: dict[tuple[int, int], ShmSegment] = {}  # (rank, gen) -> mapped segment
         self._peer_names = {(r, 0): p["data"] for r, p in enumerate(peers)}
-        self._timeout = float(os.environ.get("LIGHTREC_SHM_TIMEOUT", "1800"))
+        # The process group's timeout bounds a wait, as it bounds gloo's (LIGHTREC_SHM_TIMEOUT overrides).
+        pg_timeout = timeout_of(group)
+        default = pg_timeout.total_seconds() if pg_timeout is not None else 1800.0
+        self._timeout = float(os.environ.get("LIGHTREC_SHM_TIMEOUT", default))
         self._lock = threading.Lock()
         self._ops = torch.ops.lightrec_shm
 
@@ -223,12 +227,15 @@ class ShmTransport:
             if not _pid_alive(self._pids[peer]):
                 raise ShmPeerError(
                     f"rank {peer} (pid {self._pids[peer]}) of the shared-memory transport died while rank "
-                    f"{self.rank} waited for it; the job cannot continue"
+                    f"{self.rank} waited for it in an exchange: its peer, rank {peer}, is gone and the job cannot "
+                    "continue. Look at that rank's log (killed by the OOM killer, preempted, crashed)"
                 )
             if waited >= self._timeout:
                 raise ShmPeerError(
-                    f"rank {self.rank} waited {waited:.0f} s for rank {peer} in the shared-memory transport "
-                    "(LIGHTREC_SHM_TIMEOUT); ranks must start collectives in the same order"
+                    f"an exchange of the shared-memory transport on rank {self.rank} timed out: no answer within "
+                    f"the process group's timeout ({self._timeout:.0f} s; LIGHTREC_SHM_TIMEOUT overrides it). Its "
+                    f"peer, rank {peer}, is stuck or dead, or the ranks did not start their collectives in the "
+                    "same order. Look at that rank's log"
                 )
 
 
