@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from lightrec.kernels.batched_embedding import BatchedEmbedding, BatchedEmbeddingBag
+from lightrec.kernels.row_reset import reset_rows
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, EmbeddingBagConfig, EmbeddingConfig
 from lightrec.modules.embedding_modules import EmbeddingBagCollection
 from lightrec.modules.feature_checks import check_collection_input
@@ -117,6 +118,15 @@ class _FusedCollectionBase(nn.Module):
 
     def feature_names(self) -> list[str]:
         return list(self._feature_names)
+
+    def reset_embedding_rows(self, table: str, rows: torch.Tensor, values: torch.Tensor) -> None:
+        """Give ``rows`` of ``table`` the weights ``values`` ``[k, D]`` and a fresh optimizer state
+        (managed-collision evictions; ``lightrec.kernels.row_reset``)."""
+        for lookup in self._lookup_modules():
+            if table in lookup.table_names:
+                reset_rows(lookup, lookup.table_names.index(table), rows, values)
+                return
+        raise KeyError(f"{type(self).__name__} has no table {table!r}; its tables are {[t.name for t in self._tables]}")
 
     @property
     def device(self) -> torch.device:
