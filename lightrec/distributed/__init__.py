@@ -29,6 +29,19 @@ from lightrec.distributed.embeddingbag import (
     EmbeddingBagCollectionSharder,
     ShardedEmbeddingBagCollection,
 )
+from lightrec.distributed.mc_embedding import (
+    ManagedCollisionEmbeddingCollectionSharder,
+    ShardedManagedCollisionEmbeddingCollection,
+)
+from lightrec.distributed.mc_embeddingbag import (
+    ManagedCollisionEmbeddingBagCollectionSharder,
+    ShardedManagedCollisionEmbeddingBagCollection,
+)
+from lightrec.distributed.mc_modules import (
+    InferManagedCollisionCollectionSharder,
+    ManagedCollisionCollectionSharder,
+    ShardedManagedCollisionCollection,
+)
 from lightrec.distributed.model_parallel import DistributedModelParallel, balanced_table_wise_plan
 from lightrec.distributed.planner import (
     EmbeddingShardingPlanner,
@@ -67,9 +80,13 @@ __all__ = [
     "EmbeddingComputeKernel",
     "EmbeddingModuleShardingPlan",
     "EmbeddingShardingPlanner",
+    "InferManagedCollisionCollectionSharder",
     "KJTAllToAll",
     "LazyAwaitable",
     "LazyNoWait",
+    "ManagedCollisionCollectionSharder",
+    "ManagedCollisionEmbeddingBagCollectionSharder",
+    "ManagedCollisionEmbeddingCollectionSharder",
     "ModuleSharder",
     "NoWait",
     "ParameterConstraints",
@@ -81,6 +98,9 @@ __all__ = [
     "ShardMetadata",
     "ShardedEmbeddingBagCollection",
     "ShardedEmbeddingCollection",
+    "ShardedManagedCollisionCollection",
+    "ShardedManagedCollisionEmbeddingBagCollection",
+    "ShardedManagedCollisionEmbeddingCollection",
     "ShardedTableState",
     "ShardingEnv",
     "ShardingPlan",

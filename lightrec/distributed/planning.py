@@ -26,6 +26,8 @@ from torch import nn
 
 from lightrec.distributed.embedding import EmbeddingCollectionSharder
 from lightrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from lightrec.distributed.mc_embedding import ManagedCollisionEmbeddingCollectionSharder
+from lightrec.distributed.mc_embeddingbag import ManagedCollisionEmbeddingBagCollectionSharder
 from lightrec.distributed.planner import (
     EmbeddingShardingPlanner,
     ParameterConstraints,
@@ -42,7 +44,7 @@ __all__ = ["PlanningResult", "get_default_sharders", "plan_report_for", "plan_sh
 def get_default_sharders(
     fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None, kernel_backend: str = "auto"
 ) -> list[ModuleSharder]:
-    """Sharders of ``EmbeddingBagCollection`` and ``EmbeddingCollection``.
+    """Sharders of ``EmbeddingBagCollection``, ``EmbeddingCollection`` and their managed-collision twins.
 
     Args:
         fused_params: the fused optimizer of every table not marked with
@@ -54,6 +56,8 @@ def get_default_sharders(
     return [
         EmbeddingBagCollectionSharder(fused_params=fused_params, kernel_backend=kernel_backend),
         EmbeddingCollectionSharder(fused_params=fused_params, kernel_backend=kernel_backend),
+        ManagedCollisionEmbeddingBagCollectionSharder(fused_params=fused_params, kernel_backend=kernel_backend),
+        ManagedCollisionEmbeddingCollectionSharder(fused_params=fused_params, kernel_backend=kernel_backend),
     ]
 
 

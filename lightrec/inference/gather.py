@@ -87,7 +87,7 @@ def _gathered_tables(collection: Any, dst: int | None) -> Iterator[tuple[Any, to
     env = collection._env
     state = collection.state_dict()
     for config in collection._configs:
-        key = f"{collection._attr}.{config.name}.weight"
+        key = f"{collection._state_prefix}{collection._attr}.{config.name}.weight"
         full = gather_full_state_dict({key: state[key]}, env.pg, dst)
         yield config, (full[key] if key in full else None)
 

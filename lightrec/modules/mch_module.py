@@ -302,6 +302,26 @@ class MCHManagedCollisionModule(ManagedCollisionModule):
             admission_threshold=self._admission_threshold,
         )
 
+    def with_buckets(self, buckets: int) -> MCHManagedCollisionModule:
+        """This module's twin with ``buckets`` buckets (only while it holds no id: ids would move).
+
+        Raises:
+            ValueError: the module already holds ids.
+        """
+        if self._mch_sorted_raw_ids.device.type != "meta" and bool((self._mch_sorted_raw_ids != EMPTY_ID).any()):
+            raise ValueError(
+                f"managed-collision table {self.table_name!r} holds ids with buckets={self._buckets}; it cannot be "
+                f"re-bucketed to {buckets} (its ids would change rows); build it with buckets={buckets}"
+            )
+        twin = type(self)(
+            zch_size=self._zch_size, device=self._device, eviction_policy=self._eviction_policy,
+            eviction_interval=self._eviction_interval, input_hash_size=self._input_hash_size,
+            input_hash_func=self._input_hash_func, name=self._name, buckets=buckets,
+            immediate_eviction_fraction=self._immediate_fraction, admission_threshold=self._admission_threshold,
+        )  # fmt: skip
+        twin.train(self.training)
+        return twin
+
     # ---- lightrec's tensor-level interface -----------------------------------------------------
     @property
     def output_global_offset(self) -> int:
@@ -646,25 +666,25 @@ def _to_slot_order(module: MCHManagedCollisionModule, state_dict: dict[str, Any]
     where = f"managed-collision table {module.table_name!r}"
     z, offset = module._zch_size, module._output_global_offset
     per_slot = list(module.slot_state())
+    _check_segments(module, state_dict, prefix, where)
+    slot_order(state_dict, prefix, per_slot, z, offset, where)
+    if "_mch_admission_counts" in per_slot and prefix + "_mch_admission_counts" not in state_dict:
+        state_dict[prefix + "_mch_admission_counts"] = torch.zeros(z, dtype=torch.int64)
+
+
+def slot_order(state_dict: dict[str, Any], prefix: str, per_slot: list[str], z: int, offset: int, where: str) -> None:
+    """Put the per-slot entries ``per_slot`` of ``state_dict`` (rows ``[offset, offset + z)``) in slot
+    order, in place: flatten ``[z, 1]`` columns and apply ``_mch_remapped_ids_mapping`` (any order).
+
+    Raises:
+        ValueError: a wrong shape, or a mapping that does not cover every row once.
+    """
     for name in per_slot:
         value = state_dict.get(prefix + name)
         if isinstance(value, torch.Tensor) and value.dim() == 2 and value.shape[1] == 1:
             state_dict[prefix + name] = value = value.reshape(-1)
         if isinstance(value, torch.Tensor) and value.shape != (z,):
             raise ValueError(f"{where}: state_dict[{prefix + name!r}] has shape {tuple(value.shape)}, expected ({z},)")
-    if prefix + "_mch_admission_counts" in per_slot and prefix + "_mch_admission_counts" not in state_dict:
-        state_dict[prefix + "_mch_admission_counts"] = torch.zeros(z, dtype=torch.int64)
-    segments = state_dict.get(prefix + "_output_segments_tensor")
-    if isinstance(segments, torch.Tensor):
-        saved = [int(s) for s in segments.tolist() if s >= 0]
-        if saved and saved[-1] != module._output_segments[-1] and module._buckets == 1 and offset == 0:
-            raise ValueError(f"{where}: the saved table has {saved[-1]} rows, this one {module._output_segments[-1]}")
-        if saved and saved != module._output_segments and module._buckets > 1:
-            raise ValueError(
-                f"{where}: the state was saved with bucket segments {saved}, this module has "
-                f"{module._output_segments} (buckets={module._buckets}); build it with the same zch_size and buckets"
-            )
-        state_dict[prefix + "_output_segments_tensor"] = module._output_segments_tensor.detach().clone().cpu()
     mapping = state_dict.get(prefix + "_mch_remapped_ids_mapping")
     if not isinstance(mapping, torch.Tensor):
         return
@@ -680,3 +700,19 @@ def _to_slot_order(module: MCHManagedCollisionModule, state_dict: dict[str, Any]
             if isinstance(value, torch.Tensor) and name != "_mch_remapped_ids_mapping":
                 state_dict[prefix + name] = torch.empty_like(value).index_copy_(0, slots.to(value.device), value)
     state_dict[prefix + "_mch_remapped_ids_mapping"] = identity + offset
+
+
+def _check_segments(module: MCHManagedCollisionModule, state_dict: dict[str, Any], prefix: str, where: str) -> None:
+    """The saved bucket segments must be this module's (any, for a single-bucket unsharded module)."""
+    offset = module._output_global_offset
+    segments = state_dict.get(prefix + "_output_segments_tensor")
+    if isinstance(segments, torch.Tensor):
+        saved = [int(s) for s in segments.tolist() if s >= 0]
+        if saved and saved[-1] != module._output_segments[-1] and module._buckets == 1 and offset == 0:
+            raise ValueError(f"{where}: the saved table has {saved[-1]} rows, this one {module._output_segments[-1]}")
+        if saved and saved != module._output_segments and module._buckets > 1:
+            raise ValueError(
+                f"{where}: the state was saved with bucket segments {saved}, this module has "
+                f"{module._output_segments} (buckets={module._buckets}); build it with the same zch_size and buckets"
+            )
+        state_dict[prefix + "_output_segments_tensor"] = module._output_segments_tensor.detach().clone().cpu()
