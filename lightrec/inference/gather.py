@@ -33,6 +33,10 @@ from lightrec.distributed.state_dict import gather_full_state_dict
 from lightrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from lightrec.quant.embedding_collection import QuantEmbeddingCollection
 from lightrec.quant.embedding_modules import QuantEmbeddingBagCollection
+from lightrec.quant.mc_embedding_modules import (
+    QuantManagedCollisionEmbeddingBagCollection,
+    QuantManagedCollisionEmbeddingCollection,
+)
 
 __all__ = [
     "has_sharded_collections",
@@ -108,6 +112,15 @@ def quantize_sharded_collection(
     """
     env = collection._env
     _check_dst(dst, env.world_size)
+    gather_unsharded = getattr(collection, "gather_unsharded", None)
+    if callable(gather_unsharded):  # a managed-collision collection: tables and id maps together
+        unsharded = gather_unsharded(dst)
+        if unsharded is None:
+            return None
+        cls = QuantManagedCollisionEmbeddingBagCollection if collection._pooled else QuantManagedCollisionEmbeddingCollection
+        managed: nn.Module = cls.from_float(unsharded, dtype=dtype, per_table=per_table, row_alignment=row_alignment,
+                                            use_fbgemm=use_fbgemm)  # fmt: skip
+        return managed
     quantized: QuantEmbeddingBagCollection | QuantEmbeddingCollection | None = None
     if dst is None or env.rank == dst:
         common: dict[str, Any] = {"device": "cpu", "dtype": dtype, "per_table": per_table, "row_alignment": row_alignment,
@@ -124,6 +137,10 @@ def quantize_sharded_collection(
 
 
 def _unsharded_float(collection: Any, dst: int | None) -> nn.Module | None:
+    gather_unsharded = getattr(collection, "gather_unsharded", None)
+    if callable(gather_unsharded):  # a managed-collision collection: tables and id maps together
+        unsharded: nn.Module | None = gather_unsharded(dst)
+        return unsharded
     env = collection._env
     plain: nn.Module | None = None
     if dst is None or env.rank == dst:

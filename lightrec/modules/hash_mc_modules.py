@@ -36,6 +36,7 @@ from lightrec.modules.hash_zch_probe import (
 )
 from lightrec.modules.mc_base import ManagedCollisionModule
 from lightrec.modules.mc_ops import block_bucket, check_input_hash_size, mix64
+from lightrec.modules.mc_serving import FrozenHashZchRemapper
 from lightrec.sparse import JaggedTensor
 
 __all__ = ["HashZchManagedCollisionModule", "TrainInputMapper"]
@@ -271,6 +272,14 @@ class HashZchManagedCollisionModule(ManagedCollisionModule):
         if metadata is not None:
             out[self.METADATA_BUFFER] = metadata
         return out
+
+    def frozen_remapper(self) -> FrozenHashZchRemapper:
+        """The id map as a serving remapper: unknown ids fall back to their first probe position."""
+        reserved = self._percent_reserved_slots if self._opt_in_prob != -1 else 0.0
+        return FrozenHashZchRemapper(
+            self._hash_zch_identities.data.cpu(), list(self._local_bounds), self._global_offset, self._max_probe,
+            self._input_hash_size, self._buckets, self._start_bucket, reserved, self.input_mapper._div,
+        )  # fmt: skip
 
     def mc_stats(self) -> dict[str, float]:
         free = float(self.open_slots().item()) if self._hash_zch_identities.device.type != "meta" else 0.0

@@ -150,6 +150,17 @@ class ManagedCollisionModule(nn.Module, abc.ABC):
         """``{buffer name: [output_size()] tensor}`` of the per-row state saved with the table."""
         return {}
 
+    def frozen_remapper(self) -> nn.Module:
+        """A copy of the current id map as a serving remapper (``lightrec.modules.mc_serving``).
+
+        Raises:
+            TypeError: this module type has no frozen form.
+        """
+        raise TypeError(
+            f"managed-collision table {self.table_name!r}: {type(self).__name__} has no frozen serving form; "
+            "serve MCHManagedCollisionModule or HashZchManagedCollisionModule tables"
+        )
+
     def current_iteration(self) -> int:
         """Training steps taken (seeds the re-initialisation of evicted rows)."""
         return 0

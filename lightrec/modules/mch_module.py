@@ -49,6 +49,7 @@ from lightrec.modules.mc_ops import (
     replace_in_index,
     sort_slots,
 )
+from lightrec.modules.mc_serving import FrozenMCHRemapper, check_servable_hash
 from lightrec.modules.mch_slots import BucketLayout, VictimQueue, priority_order, round_order, take_free_slots
 from lightrec.sparse import JaggedTensor
 
@@ -349,6 +350,16 @@ class MCHManagedCollisionModule(ManagedCollisionModule):
 
     def current_iteration(self) -> int:
         return self._current_iter
+
+    def frozen_remapper(self) -> FrozenMCHRemapper:
+        """The id map as a serving remapper: unknown ids go to their bucket's default row."""
+        hashed = check_servable_hash(self, self._input_hash_func)
+        offset = self._output_global_offset
+        defaults = torch.tensor([self._layout.default_slot(b) + offset for b in range(self._layout.num_local)])
+        return FrozenMCHRemapper(
+            self._sorted_ids.cpu(), self._sorted_slots.cpu() + offset, defaults, self._input_hash_size,
+            self._buckets, self._layout.start_bucket, hashed,
+        )  # fmt: skip
 
     def mc_stats(self) -> dict[str, float]:
         capacity = sum(self._layout.capacity(b) for b in range(self._layout.num_local))
