@@ -94,9 +94,7 @@ class ManagedCollisionCollection(nn.Module):
         self._embedding_configs = list(embedding_configs)
         self.need_preprocess = need_preprocess
         for c in self._embedding_configs:
-            module = managed_collision_modules[c.name]
-            if module._name is None:
-                module._name = c.name
+            managed_collision_modules[c.name]._name = c.name  # messages name the table the module serves
         self._managed_collision_modules = nn.ModuleDict(
             {c.name: managed_collision_modules[c.name] for c in self._embedding_configs}
         )

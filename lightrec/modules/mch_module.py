@@ -50,7 +50,13 @@ from lightrec.modules.mc_ops import (
     sort_slots,
 )
 from lightrec.modules.mc_serving import FrozenMCHRemapper, check_servable_hash
-from lightrec.modules.mch_slots import BucketLayout, VictimQueue, priority_order, round_order, take_free_slots
+from lightrec.modules.mch_slots import (
+    BucketLayout,
+    priority_order,
+    round_order,
+    take_free_slots,
+    take_victims,
+)
 from lightrec.sparse import JaggedTensor
 
 __all__ = ["MCHManagedCollisionModule"]
@@ -113,6 +119,7 @@ class MCHManagedCollisionModule(ManagedCollisionModule):
     _default_slots: torch.Tensor
     _mch_counts: torch.Tensor  # only when the policy reads counts
     _mch_admission_counts: torch.Tensor  # only with admission_threshold > 1
+    _mch_victim_rank: torch.Tensor
 
     def __init__(
         self,
@@ -162,10 +169,7 @@ class MCHManagedCollisionModule(ManagedCollisionModule):
         self._layout = self._local_layout(where)
         self._init_buffers()
         self._current_iter = 0
-        self._last_round = 0
         self._history: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-        self._victims = VictimQueue()
-        self._victims.clear(self._layout.num_local)
         self._free = [self._layout.capacity(b) for b in range(self._layout.num_local)]
         self._pending_evictions: list[torch.Tensor] = []
         self._profiled: tuple[dict[str, JaggedTensor], torch.Tensor] | None = None
@@ -208,6 +212,10 @@ class MCHManagedCollisionModule(ManagedCollisionModule):
         )  # fmt: skip
         if self._admission_threshold > 1:
             self.register_buffer("_mch_admission_counts", torch.zeros(z, dtype=torch.int64, device=dev))
+        # Rank of each row in its bucket's queue of rows new ids may take before the next round (-1: none).
+        self.register_buffer(
+            "_mch_victim_rank", torch.full((z,), -1, dtype=torch.int64, device=dev), persistent=self._immediate_fraction > 0
+        )
         self.register_buffer("_current_iter_tensor", torch.zeros(1, dtype=torch.int64, device=dev))
         padded = self._output_segments + [-1] * (_SEGMENTS_SLOTS - len(self._output_segments))
         self.register_buffer("_output_segments_tensor", torch.tensor(padded, dtype=torch.int64, device=dev))
@@ -413,7 +421,7 @@ class MCHManagedCollisionModule(ManagedCollisionModule):
         local = default
         if values.numel():
             local = self._lookup_and_insert(values, default, it)
-        if it - self._last_round >= self._eviction_interval:
+        if it % self._eviction_interval == 0:  # on a fixed schedule: a resumed run keeps it
             self._round(it)
             if values.numel():
                 slots, hit = lookup_sorted(self._sorted_ids, self._sorted_slots, values)
@@ -463,7 +471,9 @@ class MCHManagedCollisionModule(ManagedCollisionModule):
             self._free[b] -= free.numel()
             got = [free]
             if free.numel() < n:
-                evict = self._victims.take(b, n - free.numel(), slot_ids, self._mch_last_access_iter)
+                last_round = it - it % self._eviction_interval
+                evict = take_victims(self._mch_victim_rank, slot_ids, self._mch_last_access_iter, last_round,
+                                     self._layout, b, n - free.numel())  # fmt: skip
                 victims.append(evict)
                 got.append(evict)
             slots = torch.cat(got)
@@ -552,7 +562,6 @@ class MCHManagedCollisionModule(ManagedCollisionModule):
         self._admit(c_ids.index_select(0, admitted), c_cnt.index_select(0, admitted), c_last.index_select(0, admitted),
                     scores[n_res:].index_select(0, admitted))  # fmt: skip
         self._history = []
-        self._last_round = it
         self._stats.rounds += 1
         self._rebuild_index()
 
@@ -577,8 +586,7 @@ class MCHManagedCollisionModule(ManagedCollisionModule):
         self, order: torch.Tensor, keep: torch.Tensor, buckets: torch.Tensor, resident: torch.Tensor, n_res: int, it: int
     ) -> None:
         """The lowest-ranked residents that keep their row: rows new ids may take before the next round."""
-        self._victims.clear(self._layout.num_local)
-        self._victims.round_iter = it
+        self._mch_victim_rank.fill_(-1)
         if self._immediate_fraction <= 0.0:
             return
         kept_res = order[(order < n_res) & keep.index_select(0, order)]  # residents kept, best first
@@ -587,7 +595,8 @@ class MCHManagedCollisionModule(ManagedCollisionModule):
             budget = int(self._immediate_fraction * self._layout.capacity(b))
             mine = kept_res[kept_buckets == b]
             if budget and mine.numel():
-                self._victims.slots[b] = resident.index_select(0, mine[-budget:].flip(0))
+                victims = resident.index_select(0, mine[-budget:].flip(0))  # lowest first
+                self._mch_victim_rank[victims] = torch.arange(victims.numel(), device=victims.device)
 
     def _admit(self, ids: torch.Tensor, cnt: torch.Tensor, last: torch.Tensor, scores: torch.Tensor) -> None:
         """Give waiting ids that won the round a free row of their bucket (best first)."""
@@ -645,9 +654,7 @@ class MCHManagedCollisionModule(ManagedCollisionModule):
         if counts is not None:  # torchrec keeps int64-max counts on its default row; they mean nothing
             counts.index_fill_(0, self._default_slots.to(counts.device), 0)
         self._current_iter = int(self._current_iter_tensor.item())
-        self._last_round = self._current_iter
-        self._history = []
-        self._victims.clear(self._layout.num_local)
+        self._history = []  # ids that waited since the last round are not saved: they wait again
         self._rebuild_index()
 
     def _load_from_state_dict(
@@ -680,7 +687,9 @@ def _to_slot_order(module: MCHManagedCollisionModule, state_dict: dict[str, Any]
     _check_segments(module, state_dict, prefix, where)
     slot_order(state_dict, prefix, per_slot, z, offset, where)
     if "_mch_admission_counts" in per_slot and prefix + "_mch_admission_counts" not in state_dict:
-        state_dict[prefix + "_mch_admission_counts"] = torch.zeros(z, dtype=torch.int64)
+        state_dict[prefix + "_mch_admission_counts"] = torch.zeros(z, dtype=torch.int64)  # lightrec's, not torchrec's
+    if "_mch_victim_rank" in per_slot and prefix + "_mch_victim_rank" not in state_dict:
+        state_dict[prefix + "_mch_victim_rank"] = torch.full((z,), -1, dtype=torch.int64)
 
 
 def slot_order(state_dict: dict[str, Any], prefix: str, per_slot: list[str], z: int, offset: int, where: str) -> None:

@@ -13,13 +13,13 @@ then smaller id.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from lightrec.modules.mc_ops import EMPTY_ID
 
-__all__ = ["BucketLayout", "VictimQueue", "priority_order", "round_order", "take_free_slots"]
+__all__ = ["BucketLayout", "priority_order", "round_order", "take_free_slots", "take_victims"]
 
 
 @dataclass
@@ -59,37 +59,35 @@ class BucketLayout:
         return torch.searchsorted(inner, slots, right=True)
 
 
-@dataclass
-class VictimQueue:
-    """Per local bucket, the residents that ranked lowest at the last round, lowest first: the rows
-    new ids may take between rounds (``immediate_eviction_fraction`` of each bucket's capacity).
+def take_victims(
+    victim_rank: torch.Tensor,
+    slot_ids: torch.Tensor,
+    last_seen: torch.Tensor,
+    round_iter: int,
+    layout: BucketLayout,
+    b: int,
+    n: int,
+) -> torch.Tensor:
+    """Up to ``n`` rows of local bucket ``b`` that new ids may take now, lowest-ranked first.
 
-    A victim is skipped if it was looked up after the round (``last_seen > round_iter``) or has
-    left its slot since.
+    ``victim_rank[s]`` is the rank of slot ``s`` among the residents of its bucket that ranked
+    lowest at the last round (the module's ``immediate_eviction_fraction`` of the bucket), -1 for
+    the others. A victim looked up after the round (``last_seen > round_iter``) keeps its row. Every
+    victim looked at is struck off (``-1``), taken or not.
     """
-
-    slots: list[torch.Tensor] = field(default_factory=list)
-    cursor: list[int] = field(default_factory=list)
-    round_iter: int = -1
-
-    def clear(self, num_buckets: int) -> None:
-        self.slots = [torch.zeros(0, dtype=torch.int64) for _ in range(num_buckets)]
-        self.cursor = [0] * num_buckets
-
-    def take(self, b: int, n: int, slot_ids: torch.Tensor, last_seen: torch.Tensor) -> torch.Tensor:
-        """Up to ``n`` valid victims of local bucket ``b`` (consumed from the queue)."""
-        if b >= len(self.slots):
-            return torch.zeros(0, dtype=torch.int64, device=slot_ids.device)
-        queue = self.slots[b][self.cursor[b] :].to(slot_ids.device)
-        if n <= 0 or queue.numel() == 0:
-            return queue[:0]
-        valid = (slot_ids.index_select(0, queue) != EMPTY_ID) & (last_seen.index_select(0, queue) <= self.round_iter)
-        picked = torch.nonzero(valid).flatten()[:n]
-        if picked.numel() < n:
-            self.cursor[b] += queue.numel()  # every remaining entry was looked at: the queue is spent
-        else:
-            self.cursor[b] += int(picked[-1]) + 1
-        return queue.index_select(0, picked)
+    lo, default = layout.bounds[b], layout.default_slot(b)
+    if n <= 0:
+        return torch.zeros(0, dtype=torch.int64, device=slot_ids.device)
+    ranks = victim_rank[lo:default]
+    queued = torch.nonzero(ranks >= 0).flatten()
+    if queued.numel() == 0:
+        return queued
+    queue = queued.index_select(0, torch.sort(ranks.index_select(0, queued)).indices) + lo
+    valid = (slot_ids.index_select(0, queue) != EMPTY_ID) & (last_seen.index_select(0, queue) <= round_iter)
+    picked = torch.nonzero(valid).flatten()[:n]
+    looked = queue.numel() if picked.numel() < n else int(picked[-1]) + 1
+    victim_rank[queue[:looked]] = -1
+    return queue.index_select(0, picked)
 
 
 def priority_order(counts: torch.Tensor, buckets: torch.Tensor | None) -> torch.Tensor:

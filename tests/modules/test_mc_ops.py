@@ -1,0 +1,131 @@
+"""Tensor operations of managed-collision tables: hashes against unbounded-integer references,
+the search-index update against a fresh sort, bucket routing, deterministic row re-initialisation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lightrec._fbgemm import fbgemm_available
+from lightrec.modules.embedding_configs import EmbeddingBagConfig
+from lightrec.modules.hash_zch_probe import murmur3_2x64, unsigned_mod
+from lightrec.modules.mc_ops import (
+    EMPTY_ID,
+    block_bucket,
+    bucket_segments,
+    index_positions_of_free,
+    lookup_sorted,
+    mix64,
+    replace_in_index,
+    sort_slots,
+)
+from lightrec.modules.mc_reset import reinit_values
+
+M64 = (1 << 64) - 1
+
+
+def _splitmix(x: int) -> int:
+    z = (x + 0x9E3779B97F4A7C15) & M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+    return z ^ (z >> 31)
+
+
+def _rotl(v: int, r: int) -> int:
+    return ((v << r) | (v >> (64 - r))) & M64
+
+
+def _fmix(h: int) -> int:
+    h ^= h >> 33
+    h = (h * 0xFF51AFD7ED558CCD) & M64
+    h ^= h >> 33
+    h = (h * 0xC4CEB9FE1A85EC53) & M64
+    return h ^ (h >> 33)
+
+
+def _murmur(x: int) -> int:
+    """MurmurHash3 x64 of the 128-bit block (x, 0), seed 0, written out with Python integers."""
+    k1 = _rotl((x * 0x87C37B91114253D5) & M64, 31) * 0x4CF5AD432745937F & M64
+    h1 = (_rotl(k1, 27) * 5 + 0x52DCE729) & M64
+    h2 = (h1 * 5 + 0x38495AB5) & M64
+    h1, h2 = h1 ^ 16, h2 ^ 16
+    h1 = (h1 + h2) & M64
+    h2 = (h2 + h1) & M64
+    h1, h2 = _fmix(h1), _fmix(h2)
+    h1 = (h1 + h2) & M64
+    h2 = (h2 + h1) & M64
+    return h1 ^ h2
+
+
+VALUES = [0, 1, 2, 37, 12345, 2**31 - 1, 2**40 + 3, 2**62 + 7, 2**63 - 2, -1, -(2**62)]
+
+
+def test_mix64_matches_unbounded_integers() -> None:
+    out = mix64(torch.tensor(VALUES)).tolist()
+    assert [o & M64 for o in out] == [_splitmix(v & M64) for v in VALUES]
+
+
+def test_murmur3_matches_unbounded_integers_and_unsigned_mod() -> None:
+    hashed = murmur3_2x64(torch.tensor(VALUES))
+    assert [h & M64 for h in hashed.tolist()] == [_murmur(v & M64) for v in VALUES]
+    for m in (1, 7, 97, 2**33 + 5):
+        got = unsigned_mod(hashed, torch.full_like(hashed, m)).tolist()
+        assert got == [_murmur(v & M64) % m for v in VALUES]
+
+
+@pytest.mark.skipif(not fbgemm_available(), reason="fbgemm_gpu is unavailable")
+def test_probe_start_is_fbgemms() -> None:
+    """An identity placed at our first probe position is found there by fbgemm's read-only op."""
+    ids = torch.tensor([3, 99, 2**40 + 17, 5_000_000_123])
+    size = 1009
+    pos = unsigned_mod(murmur3_2x64(ids), torch.full_like(ids, size))
+    assert len(set(pos.tolist())) == len(ids)
+    identities = torch.full((size, 1), -1, dtype=torch.int64)
+    identities[pos, 0] = ids
+    out, _ = torch.ops.fbgemm.zero_collision_hash(ids, identities, 1, True, -1, True)
+    assert torch.equal(out, pos)
+
+
+def test_block_bucket_and_segments() -> None:
+    ids = torch.tensor([0, 249, 250, 999, 1000 - 1])
+    assert block_bucket(ids, 1000, 4).tolist() == [0, 0, 1, 3, 3]
+    assert block_bucket(ids, 0, 4).tolist() == [0, 1, 2, 3, 3]  # input_hash_size 0: id % buckets
+    assert block_bucket(ids, 1000, 1).tolist() == [0] * 5
+    assert bucket_segments(10, 3) == [0, 3, 6, 10]
+    with pytest.raises(ValueError, match="at least 2 slots"):
+        bucket_segments(5, 3)
+
+
+def test_replace_in_index_equals_a_fresh_sort() -> None:
+    g = torch.Generator().manual_seed(0)
+    slot_ids = torch.full((40,), EMPTY_ID, dtype=torch.int64)
+    for _ in range(20):
+        sorted_ids, sorted_slots = sort_slots(slot_ids)
+        free = torch.nonzero(slot_ids == EMPTY_ID).flatten()
+        occupied = torch.nonzero(slot_ids != EMPTY_ID).flatten()
+        take_free = free[torch.randperm(free.numel(), generator=g)[:3]]
+        evict = occupied[torch.randperm(occupied.numel(), generator=g)[:2]]
+        slots = torch.cat([take_free, evict])
+        new_ids = torch.randint(0, 10**9, (slots.numel(),), generator=g)
+        removed = index_positions_of_free(sorted_ids, sorted_slots, take_free)
+        removed[torch.searchsorted(sorted_ids, slot_ids[evict])] = True
+        slot_ids[slots] = new_ids
+        by_id = torch.sort(new_ids).indices
+        got_ids, got_slots = replace_in_index(sorted_ids, sorted_slots, removed, new_ids[by_id], slots[by_id])
+        want_ids, _ = sort_slots(slot_ids)
+        assert torch.equal(got_ids, want_ids)
+        live = got_ids != EMPTY_ID
+        assert torch.equal(slot_ids[got_slots[live]], got_ids[live])
+        rows, hit = lookup_sorted(got_ids, got_slots, new_ids)
+        assert bool(hit.all()) and torch.equal(rows, slots)
+
+
+def test_reinit_values_depend_only_on_table_row_and_iteration() -> None:
+    config = EmbeddingBagConfig(num_embeddings=100, embedding_dim=6, name="t", feature_names=["f"])
+    all_rows = reinit_values(config, torch.tensor([3, 50, 77]), iteration=5, seed=1)
+    assert torch.equal(reinit_values(config, torch.tensor([50]), iteration=5, seed=1), all_rows[1:2])
+    assert not torch.equal(reinit_values(config, torch.tensor([50]), iteration=6, seed=1), all_rows[1:2])
+    bound = config.get_weight_init_max()
+    assert bool((all_rows.abs() <= bound).all()) and all_rows.std() > bound / 4
+    other = EmbeddingBagConfig(num_embeddings=100, embedding_dim=6, name="u", feature_names=["f"])
+    assert not torch.equal(reinit_values(other, torch.tensor([3]), 5, 1), all_rows[:1])
