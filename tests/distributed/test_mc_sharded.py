@@ -152,6 +152,14 @@ def _case(rank: int, world: int, pooled: bool, sharding: str, hash_table: bool) 
                                 for k, v in expected.items() if "_managed_collision" in k))  # fmt: skip
     stats = reference._managed_collision_collection.modules_by_table()["t0"].mc_stats()
     diff["evicted"] = stats["evicted"]
+    if pooled and sharding == "rw" and not hash_table:  # serving: the id maps gathered with the tables
+        from lightrec.inference import quantize
+
+        served = quantize(sharded, dtype=torch.float16, dst=0)
+        if rank == 0:
+            probe = _kjt(_batches(world)[-1])
+            want = quantize(reference.eval(), dtype=torch.float16)(probe)[0].values()
+            diff["served"] = float((served(probe)[0].values() - want).abs().max())
     return diff
 
 
@@ -187,3 +195,4 @@ def test_two_ranks_decide_and_train_as_the_unsharded_module() -> None:
             assert diff["evicted"] > 0, case  # the stream made the tables evict
             assert diff["ids"] == 0 and diff["id_maps"] == 0, (case, diff)  # same remapping decisions
             assert diff["out"] < 1e-5 and diff["weights"] < 1e-5, (case, diff)
+            assert diff.get("served", 0.0) == 0.0, (case, diff)
