@@ -279,6 +279,6 @@ class BaseManagedCollisionEmbeddingCollectionSharder(CollectionSharder):
         for table, m in mcc.modules_by_table().items():
             rows = m.output_size()
             tensors = [*m.buffers(), *m.parameters()]
-            out[table] = float(sum(t.element_size() * (t.numel() // rows) for t in tensors
-                                   if t.dim() >= 1 and t.shape[0] == rows))  # fmt: skip
+            out[table] = m.index_bytes_per_row() + float(sum(t.element_size() * (t.numel() // rows) for t in tensors
+                                                             if t.dim() >= 1 and t.shape[0] == rows))  # fmt: skip
         return out

@@ -40,7 +40,7 @@ from lightrec.distributed.types import (
 )
 from lightrec.modules.mc_base import ManagedCollisionModule
 from lightrec.modules.mc_collection import ManagedCollisionCollection
-from lightrec.modules.mch_module import slot_order
+from lightrec.modules.mch_state import slot_order
 
 __all__ = [
     "InferManagedCollisionCollectionSharder",

@@ -40,11 +40,14 @@ def reset_rows(
     """
     if rows.numel() == 0:
         return
-    backend = lookup._backend
-    weight = backend.table_weights()[table]
+    # The table's parameter and its fused optimizer state are views of the backend's storage
+    # (kept current by the lookup's _relink); reading them avoids rebuilding every table's views.
+    weight = lookup.weights[lookup.table_names[table]]
     index = rows.to(weight.device, torch.int64)
-    weight.index_copy_(0, index, values.to(weight.device, weight.dtype))
-    for name, state in backend.table_states()[table].items():
-        if state.dim() == 0 or name == "step":
+    weight.data.index_copy_(0, index, values.to(weight.device, weight.dtype))
+    optimizer = lookup._fused_optimizer
+    states = optimizer.state[weight] if optimizer is not None else {}
+    for name, state in states.items():
+        if not isinstance(state, torch.Tensor) or state.dim() == 0 or name == "step":
             continue  # one counter for the whole kernel
         state.index_fill_(0, index.to(state.device), 0)

@@ -266,6 +266,9 @@ class HashZchManagedCollisionModule(ManagedCollisionModule):
     def bucket_of(self, values: torch.Tensor) -> torch.Tensor:
         return block_bucket(values, self._input_hash_size, self._buckets)
 
+    def reset_buckets(self) -> tuple[list[int], int]:
+        return [b + self._global_offset for b in self._local_bounds], self._start_bucket
+
     def slot_state(self) -> dict[str, torch.Tensor]:
         out = {self.IDENTITY_BUFFER: self._hash_zch_identities.data}
         metadata = getattr(self, self.METADATA_BUFFER)

@@ -135,9 +135,10 @@ class ManagedCollisionModule(nn.Module, abc.ABC):
         if values.numel() == 0:
             return
         limit = self.input_size()
-        bad = values < 0 if limit == 0 else (values < 0) | (values >= limit)
-        if not bool(bad.any()):
+        low, high = torch.aminmax(values)  # one pass and one host read when the ids are fine
+        if int(low) >= 0 and (limit == 0 or int(high) < limit):
             return
+        bad = values < 0 if limit == 0 else (values < 0) | (values >= limit)
         value = int(values[torch.nonzero(bad)[0, 0]])
         space = "[0, 2**63)" if limit == 0 else f"[0, {limit})"
         raise ManagedCollisionIdError(
@@ -165,10 +166,19 @@ class ManagedCollisionModule(nn.Module, abc.ABC):
         """Training steps taken (seeds the re-initialisation of evicted rows)."""
         return 0
 
+    def reset_buckets(self) -> tuple[list[int], int]:
+        """``(global row offsets of this module's buckets, global index of the first)``: the
+        re-initialisation of evicted rows draws each bucket's rows from a generator of its own."""
+        return [self.output_global_offset, self.output_global_offset + self.output_size()], 0
+
+    def index_bytes_per_row(self) -> float:
+        """Memory per row of what the module derives from its state and keeps beside its buffers
+        (a search index); the planner adds it to the table's memory."""
+        return 0.0
+
     def mc_stats(self) -> dict[str, float]:
         """Counters for monitoring (occupancy, evictions, default-row lookups...); see subclasses."""
         return {}
-
 
 
 def _one_bag(values: torch.Tensor) -> torch.Tensor:

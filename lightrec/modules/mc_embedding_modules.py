@@ -124,7 +124,9 @@ class BaseManagedCollisionEmbeddingCollection(nn.Module):
             if rows is None or rows.numel() == 0:
                 continue
             config = self._table_configs[table]
-            values = reinit_values(config, rows, modules[table].current_iteration(), self._reset_seed)
+            module = modules[table]
+            bounds, first = module.reset_buckets()
+            values = reinit_values(config, rows, module.current_iteration(), self._reset_seed, bounds, first)
             if callable(reset):
                 reset(table, rows, values)
             else:

@@ -10,7 +10,8 @@ been seen since (``MCHManagedCollisionModule(immediate_eviction_fraction=...)``)
 policy                            score (higher keeps the row)                 metadata per slot
 ================================  ===========================================  =====================
 ``LFU_EvictionPolicy``            ``counts``                                   counts
-``LRU_EvictionPolicy``            ``-(iter - last_access + 1) ** decay``        last_access_iter
+``LRU_EvictionPolicy``            ``last_access`` (the order of                 last_access_iter
+                                  ``-(iter - last_access + 1) ** decay``)
 ``DistanceLFU_EvictionPolicy``    ``counts / (iter - last_access + 1) ** decay``  both
 ``TTL_EvictionPolicy(ttl)``       like LRU, and ids unseen for more than       last_access_iter
                                   ``ttl`` iterations are evicted every round
@@ -141,7 +142,9 @@ class LRU_EvictionPolicy(MCHEvictionPolicy):  # noqa: N801 - torchrec's public n
         self._decay_exponent = float(decay_exponent)
 
     def scores(self, counts: torch.Tensor, last_access: torch.Tensor, current_iter: int) -> torch.Tensor:
-        return -_distance(last_access, current_iter, self._decay_exponent)
+        # -(iter - last_access + 1) ** decay orders ids exactly as last_access does: rank by it
+        # (no power over every slot at each round)
+        return last_access.to(torch.float64)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(decay_exponent={self._decay_exponent})"

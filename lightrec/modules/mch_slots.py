@@ -1,14 +1,15 @@
-"""Slot bookkeeping of ``MCHManagedCollisionModule``: giving rows to new ids, and eviction rounds.
+"""Slot bookkeeping of ``MCHManagedCollisionModule``: buckets, who gets a row, who loses one.
 
 The module keeps its state slot-ordered (``mc_ops``: ``slot_ids[s]`` is the raw id in slot ``s``);
 the functions here decide, vectorised over ids and looping only over *buckets* (a handful), which
-slot each new id gets and which resident loses its slot. Every decision depends only on the ids of
-a bucket, their counts and the iteration -- never on the order ids arrived in -- so a table split
-over ranks (whole buckets per rank) decides exactly as the unsharded table does.
+new ids get rows when rows run short and which residents lose theirs at a round. Every decision
+depends only on the ids of a bucket, their slots, counts and the iteration -- never on the order
+ids arrived in -- so a table split over ranks (whole buckets per rank) decides exactly as the
+unsharded table does.
 
-Priority of new ids within a bucket: more lookups in the step first, then smaller id.
-Ranking at a round (per bucket): higher policy score first, residents before waiting ids on ties,
-then smaller id.
+Priority of new ids within a bucket when rows run short: more lookups in the step first, then
+smaller id. Ranking at a round (per bucket): higher policy score first, residents before waiting
+ids on ties, then smaller slot (residents) or smaller id (waiting ids).
 """
 
 from __future__ import annotations
@@ -17,9 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lightrec.modules.mc_ops import EMPTY_ID
-
-__all__ = ["BucketLayout", "priority_order", "round_order", "take_free_slots", "take_victims"]
+__all__ = ["BucketLayout", "RoundCut", "priority_order", "round_cut"]
 
 
 @dataclass
@@ -59,74 +58,66 @@ class BucketLayout:
         return torch.searchsorted(inner, slots, right=True)
 
 
-def take_victims(
-    victim_rank: torch.Tensor,
-    slot_ids: torch.Tensor,
-    last_seen: torch.Tensor,
-    round_iter: int,
-    layout: BucketLayout,
-    b: int,
-    n: int,
-) -> torch.Tensor:
-    """Up to ``n`` rows of local bucket ``b`` that new ids may take now, lowest-ranked first.
-
-    ``victim_rank[s]`` is the rank of slot ``s`` among the residents of its bucket that ranked
-    lowest at the last round (the module's ``immediate_eviction_fraction`` of the bucket), -1 for
-    the others. A victim looked up after the round (``last_seen > round_iter``) keeps its row. Every
-    victim looked at is struck off (``-1``), taken or not.
-    """
-    lo, default = layout.bounds[b], layout.default_slot(b)
-    if n <= 0:
-        return torch.zeros(0, dtype=torch.int64, device=slot_ids.device)
-    ranks = victim_rank[lo:default]
-    queued = torch.nonzero(ranks >= 0).flatten()
-    if queued.numel() == 0:
-        return queued
-    queue = queued.index_select(0, torch.sort(ranks.index_select(0, queued)).indices) + lo
-    valid = (slot_ids.index_select(0, queue) != EMPTY_ID) & (last_seen.index_select(0, queue) <= round_iter)
-    picked = torch.nonzero(valid).flatten()[:n]
-    looked = queue.numel() if picked.numel() < n else int(picked[-1]) + 1
-    victim_rank[queue[:looked]] = -1
-    return queue.index_select(0, picked)
-
-
-def priority_order(counts: torch.Tensor, buckets: torch.Tensor | None) -> torch.Tensor:
-    """Order of new ids (given ascending by id): by bucket, then more lookups first, then id.
+def priority_order(counts: torch.Tensor) -> torch.Tensor:
+    """Order of new ids of one bucket (given ascending by id): more lookups first, then id.
 
     Args:
         counts: ``[n]`` lookups of each id in this step.
-        buckets: ``[n]`` local bucket of each id, or None for a single bucket.
 
     Returns:
         ``[n]`` permutation.
     """
-    order = torch.sort(-counts, stable=True).indices
-    if buckets is not None:
-        order = order.index_select(0, torch.sort(buckets.index_select(0, order), stable=True).indices)
-    return order
+    return torch.sort(counts, descending=True, stable=True).indices
 
 
-def round_order(
-    buckets: torch.Tensor, scores: torch.Tensor, waiting: torch.Tensor, ids: torch.Tensor
-) -> torch.Tensor:
-    """Order of a round's entries: bucket ascending, score descending, residents first, id ascending.
+@dataclass
+class RoundCut:
+    """What a round decides for one bucket (indices into the bucket's entries: residents ``[0, R)``
+    in slot order, then waiting ids ``[R, R + W)`` in id order).
+
+    Attributes:
+        dropped: ``[d]`` entries that lose (residents) or do not get (waiting ids) a row.
+        victims: ``[v]`` residents that keep their row but rank lowest, lowest first: the rows new
+            ids may take before the next round.
+    """
+
+    dropped: torch.Tensor
+    victims: torch.Tensor
+
+
+def round_cut(scores: torch.Tensor, residents: int, capacity: int, forced: int, budget: int) -> RoundCut:
+    """Rank one bucket's entries and cut: the lowest ones go, the next lowest residents are victims.
+
+    Only the lowest entries are ordered (a ``kthvalue`` threshold, then a sort of those below it),
+    so a round over a full table costs ``O(Z)`` plus a sort of about ``budget`` entries.
 
     Args:
-        buckets, scores, waiting, ids: ``[n]`` per entry (``waiting``: 1 for an id without a row).
+        scores: ``[R + W]`` policy score of each entry (residents first, in slot order; then waiting
+            ids in id order); ``-inf`` for residents that must go (expired).
+        residents: ``R``.
+        capacity: rows of the bucket ids may hold.
+        forced: number of ``-inf`` residents (they go even when rows are left).
+        budget: victims to queue.
 
     Returns:
-        ``[n]`` permutation.
+        The cut (see ``RoundCut``).
     """
-    order = torch.sort(ids, stable=True).indices
-    for key in (waiting, -scores, buckets):
-        order = order.index_select(0, torch.sort(key.index_select(0, order), stable=True).indices)
-    return order
-
-
-def take_free_slots(slot_ids: torch.Tensor, layout: BucketLayout, b: int, n: int) -> torch.Tensor:
-    """The first ``n`` (or fewer) free slots of local bucket ``b``, ascending."""
-    lo, default = layout.bounds[b], layout.default_slot(b)
-    if n <= 0:
-        return torch.zeros(0, dtype=torch.int64, device=slot_ids.device)
-    free = torch.nonzero(slot_ids[lo:default] == EMPTY_ID).flatten()[:n]
-    return free + lo
+    n = scores.numel()
+    waiting = n - residents
+    drop = max(n - capacity, forced, 0)
+    k = min(n, drop + budget + waiting)
+    if k == 0:
+        empty = torch.zeros(0, dtype=torch.int64, device=scores.device)
+        return RoundCut(empty, empty)
+    if k < n:  # the k lowest, with every entry tied with the k-th
+        threshold = torch.kthvalue(scores, k).values
+        low = torch.nonzero(scores <= threshold).flatten()
+    else:
+        low = torch.arange(n, device=scores.device)
+    # worst first: score ascending; ties: waiting ids before residents, larger id / slot first
+    # (the reverse of the ranking), which the flipped entry order gives a stable sort
+    low = low.flip(0)
+    worst = low.index_select(0, torch.sort(scores.index_select(0, low), stable=True).indices)
+    rest = worst[drop:]
+    victims = rest[rest < residents][:budget]
+    return RoundCut(worst[:drop], victims)

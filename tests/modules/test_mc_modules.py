@@ -210,7 +210,9 @@ def test_index_stays_consistent_over_a_drifting_stream(policy: object, buckets: 
     for s in range(40):
         ids = torch.randint(0, 60 + 10 * s, (20,), generator=g) % 1000
         rows = module.remap_values(ids)
-        assert torch.equal(torch.sort(module._mch_sorted_raw_ids).values, module._sorted_ids)
+        occupied = torch.nonzero(module._mch_sorted_raw_ids != EMPTY_ID).flatten()
+        found, hit_all = module._index.lookup(module._mch_sorted_raw_ids, module._mch_sorted_raw_ids[occupied])
+        assert bool(hit_all.all()) and torch.equal(found, occupied)
         hit = module._mch_sorted_raw_ids[rows] == ids
         default = module._default_slots[(module.bucket_of(ids))]
         assert bool((hit | (rows == default)).all())  # every id is at its own row or its bucket's default row

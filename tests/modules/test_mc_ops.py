@@ -1,5 +1,5 @@
 """Tensor operations of managed-collision tables: hashes against unbounded-integer references,
-the search-index update against a fresh sort, bucket routing, deterministic row re-initialisation."""
+the slot index against a fresh sort, bucket routing, deterministic row re-initialisation."""
 
 from __future__ import annotations
 
@@ -13,13 +13,11 @@ from lightrec.modules.mc_ops import (
     EMPTY_ID,
     block_bucket,
     bucket_segments,
-    index_positions_of_free,
-    lookup_sorted,
     mix64,
-    replace_in_index,
-    sort_slots,
 )
 from lightrec.modules.mc_reset import reinit_values
+from lightrec.modules.mch_index import SlotIndex
+from lightrec.modules.mch_slots import BucketLayout, round_cut
 
 M64 = (1 << 64) - 1
 
@@ -96,36 +94,57 @@ def test_block_bucket_and_segments() -> None:
         bucket_segments(5, 3)
 
 
-def test_replace_in_index_equals_a_fresh_sort() -> None:
+def test_slot_index_finds_every_resident_after_moves_evictions_and_compaction() -> None:
     g = torch.Generator().manual_seed(0)
-    slot_ids = torch.full((40,), EMPTY_ID, dtype=torch.int64)
-    for _ in range(20):
-        sorted_ids, sorted_slots = sort_slots(slot_ids)
-        free = torch.nonzero(slot_ids == EMPTY_ID).flatten()
+    z = 64
+    slot_ids = torch.full((z,), EMPTY_ID, dtype=torch.int64)
+    index = SlotIndex(BucketLayout([0, z], 0, 1))
+    index.rebuild(slot_ids, torch.full((z,), -1, dtype=torch.int64), 0)
+    for step in range(30):
+        new = torch.unique(torch.randint(0, 40, (6,), generator=g))  # small id space: ids come back
+        _, hit = index.lookup(slot_ids, new)
+        new = new[~hit]
+        slots = torch.randperm(z - 1, generator=g)[: new.numel()]  # move ids out of these slots
+        slot_ids[slots] = new
+        index.insert(new, slots)
+        if step % 7 == 6:
+            index.compact(slot_ids)
         occupied = torch.nonzero(slot_ids != EMPTY_ID).flatten()
-        take_free = free[torch.randperm(free.numel(), generator=g)[:3]]
-        evict = occupied[torch.randperm(occupied.numel(), generator=g)[:2]]
-        slots = torch.cat([take_free, evict])
-        new_ids = torch.randint(0, 10**9, (slots.numel(),), generator=g)
-        removed = index_positions_of_free(sorted_ids, sorted_slots, take_free)
-        removed[torch.searchsorted(sorted_ids, slot_ids[evict])] = True
-        slot_ids[slots] = new_ids
-        by_id = torch.sort(new_ids).indices
-        got_ids, got_slots = replace_in_index(sorted_ids, sorted_slots, removed, new_ids[by_id], slots[by_id])
-        want_ids, _ = sort_slots(slot_ids)
-        assert torch.equal(got_ids, want_ids)
-        live = got_ids != EMPTY_ID
-        assert torch.equal(slot_ids[got_slots[live]], got_ids[live])
-        rows, hit = lookup_sorted(got_ids, got_slots, new_ids)
-        assert bool(hit.all()) and torch.equal(rows, slots)
+        found, hit = index.lookup(slot_ids, slot_ids[occupied])
+        assert bool(hit.all()) and torch.equal(found, occupied)
+        absent = torch.tensor([i for i in range(40) if i not in set(slot_ids.tolist())], dtype=torch.int64)
+        assert not bool(index.lookup(slot_ids, absent)[1].any())
+    index.compact(slot_ids)
+    assert torch.equal(index.ids, torch.sort(slot_ids[slot_ids != EMPTY_ID]).values)
 
 
-def test_reinit_values_depend_only_on_table_row_and_iteration() -> None:
+def test_round_cut_ranks_like_a_full_sort() -> None:
+    """The cut (kthvalue threshold + a sort of the low entries) equals a full ranking: score
+    descending, residents before waiting ids on ties, then position."""
+    g = torch.Generator().manual_seed(1)
+    for _ in range(50):
+        residents, waiting = int(torch.randint(0, 30, ())), int(torch.randint(0, 10, ()))
+        scores = torch.randint(0, 5, (residents + waiting,), generator=g).double()  # many ties
+        capacity, budget = 25, int(torch.randint(0, 8, ()))
+        cut = round_cut(scores, residents, capacity, 0, budget)
+        keys = [(-float(s), int(i >= residents), i) for i, s in enumerate(scores)]
+        ranked = [i for _, _, i in sorted(keys)]  # best first
+        worst = ranked[::-1]
+        drop = max(len(ranked) - capacity, 0)
+        assert cut.dropped.tolist() == worst[:drop]
+        assert cut.victims.tolist() == [i for i in worst[drop:] if i < residents][:budget]
+
+
+def test_reinit_values_depend_on_table_iteration_and_bucket_only() -> None:
     config = EmbeddingBagConfig(num_embeddings=100, embedding_dim=6, name="t", feature_names=["f"])
-    all_rows = reinit_values(config, torch.tensor([3, 50, 77]), iteration=5, seed=1)
-    assert torch.equal(reinit_values(config, torch.tensor([50]), iteration=5, seed=1), all_rows[1:2])
-    assert not torch.equal(reinit_values(config, torch.tensor([50]), iteration=6, seed=1), all_rows[1:2])
-    bound = config.get_weight_init_max()
-    assert bool((all_rows.abs() <= bound).all()) and all_rows.std() > bound / 4
+    rows = torch.tensor([3, 50, 77, 10])
+    bounds = [0, 40, 100]  # two buckets
+    both = reinit_values(config, rows, iteration=5, seed=1, bucket_bounds=bounds)
+    # a shard holding bucket 1 alone draws its rows exactly as the whole table does
+    assert torch.equal(reinit_values(config, rows[1:3], 5, 1, [40, 100], first_bucket=1), both[1:3])
+    assert torch.equal(reinit_values(config, rows[[0, 3]], 5, 1, [0, 40]), both[[0, 3]])
+    assert not torch.equal(reinit_values(config, rows, 6, 1, bounds), both)
     other = EmbeddingBagConfig(num_embeddings=100, embedding_dim=6, name="u", feature_names=["f"])
-    assert not torch.equal(reinit_values(other, torch.tensor([3]), 5, 1), all_rows[:1])
+    assert not torch.equal(reinit_values(other, rows, 5, 1, bounds), both)
+    bound = config.get_weight_init_max()
+    assert bool((both.abs() <= bound).all()) and both.std() > bound / 4

@@ -103,7 +103,8 @@ class _McLookupMixin(_GroupedLookupBase):
         rows = module.evict()
         if rows is None or rows.numel() == 0:
             return
-        values = reinit_values(self._configs[table], rows, module.current_iteration(), self._mc.reset_seed)
+        bounds, first = module.reset_buckets()
+        values = reinit_values(self._configs[table], rows, module.current_iteration(), self._mc.reset_seed, bounds, first)
         kernel, index = self._kernel_of_table[table]
         reset_rows(kernel, index, rows - module.output_global_offset, values)
 
