@@ -133,6 +133,10 @@ class ShardedManagedCollisionCollection(nn.Module):
                 out.append((key, [self._rows[table], 1], blocks))
         return out
 
+    def tables(self) -> list[str]:
+        """Every table of the collection (this rank holds rows of some of them)."""
+        return list(self._tables)
+
     def stats(self) -> dict[str, dict[str, float]]:
         """``{table: counters}`` of this rank's modules (``ManagedCollisionModule.mc_stats``)."""
         return {t: m.mc_stats() for t, m in self.local_modules().items()}
