@@ -209,6 +209,9 @@ def _with_managed_state(
     key = f"{prefix}_managed_collision_collection."
     managed = {k[len(key) :]: v for k, v in state_dict.items() if k.startswith(key)}
     mcc: Any = copy.deepcopy(module._managed_collision_collection)
+    for table, mc in list(mcc._managed_collision_modules.items()):
+        if any(t.is_meta for t in mc.buffers()):  # a model built on meta (export_from_checkpoint): made real first
+            mcc._managed_collision_modules[table] = mc.on_device("cpu")
     mcc.load_state_dict(managed)
     twin: nn.Module = type(module)(module._embedding_module, mcc, module.return_remapped_features, module._reset_seed)
     return twin

@@ -110,6 +110,21 @@ class ManagedCollisionModule(nn.Module, abc.ABC):
         """First table row this module maps to (0 unless it serves a shard)."""
         return 0
 
+    @property
+    def output_segments(self) -> list[int]:
+        """Global row offsets of the table's buckets (``buckets() + 1`` of them)."""
+        return [self.output_global_offset, self.output_global_offset + self.output_size()]
+
+    def on_device(self, device: torch.device | str) -> ManagedCollisionModule:
+        """This module's twin with the same configuration and fresh state on ``device`` (e.g. a
+        ``meta`` module made real before a state dict is loaded into it)."""
+        start = self.output_global_offset
+        twin = self.rebuild_with_output_id_range((start, start + self.output_size()), self.output_segments,
+                                                 torch.device(device))  # fmt: skip
+        twin._name = self._name
+        twin.train(self.training)
+        return twin
+
     def bucket_of(self, values: torch.Tensor) -> torch.Tensor:
         """``[N]`` global bucket of each (preprocessed) raw id."""
         return torch.zeros_like(values)

@@ -134,3 +134,26 @@ def test_two_ranks_make_the_one_process_decisions(tmp_path) -> None:  # noqa: AN
     )  # fmt: skip
     trainer.fit(ManagedDLRM(managed_collisions=MC, dense_optimizer="sgd", dense_lr=0.1), datamodule=drifting_data())
     assert _counters(monitor.last_metrics) == ranks[0]
+
+
+def test_checkpoint_exports_with_the_id_maps(tmp_path) -> None:  # noqa: ANN001
+    """``export_from_checkpoint`` with the module's ``serving_factory`` (meta tables and id maps) gives
+    the artifact of the trained model quantized: the id maps come from the checkpoint."""
+    from lightrec.inference import export_from_checkpoint, load, quantize
+
+    module = ManagedDLRM(managed_collisions=MC, dense_optimizer="sgd", dense_lr=0.1)
+    checkpoint = pl.callbacks.ModelCheckpoint(dirpath=str(tmp_path), save_last=True)
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, max_epochs=1, num_sanity_val_steps=0, limit_val_batches=0, logger=False,
+        callbacks=[checkpoint], enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    data = drifting_data()
+    trainer.fit(module, datamodule=data)
+    path = export_from_checkpoint(str(tmp_path / "last.ckpt"), module.serving_factory, tmp_path / "m.pt",
+                                  dtype=torch.float16)  # fmt: skip
+    predictor = load(path)
+    batch = data.datasets["val"][0]
+    want = quantize(module.serving_model(), dtype=torch.float16)(batch.dense_features, batch.sparse_features)
+    kjt = batch.sparse_features
+    assert torch.equal(predictor(batch.dense_features, kjt.values(), kjt.lengths()), want)
+    assert predictor.meta["tables"][0]["id_space"] == 2**63 - 1
