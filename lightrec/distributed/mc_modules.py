@@ -51,6 +51,23 @@ __all__ = [
 _REPLICATED = ("_current_iter_tensor", "_output_segments_tensor")
 
 
+def _replicated_state(module: ManagedCollisionModule) -> dict[str, torch.Tensor]:
+    """The module's replicated buffers on CPU; a ``meta`` module's as a fresh module has them (its
+    bucket segments, iteration 0) -- without building its per-row state."""
+    out = {}
+    for name, buf in module.named_buffers(recurse=False):
+        if name not in _REPLICATED:
+            continue
+        if not buf.is_meta:
+            out[name] = buf.detach().clone().cpu()
+        elif name == "_output_segments_tensor":
+            segments = list(module.output_segments)
+            out[name] = torch.tensor(segments + [-1] * (buf.numel() - len(segments)), dtype=buf.dtype)
+        else:
+            out[name] = torch.zeros(buf.shape, dtype=buf.dtype)
+    return out
+
+
 def _block(sharding: ParameterSharding, rank: int) -> ShardMetadata | None:
     """This rank's block of a (row-wise or table-wise) table, if it holds one."""
     return next((s for s in sharding.sharding_spec or [] if s.rank == rank), None)
@@ -89,10 +106,7 @@ class ShardedManagedCollisionCollection(nn.Module):
             block = _block(plan[table], env.rank)
             self._blocks[table] = block
             self._row_names[table] = list(module.slot_state())
-            self._replicated[table] = {
-                name: buf.detach().clone().to("cpu") if buf.device.type != "meta" else torch.zeros(buf.shape, dtype=buf.dtype)
-                for name, buf in module.named_buffers(recurse=False) if name in _REPLICATED
-            }  # fmt: skip
+            self._replicated[table] = _replicated_state(module)
             if block is None:
                 continue
             start = block.shard_offsets[0]

@@ -36,6 +36,7 @@ class ManagedDLRM(RecModule):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.save_hyperparameters()
         self.tables = drifting_data().table_configs(DIM)
 
     def table_configs(self) -> list[EmbeddingBagConfig]:
@@ -109,14 +110,16 @@ def test_one_process_fit_logs_the_tables_and_serves_them_frozen(tmp_path) -> Non
     assert torch.equal(got, again)
 
 
-def _fit_ranks(rank: int, world_size: int, port: int) -> dict[str, float]:
+def _fit_ranks(rank: int, world_size: int, port: int, out_dir: str) -> dict[str, float]:
     set_torchrun_env(rank, world_size, port)
-    from lightrec.lightning import RecStrategy
+    from lightrec.lightning import QuantizedExport, RecStrategy
 
     monitor = ManagedCollisionMonitor(every_n_steps=EVERY)
+    export = QuantizedExport(dirpath=out_dir, dtype="fp16")  # gathers the tables and id maps to rank 0
+    checkpoint = pl.callbacks.ModelCheckpoint(dirpath=out_dir, save_last=True)  # a sharded folder
     trainer = pl.Trainer(
         accelerator="cpu", devices=world_size, max_epochs=1, num_sanity_val_steps=0, limit_val_batches=0,
-        strategy=RecStrategy(), logger=False, callbacks=[monitor], enable_checkpointing=False,
+        strategy=RecStrategy(), logger=False, callbacks=[monitor, export, checkpoint],
         enable_progress_bar=False, enable_model_summary=False,
     )  # fmt: skip
     module = ManagedDLRM(managed_collisions=MC, dense_optimizer="sgd", dense_lr=0.1)
@@ -125,15 +128,35 @@ def _fit_ranks(rank: int, world_size: int, port: int) -> dict[str, float]:
 
 
 def test_two_ranks_make_the_one_process_decisions(tmp_path) -> None:  # noqa: ANN001
-    ranks = run_ranks(_fit_ranks, 2, args=(free_port(),), timeout=300)
+    """The monitor's global counters and the id maps of the sharded checkpoint equal a one-process
+    run's: ids of both ranks' batches meet in their owners' modules, which decide as the unsharded
+    ones do. (The weights differ: the sharded tables sum the ranks' gradients of their per-rank mean
+    losses, as torchrec's do.) The model exported at the end (tables and id maps gathered from both
+    ranks) is the checkpoint's model quantized."""
+    from lightrec.inference import load, quantize
+
+    ranks = run_ranks(_fit_ranks, 2, args=(free_port(), str(tmp_path)), timeout=300)
     assert ranks[0] == ranks[1] and ranks[0]["mc/evictions"] > 0
     monitor = ManagedCollisionMonitor(every_n_steps=EVERY)
     trainer = pl.Trainer(
         accelerator="cpu", devices=1, max_epochs=1, num_sanity_val_steps=0, limit_val_batches=0, logger=False,
         callbacks=[monitor], enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
     )  # fmt: skip
-    trainer.fit(ManagedDLRM(managed_collisions=MC, dense_optimizer="sgd", dense_lr=0.1), datamodule=drifting_data())
+    module = ManagedDLRM(managed_collisions=MC, dense_optimizer="sgd", dense_lr=0.1)
+    data = drifting_data()
+    trainer.fit(module, datamodule=data)
     assert _counters(monitor.last_metrics) == ranks[0]
+    restored = ManagedDLRM.load_from_checkpoint(tmp_path / "last.ckpt")  # the sharded folder, consolidated
+    mine = module.built_model().sparse_arch.embedding_bag_collection._managed_collision_collection
+    theirs = restored.built_model().sparse_arch.embedding_bag_collection._managed_collision_collection
+    for table, mc in mine.modules_by_table().items():
+        for name, value in mc.slot_state().items():
+            assert torch.equal(value, theirs.modules_by_table()[table].slot_state()[name]), (table, name)
+    batch = data.datasets["val"][0]
+    kjt = batch.sparse_features
+    want = quantize(restored.serving_model(), dtype=torch.float16)(batch.dense_features, kjt)
+    predictor = load(next(tmp_path.glob("*.pt")))
+    assert torch.equal(predictor(batch.dense_features, kjt.values(), kjt.lengths()), want)
 
 
 def test_checkpoint_exports_with_the_id_maps(tmp_path) -> None:  # noqa: ANN001
