@@ -132,7 +132,7 @@ def _configs(tables: int, rows: int, dim: int) -> list[EmbeddingBagConfig]:
 
 def _fused(configs: list[EmbeddingBagConfig], args: argparse.Namespace) -> FusedEmbeddingBagCollection:
     return FusedEmbeddingBagCollection(configs, fused_params={"optimizer": "ROWWISE_ADAGRAD", "learning_rate": args.lr},
-                                       backend=args.backend)  # fmt: skip
+                                       kernel_backend=args.backend)  # fmt: skip
 
 
 def _lightrec_contenders(args: argparse.Namespace, stream: DriftingStream) -> list[Contender]:

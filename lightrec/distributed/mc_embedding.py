@@ -11,34 +11,32 @@ from typing import Any
 from torch import nn
 
 from lightrec.distributed.embedding import EmbeddingCollectionAwaitable, ShardedEmbeddingCollection
-from lightrec.distributed.input_dist_pipeline import StartedInputDist
 from lightrec.distributed.mc_embedding_modules import (
     BaseManagedCollisionEmbeddingCollectionSharder,
     BaseShardedManagedCollisionEmbeddingCollection,
     RemappedFeaturesAwaitable,
 )
+from lightrec.distributed.sharding.work_ahead import StartedInputDist
 from lightrec.modules.embedding_modules import EmbeddingCollection
 from lightrec.modules.mc_embedding_modules import (
     BaseManagedCollisionEmbeddingCollection,
     ManagedCollisionEmbeddingCollection,
 )
-from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = ["ManagedCollisionEmbeddingCollectionSharder", "ShardedManagedCollisionEmbeddingCollection"]
 
 
-class ShardedManagedCollisionEmbeddingCollection(
+class ShardedManagedCollisionEmbeddingCollection(  # type: ignore[misc]  # forward: (embeddings, remapped ids), torchrec's contract
     BaseShardedManagedCollisionEmbeddingCollection, ShardedEmbeddingCollection
 ):
     """A ``ManagedCollisionEmbeddingCollection`` sharded row-wise or table-wise."""
 
-    def _start(  # type: ignore[override]  # torchrec's contract: (embeddings, remapped ids)
-        self, features: KeyedJaggedTensor, started: StartedInputDist | None
+    def _assemble(  # type: ignore[override]  # torchrec's contract: (embeddings, remapped ids)
+        self, started: StartedInputDist, results: list[Any]
     ) -> tuple[EmbeddingCollectionAwaitable, RemappedFeaturesAwaitable | None]:
-        contexts, results, positions, bounded = self._run(features, started)
         embeddings, ids = self._split_results(results)
-        rows = EmbeddingCollectionAwaitable(self._shardings, contexts, embeddings, bounded, positions, self._feature_order)
-        return rows, self._remapped(contexts, ids, bounded, positions)
+        rows = ShardedEmbeddingCollection._assemble(self, started, embeddings)
+        return rows, self._remapped(started.contexts, ids, started.bounded, started.positions)
 
     def _unsharded_class(self) -> type[BaseManagedCollisionEmbeddingCollection]:
         return ManagedCollisionEmbeddingCollection

@@ -23,8 +23,14 @@ import torch
 from torch import nn
 
 from lightrec.distributed.comm import LazyAwaitable
-from lightrec.distributed.input_dist_pipeline import StartedInputDist
 from lightrec.distributed.mc_modules import ShardedManagedCollisionCollection
+from lightrec.distributed.planner.plan import (
+    EmbeddingComputeKernel,
+    EmbeddingModuleShardingPlan,
+    ParameterSharding,
+    ShardingType,
+    ShardMetadata,
+)
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
 from lightrec.distributed.sharding.collection_sharder import CollectionSharder
 from lightrec.distributed.sharding.common import DistContext, EmbeddingSharding, ShardedTable, ShardingContext
@@ -35,15 +41,8 @@ from lightrec.distributed.sharding.mc_sharding import (
     align_managed_plan,
     managed_sharding,
 )
+from lightrec.distributed.sharding_env import ShardingEnv
 from lightrec.distributed.state_dict import gather_full_state_dict
-from lightrec.distributed.types import (
-    EmbeddingComputeKernel,
-    EmbeddingModuleShardingPlan,
-    ParameterSharding,
-    ShardingEnv,
-    ShardingType,
-    ShardMetadata,
-)
 from lightrec.modules.mc_base import ManagedCollisionModule
 from lightrec.modules.mc_collection import ManagedCollisionCollection
 from lightrec.modules.mc_embedding_modules import BaseManagedCollisionEmbeddingCollection
@@ -133,9 +132,14 @@ class BaseShardedManagedCollisionEmbeddingCollection(ShardedCollectionBase):
         return managed_sharding(sharding_type, tables, context, self._mc_routes, self._mc_state,
                                 self._mc_buckets_per_rank, self._return_remapped_features)  # fmt: skip
 
-    def _begin_input_dist(self, features: KeyedJaggedTensor, stream: torch.cuda.Stream | None) -> StartedInputDist:
+    def _prepare(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
         # Hash (input_hash_func) and check the raw ids here, on the rank owning the samples.
-        return super()._begin_input_dist(self._mc_routes.prepare(features), stream)
+        return self._mc_routes.prepare(super()._prepare(features))
+
+    def forward(self, features: KeyedJaggedTensor) -> tuple[Any, Any]:
+        """``(embeddings awaitable, remapped-KJT awaitable or None)`` of this rank's samples (torchrec's contract)."""
+        out: tuple[Any, Any] = ShardedCollectionBase.forward(self, features)
+        return out
 
     def row_state_tables(self) -> list[tuple[str, list[int], list[tuple[ShardMetadata, torch.Tensor]]]]:
         return self._managed_collision_collection.row_state_tables("_managed_collision_collection.")

@@ -17,23 +17,22 @@ from typing import Any
 from torch import nn
 
 from lightrec.distributed.embeddingbag import EmbeddingBagCollectionAwaitable, ShardedEmbeddingBagCollection
-from lightrec.distributed.input_dist_pipeline import StartedInputDist
 from lightrec.distributed.mc_embedding_modules import (
     BaseManagedCollisionEmbeddingCollectionSharder,
     BaseShardedManagedCollisionEmbeddingCollection,
     RemappedFeaturesAwaitable,
 )
+from lightrec.distributed.sharding.work_ahead import StartedInputDist
 from lightrec.modules.embedding_modules import EmbeddingBagCollection
 from lightrec.modules.mc_embedding_modules import (
     BaseManagedCollisionEmbeddingCollection,
     ManagedCollisionEmbeddingBagCollection,
 )
-from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = ["ManagedCollisionEmbeddingBagCollectionSharder", "ShardedManagedCollisionEmbeddingBagCollection"]
 
 
-class ShardedManagedCollisionEmbeddingBagCollection(
+class ShardedManagedCollisionEmbeddingBagCollection(  # type: ignore[misc]  # forward: (embeddings, remapped ids), torchrec's contract
     BaseShardedManagedCollisionEmbeddingCollection, ShardedEmbeddingBagCollection
 ):
     """A ``ManagedCollisionEmbeddingBagCollection`` sharded row-wise or table-wise.
@@ -41,13 +40,12 @@ class ShardedManagedCollisionEmbeddingBagCollection(
     ``forward(kjt) -> (awaitable of KeyedTensor [B_local, sum D], awaitable of the remapped KJT or None)``.
     """
 
-    def _start(  # type: ignore[override]  # torchrec's contract: (embeddings, remapped ids)
-        self, features: KeyedJaggedTensor, started: StartedInputDist | None
+    def _assemble(  # type: ignore[override]  # torchrec's contract: (embeddings, remapped ids)
+        self, started: StartedInputDist, results: list[Any]
     ) -> tuple[EmbeddingBagCollectionAwaitable, RemappedFeaturesAwaitable | None]:
-        contexts, results, positions, bounded = self._run(features, started)
         embeddings, ids = self._split_results(results)
-        pooled = EmbeddingBagCollectionAwaitable(embeddings, self._column_index, self._feature_order, self._length_per_key)
-        return pooled, self._remapped(contexts, ids, bounded, positions)
+        pooled = ShardedEmbeddingBagCollection._assemble(self, started, embeddings)
+        return pooled, self._remapped(started.contexts, ids, started.bounded, started.positions)
 
     def _unsharded_class(self) -> type[BaseManagedCollisionEmbeddingCollection]:
         return ManagedCollisionEmbeddingBagCollection

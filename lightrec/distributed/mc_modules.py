@@ -30,14 +30,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from lightrec.distributed.planner.plan import ParameterSharding, ShardingType, ShardMetadata
+from lightrec.distributed.planner.sharder import ModuleSharder
+from lightrec.distributed.sharding_env import ShardingEnv
 from lightrec.distributed.state_dict import ShardedTableState
-from lightrec.distributed.types import (
-    ModuleSharder,
-    ParameterSharding,
-    ShardingEnv,
-    ShardingType,
-    ShardMetadata,
-)
 from lightrec.modules.mc_base import ManagedCollisionModule
 from lightrec.modules.mc_collection import ManagedCollisionCollection
 from lightrec.modules.mch_state import slot_order

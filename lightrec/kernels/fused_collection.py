@@ -25,10 +25,10 @@ import torch
 from torch import nn
 
 from lightrec.kernels.batched_embedding import BatchedEmbedding, BatchedEmbeddingBag
-from lightrec.kernels.row_reset import reset_rows
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, EmbeddingBagConfig, EmbeddingConfig
 from lightrec.modules.embedding_modules import EmbeddingBagCollection
 from lightrec.modules.feature_checks import check_collection_input
+from lightrec.modules.kernel_backend import resolve_kernel_backend
 from lightrec.optim.fused_spec import FusedOptimizerSpec, optimizer_class_to_spec
 from lightrec.optim.in_backward import fused_spec_from_parameter
 from lightrec.optim.keyed import CombinedOptimizer
@@ -121,10 +121,10 @@ class _FusedCollectionBase(nn.Module):
 
     def reset_embedding_rows(self, table: str, rows: torch.Tensor, values: torch.Tensor) -> None:
         """Give ``rows`` of ``table`` the weights ``values`` ``[k, D]`` and a fresh optimizer state
-        (managed-collision evictions; ``lightrec.kernels.row_reset``)."""
+        (managed-collision evictions; the kernels' ``reset_rows``, ``lightrec.kernels.kernel_interface``)."""
         for lookup in self._lookup_modules():
             if table in lookup.table_names:
-                reset_rows(lookup, lookup.table_names.index(table), rows, values)
+                lookup.reset_rows(table, rows, values)
                 return
         raise KeyError(f"{type(self).__name__} has no table {table!r}; its tables are {[t.name for t in self._tables]}")
 
@@ -164,7 +164,8 @@ class FusedEmbeddingBagCollection(_FusedCollectionBase):
             ``FusedOptimizerSpec``.
         is_weighted: pool with the KJT's per-id weights.
         device: where the tables live.
-        backend: ``"auto"``, ``"fbgemm"``, ``"triton"`` or ``"torch"`` (see ``BatchedEmbeddingBag``).
+        kernel_backend: ``"auto"``, ``"fbgemm"``, ``"triton"`` or ``"torch"`` (see ``BatchedEmbeddingBag``).
+        backend: the former name of ``kernel_backend`` (deprecated).
         id_check: ``"auto"``, ``"sync"`` or ``"async"`` (see ``BatchedEmbeddingBag``).
     """
 
@@ -180,9 +181,11 @@ class FusedEmbeddingBagCollection(_FusedCollectionBase):
         fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None,
         is_weighted: bool = False,
         device: torch.device | str | None = None,
-        backend: str = "auto",
+        kernel_backend: str = "auto",
         id_check: str = "auto",
+        backend: str | None = None,
     ) -> None:
+        kernel_backend = resolve_kernel_backend(kernel_backend, "FusedEmbeddingBagCollection", backend=backend)
         for t in tables:
             if not isinstance(t, EmbeddingBagConfig):
                 raise TypeError(
@@ -200,7 +203,7 @@ class FusedEmbeddingBagCollection(_FusedCollectionBase):
                 ftm,
                 pooling,
                 self._spec,
-                backend,
+                kernel_backend,
                 device,
                 optimizer_param_names=self._param_names(group),
                 id_check=id_check,
@@ -268,7 +271,9 @@ class FusedEmbeddingBagCollection(_FusedCollectionBase):
         cls,
         module: EmbeddingBagCollection,
         fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None,
-        backend: str = "auto",
+        kernel_backend: str = "auto",
+        *,
+        backend: str | None = None,
     ) -> FusedEmbeddingBagCollection:
         """Fused twin of an ``EmbeddingBagCollection`` (same tables, weights copied).
 
@@ -289,8 +294,9 @@ class FusedEmbeddingBagCollection(_FusedCollectionBase):
                 )
             spec = next(iter(specs.values()))
         device = next(module.parameters()).device
+        kernel_backend = resolve_kernel_backend(kernel_backend, "FusedEmbeddingBagCollection.from_module", backend=backend)
         fused = cls(
-            configs, fused_params=spec, is_weighted=module.is_weighted(), device=device, backend=backend
+            configs, fused_params=spec, is_weighted=module.is_weighted(), device=device, kernel_backend=kernel_backend
         )
         fused.load_state_dict(module.state_dict())
         return fused
@@ -317,9 +323,11 @@ class FusedEmbeddingCollection(_FusedCollectionBase):
         *,
         fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None,
         device: torch.device | str | None = None,
-        backend: str = "auto",
+        kernel_backend: str = "auto",
         id_check: str = "auto",
+        backend: str | None = None,
     ) -> None:
+        kernel_backend = resolve_kernel_backend(kernel_backend, "FusedEmbeddingCollection", backend=backend)
         for t in tables:
             if not isinstance(t, EmbeddingConfig):
                 raise TypeError(
@@ -328,7 +336,7 @@ class FusedEmbeddingCollection(_FusedCollectionBase):
         super().__init__(tables, _resolve_spec(optimizer_type, optimizer_kwargs, fused_params))
         ftm = [i for i, t in enumerate(tables) for _ in t.feature_names]
         lookup = BatchedEmbedding(
-            tables, ftm, self._spec, backend, device, self._param_names(tables), id_check=id_check
+            tables, ftm, self._spec, kernel_backend, device, self._param_names(tables), id_check=id_check
         )
         self._add_lookup(lookup, tables)
 

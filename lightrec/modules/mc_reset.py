@@ -3,7 +3,7 @@
 When a managed-collision table evicts an id, its row goes to another id; the row must not carry
 the old id's weights or optimizer state (momentum, Adagrad sums) into the new one. This file holds
 the two halves for plain-PyTorch collections; fused and sharded collections reset their kernels'
-storage through ``lightrec.kernels.row_reset`` with the same values.
+storage through the kernels' ``reset_rows`` (``lightrec.kernels.kernel_interface``) with the same values.
 
 New values are drawn from the table's init range by a generator seeded with ``(seed, table name,
 iteration, bucket)``, for the rows of each bucket in the order the module evicted them. Buckets

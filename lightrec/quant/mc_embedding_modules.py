@@ -76,24 +76,27 @@ class _QuantManagedBase(nn.Module):
         dtype: Optional[object] = None,
         per_table: Optional[Dict[str, object]] = None,
         row_alignment: int = 16,
-        use_fbgemm: Optional[bool] = None,
+        kernel_backend: str = "auto",
         state_dict: Optional[Dict[str, torch.Tensor]] = None,
         prefix: str = "",
+        *,
+        use_fbgemm: Optional[bool] = None,
         backend: Optional[str] = None,
     ) -> Any:
         """Quantize a float managed-collision collection (its tables, and a snapshot of its id maps).
 
-        ``state_dict`` / ``prefix``: take the tables from ``state_dict`` (keys
-        ``<prefix>_embedding_module.<attr>.<t>.weight``) instead of the module; the id maps are
-        always the module's (load the trained state into it first).
+        ``kernel_backend`` (``use_fbgemm`` / ``backend``: its deprecated spellings): the quantized
+        tables' lookup kernel, as in ``QuantEmbeddingBagCollection.from_float``. ``state_dict`` /
+        ``prefix``: take the tables from ``state_dict`` (keys ``<prefix>_embedding_module.<attr>.<t>.weight``)
+        instead of the module; the id maps are always the module's (load the trained state into it first).
         """
         embedding = getattr(module, "_embedding_module", None)
         mcc = getattr(module, "_managed_collision_collection", None)
         if embedding is None or mcc is None:
             raise TypeError(f"{cls.__name__}.from_float needs a managed-collision collection, got {type(module).__name__}")
         quantized = _quant_class(cls._tables_attr).from_float(
-            embedding, dtype=dtype, per_table=per_table, row_alignment=row_alignment, use_fbgemm=use_fbgemm,
-            state_dict=state_dict, prefix=f"{prefix}_embedding_module.", backend=backend,
+            embedding, dtype=dtype, per_table=per_table, row_alignment=row_alignment, kernel_backend=kernel_backend,
+            state_dict=state_dict, prefix=f"{prefix}_embedding_module.", use_fbgemm=use_fbgemm, backend=backend,
         )  # fmt: skip
         return cls(quantized, mcc, bool(getattr(module, "return_remapped_features", False)))
 

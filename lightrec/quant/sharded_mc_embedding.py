@@ -56,7 +56,7 @@ class ShardedQuantManagedCollisionEmbeddingCollection(nn.Module):
             group = QuantEmbeddingCollection(
                 members, device=devices[index], dtype=members[0].data_type,
                 per_table={t.name: t.data_type for t in members}, row_alignment=source._row_alignment,
-                bounds_check=source._bounds_check, use_fbgemm=source.kernel == "fbgemm",
+                bounds_check=source._bounds_check, kernel_backend=source.kernel,
             )  # fmt: skip
             for t in members:
                 group._stored_tables()[t.name].weight.copy_(source._stored_tables()[t.name].weight)

@@ -118,7 +118,7 @@ def _case(rank: int, world: int, pooled: bool, sharding: str, hash_table: bool) 
     mc = _managed(pooled, hash_table)
     reference = _managed(pooled, hash_table)
     fused_cls = FusedEmbeddingBagCollection if pooled else FusedEmbeddingCollection
-    reference._embedding_module = fused_cls.from_module(mc._embedding_module, fused_params=FUSED, backend="torch") \
+    reference._embedding_module = fused_cls.from_module(mc._embedding_module, fused_params=FUSED, kernel_backend="torch") \
         if pooled else _fused_ec(mc._embedding_module)  # fmt: skip
     sharder_cls = ManagedCollisionEmbeddingBagCollectionSharder if pooled else ManagedCollisionEmbeddingCollectionSharder
     sharder = sharder_cls(fused_params=FUSED, kernel_backend="torch")
@@ -166,7 +166,7 @@ def _case(rank: int, world: int, pooled: bool, sharding: str, hash_table: bool) 
 def _fused_ec(ec: Any) -> Any:
     from lightrec.kernels import FusedEmbeddingCollection
 
-    fused = FusedEmbeddingCollection(ec.embedding_configs(), fused_params=FUSED, backend="torch")
+    fused = FusedEmbeddingCollection(ec.embedding_configs(), fused_params=FUSED, kernel_backend="torch")
     fused.load_state_dict(ec.state_dict())
     return fused
 

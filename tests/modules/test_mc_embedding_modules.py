@@ -105,14 +105,14 @@ CASES = [("torch", "ROWWISE_ADAGRAD"), ("torch", "ADAM")] + (
 @pytest.mark.parametrize(("backend", "optimizer"), CASES)
 def test_fused_collection_rows_and_kernel_state_are_reset(backend: str, optimizer: str) -> None:
     ebc = FusedEmbeddingBagCollection(tables(), fused_params={"optimizer": optimizer, "learning_rate": 0.2},
-                                      backend=backend)  # fmt: skip
+                                      kernel_backend=backend)  # fmt: skip
     mc = managed(ebc, return_remapped=True)
     row = evict_row_of_4(mc)
-    states = ebc._lookups[0]._backend.table_states()[0]
+    states = ebc._lookups[0].kernel.split_optimizer_states()[0]
     assert all(bool((v[row] != 0).any()) for k, v in states.items() if k != "step")
     pooled, _ = mc(batch(9))
     assert torch.allclose(pooled.values()[0], reinit_values(tables()[0], torch.tensor([row]), 4)[0])
-    states = ebc._lookups[0]._backend.table_states()[0]
+    states = ebc._lookups[0].kernel.split_optimizer_states()[0]
     assert all(bool((v[row] == 0).all()) for k, v in states.items() if k != "step")
     assert all(bool((v[0] != 0).any()) for k, v in states.items() if k != "step")
 

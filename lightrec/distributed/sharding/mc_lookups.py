@@ -5,7 +5,7 @@ its buckets (row-wise) or all of the table's ids (table-wise). Before the kernel
 local ``ManagedCollisionModule`` (built for this rank's rows) remaps them to local rows -- one step
 per table and forward on every rank that holds rows of it, so steps and eviction rounds stay in
 lock-step with the unsharded module -- and the rows it evicted get fresh weights and a zeroed
-optimizer state in the kernels (``lightrec.kernels.row_reset.reset_rows``, with the values
+optimizer state in the kernels (``reset_rows`` of the kernel interface, ``lightrec.kernels.kernel_interface``, with the values
 ``lightrec.modules.mc_reset.reinit_values`` gives the unsharded module).
 
 ``McOutputDist`` optionally sends the remapped rows back to the ranks that own the samples
@@ -19,16 +19,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 
 from lightrec.distributed.comm import SequenceEmbeddingsAllToAll
-from lightrec.distributed.sharding.common import DistContext, ShardedTable, ShardSlot
+from lightrec.distributed.sharding.common import DistContext, OutputDist, ShardedTable, ShardSlot
 from lightrec.distributed.sharding.lookups import (
     GroupedEmbeddingsLookup,
     GroupedPooledEmbeddingsLookup,
     _GroupedLookupBase,
 )
-from lightrec.kernels.row_reset import reset_rows
 from lightrec.modules.mc_base import ManagedCollisionModule
 from lightrec.modules.mc_reset import reinit_values
 from lightrec.sparse import KeyedJaggedTensor
@@ -106,7 +104,7 @@ class _McLookupMixin(_GroupedLookupBase):
         bounds, first = module.reset_buckets()
         values = reinit_values(self._configs[table], rows, module.current_iteration(), self._mc.reset_seed, bounds, first)
         kernel, index = self._kernel_of_table[table]
-        reset_rows(kernel, index, rows - module.output_global_offset, values)
+        kernel.reset_rows(kernel.table_names[index], rows - module.output_global_offset, values)
 
 
 class McGroupedPooledEmbeddingsLookup(_McLookupMixin, GroupedPooledEmbeddingsLookup):
@@ -159,7 +157,7 @@ class WithIds:
     ids: Any
 
 
-class McOutputDist(nn.Module):
+class McOutputDist(OutputDist):
     """The sharding's output dist; with ``return_ids``, also the remapped rows back to their senders.
 
     Args:
@@ -169,7 +167,7 @@ class McOutputDist(nn.Module):
         return_ids: send the remapped rows back.
     """
 
-    def __init__(self, inner: nn.Module, lookup: _McLookupMixin, pg: torch.distributed.ProcessGroup | None,
+    def __init__(self, inner: OutputDist, lookup: _McLookupMixin, pg: torch.distributed.ProcessGroup | None,
                  return_ids: bool) -> None:  # fmt: skip
         super().__init__()
         self.inner = inner
@@ -177,7 +175,7 @@ class McOutputDist(nn.Module):
         self._return_ids = return_ids
         self._ids_dist = SequenceEmbeddingsAllToAll(pg) if return_ids else None
 
-    def forward(self, out: torch.Tensor, tensors: Any, ctx: DistContext) -> Any:
+    def forward(self, out: torch.Tensor, tensors: Any, ctx: DistContext) -> Any:  # with return_ids: WithIds
         embeddings = self.inner(out, tensors, ctx)
         if self._ids_dist is None:
             return embeddings

@@ -21,7 +21,8 @@ from dataclasses import replace
 
 from torch import nn
 
-from lightrec.distributed.sharding.common import EmbeddingSharding, ShardedTable, ShardingContext
+from lightrec.distributed.planner.plan import ParameterSharding, ShardingType, ShardMetadata
+from lightrec.distributed.sharding.common import EmbeddingSharding, OutputDist, ShardedTable, ShardingContext
 from lightrec.distributed.sharding.mc_dist import McRoutes, McRwSparseFeaturesDist
 from lightrec.distributed.sharding.mc_lookups import (
     McGroupedEmbeddingsLookup,
@@ -31,7 +32,6 @@ from lightrec.distributed.sharding.mc_lookups import (
 )
 from lightrec.distributed.sharding.row_wise import RwEmbeddingSharding
 from lightrec.distributed.sharding.table_wise import TwEmbeddingSharding
-from lightrec.distributed.types import ParameterSharding, ShardingType, ShardMetadata
 from lightrec.modules.embedding_configs import PoolingType
 
 __all__ = ["MANAGED_SHARDING_TYPES", "McRwEmbeddingSharding", "McTwEmbeddingSharding", "align_managed_plan"]
@@ -133,7 +133,7 @@ class McRwEmbeddingSharding(RwEmbeddingSharding):
         self._lookup = lookup
         return lookup
 
-    def create_output_dist(self) -> nn.Module:
+    def create_output_dist(self) -> OutputDist:
         assert self._lookup is not None  # the collection builds lookups before output dists
         return McOutputDist(super().create_output_dist(), self._lookup, self.env.pg, self._return_ids)
 
@@ -172,7 +172,7 @@ class McTwEmbeddingSharding(TwEmbeddingSharding):
         self._lookup = lookup
         return lookup
 
-    def create_output_dist(self) -> nn.Module:
+    def create_output_dist(self) -> OutputDist:
         assert self._lookup is not None  # the collection builds lookups before output dists
         return McOutputDist(super().create_output_dist(), self._lookup, self.env.pg, self._return_ids)
 
