@@ -3,7 +3,8 @@
 The stream (built here, no data to download): ``--tables`` features, one id per sample each.
 Every feature has a vocabulary that drifts -- ids are born at a steady rate and live for a while,
 so that about ``--vocab-factor`` (10) times more distinct ids than a table has rows pass through
-it -- and each id is a 62-bit hash of its birth number. Ids are drawn by a popularity that is a
+it -- and each id is a 64-bit hash of its birth number, made non-negative (an int64 in
+``[0, 2**63 - 1)``, torchrec's default ``input_hash_size``). Ids are drawn by a popularity that is a
 property of the id (heavy-tailed, Pareto), and the label is planted: ``logit = bias + sum_t effect_t(id_t)``
 with per-id effects from a hash. A model sees each batch before it trains on it, so the AUC of
 its predictions over the run (after a warm-up) is its *progressive* AUC.
@@ -59,11 +60,11 @@ from lightrec.modules.mc_modules import (
 )
 from lightrec.sparse import KeyedJaggedTensor
 
-ID_BITS = 62
+INPUT_HASH_SIZE = 2**63 - 1  # torchrec's default: raw ids fill the non-negative int64 range
 
 
 class DriftingStream:
-    """Batches of a drifting 62-bit id vocabulary with planted labels (see the module docstring).
+    """Batches of a drifting 64-bit id vocabulary with planted labels (see the module docstring).
 
     Args:
         tables / rows / batch / steps: features, rows per managed table, samples per step, steps.
@@ -83,9 +84,10 @@ class DriftingStream:
         self.bias = -1.0
 
     def raw_ids(self, table: int, births: np.ndarray) -> np.ndarray:
-        """The 62-bit raw id of each birth number (int64, non-negative)."""
+        """The raw id of each birth number: its 64-bit hash with the sign bit cleared (int64 in
+        ``[0, INPUT_HASH_SIZE)``)."""
         salted = births.astype(np.uint64) + np.uint64((self.seed * 131 + table) << 40)
-        return (mix64(salted) >> np.uint64(64 - ID_BITS)).astype(np.int64)
+        return np.minimum(mix64(salted) >> np.uint64(1), np.uint64(INPUT_HASH_SIZE - 1)).astype(np.int64)
 
     def step(self, s: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(raw ids [T, B], birth numbers [T, B], labels [B])`` of step ``s``."""
@@ -150,7 +152,7 @@ def _lightrec_contenders(args: argparse.Namespace, stream: DriftingStream) -> li
         configs = _configs(args.tables, rows, args.dim)
         modules = {
             c.name: MCHManagedCollisionModule(rows, "cpu", LRU_EvictionPolicy(), args.eviction_interval,
-                                              input_hash_size=2**ID_BITS, immediate_eviction_fraction=fraction)
+                                              input_hash_size=INPUT_HASH_SIZE, immediate_eviction_fraction=fraction)
             for c in configs
         }  # fmt: skip
         mc = ManagedCollisionEmbeddingBagCollection(_fused(configs, args), ManagedCollisionCollection(modules, configs))
@@ -175,7 +177,7 @@ def _torchrec_contender(args: argparse.Namespace) -> Contender | None:  # pragma
     configs = [TrConfig(num_embeddings=args.rows, embedding_dim=args.dim, name=f"t{t}", feature_names=[f"f{t}"])
                for t in range(args.tables)]  # fmt: skip
     modules = {c.name: TrMCH(zch_size=args.rows, device=torch.device("cpu"), eviction_policy=TrLRU(),
-                             eviction_interval=2, input_hash_size=2**ID_BITS) for c in configs}  # fmt: skip
+                             eviction_interval=2, input_hash_size=INPUT_HASH_SIZE) for c in configs}  # fmt: skip
     embed = TrMC(TrEBC(tables=configs, device=torch.device("cpu")), TrMCC(modules, configs))
     dense = _dense_model(args.tables, args.dim, args.seed)
     params = list(embed.parameters()) + list(dense.parameters())
