@@ -68,6 +68,11 @@ from lightrec.distributed.planner import (
 from lightrec.distributed.sharders import get_default_sharders
 from lightrec.distributed.sharding_env import ShardingEnv
 from lightrec.distributed.state_dict import ShardedTableState, gather_full_state_dict
+from lightrec.distributed.train_pipeline import (
+    EvalPipelineSparseDist,
+    TrainPipelineBase,
+    TrainPipelineSparseDist,
+)
 
 __all__ = [
     "Awaitable",
@@ -79,6 +84,7 @@ __all__ = [
     "EmbeddingComputeKernel",
     "EmbeddingModuleShardingPlan",
     "EmbeddingShardingPlanner",
+    "EvalPipelineSparseDist",
     "InferManagedCollisionCollectionSharder",
     "KJTAllToAll",
     "LazyAwaitable",
@@ -105,6 +111,8 @@ __all__ = [
     "ShardingPlan",
     "ShardingType",
     "Topology",
+    "TrainPipelineBase",
+    "TrainPipelineSparseDist",
     "balanced_table_wise_plan",
     "bucketize_kjt_row_wise",
     "column_wise",

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from lightrec.distributed.comm import LazyAwaitable
+from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
 from lightrec.distributed.mc_modules import ShardedManagedCollisionCollection
 from lightrec.distributed.planner.plan import (
     EmbeddingComputeKernel,
@@ -88,7 +89,8 @@ class BaseShardedManagedCollisionEmbeddingCollection(ShardedCollectionBase):
 
     Args:
         module: the unsharded ``ManagedCollisionEmbeddingBagCollection`` / ``...EmbeddingCollection``.
-        table_plan, env, device, fused_params, seed, kernel_backend: as ``ShardedCollectionBase``.
+        table_plan, env, device, fused_params, seed, kernel_backend, qcomm_codecs_registry: as
+            ``ShardedCollectionBase``.
     """
 
     _state_prefix = "_embedding_module."
@@ -108,6 +110,7 @@ class BaseShardedManagedCollisionEmbeddingCollection(ShardedCollectionBase):
         fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None,
         seed: int = 0,
         kernel_backend: str = "auto",
+        qcomm_codecs_registry: Mapping[str, QuantizedCommCodecs] | None = None,
     ) -> None:
         if not isinstance(module, BaseManagedCollisionEmbeddingCollection):
             raise TypeError(f"{type(self).__name__} shards managed-collision collections, got {type(module).__name__}")
@@ -123,7 +126,7 @@ class BaseShardedManagedCollisionEmbeddingCollection(ShardedCollectionBase):
         self.__dict__["_return_remapped_features"] = return_ids
         self.__dict__["_mc_configs"] = mcc.embedding_configs()
         super().__init__(module._embedding_module, EmbeddingModuleShardingPlan(plan), env, device, fused_params,
-                         seed, kernel_backend)  # fmt: skip
+                         seed, kernel_backend, qcomm_codecs_registry)  # fmt: skip
         self._managed_collision_collection = sharded_mcc
 
     def _make_sharding(self, sharding_type: str, tables: list[ShardedTable], context: ShardingContext) -> EmbeddingSharding:

@@ -27,7 +27,6 @@ import torch.nn.functional as F
 from lightrec.kernels.kernel_interface import KernelConfig, LookupBatch, ResidentRows
 from lightrec.kernels.sparse_update import apply_sparse_update
 from lightrec.modules.embedding_configs import PoolingType
-from lightrec.optim.fused_spec import EmbOptimType
 
 __all__ = ["TorchBatchedLookup"]
 
@@ -87,10 +86,8 @@ class TorchBatchedLookup(ResidentRows):
     def _new_states(self, total: int, dim: int, weight: torch.Tensor) -> dict[str, torch.Tensor]:
         if self.spec is None:
             return {}
-        kind = self.spec.optimizer
-        shape = {EmbOptimType.ROWWISE_ADAGRAD: (total,)}.get(kind, (total, dim))
         return {
-            name: torch.zeros(shape, device=weight.device, dtype=weight.dtype)
+            name: torch.zeros(self.spec.state_shape(name, total, dim), device=weight.device, dtype=weight.dtype)
             for name in self.spec.state_names
         }
 
@@ -110,7 +107,7 @@ class TorchBatchedLookup(ResidentRows):
         for t, n in enumerate(self.rows):
             g = self.groups[self.table_group[t]]
             st = {k: v[self.row_offset[t] : self.row_offset[t] + n] for k, v in g.states.items()}
-            if self.spec is not None and self.spec.optimizer == EmbOptimType.ADAM:
+            if self.spec is not None and self.spec.uses_step:
                 st["step"] = self.step
             out.append(st)
         return out

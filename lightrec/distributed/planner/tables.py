@@ -139,6 +139,7 @@ def collect_tables(
             n_feat = max(1, len(cfg.feature_names))
             pf = _per_feature(c.pooling_factors, n_feat, "pooling_factors", name)
             bs = _per_feature(c.batch_sizes or [batch_size], n_feat, "batch_sizes", name)
+            bs = bs * _per_feature(c.num_poolings or [1.0], n_feat, "num_poolings", name)  # each pooling is a lookup
             opt = c.optimizer or (optimizer_name(default_opt) if default_opt is not None else "sgd")
             quant = cfg.data_type in (DataType.INT8, DataType.INT4, DataType.INT2)
             keys.append((m.path, name))

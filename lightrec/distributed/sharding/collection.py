@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
 from lightrec.distributed.planner.plan import (
     EmbeddingComputeKernel,
     EmbeddingModuleShardingPlan,
@@ -81,6 +82,8 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
         seed: base seed of shard initialisation.
         kernel_backend: ``"auto"`` (fbgemm TBE where it supports a table group, else Triton on
             CUDA, else pure torch), ``"fbgemm"`` (an error names a group it cannot run), ``"triton"`` or ``"torch"``.
+        qcomm_codecs_registry: quantized communication of the output dists, by comm op
+            (``lightrec.distributed.fbgemm_qcomm_codec.get_qcomm_codecs_registry``).
     """
 
     _attr = "embedding_bags"
@@ -99,6 +102,7 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
         fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None,
         seed: int = 0,
         kernel_backend: str = "auto",
+        qcomm_codecs_registry: Mapping[str, QuantizedCommCodecs] | None = None,
     ) -> None:
         super().__init__()
         check_kernel_backend(kernel_backend)
@@ -147,7 +151,9 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
             by_type.setdefault(ps.sharding_type, []).append(
                 ShardedTable(c, ps, shards, spec, source, pooling, kernel_backend)
             )
-        context = ShardingContext(self._feature_order, env, device, self._pooled, self._is_weighted, seed)
+        context = ShardingContext(
+            self._feature_order, env, device, self._pooled, self._is_weighted, seed, qcomm_codecs_registry
+        )
         self._shardings: list[EmbeddingSharding] = [
             self._make_sharding(st, tables, context) for st, tables in by_type.items()
         ]
@@ -328,7 +334,8 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
     def lookup(self, started: StartedInputDist) -> list[torch.Tensor]:
         """This rank's lookups of what ``started`` received (waits for its exchanges): one tensor per
         sharding type (pooled ``[sum B, width]``, sequence one row per received id)."""
-        return [lookup(t.wait()) for lookup, t in zip(self._lookups, self._received(started))]
+        tensors = self._received(started)
+        return [lookup(self._lookup_input(i, t.wait())) for i, (lookup, t) in enumerate(zip(self._lookups, tensors))]
 
     def output_dist(self, embeddings: list[torch.Tensor], started: StartedInputDist) -> Any:
         """Send ``embeddings`` (from :meth:`lookup`) back to the ranks owning the samples; returns
@@ -345,8 +352,10 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
         as its lookup is done, overlapping the next lookup. What the forward runs."""
         tensors = self._received(started)
         results = []
-        for ctx, t, lookup, output_dist in zip(started.contexts, tensors, self._lookups, self._output_dists):
-            results.append(output_dist(lookup(t.wait()), t, ctx))
+        for i, (ctx, t, lookup, output_dist) in enumerate(
+            zip(started.contexts, tensors, self._lookups, self._output_dists)
+        ):
+            results.append(output_dist(lookup(self._lookup_input(i, t.wait())), t, ctx))
         return self._assemble(started, results)
 
     def prefetch(self, started: StartedInputDist) -> None:
@@ -377,6 +386,11 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
             index = {k: i for i, k in enumerate(keys)}
             self._positions_cache[key] = [index[f] for f in self._feature_order]
         return self._positions_cache[key]
+
+    def _lookup_input(self, sharding: int, received: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        """The KJT sharding ``sharding`` looks up, from the one its input dist received (a hook:
+        the feature-processed collection turns received positions into learned weights here)."""
+        return received
 
     def __repr__(self) -> str:
         """The seed tutorial's tree: lookups, input dists, output dists, then the table holders."""

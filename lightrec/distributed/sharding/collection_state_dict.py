@@ -58,6 +58,7 @@ def state_dict_hook(
                 [c.num_embeddings, c.embedding_dim],
                 [(meta, p.detach()) for _, meta, p in local],
                 local[0][2].dtype if local else torch.float32,
+                list(table.shards),
             )
 
 
