@@ -7,6 +7,7 @@ Importing this package registers ``RecStrategy`` in Lightning's strategy registr
 from lightning.pytorch.strategies import StrategyRegistry
 
 from lightrec._compat import silence_known_warnings
+from lightrec.lightning.managed_collision_monitor import ManagedCollisionMonitor
 from lightrec.lightning.nonfinite import NonFiniteLossError
 from lightrec.lightning.plan_report import PlanReport
 from lightrec.lightning.quantized_export import QuantizedExport
@@ -20,6 +21,7 @@ if RecStrategy.strategy_name not in StrategyRegistry:
     RecStrategy.register_strategies(StrategyRegistry)
 
 __all__ = [
+    "ManagedCollisionMonitor",
     "NonFiniteLossError",
     "PlanReport",
     "QuantizedExport",

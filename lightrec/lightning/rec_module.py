@@ -25,6 +25,11 @@ lets ``RecModule`` build ``self.model`` in ``configure_model``, once the strateg
 * under any other strategy (one process) they are a ``FusedEmbeddingBagCollection`` with the very
   same fused optimizer, so both runs train with the same update rule.
 
+``managed_collisions`` puts every such table behind managed collisions
+(``lightrec.modules.mc_options``): raw ids of any size (below ``input_hash_size``) get their own
+rows, evicted as the vocabulary drifts; sharded by the managed-collision sharders under
+``RecStrategy``, kept (frozen) by ``serving_model()`` and the export.
+
 The same two hooks give ``model_for_planning()`` (``lightrec plan``), ``fused_params()`` (the
 sharders' and planner's view of the embedding optimizer), ``serving_model()`` / ``serving_factory()``
 (plain ``EmbeddingBagCollection`` tables, the input of ``lightrec.inference.quantize`` / ``export``)
@@ -55,6 +60,7 @@ from lightrec.lightning.rec_model_summary import summary_for
 from lightrec.lightning.rec_strategy import RecStrategy
 from lightrec.metrics import rec_metrics
 from lightrec.modules import EmbeddingBagCollection, EmbeddingBagConfig
+from lightrec.modules.mc_options import ManagedCollisionOptions
 from lightrec.optim import (
     CombinedOptimizer,
     KeyedOptimizer,
@@ -130,6 +136,11 @@ class RecModule(pl.LightningModule):
             ``NonFiniteLossError`` on every rank, ``"skip"`` the batch on every rank (counted in
             ``skipped_nonfinite_batches``), ``None`` no check (saves one host sync per step on GPU;
             ``lightrec.lightning.nonfinite``).
+        managed_collisions: put the tables ``RecModule`` builds behind managed collisions: ``True``
+            (defaults), a dict of ``ManagedCollisionOptions`` settings (``eviction_policy``,
+            ``eviction_interval``, ``input_hash_size``, ``buckets``, ...) or None (off). Each table's
+            ``num_embeddings`` is its number of rows; the model's sparse module then returns
+            ``(embeddings, None)``, which ``lightrec.models`` take.
     """
 
     def __init__(
@@ -147,8 +158,10 @@ class RecModule(pl.LightningModule):
         embedding_lr: float = 0.05,
         embedding_eps: float = 1e-8,
         nonfinite_loss: Literal["raise", "skip"] | None = "raise",
+        managed_collisions: dict[str, Any] | bool | None = None,
     ) -> None:
         super().__init__()
+        self.managed_collisions = ManagedCollisionOptions.parse(managed_collisions)
         self.nonfinite_loss = check_nonfinite_policy(nonfinite_loss)
         self.skipped_nonfinite_batches = 0
         if isinstance(dense_optimizer, str) and dense_optimizer.lower() not in _DENSE_OPTIMIZERS:
@@ -295,13 +308,18 @@ class RecModule(pl.LightningModule):
         ``sharded``, else a materialised ``FusedEmbeddingBagCollection`` (see the module docstring)."""
         optimizer = EMBEDDING_OPTIMIZERS[self.embedding_optimizer]
         if sharded:
-            ebc = EmbeddingBagCollection(tables=tables, device="meta")
+            ebc: nn.Module = EmbeddingBagCollection(tables=tables, device="meta")
             # The mark names the fused optimizer the sharders build; nothing steps a meta tensor.
             apply_optimizer_in_backward(optimizer, ebc.parameters(), self._embedding_optimizer_kwargs, False)
-            return ebc
-        return FusedEmbeddingBagCollection(
-            tables, optimizer_type=optimizer, optimizer_kwargs=self._embedding_optimizer_kwargs
-        )
+        else:
+            ebc = FusedEmbeddingBagCollection(
+                tables, optimizer_type=optimizer, optimizer_kwargs=self._embedding_optimizer_kwargs
+            )
+        return self._managed(ebc, tables, "meta" if sharded else None)
+
+    def _managed(self, ebc: nn.Module, tables: list[EmbeddingBagConfig], device: str | None) -> nn.Module:
+        """``ebc`` behind managed collisions when ``managed_collisions`` is set (id maps on ``device``)."""
+        return ebc if self.managed_collisions is None else self.managed_collisions.wrap(ebc, tables, device)
 
     def fused_params(self) -> dict[str, Any]:
         """The embedding optimizer as torchrec-style ``fused_params`` (for sharders and the planner)."""
@@ -344,14 +362,18 @@ class RecModule(pl.LightningModule):
         The input of ``lightrec.inference.quantize``/``export`` for an unsharded module (the fused
         collection's state-dict keys are the plain collection's, so the weights load one to one).
         """
-        model = self._model_from_tables(lambda tables: EmbeddingBagCollection(tables=tables, device="cpu"))
+        model = self._model_from_tables(
+            lambda tables: self._managed(EmbeddingBagCollection(tables=tables, device="cpu"), tables, "cpu")
+        )
         model.load_state_dict({k: v.detach().cpu() for k, v in self.built_model().state_dict().items()})
         return self._serving_part(model).eval()
 
     def serving_factory(self) -> nn.Module:
         """An untrained serving model with ``meta`` tables (``export_from_checkpoint``'s model factory)."""
         return self._serving_part(
-            self._model_from_tables(lambda tables: EmbeddingBagCollection(tables=tables, device="meta"))
+            self._model_from_tables(
+                lambda tables: self._managed(EmbeddingBagCollection(tables=tables, device="meta"), tables, "meta")
+            )
         )
 
     def _serving_part(self, model: nn.Module) -> nn.Module:

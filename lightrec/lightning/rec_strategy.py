@@ -76,12 +76,16 @@ from lightrec.distributed.sharding.collection import ShardedCollectionBase
 from lightrec.distributed.sharding_env import ShardingEnv
 from lightrec.kernels.kernel_registry import check_kernel_backend
 from lightrec.modules import EmbeddingBagCollection, EmbeddingCollection
+from lightrec.modules.mc_embedding_modules import BaseManagedCollisionEmbeddingCollection
 
 __all__ = ["RecStrategy"]
 
 #: Placed by the plan, not by ``model_to_device``: unsharded collections (possibly on ``meta``;
-#: their sharder materialises this rank's shards) and sharded ones (already placed).
-_PLACED_BY_PLAN = (EmbeddingBagCollection, EmbeddingCollection, ShardedCollectionBase)
+#: their sharder materialises this rank's shards; managed-collision ones with their id maps) and
+#: sharded ones (already placed).
+_PLACED_BY_PLAN = (
+    EmbeddingBagCollection, EmbeddingCollection, BaseManagedCollisionEmbeddingCollection, ShardedCollectionBase,
+)  # fmt: skip
 
 
 def _has_unsharded_collections(module: nn.Module) -> bool:

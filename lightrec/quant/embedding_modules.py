@@ -28,6 +28,10 @@ from lightrec.modules.feature_checks import check_collection_input
 from lightrec.quant.collection_base import QuantCollectionBase, QuantTable
 from lightrec.quant.embedding_collection import QuantEmbeddingCollection
 from lightrec.quant.host_memory import allocate_host_buffer
+from lightrec.quant.mc_embedding_modules import (  # torchrec's path for them (re-exported)
+    QuantManagedCollisionEmbeddingBagCollection,
+    QuantManagedCollisionEmbeddingCollection,
+)
 from lightrec.quant.row_codec import DEFAULT_ROW_ALIGNMENT, row_size_in_bytes, sparse_type_code
 from lightrec.quant.table_groups import (
     StoredTableLayout,
@@ -37,7 +41,14 @@ from lightrec.quant.table_groups import (
 )
 from lightrec.sparse import KeyedJaggedTensor, KeyedTensor
 
-__all__ = ["EmbeddingBagCollection", "EmbeddingCollection", "QuantEmbeddingBagCollection", "QuantEmbeddingCollection"]
+__all__ = [
+    "EmbeddingBagCollection",
+    "EmbeddingCollection",
+    "QuantEmbeddingBagCollection",
+    "QuantEmbeddingCollection",
+    "QuantManagedCollisionEmbeddingBagCollection",
+    "QuantManagedCollisionEmbeddingCollection",
+]
 
 # one graph node under torch.fx (torch.fx.wrap patches the calling module's globals, i.e. this one's)
 torch.fx.wrap("check_ids_by_table")

@@ -405,7 +405,8 @@ def _build_plan(
                 ranks=[int(r) for r in pl.ranks[t].tolist()],
                 sharding_spec=None if st == DP else _shard_specs(opts, o, pl.ranks[t], topo),
             )
-        plan.plan[m.path] = mp
+        # A sharder may lay its shards out further (managed-collision tables: row blocks on whole buckets).
+        plan.plan[m.path] = m.sharder.finalize_module_plan(m.module, mp, topo.world_size)
     return plan
 
 
