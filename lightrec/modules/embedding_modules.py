@@ -22,8 +22,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.fx._symbolic_trace import is_fx_symbolic_tracing as is_fx_tracing
 
+from lightrec._compat import is_fx_symbolic_tracing as is_fx_tracing
 from lightrec.modules.embedding_configs import (
     BaseEmbeddingConfig,
     EmbeddingBagConfig,

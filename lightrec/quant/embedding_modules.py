@@ -20,8 +20,8 @@ from typing import Any, List, Optional
 
 import torch
 from torch import nn
-from torch.fx._symbolic_trace import is_fx_symbolic_tracing as is_fx_tracing
 
+from lightrec._compat import is_fx_symbolic_tracing as is_fx_tracing
 from lightrec.modules.embedding_configs import DataType, EmbeddingBagConfig, PoolingType
 from lightrec.modules.embedding_modules import embedding_names_by_table, ids_per_table
 from lightrec.modules.feature_checks import check_collection_input
