@@ -344,7 +344,7 @@ class _BatchedLookupBase(nn.Module):
         if checker.mode == "sync":
             # The torch backend's one-id-per-bag fast path learns its answer in the same host read.
             want = self.backend_name == "torch" and self.pooling != PoolingType.NONE
-            singletons = checker.check_values(indices, offsets, batch, want_singletons=want)
+            singletons = checker.check_values(indices, offsets, batch, want_singletons=want, per_sample_weights=psw)
         if self.backend_name != "triton":  # the Triton kernels read int32 and int64 ids as they are
             indices, offsets = indices.long(), offsets.long()
         optimizer = self._fused_optimizer

@@ -138,7 +138,9 @@ class QuantEmbeddingBagCollection(QuantCollectionBase):
             # ids are looked up as they come: check them with one min/max per run of equal-sized tables
             if not torch.jit.is_scripting():  # TorchScript skips this branch; it cannot compile set logic
                 if not is_fx_tracing():
-                    check_collection_input(features, self._feature_order, "QuantEmbeddingBagCollection")
+                    check_collection_input(
+                        features, self._feature_order, "QuantEmbeddingBagCollection", weighted=self._is_weighted
+                    )
                     if self._is_weighted and features.weights_or_none() is None:
                         raise ValueError(
                             "QuantEmbeddingBagCollection(is_weighted=True) needs per-id weights, but the "

@@ -356,7 +356,12 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
     def _begin_input_dist(
         self, features: KeyedJaggedTensor, stream: torch.cuda.Stream | None
     ) -> StartedInputDist:
-        """Stage 1 of the input dist of ``features``: every sharding's splits exchange in flight."""
+        """Stage 1 of the input dist of ``features``: every sharding's splits exchange in flight.
+
+        The batch is checked first (``check_collection_input``), also when its input dist starts ahead
+        of the forward (``start_input_dist``), so a bad batch is refused on the rank that got it before
+        any collective, never in a peer's kernel after the all-to-all."""
+        check_collection_input(features, self._feature_order, type(self).__name__, weighted=self._is_weighted)
         positions = self._positions(features.keys())
         with on_stream(stream):
             bounded = self._id_bounds(features)  # the unsharded module's bounds_check policy
@@ -372,7 +377,6 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
             ``(contexts, output awaitables, positions, features after the bounds_check rewrite)``.
         """
         if started is None:
-            check_collection_input(features, self._feature_order, type(self).__name__)
             started = self._begin_input_dist(features, None)  # every splits exchange in flight
         tensors = started.progress()  # every lengths/values exchange in flight
         if started.stream is not None:  # issued on a side stream: wait there, hand over to this one
