@@ -39,6 +39,7 @@ __all__ = [
     "is_fx_symbolic_tracing",
     "optimizers_to_device",
     "proxyable_call",
+    "set_logging_step",
     "reduce_scatter_single",
     "silence_known_warnings",
 ]
@@ -192,6 +193,12 @@ def __getattr__(name: str) -> Any:
     value = _lightning_private(name)
     globals()[name] = value  # resolved once
     return value
+
+
+def set_logging_step(trainer: Any, step: int) -> None:
+    """Set the step Lightning logs training metrics at (the training epoch loop's private
+    ``_batches_that_stepped``: one per optimizer step, restored from checkpoints)."""
+    trainer.fit_loop.epoch_loop._batches_that_stepped = step
 
 
 def fit_data_fetcher(trainer: Any) -> Any:

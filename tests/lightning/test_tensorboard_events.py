@@ -105,6 +105,17 @@ def test_events_hold_loss_metrics_and_throughput(two_rank_run) -> None:  # noqa:
     assert 0.0 <= auc <= 1.0 and events.Scalars("val/ne")[-1].value > 0
 
 
+def test_the_run_metric_of_the_hparams_tab_is_the_validation_auc(two_rank_run) -> None:  # noqa: ANN001
+    """Issue 23: TensorBoard's HPARAMS tab showed Lightning's placeholder ``hp_metric = -1`` for every
+    run. RecModule logs the validation AUC as ``hp_metric`` at each validation, so the tab compares
+    runs by it (the placeholder stays as the value at step 0, before any validation)."""
+    _, events = two_rank_run
+    hp = events.Scalars("hp_metric")
+    auc = events.Scalars("val/auc")
+    assert [e.value for e in hp[1:]] == [e.value for e in auc] and [e.step for e in hp[1:]] == [e.step for e in auc]
+    assert hp[0].value == -1 and hp[0].step == 0  # Lightning's declaration of the metric when fitting starts
+
+
 def test_monitor_counts_global_samples_and_local_shards(two_rank_run) -> None:  # noqa: ANN001
     ranks, events = two_rank_run
     rate = events.Scalars("monitor/samples_per_sec")
