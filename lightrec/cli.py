@@ -32,6 +32,7 @@ import torch
 
 from lightrec.distributed.checkpoint import (
     CheckpointError,
+    ForeignCheckpointError,
     consolidate_checkpoint,
     is_sharded_checkpoint,
     load_file,
@@ -40,7 +41,7 @@ from lightrec.distributed.planner import PlannerError
 from lightrec.distributed.planning import get_default_sharders, plan_sharding, topology_for
 from lightrec.inference import export_from_checkpoint
 from lightrec.recipes import CONFIGS, CONFIGS_DIR, RECIPES, config_summary, configs_of, get_recipe
-from lightrec.recipes.run_checks import nearest
+from lightrec.recipes.run_checks import condense_error, nearest
 
 if TYPE_CHECKING:  # annotation only: importing Lightning would slow every command down by a second
     from lightrec.lightning import RecModule
@@ -53,6 +54,11 @@ FAILURE = 1
 
 class CommandError(Exception):
     """A command could not do its job (exit code 1, message printed without a traceback)."""
+
+
+class UsageError(CommandError):
+    """The user asked for something that cannot work: a path that is not a checkpoint, an output that
+    exists (exit code 2, like an argument error, message printed without a traceback)."""
 
 
 # ---------------------------------------------------------------------------------------------- run
@@ -143,7 +149,7 @@ def _cp(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     dest = Path(ns.dir)
     if dest.suffix in (".yaml", ".yml"):  # one config to edit, not a folder named x.yaml
         if dest.exists():
-            raise CommandError(f"refusing to overwrite {str(dest)!r}; choose another name or remove it first")
+            raise UsageError(f"refusing to overwrite {str(dest)!r}; choose another name or remove it first")
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(CONFIGS_DIR / f"{recipe.default_config}.yaml", dest)
         print(f"wrote {dest} (the {recipe.name} recipe's default config)")
@@ -153,7 +159,7 @@ def _cp(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     copies += [(CONFIGS_DIR / f"{c}.yaml", dest / "configs" / f"{c}.yaml") for c in configs_of(recipe.script)]
     existing = [str(target) for _, target in copies if target.exists()]
     if existing:
-        raise CommandError(
+        raise UsageError(
             f"refusing to overwrite {', '.join(existing)}; choose another directory or remove them first"
         )
     (dest / "configs").mkdir(parents=True, exist_ok=True)
@@ -218,8 +224,8 @@ def _plan(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             datamodule.prepare_data()
             datamodule.setup("fit")
             size_tables_from(datamodule)
-    except (ValueError, TypeError, OSError) as exc:
-        raise CommandError(f"cannot build the model of {config}: {exc}") from exc
+    except (ValueError, TypeError, OSError) as exc:  # a bad value or missing data: the user's to fix
+        raise UsageError(f"cannot build the model of {config}: {condense_error(str(exc))}") from exc
     trainer_cfg = cli.config["trainer"]
     accelerator = str(ns.accelerator or trainer_cfg.get("accelerator") or "cpu")
     devices = _count_devices(
@@ -278,18 +284,37 @@ def _load_class(reference: str) -> type[RecModule]:
     return found
 
 
+def _checkpoint_argument(path: Path) -> None:
+    """Refuse (``UsageError``) a checkpoint argument that is missing or a folder that is not a checkpoint."""
+    if not path.exists():
+        raise UsageError(f"checkpoint {str(path)!r} does not exist")
+    if path.is_dir() and not is_sharded_checkpoint(path):
+        raise UsageError(
+            f"{str(path)!r} is a folder but not a lightrec sharded checkpoint (it holds no meta.pt and no "
+            "manifest.json); pass the checkpoint folder itself, e.g. lightning_logs/<name>/version_0/checkpoints/"
+            "last.ckpt"
+        )
+
+
+def _output_argument(out: Path, force: bool) -> None:
+    """Refuse (``UsageError``) an output path that exists (without ``--force``), is a folder, or has no folder."""
+    if out.is_dir():
+        raise UsageError(f"{str(out)!r} is a folder; give the file to write, e.g. {str(out / 'full.ckpt')!r}")
+    if out.exists() and not force:
+        raise UsageError(f"{str(out)!r} exists; pass --force to replace it")
+    if not out.parent.is_dir():
+        raise UsageError(f"the folder of {str(out)!r} does not exist; create it first")
+
+
 def _export(ns: argparse.Namespace) -> int:
     checkpoint = Path(ns.checkpoint)
-    if not checkpoint.exists():
-        raise CommandError(f"checkpoint {str(checkpoint)!r} does not exist")
+    _checkpoint_argument(checkpoint)
     out = (
         Path(ns.out)
         if ns.out
         else checkpoint.parent / f"{checkpoint.stem}_{ns.dtype}.{'pt2' if ns.format == 'export' else 'pt'}"
     )
     if checkpoint.is_dir():
-        if not is_sharded_checkpoint(checkpoint):
-            raise CommandError(f"{str(checkpoint)!r} is a folder but not a lightrec sharded checkpoint (no meta.pt)")
         with tempfile.TemporaryDirectory() as tmp:  # the whole model is gathered in this process
             full = Path(tmp) / "full.ckpt"
             try:
@@ -307,7 +332,7 @@ def _export_file(ns: argparse.Namespace, checkpoint: Path, out: Path, shown: Pat
         raise CommandError(str(exc)) from exc
     reference = ns.module or state.get("lightrec_module")
     if not reference:
-        raise CommandError(
+        raise UsageError(
             f"{str(shown)!r} was not written by a lightrec recipe (no 'lightrec_module' entry); "
             "pass --module package.module.ClassName of its RecModule"
         )
@@ -319,21 +344,26 @@ def _export_file(ns: argparse.Namespace, checkpoint: Path, out: Path, shown: Pat
             "checkpoints of lightrec recipes, or add the method to your RecModule"
         )
     out.parent.mkdir(parents=True, exist_ok=True)
-    export_from_checkpoint(state, serving_factory, out, dtype=ns.dtype, format=ns.format)
+    try:
+        export_from_checkpoint(state, serving_factory, out, dtype=ns.dtype, format=ns.format)
+    except OSError as exc:  # e.g. a full disk: one line naming the file, not a traceback
+        raise CommandError(f"cannot write {str(out)!r}: {exc.strerror or exc}") from exc
     print(f"exported {shown} -> {out}")
     return 0
 
 
 def _consolidate(ns: argparse.Namespace) -> int:
     source, out = Path(ns.checkpoint), Path(ns.out)
-    if not source.exists():
-        raise CommandError(f"checkpoint {str(source)!r} does not exist")
-    if out.exists() and not ns.force:
-        raise CommandError(f"{str(out)!r} exists; pass --force to replace it")
+    _checkpoint_argument(source)
+    _output_argument(out, ns.force)
     try:
         consolidate_checkpoint(source, out)
-    except CheckpointError as exc:
+    except ForeignCheckpointError as exc:  # a file, but not one lightrec wrote
+        raise UsageError(str(exc)) from exc
+    except CheckpointError as exc:  # damaged, or no room to write: names the file
         raise CommandError(str(exc)) from exc
+    except OSError as exc:  # e.g. no permission to write there
+        raise CommandError(f"cannot write {str(out)!r}: {exc.strerror or exc}") from exc
     print(f"consolidated {source} -> {out} ({out.stat().st_size / 2**20:.1f} MiB of full tables)")
     return 0
 
@@ -478,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
         return _export(ns)
     except CommandError as exc:
         print(f"lightrec {ns.command}: error: {exc}", file=sys.stderr)
-        return FAILURE
+        return USAGE_ERROR if isinstance(exc, UsageError) else FAILURE
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.cli import LightningCLI
 
-__all__ = ["CHECKED_ENV", "RecipeArgumentError", "RunPlan", "check_recipe_args", "nearest"]
+__all__ = ["CHECKED_ENV", "RecipeArgumentError", "RunPlan", "check_recipe_args", "condense_error", "nearest"]
 
 CHECKED_ENV = "LIGHTREC_ARGS_CHECKED"
 """Set to ``1`` in the environment of the rank processes of a checked command line."""
@@ -104,8 +104,8 @@ def _check_config_files(args: list[str], configs_dir: Path) -> None:
             )
 
 
-def _condense(message: str) -> str:
-    """jsonargparse's multi-line union error -> ``key: reason`` on one line."""
+def condense_error(message: str) -> str:
+    """jsonargparse's multi-line union error -> ``key: reason`` on one line (the class's own message kept)."""
     key = re.search(r'Parser key "([^"]+)"', message)
     reasons = []
     for line in message.splitlines():
@@ -213,7 +213,7 @@ def check_recipe_args(
         with _quiet():
             cli = _build(cli_class, model_class, body)
     except Exception as exc:  # the parser's and the classes' own errors, named and condensed
-        message = _condense(str(exc))
+        message = condense_error(str(exc))
         hint = ""
         try:
             with _quiet():
