@@ -269,6 +269,8 @@ def run_recipe(
             raise SystemExit(USAGE_ERROR) from None
         if plan is not None:
             print_warning(warn_if_devices_exceed_cores(plan))
+            for note in plan.notes:
+                print_warning(note)
         os.environ[CHECKED_ENV] = "1"
     try:
         with warnings.catch_warnings():
