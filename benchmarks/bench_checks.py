@@ -74,9 +74,9 @@ def _worker(rank: int, args: argparse.Namespace, port: int, queue: Any) -> None:
     torch.set_num_threads(1)
     import lightning.pytorch as pl
 
+    import lightrec.distributed.sharding.collection as sharded_collection
     from lightrec.lightning import RecStrategy
     from lightrec.lightning.nonfinite import nonfinite_ranks
-    import lightrec.distributed.sharding.collection as sharded_collection
     from lightrec.modules.feature_checks import check_collection_input
     from lightrec.sparse import KeyedJaggedTensor
     from lightrec.sparse.kjt_checks import check_lengths_and_weights

@@ -99,7 +99,7 @@ def contenders(tables: list[EmbeddingBagConfig], lr: float) -> dict[str, Callabl
         def build() -> Callable | str:
             if backend == "fbgemm" and not fbgemm_available():
                 return f"fbgemm unavailable: {fbgemm_unavailable_reason()}"
-            ebc = FusedEmbeddingBagCollection(tables, torch.optim.SGD, {"lr": lr}, backend=backend)
+            ebc = FusedEmbeddingBagCollection(tables, torch.optim.SGD, {"lr": lr}, kernel_backend=backend)
 
             def step(kjt: KeyedJaggedTensor) -> None:
                 ebc(kjt).values().sum().backward()  # rows updated inside backward; no optimizer.step()

@@ -20,7 +20,7 @@ device-to-device copy (bytes read + written) measured in the same run.
 (b) End to end: DLRM with 13 dense features, the 26 Criteo-Kaggle tables capped at 1M rows, dim
 128, bottom MLP 512-256-128, top MLP 1024-1024-512-256-1, a ``RecModule`` trained by
 ``Trainer.fit`` on one GPU (fused row-wise Adagrad tables through ``FusedEmbeddingBagCollection``
-with ``backend="auto"``, Adagrad dense layers), batch 16384, batches drawn on the GPU
+with ``kernel_backend="auto"``, Adagrad dense layers), batch 16384, batches drawn on the GPU
 (``SyntheticCriteo(device=...)``). Prints samples/s and a per-step breakdown from CUDA events
 (input, lookups forward + backward/update, dense forward + backward, optimizer, rest). See
 ``benchmarks/gpu_dlrm.py``.
@@ -32,7 +32,8 @@ Run (one GPU; prints JSON and a table; ``--out`` also writes the JSON)::
     python benchmarks/bench_gpu.py --smoke            # tiny sizes, any machine (CPU included)
     TRITON_INTERPRET=1 python benchmarks/bench_gpu.py --smoke   # ... with the Triton backend on CPU
 
-``--sweep`` also times the Triton backend under a few launch-tile settings (per workload).
+``--sweep`` also times the Triton backend under a few launch-tile settings (per workload);
+``--profile`` lists, on a GPU, the CUDA kernels of one iteration of each fused contender.
 """
 
 from __future__ import annotations
@@ -43,11 +44,11 @@ import os
 import platform
 import statistics
 import sys
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from gpu_timer import Timer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -58,26 +59,6 @@ SWEEP = [
     {"forward_block_b": 64, "backward_block_n": 32, "num_warps": 8},
     {"forward_block_b": 32, "backward_block_n": 16, "num_warps": 8},
 ]
-
-
-class Timer:
-    """CUDA events on a GPU (no host sync until read), ``perf_counter`` on CPU."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-
-    def mark(self) -> Any:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
-
-    def ms(self, start: Any, end: Any) -> float:
-        if self.cuda:
-            end.synchronize()
-            return float(start.elapsed_time(end))
-        return (end - start) * 1e3
 
 
 def environment(device: torch.device) -> dict[str, Any]:
@@ -188,7 +169,7 @@ def _contender(kind: str, w: Workload, device: torch.device) -> tuple[Any, Any]:
         configs,
         fused_params={"optimizer": "exact_row_wise_adagrad", "learning_rate": 0.01},
         device=device,
-        backend=kind,
+        kernel_backend=kind,
     )
 
     def fused_step(kjt: Any, grad: torch.Tensor) -> None:
@@ -219,6 +200,28 @@ def time_contender(
     del step, module
     return {"contender": kind, "backend": backend, "ms": ms, "samples_per_s": w.batch / (ms / 1e3),
             "useful_bytes": moved, "bytes_per_s": moved / (ms / 1e3)}  # fmt: skip
+
+
+def kernel_profile(kind: str, w: Workload, device: torch.device, batches: list[Any], iters: int = 5) -> list[dict]:
+    """Where one contender's iteration spends its GPU time: the CUDA kernels of ``iters`` iterations
+    under ``torch.profiler``, as ``[{"kernel", "ms_per_iter", "share"}]``, largest first (top 12)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step, _module = _contender(kind, w, device)
+    grad = torch.randn(w.batch, w.tables * w.dim, device=device)
+    for kjt, _ in batches[:2]:  # compile and warm up outside the trace
+        step(kjt, grad)
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(iters):
+            step(batches[i % len(batches)][0], grad)
+        torch.cuda.synchronize(device)
+    # self_device_time_total: the kernel's own GPU time (torch >= 2.4 names it so)
+    rows = [(e.key, getattr(e, "self_device_time_total", 0.0)) for e in prof.key_averages()]
+    rows = [(k, us) for k, us in rows if us > 0]
+    total = sum(us for _, us in rows) or 1.0
+    rows.sort(key=lambda r: -r[1])
+    return [{"kernel": k[:90], "ms_per_iter": us / 1e3 / iters, "share": us / total} for k, us in rows[:12]]
 
 
 def available_backends(device: torch.device, wanted: list[str]) -> list[str]:
@@ -259,6 +262,14 @@ def embedding_part(device: torch.device, args: argparse.Namespace, copy_bps: flo
                       flush=True)  # fmt: skip
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
+            if args.profile and device.type == "cuda" and kind != "plain":
+                triton_backend.LAUNCH_OVERRIDES.clear()
+                top = kernel_profile(kind, w, device, batches)
+                results[-1 - len(settings) + 1]["profile"] = top
+                print(f"  kernels of one {kind} iteration ({w.name}):")
+                for k in top:
+                    print(f"    {k['ms_per_iter']:7.3f} ms {100 * k['share']:4.0f}%  {k['kernel']}")
+                torch.cuda.empty_cache()
         triton_backend.LAUNCH_OVERRIDES.clear()
         plain = {r["workload"]: r["samples_per_s"] for r in results if r["contender"] == "plain"}
         for r in results:
@@ -301,6 +312,8 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=None)
     parser.add_argument("--steps", type=int, default=None, help="measured Trainer.fit steps of part (b)")
     parser.add_argument("--sweep", action="store_true", help="also time the Triton backend under other tiles")
+    parser.add_argument("--profile", action="store_true",
+                        help="GPU only: the CUDA kernels of each fused contender's iteration (torch.profiler)")
     parser.add_argument("--dlrm-backend", default="auto", help="kernel backend of the DLRM's tables")
     parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     parser.add_argument("--out", default=None)

@@ -166,7 +166,7 @@ def main() -> None:
         kernels.append(("torch", False))
     for dtype in ("int8", "int4"):
         for kernel, use_fbgemm in kernels:
-            q = QuantEmbeddingBagCollection.from_float(ebc, dtype=dtype, use_fbgemm=use_fbgemm)
+            q = QuantEmbeddingBagCollection.from_float(ebc, dtype=dtype, kernel_backend=kernel)
             contenders.append(_Contender(f"{dtype}_qebc_{kernel}", lightrec_fn(q), q.storage_bytes(), requests,
                                          5 if use_fbgemm else 1))
             if use_fbgemm:

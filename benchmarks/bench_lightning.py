@@ -178,16 +178,15 @@ class _Bare:
     def input_dist_ms(self, steps: int) -> list[float]:
         """Wall ms of one whole input dist (both exchanges), serial, per step of ``steps`` extra steps:
         the latency ``SparseDistPrefetch`` takes off the critical path, so the most it can save."""
-        target = self.dmp.prefetch_target
-        assert target is not None
+        pipeline = self.dmp.pipeline
         out = []
         for _ in range(steps):
             kjt = self.batches[self.step % len(self.batches)].sparse_features
             dist.barrier()
             start = time.perf_counter()
-            target.start_input_dist(kjt)
-            target.progress_input_dists()
-            target.cancel_input_dists(wait=True)  # waits for the lengths/values exchange
+            pipeline.start(kjt)
+            pipeline.progress()
+            pipeline.cancel(wait=True)  # waits for the lengths/values exchange
             out.append(1000 * (time.perf_counter() - start))
             self.run(1)
         return out

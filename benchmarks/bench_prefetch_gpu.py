@@ -128,16 +128,16 @@ def _exposed_input_dist_ms(
         base._module(args), device=torch.device("cuda", torch.cuda.current_device()), plan=plan,
         sharders=[EmbeddingBagCollectionSharder(fused_params=base._fused_params())], init_data_parallel=False,
     )  # fmt: skip
-    target = model.prefetch_target
+    pipeline = model.pipeline
     kjt = batches[0].sparse_features.to(torch.device("cuda", torch.cuda.current_device()))
     times = []
     for _ in range(rounds):
         dist.barrier()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        target.start_input_dist(kjt)
-        target.progress_input_dists()
-        target.cancel_input_dists(wait=True)
+        pipeline.start(kjt)
+        pipeline.progress()
+        pipeline.cancel(wait=True)
         torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)

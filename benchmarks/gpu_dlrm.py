@@ -2,7 +2,7 @@
 
 Model: 13 dense features, the 26 Criteo-Kaggle tables capped at 1M rows, dim 128, bottom MLP
 512-256-128, top MLP 1024-1024-512-256-1 (``--smoke``: 1000-row tables, dim 16, small MLPs).
-Tables: ``FusedEmbeddingBagCollection`` (exact row-wise Adagrad, ``backend=--dlrm-backend``) built
+Tables: ``FusedEmbeddingBagCollection`` (exact row-wise Adagrad, ``kernel_backend=--dlrm-backend``) built
 on the device; dense layers: Adagrad through ``RecModule.configure_optimizers``. Data:
 ``SyntheticCriteo(device=<the training device>)`` draws every batch where it is consumed.
 
@@ -30,7 +30,7 @@ from collections import Counter
 from typing import Any
 
 import torch
-from bench_gpu import Timer
+from gpu_timer import Timer
 
 
 class _TimedDataset(torch.utils.data.Dataset):
@@ -144,7 +144,7 @@ def run_dlrm(device: torch.device, args: Any) -> dict[str, Any]:
             super().__init__(dense_optimizer="adagrad", dense_lr=0.01, metrics=("ctr",))
             ebc = FusedEmbeddingBagCollection(
                 data.table_configs(dim), fused_params={"optimizer": "exact_row_wise_adagrad", "learning_rate": 0.01},
-                device=device, backend=args.dlrm_backend,
+                device=device, kernel_backend=args.dlrm_backend,
             )  # fmt: skip
             self.model = DLRM(ebc, 13, bottom, top)
 

@@ -4,7 +4,7 @@ The flat namespace mirrors torchrec's, so ``import lightrec as torchrec``-style 
 ``lightrec.KeyedJaggedTensor``, ``lightrec.EmbeddingBagCollection``, ``lightrec.EmbeddingBagConfig``...
 """
 
-from lightrec import _moved_modules
+from lightrec import _source_tree
 from lightrec._version import __version__
 from lightrec.kernels import FusedEmbeddingBagCollection, FusedEmbeddingCollection
 from lightrec.modules import (
@@ -26,7 +26,7 @@ from lightrec.optim import (
 )
 from lightrec.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 
-_moved_modules.install()
+_source_tree.install()  # lightrec.recipes is the top-level recipes/ folder (see _source_tree)
 
 # Names that pull in Lightning (or the data stack) load on first use, so `import lightrec`
 # stays light for inference processes and users of the distributed layer alone.

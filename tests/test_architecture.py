@@ -23,7 +23,10 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "lightrec"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "lightrec"
+# The top-level recipes/ folder installs as lightrec.recipes (pyproject's package-dir): one more room.
+RECIPES = ROOT / "recipes"
 
 # Leaf modules every room may import: torch-version shims, the fbgemm / Triton availability
 # checks and the version string. They import nothing of lightrec's.
@@ -62,9 +65,9 @@ ALLOWED: dict[str, frozenset[str]] = {
         {"sparse", "modules", "optim", "models", "data", "metrics", "kernels", "inference", "lightning"}
     ),
     "cli": frozenset({"recipes", "lightning", "inference", "distributed"}),
-    # the flat torchrec-style namespace (lightrec/__init__.py) and the table of moved module paths
-    "lightrec": frozenset({"sparse", "modules", "optim", "kernels", "_moved_modules"}),
-    "_moved_modules": frozenset(),
+    # the flat torchrec-style namespace (lightrec/__init__.py) and what a source checkout needs
+    "lightrec": frozenset({"sparse", "modules", "optim", "kernels", "_source_tree"}),
+    "_source_tree": frozenset(),
 }
 ALLOWED.update({name: frozenset() for name in FOUNDATION})
 
@@ -79,6 +82,21 @@ MIRRORS: dict[str, tuple[frozenset[str], str]] = {
         "torchrec.modules.fused_embedding_modules; the fused collections need the batched kernels",
     ),
 }
+
+# torchrec's import paths whose code lives elsewhere in lightrec: re-export modules only (imports,
+# ``__all__`` and aliases), imported by users, never by a lightrec file, so the grab-bag module
+# ``distributed/types.py`` once was cannot grow back.
+TORCHREC_PATHS = (
+    "lightrec.distributed.dist_data",
+    "lightrec.distributed.embedding_types",
+    "lightrec.distributed.shard",
+    "lightrec.distributed.sharding_plan",
+    "lightrec.distributed.types",
+    "lightrec.modules.fused_embedding_modules",
+    "lightrec.optim.apply_optimizer_in_backward",
+    "lightrec.optim.optimizers",
+    "lightrec.sparse.jagged_tensor",
+)
 
 # Rooms below lightrec.lightning: they must run in a process without Lightning.
 BELOW_LIGHTNING = (
@@ -106,14 +124,23 @@ class Import:
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    if path.is_relative_to(RECIPES):
+        parts = ("lightrec", "recipes", *path.relative_to(RECIPES).with_suffix("").parts)
+    else:
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def is_module(dotted: str) -> bool:
-    """Whether ``dotted`` names a file or package of lightrec."""
-    path = PACKAGE.parent.joinpath(*dotted.split("."))
+    """Whether ``dotted`` names a file or package of lightrec (``lightrec.recipes.*``: of recipes/)."""
+    names = dotted.split(".")
+    path = RECIPES.joinpath(*names[2:]) if names[:2] == ["lightrec", "recipes"] else PACKAGE.parent.joinpath(*names)
     return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def source_files() -> list[Path]:
+    """Every ``.py`` file of the package and of the recipes."""
+    return sorted(PACKAGE.rglob("*.py")) + sorted(RECIPES.rglob("*.py"))
 
 
 def _absolute(node: ast.ImportFrom, source: str, is_package: bool) -> str:
@@ -153,7 +180,7 @@ def imports_of(path: Path, source: str | None = None) -> Iterator[Import]:
 
 
 def all_imports() -> list[Import]:
-    return [imp for path in sorted(PACKAGE.rglob("*.py")) for imp in imports_of(path)]
+    return [imp for path in source_files() for imp in imports_of(path)]
 
 
 def room(dotted: str) -> str:
@@ -199,7 +226,7 @@ def find_circles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 # ---------------------------------------------------------------------------------------- tests
 def test_every_room_is_in_the_table() -> None:
-    rooms = {room(module_name(p)) for p in PACKAGE.rglob("*.py")}
+    rooms = {room(module_name(p)) for p in source_files()}
     assert rooms <= set(ALLOWED), f"add {sorted(rooms - set(ALLOWED))} to ALLOWED (and docs/architecture.md)"
 
 
@@ -225,6 +252,26 @@ def test_mirrors_are_imported_by_no_lightrec_file() -> None:
     assert not offenders, f"lightrec files import a torchrec-path mirror module: {offenders}"
     for mirror in MIRRORS:
         assert is_module(mirror), f"MIRRORS names {mirror}, which is not a module"
+
+
+@pytest.mark.parametrize("dotted", TORCHREC_PATHS)
+def test_torchrec_paths_only_re_export(dotted: str) -> None:
+    path = PACKAGE.parent.joinpath(*dotted.split(".")).with_suffix(".py")
+    tree = ast.parse(path.read_text())
+    defined = [
+        node.name
+        for node in tree.body
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+    ]
+    assert not defined, f"{dotted} is a torchrec path: define {defined} in the room's own module and re-export it"
+    importers = [  # `from dotted import x` / `import dotted` (a name of the parent package is not the module)
+        f"{module_name(p)}:{node.lineno}"
+        for p in source_files()
+        for node in ast.walk(ast.parse(p.read_text()))
+        if (isinstance(node, ast.ImportFrom) and node.module == dotted)
+        or (isinstance(node, ast.Import) and any(a.name == dotted for a in node.names))
+    ]
+    assert not importers, f"lightrec files import the torchrec path {dotted} (import the home module): {importers}"
 
 
 def test_no_import_circle_between_files() -> None:
@@ -290,12 +337,12 @@ def test_the_architecture_doc_draws_the_same_table() -> None:
         if len(cells) != 2 or not cells[0].startswith("`"):
             continue
         name = cells[0].split("`")[1]
-        name = {"cli.py": "cli", "lightrec/__init__.py": "lightrec"}.get(name, name)
+        name = {"lightrec/__init__.py": "lightrec"}.get(name, name)
         drawn[name] = frozenset(cells[1].split("`")[1::2])
     rooms = {
         name: allowed
         for name, allowed in ALLOWED.items()
-        if name not in FOUNDATION and name != "_moved_modules"
+        if name not in FOUNDATION and name != "_source_tree"
     }
     assert drawn == rooms
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from lightrec.cli import main
+from lightrec.lightning.recipe_checks import RequestedDevices, warn_if_devices_exceed_cores
 from lightrec.recipes import CONFIGS_DIR
-from lightrec.recipes.run_checks import RunPlan, warn_if_devices_exceed_cores
 from tests.test_cli import TINY
 
 # (arguments after `lightrec run`, text the one error line must hold)
@@ -86,11 +86,11 @@ def test_unknown_recipe_suggests_the_nearest(capsys: pytest.CaptureFixture[str])
 
 def test_more_cpu_devices_than_cores_warns() -> None:
     cores = os.cpu_count() or 1
-    line = warn_if_devices_exceed_cores(RunPlan(cores + 2, "cpu"))
+    line = warn_if_devices_exceed_cores(RequestedDevices(cores + 2, "cpu"))
     assert line is not None and f"--devices {cores + 2}" in line and f"{cores} cores" in line
-    assert warn_if_devices_exceed_cores(RunPlan(str(cores + 2), "cpu")) is not None
-    assert warn_if_devices_exceed_cores(RunPlan(cores, "cpu")) is None
-    assert warn_if_devices_exceed_cores(RunPlan(cores + 2, "gpu")) is None  # GPUs are not cores
+    assert warn_if_devices_exceed_cores(RequestedDevices(str(cores + 2), "cpu")) is not None
+    assert warn_if_devices_exceed_cores(RequestedDevices(cores, "cpu")) is None
+    assert warn_if_devices_exceed_cores(RequestedDevices(cores + 2, "gpu")) is None  # GPUs are not cores
 
 
 def test_bare_command_prints_help_and_version_names_the_stack(capsys: pytest.CaptureFixture[str]) -> None:

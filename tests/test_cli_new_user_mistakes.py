@@ -113,11 +113,11 @@ def test_resume_mistakes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd:
 
 def test_resuming_on_another_number_of_ranks_warns_with_the_batch_size_to_keep(tmp_path: Path) -> None:
     """The run goes on; the warning says how to keep the global batch (the data position is in samples)."""
+    from lightrec.lightning.recipe_checks import RecipeArgumentError, _build
+    from lightrec.lightning.recipe_cli import RecipeCLI
+    from lightrec.lightning.recipe_preflight import check_built_run
     from lightrec.recipes import CONFIGS_DIR
     from lightrec.recipes.dlrm import DLRMModule
-    from lightrec.recipes.preflight import check_built_run
-    from lightrec.recipes.recipe_cli import RecipeCLI
-    from lightrec.recipes.run_checks import RecipeArgumentError, _build
 
     sharded = tmp_path / "last.ckpt"
     save_folder(sharded, step=2, extra={"datamodule_hyper_parameters": {"batch_size": 1024}})

@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal, Protocol
 
 import numpy as np
 import torch
 
 from lightrec.data._random import _key, _zipf_tables, mix64
 
-__all__ = ["DeviceBlock", "TorchPlantedSampler", "torch_hash_unit", "torch_mix64"]
+__all__ = ["DeviceBlock", "PlantedParameters", "TorchPlantedSampler", "torch_hash_unit", "torch_mix64"]
 
 _MASK64 = (1 << 64) - 1
 
@@ -79,6 +80,23 @@ class DeviceBlock:
     labels: torch.Tensor
 
 
+class PlantedParameters(Protocol):
+    """What a sampler reads of the hidden model: a :class:`~lightrec.data.PlantedCriteoModel`'s
+    parameters (that class imports this file, so it is named here by what it must hold)."""
+
+    seed: int
+    num_embeddings: list[int]
+    zipf_exponent: float
+    ids_per_feature: list[int]
+    ids_distribution: Literal["fixed", "poisson"]
+    scatter: list[tuple[int, int]]
+    effect_std: np.ndarray
+    dense_mu: np.ndarray
+    dense_sigma: np.ndarray
+    dense_weight: np.ndarray
+    bias: float
+
+
 class TorchPlantedSampler:
     """Draws blocks of a :class:`~lightrec.data.PlantedCriteoModel` on ``device``.
 
@@ -87,13 +105,13 @@ class TorchPlantedSampler:
         device: where samples are generated (``"cuda"``, ``"cpu"``, ...).
     """
 
-    def __init__(self, model: object, device: torch.device | str) -> None:
+    def __init__(self, model: PlantedParameters, device: torch.device | str) -> None:
         self.model = model
         self.device = torch.device(device)
         m = model
-        sizes = m.num_embeddings  # type: ignore[attr-defined]
+        sizes = m.num_embeddings
         self.num_features = len(sizes)
-        exponent = m.zipf_exponent  # type: ignore[attr-defined]
+        exponent = m.zipf_exponent
         heads, head_start, los, his, masses = [], [0], [], [], []
         for f, n in enumerate(sizes):
             cdf, lo, hi, mass = _zipf_tables(int(n), float(exponent))
@@ -113,30 +131,30 @@ class TorchPlantedSampler:
         self._mass = torch.tensor(masses, dtype=f64, device=dev)
         self._exponent = float(exponent)
         self._size = torch.tensor(sizes, dtype=i64, device=dev)
-        self._scatter_a = torch.tensor([a for a, _ in m.scatter], dtype=i64, device=dev)  # type: ignore[attr-defined]
-        self._scatter_b = torch.tensor([b for _, b in m.scatter], dtype=i64, device=dev)  # type: ignore[attr-defined]
-        seed = m.seed  # type: ignore[attr-defined]
+        self._scatter_a = torch.tensor([a for a, _ in m.scatter], dtype=i64, device=dev)
+        self._scatter_b = torch.tensor([b for _, b in m.scatter], dtype=i64, device=dev)
+        seed = m.seed
         self._hash_key = torch.tensor(
             [_signed(int(_key(seed, 1000 + f))) for f in range(self.num_features)], dtype=i64, device=dev
         )
-        self._effect_std = torch.tensor(m.effect_std, dtype=f64, device=dev)  # type: ignore[attr-defined]
-        self._dense_mu = torch.tensor(m.dense_mu, dtype=f64, device=dev)  # type: ignore[attr-defined]
-        self._dense_sigma = torch.tensor(m.dense_sigma, dtype=f64, device=dev)  # type: ignore[attr-defined]
-        self._dense_weight = torch.tensor(m.dense_weight, dtype=f64, device=dev)  # type: ignore[attr-defined]
+        self._effect_std = torch.tensor(m.effect_std, dtype=f64, device=dev)
+        self._dense_mu = torch.tensor(m.dense_mu, dtype=f64, device=dev)
+        self._dense_sigma = torch.tensor(m.dense_sigma, dtype=f64, device=dev)
+        self._dense_weight = torch.tensor(m.dense_weight, dtype=f64, device=dev)
         self._features = torch.arange(self.num_features, device=dev)
-        self._fixed_counts = torch.tensor(m.ids_per_feature, dtype=i64, device=dev)  # type: ignore[attr-defined]
+        self._fixed_counts = torch.tensor(m.ids_per_feature, dtype=i64, device=dev)
 
     def _generator(self, split: int, block: int) -> torch.Generator:
-        seed = int(mix64(np.array([self.model.seed * 7_919 + split * 104_729 + block], dtype=np.uint64))[0])  # type: ignore[attr-defined]
+        seed = int(mix64(np.array([self.model.seed * 7_919 + split * 104_729 + block], dtype=np.uint64))[0])
         gen = torch.Generator(device=self.device)
         gen.manual_seed(seed & ((1 << 63) - 1))
         return gen
 
     def _bag_sizes(self, split: int, block: int, n: int) -> np.ndarray:
         """``[26, n]`` ids per (feature, sample), drawn on the host so every size stays host-known."""
-        counts = np.asarray(self.model.ids_per_feature, dtype=np.int64)[:, None]  # type: ignore[attr-defined]
-        if self.model.ids_distribution == "poisson":  # type: ignore[attr-defined]
-            rng = np.random.default_rng([self.model.seed, split, block, 0xB46])  # type: ignore[attr-defined]
+        counts = np.asarray(self.model.ids_per_feature, dtype=np.int64)[:, None]
+        if self.model.ids_distribution == "poisson":
+            rng = np.random.default_rng([self.model.seed, split, block, 0xB46])
             return rng.poisson(counts, (self.num_features, n)).astype(np.int32)
         return np.broadcast_to(counts, (self.num_features, n)).astype(np.int32)
 
@@ -162,14 +180,14 @@ class TorchPlantedSampler:
         total = sum(ids_per_key)
         # No pageable host-to-device copy (CUDA would wait for the stream): fixed bag sizes are built
         # on the device, Poisson ones travel from pinned memory.
-        if self.model.ids_distribution == "poisson":  # type: ignore[attr-defined]
+        if self.model.ids_distribution == "poisson":
             host = torch.from_numpy(counts_host)
             lengths = (host.pin_memory() if dev.type == "cuda" else host).to(dev, non_blocking=True)
         else:
             lengths = self._fixed_counts.to(torch.int32)[:, None].expand(self.num_features, n).contiguous()
-        z = torch.randn(n, len(self.model.dense_mu), generator=gen, device=dev, dtype=torch.float64)  # type: ignore[attr-defined]
+        z = torch.randn(n, len(self.model.dense_mu), generator=gen, device=dev, dtype=torch.float64)
         dense = torch.log1p(torch.exp(self._dense_mu + self._dense_sigma * z)).to(torch.float32)
-        logit = self.model.bias + z @ self._dense_weight  # type: ignore[attr-defined]
+        logit = self.model.bias + z @ self._dense_weight
         fid = torch.repeat_interleave(self._features, lengths.sum(dim=1), output_size=total)
         u = torch.rand(total, generator=gen, device=dev, dtype=torch.float64)
         ids = (self.ranks(u, fid) * self._scatter_a[fid] + self._scatter_b[fid]) % self._size[fid]

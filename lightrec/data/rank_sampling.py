@@ -109,11 +109,19 @@ class RankDataLoader(DataLoader):
         # the checkpointed position leaves them out, so a resume trains them.
         self.prefetched = 0
 
+    @property
+    def _rank_sampler(self) -> RankBatchSampler:
+        """The loader's sampler (``rank_dataloader`` always gives it a ``RankBatchSampler``)."""
+        sampler = self.sampler
+        if not isinstance(sampler, RankBatchSampler):
+            raise TypeError(f"RankDataLoader needs a RankBatchSampler, got {type(sampler).__name__}")
+        return sampler
+
     def _samples_per_batch(self) -> int:
         return int(getattr(self.dataset, "batch_size", 1) or 1)
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        sampler: RankBatchSampler = self.sampler  # type: ignore[assignment]
+        sampler = self._rank_sampler
         # Read at the first batch, after Lightning's set_epoch: a position saved in another epoch
         # (the checkpoint of a finished epoch) says nothing about this one.
         resumes_this_epoch = self._resume_epoch is None or self._resume_epoch == sampler.epoch
@@ -128,7 +136,7 @@ class RankDataLoader(DataLoader):
             yield batch
 
     def state_dict(self) -> dict[str, Any]:
-        sampler: RankBatchSampler = self.sampler  # type: ignore[assignment]
+        sampler = self._rank_sampler
         batches = sampler.skip + (self._yielded - self.prefetched) * sampler.num_replicas
         return {"epoch": int(sampler.epoch), "samples": batches * self._samples_per_batch()}
 
@@ -169,7 +177,7 @@ def rank_dataloader(
         if prefetch_factor is not None:
             kwargs["prefetch_factor"] = prefetch_factor
     return RankDataLoader(
-        dataset,  # type: ignore[arg-type]
+        dataset,
         batch_size=None,
         sampler=RankBatchSampler(dataset, rank, world_size, shuffle=shuffle, seed=seed),
         num_workers=num_workers,

@@ -2,9 +2,9 @@
 
 torchrec users switch by changing imports: ``torchrec.distributed.X`` -> ``lightrec.distributed.X``
 for the names below (``EmbeddingBagCollectionSharder``, ``ShardingEnv``, ``ShardingType``,
-``DistributedModelParallel``, ``LazyAwaitable`` ...). The planner lives in
-``lightrec.distributed.planner`` (its main names are re-exported here); sharders, plan and report
-for a model come from ``lightrec.distributed.planning``.
+``DistributedModelParallel``, ``LazyAwaitable`` ...). Plans -- their types, hand-written plans, the
+planner, its report and chart -- live in ``lightrec.distributed.planner`` (the main names are
+re-exported here); the default sharders come from ``lightrec.distributed.sharders``.
 """
 
 from lightrec.distributed.comm import (
@@ -29,33 +29,32 @@ from lightrec.distributed.embeddingbag import (
     EmbeddingBagCollectionSharder,
     ShardedEmbeddingBagCollection,
 )
-from lightrec.distributed.model_parallel import DistributedModelParallel, balanced_table_wise_plan
+from lightrec.distributed.model_parallel import DistributedModelParallel
 from lightrec.distributed.planner import (
+    EmbeddingComputeKernel,
+    EmbeddingModuleShardingPlan,
     EmbeddingShardingPlanner,
+    ModuleSharder,
     ParameterConstraints,
+    ParameterSharding,
+    ShardingPlan,
+    ShardingType,
+    ShardMetadata,
     Topology,
+    balanced_table_wise_plan,
     column_wise,
+    column_wise_shard_sizes,
     construct_module_sharding_plan,
     data_parallel,
     row_wise,
+    row_wise_shard_sizes,
     table_column_wise,
     table_row_wise,
     table_wise,
 )
-from lightrec.distributed.planning import get_default_sharders
+from lightrec.distributed.sharders import get_default_sharders
+from lightrec.distributed.sharding_env import ShardingEnv
 from lightrec.distributed.state_dict import ShardedTableState, gather_full_state_dict
-from lightrec.distributed.types import (
-    EmbeddingComputeKernel,
-    EmbeddingModuleShardingPlan,
-    ModuleSharder,
-    ParameterSharding,
-    ShardingEnv,
-    ShardingPlan,
-    ShardingType,
-    ShardMetadata,
-    column_wise_shard_sizes,
-    row_wise_shard_sizes,
-)
 
 __all__ = [
     "Awaitable",

@@ -14,10 +14,10 @@ from typing import Any
 import torch
 
 from lightrec.distributed.comm import LazyAwaitable
-from lightrec.distributed.input_dist_pipeline import StartedInputDist
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
 from lightrec.distributed.sharding.collection_sharder import CollectionSharder
 from lightrec.distributed.sharding.common import DistContext, EmbeddingSharding
+from lightrec.distributed.sharding.work_ahead import StartedInputDist
 from lightrec.modules.embedding_configs import EmbeddingConfig
 from lightrec.modules.embedding_modules import EmbeddingCollection
 from lightrec.sparse import JaggedTensor, KeyedJaggedTensor
@@ -39,22 +39,25 @@ class EmbeddingCollectionAwaitable(LazyAwaitable[dict[str, JaggedTensor]]):
     ) -> None:
         super().__init__()
         self._parts = list(zip(shardings, contexts, awaitables))
-        self._features = features
+        self._features: KeyedJaggedTensor | None = features
         self._positions = positions
         self._feature_order = feature_order
 
     def _wait_impl(self) -> dict[str, JaggedTensor]:
         rows: dict[str, torch.Tensor] = {}
         for sharding, ctx, awaitable in self._parts:
-            rows.update(sharding.feature_rows(awaitable.wait(), ctx))  # type: ignore[attr-defined]
-        batch = self._features.stride()
-        lengths = self._features.lengths().view(-1, batch) if batch > 0 else None
+            rows.update(sharding.feature_rows(awaitable.wait(), ctx))
+        features = self._features
+        if features is None:
+            raise RuntimeError("internal error: an EmbeddingCollectionAwaitable resolved twice")
+        batch = features.stride()
+        lengths = features.lengths().view(-1, batch) if batch > 0 else None
         out = {}
         for i, f in enumerate(self._feature_order):
             k = i if self._positions is None else self._positions[i]
-            f_lengths = lengths[k] if lengths is not None else self._features.lengths()[:0]
+            f_lengths = lengths[k] if lengths is not None else features.lengths()[:0]
             out[f] = JaggedTensor(values=rows[f], lengths=f_lengths)
-        self._parts, self._features = [], None  # type: ignore[assignment]
+        self._parts, self._features = [], None  # release the inputs once resolved
         return out
 
 
@@ -80,21 +83,22 @@ class ShardedEmbeddingCollection(ShardedCollectionBase):
         Raises:
             ValueError: for a variable-batch KJT (only the pooled sharded collection takes them).
         """
+        out: EmbeddingCollectionAwaitable = super().forward(features)
+        return out
+
+    def _prepare(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
         if features.variable_stride_per_key():
             raise ValueError(
                 "ShardedEmbeddingCollection takes fixed-batch KeyedJaggedTensors; got a variable-batch one "
                 f"(stride_per_key_per_rank={features.stride_per_key_per_rank()}). Expand it with "
                 "features.to_fixed_batch() or use an unsharded EmbeddingCollection"
             )
-        return super().forward(features)
+        return features
 
-    def _start(
-        self, features: KeyedJaggedTensor, started: StartedInputDist | None
-    ) -> EmbeddingCollectionAwaitable:
+    def _assemble(self, started: StartedInputDist, results: list[Any]) -> EmbeddingCollectionAwaitable:
         # Output bags have the lengths the lookup saw: under bounds_check="skip" dropped ids shorten them.
-        contexts, results, positions, features = self._run(features, started)
         return EmbeddingCollectionAwaitable(
-            self._shardings, contexts, results, features, positions, self._feature_order
+            self._shardings, started.contexts, results, started.bounded, started.positions, self._feature_order
         )
 
 

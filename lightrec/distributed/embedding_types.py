@@ -5,7 +5,7 @@ sharder base of the embedding collections, re-exported.
 (the base of ``EmbeddingBagCollectionSharder`` / ``EmbeddingCollectionSharder``).
 """
 
+from lightrec.distributed.planner.plan import EmbeddingComputeKernel, ShardingType
 from lightrec.distributed.sharding.collection_sharder import CollectionSharder as BaseEmbeddingSharder
-from lightrec.distributed.types import EmbeddingComputeKernel, ShardingType
 
 __all__ = ["BaseEmbeddingSharder", "EmbeddingComputeKernel", "ShardingType"]

@@ -21,9 +21,9 @@ from typing import Any
 import torch
 
 from lightrec.distributed.comm import LazyAwaitable
-from lightrec.distributed.input_dist_pipeline import StartedInputDist
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
 from lightrec.distributed.sharding.collection_sharder import CollectionSharder
+from lightrec.distributed.sharding.work_ahead import StartedInputDist
 from lightrec.modules.embedding_configs import EmbeddingBagConfig
 from lightrec.modules.embedding_modules import EmbeddingBagCollection
 from lightrec.sparse import KeyedJaggedTensor, KeyedTensor
@@ -98,14 +98,13 @@ class ShardedEmbeddingBagCollection(ShardedCollectionBase):
         Returns:
             awaitable of ``KeyedTensor(keys=feature_names(), values=[B_local, sum D])``.
         """
-        if features.variable_stride_per_key():
-            features = features.to_fixed_batch()
-        return super().forward(features)
+        out: EmbeddingBagCollectionAwaitable = super().forward(features)
+        return out
 
-    def _start(
-        self, features: KeyedJaggedTensor, started: StartedInputDist | None
-    ) -> EmbeddingBagCollectionAwaitable:
-        _, results, _, _ = self._run(features, started)
+    def _prepare(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        return features.to_fixed_batch() if features.variable_stride_per_key() else features
+
+    def _assemble(self, started: StartedInputDist, results: list[Any]) -> EmbeddingBagCollectionAwaitable:
         return EmbeddingBagCollectionAwaitable(
             results, self._column_index, self._feature_order, self._length_per_key
         )

@@ -29,7 +29,8 @@ import torch.distributed as dist
 from torch import nn
 
 from lightrec._version import __version__
-from lightrec.distributed.types import ModuleSharder, ShardingPlan
+from lightrec.distributed.planner.plan import ShardingPlan
+from lightrec.distributed.planner.sharder import ModuleSharder
 
 __all__ = ["RankMismatchError", "check_ranks_agree", "describe", "first_difference"]
 

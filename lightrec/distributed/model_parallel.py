@@ -11,7 +11,7 @@
 
 Construction (collective: every rank builds the same model and calls it together):
 
-1. **Plan** -- the given ``plan``, else ``lightrec.distributed.planning.plan_sharding`` with
+1. **Plan** -- the given ``plan``, else ``lightrec.distributed.planner.plan_sharding`` with
    ``collective=True`` (``EmbeddingShardingPlanner``: rank 0 plans, every rank receives it).
 2. **Shard** -- every module at a path of the plan whose type a sharder handles is replaced by its
    sharded version. Tables on ``meta`` are created only as this rank's shards (a table never
@@ -47,64 +47,20 @@ from torch.nn.parallel import DistributedDataParallel
 from lightrec._compat import ddp_buffer_sync
 from lightrec.distributed.comm.failures import collective_guard, timeout_of
 from lightrec.distributed.fingerprint import check_ranks_agree, describe
-from lightrec.distributed.input_dist_pipeline import find_kjts
 from lightrec.distributed.placement import move_dense_to_device, outermost
-from lightrec.distributed.planning import get_default_sharders, plan_sharding, topology_for
+from lightrec.distributed.planner.plan import ShardingPlan
+from lightrec.distributed.planner.plan_builders import shardable_modules
+from lightrec.distributed.planner.planning import plan_sharding, topology_for
+from lightrec.distributed.planner.sharder import ModuleSharder
+from lightrec.distributed.sharders import get_default_sharders
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
 from lightrec.distributed.sharding.collection_sharder import CollectionSharder
+from lightrec.distributed.sharding_env import ShardingEnv, as_env, resolve_group
+from lightrec.distributed.sparse_dist_pipeline import SparseDistPipeline
 from lightrec.distributed.state_dict import gather_full_state_dict
-from lightrec.distributed.types import (
-    EmbeddingComputeKernel,
-    EmbeddingModuleShardingPlan,
-    ModuleSharder,
-    ParameterSharding,
-    ShardingEnv,
-    ShardingPlan,
-    ShardingType,
-    ShardMetadata,
-    as_env,
-    placement_for,
-    resolve_group,
-)
 from lightrec.optim.keyed import CombinedOptimizer
 
-__all__ = ["DistributedModelParallel", "balanced_table_wise_plan", "get_default_sharders"]
-
-
-def _shardable(
-    module: nn.Module, sharders: list[ModuleSharder]
-) -> dict[str, tuple[nn.Module, ModuleSharder]]:
-    out: dict[str, tuple[nn.Module, ModuleSharder]] = {}
-    for path, m in module.named_modules():
-        if any(path.startswith(p + ".") or p == "" for p in out) and path:
-            continue  # inside a module that will be sharded
-        sharder = next((s for s in sharders if type(m) is s.module_type), None)
-        if sharder is not None:
-            out[path] = (m, sharder)
-    return out
-
-
-def balanced_table_wise_plan(
-    module: nn.Module, sharders: list[ModuleSharder], world_size: int, device_type: str = "cpu"
-) -> ShardingPlan:
-    """Table-wise plan: each collection's tables, in order, cut into ``world_size`` contiguous runs
-    of about equal size (rows x dim). Contiguous runs keep the output columns in feature order."""
-    plan = ShardingPlan()
-    for path, (m, sharder) in _shardable(module, sharders).items():
-        configs = list(sharder.shardable_parameters(m).values())
-        sizes = [c.num_embeddings * c.embedding_dim for c in configs]
-        total, before = float(sum(sizes)), 0.0
-        module_plan = EmbeddingModuleShardingPlan()
-        for c, size in zip(configs, sizes):
-            rank = min(world_size - 1, int((before + size / 2) * world_size / total))
-            before += size
-            placement = placement_for(rank, device_type, world_size)
-            module_plan[c.name] = ParameterSharding(
-                ShardingType.TABLE_WISE, EmbeddingComputeKernel.FUSED, [rank],
-                [ShardMetadata([0, 0], [c.num_embeddings, c.embedding_dim], placement)],
-            )  # fmt: skip
-        plan.plan[path] = module_plan
-    return plan
+__all__ = ["DistributedModelParallel"]
 
 
 def _same_device(device: torch.device) -> torch.device:
@@ -164,7 +120,7 @@ class DistributedModelParallel(nn.Module):
             for p, m in outermost(module, (ShardedCollectionBase,))
             if isinstance(m, ShardedCollectionBase)
         }
-        if plan is None and not _shardable(module, self._sharders):
+        if plan is None and not shardable_modules(module, self._sharders):
             plan = ShardingPlan()  # nothing left to shard: no planning (the sharded ones bring their plan)
         elif plan is None:
             topology = topology_for(self._env.world_size, self.device.type)
@@ -181,7 +137,7 @@ class DistributedModelParallel(nn.Module):
         self._dmp_wrapped_module = self._wrap_dense(module) if init_data_parallel else module
         sharded = self._sharded_modules()
         self._fused_optimizer = CombinedOptimizer([(path, m.fused_optimizer) for path, m in sharded.items()])
-        self._prefetch_target = next(iter(sharded.values())) if len(sharded) == 1 else None
+        self._pipeline = SparseDistPipeline(sharded.values())
 
     # ---- construction ---------------------------------------------------------------------
     def _shard(
@@ -191,7 +147,7 @@ class DistributedModelParallel(nn.Module):
         for path, sharded in adopted.items():
             self._check_adoptable(path, sharded)
             paths.append(path)
-        shardable = _shardable(module, self._sharders)
+        shardable = shardable_modules(module, self._sharders)
         unmatched = sorted(set(self._plan.plan) - set(shardable) - set(adopted))
         if unmatched:
             raise ValueError(
@@ -307,22 +263,19 @@ class DistributedModelParallel(nn.Module):
         return self._fused_optimizer
 
     @property
-    def prefetch_target(self) -> ShardedCollectionBase | None:
-        """The model's only sharded collection (None with zero or several): the one ``forward``
-        prefetches and ``SparseDistPrefetch`` pipelines."""
-        return self._prefetch_target
+    def pipeline(self) -> SparseDistPipeline:
+        """The pipeline over the sharded collections: ``forward`` launches through it, and
+        ``SparseDistPrefetch`` (or a train loop) starts the next batch's input dist with it."""
+        return self._pipeline
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the model. With one sharded collection and one ``KeyedJaggedTensor`` argument
-        holding exactly its features -- directly, or as a field of a dataclass argument such as
-        ``lightrec.Batch`` (what Lightning passes through ``training_step``) -- the collection's
-        lookup is started first (``prefetch``): its all-to-alls then overlap with the dense
-        layers, forward and backward."""
+        """Run the model. Each sharded collection that one ``KeyedJaggedTensor`` of the arguments
+        feeds -- directly, or as a field of a dataclass argument such as ``lightrec.Batch`` (what
+        Lightning passes through ``training_step``) -- has its lookup launched first
+        (``SparseDistPipeline.launch``): its all-to-alls then overlap with the dense layers, forward
+        and backward."""
         with collective_guard("a forward collective of DistributedModelParallel (embedding all-to-alls)"):
-            if self._prefetch_target is not None:
-                kjts = find_kjts((*args, *kwargs.values()))
-                if len(kjts) == 1:
-                    self._prefetch_target.lookahead.launch(kjts[0])
+            self._pipeline.launch((*args, *kwargs.values()))
             return self._dmp_wrapped_module(*args, **kwargs)
 
     def state_dict(

@@ -1,10 +1,11 @@
-"""torchrec's ``torchrec.distributed.sharding_plan`` path: hand-written plans, re-exported.
+"""torchrec's ``torchrec.distributed.sharding_plan`` path: hand-written plans and the default
+sharders, re-exported.
 
-Nothing is defined here: the generators live in :mod:`lightrec.distributed.planner.sharding_plan`
-and the default sharders in :mod:`lightrec.distributed.planning`.
+Nothing is defined here: the generators live in :mod:`lightrec.distributed.planner.plan_builders`
+and the default sharders in :mod:`lightrec.distributed.sharders`.
 """
 
-from lightrec.distributed.planner.sharding_plan import (
+from lightrec.distributed.planner.plan_builders import (
     ParameterShardingGenerator,
     column_wise,
     construct_module_sharding_plan,
@@ -14,7 +15,7 @@ from lightrec.distributed.planner.sharding_plan import (
     table_row_wise,
     table_wise,
 )
-from lightrec.distributed.planning import get_default_sharders
+from lightrec.distributed.sharders import get_default_sharders
 
 __all__ = [
     "ParameterShardingGenerator",

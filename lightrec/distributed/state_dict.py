@@ -28,7 +28,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from lightrec.distributed.types import ShardMetadata, resolve_group
+from lightrec.distributed.planner.plan import ShardMetadata
+from lightrec.distributed.sharding_env import resolve_group
 
 __all__ = ["ShardedTableState", "gather_full_state_dict", "local_slice"]
 

@@ -320,7 +320,7 @@ def _to_exported_program(
     if any(type(m).__name__ == "IntNBitTableBatchedEmbeddingBagsCodegen" for m in wrapper.modules()):
         raise ExportError(
             "torch.export cannot trace fbgemm's IntNBitTableBatchedEmbeddingBagsCodegen (its AtomicCounter has no "
-            "fake class): export the unsharded quantized model, shard with use_fbgemm=False, or use format='torchscript'"
+            "fake class): export the unsharded quantized model, shard with kernel_backend='torch', or use format='torchscript'"
         )
     if any(type(m).__module__.startswith("torch.ao.nn.quantized") for m in wrapper.modules()):
         raise ExportError("dynamic int8 Linear layers (quantize_dense=True) export only as format='torchscript'")

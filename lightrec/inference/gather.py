@@ -97,10 +97,12 @@ def quantize_sharded_collection(
     dtype: object,
     per_table: dict[str, object] | None = None,
     row_alignment: int = 16,
-    use_fbgemm: bool | None = None,
+    kernel_backend: str = "auto",
     dst: int | None = None,
 ) -> nn.Module | None:
     """Quantized CPU copy of one sharded collection (collective over its group).
+
+    ``kernel_backend`` picks the quantized collection's lookup kernel (``resolve_quant_kernel``).
 
     Returns:
         A ``QuantEmbeddingBagCollection`` (pooled) or ``QuantEmbeddingCollection`` on rank ``dst``
@@ -111,7 +113,7 @@ def quantize_sharded_collection(
     quantized: QuantEmbeddingBagCollection | QuantEmbeddingCollection | None = None
     if dst is None or env.rank == dst:
         common: dict[str, Any] = {"device": "cpu", "dtype": dtype, "per_table": per_table, "row_alignment": row_alignment,
-                  "use_fbgemm": use_fbgemm}
+                  "kernel_backend": kernel_backend}
         if collection._pooled:
             quantized = QuantEmbeddingBagCollection(list(collection._configs), is_weighted=collection._is_weighted,
                                                     **common)

@@ -30,6 +30,7 @@ from lightrec.inference.gather import (
 )
 from lightrec.kernels import FusedEmbeddingBagCollection, FusedEmbeddingCollection
 from lightrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+from lightrec.modules.kernel_backend import resolve_kernel_backend
 from lightrec.quant.embedding_collection import QuantEmbeddingCollection
 from lightrec.quant.embedding_modules import QuantEmbeddingBagCollection
 from lightrec.quant.row_codec import DEFAULT_ROW_ALIGNMENT
@@ -78,8 +79,10 @@ def quantize(
     quantize_dense: bool = ...,
     state_dict: Mapping[str, torch.Tensor] | None = ...,
     row_alignment: int = ...,
-    use_fbgemm: bool | None = ...,
+    kernel_backend: str = ...,
     dst: None = ...,
+    *,
+    use_fbgemm: bool | None = ...,
     backend: str | None = ...,
 ) -> nn.Module: ...
 
@@ -92,8 +95,10 @@ def quantize(
     quantize_dense: bool = ...,
     state_dict: Mapping[str, torch.Tensor] | None = ...,
     row_alignment: int = ...,
-    use_fbgemm: bool | None = ...,
+    kernel_backend: str = ...,
     dst: int | None = ...,
+    *,
+    use_fbgemm: bool | None = ...,
     backend: str | None = ...,
 ) -> nn.Module | None: ...
 
@@ -105,8 +110,10 @@ def quantize(
     quantize_dense: bool = False,
     state_dict: Mapping[str, torch.Tensor] | None = None,
     row_alignment: int = DEFAULT_ROW_ALIGNMENT,
-    use_fbgemm: bool | None = None,
+    kernel_backend: str = "auto",
     dst: int | None = None,
+    *,
+    use_fbgemm: bool | None = None,
     backend: str | None = None,
 ) -> nn.Module | None:
     """Return a copy of ``model`` whose embedding collections are quantized.
@@ -120,11 +127,11 @@ def quantize(
             (``torch.ao.quantization.quantize_dynamic``; TorchScript export only).
         state_dict: full float state dict to take every weight from (tables and dense layers).
         row_alignment: stored rows are padded to this many bytes.
-        use_fbgemm: lookup kernel choice (None: fbgemm when it imports; same results either way).
-        backend: ``"auto"``, ``"fbgemm"``, ``"triton"`` or ``"torch"`` lookups of the quantized
-            collections (overrides ``use_fbgemm``; see ``resolve_quant_kernel``).
+        kernel_backend: ``"auto"``, ``"fbgemm"``, ``"triton"`` or ``"torch"`` lookups of the quantized
+            collections (see ``resolve_quant_kernel``; the same results whichever runs).
         dst: sharded models only: the rank (in the sharding group) that receives the quantized
             copy; None gives every rank one. Ignored for unsharded models.
+        use_fbgemm, backend: deprecated spellings of ``kernel_backend`` (``lightrec.modules.kernel_backend``).
 
     Returns:
         The quantized copy, in eval mode and with ``requires_grad=False`` on every parameter (on CPU
@@ -135,6 +142,7 @@ def quantize(
         ValueError: the model has no embedding collection, or a state-dict entry is missing or has
             the wrong shape; KeyError: ``per_table`` names an unknown table.
     """
+    kernel_backend = resolve_kernel_backend(kernel_backend, "quantize", backend=backend, use_fbgemm=use_fbgemm)
     root = unwrap_model_parallel(model)
     found = _collections(root)
     if not found:
@@ -159,12 +167,12 @@ def quantize(
         names = _table_names(f)
         mine = {k: v for k, v in (per_table or {}).items() if k in names}
         if f.sharded and full_state is None:
-            replacement = quantize_sharded_collection(f.module, dtype, mine, row_alignment, use_fbgemm, dst)
+            replacement = quantize_sharded_collection(f.module, dtype, mine, row_alignment, kernel_backend, dst)
         else:
             cls = QuantEmbeddingBagCollection if f.pooled else QuantEmbeddingCollection
             replacement = cls.from_float(f.module, dtype=dtype, per_table=mine, row_alignment=row_alignment,
-                                         use_fbgemm=use_fbgemm, state_dict=full_state,
-                                         prefix=f"{f.path}." if f.path else "", backend=backend)
+                                         kernel_backend=kernel_backend, state_dict=full_state,
+                                         prefix=f"{f.path}." if f.path else "")
         if replacement is not None:
             replacements[id(f.module)] = replacement
     if not receiving:

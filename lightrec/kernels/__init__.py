@@ -1,5 +1,9 @@
 """Batched embedding kernels (fbgemm TBE, Triton and pure torch) and fused (in-backward) optimizers.
 
+- ``EmbeddingKernel`` (``kernel_interface.py``): the one interface every backend implements;
+  ``KERNELS`` / ``register_kernel`` / ``select_backend`` (``kernel_registry.py``): the backends by
+  name and the ``kernel_backend="auto"`` rule.
+
 - ``BatchedEmbeddingBag`` / ``BatchedEmbedding``: one kernel call per forward for a group of tables,
   fbgemm's flattened ``(indices, offsets, per_sample_weights)`` layout.
 - ``FusedEmbeddingBagCollection`` / ``FusedEmbeddingCollection``: single-process collections that
@@ -12,27 +16,42 @@ from lightrec.kernels.batched_embedding import (
     BatchedTableSpec,
     EmbeddingFusedOptimizer,
     TableSpec,
-    select_backend,
 )
 from lightrec.kernels.fbgemm_backend import fbgemm_supports
 from lightrec.kernels.fuse_optimizer import fuse_embedding_optimizer
 from lightrec.kernels.fused_collection import FusedEmbeddingBagCollection, FusedEmbeddingCollection
+from lightrec.kernels.kernel_interface import (
+    EmbeddingKernel,
+    KernelConfig,
+    LookupBatch,
+    ResidentRows,
+    RowState,
+)
+from lightrec.kernels.kernel_registry import KERNELS, check_kernel_backend, register_kernel, select_backend
 from lightrec.kernels.triton_backend import triton_supports
 from lightrec.optim.fused_spec import EmbOptimType, FusedOptimizerSpec, WeightDecayMode
 
 __all__ = [
+    "KERNELS",
     "BatchedEmbedding",
     "BatchedEmbeddingBag",
     "BatchedTableSpec",
     "EmbOptimType",
     "EmbeddingFusedOptimizer",
+    "EmbeddingKernel",
     "FusedEmbeddingBagCollection",
     "FusedEmbeddingCollection",
     "FusedOptimizerSpec",
+    "KernelConfig",
+    "LookupBatch",
+    "ResidentRows",
+    "RowState",
     "TableSpec",  # the old name of BatchedTableSpec
     "WeightDecayMode",
+    "check_kernel_backend",
     "fbgemm_supports",
     "fuse_embedding_optimizer",
+    "register_kernel",
     "select_backend",
     "triton_supports",
 ]

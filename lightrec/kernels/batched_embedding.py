@@ -1,5 +1,6 @@
 """Batched lookup modules: a group of tables served by one kernel call per forward (fbgemm TBE,
-Triton or pure torch, see :func:`select_backend`).
+Triton or pure torch: an ``EmbeddingKernel``, chosen by ``kernel_backend``, see
+:mod:`lightrec.kernels.kernel_registry`).
 
 Input layout (fbgemm TBE's flattened layout; ``T`` features, batch ``B``)::
 
@@ -34,11 +35,11 @@ from typing import Any, Union
 import torch
 from torch import nn
 
-from lightrec.kernels.fbgemm_backend import FbgemmBatchedLookup, fbgemm_supports
 from lightrec.kernels.input_checks import ID_CHECK_MODES, LookupInputChecker
-from lightrec.kernels.torch_backend import TorchBatchedLookup
-from lightrec.kernels.triton_backend import TritonBatchedLookup, triton_supports
+from lightrec.kernels.kernel_interface import EmbeddingKernel, KernelConfig, LookupBatch
+from lightrec.kernels.kernel_registry import KERNELS, select_backend
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, PoolingType
+from lightrec.modules.kernel_backend import resolve_kernel_backend
 from lightrec.optim.fused_spec import FusedOptimizerSpec
 from lightrec.optim.keyed import KeyedOptimizer
 
@@ -48,25 +49,12 @@ __all__ = [
     "EmbeddingFusedOptimizer",
     "BatchedTableSpec",
     "TableSpec",
-    "check_kernel_backend",
-    "select_backend",
 ]
-
-BACKENDS = ("auto", "fbgemm", "torch", "triton")
 
 
 #: What the batched modules accept as a table: a config (``EmbeddingBagConfig`` / ``EmbeddingConfig``:
 #: rows, dim, name, init), a :class:`BatchedTableSpec` or a ``(rows, dim)`` tuple.
 TableLike = Union["BatchedTableSpec", BaseEmbeddingConfig, tuple[int, int]]
-
-
-def check_kernel_backend(kernel_backend: str) -> None:
-    """Reject an unknown ``kernel_backend`` argument (one of :data:`BACKENDS`)."""
-    if kernel_backend not in BACKENDS:
-        raise ValueError(
-            f"kernel_backend must be one of {BACKENDS} (auto: fbgemm where it supports the tables, else "
-            f"Triton on CUDA, else pure torch), got {kernel_backend!r}"
-        )
 
 
 @dataclass
@@ -81,47 +69,6 @@ class BatchedTableSpec:
 
 TableSpec = BatchedTableSpec
 """The name ``BatchedTableSpec`` had before 0.1 (``lightrec.kernels.TableSpec``)."""
-
-
-def select_backend(
-    backend: str,
-    spec: FusedOptimizerSpec | None,
-    device: torch.device,
-    dims: Sequence[int],
-    pooling: PoolingType,
-    feature_table_map: Sequence[int],
-) -> str:
-    """Resolve ``"auto"`` to a backend; validate an explicit choice.
-
-    ``"auto"``: fbgemm when it imports and serves the configuration; else, on CUDA, triton when it
-    imports; else torch. On CPU ``"auto"`` never picks triton (its interpreter is for tests).
-
-    Raises:
-        ValueError: an unknown backend, or an explicit one that cannot serve this lookup here.
-    """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if backend == "torch":
-        return backend
-    if backend == "triton":
-        reason = triton_supports(spec, device, dims, pooling, feature_table_map)
-        if reason is not None:
-            raise ValueError(
-                f"backend='triton' cannot serve this lookup: {reason}; use backend='auto' or 'torch'"
-            )
-        return backend
-    reason = fbgemm_supports(spec, device, dims, pooling, feature_table_map)
-    if backend == "fbgemm":
-        if reason is not None:
-            raise ValueError(
-                f"backend='fbgemm' cannot serve this lookup: {reason}; use backend='auto', 'triton' or 'torch'"
-            )
-        return backend
-    if reason is None:
-        return "fbgemm"
-    if device.type == "cuda" and triton_supports(spec, device, dims, pooling, feature_table_map) is None:
-        return "triton"
-    return "torch"
 
 
 class EmbeddingFusedOptimizer(KeyedOptimizer):
@@ -197,7 +144,7 @@ class _BatchedLookupBase(nn.Module):
         feature_table_map: Sequence[int] | None,
         pooling: PoolingType,
         optimizer: FusedOptimizerSpec | Mapping[str, Any] | None,
-        backend: str,
+        kernel_backend: str,
         device: torch.device | str | None,
         optimizer_param_names: Sequence[str] | None,
         id_check: str = "auto",
@@ -226,29 +173,16 @@ class _BatchedLookupBase(nn.Module):
         self.pooling = pooling
         self.optimizer_spec = FusedOptimizerSpec.coerce(optimizer)
         device = torch.device(device) if device is not None else torch.device("cpu")
-        self.backend_name = select_backend(backend, self.optimizer_spec, device, self.dims, pooling, ftm)
-        if self.backend_name == "fbgemm":
-            assert self.optimizer_spec is not None  # select_backend guarantees it
-            self._backend: FbgemmBatchedLookup | TritonBatchedLookup | TorchBatchedLookup = (
-                FbgemmBatchedLookup(
-                    self.rows, self.dims, ftm, pooling, self.optimizer_spec, device, self.table_names
-                )
-            )
-        elif self.backend_name == "triton":
-            self._backend = TritonBatchedLookup(
-                self.rows, self.dims, ftm, pooling, self.optimizer_spec, device
-            )
-        else:
-            self._backend = TorchBatchedLookup(
-                self.rows, self.dims, ftm, pooling, self.optimizer_spec, device
-            )
+        config = KernelConfig(self.rows, self.dims, ftm, pooling, self.optimizer_spec, device, self.table_names)
+        self.backend_name = select_backend(kernel_backend, config)
+        self._backend: EmbeddingKernel = KERNELS[self.backend_name](config)
         self._input_checker = LookupInputChecker(
-            self.rows, ftm, self.table_names, _id_check_mode(id_check, self.backend_name, device)
+            self.rows, ftm, self.table_names, _id_check_mode(id_check, self._backend, device)
         )
 
         fused = self.optimizer_spec is not None
         self.weights = nn.ParameterDict()
-        for name, view, spec in zip(self.table_names, self._backend.table_weights(), specs, strict=True):
+        for name, view, spec in zip(self.table_names, self._backend.split_embedding_weights(), specs, strict=True):
             if spec.init_fn is not None:
                 spec.init_fn(view)
             else:
@@ -269,7 +203,7 @@ class _BatchedLookupBase(nn.Module):
             assert self.optimizer_spec is not None
             params = dict(zip(names, self.weights.values(), strict=True))
             self._fused_optimizer = EmbeddingFusedOptimizer(
-                self.optimizer_spec, params, self._backend.table_states()
+                self.optimizer_spec, params, self._backend.split_optimizer_states()
             )
             for p in self.weights.values():
                 p._in_backward_optimizers = [self._fused_optimizer]
@@ -283,6 +217,28 @@ class _BatchedLookupBase(nn.Module):
     @property
     def num_features(self) -> int:
         return len(self.feature_table_map)
+
+    @property
+    def kernel(self) -> EmbeddingKernel:
+        """The backend serving the tables (``lightrec.kernels.kernel_interface.EmbeddingKernel``):
+        row access (``read_rows`` / ``write_rows`` / ``reset_rows``) and the split views."""
+        return self._backend
+
+    @property
+    def prefetches(self) -> bool:
+        """Whether the kernel wants a later batch's ids ahead (:meth:`prefetch`); in-memory kernels do not."""
+        return self._backend.prefetches
+
+    def prefetch(self, indices: torch.Tensor, offsets: torch.Tensor) -> None:
+        """The ids a later call will look up (a kernel behind a cache fetches the rows it misses)."""
+        self._backend.prefetch(indices, offsets)
+
+    def reset_rows(self, table: str, rows: torch.Tensor, weights: torch.Tensor) -> None:
+        """Give ``rows`` (local ids) of ``table`` fresh ``weights`` ``[n, D]`` and a zero fused-optimizer
+        state, as a new row has (what a managed-collision eviction does to the rows it frees)."""
+        if table not in self.table_names:
+            raise KeyError(f"reset_rows: no table {table!r}; the tables are {self.table_names}")
+        self._backend.reset_rows(self.table_names.index(table), rows, weights)
 
     def split_embedding_weights(self) -> list[nn.Parameter]:
         """Per table ``[rows, D]`` weights (the parameters themselves; they alias the storage)."""
@@ -303,11 +259,11 @@ class _BatchedLookupBase(nn.Module):
 
     def _relink(self) -> None:
         """Point each table parameter (and the fused optimizer's state) at the backend's storage."""
-        for p, view in zip(self.weights.values(), self._backend.table_weights(), strict=True):
+        for p, view in zip(self.weights.values(), self._backend.split_embedding_weights(), strict=True):
             if p.data.data_ptr() != view.data_ptr() or p.data.shape != view.shape or p.dtype != view.dtype:
                 p.data = view
         if self._fused_optimizer is not None:
-            self._fused_optimizer._refresh(self._backend.table_states())
+            self._fused_optimizer._refresh(self._backend.split_optimizer_states())
             for p in self.weights.values():
                 p._in_backward_optimizers = [self._fused_optimizer]
 
@@ -341,12 +297,11 @@ class _BatchedLookupBase(nn.Module):
             checker.report_pending()
         batch = checker.check_shapes(indices, offsets, psw)
         singletons = None
+        kernel = self._backend
         if checker.mode == "sync":
-            # The torch backend's one-id-per-bag fast path learns its answer in the same host read.
-            want = self.backend_name == "torch" and self.pooling != PoolingType.NONE
+            # A kernel's one-id-per-bag fast path learns its answer in the same host read.
+            want = kernel.wants_singletons and self.pooling != PoolingType.NONE
             singletons = checker.check_values(indices, offsets, batch, want_singletons=want, per_sample_weights=psw)
-        if self.backend_name != "triton":  # the Triton kernels read int32 and int64 ids as they are
-            indices, offsets = indices.long(), offsets.long()
         optimizer = self._fused_optimizer
         fused = optimizer is not None
         inputs = [self._placeholder] if fused else list(self.weights.values())
@@ -370,14 +325,12 @@ class _BatchedLookupBase(nn.Module):
             dtype = next(iter(self.weights.values())).dtype
             empty: torch.Tensor = _EmptyLookup.apply(rows, width, self._placeholder.device, dtype, *inputs)
             return empty
-        if isinstance(self._backend, TorchBatchedLookup):
-            out = self._backend.lookup(indices, offsets, psw, batch, inputs, lr, singletons)
-        elif isinstance(self._backend, TritonBatchedLookup):
-            out = self._backend.lookup(indices, offsets, psw, batch, inputs, lr, checker.mode == "sync")
-        else:
-            out = self._backend.lookup(indices, offsets, psw, batch, inputs, lr)
-        if checker.mode == "async" and isinstance(self._backend, TritonBatchedLookup):  # async: Triton only
-            checker.arm(self._backend.error_flag, indices, offsets, batch)
+        request = LookupBatch(indices, offsets, psw, batch, checked=checker.mode == "sync", singletons=singletons)
+        out = kernel.lookup(request, inputs, lr)
+        if checker.mode == "async":  # a kernel that finds bad ids on the device (checks_ids_on_device)
+            if kernel.error_flag is None:
+                raise RuntimeError(f"the {kernel.name!r} kernel checks ids on the device but has no error flag")
+            checker.arm(kernel.error_flag, indices, offsets, batch)
         return out
 
     def extra_repr(self) -> str:
@@ -388,22 +341,23 @@ class _BatchedLookupBase(nn.Module):
         )
         return (
             f"tables={self.table_names}, rows={self.rows}, dims={self.dims}, features={self.num_features}, "
-            f"pooling={self.pooling.name}, backend='{self.backend_name}', optimizer={opt}, "
+            f"pooling={self.pooling.name}, kernel_backend='{self.backend_name}', optimizer={opt}, "
             f"id_check='{self.id_check}'"
         )
 
 
-def _id_check_mode(id_check: str, backend: str, device: torch.device) -> str:
-    """``"auto"``: asynchronous (device-side) checks for the Triton backend on CUDA, else ``"sync"``."""
+def _id_check_mode(id_check: str, kernel: EmbeddingKernel, device: torch.device) -> str:
+    """``"auto"``: asynchronous (device-side) checks for a kernel that checks ids on the device
+    (Triton) on CUDA, else ``"sync"``."""
     if id_check not in ID_CHECK_MODES:
         raise ValueError(f"id_check must be one of {ID_CHECK_MODES}, got {id_check!r}")
-    if id_check == "async" and backend != "triton":
+    if id_check == "async" and not kernel.checks_ids_on_device:
         raise ValueError(
-            f"id_check='async' needs the Triton backend (its kernels skip bad ids; the {backend!r} backend "
-            "would read out of bounds); use id_check='sync' or backend='triton'"
+            f"id_check='async' needs a kernel that checks ids on the device (Triton: its kernels skip bad ids; "
+            f"the {kernel.name!r} kernel would read out of bounds); use id_check='sync' or kernel_backend='triton'"
         )
     if id_check == "auto":
-        return "async" if backend == "triton" and device.type == "cuda" else "sync"
+        return "async" if kernel.checks_ids_on_device and device.type == "cuda" else "sync"
     return id_check
 
 
@@ -417,9 +371,10 @@ class BatchedEmbeddingBag(_BatchedLookupBase):
         pooling: ``PoolingType.SUM`` or ``PoolingType.MEAN``.
         optimizer: fused optimizer (``FusedOptimizerSpec`` or torchrec ``fused_params`` dict), or
             None for plain autograd gradients on ``weights.<table>``.
-        backend: ``"auto"`` (fbgemm when it supports the configuration; else triton on CUDA;
-            else torch), ``"fbgemm"``, ``"triton"`` (CUDA, or CPU under ``TRITON_INTERPRET=1``)
-            or ``"torch"``. ``select_backend`` documents the rule; ``backend_name`` says which runs.
+        kernel_backend: ``"auto"`` (fbgemm when it supports the configuration; else triton on CUDA;
+            else torch), ``"fbgemm"``, ``"triton"`` (CUDA, or CPU under ``TRITON_INTERPRET=1``),
+            ``"torch"`` or a kernel added with ``register_kernel``; ``backend_name`` says which runs
+            (``lightrec.kernels.kernel_registry`` has the rule).
         device: where the tables live.
         optimizer_param_names: names under which ``fused_optimizer`` checkpoints each table
             (default ``weights.<table>``); collections pass ``embedding_bags.<table>.weight``.
@@ -427,6 +382,7 @@ class BatchedEmbeddingBag(_BatchedLookupBase):
             ``"async"`` (Triton only: checked by the kernels on the device, no host read; an error
             is raised by the next call or :meth:`report_pending_errors`) or ``"auto"`` (async for
             Triton on CUDA, else sync). See ``lightrec.kernels.input_checks``.
+        backend: the former name of ``kernel_backend`` (deprecated).
 
     ``forward(indices [N], offsets [T*B+1], per_sample_weights [N] | None) -> [B, sum_f D_f]``.
     """
@@ -437,17 +393,20 @@ class BatchedEmbeddingBag(_BatchedLookupBase):
         feature_table_map: Sequence[int] | None = None,
         pooling: PoolingType = PoolingType.SUM,
         optimizer: FusedOptimizerSpec | Mapping[str, Any] | None = None,
-        backend: str = "auto",
+        kernel_backend: str = "auto",
         device: torch.device | str | None = None,
         optimizer_param_names: Sequence[str] | None = None,
         id_check: str = "auto",
+        *,
+        backend: str | None = None,
     ) -> None:
         if pooling not in (PoolingType.SUM, PoolingType.MEAN):
             raise ValueError(
                 f"BatchedEmbeddingBag pools with SUM or MEAN, got {pooling}; use BatchedEmbedding for NONE"
             )
+        kernel_backend = resolve_kernel_backend(kernel_backend, "BatchedEmbeddingBag", backend=backend)
         super().__init__(
-            tables, feature_table_map, pooling, optimizer, backend, device, optimizer_param_names, id_check
+            tables, feature_table_map, pooling, optimizer, kernel_backend, device, optimizer_param_names, id_check
         )
 
     def forward(
@@ -469,20 +428,23 @@ class BatchedEmbedding(_BatchedLookupBase):
         tables: Sequence[TableLike],
         feature_table_map: Sequence[int] | None = None,
         optimizer: FusedOptimizerSpec | Mapping[str, Any] | None = None,
-        backend: str = "auto",
+        kernel_backend: str = "auto",
         device: torch.device | str | None = None,
         optimizer_param_names: Sequence[str] | None = None,
         id_check: str = "auto",
+        *,
+        backend: str | None = None,
     ) -> None:
         dims = {s.embedding_dim for s in _table_specs(tables)}
         if len(dims) > 1:
             raise ValueError(f"BatchedEmbedding tables must share one embedding_dim, got {sorted(dims)}")
+        kernel_backend = resolve_kernel_backend(kernel_backend, "BatchedEmbedding", backend=backend)
         super().__init__(
             tables,
             feature_table_map,
             PoolingType.NONE,
             optimizer,
-            backend,
+            kernel_backend,
             device,
             optimizer_param_names,
             id_check,

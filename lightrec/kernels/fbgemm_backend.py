@@ -4,7 +4,7 @@
 features up in one kernel and applies the optimizer inside its backward. On CPU the tables live in
 host memory (``EmbeddingLocation.HOST`` + ``ComputeDevice.CPU``); on CUDA in device memory.
 
-What fbgemm 1.8 can do (anything else makes ``backend="auto"`` pick the torch backend):
+What fbgemm 1.8 can do (anything else makes ``kernel_backend="auto"`` pick another kernel):
 
 =========  =================================================  ===================================
 device     optimizers                                         weight decay
@@ -25,10 +25,12 @@ This module imports ``fbgemm_gpu`` only when a backend object is built; callers 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import ClassVar
 
 import torch
 
 from lightrec._fbgemm import fbgemm_available, fbgemm_serves_cuda, fbgemm_unavailable_reason
+from lightrec.kernels.kernel_interface import KernelConfig, LookupBatch, ResidentRows
 from lightrec.modules.embedding_configs import PoolingType
 from lightrec.optim.fused_spec import EmbOptimType, FusedOptimizerSpec, WeightDecayMode
 
@@ -75,22 +77,34 @@ def fbgemm_supports(
     return None
 
 
-class FbgemmBatchedLookup:
-    """A configured ``SplitTableBatchedEmbeddingBagsCodegen`` plus the views lightrec needs.
+class FbgemmBatchedLookup(ResidentRows):
+    """A configured ``SplitTableBatchedEmbeddingBagsCodegen`` plus the views lightrec needs (an
+    ``EmbeddingKernel``).
 
-    Args: as :class:`lightrec.kernels.torch_backend.TorchBatchedLookup` (``spec`` is required).
+    Args:
+        config: as for :class:`lightrec.kernels.torch_backend.TorchBatchedLookup` (``spec`` is
+            required: see :func:`fbgemm_supports`).
+
+    Raises:
+        ValueError: ``fbgemm_supports`` says the configuration cannot run here.
     """
 
-    def __init__(
-        self,
-        rows: Sequence[int],
-        dims: Sequence[int],
-        feature_table_map: Sequence[int],
-        pooling: PoolingType,
-        spec: FusedOptimizerSpec,
-        device: torch.device,
-        table_names: Sequence[str],
-    ) -> None:
+    name: ClassVar[str] = "fbgemm"
+    checks_ids_on_device: ClassVar[bool] = False
+    wants_singletons: ClassVar[bool] = False
+
+    @classmethod
+    def supports(cls, config: KernelConfig) -> str | None:
+        """:func:`fbgemm_supports` of the configuration."""
+        return fbgemm_supports(config.spec, config.device, config.dims, config.pooling, config.feature_table_map)
+
+    def __init__(self, config: KernelConfig) -> None:
+        reason = self.supports(config)
+        if reason is not None or config.spec is None:
+            raise ValueError(f"kernel_backend='fbgemm' cannot serve this lookup: {reason}")
+        spec, device, pooling = config.spec, config.device, config.pooling
+        rows, dims, feature_table_map = config.rows, config.dims, config.feature_table_map
+        table_names = list(config.table_names) or [f"t{i}" for i in range(len(rows))]
         from fbgemm_gpu.split_embedding_configs import EmbOptimType as FbgemmOptim
         from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
             BoundsCheckMode,
@@ -119,7 +133,8 @@ class FbgemmBatchedLookup:
             WeightDecayMode.L2: FbgemmWeightDecay.L2,
             WeightDecayMode.DECOUPLED: FbgemmWeightDecay.DECOUPLE,
         }[spec.weight_decay_mode]
-        self.spec = spec
+        self.spec: FusedOptimizerSpec | None = spec  # never None here (fbgemm_supports); the interface allows it
+        self._fused = spec
         self.pooling = pooling
         self._feature_table_map = list(feature_table_map)
         self.tbe = SplitTableBatchedEmbeddingBagsCodegen(
@@ -144,17 +159,17 @@ class FbgemmBatchedLookup:
         )
         self._lr = spec.learning_rate
 
-    def table_weights(self) -> list[torch.Tensor]:
+    def split_embedding_weights(self) -> list[torch.Tensor]:
         return [w.detach() for w in self.tbe.split_embedding_weights()]
 
-    def table_states(self) -> list[dict[str, torch.Tensor]]:
-        names = self.spec.state_names
+    def split_optimizer_states(self) -> list[dict[str, torch.Tensor]]:
+        names = self._fused.state_names
         if not names:
             return [{} for _ in self.tbe.embedding_specs]
         out = []
         for states in self.tbe.split_optimizer_states():
             st = dict(zip(names, states, strict=True))
-            if self.spec.optimizer == EmbOptimType.ADAM:
+            if self._fused.optimizer == EmbOptimType.ADAM:
                 st["step"] = self.tbe.iter
             out.append(st)
         return out
@@ -165,18 +180,15 @@ class FbgemmBatchedLookup:
             if fn(w) is not w:
                 raise RuntimeError(
                     "an fbgemm-backed embedding lookup cannot change device or dtype after construction; "
-                    "build it with device=... (or pass backend='torch', which can be moved)"
+                    "build it with device=... (or pass kernel_backend='torch', which can be moved)"
                 )
 
     def lookup(
-        self,
-        indices: torch.Tensor,
-        offsets: torch.Tensor,
-        per_sample_weights: torch.Tensor | None,
-        batch: int,
-        weight_inputs: Sequence[torch.Tensor],
-        lr: Callable[[], float],
+        self, lookup_batch: LookupBatch, weight_inputs: Sequence[torch.Tensor], lr: Callable[[], float]
     ) -> torch.Tensor:
+        """Pooled ``[B, sum D]`` or unpooled ``[N, D]`` output; fbgemm's backward is the fused update."""
+        indices, offsets = lookup_batch.indices.long(), lookup_batch.offsets.long()
+        per_sample_weights, batch = lookup_batch.per_sample_weights, lookup_batch.batch_size
         current = float(lr())
         if current != self._lr:  # a scheduler moved the learning rate since the last call
             self.tbe.set_learning_rate(current)

@@ -28,6 +28,7 @@ from lightrec.kernels.batched_embedding import BatchedEmbedding, BatchedEmbeddin
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, EmbeddingBagConfig, EmbeddingConfig
 from lightrec.modules.embedding_modules import EmbeddingBagCollection
 from lightrec.modules.feature_checks import check_collection_input
+from lightrec.modules.kernel_backend import resolve_kernel_backend
 from lightrec.optim.fused_spec import FusedOptimizerSpec, optimizer_class_to_spec
 from lightrec.optim.in_backward import fused_spec_from_parameter
 from lightrec.optim.keyed import CombinedOptimizer
@@ -154,7 +155,8 @@ class FusedEmbeddingBagCollection(_FusedCollectionBase):
             ``FusedOptimizerSpec``.
         is_weighted: pool with the KJT's per-id weights.
         device: where the tables live.
-        backend: ``"auto"``, ``"fbgemm"``, ``"triton"`` or ``"torch"`` (see ``BatchedEmbeddingBag``).
+        kernel_backend: ``"auto"``, ``"fbgemm"``, ``"triton"`` or ``"torch"`` (see ``BatchedEmbeddingBag``).
+        backend: the former name of ``kernel_backend`` (deprecated).
         id_check: ``"auto"``, ``"sync"`` or ``"async"`` (see ``BatchedEmbeddingBag``).
     """
 
@@ -170,9 +172,11 @@ class FusedEmbeddingBagCollection(_FusedCollectionBase):
         fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None,
         is_weighted: bool = False,
         device: torch.device | str | None = None,
-        backend: str = "auto",
+        kernel_backend: str = "auto",
         id_check: str = "auto",
+        backend: str | None = None,
     ) -> None:
+        kernel_backend = resolve_kernel_backend(kernel_backend, "FusedEmbeddingBagCollection", backend=backend)
         for t in tables:
             if not isinstance(t, EmbeddingBagConfig):
                 raise TypeError(
@@ -190,7 +194,7 @@ class FusedEmbeddingBagCollection(_FusedCollectionBase):
                 ftm,
                 pooling,
                 self._spec,
-                backend,
+                kernel_backend,
                 device,
                 optimizer_param_names=self._param_names(group),
                 id_check=id_check,
@@ -258,7 +262,9 @@ class FusedEmbeddingBagCollection(_FusedCollectionBase):
         cls,
         module: EmbeddingBagCollection,
         fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None,
-        backend: str = "auto",
+        kernel_backend: str = "auto",
+        *,
+        backend: str | None = None,
     ) -> FusedEmbeddingBagCollection:
         """Fused twin of an ``EmbeddingBagCollection`` (same tables, weights copied).
 
@@ -279,8 +285,9 @@ class FusedEmbeddingBagCollection(_FusedCollectionBase):
                 )
             spec = next(iter(specs.values()))
         device = next(module.parameters()).device
+        kernel_backend = resolve_kernel_backend(kernel_backend, "FusedEmbeddingBagCollection.from_module", backend=backend)
         fused = cls(
-            configs, fused_params=spec, is_weighted=module.is_weighted(), device=device, backend=backend
+            configs, fused_params=spec, is_weighted=module.is_weighted(), device=device, kernel_backend=kernel_backend
         )
         fused.load_state_dict(module.state_dict())
         return fused
@@ -307,9 +314,11 @@ class FusedEmbeddingCollection(_FusedCollectionBase):
         *,
         fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None,
         device: torch.device | str | None = None,
-        backend: str = "auto",
+        kernel_backend: str = "auto",
         id_check: str = "auto",
+        backend: str | None = None,
     ) -> None:
+        kernel_backend = resolve_kernel_backend(kernel_backend, "FusedEmbeddingCollection", backend=backend)
         for t in tables:
             if not isinstance(t, EmbeddingConfig):
                 raise TypeError(
@@ -318,7 +327,7 @@ class FusedEmbeddingCollection(_FusedCollectionBase):
         super().__init__(tables, _resolve_spec(optimizer_type, optimizer_kwargs, fused_params))
         ftm = [i for i, t in enumerate(tables) for _ in t.feature_names]
         lookup = BatchedEmbedding(
-            tables, ftm, self._spec, backend, device, self._param_names(tables), id_check=id_check
+            tables, ftm, self._spec, kernel_backend, device, self._param_names(tables), id_check=id_check
         )
         self._add_lookup(lookup, tables)
 

@@ -19,14 +19,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 
+from lightrec.kernels.kernel_interface import KernelConfig, LookupBatch, ResidentRows
 from lightrec.kernels.sparse_update import apply_sparse_update
 from lightrec.modules.embedding_configs import PoolingType
-from lightrec.optim.fused_spec import EmbOptimType, FusedOptimizerSpec
+from lightrec.optim.fused_spec import EmbOptimType
 
 __all__ = ["TorchBatchedLookup"]
 
@@ -40,29 +41,28 @@ class _DimGroup:
     states: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
-class TorchBatchedLookup:
-    """Storage, lookup and fused update of a group of tables in plain PyTorch.
+class TorchBatchedLookup(ResidentRows):
+    """Storage, lookup and fused update of a group of tables in plain PyTorch (an ``EmbeddingKernel``).
 
     Args:
-        rows, dims: per-table shape.
-        feature_table_map: ``[T]`` table index of each feature.
-        pooling: SUM / MEAN, or NONE for the unpooled lookup (all dims equal).
-        spec: fused optimizer, or None for plain autograd gradients.
-        device, dtype: where and how the weights are stored.
+        config: the tables (``rows``, ``dims``), ``feature_table_map``, ``pooling`` (SUM / MEAN, or
+            NONE for the unpooled lookup: all dims equal), the fused optimizer ``spec`` (None: plain
+            autograd gradients), ``device`` and ``dtype`` of the weights.
     """
 
-    def __init__(
-        self,
-        rows: Sequence[int],
-        dims: Sequence[int],
-        feature_table_map: Sequence[int],
-        pooling: PoolingType,
-        spec: FusedOptimizerSpec | None,
-        device: torch.device,
-        dtype: torch.dtype = torch.float32,
-    ) -> None:
-        self.rows, self.dims, self.ftm = list(rows), list(dims), list(feature_table_map)
-        self.pooling, self.spec = pooling, spec
+    name: ClassVar[str] = "torch"
+    checks_ids_on_device: ClassVar[bool] = False
+    wants_singletons: ClassVar[bool] = True
+
+    @classmethod
+    def supports(cls, config: KernelConfig) -> str | None:
+        """Plain torch serves every configuration on every device."""
+        return None
+
+    def __init__(self, config: KernelConfig) -> None:
+        rows, dims, device, dtype = config.rows, config.dims, config.device, config.dtype
+        self.rows, self.dims, self.ftm = list(rows), list(dims), list(config.feature_table_map)
+        self.pooling, self.spec = config.pooling, config.spec
         # Backward passes so far (Adam's t). It lives with the weights and is read on the device, so a
         # CUDA backward needs no host sync for it; int64 like fbgemm's ``iter`` (float32 stops at 2^24).
         self.step = torch.zeros((), dtype=torch.int64, device=device)
@@ -96,7 +96,7 @@ class TorchBatchedLookup:
 
     # ---- views -------------------------------------------------------------------------------
 
-    def table_weights(self) -> list[torch.Tensor]:
+    def split_embedding_weights(self) -> list[torch.Tensor]:
         """``[rows, D]`` view of each table (aliases the storage; in-place writes are visible)."""
         out = []
         for t, n in enumerate(self.rows):
@@ -104,7 +104,7 @@ class TorchBatchedLookup:
             out.append(g.weight.detach()[self.row_offset[t] : self.row_offset[t] + n])
         return out
 
-    def table_states(self) -> list[dict[str, torch.Tensor]]:
+    def split_optimizer_states(self) -> list[dict[str, torch.Tensor]]:
         """Per table ``{state name: view}``; Adam tables also share the ``"step"`` counter."""
         out = []
         for t, n in enumerate(self.rows):
@@ -154,23 +154,17 @@ class TorchBatchedLookup:
         return torch.cat(id_parts), torch.cat(off_parts), (torch.cat(w_parts) if psw is not None else None)
 
     def lookup(
-        self,
-        indices: torch.Tensor,
-        offsets: torch.Tensor,
-        per_sample_weights: torch.Tensor | None,
-        batch: int,
-        weight_inputs: Sequence[torch.Tensor],
-        lr: Callable[[], float],
-        singletons: bool | None = None,
+        self, batch: LookupBatch, weight_inputs: Sequence[torch.Tensor], lr: Callable[[], float]
     ) -> torch.Tensor:
         """Pooled ``[B, sum D]`` (features in order) or unpooled ``[N, D]`` output.
 
-        ``singletons``: whether every bag holds one id, when the caller already knows (its input
-        check reads it with the id check, saving a host sync); None computes it here.
+        ``batch.singletons``: whether every bag holds one id, when the caller already knows (its
+        input check reads it with the id check, saving a host sync); None computes it here.
         """
         out: torch.Tensor = _LookupFunction.apply(
-            self, indices, offsets, per_sample_weights, batch, lr, singletons, *weight_inputs
-        )
+            self, batch.indices.long(), batch.offsets.long(), batch.per_sample_weights, batch.batch_size, lr,
+            batch.singletons, *weight_inputs,
+        )  # fmt: skip
         return out
 
 

@@ -26,11 +26,12 @@ import math
 import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from lightrec._triton import triton_device_reason
+from lightrec.kernels.kernel_interface import KernelConfig, LookupBatch, ResidentRows
 from lightrec.kernels.sparse_update import adam_bias_corrections
 from lightrec.modules.embedding_configs import PoolingType
 from lightrec.optim.fused_spec import EmbOptimType, FusedOptimizerSpec, WeightDecayMode
@@ -126,31 +127,33 @@ def _next_power_of_two(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-class TritonBatchedLookup:
-    """Flat storage, Triton lookup and fused update of a group of tables.
+class TritonBatchedLookup(ResidentRows):
+    """Flat storage, Triton lookup and fused update of a group of tables (an ``EmbeddingKernel``).
 
-    Args: as :class:`lightrec.kernels.torch_backend.TorchBatchedLookup`.
+    Args:
+        config: as for :class:`lightrec.kernels.torch_backend.TorchBatchedLookup`.
 
     Raises:
         ValueError: ``triton_supports`` says the configuration cannot run here.
     """
 
-    def __init__(
-        self,
-        rows: Sequence[int],
-        dims: Sequence[int],
-        feature_table_map: Sequence[int],
-        pooling: PoolingType,
-        spec: FusedOptimizerSpec | None,
-        device: torch.device,
-        dtype: torch.dtype = torch.float32,
-    ) -> None:
-        reason = triton_supports(spec, device, dims, pooling, feature_table_map)
+    name: ClassVar[str] = "triton"
+    checks_ids_on_device: ClassVar[bool] = True
+    wants_singletons: ClassVar[bool] = False
+
+    @classmethod
+    def supports(cls, config: KernelConfig) -> str | None:
+        """:func:`triton_supports` of the configuration."""
+        return triton_supports(config.spec, config.device, config.dims, config.pooling, config.feature_table_map)
+
+    def __init__(self, config: KernelConfig) -> None:
+        reason = self.supports(config)
         if reason is not None:
-            raise ValueError(f"backend='triton' cannot serve this lookup: {reason}")
+            raise ValueError(f"kernel_backend='triton' cannot serve this lookup: {reason}")
         _kernels()  # defines the kernels now (reads TRITON_INTERPRET), not at the first lookup
-        self.rows, self.dims, self.ftm = list(rows), list(dims), list(feature_table_map)
-        self.pooling, self.spec = pooling, spec
+        rows, dims, device, dtype = config.rows, config.dims, config.device, config.dtype
+        self.rows, self.dims, self.ftm = list(rows), list(dims), list(config.feature_table_map)
+        self.pooling, self.spec = config.pooling, config.spec
         self.woff, self.row_start = [], []
         elements = total_rows = 0
         for r, d in zip(self.rows, self.dims, strict=True):
@@ -165,7 +168,7 @@ class TritonBatchedLookup:
         self.states = self._new_states(elements, total_rows, device)
         # Backward passes (Adam's t), int64 like fbgemm's ``iter``: a float32 count would stop at 2^24.
         self.step = torch.zeros((), dtype=torch.int64, device=device)
-        self.error_flag = torch.zeros(1, dtype=torch.int32, device=device)
+        self.error_flag: torch.Tensor | None = torch.zeros(1, dtype=torch.int32, device=device)
         feature_dims = [self.dims[t] for t in self.ftm]
         self.fixed_dim = feature_dims[0] if len(set(feature_dims)) == 1 else 0
         self.vec = math.gcd(16, *self.dims)
@@ -193,14 +196,14 @@ class TritonBatchedLookup:
 
     # ---- views -------------------------------------------------------------------------------
 
-    def table_weights(self) -> list[torch.Tensor]:
+    def split_embedding_weights(self) -> list[torch.Tensor]:
         """``[rows, D]`` view of each table (aliases the flat buffer; in-place writes are visible)."""
         flat = self.weight.detach()
         return [
             flat[o : o + r * d].view(r, d) for o, r, d in zip(self.woff, self.rows, self.dims, strict=True)
         ]
 
-    def table_states(self) -> list[dict[str, torch.Tensor]]:
+    def split_optimizer_states(self) -> list[dict[str, torch.Tensor]]:
         """Per table ``{state name: view}`` shaped like the torch backend's (``[rows]`` or ``[rows, D]``)."""
         out = []
         rowwise = self.spec is not None and self.spec.optimizer == EmbOptimType.ROWWISE_ADAGRAD
@@ -220,7 +223,7 @@ class TritonBatchedLookup:
         device = self.weight.device
         self.states = {k: v.to(device) for k, v in self.states.items()}
         self.step = self.step.to(device)
-        self.error_flag = self.error_flag.to(device)
+        self.error_flag = self.error_flag.to(device) if self.error_flag is not None else None
         self.meta = {k: v.to(device) for k, v in self.meta.items()}
 
     # ---- lookup -------------------------------------------------------------------------------
@@ -238,14 +241,7 @@ class TritonBatchedLookup:
             )
 
     def lookup(
-        self,
-        indices: torch.Tensor,
-        offsets: torch.Tensor,
-        per_sample_weights: torch.Tensor | None,
-        batch: int,
-        weight_inputs: Sequence[torch.Tensor],
-        lr: Callable[[], float],
-        checked: bool,
+        self, lookup_batch: LookupBatch, weight_inputs: Sequence[torch.Tensor], lr: Callable[[], float]
     ) -> torch.Tensor:
         """Pooled ``[B, sum D]`` (features in order) or unpooled ``[N, D]`` output; int32/int64 ids.
 
@@ -253,6 +249,8 @@ class TritonBatchedLookup:
         lies in exactly one bag; else malformed offsets are possible and the unpooled output is
         zero-filled first (positions in no bag are never written by the kernel).
         """
+        indices, offsets, batch = lookup_batch.indices, lookup_batch.offsets, lookup_batch.batch_size
+        per_sample_weights, checked = lookup_batch.per_sample_weights, lookup_batch.checked
         self._check_device()
         # The kernels index with unit strides (no-ops for the usual contiguous inputs).
         indices, offsets = indices.contiguous(), offsets.contiguous()

@@ -1,7 +1,7 @@
 """What a checkpoint says about the run that wrote it, read without its tables.
 
 ``lightrec run`` checks ``--ckpt_path`` against the command line before any rank starts
-(``lightrec.recipes.preflight``): the module class that wrote it, its hyperparameters, the world size
+(``lightrec.lightning.recipe_preflight``): the module class that wrote it, its hyperparameters, the world size
 and the DataModule's batch size. Reading them must stay cheap: for a sharded folder only ``meta.pt``
 (verified against the manifest); a file is memory-mapped, so its tensors are not read. Nothing is
 unpickled with code execution (``weights_only=True``).

@@ -40,13 +40,11 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.util import tensor_util
 from typing_extensions import override
 
-from lightrec.distributed.planner import PlannerReport, Topology
-from lightrec.distributed.planning import plan_report_for, topology_for
-from lightrec.distributed.types import ShardingPlan
-from lightrec.lightning.plan_chart import plan_chart
+from lightrec.distributed.planner import PlannerReport, ShardingPlan, Topology, plan_report_for, topology_for
+from lightrec.distributed.planner.chart import plan_chart
+from lightrec.distributed.sharders import get_default_sharders
 
-# plan_report_for lives in lightrec.distributed.planning; re-exported here, its former home.
-__all__ = ["PlanReport", "load_plan_from_events", "plan_report_for"]
+__all__ = ["PlanReport", "load_plan_from_events"]
 
 _JSON_BLOCK = re.compile(r"```(?:json)?\s*\n(.*?)\n```", re.DOTALL)
 
@@ -128,7 +126,7 @@ class PlanReport(pl.Callback):
             local = getattr(strategy, "num_processes", trainer.world_size) or trainer.world_size
             topology = topology_for(trainer.world_size, strategy.root_device.type, local)
         fused = getattr(strategy, "fused_params", None) or None
-        return plan_report_for(pl_module, plan, topology, fused)
+        return plan_report_for(pl_module, plan, topology, get_default_sharders(fused))
 
     def _text(self, report: PlannerReport) -> str:
         return "\n\n".join(

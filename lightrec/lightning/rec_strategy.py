@@ -10,7 +10,7 @@ wraps the remaining dense parameters in DDP.
 
 Nothing here creates process groups inside the user's module or skips moving the model: dense
 parameters are moved to the root device, embedding shards are placed by the plan. Sharders, plan
-and plan report come from ``lightrec.distributed.planning``, as for ``DistributedModelParallel``
+and plan report come from ``lightrec.distributed.planner``, as for ``DistributedModelParallel``
 and ``lightrec plan``.
 
 ``DDPStrategy`` options that concern the dense part's DDP wrapper are forwarded to it:
@@ -69,10 +69,13 @@ from lightrec.distributed.comm.failures import collective_guard
 from lightrec.distributed.model_parallel import DistributedModelParallel
 from lightrec.distributed.placement import detached, move_dense_to_device
 from lightrec.distributed.planner import ParameterConstraints, PlannerReport, Topology
-from lightrec.distributed.planning import get_default_sharders, plan_sharding, topology_for
+from lightrec.distributed.planner.plan import ShardingPlan
+from lightrec.distributed.planner.planning import plan_sharding, topology_for
+from lightrec.distributed.planner.sharder import ModuleSharder
+from lightrec.distributed.sharders import get_default_sharders
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
-from lightrec.distributed.types import ModuleSharder, ShardingEnv, ShardingPlan
-from lightrec.kernels.batched_embedding import check_kernel_backend
+from lightrec.distributed.sharding_env import ShardingEnv
+from lightrec.kernels.kernel_registry import check_kernel_backend
 from lightrec.lightning.loop_state import fix_resume_counters, logging_step_of
 from lightrec.modules import EmbeddingBagCollection, EmbeddingCollection
 from lightrec.optim import CombinedOptimizer, KeyedOptimizer

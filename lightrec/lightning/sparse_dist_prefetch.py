@@ -23,42 +23,43 @@ training steps runs its own forwards while batch i+1's exchange waits; anything 
 that is never trained (``max_steps`` reached mid-epoch, early stopping) is completed and dropped at
 the end of the epoch.
 
-Requirements (otherwise the callback warns once and does nothing): the model holds exactly one
-sharded collection (``ShardedEmbeddingBagCollection`` / ``ShardedEmbeddingCollection``, as
-``RecStrategy`` builds), the world size is above 1 or the model is on a GPU (one GPU still has a
-host-to-device copy and a host sync to take off the critical path), the batch holds exactly one
-``KeyedJaggedTensor`` with exactly that collection's features, and ``training_step`` takes a batch
-(not ``dataloader_iter``).
+Requirements (otherwise the callback warns once and does nothing): the model holds sharded
+collections (``ShardedEmbeddingBagCollection`` / ``ShardedEmbeddingCollection``, as ``RecStrategy``
+builds), the world size is above 1 or the model is on a GPU (one GPU still has a host-to-device
+copy and a host sync to take off the critical path), the batch holds a ``KeyedJaggedTensor`` with
+exactly the features of a sharded collection, and ``training_step`` takes a batch (not
+``dataloader_iter``).
 
-Where batch i+1 comes from: Lightning's training data fetcher already holds it for a loader
-without length; for a sized loader the callback wraps the fetcher's iterator and reads one item
-ahead (the fetcher still receives every item once, so its "last batch" accounting is unchanged;
-a stateful loader's saved position is then one batch ahead, as with Lightning's own pre-fetching).
+The stages run through the one pipelining seam of the sharded collections,
+``lightrec.distributed.sparse_dist_pipeline.SparseDistPipeline`` (``DistributedModelParallel``'s
+look-ahead and a train pipeline use it too); the forward of batch i+1 takes the work started for
+it by its KJT's tensors. Where batch i+1 comes from, and how it replaces the batch Lightning would
+otherwise move itself, is ``lightrec/lightning/next_batch.py`` -- the one place that reaches into
+Lightning's data fetcher, which has no public hook for it.
+
 CUDA streams (``lightrec/distributed/streams.py``): the copy of batch i+1 and both stages of its
 input dist are issued on one side stream, so they overlap step i's kernels on the main stream. The
 side stream first waits for what is already queued on the main stream (batch i+1 may be on the
 device already, drawn there by kernels queued during step i-1); step i's kernels come later. The
 stage-2 host sync (the receive sizes) waits for the count exchange only, not for step i's queued
 work. The main stream waits for the copy (an event recorded right after it) at the end of step i,
-once step i's kernels are queued, and for the input dist inside the forward of batch i+1; ``record_stream`` marks
-the copied batch and everything the input dist produced as used by the main stream, so the caching
-allocator does not hand their memory to the side stream while the main stream still reads it. On
-CPU nothing of this applies and the pipeline is bit-identical to training without it.
+once step i's kernels are queued, and for the input dist inside the forward of batch i+1;
+``record_stream`` marks the copied batch and everything the input dist produced as used by the
+main stream, so the caching allocator does not hand their memory to the side stream while the
+main stream still reads it. On CPU nothing of this applies and the pipeline is bit-identical to
+training without it.
 
 Interaction with Lightning's batch hooks: batch i+1 is moved with ``strategy.batch_to_device``
 one step early; Lightning then still runs ``convert_input``, ``on_before_batch_transfer`` and
 ``batch_to_device`` on it when its turn comes (they find it on the device already, and
-``RecStrategy.batch_to_device`` reuses the same tensors, in a new ``KeyedJaggedTensor``). At
-``on_train_batch_start(i+1)`` the callback hands the started input dist over to the KJT that
-reaches ``training_step`` (``InputDistPipeline.hand_over``, in
-``lightrec/distributed/input_dist_pipeline.py``, which ``DistributedModelParallel``'s prefetch
-uses too). A hook that rebuilds the sparse features out of new tensors defeats the pipeline: the
-hand-over refuses, and the callback warns and turns itself off.
+``RecStrategy.batch_to_device`` reuses the same tensors, in a new ``KeyedJaggedTensor``). A hook
+that rebuilds the sparse features out of new tensors defeats the pipeline: at
+``on_train_batch_start(i+1)`` no started work matches the batch, and the callback warns and turns
+itself off.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
 from typing import Any
 
 import lightning.pytorch as pl
@@ -66,70 +67,11 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from lightrec._compat import fit_data_fetcher
-from lightrec.distributed.input_dist_pipeline import InputDistPipeline, find_kjts
-from lightrec.distributed.sharding.collection import ShardedCollectionBase
+from lightrec.distributed.sparse_dist_pipeline import SparseDistPipeline, sharded_collections
 from lightrec.distributed.streams import record_stream_all, wait_for_current
-from lightrec.sparse import KeyedJaggedTensor
+from lightrec.lightning.next_batch import NextTrainingBatch, UnsupportedFetch
 
 __all__ = ["SparseDistPrefetch"]
-
-_NOTHING = object()
-
-
-class _Lookahead(Iterator):
-    """Wraps the data fetcher's iterator so the next item can be read, and replaced, one step early.
-
-    The fetcher still receives every item exactly once, from ``__next__``, so its accounting of
-    fetched batches (and of which one is the last) is unchanged.
-    """
-
-    def __init__(self, inner: Iterator[Any], loaders: Sequence[Any] = ()) -> None:
-        self.inner = inner
-        self._next: Any = _NOTHING
-        self._exhausted = False
-        # Resumable loaders (RankDataLoader) count a batch as consumed when it is read; one held
-        # here has not been trained on yet, so their checkpointed position must leave it out.
-        self._loaders = list(loaders)
-
-    def _holding(self, n: int) -> None:
-        for loader in self._loaders:
-            loader.prefetched = n
-
-    def __iter__(self) -> _Lookahead:
-        return self
-
-    def __next__(self) -> Any:
-        if self._next is not _NOTHING:
-            item, self._next = self._next, _NOTHING
-            self._holding(0)
-            return item
-        if self._exhausted:
-            raise StopIteration
-        return next(self.inner)
-
-    def peek(self) -> Any:
-        """The next item (read from the wrapped iterator now if needed), or ``_NOTHING`` at the end."""
-        if self._next is _NOTHING and not self._exhausted:
-            try:
-                self._next = next(self.inner)
-                self._holding(1)
-            except StopIteration:
-                self._exhausted = True
-        return self._next
-
-    def replace(self, item: Any) -> None:
-        self._next = item
-
-
-def _resumable_loaders(trainer: pl.Trainer) -> list[Any]:
-    """The training loaders that checkpoint their position and can leave out a held batch."""
-    loaders = trainer.train_dataloader
-    if isinstance(loaders, dict):
-        loaders = list(loaders.values())
-    elif not isinstance(loaders, (list, tuple)):
-        loaders = [loaders]
-    return [loader for loader in loaders if hasattr(loader, "prefetched")]
 
 
 class SparseDistPrefetch(pl.Callback):
@@ -146,12 +88,11 @@ class SparseDistPrefetch(pl.Callback):
     """
 
     def __init__(self) -> None:
-        # The sharded collection's look-ahead (None: the callback is off) and its features.
-        self._pipeline: InputDistPipeline | None = None
-        self._features: list[str] = []
-        # The KJT of the next training batch whose input dist is in flight (handed over to the
-        # KJT that reaches training_step, which Lightning's batch_to_device rebuilds).
-        self._started: KeyedJaggedTensor | None = None
+        # The pipeline over the model's sharded collections (None: the callback is off).
+        self._pipeline: SparseDistPipeline | None = None
+        self._next = NextTrainingBatch()
+        # Whether the input dist of the next training batch is in flight (its forward takes it).
+        self._started = False
         self._copy_stream: torch.cuda.Stream | None = None
         # CUDA: events recorded on the side stream right after the copies of batches read ahead
         self._copied: list[torch.cuda.Event] = []
@@ -177,7 +118,7 @@ class SparseDistPrefetch(pl.Callback):
         if self._pipeline is not None:
             self._pipeline.cancel(wait=wait)
         self._pipeline = None
-        self._started = None
+        self._started = False
 
     def _disable(self, key: str, message: str) -> None:
         self._warn_once(key, message + "; the callback does nothing for the rest of this fit")
@@ -187,13 +128,12 @@ class SparseDistPrefetch(pl.Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._stop(wait=False)  # nothing is in flight between two fits
         self._copied = []
-        sharded = [m for m in pl_module.modules() if isinstance(m, ShardedCollectionBase)]
-        if len(sharded) != 1:
+        collections = sharded_collections(pl_module)
+        if not collections:
             self._warn_once(
                 "collections",
-                f"the model holds {len(sharded)} sharded embedding collections (expected exactly one; train with "
-                "RecStrategy, which shards the EmbeddingBagCollection/EmbeddingCollection) -- nothing to prefetch, "
-                "the callback does nothing",
+                "the model holds 0 sharded embedding collections (train with RecStrategy, which shards the "
+                "EmbeddingBagCollection/EmbeddingCollection) -- nothing to prefetch, the callback does nothing",
             )
             return
         root = trainer.strategy.root_device
@@ -203,8 +143,7 @@ class SparseDistPrefetch(pl.Callback):
                 "world size is 1 on CPU: there is no all-to-all to overlap, the callback does nothing",
             )
             return
-        self._pipeline = sharded[0].lookahead
-        self._features = sharded[0].feature_names()
+        self._pipeline = SparseDistPipeline(collections)
         if root.type == "cuda" and (self._copy_stream is None or self._copy_stream.device != root):
             self._copy_stream = torch.cuda.Stream(device=root)
 
@@ -228,41 +167,37 @@ class SparseDistPrefetch(pl.Callback):
         pipeline = self._pipeline
         if pipeline is None:
             return
-        if self._started is not None:  # this batch's input dist was started during the previous step
-            kjts = find_kjts(batch)
-            if len(kjts) != 1 or not pipeline.hand_over(self._started, kjts[0]):
-                self._disable(
-                    "rebuilt",
-                    "the batch reaching training_step does not hold the sparse features whose input dist was "
-                    "started (does on_before_batch_transfer/transfer_batch_to_device build new tensors?)",
-                )
-                return
-            self._started = None
-        slot = self._next_batch_slot(trainer)
+        if self._started and not pipeline.started_for(batch):
+            self._disable(
+                "rebuilt",
+                "the batch reaching training_step does not hold the sparse features whose input dist was "
+                "started (does on_before_batch_transfer/transfer_batch_to_device build new tensors?)",
+            )
+            return
+        self._started = False
+        try:
+            slot = self._next.slot(trainer)
+        except UnsupportedFetch as exc:
+            self._disable("fetch", str(exc))
+            return
         if slot is None:
             return  # last batch of the epoch
-        item, put = slot
-        if not (isinstance(item, tuple) and len(item) == 3):
-            self._disable("item", f"unexpected data fetcher item {type(item).__name__} (Lightning changed?)")
-            return
-        next_batch = self._to_device(trainer, item[0])
-        put((next_batch, *item[1:]))
-        kjts = find_kjts(next_batch)
-        if len(kjts) != 1:
-            self._disable("kjt", f"a batch must hold exactly one KeyedJaggedTensor, found {len(kjts)}")
-            return
+        next_batch, put = slot
+        next_batch = self._to_device(trainer, next_batch)
+        put(next_batch)
         if self._copy_stream is not None:
             copied = torch.cuda.Event()
             copied.record(self._copy_stream)
             self._copied.append(copied)
-        if not pipeline.start(kjts[0], stream=self._copy_stream):
+        if not pipeline.start(next_batch, stream=self._copy_stream):
+            features = [c.feature_names() for c in pipeline.collections]
             self._disable(
                 "keys",
-                f"the batch's sparse features {kjts[0].keys()} are not exactly the sharded collection's "
-                f"{self._features}",
+                f"the batch holds no KeyedJaggedTensor with exactly the features of a sharded collection "
+                f"({features})",
             )
             return
-        self._started = kjts[0]
+        self._started = True
 
     @override
     def on_train_batch_end(
@@ -284,6 +219,7 @@ class SparseDistPrefetch(pl.Callback):
     ) -> None:
         if self._pipeline is not None:
             self._pipeline.progress()
+            self._pipeline.prefetch()  # tables behind a cache fetch batch i+1's rows during backward i
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -291,33 +227,11 @@ class SparseDistPrefetch(pl.Callback):
         # hook returning -1): complete its exchanges on every rank and forget it.
         if self._pipeline is not None:
             self._pipeline.cancel(wait=True)
-        self._started = None
+        self._started = False
         self._copied = []
 
     # ------------------------------------------------------------------ helpers
-    def _next_batch_slot(self, trainer: pl.Trainer) -> tuple[Any, Any] | None:
-        """``(next fetcher item, function that replaces it)``, or None when there is no next batch."""
-        fetcher = fit_data_fetcher(trainer)
-        if fetcher is None:
-            self._disable("fetcher", "training_step takes dataloader_iter (it fetches its own batches)")
-            return None
-        if fetcher.batches:  # a loader without length: Lightning already holds the next batch
-
-            def put_list(new: Any) -> None:
-                fetcher.batches[0] = new
-
-            return fetcher.batches[0], put_list
-        if fetcher.done or fetcher.iterator is None:
-            return None
-        if not isinstance(fetcher.iterator, _Lookahead):  # a fresh iterator every epoch
-            fetcher.iterator = _Lookahead(fetcher.iterator, _resumable_loaders(trainer))
-        lookahead = fetcher.iterator
-        item = lookahead.peek()
-        if item is _NOTHING:
-            return None
-        return item, lookahead.replace
-
-    def _to_device(self, trainer: pl.Trainer, batch: Any) -> Any:
+    def _to_device(self, trainer: pl.Trainer, batch: object) -> object:
         strategy = trainer.strategy
         if self._copy_stream is None or strategy.root_device.type != "cuda":
             return strategy.batch_to_device(batch, dataloader_idx=0)

@@ -1,7 +1,8 @@
 """Reference recommendation models built on ``lightrec.modules``.
 
 - ``dlrm``: ``DLRM`` (dot interaction), ``DLRM_DCN`` (low-rank DCN-v2 interaction), ``DLRMTrain``.
-- ``deepfm``: ``DeepFM``; torchrec's ``SimpleDeepFMNN`` and its arches (``simple_deepfm.py``).
+- ``deepfm``: ``FieldDeepFM`` (was ``DeepFM``, deprecated); torchrec's ``SimpleDeepFMNN`` and its
+  arches (``simple_deepfm.py``).
 - ``dlrm`` also holds torchrec's ``DLRM_Projection`` and ``DLRMWrapper``.
 - ``two_tower``: ``TwoTower`` retrieval model and ``TwoTowerTrainTask`` (in-batch negatives).
 
@@ -9,7 +10,10 @@ Every model takes an ``EmbeddingBagCollection`` that may live on ``meta`` (to be
 and creates its dense parameters on ``dense_device`` (``device`` for ``TwoTower``).
 """
 
-from lightrec.models.deepfm import DeepFM, SimpleDeepFMNN
+from typing import Any
+
+from lightrec.models import deepfm as _deepfm
+from lightrec.models.deepfm import FieldDeepFM, SimpleDeepFMNN
 from lightrec.models.dlrm import (
     DLRM,
     DLRM_DCN,
@@ -30,8 +34,8 @@ __all__ = [
     "DLRMWrapper",
     "DLRM_DCN",
     "DLRM_Projection",
-    "DeepFM",
     "DenseArch",
+    "FieldDeepFM",
     "InteractionArch",
     "InteractionProjectionArch",
     "OverArch",
@@ -40,3 +44,8 @@ __all__ = [
     "TwoTower",
     "TwoTowerTrainTask",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``DeepFM``: the former name of ``FieldDeepFM`` (deprecated, see ``lightrec.models.deepfm``)."""
+    return getattr(_deepfm, name)

@@ -1,4 +1,4 @@
-"""DeepFM: a factorization machine and a deep MLP sharing one set of field embeddings.
+"""``FieldDeepFM``: DeepFM -- a factorization machine and a deep MLP sharing one set of field embeddings.
 
 Fields are the pooled sparse features (one ``D``-wide embedding each) plus, when the model has
 dense features, one more field: the dense features projected to ``D``::
@@ -17,8 +17,16 @@ embedding table.
 
 torchrec's ``SimpleDeepFMNN`` (its architecture, arches and parameter names; probabilities out)
 lives in :mod:`lightrec.models.simple_deepfm` and is importable from here, torchrec's path.
-Train ``DeepFM`` with ``lightrec.models.dlrm.DLRMTrain``.
+Train ``FieldDeepFM`` with ``lightrec.models.dlrm.DLRMTrain``.
+
+Its name says what sets it apart: the paper's *field-wise* FM. ``DeepFM`` alone is torchrec's name
+of the deep component (``lightrec.modules.deepfm.DeepFM``, used here as ``DeepComponent``);
+``lightrec.models.DeepFM``, this model's name before, still resolves to ``FieldDeepFM`` with a
+``DeprecationWarning``.
 """
+
+import warnings
+from typing import Any
 
 import torch
 from torch import nn
@@ -39,9 +47,9 @@ from lightrec.modules.mlp import MLP, check_layer_sizes
 from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = [
-    "DeepFM",
     "DenseArch",
     "FMInteractionArch",
+    "FieldDeepFM",
     "OverArch",
     "SimpleDeepFMNN",
     "SimpleDeepFMNNWrapper",
@@ -52,10 +60,10 @@ Device = torch.device | str | None
 
 
 def _check_no_dense(dense_features: torch.Tensor | None) -> None:
-    """A sparse-only DeepFM accepts ``None`` or an empty ``[B, 0]`` tensor, nothing else."""
+    """A sparse-only FieldDeepFM accepts ``None`` or an empty ``[B, 0]`` tensor, nothing else."""
     if dense_features is not None and dense_features.numel() > 0:
         raise ValueError(
-            "this DeepFM was built with dense_in_features=0 but got dense_features of shape "
+            "this FieldDeepFM was built with dense_in_features=0 but got dense_features of shape "
             f"{tuple(dense_features.shape)}; rebuild it with dense_in_features={dense_features.shape[-1]}"
         )
 
@@ -64,8 +72,8 @@ def _check_no_dense(dense_features: torch.Tensor | None) -> None:
 torch.fx.wrap("_check_no_dense")
 
 
-class DeepFM(nn.Module):
-    """DeepFM CTR model over an ``EmbeddingBagCollection``.
+class FieldDeepFM(nn.Module):
+    """DeepFM CTR model over an ``EmbeddingBagCollection``, with the paper's field-wise FM.
 
     Args:
         embedding_bag_collection: pooled sparse features; all tables share one ``embedding_dim``
@@ -115,7 +123,7 @@ class DeepFM(nn.Module):
         if self._dense_in_features > 0:
             if dense_features is None:
                 raise ValueError(
-                    f"this DeepFM was built with dense_in_features={self._dense_in_features}, "
+                    f"this FieldDeepFM was built with dense_in_features={self._dense_in_features}, "
                     "but dense_features is None"
                 )
             _checks.check_matrix("dense_features", dense_features, self._dense_in_features)
@@ -125,3 +133,16 @@ class DeepFM(nn.Module):
             _check_no_dense(dense_features)
         first = self.first_order(fields.flatten(1))
         return first + field_factorization_machine([fields]) + self.deep([fields])
+
+
+def __getattr__(name: str) -> Any:
+    """``DeepFM``: the former name of :class:`FieldDeepFM` (deprecated; see the module docstring)."""
+    if name == "DeepFM":
+        warnings.warn(
+            "lightrec.models.DeepFM is now lightrec.models.FieldDeepFM (DeepFM is torchrec's name of the deep "
+            "component, lightrec.modules.DeepFM); the old name will be removed",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return FieldDeepFM
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

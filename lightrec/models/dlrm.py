@@ -243,7 +243,7 @@ class DLRMTrain(nn.Module):
 
     Args:
         dlrm: any module called as ``dlrm(dense_features, sparse_features)`` that returns logits
-            ``[B, 1]`` or ``[B]`` (``DLRM``, ``DLRM_DCN``, ``DeepFM``, ...).
+            ``[B, 1]`` or ``[B]`` (``DLRM``, ``DLRM_DCN``, ``FieldDeepFM``, ...).
 
     ``forward(batch)`` reads ``batch.dense_features`` ``[B, I]``, ``batch.sparse_features`` (KJT)
     and ``batch.labels`` ``[B]`` (0/1, any dtype) and returns

@@ -13,7 +13,7 @@
 State dict keys: ``sparse_arch.embedding_bag_collection.embedding_bags.<t>.weight``,
 ``dense_arch.model.{0,2}.*``, ``inter_arch.deep_fm.dense_module.0.*``, ``over_arch.model.0.*``
 -- torchrec's, so its checkpoints load. (lightrec's own DeepFM, with a first-order term and the
-field-wise FM, is ``lightrec.models.deepfm.DeepFM``.)
+field-wise FM, is ``lightrec.models.deepfm.FieldDeepFM``.)
 """
 
 from typing import Any

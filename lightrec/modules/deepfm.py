@@ -12,12 +12,12 @@ Two second-order terms are offered, on purpose with different names:
   ``0.5 * ((sum_m x_m)^2 - sum_m x_m^2) = sum_{m<m'} x_m x_m'`` ``[B, 1]`` -- the pairwise
   products of *all scalars*, so inputs of mixed widths are fine (and the number differs from the
   paper's field-wise FM).
-* ``field_factorization_machine`` is the paper's field-wise FM that ``lightrec.models.deepfm.DeepFM``
+* ``field_factorization_machine`` is the paper's field-wise FM that ``lightrec.models.deepfm.FieldDeepFM``
   uses: ``sum_{i<j} <v_i, v_j> = 0.5 * sum_d ((sum_f v_fd)^2 - sum_f v_fd^2)`` over fields of one
   width ``D``.
 
 ``DeepFM`` is the deep part: it flattens and concatenates the embeddings and runs a user-given
-dense module over them. The full model is ``lightrec.models.deepfm.DeepFM``.
+dense module over them. The full model is ``lightrec.models.deepfm.FieldDeepFM``.
 
 Embeddings are passed as a list so callers can mix one-field tensors ``[B, D]`` and stacked
 fields ``[B, F_i, D]``.

@@ -16,7 +16,7 @@ holds the behaviour around those buffers (``from_float``, ``set_float_weight``,
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, List
 
 import torch
 from torch import nn
@@ -25,8 +25,15 @@ from lightrec import _fbgemm, _triton
 from lightrec.modules.embedding_configs import DataType
 from lightrec.modules.embedding_modules import _check_tables
 from lightrec.modules.feature_checks import BOUNDS_CHECK_MODES
+from lightrec.modules.kernel_backend import KERNEL_BACKENDS, resolve_kernel_backend
 from lightrec.modules.quant_config import data_type_from_qconfig, resolve_data_type
-from lightrec.quant.row_codec import DEFAULT_ROW_ALIGNMENT, check_dim, dequantize_rows, quantize_rows
+from lightrec.quant.row_codec import (
+    DEFAULT_ROW_ALIGNMENT,
+    check_dim,
+    dequantize_rows,
+    quantize_rows,
+    sparse_type_code,
+)
 
 __all__ = [
     "QUANT_KERNELS",
@@ -38,36 +45,31 @@ __all__ = [
     "storage_configs",
 ]
 
-QUANT_KERNELS = ("auto", "fbgemm", "triton", "torch")
+QUANT_KERNELS = KERNEL_BACKENDS
 
 
-def resolve_quant_kernel(
-    backend: str | None, use_fbgemm: bool | None, device: torch.device | str | None
-) -> str:
+def resolve_quant_kernel(kernel_backend: str, device: torch.device | str | None) -> str:
     """Which kernel serves a quantized collection: ``"fbgemm"``, ``"triton"`` or ``"torch"``.
 
-    ``backend`` (``"auto"``, ``"fbgemm"``, ``"triton"``, ``"torch"``) wins; without it the older
-    ``use_fbgemm`` says ``"fbgemm"`` (True), ``"torch"`` (False) or ``"auto"`` (None). ``"auto"``:
-    fbgemm's IntN op when it imports (on CUDA: a CUDA build of it); else, on CUDA, the Triton kernel
-    when triton imports; else torch. ``"triton"`` for a module on the CPU is accepted where a GPU is
-    visible (move the module there before its first lookup) or under ``TRITON_INTERPRET=1``. All three give the same numbers (see :mod:`lightrec.quant.pooled_kernels`).
+    ``kernel_backend``: ``"auto"``, ``"fbgemm"``, ``"triton"`` or ``"torch"``. ``"auto"``: fbgemm's
+    IntN op when it imports (on CUDA: a CUDA build of it); else, on CUDA, the Triton kernel when
+    triton imports; else torch. ``"triton"`` for a module on the CPU is accepted where a GPU is
+    visible (move the module there before its first lookup) or under ``TRITON_INTERPRET=1``. All
+    three give the same numbers (see :mod:`lightrec.quant.pooled_kernels`).
 
     Raises:
-        ValueError: unknown or conflicting choice, or ``"triton"`` where it cannot run.
+        ValueError: unknown choice, or ``"triton"`` where it cannot run.
         RuntimeError: ``"fbgemm"`` but fbgemm_gpu cannot be used here.
     """
-    if backend is None:
-        backend = "auto" if use_fbgemm is None else ("fbgemm" if use_fbgemm else "torch")
-    elif backend not in QUANT_KERNELS:
-        raise ValueError(f"backend must be one of {QUANT_KERNELS}, got {backend!r}")
-    elif use_fbgemm is not None and backend != ("fbgemm" if use_fbgemm else "torch"):
-        raise ValueError(f"use_fbgemm={use_fbgemm} contradicts backend={backend!r}; pass only backend=...")
+    if kernel_backend not in QUANT_KERNELS:
+        raise ValueError(f"kernel_backend must be one of {QUANT_KERNELS}, got {kernel_backend!r}")
+    backend = kernel_backend
     device = torch.device(device) if device is not None else torch.device("cpu")
     fbgemm_op = _fbgemm.has_fbgemm_op("int_nbit_split_embedding_codegen_lookup_function")
     if backend == "fbgemm" and not fbgemm_op:
         raise RuntimeError(
-            f"backend='fbgemm' (use_fbgemm=True) but fbgemm's IntN lookup is unavailable "
-            f"({_fbgemm.fbgemm_unavailable_reason()}); use backend='auto', 'triton' or 'torch' (same results)"
+            f"kernel_backend='fbgemm' but fbgemm's IntN lookup is unavailable "
+            f"({_fbgemm.fbgemm_unavailable_reason()}); use kernel_backend='auto', 'triton' or 'torch' (same results)"
         )
     if backend == "triton":
         reason = _triton.triton_device_reason(device)
@@ -76,7 +78,7 @@ def resolve_quant_kernel(
         # checks the device it runs on (lightrec.quant.triton_lookup).
         movable = device.type == "cpu" and _triton.triton_available() and torch.cuda.is_available()
         if reason is not None and not movable:
-            raise ValueError(f"backend='triton' cannot serve quantized lookups here: {reason}")
+            raise ValueError(f"kernel_backend='triton' cannot serve quantized lookups here: {reason}")
     if backend != "auto":
         return backend
     if fbgemm_op and (device.type != "cuda" or _fbgemm.fbgemm_serves_cuda()):
@@ -228,6 +230,7 @@ class QuantCollectionBase(nn.Module):
         per_table: dict[str, object] | None,
         row_alignment: int,
         bounds_check: str,
+        kernel_backend: str,
         use_fbgemm: bool | None,
         backend: str | None,
     ) -> None:
@@ -237,7 +240,15 @@ class QuantCollectionBase(nn.Module):
         )
         self._bounds_check = bounds_check
         self._row_alignment = row_alignment
-        self.kernel = resolve_quant_kernel(backend, use_fbgemm, device)
+        # Per-table facts both forwards read (TorchScript-typed lists; the configs carry the storage type).
+        self._table_features: List[List[str]] = [list(t.feature_names) for t in self._configs]
+        self._table_rows: List[int] = [t.num_embeddings for t in self._configs]
+        self._table_dims: List[int] = [t.embedding_dim for t in self._configs]
+        self._table_types: List[int] = [sparse_type_code(t.data_type) for t in self._configs]
+        chosen = resolve_kernel_backend(
+            kernel_backend, type(self).__name__, backend=backend, use_fbgemm=use_fbgemm, stacklevel=4
+        )
+        self.kernel = resolve_quant_kernel(chosen, device)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -247,9 +258,11 @@ class QuantCollectionBase(nn.Module):
         dtype: object | None = None,
         per_table: dict[str, object] | None = None,
         row_alignment: int = DEFAULT_ROW_ALIGNMENT,
-        use_fbgemm: bool | None = None,
+        kernel_backend: str = "auto",
         state_dict: dict[str, torch.Tensor] | None = None,
         prefix: str = "",
+        *,
+        use_fbgemm: bool | None = None,
         backend: str | None = None,
     ) -> Any:
         """Quantize a float collection (``torch.ao.quantization`` calls this).
@@ -257,7 +270,8 @@ class QuantCollectionBase(nn.Module):
         Args:
             module: the float collection (read only; weights may come from ``state_dict`` instead).
             dtype: storage type; when None, read from ``module.qconfig`` (a ``QuantConfig``).
-            per_table, row_alignment, use_fbgemm, backend: as in the constructor.
+            per_table, row_alignment, kernel_backend: as in the constructor (``use_fbgemm`` and
+                ``backend`` are its deprecated spellings).
             state_dict / prefix: take table ``t`` from ``state_dict[prefix + "<TABLES_ATTR>.t.weight"]``
                 (full tables, e.g. gathered from a ``DistributedModelParallel``) instead of the module.
 
@@ -289,8 +303,9 @@ class QuantCollectionBase(nn.Module):
             per_table=per_table,
             row_alignment=row_alignment,
             bounds_check=getattr(module, "_bounds_check", "error"),
-            use_fbgemm=use_fbgemm,
-            backend=backend,
+            kernel_backend=resolve_kernel_backend(
+                kernel_backend, f"{cls.__name__}.from_float", backend=backend, use_fbgemm=use_fbgemm
+            ),
             **cls._float_options(module),
         )
         for t in tables:

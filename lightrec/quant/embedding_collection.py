@@ -30,7 +30,7 @@ from lightrec.modules.embedding_configs import DataType, EmbeddingConfig
 from lightrec.modules.embedding_modules import embedding_names_by_table
 from lightrec.modules.feature_checks import apply_bounds_check, check_collection_input
 from lightrec.quant.collection_base import QuantCollectionBase, QuantTable
-from lightrec.quant.row_codec import DEFAULT_ROW_ALIGNMENT, row_size_in_bytes, sparse_type_code
+from lightrec.quant.row_codec import DEFAULT_ROW_ALIGNMENT, row_size_in_bytes
 from lightrec.quant.sequence_kernels import make_sequence_kernel
 from lightrec.sparse import JaggedTensor, KeyedJaggedTensor
 
@@ -42,7 +42,7 @@ class QuantEmbeddingCollection(QuantCollectionBase):
 
     Args:
         tables: the float collection's ``EmbeddingConfig`` list.
-        device, dtype, per_table, row_alignment, bounds_check, use_fbgemm, backend: as in
+        device, dtype, per_table, row_alignment, bounds_check, kernel_backend, use_fbgemm, backend: as in
             ``QuantEmbeddingBagCollection`` (storage type, per-table overrides, row padding, what
             to do with ids outside a table, and which kernel looks up; ``kernel`` says which runs).
 
@@ -61,11 +61,13 @@ class QuantEmbeddingCollection(QuantCollectionBase):
         per_table: dict[str, object] | None = None,
         row_alignment: int = DEFAULT_ROW_ALIGNMENT,
         bounds_check: str = "error",
+        kernel_backend: str = "auto",
+        *,
         use_fbgemm: bool | None = None,
         backend: str | None = None,
     ) -> None:
-        super().__init__(tables, EmbeddingConfig, device, dtype, per_table, row_alignment, bounds_check, use_fbgemm,
-                         backend)
+        super().__init__(tables, EmbeddingConfig, device, dtype, per_table, row_alignment, bounds_check,
+                         kernel_backend, use_fbgemm, backend)
         data_types = [t.data_type for t in self._configs]
         self.embeddings = nn.ModuleDict()
         for t, dt in zip(tables, data_types):
@@ -73,11 +75,7 @@ class QuantEmbeddingCollection(QuantCollectionBase):
                 t.num_embeddings, row_size_in_bytes(t.embedding_dim, dt, row_alignment), device
             )
         self._kernel = make_sequence_kernel(self.kernel, row_alignment)
-        self._table_features: List[List[str]] = [list(t.feature_names) for t in tables]
         self._embedding_names_by_table: List[List[str]] = embedding_names_by_table(tables)
-        self._table_rows: List[int] = [t.num_embeddings for t in tables]
-        self._table_dims: List[int] = [t.embedding_dim for t in tables]
-        self._table_types: List[int] = [sparse_type_code(dt) for dt in data_types]
 
     # ------------------------------------------------------------------ introspection
     def embedding_configs(self) -> List[EmbeddingConfig]:

@@ -55,10 +55,10 @@ class QuantEmbeddingBagCollection(QuantCollectionBase):
         per_table: ``{table name: dtype}`` overrides.
         row_alignment: stored rows are padded to a multiple of this many bytes (16, like torchrec).
         bounds_check: ``"error"`` (default), ``"clamp"`` or ``"skip"`` for ids outside a table.
-        use_fbgemm: force (True) or forbid (False) fbgemm's kernel; None uses it when it imports.
-        backend: ``"auto"``, ``"fbgemm"``, ``"triton"`` or ``"torch"`` lookups (overrides
-            ``use_fbgemm``; see :func:`~lightrec.quant.collection_base.resolve_quant_kernel`). ``kernel``
-            says which runs.
+        kernel_backend: ``"auto"``, ``"fbgemm"``, ``"triton"`` or ``"torch"`` lookups (see
+            :func:`~lightrec.quant.collection_base.resolve_quant_kernel`); ``kernel`` says which runs.
+        use_fbgemm, backend: deprecated spellings of ``kernel_backend`` (``use_fbgemm=True``:
+            ``"fbgemm"``, ``False``: ``"torch"``; see ``lightrec.modules.kernel_backend``).
 
     The tables are zero until filled: use :meth:`from_float`, :meth:`set_float_weight`, or
     ``load_state_dict`` with a state dict of this module.
@@ -77,11 +77,13 @@ class QuantEmbeddingBagCollection(QuantCollectionBase):
         per_table: dict[str, object] | None = None,
         row_alignment: int = DEFAULT_ROW_ALIGNMENT,
         bounds_check: str = "error",
+        kernel_backend: str = "auto",
+        *,
         use_fbgemm: bool | None = None,
         backend: str | None = None,
     ) -> None:
-        super().__init__(tables, EmbeddingBagConfig, device, dtype, per_table, row_alignment, bounds_check, use_fbgemm,
-                         backend)
+        super().__init__(tables, EmbeddingBagConfig, device, dtype, per_table, row_alignment, bounds_check,
+                         kernel_backend, use_fbgemm, backend)
         data_types = [t.data_type for t in self._configs]
         self._is_weighted = is_weighted
         # All tables live back to back in one flat buffer (lightrec.quant.table_groups), so a
@@ -104,10 +106,6 @@ class QuantEmbeddingBagCollection(QuantCollectionBase):
         self._embedding_names: List[str] = [n for names in embedding_names_by_table(tables) for n in names]
         self._lengths_per_embedding: List[int] = [t.embedding_dim for t in tables for _ in t.feature_names]
         self._table_names: List[str] = [t.name for t in tables]
-        self._table_features: List[List[str]] = [list(t.feature_names) for t in tables]
-        self._table_rows: List[int] = [t.num_embeddings for t in tables]
-        self._table_dims: List[int] = [t.embedding_dim for t in tables]
-        self._table_types: List[int] = [sparse_type_code(dt) for dt in data_types]
         self._table_mean: List[bool] = [t.pooling == PoolingType.MEAN for t in tables]
         self._equal_rows_runs: List[int] = equal_rows_runs(self._table_rows)
         self._table_feature_offsets: List[int] = [0]  # [T + 1] index of each table's first feature

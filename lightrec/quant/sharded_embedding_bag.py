@@ -26,6 +26,7 @@ from lightrec._compat import is_fx_symbolic_tracing as is_fx_tracing
 from lightrec._fbgemm import fbgemm_available
 from lightrec.modules.embedding_configs import DataType, EmbeddingBagConfig, PoolingType
 from lightrec.modules.feature_checks import check_collection_input
+from lightrec.modules.kernel_backend import resolve_kernel_backend
 from lightrec.quant.embedding_modules import QuantEmbeddingBagCollection
 from lightrec.quant.row_codec import SCALE_BIAS_BYTES
 from lightrec.quant.table_groups import check_ids_by_table, equal_rows_runs
@@ -129,18 +130,23 @@ class ShardedQuantEmbeddingBagCollection(nn.Module):
         output_device: where the pooled output is gathered (default: ``devices[0]``).
         placement: ``"device"`` keeps tables in the device's memory; ``"host"`` keeps them in host
             memory (UVM on CUDA; the same thing on CPU).
-        use_fbgemm: fbgemm TBE groups (True), pure-torch groups (False), or fbgemm when it imports (None).
+        kernel_backend: ``"fbgemm"`` (fbgemm TBE groups), ``"torch"`` or ``"triton"`` (groups of
+            ``QuantEmbeddingBagCollection`` with that kernel), or ``"auto"``: fbgemm when it imports and
+            the tables check bounds with ``"error"``, else torch.
+        use_fbgemm: the deprecated spelling (True: ``"fbgemm"``, False: ``"torch"``).
     """
 
     _output_columns: torch.Tensor  # [total D] group column of each output column (buffer; used to reorder)
 
     def __init__(self, qebc: QuantEmbeddingBagCollection, devices: List[torch.device], assignment: List[int],
                  output_device: Optional[torch.device] = None, placement: str = "device",
-                 use_fbgemm: Optional[bool] = None) -> None:
+                 kernel_backend: str = "auto", use_fbgemm: Optional[bool] = None) -> None:
         super().__init__()
         configs = qebc.embedding_bag_configs()
-        if use_fbgemm is None:
-            use_fbgemm = fbgemm_available() and qebc._bounds_check == "error"
+        kernel_backend = resolve_kernel_backend(kernel_backend, "ShardedQuantEmbeddingBagCollection",
+                                                use_fbgemm=use_fbgemm)
+        if kernel_backend == "auto":
+            kernel_backend = "fbgemm" if fbgemm_available() and qebc._bounds_check == "error" else "torch"
         keys: list[tuple[int, bool]] = []
         for i, t in enumerate(configs):
             key = (assignment[i], t.pooling == PoolingType.MEAN)
@@ -154,14 +160,14 @@ class ShardedQuantEmbeddingBagCollection(nn.Module):
             device = devices[device_index]
             members = [t for i, t in enumerate(configs) if (assignment[i], t.pooling == PoolingType.MEAN) == (device_index, _mean)]
             stored = [qebc._stored_tables()[t.name].weight.to(device) for t in members]
-            if use_fbgemm:
+            if kernel_backend == "fbgemm":
                 lookup: nn.Module = TbeGroupLookup(members, stored, qebc._row_alignment, device, placement,
                                                    qebc.is_weighted())
             else:
                 group = QuantEmbeddingBagCollection(
                     members, is_weighted=qebc.is_weighted(), device=device, dtype=members[0].data_type,
                     per_table={t.name: t.data_type for t in members}, row_alignment=qebc._row_alignment,
-                    bounds_check=qebc._bounds_check, use_fbgemm=False,
+                    bounds_check=qebc._bounds_check, kernel_backend=kernel_backend,
                 )
                 for t, rows in zip(members, stored):
                     group._stored_tables()[t.name].weight.copy_(rows)
@@ -267,8 +273,10 @@ def shard_for_inference(
     assignment: dict[str, int] | None = None,
     max_bytes_per_device: int | None = None,
     output_device: torch.device | str | None = None,
-    use_fbgemm: bool | None = None,
+    kernel_backend: str = "auto",
     inplace: bool = False,
+    *,
+    use_fbgemm: bool | None = None,
 ) -> nn.Module:
     """Replace every ``QuantEmbeddingBagCollection`` in ``model`` by a sharded one.
 
@@ -280,7 +288,8 @@ def shard_for_inference(
         assignment: optional ``{table: device index}``; other tables are placed greedily by size.
         max_bytes_per_device: refuse placements that put more stored bytes on one device.
         output_device: where pooled outputs are gathered (default: the first device).
-        use_fbgemm: group kernels: fbgemm TBE (True), pure torch (False), auto (None).
+        kernel_backend: group kernels (see :class:`ShardedQuantEmbeddingBagCollection`).
+        use_fbgemm: the deprecated spelling of ``kernel_backend`` (True: ``"fbgemm"``, False: ``"torch"``).
         inplace: modify ``model`` (saves memory) instead of returning a sharded copy.
 
     Returns:
@@ -291,6 +300,7 @@ def shard_for_inference(
     """
     if placement not in PLACEMENTS:
         raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
+    kernel_backend = resolve_kernel_backend(kernel_backend, "shard_for_inference", use_fbgemm=use_fbgemm)
     device_list = _resolve_devices(devices)
     if not inplace:
         model = copy.deepcopy(model)
@@ -306,7 +316,7 @@ def shard_for_inference(
                 raise ValueError(f"assignment[{name!r}]={index!r} is not a device index in [0, {len(device_list)})")
             placed[names.index(name)] = index
         out_dev = torch.device(output_device) if output_device is not None else device_list[0]
-        return ShardedQuantEmbeddingBagCollection(qebc, device_list, placed, out_dev, placement, use_fbgemm)
+        return ShardedQuantEmbeddingBagCollection(qebc, device_list, placed, out_dev, placement, kernel_backend)
 
     if isinstance(model, QuantEmbeddingBagCollection):
         return convert(model)

@@ -77,7 +77,7 @@ def triton_quant_pooled_lookup(
     if reason is not None:
         raise RuntimeError(
             f"this quantized collection (kernel='triton') has its tables on {flat.device}: {reason}. Move it "
-            "to a GPU (module.to('cuda')) or quantize with backend='torch'"
+            "to a GPU (module.to('cuda')) or quantize with kernel_backend='torch'"
         )
     num_features = meta.shape[0]
     batch = (offsets.numel() - 1) // num_features

@@ -8,7 +8,7 @@ op at compile time), and keeps ``torch.compile`` graphs free of Python-side disp
 Both implementations produce identical results; ``tests/sparse`` checks each against the other.
 """
 
-from typing import List, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 
@@ -106,8 +106,3 @@ def segment_ids(lengths: torch.Tensor, total: int) -> torch.Tensor:
     return torch.repeat_interleave(
         torch.arange(lengths.numel(), device=lengths.device), lengths.long(), output_size=total
     )
-
-
-def lengths_to_list(lengths: torch.Tensor) -> List[int]:
-    """Host copy of a lengths tensor (one device sync)."""
-    return lengths.tolist()

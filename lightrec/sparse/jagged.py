@@ -113,6 +113,24 @@ def _lengths_from_offsets(offsets: torch.Tensor) -> torch.Tensor:
     return offsets[1:] - offsets[:-1]
 
 
+def lengths_or_derive(lengths: Optional[torch.Tensor], offsets: Optional[torch.Tensor], owner: str) -> torch.Tensor:
+    """``lengths``, or derived from ``offsets`` (what the jagged types' ``lengths()`` cache)."""
+    if lengths is not None:
+        return lengths
+    if offsets is None:
+        raise ValueError(owner + " has neither lengths nor offsets")
+    return _lengths_from_offsets(offsets)
+
+
+def offsets_or_derive(lengths: Optional[torch.Tensor], offsets: Optional[torch.Tensor], owner: str) -> torch.Tensor:
+    """``offsets``, or the running sum of ``lengths`` (what the jagged types' ``offsets()`` cache)."""
+    if offsets is not None:
+        return offsets
+    if lengths is None:
+        raise ValueError(owner + " has neither lengths nor offsets")
+    return complete_cumsum(lengths)
+
+
 class JaggedTensor(metaclass=JaggedTensorMeta):
     """A batch of variable-length rows for one feature (see the module docstring for the layout).
 
@@ -231,26 +249,16 @@ class JaggedTensor(metaclass=JaggedTensorMeta):
         return self._weights
 
     def lengths(self) -> torch.Tensor:
-        lengths = self._lengths
-        if lengths is None:
-            offsets = self._offsets
-            if offsets is None:
-                raise ValueError("JaggedTensor has neither lengths nor offsets")
-            lengths = _lengths_from_offsets(offsets)
-            self._lengths = lengths
+        lengths = lengths_or_derive(self._lengths, self._offsets, "JaggedTensor")
+        self._lengths = lengths
         return lengths
 
     def lengths_or_none(self) -> Optional[torch.Tensor]:
         return self._lengths
 
     def offsets(self) -> torch.Tensor:
-        offsets = self._offsets
-        if offsets is None:
-            lengths = self._lengths
-            if lengths is None:
-                raise ValueError("JaggedTensor has neither lengths nor offsets")
-            offsets = complete_cumsum(lengths)
-            self._offsets = offsets
+        offsets = offsets_or_derive(self._lengths, self._offsets, "JaggedTensor")
+        self._offsets = offsets
         return offsets
 
     def offsets_or_none(self) -> Optional[torch.Tensor]:

@@ -26,8 +26,13 @@ import torch
 
 import lightrec.sparse.kjt_layout as kjt_layout
 import lightrec.sparse.kjt_transforms as kjt_transforms
-from lightrec.sparse._ops import complete_cumsum
-from lightrec.sparse.jagged import JaggedTensor, JaggedTensorMeta, SparseValueError, _lengths_from_offsets
+from lightrec.sparse.jagged import (
+    JaggedTensor,
+    JaggedTensorMeta,
+    SparseValueError,
+    lengths_or_derive,
+    offsets_or_derive,
+)
 from lightrec.sparse.kjt_checks import validate_kjt_layout
 from lightrec.sparse.kjt_device import empty_like_tensors, inverse_indices_to, pin_tensors, tensors_to
 from lightrec.sparse.kjt_dist import dist_labels, dist_splits, dist_tensors
@@ -243,26 +248,16 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         return self._weights
 
     def lengths(self) -> torch.Tensor:
-        lengths = self._lengths
-        if lengths is None:
-            offsets = self._offsets
-            if offsets is None:
-                raise ValueError("KeyedJaggedTensor has neither lengths nor offsets")
-            lengths = _lengths_from_offsets(offsets)
-            self._lengths = lengths
+        lengths = lengths_or_derive(self._lengths, self._offsets, "KeyedJaggedTensor")
+        self._lengths = lengths
         return lengths
 
     def lengths_or_none(self) -> Optional[torch.Tensor]:
         return self._lengths
 
     def offsets(self) -> torch.Tensor:
-        offsets = self._offsets
-        if offsets is None:
-            lengths = self._lengths
-            if lengths is None:
-                raise ValueError("KeyedJaggedTensor has neither lengths nor offsets")
-            offsets = complete_cumsum(lengths)
-            self._offsets = offsets
+        offsets = offsets_or_derive(self._lengths, self._offsets, "KeyedJaggedTensor")
+        self._offsets = offsets
         return offsets
 
     def offsets_or_none(self) -> Optional[torch.Tensor]:

@@ -41,6 +41,7 @@ CASES: dict[int, list[tuple[str, list[int], list[int] | int]]] = {
         ("rs", [4, 1], 3),  # uneven: all_to_all + sum
         ("ag", [2, 2], 3),
         ("ag", [1, 3], 2),
+        ("a2a_hot", [3, 2], [4, 2]),  # column_order + grad_scale + defer_input_grad (the TW/CW output dist)
     ],
     3: [
         ("a2a", [2, 2, 2], [1, 3, 2]),
@@ -51,6 +52,7 @@ CASES: dict[int, list[tuple[str, list[int], list[int] | int]]] = {
         ("rs", [1, 0, 3], 4),
         ("ag", [3, 1, 2], 2),
         ("ag", [0, 2, 1], 3),
+        ("a2a_hot", [2, 1, 3], [1, 3, 2]),  # the middle rank sends to itself through the collective
     ],
 }
 
@@ -63,11 +65,19 @@ def _tensor(case: int, what: str, rank: int, shape: tuple[int, ...]) -> torch.Te
 def _shapes(kind: str, batches: list[int], dims, rank: int):  # noqa: ANN001, ANN202
     """(input shape, output shape) on ``rank``."""
     total = sum(batches)
-    if kind == "a2a":
+    if kind.startswith("a2a"):
         return (total, dims[rank]), (batches[rank], sum(dims))
     if kind.startswith("rs"):
         return (total, dims), (batches[rank], dims)
     return (batches[rank], dims), (total, dims)
+
+
+HOT_GRAD_SCALE = 0.5
+
+
+def _column_order(dims: list[int]) -> list[int]:
+    """A fixed shuffle of the output columns (runs of several widths and strides)."""
+    return torch.randperm(sum(dims), generator=torch.Generator().manual_seed(sum(dims))).tolist()
 
 
 def _run_all(rank: int, world_size: int) -> bytes:
@@ -133,6 +143,11 @@ def _run_cases(rank: int, world_size: int) -> list[tuple[torch.Tensor, torch.Ten
         x = _tensor(i, "x", rank, in_shape).requires_grad_()
         if kind == "a2a":
             aw = PooledEmbeddingsAllToAll(None, dims)(x, batches)
+        elif kind == "a2a_hot":
+            a2a = PooledEmbeddingsAllToAll(
+                None, dims, column_order=_column_order(dims), grad_scale=HOT_GRAD_SCALE, defer_input_grad=True
+            )
+            aw = a2a(x, batches)
         elif kind.startswith("rs"):
             aw = PooledEmbeddingsReduceScatter()(x, batches)
         else:
@@ -153,14 +168,18 @@ def _reference(kind: str, batches: list[int], dims, case: int, world_size: int):
         _tensor(case, "x", r, _shapes(kind, batches, dims, r)[0]).requires_grad_() for r in range(world_size)
     ]
     gs = [_tensor(case, "g", s, _shapes(kind, batches, dims, s)[1]) for s in range(world_size)]
-    if kind == "a2a":
+    if kind.startswith("a2a"):
         full = torch.cat(xs, dim=1)  # [B_total, sum D]: every feature for the global batch
+        if kind == "a2a_hot":  # column c of the rank blocks lands in output column order[c]
+            full = full[:, torch.tensor(_column_order(dims)).argsort()] * HOT_GRAD_SCALE
         outs = list(full.split(batches, dim=0))
     elif kind.startswith("rs"):
         outs = list(torch.stack(xs).sum(0).split(batches, dim=0))
     else:
         outs = [torch.cat(xs, dim=0)] * world_size
     sum((o * g).sum() for o, g in zip(outs, gs, strict=True)).backward()
+    if kind == "a2a_hot":  # the forward is unscaled; only the gradient sent back is scaled
+        outs = [o / HOT_GRAD_SCALE for o in outs]
     return [(o.detach(), x.grad) for o, x in zip(outs, xs, strict=True)]
 
 

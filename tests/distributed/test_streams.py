@@ -72,6 +72,7 @@ def _side_stream_body(rank: int, world_size: int) -> dict[str, Any]:
 
     from lightrec.distributed import EmbeddingBagCollectionSharder, ShardingEnv
     from lightrec.distributed.planner import construct_module_sharding_plan
+    from lightrec.distributed.sparse_dist_pipeline import SparseDistPipeline
     from lightrec.modules.embedding_modules import EmbeddingBagCollection
     from tests.distributed.test_sharded_embeddings import (
         fused_params,
@@ -92,23 +93,24 @@ def _side_stream_body(rank: int, world_size: int) -> dict[str, Any]:
             ref, plan, ShardingEnv.from_process_group(dist.group.WORLD), device
         )
         side = torch.cuda.Stream(device)
+        pipeline = SparseDistPipeline([sharded])
         batches = [global_batch(step, world_size, True, False)[rank].to(device) for step in range(4)]
         outputs = []
         if piped:
             with torch.cuda.stream(side):  # batch 0 copied on the side stream as the callback does
                 batches[0] = global_batch(0, world_size, True, False)[rank].to(device, non_blocking=True)
-            sharded.start_input_dist(batches[0], stream=side)
-            sharded.progress_input_dists()
+            pipeline.start(batches[0], stream=side)
+            pipeline.progress()
         for step in range(3):
             if piped:
-                sharded.start_input_dist(batches[step + 1], stream=side)
+                pipeline.start(batches[step + 1], stream=side)
             values = sharded(batches[step]).wait().values()
             if piped:
-                sharded.progress_input_dists()
+                pipeline.progress()
             (values.square().sum() * 0.1).backward()  # the fused update runs in backward
             outputs.append(values.detach().cpu())
         if piped:
-            assert sharded.cancel_input_dists(wait=True) == 1
+            assert pipeline.cancel(wait=True) == 1
         torch.cuda.synchronize()
         out["piped" if piped else "plain"] = outputs
     return out
@@ -122,10 +124,11 @@ def test_input_dist_on_a_side_stream_gives_the_same_lookups() -> None:
 
 
 def test_pipeline_start_orders_the_side_stream_after_the_current_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``InputDistPipeline.start(features, stream=side)`` makes ``side`` wait for the current stream
+    """``SparseDistPipeline.start(batch, stream=side)`` makes ``side`` wait for the current stream
     before stage 1 is issued on it (the ids may be written by kernels still queued there). Spy
     streams on CPU; the GPU twin is in tests/lightning/test_sparse_dist_prefetch.py."""
-    from lightrec.distributed.input_dist_pipeline import InputDistPipeline
+    from lightrec.distributed.sharding.work_ahead import AheadQueue
+    from lightrec.distributed.sparse_dist_pipeline import SparseDistPipeline
     from lightrec.sparse import KeyedJaggedTensor
 
     log: list[str] = []
@@ -140,11 +143,18 @@ def test_pipeline_start_orders_the_side_stream_after_the_current_one(monkeypatch
     main, side = Spy("main"), Spy("side")
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: main)
 
-    def begin(features: KeyedJaggedTensor, stream: Any) -> Any:
-        log.append(f"begin on {stream.name}")
-        return None
+    class Collection:  # the stages a pipeline calls, spied
+        device = torch.device("cuda", 0)
+        ahead = AheadQueue()
 
-    pipeline = InputDistPipeline(lambda kjt: True, begin, lambda kjt, started: None, torch.device("cuda", 0))
+        def accepts(self, features: KeyedJaggedTensor) -> bool:
+            return True
+
+        def input_dist(self, features: KeyedJaggedTensor, stream: Any) -> Any:
+            log.append(f"begin on {stream.name}")
+            return None
+
+    pipeline = SparseDistPipeline([Collection()])  # type: ignore[list-item]
     kjt = KeyedJaggedTensor(["f"], torch.tensor([1, 2]), lengths=torch.tensor([1, 1]))
     assert pipeline.start(kjt, stream=side)
     assert log == ["side.wait_stream(main)", "begin on side"]

@@ -18,10 +18,10 @@ def needs_fbgemm():
 
 
 def kernel_params() -> list:
-    """``use_fbgemm`` values to test: the torch kernel always, fbgemm's when it imports."""
+    """``kernel_backend`` values to test: the torch kernel always, fbgemm's when it imports."""
     import pytest
 
-    return [False, pytest.param(True, marks=needs_fbgemm())]
+    return ["torch", pytest.param("fbgemm", marks=needs_fbgemm())]
 
 
 def tables(dim: int = 8, mean_last: bool = True) -> list[lightrec.EmbeddingBagConfig]:

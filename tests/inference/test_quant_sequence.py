@@ -41,16 +41,16 @@ def _reference_rows(stored: torch.Tensor, kind: str, dim: int, ids: torch.Tensor
             + bias[ids.numpy()].astype(np.float64)[:, None]).astype(np.float32)
 
 
-@pytest.mark.parametrize("use_fbgemm", kernel_params())
+@pytest.mark.parametrize("kernel", kernel_params())
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_rows_equal_reference_dequantization_exactly(kind: str, use_fbgemm: bool) -> None:
+def test_rows_equal_reference_dequantization_exactly(kind: str, kernel: str) -> None:
     torch.manual_seed(1)
     ec = lightrec.EmbeddingCollection(sequence_tables())
     with torch.no_grad():  # rows of very different ranges (and one constant row) stress scale/bias
         for t in ec.embeddings.values():
             t.weight.mul_(torch.rand(t.weight.shape[0], 1) * 20)
             t.weight[0] = -0.75
-    q = QuantEmbeddingCollection.from_float(ec, dtype=kind, use_fbgemm=use_fbgemm)
+    q = QuantEmbeddingCollection.from_float(ec, dtype=kind, kernel_backend=kernel)
     batch = kjt(batch=6, seed=2).permute([2, 0, 3, 1])  # any key order; empty bags included
     got, floats = q(batch), ec(batch)
     assert list(got) == FEATURES
@@ -66,12 +66,12 @@ def test_rows_equal_reference_dequantization_exactly(kind: str, use_fbgemm: bool
             assert torch.equal(got[f].values(), q.dequantized_weight(t.name)[jt.values()])
 
 
-@pytest.mark.parametrize("use_fbgemm", kernel_params())
+@pytest.mark.parametrize("kernel", kernel_params())
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_rows_within_error_bound_of_fp32(kind: str, use_fbgemm: bool) -> None:
+def test_rows_within_error_bound_of_fp32(kind: str, kernel: str) -> None:
     torch.manual_seed(3)
     ec = lightrec.EmbeddingCollection(sequence_tables())
-    q = QuantEmbeddingCollection.from_float(ec, dtype=kind, use_fbgemm=use_fbgemm)
+    q = QuantEmbeddingCollection.from_float(ec, dtype=kind, kernel_backend=kernel)
     batch = kjt(batch=8, seed=4)
     got, want = q(batch), ec(batch)
     for t in ec.embedding_configs():
@@ -87,8 +87,8 @@ def test_fbgemm_kernel_equals_torch_kernel_on_larger_batch() -> None:
     ec = lightrec.EmbeddingCollection(sequence_tables())
     batch = kjt(batch=64, seed=6, max_len=12)
     for kind in KINDS:
-        a = QuantEmbeddingCollection.from_float(ec, dtype=kind, use_fbgemm=True)(batch)
-        b = QuantEmbeddingCollection.from_float(ec, dtype=kind, use_fbgemm=False)(batch)
+        a = QuantEmbeddingCollection.from_float(ec, dtype=kind, kernel_backend="fbgemm")(batch)
+        b = QuantEmbeddingCollection.from_float(ec, dtype=kind, kernel_backend="torch")(batch)
         assert all(torch.equal(a[f].values(), b[f].values()) for f in FEATURES), kind
 
 
@@ -122,7 +122,7 @@ def test_fbgemm_here_equals_torch_kernel_where_fbgemm_is_blocked(tmp_path: Path)
     blocked = torch.load(tmp_path / "rows.pt")
     model, batch = sequence_model(seed=4), kjt(batch=32, seed=9, max_len=6)
     for kind in KINDS:
-        here = quantize(model, kind, use_fbgemm=True).ec(batch)
+        here = quantize(model, kind, kernel_backend="fbgemm").ec(batch)
         assert all(torch.equal(here[f].values(), blocked[kind][f]) for f in FEATURES), kind
 
 
@@ -181,9 +181,9 @@ def test_bounds_check_matches_the_float_collection() -> None:
             torch.testing.assert_close(q[f].values(), want[f].values(), atol=1e-3, rtol=0)
 
 
-@pytest.mark.parametrize("use_fbgemm", kernel_params())
-def test_scripts_directly_and_after_fx_trace(use_fbgemm: bool) -> None:
-    q = quantize(lightrec.EmbeddingCollection(sequence_tables()), "int4", use_fbgemm=use_fbgemm)
+@pytest.mark.parametrize("kernel", kernel_params())
+def test_scripts_directly_and_after_fx_trace(kernel: str) -> None:
+    q = quantize(lightrec.EmbeddingCollection(sequence_tables()), "int4", kernel_backend=kernel)
     batch = kjt(batch=4, seed=7)
     want = q(batch)
     for scripted in (torch.jit.script(q), torch.jit.script(symbolic_trace(q))):
@@ -191,10 +191,10 @@ def test_scripts_directly_and_after_fx_trace(use_fbgemm: bool) -> None:
         assert all(torch.equal(got[f].values(), want[f].values()) for f in FEATURES)
 
 
-@pytest.mark.parametrize("use_fbgemm", kernel_params())
+@pytest.mark.parametrize("kernel", kernel_params())
 @pytest.mark.parametrize("fmt,suffix", [("torchscript", "pt"), ("export", "pt2")])
-def test_sequence_model_artifacts_reproduce_the_model(tmp_path: Path, fmt: str, suffix: str, use_fbgemm: bool) -> None:
-    q = quantize(sequence_model(), "int8", use_fbgemm=use_fbgemm)
+def test_sequence_model_artifacts_reproduce_the_model(tmp_path: Path, fmt: str, suffix: str, kernel: str) -> None:
+    q = quantize(sequence_model(), "int8", kernel_backend=kernel)
     path = export(q, tmp_path / f"seq.{suffix}", format=fmt)
     meta = json.loads(Path(f"{path}.meta.json").read_text())
     assert meta["feature_names"] == FEATURES and meta["takes_dense"] is False

@@ -38,16 +38,16 @@ def test_rows_decode_within_documented_bound(kind: str) -> None:
         assert float(bound.max()) < 0.01 * float((weight.max(1).values - weight.min(1).values).max())
 
 
-@pytest.mark.parametrize("use_fbgemm", kernel_params())
+@pytest.mark.parametrize("kernel", kernel_params())
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("kind", [*KINDS, "mixed"])
-def test_pooled_equals_reference_dequantization_exactly(kind: str, weighted: bool, use_fbgemm: bool) -> None:
+def test_pooled_equals_reference_dequantization_exactly(kind: str, weighted: bool, kernel: str) -> None:
     torch.manual_seed(1)
     ebc = lightrec.EmbeddingBagCollection(tables(mean_last=kind != "mixed"), is_weighted=weighted)
     # "mixed": int4, fp16 and int8 tables pooled by one fbgemm call (one SUM group)
     per_table = {"t0": "int4", "t1": "fp16"} if kind == "mixed" else None
     q = QuantEmbeddingBagCollection.from_float(ebc, dtype="int8" if kind == "mixed" else kind, per_table=per_table,
-                                               use_fbgemm=use_fbgemm)
+                                               kernel_backend=kernel)
     assert len(q._groups) == (1 if kind == "mixed" else 2)
     batch = kjt(batch=6, seed=2, weighted=weighted)
     got = q(batch).to_dict()
@@ -62,12 +62,12 @@ def test_pooled_equals_reference_dequantization_exactly(kind: str, weighted: boo
             np.testing.assert_array_equal(got[f].numpy(), want, err_msg=f"{kind} feature {f}")
 
 
-@pytest.mark.parametrize("use_fbgemm", kernel_params())
+@pytest.mark.parametrize("kernel", kernel_params())
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_pooled_within_error_bound_of_fp32(kind: str, use_fbgemm: bool, device: torch.device) -> None:
+def test_pooled_within_error_bound_of_fp32(kind: str, kernel: str, device: torch.device) -> None:
     torch.manual_seed(3)
     ebc = lightrec.EmbeddingBagCollection(tables(mean_last=False), is_weighted=True)
-    q = QuantEmbeddingBagCollection.from_float(ebc, dtype=kind, use_fbgemm=use_fbgemm).to(device)
+    q = QuantEmbeddingBagCollection.from_float(ebc, dtype=kind, kernel_backend=kernel).to(device)
     batch = kjt(batch=8, seed=4, weighted=True)
     got = {f: v.cpu() for f, v in q(batch.to(device)).to_dict().items()}  # the float reference on CPU
     want = ebc(batch).to_dict()
@@ -89,8 +89,8 @@ def test_fbgemm_kernel_equals_torch_kernel_on_larger_batch() -> None:
     ebc = lightrec.EmbeddingBagCollection(tables(dim=16), is_weighted=True)
     batch = kjt(batch=64, seed=6, weighted=True, max_len=12)
     for kind in KINDS:
-        a = QuantEmbeddingBagCollection.from_float(ebc, dtype=kind, use_fbgemm=True)(batch).values()
-        b = QuantEmbeddingBagCollection.from_float(ebc, dtype=kind, use_fbgemm=False)(batch).values()
+        a = QuantEmbeddingBagCollection.from_float(ebc, dtype=kind, kernel_backend="fbgemm")(batch).values()
+        b = QuantEmbeddingBagCollection.from_float(ebc, dtype=kind, kernel_backend="torch")(batch).values()
         assert torch.equal(a, b), kind
 
 
@@ -167,13 +167,13 @@ def test_bad_ids_raise_like_the_float_collection() -> None:
         q(bad)
 
 
-@pytest.mark.parametrize("use_fbgemm", kernel_params())
-def test_tables_are_views_of_one_flat_buffer_through_moves_copies_and_loads(use_fbgemm: bool) -> None:
+@pytest.mark.parametrize("kernel", kernel_params())
+def test_tables_are_views_of_one_flat_buffer_through_moves_copies_and_loads(kernel: str) -> None:
     import copy
 
     torch.manual_seed(6)
     ebc = lightrec.EmbeddingBagCollection(tables())
-    q = QuantEmbeddingBagCollection.from_float(ebc, dtype="int8", per_table={"t1": "int4"}, use_fbgemm=use_fbgemm)
+    q = QuantEmbeddingBagCollection.from_float(ebc, dtype="int8", per_table={"t1": "int4"}, kernel_backend=kernel)
     batch = kjt(batch=5, seed=8)
     want = q(batch).values()
 
@@ -186,7 +186,7 @@ def test_tables_are_views_of_one_flat_buffer_through_moves_copies_and_loads(use_
     # built on meta, materialised empty, then loaded (the group constants are rebuilt, not left garbage)
     for assign in (False, True):
         fresh = QuantEmbeddingBagCollection(ebc.embedding_bag_configs(), dtype="int8", per_table={"t1": "int4"},
-                                            use_fbgemm=use_fbgemm, device="meta").to_empty(device="cpu")
+                                            kernel_backend=kernel, device="meta").to_empty(device="cpu")
         assert shares_storage(fresh)
         fresh.load_state_dict(q.state_dict(), assign=assign)  # lands in the flat buffer the kernel reads
         assert shares_storage(fresh) and torch.equal(fresh(batch).values(), want)
@@ -195,12 +195,12 @@ def test_tables_are_views_of_one_flat_buffer_through_moves_copies_and_loads(use_
     assert torch.equal(copied(batch).values()[:, :16], torch.zeros(5, 16)) and torch.equal(q(batch).values(), want)
 
 
-@pytest.mark.parametrize("use_fbgemm", kernel_params())
-def test_id_checks_of_equal_sized_tables_name_feature_and_sample(use_fbgemm: bool) -> None:
+@pytest.mark.parametrize("kernel", kernel_params())
+def test_id_checks_of_equal_sized_tables_name_feature_and_sample(kernel: str) -> None:
     # three tables of 10 rows form one min/max run; the error still names the right table and sample
     equal = [lightrec.EmbeddingBagConfig(name=f"e{i}", num_embeddings=10, embedding_dim=4, feature_names=[f"x{i}"])
              for i in range(3)]
-    q = quantize(lightrec.EmbeddingBagCollection(equal), "int8", use_fbgemm=use_fbgemm)
+    q = quantize(lightrec.EmbeddingBagCollection(equal), "int8", kernel_backend=kernel)
     lengths = torch.tensor([1, 0, 1, 1, 0, 1])  # x0: [a], [] | x1: [b], [c] | x2: [], [d]
     ok = lightrec.KeyedJaggedTensor(keys=["x0", "x1", "x2"], values=torch.tensor([0, 9, 3, 9]), lengths=lengths)
     assert q(ok).values().shape == (2, 12)
@@ -211,12 +211,12 @@ def test_id_checks_of_equal_sized_tables_name_feature_and_sample(use_fbgemm: boo
             q(bad)
 
 
-@pytest.mark.parametrize("use_fbgemm", kernel_params())
+@pytest.mark.parametrize("kernel", kernel_params())
 @pytest.mark.parametrize("mode", ["clamp", "skip"])
-def test_clamp_and_skip_modes_match_the_float_collection(mode: str, use_fbgemm: bool) -> None:
+def test_clamp_and_skip_modes_match_the_float_collection(mode: str, kernel: str) -> None:
     torch.manual_seed(9)
     ebc = lightrec.EmbeddingBagCollection(tables(), is_weighted=True, bounds_check=mode)
-    q = quantize(ebc, "fp16", use_fbgemm=use_fbgemm)
+    q = quantize(ebc, "fp16", kernel_backend=kernel)
     batch = kjt(batch=6, seed=10, weighted=True)
     values = batch.values().clone()
     values[::3] += 35  # every third id: some beyond their table
@@ -225,13 +225,13 @@ def test_clamp_and_skip_modes_match_the_float_collection(mode: str, use_fbgemm: 
     torch.testing.assert_close(q(bad).values(), ebc(bad).values(), atol=2e-3, rtol=0)
 
 
-@pytest.mark.parametrize("use_fbgemm", kernel_params())
+@pytest.mark.parametrize("kernel", kernel_params())
 @pytest.mark.parametrize("mode", ["error", "clamp", "skip"])
-def test_collection_scripts_directly_and_after_fx_trace(mode: str, use_fbgemm: bool) -> None:
+def test_collection_scripts_directly_and_after_fx_trace(mode: str, kernel: str) -> None:
     from lightrec.fx.tracer import symbolic_trace
 
     ebc = lightrec.EmbeddingBagCollection(tables(), is_weighted=True, bounds_check=mode)
-    q = quantize(ebc, "int8", per_table={"t1": "int4"}, use_fbgemm=use_fbgemm)
+    q = quantize(ebc, "int8", per_table={"t1": "int4"}, kernel_backend=kernel)
     batch = kjt(batch=4, seed=12, weighted=True)
     want = q(batch).values()
     for scripted in (torch.jit.script(q), torch.jit.script(symbolic_trace(q))):

@@ -38,7 +38,7 @@ def _quantized(
         ebc,
         dtype="int8" if kind == "mixed" else kind,
         per_table=per_table,
-        backend=backend,
+        kernel_backend=backend,
         row_alignment=row_alignment,
     )
     return q.to(DEVICE) if backend == "triton" else q
@@ -73,8 +73,8 @@ def test_pooled_triton_equals_torch_kernel_and_reference(kind: str, weighted: bo
 def test_sequence_triton_equals_torch_kernel(kind: str) -> None:
     torch.manual_seed(1)
     ec = lightrec.EmbeddingCollection(sequence_tables())
-    tri = QuantEmbeddingCollection.from_float(ec, dtype=kind, backend="triton").to(DEVICE)
-    ref = QuantEmbeddingCollection.from_float(ec, dtype=kind, backend="torch")
+    tri = QuantEmbeddingCollection.from_float(ec, dtype=kind, kernel_backend="triton").to(DEVICE)
+    ref = QuantEmbeddingCollection.from_float(ec, dtype=kind, kernel_backend="torch")
     assert tri.kernel == "triton" and "kernel='triton'" in repr(tri)
     batch = kjt(batch=6, seed=4)
     got, want = tri(batch.to(DEVICE)), ref(batch)
@@ -108,7 +108,7 @@ def test_odd_row_alignment_equals_torch_kernel(kind: str, row_alignment: int, di
                                   feature_names=t.feature_names) for i, t in enumerate(sequence_tables())]
     )  # fmt: skip
     seq = {
-        be: QuantEmbeddingCollection.from_float(ec, dtype=kind, backend=be, row_alignment=row_alignment)
+        be: QuantEmbeddingCollection.from_float(ec, dtype=kind, kernel_backend=be, row_alignment=row_alignment)
         for be in ("triton", "torch")
     }
     seq_got, seq_want = seq["triton"].to(DEVICE)(batch.to(DEVICE)), seq["torch"](batch)
@@ -124,7 +124,7 @@ def test_triton_model_traces_scripts_and_exports(tmp_path: Path, fmt: str, suffi
     q = _quantized("mixed", False, "triton")
     batch = kjt(batch=4, seed=5).to(DEVICE)
     assert torch.equal(torch.jit.script(symbolic_trace(q))(batch).values(), q(batch).values())
-    model = quantize(dlrm(), "int8", backend="triton").to(DEVICE)
+    model = quantize(dlrm(), "int8", kernel_backend="triton").to(DEVICE)
     assert {m.kernel for m in model.modules() if hasattr(m, "kernel")} == {"triton"}
     predictor = load(export(model, tmp_path / f"m.{suffix}", format=fmt), device=DEVICE)
     dense = torch.randn(4, 5, device=DEVICE)
@@ -136,23 +136,23 @@ def test_triton_model_traces_scripts_and_exports(tmp_path: Path, fmt: str, suffi
 def test_kernel_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     cuda = torch.device("cuda")
     monkeypatch.setattr("lightrec._fbgemm.has_fbgemm_op", lambda name: False)
-    assert resolve_quant_kernel(None, None, cuda) == "triton"  # auto on CUDA without fbgemm
-    assert resolve_quant_kernel("auto", None, torch.device("cpu")) == "torch"  # never triton on CPU
-    assert resolve_quant_kernel(None, False, cuda) == "torch"
+    assert resolve_quant_kernel("auto", cuda) == "triton"  # auto on CUDA without fbgemm
+    assert resolve_quant_kernel("auto", torch.device("cpu")) == "torch"  # never triton on CPU
+    assert resolve_quant_kernel("torch", cuda) == "torch"
     monkeypatch.setattr("lightrec._fbgemm.has_fbgemm_op", lambda name: True)
     monkeypatch.setattr("lightrec._fbgemm.fbgemm_serves_cuda", lambda: True)
-    assert resolve_quant_kernel(None, None, cuda) == "fbgemm"
+    assert resolve_quant_kernel("auto", cuda) == "fbgemm"
     monkeypatch.setattr("lightrec._fbgemm.fbgemm_serves_cuda", lambda: False)  # fbgemm-gpu-cpu
-    assert resolve_quant_kernel(None, None, cuda) == "triton"
-    assert resolve_quant_kernel(None, None, torch.device("cpu")) == "fbgemm"
-    with pytest.raises(ValueError, match="contradicts"):
-        resolve_quant_kernel("triton", True, cuda)
-    with pytest.raises(ValueError, match="backend must be one of"):
-        resolve_quant_kernel("tbe", None, cuda)
+    assert resolve_quant_kernel("auto", cuda) == "triton"
+    assert resolve_quant_kernel("auto", torch.device("cpu")) == "fbgemm"
+    with pytest.raises(ValueError, match="ask for different kernels"):
+        QuantEmbeddingBagCollection(tables(), kernel_backend="triton", use_fbgemm=True)
+    with pytest.raises(ValueError, match="kernel_backend must be one of"):
+        resolve_quant_kernel("tbe", cuda)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):  # no GPU to move to, no interpreter
-        QuantEmbeddingBagCollection(tables(), backend="triton")
+        QuantEmbeddingBagCollection(tables(), kernel_backend="triton")
     assert QUANT_KERNELS == ("auto", "fbgemm", "triton", "torch")
 
 
@@ -162,7 +162,7 @@ def test_triton_module_built_on_the_host_is_for_the_gpu(monkeypatch: pytest.Monk
     visible; a lookup left on the CPU (no interpreter) raises and says to move the module."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)
-    q = QuantEmbeddingBagCollection(tables(), backend="triton")
+    q = QuantEmbeddingBagCollection(tables(), kernel_backend="triton")
     assert q.kernel == "triton"
     with pytest.raises(RuntimeError, match=r"kernel='triton'\) has its tables on cpu.*module.to\('cuda'\)"):
         q(kjt(batch=2, seed=0))

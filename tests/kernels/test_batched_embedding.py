@@ -57,7 +57,7 @@ def _build(
         if reason:
             pytest.skip(reason)
     torch.manual_seed(0)
-    return BatchedEmbeddingBag(tables, ftm, pooling, optimizer=spec, backend=backend, device=device)
+    return BatchedEmbeddingBag(tables, ftm, pooling, optimizer=spec, kernel_backend=backend, device=device)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -84,7 +84,7 @@ def test_pooled_output_matches_embedding_bag(
 
 def test_matches_nn_embedding_bag_module() -> None:
     bag = torch.nn.EmbeddingBag(20, 8, mode="sum", include_last_offset=True)
-    module = BatchedEmbeddingBag([(20, 8)], backend="torch")
+    module = BatchedEmbeddingBag([(20, 8)], kernel_backend="torch")
     with torch.no_grad():
         module.split_embedding_weights()[0].copy_(bag.weight)
     b = random_batch(torch.Generator().manual_seed(3), [20], [0], batch=7, weighted=False)
@@ -215,7 +215,7 @@ def test_state_round_trip_continues_bit_identically(backend: str, kind: EmbOptim
     module_sd = copy.deepcopy(first.state_dict())
     optim_sd = copy.deepcopy(first.fused_optimizer.state_dict())
     torch.manual_seed(99)  # the new module starts from different weights and empty state
-    second = BatchedEmbeddingBag(tables, ftm, optimizer=spec, backend=backend)
+    second = BatchedEmbeddingBag(tables, ftm, optimizer=spec, kernel_backend=backend)
     second.load_state_dict(module_sd)
     second.fused_optimizer.load_state_dict(optim_sd)
     for b in batches[2:]:
@@ -251,7 +251,7 @@ def test_unpooled_lookup_and_fused_update(backend: str) -> None:
     # fbgemm's CPU Adagrad is exact only when no table is shared (see fbgemm_backend)
     tables, ftm = [(20, 8), (30, 8)], ([0, 1] if backend == "fbgemm" else [0, 1, 0])
     torch.manual_seed(0)
-    module = BatchedEmbedding(tables, ftm, optimizer=spec, backend=backend)
+    module = BatchedEmbedding(tables, ftm, optimizer=spec, kernel_backend=backend)
     ref_w = [w.detach().clone().requires_grad_(True) for w in module.split_embedding_weights()]
     ref_opt = ReferenceOptimizer("adagrad", ref_w, lr=0.1, eps=1e-6, wd=0.0, wd_mode="none")
     gen = torch.Generator().manual_seed(4)
@@ -277,17 +277,17 @@ def test_backend_selection_and_repr() -> None:
     sgd = FusedOptimizerSpec(EmbOptimType.SGD)
     auto = BatchedEmbeddingBag([(10, 8)], optimizer=sgd)
     assert auto.backend_name == ("fbgemm" if fbgemm_available() else "torch")
-    assert f"backend='{auto.backend_name}'" in repr(auto)
+    assert f"kernel_backend='{auto.backend_name}'" in repr(auto)
     # Adam has no CPU fbgemm kernel; non-fused lookups need fbgemm's CUDA-only OptimType.NONE.
     assert (
         BatchedEmbeddingBag([(10, 8)], optimizer=FusedOptimizerSpec(EmbOptimType.ADAM)).backend_name
         == "torch"
     )
     assert BatchedEmbeddingBag([(10, 8)]).backend_name == "torch"
-    with pytest.raises(ValueError, match="backend='fbgemm' cannot serve"):
-        BatchedEmbeddingBag([(10, 8)], optimizer=FusedOptimizerSpec(EmbOptimType.ADAM), backend="fbgemm")
+    with pytest.raises(ValueError, match="kernel_backend='fbgemm' cannot serve"):
+        BatchedEmbeddingBag([(10, 8)], optimizer=FusedOptimizerSpec(EmbOptimType.ADAM), kernel_backend="fbgemm")
     with pytest.raises(ValueError, match="backend must be one of"):
-        BatchedEmbeddingBag([(10, 8)], backend="cuda")
+        BatchedEmbeddingBag([(10, 8)], kernel_backend="cuda")
 
 
 def test_configs_initialise_weights_and_names() -> None:
@@ -307,7 +307,7 @@ def test_configs_initialise_weights_and_names() -> None:
 
 def test_torch_backend_moves_with_module_and_keeps_aliasing() -> None:
     module = BatchedEmbeddingBag(
-        [(10, 4), (6, 4)], optimizer=FusedOptimizerSpec(EmbOptimType.ADAGRAD), backend="torch"
+        [(10, 4), (6, 4)], optimizer=FusedOptimizerSpec(EmbOptimType.ADAGRAD), kernel_backend="torch"
     )
     module.double()
     w = module.split_embedding_weights()[1]
@@ -358,8 +358,8 @@ def test_cuda_lookup_trains_like_cpu(backend: str) -> None:
     """Opt-in (-m gpu): the same lookup and fused update on CUDA as on CPU."""
     spec = FusedOptimizerSpec(EmbOptimType.ROWWISE_ADAGRAD, learning_rate=0.1)
     tables, ftm = LAYOUTS["uniform"]
-    cpu = BatchedEmbeddingBag(tables, ftm, optimizer=spec, backend="torch")
-    gpu = BatchedEmbeddingBag(tables, ftm, optimizer=spec, backend=backend, device="cuda")
+    cpu = BatchedEmbeddingBag(tables, ftm, optimizer=spec, kernel_backend="torch")
+    gpu = BatchedEmbeddingBag(tables, ftm, optimizer=spec, kernel_backend=backend, device="cuda")
     gpu.load_state_dict(cpu.state_dict())
     gen = torch.Generator().manual_seed(17)
     for _ in range(3):
@@ -378,9 +378,9 @@ def test_empty_batch_output_has_the_weights_dtype(pooling: PoolingType) -> None:
     """A rank with no samples sends what the others send: the tables' dtype, not float32 (the
     empty-batch path is shared by every backend)."""
     if pooling == PoolingType.NONE:
-        module = BatchedEmbedding([(10, 4)], backend="torch").double()
+        module = BatchedEmbedding([(10, 4)], kernel_backend="torch").double()
     else:
-        module = BatchedEmbeddingBag([(10, 4), (6, 4)], backend="torch").double()
+        module = BatchedEmbeddingBag([(10, 4), (6, 4)], kernel_backend="torch").double()
     out = module(torch.zeros(0, dtype=torch.long), torch.zeros(1, dtype=torch.long))
     assert out.dtype == torch.float64 and out.shape == ((0, 8) if pooling == PoolingType.SUM else (0, 4))
     out.sum().backward()
@@ -390,7 +390,7 @@ def test_adam_step_counts_past_float32_precision() -> None:
     """Adam's ``t`` is an int64 (fbgemm's ``iter``): a float32 counter would stop at 2^24 (the Triton
     twin is in ``test_triton_edge_cases``)."""
     spec = FusedOptimizerSpec(EmbOptimType.ADAM, learning_rate=0.1)
-    module = BatchedEmbeddingBag([(10, 4)], optimizer=spec, backend="torch")
+    module = BatchedEmbeddingBag([(10, 4)], optimizer=spec, kernel_backend="torch")
     step = module.fused_optimizer.state_dict()["state"]["weights.t0"]["step"]
     assert step.dtype == torch.int64
     step.fill_(2**24)

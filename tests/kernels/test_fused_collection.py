@@ -72,7 +72,7 @@ def test_matches_embedding_bag_collection_and_trains_like_rowwise_adagrad(
     shared = backend == "torch"
     tables = _tables(shared)
     fused = FusedEmbeddingBagCollection(
-        tables, RowWiseAdagrad, {"lr": 0.1, "eps": 1e-8}, is_weighted=weighted, backend=backend, device=device
+        tables, RowWiseAdagrad, {"lr": 0.1, "eps": 1e-8}, is_weighted=weighted, kernel_backend=backend, device=device
     )
     assert [lk.backend_name for lk in fused._lookups] == [backend, backend]
     ebc = EmbeddingBagCollection(_tables(shared), is_weighted=weighted)
@@ -107,7 +107,7 @@ def test_matches_embedding_bag_collection_and_trains_like_rowwise_adagrad(
 
 def test_fused_params_repr_and_filter() -> None:
     fused_params = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.02, "eps": 0.002}
-    ebc = FusedEmbeddingBagCollection(_tables(), fused_params=fused_params, backend="torch")
+    ebc = FusedEmbeddingBagCollection(_tables(), fused_params=fused_params, kernel_backend="torch")
     assert repr(ebc.fused_optimizer).startswith(
         ": EmbeddingFusedOptimizer (\nParameter Group 0\n    lr: 0.02\n)"
     )
@@ -141,7 +141,7 @@ def test_fbgemm_enum_is_accepted_by_name() -> None:
 def test_checkpoint_round_trip_with_combined_optimizer(backend: str) -> None:
     def build() -> tuple[torch.nn.Module, FusedEmbeddingBagCollection, CombinedOptimizer]:
         ebc = FusedEmbeddingBagCollection(
-            _tables(shared=False), torch.optim.Adagrad, {"lr": 0.1}, backend=backend
+            _tables(shared=False), torch.optim.Adagrad, {"lr": 0.1}, kernel_backend=backend
         )
         head = torch.nn.Linear(28, 1)  # 8 + 8 + 4 + 8 pooled columns
         model = torch.nn.ModuleDict({"ebc": ebc, "head": head})
@@ -182,7 +182,7 @@ def test_fused_embedding_collection_matches_embedding_collection() -> None:
         EmbeddingConfig(num_embeddings=30, embedding_dim=4, name="a", feature_names=["fa", "fb"]),
         EmbeddingConfig(num_embeddings=25, embedding_dim=4, name="b", feature_names=["fc"]),
     ]
-    fused = FusedEmbeddingCollection(tables, torch.optim.SGD, {"lr": 0.5}, backend="torch")
+    fused = FusedEmbeddingCollection(tables, torch.optim.SGD, {"lr": 0.5}, kernel_backend="torch")
     ec = EmbeddingCollection(tables)
     _copy_weights(fused, ec)
     assert list(fused.state_dict()) == ["embeddings.a.weight", "embeddings.b.weight"]
@@ -217,7 +217,7 @@ def test_bad_arguments_are_explained() -> None:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_deepcopy_keeps_weights_linked_to_kernel_storage(backend: str) -> None:
-    ebc = FusedEmbeddingBagCollection(_tables(shared=False), RowWiseAdagrad, {"lr": 0.1}, backend=backend)
+    ebc = FusedEmbeddingBagCollection(_tables(shared=False), RowWiseAdagrad, {"lr": 0.1}, kernel_backend=backend)
     twin = copy.deepcopy(ebc)
     kjt = _kjt(torch.Generator().manual_seed(8), ebc.feature_names(), batch=4)
     for module in (ebc, twin):
@@ -237,7 +237,7 @@ def test_from_module_reads_apply_optimizer_in_backward_marks() -> None:
     ebc = EmbeddingBagCollection(_tables())
     for param in ebc.parameters():
         apply_optimizer_in_backward(torch.optim.SGD, [param], {"lr": 0.5})
-    fused = FusedEmbeddingBagCollection.from_module(ebc, backend="torch")
+    fused = FusedEmbeddingBagCollection.from_module(ebc, kernel_backend="torch")
     assert repr(fused.fused_optimizer).startswith(
         ": EmbeddingFusedOptimizer (\nParameter Group 0\n    lr: 0.5\n)"
     )
@@ -262,7 +262,7 @@ def test_fbgemm_lookup_under_inference_mode_matches_training_forward(pooling: Po
         EmbeddingBagConfig(name="t2", num_embeddings=5, embedding_dim=8, feature_names=["c"], pooling=pooling),
     ]
     ebc = FusedEmbeddingBagCollection(
-        tables, fused_params={"optimizer": "exact_row_wise_adagrad", "learning_rate": 0.1}, backend="fbgemm"
+        tables, fused_params={"optimizer": "exact_row_wise_adagrad", "learning_rate": 0.1}, kernel_backend="fbgemm"
     )
     kjt = KeyedJaggedTensor(keys=["a", "b", "c"], values=torch.tensor([1, 8, 2, 3, 4, 0]),
                             lengths=torch.tensor([2, 0, 1, 1, 0, 2]))

@@ -89,7 +89,7 @@ def _model_and_data(
     ebc = FusedEmbeddingBagCollection(
         data.table_configs(8),
         fused_params={"optimizer": "exact_row_wise_adagrad", "learning_rate": 0.05},
-        backend=backend,
+        kernel_backend=backend,
         device=device,
         id_check=id_check,
     )

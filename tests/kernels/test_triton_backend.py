@@ -36,10 +36,10 @@ def _spec(case: tuple | None, lr: float = 0.1) -> FusedOptimizerSpec | None:
 def _pair(make, **kwargs):  # noqa: ANN001, ANN202
     """The same module on the torch backend and on the Triton backend, with equal weights."""
     torch.manual_seed(0)
-    ref = make(backend="torch", device=DEVICE, **kwargs)
-    tri = make(backend="triton", device=DEVICE, **kwargs)
+    ref = make(kernel_backend="torch", device=DEVICE, **kwargs)
+    tri = make(kernel_backend="triton", device=DEVICE, **kwargs)
     tri.load_state_dict(ref.state_dict())
-    assert tri.backend_name == "triton" and "backend='triton'" in repr(tri)
+    assert tri.backend_name == "triton" and "kernel_backend='triton'" in repr(tri)
     return ref, tri
 
 
@@ -191,8 +191,8 @@ def test_checkpoints_round_trip_between_backends() -> None:
     torch.manual_seed(
         1
     )  # fresh modules with other weights and empty state, then load the checkpoints crosswise
-    from_tri = BatchedEmbeddingBag(tables, ftm, optimizer=spec, backend="torch", device=DEVICE)
-    from_ref = BatchedEmbeddingBag(tables, ftm, optimizer=spec, backend="triton", device=DEVICE)
+    from_tri = BatchedEmbeddingBag(tables, ftm, optimizer=spec, kernel_backend="torch", device=DEVICE)
+    from_ref = BatchedEmbeddingBag(tables, ftm, optimizer=spec, kernel_backend="triton", device=DEVICE)
     from_tri.load_state_dict(tri.state_dict())
     from_tri.fused_optimizer.load_state_dict(tri.fused_optimizer.state_dict())
     from_ref.load_state_dict(ref.state_dict())
@@ -205,7 +205,7 @@ def test_checkpoints_round_trip_between_backends() -> None:
 
 def test_step_counter_and_state_views_alias_the_storage() -> None:
     spec = FusedOptimizerSpec(EmbOptimType.ROWWISE_ADAGRAD, learning_rate=0.5)
-    module = BatchedEmbeddingBag([(6, 4), (5, 8)], optimizer=spec, backend="triton", device=DEVICE)
+    module = BatchedEmbeddingBag([(6, 4), (5, 8)], optimizer=spec, kernel_backend="triton", device=DEVICE)
     w0 = module.split_embedding_weights()[0]
     state = module.fused_optimizer.state[w0]["momentum1"]
     assert state.shape == (6,) and state.dtype == torch.float32
@@ -240,8 +240,8 @@ def test_bf16_weights_keep_float32_state() -> None:
 
 
 def test_inference_mode_lookup_writes_nothing_for_backward() -> None:
-    module = BatchedEmbeddingBag([(10, 4)], optimizer=FusedOptimizerSpec(), backend="triton", device=DEVICE)
-    ref = BatchedEmbeddingBag([(10, 4)], optimizer=FusedOptimizerSpec(), backend="torch", device=DEVICE)
+    module = BatchedEmbeddingBag([(10, 4)], optimizer=FusedOptimizerSpec(), kernel_backend="triton", device=DEVICE)
+    ref = BatchedEmbeddingBag([(10, 4)], optimizer=FusedOptimizerSpec(), kernel_backend="torch", device=DEVICE)
     ref.load_state_dict(module.state_dict())
     ids, offsets = torch.tensor([1, 3, 3], device=DEVICE), torch.tensor([0, 1, 3], device=DEVICE)
     with torch.inference_mode():
@@ -255,7 +255,7 @@ def test_deep_copies_and_pickles_train_on_their_own_storage() -> None:
     import io
 
     spec = FusedOptimizerSpec(EmbOptimType.ADAM, learning_rate=0.1)
-    module = BatchedEmbeddingBag([(10, 4), (6, 4)], optimizer=spec, backend="triton", device=DEVICE)
+    module = BatchedEmbeddingBag([(10, 4), (6, 4)], optimizer=spec, kernel_backend="triton", device=DEVICE)
     ids, offsets = torch.tensor([1, 2, 1], device=DEVICE), torch.tensor([0, 2, 3], device=DEVICE)
     module(ids, offsets).sum().backward()
     buffer = io.BytesIO()

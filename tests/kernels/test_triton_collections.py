@@ -50,10 +50,10 @@ def test_fused_ebc_trains_like_the_torch_backend(weighted: bool) -> None:
     }
     torch.manual_seed(0)
     ref = FusedEmbeddingBagCollection(
-        tables, fused_params=params, is_weighted=weighted, device=DEVICE, backend="torch"
+        tables, fused_params=params, is_weighted=weighted, device=DEVICE, kernel_backend="torch"
     )
     tri = FusedEmbeddingBagCollection(
-        tables, fused_params=params, is_weighted=weighted, device=DEVICE, backend="triton"
+        tables, fused_params=params, is_weighted=weighted, device=DEVICE, kernel_backend="triton"
     )
     tri.load_state_dict(ref.state_dict())
     assert {lk.backend_name for lk in tri._lookups} == {"triton"} and len(tri._lookups) == 2
@@ -81,8 +81,8 @@ def test_fused_ec_trains_like_the_torch_backend() -> None:
     ]
     params = {"optimizer": "exact_adagrad", "learning_rate": 0.1}
     torch.manual_seed(0)
-    ref = FusedEmbeddingCollection(tables, fused_params=params, device=DEVICE, backend="torch")
-    tri = FusedEmbeddingCollection(tables, fused_params=params, device=DEVICE, backend="triton")
+    ref = FusedEmbeddingCollection(tables, fused_params=params, device=DEVICE, kernel_backend="torch")
+    tri = FusedEmbeddingCollection(tables, fused_params=params, device=DEVICE, kernel_backend="triton")
     tri.load_state_dict(ref.state_dict())
     gen = torch.Generator().manual_seed(2)
     for _ in range(3):

@@ -57,7 +57,7 @@ def test_malformed_offsets_update_no_row_and_are_reported(stale: int) -> None:
     next call reports the bad offsets."""
     spec = FusedOptimizerSpec(EmbOptimType.SGD, learning_rate=1.0)
     module = BatchedEmbeddingBag(
-        [(10, 4), (10, 4)], optimizer=spec, backend="triton", device=DEVICE, id_check="async"
+        [(10, 4), (10, 4)], optimizer=spec, kernel_backend="triton", device=DEVICE, id_check="async"
     )
     before = [w.detach().clone() for w in module.split_embedding_weights()]
     ids, offsets = torch.tensor([5, 6, 7], device=DEVICE), torch.tensor([1, 2, 3], device=DEVICE)
@@ -75,7 +75,7 @@ def test_malformed_offsets_update_no_row_and_are_reported(stale: int) -> None:
 
 def test_malformed_offsets_leave_unpooled_rows_zero() -> None:
     """Unpooled output rows of ids in no bag are zeros, not whatever the allocator held."""
-    module = BatchedEmbedding([(10, 4)], backend="triton", device=DEVICE, id_check="async")
+    module = BatchedEmbedding([(10, 4)], kernel_backend="triton", device=DEVICE, id_check="async")
     ids, offsets = torch.tensor([5, 6, 7], device=DEVICE), torch.tensor([1, 3], device=DEVICE)
     with stale_allocations(0):
         out = module(ids, offsets)
@@ -231,7 +231,7 @@ def test_column_slice_of_the_gradient_is_read_in_place(monkeypatch: pytest.Monke
 
 def test_adam_step_counts_past_float32_precision() -> None:
     spec = FusedOptimizerSpec(EmbOptimType.ADAM, learning_rate=0.1)
-    module = BatchedEmbeddingBag([(10, 4)], optimizer=spec, backend="triton", device=DEVICE)
+    module = BatchedEmbeddingBag([(10, 4)], optimizer=spec, kernel_backend="triton", device=DEVICE)
     step = module.fused_optimizer.state_dict()["state"]["weights.t0"]["step"]
     assert step.dtype == torch.int64
     step.fill_(2**24)
@@ -240,7 +240,7 @@ def test_adam_step_counts_past_float32_precision() -> None:
 
 
 def test_empty_batch_output_has_the_weights_dtype() -> None:
-    module = BatchedEmbeddingBag([(10, 4)], backend="triton", device=DEVICE).double()
+    module = BatchedEmbeddingBag([(10, 4)], kernel_backend="triton", device=DEVICE).double()
     out = module(
         torch.zeros(0, dtype=torch.long, device=DEVICE), torch.zeros(1, dtype=torch.long, device=DEVICE)
     )

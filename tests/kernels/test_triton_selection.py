@@ -1,18 +1,19 @@
-"""Which backend runs (``backend="auto"|"triton"``), and the Triton backend's device-side id checks."""
+"""Which backend runs (``kernel_backend="auto"|"triton"``), and the Triton backend's device-side id checks."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-import lightrec.kernels.batched_embedding as batched_embedding
 import lightrec.kernels.fbgemm_backend as fbgemm_backend
+import lightrec.kernels.triton_backend as triton_backend
 from lightrec._fbgemm import fbgemm_available
 from lightrec._triton import triton_available
 from lightrec.kernels import (
     BatchedEmbeddingBag,
     EmbOptimType,
     FusedOptimizerSpec,
+    KernelConfig,
     fbgemm_supports,
     select_backend,
 )
@@ -25,19 +26,19 @@ ROWWISE = FusedOptimizerSpec(EmbOptimType.ROWWISE_ADAGRAD)
 CUDA = torch.device("cuda")
 
 
-def _select(backend: str, spec: FusedOptimizerSpec | None, device: torch.device) -> str:
-    return select_backend(backend, spec, device, [8, 8], PoolingType.SUM, [0, 1])
+def _select(backend: str, spec: FusedOptimizerSpec | None, device: torch.device, dims: list[int] = [8, 8]) -> str:  # noqa: B006
+    return select_backend(backend, KernelConfig([10] * len(dims), dims, list(range(len(dims))), PoolingType.SUM, spec, device))
 
 
 @needs_triton_import
 def test_auto_on_cuda_prefers_fbgemm_then_triton_then_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     """The rule as a function of what fbgemm and triton support (no GPU needed to decide)."""
-    monkeypatch.setattr(batched_embedding, "fbgemm_supports", lambda *a: None)
+    monkeypatch.setattr(fbgemm_backend, "fbgemm_supports", lambda *a: None)
     assert _select("auto", ROWWISE, CUDA) == "fbgemm"
-    monkeypatch.setattr(batched_embedding, "fbgemm_supports", lambda *a: "fbgemm is unavailable (test)")
+    monkeypatch.setattr(fbgemm_backend, "fbgemm_supports", lambda *a: "fbgemm is unavailable (test)")
     assert _select("auto", ROWWISE, CUDA) == "triton"
     assert _select("auto", None, CUDA) == "triton"  # non-fused lookups too
-    monkeypatch.setattr(batched_embedding, "triton_supports", lambda *a: "triton failed to import (test)")
+    monkeypatch.setattr(triton_backend, "triton_supports", lambda *a: "triton failed to import (test)")
     assert _select("auto", ROWWISE, CUDA) == "torch"
 
 
@@ -54,7 +55,7 @@ def test_the_cpu_build_of_fbgemm_does_not_serve_cuda(monkeypatch: pytest.MonkeyP
 @needs_triton_import
 def test_auto_on_cpu_never_picks_triton(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # even with the interpreter on
-    monkeypatch.setattr(batched_embedding, "fbgemm_supports", lambda *a: "fbgemm is unavailable (test)")
+    monkeypatch.setattr(fbgemm_backend, "fbgemm_supports", lambda *a: "fbgemm is unavailable (test)")
     assert _select("auto", ROWWISE, torch.device("cpu")) == "torch"
     assert _select("triton", ROWWISE, torch.device("cpu")) == "triton"
 
@@ -62,28 +63,28 @@ def test_auto_on_cpu_never_picks_triton(monkeypatch: pytest.MonkeyPatch) -> None
 @needs_triton_import
 def test_forcing_triton_on_cpu_without_the_interpreter_says_how(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    with pytest.raises(ValueError, match=r"backend='triton' cannot serve this lookup: .*TRITON_INTERPRET=1"):
-        BatchedEmbeddingBag([(10, 8)], optimizer=ROWWISE, backend="triton")
+    with pytest.raises(ValueError, match=r"kernel_backend='triton' cannot serve this lookup: .*TRITON_INTERPRET=1"):
+        BatchedEmbeddingBag([(10, 8)], optimizer=ROWWISE, kernel_backend="triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     with pytest.raises(ValueError, match="at most 2048"):
-        select_backend("triton", ROWWISE, torch.device("cpu"), [4096], PoolingType.SUM, [0])
+        _select("triton", ROWWISE, torch.device("cpu"), [4096])
 
 
 def test_unknown_backend_and_id_check_are_rejected() -> None:
-    with pytest.raises(ValueError, match=r"backend must be one of \('auto', 'fbgemm', 'torch', 'triton'\)"):
-        BatchedEmbeddingBag([(10, 8)], backend="cuda")
+    with pytest.raises(ValueError, match=r"kernel_backend must be one of \('auto', 'fbgemm', 'torch', 'triton'\)"):
+        BatchedEmbeddingBag([(10, 8)], kernel_backend="cuda")
     with pytest.raises(ValueError, match="id_check must be one of"):
-        BatchedEmbeddingBag([(10, 8)], backend="torch", id_check="later")
-    with pytest.raises(ValueError, match="id_check='async' needs the Triton backend"):
-        BatchedEmbeddingBag([(10, 8)], backend="torch", id_check="async")
-    assert "id_check='sync'" in repr(BatchedEmbeddingBag([(10, 8)], backend="torch"))
+        BatchedEmbeddingBag([(10, 8)], kernel_backend="torch", id_check="later")
+    with pytest.raises(ValueError, match="id_check='async' needs a kernel that checks ids on the device"):
+        BatchedEmbeddingBag([(10, 8)], kernel_backend="torch", id_check="async")
+    assert "id_check='sync'" in repr(BatchedEmbeddingBag([(10, 8)], kernel_backend="torch"))
 
 
 @requires_triton
 def test_triton_runs_when_forced_and_repr_says_so() -> None:
-    module = BatchedEmbeddingBag([(10, 8), (6, 8)], optimizer=ROWWISE, backend="triton", device=DEVICE)
+    module = BatchedEmbeddingBag([(10, 8), (6, 8)], optimizer=ROWWISE, kernel_backend="triton", device=DEVICE)
     assert module.backend_name == "triton"
-    assert "backend='triton'" in repr(module)
+    assert "kernel_backend='triton'" in repr(module)
     assert module.id_check == ("async" if DEVICE.type == "cuda" else "sync")
 
 
@@ -91,8 +92,8 @@ def _async_module() -> tuple[BatchedEmbeddingBag, BatchedEmbeddingBag]:
     spec = FusedOptimizerSpec(EmbOptimType.SGD, learning_rate=1.0)
     tables = [(20, 4), (30, 4), (25, 4)]
     torch.manual_seed(0)
-    tri = BatchedEmbeddingBag(tables, optimizer=spec, backend="triton", device=DEVICE, id_check="async")
-    ref = BatchedEmbeddingBag(tables, optimizer=spec, backend="torch", device=DEVICE)
+    tri = BatchedEmbeddingBag(tables, optimizer=spec, kernel_backend="triton", device=DEVICE, id_check="async")
+    ref = BatchedEmbeddingBag(tables, optimizer=spec, kernel_backend="torch", device=DEVICE)
     ref.load_state_dict(tri.state_dict())
     return tri, ref
 
@@ -137,6 +138,6 @@ def test_async_check_reports_malformed_offsets(offsets: list[int], message: str)
 
 @requires_triton
 def test_sync_check_of_triton_raises_at_once() -> None:
-    tri = BatchedEmbeddingBag([(20, 4)], optimizer=ROWWISE, backend="triton", device=DEVICE, id_check="sync")
+    tri = BatchedEmbeddingBag([(20, 4)], optimizer=ROWWISE, kernel_backend="triton", device=DEVICE, id_check="sync")
     with pytest.raises(EmbeddingIdError, match=r"id 20 .*table 't0' with 20 rows"):
         tri(_t([1, 20]), _t([0, 1, 2]))

@@ -42,8 +42,8 @@ def _dmp_run(rank: int, world_size: int, pipelined: bool) -> dict[str, Any]:
     optimizer = CombinedOptimizer(
         [model.fused_optimizer, KeyedOptimizerWrapper(dense, lambda ps: torch.optim.SGD(ps, lr=0.1))]
     )
-    target = model.prefetch_target
-    assert target is not None
+    pipeline = model.pipeline
+    (target,) = pipeline.collections
 
     def local_batch(step: int) -> tuple[torch.Tensor, Any, torch.Tensor]:
         x, kjt, y = _batch(step, local * world_size)
@@ -63,18 +63,18 @@ def _dmp_run(rank: int, world_size: int, pipelined: bool) -> dict[str, Any]:
     bce = torch.nn.BCEWithLogitsLoss()
     losses = []
     if pipelined:
-        target.start_input_dist(batches[0][1])
-        target.progress_input_dists()
+        pipeline.start(batches[0][1])
+        pipeline.progress()
     for step in range(steps):
         x, kjt, y = batches[step]
         if pipelined:
-            assert target.start_input_dist(batches[step + 1][1])  # stage 1 of the next batch
+            assert pipeline.start(batches[step + 1][1])  # stage 1 of the next batch
         events.append(("forward", step))
         loss = bce(model(x, kjt).squeeze(1), y)
         events.append(("forward_done", step))
         if pipelined:
-            target.progress_input_dists()  # stage 2 of the next batch, before this backward
-            assert target.has_pending_input_dist(batches[step + 1][1])
+            pipeline.progress()  # stage 2 of the next batch, before this backward
+            assert pipeline.started_for(batches[step + 1][1])
         events.append(("backward", step))
         optimizer.zero_grad()
         loss.backward()
@@ -86,7 +86,7 @@ def _dmp_run(rank: int, world_size: int, pipelined: bool) -> dict[str, Any]:
             with torch.no_grad():
                 losses.append(model(xe, kjte).sum().item())
             events.append(("forward_done", 100))
-    cancelled = target.cancel_input_dists(wait=True)
+    cancelled = pipeline.cancel(wait=True)
     full = model.gather_full_state_dict()
     return {"losses": losses, "full": full, "events": events, "cancelled": cancelled}
 
@@ -179,8 +179,7 @@ def _fit(world_size: int, sized: bool, prefetch: bool, tmp: str, accelerator: st
             dmps.append(trainer.strategy.dmp)  # RecStrategy.teardown forgets it
 
         def on_before_backward(self, trainer, module, loss) -> None:  # noqa: ANN001
-            target = trainer.strategy.dmp.prefetch_target
-            pending_before_backward.append(target.has_pending_input_dist())
+            pending_before_backward.append(trainer.strategy.dmp.pipeline.started_for())
 
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:  # noqa: ANN001
             losses.append(float(outputs["loss"]))
@@ -208,7 +207,7 @@ def _fit(world_size: int, sized: bool, prefetch: bool, tmp: str, accelerator: st
         "losses": losses,
         "pending": pending_before_backward,
         "full": dmp.gather_full_state_dict(),
-        "left": dmp.prefetch_target.has_pending_input_dist(),
+        "left": dmp.pipeline.started_for(),
         "val_loss": float(trainer.callback_metrics["val/loss"]),
     }
 
@@ -273,7 +272,7 @@ def _one_rank_body(rank: int, world_size: int, port: int, tmp: str) -> list[str]
         )  # fmt: skip
         module = ToyDLRM(device="meta")
         trainer.fit(module, datamodule=toy_data(batch_size=8, num_train_batches=4, block_size=8))
-        assert not module.model.sparse_arch.embedding_bag_collection.has_pending_input_dist()
+        assert not module.model.sparse_arch.embedding_bag_collection.ahead.started_for()
     return [str(w.message) for w in caught if "SparseDistPrefetch" in str(w.message)]
 
 

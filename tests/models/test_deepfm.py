@@ -1,11 +1,11 @@
-"""DeepFM / SimpleDeepFMNN against an explicit first-order + pairwise FM + MLP reference."""
+"""FieldDeepFM / SimpleDeepFMNN against an explicit first-order + pairwise FM + MLP reference."""
 
 import itertools
 
 import pytest
 import torch
 
-from lightrec.models import DeepFM, DLRMTrain, SimpleDeepFMNN
+from lightrec.models import DLRMTrain, FieldDeepFM, SimpleDeepFMNN
 from lightrec.models.deepfm import SimpleDeepFMNNWrapper
 from lightrec.modules import EmbeddingBagCollection
 from lightrec.modules._dense_checks import DenseShapeError
@@ -14,12 +14,12 @@ from tests.models.helpers import FakeBatch, linears, random_kjt, reference_mlp, 
 B, D = 6, 4
 
 
-def _model(dense_in: int, seed: int = 0) -> DeepFM:
+def _model(dense_in: int, seed: int = 0) -> FieldDeepFM:
     torch.manual_seed(seed)
-    return DeepFM(EmbeddingBagCollection(tables(D)), dense_in_features=dense_in, deep_layer_sizes=[8, 5])
+    return FieldDeepFM(EmbeddingBagCollection(tables(D)), dense_in_features=dense_in, deep_layer_sizes=[8, 5])
 
 
-def _reference(model: DeepFM, dense: torch.Tensor | None, kjt) -> torch.Tensor:  # noqa: ANN001
+def _reference(model: FieldDeepFM, dense: torch.Tensor | None, kjt) -> torch.Tensor:  # noqa: ANN001
     fields = reference_pooled(model.sparse_arch.embedding_bag_collection, kjt)
     if dense is not None and dense.shape[1] > 0:
         fields = [dense @ model.dense_proj.weight.t() + model.dense_proj.bias] + fields
@@ -72,7 +72,7 @@ def test_simple_deepfmnn_is_torchrecs_architecture() -> None:
 
 
 def test_meta_collection_and_dense_device() -> None:
-    model = DeepFM(EmbeddingBagCollection(tables(D), device="meta"), 2, [4], dense_device="cpu")
+    model = FieldDeepFM(EmbeddingBagCollection(tables(D), device="meta"), 2, [4], dense_device="cpu")
     for name, p in model.named_parameters():
         assert p.device.type == ("meta" if name.startswith("sparse_arch.") else "cpu"), name
 
@@ -89,11 +89,11 @@ def test_rejects_bad_inputs() -> None:
     with pytest.raises(DenseShapeError, match="same batch size, got 5 and 6"):
         _model(2)(torch.randn(5, 2), kjt)
     with pytest.raises(ValueError, match="same embedding_dim"):
-        DeepFM(EmbeddingBagCollection(tables(dims=(4, 8)), device="meta"), 0, [4])
+        FieldDeepFM(EmbeddingBagCollection(tables(dims=(4, 8)), device="meta"), 0, [4])
     with pytest.raises(ValueError, match="dense_in_features must be an int >= 0, got -1"):
-        DeepFM(EmbeddingBagCollection(tables(D), device="meta"), -1, [4])
+        FieldDeepFM(EmbeddingBagCollection(tables(D), device="meta"), -1, [4])
     with pytest.raises(ValueError, match="deep_layer_sizes must name at least one"):
-        DeepFM(EmbeddingBagCollection(tables(D), device="meta"), 0, [])
+        FieldDeepFM(EmbeddingBagCollection(tables(D), device="meta"), 0, [])
 
 
 def _pairwise_problem(n: int, seed: int) -> FakeBatch:
@@ -138,3 +138,15 @@ def test_fx_symbolic_trace(dense_in: int) -> None:
     if dense_in == 0:
         with pytest.raises(ValueError, match="dense_in_features=0 but got dense_features"):
             traced(torch.randn(B, 2), kjt)
+
+
+def test_the_former_name_still_resolves_with_a_deprecation_warning() -> None:
+    import lightrec.models
+    import lightrec.models.deepfm
+    from lightrec.modules import DeepFM as DeepComponent
+
+    with pytest.warns(DeprecationWarning, match="lightrec.models.DeepFM is now lightrec.models.FieldDeepFM"):
+        assert lightrec.models.DeepFM is FieldDeepFM
+    with pytest.warns(DeprecationWarning):
+        assert lightrec.models.deepfm.DeepFM is FieldDeepFM
+    assert DeepComponent is not FieldDeepFM  # torchrec's torchrec.modules.deepfm.DeepFM: the deep part

@@ -15,8 +15,8 @@ from lightrec.distributed.planner import (
 )
 from lightrec.distributed.types import ShardingPlan, ShardingType
 from lightrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
-from tests.distributed.test_types import TUTORIAL, tutorial_plan_text
 from tests.planner.stand_in import StandInEBC, StandInEC, StandInSharder, tables, tutorial_ebc
+from tests.planner.test_plan import TUTORIAL, tutorial_plan_text
 
 MiB = 1024**2
 GiB = 1024**3
@@ -257,7 +257,9 @@ def test_report_text_markdown_and_png(tmp_path) -> None:  # noqa: ANN001
     md = report.to_markdown()
     assert md.splitlines()[0] == "| rank | HBM used / cap | DDR used / cap | est. cost (ms/step) | tables |"
     assert len([line for line in md.splitlines() if line.startswith("| 0 ") or line.startswith("| 1 ")]) == 2
-    fig = report.figure(tmp_path / "plan.png")
+    from lightrec.distributed.planner.chart import plan_chart
+
+    fig = plan_chart(report, tmp_path / "plan.png")
     assert (tmp_path / "plan.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(fig.axes) == 2 and len(fig.axes[1].patches) == 2  # one cost bar per rank
     assert report.imbalance == pytest.approx(report.cost_s.max() / report.cost_s.mean())

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from lightrec.lightning.recipe_cli import fabric_run_overrides, resolve_config_args, with_launcher_overrides
 from lightrec.recipes import CONFIGS, CONFIGS_DIR, RECIPES, config_path, configs_of
-from lightrec.recipes.recipe_cli import resolve_config_args
 
 # Tiny sizes: a few steps, one val and two test batches, small tables.
 COMMON = [
@@ -52,11 +52,23 @@ def test_registry_matches_the_config_files() -> None:
 def test_config_header_gives_the_command(config: str) -> None:
     header = [line for line in config_path(config).read_text().splitlines() if line.startswith("#")]
     text = "\n".join(header)
-    assert (
-        f"python -m lightrec.recipes.{CONFIGS[config]} fit --config lightrec/recipes/configs/{config}.yaml"
-        in text
-    )
+    assert f"python recipes/{CONFIGS[config]}.py fit --config recipes/configs/{config}.yaml" in text
+    assert f"recipes/{CONFIGS[config]}.py fit --config recipes/configs/{config}.yaml" in text.split("torchrun")[-1]
     assert re.search(r"lightrec run \w+", text), text
+
+
+def test_fabric_run_flags_become_trainer_overrides() -> None:
+    """`fabric run --accelerator cpu --devices 1 recipes/dlrm.py` sets LT_* variables only Fabric reads;
+    the recipe takes them as overrides placed after its configs and before the user's options."""
+    environ = {"LT_CLI_USED": "1", "LT_ACCELERATOR": "cpu", "LT_DEVICES": "1", "LT_NUM_NODES": "1", "LT_STRATEGY": "ddp"}
+    overrides = fabric_run_overrides(environ)
+    assert overrides == ["--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.num_nodes=1"]
+    assert fabric_run_overrides({"LT_DEVICES": "2"}) == []  # not under fabric run
+    args = ["fit", "--config", "a.yaml", "--config=b.yaml", "--trainer.devices=2"]
+    assert with_launcher_overrides(args, overrides) == [
+        "fit", "--config", "a.yaml", "--config=b.yaml", *overrides, "--trainer.devices=2",
+    ]  # fmt: skip
+    assert with_launcher_overrides(["--help"], overrides) == ["--help"]
 
 
 def test_resolve_config_args(tmp_path: Path) -> None:

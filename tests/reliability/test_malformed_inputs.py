@@ -175,9 +175,9 @@ def _sharded_refuses(rank: int, world_size: int) -> dict[str, str]:
         if weighted:
             cases = {"nan weight": NAN_WEIGHT, "weights shorter than the ids": MALFORMED["weights shorter than the ids"]}
         for case, (kjt, _) in cases.items():
-            for ahead in (False, True):  # forward, or the input dist started ahead (SparseDistPrefetch)
+            for ahead in (False, True):  # forward, or the input dist started ahead (SparseDistPipeline)
                 try:
-                    sharded.start_input_dist(kjt) if ahead else sharded(kjt).wait()
+                    sharded.input_dist(kjt) if ahead else sharded(kjt).wait()
                     out[f"{case} {weighted} {ahead}"] = "accepted"
                 except SparseValueError as e:
                     out[f"{case} {weighted} {ahead}"] = str(e)

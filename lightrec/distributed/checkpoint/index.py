@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from lightrec.distributed.planner.plan import ShardingType, ShardMetadata
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
-from lightrec.distributed.types import ShardingType, ShardMetadata
 
 __all__ = ["LocalTable", "ParamIndex", "local_tables", "optimizer_params"]
 

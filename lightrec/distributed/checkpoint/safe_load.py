@@ -25,8 +25,7 @@ from typing import Any
 import torch
 
 from lightrec.distributed.checkpoint.blocks import CheckpointError
-from lightrec.distributed.state_dict import ShardedTableState
-from lightrec.distributed.types import (
+from lightrec.distributed.planner.plan import (
     EmbeddingComputeKernel,
     EmbeddingModuleShardingPlan,
     ParameterSharding,
@@ -34,6 +33,7 @@ from lightrec.distributed.types import (
     ShardingType,
     ShardMetadata,
 )
+from lightrec.distributed.state_dict import ShardedTableState
 from lightrec.modules.embedding_configs import DataType, EmbeddingBagConfig, EmbeddingConfig, PoolingType
 
 __all__ = ["SAFE_TYPES", "UnsafeCheckpointError", "load_file"]

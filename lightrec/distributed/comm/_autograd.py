@@ -13,6 +13,15 @@ runs ``_Wait.backward`` first (it starts the reverse collective and returns at o
 ``_Launch.backward`` only when nothing else is ready, so the reverse communication overlaps with
 whatever other gradient work the graph still holds.
 
+**Deferred input gradient** (``defer_input_grad=True``, the output dist of sharded embeddings):
+the autograd engine runs the most recently created ready node first, so a plain ``_Launch.backward``
+may block on the transfer before the dense layers' backward ran. In this mode ``_Launch`` hangs
+off a zero-size *anchor* instead of ``x`` (``x`` goes in detached), and ``_Wait.backward`` queues
+an autograd *final callback* that waits for the reverse collective and then runs the backward of
+``x``'s graph (for an embedding lookup: the fused optimizer update) -- after the rest of the
+backward pass, and before DDP's own final callback, which is queued later. ``x.grad`` is then set
+by the time ``backward()`` returns; ``torch.autograd.grad`` cannot reach ``x`` through it.
+
 Every rank must run the same collectives in the same order, forward *and* backward: a rank whose
 output does not reach its loss skips the backward collective and the others block. Sharded modules
 guarantee this by always using their outputs.
@@ -72,37 +81,45 @@ class DifferentiableCollective(Protocol):
         ...
 
     def start_backward(self, grad: torch.Tensor) -> Pending:
-        """Start the adjoint collective on the output gradient; return the pending input gradient."""
+        """Start the adjoint collective on the output gradient (any strides: the op makes what it
+        sends contiguous); return the pending input gradient."""
         ...
 
 
 class _CallState:
     """Per-call state shared by the two autograd nodes of one collective."""
 
-    __slots__ = ("op", "forward", "backward")
+    __slots__ = ("op", "forward", "backward", "deferred", "deferred_input")
 
-    def __init__(self, op: DifferentiableCollective) -> None:
+    def __init__(self, op: DifferentiableCollective, deferred: bool) -> None:
         self.op = op
         self.forward: Pending | None = None
         self.backward: Pending | None = None
+        self.deferred = deferred  # defer_input_grad: a final callback delivers the input's gradient
+        # ... by running backward through this input's graph (None once queued, or when it needs none)
+        self.deferred_input: torch.Tensor | None = None
 
 
 class _Launch(Function):
     @staticmethod
-    def forward(ctx: Any, state: _CallState, x: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: Any, state: _CallState, edge: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        # ``edge`` is the autograd input: ``x`` itself, or a zero-size anchor (deferred mode);
+        # ``x`` comes in detached and is only read by the collective.
         state.forward = state.op.start_forward(x)
         ctx.state = state
-        # A zero-element token: it only carries the autograd edge from x to the output.
+        # A zero-element token: it only carries the autograd edge from the input to the output.
         return x.new_empty(0)
 
     @staticmethod
-    def backward(ctx: Any, _token_grad: torch.Tensor) -> tuple[None, torch.Tensor]:
+    def backward(ctx: Any, _token_grad: torch.Tensor) -> tuple[None, torch.Tensor | None, None]:
         state: _CallState = ctx.state
+        if state.deferred:
+            return None, None, None  # the final callback queued by _Wait.backward delivers it
         if state.backward is None:
             raise RuntimeError("internal error: collective backward reached _Launch before _Wait")
         grad = state.backward.result()
         state.backward = None
-        return None, grad
+        return None, grad, None
 
 
 class _Wait(Function):
@@ -118,17 +135,47 @@ class _Wait(Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, torch.Tensor]:
         state: _CallState = ctx.state
-        state.backward = state.op.start_backward(grad.contiguous())
+        state.backward = state.op.start_backward(grad)
+        if state.deferred:
+            _queue_input_backward(state)
         return None, grad.new_empty(0)
 
 
-class CollectiveAwaitable(LazyAwaitable[torch.Tensor]):
-    """The output tensor of a differentiable collective that was started at construction time."""
+def _queue_input_backward(state: _CallState) -> None:
+    """Once this backward pass is done: wait for the reverse collective, then run the backward of
+    the input's graph (see the module docstring, "Deferred input gradient")."""
+    pending, deferred = state.backward, state.deferred_input
+    state.backward = state.deferred_input = None  # a second backward through a retained graph: no-op
+    if pending is None or deferred is None:
+        return
 
-    def __init__(self, op: DifferentiableCollective, x: torch.Tensor) -> None:
+    def finish() -> None:
+        torch.autograd.backward(deferred, pending.result())
+
+    # Runs after every other backward node of this pass (the dense layers' included).
+    torch.autograd.Variable._execution_engine.queue_callback(finish)
+
+
+class CollectiveAwaitable(LazyAwaitable[torch.Tensor]):
+    """The output tensor of a differentiable collective that was started at construction time.
+
+    Args:
+        op: the collective and its adjoint.
+        x: the input (its gradient comes back through the adjoint).
+        defer_input_grad: deliver ``x``'s gradient in an autograd final callback, after the rest of
+            the backward pass (see the module docstring).
+    """
+
+    def __init__(self, op: DifferentiableCollective, x: torch.Tensor, defer_input_grad: bool = False) -> None:
         super().__init__()
-        self._state = _CallState(op)
-        self._token = _Launch.apply(self._state, x)
+        self._state = _CallState(op, defer_input_grad)
+        if not defer_input_grad:
+            self._token = _Launch.apply(self._state, x, x.detach())
+            return
+        differentiable = x.requires_grad and torch.is_grad_enabled()
+        anchor = torch.empty(0, device=x.device, requires_grad=differentiable)
+        self._token = _Launch.apply(self._state, anchor, x.detach())
+        self._state.deferred_input = x if differentiable else None
 
     def _wait_impl(self) -> torch.Tensor:
         out = _Wait.apply(self._state, self._token)

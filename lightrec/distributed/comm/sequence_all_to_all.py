@@ -54,6 +54,7 @@ class _SequenceAllToAllOp:
         return Pending(work, lambda: recv, (send, recv))
 
     def start_backward(self, grad: torch.Tensor) -> Pending:
+        grad = grad.contiguous()  # the send buffer must stay alive until the transfer is done (keep)
         dim = grad.shape[1]
         recv = grad.new_empty((sum(self.rows_to_source), dim))
         work = dist.all_to_all_single(

@@ -1,37 +1,88 @@
-"""Sharding planner: decide the sharding type, kernel and ranks of every embedding table.
+"""Sharding plans, in one home: their types and JSON form, hand-written plans, the planner, its
+report and the per-rank chart.
 
-See docs/planner.md for the cost model and the algorithm. ``PlanReport`` is the former name of
+=====================  =======================================================================
+``plan.py``            ``ShardingPlan`` / ``EmbeddingModuleShardingPlan`` / ``ParameterSharding`` /
+                       ``ShardMetadata`` (JSON round-trip, atomic ``save``), ``ShardingType``,
+                       ``EmbeddingComputeKernel``, the shard-size rules
+``sharder.py``         ``ModuleSharder``: what the planner reads about a sharder
+``plan_builders.py``   ``construct_module_sharding_plan`` with ``table_wise`` / ``row_wise`` / ...,
+                       ``balanced_table_wise_plan``, ``shardable_modules``
+``planners.py``        ``EmbeddingShardingPlanner`` (enumerators, estimators, proposers,
+                       partitioners, tables: its parts); ``types.py``: ``Topology``,
+                       ``ParameterConstraints``, ``PlannerError``
+``planning.py``        ``plan_sharding``, ``topology_for``, ``plan_report_for``: what every entry
+                       point calls
+``report.py``          ``PlannerReport`` (text and markdown); ``chart.py``: ``plan_chart``
+=====================  =======================================================================
+
+torchrec's paths re-export from here: ``lightrec.distributed.types`` (the plan types and
+``ModuleSharder``) and ``lightrec.distributed.sharding_plan`` (the per-table helpers). See
+docs/planner.md for the cost model and the algorithm. ``PlanReport`` is the former name of
 :class:`PlannerReport` (an alias).
 """
 
-from lightrec.distributed.planner.planners import EmbeddingShardingPlanner
-from lightrec.distributed.planner.report import PlannerReport, PlanReport, TableReport
-from lightrec.distributed.planner.sharding_plan import (
+from lightrec.distributed.planner.plan import (
+    EmbeddingComputeKernel,
+    EmbeddingModuleShardingPlan,
+    EnumerableShardingSpec,
+    ParameterSharding,
+    ShardingPlan,
+    ShardingType,
+    ShardMetadata,
+    column_wise_shard_sizes,
+    placement_for,
+    row_wise_shard_sizes,
+)
+from lightrec.distributed.planner.plan_builders import (
     ParameterShardingGenerator,
+    balanced_table_wise_plan,
     column_wise,
     construct_module_sharding_plan,
     data_parallel,
     row_wise,
+    shardable_modules,
     table_column_wise,
     table_row_wise,
     table_wise,
 )
+from lightrec.distributed.planner.planners import EmbeddingShardingPlanner
+from lightrec.distributed.planner.planning import PlanningResult, plan_report_for, plan_sharding, topology_for
+from lightrec.distributed.planner.report import PlannerReport, PlanReport, TableReport
+from lightrec.distributed.planner.sharder import ModuleSharder
 from lightrec.distributed.planner.types import ParameterConstraints, PlannerError, Topology
 
 __all__ = [
+    "EmbeddingComputeKernel",
+    "EmbeddingModuleShardingPlan",
     "EmbeddingShardingPlanner",
+    "EnumerableShardingSpec",
+    "ModuleSharder",
     "ParameterConstraints",
+    "ParameterSharding",
     "ParameterShardingGenerator",
     "PlanReport",
-    "PlannerReport",
     "PlannerError",
+    "PlannerReport",
+    "PlanningResult",
+    "ShardMetadata",
+    "ShardingPlan",
+    "ShardingType",
     "TableReport",
     "Topology",
+    "balanced_table_wise_plan",
     "column_wise",
+    "column_wise_shard_sizes",
     "construct_module_sharding_plan",
     "data_parallel",
+    "placement_for",
+    "plan_report_for",
+    "plan_sharding",
     "row_wise",
+    "row_wise_shard_sizes",
+    "shardable_modules",
     "table_column_wise",
     "table_row_wise",
     "table_wise",
+    "topology_for",
 ]

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lightrec.distributed.planner.plan import EmbeddingComputeKernel, ShardingType
 from lightrec.distributed.planner.types import Topology
-from lightrec.distributed.types import EmbeddingComputeKernel, ShardingType
 
 __all__ = ["KERNELS", "SHARDING_TYPES", "TableArrays", "estimate_shards"]
 

@@ -31,19 +31,19 @@ from lightrec.distributed.planner.estimators import (
     estimate_shards,
 )
 from lightrec.distributed.planner.partitioners import Placement, partition, refine
-from lightrec.distributed.planner.proposers import escalate, greedy_proposal, memory_dp_proposal
-from lightrec.distributed.planner.report import PlannerReport, TableReport
-from lightrec.distributed.planner.tables import ShardableModule, collect_tables, find_shardable_modules
-from lightrec.distributed.planner.types import ParameterConstraints, PlannerError, Topology
-from lightrec.distributed.types import (
+from lightrec.distributed.planner.plan import (
     EmbeddingModuleShardingPlan,
-    ModuleSharder,
     ParameterSharding,
     ShardingPlan,
     ShardMetadata,
     placement_for,
-    resolve_group,
 )
+from lightrec.distributed.planner.proposers import escalate, greedy_proposal, memory_dp_proposal
+from lightrec.distributed.planner.report import PlannerReport, TableReport
+from lightrec.distributed.planner.sharder import ModuleSharder
+from lightrec.distributed.planner.tables import ShardableModule, collect_tables, find_shardable_modules
+from lightrec.distributed.planner.types import ParameterConstraints, PlannerError, Topology
+from lightrec.distributed.sharding_env import resolve_group
 
 __all__ = ["EmbeddingShardingPlanner"]
 

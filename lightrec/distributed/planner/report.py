@@ -1,8 +1,7 @@
 """Planner report: what the planner decided and why, per rank.
 
-``str(report)`` is a text table, :meth:`PlannerReport.to_markdown` the same as markdown, and
-:meth:`PlannerReport.figure` a matplotlib bar chart (memory and estimated cost per rank) built on
-the Agg canvas, so it works headless and never touches pyplot's global state.
+``str(report)`` is a text table and :meth:`PlannerReport.to_markdown` the same as markdown; the
+chart of a report (memory and estimated cost per rank) is :func:`lightrec.distributed.planner.chart.plan_chart`.
 
 ``PlanReport`` is the former name of :class:`PlannerReport`, kept as an alias so old imports keep
 working; the Lightning callback that shows a report is ``lightrec.lightning.PlanReport``.
@@ -10,7 +9,6 @@ working; the Lightning callback that shows a report is ``lightrec.lightning.Plan
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -134,56 +132,6 @@ class PlannerReport:
         lines = ["| " + " | ".join(self._HEADER) + " |", "|" + "---|" * len(self._HEADER)]
         lines += ["| " + " | ".join(r) + " |" for r in self._rows(max_tables)]
         return "\n".join(lines + [""] + [f"- {s}" for s in self._summary()])
-
-    def figure(self, path: str | os.PathLike[str] | None = None):  # noqa: ANN201 - matplotlib Figure
-        """Bar chart of memory (HBM, DDR, with caps) and estimated cost per rank.
-
-        Args:
-            path: when given, also write the chart there as PNG.
-
-        Returns:
-            The ``matplotlib.figure.Figure`` (e.g. for ``SummaryWriter.add_figure``).
-        """
-        # Imported here, not at the top: matplotlib costs ~0.25 s to import and every training rank
-        # imports the planner, while only a report that is drawn needs it.
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-
-        ranks = np.arange(self.world_size)
-        fig = Figure(figsize=(max(6.0, 0.25 * self.world_size + 3), 6.0), layout="constrained")
-        FigureCanvasAgg(fig)
-        ax_mem, ax_cost = fig.subplots(2, 1, sharex=True)
-        gib = 1024**3
-        ax_mem.bar(ranks - 0.2, self.hbm_bytes / gib, width=0.4, label="HBM")
-        ax_mem.bar(ranks + 0.2, self.ddr_bytes / gib, width=0.4, label="DDR")
-        cap = self.hbm_caps if self.compute_device == "cuda" else self.ddr_caps
-        ax_mem.step(
-            np.append(ranks, ranks[-1] + 1) - 0.5,
-            np.append(cap, cap[-1]) / gib,
-            where="post",
-            color="red",
-            linewidth=1,
-            label="table memory cap",
-        )
-        ax_mem.set_ylabel("GiB")
-        ax_mem.set_title("memory per rank")
-        ax_mem.legend(loc="upper right", fontsize="small")
-        ax_cost.bar(ranks, self.cost_s * 1e3, color="tab:green")
-        ax_cost.axhline(
-            float(self.cost_s.mean()) * 1e3,
-            color="black",
-            linestyle="--",
-            linewidth=1,
-            label=f"mean (imbalance {self.imbalance:.2f})",
-        )
-        ax_cost.set_ylabel("ms / step (estimated)")
-        ax_cost.set_xlabel("rank")
-        ax_cost.set_title("estimated cost per rank")
-        ax_cost.legend(loc="upper right", fontsize="small")
-        if path is not None:
-            fig.savefig(os.fspath(path), format="png", dpi=100)
-        return fig
-
 
 #: Former name of :class:`PlannerReport` (an alias: the same class). Renamed because the Lightning
 #: callback ``lightrec.lightning.PlanReport`` has that name.

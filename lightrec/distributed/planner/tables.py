@@ -19,8 +19,8 @@ from lightrec.distributed.planner.estimators import (
     SHARDING_TYPES,
     TableArrays,
 )
+from lightrec.distributed.planner.sharder import ModuleSharder
 from lightrec.distributed.planner.types import OPTIMIZER_STATE, ParameterConstraints, Topology, optimizer_name
-from lightrec.distributed.types import ModuleSharder
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, DataType, PoolingType
 
 __all__ = ["ShardableModule", "collect_tables", "find_shardable_modules"]

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from lightrec.distributed.types import EmbeddingComputeKernel, ShardingType, _enum_value
+from lightrec.distributed.planner.plan import EmbeddingComputeKernel, ShardingType, enum_value
 
 __all__ = ["GiB", "OPTIMIZER_STATE", "ParameterConstraints", "PlannerError", "Topology", "device_hbm_caps"]
 
@@ -236,12 +236,12 @@ class ParameterConstraints:
     def __post_init__(self) -> None:
         if self.sharding_types is not None:
             self.sharding_types = [
-                _enum_value(t, ShardingType, "ParameterConstraints.sharding_types")
+                enum_value(t, ShardingType, "ParameterConstraints.sharding_types")
                 for t in self.sharding_types
             ]
         if self.compute_kernels is not None:
             self.compute_kernels = [
-                _enum_value(k, EmbeddingComputeKernel, "ParameterConstraints.compute_kernels")
+                enum_value(k, EmbeddingComputeKernel, "ParameterConstraints.compute_kernels")
                 for k in self.compute_kernels
             ]
         if self.min_partition is not None and (

@@ -3,6 +3,7 @@
 ``SHARDING_CLASSES`` maps a ``ShardingType`` value to its :class:`EmbeddingSharding` class.
 """
 
+from lightrec.distributed.planner.plan import ShardingType
 from lightrec.distributed.sharding.column_wise import CwEmbeddingSharding
 from lightrec.distributed.sharding.common import (
     EmbeddingSharding,
@@ -16,7 +17,6 @@ from lightrec.distributed.sharding.row_wise import RwEmbeddingSharding
 from lightrec.distributed.sharding.table_column_wise import TwcwEmbeddingSharding
 from lightrec.distributed.sharding.table_row_wise import TwrwEmbeddingSharding
 from lightrec.distributed.sharding.table_wise import TwEmbeddingSharding
-from lightrec.distributed.types import ShardingType
 
 SHARDING_CLASSES: dict[str, type[EmbeddingSharding]] = {
     ShardingType.DATA_PARALLEL.value: DpEmbeddingSharding,

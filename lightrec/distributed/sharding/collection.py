@@ -8,14 +8,22 @@ classes::
     _lookups[i](kjt_local) -> this rank's embeddings (one kernel call per optimizer group)
     _output_dists[i](...)  -> awaitable of this rank's samples' embeddings
 
-All input dists are started before any is waited, so their all-to-alls overlap.
+Its forward is three explicit stages, which a pipeline may run before the forward that needs them
+(``lightrec.distributed.sparse_dist_pipeline.SparseDistPipeline``)::
 
-Work started before its forward -- the next batch's input dist (``SparseDistPrefetch``), the
-whole forward of the batch ``DistributedModelParallel`` was given (its prefetch) -- lives in the
-collection's :attr:`~ShardedCollectionBase.lookahead`, an ``InputDistPipeline``
-(``lightrec/distributed/input_dist_pipeline.py``), which hands it to the forward of that batch
-once. The input dist reads only the ids, never the tables, so starting it early does not change
-any result.
+    input_dist(kjt, stream)          -> StartedInputDist  every sharding's splits exchange in flight
+                                                          (.progress(): lengths/values in flight)
+    lookup(started)                  -> this rank's embeddings, one tensor per sharding type
+    output_dist(embeddings, started) -> the forward's awaitable
+    compute_and_output_dist(started) =  the two above, each output dist started as soon as its
+                                        lookup is done (what the forward runs)
+    prefetch(started)                   the kernels' prefetch hooks with the received ids
+
+All input dists are started before any is waited, so their all-to-alls overlap. Work started
+before its forward -- a later batch's input dist, a launched forward -- waits in
+:attr:`~ShardedCollectionBase.ahead` (``work_ahead.py``) and is taken by the forward whose KJT holds
+the very same tensors. The input dist reads only the ids, never the tables, so starting it early
+does not change any result.
 
 Siblings of this file: ``collection_sharder.py`` (``CollectionSharder``, which builds a sharded
 collection) and ``collection_state_dict.py`` (the state dict under the unsharded module's keys:
@@ -32,24 +40,23 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightrec.distributed.input_dist_pipeline import InputDistPipeline, StartedInputDist, same_features
+from lightrec.distributed.planner.plan import (
+    EmbeddingComputeKernel,
+    EmbeddingModuleShardingPlan,
+    ShardingType,
+    ShardMetadata,
+    placement_for,
+)
 from lightrec.distributed.sharding import SHARDING_CLASSES
 from lightrec.distributed.sharding.collection_state_dict import load_state_dict_pre_hook, state_dict_hook
-from lightrec.distributed.sharding.common import DistContext, EmbeddingSharding, ShardedTable, ShardingContext
+from lightrec.distributed.sharding.common import EmbeddingSharding, ShardedTable, ShardingContext
 from lightrec.distributed.sharding.data_parallel import DpEmbeddingSharding
 from lightrec.distributed.sharding.id_bounds import IdBounds
 from lightrec.distributed.sharding.lookups import _GroupedLookupBase
+from lightrec.distributed.sharding.work_ahead import AheadQueue, StartedInputDist
+from lightrec.distributed.sharding_env import ShardingEnv
 from lightrec.distributed.streams import on_stream
-from lightrec.distributed.types import (
-    EmbeddingComputeKernel,
-    EmbeddingModuleShardingPlan,
-    ShardingEnv,
-    ShardingType,
-    ShardMetadata,
-    as_env,
-    placement_for,
-)
-from lightrec.kernels.batched_embedding import check_kernel_backend
+from lightrec.kernels.kernel_registry import check_kernel_backend
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, PoolingType
 from lightrec.modules.feature_checks import check_collection_input
 from lightrec.optim.fused_spec import FusedOptimizerSpec
@@ -57,15 +64,7 @@ from lightrec.optim.in_backward import fused_spec_from_parameter
 from lightrec.optim.keyed import CombinedOptimizer, KeyedOptimizer
 from lightrec.sparse import KeyedJaggedTensor
 
-# as_env, check_kernel_backend and same_features lived here before the split; they are re-exported so
-# that their old import path keeps working. CollectionSharder (collection_sharder.py) is not: the sharder
-# builds this class, so importing it back here would close an import circle.
-__all__ = [
-    "ShardedCollectionBase",
-    "as_env",
-    "check_kernel_backend",
-    "same_features",
-]
+__all__ = ["ShardedCollectionBase"]
 
 
 class ShardedCollectionBase(nn.Module, abc.ABC):
@@ -160,8 +159,8 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
         self._local_params = self._index_local_params()
         self._fused_optimizer = self._build_fused_optimizer()
         self._positions_cache: dict[tuple[str, ...], list[int]] = {}
-        self._prefetchable: dict[tuple[str, ...], bool] = {}
-        self._lookahead = InputDistPipeline(self._has_all_keys, self._begin_input_dist, self._start, device)
+        self._accepted: dict[tuple[str, ...], bool] = {}
+        self.ahead = AheadQueue()  # work started for later forwards (sparse_dist_pipeline drives it)
         self._register_state_dict_hook(state_dict_hook)
         self._register_load_state_dict_pre_hook(load_state_dict_pre_hook, with_module=True)
 
@@ -243,19 +242,9 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
         return self._fused_optimizer
 
     @property
-    def input_dist(self) -> nn.ModuleList:
-        """One input dist per sharding type (alias of ``_input_dists``)."""
-        return self._input_dists
-
-    @property
     def lookups(self) -> nn.ModuleList:
         """One grouped lookup per sharding type (alias of ``_lookups``)."""
         return self._lookups
-
-    @property
-    def output_dist(self) -> nn.ModuleList:
-        """One output dist per sharding type (alias of ``_output_dists``)."""
-        return self._output_dists
 
     @property
     def shardings(self) -> list[EmbeddingSharding]:
@@ -281,68 +270,90 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
         """Names (relative to this module) of every kernel parameter: DDP must ignore them."""
         return [n for n, _ in self.named_parameters()]
 
-    # ---- forward plumbing ---------------------------------------------------------------------
-    @property
-    def lookahead(self) -> InputDistPipeline:
-        """Work started before its forward: input dists of later batches, a prefetched forward."""
-        return self._lookahead
-
-    @abc.abstractmethod
-    def _start(self, features: KeyedJaggedTensor, started: StartedInputDist | None) -> Any:
-        """The rest of the forward of ``features`` (after ``started``, its input dist started
-        ahead, or all of it); returns the awaitable ``forward`` returns."""
-
-    def forward(self, features: KeyedJaggedTensor) -> Any:
-        return self._lookahead.forward(features)
-
-    def prefetch(self, features: KeyedJaggedTensor) -> bool:
-        """Start the forward of ``features`` now; the next ``forward(features)`` (same object)
-        returns it. ``DistributedModelParallel`` calls this before running the model, so the
-        embedding all-to-alls travel while the dense layers compute (and, in backward, the
-        gradient all-to-all is started before the dense layers' backward). Returns False (and
-        does nothing) when ``features`` does not have exactly this module's keys."""
-        return self._lookahead.launch(features)
-
-    def _has_all_keys(self, features: KeyedJaggedTensor) -> bool:
+    # ---- the forward, in stages (see the module docstring) ------------------------------------
+    def accepts(self, features: KeyedJaggedTensor) -> bool:
+        """Whether ``features`` has exactly this collection's keys (in any order): what a pipeline
+        may start this collection's stages for."""
         keys = tuple(features.keys())
-        ok = self._prefetchable.get(keys)
+        ok = self._accepted.get(keys)
         if ok is None:
-            ok = self._prefetchable[keys] = len(keys) == len(self._feature_order) and set(keys) == set(
+            ok = self._accepted[keys] = len(keys) == len(self._feature_order) and set(keys) == set(
                 self._feature_order
             )
         return ok
 
-    # ---- pipelining: input dists started ahead of their forward (see ``lookahead``) ------------
-    def start_input_dist(self, features: KeyedJaggedTensor, stream: torch.cuda.Stream | None = None) -> bool:
-        """Start the input dist of a *later* ``forward(features)`` (stage 1: the splits exchange).
+    def _prepare(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        """What the input dist sends for ``features`` (a subclass may expand or refuse a layout)."""
+        return features
 
-        Collective: every rank must call it at the same point. The forward of ``features`` (the same
-        KJT object; a caller whose forward receives a rebuilt KJT hands it over with
-        ``lookahead.hand_over``) then waits for it instead of starting its own; until then other
-        forwards run normally, so a validation loop may come in between. Returns False (and does
-        nothing) when ``features`` does not have exactly this module's keys; True if it was started
-        (or already was).
+    def input_dist(self, features: KeyedJaggedTensor, stream: torch.cuda.Stream | None = None) -> StartedInputDist:
+        """Stage 1 of the forward of ``features``: checks the input (on the rank that got it, before any
+        collective, never in a peer's kernel after the all-to-all), applies ``bounds_check`` and
+        starts every sharding's splits exchange (collective).
 
         Args:
-            features: the KJT of the later forward (its tensors must be ready on ``stream``).
-            stream: a side ``torch.cuda.Stream`` to issue every stage of this input dist on (the
-                forward then makes its own stream wait for it and ``record_stream``s what it
-                receives); None: the current stream.
+            features: this rank's KJT, every feature of the collection in any key order.
+            stream: a side ``torch.cuda.Stream`` to issue both stages of the input dist on (the
+                lookup then makes its own stream wait for it); None: the current stream.
         """
-        return self._lookahead.start(features, stream)
+        features = self._prepare(features)
+        check_collection_input(features, self._feature_order, type(self).__name__, weighted=self._is_weighted)
+        positions = self._positions(features.keys())
+        with on_stream(stream):
+            bounded = self._id_bounds(features)  # the unsharded module's bounds_check policy
+            contexts = [d(bounded, positions) for d in self._input_dists]
+        return StartedInputDist(features, positions, contexts, bounded, stream=stream)
 
-    def progress_input_dists(self) -> None:
-        """Stage 2 of every pending input dist: wait for its splits exchange (a host sync) and start
-        its lengths/values/weights exchange. Collective; a no-op when nothing is pending."""
-        self._lookahead.progress()
+    def _received(self, started: StartedInputDist) -> list[Any]:
+        """Stage 2 of ``started`` (if not run yet); from a side stream, waited and handed over here."""
+        tensors = started.progress()
+        if started.stream is not None:
+            started.received(self._device)
+        return tensors
 
-    def has_pending_input_dist(self, features: KeyedJaggedTensor | None = None) -> bool:
-        """Whether an input dist started by ``start_input_dist`` (for ``features``, or any) waits for its forward."""
-        return self._lookahead.pending(features)
+    def lookup(self, started: StartedInputDist) -> list[torch.Tensor]:
+        """This rank's lookups of what ``started`` received (waits for its exchanges): one tensor per
+        sharding type (pooled ``[sum B, width]``, sequence one row per received id)."""
+        return [lookup(t.wait()) for lookup, t in zip(self._lookups, self._received(started))]
 
-    def cancel_input_dists(self, wait: bool = True) -> int:
-        """Drop every pending input dist and return how many there were (see ``InputDistPipeline.cancel``)."""
-        return self._lookahead.cancel(wait)
+    def output_dist(self, embeddings: list[torch.Tensor], started: StartedInputDist) -> Any:
+        """Send ``embeddings`` (from :meth:`lookup`) back to the ranks owning the samples; returns
+        the awaitable the forward returns."""
+        tensors = self._received(started)
+        results = [
+            output_dist(e, t, ctx)
+            for output_dist, e, t, ctx in zip(self._output_dists, embeddings, tensors, started.contexts)
+        ]
+        return self._assemble(started, results)
+
+    def compute_and_output_dist(self, started: StartedInputDist) -> Any:
+        """:meth:`lookup` and :meth:`output_dist` sharding by sharding: each output dist starts as soon
+        as its lookup is done, overlapping the next lookup. What the forward runs."""
+        tensors = self._received(started)
+        results = []
+        for ctx, t, lookup, output_dist in zip(started.contexts, tensors, self._lookups, self._output_dists):
+            results.append(output_dist(lookup(t.wait()), t, ctx))
+        return self._assemble(started, results)
+
+    def prefetch(self, started: StartedInputDist) -> None:
+        """Hand the ids ``started`` brings to the prefetch hooks of the kernels that have one (tables
+        behind a cache fetch the rows they will miss); a no-op -- no wait either -- when none has."""
+        lookups = self._grouped_lookups()
+        if any(lookup.prefetches for lookup in lookups):
+            for lookup, kjt in zip(lookups, started.received(self._device)):
+                lookup.prefetch(kjt)
+
+    @abc.abstractmethod
+    def _assemble(self, started: StartedInputDist, results: list[Any]) -> Any:
+        """The forward's awaitable from the output dists' awaitables (one per sharding type)."""
+
+    def forward(self, features: KeyedJaggedTensor) -> Any:
+        """Every stage for ``features`` -- or the rest of what a pipeline started for its tensors."""
+        work = self.ahead.take(features)
+        if work is not None and work.output is not None:
+            return work.output  # launched by DistributedModelParallel's look-ahead
+        started = work.started if work is not None and work.started is not None else self.input_dist(features)
+        return self.compute_and_output_dist(started)
 
     def _positions(self, keys: list[str]) -> list[int] | None:
         if keys == self._feature_order:
@@ -352,39 +363,6 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
             index = {k: i for i, k in enumerate(keys)}
             self._positions_cache[key] = [index[f] for f in self._feature_order]
         return self._positions_cache[key]
-
-    def _begin_input_dist(
-        self, features: KeyedJaggedTensor, stream: torch.cuda.Stream | None
-    ) -> StartedInputDist:
-        """Stage 1 of the input dist of ``features``: every sharding's splits exchange in flight.
-
-        The batch is checked first (``check_collection_input``), also when its input dist starts ahead
-        of the forward (``start_input_dist``), so a bad batch is refused on the rank that got it before
-        any collective, never in a peer's kernel after the all-to-all."""
-        check_collection_input(features, self._feature_order, type(self).__name__, weighted=self._is_weighted)
-        positions = self._positions(features.keys())
-        with on_stream(stream):
-            bounded = self._id_bounds(features)  # the unsharded module's bounds_check policy
-            contexts = [d(bounded, positions) for d in self._input_dists]
-        return StartedInputDist(features, positions, contexts, bounded, stream=stream)
-
-    def _run(
-        self, features: KeyedJaggedTensor, started: StartedInputDist | None
-    ) -> tuple[list[DistContext], list[Any], list[int] | None, KeyedJaggedTensor]:
-        """Input dists (unless ``started`` ahead), lookups and output dists of ``features``.
-
-        Returns:
-            ``(contexts, output awaitables, positions, features after the bounds_check rewrite)``.
-        """
-        if started is None:
-            started = self._begin_input_dist(features, None)  # every splits exchange in flight
-        tensors = started.progress()  # every lengths/values exchange in flight
-        if started.stream is not None:  # issued on a side stream: wait there, hand over to this one
-            started.received(self._device)
-        results = []
-        for ctx, t, lookup, output_dist in zip(started.contexts, tensors, self._lookups, self._output_dists):
-            results.append(output_dist(lookup(t.wait()), t, ctx))
-        return started.contexts, results, started.positions, started.bounded
 
     def __repr__(self) -> str:
         """The seed tutorial's tree: lookups, input dists, output dists, then the table holders."""

@@ -2,7 +2,7 @@
 
 ``EmbeddingBagCollectionSharder`` and ``EmbeddingCollectionSharder`` (``distributed/embeddingbag.py``,
 ``distributed/embedding.py``) are this class with their module types filled in;
-``lightrec.distributed.planning.get_default_sharders`` builds both.
+``lightrec.distributed.sharders.get_default_sharders`` builds both.
 """
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from lightrec.distributed.planner.plan import EmbeddingModuleShardingPlan
+from lightrec.distributed.planner.sharder import ModuleSharder
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
-from lightrec.distributed.types import EmbeddingModuleShardingPlan, ModuleSharder, ShardingEnv, as_env
-from lightrec.kernels.batched_embedding import check_kernel_backend
+from lightrec.distributed.sharding_env import ShardingEnv, as_env
+from lightrec.kernels.kernel_registry import check_kernel_backend
 from lightrec.optim.fused_spec import FusedOptimizerSpec
 
 __all__ = ["CollectionSharder", "normalized_fused_params"]

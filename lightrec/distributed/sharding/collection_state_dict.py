@@ -21,9 +21,9 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from lightrec.distributed.planner.plan import ShardingType
 from lightrec.distributed.sharding.common import ShardedTable
 from lightrec.distributed.state_dict import ShardedTableState, local_slice
-from lightrec.distributed.types import ShardingType
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig
 
 

@@ -5,42 +5,22 @@ feature's ids are sent once per shard. The pooled outputs of the shards are laid
 column order, so ``output[:, table block]`` equals the unsharded lookup (SUM and MEAN alike: each
 shard pools whole bags). Sequence outputs concatenate the shards' row pieces in column order.
 
-Every mechanism is the table-wise one (``table_wise.py``); this file only validates the shards and
-names the modules.
+Every mechanism -- input dist, lookup, output dist -- is the table-wise one (``table_wise.py``);
+this file only validates the shards.
 """
 
 from __future__ import annotations
 
 from lightrec.distributed.sharding.common import ShardedTable, check_blocks
-from lightrec.distributed.sharding.table_wise import (
-    TwEmbeddingSharding,
-    TwPooledEmbeddingDist,
-    TwSequenceEmbeddingDist,
-    TwSparseFeaturesDist,
-)
+from lightrec.distributed.sharding.table_wise import TwEmbeddingSharding
 
-__all__ = ["CwEmbeddingSharding", "CwPooledEmbeddingDist", "CwSequenceEmbeddingDist", "CwSparseFeaturesDist"]
-
-
-class CwSparseFeaturesDist(TwSparseFeaturesDist):
-    """Input dist of column-wise sharding (a feature is sent to every rank holding a column shard)."""
-
-
-class CwPooledEmbeddingDist(TwPooledEmbeddingDist):
-    """Output dist of column-wise pooled embeddings (pooled all-to-all)."""
-
-
-class CwSequenceEmbeddingDist(TwSequenceEmbeddingDist):
-    """Output dist of column-wise sequence embeddings (sequence all-to-all)."""
+__all__ = ["CwEmbeddingSharding"]
 
 
 class CwEmbeddingSharding(TwEmbeddingSharding):
     """Column-wise sharding: every shard spans all rows and a contiguous range of columns."""
 
     name = "column_wise"
-    input_dist_cls = CwSparseFeaturesDist
-    pooled_dist_cls = CwPooledEmbeddingDist
-    sequence_dist_cls = CwSequenceEmbeddingDist
 
     def check_table(self, table: ShardedTable) -> None:
         rows = table.config.num_embeddings

@@ -28,26 +28,31 @@ from __future__ import annotations
 
 import abc
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from lightrec.distributed.comm.awaitable import Awaitable
-from lightrec.distributed.types import EmbeddingComputeKernel, ParameterSharding, ShardingEnv, ShardMetadata
+from lightrec.distributed.comm.kjt_all_to_all import KJTAllToAllTensorsAwaitable
+from lightrec.distributed.comm.sequence_all_to_all import SequenceEmbeddingsAllToAll
+from lightrec.distributed.planner.plan import ParameterSharding, ShardMetadata
+from lightrec.distributed.sharding_env import ShardingEnv
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, PoolingType
 from lightrec.optim.fused_spec import FusedOptimizerSpec
 from lightrec.sparse import KeyedJaggedTensor
-from lightrec.sparse._ops import complete_cumsum  # re-exported: its former home was here
 
 __all__ = [
     "EmbeddingSharding",
+    "OutputDist",
+    "PooledOutputDist",
+    "SequenceOutputDist",
     "ShardSlot",
     "ShardedTable",
     "ShardingContext",
-    "complete_cumsum",
     "init_shard_",
     "mean_weights",
     "scale_grad",
@@ -69,7 +74,7 @@ class ShardedTable:
         optimizer: fused optimizer of the table, or None for a dense (autograd) kernel.
         source: the unsharded weight to copy shards from, or None to initialise them.
         pooling: the table's pooling (``NONE`` for sequence tables).
-        backend: kernel backend of its shards: ``"auto"`` (fbgemm where it supports the table,
+        kernel_backend: kernel of its shards: ``"auto"`` (fbgemm where it supports the table,
             else Triton on CUDA, else pure torch), ``"fbgemm"``, ``"triton"`` or ``"torch"``.
     """
 
@@ -79,7 +84,7 @@ class ShardedTable:
     optimizer: FusedOptimizerSpec | None
     source: torch.Tensor | None
     pooling: PoolingType
-    backend: str = "auto"
+    kernel_backend: str = "auto"
 
     @property
     def name(self) -> str:
@@ -278,7 +283,7 @@ class EmbeddingSharding(abc.ABC):
         """This rank's grouped lookup of the received KJT."""
 
     @abc.abstractmethod
-    def create_output_dist(self) -> nn.Module:
+    def create_output_dist(self) -> OutputDist:
         """Module sending lookup results back to the ranks owning the samples."""
 
     def output_layout(self) -> list[tuple[str, int, int]]:
@@ -286,9 +291,9 @@ class EmbeddingSharding(abc.ABC):
         in order; unpooled shardings describe their rows in :meth:`feature_rows` instead."""
         raise TypeError(f"{type(self).__name__} has no pooled output layout")
 
-
-def is_dense_kernel(sharding: ParameterSharding) -> bool:
-    return sharding.compute_kernel == EmbeddingComputeKernel.DENSE.value
+    def feature_rows(self, rows: torch.Tensor, ctx: DistContext) -> dict[str, torch.Tensor]:
+        """Sequence output: ``{feature: [N_f, D]}`` out of the rows the output dist returned."""
+        raise TypeError(f"{type(self).__name__} has no sequence output")
 
 
 def width_of(tables: Sequence[ShardedTable]) -> int:
@@ -327,6 +332,54 @@ class DistContext:
     sent: KeyedJaggedTensor
     splits: Awaitable[Any]
     unbucketize: torch.Tensor | None = None
+
+
+def exchanged(received: Awaitable[KeyedJaggedTensor]) -> KJTAllToAllTensorsAwaitable:
+    """The KJT all-to-all behind a model-parallel sharding's received features (its batch sizes
+    and value counts are what the output dist sends back by)."""
+    if not isinstance(received, KJTAllToAllTensorsAwaitable):
+        raise TypeError(
+            f"a model-parallel output dist needs the KJT all-to-all of its input dist, got {type(received).__name__}"
+        )
+    return received
+
+
+class OutputDist(nn.Module, abc.ABC):
+    """A sharding type's output dist: this rank's lookup results -> its samples' embeddings."""
+
+    @abc.abstractmethod
+    def forward(
+        self, embeddings: torch.Tensor, received: Awaitable[KeyedJaggedTensor], ctx: DistContext
+    ) -> Awaitable[torch.Tensor]:
+        """Start sending ``embeddings`` (the lookup of ``received.wait()``) back to the ranks owning
+        the samples (pooled: ``[B_local, width]``; sequence: one row per input id)."""
+
+
+class PooledOutputDist(OutputDist):
+    """Pooled embeddings back by the source ranks' batch sizes, through ``collective(embeddings,
+    batch_size_per_rank)`` (the pooled all-to-all, or the reduce-scatter of row-wise partial sums)."""
+
+    def __init__(self, collective: Callable[[torch.Tensor, list[int]], Awaitable[torch.Tensor]]) -> None:
+        super().__init__()
+        self._dist = collective
+
+    def forward(
+        self, embeddings: torch.Tensor, received: Awaitable[KeyedJaggedTensor], ctx: DistContext
+    ) -> Awaitable[torch.Tensor]:
+        return self._dist(embeddings, exchanged(received).batch_size_per_rank)
+
+
+class SequenceOutputDist(OutputDist):
+    """Every looked-up row back to the rank that sent its id (``SequenceEmbeddingsAllToAll``)."""
+
+    def __init__(self, pg: dist.ProcessGroup | None) -> None:
+        super().__init__()
+        self._dist = SequenceEmbeddingsAllToAll(pg)
+
+    def forward(
+        self, embeddings: torch.Tensor, received: Awaitable[KeyedJaggedTensor], ctx: DistContext
+    ) -> Awaitable[torch.Tensor]:
+        return self._dist(embeddings, exchanged(received))
 
 
 class KeySelector:

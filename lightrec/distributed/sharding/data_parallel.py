@@ -23,12 +23,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from lightrec.distributed.comm import NoWait
+from lightrec.distributed.comm import Awaitable, NoWait
 from lightrec.distributed.comm.failures import collective_guard, timeout_of
 from lightrec.distributed.sharding.common import (
     DistContext,
     EmbeddingSharding,
     KeySelector,
+    OutputDist,
     ShardedTable,
     ShardingContext,
     ShardSlot,
@@ -41,7 +42,7 @@ from lightrec.distributed.sharding.lookups import (
     GroupedPooledEmbeddingsLookup,
     _GroupedLookupBase,
 )
-from lightrec.distributed.types import ShardingEnv
+from lightrec.distributed.sharding_env import ShardingEnv
 from lightrec.kernels.batched_embedding import EmbeddingFusedOptimizer
 from lightrec.kernels.sparse_update import apply_sparse_update
 from lightrec.modules.embedding_configs import PoolingType
@@ -51,8 +52,7 @@ from lightrec.sparse import KeyedJaggedTensor
 __all__ = [
     "DataParallelTableSync",
     "DpEmbeddingSharding",
-    "DpPooledEmbeddingDist",
-    "DpSequenceEmbeddingDist",
+    "DpEmbeddingDist",
     "DpSparseFeaturesDist",
 ]
 
@@ -85,15 +85,14 @@ class DpSparseFeaturesDist(nn.Module):
         return DistContext(sent, NoWait(NoWait(sent)))
 
 
-class DpPooledEmbeddingDist(nn.Module):
-    """Output dist of data-parallel tables: the local result is already final."""
+class DpEmbeddingDist(OutputDist):
+    """Output dist of data-parallel tables: the local result is already final (pooled ``[B, D]``,
+    or sequence rows already in input order)."""
 
-    def forward(self, local_embs: torch.Tensor, tensors: object, ctx: DistContext) -> NoWait[torch.Tensor]:
-        return NoWait(local_embs)
-
-
-class DpSequenceEmbeddingDist(DpPooledEmbeddingDist):
-    """Output dist of data-parallel sequence tables (rows are already in input order)."""
+    def forward(
+        self, embeddings: torch.Tensor, received: Awaitable[KeyedJaggedTensor], ctx: DistContext
+    ) -> Awaitable[torch.Tensor]:
+        return NoWait(embeddings)
 
 
 class DataParallelTableSync:
@@ -106,13 +105,13 @@ class DataParallelTableSync:
     """
 
     def __init__(
-        self, lookup: nn.Module, specs: dict[str, FusedOptimizerSpec], env: ShardingEnv, attr: str
+        self, lookup: _GroupedLookupBase, specs: dict[str, FusedOptimizerSpec], env: ShardingEnv, attr: str
     ) -> None:
         self._world_size = env.world_size
         self._group = side_group(env.pg)
         self.optimizers: list[EmbeddingFusedOptimizer] = []
         by_spec: dict[str, tuple[FusedOptimizerSpec, dict[str, nn.Parameter], list[dict]]] = {}
-        for kernel, shards in lookup.kernel_tables():  # type: ignore[operator]
+        for kernel, shards in lookup.kernel_tables():
             for (table, _), param in zip(shards, kernel.weights.values()):
                 spec = specs[table]
                 state = _new_state(spec, param)
@@ -201,8 +200,8 @@ class DpEmbeddingSharding(EmbeddingSharding):
         self.sync = DataParallelTableSync(lookup, self.specs, self.env, self.attr)
         return lookup
 
-    def create_output_dist(self) -> nn.Module:
-        return DpPooledEmbeddingDist() if self.pooled else DpSequenceEmbeddingDist()
+    def create_output_dist(self) -> OutputDist:
+        return DpEmbeddingDist()
 
     def output_layout(self) -> list[tuple[str, int, int]]:
         return [(s.feature, 0, s.cols) for s in self.slots]

@@ -116,10 +116,10 @@ class _GroupedLookupBase(nn.Module):
         param_names = [f"{attr}.{t}.weight" + ("" if per_table[t] == 1 else f".shard{i}") for t, i in shards]
         if self._pooled:
             kernel: BatchedEmbeddingBag | BatchedEmbedding = BatchedEmbeddingBag(
-                specs, ftm, PoolingType.SUM, table.optimizer, table.backend, device, param_names
+                specs, ftm, PoolingType.SUM, table.optimizer, table.kernel_backend, device, param_names
             )
         else:
-            kernel = BatchedEmbedding(specs, ftm, table.optimizer, table.backend, device, param_names)
+            kernel = BatchedEmbedding(specs, ftm, table.optimizer, table.kernel_backend, device, param_names)
         for (t, i), weight in zip(shards, kernel.split_embedding_weights()):
             meta = tables[t].shards[i]
             init_shard_(
@@ -139,12 +139,27 @@ class _GroupedLookupBase(nn.Module):
     def kernel_tables(self) -> list[tuple[BatchedEmbeddingBag | BatchedEmbedding, list[tuple[str, int]]]]:
         """``(kernel, [(table, shard index) per kernel table])`` for every kernel."""
         out: list[tuple[BatchedEmbeddingBag | BatchedEmbedding, list[tuple[str, int]]]] = []
-        for kernel, group in zip(self._emb_modules, self._groups):
+        for kernel, group in zip(self._kernels(), self._groups):
             shards = list(
                 dict.fromkeys((self._slots[k].table, self._slots[k].shard_index) for k in group.keys)
             )
-            out.append((kernel, shards))  # type: ignore[arg-type]
+            out.append((kernel, shards))
         return out
+
+    @property
+    def prefetches(self) -> bool:
+        """Whether a kernel of this lookup wants the ids of a later batch ahead (``prefetch``)."""
+        return any(kernel.prefetches for kernel in self._kernels())
+
+    def prefetch(self, kjt: KeyedJaggedTensor) -> None:
+        """Hand each kernel that prefetches the ids it will look up for ``kjt`` (a later batch)."""
+        for kernel, group in zip(self._kernels(), self._groups):
+            if kernel.prefetches:
+                values, offsets, _ = self._group_inputs(kjt, group, None)
+                kernel.prefetch(values, offsets)
+
+    def _kernels(self) -> list[BatchedEmbeddingBag | BatchedEmbedding]:
+        return [k for k in self._emb_modules if isinstance(k, (BatchedEmbeddingBag, BatchedEmbedding))]  # all are
 
     def _group_inputs(
         self, kjt: KeyedJaggedTensor, group: _Group, weights: torch.Tensor | None

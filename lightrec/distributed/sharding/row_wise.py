@@ -26,17 +26,21 @@ import torch
 from torch import nn
 
 from lightrec.distributed.comm import (
+    Awaitable,
     KJTAllToAll,
     PooledEmbeddingsReduceScatter,
-    SequenceEmbeddingsAllToAll,
     bucketize_kjt_row_wise,
     row_wise_block_bounds,
     row_wise_block_size,
 )
+from lightrec.distributed.planner.plan import ShardMetadata
 from lightrec.distributed.sharding.common import (
     DistContext,
     EmbeddingSharding,
     KeySelector,
+    OutputDist,
+    PooledOutputDist,
+    SequenceOutputDist,
     ShardedTable,
     ShardingContext,
     ShardSlot,
@@ -45,7 +49,6 @@ from lightrec.distributed.sharding.common import (
     width_of,
 )
 from lightrec.distributed.sharding.lookups import GroupedEmbeddingsLookup, GroupedPooledEmbeddingsLookup
-from lightrec.distributed.types import ShardMetadata
 from lightrec.modules.embedding_configs import PoolingType
 from lightrec.sparse import KeyedJaggedTensor
 
@@ -109,37 +112,29 @@ class RwSparseFeaturesDist(nn.Module):
         return f"features={len(self._num_rows)}, world_size={self._world_size}"
 
 
-class RwPooledEmbeddingDist(nn.Module):
+class RwPooledEmbeddingDist(PooledOutputDist):
     """Output dist: reduce-scatter of the partial pooled sums ``[sum B, D] -> [B_s, D]``."""
 
     def __init__(self, pg: torch.distributed.ProcessGroup | None) -> None:
-        super().__init__()
-        self._dist = PooledEmbeddingsReduceScatter(pg)
-
-    def forward(self, partial: torch.Tensor, tensors: object, ctx: DistContext) -> object:
-        return self._dist(partial, tensors.batch_size_per_rank)  # type: ignore[attr-defined]
+        super().__init__(PooledEmbeddingsReduceScatter(pg))
 
 
-class RwSequenceEmbeddingDist(nn.Module):
+class RwSequenceEmbeddingDist(SequenceOutputDist):
     """Output dist: rows back to their senders, then into the pre-bucketization id order."""
 
-    def __init__(self, pg: torch.distributed.ProcessGroup | None) -> None:
-        super().__init__()
-        self._dist = SequenceEmbeddingsAllToAll(pg)
-
-    def forward(self, rows: torch.Tensor, tensors: object, ctx: DistContext) -> object:
+    def forward(
+        self, embeddings: torch.Tensor, received: Awaitable[KeyedJaggedTensor], ctx: DistContext
+    ) -> Awaitable[torch.Tensor]:
         perm = ctx.unbucketize
-        assert perm is not None  # set by RwSparseFeaturesDist(sequence=True)
-        return self._dist(rows, tensors).then(lambda r: r.index_select(0, perm.long()))  # type: ignore[arg-type]
+        if perm is None:
+            raise RuntimeError("internal error: a row-wise sequence input dist keeps the unbucketize permutation")
+        return super().forward(embeddings, received, ctx).then(lambda r: r.index_select(0, perm.long()))
 
 
 class RwEmbeddingSharding(EmbeddingSharding):
     """Row-wise sharding over the ranks listed by each table's shards (all ranks for row_wise)."""
 
     name = "row_wise"
-    input_dist_cls: type[nn.Module] = RwSparseFeaturesDist
-    pooled_dist_cls: type[nn.Module] = RwPooledEmbeddingDist
-    sequence_dist_cls: type[nn.Module] = RwSequenceEmbeddingDist
 
     def __init__(self, tables: list[ShardedTable], context: ShardingContext) -> None:
         super().__init__(tables, context)
@@ -198,7 +193,7 @@ class RwEmbeddingSharding(EmbeddingSharding):
         bounds = [self.bounds[s.table] for s in self.rw_slots]
         default = all(b == row_wise_block_bounds(r, world) for b, r in zip(bounds, rows))
         mean = [self.pooled and self.tables[s.table].pooling == PoolingType.MEAN for s in self.rw_slots]
-        return self.input_dist_cls(
+        return RwSparseFeaturesDist(
             self.env.pg, world, [s.feature_index for s in self.rw_slots], rows, None if default else bounds, mean,
             self.is_weighted, not self.pooled,
         )  # fmt: skip
@@ -213,8 +208,8 @@ class RwEmbeddingSharding(EmbeddingSharding):
             mine, self.tables, self.device, self.seed, self.width, self.attr, self.grad_scale
         )
 
-    def create_output_dist(self) -> nn.Module:
-        return self.pooled_dist_cls(self.env.pg) if self.pooled else self.sequence_dist_cls(self.env.pg)
+    def create_output_dist(self) -> OutputDist:
+        return RwPooledEmbeddingDist(self.env.pg) if self.pooled else RwSequenceEmbeddingDist(self.env.pg)
 
     def output_layout(self) -> list[tuple[str, int, int]]:
         return [(s.feature, 0, s.cols) for s in self.rw_slots]

@@ -11,7 +11,7 @@ Forward, for the tables of this sharding type (``W`` ranks, rank ``s`` holds ``B
 
 Column-wise and table-column-wise sharding reuse this machinery unchanged: a column shard is a
 table of ``[rows, cols_i]`` on its rank, and the feature is sent once per shard
-(``column_wise.py``). MEAN pooling is exact here because every bag arrives whole at its rank: the
+(``column_wise.py``, which only validates the shards). MEAN pooling is exact here because every bag arrives whole at its rank: the
 lookup divides by the received bag lengths.
 """
 
@@ -20,11 +20,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lightrec.distributed.comm import KJTAllToAll, SequenceEmbeddingsAllToAll
+from lightrec.distributed.comm import KJTAllToAll, PooledEmbeddingsAllToAll
 from lightrec.distributed.sharding.common import (
     DistContext,
     EmbeddingSharding,
     KeySelector,
+    OutputDist,
+    PooledOutputDist,
+    SequenceOutputDist,
     ShardedTable,
     ShardingContext,
     ShardSlot,
@@ -33,7 +36,6 @@ from lightrec.distributed.sharding.common import (
     width_of,
 )
 from lightrec.distributed.sharding.lookups import GroupedEmbeddingsLookup, GroupedPooledEmbeddingsLookup
-from lightrec.distributed.sharding.pooled_dist import FusedPooledAllToAll
 from lightrec.modules.embedding_configs import PoolingType
 from lightrec.sparse import KeyedJaggedTensor
 
@@ -75,12 +77,12 @@ class TwSparseFeaturesDist(nn.Module):
         return f"key_splits={self._key_splits}"
 
 
-class TwPooledEmbeddingDist(nn.Module):
+class TwPooledEmbeddingDist(PooledOutputDist):
     """Output dist: pooled all-to-all of ``[sum B, D_r]`` back to ``[B_s, sum D]``.
 
-    Uses :class:`~lightrec.distributed.sharding.pooled_dist.FusedPooledAllToAll`: the result
-    comes out in ``column_order`` (the collection's feature order when this is its only sharding
-    type) and the gradient is scaled by ``grad_scale`` on its way back.
+    The result comes out in ``column_order`` (the collection's feature order when this is its only
+    sharding type), the gradient is scaled by ``grad_scale`` on its way back, and the lookup's
+    backward runs after the rest of the backward pass (``PooledEmbeddingsAllToAll``).
     """
 
     def __init__(
@@ -90,35 +92,23 @@ class TwPooledEmbeddingDist(nn.Module):
         column_order: list[int] | None = None,
         grad_scale: float = 1.0,
     ) -> None:
-        super().__init__()
-        self._dist = FusedPooledAllToAll(pg, dim_sum_per_rank, column_order, grad_scale)
+        super().__init__(
+            PooledEmbeddingsAllToAll(pg, dim_sum_per_rank, column_order, grad_scale, defer_input_grad=True)
+        )
         self._dims = list(dim_sum_per_rank)
-
-    def forward(self, local_embs: torch.Tensor, tensors: object, ctx: DistContext) -> object:
-        return self._dist(local_embs, tensors.batch_size_per_rank)  # type: ignore[attr-defined]
 
     def extra_repr(self) -> str:
         return f"dim_sum_per_rank={self._dims}"
 
 
-class TwSequenceEmbeddingDist(nn.Module):
+class TwSequenceEmbeddingDist(SequenceOutputDist):
     """Output dist: every looked-up row goes back to the rank that sent its id."""
-
-    def __init__(self, pg: torch.distributed.ProcessGroup | None) -> None:
-        super().__init__()
-        self._dist = SequenceEmbeddingsAllToAll(pg)
-
-    def forward(self, rows: torch.Tensor, tensors: object, ctx: DistContext) -> object:
-        return self._dist(rows, tensors)  # type: ignore[arg-type]
 
 
 class TwEmbeddingSharding(EmbeddingSharding):
     """Table-wise sharding (one shard per table); base of the column-wise variants."""
 
     name = "table_wise"
-    input_dist_cls: type[nn.Module] = TwSparseFeaturesDist
-    pooled_dist_cls: type[nn.Module] = TwPooledEmbeddingDist
-    sequence_dist_cls: type[nn.Module] = TwSequenceEmbeddingDist
 
     def __init__(self, tables: list[ShardedTable], context: ShardingContext) -> None:
         super().__init__(tables, context)
@@ -151,7 +141,7 @@ class TwEmbeddingSharding(EmbeddingSharding):
         check_blocks(table, self.name)
 
     def create_input_dist(self) -> nn.Module:
-        return self.input_dist_cls(
+        return TwSparseFeaturesDist(
             self.env.pg,
             [s.feature_index for s in self.sent_slots],
             [len(slots) for slots in self.slots_by_rank],
@@ -170,11 +160,11 @@ class TwEmbeddingSharding(EmbeddingSharding):
             mine, self.tables, self.device, self.seed, self.width, self.attr, self.grad_scale
         )
 
-    def create_output_dist(self) -> nn.Module:
+    def create_output_dist(self) -> OutputDist:
         if self.pooled:
             dims = [sum(s.cols for s in slots) for slots in self.slots_by_rank]
-            return self.pooled_dist_cls(self.env.pg, dims, self.column_order, self.grad_scale)
-        return self.sequence_dist_cls(self.env.pg)
+            return TwPooledEmbeddingDist(self.env.pg, dims, self.column_order, self.grad_scale)
+        return TwSequenceEmbeddingDist(self.env.pg)
 
     def output_layout(self) -> list[tuple[str, int, int]]:
         return [(s.feature, s.col_offset, s.cols) for s in self.sent_slots]

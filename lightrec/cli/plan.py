@@ -1,0 +1,138 @@
+"""``lightrec plan <config>``: the sharding plan of a recipe config, without training.
+
+The model is built on the ``meta`` device from the config (no Trainer, no data loading beyond what
+sizes the tables) and planned for the config's -- or the given -- devices x nodes; the report is
+printed as text or markdown, the per-rank chart written with ``--png``, the plan with ``--json``
+(a file ``RecStrategy(plan=...)`` accepts; its module paths are the ``RecModule``'s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lightrec.cli.common import CommandError, UsageError, positive_int, shipped_recipe
+from lightrec.distributed.planner import PlannerError, plan_sharding, topology_for
+from lightrec.distributed.sharders import get_default_sharders
+from lightrec.recipes import CONFIGS, CONFIGS_DIR, RECIPES
+
+__all__ = ["register", "run"]
+
+OVERRIDE_PREFIXES = ("--model.", "--data.", "--trainer.")
+
+
+def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "plan", help="print the sharding plan of a config without training", allow_abbrev=False
+    )
+    parser.add_argument("config", help="a shipped config or recipe name, or a YAML file")
+    parser.add_argument("--recipe", help="the recipe of a YAML file that is not a shipped config")
+    parser.add_argument("--devices", type=positive_int, help="ranks per node (default: the config's)")
+    parser.add_argument("--num-nodes", dest="num_nodes", type=positive_int, help="nodes (default: the config's)")
+    parser.add_argument("--accelerator", choices=["cpu", "gpu", "cuda"], help="default: the config's")
+    parser.add_argument("--markdown", action="store_true", help="print the report as a markdown table")
+    parser.add_argument("--png", metavar="PATH", help="also write the per-rank memory/cost chart there")
+    parser.add_argument("--json", metavar="PATH", help="also write the plan as JSON (RecStrategy(plan=PATH))")
+    parser.epilog = (
+        "Config overrides such as --model.embedding_dim=64 or --data.init_args.batch_size=4096 also work."
+    )
+    return parser
+
+
+def script_for_config(config: str, recipe: str | None, parser: argparse.ArgumentParser) -> tuple[str, str]:
+    """``(script, config file)`` for a shipped config name, a recipe name or a YAML path."""
+    script = shipped_recipe(recipe, parser).script if recipe is not None else None
+    if config in RECIPES and not Path(config).exists():
+        config = RECIPES[config].default_config
+    stem = Path(config).stem
+    if not Path(config).exists():
+        if config.removesuffix(".yaml") not in CONFIGS:
+            parser.error(
+                f"config {config!r} is neither a file nor a shipped config; valid configs: "
+                f"{', '.join(CONFIGS)}; valid recipes: {', '.join(RECIPES)}"
+            )
+        path = str(CONFIGS_DIR / f"{config.removesuffix('.yaml')}.yaml")
+        return (script or CONFIGS[stem]), path
+    if script is not None:
+        return script, config
+    if stem in CONFIGS:
+        return CONFIGS[stem], config
+    parser.error(
+        f"cannot tell which recipe config {config!r} is for; pass --recipe with one of: {', '.join(RECIPES)}"
+    )
+    raise AssertionError  # parser.error exits
+
+
+def count_devices(devices: Any, accelerator: str) -> int:
+    """Processes per node that a Trainer's ``devices`` value means."""
+    if isinstance(devices, int) and devices > 0:
+        return devices
+    if isinstance(devices, (list, tuple)):
+        return len(devices)
+    if isinstance(devices, str) and devices.strip().isdigit() and int(devices) > 0:
+        return int(devices)
+    if isinstance(devices, str) and "," in devices:
+        return len([d for d in devices.split(",") if d.strip()])
+    # "auto" / -1: every visible GPU, or one CPU process.
+    return max(torch.cuda.device_count(), 1) if accelerator in ("gpu", "cuda") else 1
+
+
+def run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParser) -> int:
+    bad = [a for a in rest if a.startswith("-") and not a.startswith(OVERRIDE_PREFIXES)]
+    if bad:
+        parser.error(f"unrecognized arguments: {' '.join(bad)} (plan takes {', '.join(OVERRIDE_PREFIXES)}* overrides)")
+    script, config = script_for_config(ns.config, ns.recipe, parser)
+    module = importlib.import_module(f"lightrec.recipes.{script}")
+    from lightrec.lightning.recipe_checks import condense_error  # Lightning: only when a plan is asked for
+    from lightrec.lightning.recipe_cli import plan_cli
+
+    try:
+        cli = plan_cli(module, config, rest)
+        rec_module, datamodule = cli.model, cli.datamodule
+        size_tables_from = getattr(rec_module, "size_tables_from", None)
+        if callable(size_tables_from) and not getattr(rec_module, "tables", None):
+            # What Trainer.fit does before configure_model: prepare the data, then size the tables.
+            datamodule.prepare_data()
+            datamodule.setup("fit")
+            size_tables_from(datamodule)
+    except (ValueError, TypeError, OSError) as exc:  # a bad value or missing data: the user's to fix
+        raise UsageError(f"cannot build the model of {config}: {condense_error(str(exc))}") from exc
+    trainer_cfg = cli.config["trainer"]
+    accelerator = str(ns.accelerator or trainer_cfg.get("accelerator") or "cpu")
+    devices = count_devices(ns.devices if ns.devices is not None else trainer_cfg.get("devices", 1), accelerator)
+    num_nodes = int(ns.num_nodes if ns.num_nodes is not None else trainer_cfg.get("num_nodes", 1) or 1)
+
+    # Plan the RecModule itself (its model built with meta tables): the plan's module paths are
+    # then the ones RecStrategy sees (model.sparse_arch...), so --json output is directly usable.
+    rec_module.model = rec_module.model_for_planning()
+    sharders = get_default_sharders(rec_module.fused_params())
+    topology = topology_for(devices * num_nodes, "cuda" if accelerator in ("gpu", "cuda") else "cpu", devices)
+    batch_size = getattr(datamodule, "batch_size", None)
+    try:
+        planned = plan_sharding(
+            rec_module,
+            sharders,
+            topology,
+            batch_size=batch_size if isinstance(batch_size, int) and not isinstance(batch_size, bool) else None,
+        )
+    except PlannerError as exc:
+        raise CommandError(f"no sharding plan fits: {exc}") from exc
+    plan, report = planned.plan, planned.report
+    print(f"plan for {config} ({script}.py): {devices} device(s) x {num_nodes} node(s), {topology.compute_device}")
+    if report is None:
+        print("the model has no embedding tables to shard")
+        return 0
+    print(report.to_markdown() if ns.markdown else report.to_text())
+    if ns.png:
+        from lightrec.distributed.planner.chart import plan_chart  # matplotlib, only when asked
+
+        plan_chart(report, ns.png)
+        print(f"wrote {ns.png}")
+    if ns.json:
+        plan.save(ns.json)  # atomic: a reader never sees half a plan
+        print(f"wrote {ns.json}")
+    return 0

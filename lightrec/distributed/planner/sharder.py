@@ -1,0 +1,81 @@
+"""``ModuleSharder``: what the planner reads about a sharder of one module type.
+
+The sharders that build sharded modules (``EmbeddingBagCollectionSharder`` ...) derive from it; the
+planner, the fingerprint of a plan and the plan helpers read only the methods here, so none of them
+depends on the sharded modules.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, Generic, TypeVar
+
+from torch import nn
+
+from lightrec.distributed.planner.plan import EmbeddingComputeKernel, ShardingType, enum_value
+from lightrec.modules.embedding_configs import BaseEmbeddingConfig
+
+__all__ = ["ModuleSharder"]
+
+_COMPUTE_DEVICES = ("cpu", "cuda", "meta")
+
+
+M = TypeVar("M", bound=nn.Module)
+
+
+class ModuleSharder(abc.ABC, Generic[M]):
+    """What the planner needs to know about a sharder of one module type.
+
+    Generic in the module type, as torchrec's (``ModuleSharder[nn.Module]`` in annotations).
+
+    Subclasses (``EmbeddingBagCollectionSharder``, ...) add the ``shard(...)`` method that builds
+    the sharded module; the planner only reads the methods below.
+
+    Args:
+        fused_params: options of the fused kernel, e.g. ``{"optimizer": "rowwise_adagrad",
+            "learning_rate": 0.01}``; the planner reads ``"optimizer"`` to size optimizer state.
+    """
+
+    def __init__(self, fused_params: dict[str, Any] | None = None) -> None:
+        self._fused_params = dict(fused_params or {})
+
+    @property
+    @abc.abstractmethod
+    def module_type(self) -> type[nn.Module]:
+        """The module class this sharder shards."""
+
+    @property
+    def fused_params(self) -> dict[str, Any]:
+        return self._fused_params
+
+    def sharding_types(self, compute_device_type: str) -> list[str]:
+        """Sharding types offered on ``compute_device_type`` (every type on CPU and CUDA)."""
+        _check_device_type(compute_device_type)
+        return [t.value for t in ShardingType]
+
+    def compute_kernels(self, sharding_type: str, compute_device_type: str) -> list[str]:
+        """Kernels offered for ``sharding_type``: data parallel uses the dense kernel (its gradient
+        is all-reduced like any dense parameter); the others offer fused, then dense."""
+        _check_device_type(compute_device_type)
+        if enum_value(sharding_type, ShardingType, "sharding_type") == ShardingType.DATA_PARALLEL.value:
+            return [EmbeddingComputeKernel.DENSE.value]
+        return [EmbeddingComputeKernel.FUSED.value, EmbeddingComputeKernel.DENSE.value]
+
+    def shardable_parameters(self, module: nn.Module) -> dict[str, BaseEmbeddingConfig]:
+        """``{table name: config}`` of ``module``'s tables, read from ``embedding_bag_configs()``
+        (pooled collections) or ``embedding_configs()`` (unpooled)."""
+        for getter in ("embedding_bag_configs", "embedding_configs"):
+            if hasattr(module, getter):
+                configs = getattr(module, getter)()
+                return {cfg.name: cfg for cfg in configs}
+        raise TypeError(
+            f"{type(module).__name__} has neither embedding_bag_configs() nor embedding_configs(); "
+            f"{type(self).__name__} can only shard embedding collections"
+        )
+
+
+def _check_device_type(compute_device_type: str) -> None:
+    if compute_device_type not in _COMPUTE_DEVICES:
+        raise ValueError(
+            f"compute_device_type must be one of {_COMPUTE_DEVICES}, got {compute_device_type!r}"
+        )

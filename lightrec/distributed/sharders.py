@@ -1,0 +1,36 @@
+"""``get_default_sharders``: the sharders of ``EmbeddingBagCollection`` and ``EmbeddingCollection``.
+
+What every entry point that shards a model uses when it is given no sharders:
+``DistributedModelParallel``, ``RecStrategy``, ``lightrec plan`` and the ``PlanReport`` callback.
+torchrec's path for it, ``lightrec.distributed.sharding_plan``, re-exports it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from lightrec.distributed.embedding import EmbeddingCollectionSharder
+from lightrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from lightrec.distributed.planner.sharder import ModuleSharder
+from lightrec.optim.fused_spec import FusedOptimizerSpec
+
+__all__ = ["get_default_sharders"]
+
+
+def get_default_sharders(
+    fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None, kernel_backend: str = "auto"
+) -> list[ModuleSharder]:
+    """Sharders of ``EmbeddingBagCollection`` and ``EmbeddingCollection``.
+
+    Args:
+        fused_params: the fused optimizer of every table not marked with
+            ``apply_optimizer_in_backward`` (torchrec-style dict or ``FusedOptimizerSpec``);
+            default SGD with learning rate 0.01, like torchrec.
+        kernel_backend: lookup kernels of every shard: ``"auto"``, ``"fbgemm"``, ``"triton"`` or
+            ``"torch"`` (see ``CollectionSharder``).
+    """
+    return [
+        EmbeddingBagCollectionSharder(fused_params=fused_params, kernel_backend=kernel_backend),
+        EmbeddingCollectionSharder(fused_params=fused_params, kernel_backend=kernel_backend),
+    ]

@@ -1,0 +1,221 @@
+"""The kernel interface: what a batched lookup backend does for a group of tables.
+
+Every backend -- fbgemm TBE, Triton, pure torch, and the ones to come (a cache over host memory or
+SSD, a managed-collision remapper) -- is a class that implements :class:`EmbeddingKernel` and is
+registered by name in :mod:`lightrec.kernels.kernel_registry`. ``BatchedEmbeddingBag`` /
+``BatchedEmbedding`` build one through the registry and talk to it only through this interface::
+
+    construction   Kernel(KernelConfig(rows, dims, feature_table_map, pooling, spec, device, names))
+                   Kernel.supports(config) -> None, or why it cannot serve the group here
+    lookup         kernel.lookup(LookupBatch(indices, offsets, weights, batch_size, ...),
+                                 weight_inputs, lr) -> pooled [B, sum D] | sequence [N, D]
+    fused update   the backward of that output: ``spec``'s optimizer applied to the looked-up rows
+                   in place (``lr()`` read then); without ``spec``, dense gradients of weight_inputs
+    storage        split_embedding_weights() -> [rows, D] per table (views of the live storage)
+                   split_optimizer_states() -> {state name: [rows] | [rows, D]} per table
+                   apply(fn): nn.Module._apply's device / dtype conversion (or a clear refusal)
+    rows           read_rows / write_rows / reset_rows(table, rows, ...): one table's rows and their
+                   optimizer state (managed-collision eviction resets both; a cache moves both)
+    prefetch       prefetches: bool; prefetch(indices, offsets): a later batch's ids, handed over
+                   while the current batch trains (a cached table fetches the rows it will miss)
+
+The three in-memory backends share :class:`ResidentRows`: row access over their split views, and a
+prefetch that does nothing. docs/kernels.md ("Adding a kernel") walks through adding one.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar, Protocol, runtime_checkable
+
+import torch
+
+from lightrec.modules.embedding_configs import PoolingType
+from lightrec.optim.fused_spec import FusedOptimizerSpec
+
+__all__ = ["EmbeddingKernel", "KernelConfig", "LookupBatch", "ResidentRows", "RowState"]
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """What a kernel serves: a group of tables (or shards of tables) read by a list of features.
+
+    Attributes:
+        rows, dims: ``[T]`` rows and embedding dim of each table.
+        feature_table_map: ``[F]`` table index of each feature (several features may share a table).
+        pooling: ``SUM`` / ``MEAN`` (pooled lookup), or ``NONE`` (one row per id; all dims equal).
+        spec: the fused optimizer applied in backward, or None for dense autograd gradients.
+        device: where the tables live.
+        table_names: ``[T]`` names (the kernel may use them in messages and its own bookkeeping).
+        dtype: the tables' storage type.
+    """
+
+    rows: Sequence[int]
+    dims: Sequence[int]
+    feature_table_map: Sequence[int]
+    pooling: PoolingType
+    spec: FusedOptimizerSpec | None
+    device: torch.device
+    table_names: Sequence[str] = ()
+    dtype: torch.dtype = torch.float32
+
+
+@dataclass(frozen=True)
+class LookupBatch:
+    """One lookup's input, in fbgemm TBE's flattened layout (``F`` features, batch ``B``).
+
+    Attributes:
+        indices: ``[N]`` ids, local to their table, int32 or int64 (a kernel converts what it needs).
+        offsets: ``[F * B + 1]`` bag boundaries, feature-major, the dtype of ``indices``.
+        per_sample_weights: ``[N]`` per-id weights, or None.
+        batch_size: ``B``.
+        checked: the ids and offsets were verified on the host before (``id_check="sync"``).
+        singletons: whether every bag holds exactly one id, when the host check learned it (None:
+            unknown).
+    """
+
+    indices: torch.Tensor
+    offsets: torch.Tensor
+    per_sample_weights: torch.Tensor | None
+    batch_size: int
+    checked: bool = True
+    singletons: bool | None = None
+
+
+@dataclass
+class RowState:
+    """Some rows of one table: their weights and their fused-optimizer state.
+
+    Attributes:
+        weights: ``[n, D]``.
+        states: ``{state name: [n] | [n, D]}`` (the per-row part of ``split_optimizer_states``;
+            counters shared by every row, such as Adam's step, are not row state).
+    """
+
+    weights: torch.Tensor
+    states: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+@runtime_checkable
+class EmbeddingKernel(Protocol):
+    """A batched lookup backend (see the module docstring for the whole contract)."""
+
+    name: ClassVar[str]
+    """The ``kernel_backend`` name it is registered under."""
+    checks_ids_on_device: ClassVar[bool]
+    """Bad ids are found by the kernel on the device (``id_check="async"`` possible; see
+    ``lightrec.kernels.input_checks``); False: the caller must check them on the host first."""
+    wants_singletons: ClassVar[bool]
+    """The host id check should also report whether every bag holds one id
+    (``LookupBatch.singletons``: folded into the check's one host read, it saves the kernel one)."""
+    spec: FusedOptimizerSpec | None
+    prefetches: bool
+    error_flag: torch.Tensor | None
+    """``[1]`` int32 on the device, non-zero after a lookup met a bad id (``checks_ids_on_device``)."""
+
+    def __init__(self, config: KernelConfig) -> None:
+        """Allocate and lay out the tables (their values are filled by the caller, through the
+        split views)."""
+        ...
+
+    @classmethod
+    def supports(cls, config: KernelConfig) -> str | None:
+        """None when this kernel can serve ``config`` here, else the reason it cannot."""
+        ...
+
+    def lookup(
+        self, batch: LookupBatch, weight_inputs: Sequence[torch.Tensor], lr: Callable[[], float]
+    ) -> torch.Tensor:
+        """Pooled ``[B, sum_f D_f]`` (features in order) or sequence ``[N, D]`` output.
+
+        With ``spec``, the output's backward is the fused update: the rows it read are updated in
+        place (``lr()`` is read when the backward runs, so schedulers take effect at once) and
+        ``weight_inputs`` (a placeholder then) get no gradient. Without ``spec``, ``weight_inputs``
+        are the tables' ``[rows, D]`` parameters and receive dense gradients.
+        """
+        ...
+
+    def split_embedding_weights(self) -> list[torch.Tensor]:
+        """``[rows, D]`` view of each table (aliases the live storage: in-place writes are visible)."""
+        ...
+
+    def split_optimizer_states(self) -> list[dict[str, torch.Tensor]]:
+        """Per table ``{state name: view}``, as ``FusedOptimizerSpec.state_names`` names them."""
+        ...
+
+    def read_rows(self, table: int, rows: torch.Tensor) -> RowState:
+        """Copies of ``rows`` (``[n]`` int64 local ids) of table ``table`` and their optimizer state."""
+        ...
+
+    def write_rows(self, table: int, rows: torch.Tensor, state: RowState) -> None:
+        """Overwrite ``rows`` of table ``table`` and (the names ``state`` gives) their optimizer state."""
+        ...
+
+    def reset_rows(self, table: int, rows: torch.Tensor, weights: torch.Tensor) -> None:
+        """Give ``rows`` fresh ``weights`` ``[n, D]`` and a zero per-row optimizer state (as a new row
+        has; a counter shared by every row, such as Adam's step, keeps counting)."""
+        ...
+
+    def prefetch(self, indices: torch.Tensor, offsets: torch.Tensor) -> None:
+        """The ids (TBE layout) a later lookup will read, handed over while the current one trains."""
+        ...
+
+    def apply(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Convert the storage like ``nn.Module._apply`` (``.to()``, ``.double()``), or raise."""
+        ...
+
+
+class ResidentRows(abc.ABC):
+    """Row access and prefetch of kernels whose tables live whole in memory (the split views).
+
+    A subclass provides ``split_embedding_weights`` and ``split_optimizer_states`` returning views of
+    its live storage; row state is every state tensor with a leading ``[rows]`` dimension.
+    """
+
+    prefetches = False
+    error_flag: torch.Tensor | None = None
+
+    @abc.abstractmethod
+    def split_embedding_weights(self) -> list[torch.Tensor]:
+        """``[rows, D]`` view of each table."""
+
+    @abc.abstractmethod
+    def split_optimizer_states(self) -> list[dict[str, torch.Tensor]]:
+        """Per table ``{state name: view}``."""
+
+    def _row_states(self, table: int) -> dict[str, torch.Tensor]:
+        weight = self.split_embedding_weights()[table]
+        return {
+            k: v
+            for k, v in self.split_optimizer_states()[table].items()
+            if v.dim() >= 1 and v.shape[0] == weight.shape[0]
+        }
+
+    def read_rows(self, table: int, rows: torch.Tensor) -> RowState:
+        weights = self.split_embedding_weights()[table]
+        index = rows.to(weights.device, torch.long)
+        return RowState(
+            weights.index_select(0, index), {k: v.index_select(0, index) for k, v in self._row_states(table).items()}
+        )
+
+    def write_rows(self, table: int, rows: torch.Tensor, state: RowState) -> None:
+        weights = self.split_embedding_weights()[table]
+        index = rows.to(weights.device, torch.long)
+        states = self._row_states(table)
+        unknown = sorted(set(state.states) - set(states))
+        if unknown:
+            raise KeyError(f"write_rows: table {table} has no row state {unknown}; its row states are {sorted(states)}")
+        with torch.no_grad():
+            weights.index_copy_(0, index, state.weights.to(weights.dtype))
+            for name, values in state.states.items():
+                states[name].index_copy_(0, index, values.to(states[name].dtype))
+
+    def reset_rows(self, table: int, rows: torch.Tensor, weights: torch.Tensor) -> None:
+        states = self._row_states(table)
+        fresh = {k: v.new_zeros((rows.numel(), *v.shape[1:])) for k, v in states.items()}
+        self.write_rows(table, rows, RowState(weights, fresh))
+
+    def prefetch(self, indices: torch.Tensor, offsets: torch.Tensor) -> None:  # noqa: B027 - a no-op by design
+        """Nothing to fetch: every row is in memory."""

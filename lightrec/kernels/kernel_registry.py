@@ -1,0 +1,87 @@
+"""The kernels by name, and the one rule that picks one: ``kernel_backend="auto" | "fbgemm" | "triton" | "torch"``.
+
+``KERNELS`` lists the registered :class:`~lightrec.kernels.kernel_interface.EmbeddingKernel`
+classes in the order ``"auto"`` tries them: fbgemm TBE where it serves the configuration; else, on
+CUDA, Triton; else pure torch. On CPU ``"auto"`` never picks Triton (its interpreter is for tests).
+:func:`register_kernel` adds a backend under a new name (docs/kernels.md, "Adding a kernel").
+"""
+
+from __future__ import annotations
+
+from lightrec.kernels.fbgemm_backend import FbgemmBatchedLookup
+from lightrec.kernels.kernel_interface import EmbeddingKernel, KernelConfig
+from lightrec.kernels.torch_backend import TorchBatchedLookup
+from lightrec.kernels.triton_backend import TritonBatchedLookup
+
+__all__ = ["KERNELS", "check_kernel_backend", "kernel_class", "register_kernel", "select_backend"]
+
+KERNELS: dict[str, type[EmbeddingKernel]] = {
+    FbgemmBatchedLookup.name: FbgemmBatchedLookup,
+    TritonBatchedLookup.name: TritonBatchedLookup,
+    TorchBatchedLookup.name: TorchBatchedLookup,
+}
+
+
+def register_kernel(kernel: type[EmbeddingKernel], auto: bool = False) -> None:
+    """Make ``kernel`` selectable as ``kernel_backend=kernel.name``.
+
+    Args:
+        kernel: a class implementing ``EmbeddingKernel``.
+        auto: let ``"auto"`` pick it too, before the built-in kernels (where it ``supports`` the
+            configuration).
+
+    Raises:
+        ValueError: the name is ``"auto"`` or already registered to another class.
+    """
+    if kernel.name == "auto" or KERNELS.get(kernel.name, kernel) is not kernel:
+        raise ValueError(f"kernel name {kernel.name!r} is taken; registered kernels: {sorted(KERNELS)}")
+    if auto:
+        others = {k: v for k, v in KERNELS.items() if k != kernel.name}
+        KERNELS.clear()
+        KERNELS.update({kernel.name: kernel, **others})
+    else:
+        KERNELS[kernel.name] = kernel
+
+
+def _choices() -> tuple[str, ...]:
+    return ("auto", *sorted(KERNELS))
+
+
+def check_kernel_backend(kernel_backend: str) -> None:
+    """Reject an unknown ``kernel_backend`` argument (``"auto"`` or a registered kernel's name)."""
+    if kernel_backend != "auto" and kernel_backend not in KERNELS:
+        raise ValueError(
+            f"kernel_backend must be one of {_choices()} (auto: fbgemm where it supports the tables, else "
+            f"Triton on CUDA, else pure torch), got {kernel_backend!r}"
+        )
+
+
+def kernel_class(name: str) -> type[EmbeddingKernel]:
+    """The registered kernel called ``name`` (not ``"auto"``)."""
+    check_kernel_backend(name)
+    return KERNELS[name]
+
+
+def select_backend(kernel_backend: str, config: KernelConfig) -> str:
+    """Resolve ``"auto"`` to a kernel's name; validate an explicit choice.
+
+    ``"auto"``: the first registered kernel that serves ``config``, where Triton counts only on CUDA.
+
+    Raises:
+        ValueError: an unknown kernel, or an explicit one that cannot serve this lookup here.
+    """
+    check_kernel_backend(kernel_backend)
+    if kernel_backend != "auto":
+        reason = KERNELS[kernel_backend].supports(config)
+        if reason is not None:
+            others = ", ".join(repr(k) for k in _choices() if k != kernel_backend)
+            raise ValueError(
+                f"kernel_backend={kernel_backend!r} cannot serve this lookup: {reason}; use {others}"
+            )
+        return kernel_backend
+    for name, kernel in KERNELS.items():
+        if name == TritonBatchedLookup.name and config.device.type != "cuda":
+            continue
+        if kernel.supports(config) is None:
+            return name
+    return TorchBatchedLookup.name

@@ -1,0 +1,98 @@
+"""lightrec.distributed.planner's entry points (planning.py) and the default sharders: plan and plan report.
+
+* ``get_default_sharders`` builds the EBC and EC sharders from ``fused_params`` + ``kernel_backend``
+  (errors name a bad backend); ``topology_for`` maps a world onto a ``Topology``.
+* ``plan_sharding`` gives the planner's plan and report; collectively on 2 gloo ranks every rank
+  gets the same plan and report, and ``DistributedModelParallel`` without a plan uses exactly that
+  plan. ``plan_report_for`` of the sharded model equals the planner's ``evaluate`` of the unsharded one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from tests.multiprocess import run_ranks
+
+
+def test_default_sharders_carry_fused_params_and_kernel_backend() -> None:
+    from lightrec.distributed import (
+        EmbeddingBagCollectionSharder,
+        EmbeddingCollectionSharder,
+        get_default_sharders,
+    )
+    from lightrec.distributed.sharding_plan import get_default_sharders as torchrec_path
+
+    assert torchrec_path is get_default_sharders
+    ebc, ec = get_default_sharders({"optimizer": "exact_row_wise_adagrad", "learning_rate": 0.05}, "torch")
+    assert isinstance(ebc, EmbeddingBagCollectionSharder) and isinstance(ec, EmbeddingCollectionSharder)
+    for sharder in (ebc, ec):
+        assert sharder.kernel_backend == "torch"
+        assert sharder.fused_params["optimizer"] == "ROWWISE_ADAGRAD"  # the enum name
+        assert sharder.fused_params["learning_rate"] == 0.05
+    assert all(s.fused_params == {} and s.kernel_backend == "auto" for s in get_default_sharders())
+    with pytest.raises(ValueError, match="kernel_backend must be one of .* got 'cuda'"):
+        get_default_sharders(kernel_backend="cuda")
+
+
+def test_topology_for() -> None:
+    from lightrec.distributed.planner import topology_for
+
+    t = topology_for(8, "cuda", 4)
+    assert (t.world_size, t.local_world_size, t.compute_device) == (8, 4, "cuda")
+    t = topology_for(6, "cpu", 4)  # 4 does not divide 6: one host
+    assert (t.world_size, t.local_world_size, t.compute_device) == (6, 6, "cpu")
+    assert topology_for(2, "meta").compute_device == "cpu"
+
+
+def test_plan_sharding_is_the_planners_plan_and_report() -> None:
+    from lightrec.distributed import get_default_sharders
+    from lightrec.distributed.planner import EmbeddingShardingPlanner, plan_sharding, topology_for
+    from tests.distributed.test_dmp import _dlrm
+
+    model, sharders, topology = _dlrm("meta"), get_default_sharders(), topology_for(3, "cpu")
+    planned = plan_sharding(model, sharders, topology, batch_size=64)
+    planner = EmbeddingShardingPlanner(topology=topology, batch_size=64)
+    assert planned.plan.to_json() == planner.plan(model, sharders).to_json()
+    assert planned.report is not None and planner.last_report is not None
+    np.testing.assert_array_equal(planned.report.cost_s, planner.last_report.cost_s)
+    assert [t.ranks for t in planned.report.tables] == [t.ranks for t in planner.last_report.tables]
+
+
+def _collective_body(rank: int, world_size: int) -> dict[str, Any]:
+    from lightrec.distributed import DistributedModelParallel, get_default_sharders
+    from lightrec.distributed.planner import plan_report_for, plan_sharding, topology_for
+    from tests.distributed.test_dmp import _dlrm
+
+    topology = topology_for(world_size, "cpu")
+    planned = plan_sharding(_dlrm("meta"), get_default_sharders(), topology, collective=True)
+    dmp = DistributedModelParallel(_dlrm("meta"), device="cpu")
+    report = plan_report_for(dmp.module, dmp.plan, topology, get_default_sharders())
+    assert planned.report is not None
+    return {
+        "plan": planned.plan.to_json(),
+        "cost": torch.from_numpy(planned.report.cost_s),
+        "dmp_plan": dmp.plan.to_json(),
+        "evaluated_storage": torch.from_numpy(report.ddr_bytes),
+        "evaluated_cost": torch.from_numpy(report.cost_s),
+    }
+
+
+def test_collective_plan_is_the_same_on_every_rank_and_what_dmp_uses() -> None:
+    from lightrec.distributed import get_default_sharders
+    from lightrec.distributed.planner import EmbeddingShardingPlanner, ShardingPlan, topology_for
+    from tests.distributed.test_dmp import _dlrm
+
+    r0, r1 = run_ranks(_collective_body, 2, timeout=120)
+    assert r0["plan"] == r1["plan"] == r0["dmp_plan"] == r1["dmp_plan"]
+    assert torch.equal(r0["cost"], r1["cost"])
+    # the report of the plan in use, rebuilt from the sharded model, is the planner's estimate of it
+    expected = EmbeddingShardingPlanner(topology=topology_for(2, "cpu")).evaluate(
+        _dlrm("meta"), get_default_sharders(), ShardingPlan.from_json(r0["plan"])
+    )
+    for r in (r0, r1):
+        np.testing.assert_allclose(r["evaluated_storage"].numpy(), expected.ddr_bytes)
+        np.testing.assert_allclose(r["evaluated_cost"].numpy(), expected.cost_s)
