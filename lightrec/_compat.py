@@ -42,6 +42,7 @@ __all__ = [
     "set_logging_step",
     "reduce_scatter_single",
     "silence_known_warnings",
+    "stop_hp_metric_placeholder",
 ]
 
 #: ``(major, minor)`` of the running torch.
@@ -199,6 +200,14 @@ def set_logging_step(trainer: Any, step: int) -> None:
     """Set the step Lightning logs training metrics at (the training epoch loop's private
     ``_batches_that_stepped``: one per optimizer step, restored from checkpoints)."""
     trainer.fit_loop.epoch_loop._batches_that_stepped = step
+
+
+def stop_hp_metric_placeholder(logger: Any) -> None:
+    """Stop a ``TensorBoardLogger`` from writing Lightning's ``hp_metric = -1`` placeholder when its
+    next stage starts (the private ``_default_hp_metric``; only settable at construction otherwise).
+    Other loggers are left alone."""
+    if isinstance(getattr(logger, "_default_hp_metric", None), bool):
+        logger._default_hp_metric = False
 
 
 def fit_data_fetcher(trainer: Any) -> Any:

@@ -47,7 +47,7 @@ from torch import nn
 from torchmetrics import Metric
 from typing_extensions import Self, override
 
-from lightrec._compat import set_logging_step
+from lightrec._compat import set_logging_step, stop_hp_metric_placeholder
 from lightrec.data.batch import Batch
 from lightrec.distributed.checkpoint import consolidate_checkpoint, is_sharded_checkpoint
 from lightrec.kernels import FusedEmbeddingBagCollection
@@ -205,6 +205,15 @@ class RecModule(pl.LightningModule):
             # when fitting starts): the run's validation AUC (NE without AUC), updated every validation.
             self.log("hp_metric", run_metric, on_step=False, on_epoch=True, batch_size=batch.batch_size)
         return loss
+
+    @override
+    def on_fit_end(self) -> None:
+        # Each later stage of the same Trainer (the recipes' test after fit) would write Lightning's
+        # placeholder hp_metric = -1 again, after the validation AUC: TensorBoard's HPARAMS tab shows a
+        # run's last hp_metric, so it showed -1 again. The fit declared the metric; no more placeholders.
+        if self._run_metric() is not None:
+            for logger in self.loggers:
+                stop_hp_metric_placeholder(logger)
 
     def _run_metric(self) -> Metric | None:
         """The validation metric runs are compared by (``hp_metric``): AUC, else NE, else none."""
