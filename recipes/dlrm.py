@@ -78,6 +78,13 @@ class DLRMModule(RecipeModule):
         )  # fmt: skip
         if interaction not in ("dot", "dcn"):
             raise ValueError(f"interaction must be 'dot' or 'dcn', got {interaction!r}")
+        if isinstance(dense_in_features, bool) or not isinstance(dense_in_features, int) or dense_in_features < 1:
+            # linked from the data: 0 means the DataModule's batches carry no dense features at all
+            raise ValueError(
+                f"the dlrm recipe needs dense (continuous) features for DLRM's bottom MLP, but the data has "
+                f"dense_in_features={dense_in_features!r} (MovieLens is sparse only): train it with the deepfm or "
+                "two_tower recipe, or give dlrm data with dense features (lightrec.data.SyntheticCriteo, CriteoDataModule)"
+            )
         self.save_hyperparameters()
         self.dense_in_features = dense_in_features
         self.dense_arch_layer_sizes = [*dense_arch_layer_sizes[:-1], embedding_dim]

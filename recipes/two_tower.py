@@ -90,6 +90,18 @@ class TwoTowerModule(RecipeModule):
         self.val_recall = RecallAtK(recall_k)
         self.test_recall = RecallAtK(recall_k)
 
+    @override
+    def check_datamodule(self, datamodule: Any) -> None:
+        """The towers train on (user, item) pairs: a retrieval DataModule (``task == "retrieval"``)."""
+        task = getattr(datamodule, "task", None)
+        if task != "retrieval":
+            kind = type(datamodule).__name__ + (f"(task={task!r})" if task is not None else "")
+            raise ValueError(
+                f"the two_tower recipe trains on (user, item) pairs and needs a retrieval DataModule (task="
+                f"'retrieval', e.g. lightrec.data.MovieLensDataModule with task: retrieval, as in the "
+                f"two_tower_movielens config); got {kind}. For click data use the dlrm or deepfm recipe"
+            )
+
     def build_model(self, embedding_bag_collection: nn.Module) -> nn.Module:
         """The model around the given tables (``RecModule`` hands in the collection for the strategy)."""
         two_tower = TwoTower(

@@ -43,6 +43,9 @@ class _RankedDataModule(pl.LightningDataModule):
         self, num_workers: int, pin_memory: bool | None, shuffle: bool, seed: int, persistent_workers: bool
     ) -> None:
         super().__init__()
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            # checked here, not when the first loader is built: that is on every rank, after they started
+            raise ValueError(f"num_workers must be an int >= 0 (0: load in the training process), got {num_workers!r}")
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.shuffle = shuffle

@@ -233,7 +233,7 @@ class FusedEmbeddingBagCollection(_FusedCollectionBase):
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         """Pool every feature; returns ``KeyedTensor(keys=feature_names(), values=[B, sum D])``."""
-        check_collection_input(features, self._feature_names, "FusedEmbeddingBagCollection")
+        check_collection_input(features, self._feature_names, "FusedEmbeddingBagCollection", weighted=self._is_weighted)
         kjt = features.permute_to_keys(self._lookup_order)
         weights = kjt.weights_or_none() if self._is_weighted else None
         if self._is_weighted and weights is None:

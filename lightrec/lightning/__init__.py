@@ -16,7 +16,7 @@ from lightrec.lightning.rec_strategy import RecStrategy
 from lightrec.lightning.rec_throughput_monitor import RecThroughputMonitor, ThroughputMonitor
 from lightrec.lightning.sparse_dist_prefetch import SparseDistPrefetch
 
-silence_known_warnings()  # torch's is_fx_tracing log line and a Lightning-internal deprecation
+silence_known_warnings()  # two Lightning-internal deprecations every rank would print
 if RecStrategy.strategy_name not in StrategyRegistry:
     RecStrategy.register_strategies(StrategyRegistry)
 

@@ -49,12 +49,14 @@ from typing import IO, Any, Literal
 import lightning.pytorch as pl
 import torch
 from torch import nn
+from torchmetrics import Metric
 from typing_extensions import Self, override
 
+from lightrec._compat import set_logging_step, stop_hp_metric_placeholder
 from lightrec.data.batch import Batch
 from lightrec.distributed.checkpoint import consolidate_checkpoint, is_sharded_checkpoint
 from lightrec.kernels import FusedEmbeddingBagCollection
-from lightrec.lightning.loop_state import start_next_epoch_counters
+from lightrec.lightning.loop_state import fix_resume_counters, logging_step_of
 from lightrec.lightning.nonfinite import NonFiniteLossError, check_nonfinite_policy, nonfinite_ranks
 from lightrec.lightning.rec_model_summary import summary_for
 from lightrec.lightning.rec_strategy import RecStrategy
@@ -186,6 +188,7 @@ class RecModule(pl.LightningModule):
         self.val_metrics = rec_metrics(metrics, prefix="val/")
         self.test_metrics = rec_metrics(metrics, prefix="test/")
         self._step_started_at: float | None = None
+        self._resumed_logging_step: int | None = None
         self.model: nn.Module | None = None
 
     # ------------------------------------------------------------------ steps
@@ -209,7 +212,29 @@ class RecModule(pl.LightningModule):
         self.log("val/loss", loss, prog_bar=True, sync_dist=True, batch_size=batch.batch_size)
         self.val_metrics.update(torch.sigmoid(logits), batch.labels)
         self.log_dict(self.val_metrics, on_step=False, on_epoch=True, batch_size=batch.batch_size)
+        run_metric = self._run_metric()
+        if run_metric is not None:
+            # TensorBoard's HPARAMS tab compares runs by "hp_metric" (Lightning writes a -1 placeholder
+            # when fitting starts): the run's validation AUC (NE without AUC), updated every validation.
+            self.log("hp_metric", run_metric, on_step=False, on_epoch=True, batch_size=batch.batch_size)
         return loss
+
+    @override
+    def on_fit_end(self) -> None:
+        # Each later stage of the same Trainer (the recipes' test after fit) would write Lightning's
+        # placeholder hp_metric = -1 again, after the validation AUC: TensorBoard's HPARAMS tab shows a
+        # run's last hp_metric, so it showed -1 again. The fit declared the metric; no more placeholders.
+        if self._run_metric() is not None:
+            for logger in self.loggers:
+                stop_hp_metric_placeholder(logger)
+
+    def _run_metric(self) -> Metric | None:
+        """The validation metric runs are compared by (``hp_metric``): AUC, else NE, else none."""
+        for name in ("auc", "ne"):
+            if name in self.val_metrics:
+                metric: Metric = self.val_metrics[name]
+                return metric
+        return None
 
     @override
     def test_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
@@ -247,6 +272,9 @@ class RecModule(pl.LightningModule):
     @override
     def on_train_batch_start(self, batch: Batch, batch_idx: int) -> None:
         self._step_started_at = time.perf_counter()
+        if self._resumed_logging_step is not None and self._trainer is not None:  # see loop_state
+            set_logging_step(self.trainer, self._resumed_logging_step)
+            self._resumed_logging_step = None
 
     @override
     def on_train_batch_end(self, outputs: Any, batch: Batch, batch_idx: int) -> None:
@@ -416,8 +444,10 @@ class RecModule(pl.LightningModule):
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Runs before Lightning restores its loops from the same dict: a checkpoint of a finished
-        # epoch must resume into a whole next epoch (see lightrec.lightning.loop_state).
-        start_next_epoch_counters(checkpoint)
+        # epoch resumes into a whole next epoch, one of an epoch cut by max_steps into the rest of
+        # that epoch (see lightrec.lightning.loop_state; RecStrategy does the same for any module).
+        if fix_resume_counters(checkpoint) is not None:
+            self._resumed_logging_step = logging_step_of(checkpoint)
 
 
 def class_reference(cls: type) -> str:

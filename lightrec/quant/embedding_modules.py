@@ -20,8 +20,8 @@ from typing import Any, List, Optional
 
 import torch
 from torch import nn
-from torch.fx._symbolic_trace import is_fx_symbolic_tracing as is_fx_tracing
 
+from lightrec._compat import is_fx_symbolic_tracing as is_fx_tracing
 from lightrec.modules.embedding_configs import DataType, EmbeddingBagConfig, PoolingType
 from lightrec.modules.embedding_modules import embedding_names_by_table, ids_per_table
 from lightrec.modules.feature_checks import check_collection_input
@@ -147,7 +147,9 @@ class QuantEmbeddingBagCollection(QuantCollectionBase):
             # ids are looked up as they come: check them with one min/max per run of equal-sized tables
             if not torch.jit.is_scripting():  # TorchScript skips this branch; it cannot compile set logic
                 if not is_fx_tracing():
-                    check_collection_input(features, self._feature_order, "QuantEmbeddingBagCollection")
+                    check_collection_input(
+                        features, self._feature_order, "QuantEmbeddingBagCollection", weighted=self._is_weighted
+                    )
                     if self._is_weighted and features.weights_or_none() is None:
                         raise ValueError(
                             "QuantEmbeddingBagCollection(is_weighted=True) needs per-id weights, but the "

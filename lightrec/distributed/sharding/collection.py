@@ -308,7 +308,8 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
         return features
 
     def input_dist(self, features: KeyedJaggedTensor, stream: torch.cuda.Stream | None = None) -> StartedInputDist:
-        """Stage 1 of the forward of ``features``: checks the input, applies ``bounds_check`` and
+        """Stage 1 of the forward of ``features``: checks the input (on the rank that got it, before any
+        collective, never in a peer's kernel after the all-to-all), applies ``bounds_check`` and
         starts every sharding's splits exchange (collective).
 
         Args:
@@ -317,7 +318,7 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
                 lookup then makes its own stream wait for it); None: the current stream.
         """
         features = self._prepare(features)
-        check_collection_input(features, self._feature_order, type(self).__name__)
+        check_collection_input(features, self._feature_order, type(self).__name__, weighted=self._is_weighted)
         positions = self._positions(features.keys())
         with on_stream(stream):
             bounded = self._id_bounds(features)  # the unsharded module's bounds_check policy
