@@ -42,6 +42,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "modules": frozenset({"sparse"}),
     "models": frozenset({"sparse", "modules"}),
     "data": frozenset({"sparse", "modules"}),
+    # torchrec's torchrec.datasets paths, thin layers over lightrec.data (beside the stack, like data)
+    "datasets": frozenset({"sparse", "modules", "data"}),
     "kernels": frozenset({"sparse", "modules", "optim"}),
     "quant": frozenset({"sparse", "modules"}),
     "fx": frozenset({"sparse", "modules"}),

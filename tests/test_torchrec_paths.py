@@ -60,7 +60,56 @@ TORCHREC_PATHS: dict[str, list[str]] = {
     "torchrec.distributed.planner.types": ["Topology", "ParameterConstraints", "PlannerError"],
     "torchrec.distributed.planner.planners": ["EmbeddingShardingPlanner"],
     "torchrec.distributed.shard": ["_shard_modules"],
+    # issue 26: the second pass (training loop, data, planner parts, modules, serving, metrics)
+    "torchrec.datasets.utils": ["Batch", "safe_cast", "LoadFiles", "ReadLinesFromCSV"],
+    "torchrec.datasets.random": ["RandomRecDataset"],
+    "torchrec.datasets.criteo": ["DEFAULT_CAT_NAMES", "DEFAULT_INT_NAMES", "DEFAULT_LABEL_NAME", "DEFAULT_COLUMN_NAMES",
+                                 "CAT_FEATURE_COUNT", "INT_FEATURE_COUNT", "DAYS", "criteo_kaggle", "criteo_terabyte",
+                                 "CriteoIterDataPipe", "BinaryCriteoUtils", "InMemoryBinaryCriteoIterDataPipe"],
+    "torchrec.datasets.movielens": ["DEFAULT_RATINGS_COLUMN_NAMES", "DEFAULT_MOVIES_COLUMN_NAMES", "movielens_20m",
+                                    "movielens_25m"],
+    "torchrec.distributed.train_pipeline": ["TrainPipelineSparseDist", "EvalPipelineSparseDist", "TrainPipelineBase",
+                                            "TrainPipeline"],
+    "torchrec.distributed.train_pipeline.train_pipelines": ["TrainPipelineSparseDist", "EvalPipelineSparseDist",
+                                                            "TrainPipelineBase"],
+    "torchrec.distributed.fbgemm_qcomm_codec": ["QCommsConfig", "CommType", "get_qcomm_codecs_registry",
+                                                "get_qcomm_codecs", "CommOp"],
+    "torchrec.distributed.planner.enumerators": ["EmbeddingEnumerator"],
+    "torchrec.distributed.planner.shard_estimators": ["EmbeddingPerfEstimator", "EmbeddingStorageEstimator"],
+    "torchrec.distributed.planner.storage_reservations": ["HeuristicalStorageReservation",
+                                                          "FixedPercentageStorageReservation"],
+    "torchrec.distributed.planner.proposers": ["GreedyProposer", "GridSearchProposer", "UniformProposer"],
+    "torchrec.distributed.planner.partitioners": ["GreedyPerfPartitioner", "SortBy"],
+    "torchrec.distributed.planner.perf_models": ["NoopPerfModel"],
+    "torchrec.distributed.quant_embeddingbag": ["QuantEmbeddingBagCollectionSharder", "ShardedQuantEmbeddingBagCollection"],
+    "torchrec.distributed.fused_embeddingbag": ["FusedEmbeddingBagCollectionSharder", "ShardedFusedEmbeddingBagCollection"],
+    "torchrec.distributed.fp_embeddingbag": ["FeatureProcessedEmbeddingBagCollectionSharder",
+                                             "ShardedFeatureProcessedEmbeddingBagCollection"],
+    "torchrec.inference.modules": ["quantize_embeddings", "PredictFactory", "PredictModule", "BatchingMetadata",
+                                   "quantize_dense"],
+    "torchrec.inference.model_packager": ["PredictFactoryPackager", "load_config_text", "load_pickle_config"],
+    "torchrec.inference.state_dict_transform": ["state_dict_gather", "state_dict_to_device", "state_dict_all_gather_keys"],
+    "torchrec.metrics.metric_module": ["RecMetricModule", "generate_metric_module", "StateMetric"],
+    "torchrec.metrics.metrics_config": ["RecMetricEnum", "RecTaskInfo", "RecMetricDef", "MetricsConfig", "ThroughputDef",
+                                        "StateMetricEnum", "DefaultMetricsConfig", "DefaultTaskInfo"],
+    "torchrec.metrics.metrics_namespace": ["MetricName", "MetricNamespace", "MetricPrefix", "compose_metric_key"],
+    "torchrec.metrics.rec_metric": ["RecMetric", "RecMetricList", "RecMetricException"],
+    "torchrec.metrics.throughput": ["ThroughputMetric"],
+    "torchrec.modules.feature_processor_": ["FeatureProcessor", "PositionWeightedModule", "FeatureProcessorsCollection",
+                                            "PositionWeightedModuleCollection"],
+    "torchrec.modules.fp_embedding_modules": ["FeatureProcessedEmbeddingBagCollection", "apply_feature_processors_to_kjt"],
+    "torchrec.optim.clipping": ["GradientClipping", "GradientClippingOptimizer"],
+    "torchrec.optim.warmup": ["WarmupOptimizer", "WarmupPolicy", "WarmupStage"],
 }  # fmt: skip
+TORCHREC_PATHS["torchrec.distributed"] += ["TrainPipelineSparseDist"]
+TORCHREC_PATHS["torchrec.distributed.types"] += ["QuantizedCommCodecs"]
+TORCHREC_PATHS["torchrec.distributed.planner"] += ["EmbeddingEnumerator", "HeuristicalStorageReservation",
+                                                   "GreedyPerfPartitioner", "GreedyProposer"]  # fmt: skip
+TORCHREC_PATHS["torchrec.distributed.planner.types"] += ["ShardingPlan", "ShardingOption", "Shard", "Storage", "Perf",
+                                                         "Enumerator", "Proposer", "Partitioner", "StorageReservation",
+                                                         "PerfModel", "ShardEstimator"]  # fmt: skip
+TORCHREC_PATHS["torchrec.optim.optimizers"] += ["LAMB", "LarsSGD", "PartialRowWiseAdam", "PartialRowWiseLAMB"]
+
 
 
 @pytest.mark.parametrize("path", sorted(TORCHREC_PATHS))

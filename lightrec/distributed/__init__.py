@@ -29,6 +29,19 @@ from lightrec.distributed.embeddingbag import (
     EmbeddingBagCollectionSharder,
     ShardedEmbeddingBagCollection,
 )
+from lightrec.distributed.mc_embedding import (
+    ManagedCollisionEmbeddingCollectionSharder,
+    ShardedManagedCollisionEmbeddingCollection,
+)
+from lightrec.distributed.mc_embeddingbag import (
+    ManagedCollisionEmbeddingBagCollectionSharder,
+    ShardedManagedCollisionEmbeddingBagCollection,
+)
+from lightrec.distributed.mc_modules import (
+    InferManagedCollisionCollectionSharder,
+    ManagedCollisionCollectionSharder,
+    ShardedManagedCollisionCollection,
+)
 from lightrec.distributed.model_parallel import DistributedModelParallel
 from lightrec.distributed.planner import (
     EmbeddingComputeKernel,
@@ -55,6 +68,11 @@ from lightrec.distributed.planner import (
 from lightrec.distributed.sharders import get_default_sharders
 from lightrec.distributed.sharding_env import ShardingEnv
 from lightrec.distributed.state_dict import ShardedTableState, gather_full_state_dict
+from lightrec.distributed.train_pipeline import (
+    EvalPipelineSparseDist,
+    TrainPipelineBase,
+    TrainPipelineSparseDist,
+)
 
 __all__ = [
     "Awaitable",
@@ -66,9 +84,14 @@ __all__ = [
     "EmbeddingComputeKernel",
     "EmbeddingModuleShardingPlan",
     "EmbeddingShardingPlanner",
+    "EvalPipelineSparseDist",
+    "InferManagedCollisionCollectionSharder",
     "KJTAllToAll",
     "LazyAwaitable",
     "LazyNoWait",
+    "ManagedCollisionCollectionSharder",
+    "ManagedCollisionEmbeddingBagCollectionSharder",
+    "ManagedCollisionEmbeddingCollectionSharder",
     "ModuleSharder",
     "NoWait",
     "ParameterConstraints",
@@ -80,11 +103,16 @@ __all__ = [
     "ShardMetadata",
     "ShardedEmbeddingBagCollection",
     "ShardedEmbeddingCollection",
+    "ShardedManagedCollisionCollection",
+    "ShardedManagedCollisionEmbeddingBagCollection",
+    "ShardedManagedCollisionEmbeddingCollection",
     "ShardedTableState",
     "ShardingEnv",
     "ShardingPlan",
     "ShardingType",
     "Topology",
+    "TrainPipelineBase",
+    "TrainPipelineSparseDist",
     "balanced_table_wise_plan",
     "bucketize_kjt_row_wise",
     "column_wise",

@@ -17,6 +17,18 @@ Resharding (save on N ranks, load on M)::
 
 Loading accepts, per table, a full tensor (any plan) or a ``ShardedTableState`` holding exactly
 this rank's shards (same plan and world size).
+
+torchrec code reads and writes shards through ``ShardedTensor``'s view, which
+``ShardedTableState`` offers too: ``local_shards()`` (``Shard(tensor, metadata)`` per local shard,
+the tensor aliasing the live rows, so ``shard.tensor.copy_(pretrained[rows, cols])`` writes into
+the model), ``metadata()`` (every shard of the table, on all ranks, and its global ``size``) and
+``size()``::
+
+    for key, value in model.state_dict().items():
+        if isinstance(value, ShardedTableState):      # torchrec: isinstance(value, ShardedTensor)
+            for shard in value.local_shards():
+                (r, c), (nr, nc) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
+                shard.tensor.copy_(pretrained[key][r : r + nr, c : c + nc])
 """
 
 from __future__ import annotations
@@ -31,7 +43,39 @@ import torch.distributed as dist
 from lightrec.distributed.planner.plan import ShardMetadata
 from lightrec.distributed.sharding_env import resolve_group
 
-__all__ = ["ShardedTableState", "gather_full_state_dict", "local_slice"]
+__all__ = [
+    "Shard",
+    "ShardedTableState",
+    "ShardedTensorMetadata",
+    "TensorProperties",
+    "gather_full_state_dict",
+    "local_slice",
+]
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One local shard in torchrec's (``ShardedTensor``'s) form: its rows and where they sit."""
+
+    tensor: torch.Tensor
+    metadata: ShardMetadata
+
+
+@dataclass(frozen=True)
+class TensorProperties:
+    """The dtype of a sharded table (``ShardedTensorMetadata.tensor_properties``)."""
+
+    dtype: torch.dtype = torch.float32
+    requires_grad: bool = False
+
+
+@dataclass(frozen=True)
+class ShardedTensorMetadata:
+    """Every shard of one table (all ranks) and its global size, as ``ShardedTensor.metadata()``."""
+
+    shards_metadata: list[ShardMetadata]
+    size: torch.Size
+    tensor_properties: TensorProperties
 
 
 @dataclass
@@ -43,11 +87,28 @@ class ShardedTableState:
         shards: ``(metadata, tensor [shard rows, shard cols])`` of every shard this rank holds
             (empty on ranks that hold none).
         dtype: the table's dtype (lets ranks without shards build the gathered table).
+        all_shards: metadata of every shard of the table, on every rank (None in files written
+            before lightrec 0.2: ``metadata()`` then lists this rank's shards only).
     """
 
     global_shape: list[int]
     shards: list[tuple[ShardMetadata, torch.Tensor]] = field(default_factory=list)
     dtype: torch.dtype = torch.float32
+    all_shards: list[ShardMetadata] | None = None
+
+    def local_shards(self) -> list[Shard]:
+        """This rank's shards (torchrec's ``ShardedTensor.local_shards()``); the tensors alias the
+        live table, so in-place writes change the model."""
+        return [Shard(tensor, meta) for meta, tensor in self.shards]
+
+    def metadata(self) -> ShardedTensorMetadata:
+        """Every shard of the table and its global size (torchrec's ``ShardedTensor.metadata()``)."""
+        shards = list(self.all_shards) if self.all_shards is not None else [m for m, _ in self.shards]
+        return ShardedTensorMetadata(shards, torch.Size(self.global_shape), TensorProperties(self.dtype))
+
+    def size(self) -> torch.Size:
+        """The full table's ``[rows, cols]``."""
+        return torch.Size(self.global_shape)
 
     def full_tensor_local(self) -> torch.Tensor:
         """``[rows, cols]`` with this rank's shards filled in and zeros elsewhere."""

@@ -8,6 +8,7 @@ Nothing is defined here. The plan types and their JSON form live in
 """
 
 from lightrec.distributed.comm.awaitable import Awaitable, LazyAwaitable, LazyGetItemMixin, LazyNoWait, NoWait
+from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
 from lightrec.distributed.planner.plan import (
     EmbeddingComputeKernel,
     EmbeddingModuleShardingPlan,
@@ -34,6 +35,7 @@ __all__ = [
     "ModuleSharder",
     "NoWait",
     "ParameterSharding",
+    "QuantizedCommCodecs",
     "ShardMetadata",
     "ShardingEnv",
     "ShardingPlan",

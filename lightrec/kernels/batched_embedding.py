@@ -38,6 +38,7 @@ from torch import nn
 from lightrec.kernels.input_checks import ID_CHECK_MODES, LookupInputChecker
 from lightrec.kernels.kernel_interface import EmbeddingKernel, KernelConfig, LookupBatch
 from lightrec.kernels.kernel_registry import KERNELS, select_backend
+from lightrec.kernels.weight_grad import with_weight_grad
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, PoolingType
 from lightrec.modules.kernel_backend import resolve_kernel_backend
 from lightrec.optim.fused_spec import FusedOptimizerSpec
@@ -301,7 +302,7 @@ class _BatchedLookupBase(nn.Module):
         if checker.mode == "sync":
             # A kernel's one-id-per-bag fast path learns its answer in the same host read.
             want = kernel.wants_singletons and self.pooling != PoolingType.NONE
-            singletons = checker.check_values(indices, offsets, batch, want_singletons=want)
+            singletons = checker.check_values(indices, offsets, batch, want_singletons=want, per_sample_weights=psw)
         optimizer = self._fused_optimizer
         fused = optimizer is not None
         inputs = [self._placeholder] if fused else list(self.weights.values())
@@ -325,12 +326,18 @@ class _BatchedLookupBase(nn.Module):
             dtype = next(iter(self.weights.values())).dtype
             empty: torch.Tensor = _EmptyLookup.apply(rows, width, self._placeholder.device, dtype, *inputs)
             return empty
+        # The kernels treat per-id weights as constants; with_weight_grad differentiates learned ones.
+        learned = psw is not None and psw.requires_grad and torch.is_grad_enabled() and self.pooling != PoolingType.NONE
+        weights_in, psw = (psw, psw.detach()) if learned and psw is not None else (None, psw)
         request = LookupBatch(indices, offsets, psw, batch, checked=checker.mode == "sync", singletons=singletons)
         out = kernel.lookup(request, inputs, lr)
         if checker.mode == "async":  # a kernel that finds bad ids on the device (checks_ids_on_device)
             if kernel.error_flag is None:
                 raise RuntimeError(f"the {kernel.name!r} kernel checks ids on the device but has no error flag")
             checker.arm(kernel.error_flag, indices, offsets, batch)
+        if weights_in is not None:
+            out = with_weight_grad(out, weights_in, indices, offsets, batch, kernel.split_embedding_weights,
+                                   self.feature_table_map, self.pooling == PoolingType.MEAN)  # fmt: skip
         return out
 
     def extra_repr(self) -> str:

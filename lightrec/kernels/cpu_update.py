@@ -26,7 +26,7 @@ from lightrec._native import native_ops, native_unavailable_reason
 from lightrec.kernels.sparse_update import adam_bias_corrections
 from lightrec.optim.fused_spec import EmbOptimType, FusedOptimizerSpec, WeightDecayMode
 
-__all__ = ["native_update_available", "native_fused_update", "new_scratch"]
+__all__ = ["NATIVE_OPTIMIZERS", "native_update_available", "native_fused_update", "new_scratch"]
 
 _OPTIMIZER_CODE = {
     EmbOptimType.SGD: 0,
@@ -34,6 +34,9 @@ _OPTIMIZER_CODE = {
     EmbOptimType.ROWWISE_ADAGRAD: 2,
     EmbOptimType.ADAM: 3,
 }
+#: The optimizers the native pass implements; the others (LAMB, LARS, partial row-wise) keep the
+#: stock-op update of ``sparse_update.py``.
+NATIVE_OPTIMIZERS = frozenset(_OPTIMIZER_CODE)
 _DECAY_CODE = {WeightDecayMode.NONE: 0, WeightDecayMode.L2: 1, WeightDecayMode.DECOUPLED: 2}
 
 

@@ -10,8 +10,12 @@ What fbgemm 1.8 can do (anything else makes ``kernel_backend="auto"`` pick anoth
 device     optimizers                                         weight decay
 =========  =================================================  ===================================
 CPU        SGD, ADAGRAD, ROWWISE_ADAGRAD (*)                  none (the CPU kernel ignores it)
-CUDA       SGD, ADAGRAD, ROWWISE_ADAGRAD, ADAM                ROWWISE_ADAGRAD; ADAM decoupled
+CUDA       SGD, ADAGRAD, ROWWISE_ADAGRAD, ADAM, LAMB,         ROWWISE_ADAGRAD; ADAM decoupled;
+           LARS_SGD, PARTIAL_ROWWISE_ADAM / _LAMB             the row-rule ones their own
 =========  =================================================  ===================================
+
+(fbgemm's LAMB / LARS trust ratios have no guard for zero norms: where a row's norm is 0 its update
+differs from the torch backend's, which follows the standard guard, see ``lightrec.optim.row_rules``.)
 
 (*) ADAGRAD / ROWWISE_ADAGRAD not when several features share one table (fbgemm 1.8's CPU
 kernels update such a table per feature, not once per batch).
@@ -32,7 +36,7 @@ import torch
 from lightrec._fbgemm import fbgemm_available, fbgemm_serves_cuda, fbgemm_unavailable_reason
 from lightrec.kernels.kernel_interface import KernelConfig, LookupBatch, ResidentRows
 from lightrec.modules.embedding_configs import PoolingType
-from lightrec.optim.fused_spec import EmbOptimType, FusedOptimizerSpec, WeightDecayMode
+from lightrec.optim.fused_spec import ROW_RULE_OPTIMIZERS, EmbOptimType, FusedOptimizerSpec, WeightDecayMode
 
 __all__ = ["FbgemmBatchedLookup", "fbgemm_supports"]
 
@@ -56,7 +60,10 @@ def fbgemm_supports(
     if any(d % 4 for d in dims):
         return f"fbgemm needs embedding dims that are multiples of 4, got {list(dims)}"
     kind, mode = spec.optimizer, spec.weight_decay_mode
-    if kind == EmbOptimType.ADAM:
+    if kind in ROW_RULE_OPTIMIZERS:
+        if device.type != "cuda":
+            return f"fbgemm has no CPU kernel for {kind.name}"
+    elif kind == EmbOptimType.ADAM:
         if device.type != "cuda":
             return "fbgemm has no CPU kernel for ADAM"
         if mode == WeightDecayMode.L2:
@@ -127,6 +134,10 @@ class FbgemmBatchedLookup(ResidentRows):
             EmbOptimType.ADAGRAD: FbgemmOptim.EXACT_ADAGRAD,
             EmbOptimType.ROWWISE_ADAGRAD: FbgemmOptim.EXACT_ROWWISE_ADAGRAD,
             EmbOptimType.ADAM: FbgemmOptim.ADAM,
+            EmbOptimType.LAMB: FbgemmOptim.LAMB,
+            EmbOptimType.LARS_SGD: FbgemmOptim.LARS_SGD,
+            EmbOptimType.PARTIAL_ROWWISE_ADAM: FbgemmOptim.PARTIAL_ROWWISE_ADAM,
+            EmbOptimType.PARTIAL_ROWWISE_LAMB: FbgemmOptim.PARTIAL_ROWWISE_LAMB,
         }[spec.optimizer]
         wd_mode = {
             WeightDecayMode.NONE: FbgemmWeightDecay.NONE,
@@ -147,6 +158,8 @@ class FbgemmBatchedLookup(ResidentRows):
             weight_decay_mode=wd_mode,
             beta1=spec.beta1,
             beta2=spec.beta2,
+            eta=spec.eta,
+            momentum=spec.momentum,
             # MEAN runs as SUM with per-id weights 1/len(bag): fbgemm 1.8's CPU backward of weighted
             # MEAN forgets the 1/len factor its forward applies (measured), this way both agree.
             pooling_mode=PoolingMode.NONE if pooling == PoolingType.NONE else PoolingMode.SUM,
@@ -169,7 +182,7 @@ class FbgemmBatchedLookup(ResidentRows):
         out = []
         for states in self.tbe.split_optimizer_states():
             st = dict(zip(names, states, strict=True))
-            if self._fused.optimizer == EmbOptimType.ADAM:
+            if self._fused.uses_step:
                 st["step"] = self.tbe.iter
             out.append(st)
         return out

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from lightrec.optim.fused_spec import EmbOptimType, FusedOptimizerSpec, WeightDecayMode
+from lightrec.optim.fused_spec import ROW_RULE_OPTIMIZERS, EmbOptimType, FusedOptimizerSpec, WeightDecayMode
+from lightrec.optim.row_rules import lars_rows, moment_rows
 
 __all__ = ["accumulate_rows", "adam_bias_corrections", "apply_sparse_update", "needs_dedup"]
 
@@ -76,6 +77,8 @@ def apply_sparse_update(
         return
     rows, grad = accumulate_rows(ids, contrib)
     w = weight.index_select(0, rows)
+    if _apply_row_rule(spec, lr, step, weight, states, rows, w, grad):
+        return
     wd = spec.weight_decay
     if spec.weight_decay_mode == WeightDecayMode.L2:
         grad = grad + wd * w
@@ -109,3 +112,30 @@ def apply_sparse_update(
     if spec.weight_decay_mode == WeightDecayMode.DECOUPLED:
         w = w * (1.0 - lr * wd)
     weight.index_copy_(0, rows, w - update)
+
+
+def _apply_row_rule(
+    spec: FusedOptimizerSpec,
+    lr: float,
+    step: int | torch.Tensor,
+    weight: torch.Tensor,
+    states: dict[str, torch.Tensor],
+    rows: torch.Tensor,
+    w: torch.Tensor,
+    grad: torch.Tensor,
+) -> bool:
+    """LAMB / LARS_SGD / partial row-wise rules on the touched ``rows`` (False: not one of them)."""
+    kind = spec.optimizer
+    if kind not in ROW_RULE_OPTIMIZERS:
+        return False
+    touched = {name: state.index_select(0, rows) for name, state in states.items()}
+    if kind == EmbOptimType.LARS_SGD:
+        new = lars_rows(w, grad, touched["momentum1"], lr, spec.eta, spec.momentum, spec.weight_decay)
+    else:
+        layerwise = kind != EmbOptimType.PARTIAL_ROWWISE_ADAM
+        new = moment_rows(w, grad, touched["momentum1"], touched["momentum2"], lr, spec.beta1, spec.beta2, spec.eps,
+                          spec.weight_decay, step, layerwise)  # fmt: skip
+    for name, values in touched.items():
+        states[name].index_copy_(0, rows, values)
+    weight.index_copy_(0, rows, new)
+    return True

@@ -28,11 +28,15 @@ import torch
 import torch.nn.functional as F
 
 from lightrec._host_memory import empty_host_tensor
-from lightrec.kernels.cpu_update import native_fused_update, native_update_available, new_scratch
+from lightrec.kernels.cpu_update import (
+    NATIVE_OPTIMIZERS,
+    native_fused_update,
+    native_update_available,
+    new_scratch,
+)
 from lightrec.kernels.kernel_interface import KernelConfig, LookupBatch, ResidentRows
 from lightrec.kernels.sparse_update import apply_sparse_update
 from lightrec.modules.embedding_configs import PoolingType
-from lightrec.optim.fused_spec import EmbOptimType
 
 __all__ = ["TorchBatchedLookup"]
 
@@ -104,6 +108,7 @@ class TorchBatchedLookup(ResidentRows):
         weight = self.groups[0].weight if self.groups else None
         self.native_update = (
             self.spec is not None
+            and self.spec.optimizer in NATIVE_OPTIMIZERS
             and weight is not None
             and native_update_available(weight.device, weight.dtype)
         )
@@ -111,9 +116,10 @@ class TorchBatchedLookup(ResidentRows):
     def _new_states(self, total: int, dim: int, weight: torch.Tensor) -> dict[str, torch.Tensor]:
         if self.spec is None:
             return {}
-        kind = self.spec.optimizer
-        shape = {EmbOptimType.ROWWISE_ADAGRAD: (total,)}.get(kind, (total, dim))
-        return {name: empty_host_tensor(shape, weight.dtype, weight.device) for name in self.spec.state_names}
+        return {
+            name: empty_host_tensor(self.spec.state_shape(name, total, dim), weight.dtype, weight.device)
+            for name in self.spec.state_names
+        }
 
     # ---- views -------------------------------------------------------------------------------
 
@@ -131,7 +137,7 @@ class TorchBatchedLookup(ResidentRows):
         for t, n in enumerate(self.rows):
             g = self.groups[self.table_group[t]]
             st = {k: v[self.row_offset[t] : self.row_offset[t] + n] for k, v in g.states.items()}
-            if self.spec is not None and self.spec.optimizer == EmbOptimType.ADAM:
+            if self.spec is not None and self.spec.uses_step:
                 st["step"] = self.step
             out.append(st)
         return out

@@ -34,7 +34,7 @@ from lightrec._triton import triton_device_reason
 from lightrec.kernels.kernel_interface import KernelConfig, LookupBatch, ResidentRows
 from lightrec.kernels.sparse_update import adam_bias_corrections
 from lightrec.modules.embedding_configs import PoolingType
-from lightrec.optim.fused_spec import EmbOptimType, FusedOptimizerSpec, WeightDecayMode
+from lightrec.optim.fused_spec import ROW_RULE_OPTIMIZERS, EmbOptimType, FusedOptimizerSpec, WeightDecayMode
 
 __all__ = ["LAUNCH_OVERRIDES", "TritonBatchedLookup", "reduction_levels", "triton_supports"]
 
@@ -55,12 +55,14 @@ def triton_supports(
 ) -> str | None:
     """None when the Triton backend can serve this configuration, else the reason it cannot.
 
-    Every optimizer, weight-decay mode and pooling is served; the limits are the device (CUDA, or
+    SGD, Adagrad, row-wise Adagrad and Adam with every weight-decay mode, and every pooling, are served; the limits are the device (CUDA, or
     CPU under ``TRITON_INTERPRET=1``) and the row width (at most ``MAX_DIM``).
     """
     reason = triton_device_reason(device)
     if reason is not None:
         return reason
+    if spec is not None and spec.optimizer in ROW_RULE_OPTIMIZERS:
+        return f"the Triton kernels do not implement {spec.optimizer.name} (the torch backend does)"
     if max(dims) > MAX_DIM:
         return f"the Triton kernels hold rows of at most {MAX_DIM} elements, got dims {list(dims)}"
     return None

@@ -85,14 +85,22 @@ class NE(Metric):
         self.ne_weighted_labels += (weights * labels).sum().to(dtype)
         self.ne_weights += weights.sum().to(dtype)
 
-    def compute(self) -> Tensor:
-        """Returns NE of everything seen (all ranks) as a float32 scalar; NaN when nothing was seen."""
+    def _total_weight(self) -> Tensor | None:
+        """The summed weight, or None (after a warning) when nothing was seen."""
         total = self.ne_weights.double()
         if total <= 0:
             rank_zero_warn(
-                "NE is undefined because no samples (or only zero weights) were seen; returning NaN.",
+                f"{type(self).__name__} is undefined because no samples (or only zero weights) were seen; "
+                "returning NaN.",
                 UserWarning,
             )
+            return None
+        return total
+
+    def compute(self) -> Tensor:
+        """Returns NE of everything seen (all ranks) as a float32 scalar; NaN when nothing was seen."""
+        total = self._total_weight()
+        if total is None:
             return nan_result(self.device)
         raw_ctr = self.ne_weighted_labels.double() / total
         if raw_ctr <= self.eps or raw_ctr >= 1.0 - self.eps:
@@ -104,3 +112,19 @@ class NE(Metric):
         ctr = raw_ctr.clamp(self.eps, 1.0 - self.eps)
         logloss = self.ne_weighted_logloss.double() / total
         return (logloss / _binary_entropy(ctr)).to(torch.float32)
+
+
+class LogLoss(NE):
+    """Weighted binary cross-entropy (log loss) of probabilities: the numerator of :class:`NE`.
+
+    Same arguments, inputs and states as :class:`NE`; ``compute`` returns
+    ``sum_i w_i * logloss_i / sum_i w_i`` (NaN with a warning when nothing was seen).
+    """
+
+    higher_is_better = False
+
+    def compute(self) -> Tensor:
+        total = self._total_weight()
+        if total is None:
+            return nan_result(self.device)
+        return (self.ne_weighted_logloss.double() / total).to(torch.float32)

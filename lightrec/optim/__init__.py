@@ -1,4 +1,6 @@
-"""Optimizers: name-keyed optimizers, fused embedding optimizer specs, in-backward markers."""
+"""Optimizers: name-keyed optimizers, fused embedding optimizer specs, in-backward markers, the
+row-wise optimizers torchrec fuses (LAMB, LarsSGD, PartialRowWiseAdam/LAMB), and torchrec's
+``clipping`` / ``warmup`` wrappers (``lightrec.optim.clipping``, ``lightrec.optim.warmup``)."""
 
 from lightrec.optim.fused_spec import (
     EmbOptimType,
@@ -13,14 +15,19 @@ from lightrec.optim.in_backward import (
 )
 from lightrec.optim.keyed import CombinedOptimizer, KeyedOptimizer, KeyedOptimizerWrapper, OptimizerWrapper
 from lightrec.optim.rowwise_adagrad import RowWiseAdagrad
+from lightrec.optim.rowwise_optimizers import LAMB, LarsSGD, PartialRowWiseAdam, PartialRowWiseLAMB
 
 __all__ = [
+    "LAMB",
     "CombinedOptimizer",
     "EmbOptimType",
     "FusedOptimizerSpec",
     "KeyedOptimizer",
     "KeyedOptimizerWrapper",
+    "LarsSGD",
     "OptimizerWrapper",
+    "PartialRowWiseAdam",
+    "PartialRowWiseLAMB",
     "RowWiseAdagrad",
     "WeightDecayMode",
     "apply_optimizer_in_backward",

@@ -19,6 +19,9 @@ ROWWISE_ADAGRAD    ``m += mean(g*g); w -= lr * g / (sqrt(m) + eps)``  (state ``[
 ADAM               ``m1 = b1*m1 + (1-b1)*g; m2 = b2*m2 + (1-b2)*g*g;``
                    ``w -= lr * (m1/(1-b1^t)) / (sqrt(m2/(1-b2^t)) + eps)``; ``t`` counts backward
                    passes of the module (not per row), as in fbgemm
+LAMB, LARS_SGD,    fbgemm's rules, written once in :mod:`lightrec.optim.row_rules` (per-row trust
+PARTIAL_ROWWISE_*  ratios; ``momentum2`` of the partial row-wise ones is ``[rows]``); their
+                   ``weight_decay`` enters their own formula, ``weight_decay_mode`` is not used
 =================  ==============================================================================
 
 Weight decay: ``"l2"`` adds ``weight_decay * w`` to ``g`` first (torch's ``weight_decay``);
@@ -36,6 +39,7 @@ from typing import Any
 import torch
 
 from lightrec.optim.rowwise_adagrad import RowWiseAdagrad
+from lightrec.optim.rowwise_optimizers import LAMB, LarsSGD, PartialRowWiseAdam, PartialRowWiseLAMB
 
 __all__ = ["EmbOptimType", "FusedOptimizerSpec", "WeightDecayMode", "optimizer_class_to_spec"]
 
@@ -47,6 +51,10 @@ class EmbOptimType(Enum):
     ADAGRAD = "adagrad"
     ROWWISE_ADAGRAD = "row_wise_adagrad"
     ADAM = "adam"
+    LAMB = "lamb"
+    LARS_SGD = "lars_sgd"
+    PARTIAL_ROWWISE_ADAM = "partial_row_wise_adam"
+    PARTIAL_ROWWISE_LAMB = "partial_row_wise_lamb"
     # Aliases (same member): fbgemm's deterministic "exact" variants are the only ones lightrec has.
     EXACT_SGD = "sgd"
     EXACT_ADAGRAD = "adagrad"
@@ -71,9 +79,26 @@ class EmbOptimType(Enum):
             return names[key.lower()]
         raise ValueError(
             f"optimizer={value!r} is not a fused embedding optimizer lightrec supports; use one of "
-            f"{[m.name for m in (cls.SGD, cls.ADAGRAD, cls.ROWWISE_ADAGRAD, cls.ADAM)]} "
+            f"{[m.name for m in (cls.SGD, cls.ADAGRAD, cls.ROWWISE_ADAGRAD, cls.ADAM, *ROW_RULE_OPTIMIZERS)]} "
             "(or EXACT_SGD / EXACT_ADAGRAD / EXACT_ROWWISE_ADAGRAD)"
         )
+
+
+ROW_RULE_OPTIMIZERS: tuple[EmbOptimType, ...] = (
+    EmbOptimType.LAMB,
+    EmbOptimType.LARS_SGD,
+    EmbOptimType.PARTIAL_ROWWISE_ADAM,
+    EmbOptimType.PARTIAL_ROWWISE_LAMB,
+)
+"""Optimizers whose update is a :mod:`lightrec.optim.row_rules` function (weight decay built in)."""
+
+_ROW_STATES: dict[EmbOptimType, frozenset[str]] = {
+    EmbOptimType.ROWWISE_ADAGRAD: frozenset({"momentum1"}),
+    EmbOptimType.PARTIAL_ROWWISE_ADAM: frozenset({"momentum2"}),
+    EmbOptimType.PARTIAL_ROWWISE_LAMB: frozenset({"momentum2"}),
+}
+_STEPPED = frozenset({EmbOptimType.ADAM, EmbOptimType.LAMB, EmbOptimType.PARTIAL_ROWWISE_ADAM,
+                      EmbOptimType.PARTIAL_ROWWISE_LAMB})  # fmt: skip
 
 
 class WeightDecayMode(Enum):
@@ -113,7 +138,9 @@ class FusedOptimizerSpec:
         eps: denominator guard of Adagrad / row-wise Adagrad / Adam (fbgemm's default 1e-8).
         weight_decay: decay factor, applied to touched rows only.
         weight_decay_mode: ``"l2"`` (default) or ``"decoupled"``; ignored when weight_decay is 0.
-        beta1, beta2: Adam's moment decay rates.
+        beta1, beta2: moment decay rates of Adam, LAMB and the partial row-wise optimizers.
+        eta: LARS_SGD's trust coefficient.
+        momentum: LARS_SGD's momentum.
     """
 
     optimizer: EmbOptimType = EmbOptimType.SGD
@@ -123,11 +150,13 @@ class FusedOptimizerSpec:
     weight_decay_mode: WeightDecayMode = WeightDecayMode.L2
     beta1: float = 0.9
     beta2: float = 0.999
+    eta: float = 0.001
+    momentum: float = 0.9
 
     def __post_init__(self) -> None:
         self.optimizer = EmbOptimType.coerce(self.optimizer)
         self.weight_decay_mode = WeightDecayMode.coerce(self.weight_decay_mode)
-        for name in ("learning_rate", "eps", "weight_decay"):
+        for name in ("learning_rate", "eps", "weight_decay", "eta", "momentum"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"{name} must be a non-negative number, got {value!r}")
@@ -137,7 +166,9 @@ class FusedOptimizerSpec:
             if not 0.0 <= float(value) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {value!r}")
             setattr(self, name, float(value))
-        if self.weight_decay == 0.0:
+        if self.optimizer in ROW_RULE_OPTIMIZERS:
+            self.weight_decay_mode = WeightDecayMode.NONE  # their rule applies weight_decay itself
+        elif self.weight_decay == 0.0:
             self.weight_decay_mode = WeightDecayMode.NONE
         elif self.weight_decay_mode == WeightDecayMode.NONE:
             self.weight_decay = 0.0
@@ -150,7 +181,21 @@ class FusedOptimizerSpec:
             EmbOptimType.ADAGRAD: ("momentum1",),
             EmbOptimType.ROWWISE_ADAGRAD: ("momentum1",),
             EmbOptimType.ADAM: ("momentum1", "momentum2"),
+            EmbOptimType.LAMB: ("momentum1", "momentum2"),
+            EmbOptimType.LARS_SGD: ("momentum1",),
+            EmbOptimType.PARTIAL_ROWWISE_ADAM: ("momentum1", "momentum2"),
+            EmbOptimType.PARTIAL_ROWWISE_LAMB: ("momentum1", "momentum2"),
         }[self.optimizer]
+
+    def state_shape(self, name: str, rows: int, dim: int) -> tuple[int, ...]:
+        """Shape of state ``name`` of a ``[rows, dim]`` table: ``(rows,)`` for one value per row."""
+        return (rows,) if name in _ROW_STATES.get(self.optimizer, frozenset()) else (rows, dim)
+
+    @property
+    def uses_step(self) -> bool:
+        """Whether the rule reads the step count ``t`` (bias corrections): the table's states then
+        include the shared ``"step"`` counter."""
+        return self.optimizer in _STEPPED
 
     @classmethod
     def from_fused_params(cls, fused_params: Mapping[str, Any]) -> FusedOptimizerSpec:
@@ -168,10 +213,11 @@ class FusedOptimizerSpec:
                 continue
             if key == "lr":
                 key = "learning_rate"
-            if key not in {f.name for f in dataclasses.fields(cls)}:
+            lars = EmbOptimType.coerce(fused_params["optimizer"]) == EmbOptimType.LARS_SGD
+            if (key in ("eta", "momentum") and not lars) or key not in {f.name for f in dataclasses.fields(cls)}:
                 raise KeyError(
                     f"fused_params key {key!r} is not supported; supported keys are "
-                    f"{sorted(f.name for f in dataclasses.fields(cls))} (and lr)"
+                    f"{sorted(f.name for f in dataclasses.fields(cls))} (and lr; eta and momentum belong to LARS_SGD)"
                 )
             kwargs[key] = value
         return cls(**kwargs)
@@ -181,6 +227,8 @@ class FusedOptimizerSpec:
         out = dataclasses.asdict(self)
         out["optimizer"] = self.optimizer
         out["weight_decay_mode"] = self.weight_decay_mode
+        if self.optimizer != EmbOptimType.LARS_SGD:
+            del out["eta"], out["momentum"]
         return out
 
     @classmethod
@@ -199,7 +247,8 @@ def optimizer_class_to_spec(optimizer_class: type, optimizer_kwargs: Mapping[str
     """Translate ``(torch.optim.X, kwargs)`` into the fused optimizer that computes the same update.
 
     ``torch.optim.SGD`` (no momentum), ``Adagrad`` (no lr_decay / initial accumulator),
-    ``lightrec.optim.RowWiseAdagrad``, ``Adam`` (L2 weight decay) and ``AdamW`` (decoupled) map
+    ``lightrec.optim.RowWiseAdagrad``, ``Adam`` (L2 weight decay), ``AdamW`` (decoupled) and
+    lightrec's (torchrec's) ``LAMB``, ``PartialRowWiseLAMB``, ``PartialRowWiseAdam``, ``LarsSGD`` map
     over; anything else raises ``ValueError`` saying what is supported.
     """
     kw = dict(optimizer_kwargs)
@@ -220,10 +269,19 @@ def optimizer_class_to_spec(optimizer_class: type, optimizer_kwargs: Mapping[str
         if kw:
             raise ValueError(
                 f"{optimizer_class.__name__} kwargs {sorted(kw)} have no fused equivalent; "
-                f"supported: lr, eps, weight_decay{', betas' if kind == EmbOptimType.ADAM else ''}"
+                f"supported: lr, eps, weight_decay{', betas' if kind != EmbOptimType.SGD else ''}"
             )
         return FusedOptimizerSpec(kind, learning_rate=default_lr if lr is None else lr, **extra)
 
+    for cls, kind in ((PartialRowWiseAdam, EmbOptimType.PARTIAL_ROWWISE_ADAM),
+                      (PartialRowWiseLAMB, EmbOptimType.PARTIAL_ROWWISE_LAMB), (LAMB, EmbOptimType.LAMB)):  # fmt: skip
+        if issubclass(optimizer_class, cls):
+            beta1, beta2 = kw.pop("betas", (kw.pop("beta1", 0.9), kw.pop("beta2", 0.999)))
+            return finish(kind, 1e-2, eps=kw.pop("eps", 1e-8), weight_decay=kw.pop("weight_decay", 0.0),
+                          beta1=beta1, beta2=beta2)  # fmt: skip
+    if issubclass(optimizer_class, LarsSGD):
+        return finish(EmbOptimType.LARS_SGD, 1e-2, eta=kw.pop("eta", 1e-3), momentum=kw.pop("momentum", 0.9),
+                      weight_decay=kw.pop("weight_decay", 0.0))  # fmt: skip
     if issubclass(optimizer_class, RowWiseAdagrad):
         reject_nonzero("lr_decay", "initial_accumulator_value")
         return finish(
@@ -255,6 +313,6 @@ def optimizer_class_to_spec(optimizer_class: type, optimizer_kwargs: Mapping[str
         )
     raise ValueError(
         f"optimizer class {optimizer_class.__module__}.{optimizer_class.__name__} cannot be fused into "
-        "embedding backward; use torch.optim.SGD, torch.optim.Adagrad, torch.optim.Adam, torch.optim.AdamW "
-        "or lightrec.optim.RowWiseAdagrad"
+        "embedding backward; use torch.optim.SGD, torch.optim.Adagrad, torch.optim.Adam, torch.optim.AdamW, "
+        "lightrec.optim.RowWiseAdagrad, LAMB, PartialRowWiseLAMB, PartialRowWiseAdam or LarsSGD"
     )

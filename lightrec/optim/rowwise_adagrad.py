@@ -13,10 +13,41 @@ from typing import Any, overload
 
 import torch
 
-__all__ = ["RowWiseAdagrad"]
+__all__ = ["DenseRowOptimizer", "RowWiseAdagrad"]
 
 
-class RowWiseAdagrad(torch.optim.Optimizer):
+class DenseRowOptimizer(torch.optim.Optimizer):
+    """Base of lightrec's dense-gradient row optimizers: ``step`` runs ``closure`` and calls
+    :meth:`_step_param` for every parameter with a (dense) gradient."""
+
+    @overload
+    def step(self, closure: None = None) -> None: ...
+
+    @overload
+    def step(self, closure: Callable[[], float]) -> float: ...
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError(
+                        f"{type(self).__name__} takes dense gradients; use a fused collection for sparse ones"
+                    )
+                self._step_param(p, group)
+        return loss
+
+    def _step_param(self, p: torch.Tensor, group: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+
+class RowWiseAdagrad(DenseRowOptimizer):
     """Adagrad whose accumulator is the mean squared gradient of each row.
 
     For a parameter ``w`` of shape ``[rows, D]`` with gradient ``g`` (1-D parameters count as one
@@ -51,31 +82,11 @@ class RowWiseAdagrad(torch.optim.Optimizer):
                 rows = p.shape[0] if p.dim() > 0 else 1
                 self.state[p]["sum"] = torch.zeros(rows, dtype=p.dtype, device=p.device)
 
-    @overload
-    def step(self, closure: None = None) -> None: ...
-
-    @overload
-    def step(self, closure: Callable[[], float]) -> float: ...
-
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError(
-                        "RowWiseAdagrad takes dense gradients; use a fused collection for sparse"
-                    )
-                w = p.view(p.shape[0], -1) if p.dim() > 1 else p.view(-1, 1)
-                g = p.grad.view_as(w)
-                if group["weight_decay"] != 0.0:
-                    g = g + group["weight_decay"] * w
-                acc = self.state[p]["sum"]
-                acc.add_(g.square().mean(dim=1))
-                w.sub_(group["lr"] * g / (acc.sqrt() + group["eps"]).unsqueeze(1))
-        return loss
+    def _step_param(self, p: torch.Tensor, group: dict[str, Any]) -> None:
+        w = p.view(p.shape[0], -1) if p.dim() > 1 else p.view(-1, 1)
+        g = p.grad.view_as(w)  # type: ignore[union-attr]  # step() only calls this with a gradient
+        if group["weight_decay"] != 0.0:
+            g = g + group["weight_decay"] * w
+        acc = self.state[p]["sum"]
+        acc.add_(g.square().mean(dim=1))
+        w.sub_(group["lr"] * g / (acc.sqrt() + group["eps"]).unsqueeze(1))

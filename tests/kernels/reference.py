@@ -95,17 +95,24 @@ class ReferenceOptimizer:
         wd_mode: str,
         beta1: float = 0.9,
         beta2: float = 0.999,
+        eta: float = 0.001,
+        momentum: float = 0.9,
     ) -> None:
         self.kind, self.lr, self.eps, self.wd, self.wd_mode = kind, lr, eps, wd, wd_mode
         self.beta1, self.beta2, self.step_count = beta1, beta2, 0
+        self.eta, self.momentum = eta, momentum
         self.state: list[dict[str, torch.Tensor]] = []
         for w in weights:
             if kind == "adagrad":
                 self.state.append({"momentum1": torch.zeros_like(w)})
             elif kind == "rowwise_adagrad":
                 self.state.append({"momentum1": torch.zeros(w.shape[0])})
-            elif kind == "adam":
+            elif kind in ("adam", "lamb"):
                 self.state.append({"momentum1": torch.zeros_like(w), "momentum2": torch.zeros_like(w)})
+            elif kind in ("partial_rowwise_adam", "partial_rowwise_lamb"):
+                self.state.append({"momentum1": torch.zeros_like(w), "momentum2": torch.zeros(w.shape[0])})
+            elif kind == "lars_sgd":
+                self.state.append({"momentum1": torch.zeros_like(w)})
             else:
                 self.state.append({})
 
@@ -118,6 +125,11 @@ class ReferenceOptimizer:
                 continue
             w = w_full[r].clone()
             g = w_full.grad[r].clone()
+            if self.kind in ROW_RULES:
+                for i, row in enumerate(r.tolist()):
+                    w_full[row] = ROW_RULES[self.kind](self, w[i], g[i], st, row)
+                w_full.grad = None
+                continue
             if self.wd_mode == "l2":
                 g = g + wd * w
             if self.kind == "sgd":
@@ -139,3 +151,47 @@ class ReferenceOptimizer:
                 w = w * (1 - lr * wd)
             w_full[r] = w - upd
             w_full.grad = None
+
+
+def _norm(x: torch.Tensor) -> float:
+    return float(x.double().square().sum().sqrt())
+
+
+def _lamb_row(opt: ReferenceOptimizer, w: torch.Tensor, g: torch.Tensor, st: dict, row: int) -> torch.Tensor:
+    """One row of (partial row-wise) LAMB, written out as in the LAMB paper with a per-row trust ratio."""
+    t, b1, b2 = opt.step_count, opt.beta1, opt.beta2
+    m = b1 * st["momentum1"][row] + (1 - b1) * g
+    st["momentum1"][row] = m
+    if opt.kind == "lamb":
+        v = b2 * st["momentum2"][row] + (1 - b2) * g * g
+    else:
+        v = b2 * st["momentum2"][row] + (1 - b2) * float((g * g).mean())
+    st["momentum2"][row] = v
+    r = (m / (1 - b1**t)) / ((v / (1 - b2**t)) ** 0.5 + opt.eps) + opt.wd * w
+    wn, rn = _norm(w), _norm(r)
+    trust = wn / rn if wn > 0 and rn > 0 else 1.0
+    return w - opt.lr * trust * r
+
+
+def _partial_adam_row(opt: ReferenceOptimizer, w: torch.Tensor, g: torch.Tensor, st: dict, row: int) -> torch.Tensor:
+    t, b1, b2 = opt.step_count, opt.beta1, opt.beta2
+    m = b1 * st["momentum1"][row] + (1 - b1) * g
+    v = b2 * float(st["momentum2"][row]) + (1 - b2) * float((g * g).mean())
+    st["momentum1"][row], st["momentum2"][row] = m, v
+    return w - opt.lr * ((m / (1 - b1**t)) / ((v / (1 - b2**t)) ** 0.5 + opt.eps) + opt.wd * w)
+
+
+def _lars_row(opt: ReferenceOptimizer, w: torch.Tensor, g: torch.Tensor, st: dict, row: int) -> torch.Tensor:
+    wn, gn = _norm(w), _norm(g)
+    ratio = opt.eta * wn / (gn + opt.wd * wn) if wn > 0 and gn > 0 else opt.eta
+    m = opt.momentum * st["momentum1"][row] + opt.lr * ratio * (g + opt.wd * w)
+    st["momentum1"][row] = m
+    return w - m
+
+
+ROW_RULES = {
+    "lamb": _lamb_row,
+    "partial_rowwise_lamb": _lamb_row,
+    "partial_rowwise_adam": _partial_adam_row,
+    "lars_sgd": _lars_row,
+}

@@ -11,13 +11,17 @@ import torch
 
 from lightrec.kernels import BatchedEmbedding, BatchedEmbeddingBag, EmbOptimType, FusedOptimizerSpec
 from lightrec.modules.embedding_configs import PoolingType
+from lightrec.optim.fused_spec import ROW_RULE_OPTIMIZERS
 from tests.kernels.reference import LAYOUTS, Batch, random_batch
 from tests.kernels.test_batched_embedding import OPTIMIZER_CASES
 from tests.triton_support import DEVICE, requires_triton
 
 pytestmark = requires_triton
 
-CASES = [None, *OPTIMIZER_CASES]  # None: no fused optimizer (dense gradients)
+# The Triton kernels serve SGD, Adagrad, row-wise Adagrad and Adam; torchrec's LAMB / LARS /
+# partial row-wise rules run on the torch and fbgemm backends (refused here: see the test below).
+TRITON_OPTIMIZER_CASES = [c for c in OPTIMIZER_CASES if c[0] not in ROW_RULE_OPTIMIZERS]
+CASES = [None, *TRITON_OPTIMIZER_CASES]  # None: no fused optimizer (dense gradients)
 
 
 def _case_id(case: tuple | None) -> str:
@@ -121,7 +125,7 @@ def test_pooled_training_matches_torch_backend(case: tuple | None, layout: str, 
 
 
 @pytest.mark.usefixtures("tiles")
-@pytest.mark.parametrize("case", [None, OPTIMIZER_CASES[4], OPTIMIZER_CASES[9]], ids=_case_id)
+@pytest.mark.parametrize("case", [None, TRITON_OPTIMIZER_CASES[4], TRITON_OPTIMIZER_CASES[9]], ids=_case_id)
 def test_runs_crossing_tiles_and_partial_tiles(case: tuple | None) -> None:
     """Ids drawn from 3 rows over 9 bags of up to 6 ids: runs of one row are far longer than a
     2-id backward tile, so their owners must read many following tiles."""
@@ -138,7 +142,7 @@ def test_runs_crossing_tiles_and_partial_tiles(case: tuple | None) -> None:
 
 
 @pytest.mark.usefixtures("tiles")
-@pytest.mark.parametrize("case", [None, *OPTIMIZER_CASES[::2]], ids=_case_id)
+@pytest.mark.parametrize("case", [None, *TRITON_OPTIMIZER_CASES[::2]], ids=_case_id)
 def test_unpooled_training_matches_torch_backend(case: tuple | None) -> None:
     tables, ftm = [(20, 8), (30, 8)], [0, 1, 0]
     ref, tri = _pair(lambda **kw: BatchedEmbedding(tables, ftm, optimizer=_spec(case), **kw))
@@ -153,6 +157,15 @@ def test_unpooled_training_matches_torch_backend(case: tuple | None) -> None:
 def _fixed_batch(lengths: list[int], ids: list[int], batch: int) -> Batch:
     offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
     return Batch(torch.tensor(ids, dtype=torch.long), offsets, None, batch)
+
+
+@pytest.mark.parametrize("kind", ROW_RULE_OPTIMIZERS, ids=lambda k: k.name)
+def test_row_rule_optimizers_are_refused_by_name(kind: EmbOptimType) -> None:
+    """backend='triton' with LAMB / LARS / partial row-wise: a clear error, not a wrong update."""
+    spec = FusedOptimizerSpec(kind, learning_rate=0.1)
+    with pytest.raises(ValueError, match=f"do not implement {kind.name}.*torch backend"):
+        BatchedEmbeddingBag([(20, 8)], optimizer=spec, backend="triton", device=DEVICE)
+    assert BatchedEmbeddingBag([(20, 8)], optimizer=spec, backend="auto", device=DEVICE).backend_name != "triton"
 
 
 @pytest.mark.parametrize("pooling", [PoolingType.SUM, PoolingType.MEAN])

@@ -206,7 +206,7 @@ def test_spec_errors_and_fused_params() -> None:
     with pytest.raises(ValueError, match="lr_decay"):
         optimizer_class_to_spec(torch.optim.Adagrad, {"lr": 0.1, "lr_decay": 0.1})
     with pytest.raises(ValueError, match="not a fused embedding optimizer"):
-        FusedOptimizerSpec("lamb")
+        FusedOptimizerSpec("rmsprop")
     with pytest.raises(KeyError, match="'optimizer' entry"):
         FusedOptimizerSpec.from_fused_params({"learning_rate": 0.1})
     with pytest.raises(KeyError, match="momentum"):
@@ -230,5 +230,7 @@ def test_fbgemm_enum_members_map_by_name() -> None:
     assert EmbOptimType.coerce(FbgemmOptim.EXACT_ROWWISE_ADAGRAD) is EmbOptimType.ROWWISE_ADAGRAD
     assert EmbOptimType.coerce(FbgemmOptim.EXACT_SGD) is EmbOptimType.SGD
     assert EmbOptimType.coerce(FbgemmOptim.ADAM) is EmbOptimType.ADAM
+    assert EmbOptimType.coerce(FbgemmOptim.LAMB) is EmbOptimType.LAMB
+    assert EmbOptimType.coerce(FbgemmOptim.PARTIAL_ROWWISE_ADAM) is EmbOptimType.PARTIAL_ROWWISE_ADAM
     with pytest.raises(ValueError):
-        EmbOptimType.coerce(FbgemmOptim.LAMB)
+        EmbOptimType.coerce(FbgemmOptim.SHAMPOO)

@@ -11,6 +11,7 @@ from lightrec.distributed.comm.awaitable import (
 from lightrec.distributed.comm.bucketize import (
     IdOutOfRangeError,
     RowWiseBucketized,
+    bucketize_kjt_by_rank,
     bucketize_kjt_row_wise,
     row_wise_block_bounds,
     row_wise_block_size,
@@ -58,6 +59,7 @@ __all__ = [
     "SequenceEmbeddingsAwaitable",
     "ShmPeerError",
     "ShmSpaceError",
+    "bucketize_kjt_by_rank",
     "bucketize_kjt_row_wise",
     "exchange_batch_sizes",
     "row_wise_block_bounds",

@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from lightrec._compat import all_gather_single, reduce_scatter_single
 from lightrec.distributed.comm._autograd import Pending
+from lightrec.distributed.comm.qcomm import RowCodec
 from lightrec.distributed.comm.shm_transport import ShmTransport, shm_transport
 
 __all__ = ["start_reduce_scatter", "start_all_gather", "CPU_NATIVE_REDUCE_SCATTER"]
@@ -99,9 +100,12 @@ def _shm_all_gather(shm: ShmTransport, send: torch.Tensor, batches: list[int], r
 
 
 def start_reduce_scatter(
-    x: torch.Tensor, batches: list[int], rank: int, group: dist.ProcessGroup | None
+    x: torch.Tensor, batches: list[int], rank: int, group: dist.ProcessGroup | None, codec: RowCodec | None = None
 ) -> Pending:
     """Start summing ``x`` ``[sum(batches), *rest]`` over ranks; rank r keeps its ``batches[r]`` rows.
+
+    With ``codec`` every rank's rows travel encoded (``lightrec.distributed.comm.qcomm``) and are
+    summed after decoding, in float32, in rank order.
 
     Returns a :class:`Pending` whose result is ``[batches[rank], *rest]``.
     """
@@ -110,14 +114,26 @@ def start_reduce_scatter(
     b_me = batches[rank]
     send = x.contiguous()
     native = x.device.type != "cpu" or CPU_NATIVE_REDUCE_SCATTER
-    shm = None if native else _shm(x, batches, group)
+    shm = None if native or codec is not None else _shm(x, batches, group)
     if shm is not None:
         return _shm_reduce_scatter(shm, send, batches, rank)
-    if native and all(b == b_me for b in batches):
+    if codec is None and native and all(b == b_me for b in batches):
         out = send.new_empty((b_me, *rest))
         work = reduce_scatter_single(out, send, group=group, async_op=True)
         return Pending(work, lambda: out, (send, out))
     row = _row_numel(x)
+    if codec is not None:
+        wire = codec.encode(send.reshape(-1, row))  # [sum B, wire bytes per row]
+        width = wire.shape[1]
+        in_splits, out_splits = [b * width for b in batches], [b_me * width] * world_size
+        recv = wire.new_empty(sum(out_splits))
+        work = dist.all_to_all_single(recv, wire.view(-1), out_splits, in_splits, group=group, async_op=True)
+
+        def decoded_sum() -> torch.Tensor:
+            rows = codec.decode(recv.view(world_size * b_me, width), row).to(x.dtype)
+            return rows.view(world_size, b_me, *rest).sum(dim=0)
+
+        return Pending(work, decoded_sum, (wire, recv))
     in_splits = [b * row for b in batches]
     out_splits = [b_me * row] * world_size
     recv = send.new_empty(sum(out_splits))
@@ -126,21 +142,36 @@ def start_reduce_scatter(
 
 
 def start_all_gather(
-    x: torch.Tensor, batches: list[int], rank: int, group: dist.ProcessGroup | None
+    x: torch.Tensor, batches: list[int], rank: int, group: dist.ProcessGroup | None, codec: RowCodec | None = None
 ) -> Pending:
-    """Start gathering every rank's ``[batches[r], *rest]`` rows into ``[sum(batches), *rest]``."""
+    """Start gathering every rank's ``[batches[r], *rest]`` rows into ``[sum(batches), *rest]``
+    (encoded on the wire with ``codec``)."""
     world_size = len(batches)
     rest = tuple(x.shape[1:])
     send = x.contiguous()
     total = sum(batches)
-    shm = _shm(x, batches, group)
+    shm = _shm(x, batches, group) if codec is None else None
     if shm is not None:
         return _shm_all_gather(shm, send, batches, rank)
+    row = _row_numel(x)
+    if codec is not None:
+        wire = codec.encode(send.reshape(-1, row))
+        width = wire.shape[1]
+        if all(b == batches[rank] for b in batches):
+            gathered = wire.new_empty((total, width))
+            work = all_gather_single(gathered, wire, group=group, async_op=True)
+            return Pending(work, lambda: codec.decode(gathered, row).to(x.dtype).view(total, *rest), (wire, gathered))
+        flat = wire.reshape(1, -1).expand(world_size, wire.numel()).reshape(-1)
+        out_splits = [b * width for b in batches]
+        recv = wire.new_empty(sum(out_splits))
+        work = dist.all_to_all_single(recv, flat, out_splits, [batches[rank] * width] * world_size, group=group,
+                                      async_op=True)  # fmt: skip
+        return Pending(work, lambda: codec.decode(recv.view(total, width), row).to(x.dtype).view(total, *rest),
+                       (flat, recv))  # fmt: skip
     if all(b == batches[rank] for b in batches):
         out = send.new_empty((total, *rest))
         work = all_gather_single(out, send, group=group, async_op=True)
         return Pending(work, lambda: out, (send, out))
-    row = _row_numel(x)
     # Every rank receives the same rows, so the input is sent once per destination.
     send = send.reshape(1, send.numel()).expand(world_size, send.numel()).reshape(-1)
     in_splits = [batches[rank] * row] * world_size

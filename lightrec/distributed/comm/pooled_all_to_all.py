@@ -32,6 +32,9 @@ What the hot path of a sharded collection adds, all optional (torchrec's call sh
 * **Deferred input gradient** (``defer_input_grad``): the backward all-to-all starts as soon as the
   output gradient exists and is waited for after the rest of the backward pass, which then runs the
   lookup's backward (``_autograd.py``).
+* **Quantized communication** (``codecs``, ``comm/qcomm.py``): each destination's rows are encoded
+  after packing (the gradient scale applied first) and decoded on arrival, forward and backward
+  (fp16 / bf16: half the bytes of float32).
 
 **Shared memory** on one host (``shm_transport.py``): when every rank of the group runs on this
 host and the tensors are on the CPU, the forward copies each destination's rows into the sender's
@@ -54,6 +57,7 @@ import torch.distributed as dist
 
 from lightrec.distributed.comm._autograd import CollectiveAwaitable, Pending, group_rank_and_size
 from lightrec.distributed.comm._placements import Placement, rank_placements
+from lightrec.distributed.comm.qcomm import QuantizedCommCodecs, RowCodec
 from lightrec.distributed.comm.shm_transport import ShmTransport, shm_transport
 
 __all__ = ["PooledEmbeddingsAllToAll", "PooledEmbeddingsAwaitable", "check_batch_sizes"]
@@ -95,6 +99,11 @@ def _others(flat: torch.Tensor, rows_before: int, own_rows: int, width: int, ski
     return flat[: rows_before * width]
 
 
+def _wire_width(width: int, codec: RowCodec | None) -> int:
+    """Elements per row on the wire: ``width`` floats, or the codec's bytes."""
+    return width if codec is None else codec.wire_width(width)
+
+
 class _PooledAllToAllOp:
     """One call's geometry: forward and adjoint all-to-all (see the module docstring)."""
 
@@ -125,24 +134,25 @@ class _PooledAllToAllOp:
                 p.block_view(dst).copy_(p.output_view(grad))
 
     def start_forward(self, x: torch.Tensor) -> Pending:
-        shm = self.layout.transport(x)
+        shm = self.layout.transport(x, self.layout.forward_codec)
         if shm is not None:
             return self._shm_forward(shm, x.contiguous())
         lay, me = self.layout, self.layout.rank
-        send = x.contiguous()
+        send, codec = x.contiguous(), lay.forward_codec
         b_me, d_me = self.batches[me], lay.dims[me]
-        out_splits = [b_me * w for w in lay.dims]
-        in_splits = [b * d_me for b in self.batches]
+        out_splits = [b_me * _wire_width(w, codec) for w in lay.dims]
+        in_splits = [b * _wire_width(d_me, codec) for b in self.batches]
         if lay.skip_self:
             out_splits[me] = in_splits[me] = 0
-        recv = send.new_empty(sum(out_splits))
         rows_before = sum(self.batches[:me])
-        work = None
+        work, wire = None, send
+        if codec is not None:  # the rows that leave this rank, encoded (its own rows never are)
+            others = _others(send.view(-1), rows_before, b_me, d_me, lay.skip_self)
+            wire = codec.encode(others.view(-1, d_me)) if others.numel() else send.new_empty(0, dtype=torch.uint8)
+        recv = wire.new_empty(sum(out_splits))
         if lay.world_size > 1:
-            work = dist.all_to_all_single(
-                recv, _others(send.view(-1), rows_before, b_me, d_me, lay.skip_self), out_splits, in_splits,
-                group=lay.pg, async_op=True,
-            )  # fmt: skip
+            source = wire.reshape(-1) if codec is not None else _others(send.view(-1), rows_before, b_me, d_me, lay.skip_self)
+            work = dist.all_to_all_single(recv, source, out_splits, in_splits, group=lay.pg, async_op=True)
 
         def finish() -> torch.Tensor:
             blocks, offset = [], 0
@@ -150,8 +160,10 @@ class _PooledAllToAllOp:
                 if r == me and lay.skip_self:  # never left this rank: the input itself
                     blocks.append(send[rows_before : rows_before + b_me])
                     continue
-                blocks.append(recv[offset : offset + b_me * width].view(b_me, width))
-                offset += b_me * width
+                wide = _wire_width(width, codec)
+                block = recv[offset : offset + b_me * wide].view(b_me, wide)
+                blocks.append(block if codec is None else codec.decode(block, width).to(send.dtype))
+                offset += b_me * wide
             if lay.identity and len(blocks) == 1:
                 return blocks[0]
             out = blocks[0].new_empty(b_me, lay.total_width)
@@ -159,7 +171,7 @@ class _PooledAllToAllOp:
                 self._place(out, r, block)
             return out
 
-        return Pending(work, finish, (send, recv))
+        return Pending(work, finish, (send, wire, recv))
 
     def _shm_forward(self, shm: ShmTransport, send: torch.Tensor) -> Pending:
         """The forward through shared memory: each peer's rows into this rank's segment, then each
@@ -189,7 +201,7 @@ class _PooledAllToAllOp:
         b_me, d_me = self.batches[me], lay.dims[me]
         if grad.stride(-1) != 1:  # e.g. the stride-0 gradient of out.sum(): the views need unit column stride
             grad = grad.contiguous()
-        shm = lay.transport(grad)
+        shm = lay.transport(grad, lay.backward_codec)
         if shm is not None:
             return self._shm_backward(shm, grad)
         rows_before = sum(self.batches[:me])
@@ -206,8 +218,10 @@ class _PooledAllToAllOp:
                 dst = send[offset : offset + b_me * width].view(b_me, width)
                 offset += b_me * width
             self._pack(grad, r, dst)
-        work = None
-        if lay.world_size > 1:
+        if lay.world_size <= 1:
+            return Pending(None, lambda: input_grad, (send, input_grad))
+        codec = lay.backward_codec
+        if codec is None:
             recv_splits = [b * d_me for b in self.batches]
             if lay.skip_self:
                 recv_splits[me] = 0
@@ -215,7 +229,30 @@ class _PooledAllToAllOp:
                 _others(input_grad.view(-1), rows_before, b_me, d_me, lay.skip_self), send, recv_splits,
                 send_splits, group=lay.pg, async_op=True,
             )  # fmt: skip
-        return Pending(work, lambda: input_grad, (send, input_grad))
+            return Pending(work, lambda: input_grad, (send, input_grad))
+        # Encoded: each destination's block of rows becomes bytes; received bytes are decoded into
+        # the input gradient's rows of the other ranks' samples once they arrive.
+        pieces, wire_splits, offset = [], [], 0
+        for r, width in enumerate(lay.dims):
+            if send_splits[r]:
+                pieces.append(codec.encode(send[offset : offset + b_me * width].view(b_me, width)).reshape(-1))
+            wire_splits.append(b_me * codec.wire_width(width) if send_splits[r] else 0)
+            offset += send_splits[r]
+        wire = torch.cat(pieces) if pieces else grad.new_empty(0, dtype=torch.uint8)
+        wire_recv_splits = [b * codec.wire_width(d_me) if d_me else 0 for b in self.batches]
+        if lay.skip_self:
+            wire_recv_splits[me] = 0
+        recv_wire = grad.new_empty(sum(wire_recv_splits), dtype=torch.uint8)
+        work = dist.all_to_all_single(recv_wire, wire, wire_recv_splits, wire_splits, group=lay.pg, async_op=True)
+
+        def decode() -> torch.Tensor:
+            target = _others(input_grad.view(-1), rows_before, b_me, d_me, lay.skip_self)
+            if target.numel():
+                rows = target.numel() // d_me
+                target.view(rows, d_me).copy_(codec.decode(recv_wire.view(rows, codec.wire_width(d_me)), d_me))
+            return input_grad
+
+        return Pending(work, decode, (wire, recv_wire, input_grad))
 
     def _shm_backward(self, shm: ShmTransport, grad: torch.Tensor) -> Pending:
         """The backward through shared memory: each peer's gradient columns packed straight into
@@ -258,6 +295,8 @@ class PooledEmbeddingsAllToAll:
             collections' mean-of-losses semantics).
         defer_input_grad: deliver the input's gradient after the rest of the backward pass
             (see the module docstring); ``torch.autograd.grad`` cannot reach the input then.
+        codecs: quantized communication of the forward / backward all-to-all
+            (``lightrec.distributed.comm.qcomm``); rows that stay on this rank are never encoded.
 
     Call it with this rank's ``[B_total, dim_sum_per_rank[rank]]`` embeddings and, when ranks have
     different batch sizes, ``batch_size_per_rank`` (``[W]``, summing to ``B_total``). The result is a
@@ -272,8 +311,11 @@ class PooledEmbeddingsAllToAll:
         column_order: list[int] | None = None,
         grad_scale: float = 1.0,
         defer_input_grad: bool = False,
+        codecs: QuantizedCommCodecs | None = None,
     ) -> None:
         self.pg = pg
+        self.forward_codec = codecs.forward if codecs is not None else None
+        self.backward_codec = codecs.backward if codecs is not None else None
         self.rank, self.world_size = group_rank_and_size(pg)
         dims = [int(d) for d in dim_sum_per_rank]
         if len(dims) != self.world_size or any(d < 0 for d in dims):
@@ -299,9 +341,13 @@ class PooledEmbeddingsAllToAll:
     def dim_sum_per_rank(self) -> list[int]:
         return list(self.dims)
 
-    def transport(self, tensor: torch.Tensor) -> ShmTransport | None:
-        """The shared-memory transport for ``tensor``'s exchange, or None for ``all_to_all_single``."""
-        if self.world_size == 1 or tensor.device.type != "cpu":
+    def transport(self, tensor: torch.Tensor, codec: RowCodec | None) -> ShmTransport | None:
+        """The shared-memory transport for ``tensor``'s exchange, or None for ``all_to_all_single``.
+
+        Encoded exchanges (``codec``) keep to ``all_to_all_single``: the codecs trade CPU time for
+        bytes on a link, and within one host the shared-memory copy is cheaper than the encoding.
+        """
+        if codec is not None or self.world_size == 1 or tensor.device.type != "cpu":
             return None
         return shm_transport(self.pg)
 

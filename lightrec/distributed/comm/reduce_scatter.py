@@ -28,6 +28,7 @@ from lightrec.distributed.comm._autograd import (
 )
 from lightrec.distributed.comm._primitives import start_all_gather, start_reduce_scatter
 from lightrec.distributed.comm.pooled_all_to_all import check_batch_sizes
+from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
 
 __all__ = [
     "PooledEmbeddingsReduceScatter",
@@ -55,22 +56,25 @@ def _comm_device(pg: dist.ProcessGroup | None) -> torch.device:
 
 
 class _ReduceScatterOp:
-    def __init__(self, group: dist.ProcessGroup | None, rank: int, batches: list[int]) -> None:
+    def __init__(
+        self, group: dist.ProcessGroup | None, rank: int, batches: list[int], codecs: QuantizedCommCodecs | None = None
+    ) -> None:
         self.group, self.rank, self.batches = group, rank, batches
+        self.codecs = codecs or QuantizedCommCodecs()
 
     def start_forward(self, x: torch.Tensor) -> Pending:
-        return start_reduce_scatter(x, self.batches, self.rank, self.group)
+        return start_reduce_scatter(x, self.batches, self.rank, self.group, self.codecs.forward)
 
     def start_backward(self, grad: torch.Tensor) -> Pending:
-        return start_all_gather(grad, self.batches, self.rank, self.group)
+        return start_all_gather(grad, self.batches, self.rank, self.group, self.codecs.backward)
 
 
 class _AllGatherOp(_ReduceScatterOp):
     def start_forward(self, x: torch.Tensor) -> Pending:
-        return start_all_gather(x, self.batches, self.rank, self.group)
+        return start_all_gather(x, self.batches, self.rank, self.group, self.codecs.forward)
 
     def start_backward(self, grad: torch.Tensor) -> Pending:
-        return start_reduce_scatter(grad, self.batches, self.rank, self.group)
+        return start_reduce_scatter(grad, self.batches, self.rank, self.group, self.codecs.backward)
 
 
 class ReduceScatterAwaitable(CollectiveAwaitable):
@@ -86,14 +90,17 @@ class PooledEmbeddingsReduceScatter:
 
     Args:
         pg: process group (None: the default group).
+        codecs: quantized communication of the reduce-scatter and of its backward all-gather
+            (``lightrec.distributed.comm.qcomm``); None sends float rows.
 
     Call with ``partial`` ``[B_total, *rest]`` (all ranks' samples in rank order) and, when ranks
     have different batch sizes, ``batch_size_per_rank``; returns a :class:`ReduceScatterAwaitable`
     of ``[batch_size_per_rank[rank], *rest]``. Backward all-gathers the gradient.
     """
 
-    def __init__(self, pg: dist.ProcessGroup | None = None) -> None:
+    def __init__(self, pg: dist.ProcessGroup | None = None, codecs: QuantizedCommCodecs | None = None) -> None:
         self._pg = pg
+        self._codecs = codecs
         self._rank, self._world_size = group_rank_and_size(pg)
 
     def __call__(
@@ -104,7 +111,7 @@ class PooledEmbeddingsReduceScatter:
         batches = check_batch_sizes(
             batch_size_per_rank, partial.shape[0], self._world_size, "PooledEmbeddingsReduceScatter"
         )
-        return ReduceScatterAwaitable(_ReduceScatterOp(self._pg, self._rank, batches), partial)
+        return ReduceScatterAwaitable(_ReduceScatterOp(self._pg, self._rank, batches, self._codecs), partial)
 
 
 class PooledEmbeddingsAllGather:

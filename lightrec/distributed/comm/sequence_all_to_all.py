@@ -23,8 +23,35 @@ import torch.distributed as dist
 
 from lightrec.distributed.comm._autograd import CollectiveAwaitable, Pending, group_rank_and_size
 from lightrec.distributed.comm.kjt_all_to_all import KJTAllToAllTensorsAwaitable
+from lightrec.distributed.comm.qcomm import QuantizedCommCodecs, RowCodec
 
 __all__ = ["SequenceEmbeddingsAllToAll", "SequenceEmbeddingsAwaitable"]
+
+
+def _rows_all_to_all(
+    send: torch.Tensor,
+    rows_in: list[int],
+    rows_out: list[int],
+    group: dist.ProcessGroup | None,
+    codec: RowCodec | None,
+    index: torch.Tensor | None,
+) -> Pending:
+    """All-to-all of ``[N, D]`` rows (``rows_out[r]`` to rank r, ``rows_in[r]`` from it), encoded by
+    ``codec`` on the wire; the received rows are gathered by ``index`` when given."""
+    dim = send.shape[1]
+    wire = send if codec is None else codec.encode(send)
+    width = wire.shape[1]
+    recv = wire.new_empty((sum(rows_in), width))
+    work = dist.all_to_all_single(
+        recv.view(-1), wire.reshape(-1), [n * width for n in rows_in], [n * width for n in rows_out], group=group,
+        async_op=True,
+    )  # fmt: skip
+
+    def finish() -> torch.Tensor:
+        rows = recv if codec is None else codec.decode(recv, dim).to(send.dtype)
+        return rows if index is None else rows.index_select(0, index)
+
+    return Pending(work, finish, (wire, recv))
 
 
 class _SequenceAllToAllOp:
@@ -34,39 +61,25 @@ class _SequenceAllToAllOp:
         rows_to_source: list[int],
         rows_from_owner: list[int],
         value_index: torch.Tensor | None,
+        codecs: QuantizedCommCodecs | None = None,
     ) -> None:
+        self.codecs = codecs or QuantizedCommCodecs()
         self.group = group
         self.rows_to_source = rows_to_source
         self.rows_from_owner = rows_from_owner
         self.value_index = value_index
 
     def start_forward(self, x: torch.Tensor) -> Pending:
-        dim = x.shape[1]
         send = x.contiguous()
         if self.value_index is not None:
             # Output row j came from received position value_index[j]: scatter back.
             send = torch.empty_like(send).index_copy_(0, self.value_index, send)
-        recv = send.new_empty((sum(self.rows_from_owner), dim))
-        work = dist.all_to_all_single(
-            recv.view(-1), send.view(-1), [n * dim for n in self.rows_from_owner],
-            [n * dim for n in self.rows_to_source], group=self.group, async_op=True,
-        )  # fmt: skip
-        return Pending(work, lambda: recv, (send, recv))
+        return _rows_all_to_all(send, self.rows_from_owner, self.rows_to_source, self.group, self.codecs.forward, None)
 
     def start_backward(self, grad: torch.Tensor) -> Pending:
-        grad = grad.contiguous()  # the send buffer must stay alive until the transfer is done (keep)
-        dim = grad.shape[1]
-        recv = grad.new_empty((sum(self.rows_to_source), dim))
-        work = dist.all_to_all_single(
-            recv.view(-1), grad.reshape(-1), [n * dim for n in self.rows_to_source],
-            [n * dim for n in self.rows_from_owner], group=self.group, async_op=True,
-        )  # fmt: skip
-        index = self.value_index
-
-        def finish() -> torch.Tensor:
-            return recv if index is None else recv.index_select(0, index)
-
-        return Pending(work, finish, (grad, recv))
+        return _rows_all_to_all(
+            grad.contiguous(), self.rows_to_source, self.rows_from_owner, self.group, self.codecs.backward, self.value_index
+        )
 
 
 class SequenceEmbeddingsAwaitable(CollectiveAwaitable):
@@ -78,10 +91,12 @@ class SequenceEmbeddingsAllToAll:
 
     Args:
         pg: process group (None: the default group).
+        codecs: quantized communication of the rows, forward and backward (``comm.qcomm``).
     """
 
-    def __init__(self, pg: dist.ProcessGroup | None = None) -> None:
+    def __init__(self, pg: dist.ProcessGroup | None = None, codecs: QuantizedCommCodecs | None = None) -> None:
         self._pg = pg
+        self._codecs = codecs
         self._rank, self._world_size = group_rank_and_size(pg)
 
     def __call__(
@@ -101,6 +116,6 @@ class SequenceEmbeddingsAllToAll:
                 f"rank {self._rank}), got shape {tuple(local_embs.shape)}"
             )
         op = _SequenceAllToAllOp(
-            self._pg, input_dist.values_per_rank, input_dist.values_sent_per_rank, input_dist.value_index
+            self._pg, input_dist.values_per_rank, input_dist.values_sent_per_rank, input_dist.value_index, self._codecs
         )
         return SequenceEmbeddingsAwaitable(op, local_embs)

@@ -14,6 +14,11 @@ report and the per-rank chart.
 ``planning.py``        ``plan_sharding``, ``topology_for``, ``plan_report_for``: what every entry
                        point calls
 ``report.py``          ``PlannerReport`` (text and markdown); ``chart.py``: ``plan_chart``
+torchrec's classes     ``enumerators.py`` (``EmbeddingEnumerator``), ``shard_estimators.py``,
+                       ``proposers.py``, ``partitioners.py`` (``GreedyPerfPartitioner``),
+                       ``storage_reservations.py``, ``perf_models.py``, ``types.py``
+                       (``ShardingOption`` and the interfaces), over ``options.py``,
+                       ``sharding_options.py``, ``search.py``, ``errors.py``
 =====================  =======================================================================
 
 torchrec's paths re-export from here: ``lightrec.distributed.types`` (the plan types and
@@ -22,6 +27,9 @@ docs/planner.md for the cost model and the algorithm. ``PlanReport`` is the form
 :class:`PlannerReport` (an alias).
 """
 
+from lightrec.distributed.planner.enumerators import EmbeddingEnumerator
+from lightrec.distributed.planner.partitioners import GreedyPerfPartitioner, SortBy
+from lightrec.distributed.planner.perf_models import NoopPerfModel
 from lightrec.distributed.planner.plan import (
     EmbeddingComputeKernel,
     EmbeddingModuleShardingPlan,
@@ -48,16 +56,31 @@ from lightrec.distributed.planner.plan_builders import (
 )
 from lightrec.distributed.planner.planners import EmbeddingShardingPlanner
 from lightrec.distributed.planner.planning import PlanningResult, plan_report_for, plan_sharding, topology_for
+from lightrec.distributed.planner.proposers import GreedyProposer, GridSearchProposer, UniformProposer
 from lightrec.distributed.planner.report import PlannerReport, PlanReport, TableReport
+from lightrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
 from lightrec.distributed.planner.sharder import ModuleSharder
-from lightrec.distributed.planner.types import ParameterConstraints, PlannerError, Topology
+from lightrec.distributed.planner.storage_reservations import (
+    FixedPercentageStorageReservation,
+    HeuristicalStorageReservation,
+)
+from lightrec.distributed.planner.types import ParameterConstraints, PlannerError, ShardingOption, Topology
 
 __all__ = [
     "EmbeddingComputeKernel",
+    "EmbeddingEnumerator",
     "EmbeddingModuleShardingPlan",
+    "EmbeddingPerfEstimator",
     "EmbeddingShardingPlanner",
+    "EmbeddingStorageEstimator",
     "EnumerableShardingSpec",
+    "FixedPercentageStorageReservation",
+    "GreedyPerfPartitioner",
+    "GreedyProposer",
+    "GridSearchProposer",
+    "HeuristicalStorageReservation",
     "ModuleSharder",
+    "NoopPerfModel",
     "ParameterConstraints",
     "ParameterSharding",
     "ParameterShardingGenerator",
@@ -66,10 +89,13 @@ __all__ = [
     "PlannerReport",
     "PlanningResult",
     "ShardMetadata",
+    "ShardingOption",
     "ShardingPlan",
     "ShardingType",
+    "SortBy",
     "TableReport",
     "Topology",
+    "UniformProposer",
     "balanced_table_wise_plan",
     "column_wise",
     "column_wise_shard_sizes",

@@ -17,9 +17,10 @@ table-row-wise on one host is row-wise, ...) unless the earlier one is not allow
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+from torch import nn
 
 from lightrec.distributed.planner.estimators import (
     CW,
@@ -31,44 +32,18 @@ from lightrec.distributed.planner.estimators import (
     TableArrays,
     estimate_shards,
 )
-from lightrec.distributed.planner.types import Topology
+from lightrec.distributed.planner.options import Options, finish_options
+from lightrec.distributed.planner.sharding_options import to_sharding_options
+from lightrec.distributed.planner.tables import collect_tables, find_shardable_modules
+from lightrec.distributed.planner.types import (
+    Enumerator,
+    ParameterConstraints,
+    ShardEstimator,
+    ShardingOption,
+    Topology,
+)
 
-__all__ = ["Options", "enumerate_options"]
-
-
-@dataclass
-class Options:
-    """All options of all tables (``O`` options, ``S`` shards).
-
-    Attributes:
-        table, stype, kernel, nshards, start: ``[O]`` option description; the shards of option
-            ``o`` are ``start[o] : start[o] + nshards[o]`` in the shard arrays.
-        first, count: ``[T]`` the options of table ``t`` are ``first[t] : first[t] + count[t]``.
-        sh_idx, sh_rows, sh_cols, sh_storage, sh_cost: ``[S]`` shard index inside its option,
-            shard shape, storage bytes and cost seconds.
-        footprint: ``[O]`` most bytes the option puts on one rank.
-        max_cost: ``[O]`` cost of its most expensive shard.
-        total_storage, total_cost: ``[O]`` summed over all ranks (replicas counted ``W`` times).
-        fits: ``[O]`` whether the option fits the topology on its own.
-    """
-
-    table: np.ndarray
-    stype: np.ndarray
-    kernel: np.ndarray
-    nshards: np.ndarray
-    start: np.ndarray
-    first: np.ndarray
-    count: np.ndarray
-    sh_idx: np.ndarray
-    sh_rows: np.ndarray
-    sh_cols: np.ndarray
-    sh_storage: np.ndarray
-    sh_cost: np.ndarray
-    footprint: np.ndarray
-    max_cost: np.ndarray
-    total_storage: np.ndarray
-    total_cost: np.ndarray
-    fits: np.ndarray
+__all__ = ["EmbeddingEnumerator", "Options", "enumerate_options", "finish_options"]
 
 
 def _column_counts(cols: int, min_partition: int, limit: int) -> list[int]:
@@ -118,7 +93,6 @@ def _table_options(t: TableArrays, i: int, topo: Topology) -> list[tuple[int, in
 
 def enumerate_options(t: TableArrays, topo: Topology) -> Options:
     """Enumerate every table's options and estimate all their shards."""
-    W, L = topo.world_size, topo.local_size
     per_table = [_table_options(t, i, topo) for i in range(len(t))]
     count = np.array([len(o) for o in per_table], dtype=np.int64)
     first = np.concatenate([[0], np.cumsum(count)[:-1]]).astype(np.int64)
@@ -144,44 +118,56 @@ def enumerate_options(t: TableArrays, topo: Topology) -> Options:
     sh_rows = np.where(row_split, split_rows, R)
     sh_cols = np.where(col_split, split_cols, D)
     sh_storage, sh_cost = estimate_shards(t, topo, sh_table, sh_type, kernel[sh_opt], sh_rows, sh_cols)
+    return finish_options(
+        Options(table=table, stype=stype, kernel=kernel, nshards=nshards, start=start, first=first, count=count,
+                sh_idx=sh_idx, sh_rows=sh_rows, sh_cols=sh_cols, sh_storage=sh_storage, sh_cost=sh_cost,
+                footprint=_EMPTY, max_cost=_EMPTY, total_storage=_EMPTY, total_cost=_EMPTY, fits=_EMPTY),
+        topo,
+    )  # fmt: skip
 
-    # ---- per-option aggregates ------------------------------------------------------------
-    footprint = np.maximum.reduceat(sh_storage, start)
-    max_cost = np.maximum.reduceat(sh_cost, start)
-    replicas = np.where(stype == DP, W, 1)
-    total_storage = np.add.reduceat(sh_storage, start) * replicas
-    total_cost = np.add.reduceat(sh_cost, start) * replicas
 
-    caps = topo.storage_caps
-    fits = footprint <= caps.max()
-    fits &= np.where(stype == DP, footprint <= caps.min(), True)
-    # Row-wise shard i lives on rank i: every shard must fit its own rank.
-    rw_ok = np.logical_and.reduceat(np.where(sh_type == RW, sh_storage <= caps[sh_idx % W], True), start)
-    fits &= rw_ok
-    # Host-bound types: some host must hold all shards (shard i on local rank i).
-    host_caps = caps.reshape(-1, L)
-    for code in (TWRW, TWCW):
-        for k in np.unique(nshards[stype == code]).tolist():
-            opts = np.flatnonzero((stype == code) & (nshards == k))
-            mat = sh_storage[start[opts][:, None] + np.arange(k)[None, :]]  # [O_g, k]
-            ok = np.any(np.all(mat[:, None, :] <= host_caps[None, :, :k], axis=2), axis=1)
-            fits[opts] &= ok
-    return Options(
-        table=table,
-        stype=stype,
-        kernel=kernel,
-        nshards=nshards,
-        start=start,
-        first=first,
-        count=count,
-        sh_idx=sh_idx,
-        sh_rows=sh_rows,
-        sh_cols=sh_cols,
-        sh_storage=sh_storage,
-        sh_cost=sh_cost,
-        footprint=footprint,
-        max_cost=max_cost,
-        total_storage=total_storage,
-        total_cost=total_cost,
-        fits=fits,
-    )
+_EMPTY = np.zeros(0)
+
+
+class EmbeddingEnumerator(Enumerator):
+    """torchrec's enumerator: every sharding option of every table, as ``ShardingOption`` s.
+
+    Given to ``EmbeddingShardingPlanner(enumerator=...)`` it supplies the planner's topology,
+    batch size and constraints where the planner has none of its own; its ``estimator`` s (torchrec's
+    ``EmbeddingPerfEstimator`` / ``EmbeddingStorageEstimator``, or your own) may rewrite each shard's
+    perf and storage, and the planner plans with the rewritten numbers. A subclass that overrides
+    :meth:`enumerate` restricts the planner to the options it returns.
+
+    Args:
+        topology: the cluster.
+        batch_size: per-rank batch size of the cost model.
+        constraints: ``{table: ParameterConstraints}``.
+        estimator: one ``ShardEstimator`` or a list; lightrec's estimates are filled in first.
+        use_exact_enumerate_order: accepted for torchrec's signature (lightrec's order is fixed).
+    """
+
+    def __init__(
+        self,
+        topology: Topology,
+        batch_size: int = 512,
+        constraints: dict[str, ParameterConstraints] | None = None,
+        estimator: ShardEstimator | list[ShardEstimator] | None = None,
+        use_exact_enumerate_order: bool = False,
+    ) -> None:
+        self.topology = topology
+        self.batch_size = batch_size
+        self.constraints = dict(constraints or {})
+        self.estimators = list(estimator) if isinstance(estimator, list) else ([estimator] if estimator else [])
+
+    def enumerate(self, module: nn.Module, sharders: list[Any]) -> list[ShardingOption]:
+        """Every option of every table of ``module``'s shardable collections, estimated."""
+        modules = find_shardable_modules(module, sharders)
+        tables = collect_tables(modules, self.topology, self.constraints, self.batch_size)
+        opts = enumerate_options(tables, self.topology)
+        options = to_sharding_options(tables, opts, modules, self.topology, self.batch_size)
+        self.populate_estimates(options)
+        return options
+
+    def populate_estimates(self, sharding_options: list[ShardingOption]) -> None:
+        for estimator in self.estimators:
+            estimator.estimate(sharding_options)

@@ -61,6 +61,8 @@ class TableArrays:
         opt_elem, opt_row: fp32 optimizer values per weight element / per row.
         allowed: per table, ``[(sharding type code, [kernel codes])]`` in preference order.
         min_partition: narrowest column shard per table.
+        row_state: bytes per row of other per-row state (a managed-collision id map and its
+            eviction metadata), or None for none.
     """
 
     keys: list[tuple[str, str]]
@@ -75,6 +77,7 @@ class TableArrays:
     opt_row: np.ndarray
     allowed: list[list[tuple[int, list[int]]]]
     min_partition: np.ndarray
+    row_state: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -125,6 +128,8 @@ def estimate_shards(
 
     # ---- storage -------------------------------------------------------------------------
     weights = rows * cols * E + np.where(kernel == QUANT, rows * t.row_overhead[table], 0.0)
+    if t.row_state is not None:
+        weights = weights + rows * t.row_state[table]  # e.g. the id map of a managed-collision table
     opt_state = np.where(
         training, GRAD_BYTES * (rows * cols * t.opt_elem[table] + rows * t.opt_row[table]), 0.0
     )

@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from enum import Enum
 
 import numpy as np
 
-from lightrec.distributed.planner.enumerators import Options
 from lightrec.distributed.planner.estimators import CW, DP, RW, TW, TWCW, TWRW
-from lightrec.distributed.planner.types import Topology
+from lightrec.distributed.planner.options import Options
+from lightrec.distributed.planner.types import Partitioner, PlannerError, ShardingOption, Topology
 
-__all__ = ["Placement", "partition", "refine"]
+__all__ = ["GreedyPerfPartitioner", "Placement", "SortBy", "partition", "refine"]
 
 _EPS = 1e-12
 
@@ -56,8 +57,13 @@ def _shards(opts: Options, o: int) -> slice:
     return slice(s, s + int(opts.nshards[o]))
 
 
-def partition(opts: Options, choice: np.ndarray, topo: Topology) -> Placement:
-    """Place the shards of ``choice`` (one option per table) on ranks; see the module docstring."""
+def partition(opts: Options, choice: np.ndarray, topo: Topology, sort_by: str = "perf") -> Placement:
+    """Place the shards of ``choice`` (one option per table) on ranks; see the module docstring.
+
+    ``sort_by``: ``"perf"`` places the most expensive shards first (ties: the largest), ``"storage"``
+    the largest first (ties: the most expensive) -- torchrec's ``SortBy``.
+    """
+    by_storage = sort_by == "storage"
     W, L = topo.world_size, topo.local_size
     caps = topo.storage_caps
     T = len(choice)
@@ -79,7 +85,8 @@ def partition(opts: Options, choice: np.ndarray, topo: Topology) -> Placement:
         return Placement(choice, ranks, load, mem, np.flatnonzero((stype == DP) | (stype == RW)).tolist())
 
     host_tables = np.flatnonzero((stype == TWRW) | (stype == TWCW))
-    host_order = host_tables[np.lexsort((host_tables, -opts.total_cost[choice[host_tables]]))]
+    host_key = (opts.total_storage if by_storage else opts.total_cost)[choice[host_tables]]
+    host_order = host_tables[np.lexsort((host_tables, -host_key))]
     caps_h = caps.reshape(-1, L)
     for t in host_order.tolist():
         sl = _shards(opts, int(choice[t]))
@@ -101,7 +108,7 @@ def partition(opts: Options, choice: np.ndarray, topo: Topology) -> Placement:
         first = np.repeat(opts.start[choice[movable]] - np.concatenate([[0], np.cumsum(n)[:-1]]), n)
         idx = first + np.arange(int(n.sum()))
         cost, stor = opts.sh_cost[idx], opts.sh_storage[idx]
-        order = np.lexsort((idx, -stor, -cost)).tolist()
+        order = (np.lexsort((idx, -cost, -stor)) if by_storage else np.lexsort((idx, -stor, -cost))).tolist()
         loads, free = load.tolist(), (caps - mem).tolist()
         heap = [(loads[r], r) for r in range(W)]
         heapq.heapify(heap)
@@ -241,3 +248,94 @@ def refine(opts: Options, pl: Placement, topo: Topology, max_steps: int | None =
         if not improved:
             break
     return Placement(choice, ranks, load, mem, [])
+
+
+class SortBy(Enum):
+    """Which shards :class:`GreedyPerfPartitioner` places first: the largest or the most expensive."""
+
+    STORAGE = "storage"
+    PERF = "perf"
+
+
+def _shard_storage(so: ShardingOption, i: int, on_hbm: bool) -> float:
+    st = so.shards[i].storage
+    return 0.0 if st is None else float(st.hbm if on_hbm else st.ddr)
+
+
+def _shard_perf(so: ShardingOption, i: int) -> float:
+    pf = so.shards[i].perf
+    return 0.0 if pf is None else float(pf.total)
+
+
+class GreedyPerfPartitioner(Partitioner):
+    """torchrec's greedy partitioner: fixed shards first, then host groups, then the remaining shards,
+    largest first (``SortBy.STORAGE``) or most expensive first (``SortBy.PERF``), each on the
+    least-loaded rank with room.
+
+    Given to ``EmbeddingShardingPlanner(partitioner=...)`` it runs as lightrec's vectorised
+    :func:`partition` with this ``sort_by`` (``balance_modules=True`` runs :meth:`partition` on
+    the ``ShardingOption`` s instead, placing the modules with the most work first). Called directly,
+    :meth:`partition` sets ``shard.rank`` of every shard of ``proposal``.
+
+    Args:
+        sort_by: ``SortBy.STORAGE`` (torchrec's default) or ``SortBy.PERF`` (lightrec's own default
+            when no partitioner is given).
+        balance_modules: place the options of the module with the most work first.
+    """
+
+    def __init__(self, sort_by: SortBy = SortBy.STORAGE, balance_modules: bool = False) -> None:
+        self.sort_by = SortBy(sort_by)
+        self.balance_modules = balance_modules
+
+    def partition(self, proposal: list[ShardingOption], storage_constraint: Topology) -> list[ShardingOption]:
+        topo = storage_constraint
+        W, L = topo.world_size, topo.local_size
+        on_hbm = topo.compute_device == "cuda"
+        free = topo.storage_caps.astype(np.float64).copy()
+        load = np.zeros(W)
+
+        def put(so: ShardingOption, i: int, rank: int) -> None:
+            need = _shard_storage(so, i, on_hbm)
+            if need > free[rank]:
+                raise PlannerError(
+                    f"shard {i} of table {so.fqn!r} needs {need:.0f} bytes; rank {rank} has {free[rank]:.0f} left",
+                    [so.name], need, float(free[rank]),
+                )  # fmt: skip
+            free[rank] -= need
+            load[rank] += _shard_perf(so, i)
+            so.shards[i].rank = rank
+
+        module_work: dict[str, float] = {}
+        for so in proposal:
+            module_work[so.path] = module_work.get(so.path, 0.0) + so.total_perf
+        for so in proposal:
+            if so.partition_by == "uniform":
+                if so.sharding_type == "data_parallel":
+                    for r in range(W):  # one replica per rank (the option's single shard stands for all)
+                        free[r] -= _shard_storage(so, 0, on_hbm)
+                        load[r] += _shard_perf(so, 0)
+                    so.shards[0].rank = None
+                else:
+                    for i in range(len(so.shards)):
+                        put(so, i, i % W)
+        if (free < 0).any():
+            raise PlannerError("replicated and row-wise tables alone exceed a rank's memory", [], 0.0, float(free.min()))
+        key = (lambda so, i: _shard_storage(so, i, on_hbm)) if self.sort_by == SortBy.STORAGE else _shard_perf
+        host_groups = [so for so in proposal if so.partition_by == "host"]
+        for so in sorted(host_groups, key=lambda so: -sum(key(so, i) for i in range(len(so.shards)))):
+            k = len(so.shards)
+            hosts = [h for h in range(W // L)
+                     if all(_shard_storage(so, i, on_hbm) <= free[h * L + i] for i in range(k))]  # fmt: skip
+            if not hosts:
+                raise PlannerError(f"no host has room for the shards of table {so.fqn!r}", [so.name], 0.0, 0.0)
+            h = min(hosts, key=lambda h: max(load[h * L + i] + _shard_perf(so, i) for i in range(k)))
+            for i in range(k):
+                put(so, i, h * L + i)
+        shards = [(so, i) for so in proposal if so.partition_by == "device" for i in range(len(so.shards))]
+        shards.sort(key=lambda s: (-module_work[s[0].path] if self.balance_modules else 0.0, -key(*s)))
+        for so, i in shards:
+            room = [r for r in range(W) if free[r] >= _shard_storage(so, i, on_hbm)]
+            if not room:
+                raise PlannerError(f"no rank has room for shard {i} of table {so.fqn!r}", [so.name], 0.0, 0.0)
+            put(so, i, min(room, key=lambda r: (load[r], r)))
+        return proposal

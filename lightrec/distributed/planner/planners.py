@@ -11,14 +11,15 @@ The best plan has the least estimated cost on its busiest rank (then the least t
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
+from typing import Any
 
 import numpy as np
 import torch.distributed as dist
 from torch import nn
 
-from lightrec.distributed.planner.enumerators import Options, enumerate_options
+from lightrec.distributed.planner.enumerators import EmbeddingEnumerator, Options, enumerate_options
+from lightrec.distributed.planner.errors import gib, no_packing_error, too_big_error
 from lightrec.distributed.planner.estimators import (
     CW,
     DP,
@@ -31,6 +32,7 @@ from lightrec.distributed.planner.estimators import (
     estimate_shards,
 )
 from lightrec.distributed.planner.partitioners import Placement, partition, refine
+from lightrec.distributed.planner.perf_models import NoopPerfModel
 from lightrec.distributed.planner.plan import (
     EmbeddingModuleShardingPlan,
     ParameterSharding,
@@ -38,11 +40,28 @@ from lightrec.distributed.planner.plan import (
     ShardMetadata,
     placement_for,
 )
-from lightrec.distributed.planner.proposers import escalate, greedy_proposal, memory_dp_proposal
+from lightrec.distributed.planner.proposers import (
+    GreedyProposer,
+    escalate,
+    greedy_proposal,
+    memory_dp_proposal,
+)
 from lightrec.distributed.planner.report import PlannerReport, TableReport
+from lightrec.distributed.planner.search import protocol_search, vectorised_partitioner
+from lightrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
 from lightrec.distributed.planner.sharder import ModuleSharder
+from lightrec.distributed.planner.sharding_options import option_index, write_back_estimates
 from lightrec.distributed.planner.tables import ShardableModule, collect_tables, find_shardable_modules
-from lightrec.distributed.planner.types import ParameterConstraints, PlannerError, Topology
+from lightrec.distributed.planner.types import (
+    Enumerator,
+    ParameterConstraints,
+    Partitioner,
+    PerfModel,
+    PlannerError,
+    Proposer,
+    StorageReservation,
+    Topology,
+)
 from lightrec.distributed.sharding_env import resolve_group
 
 __all__ = ["EmbeddingShardingPlanner"]
@@ -51,19 +70,29 @@ DEFAULT_BATCH_SIZE = 512
 _MAX_REPAIR_ROUNDS = 200
 
 
-def _gib(x: float) -> str:
-    return f"{x / 1024**3:.3f} GiB"
-
-
 class EmbeddingShardingPlanner:
     """Plans how to shard every embedding table of a model.
 
-    Args:
-        topology: the cluster; default: ``Topology(world_size)`` of the process group (or 1).
-        batch_size: per-rank batch size used by the cost model (default 512).
-        constraints: ``{table name: ParameterConstraints}``.
-        storage_reservation: fraction of each rank's table memory kept free for everything else
-            (dense parameters, activations); 0.0 plans right up to the caps.
+    Args (torchrec's, in torchrec's order):
+        topology: the cluster; default: the enumerator's, else ``Topology(world_size)`` of the
+            process group (or 1).
+        batch_size: per-rank batch size used by the cost model (default: the enumerator's, else 512).
+        enumerator: an :class:`~lightrec.distributed.planner.enumerators.EmbeddingEnumerator` (its
+            topology, batch size and constraints fill in the planner's missing ones; its
+            estimators' numbers are planned with), or any ``Enumerator``: the planner then keeps to
+            the options it returns.
+        storage_reservation: a fraction of each rank's table memory kept free, or a
+            ``StorageReservation`` (:mod:`lightrec.distributed.planner.storage_reservations`).
+        proposer: a ``Proposer`` or a list. None, or lightrec's ``GreedyProposer`` alone, runs
+            lightrec's search (greedy, memory DP, repair, refinement); others run the proposers'
+            proposals through the partitioner (:mod:`lightrec.distributed.planner.search`).
+        partitioner: None or ``GreedyPerfPartitioner`` (vectorised; ``sort_by`` honoured), or any
+            ``Partitioner`` (run on the proposals' ``ShardingOption`` s).
+        performance_model: a ``PerfModel`` rating partitioned proposals (None/``NoopPerfModel``:
+            the busiest rank's cost).
+        stats, debug, callbacks, timeout_seconds: accepted for torchrec's signature; lightrec's
+            report is :attr:`last_report` (they do not change the plan).
+        constraints: ``{table name: ParameterConstraints}`` (default: the enumerator's).
 
     After :meth:`plan`, :attr:`last_report` holds the :class:`PlannerReport` of the returned plan.
     """
@@ -72,20 +101,57 @@ class EmbeddingShardingPlanner:
         self,
         topology: Topology | None = None,
         batch_size: int | None = None,
+        enumerator: Enumerator | None = None,
+        storage_reservation: float | StorageReservation = 0.0,
+        proposer: Proposer | list[Proposer] | None = None,
+        partitioner: Partitioner | None = None,
+        performance_model: PerfModel | None = None,
+        stats: Any = None,
         constraints: dict[str, ParameterConstraints] | None = None,
-        storage_reservation: float = 0.0,
+        debug: bool = True,
+        callbacks: Any = None,
+        timeout_seconds: int | None = None,
     ) -> None:
         if topology is not None and not isinstance(topology, Topology):
             raise TypeError(f"topology must be a Topology, got {type(topology).__name__}")
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size <= 0):
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        if not 0.0 <= storage_reservation < 1.0:
-            raise ValueError(f"storage_reservation must be in [0, 1), got {storage_reservation!r}")
-        self._topology = topology
-        self._batch_size = batch_size or DEFAULT_BATCH_SIZE
-        self._constraints = dict(constraints or {})
+        if not isinstance(storage_reservation, StorageReservation) and not 0.0 <= storage_reservation < 1.0:
+            raise ValueError(
+                f"storage_reservation must be a fraction in [0, 1) or a StorageReservation, got {storage_reservation!r}"
+            )
+        for name, part, kind in (("enumerator", enumerator, Enumerator), ("partitioner", partitioner, Partitioner),
+                                 ("performance_model", performance_model, PerfModel)):  # fmt: skip
+            if part is not None and not isinstance(part, kind):
+                raise TypeError(f"{name} must be a {kind.__name__}, got {type(part).__name__}")
+        proposers = proposer if isinstance(proposer, list) else ([proposer] if proposer is not None else [])
+        bad = [type(p).__name__ for p in proposers if not isinstance(p, Proposer)]
+        if bad:
+            raise TypeError(f"proposer must be Proposer(s), got {bad}")
+        self._enumerator = enumerator
+        self._topology = topology or getattr(enumerator, "topology", None)
+        self._batch_size = batch_size or getattr(enumerator, "batch_size", None) or DEFAULT_BATCH_SIZE
+        self._constraints = dict(constraints or getattr(enumerator, "constraints", None) or {})
         self._reservation = storage_reservation
+        self._proposers = proposers
+        self._partitioner = partitioner
+        self._perf_model = performance_model
         self.last_report: PlannerReport | None = None
+
+    def _uses_lightrec_search(self) -> bool:
+        """None of the given parts needs the ShardingOption protocol (module docstring of search.py)."""
+        lightrec_greedy = all(type(p) is GreedyProposer for p in self._proposers) and len(self._proposers) <= 1
+        default_rating = self._perf_model is None or type(self._perf_model) is NoopPerfModel
+        return lightrec_greedy and default_rating and vectorised_partitioner(self._partitioner) is not None
+
+    def _custom_enumerator(self) -> bool:
+        e = self._enumerator
+        if e is None:
+            return False
+        if type(e).enumerate is not EmbeddingEnumerator.enumerate:
+            return True
+        defaults = (EmbeddingPerfEstimator, EmbeddingStorageEstimator)
+        return any(type(est) not in defaults for est in getattr(e, "estimators", []))
 
     # ---- public API --------------------------------------------------------------------------
     def plan(self, module: nn.Module, sharders: list[ModuleSharder]) -> ShardingPlan:
@@ -204,25 +270,55 @@ class EmbeddingShardingPlanner:
     # ---- pipeline ----------------------------------------------------------------------------
     def _plan(self, module: nn.Module, sharders: list[ModuleSharder], topo: Topology) -> ShardingPlan:
         t0 = time.perf_counter()
-        if self._reservation:
-            keep = 1.0 - self._reservation
-            topo = dataclasses.replace(
-                topo, hbm_cap=(topo.hbm_caps * keep).tolist(), ddr_cap=(topo.ddr_caps * keep).tolist()
-            )
+        topo = self._reserve(topo, module, sharders)
         modules = find_shardable_modules(module, sharders)
         tables = collect_tables(modules, topo, self._constraints, self._batch_size)
         if len(tables) == 0:
             self.last_report = None
             return ShardingPlan({m.path: EmbeddingModuleShardingPlan() for m in modules})
         opts = enumerate_options(tables, topo)
+        if self._custom_enumerator():
+            assert self._enumerator is not None  # _custom_enumerator checked it
+            enumerated = self._enumerator.enumerate(module, sharders)
+            keep = np.zeros(len(opts.fits), dtype=bool)
+            keep[[option_index(so, tables, opts) for so in enumerated]] = True
+            opts.fits &= keep
+            write_back_estimates(enumerated, tables, opts, topo)
         no_fit = [
             t
             for t in range(len(tables))
             if not opts.fits[opts.first[t] : opts.first[t] + opts.count[t]].any()
         ]
         if no_fit:
-            raise _too_big_error(tables, opts, topo, no_fit)
+            raise too_big_error(tables, opts, topo, no_fit)
+        if self._uses_lightrec_search():
+            name, pl = self._lightrec_search(opts, tables, topo)
+        else:
+            found = protocol_search(opts, tables, modules, topo, self._batch_size, self._proposers or [GreedyProposer()],
+                                    self._partitioner, self._perf_model)  # fmt: skip
+            if found is None:
+                raise PlannerError(
+                    f"none of the proposals of {[type(p).__name__ for p in self._proposers]} could be partitioned "
+                    f"onto {topo.world_size} rank(s) with {gib(float(topo.storage_caps.max()))} of "
+                    f"{topo.storage_kind} each; add GreedyProposer() to the proposers or give the ranks more memory",
+                    [k[1] for k in tables.keys], float(opts.total_storage.sum()), float(topo.storage_caps.max()),
+                )  # fmt: skip
+            name, pl = found
+        plan = _build_plan(modules, tables, opts, pl, topo)
+        self.last_report = _build_report(tables, opts, pl, topo, name, time.perf_counter() - t0)
+        return plan
 
+    def _reserve(self, topo: Topology, module: nn.Module, sharders: list[ModuleSharder]) -> Topology:
+        if isinstance(self._reservation, StorageReservation):
+            return self._reservation.reserve(topo, self._batch_size, module, sharders, self._constraints)
+        if not self._reservation:
+            return topo
+        keep = 1.0 - self._reservation
+        return dataclasses.replace(topo, hbm_cap=(topo.hbm_caps * keep).tolist(), ddr_cap=(topo.ddr_caps * keep).tolist())
+
+    def _lightrec_search(self, opts: Options, tables: TableArrays, topo: Topology) -> tuple[str, Placement]:
+        """Greedy and memory-DP proposals, each packed with repair and refined; the best one."""
+        sort_by = vectorised_partitioner(self._partitioner) or "perf"
         proposals = [("greedy", greedy_proposal(opts))]
         total = float(topo.storage_caps.sum())
         if opts.total_storage[proposals[0][1]].sum() > total:
@@ -234,7 +330,7 @@ class EmbeddingShardingPlanner:
         result: tuple[str, Placement] | None = None
         failed: Placement | None = None
         for i, (name, choice) in enumerate(proposals):
-            pl = _place_with_repair(opts, choice.copy(), topo)
+            pl = _place_with_repair(opts, choice.copy(), topo, sort_by)
             if not pl.ok:
                 failed = failed or pl
                 continue
@@ -244,16 +340,13 @@ class EmbeddingShardingPlanner:
                 best, result = key, (name, pl)
         if result is None:
             assert failed is not None  # every proposal (there is at least the greedy one) failed to pack
-            raise _no_packing_error(tables, opts, topo, failed)
-        name, pl = result
-        plan = _build_plan(modules, tables, opts, pl, topo)
-        self.last_report = _build_report(tables, opts, pl, topo, name, time.perf_counter() - t0)
-        return plan
+            raise no_packing_error(tables, opts, topo, failed)
+        return result
 
 
-def _place_with_repair(opts: Options, choice: np.ndarray, topo: Topology) -> Placement:
+def _place_with_repair(opts: Options, choice: np.ndarray, topo: Topology, sort_by: str = "perf") -> Placement:
     """Partition; while tables do not pack, move them (or the biggest others) to smaller options."""
-    pl = partition(opts, choice, topo)
+    pl = partition(opts, choice, topo, sort_by)
     for _ in range(_MAX_REPAIR_ROUNDS):
         if pl.ok:
             return pl
@@ -274,7 +367,7 @@ def _place_with_repair(opts: Options, choice: np.ndarray, topo: Topology) -> Pla
                         break
         if not changed:
             return pl
-        pl = partition(opts, choice, topo)
+        pl = partition(opts, choice, topo, sort_by)
     return pl
 
 
@@ -312,7 +405,8 @@ def _build_plan(
                 ranks=[int(r) for r in pl.ranks[t].tolist()],
                 sharding_spec=None if st == DP else _shard_specs(opts, o, pl.ranks[t], topo),
             )
-        plan.plan[m.path] = mp
+        # A sharder may lay its shards out further (managed-collision tables: row blocks on whole buckets).
+        plan.plan[m.path] = m.sharder.finalize_module_plan(m.module, mp, topo.world_size)
     return plan
 
 
@@ -346,82 +440,3 @@ def _build_report(
         planning_s=seconds,
         proposer=proposer,
     )
-
-
-# ---- errors that say what to change -------------------------------------------------------------
-def _describe(tables: TableArrays, t: int, opts: Options) -> str:
-    path, name = tables.keys[t]
-    where = f" in {path!r}" if path else ""
-    return f"table {name!r}{where} [{tables.rows[t]} x {tables.cols[t]}]"
-
-
-def _advice(tables: TableArrays, opts: Options, topo: Topology, ts: list[int], need: float) -> list[str]:
-    cap = float(topo.storage_caps.max())
-    kind = "hbm_cap" if topo.compute_device == "cuda" else "ddr_cap"
-    allowed = sorted({SHARDING_TYPES[c] for t in ts for c, _ in tables.allowed[t]})
-    advice = [
-        f"use more ranks: about {max(topo.world_size + 1, math.ceil(need / max(cap, 1.0)))} at this memory per rank"
-    ]
-    if not {"row_wise", "column_wise"} & set(allowed):
-        advice.append(
-            f"allow row_wise or column_wise sharding for these tables (ParameterConstraints(sharding_types=...) "
-            f"now allows {allowed}) so they are split across ranks"
-        )
-    advice += [
-        "reduce embedding_dim or num_embeddings of these tables, or store them in FP16",
-        "use the fused kernel (the dense kernel keeps a full gradient) and a lighter optimizer "
-        "(sgd keeps no state, rowwise_adagrad one float per row, adam two floats per weight)",
-        f"give each rank more table memory: Topology({kind}=...) (now {_gib(cap)}), or lower the "
-        "planner's storage_reservation",
-    ]
-    return advice
-
-
-def _too_big_error(tables: TableArrays, opts: Options, topo: Topology, no_fit: list[int]) -> PlannerError:
-    cap = float(topo.storage_caps.max())
-    lines = [
-        f"No sharding plan fits: {len(no_fit)} table(s) do not fit on {topo.world_size} rank(s) with "
-        f"{_gib(cap)} of {topo.storage_kind} each:"
-    ]
-    worst = 0.0
-    for t in no_fit:
-        alts = np.arange(opts.first[t], opts.first[t] + opts.count[t])
-        o = int(alts[np.lexsort((alts, opts.footprint[alts]))[0]])
-        worst = max(worst, float(opts.footprint[o]))
-        lines.append(
-            f"  - {_describe(tables, t, opts)} needs at least {_gib(float(opts.footprint[o]))} on one rank "
-            f"(its smallest option: {SHARDING_TYPES[int(opts.stype[o])]}/{KERNELS[int(opts.kernel[o])]} over "
-            f"{int(opts.nshards[o])} shard(s)); a rank has {_gib(cap)}"
-        )
-    need = max(float(opts.total_storage[opts.first[t] : opts.first[t] + opts.count[t]].min()) for t in no_fit)
-    lines.append("What to change:")
-    lines += [f"  - {a}" for a in _advice(tables, opts, topo, no_fit, need)]
-    return PlannerError("\n".join(lines), [tables.keys[t][1] for t in no_fit], worst, cap)
-
-
-def _no_packing_error(tables: TableArrays, opts: Options, topo: Topology, pl: Placement) -> PlannerError:
-    W = topo.world_size
-    caps = topo.storage_caps
-    least = np.array(
-        [
-            float(opts.total_storage[opts.first[t] : opts.first[t] + opts.count[t]].min())
-            for t in range(len(tables))
-        ]
-    )
-    need = float(least.sum())
-    stuck = pl.unplaced or list(range(len(tables)))
-    lines = [
-        f"No sharding plan fits: the tables need at least {_gib(need)} of {topo.storage_kind} in all "
-        f"({_gib(need / W)} per rank on average) but the {W} rank(s) have {_gib(float(caps.sum()))} "
-        f"({_gib(float(caps.min()))} to {_gib(float(caps.max()))} per rank).",
-        f"Tables that could not be placed ({len(stuck)}):",
-    ]
-    for t in stuck[:20]:
-        lines.append(
-            f"  - {_describe(tables, t, opts)} needs at least {_gib(float(least[t]))} summed over ranks"
-        )
-    if len(stuck) > 20:
-        lines.append(f"  ... and {len(stuck) - 20} more")
-    lines.append("What to change:")
-    lines += [f"  - {a}" for a in _advice(tables, opts, topo, stuck, need)]
-    return PlannerError("\n".join(lines), [tables.keys[t][1] for t in stuck], need / W, float(caps.max()))

@@ -8,15 +8,33 @@
   steps (each option's memory rounded up, so a found solution never exceeds the budget).
 * :func:`escalate` -- repair step used when a proposal does not pack: move a table to its
   cheapest option with a smaller per-rank footprint (more shards, no replicas, no dense grads).
+
+torchrec's proposer classes work on ``ShardingOption`` s (``load`` / ``propose`` / ``feedback``):
+:class:`GreedyProposer` (as the planner's only proposer it runs lightrec's search above),
+:class:`UniformProposer` (one sharding type for every table) and :class:`GridSearchProposer`
+(every combination of each table's cheapest option per sharding type).
 """
 
 from __future__ import annotations
 
+import itertools
+import math
+import warnings
+from collections.abc import Iterator
+
 import numpy as np
 
-from lightrec.distributed.planner.enumerators import Options
+from lightrec.distributed.planner.options import Options
+from lightrec.distributed.planner.types import Enumerator, Proposer, ShardingOption, Topology
 
-__all__ = ["escalate", "greedy_proposal", "memory_dp_proposal"]
+__all__ = [
+    "GreedyProposer",
+    "GridSearchProposer",
+    "UniformProposer",
+    "escalate",
+    "greedy_proposal",
+    "memory_dp_proposal",
+]
 
 
 def greedy_proposal(opts: Options) -> np.ndarray:
@@ -81,3 +99,93 @@ def escalate(opts: Options, t: int, o: int) -> int | None:
         return None
     good = alts[ok]
     return int(good[np.lexsort((good, opts.total_cost[good]))[0]])
+
+
+def _by_table(search_space: list[ShardingOption]) -> dict[tuple[str, str], list[ShardingOption]]:
+    out: dict[tuple[str, str], list[ShardingOption]] = {}
+    for so in search_space:
+        out.setdefault((so.path, so.name), []).append(so)
+    return out
+
+
+def _cheapest(options: list[ShardingOption]) -> ShardingOption:
+    return min(options, key=lambda so: so.total_perf)  # min keeps the first (enumeration order) on ties
+
+
+def _cheapest_per_type(options: list[ShardingOption]) -> dict[str, ShardingOption]:
+    out: dict[str, ShardingOption] = {}
+    for so in options:
+        if so.sharding_type not in out or so.total_perf < out[so.sharding_type].total_perf:
+            out[so.sharding_type] = so
+    return out
+
+
+class _ListProposer(Proposer):
+    """Proposes a precomputed sequence of proposals; feedback does not change it."""
+
+    def __init__(self) -> None:
+        self._proposals: Iterator[list[ShardingOption]] = iter(())
+
+    def propose(self) -> list[ShardingOption] | None:
+        return next(self._proposals, None)
+
+    def feedback(
+        self,
+        partitionable: bool,
+        plan: list[ShardingOption] | None = None,
+        perf_rating: float | None = None,
+        storage_constraint: Topology | None = None,
+    ) -> None:
+        return None
+
+
+class GreedyProposer(_ListProposer):
+    """Each table's cheapest option (least summed cost over its shards).
+
+    As ``EmbeddingShardingPlanner``'s only proposer it selects lightrec's own search: the greedy
+    proposal, a memory-constrained one when memory binds, repair of tables that do not pack and
+    refinement of the busiest rank (module docstring). Among other proposers it proposes the greedy
+    choice once. ``use_depth`` / ``threshold`` are accepted for torchrec's signature.
+    """
+
+    def __init__(self, use_depth: bool = True, threshold: int | None = None) -> None:
+        super().__init__()
+        self.use_depth, self.threshold = use_depth, threshold
+
+    def load(self, search_space: list[ShardingOption], enumerator: Enumerator | None = None) -> None:
+        self._proposals = iter([[_cheapest(opts) for opts in _by_table(search_space).values()]])
+
+
+class UniformProposer(_ListProposer):
+    """One proposal per sharding type every table offers: each table's cheapest option of that type."""
+
+    def __init__(self, use_depth: bool = True) -> None:
+        super().__init__()
+        self.use_depth = use_depth
+
+    def load(self, search_space: list[ShardingOption], enumerator: Enumerator | None = None) -> None:
+        per_table = [_cheapest_per_type(opts) for opts in _by_table(search_space).values()]
+        common = [t for t in per_table[0] if all(t in p for p in per_table)] if per_table else []
+        self._proposals = iter([[p[t] for p in per_table] for t in common])
+
+
+class GridSearchProposer(_ListProposer):
+    """Every combination of each table's cheapest option per sharding type, when there are at most
+    ``max_proposals`` (otherwise none, with a warning -- torchrec's behaviour)."""
+
+    def __init__(self, max_proposals: int = 10_000) -> None:
+        super().__init__()
+        self.max_proposals = max_proposals
+
+    def load(self, search_space: list[ShardingOption], enumerator: Enumerator | None = None) -> None:
+        choices = [list(_cheapest_per_type(opts).values()) for opts in _by_table(search_space).values()]
+        total = math.prod(len(c) for c in choices)
+        if total > self.max_proposals:
+            warnings.warn(
+                f"GridSearchProposer: {total} combinations exceed max_proposals={self.max_proposals}; it proposes "
+                "nothing (raise max_proposals, constrain the tables, or use another proposer)",
+                stacklevel=2,
+            )
+            self._proposals = iter(())
+            return
+        self._proposals = (list(combo) for combo in itertools.product(*choices))

@@ -104,13 +104,14 @@ def collect_tables(
     device = str(topo.compute_device)
     keys: list[tuple[str, str]] = []
     cols_: dict[str, list[float]] = {
-        k: [] for k in ("rows", "cols", "eb", "ro", "ids", "bags", "pooled", "oe", "or", "mp")
+        k: [] for k in ("rows", "cols", "eb", "ro", "ids", "bags", "pooled", "oe", "or", "mp", "rs")
     }
     allowed: list[list[tuple[int, list[int]]]] = []
     for m in modules:
         default_opt = m.sharder.fused_params.get("optimizer")
         offered = m.sharder.sharding_types(device)
         offered_kernels = {stype: m.sharder.compute_kernels(stype, device) for stype in offered}
+        row_state = m.sharder.row_state_bytes(m.module)
         for name, cfg in m.configs.items():
             c = constraints.get(name, ParameterConstraints())
             opts: list[tuple[int, list[int]]] = []
@@ -138,6 +139,7 @@ def collect_tables(
             n_feat = max(1, len(cfg.feature_names))
             pf = _per_feature(c.pooling_factors, n_feat, "pooling_factors", name)
             bs = _per_feature(c.batch_sizes or [batch_size], n_feat, "batch_sizes", name)
+            bs = bs * _per_feature(c.num_poolings or [1.0], n_feat, "num_poolings", name)  # each pooling is a lookup
             opt = c.optimizer or (optimizer_name(default_opt) if default_opt is not None else "sgd")
             quant = cfg.data_type in (DataType.INT8, DataType.INT4, DataType.INT2)
             keys.append((m.path, name))
@@ -152,6 +154,7 @@ def collect_tables(
             cols_["oe"].append(OPTIMIZER_STATE[opt][0])
             cols_["or"].append(OPTIMIZER_STATE[opt][1])
             cols_["mp"].append(min(c.min_partition or DEFAULT_MIN_PARTITION, cfg.embedding_dim))
+            cols_["rs"].append(float(row_state.get(name, 0.0)))
     f64 = lambda k: np.asarray(cols_[k], dtype=np.float64)  # noqa: E731
     return TableArrays(
         keys=keys,
@@ -166,4 +169,5 @@ def collect_tables(
         opt_row=f64("or"),
         allowed=allowed,
         min_partition=np.asarray(cols_["mp"], dtype=np.int64),
+        row_state=f64("rs"),
     )

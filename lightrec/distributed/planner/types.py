@@ -1,20 +1,45 @@
 """Planner inputs: the cluster (:class:`Topology`), per-table hints (:class:`ParameterConstraints`)
-and the error raised when no plan fits (:class:`PlannerError`).
+and the error raised when no plan fits (:class:`PlannerError`); torchrec's planner objects
+(:class:`ShardingOption`, :class:`Shard`, :class:`Storage`, :class:`Perf` and the interfaces
+:class:`Enumerator`, :class:`ShardEstimator`, :class:`Proposer`, :class:`Partitioner`,
+:class:`StorageReservation`, :class:`PerfModel`), through which custom planner parts plug in
+(docs/planner.md, "torchrec's planner classes").
 
 All sizes are bytes, all bandwidths bytes per second, all costs seconds per training step.
 """
 
 from __future__ import annotations
 
+import abc
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
-from lightrec.distributed.planner.plan import EmbeddingComputeKernel, ShardingType, enum_value
+from lightrec.distributed.planner.plan import EmbeddingComputeKernel, ShardingPlan, ShardingType, enum_value
 
-__all__ = ["GiB", "OPTIMIZER_STATE", "ParameterConstraints", "PlannerError", "Topology", "device_hbm_caps"]
+__all__ = [
+    "Enumerator",
+    "GiB",
+    "OPTIMIZER_STATE",
+    "ParameterConstraints",
+    "Partitioner",
+    "Perf",
+    "PerfModel",
+    "PlannerError",
+    "Proposer",
+    "Shard",
+    "ShardEstimator",
+    "ShardingOption",
+    "ShardingPlan",
+    "Storage",
+    "StorageReservation",
+    "Topology",
+    "device_hbm_caps",
+]
 
 GiB = 1024**3
 
@@ -54,7 +79,7 @@ OPTIMIZER_STATE: dict[str, tuple[float, float]] = {
     "lamb": (2.0, 0.0),
     "partial_rowwise_adam": (1.0, 1.0),
     "partial_rowwise_lamb": (1.0, 1.0),
-    "lars_sgd": (0.0, 0.0),
+    "lars_sgd": (1.0, 0.0),
 }
 
 
@@ -221,17 +246,34 @@ class ParameterConstraints:
         compute_kernels: allowed kernels (default: all the sharder offers).
         min_partition: narrowest column shard for column-wise types (default 32, or the dim).
         pooling_factors: average ids per bag, one per feature of the table (or one for all).
+        num_poolings: poolings per feature (one per feature, or one for all; default 1): each
+            multiplies the feature's bags and outputs, as torchrec counts them.
         batch_sizes: per-rank batch size, one per feature (or one for all); default: the planner's.
         optimizer: fused optimizer name (sizes its state); default: the sharder's
             ``fused_params["optimizer"]``, else ``"sgd"``.
+        is_weighted, cache_params, enforce_hbm, stochastic_rounding, bounds_check_mode,
+        feature_names, output_dtype, device_group, key_value_params, use_virtual_table: torchrec's
+            fields, accepted and not used by the planner (docs/planner.md says why for each).
     """
 
     sharding_types: list[str] | None = None
     compute_kernels: list[str] | None = None
     min_partition: int | None = None
     pooling_factors: list[float] = field(default_factory=lambda: [1.0])
+    num_poolings: list[float] | None = None
     batch_sizes: list[int] | None = None
     optimizer: str | None = None
+    # torchrec's fields that do not change a lightrec plan (accepted so its constraints load as they are)
+    is_weighted: bool = False
+    cache_params: Any = None
+    enforce_hbm: bool | None = None
+    stochastic_rounding: bool | None = None
+    bounds_check_mode: Any = None
+    feature_names: list[str] | None = None
+    output_dtype: Any = None
+    device_group: str | None = None
+    key_value_params: Any = None
+    use_virtual_table: bool = False
 
     def __post_init__(self) -> None:
         if self.sharding_types is not None:
@@ -255,6 +297,12 @@ class ParameterConstraints:
             raise ValueError(
                 f"ParameterConstraints.pooling_factors must be non-negative numbers, got {self.pooling_factors!r}"
             )
+        if self.num_poolings is not None:
+            self.num_poolings = [float(p) for p in self.num_poolings]
+            if not self.num_poolings or any(not math.isfinite(p) or p <= 0 for p in self.num_poolings):
+                raise ValueError(
+                    f"ParameterConstraints.num_poolings must be positive numbers, got {self.num_poolings!r}"
+                )
         if self.batch_sizes is not None and (
             not self.batch_sizes or any(not isinstance(b, int) or b <= 0 for b in self.batch_sizes)
         ):
@@ -278,3 +326,165 @@ class PlannerError(ValueError):
     def __reduce__(self) -> tuple:
         # Pickle with all constructor arguments (collective_plan broadcasts it to every rank).
         return (type(self), (str(self), self.tables, self.needed_bytes, self.available_bytes))
+
+
+# ---- torchrec's planner objects -------------------------------------------------------------------
+@dataclass
+class Storage:
+    """Bytes a shard needs in device memory (``hbm``) and host memory (``ddr``)."""
+
+    hbm: int
+    ddr: int
+
+    def __add__(self, other: Storage) -> Storage:
+        return Storage(self.hbm + other.hbm, self.ddr + other.ddr)
+
+
+@dataclass
+class Perf:
+    """Seconds per step of one shard, split as torchrec splits them; ``total`` is their sum."""
+
+    fwd_compute: float
+    fwd_comms: float
+    bwd_compute: float
+    bwd_comms: float
+    prefetch_compute: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.fwd_compute + self.fwd_comms + self.bwd_compute + self.bwd_comms + self.prefetch_compute
+
+
+@dataclass
+class Shard:
+    """One shard of an option: ``size`` ``[rows, cols]`` at ``offset`` ``[row, col]``, its estimates
+    and (after partitioning) its ``rank``."""
+
+    size: list[int]
+    offset: list[int]
+    storage: Storage | None = None
+    perf: Perf | None = None
+    rank: int | None = None
+
+
+@dataclass
+class ShardingOption:
+    """One way to shard one table (torchrec's planner option).
+
+    Attributes:
+        name: table name; ``module``: ``(path, module)`` of its collection.
+        sharding_type, compute_kernel: the option's choice (string values).
+        shards: its shards (one entry stands for every replica of a data-parallel table).
+        input_lengths: pooling factor per feature; ``batch_size``: per rank.
+        partition_by: ``"uniform"`` (one shard per rank, fixed), ``"host"`` (shards on one host) or
+            ``"device"`` (each shard anywhere).
+    """
+
+    name: str
+    tensor: torch.Tensor
+    module: tuple[str, nn.Module]
+    input_lengths: list[float]
+    batch_size: int
+    sharding_type: str
+    partition_by: str
+    compute_kernel: str
+    shards: list[Shard] = field(default_factory=list)
+    is_pooled: bool = True
+    feature_names: list[str] | None = None
+    _option_index: int | None = field(default=None, repr=False, compare=False)
+    _estimates: list[tuple[Storage, Perf]] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def fqn(self) -> str:
+        return f"{self.module[0]}.{self.name}" if self.module[0] else self.name
+
+    @property
+    def path(self) -> str:
+        return self.module[0]
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.shards)
+
+    @property
+    def num_inputs(self) -> int:
+        return len(self.input_lengths)
+
+    @property
+    def total_storage(self) -> Storage:
+        out = Storage(0, 0)
+        for shard in self.shards:
+            out = out + (shard.storage or Storage(0, 0))
+        return out
+
+    @property
+    def total_perf(self) -> float:
+        return sum(s.perf.total for s in self.shards if s.perf is not None)
+
+
+class Enumerator(abc.ABC):
+    """Lists every ``ShardingOption`` of every table of a model."""
+
+    @abc.abstractmethod
+    def enumerate(self, module: nn.Module, sharders: list[Any]) -> list[ShardingOption]: ...
+
+    def populate_estimates(self, sharding_options: list[ShardingOption]) -> None:  # noqa: B027 - optional hook
+        """Fill ``shard.storage`` / ``shard.perf`` of ``sharding_options`` (default: nothing)."""
+
+
+class ShardEstimator(abc.ABC):
+    """Fills ``shard.perf`` or ``shard.storage`` of sharding options in place."""
+
+    def __init__(self, topology: Topology, constraints: dict[str, ParameterConstraints] | None = None) -> None:
+        self._topology = topology
+        self._constraints = constraints
+
+    @abc.abstractmethod
+    def estimate(self, sharding_options: list[ShardingOption], sharder_map: dict[str, Any] | None = None) -> None: ...
+
+
+class Proposer(abc.ABC):
+    """Proposes one option per table, learning from the planner's feedback on earlier proposals."""
+
+    @abc.abstractmethod
+    def load(self, search_space: list[ShardingOption], enumerator: Enumerator | None = None) -> None: ...
+
+    @abc.abstractmethod
+    def propose(self) -> list[ShardingOption] | None: ...
+
+    @abc.abstractmethod
+    def feedback(
+        self,
+        partitionable: bool,
+        plan: list[ShardingOption] | None = None,
+        perf_rating: float | None = None,
+        storage_constraint: Topology | None = None,
+    ) -> None: ...
+
+
+class Partitioner(abc.ABC):
+    """Puts the shards of a proposal on ranks (sets ``shard.rank``); raises ``PlannerError`` when they do not fit."""
+
+    @abc.abstractmethod
+    def partition(self, proposal: list[ShardingOption], storage_constraint: Topology) -> list[ShardingOption]: ...
+
+
+class StorageReservation(abc.ABC):
+    """Returns the topology left for the tables once memory for everything else is set aside."""
+
+    @abc.abstractmethod
+    def reserve(
+        self,
+        topology: Topology,
+        batch_size: int,
+        module: nn.Module,
+        sharders: list[Any],
+        constraints: dict[str, ParameterConstraints] | None = None,
+    ) -> Topology: ...
+
+
+class PerfModel(abc.ABC):
+    """Rates a partitioned plan; the planner keeps the plan with the lowest rating."""
+
+    @abc.abstractmethod
+    def rate(self, plan: list[ShardingOption]) -> float: ...

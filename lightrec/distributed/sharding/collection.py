@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
 from lightrec.distributed.planner.plan import (
     EmbeddingComputeKernel,
     EmbeddingModuleShardingPlan,
@@ -81,11 +82,16 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
         seed: base seed of shard initialisation.
         kernel_backend: ``"auto"`` (fbgemm TBE where it supports a table group, else Triton on
             CUDA, else pure torch), ``"fbgemm"`` (an error names a group it cannot run), ``"triton"`` or ``"torch"``.
+        qcomm_codecs_registry: quantized communication of the output dists, by comm op
+            (``lightrec.distributed.fbgemm_qcomm_codec.get_qcomm_codecs_registry``).
     """
 
     _attr = "embedding_bags"
     _pooled = True
     _configs_getter = "embedding_bag_configs"
+    # Prefix of the table keys in the state dict (a collection nested in a wrapper module keeps the
+    # unsharded wrapper's keys, e.g. "_embedding_module." for managed-collision collections).
+    _state_prefix = ""
 
     def __init__(
         self,
@@ -96,6 +102,7 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
         fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None,
         seed: int = 0,
         kernel_backend: str = "auto",
+        qcomm_codecs_registry: Mapping[str, QuantizedCommCodecs] | None = None,
     ) -> None:
         super().__init__()
         check_kernel_backend(kernel_backend)
@@ -144,9 +151,11 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
             by_type.setdefault(ps.sharding_type, []).append(
                 ShardedTable(c, ps, shards, spec, source, pooling, kernel_backend)
             )
-        context = ShardingContext(self._feature_order, env, device, self._pooled, self._is_weighted, seed)
+        context = ShardingContext(
+            self._feature_order, env, device, self._pooled, self._is_weighted, seed, qcomm_codecs_registry
+        )
         self._shardings: list[EmbeddingSharding] = [
-            SHARDING_CLASSES[st](tables, context) for st, tables in by_type.items()
+            self._make_sharding(st, tables, context) for st, tables in by_type.items()
         ]
         self._column_index = self._output_column_index() if self._pooled else None
         self._input_dists = nn.ModuleList(s.create_input_dist() for s in self._shardings)
@@ -165,6 +174,18 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
         self._register_load_state_dict_pre_hook(load_state_dict_pre_hook, with_module=True)
 
     # ---- construction helpers ---------------------------------------------------------------
+    def _make_sharding(
+        self, sharding_type: str, tables: list[ShardedTable], context: ShardingContext
+    ) -> EmbeddingSharding:
+        """The sharding of one type (subclasses with their own sharding classes override this)."""
+        return SHARDING_CLASSES[sharding_type](tables, context)
+
+    def row_state_tables(self) -> list[tuple[str, list[int], list[tuple[ShardMetadata, torch.Tensor]]]]:
+        """Per-row state besides the tables (``(state-dict key, global [rows, cols], this rank's
+        blocks)``) that checkpoints save and reshard like a table; none here (managed-collision
+        collections have their id maps)."""
+        return []
+
     def _configs_of(self, module: nn.Module) -> list[BaseEmbeddingConfig]:
         getter = getattr(module, self._configs_getter, None)
         if not callable(getter):
@@ -287,7 +308,8 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
         return features
 
     def input_dist(self, features: KeyedJaggedTensor, stream: torch.cuda.Stream | None = None) -> StartedInputDist:
-        """Stage 1 of the forward of ``features``: checks the input, applies ``bounds_check`` and
+        """Stage 1 of the forward of ``features``: checks the input (on the rank that got it, before any
+        collective, never in a peer's kernel after the all-to-all), applies ``bounds_check`` and
         starts every sharding's splits exchange (collective).
 
         Args:
@@ -296,7 +318,7 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
                 lookup then makes its own stream wait for it); None: the current stream.
         """
         features = self._prepare(features)
-        check_collection_input(features, self._feature_order, type(self).__name__)
+        check_collection_input(features, self._feature_order, type(self).__name__, weighted=self._is_weighted)
         positions = self._positions(features.keys())
         with on_stream(stream):
             bounded = self._id_bounds(features)  # the unsharded module's bounds_check policy
@@ -313,7 +335,8 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
     def lookup(self, started: StartedInputDist) -> list[torch.Tensor]:
         """This rank's lookups of what ``started`` received (waits for its exchanges): one tensor per
         sharding type (pooled ``[sum B, width]``, sequence one row per received id)."""
-        return [lookup(t.wait()) for lookup, t in zip(self._lookups, self._received(started))]
+        tensors = self._received(started)
+        return [lookup(self._lookup_input(i, t.wait())) for i, (lookup, t) in enumerate(zip(self._lookups, tensors))]
 
     def output_dist(self, embeddings: list[torch.Tensor], started: StartedInputDist) -> Any:
         """Send ``embeddings`` (from :meth:`lookup`) back to the ranks owning the samples; returns
@@ -330,8 +353,10 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
         as its lookup is done, overlapping the next lookup. What the forward runs."""
         tensors = self._received(started)
         results = []
-        for ctx, t, lookup, output_dist in zip(started.contexts, tensors, self._lookups, self._output_dists):
-            results.append(output_dist(lookup(t.wait()), t, ctx))
+        for i, (ctx, t, lookup, output_dist) in enumerate(
+            zip(started.contexts, tensors, self._lookups, self._output_dists)
+        ):
+            results.append(output_dist(lookup(self._lookup_input(i, t.wait())), t, ctx))
         return self._assemble(started, results)
 
     def prefetch(self, started: StartedInputDist) -> None:
@@ -362,6 +387,11 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
             index = {k: i for i, k in enumerate(keys)}
             self._positions_cache[key] = [index[f] for f in self._feature_order]
         return self._positions_cache[key]
+
+    def _lookup_input(self, sharding: int, received: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        """The KJT sharding ``sharding`` looks up, from the one its input dist received (a hook:
+        the feature-processed collection turns received positions into learned weights here)."""
+        return received
 
     def __repr__(self) -> str:
         """The seed tutorial's tree: lookups, input dists, output dists, then the table holders."""

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
 from lightrec.distributed.planner.plan import EmbeddingModuleShardingPlan
 from lightrec.distributed.planner.sharder import ModuleSharder
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
@@ -47,17 +48,27 @@ class CollectionSharder(ModuleSharder):
             "learning_rate": 0.02, "eps": 0.002}``, or a ``FusedOptimizerSpec``); default SGD with
             learning rate 0.01, like torchrec.
         kernel_backend: lookup kernels of every shard: ``"auto"``, ``"fbgemm"``, ``"triton"`` or ``"torch"``.
+        qcomm_codecs_registry: quantized communication of the output dists, by comm op
+            (``lightrec.distributed.fbgemm_qcomm_codec.get_qcomm_codecs_registry(QCommsConfig(...))``).
     """
 
     _module_class: type[nn.Module]
     _sharded_class: type[ShardedCollectionBase]
 
     def __init__(
-        self, fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None, kernel_backend: str = "auto"
+        self,
+        fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None,
+        kernel_backend: str = "auto",
+        qcomm_codecs_registry: Mapping[str, QuantizedCommCodecs] | None = None,
     ) -> None:
         super().__init__(normalized_fused_params(fused_params))
         check_kernel_backend(kernel_backend)
         self.kernel_backend = kernel_backend
+        self._qcomm_codecs_registry = dict(qcomm_codecs_registry) if qcomm_codecs_registry else None
+
+    @property
+    def qcomm_codecs_registry(self) -> dict[str, QuantizedCommCodecs] | None:
+        return self._qcomm_codecs_registry
 
     @property
     def module_type(self) -> type[nn.Module]:
@@ -89,5 +100,10 @@ class CollectionSharder(ModuleSharder):
             )
         device = torch.device(device) if device is not None else torch.device("cpu")
         return self._sharded_class(
-            module, params, as_env(env), device, self.fused_params or None, seed, self.kernel_backend
-        )
+            module, params, as_env(env), device, self._fused_params_for(module), seed, self.kernel_backend,
+            self._qcomm_codecs_registry,
+        )  # fmt: skip
+
+    def _fused_params_for(self, module: nn.Module) -> Mapping[str, Any] | FusedOptimizerSpec | None:
+        """The fused optimizer of ``module``'s tables not marked by ``apply_optimizer_in_backward``."""
+        return self.fused_params or None

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import abc
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +38,7 @@ from torch import nn
 
 from lightrec.distributed.comm.awaitable import Awaitable
 from lightrec.distributed.comm.kjt_all_to_all import KJTAllToAllTensorsAwaitable
+from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
 from lightrec.distributed.comm.sequence_all_to_all import SequenceEmbeddingsAllToAll
 from lightrec.distributed.planner.plan import ParameterSharding, ShardMetadata
 from lightrec.distributed.sharding_env import ShardingEnv
@@ -237,6 +238,8 @@ class ShardingContext:
         pooled: EmbeddingBagCollection (True) or EmbeddingCollection (False).
         is_weighted: the collection pools with per-id weights.
         seed: base seed of shard initialisation (see :func:`init_shard_`).
+        qcomm_codecs_registry: ``{comm op: QuantizedCommCodecs}`` of the output dists
+            (``lightrec.distributed.fbgemm_qcomm_codec``), or None for float rows.
     """
 
     feature_order: list[str]
@@ -245,6 +248,7 @@ class ShardingContext:
     pooled: bool
     is_weighted: bool
     seed: int
+    qcomm_codecs_registry: Mapping[str, QuantizedCommCodecs] | None = None
 
 
 class EmbeddingSharding(abc.ABC):
@@ -273,6 +277,12 @@ class EmbeddingSharding(abc.ABC):
         ]
         self.features.sort(key=lambda x: x[1])
         self.grad_scale = 1.0 / context.env.world_size
+        self.qcomm_codecs_registry = dict(context.qcomm_codecs_registry or {})
+
+    def codecs(self, comm_op: str) -> QuantizedCommCodecs | None:
+        """The codecs of ``comm_op`` (``"pooled_embeddings_all_to_all"``, ``"pooled_embeddings_reduce_scatter"``,
+        ``"sequence_embeddings_all_to_all"``), or None."""
+        return self.qcomm_codecs_registry.get(comm_op)
 
     @abc.abstractmethod
     def create_input_dist(self) -> nn.Module:
@@ -372,9 +382,9 @@ class PooledOutputDist(OutputDist):
 class SequenceOutputDist(OutputDist):
     """Every looked-up row back to the rank that sent its id (``SequenceEmbeddingsAllToAll``)."""
 
-    def __init__(self, pg: dist.ProcessGroup | None) -> None:
+    def __init__(self, pg: dist.ProcessGroup | None, codecs: QuantizedCommCodecs | None = None) -> None:
         super().__init__()
-        self._dist = SequenceEmbeddingsAllToAll(pg)
+        self._dist = SequenceEmbeddingsAllToAll(pg, codecs)
 
     def forward(
         self, embeddings: torch.Tensor, received: Awaitable[KeyedJaggedTensor], ctx: DistContext

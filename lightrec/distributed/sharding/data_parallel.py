@@ -46,7 +46,7 @@ from lightrec.distributed.sharding_env import ShardingEnv
 from lightrec.kernels.batched_embedding import EmbeddingFusedOptimizer
 from lightrec.kernels.sparse_update import apply_sparse_update
 from lightrec.modules.embedding_configs import PoolingType
-from lightrec.optim.fused_spec import EmbOptimType, FusedOptimizerSpec
+from lightrec.optim.fused_spec import FusedOptimizerSpec
 from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = [
@@ -154,9 +154,8 @@ def _new_state(spec: FusedOptimizerSpec, weight: torch.Tensor) -> dict[str, torc
     rows, dim = weight.shape
     state: dict[str, torch.Tensor] = {}
     for name in spec.state_names:
-        shape = (rows,) if spec.optimizer == EmbOptimType.ROWWISE_ADAGRAD else (rows, dim)
-        state[name] = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
-    if spec.optimizer == EmbOptimType.ADAM:
+        state[name] = torch.zeros(spec.state_shape(name, rows, dim), dtype=weight.dtype, device=weight.device)
+    if spec.uses_step:
         state["step"] = torch.zeros((), dtype=torch.float32)
     return state
 

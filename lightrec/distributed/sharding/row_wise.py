@@ -33,6 +33,7 @@ from lightrec.distributed.comm import (
     row_wise_block_bounds,
     row_wise_block_size,
 )
+from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
 from lightrec.distributed.planner.plan import ShardMetadata
 from lightrec.distributed.sharding.common import (
     DistContext,
@@ -115,8 +116,8 @@ class RwSparseFeaturesDist(nn.Module):
 class RwPooledEmbeddingDist(PooledOutputDist):
     """Output dist: reduce-scatter of the partial pooled sums ``[sum B, D] -> [B_s, D]``."""
 
-    def __init__(self, pg: torch.distributed.ProcessGroup | None) -> None:
-        super().__init__(PooledEmbeddingsReduceScatter(pg))
+    def __init__(self, pg: torch.distributed.ProcessGroup | None, codecs: QuantizedCommCodecs | None = None) -> None:
+        super().__init__(PooledEmbeddingsReduceScatter(pg, codecs))
 
 
 class RwSequenceEmbeddingDist(SequenceOutputDist):
@@ -209,7 +210,9 @@ class RwEmbeddingSharding(EmbeddingSharding):
         )
 
     def create_output_dist(self) -> OutputDist:
-        return RwPooledEmbeddingDist(self.env.pg) if self.pooled else RwSequenceEmbeddingDist(self.env.pg)
+        if self.pooled:
+            return RwPooledEmbeddingDist(self.env.pg, self.codecs("pooled_embeddings_reduce_scatter"))
+        return RwSequenceEmbeddingDist(self.env.pg, self.codecs("sequence_embeddings_all_to_all"))
 
     def output_layout(self) -> list[tuple[str, int, int]]:
         return [(s.feature, 0, s.cols) for s in self.rw_slots]

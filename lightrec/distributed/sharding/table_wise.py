@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from lightrec.distributed.comm import KJTAllToAll, PooledEmbeddingsAllToAll
+from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
 from lightrec.distributed.sharding.common import (
     DistContext,
     EmbeddingSharding,
@@ -91,9 +92,11 @@ class TwPooledEmbeddingDist(PooledOutputDist):
         dim_sum_per_rank: list[int],
         column_order: list[int] | None = None,
         grad_scale: float = 1.0,
+        codecs: QuantizedCommCodecs | None = None,
     ) -> None:
         super().__init__(
-            PooledEmbeddingsAllToAll(pg, dim_sum_per_rank, column_order, grad_scale, defer_input_grad=True)
+            PooledEmbeddingsAllToAll(pg, dim_sum_per_rank, column_order, grad_scale, defer_input_grad=True,
+                                     codecs=codecs)  # fmt: skip
         )
         self._dims = list(dim_sum_per_rank)
 
@@ -163,8 +166,9 @@ class TwEmbeddingSharding(EmbeddingSharding):
     def create_output_dist(self) -> OutputDist:
         if self.pooled:
             dims = [sum(s.cols for s in slots) for slots in self.slots_by_rank]
-            return TwPooledEmbeddingDist(self.env.pg, dims, self.column_order, self.grad_scale)
-        return TwSequenceEmbeddingDist(self.env.pg)
+            return TwPooledEmbeddingDist(self.env.pg, dims, self.column_order, self.grad_scale,
+                                         self.codecs("pooled_embeddings_all_to_all"))  # fmt: skip
+        return TwSequenceEmbeddingDist(self.env.pg, self.codecs("sequence_embeddings_all_to_all"))
 
     def output_layout(self) -> list[tuple[str, int, int]]:
         return [(s.feature, s.col_offset, s.cols) for s in self.sent_slots]

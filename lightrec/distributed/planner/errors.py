@@ -1,0 +1,96 @@
+"""The planner's errors: which tables do not fit, how much memory they need, and what to change."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from lightrec.distributed.planner.estimators import KERNELS, SHARDING_TYPES, TableArrays
+from lightrec.distributed.planner.options import Options
+from lightrec.distributed.planner.partitioners import Placement
+from lightrec.distributed.planner.types import PlannerError, Topology
+
+__all__ = ["gib", "no_packing_error", "too_big_error"]
+
+
+def gib(x: float) -> str:
+    return f"{x / 1024**3:.3f} GiB"
+
+
+def _describe(tables: TableArrays, t: int, opts: Options) -> str:
+    path, name = tables.keys[t]
+    where = f" in {path!r}" if path else ""
+    return f"table {name!r}{where} [{tables.rows[t]} x {tables.cols[t]}]"
+
+
+def _advice(tables: TableArrays, opts: Options, topo: Topology, ts: list[int], need: float) -> list[str]:
+    cap = float(topo.storage_caps.max())
+    kind = "hbm_cap" if topo.compute_device == "cuda" else "ddr_cap"
+    allowed = sorted({SHARDING_TYPES[c] for t in ts for c, _ in tables.allowed[t]})
+    advice = [
+        f"use more ranks: about {max(topo.world_size + 1, math.ceil(need / max(cap, 1.0)))} at this memory per rank"
+    ]
+    if not {"row_wise", "column_wise"} & set(allowed):
+        advice.append(
+            f"allow row_wise or column_wise sharding for these tables (ParameterConstraints(sharding_types=...) "
+            f"now allows {allowed}) so they are split across ranks"
+        )
+    advice += [
+        "reduce embedding_dim or num_embeddings of these tables, or store them in FP16",
+        "use the fused kernel (the dense kernel keeps a full gradient) and a lighter optimizer "
+        "(sgd keeps no state, rowwise_adagrad one float per row, adam two floats per weight)",
+        f"give each rank more table memory: Topology({kind}=...) (now {gib(cap)}), or lower the "
+        "planner's storage_reservation",
+    ]
+    return advice
+
+
+def too_big_error(tables: TableArrays, opts: Options, topo: Topology, no_fit: list[int]) -> PlannerError:
+    cap = float(topo.storage_caps.max())
+    lines = [
+        f"No sharding plan fits: {len(no_fit)} table(s) do not fit on {topo.world_size} rank(s) with "
+        f"{gib(cap)} of {topo.storage_kind} each:"
+    ]
+    worst = 0.0
+    for t in no_fit:
+        alts = np.arange(opts.first[t], opts.first[t] + opts.count[t])
+        o = int(alts[np.lexsort((alts, opts.footprint[alts]))[0]])
+        worst = max(worst, float(opts.footprint[o]))
+        lines.append(
+            f"  - {_describe(tables, t, opts)} needs at least {gib(float(opts.footprint[o]))} on one rank "
+            f"(its smallest option: {SHARDING_TYPES[int(opts.stype[o])]}/{KERNELS[int(opts.kernel[o])]} over "
+            f"{int(opts.nshards[o])} shard(s)); a rank has {gib(cap)}"
+        )
+    need = max(float(opts.total_storage[opts.first[t] : opts.first[t] + opts.count[t]].min()) for t in no_fit)
+    lines.append("What to change:")
+    lines += [f"  - {a}" for a in _advice(tables, opts, topo, no_fit, need)]
+    return PlannerError("\n".join(lines), [tables.keys[t][1] for t in no_fit], worst, cap)
+
+
+def no_packing_error(tables: TableArrays, opts: Options, topo: Topology, pl: Placement) -> PlannerError:
+    W = topo.world_size
+    caps = topo.storage_caps
+    least = np.array(
+        [
+            float(opts.total_storage[opts.first[t] : opts.first[t] + opts.count[t]].min())
+            for t in range(len(tables))
+        ]
+    )
+    need = float(least.sum())
+    stuck = pl.unplaced or list(range(len(tables)))
+    lines = [
+        f"No sharding plan fits: the tables need at least {gib(need)} of {topo.storage_kind} in all "
+        f"({gib(need / W)} per rank on average) but the {W} rank(s) have {gib(float(caps.sum()))} "
+        f"({gib(float(caps.min()))} to {gib(float(caps.max()))} per rank).",
+        f"Tables that could not be placed ({len(stuck)}):",
+    ]
+    for t in stuck[:20]:
+        lines.append(
+            f"  - {_describe(tables, t, opts)} needs at least {gib(float(least[t]))} summed over ranks"
+        )
+    if len(stuck) > 20:
+        lines.append(f"  ... and {len(stuck) - 20} more")
+    lines.append("What to change:")
+    lines += [f"  - {a}" for a in _advice(tables, opts, topo, stuck, need)]
+    return PlannerError("\n".join(lines), [tables.keys[t][1] for t in stuck], need / W, float(caps.max()))

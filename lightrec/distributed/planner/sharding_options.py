@@ -1,0 +1,144 @@
+"""torchrec's ``ShardingOption`` objects over lightrec's option arrays, both ways.
+
+lightrec enumerates and estimates options as numpy arrays (:class:`~lightrec.distributed.planner.enumerators.Options`);
+torchrec's planner parts (enumerators, estimators, proposers, partitioners, perf models) speak in
+``ShardingOption`` s. :func:`to_sharding_options` builds one ``ShardingOption`` per option (its
+shards carrying lightrec's storage and cost, and the option's index), :func:`option_index` maps a
+``ShardingOption`` -- lightrec's, or one a custom enumerator built -- back to an option, and
+:func:`write_back_estimates` copies estimates changed by custom estimators into the arrays.
+
+lightrec's cost model gives one number per shard: it is reported as ``Perf.fwd_compute`` (the other
+parts 0) and read back as ``Perf.total``.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+
+from lightrec.distributed.planner.estimators import (
+    CW,
+    DP,
+    KERNELS,
+    RW,
+    SHARDING_TYPES,
+    TWCW,
+    TWRW,
+    TableArrays,
+)
+from lightrec.distributed.planner.options import Options, finish_options
+from lightrec.distributed.planner.tables import ShardableModule
+from lightrec.distributed.planner.types import Perf, PlannerError, Shard, ShardingOption, Storage, Topology
+
+__all__ = ["option_index", "shard_offsets", "to_sharding_options", "write_back_estimates"]
+
+_PARTITION_BY = {DP: "uniform", RW: "uniform", TWRW: "host", TWCW: "host"}
+
+
+def shard_offsets(opts: Options, o: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(row offsets [n], col offsets [n])`` of the shards of option ``o`` in the full table."""
+    s, n = int(opts.start[o]), int(opts.nshards[o])
+    rows, cols = opts.sh_rows[s : s + n], opts.sh_cols[s : s + n]
+    st = int(opts.stype[o])
+    row_off = np.concatenate([[0], np.cumsum(rows)[:-1]]) if st in (RW, TWRW) else np.zeros(n, np.int64)
+    col_off = np.concatenate([[0], np.cumsum(cols)[:-1]]) if st in (CW, TWCW) else np.zeros(n, np.int64)
+    return row_off.astype(np.int64), col_off.astype(np.int64)
+
+
+def _storage(nbytes: float, topo: Topology) -> Storage:
+    b = int(round(nbytes))
+    return Storage(hbm=b, ddr=0) if topo.compute_device == "cuda" else Storage(hbm=0, ddr=b)
+
+
+def to_sharding_options(
+    tables: TableArrays,
+    opts: Options,
+    modules: list[ShardableModule],
+    topo: Topology,
+    batch_size: int,
+    only_fitting: bool = False,
+) -> list[ShardingOption]:
+    """One ``ShardingOption`` per option (in option order; ``only_fitting``: the fitting ones)."""
+    by_path = {m.path: m for m in modules}
+    out = []
+    for o in range(len(opts.stype)):
+        if only_fitting and not opts.fits[o]:
+            continue
+        t = int(opts.table[o])
+        path, name = tables.keys[t]
+        module = by_path[path]
+        cfg = module.configs[name]
+        st, start, n = int(opts.stype[o]), int(opts.start[o]), int(opts.nshards[o])
+        rows_off, cols_off = shard_offsets(opts, o)
+        shards = [
+            Shard(
+                size=[int(opts.sh_rows[start + i]), int(opts.sh_cols[start + i])],
+                offset=[int(rows_off[i]), int(cols_off[i])],
+                storage=_storage(float(opts.sh_storage[start + i]), topo),
+                perf=Perf(float(opts.sh_cost[start + i]), 0.0, 0.0, 0.0),
+            )
+            for i in range(n)
+        ]
+        pooling = float(tables.ids[t] / tables.bags[t]) if tables.bags[t] else 1.0
+        out.append(
+            ShardingOption(
+                name=name,
+                tensor=torch.empty(int(tables.rows[t]), int(tables.cols[t]), device="meta"),
+                module=(path, module.module),
+                input_lengths=[pooling] * max(1, len(cfg.feature_names)),
+                batch_size=batch_size,
+                sharding_type=SHARDING_TYPES[st],
+                partition_by=_PARTITION_BY.get(st, "device"),
+                compute_kernel=KERNELS[int(opts.kernel[o])],
+                shards=shards,
+                is_pooled=bool(tables.pooled[t]),
+                feature_names=list(cfg.feature_names),
+                _option_index=o,
+                _estimates=[(copy.copy(sh.storage), copy.copy(sh.perf)) for sh in shards],  # type: ignore[misc]
+            )
+        )
+    return out
+
+
+def option_index(so: ShardingOption, tables: TableArrays, opts: Options) -> int:
+    """The option ``so`` stands for: its recorded index, else the option of the same table, sharding
+    type, kernel and shard count (a ``ShardingOption`` built by a custom enumerator).
+
+    Raises:
+        PlannerError: lightrec has no such option (another sharding lightrec does not enumerate).
+    """
+    o = so._option_index
+    if o is not None and o < len(opts.stype) and tables.keys[int(opts.table[o])] == (so.path, so.name):
+        return int(o)
+    for t, key in enumerate(tables.keys):
+        if key != (so.path, so.name):
+            continue
+        alts = range(int(opts.first[t]), int(opts.first[t] + opts.count[t]))
+        for o in alts:
+            if (SHARDING_TYPES[int(opts.stype[o])], KERNELS[int(opts.kernel[o])], int(opts.nshards[o])) == (
+                str(so.sharding_type), str(so.compute_kernel), so.num_shards,
+            ):  # fmt: skip
+                return o
+    raise PlannerError(
+        f"sharding option {so.sharding_type}/{so.compute_kernel} x{so.num_shards} of table {so.fqn!r} is not one "
+        "lightrec can build (it enumerates the shard counts in docs/planner.md); keep to lightrec's options",
+        [so.name], 0.0, 0.0,
+    )  # fmt: skip
+
+
+def write_back_estimates(sos: list[ShardingOption], tables: TableArrays, opts: Options, topo: Topology) -> None:
+    """Copy the shards' ``storage`` / ``perf`` of ``sos`` into ``opts`` and refresh its aggregates."""
+    on_hbm = topo.compute_device == "cuda"
+    for so in sos:
+        o = option_index(so, tables, opts)
+        start = int(opts.start[o])
+        for i, shard in enumerate(so.shards[: int(opts.nshards[o])]):
+            if shard.storage is not None:
+                opts.sh_storage[start + i] = float(shard.storage.hbm if on_hbm else shard.storage.ddr)
+            if shard.perf is not None:
+                opts.sh_cost[start + i] = float(shard.perf.total)
+    fits = opts.fits.copy()
+    finish_options(opts, topo)
+    opts.fits &= fits  # options a custom enumerator left out stay out

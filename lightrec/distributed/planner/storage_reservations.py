@@ -1,0 +1,125 @@
+"""torchrec's ``torchrec.distributed.planner.storage_reservations``: memory set aside for everything
+that is not an embedding table, before the planner places tables.
+
+``EmbeddingShardingPlanner(storage_reservation=...)`` takes one of these (or lightrec's plain
+fraction). Each returns a copy of the topology whose table memory (HBM on ``cuda``, DDR on ``cpu``)
+is reduced per rank:
+
+=====================================  ==========================================================
+``FixedPercentageStorageReservation``  ``cap * (1 - percentage)``
+``HeuristicalStorageReservation``      ``(cap - dense - kjt) * (1 - percentage)``, where ``dense``
+                                       is the bytes of every parameter and buffer outside the
+                                       shardable collections times ``parameter_multiplier`` (weights,
+                                       gradients, optimizer state, DDP buckets; or
+                                       ``dense_tensor_estimate`` bytes when given), on every rank,
+                                       and ``kjt`` the input batch's ids and lengths (12 bytes per
+                                       id, 4 per bag, times 20 for copies in flight)
+=====================================  ==========================================================
+
+A rank left with no memory raises ``PlannerError`` naming what took it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+from lightrec.distributed.planner.tables import find_shardable_modules
+from lightrec.distributed.planner.types import (
+    ParameterConstraints,
+    PlannerError,
+    StorageReservation,
+    Topology,
+)
+
+__all__ = ["FixedPercentageStorageReservation", "HeuristicalStorageReservation", "reduce_storage_caps"]
+
+_KJT_COPIES = 20  # input KJT buffers alive at once (pipelined batches, all-to-all send/receive)
+
+
+def reduce_storage_caps(topology: Topology, caps: np.ndarray, why: str) -> Topology:
+    """``topology`` with its table memory set to ``caps`` ``[W]`` (HBM on cuda, DDR on cpu)."""
+    if (caps <= 0).any():
+        raise PlannerError(
+            f"no memory is left for embedding tables on ranks {np.flatnonzero(caps <= 0).tolist()}: {why}; "
+            "lower the reservation or give the ranks more memory",
+            [], 0.0, float(caps.min()),
+        )  # fmt: skip
+    field = "hbm_cap" if topology.compute_device == "cuda" else "ddr_cap"
+    return dataclasses.replace(topology, **{field: caps.tolist()})
+
+
+def _check_percentage(name: str, percentage: float) -> float:
+    if not 0.0 <= percentage < 1.0:
+        raise ValueError(f"{name}(percentage={percentage!r}) must be in [0, 1)")
+    return float(percentage)
+
+
+class FixedPercentageStorageReservation(StorageReservation):
+    """Keep ``percentage`` of every rank's table memory free."""
+
+    def __init__(self, percentage: float) -> None:
+        self._percentage = _check_percentage("FixedPercentageStorageReservation", percentage)
+
+    def reserve(
+        self,
+        topology: Topology,
+        batch_size: int,
+        module: nn.Module,
+        sharders: list[Any],
+        constraints: dict[str, ParameterConstraints] | None = None,
+    ) -> Topology:
+        caps = topology.storage_caps * (1.0 - self._percentage)
+        return reduce_storage_caps(topology, caps, f"{self._percentage:.0%} reserved")
+
+
+class HeuristicalStorageReservation(StorageReservation):
+    """Reserve the dense part of the model, the input batch and a percentage (module docstring).
+
+    Args:
+        percentage: fraction of what is left kept free (activations, allocator slack).
+        parameter_multiplier: bytes reserved per byte of dense parameters and buffers.
+        dense_tensor_estimate: bytes of the dense part to use instead of counting them.
+    """
+
+    def __init__(
+        self, percentage: float, parameter_multiplier: float = 6.0, dense_tensor_estimate: int | None = None
+    ) -> None:
+        self._percentage = _check_percentage("HeuristicalStorageReservation", percentage)
+        if parameter_multiplier < 0:
+            raise ValueError(f"parameter_multiplier must be >= 0, got {parameter_multiplier}")
+        self._multiplier = float(parameter_multiplier)
+        self._dense_estimate = dense_tensor_estimate
+        self.last_reserved_bytes: dict[str, float] = {}
+
+    def reserve(
+        self,
+        topology: Topology,
+        batch_size: int,
+        module: nn.Module,
+        sharders: list[Any],
+        constraints: dict[str, ParameterConstraints] | None = None,
+    ) -> Topology:
+        shardable = find_shardable_modules(module, sharders)
+        inside = {id(t) for m in shardable for t in (*m.module.parameters(), *m.module.buffers())}
+        if self._dense_estimate is not None:
+            dense = float(self._dense_estimate)
+        else:
+            tensors = [t for t in (*module.parameters(), *module.buffers()) if id(t) not in inside]
+            dense = self._multiplier * float(sum(t.numel() * t.element_size() for t in tensors))
+        ids = bags = 0.0
+        for m in shardable:
+            for name, cfg in m.configs.items():
+                c = (constraints or {}).get(name, ParameterConstraints())
+                n = max(1, len(cfg.feature_names))
+                pooling = c.pooling_factors if len(c.pooling_factors) == n else c.pooling_factors[:1] * n
+                ids += batch_size * float(sum(pooling))
+                bags += batch_size * n
+        kjt = _KJT_COPIES * (12.0 * ids + 4.0 * bags)
+        self.last_reserved_bytes = {"dense": dense, "kjt": kjt}
+        caps = (topology.storage_caps - dense - kjt) * (1.0 - self._percentage)
+        why = f"dense part {dense / 2**20:.1f} MiB, input batch {kjt / 2**20:.1f} MiB, then {self._percentage:.0%}"
+        return reduce_storage_caps(topology, caps, why)

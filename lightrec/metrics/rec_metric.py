@@ -1,0 +1,208 @@
+"""torchrec's ``RecMetric``: one metric over one or more tasks, lifetime and windowed, computed by
+lightrec's torchmetrics metrics.
+
+For every task a :class:`RecMetric` keeps
+
+* a *lifetime* metric (e.g. :class:`~lightrec.metrics.NE`) updated with every batch, and
+* a *window*: this rank's most recent batches, ``window_size // world_size`` samples at most
+  (the newest batch is always kept), from which ``compute`` builds a fresh metric.
+
+``compute`` syncs both over the ranks (torchmetrics' sum / gather of states), so every rank gets
+the global values; each rank's window covers its own last samples, together about ``window_size``.
+Keys follow torchrec (:mod:`lightrec.metrics.metrics_namespace`)::
+
+    {"ne-DefaultTask|lifetime_ne": ..., "ne-DefaultTask|window_ne": ...}
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torchmetrics import Metric
+
+from lightrec.metrics.auc import AUC
+from lightrec.metrics.metrics_config import RecMetricEnum, RecTaskInfo
+from lightrec.metrics.metrics_namespace import MetricPrefix, compose_metric_key
+from lightrec.metrics.ne import NE, LogLoss
+from lightrec.metrics.rates import CTR, Accuracy, Calibration
+from lightrec.metrics.regression import MAE, MSE
+
+__all__ = ["RecMetric", "RecMetricException", "RecMetricList"]
+
+
+class RecMetricException(ValueError):
+    """A metric module was configured or fed wrongly (unknown metric, missing model output key)."""
+
+
+def _value(metric: Metric) -> Tensor:
+    return metric.compute()
+
+
+def _rmse(metric: Metric) -> Tensor:
+    return metric.compute().sqrt()
+
+
+# enum -> (metric class, [(metric name in the key, how to read it from the metric)])
+_METRICS: dict[RecMetricEnum, tuple[type[Metric], list[tuple[str, Callable[[Metric], Tensor]]]]] = {
+    RecMetricEnum.NE: (NE, [("ne", _value)]),
+    RecMetricEnum.LOG_LOSS: (LogLoss, [("logloss", _value)]),
+    RecMetricEnum.CTR: (CTR, [("ctr", _value)]),
+    RecMetricEnum.AUC: (AUC, [("auc", _value)]),
+    RecMetricEnum.CALIBRATION: (Calibration, [("calibration", _value)]),
+    RecMetricEnum.MSE: (MSE, [("mse", _value), ("rmse", _rmse)]),
+    RecMetricEnum.MAE: (MAE, [("mae", _value)]),
+    RecMetricEnum.ACCURACY: (Accuracy, [("accuracy", _value)]),
+}
+
+
+class _TaskWindow:
+    """The newest batches of one task on this rank, at most ``size`` samples (the newest batch always)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.batches: deque[tuple[Tensor, Tensor, Tensor]] = deque()
+        self.samples = 0
+
+    def add(self, preds: Tensor, labels: Tensor, weights: Tensor) -> None:
+        self.batches.append((preds.detach(), labels.detach(), weights.detach()))
+        self.samples += preds.numel()
+        while len(self.batches) > 1 and self.samples > self.size:
+            self.samples -= self.batches.popleft()[0].numel()
+
+    def tensors(self, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+        if not self.batches:
+            empty = torch.empty(0, device=device)
+            return empty, empty, empty
+        parts = list(zip(*self.batches))
+        return torch.cat(parts[0]), torch.cat(parts[1]), torch.cat(parts[2])
+
+
+class RecMetric(nn.Module):
+    """One :class:`RecMetricEnum` metric over ``tasks`` (see the module docstring).
+
+    Args:
+        metric: which metric (one of ``metrics_config.SUPPORTED_METRICS``).
+        world_size, my_rank, batch_size: the trainer layout (the window is per rank).
+        tasks: the tasks the metric is computed for.
+        window_size: samples of the window over all ranks.
+        process_group: group the states are synced over (None: the default group).
+        **kwargs: arguments of the lightrec metric (e.g. ``num_bins`` for AUC); torchrec-only
+            arguments (``compute_mode``, ``fused_update_limit``, ``compute_on_all_ranks``,
+            ``should_validate_update``) are accepted and ignored.
+    """
+
+    _IGNORED = frozenset({"compute_mode", "fused_update_limit", "compute_on_all_ranks", "should_validate_update"})
+
+    def __init__(
+        self,
+        metric: RecMetricEnum,
+        world_size: int,
+        my_rank: int,
+        batch_size: int,
+        tasks: list[RecTaskInfo],
+        window_size: int = 10_000_000,
+        process_group: dist.ProcessGroup | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__()
+        if metric not in _METRICS:
+            raise RecMetricException(
+                f"metric {metric} is not computed by lightrec; use one of {sorted(m.name for m in _METRICS)}"
+            )
+        if not tasks:
+            raise RecMetricException(f"{metric}: tasks is empty; give at least one RecTaskInfo")
+        if window_size <= 0:
+            raise RecMetricException(f"{metric}: window_size must be > 0, got {window_size}")
+        self.metric_enum = metric
+        self._metric_class, self._readers = _METRICS[metric]
+        self._kwargs = {k: v for k, v in kwargs.items() if k not in self._IGNORED}
+        if process_group is not None:
+            self._kwargs["process_group"] = process_group
+        self._tasks = list(tasks)
+        self._lifetime_metrics: dict[str, Metric] = {t.name: self._new_metric() for t in tasks}
+        self._lifetime = nn.ModuleDict(self._lifetime_metrics)  # registered: .to(device) moves them
+        self._window_size = max(window_size // max(world_size, 1), batch_size, 1)
+        self._windows = {t.name: _TaskWindow(self._window_size) for t in tasks}
+
+    def _new_metric(self) -> Metric:
+        return self._metric_class(**self._kwargs)
+
+    @property
+    def tasks(self) -> list[RecTaskInfo]:
+        return list(self._tasks)
+
+    def update(
+        self,
+        *,
+        predictions: Mapping[str, Tensor] | Tensor,
+        labels: Mapping[str, Tensor] | Tensor,
+        weights: Mapping[str, Tensor] | Tensor | None,
+        **kwargs: Any,
+    ) -> None:
+        """Add a batch: per task name ``[B]`` predictions, labels and weights (a tensor: the only task)."""
+        for task in self._tasks:
+            p, y, w = (_pick(x, task.name, arg) for x, arg in ((predictions, "predictions"), (labels, "labels"),
+                                                                (weights, "weights")))  # fmt: skip
+            if p is None or y is None:
+                raise RecMetricException(f"{self.metric_enum}: no predictions/labels for task {task.name!r}")
+            w = torch.ones_like(p, dtype=torch.float64) if w is None else w
+            self._lifetime_metrics[task.name].update(p, y, w)
+            self._windows[task.name].add(p.reshape(-1), y.reshape(-1), w.reshape(-1))
+
+    def compute(self) -> dict[str, Tensor]:
+        """``{key: value}`` of every task, lifetime and window (collective: call on every rank)."""
+        out: dict[str, Tensor] = {}
+        namespace = self.metric_enum.value
+        for task in self._tasks:
+            lifetime = self._lifetime_metrics[task.name]
+            window = self._new_metric().to(lifetime.device)
+            p, y, w = self._windows[task.name].tensors(lifetime.device)
+            window.update(p, y, w)
+            for name, read in self._readers:
+                out[compose_metric_key(namespace, task.name, name, MetricPrefix.LIFETIME)] = read(lifetime)
+                out[compose_metric_key(namespace, task.name, name, MetricPrefix.WINDOW)] = read(window)
+        return out
+
+    def reset(self) -> None:
+        for task in self._tasks:
+            self._lifetime_metrics[task.name].reset()
+            self._windows[task.name] = _TaskWindow(self._window_size)
+
+
+def _pick(value: Mapping[str, Tensor] | Tensor | None, task: str, arg: str) -> Tensor | None:
+    if value is None or isinstance(value, Tensor):
+        return value
+    if task not in value:
+        raise RecMetricException(f"{arg} has no entry for task {task!r} (it has {sorted(value)})")
+    return value[task]
+
+
+class RecMetricList(nn.Module):
+    """Several :class:`RecMetric` s updated and computed together."""
+
+    def __init__(self, rec_metrics: list[RecMetric]) -> None:
+        super().__init__()
+        self._metrics = list(rec_metrics)
+        self.rec_metrics = nn.ModuleList(rec_metrics)
+
+    def __len__(self) -> int:
+        return len(self.rec_metrics)
+
+    def update(self, **kwargs: Any) -> None:
+        for metric in self._metrics:
+            metric.update(**kwargs)
+
+    def compute(self) -> dict[str, Tensor]:
+        out: dict[str, Tensor] = {}
+        for metric in self._metrics:
+            out.update(metric.compute())
+        return out
+
+    def reset(self) -> None:
+        for metric in self._metrics:
+            metric.reset()

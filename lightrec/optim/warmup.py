@@ -1,0 +1,141 @@
+"""torchrec's ``torchrec.optim.warmup``: a learning-rate schedule in stages, as an optimizer wrapper.
+
+::
+
+    optimizer = WarmupOptimizer(CombinedOptimizer([model.fused_optimizer, dense]),
+                                stages=[WarmupStage(WarmupPolicy.LINEAR, max_iters=1000, value=0.1),
+                                        WarmupStage(WarmupPolicy.POLY, max_iters=10_000, value=2.0)],
+                                lr=0.05)
+
+After ``i`` steps in stage ``s`` every param group's ``lr_param`` is ``lr * multiplier(s, i) *
+stages[s].lr_scale``; a stage ends after its ``max_iters`` (counted from the first step); after the
+last stage the multiplier is 1. Multipliers (``v`` = ``stage.value``, ``n`` = ``max_iters``, ``k`` =
+``decay_iters``)::
+
+    LINEAR    v + (1 - v) * i / n          CONSTANT  v          NONE  1
+    POLY      (1 - i / k) ** v             STEP      v ** (i // k)      INVSQRT  1 / sqrt(max(i, 1))
+
+The schedule position is saved in the optimizer's ``state_dict`` under ``"__warmup"`` (torchrec's
+key), so a resumed run continues the schedule. Learning rates of fused embedding optimizers are
+read at every lookup, so they follow the schedule too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import Enum, unique
+from typing import Any
+
+import torch
+
+from lightrec.optim.keyed import KeyedOptimizer, OptimizerWrapper
+
+__all__ = ["WarmupOptimizer", "WarmupPolicy", "WarmupStage"]
+
+
+@unique
+class WarmupPolicy(Enum):
+    NONE = "none"
+    LINEAR = "linear"
+    CONSTANT = "constant"
+    POLY = "poly"
+    STEP = "step"
+    INVSQRT = "inv_sqrt"
+
+
+@dataclass
+class WarmupStage:
+    """One stage: ``policy`` until step ``max_iters`` (see the module docstring for ``value``,
+    ``lr_scale`` and ``decay_iters``; ``decay_iters <= 0`` means ``max_iters``, or 1 for STEP)."""
+
+    policy: WarmupPolicy = WarmupPolicy.LINEAR
+    max_iters: int = 1
+    value: float = 1.0
+    lr_scale: float = 1.0
+    decay_iters: int = -1
+
+
+def _stages(stages: list[WarmupStage]) -> list[WarmupStage]:
+    last = 0
+    out = []
+    for i, stage in enumerate(stages):
+        if stage.max_iters <= last:
+            raise ValueError(
+                f"stages[{i}].max_iters={stage.max_iters} must exceed the previous stage's {last}: max_iters "
+                "counts steps from the start, not within the stage"
+            )
+        last = stage.max_iters
+        decay = stage.decay_iters if stage.decay_iters > 0 else (1 if stage.policy == WarmupPolicy.STEP else stage.max_iters)
+        out.append(WarmupStage(stage.policy, stage.max_iters, stage.value, stage.lr_scale, decay))
+    return out + [WarmupStage(WarmupPolicy.NONE, max_iters=1 << 62, value=1.0)]
+
+
+def _multiplier(stage: WarmupStage, i: int) -> float:
+    policy, v = stage.policy, stage.value
+    if policy == WarmupPolicy.LINEAR:
+        m = v + (1.0 - v) * i / stage.max_iters
+    elif policy == WarmupPolicy.CONSTANT:
+        m = v
+    elif policy == WarmupPolicy.POLY:
+        m = math.pow(max(1.0 - i / stage.decay_iters, 0.0), v)
+    elif policy == WarmupPolicy.STEP:
+        m = math.pow(v, i // stage.decay_iters)
+    elif policy == WarmupPolicy.INVSQRT:
+        m = 1.0 / math.sqrt(max(i, 1))
+    else:
+        m = 1.0
+    return m * stage.lr_scale
+
+
+class WarmupOptimizer(OptimizerWrapper):
+    """Sets the learning rate of every param group before each step (see the module docstring).
+
+    Args:
+        optimizer: the ``KeyedOptimizer`` to wrap.
+        stages: the schedule.
+        lr: the base learning rate the multipliers scale.
+        lr_param: the param-group key to set.
+        param_name: the state-dict name of the schedule position.
+    """
+
+    def __init__(
+        self,
+        optimizer: KeyedOptimizer,
+        stages: list[WarmupStage],
+        lr: float = 0.1,
+        lr_param: str = "lr",
+        param_name: str = "__warmup",
+    ) -> None:
+        super().__init__(optimizer)
+        self._stages = _stages(list(stages))
+        self._lr, self._lr_param, self._param_name = float(lr), lr_param, param_name
+        self._iter, self._stage = 0, 0
+        self._set_lr()  # a fused optimizer runs in the first backward, before the first step()
+
+    def _set_lr(self) -> None:
+        lr = self._lr * _multiplier(self._stages[self._stage], self._iter)
+        for group in self.param_groups:
+            group[self._lr_param] = lr
+
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        loss = super().step(closure)
+        self._iter += 1
+        if self._iter > self._stages[self._stage].max_iters and self._stage + 1 < len(self._stages):
+            self._stage += 1
+        self._set_lr()
+        return loss
+
+    def state_dict(self) -> dict[str, Any]:
+        out = super().state_dict()
+        out["state"] = {**out["state"], self._param_name: {"warmup": torch.tensor([self._iter, self._stage])}}
+        return out
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        state = dict(state_dict["state"])
+        warmup = state.pop(self._param_name, None)
+        super().load_state_dict({**state_dict, "state": state})
+        if warmup is not None:
+            self._iter, self._stage = (int(x) for x in warmup["warmup"].tolist())
+        self._set_lr()

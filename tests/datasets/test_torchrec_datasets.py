@@ -1,0 +1,134 @@
+"""lightrec.datasets at torchrec's paths: RandomRecDataset, the Criteo readers and binary files,
+MovieLens rows -- checked against values computed here from the inputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from lightrec.data import Batch as DataBatch
+from lightrec.datasets.criteo import (
+    DEFAULT_CAT_NAMES,
+    DEFAULT_COLUMN_NAMES,
+    DEFAULT_INT_NAMES,
+    BinaryCriteoUtils,
+    InMemoryBinaryCriteoIterDataPipe,
+    criteo_kaggle,
+)
+from lightrec.datasets.movielens import DEFAULT_RATINGS_COLUMN_NAMES, movielens_20m
+from lightrec.datasets.random import RandomRecDataset
+from lightrec.datasets.utils import Batch, safe_cast
+
+
+def test_batch_is_lightrecs_batch() -> None:
+    assert Batch is DataBatch
+    assert safe_cast("x", int, 7) == 7 and safe_cast("3", int, 0) == 3
+
+
+def test_random_rec_dataset_layout_and_determinism() -> None:
+    ds = RandomRecDataset(keys=["a", "b"], batch_size=4, hash_sizes=[5, 1000], ids_per_features=[1, 3],
+                          num_dense=2, manual_seed=1, num_batches=5, num_generated_batches=2)  # fmt: skip
+    batches = list(ds)
+    assert len(batches) == 5 == len(ds)
+    b = batches[0]
+    assert b.dense_features.shape == (4, 2) and b.labels.shape == (4,) and set(b.labels.tolist()) <= {0, 1}
+    assert b.sparse_features["a"].lengths().tolist() == [1] * 4 and b.sparse_features["b"].lengths().tolist() == [3] * 4
+    assert int(b.sparse_features["a"].values().max()) < 5
+    # Two distinct cached batches, cycled: 0, 1, 0, 1, 0.
+    assert not torch.equal(batches[0].dense_features, batches[1].dense_features)
+    assert batches[2] is batches[0] and batches[3] is batches[1]
+    # torchrec's draw order with the same seed: per key the ids, then dense, then labels.
+    g = torch.Generator().manual_seed(1)
+    ids_a = torch.randint(high=5, size=(4,), generator=g)
+    ids_b = torch.randint(high=1000, size=(12,), generator=g)
+    dense = torch.randn(4, 2, generator=g)
+    assert torch.equal(b.sparse_features.values(), torch.cat([ids_a, ids_b])) and torch.equal(b.dense_features, dense)
+    again = next(iter(RandomRecDataset(keys=["a", "b"], batch_size=4, hash_sizes=[5, 1000],
+                                       ids_per_features=[1, 3], num_dense=2, manual_seed=1)))  # fmt: skip
+    assert torch.equal(again.sparse_features.values(), b.sparse_features.values())
+
+
+def test_random_rec_dataset_rejects_bad_sizes() -> None:
+    with pytest.raises(ValueError, match="hash_sizes has 1 entries for 2 keys"):
+        RandomRecDataset(keys=["a", "b"], batch_size=2, hash_sizes=[3])
+    with pytest.raises(ValueError, match="batch_size must be a positive int"):
+        RandomRecDataset(keys=["a"], batch_size=0)
+
+
+def _write_tsv(path: Path, rows: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 2, rows)
+    dense = rng.integers(0, 50, (rows, 13))
+    cats = rng.integers(1, 2**31, (rows, 26))
+    lines = []
+    for i in range(rows):
+        fields = [str(labels[i])] + [str(v) for v in dense[i]] + [f"{v:x}" for v in cats[i]]
+        fields[4] = ""  # an empty count (int_3) and an empty categorical (cat_2)
+        fields[1 + 13 + 2] = ""
+        lines.append("\t".join(fields))
+    path.write_text("\n".join(lines) + "\n")
+    dense[:, 3] = 0
+    cats[:, 2] = 0
+    return labels, dense, cats
+
+
+def test_criteo_kaggle_rows(tmp_path: Path) -> None:
+    labels, dense, cats = _write_tsv(tmp_path / "train.txt", 3, 0)
+    rows = list(criteo_kaggle(str(tmp_path / "train.txt")))
+    assert len(rows) == 3 and list(rows[0]) == list(reversed(DEFAULT_COLUMN_NAMES))
+    assert rows[1]["label"] == labels[1] and rows[1]["int_0"] == dense[1, 0] and rows[1]["int_3"] == 0
+    assert rows[2]["cat_0"] == f"{cats[2, 0]:x}" and rows[2]["cat_2"] == ""
+
+
+def test_binary_criteo_round_trip_over_two_ranks(tmp_path: Path) -> None:
+    files = []
+    truth = []
+    for day, rows in enumerate([7, 4]):
+        labels, dense, cats = _write_tsv(tmp_path / f"day_{day}.tsv", rows, day)
+        names = [str(tmp_path / f"day_{day}_{kind}.npy") for kind in ("dense", "sparse", "labels")]
+        BinaryCriteoUtils.tsv_to_npys(str(tmp_path / f"day_{day}.tsv"), *names)
+        files.append(names)
+        truth.append((labels, dense, cats))
+    assert BinaryCriteoUtils.get_shape_from_npy(files[0][0]) == (7, 13)
+    labels = np.concatenate([t[0] for t in truth])
+    dense = np.log(np.concatenate([t[1] for t in truth]) + 3.0).astype(np.float32)
+    cats = np.concatenate([t[2] for t in truth])
+    hashes = [97 + i for i in range(26)]
+    seen = []
+    for rank in range(2):
+        pipe = InMemoryBinaryCriteoIterDataPipe(
+            "train", [f[0] for f in files], [f[1] for f in files], [f[2] for f in files],
+            batch_size=4, rank=rank, world_size=2, hashes=hashes,
+        )  # fmt: skip
+        batches = list(pipe)
+        assert len(batches) == len(pipe) == 2  # 6 and 5 rows
+        seen += batches
+    all_dense = torch.cat([b.dense_features for b in seen])
+    np.testing.assert_allclose(all_dense.numpy(), dense, rtol=1e-6)
+    assert torch.cat([b.labels for b in seen]).tolist() == labels.tolist()
+    first = seen[0].sparse_features
+    assert first.keys() == DEFAULT_CAT_NAMES and first.stride() == 4
+    assert first["cat_5"].values().tolist() == (cats[:4, 5] % hashes[5]).tolist()
+    val = InMemoryBinaryCriteoIterDataPipe("val", [files[0][0]], [files[0][1]], [files[0][2]], 8, 0, 1)
+    test = InMemoryBinaryCriteoIterDataPipe("test", [files[0][0]], [files[0][1]], [files[0][2]], 8, 0, 1)
+    assert [b.batch_size for b in val] == [4] and [b.batch_size for b in test] == [3]
+    assert len(DEFAULT_INT_NAMES) == 13
+
+
+def test_file_idx_to_row_range_splits_evenly() -> None:
+    ranges = [BinaryCriteoUtils.get_file_idx_to_row_range([5, 6], r, 3) for r in range(3)]
+    assert ranges == [{0: (0, 3)}, {0: (4, 4), 1: (0, 2)}, {1: (3, 5)}]
+
+
+def test_movielens_rows(tmp_path: Path) -> None:
+    (tmp_path / "ratings.csv").write_text("userId,movieId,rating,timestamp\n1,31,2.5,1260759144\n2,10,4.0,835355493\n")
+    (tmp_path / "movies.csv").write_text('movieId,title,genres\n31,"Dangerous Minds (1995)",Drama\n')
+    rows = list(movielens_20m(str(tmp_path)))
+    assert rows[0] == dict(zip(DEFAULT_RATINGS_COLUMN_NAMES, [1, 31, 2.5, 1260759144]))
+    joined = list(movielens_20m(str(tmp_path), include_movies_data=True))
+    assert joined[0]["title"] == "Dangerous Minds (1995)" and joined[0]["genres"] == "Drama" and joined[1]["title"] == ""
+    with pytest.raises(FileNotFoundError, match="ratings.csv"):
+        movielens_20m(str(tmp_path / "missing"))
