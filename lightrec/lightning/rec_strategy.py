@@ -56,6 +56,7 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightrec._compat import default_pg_timeout, optimizers_to_device, set_logging_step
+from lightrec._malloc_policy import apply_malloc_policy
 from lightrec.distributed.checkpoint import (
     CheckpointSource,
     ForeignCheckpointError,
@@ -115,6 +116,11 @@ class RecStrategy(DDPStrategy):
             wrapper, if any, wraps the hook first), as for ``DDPStrategy``.
         model_averaging_period: not supported (post-local SGD); must be None.
         process_group_backend / timeout / start_method: as for ``DDPStrategy``.
+        malloc_policy: glibc malloc thresholds of this process and of the ranks it launches:
+            ``"tuned"`` (fixed thresholds: no page-fault storms from released activations),
+            ``"default"`` (glibc's own), a ``{"MALLOC_MMAP_THRESHOLD_": bytes, ...}`` mapping, or None
+            for ``$LIGHTREC_MALLOC_POLICY`` (default ``"tuned"``); ``MALLOC_*`` variables already in the
+            environment win (``lightrec._malloc_policy``, docs/performance.md).
         **ddp_kwargs: forwarded to the DDP wrapper of the dense parameters.
     """
 
@@ -140,8 +146,11 @@ class RecStrategy(DDPStrategy):
         process_group_backend: str | None = None,
         timeout: timedelta | None = default_pg_timeout,
         start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
+        malloc_policy: str | dict[str, int] | None = None,
         **ddp_kwargs: Any,
     ) -> None:
+        # Before any rank is launched: they inherit the environment (and this process is a rank).
+        self.malloc_policy = apply_malloc_policy(malloc_policy)
         if model_averaging_period is not None or isinstance(ddp_comm_state, PostLocalSGDState):
             raise ValueError(
                 "RecStrategy does not support post-local SGD (got model_averaging_period="

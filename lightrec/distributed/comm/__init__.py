@@ -34,6 +34,8 @@ from lightrec.distributed.comm.sequence_all_to_all import (
     SequenceEmbeddingsAllToAll,
     SequenceEmbeddingsAwaitable,
 )
+from lightrec.distributed.comm.shm_segments import ShmSpaceError
+from lightrec.distributed.comm.shm_transport import ShmPeerError
 
 __all__ = [
     "AllGatherAwaitable",
@@ -55,6 +57,8 @@ __all__ = [
     "RowWiseBucketized",
     "SequenceEmbeddingsAllToAll",
     "SequenceEmbeddingsAwaitable",
+    "ShmPeerError",
+    "ShmSpaceError",
     "bucketize_kjt_by_rank",
     "bucketize_kjt_row_wise",
     "exchange_batch_sizes",
