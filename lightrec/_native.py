@@ -69,7 +69,7 @@ def _ninja_on_path() -> None:
     if shutil.which("ninja") is not None:
         return
     try:
-        import ninja  # type: ignore[import-not-found]
+        import ninja  # type: ignore[import-not-found, unused-ignore]  # typed when installed (a dependency); absent in some envs
     except ImportError:
         return
     bin_dir = getattr(ninja, "BIN_DIR", None)
