@@ -8,15 +8,17 @@ samples per rank, 2 gloo ranks (``RecStrategy``), one intra-op thread each.
 One ``Trainer.fit`` per rank; after ``--warmup`` steps, windows of ``--steps`` steps alternate
 between the two contenders (so both see the same machine load of the moment):
 
-* ``off``: ``RecModule(nonfinite_loss=None)``, no input validation -- the step before this work;
-* ``on``: ``nonfinite_loss="raise"`` (one all-gather of a flag + a host read per step) and
-  ``KeyedJaggedTensor.validate()`` of every batch (dtype, per-feature length and offset checks).
+* ``off``: ``RecModule(nonfinite_loss=None)``, no input validation, and the sharded collection's
+  always-on input check replaced by a no-op (for this measurement only: it has no off switch);
+* ``on``: ``nonfinite_loss="raise"`` (one all-gather of a flag + a host read per step),
+  ``KeyedJaggedTensor.validate()`` of every batch (dtype, per-feature length and offset checks) and
+  the collection's input check ``check_collection_input`` (ids' dtypes, the parts' sizes, negative
+  lengths, surplus values; issue 23 added the sizes and the negative-length pass).
 
 Prints the median window's ms/step for each and their difference, plus each check alone timed
 over the same batches on rank 0 (``validate()``; the loss check with its all-gather, both ranks;
-the collections' always-on input check ``check_collection_input`` -- ids' dtypes and surplus
-values -- on a fresh KJT, so its ``length_per_key`` is computed, not cached). That input check
-cannot be switched off, so it runs in both contenders; its figure alone is its cost per step.
+``check_collection_input`` on a fresh KJT, so its ``length_per_key`` is computed, not cached; and
+its data pass alone, ``check_lengths_and_weights``).
 
 Run::
 
@@ -72,16 +74,23 @@ def _worker(rank: int, args: argparse.Namespace, port: int, queue: Any) -> None:
     torch.set_num_threads(1)
     import lightning.pytorch as pl
 
+    import lightrec.distributed.sharding.collection as sharded_collection
     from lightrec.lightning import RecStrategy
     from lightrec.lightning.nonfinite import nonfinite_ranks
     from lightrec.modules.feature_checks import check_collection_input
     from lightrec.sparse import KeyedJaggedTensor
+    from lightrec.sparse.kjt_checks import check_lengths_and_weights
+
+    def no_check(*_: Any, **__: Any) -> None:
+        return None
 
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore")
     module, data = _module_and_data(args)
     windows: dict[str, list[float]] = {"off": [], "on": []}
-    alone: dict[str, list[float]] = {"validate": [], "loss check": [], "collection input check": []}
+    alone: dict[str, list[float]] = {
+        "validate": [], "loss check": [], "collection input check": [], "  of which the negative-length pass": []
+    }  # fmt: skip
 
     class Windows(pl.Callback):
         def __init__(self) -> None:
@@ -102,6 +111,7 @@ def _worker(rank: int, args: argparse.Namespace, port: int, queue: Any) -> None:
                 torch.distributed.barrier()
                 self.started = time.perf_counter()
             pl_module.nonfinite_loss = "raise" if mode == "on" else None
+            sharded_collection.check_collection_input = no_check if mode == "off" else check_collection_input
             if mode == "on":
                 batch.sparse_features.validate()
 
@@ -125,6 +135,9 @@ def _worker(rank: int, args: argparse.Namespace, port: int, queue: Any) -> None:
                 t0 = time.perf_counter()
                 check_collection_input(fresh, kjt.keys(), "bench")
                 alone["collection input check"].append((time.perf_counter() - t0) * 1e3)
+                t0 = time.perf_counter()
+                check_lengths_and_weights(kjt.keys(), kjt.lengths(), None, None)
+                alone["  of which the negative-length pass"].append((time.perf_counter() - t0) * 1e3)
 
     trainer = pl.Trainer(
         accelerator="cpu", devices=args.world, strategy=RecStrategy(timeout=timedelta(seconds=600)),

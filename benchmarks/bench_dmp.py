@@ -6,9 +6,19 @@ dense part, batch 2048 per rank, 2 gloo ranks with one intra-op thread each. Eve
 pre-generated synthetic batches (ids uniform, ``--pooling-factor`` ids per bag), so the numbers
 measure the training step, not data loading.
 
+``--mode embedding`` drops the dense compute (no MLPs, no interaction): the logit is a fixed
+projection of the pooled embeddings (a buffer, not trained), so the step is input dist, lookup,
+output dist forward and backward and the fused update alone -- the embedding system's own speed.
+
+Every run also reports, for both libraries, rank 0's **per-phase breakdown** of a step (input dist,
+lookup, output dist forward / backward, fused update, dense = the rest), from one extra window per
+library with the phase timers of ``dmp_phases.py`` switched on (the throughput windows run without
+them).
+
 Run::
 
     python benchmarks/bench_dmp.py                      # 2 ranks, JSON to stdout
+    python benchmarks/bench_dmp.py --mode embedding --repeats 8
     python benchmarks/bench_dmp.py --out results.json --repeats 9 --plan row_wise
 
 torchrec is measured in the same run when ``import torchrec`` works (it is not a lightrec
@@ -49,6 +59,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # dmp_phases, beside this file
+import dmp_phases  # noqa: E402
+
 NUM_TABLES, ROWS, DIM, DENSE_IN = 26, 100_000, 64, 13
 BOTTOM, TOP = [512, 256, 64], [512, 256, 1]
 
@@ -69,6 +82,29 @@ def _batches(
     return out
 
 
+class _SparseOnly(torch.nn.Module):
+    """``--mode embedding``: a fixed projection of the pooled embeddings (no dense compute)."""
+
+    def __init__(self, ebc: torch.nn.Module) -> None:
+        super().__init__()
+        self.ebc = ebc
+        proj = (
+            torch.randn(NUM_TABLES * DIM, generator=torch.Generator().manual_seed(0))
+            / (NUM_TABLES * DIM) ** 0.5
+        )
+        self.register_buffer("proj", proj)
+
+    def forward(self, dense: torch.Tensor, kjt: Any) -> torch.Tensor:
+        return (self.ebc(kjt).values() @ self.proj).unsqueeze(-1)
+
+
+def _optimizer(dmp: Any, combined: Any, wrapper: Any, dense_filter: Any) -> Any:
+    dense = dict(dense_filter(dmp.named_parameters()))
+    if not dense:  # embedding-only: the fused optimizer alone
+        return combined([dmp.fused_optimizer])
+    return combined([dmp.fused_optimizer, wrapper(dense, lambda ps: torch.optim.Adagrad(ps, lr=0.01))])
+
+
 def _lightrec_model(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from lightrec.distributed import DistributedModelParallel, EmbeddingBagCollectionSharder
     from lightrec.distributed.planner import construct_module_sharding_plan, row_wise, table_wise
@@ -87,7 +123,7 @@ def _lightrec_model(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     tables = [EmbeddingBagConfig(num_embeddings=ROWS, embedding_dim=DIM, name=f"t{t}", feature_names=[f"f{t}"])
               for t in range(NUM_TABLES)]  # fmt: skip
     ebc = EmbeddingBagCollection(tables, device="meta")
-    model = DLRM(ebc, DENSE_IN, BOTTOM, TOP)
+    model = DLRM(ebc, DENSE_IN, BOTTOM, TOP) if args.mode == "dlrm" else _SparseOnly(ebc)
     sharder = EmbeddingBagCollectionSharder(
         {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.01}
     )
@@ -97,19 +133,14 @@ def _lightrec_model(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         per = max(1, NUM_TABLES // world)
         gens = {t.name: (row_wise() if args.plan == "row_wise" else table_wise(rank=min(i // per, world - 1)))
                 for i, t in enumerate(tables)}  # fmt: skip
-        plan = ShardingPlan(
-            {
-                "sparse_arch.embedding_bag_collection": construct_module_sharding_plan(
-                    ebc, gens, world_size=world
-                )
-            }
-        )
+        path = "sparse_arch.embedding_bag_collection" if args.mode == "dlrm" else "ebc"
+        plan = ShardingPlan({path: construct_module_sharding_plan(ebc, gens, world_size=world)})
     dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=[sharder])
-    dense = dict(in_backward_optimizer_filter(dmp.named_parameters()))
-    opt = CombinedOptimizer(
-        [dmp.fused_optimizer, KeyedOptimizerWrapper(dense, lambda ps: torch.optim.Adagrad(ps, lr=0.01))]
+    return (
+        dmp,
+        _optimizer(dmp, CombinedOptimizer, KeyedOptimizerWrapper, in_backward_optimizer_filter),
+        KeyedJaggedTensor,
     )
-    return dmp, opt, KeyedJaggedTensor
 
 
 def _torchrec_model(args: argparse.Namespace) -> tuple[Any, Any, Any]:  # pragma: no cover - needs torchrec
@@ -124,24 +155,30 @@ def _torchrec_model(args: argparse.Namespace) -> tuple[Any, Any, Any]:  # pragma
     tables = [torchrec.EmbeddingBagConfig(num_embeddings=ROWS, embedding_dim=DIM, name=f"t{t}", feature_names=[f"f{t}"])
               for t in range(NUM_TABLES)]  # fmt: skip
     ebc = torchrec.EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
-    model = DLRM(embedding_bag_collection=ebc, dense_in_features=DENSE_IN, dense_arch_layer_sizes=BOTTOM,
-                 over_arch_layer_sizes=TOP)  # fmt: skip
+    if args.mode == "dlrm":
+        model: torch.nn.Module = DLRM(embedding_bag_collection=ebc, dense_in_features=DENSE_IN,
+                                      dense_arch_layer_sizes=BOTTOM, over_arch_layer_sizes=TOP)  # fmt: skip
+    else:
+        model = _SparseOnly(ebc)
     sharder = EmbeddingBagCollectionSharder(
         fused_params={"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.01}
     )
     dmp = DistributedModelParallel(model, device=torch.device("cpu"), sharders=[sharder])
-    dense = dict(in_backward_optimizer_filter(dmp.named_parameters()))
-    opt = CombinedOptimizer(
-        [dmp.fused_optimizer, KeyedOptimizerWrapper(dense, lambda ps: torch.optim.Adagrad(ps, lr=0.01))]
+    return (
+        dmp,
+        _optimizer(dmp, CombinedOptimizer, KeyedOptimizerWrapper, in_backward_optimizer_filter),
+        torchrec.KeyedJaggedTensor,
     )
-    return dmp, opt, torchrec.KeyedJaggedTensor
 
 
 class _Contender:
     """One framework's model, optimizer and batches on this rank, and its timed windows."""
 
-    def __init__(self, build: Any, rank: int, args: argparse.Namespace) -> None:
+    def __init__(self, build: Any, rank: int, args: argparse.Namespace, library: str) -> None:
         self.model, self.opt, kjt_cls = build(args)
+        self.clock = dmp_phases.PhaseClock()
+        dmp_phases.install(self.clock, library)
+        self.breakdown: dict[str, float] = {}
         self.batches = _batches(rank, args, kjt_cls)
         self.loss_fn = torch.nn.BCEWithLogitsLoss()
         self.rates: list[float] = []
@@ -171,6 +208,24 @@ class _Contender:
         self.rates.append(rate)
         return rate
 
+    def measure_phases(self, args: argparse.Namespace) -> None:
+        """One more window with the phase timers on: rank 0's ms per step by phase."""
+        dist.barrier()
+        self.clock.reset()
+        self.clock.enabled = True
+        start = time.perf_counter()
+        for i in range(args.steps):
+            self.step(i)
+        elapsed = time.perf_counter() - start
+        self.clock.enabled = False
+        self.breakdown = self.clock.per_step_ms(elapsed, args.steps)
+        dist.barrier()
+
+    def kernels(self) -> list[str]:
+        """The lookup kernels this model runs (lightrec's ``backend_name``; torchrec: fbgemm TBE)."""
+        names = {getattr(m, "backend_name", None) for m in self.model.modules()}
+        return sorted(n for n in names if n) or ["fbgemm"]
+
     def report(self, args: argparse.Namespace) -> dict[str, Any]:
         median = statistics.median(self.rates)
         return {
@@ -182,6 +237,8 @@ class _Contender:
             # CPU time per step on rank 0: robust to other load on the machine
             "rank0_thread_cpu_ms_per_step": 1000.0 * statistics.median(self.thread_cpu),
             "rank0_process_cpu_ms_per_step": 1000.0 * statistics.median(self.process_cpu),
+            "rank0_phase_ms_per_step": {k: round(v, 2) for k, v in self.breakdown.items()},
+            "kernels": self.kernels(),
         }
 
 
@@ -191,14 +248,14 @@ def _process_cpu() -> float:
 
 
 def _measure_all(rank: int, args: argparse.Namespace) -> dict[str, Any]:
-    contenders = {"lightrec": _Contender(_lightrec_model, rank, args)}
+    contenders = {"lightrec": _Contender(_lightrec_model, rank, args, "lightrec")}
     result: dict[str, Any] = {}
     try:
         import torchrec  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - any import failure means "not measured"
         result["torchrec"] = {"skipped": f"torchrec is not importable ({type(exc).__name__}: {exc})"}
     else:
-        contenders["torchrec"] = _Contender(_torchrec_model, rank, args)
+        contenders["torchrec"] = _Contender(_torchrec_model, rank, args, "torchrec")
     for c in contenders.values():
         for i in range(args.warmup):
             c.step(i)
@@ -209,6 +266,8 @@ def _measure_all(rank: int, args: argparse.Namespace) -> dict[str, Any]:
         rates = {id(c): c.window(args) for c in (order if repeat % 2 == 0 else order[::-1])}
         if len(order) == 2:
             ratios.append(rates[id(order[0])] / rates[id(order[1])])
+    for c in order:
+        c.measure_phases(args)
     for name, c in contenders.items():
         result[name] = c.report(args)
     if ratios:
@@ -233,6 +292,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--mode", choices=["dlrm", "embedding"], default="dlrm",
+                        help="dlrm: the whole model; embedding: no dense compute (a fixed projection)")  # fmt: skip
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=2048, help="samples per rank and step")
     parser.add_argument("--pooling-factor", type=int, default=1, help="ids per bag")
@@ -249,6 +310,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # Read by glibc when each (spawned) rank process starts; both frameworks run in those processes.
     malloc_env = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
     saved_env = {k: os.environ.get(k) for k in malloc_env}
+    load_start = list(os.getloadavg())
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
@@ -291,6 +353,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         },  # fmt: skip
         **result,
     }
+    report["load_average_1_5_15"] = {"start": load_start, "end": list(os.getloadavg())}
     tr = result.get("torchrec", {})
     if "global_samples_per_s" in tr:
         report["speedup_vs_torchrec"] = (
@@ -301,10 +364,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"torchrec not measured: {tr.get('skipped')}", file=sys.stderr)
     text = json.dumps(report, indent=2)
     print(text)
+    _print_summary(report)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text + "\n")
     return report
+
+
+def _print_summary(report: dict[str, Any]) -> None:
+    """The ratio and rank 0's per-phase breakdown as a table, on stderr (the JSON is on stdout)."""
+    sides = [k for k in ("lightrec", "torchrec") if "rank0_phase_ms_per_step" in report.get(k, {})]
+    lines = [f"mode={report['config']['mode']} load average (1/5/15 min) {report['load_average_1_5_15']}"]
+    if "speedup_vs_torchrec" in report:
+        lines.append(
+            f"lightrec / torchrec: {report['speedup_vs_torchrec']:.2f}x (median windows), "
+            f"{report['speedup_vs_torchrec_paired_median']:.2f}x (median of paired windows)"
+        )
+    lines.append(
+        "rank 0, ms per step: " + " | ".join(f"{s} ({', '.join(report[s]['kernels'])})" for s in sides)
+    )
+    for phase in (*dmp_phases.PHASES, "step"):
+        lines.append(
+            f"  {phase:<16}" + "".join(f"{report[s]['rank0_phase_ms_per_step'][phase]:>10.1f}" for s in sides)
+        )
+    print("\n".join(lines), file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ SGD, ``torch.set_num_threads(1)``. Every contender runs in the SAME process on t
 
 * ``lightrec_fused_<backend>``: ``lightrec.kernels.FusedEmbeddingBagCollection`` (SGD fused into
   backward) for each available backend (``torch`` always, ``fbgemm`` when importable);
+  ``lightrec_fused_torch_stock_update``: the torch kernel with its stock-op update (the fallback
+  where the native CPU update cannot be built);
 * ``torch_unsharded_ebc_sgd``: one ``nn.EmbeddingBag`` per table + ``torch.optim.SGD``, which is
   what torchrec's unsharded ``EmbeddingBagCollection`` does (dense [rows, D] gradients);
 * ``lightrec_unsharded_ebc_sgd``: ``lightrec.modules.EmbeddingBagCollection`` + ``torch.optim.SGD``;
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import platform
 import time
 from collections.abc import Callable
@@ -95,11 +98,16 @@ def time_steps(
 def contenders(tables: list[EmbeddingBagConfig], lr: float) -> dict[str, Callable[[], Callable | str]]:
     """name -> builder returning a step function (or a string: why it is skipped)."""
 
-    def fused(backend: str) -> Callable[[], Callable | str]:
+    def fused(backend: str, stock_update: bool = False) -> Callable[[], Callable | str]:
         def build() -> Callable | str:
             if backend == "fbgemm" and not fbgemm_available():
                 return f"fbgemm unavailable: {fbgemm_unavailable_reason()}"
-            ebc = FusedEmbeddingBagCollection(tables, torch.optim.SGD, {"lr": lr}, kernel_backend=backend)
+            if stock_update:  # the torch kernel's update as stock torch ops (its fallback)
+                os.environ["LIGHTREC_CPU_UPDATE"] = "torch"
+            try:
+                ebc = FusedEmbeddingBagCollection(tables, torch.optim.SGD, {"lr": lr}, kernel_backend=backend)
+            finally:
+                os.environ.pop("LIGHTREC_CPU_UPDATE", None)
 
             def step(kjt: KeyedJaggedTensor) -> None:
                 ebc(kjt).values().sum().backward()  # rows updated inside backward; no optimizer.step()
@@ -180,6 +188,7 @@ def contenders(tables: list[EmbeddingBagConfig], lr: float) -> dict[str, Callabl
 
     return {
         "lightrec_fused_torch": fused("torch"),
+        "lightrec_fused_torch_stock_update": fused("torch", stock_update=True),
         "lightrec_fused_fbgemm": fused("fbgemm"),
         BASELINE: dense(lambda: TorchUnshardedEBC(tables), lambda out: out),
         "lightrec_unsharded_ebc_sgd": dense(lambda: EmbeddingBagCollection(tables), lambda kt: kt.values()),

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+from torch.fx import ProxyableClassMeta, _symbolic_trace
 from torch.nn.parallel import DistributedDataParallel
 
 __all__ = [
@@ -35,9 +36,13 @@ __all__ = [
     "ddp_buffer_sync",
     "default_pg_timeout",
     "fit_data_fetcher",
+    "is_fx_symbolic_tracing",
     "optimizers_to_device",
+    "proxyable_call",
+    "set_logging_step",
     "reduce_scatter_single",
     "silence_known_warnings",
+    "stop_hp_metric_placeholder",
 ]
 
 #: ``(major, minor)`` of the running torch.
@@ -45,23 +50,27 @@ TORCH_VERSION: tuple[int, int] = tuple(int(p) for p in torch.__version__.split("
 
 
 # ---------------------------------------------------------------------------------------------- torch
-@functools.cache
-def silence_known_warnings() -> None:
-    """Silence two warnings about other projects' internals that every training process repeats.
+# torch.fx: `is_fx_tracing()` is deprecated (2.11+ log "is_fx_tracing will return true for both
+# fx.symbolic_trace and torch.export" once per process, from an lru_cache-d function) in favour of
+# `is_fx_symbolic_tracing()` (only fx.symbolic_trace) and `torch.compiler.is_compiling()` (compile /
+# export). torch's own `ProxyableClassMeta.__call__` -- the metaclass behind lightrec's sparse types --
+# still calls the deprecated one, so building a KeyedJaggedTensor printed that line in every process.
 
-    * torch (2.11+) logs "is_fx_tracing will return true for both fx.symbolic_trace and
-      torch.export" the first time a ``torch.fx.ProxyableClassMeta`` class (``KeyedJaggedTensor``)
-      is built outside tracing: torch's own metaclass calls the deprecated ``is_fx_tracing``. The
-      message comes from an ``lru_cache``-d function, so calling it once with its logger muted
-      consumes it for the process (lightrec's code calls ``is_fx_symbolic_tracing`` itself);
-    * Lightning 2.6 on torch 2.13+ warns "``isinstance(treespec, LeafSpec)`` is deprecated" from
-      its own ``utilities/_pytree.py`` on every stage of every rank, and that
-      ``torch.distributed.nn.functional.all_gather`` is deprecated from its own ``all_gather``.
+if hasattr(_symbolic_trace, "is_fx_symbolic_tracing"):
+    # torch's own function (scriptable as torch wrote it: callers keep their TorchScript behaviour)
+    is_fx_symbolic_tracing = _symbolic_trace.is_fx_symbolic_tracing
+else:  # pragma: no cover - a torch without the split names one flag for both kinds of tracing
 
-    Idempotent; called on import of ``lightrec.lightning``. Other warnings are left alone.
+    def is_fx_symbolic_tracing() -> bool:
+        """Whether ``torch.fx.symbolic_trace`` is tracing (not ``torch.compile`` / ``torch.export``)."""
+        return bool(getattr(_symbolic_trace, "_is_fx_tracing_flag", False)) and not torch.compiler.is_compiling()
+
+
+def _consume_is_fx_tracing_deprecation() -> None:
+    """Spend torch's once-per-process "is_fx_tracing will return true ..." log line with its logger muted.
+
+    The line comes from an ``lru_cache``-d function: calling it once, muted, consumes it.
     """
-    from torch.fx import _symbolic_trace
-
     once = getattr(_symbolic_trace, "is_fx_tracing_warning", None)
     if callable(once):
         fx_log = logging.getLogger(_symbolic_trace.__name__)
@@ -70,6 +79,35 @@ def silence_known_warnings() -> None:
             once()
         finally:
             fx_log.disabled = disabled
+
+
+def proxyable_call(cls: ProxyableClassMeta, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Construct ``cls(*args, **kwargs)``, ``cls`` being a class of metaclass ``torch.fx.ProxyableClassMeta``.
+
+    Outside ``torch.fx.symbolic_trace`` (eager, ``torch.compile``, ``torch.export``) the class is
+    built as any class is (``type.__call__``): what ``ProxyableClassMeta`` does there too, minus its
+    call of the deprecated ``is_fx_tracing``. While fx traces, ``ProxyableClassMeta``'s own path runs
+    (a constructor call with proxy arguments becomes one graph node), with torch's deprecation line
+    consumed silently first.
+    """
+    if not is_fx_symbolic_tracing():
+        return type.__call__(cls, *args, **kwargs)
+    _consume_is_fx_tracing_deprecation()
+    return ProxyableClassMeta.__call__(cls, *args, **kwargs)
+
+
+@functools.cache
+def silence_known_warnings() -> None:
+    """Silence two warnings about Lightning's internals that every training process repeats.
+
+    Lightning 2.6 on torch 2.13+ warns "``isinstance(treespec, LeafSpec)`` is deprecated" from
+    its own ``utilities/_pytree.py`` on every stage of every rank, and that
+    ``torch.distributed.nn.functional.all_gather`` is deprecated from its own ``all_gather``.
+    (torch's "is_fx_tracing will return true ..." line is not silenced here: lightrec no longer
+    calls ``is_fx_tracing``, see :func:`proxyable_call`.)
+
+    Idempotent; called on import of ``lightrec.lightning``. Other warnings are left alone.
+    """
     warnings.filterwarnings(
         "ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated", category=Warning
     )
@@ -156,6 +194,20 @@ def __getattr__(name: str) -> Any:
     value = _lightning_private(name)
     globals()[name] = value  # resolved once
     return value
+
+
+def set_logging_step(trainer: Any, step: int) -> None:
+    """Set the step Lightning logs training metrics at (the training epoch loop's private
+    ``_batches_that_stepped``: one per optimizer step, restored from checkpoints)."""
+    trainer.fit_loop.epoch_loop._batches_that_stepped = step
+
+
+def stop_hp_metric_placeholder(logger: Any) -> None:
+    """Stop a ``TensorBoardLogger`` from writing Lightning's ``hp_metric = -1`` placeholder when its
+    next stage starts (the private ``_default_hp_metric``; only settable at construction otherwise).
+    Other loggers are left alone."""
+    if isinstance(getattr(logger, "_default_hp_metric", None), bool):
+        logger._default_hp_metric = False
 
 
 def fit_data_fetcher(trainer: Any) -> Any:

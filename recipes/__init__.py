@@ -72,6 +72,7 @@ CONFIGS: dict[str, str] = {
     "dlrm_dcn": "dlrm",
     "dlrm_criteo": "dlrm",
     "dlrm_dcn_criteo": "dlrm",
+    "dlrm_managed": "dlrm",
     "two_tower_movielens": "two_tower",
     "deepfm_movielens": "deepfm",
 }

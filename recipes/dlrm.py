@@ -11,6 +11,7 @@ where the TensorBoard logs and checkpoints are::
     lightrec run dlrm_dcn                               # DCN-v2 interaction
     lightrec run dlrm --config dlrm_criteo              # preprocessed Criteo (see the config's header)
     lightrec run dlrm --devices 1 --trainer.strategy auto   # one process, no sharding
+    lightrec run dlrm --config dlrm_managed             # raw 63-bit ids of a drifting vocabulary, managed collisions
 
 Any ``--model.*``, ``--data.*`` or ``--trainer.*`` option of LightningCLI works, e.g.
 ``--trainer.max_steps 100 --model.embedding_dim 32``. ``lightrec cp dlrm my_dir`` copies this file and
@@ -49,6 +50,10 @@ class DLRMModule(RecipeModule):
         interaction: ``"dot"`` (DLRM) or ``"dcn"`` (low-rank DCN-v2 cross net).
         dcn_num_layers / dcn_low_rank_dim: the cross net, for ``interaction="dcn"``.
         dense_lr: learning rate of the dense (adagrad) optimizer.
+        managed_collisions: put the tables behind managed collisions (raw ids of any size get rows of
+            their own, evicted as the vocabulary drifts): ``True`` or a dict of
+            ``lightrec.modules.mc_options.ManagedCollisionOptions`` settings (``eviction_policy``,
+            ``eviction_interval``, ``buckets``, ...); None: plain tables. See docs/managed-collisions.md.
         **rec_module_kwargs: ``RecModule``'s: ``embedding_optimizer`` / ``embedding_lr`` / ``embedding_eps``,
             ``dense_optimizer``, the LR schedule (``warmup_steps``, ``decay_*``), ``metrics``.
     """
@@ -64,11 +69,22 @@ class DLRMModule(RecipeModule):
         dcn_num_layers: int = 3,
         dcn_low_rank_dim: int = 16,
         dense_lr: float = 0.05,
+        managed_collisions: dict[str, Any] | bool | None = None,
         **rec_module_kwargs: Any,
     ) -> None:
-        super().__init__(tables=tables, embedding_dim=embedding_dim, dense_lr=dense_lr, **rec_module_kwargs)
+        super().__init__(
+            tables=tables, embedding_dim=embedding_dim, dense_lr=dense_lr, managed_collisions=managed_collisions,
+            **rec_module_kwargs,
+        )  # fmt: skip
         if interaction not in ("dot", "dcn"):
             raise ValueError(f"interaction must be 'dot' or 'dcn', got {interaction!r}")
+        if isinstance(dense_in_features, bool) or not isinstance(dense_in_features, int) or dense_in_features < 1:
+            # linked from the data: 0 means the DataModule's batches carry no dense features at all
+            raise ValueError(
+                f"the dlrm recipe needs dense (continuous) features for DLRM's bottom MLP, but the data has "
+                f"dense_in_features={dense_in_features!r} (MovieLens is sparse only): train it with the deepfm or "
+                "two_tower recipe, or give dlrm data with dense features (lightrec.data.SyntheticCriteo, CriteoDataModule)"
+            )
         self.save_hyperparameters()
         self.dense_in_features = dense_in_features
         self.dense_arch_layer_sizes = [*dense_arch_layer_sizes[:-1], embedding_dim]

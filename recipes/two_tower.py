@@ -8,6 +8,7 @@ one option away (ml-100k, or ml-1m / ml-20m / ml-25m the same way)::
     lightrec run two_tower                              # synthetic MovieLens, no download
     python recipes/two_tower.py fit --config recipes/configs/two_tower_movielens.yaml
     lightrec run two_tower --model.recall_k 50
+    lightrec run two_tower --model.managed_collisions true   # id -> row maps with evictions (new users/movies)
     mkdir -p data && cd data && curl -LO https://files.grouplens.org/datasets/movielens/ml-100k.zip \
         && unzip ml-100k.zip && cd ..
     lightrec run two_tower --data.init_args.data_dir data/ml-100k
@@ -51,6 +52,9 @@ class TwoTowerModule(RecipeModule):
         temperature: the in-batch logits are ``q . c / temperature``.
         recall_k: ``k`` of the logged ``val/recall@k`` and ``test/recall@k``.
         dense_optimizer / dense_lr: the towers' optimizer and its learning rate.
+        managed_collisions: put the tables behind managed collisions (ids of any size get rows of
+            their own, evicted when rows run out): ``True`` or a dict of
+            ``lightrec.modules.mc_options.ManagedCollisionOptions`` settings; None: plain tables.
         **rec_module_kwargs: the embedding tables' fused optimizer (``embedding_optimizer``,
             ``embedding_lr``, ``embedding_eps``) and the LR schedule (see ``RecModule``).
     """
@@ -66,6 +70,7 @@ class TwoTowerModule(RecipeModule):
         recall_k: int = 10,
         dense_optimizer: str = "adam",
         dense_lr: float = 0.002,
+        managed_collisions: dict[str, Any] | bool | None = None,
         **rec_module_kwargs: Any,
     ) -> None:
         super().__init__(
@@ -73,6 +78,7 @@ class TwoTowerModule(RecipeModule):
             embedding_dim=embedding_dim,
             dense_optimizer=dense_optimizer,
             dense_lr=dense_lr,
+            managed_collisions=managed_collisions,
             **rec_module_kwargs,
         )
         self.save_hyperparameters()
@@ -83,6 +89,18 @@ class TwoTowerModule(RecipeModule):
         self.recall_key = f"recall@{recall_k}"
         self.val_recall = RecallAtK(recall_k)
         self.test_recall = RecallAtK(recall_k)
+
+    @override
+    def check_datamodule(self, datamodule: Any) -> None:
+        """The towers train on (user, item) pairs: a retrieval DataModule (``task == "retrieval"``)."""
+        task = getattr(datamodule, "task", None)
+        if task != "retrieval":
+            kind = type(datamodule).__name__ + (f"(task={task!r})" if task is not None else "")
+            raise ValueError(
+                f"the two_tower recipe trains on (user, item) pairs and needs a retrieval DataModule (task="
+                f"'retrieval', e.g. lightrec.data.MovieLensDataModule with task: retrieval, as in the "
+                f"two_tower_movielens config); got {kind}. For click data use the dlrm or deepfm recipe"
+            )
 
     def build_model(self, embedding_bag_collection: nn.Module) -> nn.Module:
         """The model around the given tables (``RecModule`` hands in the collection for the strategy)."""

@@ -7,6 +7,8 @@ where no fbgemm wheel matches the installed torch.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 import tests  # noqa: F401  (installs the fbgemm block first when LIGHTREC_BLOCK_FBGEMM=1)
@@ -27,6 +29,10 @@ def pytest_configure(config) -> None:  # noqa: ANN001
     # Tests compare against references; one intra-op thread keeps CPU numerics and timings stable
     # on the 2-core CI machine while gloo ranks run side by side.
     torch.set_num_threads(1)
+    # "auto" on CPU picks fbgemm or the native torch kernel by a measurement per machine
+    # (lightrec.kernels.cpu_kernel_choice); the suite pins it so its expectations do not depend on
+    # the machine (tests/kernels/test_cpu_update.py tests the measurement). Ranks inherit it.
+    os.environ.setdefault("LIGHTREC_CPU_KERNEL", "fbgemm")
 
 
 def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001

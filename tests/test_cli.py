@@ -41,7 +41,7 @@ def test_cp_copies_recipe_and_configs_and_refuses_to_overwrite(
     copied = dest / "configs" / "two_tower_movielens.yaml"
     assert copied.read_text() == (CONFIGS_DIR / "two_tower_movielens.yaml").read_text()
     copied.write_text("# edited\n")
-    assert main(["cp", "two_tower", str(dest)]) == 1
+    assert main(["cp", "two_tower", str(dest)]) == 2  # a user mistake
     err = capsys.readouterr().err
     assert "refusing to overwrite" in err and str(copied) in err
     assert copied.read_text() == "# edited\n"  # nothing was touched
@@ -132,19 +132,19 @@ def test_plan_markdown_config_file_and_overrides(tmp_path: Path, capsys: pytest.
 
 
 def test_plan_reports_a_config_whose_data_is_missing(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["plan", "dlrm_criteo", "--data.init_args.data_dir=/nonexistent/criteo"]) == 1
+    assert main(["plan", "dlrm_criteo", "--data.init_args.data_dir=/nonexistent/criteo"]) == 2
     err = capsys.readouterr().err
     assert "cannot build the model of" in err and "preprocess_criteo" in err
 
 
 def test_export_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["export", str(tmp_path / "missing.ckpt")]) == 1
+    assert main(["export", str(tmp_path / "missing.ckpt")]) == 2
     assert "does not exist" in capsys.readouterr().err
     import torch
 
     foreign = tmp_path / "foreign.ckpt"
     torch.save({"state_dict": {}}, foreign)
-    assert main(["export", str(foreign)]) == 1
+    assert main(["export", str(foreign)]) == 2
     assert "not written by a lightrec recipe" in capsys.readouterr().err
 
 
@@ -204,7 +204,7 @@ def test_main_job_on_two_cpu_ranks_with_rec_strategy(tmp_path: Path) -> None:
     assert sorted(p.name for p in last.iterdir()) == ["manifest.json", "meta.pt", "shards-rank00000.pt", "shards-rank00001.pt"]
     full = tmp_path / "full.ckpt"
     assert main(["consolidate", str(last), str(full)]) == 0
-    assert main(["consolidate", str(last), str(full)]) == 1  # never overwrites without --force
+    assert main(["consolidate", str(last), str(full)]) == 2  # never overwrites without --force
     import torch
 
     from lightrec.recipes.dlrm import DLRMModule

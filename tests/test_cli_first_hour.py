@@ -111,7 +111,7 @@ def test_cp_to_a_yaml_file_writes_the_default_config(
     assert main(["cp", "dlrm", str(target)]) == 0
     assert target.is_file() and target.read_text() == (CONFIGS_DIR / "dlrm.yaml").read_text()
     assert f"lightrec run dlrm --config {target}" in capsys.readouterr().out
-    assert main(["cp", "dlrm", str(target)]) == 1  # never overwrites
+    assert main(["cp", "dlrm", str(target)]) == 2  # never overwrites
 
 
 def test_short_config_flag_replaces_the_shipped_config(

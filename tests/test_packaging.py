@@ -90,6 +90,9 @@ def test_the_wheel_holds_the_recipes_as_lightrec_recipes(wheel: Path) -> None:
     assert {f"lightrec/recipes/configs/{p.name}" for p in (ROOT / "recipes" / "configs").glob("*.yaml")} <= names
     assert "lightrec/cli/__main__.py" in names
     assert not any(n.startswith(("recipes/", "tests/")) for n in names)
+    # The native CPU ops are compiled from these at first use (lightrec/_native.py).
+    sources = {f"lightrec/csrc/{p.name}" for p in (ROOT / "lightrec" / "csrc").glob("*.cpp")}
+    assert sources and sources <= names
 
 
 def test_ls_and_cp_work_from_the_wheel(wheel: Path, tmp_path: Path) -> None:

@@ -141,3 +141,40 @@ def test_ddp_buffer_sync_names_a_keyword_this_torch_has(monkeypatch: pytest.Monk
     assert key in DistributedDataParallel.__init__.__code__.co_varnames
     monkeypatch.setattr(_compat, "_ddp_parameters", lambda: frozenset({"broadcast_buffers"}))  # torch 2.11
     assert _compat.ddp_buffer_sync(every_forward=True) == {"broadcast_buffers": True}
+
+
+def test_sparse_types_never_call_the_deprecated_is_fx_tracing() -> None:
+    """Issue 23: building a KJT printed torch's "is_fx_tracing will return true for both
+    fx.symbolic_trace and torch.export" line in every process (``ProxyableClassMeta`` calls the
+    deprecated function). Now eager construction and fx tracing of a constructor both stay quiet,
+    with ``lightrec`` alone imported (not ``lightrec.lightning``, which silences other warnings)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, lightrec\n"
+        "from lightrec import JaggedTensor, KeyedJaggedTensor, KeyedTensor\n"
+        "KeyedJaggedTensor(keys=['a'], values=torch.tensor([1]), lengths=torch.tensor([1]))\n"
+        "JaggedTensor(values=torch.tensor([1]), lengths=torch.tensor([1]))\n"
+        "KeyedTensor(keys=['a'], length_per_key=[1], values=torch.ones(1, 1))\n"
+        "def build(values, lengths):\n"
+        "    return KeyedJaggedTensor(keys=['a'], values=values, lengths=lengths).values()\n"
+        "gm = torch.fx.symbolic_trace(build)\n"
+        "assert any(n.target is KeyedJaggedTensor for n in gm.graph.nodes), gm.graph\n"
+        "assert gm(torch.tensor([4, 5]), torch.tensor([2])).tolist() == [4, 5]\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "is_fx_tracing" not in done.stderr + done.stdout
+
+
+def test_is_fx_symbolic_tracing_is_true_only_inside_symbolic_trace() -> None:
+    seen: list[bool] = []
+
+    def probe(x: torch.Tensor) -> torch.Tensor:
+        seen.append(_compat.is_fx_symbolic_tracing())
+        return x + 1
+
+    probe(torch.ones(1))
+    torch.fx.symbolic_trace(probe)
+    assert seen == [False, True]

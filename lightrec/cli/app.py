@@ -14,7 +14,8 @@
 Each subcommand is a module of this package (``run.py``, ``ls.py``, ``cp.py``, ``plan.py``,
 ``export.py``, ``consolidate.py``) with ``register(subparsers)`` and ``run(namespace, extra
 arguments, parser)``. Usage errors exit with code 2 and a line naming the valid choices; failures of
-a command with 1 (``CommandError``, printed without a traceback).
+a command with 1 (``CommandError``, printed without a traceback); a user mistake the command finds
+(``UsageError``: a folder that is not a checkpoint, an output that exists) with 2, also without one.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 
 from lightrec.cli import consolidate, cp, export, ls, plan
 from lightrec.cli import run as run_command
-from lightrec.cli.common import FAILURE, CommandError
+from lightrec.cli.common import FAILURE, USAGE_ERROR, CommandError, UsageError
 from lightrec.recipes import RECIPES
 
 __all__ = ["build_parser", "main"]
@@ -91,4 +92,4 @@ def main(argv: list[str] | None = None) -> int:
         return int(COMMANDS[ns.command].run(ns, rest, parser))
     except CommandError as exc:
         print(f"lightrec {ns.command}: error: {exc}", file=sys.stderr)
-        return FAILURE
+        return USAGE_ERROR if isinstance(exc, UsageError) else FAILURE

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from lightrec.distributed.checkpoint import is_sharded_checkpoint
 from lightrec.lightning.recipe_checks import nearest
 from lightrec.recipes import RECIPES, Recipe, get_recipe
 
@@ -12,9 +13,12 @@ __all__ = [
     "FAILURE",
     "USAGE_ERROR",
     "CommandError",
+    "UsageError",
+    "checkpoint_argument",
     "positive_int",
     "recipe_or_file",
     "reject_extra_arguments",
+    "output_argument",
     "shipped_recipe",
 ]
 
@@ -24,6 +28,33 @@ FAILURE = 1
 
 class CommandError(Exception):
     """A command could not do its job (exit code 1, message printed without a traceback)."""
+
+
+class UsageError(CommandError):
+    """The user asked for something that cannot work: a path that is not a checkpoint, an output that
+    exists (exit code 2, like an argument error, message printed without a traceback)."""
+
+
+def checkpoint_argument(path: Path) -> None:
+    """Refuse (``UsageError``) a checkpoint argument that is missing or a folder that is not a checkpoint."""
+    if not path.exists():
+        raise UsageError(f"checkpoint {str(path)!r} does not exist")
+    if path.is_dir() and not is_sharded_checkpoint(path):
+        raise UsageError(
+            f"{str(path)!r} is a folder but not a lightrec sharded checkpoint (it holds no meta.pt and no "
+            "manifest.json); pass the checkpoint folder itself, e.g. lightning_logs/<name>/version_0/checkpoints/"
+            "last.ckpt"
+        )
+
+
+def output_argument(out: Path, force: bool) -> None:
+    """Refuse (``UsageError``) an output path that exists (without ``--force``), is a folder, or has no folder."""
+    if out.is_dir():
+        raise UsageError(f"{str(out)!r} is a folder; give the file to write, e.g. {str(out / 'full.ckpt')!r}")
+    if out.exists() and not force:
+        raise UsageError(f"{str(out)!r} exists; pass --force to replace it")
+    if not out.parent.is_dir():
+        raise UsageError(f"the folder of {str(out)!r} does not exist; create it first")
 
 
 def shipped_recipe(name: str, parser: argparse.ArgumentParser, or_file: bool = False) -> Recipe:

@@ -5,8 +5,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lightrec.cli.common import CommandError, reject_extra_arguments
-from lightrec.distributed.checkpoint import CheckpointError, consolidate_checkpoint
+from lightrec.cli.common import (
+    CommandError,
+    UsageError,
+    checkpoint_argument,
+    output_argument,
+    reject_extra_arguments,
+)
+from lightrec.distributed.checkpoint import CheckpointError, ForeignCheckpointError, consolidate_checkpoint
 
 __all__ = ["register", "run"]
 
@@ -24,13 +30,15 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParser) -> int:
     reject_extra_arguments(rest, parser)
     source, out = Path(ns.checkpoint), Path(ns.out)
-    if not source.exists():
-        raise CommandError(f"checkpoint {str(source)!r} does not exist")
-    if out.exists() and not ns.force:
-        raise CommandError(f"{str(out)!r} exists; pass --force to replace it")
+    checkpoint_argument(source)
+    output_argument(out, ns.force)
     try:
         consolidate_checkpoint(source, out)
-    except CheckpointError as exc:
+    except ForeignCheckpointError as exc:  # a file, but not one lightrec wrote
+        raise UsageError(str(exc)) from exc
+    except CheckpointError as exc:  # damaged, or no room to write: names the file
         raise CommandError(str(exc)) from exc
+    except OSError as exc:  # e.g. no permission to write there
+        raise CommandError(f"cannot write {str(out)!r}: {exc.strerror or exc}") from exc
     print(f"consolidated {source} -> {out} ({out.stat().st_size / 2**20:.1f} MiB of full tables)")
     return 0

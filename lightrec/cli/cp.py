@@ -9,7 +9,7 @@ import argparse
 import shutil
 from pathlib import Path
 
-from lightrec.cli.common import CommandError, reject_extra_arguments, shipped_recipe
+from lightrec.cli.common import UsageError, reject_extra_arguments, shipped_recipe
 from lightrec.recipes import CONFIGS_DIR, RECIPES, configs_of
 
 __all__ = ["register", "run"]
@@ -34,7 +34,7 @@ def run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParser
     dest = Path(ns.dir)
     if dest.suffix in (".yaml", ".yml"):  # one config to edit, not a folder named x.yaml
         if dest.exists():
-            raise CommandError(f"refusing to overwrite {str(dest)!r}; choose another name or remove it first")
+            raise UsageError(f"refusing to overwrite {str(dest)!r}; choose another name or remove it first")
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(CONFIGS_DIR / f"{recipe.default_config}.yaml", dest)
         print(f"wrote {dest} (the {recipe.name} recipe's default config)")
@@ -44,7 +44,7 @@ def run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParser
     copies += [(CONFIGS_DIR / f"{c}.yaml", dest / "configs" / f"{c}.yaml") for c in configs_of(recipe.script)]
     existing = [str(target) for _, target in copies if target.exists()]
     if existing:
-        raise CommandError(
+        raise UsageError(
             f"refusing to overwrite {', '.join(existing)}; choose another directory or remove them first"
         )
     (dest / "configs").mkdir(parents=True, exist_ok=True)

@@ -14,13 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lightrec.cli.common import CommandError, reject_extra_arguments
-from lightrec.distributed.checkpoint import (
-    CheckpointError,
-    consolidate_checkpoint,
-    is_sharded_checkpoint,
-    load_file,
-)
+from lightrec.cli.common import CommandError, UsageError, checkpoint_argument, reject_extra_arguments
+from lightrec.distributed.checkpoint import CheckpointError, consolidate_checkpoint, load_file
 from lightrec.inference import export_from_checkpoint
 
 if TYPE_CHECKING:  # annotation only: importing Lightning would slow every command down by a second
@@ -60,13 +55,10 @@ def load_class(reference: str) -> type[RecModule]:
 def run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParser) -> int:
     reject_extra_arguments(rest, parser)
     checkpoint = Path(ns.checkpoint)
-    if not checkpoint.exists():
-        raise CommandError(f"checkpoint {str(checkpoint)!r} does not exist")
+    checkpoint_argument(checkpoint)
     suffix = "pt2" if ns.format == "export" else "pt"
     out = Path(ns.out) if ns.out else checkpoint.parent / f"{checkpoint.stem}_{ns.dtype}.{suffix}"
     if checkpoint.is_dir():
-        if not is_sharded_checkpoint(checkpoint):
-            raise CommandError(f"{str(checkpoint)!r} is a folder but not a lightrec sharded checkpoint (no meta.pt)")
         with tempfile.TemporaryDirectory() as tmp:  # the whole model is gathered in this process
             full = Path(tmp) / "full.ckpt"
             try:
@@ -84,7 +76,7 @@ def _export_file(ns: argparse.Namespace, checkpoint: Path, out: Path, shown: Pat
         raise CommandError(str(exc)) from exc
     reference = ns.module or state.get("lightrec_module")
     if not reference:
-        raise CommandError(
+        raise UsageError(
             f"{str(shown)!r} was not written by a lightrec recipe (no 'lightrec_module' entry); "
             "pass --module package.module.ClassName of its RecModule"
         )
@@ -96,6 +88,9 @@ def _export_file(ns: argparse.Namespace, checkpoint: Path, out: Path, shown: Pat
             "checkpoints of lightrec recipes, or add the method to your RecModule"
         )
     out.parent.mkdir(parents=True, exist_ok=True)
-    export_from_checkpoint(state, serving_factory, out, dtype=ns.dtype, format=ns.format)
+    try:
+        export_from_checkpoint(state, serving_factory, out, dtype=ns.dtype, format=ns.format)
+    except OSError as exc:  # e.g. a full disk: one line naming the file, not a traceback
+        raise CommandError(f"cannot write {str(out)!r}: {exc.strerror or exc}") from exc
     print(f"exported {shown} -> {out}")
     return 0

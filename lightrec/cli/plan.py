@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from lightrec.cli.common import CommandError, positive_int, shipped_recipe
+from lightrec.cli.common import CommandError, UsageError, positive_int, shipped_recipe
 from lightrec.distributed.planner import PlannerError, plan_sharding, topology_for
 from lightrec.distributed.sharders import get_default_sharders
 from lightrec.recipes import CONFIGS, CONFIGS_DIR, RECIPES
@@ -87,7 +87,8 @@ def run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParser
         parser.error(f"unrecognized arguments: {' '.join(bad)} (plan takes {', '.join(OVERRIDE_PREFIXES)}* overrides)")
     script, config = script_for_config(ns.config, ns.recipe, parser)
     module = importlib.import_module(f"lightrec.recipes.{script}")
-    from lightrec.lightning.recipe_cli import plan_cli  # Lightning: only when a plan is asked for
+    from lightrec.lightning.recipe_checks import condense_error  # Lightning: only when a plan is asked for
+    from lightrec.lightning.recipe_cli import plan_cli
 
     try:
         cli = plan_cli(module, config, rest)
@@ -98,8 +99,8 @@ def run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParser
             datamodule.prepare_data()
             datamodule.setup("fit")
             size_tables_from(datamodule)
-    except (ValueError, TypeError, OSError) as exc:
-        raise CommandError(f"cannot build the model of {config}: {exc}") from exc
+    except (ValueError, TypeError, OSError) as exc:  # a bad value or missing data: the user's to fix
+        raise UsageError(f"cannot build the model of {config}: {condense_error(str(exc))}") from exc
     trainer_cfg = cli.config["trainer"]
     accelerator = str(ns.accelerator or trainer_cfg.get("accelerator") or "cpu")
     devices = count_devices(ns.devices if ns.devices is not None else trainer_cfg.get("devices", 1), accelerator)

@@ -2,7 +2,8 @@
 
 Every argument ``run`` does not know goes to the recipe's LightningCLI (``fit`` by default), after
 the recipe's default config and the ``--devices`` / ``--accelerator`` / ``--num-nodes`` shortcuts, so
-options typed on the command line win. With ``devices > 1`` Lightning launches the other ranks by
+options typed on the command line win. ``--malloc-policy tuned|default`` picks the glibc malloc
+thresholds of every rank (``lightrec._malloc_policy``; tuned by default). With ``devices > 1`` Lightning launches the other ranks by
 re-running this same command line. A ``.py`` path runs a recipe file (a ``lightrec cp`` copy).
 """
 
@@ -11,10 +12,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
 
+from lightrec._malloc_policy import MALLOC_POLICIES, apply_malloc_policy
 from lightrec.cli.common import FAILURE, CommandError, positive_int, recipe_or_file
 from lightrec.recipes import RECIPES
 
@@ -34,11 +37,20 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--devices", type=positive_int, help="processes per node (trainer.devices)")
     parser.add_argument("--accelerator", choices=["cpu", "gpu", "cuda", "auto"], help="trainer.accelerator")
     parser.add_argument("--num-nodes", dest="num_nodes", type=positive_int, help="trainer.num_nodes")
+    parser.add_argument(
+        "--malloc-policy",
+        dest="malloc_policy",
+        choices=sorted(MALLOC_POLICIES),
+        help="glibc malloc thresholds of the ranks (default: $LIGHTREC_MALLOC_POLICY or tuned; docs/performance.md)",
+    )
     return parser
 
 
 def run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParser) -> int:
     recipe = recipe_or_file(ns.recipe, parser)
+    if ns.malloc_policy is not None:  # read by RecStrategy here and in every rank it launches
+        os.environ["LIGHTREC_MALLOC_POLICY"] = ns.malloc_policy
+    apply_malloc_policy(None)
     args = list(rest)
     subcommand = args.pop(0) if args and args[0] in SUBCOMMANDS else "fit"
     overrides = []

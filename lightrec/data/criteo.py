@@ -206,11 +206,17 @@ def _iter_chunks(path: Path, rows_per_chunk: int) -> Iterator[tuple[int, int, li
     with _open(path) as fh:
         k, lineno = 0, 1
         while True:
+            lines: list[bytes] = []
             try:
-                lines = _take(fh, rows_per_chunk)
+                _take(fh, rows_per_chunk, lines)
             except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+                # The whole file is bad, not a line (on_error="skip" cannot help): say how far it
+                # could be read and what to do.
+                read = lineno - 1 + len(lines)
                 raise DataFormatError(
-                    str(path), lineno, f"the gzip stream is truncated or corrupt after this line ({exc})"
+                    str(path), 0, f"the gzip stream is truncated or corrupt after line {read} ({exc}); the file is "
+                    "incomplete (an interrupted download or copy?): download or copy it again, or unpack what "
+                    "can be read (gunzip -c) and pass that file instead"
                 ) from exc
             if not lines:
                 if k == 0:
@@ -221,13 +227,12 @@ def _iter_chunks(path: Path, rows_per_chunk: int) -> Iterator[tuple[int, int, li
             lineno += len(lines)
 
 
-def _take(fh: IO[bytes], n: int) -> list[bytes]:
-    out = []
+def _take(fh: IO[bytes], n: int, out: list[bytes]) -> None:
+    """Append up to ``n`` lines of ``fh`` to ``out`` (what was read stays there if reading fails)."""
     for line in fh:
         out.append(line)
         if len(out) == n:
             break
-    return out
 
 
 class _Progress:

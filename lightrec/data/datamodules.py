@@ -43,6 +43,9 @@ class _RankedDataModule(pl.LightningDataModule):
         self, num_workers: int, pin_memory: bool | None, shuffle: bool, seed: int, persistent_workers: bool
     ) -> None:
         super().__init__()
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            # checked here, not when the first loader is built: that is on every rank, after they started
+            raise ValueError(f"num_workers must be an int >= 0 (0: load in the training process), got {num_workers!r}")
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.shuffle = shuffle
@@ -97,6 +100,11 @@ class SyntheticCriteo(_RankedDataModule):
         shuffle: shuffle the order of training batches every epoch.
         num_workers / pin_memory / persistent_workers: ``DataLoader`` settings (``pin_memory=None``:
             pin when training on CUDA and the batches are drawn on the host).
+        vocabulary: ``"fixed"`` or ``"drifting"``: raw 63-bit ids of vocabularies that drift, for
+            tables behind managed collisions (``RecModule(managed_collisions=...)``); validation and
+            test batches come from the time after the training stream. See ``SyntheticCriteoDataset``.
+        drift_per_batch: with ``"drifting"``, the share of each feature's live ids replaced per
+            batch (e.g. 0.02 over 400 batches: about 9 vocabularies pass through each table).
     """
 
     def __init__(
@@ -121,8 +129,17 @@ class SyntheticCriteo(_RankedDataModule):
         num_workers: int = 0,
         pin_memory: bool | None = None,
         persistent_workers: bool = False,
+        vocabulary: Literal["fixed", "drifting"] = "fixed",
+        drift_per_batch: float = 0.02,
     ) -> None:
         super().__init__(num_workers, pin_memory, shuffle, seed, persistent_workers)
+        if vocabulary == "drifting" and shuffle:
+            raise ValueError(
+                "SyntheticCriteo(vocabulary='drifting') is a stream in time: shuffling its batches mixes past and "
+                "future ids; use shuffle=False"
+            )
+        if vocabulary == "drifting" and device is not None:
+            raise ValueError(f"SyntheticCriteo(vocabulary='drifting') draws batches on the host; use device=None, got {device!r}")
         if device is not None and device != "auto" and torch.device(device).type == "cuda" and num_workers > 0:
             raise ValueError(
                 f"SyntheticCriteo(device={device!r}) draws batches on the GPU in the main process; "
@@ -134,13 +151,15 @@ class SyntheticCriteo(_RankedDataModule):
             batch_size=batch_size, seed=seed, cardinalities=cardinalities, scale=scale,
             num_embeddings_cap=num_embeddings_cap, block_size=block_size, zipf_exponent=zipf_exponent,
             ids_per_feature=ids_per_feature, ids_distribution=ids_distribution, dense_signal=dense_signal,
-            sparse_signal=sparse_signal, base_ctr=base_ctr,
+            sparse_signal=sparse_signal, base_ctr=base_ctr, vocabulary=vocabulary, drift_per_batch=drift_per_batch,
         )  # fmt: skip
+        later = num_train_batches if vocabulary == "drifting" else 0  # evaluation after the training stream
         # Building the datasets is cheap (no data is generated until a batch is read).
         self.datasets = {
             "train": SyntheticCriteoDataset(num_batches=num_train_batches, split="train", **common),
-            "val": SyntheticCriteoDataset(num_batches=num_val_batches, split="val", **common),
-            "test": SyntheticCriteoDataset(num_batches=num_test_batches, split="test", **common),
+            "val": SyntheticCriteoDataset(num_batches=num_val_batches, split="val", time_offset_batches=later, **common),
+            "test": SyntheticCriteoDataset(num_batches=num_test_batches, split="test", time_offset_batches=later,
+                                           **common),  # fmt: skip
         }
         self._bayes_auc: float | None = None
         self._place_datasets(None if device == "auto" else device)

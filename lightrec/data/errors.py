@@ -28,7 +28,11 @@ class DataFormatError(ValueError):
         reason: what was wrong, in words.
     """
 
-    def __init__(self, path: str, line: int, reason: str) -> None:
+    def __init__(self, path: str, line: int = 0, reason: str | None = None) -> None:
+        if reason is None:  # one message (how torch's DataLoader re-raises a worker's error: type(e)(text))
+            self.path, self.line, self.reason = "", 0, str(path)
+            super().__init__(str(path))
+            return
         self.path = str(path)
         self.line = line
         self.reason = reason
@@ -39,6 +43,13 @@ class DataFormatError(ValueError):
             f"{self.path}:{line}: {reason}. Fix or remove the line, or pass on_error='skip' to skip "
             "malformed lines (they are counted and reported)"
         )
+
+    def __reduce__(self) -> tuple:
+        # Pickled with the constructor's arguments: the default (the message alone) made unpickling
+        # fail with "__init__() missing 2 required positional arguments" (worker processes, queues).
+        if not self.path:
+            return (type(self), (self.reason,))
+        return (type(self), (self.path, self.line, self.reason))
 
 
 def check_on_error(on_error: str) -> OnError:
@@ -93,7 +104,14 @@ class DatasetNotFoundError(FileNotFoundError):
         url: where to download the data set.
     """
 
-    def __init__(self, path: str, what: str, url: str, alternative: str) -> None:
+    def __init__(self, path: str, what: str | None = None, url: str = "", alternative: str = "") -> None:
         self.path = str(path)
         self.url = url
+        self._args = (self.path, what, url, alternative)
+        if what is None:  # one message (torch's DataLoader re-raise, unpickling)
+            super().__init__(self.path)
+            return
         super().__init__(f"{what} Download it from {url} ({alternative})")
+
+    def __reduce__(self) -> tuple:
+        return (type(self), self._args)

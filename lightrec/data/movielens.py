@@ -30,7 +30,7 @@ import torch
 from torch.utils.data import Dataset
 
 from lightrec.data.batch import Batch
-from lightrec.data.errors import DatasetNotFoundError, LineErrors, OnError
+from lightrec.data.errors import DataFormatError, DatasetNotFoundError, LineErrors, OnError
 from lightrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from lightrec.sparse import KeyedJaggedTensor
 
@@ -110,15 +110,24 @@ def _split_rows(
     out = []
     for i, line in enumerate(lines[skip:], start=1 + skip):
         fields = line.rstrip("\r\n").split(sep)
+        if i == cut:  # even with the right column count: its last field may be cut short
+            errors.bad_line(str(path), i, TRUNCATED)
+            continue
         if len(fields) != ncols:
-            what = "truncated line (no newline at end of file)" if i == cut else "wrong column count"
             errors.bad_line(
-                str(path), i, f"{what}: expected {ncols} {sep!r}-separated fields, got {len(fields)}"
+                str(path), i, f"wrong column count: expected {ncols} {sep!r}-separated fields, got {len(fields)}"
             )
             continue
         out.append((i, fields))
     return out, cut
 
+
+#: A last line without its newline: every MovieLens file ends with one, so the file was cut there.
+TRUNCATED = (
+    "truncated line (no newline at end of file): the file looks cut off here (an interrupted download or "
+    "copy?), and the line's last field may be cut short (a wrong timestamp or rating); download the data set "
+    "again, or add the newline if the line is complete"
+)
 
 #: Accepted values (MovieLens ids start at 1; ratings are 0.5 to 5 stars); other rows are bad lines.
 RATING_RANGE = (0.5, 5.0)
@@ -166,14 +175,13 @@ def _read_ratings(path: Path, sep: str, errors: LineErrors) -> np.ndarray:
         except (ValueError, IndexError):
             pass
     rows, linenos = [], []
-    split, cut = _split_rows(path, sep, 4, errors, "utf-8", skip=1 if header else 0)
+    split, _ = _split_rows(path, sep, 4, errors, "utf-8", skip=1 if header else 0)
     for lineno, f in split:
         try:
             rows.append((int(f[0]), int(f[1]), float(f[2]), int(float(f[3]))))
             linenos.append(lineno)
         except ValueError:
-            what = "truncated line (no newline at end of file): " if lineno == cut else ""
-            errors.bad_line(str(path), lineno, f"{what}non-numeric user/item/rating/timestamp in {f!r}")
+            errors.bad_line(str(path), lineno, f"non-numeric user/item/rating/timestamp in {f!r}")
     return _check_ranges(np.array(rows, dtype=dtype).reshape(-1), np.array(linenos, dtype=np.int64), path, errors)
 
 
@@ -217,6 +225,9 @@ def _read_movies(path: Path, variant: str, errors: LineErrors) -> dict[int, list
         for f in reader:
             if reader.line_num == 1:
                 continue
+            if not text.endswith("\n") and reader.line_num == text.count("\n") + 1:
+                errors.bad_line(str(path), reader.line_num, TRUNCATED)
+                continue
             if len(f) != 3:
                 errors.bad_line(
                     str(path),
@@ -251,6 +262,14 @@ def read_movielens(data_dir: str | Path, on_error: OnError = "raise") -> MovieLe
     }[variant]
     sep = {"100k": "\t", "1m": "::", "csv": ","}[variant]
     ratings = _read_ratings(d / files[0], sep, errors)
+    if len(ratings) == 0:  # nothing to train on: 0 batches would end the run silently
+        what = (
+            f"all {errors.skipped} lines were skipped as malformed (on_error='skip')" if errors.skipped
+            else "the file is empty (or holds only a header)"
+        )
+        raise DataFormatError(
+            str(d / files[0]), 0, f"holds no ratings: {what}; point data_dir at a complete MovieLens folder"
+        )
     movies = _read_movies(d / files[2], variant, errors) if (d / files[2]).is_file() else {}
     users = _read_users(d / files[1], variant, errors) if files[1] and (d / files[1]).is_file() else {}
     errors.log_summary(str(d))

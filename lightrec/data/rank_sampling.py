@@ -45,7 +45,8 @@ class RankBatchSampler(DistributedSampler):
     """Yields this rank's batch indices of a dataset of ``len(dataset)`` whole batches.
 
     Args:
-        dataset: anything with ``len()``: the number of batches.
+        dataset: anything with ``len()``: the number of batches; at least ``world_size`` unless empty
+            (fewer would leave a rank without a batch: ``ValueError``).
         rank / world_size: this rank and the number of ranks.
         shuffle: permute the batch order each epoch (seeded by ``seed + epoch``; same on all ranks).
         seed: shuffle seed.
@@ -58,6 +59,12 @@ class RankBatchSampler(DistributedSampler):
         ds: Any = dataset  # DistributedSampler only calls len() on it
         super().__init__(ds, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=True)
         self.steps = len(dataset) // world_size
+        if self.steps == 0 and len(dataset) > 0:
+            # Lightning would end the fit at once ("No training batches") and exit 0, untrained.
+            raise ValueError(
+                f"{len(dataset)} batch(es) cannot be shared by {world_size} ranks: every rank needs at least one "
+                f"batch per epoch; use at most {len(dataset)} device(s), or more (smaller) batches"
+            )
         self.skip = 0  # global batches of this epoch's order already consumed (set on resume)
 
     def __iter__(self) -> Iterator[int]:

@@ -14,6 +14,13 @@ reach (the Bayes-optimal AUC) is computed exactly in expectation over labels:
 :meth:`SyntheticCriteoDataset.bayes_optimal_auc`. A model that learns reaches a clearly better AUC
 than 0.5; how close it gets to the Bayes AUC measures how well it learns.
 
+``vocabulary="drifting"`` (:mod:`lightrec.data.drifting`) replaces the ids ``[0, n_f)`` by raw 63-bit
+ids of a vocabulary that drifts over time: each feature keeps ``n_f`` live ids whose popularity
+follows the same power law, new ids are born and old ones die at ``drift_per_batch`` of the
+vocabulary per batch, and validation/test data come from the time after the training stream. The
+tables are then ``n_f`` rows behind managed collisions (``RecModule(managed_collisions=...)``); the
+Bayes-optimal AUC is unchanged (effects are hashes of the raw ids, popularity is stationary).
+
 Determinism: samples are generated in blocks of ``block_size`` samples; block ``k`` of split ``s``
 has its own generator seeded by ``(seed, s, k)``. A batch is ``batch_size / block_size`` consecutive
 blocks, so a batch depends only on ``(seed, split, batch index)`` — not on workers, ranks or order —
@@ -41,6 +48,7 @@ from lightrec.data.criteo_spec import (
     table_configs,
 )
 from lightrec.data.device_synthetic import TorchPlantedSampler
+from lightrec.data.drifting import DriftingVocabulary
 from lightrec.modules.embedding_configs import EmbeddingBagConfig
 from lightrec.sparse import KeyedJaggedTensor
 
@@ -80,6 +88,8 @@ class PlantedCriteoModel:
         dense_signal: standard deviation of the dense part ``w . z`` of the logit.
         sparse_signal: root of the summed variances of the 26 per-feature effects.
         base_ctr: ``sigmoid(bias)``; the realised click rate is somewhat closer to 0.5.
+        vocabulary: None (ids ``[0, n_f)``) or a :class:`DriftingVocabulary` turning each drawn
+            position into the raw id live there at the block's time.
     """
 
     def __init__(
@@ -92,8 +102,10 @@ class PlantedCriteoModel:
         dense_signal: float = 0.8,
         sparse_signal: float = 1.6,
         base_ctr: float = 0.25,
+        vocabulary: DriftingVocabulary | None = None,
     ) -> None:
         self.num_embeddings = [int(n) for n in num_embeddings_per_feature]
+        self.vocabulary = vocabulary
         if len(self.num_embeddings) != CAT_FEATURE_COUNT:
             raise ValueError(
                 f"num_embeddings_per_feature needs {CAT_FEATURE_COUNT} ints, got {len(self.num_embeddings)}"
@@ -135,8 +147,9 @@ class PlantedCriteoModel:
         """Hidden logit contribution of each id of ``feature`` (float64, same shape as ``ids``)."""
         return self.effect_std[feature] * hash_unit(ids, self.seed, 1000 + feature)
 
-    def generate_block(self, split: int, block: int, n: int) -> SampleBlock:
-        """Draw the ``n`` samples of block ``block`` of split code ``split`` (see ``SampleBlock``)."""
+    def generate_block(self, split: int, block: int, n: int, time: int = 0) -> SampleBlock:
+        """Draw the ``n`` samples of block ``block`` of split code ``split`` (see ``SampleBlock``);
+        ``time``: the sample index the block starts at (where a drifting vocabulary stands)."""
         rng = np.random.default_rng([self.seed, split, block])
         z = rng.standard_normal((n, INT_FEATURE_COUNT))
         dense = np.log1p(np.exp(self.dense_mu + self.dense_sigma * z)).astype(np.float32)
@@ -152,6 +165,8 @@ class PlantedCriteoModel:
             ranks = bounded_zipf(rng.random(int(counts.sum())), size, self.zipf_exponent)
             a, b = self.scatter[f]
             ids = (ranks * a + b) % size
+            if self.vocabulary is not None:
+                ids = self.vocabulary.ids(f, ids, time)
             effects = self.id_effect(f, ids)
             if self.ids_distribution == "fixed" and k == 1:
                 logit += effects
@@ -198,6 +213,12 @@ class SyntheticCriteoDataset(Dataset):
         scale / num_embeddings_cap: shrink the tables (see :func:`resolve_cardinalities`).
         block_size: samples per generator seed; must divide ``batch_size`` (default: ``batch_size``).
             Keep it fixed to get identical samples under different per-rank batch sizes.
+        vocabulary: ``"fixed"`` (ids ``[0, n_f)``) or ``"drifting"`` (raw 63-bit ids of a vocabulary
+            that drifts; see the module docstring). Host batches only (``device=None``).
+        drift_per_batch: with ``"drifting"``, the share of each feature's live ids replaced per
+            batch of ``batch_size`` samples.
+        time_offset_batches: with ``"drifting"``, batches of time before this split's first batch
+            (validation and test data come after the training stream).
         device: None (default) draws batches with numpy on the host; a device (``"cuda"``,
             ``"cpu"``) draws them with torch right there (:mod:`lightrec.data.device_synthetic`):
             same hidden model and Bayes AUC, another sample stream, no host-to-device copy, every
@@ -217,8 +238,21 @@ class SyntheticCriteoDataset(Dataset):
         num_embeddings_cap: int | None = None,
         block_size: int | None = None,
         device: torch.device | str | None = None,
+        vocabulary: Literal["fixed", "drifting"] = "fixed",
+        drift_per_batch: float = 0.02,
+        time_offset_batches: int = 0,
         **model_kwargs: object,
     ) -> None:
+        if vocabulary not in ("fixed", "drifting"):
+            raise ValueError(f"vocabulary must be 'fixed' or 'drifting', got {vocabulary!r}")
+        if vocabulary == "drifting" and device is not None:
+            raise ValueError(
+                f"vocabulary='drifting' draws its batches on the host; use device=None, got device={device!r}"
+            )
+        if drift_per_batch < 0 or time_offset_batches < 0:
+            raise ValueError(
+                f"drift_per_batch and time_offset_batches must be >= 0, got {drift_per_batch!r}, {time_offset_batches!r}"
+            )
         if batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         if num_batches < 0:
@@ -232,7 +266,15 @@ class SyntheticCriteoDataset(Dataset):
         self._split_code = _check_split(split)
         self.block_size = block
         self.num_embeddings_per_feature = resolve_cardinalities(cardinalities, scale, num_embeddings_cap)
-        self.model = PlantedCriteoModel(seed, self.num_embeddings_per_feature, **model_kwargs)  # type: ignore[arg-type]
+        self.vocabulary = vocabulary
+        drifting = None
+        if vocabulary == "drifting":
+            rates = [drift_per_batch * n / batch_size for n in self.num_embeddings_per_feature]
+            drifting = DriftingVocabulary(self.num_embeddings_per_feature, rates, seed)
+        self.time_offset = int(time_offset_batches) * self.batch_size  # samples
+        self.model = PlantedCriteoModel(
+            seed, self.num_embeddings_per_feature, vocabulary=drifting, **model_kwargs  # type: ignore[arg-type]
+        )
         self.keys = list(DEFAULT_CAT_NAMES)
         self.device = torch.device(device) if device is not None else None
         self._sampler: TorchPlantedSampler | None = None  # built on first use (device tensors)
@@ -245,9 +287,10 @@ class SyntheticCriteoDataset(Dataset):
             raise IndexError(
                 f"batch index {index} is out of range for {self.num_batches} batches of split {self.split!r}"
             )
-        per = self.batch_size // self.block_size
+        per, size = self.batch_size // self.block_size, self.block_size
         return [
-            self.model.generate_block(self._split_code, index * per + j, self.block_size) for j in range(per)
+            self.model.generate_block(self._split_code, k, size, self.time_offset + k * size)
+            for k in range(index * per, index * per + per)
         ]
 
     def __getitem__(self, index: int) -> Batch:

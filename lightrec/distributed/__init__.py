@@ -29,6 +29,19 @@ from lightrec.distributed.embeddingbag import (
     EmbeddingBagCollectionSharder,
     ShardedEmbeddingBagCollection,
 )
+from lightrec.distributed.mc_embedding import (
+    ManagedCollisionEmbeddingCollectionSharder,
+    ShardedManagedCollisionEmbeddingCollection,
+)
+from lightrec.distributed.mc_embeddingbag import (
+    ManagedCollisionEmbeddingBagCollectionSharder,
+    ShardedManagedCollisionEmbeddingBagCollection,
+)
+from lightrec.distributed.mc_modules import (
+    InferManagedCollisionCollectionSharder,
+    ManagedCollisionCollectionSharder,
+    ShardedManagedCollisionCollection,
+)
 from lightrec.distributed.model_parallel import DistributedModelParallel
 from lightrec.distributed.planner import (
     EmbeddingComputeKernel,
@@ -72,9 +85,13 @@ __all__ = [
     "EmbeddingModuleShardingPlan",
     "EmbeddingShardingPlanner",
     "EvalPipelineSparseDist",
+    "InferManagedCollisionCollectionSharder",
     "KJTAllToAll",
     "LazyAwaitable",
     "LazyNoWait",
+    "ManagedCollisionCollectionSharder",
+    "ManagedCollisionEmbeddingBagCollectionSharder",
+    "ManagedCollisionEmbeddingCollectionSharder",
     "ModuleSharder",
     "NoWait",
     "ParameterConstraints",
@@ -86,6 +103,9 @@ __all__ = [
     "ShardMetadata",
     "ShardedEmbeddingBagCollection",
     "ShardedEmbeddingCollection",
+    "ShardedManagedCollisionCollection",
+    "ShardedManagedCollisionEmbeddingBagCollection",
+    "ShardedManagedCollisionEmbeddingCollection",
     "ShardedTableState",
     "ShardingEnv",
     "ShardingPlan",

@@ -199,10 +199,12 @@ class DistributedModelParallel(nn.Module):
             )
 
     def _wrap_dense(self, module: nn.Module) -> nn.Module:
+        # Sharded collections sync nothing through DDP: their parameters and their buffers (a
+        # managed-collision shard's id map has a size of its own on every rank).
         ignore = [
             f"{path}.{name}" if path else name
             for path in self._sharded_paths
-            for name, _ in module.get_submodule(path).named_parameters()
+            for name, _ in [*module.get_submodule(path).named_parameters(), *module.get_submodule(path).named_buffers()]
         ]
         ignored = set(ignore)
         trainable = [p for n, p in module.named_parameters() if n not in ignored and p.requires_grad]

@@ -1,4 +1,5 @@
-"""``get_default_sharders``: the sharders of lightrec's embedding collections.
+"""``get_default_sharders``: the sharders of lightrec's embedding collections (managed-collision
+twins included).
 
 What every entry point that shards a model uses when it is given no sharders:
 ``DistributedModelParallel``, ``RecStrategy``, ``lightrec plan`` and the ``PlanReport`` callback.
@@ -14,6 +15,8 @@ from lightrec.distributed.embedding import EmbeddingCollectionSharder
 from lightrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from lightrec.distributed.fp_embeddingbag import FeatureProcessedEmbeddingBagCollectionSharder
 from lightrec.distributed.fused_embeddingbag import FusedEmbeddingBagCollectionSharder
+from lightrec.distributed.mc_embedding import ManagedCollisionEmbeddingCollectionSharder
+from lightrec.distributed.mc_embeddingbag import ManagedCollisionEmbeddingBagCollectionSharder
 from lightrec.distributed.planner.sharder import ModuleSharder
 from lightrec.optim.fused_spec import FusedOptimizerSpec
 
@@ -24,8 +27,9 @@ def get_default_sharders(
     fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None, kernel_backend: str = "auto"
 ) -> list[ModuleSharder]:
     """Sharders of ``EmbeddingBagCollection``, ``EmbeddingCollection``,
-    ``FeatureProcessedEmbeddingBagCollection`` and ``FusedEmbeddingBagCollection`` (whose own fused
-    optimizer is kept; ``fused_params`` do not override it).
+    ``FeatureProcessedEmbeddingBagCollection``, ``FusedEmbeddingBagCollection`` (whose own fused
+    optimizer is kept; ``fused_params`` do not override it) and the managed-collision twins of the
+    first two.
 
     Args:
         fused_params: the fused optimizer of every table not marked with
@@ -39,4 +43,6 @@ def get_default_sharders(
         EmbeddingCollectionSharder(fused_params=fused_params, kernel_backend=kernel_backend),
         FeatureProcessedEmbeddingBagCollectionSharder(fused_params=fused_params, kernel_backend=kernel_backend),
         FusedEmbeddingBagCollectionSharder(kernel_backend=kernel_backend),
+        ManagedCollisionEmbeddingBagCollectionSharder(fused_params=fused_params, kernel_backend=kernel_backend),
+        ManagedCollisionEmbeddingCollectionSharder(fused_params=fused_params, kernel_backend=kernel_backend),
     ]

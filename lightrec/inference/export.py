@@ -104,11 +104,15 @@ def describe_model(model: nn.Module, dense_in_features: int | None = None) -> di
     weighted = False
     for module, configs in found:
         weighted = weighted or bool(getattr(module, "is_weighted", lambda: False)())
+        id_spaces = getattr(module, "id_spaces", None)  # managed-collision tables take raw ids
+        spaces = id_spaces() if callable(id_spaces) else {}
         for t in configs:
             feature_names.extend(t.feature_names)
             tables.append({"name": t.name, "num_embeddings": t.num_embeddings, "embedding_dim": t.embedding_dim,
                            "feature_names": list(t.feature_names), "pooling": t.pooling.value,
                            "data_type": t.data_type.value})
+            if t.name in spaces:  # ids in [0, id_space): raw ids, remapped inside the artifact
+                tables[-1]["id_space"] = int(spaces[t.name]) or 2**63 - 1
     if dense_in_features is None:
         for m in model.modules():
             if type(m).__name__ == "DenseArch":

@@ -33,6 +33,10 @@ from lightrec.distributed.state_dict import gather_full_state_dict
 from lightrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from lightrec.quant.embedding_collection import QuantEmbeddingCollection
 from lightrec.quant.embedding_modules import QuantEmbeddingBagCollection
+from lightrec.quant.mc_embedding_modules import (
+    QuantManagedCollisionEmbeddingBagCollection,
+    QuantManagedCollisionEmbeddingCollection,
+)
 
 __all__ = [
     "has_sharded_collections",
@@ -87,7 +91,7 @@ def _gathered_tables(collection: Any, dst: int | None) -> Iterator[tuple[Any, to
     env = collection._env
     state = collection.state_dict()
     for config in collection._configs:
-        key = f"{collection._attr}.{config.name}.weight"
+        key = f"{collection._state_prefix}{collection._attr}.{config.name}.weight"
         full = gather_full_state_dict({key: state[key]}, env.pg, dst)
         yield config, (full[key] if key in full else None)
 
@@ -110,6 +114,15 @@ def quantize_sharded_collection(
     """
     env = collection._env
     _check_dst(dst, env.world_size)
+    gather_unsharded = getattr(collection, "gather_unsharded", None)
+    if callable(gather_unsharded):  # a managed-collision collection: tables and id maps together
+        unsharded = gather_unsharded(dst)
+        if unsharded is None:
+            return None
+        cls = QuantManagedCollisionEmbeddingBagCollection if collection._pooled else QuantManagedCollisionEmbeddingCollection
+        managed: nn.Module = cls.from_float(unsharded, dtype=dtype, per_table=per_table, row_alignment=row_alignment,
+                                            kernel_backend=kernel_backend)  # fmt: skip
+        return managed
     quantized: QuantEmbeddingBagCollection | QuantEmbeddingCollection | None = None
     if dst is None or env.rank == dst:
         common: dict[str, Any] = {"device": "cpu", "dtype": dtype, "per_table": per_table, "row_alignment": row_alignment,
@@ -126,6 +139,10 @@ def quantize_sharded_collection(
 
 
 def _unsharded_float(collection: Any, dst: int | None) -> nn.Module | None:
+    gather_unsharded = getattr(collection, "gather_unsharded", None)
+    if callable(gather_unsharded):  # a managed-collision collection: tables and id maps together
+        unsharded: nn.Module | None = gather_unsharded(dst)
+        return unsharded
     env = collection._env
     plain: nn.Module | None = None
     if dst is None or env.rank == dst:

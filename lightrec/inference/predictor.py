@@ -65,7 +65,9 @@ class Predictor:
         self.dense_in_features: int = int(meta.get("dense_in_features") or 0)
         self.takes_dense: bool = bool(meta.get("takes_dense", True))
         self.is_weighted: bool = bool(meta.get("is_weighted", False))
-        self._rows = {f: int(t["num_embeddings"]) for t in meta["tables"] for f in t["feature_names"]}
+        # Ids must index a table -- or, for a managed-collision table, lie in its raw id space.
+        self._rows = {f: int(t.get("id_space", t["num_embeddings"])) for t in meta["tables"] for f in t["feature_names"]}
+        self._managed = {f for t in meta["tables"] if "id_space" in t for f in t["feature_names"]}
 
     def __call__(self, dense_features: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor,
                  weights: torch.Tensor | None = None) -> torch.Tensor:
@@ -171,8 +173,9 @@ class Predictor:
             if isinstance(i, bool) or not isinstance(i, int):
                 raise RequestError(f"{where}: feature {feature!r} has non-integer id {i!r}; ids are ints in [0, {rows})")
             if not 0 <= i < rows:
-                raise RequestError(f"{where}: feature {feature!r} has id {i}, outside [0, {rows}) of its table; "
-                                   "hash or take ids modulo the table size")
+                fix = ("its managed-collision table takes raw ids in that range" if feature in self._managed
+                       else "hash or take ids modulo the table size")  # fmt: skip
+                raise RequestError(f"{where}: feature {feature!r} has id {i}, outside [0, {rows}) of its table; {fix}")
         return list(ids)
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from typing import NamedTuple, overload
+from typing import Any, NamedTuple, overload
 
 import torch
 from torch import nn
@@ -32,8 +32,16 @@ from lightrec.kernels import FusedEmbeddingBagCollection, FusedEmbeddingCollecti
 from lightrec.kernels.tiered_config import refuse_tiered_export
 from lightrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from lightrec.modules.kernel_backend import resolve_kernel_backend
+from lightrec.modules.mc_embedding_modules import (
+    ManagedCollisionEmbeddingBagCollection,
+    ManagedCollisionEmbeddingCollection,
+)
 from lightrec.quant.embedding_collection import QuantEmbeddingCollection
 from lightrec.quant.embedding_modules import QuantEmbeddingBagCollection
+from lightrec.quant.mc_embedding_modules import (
+    QuantManagedCollisionEmbeddingBagCollection,
+    QuantManagedCollisionEmbeddingCollection,
+)
 from lightrec.quant.row_codec import DEFAULT_ROW_ALIGNMENT
 
 __all__ = ["quantize", "quantize_dense_layers"]
@@ -46,9 +54,14 @@ class _Found(NamedTuple):
     sharded: bool
 
 
-# The float collections quantize() replaces (the fused ones keep the plain ones' state-dict keys).
-_POOLED_FLOAT = (EmbeddingBagCollection, FusedEmbeddingBagCollection)
-_SEQUENCE_FLOAT = (EmbeddingCollection, FusedEmbeddingCollection)
+# The float collections quantize() replaces (the fused ones keep the plain ones' state-dict keys);
+# managed-collision collections become quantized tables behind their frozen id maps.
+_POOLED_FLOAT = (EmbeddingBagCollection, FusedEmbeddingBagCollection, ManagedCollisionEmbeddingBagCollection)
+_SEQUENCE_FLOAT = (EmbeddingCollection, FusedEmbeddingCollection, ManagedCollisionEmbeddingCollection)
+_MANAGED: dict[type[nn.Module], Any] = {
+    ManagedCollisionEmbeddingBagCollection: QuantManagedCollisionEmbeddingBagCollection,
+    ManagedCollisionEmbeddingCollection: QuantManagedCollisionEmbeddingCollection,
+}
 
 
 def _collections(model: nn.Module) -> list[_Found]:
@@ -175,10 +188,13 @@ def quantize(
         if f.sharded and full_state is None:
             replacement = quantize_sharded_collection(f.module, dtype, mine, row_alignment, kernel_backend, dst)
         else:
-            cls = QuantEmbeddingBagCollection if f.pooled else QuantEmbeddingCollection
-            replacement = cls.from_float(f.module, dtype=dtype, per_table=mine, row_alignment=row_alignment,
-                                         kernel_backend=kernel_backend, state_dict=full_state,
-                                         prefix=f"{f.path}." if f.path else "")
+            prefix = f"{f.path}." if f.path else ""
+            module = _with_managed_state(f.module, full_state, prefix)
+            cls: Any = _MANAGED.get(type(f.module)) or (
+                QuantEmbeddingBagCollection if f.pooled else QuantEmbeddingCollection
+            )
+            replacement = cls.from_float(module, dtype=dtype, per_table=mine, row_alignment=row_alignment,
+                                         kernel_backend=kernel_backend, state_dict=full_state, prefix=prefix)
         if replacement is not None:
             replacements[id(f.module)] = replacement
     if not receiving:
@@ -197,14 +213,37 @@ def quantize(
     return quantized.eval()
 
 
+def _with_managed_state(
+    module: nn.Module, state_dict: Mapping[str, torch.Tensor] | None, prefix: str
+) -> nn.Module:
+    """A managed-collision collection carrying the id maps of ``state_dict`` (a copy; the float model
+    is not modified), or ``module`` itself when there is nothing to load."""
+    if state_dict is None or type(module) not in _MANAGED:
+        return module
+    key = f"{prefix}_managed_collision_collection."
+    managed = {k[len(key) :]: v for k, v in state_dict.items() if k.startswith(key)}
+    mcc: Any = copy.deepcopy(module._managed_collision_collection)
+    for table, mc in list(mcc._managed_collision_modules.items()):
+        if any(t.is_meta for t in mc.buffers()):  # a model built on meta (export_from_checkpoint): made real first
+            mcc._managed_collision_modules[table] = mc.on_device("cpu")
+    mcc.load_state_dict(managed)
+    twin: nn.Module = type(module)(module._embedding_module, mcc, module.return_remapped_features, module._reset_seed)
+    return twin
+
+
 def _load_dense(model: nn.Module, state_dict: Mapping[str, torch.Tensor], found: list[_Found]) -> None:
     """Load every entry of ``state_dict`` that is not a table into ``model``; raise on missing dense weights."""
     table_keys = set()
+    managed_prefixes = []
     for f in found:
         prefix = f"{f.path}." if f.path else ""
         attr = "embedding_bags" if f.pooled else "embeddings"
-        table_keys |= {f"{prefix}{attr}.{name}.weight" for name in _table_names(f)}
-    dense_keys = [k for k in model.state_dict() if k not in table_keys]
+        inner = "_embedding_module." if type(f.module) in _MANAGED or f.sharded and hasattr(f.module, "gather_unsharded") else ""
+        table_keys |= {f"{prefix}{inner}{attr}.{name}.weight" for name in _table_names(f)}
+        if inner:
+            managed_prefixes.append(f"{prefix}_managed_collision_collection.")
+    dense_keys = [k for k in model.state_dict()
+                  if k not in table_keys and not any(k.startswith(p) for p in managed_prefixes)]  # fmt: skip
     missing = [k for k in dense_keys if k not in state_dict]
     if missing:
         raise ValueError(

@@ -344,7 +344,7 @@ class _BatchedLookupBase(nn.Module):
         if checker.mode == "sync":
             # A kernel's one-id-per-bag fast path learns its answer in the same host read.
             want = kernel.wants_singletons and self.pooling != PoolingType.NONE
-            singletons = checker.check_values(indices, offsets, batch, want_singletons=want)
+            singletons = checker.check_values(indices, offsets, batch, want_singletons=want, per_sample_weights=psw)
         optimizer = self._fused_optimizer
         fused = optimizer is not None
         inputs = [self._placeholder] if fused else list(self.weights.values())

@@ -120,6 +120,15 @@ class _FusedCollectionBase(nn.Module):
     def feature_names(self) -> list[str]:
         return list(self._feature_names)
 
+    def reset_embedding_rows(self, table: str, rows: torch.Tensor, values: torch.Tensor) -> None:
+        """Give ``rows`` of ``table`` the weights ``values`` ``[k, D]`` and a fresh optimizer state
+        (managed-collision evictions; the kernels' ``reset_rows``, ``lightrec.kernels.kernel_interface``)."""
+        for lookup in self._lookup_modules():
+            if table in lookup.table_names:
+                lookup.reset_rows(table, rows, values)
+                return
+        raise KeyError(f"{type(self).__name__} has no table {table!r}; its tables are {[t.name for t in self._tables]}")
+
     @property
     def device(self) -> torch.device:
         return self._lookup_modules()[0].split_embedding_weights()[0].device
@@ -229,7 +238,7 @@ class FusedEmbeddingBagCollection(_FusedCollectionBase):
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         """Pool every feature; returns ``KeyedTensor(keys=feature_names(), values=[B, sum D])``."""
-        check_collection_input(features, self._feature_names, "FusedEmbeddingBagCollection")
+        check_collection_input(features, self._feature_names, "FusedEmbeddingBagCollection", weighted=self._is_weighted)
         kjt = features.permute_to_keys(self._lookup_order)
         weights = kjt.weights_or_none() if self._is_weighted else None
         if self._is_weighted and weights is None:

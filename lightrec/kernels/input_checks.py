@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from lightrec.modules.feature_checks import EmbeddingIdError
+from lightrec.sparse import SparseValueError
 
 __all__ = ["ID_CHECK_MODES", "LookupInputChecker"]
 
@@ -106,9 +107,14 @@ class LookupInputChecker:
     # ---- sync mode -----------------------------------------------------------------------------
 
     def check_values(
-        self, indices: torch.Tensor, offsets: torch.Tensor, batch: int, want_singletons: bool = False
+        self,
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+        batch: int,
+        want_singletons: bool = False,
+        per_sample_weights: torch.Tensor | None = None,
     ) -> bool | None:
-        """Offsets and id ranges with one host read; raises the precise error when one fails.
+        """Offsets, id ranges and finite weights with one host read; raises the precise error when one fails.
 
         Returns whether every bag holds exactly one id (read in the same host read) when
         ``want_singletons``, else None.
@@ -117,10 +123,12 @@ class LookupInputChecker:
         if batch == 0 or n == 0:
             return None
         starts = offsets[:-1]
+        weights = per_sample_weights if per_sample_weights is not None and per_sample_weights.is_floating_point() else None
         conditions = [
             (offsets[0] != 0) | (offsets[-1] != n),
             (offsets[1:] < starts).any(),
             self._any_bad_id(indices, offsets, batch),
+            torch.logical_not(torch.isfinite(weights).all()) if weights is not None else offsets.new_zeros((), dtype=torch.bool),
         ]
         singletons = want_singletons and n == starts.numel()
         if singletons:
@@ -128,9 +136,9 @@ class LookupInputChecker:
                 (offsets == torch.arange(n + 1, device=offsets.device, dtype=offsets.dtype)).all()
             )
         found = torch.stack(conditions).tolist()  # the one host read
-        if any(found[:3]):
-            self.raise_precise(indices, offsets, batch)
-        return bool(found[3]) if singletons else (False if want_singletons else None)
+        if any(found[:4]):
+            self.raise_precise(indices, offsets, batch, per_sample_weights=weights)
+        return bool(found[4]) if singletons else (False if want_singletons else None)
 
     def _any_bad_id(self, indices: torch.Tensor, offsets: torch.Tensor, batch: int) -> torch.Tensor:
         if self._uniform_rows is not None:  # one min/max pass for all features
@@ -150,7 +158,12 @@ class LookupInputChecker:
         return self._rows_per_feature[device]
 
     def raise_precise(
-        self, indices: torch.Tensor, offsets: torch.Tensor, batch: int, suffix: str = ""
+        self,
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+        batch: int,
+        suffix: str = "",
+        per_sample_weights: torch.Tensor | None = None,
     ) -> None:
         """The check with host reads at every step, raising the error that names what is wrong."""
         n = indices.numel()
@@ -158,9 +171,13 @@ class LookupInputChecker:
             raise ValueError(
                 f"offsets must start at 0 and end at len(indices)={n}, got {offsets[[0, -1]].tolist()}{suffix}"
             )
-        if bool((offsets[1:] < offsets[:-1]).any()):
-            raise ValueError(
-                f"offsets must be non-decreasing (bag k is indices[offsets[k]:offsets[k+1]]){suffix}"
+        decreasing = (offsets[1:] < offsets[:-1]).nonzero()
+        if decreasing.numel() > 0:  # a negative length (bag k is indices[offsets[k]:offsets[k+1]])
+            bag = int(decreasing[0, 0])
+            raise SparseValueError(
+                f"{self._feature_of_bag(bag, batch)} has a negative length: "
+                f"{int(offsets[bag + 1] - offsets[bag])} ids for sample {bag % batch}; a length counts the ids of "
+                f"one sample and must be non-negative{suffix}"
             )
         counts = offsets[::batch].diff()
         limit = torch.repeat_interleave(self._rows_on(indices.device), counts, output_size=n)
@@ -181,6 +198,21 @@ class LookupInputChecker:
                 f"{self.table_names[table]!r} with {self.rows[table]} rows: ids must be in [0, {self.rows[table]}). "
                 f"Hash or take the id modulo num_embeddings, or enlarge the table.{suffix}"
             )
+        if per_sample_weights is not None:
+            nonfinite = torch.logical_not(torch.isfinite(per_sample_weights)).nonzero()
+            if nonfinite.numel() > 0:
+                pos = int(nonfinite[0, 0])
+                bag = int(torch.searchsorted(offsets, torch.tensor(pos, device=offsets.device), right=True)) - 1
+                raise SparseValueError(
+                    f"{self._feature_of_bag(bag, batch)} has a non-finite weight {float(per_sample_weights[pos])} "
+                    f"for sample {bag % batch}; per-id weights must be finite numbers (a NaN or infinite weight "
+                    f"makes the pooled embedding of the sample NaN){suffix}"
+                )
+
+    def _feature_of_bag(self, bag: int, batch: int) -> str:
+        """``"feature f (table 'name')"`` of bag ``bag`` (``batch`` bags per feature)."""
+        feature = min(bag // max(batch, 1), self.num_features - 1)
+        return f"feature {feature} (table {self.table_names[self.ftm[feature]]!r})"
 
     # ---- async mode ----------------------------------------------------------------------------
 

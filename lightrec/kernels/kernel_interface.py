@@ -202,8 +202,8 @@ class ResidentRows(abc.ABC):
     def split_optimizer_states(self) -> list[dict[str, torch.Tensor]]:
         """Per table ``{state name: view}``."""
 
-    def _row_states(self, table: int) -> dict[str, torch.Tensor]:
-        weight = self.split_embedding_weights()[table]
+    def _row_states(self, table: int, weight: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        weight = self.split_embedding_weights()[table] if weight is None else weight
         return {
             k: v
             for k, v in self.split_optimizer_states()[table].items()
@@ -230,9 +230,14 @@ class ResidentRows(abc.ABC):
                 states[name].index_copy_(0, index, values.to(states[name].dtype))
 
     def reset_rows(self, table: int, rows: torch.Tensor, weights: torch.Tensor) -> None:
-        states = self._row_states(table)
-        fresh = {k: v.new_zeros((rows.numel(), *v.shape[1:])) for k, v in states.items()}
-        self.write_rows(table, rows, RowState(weights, fresh))
+        # One read of the views (building them is most of the cost: managed collisions reset rows
+        # of every table at every step), then a write and a fill per tensor.
+        table_weights = self.split_embedding_weights()[table]
+        index = rows.to(table_weights.device, torch.long)
+        with torch.no_grad():
+            table_weights.index_copy_(0, index, weights.to(table_weights.device, table_weights.dtype))
+            for state in self._row_states(table, table_weights).values():
+                state.index_fill_(0, index, 0)
 
     def prefetch(self, indices: torch.Tensor, offsets: torch.Tensor) -> None:  # noqa: B027 - a no-op by design
         """Nothing to fetch: every row is in memory."""

@@ -1,8 +1,9 @@
 """The kernels by name, and the one rule that picks one: ``kernel_backend="auto" | "fbgemm" | "triton" | "torch"``.
 
 ``KERNELS`` lists the registered :class:`~lightrec.kernels.kernel_interface.EmbeddingKernel`
-classes in the order ``"auto"`` tries them: fbgemm TBE where it serves the configuration; else, on
-CUDA, Triton; else pure torch. On CPU ``"auto"`` never picks Triton (its interpreter is for tests).
+classes in the order ``"auto"`` tries them: fbgemm TBE where it serves the configuration -- on CPU,
+for a fused group the torch kernel's native update also serves, whichever of the two was measured
+faster on this machine (``cpu_kernel_choice.py``); else, on CUDA, Triton; else pure torch. On CPU ``"auto"`` never picks Triton (its interpreter is for tests).
 :func:`register_kernel` adds a backend under a new name (docs/kernels.md, "Adding a kernel").
 
 Tiered tables (``KernelConfig.tiering`` set: a cache of hot rows over host memory or SSD) are built
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from lightrec.kernels.cpu_kernel_choice import cpu_kernel_preference
+from lightrec.kernels.cpu_update import native_update_available
 from lightrec.kernels.fbgemm_backend import FbgemmBatchedLookup
 from lightrec.kernels.fbgemm_managed_caching import FbgemmManagedCachingLookup
 from lightrec.kernels.kernel_interface import EmbeddingKernel, KernelConfig
@@ -98,8 +101,16 @@ def select_backend(kernel_backend: str, config: KernelConfig) -> str:
         if name in _TIERED and config.tiering is None:
             continue
         if kernel.supports(config) is None:
+            if name == FbgemmBatchedLookup.name and _native_torch_serves(config):
+                return cpu_kernel_preference()  # measured once per machine
             return name
     return TorchBatchedLookup.name
+
+
+
+def _native_torch_serves(config: KernelConfig) -> bool:
+    """The torch kernel runs this fused CPU group with the native update (fbgemm's rival there)."""
+    return config.spec is not None and native_update_available(config.device, config.dtype)
 
 
 def build_kernel(kernel_backend: str, config: KernelConfig) -> tuple[str, EmbeddingKernel]:

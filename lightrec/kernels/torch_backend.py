@@ -10,9 +10,12 @@ features of a dim group is ONE ``F.embedding_bag`` (or ``F.embedding``) call on 
     global id = local id + row_offset[table of the id's feature]
 
 The backward is a custom ``autograd.Function``. Fused mode: the gradient of each bag is spread to
-its ids, duplicate ids are summed, and the optimizer updates just those rows in place
-(``sparse_update.apply_sparse_update``); no ``[rows, D]`` gradient is ever allocated. Non-fused
-mode: dense per-table gradients are returned, as ``nn.EmbeddingBag`` would produce.
+its ids, duplicate ids are summed, and the optimizer updates just those rows in place; no
+``[rows, D]`` gradient is ever allocated. On CPU that is one native pass over the output gradient
+(``cpu_update.native_fused_update``: de-duplicate, sum per row, update each row once, on torch's
+intra-op threads); elsewhere, or without the native library, a composition of stock ops
+(``sparse_update.apply_sparse_update``) with the same results. Non-fused mode: dense per-table
+gradients are returned, as ``nn.EmbeddingBag`` would produce.
 """
 
 from __future__ import annotations
@@ -24,6 +27,13 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
+from lightrec._host_memory import empty_host_tensor
+from lightrec.kernels.cpu_update import (
+    NATIVE_OPTIMIZERS,
+    native_fused_update,
+    native_update_available,
+    new_scratch,
+)
 from lightrec.kernels.kernel_interface import KernelConfig, LookupBatch, ResidentRows
 from lightrec.kernels.sparse_update import apply_sparse_update
 from lightrec.modules.embedding_configs import PoolingType
@@ -38,6 +48,12 @@ class _DimGroup:
     features: list[int]  # feature indices whose table is stored here, in feature order
     weight: torch.Tensor  # [R, dim]
     states: dict[str, torch.Tensor] = field(default_factory=dict)
+    scratch: torch.Tensor | None = None  # [R] int32 de-duplication scratch of the native update
+
+    def update_scratch(self) -> torch.Tensor:
+        if self.scratch is None or self.scratch.numel() != self.weight.shape[0]:
+            self.scratch = new_scratch(self.weight.shape[0])
+        return self.scratch
 
 
 class TorchBatchedLookup(ResidentRows):
@@ -75,19 +91,33 @@ class TorchBatchedLookup(ResidentRows):
                 self.row_offset[t], self.table_group[t] = total, len(self.groups)
                 total += self.rows[t]
             features = [f for f, t in enumerate(self.ftm) if self.dims[t] == dim]
-            weight = torch.empty(total, dim, device=device, dtype=dtype)
+            # Huge pages on CPU: the lookup and the update read rows at random (far fewer TLB misses).
+            weight = empty_host_tensor((total, dim), dtype, device)
             self.groups.append(_DimGroup(dim, tables, features, weight, self._new_states(total, dim, weight)))
         # Per-feature shift of ids into the dim group's storage (row offset of the feature's table).
         self.feature_shift = torch.tensor(
             [self.row_offset[t] for t in self.ftm], dtype=torch.long, device=device
         )
         self.feature_cols = [sum(self.dims[t] for t in self.ftm[:f]) for f in range(len(self.ftm))]
+        self.native_update = False
+        self._choose_update()
+
+    def _choose_update(self) -> None:
+        """Use the native CPU update where it serves the storage (built on first use, see
+        ``lightrec._native``), else the stock-op one."""
+        weight = self.groups[0].weight if self.groups else None
+        self.native_update = (
+            self.spec is not None
+            and self.spec.optimizer in NATIVE_OPTIMIZERS
+            and weight is not None
+            and native_update_available(weight.device, weight.dtype)
+        )
 
     def _new_states(self, total: int, dim: int, weight: torch.Tensor) -> dict[str, torch.Tensor]:
         if self.spec is None:
             return {}
         return {
-            name: torch.zeros(self.spec.state_shape(name, total, dim), device=weight.device, dtype=weight.dtype)
+            name: empty_host_tensor(self.spec.state_shape(name, total, dim), weight.dtype, weight.device)
             for name in self.spec.state_names
         }
 
@@ -117,8 +147,10 @@ class TorchBatchedLookup(ResidentRows):
         for g in self.groups:
             g.weight = fn(g.weight)
             g.states = {k: fn(v) for k, v in g.states.items()}
+            g.scratch = None
         self.feature_shift = self.feature_shift.to(self.groups[0].weight.device)
         self.step = self.step.to(self.groups[0].weight.device)
+        self._choose_update()
 
     # ---- lookup -------------------------------------------------------------------------------
 
@@ -237,6 +269,14 @@ class _LookupFunction(torch.autograd.Function):
         if fused:
             backend.step += 1
             lr, step = float(ctx.lr()), backend.step
+        if backend.spec is not None and backend.native_update:
+            spec = backend.spec
+            for g, (ids, offs, w) in zip(backend.groups, ctx.saved, strict=True):
+                grad, bag_of_id, scale = _native_grad_inputs(backend, g, grad_out, ids, offs, w, ctx.batch)
+                native_fused_update(
+                    spec, lr, step, g.weight, g.states, g.update_scratch(), ids, grad, bag_of_id, scale
+                )
+            return (None, None, None, None, None, None, None, *([None] * ctx.num_weight_inputs))
         dense_grads = []
         for g, (ids, offs, w) in zip(backend.groups, ctx.saved, strict=True):
             if not pooled:
@@ -268,6 +308,34 @@ def _all_singletons(offsets: torch.Tensor, num_ids: int) -> bool:
     return bool(torch.equal(offsets, torch.arange(num_ids + 1, device=offsets.device, dtype=offsets.dtype)))
 
 
+def _bag_grads(backend: TorchBatchedLookup, g: _DimGroup, grad_out: torch.Tensor, batch: int) -> torch.Tensor:
+    """``[F_g, B, D]`` gradient of each bag of the group's features (a view when it can be)."""
+    if len(backend.groups) == 1:
+        return grad_out.view(batch, len(g.features), g.dim).transpose(0, 1)
+    cols = [grad_out[:, backend.feature_cols[f] : backend.feature_cols[f] + g.dim] for f in g.features]
+    return torch.stack(cols)
+
+
+def _bag_of_id_and_scale(
+    backend: TorchBatchedLookup,
+    ids: torch.Tensor,
+    offs: torch.Tensor,
+    psw: torch.Tensor | None,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``[N]`` bag of each id, and its factor (MEAN's ``1 / len``, times the per-sample weight) or None."""
+    lengths = offs[1:] - offs[:-1]
+    bag_of_id = torch.repeat_interleave(
+        torch.arange(lengths.numel(), device=ids.device), lengths, output_size=ids.numel()
+    )
+    scale = None
+    if backend.pooling == PoolingType.MEAN:
+        scale = (1.0 / lengths.clamp(min=1).to(dtype)).index_select(0, bag_of_id)
+    if psw is not None:
+        scale = psw.to(dtype) if scale is None else scale * psw
+    return bag_of_id, scale
+
+
 def _spread_bag_grads(
     backend: TorchBatchedLookup,
     g: _DimGroup,
@@ -278,21 +346,30 @@ def _spread_bag_grads(
     batch: int,
 ) -> torch.Tensor:
     """``[N_g, D]`` gradient of each looked-up row from the ``[B, sum D]`` output gradient."""
-    if len(backend.groups) == 1:
-        bag_grads = grad_out.view(batch, len(g.features), g.dim).transpose(0, 1).reshape(-1, g.dim)
-    else:
-        cols = [grad_out[:, backend.feature_cols[f] : backend.feature_cols[f] + g.dim] for f in g.features]
-        bag_grads = torch.stack(cols).reshape(-1, g.dim)
-    lengths = offs[1:] - offs[:-1]
-    bag_of_id = torch.repeat_interleave(
-        torch.arange(lengths.numel(), device=ids.device), lengths, output_size=ids.numel()
-    )
+    bag_grads = _bag_grads(backend, g, grad_out, batch).reshape(-1, g.dim)
+    bag_of_id, scale = _bag_of_id_and_scale(backend, ids, offs, psw, bag_grads.dtype)
     contrib = bag_grads.index_select(0, bag_of_id)
-    scale = None
-    if backend.pooling == PoolingType.MEAN:
-        scale = (1.0 / lengths.clamp(min=1).to(contrib.dtype)).index_select(0, bag_of_id)
-    if psw is not None:
-        scale = psw.to(contrib.dtype) if scale is None else scale * psw
     if scale is not None:
         contrib = contrib * scale.unsqueeze(1)
     return contrib
+
+
+def _native_grad_inputs(
+    backend: TorchBatchedLookup,
+    g: _DimGroup,
+    grad_out: torch.Tensor,
+    ids: torch.Tensor,
+    offs: torch.Tensor | None,
+    psw: torch.Tensor | None,
+    batch: int,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """``(grad [A, C, D], bag_of_id, scale)`` of ``native_fused_update`` for one dim group: the
+    output gradient itself (unpooled rows, or one id per bag in sample-major order), or a view of
+    it as ``[F, B, D]`` bags with each id's bag and factor."""
+    if backend.pooling == PoolingType.NONE:
+        return grad_out.view(1, -1, g.dim), None, None
+    if offs is None:  # one id per bag, ids in sample-major order (see forward)
+        return grad_out.view(1, -1, g.dim), None, psw
+    bag_grads = _bag_grads(backend, g, grad_out, batch)
+    bag_of_id, scale = _bag_of_id_and_scale(backend, ids, offs, psw, bag_grads.dtype)
+    return bag_grads, bag_of_id, scale

@@ -7,6 +7,7 @@ Importing this package registers ``RecStrategy`` in Lightning's strategy registr
 from lightning.pytorch.strategies import StrategyRegistry
 
 from lightrec._compat import silence_known_warnings
+from lightrec.lightning.managed_collision_monitor import ManagedCollisionMonitor
 from lightrec.lightning.nonfinite import NonFiniteLossError
 from lightrec.lightning.plan_report import PlanReport
 from lightrec.lightning.quantized_export import QuantizedExport
@@ -17,11 +18,12 @@ from lightrec.lightning.sparse_dist_prefetch import SparseDistPrefetch
 from lightrec.lightning.table_tiering import TableTiering
 from lightrec.lightning.tiered_table_monitor import TieredTableMonitor
 
-silence_known_warnings()  # torch's is_fx_tracing log line and a Lightning-internal deprecation
+silence_known_warnings()  # two Lightning-internal deprecations every rank would print
 if RecStrategy.strategy_name not in StrategyRegistry:
     RecStrategy.register_strategies(StrategyRegistry)
 
 __all__ = [
+    "ManagedCollisionMonitor",
     "NonFiniteLossError",
     "PlanReport",
     "QuantizedExport",

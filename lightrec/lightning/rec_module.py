@@ -25,6 +25,11 @@ lets ``RecModule`` build ``self.model`` in ``configure_model``, once the strateg
 * under any other strategy (one process) they are a ``FusedEmbeddingBagCollection`` with the very
   same fused optimizer, so both runs train with the same update rule.
 
+``managed_collisions`` puts every such table behind managed collisions
+(``lightrec.modules.mc_options``): raw ids of any size (below ``input_hash_size``) get their own
+rows, evicted as the vocabulary drifts; sharded by the managed-collision sharders under
+``RecStrategy``, kept (frozen) by ``serving_model()`` and the export.
+
 The same two hooks give ``model_for_planning()`` (``lightrec plan``), ``fused_params()`` (the
 sharders' and planner's view of the embedding optimizer), ``serving_model()`` / ``serving_factory()``
 (plain ``EmbeddingBagCollection`` tables, the input of ``lightrec.inference.quantize`` / ``export``)
@@ -44,14 +49,16 @@ from typing import IO, Any, Literal
 import lightning.pytorch as pl
 import torch
 from torch import nn
+from torchmetrics import Metric
 from typing_extensions import Self, override
 
+from lightrec._compat import set_logging_step, stop_hp_metric_placeholder
 from lightrec.data.batch import Batch
 from lightrec.distributed.checkpoint import consolidate_checkpoint, is_sharded_checkpoint
 from lightrec.distributed.planner import ParameterConstraints
 from lightrec.kernels import FusedEmbeddingBagCollection
 from lightrec.kernels.tiered_config import refuse_tiered_export
-from lightrec.lightning.loop_state import start_next_epoch_counters
+from lightrec.lightning.loop_state import fix_resume_counters, logging_step_of
 from lightrec.lightning.nonfinite import NonFiniteLossError, check_nonfinite_policy, nonfinite_ranks
 from lightrec.lightning.rec_model_summary import summary_for
 from lightrec.lightning.rec_strategy import RecStrategy
@@ -59,6 +66,7 @@ from lightrec.lightning.table_tiering import TableTiering
 from lightrec.lightning.tiered_table_monitor import TieredTableMonitor
 from lightrec.metrics import rec_metrics
 from lightrec.modules import EmbeddingBagCollection, EmbeddingBagConfig
+from lightrec.modules.mc_options import ManagedCollisionOptions
 from lightrec.optim import (
     CombinedOptimizer,
     KeyedOptimizer,
@@ -140,6 +148,11 @@ class RecModule(pl.LightningModule):
         cache_load_factor / cache_algorithm / ssd_storage_directory: the tiered tables' cache size
             (None: the planner's choice when sharded, else 0.2), ``"lru"`` / ``"lfu"``, and where
             the row files go.
+        managed_collisions: put the tables ``RecModule`` builds behind managed collisions: ``True``
+            (defaults), a dict of ``ManagedCollisionOptions`` settings (``eviction_policy``,
+            ``eviction_interval``, ``input_hash_size``, ``buckets``, ...) or None (off). Each table's
+            ``num_embeddings`` is its number of rows; the model's sparse module then returns
+            ``(embeddings, None)``, which ``lightrec.models`` take. Not with tiered tables (yet).
     """
 
     def __init__(
@@ -161,9 +174,16 @@ class RecModule(pl.LightningModule):
         cache_load_factor: float | None = None,
         cache_algorithm: Literal["lru", "lfu"] = "lru",
         ssd_storage_directory: str | None = None,
+        managed_collisions: dict[str, Any] | bool | None = None,
     ) -> None:
         super().__init__()
         self.table_tiering = TableTiering(tables_on, cache_load_factor, cache_algorithm, ssd_storage_directory)
+        self.managed_collisions = ManagedCollisionOptions.parse(managed_collisions)
+        if self.table_tiering.tiered and self.managed_collisions is not None:
+            raise ValueError(
+                f"tables_on={tables_on!r} with managed_collisions is not supported: managed-collision tables keep "
+                "their rows in memory; use tables_on='memory' with managed_collisions, or drop managed_collisions"
+            )
         self.nonfinite_loss = check_nonfinite_policy(nonfinite_loss)
         self.skipped_nonfinite_batches = 0
         if isinstance(dense_optimizer, str) and dense_optimizer.lower() not in _DENSE_OPTIMIZERS:
@@ -188,6 +208,7 @@ class RecModule(pl.LightningModule):
         self.val_metrics = rec_metrics(metrics, prefix="val/")
         self.test_metrics = rec_metrics(metrics, prefix="test/")
         self._step_started_at: float | None = None
+        self._resumed_logging_step: int | None = None
         self.model: nn.Module | None = None
 
     # ------------------------------------------------------------------ steps
@@ -211,7 +232,29 @@ class RecModule(pl.LightningModule):
         self.log("val/loss", loss, prog_bar=True, sync_dist=True, batch_size=batch.batch_size)
         self.val_metrics.update(torch.sigmoid(logits), batch.labels)
         self.log_dict(self.val_metrics, on_step=False, on_epoch=True, batch_size=batch.batch_size)
+        run_metric = self._run_metric()
+        if run_metric is not None:
+            # TensorBoard's HPARAMS tab compares runs by "hp_metric" (Lightning writes a -1 placeholder
+            # when fitting starts): the run's validation AUC (NE without AUC), updated every validation.
+            self.log("hp_metric", run_metric, on_step=False, on_epoch=True, batch_size=batch.batch_size)
         return loss
+
+    @override
+    def on_fit_end(self) -> None:
+        # Each later stage of the same Trainer (the recipes' test after fit) would write Lightning's
+        # placeholder hp_metric = -1 again, after the validation AUC: TensorBoard's HPARAMS tab shows a
+        # run's last hp_metric, so it showed -1 again. The fit declared the metric; no more placeholders.
+        if self._run_metric() is not None:
+            for logger in self.loggers:
+                stop_hp_metric_placeholder(logger)
+
+    def _run_metric(self) -> Metric | None:
+        """The validation metric runs are compared by (``hp_metric``): AUC, else NE, else none."""
+        for name in ("auc", "ne"):
+            if name in self.val_metrics:
+                metric: Metric = self.val_metrics[name]
+                return metric
+        return None
 
     @override
     def test_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
@@ -249,6 +292,9 @@ class RecModule(pl.LightningModule):
     @override
     def on_train_batch_start(self, batch: Batch, batch_idx: int) -> None:
         self._step_started_at = time.perf_counter()
+        if self._resumed_logging_step is not None and self._trainer is not None:  # see loop_state
+            set_logging_step(self.trainer, self._resumed_logging_step)
+            self._resumed_logging_step = None
 
     @override
     def on_train_batch_end(self, outputs: Any, batch: Batch, batch_idx: int) -> None:
@@ -310,14 +356,19 @@ class RecModule(pl.LightningModule):
         ``sharded``, else a materialised ``FusedEmbeddingBagCollection`` (see the module docstring)."""
         optimizer = EMBEDDING_OPTIMIZERS[self.embedding_optimizer]
         if sharded:
-            ebc = EmbeddingBagCollection(tables=tables, device="meta")
+            ebc: nn.Module = EmbeddingBagCollection(tables=tables, device="meta")
             # The mark names the fused optimizer the sharders build; nothing steps a meta tensor.
             apply_optimizer_in_backward(optimizer, ebc.parameters(), self._embedding_optimizer_kwargs, False)
-            return ebc
-        return FusedEmbeddingBagCollection(
-            tables, optimizer_type=optimizer, optimizer_kwargs=self._embedding_optimizer_kwargs,
-            tiering=self.table_tiering.tiering(),
-        )  # fmt: skip
+        else:
+            ebc = FusedEmbeddingBagCollection(
+                tables, optimizer_type=optimizer, optimizer_kwargs=self._embedding_optimizer_kwargs,
+                tiering=self.table_tiering.tiering(),
+            )  # fmt: skip
+        return self._managed(ebc, tables, "meta" if sharded else None)
+
+    def _managed(self, ebc: nn.Module, tables: list[EmbeddingBagConfig], device: str | None) -> nn.Module:
+        """``ebc`` behind managed collisions when ``managed_collisions`` is set (id maps on ``device``)."""
+        return ebc if self.managed_collisions is None else self.managed_collisions.wrap(ebc, tables, device)
 
     def fused_params(self) -> dict[str, Any]:
         """The embedding optimizer as torchrec-style ``fused_params`` (for sharders and the planner),
@@ -372,14 +423,18 @@ class RecModule(pl.LightningModule):
         if self.table_tiering.tiered:
             configs = getattr(self, "table_configs", list)
             raise ValueError(refuse_tiered_export([c.name for c in configs()]))
-        model = self._model_from_tables(lambda tables: EmbeddingBagCollection(tables=tables, device="cpu"))
+        model = self._model_from_tables(
+            lambda tables: self._managed(EmbeddingBagCollection(tables=tables, device="cpu"), tables, "cpu")
+        )
         model.load_state_dict({k: v.detach().cpu() for k, v in self.built_model().state_dict().items()})
         return self._serving_part(model).eval()
 
     def serving_factory(self) -> nn.Module:
         """An untrained serving model with ``meta`` tables (``export_from_checkpoint``'s model factory)."""
         return self._serving_part(
-            self._model_from_tables(lambda tables: EmbeddingBagCollection(tables=tables, device="meta"))
+            self._model_from_tables(
+                lambda tables: self._managed(EmbeddingBagCollection(tables=tables, device="meta"), tables, "meta")
+            )
         )
 
     def _serving_part(self, model: nn.Module) -> nn.Module:
@@ -426,8 +481,10 @@ class RecModule(pl.LightningModule):
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Runs before Lightning restores its loops from the same dict: a checkpoint of a finished
-        # epoch must resume into a whole next epoch (see lightrec.lightning.loop_state).
-        start_next_epoch_counters(checkpoint)
+        # epoch resumes into a whole next epoch, one of an epoch cut by max_steps into the rest of
+        # that epoch (see lightrec.lightning.loop_state; RecStrategy does the same for any module).
+        if fix_resume_counters(checkpoint) is not None:
+            self._resumed_logging_step = logging_step_of(checkpoint)
 
 
 def class_reference(cls: type) -> str:

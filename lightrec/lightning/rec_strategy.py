@@ -40,7 +40,7 @@ Device placement across stages (one ``Trainer``: fit, then validate / test / pre
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -55,8 +55,10 @@ from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostL
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from lightrec._compat import default_pg_timeout, optimizers_to_device
+from lightrec._compat import default_pg_timeout, optimizers_to_device, set_logging_step
+from lightrec._malloc_policy import apply_malloc_policy
 from lightrec.distributed.checkpoint import (
+    CheckpointSource,
     ForeignCheckpointError,
     UnsafeCheckpointError,
     is_sharded_checkpoint,
@@ -75,13 +77,22 @@ from lightrec.distributed.sharders import get_default_sharders
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
 from lightrec.distributed.sharding_env import ShardingEnv
 from lightrec.kernels.kernel_registry import check_kernel_backend
+from lightrec.lightning.loop_state import fix_resume_counters, logging_step_of
 from lightrec.modules import EmbeddingBagCollection, EmbeddingCollection
+from lightrec.modules.mc_embedding_modules import BaseManagedCollisionEmbeddingCollection
+from lightrec.optim import CombinedOptimizer, KeyedOptimizer
 
 __all__ = ["RecStrategy"]
 
+#: Checkpoint entry: how many fused optimizers, not among the trainer's, follow its optimizer states.
+_UNLISTED_FUSED = "lightrec_unlisted_fused_optimizers"
+
 #: Placed by the plan, not by ``model_to_device``: unsharded collections (possibly on ``meta``;
-#: their sharder materialises this rank's shards) and sharded ones (already placed).
-_PLACED_BY_PLAN = (EmbeddingBagCollection, EmbeddingCollection, ShardedCollectionBase)
+#: their sharder materialises this rank's shards; managed-collision ones with their id maps) and
+#: sharded ones (already placed).
+_PLACED_BY_PLAN = (
+    EmbeddingBagCollection, EmbeddingCollection, BaseManagedCollisionEmbeddingCollection, ShardedCollectionBase,
+)  # fmt: skip
 
 
 def _has_unsharded_collections(module: nn.Module) -> bool:
@@ -105,6 +116,11 @@ class RecStrategy(DDPStrategy):
             wrapper, if any, wraps the hook first), as for ``DDPStrategy``.
         model_averaging_period: not supported (post-local SGD); must be None.
         process_group_backend / timeout / start_method: as for ``DDPStrategy``.
+        malloc_policy: glibc malloc thresholds of this process and of the ranks it launches:
+            ``"tuned"`` (fixed thresholds: no page-fault storms from released activations),
+            ``"default"`` (glibc's own), a ``{"MALLOC_MMAP_THRESHOLD_": bytes, ...}`` mapping, or None
+            for ``$LIGHTREC_MALLOC_POLICY`` (default ``"tuned"``); ``MALLOC_*`` variables already in the
+            environment win (``lightrec._malloc_policy``, docs/performance.md).
         **ddp_kwargs: forwarded to the DDP wrapper of the dense parameters.
     """
 
@@ -130,8 +146,11 @@ class RecStrategy(DDPStrategy):
         process_group_backend: str | None = None,
         timeout: timedelta | None = default_pg_timeout,
         start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
+        malloc_policy: str | dict[str, int] | None = None,
         **ddp_kwargs: Any,
     ) -> None:
+        # Before any rank is launched: they inherit the environment (and this process is a rank).
+        self.malloc_policy = apply_malloc_policy(malloc_policy)
         if model_averaging_period is not None or isinstance(ddp_comm_state, PostLocalSGDState):
             raise ValueError(
                 "RecStrategy does not support post-local SGD (got model_averaging_period="
@@ -161,6 +180,7 @@ class RecStrategy(DDPStrategy):
         check_kernel_backend(kernel_backend)
         self._kernel_backend = kernel_backend
         self.dmp: DistributedModelParallel | None = None
+        self._resumed_logging_step: int | None = None  # put back at the first batch after a resume
         self._used_plan: ShardingPlan | None = None
         self.plan_report: PlannerReport | None = None  # the planner's report when this strategy planned
 
@@ -325,11 +345,18 @@ class RecStrategy(DDPStrategy):
                 f"got {storage_options!r}"
             )
         training = "optimizer_states" in checkpoint
+        unlisted = self._unlisted_fused_optimizers() if training else []
+        if unlisted:  # saved after the trainer's own, counted so a load knows they are there
+            checkpoint = {
+                **checkpoint,
+                "optimizer_states": [*checkpoint["optimizer_states"], *(o.state_dict() for o in unlisted)],
+                _UNLISTED_FUSED: len(unlisted),
+            }
         save_sharded_checkpoint(
             filepath,
             checkpoint,
             self._connected_module(),
-            self.optimizers if training else (),
+            [*self.optimizers, *unlisted] if training else (),
             [c.scheduler for c in self.lr_scheduler_configs] if "lr_schedulers" in checkpoint else (),
         )
 
@@ -341,10 +368,28 @@ class RecStrategy(DDPStrategy):
 
         lightrec's files are always read with ``weights_only=True`` (they never need code); a plain
         file is read with ``weights_only=True`` unless the caller passes ``weights_only=False``.
+
+        The loop counters are fixed for any ``LightningModule`` before Lightning restores its loops
+        (``lightrec.lightning.loop_state``): a checkpoint of a finished epoch resumes into the next
+        epoch, one written after ``max_steps`` cut an epoch resumes into the rest of that epoch.
         """
+        checkpoint = self._read_checkpoint(checkpoint_path, weights_only)
+        if fix_resume_counters(checkpoint) is not None:
+            self._resumed_logging_step = logging_step_of(checkpoint)
+        return checkpoint
+
+    @override
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        super().on_train_batch_start(batch, batch_idx)
+        module = self.lightning_module
+        if self._resumed_logging_step is not None and module is not None:  # see lightrec.lightning.loop_state
+            set_logging_step(module.trainer, self._resumed_logging_step)
+            self._resumed_logging_step = None
+
+    def _read_checkpoint(self, checkpoint_path: str | os.PathLike, weights_only: bool | None) -> dict[str, Any]:
         if is_sharded_checkpoint(checkpoint_path):  # an incomplete or damaged folder raises, naming the file
             source = open_checkpoint(checkpoint_path)
-            return load_sharded_checkpoint(source, self._connected_module(), self.optimizers)
+            return load_sharded_checkpoint(source, self._connected_module(), self._optimizers_of(source))
         try:
             source = open_checkpoint(checkpoint_path)  # a consolidated file, read once
         except UnsafeCheckpointError:
@@ -353,7 +398,42 @@ class RecStrategy(DDPStrategy):
             return super().load_checkpoint(os.fspath(checkpoint_path), weights_only=False)
         except ForeignCheckpointError:  # any other readable file: a plain Lightning checkpoint
             return super().load_checkpoint(os.fspath(checkpoint_path), weights_only=weights_only is not False)
-        return load_sharded_checkpoint(source, self._connected_module(), self.optimizers)
+        return load_sharded_checkpoint(source, self._connected_module(), self._optimizers_of(source))
+
+    # A plain LightningModule (not a RecModule) rarely puts the sharded tables' fused optimizers into
+    # configure_optimizers: their state (row-wise Adagrad accumulators, Adam moments) was then neither
+    # saved nor restored, and a resumed run's embedding updates differed from an uninterrupted run's.
+    def _unlisted_fused_optimizers(self) -> list[KeyedOptimizer]:
+        """The sharded model's fused embedding optimizers that none of the trainer's optimizers holds."""
+        if self.dmp is None:
+            return []
+        listed: set[int] = set()
+        stack: list[Any] = list(self.optimizers)
+        while stack:
+            opt = stack.pop()
+            listed.add(id(opt))
+            if isinstance(opt, CombinedOptimizer):
+                stack.extend(child for _, child in opt.optimizers)
+        return [opt for _, opt in self.dmp.fused_optimizer.optimizers if id(opt) not in listed]
+
+    def _optimizers_of(self, source: CheckpointSource) -> list[Optimizer]:
+        """The live optimizers a checkpoint's optimizer states are for: the trainer's, then the fused
+        optimizers it saved for a module that does not list them (when the live run has the same)."""
+        unlisted = self._unlisted_fused_optimizers() if self.optimizers else []
+        if not unlisted or source.meta.get(_UNLISTED_FUSED) != len(unlisted):
+            return list(self.optimizers)
+        return [*self.optimizers, *unlisted]
+
+    @override
+    def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
+        """Lightning's restore of the trainer's optimizers, then of the fused optimizers a module
+        that does not list them had saved (see ``save_checkpoint``)."""
+        super().load_optimizer_state_dict(checkpoint)
+        unlisted = self._unlisted_fused_optimizers()
+        states = checkpoint.get("optimizer_states", [])[len(self.optimizers) :]
+        if checkpoint.get(_UNLISTED_FUSED) == len(unlisted) == len(states):
+            for opt, state in zip(unlisted, states, strict=True):
+                opt.load_state_dict(state)
 
     @override
     def teardown(self) -> None:

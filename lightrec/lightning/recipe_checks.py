@@ -5,7 +5,9 @@ the way the recipe's ``LightningCLI`` will, builds the model and DataModule (che
 read, no table is allocated), and checks what would otherwise fail only on every rank, after
 the processes started: config files, keys (with the nearest valid key, "did you mean"), values
 (the classes' own typed errors), ``--ckpt_path``, and whether the data is there
-(``DataModule.check_data()``, which names the download URL). A problem raises
+(``DataModule.check_data()``, which names the download URL), then what needs the built model, data and
+checkpoint (:mod:`lightrec.lightning.recipe_preflight`: accelerator, kind of data, batches per rank, the
+checkpoint of ``--ckpt_path`` against the recipe and its ``--model.*`` options). A problem raises
 :class:`RecipeArgumentError` with a one-line message, which ``run_recipe`` prints before exiting
 with code 2. It also warns when more CPU processes are asked for than the machine has cores.
 
@@ -31,7 +33,9 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.cli import LightningCLI
 
-__all__ = ["CHECKED_ENV", "RecipeArgumentError", "RequestedDevices", "check_recipe_args", "nearest"]
+from lightrec.lightning.recipe_preflight import check_built_run
+
+__all__ = ["CHECKED_ENV", "RecipeArgumentError", "RequestedDevices", "check_recipe_args", "condense_error", "nearest"]
 
 CHECKED_ENV = "LIGHTREC_ARGS_CHECKED"
 """Set to ``1`` in the environment of the rank processes of a checked command line."""
@@ -50,6 +54,7 @@ class RequestedDevices:
 
     devices: Any
     accelerator: str
+    notes: tuple[str, ...] = ()  # warnings to print before the run starts
 
 
 def nearest(word: str, choices: list[str]) -> str:
@@ -104,9 +109,10 @@ def _check_config_files(args: list[str], configs_dir: Path) -> None:
             )
 
 
-def _condense(message: str) -> str:
-    """jsonargparse's multi-line union error -> ``key: reason`` on one line."""
+def condense_error(message: str) -> str:
+    """jsonargparse's multi-line union error -> ``key: reason`` on one line (the class's own message kept)."""
     key = re.search(r'Parser key "([^"]+)"', message)
+    given = re.search(r"^\s*Given value: (.+)$", message, re.MULTILINE)
     reasons = []
     for line in message.splitlines():
         text = line.strip().removeprefix("- ").strip()
@@ -118,6 +124,9 @@ def _condense(message: str) -> str:
             continue
         reasons.append(text)
     reason = "; ".join(dict.fromkeys(reasons)) or message.strip().splitlines()[0]
+    value = given.group(1).strip() if given else ""
+    if value and "Got value" not in reason and value not in reason and not value.startswith("Namespace("):
+        reason += f", got {value!r}"  # "Expected a <class 'int'>" alone hid what was typed
     return f"--{key.group(1)}: {reason}" if key else reason
 
 
@@ -213,7 +222,7 @@ def check_recipe_args(
         with _quiet():
             cli = _build(cli_class, model_class, body)
     except Exception as exc:  # the parser's and the classes' own errors, named and condensed
-        message = _condense(str(exc))
+        message = condense_error(str(exc))
         hint = ""
         try:
             with _quiet():
@@ -228,8 +237,9 @@ def check_recipe_args(
             check_data()
         except FileNotFoundError as exc:
             raise RecipeArgumentError(str(exc)) from exc
+    notes = check_built_run(cli, body, ckpt, RecipeArgumentError)  # accelerator, data kind, batches per rank, resume
     trainer = cli.config.get("trainer", {})
-    return RequestedDevices(trainer.get("devices", "auto"), str(trainer.get("accelerator", "auto")))
+    return RequestedDevices(trainer.get("devices", "auto"), str(trainer.get("accelerator", "auto")), tuple(notes))
 
 
 def warn_if_devices_exceed_cores(requested: RequestedDevices) -> str | None:

@@ -182,12 +182,31 @@ class RecipeCLI(LightningCLI):
         options = section.get("recipe")
         return options if isinstance(options, RecipeOptions) else RecipeOptions()
 
+    def before_fit(self) -> None:
+        ckpt = self._subcommand_value("ckpt_path")
+        if ckpt and self.trainer.is_global_zero:
+            print(resume_note(str(ckpt), self.trainer), flush=True)
+
+    def _subcommand_value(self, key: str) -> Any:
+        section = self.config[self.subcommand] if self.subcommand else self.config
+        return section.get(key)
+
     def after_fit(self) -> None:
         options = self._options()
         if options.test_after_fit and not self.trainer.interrupted:
             self.trainer.test(self.model, datamodule=self.datamodule, verbose=False)
         if self.trainer.is_global_zero:
             print(summarize(self.trainer, self.datamodule, tested=options.test_after_fit), flush=True)
+
+
+def resume_note(ckpt_path: str, trainer: pl.Trainer) -> str:
+    """One line for a resumed run: where it resumes from and where its logs and checkpoints go."""
+    where = [getattr(trainer.logger, "log_dir", None) if trainer.logger is not None else None]
+    ckpt = trainer.checkpoint_callback
+    where.append(getattr(ckpt, "dirpath", None) if ckpt is not None else None)
+    shown = [w for w in where if w]
+    target = f"; this run writes to {shown[0]}" if shown else ""
+    return f"Resuming from {ckpt_path}{target} (a new version folder: the checkpoint's own stays as it is)"
 
 
 def _callbacks(trainer: pl.Trainer) -> list[pl.Callback]:
@@ -303,11 +322,16 @@ def run_recipe(
             raise SystemExit(USAGE_ERROR) from None
         if requested is not None:
             print_warning(warn_if_devices_exceed_cores(requested))
+            for note in requested.notes:
+                print_warning(note)
         os.environ[CHECKED_ENV] = "1"
     try:
         with warnings.catch_warnings():
             # `lightrec run` passes the recipe's arguments explicitly while sys.argv holds its own.
             warnings.filterwarnings("ignore", message=".*args parameter is intended to run from within Python.*")
+            # A resumed run logs into a new version folder: ModelCheckpoint's "The dirpath has changed
+            # ... won't be reloaded" is expected and nothing to act on; before_fit says where it goes.
+            warnings.filterwarnings("ignore", message=r"The dirpath has changed from", module=r"lightning\.")
             return RecipeCLI(
                 module_class,
                 pl.LightningDataModule,

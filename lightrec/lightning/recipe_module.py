@@ -122,6 +122,28 @@ class RecipeModule(RecModule):
     def table_configs(self) -> list[EmbeddingBagConfig]:
         return table_configs_from_specs(self.tables, self.embedding_dim, type(self).__name__)
 
+    def check_datamodule(self, datamodule: Any) -> None:
+        """Raise ``ValueError`` naming the fix when ``datamodule`` is the wrong kind of data for this
+        recipe. ``lightrec run`` calls it before any rank starts, and ``configure_model`` before the
+        tables are sized; recipes extend it.
+
+        Here: tables given explicitly (``--model.tables``) must read features the data has (they
+        failed at the first batch, on every rank, with the collection's missing-feature error). The
+        data's features come from its ``table_configs``: free for the synthetic and Criteo data, a read
+        of the ratings for real MovieLens -- done only when tables were given.
+        """
+        if not self.tables or not callable(getattr(datamodule, "table_configs", None)):
+            return
+        available = list(dict.fromkeys(f for spec in table_specs_of(datamodule) for f in spec["feature_names"]))
+        for spec in self.tables:
+            missing = [f for f in spec.get("feature_names", []) if f not in available]
+            if missing:
+                raise ValueError(
+                    f"table {spec.get('name')!r} of --model.tables reads features {missing} that "
+                    f"{type(datamodule).__name__} does not have; its features are {available} (leave "
+                    "model.tables out to size the tables from the data)"
+                )
+
     def size_tables_from(self, datamodule: Any) -> None:
         """Take the tables from ``datamodule`` (``table_specs_of``) unless they are set already.
 
@@ -135,6 +157,8 @@ class RecipeModule(RecModule):
     def configure_model(self) -> None:
         """Size the tables from the trainer's DataModule (its data is prepared by now), then build."""
         datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
-        if self.model is None and not self.tables and datamodule is not None:
-            self.size_tables_from(datamodule)
+        if self.model is None and datamodule is not None:
+            self.check_datamodule(datamodule)
+            if not self.tables:
+                self.size_tables_from(datamodule)
         super().configure_model()

@@ -106,4 +106,6 @@ class SparseArch(nn.Module):
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
         """``KJT (stride B) -> [B, F, D]``."""
         pooled = self.embedding_bag_collection(features)
+        if isinstance(pooled, tuple):  # a managed-collision collection: (embeddings, remapped KJT or None)
+            pooled = pooled[0]
         return _stack_pooled(pooled, self._feature_names, self._embedding_dim)

@@ -102,6 +102,8 @@ class TwoTower(nn.Module):
     def forward(self, kjt: KeyedJaggedTensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``KJT -> (query [B, E], candidate [B, E])``."""
         pooled = self.ebc(kjt)
+        if isinstance(pooled, tuple):  # a managed-collision collection: (embeddings, remapped KJT or None)
+            pooled = pooled[0]
         query_in, candidate_in = _split_towers(pooled, self._query_names, self._candidate_names)
         query = self.query_proj(query_in)
         candidate = self.candidate_proj(candidate_in)

@@ -18,11 +18,20 @@ class DenseShapeError(ValueError):
 
 
 def check_matrix(name: str, x: torch.Tensor, width: int) -> None:
-    """Raise ``DenseShapeError`` unless ``x`` is ``[B, width]``."""
+    """Raise ``DenseShapeError`` unless ``x`` is a floating-point ``[B, width]``.
+
+    An integer input (dense features read as int64, a label tensor passed by mistake) used to
+    fail inside the first matmul ("mat1 and mat2 must have the same dtype"), naming no argument.
+    """
     if x.dim() != 2 or x.shape[1] != width:
         raise DenseShapeError(
             name + " must have shape [batch_size, " + str(width) + "], got " + str(list(x.shape))
             + "; check the in_features the module was built with"
+        )
+    if not x.is_floating_point():
+        raise DenseShapeError(
+            name + " must be a floating-point tensor (like the module's weights, e.g. float32), got dtype "
+            + str(x.dtype) + "; convert it with .float() (dense features are continuous values)"
         )
 
 

@@ -22,8 +22,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.fx._symbolic_trace import is_fx_symbolic_tracing as is_fx_tracing
 
+from lightrec._compat import is_fx_symbolic_tracing as is_fx_tracing
 from lightrec.modules.embedding_configs import (
     BaseEmbeddingConfig,
     EmbeddingBagConfig,
@@ -116,7 +116,7 @@ def ids_per_table(
     """
     if not torch.jit.is_scripting():  # TorchScript skips this branch; it cannot compile set logic
         if not is_fx_tracing():
-            check_collection_input(features, feature_order, where)
+            check_collection_input(features, feature_order, where, weighted=is_weighted)
             if is_weighted and features.weights_or_none() is None:
                 raise ValueError(
                     f"{where}(is_weighted=True) needs per-id weights, but the KeyedJaggedTensor has "

@@ -7,10 +7,11 @@ check becomes one graph node instead of failing on proxies).
 Two kinds of checks live here, on purpose in one file:
 
 * **Protective checks, always on**: ids outside a table (``EmbeddingIdError``), a batch missing a
-  feature the collection reads, duplicated KJT keys, ids or lengths that are not int32/int64 and
-  values beyond the last feature's lengths (``check_collection_input``: dtypes only, and one sum of the
-  host-side ``length_per_key``), inconsistent jagged lengths (``validate``). These catch input that
-  would give wrong numbers or crash a kernel, also in torchrec's lenient mode.
+  feature the collection reads, duplicated KJT keys, ids or lengths that are not int32/int64, parts
+  whose sizes disagree, negative lengths, NaN weights and values beyond the last feature's lengths
+  (``check_collection_input``: dtypes and sizes, one sum of the host-side ``length_per_key``, and
+  on the host one pass over the lengths and weights), inconsistent jagged lengths (``validate``).
+  These catch input that would give wrong numbers or crash a kernel, also in torchrec's lenient mode.
 * **Strict checks, off by default** (torchrec's behaviour): a KJT carrying keys the collection does
   not read (models with several collections fed from one KJT rely on them being ignored), a
   feature read by several tables, a collection with ``tables=[]``. Turn them on for a process with
@@ -25,7 +26,7 @@ import torch
 
 from lightrec.sparse.jagged import SparseValueError
 from lightrec.sparse.keyed_jagged_tensor import KeyedJaggedTensor
-from lightrec.sparse.kjt_checks import check_id_dtypes
+from lightrec.sparse.kjt_checks import check_id_dtypes, check_layout_sizes, check_lengths_and_weights
 
 __all__ = [
     "BOUNDS_CHECK_MODES",
@@ -113,28 +114,50 @@ def check_feature_keys(given: List[str], expected: List[str], where: str) -> Non
     )
 
 
-def check_collection_input(features: KeyedJaggedTensor, expected: List[str], where: str) -> None:
+def check_collection_input(
+    features: KeyedJaggedTensor, expected: List[str], where: str, weighted: bool = False
+) -> None:
     """Every collection's input check: the keys (``check_feature_keys``) and what is never lenient.
 
     Always on, whatever ``set_strict_checks`` says, because each case would otherwise be silently
-    wrong: ids or lengths that are not int32/int64 (a float id is not a row), and values beyond the
-    last feature's lengths (the lookup would drop them). Cheap by design: dtypes are host metadata,
-    and the surplus check sums the KJT's ``length_per_key``, which the lookup computes anyway; it is
-    skipped (not forced) for an accelerator KJT whose per-key sizes are not yet on the host, so it
-    adds no device sync to the sharded input path.
+    wrong or fail deep inside a kernel with a message that names no feature:
+
+    * ids or lengths that are not int32/int64 (a float id is not a row);
+    * parts whose sizes disagree: values or lengths that are not 1-D, weights that are not one per
+      id, lengths not ``batch_size`` per key, a ``stride`` that disagrees with the lengths;
+    * a negative length, and (for a collection that reads weights, ``weighted``) a NaN or
+      infinite weight;
+    * values beyond the last feature's lengths (the lookup would drop them).
+
+    Cheap by design: dtypes and sizes are host metadata; the surplus check sums the KJT's
+    ``length_per_key``, which the lookup computes anyway. The two checks that read the data (a
+    negative length, a non-finite weight) run here only for a KJT on the host, where they cost a
+    pass over the lengths (and weights) and no device sync; on an accelerator the lookup kernels'
+    own id check (one host read the lookup does anyway, ``lightrec.kernels.input_checks``) finds
+    them. The surplus check is skipped (not forced) for an accelerator KJT whose per-key sizes are
+    not yet on the host, so it adds no device sync to the sharded input path.
 
     Args:
         features: the batch the collection was called with.
         expected: the collection's feature names.
         where: the collection, for the message.
+        weighted: whether the collection reads the KJT's per-id weights (``is_weighted``).
     """
     check_feature_keys(features.keys(), expected, where)
-    keys, values = features.keys(), features.values()
-    check_id_dtypes(keys, values, features.lengths())
+    keys, values, lengths = features.keys(), features.values(), features.lengths()
+    if not keys:
+        return
+    check_id_dtypes(keys, values, lengths)
+    variable = features.variable_stride_per_key()
+    strides = features.stride_per_key_per_rank() if variable else None
+    check_layout_sizes(keys, values, features.weights_or_none(), lengths, None if variable else features.stride(), strides)
+    if values.device.type == "cpu" and not torch.compiler.is_compiling():
+        weights = features.weights_or_none() if weighted else None
+        check_lengths_and_weights(keys, lengths, weights, features.stride_per_key() if variable else None)
     per_key = features.length_per_key_or_none()
     if per_key is None and values.device.type == "cpu":
         per_key = features.length_per_key()  # cached on the KJT: the lookup reuses it
-    if per_key is None or not keys:
+    if per_key is None:
         return
     total = sum(per_key)
     if torch.compiler.is_compiling():
@@ -207,7 +230,20 @@ def check_ids(
                 f"an id of features {features} is outside [0, {num_embeddings}) of table '{table}'",
             )
             return values
-    if bool(bad.any()):
+    if values.device.type != "cpu" and lengths.numel() > 0:
+        # On an accelerator check_collection_input does not read the lengths (a device sync): a
+        # negative one is found here, in the host read this check makes anyway.
+        flags = torch.stack([bad.any(), (lengths < 0).any()]).cpu()
+        if bool(flags[1]):
+            bag = int(torch.nonzero(lengths < 0)[0, 0])
+            raise SparseValueError(
+                f"feature '{features[bag // max(stride, 1)]}' has a negative length: {int(lengths[bag])} ids for "
+                f"sample {bag % max(stride, 1)}; a length counts the ids of one sample and must be non-negative"
+            )
+        any_bad = bool(flags[0])
+    else:
+        any_bad = bool(bad.any())
+    if any_bad:
         position = int(torch.nonzero(bad)[0, 0])
         feature, sample = _locate(lengths, position, stride)
         raise EmbeddingIdError(

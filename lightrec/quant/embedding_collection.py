@@ -24,8 +24,8 @@ from typing import Dict, List
 
 import torch
 from torch import nn
-from torch.fx._symbolic_trace import is_fx_symbolic_tracing as is_fx_tracing
 
+from lightrec._compat import is_fx_symbolic_tracing as is_fx_tracing
 from lightrec.modules.embedding_configs import DataType, EmbeddingConfig
 from lightrec.modules.embedding_modules import embedding_names_by_table
 from lightrec.modules.feature_checks import apply_bounds_check, check_collection_input

@@ -20,14 +20,18 @@ from typing import Any, List, Optional
 
 import torch
 from torch import nn
-from torch.fx._symbolic_trace import is_fx_symbolic_tracing as is_fx_tracing
 
+from lightrec._compat import is_fx_symbolic_tracing as is_fx_tracing
 from lightrec.modules.embedding_configs import DataType, EmbeddingBagConfig, PoolingType
 from lightrec.modules.embedding_modules import embedding_names_by_table, ids_per_table
 from lightrec.modules.feature_checks import check_collection_input
 from lightrec.quant.collection_base import QuantCollectionBase, QuantTable
 from lightrec.quant.embedding_collection import QuantEmbeddingCollection
 from lightrec.quant.host_memory import allocate_host_buffer
+from lightrec.quant.mc_embedding_modules import (  # torchrec's path for them (re-exported)
+    QuantManagedCollisionEmbeddingBagCollection,
+    QuantManagedCollisionEmbeddingCollection,
+)
 from lightrec.quant.row_codec import DEFAULT_ROW_ALIGNMENT, row_size_in_bytes, sparse_type_code
 from lightrec.quant.table_groups import (
     StoredTableLayout,
@@ -37,7 +41,14 @@ from lightrec.quant.table_groups import (
 )
 from lightrec.sparse import KeyedJaggedTensor, KeyedTensor
 
-__all__ = ["EmbeddingBagCollection", "EmbeddingCollection", "QuantEmbeddingBagCollection", "QuantEmbeddingCollection"]
+__all__ = [
+    "EmbeddingBagCollection",
+    "EmbeddingCollection",
+    "QuantEmbeddingBagCollection",
+    "QuantEmbeddingCollection",
+    "QuantManagedCollisionEmbeddingBagCollection",
+    "QuantManagedCollisionEmbeddingCollection",
+]
 
 # one graph node under torch.fx (torch.fx.wrap patches the calling module's globals, i.e. this one's)
 torch.fx.wrap("check_ids_by_table")
@@ -136,7 +147,9 @@ class QuantEmbeddingBagCollection(QuantCollectionBase):
             # ids are looked up as they come: check them with one min/max per run of equal-sized tables
             if not torch.jit.is_scripting():  # TorchScript skips this branch; it cannot compile set logic
                 if not is_fx_tracing():
-                    check_collection_input(features, self._feature_order, "QuantEmbeddingBagCollection")
+                    check_collection_input(
+                        features, self._feature_order, "QuantEmbeddingBagCollection", weighted=self._is_weighted
+                    )
                     if self._is_weighted and features.weights_or_none() is None:
                         raise ValueError(
                             "QuantEmbeddingBagCollection(is_weighted=True) needs per-id weights, but the "

@@ -21,8 +21,8 @@ from typing import List, Optional, Tuple
 
 import torch
 from torch import nn
-from torch.fx._symbolic_trace import is_fx_symbolic_tracing as is_fx_tracing
 
+from lightrec._compat import is_fx_symbolic_tracing as is_fx_tracing
 from lightrec._fbgemm import fbgemm_available
 from lightrec.modules.embedding_configs import DataType, EmbeddingBagConfig, PoolingType
 from lightrec.modules.feature_checks import check_collection_input

@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional
 import torch
 from torch.fx import ProxyableClassMeta
 
+from lightrec._compat import proxyable_call
 from lightrec.sparse._ops import complete_cumsum
 
 __all__ = ["JaggedTensor", "JaggedTensorMeta", "SparseValueError"]
@@ -38,6 +39,9 @@ class JaggedTensorMeta(ProxyableClassMeta):
     never goes through a metaclass, so the scripted ``__init__`` keeps strict tensor types.
     ``validate=True`` is handled here too (TorchScript constructors take no defaulted flags), so
     eager construction can check its input while scripted inference code stays check-free.
+    Construction goes through :func:`lightrec._compat.proxyable_call`, which asks torch whether fx is
+    tracing with the non-deprecated ``is_fx_symbolic_tracing`` (``ProxyableClassMeta`` itself calls
+    the deprecated ``is_fx_tracing``, which logs a warning in every process).
     """
 
     def __call__(cls, *args: Any, validate: bool = False, **kwargs: Any) -> Any:
@@ -51,7 +55,7 @@ class JaggedTensorMeta(ProxyableClassMeta):
         strides = kwargs.get("stride_per_key_per_rank")
         if isinstance(strides, torch.Tensor):
             kwargs["stride_per_key_per_rank"] = strides.tolist()
-        instance = super().__call__(*args, **kwargs)
+        instance = proxyable_call(cls, args, kwargs)
         if validate:
             instance.validate()
         return instance

@@ -166,18 +166,22 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         return kjt.sync()
 
     @staticmethod
-    def from_jt_dict(jt_dict: Dict[str, JaggedTensor]) -> "KeyedJaggedTensor":
+    def from_jt_dict(jt_dict: Dict[str, JaggedTensor], variable_batch: bool = False) -> "KeyedJaggedTensor":
         """Stack ``{key: JaggedTensor}`` in the dict's key order.
 
-        JaggedTensors of different batch sizes give a variable-batch KJT (``stride_per_key_per_rank``
-        ``[[B_k]]``), as in torchrec. Either every JaggedTensor has weights or none does.
+        As torchrec documents, every JaggedTensor must have the same batch size (one length per
+        sample, also for samples without ids): JaggedTensors of different batch sizes raise
+        ``SparseValueError`` naming them, unless ``variable_batch=True`` asks for a variable-batch
+        KJT (``stride_per_key_per_rank`` ``[[B_k]]``, torchrec's VBE input). Either every
+        JaggedTensor has weights or none does.
         """
         keys = list(jt_dict.keys())
         if len(keys) == 0:
             return KeyedJaggedTensor.empty()
         jts = [jt_dict[k] for k in keys]
         values, weights, lengths, stride, stride_per_key_per_rank = kjt_transforms.stack_features(
-            keys, [jt.values() for jt in jts], [jt.weights_or_none() for jt in jts], [jt.lengths() for jt in jts]
+            keys, [jt.values() for jt in jts], [jt.weights_or_none() for jt in jts], [jt.lengths() for jt in jts],
+            variable_batch,
         )
         return KeyedJaggedTensor._build(keys, values, weights, lengths, stride, stride_per_key_per_rank, None, None)
 

@@ -14,9 +14,14 @@ from typing import Dict, List, Optional
 
 import torch
 
-from lightrec.sparse.jagged import JaggedTensorMeta
+from lightrec.sparse.jagged import JaggedTensorMeta, SparseValueError
 
 __all__ = ["KeyedTensor"]
+
+
+@torch.jit.unused
+def _raise(message: str) -> None:
+    raise SparseValueError(message)
 
 
 def _cumsum(xs: List[int]) -> List[int]:
@@ -49,6 +54,13 @@ class KeyedTensor(metaclass=JaggedTensorMeta):
             raise ValueError(
                 "KeyedTensor needs one length per key, got " + str(len(keys)) + " keys and "
                 + str(len(length_per_key)) + " lengths"
+            )
+        if key_dim >= values.dim() or sum(length_per_key) != values.size(key_dim):
+            _raise(
+                "KeyedTensor length_per_key " + str(length_per_key) + " of keys " + str(keys) + " sums to "
+                + str(sum(length_per_key)) + " but values has shape " + str(list(values.shape)) + " (key_dim="
+                + str(key_dim) + "): the widths of the keys' blocks must add up to values.size(key_dim); give "
+                "each key the width of its block"
             )
         self._keys: List[str] = keys
         self._length_per_key: List[int] = length_per_key

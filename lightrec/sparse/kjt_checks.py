@@ -1,10 +1,18 @@
 """``KeyedJaggedTensor.validate``: the layout checks, on the KJT's parts (no KJT import, no circle).
 
-A KJT is consistent when its keys are unique, its lengths hold one entry per (key, sample) --
-``stride`` per key, or ``sum(stride_per_key_per_rank[k])`` for key ``k`` of a variable-batch KJT --,
-ids and lengths are int32/int64, the lengths are non-negative (the feature is named) and count
-every value once (surplus values are named, never dropped), the offsets are their running sum and
-there is one weight per value (:func:`lightrec.sparse.jagged._check_lengths_offsets`).
+A KJT is consistent when its keys are unique, its values (and weights) are 1-D, its lengths hold one
+entry per (key, sample) -- ``stride`` per key, or ``sum(stride_per_key_per_rank[k])`` for key ``k``
+of a variable-batch KJT --, ids and lengths are int32/int64, the lengths are non-negative (the
+feature, sample and value are named) and count every value once (surplus values are named, never
+dropped), the offsets are their running sum and there is one finite weight per value.
+
+The checks come in two costs, used separately by the collections' always-on input check
+(``lightrec.modules.feature_checks.check_collection_input``):
+
+* :func:`check_layout_sizes` and :func:`check_id_dtypes` read host metadata only (shapes, dtypes,
+  the stride): free, on every call and every device;
+* :func:`check_lengths_and_weights` reads the data (one host read): negative lengths and
+  non-finite weights. Free of device syncs only where the tensors are on the host.
 """
 
 from typing import List, Optional, Tuple
@@ -13,7 +21,7 @@ import torch
 
 from lightrec.sparse.jagged import SparseValueError, _check_lengths_offsets
 
-__all__ = ["check_id_dtypes", "validate_kjt_layout"]
+__all__ = ["check_id_dtypes", "check_layout_sizes", "check_lengths_and_weights", "validate_kjt_layout"]
 
 
 @torch.jit.unused
@@ -37,21 +45,128 @@ def validate_kjt_layout(
                 f"KeyedJaggedTensor has no keys but {lengths.numel()} lengths and {values.numel()} values"
             )
         return
+    check_layout_sizes(keys, values, weights, lengths, stride, stride_per_key_per_rank)
+    check_id_dtypes(keys, values, lengths)
+    strides = [sum(per_rank) for per_rank in stride_per_key_per_rank] if stride_per_key_per_rank is not None else None
+    check_lengths_and_weights(keys, lengths, weights, strides)
+    _check_surplus(keys, values, lengths)
+    _check_inverse_indices(keys, inverse_indices)
+    _check_lengths_offsets(values, weights, lengths, offsets, "KeyedJaggedTensor")
+
+
+@torch.jit.unused
+def check_layout_sizes(
+    keys: List[str],
+    values: torch.Tensor,
+    weights: Optional[torch.Tensor],
+    lengths: torch.Tensor,
+    stride: Optional[int],
+    stride_per_key_per_rank: Optional[List[List[int]]],
+) -> None:
+    """The sizes of a KJT's parts agree: host metadata only (no device read), so free on every call.
+
+    ``values`` and ``lengths`` are 1-D, ``weights`` (if any) holds one entry per value, and
+    ``lengths`` holds ``B`` entries per key (``sum(stride_per_key_per_rank[k])`` for key ``k`` of a
+    variable-batch KJT), ``B`` being ``stride`` when the KJT was given one.
+
+    Args:
+        keys: ``[F]`` feature names, at least one.
+        values / weights / lengths: the KJT's tensors.
+        stride: the batch size the KJT was built with (None: inferred, so consistent by definition).
+        stride_per_key_per_rank: ``[F][R]`` of a variable-batch KJT, else None.
+    """
+    if values.dim() != 1:
+        raise SparseValueError(
+            f"KeyedJaggedTensor values of features {keys} must be 1-D (one id per entry, key-major), got shape "
+            f"{list(values.shape)}; flatten them (values.reshape(-1)) and give one length per (feature, sample)"
+        )
+    if lengths.dim() != 1:
+        raise SparseValueError(
+            f"KeyedJaggedTensor lengths of features {keys} must be 1-D ([len(keys) * batch_size], key-major), "
+            f"got shape {list(lengths.shape)}; flatten them"
+        )
+    if weights is not None and (weights.dim() != 1 or weights.numel() != values.numel()):
+        raise SparseValueError(
+            f"KeyedJaggedTensor weights of features {keys} has {weights.numel()} entries (shape "
+            f"{list(weights.shape)}) but values has {values.numel()}: give one weight per id, or weights=None"
+        )
     if stride_per_key_per_rank is not None:
-        _check_variable_batch(keys, lengths, stride_per_key_per_rank, inverse_indices)
-    elif lengths.numel() % len(keys) != 0:
+        if len(stride_per_key_per_rank) != len(keys):
+            raise SparseValueError(
+                f"stride_per_key_per_rank has {len(stride_per_key_per_rank)} rows for {len(keys)} keys {keys}; "
+                "give one per key"
+            )
+        samples = sum(sum(per_rank) for per_rank in stride_per_key_per_rank)
+        if samples != lengths.numel():
+            raise SparseValueError(
+                f"stride_per_key_per_rank {stride_per_key_per_rank} counts {samples} samples but there are "
+                f"{lengths.numel()} lengths; key k needs sum(stride_per_key_per_rank[k]) lengths"
+            )
+        return
+    if lengths.numel() % len(keys) != 0:
         raise SparseValueError(
             f"KeyedJaggedTensor has {lengths.numel()} lengths, not divisible by its {len(keys)} keys {keys}; "
-            "lengths must hold batch_size entries per key"
+            "lengths must hold batch_size entries per key (key-major: all of the first key's samples, then the "
+            "next key's)"
         )
-    elif stride is not None and stride * len(keys) != lengths.numel():
+    if stride is not None and stride * len(keys) != lengths.numel():
         raise SparseValueError(
-            f"KeyedJaggedTensor stride={stride} with {len(keys)} keys needs {stride * len(keys)} "
-            f"lengths, got {lengths.numel()}"
+            f"KeyedJaggedTensor stride={stride} (the batch size) with {len(keys)} keys {keys} needs "
+            f"{stride * len(keys)} lengths, got {lengths.numel()} (a batch of {lengths.numel() // len(keys)}); "
+            "pass the batch's real size as stride, or leave stride out to infer it from the lengths"
         )
-    check_id_dtypes(keys, values, lengths)
-    _check_per_feature_counts(keys, values, lengths, stride_per_key_per_rank)
-    _check_lengths_offsets(values, weights, lengths, offsets, "KeyedJaggedTensor")
+
+
+@torch.jit.unused
+def check_lengths_and_weights(
+    keys: List[str], lengths: torch.Tensor, weights: Optional[torch.Tensor], stride_per_key: Optional[List[int]]
+) -> None:
+    """No negative length, no NaN or infinite weight: reads the data (one host read each).
+
+    A negative length whose neighbours make the lengths still sum to the number of values used
+    to fail inside the lookup kernel; a NaN weight made every pooled output of its sample NaN.
+    Raises ``SparseValueError`` naming the feature, the sample and the value.
+
+    Args:
+        keys: ``[F]`` feature names, at least one; ``lengths`` is key-major.
+        lengths: ``[sum B_k]`` lengths (sizes already checked by :func:`check_layout_sizes`).
+        weights: ``[N]`` per-id weights, or None to skip the weight check.
+        stride_per_key: ``[F]`` batch size of each key of a variable-batch KJT, else None (equal batches).
+    """
+    # amin: one pass, no temporary (about 10x cheaper than (lengths < 0).any() on the host)
+    if lengths.numel() > 0 and int(lengths.amin()) < 0:
+        strides = stride_per_key if stride_per_key is not None else [lengths.numel() // len(keys)] * len(keys)
+        position = int(torch.nonzero(lengths < 0)[0, 0])
+        key, sample = _key_and_sample(keys, strides, position)
+        raise SparseValueError(
+            f"KeyedJaggedTensor feature {key!r} has a negative length: {int(lengths[position])} ids for sample "
+            f"{sample} (lengths[{position}]); a length counts the ids of one sample and must be non-negative. Fix how "
+            "the batch's lengths are built (the lengths of a feature are the sizes of its samples' id lists)"
+        )
+    if weights is None or weights.numel() == 0 or not weights.is_floating_point():
+        return
+    if bool(torch.isfinite(weights).all()):
+        return
+    strides = stride_per_key if stride_per_key is not None else [lengths.numel() // len(keys)] * len(keys)
+    bad = int(torch.nonzero(torch.logical_not(torch.isfinite(weights)))[0, 0])
+    ends = torch.cumsum(lengths.long(), 0)
+    bag = int(torch.searchsorted(ends, torch.tensor(bad, dtype=ends.dtype, device=ends.device), right=True))
+    key, sample = _key_and_sample(keys, strides, bag)
+    raise SparseValueError(
+        f"KeyedJaggedTensor feature {key!r} has a non-finite weight {float(weights[bad])} for sample {sample} "
+        f"(weights[{bad}]); per-id weights must be finite numbers (a NaN or infinite weight makes the pooled "
+        "embedding of the sample NaN). Replace or drop it where the weights are computed"
+    )
+
+
+def _key_and_sample(keys: List[str], strides: List[int], position: int) -> Tuple[str, int]:
+    """The key and sample of entry ``position`` of key-major ``lengths`` with ``strides[k]`` entries per key."""
+    start = 0
+    for key, stride in zip(keys, strides):
+        if position < start + stride:
+            return key, position - start
+        start += stride
+    return keys[-1], position - start
 
 
 _ID_DTYPES = (torch.int32, torch.int64)
@@ -70,21 +185,8 @@ def check_id_dtypes(keys: List[str], values: torch.Tensor, lengths: torch.Tensor
             )
 
 
-def _check_per_feature_counts(
-    keys: List[str], values: torch.Tensor, lengths: torch.Tensor, strides: Optional[List[List[int]]]
-) -> None:
-    """Name the feature whose lengths are negative, and the surplus of values beyond the lengths."""
-    if lengths.numel() > 0:
-        if strides is None:
-            per_key = list(lengths.reshape(len(keys), -1))
-        else:
-            per_key = list(torch.split(lengths, [sum(per_rank) for per_rank in strides]))
-        for key, key_lengths in zip(keys, per_key):
-            if bool((key_lengths < 0).any()):
-                raise SparseValueError(
-                    f"KeyedJaggedTensor feature {key!r} has a negative length (lengths must be "
-                    "non-negative: every sample needs a count >= 0 of ids)"
-                )
+def _check_surplus(keys: List[str], values: torch.Tensor, lengths: torch.Tensor) -> None:
+    """Name the surplus of values beyond the lengths (``_check_lengths_offsets`` catches a shortfall)."""
     total = int(lengths.sum()) if lengths.numel() > 0 else 0
     if total < values.size(0):
         raise SparseValueError(
@@ -94,22 +196,7 @@ def _check_per_feature_counts(
         )
 
 
-def _check_variable_batch(
-    keys: List[str],
-    lengths: torch.Tensor,
-    strides: List[List[int]],
-    inverse: Optional[Tuple[List[str], torch.Tensor]],
-) -> None:
-    if len(strides) != len(keys):
-        raise SparseValueError(
-            f"stride_per_key_per_rank has {len(strides)} rows for {len(keys)} keys {keys}; give one per key"
-        )
-    samples = sum(sum(per_rank) for per_rank in strides)
-    if samples != lengths.numel():
-        raise SparseValueError(
-            f"stride_per_key_per_rank {strides} counts {samples} samples but there are {lengths.numel()} "
-            "lengths; key k needs sum(stride_per_key_per_rank[k]) lengths"
-        )
+def _check_inverse_indices(keys: List[str], inverse: Optional[Tuple[List[str], torch.Tensor]]) -> None:
     if inverse is not None and (inverse[1].dim() != 2 or inverse[1].size(0) != len(inverse[0])):
         raise SparseValueError(
             f"inverse_indices must be (keys, [len(keys), B]), got {len(inverse[0])} keys and a tensor of "

@@ -41,16 +41,19 @@ def stack_features(
     values: List[torch.Tensor],
     weights: List[Optional[torch.Tensor]],
     lengths: List[torch.Tensor],
+    variable_batch: bool = False,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor, Optional[int], Optional[List[List[int]]]]:
     """One KJT's parts from the parts of one ``JaggedTensor`` per key (``from_jt_dict``).
 
-    Features of different batch sizes make a variable-batch KJT (``stride_per_key_per_rank``
-    ``[[B_k]]``), as in torchrec. Either every feature has weights or none has.
+    Features of different batch sizes are refused (``SparseValueError`` naming them), or, with
+    ``variable_batch``, make a variable-batch KJT (``stride_per_key_per_rank`` ``[[B_k]]``).
+    Either every feature has weights or none has.
 
     Args:
         keys: ``[F]`` feature names, at least one.
         values / weights / lengths: ``[F]`` lists of each feature's ``[N_k]`` ids, ``[N_k]``
             weights (or None) and ``[B_k]`` lengths.
+        variable_batch: accept different batch sizes (a variable-batch KJT).
 
     Returns:
         ``(values [N], weights [N] or None, lengths [sum B_k], stride or None,
@@ -61,6 +64,13 @@ def stack_features(
     stride_per_key_per_rank: Optional[List[List[int]]] = None
     for b in strides:
         if b != strides[0]:
+            if not variable_batch:
+                sizes = {k: n for k, n in zip(keys, strides)}
+                raise SparseValueError(
+                    f"from_jt_dict: the JaggedTensors have different batch sizes {sizes}; every feature needs one "
+                    "length per sample of the batch, 0 for a sample without ids. Pad the shorter ones with zero "
+                    "lengths, or pass variable_batch=True for a variable-batch KeyedJaggedTensor"
+                )
             stride = None
             stride_per_key_per_rank = [[b] for b in strides]
             break

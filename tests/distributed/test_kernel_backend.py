@@ -57,4 +57,4 @@ def test_bad_kernel_backend_is_rejected_by_sharders_and_strategy() -> None:
     with pytest.raises(ValueError, match="kernel_backend must be one of"):
         RecStrategy(kernel_backend="tbe")
     sharders = RecStrategy(kernel_backend="torch")._build_sharders()
-    assert [s.kernel_backend for s in sharders] == ["torch"] * 4  # EBC, EC, feature-processed EBC, fused EBC
+    assert [s.kernel_backend for s in sharders] == ["torch"] * 6  # EBC, EC, FP-EBC, fused EBC, MC EBC, MC EC

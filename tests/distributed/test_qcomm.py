@@ -42,7 +42,13 @@ def _wire_bytes(calls: list[torch.Tensor]) -> int:
 
 
 def _body(rank: int, world_size: int) -> dict:
+    import os
+
     import torch.distributed as dist
+
+    # The bytes are counted on gloo's wire; plain float32 exchanges of one host would otherwise go
+    # through the shared-memory transport (encoded ones never do: comm/pooled_all_to_all.py).
+    os.environ["LIGHTREC_SHM"] = "0"
 
     from lightrec.distributed import EmbeddingBagCollectionSharder, ShardingEnv
     from lightrec.distributed.comm import _primitives

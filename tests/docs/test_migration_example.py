@@ -96,14 +96,21 @@ def lightrec_imports(script: Path) -> list[tuple[str, list[str]]]:
 
 
 def check_torchrec_paths(script: Path) -> None:
-    """Every lightrec import of ``script`` is a torchrec path (and name) mirrored under lightrec."""
+    """Every lightrec import of ``script`` is a torchrec path (and name) mirrored under lightrec
+    (the tables of tests/test_torchrec_paths.py and, for managed collisions, of
+    tests/modules/test_mc_torchrec_paths.py)."""
+    from tests.modules.test_mc_torchrec_paths import MC_PATHS
     from tests.test_torchrec_paths import TORCHREC_PATHS
 
-    for module, names in lightrec_imports(script):
+    mirrored: dict[str, set[str]] = {}
+    for table in (TORCHREC_PATHS, MC_PATHS):
+        for path, names in table.items():
+            mirrored.setdefault(path, set()).update(names)
+    for module, imported in lightrec_imports(script):
         path = module.replace("lightrec", "torchrec", 1)
-        assert path in TORCHREC_PATHS, f"{script.name} imports {module}, which is not a mirrored torchrec path"
-        missing = [n for n in names if n not in TORCHREC_PATHS[path]]
-        assert not missing, f"{path} in TORCHREC_PATHS lacks {missing}"
+        assert path in mirrored, f"{script.name} imports {module}, which is not a mirrored torchrec path"
+        missing = [n for n in imported if n not in mirrored[path]]
+        assert not missing, f"{path} in TORCHREC_PATHS / MC_PATHS lacks {missing}"
 
 
 def test_migrated_script_imports_are_torchrec_paths() -> None:

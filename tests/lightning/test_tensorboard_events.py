@@ -105,6 +105,17 @@ def test_events_hold_loss_metrics_and_throughput(two_rank_run) -> None:  # noqa:
     assert 0.0 <= auc <= 1.0 and events.Scalars("val/ne")[-1].value > 0
 
 
+def test_the_run_metric_of_the_hparams_tab_is_the_validation_auc(two_rank_run) -> None:  # noqa: ANN001
+    """Issue 23: TensorBoard's HPARAMS tab showed Lightning's placeholder ``hp_metric = -1`` for every
+    run. RecModule logs the validation AUC as ``hp_metric`` at each validation, so the tab compares
+    runs by it (the placeholder stays as the value at step 0, before any validation)."""
+    _, events = two_rank_run
+    hp = events.Scalars("hp_metric")
+    auc = events.Scalars("val/auc")
+    assert [e.value for e in hp[1:]] == [e.value for e in auc] and [e.step for e in hp[1:]] == [e.step for e in auc]
+    assert hp[0].value == -1 and hp[0].step == 0  # Lightning's declaration of the metric when fitting starts
+
+
 def test_monitor_counts_global_samples_and_local_shards(two_rank_run) -> None:  # noqa: ANN001
     ranks, events = two_rank_run
     rate = events.Scalars("monitor/samples_per_sec")
@@ -246,3 +257,23 @@ def test_monitor_logs_cuda_memory_on_a_gpu(tmp_path) -> None:  # noqa: ANN001
     assert metrics["monitor/cuda_max_reserved_mib"] >= metrics["monitor/cuda_max_allocated_mib"]
     assert metrics["monitor/embedding_shard_mib"] == 0.0  # no embedding collection
     assert metrics["monitor/samples_per_sec"] > 0
+
+
+def test_a_test_after_fit_keeps_the_validation_auc_as_the_run_metric(tmp_path) -> None:  # noqa: ANN001
+    """Issue 23: the recipes test after fit with the same Trainer, and each stage's start wrote
+    Lightning's placeholder ``hp_metric = -1`` again, after the validation AUC. TensorBoard's HPARAMS
+    tab shows a run's last ``hp_metric``, so it showed -1. Once fitted, a RecModule stops the
+    placeholder: the last ``hp_metric`` is the validation AUC."""
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, max_epochs=1, num_sanity_val_steps=0, log_every_n_steps=1,
+        logger=pl.loggers.TensorBoardLogger(str(tmp_path), name="tb", version=0), enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    module, data = ToyDLRM(dense_optimizer="sgd", dense_lr=0.1), toy_data(batch_size=32, num_train_batches=2)
+    trainer.fit(module, datamodule=data)
+    trainer.test(module, datamodule=data)
+    events = _events(os.path.join(str(tmp_path), "tb", "version_0"))
+    hp = events.Scalars("hp_metric")
+    assert hp[-1].value == events.Scalars("val/auc")[-1].value != -1
+    assert [e.value for e in hp].count(-1) == 1  # the fit's declaration of the metric, at step 0
+    assert "test/auc" in events.Tags()["scalars"]

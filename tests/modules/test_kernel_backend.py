@@ -66,6 +66,6 @@ def test_old_spellings_still_choose_the_kernel() -> None:
 def test_strategy_and_sharders_take_kernel_backend() -> None:
     from lightrec.distributed import get_default_sharders
 
-    assert [s.kernel_backend for s in get_default_sharders(kernel_backend="torch")] == ["torch"] * 4  # EBC, EC, FP-EBC, fused EBC
+    assert [s.kernel_backend for s in get_default_sharders(kernel_backend="torch")] == ["torch"] * 6  # + MC twins
     with pytest.raises(ValueError, match="kernel_backend must be one of"):
         get_default_sharders(kernel_backend="tbe")

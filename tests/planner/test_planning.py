@@ -22,15 +22,21 @@ def test_default_sharders_carry_fused_params_and_kernel_backend() -> None:
     from lightrec.distributed import (
         EmbeddingBagCollectionSharder,
         EmbeddingCollectionSharder,
+        ManagedCollisionEmbeddingBagCollectionSharder,
+        ManagedCollisionEmbeddingCollectionSharder,
         get_default_sharders,
     )
     from lightrec.distributed.sharding_plan import get_default_sharders as torchrec_path
 
     assert torchrec_path is get_default_sharders
-    ebc, ec, fp, fused = get_default_sharders({"optimizer": "exact_row_wise_adagrad", "learning_rate": 0.05}, "torch")
+    ebc, ec, fp, fused, mc_ebc, mc_ec = get_default_sharders(
+        {"optimizer": "exact_row_wise_adagrad", "learning_rate": 0.05}, "torch"
+    )
     assert isinstance(ebc, EmbeddingBagCollectionSharder) and isinstance(ec, EmbeddingCollectionSharder)
     assert fused.fused_params == {} and fused.kernel_backend == "torch"  # a fused collection keeps its optimizer
-    for sharder in (ebc, ec, fp):
+    assert isinstance(mc_ebc, ManagedCollisionEmbeddingBagCollectionSharder)
+    assert isinstance(mc_ec, ManagedCollisionEmbeddingCollectionSharder)
+    for sharder in (ebc, ec, fp, mc_ebc, mc_ec):
         assert sharder.kernel_backend == "torch"
         assert sharder.fused_params["optimizer"] == "ROWWISE_ADAGRAD"  # the enum name
         assert sharder.fused_params["learning_rate"] == 0.05

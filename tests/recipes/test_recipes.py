@@ -26,7 +26,7 @@ COMMON = [
 
 
 def data_args(config: str, criteo_dir: Path, movielens_dir: Path) -> list[str]:
-    if config in ("dlrm", "dlrm_dcn"):
+    if config in ("dlrm", "dlrm_dcn", "dlrm_managed"):
         return ["--data.init_args.num_embeddings_cap=300", "--data.init_args.batch_size=64"]
     if config.endswith("criteo"):
         return [f"--data.init_args.data_dir={criteo_dir}", "--data.init_args.batch_size=32",
@@ -107,7 +107,7 @@ def test_config_trains_a_few_steps(
     assert [t.num_embeddings for t in model.table_configs()] == [
         t.num_embeddings for t in cli.datamodule.table_configs(model.embedding_dim)
     ]
-    if config in ("dlrm", "dlrm_dcn"):
+    if config in ("dlrm", "dlrm_dcn", "dlrm_managed"):
         bayes = cli.datamodule.bayes_optimal_auc()
         gap = (tested["test/auc"] - 0.5) / (bayes - 0.5)
         assert f"Bayes-optimal AUC of the synthetic data: {bayes:.4f}" in out and f"{gap:.1%}" in out
@@ -163,3 +163,16 @@ def test_bad_model_arguments_are_named() -> None:
         DLRMModule().configure_model()
     with pytest.raises(ValueError, match=r"model.tables\[0\] must be a dict"):
         DLRMModule(tables=[{"name": "t"}]).configure_model()
+
+
+def test_two_tower_trains_behind_managed_collisions(tmp_path: Path, criteo_dir: Path, movielens_dir: Path) -> None:
+    from lightrec.modules.mc_embedding_modules import ManagedCollisionEmbeddingBagCollection
+
+    extra = ['--model.managed_collisions={"eviction_interval": 2, "eviction_policy": "lfu"}']
+    cli = run_config("two_tower_movielens", tmp_path, criteo_dir, movielens_dir, extra)
+    collection = cli.model.built_model().two_tower.ebc
+    assert isinstance(collection, ManagedCollisionEmbeddingBagCollection)
+    stats = [m.mc_stats() for m in collection._managed_collision_collection.modules_by_table().values()]
+    assert sum(s["inserted"] for s in stats) > 0
+    assert 0.0 <= float(cli.trainer.callback_metrics["test/recall@10"]) <= 1.0
+    assert cli.model.hparams["managed_collisions"] == {"eviction_interval": 2, "eviction_policy": "lfu"}

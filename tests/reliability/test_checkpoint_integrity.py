@@ -145,3 +145,41 @@ def test_disk_full_names_bytes_and_keeps_the_old_checkpoint(small_fs: Path, payl
         _save_big(path, payload())
     assert saved_step(path) == 1  # the old checkpoint is intact
     assert sorted(p.name for p in small_fs.iterdir()) == ["last.ckpt"]  # the partial save is gone
+
+
+def _fill(fs: Path, leave: int) -> None:
+    """Fill ``fs`` so that about ``leave`` bytes stay free."""
+    free = shutil.disk_usage(fs).free
+    (fs / "filler").write_bytes(b"\0" * max(free - leave, 0))
+
+
+def test_disk_full_while_the_file_is_closed_is_named_too(small_fs: Path, tmp_path: Path) -> None:
+    """Issue 23: the tensors fit the free space (nothing refused up front) but the file does not: the
+    tail buffered in Python ran out of space when the file was closed, which raised a bare
+    ``OSError: [Errno 28] No space left on device`` naming no file."""
+    from lightrec.distributed.checkpoint import CheckpointError, consolidate_checkpoint
+
+    folder = tmp_path / "sharded.ckpt"
+    layer = torch.nn.Linear(4, 4)
+    from lightrec.distributed.checkpoint import save_sharded_checkpoint
+
+    tensor = torch.zeros((3 << 20) - 1500, dtype=torch.uint8)  # the file's zip records and pickle need more
+    save_sharded_checkpoint(folder, {"state_dict": {**layer.state_dict(), "t": tensor}}, layer)
+    _fill(small_fs, 3 << 20)  # whole pages: 3 MiB free, more than the tensors, less than the file
+    out = small_fs / "full.ckpt"
+    with pytest.raises(CheckpointError, match=rf"not enough disk space to write {out} \(No space left on device\)"):
+        consolidate_checkpoint(folder, out)
+    assert sorted(p.name for p in small_fs.iterdir()) == ["filler"]  # no temporary file left behind
+
+
+def test_consolidate_onto_a_full_disk_is_one_line_exit_1(small_fs: Path, tmp_path: Path) -> None:
+    import sys
+
+    save_folder(tmp_path / "last.ckpt", step=1)
+    _fill(small_fs, 1024)
+    cmd = [sys.executable, "-m", "lightrec.cli", "consolidate", str(tmp_path / "last.ckpt"), str(small_fs / "full.ckpt")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 1
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert lines[0].startswith(f"lightrec consolidate: error: not enough disk space to write {small_fs / 'full.ckpt'}")

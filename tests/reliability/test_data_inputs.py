@@ -135,7 +135,7 @@ def test_truncated_gz_raises_naming_the_file(tmp_path: Path) -> None:
         fh.write(b"".join([_simple()] * 2000))
     data = src.read_bytes()
     src.write_bytes(data[: len(data) // 2])
-    with pytest.raises(DataFormatError, match=r"day_0\.gz:\d+: the gzip stream is truncated or corrupt"):
+    with pytest.raises(DataFormatError, match=r"day_0\.gz: the gzip stream is truncated or corrupt after line \d+"):
         preprocess_criteo(src, tmp_path / "out", num_embeddings_cap=100, progress=False)
 
 

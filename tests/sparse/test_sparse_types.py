@@ -71,7 +71,7 @@ def test_python_lists_are_accepted_in_eager_mode() -> None:
         (dict(keys=["a", "a"], values=torch.arange(2), lengths=torch.tensor([1, 1])), "duplicated: \\['a'\\]"),
         (
             dict(keys=["a"], values=torch.arange(3), lengths=torch.tensor([1, 2]), weights=torch.ones(2)),
-            "weights has 2 entries but values has 3",
+            r"weights of features \[.a.\] has 2 entries \(shape \[2\]\) but values has 3",
         ),
         (dict(keys=["a"], values=torch.arange(3), offsets=torch.tensor([0, 2, 1])), "non-negative"),
         (dict(keys=["a"], values=torch.arange(3), lengths=torch.tensor([1, 2]), stride=3), "stride=3"),
@@ -106,7 +106,9 @@ def test_permute_and_getitem_errors_name_the_keys() -> None:
 def test_from_jt_dict_of_mixed_batch_sizes_is_variable_batch_and_rejects_mixed_weights() -> None:
     a = JaggedTensor(values=torch.tensor([1]), lengths=torch.tensor([1, 0]))
     b = JaggedTensor(values=torch.tensor([1]), lengths=torch.tensor([1]))
-    mixed = KeyedJaggedTensor.from_jt_dict({"a": a, "b": b})  # torchrec: a variable-batch KJT
+    with pytest.raises(SparseValueError, match=r"different batch sizes \{.a.: 2, .b.: 1\}.*variable_batch=True"):
+        KeyedJaggedTensor.from_jt_dict({"a": a, "b": b})  # issue 23: it was accepted silently
+    mixed = KeyedJaggedTensor.from_jt_dict({"a": a, "b": b}, variable_batch=True)  # torchrec's VBE input
     assert mixed.variable_stride_per_key() and mixed.stride_per_key_per_rank() == [[2], [1]]
     assert mixed["a"].lengths().tolist() == [1, 0] and mixed["b"].lengths().tolist() == [1]
     w = JaggedTensor(values=torch.tensor([1]), lengths=torch.tensor([1, 0]), weights=torch.ones(1))

@@ -76,7 +76,7 @@ def consolidate_checkpoint(path: str | os.PathLike, out: str | os.PathLike | Non
         out = os.fspath(out)
         tmp = f"{out}.tmp-{os.getpid()}"
         try:
-            save_hashed(result, tmp)  # synced; running out of space says how much was needed
+            save_hashed(result, tmp, shown=out)  # synced; running out of space names `out` and the bytes
             os.replace(tmp, out)
         finally:
             if os.path.exists(tmp):

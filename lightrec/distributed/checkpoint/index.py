@@ -35,7 +35,7 @@ class LocalTable:
     key: str
     global_shape: list[int]
     replicated: bool
-    shards: list[tuple[ShardMetadata, nn.Parameter]] = field(default_factory=list)
+    shards: list[tuple[ShardMetadata, torch.Tensor]] = field(default_factory=list)
 
 
 def _root(module: nn.Module) -> nn.Module:
@@ -53,13 +53,15 @@ def local_tables(module: nn.Module) -> dict[str, LocalTable]:
         prefix = f"{path}." if path else ""
         for c in m._configs:
             table = m._tables[c.name]
-            key = f"{prefix}{m._attr}.{c.name}.weight"
+            key = f"{prefix}{m._state_prefix}{m._attr}.{c.name}.weight"
             out[key] = LocalTable(
                 key,
                 [c.num_embeddings, c.embedding_dim],
                 table.sharding.sharding_type == ShardingType.DATA_PARALLEL.value,
                 [(meta, p) for _, meta, p in m._local_params[c.name]],
             )
+        for name, shape, blocks in m.row_state_tables():  # e.g. managed-collision id maps
+            out[prefix + name] = LocalTable(prefix + name, shape, False, list(blocks))
     return out
 
 

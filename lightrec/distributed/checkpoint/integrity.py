@@ -26,7 +26,6 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -120,27 +119,43 @@ def _disk_full(path: str, needed: int, exc: OSError | None) -> CheckpointError:
     )
 
 
-def save_hashed(obj: Any, path: str, before_write: Callable[[], None] | None = None) -> FileRecord:
+_NO_SPACE = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+
+
+def save_hashed(obj: Any, path: str, shown: str | None = None) -> FileRecord:
     """``torch.save(obj)`` to ``path``, synced to disk, and return its size and SHA-256.
 
     Refuses up front when the tensors alone would not fit in the free space, and turns a write
     that runs out of space part-way (``ENOSPC``, or ``EFBIG`` under a file-size limit) into the
-    same ``CheckpointError``.
+    same ``CheckpointError`` -- also when it is closing the file that fails (the buffered tail is
+    written then: that raised a bare ``OSError: [Errno 28]`` naming no file).
+
+    Args:
+        obj / path: what to save, and where.
+        shown: the path to name in errors (a temporary file's destination), default ``path``.
     """
+    name = shown or path
     needed = estimate_bytes(obj)
     if needed > shutil.disk_usage(os.path.dirname(path) or ".").free:
-        raise _disk_full(path, needed, None)
-    with open(path, "wb") as f:
-        writer = HashingWriter(f)
-        try:
-            torch.save(obj, writer)  # type: ignore[arg-type]  # a file object: write() and flush()
-            f.flush()
-            os.fsync(f.fileno())
-        except (OSError, RuntimeError) as exc:
-            error = writer.error or (exc if isinstance(exc, OSError) else None)
-            if error is not None and error.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
-                raise _disk_full(path, max(needed, writer.bytes), error) from exc
-            raise
+        raise _disk_full(name, needed, None)
+    written = 0
+    try:
+        with open(path, "wb") as f:
+            writer = HashingWriter(f)
+            try:
+                torch.save(obj, writer)  # type: ignore[arg-type]  # a file object: write() and flush()
+                f.flush()
+                os.fsync(f.fileno())
+            except (OSError, RuntimeError) as exc:
+                written = writer.bytes
+                error = writer.error or (exc if isinstance(exc, OSError) else None)
+                if error is not None and error.errno in _NO_SPACE:
+                    raise _disk_full(name, max(needed, writer.bytes), error) from exc
+                raise
+    except OSError as exc:  # open() or the close of the file ran out of space
+        if exc.errno in _NO_SPACE:
+            raise _disk_full(name, max(needed, written), exc) from exc
+        raise
     return writer.record()
 
 

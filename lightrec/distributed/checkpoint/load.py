@@ -87,6 +87,12 @@ def open_checkpoint(path: str | os.PathLike) -> CheckpointSource:
             meta, read_shards(info["folder"], info["world_size"]), info["dense_optim"], info["world_size"],
             info["has_training_state"],
         )  # fmt: skip
+    if os.path.isdir(path):
+        raise CheckpointError(
+            f"{os.fspath(path)!r} is a folder but not a lightrec sharded checkpoint (it holds no meta.pt and no "
+            "manifest.json); pass the checkpoint folder itself, e.g. lightning_logs/<name>/version_0/checkpoints/"
+            "last.ckpt"
+        )
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint {os.fspath(path)!r} does not exist")
     meta = load_file(path, mmap=True)

@@ -11,6 +11,7 @@ from lightrec.distributed.comm.awaitable import (
 from lightrec.distributed.comm.bucketize import (
     IdOutOfRangeError,
     RowWiseBucketized,
+    bucketize_kjt_by_rank,
     bucketize_kjt_row_wise,
     row_wise_block_bounds,
     row_wise_block_size,
@@ -33,6 +34,8 @@ from lightrec.distributed.comm.sequence_all_to_all import (
     SequenceEmbeddingsAllToAll,
     SequenceEmbeddingsAwaitable,
 )
+from lightrec.distributed.comm.shm_segments import ShmSpaceError
+from lightrec.distributed.comm.shm_transport import ShmPeerError
 
 __all__ = [
     "AllGatherAwaitable",
@@ -54,6 +57,9 @@ __all__ = [
     "RowWiseBucketized",
     "SequenceEmbeddingsAllToAll",
     "SequenceEmbeddingsAwaitable",
+    "ShmPeerError",
+    "ShmSpaceError",
+    "bucketize_kjt_by_rank",
     "bucketize_kjt_row_wise",
     "exchange_batch_sizes",
     "row_wise_block_bounds",

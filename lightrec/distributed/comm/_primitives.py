@@ -15,6 +15,9 @@ picks), but both require *equal* shares. ``all_to_all_single`` takes arbitrary s
   GPU tensors (NCCL) use the native collective when shares are equal.
 * all-gather: native ``all_gather_single`` for equal shares (on par with all-to-all on gloo);
   otherwise each rank sends its ``B_r`` rows to every rank.
+
+On one host, CPU tensors go through shared memory instead (``shm_transport.py``), for both: the same
+pieces, summed by the same ``sum(dim=0)``, so the same bits (not with ``CPU_NATIVE_REDUCE_SCATTER``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import torch.distributed as dist
 from lightrec._compat import all_gather_single, reduce_scatter_single
 from lightrec.distributed.comm._autograd import Pending
 from lightrec.distributed.comm.qcomm import RowCodec
+from lightrec.distributed.comm.shm_transport import ShmTransport, shm_transport
 
 __all__ = ["start_reduce_scatter", "start_all_gather", "CPU_NATIVE_REDUCE_SCATTER"]
 
@@ -36,6 +40,63 @@ CPU_NATIVE_REDUCE_SCATTER = False
 
 def _row_numel(x: torch.Tensor) -> int:
     return math.prod(x.shape[1:])
+
+
+def _starts(batches: list[int]) -> list[int]:
+    out, at = [], 0
+    for b in batches:
+        out.append(at)
+        at += b
+    return out
+
+
+def _shm(x: torch.Tensor, batches: list[int], group: dist.ProcessGroup | None) -> ShmTransport | None:
+    return shm_transport(group) if x.device.type == "cpu" and len(batches) > 1 else None
+
+
+def _shm_reduce_scatter(shm: ShmTransport, send: torch.Tensor, batches: list[int], rank: int) -> Pending:
+    """The all-to-all + sum through shared memory: the same ``[W, B, *rest]`` pieces summed by the
+    same ``sum(dim=0)`` as the gloo path, so the same bits."""
+    rest, row, starts, b_me = tuple(send.shape[1:]), _row_numel(send), _starts(batches), batches[rank]
+    ex = shm.start([b * row * send.element_size() for b in batches])
+    for s, b in enumerate(batches):
+        if s != rank and b * row > 0:
+            ex.send_view(s, send.dtype, b * row).copy_(send[starts[s] : starts[s] + b].reshape(-1))
+    ex.publish()
+
+    def finish() -> torch.Tensor:
+        pieces = send.new_empty((len(batches), b_me, *rest))
+        for s in range(len(batches)):
+            if s == rank:
+                pieces[s].copy_(send[starts[rank] : starts[rank] + b_me])
+            elif b_me * row > 0:
+                pieces[s].copy_(ex.recv_view(s, send.dtype, b_me * row).view(b_me, *rest))
+        ex.finish()
+        return pieces.sum(dim=0)
+
+    return Pending(None, finish, (send,))
+
+
+def _shm_all_gather(shm: ShmTransport, send: torch.Tensor, batches: list[int], rank: int) -> Pending:
+    """Every rank's rows to every rank through shared memory."""
+    rest, row, starts, b_me = tuple(send.shape[1:]), _row_numel(send), _starts(batches), batches[rank]
+    ex = shm.start([b_me * row * send.element_size()] * len(batches))
+    for d in range(len(batches)):
+        if d != rank and b_me * row > 0:
+            ex.send_view(d, send.dtype, b_me * row).copy_(send.reshape(-1))
+    ex.publish()
+
+    def finish() -> torch.Tensor:
+        out = send.new_empty((sum(batches), *rest))
+        for s, b in enumerate(batches):
+            if s == rank:
+                out[starts[s] : starts[s] + b].copy_(send)
+            elif b * row > 0:
+                out[starts[s] : starts[s] + b].copy_(ex.recv_view(s, send.dtype, b * row).view(b, *rest))
+        ex.finish()
+        return out
+
+    return Pending(None, finish, (send,))
 
 
 def start_reduce_scatter(
@@ -53,6 +114,9 @@ def start_reduce_scatter(
     b_me = batches[rank]
     send = x.contiguous()
     native = x.device.type != "cpu" or CPU_NATIVE_REDUCE_SCATTER
+    shm = None if native or codec is not None else _shm(x, batches, group)
+    if shm is not None:
+        return _shm_reduce_scatter(shm, send, batches, rank)
     if codec is None and native and all(b == b_me for b in batches):
         out = send.new_empty((b_me, *rest))
         work = reduce_scatter_single(out, send, group=group, async_op=True)
@@ -86,6 +150,9 @@ def start_all_gather(
     rest = tuple(x.shape[1:])
     send = x.contiguous()
     total = sum(batches)
+    shm = _shm(x, batches, group) if codec is None else None
+    if shm is not None:
+        return _shm_all_gather(shm, send, batches, rank)
     row = _row_numel(x)
     if codec is not None:
         wire = codec.encode(send.reshape(-1, row))

@@ -42,6 +42,7 @@ from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = [
     "RowWiseBucketized",
+    "bucketize_kjt_by_rank",
     "IdOutOfRangeError",
     "bucketize_kjt_row_wise",
     "row_wise_block_size",
@@ -166,18 +167,65 @@ def _bucketize_torch(
         shifted = ids.clamp(0, span - 1) + key * span
         rank = torch.searchsorted(inner, shifted, right=True) - key * (world_size - 1)
         local = ids - bounds.view(-1).index_select(0, key * (world_size + 1) + rank)
+    return _group_by_rank(rank, local, bag, lengths, values.dtype, weights, num_bags, world_size, sequence)
+
+
+def _group_by_rank(
+    rank: torch.Tensor,
+    new_ids: torch.Tensor,
+    bag: torch.Tensor,
+    lengths: torch.Tensor,
+    dtype: torch.dtype,
+    weights: torch.Tensor | None,
+    num_bags: int,
+    world_size: int,
+    sequence: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Lay the ids out rank by rank (``rank[i]`` the destination of id ``i``, ``bag[i]`` its bag)."""
     # Stable by rank: within a bucket, values stay in (key, sample, position) order. Sorting a
     # narrow dtype is several times faster than int64 (ranks are < W).
     narrow = torch.int16 if world_size <= torch.iinfo(torch.int16).max else torch.int64
     perm = torch.sort(rank.to(narrow), stable=True).indices
     new_lengths = torch.bincount(rank * num_bags + bag, minlength=world_size * num_bags).to(lengths.dtype)
-    new_values = local.index_select(0, perm).to(values.dtype)
+    new_values = new_ids.index_select(0, perm).to(dtype)
     new_weights = weights.index_select(0, perm) if weights is not None else None
     if not sequence:
         return new_lengths, new_values, new_weights, None
     unbucketize = torch.empty_like(perm)
-    unbucketize[perm] = torch.arange(n, device=device)
-    return new_lengths, new_values, new_weights, unbucketize.to(values.dtype)
+    unbucketize[perm] = torch.arange(rank.numel(), device=rank.device)
+    return new_lengths, new_values, new_weights, unbucketize.to(dtype)
+
+
+def bucketize_kjt_by_rank(
+    kjt: KeyedJaggedTensor, rank: torch.Tensor, world_size: int, output_permute: bool = False
+) -> RowWiseBucketized:
+    """Split the ids of ``kjt`` into ``world_size`` buckets by a given destination, values unchanged.
+
+    Managed-collision tables route *raw* ids by their id-space bucket (the owning rank remaps
+    them itself), so the destination is computed by the caller and the ids travel as they are.
+
+    Args:
+        kjt: ``T`` keys, stride ``B``.
+        rank: ``[N]`` int64 destination rank of every id.
+        world_size: number of buckets ``W``.
+        output_permute: also return ``unbucketize_permute``.
+
+    Returns:
+        :class:`RowWiseBucketized` with a ``T * W``-key KJT (bucket-major, stride ``B``).
+    """
+    lengths, values, weights = kjt.lengths(), kjt.values(), kjt.weights_or_none()
+    num_bags = len(kjt.keys()) * kjt.stride()
+    bag = torch.repeat_interleave(
+        torch.arange(num_bags, device=values.device), lengths.to(torch.int64), output_size=values.numel()
+    )
+    new_lengths, new_values, new_weights, unbucketize = _group_by_rank(
+        rank, values, bag, lengths, values.dtype, weights, num_bags, world_size, output_permute
+    )
+    out = KeyedJaggedTensor(
+        keys=list(kjt.keys()) * world_size, values=new_values, weights=new_weights, lengths=new_lengths,
+        stride=kjt.stride(),
+    )  # fmt: skip
+    return RowWiseBucketized(out, unbucketize)
 
 
 def _bucketize_fbgemm(

@@ -28,11 +28,16 @@ Two stages, as two awaitables, so a training pipeline can start them early:
 
 Batch sizes may differ between ranks; a rank may receive no key (``key_splits[rank] == 0``).
 
-When lengths and values share a dtype (the usual int64 and int64) they travel in ONE all-to-all:
-each destination's chunk is its lengths followed by its values, and the receiver cuts each
-source's chunk back apart. Every collective costs a round trip and, on gloo, ~0.5 ms of its
-transport thread's CPU even for a few bytes; the pack and unpack copies of the ids cost ~0.1 ms
-at 26 x 2048 ids.
+Lengths and values travel in ONE all-to-all: each destination's chunk is its lengths followed by
+its values, in the values' dtype (int32 lengths -- the usual KJT -- are cast up to int64 ids on the
+way and back to int32 on arrival; int64 lengths are cast down only when every count fits int32),
+and the receiver cuts each source's chunk back apart. Every collective costs a round trip and, on
+gloo, ~0.5 ms of its transport thread's CPU even for a few bytes; the pack and unpack copies of
+the ids cost ~0.1 ms at 26 x 2048 ids.
+
+On one host, CPU KJTs go through shared memory instead of gloo (``shm_transport.py``): the counts,
+then each destination's ``[lengths | values | weights]`` chunk, written into the sender's segment
+and copied out by the receiver -- the same bytes in the same buffers as the gloo path.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ import torch.distributed as dist
 from lightrec.distributed.comm._autograd import group_rank_and_size
 from lightrec.distributed.comm._jagged import permute_segments
 from lightrec.distributed.comm.awaitable import Awaitable
+from lightrec.distributed.comm.shm_transport import ShmExchange, ShmTransport, shm_transport
 from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = ["KJTAllToAll", "KJTAllToAllError", "KJTAllToAllSplitsAwaitable", "KJTAllToAllTensorsAwaitable"]
@@ -78,6 +84,7 @@ class KJTAllToAllTensorsAwaitable(Awaitable[KeyedJaggedTensor]):
         weights: torch.Tensor | None,
         keep: tuple[torch.Tensor, ...],
         lengths_per_rank: list[int] | None = None,
+        lengths_dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.keys = keys
@@ -89,6 +96,7 @@ class KJTAllToAllTensorsAwaitable(Awaitable[KeyedJaggedTensor]):
         # lengths None: ``values`` is the merged buffer, per source [lengths | values].
         self._lengths, self._values, self._weights = lengths, values, weights
         self._lengths_per_rank = lengths_per_rank
+        self._lengths_dtype = lengths_dtype  # the input KJT's: merged lengths are cast back to it
         self._keep = keep
 
     @property
@@ -104,6 +112,8 @@ class KJTAllToAllTensorsAwaitable(Awaitable[KeyedJaggedTensor]):
         lengths, values, weights = self._lengths, self._values, self._weights
         if lengths is None:
             lengths, values = _split_merged(values, self._lengths_per_rank or [], self.values_per_rank)
+            if self._lengths_dtype is not None and lengths.dtype != self._lengths_dtype:
+                lengths = lengths.to(self._lengths_dtype)
         num_keys, world_size = len(self.keys), len(self.batch_size_per_rank)
         if num_keys > 1 and world_size > 1:
             # Received source-major [src][key][sample]; the output is key-major [key][src][sample].
@@ -133,10 +143,12 @@ class KJTAllToAllSplitsAwaitable(Awaitable[KJTAllToAllTensorsAwaitable]):
         work: object,
         sent: torch.Tensor,
         received: torch.Tensor,
+        shm: ShmTransport | None = None,
     ) -> None:
         super().__init__()
         self._pg, self._rank, self._kjt, self._keys = pg, rank, kjt, keys
         self._work, self._sent, self._received = work, sent, received
+        self._shm = shm
 
     def _wait_impl(self) -> KJTAllToAllTensorsAwaitable:
         self._work.wait()  # type: ignore[attr-defined]
@@ -151,9 +163,16 @@ class KJTAllToAllSplitsAwaitable(Awaitable[KJTAllToAllTensorsAwaitable]):
         values_in = kjt.values().contiguous()
         recv_lengths, recv_values = [r[_LENGTHS] for r in recv], [r[_VALUES] for r in recv]
         sent_lengths, sent_values = [s[_LENGTHS] for s in sent], [s[_VALUES] for s in sent]
+        # One exchange for lengths and values, in the values' dtype (module docstring); int64
+        # lengths go down to int32 ids only when every count fits.
+        merged = lengths_in.dtype == values_in.dtype or values_in.dtype == torch.int64
+        merged = merged or max(sent_values + recv_values, default=0) < 2**31
+        weights_in = kjt.weights().contiguous() if weighted else None
+        if self._shm is not None:
+            return self._shm_exchange(lengths_in, values_in, weights_in, sent, recv)
         out_lengths: torch.Tensor | None
-        if lengths_in.dtype == values_in.dtype:  # one exchange for both (module docstring)
-            send = _merge(lengths_in, values_in, sent_lengths, sent_values)
+        if merged:
+            send = _merge(lengths_in.to(values_in.dtype), values_in, sent_lengths, sent_values)
             out_lengths = None
             out_values = send.new_empty(sum(recv_lengths) + sum(recv_values))
             works = [
@@ -174,8 +193,7 @@ class KJTAllToAllSplitsAwaitable(Awaitable[KJTAllToAllTensorsAwaitable]):
             ]
             keep = (lengths_in, values_in)
         out_weights: torch.Tensor | None = None
-        if weighted:
-            weights_in = kjt.weights().contiguous()
+        if weights_in is not None:
             out_weights = weights_in.new_empty(sum(recv_values))
             works.append(
                 dist.all_to_all_single(out_weights, weights_in, recv_values, sent_values, group=pg, async_op=True)
@@ -192,7 +210,111 @@ class KJTAllToAllSplitsAwaitable(Awaitable[KJTAllToAllTensorsAwaitable]):
             weights=out_weights,
             keep=keep,
             lengths_per_rank=recv_lengths,
+            lengths_dtype=lengths_in.dtype,
         )
+
+    def _shm_exchange(
+        self,
+        lengths_in: torch.Tensor,
+        values_in: torch.Tensor,
+        weights_in: torch.Tensor | None,
+        sent: list[list[int]],
+        recv: list[list[int]],
+    ) -> KJTAllToAllTensorsAwaitable:
+        """Stage 2 through shared memory: each destination's ``[lengths | values | weights]`` chunk
+        (lengths in the values' dtype) into this rank's segment; the receiver fills the same merged
+        buffers as the gloo path."""
+        assert self._shm is not None
+        me, vdt = self._rank, values_in.dtype
+        vsize = values_in.element_size()
+        wsize = weights_in.element_size() if weights_in is not None else 0
+        ex = self._shm.start([(s[_LENGTHS] + s[_VALUES]) * vsize + s[_VALUES] * wsize for s in sent])
+        lo_l = lo_v = 0
+        own: tuple[int, int] = (0, 0)
+        for d, row in enumerate(sent):
+            n_l, n_v = row[_LENGTHS], row[_VALUES]
+            if d == me:
+                own = (lo_l, lo_v)
+            elif n_l + n_v > 0:
+                chunk = ex.send_view(d, vdt, n_l + n_v)
+                chunk[:n_l].copy_(lengths_in[lo_l : lo_l + n_l])  # cast to the values' dtype on the way
+                chunk[n_l:].copy_(values_in[lo_v : lo_v + n_v])
+                if weights_in is not None and n_v > 0:
+                    ex.send_view(d, weights_in.dtype, n_v, (n_l + n_v) * vsize).copy_(weights_in[lo_v : lo_v + n_v])
+            lo_l, lo_v = lo_l + n_l, lo_v + n_v
+        ex.publish()
+        recv_lengths, recv_values = [r[_LENGTHS] for r in recv], [r[_VALUES] for r in recv]
+        out_values = values_in.new_empty(sum(recv_lengths) + sum(recv_values))
+        out_weights = weights_in.new_empty(sum(recv_values)) if weights_in is not None else None
+        work = _ShmKJTReceive(ex, me, recv_lengths, recv_values, out_values, out_weights,
+                              (lengths_in, values_in, weights_in, own))  # fmt: skip
+        return KJTAllToAllTensorsAwaitable(
+            keys=self._keys,
+            batch_size_per_rank=[r[_BATCH] for r in recv],
+            values_per_rank=recv_values,
+            values_sent_per_rank=[s[_VALUES] for s in sent],
+            works=[work],
+            lengths=None,
+            values=out_values,
+            weights=out_weights,
+            keep=(),
+            lengths_per_rank=recv_lengths,
+            lengths_dtype=lengths_in.dtype,
+        )
+
+
+class _ShmKJTReceive:
+    """``wait()``: copy every source's chunk (this rank's own straight from its input) into the
+    merged receive buffers, then release the sources' chunks."""
+
+    def __init__(
+        self,
+        ex: ShmExchange,
+        rank: int,
+        recv_lengths: list[int],
+        recv_values: list[int],
+        out_values: torch.Tensor,
+        out_weights: torch.Tensor | None,
+        own: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, tuple[int, int]],
+    ) -> None:
+        self._ex, self._rank = ex, rank
+        self._recv_lengths, self._recv_values = recv_lengths, recv_values
+        self._out_values, self._out_weights, self._own = out_values, out_weights, own
+
+    def wait(self) -> None:
+        lengths_in, values_in, weights_in, (own_l, own_v) = self._own
+        out, wout = self._out_values, self._out_weights
+        vsize = out.element_size()
+        at = wat = 0
+        for src, (n_l, n_v) in enumerate(zip(self._recv_lengths, self._recv_values)):
+            if src == self._rank:
+                out[at : at + n_l].copy_(lengths_in[own_l : own_l + n_l])
+                out[at + n_l : at + n_l + n_v].copy_(values_in[own_v : own_v + n_v])
+                if wout is not None and weights_in is not None:
+                    wout[wat : wat + n_v].copy_(weights_in[own_v : own_v + n_v])
+            elif n_l + n_v > 0:
+                out[at : at + n_l + n_v].copy_(self._ex.recv_view(src, out.dtype, n_l + n_v))
+                if wout is not None and n_v > 0:
+                    wout[wat : wat + n_v].copy_(self._ex.recv_view(src, wout.dtype, n_v, (n_l + n_v) * vsize))
+            at, wat = at + n_l + n_v, wat + n_v
+        self._ex.finish()
+        self._own = None  # type: ignore[assignment]
+
+
+class _ShmCountsReceive:
+    """``wait()`` of the count exchange through shared memory: every source's row for this rank."""
+
+    def __init__(self, ex: ShmExchange, rank: int, sent: torch.Tensor, received: torch.Tensor) -> None:
+        self._ex, self._rank, self._sent, self._received = ex, rank, sent, received
+
+    def wait(self) -> None:
+        rows = self._received.view(-1, _NUM_COLS)
+        for src in range(rows.shape[0]):
+            if src == self._rank:
+                rows[src].copy_(self._sent.view(-1, _NUM_COLS)[src])
+            else:
+                rows[src].copy_(self._ex.recv_view(src, torch.int64, _NUM_COLS))
+        self._ex.finish()
 
 
 def _merge(lengths: torch.Tensor, values: torch.Tensor, lengths_per_dest: list[int], values_per_dest: list[int]) -> torch.Tensor:
@@ -311,7 +433,17 @@ class KJTAllToAll:
         table[:, _CONSISTENT] = per_key.sum() == kjt.values().numel()
         sent = table.view(-1)
         received = torch.empty_like(sent)
-        work = dist.all_to_all_single(received, sent, group=self._pg, async_op=True)
+        shm = shm_transport(self._pg) if device.type == "cpu" and world_size > 1 else None
+        work: object
+        if shm is not None:
+            ex = shm.start([0 if d == self._rank else 8 * _NUM_COLS for d in range(world_size)])
+            for d in range(world_size):
+                if d != self._rank:
+                    ex.send_view(d, torch.int64, _NUM_COLS).copy_(table[d])
+            ex.publish()
+            work = _ShmCountsReceive(ex, self._rank, sent, received)
+        else:
+            work = dist.all_to_all_single(received, sent, group=self._pg, async_op=True)
         start = sum(self._splits[: self._rank])
         my_keys = list(keys[start : start + self._splits[self._rank]])
-        return KJTAllToAllSplitsAwaitable(self._pg, self._rank, kjt, my_keys, work, sent, received)
+        return KJTAllToAllSplitsAwaitable(self._pg, self._rank, kjt, my_keys, work, sent, received, shm)

@@ -36,6 +36,12 @@ What the hot path of a sharded collection adds, all optional (torchrec's call sh
   after packing (the gradient scale applied first) and decoded on arrival, forward and backward
   (fp16 / bf16: half the bytes of float32).
 
+**Shared memory** on one host (``shm_transport.py``): when every rank of the group runs on this
+host and the tensors are on the CPU, the forward copies each destination's rows into the sender's
+shared segment and the receiver copies them straight into the output's columns (two copies, no
+gloo); the backward packs each destination's (scaled) gradient columns straight into the segment.
+The same bytes as the gloo path, so the same results bit for bit.
+
 Always: **no self-transfer.** A rank's own samples never go through the collective: the forward
 reads them straight from the input and the backward packs their gradient straight into the input
 gradient (half the bytes through gloo on 2 ranks). The collective takes each rank's chunks from one
@@ -52,6 +58,7 @@ import torch.distributed as dist
 from lightrec.distributed.comm._autograd import CollectiveAwaitable, Pending, group_rank_and_size
 from lightrec.distributed.comm._placements import Placement, rank_placements
 from lightrec.distributed.comm.qcomm import QuantizedCommCodecs, RowCodec
+from lightrec.distributed.comm.shm_transport import ShmTransport, shm_transport
 
 __all__ = ["PooledEmbeddingsAllToAll", "PooledEmbeddingsAwaitable", "check_batch_sizes"]
 
@@ -104,7 +111,32 @@ class _PooledAllToAllOp:
         self.layout = layout
         self.batches = batches
 
+    def _row_starts(self) -> list[int]:
+        starts, at = [], 0
+        for b in self.batches:
+            starts.append(at)
+            at += b
+        return starts
+
+    def _place(self, out: torch.Tensor, rank: int, block: torch.Tensor) -> None:
+        """Copy rank ``rank``'s ``[B, D_rank]`` block into its columns of ``out``."""
+        for p in self.layout.placements[rank]:
+            p.output_view(out).copy_(p.block_view(block))
+
+    def _pack(self, grad: torch.Tensor, rank: int, dst: torch.Tensor) -> None:
+        """Gather rank ``rank``'s columns out of the (possibly strided) gradient into ``dst``
+        ``[B, D_rank]``, scaled on the way."""
+        scale = self.layout.grad_scale
+        for p in self.layout.placements[rank]:
+            if scale != 1.0:
+                torch.mul(p.output_view(grad), scale, out=p.block_view(dst))
+            else:
+                p.block_view(dst).copy_(p.output_view(grad))
+
     def start_forward(self, x: torch.Tensor) -> Pending:
+        shm = self.layout.transport(x, self.layout.forward_codec)
+        if shm is not None:
+            return self._shm_forward(shm, x.contiguous())
         lay, me = self.layout, self.layout.rank
         send, codec = x.contiguous(), lay.forward_codec
         b_me, d_me = self.batches[me], lay.dims[me]
@@ -135,18 +167,43 @@ class _PooledAllToAllOp:
             if lay.identity and len(blocks) == 1:
                 return blocks[0]
             out = blocks[0].new_empty(b_me, lay.total_width)
-            for block, placements in zip(blocks, lay.placements, strict=True):
-                for p in placements:
-                    p.output_view(out).copy_(p.block_view(block))
+            for r, block in enumerate(blocks):
+                self._place(out, r, block)
             return out
 
         return Pending(work, finish, (send, wire, recv))
+
+    def _shm_forward(self, shm: ShmTransport, send: torch.Tensor) -> Pending:
+        """The forward through shared memory: each peer's rows into this rank's segment, then each
+        peer's block for this rank straight into the output's columns."""
+        lay, me, batches = self.layout, self.layout.rank, self.batches
+        b_me, d_me, starts = batches[me], lay.dims[me], self._row_starts()
+        ex = shm.start([b * d_me * send.element_size() for b in batches])
+        for s, b in enumerate(batches):
+            if s != me and b * d_me > 0:
+                ex.send_view(s, send.dtype, b * d_me).view(b, d_me).copy_(send[starts[s] : starts[s] + b])
+        ex.publish()
+
+        def finish() -> torch.Tensor:
+            out = send.new_empty(b_me, lay.total_width)
+            for r, width in enumerate(lay.dims):
+                if r == me:
+                    self._place(out, r, send[starts[me] : starts[me] + b_me])
+                elif b_me * width > 0:
+                    self._place(out, r, ex.recv_view(r, send.dtype, b_me * width).view(b_me, width))
+            ex.finish()
+            return out
+
+        return Pending(None, finish, (send,))
 
     def start_backward(self, grad: torch.Tensor) -> Pending:
         lay, me = self.layout, self.layout.rank
         b_me, d_me = self.batches[me], lay.dims[me]
         if grad.stride(-1) != 1:  # e.g. the stride-0 gradient of out.sum(): the views need unit column stride
             grad = grad.contiguous()
+        shm = lay.transport(grad, lay.backward_codec)
+        if shm is not None:
+            return self._shm_backward(shm, grad)
         rows_before = sum(self.batches[:me])
         input_grad = grad.new_empty(sum(self.batches), d_me)
         send_splits = [b_me * w for w in lay.dims]
@@ -160,13 +217,7 @@ class _PooledAllToAllOp:
             else:
                 dst = send[offset : offset + b_me * width].view(b_me, width)
                 offset += b_me * width
-            # Gather rank r's columns out of the (possibly strided) gradient straight into their
-            # buffer, scaled on the way.
-            for p in lay.placements[r]:
-                if lay.grad_scale != 1.0:
-                    torch.mul(p.output_view(grad), lay.grad_scale, out=p.block_view(dst))
-                else:
-                    p.block_view(dst).copy_(p.output_view(grad))
+            self._pack(grad, r, dst)
         if lay.world_size <= 1:
             return Pending(None, lambda: input_grad, (send, input_grad))
         codec = lay.backward_codec
@@ -202,6 +253,29 @@ class _PooledAllToAllOp:
             return input_grad
 
         return Pending(work, decode, (wire, recv_wire, input_grad))
+
+    def _shm_backward(self, shm: ShmTransport, grad: torch.Tensor) -> Pending:
+        """The backward through shared memory: each peer's gradient columns packed straight into
+        this rank's segment; each peer's rows for this rank copied into the input gradient."""
+        lay, me, batches = self.layout, self.layout.rank, self.batches
+        b_me, d_me, starts = batches[me], lay.dims[me], self._row_starts()
+        input_grad = grad.new_empty(sum(batches), d_me)
+        ex = shm.start([b_me * w * grad.element_size() for w in lay.dims])
+        for r, width in enumerate(lay.dims):
+            if r == me:
+                self._pack(grad, r, input_grad[starts[me] : starts[me] + b_me])
+            elif b_me * width > 0:
+                self._pack(grad, r, ex.send_view(r, grad.dtype, b_me * width).view(b_me, width))
+        ex.publish()
+
+        def finish() -> torch.Tensor:
+            for s, b in enumerate(batches):
+                if s != me and b * d_me > 0:
+                    input_grad[starts[s] : starts[s] + b].copy_(ex.recv_view(s, grad.dtype, b * d_me).view(b, d_me))
+            ex.finish()
+            return input_grad
+
+        return Pending(None, finish, (input_grad,))
 
 
 class PooledEmbeddingsAwaitable(CollectiveAwaitable):
@@ -266,6 +340,16 @@ class PooledEmbeddingsAllToAll:
     @property
     def dim_sum_per_rank(self) -> list[int]:
         return list(self.dims)
+
+    def transport(self, tensor: torch.Tensor, codec: RowCodec | None) -> ShmTransport | None:
+        """The shared-memory transport for ``tensor``'s exchange, or None for ``all_to_all_single``.
+
+        Encoded exchanges (``codec``) keep to ``all_to_all_single``: the codecs trade CPU time for
+        bytes on a link, and within one host the shared-memory copy is cheaper than the encoding.
+        """
+        if codec is not None or self.world_size == 1 or tensor.device.type != "cpu":
+            return None
+        return shm_transport(self.pg)
 
     def __call__(
         self, local_embs: torch.Tensor, batch_size_per_rank: list[int] | None = None

@@ -85,6 +85,8 @@ class TableArrays:
         min_cache_rows: per table, the smallest cache of a tiered shard (the sharder's
             ``fused_params["cache_min_rows"]``).
         stats: per table, what is known of its id stream (None: a Zipf law).
+        row_state: bytes per row of other per-row state (a managed-collision id map and its
+            eviction metadata), or None for none.
     """
 
     keys: list[tuple[str, str]]
@@ -102,6 +104,7 @@ class TableArrays:
     clf_choices: list[list[float]] = field(default_factory=list)
     min_cache_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     stats: list[CacheStatistics | None] = field(default_factory=list)
+    row_state: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -178,6 +181,9 @@ def estimate_shards(
 
     # ---- storage -------------------------------------------------------------------------
     weights = resident * cols * E + np.where(kernel == QUANT, rows * t.row_overhead[table], 0.0)
+    if t.row_state is not None:
+        # e.g. the id map of a managed-collision table: every row's, in fast memory even when tiered
+        weights = weights + rows * t.row_state[table]
     opt_state = np.where(
         training, GRAD_BYTES * (resident * cols * t.opt_elem[table] + resident * t.opt_row[table]), 0.0
     )

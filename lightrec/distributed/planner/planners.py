@@ -431,7 +431,8 @@ def _build_plan(
                 cache_params=cache,
                 key_value_params=kv,
             )
-        plan.plan[m.path] = mp
+        # A sharder may lay its shards out further (managed-collision tables: row blocks on whole buckets).
+        plan.plan[m.path] = m.sharder.finalize_module_plan(m.module, mp, topo.world_size)
     return plan
 
 

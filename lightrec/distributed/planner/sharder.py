@@ -12,7 +12,12 @@ from typing import Any, Generic, TypeVar
 
 from torch import nn
 
-from lightrec.distributed.planner.plan import EmbeddingComputeKernel, ShardingType, enum_value
+from lightrec.distributed.planner.plan import (
+    EmbeddingComputeKernel,
+    EmbeddingModuleShardingPlan,
+    ShardingType,
+    enum_value,
+)
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig
 
 __all__ = ["ModuleSharder"]
@@ -65,6 +70,18 @@ class ModuleSharder(abc.ABC, Generic[M]):
         if compute_device_type == "cuda":
             tiered.insert(0, EmbeddingComputeKernel.FUSED_UVM_CACHING.value)
         return [EmbeddingComputeKernel.FUSED.value, *tiered, EmbeddingComputeKernel.DENSE.value]
+
+    def finalize_module_plan(
+        self, module: nn.Module, plan: EmbeddingModuleShardingPlan, world_size: int
+    ) -> EmbeddingModuleShardingPlan:
+        """The module's plan as the planner built it, adjusted to what the sharded module needs
+        (the planner calls this last; e.g. managed-collision tables lay row blocks on whole buckets)."""
+        return plan
+
+    def row_state_bytes(self, module: nn.Module) -> dict[str, float]:
+        """``{table: bytes per row}`` of state a table keeps besides weights and optimizer state
+        (e.g. a managed-collision id map); the planner counts it in the table's memory."""
+        return {}
 
     def shardable_parameters(self, module: nn.Module) -> dict[str, BaseEmbeddingConfig]:
         """``{table name: config}`` of ``module``'s tables, read from ``embedding_bag_configs()``

@@ -122,7 +122,7 @@ def collect_tables(
     device = str(topo.compute_device)
     keys: list[tuple[str, str]] = []
     cols_: dict[str, list[float]] = {
-        k: [] for k in ("rows", "cols", "eb", "ro", "ids", "bags", "pooled", "oe", "or", "mp")
+        k: [] for k in ("rows", "cols", "eb", "ro", "ids", "bags", "pooled", "oe", "or", "mp", "rs")
     }
     allowed: list[list[tuple[int, list[int]]]] = []
     clf_choices: list[list[float]] = []
@@ -134,6 +134,7 @@ def collect_tables(
         min_rows = int(m.sharder.fused_params.get("cache_min_rows", DEFAULT_MIN_CACHE_ROWS))
         offered = m.sharder.sharding_types(device)
         offered_kernels = {stype: m.sharder.compute_kernels(stype, device) for stype in offered}
+        row_state = m.sharder.row_state_bytes(m.module)
         for name, cfg in m.configs.items():
             c = constraints.get(name, ParameterConstraints())
             opts: list[tuple[int, list[int]]] = []
@@ -181,6 +182,7 @@ def collect_tables(
             cols_["oe"].append(OPTIMIZER_STATE[opt][0])
             cols_["or"].append(OPTIMIZER_STATE[opt][1])
             cols_["mp"].append(min(c.min_partition or DEFAULT_MIN_PARTITION, cfg.embedding_dim))
+            cols_["rs"].append(float(row_state.get(name, 0.0)))
     f64 = lambda k: np.asarray(cols_[k], dtype=np.float64)  # noqa: E731
     return TableArrays(
         keys=keys,
@@ -198,4 +200,5 @@ def collect_tables(
         clf_choices=clf_choices,
         min_cache_rows=np.asarray(min_cache_rows, dtype=np.int64),
         stats=stats,
+        row_state=f64("rs"),
     )

@@ -90,6 +90,9 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
     _attr = "embedding_bags"
     _pooled = True
     _configs_getter = "embedding_bag_configs"
+    # Prefix of the table keys in the state dict (a collection nested in a wrapper module keeps the
+    # unsharded wrapper's keys, e.g. "_embedding_module." for managed-collision collections).
+    _state_prefix = ""
 
     def __init__(
         self,
@@ -155,7 +158,7 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
             self._feature_order, env, device, self._pooled, self._is_weighted, seed, qcomm_codecs_registry
         )
         self._shardings: list[EmbeddingSharding] = [
-            SHARDING_CLASSES[st](tables, context) for st, tables in by_type.items()
+            self._make_sharding(st, tables, context) for st, tables in by_type.items()
         ]
         self._column_index = self._output_column_index() if self._pooled else None
         self._input_dists = nn.ModuleList(s.create_input_dist() for s in self._shardings)
@@ -174,6 +177,18 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
         self._register_load_state_dict_pre_hook(load_state_dict_pre_hook, with_module=True)
 
     # ---- construction helpers ---------------------------------------------------------------
+    def _make_sharding(
+        self, sharding_type: str, tables: list[ShardedTable], context: ShardingContext
+    ) -> EmbeddingSharding:
+        """The sharding of one type (subclasses with their own sharding classes override this)."""
+        return SHARDING_CLASSES[sharding_type](tables, context)
+
+    def row_state_tables(self) -> list[tuple[str, list[int], list[tuple[ShardMetadata, torch.Tensor]]]]:
+        """Per-row state besides the tables (``(state-dict key, global [rows, cols], this rank's
+        blocks)``) that checkpoints save and reshard like a table; none here (managed-collision
+        collections have their id maps)."""
+        return []
+
     def _configs_of(self, module: nn.Module) -> list[BaseEmbeddingConfig]:
         getter = getattr(module, self._configs_getter, None)
         if not callable(getter):
@@ -296,7 +311,8 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
         return features
 
     def input_dist(self, features: KeyedJaggedTensor, stream: torch.cuda.Stream | None = None) -> StartedInputDist:
-        """Stage 1 of the forward of ``features``: checks the input, applies ``bounds_check`` and
+        """Stage 1 of the forward of ``features``: checks the input (on the rank that got it, before any
+        collective, never in a peer's kernel after the all-to-all), applies ``bounds_check`` and
         starts every sharding's splits exchange (collective).
 
         Args:
@@ -305,7 +321,7 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
                 lookup then makes its own stream wait for it); None: the current stream.
         """
         features = self._prepare(features)
-        check_collection_input(features, self._feature_order, type(self).__name__)
+        check_collection_input(features, self._feature_order, type(self).__name__, weighted=self._is_weighted)
         positions = self._positions(features.keys())
         with on_stream(stream):
             bounded = self._id_bounds(features)  # the unsharded module's bounds_check policy

@@ -34,6 +34,7 @@ class TableStateOwner(Protocol):
     _configs: Sequence[BaseEmbeddingConfig]
     _tables: Mapping[str, ShardedTable]
     _attr: str
+    _state_prefix: str
     _local_params: Mapping[str, list[tuple[str, Any, nn.Parameter]]]
 
 
@@ -48,7 +49,7 @@ def state_dict_hook(
         del state_dict[key]
     for c in module._configs:
         table = module._tables[c.name]
-        key = f"{prefix}{module._attr}.{c.name}.weight"
+        key = f"{prefix}{module._state_prefix}{module._attr}.{c.name}.weight"
         local = module._local_params[c.name]
         if table.sharding.sharding_type == ShardingType.DATA_PARALLEL.value:
             state_dict[key] = local[0][2].detach()
@@ -66,7 +67,7 @@ def load_state_dict_pre_hook(
 ) -> None:
     """Turn ``<attr>.<table>.weight`` (full tensor or sharded state) into the kernel parameters."""
     for c in module._configs:
-        key = f"{prefix}{module._attr}.{c.name}.weight"
+        key = f"{prefix}{module._state_prefix}{module._attr}.{c.name}.weight"
         if key not in state_dict:
             continue  # reported as missing under the kernel parameter's key
         value = state_dict.pop(key)

@@ -1,0 +1,138 @@
+"""lightrec's native CPU ops: built from ``lightrec/csrc`` at first use, or left out with one warning.
+
+Two small C++ files register torch ops (``torch.ops.lightrec_cpu.*``: the torch kernel's fused
+update on CPU; ``torch.ops.lightrec_shm.*``: the futex signalling of the shared-memory transport,
+Linux only). They are compiled once per machine by ``torch.utils.cpp_extension.load`` -- the
+compiler torch itself documents for extensions (g++/clang++ and ``ninja``, which lightrec depends
+on) -- into torch's extension cache (``$TORCH_EXTENSIONS_DIR``, default
+``~/.cache/torch_extensions``), where later processes find the built library in well under a
+second; a source change rebuilds it. Concurrent builds (several ranks starting at once) wait on
+torch's lock in that folder.
+
+The decision, made once per process (:func:`native_ops`):
+
+1. ``LIGHTREC_DISABLE_NATIVE=1``: no native ops, silently (asked for).
+2. Otherwise build or load; any failure (no compiler, no ``ninja``, missing Python headers, a
+   compile error) gives ONE :class:`NativeUnavailableWarning` naming the reason and the fix, and
+   lightrec runs its pure-torch update and the gloo transport instead -- the same numbers, slower.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import shutil
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+__all__ = ["NativeOps", "NativeUnavailableWarning", "native_ops", "native_unavailable_reason"]
+
+_CSRC = Path(__file__).resolve().parent / "csrc"
+_log = logging.getLogger(__name__)
+_reason: str | None = None
+
+
+class NativeUnavailableWarning(UserWarning):
+    """lightrec's native CPU ops could not be built: the pure-torch update and gloo are used instead."""
+
+
+@dataclass(frozen=True)
+class NativeOps:
+    """What the loaded library offers.
+
+    Attributes:
+        fused_update: ``torch.ops.lightrec_cpu.cpu_fused_update`` is registered.
+        shm: ``torch.ops.lightrec_shm.{shm_store, shm_wait, shm_fetch_add}`` are registered (Linux).
+        library: path of the loaded shared library.
+    """
+
+    fused_update: bool
+    shm: bool
+    library: str
+
+
+def _sources() -> list[str]:
+    files = ["cpu_fused_update.cpp"]
+    if sys.platform.startswith("linux"):  # futex signalling
+        files.append("shm_sync.cpp")
+    return [str(_CSRC / f) for f in files]
+
+
+def _ninja_on_path() -> None:
+    """Put the ``ninja`` that pip installed (the ``ninja`` package) on PATH when the venv is not
+    activated, so torch's build finds it."""
+    if shutil.which("ninja") is not None:
+        return
+    try:
+        import ninja  # type: ignore[import-not-found, unused-ignore]  # typed when installed (a dependency); absent in some envs
+    except ImportError:
+        return
+    bin_dir = getattr(ninja, "BIN_DIR", None)
+    if bin_dir:
+        os.environ["PATH"] = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+def _build() -> NativeOps:
+    from torch.utils import cpp_extension
+
+    _ninja_on_path()
+    sources = _sources()
+    # -ffp-contract=off: no fused multiply-adds, so the update rounds like the torch reference.
+    path = cpp_extension.load(
+        name="lightrec_native",
+        sources=sources,
+        extra_cflags=["-O3", "-ffp-contract=off"],
+        is_python_module=False,
+        verbose=False,
+    )
+    return NativeOps(fused_update=True, shm=len(sources) > 1, library=str(path))
+
+
+@functools.cache
+def native_ops() -> NativeOps | None:
+    """The native ops of this process (built or loaded on the first call), or None (see above)."""
+    global _reason
+    if os.environ.get("LIGHTREC_DISABLE_NATIVE", "") not in ("", "0"):
+        _reason = "LIGHTREC_DISABLE_NATIVE is set"
+        return None
+    try:
+        ops = _build()
+    except Exception as exc:  # noqa: BLE001 - any build or load failure means "use the fallbacks"
+        _reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else exc!r}"
+        warnings.warn(
+            f"lightrec could not build its native CPU ops ({_reason}); the pure-torch fused update and "
+            "gloo's transport are used instead (same results, slower). Install a C++ compiler (g++) and "
+            "the Python headers (python3-dev), and `pip install ninja`; or set LIGHTREC_DISABLE_NATIVE=1 "
+            "to skip the build silently",
+            NativeUnavailableWarning,
+            stacklevel=2,
+        )
+        return None
+    _log.debug("lightrec native ops loaded from %s", ops.library)
+    return ops
+
+
+def native_unavailable_reason() -> str | None:
+    """Why :func:`native_ops` returned None (after it was called), else None."""
+    return _reason
+
+
+def clear_cache_for_tests() -> None:
+    """Forget the decision (tests that flip ``LIGHTREC_DISABLE_NATIVE``); a loaded library stays loaded."""
+    global _reason
+    _reason = None
+    native_ops.cache_clear()
+
+
+def torch_has_op(namespace: str, name: str) -> bool:
+    """Whether ``torch.ops.<namespace>.<name>`` is registered in this process."""
+    try:
+        getattr(getattr(torch.ops, namespace), name)
+    except (AttributeError, RuntimeError):
+        return False
+    return True

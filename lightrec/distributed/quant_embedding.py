@@ -1,0 +1,68 @@
+"""torchrec's ``torchrec.distributed.quant_embedding`` path for the managed-collision sharder.
+
+``QuantManagedCollisionEmbeddingCollectionSharder(e_sharder, mc_sharder)`` shards a quantized
+managed-collision ``EmbeddingCollection`` for serving: its tables table-wise over the local
+devices of ``env`` (``ShardingEnv.from_local(world_size, 0)``, as the TorchRec tutorial passes),
+its frozen id maps whole on the first device (``lightrec.quant.sharded_mc_embedding``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from lightrec.distributed.planner.plan import EmbeddingComputeKernel, ShardingType
+from lightrec.distributed.planner.sharder import ModuleSharder
+from lightrec.quant.mc_embedding_modules import QuantManagedCollisionEmbeddingCollection
+from lightrec.quant.sharded_mc_embedding import (
+    ShardedQuantManagedCollisionEmbeddingCollection,
+    shard_managed_collection_for_inference,
+)
+
+__all__ = ["QuantManagedCollisionEmbeddingCollectionSharder"]
+
+
+class QuantManagedCollisionEmbeddingCollectionSharder(ModuleSharder):
+    """Inference sharder of ``QuantManagedCollisionEmbeddingCollection`` (see the module docstring).
+
+    Args:
+        e_sharder / mc_sharder: torchrec's arguments (the quantized-collection and managed-collision
+            sharders); accepted and kept, the layout is decided here.
+    """
+
+    def __init__(self, e_sharder: Any = None, mc_sharder: Any = None) -> None:
+        super().__init__()
+        self._e_sharder = e_sharder
+        self._mc_sharder = mc_sharder
+
+    @property
+    def module_type(self) -> type[nn.Module]:
+        return QuantManagedCollisionEmbeddingCollection
+
+    def sharding_types(self, compute_device_type: str) -> list[str]:
+        super().sharding_types(compute_device_type)
+        return [ShardingType.TABLE_WISE.value]
+
+    def compute_kernels(self, sharding_type: str, compute_device_type: str) -> list[str]:
+        super().compute_kernels(sharding_type, compute_device_type)
+        return [EmbeddingComputeKernel.QUANT.value]
+
+    def shard(
+        self,
+        module: nn.Module,
+        params: Any = None,
+        env: Any = None,
+        device: torch.device | str | None = None,
+        module_fqn: str | None = None,
+    ) -> ShardedQuantManagedCollisionEmbeddingCollection:
+        """Spread ``module``'s tables over ``env.world_size`` devices (``cuda:0..n-1`` when ``device``
+        is CUDA, else ``n`` groups on ``device``); ``params`` is accepted for torchrec's signature."""
+        if not isinstance(module, QuantManagedCollisionEmbeddingCollection):
+            raise TypeError(f"{type(self).__name__} shards QuantManagedCollisionEmbeddingCollection, got "
+                            f"{type(module).__name__}" + (f" at {module_fqn!r}" if module_fqn else ""))  # fmt: skip
+        world_size = int(getattr(env, "world_size", 1)) if env is not None else 1
+        base = torch.device(device) if device is not None else torch.device("cpu")
+        devices = [torch.device("cuda", i) for i in range(world_size)] if base.type == "cuda" else [base] * world_size
+        return shard_managed_collection_for_inference(module, devices)

@@ -1,0 +1,191 @@
+"""Multi-probe zero-collision hashing in plain torch: the lookup and insertion of
+``HashZchManagedCollisionModule``, vectorised over ids.
+
+Layout (fbgemm's, so torchrec's state dicts mean the same here): ``identities [Z, 1]`` int64 holds
+the raw id living in each slot (``-1``: empty). An id's probe sequence inside its bucket segment
+``[offset, offset + size)`` starts at ``murmur3(id) mod size`` and walks forward circularly for at
+most ``max_probe`` slots. A lookup stops at the id, or at the first empty slot; an id found in no
+probed slot *falls back* to its first probe position (sharing that row, like a plain hash).
+
+Training inserts an id that was not found into the first probed slot that is empty -- or, with
+eviction, whose metadata says it expired (TTL: ``metadata < threshold``) -- or, under LRU, into the
+least recently seen probed slot when none is free. Where fbgemm's CUDA kernel resolves two new ids
+racing for one slot with atomics (any may win), the smaller id wins here, so the result does not
+depend on the order of the ids (nor on how a table is sharded).
+
+``murmur3_2x64`` is MurmurHash3's x64 mixing of the 128-bit block ``(id, 0)`` with seed 0, as
+fbgemm's ``zero_collision_hash`` computes it (``tests/modules/test_hash_mc_modules.py`` checks the
+positions against fbgemm's op where it is installed).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["EMPTY_IDENTITY", "murmur3_2x64", "probe_insert", "probe_lookup", "unsigned_mod"]
+
+EMPTY_IDENTITY = -1
+
+_C1 = -8663945395140668459  # 0x87c37b91114253d5
+_C2 = 5545529020109919103  # 0x4cf5ad432745937f
+_F1 = -49064778989728563  # 0xff51afd7ed558ccd
+_F2 = -4265267296055464877  # 0xc4ceb9fe1a85ec53
+
+
+def _shr(x: torch.Tensor, bits: int) -> torch.Tensor:
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def _rotl(x: torch.Tensor, bits: int) -> torch.Tensor:
+    return (x << bits) | _shr(x, 64 - bits)
+
+
+def _fmix(h: torch.Tensor) -> torch.Tensor:
+    h = h ^ _shr(h, 33)
+    h = h * _F1
+    h = h ^ _shr(h, 33)
+    h = h * _F2
+    return h ^ _shr(h, 33)
+
+
+def murmur3_2x64(x: torch.Tensor) -> torch.Tensor:
+    """MurmurHash3 x64 of the block ``(x, 0)``, seed 0, as int64 bit patterns (wrapping arithmetic)."""
+    k1 = _rotl(x.long() * _C1, 31) * _C2
+    h1 = _rotl(k1, 27) * 5 + 0x52DCE729
+    h2 = h1 * 5 + 0x38495AB5
+    h1 = h1 ^ 16
+    h2 = h2 ^ 16
+    h1 = h1 + h2
+    h2 = h2 + h1
+    h1, h2 = _fmix(h1), _fmix(h2)
+    h1 = h1 + h2
+    h2 = h2 + h1
+    return h1 ^ h2
+
+
+def unsigned_mod(bits: torch.Tensor, modulo: torch.Tensor) -> torch.Tensor:
+    """``bits`` read as unsigned 64-bit integers, modulo the positive ``modulo`` (per element)."""
+    # u = bits + 2**64 for negative bits; (u mod m) = (bits mod m + 2**64 mod m) mod m.
+    wrap = torch.remainder(torch.remainder(torch.full_like(modulo, 2**62), modulo) * 4, modulo)
+    base = torch.remainder(bits, modulo)
+    return torch.where(bits < 0, torch.remainder(base + wrap, modulo), base)
+
+
+def probe_lookup(
+    identities: torch.Tensor, ids: torch.Tensor, start: torch.Tensor, offset: torch.Tensor, size: torch.Tensor,
+    max_probe: int,
+) -> torch.Tensor:  # fmt: skip
+    """Slot of every id found within its probe window (``-1``: not found).
+
+    Args:
+        identities: ``[Z]`` slot identities (a view of the ``[Z, 1]`` buffer).
+        ids: ``[U]`` int64 ids.
+        start: ``[U]`` first probe position inside the segment; offset / size: ``[U]`` segment.
+        max_probe: probes per id.
+    """
+    found = torch.full_like(ids, -1)
+    active = torch.arange(ids.numel(), device=ids.device)
+    for p in range(max_probe):
+        if active.numel() == 0:
+            break
+        slot = offset[active] + torch.remainder(start[active] + p, size[active])
+        current = identities.index_select(0, slot)
+        hit = current == ids[active]
+        found[active[hit]] = slot[hit]
+        active = active[~hit & (current != EMPTY_IDENTITY)]
+    return found
+
+
+def probe_insert(
+    identities: torch.Tensor,
+    metadata: torch.Tensor | None,
+    ids: torch.Tensor,
+    start: torch.Tensor,
+    offset: torch.Tensor,
+    size: torch.Tensor,
+    max_probe: int,
+    expired_before: int,
+    lru: bool,
+    new_metadata: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Insert ids that were not found (module docstring); returns ``(slot [U] or -1, evicted slots)``.
+
+    Args:
+        identities: ``[Z]`` slot identities, updated in place.
+        metadata: ``[Z]`` slot metadata (expiry or last-seen hour), or None without eviction;
+            a seated id's slot gets its ``new_metadata`` at once (so later probes see it live).
+        ids, start, offset, size, max_probe: as :func:`probe_lookup` (ids ascending, not present).
+        expired_before: a slot whose metadata is below this may be taken over (-1: never).
+        lru: when no probed slot is free, evict the probed slot seen least recently.
+    """
+    slot_of = torch.full_like(ids, -1)
+    evicted: list[torch.Tensor] = []
+    active = torch.arange(ids.numel(), device=ids.device)
+    for p in range(max_probe):
+        if active.numel() == 0:
+            break
+        slot = offset[active] + torch.remainder(start[active] + p, size[active])
+        current = identities.index_select(0, slot)
+        free = current == EMPTY_IDENTITY
+        stale = torch.zeros_like(free)
+        if metadata is not None and expired_before > 0:
+            stale = ~free & (metadata.index_select(0, slot) < expired_before)
+        want = free | stale
+        won = _claim(slot, want)
+        take = active[won]
+        taken = slot[won]
+        identities[taken] = ids[take]
+        if metadata is not None and new_metadata is not None:
+            metadata[taken] = new_metadata[take]
+        slot_of[take] = taken
+        if bool(stale[won].any()):
+            evicted.append(taken[stale[won]])
+        active = active[~won]
+    if lru and metadata is not None and active.numel():
+        got, out = _lru_fallback(identities, metadata, ids, active, start, offset, size, max_probe, new_metadata)
+        slot_of[active] = got
+        evicted.append(out)
+    empty = torch.zeros(0, dtype=torch.int64, device=ids.device)
+    return slot_of, torch.cat(evicted) if evicted else empty
+
+
+def _claim(slot: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """``[n]`` bool: the entries that get their slot -- per contested slot, the first wanting entry
+    (entries are in ascending id order, so the smallest id wins)."""
+    if slot.numel() == 0:
+        return want
+    order = torch.sort(torch.where(want, slot, torch.full_like(slot, -1)), stable=True).indices
+    sorted_slots = slot.index_select(0, order)
+    first = torch.ones_like(want)
+    first[1:] = sorted_slots[1:] != sorted_slots[:-1]
+    won = torch.zeros_like(want)
+    won[order] = first
+    return won & want
+
+
+def _lru_fallback(
+    identities: torch.Tensor, metadata: torch.Tensor, ids: torch.Tensor, active: torch.Tensor,
+    start: torch.Tensor, offset: torch.Tensor, size: torch.Tensor, max_probe: int, new_metadata: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """LRU: each remaining id takes the slot of its window whose expiry is earliest (smaller id first)."""
+    got = torch.full_like(active, -1)
+    remaining = torch.arange(active.numel(), device=ids.device)
+    evicted: list[torch.Tensor] = []
+    probes = torch.arange(max_probe, device=ids.device)
+    for _ in range(max_probe):  # each pass seats at least the first contender of every slot
+        if remaining.numel() == 0:
+            break
+        idx = active[remaining]
+        window = offset[idx].unsqueeze(1) + torch.remainder(start[idx].unsqueeze(1) + probes, size[idx].unsqueeze(1))
+        oldest = window.gather(1, metadata.index_select(0, window.reshape(-1)).view_as(window).argmin(1, keepdim=True))
+        slot = oldest.squeeze(1)
+        won = _claim(slot, torch.ones_like(slot, dtype=torch.bool))
+        taken = slot[won]
+        evicted.append(taken)
+        identities[taken] = ids[idx[won]]
+        # The new id's expiry (or, without one, "newest"): the slot is not the oldest any more.
+        fresh = new_metadata[idx[won]] if new_metadata is not None else torch.iinfo(torch.int32).max
+        metadata[taken] = fresh
+        got[remaining[won]] = taken
+        remaining = remaining[~won]
+    return got, torch.cat(evicted) if evicted else got[:0]

@@ -1,0 +1,211 @@
+"""The native CPU fused update (``lightrec.kernels.cpu_update``) against the stock-op update.
+
+The stock-op rule (``sparse_update.apply_sparse_update``) is the reference: de-duplicated rows,
+summed gradients, one update per row. Batches draw their ids from a few rows, so every batch has
+duplicate ids; each case runs several steps so optimizer state carries over.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightrec._native import native_ops
+from lightrec.kernels import BatchedEmbeddingBag, FusedOptimizerSpec
+from lightrec.kernels.cpu_update import native_fused_update, native_update_available, new_scratch
+from lightrec.kernels.sparse_update import apply_sparse_update
+from lightrec.modules.embedding_configs import PoolingType
+from lightrec.optim.fused_spec import EmbOptimType, WeightDecayMode
+from tests.kernels.reference import random_batch
+
+pytestmark = pytest.mark.skipif(
+    native_ops() is None,
+    reason="the native ops could not be built here (a NativeUnavailableWarning says why)",
+)
+
+KINDS = [EmbOptimType.SGD, EmbOptimType.ADAGRAD, EmbOptimType.ROWWISE_ADAGRAD, EmbOptimType.ADAM]
+DECAYS = [WeightDecayMode.NONE, WeightDecayMode.L2, WeightDecayMode.DECOUPLED]
+
+
+def _spec(kind: EmbOptimType, decay: WeightDecayMode) -> FusedOptimizerSpec:
+    wd = 0.0 if decay == WeightDecayMode.NONE else 0.05
+    return FusedOptimizerSpec(kind, learning_rate=0.1, eps=1e-6, weight_decay=wd, weight_decay_mode=decay)
+
+
+def _states(spec: FusedOptimizerSpec, rows: int, dim: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    shape = (rows,) if spec.optimizer == EmbOptimType.ROWWISE_ADAGRAD else (rows, dim)
+    return {name: torch.rand(shape, dtype=dtype) for name in spec.state_names}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("decay", DECAYS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("bags", ["per_id", "pooled"])
+def test_native_update_equals_stock_update_with_duplicate_ids(
+    kind: EmbOptimType, decay: WeightDecayMode, dtype: torch.dtype, bags: str
+) -> None:
+    gen = torch.Generator().manual_seed(7)
+    rows, dim, n = 40, 12, 300
+    spec = _spec(kind, decay)
+    weight = torch.randn(rows, dim, generator=gen, dtype=dtype)
+    states = _states(spec, rows, dim, dtype)
+    ref_weight, ref_states = weight.clone(), {k: v.clone() for k, v in states.items()}
+    scratch = new_scratch(rows)
+    for step in range(1, 4):
+        ids = torch.randint(0, 9, (n,), generator=gen)  # 9 distinct rows: many duplicates
+        step_t = torch.tensor(step)
+        if bags == "per_id":
+            grad = torch.randn(n, dim, generator=gen, dtype=dtype)
+            bag_of_id, scale, contrib = None, None, grad
+            native_grad = grad.view(1, n, dim)
+        else:  # ids pooled into 4 x 25 bags of a strided [F, B, D] gradient view, with per-id factors
+            out_grad = torch.randn(25, 4, dim, generator=gen, dtype=dtype)
+            native_grad = out_grad.transpose(0, 1)  # [4, 25, D], not contiguous
+            bag_of_id = torch.randint(0, 100, (n,), generator=gen)
+            scale = torch.rand(n, generator=gen, dtype=dtype)
+            contrib = native_grad.reshape(100, dim).index_select(0, bag_of_id) * scale.unsqueeze(1)
+        native_fused_update(spec, 0.1, step_t, weight, states, scratch, ids, native_grad, bag_of_id, scale)
+        apply_sparse_update(spec, 0.1, step_t, ref_weight, ref_states, ids, contrib)
+        assert torch.equal(scratch, torch.full((rows,), -1, dtype=torch.int32))  # left clean
+    tol = {} if dtype == torch.float32 else {"rtol": 1e-12, "atol": 1e-12}
+    torch.testing.assert_close(weight, ref_weight, **tol)
+    for name in states:
+        torch.testing.assert_close(states[name], ref_states[name], **tol)
+    untouched = torch.arange(9, rows)
+    assert torch.equal(weight[untouched], ref_weight[untouched])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("pooling", [PoolingType.SUM, PoolingType.MEAN, PoolingType.NONE])
+@pytest.mark.parametrize("one_per_bag", [False, True])
+def test_torch_kernel_trains_the_same_with_and_without_native_update(
+    kind: EmbOptimType, pooling: PoolingType, one_per_bag: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whole lookups (forward, backward, update): the native path equals the stock-op path."""
+    tables, ftm = [(30, 8), (20, 8)], [0, 1, 0]
+    spec = _spec(kind, WeightDecayMode.L2)
+    modules = []
+    for native in (True, False):
+        monkeypatch.setenv("LIGHTREC_CPU_UPDATE", "native" if native else "torch")
+        torch.manual_seed(0)
+        if pooling == PoolingType.NONE:
+            from lightrec.kernels import BatchedEmbedding
+
+            m: torch.nn.Module = BatchedEmbedding(tables, ftm, spec, kernel_backend="torch")
+        else:
+            m = BatchedEmbeddingBag(tables, ftm, pooling, spec, kernel_backend="torch")
+        assert m._backend.native_update is native  # type: ignore[union-attr]
+        modules.append(m)
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        b = random_batch(gen, [30, 20, 30], ftm, batch=6, weighted=pooling != PoolingType.NONE,
+                         one_per_bag=one_per_bag)  # fmt: skip
+        outs = []
+        for m in modules:
+            if pooling == PoolingType.NONE:
+                out = m(b.indices, b.offsets)
+            else:
+                out = m(b.indices, b.offsets, b.weights)
+            (out * torch.arange(out.numel(), dtype=out.dtype).view_as(out).sin()).sum().backward()
+            outs.append(out.detach())
+        torch.testing.assert_close(outs[0], outs[1])
+    for a, b_ in zip(modules[0].split_embedding_weights(), modules[1].split_embedding_weights()):
+        torch.testing.assert_close(a, b_)
+
+
+def test_out_of_range_id_raises_and_leaves_the_scratch_clean() -> None:
+    spec = _spec(EmbOptimType.ROWWISE_ADAGRAD, WeightDecayMode.NONE)
+    weight, states, scratch = torch.zeros(5, 4), _states(spec, 5, 4, torch.float32), new_scratch(5)
+    with pytest.raises(RuntimeError, match="id 7 at position 2 is outside"):
+        native_fused_update(spec, 0.1, torch.tensor(1), weight, states, scratch, torch.tensor([1, 2, 7]),
+                            torch.ones(1, 3, 4), None, None)  # fmt: skip
+    assert torch.equal(scratch, torch.full((5,), -1, dtype=torch.int32))
+    assert torch.equal(weight, torch.zeros(5, 4))
+
+
+def test_native_update_only_serves_cpu_float_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert native_update_available(torch.device("cpu"), torch.float32)
+    assert not native_update_available(torch.device("cpu"), torch.float16)
+    assert not native_update_available(torch.device("meta"), torch.float32)
+    monkeypatch.setenv("LIGHTREC_CPU_UPDATE", "torch")
+    assert not native_update_available(torch.device("cpu"), torch.float32)
+
+
+def test_a_failed_build_warns_once_and_falls_back() -> None:
+    """No compiler: one NativeUnavailableWarning, then the stock-op update trains the table."""
+    script = textwrap.dedent(
+        """
+        import warnings, torch
+        from torch.utils import cpp_extension
+        def broken(*args, **kwargs):
+            raise RuntimeError("Ninja is required to load C++ extensions")
+        cpp_extension.load = broken
+        from lightrec.kernels import BatchedEmbeddingBag, FusedOptimizerSpec, EmbOptimType
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            mods = [BatchedEmbeddingBag([(10, 4)], [0], optimizer=FusedOptimizerSpec(EmbOptimType.ADAGRAD),
+                                        kernel_backend="torch") for _ in range(2)]
+        messages = [str(w.message) for w in caught if "native CPU ops" in str(w.message)]
+        assert len(messages) == 1, messages
+        assert "Ninja is required" in messages[0] and "pip install ninja" in messages[0], messages
+        m = mods[0]
+        assert not m._backend.native_update
+        before = m.split_embedding_weights()[0].clone()
+        m(torch.tensor([1, 1]), torch.tensor([0, 1, 2])).sum().backward()
+        assert not torch.equal(before, m.split_embedding_weights()[0])
+        print("ok")
+        """
+    )
+    env = {"PYTHONPATH": str(Path(__file__).resolve().parents[2]), "LIGHTREC_CPU_UPDATE": ""}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            env={**os.environ, **env}, timeout=120)  # fmt: skip
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr
+
+
+def test_auto_on_cpu_takes_the_measured_kernel(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """fbgemm vs the native torch kernel: measured once per machine and cached; the environment pins it."""
+    from lightrec._fbgemm import fbgemm_available
+    from lightrec.kernels import cpu_kernel_choice
+    from lightrec.kernels.kernel_interface import KernelConfig
+    from lightrec.kernels.kernel_registry import select_backend
+
+    spec = _spec(EmbOptimType.ROWWISE_ADAGRAD, WeightDecayMode.NONE)
+    config = KernelConfig([10, 20], [8, 8], [0, 1], PoolingType.SUM, spec, torch.device("cpu"))
+    adam = KernelConfig([10], [8], [0], PoolingType.SUM, _spec(EmbOptimType.ADAM, WeightDecayMode.NONE),
+                        torch.device("cpu"))  # fmt: skip
+    monkeypatch.setenv("LIGHTREC_CACHE_DIR", str(tmp_path))
+    for forced in ("torch", "fbgemm"):
+        monkeypatch.setenv("LIGHTREC_CPU_KERNEL", forced)
+        cpu_kernel_choice.cpu_kernel_preference.cache_clear()
+        assert select_backend("auto", config) == (forced if fbgemm_available() else "torch")
+        assert select_backend("auto", adam) == "torch"  # fbgemm has no CPU Adam: nothing to measure
+    monkeypatch.setenv("LIGHTREC_CPU_KERNEL", "")
+    cpu_kernel_choice.cpu_kernel_preference.cache_clear()
+    measured = {"fbgemm": 3.0, "torch": 2.0}
+    monkeypatch.setattr(cpu_kernel_choice, "measure_cpu_kernels", lambda: measured)
+    assert cpu_kernel_choice.cpu_kernel_preference() == "torch"
+    cached = (tmp_path / "cpu_kernel_choice.json").read_text()
+    assert json.loads(cached)[next(iter(json.loads(cached)))]["choice"] == "torch"
+    measured.update(torch=9.0)  # a later process reads the cache, it does not measure again
+    cpu_kernel_choice.cpu_kernel_preference.cache_clear()
+    assert cpu_kernel_choice.cpu_kernel_preference() == "torch"
+    monkeypatch.setenv("LIGHTREC_CPU_KERNEL", "tbe")
+    cpu_kernel_choice.cpu_kernel_preference.cache_clear()
+    with pytest.raises(ValueError, match="LIGHTREC_CPU_KERNEL must be one of"):
+        cpu_kernel_choice.cpu_kernel_preference()
+    cpu_kernel_choice.cpu_kernel_preference.cache_clear()
+
+
+@pytest.mark.skipif("not __import__('lightrec._fbgemm', fromlist=['x']).fbgemm_available()")
+def test_measuring_both_cpu_kernels_gives_times() -> None:
+    from lightrec.kernels.cpu_kernel_choice import measure_cpu_kernels
+
+    ms = measure_cpu_kernels(iterations=1)
+    assert set(ms) == {"fbgemm", "torch"} and all(v > 0 for v in ms.values())
