@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.multiprocess import run_ranks
+from tests.multiprocess import free_port, run_ranks, set_torchrun_env
 
 STEPS_PER_EPOCH, GLOBAL_BATCH = 4, 64
 FUSED = {"optimizer": "exact_row_wise_adagrad", "learning_rate": 0.1}
@@ -64,7 +64,10 @@ def _plain_module() -> Any:
     return Plain()
 
 
-def _fits(rank: int, world_size: int, root: str, kind: str) -> dict[str, Any]:
+def _fits(rank: int, world_size: int, root: str, kind: str, port: int) -> dict[str, Any]:
+    # Without torchrun's environment Lightning would launch a rank-1 copy of the pytest command
+    # line from rank 0 (left behind, asleep, when the test ends).
+    set_torchrun_env(rank, world_size, port)
     import lightning.pytorch as pl
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
@@ -103,7 +106,7 @@ def _fits(rank: int, world_size: int, root: str, kind: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("kind", ["RecModule", "plain"])
 def test_last_ckpt_resumes_exactly_where_training_stopped(kind: str, tmp_path: Any) -> None:
-    runs = run_ranks(_fits, 2, args=(str(tmp_path), kind), timeout=600)[0]
+    runs = run_ranks(_fits, 2, args=(str(tmp_path), kind, free_port()), timeout=600)[0]
     reference = runs["uninterrupted"]["losses"]
     assert sorted(reference) == list(range(1, 2 * STEPS_PER_EPOCH + 1))
     assert sorted(runs["A"]["losses"]) == [1, 2, 3, 4] and sorted(runs["B"]["losses"]) == [1, 2, 3]
