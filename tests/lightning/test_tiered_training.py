@@ -99,3 +99,8 @@ def test_quantize_refuses_tiered_tables_by_name(tmp_path: Path) -> None:
         quantize(model)
     in_memory = torch.nn.Sequential(FusedEmbeddingBagCollection(tables, fused_params=sgd))
     assert quantize(in_memory) is not None  # the refusal is the tiering's, not the fused collection's
+
+
+def test_tiered_tables_with_managed_collisions_are_refused_with_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="tables_on='ssd' with managed_collisions is not supported.*tables_on='memory'"):
+        DLRMModule(tables_on="ssd", ssd_storage_directory=str(tmp_path), managed_collisions=True)
