@@ -113,10 +113,12 @@ def run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParser
     topology = topology_for(devices * num_nodes, "cuda" if accelerator in ("gpu", "cuda") else "cpu", devices)
     batch_size = getattr(datamodule, "batch_size", None)
     try:
+        constraints = getattr(rec_module, "planner_constraints", None)  # tables_on="ssd": their kernel
         planned = plan_sharding(
             rec_module,
             sharders,
             topology,
+            constraints() if callable(constraints) else None,
             batch_size=batch_size if isinstance(batch_size, int) and not isinstance(batch_size, bool) else None,
         )
     except PlannerError as exc:

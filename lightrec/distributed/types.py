@@ -10,9 +10,13 @@ Nothing is defined here. The plan types and their JSON form live in
 from lightrec.distributed.comm.awaitable import Awaitable, LazyAwaitable, LazyGetItemMixin, LazyNoWait, NoWait
 from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
 from lightrec.distributed.planner.plan import (
+    CacheAlgorithm,
+    CacheParams,
+    CacheStatistics,
     EmbeddingComputeKernel,
     EmbeddingModuleShardingPlan,
     EnumerableShardingSpec,
+    KeyValueParams,
     ParameterSharding,
     ShardingPlan,
     ShardingType,
@@ -26,9 +30,13 @@ from lightrec.distributed.sharding_env import ShardingEnv, as_env, resolve_group
 
 __all__ = [
     "Awaitable",
+    "CacheAlgorithm",
+    "CacheParams",
+    "CacheStatistics",
     "EmbeddingComputeKernel",
     "EmbeddingModuleShardingPlan",
     "EnumerableShardingSpec",
+    "KeyValueParams",
     "LazyAwaitable",
     "LazyGetItemMixin",
     "LazyNoWait",

@@ -29,6 +29,7 @@ from lightrec.inference.gather import (
     unwrap_model_parallel,
 )
 from lightrec.kernels import FusedEmbeddingBagCollection, FusedEmbeddingCollection
+from lightrec.kernels.tiered_config import refuse_tiered_export
 from lightrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from lightrec.modules.kernel_backend import resolve_kernel_backend
 from lightrec.modules.mc_embedding_modules import (
@@ -163,6 +164,11 @@ def quantize(
             f"{type(root).__name__} has no EmbeddingBagCollection or EmbeddingCollection to quantize; pass the "
             "model that holds the float (or sharded) tables"
         )
+    tiered = sorted(
+        {str(n) for f in found for m in f.module.modules() if getattr(m, "tiered", False) for n in getattr(m, "table_names", [])}
+    )
+    if tiered:
+        raise ValueError(refuse_tiered_export(tiered))
     known = set().union(*(_table_names(f) for f in found))
     unknown = sorted(set(per_table or {}) - known)
     if unknown:

@@ -8,6 +8,8 @@
   fbgemm's flattened ``(indices, offsets, per_sample_weights)`` layout.
 - ``FusedEmbeddingBagCollection`` / ``FusedEmbeddingCollection``: single-process collections that
   take a ``KeyedJaggedTensor`` and update their rows inside backward.
+- ``TieringConfig`` (``tiering=`` of the modules above): tables larger than memory, every row in host
+  memory or on SSD and a cache of hot rows on the device (``TieredBatchedLookup``; docs/tiered-tables.md).
 """
 
 from lightrec.kernels.batched_embedding import (
@@ -27,7 +29,17 @@ from lightrec.kernels.kernel_interface import (
     ResidentRows,
     RowState,
 )
-from lightrec.kernels.kernel_registry import KERNELS, check_kernel_backend, register_kernel, select_backend
+from lightrec.kernels.kernel_registry import (
+    KERNELS,
+    build_kernel,
+    check_kernel_backend,
+    register_kernel,
+    select_backend,
+)
+from lightrec.kernels.tiered_backend import TieredBatchedLookup, TieredCacheStats
+from lightrec.kernels.tiered_cache import CacheFullError
+from lightrec.kernels.tiered_config import TieringConfig
+from lightrec.kernels.tiered_store import TieredStorageError
 from lightrec.kernels.triton_backend import triton_supports
 from lightrec.optim.fused_spec import EmbOptimType, FusedOptimizerSpec, WeightDecayMode
 
@@ -36,6 +48,7 @@ __all__ = [
     "BatchedEmbedding",
     "BatchedEmbeddingBag",
     "BatchedTableSpec",
+    "CacheFullError",
     "EmbOptimType",
     "EmbeddingFusedOptimizer",
     "EmbeddingKernel",
@@ -47,7 +60,12 @@ __all__ = [
     "ResidentRows",
     "RowState",
     "TableSpec",  # the old name of BatchedTableSpec
+    "TieredBatchedLookup",
+    "TieredCacheStats",
+    "TieredStorageError",
+    "TieringConfig",
     "WeightDecayMode",
+    "build_kernel",
     "check_kernel_backend",
     "fbgemm_supports",
     "fuse_embedding_optimizer",

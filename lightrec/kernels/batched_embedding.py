@@ -37,7 +37,8 @@ from torch import nn
 
 from lightrec.kernels.input_checks import ID_CHECK_MODES, LookupInputChecker
 from lightrec.kernels.kernel_interface import EmbeddingKernel, KernelConfig, LookupBatch
-from lightrec.kernels.kernel_registry import KERNELS, select_backend
+from lightrec.kernels.kernel_registry import build_kernel
+from lightrec.kernels.tiered_config import TieringConfig
 from lightrec.kernels.weight_grad import with_weight_grad
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, PoolingType
 from lightrec.modules.kernel_backend import resolve_kernel_backend
@@ -50,6 +51,7 @@ __all__ = [
     "EmbeddingFusedOptimizer",
     "BatchedTableSpec",
     "TableSpec",
+    "flush_kernels",
 ]
 
 
@@ -82,11 +84,32 @@ class EmbeddingFusedOptimizer(KeyedOptimizer):
     """
 
     def __init__(
-        self, spec: FusedOptimizerSpec, params: Mapping[str, nn.Parameter], states: Sequence[dict[str, Any]]
+        self,
+        spec: FusedOptimizerSpec,
+        params: Mapping[str, nn.Parameter],
+        states: Sequence[dict[str, Any]],
+        kernel: EmbeddingKernel | None = None,
     ) -> None:
         self.spec = spec
+        self._kernel = kernel
         state = {p: dict(s) for p, s in zip(params.values(), states, strict=True)}
         super().__init__(params, state, [{"params": list(params.values()), "lr": spec.learning_rate}])
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state (and param groups) by parameter name; a tiered kernel's cache is flushed first,
+        so the state tensors (its backing store) hold every row's current value."""
+        if self._kernel is not None:
+            self._kernel.flush()
+        return super().state_dict()
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Load by parameter name (in place); a tiered kernel writes its cache back first and drops
+        it after, so lookups read the loaded rows."""
+        if self._kernel is not None:
+            self._kernel.flush()
+        super().load_state_dict(state_dict)
+        if self._kernel is not None:
+            self._kernel.invalidate()
 
     def _refresh(self, states: Sequence[dict[str, Any]]) -> None:
         for p, s in zip(self.params.values(), states, strict=True):
@@ -149,6 +172,7 @@ class _BatchedLookupBase(nn.Module):
         device: torch.device | str | None,
         optimizer_param_names: Sequence[str] | None,
         id_check: str = "auto",
+        tiering: TieringConfig | None = None,
     ) -> None:
         super().__init__()
         specs = _table_specs(tables)
@@ -174,9 +198,11 @@ class _BatchedLookupBase(nn.Module):
         self.pooling = pooling
         self.optimizer_spec = FusedOptimizerSpec.coerce(optimizer)
         device = torch.device(device) if device is not None else torch.device("cpu")
-        config = KernelConfig(self.rows, self.dims, ftm, pooling, self.optimizer_spec, device, self.table_names)
-        self.backend_name = select_backend(kernel_backend, config)
-        self._backend: EmbeddingKernel = KERNELS[self.backend_name](config)
+        config = KernelConfig(
+            self.rows, self.dims, ftm, pooling, self.optimizer_spec, device, self.table_names, tiering=tiering
+        )
+        self.tiering = tiering
+        self.backend_name, self._backend = build_kernel(kernel_backend, config)
         self._input_checker = LookupInputChecker(
             self.rows, ftm, self.table_names, _id_check_mode(id_check, self._backend, device)
         )
@@ -204,10 +230,15 @@ class _BatchedLookupBase(nn.Module):
             assert self.optimizer_spec is not None
             params = dict(zip(names, self.weights.values(), strict=True))
             self._fused_optimizer = EmbeddingFusedOptimizer(
-                self.optimizer_spec, params, self._backend.split_optimizer_states()
+                self.optimizer_spec, params, self._backend.split_optimizer_states(), self._backend
             )
             for p in self.weights.values():
                 p._in_backward_optimizers = [self._fused_optimizer]
+        # A kernel that holds rows outside the split views (a cache over host memory or SSD) writes
+        # them back before anything reads the views, and forgets them after a load wrote the views.
+        self.register_state_dict_pre_hook(_flush_before_state_dict)
+        self._register_load_state_dict_pre_hook(_flush_before_load, with_module=True)
+        self.register_load_state_dict_post_hook(_invalidate_after_load)
 
     @property
     def fused_optimizer(self) -> EmbeddingFusedOptimizer:
@@ -242,8 +273,14 @@ class _BatchedLookupBase(nn.Module):
         self._backend.reset_rows(self.table_names.index(table), rows, weights)
 
     def split_embedding_weights(self) -> list[nn.Parameter]:
-        """Per table ``[rows, D]`` weights (the parameters themselves; they alias the storage)."""
+        """Per table ``[rows, D]`` weights (the parameters themselves; they alias the storage, which a
+        tiered kernel brings up to date first: ``flush``)."""
+        self._backend.flush()
         return list(self.weights.values())
+
+    def flush(self) -> None:
+        """Write rows the kernel holds outside its split views (a tiered table's dirty cached rows) back."""
+        self._backend.flush()
 
     def named_split_embedding_weights(self) -> list[tuple[str, torch.Tensor]]:
         return list(self.weights.items())
@@ -277,6 +314,11 @@ class _BatchedLookupBase(nn.Module):
             new.__dict__[key] = copy.deepcopy(value, memo)
         new._relink()
         return new
+
+    @property
+    def tiered(self) -> bool:
+        """Whether the tables are tiered (a cache of hot rows over host memory or SSD)."""
+        return self.tiering is not None
 
     @property
     def id_check(self) -> str:
@@ -346,11 +388,40 @@ class _BatchedLookupBase(nn.Module):
             if self.optimizer_spec is None
             else f"{self.optimizer_spec.optimizer.name}(lr={self.fused_optimizer.param_groups[0]['lr']})"
         )
+        tiering = ""
+        if self.tiering is not None:
+            inner = getattr(self._backend, "inner_name", self.backend_name)
+            tiering = (
+                f", tiering={self.tiering.backing}/{self.tiering.algorithm}, cache_rows="
+                f"{[self.tiering.cache_rows_for(r) for r in self.rows]}, cache_kernel='{inner}'"
+            )
         return (
             f"tables={self.table_names}, rows={self.rows}, dims={self.dims}, features={self.num_features}, "
             f"pooling={self.pooling.name}, kernel_backend='{self.backend_name}', optimizer={opt}, "
-            f"id_check='{self.id_check}'"
+            f"id_check='{self.id_check}'{tiering}"
         )
+
+
+def flush_kernels(module: nn.Module) -> None:
+    """Flush every batched lookup inside ``module``: tiered tables write their dirty cached rows back,
+    so their split views (the backing stores) hold every row's current value."""
+    for m in module.modules():
+        if isinstance(m, _BatchedLookupBase):
+            m.flush()
+
+
+def _flush_before_state_dict(module: nn.Module, prefix: str, keep_vars: bool) -> None:
+    if isinstance(module, _BatchedLookupBase):  # always (registered on one)
+        module.flush()
+
+
+def _flush_before_load(module: _BatchedLookupBase, *args: Any) -> None:
+    module.flush()
+
+
+def _invalidate_after_load(module: nn.Module, incompatible_keys: Any) -> None:
+    if isinstance(module, _BatchedLookupBase):  # always (registered on one)
+        module.kernel.invalidate()
 
 
 def _id_check_mode(id_check: str, kernel: EmbeddingKernel, device: torch.device) -> str:
@@ -389,6 +460,9 @@ class BatchedEmbeddingBag(_BatchedLookupBase):
             ``"async"`` (Triton only: checked by the kernels on the device, no host read; an error
             is raised by the next call or :meth:`report_pending_errors`) or ``"auto"`` (async for
             Triton on CUDA, else sync). See ``lightrec.kernels.input_checks``.
+        tiering: keep the tables' rows in a backing tier (host memory or SSD) with a cache of hot rows
+            on ``device`` (``lightrec.kernels.tiered_config.TieringConfig``; ``kernel_backend`` then
+            picks the kernel serving the cache; docs/tiered-tables.md). Needs a fused optimizer.
         backend: the former name of ``kernel_backend`` (deprecated).
 
     ``forward(indices [N], offsets [T*B+1], per_sample_weights [N] | None) -> [B, sum_f D_f]``.
@@ -405,6 +479,7 @@ class BatchedEmbeddingBag(_BatchedLookupBase):
         optimizer_param_names: Sequence[str] | None = None,
         id_check: str = "auto",
         *,
+        tiering: TieringConfig | None = None,
         backend: str | None = None,
     ) -> None:
         if pooling not in (PoolingType.SUM, PoolingType.MEAN):
@@ -413,8 +488,9 @@ class BatchedEmbeddingBag(_BatchedLookupBase):
             )
         kernel_backend = resolve_kernel_backend(kernel_backend, "BatchedEmbeddingBag", backend=backend)
         super().__init__(
-            tables, feature_table_map, pooling, optimizer, kernel_backend, device, optimizer_param_names, id_check
-        )
+            tables, feature_table_map, pooling, optimizer, kernel_backend, device, optimizer_param_names, id_check,
+            tiering,
+        )  # fmt: skip
 
     def forward(
         self, indices: torch.Tensor, offsets: torch.Tensor, per_sample_weights: torch.Tensor | None = None
@@ -440,6 +516,7 @@ class BatchedEmbedding(_BatchedLookupBase):
         optimizer_param_names: Sequence[str] | None = None,
         id_check: str = "auto",
         *,
+        tiering: TieringConfig | None = None,
         backend: str | None = None,
     ) -> None:
         dims = {s.embedding_dim for s in _table_specs(tables)}
@@ -455,6 +532,7 @@ class BatchedEmbedding(_BatchedLookupBase):
             device,
             optimizer_param_names,
             id_check,
+            tiering,
         )
 
     def forward(self, indices: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from lightrec.kernels.batched_embedding import BatchedEmbedding, BatchedEmbeddingBag
+from lightrec.kernels.tiered_config import TieringConfig
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, EmbeddingBagConfig, EmbeddingConfig
 from lightrec.modules.embedding_modules import EmbeddingBagCollection
 from lightrec.modules.feature_checks import check_collection_input
@@ -167,6 +168,8 @@ class FusedEmbeddingBagCollection(_FusedCollectionBase):
         kernel_backend: ``"auto"``, ``"fbgemm"``, ``"triton"`` or ``"torch"`` (see ``BatchedEmbeddingBag``).
         backend: the former name of ``kernel_backend`` (deprecated).
         id_check: ``"auto"``, ``"sync"`` or ``"async"`` (see ``BatchedEmbeddingBag``).
+        tiering: keep every table's rows in host memory or on SSD with a cache of hot rows on
+            ``device`` (``TieringConfig``; docs/tiered-tables.md).
     """
 
     _attr = "embedding_bags"
@@ -183,6 +186,7 @@ class FusedEmbeddingBagCollection(_FusedCollectionBase):
         device: torch.device | str | None = None,
         kernel_backend: str = "auto",
         id_check: str = "auto",
+        tiering: TieringConfig | None = None,
         backend: str | None = None,
     ) -> None:
         kernel_backend = resolve_kernel_backend(kernel_backend, "FusedEmbeddingBagCollection", backend=backend)
@@ -207,6 +211,7 @@ class FusedEmbeddingBagCollection(_FusedCollectionBase):
                 device,
                 optimizer_param_names=self._param_names(group),
                 id_check=id_check,
+                tiering=tiering,
             )
             self._add_lookup(lookup, group)
             self._group_features.append([f for t in group for f in t.feature_names])
@@ -325,6 +330,7 @@ class FusedEmbeddingCollection(_FusedCollectionBase):
         device: torch.device | str | None = None,
         kernel_backend: str = "auto",
         id_check: str = "auto",
+        tiering: TieringConfig | None = None,
         backend: str | None = None,
     ) -> None:
         kernel_backend = resolve_kernel_backend(kernel_backend, "FusedEmbeddingCollection", backend=backend)
@@ -336,8 +342,9 @@ class FusedEmbeddingCollection(_FusedCollectionBase):
         super().__init__(tables, _resolve_spec(optimizer_type, optimizer_kwargs, fused_params))
         ftm = [i for i, t in enumerate(tables) for _ in t.feature_names]
         lookup = BatchedEmbedding(
-            tables, ftm, self._spec, kernel_backend, device, self._param_names(tables), id_check=id_check
-        )
+            tables, ftm, self._spec, kernel_backend, device, self._param_names(tables), id_check=id_check,
+            tiering=tiering,
+        )  # fmt: skip
         self._add_lookup(lookup, tables)
 
     def embedding_configs(self) -> list[EmbeddingConfig]:

@@ -18,9 +18,14 @@ registered by name in :mod:`lightrec.kernels.kernel_registry`. ``BatchedEmbeddin
                    optimizer state (managed-collision eviction resets both; a cache moves both)
     prefetch       prefetches: bool; prefetch(indices, offsets): a later batch's ids, handed over
                    while the current batch trains (a cached table fetches the rows it will miss)
+    consistency    flush(): rows held elsewhere (a cache) written back, so the split views are
+                   current; invalidate(): the split views were written from outside (a load), drop
+                   any other copy of their rows
 
 The three in-memory backends share :class:`ResidentRows`: row access over their split views, and a
-prefetch that does nothing. docs/kernels.md ("Adding a kernel") walks through adding one.
+prefetch, a flush and an invalidate that do nothing. The tiered kernel (``tiered_backend.py``: a
+cache of hot rows over host memory or SSD) is built from a config with ``tiering`` set.
+docs/kernels.md ("Adding a kernel") walks through adding one.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
 
+from lightrec.kernels.tiered_config import TieringConfig
 from lightrec.modules.embedding_configs import PoolingType
 from lightrec.optim.fused_spec import FusedOptimizerSpec
 
@@ -50,6 +56,8 @@ class KernelConfig:
         device: where the tables live.
         table_names: ``[T]`` names (the kernel may use them in messages and its own bookkeeping).
         dtype: the tables' storage type.
+        tiering: None for tables held whole in ``device`` memory; else where their rows live and
+            how big their cache is (``lightrec.kernels.tiered_config``).
     """
 
     rows: Sequence[int]
@@ -60,6 +68,7 @@ class KernelConfig:
     device: torch.device
     table_names: Sequence[str] = ()
     dtype: torch.dtype = torch.float32
+    tiering: TieringConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -162,6 +171,14 @@ class EmbeddingKernel(Protocol):
         """The ids (TBE layout) a later lookup will read, handed over while the current one trains."""
         ...
 
+    def flush(self) -> None:
+        """Write back rows held outside the split views (a cache's dirty rows): the views are current after."""
+        ...
+
+    def invalidate(self) -> None:
+        """The split views were overwritten from outside (a load): drop every other copy of their rows."""
+        ...
+
     def apply(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """Convert the storage like ``nn.Module._apply`` (``.to()``, ``.double()``), or raise."""
         ...
@@ -224,3 +241,9 @@ class ResidentRows(abc.ABC):
 
     def prefetch(self, indices: torch.Tensor, offsets: torch.Tensor) -> None:  # noqa: B027 - a no-op by design
         """Nothing to fetch: every row is in memory."""
+
+    def flush(self) -> None:  # noqa: B027 - a no-op by design
+        """Nothing to write back: the split views are the storage."""
+
+    def invalidate(self) -> None:  # noqa: B027 - a no-op by design
+        """No other copy of the rows exists."""

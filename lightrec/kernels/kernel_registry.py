@@ -5,24 +5,37 @@ classes in the order ``"auto"`` tries them: fbgemm TBE where it serves the confi
 for a fused group the torch kernel's native update also serves, whichever of the two was measured
 faster on this machine (``cpu_kernel_choice.py``); else, on CUDA, Triton; else pure torch. On CPU ``"auto"`` never picks Triton (its interpreter is for tests).
 :func:`register_kernel` adds a backend under a new name (docs/kernels.md, "Adding a kernel").
+
+Tiered tables (``KernelConfig.tiering`` set: a cache of hot rows over host memory or SSD) are built
+by :func:`build_kernel`: fbgemm's ``MANAGED_CACHING`` TBE for host memory on a GPU with fbgemm's CUDA
+build, else lightrec's ``TieredBatchedLookup`` with ``kernel_backend`` choosing the kernel that
+serves its cache. Both are registered (``"fbgemm_managed_caching"``, ``"tiered"``) but ``"auto"``
+never picks them for tables that are not tiered (their ``supports`` says so).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from lightrec.kernels.cpu_kernel_choice import cpu_kernel_preference
 from lightrec.kernels.cpu_update import native_update_available
 from lightrec.kernels.fbgemm_backend import FbgemmBatchedLookup
+from lightrec.kernels.fbgemm_managed_caching import FbgemmManagedCachingLookup
 from lightrec.kernels.kernel_interface import EmbeddingKernel, KernelConfig
+from lightrec.kernels.tiered_backend import TieredBatchedLookup
 from lightrec.kernels.torch_backend import TorchBatchedLookup
 from lightrec.kernels.triton_backend import TritonBatchedLookup
 
-__all__ = ["KERNELS", "check_kernel_backend", "kernel_class", "register_kernel", "select_backend"]
+__all__ = ["KERNELS", "build_kernel", "check_kernel_backend", "kernel_class", "register_kernel", "select_backend"]
 
 KERNELS: dict[str, type[EmbeddingKernel]] = {
     FbgemmBatchedLookup.name: FbgemmBatchedLookup,
     TritonBatchedLookup.name: TritonBatchedLookup,
+    TieredBatchedLookup.name: TieredBatchedLookup,
+    FbgemmManagedCachingLookup.name: FbgemmManagedCachingLookup,
     TorchBatchedLookup.name: TorchBatchedLookup,
 }
+_TIERED = (TieredBatchedLookup.name, FbgemmManagedCachingLookup.name)
 
 
 def register_kernel(kernel: type[EmbeddingKernel], auto: bool = False) -> None:
@@ -85,6 +98,8 @@ def select_backend(kernel_backend: str, config: KernelConfig) -> str:
     for name, kernel in KERNELS.items():
         if name == TritonBatchedLookup.name and config.device.type != "cuda":
             continue
+        if name in _TIERED and config.tiering is None:
+            continue
         if kernel.supports(config) is None:
             if name == FbgemmBatchedLookup.name and _native_torch_serves(config):
                 return cpu_kernel_preference()  # measured once per machine
@@ -92,6 +107,35 @@ def select_backend(kernel_backend: str, config: KernelConfig) -> str:
     return TorchBatchedLookup.name
 
 
+
 def _native_torch_serves(config: KernelConfig) -> bool:
     """The torch kernel runs this fused CPU group with the native update (fbgemm's rival there)."""
     return config.spec is not None and native_update_available(config.device, config.dtype)
+
+
+def build_kernel(kernel_backend: str, config: KernelConfig) -> tuple[str, EmbeddingKernel]:
+    """``(name, kernel)`` serving ``config``: :func:`select_backend`'s choice for in-memory tables;
+    for tiered ones (``config.tiering``), fbgemm's managed caching where it applies (host memory,
+    CUDA, fbgemm's CUDA build, ``kernel_backend`` "auto" or "fbgemm"), else ``TieredBatchedLookup``
+    over a cache served by ``kernel_backend``.
+
+    Raises:
+        ValueError: as :func:`select_backend`, or a tiered table without a fused optimizer.
+    """
+    tiering = config.tiering
+    if tiering is None:
+        name = select_backend(kernel_backend, config)
+        return name, KERNELS[name](config)
+    check_kernel_backend(kernel_backend)
+    if config.spec is None:
+        raise ValueError(
+            "a tiered table (fused_uvm_caching / key_value) needs a fused optimizer: its rows are updated where "
+            "they are cached, and a dense [rows, D] gradient of a table larger than memory cannot exist"
+        )
+    if kernel_backend in ("auto", "fbgemm", FbgemmManagedCachingLookup.name):
+        if FbgemmManagedCachingLookup.supports(config) is None:
+            return FbgemmManagedCachingLookup.name, FbgemmManagedCachingLookup(config)
+    cache = dataclasses.replace(config, rows=[tiering.cache_rows_for(r) for r in config.rows], tiering=None)
+    inner = select_backend("auto" if kernel_backend in _TIERED else kernel_backend, cache)
+    tiered = dataclasses.replace(config, tiering=dataclasses.replace(tiering, inner_kernel=KERNELS[inner]))
+    return TieredBatchedLookup.name, TieredBatchedLookup(tiered)

@@ -15,6 +15,8 @@ from lightrec.lightning.rec_module import RecModule, dlrm_lr_lambda
 from lightrec.lightning.rec_strategy import RecStrategy
 from lightrec.lightning.rec_throughput_monitor import RecThroughputMonitor, ThroughputMonitor
 from lightrec.lightning.sparse_dist_prefetch import SparseDistPrefetch
+from lightrec.lightning.table_tiering import TableTiering
+from lightrec.lightning.tiered_table_monitor import TieredTableMonitor
 
 silence_known_warnings()  # two Lightning-internal deprecations every rank would print
 if RecStrategy.strategy_name not in StrategyRegistry:
@@ -29,6 +31,8 @@ __all__ = [
     "RecStrategy",
     "RecThroughputMonitor",
     "SparseDistPrefetch",
+    "TableTiering",
     "ThroughputMonitor",  # the old name of RecThroughputMonitor (it shadowed Lightning's own)
+    "TieredTableMonitor",
     "dlrm_lr_lambda",
 ]

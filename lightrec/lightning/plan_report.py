@@ -54,17 +54,26 @@ def _mib(x: float) -> str:
 
 
 def _tables_markdown(report: PlannerReport) -> str:
-    """One markdown row per table: module, table, sharding type, kernel, ranks, storage, est. cost."""
+    """One markdown row per table: module, table, sharding type, kernel, ranks, storage, est. cost; and
+    for plans with tiered tables their cache load factor, expected hit rate and backing-tier bytes."""
+    tiered = bool(report.tiered_tables)
+    extra = " cache load factor | expected hit rate | host memory | SSD |" if tiered else ""
     lines = [
-        "| module | table | sharding | kernel | ranks | storage (all shards) | est. cost (ms/step) |",
-        "|---|---|---|---|---|---|---|",
+        "| module | table | sharding | kernel | ranks | storage (all shards) | est. cost (ms/step) |" + extra,
+        "|---|---|---|---|---|---|---|" + ("---|---|---|---|" if tiered else ""),
     ]
     for t in report.tables:
         ranks = ",".join(str(r) for r in t.ranks)
-        lines.append(
+        row = (
             f"| {t.module or '(root)'} | {t.table} | {t.sharding_type} | {t.compute_kernel} | {ranks} "
             f"| {_mib(t.storage_bytes)} | {t.cost_s * 1e3:.4g} |"
         )
+        if tiered:
+            row += (
+                f" {t.cache_load_factor:g} | {100 * (t.expected_hit_rate or 0.0):.1f}% | {_mib(t.host_bytes)} "
+                f"| {_mib(t.ssd_bytes)} |" if t.tiered else " - | - | - | - |"
+            )
+        lines.append(row)
     return "\n".join(lines)
 
 

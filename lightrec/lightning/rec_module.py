@@ -55,11 +55,15 @@ from typing_extensions import Self, override
 from lightrec._compat import set_logging_step, stop_hp_metric_placeholder
 from lightrec.data.batch import Batch
 from lightrec.distributed.checkpoint import consolidate_checkpoint, is_sharded_checkpoint
+from lightrec.distributed.planner import ParameterConstraints
 from lightrec.kernels import FusedEmbeddingBagCollection
+from lightrec.kernels.tiered_config import refuse_tiered_export
 from lightrec.lightning.loop_state import fix_resume_counters, logging_step_of
 from lightrec.lightning.nonfinite import NonFiniteLossError, check_nonfinite_policy, nonfinite_ranks
 from lightrec.lightning.rec_model_summary import summary_for
 from lightrec.lightning.rec_strategy import RecStrategy
+from lightrec.lightning.table_tiering import TableTiering
+from lightrec.lightning.tiered_table_monitor import TieredTableMonitor
 from lightrec.metrics import rec_metrics
 from lightrec.modules import EmbeddingBagCollection, EmbeddingBagConfig
 from lightrec.modules.mc_options import ManagedCollisionOptions
@@ -138,11 +142,17 @@ class RecModule(pl.LightningModule):
             ``NonFiniteLossError`` on every rank, ``"skip"`` the batch on every rank (counted in
             ``skipped_nonfinite_batches``), ``None`` no check (saves one host sync per step on GPU;
             ``lightrec.lightning.nonfinite``).
+        tables_on: where the tables ``RecModule`` builds keep their rows: ``"memory"``, ``"ssd"``
+            (every row on SSD, a cache of hot rows in memory: tables larger than RAM) or ``"host"``
+            (GPU: rows in host memory, a cache in HBM); see ``lightrec.lightning.table_tiering``.
+        cache_load_factor / cache_algorithm / ssd_storage_directory: the tiered tables' cache size
+            (None: the planner's choice when sharded, else 0.2), ``"lru"`` / ``"lfu"``, and where
+            the row files go.
         managed_collisions: put the tables ``RecModule`` builds behind managed collisions: ``True``
             (defaults), a dict of ``ManagedCollisionOptions`` settings (``eviction_policy``,
             ``eviction_interval``, ``input_hash_size``, ``buckets``, ...) or None (off). Each table's
             ``num_embeddings`` is its number of rows; the model's sparse module then returns
-            ``(embeddings, None)``, which ``lightrec.models`` take.
+            ``(embeddings, None)``, which ``lightrec.models`` take. Not with tiered tables (yet).
     """
 
     def __init__(
@@ -160,10 +170,20 @@ class RecModule(pl.LightningModule):
         embedding_lr: float = 0.05,
         embedding_eps: float = 1e-8,
         nonfinite_loss: Literal["raise", "skip"] | None = "raise",
+        tables_on: Literal["memory", "ssd", "host"] = "memory",
+        cache_load_factor: float | None = None,
+        cache_algorithm: Literal["lru", "lfu"] = "lru",
+        ssd_storage_directory: str | None = None,
         managed_collisions: dict[str, Any] | bool | None = None,
     ) -> None:
         super().__init__()
+        self.table_tiering = TableTiering(tables_on, cache_load_factor, cache_algorithm, ssd_storage_directory)
         self.managed_collisions = ManagedCollisionOptions.parse(managed_collisions)
+        if self.table_tiering.tiered and self.managed_collisions is not None:
+            raise ValueError(
+                f"tables_on={tables_on!r} with managed_collisions is not supported: managed-collision tables keep "
+                "their rows in memory; use tables_on='memory' with managed_collisions, or drop managed_collisions"
+            )
         self.nonfinite_loss = check_nonfinite_policy(nonfinite_loss)
         self.skipped_nonfinite_batches = 0
         if isinstance(dense_optimizer, str) and dense_optimizer.lower() not in _DENSE_OPTIMIZERS:
@@ -341,8 +361,9 @@ class RecModule(pl.LightningModule):
             apply_optimizer_in_backward(optimizer, ebc.parameters(), self._embedding_optimizer_kwargs, False)
         else:
             ebc = FusedEmbeddingBagCollection(
-                tables, optimizer_type=optimizer, optimizer_kwargs=self._embedding_optimizer_kwargs
-            )
+                tables, optimizer_type=optimizer, optimizer_kwargs=self._embedding_optimizer_kwargs,
+                tiering=self.table_tiering.tiering(),
+            )  # fmt: skip
         return self._managed(ebc, tables, "meta" if sharded else None)
 
     def _managed(self, ebc: nn.Module, tables: list[EmbeddingBagConfig], device: str | None) -> nn.Module:
@@ -350,9 +371,18 @@ class RecModule(pl.LightningModule):
         return ebc if self.managed_collisions is None else self.managed_collisions.wrap(ebc, tables, device)
 
     def fused_params(self) -> dict[str, Any]:
-        """The embedding optimizer as torchrec-style ``fused_params`` (for sharders and the planner)."""
+        """The embedding optimizer as torchrec-style ``fused_params`` (for sharders and the planner),
+        with the tiered tables' keys (``cache_load_factor`` ...) when ``tables_on`` is not memory."""
         spec = optimizer_class_to_spec(EMBEDDING_OPTIMIZERS[self.embedding_optimizer], self._embedding_optimizer_kwargs)
-        return spec.to_fused_params()
+        return {**spec.to_fused_params(), **self.table_tiering.fused_params()}
+
+    def planner_constraints(self) -> dict[str, ParameterConstraints]:
+        """The planner's constraints of the tables ``RecModule`` builds: their tiered kernel when
+        ``tables_on`` asks for one (``RecStrategy`` and ``lightrec plan`` add them to their own)."""
+        configs = getattr(self, "table_configs", None)
+        if not self.table_tiering.tiered or not callable(configs):
+            return {}
+        return self.table_tiering.constraints(c.name for c in configs())
 
     def _model_from_tables(self, collection: Callable[[list[EmbeddingBagConfig]], nn.Module]) -> nn.Module:
         """``build_model(collection(table_configs()))``: the subclass's model around tables made by ``collection``."""
@@ -390,6 +420,9 @@ class RecModule(pl.LightningModule):
         The input of ``lightrec.inference.quantize``/``export`` for an unsharded module (the fused
         collection's state-dict keys are the plain collection's, so the weights load one to one).
         """
+        if self.table_tiering.tiered:
+            configs = getattr(self, "table_configs", list)
+            raise ValueError(refuse_tiered_export([c.name for c in configs()]))
         model = self._model_from_tables(
             lambda tables: self._managed(EmbeddingBagCollection(tables=tables, device="cpu"), tables, "cpu")
         )
@@ -439,7 +472,11 @@ class RecModule(pl.LightningModule):
         """A :class:`RecModelSummary` in place of the Trainer's default model summary: it counts the
         whole embedding tables (every rank's shards) and counts them as trained."""
         summary = summary_for(self._trainer)
-        return [summary] if summary is not None else []
+        callbacks: list[pl.Callback] = [summary] if summary is not None else []
+        trainer_callbacks = getattr(self._trainer, "callbacks", []) if self._trainer is not None else []
+        if self.table_tiering.tiered and not any(isinstance(c, TieredTableMonitor) for c in trainer_callbacks):
+            callbacks.append(TieredTableMonitor())  # hit rate, rows and bytes moved in TensorBoard
+        return callbacks
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -243,6 +243,10 @@ class RecStrategy(DDPStrategy):
             # Sharded by an earlier stage: DistributedModelParallel takes over the plan it was sharded by.
             return None
         topology = self._topology or topology_for(self.world_size, self.root_device.type, self.num_processes)
+        # A RecModule building tiered tables (tables_on="ssd") constrains their kernel; the
+        # strategy's own constraints win for the tables they name.
+        module_constraints = getattr(self.lightning_module, "planner_constraints", None)
+        constraints = {**(module_constraints() if callable(module_constraints) else {}), **(self._constraints or {})}
         # The cost model's batch is the DataModule's per-rank batch, as `lightrec plan` passes it:
         # both then print the same plan numbers.
         trainer = getattr(self.lightning_module, "_trainer", None)
@@ -251,7 +255,7 @@ class RecStrategy(DDPStrategy):
             module,
             sharders,
             topology,
-            self._constraints,
+            constraints or None,
             batch_size=batch_size if isinstance(batch_size, int) and not isinstance(batch_size, bool) else None,
             collective=True,
         )

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 import lightning.pytorch as pl
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities import rank_zero_info
 
 # importing lightrec.lightning registers RecStrategy as strategy "lightrec" before a config names it
 import lightrec.lightning  # noqa: F401
@@ -162,7 +163,13 @@ class RecipeCLI(LightningCLI):
     def instantiate_trainer(self, **kwargs: Any) -> Any:
         trainer = super().instantiate_trainer(**kwargs)
         options = self._options()
-        if options.export and self.subcommand in (None, "fit"):
+        tiering = getattr(self.model, "table_tiering", None)
+        if options.export and getattr(tiering, "tiered", False):
+            rank_zero_info(
+                f"recipe: no export -- the tables are tiered (tables_on={tiering.tables_on!r}: their rows live "  # type: ignore[union-attr]
+                "behind a cache and a serving artifact would hold them all in memory; docs/tiered-tables.md)"
+            )
+        elif options.export and self.subcommand in (None, "fit"):
             # A callback, not a step after fit: it runs in on_train_end, while a sharded model and
             # its process group are still set up, so the full tables can be gathered.
             _callbacks(trainer).append(

@@ -25,8 +25,9 @@ the end of the epoch.
 
 Requirements (otherwise the callback warns once and does nothing): the model holds sharded
 collections (``ShardedEmbeddingBagCollection`` / ``ShardedEmbeddingCollection``, as ``RecStrategy``
-builds), the world size is above 1 or the model is on a GPU (one GPU still has a host-to-device
-copy and a host sync to take off the critical path), the batch holds a ``KeyedJaggedTensor`` with
+builds), the world size is above 1, or the model is on a GPU (one GPU still has a host-to-device
+copy and a host sync to take off the critical path), or it has tiered tables (one CPU process:
+their next batch's rows are fetched from SSD during this backward), the batch holds a ``KeyedJaggedTensor`` with
 exactly the features of a sharded collection, and ``training_step`` takes a batch (not
 ``dataloader_iter``).
 
@@ -137,7 +138,7 @@ class SparseDistPrefetch(pl.Callback):
             )
             return
         root = trainer.strategy.root_device
-        if trainer.world_size == 1 and root.type != "cuda":
+        if trainer.world_size == 1 and root.type != "cuda" and not any(c.prefetches for c in collections):
             self._warn_once(
                 "world",
                 "world size is 1 on CPU: there is no all-to-all to overlap, the callback does nothing",

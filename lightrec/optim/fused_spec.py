@@ -121,9 +121,19 @@ class WeightDecayMode(Enum):
         raise ValueError(f"weight_decay_mode={value!r} is not one of 'none', 'l2', 'decoupled'")
 
 
-# fused_params keys that only tune fbgemm's storage/caching; they do not change FP32 CPU results.
+# fused_params keys that tune storage and caching, not the optimizer: fbgemm's, and the tiered
+# tables' (read by the sharders, lightrec.distributed.sharding.tiering); FP32 results do not change.
 _IGNORED_FUSED_PARAMS = frozenset(
-    {"stochastic_rounding", "cache_load_factor", "cache_precision", "prefetch_pipeline", "output_dtype"}
+    {
+        "stochastic_rounding",
+        "cache_load_factor",
+        "cache_precision",
+        "prefetch_pipeline",
+        "output_dtype",
+        "cache_algorithm",
+        "ssd_storage_directory",
+        "cache_min_rows",
+    }
 )
 
 

@@ -52,7 +52,7 @@ def test_bad_kernel_backend_is_rejected_by_sharders_and_strategy() -> None:
     from lightrec.lightning import RecStrategy
 
     for make in (EmbeddingBagCollectionSharder, EmbeddingCollectionSharder):
-        with pytest.raises(ValueError, match=r"kernel_backend must be one of \('auto', 'fbgemm', 'torch', 'triton'\).*'cuda'"):
+        with pytest.raises(ValueError, match=r"kernel_backend must be one of \('auto', 'fbgemm', .*'torch', 'triton'\).*'cuda'"):
             make(kernel_backend="cuda")
     with pytest.raises(ValueError, match="kernel_backend must be one of"):
         RecStrategy(kernel_backend="tbe")

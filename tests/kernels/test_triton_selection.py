@@ -71,7 +71,7 @@ def test_forcing_triton_on_cpu_without_the_interpreter_says_how(monkeypatch: pyt
 
 
 def test_unknown_backend_and_id_check_are_rejected() -> None:
-    with pytest.raises(ValueError, match=r"kernel_backend must be one of \('auto', 'fbgemm', 'torch', 'triton'\)"):
+    with pytest.raises(ValueError, match=r"kernel_backend must be one of \('auto', 'fbgemm', 'fbgemm_managed_caching', 'tiered', 'torch', 'triton'\)"):
         BatchedEmbeddingBag([(10, 8)], kernel_backend="cuda")
     with pytest.raises(ValueError, match="id_check must be one of"):
         BatchedEmbeddingBag([(10, 8)], kernel_backend="torch", id_check="later")

@@ -10,7 +10,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from lightrec.distributed.planner import EmbeddingShardingPlanner, PlannerError, Topology
+from lightrec.distributed.planner import (
+    EmbeddingShardingPlanner,
+    ParameterConstraints,
+    PlannerError,
+    Topology,
+)
 from lightrec.distributed.planner.types import device_hbm_caps
 from tests.planner.stand_in import StandInSharder, tables
 
@@ -53,9 +58,10 @@ def test_the_planner_uses_the_measured_hbm_and_the_report_shows_it(two_gpus: lis
     # one 50 GiB table (fp32, no optimizer state): fits the 80 GiB GPU, not the 32 GiB default
     module = tables([(200 * 1024**2 + 1024**2 * 5, 64)])
     sharders = [StandInSharder(fused_params={"optimizer": "sgd"})]
+    in_memory = {"t0": ParameterConstraints(compute_kernels=["fused"])}  # not tiered over host memory
     with pytest.raises(PlannerError):
         EmbeddingShardingPlanner(
-            topology=Topology(world_size=1, compute_device="cuda", hbm_cap=32 * GiB)
+            topology=Topology(world_size=1, compute_device="cuda", hbm_cap=32 * GiB), constraints=in_memory
         ).plan(module, sharders)
     planner = EmbeddingShardingPlanner(topology=Topology(world_size=1, compute_device="cuda"))
     plan = planner.plan(module, sharders)

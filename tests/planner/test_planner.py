@@ -172,8 +172,8 @@ def test_error_when_a_table_fits_nowhere() -> None:
         plan_of(
             module,
             Topology(world_size=2, compute_device="cpu", ddr_cap=1 * GiB),
-            constraints={"t0": ParameterConstraints(sharding_types=["table_wise"])},
-        )
+            constraints={"t0": ParameterConstraints(sharding_types=["table_wise"], compute_kernels=["fused"])},
+        )  # in memory (tests/planner/test_tiered_planning.py: the same table on SSD)
     msg = str(info.value)
     assert "'t0'" in msg and "[10000000 x 256]" in msg and "'t1'" not in msg
     assert "a rank has 1.000 GiB" in msg and "needs at least 9.5" in msg
@@ -185,7 +185,8 @@ def test_error_when_a_table_fits_nowhere() -> None:
 def test_error_when_tables_do_not_fit_together() -> None:
     module = tables([(1_000_000, 64)] * 6)  # ~244 MiB each
     with pytest.raises(PlannerError) as info:
-        plan_of(module, Topology(world_size=2, compute_device="cpu", ddr_cap=500 * MiB))
+        in_memory = {f"t{i}": ParameterConstraints(compute_kernels=["fused"]) for i in range(6)}
+        plan_of(module, Topology(world_size=2, compute_device="cpu", ddr_cap=500 * MiB), constraints=in_memory)
     msg = str(info.value)
     assert "need at least" in msg
     assert "0.977 GiB" in msg  # 2 x 500 MiB available in all

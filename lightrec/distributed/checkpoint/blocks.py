@@ -13,17 +13,23 @@ of tensors travel this way:
   them as one full table therefore gives exactly the unsharded accumulator; same-plan loads are
   exact; splitting a full row into column shards gives each shard the full-row value.
 * ``"scalar"`` -- a 0-dim value shared by the whole kernel (Adam's ``step``): any saved copy.
+
+A saved block that *is* the target (same plan: the usual resume) is returned as it is -- a view of
+the memory-mapped checkpoint file, nothing copied. Otherwise the target is assembled into a new
+tensor, ``allocate(shape, dtype)`` (a tiered table's loader passes a file-backed one, so a table
+larger than memory is never materialised).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-__all__ = ["Block", "CheckpointError", "assemble", "state_kind"]
+__all__ = ["Allocator", "Block", "CheckpointError", "assemble", "state_kind"]
 
 Block = tuple[list[int], list[int], torch.Tensor]
+Allocator = Callable[[list[int], torch.dtype], torch.Tensor]
 
 
 class CheckpointError(RuntimeError):
@@ -50,9 +56,18 @@ def _overlap(a0: int, an: int, b0: int, bn: int) -> tuple[int, int]:
 
 
 def assemble(
-    blocks: Sequence[Block], offsets: Sequence[int], sizes: Sequence[int], kind: str, what: str
+    blocks: Sequence[Block],
+    offsets: Sequence[int],
+    sizes: Sequence[int],
+    kind: str,
+    what: str,
+    allocate: Allocator | None = None,
 ) -> torch.Tensor:
     """The target block at ``offsets`` of ``sizes`` built from ``blocks`` (see the module docstring).
+
+    Args:
+        allocate: ``(shape, dtype) -> tensor`` for an ``"elem"`` target assembled from pieces
+            (default ``torch.empty``).
 
     Raises:
         CheckpointError: the saved blocks do not cover the target.
@@ -62,9 +77,12 @@ def assemble(
         if not blocks:
             raise CheckpointError(f"{what}: the checkpoint holds no value")
         return blocks[0][2].clone()
+    for b_offsets, b_sizes, tensor in blocks:  # the same plan: the saved block is the target
+        if list(b_offsets) == list(offsets) and list(b_sizes) == list(sizes) and kind in ("elem", "row"):
+            return tensor
     dtype = blocks[0][2].dtype if blocks else torch.float32
     if kind == "elem":
-        out = torch.empty(nr, nc, dtype=dtype)
+        out = allocate([nr, nc], dtype) if allocate is not None else torch.empty(nr, nc, dtype=dtype)
         covered = 0
         for (br, bc), (bnr, bnc), tensor in blocks:
             lo_r, n_r = _overlap(r0, nr, br, bnr)

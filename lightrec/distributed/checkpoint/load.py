@@ -19,11 +19,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from lightrec.distributed.checkpoint.blocks import Block, CheckpointError, assemble
+from lightrec.distributed.checkpoint.blocks import Allocator, Block, CheckpointError, assemble
 from lightrec.distributed.checkpoint.files import FORMAT, is_sharded_checkpoint, read_meta, read_shards
 from lightrec.distributed.checkpoint.index import LocalTable, ParamIndex, local_tables, optimizer_params
 from lightrec.distributed.checkpoint.safe_load import load_file
 from lightrec.distributed.state_dict import ShardedTableState
+from lightrec.kernels.tiered_store import SsdRowStore, scratch_like, store_of
 
 __all__ = ["CheckpointSource", "ForeignCheckpointError", "load_sharded_checkpoint", "open_checkpoint"]
 
@@ -121,13 +122,28 @@ def _state_dict(source: CheckpointSource, tables: dict[str, LocalTable], strict:
                 f"table {key!r} is {list(shape)} in the checkpoint but {table.global_shape} in the model"
             )
         blocks = source.table_blocks(key)
-        local = [(m, assemble(blocks, m.shard_offsets, m.shard_sizes, "elem", key)) for m, _ in table.shards]
+        local = [
+            (m, assemble(blocks, m.shard_offsets, m.shard_sizes, "elem", key, _allocator(p)))
+            for m, p in table.shards
+        ]
         if table.replicated:
             state_dict[key] = local[0][1]
         else:
             dtype = table.shards[0][1].dtype if table.shards else torch.float32
             state_dict[key] = ShardedTableState(list(shape), local, dtype)
     return state_dict
+
+
+def _allocator(live: torch.Tensor) -> Allocator | None:
+    """Where a reshaped block of ``live`` is assembled: next to its SSD store when ``live`` is a
+    tiered table's (file-backed, so a table larger than memory is never materialised), else None
+    (``torch.empty``)."""
+
+    def file_backed(shape: list[int], dtype: torch.dtype) -> torch.Tensor:
+        out = scratch_like(live, shape, dtype)
+        return out if out is not None else torch.empty(shape, dtype=dtype)
+
+    return file_backed if isinstance(store_of(live), SsdRowStore) else None
 
 
 class _GroupMatcher:
@@ -163,11 +179,13 @@ def _optimizer_state(
             continue
         _, meta = index.shard_of[id(param)]
         saved = source.state_blocks(i, stable)
+        live_state = opt.state.get(param, {}) if hasattr(opt, "state") else {}
         if saved:
             state[key] = {
-                name: assemble(blocks, meta.shard_offsets, meta.shard_sizes, kind, f"{what} state {name!r} of {stable}")
+                name: assemble(blocks, meta.shard_offsets, meta.shard_sizes, kind, f"{what} state {name!r} of {stable}",
+                               _allocator(live_state[name]) if isinstance(live_state.get(name), torch.Tensor) else None)
                 for name, (kind, blocks) in saved.items()
-            }
+            }  # fmt: skip
     groups = []
     keys = iter(k for g in template["param_groups"] for k in g["params"])
     for g in template["param_groups"]:

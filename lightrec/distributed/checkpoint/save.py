@@ -13,13 +13,22 @@ from torch import nn
 from lightrec.distributed.checkpoint.blocks import state_kind
 from lightrec.distributed.checkpoint.files import FORMAT, write_collectively
 from lightrec.distributed.checkpoint.index import ParamIndex, local_tables, optimizer_params
+from lightrec.kernels.batched_embedding import flush_kernels
+from lightrec.kernels.tiered_store import sequential_access, store_of
 
 __all__ = ["save_sharded_checkpoint"]
 
 
 def _copy(t: torch.Tensor) -> torch.Tensor:
-    # A kernel's table weights are views of one flat storage; torch.save of a view writes the
-    # whole storage, so each shard is copied out on its own.
+    """What a payload holds for a shard's tensor ``t``.
+
+    A kernel's table weights are views of one flat storage; torch.save of a view writes the whole
+    storage, so each shard is copied out on its own. A tiered table's backing store is the one
+    exception: each of its tensors is a whole storage (for SSD a memory-mapped file), so it is
+    written as it is -- streamed from the store page by page, never materialised in memory.
+    """
+    if store_of(t) is not None and t.is_contiguous() and t.storage_offset() == 0:
+        return t.detach()
     return t.detach().to("cpu", copy=True).contiguous()
 
 
@@ -48,6 +57,7 @@ def save_sharded_checkpoint(
         CheckpointError: on every rank, when any rank failed to write; ``path`` is unchanged.
     """
     rank, world = (dist.get_rank(pg), dist.get_world_size(pg)) if dist.is_initialized() else (0, 1)
+    flush_kernels(module)  # a tiered table's dirty cached rows go to its store, which is saved
     tables = local_tables(module)
     index = ParamIndex(module, tables)
     state_dict = dict(checkpoint.get("state_dict", {}))
@@ -132,4 +142,7 @@ def save_sharded_checkpoint(
         "dense_optim": dense_states,
         "has_training_state": "optimizer_states" in checkpoint,
     }
-    write_collectively(path, header, payload, pg)
+    streamed = [t for blocks in payload["tables"].values() for *_, t in blocks]
+    streamed += [b[2] for opt in payload["optim"] for states in opt.values() for e in states.values() for b in e["blocks"]]
+    with sequential_access(streamed):  # SSD stores read ahead while torch.save streams them
+        write_collectively(path, header, payload, pg)

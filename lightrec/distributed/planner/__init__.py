@@ -4,7 +4,8 @@ report and the per-rank chart.
 =====================  =======================================================================
 ``plan.py``            ``ShardingPlan`` / ``EmbeddingModuleShardingPlan`` / ``ParameterSharding`` /
                        ``ShardMetadata`` (JSON round-trip, atomic ``save``), ``ShardingType``,
-                       ``EmbeddingComputeKernel``, the shard-size rules
+                       ``EmbeddingComputeKernel``, the shard-size rules; ``cache_params.py``: the
+                       tiered kernels' ``CacheParams`` / ``KeyValueParams`` / ``CacheAlgorithm``
 ``sharder.py``         ``ModuleSharder``: what the planner reads about a sharder
 ``plan_builders.py``   ``construct_module_sharding_plan`` with ``table_wise`` / ``row_wise`` / ...,
                        ``balanced_table_wise_plan``, ``shardable_modules``
@@ -14,11 +15,13 @@ report and the per-rank chart.
 ``planning.py``        ``plan_sharding``, ``topology_for``, ``plan_report_for``: what every entry
                        point calls
 ``report.py``          ``PlannerReport`` (text and markdown); ``chart.py``: ``plan_chart``
+``cache_stats.py``     how tiered tables' caches are priced: ``ZipfCacheStatistics``, ``cache_model``
+``errors.py``          the errors that say what to change (fast memory, host memory, SSD)
 torchrec's classes     ``enumerators.py`` (``EmbeddingEnumerator``), ``shard_estimators.py``,
                        ``proposers.py``, ``partitioners.py`` (``GreedyPerfPartitioner``),
                        ``storage_reservations.py``, ``perf_models.py``, ``types.py``
                        (``ShardingOption`` and the interfaces), over ``options.py``,
-                       ``sharding_options.py``, ``search.py``, ``errors.py``
+                       ``sharding_options.py``, ``search.py``
 =====================  =======================================================================
 
 torchrec's paths re-export from here: ``lightrec.distributed.types`` (the plan types and
@@ -27,13 +30,18 @@ docs/planner.md for the cost model and the algorithm. ``PlanReport`` is the form
 :class:`PlannerReport` (an alias).
 """
 
+from lightrec.distributed.planner.cache_stats import ZipfCacheStatistics
 from lightrec.distributed.planner.enumerators import EmbeddingEnumerator
 from lightrec.distributed.planner.partitioners import GreedyPerfPartitioner, SortBy
 from lightrec.distributed.planner.perf_models import NoopPerfModel
 from lightrec.distributed.planner.plan import (
+    CacheAlgorithm,
+    CacheParams,
+    CacheStatistics,
     EmbeddingComputeKernel,
     EmbeddingModuleShardingPlan,
     EnumerableShardingSpec,
+    KeyValueParams,
     ParameterSharding,
     ShardingPlan,
     ShardingType,
@@ -67,6 +75,9 @@ from lightrec.distributed.planner.storage_reservations import (
 from lightrec.distributed.planner.types import ParameterConstraints, PlannerError, ShardingOption, Topology
 
 __all__ = [
+    "CacheAlgorithm",
+    "CacheParams",
+    "CacheStatistics",
     "EmbeddingComputeKernel",
     "EmbeddingEnumerator",
     "EmbeddingModuleShardingPlan",
@@ -74,6 +85,7 @@ __all__ = [
     "EmbeddingShardingPlanner",
     "EmbeddingStorageEstimator",
     "EnumerableShardingSpec",
+    "KeyValueParams",
     "FixedPercentageStorageReservation",
     "GreedyPerfPartitioner",
     "GreedyProposer",
@@ -95,6 +107,7 @@ __all__ = [
     "SortBy",
     "TableReport",
     "Topology",
+    "ZipfCacheStatistics",
     "UniformProposer",
     "balanced_table_wise_plan",
     "column_wise",

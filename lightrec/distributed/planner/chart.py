@@ -3,9 +3,11 @@
 Two panels over the ranks (one bar group per rank, ticks at the integer ranks only)::
 
     memory per rank     table memory in the unit that suits the largest bar (KiB ... TiB); a bar
-                        per memory kind that holds anything (HBM and/or DDR); the per-rank cap
-                        as a line only when it is near the bars (within 4x of the largest), else
-                        named in the title, so 29 MiB of tables are not drawn under a 128 GiB axis
+                        per memory kind that holds anything (HBM, DDR and, for tiered tables, SSD);
+                        the cap of the table memory as a line only when it is near the bars
+                        (within 4x of the largest), else named in the title, so 29 MiB of tables
+                        are not drawn under a 128 GiB axis; tiered tables' expected cache hit rates
+                        in the title
     cost per rank       estimated ms per training step, with the mean and the imbalance
 
 The figure is built on an Agg canvas (no pyplot, no display), so it renders in any process.
@@ -36,8 +38,11 @@ def memory_unit(largest_bytes: float) -> tuple[str, int]:
 
 
 def _memory_panel(ax: Any, report: PlannerReport, ranks: np.ndarray) -> None:
+    ssd = report.ssd_bytes if len(report.ssd_bytes) == report.world_size else np.zeros(report.world_size)
     kinds = [
-        (k, b) for k, b in (("HBM", report.hbm_bytes), ("DDR", report.ddr_bytes)) if float(np.max(b)) > 0
+        (k, b)
+        for k, b in (("HBM", report.hbm_bytes), ("DDR", report.ddr_bytes), ("SSD", ssd))
+        if float(np.max(b)) > 0
     ]
     caps = report.hbm_caps if report.compute_device == "cuda" else report.ddr_caps
     largest = max((float(np.max(b)) for _, b in kinds), default=0.0)
@@ -54,6 +59,9 @@ def _memory_panel(ax: Any, report: PlannerReport, ranks: np.ndarray) -> None:
     elif cap > 0:
         cap_unit, cap_scale = memory_unit(cap)
         title += f" (cap {cap / cap_scale:.4g} {cap_unit} per rank, off the scale)"
+    hits = [f"{t.table} {100 * (t.expected_hit_rate or 0.0):.0f}%" for t in report.tiered_tables]
+    if hits:
+        title += "\nexpected cache hit rate: " + ", ".join(hits[:6]) + (" ..." if len(hits) > 6 else "")
     ax.set_ylim(0, max(largest / scale * 1.15, 1e-9) if largest else 1)
     ax.set_ylabel(unit)
     ax.set_title(title)

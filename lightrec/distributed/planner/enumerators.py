@@ -1,6 +1,7 @@
 """Enumerate the sharding options of every table and estimate all their shards at once.
 
-An *option* is (table, sharding type, kernel, number of shards). Options are stored as parallel
+An *option* is (table, sharding type, kernel, number of shards, cache load factor -- tiered kernels
+only, one option per load factor the table allows). Options are stored as parallel
 numpy arrays, table by table, and their shards as one flat array set, so that estimating ~10^5
 shards is a handful of vectorised numpy expressions rather than 10^5 Python objects.
 
@@ -26,6 +27,7 @@ from lightrec.distributed.planner.estimators import (
     CW,
     DP,
     RW,
+    TIERED,
     TW,
     TWCW,
     TWRW,
@@ -57,8 +59,15 @@ def _column_counts(cols: int, min_partition: int, limit: int) -> list[int]:
     return counts
 
 
-def _table_options(t: TableArrays, i: int, topo: Topology) -> list[tuple[int, int, int]]:
-    """``(sharding type, kernel, shards)`` options of table ``i``, in preference order."""
+def _table_options(t: TableArrays, i: int, topo: Topology) -> list[tuple[int, int, int, float]]:
+    """``(sharding type, kernel, shards, cache load factor)`` options of table ``i``, in preference order."""
+    out = _shardings(t, i, topo)
+    choices = t.clf_choices[i] if t.clf_choices else [0.2]
+    return [(s, k, n, clf) for s, k, n in out for clf in (choices if k in TIERED else [0.0])]
+
+
+def _shardings(t: TableArrays, i: int, topo: Topology) -> list[tuple[int, int, int]]:
+    """``(sharding type, kernel, shards)`` of table ``i``, in preference order."""
     W, L, H = topo.world_size, topo.local_size, topo.num_hosts
     allowed = dict(t.allowed[i])
     cols, min_part = int(t.cols[i]), int(t.min_partition[i])
@@ -96,7 +105,8 @@ def enumerate_options(t: TableArrays, topo: Topology) -> Options:
     per_table = [_table_options(t, i, topo) for i in range(len(t))]
     count = np.array([len(o) for o in per_table], dtype=np.int64)
     first = np.concatenate([[0], np.cumsum(count)[:-1]]).astype(np.int64)
-    flat = np.array([opt for opts in per_table for opt in opts], dtype=np.int64).reshape(-1, 3)
+    flat = np.array([opt[:3] for opts in per_table for opt in opts], dtype=np.int64).reshape(-1, 3)
+    clf = np.array([opt[3] for opts in per_table for opt in opts], dtype=np.float64)
     table = np.repeat(np.arange(len(t), dtype=np.int64), count)
     stype, kernel, nshards = flat[:, 0], flat[:, 1], flat[:, 2]
     start = np.concatenate([[0], np.cumsum(nshards)[:-1]]).astype(np.int64)
@@ -117,11 +127,12 @@ def enumerate_options(t: TableArrays, topo: Topology) -> Options:
     col_split = (sh_type == CW) | (sh_type == TWCW)
     sh_rows = np.where(row_split, split_rows, R)
     sh_cols = np.where(col_split, split_cols, D)
-    sh_storage, sh_cost = estimate_shards(t, topo, sh_table, sh_type, kernel[sh_opt], sh_rows, sh_cols)
+    est = estimate_shards(t, topo, sh_table, sh_type, kernel[sh_opt], sh_rows, sh_cols, clf[sh_opt])
     return finish_options(
         Options(table=table, stype=stype, kernel=kernel, nshards=nshards, start=start, first=first, count=count,
-                sh_idx=sh_idx, sh_rows=sh_rows, sh_cols=sh_cols, sh_storage=sh_storage, sh_cost=sh_cost,
-                footprint=_EMPTY, max_cost=_EMPTY, total_storage=_EMPTY, total_cost=_EMPTY, fits=_EMPTY),
+                sh_idx=sh_idx, sh_rows=sh_rows, sh_cols=sh_cols, sh_storage=est.storage, sh_cost=est.cost,
+                footprint=_EMPTY, max_cost=_EMPTY, total_storage=_EMPTY, total_cost=_EMPTY, fits=_EMPTY,
+                clf=clf, sh_backing=est.backing, sh_hit=est.hit_rate),
         topo,
     )  # fmt: skip
 

@@ -1,4 +1,11 @@
-"""The planner's errors: which tables do not fit, how much memory they need, and what to change."""
+"""The planner's errors, which say what to change: no option of a table fits any rank, or the tables
+do not pack together.
+
+Both name the tables, what each needs at least (fast memory per rank; for tiered options also
+host memory or SSD), what the ranks have, and the changes that would make a plan fit -- more ranks,
+splitting sharding types, tiered kernels (every row on SSD or in host memory, a cache in fast
+memory), a lighter optimizer, more memory or SSD in the ``Topology``.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,7 @@ import math
 
 import numpy as np
 
-from lightrec.distributed.planner.estimators import KERNELS, SHARDING_TYPES, TableArrays
+from lightrec.distributed.planner.estimators import KERNELS, SHARDING_TYPES, TIERED, TableArrays
 from lightrec.distributed.planner.options import Options
 from lightrec.distributed.planner.partitioners import Placement
 from lightrec.distributed.planner.types import PlannerError, Topology
@@ -36,6 +43,20 @@ def _advice(tables: TableArrays, opts: Options, topo: Topology, ts: list[int], n
             f"allow row_wise or column_wise sharding for these tables (ParameterConstraints(sharding_types=...) "
             f"now allows {allowed}) so they are split across ranks"
         )
+    kernels = {k for t in ts for _, ks in tables.allowed[t] for k in ks}
+    over = (opts.sh_backing > topo.backing_caps.max(axis=0)).any(axis=1)
+    if not kernels & set(TIERED):
+        advice.append(
+            "allow a tiered kernel for these tables: every row on SSD (ParameterConstraints(compute_kernels="
+            "['key_value'])) or, on GPUs, in host memory ('fused_uvm_caching'), with a cache of hot rows in "
+            f"{topo.storage_kind} (docs/tiered-tables.md)"
+        )
+    elif over.any():  # some tiered option's rows do not fit a rank's SSD (or host memory)
+        advice.append(
+            f"give each rank more SSD for key_value tables: Topology(ssd_cap=...) (now {gib(float(topo.ssd_caps.max()))}"
+            + (f"), or more host memory: Topology(ddr_cap=...) (now {gib(float(topo.ddr_caps.max()))})"
+               if topo.compute_device == "cuda" else ")")
+        )  # fmt: skip
     advice += [
         "reduce embedding_dim or num_embeddings of these tables, or store them in FP16",
         "use the fused kernel (the dense kernel keeps a full gradient) and a lighter optimizer "
@@ -60,7 +81,7 @@ def too_big_error(tables: TableArrays, opts: Options, topo: Topology, no_fit: li
         lines.append(
             f"  - {_describe(tables, t, opts)} needs at least {gib(float(opts.footprint[o]))} on one rank "
             f"(its smallest option: {SHARDING_TYPES[int(opts.stype[o])]}/{KERNELS[int(opts.kernel[o])]} over "
-            f"{int(opts.nshards[o])} shard(s)); a rank has {gib(cap)}"
+            f"{int(opts.nshards[o])} shard(s)){_backing_needs(opts, o, topo)}; a rank has {gib(cap)}"
         )
     need = max(float(opts.total_storage[opts.first[t] : opts.first[t] + opts.count[t]].min()) for t in no_fit)
     lines.append("What to change:")
@@ -94,3 +115,16 @@ def no_packing_error(tables: TableArrays, opts: Options, topo: Topology, pl: Pla
     lines.append("What to change:")
     lines += [f"  - {a}" for a in _advice(tables, opts, topo, stuck, need)]
     return PlannerError("\n".join(lines), [tables.keys[t][1] for t in stuck], need / W, float(caps.max()))
+
+
+def _backing_needs(opts: Options, o: int, topo: Topology) -> str:
+    """``" and 12 GiB of SSD (cache load factor 0.01); a rank has 1 TiB of SSD"`` for a tiered option."""
+    if int(opts.kernel[o]) not in TIERED:
+        return ""
+    shards = opts.sh_backing[int(opts.start[o]) : int(opts.start[o]) + int(opts.nshards[o])]
+    tier = 1 if shards[:, 1].any() else 0
+    name, caps = ("SSD", topo.ssd_caps) if tier else ("host memory", topo.backing_caps[:, 0])
+    return (
+        f" and {gib(float(shards[:, tier].max()))} of {name} (cache load factor {float(opts.clf[o]):g}), where a "
+        f"rank has {gib(float(caps.max()))} of {name}"
+    )

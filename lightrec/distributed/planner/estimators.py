@@ -1,9 +1,16 @@
 """Storage and performance estimators, vectorised over shards.
 
 Every formula is written once here and documented in docs/planner.md. Inputs are numpy arrays
-with one entry per shard (table index, sharding type code, kernel code, shard rows, shard cols);
-outputs are bytes of the table memory (HBM on cuda, DDR on cpu) and seconds per training step on
-the rank that holds the shard. Symbols (per table):
+with one entry per shard (table index, sharding type code, kernel code, shard rows, shard cols,
+cache load factor); outputs are bytes of the table memory (HBM on cuda, DDR on cpu), bytes of the
+backing tiers (host memory, SSD) and seconds per training step on the rank that holds the shard.
+
+Tiered kernels (``fused_uvm_caching``, ``key_value``) hold ``C = max(ceil(clf * r), min(r,
+min_cache_rows))`` rows in fast memory plus a 4-byte slot index per row, and every row with its
+optimizer state in the backing tier; they cost what the fused kernel costs on the cache, plus,
+for the distinct rows missed per step (``cache_stats.cache_model``), one read and one write-back
+of the row's pages (``key_value``: whole 4 KiB pages at ``ssd_mem_bw``; ``fused_uvm_caching``: the
+row at ``hbm_to_ddr_mem_bw``). Symbols (per table):
 
 =====  ==================================================================
 W, L   world size, ranks per host
@@ -16,14 +23,17 @@ r, c   rows and columns of the shard; R the table's rows
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from lightrec.distributed.planner.cache_params import CacheStatistics
+from lightrec.distributed.planner.cache_stats import cache_model
 from lightrec.distributed.planner.plan import EmbeddingComputeKernel, ShardingType
 from lightrec.distributed.planner.types import Topology
 
-__all__ = ["KERNELS", "SHARDING_TYPES", "TableArrays", "estimate_shards"]
+__all__ = ["KERNELS", "SHARDING_TYPES", "ShardEstimates", "TableArrays", "estimate_shards"]
 
 # Integer codes used in the numpy arrays; the order of SHARDING_TYPES is also the tie-break order
 # of equally cheap options (table-wise first: the simplest plan wins ties).
@@ -38,13 +48,23 @@ SHARDING_TYPES: list[str] = [
 TW, CW, RW, TWRW, TWCW, DP = range(6)
 KERNELS: list[str] = [
     k.value
-    for k in (EmbeddingComputeKernel.FUSED, EmbeddingComputeKernel.DENSE, EmbeddingComputeKernel.QUANT)
+    for k in (
+        EmbeddingComputeKernel.FUSED,
+        EmbeddingComputeKernel.DENSE,
+        EmbeddingComputeKernel.QUANT,
+        EmbeddingComputeKernel.FUSED_UVM_CACHING,
+        EmbeddingComputeKernel.KEY_VALUE,
+    )
 ]
-FUSED, DENSE, QUANT = range(3)
+FUSED, DENSE, QUANT, UVM_CACHING, KEY_VALUE = range(5)
+TIERED = (UVM_CACHING, KEY_VALUE)
 
 ID_BYTES = 8  # int64 ids on the wire and in the lookup input
 LENGTH_BYTES = 4  # int32 lengths
 GRAD_BYTES = 4  # activations, gradients and optimizer state are fp32
+SLOT_INDEX_BYTES = 4  # a tiered table's int32 slot of every row, in fast memory
+SLOT_META_BYTES = 29  # per cache slot: its row, last use, use count, pins, dirty flag
+PAGE_BYTES = 4096  # an SSD row read or write moves whole pages
 
 
 @dataclass
@@ -61,6 +81,10 @@ class TableArrays:
         opt_elem, opt_row: fp32 optimizer values per weight element / per row.
         allowed: per table, ``[(sharding type code, [kernel codes])]`` in preference order.
         min_partition: narrowest column shard per table.
+        clf_choices: per table, the cache load factors a tiered option may take.
+        min_cache_rows: per table, the smallest cache of a tiered shard (the sharder's
+            ``fused_params["cache_min_rows"]``).
+        stats: per table, what is known of its id stream (None: a Zipf law).
         row_state: bytes per row of other per-row state (a managed-collision id map and its
             eviction metadata), or None for none.
     """
@@ -77,10 +101,32 @@ class TableArrays:
     opt_row: np.ndarray
     allowed: list[list[tuple[int, list[int]]]]
     min_partition: np.ndarray
+    clf_choices: list[list[float]] = field(default_factory=list)
+    min_cache_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    stats: list[CacheStatistics | None] = field(default_factory=list)
     row_state: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.keys)
+
+
+@dataclass
+class ShardEstimates:
+    """What :func:`estimate_shards` says of each of ``S`` shards.
+
+    Attributes:
+        storage: ``[S]`` bytes of fast memory (the table memory: HBM on cuda, DDR on cpu).
+        cost: ``[S]`` seconds per training step.
+        backing: ``[S, 2]`` bytes of host memory and SSD (tiered kernels' backing tiers).
+        hit_rate: ``[S]`` expected share of ids the cache serves (NaN: not tiered).
+        cache_rows: ``[S]`` rows of the cache (0: not tiered).
+    """
+
+    storage: np.ndarray
+    cost: np.ndarray
+    backing: np.ndarray
+    hit_rate: np.ndarray
+    cache_rows: np.ndarray
 
 
 def estimate_shards(
@@ -91,17 +137,16 @@ def estimate_shards(
     kernel: np.ndarray,
     rows: np.ndarray,
     cols: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Storage (bytes) and cost (seconds per step) of each shard.
+    clf: np.ndarray | None = None,
+) -> ShardEstimates:
+    """Storage (bytes per tier), cost (seconds per step) and cache hit rate of each shard.
 
     Args:
         t: the tables.
         topo: the cluster.
         table, stype, kernel: ``[S]`` int arrays (table index, sharding type code, kernel code).
         rows, cols: ``[S]`` shard shape; a data-parallel entry stands for one replica.
-
-    Returns:
-        ``(storage [S], cost [S])`` float64 arrays.
+        clf: ``[S]`` cache load factor of tiered shards (ignored for the others).
     """
     W = float(topo.world_size)
     L = float(topo.local_size)
@@ -126,18 +171,31 @@ def estimate_shards(
     out_rows = np.where(t.pooled[table], np.where(is_dp, Bf, W * Bf), looked_up)
     out_elems = out_rows * cols
 
+    # ---- tiered shards: the cache in fast memory, every row in the backing tier ---------------
+    tiered = np.isin(kernel, TIERED)
+    clf = np.zeros(len(table)) if clf is None else clf.astype(np.float64)
+    min_rows = t.min_cache_rows[table].astype(np.float64) if len(t.min_cache_rows) else np.zeros(len(table))
+    cache_rows = np.minimum(rows, np.maximum(np.ceil(clf * rows), np.minimum(rows, min_rows)))
+    resident = np.where(tiered, cache_rows, rows)  # rows held in fast memory
+    row_bytes = cols * E + GRAD_BYTES * (cols * t.opt_elem[table] + t.opt_row[table])  # a row and its state
+
     # ---- storage -------------------------------------------------------------------------
-    weights = rows * cols * E + np.where(kernel == QUANT, rows * t.row_overhead[table], 0.0)
+    weights = resident * cols * E + np.where(kernel == QUANT, rows * t.row_overhead[table], 0.0)
     if t.row_state is not None:
-        weights = weights + rows * t.row_state[table]  # e.g. the id map of a managed-collision table
+        # e.g. the id map of a managed-collision table: every row's, in fast memory even when tiered
+        weights = weights + rows * t.row_state[table]
     opt_state = np.where(
-        training, GRAD_BYTES * (rows * cols * t.opt_elem[table] + rows * t.opt_row[table]), 0.0
+        training, GRAD_BYTES * (resident * cols * t.opt_elem[table] + resident * t.opt_row[table]), 0.0
     )
     dense_grad = np.where(kernel == DENSE, rows * cols * GRAD_BYTES, 0.0)
+    index = np.where(tiered, rows * SLOT_INDEX_BYTES + cache_rows * SLOT_META_BYTES, 0.0)
     passes = np.where(training, 2.0, 1.0)  # forward output, plus its gradient when training
     buffers = ids_in * ID_BYTES + bags_in * LENGTH_BYTES + out_elems * GRAD_BYTES * passes
     buffers = np.where(is_dp, N * ID_BYTES + Bf * LENGTH_BYTES + out_elems * GRAD_BYTES * passes, buffers)
-    storage = weights + opt_state + dense_grad + buffers
+    storage = weights + opt_state + dense_grad + index + buffers
+    backing = np.zeros((len(table), 2))
+    backing[:, 0] = np.where(kernel == UVM_CACHING, rows * row_bytes, 0.0)
+    backing[:, 1] = np.where(kernel == KEY_VALUE, rows * row_bytes, 0.0)
 
     # ---- cost: lookup kernels ------------------------------------------------------------
     bw_m = topo.device_mem_bw
@@ -156,7 +214,19 @@ def estimate_shards(
         + rows * cols * (2 * E + 2 * GRAD_BYTES + 2 * GRAD_BYTES * t.opt_elem[table])
         + rows * 2 * GRAD_BYTES * t.opt_row[table]
     ) / bw_m
-    bwd = np.select([kernel == FUSED, kernel == DENSE], [bwd_fused, bwd_dense], 0.0)
+    bwd = np.select([(kernel == FUSED) | tiered, kernel == DENSE], [bwd_fused, bwd_dense], 0.0)
+
+    # ---- cost: a tiered shard's misses (each fetched, and written back when evicted) ---------
+    hit_rate = np.full(len(table), np.nan)
+    fetch = np.zeros(len(table))
+    for s in np.flatnonzero(tiered).tolist():
+        i = int(table[s])
+        hit_rate[s], fetched = cache_model(
+            t.stats[i] if t.stats else None, cache_rows[s] / max(rows[s], 1.0), int(rows[s]), int(t.rows[i]), looked_up[s]
+        )
+        moved = max(row_bytes[s], PAGE_BYTES) if kernel[s] == KEY_VALUE else row_bytes[s]
+        bandwidth = topo.ssd_mem_bw if kernel[s] == KEY_VALUE else topo.hbm_to_ddr_mem_bw
+        fetch[s] = 2.0 * fetched * moved / float(bandwidth or math.inf) + 2.0 * fetched * row_bytes[s] / bw_m
 
     # ---- cost: communication -------------------------------------------------------------
     off_rank = (W - 1.0) / W  # share of the traffic that leaves the rank
@@ -179,5 +249,5 @@ def estimate_shards(
     allreduce = np.where(training, 2.0 * off_rank * rows * cols * GRAD_BYTES / bw_c, 0.0)
     comm = np.where(is_dp, allreduce, input_dist + output_dist)
 
-    cost = fwd + bwd + comm + float(topo.kernel_overhead_s or 0.0)
-    return storage, cost
+    cost = fwd + bwd + comm + fetch + float(topo.kernel_overhead_s or 0.0)
+    return ShardEstimates(storage, cost, backing, hit_rate, np.where(tiered, cache_rows, 0.0))

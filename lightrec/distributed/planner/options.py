@@ -8,7 +8,7 @@ per-option aggregates from the shard arrays.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -25,9 +25,12 @@ class Options:
     Attributes:
         table, stype, kernel, nshards, start: ``[O]`` option description; the shards of option
             ``o`` are ``start[o] : start[o] + nshards[o]`` in the shard arrays.
+        clf: ``[O]`` cache load factor of tiered options (0 for the others).
         first, count: ``[T]`` the options of table ``t`` are ``first[t] : first[t] + count[t]``.
         sh_idx, sh_rows, sh_cols, sh_storage, sh_cost: ``[S]`` shard index inside its option,
             shard shape, storage bytes and cost seconds.
+        sh_backing, sh_hit: ``[S, 2]`` host-memory and SSD bytes, ``[S]`` expected cache hit rate
+            (NaN: not tiered).
         footprint: ``[O]`` most bytes the option puts on one rank.
         max_cost: ``[O]`` cost of its most expensive shard.
         total_storage, total_cost: ``[O]`` summed over all ranks (replicas counted ``W`` times).
@@ -51,7 +54,16 @@ class Options:
     total_storage: np.ndarray
     total_cost: np.ndarray
     fits: np.ndarray
+    clf: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    sh_backing: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
+    sh_hit: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
+    def __post_init__(self) -> None:  # options built without tiered kernels (tests, hand-made)
+        if len(self.clf) != len(self.table):
+            self.clf = np.zeros(len(self.table))
+        if len(self.sh_backing) != len(self.sh_storage):
+            self.sh_backing = np.zeros((len(self.sh_storage), 2))
+            self.sh_hit = np.full(len(self.sh_storage), np.nan)
 
 
 def finish_options(opts: Options, topo: Topology) -> Options:
@@ -82,5 +94,12 @@ def finish_options(opts: Options, topo: Topology) -> Options:
             mat = sh_storage[start[group][:, None] + np.arange(k)[None, :]]  # [O_g, k]
             ok = np.any(np.all(mat[:, None, :] <= host_caps[None, :, :k], axis=2), axis=1)
             fits[group] &= ok
+    # Backing tiers (tiered kernels): every shard within some rank's host memory / SSD, row-wise
+    # shard i within rank i's.
+    backing, backing_caps = opts.sh_backing, topo.backing_caps
+    fits &= np.logical_and.reduceat((backing <= backing_caps.max(axis=0)).all(axis=1), start)
+    fits &= np.logical_and.reduceat(
+        np.where(sh_type == RW, (backing <= backing_caps[sh_idx % W]).all(axis=1), True), start
+    )
     opts.fits = fits
     return opts

@@ -8,6 +8,9 @@ Order of placement (``W`` ranks, ``L`` per host):
 3. table-wise and column-wise shards, most expensive first (longest processing time first), go
    to the least-loaded rank with room for them (a heap keyed by load).
 
+The caps are those of the fast tier (``topology.storage_caps``) and, for tiered kernels, of the
+backing tiers each shard also fills (host memory and SSD, ``topology.backing_caps``).
+
 :func:`refine` then lowers the busiest rank's cost by moving a shard off it, or by switching one
 of its tables to an option with cheaper shards (split a table, or stop replicating it), as long
 as each step strictly lowers the busiest rank without exceeding a cap.
@@ -16,7 +19,7 @@ as each step strictly lowers the busiest rank without exceeding a cap.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 import numpy as np
@@ -39,6 +42,7 @@ class Placement:
         ranks: per table, the rank of each shard (data parallel: every rank).
         load, storage: ``[W]`` cost (s/step) and table-memory bytes per rank.
         unplaced: tables whose shards found no rank with room.
+        backing: ``[W, 2]`` host-memory and SSD bytes per rank (tiered kernels).
     """
 
     choice: np.ndarray
@@ -46,6 +50,7 @@ class Placement:
     load: np.ndarray
     storage: np.ndarray
     unplaced: list[int]
+    backing: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
 
     @property
     def ok(self) -> bool:
@@ -65,10 +70,11 @@ def partition(opts: Options, choice: np.ndarray, topo: Topology, sort_by: str = 
     """
     by_storage = sort_by == "storage"
     W, L = topo.world_size, topo.local_size
-    caps = topo.storage_caps
+    caps, bcaps = topo.storage_caps, topo.backing_caps
     T = len(choice)
     load = np.zeros(W)
     mem = np.zeros(W)
+    bmem = np.zeros((W, 2))
     ranks: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * T
     unplaced: list[int] = []
     stype = opts.stype[choice]
@@ -78,27 +84,30 @@ def partition(opts: Options, choice: np.ndarray, topo: Topology, sort_by: str = 
         sl = _shards(opts, int(choice[t]))
         load += opts.sh_cost[sl]  # broadcasts a replica to every rank, or shard i to rank i
         mem += opts.sh_storage[sl]
+        bmem += opts.sh_backing[sl]
         ranks[t] = all_ranks
-    over = np.flatnonzero(mem > caps)
+    over = np.flatnonzero((mem > caps) | (bmem > bcaps).any(axis=1))
     if len(over):
         # Fixed shards alone overflow: report every fixed table on those ranks.
-        return Placement(choice, ranks, load, mem, np.flatnonzero((stype == DP) | (stype == RW)).tolist())
+        return Placement(choice, ranks, load, mem, np.flatnonzero((stype == DP) | (stype == RW)).tolist(), bmem)
 
     host_tables = np.flatnonzero((stype == TWRW) | (stype == TWCW))
     host_key = (opts.total_storage if by_storage else opts.total_cost)[choice[host_tables]]
     host_order = host_tables[np.lexsort((host_tables, -host_key))]
-    caps_h = caps.reshape(-1, L)
+    caps_h, bcaps_h = caps.reshape(-1, L), bcaps.reshape(-1, L, 2)
     for t in host_order.tolist():
         sl = _shards(opts, int(choice[t]))
-        c, m = opts.sh_cost[sl], opts.sh_storage[sl]
+        c, m, b = opts.sh_cost[sl], opts.sh_storage[sl], opts.sh_backing[sl]
         k = len(c)
         fit = (mem.reshape(-1, L)[:, :k] + m <= caps_h[:, :k]).all(axis=1)
+        fit &= (bmem.reshape(-1, L, 2)[:, :k] + b <= bcaps_h[:, :k]).all(axis=(1, 2))
         if not fit.any():
             unplaced.append(t)
             continue
         h = int(np.argmin(np.where(fit, (load.reshape(-1, L)[:, :k] + c).max(axis=1), np.inf)))
         load[h * L : h * L + k] += c
         mem[h * L : h * L + k] += m
+        bmem[h * L : h * L + k] += b
         ranks[t] = h * L + np.arange(k, dtype=np.int64)
 
     movable = np.flatnonzero((stype == TW) | (stype == CW))
@@ -107,54 +116,62 @@ def partition(opts: Options, choice: np.ndarray, topo: Topology, sort_by: str = 
         np.repeat(movable, n)
         first = np.repeat(opts.start[choice[movable]] - np.concatenate([[0], np.cumsum(n)[:-1]]), n)
         idx = first + np.arange(int(n.sum()))
-        cost, stor = opts.sh_cost[idx], opts.sh_storage[idx]
+        cost, stor, back = opts.sh_cost[idx], opts.sh_storage[idx], opts.sh_backing[idx]
         order = (np.lexsort((idx, -cost, -stor)) if by_storage else np.lexsort((idx, -stor, -cost))).tolist()
         loads, free = load.tolist(), (caps - mem).tolist()
+        bfree = bcaps - bmem
         heap = [(loads[r], r) for r in range(W)]
         heapq.heapify(heap)
         where = np.full(len(idx), -1, dtype=np.int64)
         cost_l, stor_l = cost.tolist(), stor.tolist()
+        backed = np.asarray((back > 0).any(axis=1)).tolist()
         for j in order:
             c, m = cost_l[j], stor_l[j]
             popped = []
             rank = -1
             while heap:
                 entry = heapq.heappop(heap)
-                if free[entry[1]] >= m:
+                if free[entry[1]] >= m and (not backed[j] or bool((bfree[entry[1]] >= back[j]).all())):
                     rank = entry[1]
                     break
                 popped.append(entry)
             if rank >= 0:
                 loads[rank] += c
                 free[rank] -= m
+                bfree[rank] -= back[j]
                 heapq.heappush(heap, (loads[rank], rank))
                 where[j] = rank
             for entry in popped:
                 heapq.heappush(heap, entry)
         load = np.asarray(loads)
         mem = caps - np.asarray(free)
+        bmem = bcaps - bfree
         bounds = np.concatenate([[0], np.cumsum(n)])
         for i, t in enumerate(movable.tolist()):
             r = where[bounds[i] : bounds[i + 1]]
             if (r < 0).any():
                 unplaced.append(t)
-                np.subtract.at(load, r[r >= 0], cost[bounds[i] : bounds[i + 1]][r >= 0])
-                np.subtract.at(mem, r[r >= 0], stor[bounds[i] : bounds[i + 1]][r >= 0])
+                placed = r >= 0
+                np.subtract.at(load, r[placed], cost[bounds[i] : bounds[i + 1]][placed])
+                np.subtract.at(mem, r[placed], stor[bounds[i] : bounds[i + 1]][placed])
+                np.subtract.at(bmem, r[placed], back[bounds[i] : bounds[i + 1]][placed])
             ranks[t] = r
-    return Placement(choice, ranks, load, mem, sorted(unplaced))
+    return Placement(choice, ranks, load, mem, sorted(unplaced), bmem)
 
 
-def _contrib(opts: Options, o: int, ranks: np.ndarray, W: int) -> tuple[np.ndarray, np.ndarray]:
-    """``[W]`` cost and storage that option ``o`` placed on ``ranks`` adds to each rank."""
+def _contrib(opts: Options, o: int, ranks: np.ndarray, W: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``[W]`` cost, ``[W]`` storage and ``[W, 2]`` backing that option ``o`` placed on ``ranks`` adds."""
     sl = _shards(opts, o)
-    cost, stor = np.zeros(W), np.zeros(W)
+    cost, stor, back = np.zeros(W), np.zeros(W), np.zeros((W, 2))
     if opts.stype[o] == DP:
         cost += opts.sh_cost[sl]
         stor += opts.sh_storage[sl]
+        back += opts.sh_backing[sl]
     else:
         np.add.at(cost, ranks, opts.sh_cost[sl])
         np.add.at(stor, ranks, opts.sh_storage[sl])
-    return cost, stor
+        np.add.at(back, ranks, opts.sh_backing[sl])
+    return cost, stor, back
 
 
 def _cost_on(opts: Options, o: int, ranks: np.ndarray, b: int) -> float:
@@ -166,40 +183,44 @@ def _cost_on(opts: Options, o: int, ranks: np.ndarray, b: int) -> float:
 
 
 def _place_alone(
-    opts: Options, o: int, load: np.ndarray, mem: np.ndarray, caps: np.ndarray, topo: Topology
+    opts: Options, o: int, load: np.ndarray, mem: np.ndarray, bmem: np.ndarray, topo: Topology
 ) -> np.ndarray | None:
-    """Ranks for option ``o``'s shards given the other tables' ``load``/``mem``; None if no room."""
+    """Ranks for option ``o``'s shards given the other tables' ``load`` / ``mem`` / ``bmem``; None if no room."""
     W, L = topo.world_size, topo.local_size
+    caps, bcaps = topo.storage_caps, topo.backing_caps
     sl = _shards(opts, o)
-    c, m = opts.sh_cost[sl], opts.sh_storage[sl]
+    c, m, b = opts.sh_cost[sl], opts.sh_storage[sl], opts.sh_backing[sl]
     st = int(opts.stype[o])
     if st in (DP, RW):
-        return np.arange(W, dtype=np.int64) if (mem + m <= caps).all() else None
+        return np.arange(W, dtype=np.int64) if (mem + m <= caps).all() and (bmem + b <= bcaps).all() else None
     if st in (TWRW, TWCW):
         k = len(c)
         fit = (mem.reshape(-1, L)[:, :k] + m <= caps.reshape(-1, L)[:, :k]).all(axis=1)
+        fit &= (bmem.reshape(-1, L, 2)[:, :k] + b <= bcaps.reshape(-1, L, 2)[:, :k]).all(axis=(1, 2))
         if not fit.any():
             return None
         h = int(np.argmin(np.where(fit, (load.reshape(-1, L)[:, :k] + c).max(axis=1), np.inf)))
         return h * L + np.arange(k, dtype=np.int64)
-    load, mem = load.copy(), mem.copy()
+    load, mem, bmem = load.copy(), mem.copy(), bmem.copy()
     out = np.empty(len(c), dtype=np.int64)
     for j in np.argsort(-c, kind="stable").tolist():
-        r = int(np.argmin(np.where(mem + m[j] <= caps, load, np.inf)))
-        if mem[r] + m[j] > caps[r]:
+        room = (mem + m[j] <= caps) & (bmem + b[j] <= bcaps).all(axis=1)
+        r = int(np.argmin(np.where(room, load, np.inf)))
+        if not room[r]:
             return None
         out[j] = r
         load[r] += c[j]
         mem[r] += m[j]
+        bmem[r] += b[j]
     return out
 
 
 def refine(opts: Options, pl: Placement, topo: Topology, max_steps: int | None = None) -> Placement:
     """Lower the busiest rank's cost step by step (moves, then option switches); see module doc."""
     W = topo.world_size
-    caps = topo.storage_caps
     choice, ranks = pl.choice.copy(), list(pl.ranks)
     load, mem = pl.load.copy(), pl.storage.copy()
+    bmem = pl.backing.copy() if len(pl.backing) else np.zeros((W, 2))
     on_rank: list[set[int]] = [set() for _ in range(W)]
     for t, r in enumerate(ranks):
         for rr in set(r.tolist()):
@@ -216,8 +237,8 @@ def refine(opts: Options, pl: Placement, topo: Topology, max_steps: int | None =
         improved = False
         for _neg, t in cands[:8]:
             o = int(choice[t])
-            c_old, m_old = _contrib(opts, o, ranks[t], W)
-            base_load, base_mem = load - c_old, mem - m_old
+            c_old, m_old, b_old = _contrib(opts, o, ranks[t], W)
+            base_load, base_mem, base_bmem = load - c_old, mem - m_old, bmem - b_old
             tried = [o]
             # Same option re-placed (a move), then the cheapest option with cheaper shards.
             alts = np.arange(opts.first[t], opts.first[t] + opts.count[t])
@@ -228,10 +249,10 @@ def refine(opts: Options, pl: Placement, topo: Topology, max_steps: int | None =
             for o_new in tried:
                 if opts.stype[o_new] in (DP, RW) and o_new == o:
                     continue  # fixed placement: nothing to move
-                r_new = _place_alone(opts, o_new, base_load, base_mem, caps, topo)
+                r_new = _place_alone(opts, o_new, base_load, base_mem, base_bmem, topo)
                 if r_new is None:
                     continue
-                c_new, m_new = _contrib(opts, o_new, r_new, W)
+                c_new, m_new, b_new = _contrib(opts, o_new, r_new, W)
                 new_load = base_load + c_new
                 touched = (c_new > 0) | (c_old > 0)
                 if new_load[b] < top * (1 - 1e-9) and new_load[touched].max() < top * (1 - 1e-9):
@@ -240,14 +261,14 @@ def refine(opts: Options, pl: Placement, topo: Topology, max_steps: int | None =
                     choice[t], ranks[t] = o_new, r_new
                     for rr in set(r_new.tolist()):
                         on_rank[rr].add(t)
-                    load, mem = new_load, base_mem + m_new
+                    load, mem, bmem = new_load, base_mem + m_new, base_bmem + b_new
                     improved = True
                     break
             if improved:
                 break
         if not improved:
             break
-    return Placement(choice, ranks, load, mem, [])
+    return Placement(choice, ranks, load, mem, [], bmem)
 
 
 class SortBy(Enum):

@@ -5,10 +5,16 @@ hand and fed back to ``DistributedModelParallel``::
 
     ShardingPlan.plan                      {module path: EmbeddingModuleShardingPlan}
       EmbeddingModuleShardingPlan          {table name:  ParameterSharding}
-        ParameterSharding                  sharding_type, compute_kernel, ranks, sharding_spec
+        ParameterSharding                  sharding_type, compute_kernel, ranks, sharding_spec,
+                                           cache_params, key_value_params (tiered kernels)
           sharding_spec: list[ShardMetadata]
             ShardMetadata                  shard_offsets [row, col], shard_sizes [rows, cols],
                                            placement "rank:<r>/<device>"
+
+Tiered kernels (tables larger than the fast tier, docs/tiered-tables.md): ``fused_uvm_caching``
+keeps every row in host memory with a cache in the device's memory, ``key_value`` every row on
+SSD; :class:`CacheParams` (cache size and algorithm) and :class:`KeyValueParams` (the SSD
+directory) say how, with torchrec's names.
 
 Shard layout rules (shared by the hand-written helpers, the planner and the sharders):
 
@@ -19,8 +25,9 @@ Shard layout rules (shared by the hand-written helpers, the planner and the shar
   are at least ``n`` such units, else in units of 1; the first ``units % n`` shards get one unit
   more (see :func:`column_wise_shard_sizes`).
 
-The file is pure data: it imports no collective and no module of lightrec's, so the sharders, the
-checkpoints and the planner all read plans from here (``lightrec.distributed.types`` re-exports it
+The file is pure data: it imports no collective and no module of lightrec's but its sibling
+``cache_params.py`` (the tiered kernels' parameters), so the sharders, the checkpoints and the
+planner all read plans from here (``lightrec.distributed.types`` re-exports it
 under torchrec's path).
 """
 
@@ -36,14 +43,26 @@ from dataclasses import dataclass, field
 from enum import Enum, unique
 from typing import Any
 
+from lightrec.distributed.planner.cache_params import (
+    CacheAlgorithm,
+    CacheParams,
+    CacheStatistics,
+    KeyValueParams,
+)
+
 __all__ = [
+    "CacheAlgorithm",
+    "CacheParams",
+    "CacheStatistics",
     "EmbeddingComputeKernel",
     "EmbeddingModuleShardingPlan",
     "EnumerableShardingSpec",
+    "KeyValueParams",
     "ParameterSharding",
     "ShardMetadata",
     "ShardingPlan",
     "ShardingType",
+    "TIERED_KERNELS",
     "column_wise_shard_sizes",
     "enum_value",
     "placement_for",
@@ -71,14 +90,21 @@ class ShardingType(str, Enum):
 @unique
 class EmbeddingComputeKernel(str, Enum):
     """Which lookup kernel serves a shard: plain autograd (``dense``), optimizer fused into the
-    backward pass (``fused``), or quantized inference (``quant``)."""
+    backward pass (``fused``), quantized inference (``quant``), or fused over a cache of hot rows
+    whose table lives in host memory (``fused_uvm_caching``) or on SSD (``key_value``)."""
 
     DENSE = "dense"
     FUSED = "fused"
     QUANT = "quant"
+    FUSED_UVM_CACHING = "fused_uvm_caching"
+    KEY_VALUE = "key_value"
 
     def __str__(self) -> str:
         return self.value
+
+
+#: The compute kernels whose rows live in a backing tier behind a cache.
+TIERED_KERNELS = (EmbeddingComputeKernel.FUSED_UVM_CACHING.value, EmbeddingComputeKernel.KEY_VALUE.value)
 
 
 _ENUM_VALUES: dict[type[Enum], frozenset[str]] = {}
@@ -219,16 +245,35 @@ class ParameterSharding:
         ranks: ranks holding a shard, in shard order (all ranks for data parallel).
         sharding_spec: one :class:`ShardMetadata` per shard, in the same order as ``ranks``;
             ``None`` for data parallel (every rank holds the whole table).
+        cache_params: the cache of a tiered kernel (``fused_uvm_caching`` / ``key_value``).
+        key_value_params: the SSD directory of a ``key_value`` table.
     """
 
     sharding_type: str
     compute_kernel: str
     ranks: list[int] | None = None
     sharding_spec: list[ShardMetadata] | None = None
+    cache_params: CacheParams | None = None
+    key_value_params: KeyValueParams | None = None
 
     def __post_init__(self) -> None:
         self.sharding_type = enum_value(self.sharding_type, ShardingType, "sharding_type")
         self.compute_kernel = enum_value(self.compute_kernel, EmbeddingComputeKernel, "compute_kernel")
+        tiered = self.compute_kernel in TIERED_KERNELS
+        if self.cache_params is not None and not tiered:
+            raise ValueError(
+                f"cache_params is for the tiered compute kernels {list(TIERED_KERNELS)}, got compute_kernel="
+                f"{self.compute_kernel!r}; drop cache_params or choose one of them"
+            )
+        if self.key_value_params is not None and self.compute_kernel != EmbeddingComputeKernel.KEY_VALUE.value:
+            raise ValueError(
+                f"key_value_params is for compute_kernel='key_value', got {self.compute_kernel!r}; drop it or use key_value"
+            )
+        if tiered and self.sharding_type == ShardingType.DATA_PARALLEL.value:
+            raise ValueError(
+                f"compute_kernel={self.compute_kernel!r} cannot be data parallel (every rank would hold a full "
+                "replica of a table that does not fit); shard it table-wise, row-wise or column-wise"
+            )
         if self.ranks is not None:
             self.ranks = [int(r) for r in self.ranks]
         if self.sharding_spec is not None:
@@ -240,7 +285,7 @@ class ParameterSharding:
                 )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "sharding_type": self.sharding_type,
             "compute_kernel": self.compute_kernel,
             "ranks": self.ranks,
@@ -251,15 +296,23 @@ class ParameterSharding:
                 for s in self.sharding_spec
             ],
         }
+        if self.cache_params is not None:
+            out["cache_params"] = self.cache_params.to_dict()
+        if self.key_value_params is not None:
+            out["key_value_params"] = self.key_value_params.to_dict()
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ParameterSharding:
         spec = data.get("sharding_spec")
+        cache, kv = data.get("cache_params"), data.get("key_value_params")
         return cls(
             sharding_type=data["sharding_type"],
             compute_kernel=data["compute_kernel"],
             ranks=data.get("ranks"),
             sharding_spec=None if spec is None else [ShardMetadata(**s) for s in spec],
+            cache_params=None if cache is None else CacheParams.from_dict(cache),
+            key_value_params=None if kv is None else KeyValueParams.from_dict(kv),
         )
 
 

@@ -5,7 +5,12 @@ Pipeline (all deterministic: no randomness, ties broken by table and rank order)
     collect tables -> enumerate options -> proposals (greedy; memory DP when memory binds)
         -> partition (repair by escalating tables that do not pack) -> refine -> best plan
 
-The best plan has the least estimated cost on its busiest rank (then the least total cost).
+The best plan has the least estimated cost on its busiest rank (then the least total cost). It
+runs first with the in-memory kernels only; when no plan fits, again with the tiered kernels
+offered too (``key_value``: every row on SSD; ``fused_uvm_caching`` on GPUs: every row in host
+memory; a cache of hot rows in fast memory at one of several load factors, priced by the expected
+misses, ``cache_stats.py``), so tables are tiered only when memory demands it, and those whose
+misses cost least.
 """
 
 from __future__ import annotations
@@ -24,8 +29,10 @@ from lightrec.distributed.planner.estimators import (
     CW,
     DP,
     KERNELS,
+    KEY_VALUE,
     RW,
     SHARDING_TYPES,
+    TIERED,
     TWCW,
     TWRW,
     TableArrays,
@@ -34,6 +41,7 @@ from lightrec.distributed.planner.estimators import (
 from lightrec.distributed.planner.partitioners import Placement, partition, refine
 from lightrec.distributed.planner.perf_models import NoopPerfModel
 from lightrec.distributed.planner.plan import (
+    CacheParams,
     EmbeddingModuleShardingPlan,
     ParameterSharding,
     ShardingPlan,
@@ -63,6 +71,7 @@ from lightrec.distributed.planner.types import (
     Topology,
 )
 from lightrec.distributed.sharding_env import resolve_group
+from lightrec.kernels.tiered_config import DEFAULT_CACHE_LOAD_FACTOR
 
 __all__ = ["EmbeddingShardingPlanner"]
 
@@ -204,7 +213,7 @@ class EmbeddingShardingPlanner:
         modules = find_shardable_modules(module, sharders)
         tables = collect_tables(modules, topo, self._constraints, self._batch_size)
         W = topo.world_size
-        idx, st, kern, rows, cols, ranks = [], [], [], [], [], []
+        idx, st, kern, rows, cols, ranks, clfs = [], [], [], [], [], [], []
         reports = []
         for t, (path, name) in enumerate(tables.keys):
             mp = plan.get_plan_for_module(path)
@@ -218,6 +227,7 @@ class EmbeddingShardingPlanner:
                 if not ps.sharding_spec:
                     raise ValueError(f"plan for table {name!r} ({ps.sharding_type}) has no sharding_spec")
                 shards = [(s.shard_sizes[0], s.shard_sizes[1], s.rank) for s in ps.sharding_spec]
+            clf = _plan_clf(ps, tables, t)
             for r, c, rank in shards:
                 if rank >= W:
                     raise ValueError(
@@ -229,50 +239,53 @@ class EmbeddingShardingPlanner:
                 rows.append(r)
                 cols.append(c)
                 ranks.append(rank)
+                clfs.append(clf)
             reports.append((t, ps, len(shards)))
         arr = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
-        storage, cost = estimate_shards(tables, topo, arr(idx), arr(st), arr(kern), arr(rows), arr(cols))
-        rank_arr, load, mem = arr(ranks), np.zeros(W), np.zeros(W)
+        est = estimate_shards(
+            tables, topo, arr(idx), arr(st), arr(kern), arr(rows), arr(cols), np.asarray(clfs, dtype=np.float64)
+        )
+        rank_arr, load, mem, back = arr(ranks), np.zeros(W), np.zeros(W), np.zeros((W, 2))
         rep = rank_arr < 0  # data-parallel replicas: on every rank
-        load += cost[rep].sum()
-        mem += storage[rep].sum()
-        np.add.at(load, rank_arr[~rep], cost[~rep])
-        np.add.at(mem, rank_arr[~rep], storage[~rep])
+        load += est.cost[rep].sum()
+        mem += est.storage[rep].sum()
+        np.add.at(load, rank_arr[~rep], est.cost[~rep])
+        np.add.at(mem, rank_arr[~rep], est.storage[~rep])
+        np.add.at(back, rank_arr[~rep], est.backing[~rep])
         rows_out, pos = [], 0
         for t, ps, n in reports:
             mult = W if ps.sharding_type == "data_parallel" else 1
+            sl = slice(pos, pos + n)
             rows_out.append(
-                TableReport(
-                    tables.keys[t][0],
-                    tables.keys[t][1],
-                    ps.sharding_type,
-                    ps.compute_kernel,
-                    list(ps.ranks or range(W)),
-                    float(cost[pos : pos + n].sum() * mult),
-                    float(storage[pos : pos + n].sum() * mult),
-                )
+                _table_report(tables.keys[t], ps.sharding_type, ps.compute_kernel, list(ps.ranks or range(W)),
+                              est.cost[sl] * mult, est.storage[sl] * mult, est.backing[sl], est.hit_rate[sl],
+                              clfs[pos])  # fmt: skip
             )
             pos += n
-        on_hbm = topo.compute_device == "cuda"
-        zeros = np.zeros(W)
-        return PlannerReport(
-            str(topo.compute_device),
-            mem if on_hbm else zeros,
-            zeros if on_hbm else mem,
-            topo.hbm_caps.copy(),
-            topo.ddr_caps.copy(),
-            load,
-            rows_out,
-            0.0,
-            "evaluated",
-        )
+        return _report(topo, mem, back, load, rows_out, 0.0, "evaluated")
 
     # ---- pipeline ----------------------------------------------------------------------------
     def _plan(self, module: nn.Module, sharders: list[ModuleSharder], topo: Topology) -> ShardingPlan:
         t0 = time.perf_counter()
         topo = self._reserve(topo, module, sharders)
         modules = find_shardable_modules(module, sharders)
-        tables = collect_tables(modules, topo, self._constraints, self._batch_size)
+        try:
+            return self._plan_tables(module, sharders, modules, topo, t0, tiered=False)
+        except PlannerError as in_memory:
+            tables = collect_tables(modules, topo, self._constraints, self._batch_size, tiered=True)
+            if not any(k in TIERED for opts in tables.allowed for _, kernels in opts for k in kernels):
+                raise  # nothing more to try: the sharders or constraints offer no tiered kernel
+            try:
+                return self._plan_tables(module, sharders, modules, topo, t0, tiered=True)
+            except PlannerError as tiered:
+                raise tiered from in_memory
+
+    def _plan_tables(
+        self, module: nn.Module, sharders: list[ModuleSharder], modules: list[ShardableModule], topo: Topology,
+        t0: float, tiered: bool,
+    ) -> ShardingPlan:  # fmt: skip
+        """One planning pass, with (``tiered``) or without the tiered kernels on offer."""
+        tables = collect_tables(modules, topo, self._constraints, self._batch_size, tiered=tiered)
         if len(tables) == 0:
             self.last_report = None
             return ShardingPlan({m.path: EmbeddingModuleShardingPlan() for m in modules})
@@ -304,7 +317,7 @@ class EmbeddingShardingPlanner:
                     [k[1] for k in tables.keys], float(opts.total_storage.sum()), float(topo.storage_caps.max()),
                 )  # fmt: skip
             name, pl = found
-        plan = _build_plan(modules, tables, opts, pl, topo)
+        plan = _build_plan(modules, tables, opts, pl, topo, self._constraints)
         self.last_report = _build_report(tables, opts, pl, topo, name, time.perf_counter() - t0)
         return plan
 
@@ -389,7 +402,12 @@ def _shard_specs(opts: Options, o: int, ranks: np.ndarray, topo: Topology) -> li
 
 
 def _build_plan(
-    modules: list[ShardableModule], tables: TableArrays, opts: Options, pl: Placement, topo: Topology
+    modules: list[ShardableModule],
+    tables: TableArrays,
+    opts: Options,
+    pl: Placement,
+    topo: Topology,
+    constraints: dict[str, ParameterConstraints],
 ) -> ShardingPlan:
     index = {key: i for i, key in enumerate(tables.keys)}
     plan = ShardingPlan()
@@ -398,45 +416,90 @@ def _build_plan(
         for name in m.configs:
             t = index[(m.path, name)]
             o = int(pl.choice[t])
-            st = int(opts.stype[o])
+            st, kernel = int(opts.stype[o]), int(opts.kernel[o])
+            c = constraints.get(name)
+            cache = kv = None
+            if kernel in TIERED:  # the chosen cache size goes into the plan, with the constraint's settings
+                given = c.cache_params if c is not None and c.cache_params is not None else CacheParams()
+                cache = dataclasses.replace(given, load_factor=float(opts.clf[o]), stats=None)
+                kv = c.key_value_params if c is not None and kernel == KEY_VALUE else None
             mp[name] = ParameterSharding(
                 sharding_type=SHARDING_TYPES[st],
-                compute_kernel=KERNELS[int(opts.kernel[o])],
+                compute_kernel=KERNELS[kernel],
                 ranks=[int(r) for r in pl.ranks[t].tolist()],
                 sharding_spec=None if st == DP else _shard_specs(opts, o, pl.ranks[t], topo),
+                cache_params=cache,
+                key_value_params=kv,
             )
         # A sharder may lay its shards out further (managed-collision tables: row blocks on whole buckets).
         plan.plan[m.path] = m.sharder.finalize_module_plan(m.module, mp, topo.world_size)
     return plan
 
 
-def _build_report(
-    tables: TableArrays, opts: Options, pl: Placement, topo: Topology, proposer: str, seconds: float
-) -> PlannerReport:
-    zeros = np.zeros(topo.world_size)
+def _plan_clf(ps: ParameterSharding, tables: TableArrays, t: int) -> float:
+    """The cache load factor a plan's tiered table runs with (the plan's, else the sharder's, else 0.2)."""
+    if ps.cache_params is not None and ps.cache_params.load_factor is not None:
+        return float(ps.cache_params.load_factor)
+    choices = tables.clf_choices[t] if tables.clf_choices else []
+    return choices[0] if len(choices) == 1 else DEFAULT_CACHE_LOAD_FACTOR
+
+
+def _table_report(
+    key: tuple[str, str],
+    sharding_type: str,
+    kernel: str,
+    ranks: list[int],
+    cost: np.ndarray,
+    storage: np.ndarray,
+    backing: np.ndarray,
+    hit: np.ndarray,
+    clf: float,
+) -> TableReport:
+    """One table's row of the report from its shards' estimates (replicas already multiplied in)."""
+    tiered = bool(np.isfinite(hit).any())
+    return TableReport(
+        key[0], key[1], sharding_type, kernel, ranks, float(cost.sum()), float(storage.sum()),
+        cache_load_factor=clf if tiered else None,
+        expected_hit_rate=float(np.nanmean(hit)) if tiered else None,
+        host_bytes=float(backing[:, 0].sum()),
+        ssd_bytes=float(backing[:, 1].sum()),
+    )  # fmt: skip
+
+
+def _report(
+    topo: Topology, fast: np.ndarray, backing: np.ndarray, load: np.ndarray, rows: list[TableReport],
+    seconds: float, proposer: str,
+) -> PlannerReport:  # fmt: skip
+    """The report of per-rank fast memory, backing tiers and cost: HBM, DDR (fast on CPU, the host
+    backing tier behind a GPU) and SSD."""
     on_hbm = topo.compute_device == "cuda"
-    rows = []
-    for t, (path, name) in enumerate(tables.keys):
-        o = int(pl.choice[t])
-        rows.append(
-            TableReport(
-                path,
-                name,
-                SHARDING_TYPES[int(opts.stype[o])],
-                KERNELS[int(opts.kernel[o])],
-                [int(r) for r in pl.ranks[t].tolist()],
-                float(opts.total_cost[o]),
-                float(opts.total_storage[o]),
-            )
-        )
     return PlannerReport(
         compute_device=str(topo.compute_device),
-        hbm_bytes=pl.storage.copy() if on_hbm else zeros,
-        ddr_bytes=zeros.copy() if on_hbm else pl.storage.copy(),
+        hbm_bytes=fast.copy() if on_hbm else np.zeros(topo.world_size),
+        ddr_bytes=backing[:, 0].copy() if on_hbm else fast.copy(),
         hbm_caps=topo.hbm_caps.copy(),
         ddr_caps=topo.ddr_caps.copy(),
-        cost_s=pl.load.copy(),
+        cost_s=load.copy(),
         tables=rows,
         planning_s=seconds,
         proposer=proposer,
+        ssd_bytes=backing[:, 1].copy(),
+        ssd_caps=topo.ssd_caps.copy(),
     )
+
+
+def _build_report(
+    tables: TableArrays, opts: Options, pl: Placement, topo: Topology, proposer: str, seconds: float
+) -> PlannerReport:
+    rows = []
+    for t, key in enumerate(tables.keys):
+        o = int(pl.choice[t])
+        sl = slice(int(opts.start[o]), int(opts.start[o]) + int(opts.nshards[o]))
+        mult = topo.world_size if int(opts.stype[o]) == DP else 1
+        rows.append(
+            _table_report(key, SHARDING_TYPES[int(opts.stype[o])], KERNELS[int(opts.kernel[o])],
+                          [int(r) for r in pl.ranks[t].tolist()], opts.sh_cost[sl] * mult, opts.sh_storage[sl] * mult,
+                          opts.sh_backing[sl], opts.sh_hit[sl], float(opts.clf[o]))  # fmt: skip
+        )
+    backing = pl.backing if len(pl.backing) else np.zeros((topo.world_size, 2))
+    return _report(topo, pl.storage, backing, pl.load, rows, seconds, proposer)

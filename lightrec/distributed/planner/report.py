@@ -27,12 +27,19 @@ _ABBREV = {
 
 
 def _gib(x: float) -> str:
+    if x >= 1024**4:
+        return f"{x / 1024**4:.3g} TiB"
     return f"{x / 1024**3:.3g} GiB" if x >= 1024**3 else f"{x / 1024**2:.3g} MiB"
 
 
 @dataclass
 class TableReport:
-    """One table's decision: ``cost_s``/``storage_bytes`` are summed over its shards (and replicas)."""
+    """One table's decision: ``cost_s``/``storage_bytes`` are summed over its shards (and replicas).
+
+    A tiered table (``fused_uvm_caching`` / ``key_value``) also has its cache load factor, the
+    expected share of id lookups its cache serves, and the bytes of its backing tier (host memory
+    behind a GPU, or SSD); ``storage_bytes`` is then its fast-memory part (cache and slot index).
+    """
 
     module: str
     table: str
@@ -41,6 +48,14 @@ class TableReport:
     ranks: list[int]
     cost_s: float
     storage_bytes: float
+    cache_load_factor: float | None = None
+    expected_hit_rate: float | None = None
+    host_bytes: float = 0.0
+    ssd_bytes: float = 0.0
+
+    @property
+    def tiered(self) -> bool:
+        return self.cache_load_factor is not None
 
 
 @dataclass
@@ -54,6 +69,10 @@ class PlannerReport:
         tables: one :class:`TableReport` per table, in plan order.
         planning_s: wall time of the planner.
         proposer: which proposal won (``"greedy"`` or ``"memory_dp"``).
+        ssd_bytes, ssd_caps: ``[W]`` SSD use (``key_value`` tables) and capacity per rank.
+
+    On ``cuda`` the DDR column is the host memory that ``fused_uvm_caching`` tables fill; on ``cpu``
+    it is the table memory itself.
     """
 
     compute_device: str
@@ -65,6 +84,16 @@ class PlannerReport:
     tables: list[TableReport] = field(default_factory=list)
     planning_s: float = 0.0
     proposer: str = ""
+    ssd_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    ssd_caps: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    @property
+    def tiered_tables(self) -> list[TableReport]:
+        """The tables the plan keeps in a backing tier behind a cache."""
+        return [t for t in self.tables if t.tiered]
+
+    def _has_ssd(self) -> bool:
+        return len(self.ssd_bytes) == self.world_size and float(np.max(self.ssd_bytes, initial=0.0)) > 0
 
     @property
     def world_size(self) -> int:
@@ -91,16 +120,36 @@ class PlannerReport:
             shown = " ".join(names[:max_tables]) + (
                 f" ... (+{len(names) - max_tables})" if len(names) > max_tables else ""
             )
+            ssd = [f"{_gib(self.ssd_bytes[r])} / {_gib(self.ssd_caps[r])}"] if self._has_ssd() else []
             rows.append(
                 [
                     str(r),
                     f"{_gib(self.hbm_bytes[r])} / {_gib(self.hbm_caps[r])}",
                     f"{_gib(self.ddr_bytes[r])} / {_gib(self.ddr_caps[r])}",
+                    *ssd,
                     f"{self.cost_s[r] * 1e3:.4g}",
                     shown,
                 ]
             )
         return rows
+
+    def _header(self) -> list[str]:
+        header = list(self._HEADER)
+        if self._has_ssd():
+            header.insert(3, "SSD used / cap")
+        return header
+
+    def _tiered_lines(self) -> list[str]:
+        """One line per tiered table: kernel, cache size, expected hit rate, bytes per tier."""
+        fast = "HBM" if self.compute_device == "cuda" else "DDR"
+        lines = []
+        for t in self.tiered_tables:
+            backing = f"SSD {_gib(t.ssd_bytes)}" if t.ssd_bytes else f"host DDR {_gib(t.host_bytes)}"
+            lines.append(
+                f"tiered: {t.table} ({t.compute_kernel}, cache load factor {t.cache_load_factor:g}, expected hit "
+                f"rate {100 * (t.expected_hit_rate or 0.0):.1f}%): {fast} {_gib(t.storage_bytes)}, {backing}"
+            )
+        return lines
 
     def _summary(self) -> list[str]:
         kinds = Counter(t.sharding_type for t in self.tables)
@@ -110,14 +159,16 @@ class PlannerReport:
             f"estimated cost per step: max {self.max_cost_s * 1e3:.4g} ms, mean "
             f"{float(self.cost_s.mean()) * 1e3:.4g} ms, imbalance (max/mean) {self.imbalance:.3f}",
             f"planned in {self.planning_s:.3f} s (proposal: {self.proposer or '-'})",
+            *self._tiered_lines(),
         ]
 
     _HEADER = ["rank", "HBM used / cap", "DDR used / cap", "est. cost (ms/step)", "tables"]
 
     def to_text(self, max_tables: int = 8) -> str:
         """Aligned text table, one row per rank, then a summary."""
-        rows = [self._HEADER] + self._rows(max_tables)
-        widths = [max(len(r[i]) for r in rows) for i in range(len(self._HEADER) - 1)]
+        header = self._header()
+        rows = [header] + self._rows(max_tables)
+        widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
         lines = [
             " | ".join([c.ljust(w) for c, w in zip(r[:-1], widths, strict=False)] + [r[-1]]) for r in rows
         ]
@@ -129,7 +180,8 @@ class PlannerReport:
 
     def to_markdown(self, max_tables: int = 8) -> str:
         """GitHub markdown table, one row per rank, then the summary as a list."""
-        lines = ["| " + " | ".join(self._HEADER) + " |", "|" + "---|" * len(self._HEADER)]
+        header = self._header()
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(r) + " |" for r in self._rows(max_tables)]
         return "\n".join(lines + [""] + [f"- {s}" for s in self._summary()])
 

@@ -71,7 +71,7 @@ def _with_ranks(proposal: list[ShardingOption], pl: Placement, tables: TableArra
 def _placement_of(sos: list[ShardingOption], choice: np.ndarray, tables: TableArrays, opts: Options, topo: Topology) -> Placement:
     """Loads and memory of the ranks a custom partitioner gave the shards of ``sos``."""
     W = topo.world_size
-    load, mem = np.zeros(W), np.zeros(W)
+    load, mem, back = np.zeros(W), np.zeros(W), np.zeros((W, 2))
     ranks: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * len(tables)
     for so in sos:
         o = option_index(so, tables, opts)
@@ -79,6 +79,7 @@ def _placement_of(sos: list[ShardingOption], choice: np.ndarray, tables: TableAr
         if int(opts.stype[o]) == DP:
             load += opts.sh_cost[start]
             mem += opts.sh_storage[start]
+            back += opts.sh_backing[start]
             ranks[t] = np.arange(W, dtype=np.int64)
             continue
         placed = [s.rank for s in so.shards]
@@ -87,9 +88,10 @@ def _placement_of(sos: list[ShardingOption], choice: np.ndarray, tables: TableAr
         r = np.asarray(placed, dtype=np.int64)
         np.add.at(load, r, opts.sh_cost[start : start + len(r)])
         np.add.at(mem, r, opts.sh_storage[start : start + len(r)])
+        np.add.at(back, r, opts.sh_backing[start : start + len(r)])
         ranks[t] = r
-    unplaced = [] if (mem <= topo.storage_caps).all() else list(range(len(tables)))
-    return Placement(choice, ranks, load, mem, unplaced)
+    fits = (mem <= topo.storage_caps).all() and (back <= topo.backing_caps).all()
+    return Placement(choice, ranks, load, mem, [] if fits else list(range(len(tables))), back)
 
 
 def protocol_search(

@@ -60,11 +60,16 @@ class ModuleSharder(abc.ABC, Generic[M]):
 
     def compute_kernels(self, sharding_type: str, compute_device_type: str) -> list[str]:
         """Kernels offered for ``sharding_type``: data parallel uses the dense kernel (its gradient
-        is all-reduced like any dense parameter); the others offer fused, then dense."""
+        is all-reduced like any dense parameter); the others offer fused, the tiered kernels
+        (``fused_uvm_caching`` on GPUs: rows in host memory; ``key_value``: rows on SSD; the planner
+        picks them only when the tables do not fit in memory otherwise), then dense."""
         _check_device_type(compute_device_type)
         if enum_value(sharding_type, ShardingType, "sharding_type") == ShardingType.DATA_PARALLEL.value:
             return [EmbeddingComputeKernel.DENSE.value]
-        return [EmbeddingComputeKernel.FUSED.value, EmbeddingComputeKernel.DENSE.value]
+        tiered = [EmbeddingComputeKernel.KEY_VALUE.value]
+        if compute_device_type == "cuda":
+            tiered.insert(0, EmbeddingComputeKernel.FUSED_UVM_CACHING.value)
+        return [EmbeddingComputeKernel.FUSED.value, *tiered, EmbeddingComputeKernel.DENSE.value]
 
     def finalize_module_plan(
         self, module: nn.Module, plan: EmbeddingModuleShardingPlan, world_size: int

@@ -24,11 +24,13 @@ from lightrec.distributed.planner.estimators import (
     KERNELS,
     RW,
     SHARDING_TYPES,
+    TIERED,
     TWCW,
     TWRW,
     TableArrays,
 )
 from lightrec.distributed.planner.options import Options, finish_options
+from lightrec.distributed.planner.plan import CacheParams
 from lightrec.distributed.planner.tables import ShardableModule
 from lightrec.distributed.planner.types import Perf, PlannerError, Shard, ShardingOption, Storage, Topology
 
@@ -47,9 +49,10 @@ def shard_offsets(opts: Options, o: int) -> tuple[np.ndarray, np.ndarray]:
     return row_off.astype(np.int64), col_off.astype(np.int64)
 
 
-def _storage(nbytes: float, topo: Topology) -> Storage:
+def _storage(nbytes: float, host_bytes: float, topo: Topology) -> Storage:
+    """Fast-tier bytes in HBM (cuda) or DDR (cpu); a ``fused_uvm_caching`` shard's rows also in DDR."""
     b = int(round(nbytes))
-    return Storage(hbm=b, ddr=0) if topo.compute_device == "cuda" else Storage(hbm=0, ddr=b)
+    return Storage(hbm=b, ddr=int(round(host_bytes))) if topo.compute_device == "cuda" else Storage(hbm=0, ddr=b)
 
 
 def to_sharding_options(
@@ -76,7 +79,7 @@ def to_sharding_options(
             Shard(
                 size=[int(opts.sh_rows[start + i]), int(opts.sh_cols[start + i])],
                 offset=[int(rows_off[i]), int(cols_off[i])],
-                storage=_storage(float(opts.sh_storage[start + i]), topo),
+                storage=_storage(float(opts.sh_storage[start + i]), float(opts.sh_backing[start + i, 0]), topo),
                 perf=Perf(float(opts.sh_cost[start + i]), 0.0, 0.0, 0.0),
             )
             for i in range(n)
@@ -95,6 +98,7 @@ def to_sharding_options(
                 shards=shards,
                 is_pooled=bool(tables.pooled[t]),
                 feature_names=list(cfg.feature_names),
+                cache_params=CacheParams(load_factor=float(opts.clf[o])) if int(opts.kernel[o]) in TIERED else None,
                 _option_index=o,
                 _estimates=[(copy.copy(sh.storage), copy.copy(sh.perf)) for sh in shards],  # type: ignore[misc]
             )
@@ -104,7 +108,8 @@ def to_sharding_options(
 
 def option_index(so: ShardingOption, tables: TableArrays, opts: Options) -> int:
     """The option ``so`` stands for: its recorded index, else the option of the same table, sharding
-    type, kernel and shard count (a ``ShardingOption`` built by a custom enumerator).
+    type, kernel and shard count (a ``ShardingOption`` built by a custom enumerator; for a tiered
+    kernel, the one of its ``cache_load_factor`` when lightrec enumerates it, else the first).
 
     Raises:
         PlannerError: lightrec has no such option (another sharding lightrec does not enumerate).
@@ -116,11 +121,15 @@ def option_index(so: ShardingOption, tables: TableArrays, opts: Options) -> int:
         if key != (so.path, so.name):
             continue
         alts = range(int(opts.first[t]), int(opts.first[t] + opts.count[t]))
-        for o in alts:
-            if (SHARDING_TYPES[int(opts.stype[o])], KERNELS[int(opts.kernel[o])], int(opts.nshards[o])) == (
-                str(so.sharding_type), str(so.compute_kernel), so.num_shards,
-            ):  # fmt: skip
-                return o
+        same = [
+            o for o in alts
+            if (SHARDING_TYPES[int(opts.stype[o])], KERNELS[int(opts.kernel[o])], int(opts.nshards[o]))
+            == (str(so.sharding_type), str(so.compute_kernel), so.num_shards)
+        ]  # fmt: skip
+        clf = so.cache_load_factor
+        exact = [o for o in same if clf is not None and np.isclose(opts.clf[o], clf)]
+        if exact or same:
+            return (exact or same)[0]
     raise PlannerError(
         f"sharding option {so.sharding_type}/{so.compute_kernel} x{so.num_shards} of table {so.fqn!r} is not one "
         "lightrec can build (it enumerates the shard counts in docs/planner.md); keep to lightrec's options",

@@ -12,15 +12,18 @@ from dataclasses import dataclass
 import numpy as np
 from torch import nn
 
+from lightrec.distributed.planner.cache_params import CacheStatistics
 from lightrec.distributed.planner.estimators import (
     DENSE,
     FUSED,
     KERNELS,
     SHARDING_TYPES,
+    TIERED,
     TableArrays,
 )
 from lightrec.distributed.planner.sharder import ModuleSharder
 from lightrec.distributed.planner.types import OPTIMIZER_STATE, ParameterConstraints, Topology, optimizer_name
+from lightrec.kernels.tiered_config import DEFAULT_MIN_CACHE_ROWS
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, DataType, PoolingType
 
 __all__ = ["ShardableModule", "collect_tables", "find_shardable_modules"]
@@ -35,6 +38,15 @@ _ELEM_BYTES = {
 }
 _QUANT_ROW_BYTES = 4.0  # fp16 scale + fp16 bias stored with every quantized row
 DEFAULT_MIN_PARTITION = 32
+#: Cache load factors the planner tries for a tiered option (unless one is given).
+CLF_CHOICES = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
+
+
+def _without_tiered(opts: list[tuple[int, list[int]]]) -> list[tuple[int, list[int]]]:
+    """The in-memory kernels of ``opts``; ``opts`` itself when it has none (a table that must be tiered)."""
+    kept = [(code, [k for k in kernels if k not in TIERED]) for code, kernels in opts]
+    kept = [(code, kernels) for code, kernels in kept if kernels]
+    return kept or opts
 
 
 @dataclass
@@ -90,8 +102,14 @@ def collect_tables(
     topo: Topology,
     constraints: dict[str, ParameterConstraints],
     batch_size: int,
+    tiered: bool = True,
 ) -> TableArrays:
-    """Build :class:`TableArrays` from the shardable modules, sharders and constraints."""
+    """Build :class:`TableArrays` from the shardable modules, sharders and constraints.
+
+    Args:
+        tiered: offer the tiered kernels (``fused_uvm_caching``, ``key_value``) beside the
+            in-memory ones; False offers them only to tables that allow nothing else.
+    """
     for name, c in constraints.items():
         if not isinstance(c, ParameterConstraints):
             raise TypeError(f"constraints[{name!r}] must be a ParameterConstraints, got {type(c).__name__}")
@@ -107,8 +125,13 @@ def collect_tables(
         k: [] for k in ("rows", "cols", "eb", "ro", "ids", "bags", "pooled", "oe", "or", "mp", "rs")
     }
     allowed: list[list[tuple[int, list[int]]]] = []
+    clf_choices: list[list[float]] = []
+    min_cache_rows: list[int] = []
+    stats: list[CacheStatistics | None] = []
     for m in modules:
         default_opt = m.sharder.fused_params.get("optimizer")
+        sharder_clf = m.sharder.fused_params.get("cache_load_factor")
+        min_rows = int(m.sharder.fused_params.get("cache_min_rows", DEFAULT_MIN_CACHE_ROWS))
         offered = m.sharder.sharding_types(device)
         offered_kernels = {stype: m.sharder.compute_kernels(stype, device) for stype in offered}
         row_state = m.sharder.row_state_bytes(m.module)
@@ -143,7 +166,12 @@ def collect_tables(
             opt = c.optimizer or (optimizer_name(default_opt) if default_opt is not None else "sgd")
             quant = cfg.data_type in (DataType.INT8, DataType.INT4, DataType.INT2)
             keys.append((m.path, name))
-            allowed.append(opts)
+            allowed.append(opts if tiered else _without_tiered(opts))
+            fixed = c.cache_params.load_factor if c.cache_params is not None else None
+            fixed = fixed if fixed is not None else sharder_clf
+            clf_choices.append([float(fixed)] if fixed is not None else list(CLF_CHOICES))
+            min_cache_rows.append(min_rows)
+            stats.append(c.cache_params.stats if c.cache_params is not None else None)
             cols_["rows"].append(cfg.num_embeddings)
             cols_["cols"].append(cfg.embedding_dim)
             cols_["eb"].append(_ELEM_BYTES[cfg.data_type])
@@ -169,5 +197,8 @@ def collect_tables(
         opt_row=f64("or"),
         allowed=allowed,
         min_partition=np.asarray(cols_["mp"], dtype=np.int64),
+        clf_choices=clf_choices,
+        min_cache_rows=np.asarray(min_cache_rows, dtype=np.int64),
+        stats=stats,
         row_state=f64("rs"),
     )

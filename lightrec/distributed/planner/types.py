@@ -5,7 +5,10 @@ and the error raised when no plan fits (:class:`PlannerError`); torchrec's plann
 :class:`StorageReservation`, :class:`PerfModel`), through which custom planner parts plug in
 (docs/planner.md, "torchrec's planner classes").
 
-All sizes are bytes, all bandwidths bytes per second, all costs seconds per training step.
+All sizes are bytes, all bandwidths bytes per second, all costs seconds per training step. A rank
+has three tiers: *fast* memory, where tables and caches live (HBM on ``cuda``, DDR on ``cpu``),
+*host* memory behind a GPU (DDR, the backing tier of ``fused_uvm_caching`` tables) and *SSD* (the
+backing tier of ``key_value`` tables).
 """
 
 from __future__ import annotations
@@ -19,7 +22,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from lightrec.distributed.planner.plan import EmbeddingComputeKernel, ShardingPlan, ShardingType, enum_value
+from lightrec.distributed.planner.plan import (
+    CacheParams,
+    EmbeddingComputeKernel,
+    KeyValueParams,
+    ShardingPlan,
+    ShardingType,
+    enum_value,
+)
 
 __all__ = [
     "Enumerator",
@@ -45,7 +55,9 @@ GiB = 1024**3
 
 # Defaults per compute device. GPU numbers are those of a data-centre GPU of the A100/H100 class
 # with NVLink inside a host and a 100 Gb/s NIC between hosts; CPU numbers are one core's share of
-# DDR bandwidth and gloo over loopback TCP (inside a host) or 10 GbE (between hosts).
+# DDR bandwidth and gloo over loopback TCP (inside a host) or 10 GbE (between hosts). SSD: a local
+# NVMe drive's random-read bandwidth at queue depth (4 KiB pages), and 1 TiB of it per rank;
+# host <-> GPU copies at PCIe 4.0 x16 speed.
 _DEFAULTS: dict[str, dict[str, float]] = {
     "cuda": {
         "hbm_cap": 32 * GiB,
@@ -55,6 +67,9 @@ _DEFAULTS: dict[str, dict[str, float]] = {
         "intra_host_bw": 300e9,
         "inter_host_bw": 12.5e9,
         "kernel_overhead_s": 10e-6,
+        "ssd_cap": 1024 * GiB,
+        "ssd_mem_bw": 2e9,
+        "hbm_to_ddr_mem_bw": 25e9,
     },
     "cpu": {
         "hbm_cap": 0,
@@ -64,6 +79,9 @@ _DEFAULTS: dict[str, dict[str, float]] = {
         "intra_host_bw": 5e9,
         "inter_host_bw": 1.25e9,
         "kernel_overhead_s": 20e-6,
+        "ssd_cap": 1024 * GiB,
+        "ssd_mem_bw": 2e9,
+        "hbm_to_ddr_mem_bw": 0.0,
     },
 }
 
@@ -135,6 +153,9 @@ class Topology:
         hbm_mem_bw / ddr_mem_bw: memory bandwidth per rank, bytes/s.
         intra_host_bw / inter_host_bw: collective bandwidth per rank inside / across hosts, bytes/s.
         kernel_overhead_s: fixed cost of one shard's lookup (launch, bookkeeping), seconds.
+        ssd_cap: local SSD bytes per rank for ``key_value`` tables (one int, or one per rank).
+        ssd_mem_bw: the SSD's bandwidth for a tiered table's page reads and writes, bytes/s.
+        hbm_to_ddr_mem_bw: host <-> GPU copy bandwidth (``fused_uvm_caching`` fetches), bytes/s.
 
     ``None`` fields take the defaults of ``compute_device`` (see docs/planner.md).
     """
@@ -149,6 +170,9 @@ class Topology:
     intra_host_bw: float | None = None
     inter_host_bw: float | None = None
     kernel_overhead_s: float | None = None
+    ssd_cap: int | list[int] | None = None
+    ssd_mem_bw: float | None = None
+    hbm_to_ddr_mem_bw: float | None = None
     _caps: dict[str, np.ndarray] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -179,10 +203,11 @@ class Topology:
         for name, value in defaults.items():
             if getattr(self, name) is None:
                 setattr(self, name, value)
-        for name in ("hbm_mem_bw", "ddr_mem_bw", "intra_host_bw", "inter_host_bw", "kernel_overhead_s"):
+        for name in ("hbm_mem_bw", "ddr_mem_bw", "intra_host_bw", "inter_host_bw", "kernel_overhead_s", "ssd_mem_bw",
+                     "hbm_to_ddr_mem_bw"):  # fmt: skip
             if getattr(self, name) < 0:
                 raise ValueError(f"Topology({name}=...) must be >= 0, got {getattr(self, name)!r}")
-        for name in ("hbm_cap", "ddr_cap"):
+        for name in ("hbm_cap", "ddr_cap", "ssd_cap"):
             value = getattr(self, name)
             caps = np.asarray([value] * self.world_size if np.isscalar(value) else value, dtype=np.float64)
             if caps.shape != (self.world_size,) or (caps < 0).any():
@@ -218,6 +243,18 @@ class Topology:
         return self._caps["ddr_cap"]
 
     @property
+    def ssd_caps(self) -> np.ndarray:
+        """``[world_size]`` SSD bytes per rank."""
+        return self._caps["ssd_cap"]
+
+    @property
+    def backing_caps(self) -> np.ndarray:
+        """``[world_size, 2]`` bytes of the backing tiers per rank: host memory behind a GPU (none on
+        ``cpu``, where DDR is the fast tier) and SSD."""
+        host = self.ddr_caps if self.compute_device == "cuda" else np.zeros(self.world_size)
+        return np.stack([host, self.ssd_caps], axis=1)
+
+    @property
     def storage_caps(self) -> np.ndarray:
         """``[world_size]`` bytes of the memory tables live in (HBM on cuda, DDR on cpu)."""
         return self.hbm_caps if self.compute_device == "cuda" else self.ddr_caps
@@ -251,9 +288,13 @@ class ParameterConstraints:
         batch_sizes: per-rank batch size, one per feature (or one for all); default: the planner's.
         optimizer: fused optimizer name (sizes its state); default: the sharder's
             ``fused_params["optimizer"]``, else ``"sgd"``.
-        is_weighted, cache_params, enforce_hbm, stochastic_rounding, bounds_check_mode,
-        feature_names, output_dtype, device_group, key_value_params, use_virtual_table: torchrec's
-            fields, accepted and not used by the planner (docs/planner.md says why for each).
+        cache_params: for the tiered kernels (``fused_uvm_caching``, ``key_value``): a fixed
+            ``load_factor`` (else the planner picks one) and ``stats`` of the id stream (else ids
+            are taken to follow a Zipf law, ``ZipfCacheStatistics``).
+        key_value_params: the SSD directory of a ``key_value`` table (put in the plan as is).
+        is_weighted, enforce_hbm, stochastic_rounding, bounds_check_mode, feature_names,
+        output_dtype, device_group, use_virtual_table: torchrec's fields, accepted and not used by
+            the planner (docs/planner.md says why for each).
     """
 
     sharding_types: list[str] | None = None
@@ -263,16 +304,16 @@ class ParameterConstraints:
     num_poolings: list[float] | None = None
     batch_sizes: list[int] | None = None
     optimizer: str | None = None
+    cache_params: CacheParams | None = None
+    key_value_params: KeyValueParams | None = None
     # torchrec's fields that do not change a lightrec plan (accepted so its constraints load as they are)
     is_weighted: bool = False
-    cache_params: Any = None
     enforce_hbm: bool | None = None
     stochastic_rounding: bool | None = None
     bounds_check_mode: Any = None
     feature_names: list[str] | None = None
     output_dtype: Any = None
     device_group: str | None = None
-    key_value_params: Any = None
     use_virtual_table: bool = False
 
     def __post_init__(self) -> None:
@@ -378,6 +419,8 @@ class ShardingOption:
         input_lengths: pooling factor per feature; ``batch_size``: per rank.
         partition_by: ``"uniform"`` (one shard per rank, fixed), ``"host"`` (shards on one host) or
             ``"device"`` (each shard anywhere).
+        cache_params: a tiered kernel's cache (``load_factor``: the option's cache size); None
+            for the in-memory kernels.
     """
 
     name: str
@@ -391,6 +434,7 @@ class ShardingOption:
     shards: list[Shard] = field(default_factory=list)
     is_pooled: bool = True
     feature_names: list[str] | None = None
+    cache_params: CacheParams | None = None
     _option_index: int | None = field(default=None, repr=False, compare=False)
     _estimates: list[tuple[Storage, Perf]] | None = field(default=None, repr=False, compare=False)
 
@@ -405,6 +449,10 @@ class ShardingOption:
     @property
     def num_shards(self) -> int:
         return len(self.shards)
+
+    @property
+    def cache_load_factor(self) -> float | None:
+        return None if self.cache_params is None else self.cache_params.load_factor
 
     @property
     def num_inputs(self) -> int:

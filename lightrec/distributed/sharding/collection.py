@@ -54,6 +54,7 @@ from lightrec.distributed.sharding.common import EmbeddingSharding, ShardedTable
 from lightrec.distributed.sharding.data_parallel import DpEmbeddingSharding
 from lightrec.distributed.sharding.id_bounds import IdBounds
 from lightrec.distributed.sharding.lookups import _GroupedLookupBase
+from lightrec.distributed.sharding.tiering import tiering_for, tiering_params
 from lightrec.distributed.sharding.work_ahead import AheadQueue, StartedInputDist
 from lightrec.distributed.sharding_env import ShardingEnv
 from lightrec.distributed.streams import on_stream
@@ -128,6 +129,7 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
         dims = {f: c.embedding_dim for c in configs for f in c.feature_names}
         self._length_per_key = [dims[f] for f in self._feature_order]  # pooled output widths
         default_spec = FusedOptimizerSpec.coerce(fused_params) or FusedOptimizerSpec()
+        tiering_defaults = tiering_params(fused_params if isinstance(fused_params, Mapping) else None)
         holders = getattr(module, self._attr)
         by_type: dict[str, list[ShardedTable]] = {}
         for c in configs:
@@ -148,8 +150,9 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
                 )
             source = None if weight.device.type == "meta" else weight.detach()
             pooling = getattr(c, "pooling", PoolingType.NONE) if self._pooled else PoolingType.NONE
+            tiering = tiering_for(ps, c, tiering_defaults, env)
             by_type.setdefault(ps.sharding_type, []).append(
-                ShardedTable(c, ps, shards, spec, source, pooling, kernel_backend)
+                ShardedTable(c, ps, shards, spec, source, pooling, kernel_backend, tiering)
             )
         context = ShardingContext(
             self._feature_order, env, device, self._pooled, self._is_weighted, seed, qcomm_codecs_registry
@@ -358,6 +361,11 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
         ):
             results.append(output_dist(lookup(self._lookup_input(i, t.wait())), t, ctx))
         return self._assemble(started, results)
+
+    @property
+    def prefetches(self) -> bool:
+        """Whether a kernel of this collection takes later batches' ids ahead (tiered tables)."""
+        return any(lookup.prefetches for lookup in self._grouped_lookups())
 
     def prefetch(self, started: StartedInputDist) -> None:
         """Hand the ids ``started`` brings to the prefetch hooks of the kernels that have one (tables

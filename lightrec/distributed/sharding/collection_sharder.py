@@ -18,6 +18,7 @@ from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
 from lightrec.distributed.planner.plan import EmbeddingModuleShardingPlan
 from lightrec.distributed.planner.sharder import ModuleSharder
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
+from lightrec.distributed.sharding.tiering import tiering_params
 from lightrec.distributed.sharding_env import ShardingEnv, as_env
 from lightrec.kernels.kernel_registry import check_kernel_backend
 from lightrec.optim.fused_spec import FusedOptimizerSpec
@@ -30,12 +31,14 @@ def normalized_fused_params(
 ) -> dict[str, Any] | None:
     """Validate a sharder's ``fused_params`` (errors name the bad key) and return the full dict,
     with the optimizer spelled by its enum *name* (``"ROWWISE_ADAGRAD"``), the spelling every
-    consumer (the fused spec, the planner's storage model) understands."""
+    consumer (the fused spec, the planner's storage model) understands. The tiered tables' keys
+    (``cache_load_factor``, ``cache_algorithm``, ``ssd_storage_directory``, ...) are kept."""
     spec = FusedOptimizerSpec.coerce(fused_params)
     if spec is None:
         return None
     params = spec.to_fused_params()
     params["optimizer"] = spec.optimizer.name
+    params.update(tiering_params(fused_params if isinstance(fused_params, Mapping) else None))
     return params
 
 

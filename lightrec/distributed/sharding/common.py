@@ -42,6 +42,7 @@ from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
 from lightrec.distributed.comm.sequence_all_to_all import SequenceEmbeddingsAllToAll
 from lightrec.distributed.planner.plan import ParameterSharding, ShardMetadata
 from lightrec.distributed.sharding_env import ShardingEnv
+from lightrec.kernels.tiered_config import TieringConfig
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, PoolingType
 from lightrec.optim.fused_spec import FusedOptimizerSpec
 from lightrec.sparse import KeyedJaggedTensor
@@ -77,6 +78,8 @@ class ShardedTable:
         pooling: the table's pooling (``NONE`` for sequence tables).
         kernel_backend: kernel of its shards: ``"auto"`` (fbgemm where it supports the table,
             else Triton on CUDA, else pure torch), ``"fbgemm"``, ``"triton"`` or ``"torch"``.
+        tiering: for a tiered compute kernel (``fused_uvm_caching`` / ``key_value``), where the
+            shards' rows live and their cache (``sharding/tiering.py``); None: in memory.
     """
 
     config: BaseEmbeddingConfig
@@ -86,6 +89,7 @@ class ShardedTable:
     source: torch.Tensor | None
     pooling: PoolingType
     kernel_backend: str = "auto"
+    tiering: TieringConfig | None = None
 
     @property
     def name(self) -> str:
@@ -218,7 +222,8 @@ def init_shard_(
 
 def _group_key(table: ShardedTable, slot: ShardSlot, pooled: bool) -> tuple:
     spec = None if table.optimizer is None else repr(table.optimizer)
-    return (spec,) if pooled else (spec, slot.cols)
+    tiering = None if table.tiering is None else repr(table.tiering)  # one cache and store per kernel
+    return (spec, tiering) if pooled else (spec, tiering, slot.cols)
 
 
 def order_slots(slots: Sequence[ShardSlot], tables: dict[str, ShardedTable], pooled: bool) -> list[ShardSlot]:

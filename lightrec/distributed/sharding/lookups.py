@@ -116,10 +116,13 @@ class _GroupedLookupBase(nn.Module):
         param_names = [f"{attr}.{t}.weight" + ("" if per_table[t] == 1 else f".shard{i}") for t, i in shards]
         if self._pooled:
             kernel: BatchedEmbeddingBag | BatchedEmbedding = BatchedEmbeddingBag(
-                specs, ftm, PoolingType.SUM, table.optimizer, table.kernel_backend, device, param_names
-            )
+                specs, ftm, PoolingType.SUM, table.optimizer, table.kernel_backend, device, param_names,
+                tiering=table.tiering,
+            )  # fmt: skip
         else:
-            kernel = BatchedEmbedding(specs, ftm, table.optimizer, table.kernel_backend, device, param_names)
+            kernel = BatchedEmbedding(
+                specs, ftm, table.optimizer, table.kernel_backend, device, param_names, tiering=table.tiering
+            )
         for (t, i), weight in zip(shards, kernel.split_embedding_weights()):
             meta = tables[t].shards[i]
             init_shard_(

@@ -1,0 +1,405 @@
+"""``TieredBatchedLookup``: tables larger than the fast tier -- a cache of hot rows over host memory or SSD.
+
+Every row and its fused-optimizer state live in a backing :class:`~lightrec.kernels.tiered_store.RowStore`
+(host memory, or direct row files on SSD); the hot rows live in a cache on the kernel's device,
+which an ordinary in-memory kernel (torch, fbgemm or Triton, chosen by ``kernel_backend``) serves
+as if it were the table::
+
+    lookup(ids)    global rows -> cache slots (one gather); misses are fetched first (evicting the
+                   lowest-scored unpinned slots, writing dirty ones back); the cache kernel looks
+                   up the slots, and its backward -- the fused update -- updates the cached rows,
+                   which become dirty. The slots stay pinned until that backward has run.
+    prefetch(ids)  the same for a later batch, with the copies on a worker thread while the current
+                   batch trains (``SparseDistPipeline.prefetch``, ``SparseDistPrefetch``); its slots
+                   stay pinned until it is looked up
+    flush()        dirty rows back to the store: the split views then hold every row's current value
+    invalidate()   forget the cache (after the store was written from outside: a checkpoint load)
+
+Every fused optimizer of the in-memory kernels gives the same numbers: the cache kernel applies the
+same arithmetic to the same rows, with its own step counter (Adam's ``t``) advancing per backward.
+``split_embedding_weights()`` / ``split_optimizer_states()`` are the store's tensors (mmap'd files
+for SSD): current after :meth:`flush`, which ``BatchedEmbeddingBag`` runs before its state dict,
+its fused optimizer's state dict and its ``split_embedding_weights()``.
+"""
+
+from __future__ import annotations
+
+import collections
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from lightrec.kernels.kernel_interface import EmbeddingKernel, KernelConfig, LookupBatch, RowState
+from lightrec.kernels.tiered_cache import CacheIndex
+from lightrec.kernels.tiered_config import TieringConfig
+from lightrec.kernels.tiered_store import HostMemoryStore, RowStore, SsdRowStore
+from lightrec.kernels.tiered_transfer import TablePart, Transfer, TransferQueue, unversioned
+
+__all__ = ["TieredBatchedLookup", "TieredCacheStats"]
+
+_MAX_RESERVATIONS = 4  # prefetched batches held pinned ahead of their lookups
+
+
+@dataclass
+class TieredCacheStats:
+    """Counters of a tiered kernel since it was built (``TieredBatchedLookup.stats``).
+
+    Attributes:
+        lookups: lookups run.
+        requested_ids / missed_ids: ids looked up, and those whose row was not in the cache when
+            the batch was first seen (by its prefetch, else by its lookup).
+        rows_fetched / rows_written_back: rows read from / written to the backing store.
+        bytes_read / bytes_written: the same in bytes (weights and optimizer state).
+        cached_rows / cache_rows: rows in the cache now, and its capacity.
+    """
+
+    lookups: int = 0
+    requested_ids: int = 0
+    missed_ids: int = 0
+    rows_fetched: int = 0
+    rows_written_back: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    cached_rows: int = 0
+    cache_rows: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        """Share of ids served from the cache (1.0 before any lookup)."""
+        return 1.0 - self.missed_ids / self.requested_ids if self.requested_ids else 1.0
+
+
+class TieredBatchedLookup:
+    """A tiered ``EmbeddingKernel`` (see the module docstring); built by ``build_kernel`` from a
+    ``KernelConfig`` whose ``tiering`` names the backing tier, the cache and the cache's kernel."""
+
+    name: ClassVar[str] = "tiered"
+    checks_ids_on_device: ClassVar[bool] = False
+    wants_singletons: ClassVar[bool] = True
+    prefetches = True
+    error_flag: torch.Tensor | None = None
+
+    @classmethod
+    def supports(cls, config: KernelConfig) -> str | None:
+        """Why ``config`` cannot be served: no tiering, no fused optimizer, or no cache kernel."""
+        tiering = getattr(config, "tiering", None)
+        if tiering is None:
+            return "the tables are not tiered (KernelConfig.tiering is None)"
+        if config.spec is None:
+            return (
+                "a tiered table needs a fused optimizer (its rows are updated where they are cached; a dense "
+                "[rows, D] gradient of a table larger than memory cannot exist)"
+            )
+        if tiering.inner_kernel is None:
+            return "no kernel serves the cache (TieringConfig.inner_kernel; build tiered kernels with build_kernel)"
+        return None
+
+    def __init__(self, config: KernelConfig) -> None:
+        reason = self.supports(config)
+        if reason is not None:
+            raise ValueError(f"kernel_backend='tiered' cannot serve this lookup: {reason}")
+        tiering = config.tiering
+        assert tiering is not None  # supports() checked it
+        self.tiering: TieringConfig = tiering
+        self.tiering, self.spec, self.device = tiering, config.spec, config.device
+        self.rows, self.dims = list(config.rows), list(config.dims)
+        self.ftm, self.pooling = list(config.feature_table_map), config.pooling
+        self.names = list(config.table_names) or [f"t{i}" for i in range(len(self.rows))]
+        self.cache_rows = [tiering.cache_rows_for(r) for r in self.rows]
+        inner_config = KernelConfig(
+            self.cache_rows, self.dims, self.ftm, self.pooling, self.spec, self.device, self.names, config.dtype
+        )
+        self.inner: EmbeddingKernel = tiering.inner_kernel(inner_config)
+        self.inner_name: str = tiering.inner_kernel.name
+        states = self._row_state_layout()
+        store_args = (self.rows, self.dims, config.dtype, states, self.names)
+        self.store: RowStore = (
+            SsdRowStore(*store_args, directory=tiering.directory)
+            if tiering.backing == "ssd"
+            else HostMemoryStore(*store_args, pin=self.device.type == "cuda")
+        )
+        self.index = CacheIndex(self.rows, self.cache_rows, tiering.algorithm, tiering.eviction_headroom,
+                                self.names, self.device)  # fmt: skip
+        self._cache_views = self._unversioned_cache_views()
+        self.queue = TransferQueue(self.store, self._cache_views, self.device)
+        weakref.finalize(self, self.queue.close)
+        self._row_shift = self._per_feature([self.index.row_offset[t] for t in self.ftm])
+        self._slot_shift = self._per_feature([self.index.cache_offset[t] for t in self.ftm])
+        self._reservations: collections.deque[torch.Tensor] = collections.deque()
+        self.generation = 0  # bumped by invalidate(): a backward of an older lookup updates nothing
+        self._stats = TieredCacheStats(cache_rows=sum(self.cache_rows))
+
+    def _row_state_layout(self) -> list[dict[str, tuple[tuple[int, ...], torch.dtype]]]:
+        """Per table ``{state: (shape after the row dim, dtype)}`` of the cache kernel's row states."""
+        out = []
+        for t, states in enumerate(self.inner.split_optimizer_states()):
+            out.append(
+                {k: (tuple(v.shape[1:]), v.dtype) for k, v in states.items() if v.dim() >= 1 and v.shape[0] == self.cache_rows[t]}
+            )
+        return out
+
+    def _unversioned_cache_views(self) -> list[dict[str, torch.Tensor]]:
+        weights = self.inner.split_embedding_weights()
+        states = self.inner.split_optimizer_states()
+        layout = self._row_state_layout()
+        return [
+            {"weight": unversioned(weights[t]), **{k: unversioned(states[t][k]) for k in layout[t]}}
+            for t in range(len(self.rows))
+        ]
+
+    def _per_feature(self, values: list[int]) -> torch.Tensor | None:
+        return None if not any(values) else torch.tensor(values, dtype=torch.int64, device=self.device)
+
+    # ---- the split views are the backing store ---------------------------------------------------
+    def split_embedding_weights(self) -> list[torch.Tensor]:
+        """``[rows, D]`` per table: the store's tensors (current after :meth:`flush`)."""
+        return list(self.store.weights)
+
+    def split_optimizer_states(self) -> list[dict[str, torch.Tensor]]:
+        """Per table the store's row states, plus the cache kernel's shared counters (Adam's step)."""
+        inner = self.inner.split_optimizer_states()
+        return [{**self.store.states[t], **{k: v for k, v in inner[t].items() if k not in self.store.states[t]}}
+                for t in range(len(self.rows))]  # fmt: skip
+
+    def apply(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Allow only no-op conversions: the cache and the store are laid out for one device and dtype."""
+        probe = torch.empty(0, dtype=self.store.weights[0].dtype, device=self.device)
+        moved = fn(probe)
+        if moved.device != probe.device or moved.dtype != probe.dtype:
+            raise RuntimeError(
+                "a tiered embedding table cannot change device or dtype after construction; build it with "
+                f"device=... (it is on {self.device}, {probe.dtype})"
+            )
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> TieredBatchedLookup:
+        raise TypeError(
+            "a tiered embedding table (fused_uvm_caching / key_value) cannot be deep-copied: its rows live in a "
+            "backing store; build another module and load_state_dict() into it"
+        )
+
+    # ---- ids -> slots ------------------------------------------------------------------------------
+    def _shift(self, shift: torch.Tensor | None, offsets: torch.Tensor, batch: int, n: int) -> torch.Tensor | int:
+        if shift is None:
+            return 0
+        starts = offsets[::batch] if batch else offsets[:1]
+        return torch.repeat_interleave(shift, starts[1:] - starts[:-1], output_size=n)
+
+    def _global_rows(self, indices: torch.Tensor, offsets: torch.Tensor, batch: int) -> torch.Tensor:
+        return indices.long() + self._shift(self._row_shift, offsets, batch, indices.numel())
+
+    def _fetch(self, global_rows: torch.Tensor, best_effort: bool) -> tuple[Transfer, torch.Tensor]:
+        """Admit the uncached rows among ``global_rows`` (one per id) while the cached ones are pinned;
+        returns the transfer that brings them in and the ``[N]`` miss mask.
+
+        Raises:
+            CacheFullError: not ``best_effort`` and some table cannot hold the batch's rows at once
+                (checked for every table before any bookkeeping changes).
+        """
+        index = self.index
+        slots = index.slots(global_rows)
+        missed = slots < 0
+        transfer = Transfer()
+        if not bool(missed.any()):
+            return transfer, missed
+        wanted = torch.unique(global_rows[missed])
+        tables = index.table_of_rows(wanted)
+        parts = [(t, wanted[tables == t] - index.row_offset[t]) for t in torch.unique(tables).tolist()]
+        hits = slots[~missed]
+        index.pin(hits)  # the batch's cached rows are not evicted to make room for its other rows
+        try:
+            if not best_effort:
+                for t, rows in parts:
+                    index.check_room(t, rows.numel())
+            stats = self._stats
+            for t, rows in parts:
+                adm = index.admit(t, rows, best_effort=best_effort)
+                lo, row_bytes = index.cache_offset[t], self.store.row_bytes(t)
+                transfer.parts.append(
+                    TablePart(t, adm.victim_slots - lo, adm.victim_rows.cpu(), adm.rows.cpu(), adm.slots - lo)
+                )
+                stats.rows_fetched += adm.rows.numel()
+                stats.rows_written_back += adm.victim_rows.numel()
+                stats.bytes_read += adm.rows.numel() * row_bytes
+                stats.bytes_written += adm.victim_rows.numel() * row_bytes
+        finally:
+            index.pin(hits, -1)
+        return transfer, missed
+
+    # ---- lookup -----------------------------------------------------------------------------------
+    def lookup(self, batch: LookupBatch, weight_inputs: Sequence[torch.Tensor], lr: Callable[[], float]) -> torch.Tensor:
+        """The cache kernel's lookup of the batch's slots (misses fetched first); see the module docstring."""
+        self.queue.join()
+        offsets = batch.offsets.long()
+        global_rows = self._global_rows(batch.indices, offsets, batch.batch_size)
+        prefetched = bool(self._reservations)
+        transfer, missed = self._fetch(global_rows, best_effort=False)
+        self.queue.run_now(transfer)
+        stats = self._stats
+        stats.lookups += 1
+        if not prefetched:
+            stats.requested_ids += global_rows.numel()
+            stats.missed_ids += int(missed.sum())
+        slots = self.index.slots(global_rows)
+        self.index.tick += 1
+        self.index.touch(slots, self.index.tick)
+        if self._reservations:  # this batch's prefetch pins are superseded by the lookup's own
+            self.index.pin(self._reservations.popleft(), -1)
+        local = slots.long() - self._shift(self._slot_shift, offsets, batch.batch_size, slots.numel())
+        request = LookupBatch(local, offsets, batch.per_sample_weights, batch.batch_size, True, batch.singletons)
+        placeholder = weight_inputs[0] if weight_inputs else None
+        if not torch.is_grad_enabled() or placeholder is None or not placeholder.requires_grad:
+            with torch.no_grad():
+                return self.inner.lookup(request, weight_inputs, lr)
+        self.index.pin(slots)
+        out: torch.Tensor = _TieredLookup.apply(self, request, slots, lr, placeholder)
+        return out
+
+    # ---- prefetch ----------------------------------------------------------------------------------
+    def prefetch(self, indices: torch.Tensor, offsets: torch.Tensor) -> None:
+        """Fetch the rows a later lookup of ``indices`` / ``offsets`` misses, on the worker thread, and
+        pin its rows until that lookup (as many as fit beside the rows in use)."""
+        if not self.tiering.prefetch or indices.numel() == 0:
+            return
+        batch = (offsets.numel() - 1) // max(len(self.ftm), 1)
+        global_rows = self._global_rows(indices, offsets.long(), batch)
+        transfer, missed = self._fetch(global_rows, best_effort=True)
+        self._stats.requested_ids += global_rows.numel()
+        self._stats.missed_ids += int(missed.sum())
+        slots = self.index.slots(global_rows)
+        slots = slots[slots >= 0]
+        self.index.touch(slots, self.index.tick + 1)
+        self.index.pin(slots)
+        self._reservations.append(slots)
+        while len(self._reservations) > _MAX_RESERVATIONS:
+            self.index.pin(self._reservations.popleft(), -1)
+        self.queue.submit(transfer)
+
+    # ---- keeping the store current -------------------------------------------------------------------
+    def flush(self) -> None:
+        """Write every dirty cached row back to the store (the rows stay cached, now clean)."""
+        self.queue.join()
+        transfer = Transfer()
+        for t in range(len(self.rows)):
+            slots, rows = self.index.dirty_rows(t)
+            if rows.numel():
+                empty = rows.new_empty(0)
+                lo = self.index.cache_offset[t]
+                transfer.parts.append(TablePart(t, slots - lo, rows.cpu(), empty.cpu(), empty))
+                self._stats.rows_written_back += rows.numel()
+                self._stats.bytes_written += rows.numel() * self.store.row_bytes(t)
+                self.index.dirty.index_fill_(0, slots, False)
+        self.queue.run_now(transfer)
+
+    def invalidate(self) -> None:
+        """Forget every cached row without writing it back: the store was overwritten (a load)."""
+        self.queue.join()
+        self.index.clear()
+        self._reservations.clear()
+        self.generation += 1
+
+    # ---- row access ------------------------------------------------------------------------------------
+    def _cached(self, table: int, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(positions in rows, cache-local slots)`` of the cached ones among ``rows``."""
+        slots = self.index.slots(rows.to(self.device, torch.long) + self.index.row_offset[table])
+        where = torch.nonzero(slots >= 0).flatten()
+        return where, slots.index_select(0, where).long() - self.index.cache_offset[table]
+
+    def read_rows(self, table: int, rows: torch.Tensor) -> RowState:
+        self.queue.join()
+        out = self.store.read(table, rows.cpu().long())
+        where, slots = self._cached(table, rows)
+        if where.numel():
+            views, at = self._cache_views[table], where.cpu()
+            out.weights.index_copy_(0, at, views["weight"].index_select(0, slots).cpu())
+            for name in out.states:
+                out.states[name].index_copy_(0, at, views[name].index_select(0, slots).cpu())
+        return out
+
+    def write_rows(self, table: int, rows: torch.Tensor, state: RowState) -> None:
+        self.queue.join()
+        unknown = sorted(set(state.states) - set(self.store.states[table]))
+        if unknown:
+            raise KeyError(
+                f"write_rows: table {table} has no row state {unknown}; its row states are {sorted(self.store.states[table])}"
+            )
+        self.store.write(table, rows.cpu().long(), RowState(state.weights.cpu(), {k: v.cpu() for k, v in state.states.items()}))
+        where, slots = self._cached(table, rows)
+        if where.numel():  # the cached copy too; it now equals the store (clean)
+            views, at = self._cache_views[table], where.to(self.device)
+            with torch.no_grad():
+                views["weight"].index_copy_(0, slots, state.weights.to(self.device).index_select(0, at).to(views["weight"].dtype))
+                for name, values in state.states.items():
+                    views[name].index_copy_(0, slots, values.to(self.device).index_select(0, at).to(views[name].dtype))
+            self.index.dirty.index_fill_(0, slots + self.index.cache_offset[table], False)
+
+    def reset_rows(self, table: int, rows: torch.Tensor, weights: torch.Tensor) -> None:
+        fresh = {k: v.new_zeros((rows.numel(), *v.shape[1:])) for k, v in self.store.states[table].items()}
+        self.write_rows(table, rows, RowState(weights, fresh))
+
+    # ---- what the monitor reads --------------------------------------------------------------------------
+    def stats(self) -> TieredCacheStats:
+        """A copy of the counters (see :class:`TieredCacheStats`)."""
+        out = TieredCacheStats(**vars(self._stats))
+        out.cached_rows = self.index.occupancy()
+        return out
+
+    def close(self) -> None:
+        """Stop the worker thread (after its queued transfers)."""
+        self.queue.close()
+
+
+class _TieredLookup(torch.autograd.Function):
+    """The cache kernel's lookup as one autograd node whose backward runs the cache kernel's own
+    backward (the fused update of the cached rows), then marks the rows dirty and unpins them."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        kernel: TieredBatchedLookup,
+        request: LookupBatch,
+        slots: torch.Tensor,
+        lr: Callable[[], float],
+        placeholder: torch.Tensor,
+    ) -> torch.Tensor:
+        inner_input = torch.zeros(0, device=placeholder.device, requires_grad=True)
+        with torch.enable_grad():
+            out = kernel.inner.lookup(request, [inner_input], lr)
+        ctx.inner_out = out
+        ctx.release = _Release(kernel, slots)
+        return out.detach()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, ...]:
+        release: _Release = ctx.release
+        if release.kernel is not None and release.generation == release.kernel.generation:
+            torch.autograd.backward(ctx.inner_out, grad)
+        ctx.inner_out = None
+        release(updated=True)
+        return (None, None, None, None, None)
+
+
+class _Release:
+    """Unpins a lookup's slots once: after its backward, or when its graph is freed without one."""
+
+    def __init__(self, kernel: TieredBatchedLookup, slots: torch.Tensor) -> None:
+        self.kernel: TieredBatchedLookup | None = kernel
+        self.slots, self.generation = slots, kernel.generation
+        self._finalizer = weakref.finalize(self, _release_unused, weakref.ref(kernel), slots, kernel.generation)
+
+    def __call__(self, updated: bool) -> None:
+        kernel, self.kernel = self.kernel, None
+        self._finalizer.detach()
+        if kernel is not None and kernel.generation == self.generation:
+            if updated:
+                kernel.index.mark_dirty(self.slots)
+            kernel.index.pin(self.slots, -1)
+
+
+def _release_unused(kernel_ref: weakref.ref[TieredBatchedLookup], slots: torch.Tensor, generation: int) -> None:
+    kernel = kernel_ref()
+    if kernel is not None and kernel.generation == generation:
+        kernel.index.pin(slots, -1)

@@ -1,0 +1,160 @@
+"""Moving rows between a tiered kernel's cache and its backing store, on or off the training thread.
+
+A :class:`Transfer` is what one fetch decided, per table: the dirty rows leaving the cache (read
+from their slots, written to the store) and the rows entering it (read from the store, written
+into their slots). Write-backs run first, since an evicted slot may be reused by a row fetched in
+the same transfer. :class:`TransferQueue` runs transfers in order on one worker thread (the file
+I/O and the page faults stay off the training thread; torch's copies release the GIL), and
+:meth:`TransferQueue.join` is what a lookup, a flush or a checkpoint waits on first.
+
+Why the slots may be written while a backward runs: the bookkeeping (``tiered_cache.py``) never
+hands a transfer a slot that a lookup still uses (pinned until its backward ran), so the worker and
+the training thread touch disjoint rows of the cache tensors. The worker writes through aliases of
+the cache storage with their own autograd version counters (:func:`unversioned`): a kernel that
+saved its weights for backward (fbgemm's TBE does) would otherwise see "modified by an inplace
+operation" although none of the rows it reads changed.
+
+On CUDA the worker issues its copies on a side stream that first waits for the work queued on the
+training stream when the transfer was submitted (the last updates of the rows it writes back), and
+records an event the training stream waits on before the lookup reads the fetched rows.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from lightrec.kernels.kernel_interface import RowState
+from lightrec.kernels.tiered_store import RowStore
+
+__all__ = ["TablePart", "Transfer", "TransferQueue", "unversioned"]
+
+
+def unversioned(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor over ``tensor``'s memory (same offset, shape, strides) with its own version counter."""
+    alias = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
+    return alias.set_(tensor.untyped_storage(), tensor.storage_offset(), tensor.size(), tensor.stride())
+
+
+@dataclass
+class TablePart:
+    """One table's share of a transfer.
+
+    Attributes:
+        table: the table.
+        writeback_slots / writeback_rows: ``[v]`` slots (local to the table's cache) of dirty rows
+            leaving the cache, and their table-local rows.
+        fetch_rows / fetch_slots: ``[n]`` table-local rows entering the cache and their slots.
+    """
+
+    table: int
+    writeback_slots: torch.Tensor
+    writeback_rows: torch.Tensor
+    fetch_rows: torch.Tensor
+    fetch_slots: torch.Tensor
+
+
+@dataclass
+class Transfer:
+    """The table parts of one fetch (see the module docstring)."""
+
+    parts: list[TablePart] = field(default_factory=list)
+    ready: torch.cuda.Event | None = None  # CUDA: the training stream's work the transfer follows
+
+    def __bool__(self) -> bool:
+        return any(p.writeback_rows.numel() or p.fetch_rows.numel() for p in self.parts)
+
+
+class TransferQueue:
+    """Runs transfers between ``cache_views`` (per table ``{"weight": [C, D], state: ...}``) and
+    ``store``, in submission order, on a worker thread (see the module docstring).
+
+    Args:
+        store: the backing store.
+        cache_views: per table, unversioned aliases of the cache kernel's weights and row states.
+        device: the cache's device.
+    """
+
+    def __init__(self, store: RowStore, cache_views: list[dict[str, torch.Tensor]], device: torch.device) -> None:
+        self.store, self.cache_views, self.device = store, cache_views, device
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pending: list[concurrent.futures.Future[torch.cuda.Event | None]] = []
+        self._stream = torch.cuda.Stream(device=device) if device.type == "cuda" else None
+
+    # ---- the two ways to run a transfer ---------------------------------------------------------
+    def submit(self, transfer: Transfer) -> None:
+        """Run ``transfer`` on the worker thread after the ones already submitted."""
+        if not transfer:
+            return
+        if self._stream is not None:
+            transfer.ready = torch.cuda.Event()
+            transfer.ready.record(torch.cuda.current_stream(self.device))
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lightrec-tiered-io")
+        self._pending.append(self._executor.submit(self._run, transfer))
+
+    def run_now(self, transfer: Transfer) -> None:
+        """Run ``transfer`` on this thread (after every submitted one)."""
+        self.join()
+        if transfer:
+            done = self._run(transfer, same_stream=True)
+            assert done is None
+
+    def join(self) -> None:
+        """Wait for every submitted transfer (CUDA: the training stream then waits for their copies);
+        an error of the worker is raised here."""
+        pending, self._pending = self._pending, []
+        for future in pending:
+            done = future.result()
+            if done is not None:
+                torch.cuda.current_stream(self.device).wait_event(done)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._pending)
+
+    def close(self) -> None:
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True)
+        self._pending = []
+
+    # ---- the work ------------------------------------------------------------------------------
+    def _run(self, transfer: Transfer, same_stream: bool = False) -> torch.cuda.Event | None:
+        store = self.store
+        for part in transfer.parts:  # every page this transfer touches, read in parallel first
+            store.advise(part.table, torch.cat([part.writeback_rows, part.fetch_rows]))
+        stream = None if same_stream else self._stream
+        if stream is not None and transfer.ready is not None:
+            stream.wait_event(transfer.ready)
+        with torch.no_grad(), _on(stream):
+            for part in transfer.parts:
+                views = self.cache_views[part.table]
+                if part.writeback_rows.numel():
+                    slots = part.writeback_slots.to(self.device)
+                    state = {k: v.index_select(0, slots).cpu() for k, v in views.items()}
+                    store.write(part.table, part.writeback_rows, _row_state(state))
+                if part.fetch_rows.numel():
+                    fetched = store.read(part.table, part.fetch_rows)
+                    slots = part.fetch_slots.to(self.device)
+                    views["weight"].index_copy_(0, slots, fetched.weights.to(self.device, non_blocking=True))
+                    for name, values in fetched.states.items():
+                        views[name].index_copy_(0, slots, values.to(self.device, non_blocking=True))
+            if stream is None:
+                return None
+            done = torch.cuda.Event()
+            done.record(stream)
+            return done
+
+
+def _row_state(values: dict[str, torch.Tensor]) -> RowState:
+    weights = values.pop("weight")
+    return RowState(weights, values)
+
+
+def _on(stream: torch.cuda.Stream | None) -> contextlib.AbstractContextManager[Any]:
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()

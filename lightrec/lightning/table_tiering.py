@@ -1,0 +1,100 @@
+"""Where a ``RecModule``'s tables live: in memory, or tiered over host memory or SSD.
+
+``RecModule(tables_on="ssd", cache_load_factor=0.05)`` (the recipes' ``--model.tables_on ssd
+--model.cache_load_factor 0.05``) keeps every row of every table it builds, with its optimizer
+state, in row files under ``ssd_storage_directory`` and a cache of hot rows in memory
+(docs/tiered-tables.md)::
+
+    tables_on   sharded (RecStrategy)                            one process
+    ---------   -----------------------------------------------  ---------------------------------
+    "memory"    the planner's choice (tiered only when the        FusedEmbeddingBagCollection
+                tables do not fit in memory)
+    "ssd"       every table key_value (the planner shards them    the same, tiering=TieringConfig(
+                and sizes the cache, unless cache_load_factor     "ssd", ...)
+                fixes it)
+    "host"      every table fused_uvm_caching (GPU: rows in       tiering=TieringConfig("host", ...)
+                host memory, a cache in HBM)
+
+:class:`TableTiering` is that choice as one object: the sharders' ``fused_params`` keys, the
+planner's constraints and the unsharded collection's ``TieringConfig``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from lightrec.distributed.planner import ParameterConstraints
+from lightrec.kernels.tiered_config import DEFAULT_CACHE_LOAD_FACTOR, TieringConfig, coerce_algorithm
+
+__all__ = ["TABLE_TIERS", "TableTiering"]
+
+TABLE_TIERS = ("memory", "host", "ssd")
+_KERNEL = {"host": "fused_uvm_caching", "ssd": "key_value"}
+
+
+@dataclass(frozen=True)
+class TableTiering:
+    """Where the tables a ``RecModule`` builds keep their rows (see the module docstring).
+
+    Args:
+        tables_on: ``"memory"``, ``"ssd"`` (``key_value``) or ``"host"`` (``fused_uvm_caching``).
+        cache_load_factor: share of each table's rows cached in memory; None lets the planner choose
+            (sharded), or 0.2 (one process).
+        cache_algorithm: ``"lru"`` or ``"lfu"``.
+        ssd_storage_directory: where the row files go (a local SSD); default: the temp directory.
+
+    Raises:
+        ValueError: an unknown ``tables_on`` or algorithm, or a load factor outside (0, 1].
+    """
+
+    tables_on: str = "memory"
+    cache_load_factor: float | None = None
+    cache_algorithm: str = "lru"
+    ssd_storage_directory: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.tables_on not in TABLE_TIERS:
+            raise ValueError(
+                f"tables_on must be one of {list(TABLE_TIERS)} ('ssd': every row on SSD with a cache in memory), "
+                f"got {self.tables_on!r}"
+            )
+        object.__setattr__(self, "cache_algorithm", coerce_algorithm(self.cache_algorithm))
+        self.tiering()  # validates the load factor
+
+    @property
+    def tiered(self) -> bool:
+        return self.tables_on != "memory"
+
+    @property
+    def compute_kernel(self) -> str | None:
+        """The plan's compute kernel of every table (None: the planner's choice)."""
+        return _KERNEL.get(self.tables_on)
+
+    def fused_params(self) -> dict[str, Any]:
+        """The sharders' ``fused_params`` keys of the tiered tables (empty in memory)."""
+        if not self.tiered:
+            return {}
+        params: dict[str, Any] = {"cache_algorithm": self.cache_algorithm}
+        if self.cache_load_factor is not None:
+            params["cache_load_factor"] = self.cache_load_factor
+        if self.ssd_storage_directory is not None:
+            params["ssd_storage_directory"] = self.ssd_storage_directory
+        return params
+
+    def constraints(self, tables: Iterable[str]) -> dict[str, ParameterConstraints]:
+        """``{table: ParameterConstraints(compute_kernels=[the tiered kernel])}`` (empty in memory)."""
+        kernel = self.compute_kernel
+        return {} if kernel is None else {t: ParameterConstraints(compute_kernels=[kernel]) for t in tables}
+
+    def tiering(self) -> TieringConfig | None:
+        """The ``TieringConfig`` of an unsharded collection (None in memory)."""
+        if not self.tiered:
+            return None
+        return TieringConfig(
+            backing="host" if self.tables_on == "host" else "ssd",
+            cache_load_factor=self.cache_load_factor if self.cache_load_factor is not None else DEFAULT_CACHE_LOAD_FACTOR,
+            algorithm=self.cache_algorithm,
+            ssd_storage_directory=self.ssd_storage_directory,
+        )
