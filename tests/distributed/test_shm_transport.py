@@ -202,6 +202,38 @@ _KILL_SCRIPT = textwrap.dedent(
 )
 
 
+def _abandoned_body(rank: int, world_size: int) -> list[float]:
+    """Exchanges started and published, then dropped unread (work started ahead and abandoned, as a
+    pipeline does when the model rebuilds its features): more of them than the transport has slots,
+    then exchanges that are read. Without the release of a dropped exchange, the writers block
+    once the slots come round (the peer never read the first ones)."""
+    import torch.distributed as dist
+
+    from lightrec.distributed.comm.shm_transport import _SLOTS, shm_transport
+
+    t = shm_transport(dist.group.WORLD)
+    assert t is not None
+    for _ in range(_SLOTS + 8):
+        ex = t.start([0 if d == rank else 64 for d in range(world_size)])
+        ex.publish()
+        del ex  # the last reference: dropped unread
+    got = []
+    for k in range(3):
+        ex = t.start([0 if d == rank else 4 for d in range(world_size)])
+        for d in range(world_size):
+            if d != rank:
+                ex.send_view(d, torch.float32, 1).fill_(100.0 * rank + k)
+        ex.publish()
+        got += [float(ex.recv_view(s, torch.float32, 1)) for s in range(world_size) if s != rank]
+        ex.finish()
+    return got
+
+
+def test_exchanges_dropped_unread_release_their_slots() -> None:
+    per_rank = run_ranks(_abandoned_body, 2, timeout=120)
+    assert per_rank == [[100.0, 101.0, 102.0], [0.0, 1.0, 2.0]]
+
+
 def _lightrec_files(pids: list[int]) -> list[str]:
     uid = os.getuid()
     return [n for n in os.listdir("/dev/shm") for p in pids if n.startswith(f"lightrec-{uid}-{p}-")]

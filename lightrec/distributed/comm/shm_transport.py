@@ -300,6 +300,24 @@ class ShmExchange:
             if src != t.rank:
                 t._ops.shm_store(t._control[t.rank].ack, src * _SLOTS + self._slot, self.seq)
 
+    def __del__(self) -> None:
+        # Work started ahead and then dropped unfinished (gloo simply forgets such work) must still
+        # release its slot, else every writer blocks _SLOTS exchanges later waiting for this rank to
+        # read it. Nothing is read: the ack only lets the sources reuse the slot and the bytes. An ack
+        # already past this exchange (the slot's next use) is never moved back.
+        if self._finished:
+            return
+        self._finished = True
+        try:
+            t = self._t
+            acks = t._control[t.rank].ack
+            for src in range(t.world):
+                index = src * _SLOTS + self._slot
+                if src != t.rank and int(acks[index]) < self.seq:
+                    t._ops.shm_store(acks, index, self.seq)
+        except Exception:  # noqa: BLE001 - the transport may be closed at interpreter exit
+            pass
+
 
 _TRANSPORTS: dict[object, ShmTransport | None] = {}
 
