@@ -27,6 +27,20 @@ from lightrec.recipes.dlrm import DLRMModule
 STEPS = 20
 
 
+@pytest.fixture(autouse=True)
+def _own_process_group(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The fits run in the pytest process: give their one-rank process group a port of its own and
+    take it down afterwards, so neither its listening store nor the MASTER_PORT Lightning writes
+    into the environment reaches the launched commands of later tests (EADDRINUSE)."""
+    from tests.multiprocess import free_port
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    yield
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
 def _data() -> SyntheticCriteo:
     return SyntheticCriteo(batch_size=128, num_train_batches=STEPS, num_val_batches=1, num_test_batches=1,
                            num_embeddings_cap=20_000, seed=5)  # fmt: skip
