@@ -187,7 +187,13 @@ def _dmp_available() -> str | None:
 @pytest.mark.skipif(_dmp_available() is not None, reason=str(_dmp_available()))
 def test_main_job_on_two_cpu_ranks_with_rec_strategy(tmp_path: Path) -> None:
     """The README's main job, reduced: `lightrec run dlrm` sharded over 2 gloo ranks (strategy lightrec)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    from tests.multiprocess import free_port
+
+    # A fresh launch, as from a shell: no process-group variables an earlier in-process fit of this
+    # pytest run may have left in the environment, and a port nothing listens on.
+    launch_vars = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK")
+    env = {k: v for k, v in os.environ.items() if k not in launch_vars}
+    env.update(OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     with_summary = [a for a in TINY[1:] if "enable_model_summary" not in a]
     cmd = [sys.executable, "-m", "lightrec.cli", "run", "dlrm", "--devices", "2",
            f"--trainer.logger.init_args.save_dir={tmp_path}", "--trainer.max_steps=4", "--recipe.export=true",
