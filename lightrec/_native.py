@@ -1,8 +1,9 @@
 """lightrec's native CPU ops: built from ``lightrec/csrc`` at first use, or left out with one warning.
 
-Two small C++ files register torch ops (``torch.ops.lightrec_cpu.*``: the torch kernel's fused
-update on CPU; ``torch.ops.lightrec_shm.*``: the futex signalling of the shared-memory transport,
-Linux only). They are compiled once per machine by ``torch.utils.cpp_extension.load`` -- the
+Three small C++ files register torch ops (``torch.ops.lightrec_cpu.*``: the torch kernel's fused
+update on CPU; ``torch.ops.lightrec_tiered.*``: a tiered table's cache bookkeeping and row copies on
+CPU; ``torch.ops.lightrec_shm.*``: the futex signalling of the shared-memory transport, Linux
+only). They are compiled once per machine by ``torch.utils.cpp_extension.load`` -- the
 compiler torch itself documents for extensions (g++/clang++ and ``ninja``, which lightrec depends
 on) -- into torch's extension cache (``$TORCH_EXTENSIONS_DIR``, default
 ``~/.cache/torch_extensions``), where later processes find the built library in well under a
@@ -47,6 +48,8 @@ class NativeOps:
 
     Attributes:
         fused_update: ``torch.ops.lightrec_cpu.cpu_fused_update`` is registered.
+        tiered: ``torch.ops.lightrec_tiered.{tiered_admit, tiered_release, tiered_copy_rows,
+            tiered_advise}`` are registered.
         shm: ``torch.ops.lightrec_shm.{shm_store, shm_wait, shm_fetch_add}`` are registered (Linux).
         library: path of the loaded shared library.
     """
@@ -54,10 +57,11 @@ class NativeOps:
     fused_update: bool
     shm: bool
     library: str
+    tiered: bool = False
 
 
 def _sources() -> list[str]:
-    files = ["cpu_fused_update.cpp"]
+    files = ["cpu_fused_update.cpp", "tiered_cache.cpp"]
     if sys.platform.startswith("linux"):  # futex signalling
         files.append("shm_sync.cpp")
     return [str(_CSRC / f) for f in files]
@@ -90,7 +94,7 @@ def _build() -> NativeOps:
         is_python_module=False,
         verbose=False,
     )
-    return NativeOps(fused_update=True, shm=len(sources) > 1, library=str(path))
+    return NativeOps(fused_update=True, shm=any(s.endswith("shm_sync.cpp") for s in sources), library=str(path), tiered=True)
 
 
 @functools.cache

@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 import torch
 
 from lightrec.kernels.kernel_interface import EmbeddingKernel, KernelConfig, LookupBatch, RowState
-from lightrec.kernels.tiered_cache import CacheIndex
+from lightrec.kernels.tiered_cache import BatchAdmission, CacheIndex
 from lightrec.kernels.tiered_config import TieringConfig
 from lightrec.kernels.tiered_store import HostMemoryStore, RowStore, SsdRowStore
 from lightrec.kernels.tiered_transfer import TablePart, Transfer, TransferQueue, unversioned
@@ -188,45 +188,30 @@ class TieredBatchedLookup:
         return torch.repeat_interleave(shift, starts[1:] - starts[:-1], output_size=n)
 
     def _global_rows(self, indices: torch.Tensor, offsets: torch.Tensor, batch: int) -> torch.Tensor:
+        if self._row_shift is None:  # every feature reads the first table: no shift (and no op)
+            return indices.long()
         return indices.long() + self._shift(self._row_shift, offsets, batch, indices.numel())
 
-    def _fetch(self, global_rows: torch.Tensor, best_effort: bool) -> tuple[Transfer, torch.Tensor]:
-        """Admit the uncached rows among ``global_rows`` (one per id) while the cached ones are pinned;
-        returns the transfer that brings them in and the ``[N]`` miss mask.
+    def _admit(self, global_rows: torch.Tensor, tick: int, best_effort: bool, pin: bool) -> tuple[Transfer, BatchAdmission]:
+        """The batch's bookkeeping (``CacheIndex.admit_batch``: misses admitted, slots touched and
+        pinned) and the transfer that brings its missing rows in; counts the rows moved.
 
         Raises:
             CacheFullError: not ``best_effort`` and some table cannot hold the batch's rows at once
                 (checked for every table before any bookkeeping changes).
         """
-        index = self.index
-        slots = index.slots(global_rows)
-        missed = slots < 0
+        admission = self.index.admit_batch(global_rows, tick, best_effort=best_effort, pin=pin)
         transfer = Transfer()
-        if not bool(missed.any()):
-            return transfer, missed
-        wanted = torch.unique(global_rows[missed])
-        tables = index.table_of_rows(wanted)
-        parts = [(t, wanted[tables == t] - index.row_offset[t]) for t in torch.unique(tables).tolist()]
-        hits = slots[~missed]
-        index.pin(hits)  # the batch's cached rows are not evicted to make room for its other rows
-        try:
-            if not best_effort:
-                for t, rows in parts:
-                    index.check_room(t, rows.numel())
-            stats = self._stats
-            for t, rows in parts:
-                adm = index.admit(t, rows, best_effort=best_effort)
-                lo, row_bytes = index.cache_offset[t], self.store.row_bytes(t)
-                transfer.parts.append(
-                    TablePart(t, adm.victim_slots - lo, adm.victim_rows.cpu(), adm.rows.cpu(), adm.slots - lo)
-                )
-                stats.rows_fetched += adm.rows.numel()
-                stats.rows_written_back += adm.victim_rows.numel()
-                stats.bytes_read += adm.rows.numel() * row_bytes
-                stats.bytes_written += adm.victim_rows.numel() * row_bytes
-        finally:
-            index.pin(hits, -1)
-        return transfer, missed
+        stats = self._stats
+        for t, adm in admission.parts:
+            lo, row_bytes = self.index.cache_offset[t], self.store.row_bytes(t)
+            transfer.parts.append(TablePart(t, adm.victim_slots - lo, adm.victim_rows.cpu(), adm.rows.cpu(), adm.slots - lo))
+            fetched, written = adm.rows.numel(), adm.victim_rows.numel()
+            stats.rows_fetched += fetched
+            stats.rows_written_back += written
+            stats.bytes_read += fetched * row_bytes
+            stats.bytes_written += written * row_bytes
+        return transfer, admission
 
     # ---- lookup -----------------------------------------------------------------------------------
     def lookup(self, batch: LookupBatch, weight_inputs: Sequence[torch.Tensor], lr: Callable[[], float]) -> torch.Tensor:
@@ -235,25 +220,24 @@ class TieredBatchedLookup:
         offsets = batch.offsets.long()
         global_rows = self._global_rows(batch.indices, offsets, batch.batch_size)
         prefetched = bool(self._reservations)
-        transfer, missed = self._fetch(global_rows, best_effort=False)
+        placeholder = weight_inputs[0] if weight_inputs else None
+        training = torch.is_grad_enabled() and placeholder is not None and placeholder.requires_grad
+        transfer, admission = self._admit(global_rows, self.index.tick + 1, best_effort=False, pin=training)
+        self.index.tick += 1
         self.queue.run_now(transfer)
         stats = self._stats
         stats.lookups += 1
         if not prefetched:
             stats.requested_ids += global_rows.numel()
-            stats.missed_ids += int(missed.sum())
-        slots = self.index.slots(global_rows)
-        self.index.tick += 1
-        self.index.touch(slots, self.index.tick)
+            stats.missed_ids += admission.missed_ids
+        slots = admission.slots
         if self._reservations:  # this batch's prefetch pins are superseded by the lookup's own
-            self.index.pin(self._reservations.popleft(), -1)
-        local = slots.long() - self._shift(self._slot_shift, offsets, batch.batch_size, slots.numel())
+            self.index.release(self._reservations.popleft(), updated=False)
+        local = slots if self._slot_shift is None else slots - self._shift(self._slot_shift, offsets, batch.batch_size, slots.numel())
         request = LookupBatch(local, offsets, batch.per_sample_weights, batch.batch_size, True, batch.singletons)
-        placeholder = weight_inputs[0] if weight_inputs else None
-        if not torch.is_grad_enabled() or placeholder is None or not placeholder.requires_grad:
+        if not training:
             with torch.no_grad():
                 return self.inner.lookup(request, weight_inputs, lr)
-        self.index.pin(slots)
         out: torch.Tensor = _TieredLookup.apply(self, request, slots, lr, placeholder)
         return out
 
@@ -265,16 +249,13 @@ class TieredBatchedLookup:
             return
         batch = (offsets.numel() - 1) // max(len(self.ftm), 1)
         global_rows = self._global_rows(indices, offsets.long(), batch)
-        transfer, missed = self._fetch(global_rows, best_effort=True)
+        transfer, admission = self._admit(global_rows, self.index.tick + 1, best_effort=True, pin=True)
         self._stats.requested_ids += global_rows.numel()
-        self._stats.missed_ids += int(missed.sum())
-        slots = self.index.slots(global_rows)
-        slots = slots[slots >= 0]
-        self.index.touch(slots, self.index.tick + 1)
-        self.index.pin(slots)
-        self._reservations.append(slots)
+        self._stats.missed_ids += admission.missed_ids
+        slots = admission.slots
+        self._reservations.append(slots)  # ids left out (-1) hold no pin: release() skips them
         while len(self._reservations) > _MAX_RESERVATIONS:
-            self.index.pin(self._reservations.popleft(), -1)
+            self.index.release(self._reservations.popleft(), updated=False)
         self.queue.submit(transfer)
 
     # ---- keeping the store current -------------------------------------------------------------------
@@ -394,12 +375,10 @@ class _Release:
         kernel, self.kernel = self.kernel, None
         self._finalizer.detach()
         if kernel is not None and kernel.generation == self.generation:
-            if updated:
-                kernel.index.mark_dirty(self.slots)
-            kernel.index.pin(self.slots, -1)
+            kernel.index.release(self.slots, updated)
 
 
 def _release_unused(kernel_ref: weakref.ref[TieredBatchedLookup], slots: torch.Tensor, generation: int) -> None:
     kernel = kernel_ref()
     if kernel is not None and kernel.generation == generation:
-        kernel.index.pin(slots, -1)
+        kernel.index.release(slots, updated=False)

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from lightrec.kernels.kernel_interface import RowState
+from lightrec.kernels.tiered_cache import native_tiered_available
 
 __all__ = ["HostMemoryStore", "RowStore", "SsdRowStore", "TieredStorageError", "scratch_like", "sequential_access"]
 
@@ -199,13 +200,19 @@ class SsdRowStore(RowStore):
         reads them in parallel, so the gather that follows finds them in the page cache."""
         if rows.numel() == 0:
             return
+        files = [(fd, _row_stride(t)) for t in self.tensors(table).values() if (fd := self._fd_of(t)) is not None]
+        if native_tiered_available(torch.device("cpu")):  # one call, the GIL released
+            torch.ops.lightrec_tiered.tiered_advise(
+                [fd for fd, _ in files], [stride for _, stride in files], rows.long().contiguous(), _PAGE,
+                _ADVISE_GAP_PAGES,
+            )  # fmt: skip
+            return
         row_ids = rows.numpy()
         for tensor in self.tensors(table).values():
             fd = self._fd_of(tensor)
             if fd is None:
                 continue
-            stride = tensor[0].numel() * tensor.element_size() if tensor.dim() > 1 else tensor.element_size()
-            first, count = page_ranges(row_ids * stride // _PAGE, _ADVISE_GAP_PAGES)
+            first, count = page_ranges(row_ids * _row_stride(tensor) // _PAGE, _ADVISE_GAP_PAGES)
             for page, n in zip(first.tolist(), count.tolist()):
                 os.posix_fadvise(fd, page * _PAGE, n * _PAGE, os.POSIX_FADV_WILLNEED)
 
@@ -227,6 +234,11 @@ class SsdRowStore(RowStore):
         for fd in getattr(self, "_fds", []):
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+def _row_stride(tensor: torch.Tensor) -> int:
+    """Bytes from one row of a store tensor to the next."""
+    return tensor[0].numel() * tensor.element_size() if tensor.dim() > 1 else tensor.element_size()
 
 
 def page_ranges(pages: np.ndarray, gap: int) -> tuple[np.ndarray, np.ndarray]:

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from lightrec.kernels.kernel_interface import RowState
+from lightrec.kernels.tiered_cache import native_tiered_available
 from lightrec.kernels.tiered_store import RowStore
 
 __all__ = ["TablePart", "Transfer", "TransferQueue", "unversioned"]
@@ -133,17 +133,11 @@ class TransferQueue:
             stream.wait_event(transfer.ready)
         with torch.no_grad(), _on(stream):
             for part in transfer.parts:
-                views = self.cache_views[part.table]
+                views, rows = self.cache_views[part.table], store.tensors(part.table)
                 if part.writeback_rows.numel():
-                    slots = part.writeback_slots.to(self.device)
-                    state = {k: v.index_select(0, slots).cpu() for k, v in views.items()}
-                    store.write(part.table, part.writeback_rows, _row_state(state))
+                    _copy_rows(views, part.writeback_slots, rows, part.writeback_rows)
                 if part.fetch_rows.numel():
-                    fetched = store.read(part.table, part.fetch_rows)
-                    slots = part.fetch_slots.to(self.device)
-                    views["weight"].index_copy_(0, slots, fetched.weights.to(self.device, non_blocking=True))
-                    for name, values in fetched.states.items():
-                        views[name].index_copy_(0, slots, values.to(self.device, non_blocking=True))
+                    _copy_rows(rows, part.fetch_rows, views, part.fetch_slots)
             if stream is None:
                 return None
             done = torch.cuda.Event()
@@ -151,9 +145,25 @@ class TransferQueue:
             return done
 
 
-def _row_state(values: dict[str, torch.Tensor]) -> RowState:
-    weights = values.pop("weight")
-    return RowState(weights, values)
+def _copy_rows(src: dict[str, torch.Tensor], src_rows: torch.Tensor, dst: dict[str, torch.Tensor], dst_rows: torch.Tensor) -> None:
+    """``dst[name][dst_rows] = src[name][src_rows]`` for every tensor ``name`` of ``dst``.
+
+    Between CPU tensors of one dtype this is one native call (``tiered_copy_rows``: each row copied
+    once, straight from its source to its target, without the GIL); otherwise a gather into a
+    temporary and a scatter (across devices, asynchronously from pinned memory).
+    """
+    names = list(dst)
+    sources, targets = [src[n] for n in names], [dst[n] for n in names]
+    same = all(a.device.type == b.device.type == "cpu" and a.dtype == b.dtype for a, b in zip(sources, targets, strict=True))
+    if same and native_tiered_available(torch.device("cpu")):
+        torch.ops.lightrec_tiered.tiered_copy_rows(
+            sources, src_rows.cpu().long().contiguous(), targets, dst_rows.cpu().long().contiguous()
+        )
+        return
+    for a, b in zip(sources, targets, strict=True):
+        index = src_rows.to(a.device)
+        values = a.index_select(0, index).to(b.device, b.dtype, non_blocking=True)
+        b.index_copy_(0, dst_rows.to(b.device), values)
 
 
 def _on(stream: torch.cuda.Stream | None) -> contextlib.AbstractContextManager[Any]:
