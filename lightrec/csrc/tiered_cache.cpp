@@ -28,6 +28,7 @@
 #include <fcntl.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -66,17 +67,14 @@ inline int64_t score(const int64_t* last, const int64_t* freq, int64_t s, bool l
   return (f << 32) | l;
 }
 
-// The k-th smallest (1-based) of `values` (all >= 0; reordered), and how many are smaller: a radix
-// select over the bytes of (value - min), most significant first -- each pass counts the
-// candidates' next byte and keeps only the bucket holding the k-th, so it is O(n) with a small
-// constant (std::nth_element over the ~200k scores of an evicting table took ~10x longer).
+// The k-th smallest (1-based) of `values` (reordered), and how many are smaller (added to
+// `below`): a radix select over the bytes of (value - min), most significant first -- each pass
+// counts the candidates' next byte and keeps only the bucket holding the k-th.
 int64_t kth_smallest(std::vector<int64_t>& values, int64_t k, int64_t& below) {
   const int64_t lo = *std::min_element(values.begin(), values.end());
-  const int64_t hi = *std::max_element(values.begin(), values.end());
-  const uint64_t range = static_cast<uint64_t>(hi - lo);
+  const uint64_t range = static_cast<uint64_t>(*std::max_element(values.begin(), values.end()) - lo);
   int shift = 0;
   while (shift < 56 && (range >> shift) > 255) shift += 8;
-  below = 0;
   size_t n = values.size();
   for (;; shift -= 8) {
     int64_t hist[256] = {0};
@@ -93,6 +91,58 @@ int64_t kth_smallest(std::vector<int64_t>& values, int64_t k, int64_t& below) {
     n = kept;
     if (shift == 0) return values[0];  // every candidate left has the same value
   }
+}
+
+// The k (1 <= k <= evictable count) evictable slots of [lo, hi) of lowest (score, slot), in slot
+// order. Three passes over the slots and no sort: the range of the scores; a 16-bit histogram of
+// their top digit (for LRU the ticks of a cache usually span fewer than 2^16 lookups, so this
+// already names the k-th lowest score; otherwise the scores of its bucket are narrowed further by
+// kth_smallest); then every slot below that score and the lowest-numbered ones at it.
+std::vector<int64_t> lowest_slots(const int64_t* row_of, const int32_t* pins, const int64_t* last, const int64_t* freq,
+                                  bool lfu, int64_t lo, int64_t hi, int64_t k) {
+  auto evictable = [&](int64_t s) { return row_of[s] >= 0 && pins[s] == 0; };
+  int64_t mn = INT64_MAX, mx = INT64_MIN;
+  for (int64_t s = lo; s < hi; ++s) {
+    if (!evictable(s)) continue;
+    const int64_t v = score(last, freq, s, lfu);
+    mn = std::min(mn, v);
+    mx = std::max(mx, v);
+  }
+  const uint64_t range = static_cast<uint64_t>(mx - mn);
+  int shift = 0;
+  while (shift < 48 && (range >> shift) > 65535) shift += 16;
+  std::vector<int64_t> hist(65536, 0);
+  for (int64_t s = lo; s < hi; ++s)
+    if (evictable(s)) ++hist[static_cast<uint64_t>(score(last, freq, s, lfu) - mn) >> shift];
+  int64_t below = 0, rest = k;
+  int64_t bucket = 0;
+  while (hist[bucket] < rest) {
+    rest -= hist[bucket];
+    below += hist[bucket];
+    ++bucket;
+  }
+  int64_t threshold;
+  if (shift == 0) {
+    threshold = mn + bucket;
+  } else {  // several scores share the bucket: select among them
+    std::vector<int64_t> candidates;
+    candidates.reserve(hist[bucket]);
+    for (int64_t s = lo; s < hi; ++s) {
+      if (!evictable(s)) continue;
+      const int64_t v = score(last, freq, s, lfu);
+      if (static_cast<int64_t>(static_cast<uint64_t>(v - mn) >> shift) == bucket) candidates.push_back(v);
+    }
+    threshold = kth_smallest(candidates, rest, below);
+  }
+  int64_t ties = k - below;
+  std::vector<int64_t> victims;
+  victims.reserve(k);
+  for (int64_t s = lo; s < hi && static_cast<int64_t>(victims.size()) < k; ++s) {
+    if (!evictable(s)) continue;
+    const int64_t v = score(last, freq, s, lfu);
+    if (v < threshold || (v == threshold && ties-- > 0)) victims.push_back(s);
+  }
+  return victims;
 }
 
 template <typename slot_t>
@@ -163,32 +213,18 @@ std::vector<at::Tensor> admit_impl(const State& st, const std::vector<int64_t>& 
       }
     }
     if (inf[1] < 0) {
-      std::vector<int64_t> scores;  // of the evictable slots of one table, in slot order
       for (int64_t t = 0; t < tables; ++t) {
         int64_t need = first[t + 1] - first[t];
         if (need == 0) continue;
         const int64_t lo = cache_offset[t], size = cache_offset[t + 1] - lo;
         std::vector<int64_t> victims;
         if (count[t] < need) {
-          scores.clear();
-          for (int64_t s = lo; s < lo + size; ++s)
-            if (row_of[s] >= 0 && pins[s] == 0) scores.push_back(score(last, freq, s, lfu));
-          const int64_t available = static_cast<int64_t>(scores.size());
+          const int64_t available = evictable(lo, lo + size);
           const int64_t short_by = std::min(need - count[t], available);
           const int64_t k =
               std::min(available, std::max(short_by, static_cast<int64_t>(std::ceil(headroom * static_cast<double>(size)))));
           if (k > 0) {
-            // the k lowest (score, slot): every slot scoring below the k-th lowest score, then the
-            // lowest slots scoring exactly that (no sort of (score, slot) pairs: ~10x faster)
-            int64_t below = 0;
-            const int64_t threshold = kth_smallest(scores, k, below);
-            int64_t ties = k - below;
-            victims.reserve(k);
-            for (int64_t s = lo; s < lo + size && static_cast<int64_t>(victims.size()) < k; ++s) {
-              if (row_of[s] < 0 || pins[s] != 0) continue;
-              const int64_t v = score(last, freq, s, lfu);
-              if (v < threshold || (v == threshold && ties-- > 0)) victims.push_back(s);
-            }
+            victims = lowest_slots(row_of, pins, last, freq, lfu, lo, lo + size, k);
             for (const int64_t s : victims) {  // appended at the ring's tail, in slot order
               ring[lo + (head[t] + count[t]) % size] = s;
               ++count[t];

@@ -25,6 +25,7 @@ its fused optimizer's state dict and its ``split_embedding_weights()``.
 from __future__ import annotations
 
 import collections
+import functools
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -244,19 +245,40 @@ class TieredBatchedLookup:
     # ---- prefetch ----------------------------------------------------------------------------------
     def prefetch(self, indices: torch.Tensor, offsets: torch.Tensor) -> None:
         """Fetch the rows a later lookup of ``indices`` / ``offsets`` misses, on the worker thread, and
-        pin its rows until that lookup (as many as fit beside the rows in use)."""
+        pin its rows until that lookup (as many as fit beside the rows in use).
+
+        With the native bookkeeping (a CPU cache) the worker does all of it: the admission (one
+        native call without the GIL) and then the copies, while the current batch trains; the
+        releases of the current batch's backward queue behind it (:meth:`_release`), so the
+        decisions are the ones made on the training thread, in the same order.
+        """
         if not self.tiering.prefetch or indices.numel() == 0:
             return
         batch = (offsets.numel() - 1) // max(len(self.ftm), 1)
         global_rows = self._global_rows(indices, offsets.long(), batch)
-        transfer, admission = self._admit(global_rows, self.index.tick + 1, best_effort=True, pin=True)
+        if self.index.native:
+            self.queue.submit_call(functools.partial(self._prefetch_now, global_rows, self.index.tick + 1, True))
+        else:
+            self._prefetch_now(global_rows, self.index.tick + 1, False)
+
+    def _prefetch_now(self, global_rows: torch.Tensor, tick: int, on_worker: bool) -> None:
+        transfer, admission = self._admit(global_rows, tick, best_effort=True, pin=True)
         self._stats.requested_ids += global_rows.numel()
         self._stats.missed_ids += admission.missed_ids
-        slots = admission.slots
-        self._reservations.append(slots)  # ids left out (-1) hold no pin: release() skips them
+        self._reservations.append(admission.slots)  # ids left out (-1) hold no pin: release() skips them
         while len(self._reservations) > _MAX_RESERVATIONS:
             self.index.release(self._reservations.popleft(), updated=False)
-        self.queue.submit(transfer)
+        if on_worker:
+            self.queue.run_here(transfer)
+        else:
+            self.queue.submit(transfer)
+
+    def _release(self, slots: torch.Tensor, updated: bool) -> None:
+        """Unpin a lookup's slots (dirty when ``updated``): behind the queued bookkeeping, if any."""
+        if self.index.native and self.queue.busy:
+            self.queue.submit_call(functools.partial(self.index.release, slots, updated))
+        else:
+            self.index.release(slots, updated)
 
     # ---- keeping the store current -------------------------------------------------------------------
     def flush(self) -> None:
@@ -375,10 +397,10 @@ class _Release:
         kernel, self.kernel = self.kernel, None
         self._finalizer.detach()
         if kernel is not None and kernel.generation == self.generation:
-            kernel.index.release(self.slots, updated)
+            kernel._release(self.slots, updated)
 
 
 def _release_unused(kernel_ref: weakref.ref[TieredBatchedLookup], slots: torch.Tensor, generation: int) -> None:
     kernel = kernel_ref()
     if kernel is not None and kernel.generation == generation:
-        kernel.index.release(slots, updated=False)
+        kernel._release(slots, updated=False)

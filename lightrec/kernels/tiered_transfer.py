@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,7 +83,7 @@ class TransferQueue:
     def __init__(self, store: RowStore, cache_views: list[dict[str, torch.Tensor]], device: torch.device) -> None:
         self.store, self.cache_views, self.device = store, cache_views, device
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._pending: list[concurrent.futures.Future[torch.cuda.Event | None]] = []
+        self._pending: list[concurrent.futures.Future[Any]] = []
         self._stream = torch.cuda.Stream(device=device) if device.type == "cuda" else None
 
     # ---- the two ways to run a transfer ---------------------------------------------------------
@@ -93,9 +94,22 @@ class TransferQueue:
         if self._stream is not None:
             transfer.ready = torch.cuda.Event()
             transfer.ready.record(torch.cuda.current_stream(self.device))
+        self._pending.append(self._worker().submit(self._run, transfer))
+
+    def submit_call(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the worker thread after everything already submitted (CPU caches: the
+        next batch's bookkeeping, and the releases that must follow it)."""
+        self._pending.append(self._worker().submit(fn))
+
+    def _worker(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lightrec-tiered-io")
-        self._pending.append(self._executor.submit(self._run, transfer))
+        return self._executor
+
+    def run_here(self, transfer: Transfer) -> None:
+        """Run ``transfer`` on the calling thread now, whatever is queued (the worker's own calls)."""
+        if transfer:
+            self._run(transfer, same_stream=True)
 
     def run_now(self, transfer: Transfer) -> None:
         """Run ``transfer`` on this thread (after every submitted one)."""
