@@ -26,6 +26,7 @@
 #include <torch/library.h>
 
 #include <fcntl.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <climits>
@@ -93,25 +94,37 @@ int64_t kth_smallest(std::vector<int64_t>& values, int64_t k, int64_t& below) {
   }
 }
 
-// The k (1 <= k <= evictable count) evictable slots of [lo, hi) of lowest (score, slot), in slot
-// order. Three passes over the slots and no sort: the range of the scores; a 16-bit histogram of
-// their top digit (for LRU the ticks of a cache usually span fewer than 2^16 lookups, so this
-// already names the k-th lowest score; otherwise the scores of its bucket are narrowed further by
-// kth_smallest); then every slot below that score and the lowest-numbered ones at it.
-std::vector<int64_t> lowest_slots(const int64_t* row_of, const int32_t* pins, const int64_t* last, const int64_t* freq,
-                                  bool lfu, int64_t lo, int64_t hi, int64_t k) {
-  auto evictable = [&](int64_t s) { return row_of[s] >= 0 && pins[s] == 0; };
-  int64_t mn = INT64_MAX, mx = INT64_MIN;
+// The evictable slots of [lo, hi) (cached, unpinned): how many, and the range of their scores.
+struct Evictable {
+  int64_t count = 0, min = INT64_MAX, max = INT64_MIN;
+};
+
+Evictable scan_evictable(const int64_t* row_of, const int32_t* pins, const int64_t* last, const int64_t* freq, bool lfu,
+                         int64_t lo, int64_t hi) {
+  Evictable e;
   for (int64_t s = lo; s < hi; ++s) {
-    if (!evictable(s)) continue;
+    if (row_of[s] < 0 || pins[s] != 0) continue;
     const int64_t v = score(last, freq, s, lfu);
-    mn = std::min(mn, v);
-    mx = std::max(mx, v);
+    ++e.count;
+    e.min = std::min(e.min, v);
+    e.max = std::max(e.max, v);
   }
-  const uint64_t range = static_cast<uint64_t>(mx - mn);
+  return e;
+}
+
+// The k (1 <= k <= e.count) evictable slots of [lo, hi) of lowest (score, slot), in slot order.
+// Two more passes over the slots and no sort: a 16-bit histogram of the scores' top digit (for LRU
+// the ticks of a cache usually span fewer than 2^16 lookups, so this already names the k-th lowest
+// score; otherwise the scores of its bucket are narrowed further by kth_smallest); then every slot
+// below that score and the lowest-numbered ones at it.
+std::vector<int64_t> lowest_slots(const int64_t* row_of, const int32_t* pins, const int64_t* last, const int64_t* freq,
+                                  bool lfu, int64_t lo, int64_t hi, int64_t k, const Evictable& e) {
+  auto evictable = [&](int64_t s) { return row_of[s] >= 0 && pins[s] == 0; };
+  const int64_t mn = e.min;
+  const uint64_t range = static_cast<uint64_t>(e.max - mn);
   int shift = 0;
   while (shift < 48 && (range >> shift) > 65535) shift += 16;
-  std::vector<int64_t> hist(65536, 0);
+  std::vector<int64_t> hist(std::min<uint64_t>(range >> shift, 65535) + 1, 0);
   for (int64_t s = lo; s < hi; ++s)
     if (evictable(s)) ++hist[static_cast<uint64_t>(score(last, freq, s, lfu) - mn) >> shift];
   int64_t below = 0, rest = k;
@@ -171,10 +184,12 @@ std::vector<at::Tensor> admit_impl(const State& st, const std::vector<int64_t>& 
   inf[1] = -1;
 
   std::vector<int64_t> missed;
+  std::vector<int64_t> before(n);  // the slot of each id before the admission (-1: missed)
   for (int64_t i = 0; i < n; ++i) {
     const int64_t g = rows[i];
     TORCH_CHECK(g >= 0 && g < total_rows, "tiered_admit: global row ", g, " outside [0, ", total_rows, ")");
-    if (slot_of[g] < 0) missed.push_back(g);
+    before[i] = slot_of[g];
+    if (before[i] < 0) missed.push_back(g);
   }
   inf[0] = static_cast<int64_t>(missed.size());
   std::vector<int64_t> fetch_rows, fetch_slots, wb_rows, wb_slots;
@@ -190,15 +205,8 @@ std::vector<at::Tensor> admit_impl(const State& st, const std::vector<int64_t>& 
       for (int64_t s = lo; s < hi; ++s) e += row_of[s] >= 0 && pins[s] == 0;
       return e;
     };
-    std::vector<int64_t> hits;  // the batch's cached rows are not evicted for its other rows
-    hits.reserve(n);
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t s = slot_of[rows[i]];
-      if (s >= 0) {
-        hits.push_back(s);
-        ++pins[s];
-      }
-    }
+    for (int64_t i = 0; i < n; ++i)  // the batch's cached rows are not evicted for its other rows
+      if (before[i] >= 0) ++pins[before[i]];
     if (!best_effort) {  // every table is checked before any bookkeeping changes
       for (int64_t t = 0; t < tables; ++t) {
         const int64_t need = first[t + 1] - first[t];
@@ -219,12 +227,13 @@ std::vector<at::Tensor> admit_impl(const State& st, const std::vector<int64_t>& 
         const int64_t lo = cache_offset[t], size = cache_offset[t + 1] - lo;
         std::vector<int64_t> victims;
         if (count[t] < need) {
-          const int64_t available = evictable(lo, lo + size);
+          const Evictable e = scan_evictable(row_of, pins, last, freq, lfu, lo, lo + size);
+          const int64_t available = e.count;
           const int64_t short_by = std::min(need - count[t], available);
           const int64_t k =
               std::min(available, std::max(short_by, static_cast<int64_t>(std::ceil(headroom * static_cast<double>(size)))));
           if (k > 0) {
-            victims = lowest_slots(row_of, pins, last, freq, lfu, lo, lo + size, k);
+            victims = lowest_slots(row_of, pins, last, freq, lfu, lo, lo + size, k, e);
             for (const int64_t s : victims) {  // appended at the ring's tail, in slot order
               ring[lo + (head[t] + count[t]) % size] = s;
               ++count[t];
@@ -259,26 +268,30 @@ std::vector<at::Tensor> admit_impl(const State& st, const std::vector<int64_t>& 
         inf[kHead + t] = need;
       }
     }
-    for (const int64_t s : hits) --pins[s];  // pinned slots were not evicted: the same slots
-
   }
   auto vec = [](const std::vector<int64_t>& v) {
     at::Tensor out = at::empty({static_cast<int64_t>(v.size())}, at::kLong);
     if (!v.empty()) std::memcpy(out.data_ptr<int64_t>(), v.data(), v.size() * sizeof(int64_t));
     return out;
   };
-  if (inf[1] >= 0) {  // refused: nothing changed
+  // The hits were pinned above when rows were missing (pinned slots were not evicted: their slots
+  // did not move); the final pin of each id replaces that one.
+  const int32_t hit_pin = static_cast<int32_t>(pin) - static_cast<int32_t>(!missed.empty());
+  if (inf[1] >= 0) {  // refused: nothing changed but the hits' pins, taken back
+    for (int64_t i = 0; i < n; ++i)
+      if (before[i] >= 0) --pins[before[i]];
     return {at::empty({0}, at::kLong), info, vec({}), vec({}), vec({}), vec({})};
   }
   at::Tensor slots = at::empty({n}, at::kLong);
   int64_t* out = slots.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t s = slot_of[rows[i]];
+    const bool hit = before[i] >= 0;
+    const int64_t s = hit ? before[i] : static_cast<int64_t>(slot_of[rows[i]]);
     out[i] = s;
     if (s < 0) continue;  // a best-effort admission left it out
     last[s] = tick;
     if (lfu) ++freq[s];
-    if (pin) ++pins[s];
+    pins[s] += hit ? hit_pin : static_cast<int32_t>(pin);
   }
   return {slots, info, vec(fetch_rows), vec(fetch_slots), vec(wb_rows), vec(wb_slots)};
 }
@@ -347,19 +360,30 @@ void tiered_copy_rows(at::TensorList src, const at::Tensor& src_rows, at::Tensor
     const char* pa = static_cast<const char*>(a.data_ptr());
     char* pb = static_cast<char*>(b.data_ptr());
     const int64_t ra = a.size(0), rb = b.size(0);
-    for (int64_t i = 0; i < n; ++i) {
+    for (int64_t i = 0; i < n; ++i)
       TORCH_CHECK(sr[i] >= 0 && sr[i] < ra && dr[i] >= 0 && dr[i] < rb, "tiered_copy_rows: row ", sr[i], " -> ", dr[i],
                   " outside the tensors");
+    constexpr int64_t kAhead = 8;  // the rows are scattered: start loading the next ones early
+    for (int64_t i = 0; i < n; ++i) {
+      if (i + kAhead < n) {
+        __builtin_prefetch(pa + sr[i + kAhead] * sa);
+        __builtin_prefetch(pb + dr[i + kAhead] * sb, 1);
+      }
       std::memcpy(pb + dr[i] * sb, pa + sr[i] * sa, row_bytes);
     }
   }
 }
 
-// POSIX_FADV_WILLNEED the pages of `rows` in each file fds[j] (row r at byte r * strides[j]); pages
-// at most `gap` apart are announced as one range (tiered_store.page_ranges is the same in Python).
-// Returns the number of ranges announced.
-int64_t tiered_advise(at::IntArrayRef fds, at::IntArrayRef strides, const at::Tensor& rows, int64_t page, int64_t gap) {
-  TORCH_CHECK(fds.size() == strides.size(), "tiered_advise: one stride per file");
+// POSIX_FADV_WILLNEED the pages of `rows` in each file fds[j] (row r at byte r * strides[j], the
+// file mapped at address bases[j]); pages at most `gap` apart are announced as one range
+// (tiered_store.page_ranges is the same in Python). A file whose pages are mostly in the page cache
+// already is skipped: up to `sample` of the pages, spread over them, are looked up with mincore()
+// first, and if at most one in eight is missing nothing is announced -- an announcement is a
+// system call per range (~1 us each even for cached pages, thousands per step), and the few missing
+// pages are read when touched. Returns the number of ranges announced.
+int64_t tiered_advise(at::IntArrayRef fds, at::IntArrayRef bases, at::IntArrayRef strides, const at::Tensor& rows,
+                      int64_t page, int64_t gap, int64_t sample) {
+  TORCH_CHECK(fds.size() == strides.size() && fds.size() == bases.size(), "tiered_advise: one base and stride per file");
   TORCH_CHECK(rows.device().is_cpu() && rows.scalar_type() == at::kLong && rows.is_contiguous(),
               "tiered_advise: rows must be a contiguous int64 CPU tensor");
   const int64_t n = rows.numel();
@@ -368,6 +392,17 @@ int64_t tiered_advise(at::IntArrayRef fds, at::IntArrayRef strides, const at::Te
   int64_t ranges = 0;
   for (size_t j = 0; j < fds.size(); ++j) {
     for (int64_t i = 0; i < n; ++i) pages[i] = r[i] * strides[j] / page;
+    if (n > 0 && sample > 0) {  // (the rows come in no particular order: any spread is a sample)
+      const int64_t probes = std::min(sample, n);
+      int64_t missing = 0;
+      for (int64_t p = 0; p < probes; ++p) {
+        const int64_t pg = pages[p * n / probes];
+        unsigned char resident = 0;
+        void* address = reinterpret_cast<void*>(static_cast<uintptr_t>(bases[j] + pg * page));
+        if (mincore(address, static_cast<size_t>(page), &resident) != 0 || !(resident & 1)) ++missing;
+      }
+      if (missing * 8 <= probes) continue;
+    }
     std::sort(pages.begin(), pages.end());
     int64_t i = 0;
     while (i < n) {
@@ -393,7 +428,7 @@ TORCH_LIBRARY(lightrec_tiered, m) {
       "Tensor global_rows, int tick, bool lfu, float headroom, bool best_effort, bool pin) -> Tensor[]");
   m.def("tiered_release(Tensor(a!) pins, Tensor(b!) dirty, Tensor slots, int delta, bool mark_dirty) -> ()");
   m.def("tiered_copy_rows(Tensor[] src, Tensor src_rows, Tensor(a!)[] dst, Tensor dst_rows) -> ()");
-  m.def("tiered_advise(int[] fds, int[] strides, Tensor rows, int page, int gap) -> int");
+  m.def("tiered_advise(int[] fds, int[] bases, int[] strides, Tensor rows, int page, int gap, int sample) -> int");
 }
 
 TORCH_LIBRARY_IMPL(lightrec_tiered, CPU, m) {

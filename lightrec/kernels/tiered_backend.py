@@ -206,7 +206,8 @@ class TieredBatchedLookup:
         stats = self._stats
         for t, adm in admission.parts:
             lo, row_bytes = self.index.cache_offset[t], self.store.row_bytes(t)
-            transfer.parts.append(TablePart(t, adm.victim_slots - lo, adm.victim_rows.cpu(), adm.rows.cpu(), adm.slots - lo))
+            victim_slots, slots = (adm.victim_slots, adm.slots) if lo == 0 else (adm.victim_slots - lo, adm.slots - lo)
+            transfer.parts.append(TablePart(t, victim_slots, adm.victim_rows.cpu(), adm.rows.cpu(), slots))
             fetched, written = adm.rows.numel(), adm.victim_rows.numel()
             stats.rows_fetched += fetched
             stats.rows_written_back += written

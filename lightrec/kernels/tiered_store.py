@@ -47,6 +47,9 @@ _PAGE = mmap.PAGESIZE
 # Pages with this few pages between them are announced as one range: a few unneeded pages read ahead cost the SSD
 # less than a system call (and a trip through the GIL) per page costs the training thread.
 _ADVISE_GAP_PAGES = 4
+# Pages of a batch looked up (mincore) before announcing them: when nearly all are cached (a table
+# that fits in the page cache) the announcements are skipped.
+_RESIDENCY_SAMPLE = 32
 # Stores by the data pointer of each of their tensors (checkpoint code finds a tensor's store).
 _STORES: dict[int, weakref.ref[RowStore]] = {}
 
@@ -200,11 +203,13 @@ class SsdRowStore(RowStore):
         reads them in parallel, so the gather that follows finds them in the page cache."""
         if rows.numel() == 0:
             return
-        files = [(fd, _row_stride(t)) for t in self.tensors(table).values() if (fd := self._fd_of(t)) is not None]
-        if native_tiered_available(torch.device("cpu")):  # one call, the GIL released
+        files = [(fd, t) for t in self.tensors(table).values() if (fd := self._fd_of(t)) is not None]
+        if native_tiered_available(torch.device("cpu")):
+            # one call without the GIL, which also skips a file whose pages are mostly cached already
+            # (a sample looked up with mincore): announcing cached pages costs a system call per range
             torch.ops.lightrec_tiered.tiered_advise(
-                [fd for fd, _ in files], [stride for _, stride in files], rows.long().contiguous(), _PAGE,
-                _ADVISE_GAP_PAGES,
+                [fd for fd, _ in files], [t.data_ptr() for _, t in files], [_row_stride(t) for _, t in files],
+                rows.long().contiguous(), _PAGE, _ADVISE_GAP_PAGES, _RESIDENCY_SAMPLE,
             )  # fmt: skip
             return
         row_ids = rows.numpy()

@@ -166,10 +166,13 @@ def test_native_row_copies_and_read_ahead(tmp_path) -> None:
 
     store = SsdRowStore([100_000], [64], torch.float32, [{"momentum1": ((), torch.float32)}], ["t"], directory=str(tmp_path))
     rows = torch.tensor([5, 6, 70, 99_999, 40_000, 40_016, 40_100, 5])
-    fd = store._fd_of(store.weights[0])
-    ranges = torch.ops.lightrec_tiered.tiered_advise([fd, fd], [256, 4], rows, 4096, 4)
+    weights = store.weights[0]
+    fd, base = store._fd_of(weights), weights.data_ptr()
+    advise = lambda: torch.ops.lightrec_tiered.tiered_advise([fd, fd], [base, base], [256, 4], rows, 4096, 4, 32)  # noqa: E731
     expected_ranges = sum(len(page_ranges(rows.numpy() * stride // 4096, 4)[0]) for stride in (256, 4))
-    assert ranges == expected_ranges
+    assert advise() == expected_ranges  # a fresh file: nothing cached, every range announced
+    weights[rows] += 1.0  # now the pages of those rows are in the page cache: nothing to announce
+    assert torch.ops.lightrec_tiered.tiered_advise([fd], [base], [256], rows, 4096, 4, 32) == 0
 
 
 def test_without_the_native_library_the_torch_path_runs(monkeypatch: pytest.MonkeyPatch) -> None:
