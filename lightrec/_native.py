@@ -48,7 +48,7 @@ class NativeOps:
 
     Attributes:
         fused_update: ``torch.ops.lightrec_cpu.cpu_fused_update`` is registered.
-        tiered: ``torch.ops.lightrec_tiered.{tiered_admit, tiered_release, tiered_copy_rows,
+        tiered: ``torch.ops.lightrec_tiered.{tiered_admit, tiered_touch, tiered_release, tiered_copy_rows,
             tiered_advise}`` are registered.
         shm: ``torch.ops.lightrec_shm.{shm_store, shm_wait, shm_fetch_add}`` are registered (Linux).
         library: path of the loaded shared library.

@@ -16,6 +16,7 @@
 // every id, admit the missing rows (sorted, unique), evicting the `k` unpinned slots of lowest
 // (score, slot) when a table's free slots run out, then touch (and pin) the slots of every id.
 // Eviction never takes a slot that this batch hits (those are pinned while it runs).
+// tiered_touch(...) is the lookup of a batch that its prefetch admitted whole (slots known, pinned).
 //
 // tiered_copy_rows / tiered_advise are the worker thread's copies between the cache and the row
 // store and its POSIX_FADV_WILLNEED announcements: one call each, without the GIL (torch releases
@@ -337,6 +338,28 @@ void tiered_release(at::Tensor pins, at::Tensor dirty, const at::Tensor& slots, 
   }
 }
 
+// The lookup of a batch its prefetch admitted whole: for every id, last_used[s] = tick, freq[s] += 1
+// (LFU), pins[s] += pin_delta.
+void tiered_touch(at::Tensor last_used, at::Tensor freq, at::Tensor pins, const at::Tensor& slots, int64_t tick, bool lfu,
+                  int64_t pin_delta) {
+  TORCH_CHECK(last_used.device().is_cpu() && last_used.is_contiguous() && last_used.scalar_type() == at::kLong &&
+                  freq.device().is_cpu() && freq.is_contiguous() && freq.scalar_type() == at::kLong &&
+                  pins.device().is_cpu() && pins.is_contiguous() && pins.scalar_type() == at::kInt &&
+                  slots.device().is_cpu() && slots.is_contiguous() && slots.scalar_type() == at::kLong,
+              "tiered_touch: last_used / freq (int64), pins (int32) and slots (int64) must be contiguous CPU tensors");
+  int64_t* last = last_used.data_ptr<int64_t>();
+  int64_t* f = freq.data_ptr<int64_t>();
+  int32_t* p = pins.data_ptr<int32_t>();
+  const int64_t* s = slots.data_ptr<int64_t>();
+  const int64_t size = pins.numel();
+  for (int64_t i = 0; i < slots.numel(); ++i) {
+    TORCH_CHECK(s[i] >= 0 && s[i] < size, "tiered_touch: slot ", s[i], " outside [0, ", size, ")");
+    last[s[i]] = tick;
+    if (lfu) ++f[s[i]];
+    p[s[i]] += static_cast<int32_t>(pin_delta);
+  }
+}
+
 // dst[j][dst_rows[i]] = src[j][src_rows[i]] for every tensor pair j and every i: rows of any
 // dtype, unit stride inside a row ([R] or [R, D]), any row stride.
 void tiered_copy_rows(at::TensorList src, const at::Tensor& src_rows, at::TensorList dst, const at::Tensor& dst_rows) {
@@ -427,6 +450,7 @@ TORCH_LIBRARY(lightrec_tiered, m) {
       "Tensor(f!) dirty, Tensor(g!) free_ring, Tensor(h!) free_state, int[] row_offset, int[] cache_offset, "
       "Tensor global_rows, int tick, bool lfu, float headroom, bool best_effort, bool pin) -> Tensor[]");
   m.def("tiered_release(Tensor(a!) pins, Tensor(b!) dirty, Tensor slots, int delta, bool mark_dirty) -> ()");
+  m.def("tiered_touch(Tensor(a!) last_used, Tensor(b!) freq, Tensor(c!) pins, Tensor slots, int tick, bool lfu, int pin_delta) -> ()");
   m.def("tiered_copy_rows(Tensor[] src, Tensor src_rows, Tensor(a!)[] dst, Tensor dst_rows) -> ()");
   m.def("tiered_advise(int[] fds, int[] bases, int[] strides, Tensor rows, int page, int gap, int sample) -> int");
 }
@@ -434,6 +458,7 @@ TORCH_LIBRARY(lightrec_tiered, m) {
 TORCH_LIBRARY_IMPL(lightrec_tiered, CPU, m) {
   m.impl("tiered_admit", &tiered_admit);
   m.impl("tiered_release", &tiered_release);
+  m.impl("tiered_touch", &tiered_touch);
   m.impl("tiered_copy_rows", &tiered_copy_rows);
   m.impl("tiered_advise", &tiered_advise);
 }

@@ -129,7 +129,7 @@ class TieredBatchedLookup:
         weakref.finalize(self, self.queue.close)
         self._row_shift = self._per_feature([self.index.row_offset[t] for t in self.ftm])
         self._slot_shift = self._per_feature([self.index.cache_offset[t] for t in self.ftm])
-        self._reservations: collections.deque[torch.Tensor] = collections.deque()
+        self._reservations: collections.deque[_Reservation] = collections.deque()
         self.generation = 0  # bumped by invalidate(): a backward of an older lookup updates nothing
         self._stats = TieredCacheStats(cache_rows=sum(self.cache_rows))
 
@@ -224,17 +224,26 @@ class TieredBatchedLookup:
         prefetched = bool(self._reservations)
         placeholder = weight_inputs[0] if weight_inputs else None
         training = torch.is_grad_enabled() and placeholder is not None and placeholder.requires_grad
-        transfer, admission = self._admit(global_rows, self.index.tick + 1, best_effort=False, pin=training)
-        self.index.tick += 1
-        self.queue.run_now(transfer)
         stats = self._stats
         stats.lookups += 1
-        if not prefetched:
-            stats.requested_ids += global_rows.numel()
-            stats.missed_ids += admission.missed_ids
-        slots = admission.slots
-        if self._reservations:  # this batch's prefetch pins are superseded by the lookup's own
-            self.index.release(self._reservations.popleft(), updated=False)
+        reserved = self._reservations[0] if prefetched else None
+        if reserved is not None and reserved.complete and torch.equal(reserved.rows, global_rows):
+            # its prefetch admitted every row, and pinned slots stay put: only the touch is left, and
+            # each id's prefetch pin becomes the lookup's (the same state as admitting it again)
+            self._reservations.popleft()
+            self.index.tick += 1
+            self.index.touch_reserved(reserved.slots, self.index.tick, keep_pins=training)
+            slots = reserved.slots
+        else:
+            transfer, admission = self._admit(global_rows, self.index.tick + 1, best_effort=False, pin=training)
+            self.index.tick += 1
+            self.queue.run_now(transfer)
+            if not prefetched:
+                stats.requested_ids += global_rows.numel()
+                stats.missed_ids += admission.missed_ids
+            slots = admission.slots
+            if self._reservations:  # this batch's prefetch pins are superseded by the lookup's own
+                self.index.release(self._reservations.popleft().slots, updated=False)
         local = slots if self._slot_shift is None else slots - self._shift(self._slot_shift, offsets, batch.batch_size, slots.numel())
         request = LookupBatch(local, offsets, batch.per_sample_weights, batch.batch_size, True, batch.singletons)
         if not training:
@@ -256,7 +265,8 @@ class TieredBatchedLookup:
         if not self.tiering.prefetch or indices.numel() == 0:
             return
         batch = (offsets.numel() - 1) // max(len(self.ftm), 1)
-        global_rows = self._global_rows(indices, offsets.long(), batch)
+        # a copy: the caller may refill its id buffer while the worker reads this one
+        global_rows = self._global_rows(indices, offsets.long(), batch).clone()
         if self.index.native:
             self.queue.submit_call(functools.partial(self._prefetch_now, global_rows, self.index.tick + 1, True))
         else:
@@ -266,9 +276,11 @@ class TieredBatchedLookup:
         transfer, admission = self._admit(global_rows, tick, best_effort=True, pin=True)
         self._stats.requested_ids += global_rows.numel()
         self._stats.missed_ids += admission.missed_ids
-        self._reservations.append(admission.slots)  # ids left out (-1) hold no pin: release() skips them
+        slots = admission.slots  # ids left out (-1) hold no pin: release() skips them
+        complete = not admission.missed_ids or bool((slots >= 0).all())
+        self._reservations.append(_Reservation(global_rows, slots, complete))
         while len(self._reservations) > _MAX_RESERVATIONS:
-            self.index.release(self._reservations.popleft(), updated=False)
+            self.index.release(self._reservations.popleft().slots, updated=False)
         if on_worker:
             self.queue.run_here(transfer)
         else:
@@ -353,6 +365,16 @@ class TieredBatchedLookup:
     def close(self) -> None:
         """Stop the worker thread (after its queued transfers)."""
         self.queue.close()
+
+
+@dataclass
+class _Reservation:
+    """A prefetched batch awaiting its lookup: its ``[N]`` global rows, the slot of each (-1: left
+    out, no room) pinned once per id, and whether every id got a slot."""
+
+    rows: torch.Tensor
+    slots: torch.Tensor
+    complete: bool
 
 
 class _TieredLookup(torch.autograd.Function):

@@ -169,6 +169,20 @@ class CacheIndex:
             self.mark_dirty(slots)
         self.pin(slots, -1)
 
+    def touch_reserved(self, slots: torch.Tensor, tick: int, keep_pins: bool) -> None:
+        """The lookup of a batch whose prefetch admitted every row (``slots``, pinned once per id):
+        touch them at ``tick``, and keep each id's pin for the lookup or (``keep_pins=False``) drop it.
+        The same state as admitting the batch again, pinning it and releasing the prefetch's pins."""
+        if self.native:
+            torch.ops.lightrec_tiered.tiered_touch(
+                self.last_used, self.freq, self.pins, slots.long().contiguous(), tick, self.algorithm == "lfu",
+                0 if keep_pins else -1,
+            )  # fmt: skip
+            return
+        self.touch(slots, tick)
+        if not keep_pins:
+            self.pin(slots, -1)
+
     # ---- one batch -----------------------------------------------------------------------------
     def admit_batch(self, global_rows: torch.Tensor, tick: int, best_effort: bool, pin: bool) -> BatchAdmission:
         """Admit the uncached rows among ``global_rows`` (``[N]`` int64, one per id), then touch the

@@ -184,3 +184,40 @@ def test_without_the_native_library_the_torch_path_runs(monkeypatch: pytest.Monk
     assert adm.missed_ids == 3 and adm.slots.tolist() == [0, 1, 0]
     with pytest.raises(ValueError, match=r"native=True"):
         CacheIndex([10], [4], "lru", 0.0, ["t"], torch.device("cpu"), native=True)
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "torch"])
+@pytest.mark.parametrize("keep_pins", [True, False], ids=["training", "no-grad"])
+def test_the_lookup_of_a_whole_prefetch_equals_admitting_it_again(native: bool, keep_pins: bool) -> None:
+    """``touch_reserved`` (the lookup's shortcut when its prefetch admitted every row) leaves the
+    state that admitting the batch again, pinning it and releasing the prefetch's pins leaves."""
+    shortcut, full = (CacheIndex(ROWS, CACHE, "lfu", 0.1, ["a", "b", "c"], torch.device("cpu"), native=native) for _ in range(2))
+    gen = torch.Generator().manual_seed(4)
+    for step in range(40):
+        rows = torch.randint(0, 950, (24,), generator=gen)
+        tick = 2 * step + 1
+        prefetched = [index.admit_batch(rows, tick, best_effort=True, pin=True) for index in (shortcut, full)]
+        assert bool((prefetched[0].slots >= 0).all())
+        shortcut.touch_reserved(prefetched[0].slots, tick + 1, keep_pins=keep_pins)
+        looked_up = full.admit_batch(rows, tick + 1, best_effort=False, pin=keep_pins)
+        full.release(prefetched[1].slots, updated=False)
+        assert torch.equal(looked_up.slots, prefetched[0].slots) and looked_up.missed_ids == 0
+        for name in STATE:
+            assert torch.equal(getattr(shortcut, name), getattr(full, name)), name
+        if keep_pins:  # the backward
+            shortcut.release(prefetched[0].slots, updated=True)
+            full.release(looked_up.slots, updated=True)
+
+
+def test_a_prefetch_keeps_its_own_copy_of_the_ids(tmp_path) -> None:
+    """A caller that refills its id buffer after the prefetch: the lookup of the new ids is served
+    right (the prefetch's shortcut compares against a copy, and the worker reads the copy)."""
+    spec = FusedOptimizerSpec(EmbOptimType.SGD, learning_rate=0.1)
+    tiering = TieringConfig("ssd", cache_rows=64, ssd_storage_directory=str(tmp_path))
+    module = BatchedEmbeddingBag([(500, 4)], optimizer=spec, kernel_backend="torch", tiering=tiering)
+    ref = BatchedEmbeddingBag([(500, 4)], optimizer=spec, kernel_backend="torch")
+    ref.load_state_dict(module.state_dict())
+    buffer, offsets = torch.arange(10, 30), torch.tensor([0, 10, 20])
+    module.prefetch(buffer, offsets)
+    buffer.copy_(torch.arange(200, 220))  # refilled in place before the lookup
+    assert torch.equal(module(buffer, offsets), ref(buffer, offsets))
