@@ -164,7 +164,7 @@ def _copy_rows(src: dict[str, torch.Tensor], src_rows: torch.Tensor, dst: dict[s
 
     Between CPU tensors of one dtype this is one native call (``tiered_copy_rows``: each row copied
     once, straight from its source to its target, without the GIL); otherwise a gather into a
-    temporary and a scatter (across devices, asynchronously from pinned memory).
+    temporary and a scatter (host -> GPU without blocking the worker; the side stream orders it).
     """
     names = list(dst)
     sources, targets = [src[n] for n in names], [dst[n] for n in names]
@@ -175,8 +175,10 @@ def _copy_rows(src: dict[str, torch.Tensor], src_rows: torch.Tensor, dst: dict[s
         )
         return
     for a, b in zip(sources, targets, strict=True):
-        index = src_rows.to(a.device)
-        values = a.index_select(0, index).to(b.device, b.dtype, non_blocking=True)
+        values = a.index_select(0, src_rows.to(a.device))
+        # host -> GPU may run asynchronously (the side stream orders it); GPU -> host must be done
+        # before the store's copy reads it
+        values = values.to(b.device, b.dtype, non_blocking=b.device.type == "cuda")
         b.index_copy_(0, dst_rows.to(b.device), values)
 
 
