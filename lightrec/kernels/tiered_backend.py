@@ -9,9 +9,11 @@ as if it were the table::
                    lowest-scored unpinned slots, writing dirty ones back); the cache kernel looks
                    up the slots, and its backward -- the fused update -- updates the cached rows,
                    which become dirty. The slots stay pinned until that backward has run.
-    prefetch(ids)  the same for a later batch, with the copies on a worker thread while the current
-                   batch trains (``SparseDistPipeline.prefetch``, ``SparseDistPrefetch``); its slots
-                   stay pinned until it is looked up
+    prefetch(ids)  the same for a later batch, on a worker thread while the current batch trains
+                   (``SparseDistPipeline.prefetch``, ``SparseDistPrefetch``): the copies, and on CPU
+                   the bookkeeping too (native, without the GIL; the backward's releases queue behind
+                   it). Its slots stay pinned until it is looked up; a lookup whose prefetch admitted
+                   every row only touches its slots
     flush()        dirty rows back to the store: the split views then hold every row's current value
     invalidate()   forget the cache (after the store was written from outside: a checkpoint load)
 
@@ -288,7 +290,7 @@ class TieredBatchedLookup:
 
     def _release(self, slots: torch.Tensor, updated: bool) -> None:
         """Unpin a lookup's slots (dirty when ``updated``): behind the queued bookkeeping, if any."""
-        if self.index.native and self.queue.busy:
+        if self.index.native and self.queue.busy and not self.queue.on_worker():
             self.queue.submit_call(functools.partial(self.index.release, slots, updated))
         else:
             self.index.release(slots, updated)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,6 +85,7 @@ class TransferQueue:
         self.store, self.cache_views, self.device = store, cache_views, device
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: list[concurrent.futures.Future[Any]] = []
+        self._worker_ident: int | None = None
         self._stream = torch.cuda.Stream(device=device) if device.type == "cuda" else None
 
     # ---- the two ways to run a transfer ---------------------------------------------------------
@@ -103,8 +105,17 @@ class TransferQueue:
 
     def _worker(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._executor is None:
-            self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lightrec-tiered-io")
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="lightrec-tiered-io", initializer=self._remember_worker
+            )
         return self._executor
+
+    def _remember_worker(self) -> None:
+        self._worker_ident = threading.get_ident()
+
+    def on_worker(self) -> bool:
+        """Whether the calling thread is the worker (e.g. a finalizer run by its garbage collection)."""
+        return threading.get_ident() == self._worker_ident
 
     def run_here(self, transfer: Transfer) -> None:
         """Run ``transfer`` on the calling thread now, whatever is queued (the worker's own calls)."""
