@@ -11,8 +11,10 @@ The tables of one kernel share one slot space; table ``t`` owns the slots
     pins       [sum C]  lookups whose backward has not run yet, and prefetched batches not yet
                         looked up, that use the slot: a pinned slot is never evicted
     dirty      [sum C]  updated since its row came in (written back when evicted or flushed)
+    free_ring  [sum C]  per table, a ring of its free global slots over its slot range
+    free_state [2, T]   per table, the ring's head (offset in the range) and count (on the CPU)
 
-Everything is a tensor on the cache's device and every per-id update is one scatter (no sort, no
+Everything else is a tensor on the cache's device and every per-id update is one scatter (no sort, no
 unique) so that a lookup whose rows are all cached costs a gather and a few scatters. Eviction runs
 only when a table's free slots run out and then frees at least ``headroom`` of its cache at once:
 the ``k`` unpinned slots with the lowest score (``last_used``, or ``freq`` then ``last_used``),
