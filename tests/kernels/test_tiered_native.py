@@ -17,7 +17,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightrec._native import native_ops
 from lightrec.kernels import (
     BatchedEmbeddingBag,
     CacheFullError,
@@ -30,9 +29,9 @@ from lightrec.kernels.tiered_cache import BatchAdmission, CacheIndex, native_tie
 from lightrec.kernels.tiered_store import SsdRowStore, page_ranges
 from lightrec.modules import PoolingType
 
-pytestmark = pytest.mark.skipif(
-    native_ops() is None or not native_ops().tiered,  # type: ignore[union-attr]
-    reason="the native ops could not be built here (a NativeUnavailableWarning says why)",
+needs_native = pytest.mark.skipif(
+    not native_tiered_available(torch.device("cpu")),
+    reason="the native ops could not be built here (a NativeUnavailableWarning says why) or LIGHTREC_TIERED_NATIVE=0",
 )
 
 ROWS, CACHE = [400, 250, 300], [40, 25, 30]
@@ -55,6 +54,7 @@ def _assert_same(a: BatchAdmission, b: BatchAdmission, native: CacheIndex, torch
         assert torch.equal(getattr(native, name), getattr(torch_index, name)), name
 
 
+@needs_native
 @pytest.mark.parametrize("algorithm", ["lru", "lfu"])
 @pytest.mark.parametrize("headroom", [0.0, 0.2])
 def test_native_bookkeeping_equals_the_torch_path(algorithm: str, headroom: float) -> None:
@@ -91,6 +91,7 @@ def test_native_bookkeeping_equals_the_torch_path(algorithm: str, headroom: floa
     assert evicted > 100 and 0 < refused < 40  # evictions of dirty rows all along; some refusals too
 
 
+@needs_native
 def test_a_batch_too_big_is_refused_the_same_way_and_changes_nothing() -> None:
     native, reference = _pair("lru", 0.0)
     for index in (native, reference):
@@ -133,6 +134,7 @@ def _train(monkeypatch: pytest.MonkeyPatch, native: bool, tmp_path) -> tuple[Bat
     return module, outputs
 
 
+@needs_native
 def test_a_tiered_table_trains_the_same_with_and_without_the_native_ops(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     native, native_out = _train(monkeypatch, True, tmp_path)
     reference, reference_out = _train(monkeypatch, False, tmp_path)
@@ -150,6 +152,7 @@ def test_a_tiered_table_trains_the_same_with_and_without_the_native_ops(monkeypa
             assert torch.equal(torch.as_tensor(sa[name][key]), torch.as_tensor(sb[name][key])), (name, key)
 
 
+@needs_native
 def test_native_row_copies_and_read_ahead(tmp_path) -> None:
     gen = torch.Generator().manual_seed(3)
     src = [torch.randn(50, 6, generator=gen), torch.randn(50, generator=gen), torch.randn(80, 16, generator=gen)[:, 3:9]]
@@ -186,7 +189,7 @@ def test_without_the_native_library_the_torch_path_runs(monkeypatch: pytest.Monk
         CacheIndex([10], [4], "lru", 0.0, ["t"], torch.device("cpu"), native=True)
 
 
-@pytest.mark.parametrize("native", [True, False], ids=["native", "torch"])
+@pytest.mark.parametrize("native", [pytest.param(True, marks=needs_native), False], ids=["native", "torch"])
 @pytest.mark.parametrize("keep_pins", [True, False], ids=["training", "no-grad"])
 def test_the_lookup_of_a_whole_prefetch_equals_admitting_it_again(native: bool, keep_pins: bool) -> None:
     """``touch_reserved`` (the lookup's shortcut when its prefetch admitted every row) leaves the
