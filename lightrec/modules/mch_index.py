@@ -47,6 +47,8 @@ class SlotIndex:
         self.device = torch.device("meta")
         self.ids = self.slots = _empty(self.device)
         self.queues: list[torch.Tensor] = []
+        self.queue_flat = _empty(self.device)  # the queues one after the other (``queues`` are views of it)
+        self.queue_starts: list[int] = [0]
         self.free_len: list[int] = []
         self.cursor: list[int] = []
         self.round_iter = 0
@@ -77,7 +79,12 @@ class SlotIndex:
 
     def set_queues(self, queues: list[torch.Tensor], free_len: list[int], round_iter: int) -> None:
         """New hand-out queues, one per local bucket: ``free_len[b]`` free slots, then victims."""
-        self.queues, self.free_len, self.cursor = list(queues), list(free_len), [0] * len(queues)
+        self.queue_flat = torch.cat(queues) if queues else _empty(self.device)
+        self.queue_starts = [0]
+        for queue in queues:
+            self.queue_starts.append(self.queue_starts[-1] + queue.numel())
+        self.queues = [self.queue_flat[a:b] for a, b in zip(self.queue_starts[:-1], self.queue_starts[1:])]
+        self.free_len, self.cursor = list(free_len), [0] * len(queues)
         self.round_iter = round_iter
 
     def compact(self, slot_ids: torch.Tensor) -> None:

@@ -22,6 +22,7 @@ import torch
 from lightrec.modules.mc_eviction import MCHEvictionPolicy
 from lightrec.modules.mc_ops import EMPTY_ID, block_bucket, mix64
 from lightrec.modules.mch_index import SlotIndex
+from lightrec.modules.mch_native import native_lookup_insert, native_step_available
 from lightrec.modules.mch_slots import BucketLayout, priority_order, round_cut
 
 __all__ = ["MCHSteps", "StepStats"]
@@ -106,6 +107,8 @@ class MCHSteps:
         return local + self._output_global_offset if self._output_global_offset else local
 
     def _lookup_and_insert(self, values: torch.Tensor, default: torch.Tensor | int, it: int) -> torch.Tensor:
+        if native_step_available(self._mch_sorted_raw_ids.device) and values.device.type == "cpu":
+            return self._native_lookup_and_insert(values, it)
         slots, hit = self._ensure_index().lookup(self._mch_sorted_raw_ids, values)
         local = torch.where(hit, slots, default)
         self._mch_last_access_iter.index_fill_(0, local, it)  # default rows too: they are never victims
@@ -124,6 +127,23 @@ class MCHSteps:
                 self._stats.default_lookups += missed.numel() - int(placed.sum())
             got = torch.where(placed, got, default if isinstance(default, int) else default.index_select(0, missed))
         return local.index_copy_(0, missed, got)
+
+    def _native_lookup_and_insert(self, values: torch.Tensor, it: int) -> torch.Tensor:
+        """``_lookup_and_insert`` as one native op (``mch_native``): the same decisions."""
+        block = -(-self._input_hash_size // self._buckets)
+        state = (self._mch_sorted_raw_ids, self._mch_last_access_iter, self._counts(),
+                 self._mch_admission_counts if self._admission_threshold > 1 else None)  # fmt: skip
+        done = native_lookup_insert(values.contiguous(), self._ensure_index(), self._layout, state,
+                                    (self._buckets, block), it, self._admission_threshold)  # fmt: skip
+        if done.evicted.numel():
+            self._pending_evictions.append(done.evicted)
+            self._stats.evicted += done.evicted.numel()
+        if done.waiting_ids.numel():
+            self._history.append((done.waiting_ids, done.waiting_counts, torch.full_like(done.waiting_ids, it)))
+        self._stats.inserted += done.inserted
+        if it % self._eviction_interval:  # (a round follows otherwise, and counts them itself)
+            self._stats.default_lookups += done.unplaced
+        return done.rows
 
     def _insert(self, uniq: torch.Tensor, cnt: torch.Tensor, it: int) -> tuple[torch.Tensor, bool]:
         """Rows for new ids ``uniq`` (ascending) seen ``cnt`` times: ``([U] local slot or -1, all placed)``."""
@@ -179,7 +199,9 @@ class MCHSteps:
         by_id = torch.sort(placed_ids)
         index.insert(by_id.values, slot.index_select(0, by_id.indices))
         positions = placed if cand is None else cand.index_select(0, placed)
-        return torch.full_like(uniq, -1).index_copy_(0, positions, slot), not shortage
+        # ids not admitted yet (cand) are not placed either: they go to the default row
+        all_placed = not shortage and (cand is None or cand.numel() == uniq.numel())
+        return torch.full_like(uniq, -1).index_copy_(0, positions, slot), all_placed
 
     def _sketch_index(self, ids: torch.Tensor) -> torch.Tensor:
         """Admission counter of each id: a hashed slot inside its bucket's segment (so that the

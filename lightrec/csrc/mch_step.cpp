@@ -1,0 +1,321 @@
+// The training step of a managed-collision table on CPU: look a batch of raw ids up and hand rows to
+// the new ones, in one pass instead of some forty small tensor operations.
+//
+// Registered as torch.ops.lightrec_mch.lookup_insert (built at first use by lightrec/_native.py;
+// lightrec/modules/mch_native.py is the Python side and documents the arguments and results). It
+// makes exactly the decisions of the torch-op path, step by step:
+//
+//   lookup      mch_index.SlotIndex.lookup      last entry <= id of the sorted index, verified
+//                                               against the slot state
+//   bookkeeping mch_step._lookup_and_insert     last access of every row looked up, counts of hits
+//   new ids     torch.unique                    ascending, with their lookups in the step
+//   admission   mch_step._insert/_sketch_index  hashed counters inside the id's bucket segment
+//   rows        mch_index.SlotIndex.take        free rows, then victims not seen since the round
+//   shortage    mch_slots.priority_order        more lookups first, then smaller id (stable)
+//   placing     mch_step._occupy                slot state, last access, counts
+//   index       mch_index.SlotIndex.insert      merged after any stale entry of the same id
+//
+// tests/modules/test_mch_native.py runs both paths side by side over many steps and compares
+// every decision.
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace {
+
+using at::Tensor;
+
+// SplitMix64's finaliser (lightrec.modules.mc_ops.mix64: the same bits as torch's wrapping int64 ops).
+inline int64_t mix64(int64_t x) {
+  uint64_t z = static_cast<uint64_t>(x) + 0x9E3779B97F4A7C15ULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return static_cast<int64_t>(z ^ (z >> 31));
+}
+
+inline int64_t floor_div(int64_t a, int64_t b) {  // b > 0
+  const int64_t q = a / b;
+  return (a % b != 0 && a < 0) ? q - 1 : q;
+}
+
+inline int64_t remainder(int64_t a, int64_t b) {  // b > 0, torch.remainder's sign rule
+  const int64_t r = a % b;
+  return r < 0 ? r + b : r;
+}
+
+// The module's local buckets (mch_slots.BucketLayout) and the routing of ids to them (mc_ops.block_bucket).
+struct Layout {
+  const int64_t* bounds;  // [nl + 1] local slot offsets
+  int64_t nl, start_bucket, buckets, block;
+
+  inline int64_t local_bucket(int64_t id) const {
+    if (nl == 1) return 0;
+    const int64_t global = buckets == 1 ? 0 : std::min(floor_div(id, block), buckets - 1);
+    return std::clamp<int64_t>(global - start_bucket, 0, nl - 1);
+  }
+  inline int64_t default_slot(int64_t b) const { return bounds[b + 1] - 1; }
+  inline int64_t sketch(int64_t id) const {  // admission counter of an id (mch_step._sketch_index)
+    const int64_t b = local_bucket(id);
+    return bounds[b] + remainder(mix64(id), bounds[b + 1] - bounds[b]);
+  }
+};
+
+// The hand-out queues (mch_index.SlotIndex: per bucket free slots, then victims; a cursor each).
+struct Queues {
+  const int64_t* flat;    // [Q] all buckets' queues, one after the other
+  const int64_t* starts;  // [nl + 1] offsets into flat
+  const int64_t* free_len;
+  int64_t* cursor;
+  int64_t round_iter;
+
+  // Up to n rows of bucket b appended to `rows` (free first, then victims, also appended to
+  // `victims`); returns how many.
+  int64_t take(int64_t b, int64_t n, const int64_t* last_seen, std::vector<int64_t>& rows,
+               std::vector<int64_t>& victims) const {
+    const int64_t* queue = flat + starts[b];
+    const int64_t len = starts[b + 1] - starts[b];
+    const int64_t cur = cursor[b], free_end = free_len[b];
+    if (cur + n <= free_end) {
+      rows.insert(rows.end(), queue + cur, queue + cur + n);
+      cursor[b] = cur + n;
+      return n;
+    }
+    const int64_t free = std::max<int64_t>(free_end - cur, 0);
+    rows.insert(rows.end(), queue + cur, queue + cur + free);
+    const int64_t need = n - free;
+    int64_t picked = 0, j = std::max(cur, free_end);
+    for (; j < len && picked < need; ++j) {  // every entry looked at is used up
+      if (last_seen[queue[j]] <= round_iter) {
+        rows.push_back(queue[j]);
+        victims.push_back(queue[j]);
+        ++picked;
+      }
+    }
+    cursor[b] = j;
+    return free + picked;
+  }
+};
+
+// pos[i]: the last entry of sorted[0, l) that is <= v[i] (0 when none is: torch.searchsorted(right=True)
+// - 1, clamped at 0). Branch-free searches, several at once so that their memory reads overlap (a
+// plain std::upper_bound mispredicts about every other step: most of the step's time).
+void last_entry_at_most(const int64_t* sorted, int64_t l, const int64_t* v, int64_t n, int64_t* pos) {
+  constexpr int64_t kLanes = 16;
+  for (int64_t i0 = 0; i0 < n; i0 += kLanes) {
+    const int64_t m = std::min(kLanes, n - i0);
+    const int64_t* base[kLanes];
+    for (int64_t k = 0; k < m; ++k) base[k] = sorted;
+    for (int64_t len = l; len > 1;) {
+      const int64_t half = len / 2;
+      for (int64_t k = 0; k < m; ++k) base[k] = base[k][half] <= v[i0 + k] ? base[k] + half : base[k];
+      len -= half;
+    }
+    for (int64_t k = 0; k < m; ++k) pos[i0 + k] = base[k] - sorted;
+  }
+}
+
+void check_state(const Tensor& t, int64_t size, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kLong && t.is_contiguous() && t.dim() == 1,
+              "lightrec_mch.lookup_insert: ", name, " must be a contiguous 1-d int64 CPU tensor");
+  TORCH_CHECK(size < 0 || t.numel() == size, "lightrec_mch.lookup_insert: ", name, " has ", t.numel(),
+              " elements, expected ", size);
+}
+
+Tensor from_vector(const std::vector<int64_t>& v) {
+  Tensor out = at::empty({static_cast<int64_t>(v.size())}, at::kLong);
+  std::copy(v.begin(), v.end(), out.data_ptr<int64_t>());
+  return out;
+}
+
+// Returns (rows [N], index ids [L + P] or [0], index slots, evicted rows [E], waiting ids [W],
+// their lookups [W], info [2 + nl]: ids left in the default row, ids placed, the cursors).
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lookup_insert(
+    const Tensor& values, Tensor slot_ids, Tensor last_access, const c10::optional<Tensor>& counts,
+    const c10::optional<Tensor>& admission_counts, const Tensor& index_ids, const Tensor& index_slots,
+    const Tensor& queue, at::IntArrayRef queue_starts, at::IntArrayRef free_len, at::IntArrayRef cursor,
+    at::IntArrayRef bounds, int64_t start_bucket, int64_t buckets, int64_t block, int64_t it, int64_t round_iter,
+    int64_t admission_threshold) {
+  const int64_t nl = static_cast<int64_t>(bounds.size()) - 1;
+  TORCH_CHECK(nl >= 1 && static_cast<int64_t>(queue_starts.size()) == nl + 1 &&
+                  static_cast<int64_t>(free_len.size()) == nl && static_cast<int64_t>(cursor.size()) == nl,
+              "lightrec_mch.lookup_insert: bounds, queue_starts, free_len and cursor disagree on the buckets");
+  TORCH_CHECK(buckets == 1 || block > 0, "lightrec_mch.lookup_insert: block must be positive");
+  const int64_t z = slot_ids.numel();
+  check_state(values, -1, "values");
+  check_state(slot_ids, -1, "slot_ids");
+  check_state(last_access, z, "last_access");
+  check_state(index_ids, -1, "index_ids");
+  check_state(index_slots, index_ids.numel(), "index_slots");
+  check_state(queue, queue_starts[nl], "queue");
+  if (counts.has_value()) check_state(*counts, z, "counts");
+  if (admission_counts.has_value()) check_state(*admission_counts, z, "admission_counts");
+  TORCH_CHECK(bounds[nl] == z, "lightrec_mch.lookup_insert: bounds end at ", bounds[nl], ", the state has ", z,
+              " slots");
+
+  const Layout layout{bounds.data(), nl, start_bucket, buckets, block};
+  std::vector<int64_t> cursors(cursor.begin(), cursor.end());
+  const Queues queues{queue.data_ptr<int64_t>(), queue_starts.data(), free_len.data(), cursors.data(), round_iter};
+  const int64_t n = values.numel();
+  const int64_t* v = values.data_ptr<int64_t>();
+  int64_t* sid = slot_ids.data_ptr<int64_t>();
+  int64_t* last = last_access.data_ptr<int64_t>();
+  int64_t* cnt_state = counts.has_value() ? counts->data_ptr<int64_t>() : nullptr;
+  const int64_t l = index_ids.numel();
+  const int64_t* ids = index_ids.data_ptr<int64_t>();
+  const int64_t* islots = index_slots.data_ptr<int64_t>();
+
+  // 1. lookup; every row looked up (default rows too) is marked seen, hits are counted
+  Tensor rows_t = at::empty({n}, at::kLong);
+  int64_t* rows = rows_t.data_ptr<int64_t>();
+  std::vector<int64_t> pos(n, 0);
+  if (l > 0) last_entry_at_most(ids, l, v, n, pos.data());
+  std::vector<int64_t> missed;
+  for (int64_t i = 0; i < n; ++i) {
+    bool hit = false;
+    int64_t slot = 0;
+    if (l > 0) {
+      slot = islots[pos[i]];
+      TORCH_CHECK(slot >= 0 && slot < z, "lightrec_mch.lookup_insert: the index names slot ", slot,
+                  " outside [0, ", z, ")");
+      hit = sid[slot] == v[i];
+    }
+    rows[i] = hit ? slot : layout.default_slot(layout.local_bucket(v[i]));
+    last[rows[i]] = it;
+    if (hit && cnt_state != nullptr) ++cnt_state[slot];
+    if (!hit) missed.push_back(i);
+  }
+  Tensor none = at::empty({0}, at::kLong);
+  std::vector<int64_t> info(2 + nl, 0);
+  if (missed.empty()) {
+    std::copy(cursors.begin(), cursors.end(), info.begin() + 2);
+    return {rows_t, none, none, none, none, none, from_vector(info)};
+  }
+
+  // 2. the new ids, ascending, with their lookups in the step; inverse[k]: the id of missed[k]
+  std::vector<int64_t> order(missed.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return v[missed[a]] < v[missed[b]]; });
+  std::vector<int64_t> uniq, ucnt, inverse(missed.size());
+  for (int64_t k : order) {
+    const int64_t id = v[missed[k]];
+    if (uniq.empty() || uniq.back() != id) {
+      uniq.push_back(id);
+      ucnt.push_back(0);
+    }
+    ++ucnt.back();
+    inverse[k] = static_cast<int64_t>(uniq.size()) - 1;
+  }
+  const int64_t u = static_cast<int64_t>(uniq.size());
+
+  // 3. admission: candidates are the new ids whose counter reached the threshold (all without admission)
+  std::vector<int64_t> cand;  // positions in uniq, ascending
+  const bool admission = admission_threshold > 1;
+  if (admission) {
+    TORCH_CHECK(admission_counts.has_value(), "lightrec_mch.lookup_insert: admission needs admission_counts");
+    int64_t* adm = admission_counts->data_ptr<int64_t>();
+    std::vector<int64_t> sketch(u);
+    for (int64_t k = 0; k < u; ++k) {
+      sketch[k] = layout.sketch(uniq[k]);
+      adm[sketch[k]] += ucnt[k];
+    }
+    for (int64_t k = 0; k < u; ++k)
+      if (adm[sketch[k]] >= admission_threshold) cand.push_back(k);
+  } else {
+    cand.resize(u);
+    std::iota(cand.begin(), cand.end(), 0);
+  }
+
+  // 4. rows, bucket by bucket (ascending ids are grouped by bucket)
+  std::vector<int64_t> slot, victims, placed, waiting;  // placed / waiting: positions in cand
+  for (size_t first = 0; first < cand.size();) {
+    const int64_t b = layout.local_bucket(uniq[cand[first]]);
+    size_t end = first + 1;
+    while (end < cand.size() && layout.local_bucket(uniq[cand[end]]) == b) ++end;
+    const int64_t want = static_cast<int64_t>(end - first);
+    const int64_t got = queues.take(b, want, last, slot, victims);
+    const size_t mine = placed.size();
+    for (size_t k = first; k < end; ++k) placed.push_back(static_cast<int64_t>(k));
+    if (got < want) {  // rows ran short: the ids with more lookups in the step go first
+      std::stable_sort(placed.begin() + mine, placed.end(),
+                       [&](int64_t a, int64_t c) { return ucnt[cand[a]] > ucnt[cand[c]]; });
+      waiting.insert(waiting.end(), placed.begin() + mine + got, placed.end());
+      placed.resize(mine + got);
+    }
+    first = end;
+  }
+
+  // 5. the placed ids take their rows; they join the index (ascending), after any stale entry
+  std::vector<int64_t> got_of_uniq(u, -1);
+  std::vector<std::pair<int64_t, int64_t>> fresh(placed.size());  // (id, slot)
+  for (size_t k = 0; k < placed.size(); ++k) {
+    const int64_t q = cand[placed[k]], s = slot[k];
+    sid[s] = uniq[q];
+    last[s] = it;
+    if (cnt_state != nullptr) cnt_state[s] = ucnt[q];
+    got_of_uniq[q] = s;
+    fresh[k] = {uniq[q], s};
+  }
+  Tensor new_ids = none, new_slots = none;
+  if (!fresh.empty()) {
+    std::sort(fresh.begin(), fresh.end());
+    const int64_t total = l + static_cast<int64_t>(fresh.size());
+    new_ids = at::empty({total}, at::kLong);
+    new_slots = at::empty({total}, at::kLong);
+    int64_t* oi = new_ids.data_ptr<int64_t>();
+    int64_t* os = new_slots.data_ptr<int64_t>();
+    int64_t a = 0, out = 0;
+    for (const auto& [id, s] : fresh) {
+      for (; a < l && ids[a] <= id; ++a, ++out) {
+        oi[out] = ids[a];
+        os[out] = islots[a];
+      }
+      oi[out] = id;
+      os[out++] = s;
+    }
+    for (; a < l; ++a, ++out) {
+      oi[out] = ids[a];
+      os[out] = islots[a];
+    }
+  }
+
+  // 6. every missed position gets its id's row, or its bucket's default row
+  int64_t unplaced = 0;
+  for (size_t k = 0; k < missed.size(); ++k) {
+    const int64_t s = got_of_uniq[inverse[k]];
+    if (s >= 0) {
+      rows[missed[k]] = s;
+    } else {
+      rows[missed[k]] = layout.default_slot(layout.local_bucket(v[missed[k]]));
+      ++unplaced;
+    }
+  }
+  std::vector<int64_t> wait_ids(waiting.size()), wait_cnt(waiting.size());
+  for (size_t k = 0; k < waiting.size(); ++k) {
+    wait_ids[k] = uniq[cand[waiting[k]]];
+    wait_cnt[k] = ucnt[cand[waiting[k]]];
+  }
+  info[0] = unplaced;
+  info[1] = static_cast<int64_t>(placed.size());
+  std::copy(cursors.begin(), cursors.end(), info.begin() + 2);
+  return {rows_t, new_ids, new_slots, from_vector(victims), from_vector(wait_ids), from_vector(wait_cnt),
+          from_vector(info)};
+}
+
+}  // namespace
+
+TORCH_LIBRARY(lightrec_mch, m) {
+  m.def(
+      "lookup_insert(Tensor values, Tensor(a!) slot_ids, Tensor(b!) last_access, Tensor(c!)? counts, "
+      "Tensor(d!)? admission_counts, Tensor index_ids, Tensor index_slots, Tensor queue, int[] queue_starts, "
+      "int[] free_len, int[] cursor, int[] bounds, int start_bucket, int buckets, int block, int it, "
+      "int round_iter, int admission_threshold) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(lightrec_mch, CPU, m) { m.impl("lookup_insert", &lookup_insert); }
