@@ -5,15 +5,17 @@
 // lightrec/modules/mch_native.py is the Python side and documents the arguments and results). It
 // makes exactly the decisions of the torch-op path, step by step:
 //
-//   lookup      mch_index.SlotIndex.lookup      last entry <= id of the sorted index, verified
-//                                               against the slot state
+//   lookup      mch_index.SlotIndex.lookup      the id's newest entry, verified against the slot
+//                                               state (here in a hash table: same answer, fewer
+//                                               cache misses)
 //   bookkeeping mch_step._lookup_and_insert     last access of every row looked up, counts of hits
 //   new ids     torch.unique                    ascending, with their lookups in the step
 //   admission   mch_step._insert/_sketch_index  hashed counters inside the id's bucket segment
 //   rows        mch_index.SlotIndex.take        free rows, then victims not seen since the round
 //   shortage    mch_slots.priority_order        more lookups first, then smaller id (stable)
 //   placing     mch_step._occupy                slot state, last access, counts
-//   index       mch_index.SlotIndex.insert      merged after any stale entry of the same id
+//   index       mch_index.SlotIndex.insert      the placed ids are returned (folded into the sorted
+//                                               index later) and put in the hash
 //
 // tests/modules/test_mch_native.py runs both paths side by side over many steps and compares
 // every decision.
@@ -22,6 +24,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <numeric>
 #include <tuple>
@@ -49,6 +52,37 @@ inline int64_t remainder(int64_t a, int64_t b) {  // b > 0, torch.remainder's si
   const int64_t r = a % b;
   return r < 0 ? r + b : r;
 }
+
+constexpr int64_t kEmpty = INT64_MAX;  // mc_ops.EMPTY_ID: a free slot, a free hash entry
+
+// id -> slot, open addressing with linear probing over [H, 2] (id, slot) pairs (H a power of two,
+// kept at most 3/4 full by the Python side). Entries are never removed: an evicted id's entry goes
+// stale and fails the check against the slot state, as the sorted index's do.
+struct Hash {
+  int64_t* table;
+  int64_t mask;
+  int64_t count;
+
+  inline int64_t home(int64_t id) const { return mix64(id) & mask; }
+  inline int64_t find(int64_t id, int64_t h) const {  // the slot of id's entry, or -1
+    for (;; h = (h + 1) & mask) {
+      const int64_t key = table[2 * h];
+      if (key == id) return table[2 * h + 1];
+      if (key == kEmpty) return -1;
+    }
+  }
+  inline void put(int64_t id, int64_t slot) {  // the newest entry of an id replaces the older one
+    for (int64_t h = home(id);; h = (h + 1) & mask) {
+      const int64_t key = table[2 * h];
+      if (key == id || key == kEmpty) {
+        count += key == kEmpty;
+        table[2 * h] = id;
+        table[2 * h + 1] = slot;
+        return;
+      }
+    }
+  }
+};
 
 // The module's local buckets (mch_slots.BucketLayout) and the routing of ids to them (mc_ops.block_bucket).
 struct Layout {
@@ -92,6 +126,7 @@ struct Queues {
     const int64_t need = n - free;
     int64_t picked = 0, j = std::max(cur, free_end);
     for (; j < len && picked < need; ++j) {  // every entry looked at is used up
+      if (j + 16 < len) __builtin_prefetch(last_seen + queue[j + 16]);
       if (last_seen[queue[j]] <= round_iter) {
         rows.push_back(queue[j]);
         victims.push_back(queue[j]);
@@ -102,24 +137,6 @@ struct Queues {
     return free + picked;
   }
 };
-
-// pos[i]: the last entry of sorted[0, l) that is <= v[i] (0 when none is: torch.searchsorted(right=True)
-// - 1, clamped at 0). Branch-free searches, several at once so that their memory reads overlap (a
-// plain std::upper_bound mispredicts about every other step: most of the step's time).
-void last_entry_at_most(const int64_t* sorted, int64_t l, const int64_t* v, int64_t n, int64_t* pos) {
-  constexpr int64_t kLanes = 16;
-  for (int64_t i0 = 0; i0 < n; i0 += kLanes) {
-    const int64_t m = std::min(kLanes, n - i0);
-    const int64_t* base[kLanes];
-    for (int64_t k = 0; k < m; ++k) base[k] = sorted;
-    for (int64_t len = l; len > 1;) {
-      const int64_t half = len / 2;
-      for (int64_t k = 0; k < m; ++k) base[k] = base[k][half] <= v[i0 + k] ? base[k] + half : base[k];
-      len -= half;
-    }
-    for (int64_t k = 0; k < m; ++k) pos[i0 + k] = base[k] - sorted;
-  }
-}
 
 void check_state(const Tensor& t, int64_t size, const char* name) {
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kLong && t.is_contiguous() && t.dim() == 1,
@@ -134,14 +151,15 @@ Tensor from_vector(const std::vector<int64_t>& v) {
   return out;
 }
 
-// Returns (rows [N], index ids [L + P] or [0], index slots, evicted rows [E], waiting ids [W],
-// their lookups [W], info [2 + nl]: ids left in the default row, ids placed, the cursors).
+// Returns (rows [N], placed ids [P] ascending, their slots [P], evicted rows [E], waiting ids [W],
+// their lookups [W], info [3 + nl]: ids left in the default row, ids placed, hash entries used, the
+// cursors).
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lookup_insert(
     const Tensor& values, Tensor slot_ids, Tensor last_access, const c10::optional<Tensor>& counts,
-    const c10::optional<Tensor>& admission_counts, const Tensor& index_ids, const Tensor& index_slots,
-    const Tensor& queue, at::IntArrayRef queue_starts, at::IntArrayRef free_len, at::IntArrayRef cursor,
-    at::IntArrayRef bounds, int64_t start_bucket, int64_t buckets, int64_t block, int64_t it, int64_t round_iter,
-    int64_t admission_threshold) {
+    const c10::optional<Tensor>& admission_counts, Tensor hash, int64_t hash_count, const Tensor& index_ids,
+    const Tensor& index_slots, bool rebuild_hash, const Tensor& queue, at::IntArrayRef queue_starts,
+    at::IntArrayRef free_len, at::IntArrayRef cursor, at::IntArrayRef bounds, int64_t start_bucket, int64_t buckets,
+    int64_t block, int64_t it, int64_t round_iter, int64_t admission_threshold) {
   const int64_t nl = static_cast<int64_t>(bounds.size()) - 1;
   TORCH_CHECK(nl >= 1 && static_cast<int64_t>(queue_starts.size()) == nl + 1 &&
                   static_cast<int64_t>(free_len.size()) == nl && static_cast<int64_t>(cursor.size()) == nl,
@@ -156,6 +174,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lookup_insert
   check_state(queue, queue_starts[nl], "queue");
   if (counts.has_value()) check_state(*counts, z, "counts");
   if (admission_counts.has_value()) check_state(*admission_counts, z, "admission_counts");
+  const int64_t h_size = hash.dim() == 2 ? hash.size(0) : 0;
+  TORCH_CHECK(hash.device().is_cpu() && hash.scalar_type() == at::kLong && hash.is_contiguous() && hash.dim() == 2 &&
+                  hash.size(1) == 2 && h_size >= 2 && (h_size & (h_size - 1)) == 0,
+              "lightrec_mch.lookup_insert: hash must be a contiguous [H, 2] int64 CPU tensor, H a power of two");
   TORCH_CHECK(bounds[nl] == z, "lightrec_mch.lookup_insert: bounds end at ", bounds[nl], ", the state has ", z,
               " slots");
 
@@ -167,44 +189,62 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lookup_insert
   int64_t* sid = slot_ids.data_ptr<int64_t>();
   int64_t* last = last_access.data_ptr<int64_t>();
   int64_t* cnt_state = counts.has_value() ? counts->data_ptr<int64_t>() : nullptr;
-  const int64_t l = index_ids.numel();
-  const int64_t* ids = index_ids.data_ptr<int64_t>();
-  const int64_t* islots = index_slots.data_ptr<int64_t>();
+  Hash table{hash.data_ptr<int64_t>(), h_size - 1, hash_count};
+  if (rebuild_hash) {  // from the sorted index: the entries that still hold, newest last
+    std::fill(table.table, table.table + 2 * h_size, kEmpty);
+    table.count = 0;
+    const int64_t l = index_ids.numel();
+    const int64_t* ids = index_ids.data_ptr<int64_t>();
+    const int64_t* islots = index_slots.data_ptr<int64_t>();
+    for (int64_t j = 0; j < l; ++j) {
+      TORCH_CHECK(islots[j] >= 0 && islots[j] < z, "lightrec_mch.lookup_insert: the index names slot ", islots[j],
+                  " outside [0, ", z, ")");
+      if (sid[islots[j]] == ids[j]) table.put(ids[j], islots[j]);
+    }
+  }
+  TORCH_CHECK(table.count + n < h_size, "lightrec_mch.lookup_insert: the hash is too full (", table.count, " + ", n,
+              " entries in ", h_size, ")");
 
   // 1. lookup; every row looked up (default rows too) is marked seen, hits are counted
   Tensor rows_t = at::empty({n}, at::kLong);
   int64_t* rows = rows_t.data_ptr<int64_t>();
-  std::vector<int64_t> pos(n, 0);
-  if (l > 0) last_entry_at_most(ids, l, v, n, pos.data());
+  // (in passes, so that the random reads of the hash and the state overlap instead of waiting for
+  // each other behind mispredicted hit/miss branches)
+  std::vector<int64_t> found(n);
+  for (int64_t i = 0; i < n; ++i) {
+    TORCH_CHECK(v[i] != kEmpty, "lightrec_mch.lookup_insert: id ", v[i], " at position ", i,
+                " is the free-slot marker (ids must be below input_hash_size)");
+    found[i] = table.home(v[i]);
+    __builtin_prefetch(table.table + 2 * found[i]);
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    found[i] = table.find(v[i], found[i]);
+    if (found[i] >= 0) __builtin_prefetch(sid + found[i]);
+  }
+  std::vector<uint8_t> hits(n);
+  for (int64_t i = 0; i < n; ++i) hits[i] = found[i] >= 0 && sid[found[i]] == v[i];
   std::vector<int64_t> missed;
   for (int64_t i = 0; i < n; ++i) {
-    bool hit = false;
-    int64_t slot = 0;
-    if (l > 0) {
-      slot = islots[pos[i]];
-      TORCH_CHECK(slot >= 0 && slot < z, "lightrec_mch.lookup_insert: the index names slot ", slot,
-                  " outside [0, ", z, ")");
-      hit = sid[slot] == v[i];
-    }
-    rows[i] = hit ? slot : layout.default_slot(layout.local_bucket(v[i]));
+    const bool hit = hits[i] != 0;
+    rows[i] = hit ? found[i] : layout.default_slot(layout.local_bucket(v[i]));
     last[rows[i]] = it;
-    if (hit && cnt_state != nullptr) ++cnt_state[slot];
+    if (hit && cnt_state != nullptr) ++cnt_state[found[i]];
     if (!hit) missed.push_back(i);
   }
   Tensor none = at::empty({0}, at::kLong);
-  std::vector<int64_t> info(2 + nl, 0);
+  std::vector<int64_t> info(3 + nl, 0);
   if (missed.empty()) {
-    std::copy(cursors.begin(), cursors.end(), info.begin() + 2);
+    info[2] = table.count;
+    std::copy(cursors.begin(), cursors.end(), info.begin() + 3);
     return {rows_t, none, none, none, none, none, from_vector(info)};
   }
 
   // 2. the new ids, ascending, with their lookups in the step; inverse[k]: the id of missed[k]
-  std::vector<int64_t> order(missed.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return v[missed[a]] < v[missed[b]]; });
+  std::vector<std::pair<int64_t, int64_t>> order(missed.size());  // (id, k)
+  for (size_t k = 0; k < missed.size(); ++k) order[k] = {v[missed[k]], static_cast<int64_t>(k)};
+  std::sort(order.begin(), order.end());
   std::vector<int64_t> uniq, ucnt, inverse(missed.size());
-  for (int64_t k : order) {
-    const int64_t id = v[missed[k]];
+  for (const auto& [id, k] : order) {
     if (uniq.empty() || uniq.back() != id) {
       uniq.push_back(id);
       ucnt.push_back(0);
@@ -251,7 +291,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lookup_insert
     first = end;
   }
 
-  // 5. the placed ids take their rows; they join the index (ascending), after any stale entry
+  // 5. the placed ids take their rows and enter the hash (and, ascending, the pending index entries)
   std::vector<int64_t> got_of_uniq(u, -1);
   std::vector<std::pair<int64_t, int64_t>> fresh(placed.size());  // (id, slot)
   for (size_t k = 0; k < placed.size(); ++k) {
@@ -262,27 +302,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lookup_insert
     got_of_uniq[q] = s;
     fresh[k] = {uniq[q], s};
   }
-  Tensor new_ids = none, new_slots = none;
-  if (!fresh.empty()) {
-    std::sort(fresh.begin(), fresh.end());
-    const int64_t total = l + static_cast<int64_t>(fresh.size());
-    new_ids = at::empty({total}, at::kLong);
-    new_slots = at::empty({total}, at::kLong);
-    int64_t* oi = new_ids.data_ptr<int64_t>();
-    int64_t* os = new_slots.data_ptr<int64_t>();
-    int64_t a = 0, out = 0;
-    for (const auto& [id, s] : fresh) {
-      for (; a < l && ids[a] <= id; ++a, ++out) {
-        oi[out] = ids[a];
-        os[out] = islots[a];
-      }
-      oi[out] = id;
-      os[out++] = s;
-    }
-    for (; a < l; ++a, ++out) {
-      oi[out] = ids[a];
-      os[out] = islots[a];
-    }
+  std::sort(fresh.begin(), fresh.end());
+  std::vector<int64_t> fresh_ids(fresh.size()), fresh_slots(fresh.size());
+  for (size_t k = 0; k < fresh.size(); ++k) {
+    fresh_ids[k] = fresh[k].first;
+    fresh_slots[k] = fresh[k].second;
+    table.put(fresh[k].first, fresh[k].second);
   }
 
   // 6. every missed position gets its id's row, or its bucket's default row
@@ -303,9 +328,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lookup_insert
   }
   info[0] = unplaced;
   info[1] = static_cast<int64_t>(placed.size());
-  std::copy(cursors.begin(), cursors.end(), info.begin() + 2);
-  return {rows_t, new_ids, new_slots, from_vector(victims), from_vector(wait_ids), from_vector(wait_cnt),
-          from_vector(info)};
+  info[2] = table.count;
+  std::copy(cursors.begin(), cursors.end(), info.begin() + 3);
+  return {rows_t, from_vector(fresh_ids), from_vector(fresh_slots), from_vector(victims), from_vector(wait_ids),
+          from_vector(wait_cnt), from_vector(info)};
 }
 
 }  // namespace
@@ -313,9 +339,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lookup_insert
 TORCH_LIBRARY(lightrec_mch, m) {
   m.def(
       "lookup_insert(Tensor values, Tensor(a!) slot_ids, Tensor(b!) last_access, Tensor(c!)? counts, "
-      "Tensor(d!)? admission_counts, Tensor index_ids, Tensor index_slots, Tensor queue, int[] queue_starts, "
-      "int[] free_len, int[] cursor, int[] bounds, int start_bucket, int buckets, int block, int it, "
-      "int round_iter, int admission_threshold) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "Tensor(d!)? admission_counts, Tensor(e!) hash, int hash_count, Tensor index_ids, Tensor index_slots, "
+      "bool rebuild_hash, Tensor queue, int[] queue_starts, int[] free_len, int[] cursor, int[] bounds, "
+      "int start_bucket, int buckets, int block, int it, int round_iter, int admission_threshold) -> "
+      "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(lightrec_mch, CPU, m) { m.impl("lookup_insert", &lookup_insert); }

@@ -272,6 +272,13 @@ class _BatchedLookupBase(nn.Module):
             raise KeyError(f"reset_rows: no table {table!r}; the tables are {self.table_names}")
         self._backend.reset_rows(self.table_names.index(table), rows, weights)
 
+    def reset_rows_of_tables(self, resets: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """:meth:`reset_rows` of several tables (``{table: (rows, weights)}``) in one kernel call."""
+        unknown = sorted(set(resets) - set(self.table_names))
+        if unknown:
+            raise KeyError(f"reset_rows: no table {unknown[0]!r}; the tables are {self.table_names}")
+        self._backend.reset_tables([(self.table_names.index(t), rows, w) for t, (rows, w) in resets.items()])
+
     def split_embedding_weights(self) -> list[nn.Parameter]:
         """Per table ``[rows, D]`` weights (the parameters themselves; they alias the storage, which a
         tiered kernel brings up to date first: ``flush``)."""

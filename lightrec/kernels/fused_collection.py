@@ -129,6 +129,18 @@ class _FusedCollectionBase(nn.Module):
                 return
         raise KeyError(f"{type(self).__name__} has no table {table!r}; its tables are {[t.name for t in self._tables]}")
 
+    def reset_embedding_rows_of_tables(self, resets: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """:meth:`reset_embedding_rows` of several tables (``{table: (rows, values)}``), one kernel call
+        per lookup module (a managed-collision step resets rows of every table)."""
+        left = dict(resets)
+        for lookup in self._lookup_modules():
+            mine = {t: left.pop(t) for t in lookup.table_names if t in left}
+            if mine:
+                lookup.reset_rows_of_tables(mine)
+        if left:
+            raise KeyError(f"{type(self).__name__} has no table {sorted(left)[0]!r}; its tables are "
+                           f"{[t.name for t in self._tables]}")  # fmt: skip
+
     @property
     def device(self) -> torch.device:
         return self._lookup_modules()[0].split_embedding_weights()[0].device

@@ -15,7 +15,8 @@ registered by name in :mod:`lightrec.kernels.kernel_registry`. ``BatchedEmbeddin
                    split_optimizer_states() -> {state name: [rows] | [rows, D]} per table
                    apply(fn): nn.Module._apply's device / dtype conversion (or a clear refusal)
     rows           read_rows / write_rows / reset_rows(table, rows, ...): one table's rows and their
-                   optimizer state (managed-collision eviction resets both; a cache moves both)
+                   optimizer state (managed-collision eviction resets both; a cache moves both);
+                   reset_tables([(table, rows, weights), ...]): reset_rows of several tables at once
     prefetch       prefetches: bool; prefetch(indices, offsets): a later batch's ids, handed over
                    while the current batch trains (a cached table fetches the rows it will miss)
     consistency    flush(): rows held elsewhere (a cache) written back, so the split views are
@@ -167,6 +168,11 @@ class EmbeddingKernel(Protocol):
         has; a counter shared by every row, such as Adam's step, keeps counting)."""
         ...
 
+    def reset_tables(self, resets: Sequence[tuple[int, torch.Tensor, torch.Tensor]]) -> None:
+        """``reset_rows(table, rows, weights)`` for each entry, in order (a managed-collision step
+        resets rows of every table at once)."""
+        ...
+
     def prefetch(self, indices: torch.Tensor, offsets: torch.Tensor) -> None:
         """The ids (TBE layout) a later lookup will read, handed over while the current one trains."""
         ...
@@ -230,14 +236,20 @@ class ResidentRows(abc.ABC):
                 states[name].index_copy_(0, index, values.to(states[name].dtype))
 
     def reset_rows(self, table: int, rows: torch.Tensor, weights: torch.Tensor) -> None:
-        # One read of the views (building them is most of the cost: managed collisions reset rows
-        # of every table at every step), then a write and a fill per tensor.
-        table_weights = self.split_embedding_weights()[table]
-        index = rows.to(table_weights.device, torch.long)
+        self.reset_tables([(table, rows, weights)])
+
+    def reset_tables(self, resets: Sequence[tuple[int, torch.Tensor, torch.Tensor]]) -> None:
+        # One read of the views for all the tables (building them is most of the cost: managed
+        # collisions reset rows of every table at every step), then a write and a fill per tensor.
+        all_weights, all_states = self.split_embedding_weights(), self.split_optimizer_states()
         with torch.no_grad():
-            table_weights.index_copy_(0, index, weights.to(table_weights.device, table_weights.dtype))
-            for state in self._row_states(table, table_weights).values():
-                state.index_fill_(0, index, 0)
+            for table, rows, weights in resets:
+                table_weights = all_weights[table]
+                index = rows.to(table_weights.device, torch.long)
+                table_weights.index_copy_(0, index, weights.to(table_weights.device, table_weights.dtype))
+                for state in all_states[table].values():
+                    if state.dim() >= 1 and state.shape[0] == table_weights.shape[0]:
+                        state.index_fill_(0, index, 0)
 
     def prefetch(self, indices: torch.Tensor, offsets: torch.Tensor) -> None:  # noqa: B027 - a no-op by design
         """Nothing to fetch: every row is in memory."""

@@ -119,14 +119,23 @@ class BaseManagedCollisionEmbeddingCollection(nn.Module):
     def reset_evicted_rows(self, evictions: dict[str, torch.Tensor | None]) -> None:
         """Re-initialise ``{table: rows}`` and reset their optimizer state (see the module docstring)."""
         modules = self._managed_collision_collection.modules_by_table()
-        reset = getattr(self._embedding_module, "reset_embedding_rows", None)
+        fresh: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         for table, rows in evictions.items():
             if rows is None or rows.numel() == 0:
                 continue
-            config = self._table_configs[table]
             module = modules[table]
             bounds, first = module.reset_buckets()
-            values = reinit_values(config, rows, module.current_iteration(), self._reset_seed, bounds, first)
+            values = reinit_values(self._table_configs[table], rows, module.current_iteration(), self._reset_seed,
+                                   bounds, first)  # fmt: skip
+            fresh[table] = (rows, values)
+        if not fresh:
+            return
+        reset_all = getattr(self._embedding_module, "reset_embedding_rows_of_tables", None)
+        reset = getattr(self._embedding_module, "reset_embedding_rows", None)
+        if callable(reset_all):  # a fused collection: one kernel call for every table
+            reset_all(fresh)
+            return
+        for table, (rows, values) in fresh.items():
             if callable(reset):
                 reset(table, rows, values)
             else:

@@ -70,7 +70,7 @@ def native_lookup_insert(
 
     Args:
         values: ``[N]`` int64 raw ids (CPU).
-        index: the module's slot index (built; its entries and cursors are updated).
+        index: the module's slot index (built; its hash, pending entries and cursors are updated).
         layout: the module's local buckets.
         state: ``(slot_ids [Z], last_access [Z], counts [Z] | None, admission_counts [Z] | None)``,
             updated in place.
@@ -80,13 +80,25 @@ def native_lookup_insert(
     """
     slot_ids, last_access, counts, admission_counts = state
     buckets, block = routing
+    size = _hash_size(slot_ids.numel())
+    rebuild = index.hash is None or not index.hash_ok or index.hash_count > 3 * size // 4 - values.numel()
+    if index.hash is None or index.hash.shape[0] != size:
+        index.hash = torch.empty((size, 2), dtype=torch.int64)
+    if rebuild:
+        index.fold()  # the hash is rebuilt from the whole sorted index
     rows, ids, slots, evicted, wait_ids, wait_counts, info = torch.ops.lightrec_mch.lookup_insert(
-        values, slot_ids, last_access, counts, admission_counts, index.ids, index.slots, index.queue_flat,
-        index.queue_starts, index.free_len, index.cursor, layout.bounds, layout.start_bucket, buckets, block, it,
-        index.round_iter, admission_threshold,
+        values, slot_ids, last_access, counts, admission_counts, index.hash, index.hash_count, index.ids,
+        index.slots, rebuild, index.queue_flat, index.queue_starts, index.free_len, index.cursor, layout.bounds,
+        layout.start_bucket, buckets, block, it, index.round_iter, admission_threshold,
     )  # fmt: skip
-    unplaced, inserted, *cursor = info.tolist()
-    index.cursor = cursor
+    unplaced, inserted, index.hash_count, *cursor = info.tolist()
+    index.cursor, index.hash_ok = cursor, True
     if inserted:
-        index.ids, index.slots = ids, slots
+        index.pending.append((ids, slots))
     return NativeInsert(rows, evicted, wait_ids, wait_counts, unplaced, inserted)
+
+
+def _hash_size(slots: int) -> int:
+    """Entries of the hash of ``slots`` rows: a power of two of at least twice the rows (it is rebuilt,
+    without the stale entries, before it is three quarters full)."""
+    return 1 << max(4, (2 * slots - 1).bit_length())
