@@ -210,21 +210,26 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lookup_insert
   int64_t* rows = rows_t.data_ptr<int64_t>();
   // (in passes, so that the random reads of the hash and the state overlap instead of waiting for
   // each other behind mispredicted hit/miss branches)
+  constexpr int64_t kAhead = 16;  // prefetch distance of the random reads
   std::vector<int64_t> found(n);
   for (int64_t i = 0; i < n; ++i) {
     TORCH_CHECK(v[i] != kEmpty, "lightrec_mch.lookup_insert: id ", v[i], " at position ", i,
                 " is the free-slot marker (ids must be below input_hash_size)");
     found[i] = table.home(v[i]);
-    __builtin_prefetch(table.table + 2 * found[i]);
   }
+  for (int64_t i = 0; i < std::min(n, kAhead); ++i) __builtin_prefetch(table.table + 2 * found[i]);
   for (int64_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) __builtin_prefetch(table.table + 2 * found[i + kAhead]);
     found[i] = table.find(v[i], found[i]);
-    if (found[i] >= 0) __builtin_prefetch(sid + found[i]);
   }
   std::vector<uint8_t> hits(n);
-  for (int64_t i = 0; i < n; ++i) hits[i] = found[i] >= 0 && sid[found[i]] == v[i];
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + kAhead < n && found[i + kAhead] >= 0) __builtin_prefetch(sid + found[i + kAhead]);
+    hits[i] = found[i] >= 0 && sid[found[i]] == v[i];
+  }
   std::vector<int64_t> missed;
   for (int64_t i = 0; i < n; ++i) {
+    if (i + kAhead < n && hits[i + kAhead]) __builtin_prefetch(last + found[i + kAhead], 1);
     const bool hit = hits[i] != 0;
     rows[i] = hit ? found[i] : layout.default_slot(layout.local_bucket(v[i]));
     last[rows[i]] = it;
