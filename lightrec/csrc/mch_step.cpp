@@ -339,6 +339,26 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lookup_insert
           from_vector(wait_cnt), from_vector(info)};
 }
 
+// [rows, dim] uniform values in [low, low + scale): lightrec.modules.mc_ops.uniform_block, bit for bit
+// (SplitMix64's i-th output from seed, its top 53 bits as a float64 in [0, 1), scaled, then rounded
+// once to the dtype; compiled without FMA contraction, as the rest of the library).
+Tensor uniform_rows(int64_t rows, int64_t dim, int64_t seed, double low, double scale, at::ScalarType dtype) {
+  TORCH_CHECK(rows >= 0 && dim >= 0 && seed >= 0, "lightrec_mch.uniform_rows: rows, dim and seed must be >= 0");
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble, "lightrec_mch.uniform_rows: float32 or float64 only");
+  Tensor out = at::empty({rows, dim}, at::TensorOptions().dtype(dtype));
+  const int64_t n = rows * dim;
+  AT_DISPATCH_FLOATING_TYPES(dtype, "uniform_rows", [&] {
+    scalar_t* o = out.data_ptr<scalar_t>();
+    uint64_t state = static_cast<uint64_t>(seed);
+    for (int64_t i = 0; i < n; ++i, state += 0x9E3779B97F4A7C15ULL) {
+      const uint64_t bits = static_cast<uint64_t>(mix64(static_cast<int64_t>(state)));
+      const double unit = static_cast<double>(bits >> 11) * 0x1.0p-53;
+      o[i] = static_cast<scalar_t>(unit * scale + low);
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(lightrec_mch, m) {
@@ -351,3 +371,9 @@ TORCH_LIBRARY(lightrec_mch, m) {
 }
 
 TORCH_LIBRARY_IMPL(lightrec_mch, CPU, m) { m.impl("lookup_insert", &lookup_insert); }
+
+// No tensor argument to dispatch on: a catch-all kernel.
+TORCH_LIBRARY_FRAGMENT(lightrec_mch, m) {
+  m.def("uniform_rows(int rows, int dim, int seed, float low, float scale, ScalarType dtype) -> Tensor",
+        &uniform_rows);
+}

@@ -25,6 +25,7 @@ from lightrec.modules.mc_modules import (
     MCHManagedCollisionModule,
     TTL_EvictionPolicy,
 )
+from lightrec.modules.mc_ops import uniform_block
 from lightrec.modules.mch_native import native_step_available
 
 pytestmark = pytest.mark.skipif(
@@ -190,3 +191,17 @@ def test_without_the_native_library_the_torch_step_runs(monkeypatch: pytest.Monk
     module = MCHManagedCollisionModule(6, "cpu", LRU_EvictionPolicy(), 2).train()
     assert all(torch.equal(module.remap_values(b), e) for b, e in zip(batches, expected, strict=True))
     assert not calls
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_native_uniform_rows_equal_the_torch_draw(dtype: torch.dtype) -> None:
+    """Fresh values of evicted rows: the native draw and ``mc_ops.uniform_block`` agree bit for bit."""
+    for rows, dim, seed, low, high in [(7, 5, 0, -0.01, 0.01), (300, 16, 2**63 - 1, -1.0, 3.0), (1, 1, 12345, 0.0, 1e-3),
+                                       (0, 8, 3, -1.0, 1.0)]:  # fmt: skip
+        native = torch.ops.lightrec_mch.uniform_rows(rows, dim, seed, low, high - low, dtype)
+        reference = uniform_block(rows, dim, seed, low, high, dtype)
+        assert native.dtype == dtype and native.shape == (rows, dim) and torch.equal(native, reference)
+        assert bool((native >= low).all()) and bool((native <= high).all())
+    many = uniform_block(1000, 10, 99, -1.0, 1.0, dtype)
+    assert abs(float(many.mean())) < 0.02 and abs(float(many.std()) - 3**-0.5) < 0.02
+    assert not torch.equal(uniform_block(4, 4, 1, 0.0, 1.0, dtype), uniform_block(4, 4, 2, 0.0, 1.0, dtype))
