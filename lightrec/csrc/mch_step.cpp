@@ -359,6 +359,47 @@ Tensor uniform_rows(int64_t rows, int64_t dim, int64_t seed, double low, double 
   return out;
 }
 
+// Rows of a table given fresh values and a zero optimizer state in one pass (a managed-collision
+// step resets the rows new ids took): row rows[k] gets row k of uniform_rows(k, D, seed, low, scale,
+// float32), converted to the table's dtype, as reinit_values + the kernels' reset_rows write it
+// (lightrec.kernels.kernel_interface.ResidentRows.reset_tables_uniform is the Python side).
+void reset_rows_uniform(Tensor weight, at::TensorList states, const Tensor& rows, int64_t seed, double low,
+                        double scale) {
+  TORCH_CHECK(weight.device().is_cpu() && weight.dim() == 2 && weight.stride(1) == 1 &&
+                  (weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kDouble),
+              "lightrec_mch.reset_rows_uniform: weight must be a [R, D] float32/float64 CPU view with unit column stride");
+  TORCH_CHECK(rows.device().is_cpu() && rows.scalar_type() == at::kLong && rows.is_contiguous() && rows.dim() == 1,
+              "lightrec_mch.reset_rows_uniform: rows must be a contiguous 1-d int64 CPU tensor");
+  TORCH_CHECK(seed >= 0, "lightrec_mch.reset_rows_uniform: seed must be >= 0");
+  const int64_t r = weight.size(0), d = weight.size(1), k = rows.numel();
+  const int64_t* row = rows.data_ptr<int64_t>();
+  for (int64_t i = 0; i < k; ++i)
+    TORCH_CHECK(row[i] >= 0 && row[i] < r, "lightrec_mch.reset_rows_uniform: row ", row[i], " is outside [0, ", r, ")");
+  for (const Tensor& state : states) {
+    TORCH_CHECK(state.device().is_cpu() && state.dim() >= 1 && state.size(0) == r && state.is_contiguous() &&
+                    state.scalar_type() == weight.scalar_type(),
+                "lightrec_mch.reset_rows_uniform: every state must be a contiguous [R, ...] tensor of the weight's dtype");
+  }
+  AT_DISPATCH_FLOATING_TYPES(weight.scalar_type(), "reset_rows_uniform", [&] {
+    scalar_t* w = weight.data_ptr<scalar_t>();
+    const int64_t stride = weight.stride(0);
+    uint64_t state = static_cast<uint64_t>(seed);
+    for (int64_t i = 0; i < k; ++i) {
+      scalar_t* out = w + row[i] * stride;
+      for (int64_t j = 0; j < d; ++j, state += 0x9E3779B97F4A7C15ULL) {
+        const uint64_t bits = static_cast<uint64_t>(mix64(static_cast<int64_t>(state)));
+        const double unit = static_cast<double>(bits >> 11) * 0x1.0p-53;
+        out[j] = static_cast<scalar_t>(static_cast<float>(unit * scale + low));
+      }
+    }
+    for (const Tensor& st : states) {
+      scalar_t* base = st.data_ptr<scalar_t>();
+      const int64_t width = st.numel() / r;
+      for (int64_t i = 0; i < k; ++i) std::fill(base + row[i] * width, base + (row[i] + 1) * width, scalar_t(0));
+    }
+  });
+}
+
 }  // namespace
 
 TORCH_LIBRARY(lightrec_mch, m) {
@@ -368,9 +409,13 @@ TORCH_LIBRARY(lightrec_mch, m) {
       "bool rebuild_hash, Tensor queue, int[] queue_starts, int[] free_len, int[] cursor, int[] bounds, "
       "int start_bucket, int buckets, int block, int it, int round_iter, int admission_threshold) -> "
       "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("reset_rows_uniform(Tensor(a!) weight, Tensor(b!)[] states, Tensor rows, int seed, float low, float scale) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(lightrec_mch, CPU, m) { m.impl("lookup_insert", &lookup_insert); }
+TORCH_LIBRARY_IMPL(lightrec_mch, CPU, m) {
+  m.impl("lookup_insert", &lookup_insert);
+  m.impl("reset_rows_uniform", &reset_rows_uniform);
+}
 
 // No tensor argument to dispatch on: a catch-all kernel.
 TORCH_LIBRARY_FRAGMENT(lightrec_mch, m) {

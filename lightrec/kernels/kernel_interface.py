@@ -40,6 +40,8 @@ import torch
 
 from lightrec.kernels.tiered_config import TieringConfig
 from lightrec.modules.embedding_configs import PoolingType
+from lightrec.modules.mc_ops import uniform_block
+from lightrec.modules.mch_native import native_step_available
 from lightrec.optim.fused_spec import FusedOptimizerSpec
 
 __all__ = ["EmbeddingKernel", "KernelConfig", "LookupBatch", "ResidentRows", "RowState"]
@@ -190,6 +192,16 @@ class EmbeddingKernel(Protocol):
         ...
 
 
+def native_reset_serves(weights: torch.Tensor, states: Sequence[torch.Tensor]) -> bool:
+    """Whether ``torch.ops.lightrec_mch.reset_rows_uniform`` can reset rows of this table view (CPU,
+    float32/float64 rows with unit column stride, contiguous states of the same dtype)."""
+    if weights.device.type != "cpu" or weights.dtype not in (torch.float32, torch.float64) or weights.stride(1) != 1:
+        return False
+    if any(s.device.type != "cpu" or s.dtype != weights.dtype or not s.is_contiguous() for s in states):
+        return False
+    return native_step_available(weights.device)
+
+
 class ResidentRows(abc.ABC):
     """Row access and prefetch of kernels whose tables live whole in memory (the split views).
 
@@ -250,6 +262,26 @@ class ResidentRows(abc.ABC):
                 for state in all_states[table].values():
                     if state.dim() >= 1 and state.shape[0] == table_weights.shape[0]:
                         state.index_fill_(0, index, 0)
+
+    def reset_tables_uniform(self, resets: Sequence[tuple[int, torch.Tensor, int, float, float]]) -> None:
+        """``reset_tables`` with fresh weights drawn, not given: for each ``(table, rows, seed, low,
+        high)``, row ``rows[k]`` gets row ``k`` of ``mc_ops.uniform_block(len(rows), D, seed, low, high,
+        float32)`` (in the table's dtype) and a zero per-row state -- in one native pass per table on
+        CPU (``torch.ops.lightrec_mch.reset_rows_uniform``), no ``[k, D]`` block in between."""
+        all_weights, all_states = self.split_embedding_weights(), self.split_optimizer_states()
+        with torch.no_grad():
+            for table, rows, seed, low, high in resets:
+                weights = all_weights[table]
+                states = [s for s in all_states[table].values() if s.dim() >= 1 and s.shape[0] == weights.shape[0]]
+                if native_reset_serves(weights, states):
+                    torch.ops.lightrec_mch.reset_rows_uniform(weights, states, rows.to(torch.long).contiguous(), seed,
+                                                              low, high - low)  # fmt: skip
+                    continue
+                index = rows.to(weights.device, torch.long)
+                fresh = uniform_block(rows.numel(), weights.shape[1], seed, low, high, torch.float32)
+                weights.index_copy_(0, index, fresh.to(weights.device, weights.dtype))
+                for state in states:
+                    state.index_fill_(0, index, 0)
 
     def prefetch(self, indices: torch.Tensor, offsets: torch.Tensor) -> None:  # noqa: B027 - a no-op by design
         """Nothing to fetch: every row is in memory."""

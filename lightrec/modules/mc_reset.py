@@ -26,7 +26,7 @@ from lightrec.modules.embedding_configs import BaseEmbeddingConfig
 from lightrec.modules.mc_ops import uniform_block
 from lightrec.modules.mch_native import native_step_available
 
-__all__ = ["reinit_values", "reset_collection_rows", "reset_optimizer_rows"]
+__all__ = ["reinit_values", "reset_collection_rows", "reset_optimizer_rows", "uniform_reset_seed"]
 
 _M64 = (1 << 64) - 1
 
@@ -43,6 +43,13 @@ def _seed(seed: int, table: str, iteration: int, bucket: int) -> int:
     mixed = _splitmix((zlib.crc32(table.encode()) << 32) ^ (seed * 0x9E3779B1) ^ (iteration * 0x632BE5AB)
                       ^ (bucket * 0x2545F491))  # fmt: skip
     return mixed & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def uniform_reset_seed(config: BaseEmbeddingConfig, iteration: int, seed: int = 0, bucket: int = 0) -> int | None:
+    """The ``mc_ops.uniform_block`` seed that :func:`reinit_values` draws the rows of one bucket with,
+    or None when the table draws otherwise (an ``init_fn``): a kernel can then write the fresh values
+    straight into its rows (``reset_tables_uniform``), the same values."""
+    return None if config.init_fn is not None else _seed(seed, config.name, iteration, bucket)
 
 
 def _draw(config: BaseEmbeddingConfig, n: int, generator_seed: int, dtype: torch.dtype) -> torch.Tensor:

@@ -62,8 +62,10 @@ class MCHSteps:
     _mch_victim_rank: torch.Tensor
     _mch_admission_counts: torch.Tensor  # only with admission_threshold > 1
 
+    _buffers: dict[str, torch.Tensor | None]  # nn.Module's
+
     def _counts(self) -> torch.Tensor | None:
-        return getattr(self, "_mch_counts", None)
+        return self._buffers.get("_mch_counts")  # (not getattr: a missing buffer raises inside nn.Module)
 
     def _local_bucket(self, values: torch.Tensor) -> torch.Tensor:
         if self._layout.num_local == 1:
@@ -95,20 +97,23 @@ class MCHSteps:
     def _train_step(self, values: torch.Tensor) -> torch.Tensor:
         it = self._current_iter = self._current_iter + 1
         self._current_iter_tensor.fill_(it)
-        default = self._default_of(values)
-        local = self._lookup_and_insert(values, default, it) if values.numel() else values.clone()
+        n = values.numel()
+        if n == 0:
+            local = values.clone()
+        elif values.device.type == "cpu" and native_step_available(self._mch_sorted_raw_ids.device):
+            local = self._native_lookup_and_insert(values, it)
+        else:
+            local = self._lookup_and_insert(values, self._default_of(values), it)
         if it % self._eviction_interval == 0:  # on a fixed schedule: a resumed run keeps it
             self._round(it)
-            if values.numel():  # the round moved ids: look them up again
+            if n:  # the round moved ids: look them up again
                 slots, hit = self._index.lookup(self._mch_sorted_raw_ids, values)
-                local = torch.where(hit, slots, default)
-                self._stats.default_lookups += values.numel() - int(hit.sum())
-        self._stats.lookups += values.numel()
+                local = torch.where(hit, slots, self._default_of(values))
+                self._stats.default_lookups += n - int(hit.sum())
+        self._stats.lookups += n
         return local + self._output_global_offset if self._output_global_offset else local
 
     def _lookup_and_insert(self, values: torch.Tensor, default: torch.Tensor | int, it: int) -> torch.Tensor:
-        if native_step_available(self._mch_sorted_raw_ids.device) and values.device.type == "cpu":
-            return self._native_lookup_and_insert(values, it)
         slots, hit = self._ensure_index().lookup(self._mch_sorted_raw_ids, values)
         local = torch.where(hit, slots, default)
         self._mch_last_access_iter.index_fill_(0, local, it)  # default rows too: they are never victims
@@ -132,7 +137,7 @@ class MCHSteps:
         """``_lookup_and_insert`` as one native op (``mch_native``): the same decisions."""
         block = -(-self._input_hash_size // self._buckets)
         state = (self._mch_sorted_raw_ids, self._mch_last_access_iter, self._counts(),
-                 self._mch_admission_counts if self._admission_threshold > 1 else None)  # fmt: skip
+                 self._buffers.get("_mch_admission_counts"))  # fmt: skip
         done = native_lookup_insert(values.contiguous(), self._ensure_index(), self._layout, state,
                                     (self._buckets, block), it, self._admission_threshold)  # fmt: skip
         if done.evicted.numel():

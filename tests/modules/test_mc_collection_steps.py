@@ -71,8 +71,8 @@ def test_evicted_rows_of_every_table_are_reset_in_one_step() -> None:
     states = [s for lk in ebc._lookups for s in lk.kernel.split_optimizer_states()]
     assert all(bool((s["momentum1"][r] != 0).any()) for s, r in zip(states, (rows[3], rows[7]), strict=True))
     calls: list[int] = []
-    real = ebc.reset_embedding_rows_of_tables
-    ebc.reset_embedding_rows_of_tables = lambda resets: (calls.append(len(resets)), real(resets))  # type: ignore[method-assign]
+    real = ebc.reset_embedding_rows_uniform
+    ebc.reset_embedding_rows_uniform = lambda resets: (calls.append(len(resets)), real(resets))  # type: ignore[method-assign]
     pooled, _ = mc(kjt([9], [19]))  # new ids take the rows of 4 and 14
     assert calls == [2]  # one call for both tables
     for t, (table, row) in enumerate(zip(tables, (rows[3], rows[7]), strict=True)):
@@ -81,3 +81,34 @@ def test_evicted_rows_of_every_table_are_reset_in_one_step() -> None:
     states = [s for lk in ebc._lookups for s in lk.kernel.split_optimizer_states()]
     assert all(bool((s["momentum1"][r] == 0).all()) for s, r in zip(states, (rows[3], rows[7]), strict=True))
     assert all(bool((s["momentum1"][0] != 0).any()) for s in states)  # other rows keep theirs
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_rows_drawn_in_the_kernel_equal_the_reinit_values_path(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fused collection draws evicted rows' fresh values itself; a twin whose collection cannot
+    (so ``reinit_values`` draws them and the kernels copy them in) ends with the same weights and state."""
+    torch.manual_seed(0)
+    tables = configs((4, 8))
+    twins = []
+    for _ in range(2):
+        ebc = FusedEmbeddingBagCollection(tables, fused_params={"optimizer": "ADAGRAD", "learning_rate": 0.2},
+                                          kernel_backend="torch").to(dtype)  # fmt: skip
+        twins.append((ebc, ManagedCollisionEmbeddingBagCollection(ebc, collection(tables))))
+    with torch.no_grad():
+        for a, b in zip(twins[0][0].parameters(), twins[1][0].parameters(), strict=True):
+            b.copy_(a)
+    g = torch.Generator().manual_seed(1)
+    for s in range(12):
+        batch = kjt(*(torch.randint(0, 40 + 20 * s, (6,), generator=g).tolist() for _ in range(2)))
+        for k, (ebc, mc) in enumerate(twins):
+            with monkeypatch.context() as patch:
+                if k == 1:  # the twin's collection has no in-kernel draw
+                    patch.setattr(type(ebc), "reset_embedding_rows_uniform", None)
+                pooled, _ = mc(batch)
+            pooled.values().pow(2).sum().backward()
+    assert twins[0][1]._managed_collision_collection.modules_by_table()["t0"].mc_stats()["evicted"] > 0
+    for a, b in zip(twins[0][0].parameters(), twins[1][0].parameters(), strict=True):
+        assert a.dtype == dtype and torch.equal(a, b)
+    states = [[s for lk in ebc._lookups for s in lk.kernel.split_optimizer_states()] for ebc, _ in twins]
+    for a, b in zip(*states, strict=True):
+        assert all(torch.equal(a[k], b[k]) for k in a)
