@@ -80,10 +80,10 @@ def native_lookup_insert(
     """
     slot_ids, last_access, counts, admission_counts = state
     buckets, block = routing
-    size = _hash_size(slot_ids.numel())
-    rebuild = index.hash is None or not index.hash_ok or index.hash_count > 3 * size // 4 - values.numel()
-    if index.hash is None or index.hash.shape[0] != size:
-        index.hash = torch.empty((size, 2), dtype=torch.int64)
+    n = values.numel()
+    if index.hash is None or index.hash.shape[0] < 2 * (slot_ids.numel() + n):
+        index.hash, index.hash_ok = torch.empty((_hash_size(slot_ids.numel() + n), 2), dtype=torch.int64), False
+    rebuild = not index.hash_ok or index.hash_count > 3 * index.hash.shape[0] // 4 - n
     if rebuild:
         index.fold()  # the hash is rebuilt from the whole sorted index
     rows, ids, slots, evicted, wait_ids, wait_counts, info = torch.ops.lightrec_mch.lookup_insert(
@@ -98,7 +98,8 @@ def native_lookup_insert(
     return NativeInsert(rows, evicted, wait_ids, wait_counts, unplaced, inserted)
 
 
-def _hash_size(slots: int) -> int:
-    """Entries of the hash of ``slots`` rows: a power of two of at least twice the rows (it is rebuilt,
-    without the stale entries, before it is three quarters full)."""
-    return 1 << max(4, (2 * slots - 1).bit_length())
+def _hash_size(entries: int) -> int:
+    """Entries of a hash for ``entries`` ids (the rows, plus the ids one step may place): a power of
+    two of at least twice that, so that it is at most half full after a rebuild (which drops the stale
+    entries; one happens before it is three quarters full)."""
+    return 1 << max(4, (2 * entries - 1).bit_length())

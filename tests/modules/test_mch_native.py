@@ -205,3 +205,11 @@ def test_native_uniform_rows_equal_the_torch_draw(dtype: torch.dtype) -> None:
     many = uniform_block(1000, 10, 99, -1.0, 1.0, dtype)
     assert abs(float(many.mean())) < 0.02 and abs(float(many.std()) - 3**-0.5) < 0.02
     assert not torch.equal(uniform_block(4, 4, 1, 0.0, 1.0, dtype), uniform_block(4, 4, 2, 0.0, 1.0, dtype))
+
+
+def test_batches_larger_than_the_table(monkeypatch: pytest.MonkeyPatch, native_calls: list[int]) -> None:
+    """The hash grows with the batch (a step may place as many ids as it looks up)."""
+    native, ref = twins(zch_size=6, eviction_policy=LRU_EvictionPolicy(), eviction_interval=2)
+    run_side_by_side(native, ref, monkeypatch, steps=8, id_space=500, batch=16)
+    run_side_by_side(native, ref, monkeypatch, steps=8, id_space=500, batch=200, seed=2)
+    assert len(native_calls) == 16 and native._index.hash is not None and native._index.hash.shape[0] >= 2 * 206
