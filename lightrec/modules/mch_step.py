@@ -93,17 +93,27 @@ class MCHSteps:
         slots, hit = self._ensure_index().lookup(self._mch_sorted_raw_ids, values)
         return torch.where(hit, slots, self._default_of(values)) + self._output_global_offset
 
-    @torch.no_grad()
     def _train_step(self, values: torch.Tensor) -> torch.Tensor:
         it = self._current_iter = self._current_iter + 1
+        n = values.numel()
+        if n and values.device.type == "cpu" and native_step_available(self._mch_sorted_raw_ids.device):
+            local = self._native_lookup_and_insert(values, it)  # (no autograd in it: no no_grad context)
+            self._current_iter_tensor.fill_(it)
+            if it % self._eviction_interval:
+                self._stats.lookups += n
+                return local + self._output_global_offset if self._output_global_offset else local
+        else:
+            local = None
+        with torch.no_grad():
+            return self._torch_step_and_round(values, local, it)
+
+    def _torch_step_and_round(self, values: torch.Tensor, local: torch.Tensor | None, it: int) -> torch.Tensor:
+        """The rest of a step: the torch-op lookup-and-insert (unless ``local`` is already known) and
+        the round every ``eviction_interval`` steps."""
         self._current_iter_tensor.fill_(it)
         n = values.numel()
-        if n == 0:
-            local = values.clone()
-        elif values.device.type == "cpu" and native_step_available(self._mch_sorted_raw_ids.device):
-            local = self._native_lookup_and_insert(values, it)
-        else:
-            local = self._lookup_and_insert(values, self._default_of(values), it)
+        if local is None:
+            local = self._lookup_and_insert(values, self._default_of(values), it) if n else values.clone()
         if it % self._eviction_interval == 0:  # on a fixed schedule: a resumed run keeps it
             self._round(it)
             if n:  # the round moved ids: look them up again
