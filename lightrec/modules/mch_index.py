@@ -72,7 +72,7 @@ class SlotIndex:
             round_iter: iteration of the last round (victims seen after it keep their rows).
         """
         self.device = slot_ids.device
-        self.pending, self.hash_ok = [], False
+        self.pending, self.hash, self.hash_ok = [], None, False  # (the native step builds a new hash)
         occupied = torch.nonzero(slot_ids != EMPTY_ID).flatten()
         self.ids, order = torch.sort(slot_ids.index_select(0, occupied))
         self.slots = occupied.index_select(0, order)
