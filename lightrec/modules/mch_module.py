@@ -200,6 +200,9 @@ class MCHManagedCollisionModule(MCHSteps, ManagedCollisionModule):
             for name, jt in features.items()
         }
 
+    def preprocess_is_identity(self) -> bool:
+        return self._input_hash_func is None
+
     def preprocess_values(self, values: torch.Tensor) -> torch.Tensor:
         return values if self._input_hash_func is None else self._input_hash_func(values, self._input_hash_size)
 
@@ -235,7 +238,7 @@ class MCHManagedCollisionModule(MCHSteps, ManagedCollisionModule):
         # it twice writes the same values)
         rows = self._pending_evictions[0] if len(self._pending_evictions) == 1 else torch.cat(self._pending_evictions)
         self._pending_evictions = []
-        return rows + self._output_global_offset
+        return rows + self._output_global_offset if self._output_global_offset else rows
 
     def output_size(self) -> int:
         return self._zch_size
