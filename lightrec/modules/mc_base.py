@@ -188,9 +188,9 @@ class ManagedCollisionModule(nn.Module, abc.ABC):
         re-initialisation of evicted rows draws each bucket's rows from a generator of its own."""
         return [self.output_global_offset, self.output_global_offset + self.output_size()], 0
 
-    def index_bytes_per_row(self) -> float:
+    def index_bytes_per_row(self, device_type: str = "cpu") -> float:
         """Memory per row of what the module derives from its state and keeps beside its buffers
-        (a search index); the planner adds it to the table's memory."""
+        (a search index) when it trains on ``device_type``; the planner adds it to the table's memory."""
         return 0.0
 
     def mc_stats(self) -> dict[str, float]:

@@ -25,7 +25,7 @@ from lightrec._native import native_ops
 from lightrec.modules.mch_index import SlotIndex
 from lightrec.modules.mch_slots import BucketLayout
 
-__all__ = ["NativeInsert", "native_lookup_insert", "native_step_available"]
+__all__ = ["NativeInsert", "native_hash_bytes_per_row", "native_lookup_insert", "native_step_available"]
 
 
 def native_step_available(device: torch.device) -> bool:
@@ -103,3 +103,10 @@ def _hash_size(entries: int) -> int:
     two of at least twice that, so that it is at most half full after a rebuild (which drops the stale
     entries; one happens before it is three quarters full)."""
     return 1 << max(4, (2 * entries - 1).bit_length())
+
+
+def native_hash_bytes_per_row(rows: int) -> float:
+    """Bytes per row of the native step's hash for a table of ``rows`` rows (``[H, 2]`` int64 entries,
+    ``H`` a power of two of at least twice the rows: 32 to 64 bytes a row; a batch larger than the
+    table grows it further at run time). The planner counts it in the table's memory on CPU."""
+    return 16.0 * _hash_size(rows) / max(rows, 1)
