@@ -23,6 +23,28 @@ def device(request: pytest.FixtureRequest):  # noqa: ANN201 - torch.device
     return torch.device(request.param)
 
 
+@pytest.fixture(autouse=True)
+def _restore_process_environment():  # noqa: ANN202 - a generator fixture
+    """Each test leaves the environment and the default process group as it found them.
+
+    In-process fits (Lightning's launchers, ``init_process_group``) write ``MASTER_PORT``, ``RANK``,
+    ``WORLD_SIZE`` and friends into ``os.environ`` and keep a store listening on that port; a later
+    test that launches ranks or ``lightrec run`` then inherits them and fails at rendezvous
+    (EADDRINUSE, or a hang at "MEMBER: 1/2"). Restoring both after every test makes each test's
+    outcome independent of the tests before it.
+    """
+    import torch.distributed as dist
+
+    saved = dict(os.environ)
+    had_group = dist.is_available() and dist.is_initialized()
+    yield
+    if dist.is_available() and dist.is_initialized() and not had_group:
+        dist.destroy_process_group()
+    if dict(os.environ) != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 def pytest_configure(config) -> None:  # noqa: ANN001
     import torch
 

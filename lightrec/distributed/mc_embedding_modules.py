@@ -277,8 +277,9 @@ class BaseManagedCollisionEmbeddingCollectionSharder(CollectionSharder):
         _, aligned = aligned_module_plan(mcc.modules_by_table(), plan, world_size)
         return EmbeddingModuleShardingPlan(aligned)
 
-    def row_state_bytes(self, module: nn.Module) -> dict[str, float]:
-        """Bytes per table row of the managed-collision state (id map, eviction metadata, search index)."""
+    def row_state_bytes(self, module: nn.Module, device_type: str = "cpu") -> dict[str, float]:
+        """Bytes per table row of the managed-collision state (id map, eviction metadata, search index;
+        on CPU the native step's hash too)."""
         mcc = getattr(module, "_managed_collision_collection", None)
         if not isinstance(mcc, ManagedCollisionCollection):
             return {}
@@ -286,6 +287,6 @@ class BaseManagedCollisionEmbeddingCollectionSharder(CollectionSharder):
         for table, m in mcc.modules_by_table().items():
             rows = m.output_size()
             tensors = [*m.buffers(), *m.parameters()]
-            out[table] = m.index_bytes_per_row() + float(sum(t.element_size() * (t.numel() // rows) for t in tensors
+            out[table] = m.index_bytes_per_row(device_type) + float(sum(t.element_size() * (t.numel() // rows) for t in tensors
                                                              if t.dim() >= 1 and t.shape[0] == rows))  # fmt: skip
         return out

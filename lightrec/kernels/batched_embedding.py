@@ -42,6 +42,7 @@ from lightrec.kernels.tiered_config import TieringConfig
 from lightrec.kernels.weight_grad import with_weight_grad
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, PoolingType
 from lightrec.modules.kernel_backend import resolve_kernel_backend
+from lightrec.modules.mc_ops import uniform_block
 from lightrec.optim.fused_spec import FusedOptimizerSpec
 from lightrec.optim.keyed import KeyedOptimizer
 
@@ -271,6 +272,28 @@ class _BatchedLookupBase(nn.Module):
         if table not in self.table_names:
             raise KeyError(f"reset_rows: no table {table!r}; the tables are {self.table_names}")
         self._backend.reset_rows(self.table_names.index(table), rows, weights)
+
+    def reset_rows_of_tables(self, resets: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """:meth:`reset_rows` of several tables (``{table: (rows, weights)}``) in one kernel call."""
+        unknown = sorted(set(resets) - set(self.table_names))
+        if unknown:
+            raise KeyError(f"reset_rows: no table {unknown[0]!r}; the tables are {self.table_names}")
+        self._backend.reset_tables([(self.table_names.index(t), rows, w) for t, (rows, w) in resets.items()])
+
+    def reset_rows_uniform_of_tables(self, resets: dict[str, tuple[torch.Tensor, int, float, float]]) -> None:
+        """:meth:`reset_rows_of_tables` with the fresh weights drawn by the kernel: ``{table: (rows, seed,
+        low, high)}``, row ``rows[k]`` gets row ``k`` of ``mc_ops.uniform_block(len(rows), D, seed, low,
+        high, float32)`` (``ResidentRows.reset_tables_uniform``; kernels without it get the block)."""
+        unknown = sorted(set(resets) - set(self.table_names))
+        if unknown:
+            raise KeyError(f"reset_rows: no table {unknown[0]!r}; the tables are {self.table_names}")
+        draw = getattr(self._backend, "reset_tables_uniform", None)
+        if callable(draw):
+            draw([(self.table_names.index(t), rows, seed, lo, hi) for t, (rows, seed, lo, hi) in resets.items()])
+            return
+        dims = dict(zip(self.table_names, self.dims, strict=True))
+        self.reset_rows_of_tables({t: (rows, uniform_block(rows.numel(), dims[t], seed, lo, hi, torch.float32))
+                                   for t, (rows, seed, lo, hi) in resets.items()})  # fmt: skip
 
     def split_embedding_weights(self) -> list[nn.Parameter]:
         """Per table ``[rows, D]`` weights (the parameters themselves; they alias the storage, which a

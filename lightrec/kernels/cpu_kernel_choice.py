@@ -8,8 +8,8 @@ the first ``"auto"`` choice on CPU between the two times both on a small group (
 row-wise Adagrad, 2048 one-id bags, forward + backward + update, alternating, median of thread CPU
 time) and caches the winner in ``$LIGHTREC_CACHE_DIR/cpu_kernel_choice.json`` (default
 ``~/.cache/lightrec``) under a key of the processor, the torch and fbgemm versions and the native
-library, so later processes -- every rank of later runs -- read the same answer. Configurations
-fbgemm cannot serve (Adam, weight decay, tables shared by features, no fbgemm) use the torch
+library's content (a rebuilt native update is measured again), so later processes -- every rank of
+later runs -- read the same answer. Configurations fbgemm cannot serve (Adam, weight decay, tables shared by features, no fbgemm) use the torch
 kernel without measuring.
 
 ``LIGHTREC_CPU_KERNEL=fbgemm|torch`` decides without measuring (the test suite pins ``fbgemm``).
@@ -20,6 +20,7 @@ own, so that only changes last bits (both kernels implement the same exact rule)
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import platform
@@ -62,7 +63,12 @@ def _machine_key() -> str:
     except Exception:  # noqa: BLE001 - not installed under that name
         fbgemm = "?"
     ops = native_ops()
-    library = Path(ops.library).parent.name if ops is not None else "none"
+    library = "none"
+    if ops is not None:  # its content, not its path: a rebuilt (changed) update is measured again
+        try:
+            library = hashlib.sha256(Path(ops.library).read_bytes()).hexdigest()[:16]
+        except OSError:
+            library = Path(ops.library).parent.name
     return f"{model}|{os.cpu_count()}|torch {torch.__version__}|fbgemm {fbgemm}|{library}"
 
 

@@ -18,7 +18,7 @@ as ``embedding_bags.<table>.weight``); their own state_dict entries are dropped 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -128,6 +128,27 @@ class _FusedCollectionBase(nn.Module):
                 lookup.reset_rows(table, rows, values)
                 return
         raise KeyError(f"{type(self).__name__} has no table {table!r}; its tables are {[t.name for t in self._tables]}")
+
+    def reset_embedding_rows_of_tables(self, resets: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """:meth:`reset_embedding_rows` of several tables (``{table: (rows, values)}``), one kernel call
+        per lookup module (a managed-collision step resets rows of every table)."""
+        self._per_lookup(resets, lambda lookup, mine: lookup.reset_rows_of_tables(mine))
+
+    def reset_embedding_rows_uniform(self, resets: dict[str, tuple[torch.Tensor, int, float, float]]) -> None:
+        """:meth:`reset_embedding_rows_of_tables` with the fresh values drawn by the kernels
+        (``{table: (rows, seed, low, high)}``; ``BatchedEmbeddingBag.reset_rows_uniform_of_tables``)."""
+        self._per_lookup(resets, lambda lookup, mine: lookup.reset_rows_uniform_of_tables(mine))
+
+    def _per_lookup(self, resets: dict[str, Any], call: Callable[[Any, dict[str, Any]], None]) -> None:
+        """``call(lookup, {table: entry})`` once per lookup module holding tables of ``resets``."""
+        left = dict(resets)
+        for lookup in self._lookup_modules():
+            mine = {t: left.pop(t) for t in lookup.table_names if t in left}
+            if mine:
+                call(lookup, mine)
+        if left:
+            raise KeyError(f"{type(self).__name__} has no table {sorted(left)[0]!r}; its tables are "
+                           f"{[t.name for t in self._tables]}")  # fmt: skip
 
     @property
     def device(self) -> torch.device:

@@ -15,7 +15,8 @@ registered by name in :mod:`lightrec.kernels.kernel_registry`. ``BatchedEmbeddin
                    split_optimizer_states() -> {state name: [rows] | [rows, D]} per table
                    apply(fn): nn.Module._apply's device / dtype conversion (or a clear refusal)
     rows           read_rows / write_rows / reset_rows(table, rows, ...): one table's rows and their
-                   optimizer state (managed-collision eviction resets both; a cache moves both)
+                   optimizer state (managed-collision eviction resets both; a cache moves both);
+                   reset_tables([(table, rows, weights), ...]): reset_rows of several tables at once
     prefetch       prefetches: bool; prefetch(indices, offsets): a later batch's ids, handed over
                    while the current batch trains (a cached table fetches the rows it will miss)
     consistency    flush(): rows held elsewhere (a cache) written back, so the split views are
@@ -39,6 +40,8 @@ import torch
 
 from lightrec.kernels.tiered_config import TieringConfig
 from lightrec.modules.embedding_configs import PoolingType
+from lightrec.modules.mc_ops import uniform_block
+from lightrec.modules.mch_native import native_step_available
 from lightrec.optim.fused_spec import FusedOptimizerSpec
 
 __all__ = ["EmbeddingKernel", "KernelConfig", "LookupBatch", "ResidentRows", "RowState"]
@@ -167,6 +170,11 @@ class EmbeddingKernel(Protocol):
         has; a counter shared by every row, such as Adam's step, keeps counting)."""
         ...
 
+    def reset_tables(self, resets: Sequence[tuple[int, torch.Tensor, torch.Tensor]]) -> None:
+        """``reset_rows(table, rows, weights)`` for each entry, in order (a managed-collision step
+        resets rows of every table at once)."""
+        ...
+
     def prefetch(self, indices: torch.Tensor, offsets: torch.Tensor) -> None:
         """The ids (TBE layout) a later lookup will read, handed over while the current one trains."""
         ...
@@ -182,6 +190,16 @@ class EmbeddingKernel(Protocol):
     def apply(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """Convert the storage like ``nn.Module._apply`` (``.to()``, ``.double()``), or raise."""
         ...
+
+
+def native_reset_serves(weights: torch.Tensor, states: Sequence[torch.Tensor]) -> bool:
+    """Whether ``torch.ops.lightrec_mch.reset_rows_uniform`` can reset rows of this table view (CPU,
+    float32/float64 rows with unit column stride, contiguous states of the same dtype)."""
+    if weights.device.type != "cpu" or weights.dtype not in (torch.float32, torch.float64) or weights.stride(1) != 1:
+        return False
+    if any(s.device.type != "cpu" or s.dtype != weights.dtype or not s.is_contiguous() for s in states):
+        return False
+    return native_step_available(weights.device)
 
 
 class ResidentRows(abc.ABC):
@@ -230,14 +248,40 @@ class ResidentRows(abc.ABC):
                 states[name].index_copy_(0, index, values.to(states[name].dtype))
 
     def reset_rows(self, table: int, rows: torch.Tensor, weights: torch.Tensor) -> None:
-        # One read of the views (building them is most of the cost: managed collisions reset rows
-        # of every table at every step), then a write and a fill per tensor.
-        table_weights = self.split_embedding_weights()[table]
-        index = rows.to(table_weights.device, torch.long)
+        self.reset_tables([(table, rows, weights)])
+
+    def reset_tables(self, resets: Sequence[tuple[int, torch.Tensor, torch.Tensor]]) -> None:
+        # One read of the views for all the tables (building them is most of the cost: managed
+        # collisions reset rows of every table at every step), then a write and a fill per tensor.
+        all_weights, all_states = self.split_embedding_weights(), self.split_optimizer_states()
         with torch.no_grad():
-            table_weights.index_copy_(0, index, weights.to(table_weights.device, table_weights.dtype))
-            for state in self._row_states(table, table_weights).values():
-                state.index_fill_(0, index, 0)
+            for table, rows, weights in resets:
+                table_weights = all_weights[table]
+                index = rows.to(table_weights.device, torch.long)
+                table_weights.index_copy_(0, index, weights.to(table_weights.device, table_weights.dtype))
+                for state in all_states[table].values():
+                    if state.dim() >= 1 and state.shape[0] == table_weights.shape[0]:
+                        state.index_fill_(0, index, 0)
+
+    def reset_tables_uniform(self, resets: Sequence[tuple[int, torch.Tensor, int, float, float]]) -> None:
+        """``reset_tables`` with fresh weights drawn, not given: for each ``(table, rows, seed, low,
+        high)``, row ``rows[k]`` gets row ``k`` of ``mc_ops.uniform_block(len(rows), D, seed, low, high,
+        float32)`` (in the table's dtype) and a zero per-row state -- in one native pass per table on
+        CPU (``torch.ops.lightrec_mch.reset_rows_uniform``), no ``[k, D]`` block in between."""
+        all_weights, all_states = self.split_embedding_weights(), self.split_optimizer_states()
+        with torch.no_grad():
+            for table, rows, seed, low, high in resets:
+                weights = all_weights[table]
+                states = [s for s in all_states[table].values() if s.dim() >= 1 and s.shape[0] == weights.shape[0]]
+                if native_reset_serves(weights, states):
+                    torch.ops.lightrec_mch.reset_rows_uniform(weights, states, rows.to(torch.long).contiguous(), seed,
+                                                              low, high - low)  # fmt: skip
+                    continue
+                index = rows.to(weights.device, torch.long)
+                fresh = uniform_block(rows.numel(), weights.shape[1], seed, low, high, torch.float32)
+                weights.index_copy_(0, index, fresh.to(weights.device, weights.dtype))
+                for state in states:
+                    state.index_fill_(0, index, 0)
 
     def prefetch(self, indices: torch.Tensor, offsets: torch.Tensor) -> None:  # noqa: B027 - a no-op by design
         """Nothing to fetch: every row is in memory."""

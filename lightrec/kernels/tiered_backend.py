@@ -357,6 +357,10 @@ class TieredBatchedLookup:
         fresh = {k: v.new_zeros((rows.numel(), *v.shape[1:])) for k, v in self.store.states[table].items()}
         self.write_rows(table, rows, RowState(weights, fresh))
 
+    def reset_tables(self, resets: Sequence[tuple[int, torch.Tensor, torch.Tensor]]) -> None:
+        for table, rows, weights in resets:
+            self.reset_rows(table, rows, weights)
+
     # ---- what the monitor reads --------------------------------------------------------------------------
     def stats(self) -> TieredCacheStats:
         """A copy of the counters (see :class:`TieredCacheStats`)."""

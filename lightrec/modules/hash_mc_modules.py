@@ -184,6 +184,9 @@ class HashZchManagedCollisionModule(ManagedCollisionModule):
     def preprocess(self, features: dict[str, JaggedTensor]) -> dict[str, JaggedTensor]:
         return features
 
+    def preprocess_is_identity(self) -> bool:
+        return True
+
     def profile(self, features: dict[str, JaggedTensor]) -> dict[str, JaggedTensor]:
         return features
 

@@ -25,7 +25,7 @@ from torch import nn
 from lightrec.modules.feature_checks import EmbeddingIdError
 from lightrec.sparse import JaggedTensor
 
-__all__ = ["ManagedCollisionIdError", "ManagedCollisionModule"]
+__all__ = ["ManagedCollisionIdError", "ManagedCollisionModule", "ids_in_range"]
 
 
 class ManagedCollisionIdError(EmbeddingIdError):
@@ -142,17 +142,19 @@ class ManagedCollisionModule(nn.Module, abc.ABC):
         features = {self.table_name: JaggedTensor(values=values, lengths=_one_bag(values))}
         return self.remap(self.profile(features))[self.table_name].values()
 
+    def preprocess_is_identity(self) -> bool:
+        """Whether ``preprocess`` leaves ids as they are (no ``input_hash_func``): a collection may then
+        check the ids of several tables at once. False unless a subclass knows better."""
+        return False
+
     def check_ids(self, values: torch.Tensor, features: list[str]) -> None:
         """Raise :class:`ManagedCollisionIdError` for ids outside ``[0, input_size())``.
 
         ``input_size() == 0`` (the hash module's "unbounded") accepts every non-negative id.
         """
-        if values.numel() == 0:
+        if values.numel() == 0 or ids_in_range(values, self.input_size()):
             return
         limit = self.input_size()
-        low, high = torch.aminmax(values)  # one pass and one host read when the ids are fine
-        if int(low) >= 0 and (limit == 0 or int(high) < limit):
-            return
         bad = values < 0 if limit == 0 else (values < 0) | (values >= limit)
         value = int(values[torch.nonzero(bad)[0, 0]])
         space = "[0, 2**63)" if limit == 0 else f"[0, {limit})"
@@ -186,14 +188,21 @@ class ManagedCollisionModule(nn.Module, abc.ABC):
         re-initialisation of evicted rows draws each bucket's rows from a generator of its own."""
         return [self.output_global_offset, self.output_global_offset + self.output_size()], 0
 
-    def index_bytes_per_row(self) -> float:
+    def index_bytes_per_row(self, device_type: str = "cpu") -> float:
         """Memory per row of what the module derives from its state and keeps beside its buffers
-        (a search index); the planner adds it to the table's memory."""
+        (a search index) when it trains on ``device_type``; the planner adds it to the table's memory."""
         return 0.0
 
     def mc_stats(self) -> dict[str, float]:
         """Counters for monitoring (occupancy, evictions, default-row lookups...); see subclasses."""
         return {}
+
+
+def ids_in_range(values: torch.Tensor, limit: int) -> bool:
+    """Whether every id of ``values`` (non-empty) is in ``[0, limit)`` (``limit == 0``: any id >= 0);
+    one pass over the ids."""
+    low, high = torch.aminmax(values)
+    return int(low) >= 0 and (limit == 0 or int(high) < limit)
 
 
 def _one_bag(values: torch.Tensor) -> torch.Tensor:

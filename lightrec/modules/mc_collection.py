@@ -24,7 +24,7 @@ from torch import nn
 
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig
 from lightrec.modules.feature_checks import check_feature_keys
-from lightrec.modules.mc_base import ManagedCollisionModule
+from lightrec.modules.mc_base import ManagedCollisionModule, ids_in_range
 from lightrec.sparse import JaggedTensor, KeyedJaggedTensor
 
 __all__ = ["ManagedCollisionCollection", "apply_mc_method_to_jt_dict", "check_mc_tables"]
@@ -127,12 +127,15 @@ class ManagedCollisionCollection(nn.Module):
         offsets = kjt.offset_per_key()
         out: list[torch.Tensor] = []
         first = 0
-        for table, module in self.modules_by_table().items():
+        modules = self.modules_by_table()
+        checked = self._ids_checked_at_once(values, modules)
+        for table, module in modules.items():
             names = self._table_to_features[table]
             ids = values[offsets[first] : offsets[first + len(names)]].long()
             if self.need_preprocess:
                 ids = module.preprocess_values(ids)
-            module.check_ids(ids, names)
+            if not checked:
+                module.check_ids(ids, names)
             splits = [offsets[first + i + 1] - offsets[first + i] for i in range(len(names))]
             out.append(module.remap_values(ids, splits))
             first += len(names)
@@ -141,6 +144,17 @@ class ManagedCollisionCollection(nn.Module):
             keys=self._feature_names, values=remapped, weights=kjt.weights_or_none(), lengths=kjt.lengths(),
             stride=kjt.stride(), length_per_key=kjt.length_per_key(), offset_per_key=offsets,
         )  # fmt: skip
+
+    def _ids_checked_at_once(self, values: torch.Tensor, modules: dict[str, ManagedCollisionModule]) -> bool:
+        """Whether one range check of all the ids showed them fine for every table: the tables share
+        one id space and leave ids as they are (else, or when an id is bad, each table checks its own
+        ids, and the error names the table)."""
+        limits = {m.input_size() for m in modules.values()}
+        if len(limits) != 1 or values.numel() == 0:
+            return False
+        if self.need_preprocess and not all(m.preprocess_is_identity() for m in modules.values()):
+            return False
+        return ids_in_range(values, limits.pop())
 
     def evict(self) -> dict[str, torch.Tensor | None]:
         """``{table: rows evicted since the last call (None: none)}``."""

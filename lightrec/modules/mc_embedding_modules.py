@@ -32,7 +32,7 @@ from torch import nn
 
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, EmbeddingBagConfig, EmbeddingConfig
 from lightrec.modules.mc_collection import ManagedCollisionCollection
-from lightrec.modules.mc_reset import reinit_values, reset_collection_rows
+from lightrec.modules.mc_reset import reinit_values, reset_collection_rows, uniform_reset_seed
 from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = [
@@ -119,14 +119,30 @@ class BaseManagedCollisionEmbeddingCollection(nn.Module):
     def reset_evicted_rows(self, evictions: dict[str, torch.Tensor | None]) -> None:
         """Re-initialise ``{table: rows}`` and reset their optimizer state (see the module docstring)."""
         modules = self._managed_collision_collection.modules_by_table()
-        reset = getattr(self._embedding_module, "reset_embedding_rows", None)
+        draw_in_kernel = getattr(self._embedding_module, "reset_embedding_rows_uniform", None)
+        fresh: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        drawn: dict[str, tuple[torch.Tensor, int, float, float]] = {}  # the kernels draw the same values
         for table, rows in evictions.items():
             if rows is None or rows.numel() == 0:
                 continue
-            config = self._table_configs[table]
-            module = modules[table]
+            module, config = modules[table], self._table_configs[table]
             bounds, first = module.reset_buckets()
+            seed = uniform_reset_seed(config, module.current_iteration(), self._reset_seed, first)
+            if callable(draw_in_kernel) and len(bounds) == 2 and seed is not None:
+                drawn[table] = (rows, seed, config.get_weight_init_min(), config.get_weight_init_max())
+                continue
             values = reinit_values(config, rows, module.current_iteration(), self._reset_seed, bounds, first)
+            fresh[table] = (rows, values)
+        if drawn and callable(draw_in_kernel):  # a fused collection with one bucket per table: one pass per table
+            draw_in_kernel(drawn)
+        if not fresh:
+            return
+        reset_all = getattr(self._embedding_module, "reset_embedding_rows_of_tables", None)
+        reset = getattr(self._embedding_module, "reset_embedding_rows", None)
+        if callable(reset_all):  # a fused collection: one kernel call for every table
+            reset_all(fresh)
+            return
+        for table, (rows, values) in fresh.items():
             if callable(reset):
                 reset(table, rows, values)
             else:

@@ -25,6 +25,7 @@ __all__ = [
     "bucket_segments",
     "mix64",
     "mix64_hash",
+    "uniform_block",
 ]
 
 EMPTY_ID = 2**63 - 1
@@ -111,3 +112,22 @@ def mix64_hash(values: torch.Tensor, input_hash_size: int) -> torch.Tensor:
     ``input_hash_func=mix64_hash`` to spread them (collisions among 2**63 values are negligible).
     """
     return torch.remainder(mix64(values.long()), input_hash_size)
+
+
+def uniform_block(rows: int, dim: int, seed: int, low: float, high: float, dtype: torch.dtype) -> torch.Tensor:
+    """``[rows, dim]`` values uniform in ``[low, high)``, a pure function of ``seed`` (CPU).
+
+    Element ``i`` (row-major) is ``low + (high - low) * u_i`` with ``u_i`` the top 53 bits of
+    SplitMix64's ``i``-th output from ``seed``, computed in float64 and rounded to ``dtype`` once: a
+    counter-based draw, so the native op ``torch.ops.lightrec_mch.uniform_rows``
+    (``lightrec/csrc/mch_step.cpp``) gives the same bits, and so does any device.
+
+    Args:
+        rows / dim: the block's shape.
+        seed: any int in ``[0, 2**63)``.
+        low / high: the range.
+        dtype: floating dtype of the result.
+    """
+    counter = torch.arange(rows * dim, dtype=torch.int64)
+    unit = _shr(mix64(counter * _GOLDEN + seed), 11).to(torch.float64).mul_(2.0**-53)
+    return unit.mul_(high - low).add_(low).to(dtype).view(rows, dim)

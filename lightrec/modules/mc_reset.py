@@ -5,11 +5,13 @@ the old id's weights or optimizer state (momentum, Adagrad sums) into the new on
 the two halves for plain-PyTorch collections; fused and sharded collections reset their kernels'
 storage through the kernels' ``reset_rows`` (``lightrec.kernels.kernel_interface``) with the same values.
 
-New values are drawn from the table's init range by a generator seeded with ``(seed, table name,
-iteration, bucket)``, for the rows of each bucket in the order the module evicted them. Buckets
-decide independently and a sharded table holds whole buckets, so a row is re-initialised with the
-same values whether the table is sharded or not, on any number of ranks. A table with an
-``init_fn`` gets it applied to the evicted rows of each bucket under the same seed.
+New values are drawn uniformly from the table's init range, a pure function of a seed made of
+``(seed, table name, iteration, bucket)`` (``mc_ops.uniform_block``: a counter-based draw, native on
+CPU -- ``torch.ops.lightrec_mch.uniform_rows``, the same bits -- a few microseconds for the rows a
+step evicts), for the rows of each bucket in the order the module evicted them. Buckets decide
+independently and a sharded table holds whole buckets, so a row is re-initialised with the same
+values whether the table is sharded or not, on any number of ranks. A table with an ``init_fn``
+gets it applied to the evicted rows of each bucket under a torch generator seeded the same way.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ import torch
 from torch import nn
 
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig
+from lightrec.modules.mc_ops import uniform_block
+from lightrec.modules.mch_native import native_step_available
 
-__all__ = ["reinit_values", "reset_collection_rows", "reset_optimizer_rows"]
+__all__ = ["reinit_values", "reset_collection_rows", "reset_optimizer_rows", "uniform_reset_seed"]
 
 _M64 = (1 << 64) - 1
 
@@ -41,6 +45,13 @@ def _seed(seed: int, table: str, iteration: int, bucket: int) -> int:
     return mixed & 0x7FFF_FFFF_FFFF_FFFF
 
 
+def uniform_reset_seed(config: BaseEmbeddingConfig, iteration: int, seed: int = 0, bucket: int = 0) -> int | None:
+    """The ``mc_ops.uniform_block`` seed that :func:`reinit_values` draws the rows of one bucket with,
+    or None when the table draws otherwise (an ``init_fn``): a kernel can then write the fresh values
+    straight into its rows (``reset_tables_uniform``), the same values."""
+    return None if config.init_fn is not None else _seed(seed, config.name, iteration, bucket)
+
+
 def _draw(config: BaseEmbeddingConfig, n: int, generator_seed: int, dtype: torch.dtype) -> torch.Tensor:
     if config.init_fn is not None:
         with torch.random.fork_rng(devices=[]):
@@ -48,9 +59,11 @@ def _draw(config: BaseEmbeddingConfig, n: int, generator_seed: int, dtype: torch
             block = torch.empty(n, config.embedding_dim, dtype=dtype)
             config.init_fn(block)
         return block
-    generator = torch.Generator().manual_seed(generator_seed)
     lo, hi = config.get_weight_init_min(), config.get_weight_init_max()
-    return torch.empty(n, config.embedding_dim, dtype=dtype).uniform_(lo, hi, generator=generator)
+    if dtype in (torch.float32, torch.float64) and native_step_available(torch.device("cpu")):
+        out: torch.Tensor = torch.ops.lightrec_mch.uniform_rows(n, config.embedding_dim, generator_seed, lo, hi - lo, dtype)
+        return out
+    return uniform_block(n, config.embedding_dim, generator_seed, lo, hi, dtype)
 
 
 @torch.no_grad()

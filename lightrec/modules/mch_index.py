@@ -13,6 +13,11 @@ The index keeps:
 * per bucket, a **queue of rows to hand out**: the free slots (ascending), then the victims (the
   residents that ranked lowest at the last round, lowest first), consumed from a cursor. A victim
   looked up after the round keeps its row: it is skipped.
+* for the native CPU step (``mch_native``) only: a **hash table** ``id -> slot`` (open addressing,
+  verified against ``slot_ids`` like the sorted index: a hit touches one random cache line where a
+  binary search touches a dozen), and the entries that step placed since the last fold into the
+  sorted index (``pending``: merging them at every step would copy the whole index each time; they
+  are folded in when a torch-op path reads the sorted index -- a round, a frozen lookup).
 
 A step therefore costs ``O(N log Z)`` for ``N`` ids plus a few vector passes over the index when
 new ids are merged in, and a round ``O(Z)`` plus a sort of its lowest-ranked entries, once per
@@ -46,7 +51,13 @@ class SlotIndex:
         self.layout = layout
         self.device = torch.device("meta")
         self.ids = self.slots = _empty(self.device)
+        self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []  # (ids ascending, slots) not in ids/slots yet
+        self.hash: torch.Tensor | None = None  # [H, 2] (id, slot) of the native step (CPU), EMPTY_ID: free
+        self.hash_ok = False  # the hash holds every resident id's slot
+        self.hash_count = 0  # used entries of the hash
         self.queues: list[torch.Tensor] = []
+        self.queue_flat = _empty(self.device)  # the queues one after the other (``queues`` are views of it)
+        self.queue_starts: list[int] = [0]
         self.free_len: list[int] = []
         self.cursor: list[int] = []
         self.round_iter = 0
@@ -61,6 +72,7 @@ class SlotIndex:
             round_iter: iteration of the last round (victims seen after it keep their rows).
         """
         self.device = slot_ids.device
+        self.pending, self.hash, self.hash_ok = [], None, False  # (the native step builds a new hash)
         occupied = torch.nonzero(slot_ids != EMPTY_ID).flatten()
         self.ids, order = torch.sort(slot_ids.index_select(0, occupied))
         self.slots = occupied.index_select(0, order)
@@ -77,11 +89,17 @@ class SlotIndex:
 
     def set_queues(self, queues: list[torch.Tensor], free_len: list[int], round_iter: int) -> None:
         """New hand-out queues, one per local bucket: ``free_len[b]`` free slots, then victims."""
-        self.queues, self.free_len, self.cursor = list(queues), list(free_len), [0] * len(queues)
+        self.queue_flat = torch.cat(queues) if queues else _empty(self.device)
+        self.queue_starts = [0]
+        for queue in queues:
+            self.queue_starts.append(self.queue_starts[-1] + queue.numel())
+        self.queues = [self.queue_flat[a:b] for a, b in zip(self.queue_starts[:-1], self.queue_starts[1:])]
+        self.free_len, self.cursor = list(free_len), [0] * len(queues)
         self.round_iter = round_iter
 
     def compact(self, slot_ids: torch.Tensor) -> None:
         """Drop the entries of ids that left their slot (the index stays sorted)."""
+        self.fold()
         live = torch.nonzero(slot_ids.index_select(0, self.slots) == self.ids).flatten()
         self.ids, self.slots = self.ids.index_select(0, live), self.slots.index_select(0, live)
 
@@ -97,6 +115,7 @@ class SlotIndex:
     # ---- lookups -------------------------------------------------------------------------------
     def lookup(self, slot_ids: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(slot [N], hit [N])``: each id's slot (the newest entry of the id), verified against ``slot_ids``."""
+        self.fold()
         if self.ids.numel() == 0:
             return torch.zeros_like(values), torch.zeros_like(values, dtype=torch.bool)
         pos = torch.searchsorted(self.ids, values, right=True).sub_(1).clamp_(min=0)
@@ -106,6 +125,28 @@ class SlotIndex:
     def insert(self, ids: torch.Tensor, slots: torch.Tensor) -> None:
         """Merge ids just placed in ``slots`` (``ids`` ascending) into the index, each after any stale
         entry of the same id."""
+        self.fold()
+        self._merge(ids, slots)
+        self.hash_ok = False  # (placed outside the native step: rebuilt at its next call)
+
+    def fold(self) -> None:
+        """Merge the native step's ``pending`` entries into the sorted index (in the order they were
+        placed: a later entry of an id goes after an earlier one)."""
+        if not self.pending:
+            return
+        ids = torch.cat([p[0] for p in self.pending])
+        slots = torch.cat([p[1] for p in self.pending])
+        self.pending = []
+        if ids.numel():
+            by_id = torch.sort(ids, stable=True)
+            self._merge(by_id.values, slots.index_select(0, by_id.indices))
+
+    def entries(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sorted index ``(ids, slots)`` with every pending entry in it."""
+        self.fold()
+        return self.ids, self.slots
+
+    def _merge(self, ids: torch.Tensor, slots: torch.Tensor) -> None:
         if ids.numel() == 0:
             return
         dest = torch.searchsorted(self.ids, ids, right=True).add_(torch.arange(ids.numel(), device=ids.device))

@@ -32,6 +32,7 @@ from lightrec.modules.mc_eviction import MCHEvictionPolicy
 from lightrec.modules.mc_ops import EMPTY_ID, block_bucket, bucket_segments, check_input_hash_size
 from lightrec.modules.mc_serving import FrozenMCHRemapper, check_servable_hash
 from lightrec.modules.mch_index import SlotIndex
+from lightrec.modules.mch_native import native_hash_bytes_per_row
 from lightrec.modules.mch_slots import BucketLayout
 from lightrec.modules.mch_state import to_slot_order
 from lightrec.modules.mch_step import MCHSteps, StepStats
@@ -200,6 +201,9 @@ class MCHManagedCollisionModule(MCHSteps, ManagedCollisionModule):
             for name, jt in features.items()
         }
 
+    def preprocess_is_identity(self) -> bool:
+        return self._input_hash_func is None
+
     def preprocess_values(self, values: torch.Tensor) -> torch.Tensor:
         return values if self._input_hash_func is None else self._input_hash_func(values, self._input_hash_size)
 
@@ -235,7 +239,7 @@ class MCHManagedCollisionModule(MCHSteps, ManagedCollisionModule):
         # it twice writes the same values)
         rows = self._pending_evictions[0] if len(self._pending_evictions) == 1 else torch.cat(self._pending_evictions)
         self._pending_evictions = []
-        return rows + self._output_global_offset
+        return rows + self._output_global_offset if self._output_global_offset else rows
 
     def output_size(self) -> int:
         return self._zch_size
@@ -339,8 +343,9 @@ class MCHManagedCollisionModule(MCHSteps, ManagedCollisionModule):
             sorted_ids, slots + offset, defaults, self._input_hash_size, self._buckets, self._layout.start_bucket, hashed
         )
 
-    def index_bytes_per_row(self) -> float:
-        return 16.0  # the sorted index: an id and a slot (int64) per resident
+    def index_bytes_per_row(self, device_type: str = "cpu") -> float:
+        # The sorted index: an id and a slot (int64) per resident; on CPU the native step adds its hash.
+        return 16.0 + (native_hash_bytes_per_row(self.output_size()) if device_type == "cpu" else 0.0)
 
     def mc_stats(self) -> dict[str, float]:
         capacity = sum(self._layout.capacity(b) for b in range(self._layout.num_local))

@@ -22,6 +22,7 @@ import torch
 from lightrec.modules.mc_eviction import MCHEvictionPolicy
 from lightrec.modules.mc_ops import EMPTY_ID, block_bucket, mix64
 from lightrec.modules.mch_index import SlotIndex
+from lightrec.modules.mch_native import native_lookup_insert, native_step_available
 from lightrec.modules.mch_slots import BucketLayout, priority_order, round_cut
 
 __all__ = ["MCHSteps", "StepStats"]
@@ -61,8 +62,10 @@ class MCHSteps:
     _mch_victim_rank: torch.Tensor
     _mch_admission_counts: torch.Tensor  # only with admission_threshold > 1
 
+    _buffers: dict[str, torch.Tensor | None]  # nn.Module's
+
     def _counts(self) -> torch.Tensor | None:
-        return getattr(self, "_mch_counts", None)
+        return self._buffers.get("_mch_counts")  # (not getattr: a missing buffer raises inside nn.Module)
 
     def _local_bucket(self, values: torch.Tensor) -> torch.Tensor:
         if self._layout.num_local == 1:
@@ -90,19 +93,34 @@ class MCHSteps:
         slots, hit = self._ensure_index().lookup(self._mch_sorted_raw_ids, values)
         return torch.where(hit, slots, self._default_of(values)) + self._output_global_offset
 
-    @torch.no_grad()
     def _train_step(self, values: torch.Tensor) -> torch.Tensor:
         it = self._current_iter = self._current_iter + 1
+        n = values.numel()
+        if n and values.device.type == "cpu" and native_step_available(self._mch_sorted_raw_ids.device):
+            local = self._native_lookup_and_insert(values, it)  # (no autograd in it: no no_grad context)
+            self._current_iter_tensor.fill_(it)
+            if it % self._eviction_interval:
+                self._stats.lookups += n
+                return local + self._output_global_offset if self._output_global_offset else local
+        else:
+            local = None
+        with torch.no_grad():
+            return self._torch_step_and_round(values, local, it)
+
+    def _torch_step_and_round(self, values: torch.Tensor, local: torch.Tensor | None, it: int) -> torch.Tensor:
+        """The rest of a step: the torch-op lookup-and-insert (unless ``local`` is already known) and
+        the round every ``eviction_interval`` steps."""
         self._current_iter_tensor.fill_(it)
-        default = self._default_of(values)
-        local = self._lookup_and_insert(values, default, it) if values.numel() else values.clone()
+        n = values.numel()
+        if local is None:
+            local = self._lookup_and_insert(values, self._default_of(values), it) if n else values.clone()
         if it % self._eviction_interval == 0:  # on a fixed schedule: a resumed run keeps it
             self._round(it)
-            if values.numel():  # the round moved ids: look them up again
+            if n:  # the round moved ids: look them up again
                 slots, hit = self._index.lookup(self._mch_sorted_raw_ids, values)
-                local = torch.where(hit, slots, default)
-                self._stats.default_lookups += values.numel() - int(hit.sum())
-        self._stats.lookups += values.numel()
+                local = torch.where(hit, slots, self._default_of(values))
+                self._stats.default_lookups += n - int(hit.sum())
+        self._stats.lookups += n
         return local + self._output_global_offset if self._output_global_offset else local
 
     def _lookup_and_insert(self, values: torch.Tensor, default: torch.Tensor | int, it: int) -> torch.Tensor:
@@ -124,6 +142,23 @@ class MCHSteps:
                 self._stats.default_lookups += missed.numel() - int(placed.sum())
             got = torch.where(placed, got, default if isinstance(default, int) else default.index_select(0, missed))
         return local.index_copy_(0, missed, got)
+
+    def _native_lookup_and_insert(self, values: torch.Tensor, it: int) -> torch.Tensor:
+        """``_lookup_and_insert`` as one native op (``mch_native``): the same decisions."""
+        block = -(-self._input_hash_size // self._buckets)
+        state = (self._mch_sorted_raw_ids, self._mch_last_access_iter, self._counts(),
+                 self._buffers.get("_mch_admission_counts"))  # fmt: skip
+        done = native_lookup_insert(values.contiguous(), self._ensure_index(), self._layout, state,
+                                    (self._buckets, block), it, self._admission_threshold)  # fmt: skip
+        if done.evicted.numel():
+            self._pending_evictions.append(done.evicted)
+            self._stats.evicted += done.evicted.numel()
+        if done.waiting_ids.numel():
+            self._history.append((done.waiting_ids, done.waiting_counts, torch.full_like(done.waiting_ids, it)))
+        self._stats.inserted += done.inserted
+        if it % self._eviction_interval:  # (a round follows otherwise, and counts them itself)
+            self._stats.default_lookups += done.unplaced
+        return done.rows
 
     def _insert(self, uniq: torch.Tensor, cnt: torch.Tensor, it: int) -> tuple[torch.Tensor, bool]:
         """Rows for new ids ``uniq`` (ascending) seen ``cnt`` times: ``([U] local slot or -1, all placed)``."""
@@ -179,7 +214,9 @@ class MCHSteps:
         by_id = torch.sort(placed_ids)
         index.insert(by_id.values, slot.index_select(0, by_id.indices))
         positions = placed if cand is None else cand.index_select(0, placed)
-        return torch.full_like(uniq, -1).index_copy_(0, positions, slot), not shortage
+        # ids not admitted yet (cand) are not placed either: they go to the default row
+        all_placed = not shortage and (cand is None or cand.numel() == uniq.numel())
+        return torch.full_like(uniq, -1).index_copy_(0, positions, slot), all_placed
 
     def _sketch_index(self, ids: torch.Tensor) -> torch.Tensor:
         """Admission counter of each id: a hashed slot inside its bucket's segment (so that the

@@ -60,9 +60,13 @@ def test_planner_counts_the_id_map_in_table_memory() -> None:
     model.mc = managed()
     topo = Topology(world_size=1, compute_device="cpu")
     sharders = get_default_sharders()
-    per_row = ManagedCollisionEmbeddingBagCollectionSharder().row_state_bytes(model.mc)["t"]
-    # ids, mapping, counts, last access, victim ranks (saved) + the sorted index (ids, rows): 7 int64
-    assert per_row == 7 * 8
+    sharder = ManagedCollisionEmbeddingBagCollectionSharder()
+    per_row = sharder.row_state_bytes(model.mc)["t"]
+    # ids, mapping, counts, last access, victim ranks (saved) + the sorted index (ids, rows): 7 int64;
+    # on CPU the native step's hash too: [H, 2] int64 with H the power of two >= 2 * ROWS.
+    hash_entries = 1 << (2 * ROWS - 1).bit_length()
+    assert per_row == pytest.approx(7 * 8 + 16 * hash_entries / ROWS)
+    assert sharder.row_state_bytes(model.mc, "cuda")["t"] == 7 * 8  # the torch-op step keeps no hash
     report = EmbeddingShardingPlanner(topology=topo).evaluate(
         model, sharders, EmbeddingShardingPlanner(topology=topo).plan(model, sharders)
     )

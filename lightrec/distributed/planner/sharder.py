@@ -78,9 +78,10 @@ class ModuleSharder(abc.ABC, Generic[M]):
         (the planner calls this last; e.g. managed-collision tables lay row blocks on whole buckets)."""
         return plan
 
-    def row_state_bytes(self, module: nn.Module) -> dict[str, float]:
+    def row_state_bytes(self, module: nn.Module, device_type: str = "cpu") -> dict[str, float]:
         """``{table: bytes per row}`` of state a table keeps besides weights and optimizer state
-        (e.g. a managed-collision id map); the planner counts it in the table's memory."""
+        (e.g. a managed-collision id map) when it trains on ``device_type``; the planner counts it in
+        the table's memory."""
         return {}
 
     def shardable_parameters(self, module: nn.Module) -> dict[str, BaseEmbeddingConfig]:

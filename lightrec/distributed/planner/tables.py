@@ -134,7 +134,7 @@ def collect_tables(
         min_rows = int(m.sharder.fused_params.get("cache_min_rows", DEFAULT_MIN_CACHE_ROWS))
         offered = m.sharder.sharding_types(device)
         offered_kernels = {stype: m.sharder.compute_kernels(stype, device) for stype in offered}
-        row_state = m.sharder.row_state_bytes(m.module)
+        row_state = m.sharder.row_state_bytes(m.module, device)
         for name, cfg in m.configs.items():
             c = constraints.get(name, ParameterConstraints())
             opts: list[tuple[int, list[int]]] = []
