@@ -3,7 +3,7 @@
 Three measurements, each printing its figures with the machine's load average next to them (the
 machine is shared: rerun when the 1-minute load is high)::
 
-    python benchmarks/bench_tiered.py                       # steps/s at cache load factors 1%, 5%, 20%
+    python benchmarks/bench_tiered.py                       # steps/s at cache load factors 1%, 5%, 20%, 30%
     python benchmarks/bench_tiered.py --stores              # direct row file vs a key-value store
     python benchmarks/bench_tiered.py --larger-than-memory  # 64M x 64 fp32 inside a 4 GiB memory cgroup
 
@@ -14,7 +14,10 @@ hash, as real ids are). The in-memory ``BatchedEmbeddingBag`` is the baseline; t
 during the current backward, as ``SparseDistPrefetch`` does in training. Each configuration runs
 ``--warmup`` steps (the cache reaches its steady state), then both take turns on ``--repeats``
 chunks of ``--steps`` steps (medians printed); the hit rate is the kernel's own counter over the
-timed steps. The table fits in RAM here, so its row file is mostly page cache:
+timed steps. The load factors are the issue's 1%, 5% and 20% plus 30%, the smallest of that series
+at which LRU reaches a 90% hit rate on this stream (Zipf 1.05 over 1M rows: 87.9% at 20%, 90.9%
+at 30%; the cache's decisions are deterministic, so these are the same on every run); the last line
+says whether the target -- at least 50% of the in-memory speed at a hit rate of 90% or more -- is met. The table fits in RAM here, so its row file is mostly page cache:
 this measures the cache machinery; ``--larger-than-memory`` measures the disk.
 
 **Stores** (``--stores``): why the SSD tier is a direct row file. The same rows (``--store-rows`` x
@@ -153,6 +156,14 @@ def bench_speed(args: argparse.Namespace) -> dict[str, Any]:
         print(f"  clf {clf:4.0%}: in memory {row['memory_steps_per_s']:6.1f} steps/s | SSD-backed "
               f"{row['ssd_steps_per_s']:6.1f} steps/s = {row['ratio']:4.0%} of in memory | hit rate "
               f"{row['hit_rate']:.1%}, {row['rows_fetched_per_step']:.0f} rows fetched/step | {row['load']}")  # fmt: skip
+    high = [r for r in results["configs"] if r["hit_rate"] >= 0.9]
+    met = [r for r in high if r["ratio"] >= 0.5]
+    results["target_met"] = bool(met)
+    if not high:
+        print("  target (>= 50% of in memory at a hit rate >= 90%): no load factor here reaches a 90% hit rate")
+    else:
+        shown = ", ".join(f"clf {r['cache_load_factor']:.0%}: {r['ratio']:.0%} at {r['hit_rate']:.1%}" for r in high)
+        print(f"  target (>= 50% of in memory at a hit rate >= 90%): {'met' if met else 'NOT met'} ({shown})")
     return results
 
 
@@ -340,7 +351,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20, help="steps per timed chunk")
     p.add_argument("--repeats", type=int, default=5, help="timed chunks of each table, in turns")
     p.add_argument("--algorithm", choices=["lru", "lfu"], default="lru")
-    p.add_argument("--clf", type=float, nargs="+", default=[0.01, 0.05, 0.2])
+    p.add_argument("--clf", type=float, nargs="+", default=[0.01, 0.05, 0.2, 0.3])
     p.add_argument("--store-rows", type=int, default=16_000_000)
     p.add_argument("--store-batch", type=int, default=4096)
     p.add_argument("--store-batches", type=int, default=20)
@@ -350,11 +361,16 @@ def main() -> None:
     p.add_argument("--big-warmup", type=int, default=100)
     p.add_argument("--big-steps", type=int, default=100)
     p.add_argument("--memory-limit", default="4G")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads for both tables (default: torch's; on a 2-core machine 1 leaves a core "
+                        "to the tiered table's I/O worker, and the in-memory table is no slower with it)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="also print the results as one JSON line")
     p.add_argument("--_stores-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--_big-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--_out", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     if args._stores_child or args._big_child:
         result = _store_child(args) if args._stores_child else _big_child(args)
         Path(args._out).write_text(json.dumps(result))

@@ -1,8 +1,10 @@
 """lightrec's native CPU ops: built from ``lightrec/csrc`` at first use, or left out with one warning.
 
-Three small C++ files register torch ops (``torch.ops.lightrec_cpu.*``: the torch kernel's fused
+Four small C++ files register torch ops (``torch.ops.lightrec_cpu.*``: the torch kernel's fused
 update on CPU; ``torch.ops.lightrec_mch.*``: a managed-collision table's training step on CPU;
-``torch.ops.lightrec_shm.*``: the futex signalling of the shared-memory transport, Linux only). They are compiled once per machine by ``torch.utils.cpp_extension.load`` -- the
+``torch.ops.lightrec_tiered.*``: a tiered table's cache bookkeeping and row copies on CPU;
+``torch.ops.lightrec_shm.*``: the futex signalling of the shared-memory transport, Linux only).
+They are compiled once per machine by ``torch.utils.cpp_extension.load`` -- the
 compiler torch itself documents for extensions (g++/clang++ and ``ninja``, which lightrec depends
 on) -- into torch's extension cache (``$TORCH_EXTENSIONS_DIR``, default
 ``~/.cache/torch_extensions``), where later processes find the built library in well under a
@@ -14,8 +16,8 @@ The decision, made once per process (:func:`native_ops`):
 1. ``LIGHTREC_DISABLE_NATIVE=1``: no native ops, silently (asked for).
 2. Otherwise build or load; any failure (no compiler, no ``ninja``, missing Python headers, a
    compile error) gives ONE :class:`NativeUnavailableWarning` naming the reason and the fix, and
-   lightrec runs its pure-torch update, managed-collision step and the gloo transport instead --
-   the same numbers, slower.
+   lightrec runs its pure-torch update, managed-collision step, tiered-cache bookkeeping and the
+   gloo transport instead -- the same numbers, slower.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ class NativeOps:
 
     Attributes:
         fused_update: ``torch.ops.lightrec_cpu.cpu_fused_update`` is registered.
+        tiered: ``torch.ops.lightrec_tiered.{tiered_admit, tiered_touch, tiered_release, tiered_copy_rows,
+            tiered_advise}`` are registered.
         shm: ``torch.ops.lightrec_shm.{shm_store, shm_wait, shm_fetch_add}`` are registered (Linux).
         mch_step: ``torch.ops.lightrec_mch.lookup_insert`` (a managed-collision table's training
             step, ``lightrec.modules.mch_native``) is registered.
@@ -58,10 +62,11 @@ class NativeOps:
     shm: bool
     library: str
     mch_step: bool = False
+    tiered: bool = False
 
 
 def _sources() -> list[str]:
-    files = ["cpu_fused_update.cpp", "mch_step.cpp"]
+    files = ["cpu_fused_update.cpp", "mch_step.cpp", "tiered_cache.cpp"]
     if sys.platform.startswith("linux"):  # futex signalling
         files.append("shm_sync.cpp")
     return [str(_CSRC / f) for f in files]
@@ -95,7 +100,7 @@ def _build() -> NativeOps:
         verbose=False,
     )
     return NativeOps(fused_update=True, shm=any(s.endswith("shm_sync.cpp") for s in sources), library=str(path),
-                     mch_step=True)  # fmt: skip
+                     mch_step=True, tiered=True)  # fmt: skip
 
 
 @functools.cache

@@ -9,9 +9,11 @@ as if it were the table::
                    lowest-scored unpinned slots, writing dirty ones back); the cache kernel looks
                    up the slots, and its backward -- the fused update -- updates the cached rows,
                    which become dirty. The slots stay pinned until that backward has run.
-    prefetch(ids)  the same for a later batch, with the copies on a worker thread while the current
-                   batch trains (``SparseDistPipeline.prefetch``, ``SparseDistPrefetch``); its slots
-                   stay pinned until it is looked up
+    prefetch(ids)  the same for a later batch, on a worker thread while the current batch trains
+                   (``SparseDistPipeline.prefetch``, ``SparseDistPrefetch``): the copies, and on CPU
+                   the bookkeeping too (native, without the GIL; the backward's releases queue behind
+                   it). Its slots stay pinned until it is looked up; a lookup whose prefetch admitted
+                   every row only touches its slots
     flush()        dirty rows back to the store: the split views then hold every row's current value
     invalidate()   forget the cache (after the store was written from outside: a checkpoint load)
 
@@ -25,6 +27,7 @@ its fused optimizer's state dict and its ``split_embedding_weights()``.
 from __future__ import annotations
 
 import collections
+import functools
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,7 +36,7 @@ from typing import Any, ClassVar
 import torch
 
 from lightrec.kernels.kernel_interface import EmbeddingKernel, KernelConfig, LookupBatch, RowState
-from lightrec.kernels.tiered_cache import CacheIndex
+from lightrec.kernels.tiered_cache import BatchAdmission, CacheIndex
 from lightrec.kernels.tiered_config import TieringConfig
 from lightrec.kernels.tiered_store import HostMemoryStore, RowStore, SsdRowStore
 from lightrec.kernels.tiered_transfer import TablePart, Transfer, TransferQueue, unversioned
@@ -128,7 +131,7 @@ class TieredBatchedLookup:
         weakref.finalize(self, self.queue.close)
         self._row_shift = self._per_feature([self.index.row_offset[t] for t in self.ftm])
         self._slot_shift = self._per_feature([self.index.cache_offset[t] for t in self.ftm])
-        self._reservations: collections.deque[torch.Tensor] = collections.deque()
+        self._reservations: collections.deque[_Reservation] = collections.deque()
         self.generation = 0  # bumped by invalidate(): a backward of an older lookup updates nothing
         self._stats = TieredCacheStats(cache_rows=sum(self.cache_rows))
 
@@ -188,45 +191,31 @@ class TieredBatchedLookup:
         return torch.repeat_interleave(shift, starts[1:] - starts[:-1], output_size=n)
 
     def _global_rows(self, indices: torch.Tensor, offsets: torch.Tensor, batch: int) -> torch.Tensor:
+        if self._row_shift is None:  # every feature reads the first table: no shift (and no op)
+            return indices.long()
         return indices.long() + self._shift(self._row_shift, offsets, batch, indices.numel())
 
-    def _fetch(self, global_rows: torch.Tensor, best_effort: bool) -> tuple[Transfer, torch.Tensor]:
-        """Admit the uncached rows among ``global_rows`` (one per id) while the cached ones are pinned;
-        returns the transfer that brings them in and the ``[N]`` miss mask.
+    def _admit(self, global_rows: torch.Tensor, tick: int, best_effort: bool, pin: bool) -> tuple[Transfer, BatchAdmission]:
+        """The batch's bookkeeping (``CacheIndex.admit_batch``: misses admitted, slots touched and
+        pinned) and the transfer that brings its missing rows in; counts the rows moved.
 
         Raises:
             CacheFullError: not ``best_effort`` and some table cannot hold the batch's rows at once
                 (checked for every table before any bookkeeping changes).
         """
-        index = self.index
-        slots = index.slots(global_rows)
-        missed = slots < 0
+        admission = self.index.admit_batch(global_rows, tick, best_effort=best_effort, pin=pin)
         transfer = Transfer()
-        if not bool(missed.any()):
-            return transfer, missed
-        wanted = torch.unique(global_rows[missed])
-        tables = index.table_of_rows(wanted)
-        parts = [(t, wanted[tables == t] - index.row_offset[t]) for t in torch.unique(tables).tolist()]
-        hits = slots[~missed]
-        index.pin(hits)  # the batch's cached rows are not evicted to make room for its other rows
-        try:
-            if not best_effort:
-                for t, rows in parts:
-                    index.check_room(t, rows.numel())
-            stats = self._stats
-            for t, rows in parts:
-                adm = index.admit(t, rows, best_effort=best_effort)
-                lo, row_bytes = index.cache_offset[t], self.store.row_bytes(t)
-                transfer.parts.append(
-                    TablePart(t, adm.victim_slots - lo, adm.victim_rows.cpu(), adm.rows.cpu(), adm.slots - lo)
-                )
-                stats.rows_fetched += adm.rows.numel()
-                stats.rows_written_back += adm.victim_rows.numel()
-                stats.bytes_read += adm.rows.numel() * row_bytes
-                stats.bytes_written += adm.victim_rows.numel() * row_bytes
-        finally:
-            index.pin(hits, -1)
-        return transfer, missed
+        stats = self._stats
+        for t, adm in admission.parts:
+            lo, row_bytes = self.index.cache_offset[t], self.store.row_bytes(t)
+            victim_slots, slots = (adm.victim_slots, adm.slots) if lo == 0 else (adm.victim_slots - lo, adm.slots - lo)
+            transfer.parts.append(TablePart(t, victim_slots, adm.victim_rows.cpu(), adm.rows.cpu(), slots))
+            fetched, written = adm.rows.numel(), adm.victim_rows.numel()
+            stats.rows_fetched += fetched
+            stats.rows_written_back += written
+            stats.bytes_read += fetched * row_bytes
+            stats.bytes_written += written * row_bytes
+        return transfer, admission
 
     # ---- lookup -----------------------------------------------------------------------------------
     def lookup(self, batch: LookupBatch, weight_inputs: Sequence[torch.Tensor], lr: Callable[[], float]) -> torch.Tensor:
@@ -235,47 +224,76 @@ class TieredBatchedLookup:
         offsets = batch.offsets.long()
         global_rows = self._global_rows(batch.indices, offsets, batch.batch_size)
         prefetched = bool(self._reservations)
-        transfer, missed = self._fetch(global_rows, best_effort=False)
-        self.queue.run_now(transfer)
+        placeholder = weight_inputs[0] if weight_inputs else None
+        training = torch.is_grad_enabled() and placeholder is not None and placeholder.requires_grad
         stats = self._stats
         stats.lookups += 1
-        if not prefetched:
-            stats.requested_ids += global_rows.numel()
-            stats.missed_ids += int(missed.sum())
-        slots = self.index.slots(global_rows)
-        self.index.tick += 1
-        self.index.touch(slots, self.index.tick)
-        if self._reservations:  # this batch's prefetch pins are superseded by the lookup's own
-            self.index.pin(self._reservations.popleft(), -1)
-        local = slots.long() - self._shift(self._slot_shift, offsets, batch.batch_size, slots.numel())
+        reserved = self._reservations[0] if prefetched else None
+        if reserved is not None and reserved.complete and torch.equal(reserved.rows, global_rows):
+            # its prefetch admitted every row, and pinned slots stay put: only the touch is left, and
+            # each id's prefetch pin becomes the lookup's (the same state as admitting it again)
+            self._reservations.popleft()
+            self.index.tick += 1
+            self.index.touch_reserved(reserved.slots, self.index.tick, keep_pins=training)
+            slots = reserved.slots
+        else:
+            transfer, admission = self._admit(global_rows, self.index.tick + 1, best_effort=False, pin=training)
+            self.index.tick += 1
+            self.queue.run_now(transfer)
+            if not prefetched:
+                stats.requested_ids += global_rows.numel()
+                stats.missed_ids += admission.missed_ids
+            slots = admission.slots
+            if self._reservations:  # this batch's prefetch pins are superseded by the lookup's own
+                self.index.release(self._reservations.popleft().slots, updated=False)
+        local = slots if self._slot_shift is None else slots - self._shift(self._slot_shift, offsets, batch.batch_size, slots.numel())
         request = LookupBatch(local, offsets, batch.per_sample_weights, batch.batch_size, True, batch.singletons)
-        placeholder = weight_inputs[0] if weight_inputs else None
-        if not torch.is_grad_enabled() or placeholder is None or not placeholder.requires_grad:
+        if not training:
             with torch.no_grad():
                 return self.inner.lookup(request, weight_inputs, lr)
-        self.index.pin(slots)
         out: torch.Tensor = _TieredLookup.apply(self, request, slots, lr, placeholder)
         return out
 
     # ---- prefetch ----------------------------------------------------------------------------------
     def prefetch(self, indices: torch.Tensor, offsets: torch.Tensor) -> None:
         """Fetch the rows a later lookup of ``indices`` / ``offsets`` misses, on the worker thread, and
-        pin its rows until that lookup (as many as fit beside the rows in use)."""
+        pin its rows until that lookup (as many as fit beside the rows in use).
+
+        With the native bookkeeping (a CPU cache) the worker does all of it: the admission (one
+        native call without the GIL) and then the copies, while the current batch trains; the
+        releases of the current batch's backward queue behind it (:meth:`_release`), so the
+        decisions are the ones made on the training thread, in the same order.
+        """
         if not self.tiering.prefetch or indices.numel() == 0:
             return
         batch = (offsets.numel() - 1) // max(len(self.ftm), 1)
-        global_rows = self._global_rows(indices, offsets.long(), batch)
-        transfer, missed = self._fetch(global_rows, best_effort=True)
+        # a copy: the caller may refill its id buffer while the worker reads this one
+        global_rows = self._global_rows(indices, offsets.long(), batch).clone()
+        if self.index.native:
+            self.queue.submit_call(functools.partial(self._prefetch_now, global_rows, self.index.tick + 1, True))
+        else:
+            self._prefetch_now(global_rows, self.index.tick + 1, False)
+
+    def _prefetch_now(self, global_rows: torch.Tensor, tick: int, on_worker: bool) -> None:
+        transfer, admission = self._admit(global_rows, tick, best_effort=True, pin=True)
         self._stats.requested_ids += global_rows.numel()
-        self._stats.missed_ids += int(missed.sum())
-        slots = self.index.slots(global_rows)
-        slots = slots[slots >= 0]
-        self.index.touch(slots, self.index.tick + 1)
-        self.index.pin(slots)
-        self._reservations.append(slots)
+        self._stats.missed_ids += admission.missed_ids
+        slots = admission.slots  # ids left out (-1) hold no pin: release() skips them
+        complete = not admission.missed_ids or bool((slots >= 0).all())
+        self._reservations.append(_Reservation(global_rows, slots, complete))
         while len(self._reservations) > _MAX_RESERVATIONS:
-            self.index.pin(self._reservations.popleft(), -1)
-        self.queue.submit(transfer)
+            self.index.release(self._reservations.popleft().slots, updated=False)
+        if on_worker:
+            self.queue.run_here(transfer)
+        else:
+            self.queue.submit(transfer)
+
+    def _release(self, slots: torch.Tensor, updated: bool) -> None:
+        """Unpin a lookup's slots (dirty when ``updated``): behind the queued bookkeeping, if any."""
+        if self.index.native and self.queue.busy and not self.queue.on_worker():
+            self.queue.submit_call(functools.partial(self.index.release, slots, updated))
+        else:
+            self.index.release(slots, updated)
 
     # ---- keeping the store current -------------------------------------------------------------------
     def flush(self) -> None:
@@ -355,6 +373,16 @@ class TieredBatchedLookup:
         self.queue.close()
 
 
+@dataclass
+class _Reservation:
+    """A prefetched batch awaiting its lookup: its ``[N]`` global rows, the slot of each (-1: left
+    out, no room) pinned once per id, and whether every id got a slot."""
+
+    rows: torch.Tensor
+    slots: torch.Tensor
+    complete: bool
+
+
 class _TieredLookup(torch.autograd.Function):
     """The cache kernel's lookup as one autograd node whose backward runs the cache kernel's own
     backward (the fused update of the cached rows), then marks the rows dirty and unpins them."""
@@ -398,12 +426,10 @@ class _Release:
         kernel, self.kernel = self.kernel, None
         self._finalizer.detach()
         if kernel is not None and kernel.generation == self.generation:
-            if updated:
-                kernel.index.mark_dirty(self.slots)
-            kernel.index.pin(self.slots, -1)
+            kernel._release(self.slots, updated)
 
 
 def _release_unused(kernel_ref: weakref.ref[TieredBatchedLookup], slots: torch.Tensor, generation: int) -> None:
     kernel = kernel_ref()
     if kernel is not None and kernel.generation == generation:
-        kernel.index.pin(slots, -1)
+        kernel._release(slots, updated=False)

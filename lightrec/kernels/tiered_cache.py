@@ -11,23 +11,48 @@ The tables of one kernel share one slot space; table ``t`` owns the slots
     pins       [sum C]  lookups whose backward has not run yet, and prefetched batches not yet
                         looked up, that use the slot: a pinned slot is never evicted
     dirty      [sum C]  updated since its row came in (written back when evicted or flushed)
+    free_ring  [sum C]  per table, a ring of its free global slots over its slot range
+    free_state [2, T]   per table, the ring's head (offset in the range) and count (on the CPU)
 
-Everything is a tensor on the cache's device and every per-id update is one scatter (no sort, no
+Everything else is a tensor on the cache's device and every per-id update is one scatter (no sort, no
 unique) so that a lookup whose rows are all cached costs a gather and a few scatters. Eviction runs
 only when a table's free slots run out and then frees at least ``headroom`` of its cache at once:
 the ``k`` unpinned slots with the lowest score (``last_used``, or ``freq`` then ``last_used``),
-found with one ``topk`` over the table's slots, so its cost is paid once per many misses.
+found in one pass over the table's slots, so its cost is paid once per many misses. Ties are
+broken by the lower slot and the victims join the table's free slots in slot order, so the
+decisions are deterministic: the same on every run and on both paths below.
+
+A batch's bookkeeping is one call, :meth:`CacheIndex.admit_batch` (gather every id's slot, admit
+the missing rows, touch and pin the slots). On CPU it is one native op
+(``torch.ops.lightrec_tiered.tiered_admit``, ``lightrec/csrc/tiered_cache.cpp``) instead of a few
+dozen small torch ops and host syncs, which cost more than the lookup itself; elsewhere, without
+the native library (``lightrec._native``) or with ``LIGHTREC_TIERED_NATIVE=0``, the torch ops
+below run, with the same slots, evictions and state (the tests compare both).
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["Admission", "CacheFullError", "CacheIndex"]
+from lightrec._native import native_ops
+
+__all__ = ["Admission", "BatchAdmission", "CacheFullError", "CacheIndex", "native_tiered_available"]
+
+_INFO_HEAD = 6  # tiered_admit's info: missed ids, refused table, its need, free, evictable, pinned
+
+
+def native_tiered_available(device: torch.device) -> bool:
+    """Whether the native ops serve a cache on ``device`` in this process: its bookkeeping, its row
+    copies and the SSD store's read-ahead announcements (``LIGHTREC_TIERED_NATIVE=0``: never)."""
+    if device.type != "cpu" or os.environ.get("LIGHTREC_TIERED_NATIVE", "") == "0":
+        return False
+    ops = native_ops()
+    return ops is not None and ops.tiered
 
 
 class CacheFullError(RuntimeError):
@@ -51,6 +76,22 @@ class Admission:
     victim_rows: torch.Tensor
 
 
+@dataclass
+class BatchAdmission:
+    """What :meth:`CacheIndex.admit_batch` did for one batch.
+
+    Attributes:
+        slots: ``[N]`` int64 global slot of each id after the admission (-1: not cached, only
+            when a best-effort admission had no room for its row).
+        missed_ids: ids whose row was not cached before the admission.
+        parts: ``(table, Admission)`` of every table that admitted rows, in table order.
+    """
+
+    slots: torch.Tensor
+    missed_ids: int
+    parts: list[tuple[int, Admission]] = field(default_factory=list)
+
+
 class CacheIndex:
     """The slot bookkeeping of one tiered kernel (see the module docstring).
 
@@ -61,6 +102,8 @@ class CacheIndex:
         headroom: share of a table's cache an eviction frees at least.
         names: ``[T]`` table names (messages).
         device: where the bookkeeping lives (the cache's device).
+        native: run :meth:`admit_batch` and :meth:`release` as native ops (CPU only); None: when
+            available (:func:`native_tiered_available`).
     """
 
     def __init__(
@@ -71,6 +114,7 @@ class CacheIndex:
         headroom: float,
         names: Sequence[str],
         device: torch.device,
+        native: bool | None = None,
     ) -> None:
         self.rows, self.cache_rows, self.names = list(rows), list(cache_rows), list(names)
         self.algorithm, self.headroom, self.device = algorithm, headroom, device
@@ -85,9 +129,17 @@ class CacheIndex:
         self.pins = torch.zeros(total_slots, dtype=torch.int32, device=device)
         self.dirty = torch.zeros(total_slots, dtype=torch.bool, device=device)
         self.tick = 0
-        # per table, its free slots (table-local): admission takes from the front without scanning
-        # the whole cache for them (a scan per batch would cost O(cache) on every step)
-        self._free = [torch.arange(c, dtype=torch.int64, device=device) for c in self.cache_rows]
+        # per table, a ring of its free global slots over the table's slot range: admission takes
+        # from the head without scanning the cache for them (a scan per batch would cost O(cache)
+        # on every step), evictions append their victims at the tail. free_state[:, t] = (head
+        # offset in the table's range, count); on the CPU whatever the device (read as ints)
+        self.free_ring = torch.arange(total_slots, dtype=torch.int64, device=device)
+        self.free_state = torch.tensor([[0] * len(self.cache_rows), self.cache_rows], dtype=torch.int64)
+        self._row_bounds = [*self.row_offset, total_rows]
+        self._cache_bounds = [*self.cache_offset, total_slots]
+        self.native = native_tiered_available(device) if native is None else native
+        if self.native and not native_tiered_available(device):
+            raise ValueError(f"CacheIndex(native=True) needs a CPU cache and lightrec's native ops (device {device})")
 
     # ---- per-id bookkeeping (the hot path) ------------------------------------------------
     def slots(self, global_rows: torch.Tensor) -> torch.Tensor:
@@ -108,6 +160,102 @@ class CacheIndex:
     def mark_dirty(self, slots: torch.Tensor) -> None:
         self.dirty.index_fill_(0, slots.long(), True)
 
+    def release(self, slots: torch.Tensor, updated: bool) -> None:
+        """Unpin ``slots`` (one entry per pin; entries < 0 are skipped), first marking them dirty
+        when ``updated``."""
+        if self.native:
+            torch.ops.lightrec_tiered.tiered_release(self.pins, self.dirty, slots.long().contiguous(), -1, updated)
+            return
+        slots = slots[slots >= 0]
+        if updated:
+            self.mark_dirty(slots)
+        self.pin(slots, -1)
+
+    def touch_reserved(self, slots: torch.Tensor, tick: int, keep_pins: bool) -> None:
+        """The lookup of a batch whose prefetch admitted every row (``slots``, pinned once per id):
+        touch them at ``tick``, and keep each id's pin for the lookup or (``keep_pins=False``) drop it.
+        The same state as admitting the batch again, pinning it and releasing the prefetch's pins."""
+        if self.native:
+            torch.ops.lightrec_tiered.tiered_touch(
+                self.last_used, self.freq, self.pins, slots.long().contiguous(), tick, self.algorithm == "lfu",
+                0 if keep_pins else -1,
+            )  # fmt: skip
+            return
+        self.touch(slots, tick)
+        if not keep_pins:
+            self.pin(slots, -1)
+
+    # ---- one batch -----------------------------------------------------------------------------
+    def admit_batch(self, global_rows: torch.Tensor, tick: int, best_effort: bool, pin: bool) -> BatchAdmission:
+        """Admit the uncached rows among ``global_rows`` (``[N]`` int64, one per id), then touch the
+        slot of every id at lookup count ``tick`` and, when ``pin``, pin it (one pin per id).
+
+        The batch's cached rows are pinned while its other rows are admitted (never evicted for
+        them); the missing rows are admitted in increasing row order, per table.
+
+        Args:
+            best_effort: admit only as many rows of a table as there is room for (a prefetch; the
+                ids left out get slot -1 and are neither touched nor pinned) instead of raising.
+
+        Raises:
+            CacheFullError: not ``best_effort`` and some table cannot hold the batch's rows at once
+                (checked for every table before anything changes).
+        """
+        if self.native:
+            return self._admit_batch_native(global_rows, tick, best_effort, pin)
+        slots = self.slots(global_rows)
+        missed = slots < 0
+        missed_ids = int(missed.sum())
+        parts: list[tuple[int, Admission]] = []
+        if missed_ids:
+            wanted = torch.unique(global_rows[missed])
+            if len(self.rows) == 1:
+                wanted_by_table = [(0, wanted)]
+            else:
+                tables = self.table_of_rows(wanted)
+                wanted_by_table = [(t, wanted[tables == t] - self.row_offset[t]) for t in torch.unique(tables).tolist()]
+            hits = slots[~missed]
+            self.pin(hits)
+            try:
+                if not best_effort:
+                    for t, rows in wanted_by_table:
+                        if rows.numel() > int(self.free_state[1, t]):
+                            self.check_room(t, rows.numel())
+                for t, rows in wanted_by_table:
+                    admission = self.admit(t, rows, best_effort=best_effort)
+                    if admission.rows.numel():
+                        parts.append((t, admission))
+            finally:
+                self.pin(hits, -1)
+            slots = self.slots(global_rows)
+        slots = slots.long()
+        used = slots[slots >= 0] if best_effort and missed_ids else slots
+        self.touch(used, tick)
+        if pin:
+            self.pin(used)
+        return BatchAdmission(slots, missed_ids, parts)
+
+    def _admit_batch_native(self, global_rows: torch.Tensor, tick: int, best_effort: bool, pin: bool) -> BatchAdmission:
+        slots, info_t, fetch_rows, fetch_slots, wb_rows, wb_slots = torch.ops.lightrec_tiered.tiered_admit(
+            self.slot_of, self.row_of, self.last_used, self.freq, self.pins, self.dirty, self.free_ring,
+            self.free_state, self._row_bounds, self._cache_bounds, global_rows.long().contiguous(), tick,
+            self.algorithm == "lfu", float(self.headroom), best_effort, pin,
+        )  # fmt: skip
+        info = info_t.tolist()
+        if info[1] >= 0:
+            raise self._cache_full(info[1], info[2], info[3], info[4], info[5])
+        tables = len(self.rows)
+        fetched, written = info[_INFO_HEAD : _INFO_HEAD + tables], info[_INFO_HEAD + tables :]
+        if tables == 1:
+            parts = [(0, Admission(fetch_rows, fetch_slots, wb_slots, wb_rows))] if fetched[0] else []
+        else:
+            by_table = zip(
+                fetch_rows.split(fetched), fetch_slots.split(fetched), wb_slots.split(written), wb_rows.split(written),
+                strict=True,
+            )
+            parts = [(t, Admission(*p)) for t, p in enumerate(by_table) if fetched[t]]
+        return BatchAdmission(slots, info[0], parts)
+
     # ---- admission and eviction ---------------------------------------------------------------
     def table_of_rows(self, global_rows: torch.Tensor) -> torch.Tensor:
         """``[n]`` table index of each global row."""
@@ -125,12 +273,15 @@ class CacheIndex:
         """Raise :class:`CacheFullError` unless ``need`` more rows of ``table`` fit in its cache now."""
         free, evictable, pinned = self.room(table)
         if need > free + evictable:
-            raise CacheFullError(
-                f"table {self.names[table]!r}: a batch needs {need} more of its rows in the cache at once, but its "
-                f"cache holds {self.cache_rows[table]} rows of which {free} are free and {evictable} evictable "
-                f"({pinned} are in use by this batch, by lookups whose backward has not run or by prefetched "
-                "batches); raise cache_load_factor (or cache_rows / min_cache_rows)"
-            )
+            raise self._cache_full(table, need, free, evictable, pinned)
+
+    def _cache_full(self, table: int, need: int, free: int, evictable: int, pinned: int) -> CacheFullError:
+        return CacheFullError(
+            f"table {self.names[table]!r}: a batch needs {need} more of its rows in the cache at once, but its "
+            f"cache holds {self.cache_rows[table]} rows of which {free} are free and {evictable} evictable "
+            f"({pinned} are in use by this batch, by lookups whose backward has not run or by prefetched "
+            "batches); raise cache_load_factor (or cache_rows / min_cache_rows)"
+        )
 
     def admit(self, table: int, rows: torch.Tensor, best_effort: bool = False) -> Admission:
         """Give slots of ``table`` to ``rows`` (unique table-local rows, none cached), evicting the
@@ -143,38 +294,47 @@ class CacheIndex:
             CacheFullError: not ``best_effort`` and fewer slots are free or evictable than ``rows``.
         """
         lo, size = self.cache_offset[table], self.cache_rows[table]
-        free = self._free[table]
+        head, count = (int(v) for v in self.free_state[:, table])
         need = rows.numel()
         victims = torch.empty(0, dtype=torch.int64, device=self.device)
-        if free.numel() < need:
+        if count < need:
             evictable = (self.row_of[lo : lo + size] >= 0) & (self.pins[lo : lo + size] == 0)
             available = int(evictable.sum())
-            short = need - free.numel()
+            short = need - count
             if available < short:
                 if not best_effort:
                     self.check_room(table, need)
                 short = available
-            count = min(available, max(short, math.ceil(self.headroom * size)))
-            if count:
-                score = self._score(lo, size).masked_fill(~evictable, torch.iinfo(torch.int64).max)
-                victims = torch.topk(score, count, largest=False, sorted=False).indices
-                free = torch.cat([free, victims])
-            need = min(need, free.numel())
+            k = min(available, max(short, math.ceil(self.headroom * size)))
+            if k:
+                victims = self._lowest(self._score(lo, size), evictable, k) + lo
+                at = (head + count + torch.arange(k, device=self.device)) % size + lo
+                self.free_ring.index_copy_(0, at, victims)
+                count += k
+            need = min(need, count)
         rows = rows[:need]
-        slots = free[:need] + lo
-        self._free[table] = free[need:]
-        victim_slots = victims + lo
-        victim_rows = self.row_of.index_select(0, victim_slots)
-        dirty = self.dirty.index_select(0, victim_slots)
+        slots = self.free_ring.index_select(0, (head + torch.arange(need, device=self.device)) % size + lo)
+        self.free_state[0, table], self.free_state[1, table] = (head + need) % size, count - need
+        victim_rows = self.row_of.index_select(0, victims)
+        dirty = self.dirty.index_select(0, victims)
         # unmap the victims, map the newcomers
         self.slot_of.index_fill_(0, victim_rows + self.row_offset[table], -1)
-        self.row_of.index_fill_(0, victim_slots, -1)
+        self.row_of.index_fill_(0, victims, -1)
         self.slot_of.index_copy_(0, rows + self.row_offset[table], slots.to(self.slot_dtype))
         self.row_of.index_copy_(0, slots, rows)
         for buffer in (self.dirty, self.freq):
-            buffer.index_fill_(0, victim_slots, 0)
+            buffer.index_fill_(0, victims, 0)
             buffer.index_fill_(0, slots, 0)
-        return Admission(rows, slots, victim_slots[dirty], victim_rows[dirty])
+        return Admission(rows, slots, victims[dirty], victim_rows[dirty])
+
+    @staticmethod
+    def _lowest(score: torch.Tensor, eligible: torch.Tensor, k: int) -> torch.Tensor:
+        """The ``k`` (>= 1, <= eligible count) eligible positions of lowest ``(score, position)``, ascending."""
+        masked = score.masked_fill(~eligible, torch.iinfo(torch.int64).max)
+        threshold = torch.kthvalue(masked, k).values
+        below = torch.nonzero(masked < threshold).flatten()
+        ties = torch.nonzero(masked == threshold).flatten()[: k - below.numel()]
+        return torch.sort(torch.cat([below, ties])).values
 
     def _score(self, lo: int, size: int) -> torch.Tensor:
         last = self.last_used[lo : lo + size]
@@ -203,6 +363,8 @@ class CacheIndex:
         """Forget every cached row (nothing is written back: see ``TieredBatchedLookup.invalidate``)."""
         self.slot_of.fill_(-1)
         self.row_of.fill_(-1)
-        self._free = [torch.arange(c, dtype=torch.int64, device=self.device) for c in self.cache_rows]
+        torch.arange(self.free_ring.numel(), out=self.free_ring)
+        self.free_state[0].zero_()
+        self.free_state[1].copy_(torch.tensor(self.cache_rows, dtype=torch.int64))
         for buffer in (self.last_used, self.freq, self.pins, self.dirty):
             buffer.zero_()

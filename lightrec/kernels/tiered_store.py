@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from lightrec.kernels.kernel_interface import RowState
+from lightrec.kernels.tiered_cache import native_tiered_available
 
 __all__ = ["HostMemoryStore", "RowStore", "SsdRowStore", "TieredStorageError", "scratch_like", "sequential_access"]
 
@@ -46,6 +47,9 @@ _PAGE = mmap.PAGESIZE
 # Pages with this few pages between them are announced as one range: a few unneeded pages read ahead cost the SSD
 # less than a system call (and a trip through the GIL) per page costs the training thread.
 _ADVISE_GAP_PAGES = 4
+# Pages of a batch looked up (mincore) before announcing them: when nearly all are cached (a table
+# that fits in the page cache) the announcements are skipped.
+_RESIDENCY_SAMPLE = 32
 # Stores by the data pointer of each of their tensors (checkpoint code finds a tensor's store).
 _STORES: dict[int, weakref.ref[RowStore]] = {}
 
@@ -199,13 +203,21 @@ class SsdRowStore(RowStore):
         reads them in parallel, so the gather that follows finds them in the page cache."""
         if rows.numel() == 0:
             return
+        files = [(fd, t) for t in self.tensors(table).values() if (fd := self._fd_of(t)) is not None]
+        if native_tiered_available(torch.device("cpu")):
+            # one call without the GIL, which also skips a file whose pages are mostly cached already
+            # (a sample looked up with mincore): announcing cached pages costs a system call per range
+            torch.ops.lightrec_tiered.tiered_advise(
+                [fd for fd, _ in files], [t.data_ptr() for _, t in files], [_row_stride(t) for _, t in files],
+                rows.long().contiguous(), _PAGE, _ADVISE_GAP_PAGES, _RESIDENCY_SAMPLE,
+            )  # fmt: skip
+            return
         row_ids = rows.numpy()
         for tensor in self.tensors(table).values():
             fd = self._fd_of(tensor)
             if fd is None:
                 continue
-            stride = tensor[0].numel() * tensor.element_size() if tensor.dim() > 1 else tensor.element_size()
-            first, count = page_ranges(row_ids * stride // _PAGE, _ADVISE_GAP_PAGES)
+            first, count = page_ranges(row_ids * _row_stride(tensor) // _PAGE, _ADVISE_GAP_PAGES)
             for page, n in zip(first.tolist(), count.tolist()):
                 os.posix_fadvise(fd, page * _PAGE, n * _PAGE, os.POSIX_FADV_WILLNEED)
 
@@ -227,6 +239,11 @@ class SsdRowStore(RowStore):
         for fd in getattr(self, "_fds", []):
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+def _row_stride(tensor: torch.Tensor) -> int:
+    """Bytes from one row of a store tensor to the next."""
+    return tensor[0].numel() * tensor.element_size() if tensor.dim() > 1 else tensor.element_size()
 
 
 def page_ranges(pages: np.ndarray, gap: int) -> tuple[np.ndarray, np.ndarray]:

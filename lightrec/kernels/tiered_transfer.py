@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from lightrec.kernels.kernel_interface import RowState
+from lightrec.kernels.tiered_cache import native_tiered_available
 from lightrec.kernels.tiered_store import RowStore
 
 __all__ = ["TablePart", "Transfer", "TransferQueue", "unversioned"]
@@ -82,7 +84,8 @@ class TransferQueue:
     def __init__(self, store: RowStore, cache_views: list[dict[str, torch.Tensor]], device: torch.device) -> None:
         self.store, self.cache_views, self.device = store, cache_views, device
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._pending: list[concurrent.futures.Future[torch.cuda.Event | None]] = []
+        self._pending: list[concurrent.futures.Future[Any]] = []
+        self._worker_ident: int | None = None
         self._stream = torch.cuda.Stream(device=device) if device.type == "cuda" else None
 
     # ---- the two ways to run a transfer ---------------------------------------------------------
@@ -93,9 +96,31 @@ class TransferQueue:
         if self._stream is not None:
             transfer.ready = torch.cuda.Event()
             transfer.ready.record(torch.cuda.current_stream(self.device))
+        self._pending.append(self._worker().submit(self._run, transfer))
+
+    def submit_call(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the worker thread after everything already submitted (CPU caches: the
+        next batch's bookkeeping, and the releases that must follow it)."""
+        self._pending.append(self._worker().submit(fn))
+
+    def _worker(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._executor is None:
-            self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lightrec-tiered-io")
-        self._pending.append(self._executor.submit(self._run, transfer))
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="lightrec-tiered-io", initializer=self._remember_worker
+            )
+        return self._executor
+
+    def _remember_worker(self) -> None:
+        self._worker_ident = threading.get_ident()
+
+    def on_worker(self) -> bool:
+        """Whether the calling thread is the worker (e.g. a finalizer run by its garbage collection)."""
+        return threading.get_ident() == self._worker_ident
+
+    def run_here(self, transfer: Transfer) -> None:
+        """Run ``transfer`` on the calling thread now, whatever is queued (the worker's own calls)."""
+        if transfer:
+            self._run(transfer, same_stream=True)
 
     def run_now(self, transfer: Transfer) -> None:
         """Run ``transfer`` on this thread (after every submitted one)."""
@@ -133,17 +158,11 @@ class TransferQueue:
             stream.wait_event(transfer.ready)
         with torch.no_grad(), _on(stream):
             for part in transfer.parts:
-                views = self.cache_views[part.table]
+                views, rows = self.cache_views[part.table], store.tensors(part.table)
                 if part.writeback_rows.numel():
-                    slots = part.writeback_slots.to(self.device)
-                    state = {k: v.index_select(0, slots).cpu() for k, v in views.items()}
-                    store.write(part.table, part.writeback_rows, _row_state(state))
+                    _copy_rows(views, part.writeback_slots, rows, part.writeback_rows)
                 if part.fetch_rows.numel():
-                    fetched = store.read(part.table, part.fetch_rows)
-                    slots = part.fetch_slots.to(self.device)
-                    views["weight"].index_copy_(0, slots, fetched.weights.to(self.device, non_blocking=True))
-                    for name, values in fetched.states.items():
-                        views[name].index_copy_(0, slots, values.to(self.device, non_blocking=True))
+                    _copy_rows(rows, part.fetch_rows, views, part.fetch_slots)
             if stream is None:
                 return None
             done = torch.cuda.Event()
@@ -151,9 +170,27 @@ class TransferQueue:
             return done
 
 
-def _row_state(values: dict[str, torch.Tensor]) -> RowState:
-    weights = values.pop("weight")
-    return RowState(weights, values)
+def _copy_rows(src: dict[str, torch.Tensor], src_rows: torch.Tensor, dst: dict[str, torch.Tensor], dst_rows: torch.Tensor) -> None:
+    """``dst[name][dst_rows] = src[name][src_rows]`` for every tensor ``name`` of ``dst``.
+
+    Between CPU tensors of one dtype this is one native call (``tiered_copy_rows``: each row copied
+    once, straight from its source to its target, without the GIL); otherwise a gather into a
+    temporary and a scatter (host -> GPU without blocking the worker; the side stream orders it).
+    """
+    names = list(dst)
+    sources, targets = [src[n] for n in names], [dst[n] for n in names]
+    same = all(a.device.type == b.device.type == "cpu" and a.dtype == b.dtype for a, b in zip(sources, targets, strict=True))
+    if same and native_tiered_available(torch.device("cpu")):
+        torch.ops.lightrec_tiered.tiered_copy_rows(
+            sources, src_rows.cpu().long().contiguous(), targets, dst_rows.cpu().long().contiguous()
+        )
+        return
+    for a, b in zip(sources, targets, strict=True):
+        values = a.index_select(0, src_rows.to(a.device))
+        # host -> GPU may run asynchronously (the side stream orders it); GPU -> host must be done
+        # before the store's copy reads it
+        values = values.to(b.device, b.dtype, non_blocking=b.device.type == "cuda")
+        b.index_copy_(0, dst_rows.to(b.device), values)
 
 
 def _on(stream: torch.cuda.Stream | None) -> contextlib.AbstractContextManager[Any]:

@@ -1,0 +1,464 @@
+// The per-batch bookkeeping and row copies of a tiered table's cache on CPU, each one native call.
+//
+// Registered as torch.ops.lightrec_tiered.* (built at first use by lightrec/_native.py). The Python
+// side is lightrec/kernels/tiered_cache.py (CacheIndex.admit_batch and its torch path, which these
+// ops must match slot for slot: the tests compare every state tensor after random streams) and
+// lightrec/kernels/tiered_transfer.py. The state tensors and their meaning are documented in
+// tiered_cache.py; in short, over S slots and R rows of every table of one kernel:
+//
+//   slot_of [R] int32|int64, row_of [S] int64 (table-local row, -1 free), last_used [S] int64,
+//   freq [S] int64, pins [S] int32, dirty [S] bool,
+//   free_ring [S] int64: per table t a ring over [cache_offset[t], cache_offset[t+1]) of its free
+//   global slots, taken from the head, victims appended at the tail;
+//   free_state [2, T] int64: per table the ring's head (an offset into the table's region) and count.
+//
+// tiered_admit(...) does what the training thread did in a few dozen torch ops: gather the slot of
+// every id, admit the missing rows (sorted, unique), evicting the `k` unpinned slots of lowest
+// (score, slot) when a table's free slots run out, then touch (and pin) the slots of every id.
+// Eviction never takes a slot that this batch hits (those are pinned while it runs).
+// tiered_touch(...) is the lookup of a batch that its prefetch admitted whole (slots known, pinned).
+//
+// tiered_copy_rows / tiered_advise are the worker thread's copies between the cache and the row
+// store and its POSIX_FADV_WILLNEED announcements: one call each, without the GIL (torch releases
+// it around an op), so the training thread's Python runs meanwhile.
+
+#include <ATen/core/Tensor.h>
+#include <ATen/Functions.h>
+#include <torch/library.h>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+namespace {
+
+struct State {
+  at::Tensor slot_of, row_of, last_used, freq, pins, dirty, free_ring, free_state;
+};
+
+void check_state(const State& s) {
+  auto cpu_contig = [](const at::Tensor& t, at::ScalarType dtype, const char* name) {
+    TORCH_CHECK(t.device().is_cpu() && t.is_contiguous() && t.scalar_type() == dtype, "tiered_admit: ", name,
+                " must be a contiguous CPU tensor of ", dtype);
+  };
+  TORCH_CHECK(s.slot_of.scalar_type() == at::kInt || s.slot_of.scalar_type() == at::kLong,
+              "tiered_admit: slot_of must be int32 or int64");
+  cpu_contig(s.slot_of, s.slot_of.scalar_type(), "slot_of");
+  cpu_contig(s.row_of, at::kLong, "row_of");
+  cpu_contig(s.last_used, at::kLong, "last_used");
+  cpu_contig(s.freq, at::kLong, "freq");
+  cpu_contig(s.pins, at::kInt, "pins");
+  cpu_contig(s.dirty, at::kBool, "dirty");
+  cpu_contig(s.free_ring, at::kLong, "free_ring");
+  cpu_contig(s.free_state, at::kLong, "free_state");
+}
+
+// The score eviction minimises: LRU the last use; LFU the frequency, recency breaking ties
+// (CacheIndex._score: (min(freq, 2^30) << 32) | min(last, 2^32 - 1)).
+inline int64_t score(const int64_t* last, const int64_t* freq, int64_t s, bool lfu) {
+  if (!lfu) return last[s];
+  const int64_t f = std::min<int64_t>(freq[s], int64_t{1} << 30);
+  const int64_t l = std::min<int64_t>(last[s], (int64_t{1} << 32) - 1);
+  return (f << 32) | l;
+}
+
+// The k-th smallest (1-based) of `values` (reordered), and how many are smaller (added to
+// `below`): a radix select over the bytes of (value - min), most significant first -- each pass
+// counts the candidates' next byte and keeps only the bucket holding the k-th.
+int64_t kth_smallest(std::vector<int64_t>& values, int64_t k, int64_t& below) {
+  const int64_t lo = *std::min_element(values.begin(), values.end());
+  const uint64_t range = static_cast<uint64_t>(*std::max_element(values.begin(), values.end()) - lo);
+  int shift = 0;
+  while (shift < 56 && (range >> shift) > 255) shift += 8;
+  size_t n = values.size();
+  for (;; shift -= 8) {
+    int64_t hist[256] = {0};
+    for (size_t i = 0; i < n; ++i) ++hist[(static_cast<uint64_t>(values[i] - lo) >> shift) & 255];
+    int bucket = 0;
+    while (hist[bucket] < k) {  // k <= the candidates, so some bucket holds the k-th
+      k -= hist[bucket];
+      below += hist[bucket];
+      ++bucket;
+    }
+    size_t kept = 0;
+    for (size_t i = 0; i < n; ++i)
+      if (static_cast<int>((static_cast<uint64_t>(values[i] - lo) >> shift) & 255) == bucket) values[kept++] = values[i];
+    n = kept;
+    if (shift == 0) return values[0];  // every candidate left has the same value
+  }
+}
+
+// The evictable slots of [lo, hi) (cached, unpinned): how many, and the range of their scores.
+struct Evictable {
+  int64_t count = 0, min = INT64_MAX, max = INT64_MIN;
+};
+
+Evictable scan_evictable(const int64_t* row_of, const int32_t* pins, const int64_t* last, const int64_t* freq, bool lfu,
+                         int64_t lo, int64_t hi) {
+  Evictable e;
+  for (int64_t s = lo; s < hi; ++s) {
+    if (row_of[s] < 0 || pins[s] != 0) continue;
+    const int64_t v = score(last, freq, s, lfu);
+    ++e.count;
+    e.min = std::min(e.min, v);
+    e.max = std::max(e.max, v);
+  }
+  return e;
+}
+
+// The k (1 <= k <= e.count) evictable slots of [lo, hi) of lowest (score, slot), in slot order.
+// Two more passes over the slots and no sort: a 16-bit histogram of the scores' top digit (for LRU
+// the ticks of a cache usually span fewer than 2^16 lookups, so this already names the k-th lowest
+// score; otherwise the scores of its bucket are narrowed further by kth_smallest); then every slot
+// below that score and the lowest-numbered ones at it.
+std::vector<int64_t> lowest_slots(const int64_t* row_of, const int32_t* pins, const int64_t* last, const int64_t* freq,
+                                  bool lfu, int64_t lo, int64_t hi, int64_t k, const Evictable& e) {
+  auto evictable = [&](int64_t s) { return row_of[s] >= 0 && pins[s] == 0; };
+  const int64_t mn = e.min;
+  const uint64_t range = static_cast<uint64_t>(e.max - mn);
+  int shift = 0;
+  while (shift < 48 && (range >> shift) > 65535) shift += 16;
+  std::vector<int64_t> hist(std::min<uint64_t>(range >> shift, 65535) + 1, 0);
+  for (int64_t s = lo; s < hi; ++s)
+    if (evictable(s)) ++hist[static_cast<uint64_t>(score(last, freq, s, lfu) - mn) >> shift];
+  int64_t below = 0, rest = k;
+  int64_t bucket = 0;
+  while (hist[bucket] < rest) {
+    rest -= hist[bucket];
+    below += hist[bucket];
+    ++bucket;
+  }
+  int64_t threshold;
+  if (shift == 0) {
+    threshold = mn + bucket;
+  } else {  // several scores share the bucket: select among them
+    std::vector<int64_t> candidates;
+    candidates.reserve(hist[bucket]);
+    for (int64_t s = lo; s < hi; ++s) {
+      if (!evictable(s)) continue;
+      const int64_t v = score(last, freq, s, lfu);
+      if (static_cast<int64_t>(static_cast<uint64_t>(v - mn) >> shift) == bucket) candidates.push_back(v);
+    }
+    threshold = kth_smallest(candidates, rest, below);
+  }
+  int64_t ties = k - below;
+  std::vector<int64_t> victims;
+  victims.reserve(k);
+  for (int64_t s = lo; s < hi && static_cast<int64_t>(victims.size()) < k; ++s) {
+    if (!evictable(s)) continue;
+    const int64_t v = score(last, freq, s, lfu);
+    if (v < threshold || (v == threshold && ties-- > 0)) victims.push_back(s);
+  }
+  return victims;
+}
+
+template <typename slot_t>
+std::vector<at::Tensor> admit_impl(const State& st, const std::vector<int64_t>& row_offset,
+                                   const std::vector<int64_t>& cache_offset, const at::Tensor& global_rows, int64_t tick,
+                                   bool lfu, double headroom, bool best_effort, bool pin) {
+  const int64_t tables = static_cast<int64_t>(row_offset.size()) - 1;
+  const int64_t n = global_rows.numel();
+  slot_t* slot_of = st.slot_of.data_ptr<slot_t>();
+  int64_t* row_of = st.row_of.data_ptr<int64_t>();
+  int64_t* last = st.last_used.data_ptr<int64_t>();
+  int64_t* freq = st.freq.data_ptr<int64_t>();
+  int32_t* pins = st.pins.data_ptr<int32_t>();
+  bool* dirty = st.dirty.data_ptr<bool>();
+  int64_t* ring = st.free_ring.data_ptr<int64_t>();
+  int64_t* head = st.free_state.data_ptr<int64_t>();
+  int64_t* count = head + tables;
+  const int64_t* rows = global_rows.data_ptr<int64_t>();
+  const int64_t total_rows = st.slot_of.numel();
+
+  // info: missed ids; the table that cannot hold the batch (-1: none), the rows it needs and its
+  // free / evictable / pinned slots; then per table the rows fetched and the dirty rows written back.
+  constexpr int64_t kHead = 6;
+  at::Tensor info = at::zeros({kHead + 2 * tables}, at::kLong);
+  int64_t* inf = info.data_ptr<int64_t>();
+  inf[1] = -1;
+
+  std::vector<int64_t> missed;
+  std::vector<int64_t> before(n);  // the slot of each id before the admission (-1: missed)
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t g = rows[i];
+    TORCH_CHECK(g >= 0 && g < total_rows, "tiered_admit: global row ", g, " outside [0, ", total_rows, ")");
+    before[i] = slot_of[g];
+    if (before[i] < 0) missed.push_back(g);
+  }
+  inf[0] = static_cast<int64_t>(missed.size());
+  std::vector<int64_t> fetch_rows, fetch_slots, wb_rows, wb_slots;
+  if (!missed.empty()) {
+    std::sort(missed.begin(), missed.end());
+    missed.erase(std::unique(missed.begin(), missed.end()), missed.end());
+    // the rows of table t among `missed`: [first[t], first[t + 1])
+    std::vector<int64_t> first(tables + 1, 0);
+    for (int64_t t = 0; t < tables; ++t)
+      first[t + 1] = std::lower_bound(missed.begin(), missed.end(), row_offset[t + 1]) - missed.begin();
+    auto evictable = [&](int64_t lo, int64_t hi) {
+      int64_t e = 0;
+      for (int64_t s = lo; s < hi; ++s) e += row_of[s] >= 0 && pins[s] == 0;
+      return e;
+    };
+    for (int64_t i = 0; i < n; ++i)  // the batch's cached rows are not evicted for its other rows
+      if (before[i] >= 0) ++pins[before[i]];
+    if (!best_effort) {  // every table is checked before any bookkeeping changes
+      for (int64_t t = 0; t < tables; ++t) {
+        const int64_t need = first[t + 1] - first[t];
+        if (need > count[t] && need > count[t] + evictable(cache_offset[t], cache_offset[t + 1])) {
+          inf[1] = t;
+          inf[2] = need;
+          inf[3] = count[t];
+          inf[4] = evictable(cache_offset[t], cache_offset[t + 1]);
+          for (int64_t s = cache_offset[t]; s < cache_offset[t + 1]; ++s) inf[5] += row_of[s] >= 0 && pins[s] > 0;
+          break;
+        }
+      }
+    }
+    if (inf[1] < 0) {
+      for (int64_t t = 0; t < tables; ++t) {
+        int64_t need = first[t + 1] - first[t];
+        if (need == 0) continue;
+        const int64_t lo = cache_offset[t], size = cache_offset[t + 1] - lo;
+        std::vector<int64_t> victims;
+        if (count[t] < need) {
+          const Evictable e = scan_evictable(row_of, pins, last, freq, lfu, lo, lo + size);
+          const int64_t available = e.count;
+          const int64_t short_by = std::min(need - count[t], available);
+          const int64_t k =
+              std::min(available, std::max(short_by, static_cast<int64_t>(std::ceil(headroom * static_cast<double>(size)))));
+          if (k > 0) {
+            victims = lowest_slots(row_of, pins, last, freq, lfu, lo, lo + size, k, e);
+            for (const int64_t s : victims) {  // appended at the ring's tail, in slot order
+              ring[lo + (head[t] + count[t]) % size] = s;
+              ++count[t];
+            }
+          }
+          need = std::min(need, count[t]);
+        }
+        for (const int64_t s : victims) {  // unmap the victims (dirty ones are written back)
+          const int64_t r = row_of[s];
+          if (dirty[s]) {
+            wb_rows.push_back(r);
+            wb_slots.push_back(s);
+            ++inf[kHead + tables + t];
+          }
+          slot_of[r + row_offset[t]] = -1;
+          row_of[s] = -1;
+          dirty[s] = false;
+          freq[s] = 0;
+        }
+        for (int64_t j = 0; j < need; ++j) {  // map the newcomers to the ring's head
+          const int64_t g = missed[first[t] + j];
+          const int64_t s = ring[lo + head[t]];
+          head[t] = (head[t] + 1) % size;
+          --count[t];
+          slot_of[g] = static_cast<slot_t>(s);
+          row_of[s] = g - row_offset[t];
+          dirty[s] = false;
+          freq[s] = 0;
+          fetch_rows.push_back(g - row_offset[t]);
+          fetch_slots.push_back(s);
+        }
+        inf[kHead + t] = need;
+      }
+    }
+  }
+  auto vec = [](const std::vector<int64_t>& v) {
+    at::Tensor out = at::empty({static_cast<int64_t>(v.size())}, at::kLong);
+    if (!v.empty()) std::memcpy(out.data_ptr<int64_t>(), v.data(), v.size() * sizeof(int64_t));
+    return out;
+  };
+  // The hits were pinned above when rows were missing (pinned slots were not evicted: their slots
+  // did not move); the final pin of each id replaces that one.
+  const int32_t hit_pin = static_cast<int32_t>(pin) - static_cast<int32_t>(!missed.empty());
+  if (inf[1] >= 0) {  // refused: nothing changed but the hits' pins, taken back
+    for (int64_t i = 0; i < n; ++i)
+      if (before[i] >= 0) --pins[before[i]];
+    return {at::empty({0}, at::kLong), info, vec({}), vec({}), vec({}), vec({})};
+  }
+  at::Tensor slots = at::empty({n}, at::kLong);
+  int64_t* out = slots.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    const bool hit = before[i] >= 0;
+    const int64_t s = hit ? before[i] : static_cast<int64_t>(slot_of[rows[i]]);
+    out[i] = s;
+    if (s < 0) continue;  // a best-effort admission left it out
+    last[s] = tick;
+    if (lfu) ++freq[s];
+    pins[s] += hit ? hit_pin : static_cast<int32_t>(pin);
+  }
+  return {slots, info, vec(fetch_rows), vec(fetch_slots), vec(wb_rows), vec(wb_slots)};
+}
+
+std::vector<at::Tensor> tiered_admit(at::Tensor slot_of, at::Tensor row_of, at::Tensor last_used, at::Tensor freq,
+                                     at::Tensor pins, at::Tensor dirty, at::Tensor free_ring, at::Tensor free_state,
+                                     at::IntArrayRef row_offset, at::IntArrayRef cache_offset,
+                                     const at::Tensor& global_rows, int64_t tick, bool lfu, double headroom,
+                                     bool best_effort, bool pin) {
+  State st{slot_of, row_of, last_used, freq, pins, dirty, free_ring, free_state};
+  check_state(st);
+  const int64_t tables = static_cast<int64_t>(row_offset.size()) - 1;
+  TORCH_CHECK(tables >= 1 && static_cast<int64_t>(cache_offset.size()) == tables + 1,
+              "tiered_admit: row_offset and cache_offset need T + 1 entries each");
+  TORCH_CHECK(row_offset.back() == slot_of.numel() && cache_offset.back() == row_of.numel() &&
+                  free_state.numel() == 2 * tables,
+              "tiered_admit: the offsets do not match the state tensors");
+  TORCH_CHECK(global_rows.device().is_cpu() && global_rows.scalar_type() == at::kLong && global_rows.is_contiguous(),
+              "tiered_admit: global_rows must be a contiguous int64 CPU tensor");
+  std::vector<int64_t> ro(row_offset.begin(), row_offset.end()), co(cache_offset.begin(), cache_offset.end());
+  if (slot_of.scalar_type() == at::kInt)
+    return admit_impl<int32_t>(st, ro, co, global_rows, tick, lfu, headroom, best_effort, pin);
+  return admit_impl<int64_t>(st, ro, co, global_rows, tick, lfu, headroom, best_effort, pin);
+}
+
+// pins[slots[i]] += delta for every i with slots[i] >= 0; then, when mark_dirty, dirty[slots[i]] = true.
+void tiered_release(at::Tensor pins, at::Tensor dirty, const at::Tensor& slots, int64_t delta, bool mark_dirty) {
+  TORCH_CHECK(pins.device().is_cpu() && pins.is_contiguous() && pins.scalar_type() == at::kInt,
+              "tiered_release: pins must be a contiguous int32 CPU tensor");
+  TORCH_CHECK(dirty.device().is_cpu() && dirty.is_contiguous() && dirty.scalar_type() == at::kBool,
+              "tiered_release: dirty must be a contiguous bool CPU tensor");
+  TORCH_CHECK(slots.device().is_cpu() && slots.is_contiguous() && slots.scalar_type() == at::kLong,
+              "tiered_release: slots must be a contiguous int64 CPU tensor");
+  int32_t* p = pins.data_ptr<int32_t>();
+  bool* d = dirty.data_ptr<bool>();
+  const int64_t* s = slots.data_ptr<int64_t>();
+  const int64_t size = pins.numel();
+  for (int64_t i = 0; i < slots.numel(); ++i) {
+    if (s[i] < 0) continue;  // an id a best-effort admission left out
+    TORCH_CHECK(s[i] < size, "tiered_release: slot ", s[i], " outside [0, ", size, ")");
+    p[s[i]] += static_cast<int32_t>(delta);
+    if (mark_dirty) d[s[i]] = true;
+  }
+}
+
+// The lookup of a batch its prefetch admitted whole: for every id, last_used[s] = tick, freq[s] += 1
+// (LFU), pins[s] += pin_delta.
+void tiered_touch(at::Tensor last_used, at::Tensor freq, at::Tensor pins, const at::Tensor& slots, int64_t tick, bool lfu,
+                  int64_t pin_delta) {
+  TORCH_CHECK(last_used.device().is_cpu() && last_used.is_contiguous() && last_used.scalar_type() == at::kLong &&
+                  freq.device().is_cpu() && freq.is_contiguous() && freq.scalar_type() == at::kLong &&
+                  pins.device().is_cpu() && pins.is_contiguous() && pins.scalar_type() == at::kInt &&
+                  slots.device().is_cpu() && slots.is_contiguous() && slots.scalar_type() == at::kLong,
+              "tiered_touch: last_used / freq (int64), pins (int32) and slots (int64) must be contiguous CPU tensors");
+  int64_t* last = last_used.data_ptr<int64_t>();
+  int64_t* f = freq.data_ptr<int64_t>();
+  int32_t* p = pins.data_ptr<int32_t>();
+  const int64_t* s = slots.data_ptr<int64_t>();
+  const int64_t size = pins.numel();
+  for (int64_t i = 0; i < slots.numel(); ++i) {
+    TORCH_CHECK(s[i] >= 0 && s[i] < size, "tiered_touch: slot ", s[i], " outside [0, ", size, ")");
+    last[s[i]] = tick;
+    if (lfu) ++f[s[i]];
+    p[s[i]] += static_cast<int32_t>(pin_delta);
+  }
+}
+
+// dst[j][dst_rows[i]] = src[j][src_rows[i]] for every tensor pair j and every i: rows of any
+// dtype, unit stride inside a row ([R] or [R, D]), any row stride.
+void tiered_copy_rows(at::TensorList src, const at::Tensor& src_rows, at::TensorList dst, const at::Tensor& dst_rows) {
+  TORCH_CHECK(src.size() == dst.size(), "tiered_copy_rows: ", src.size(), " sources but ", dst.size(), " targets");
+  TORCH_CHECK(src_rows.scalar_type() == at::kLong && dst_rows.scalar_type() == at::kLong && src_rows.is_contiguous() &&
+                  dst_rows.is_contiguous() && src_rows.numel() == dst_rows.numel(),
+              "tiered_copy_rows: the row lists must be contiguous int64 tensors of one length");
+  const int64_t n = src_rows.numel();
+  const int64_t* sr = src_rows.data_ptr<int64_t>();
+  const int64_t* dr = dst_rows.data_ptr<int64_t>();
+  for (size_t j = 0; j < src.size(); ++j) {
+    const at::Tensor& a = src[j];
+    const at::Tensor& b = dst[j];
+    TORCH_CHECK(a.device().is_cpu() && b.device().is_cpu() && a.scalar_type() == b.scalar_type() && a.dim() == b.dim() &&
+                    a.dim() >= 1 && a.dim() <= 2 && (a.dim() == 1 || (a.size(1) == b.size(1) && a.stride(1) == 1 &&
+                                                                       b.stride(1) == 1)),
+                "tiered_copy_rows: pair ", j, " must be CPU tensors of one dtype, [R] or [R, D] with unit column stride");
+    const int64_t item = a.element_size();
+    const int64_t row_bytes = (a.dim() == 2 ? a.size(1) : 1) * item;
+    const int64_t sa = a.stride(0) * item, sb = b.stride(0) * item;
+    const char* pa = static_cast<const char*>(a.data_ptr());
+    char* pb = static_cast<char*>(b.data_ptr());
+    const int64_t ra = a.size(0), rb = b.size(0);
+    for (int64_t i = 0; i < n; ++i)
+      TORCH_CHECK(sr[i] >= 0 && sr[i] < ra && dr[i] >= 0 && dr[i] < rb, "tiered_copy_rows: row ", sr[i], " -> ", dr[i],
+                  " outside the tensors");
+    constexpr int64_t kAhead = 8;  // the rows are scattered: start loading the next ones early
+    for (int64_t i = 0; i < n; ++i) {
+      if (i + kAhead < n) {
+        __builtin_prefetch(pa + sr[i + kAhead] * sa);
+        __builtin_prefetch(pb + dr[i + kAhead] * sb, 1);
+      }
+      std::memcpy(pb + dr[i] * sb, pa + sr[i] * sa, row_bytes);
+    }
+  }
+}
+
+// POSIX_FADV_WILLNEED the pages of `rows` in each file fds[j] (row r at byte r * strides[j], the
+// file mapped at address bases[j]); pages at most `gap` apart are announced as one range
+// (tiered_store.page_ranges is the same in Python). A file whose pages are mostly in the page cache
+// already is skipped: up to `sample` of the pages, spread over them, are looked up with mincore()
+// first, and if at most one in eight is missing nothing is announced -- an announcement is a
+// system call per range (~1 us each even for cached pages, thousands per step), and the few missing
+// pages are read when touched. Returns the number of ranges announced.
+int64_t tiered_advise(at::IntArrayRef fds, at::IntArrayRef bases, at::IntArrayRef strides, const at::Tensor& rows,
+                      int64_t page, int64_t gap, int64_t sample) {
+  TORCH_CHECK(fds.size() == strides.size() && fds.size() == bases.size(), "tiered_advise: one base and stride per file");
+  TORCH_CHECK(rows.device().is_cpu() && rows.scalar_type() == at::kLong && rows.is_contiguous(),
+              "tiered_advise: rows must be a contiguous int64 CPU tensor");
+  const int64_t n = rows.numel();
+  const int64_t* r = rows.data_ptr<int64_t>();
+  std::vector<int64_t> pages(n);
+  int64_t ranges = 0;
+  for (size_t j = 0; j < fds.size(); ++j) {
+    for (int64_t i = 0; i < n; ++i) pages[i] = r[i] * strides[j] / page;
+    if (n > 0 && sample > 0) {  // (the rows come in no particular order: any spread is a sample)
+      const int64_t probes = std::min(sample, n);
+      int64_t missing = 0;
+      for (int64_t p = 0; p < probes; ++p) {
+        const int64_t pg = pages[p * n / probes];
+        unsigned char resident = 0;
+        void* address = reinterpret_cast<void*>(static_cast<uintptr_t>(bases[j] + pg * page));
+        if (mincore(address, static_cast<size_t>(page), &resident) != 0 || !(resident & 1)) ++missing;
+      }
+      if (missing * 8 <= probes) continue;
+    }
+    std::sort(pages.begin(), pages.end());
+    int64_t i = 0;
+    while (i < n) {
+      int64_t last = pages[i];
+      int64_t k = i + 1;
+      while (k < n && pages[k] - last <= gap + 1) last = pages[k++];
+#if defined(POSIX_FADV_WILLNEED)
+      posix_fadvise(static_cast<int>(fds[j]), pages[i] * page, (last - pages[i] + 1) * page, POSIX_FADV_WILLNEED);
+#endif
+      ++ranges;
+      i = k;
+    }
+  }
+  return ranges;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(lightrec_tiered, m) {
+  m.def(
+      "tiered_admit(Tensor(a!) slot_of, Tensor(b!) row_of, Tensor(c!) last_used, Tensor(d!) freq, Tensor(e!) pins, "
+      "Tensor(f!) dirty, Tensor(g!) free_ring, Tensor(h!) free_state, int[] row_offset, int[] cache_offset, "
+      "Tensor global_rows, int tick, bool lfu, float headroom, bool best_effort, bool pin) -> Tensor[]");
+  m.def("tiered_release(Tensor(a!) pins, Tensor(b!) dirty, Tensor slots, int delta, bool mark_dirty) -> ()");
+  m.def("tiered_touch(Tensor(a!) last_used, Tensor(b!) freq, Tensor(c!) pins, Tensor slots, int tick, bool lfu, int pin_delta) -> ()");
+  m.def("tiered_copy_rows(Tensor[] src, Tensor src_rows, Tensor(a!)[] dst, Tensor dst_rows) -> ()");
+  m.def("tiered_advise(int[] fds, int[] bases, int[] strides, Tensor rows, int page, int gap, int sample) -> int");
+}
+
+TORCH_LIBRARY_IMPL(lightrec_tiered, CPU, m) {
+  m.impl("tiered_admit", &tiered_admit);
+  m.impl("tiered_release", &tiered_release);
+  m.impl("tiered_touch", &tiered_touch);
+  m.impl("tiered_copy_rows", &tiered_copy_rows);
+  m.impl("tiered_advise", &tiered_advise);
+}
