@@ -273,20 +273,21 @@ class _BatchedLookupBase(nn.Module):
             raise KeyError(f"reset_rows: no table {table!r}; the tables are {self.table_names}")
         self._backend.reset_rows(self.table_names.index(table), rows, weights)
 
-    def reset_rows_of_tables(self, resets: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """:meth:`reset_rows` of several tables (``{table: (rows, weights)}``) in one kernel call."""
+    def _check_reset_tables(self, resets: dict[str, Any]) -> None:
         unknown = sorted(set(resets) - set(self.table_names))
         if unknown:
             raise KeyError(f"reset_rows: no table {unknown[0]!r}; the tables are {self.table_names}")
+
+    def reset_rows_of_tables(self, resets: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """:meth:`reset_rows` of several tables (``{table: (rows, weights)}``) in one kernel call."""
+        self._check_reset_tables(resets)
         self._backend.reset_tables([(self.table_names.index(t), rows, w) for t, (rows, w) in resets.items()])
 
     def reset_rows_uniform_of_tables(self, resets: dict[str, tuple[torch.Tensor, int, float, float]]) -> None:
         """:meth:`reset_rows_of_tables` with the fresh weights drawn by the kernel: ``{table: (rows, seed,
         low, high)}``, row ``rows[k]`` gets row ``k`` of ``mc_ops.uniform_block(len(rows), D, seed, low,
         high, float32)`` (``ResidentRows.reset_tables_uniform``; kernels without it get the block)."""
-        unknown = sorted(set(resets) - set(self.table_names))
-        if unknown:
-            raise KeyError(f"reset_rows: no table {unknown[0]!r}; the tables are {self.table_names}")
+        self._check_reset_tables(resets)
         draw = getattr(self._backend, "reset_tables_uniform", None)
         if callable(draw):
             draw([(self.table_names.index(t), rows, seed, lo, hi) for t, (rows, seed, lo, hi) in resets.items()])
