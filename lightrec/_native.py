@@ -115,8 +115,9 @@ def native_ops() -> NativeOps | None:
     except Exception as exc:  # noqa: BLE001 - any build or load failure means "use the fallbacks"
         _reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else exc!r}"
         warnings.warn(
-            f"lightrec could not build its native CPU ops ({_reason}); the pure-torch fused update and "
-            "gloo's transport are used instead (same results, slower). Install a C++ compiler (g++) and "
+            f"lightrec could not build its native CPU ops ({_reason}); the pure-torch fused update, "
+            "managed-collision step and tiered-cache bookkeeping and gloo's transport are used instead (same "
+            "results, slower). Install a C++ compiler (g++) and "
             "the Python headers (python3-dev), and `pip install ninja`; or set LIGHTREC_DISABLE_NATIVE=1 "
             "to skip the build silently",
             NativeUnavailableWarning,

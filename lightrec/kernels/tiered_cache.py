@@ -14,8 +14,9 @@ The tables of one kernel share one slot space; table ``t`` owns the slots
     free_ring  [sum C]  per table, a ring of its free global slots over its slot range
     free_state [2, T]   per table, the ring's head (offset in the range) and count (on the CPU)
 
-Everything else is a tensor on the cache's device and every per-id update is one scatter (no sort, no
-unique) so that a lookup whose rows are all cached costs a gather and a few scatters. Eviction runs
+Everything else is a tensor on the cache's device. On CPU a batch's bookkeeping is one native call
+(``tiered_admit``; a lookup of a batch its prefetch admitted, ``tiered_touch``); elsewhere a few
+scatters per batch, plus a ``torch.unique`` of the batch's missing rows. Eviction runs
 only when a table's free slots run out and then frees at least ``headroom`` of its cache at once:
 the ``k`` unpinned slots with the lowest score (``last_used``, or ``freq`` then ``last_used``),
 found in one pass over the table's slots, so its cost is paid once per many misses. Ties are

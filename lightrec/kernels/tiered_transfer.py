@@ -3,8 +3,9 @@
 A :class:`Transfer` is what one fetch decided, per table: the dirty rows leaving the cache (read
 from their slots, written to the store) and the rows entering it (read from the store, written
 into their slots). Write-backs run first, since an evicted slot may be reused by a row fetched in
-the same transfer. :class:`TransferQueue` runs transfers in order on one worker thread (the file
-I/O and the page faults stay off the training thread; torch's copies release the GIL), and
+the same transfer. :class:`TransferQueue` runs transfers -- and, for CPU caches, the next batch's bookkeeping calls
+(``submit_call``) -- in order on one worker thread (the file I/O and the page faults stay off the
+training thread; torch's copies and the native ops release the GIL), and
 :meth:`TransferQueue.join` is what a lookup, a flush or a checkpoint waits on first.
 
 Why the slots may be written while a backward runs: the bookkeeping (``tiered_cache.py``) never
@@ -88,7 +89,7 @@ class TransferQueue:
         self._worker_ident: int | None = None
         self._stream = torch.cuda.Stream(device=device) if device.type == "cuda" else None
 
-    # ---- the two ways to run a transfer ---------------------------------------------------------
+    # ---- running transfers and bookkeeping calls, on the worker or here ----------------------
     def submit(self, transfer: Transfer) -> None:
         """Run ``transfer`` on the worker thread after the ones already submitted."""
         if not transfer:
@@ -132,9 +133,18 @@ class TransferQueue:
     def join(self) -> None:
         """Wait for every submitted transfer (CUDA: the training stream then waits for their copies);
         an error of the worker is raised here."""
-        pending, self._pending = self._pending, []
-        for future in pending:
-            done = future.result()
+        # ``_pending`` empties only as its futures finish: a release queued while this thread waits
+        # (a finalizer run by garbage collection inside ``result()``) sees ``busy`` and queues behind
+        # the worker instead of updating the pins beside it -- and is waited for here too.
+        while self._pending:
+            future = self._pending[0]
+            try:
+                done = future.result()
+            except BaseException:
+                self._pending = []
+                raise
+            if self._pending and self._pending[0] is future:
+                self._pending.pop(0)
             if done is not None:
                 torch.cuda.current_stream(self.device).wait_event(done)
 
@@ -179,7 +189,11 @@ def _copy_rows(src: dict[str, torch.Tensor], src_rows: torch.Tensor, dst: dict[s
     """
     names = list(dst)
     sources, targets = [src[n] for n in names], [dst[n] for n in names]
-    same = all(a.device.type == b.device.type == "cpu" and a.dtype == b.dtype for a, b in zip(sources, targets, strict=True))
+    same = all(  # what the native copy takes: CPU rows of one dtype, 1-D or with unit column stride
+        a.device.type == b.device.type == "cpu" and a.dtype == b.dtype and a.dim() == b.dim() <= 2
+        and (a.dim() == 1 or a.stride(1) == b.stride(1) == 1)
+        for a, b in zip(sources, targets, strict=True)
+    )
     if same and native_tiered_available(torch.device("cpu")):
         torch.ops.lightrec_tiered.tiered_copy_rows(
             sources, src_rows.cpu().long().contiguous(), targets, dst_rows.cpu().long().contiguous()

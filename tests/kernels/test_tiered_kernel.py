@@ -314,3 +314,32 @@ def test_page_ranges_cover_every_missed_page_in_few_ranges() -> None:
     assert set(pages.tolist()) <= covered and len(covered) == 14
     assert page_ranges(pages, gap=0)[0].tolist() == [0, 3, 5, 9, 40, 100]  # gap 0: only adjacent pages merge
     assert page_ranges(np.zeros(0, dtype=np.int64), gap=4)[0].size == 0
+
+
+def test_join_also_waits_for_calls_queued_while_it_waits() -> None:
+    # A release queued during join's wait (a finalizer, or another thread) must not be left running
+    # beside the training thread once join returned: it would update the pins concurrently.
+    import threading
+    import time
+
+    from lightrec.kernels.tiered_transfer import TransferQueue
+
+    queue = TransferQueue(None, [], torch.device("cpu"))  # type: ignore[arg-type] - calls need no store
+    started, done = threading.Event(), []
+
+    def first() -> None:
+        started.set()
+        time.sleep(0.3)
+
+    def second() -> None:
+        time.sleep(0.1)
+        done.append(True)
+
+    queue.submit_call(first)
+    assert started.wait(5)
+    late = threading.Timer(0.05, lambda: queue.submit_call(second))
+    late.start()
+    queue.join()
+    late.join()
+    assert done == [True] and not queue.busy
+    queue.close()
