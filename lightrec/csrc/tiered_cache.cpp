@@ -58,6 +58,19 @@ void check_state(const State& s) {
   cpu_contig(s.dirty, at::kBool, "dirty");
   cpu_contig(s.free_ring, at::kLong, "free_ring");
   cpu_contig(s.free_state, at::kLong, "free_state");
+  const int64_t slots = s.row_of.numel();  // every per-slot tensor has one entry per cache slot
+  TORCH_CHECK(s.last_used.numel() == slots && s.freq.numel() == slots && s.pins.numel() == slots &&
+                  s.dirty.numel() == slots && s.free_ring.numel() == slots,
+              "tiered_admit: last_used, freq, pins, dirty and free_ring need one entry per slot (", slots, ")");
+}
+
+// Every slot of `s` is -1 (when `allow_missing`) or in [0, size): checked before any state changes,
+// so a bad slot leaves the state as it was.
+void check_slots(const char* op, const int64_t* s, int64_t n, int64_t size, bool allow_missing) {
+  for (int64_t i = 0; i < n; ++i) {
+    TORCH_CHECK((allow_missing && s[i] < 0) || (s[i] >= 0 && s[i] < size), op, ": slot ", s[i], " outside [0, ",
+                size, ")");
+  }
 }
 
 // The score eviction minimises: LRU the last use; LFU the frequency, recency breaking ties
@@ -329,10 +342,10 @@ void tiered_release(at::Tensor pins, at::Tensor dirty, const at::Tensor& slots, 
   int32_t* p = pins.data_ptr<int32_t>();
   bool* d = dirty.data_ptr<bool>();
   const int64_t* s = slots.data_ptr<int64_t>();
-  const int64_t size = pins.numel();
+  TORCH_CHECK(dirty.numel() == pins.numel(), "tiered_release: pins and dirty need one entry per slot");
+  check_slots("tiered_release", s, slots.numel(), pins.numel(), true);
   for (int64_t i = 0; i < slots.numel(); ++i) {
     if (s[i] < 0) continue;  // an id a best-effort admission left out
-    TORCH_CHECK(s[i] < size, "tiered_release: slot ", s[i], " outside [0, ", size, ")");
     p[s[i]] += static_cast<int32_t>(delta);
     if (mark_dirty) d[s[i]] = true;
   }
@@ -351,9 +364,10 @@ void tiered_touch(at::Tensor last_used, at::Tensor freq, at::Tensor pins, const 
   int64_t* f = freq.data_ptr<int64_t>();
   int32_t* p = pins.data_ptr<int32_t>();
   const int64_t* s = slots.data_ptr<int64_t>();
-  const int64_t size = pins.numel();
+  TORCH_CHECK(last_used.numel() == pins.numel() && freq.numel() == pins.numel(),
+              "tiered_touch: last_used, freq and pins need one entry per slot");
+  check_slots("tiered_touch", s, slots.numel(), pins.numel(), false);
   for (int64_t i = 0; i < slots.numel(); ++i) {
-    TORCH_CHECK(s[i] >= 0 && s[i] < size, "tiered_touch: slot ", s[i], " outside [0, ", size, ")");
     last[s[i]] = tick;
     if (lfu) ++f[s[i]];
     p[s[i]] += static_cast<int32_t>(pin_delta);

@@ -224,3 +224,17 @@ def test_a_prefetch_keeps_its_own_copy_of_the_ids(tmp_path) -> None:
     module.prefetch(buffer, offsets)
     buffer.copy_(torch.arange(200, 220))  # refilled in place before the lookup
     assert torch.equal(module(buffer, offsets), ref(buffer, offsets))
+
+
+@needs_native
+def test_bad_slots_or_state_sizes_are_refused_before_anything_changes() -> None:
+    last, freq, pins = torch.zeros(8, dtype=torch.long), torch.zeros(8, dtype=torch.long), torch.zeros(8, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="tiered_touch: slot 8 outside"):
+        torch.ops.lightrec_tiered.tiered_touch(last, freq, pins, torch.tensor([1, 2, 8]), 5, True, 1)
+    assert not last.any() and not freq.any() and not pins.any()  # slots 1 and 2 were not touched
+    dirty = torch.zeros(8, dtype=torch.bool)
+    with pytest.raises(RuntimeError, match="tiered_release: slot 9 outside"):
+        torch.ops.lightrec_tiered.tiered_release(pins, dirty, torch.tensor([0, -1, 9]), 1, True)
+    assert not pins.any() and not dirty.any()
+    with pytest.raises(RuntimeError, match="one entry per slot"):
+        torch.ops.lightrec_tiered.tiered_touch(last[:4], freq, pins, torch.tensor([1]), 5, True, 1)
