@@ -39,6 +39,11 @@
 
 namespace {
 
+// How far ahead the per-id loops start loading the state of a later id: the slots of a batch are
+// scattered over state arrays of megabytes, so each id is a cache miss; loading a few ahead
+// overlaps them instead of waiting for each in turn.
+constexpr int64_t kAhead = 16;
+
 struct State {
   at::Tensor slot_of, row_of, last_used, freq, pins, dirty, free_ring, free_state;
 };
@@ -126,6 +131,21 @@ Evictable scan_evictable(const int64_t* row_of, const int32_t* pins, const int64
   return e;
 }
 
+// The k evictable slots of [lo, hi) of lowest (score, slot), in slot order, given the k-th lowest
+// score `threshold` and how many evictable slots score below it: those, then the lowest-numbered at it.
+std::vector<int64_t> slots_up_to(const int64_t* row_of, const int32_t* pins, const int64_t* last, const int64_t* freq,
+                                 bool lfu, int64_t lo, int64_t hi, int64_t k, int64_t threshold, int64_t below) {
+  int64_t ties = k - below;
+  std::vector<int64_t> victims;
+  victims.reserve(k);
+  for (int64_t s = lo; s < hi && static_cast<int64_t>(victims.size()) < k; ++s) {
+    if (row_of[s] < 0 || pins[s] != 0) continue;
+    const int64_t v = score(last, freq, s, lfu);
+    if (v < threshold || (v == threshold && ties-- > 0)) victims.push_back(s);
+  }
+  return victims;
+}
+
 // The k (1 <= k <= e.count) evictable slots of [lo, hi) of lowest (score, slot), in slot order.
 // Two more passes over the slots and no sort: a 16-bit histogram of the scores' top digit (for LRU
 // the ticks of a cache usually span fewer than 2^16 lookups, so this already names the k-th lowest
@@ -161,15 +181,41 @@ std::vector<int64_t> lowest_slots(const int64_t* row_of, const int32_t* pins, co
     }
     threshold = kth_smallest(candidates, rest, below);
   }
-  int64_t ties = k - below;
-  std::vector<int64_t> victims;
-  victims.reserve(k);
-  for (int64_t s = lo; s < hi && static_cast<int64_t>(victims.size()) < k; ++s) {
-    if (!evictable(s)) continue;
-    const int64_t v = score(last, freq, s, lfu);
-    if (v < threshold || (v == threshold && ties-- > 0)) victims.push_back(s);
+  return slots_up_to(row_of, pins, last, freq, lfu, lo, hi, k, threshold, below);
+}
+
+// LRU's eviction in two passes instead of three: the scores are lookup ticks, and the evictable
+// slots of a cache under pressure were used within the last 2^16 lookups of `tick` (a slot unused
+// for longer would have been evicted long before), so one pass can count them and histogram their
+// ticks over that window at once. Returns false -- nothing found, nothing changed -- when the k-th
+// lowest tick is outside the window (then the general path above runs); else the victims, and
+// `available` is the count of evictable slots.
+bool lru_lowest_slots(const int64_t* row_of, const int32_t* pins, const int64_t* last, int64_t lo, int64_t hi,
+                      int64_t tick, int64_t short_by, int64_t headroom_k, int64_t& available,
+                      std::vector<int64_t>& victims) {
+  constexpr int64_t kWindow = 65536;
+  const int64_t base = tick - (kWindow - 1);
+  // hist[0]: older than the window; hist[1 + d]: tick base + d; hist[kWindow + 1]: newer than `tick`
+  std::vector<int32_t> hist(kWindow + 2, 0);
+  int64_t count = 0;
+  for (int64_t s = lo; s < hi; ++s) {
+    if (row_of[s] < 0 || pins[s] != 0) continue;
+    const int64_t d = last[s] - base;
+    ++hist[d < 0 ? 0 : (d >= kWindow ? kWindow + 1 : d + 1)];
+    ++count;
   }
-  return victims;
+  available = count;
+  const int64_t k = std::min(count, std::max(short_by, headroom_k));
+  if (k <= 0) return true;
+  int64_t below = 0, rest = k, bucket = 0;
+  while (hist[bucket] < rest) {
+    rest -= hist[bucket];
+    below += hist[bucket];
+    ++bucket;
+  }
+  if (bucket == 0 || bucket == kWindow + 1) return false;  // the k-th lowest is outside the window
+  victims = slots_up_to(row_of, pins, last, nullptr, false, lo, hi, k, base + bucket - 1, below);
+  return true;
 }
 
 template <typename slot_t>
@@ -197,13 +243,39 @@ std::vector<at::Tensor> admit_impl(const State& st, const std::vector<int64_t>& 
   int64_t* inf = info.data_ptr<int64_t>();
   inf[1] = -1;
 
-  std::vector<int64_t> missed;
-  std::vector<int64_t> before(n);  // the slot of each id before the admission (-1: missed)
+  for (int64_t i = 0; i < n; ++i)  // checked first: the lookup pass below reads ahead of the id it handles
+    TORCH_CHECK(rows[i] >= 0 && rows[i] < total_rows, "tiered_admit: global row ", rows[i], " outside [0, ",
+                total_rows, ")");
+  // One pass looks every id up and pins the slots it hits (a batch's cached rows are never evicted
+  // for its other rows). A best-effort admission (a prefetch; it is never refused) also touches them
+  // here: their scores do not matter to the eviction below (pinned slots are not candidates), so the
+  // state ends the same as touching them afterwards, and the pass after the admission only visits
+  // the ids that missed.
+  const bool touch_hits_now = best_effort;
+  std::vector<int64_t> missed, missed_at;  // the missing rows, and the positions of the ids that missed
+  std::vector<int64_t> before(n);         // the slot of each id before the admission (-1: missed)
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t g = rows[i];
-    TORCH_CHECK(g >= 0 && g < total_rows, "tiered_admit: global row ", g, " outside [0, ", total_rows, ")");
-    before[i] = slot_of[g];
-    if (before[i] < 0) missed.push_back(g);
+    // two stages ahead: the slot of a later id, and the state of the slot of a nearer one
+    if (i + 2 * kAhead < n) __builtin_prefetch(slot_of + rows[i + 2 * kAhead]);
+    if (i + kAhead < n) {
+      const int64_t ahead = slot_of[rows[i + kAhead]];
+      if (ahead >= 0) {
+        __builtin_prefetch(pins + ahead, 1);
+        if (touch_hits_now) __builtin_prefetch(last + ahead, 1);
+      }
+    }
+    const int64_t s = slot_of[rows[i]];
+    before[i] = s;
+    if (s < 0) {
+      missed.push_back(rows[i]);
+      missed_at.push_back(i);
+      continue;
+    }
+    ++pins[s];
+    if (touch_hits_now) {
+      last[s] = tick;
+      if (lfu) ++freq[s];
+    }
   }
   inf[0] = static_cast<int64_t>(missed.size());
   std::vector<int64_t> fetch_rows, fetch_slots, wb_rows, wb_slots;
@@ -219,8 +291,6 @@ std::vector<at::Tensor> admit_impl(const State& st, const std::vector<int64_t>& 
       for (int64_t s = lo; s < hi; ++s) e += row_of[s] >= 0 && pins[s] == 0;
       return e;
     };
-    for (int64_t i = 0; i < n; ++i)  // the batch's cached rows are not evicted for its other rows
-      if (before[i] >= 0) ++pins[before[i]];
     if (!best_effort) {  // every table is checked before any bookkeeping changes
       for (int64_t t = 0; t < tables; ++t) {
         const int64_t need = first[t + 1] - first[t];
@@ -241,17 +311,20 @@ std::vector<at::Tensor> admit_impl(const State& st, const std::vector<int64_t>& 
         const int64_t lo = cache_offset[t], size = cache_offset[t + 1] - lo;
         std::vector<int64_t> victims;
         if (count[t] < need) {
-          const Evictable e = scan_evictable(row_of, pins, last, freq, lfu, lo, lo + size);
-          const int64_t available = e.count;
-          const int64_t short_by = std::min(need - count[t], available);
-          const int64_t k =
-              std::min(available, std::max(short_by, static_cast<int64_t>(std::ceil(headroom * static_cast<double>(size)))));
-          if (k > 0) {
-            victims = lowest_slots(row_of, pins, last, freq, lfu, lo, lo + size, k, e);
-            for (const int64_t s : victims) {  // appended at the ring's tail, in slot order
-              ring[lo + (head[t] + count[t]) % size] = s;
-              ++count[t];
-            }
+          const int64_t headroom_k = static_cast<int64_t>(std::ceil(headroom * static_cast<double>(size)));
+          int64_t available = 0;
+          const bool found =
+              !lfu && lru_lowest_slots(row_of, pins, last, lo, lo + size, tick, need - count[t], headroom_k, available, victims);
+          if (!found) {
+            const Evictable e = scan_evictable(row_of, pins, last, freq, lfu, lo, lo + size);
+            available = e.count;
+            const int64_t short_by = std::min(need - count[t], available);
+            const int64_t k = std::min(available, std::max(short_by, headroom_k));
+            if (k > 0) victims = lowest_slots(row_of, pins, last, freq, lfu, lo, lo + size, k, e);
+          }
+          for (const int64_t s : victims) {  // appended at the ring's tail, in slot order
+            ring[lo + (head[t] + count[t]) % size] = s;
+            ++count[t];
           }
           need = std::min(need, count[t]);
         }
@@ -288,24 +361,41 @@ std::vector<at::Tensor> admit_impl(const State& st, const std::vector<int64_t>& 
     if (!v.empty()) std::memcpy(out.data_ptr<int64_t>(), v.data(), v.size() * sizeof(int64_t));
     return out;
   };
-  // The hits were pinned above when rows were missing (pinned slots were not evicted: their slots
-  // did not move); the final pin of each id replaces that one.
-  const int32_t hit_pin = static_cast<int32_t>(pin) - static_cast<int32_t>(!missed.empty());
-  if (inf[1] >= 0) {  // refused: nothing changed but the hits' pins, taken back
+  if (inf[1] >= 0) {  // refused: nothing changed but the hits' pins, taken back (not touched yet)
     for (int64_t i = 0; i < n; ++i)
       if (before[i] >= 0) --pins[before[i]];
     return {at::empty({0}, at::kLong), info, vec({}), vec({}), vec({}), vec({})};
   }
   at::Tensor slots = at::empty({n}, at::kLong);
   int64_t* out = slots.data_ptr<int64_t>();
-  for (int64_t i = 0; i < n; ++i) {
-    const bool hit = before[i] >= 0;
-    const int64_t s = hit ? before[i] : static_cast<int64_t>(slot_of[rows[i]]);
-    out[i] = s;
-    if (s < 0) continue;  // a best-effort admission left it out
-    last[s] = tick;
-    if (lfu) ++freq[s];
-    pins[s] += hit ? hit_pin : static_cast<int32_t>(pin);
+  // Every hit holds one pin from the lookup pass: the final pin of each id replaces it.
+  const int32_t hit_pin = static_cast<int32_t>(pin) - 1;
+  if (touch_hits_now && hit_pin == 0) {  // the hits are done: only the ids that missed are left
+    for (int64_t i = 0; i < n; ++i) out[i] = before[i];
+    for (const int64_t i : missed_at) {
+      const int64_t s = slot_of[rows[i]];
+      out[i] = s;
+      if (s < 0) continue;  // a best-effort admission left it out
+      last[s] = tick;
+      if (lfu) ++freq[s];
+      pins[s] += static_cast<int32_t>(pin);
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      if (i + kAhead < n && before[i + kAhead] >= 0) {
+        __builtin_prefetch(last + before[i + kAhead], 1);
+        __builtin_prefetch(pins + before[i + kAhead], 1);
+      }
+      const bool hit = before[i] >= 0;
+      const int64_t s = hit ? before[i] : static_cast<int64_t>(slot_of[rows[i]]);
+      out[i] = s;
+      if (s < 0) continue;  // a best-effort admission left it out
+      if (!(hit && touch_hits_now)) {
+        last[s] = tick;
+        if (lfu) ++freq[s];
+      }
+      pins[s] += hit ? hit_pin : static_cast<int32_t>(pin);
+    }
   }
   return {slots, info, vec(fetch_rows), vec(fetch_slots), vec(wb_rows), vec(wb_slots)};
 }
@@ -344,7 +434,12 @@ void tiered_release(at::Tensor pins, at::Tensor dirty, const at::Tensor& slots, 
   const int64_t* s = slots.data_ptr<int64_t>();
   TORCH_CHECK(dirty.numel() == pins.numel(), "tiered_release: pins and dirty need one entry per slot");
   check_slots("tiered_release", s, slots.numel(), pins.numel(), true);
-  for (int64_t i = 0; i < slots.numel(); ++i) {
+  const int64_t n = slots.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + kAhead < n && s[i + kAhead] >= 0) {
+      __builtin_prefetch(p + s[i + kAhead], 1);
+      if (mark_dirty) __builtin_prefetch(d + s[i + kAhead], 1);
+    }
     if (s[i] < 0) continue;  // an id a best-effort admission left out
     p[s[i]] += static_cast<int32_t>(delta);
     if (mark_dirty) d[s[i]] = true;
@@ -367,7 +462,13 @@ void tiered_touch(at::Tensor last_used, at::Tensor freq, at::Tensor pins, const 
   TORCH_CHECK(last_used.numel() == pins.numel() && freq.numel() == pins.numel(),
               "tiered_touch: last_used, freq and pins need one entry per slot");
   check_slots("tiered_touch", s, slots.numel(), pins.numel(), false);
-  for (int64_t i = 0; i < slots.numel(); ++i) {
+  const int64_t n = slots.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) {
+      __builtin_prefetch(last + s[i + kAhead], 1);
+      __builtin_prefetch(p + s[i + kAhead], 1);
+      if (lfu) __builtin_prefetch(f + s[i + kAhead], 1);
+    }
     last[s[i]] = tick;
     if (lfu) ++f[s[i]];
     p[s[i]] += static_cast<int32_t>(pin_delta);
@@ -400,7 +501,7 @@ void tiered_copy_rows(at::TensorList src, const at::Tensor& src_rows, at::Tensor
     for (int64_t i = 0; i < n; ++i)
       TORCH_CHECK(sr[i] >= 0 && sr[i] < ra && dr[i] >= 0 && dr[i] < rb, "tiered_copy_rows: row ", sr[i], " -> ", dr[i],
                   " outside the tensors");
-    constexpr int64_t kAhead = 8;  // the rows are scattered: start loading the next ones early
+    // the rows are scattered: start loading later ones early (kAhead)
     for (int64_t i = 0; i < n; ++i) {
       if (i + kAhead < n) {
         __builtin_prefetch(pa + sr[i + kAhead] * sa);
@@ -411,13 +512,46 @@ void tiered_copy_rows(at::TensorList src, const at::Tensor& src_rows, at::Tensor
   }
 }
 
+// How many of up to `sample` of `pages` (spread over them; they come in no particular order, so
+// any spread is a sample) are not in the page cache, looked up with mincore() at `base`; and how
+// many were looked up.
+std::pair<int64_t, int64_t> missing_pages(const std::vector<int64_t>& pages, int64_t base, int64_t page, int64_t sample) {
+  const int64_t n = static_cast<int64_t>(pages.size());
+  const int64_t probes = std::min(sample, n);
+  int64_t missing = 0;
+  for (int64_t p = 0; p < probes; ++p) {
+    unsigned char resident = 0;
+    void* address = reinterpret_cast<void*>(static_cast<uintptr_t>(base + pages[p * n / probes] * page));
+    if (mincore(address, static_cast<size_t>(page), &resident) != 0 || !(resident & 1)) ++missing;
+  }
+  return {missing, probes};
+}
+
+// POSIX_FADV_WILLNEED every page of `pages` (sorted here) of file `fd`; pages at most `gap` apart
+// are announced as one range (tiered_store.page_ranges is the same in Python). Returns the ranges.
+int64_t announce_pages(std::vector<int64_t>& pages, int64_t fd, int64_t page, int64_t gap) {
+  std::sort(pages.begin(), pages.end());
+  const int64_t n = static_cast<int64_t>(pages.size());
+  int64_t ranges = 0, i = 0;
+  while (i < n) {
+    int64_t last = pages[i];
+    int64_t k = i + 1;
+    while (k < n && pages[k] - last <= gap + 1) last = pages[k++];
+#if defined(POSIX_FADV_WILLNEED)
+    posix_fadvise(static_cast<int>(fd), pages[i] * page, (last - pages[i] + 1) * page, POSIX_FADV_WILLNEED);
+#endif
+    ++ranges;
+    i = k;
+  }
+  return ranges;
+}
+
 // POSIX_FADV_WILLNEED the pages of `rows` in each file fds[j] (row r at byte r * strides[j], the
-// file mapped at address bases[j]); pages at most `gap` apart are announced as one range
-// (tiered_store.page_ranges is the same in Python). A file whose pages are mostly in the page cache
-// already is skipped: up to `sample` of the pages, spread over them, are looked up with mincore()
-// first, and if at most one in eight is missing nothing is announced -- an announcement is a
-// system call per range (~1 us each even for cached pages, thousands per step), and the few missing
-// pages are read when touched. Returns the number of ranges announced.
+// file mapped at address bases[j]). A file whose pages are mostly in the page cache already is
+// skipped: up to `sample` of the pages are looked up with mincore() first, and if at most one in
+// eight is missing nothing is announced -- an announcement is a system call per range (~1 us each
+// even for cached pages, thousands per step), and the few missing pages are read when touched.
+// Returns the number of ranges announced.
 int64_t tiered_advise(at::IntArrayRef fds, at::IntArrayRef bases, at::IntArrayRef strides, const at::Tensor& rows,
                       int64_t page, int64_t gap, int64_t sample) {
   TORCH_CHECK(fds.size() == strides.size() && fds.size() == bases.size(), "tiered_advise: one base and stride per file");
@@ -429,31 +563,55 @@ int64_t tiered_advise(at::IntArrayRef fds, at::IntArrayRef bases, at::IntArrayRe
   int64_t ranges = 0;
   for (size_t j = 0; j < fds.size(); ++j) {
     for (int64_t i = 0; i < n; ++i) pages[i] = r[i] * strides[j] / page;
-    if (n > 0 && sample > 0) {  // (the rows come in no particular order: any spread is a sample)
-      const int64_t probes = std::min(sample, n);
-      int64_t missing = 0;
-      for (int64_t p = 0; p < probes; ++p) {
-        const int64_t pg = pages[p * n / probes];
-        unsigned char resident = 0;
-        void* address = reinterpret_cast<void*>(static_cast<uintptr_t>(bases[j] + pg * page));
-        if (mincore(address, static_cast<size_t>(page), &resident) != 0 || !(resident & 1)) ++missing;
-      }
+    if (n > 0 && sample > 0) {
+      const auto [missing, probes] = missing_pages(pages, bases[j], page, sample);
       if (missing * 8 <= probes) continue;
     }
-    std::sort(pages.begin(), pages.end());
-    int64_t i = 0;
-    while (i < n) {
-      int64_t last = pages[i];
-      int64_t k = i + 1;
-      while (k < n && pages[k] - last <= gap + 1) last = pages[k++];
-#if defined(POSIX_FADV_WILLNEED)
-      posix_fadvise(static_cast<int>(fds[j]), pages[i] * page, (last - pages[i] + 1) * page, POSIX_FADV_WILLNEED);
-#endif
-      ++ranges;
-      i = k;
-    }
+    ranges += announce_pages(pages, fds[j], page, gap);
   }
   return ranges;
+}
+
+// One table's part of a transfer, on the calling thread: the dirty victims written back (cache ->
+// store: store[j][wb_rows] = cache[j][wb_slots]), then the admitted rows fetched (cache[j][fetch_slots]
+// = store[j][fetch_rows]), for every tensor pair j (the weights, then each row state).
+//
+// fds[j] >= 0: store[j] is that file, mapped at store[j]'s address (an SSD store). Up to `sample`
+// of the pages this part reads or writes are first looked up with mincore() (sample 0: none; the
+// caller knows they are cached); when more than one in eight of a file's are missing, its pages are
+// announced (WILLNEED, the disk reads them in parallel) and, with `only_if_cached`, nothing is copied
+// and false is returned: the caller hands the copies to its worker thread rather than wait for the
+// disk on the training thread. Returns true when the rows were copied.
+bool tiered_transfer(at::TensorList cache, at::TensorList store, at::IntArrayRef fds, const at::Tensor& wb_slots,
+                     const at::Tensor& wb_rows, const at::Tensor& fetch_rows, const at::Tensor& fetch_slots, int64_t page,
+                     int64_t gap, int64_t sample, bool only_if_cached) {
+  TORCH_CHECK(cache.size() == store.size() && fds.size() == store.size(),
+              "tiered_transfer: one store tensor and one file (-1: none) per cache tensor");
+  for (const at::Tensor* t : {&wb_slots, &wb_rows, &fetch_rows, &fetch_slots})
+    TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == at::kLong && t->is_contiguous(),
+                "tiered_transfer: the row and slot lists must be contiguous int64 CPU tensors");
+  const int64_t nw = wb_rows.numel(), nf = fetch_rows.numel();
+  if (sample > 0 && nw + nf > 0) {
+    bool deferred = false;
+    std::vector<int64_t> pages(nw + nf);
+    const int64_t* w = wb_rows.data_ptr<int64_t>();
+    const int64_t* f = fetch_rows.data_ptr<int64_t>();
+    for (size_t j = 0; j < store.size(); ++j) {
+      if (fds[j] < 0) continue;
+      const int64_t stride = store[j].stride(0) * store[j].element_size();
+      for (int64_t i = 0; i < nw; ++i) pages[i] = w[i] * stride / page;
+      for (int64_t i = 0; i < nf; ++i) pages[nw + i] = f[i] * stride / page;
+      const auto [missing, probes] =
+          missing_pages(pages, static_cast<int64_t>(reinterpret_cast<uintptr_t>(store[j].data_ptr())), page, sample);
+      if (missing * 8 <= probes) continue;
+      announce_pages(pages, fds[j], page, gap);
+      deferred = only_if_cached;
+    }
+    if (deferred) return false;
+  }
+  if (nw) tiered_copy_rows(cache, wb_slots, store, wb_rows);
+  if (nf) tiered_copy_rows(store, fetch_rows, cache, fetch_slots);
+  return true;
 }
 
 }  // namespace
@@ -467,6 +625,9 @@ TORCH_LIBRARY(lightrec_tiered, m) {
   m.def("tiered_touch(Tensor(a!) last_used, Tensor(b!) freq, Tensor(c!) pins, Tensor slots, int tick, bool lfu, int pin_delta) -> ()");
   m.def("tiered_copy_rows(Tensor[] src, Tensor src_rows, Tensor(a!)[] dst, Tensor dst_rows) -> ()");
   m.def("tiered_advise(int[] fds, int[] bases, int[] strides, Tensor rows, int page, int gap, int sample) -> int");
+  m.def(
+      "tiered_transfer(Tensor(a!)[] cache, Tensor(b!)[] store, int[] fds, Tensor wb_slots, Tensor wb_rows, "
+      "Tensor fetch_rows, Tensor fetch_slots, int page, int gap, int sample, bool only_if_cached) -> bool");
 }
 
 TORCH_LIBRARY_IMPL(lightrec_tiered, CPU, m) {
@@ -475,4 +636,5 @@ TORCH_LIBRARY_IMPL(lightrec_tiered, CPU, m) {
   m.impl("tiered_touch", &tiered_touch);
   m.impl("tiered_copy_rows", &tiered_copy_rows);
   m.impl("tiered_advise", &tiered_advise);
+  m.impl("tiered_transfer", &tiered_transfer);
 }

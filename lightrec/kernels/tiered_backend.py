@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import os
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -44,6 +45,15 @@ from lightrec.kernels.tiered_transfer import TablePart, Transfer, TransferQueue,
 __all__ = ["TieredBatchedLookup", "TieredCacheStats"]
 
 _MAX_RESERVATIONS = 4  # prefetched batches held pinned ahead of their lookups
+
+
+@functools.cache
+def _usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity; all of them where that is unknown)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 @dataclass
@@ -132,6 +142,7 @@ class TieredBatchedLookup:
         self._row_shift = self._per_feature([self.index.row_offset[t] for t in self.ftm])
         self._slot_shift = self._per_feature([self.index.cache_offset[t] for t in self.ftm])
         self._reservations: collections.deque[_Reservation] = collections.deque()
+        self._worker_bookkeeping = False  # the queued prefetches' bookkeeping runs on the worker (CPU, native)
         self.generation = 0  # bumped by invalidate(): a backward of an older lookup updates nothing
         self._stats = TieredCacheStats(cache_rows=sum(self.cache_rows))
 
@@ -234,7 +245,9 @@ class TieredBatchedLookup:
             # each id's prefetch pin becomes the lookup's (the same state as admitting it again)
             self._reservations.popleft()
             self.index.tick += 1
-            self.index.touch_reserved(reserved.slots, self.index.tick, keep_pins=training)
+            if not (training and reserved.tick == self.index.tick and self.index.algorithm == "lru"):
+                # (else the prefetch left exactly this state: its ticks, and a pin per id kept)
+                self.index.touch_reserved(reserved.slots, self.index.tick, keep_pins=training)
             slots = reserved.slots
         else:
             transfer, admission = self._admit(global_rows, self.index.tick + 1, best_effort=False, pin=training)
@@ -269,10 +282,27 @@ class TieredBatchedLookup:
         batch = (offsets.numel() - 1) // max(len(self.ftm), 1)
         # a copy: the caller may refill its id buffer while the worker reads this one
         global_rows = self._global_rows(indices, offsets.long(), batch).clone()
-        if self.index.native:
-            self.queue.submit_call(functools.partial(self._prefetch_now, global_rows, self.index.tick + 1, True))
+        tick = self.index.tick + 1
+        if self._bookkeeping_on_worker():
+            self.queue.submit_call(functools.partial(self._prefetch_now, global_rows, tick, True))
         else:
-            self._prefetch_now(global_rows, self.index.tick + 1, False)
+            self._prefetch_now(global_rows, tick, False)
+
+    def _bookkeeping_on_worker(self) -> bool:
+        """Whether the next prefetch's bookkeeping runs on the worker thread too (native CPU caches).
+
+        Only when a core is left for it: torch runs fewer intra-op threads than this process may
+        use. Then the whole prefetch overlaps the current batch's training. Otherwise the worker
+        would take a core from those threads at every parallel region (measured on 2 cores with 2
+        threads: slower than doing the bookkeeping here), so it runs on the training thread --
+        a few hundred microseconds of native code -- and the worker moves only rows whose pages
+        must come from the disk. The choice changes only while nothing is queued.
+        """
+        if not self.index.native:
+            return False
+        if not self.queue.busy:
+            self._worker_bookkeeping = torch.get_num_threads() < _usable_cores()
+        return self._worker_bookkeeping
 
     def _prefetch_now(self, global_rows: torch.Tensor, tick: int, on_worker: bool) -> None:
         transfer, admission = self._admit(global_rows, tick, best_effort=True, pin=True)
@@ -280,17 +310,19 @@ class TieredBatchedLookup:
         self._stats.missed_ids += admission.missed_ids
         slots = admission.slots  # ids left out (-1) hold no pin: release() skips them
         complete = not admission.missed_ids or bool((slots >= 0).all())
-        self._reservations.append(_Reservation(global_rows, slots, complete))
+        self._reservations.append(_Reservation(global_rows, slots, complete, tick))
         while len(self._reservations) > _MAX_RESERVATIONS:
             self.index.release(self._reservations.popleft().slots, updated=False)
         if on_worker:
             self.queue.run_here(transfer)
-        else:
-            self.queue.submit(transfer)
+            return
+        if not self.queue.busy:  # (behind queued transfers, a part must queue too: they may share slots)
+            transfer.parts = [p for p in transfer.parts if not self.queue.run_if_cached(p)]
+        self.queue.submit(transfer)
 
     def _release(self, slots: torch.Tensor, updated: bool) -> None:
         """Unpin a lookup's slots (dirty when ``updated``): behind the queued bookkeeping, if any."""
-        if self.index.native and self.queue.busy and not self.queue.on_worker():
+        if self._worker_bookkeeping and self.queue.busy and not self.queue.on_worker():
             self.queue.submit_call(functools.partial(self.index.release, slots, updated))
         else:
             self.index.release(slots, updated)
@@ -376,11 +408,12 @@ class TieredBatchedLookup:
 @dataclass
 class _Reservation:
     """A prefetched batch awaiting its lookup: its ``[N]`` global rows, the slot of each (-1: left
-    out, no room) pinned once per id, and whether every id got a slot."""
+    out, no room) pinned once per id, whether every id got a slot, and the tick it touched them at."""
 
     rows: torch.Tensor
     slots: torch.Tensor
     complete: bool
+    tick: int  # the lookup count its slots were touched at
 
 
 class _TieredLookup(torch.autograd.Function):

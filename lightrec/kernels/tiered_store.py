@@ -137,6 +137,10 @@ class RowStore:
     def advise(self, table: int, rows: torch.Tensor) -> None:  # noqa: B027 - nothing to announce in memory
         """Announce that ``rows`` of ``table`` will be read or written soon (SSD: start the reads)."""
 
+    def files(self, table: int) -> list[int]:
+        """The file descriptor behind each of ``tensors(table)``, in its order (-1: host memory)."""
+        return [-1] * len(self.tensors(table))
+
     @contextlib.contextmanager
     def sequential(self) -> Iterator[None]:
         """Streaming access (whole tables in order) inside the block."""
@@ -220,6 +224,10 @@ class SsdRowStore(RowStore):
             first, count = page_ranges(row_ids * _row_stride(tensor) // _PAGE, _ADVISE_GAP_PAGES)
             for page, n in zip(first.tolist(), count.tolist()):
                 os.posix_fadvise(fd, page * _PAGE, n * _PAGE, os.POSIX_FADV_WILLNEED)
+
+    def files(self, table: int) -> list[int]:
+        """The file descriptor behind each of ``tensors(table)``, in its order (-1: none, an empty tensor)."""
+        return [-1 if (fd := self._fd_of(t)) is None else fd for t in self.tensors(table).values()]
 
     def _fd_of(self, tensor: torch.Tensor) -> int | None:
         return self._fd_by_ptr.get(tensor.untyped_storage().data_ptr()) if tensor.numel() else None

@@ -32,7 +32,11 @@ from typing import Any
 import torch
 
 from lightrec.kernels.tiered_cache import native_tiered_available
-from lightrec.kernels.tiered_store import RowStore
+from lightrec.kernels.tiered_store import _ADVISE_GAP_PAGES, _PAGE, _RESIDENCY_SAMPLE, RowStore
+
+# While an SSD store's pages are found in the page cache, one table part in this many looks them up
+# again (run_if_cached): residency changes slowly, and each look-up costs a few system calls.
+_PROBE_EVERY = 8
 
 __all__ = ["TablePart", "Transfer", "TransferQueue", "unversioned"]
 
@@ -59,6 +63,7 @@ class TablePart:
     writeback_rows: torch.Tensor
     fetch_rows: torch.Tensor
     fetch_slots: torch.Tensor
+    announced: bool = False  # its SSD pages were announced already (TransferQueue.run_if_cached)
 
 
 @dataclass
@@ -88,6 +93,18 @@ class TransferQueue:
         self._pending: list[concurrent.futures.Future[Any]] = []
         self._worker_ident: int | None = None
         self._stream = torch.cuda.Stream(device=device) if device.type == "cuda" else None
+        # per table, what one native call (tiered_transfer) needs -- the cache's and the store's
+        # tensors in one order, and the store's file behind each -- or None: the torch copies serve it
+        self._native_parts = [self._native_part(t) for t in range(len(cache_views))]
+        self._probe_in = 0  # table parts moved before the page cache is looked up again (run_if_cached)
+
+    def _native_part(self, table: int) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int]] | None:
+        if not native_tiered_available(self.device):
+            return None
+        names = list(self.store.tensors(table))
+        cache = [self.cache_views[table][n] for n in names]
+        store = [self.store.tensors(table)[n] for n in names]
+        return (cache, store, self.store.files(table)) if _native_copies(cache, store) else None
 
     # ---- running transfers and bookkeeping calls, on the worker or here ----------------------
     def submit(self, transfer: Transfer) -> None:
@@ -117,6 +134,27 @@ class TransferQueue:
     def on_worker(self) -> bool:
         """Whether the calling thread is the worker (e.g. a finalizer run by its garbage collection)."""
         return threading.get_ident() == self._worker_ident
+
+    def run_if_cached(self, part: TablePart) -> bool:
+        """Move one table part on this thread now if its rows are in memory (one native call:
+        write-backs, then fetches); False when it cannot (no native ops; or an SSD store whose pages
+        are not in the page cache: they were announced, and the caller submits the part to the
+        worker rather than wait for the disk here).
+
+        The page cache is looked up (a few ``mincore`` calls) on one part in ``_PROBE_EVERY`` while
+        the store's pages are found cached, and on every part while they are not.
+        """
+        native = self._native_parts[part.table]
+        if native is None:
+            return False
+        sample = _RESIDENCY_SAMPLE if self._probe_in <= 0 else 0
+        done: bool = torch.ops.lightrec_tiered.tiered_transfer(
+            *native, part.writeback_slots, part.writeback_rows, part.fetch_rows, part.fetch_slots, _PAGE,
+            _ADVISE_GAP_PAGES, sample, True,
+        )  # fmt: skip
+        self._probe_in = 0 if not done else (_PROBE_EVERY if sample else self._probe_in - 1)
+        part.announced = not done
+        return done
 
     def run_here(self, transfer: Transfer) -> None:
         """Run ``transfer`` on the calling thread now, whatever is queued (the worker's own calls)."""
@@ -162,12 +200,20 @@ class TransferQueue:
     def _run(self, transfer: Transfer, same_stream: bool = False) -> torch.cuda.Event | None:
         store = self.store
         for part in transfer.parts:  # every page this transfer touches, read in parallel first
-            store.advise(part.table, torch.cat([part.writeback_rows, part.fetch_rows]))
+            if not part.announced:
+                store.advise(part.table, torch.cat([part.writeback_rows, part.fetch_rows]))
         stream = None if same_stream else self._stream
         if stream is not None and transfer.ready is not None:
             stream.wait_event(transfer.ready)
         with torch.no_grad(), _on(stream):
             for part in transfer.parts:
+                native = self._native_parts[part.table]
+                if native is not None:  # one call: write-backs, then fetches (pages announced above)
+                    torch.ops.lightrec_tiered.tiered_transfer(
+                        *native, part.writeback_slots, part.writeback_rows, part.fetch_rows, part.fetch_slots, _PAGE,
+                        _ADVISE_GAP_PAGES, 0, False,
+                    )  # fmt: skip
+                    continue
                 views, rows = self.cache_views[part.table], store.tensors(part.table)
                 if part.writeback_rows.numel():
                     _copy_rows(views, part.writeback_slots, rows, part.writeback_rows)
@@ -180,25 +226,21 @@ class TransferQueue:
             return done
 
 
-def _copy_rows(src: dict[str, torch.Tensor], src_rows: torch.Tensor, dst: dict[str, torch.Tensor], dst_rows: torch.Tensor) -> None:
-    """``dst[name][dst_rows] = src[name][src_rows]`` for every tensor ``name`` of ``dst``.
-
-    Between CPU tensors of one dtype this is one native call (``tiered_copy_rows``: each row copied
-    once, straight from its source to its target, without the GIL); otherwise a gather into a
-    temporary and a scatter (host -> GPU without blocking the worker; the side stream orders it).
-    """
-    names = list(dst)
-    sources, targets = [src[n] for n in names], [dst[n] for n in names]
-    same = all(  # what the native copy takes: CPU rows of one dtype, 1-D or with unit column stride
+def _native_copies(sources: list[torch.Tensor], targets: list[torch.Tensor]) -> bool:
+    """Whether the native copy takes these tensor pairs: CPU rows of one dtype, 1-D or with unit column stride."""
+    return all(
         a.device.type == b.device.type == "cpu" and a.dtype == b.dtype and a.dim() == b.dim() <= 2
         and (a.dim() == 1 or a.stride(1) == b.stride(1) == 1)
         for a, b in zip(sources, targets, strict=True)
-    )
-    if same and native_tiered_available(torch.device("cpu")):
-        torch.ops.lightrec_tiered.tiered_copy_rows(
-            sources, src_rows.cpu().long().contiguous(), targets, dst_rows.cpu().long().contiguous()
-        )
-        return
+    )  # fmt: skip
+
+
+def _copy_rows(src: dict[str, torch.Tensor], src_rows: torch.Tensor, dst: dict[str, torch.Tensor], dst_rows: torch.Tensor) -> None:
+    """``dst[name][dst_rows] = src[name][src_rows]`` for every tensor ``name`` of ``dst``, by torch ops:
+    a gather into a temporary and a scatter (host -> GPU without blocking the worker; the side stream
+    orders it). Native CPU stores take one ``tiered_transfer`` call instead (``TransferQueue._run``)."""
+    names = list(dst)
+    sources, targets = [src[n] for n in names], [dst[n] for n in names]
     for a, b in zip(sources, targets, strict=True):
         values = a.index_select(0, src_rows.to(a.device))
         # host -> GPU may run asynchronously (the side stream orders it); GPU -> host must be done
