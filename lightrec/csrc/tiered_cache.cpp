@@ -113,17 +113,31 @@ int64_t kth_smallest(std::vector<int64_t>& values, int64_t k, int64_t& below) {
   }
 }
 
-// The evictable slots of [lo, hi) (cached, unpinned): how many, and the range of their scores.
+// The per-slot state eviction reads. A slot is evictable when it holds a row, no pin holds it,
+// and its last use is older than `protect`: the tick of the oldest batch still in flight (a
+// prefetched batch not yet looked up, a lookup whose backward has not run), so the slots of every
+// batch in flight -- used at that tick or later -- stay put without a pin per id.
+struct Slots {
+  const int64_t* row_of;
+  const int32_t* pins;
+  const int64_t* last;
+  const int64_t* freq;
+  bool lfu;
+  int64_t protect;
+  bool evictable(int64_t s) const { return row_of[s] >= 0 && pins[s] == 0 && last[s] < protect; }
+  int64_t score_of(int64_t s) const { return score(last, freq, s, lfu); }
+};
+
+// The evictable slots of [lo, hi): how many, and the range of their scores.
 struct Evictable {
   int64_t count = 0, min = INT64_MAX, max = INT64_MIN;
 };
 
-Evictable scan_evictable(const int64_t* row_of, const int32_t* pins, const int64_t* last, const int64_t* freq, bool lfu,
-                         int64_t lo, int64_t hi) {
+Evictable scan_evictable(const Slots& c, int64_t lo, int64_t hi) {
   Evictable e;
   for (int64_t s = lo; s < hi; ++s) {
-    if (row_of[s] < 0 || pins[s] != 0) continue;
-    const int64_t v = score(last, freq, s, lfu);
+    if (!c.evictable(s)) continue;
+    const int64_t v = c.score_of(s);
     ++e.count;
     e.min = std::min(e.min, v);
     e.max = std::max(e.max, v);
@@ -131,16 +145,21 @@ Evictable scan_evictable(const int64_t* row_of, const int32_t* pins, const int64
   return e;
 }
 
+int64_t count_evictable(const Slots& c, int64_t lo, int64_t hi) {
+  int64_t e = 0;
+  for (int64_t s = lo; s < hi; ++s) e += c.evictable(s);
+  return e;
+}
+
 // The k evictable slots of [lo, hi) of lowest (score, slot), in slot order, given the k-th lowest
 // score `threshold` and how many evictable slots score below it: those, then the lowest-numbered at it.
-std::vector<int64_t> slots_up_to(const int64_t* row_of, const int32_t* pins, const int64_t* last, const int64_t* freq,
-                                 bool lfu, int64_t lo, int64_t hi, int64_t k, int64_t threshold, int64_t below) {
+std::vector<int64_t> slots_up_to(const Slots& c, int64_t lo, int64_t hi, int64_t k, int64_t threshold, int64_t below) {
   int64_t ties = k - below;
   std::vector<int64_t> victims;
   victims.reserve(k);
   for (int64_t s = lo; s < hi && static_cast<int64_t>(victims.size()) < k; ++s) {
-    if (row_of[s] < 0 || pins[s] != 0) continue;
-    const int64_t v = score(last, freq, s, lfu);
+    if (!c.evictable(s)) continue;
+    const int64_t v = c.score_of(s);
     if (v < threshold || (v == threshold && ties-- > 0)) victims.push_back(s);
   }
   return victims;
@@ -151,16 +170,14 @@ std::vector<int64_t> slots_up_to(const int64_t* row_of, const int32_t* pins, con
 // the ticks of a cache usually span fewer than 2^16 lookups, so this already names the k-th lowest
 // score; otherwise the scores of its bucket are narrowed further by kth_smallest); then every slot
 // below that score and the lowest-numbered ones at it.
-std::vector<int64_t> lowest_slots(const int64_t* row_of, const int32_t* pins, const int64_t* last, const int64_t* freq,
-                                  bool lfu, int64_t lo, int64_t hi, int64_t k, const Evictable& e) {
-  auto evictable = [&](int64_t s) { return row_of[s] >= 0 && pins[s] == 0; };
+std::vector<int64_t> lowest_slots(const Slots& c, int64_t lo, int64_t hi, int64_t k, const Evictable& e) {
   const int64_t mn = e.min;
   const uint64_t range = static_cast<uint64_t>(e.max - mn);
   int shift = 0;
   while (shift < 48 && (range >> shift) > 65535) shift += 16;
   std::vector<int64_t> hist(std::min<uint64_t>(range >> shift, 65535) + 1, 0);
   for (int64_t s = lo; s < hi; ++s)
-    if (evictable(s)) ++hist[static_cast<uint64_t>(score(last, freq, s, lfu) - mn) >> shift];
+    if (c.evictable(s)) ++hist[static_cast<uint64_t>(c.score_of(s) - mn) >> shift];
   int64_t below = 0, rest = k;
   int64_t bucket = 0;
   while (hist[bucket] < rest) {
@@ -175,13 +192,13 @@ std::vector<int64_t> lowest_slots(const int64_t* row_of, const int32_t* pins, co
     std::vector<int64_t> candidates;
     candidates.reserve(hist[bucket]);
     for (int64_t s = lo; s < hi; ++s) {
-      if (!evictable(s)) continue;
-      const int64_t v = score(last, freq, s, lfu);
+      if (!c.evictable(s)) continue;
+      const int64_t v = c.score_of(s);
       if (static_cast<int64_t>(static_cast<uint64_t>(v - mn) >> shift) == bucket) candidates.push_back(v);
     }
     threshold = kth_smallest(candidates, rest, below);
   }
-  return slots_up_to(row_of, pins, last, freq, lfu, lo, hi, k, threshold, below);
+  return slots_up_to(c, lo, hi, k, threshold, below);
 }
 
 // LRU's eviction in two passes instead of three: the scores are lookup ticks, and the evictable
@@ -190,17 +207,16 @@ std::vector<int64_t> lowest_slots(const int64_t* row_of, const int32_t* pins, co
 // ticks over that window at once. Returns false -- nothing found, nothing changed -- when the k-th
 // lowest tick is outside the window (then the general path above runs); else the victims, and
 // `available` is the count of evictable slots.
-bool lru_lowest_slots(const int64_t* row_of, const int32_t* pins, const int64_t* last, int64_t lo, int64_t hi,
-                      int64_t tick, int64_t short_by, int64_t headroom_k, int64_t& available,
-                      std::vector<int64_t>& victims) {
+bool lru_lowest_slots(const Slots& c, int64_t lo, int64_t hi, int64_t tick, int64_t short_by, int64_t headroom_k,
+                      int64_t& available, std::vector<int64_t>& victims) {
   constexpr int64_t kWindow = 65536;
   const int64_t base = tick - (kWindow - 1);
   // hist[0]: older than the window; hist[1 + d]: tick base + d; hist[kWindow + 1]: newer than `tick`
   std::vector<int32_t> hist(kWindow + 2, 0);
   int64_t count = 0;
   for (int64_t s = lo; s < hi; ++s) {
-    if (row_of[s] < 0 || pins[s] != 0) continue;
-    const int64_t d = last[s] - base;
+    if (!c.evictable(s)) continue;
+    const int64_t d = c.last[s] - base;
     ++hist[d < 0 ? 0 : (d >= kWindow ? kWindow + 1 : d + 1)];
     ++count;
   }
@@ -214,14 +230,14 @@ bool lru_lowest_slots(const int64_t* row_of, const int32_t* pins, const int64_t*
     ++bucket;
   }
   if (bucket == 0 || bucket == kWindow + 1) return false;  // the k-th lowest is outside the window
-  victims = slots_up_to(row_of, pins, last, nullptr, false, lo, hi, k, base + bucket - 1, below);
+  victims = slots_up_to(c, lo, hi, k, base + bucket - 1, below);
   return true;
 }
 
 template <typename slot_t>
 std::vector<at::Tensor> admit_impl(const State& st, const std::vector<int64_t>& row_offset,
                                    const std::vector<int64_t>& cache_offset, const at::Tensor& global_rows, int64_t tick,
-                                   bool lfu, double headroom, bool best_effort, bool pin) {
+                                   int64_t protect_from, bool lfu, double headroom, bool best_effort, bool pin) {
   const int64_t tables = static_cast<int64_t>(row_offset.size()) - 1;
   const int64_t n = global_rows.numel();
   slot_t* slot_of = st.slot_of.data_ptr<slot_t>();
@@ -235,9 +251,11 @@ std::vector<at::Tensor> admit_impl(const State& st, const std::vector<int64_t>& 
   int64_t* count = head + tables;
   const int64_t* rows = global_rows.data_ptr<int64_t>();
   const int64_t total_rows = st.slot_of.numel();
+  // the slots of the batches in flight (used at protect_from or later) and of this one are kept
+  const Slots cache{row_of, pins, last, freq, lfu, std::min(protect_from, tick)};
 
   // info: missed ids; the table that cannot hold the batch (-1: none), the rows it needs and its
-  // free / evictable / pinned slots; then per table the rows fetched and the dirty rows written back.
+  // free / evictable / kept slots; then per table the rows fetched and the dirty rows written back.
   constexpr int64_t kHead = 6;
   at::Tensor info = at::zeros({kHead + 2 * tables}, at::kLong);
   int64_t* inf = info.data_ptr<int64_t>();
@@ -246,11 +264,11 @@ std::vector<at::Tensor> admit_impl(const State& st, const std::vector<int64_t>& 
   for (int64_t i = 0; i < n; ++i)  // checked first: the lookup pass below reads ahead of the id it handles
     TORCH_CHECK(rows[i] >= 0 && rows[i] < total_rows, "tiered_admit: global row ", rows[i], " outside [0, ",
                 total_rows, ")");
-  // One pass looks every id up and pins the slots it hits (a batch's cached rows are never evicted
-  // for its other rows). A best-effort admission (a prefetch; it is never refused) also touches them
-  // here: their scores do not matter to the eviction below (pinned slots are not candidates), so the
-  // state ends the same as touching them afterwards, and the pass after the admission only visits
-  // the ids that missed.
+  // One pass looks every id up. The rows a batch hits must not be evicted for its other rows: a
+  // best-effort admission (a prefetch; never refused) touches them right here -- used at `tick`,
+  // they are kept -- and marks them dirty when `pin` (the backward will update them), so the pass
+  // after the admission visits only the ids that missed. An admission that may be refused pins its
+  // hits for the while instead, and touches them only once it is sure to go ahead.
   const bool touch_hits_now = best_effort;
   std::vector<int64_t> missed, missed_at;  // the missing rows, and the positions of the ids that missed
   std::vector<int64_t> before(n);         // the slot of each id before the admission (-1: missed)
@@ -260,8 +278,8 @@ std::vector<at::Tensor> admit_impl(const State& st, const std::vector<int64_t>& 
     if (i + kAhead < n) {
       const int64_t ahead = slot_of[rows[i + kAhead]];
       if (ahead >= 0) {
-        __builtin_prefetch(pins + ahead, 1);
-        if (touch_hits_now) __builtin_prefetch(last + ahead, 1);
+        __builtin_prefetch(touch_hits_now ? static_cast<const void*>(last + ahead) : pins + ahead, 1);
+        if (touch_hits_now && pin) __builtin_prefetch(dirty + ahead, 1);
       }
     }
     const int64_t s = slot_of[rows[i]];
@@ -271,10 +289,12 @@ std::vector<at::Tensor> admit_impl(const State& st, const std::vector<int64_t>& 
       missed_at.push_back(i);
       continue;
     }
-    ++pins[s];
     if (touch_hits_now) {
       last[s] = tick;
       if (lfu) ++freq[s];
+      if (pin) dirty[s] = true;
+    } else {
+      ++pins[s];
     }
   }
   inf[0] = static_cast<int64_t>(missed.size());
@@ -286,20 +306,15 @@ std::vector<at::Tensor> admit_impl(const State& st, const std::vector<int64_t>& 
     std::vector<int64_t> first(tables + 1, 0);
     for (int64_t t = 0; t < tables; ++t)
       first[t + 1] = std::lower_bound(missed.begin(), missed.end(), row_offset[t + 1]) - missed.begin();
-    auto evictable = [&](int64_t lo, int64_t hi) {
-      int64_t e = 0;
-      for (int64_t s = lo; s < hi; ++s) e += row_of[s] >= 0 && pins[s] == 0;
-      return e;
-    };
     if (!best_effort) {  // every table is checked before any bookkeeping changes
       for (int64_t t = 0; t < tables; ++t) {
         const int64_t need = first[t + 1] - first[t];
-        if (need > count[t] && need > count[t] + evictable(cache_offset[t], cache_offset[t + 1])) {
+        if (need > count[t] && need > count[t] + count_evictable(cache, cache_offset[t], cache_offset[t + 1])) {
           inf[1] = t;
           inf[2] = need;
           inf[3] = count[t];
-          inf[4] = evictable(cache_offset[t], cache_offset[t + 1]);
-          for (int64_t s = cache_offset[t]; s < cache_offset[t + 1]; ++s) inf[5] += row_of[s] >= 0 && pins[s] > 0;
+          inf[4] = count_evictable(cache, cache_offset[t], cache_offset[t + 1]);
+          for (int64_t s = cache_offset[t]; s < cache_offset[t + 1]; ++s) inf[5] += row_of[s] >= 0 && !cache.evictable(s);
           break;
         }
       }
@@ -314,13 +329,13 @@ std::vector<at::Tensor> admit_impl(const State& st, const std::vector<int64_t>& 
           const int64_t headroom_k = static_cast<int64_t>(std::ceil(headroom * static_cast<double>(size)));
           int64_t available = 0;
           const bool found =
-              !lfu && lru_lowest_slots(row_of, pins, last, lo, lo + size, tick, need - count[t], headroom_k, available, victims);
+              !lfu && lru_lowest_slots(cache, lo, lo + size, tick, need - count[t], headroom_k, available, victims);
           if (!found) {
-            const Evictable e = scan_evictable(row_of, pins, last, freq, lfu, lo, lo + size);
+            const Evictable e = scan_evictable(cache, lo, lo + size);
             available = e.count;
             const int64_t short_by = std::min(need - count[t], available);
             const int64_t k = std::min(available, std::max(short_by, headroom_k));
-            if (k > 0) victims = lowest_slots(row_of, pins, last, freq, lfu, lo, lo + size, k, e);
+            if (k > 0) victims = lowest_slots(cache, lo, lo + size, k, e);
           }
           for (const int64_t s : victims) {  // appended at the ring's tail, in slot order
             ring[lo + (head[t] + count[t]) % size] = s;
@@ -361,24 +376,24 @@ std::vector<at::Tensor> admit_impl(const State& st, const std::vector<int64_t>& 
     if (!v.empty()) std::memcpy(out.data_ptr<int64_t>(), v.data(), v.size() * sizeof(int64_t));
     return out;
   };
-  if (inf[1] >= 0) {  // refused: nothing changed but the hits' pins, taken back (not touched yet)
+  if (inf[1] >= 0) {  // refused: nothing changed but the hits' pins, taken back
     for (int64_t i = 0; i < n; ++i)
       if (before[i] >= 0) --pins[before[i]];
     return {at::empty({0}, at::kLong), info, vec({}), vec({}), vec({}), vec({})};
   }
   at::Tensor slots = at::empty({n}, at::kLong);
   int64_t* out = slots.data_ptr<int64_t>();
-  // Every hit holds one pin from the lookup pass: the final pin of each id replaces it.
-  const int32_t hit_pin = static_cast<int32_t>(pin) - 1;
-  if (touch_hits_now && hit_pin == 0) {  // the hits are done: only the ids that missed are left
-    for (int64_t i = 0; i < n; ++i) out[i] = before[i];
+  auto use = [&](int64_t s) {
+    last[s] = tick;
+    if (lfu) ++freq[s];
+    if (pin) dirty[s] = true;
+  };
+  if (touch_hits_now) {  // the hits are done: only the ids that missed are left
+    std::memcpy(out, before.data(), n * sizeof(int64_t));
     for (const int64_t i : missed_at) {
       const int64_t s = slot_of[rows[i]];
       out[i] = s;
-      if (s < 0) continue;  // a best-effort admission left it out
-      last[s] = tick;
-      if (lfu) ++freq[s];
-      pins[s] += static_cast<int32_t>(pin);
+      if (s >= 0) use(s);  // (-1: a best-effort admission left it out)
     }
   } else {
     for (int64_t i = 0; i < n; ++i) {
@@ -389,12 +404,8 @@ std::vector<at::Tensor> admit_impl(const State& st, const std::vector<int64_t>& 
       const bool hit = before[i] >= 0;
       const int64_t s = hit ? before[i] : static_cast<int64_t>(slot_of[rows[i]]);
       out[i] = s;
-      if (s < 0) continue;  // a best-effort admission left it out
-      if (!(hit && touch_hits_now)) {
-        last[s] = tick;
-        if (lfu) ++freq[s];
-      }
-      pins[s] += hit ? hit_pin : static_cast<int32_t>(pin);
+      use(s);
+      if (hit) --pins[s];  // the pin that kept it during the admission
     }
   }
   return {slots, info, vec(fetch_rows), vec(fetch_slots), vec(wb_rows), vec(wb_slots)};
@@ -403,8 +414,8 @@ std::vector<at::Tensor> admit_impl(const State& st, const std::vector<int64_t>& 
 std::vector<at::Tensor> tiered_admit(at::Tensor slot_of, at::Tensor row_of, at::Tensor last_used, at::Tensor freq,
                                      at::Tensor pins, at::Tensor dirty, at::Tensor free_ring, at::Tensor free_state,
                                      at::IntArrayRef row_offset, at::IntArrayRef cache_offset,
-                                     const at::Tensor& global_rows, int64_t tick, bool lfu, double headroom,
-                                     bool best_effort, bool pin) {
+                                     const at::Tensor& global_rows, int64_t tick, int64_t protect_from, bool lfu,
+                                     double headroom, bool best_effort, bool pin) {
   State st{slot_of, row_of, last_used, freq, pins, dirty, free_ring, free_state};
   check_state(st);
   const int64_t tables = static_cast<int64_t>(row_offset.size()) - 1;
@@ -417,8 +428,8 @@ std::vector<at::Tensor> tiered_admit(at::Tensor slot_of, at::Tensor row_of, at::
               "tiered_admit: global_rows must be a contiguous int64 CPU tensor");
   std::vector<int64_t> ro(row_offset.begin(), row_offset.end()), co(cache_offset.begin(), cache_offset.end());
   if (slot_of.scalar_type() == at::kInt)
-    return admit_impl<int32_t>(st, ro, co, global_rows, tick, lfu, headroom, best_effort, pin);
-  return admit_impl<int64_t>(st, ro, co, global_rows, tick, lfu, headroom, best_effort, pin);
+    return admit_impl<int32_t>(st, ro, co, global_rows, tick, protect_from, lfu, headroom, best_effort, pin);
+  return admit_impl<int64_t>(st, ro, co, global_rows, tick, protect_from, lfu, headroom, best_effort, pin);
 }
 
 // pins[slots[i]] += delta for every i with slots[i] >= 0; then, when mark_dirty, dirty[slots[i]] = true.
@@ -620,7 +631,7 @@ TORCH_LIBRARY(lightrec_tiered, m) {
   m.def(
       "tiered_admit(Tensor(a!) slot_of, Tensor(b!) row_of, Tensor(c!) last_used, Tensor(d!) freq, Tensor(e!) pins, "
       "Tensor(f!) dirty, Tensor(g!) free_ring, Tensor(h!) free_state, int[] row_offset, int[] cache_offset, "
-      "Tensor global_rows, int tick, bool lfu, float headroom, bool best_effort, bool pin) -> Tensor[]");
+      "Tensor global_rows, int tick, int protect_from, bool lfu, float headroom, bool best_effort, bool pin) -> Tensor[]");
   m.def("tiered_release(Tensor(a!) pins, Tensor(b!) dirty, Tensor slots, int delta, bool mark_dirty) -> ()");
   m.def("tiered_touch(Tensor(a!) last_used, Tensor(b!) freq, Tensor(c!) pins, Tensor slots, int tick, bool lfu, int pin_delta) -> ()");
   m.def("tiered_copy_rows(Tensor[] src, Tensor src_rows, Tensor(a!)[] dst, Tensor dst_rows) -> ()");

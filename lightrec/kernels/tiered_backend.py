@@ -6,13 +6,15 @@ which an ordinary in-memory kernel (torch, fbgemm or Triton, chosen by ``kernel_
 as if it were the table::
 
     lookup(ids)    global rows -> cache slots (one gather); misses are fetched first (evicting the
-                   lowest-scored unpinned slots, writing dirty ones back); the cache kernel looks
-                   up the slots, and its backward -- the fused update -- updates the cached rows,
-                   which become dirty. The slots stay pinned until that backward has run.
-    prefetch(ids)  the same for a later batch, on a worker thread while the current batch trains
-                   (``SparseDistPipeline.prefetch``, ``SparseDistPrefetch``): the copies, and on CPU
-                   the bookkeeping too (native, without the GIL; the backward's releases queue behind
-                   it). Its slots stay pinned until it is looked up; a lookup whose prefetch admitted
+                   lowest-scored slots no batch in flight uses, writing dirty ones back); the cache
+                   kernel looks up the slots, and its backward -- the fused update -- updates the
+                   cached rows (marked dirty when admitted). The slots stay put until that
+                   backward has run (see ``_protect_from``).
+    prefetch(ids)  the same for a later batch while the current batch trains
+                   (``SparseDistPipeline.prefetch``, ``SparseDistPrefetch``): on CPU one native call
+                   for the bookkeeping and one per table for the copies -- on the worker thread when
+                   a core is free for it, else here with the worker reading what must come from the
+                   disk. Its slots stay put until it is looked up; a lookup whose prefetch admitted
                    every row only touches its slots
     flush()        dirty rows back to the store: the split views then hold every row's current value
     invalidate()   forget the cache (after the store was written from outside: a checkpoint load)
@@ -37,14 +39,18 @@ from typing import Any, ClassVar
 import torch
 
 from lightrec.kernels.kernel_interface import EmbeddingKernel, KernelConfig, LookupBatch, RowState
-from lightrec.kernels.tiered_cache import BatchAdmission, CacheIndex
+from lightrec.kernels.tiered_cache import BatchAdmission, CacheFullError, CacheIndex
 from lightrec.kernels.tiered_config import TieringConfig
 from lightrec.kernels.tiered_store import HostMemoryStore, RowStore, SsdRowStore
 from lightrec.kernels.tiered_transfer import TablePart, Transfer, TransferQueue, unversioned
 
 __all__ = ["TieredBatchedLookup", "TieredCacheStats"]
 
-_MAX_RESERVATIONS = 4  # prefetched batches held pinned ahead of their lookups
+_MAX_RESERVATIONS = 4  # prefetched batches held ahead of their lookups
+# A batch in flight for more lookups than this (a graph kept without its backward) pins its slots
+# instead of holding back every slot used since (_protect_from): the pipeline keeps a lookup and
+# up to _MAX_RESERVATIONS prefetched batches in flight, all within this many lookups.
+_HOLD_LOOKUPS = _MAX_RESERVATIONS + 4
 
 
 @functools.cache
@@ -142,6 +148,7 @@ class TieredBatchedLookup:
         self._row_shift = self._per_feature([self.index.row_offset[t] for t in self.ftm])
         self._slot_shift = self._per_feature([self.index.cache_offset[t] for t in self.ftm])
         self._reservations: collections.deque[_Reservation] = collections.deque()
+        self._holds: list[_Hold] = []  # the batches in flight, oldest first (see _protect_from)
         self._worker_bookkeeping = False  # the queued prefetches' bookkeeping runs on the worker (CPU, native)
         self.generation = 0  # bumped by invalidate(): a backward of an older lookup updates nothing
         self._stats = TieredCacheStats(cache_rows=sum(self.cache_rows))
@@ -214,7 +221,16 @@ class TieredBatchedLookup:
             CacheFullError: not ``best_effort`` and some table cannot hold the batch's rows at once
                 (checked for every table before any bookkeeping changes).
         """
-        admission = self.index.admit_batch(global_rows, tick, best_effort=best_effort, pin=pin)
+        while True:
+            protect = self._protect_from(tick)
+            try:
+                admission = self.index.admit_batch(
+                    global_rows, tick, best_effort=best_effort, pin=pin, protect_from=protect
+                )
+                break
+            except CacheFullError:  # (refused: nothing changed) the oldest batch in flight's slots may be
+                if not self._pin_oldest():  # holding back slots no batch in flight uses: pin them instead
+                    raise
         transfer = Transfer()
         stats = self._stats
         for t, adm in admission.parts:
@@ -241,14 +257,16 @@ class TieredBatchedLookup:
         stats.lookups += 1
         reserved = self._reservations[0] if prefetched else None
         if reserved is not None and reserved.complete and torch.equal(reserved.rows, global_rows):
-            # its prefetch admitted every row, and pinned slots stay put: only the touch is left, and
-            # each id's prefetch pin becomes the lookup's (the same state as admitting it again)
+            # its prefetch admitted every row, and the slots of a batch in flight stay put: only the
+            # touch is left, and the prefetch's hold becomes the lookup's (the same state as
+            # admitting it again)
             self._reservations.popleft()
             self.index.tick += 1
-            if not (training and reserved.tick == self.index.tick and self.index.algorithm == "lru"):
-                # (else the prefetch left exactly this state: its ticks, and a pin per id kept)
-                self.index.touch_reserved(reserved.slots, self.index.tick, keep_pins=training)
-            slots = reserved.slots
+            hold = reserved.hold
+            if not (hold.tick == self.index.tick and self.index.algorithm == "lru"):
+                self.index.touch_reserved(hold.slots, self.index.tick)  # (else it would rewrite the same ticks)
+            if not training:  # not updated: nothing left to keep its rows for (and its slots stay dirty)
+                self._drop(hold, updated=False)
         else:
             transfer, admission = self._admit(global_rows, self.index.tick + 1, best_effort=False, pin=training)
             self.index.tick += 1
@@ -256,26 +274,30 @@ class TieredBatchedLookup:
             if not prefetched:
                 stats.requested_ids += global_rows.numel()
                 stats.missed_ids += admission.missed_ids
-            slots = admission.slots
-            if self._reservations:  # this batch's prefetch pins are superseded by the lookup's own
-                self.index.release(self._reservations.popleft().slots, updated=False)
+            hold = _Hold(self.index.tick, admission.slots)
+            if training:
+                self._holds.append(hold)
+            if self._reservations:  # this batch's prefetch is superseded by the lookup's own admission
+                self._drop(self._reservations.popleft().hold, updated=False)
+        slots = hold.slots
         local = slots if self._slot_shift is None else slots - self._shift(self._slot_shift, offsets, batch.batch_size, slots.numel())
         request = LookupBatch(local, offsets, batch.per_sample_weights, batch.batch_size, True, batch.singletons)
         if not training:
             with torch.no_grad():
                 return self.inner.lookup(request, weight_inputs, lr)
-        out: torch.Tensor = _TieredLookup.apply(self, request, slots, lr, placeholder)
+        out: torch.Tensor = _TieredLookup.apply(self, request, hold, lr, placeholder)
         return out
 
     # ---- prefetch ----------------------------------------------------------------------------------
     def prefetch(self, indices: torch.Tensor, offsets: torch.Tensor) -> None:
-        """Fetch the rows a later lookup of ``indices`` / ``offsets`` misses, on the worker thread, and
-        pin its rows until that lookup (as many as fit beside the rows in use).
+        """Fetch the rows a later lookup of ``indices`` / ``offsets`` misses, and keep its rows in the
+        cache until that lookup (as many as fit beside the rows in use).
 
-        With the native bookkeeping (a CPU cache) the worker does all of it: the admission (one
-        native call without the GIL) and then the copies, while the current batch trains; the
-        releases of the current batch's backward queue behind it (:meth:`_release`), so the
-        decisions are the ones made on the training thread, in the same order.
+        With the native bookkeeping (a CPU cache) the admission is one native call, on the training
+        thread or, when a core is free for it (:meth:`_bookkeeping_on_worker`), on the worker thread
+        with the copies, while the current batch trains; then the releases of the current batch's
+        backward queue behind it (:meth:`_release`), so the decisions are the ones made on the
+        training thread, in the same order.
         """
         if not self.tiering.prefetch or indices.numel() == 0:
             return
@@ -308,11 +330,13 @@ class TieredBatchedLookup:
         transfer, admission = self._admit(global_rows, tick, best_effort=True, pin=True)
         self._stats.requested_ids += global_rows.numel()
         self._stats.missed_ids += admission.missed_ids
-        slots = admission.slots  # ids left out (-1) hold no pin: release() skips them
+        slots = admission.slots  # ids left out (-1): not cached, not held
         complete = not admission.missed_ids or bool((slots >= 0).all())
-        self._reservations.append(_Reservation(global_rows, slots, complete, tick))
+        hold = _Hold(tick, slots)
+        self._holds.append(hold)
+        self._reservations.append(_Reservation(global_rows, hold, complete))
         while len(self._reservations) > _MAX_RESERVATIONS:
-            self.index.release(self._reservations.popleft().slots, updated=False)
+            self._drop(self._reservations.popleft().hold, updated=False)
         if on_worker:
             self.queue.run_here(transfer)
             return
@@ -320,12 +344,51 @@ class TieredBatchedLookup:
             transfer.parts = [p for p in transfer.parts if not self.queue.run_if_cached(p)]
         self.queue.submit(transfer)
 
-    def _release(self, slots: torch.Tensor, updated: bool) -> None:
-        """Unpin a lookup's slots (dirty when ``updated``): behind the queued bookkeeping, if any."""
+    def _release(self, hold: _Hold, updated: bool) -> None:
+        """A lookup's backward ran (``updated``) or its graph was freed: its rows need not stay in
+        the cache any longer. Behind the queued bookkeeping, if the worker runs it."""
         if self._worker_bookkeeping and self.queue.busy and not self.queue.on_worker():
-            self.queue.submit_call(functools.partial(self.index.release, slots, updated))
+            self.queue.submit_call(functools.partial(self._drop, hold, updated))
         else:
-            self.index.release(slots, updated)
+            self._drop(hold, updated)
+
+    # ---- which slots stay put --------------------------------------------------------------------
+    def _protect_from(self, tick: int) -> int:
+        """The lookup count from which the slots stay put for an admission at ``tick``: the oldest
+        batch in flight's (``CacheIndex`` module docstring). A hold older than ``_HOLD_LOOKUPS``
+        lookups (a graph kept without its backward, a long gradient accumulation) pins its slots
+        instead, so the cache does not freeze behind it; so does the oldest one when an admission
+        finds no room (:meth:`_pin_oldest`)."""
+        oldest = tick
+        for hold in self._holds:
+            if hold.pinned:
+                continue
+            if hold.tick < tick - _HOLD_LOOKUPS:
+                self._pin(hold)
+            else:
+                oldest = min(oldest, hold.tick)
+        return oldest
+
+    def _pin_oldest(self) -> bool:
+        """Pin the slots of the oldest batch in flight not pinned yet; False: there is none."""
+        hold = next((h for h in self._holds if not h.pinned), None)
+        if hold is None:
+            return False
+        self._pin(hold)
+        return True
+
+    def _pin(self, hold: _Hold) -> None:
+        hold.pinned = True
+        self.index.pin(hold.slots[hold.slots >= 0])
+
+    def _drop(self, hold: _Hold, updated: bool) -> None:
+        """Forget ``hold`` (its slots were dirty since their admission; a pinned one is unpinned)."""
+        try:
+            self._holds.remove(hold)
+        except ValueError:  # dropped already (an invalidate() in between)
+            return
+        if hold.pinned:
+            self.index.release(hold.slots, updated)
 
     # ---- keeping the store current -------------------------------------------------------------------
     def flush(self) -> None:
@@ -340,14 +403,20 @@ class TieredBatchedLookup:
                 transfer.parts.append(TablePart(t, slots - lo, rows.cpu(), empty.cpu(), empty))
                 self._stats.rows_written_back += rows.numel()
                 self._stats.bytes_written += rows.numel() * self.store.row_bytes(t)
-                self.index.dirty.index_fill_(0, slots, False)
+                self._mark_clean(slots)
         self.queue.run_now(transfer)
+
+    def _mark_clean(self, slots: torch.Tensor) -> None:
+        """``slots`` (global) now equal the store, except those a batch in flight will still update."""
+        kept = self.index.kept(self._protect_from(self.index.tick + 1)).index_select(0, slots)
+        self.index.dirty.index_fill_(0, slots[~kept], False)
 
     def invalidate(self) -> None:
         """Forget every cached row without writing it back: the store was overwritten (a load)."""
         self.queue.join()
         self.index.clear()
         self._reservations.clear()
+        self._holds.clear()
         self.generation += 1
 
     # ---- row access ------------------------------------------------------------------------------------
@@ -383,7 +452,7 @@ class TieredBatchedLookup:
                 views["weight"].index_copy_(0, slots, state.weights.to(self.device).index_select(0, at).to(views["weight"].dtype))
                 for name, values in state.states.items():
                     views[name].index_copy_(0, slots, values.to(self.device).index_select(0, at).to(views[name].dtype))
-            self.index.dirty.index_fill_(0, slots + self.index.cache_offset[table], False)
+            self._mark_clean(slots + self.index.cache_offset[table])
 
     def reset_rows(self, table: int, rows: torch.Tensor, weights: torch.Tensor) -> None:
         fresh = {k: v.new_zeros((rows.numel(), *v.shape[1:])) for k, v in self.store.states[table].items()}
@@ -405,27 +474,37 @@ class TieredBatchedLookup:
         self.queue.close()
 
 
+@dataclass(eq=False)
+class _Hold:
+    """A batch in flight (prefetched and not looked up yet, or looked up with its backward to run):
+    the lookup count it used its slots at, its ``[N]`` slots (-1: left out, no room), and whether
+    they were pinned instead (held for longer than ``_HOLD_LOOKUPS`` lookups)."""
+
+    tick: int
+    slots: torch.Tensor
+    pinned: bool = False
+
+
 @dataclass
 class _Reservation:
-    """A prefetched batch awaiting its lookup: its ``[N]`` global rows, the slot of each (-1: left
-    out, no room) pinned once per id, whether every id got a slot, and the tick it touched them at."""
+    """A prefetched batch awaiting its lookup: its ``[N]`` global rows, its hold, and whether every
+    id got a slot."""
 
     rows: torch.Tensor
-    slots: torch.Tensor
+    hold: _Hold
     complete: bool
-    tick: int  # the lookup count its slots were touched at
 
 
 class _TieredLookup(torch.autograd.Function):
     """The cache kernel's lookup as one autograd node whose backward runs the cache kernel's own
-    backward (the fused update of the cached rows), then marks the rows dirty and unpins them."""
+    backward (the fused update of the cached rows), then ends the lookup's hold on its slots."""
 
     @staticmethod
     def forward(
         ctx: Any,
         kernel: TieredBatchedLookup,
         request: LookupBatch,
-        slots: torch.Tensor,
+        hold: _Hold,
         lr: Callable[[], float],
         placeholder: torch.Tensor,
     ) -> torch.Tensor:
@@ -433,7 +512,7 @@ class _TieredLookup(torch.autograd.Function):
         with torch.enable_grad():
             out = kernel.inner.lookup(request, [inner_input], lr)
         ctx.inner_out = out
-        ctx.release = _Release(kernel, slots)
+        ctx.release = _Release(kernel, hold)
         return out.detach()
 
     @staticmethod
@@ -448,21 +527,21 @@ class _TieredLookup(torch.autograd.Function):
 
 
 class _Release:
-    """Unpins a lookup's slots once: after its backward, or when its graph is freed without one."""
+    """Ends a lookup's hold once: after its backward, or when its graph is freed without one."""
 
-    def __init__(self, kernel: TieredBatchedLookup, slots: torch.Tensor) -> None:
+    def __init__(self, kernel: TieredBatchedLookup, hold: _Hold) -> None:
         self.kernel: TieredBatchedLookup | None = kernel
-        self.slots, self.generation = slots, kernel.generation
-        self._finalizer = weakref.finalize(self, _release_unused, weakref.ref(kernel), slots, kernel.generation)
+        self.hold, self.generation = hold, kernel.generation
+        self._finalizer = weakref.finalize(self, _release_unused, weakref.ref(kernel), hold, kernel.generation)
 
     def __call__(self, updated: bool) -> None:
         kernel, self.kernel = self.kernel, None
         self._finalizer.detach()
         if kernel is not None and kernel.generation == self.generation:
-            kernel._release(self.slots, updated)
+            kernel._release(self.hold, updated)
 
 
-def _release_unused(kernel_ref: weakref.ref[TieredBatchedLookup], slots: torch.Tensor, generation: int) -> None:
+def _release_unused(kernel_ref: weakref.ref[TieredBatchedLookup], hold: _Hold, generation: int) -> None:
     kernel = kernel_ref()
     if kernel is not None and kernel.generation == generation:
-        kernel._release(slots, updated=False)
+        kernel._release(hold, updated=False)

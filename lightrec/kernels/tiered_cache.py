@@ -8,11 +8,23 @@ The tables of one kernel share one slot space; table ``t`` owns the slots
     row_of     [sum C]  table-local row a slot holds, -1 when free
     last_used  [sum C]  the lookup count at the slot's last use             (LRU, LFU's tie-break)
     freq       [sum C]  ids that read the slot since its row came in        (LFU)
-    pins       [sum C]  lookups whose backward has not run yet, and prefetched batches not yet
-                        looked up, that use the slot: a pinned slot is never evicted
-    dirty      [sum C]  updated since its row came in (written back when evicted or flushed)
+    pins       [sum C]  explicit holds on the slot: a pinned slot is never evicted
+    dirty      [sum C]  its row may differ from the store's: used by a training batch since it
+                        came in (written back when evicted or flushed)
     free_ring  [sum C]  per table, a ring of its free global slots over its slot range
     free_state [2, T]   per table, the ring's head (offset in the range) and count (on the CPU)
+
+**Which slots stay put.** The batches in flight -- prefetched and not yet looked up, or looked up
+with their backward still to run -- must keep their rows in their slots. Every admission takes
+``protect_from``, the lookup count of the oldest of them: a slot used at that count or later is
+not evicted (nor is the batch's own hits, used at ``tick``). A batch in flight used all its slots
+at its own count or later, so this keeps them without touching a counter per id when the batch
+comes in and again when it goes; it keeps the slots of the finished batches newer than it too,
+which are the ones LRU and LFU would evict last anyway. A batch held much longer than the others
+(a graph kept without its backward) is given ``pins`` instead (``TieredBatchedLookup``), so the
+cache is not frozen behind it. A training batch marks its slots dirty when it is admitted -- its
+backward will update them -- rather than when its backward runs; a batch whose backward never
+runs costs a write-back of unchanged rows, nothing else.
 
 Everything else is a tensor on the cache's device. On CPU a batch's bookkeeping is one native call
 (``tiered_admit``; a lookup of a batch its prefetch admitted, ``tiered_touch``); elsewhere a few
@@ -172,38 +184,40 @@ class CacheIndex:
             self.mark_dirty(slots)
         self.pin(slots, -1)
 
-    def touch_reserved(self, slots: torch.Tensor, tick: int, keep_pins: bool) -> None:
-        """The lookup of a batch whose prefetch admitted every row (``slots``, pinned once per id):
-        touch them at ``tick``, and keep each id's pin for the lookup or (``keep_pins=False``) drop it.
-        The same state as admitting the batch again, pinning it and releasing the prefetch's pins."""
+    def touch_reserved(self, slots: torch.Tensor, tick: int) -> None:
+        """The lookup of a batch whose prefetch admitted every row (``slots``, one per id): touch them
+        at ``tick`` -- the state admitting the batch again leaves (its slots are dirty already when
+        the prefetch was for training)."""
         if self.native:
             torch.ops.lightrec_tiered.tiered_touch(
-                self.last_used, self.freq, self.pins, slots.long().contiguous(), tick, self.algorithm == "lfu",
-                0 if keep_pins else -1,
-            )  # fmt: skip
+                self.last_used, self.freq, self.pins, slots.long().contiguous(), tick, self.algorithm == "lfu", 0
+            )
             return
         self.touch(slots, tick)
-        if not keep_pins:
-            self.pin(slots, -1)
 
     # ---- one batch -----------------------------------------------------------------------------
-    def admit_batch(self, global_rows: torch.Tensor, tick: int, best_effort: bool, pin: bool) -> BatchAdmission:
+    def admit_batch(
+        self, global_rows: torch.Tensor, tick: int, best_effort: bool, pin: bool, protect_from: int | None = None
+    ) -> BatchAdmission:
         """Admit the uncached rows among ``global_rows`` (``[N]`` int64, one per id), then touch the
-        slot of every id at lookup count ``tick`` and, when ``pin``, pin it (one pin per id).
+        slot of every id at lookup count ``tick`` and, when ``pin`` (a training batch: its backward
+        will update them), mark it dirty.
 
-        The batch's cached rows are pinned while its other rows are admitted (never evicted for
-        them); the missing rows are admitted in increasing row order, per table.
+        The batch's cached rows are never evicted for its other rows, nor any slot used at
+        ``protect_from`` or later (the batches in flight; see the module docstring; None: only
+        this batch's); the missing rows are admitted in increasing row order, per table.
 
         Args:
             best_effort: admit only as many rows of a table as there is room for (a prefetch; the
-                ids left out get slot -1 and are neither touched nor pinned) instead of raising.
+                ids left out get slot -1 and are neither touched nor marked) instead of raising.
 
         Raises:
             CacheFullError: not ``best_effort`` and some table cannot hold the batch's rows at once
                 (checked for every table before anything changes).
         """
+        protect = tick if protect_from is None else min(protect_from, tick)
         if self.native:
-            return self._admit_batch_native(global_rows, tick, best_effort, pin)
+            return self._admit_batch_native(global_rows, tick, protect, best_effort, pin)
         slots = self.slots(global_rows)
         missed = slots < 0
         missed_ids = int(missed.sum())
@@ -216,14 +230,14 @@ class CacheIndex:
                 tables = self.table_of_rows(wanted)
                 wanted_by_table = [(t, wanted[tables == t] - self.row_offset[t]) for t in torch.unique(tables).tolist()]
             hits = slots[~missed]
-            self.pin(hits)
+            self.pin(hits)  # (the native op touches a prefetch's hits instead: the same decisions)
             try:
                 if not best_effort:
                     for t, rows in wanted_by_table:
                         if rows.numel() > int(self.free_state[1, t]):
-                            self.check_room(t, rows.numel())
+                            self.check_room(t, rows.numel(), protect)
                 for t, rows in wanted_by_table:
-                    admission = self.admit(t, rows, best_effort=best_effort)
+                    admission = self.admit(t, rows, protect, best_effort=best_effort)
                     if admission.rows.numel():
                         parts.append((t, admission))
             finally:
@@ -233,13 +247,15 @@ class CacheIndex:
         used = slots[slots >= 0] if best_effort and missed_ids else slots
         self.touch(used, tick)
         if pin:
-            self.pin(used)
+            self.mark_dirty(used)
         return BatchAdmission(slots, missed_ids, parts)
 
-    def _admit_batch_native(self, global_rows: torch.Tensor, tick: int, best_effort: bool, pin: bool) -> BatchAdmission:
+    def _admit_batch_native(
+        self, global_rows: torch.Tensor, tick: int, protect: int, best_effort: bool, pin: bool
+    ) -> BatchAdmission:
         slots, info_t, fetch_rows, fetch_slots, wb_rows, wb_slots = torch.ops.lightrec_tiered.tiered_admit(
             self.slot_of, self.row_of, self.last_used, self.freq, self.pins, self.dirty, self.free_ring,
-            self.free_state, self._row_bounds, self._cache_bounds, global_rows.long().contiguous(), tick,
+            self.free_state, self._row_bounds, self._cache_bounds, global_rows.long().contiguous(), tick, protect,
             self.algorithm == "lfu", float(self.headroom), best_effort, pin,
         )  # fmt: skip
         info = info_t.tolist()
@@ -263,18 +279,22 @@ class CacheIndex:
         bounds = torch.tensor(self.row_offset[1:], dtype=torch.int64, device=global_rows.device)
         return torch.bucketize(global_rows, bounds, right=True)
 
-    def room(self, table: int) -> tuple[int, int, int]:
-        """``(free, evictable, pinned)`` slots of ``table``'s cache."""
+    def kept(self, protect: int) -> torch.Tensor:
+        """``[sum C]`` bool: slots that must stay put -- pinned, or used at ``protect`` or later."""
+        return (self.pins > 0) | (self.last_used >= protect)
+
+    def room(self, table: int, protect: int) -> tuple[int, int, int]:
+        """``(free, evictable, kept)`` slots of ``table``'s cache (:meth:`kept`)."""
         lo, size = self.cache_offset[table], self.cache_rows[table]
         held = self.row_of[lo : lo + size] >= 0
-        pinned = self.pins[lo : lo + size] > 0
-        return int((~held).sum()), int((held & ~pinned).sum()), int((held & pinned).sum())
+        kept = self.kept(protect)[lo : lo + size]
+        return int((~held).sum()), int((held & ~kept).sum()), int((held & kept).sum())
 
-    def check_room(self, table: int, need: int) -> None:
+    def check_room(self, table: int, need: int, protect: int) -> None:
         """Raise :class:`CacheFullError` unless ``need`` more rows of ``table`` fit in its cache now."""
-        free, evictable, pinned = self.room(table)
+        free, evictable, kept = self.room(table, protect)
         if need > free + evictable:
-            raise self._cache_full(table, need, free, evictable, pinned)
+            raise self._cache_full(table, need, free, evictable, kept)
 
     def _cache_full(self, table: int, need: int, free: int, evictable: int, pinned: int) -> CacheFullError:
         return CacheFullError(
@@ -284,9 +304,9 @@ class CacheIndex:
             "batches); raise cache_load_factor (or cache_rows / min_cache_rows)"
         )
 
-    def admit(self, table: int, rows: torch.Tensor, best_effort: bool = False) -> Admission:
+    def admit(self, table: int, rows: torch.Tensor, protect: int, best_effort: bool = False) -> Admission:
         """Give slots of ``table`` to ``rows`` (unique table-local rows, none cached), evicting the
-        lowest-scored unpinned slots when the free ones do not suffice.
+        lowest-scored slots not kept (:meth:`kept` at ``protect``) when the free ones do not suffice.
 
         Args:
             best_effort: admit only as many rows as there is room for (a prefetch) instead of raising.
@@ -299,12 +319,12 @@ class CacheIndex:
         need = rows.numel()
         victims = torch.empty(0, dtype=torch.int64, device=self.device)
         if count < need:
-            evictable = (self.row_of[lo : lo + size] >= 0) & (self.pins[lo : lo + size] == 0)
+            evictable = (self.row_of[lo : lo + size] >= 0) & ~self.kept(protect)[lo : lo + size]
             available = int(evictable.sum())
             short = need - count
             if available < short:
                 if not best_effort:
-                    self.check_room(table, need)
+                    self.check_room(table, need, protect)
                 short = available
             k = min(available, max(short, math.ceil(self.headroom * size)))
             if k:

@@ -29,6 +29,7 @@ from lightrec.kernels import (
     RowState,
     TieredStorageError,
     TieringConfig,
+    tiered_backend,
 )
 from lightrec.kernels.tiered_cache import CacheIndex
 from lightrec.modules import EmbeddingBagConfig, PoolingType
@@ -166,18 +167,24 @@ def _index(algorithm: str) -> CacheIndex:
 
 @pytest.mark.parametrize("algorithm", ["lru", "lfu"])
 def test_eviction_order(algorithm: str) -> None:
-    index = _index(algorithm)
-    adm = index.admit(0, torch.tensor([0, 1, 2, 3]))
-    assert adm.victim_rows.numel() == 0
-    # uses: row 0 three times (long ago), rows 1-3 once each, recently
-    index.touch(index.slots(torch.tensor([0, 0, 0])), 1)
-    index.touch(index.slots(torch.tensor([1, 2, 3])), 2)
-    index.touch(index.slots(torch.tensor([3])), 3)
-    index.mark_dirty(index.slots(torch.tensor([0, 1])))
-    adm = index.admit(0, torch.tensor([7]))
+    index, kept = _index(algorithm), _index(algorithm)
+    for ix in (index, kept):
+        adm = ix.admit(0, torch.tensor([0, 1, 2, 3]), protect=1)
+        assert adm.victim_rows.numel() == 0
+        # uses: row 0 three times (long ago), rows 1-3 once each, recently
+        ix.touch(ix.slots(torch.tensor([0, 0, 0])), 1)
+        ix.touch(ix.slots(torch.tensor([1, 2, 3])), 2)
+        ix.touch(ix.slots(torch.tensor([3])), 3)
+        ix.mark_dirty(ix.slots(torch.tensor([0, 1])))
+    adm = index.admit(0, torch.tensor([7]), protect=4)
     evicted = 0 if algorithm == "lru" else 1  # LRU: row 0 (used at tick 1); LFU: row 1 (once, oldest tie)
     assert adm.victim_rows.tolist() == [evicted]  # it was dirty: written back
     assert int(index.slots(torch.tensor([evicted]))) == -1 and int(index.slots(torch.tensor([7]))) >= 0
+    # a batch in flight since tick 2 keeps every slot used at 2 or later: only row 0's may go
+    adm = kept.admit(0, torch.tensor([7]), protect=2)
+    assert adm.victim_rows.tolist() == [0]
+    # (free, evictable, kept): row 7's slot is evictable until admit_batch touches it
+    assert kept.room(0, protect=2) == (0, 1, 3)
 
 
 def test_pinned_rows_are_not_evicted_and_a_too_large_batch_is_refused(tmp_path) -> None:
@@ -198,14 +205,40 @@ def test_pinned_rows_are_not_evicted_and_a_too_large_batch_is_refused(tmp_path) 
     assert torch.equal(module(ids, offsets), ref(ids, offsets))  # the refused batch changed nothing
 
 
-def test_graph_dropped_without_backward_releases_its_pins() -> None:
+def test_graph_dropped_without_backward_releases_its_rows() -> None:
     spec = FusedOptimizerSpec(EmbOptimType.SGD, learning_rate=0.1)
     module = BatchedEmbeddingBag([(50, 4)], optimizer=spec, kernel_backend="torch", tiering=TieringConfig("host", cache_rows=6))
     out = module(torch.arange(6), torch.tensor([0, 6]))
-    assert int(module.kernel.index.pins.sum()) == 6
+    kernel = module.kernel
+    assert [h.tick for h in kernel._holds] == [1]  # its 6 slots are kept for its backward
+    with pytest.raises(CacheFullError, match="0 evictable"):
+        module(torch.arange(6, 8), torch.tensor([0, 2]))
     del out  # e.g. a validation forward with grad enabled
-    assert int(module.kernel.index.pins.sum()) == 0
+    assert not kernel._holds
     module(torch.arange(6, 12), torch.tensor([0, 6])).sum().backward()  # all 6 slots evictable again
+
+
+def test_a_graph_kept_for_many_lookups_pins_its_rows_and_frees_the_rest(tmp_path) -> None:
+    """A lookup whose backward waits (a graph kept for later) gets pins on its slots when the cache
+    needs room: it keeps serving other batches around them, and the late backward updates its rows
+    as the in-memory table's does."""
+    spec = FusedOptimizerSpec(EmbOptimType.ADAGRAD, learning_rate=0.1)
+    tiering = TieringConfig("ssd", cache_rows=12, ssd_storage_directory=str(tmp_path))
+    module = BatchedEmbeddingBag([(200, 4)], optimizer=spec, kernel_backend="torch", tiering=tiering)
+    ref = BatchedEmbeddingBag([(200, 4)], optimizer=spec, kernel_backend="torch")
+    ref.load_state_dict(module.state_dict())
+    kept_ids, offsets = torch.tensor([0, 1, 2, 3]), torch.tensor([0, 4])
+    kept, ref_kept = module(kept_ids, offsets), ref(kept_ids, offsets)
+    for step in range(tiered_backend._HOLD_LOOKUPS + 8):  # 8 new rows per step through the 8 other slots
+        ids = torch.arange(10 + 8 * step, 18 + 8 * step) % 190 + 10
+        module(ids, torch.tensor([0, 8])).square().sum().backward()
+        ref(ids, torch.tensor([0, 8])).square().sum().backward()
+    hold = module.kernel._holds[0]
+    assert hold.pinned and int(module.kernel.index.pins.sum()) == 4
+    kept.sum().backward()
+    ref_kept.sum().backward()
+    assert not module.kernel._holds and int(module.kernel.index.pins.sum()) == 0
+    assert torch.equal(module.split_embedding_weights()[0], ref.split_embedding_weights()[0])
 
 
 def test_state_dict_round_trip_and_loads_reach_the_next_lookup(tmp_path) -> None:

@@ -2,7 +2,7 @@
 against the torch path they replace on CPU.
 
 * ``CacheIndex.admit_batch`` / ``release``: random streams over three tables (LRU and LFU, prefetch-
-  like best-effort admissions, pins held across calls, evictions in most calls) give the same
+  like best-effort admissions, batches in flight kept and some pinned, evictions in most calls) give the same
   slots, misses, admissions, victims and every state tensor after every call; a batch too big for
   its cache is refused by both with the same message and changes nothing.
 * A tiered table trained 30 steps with and without the native ops: the same outputs, weights,
@@ -60,7 +60,9 @@ def _assert_same(a: BatchAdmission, b: BatchAdmission, native: CacheIndex, torch
 def test_native_bookkeeping_equals_the_torch_path(algorithm: str, headroom: float) -> None:
     native, reference = _pair(algorithm, headroom)
     gen = torch.Generator().manual_seed(1)
-    held: list[torch.Tensor] = []  # slots pinned by earlier calls (lookups before their backward)
+    # batches in flight (lookups before their backward): their tick keeps every slot used since;
+    # some are pinned instead, as TieredBatchedLookup does with one held for long
+    held: list[tuple[int, torch.Tensor, bool]] = []
     evicted = refused = 0
     for step in range(120):
         table = torch.randint(0, 3, (30,), generator=gen)
@@ -69,47 +71,61 @@ def test_native_bookkeeping_equals_the_torch_path(algorithm: str, headroom: floa
         local = torch.where(torch.rand(30, generator=gen) < 0.4, hot, cold)
         rows = local + torch.tensor([0, 400, 650])[table]
         best_effort = step % 3 == 0
+        protect = min((tick for tick, _, pinned in held if not pinned), default=None)
         results, errors = [], []
         for index in (native, reference):
             try:
-                results.append(index.admit_batch(rows, step + 1, best_effort=best_effort, pin=True))
-            except CacheFullError as err:  # too many rows pinned: refused alike, nothing changed
+                results.append(index.admit_batch(rows, step + 1, best_effort=best_effort, pin=True, protect_from=protect))
+            except CacheFullError as err:  # too many rows kept: refused alike, nothing changed
                 errors.append(str(err))
         assert len(errors) in (0, 2) and len(set(errors)) <= 1
         refused += len(errors) // 2
         if results:
             _assert_same(*results, native, reference)
             evicted += sum(adm.victim_rows.numel() for _, adm in results[0].parts)
-            held.append(results[0].slots)
-        if held and (len(held) > 2 or step % 5 == 0):  # release in the order backward passes would
-            slots = held.pop(0)
-            updated = bool(step % 2)
-            native.release(slots, updated)
-            reference.release(slots, updated)
-            for name in STATE:
-                assert torch.equal(getattr(native, name), getattr(reference, name)), name
+            held.append((step + 1, results[0].slots, False))
+        if step % 7 == 3 and held and not held[0][2]:  # the oldest is held for long: pinned instead
+            tick, slots, _ = held.pop(0)
+            held.insert(0, (tick, slots, True))
+            for index in (native, reference):
+                index.pin(slots[slots >= 0])
+        if held and (len(held) > 2 or step % 5 == 0):  # released in the order backward passes would
+            _, slots, pinned = held.pop(0)
+            if pinned:
+                updated = bool(step % 2)
+                native.release(slots, updated)
+                reference.release(slots, updated)
+        for name in STATE:
+            assert torch.equal(getattr(native, name), getattr(reference, name)), name
     assert evicted > 100 and 0 < refused < 40  # evictions of dirty rows all along; some refusals too
+    assert int(native.pins.min()) >= 0
 
 
 @needs_native
 def test_a_batch_too_big_is_refused_the_same_way_and_changes_nothing() -> None:
     native, reference = _pair("lru", 0.0)
-    for index in (native, reference):
-        index.admit_batch(torch.arange(20), 1, best_effort=False, pin=True)  # 20 of table a's 40 slots pinned
+    for index in (native, reference):  # a batch in flight since tick 1 keeps 20 of table a's 40 slots
+        index.admit_batch(torch.arange(20), 1, best_effort=False, pin=True)
     before = {name: getattr(native, name).clone() for name in STATE}
     messages = []
     for index in (native, reference):
         with pytest.raises(CacheFullError, match=r"table 'a': a batch needs 30 more of its rows") as err:
-            index.admit_batch(torch.cat([torch.arange(5), torch.arange(100, 130)]), 2, best_effort=False, pin=True)
+            index.admit_batch(torch.cat([torch.arange(5), torch.arange(100, 130)]), 2, best_effort=False, pin=True,
+                              protect_from=1)  # fmt: skip
         messages.append(str(err.value))
     assert messages[0] == messages[1]
     assert "20 are free and 0 evictable (20 are in use" in messages[0]
     for name in STATE:
         assert torch.equal(getattr(native, name), before[name]) and torch.equal(getattr(reference, name), before[name])
-    # best effort: as many as fit, the rest left out (-1) and neither touched nor pinned
-    results = [index.admit_batch(torch.arange(100, 130), 3, best_effort=True, pin=True) for index in (native, reference)]
+    # best effort: as many as fit, the rest left out (-1) and neither touched nor marked
+    results = [index.admit_batch(torch.arange(100, 130), 3, best_effort=True, pin=True, protect_from=1)
+               for index in (native, reference)]  # fmt: skip
     _assert_same(*results, native, reference)
     assert int((results[0].slots < 0).sum()) == 10
+    # once that batch is done, its slots may go
+    results = [index.admit_batch(torch.arange(200, 210), 4, best_effort=False, pin=True) for index in (native, reference)]
+    _assert_same(*results, native, reference)
+    assert sorted(results[0].parts[0][1].victim_rows.tolist()) == list(range(10))  # the oldest-used (tick 1)
 
 
 def _train(monkeypatch: pytest.MonkeyPatch, native: bool, tmp_path) -> tuple[BatchedEmbeddingBag, list[torch.Tensor]]:
@@ -190,10 +206,10 @@ def test_without_the_native_library_the_torch_path_runs(monkeypatch: pytest.Monk
 
 
 @pytest.mark.parametrize("native", [pytest.param(True, marks=needs_native), False], ids=["native", "torch"])
-@pytest.mark.parametrize("keep_pins", [True, False], ids=["training", "no-grad"])
-def test_the_lookup_of_a_whole_prefetch_equals_admitting_it_again(native: bool, keep_pins: bool) -> None:
+@pytest.mark.parametrize("training", [True, False], ids=["training", "no-grad"])
+def test_the_lookup_of_a_whole_prefetch_equals_admitting_it_again(native: bool, training: bool) -> None:
     """``touch_reserved`` (the lookup's shortcut when its prefetch admitted every row) leaves the
-    state that admitting the batch again, pinning it and releasing the prefetch's pins leaves."""
+    state that admitting the batch again leaves."""
     shortcut, full = (CacheIndex(ROWS, CACHE, "lfu", 0.1, ["a", "b", "c"], torch.device("cpu"), native=native) for _ in range(2))
     gen = torch.Generator().manual_seed(4)
     for step in range(40):
@@ -201,15 +217,11 @@ def test_the_lookup_of_a_whole_prefetch_equals_admitting_it_again(native: bool, 
         tick = 2 * step + 1
         prefetched = [index.admit_batch(rows, tick, best_effort=True, pin=True) for index in (shortcut, full)]
         assert bool((prefetched[0].slots >= 0).all())
-        shortcut.touch_reserved(prefetched[0].slots, tick + 1, keep_pins=keep_pins)
-        looked_up = full.admit_batch(rows, tick + 1, best_effort=False, pin=keep_pins)
-        full.release(prefetched[1].slots, updated=False)
+        shortcut.touch_reserved(prefetched[0].slots, tick + 1)
+        looked_up = full.admit_batch(rows, tick + 1, best_effort=False, pin=training, protect_from=tick)
         assert torch.equal(looked_up.slots, prefetched[0].slots) and looked_up.missed_ids == 0
         for name in STATE:
             assert torch.equal(getattr(shortcut, name), getattr(full, name)), name
-        if keep_pins:  # the backward
-            shortcut.release(prefetched[0].slots, updated=True)
-            full.release(looked_up.slots, updated=True)
 
 
 def test_a_prefetch_keeps_its_own_copy_of_the_ids(tmp_path) -> None:
