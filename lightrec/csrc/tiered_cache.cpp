@@ -234,6 +234,45 @@ bool lru_lowest_slots(const Slots& c, int64_t lo, int64_t hi, int64_t tick, int6
   return true;
 }
 
+// Evict at least `short_by` (as many as there are) and at least `headroom_k` of table t's
+// evictable slots (those of lowest score): append them to its free ring's tail, in slot order,
+// and unmap their rows; the dirty ones' (row, slot) are appended to wb_rows / wb_slots (to be
+// written back before the slots are reused). The table's slots are [lo, lo + size), its rows
+// start at global row `row_offset_t`.
+template <typename slot_t>
+void evict_slots(slot_t* slot_of, int64_t* row_of, const Slots& cache, bool* dirty, int64_t* freq, int64_t* ring, int64_t* head,
+                 int64_t* count, int64_t t, int64_t lo, int64_t size, int64_t row_offset_t, int64_t short_by,
+                 int64_t headroom_k, int64_t tick, std::vector<int64_t>& wb_rows, std::vector<int64_t>& wb_slots) {
+  std::vector<int64_t> victims;
+  int64_t available = 0;
+  const bool found = !cache.lfu && lru_lowest_slots(cache, lo, lo + size, tick, short_by, headroom_k, available, victims);
+  if (!found) {
+    const Evictable e = scan_evictable(cache, lo, lo + size);
+    available = e.count;
+    const int64_t k = std::min(available, std::max(std::min(short_by, available), headroom_k));
+    if (k > 0) victims = lowest_slots(cache, lo, lo + size, k, e);
+  }
+  const size_t nv = victims.size();
+  for (size_t i = 0; i < nv; ++i) {
+    if (i + kAhead < nv) {  // the victims' rows are scattered over slot_of: load a few ahead
+      const int64_t r = row_of[victims[i + kAhead]];
+      if (r >= 0) __builtin_prefetch(slot_of + r + row_offset_t, 1);
+    }
+    const int64_t s = victims[i];
+    ring[lo + (head[t] + count[t]) % size] = s;  // appended at the ring's tail, in slot order
+    ++count[t];
+    const int64_t r = row_of[s];  // unmapped (the dirty ones are written back)
+    if (dirty[s]) {
+      wb_rows.push_back(r);
+      wb_slots.push_back(s);
+    }
+    slot_of[r + row_offset_t] = -1;
+    row_of[s] = -1;
+    dirty[s] = false;
+    freq[s] = 0;
+  }
+}
+
 template <typename slot_t>
 std::vector<at::Tensor> admit_impl(const State& st, const std::vector<int64_t>& row_offset,
                                    const std::vector<int64_t>& cache_offset, const at::Tensor& global_rows, int64_t tick,
@@ -324,36 +363,13 @@ std::vector<at::Tensor> admit_impl(const State& st, const std::vector<int64_t>& 
         int64_t need = first[t + 1] - first[t];
         if (need == 0) continue;
         const int64_t lo = cache_offset[t], size = cache_offset[t + 1] - lo;
-        std::vector<int64_t> victims;
         if (count[t] < need) {
           const int64_t headroom_k = static_cast<int64_t>(std::ceil(headroom * static_cast<double>(size)));
-          int64_t available = 0;
-          const bool found =
-              !lfu && lru_lowest_slots(cache, lo, lo + size, tick, need - count[t], headroom_k, available, victims);
-          if (!found) {
-            const Evictable e = scan_evictable(cache, lo, lo + size);
-            available = e.count;
-            const int64_t short_by = std::min(need - count[t], available);
-            const int64_t k = std::min(available, std::max(short_by, headroom_k));
-            if (k > 0) victims = lowest_slots(cache, lo, lo + size, k, e);
-          }
-          for (const int64_t s : victims) {  // appended at the ring's tail, in slot order
-            ring[lo + (head[t] + count[t]) % size] = s;
-            ++count[t];
-          }
+          const size_t written = wb_rows.size();
+          evict_slots(slot_of, row_of, cache, dirty, freq, ring, head, count, t, lo, size, row_offset[t], need - count[t],
+                      headroom_k, tick, wb_rows, wb_slots);
+          inf[kHead + tables + t] = static_cast<int64_t>(wb_rows.size() - written);
           need = std::min(need, count[t]);
-        }
-        for (const int64_t s : victims) {  // unmap the victims (dirty ones are written back)
-          const int64_t r = row_of[s];
-          if (dirty[s]) {
-            wb_rows.push_back(r);
-            wb_slots.push_back(s);
-            ++inf[kHead + tables + t];
-          }
-          slot_of[r + row_offset[t]] = -1;
-          row_of[s] = -1;
-          dirty[s] = false;
-          freq[s] = 0;
         }
         for (int64_t j = 0; j < need; ++j) {  // map the newcomers to the ring's head
           const int64_t g = missed[first[t] + j];
@@ -430,6 +446,42 @@ std::vector<at::Tensor> tiered_admit(at::Tensor slot_of, at::Tensor row_of, at::
   if (slot_of.scalar_type() == at::kInt)
     return admit_impl<int32_t>(st, ro, co, global_rows, tick, protect_from, lfu, headroom, best_effort, pin);
   return admit_impl<int64_t>(st, ro, co, global_rows, tick, protect_from, lfu, headroom, best_effort, pin);
+}
+
+// Evict ahead of need: free at least `k` of table `table`'s evictable slots (as many as there are;
+// those of lowest score, kept: used at `protect` or later, or pinned), as an admission short of
+// free slots would. Returns the dirty victims' (rows, slots) to write back before reuse.
+std::vector<at::Tensor> tiered_evict(at::Tensor slot_of, at::Tensor row_of, at::Tensor last_used, at::Tensor freq,
+                                     at::Tensor pins, at::Tensor dirty, at::Tensor free_ring, at::Tensor free_state,
+                                     at::IntArrayRef row_offset, at::IntArrayRef cache_offset, int64_t table, int64_t k,
+                                     int64_t tick, int64_t protect, bool lfu) {
+  State st{slot_of, row_of, last_used, freq, pins, dirty, free_ring, free_state};
+  check_state(st);
+  const int64_t tables = static_cast<int64_t>(row_offset.size()) - 1;
+  TORCH_CHECK(tables >= 1 && static_cast<int64_t>(cache_offset.size()) == tables + 1 && table >= 0 && table < tables &&
+                  row_offset.back() == slot_of.numel() && cache_offset.back() == row_of.numel() &&
+                  free_state.numel() == 2 * tables && k >= 0,
+              "tiered_evict: the offsets do not match the state tensors, or table / k out of range");
+  const Slots cache{row_of.data_ptr<int64_t>(), pins.data_ptr<int32_t>(), last_used.data_ptr<int64_t>(),
+                    freq.data_ptr<int64_t>(), lfu, protect};
+  std::vector<int64_t> wb_rows, wb_slots;
+  int64_t* head = free_state.data_ptr<int64_t>();
+  const int64_t lo = cache_offset[table], size = cache_offset[table + 1] - lo;
+  auto run = [&](auto* slots) {
+    evict_slots(slots, row_of.data_ptr<int64_t>(), cache, dirty.data_ptr<bool>(), freq.data_ptr<int64_t>(),
+                free_ring.data_ptr<int64_t>(), head, head + tables, table, lo, size, row_offset[table], 0, k, tick,
+                wb_rows, wb_slots);
+  };
+  if (slot_of.scalar_type() == at::kInt)
+    run(slot_of.data_ptr<int32_t>());
+  else
+    run(slot_of.data_ptr<int64_t>());
+  auto vec = [](const std::vector<int64_t>& v) {
+    at::Tensor out = at::empty({static_cast<int64_t>(v.size())}, at::kLong);
+    if (!v.empty()) std::memcpy(out.data_ptr<int64_t>(), v.data(), v.size() * sizeof(int64_t));
+    return out;
+  };
+  return {vec(wb_rows), vec(wb_slots)};
 }
 
 // pins[slots[i]] += delta for every i with slots[i] >= 0; then, when mark_dirty, dirty[slots[i]] = true.
@@ -632,6 +684,10 @@ TORCH_LIBRARY(lightrec_tiered, m) {
       "tiered_admit(Tensor(a!) slot_of, Tensor(b!) row_of, Tensor(c!) last_used, Tensor(d!) freq, Tensor(e!) pins, "
       "Tensor(f!) dirty, Tensor(g!) free_ring, Tensor(h!) free_state, int[] row_offset, int[] cache_offset, "
       "Tensor global_rows, int tick, int protect_from, bool lfu, float headroom, bool best_effort, bool pin) -> Tensor[]");
+  m.def(
+      "tiered_evict(Tensor(a!) slot_of, Tensor(b!) row_of, Tensor(c!) last_used, Tensor(d!) freq, Tensor(e!) pins, "
+      "Tensor(f!) dirty, Tensor(g!) free_ring, Tensor(h!) free_state, int[] row_offset, int[] cache_offset, int table, "
+      "int k, int tick, int protect, bool lfu) -> Tensor[]");
   m.def("tiered_release(Tensor(a!) pins, Tensor(b!) dirty, Tensor slots, int delta, bool mark_dirty) -> ()");
   m.def("tiered_touch(Tensor(a!) last_used, Tensor(b!) freq, Tensor(c!) pins, Tensor slots, int tick, bool lfu, int pin_delta) -> ()");
   m.def("tiered_copy_rows(Tensor[] src, Tensor src_rows, Tensor(a!)[] dst, Tensor dst_rows) -> ()");
@@ -643,6 +699,7 @@ TORCH_LIBRARY(lightrec_tiered, m) {
 
 TORCH_LIBRARY_IMPL(lightrec_tiered, CPU, m) {
   m.impl("tiered_admit", &tiered_admit);
+  m.impl("tiered_evict", &tiered_evict);
   m.impl("tiered_release", &tiered_release);
   m.impl("tiered_touch", &tiered_touch);
   m.impl("tiered_copy_rows", &tiered_copy_rows);

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import math
 import os
 import weakref
 from collections.abc import Callable, Sequence
@@ -149,6 +150,7 @@ class TieredBatchedLookup:
         self._slot_shift = self._per_feature([self.index.cache_offset[t] for t in self.ftm])
         self._reservations: collections.deque[_Reservation] = collections.deque()
         self._holds: list[_Hold] = []  # the batches in flight, oldest first (see _protect_from)
+        self._evictions_queued = 0  # evictions ahead of need submitted to the worker and not yet run
         self._worker_bookkeeping = False  # the queued prefetches' bookkeeping runs on the worker (CPU, native)
         self.generation = 0  # bumped by invalidate(): a backward of an older lookup updates nothing
         self._stats = TieredCacheStats(cache_rows=sum(self.cache_rows))
@@ -327,6 +329,8 @@ class TieredBatchedLookup:
         return self._worker_bookkeeping
 
     def _prefetch_now(self, global_rows: torch.Tensor, tick: int, on_worker: bool) -> None:
+        if self._evictions_queued and not on_worker:  # (a second prefetch before a lookup joined)
+            self.queue.join()
         transfer, admission = self._admit(global_rows, tick, best_effort=True, pin=True)
         self._stats.requested_ids += global_rows.numel()
         self._stats.missed_ids += admission.missed_ids
@@ -337,17 +341,71 @@ class TieredBatchedLookup:
         self._reservations.append(_Reservation(global_rows, hold, complete))
         while len(self._reservations) > _MAX_RESERVATIONS:
             self._drop(self._reservations.popleft().hold, updated=False)
+        ahead = self._evictions_ahead(admission)
         if on_worker:
             self.queue.run_here(transfer)
+            if ahead:
+                self._evict_now(ahead, tick, self._protect_from(tick), on_worker=True, queued=False)
             return
         if not self.queue.busy:  # (behind queued transfers, a part must queue too: they may share slots)
             transfer.parts = [p for p in transfer.parts if not self.queue.run_if_cached(p)]
         self.queue.submit(transfer)
+        if ahead:
+            protect = self._protect_from(tick)
+            if self.index.native:  # the scan and the write-backs on the worker, while this batch trains
+                self._evictions_queued += 1
+                self.queue.submit_call(functools.partial(self._evict_now, ahead, tick, protect, True, True))
+            else:
+                self._evict_now(ahead, tick, protect, on_worker=False, queued=False)
+
+    # ---- evicting ahead of need -------------------------------------------------------------------
+    def _evictions_ahead(self, admission: BatchAdmission) -> list[tuple[int, int]]:
+        """``(table, k)``: the tables whose free slots, after a prefetch that admitted ``n`` of their
+        rows, are fewer than ``2 n`` (what the next batches likely miss), and how many slots to free
+        -- what an admission would free when it runs short (at least the eviction headroom).
+
+        Eviction (a scan of the table's slots) and the write-back of its dirty rows are the largest
+        single costs of a tiered table; freeing the slots right after a prefetch moves them off the
+        next admission, onto the worker thread while the current batch trains (native CPU caches).
+        The decision depends only on the bookkeeping, so it is the same on every path."""
+        out = []
+        for t, adm in admission.parts:
+            want, free = 2 * adm.rows.numel(), self.index.free_slots(t)
+            if free < want:
+                out.append((t, max(want - free, math.ceil(self.tiering.eviction_headroom * self.cache_rows[t]))))
+        return out
+
+    def _evict_now(self, tables: list[tuple[int, int]], tick: int, protect: int, on_worker: bool, queued: bool) -> None:
+        try:
+            self._evict_tables(tables, tick, protect, on_worker)
+        finally:
+            if queued:
+                self._evictions_queued -= 1
+
+    def _evict_tables(self, tables: list[tuple[int, int]], tick: int, protect: int, on_worker: bool) -> None:
+        transfer, stats = Transfer(), self._stats
+        for t, k in tables:
+            evicted = self.index.evict(t, k, tick, protect)
+            lo, written = self.index.cache_offset[t], evicted.victim_rows.numel()
+            if written:
+                empty = evicted.rows.cpu()
+                transfer.parts.append(TablePart(t, evicted.victim_slots - lo, evicted.victim_rows.cpu(), empty, empty))
+                stats.rows_written_back += written
+                stats.bytes_written += written * self.store.row_bytes(t)
+        if on_worker:
+            self.queue.run_here(transfer)
+        else:
+            self.queue.submit(transfer)
 
     def _release(self, hold: _Hold, updated: bool) -> None:
         """A lookup's backward ran (``updated``) or its graph was freed: its rows need not stay in
-        the cache any longer. Behind the queued bookkeeping, if the worker runs it."""
-        if self._worker_bookkeeping and self.queue.busy and not self.queue.on_worker():
+        the cache any longer. Behind the queued bookkeeping, if the worker runs some: all of it
+        (the worker reads the holds), or an eviction (it reads the pins a pinned hold drops)."""
+        if (
+            self.queue.busy
+            and (self._worker_bookkeeping or (hold.pinned and self._evictions_queued))
+            and not self.queue.on_worker()
+        ):
             self.queue.submit_call(functools.partial(self._drop, hold, updated))
         else:
             self._drop(hold, updated)

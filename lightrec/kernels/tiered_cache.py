@@ -348,6 +348,40 @@ class CacheIndex:
             buffer.index_fill_(0, slots, 0)
         return Admission(rows, slots, victims[dirty], victim_rows[dirty])
 
+    def evict(self, table: int, k: int, tick: int, protect: int) -> Admission:
+        """Evict ahead of need: free at least ``k`` of ``table``'s evictable slots (as many as there
+        are; those an admission short of free slots would take, :meth:`kept` at ``protect``). Returns
+        an :class:`Admission` without rows: the dirty victims to write back before their slots are
+        reused. ``tick``: the lookup count now (the native op's LRU window)."""
+        if self.native:
+            wb_rows, wb_slots = torch.ops.lightrec_tiered.tiered_evict(
+                self.slot_of, self.row_of, self.last_used, self.freq, self.pins, self.dirty, self.free_ring,
+                self.free_state, self._row_bounds, self._cache_bounds, table, k, tick, protect, self.algorithm == "lfu",
+            )  # fmt: skip
+            empty = wb_rows.new_empty(0)
+            return Admission(empty, empty, wb_slots, wb_rows)
+        lo, size = self.cache_offset[table], self.cache_rows[table]
+        head, count = (int(v) for v in self.free_state[:, table])
+        evictable = (self.row_of[lo : lo + size] >= 0) & ~self.kept(protect)[lo : lo + size]
+        k = min(k, int(evictable.sum()))
+        empty = torch.empty(0, dtype=torch.int64, device=self.device)
+        if not k:
+            return Admission(empty, empty, empty, empty)
+        victims = self._lowest(self._score(lo, size), evictable, k) + lo
+        self.free_ring.index_copy_(0, (head + count + torch.arange(k, device=self.device)) % size + lo, victims)
+        self.free_state[1, table] = count + k
+        victim_rows = self.row_of.index_select(0, victims)
+        dirty = self.dirty.index_select(0, victims)
+        self.slot_of.index_fill_(0, victim_rows + self.row_offset[table], -1)
+        self.row_of.index_fill_(0, victims, -1)
+        for buffer in (self.dirty, self.freq):
+            buffer.index_fill_(0, victims, 0)
+        return Admission(empty, empty, victims[dirty], victim_rows[dirty])
+
+    def free_slots(self, table: int) -> int:
+        """Free slots of ``table``'s cache (on the host: no device sync)."""
+        return int(self.free_state[1, table])
+
     @staticmethod
     def _lowest(score: torch.Tensor, eligible: torch.Tensor, k: int) -> torch.Tensor:
         """The ``k`` (>= 1, <= eligible count) eligible positions of lowest ``(score, position)``, ascending."""
