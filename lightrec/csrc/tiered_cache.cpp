@@ -13,14 +13,16 @@
 //   free_state [2, T] int64: per table the ring's head (an offset into the table's region) and count.
 //
 // tiered_admit(...) does what the training thread did in a few dozen torch ops: gather the slot of
-// every id, admit the missing rows (sorted, unique), evicting the `k` unpinned slots of lowest
-// (score, slot) when a table's free slots run out, then touch (and pin) the slots of every id.
-// Eviction never takes a slot that this batch hits (those are pinned while it runs).
-// tiered_touch(...) is the lookup of a batch that its prefetch admitted whole (slots known, pinned).
+// every id, admit the missing rows (sorted, unique), evicting the `k` evictable slots of lowest
+// (score, slot) when a table's free slots run out, then touch the slots of every id (and mark them
+// dirty for a training batch). Evictable: cached, unpinned, and last used before `protect_from`,
+// the lookup count of the oldest batch in flight (tiered_cache.py: "Which slots stay put"); the
+// batch's own hits are never evicted for its other rows. tiered_evict(...) is the same eviction
+// ahead of need; tiered_touch(...) is the lookup of a batch that its prefetch admitted whole.
 //
-// tiered_copy_rows / tiered_advise are the worker thread's copies between the cache and the row
-// store and its POSIX_FADV_WILLNEED announcements: one call each, without the GIL (torch releases
-// it around an op), so the training thread's Python runs meanwhile.
+// tiered_transfer / tiered_copy_rows / tiered_advise are the row copies between the cache and the
+// row store and the POSIX_FADV_WILLNEED announcements: one call each, without the GIL (torch
+// releases it around an op), so the training thread's Python runs meanwhile.
 
 #include <ATen/core/Tensor.h>
 #include <ATen/Functions.h>
@@ -640,14 +642,17 @@ int64_t tiered_advise(at::IntArrayRef fds, at::IntArrayRef bases, at::IntArrayRe
 // = store[j][fetch_rows]), for every tensor pair j (the weights, then each row state).
 //
 // fds[j] >= 0: store[j] is that file, mapped at store[j]'s address (an SSD store). Up to `sample`
-// of the pages this part reads or writes are first looked up with mincore() (sample 0: none; the
-// caller knows they are cached); when more than one in eight of a file's are missing, its pages are
-// announced (WILLNEED, the disk reads them in parallel) and, with `only_if_cached`, nothing is copied
-// and false is returned: the caller hands the copies to its worker thread rather than wait for the
-// disk on the training thread. Returns true when the rows were copied.
+// of the pages this part reads and up to `sample` of those it writes (a write to a page not in the
+// page cache reads it first) are looked up with mincore() (sample 0: none; the caller knows they are
+// cached). When more than kSyncPages of a file's pages look missing (the missing share of each
+// sample, times the pages it stands for), its pages are announced (WILLNEED: the disk reads them in
+// parallel) and, with `only_if_cached`, nothing is copied and false is returned: the caller hands
+// the copies to its worker thread rather than wait for the disk on the training thread. A few
+// missing pages are read when touched. Returns true when the rows were copied.
 bool tiered_transfer(at::TensorList cache, at::TensorList store, at::IntArrayRef fds, const at::Tensor& wb_slots,
                      const at::Tensor& wb_rows, const at::Tensor& fetch_rows, const at::Tensor& fetch_slots, int64_t page,
                      int64_t gap, int64_t sample, bool only_if_cached) {
+  constexpr int64_t kSyncPages = 16;
   TORCH_CHECK(cache.size() == store.size() && fds.size() == store.size(),
               "tiered_transfer: one store tensor and one file (-1: none) per cache tensor");
   for (const at::Tensor* t : {&wb_slots, &wb_rows, &fetch_rows, &fetch_slots})
@@ -656,17 +661,24 @@ bool tiered_transfer(at::TensorList cache, at::TensorList store, at::IntArrayRef
   const int64_t nw = wb_rows.numel(), nf = fetch_rows.numel();
   if (sample > 0 && nw + nf > 0) {
     bool deferred = false;
-    std::vector<int64_t> pages(nw + nf);
+    std::vector<int64_t> written(nw), read(nf);
     const int64_t* w = wb_rows.data_ptr<int64_t>();
     const int64_t* f = fetch_rows.data_ptr<int64_t>();
     for (size_t j = 0; j < store.size(); ++j) {
       if (fds[j] < 0) continue;
       const int64_t stride = store[j].stride(0) * store[j].element_size();
-      for (int64_t i = 0; i < nw; ++i) pages[i] = w[i] * stride / page;
-      for (int64_t i = 0; i < nf; ++i) pages[nw + i] = f[i] * stride / page;
-      const auto [missing, probes] =
-          missing_pages(pages, static_cast<int64_t>(reinterpret_cast<uintptr_t>(store[j].data_ptr())), page, sample);
-      if (missing * 8 <= probes) continue;
+      const int64_t base = static_cast<int64_t>(reinterpret_cast<uintptr_t>(store[j].data_ptr()));
+      for (int64_t i = 0; i < nw; ++i) written[i] = w[i] * stride / page;
+      for (int64_t i = 0; i < nf; ++i) read[i] = f[i] * stride / page;
+      double expected_missing = 0.0;
+      for (const std::vector<int64_t>* pages : {&written, &read}) {
+        if (pages->empty()) continue;
+        const auto [missing, probes] = missing_pages(*pages, base, page, sample);
+        expected_missing += static_cast<double>(missing) * static_cast<double>(pages->size()) / static_cast<double>(probes);
+      }
+      if (expected_missing <= kSyncPages) continue;
+      std::vector<int64_t> pages(written);
+      pages.insert(pages.end(), read.begin(), read.end());
       announce_pages(pages, fds[j], page, gap);
       deferred = only_if_cached;
     }

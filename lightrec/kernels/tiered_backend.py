@@ -151,6 +151,7 @@ class TieredBatchedLookup:
         self._reservations: collections.deque[_Reservation] = collections.deque()
         self._holds: list[_Hold] = []  # the batches in flight, oldest first (see _protect_from)
         self._evictions_queued = 0  # evictions ahead of need submitted to the worker and not yet run
+        self._late_drops: list[tuple[_Hold, bool]] = []  # holds ended on the worker, dropped by _protect_from
         self._worker_bookkeeping = False  # the queued prefetches' bookkeeping runs on the worker (CPU, native)
         self.generation = 0  # bumped by invalidate(): a backward of an older lookup updates nothing
         self._stats = TieredCacheStats(cache_rows=sum(self.cache_rows))
@@ -267,8 +268,10 @@ class TieredBatchedLookup:
             hold = reserved.hold
             if not (hold.tick == self.index.tick and self.index.algorithm == "lru"):
                 self.index.touch_reserved(hold.slots, self.index.tick)  # (else it would rewrite the same ticks)
-            if not training:  # not updated: nothing left to keep its rows for (and its slots stay dirty)
+            if not training:  # not updated: nothing left to keep its rows for
                 self._drop(hold, updated=False)
+            elif not reserved.training:  # prefetched for evaluation, looked up for training: updated after all
+                self.index.mark_dirty(hold.slots)
         else:
             transfer, admission = self._admit(global_rows, self.index.tick + 1, best_effort=False, pin=training)
             self.index.tick += 1
@@ -287,7 +290,11 @@ class TieredBatchedLookup:
         if not training:
             with torch.no_grad():
                 return self.inner.lookup(request, weight_inputs, lr)
-        out: torch.Tensor = _TieredLookup.apply(self, request, hold, lr, placeholder)
+        try:
+            out: torch.Tensor = _TieredLookup.apply(self, request, hold, lr, placeholder)
+        except BaseException:
+            self._drop(hold, updated=False)  # no graph will end the hold
+            raise
         return out
 
     # ---- prefetch ----------------------------------------------------------------------------------
@@ -307,10 +314,11 @@ class TieredBatchedLookup:
         # a copy: the caller may refill its id buffer while the worker reads this one
         global_rows = self._global_rows(indices, offsets.long(), batch).clone()
         tick = self.index.tick + 1
+        training = torch.is_grad_enabled()  # (a prefetch for evaluation does not mark its rows dirty)
         if self._bookkeeping_on_worker():
-            self.queue.submit_call(functools.partial(self._prefetch_now, global_rows, tick, True))
+            self.queue.submit_call(functools.partial(self._prefetch_now, global_rows, tick, training, True))
         else:
-            self._prefetch_now(global_rows, tick, False)
+            self._prefetch_now(global_rows, tick, training, False)
 
     def _bookkeeping_on_worker(self) -> bool:
         """Whether the next prefetch's bookkeeping runs on the worker thread too (native CPU caches).
@@ -328,17 +336,17 @@ class TieredBatchedLookup:
             self._worker_bookkeeping = torch.get_num_threads() < _usable_cores()
         return self._worker_bookkeeping
 
-    def _prefetch_now(self, global_rows: torch.Tensor, tick: int, on_worker: bool) -> None:
+    def _prefetch_now(self, global_rows: torch.Tensor, tick: int, training: bool, on_worker: bool) -> None:
         if self._evictions_queued and not on_worker:  # (a second prefetch before a lookup joined)
             self.queue.join()
-        transfer, admission = self._admit(global_rows, tick, best_effort=True, pin=True)
+        transfer, admission = self._admit(global_rows, tick, best_effort=True, pin=training)
         self._stats.requested_ids += global_rows.numel()
         self._stats.missed_ids += admission.missed_ids
         slots = admission.slots  # ids left out (-1): not cached, not held
         complete = not admission.missed_ids or bool((slots >= 0).all())
         hold = _Hold(tick, slots)
         self._holds.append(hold)
-        self._reservations.append(_Reservation(global_rows, hold, complete))
+        self._reservations.append(_Reservation(global_rows, hold, complete, training))
         while len(self._reservations) > _MAX_RESERVATIONS:
             self._drop(self._reservations.popleft().hold, updated=False)
         ahead = self._evictions_ahead(admission)
@@ -401,14 +409,14 @@ class TieredBatchedLookup:
         """A lookup's backward ran (``updated``) or its graph was freed: its rows need not stay in
         the cache any longer. Behind the queued bookkeeping, if the worker runs some: all of it
         (the worker reads the holds), or an eviction (it reads the pins a pinned hold drops)."""
-        if (
-            self.queue.busy
-            and (self._worker_bookkeeping or (hold.pinned and self._evictions_queued))
-            and not self.queue.on_worker()
-        ):
+        if self.queue.on_worker():
+            if not self._worker_bookkeeping:  # (a finalizer run by the worker's garbage collection)
+                self._late_drops.append((hold, updated))  # the training thread owns the holds: it drops it
+                return
+        elif self.queue.busy and (self._worker_bookkeeping or (hold.pinned and self._evictions_queued)):
             self.queue.submit_call(functools.partial(self._drop, hold, updated))
-        else:
-            self._drop(hold, updated)
+            return
+        self._drop(hold, updated)
 
     # ---- which slots stay put --------------------------------------------------------------------
     def _protect_from(self, tick: int) -> int:
@@ -417,8 +425,10 @@ class TieredBatchedLookup:
         lookups (a graph kept without its backward, a long gradient accumulation) pins its slots
         instead, so the cache does not freeze behind it; so does the oldest one when an admission
         finds no room (:meth:`_pin_oldest`)."""
+        while self._late_drops:
+            self._drop(*self._late_drops.pop())
         oldest = tick
-        for hold in self._holds:
+        for hold in list(self._holds):  # (a copy: a finalizer may drop a hold meanwhile)
             if hold.pinned:
                 continue
             if hold.tick < tick - _HOLD_LOOKUPS:
@@ -472,10 +482,10 @@ class TieredBatchedLookup:
     def invalidate(self) -> None:
         """Forget every cached row without writing it back: the store was overwritten (a load)."""
         self.queue.join()
-        self.index.clear()
+        self.generation += 1  # first: a finalizer run while the state is cleared must see the new one
         self._reservations.clear()
         self._holds.clear()
-        self.generation += 1
+        self.index.clear()
 
     # ---- row access ------------------------------------------------------------------------------------
     def _cached(self, table: int, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -545,12 +555,13 @@ class _Hold:
 
 @dataclass
 class _Reservation:
-    """A prefetched batch awaiting its lookup: its ``[N]`` global rows, its hold, and whether every
-    id got a slot."""
+    """A prefetched batch awaiting its lookup: its ``[N]`` global rows, its hold, whether every id
+    got a slot, and whether it was prefetched for training."""
 
     rows: torch.Tensor
     hold: _Hold
     complete: bool
+    training: bool  # prefetched with grad enabled: its slots were marked dirty
 
 
 class _TieredLookup(torch.autograd.Function):

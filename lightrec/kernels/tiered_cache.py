@@ -30,13 +30,14 @@ Everything else is a tensor on the cache's device. On CPU a batch's bookkeeping 
 (``tiered_admit``; a lookup of a batch its prefetch admitted, ``tiered_touch``); elsewhere a few
 scatters per batch, plus a ``torch.unique`` of the batch's missing rows. Eviction runs
 only when a table's free slots run out and then frees at least ``headroom`` of its cache at once:
-the ``k`` unpinned slots with the lowest score (``last_used``, or ``freq`` then ``last_used``),
-found in one pass over the table's slots, so its cost is paid once per many misses. Ties are
+the ``k`` evictable slots (not kept, above) with the lowest score (``last_used``, or ``freq`` then
+``last_used``), found in a pass or two over the table's slots, so its cost is paid once per many
+misses (``evict`` frees them ahead of need). Ties are
 broken by the lower slot and the victims join the table's free slots in slot order, so the
 decisions are deterministic: the same on every run and on both paths below.
 
 A batch's bookkeeping is one call, :meth:`CacheIndex.admit_batch` (gather every id's slot, admit
-the missing rows, touch and pin the slots). On CPU it is one native op
+the missing rows, touch the slots and mark a training batch's dirty). On CPU it is one native op
 (``torch.ops.lightrec_tiered.tiered_admit``, ``lightrec/csrc/tiered_cache.cpp``) instead of a few
 dozen small torch ops and host syncs, which cost more than the lookup itself; elsewhere, without
 the native library (``lightrec._native``) or with ``LIGHTREC_TIERED_NATIVE=0``, the torch ops
@@ -56,7 +57,7 @@ from lightrec._native import native_ops
 
 __all__ = ["Admission", "BatchAdmission", "CacheFullError", "CacheIndex", "native_tiered_available"]
 
-_INFO_HEAD = 6  # tiered_admit's info: missed ids, refused table, its need, free, evictable, pinned
+_INFO_HEAD = 6  # tiered_admit's info: missed ids, refused table, its need, free, evictable, kept
 
 
 def native_tiered_available(device: torch.device) -> bool:
@@ -296,11 +297,11 @@ class CacheIndex:
         if need > free + evictable:
             raise self._cache_full(table, need, free, evictable, kept)
 
-    def _cache_full(self, table: int, need: int, free: int, evictable: int, pinned: int) -> CacheFullError:
+    def _cache_full(self, table: int, need: int, free: int, evictable: int, kept: int) -> CacheFullError:
         return CacheFullError(
             f"table {self.names[table]!r}: a batch needs {need} more of its rows in the cache at once, but its "
             f"cache holds {self.cache_rows[table]} rows of which {free} are free and {evictable} evictable "
-            f"({pinned} are in use by this batch, by lookups whose backward has not run or by prefetched "
+            f"({kept} are in use by this batch, by lookups whose backward has not run or by prefetched "
             "batches); raise cache_load_factor (or cache_rows / min_cache_rows)"
         )
 

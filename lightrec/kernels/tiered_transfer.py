@@ -9,8 +9,8 @@ training thread; torch's copies and the native ops release the GIL), and
 :meth:`TransferQueue.join` is what a lookup, a flush or a checkpoint waits on first.
 
 Why the slots may be written while a backward runs: the bookkeeping (``tiered_cache.py``) never
-hands a transfer a slot that a lookup still uses (pinned until its backward ran), so the worker and
-the training thread touch disjoint rows of the cache tensors. The worker writes through aliases of
+hands a transfer a slot that a batch in flight still uses (kept until its backward ran), so the
+worker and the training thread touch disjoint rows of the cache tensors. The worker writes through aliases of
 the cache storage with their own autograd version counters (:func:`unversioned`): a kernel that
 saved its weights for backward (fbgemm's TBE does) would otherwise see "modified by an inplace
 operation" although none of the rows it reads changed.
@@ -96,7 +96,8 @@ class TransferQueue:
         # per table, what one native call (tiered_transfer) needs -- the cache's and the store's
         # tensors in one order, and the store's file behind each -- or None: the torch copies serve it
         self._native_parts = [self._native_part(t) for t in range(len(cache_views))]
-        self._probe_in = 0  # table parts moved before the page cache is looked up again (run_if_cached)
+        # per table, its parts moved before its pages are looked up in the page cache again (run_if_cached)
+        self._probe_in = [0] * len(cache_views)
 
     def _native_part(self, table: int) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int]] | None:
         if not native_tiered_available(self.device):
@@ -141,18 +142,19 @@ class TransferQueue:
         are not in the page cache: they were announced, and the caller submits the part to the
         worker rather than wait for the disk here).
 
-        The page cache is looked up (a few ``mincore`` calls) on one part in ``_PROBE_EVERY`` while
-        the store's pages are found cached, and on every part while they are not.
+        A table's pages are looked up in the page cache (a few ``mincore`` calls) on one of its parts
+        in ``_PROBE_EVERY`` while they are found cached, and on every part while they are not.
         """
         native = self._native_parts[part.table]
         if native is None:
             return False
-        sample = _RESIDENCY_SAMPLE if self._probe_in <= 0 else 0
+        t = part.table
+        sample = _RESIDENCY_SAMPLE if self._probe_in[t] <= 0 else 0
         done: bool = torch.ops.lightrec_tiered.tiered_transfer(
             *native, part.writeback_slots, part.writeback_rows, part.fetch_rows, part.fetch_slots, _PAGE,
             _ADVISE_GAP_PAGES, sample, True,
         )  # fmt: skip
-        self._probe_in = 0 if not done else (_PROBE_EVERY if sample else self._probe_in - 1)
+        self._probe_in[t] = 0 if not done else (_PROBE_EVERY if sample else self._probe_in[t] - 1)
         part.announced = not done
         return done
 

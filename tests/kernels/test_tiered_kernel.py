@@ -218,6 +218,29 @@ def test_graph_dropped_without_backward_releases_its_rows() -> None:
     module(torch.arange(6, 12), torch.tensor([0, 6])).sum().backward()  # all 6 slots evictable again
 
 
+def test_a_prefetch_for_evaluation_leaves_its_rows_clean(tmp_path) -> None:
+    """Rows fetched and looked up without grad are not written back when evicted (they did not
+    change); a batch prefetched without grad but looked up for training is updated and kept."""
+    spec = FusedOptimizerSpec(EmbOptimType.ADAGRAD, learning_rate=0.1)
+    tiering = TieringConfig("ssd", cache_rows=16, ssd_storage_directory=str(tmp_path))
+    module = BatchedEmbeddingBag([(300, 4)], optimizer=spec, kernel_backend="torch", tiering=tiering)
+    ref = BatchedEmbeddingBag([(300, 4)], optimizer=spec, kernel_backend="torch")
+    ref.load_state_dict(module.state_dict())
+    offsets = torch.tensor([0, 8])
+    with torch.no_grad():
+        for step in range(6):  # 48 rows through 16 slots: every step evicts
+            ids = torch.arange(8 * step, 8 * step + 8)
+            module.prefetch(ids, offsets)
+            assert torch.equal(module(ids, offsets), ref(ids, offsets))
+    assert module.kernel.stats().rows_written_back == 0
+    ids = torch.arange(100, 108)
+    with torch.no_grad():
+        module.prefetch(ids, offsets)
+    module(ids, offsets).square().sum().backward()  # looked up for training after all
+    ref(ids, offsets).square().sum().backward()
+    assert torch.equal(module.split_embedding_weights()[0], ref.split_embedding_weights()[0])
+
+
 def test_a_graph_kept_for_many_lookups_pins_its_rows_and_frees_the_rest(tmp_path) -> None:
     """A lookup whose backward waits (a graph kept for later) gets pins on its slots when the cache
     needs room: it keeps serving other batches around them, and the late backward updates its rows

@@ -23,6 +23,7 @@ from lightrec.kernels import (
     EmbOptimType,
     FusedOptimizerSpec,
     TieringConfig,
+    tiered_backend,
     tiered_cache,
 )
 from lightrec.kernels.tiered_cache import BatchAdmission, CacheIndex, native_tiered_available
@@ -102,6 +103,28 @@ def test_native_bookkeeping_equals_the_torch_path(algorithm: str, headroom: floa
 
 
 @needs_native
+def test_lru_eviction_beyond_its_tick_window_equals_the_torch_path() -> None:
+    """The native LRU eviction histograms the last 2^16 lookup counts in one pass; slots last used
+    before that window (a table left alone for long) take its general path, with the same victims."""
+    native, reference = _pair("lru", 0.1)
+    gen = torch.Generator().manual_seed(5)
+    evicted = 0
+    for step in range(60):
+        tick = step + 1 if step < 30 else 200_000 + step  # half the cache then dates from long ago
+        rows = torch.randint(0, 950, (30,), generator=gen)
+        results = [index.admit_batch(rows, tick, best_effort=step % 2 == 0, pin=True) for index in (native, reference)]
+        _assert_same(*results, native, reference)
+        evicted += sum(adm.victim_rows.numel() for _, adm in results[0].parts)
+        if step % 4 == 0:
+            for index in (native, reference):
+                for table in range(3):
+                    index.evict(table, 3, tick, tick)
+            for name in STATE:
+                assert torch.equal(getattr(native, name), getattr(reference, name)), name
+    assert evicted > 50
+
+
+@needs_native
 def test_a_batch_too_big_is_refused_the_same_way_and_changes_nothing() -> None:
     native, reference = _pair("lru", 0.0)
     for index in (native, reference):  # a batch in flight since tick 1 keeps 20 of table a's 40 slots
@@ -128,8 +151,12 @@ def test_a_batch_too_big_is_refused_the_same_way_and_changes_nothing() -> None:
     assert sorted(results[0].parts[0][1].victim_rows.tolist()) == list(range(10))  # the oldest-used (tick 1)
 
 
-def _train(monkeypatch: pytest.MonkeyPatch, native: bool, tmp_path) -> tuple[BatchedEmbeddingBag, list[torch.Tensor]]:
+def _train(
+    monkeypatch: pytest.MonkeyPatch, native: bool, tmp_path, worker: bool = False
+) -> tuple[BatchedEmbeddingBag, list[torch.Tensor]]:
     monkeypatch.setenv("LIGHTREC_TIERED_NATIVE", "1" if native else "0")
+    # where the prefetch's bookkeeping runs: on the worker when torch leaves a core free for it
+    monkeypatch.setattr(tiered_backend, "_usable_cores", lambda: torch.get_num_threads() + (1 if worker else 0))
     spec = FusedOptimizerSpec(EmbOptimType.ADAM, learning_rate=0.01)
     tiering = TieringConfig("ssd", cache_rows=120, algorithm="lfu", ssd_storage_directory=str(tmp_path))
     torch.manual_seed(0)
@@ -151,8 +178,12 @@ def _train(monkeypatch: pytest.MonkeyPatch, native: bool, tmp_path) -> tuple[Bat
 
 
 @needs_native
-def test_a_tiered_table_trains_the_same_with_and_without_the_native_ops(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    native, native_out = _train(monkeypatch, True, tmp_path)
+@pytest.mark.parametrize("worker", [False, True], ids=["bookkeeping-here", "bookkeeping-on-worker"])
+def test_a_tiered_table_trains_the_same_with_and_without_the_native_ops(
+    monkeypatch: pytest.MonkeyPatch, tmp_path, worker: bool
+) -> None:
+    native, native_out = _train(monkeypatch, True, tmp_path, worker)
+    assert native.kernel._worker_bookkeeping is worker  # type: ignore[attr-defined]
     reference, reference_out = _train(monkeypatch, False, tmp_path)
     for a, b in zip(native_out, reference_out, strict=True):
         assert torch.equal(a, b)
@@ -192,6 +223,41 @@ def test_native_row_copies_and_read_ahead(tmp_path) -> None:
     assert advise() == expected_ranges  # a fresh file: nothing cached, every range announced
     weights[rows] += 1.0  # now the pages of those rows are in the page cache: nothing to announce
     assert torch.ops.lightrec_tiered.tiered_advise([fd], [base], [256], rows, 4096, 4, 32) == 0
+
+
+@needs_native
+def test_a_transfer_whose_pages_are_not_cached_is_announced_and_left_to_the_worker(tmp_path) -> None:
+    """``tiered_transfer(only_if_cached=True)`` copies rows whose pages are in the page cache, and
+    leaves the rest (announced) to the caller's worker; without the flag it always copies."""
+    store = SsdRowStore([400_000], [64], torch.float32, [{"momentum1": ((), torch.float32)}], ["t"], directory=str(tmp_path))
+    cache = [torch.zeros(100, 64), torch.zeros(100)]
+    tensors = [store.weights[0], store.states[0]["momentum1"]]
+    files = store.files(0)
+    assert files[0] >= 0 and files[1] >= 0
+    empty = torch.empty(0, dtype=torch.long)
+    cold = torch.arange(0, 400_000, 4000)  # 100 rows on 100 pages never touched: not in the page cache
+    slots = torch.arange(100)
+
+    def transfer(rows: torch.Tensor, only_if_cached: bool) -> bool:
+        return torch.ops.lightrec_tiered.tiered_transfer(
+            cache, tensors, files, empty, empty, rows, slots, 4096, 4, 32, only_if_cached
+        )
+
+    assert not transfer(cold, True) and not cache[0].any()  # left to the worker: nothing copied
+    with torch.no_grad():
+        tensors[0][cold] = torch.arange(100, dtype=torch.float32).unsqueeze(1)  # now cached (written)
+        tensors[1][cold] = 7.0
+    assert transfer(cold, True)
+    assert torch.equal(cache[0][:, 0], torch.arange(100, dtype=torch.float32)) and bool((cache[1] == 7.0).all())
+    warm_again = torch.arange(1, 400_000, 4000)  # (the same pages: cached)
+    assert transfer(warm_again, True)
+    # write-backs too: the victims' rows land in the store before the fetch reuses their slots
+    cache[1][0] = 5.0
+    assert torch.ops.lightrec_tiered.tiered_transfer(
+        cache, tensors, files, torch.tensor([0]), torch.tensor([123]), torch.tensor([cold[5].item()]), torch.tensor([0]),
+        4096, 4, 0, True,
+    )  # fmt: skip
+    assert float(tensors[1][123]) == 5.0 and float(cache[1][0]) == 7.0
 
 
 def test_without_the_native_library_the_torch_path_runs(monkeypatch: pytest.MonkeyPatch) -> None:
