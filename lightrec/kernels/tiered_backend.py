@@ -368,19 +368,23 @@ class TieredBatchedLookup:
 
     # ---- evicting ahead of need -------------------------------------------------------------------
     def _evictions_ahead(self, admission: BatchAdmission) -> list[tuple[int, int]]:
-        """``(table, k)``: the tables whose free slots, after a prefetch that admitted ``n`` of their
-        rows, are fewer than ``2 n`` (what the next batches likely miss), and how many slots to free
-        -- what an admission would free when it runs short (at least the eviction headroom).
+        """``(table, k)``: the tables to evict ``k`` slots of right after a prefetch that admitted
+        ``n`` of their rows -- those left with fewer than ``2 n`` free slots (what the next batches
+        likely miss) whose eviction headroom is at least ``4 n`` -- and ``k``, that headroom (what an
+        admission short of free slots would free).
 
-        Eviction (a scan of the table's slots) and the write-back of its dirty rows are the largest
-        single costs of a tiered table; freeing the slots right after a prefetch moves them off the
-        next admission, onto the worker thread while the current batch trains (native CPU caches).
-        The decision depends only on the bookkeeping, so it is the same on every path."""
+        An eviction of the headroom (a scan of the table's slots) and the write-back of its dirty
+        rows are the largest single costs of a big cache, paid once every ``headroom / n`` batches;
+        freeing the slots right after a prefetch moves them off the next admission, onto the worker
+        thread while the current batch trains (native CPU caches). Caches that evict at every batch
+        anyway (a headroom below ``4 n``: small caches, many misses) are left to their admissions,
+        which see the next batch's hits first. The decision depends only on the bookkeeping, so it
+        is the same on every path."""
         out = []
         for t, adm in admission.parts:
-            want, free = 2 * adm.rows.numel(), self.index.free_slots(t)
-            if free < want:
-                out.append((t, max(want - free, math.ceil(self.tiering.eviction_headroom * self.cache_rows[t]))))
+            n, headroom = adm.rows.numel(), math.ceil(self.tiering.eviction_headroom * self.cache_rows[t])
+            if self.index.free_slots(t) < 2 * n and headroom >= 4 * n:
+                out.append((t, headroom))
         return out
 
     def _evict_now(self, tables: list[tuple[int, int]], tick: int, protect: int, on_worker: bool, queued: bool) -> None:
