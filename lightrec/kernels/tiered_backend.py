@@ -266,8 +266,8 @@ class TieredBatchedLookup:
             self._reservations.popleft()
             self.index.tick += 1
             hold = reserved.hold
-            if not (hold.tick == self.index.tick and self.index.algorithm == "lru"):
-                self.index.touch_reserved(hold.slots, self.index.tick)  # (else it would rewrite the same ticks)
+            if hold.tick != self.index.tick:  # (else the prefetch's touch was this lookup's: the same tick,
+                self.index.touch_reserved(hold.slots, self.index.tick)  # and LFU counts each id's read once)
             if not training:  # not updated: nothing left to keep its rows for
                 self._drop(hold, updated=False)
             elif not reserved.training:  # prefetched for evaluation, looked up for training: updated after all
