@@ -362,8 +362,8 @@ def main() -> None:
     p.add_argument("--big-steps", type=int, default=100)
     p.add_argument("--memory-limit", default="4G")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch intra-op threads for both tables (default: torch's; on a 2-core machine 1 leaves a core "
-                        "to the tiered table's I/O worker, and the in-memory table is no slower with it)")  # fmt: skip
+                   help="torch intra-op threads for both tables (default: torch's, one per core; with fewer threads "
+                        "than cores the tiered table runs its prefetch's bookkeeping on its worker thread)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="also print the results as one JSON line")
     p.add_argument("--_stores-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--_big-child", action="store_true", help=argparse.SUPPRESS)
