@@ -236,6 +236,51 @@ bool lru_lowest_slots(const Slots& c, int64_t lo, int64_t hi, int64_t tick, int6
   return true;
 }
 
+// LFU's eviction in three passes instead of four: its score is (frequency, last use). One pass counts
+// the evictable slots and histograms their frequencies (a slot read 2^16 times or more is rare: then
+// the general path runs), which names the frequency of the k-th lowest; a second histograms the last
+// uses of the slots at that frequency over the 2^16 lookups up to `tick`, as lru_lowest_slots does;
+// the third takes the victims. Returns false -- nothing found, nothing changed -- when either
+// histogram cannot name the k-th lowest score.
+bool lfu_lowest_slots(const Slots& c, int64_t lo, int64_t hi, int64_t tick, int64_t short_by, int64_t headroom_k,
+                      int64_t& available, std::vector<int64_t>& victims) {
+  constexpr int64_t kBuckets = 65536;
+  if (tick >= (int64_t{1} << 32) - 1) return false;  // (the score keeps 32 bits of the last use)
+  std::vector<int32_t> by_freq(kBuckets, 0);
+  int64_t count = 0;
+  for (int64_t s = lo; s < hi; ++s) {
+    if (!c.evictable(s)) continue;
+    ++by_freq[std::min<int64_t>(c.freq[s], kBuckets - 1)];
+    ++count;
+  }
+  available = count;
+  const int64_t k = std::min(count, std::max(short_by, headroom_k));
+  if (k <= 0) return true;
+  int64_t below = 0, rest = k, f = 0;
+  while (by_freq[f] < rest) {
+    rest -= by_freq[f];
+    below += by_freq[f];
+    ++f;
+  }
+  if (f == kBuckets - 1) return false;
+  const int64_t base = tick - (kBuckets - 1);
+  std::vector<int32_t> by_last(kBuckets + 2, 0);  // as in lru_lowest_slots: [0] older, [kBuckets + 1] newer
+  for (int64_t s = lo; s < hi; ++s) {
+    if (!c.evictable(s) || c.freq[s] != f) continue;
+    const int64_t d = c.last[s] - base;
+    ++by_last[d < 0 ? 0 : (d >= kBuckets ? kBuckets + 1 : d + 1)];
+  }
+  int64_t bucket = 0;
+  while (by_last[bucket] < rest) {
+    rest -= by_last[bucket];
+    below += by_last[bucket];
+    ++bucket;
+  }
+  if (bucket == 0 || bucket == kBuckets + 1) return false;
+  victims = slots_up_to(c, lo, hi, k, (f << 32) | (base + bucket - 1), below);
+  return true;
+}
+
 // Evict at least `short_by` (as many as there are) and at least `headroom_k` of table t's
 // evictable slots (those of lowest score): append them to its free ring's tail, in slot order,
 // and unmap their rows; the dirty ones' (row, slot) are appended to wb_rows / wb_slots (to be
@@ -247,7 +292,8 @@ void evict_slots(slot_t* slot_of, int64_t* row_of, const Slots& cache, bool* dir
                  int64_t headroom_k, int64_t tick, std::vector<int64_t>& wb_rows, std::vector<int64_t>& wb_slots) {
   std::vector<int64_t> victims;
   int64_t available = 0;
-  const bool found = !cache.lfu && lru_lowest_slots(cache, lo, lo + size, tick, short_by, headroom_k, available, victims);
+  const bool found = cache.lfu ? lfu_lowest_slots(cache, lo, lo + size, tick, short_by, headroom_k, available, victims)
+                               : lru_lowest_slots(cache, lo, lo + size, tick, short_by, headroom_k, available, victims);
   if (!found) {
     const Evictable e = scan_evictable(cache, lo, lo + size);
     available = e.count;

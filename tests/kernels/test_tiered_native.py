@@ -103,14 +103,19 @@ def test_native_bookkeeping_equals_the_torch_path(algorithm: str, headroom: floa
 
 
 @needs_native
-def test_lru_eviction_beyond_its_tick_window_equals_the_torch_path() -> None:
-    """The native LRU eviction histograms the last 2^16 lookup counts in one pass; slots last used
-    before that window (a table left alone for long) take its general path, with the same victims."""
-    native, reference = _pair("lru", 0.1)
+@pytest.mark.parametrize("algorithm", ["lru", "lfu"])
+def test_eviction_beyond_its_histogram_windows_equals_the_torch_path(algorithm: str) -> None:
+    """The native eviction histograms the last 2^16 lookup counts (and for LFU frequencies below
+    2^16); slots last used before that window (a table left alone for long) or read more often
+    take its general path, with the same victims."""
+    native, reference = _pair(algorithm, 0.1)
     gen = torch.Generator().manual_seed(5)
     evicted = 0
     for step in range(60):
         tick = step + 1 if step < 30 else 200_000 + step  # half the cache then dates from long ago
+        if step == 45:  # a few slots read 2^16 times and more
+            for index in (native, reference):
+                index.freq[::7] += 70_000
         rows = torch.randint(0, 950, (30,), generator=gen)
         results = [index.admit_batch(rows, tick, best_effort=step % 2 == 0, pin=True) for index in (native, reference)]
         _assert_same(*results, native, reference)
