@@ -39,6 +39,7 @@ from lightrec.kernels.input_checks import ID_CHECK_MODES, LookupInputChecker
 from lightrec.kernels.kernel_interface import EmbeddingKernel, KernelConfig, LookupBatch
 from lightrec.kernels.kernel_registry import build_kernel
 from lightrec.kernels.tiered_config import TieringConfig
+from lightrec.kernels.tiered_transfer import TransferFailedError
 from lightrec.kernels.weight_grad import with_weight_grad
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, PoolingType
 from lightrec.modules.kernel_backend import resolve_kernel_backend
@@ -107,7 +108,7 @@ class EmbeddingFusedOptimizer(KeyedOptimizer):
         """Load by parameter name (in place); a tiered kernel writes its cache back first and drops
         it after, so lookups read the loaded rows."""
         if self._kernel is not None:
-            self._kernel.flush()
+            _flush_for_load(self._kernel)
         super().load_state_dict(state_dict)
         if self._kernel is not None:
             self._kernel.invalidate()
@@ -440,7 +441,16 @@ def _flush_before_state_dict(module: nn.Module, prefix: str, keep_vars: bool) ->
 
 
 def _flush_before_load(module: _BatchedLookupBase, *args: Any) -> None:
-    module.flush()
+    _flush_for_load(module.kernel)
+
+
+def _flush_for_load(kernel: EmbeddingKernel) -> None:
+    """Write a cache back before a load. A tiered cache broken by a failed transfer holds nothing worth
+    writing back (``TransferFailedError``): the load replaces its rows and ``invalidate()`` drops it."""
+    try:
+        kernel.flush()
+    except TransferFailedError:
+        pass
 
 
 def _invalidate_after_load(module: nn.Module, incompatible_keys: Any) -> None:

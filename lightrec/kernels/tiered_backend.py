@@ -308,6 +308,7 @@ class TieredBatchedLookup:
         backward queue behind it (:meth:`_release`), so the decisions are the ones made on the
         training thread, in the same order.
         """
+        self.queue.check()
         if not self.tiering.prefetch or indices.numel() == 0:
             return
         batch = (offsets.numel() - 1) // max(len(self.ftm), 1)
@@ -484,8 +485,9 @@ class TieredBatchedLookup:
         self.index.dirty.index_fill_(0, slots[~kept], False)
 
     def invalidate(self) -> None:
-        """Forget every cached row without writing it back: the store was overwritten (a load)."""
-        self.queue.join()
+        """Forget every cached row without writing it back: the store was overwritten (a load).
+        This also ends the refusal after a failed transfer (``TransferFailedError``)."""
+        self.queue.reset()
         self.generation += 1  # first: a finalizer run while the state is cleared must see the new one
         self._reservations.clear()
         self._holds.clear()

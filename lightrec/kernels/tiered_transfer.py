@@ -38,7 +38,13 @@ from lightrec.kernels.tiered_store import _ADVISE_GAP_PAGES, _PAGE, _RESIDENCY_S
 # again (run_if_cached): residency changes slowly, and each look-up costs a few system calls.
 _PROBE_EVERY = 8
 
-__all__ = ["TablePart", "Transfer", "TransferQueue", "unversioned"]
+__all__ = ["TablePart", "Transfer", "TransferFailedError", "TransferQueue", "unversioned"]
+
+
+class TransferFailedError(RuntimeError):
+    """A transfer between a tiered table's cache and its store failed earlier (an I/O error on the
+    worker thread): the cache no longer matches the store, so the table refuses to go on until a
+    load replaces its rows (``load_state_dict``, which calls ``invalidate()``)."""
 
 
 def unversioned(tensor: torch.Tensor) -> torch.Tensor:
@@ -98,6 +104,7 @@ class TransferQueue:
         self._native_parts = [self._native_part(t) for t in range(len(cache_views))]
         # per table, its parts moved before its pages are looked up in the page cache again (run_if_cached)
         self._probe_in = [0] * len(cache_views)
+        self.failure: BaseException | None = None  # the worker's error that broke the cache (join)
 
     def _native_part(self, table: int) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int]] | None:
         if not native_tiered_available(self.device):
@@ -171,8 +178,13 @@ class TransferQueue:
             assert done is None
 
     def join(self) -> None:
-        """Wait for every submitted transfer (CUDA: the training stream then waits for their copies);
-        an error of the worker is raised here."""
+        """Wait for every submitted transfer (CUDA: the training stream then waits for their copies).
+
+        Raises:
+            BaseException: the worker's error, the first time; nothing queued after it runs.
+            TransferFailedError: at every later call, until :meth:`reset` (a load replaced the rows).
+        """
+        self.check()
         # ``_pending`` empties only as its futures finish: a release queued while this thread waits
         # (a finalizer run by garbage collection inside ``result()``) sees ``busy`` and queues behind
         # the worker instead of updating the pins beside it -- and is waited for here too.
@@ -180,13 +192,32 @@ class TransferQueue:
             future = self._pending[0]
             try:
                 done = future.result()
-            except BaseException:
-                self._pending = []
+            except BaseException as err:
+                rest, self._pending = self._pending[1:], []
+                for queued in rest:  # (not started: the single worker was running the failed one)
+                    queued.cancel()
+                concurrent.futures.wait(rest)
+                self.failure = err
                 raise
             if self._pending and self._pending[0] is future:
                 self._pending.pop(0)
             if done is not None:
                 torch.cuda.current_stream(self.device).wait_event(done)
+
+    def check(self) -> None:
+        """Raise :class:`TransferFailedError` if a transfer failed earlier (see :meth:`join`)."""
+        if self.failure is not None:
+            raise TransferFailedError(
+                f"a transfer between this tiered table's cache and its store failed earlier "
+                f"({type(self.failure).__name__}: {self.failure}); the cache no longer matches the store, so the "
+                "table refuses to go on: load a checkpoint into it (load_state_dict) to continue"
+            ) from self.failure
+
+    def reset(self) -> None:
+        """Forget a failure: the store's rows were replaced and the cache dropped (a load)."""
+        if self.failure is None:
+            self.join()
+        self.failure, self._pending = None, []
 
     @property
     def busy(self) -> bool:

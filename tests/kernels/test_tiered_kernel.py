@@ -32,6 +32,7 @@ from lightrec.kernels import (
     tiered_backend,
 )
 from lightrec.kernels.tiered_cache import CacheIndex
+from lightrec.kernels.tiered_transfer import TransferFailedError
 from lightrec.modules import EmbeddingBagConfig, PoolingType
 from lightrec.sparse import KeyedJaggedTensor
 
@@ -216,6 +217,47 @@ def test_graph_dropped_without_backward_releases_its_rows() -> None:
     del out  # e.g. a validation forward with grad enabled
     assert not kernel._holds
     module(torch.arange(6, 12), torch.tensor([0, 6])).sum().backward()  # all 6 slots evictable again
+
+
+def test_a_failed_transfer_is_raised_then_refused_until_a_load(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """An I/O error on the worker reaches the next lookup; after it the table refuses lookups,
+    prefetches and saves (its cache no longer matches its store) until a load replaces its rows,
+    after which it trains as the in-memory table does."""
+    monkeypatch.setattr(tiered_backend, "_usable_cores", lambda: torch.get_num_threads() + 1)  # prefetch on the worker
+    spec = FusedOptimizerSpec(EmbOptimType.ADAGRAD, learning_rate=0.1)
+    tiering = TieringConfig("ssd", cache_rows=16, ssd_storage_directory=str(tmp_path))
+    module = BatchedEmbeddingBag([(200, 4)], optimizer=spec, kernel_backend="torch", tiering=tiering)
+    ref = BatchedEmbeddingBag([(200, 4)], optimizer=spec, kernel_backend="torch")
+    saved = {k: v.clone() for k, v in module.state_dict().items()}
+    ref.load_state_dict(saved)
+    offsets = torch.tensor([0, 8])
+    for step in range(3):
+        module(torch.arange(8 * step, 8 * step + 8), offsets).sum().backward()
+        ref(torch.arange(8 * step, 8 * step + 8), offsets).sum().backward()  # (the same optimizer state)
+    queue = module.kernel.queue
+
+    def fail(transfer: object, same_stream: bool = False) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(queue, "_run", fail)
+    module.prefetch(torch.arange(100, 108), offsets)  # its fetch fails on the worker
+    with pytest.raises(OSError, match="Input/output error"):
+        module(torch.arange(100, 108), offsets)
+    monkeypatch.undo()
+    with pytest.raises(TransferFailedError, match=r"failed earlier \(OSError.*load a checkpoint"):
+        module(torch.arange(100, 108), offsets)
+    with pytest.raises(TransferFailedError):
+        module.prefetch(torch.arange(8), offsets)
+    with pytest.raises(TransferFailedError):
+        module.state_dict()  # no checkpoint of rows the store may not hold
+    module.load_state_dict(saved)
+    ref.load_state_dict(saved)
+    for step in range(4):
+        ids = torch.arange(30 * step, 30 * step + 8)
+        assert torch.equal(module(ids, offsets), ref(ids, offsets))
+        module(ids, offsets).square().sum().backward()
+        ref(ids, offsets).square().sum().backward()
+    assert torch.equal(module.split_embedding_weights()[0], ref.split_embedding_weights()[0])
 
 
 def test_a_prefetch_for_evaluation_leaves_its_rows_clean(tmp_path) -> None:
