@@ -167,6 +167,20 @@ std::vector<int64_t> slots_up_to(const Slots& c, int64_t lo, int64_t hi, int64_t
   return victims;
 }
 
+// The bucket of `hist` holding the rest-th lowest value (1-based; the histogram holds at least that
+// many): `rest` becomes its rank inside that bucket, and `below` grows by the values of the buckets
+// before it.
+template <typename count_t>
+int64_t bucket_of_kth(const std::vector<count_t>& hist, int64_t& rest, int64_t& below) {
+  int64_t bucket = 0;
+  while (hist[bucket] < rest) {
+    rest -= hist[bucket];
+    below += hist[bucket];
+    ++bucket;
+  }
+  return bucket;
+}
+
 // The k (1 <= k <= e.count) evictable slots of [lo, hi) of lowest (score, slot), in slot order.
 // Two more passes over the slots and no sort: a 16-bit histogram of the scores' top digit (for LRU
 // the ticks of a cache usually span fewer than 2^16 lookups, so this already names the k-th lowest
@@ -181,12 +195,7 @@ std::vector<int64_t> lowest_slots(const Slots& c, int64_t lo, int64_t hi, int64_
   for (int64_t s = lo; s < hi; ++s)
     if (c.evictable(s)) ++hist[static_cast<uint64_t>(c.score_of(s) - mn) >> shift];
   int64_t below = 0, rest = k;
-  int64_t bucket = 0;
-  while (hist[bucket] < rest) {
-    rest -= hist[bucket];
-    below += hist[bucket];
-    ++bucket;
-  }
+  const int64_t bucket = bucket_of_kth(hist, rest, below);
   int64_t threshold;
   if (shift == 0) {
     threshold = mn + bucket;
@@ -203,6 +212,32 @@ std::vector<int64_t> lowest_slots(const Slots& c, int64_t lo, int64_t hi, int64_
   return slots_up_to(c, lo, hi, k, threshold, below);
 }
 
+// The window of 2^16 lookups up to `tick` the LRU and LFU histograms of last uses cover.
+constexpr int64_t kWindow = 65536;
+
+// The histogram bucket of a last use `last` in the window starting at `base`: 0 older, 1 + (last -
+// base) inside, kWindow + 1 newer.
+inline int64_t window_bucket(int64_t last, int64_t base) {
+  const int64_t d = last - base;
+  return d < 0 ? 0 : (d >= kWindow ? kWindow + 1 : d + 1);
+}
+
+// One pass over the evictable slots of [lo, hi): histogram them by `bucket_of(slot)` into `hist` and
+// count them into `available`. Returns how many to evict: at least short_by and headroom_k, as many
+// as there are.
+template <typename BucketOf>
+int64_t histogram_evictable(const Slots& c, int64_t lo, int64_t hi, BucketOf bucket_of, std::vector<int32_t>& hist,
+                            int64_t short_by, int64_t headroom_k, int64_t& available) {
+  int64_t count = 0;
+  for (int64_t s = lo; s < hi; ++s) {
+    if (!c.evictable(s)) continue;
+    ++hist[bucket_of(s)];
+    ++count;
+  }
+  available = count;
+  return std::min(count, std::max(short_by, headroom_k));
+}
+
 // LRU's eviction in two passes instead of three: the scores are lookup ticks, and the evictable
 // slots of a cache under pressure were used within the last 2^16 lookups of `tick` (a slot unused
 // for longer would have been evicted long before), so one pass can count them and histogram their
@@ -211,26 +246,13 @@ std::vector<int64_t> lowest_slots(const Slots& c, int64_t lo, int64_t hi, int64_
 // `available` is the count of evictable slots.
 bool lru_lowest_slots(const Slots& c, int64_t lo, int64_t hi, int64_t tick, int64_t short_by, int64_t headroom_k,
                       int64_t& available, std::vector<int64_t>& victims) {
-  constexpr int64_t kWindow = 65536;
   const int64_t base = tick - (kWindow - 1);
-  // hist[0]: older than the window; hist[1 + d]: tick base + d; hist[kWindow + 1]: newer than `tick`
-  std::vector<int32_t> hist(kWindow + 2, 0);
-  int64_t count = 0;
-  for (int64_t s = lo; s < hi; ++s) {
-    if (!c.evictable(s)) continue;
-    const int64_t d = c.last[s] - base;
-    ++hist[d < 0 ? 0 : (d >= kWindow ? kWindow + 1 : d + 1)];
-    ++count;
-  }
-  available = count;
-  const int64_t k = std::min(count, std::max(short_by, headroom_k));
+  std::vector<int32_t> hist(kWindow + 2, 0);  // window_bucket(last use)
+  const int64_t k = histogram_evictable(
+      c, lo, hi, [&](int64_t s) { return window_bucket(c.last[s], base); }, hist, short_by, headroom_k, available);
   if (k <= 0) return true;
-  int64_t below = 0, rest = k, bucket = 0;
-  while (hist[bucket] < rest) {
-    rest -= hist[bucket];
-    below += hist[bucket];
-    ++bucket;
-  }
+  int64_t below = 0, rest = k;
+  const int64_t bucket = bucket_of_kth(hist, rest, below);
   if (bucket == 0 || bucket == kWindow + 1) return false;  // the k-th lowest is outside the window
   victims = slots_up_to(c, lo, hi, k, base + bucket - 1, below);
   return true;
@@ -244,39 +266,21 @@ bool lru_lowest_slots(const Slots& c, int64_t lo, int64_t hi, int64_t tick, int6
 // histogram cannot name the k-th lowest score.
 bool lfu_lowest_slots(const Slots& c, int64_t lo, int64_t hi, int64_t tick, int64_t short_by, int64_t headroom_k,
                       int64_t& available, std::vector<int64_t>& victims) {
-  constexpr int64_t kBuckets = 65536;
   if (tick >= (int64_t{1} << 32) - 1) return false;  // (the score keeps 32 bits of the last use)
-  std::vector<int32_t> by_freq(kBuckets, 0);
-  int64_t count = 0;
-  for (int64_t s = lo; s < hi; ++s) {
-    if (!c.evictable(s)) continue;
-    ++by_freq[std::min<int64_t>(c.freq[s], kBuckets - 1)];
-    ++count;
-  }
-  available = count;
-  const int64_t k = std::min(count, std::max(short_by, headroom_k));
+  std::vector<int32_t> by_freq(kWindow, 0);  // frequencies of 2^16 - 1 and more share the last bucket
+  const int64_t k = histogram_evictable(
+      c, lo, hi, [&](int64_t s) { return std::min<int64_t>(c.freq[s], kWindow - 1); }, by_freq, short_by, headroom_k,
+      available);
   if (k <= 0) return true;
-  int64_t below = 0, rest = k, f = 0;
-  while (by_freq[f] < rest) {
-    rest -= by_freq[f];
-    below += by_freq[f];
-    ++f;
-  }
-  if (f == kBuckets - 1) return false;
-  const int64_t base = tick - (kBuckets - 1);
-  std::vector<int32_t> by_last(kBuckets + 2, 0);  // as in lru_lowest_slots: [0] older, [kBuckets + 1] newer
-  for (int64_t s = lo; s < hi; ++s) {
-    if (!c.evictable(s) || c.freq[s] != f) continue;
-    const int64_t d = c.last[s] - base;
-    ++by_last[d < 0 ? 0 : (d >= kBuckets ? kBuckets + 1 : d + 1)];
-  }
-  int64_t bucket = 0;
-  while (by_last[bucket] < rest) {
-    rest -= by_last[bucket];
-    below += by_last[bucket];
-    ++bucket;
-  }
-  if (bucket == 0 || bucket == kBuckets + 1) return false;
+  int64_t below = 0, rest = k;
+  const int64_t f = bucket_of_kth(by_freq, rest, below);
+  if (f == kWindow - 1) return false;
+  const int64_t base = tick - (kWindow - 1);
+  std::vector<int32_t> by_last(kWindow + 2, 0);  // window_bucket(last use), of the slots read f times
+  for (int64_t s = lo; s < hi; ++s)
+    if (c.evictable(s) && c.freq[s] == f) ++by_last[window_bucket(c.last[s], base)];
+  const int64_t bucket = bucket_of_kth(by_last, rest, below);
+  if (bucket == 0 || bucket == kWindow + 1) return false;
   victims = slots_up_to(c, lo, hi, k, (f << 32) | (base + bucket - 1), below);
   return true;
 }

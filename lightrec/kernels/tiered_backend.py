@@ -9,7 +9,7 @@ as if it were the table::
                    lowest-scored slots no batch in flight uses, writing dirty ones back); the cache
                    kernel looks up the slots, and its backward -- the fused update -- updates the
                    cached rows (marked dirty when admitted). The slots stay put until that
-                   backward has run (see ``_protect_from``).
+                   backward has run (``tiered_inflight.py``).
     prefetch(ids)  the same for a later batch while the current batch trains
                    (``SparseDistPipeline.prefetch``, ``SparseDistPrefetch``): on CPU one native call
                    for the bookkeeping and one per table for the copies -- on the worker thread when
@@ -42,16 +42,13 @@ import torch
 from lightrec.kernels.kernel_interface import EmbeddingKernel, KernelConfig, LookupBatch, RowState
 from lightrec.kernels.tiered_cache import BatchAdmission, CacheFullError, CacheIndex
 from lightrec.kernels.tiered_config import TieringConfig
+from lightrec.kernels.tiered_inflight import BatchesInFlight, Hold
 from lightrec.kernels.tiered_store import HostMemoryStore, RowStore, SsdRowStore
 from lightrec.kernels.tiered_transfer import TablePart, Transfer, TransferQueue, unversioned
 
 __all__ = ["TieredBatchedLookup", "TieredCacheStats"]
 
 _MAX_RESERVATIONS = 4  # prefetched batches held ahead of their lookups
-# A batch in flight for more lookups than this (a graph kept without its backward) pins its slots
-# instead of holding back every slot used since (_protect_from): the pipeline keeps a lookup and
-# up to _MAX_RESERVATIONS prefetched batches in flight, all within this many lookups.
-_HOLD_LOOKUPS = _MAX_RESERVATIONS + 4
 
 
 @functools.cache
@@ -149,9 +146,8 @@ class TieredBatchedLookup:
         self._row_shift = self._per_feature([self.index.row_offset[t] for t in self.ftm])
         self._slot_shift = self._per_feature([self.index.cache_offset[t] for t in self.ftm])
         self._reservations: collections.deque[_Reservation] = collections.deque()
-        self._holds: list[_Hold] = []  # the batches in flight, oldest first (see _protect_from)
+        self.in_flight = BatchesInFlight(self.index)  # which slots stay put (tiered_inflight.py)
         self._evictions_queued = 0  # evictions ahead of need submitted to the worker and not yet run
-        self._late_drops: list[tuple[_Hold, bool]] = []  # holds ended on the worker, dropped by _protect_from
         self._worker_bookkeeping = False  # the queued prefetches' bookkeeping runs on the worker (CPU, native)
         self.generation = 0  # bumped by invalidate(): a backward of an older lookup updates nothing
         self._stats = TieredCacheStats(cache_rows=sum(self.cache_rows))
@@ -225,14 +221,14 @@ class TieredBatchedLookup:
                 (checked for every table before any bookkeeping changes).
         """
         while True:
-            protect = self._protect_from(tick)
+            protect = self.in_flight.protect_from(tick)
             try:
                 admission = self.index.admit_batch(
                     global_rows, tick, best_effort=best_effort, pin=pin, protect_from=protect
                 )
                 break
             except CacheFullError:  # (refused: nothing changed) the oldest batch in flight's slots may be
-                if not self._pin_oldest():  # holding back slots no batch in flight uses: pin them instead
+                if not self.in_flight.pin_oldest():  # holding back slots no batch in flight uses: pin them instead
                     raise
         transfer = Transfer()
         stats = self._stats
@@ -269,7 +265,7 @@ class TieredBatchedLookup:
             if hold.tick != self.index.tick:  # (else the prefetch's touch was this lookup's: the same tick,
                 self.index.touch_reserved(hold.slots, self.index.tick)  # and LFU counts each id's read once)
             if not training:  # not updated: nothing left to keep its rows for
-                self._drop(hold, updated=False)
+                self.in_flight.drop(hold, updated=False)
             elif not reserved.training:  # prefetched for evaluation, looked up for training: updated after all
                 self.index.mark_dirty(hold.slots)
         else:
@@ -279,11 +275,10 @@ class TieredBatchedLookup:
             if not prefetched:
                 stats.requested_ids += global_rows.numel()
                 stats.missed_ids += admission.missed_ids
-            hold = _Hold(self.index.tick, admission.slots)
-            if training:
-                self._holds.append(hold)
+            # (an evaluation lookup is over when it returns: nothing to hold)
+            hold = self.in_flight.add(self.index.tick, admission.slots) if training else Hold(self.index.tick, admission.slots)
             if self._reservations:  # this batch's prefetch is superseded by the lookup's own admission
-                self._drop(self._reservations.popleft().hold, updated=False)
+                self.in_flight.drop(self._reservations.popleft().hold, updated=False)
         slots = hold.slots
         local = slots if self._slot_shift is None else slots - self._shift(self._slot_shift, offsets, batch.batch_size, slots.numel())
         request = LookupBatch(local, offsets, batch.per_sample_weights, batch.batch_size, True, batch.singletons)
@@ -293,7 +288,7 @@ class TieredBatchedLookup:
         try:
             out: torch.Tensor = _TieredLookup.apply(self, request, hold, lr, placeholder)
         except BaseException:
-            self._drop(hold, updated=False)  # no graph will end the hold
+            self.in_flight.drop(hold, updated=False)  # no graph will end the hold
             raise
         return out
 
@@ -345,22 +340,21 @@ class TieredBatchedLookup:
         self._stats.missed_ids += admission.missed_ids
         slots = admission.slots  # ids left out (-1): not cached, not held
         complete = not admission.missed_ids or bool((slots >= 0).all())
-        hold = _Hold(tick, slots)
-        self._holds.append(hold)
+        hold = self.in_flight.add(tick, slots)
         self._reservations.append(_Reservation(global_rows, hold, complete, training))
         while len(self._reservations) > _MAX_RESERVATIONS:
-            self._drop(self._reservations.popleft().hold, updated=False)
+            self.in_flight.drop(self._reservations.popleft().hold, updated=False)
         ahead = self._evictions_ahead(admission)
         if on_worker:
             self.queue.run_here(transfer)
             if ahead:
-                self._evict_now(ahead, tick, self._protect_from(tick), on_worker=True, queued=False)
+                self._evict_now(ahead, tick, self.in_flight.protect_from(tick), on_worker=True, queued=False)
             return
         if not self.queue.busy:  # (behind queued transfers, a part must queue too: they may share slots)
             transfer.parts = [p for p in transfer.parts if not self.queue.run_if_cached(p)]
         self.queue.submit(transfer)
         if ahead:
-            protect = self._protect_from(tick)
+            protect = self.in_flight.protect_from(tick)
             if self.index.native:  # the scan and the write-backs on the worker, while this batch trains
                 self._evictions_queued += 1
                 self.queue.submit_call(functools.partial(self._evict_now, ahead, tick, protect, True, True))
@@ -410,58 +404,18 @@ class TieredBatchedLookup:
         else:
             self.queue.submit(transfer)
 
-    def _release(self, hold: _Hold, updated: bool) -> None:
+    def _release(self, hold: Hold, updated: bool) -> None:
         """A lookup's backward ran (``updated``) or its graph was freed: its rows need not stay in
         the cache any longer. Behind the queued bookkeeping, if the worker runs some: all of it
         (the worker reads the holds), or an eviction (it reads the pins a pinned hold drops)."""
         if self.queue.on_worker():
             if not self._worker_bookkeeping:  # (a finalizer run by the worker's garbage collection)
-                self._late_drops.append((hold, updated))  # the training thread owns the holds: it drops it
+                self.in_flight.drop_later(hold, updated)  # the training thread owns the holds: it drops it
                 return
         elif self.queue.busy and (self._worker_bookkeeping or (hold.pinned and self._evictions_queued)):
-            self.queue.submit_call(functools.partial(self._drop, hold, updated))
+            self.queue.submit_call(functools.partial(self.in_flight.drop, hold, updated))
             return
-        self._drop(hold, updated)
-
-    # ---- which slots stay put --------------------------------------------------------------------
-    def _protect_from(self, tick: int) -> int:
-        """The lookup count from which the slots stay put for an admission at ``tick``: the oldest
-        batch in flight's (``CacheIndex`` module docstring). A hold older than ``_HOLD_LOOKUPS``
-        lookups (a graph kept without its backward, a long gradient accumulation) pins its slots
-        instead, so the cache does not freeze behind it; so does the oldest one when an admission
-        finds no room (:meth:`_pin_oldest`)."""
-        while self._late_drops:
-            self._drop(*self._late_drops.pop())
-        oldest = tick
-        for hold in list(self._holds):  # (a copy: a finalizer may drop a hold meanwhile)
-            if hold.pinned:
-                continue
-            if hold.tick < tick - _HOLD_LOOKUPS:
-                self._pin(hold)
-            else:
-                oldest = min(oldest, hold.tick)
-        return oldest
-
-    def _pin_oldest(self) -> bool:
-        """Pin the slots of the oldest batch in flight not pinned yet; False: there is none."""
-        hold = next((h for h in self._holds if not h.pinned), None)
-        if hold is None:
-            return False
-        self._pin(hold)
-        return True
-
-    def _pin(self, hold: _Hold) -> None:
-        hold.pinned = True
-        self.index.pin(hold.slots[hold.slots >= 0])
-
-    def _drop(self, hold: _Hold, updated: bool) -> None:
-        """Forget ``hold`` (its slots were dirty since their admission; a pinned one is unpinned)."""
-        try:
-            self._holds.remove(hold)
-        except ValueError:  # dropped already (an invalidate() in between)
-            return
-        if hold.pinned:
-            self.index.release(hold.slots, updated)
+        self.in_flight.drop(hold, updated)
 
     # ---- keeping the store current -------------------------------------------------------------------
     def flush(self) -> None:
@@ -481,7 +435,7 @@ class TieredBatchedLookup:
 
     def _mark_clean(self, slots: torch.Tensor) -> None:
         """``slots`` (global) now equal the store, except those a batch in flight will still update."""
-        kept = self.index.kept(self._protect_from(self.index.tick + 1)).index_select(0, slots)
+        kept = self.index.kept(self.in_flight.protect_from(self.index.tick + 1)).index_select(0, slots)
         self.index.dirty.index_fill_(0, slots[~kept], False)
 
     def invalidate(self) -> None:
@@ -490,7 +444,7 @@ class TieredBatchedLookup:
         self.queue.reset()
         self.generation += 1  # first: a finalizer run while the state is cleared must see the new one
         self._reservations.clear()
-        self._holds.clear()
+        self.in_flight.clear()
         self.index.clear()
 
     # ---- row access ------------------------------------------------------------------------------------
@@ -548,24 +502,13 @@ class TieredBatchedLookup:
         self.queue.close()
 
 
-@dataclass(eq=False)
-class _Hold:
-    """A batch in flight (prefetched and not looked up yet, or looked up with its backward to run):
-    the lookup count it used its slots at, its ``[N]`` slots (-1: left out, no room), and whether
-    they were pinned instead (held for longer than ``_HOLD_LOOKUPS`` lookups)."""
-
-    tick: int
-    slots: torch.Tensor
-    pinned: bool = False
-
-
 @dataclass
 class _Reservation:
     """A prefetched batch awaiting its lookup: its ``[N]`` global rows, its hold, whether every id
     got a slot, and whether it was prefetched for training."""
 
     rows: torch.Tensor
-    hold: _Hold
+    hold: Hold
     complete: bool
     training: bool  # prefetched with grad enabled: its slots were marked dirty
 
@@ -579,7 +522,7 @@ class _TieredLookup(torch.autograd.Function):
         ctx: Any,
         kernel: TieredBatchedLookup,
         request: LookupBatch,
-        hold: _Hold,
+        hold: Hold,
         lr: Callable[[], float],
         placeholder: torch.Tensor,
     ) -> torch.Tensor:
@@ -604,7 +547,7 @@ class _TieredLookup(torch.autograd.Function):
 class _Release:
     """Ends a lookup's hold once: after its backward, or when its graph is freed without one."""
 
-    def __init__(self, kernel: TieredBatchedLookup, hold: _Hold) -> None:
+    def __init__(self, kernel: TieredBatchedLookup, hold: Hold) -> None:
         self.kernel: TieredBatchedLookup | None = kernel
         self.hold, self.generation = hold, kernel.generation
         self._finalizer = weakref.finalize(self, _release_unused, weakref.ref(kernel), hold, kernel.generation)
@@ -616,7 +559,7 @@ class _Release:
             kernel._release(self.hold, updated)
 
 
-def _release_unused(kernel_ref: weakref.ref[TieredBatchedLookup], hold: _Hold, generation: int) -> None:
+def _release_unused(kernel_ref: weakref.ref[TieredBatchedLookup], hold: Hold, generation: int) -> None:
     kernel = kernel_ref()
     if kernel is not None and kernel.generation == generation:
         kernel._release(hold, updated=False)

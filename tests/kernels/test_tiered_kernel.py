@@ -30,6 +30,7 @@ from lightrec.kernels import (
     TieredStorageError,
     TieringConfig,
     tiered_backend,
+    tiered_inflight,
 )
 from lightrec.kernels.tiered_cache import CacheIndex
 from lightrec.kernels.tiered_transfer import TransferFailedError
@@ -211,11 +212,11 @@ def test_graph_dropped_without_backward_releases_its_rows() -> None:
     module = BatchedEmbeddingBag([(50, 4)], optimizer=spec, kernel_backend="torch", tiering=TieringConfig("host", cache_rows=6))
     out = module(torch.arange(6), torch.tensor([0, 6]))
     kernel = module.kernel
-    assert [h.tick for h in kernel._holds] == [1]  # its 6 slots are kept for its backward
+    assert [h.tick for h in kernel.in_flight.holds] == [1]  # its 6 slots are kept for its backward
     with pytest.raises(CacheFullError, match="0 evictable"):
         module(torch.arange(6, 8), torch.tensor([0, 2]))
     del out  # e.g. a validation forward with grad enabled
-    assert not kernel._holds
+    assert not kernel.in_flight.holds
     module(torch.arange(6, 12), torch.tensor([0, 6])).sum().backward()  # all 6 slots evictable again
 
 
@@ -294,15 +295,15 @@ def test_a_graph_kept_for_many_lookups_pins_its_rows_and_frees_the_rest(tmp_path
     ref.load_state_dict(module.state_dict())
     kept_ids, offsets = torch.tensor([0, 1, 2, 3]), torch.tensor([0, 4])
     kept, ref_kept = module(kept_ids, offsets), ref(kept_ids, offsets)
-    for step in range(tiered_backend._HOLD_LOOKUPS + 8):  # 8 new rows per step through the 8 other slots
+    for step in range(tiered_inflight.HOLD_LOOKUPS + 8):  # 8 new rows per step through the 8 other slots
         ids = torch.arange(10 + 8 * step, 18 + 8 * step) % 190 + 10
         module(ids, torch.tensor([0, 8])).square().sum().backward()
         ref(ids, torch.tensor([0, 8])).square().sum().backward()
-    hold = module.kernel._holds[0]
+    hold = module.kernel.in_flight.holds[0]
     assert hold.pinned and int(module.kernel.index.pins.sum()) == 4
     kept.sum().backward()
     ref_kept.sum().backward()
-    assert not module.kernel._holds and int(module.kernel.index.pins.sum()) == 0
+    assert not module.kernel.in_flight.holds and int(module.kernel.index.pins.sum()) == 0
     assert torch.equal(module.split_embedding_weights()[0], ref.split_embedding_weights()[0])
 
 
