@@ -435,7 +435,7 @@ class TieredBatchedLookup:
 
     def _mark_clean(self, slots: torch.Tensor) -> None:
         """``slots`` (global) now equal the store, except those a batch in flight will still update."""
-        kept = self.index.kept(self.in_flight.protect_from(self.index.tick + 1)).index_select(0, slots)
+        kept = self.index.kept(self.in_flight.protect_from(self.index.tick + 1), slots)  # (only theirs: O(slots))
         self.index.dirty.index_fill_(0, slots[~kept], False)
 
     def invalidate(self) -> None:

@@ -280,9 +280,12 @@ class CacheIndex:
         bounds = torch.tensor(self.row_offset[1:], dtype=torch.int64, device=global_rows.device)
         return torch.bucketize(global_rows, bounds, right=True)
 
-    def kept(self, protect: int) -> torch.Tensor:
-        """``[sum C]`` bool: slots that must stay put -- pinned, or used at ``protect`` or later."""
-        return (self.pins > 0) | (self.last_used >= protect)
+    def kept(self, protect: int, slots: torch.Tensor | None = None) -> torch.Tensor:
+        """Bool per slot (every one, ``[sum C]``, or ``slots``'): must it stay put -- pinned, or used
+        at ``protect`` or later?"""
+        if slots is None:
+            return (self.pins > 0) | (self.last_used >= protect)
+        return (self.pins.index_select(0, slots) > 0) | (self.last_used.index_select(0, slots) >= protect)
 
     def room(self, table: int, protect: int) -> tuple[int, int, int]:
         """``(free, evictable, kept)`` slots of ``table``'s cache (:meth:`kept`)."""

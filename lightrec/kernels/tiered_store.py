@@ -43,13 +43,13 @@ from lightrec.kernels.tiered_cache import native_tiered_available
 
 __all__ = ["HostMemoryStore", "RowStore", "SsdRowStore", "TieredStorageError", "scratch_like", "sequential_access"]
 
-_PAGE = mmap.PAGESIZE
+PAGE_BYTES = mmap.PAGESIZE
 # Pages with this few pages between them are announced as one range: a few unneeded pages read ahead cost the SSD
 # less than a system call (and a trip through the GIL) per page costs the training thread.
-_ADVISE_GAP_PAGES = 4
+ADVISE_GAP_PAGES = 4
 # Pages of a batch looked up (mincore) before announcing them: when nearly all are cached (a table
 # that fits in the page cache) the announcements are skipped.
-_RESIDENCY_SAMPLE = 32
+RESIDENCY_SAMPLE = 32
 # Stores by the data pointer of each of their tensors (checkpoint code finds a tensor's store).
 _STORES: dict[int, weakref.ref[RowStore]] = {}
 
@@ -171,6 +171,8 @@ class SsdRowStore(RowStore):
     def __init__(self, *args: Any, directory: str, **kwargs: Any) -> None:
         self.directory = directory
         self._fd_by_ptr: dict[int, int] = {}
+        # per table, advise()'s native call's files (fds, addresses, row strides); None: no native ops
+        self._native_advise: dict[int, tuple[list[int], list[int], list[int]] | None] = {}
         super().__init__(*args, **kwargs)
 
     def _prepare(self, needed: int) -> None:
@@ -207,23 +209,29 @@ class SsdRowStore(RowStore):
         reads them in parallel, so the gather that follows finds them in the page cache."""
         if rows.numel() == 0:
             return
-        files = [(fd, t) for t in self.tensors(table).values() if (fd := self._fd_of(t)) is not None]
-        if native_tiered_available(torch.device("cpu")):
+        if table not in self._native_advise:  # decided once per table: its files and mappings do not change
+            files = [(fd, t) for t in self.tensors(table).values() if (fd := self._fd_of(t)) is not None]
+            self._native_advise[table] = (
+                ([fd for fd, _ in files], [t.data_ptr() for _, t in files], [_row_stride(t) for _, t in files])
+                if native_tiered_available(torch.device("cpu"))
+                else None
+            )
+        plan = self._native_advise[table]
+        if plan is not None:
             # one call without the GIL, which also skips a file whose pages are mostly cached already
             # (a sample looked up with mincore): announcing cached pages costs a system call per range
             torch.ops.lightrec_tiered.tiered_advise(
-                [fd for fd, _ in files], [t.data_ptr() for _, t in files], [_row_stride(t) for _, t in files],
-                rows.long().contiguous(), _PAGE, _ADVISE_GAP_PAGES, _RESIDENCY_SAMPLE,
-            )  # fmt: skip
+                *plan, rows.long().contiguous(), PAGE_BYTES, ADVISE_GAP_PAGES, RESIDENCY_SAMPLE
+            )
             return
         row_ids = rows.numpy()
         for tensor in self.tensors(table).values():
             fd = self._fd_of(tensor)
             if fd is None:
                 continue
-            first, count = page_ranges(row_ids * _row_stride(tensor) // _PAGE, _ADVISE_GAP_PAGES)
+            first, count = page_ranges(row_ids * _row_stride(tensor) // PAGE_BYTES, ADVISE_GAP_PAGES)
             for page, n in zip(first.tolist(), count.tolist()):
-                os.posix_fadvise(fd, page * _PAGE, n * _PAGE, os.POSIX_FADV_WILLNEED)
+                os.posix_fadvise(fd, page * PAGE_BYTES, n * PAGE_BYTES, os.POSIX_FADV_WILLNEED)
 
     def files(self, table: int) -> list[int]:
         """The file descriptor behind each of ``tensors(table)``, in its order (-1: none, an empty tensor)."""

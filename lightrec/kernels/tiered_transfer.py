@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from lightrec.kernels.tiered_cache import native_tiered_available
-from lightrec.kernels.tiered_store import _ADVISE_GAP_PAGES, _PAGE, _RESIDENCY_SAMPLE, RowStore
+from lightrec.kernels.tiered_store import ADVISE_GAP_PAGES, PAGE_BYTES, RESIDENCY_SAMPLE, RowStore
 
 # While an SSD store's pages are found in the page cache, one table part in this many looks them up
 # again (run_if_cached): residency changes slowly, and each look-up costs a few system calls.
@@ -156,10 +156,10 @@ class TransferQueue:
         if native is None:
             return False
         t = part.table
-        sample = _RESIDENCY_SAMPLE if self._probe_in[t] <= 0 else 0
+        sample = RESIDENCY_SAMPLE if self._probe_in[t] <= 0 else 0
         done: bool = torch.ops.lightrec_tiered.tiered_transfer(
-            *native, part.writeback_slots, part.writeback_rows, part.fetch_rows, part.fetch_slots, _PAGE,
-            _ADVISE_GAP_PAGES, sample, True,
+            *native, part.writeback_slots, part.writeback_rows, part.fetch_rows, part.fetch_slots, PAGE_BYTES,
+            ADVISE_GAP_PAGES, sample, True,
         )  # fmt: skip
         self._probe_in[t] = 0 if not done else (_PROBE_EVERY if sample else self._probe_in[t] - 1)
         part.announced = not done
@@ -243,8 +243,8 @@ class TransferQueue:
                 native = self._native_parts[part.table]
                 if native is not None:  # one call: write-backs, then fetches (pages announced above)
                     torch.ops.lightrec_tiered.tiered_transfer(
-                        *native, part.writeback_slots, part.writeback_rows, part.fetch_rows, part.fetch_slots, _PAGE,
-                        _ADVISE_GAP_PAGES, 0, False,
+                        *native, part.writeback_slots, part.writeback_rows, part.fetch_rows, part.fetch_slots, PAGE_BYTES,
+                        ADVISE_GAP_PAGES, 0, False,
                     )  # fmt: skip
                     continue
                 views, rows = self.cache_views[part.table], store.tensors(part.table)
