@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lightrec.distributed.planner import ParameterConstraints
-from lightrec.kernels.tiered_config import DEFAULT_CACHE_LOAD_FACTOR, TieringConfig, coerce_algorithm
+from lightrec.kernels.tiered.config import DEFAULT_CACHE_LOAD_FACTOR, TieringConfig, coerce_algorithm
 
 __all__ = ["TABLE_TIERS", "TableTiering"]
 

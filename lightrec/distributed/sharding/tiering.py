@@ -26,7 +26,7 @@ from typing import Any
 
 from lightrec.distributed.planner.plan import EmbeddingComputeKernel, ParameterSharding
 from lightrec.distributed.sharding_env import ShardingEnv
-from lightrec.kernels.tiered_config import DEFAULT_CACHE_LOAD_FACTOR, DEFAULT_MIN_CACHE_ROWS, TieringConfig
+from lightrec.kernels.tiered.config import DEFAULT_CACHE_LOAD_FACTOR, DEFAULT_MIN_CACHE_ROWS, TieringConfig
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig
 
 __all__ = ["TIERING_FUSED_PARAMS", "tiering_for", "tiering_params"]
