@@ -7,7 +7,7 @@ contenders interleaved round-robin so that load from other jobs hits all alike:
 
 * ``today``: the torch kernel as it was before the native update -- the stock-op update
   (``sparse_update.apply_sparse_update``) on tables in ordinary 4 KiB pages;
-* ``stock_hugepages``: the stock-op update on today's huge-page tables (``LIGHTREC_CPU_UPDATE=torch``);
+* ``stock_hugepages``: the stock-op update on today's huge-page tables (``LIGHTREC_CPU_UPDATE_NATIVE=0``);
 * ``native``: the native pass (``kernels/cpu_update.py``) on huge-page tables -- what runs now;
 * ``fbgemm``: fbgemm's TBE with its fused CPU backward, where it serves the optimizer.
 
@@ -48,13 +48,13 @@ OPTIMIZERS = {
 def _torch_kernel(
     args: argparse.Namespace, spec: FusedOptimizerSpec, native: bool, huge: bool
 ) -> BatchedEmbeddingBag:
-    os.environ["LIGHTREC_CPU_UPDATE"] = "native" if native else "torch"
+    os.environ["LIGHTREC_CPU_UPDATE_NATIVE"] = "1" if native else "0"
     try:
         module = BatchedEmbeddingBag(
             [(args.rows, args.dim)] * args.tables, optimizer=spec, kernel_backend="torch"
         )
     finally:
-        os.environ.pop("LIGHTREC_CPU_UPDATE")
+        os.environ.pop("LIGHTREC_CPU_UPDATE_NATIVE")
     if not huge:  # today's storage: ordinary pages (a plain copy is not madvised)
         kernel = module._backend
         for g in kernel.groups:  # type: ignore[attr-defined]

@@ -103,11 +103,11 @@ def contenders(tables: list[EmbeddingBagConfig], lr: float) -> dict[str, Callabl
             if backend == "fbgemm" and not fbgemm_available():
                 return f"fbgemm unavailable: {fbgemm_unavailable_reason()}"
             if stock_update:  # the torch kernel's update as stock torch ops (its fallback)
-                os.environ["LIGHTREC_CPU_UPDATE"] = "torch"
+                os.environ["LIGHTREC_CPU_UPDATE_NATIVE"] = "0"
             try:
                 ebc = FusedEmbeddingBagCollection(tables, torch.optim.SGD, {"lr": lr}, kernel_backend=backend)
             finally:
-                os.environ.pop("LIGHTREC_CPU_UPDATE", None)
+                os.environ.pop("LIGHTREC_CPU_UPDATE_NATIVE", None)
 
             def step(kjt: KeyedJaggedTensor) -> None:
                 ebc(kjt).values().sum().backward()  # rows updated inside backward; no optimizer.step()

@@ -58,8 +58,8 @@ import numpy as np
 import torch
 
 from lightrec.kernels import BatchedEmbeddingBag, EmbOptimType, FusedOptimizerSpec, TieringConfig
-from lightrec.kernels.tiered_backend import TieredBatchedLookup
-from lightrec.kernels.tiered_store import SsdRowStore
+from lightrec.kernels.tiered.backend import TieredBatchedLookup
+from lightrec.kernels.tiered.store import SsdRowStore
 from lightrec.modules import PoolingType
 
 _SPEC = FusedOptimizerSpec(EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=0.05, eps=1e-8)

@@ -6,7 +6,7 @@ that wants an fbgemm op asks here instead of importing ``fbgemm_gpu`` itself.
 
 The decision, made once per process:
 
-1. ``LIGHTREC_DISABLE_FBGEMM=1``: unavailable, silently (asked for). The CI job that proves the
+1. ``LIGHTREC_FBGEMM=0`` (``lightrec._switches``, docs/switches.md): unavailable, silently (asked for). The CI job that proves the
    pure-torch backend uses a stronger block: ``fbgemm_gpu`` cannot be imported at all.
 2. An installed fbgemm release built for another torch (``FBGEMM_TORCH``, fbgemm's own
    compatibility table): unavailable, **without importing it** -- its libraries are linked against
@@ -23,10 +23,11 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import logging
-import os
 import warnings
 
 import torch
+
+from lightrec import _switches
 
 __all__ = [
     "FBGEMM_TORCH",
@@ -127,8 +128,8 @@ def _import_fbgemm_keeping_logging() -> None:
 def fbgemm_available() -> bool:
     """True when ``fbgemm_gpu`` imports and registers its ops on this torch (see the module docstring)."""
     global _reason
-    if os.environ.get("LIGHTREC_DISABLE_FBGEMM", "") not in ("", "0"):
-        _reason = "disabled by LIGHTREC_DISABLE_FBGEMM"
+    if not _switches.FBGEMM.read():
+        _reason = f"disabled by {_switches.FBGEMM.name}=0"
         return False
     mismatch = _mismatch(_installed_fbgemm())
     if mismatch is not None:
@@ -148,7 +149,7 @@ def fbgemm_available() -> bool:
             return True
     warnings.warn(
         f"lightrec uses its pure-torch kernels (same results, slower): {_reason}; {_fix()}. "
-        "Set LIGHTREC_DISABLE_FBGEMM=1 to run the pure-torch kernels without this warning.",
+        f"Set {_switches.FBGEMM.name}=0 to run the pure-torch kernels without this warning.",
         FbgemmUnavailableWarning,
         stacklevel=2,
     )

@@ -16,9 +16,10 @@ from pages released and touched again. Fixed thresholds keep that memory in the 
 in this process (``mallopt``) and in its environment, which the ranks a launcher starts (Lightning's
 subprocess launcher, ``spawn``, DataLoader workers) inherit and glibc reads at their start.
 Overrides, most specific first: a ``MALLOC_*`` variable already set in the environment is kept;
-``RecStrategy(malloc_policy="default" | "tuned" | {name: bytes})``; ``LIGHTREC_MALLOC_POLICY``
-(``default`` or ``tuned``), which ``lightrec run --malloc-policy`` sets. ``"default"`` leaves glibc
-alone. Other C libraries (musl, macOS) ignore the policy.
+``RecStrategy(malloc_policy="default" | "tuned" | {name: bytes})``; ``lightrec run --malloc-policy``
+(:func:`choose_malloc_policy`: this process's choice; the ranks Lightning launches re-run the same
+command line); ``LIGHTREC_MALLOC_POLICY`` (``default`` or ``tuned``; ``lightrec._switches``).
+``"default"`` leaves glibc alone. Other C libraries (musl, macOS) ignore the policy.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ import os
 import sys
 from collections.abc import Mapping
 
-__all__ = ["MALLOC_POLICIES", "apply_malloc_policy", "resolve_malloc_policy"]
+from lightrec import _switches
+
+__all__ = ["MALLOC_POLICIES", "apply_malloc_policy", "choose_malloc_policy", "resolve_malloc_policy"]
 
 MALLOC_POLICIES: dict[str, dict[str, int]] = {
     "tuned": {"MALLOC_MMAP_THRESHOLD_": 32 << 20, "MALLOC_TRIM_THRESHOLD_": 1 << 30},
@@ -38,22 +41,35 @@ MALLOC_POLICIES: dict[str, dict[str, int]] = {
 }
 # mallopt parameter numbers (malloc.h) of the variables a policy may set.
 _MALLOPT_PARAM = {"MALLOC_MMAP_THRESHOLD_": -3, "MALLOC_TRIM_THRESHOLD_": -1}
+_chosen: str | None = None  # `lightrec run --malloc-policy`, for a RecStrategy built later in this process
+
+
+def choose_malloc_policy(policy: str) -> None:
+    """Make ``policy`` (a name of ``MALLOC_POLICIES``) what ``None`` resolves to in this process, before
+    ``$LIGHTREC_MALLOC_POLICY`` (``lightrec run --malloc-policy``).
+
+    Raises:
+        ValueError: an unknown policy name.
+    """
+    global _chosen
+    resolve_malloc_policy(policy)  # an unknown name raises here, not when a rank starts
+    _chosen = policy
 
 
 def resolve_malloc_policy(policy: str | Mapping[str, int] | None) -> dict[str, int]:
     """The variables a policy sets: a name from ``MALLOC_POLICIES``, an explicit ``{variable: bytes}``,
-    or None for ``$LIGHTREC_MALLOC_POLICY`` (default ``"tuned"``).
+    or None for :func:`choose_malloc_policy`'s choice, else ``$LIGHTREC_MALLOC_POLICY`` (default ``"tuned"``).
 
     Raises:
         ValueError: an unknown policy name, variable, or a negative size.
     """
     if policy is None:
-        policy = os.environ.get("LIGHTREC_MALLOC_POLICY", "tuned") or "tuned"
+        policy = _chosen or _switches.MALLOC_POLICY.read()
     if isinstance(policy, str):
         if policy not in MALLOC_POLICIES:
             raise ValueError(
                 f"malloc_policy must be one of {sorted(MALLOC_POLICIES)} or a {{variable: bytes}} mapping, got "
-                f"{policy!r} (from LIGHTREC_MALLOC_POLICY when not passed)"
+                f"{policy!r}"
             )
         return dict(MALLOC_POLICIES[policy])
     values = {str(k): int(v) for k, v in policy.items()}
@@ -87,6 +103,9 @@ def apply_malloc_policy(policy: str | Mapping[str, int] | None = None) -> dict[s
     for name, value in resolve_malloc_policy(policy).items():
         current = os.environ.get(name)
         if current is None:
+            # The environment, not only mallopt below: glibc reads MALLOC_*_ when a process starts, and
+            # the ranks a launcher execs (Lightning's subprocess launcher, spawn, DataLoader workers)
+            # get the policy only this way -- mallopt's settings do not survive exec.
             os.environ[name] = str(value)
         elif current.isdigit():
             value = int(current)

@@ -13,7 +13,7 @@ torch's lock in that folder.
 
 The decision, made once per process (:func:`native_ops`):
 
-1. ``LIGHTREC_DISABLE_NATIVE=1``: no native ops, silently (asked for).
+1. ``LIGHTREC_NATIVE=0`` (``lightrec._switches``, docs/switches.md): no native ops, silently (asked for).
 2. Otherwise build or load; any failure (no compiler, no ``ninja``, missing Python headers, a
    compile error) gives ONE :class:`NativeUnavailableWarning` naming the reason and the fix, and
    lightrec runs its pure-torch update, managed-collision step, tiered-cache bookkeeping and the
@@ -28,10 +28,14 @@ import os
 import shutil
 import sys
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from lightrec import _switches
 
 __all__ = ["NativeOps", "NativeUnavailableWarning", "native_ops", "native_unavailable_reason"]
 
@@ -72,33 +76,56 @@ def _sources() -> list[str]:
     return [str(_CSRC / f) for f in files]
 
 
-def _ninja_on_path() -> None:
-    """Put the ``ninja`` that pip installed (the ``ninja`` package) on PATH when the venv is not
-    activated, so torch's build finds it."""
+def _pip_ninja_dir() -> str | None:
+    """The folder of the ``ninja`` that pip installed (the ``ninja`` package) when no ``ninja`` is on
+    PATH (a virtual environment used without activating it), else None."""
     if shutil.which("ninja") is not None:
-        return
+        return None
     try:
         import ninja  # type: ignore[import-not-found, unused-ignore]  # typed when installed (a dependency); absent in some envs
     except ImportError:
-        return
+        return None
     bin_dir = getattr(ninja, "BIN_DIR", None)
-    if bin_dir:
-        os.environ["PATH"] = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+    return str(bin_dir) if bin_dir else None
+
+
+@contextmanager
+def _ninja_findable() -> Iterator[None]:
+    """PATH with pip's ``ninja`` in front for the duration of the build, then PATH as it was.
+
+    This must be the process environment: torch's build finds ``ninja`` only through
+    ``os.environ["PATH"]`` (``is_ninja_available`` and ``_run_ninja_build`` take no environment
+    or path), so the build cannot be given one of its own. Restored afterwards, so nothing else
+    -- user code, the ranks and workers this process starts -- sees lightrec's change.
+    """
+    bin_dir = _pip_ninja_dir()
+    if bin_dir is None:
+        yield
+        return
+    before = os.environ.get("PATH")
+    os.environ["PATH"] = f"{bin_dir}{os.pathsep}{before or ''}"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PATH", None)
+        else:
+            os.environ["PATH"] = before
 
 
 def _build() -> NativeOps:
     from torch.utils import cpp_extension
 
-    _ninja_on_path()
     sources = _sources()
     # -ffp-contract=off: no fused multiply-adds, so the update rounds like the torch reference.
-    path = cpp_extension.load(
-        name="lightrec_native",
-        sources=sources,
-        extra_cflags=["-O3", "-ffp-contract=off"],
-        is_python_module=False,
-        verbose=False,
-    )
+    with _ninja_findable():
+        path = cpp_extension.load(
+            name="lightrec_native",
+            sources=sources,
+            extra_cflags=["-O3", "-ffp-contract=off"],
+            is_python_module=False,
+            verbose=False,
+        )
     return NativeOps(fused_update=True, shm=any(s.endswith("shm_sync.cpp") for s in sources), library=str(path),
                      mch_step=True, tiered=True)  # fmt: skip
 
@@ -107,8 +134,8 @@ def _build() -> NativeOps:
 def native_ops() -> NativeOps | None:
     """The native ops of this process (built or loaded on the first call), or None (see above)."""
     global _reason
-    if os.environ.get("LIGHTREC_DISABLE_NATIVE", "") not in ("", "0"):
-        _reason = "LIGHTREC_DISABLE_NATIVE is set"
+    if not _switches.NATIVE.read():
+        _reason = f"{_switches.NATIVE.name}=0"
         return None
     try:
         ops = _build()
@@ -118,7 +145,7 @@ def native_ops() -> NativeOps | None:
             f"lightrec could not build its native CPU ops ({_reason}); the pure-torch fused update, "
             "managed-collision step and tiered-cache bookkeeping and gloo's transport are used instead (same "
             "results, slower). Install a C++ compiler (g++) and "
-            "the Python headers (python3-dev), and `pip install ninja`; or set LIGHTREC_DISABLE_NATIVE=1 "
+            f"the Python headers (python3-dev), and `pip install ninja`; or set {_switches.NATIVE.name}=0 "
             "to skip the build silently",
             NativeUnavailableWarning,
             stacklevel=2,
@@ -134,7 +161,7 @@ def native_unavailable_reason() -> str | None:
 
 
 def clear_cache_for_tests() -> None:
-    """Forget the decision (tests that flip ``LIGHTREC_DISABLE_NATIVE``); a loaded library stays loaded."""
+    """Forget the decision (tests that flip ``LIGHTREC_NATIVE``); a loaded library stays loaded."""
     global _reason
     _reason = None
     native_ops.cache_clear()

@@ -6,7 +6,8 @@ interpreter: set ``TRITON_INTERPRET=1`` **before** lightrec's kernel modules are
 ``@triton.jit`` decorator reads it when the kernels are defined); that is how CI tests them on
 CPU tensors. Every module that wants a Triton kernel asks here instead of importing ``triton``.
 
-Set ``LIGHTREC_DISABLE_TRITON=1`` to make lightrec behave as if Triton were absent.
+Set ``LIGHTREC_TRITON=0`` (``lightrec._switches``, docs/switches.md) to make lightrec behave as if Triton
+were absent.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import functools
 import os
 
 import torch
+
+from lightrec import _switches
 
 __all__ = ["triton_available", "triton_device_reason", "triton_interpreting", "triton_unavailable_reason"]
 
@@ -25,8 +28,8 @@ _reason: str | None = None
 def triton_available() -> bool:
     """True when ``triton`` imports (it need not have a GPU: see :func:`triton_device_reason`)."""
     global _reason
-    if os.environ.get("LIGHTREC_DISABLE_TRITON", "") not in ("", "0"):
-        _reason = "disabled by LIGHTREC_DISABLE_TRITON"
+    if not _switches.TRITON.read():
+        _reason = f"disabled by {_switches.TRITON.name}=0"
         return False
     try:
         import triton  # noqa: F401

@@ -73,22 +73,33 @@ def test_rec_strategy_applies_its_policy() -> None:
     assert _child(default, {}) == "{'MALLOC_MMAP_THRESHOLD_': 33554432, 'MALLOC_TRIM_THRESHOLD_': 1073741824}"
 
 
-def test_lightrec_run_passes_its_choice_to_the_ranks(tmp_path: Path) -> None:
-    """``lightrec run --malloc-policy default``: LIGHTREC_MALLOC_POLICY is set for the recipe's
-    RecStrategy and every rank it launches; nothing is tuned. Without the flag: tuned."""
+def test_lightrec_run_passes_its_choice_to_the_recipe_without_the_environment(tmp_path: Path) -> None:
+    """``lightrec run --malloc-policy default``: the recipe's ``RecStrategy(malloc_policy=None)`` resolves
+    to it (the ranks Lightning launches re-run the same command line); nothing is tuned and
+    ``LIGHTREC_MALLOC_POLICY`` is not written. Without the flag: tuned."""
     recipe = tmp_path / "probe.py"
     recipe.write_text(
         "import os\n"
+        "from lightrec._malloc_policy import resolve_malloc_policy\n"
         "def main(args):\n"
-        "    print('policy', os.environ.get('LIGHTREC_MALLOC_POLICY'), os.environ.get('MALLOC_TRIM_THRESHOLD_'))\n"
+        "    print('policy', resolve_malloc_policy(None), os.environ.get('LIGHTREC_MALLOC_POLICY'),\n"
+        "          os.environ.get('MALLOC_TRIM_THRESHOLD_'))\n"
     )
     run = "import sys; from lightrec.cli import main; sys.exit(main(sys.argv[1:]))"
+    tuned = resolve_malloc_policy("tuned")
     for flag, expected in (
-        (["--malloc-policy", "default"], "policy default None"),
-        ([], "policy None 1073741824"),
+        (["--malloc-policy", "default"], "policy {} None None"),
+        ([], f"policy {tuned} None 1073741824"),
     ):
         out = subprocess.run(
             [sys.executable, "-c", run, "run", str(recipe), *flag], capture_output=True, text=True, timeout=120,
-            env={**{k: v for k, v in os.environ.items() if k not in VARS}, "PYTHONPATH": str(ROOT)},
+            env={**{k: v for k, v in os.environ.items() if k not in VARS and k != "LIGHTREC_MALLOC_POLICY"},
+                 "PYTHONPATH": str(ROOT)},
         ).stdout  # fmt: skip
         assert expected in out, (flag, out)
+
+
+def test_an_unknown_policy_in_the_environment_names_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LIGHTREC_MALLOC_POLICY", "fast")
+    with pytest.raises(ValueError, match=r"LIGHTREC_MALLOC_POLICY must be one of \['tuned', 'default'\], got 'fast'"):
+        resolve_malloc_policy(None)

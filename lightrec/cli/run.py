@@ -12,12 +12,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
-import os
 import sys
 from pathlib import Path
 from types import ModuleType
 
-from lightrec._malloc_policy import MALLOC_POLICIES, apply_malloc_policy
+from lightrec._malloc_policy import MALLOC_POLICIES, apply_malloc_policy, choose_malloc_policy
 from lightrec.cli.common import FAILURE, CommandError, positive_int, recipe_or_file
 from lightrec.recipes import RECIPES
 
@@ -41,15 +40,15 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--malloc-policy",
         dest="malloc_policy",
         choices=sorted(MALLOC_POLICIES),
-        help="glibc malloc thresholds of the ranks (default: $LIGHTREC_MALLOC_POLICY or tuned; docs/performance.md)",
+        help="glibc malloc thresholds of the ranks (default: $LIGHTREC_MALLOC_POLICY or tuned; docs/switches.md)",
     )
     return parser
 
 
 def run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParser) -> int:
     recipe = recipe_or_file(ns.recipe, parser)
-    if ns.malloc_policy is not None:  # read by RecStrategy here and in every rank it launches
-        os.environ["LIGHTREC_MALLOC_POLICY"] = ns.malloc_policy
+    if ns.malloc_policy is not None:  # for the recipe's RecStrategy; the ranks it launches re-run this command line
+        choose_malloc_policy(ns.malloc_policy)
     apply_malloc_policy(None)
     args = list(rest)
     subcommand = args.pop(0) if args and args[0] in SUBCOMMANDS else "fit"

@@ -29,7 +29,7 @@ from lightrec.inference.gather import (
     unwrap_model_parallel,
 )
 from lightrec.kernels import FusedEmbeddingBagCollection, FusedEmbeddingCollection
-from lightrec.kernels.tiered_config import refuse_tiered_export
+from lightrec.kernels.tiered.config import refuse_tiered_export
 from lightrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from lightrec.modules.kernel_backend import resolve_kernel_backend
 from lightrec.modules.mc_embedding_modules import (

@@ -36,10 +36,10 @@ from lightrec.kernels.kernel_registry import (
     register_kernel,
     select_backend,
 )
-from lightrec.kernels.tiered_backend import TieredBatchedLookup, TieredCacheStats
-from lightrec.kernels.tiered_cache import CacheFullError
-from lightrec.kernels.tiered_config import TieringConfig
-from lightrec.kernels.tiered_store import TieredStorageError
+from lightrec.kernels.tiered.backend import TieredBatchedLookup, TieredCacheStats
+from lightrec.kernels.tiered.cache import CacheFullError
+from lightrec.kernels.tiered.config import TieringConfig
+from lightrec.kernels.tiered.store import TieredStorageError
 from lightrec.kernels.triton_backend import triton_supports
 from lightrec.optim.fused_spec import EmbOptimType, FusedOptimizerSpec, WeightDecayMode
 

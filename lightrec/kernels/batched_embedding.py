@@ -38,8 +38,8 @@ from torch import nn
 from lightrec.kernels.input_checks import ID_CHECK_MODES, LookupInputChecker
 from lightrec.kernels.kernel_interface import EmbeddingKernel, KernelConfig, LookupBatch
 from lightrec.kernels.kernel_registry import build_kernel
-from lightrec.kernels.tiered_config import TieringConfig
-from lightrec.kernels.tiered_transfer import TransferFailedError
+from lightrec.kernels.tiered.config import TieringConfig
+from lightrec.kernels.tiered.transfer import TransferFailedError
 from lightrec.kernels.weight_grad import with_weight_grad
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, PoolingType
 from lightrec.modules.kernel_backend import resolve_kernel_backend
@@ -495,7 +495,7 @@ class BatchedEmbeddingBag(_BatchedLookupBase):
             is raised by the next call or :meth:`report_pending_errors`) or ``"auto"`` (async for
             Triton on CUDA, else sync). See ``lightrec.kernels.input_checks``.
         tiering: keep the tables' rows in a backing tier (host memory or SSD) with a cache of hot rows
-            on ``device`` (``lightrec.kernels.tiered_config.TieringConfig``; ``kernel_backend`` then
+            on ``device`` (``lightrec.kernels.tiered.config.TieringConfig``; ``kernel_backend`` then
             picks the kernel serving the cache; docs/tiered-tables.md). Needs a fused optimizer.
         backend: the former name of ``kernel_backend`` (deprecated).
 

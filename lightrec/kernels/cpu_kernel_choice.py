@@ -12,7 +12,8 @@ library's content (a rebuilt native update is measured again), so later processe
 later runs -- read the same answer. Configurations fbgemm cannot serve (Adam, weight decay, tables shared by features, no fbgemm) use the torch
 kernel without measuring.
 
-``LIGHTREC_CPU_KERNEL=fbgemm|torch`` decides without measuring (the test suite pins ``fbgemm``).
+``LIGHTREC_CPU_KERNEL=fbgemm|torch`` decides without measuring (the test suite pins ``fbgemm``;
+``auto``, the default, measures).
 Ranks of a first run measure independently and may choose differently; each rank's tables are its
 own, so that only changes last bits (both kernels implement the same exact rule).
 """
@@ -30,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from lightrec import _switches
 from lightrec._native import native_ops
 from lightrec.kernels.fbgemm_backend import FbgemmBatchedLookup
 from lightrec.kernels.kernel_interface import EmbeddingKernel, KernelConfig, LookupBatch
@@ -43,8 +45,7 @@ _CHOICES = ("fbgemm", "torch")
 
 
 def _cache_file() -> Path:
-    root = os.environ.get("LIGHTREC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "lightrec")
-    return Path(root) / "cpu_kernel_choice.json"
+    return _switches.CACHE_DIR.read() / "cpu_kernel_choice.json"
 
 
 def _machine_key() -> str:
@@ -107,12 +108,8 @@ def measure_cpu_kernels(iterations: int = 5) -> dict[str, float]:
 @functools.cache
 def cpu_kernel_preference() -> str:
     """``"fbgemm"`` or ``"torch"``: the faster fused CPU kernel on this machine (see the module docstring)."""
-    forced = os.environ.get("LIGHTREC_CPU_KERNEL", "")
-    if forced:
-        if forced not in _CHOICES:
-            raise ValueError(
-                f"LIGHTREC_CPU_KERNEL must be one of {_CHOICES} (or unset to measure), got {forced!r}"
-            )
+    forced = _switches.CPU_KERNEL.read()  # SwitchError (a ValueError) on a word it does not know
+    if forced != "auto":
         return forced
     key = _machine_key()
     path = _cache_file()

@@ -12,16 +12,15 @@ native pass does the same arithmetic, operation by operation, in one sweep:
 3. update the row and its optimizer state once, prefetching the rows a few steps ahead (the reads
    are random); rows are split over torch's intra-op threads (``torch.set_num_threads``).
 
-``LIGHTREC_CPU_UPDATE=torch`` forces the stock-op update (for comparisons); without the native
+``LIGHTREC_CPU_UPDATE_NATIVE=0`` forces the stock-op update (for comparisons); without the native
 library (``lightrec._native``) that is what runs, with the same results.
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 
+from lightrec import _switches
 from lightrec._native import native_ops, native_unavailable_reason
 from lightrec.kernels.sparse_update import adam_bias_corrections
 from lightrec.optim.fused_spec import EmbOptimType, FusedOptimizerSpec, WeightDecayMode
@@ -44,7 +43,7 @@ def native_update_available(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether the native update serves tables of ``dtype`` on ``device`` in this process."""
     if device.type != "cpu" or dtype not in (torch.float32, torch.float64):
         return False
-    if os.environ.get("LIGHTREC_CPU_UPDATE", "") == "torch":
+    if not _switches.CPU_UPDATE_NATIVE.read():
         return False
     ops = native_ops()
     return ops is not None and ops.fused_update

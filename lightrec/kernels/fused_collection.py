@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from lightrec.kernels.batched_embedding import BatchedEmbedding, BatchedEmbeddingBag
-from lightrec.kernels.tiered_config import TieringConfig
+from lightrec.kernels.tiered.config import TieringConfig
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, EmbeddingBagConfig, EmbeddingConfig
 from lightrec.modules.embedding_modules import EmbeddingBagCollection
 from lightrec.modules.feature_checks import check_collection_input

@@ -24,7 +24,7 @@ registered by name in :mod:`lightrec.kernels.kernel_registry`. ``BatchedEmbeddin
                    any other copy of their rows
 
 The three in-memory backends share :class:`ResidentRows`: row access over their split views, and a
-prefetch, a flush and an invalidate that do nothing. The tiered kernel (``tiered_backend.py``: a
+prefetch, a flush and an invalidate that do nothing. The tiered kernel (``tiered/backend.py``: a
 cache of hot rows over host memory or SSD) is built from a config with ``tiering`` set.
 docs/kernels.md ("Adding a kernel") walks through adding one.
 """
@@ -38,7 +38,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
 
-from lightrec.kernels.tiered_config import TieringConfig
+from lightrec.kernels.tiered.config import TieringConfig
 from lightrec.modules.embedding_configs import PoolingType
 from lightrec.modules.mc_ops import uniform_block
 from lightrec.modules.mch_native import native_step_available
@@ -60,7 +60,7 @@ class KernelConfig:
         table_names: ``[T]`` names (the kernel may use them in messages and its own bookkeeping).
         dtype: the tables' storage type.
         tiering: None for tables held whole in ``device`` memory; else where their rows live and
-            how big their cache is (``lightrec.kernels.tiered_config``).
+            how big their cache is (``lightrec.kernels.tiered.config``).
     """
 
     rows: Sequence[int]

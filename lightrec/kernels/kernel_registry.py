@@ -20,9 +20,9 @@ import dataclasses
 from lightrec.kernels.cpu_kernel_choice import cpu_kernel_preference
 from lightrec.kernels.cpu_update import native_update_available
 from lightrec.kernels.fbgemm_backend import FbgemmBatchedLookup
-from lightrec.kernels.fbgemm_managed_caching import FbgemmManagedCachingLookup
 from lightrec.kernels.kernel_interface import EmbeddingKernel, KernelConfig
-from lightrec.kernels.tiered_backend import TieredBatchedLookup
+from lightrec.kernels.tiered.backend import TieredBatchedLookup
+from lightrec.kernels.tiered.fbgemm_caching import FbgemmManagedCachingLookup
 from lightrec.kernels.torch_backend import TorchBatchedLookup
 from lightrec.kernels.triton_backend import TritonBatchedLookup
 

@@ -57,7 +57,7 @@ from lightrec.data.batch import Batch
 from lightrec.distributed.checkpoint import consolidate_checkpoint, is_sharded_checkpoint
 from lightrec.distributed.planner import ParameterConstraints
 from lightrec.kernels import FusedEmbeddingBagCollection
-from lightrec.kernels.tiered_config import refuse_tiered_export
+from lightrec.kernels.tiered.config import refuse_tiered_export
 from lightrec.lightning.loop_state import fix_resume_counters, logging_step_of
 from lightrec.lightning.nonfinite import NonFiniteLossError, check_nonfinite_policy, nonfinite_ranks
 from lightrec.lightning.rec_model_summary import summary_for

@@ -33,12 +33,13 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.cli import LightningCLI
 
+from lightrec import _switches
 from lightrec.lightning.recipe_preflight import check_built_run
 
 __all__ = ["CHECKED_ENV", "RecipeArgumentError", "RequestedDevices", "check_recipe_args", "condense_error", "nearest"]
 
-CHECKED_ENV = "LIGHTREC_ARGS_CHECKED"
-"""Set to ``1`` in the environment of the rank processes of a checked command line."""
+CHECKED_ENV = _switches.ARGS_CHECKED.name
+"""Set to ``1`` in the environment of the rank processes of a checked command line (``lightrec._switches``)."""
 
 # Options of the fit/validate/test/predict subcommands (not of the parser that builds the classes).
 _SUBCOMMAND_OPTIONS = ("--ckpt_path", "--verbose", "--return_predictions", "--weights_only")

@@ -33,6 +33,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 # importing lightrec.lightning registers RecStrategy as strategy "lightrec" before a config names it
 import lightrec.lightning  # noqa: F401
+from lightrec import _switches
 from lightrec.lightning.quantized_export import QuantizedExport
 from lightrec.lightning.rec_module import RecModule
 from lightrec.lightning.recipe_checks import (
@@ -313,7 +314,7 @@ def run_recipe(
     raw = with_launcher_overrides(raw, fabric_run_overrides(os.environ))
     # The launching process checks; the ranks Lightning starts inherit CHECKED_ENV, and under
     # torchrun only global rank 0 checks (the others stop when it exits), so a mistake prints once.
-    checked = os.environ.get(CHECKED_ENV) == "1" or os.environ.get("RANK", "0") != "0"
+    checked = _switches.ARGS_CHECKED.read() or os.environ.get("RANK", "0") != "0"
     if not checked:
         try:
             requested = check_recipe_args(RecipeCLI, module_class, raw, configs_dir)
@@ -324,6 +325,8 @@ def run_recipe(
             print_warning(warn_if_devices_exceed_cores(requested))
             for note in requested.notes:
                 print_warning(note)
+        # The environment, because it must reach the ranks Lightning's subprocess launcher starts: they
+        # re-run this command line in new processes, and this variable is how they know it was checked.
         os.environ[CHECKED_ENV] = "1"
     try:
         with warnings.catch_warnings():

@@ -16,7 +16,8 @@ state, in row files under ``ssd_storage_directory`` and a cache of hot rows in m
                 host memory, a cache in HBM)
 
 :class:`TableTiering` is that choice as one object: the sharders' ``fused_params`` keys, the
-planner's constraints and the unsharded collection's ``TieringConfig``.
+planner's constraints and the unsharded collection's ``TieringConfig``. The translation of
+``"ssd"`` / ``"host"`` and its defaults live in :mod:`lightrec.distributed.sharding.tiering`.
 """
 
 from __future__ import annotations
@@ -26,12 +27,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from lightrec.distributed.planner import ParameterConstraints
-from lightrec.kernels.tiered_config import DEFAULT_CACHE_LOAD_FACTOR, TieringConfig, coerce_algorithm
+from lightrec.distributed.sharding.tiering import (
+    TABLE_TIERS,
+    check_table_tier,
+    compute_kernel_of,
+    tiering_config,
+    tiering_fused_params,
+)
+from lightrec.kernels.tiered.config import TieringConfig, coerce_algorithm
 
 __all__ = ["TABLE_TIERS", "TableTiering"]
-
-TABLE_TIERS = ("memory", "host", "ssd")
-_KERNEL = {"host": "fused_uvm_caching", "ssd": "key_value"}
 
 
 @dataclass(frozen=True)
@@ -55,11 +60,7 @@ class TableTiering:
     ssd_storage_directory: str | None = None
 
     def __post_init__(self) -> None:
-        if self.tables_on not in TABLE_TIERS:
-            raise ValueError(
-                f"tables_on must be one of {list(TABLE_TIERS)} ('ssd': every row on SSD with a cache in memory), "
-                f"got {self.tables_on!r}"
-            )
+        check_table_tier(self.tables_on)
         object.__setattr__(self, "cache_algorithm", coerce_algorithm(self.cache_algorithm))
         self.tiering()  # validates the load factor
 
@@ -70,18 +71,13 @@ class TableTiering:
     @property
     def compute_kernel(self) -> str | None:
         """The plan's compute kernel of every table (None: the planner's choice)."""
-        return _KERNEL.get(self.tables_on)
+        return compute_kernel_of(self.tables_on)
 
     def fused_params(self) -> dict[str, Any]:
         """The sharders' ``fused_params`` keys of the tiered tables (empty in memory)."""
-        if not self.tiered:
-            return {}
-        params: dict[str, Any] = {"cache_algorithm": self.cache_algorithm}
-        if self.cache_load_factor is not None:
-            params["cache_load_factor"] = self.cache_load_factor
-        if self.ssd_storage_directory is not None:
-            params["ssd_storage_directory"] = self.ssd_storage_directory
-        return params
+        return tiering_fused_params(
+            self.tables_on, self.cache_load_factor, self.cache_algorithm, self.ssd_storage_directory
+        )
 
     def constraints(self, tables: Iterable[str]) -> dict[str, ParameterConstraints]:
         """``{table: ParameterConstraints(compute_kernels=[the tiered kernel])}`` (empty in memory)."""
@@ -90,11 +86,6 @@ class TableTiering:
 
     def tiering(self) -> TieringConfig | None:
         """The ``TieringConfig`` of an unsharded collection (None in memory)."""
-        if not self.tiered:
-            return None
-        return TieringConfig(
-            backing="host" if self.tables_on == "host" else "ssd",
-            cache_load_factor=self.cache_load_factor if self.cache_load_factor is not None else DEFAULT_CACHE_LOAD_FACTOR,
-            algorithm=self.cache_algorithm,
-            ssd_storage_directory=self.ssd_storage_directory,
+        return tiering_config(
+            self.tables_on, self.cache_load_factor, self.cache_algorithm, self.ssd_storage_directory
         )

@@ -30,7 +30,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from lightrec.kernels.tiered_backend import TieredBatchedLookup
+from lightrec.kernels.tiered.backend import TieredBatchedLookup
 
 __all__ = ["TieredTableMonitor", "tiered_kernels"]
 

@@ -9,18 +9,18 @@ waiting ids, counters and the index -- which ``tests/modules/test_mch_native.py`
 the torch path over many steps with every policy, buckets, admission and rows running short.
 
 It serves CPU state only. The torch path runs instead on other devices, when the native library
-could not be built (``lightrec._native``: one warning), with ``LIGHTREC_DISABLE_NATIVE=1``, and
-with ``LIGHTREC_MCH_STEP=torch`` (for comparisons). Eviction rounds and the frozen (eval and
+could not be built (``lightrec._native``: one warning), with ``LIGHTREC_NATIVE=0``, and
+with ``LIGHTREC_MCH_NATIVE=0`` (for comparisons). Eviction rounds and the frozen (eval and
 serving) lookups are torch ops on every device.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
+from lightrec import _switches
 from lightrec._native import native_ops
 from lightrec.modules.mch_index import SlotIndex
 from lightrec.modules.mch_slots import BucketLayout
@@ -30,7 +30,7 @@ __all__ = ["NativeInsert", "native_hash_bytes_per_row", "native_lookup_insert", 
 
 def native_step_available(device: torch.device) -> bool:
     """Whether the native step serves a module whose state lives on ``device`` in this process."""
-    if device.type != "cpu" or os.environ.get("LIGHTREC_MCH_STEP", "") == "torch":
+    if device.type != "cpu" or not _switches.MCH_NATIVE.read():
         return False
     ops = native_ops()
     return ops is not None and ops.mch_step

@@ -7,8 +7,8 @@ stack nor Lightning.
 * :mod:`~lightrec.quant.embedding_modules` -- ``QuantEmbeddingBagCollection`` (torchrec's name:
   ``EmbeddingBagCollection``), and :mod:`~lightrec.quant.embedding_collection` --
   ``QuantEmbeddingCollection``; what both share is in :mod:`~lightrec.quant.collection_base`;
-* :mod:`~lightrec.quant.row_codec` -- int8 / int4 / fp16 rows in fbgemm's layout;
-  :mod:`~lightrec.quant.host_memory` -- the flat, huge-page backed buffer the tables live in;
+* :mod:`~lightrec.quant.row_codec` -- int8 / int4 / fp16 rows in fbgemm's layout; the flat buffer
+  the tables live in is huge-page backed (``lightrec._host_memory``, shared with the trained tables);
 * lookups: :mod:`~lightrec.quant.table_groups` (one call per run of tables, pooled),
   :mod:`~lightrec.quant.pooled_kernels` and :mod:`~lightrec.quant.sequence_kernels` (fbgemm's IntN
   op or pure torch), :mod:`~lightrec.quant.triton_lookup` (+ ``triton_quant_kernel``) for CUDA

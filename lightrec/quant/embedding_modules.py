@@ -22,12 +22,12 @@ import torch
 from torch import nn
 
 from lightrec._compat import is_fx_symbolic_tracing as is_fx_tracing
+from lightrec._host_memory import allocate_host_buffer
 from lightrec.modules.embedding_configs import DataType, EmbeddingBagConfig, PoolingType
 from lightrec.modules.embedding_modules import embedding_names_by_table, ids_per_table
 from lightrec.modules.feature_checks import check_collection_input
 from lightrec.quant.collection_base import QuantCollectionBase, QuantTable
 from lightrec.quant.embedding_collection import QuantEmbeddingCollection
-from lightrec.quant.host_memory import allocate_host_buffer
 from lightrec.quant.mc_embedding_modules import (  # torchrec's path for them (re-exported)
     QuantManagedCollisionEmbeddingBagCollection,
     QuantManagedCollisionEmbeddingCollection,

@@ -158,3 +158,24 @@ def test_plan_errors_name_the_fix() -> None:
         CacheParams(load_factor=2.0)
     with pytest.raises(ValueError, match="must be CacheAlgorithm.LRU or LFU"):
         CacheParams(algorithm="fifo")
+
+
+@pytest.mark.parametrize("tables_on", ["host", "ssd"])
+def test_the_user_tier_and_the_plan_kernel_translate_one_to_the_other(tables_on: str) -> None:
+    """``tables_on`` -> the plan's compute kernel -> the rank's ``TieringConfig`` comes back to the same
+    tier, with the same defaults as the unsharded collection of ``TableTiering`` (one translation)."""
+    from lightrec.distributed.sharding.tiering import compute_kernel_of, tiering_config, tiering_for
+    from lightrec.distributed.sharding_env import ShardingEnv
+    from lightrec.kernels import TieringConfig
+    from lightrec.lightning import TableTiering
+    from lightrec.modules import EmbeddingBagConfig
+
+    kernel = compute_kernel_of(tables_on)
+    assert kernel == {"host": "fused_uvm_caching", "ssd": "key_value"}[tables_on]
+    table = EmbeddingBagConfig(name="t0", embedding_dim=4, num_embeddings=10, feature_names=["f"])
+    sharded = tiering_for(ParameterSharding("table_wise", kernel, [0], None), table, {}, ShardingEnv(1, 0, None))
+    assert sharded == TieringConfig(tables_on) == TableTiering(tables_on).tiering() == tiering_config(tables_on)
+    assert compute_kernel_of("memory") is None and tiering_config("memory") is None
+    assert tiering_for(ParameterSharding("table_wise", "fused", [0], None), table, {}, ShardingEnv(1, 0, None)) is None
+    with pytest.raises(ValueError, match="tables_on must be one of"):
+        compute_kernel_of("disk")

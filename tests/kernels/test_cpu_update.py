@@ -93,7 +93,7 @@ def test_torch_kernel_trains_the_same_with_and_without_native_update(
     spec = _spec(kind, WeightDecayMode.L2)
     modules = []
     for native in (True, False):
-        monkeypatch.setenv("LIGHTREC_CPU_UPDATE", "native" if native else "torch")
+        monkeypatch.setenv("LIGHTREC_CPU_UPDATE_NATIVE", "1" if native else "0")
         torch.manual_seed(0)
         if pooling == PoolingType.NONE:
             from lightrec.kernels import BatchedEmbedding
@@ -134,7 +134,7 @@ def test_native_update_only_serves_cpu_float_tables(monkeypatch: pytest.MonkeyPa
     assert native_update_available(torch.device("cpu"), torch.float32)
     assert not native_update_available(torch.device("cpu"), torch.float16)
     assert not native_update_available(torch.device("meta"), torch.float32)
-    monkeypatch.setenv("LIGHTREC_CPU_UPDATE", "torch")
+    monkeypatch.setenv("LIGHTREC_CPU_UPDATE_NATIVE", "0")
     assert not native_update_available(torch.device("cpu"), torch.float32)
 
 
@@ -163,7 +163,7 @@ def test_a_failed_build_warns_once_and_falls_back() -> None:
         print("ok")
         """
     )
-    env = {"PYTHONPATH": str(Path(__file__).resolve().parents[2]), "LIGHTREC_CPU_UPDATE": ""}
+    env = {"PYTHONPATH": str(Path(__file__).resolve().parents[2]), "LIGHTREC_CPU_UPDATE_NATIVE": ""}
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             env={**os.environ, **env}, timeout=120)  # fmt: skip
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr

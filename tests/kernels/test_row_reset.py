@@ -56,7 +56,7 @@ def test_reset_rows_uniform_of_tables_writes_the_uniform_block(
     """The kernel's own draw of fresh rows (native on CPU, or torch ops) equals ``reset_rows`` with
     ``mc_ops.uniform_block`` values: what a managed-collision step would have written."""
     if not native:
-        monkeypatch.setenv("LIGHTREC_MCH_STEP", "torch")
+        monkeypatch.setenv("LIGHTREC_MCH_NATIVE", "0")
     bags = [
         BatchedEmbeddingBag([(7, 4), (6, 8)], optimizer={"optimizer": optimizer, "learning_rate": 0.1},
                             kernel_backend=backend)  # fmt: skip

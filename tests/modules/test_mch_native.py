@@ -1,7 +1,7 @@
 """The native managed-collision step (``lightrec.modules.mch_native``) against the torch-op step.
 
 Two twin modules see the same drifting stream, one through ``torch.ops.lightrec_mch.lookup_insert``
-and one with ``LIGHTREC_MCH_STEP=torch``; after every step their rows, evicted rows, waiting ids,
+and one with ``LIGHTREC_MCH_NATIVE=0``; after every step their rows, evicted rows, waiting ids,
 counters, buffers and index must be identical. The streams are built so that rows run short
 (more new ids per step than free rows and victims), with every eviction policy, several buckets,
 a shard of a bucketed table, admission and each kind of immediate eviction.
@@ -39,7 +39,7 @@ POLICIES = [LFU_EvictionPolicy(), LRU_EvictionPolicy(), DistanceLFU_EvictionPoli
 @contextmanager
 def torch_step(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     with monkeypatch.context() as patch:
-        patch.setenv("LIGHTREC_MCH_STEP", "torch")
+        patch.setenv("LIGHTREC_MCH_NATIVE", "0")
         yield
 
 
@@ -164,7 +164,7 @@ def test_native_step_matches_after_a_state_dict_round_trip(
 def test_native_step_serves_cpu_state_only(monkeypatch: pytest.MonkeyPatch) -> None:
     assert native_step_available(torch.device("cpu"))
     assert not native_step_available(torch.device("meta"))
-    monkeypatch.setenv("LIGHTREC_MCH_STEP", "torch")
+    monkeypatch.setenv("LIGHTREC_MCH_NATIVE", "0")
     assert not native_step_available(torch.device("cpu"))
 
 
@@ -173,7 +173,7 @@ def test_ids_not_admitted_yet_go_to_the_default_row_on_both_paths(monkeypatch: p
     for forced_torch in (False, True):
         with monkeypatch.context() as patch:
             if forced_torch:
-                patch.setenv("LIGHTREC_MCH_STEP", "torch")
+                patch.setenv("LIGHTREC_MCH_NATIVE", "0")
             module = MCHManagedCollisionModule(8, "cpu", LRU_EvictionPolicy(), 100, admission_threshold=3).train()
             assert module.remap_values(torch.tensor([42, 43, 43, 43])).tolist() == [7, 0, 0, 0]
             assert module.mc_stats()["default_lookups"] == 1

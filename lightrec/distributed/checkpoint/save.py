@@ -14,7 +14,7 @@ from lightrec.distributed.checkpoint.blocks import state_kind
 from lightrec.distributed.checkpoint.files import FORMAT, write_collectively
 from lightrec.distributed.checkpoint.index import ParamIndex, local_tables, optimizer_params
 from lightrec.kernels.batched_embedding import flush_kernels
-from lightrec.kernels.tiered_store import sequential_access, store_of
+from lightrec.kernels.tiered.store import sequential_access, store_of
 
 __all__ = ["save_sharded_checkpoint"]
 

@@ -23,9 +23,11 @@ from pathlib import Path
 
 import torch
 
+from lightrec import _switches
+
 __all__ = ["SHM_DIR", "ShmSegment", "ShmSpaceError", "segment_name", "sweep_stale_segments"]
 
-SHM_DIR = Path(os.environ.get("LIGHTREC_SHM_DIR", "/dev/shm"))
+SHM_DIR = _switches.SHM_DIR.read()  # at import, as the segments of a process must all live in one place
 _PREFIX = "lightrec-"
 
 

@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from lightrec import _switches
 from lightrec._native import native_ops
 from lightrec.distributed.comm.failures import CollectiveError, timeout_of
 from lightrec.distributed.comm.shm_segments import ShmSegment, ShmSpaceError, sweep_stale_segments
@@ -121,7 +122,7 @@ class ShmTransport:
         # The process group's timeout bounds a wait, as it bounds gloo's (LIGHTREC_SHM_TIMEOUT overrides).
         pg_timeout = timeout_of(group)
         default = pg_timeout.total_seconds() if pg_timeout is not None else 1800.0
-        self._timeout = float(os.environ.get("LIGHTREC_SHM_TIMEOUT", default))
+        self._timeout = _switches.SHM_TIMEOUT.read() or default
         self._lock = threading.Lock()
         self._ops = torch.ops.lightrec_shm
 
@@ -324,8 +325,8 @@ _TRANSPORTS: dict[object, ShmTransport | None] = {}
 
 def _enabled_here() -> str | None:
     """None when this process could use the transport, else why not."""
-    if os.environ.get("LIGHTREC_SHM", "1") == "0":
-        return "LIGHTREC_SHM=0"
+    if not _switches.SHM.read():
+        return f"{_switches.SHM.name}=0"
     if not sys.platform.startswith("linux"):
         return f"no shared-memory transport on {sys.platform}"
     ops = native_ops()

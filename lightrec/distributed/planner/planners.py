@@ -71,7 +71,7 @@ from lightrec.distributed.planner.types import (
     Topology,
 )
 from lightrec.distributed.sharding_env import resolve_group
-from lightrec.kernels.tiered_config import DEFAULT_CACHE_LOAD_FACTOR
+from lightrec.kernels.tiered.config import DEFAULT_CACHE_LOAD_FACTOR
 
 __all__ = ["EmbeddingShardingPlanner"]
 

@@ -23,7 +23,7 @@ from lightrec.distributed.planner.estimators import (
 )
 from lightrec.distributed.planner.sharder import ModuleSharder
 from lightrec.distributed.planner.types import OPTIMIZER_STATE, ParameterConstraints, Topology, optimizer_name
-from lightrec.kernels.tiered_config import DEFAULT_MIN_CACHE_ROWS
+from lightrec.kernels.tiered.config import DEFAULT_MIN_CACHE_ROWS
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, DataType, PoolingType
 
 __all__ = ["ShardableModule", "collect_tables", "find_shardable_modules"]

@@ -20,7 +20,7 @@ import torch
 from lightrec._fbgemm import fbgemm_serves_cuda
 from lightrec.kernels import BatchedEmbeddingBag, TieringConfig
 from lightrec.modules import PoolingType
-from tests.kernels.test_tiered_kernel import CACHE_ROWS, FTM, SPECS, TABLES, _assert_same_tables, _batches
+from tests.kernels.tiered.test_kernel import CACHE_ROWS, FTM, SPECS, TABLES, _assert_same_tables, _batches
 
 pytestmark = pytest.mark.gpu
 

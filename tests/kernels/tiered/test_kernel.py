@@ -29,11 +29,11 @@ from lightrec.kernels import (
     RowState,
     TieredStorageError,
     TieringConfig,
-    tiered_backend,
-    tiered_inflight,
 )
-from lightrec.kernels.tiered_cache import CacheIndex
-from lightrec.kernels.tiered_transfer import TransferFailedError
+from lightrec.kernels.tiered import backend as tiered_backend
+from lightrec.kernels.tiered import inflight as tiered_inflight
+from lightrec.kernels.tiered.cache import CacheIndex
+from lightrec.kernels.tiered.transfer import TransferFailedError
 from lightrec.modules import EmbeddingBagConfig, PoolingType
 from lightrec.sparse import KeyedJaggedTensor
 
@@ -353,7 +353,7 @@ def test_storage_errors_are_clear(tmp_path, monkeypatch) -> None:
     blocked.write_text("not a directory")
     with pytest.raises(TieredStorageError, match="cannot hold the tables' row files"):
         BatchedEmbeddingBag([(10, 4)], optimizer=spec, tiering=TieringConfig("ssd", ssd_storage_directory=str(blocked / "x")))
-    import lightrec.kernels.tiered_store as store
+    import lightrec.kernels.tiered.store as store
 
     real = store.shutil.disk_usage
     monkeypatch.setattr(store.shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
@@ -404,7 +404,7 @@ def test_page_ranges_cover_every_missed_page_in_few_ranges() -> None:
     """The SSD store announces the missed rows' pages as ranges (one posix_fadvise each, not one per page)."""
     import numpy as np
 
-    from lightrec.kernels.tiered_store import page_ranges
+    from lightrec.kernels.tiered.store import page_ranges
 
     pages = np.array([40, 3, 3, 5, 9, 10, 41, 100, 0])
     first, count = page_ranges(pages, gap=4)
@@ -421,7 +421,7 @@ def test_join_also_waits_for_calls_queued_while_it_waits() -> None:
     import threading
     import time
 
-    from lightrec.kernels.tiered_transfer import TransferQueue
+    from lightrec.kernels.tiered.transfer import TransferQueue
 
     queue = TransferQueue(None, [], torch.device("cpu"))  # type: ignore[arg-type] - calls need no store
     started, done = threading.Event(), []

@@ -1,4 +1,4 @@
-"""Host buffers for quantized tables: zeroed, the asked size, 2 MiB-aligned on Linux CPUs."""
+"""Huge-page host buffers (`lightrec._host_memory`, the quantized and the trained tables): zeroed, the asked size, 2 MiB-aligned on Linux CPUs."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from lightrec.quant.host_memory import HUGE_PAGE_BYTES, allocate_host_buffer
+from lightrec._host_memory import HUGE_PAGE_BYTES, allocate_host_buffer
 
 
 @pytest.mark.parametrize("nbytes", [0, 100, HUGE_PAGE_BYTES + 123, 3 * HUGE_PAGE_BYTES])

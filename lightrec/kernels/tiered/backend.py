@@ -1,6 +1,6 @@
 """``TieredBatchedLookup``: tables larger than the fast tier -- a cache of hot rows over host memory or SSD.
 
-Every row and its fused-optimizer state live in a backing :class:`~lightrec.kernels.tiered_store.RowStore`
+Every row and its fused-optimizer state live in a backing :class:`~lightrec.kernels.tiered.store.RowStore`
 (host memory, or direct row files on SSD); the hot rows live in a cache on the kernel's device,
 which an ordinary in-memory kernel (torch, fbgemm or Triton, chosen by ``kernel_backend``) serves
 as if it were the table::
@@ -9,7 +9,7 @@ as if it were the table::
                    lowest-scored slots no batch in flight uses, writing dirty ones back); the cache
                    kernel looks up the slots, and its backward -- the fused update -- updates the
                    cached rows (marked dirty when admitted). The slots stay put until that
-                   backward has run (``tiered_inflight.py``).
+                   backward has run (``inflight.py``).
     prefetch(ids)  the same for a later batch while the current batch trains
                    (``SparseDistPipeline.prefetch``, ``SparseDistPrefetch``): on CPU one native call
                    for the bookkeeping and one per table for the copies -- on the worker thread when
@@ -40,11 +40,11 @@ from typing import Any, ClassVar
 import torch
 
 from lightrec.kernels.kernel_interface import EmbeddingKernel, KernelConfig, LookupBatch, RowState
-from lightrec.kernels.tiered_cache import BatchAdmission, CacheFullError, CacheIndex
-from lightrec.kernels.tiered_config import TieringConfig
-from lightrec.kernels.tiered_inflight import BatchesInFlight, Hold
-from lightrec.kernels.tiered_store import HostMemoryStore, RowStore, SsdRowStore
-from lightrec.kernels.tiered_transfer import TablePart, Transfer, TransferQueue, unversioned
+from lightrec.kernels.tiered.cache import BatchAdmission, CacheFullError, CacheIndex
+from lightrec.kernels.tiered.config import TieringConfig
+from lightrec.kernels.tiered.inflight import BatchesInFlight, Hold
+from lightrec.kernels.tiered.store import HostMemoryStore, RowStore, SsdRowStore
+from lightrec.kernels.tiered.transfer import TablePart, Transfer, TransferQueue, unversioned
 
 __all__ = ["TieredBatchedLookup", "TieredCacheStats"]
 
@@ -146,7 +146,7 @@ class TieredBatchedLookup:
         self._row_shift = self._per_feature([self.index.row_offset[t] for t in self.ftm])
         self._slot_shift = self._per_feature([self.index.cache_offset[t] for t in self.ftm])
         self._reservations: collections.deque[_Reservation] = collections.deque()
-        self.in_flight = BatchesInFlight(self.index)  # which slots stay put (tiered_inflight.py)
+        self.in_flight = BatchesInFlight(self.index)  # which slots stay put (inflight.py)
         self._evictions_queued = 0  # evictions ahead of need submitted to the worker and not yet run
         self._worker_bookkeeping = False  # the queued prefetches' bookkeeping runs on the worker (CPU, native)
         self.generation = 0  # bumped by invalidate(): a backward of an older lookup updates nothing

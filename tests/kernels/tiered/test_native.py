@@ -7,7 +7,7 @@ against the torch path they replace on CPU.
   its cache is refused by both with the same message and changes nothing.
 * A tiered table trained 30 steps with and without the native ops: the same outputs, weights,
   optimizer state, counters and cache state (and the in-memory table's numbers, which
-  ``test_tiered_kernel.py`` checks for either path).
+  ``test_kernel.py`` checks for either path).
 * ``tiered_copy_rows`` equals a gather and scatter; ``tiered_advise`` announces the ranges
   ``page_ranges`` computes; without a compiler the torch path runs.
 """
@@ -23,11 +23,11 @@ from lightrec.kernels import (
     EmbOptimType,
     FusedOptimizerSpec,
     TieringConfig,
-    tiered_backend,
-    tiered_cache,
 )
-from lightrec.kernels.tiered_cache import BatchAdmission, CacheIndex, native_tiered_available
-from lightrec.kernels.tiered_store import SsdRowStore, page_ranges
+from lightrec.kernels.tiered import backend as tiered_backend
+from lightrec.kernels.tiered import cache as tiered_cache
+from lightrec.kernels.tiered.cache import BatchAdmission, CacheIndex, native_tiered_available
+from lightrec.kernels.tiered.store import SsdRowStore, page_ranges
 from lightrec.modules import PoolingType
 
 needs_native = pytest.mark.skipif(

@@ -8,7 +8,7 @@ the same transfer. :class:`TransferQueue` runs transfers -- and, for CPU caches,
 training thread; torch's copies and the native ops release the GIL), and
 :meth:`TransferQueue.join` is what a lookup, a flush or a checkpoint waits on first.
 
-Why the slots may be written while a backward runs: the bookkeeping (``tiered_cache.py``) never
+Why the slots may be written while a backward runs: the bookkeeping (``cache.py``) never
 hands a transfer a slot that a batch in flight still uses (kept until its backward ran), so the
 worker and the training thread touch disjoint rows of the cache tensors. The worker writes through aliases of
 the cache storage with their own autograd version counters (:func:`unversioned`): a kernel that
@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
-from lightrec.kernels.tiered_cache import native_tiered_available
-from lightrec.kernels.tiered_store import ADVISE_GAP_PAGES, PAGE_BYTES, RESIDENCY_SAMPLE, RowStore
+from lightrec.kernels.tiered.cache import native_tiered_available
+from lightrec.kernels.tiered.store import ADVISE_GAP_PAGES, PAGE_BYTES, RESIDENCY_SAMPLE, RowStore
 
 # While an SSD store's pages are found in the page cache, one table part in this many looks them up
 # again (run_if_cached): residency changes slowly, and each look-up costs a few system calls.

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lightrec.kernels.tiered_cache import CacheIndex
+from lightrec.kernels.tiered.cache import CacheIndex
 
 __all__ = ["HOLD_LOOKUPS", "BatchesInFlight", "Hold"]
 

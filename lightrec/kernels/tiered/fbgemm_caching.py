@@ -4,10 +4,10 @@ On a GPU with fbgemm's CUDA build, a table tiered over *host memory* (``fused_uv
 as fbgemm's TBE with the rows in unified memory and a set-associative cache in HBM -- torchrec's
 ``fused_uvm_caching`` exactly (``cache_load_factor``, ``cache_algorithm`` LRU / LFU, prefetch
 pipeline). Everywhere else (CPU, no fbgemm, fbgemm's CPU build, SSD backing, an optimizer fbgemm
-lacks) lightrec's own :class:`~lightrec.kernels.tiered_backend.TieredBatchedLookup` serves it.
+lacks) lightrec's own :class:`~lightrec.kernels.tiered.backend.TieredBatchedLookup` serves it.
 
 Not verified on a GPU in this repository's CI (the CPU machines have no CUDA): the ``gpu``-marked
-tests in ``tests/kernels/test_tiered_cuda.py`` are what checks it where a GPU is lent.
+tests in ``tests/kernels/tiered/test_cuda.py`` are what checks it where a GPU is lent.
 """
 
 from __future__ import annotations

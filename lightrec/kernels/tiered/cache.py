@@ -47,12 +47,12 @@ below run, with the same slots, evictions and state (the tests compare both).
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
+from lightrec import _switches
 from lightrec._native import native_ops
 
 __all__ = ["Admission", "BatchAdmission", "CacheFullError", "CacheIndex", "native_tiered_available"]
@@ -63,7 +63,7 @@ _INFO_HEAD = 6  # tiered_admit's info: missed ids, refused table, its need, free
 def native_tiered_available(device: torch.device) -> bool:
     """Whether the native ops serve a cache on ``device`` in this process: its bookkeeping, its row
     copies and the SSD store's read-ahead announcements (``LIGHTREC_TIERED_NATIVE=0``: never)."""
-    if device.type != "cpu" or os.environ.get("LIGHTREC_TIERED_NATIVE", "") == "0":
+    if device.type != "cpu" or not _switches.TIERED_NATIVE.read():
         return False
     ops = native_ops()
     return ops is not None and ops.tiered

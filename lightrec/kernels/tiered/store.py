@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from lightrec.kernels.kernel_interface import RowState
-from lightrec.kernels.tiered_cache import native_tiered_available
+from lightrec.kernels.tiered.cache import native_tiered_available
 
 __all__ = ["HostMemoryStore", "RowStore", "SsdRowStore", "TieredStorageError", "scratch_like", "sequential_access"]
 
