@@ -74,7 +74,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--follow-interval", type=_positive_number, default=d["follow_interval_s"],
                         help=f"seconds between looks at --deltas (default {d['follow_interval_s']:g})")
     parser.add_argument("--threads", type=positive_int, default=None,
-                        help="torch threads per CPU worker (default: the cores shared among the workers)")
+                        help="torch threads per CPU worker (default 1: add --workers to use more cores)")
     parser.add_argument("--missing-features", choices=["empty", "error"], default=d["missing_features"],
                         help="a feature left out of a request: no ids (empty, default) or a 422 (error)")
     parser.add_argument("--timeout", type=_positive_number, default=d["timeout_s"],

@@ -9,7 +9,6 @@ start servers the same way. :meth:`ServeConfig.check` refuses a bad value with a
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,8 +41,9 @@ class ServeConfig:
         max_payload_mb: the largest request body, in MiB (larger: 413).
         max_samples_per_request: the most samples one request may carry (more: 413).
         follow_interval_s: seconds between two looks at ``deltas`` for a new version.
-        threads_per_worker: torch intra-op threads of each CPU worker (None: the machine's cores shared
-            evenly among the workers).
+        threads_per_worker: torch intra-op threads of each CPU worker (None: 1 -- a batch of a few dozen
+            samples gains nothing from more, and threads of several workers on shared cores wait for
+            each other at every parallel region; scale with ``workers_per_device`` instead).
         missing_features: ``"empty"`` (a feature left out has no ids) or ``"error"`` (422).
         timeout_s: a request waiting longer than this for a worker gets 504.
         api_servers: HTTP server processes (None: one per worker, LitServe's default).
@@ -134,8 +134,6 @@ class ServeConfig:
             return "cuda" if gpus > 0 else "cpu"
         return self.accelerator
 
-    def cpu_threads(self, workers: int) -> int:
-        """Intra-op threads of each CPU worker: the option, or the cores shared evenly among the workers."""
-        if self.threads_per_worker is not None:
-            return self.threads_per_worker
-        return max(1, (os.cpu_count() or 1) // workers)
+    def cpu_threads(self) -> int:
+        """Intra-op threads of each CPU worker: the option, else 1 (see ``threads_per_worker``)."""
+        return self.threads_per_worker if self.threads_per_worker is not None else 1

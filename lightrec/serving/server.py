@@ -101,7 +101,7 @@ def build_server(config: ServeConfig, updater_factory: UpdaterFactory | None = N
     api_servers = config.api_servers or workers
     metrics = ServingMetrics(api_servers, workers)
     gate = AdmissionGate(config.max_queue)
-    threads = config.cpu_threads(workers) if accelerator == "cpu" else None
+    threads = config.cpu_threads() if accelerator == "cpu" else None
     api = RecServingAPI(config, metrics, updater_factory, threads)
     devices: int | str = 1 if accelerator == "cpu" else (gpus if config.devices == "auto" else int(config.devices))
     admission = {"path": PREDICT_PATH, "gate": gate, "metrics": metrics, "max_payload_bytes": config.max_payload_bytes}

@@ -125,7 +125,7 @@ def test_a_refused_version_keeps_the_served_one(url: str, models: dict[str, Path
 def test_overload_answers_503_with_retry_after(url: str, models: dict[str, Path], updates: Path) -> None:
     _wait_for_version(url, 3)
     marker = updates / "applying"
-    announce(updates, 4, models["v1"], apply_delay_s=4.0, started_marker=str(marker))  # holds the model 4 s
+    announce(updates, 4, models["v1"], apply_delay_s=6.0, started_marker=str(marker))  # holds the model 6 s
     deadline = time.monotonic() + 30
     while not marker.exists():
         assert time.monotonic() < deadline, "the update never started"
@@ -140,8 +140,9 @@ def test_overload_answers_503_with_retry_after(url: str, models: dict[str, Path]
     threads = [threading.Thread(target=client) for _ in range(3 * MAX_QUEUE)]
     for t in threads:
         t.start()
-    time.sleep(0.5)
-    ready = requests.get(f"{url}/ready", timeout=10)
+    deadline = time.monotonic() + 4.0  # while the model is held, the queue fills and /ready turns 503
+    while (ready := requests.get(f"{url}/ready", timeout=10)).status_code == 200 and time.monotonic() < deadline:
+        time.sleep(0.05)
     for t in threads:
         t.join(60)
     statuses = sorted(a.status_code for a in answers)
