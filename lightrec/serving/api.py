@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import time
+import warnings
 from typing import Annotated, Any
 
 import litserve as ls
@@ -59,8 +60,10 @@ class RecServingAPI(ls.LitAPI):
 
     def __init__(self, config: ServeConfig, metrics: ServingMetrics, updater_factory: UpdaterFactory | None = None,
                  threads: int | None = None) -> None:
-        super().__init__(max_batch_size=config.max_batch_size, batch_timeout=config.batch_timeout_ms / 1000,
-                         api_path=PREDICT_PATH)
+        with warnings.catch_warnings():  # max_batch_size=1 is fine here: predict takes a lone request too
+            warnings.filterwarnings("ignore", message="The LitServer has both batch and unbatch")
+            super().__init__(max_batch_size=config.max_batch_size, batch_timeout=config.batch_timeout_ms / 1000,
+                             api_path=PREDICT_PATH)
         self.config = config
         self.metrics = metrics
         self.updater_factory = updater_factory
@@ -91,6 +94,11 @@ class RecServingAPI(ls.LitAPI):
             log.info("worker %d serves version %d (%d updates applied at start-up)", worker, model.version, applied)
             self._follower.start()
         slot.set_state(WorkerState.SERVING)
+
+    def close(self) -> None:
+        """Stop following updates (a worker process simply ends; for an API used in-process)."""
+        if self._follower is not None:
+            self._follower.stop(timeout_s=5)
 
     @property
     def model(self) -> ServedModel:
