@@ -12,8 +12,9 @@ inputs: dense ``[B, I]``, key-major ``values``/``lengths``) and returns probabil
 :class:`RequestError` naming the request index, the feature and the offending value (also as its
 ``index``, ``field`` and ``value`` attributes); nothing is scored when any request is bad. A server
 validates each request on its own with :meth:`Predictor.check_request` (one bad request fails
-alone) and scores the batch it assembles with :meth:`Predictor.probabilities`. ``missing_features="empty"`` (default) treats an absent feature as
-an empty id list (the model pools it to zeros); ``"error"`` rejects such requests.
+alone) and scores the batch it assembles with :meth:`Predictor.probabilities`.
+``missing_features="empty"`` (default) treats an absent feature as an empty id list (the model
+pools it to zeros); ``"error"`` rejects such requests.
 
 ``load(path, device="cuda")`` serves on a GPU: the artifact's tensors are loaded onto the device,
 inputs are moved there, ``predict`` returns CPU probabilities and ``__call__`` the raw outputs on

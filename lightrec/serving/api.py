@@ -45,7 +45,8 @@ __all__ = ["RecServingAPI"]
 log = logging.getLogger(__name__)
 
 PREDICT_PATH = "/predict"
-_WARMUP_SIZES = (1, 2, 8)  # the first calls of a TorchScript module optimize it: keep them off requests
+# TorchScript profiles a module's first calls and optimizes it on the next: run them before requests arrive
+_WARMUP_SIZES = (1, 1, 2, 2, 8, 8)
 
 
 class RecServingAPI(ls.LitAPI):
