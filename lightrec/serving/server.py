@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
@@ -59,7 +61,7 @@ class BuiltServer:
 
     def run(self) -> None:
         """Serve until Ctrl+C, SIGTERM or a worker's death (LitServe then shuts every process down)."""
-        previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM takes LitServe's Ctrl+C shutdown path
+        previous = signal.signal(signal.SIGTERM, _interrupt_in(os.getpid()))  # LitServe's Ctrl+C shutdown path
         try:
             self.server.run(host=self.config.host, port=self.config.port, num_api_servers=self.api_servers,
                             log_level=self.config.log_level, generate_client_file=False)
@@ -72,8 +74,16 @@ class BuiltServer:
                 child.join(5)
 
 
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
+def _interrupt_in(owner: int) -> Callable[[int, FrameType | None], None]:
+    """A SIGTERM handler: Ctrl+C in the server's main process; in the HTTP server processes forked from
+    it (which inherit it, and re-raise SIGTERM once uvicorn has shut down) a quiet exit."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if os.getpid() == owner:
+            raise KeyboardInterrupt
+        raise SystemExit(128 + signum)
+
+    return handler
 
 
 def build_server(config: ServeConfig, updater_factory: UpdaterFactory | None = None) -> BuiltServer:
