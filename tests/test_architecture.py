@@ -52,6 +52,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "fx": frozenset({"sparse", "modules"}),
     "distributed": frozenset({"sparse", "modules", "optim", "kernels", "quant"}),
     "inference": frozenset({"sparse", "modules", "optim", "kernels", "quant", "fx", "distributed"}),
+    # `lightrec serve` (LitServe): on top of inference; nothing imports it but the cli (training never does)
+    "serving": frozenset({"sparse", "modules", "optim", "kernels", "quant", "fx", "distributed", "inference"}),
     "lightning": frozenset(
         {
             "sparse",
@@ -69,7 +71,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "recipes": frozenset(
         {"sparse", "modules", "optim", "models", "data", "metrics", "kernels", "inference", "lightning"}
     ),
-    "cli": frozenset({"recipes", "lightning", "inference", "distributed"}),
+    "cli": frozenset({"recipes", "lightning", "inference", "distributed", "serving"}),
     # the flat torchrec-style namespace (lightrec/__init__.py) and what a source checkout needs
     "lightrec": frozenset({"sparse", "modules", "optim", "kernels", "_source_tree"}),
     "_source_tree": frozenset(),
@@ -114,6 +116,7 @@ BELOW_LIGHTNING = (
     "fx",
     "distributed",
     "inference",
+    "serving",  # beside lightning, not below it, but a serving host needs no Lightning either
 )
 LIGHTNING_PACKAGES = ("lightning", "pytorch_lightning", "lightning_fabric")
 # The one training-side file that hands a model to the serving workflow.

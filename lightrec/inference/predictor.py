@@ -9,9 +9,12 @@ A request is one sample::
 ``Predictor.predict(requests)`` validates every request, builds one batch (the artifact's tensor
 inputs: dense ``[B, I]``, key-major ``values``/``lengths``) and returns probabilities
 (``sigmoid`` of the model's logits), one per request. A malformed request raises
-:class:`RequestError` naming the request index, the feature and the offending value; nothing is
-scored when any request is bad. ``missing_features="empty"`` (default) treats an absent feature as
-an empty id list (the model pools it to zeros); ``"error"`` rejects such requests.
+:class:`RequestError` naming the request index, the feature and the offending value (also as its
+``index``, ``field`` and ``value`` attributes); nothing is scored when any request is bad. A server
+validates each request on its own with :meth:`Predictor.check_request` (one bad request fails
+alone) and scores the batch it assembles with :meth:`Predictor.probabilities`.
+``missing_features="empty"`` (default) treats an absent feature as an empty id list (the model
+pools it to zeros); ``"error"`` rejects such requests.
 
 ``load(path, device="cuda")`` serves on a GPU: the artifact's tensors are loaded onto the device,
 inputs are moved there, ``predict`` returns CPU probabilities and ``__call__`` the raw outputs on
@@ -24,7 +27,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.export.passes import move_to_device_pass
@@ -32,13 +35,39 @@ from torch.export.passes import move_to_device_pass
 import lightrec.quant.pooled_kernels  # noqa: F401  registers lightrec::nbit_pooled_lookup, which exported programs call
 from lightrec._fbgemm import fbgemm_available, fbgemm_unavailable_reason
 
-__all__ = ["Predictor", "RequestError", "load"]
+__all__ = ["CheckedRequest", "Predictor", "RequestError", "load"]
 
 _REQUEST_KEYS = ("dense", "sparse", "weights")
 
 
 class RequestError(ValueError):
-    """A request that cannot be scored (unknown/missing feature, bad id, wrong dense width...)."""
+    """A request that cannot be scored (unknown/missing feature, bad id, wrong dense width...).
+
+    Args:
+        message: what is wrong and how to fix it (starts with ``"request <index>: "``).
+        index: the request's position in the list given to ``predict`` (the sample's, in a server's batch).
+        field: where in the request: ``"dense"``, ``"dense[3]"``, ``"sparse"``, ``"sparse.user"``,
+            ``"sparse.user[2]"``, ``"weights.user"``, or the unknown key; None for the request as a whole.
+        value: the offending value as received (a key, an id, a length, a type name).
+    """
+
+    def __init__(self, message: str, index: int | None = None, field: str | None = None, value: Any = None) -> None:
+        super().__init__(message)
+        self.index = index
+        self.field = field
+        self.value = value
+
+    def __reduce__(self) -> tuple[Any, ...]:  # keep the fields across processes (servers pickle errors)
+        return (type(self), (str(self), self.index, self.field, self.value))
+
+
+class CheckedRequest(NamedTuple):
+    """One validated request: ``dense`` (``dense_in_features`` floats), ``ids`` and ``weights`` per
+    feature present in the request (a weighted model's missing weights are not filled in here)."""
+
+    dense: list[float]
+    ids: dict[str, list[int]]
+    weights: dict[str, list[float]]
 
 
 class Predictor:
@@ -99,85 +128,131 @@ class Predictor:
         """
         if not isinstance(requests, (list, tuple)) or len(requests) == 0:
             raise TypeError(f"requests must be a non-empty list of dicts, got {type(requests).__name__}")
-        dense_rows: list[list[float]] = []
-        ids: dict[str, list[list[int]]] = {f: [] for f in self.feature_names}
-        weights: dict[str, list[list[float]]] = {f: [] for f in self.feature_names}
-        for index, request in enumerate(requests):
-            dense, sparse, wts = self._check(index, request)
-            dense_rows.append(dense)
-            for f in self.feature_names:
-                ids[f].append(sparse.get(f, []))
-                weights[f].append(wts.get(f, [1.0] * len(sparse.get(f, []))))
-        values = torch.tensor([i for f in self.feature_names for sample in ids[f] for i in sample], dtype=torch.int64)
-        lengths = torch.tensor([len(sample) for f in self.feature_names for sample in ids[f]], dtype=torch.int64)
-        dense_t = torch.tensor(dense_rows, dtype=torch.float32).reshape(len(requests), self.dense_in_features)
-        w = None
+        checked = [self.check_request(request, index) for index, request in enumerate(requests)]
+        features = self.feature_names
+        values = torch.tensor([i for f in features for r in checked for i in r.ids.get(f, [])], dtype=torch.int64)
+        lengths = torch.tensor([len(r.ids.get(f, [])) for f in features for r in checked], dtype=torch.int64)
+        dense = torch.tensor([r.dense for r in checked], dtype=torch.float32).reshape(len(checked), self.dense_in_features)
+        weights = None
         if self.is_weighted:
-            w = torch.tensor([x for f in self.feature_names for sample in weights[f] for x in sample],
-                             dtype=torch.float32)
-        out = torch.sigmoid(self(dense_t, values, lengths, w)).cpu()
+            weights = torch.tensor([x for f in features for r in checked
+                                    for x in r.weights.get(f, [1.0] * len(r.ids.get(f, [])))], dtype=torch.float32)
+        return self.probabilities(dense, values, lengths, weights)
+
+    def probabilities(self, dense_features: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor,
+                      weights: torch.Tensor | None = None) -> torch.Tensor:
+        """``sigmoid`` of the artifact's output on CPU: ``[B]`` (``[B, K]`` for K-logit models).
+
+        The inputs are the artifact's (module docstring of :mod:`lightrec.inference.export`); what
+        ``predict`` computes once it has built them from requests.
+        """
+        out = torch.sigmoid(self(dense_features, values, lengths, weights)).cpu()
         return out.squeeze(1) if out.dim() == 2 and out.shape[1] == 1 else out
 
     # ------------------------------------------------------------------ validation
-    def _check(self, index: int, request: Any) -> tuple[list[float], dict[str, list[int]], dict[str, list[float]]]:
+    def check_request(self, request: Any, index: int = 0) -> CheckedRequest:
+        """Validate one request (the form in the module docstring) on its own.
+
+        Args:
+            request: the decoded JSON object of one sample.
+            index: its position, named in the error.
+
+        Raises:
+            RequestError: with the index, the field and the offending value.
+        """
         where = f"request {index}"
         if not isinstance(request, dict):
-            raise RequestError(f"{where}: must be a dict with keys {list(_REQUEST_KEYS)}, got {type(request).__name__}")
+            raise RequestError(f"{where}: must be a dict with keys {list(_REQUEST_KEYS)}, got {type(request).__name__}",
+                               index, None, type(request).__name__)
         extra = sorted(set(request) - set(_REQUEST_KEYS))
         if extra:
-            raise RequestError(f"{where}: unknown keys {extra}; a request has 'dense', 'sparse' and (weighted models) 'weights'")
-        dense = self._check_dense(where, request.get("dense"))
+            raise RequestError(f"{where}: unknown keys {extra}; a request has 'dense', 'sparse' and (weighted models) "
+                               "'weights'", index, extra[0], extra[0])
+        dense = self.check_dense(index, request.get("dense"))
         sparse = request.get("sparse", {})
         if not isinstance(sparse, dict):
-            raise RequestError(f"{where}: 'sparse' must be a dict feature -> list of ids, got {type(sparse).__name__}")
+            raise RequestError(f"{where}: 'sparse' must be a dict feature -> list of ids, got {type(sparse).__name__}",
+                               index, "sparse", type(sparse).__name__)
         unknown = sorted(set(sparse) - set(self.feature_names))
         if unknown:
-            raise RequestError(f"{where}: unknown features {unknown}; the model's features are {self.feature_names}")
+            raise RequestError(f"{where}: unknown features {unknown}; the model's features are {self.feature_names}",
+                               index, "sparse", unknown[0])
         missing = [f for f in self.feature_names if f not in sparse]
         if missing and self.missing_features == "error":
-            raise RequestError(f"{where}: missing features {missing} (missing_features='error'); send [] for no ids")
-        checked = {f: self._check_ids(where, f, ids) for f, ids in sparse.items()}
+            raise RequestError(f"{where}: missing features {missing} (missing_features='error'); send [] for no ids",
+                               index, "sparse", missing[0])
+        checked = {f: self.check_ids(index, f, ids) for f, ids in sparse.items()}
         wts = request.get("weights", {})
         if wts and not self.is_weighted:
-            raise RequestError(f"{where}: 'weights' given but the model is not weighted; drop them")
+            raise RequestError(f"{where}: 'weights' given but the model is not weighted; drop them",
+                               index, "weights", None)
         if not isinstance(wts, dict):
-            raise RequestError(f"{where}: 'weights' must be a dict feature -> list of floats, got {type(wts).__name__}")
+            raise RequestError(f"{where}: 'weights' must be a dict feature -> list of floats, got {type(wts).__name__}",
+                               index, "weights", type(wts).__name__)
         for f, w in wts.items():
             if f not in checked:
-                raise RequestError(f"{where}: weights for feature {f!r}, which has no ids in 'sparse'")
+                raise RequestError(f"{where}: weights for feature {f!r}, which has no ids in 'sparse'",
+                                   index, f"weights.{f}", f)
             if not isinstance(w, (list, tuple)) or len(w) != len(checked[f]) or not all(_is_number(x) for x in w):
-                raise RequestError(f"{where}: weights of feature {f!r} must be {len(checked[f])} numbers (one per id), got {w!r}")
-        return dense, checked, {f: [float(x) for x in w] for f, w in wts.items()}
+                raise RequestError(f"{where}: weights of feature {f!r} must be {len(checked[f])} numbers (one per id), "
+                                   f"got {w!r}", index, f"weights.{f}", w)
+        return CheckedRequest(dense, checked, {f: [float(x) for x in w] for f, w in wts.items()})
 
-    def _check_dense(self, where: str, dense: Any) -> list[float]:
+    def check_dense(self, index: int, dense: Any) -> list[float]:
+        """The dense features of request ``index`` as floats (``[]`` for a model without them).
+
+        Raises:
+            RequestError: missing, wrong width, or a value that is not a finite number.
+        """
+        where = f"request {index}"
         if not self.takes_dense:
             if dense not in (None, []):
-                raise RequestError(f"{where}: the model takes no dense features, but 'dense' was given")
+                raise RequestError(f"{where}: the model takes no dense features, but 'dense' was given",
+                                   index, "dense", None)
             return []
         if dense is None:
-            raise RequestError(f"{where}: 'dense' is missing; give {self.dense_in_features} floats")
+            raise RequestError(f"{where}: 'dense' is missing; give {self.dense_in_features} floats", index, "dense", None)
         if not isinstance(dense, (list, tuple)) or len(dense) != self.dense_in_features:
             got = len(dense) if isinstance(dense, (list, tuple)) else type(dense).__name__
             raise RequestError(f"{where}: 'dense' must be a list of {self.dense_in_features} floats, got {got}"
-                               + (" values" if isinstance(got, int) else ""))
+                               + (" values" if isinstance(got, int) else ""), index, "dense", got)
         bad = [i for i, x in enumerate(dense) if not _is_number(x) or not math.isfinite(float(x))]
         if bad:
-            raise RequestError(f"{where}: dense[{bad[0]}]={dense[bad[0]]!r} is not a finite number")
+            raise RequestError(f"{where}: dense[{bad[0]}]={dense[bad[0]]!r} is not a finite number",
+                               index, f"dense[{bad[0]}]", dense[bad[0]])
         return [float(x) for x in dense]
 
-    def _check_ids(self, where: str, feature: str, ids: Any) -> list[int]:
+    def check_ids(self, index: int, feature: str, ids: Any) -> list[int]:
+        """The ids of ``feature`` in request ``index``: ints in ``[0, rows)`` of its table (of its raw id space
+        for a managed-collision table).
+
+        Raises:
+            RequestError: not a list, an id that is not an int (bools and floats included), or out of range.
+        """
+        if self.ids_in_range(feature, ids):
+            return list(ids)
+        where = f"request {index}"
         if not isinstance(ids, (list, tuple)):
-            raise RequestError(f"{where}: ids of feature {feature!r} must be a list of ints, got {type(ids).__name__}")
+            raise RequestError(f"{where}: ids of feature {feature!r} must be a list of ints, got {type(ids).__name__}",
+                               index, f"sparse.{feature}", type(ids).__name__)
         rows = self._rows[feature]
-        for i in ids:
+        for k, i in enumerate(ids):
             if isinstance(i, bool) or not isinstance(i, int):
-                raise RequestError(f"{where}: feature {feature!r} has non-integer id {i!r}; ids are ints in [0, {rows})")
+                raise RequestError(f"{where}: feature {feature!r} has non-integer id {i!r}; ids are ints in [0, {rows})",
+                                   index, f"sparse.{feature}[{k}]", i)
             if not 0 <= i < rows:
                 fix = ("its managed-collision table takes raw ids in that range" if feature in self._managed
                        else "hash or take ids modulo the table size")  # fmt: skip
-                raise RequestError(f"{where}: feature {feature!r} has id {i}, outside [0, {rows}) of its table; {fix}")
+                raise RequestError(f"{where}: feature {feature!r} has id {i}, outside [0, {rows}) of its table; {fix}",
+                                   index, f"sparse.{feature}[{k}]", i)
         return list(ids)
 
+    def ids_in_range(self, feature: str, ids: Any) -> bool:
+        """Whether ``ids`` is a list of ints in ``feature``'s range: the fast test behind :meth:`check_ids`,
+        for callers (a server's columnar batch) that look for the offender only when it fails."""
+        if not isinstance(ids, (list, tuple)) or not all(type(i) is int for i in ids):  # exact ints: no bools
+            return False
+        return not ids or (min(ids) >= 0 and max(ids) < self._rows[feature])
 
 def _twice(values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """Key-major values of a one-sample batch, each feature's ids repeated for a second sample."""

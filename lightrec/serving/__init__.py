@@ -1,0 +1,36 @@
+"""``lightrec serve``: an exported artifact behind HTTP, with dynamic batching and live model updates.
+
+The server is LitServe (Lightning's model server) around one ``LitAPI``; this package holds its
+parts, one purpose per file:
+
+* ``config.py`` -- :class:`ServeConfig`, every option of ``lightrec serve``, checked up front;
+* ``request_forms.py`` -- the request bodies (one sample, a list, the compact batch form), decoded
+  and validated per request with ``lightrec.inference.Predictor``'s rules;
+* ``batching.py`` -- requests joined into the artifact's batch inputs, scores split back;
+* ``served_model.py`` -- :class:`ServedModel` (predictor + version + lock) and the contract of live
+  updates, :class:`ModelUpdater` / :class:`ModelUpdate`; ``model_updates.py`` -- the thread that
+  follows an updater, and ``--deltas``' updater from ``lightrec.serving.deltas``;
+* ``api.py`` -- ``RecServingAPI``, the ``LitAPI``; ``admission.py`` -- 503 on overload, 413 on large
+  bodies; ``endpoints.py`` -- ``/ready``, ``/metrics``; ``metrics.py`` -- shared-memory metrics in
+  Prometheus' format; ``server.py`` -- :func:`~lightrec.serving.server.build_server` and ``serve``.
+
+This module imports no LitServe (an optional dependency: ``pip install "lightrec[serve]"``), so the
+update contract is importable where only the model is: ``from lightrec.serving import ServedModel``.
+The server itself is ``lightrec.serving.server``. See ``docs/serving.md`` ("Serve it").
+"""
+
+from lightrec.serving.config import ServeConfig, ServeConfigError
+from lightrec.serving.model_updates import DeltasUnavailable, UpdateFollower
+from lightrec.serving.served_model import ModelUpdate, ModelUpdater, ServedModel, UpdateFailed, UpdaterFactory
+
+__all__ = [
+    "DeltasUnavailable",
+    "ModelUpdate",
+    "ModelUpdater",
+    "ServeConfig",
+    "ServeConfigError",
+    "ServedModel",
+    "UpdateFailed",
+    "UpdateFollower",
+    "UpdaterFactory",
+]

@@ -1,0 +1,166 @@
+"""Admission at the door of ``POST /predict``: a bounded queue, a payload limit, and the request clock.
+
+:class:`AdmissionMiddleware` is an ASGI middleware of every HTTP server process. For a request to
+the predict path it
+
+1. answers **503** with ``Retry-After`` when :class:`AdmissionGate` already holds ``limit``
+   requests in flight (admitted, not answered) across all HTTP server processes -- the queue in
+   front of the workers stays bounded instead of growing until requests time out;
+2. answers **413** when the body is larger than ``max_payload_bytes`` (by its ``Content-Length``,
+   or while reading a body sent without one), before anything parses it;
+3. otherwise passes the request on (LitServe parses it and queues it for a worker) and, whatever
+   the outcome, records its status code and latency in the server's metrics.
+
+Error bodies have the one shape every rejection of the server has: ``{"error", "index", "field",
+"value"}`` (:class:`~lightrec.serving.request_forms.Rejected`).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from lightrec.serving.metrics import ServingMetrics
+from lightrec.serving.request_forms import Rejected
+
+__all__ = ["AdmissionGate", "AdmissionMiddleware"]
+
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[MutableMapping[str, Any], Receive, Send], Awaitable[None]]
+
+
+class AdmissionGate:
+    """A count of requests in flight, shared by the HTTP server processes (forked from the builder's
+    process, which creates it), bounded by ``limit``.
+
+    Args:
+        limit: requests in flight above which new ones are refused (>= 1).
+    """
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"the queue limit must be >= 1 request, got {limit}")
+        self.limit = limit
+        self._count = multiprocessing.get_context("fork").Value("i", 0)
+
+    def enter(self) -> bool:
+        """Admit one request unless ``limit`` are in flight."""
+        with self._count.get_lock():
+            if self._count.value >= self.limit:
+                return False
+            self._count.value += 1
+            return True
+
+    def leave(self) -> None:
+        with self._count.get_lock():
+            self._count.value -= 1
+
+    @property
+    def in_flight(self) -> int:
+        return int(self._count.value)
+
+
+class AdmissionMiddleware:
+    """See the module docstring.
+
+    Args:
+        app: the ASGI app it wraps.
+        path: the predict path (LitServe's ``api_path``).
+        gate: the shared in-flight count.
+        metrics: where status codes and latencies go (the slot of this HTTP server process).
+        max_payload_bytes: the largest body accepted.
+        retry_after_s: the ``Retry-After`` of a 503.
+    """
+
+    def __init__(self, app: ASGIApp, *, path: str, gate: AdmissionGate, metrics: ServingMetrics,
+                 max_payload_bytes: int, retry_after_s: int = 1) -> None:
+        self.app = app
+        self.path = path
+        self.gate = gate
+        self.metrics = metrics
+        self.max_payload_bytes = max_payload_bytes
+        self.retry_after_s = retry_after_s
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != self.path or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def send_and_note(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            if not self.gate.enter():
+                await _answer(send_and_note, Rejected(
+                    503, f"the server is at its limit of {self.gate.limit} requests in flight; retry after "
+                    f"{self.retry_after_s} s or add workers/replicas"), [(b"retry-after", str(self.retry_after_s).encode())])
+                return
+            try:
+                body = await self._body(scope, receive)
+                if isinstance(body, Rejected):
+                    await _answer(send_and_note, body)
+                    return
+                await self.app(scope, _replay(body, receive), send_and_note)
+            finally:
+                self.gate.leave()
+        finally:
+            # LitServe's HTTP servers are forked with LITSERVE_WORKER_ID = their index (0 without LitServe)
+            self.metrics.record_request(int(os.environ.get("LITSERVE_WORKER_ID", "0")), status,
+                                        time.perf_counter() - start)
+
+    async def _body(self, scope: MutableMapping[str, Any], receive: Receive) -> bytes | Rejected:
+        """The whole body, or a 413 as soon as it is known to exceed the limit."""
+        declared = dict(scope.get("headers", ())).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_payload_bytes:
+            return self._too_large(int(declared))
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_payload_bytes:
+                return self._too_large(size, at_least=True)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return b"".join(chunks)
+
+    def _too_large(self, size: int, at_least: bool = False) -> Rejected:
+        return Rejected(413, f"the body is {'over ' if at_least else ''}{size} bytes, more than the server's limit of "
+                        f"{self.max_payload_bytes} (--max-payload-mb); split it", None, "body", size)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that hands the app the body read already, then the client's later messages."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def _answer(send: Send, rejected: Rejected, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    payload = json.dumps(rejected.body()).encode()
+    await send({"type": "http.response.start", "status": rejected.status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
+                            *(headers or [])]})  # fmt: skip
+    await send({"type": "http.response.body", "body": payload})

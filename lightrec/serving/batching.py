@@ -1,0 +1,98 @@
+"""Join the requests LitServe hands a worker into one artifact batch, and split the scores back.
+
+LitServe collects up to ``max_batch_size`` decoded requests (waiting at most ``batch_timeout``).
+Each is :class:`~lightrec.serving.request_forms.SampleColumns` (``n_r`` samples) or a
+:class:`~lightrec.serving.request_forms.Rejected`. :func:`assemble` joins the valid ones, in order,
+into the artifact's inputs -- the layout of :mod:`lightrec.inference.export`::
+
+    request      r0 (2 samples)   r1 (1)     rejected    r3 (1)
+    samples      s0  s1           s2                     s3          B = 4
+    dense        [B, I]: rows s0 s1 s2 s3
+    lengths      f0: s0 s1 s2 s3 | f1: s0 s1 s2 s3 | ...              key-major, [F * B]
+    values       f0: ids of s0 s1 s2 s3 | f1: ... | ...               key-major, [sum(lengths)]
+
+-- the same tensors ``Predictor.predict`` builds from the same samples, so a batch scores exactly
+as ``predict`` on them does. :func:`split` gives each request its rows of the scores, and each
+rejected request its error, in the order LitServe expects one output per input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from lightrec.serving.request_forms import Rejected, SampleColumns
+
+__all__ = ["ScoredRequest", "ScoringBatch", "assemble", "split"]
+
+
+@dataclass
+class ScoredRequest:
+    """The answer to one request: a score per sample (a list of K per sample for K-logit models)
+    and the model version that scored them."""
+
+    scores: list[Any]
+    version: int
+
+
+@dataclass
+class ScoringBatch:
+    """The decoded requests of one LitServe batch and, when any is valid, the artifact inputs of those.
+
+    Attributes:
+        requests: every request, in LitServe's order (rejected ones included).
+        sizes: samples of each valid request, in order.
+        dense: ``[B, I]`` float32; values: ``[N]`` int64; lengths: ``[F * B]`` int64;
+            weights: ``[N]`` float32 (weighted models) or None. All None when no request is valid.
+    """
+
+    requests: list[SampleColumns | Rejected]
+    sizes: list[int]
+    dense: torch.Tensor | None
+    values: torch.Tensor | None
+    lengths: torch.Tensor | None
+    weights: torch.Tensor | None
+
+    @property
+    def samples(self) -> int:
+        return sum(self.sizes)
+
+
+def assemble(requests: list[SampleColumns | Rejected], dense_width: int, weighted: bool) -> ScoringBatch:
+    """Join the valid requests (see the module docstring).
+
+    Args:
+        requests: decoded requests, in order.
+        dense_width: the artifact's ``dense_in_features`` (0 for a model without dense features).
+        weighted: whether the artifact takes per-id weights.
+    """
+    valid = [r for r in requests if isinstance(r, SampleColumns)]
+    sizes = [r.size for r in valid]
+    if not valid:
+        return ScoringBatch(requests, sizes, None, None, None, None)
+    batch = sum(sizes)
+    num_features = len(valid[0].lengths)
+    dense = torch.tensor([x for r in valid for x in r.dense], dtype=torch.float32).reshape(batch, dense_width)
+    lengths = torch.tensor([n for f in range(num_features) for r in valid for n in r.lengths[f]], dtype=torch.int64)
+    values = torch.tensor([i for f in range(num_features) for r in valid for i in r.ids[f]], dtype=torch.int64)
+    weights = None
+    if weighted:
+        weights = torch.tensor([w for f in range(num_features) for r in valid for w in (r.weights or [])[f]],
+                               dtype=torch.float32)
+    return ScoringBatch(requests, sizes, dense, values, lengths, weights)
+
+
+def split(batch: ScoringBatch, scores: torch.Tensor | None, version: int) -> list[ScoredRequest | Rejected]:
+    """One output per request of ``batch``: its rows of ``scores`` (``[B]`` or ``[B, K]``), or its error."""
+    rows: list[Any] = scores.tolist() if scores is not None else []
+    out: list[ScoredRequest | Rejected] = []
+    start = 0
+    for request in batch.requests:
+        if isinstance(request, Rejected):
+            out.append(request)
+            continue
+        out.append(ScoredRequest(rows[start:start + request.size], version))
+        start += request.size
+    return out

@@ -1,0 +1,236 @@
+"""The bodies ``POST /predict`` takes, decoded and validated one request at a time.
+
+Three forms (``I`` dense features, features ``F`` in the artifact's order)::
+
+    one sample (Predictor's form)   {"dense": [I floats], "sparse": {"f": [ids]}, "weights": {"f": [floats]}}
+    several samples                 [sample, sample, ...]          (Predictor.predict's list)
+    compact batch                   {"batch": {"dense": [[I floats], ...],          B rows
+                                               "lengths": {"f": [B ints]},          ids per sample
+                                               "ids": {"f": [sum(lengths) ints]},   sample after sample
+                                               "weights": {"f": [floats, one per id]},
+                                               "size": B}}                          optional
+
+In the compact form a feature left out of ``ids`` and ``lengths`` has no ids in any sample, and
+``size`` is needed only by a model without dense features that gets no ``lengths`` either. Samples
+are validated by :class:`~lightrec.inference.Predictor` (``check_request``, ``check_dense``,
+``check_ids``: the rules of ``docs/serving.md``), so the server accepts exactly what ``Predictor``
+accepts, and an error names the sample's index in the body, the field and the value.
+
+A decoded request is :class:`SampleColumns` -- the samples as columns, ready to join others in a
+batch (:mod:`lightrec.serving.batching`) -- or :class:`Rejected`, which the API answers with a 4xx
+without letting the request reach a batch (one bad request never fails the others).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from lightrec.inference.predictor import Predictor, RequestError
+
+__all__ = ["Rejected", "SampleColumns", "decode_body", "reject"]
+
+_BATCH_KEYS = ("dense", "lengths", "ids", "weights", "size")
+
+
+@dataclass
+class SampleColumns:
+    """The samples of one request as columns (what batching joins).
+
+    Attributes:
+        size: number of samples ``B``.
+        dense: ``B * I`` floats, sample after sample.
+        lengths: per feature (artifact order), ``B`` id counts.
+        ids: per feature, the ids of sample 0, then of sample 1, ...
+        weights: per feature, one float per id (weighted models; ones where the request gave none), else None.
+    """
+
+    size: int
+    dense: list[float]
+    lengths: list[list[int]]
+    ids: list[list[int]]
+    weights: list[list[float]] | None
+
+
+@dataclass
+class Rejected:
+    """A request answered with ``status`` and the error body ``{"error", "index", "field", "value"}``."""
+
+    status: int
+    message: str
+    index: int | None = None
+    field: str | None = None
+    value: Any = None
+
+    def body(self) -> dict[str, Any]:
+        return {"error": self.message, "index": self.index, "field": self.field, "value": _shown(self.value)}
+
+
+def reject(error: RequestError, status: int = 422) -> Rejected:
+    """The :class:`Rejected` of a :class:`~lightrec.inference.RequestError` (its index, field and value)."""
+    return Rejected(status, str(error), error.index, error.field, error.value)
+
+
+def _shown(value: Any, limit: int = 200) -> Any:
+    """``value`` as JSON, or its truncated text when it is large or not JSON (a 1 MB list is not echoed)."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = None
+    if text is not None and len(text) <= limit:
+        return value
+    shown = text if text is not None else repr(value)
+    return shown[:limit] + f"... ({len(shown)} characters)"
+
+
+def decode_body(predictor: Predictor, body: Any, max_samples: int) -> SampleColumns | Rejected:
+    """Decode and validate one HTTP body (any of the three forms).
+
+    Args:
+        predictor: validates the samples (the served artifact's features, tables and dense width).
+        body: the parsed JSON (bytes or text when the client sent no JSON content type).
+        max_samples: most samples one request may carry (more: 413).
+
+    Returns:
+        The samples, or the error to answer with (400 malformed body, 413 too many samples, 422 invalid sample).
+    """
+    if isinstance(body, (bytes, bytearray, str)):
+        try:
+            body = json.loads(body)
+        except ValueError as exc:
+            return Rejected(400, f"the body is not JSON ({exc}); send a JSON object", None, "body", _excerpt(body))
+    try:
+        if isinstance(body, list):
+            if not body:
+                return Rejected(400, "the body is an empty list; send at least one sample", None, "body", [])
+            if len(body) > max_samples:
+                return _too_many(len(body), max_samples)
+            return _columns(predictor, [predictor.check_request(sample, i) for i, sample in enumerate(body)])
+        if isinstance(body, dict) and "batch" in body:
+            if len(body) != 1:
+                extra = sorted(set(body) - {"batch"})
+                return Rejected(400, f"a compact batch body holds only 'batch'; unknown keys {extra}", None, extra[0],
+                                extra[0])
+            return _compact(predictor, body["batch"], max_samples)
+        if isinstance(body, dict):
+            return _columns(predictor, [predictor.check_request(body, 0)])
+    except RequestError as exc:
+        return reject(exc)
+    return Rejected(400, f"the body must be a JSON object (one sample or {{'batch': ...}}) or a list of samples, "
+                    f"got {type(body).__name__}", None, "body", type(body).__name__)
+
+
+def _excerpt(body: bytes | bytearray | str) -> str:
+    text = body.decode("utf-8", "replace") if isinstance(body, (bytes, bytearray)) else body
+    return text[:80] + ("..." if len(text) > 80 else "")
+
+
+def _too_many(size: int, max_samples: int) -> Rejected:
+    return Rejected(413, f"the request holds {size} samples, more than the server's limit of {max_samples}; split it",
+                    None, "size", size)
+
+
+def _columns(predictor: Predictor, samples: list[Any]) -> SampleColumns:
+    """Columns of checked samples (``Predictor.check_request``'s results), in the artifact's feature order."""
+    features = predictor.feature_names
+    dense = [x for s in samples for x in s.dense]
+    lengths = [[len(s.ids.get(f, ())) for s in samples] for f in features]
+    ids = [[i for s in samples for i in s.ids.get(f, ())] for f in features]
+    weights = None
+    if predictor.is_weighted:
+        weights = [[w for s in samples for w in s.weights.get(f, [1.0] * len(s.ids.get(f, ())))] for f in features]
+    return SampleColumns(len(samples), dense, lengths, ids, weights)
+
+
+def _compact(predictor: Predictor, batch: Any, max_samples: int) -> SampleColumns | Rejected:
+    if not isinstance(batch, dict):
+        return Rejected(400, f"'batch' must be an object with keys {list(_BATCH_KEYS)}, got {type(batch).__name__}",
+                        None, "batch", type(batch).__name__)
+    unknown = sorted(set(batch) - set(_BATCH_KEYS))
+    if unknown:
+        return Rejected(400, f"unknown keys {unknown} in 'batch'; it takes {list(_BATCH_KEYS)}", None,
+                        f"batch.{unknown[0]}", unknown[0])
+    per_feature: dict[str, Any] = {}
+    for key in ("lengths", "ids", "weights"):
+        part = batch.get(key, {})
+        if not isinstance(part, dict):
+            return Rejected(400, f"'batch.{key}' must be an object feature -> list, got {type(part).__name__}",
+                            None, f"batch.{key}", type(part).__name__)
+        unknown = sorted(set(part) - set(predictor.feature_names))
+        if unknown:
+            return Rejected(422, f"unknown features {unknown} in 'batch.{key}'; the model's features are "
+                            f"{predictor.feature_names}", None, f"batch.{key}", unknown[0])
+        per_feature[key] = part
+    size = _batch_size(predictor, batch, per_feature["lengths"])
+    if isinstance(size, Rejected):
+        return size
+    if size > max_samples:
+        return _too_many(size, max_samples)
+    dense = batch.get("dense")
+    if not predictor.takes_dense and dense not in (None, []):
+        return Rejected(422, "the model takes no dense features, but 'batch.dense' was given", None, "batch.dense", None)
+    if predictor.takes_dense and (not isinstance(dense, list) or len(dense) != size):
+        got = len(dense) if isinstance(dense, list) else type(dense).__name__
+        return Rejected(422, f"'batch.dense' must be a list of {size} rows of {predictor.dense_in_features} floats, "
+                        f"got {got}", None, "batch.dense", got)
+    rows = [predictor.check_dense(b, dense[b] if isinstance(dense, list) and predictor.takes_dense else None)
+            for b in range(size)]
+    columns = SampleColumns(size, [x for row in rows for x in row], [], [], [] if predictor.is_weighted else None)
+    for f in predictor.feature_names:
+        problem = _add_feature(predictor, columns, f, per_feature)
+        if problem is not None:
+            return problem
+    return columns
+
+
+def _batch_size(predictor: Predictor, batch: dict[str, Any], lengths: dict[str, Any]) -> int | Rejected:
+    size = batch.get("size")
+    if size is None:
+        if predictor.takes_dense and isinstance(batch.get("dense"), list):
+            size = len(batch["dense"])
+        elif lengths:
+            first = next(iter(lengths.values()))
+            size = len(first) if isinstance(first, list) else None
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        return Rejected(422, f"the batch's size is {size!r}: give 'batch.size' (a positive int), or 'batch.dense' rows",
+                        None, "batch.size", size)
+    return size
+
+
+def _add_feature(predictor: Predictor, columns: SampleColumns, feature: str, parts: dict[str, Any]) -> Rejected | None:
+    """Check feature ``feature``'s lengths, ids and weights and append them to ``columns``."""
+    size = columns.size
+    lengths, ids, weights = (parts[k].get(feature) for k in ("lengths", "ids", "weights"))
+    if lengths is None and ids is None:
+        if predictor.missing_features == "error":
+            return Rejected(422, f"feature {feature!r} is missing (missing_features='error'); send zero lengths for "
+                            "no ids", None, f"batch.lengths.{feature}", None)
+        lengths, ids = [0] * size, []
+    if (not isinstance(lengths, list) or len(lengths) != size
+            or not all(type(n) is int and n >= 0 for n in lengths)):  # fmt: skip
+        return Rejected(422, f"'batch.lengths.{feature}' must be {size} non-negative ints (ids per sample), got "
+                        f"{_shown(lengths, 80)}", None, f"batch.lengths.{feature}", lengths)
+    if not isinstance(ids, list) or len(ids) != sum(lengths):
+        got = len(ids) if isinstance(ids, list) else type(ids).__name__
+        return Rejected(422, f"'batch.ids.{feature}' must hold sum(lengths) = {sum(lengths)} ids, got {got}",
+                        None, f"batch.ids.{feature}", got)
+    if not predictor.ids_in_range(feature, ids):  # find the sample of the offender; its message is Predictor's
+        start = 0
+        for b, n in enumerate(lengths):
+            predictor.check_ids(b, feature, ids[start:start + n])
+            start += n
+    columns.lengths.append(lengths)
+    columns.ids.append(ids)
+    if columns.weights is not None:
+        if weights is None:
+            weights = [1.0] * len(ids)
+        if (not isinstance(weights, list) or len(weights) != len(ids)
+                or not all(type(w) in (int, float) for w in weights)):  # fmt: skip
+            return Rejected(422, f"'batch.weights.{feature}' must be {len(ids)} numbers (one per id)", None,
+                            f"batch.weights.{feature}", weights)
+        columns.weights.append([float(w) for w in weights])
+    elif weights is not None:
+        return Rejected(422, "'batch.weights' given but the model is not weighted; drop them", None,
+                        f"batch.weights.{feature}", None)
+    return None

@@ -1,0 +1,161 @@
+"""The model a serving worker scores with, its version, and the contract of live updates.
+
+A worker holds one :class:`ServedModel`: a :class:`~lightrec.inference.Predictor` (the loaded
+artifact), the version it holds and a lock. Every batch is scored under the lock, and every update
+is written under it, so a batch sees the model either wholly before or wholly after an update --
+never half-applied rows::
+
+    worker thread (LitServe loop)            follower thread (model_updates.UpdateFollower)
+    ------------------------------            ------------------------------------------------
+    decode, assemble batch                    update = updater.poll()    # read + verify, no lock
+    with lock: forward -> (scores, version)   model.apply(update)        # with lock: write rows
+    encode responses with that version
+
+Live updates come from a :class:`ModelUpdater` (the delta follower of ``lightrec.serving.deltas``
+implements it over a publish folder; tests use fakes). ``poll`` does the slow, fallible part --
+reading the files, checking their checksums, decoding rows -- outside the lock and returns a
+:class:`ModelUpdate`, or None when nothing new is published; ``ModelUpdate.apply`` then only
+writes what ``poll`` prepared (rows in place, or :meth:`ServedModel.replace_predictor` for a whole
+new module), so the lock is held for copies, not for I/O, and a batch waits at most for one copy.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Protocol
+
+import torch
+
+from lightrec.inference.predictor import Predictor
+
+__all__ = ["ModelUpdate", "ModelUpdater", "ServedModel", "UpdaterFactory", "UpdateFailed"]
+
+
+class UpdateFailed(RuntimeError):
+    """``ModelUpdate.apply`` raised after it may have written part of an update: the worker reports
+    itself unhealthy (``/health`` answers 503) so that it gets replaced, instead of scoring with a
+    model that is neither the old version nor the new one."""
+
+
+class ModelUpdate(Protocol):
+    """One new version, read and verified by :meth:`ModelUpdater.poll`, ready to be written.
+
+    Attributes:
+        version: the version the served model holds once :meth:`apply` returns (responses carry it).
+        published_at: wall time (``time.time()``) at which training published that version; the
+            freshness lag reported by ``/metrics`` is the time from it to the apply.
+    """
+
+    @property
+    def version(self) -> int: ...
+
+    @property
+    def published_at(self) -> float: ...
+
+    def apply(self, model: ServedModel) -> None:
+        """Write the update into ``model`` (rows of ``model.predictor.module`` in place, or
+        ``model.replace_predictor(...)``). Called with ``model``'s lock held, between two batches;
+        must not do I/O nor fail after it started writing (verification belongs to ``poll``)."""
+        ...
+
+
+class ModelUpdater(Protocol):
+    """A source of updates for one served model (one per worker, built by an :data:`UpdaterFactory`)."""
+
+    def poll(self) -> ModelUpdate | None:
+        """The next update to apply on top of the served model's current version, or None when
+        nothing newer is published. Called from the follower thread, never concurrently with itself.
+
+        Raises:
+            Exception: a version that cannot be applied (corrupt, partial, a gap in the chain): the
+                follower logs it, counts it as refused, keeps serving the current version and polls
+                again at the next interval (a later good version is applied then).
+        """
+        ...
+
+
+class UpdaterFactory(Protocol):
+    """Builds the updater of one worker's model, in the worker process. It is pickled into the
+    worker processes: a module-level function or a ``functools.partial`` of one."""
+
+    def __call__(self, model: ServedModel) -> ModelUpdater: ...
+
+
+class ServedModel:
+    """A predictor, the version it holds and the lock that keeps batches and updates apart.
+
+    Args:
+        predictor: the loaded artifact.
+        version: the version of the artifact as loaded (0: as exported, before any delta).
+        published_at: wall time the loaded version was written (for an artifact, its file's mtime).
+    """
+
+    def __init__(self, predictor: Predictor, version: int = 0, published_at: float = 0.0) -> None:
+        self._predictor = predictor
+        self._version = int(version)
+        self._published_at = float(published_at)
+        self._lock = threading.Lock()
+
+    @property
+    def predictor(self) -> Predictor:
+        """The predictor batches are scored with (its ``module``, ``meta`` and ``device``)."""
+        return self._predictor
+
+    @property
+    def version(self) -> int:
+        """The version every batch scored from now on carries."""
+        return self._version
+
+    @property
+    def published_at(self) -> float:
+        """Wall time at which the served version was published."""
+        return self._published_at
+
+    def score(self, dense_features: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor,
+              weights: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
+        """Probabilities of one batch (``Predictor.probabilities``) and the version that produced them.
+
+        Args:
+            dense_features: ``[B, I]`` float32; values: ``[N]`` key-major ids; lengths: ``[F * B]``;
+                weights: ``[N]`` or None (layout in :mod:`lightrec.inference.export`).
+
+        Returns:
+            ``([B]`` or ``[B, K]`` CPU probabilities, the version``)``, read under the same lock hold.
+        """
+        with self._lock:
+            return self._predictor.probabilities(dense_features, values, lengths, weights), self._version
+
+    def apply(self, update: ModelUpdate) -> None:
+        """Write ``update`` between two batches and take its version.
+
+        Raises:
+            UpdateFailed: ``update.apply`` raised; the model may be partly written (see the class).
+        """
+        with self._lock:
+            try:
+                update.apply(self)
+            except Exception as exc:
+                raise UpdateFailed(f"applying version {update.version} failed part way ({type(exc).__name__}: "
+                                   f"{exc}); this worker's model is no longer a published version") from exc
+            self._version = int(update.version)
+            self._published_at = float(update.published_at)
+
+    def replace_predictor(self, predictor: Predictor) -> None:
+        """Serve ``predictor`` from the next batch on: for a :meth:`ModelUpdate.apply` that swaps the
+        whole module. Its inputs must be the served ones (same features, dense width, weighting).
+
+        Raises:
+            RuntimeError: called outside :meth:`apply` (without the lock held).
+            ValueError: ``predictor`` takes other inputs than the served one.
+        """
+        if not self._lock.locked():
+            raise RuntimeError("replace_predictor is called from ModelUpdate.apply, under ServedModel.apply's lock")
+        old = self._predictor
+        if (predictor.feature_names, predictor.dense_in_features, predictor.is_weighted) != (
+                old.feature_names, old.dense_in_features, old.is_weighted):
+            raise ValueError(
+                f"the new predictor takes features {predictor.feature_names} (dense {predictor.dense_in_features}, "
+                f"weighted {predictor.is_weighted}) but the served one takes {old.feature_names} (dense "
+                f"{old.dense_in_features}, weighted {old.is_weighted}); an update cannot change the inputs"
+            )
+        self._predictor = predictor

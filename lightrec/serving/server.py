@@ -1,0 +1,147 @@
+"""Build and run a ``lightrec serve`` server: LitServe around :class:`~lightrec.serving.api.RecServingAPI`.
+
+::
+
+    from lightrec.serving import ServeConfig
+    from lightrec.serving.server import serve
+
+    serve(ServeConfig("model_int8.pt", port=8000, workers_per_device=2))   # blocks; Ctrl+C or SIGTERM stops it
+
+The processes of one server (LitServe's layout)::
+
+    main process        this function: checks the options, then waits; SIGTERM/Ctrl+C shut all down
+    HTTP servers        ``api_servers`` forked uvicorn processes on one socket: admission (503/413),
+                        JSON parsing, /health /ready /metrics /info
+    inference workers   devices x ``workers_per_device`` spawned processes, each with its own copy of the
+                        model (RecServingAPI.setup); requests reach them through LitServe's queue and
+                        are scored in batches of up to ``max_batch_size`` requests
+
+Options are checked (:meth:`ServeConfig.check`) before any process starts, so a typo in a path or a
+port fails in a second with a message instead of in a worker's log.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+import litserve as ls
+import torch
+
+from lightrec.serving.admission import AdmissionGate, AdmissionMiddleware
+from lightrec.serving.api import PREDICT_PATH, RecServingAPI
+from lightrec.serving.config import ServeConfig, ServeConfigError
+from lightrec.serving.endpoints import add_endpoints
+from lightrec.serving.metrics import ServingMetrics
+from lightrec.serving.model_updates import delta_updater_factory
+from lightrec.serving.served_model import UpdaterFactory
+
+__all__ = ["BuiltServer", "build_server", "serve"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BuiltServer:
+    """A LitServe server ready to ``run``, with what ``run`` needs to know about it."""
+
+    server: ls.LitServer
+    config: ServeConfig
+    api_servers: int
+    workers: int
+    metrics: ServingMetrics
+    gate: AdmissionGate
+
+    def run(self) -> None:
+        """Serve until Ctrl+C, SIGTERM or a worker's death (LitServe then shuts every process down)."""
+        previous = signal.signal(signal.SIGTERM, _interrupt_in(os.getpid()))  # LitServe's Ctrl+C shutdown path
+        try:
+            self.server.run(host=self.config.host, port=self.config.port, num_api_servers=self.api_servers,
+                            log_level=self.config.log_level, generate_client_file=False)
+        except KeyboardInterrupt:
+            pass  # interrupted while the workers were starting: LitServe has not shut them down
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            for child in multiprocessing.active_children():  # the processes this server started, if any is left
+                child.terminate()
+                child.join(5)
+
+
+def _interrupt_in(owner: int) -> Callable[[int, FrameType | None], None]:
+    """A SIGTERM handler: Ctrl+C in the server's main process; in the HTTP server processes forked from
+    it (which inherit it, and re-raise SIGTERM once uvicorn has shut down) a quiet exit."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if os.getpid() == owner:
+            raise KeyboardInterrupt
+        raise SystemExit(128 + signum)
+
+    return handler
+
+
+def build_server(config: ServeConfig, updater_factory: UpdaterFactory | None = None) -> BuiltServer:
+    """Check ``config`` and build the server (nothing starts until :meth:`BuiltServer.run`).
+
+    Args:
+        config: the options.
+        updater_factory: builds each worker's updater (a test's fake, your own source of versions);
+            ``config.deltas`` builds the one of ``lightrec.serving.deltas``. Give one or the other.
+
+    Raises:
+        ServeConfigError: an option or the artifact is unusable.
+        DeltasUnavailable: ``config.deltas`` is set but ``lightrec.serving.deltas`` does not import.
+    """
+    meta = config.check()
+    if config.deltas is not None:
+        if updater_factory is not None:
+            raise ServeConfigError("give either deltas (a publish folder) or an updater_factory, not both")
+        updater_factory = delta_updater_factory(config.deltas)
+    gpus = torch.cuda.device_count() if config.accelerator != "cpu" else 0  # counts without initializing CUDA
+    accelerator = config.resolved_accelerator(gpus)
+    if accelerator == "cuda" and gpus == 0:
+        raise ServeConfigError("--accelerator cuda but no GPU is visible; use --accelerator cpu")
+    workers = config.worker_count(gpus)
+    api_servers = config.api_servers or workers
+    metrics = ServingMetrics(api_servers, workers)
+    gate = AdmissionGate(config.max_queue)
+    threads = config.cpu_threads() if accelerator == "cpu" else None
+    api = RecServingAPI(config, metrics, updater_factory, threads)
+    devices: int | str = 1 if accelerator == "cpu" else (gpus if config.devices == "auto" else int(config.devices))
+    admission = {"path": PREDICT_PATH, "gate": gate, "metrics": metrics, "max_payload_bytes": config.max_payload_bytes}
+    server = ls.LitServer(api, accelerator=accelerator, devices=devices, workers_per_device=config.workers_per_device,
+                          timeout=config.timeout_s, model_metadata=_model_info(config, meta),
+                          middlewares=[(AdmissionMiddleware, admission)])
+    add_endpoints(server.app, metrics, gate)
+    return BuiltServer(server, config, api_servers, workers, metrics, gate)
+
+
+def serve(config: ServeConfig, updater_factory: UpdaterFactory | None = None) -> None:
+    """Build the server and run it until it is stopped (see :func:`build_server` for the arguments)."""
+    built = build_server(config, updater_factory)
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    print(f"lightrec serve: {config.artifact} at http://{host}:{config.port}{PREDICT_PATH} ({built.workers} "
+          f"worker(s), batches of <= {config.max_batch_size} requests / {config.batch_timeout_ms:g} ms"
+          + (f", following {config.deltas}" if config.deltas else "") + "); GET /health /ready /metrics /info",
+          file=sys.stderr, flush=True)
+    built.run()
+
+
+def _model_info(config: ServeConfig, meta: dict[str, Any]) -> dict[str, Any]:
+    """What ``GET /info`` says about the model: enough for a client to build requests."""
+    keys = ("name", "num_embeddings", "embedding_dim", "feature_names", "data_type", "id_space")
+    return {
+        "artifact": str(config.artifact),
+        "format": meta.get("format"),
+        "feature_names": meta["feature_names"],
+        "dense_in_features": meta.get("dense_in_features") if meta.get("takes_dense", True) else 0,
+        "is_weighted": bool(meta.get("is_weighted", False)),
+        "tables": [{k: t[k] for k in keys if k in t} for t in meta["tables"]],
+        "deltas": str(config.deltas) if config.deltas is not None else None,
+    }

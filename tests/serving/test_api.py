@@ -1,0 +1,91 @@
+"""``RecServingAPI`` called the way LitServe's loops call it, in this process: batched
+(``decode_request`` -> ``batch`` -> ``predict`` -> ``unbatch`` -> ``encode_response``) and one
+request at a time (``max_batch_size=1``: no ``batch``), with an updater that catches up at set-up."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from lightrec.inference import export, load
+from lightrec.serving import ServeConfig, ServedModel
+from lightrec.serving.metrics import ServingMetrics, WorkerState
+from tests.inference.helpers import dlrm
+
+pytest.importorskip("litserve")
+from lightrec.serving.api import RecServingAPI  # noqa: E402 - needs LitServe
+
+GOOD = {"dense": [0.5] * 5, "sparse": {"f0": [1, 2], "f3": [16]}}
+BAD = {"dense": [0.5] * 5, "sparse": {"f3": [17]}}
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return export(dlrm(), tmp_path_factory.mktemp("api") / "m.pt")
+
+
+@dataclass
+class Bump:
+    version: int
+    published_at: float
+
+    def apply(self, model: ServedModel) -> None:
+        pass  # the rows stay: only the version moves
+
+
+class TwoVersions:
+    def __init__(self) -> None:
+        self.pending = [Bump(1, time.time() - 1), Bump(2, time.time())]
+
+    def poll(self) -> Bump | None:
+        return self.pending.pop(0) if self.pending else None
+
+
+def two_versions(model: ServedModel) -> TwoVersions:
+    return TwoVersions()
+
+
+def _api(artifact: Path, max_batch_size: int, factory: object = None) -> tuple[RecServingAPI, ServingMetrics]:
+    metrics = ServingMetrics(api_servers=1, workers=1)
+    config = ServeConfig(artifact, max_batch_size=max_batch_size, follow_interval_s=0.05)
+    api = RecServingAPI(config, metrics, factory, threads=1)  # type: ignore[arg-type]
+    api.setup("cpu")
+    return api, metrics
+
+
+def _body(response: object) -> tuple[int, dict]:
+    return response.status_code, json.loads(response.body)  # type: ignore[attr-defined]
+
+
+def test_batched_path_scores_good_requests_and_rejects_bad_ones(artifact: Path) -> None:
+    api, metrics = _api(artifact, max_batch_size=8, factory=two_versions)
+    assert api.model.version == 2  # caught up before serving
+    assert metrics.worker_states() == [(WorkerState.SERVING, 2)]
+    decoded = [api.decode_request(b) for b in (GOOD, BAD, [GOOD, GOOD], b"{oops")]
+    outputs = api.unbatch(api.predict(api.batch(decoded)))
+    answers = [_body(api.encode_response(o)) for o in outputs]
+    want = float(load(artifact).predict([GOOD])[0])
+    assert answers[0] == (200, {"scores": [want], "version": 2})
+    assert answers[1][0] == 422 and answers[1][1]["field"] == "sparse.f3[0]" and answers[1][1]["value"] == 17
+    assert answers[2][0] == 200 and answers[2][1]["scores"] == [want, want]
+    assert answers[3][0] == 400 and answers[3][1]["field"] == "body"
+    text = metrics.render(0, 1)
+    assert "lightrec_serving_batch_size_sum 3" in text and "lightrec_serving_scored_requests_total 2" in text
+    api.close()
+
+
+def test_one_request_at_a_time(artifact: Path) -> None:
+    api, _ = _api(artifact, max_batch_size=1)
+    assert _body(api.encode_response(api.predict(api.decode_request(GOOD))))[1]["version"] == 0
+    assert _body(api.encode_response(api.predict(api.decode_request(BAD))))[0] == 422
+
+
+def test_health_turns_false_when_a_worker_is_damaged(artifact: Path) -> None:
+    api, metrics = _api(artifact, max_batch_size=4)
+    assert api.health() is True
+    metrics.worker(0).set_damaged()
+    assert api.health() is False
