@@ -358,6 +358,8 @@ FOREIGN: tuple[Foreign, ...] = (
             "-- in the environment because the ranks a launcher execs read it only at start"),
     Foreign("MALLOC_TRIM_THRESHOLD_", "glibc", "kept when set; else written by the malloc policy (`tuned`: 1 GiB), "
             "for the same reason"),
+    Foreign("LITSERVE_WORKER_ID", "LitServe", "which `lightrec serve` worker (or HTTP server) this process is: the "
+            "index its metrics are kept under (0 outside LitServe)"),
     Foreign("PATH", "the shell", "pip's `ninja` is put in front while the native ops build, then PATH is restored: "
             "torch's build finds `ninja` only there"),
 )
