@@ -49,6 +49,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "fx": frozenset({"sparse", "modules"}),
     "distributed": frozenset({"sparse", "modules", "optim", "kernels", "quant"}),
     "inference": frozenset({"sparse", "modules", "optim", "kernels", "quant", "fx", "distributed"}),
+    # serving: live delta application over loaded artifacts (and `lightrec serve`), beside lightning
+    "serving": frozenset({"sparse", "modules", "optim", "kernels", "quant", "fx", "distributed", "inference"}),
     "lightning": frozenset(
         {
             "sparse",
