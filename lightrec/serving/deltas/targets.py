@@ -13,7 +13,7 @@ quantized pooled table      a part of its collection's ``..._flat_weights`` (eve
                             in the metadata's table order; ``lightrec.quant.table_groups``). An
                             exported program keeps stale copies under ``embedding_bags.t.weight``,
                             which only tell which tables a flat buffer holds; TorchScript keeps none,
-                            so the tables are assigned by size, in order
+                            so the tables are cut, in order, into runs that fill each buffer
 MCH id map of ``t``         ``..._remappers.t.sorted_ids`` / ``sorted_rows`` ``[rows]``
 hash id map of ``t``        ``..._remappers.t.identities`` ``[rows]``
 dense weight ``name``       ``model.name``
@@ -30,7 +30,7 @@ import torch
 from lightrec.distributed.deltas import DeltaApplyError
 from lightrec.distributed.deltas.rows import row_data_type
 from lightrec.inference.predictor import Predictor
-from lightrec.quant.row_codec import row_size_in_bytes
+from lightrec.quant.row_codec import DEFAULT_ROW_ALIGNMENT, row_size_in_bytes
 
 __all__ = ["ArtifactTargets", "RemapperTarget", "TableTarget", "find_targets"]
 
@@ -80,41 +80,78 @@ def _row_bytes(meta: dict[str, Any], alignment: int) -> int:
     return row_size_in_bytes(int(meta["embedding_dim"]), row_data_type(fmt), alignment)
 
 
-def _layout(flat: torch.Tensor, tables: list[dict[str, Any]]) -> list[int] | None:
-    """Row bytes of each of ``tables`` when they fill ``flat`` exactly under one row alignment."""
-    layouts = set()
+def _layouts(flat: torch.Tensor, tables: list[dict[str, Any]]) -> dict[tuple[int, ...], bool]:
+    """``{row bytes of each table: under the default alignment}`` for the alignments under which
+    ``tables`` fill ``flat`` exactly."""
+    found: dict[tuple[int, ...], bool] = {}
     for alignment in _ALIGNMENTS:
-        widths = [_row_bytes(t, alignment) for t in tables]
+        widths = tuple(_row_bytes(t, alignment) for t in tables)
         if sum(int(t["num_embeddings"]) * w for t, w in zip(tables, widths)) == flat.numel():
-            layouts.add(tuple(widths))
-    if len(layouts) > 1:
-        raise DeltaApplyError(f"the tables {[t['name'] for t in tables]} fit their flat buffer under several row "
-                              "alignments; the artifact's layout is ambiguous")  # fmt: skip
-    return list(layouts.pop()) if layouts else None
+            found[widths] = found.get(widths, False) or alignment == DEFAULT_ROW_ALIGNMENT
+    return found
+
+
+_Split = tuple[tuple[int, tuple[int, ...]], ...]  # per flat buffer: (tables it takes, their row bytes)
+
+
+def _splits(flats: list[torch.Tensor], pending: list[dict[str, Any]]) -> list[tuple[_Split, bool]]:
+    """Every way to cut ``pending`` (in order) into one run of tables per flat buffer (in order) that
+    fills it, each with whether it uses the default alignment throughout."""
+    out: list[tuple[_Split, bool]] = []
+
+    def search(i: int, start: int, acc: _Split, default: bool) -> None:
+        if i == len(flats):
+            if start == len(pending):
+                out.append((acc, default))
+            return
+        for end in range(start + 1, len(pending) - (len(flats) - i - 1) + 1):
+            for widths, is_default in _layouts(flats[i], pending[start:end]).items():
+                search(i + 1, end, (*acc, (end - start, widths)), default and is_default)
+
+    search(0, 0, (), True)
+    return out
 
 
 def _flat_tables(flats: dict[str, torch.Tensor], named: dict[str, torch.Tensor],
                  pending: list[dict[str, Any]]) -> dict[str, torch.Tensor]:  # fmt: skip
-    """``{table: [rows, row_bytes] view of its flat buffer}`` for the quantized pooled tables ``pending``."""
-    out: dict[str, torch.Tensor] = {}
+    """``{table: [rows, row_bytes] view of its flat buffer}`` for the quantized pooled tables ``pending``.
+
+    An exported program's (unused) per-table copies name each buffer's tables; TorchScript keeps
+    none, so the tables are cut into runs, in order, one per buffer, that fill each exactly (the
+    default row alignment preferred); more than one such cut is refused as ambiguous.
+    """
+    runs: list[tuple[torch.Tensor, list[dict[str, Any]], tuple[int, ...]]] = []
+    unnamed: list[torch.Tensor] = []
     for prefix, flat in flats.items():
-        # exported programs keep (unused) per-table copies that name the buffer's tables; else take by size
         mine = [t for t in pending if f"{prefix}embedding_bags.{t['name']}.weight" in named]
-        candidates = [mine] if mine else [pending[:k] for k in range(1, len(pending) + 1)]
-        for tables in candidates:
-            widths = _layout(flat, tables)
-            if widths is None:
-                continue
-            offset = 0
-            for t, width in zip(tables, widths):
-                size = int(t["num_embeddings"]) * width
-                out[t["name"]] = flat[offset : offset + size].view(int(t["num_embeddings"]), width)
-                offset += size
-            pending = [t for t in pending if t["name"] not in out]
-            break
-        else:
-            raise DeltaApplyError(f"cannot tell which tables {prefix}{_FLAT} ({flat.numel()} bytes) holds among "
-                                  f"{[t['name'] for t in pending]}")  # fmt: skip
+        if not mine:
+            unnamed.append(flat)
+            continue
+        layouts = _layouts(flat, mine)
+        if len(layouts) != 1:
+            raise DeltaApplyError(f"{prefix}{_FLAT} ({flat.numel()} bytes) does not hold tables "
+                                  f"{[t['name'] for t in mine]} under one row alignment")  # fmt: skip
+        runs.append((flat, mine, next(iter(layouts))))
+    rest = [t for t in pending if not any(t in mine for _, mine, _ in runs)]
+    if unnamed or rest:
+        splits = _splits(unnamed, rest)
+        preferred = [s for s, default in splits if default] or [s for s, _ in splits]
+        if len(preferred) != 1:
+            why = "no" if not preferred else f"{len(preferred)}"
+            raise DeltaApplyError(f"{why} way(s) to lay the tables {[t['name'] for t in rest]} out in the artifact's "
+                                  f"{len(unnamed)} flat buffer(s) of {[f.numel() for f in unnamed]} bytes; "
+                                  "its layout cannot be told")  # fmt: skip
+        start = 0
+        for flat, (count, widths) in zip(unnamed, preferred[0]):
+            runs.append((flat, rest[start : start + count], widths))
+            start += count
+    out: dict[str, torch.Tensor] = {}
+    for flat, tables, widths in runs:
+        offset = 0
+        for t, width in zip(tables, widths):
+            size = int(t["num_embeddings"]) * width
+            out[t["name"]] = flat[offset : offset + size].view(int(t["num_embeddings"]), width)
+            offset += size
     return out
 
 

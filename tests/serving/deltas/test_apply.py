@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from lightrec import KeyedJaggedTensor
 from lightrec.distributed.deltas import (
     DeltaApplyError,
     DeltaReader,
@@ -127,6 +128,32 @@ def test_find_targets_locates_every_table_of_a_quantized_torchscript_artifact(tm
         assert torch.equal(target.storage, collection.embedding_bags[name].weight), name
     assert {t.row_format for t in targets.tables.values()} == {"int8", "int4", "fp16"}
     assert "dense_arch.model._mlp.0.linear.weight" in targets.dense
+
+
+class _TwoCollections(torch.nn.Module):
+    """Two pooled collections, one of 8 equal tables: several ways to cut a flat buffer by size alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from lightrec import EmbeddingBagCollection, EmbeddingBagConfig
+
+        def table(name: str, rows: int, dim: int) -> EmbeddingBagConfig:
+            return EmbeddingBagConfig(name=name, num_embeddings=rows, embedding_dim=dim, feature_names=[f"f_{name}"])
+
+        self.a = EmbeddingBagCollection([table(f"a{i}", 10, 64) for i in range(8)])
+        self.b = EmbeddingBagCollection([table("b0", 7, 8), table("b1", 5, 16)])
+
+    def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
+        return torch.cat([self.a(features).values(), self.b(features).values()], dim=1).sum(dim=1, keepdim=True)
+
+
+def test_find_targets_cuts_flat_buffers_of_equal_tables_right(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    q = quantize(_TwoCollections(), dtype="int8")
+    targets = find_targets(load(export(q, tmp_path / "m.pt")))  # TorchScript: no per-table views kept
+    for collection in (q.a, q.b):
+        for name, table in collection.embedding_bags.items():
+            assert torch.equal(targets.tables[name].storage, table.weight), name
 
 
 def test_a_failed_apply_leaves_the_artifact_and_the_version_unchanged(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
