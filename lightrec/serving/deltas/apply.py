@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 import torch
 
@@ -163,10 +163,15 @@ class PendingUpdate:
         """Compute every write for ``predictor`` (idempotent; nothing in the artifact changes).
 
         Raises:
-            DeltaApplyError: a table or dense weight does not fit the artifact.
+            DeltaApplyError: a table or dense weight does not fit the artifact (logged, and the
+                listener told: its versions are refused).
         """
-        if id(predictor.module) not in self._plans:
+        if id(predictor.module) in self._plans:
+            return
+        try:
             self._plans[id(predictor.module)] = self._plan(find_targets(predictor))
+        except Exception as exc:
+            self._fail(exc)
 
     def _plan(self, targets: ArtifactTargets) -> list[_RowWrite | _Replace]:
         writes: list[_RowWrite | _Replace] = []
@@ -215,9 +220,9 @@ class PendingUpdate:
         """
         if self._listener is not None:
             self._listener.check(self)
+        self.prepare(predictor)
         saved: list[tuple[_RowWrite | _Replace, torch.Tensor]] = []
         try:
-            self.prepare(predictor)
             with torch.no_grad():
                 for write in self._plans[id(predictor.module)]:
                     saved.append((write, write.save()))
@@ -226,14 +231,18 @@ class PendingUpdate:
             with torch.no_grad():
                 for write, rows in reversed(saved):
                     write.write(rows)
-            error = exc if isinstance(exc, DeltaApplyError) else DeltaApplyError(
-                f"applying version {self.version} failed ({type(exc).__name__}: {exc}); the artifact is unchanged")
-            logger.error("version %d not applied: %s", self.version, error)
-            if self._listener is not None:
-                self._listener.failed(self, error)
-            if error is exc:
-                raise
-            raise error from exc
+            self._fail(exc)
         if self._listener is not None:
             self._listener.applied(self)
         return self.version
+
+    def _fail(self, exc: Exception) -> NoReturn:
+        """Log, tell the listener, raise ``DeltaApplyError`` (``exc`` itself when it is one)."""
+        error = exc if isinstance(exc, DeltaApplyError) else DeltaApplyError(
+            f"applying version {self.version} failed ({type(exc).__name__}: {exc}); the artifact is unchanged")
+        logger.error("version %d not applied: %s", self.version, error)
+        if self._listener is not None:
+            self._listener.failed(self, error)
+        if error is exc:
+            raise error
+        raise error from exc

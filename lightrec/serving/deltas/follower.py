@@ -126,7 +126,8 @@ class DeltaFollower:
             self._wall_times = {v: m.wall_time for v, m in manifests.items() if m is not None}
         read: dict[int, Version] = {}
         for target in reversed(newer):
-            route = self._route(target, manifests, current)
+            refused = self.refused_versions  # grows as reads fail: later routes avoid those versions
+            route = self._route(target, {v: m for v, m in manifests.items() if v not in refused}, current)
             if route is None:
                 continue
             snapshot = manifests[route[0]]

@@ -199,6 +199,12 @@ def test_a_version_of_another_model_is_refused(tmp_path: Path) -> None:
     update = PendingUpdate(DeltaReader(tmp_path / "other").state())
     with pytest.raises(DeltaApplyError, match=r"the version has table 'zz', the artifact does not"):
         update.apply(predictor)
+    follower = DeltaFollower(tmp_path / "other")
+    pending = follower.poll(force=True)
+    assert pending is not None
+    with pytest.raises(DeltaApplyError, match="'zz'"):
+        pending.prepare(predictor)  # a failure found off the hot path refuses the version too
+    assert follower.refused_versions == {1} and follower.poll(force=True) is None and follower.version is None
     writer.write_snapshot({**rows, "t0": TableRows(torch.arange(40), torch.zeros(40, 8))}, {"nope.weight": torch.ones(2)})
     state = DeltaReader(tmp_path / "other").state()
     with pytest.raises(DeltaApplyError, match=r"none of the version's 1 dense weights .*'nope.weight'"):
