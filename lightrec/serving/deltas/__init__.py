@@ -2,7 +2,8 @@
 
 ``find_targets`` locates what a version changes in a ``Predictor``'s module (``targets.py``);
 ``PendingUpdate`` prepares the writes and applies them in place, all or nothing (``apply.py``);
-``DeltaFollower`` polls a folder and picks the next update (``follower.py``). The format and its
+``DeltaFollower`` polls a folder and picks the next update (``follower.py``); ``open_updater`` is
+that follower behind ``lightrec serve``'s updater seam (``updater.py``). The format and its
 writer/reader are :mod:`lightrec.distributed.deltas`; ``docs/deltas.md`` describes both.
 """
 
@@ -10,6 +11,13 @@ from lightrec.distributed.deltas.errors import DeltaApplyError, DeltaError
 from lightrec.serving.deltas.apply import PendingUpdate, UpdateListener, artifact_rows
 from lightrec.serving.deltas.follower import GAPS, DeltaFollower
 from lightrec.serving.deltas.targets import ArtifactTargets, RemapperTarget, TableTarget, find_targets
+from lightrec.serving.deltas.updater import (
+    DeltaModelUpdate,
+    DeltaRefused,
+    DeltaUpdater,
+    ServedLike,
+    open_updater,
+)
 
 __all__ = [
     "GAPS",
@@ -17,10 +25,15 @@ __all__ = [
     "DeltaApplyError",
     "DeltaError",
     "DeltaFollower",
+    "DeltaModelUpdate",
+    "DeltaRefused",
+    "DeltaUpdater",
     "PendingUpdate",
     "RemapperTarget",
+    "ServedLike",
     "TableTarget",
     "UpdateListener",
     "artifact_rows",
     "find_targets",
+    "open_updater",
 ]

@@ -4,6 +4,7 @@ falls behind retention, and every follower of a folder converges to the same ver
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 
 from lightrec.distributed.deltas import DeltaWriter, publish_rows, publish_snapshot, table_specs
 from lightrec.inference import Predictor, export, load
-from lightrec.serving.deltas import DeltaApplyError, DeltaFollower
+from lightrec.serving.deltas import DeltaApplyError, DeltaFollower, DeltaRefused, open_updater
 from tests.inference.helpers import dlrm, kjt
 
 PROBE = (torch.randn(8, 5, generator=torch.Generator().manual_seed(3)), kjt(8, 3, max_len=6))
@@ -168,3 +169,39 @@ def test_follower_arguments_are_checked(tmp_path: Path) -> None:
         DeltaFollower(tmp_path, poll_interval_s=-1)
     follower = DeltaFollower(tmp_path / "nothing-yet")
     assert follower.poll() is None and follower.version is None and follower.lag_seconds == 0.0
+
+
+class _Served:
+    """The server's ``ServedModel`` as the updater sees it: a predictor, its version, a lock."""
+
+    def __init__(self, predictor: Predictor) -> None:
+        self.predictor, self.version, self.published_at = predictor, 0, 0.0
+        self._lock = threading.Lock()
+
+    def apply(self, update) -> None:  # noqa: ANN001 - a DeltaModelUpdate
+        with self._lock:
+            update.apply(self)
+            self.version, self.published_at = update.version, update.published_at
+
+
+def test_open_updater_is_the_servers_seam(tmp_path: Path, artifact: Path) -> None:
+    folder = tmp_path / "publish"
+    trainer = _third_of_four_corrupt(folder)
+    served = _Served(load(artifact))
+    updater = open_updater(folder, served)
+    update = updater.poll()  # read, verified and prepared: the version 3 refused, up to 2
+    assert update is not None and update.version == 2 and update.published_at > 0
+    served.apply(update)
+    assert served.version == 2 and torch.equal(_scores(served.predictor), trainer.scores(2))
+    assert updater.poll() is None  # 4 builds on the refused 3: nothing to apply, nothing new refused
+    trainer.snapshot()
+    _corrupt(folder, 5)
+    with pytest.raises(DeltaRefused, match=r"refused version\(s\) \[5\] .* still serving version 2"):
+        updater.poll()
+    trainer.step(6)  # a delta on the refused snapshot: still nothing; a good snapshot then catches up
+    assert updater.poll() is None
+    trainer.snapshot()
+    update = updater.poll()
+    assert update is not None and update.version == 7
+    served.apply(update)
+    assert torch.equal(_scores(served.predictor), trainer.scores(7))
