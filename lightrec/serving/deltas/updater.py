@@ -1,0 +1,100 @@
+"""``open_updater``: the delta follower behind ``lightrec serve --deltas DIR``'s updater seam.
+
+The server (``lightrec.serving.served_model``) asks each worker's updater for the next update with
+``poll()`` -- on its follower thread, without the model's lock -- and applies what it returns
+under the lock with ``ServedModel.apply(update)``, which calls ``update.apply(model)`` and then
+takes ``update.version`` and ``update.published_at``. :class:`DeltaUpdater` is that updater over a
+publish folder: ``poll`` reads, verifies and *prepares* the update (rows converted, id maps
+computed: :meth:`PendingUpdate.prepare`), so that ``apply`` under the lock is copies only.
+
+A served model at version 0 is the artifact as exported: the first update rebuilds the newest
+version from its snapshot. A poll that refuses versions (corrupt files, an update that does not fit
+the artifact) and finds nothing else to apply raises :class:`DeltaRefused`, which the server logs
+and counts; the served version stays and a later poll applies the next good version.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Protocol
+
+from lightrec.distributed.deltas import DeltaError
+from lightrec.inference.predictor import Predictor
+from lightrec.serving.deltas.apply import PendingUpdate
+from lightrec.serving.deltas.follower import DeltaFollower
+
+__all__ = ["DeltaModelUpdate", "DeltaRefused", "DeltaUpdater", "ServedLike", "open_updater"]
+
+
+class DeltaRefused(DeltaError):
+    """A poll refused versions and found no other update to apply; the served version is unchanged."""
+
+
+class ServedLike(Protocol):
+    """What the updater reads of the server's ``ServedModel``."""
+
+    @property
+    def predictor(self) -> Predictor: ...
+
+    @property
+    def version(self) -> int: ...
+
+
+class DeltaModelUpdate:
+    """One prepared update: ``version``, ``published_at`` (the version's wall time), ``apply(model)``."""
+
+    def __init__(self, update: PendingUpdate) -> None:
+        self.update = update
+
+    @property
+    def version(self) -> int:
+        return self.update.version
+
+    @property
+    def published_at(self) -> float:
+        return self.update.state.wall_time
+
+    def apply(self, model: ServedLike) -> None:
+        """Write the update into ``model.predictor`` (under the server's lock); all or nothing."""
+        self.update.apply(model.predictor)
+
+    def __repr__(self) -> str:
+        return f"DeltaModelUpdate({self.update!r})"
+
+
+class DeltaUpdater:
+    """Polls a publish folder for the served model (see the module docstring).
+
+    Args:
+        directory: the publish folder.
+        model: the worker's served model (``version`` 0: as exported, nothing applied yet).
+        gaps: as :class:`DeltaFollower`'s.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], model: ServedLike, gaps: str = "wait") -> None:
+        self.model = model
+        # the server paces the polls: every call scans
+        self.follower = DeltaFollower(directory, poll_interval_s=0.0, start_version=model.version or None, gaps=gaps)
+
+    def poll(self) -> DeltaModelUpdate | None:
+        """The next update, prepared for the served predictor, or None when nothing newer is published.
+
+        Raises:
+            DeltaRefused: versions were refused and nothing else can be applied.
+            DeltaApplyError: the update found does not fit the served artifact (its versions are refused).
+        """
+        before = self.follower.refused_versions
+        update = self.follower.poll(force=True)
+        if update is None:
+            refused = sorted(self.follower.refused_versions - before)
+            if refused:
+                raise DeltaRefused(f"refused version(s) {refused} of {self.follower.reader.dirpath} (see the log); "
+                                   f"still serving version {self.model.version}")  # fmt: skip
+            return None
+        update.prepare(self.model.predictor)
+        return DeltaModelUpdate(update)
+
+
+def open_updater(directory: str | os.PathLike[str], model: ServedLike) -> DeltaUpdater:
+    """The updater of ``lightrec serve --deltas directory`` for one worker's ``model``."""
+    return DeltaUpdater(directory, model)
