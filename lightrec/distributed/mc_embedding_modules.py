@@ -44,9 +44,9 @@ from lightrec.distributed.sharding.mc_sharding import (
 )
 from lightrec.distributed.sharding_env import ShardingEnv
 from lightrec.distributed.state_dict import gather_full_state_dict
-from lightrec.modules.mc_base import ManagedCollisionModule
-from lightrec.modules.mc_collection import ManagedCollisionCollection
-from lightrec.modules.mc_embedding_modules import BaseManagedCollisionEmbeddingCollection
+from lightrec.modules.managed_collision.base import ManagedCollisionModule
+from lightrec.modules.managed_collision.collection import ManagedCollisionCollection
+from lightrec.modules.managed_collision.embedding_collections import BaseManagedCollisionEmbeddingCollection
 from lightrec.optim.fused_spec import FusedOptimizerSpec
 from lightrec.sparse import JaggedTensor, KeyedJaggedTensor
 

@@ -24,7 +24,7 @@ from lightrec.distributed.mc_embedding_modules import (
 )
 from lightrec.distributed.sharding.work_ahead import StartedInputDist
 from lightrec.modules.embedding_modules import EmbeddingBagCollection
-from lightrec.modules.mc_embedding_modules import (
+from lightrec.modules.managed_collision.embedding_collections import (
     BaseManagedCollisionEmbeddingCollection,
     ManagedCollisionEmbeddingBagCollection,
 )

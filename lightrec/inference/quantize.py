@@ -32,7 +32,7 @@ from lightrec.kernels import FusedEmbeddingBagCollection, FusedEmbeddingCollecti
 from lightrec.kernels.tiered_config import refuse_tiered_export
 from lightrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from lightrec.modules.kernel_backend import resolve_kernel_backend
-from lightrec.modules.mc_embedding_modules import (
+from lightrec.modules.managed_collision.embedding_collections import (
     ManagedCollisionEmbeddingBagCollection,
     ManagedCollisionEmbeddingCollection,
 )

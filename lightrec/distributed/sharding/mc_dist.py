@@ -1,7 +1,7 @@
 """Input side of sharded managed-collision tables: raw ids checked, hashed and routed to their owner.
 
 A managed-collision table splits its raw id space into ``B`` buckets and its rows into ``B``
-segments (``lightrec.modules.mc_ops``). Sharded row-wise, rank ``r`` holds the rows of buckets
+segments (``lightrec.modules.managed_collision.ops``). Sharded row-wise, rank ``r`` holds the rows of buckets
 ``[r * B / W, (r + 1) * B / W)``, so an id's owner is ``bucket(id) // (B / W)``. The input dist
 sends every *raw* id to its owner, which remaps it to one of its rows (the lookups of
 ``mc_lookups.py``); table-wise tables send all ids to the table's rank as usual.
@@ -18,7 +18,7 @@ from torch import nn
 
 from lightrec.distributed.comm import KJTAllToAll, bucketize_kjt_by_rank
 from lightrec.distributed.sharding.common import DistContext, KeySelector, mean_weights
-from lightrec.modules.mc_base import ManagedCollisionModule
+from lightrec.modules.managed_collision.base import ManagedCollisionModule
 from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = ["McRoutes", "McRwSparseFeaturesDist"]

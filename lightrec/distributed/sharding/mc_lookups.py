@@ -6,7 +6,7 @@ local ``ManagedCollisionModule`` (built for this rank's rows) remaps them to loc
 per table and forward on every rank that holds rows of it, so steps and eviction rounds stay in
 lock-step with the unsharded module -- and the rows it evicted get fresh weights and a zeroed
 optimizer state in the kernels (``reset_rows`` of the kernel interface, ``lightrec.kernels.kernel_interface``, with the values
-``lightrec.modules.mc_reset.reinit_values`` gives the unsharded module).
+``lightrec.modules.managed_collision.reset.reinit_values`` gives the unsharded module).
 
 ``McOutputDist`` optionally sends the remapped rows back to the ranks that own the samples
 (``return_remapped_features=True``), next to the embeddings.
@@ -27,8 +27,8 @@ from lightrec.distributed.sharding.lookups import (
     GroupedPooledEmbeddingsLookup,
     _GroupedLookupBase,
 )
-from lightrec.modules.mc_base import ManagedCollisionModule
-from lightrec.modules.mc_reset import reinit_values
+from lightrec.modules.managed_collision.base import ManagedCollisionModule
+from lightrec.modules.managed_collision.reset import reinit_values
 from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = ["McGroupedEmbeddingsLookup", "McGroupedPooledEmbeddingsLookup", "McLookupState", "McOutputDist", "WithIds"]

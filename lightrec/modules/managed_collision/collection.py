@@ -24,7 +24,7 @@ from torch import nn
 
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig
 from lightrec.modules.feature_checks import check_feature_keys
-from lightrec.modules.mc_base import ManagedCollisionModule, ids_in_range
+from lightrec.modules.managed_collision.base import ManagedCollisionModule, ids_in_range
 from lightrec.sparse import JaggedTensor, KeyedJaggedTensor
 
 __all__ = ["ManagedCollisionCollection", "apply_mc_method_to_jt_dict", "check_mc_tables"]
