@@ -91,6 +91,8 @@ MIRRORS: dict[str, tuple[frozenset[str], str]] = {
 TORCHREC_PATHS = (
     "lightrec.distributed.dist_data",
     "lightrec.distributed.embedding_types",
+    "lightrec.distributed.mc_embedding",
+    "lightrec.distributed.mc_embeddingbag",
     "lightrec.distributed.shard",
     "lightrec.distributed.sharding_plan",
     "lightrec.distributed.types",

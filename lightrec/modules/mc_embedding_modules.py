@@ -2,8 +2,7 @@
 managed-collision tables.
 
 A re-export only; the code lives in :mod:`lightrec.modules.managed_collision.embedding_collections`.
-``DistributedModelParallel`` shards these modules (``lightrec.distributed.mc_embeddingbag``,
-``lightrec.distributed.mc_embedding``).
+``DistributedModelParallel`` shards these modules (``lightrec.distributed.mc_embedding_modules``).
 """
 
 from lightrec.modules.managed_collision.collection import ManagedCollisionCollection

@@ -20,7 +20,7 @@ as they are. Rows are reset:
   ``apply_optimizer_in_backward``, and of optimizers passed to :meth:`attach_optimizer` (an
   optimizer stepping the tables from outside, which the module cannot otherwise see).
 
-``DistributedModelParallel`` shards these modules (``lightrec.distributed.mc_embeddingbag``).
+``DistributedModelParallel`` shards these modules (``lightrec.distributed.mc_embedding_modules``).
 """
 
 from __future__ import annotations
