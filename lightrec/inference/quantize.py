@@ -38,7 +38,7 @@ from lightrec.modules.managed_collision.embedding_collections import (
 )
 from lightrec.quant.embedding_collection import QuantEmbeddingCollection
 from lightrec.quant.embedding_modules import QuantEmbeddingBagCollection
-from lightrec.quant.mc_embedding_modules import (
+from lightrec.quant.managed_collision import (
     QuantManagedCollisionEmbeddingBagCollection,
     QuantManagedCollisionEmbeddingCollection,
 )
