@@ -60,7 +60,7 @@ from lightrec.distributed.sharding_env import ShardingEnv
 from lightrec.distributed.streams import on_stream
 from lightrec.kernels.kernel_registry import check_kernel_backend
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, PoolingType
-from lightrec.modules.feature_checks import check_collection_input
+from lightrec.modules.feature_checks import check_collection_input, features_of_several_tables
 from lightrec.optim.fused_spec import FusedOptimizerSpec
 from lightrec.optim.in_backward import fused_spec_from_parameter
 from lightrec.optim.keyed import CombinedOptimizer, KeyedOptimizer
@@ -114,8 +114,7 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
         wrapper = module
         module, table_plan = self._adopt(module, table_plan, env, device)
         configs = self._configs_of(module)
-        listed = [f for c in configs for f in c.feature_names]
-        shared = sorted({f for f in listed if listed.count(f) > 1})
+        shared = features_of_several_tables([list(c.feature_names) for c in configs])
         if shared:
             raise ValueError(
                 f"{type(self).__name__}: features {shared} are read by several tables; a sharded collection "
