@@ -33,7 +33,7 @@ from torch.autograd import Function
 
 from lightrec.distributed.comm import LazyAwaitable
 from lightrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
-from lightrec.distributed.planner.plan import ShardingType
+from lightrec.distributed.planner.plan import ParameterSharding, ShardingType
 from lightrec.distributed.sharding.collection_sharder import CollectionSharder
 from lightrec.distributed.sharding.work_ahead import StartedInputDist
 from lightrec.distributed.sharding_env import ShardingEnv, resolve_group
@@ -101,8 +101,8 @@ class ShardedFeatureProcessedEmbeddingBagCollection(ShardedEmbeddingBagCollectio
     arguments as ``ShardedCollectionBase``, ``module`` being the feature-processed collection)."""
 
     def _adopt(
-        self, module: nn.Module, table_plan: Mapping[str, Any], env: ShardingEnv, device: torch.device
-    ) -> tuple[nn.Module, Mapping[str, Any]]:
+        self, module: nn.Module, table_plan: Mapping[str, ParameterSharding], env: ShardingEnv, device: torch.device
+    ) -> tuple[nn.Module, Mapping[str, ParameterSharding]]:
         if not isinstance(module, FeatureProcessedEmbeddingBagCollection):
             raise TypeError(f"expected a FeatureProcessedEmbeddingBagCollection, got {type(module).__name__}")
         ebc = module._embedding_bag_collection

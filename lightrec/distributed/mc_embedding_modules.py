@@ -64,6 +64,7 @@ from lightrec.distributed.sharding.managed_collision import (
 from lightrec.distributed.sharding.work_ahead import StartedInputDist
 from lightrec.distributed.sharding_env import ShardingEnv
 from lightrec.distributed.state_dict import gather_full_state_dict
+from lightrec.modules.embedding_configs import BaseEmbeddingConfig
 from lightrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from lightrec.modules.managed_collision.base import ManagedCollisionModule
 from lightrec.modules.managed_collision.collection import ManagedCollisionCollection
@@ -132,12 +133,12 @@ class BaseShardedManagedCollisionEmbeddingCollection(ShardedCollectionBase):
     _mc_state: McLookupState
     _mc_buckets_per_rank: dict[str, int]
     _return_remapped_features: bool
-    _mc_configs: list[Any]
+    _mc_configs: list[BaseEmbeddingConfig]
     _mc_ids: list[ManagedIds]  # set by _adopted, one per sharding
 
     def _adopt(
-        self, module: nn.Module, table_plan: Mapping[str, Any], env: ShardingEnv, device: torch.device
-    ) -> tuple[nn.Module, Mapping[str, Any]]:
+        self, module: nn.Module, table_plan: Mapping[str, ParameterSharding], env: ShardingEnv, device: torch.device
+    ) -> tuple[nn.Module, Mapping[str, ParameterSharding]]:
         if not isinstance(module, BaseManagedCollisionEmbeddingCollection):
             raise TypeError(f"{type(self).__name__} shards managed-collision collections, got {type(module).__name__}")
         mcc = module._managed_collision_collection

@@ -5,13 +5,14 @@ A re-export only; the code lives in :mod:`lightrec.modules.managed_collision.has
 importable from here as in torchrec).
 """
 
-from lightrec.modules.managed_collision.hash_zch_eviction import (
+from lightrec.modules.managed_collision import (
     HashZchEvictionConfig,
     HashZchEvictionModule,
     HashZchEvictionPolicyName,
+    HashZchManagedCollisionModule,
+    TrainInputMapper,
     get_kernel_from_policy,
 )
-from lightrec.modules.managed_collision.hash_zch_module import HashZchManagedCollisionModule, TrainInputMapper
 
 __all__ = [
     "HashZchEvictionConfig",

@@ -5,9 +5,9 @@ A re-export only; the code lives in :mod:`lightrec.modules.managed_collision.emb
 ``DistributedModelParallel`` shards these modules (``lightrec.distributed.mc_embedding_modules``).
 """
 
-from lightrec.modules.managed_collision.collection import ManagedCollisionCollection
-from lightrec.modules.managed_collision.embedding_collections import (
+from lightrec.modules.managed_collision import (
     BaseManagedCollisionEmbeddingCollection,
+    ManagedCollisionCollection,
     ManagedCollisionEmbeddingBagCollection,
     ManagedCollisionEmbeddingCollection,
 )

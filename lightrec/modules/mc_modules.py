@@ -4,24 +4,23 @@ A re-export only; the code lives in :mod:`lightrec.modules.managed_collision` (i
 the files). See docs/managed-collisions.md.
 """
 
-from lightrec.modules.managed_collision.base import ManagedCollisionIdError, ManagedCollisionModule
-from lightrec.modules.managed_collision.collection import (
-    ManagedCollisionCollection,
-    apply_mc_method_to_jt_dict,
-)
-from lightrec.modules.managed_collision.mch_eviction import (
+from lightrec.modules.managed_collision import (
     DistanceLFU_EvictionPolicy,
     LFU_EvictionPolicy,
     LRU_EvictionPolicy,
+    ManagedCollisionCollection,
+    ManagedCollisionIdError,
+    ManagedCollisionModule,
     MCHEvictionPolicy,
     MCHEvictionPolicyMetadataInfo,
+    MCHManagedCollisionModule,
     TTL_EvictionPolicy,
+    apply_mc_method_to_jt_dict,
     average_threshold_filter,
     dynamic_threshold_filter,
+    mix64_hash,
     probabilistic_threshold_filter,
 )
-from lightrec.modules.managed_collision.mch_module import MCHManagedCollisionModule
-from lightrec.modules.managed_collision.ops import mix64_hash
 
 __all__ = [
     "DistanceLFU_EvictionPolicy",

@@ -44,6 +44,7 @@ from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
 from lightrec.distributed.planner.plan import (
     EmbeddingComputeKernel,
     EmbeddingModuleShardingPlan,
+    ParameterSharding,
     ShardingType,
     ShardMetadata,
     placement_for,
@@ -184,8 +185,8 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
 
     # ---- construction helpers ---------------------------------------------------------------
     def _adopt(
-        self, module: nn.Module, table_plan: Mapping[str, Any], env: ShardingEnv, device: torch.device
-    ) -> tuple[nn.Module, Mapping[str, Any]]:
+        self, module: nn.Module, table_plan: Mapping[str, ParameterSharding], env: ShardingEnv, device: torch.device
+    ) -> tuple[nn.Module, Mapping[str, ParameterSharding]]:
         """The collection whose tables to shard and the plan to shard them by, from the module the
         constructor was given: itself here; a wrapper (feature-processed, managed-collision) checks
         it, keeps what it needs and returns its inner collection. Runs before any table is sharded."""
