@@ -58,7 +58,7 @@ class NativeOps:
             tiered_advise}`` are registered.
         shm: ``torch.ops.lightrec_shm.{shm_store, shm_wait, shm_fetch_add}`` are registered (Linux).
         mch_step: ``torch.ops.lightrec_mch.lookup_insert`` (a managed-collision table's training
-            step, ``lightrec.modules.mch_native``) is registered.
+            step, ``lightrec.modules.managed_collision.mch_native``) is registered.
         library: path of the loaded shared library.
     """
 

@@ -52,7 +52,7 @@ class DLRMModule(RecipeModule):
         dense_lr: learning rate of the dense (adagrad) optimizer.
         managed_collisions: put the tables behind managed collisions (raw ids of any size get rows of
             their own, evicted as the vocabulary drifts): ``True`` or a dict of
-            ``lightrec.modules.mc_options.ManagedCollisionOptions`` settings (``eviction_policy``,
+            ``lightrec.modules.managed_collision.ManagedCollisionOptions`` settings (``eviction_policy``,
             ``eviction_interval``, ``buckets``, ...); None: plain tables. See docs/managed-collisions.md.
         **rec_module_kwargs: ``RecModule``'s: ``embedding_optimizer`` / ``embedding_lr`` / ``embedding_eps``,
             ``dense_optimizer``, the LR schedule (``warmup_steps``, ``decay_*``), ``metrics``.

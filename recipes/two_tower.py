@@ -54,7 +54,7 @@ class TwoTowerModule(RecipeModule):
         dense_optimizer / dense_lr: the towers' optimizer and its learning rate.
         managed_collisions: put the tables behind managed collisions (ids of any size get rows of
             their own, evicted when rows run out): ``True`` or a dict of
-            ``lightrec.modules.mc_options.ManagedCollisionOptions`` settings; None: plain tables.
+            ``lightrec.modules.managed_collision.ManagedCollisionOptions`` settings; None: plain tables.
         **rec_module_kwargs: the embedding tables' fused optimizer (``embedding_optimizer``,
             ``embedding_lr``, ``embedding_eps``) and the LR schedule (see ``RecModule``).
     """

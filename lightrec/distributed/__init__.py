@@ -29,13 +29,11 @@ from lightrec.distributed.embeddingbag import (
     EmbeddingBagCollectionSharder,
     ShardedEmbeddingBagCollection,
 )
-from lightrec.distributed.mc_embedding import (
-    ManagedCollisionEmbeddingCollectionSharder,
-    ShardedManagedCollisionEmbeddingCollection,
-)
-from lightrec.distributed.mc_embeddingbag import (
+from lightrec.distributed.mc_embedding_modules import (
     ManagedCollisionEmbeddingBagCollectionSharder,
+    ManagedCollisionEmbeddingCollectionSharder,
     ShardedManagedCollisionEmbeddingBagCollection,
+    ShardedManagedCollisionEmbeddingCollection,
 )
 from lightrec.distributed.mc_modules import (
     InferManagedCollisionCollectionSharder,

@@ -32,9 +32,8 @@ from torch import nn
 from torch.autograd import Function
 
 from lightrec.distributed.comm import LazyAwaitable
-from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
 from lightrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
-from lightrec.distributed.planner.plan import ShardingType
+from lightrec.distributed.planner.plan import ParameterSharding, ShardingType
 from lightrec.distributed.sharding.collection_sharder import CollectionSharder
 from lightrec.distributed.sharding.work_ahead import StartedInputDist
 from lightrec.distributed.sharding_env import ShardingEnv, resolve_group
@@ -47,7 +46,6 @@ from lightrec.modules.feature_processor_ import (
     with_weights,
 )
 from lightrec.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
-from lightrec.optim.fused_spec import FusedOptimizerSpec
 from lightrec.sparse import KeyedJaggedTensor, KeyedTensor
 
 __all__ = ["FeatureProcessedEmbeddingBagCollectionSharder", "ShardedFeatureProcessedEmbeddingBagCollection"]
@@ -102,17 +100,9 @@ class ShardedFeatureProcessedEmbeddingBagCollection(ShardedEmbeddingBagCollectio
     """A ``FeatureProcessedEmbeddingBagCollection`` sharded over ranks (see the module docstring;
     arguments as ``ShardedCollectionBase``, ``module`` being the feature-processed collection)."""
 
-    def __init__(
-        self,
-        module: nn.Module,
-        table_plan: Mapping[str, Any],
-        env: ShardingEnv,
-        device: torch.device,
-        fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None,
-        seed: int = 0,
-        kernel_backend: str = "auto",
-        qcomm_codecs_registry: Mapping[str, QuantizedCommCodecs] | None = None,
-    ) -> None:
+    def _adopt(
+        self, module: nn.Module, table_plan: Mapping[str, ParameterSharding], env: ShardingEnv, device: torch.device
+    ) -> tuple[nn.Module, Mapping[str, ParameterSharding]]:
         if not isinstance(module, FeatureProcessedEmbeddingBagCollection):
             raise TypeError(f"expected a FeatureProcessedEmbeddingBagCollection, got {type(module).__name__}")
         ebc = module._embedding_bag_collection
@@ -123,7 +113,10 @@ class ShardedFeatureProcessedEmbeddingBagCollection(ShardedEmbeddingBagCollectio
                 f"a sharded FeatureProcessedEmbeddingBagCollection needs SUM pooling and model-parallel tables; "
                 f"MEAN tables {mean}, data_parallel tables {replicated}: change the pooling or the plan"
             )
-        super().__init__(ebc, table_plan, env, device, fused_params, seed, kernel_backend, qcomm_codecs_registry)
+        return ebc, table_plan
+
+    def _adopted(self, module: nn.Module, device: torch.device) -> None:
+        assert isinstance(module, FeatureProcessedEmbeddingBagCollection)  # checked by _adopt
         processors = module._feature_processors
         if any(p.device.type == "meta" for p in processors.parameters()):
             processors.to_empty(device=device)

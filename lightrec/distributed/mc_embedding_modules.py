@@ -1,9 +1,17 @@
-"""Sharded managed-collision embedding collections: what the pooled and sequence ones share.
+"""Sharded managed-collision embedding collections, pooled and sequence, and their sharders.
+
+The home of torchrec's ``mc_embedding_modules`` (the shared bases) and of what its
+``mc_embeddingbag`` / ``mc_embedding`` paths hold (which re-export it)::
+
+    mc_ebc = ManagedCollisionEmbeddingBagCollection(EmbeddingBagCollection(tables, device="meta"), mcc)
+    model = DistributedModelParallel(model_with(mc_ebc))   # get_default_sharders() includes this sharder
+    pooled, remapped = sharded_mc_ebc(kjt)                 # lazy awaitables; remapped is None unless
+                                                           # return_remapped_features=True
 
 A ``ManagedCollisionEmbeddingBagCollection`` (or ``...EmbeddingCollection``) is sharded as one
 module: its tables like any sharded collection's, its managed-collision modules next to them (one
 per table on each rank holding rows of it), with raw ids routed to their owner before they are
-remapped (``lightrec.distributed.sharding.mc_sharding``). The forward returns, like torchrec's,
+remapped (``lightrec.distributed.sharding.managed_collision``). The forward returns, like torchrec's,
 ``(embeddings awaitable, remapped-KJT awaitable or None)``; the state dict has the unsharded
 module's keys (``_embedding_module.<attr>.<t>.weight``, ``_managed_collision_collection...``).
 
@@ -23,7 +31,8 @@ import torch
 from torch import nn
 
 from lightrec.distributed.comm import LazyAwaitable
-from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
+from lightrec.distributed.embedding import ShardedEmbeddingCollection
+from lightrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 from lightrec.distributed.mc_modules import ShardedManagedCollisionCollection
 from lightrec.distributed.planner.plan import (
     EmbeddingComputeKernel,
@@ -34,24 +43,48 @@ from lightrec.distributed.planner.plan import (
 )
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
 from lightrec.distributed.sharding.collection_sharder import CollectionSharder
-from lightrec.distributed.sharding.common import DistContext, EmbeddingSharding, ShardedTable, ShardingContext
-from lightrec.distributed.sharding.mc_dist import McRoutes
-from lightrec.distributed.sharding.mc_lookups import McLookupState, WithIds
-from lightrec.distributed.sharding.mc_sharding import (
+from lightrec.distributed.sharding.common import (
+    DistContext,
+    EmbeddingSharding,
+    OutputDist,
+    ShardedTable,
+    ShardingContext,
+)
+from lightrec.distributed.sharding.managed_collision import (
     MANAGED_SHARDING_TYPES,
+    ManagedIds,
+    McLookupState,
+    McOutputDist,
+    McRoutes,
+    WithIds,
     align_managed_plan,
+    managed_lookups,
     managed_sharding,
 )
+from lightrec.distributed.sharding.work_ahead import StartedInputDist
 from lightrec.distributed.sharding_env import ShardingEnv
 from lightrec.distributed.state_dict import gather_full_state_dict
-from lightrec.modules.mc_base import ManagedCollisionModule
-from lightrec.modules.mc_collection import ManagedCollisionCollection
-from lightrec.modules.mc_embedding_modules import BaseManagedCollisionEmbeddingCollection
+from lightrec.modules.embedding_configs import BaseEmbeddingConfig
+from lightrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+from lightrec.modules.managed_collision.base import ManagedCollisionModule
+from lightrec.modules.managed_collision.collection import ManagedCollisionCollection
+from lightrec.modules.managed_collision.embedding_collections import (
+    BaseManagedCollisionEmbeddingCollection,
+    ManagedCollisionEmbeddingBagCollection,
+    ManagedCollisionEmbeddingCollection,
+)
 from lightrec.optim.fused_spec import FusedOptimizerSpec
 from lightrec.sparse import JaggedTensor, KeyedJaggedTensor
 
-__all__ = ["BaseManagedCollisionEmbeddingCollectionSharder", "BaseShardedManagedCollisionEmbeddingCollection",
-           "RemappedFeaturesAwaitable"]  # fmt: skip
+__all__ = [
+    "BaseManagedCollisionEmbeddingCollectionSharder",
+    "BaseShardedManagedCollisionEmbeddingCollection",
+    "ManagedCollisionEmbeddingBagCollectionSharder",
+    "ManagedCollisionEmbeddingCollectionSharder",
+    "RemappedFeaturesAwaitable",
+    "ShardedManagedCollisionEmbeddingBagCollection",
+    "ShardedManagedCollisionEmbeddingCollection",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -94,24 +127,18 @@ class BaseShardedManagedCollisionEmbeddingCollection(ShardedCollectionBase):
     """
 
     _state_prefix = "_embedding_module."
-    # Set in __init__ through __dict__ (before nn.Module.__init__); declared for the type checker.
+    _unsharded_class: type[BaseManagedCollisionEmbeddingCollection]  # set by the pooled / sequence subclass
+    # Set by _adopt, before the tables are sharded (_make_sharding reads them).
     _mc_routes: McRoutes
     _mc_state: McLookupState
     _mc_buckets_per_rank: dict[str, int]
     _return_remapped_features: bool
-    _mc_configs: list[Any]
+    _mc_configs: list[BaseEmbeddingConfig]
+    _mc_ids: list[ManagedIds]  # set by _adopted, one per sharding
 
-    def __init__(
-        self,
-        module: nn.Module,
-        table_plan: EmbeddingModuleShardingPlan | Mapping[str, Any],
-        env: ShardingEnv,
-        device: torch.device,
-        fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None,
-        seed: int = 0,
-        kernel_backend: str = "auto",
-        qcomm_codecs_registry: Mapping[str, QuantizedCommCodecs] | None = None,
-    ) -> None:
+    def _adopt(
+        self, module: nn.Module, table_plan: Mapping[str, ParameterSharding], env: ShardingEnv, device: torch.device
+    ) -> tuple[nn.Module, Mapping[str, ParameterSharding]]:
         if not isinstance(module, BaseManagedCollisionEmbeddingCollection):
             raise TypeError(f"{type(self).__name__} shards managed-collision collections, got {type(module).__name__}")
         mcc = module._managed_collision_collection
@@ -119,21 +146,32 @@ class BaseShardedManagedCollisionEmbeddingCollection(ShardedCollectionBase):
         sharded_mcc = ShardedManagedCollisionCollection(modules, plan, env, device, mcc.need_preprocess)
         features = {c.name: list(c.feature_names) for c in mcc.embedding_configs()}
         return_ids = module.return_remapped_features
-        # Plain attributes, set before nn.Module.__init__ runs (which keeps them): _make_sharding reads them.
-        self.__dict__["_mc_routes"] = McRoutes(modules, features, mcc.need_preprocess)
-        self.__dict__["_mc_state"] = McLookupState(sharded_mcc.local_modules(), module._reset_seed, return_ids)
-        self.__dict__["_mc_buckets_per_rank"] = {t: m.buckets() // _row_shards(plan[t]) for t, m in modules.items()}
-        self.__dict__["_return_remapped_features"] = return_ids
-        self.__dict__["_mc_configs"] = mcc.embedding_configs()
-        super().__init__(module._embedding_module, EmbeddingModuleShardingPlan(plan), env, device, fused_params,
-                         seed, kernel_backend, qcomm_codecs_registry)  # fmt: skip
-        self._managed_collision_collection = sharded_mcc
+        self._mc_routes = McRoutes(modules, features, mcc.need_preprocess)
+        self._mc_state = McLookupState(sharded_mcc.local_modules(), module._reset_seed, return_ids)
+        self._mc_buckets_per_rank = {t: m.buckets() // _row_shards(plan[t]) for t, m in modules.items()}
+        self._return_remapped_features = return_ids
+        self._mc_configs = mcc.embedding_configs()
+        # A plain attribute until _adopted registers it after the tables (the module order of before).
+        self.__dict__["_mc_pending"] = sharded_mcc
+        return module._embedding_module, EmbeddingModuleShardingPlan(plan)
+
+    def _adopted(self, module: nn.Module, device: torch.device) -> None:
+        # The remap in front of each plain lookup; the remapped rows sent back after each output dist.
+        self._mc_ids = managed_lookups(self._shardings, list(self._lookups), self._mc_state, self._env.rank)
+        for i, (ids, inner) in enumerate(zip(self._mc_ids, list(self._output_dists))):
+            assert isinstance(inner, OutputDist)  # every sharding's create_output_dist returns one
+            self._output_dists[i] = McOutputDist(inner, ids, self._env.pg, self._return_remapped_features)
+        self._managed_collision_collection = self.__dict__.pop("_mc_pending")
 
     def _make_sharding(self, sharding_type: str, tables: list[ShardedTable], context: ShardingContext) -> EmbeddingSharding:
         if sharding_type not in MANAGED_SHARDING_TYPES:  # align_managed_plan refused it already
             raise ValueError(f"managed-collision tables {[t.name for t in tables]} cannot be sharded {sharding_type}")
-        return managed_sharding(sharding_type, tables, context, self._mc_routes, self._mc_state,
-                                self._mc_buckets_per_rank, self._return_remapped_features)  # fmt: skip
+        return managed_sharding(sharding_type, tables, context, self._mc_routes, self._mc_buckets_per_rank,
+                                self._return_remapped_features)  # fmt: skip
+
+    def _lookup_input(self, sharding: int, received: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        """The received raw ids as this rank's rows (evicted rows reset): what the lookup reads."""
+        return self._mc_ids[sharding](received)
 
     def _prepare(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
         # Hash (input_hash_func) and check the raw ids here, on the rank owning the samples.
@@ -155,19 +193,19 @@ class BaseShardedManagedCollisionEmbeddingCollection(ShardedCollectionBase):
         """``{table: counters}`` of this rank's managed-collision modules."""
         return self._managed_collision_collection.stats()
 
-    def _split_results(self, results: list[Any]) -> tuple[list[Any], list[Any]]:
+    def _assemble(self, started: StartedInputDist, results: list[Any]) -> tuple[Any, RemappedFeaturesAwaitable | None]:
+        """``(the plain collection's awaitable of the embeddings, the remapped KJT's or None)``; the
+        plain collection is the next class in the subclass's bases (pooled or sequence)."""
         if self._managed_collision_collection.training:
             self._managed_collision_collection.tick()
         embeddings = [r.embeddings if isinstance(r, WithIds) else r for r in results]
         ids = [r.ids for r in results if isinstance(r, WithIds)]
-        return embeddings, ids
-
-    def _remapped(
-        self, contexts: list[DistContext], ids: list[Any], features: KeyedJaggedTensor, positions: list[int] | None
-    ) -> RemappedFeaturesAwaitable | None:
+        # the next class of the subclass's bases: ShardedEmbeddingBagCollection / ShardedEmbeddingCollection
+        out = super()._assemble(started, embeddings)  # type: ignore[safe-super]
         if not self._return_remapped_features:
-            return None
-        return RemappedFeaturesAwaitable(contexts, ids, features, positions, self._feature_order)
+            return out, None
+        return out, RemappedFeaturesAwaitable(started.contexts, ids, started.bounded, started.positions,
+                                              self._feature_order)  # fmt: skip
 
     def gather_unsharded(self, dst: int | None = 0) -> BaseManagedCollisionEmbeddingCollection | None:
         """The unsharded twin (tables, id maps and eviction state gathered) on rank ``dst`` (collective).
@@ -188,11 +226,8 @@ class BaseShardedManagedCollisionEmbeddingCollection(ShardedCollectionBase):
             segments = list(getattr(route, "output_segments", [0, route.output_size()]))
             modules[table] = route.rebuild_with_output_id_range((segments[0], segments[-1]), segments, torch.device("cpu"))
         mcc = ManagedCollisionCollection(modules, self._mc_configs, self._managed_collision_collection.need_preprocess)
-        return self._unsharded_class()(self._unsharded_embeddings(), mcc, bool(self._return_remapped_features),
-                                       self._mc_state.reset_seed)  # fmt: skip
-
-    def _unsharded_class(self) -> type[BaseManagedCollisionEmbeddingCollection]:
-        raise NotImplementedError  # pragma: no cover - both subclasses override it
+        return self._unsharded_class(self._unsharded_embeddings(), mcc, bool(self._return_remapped_features),
+                                     self._mc_state.reset_seed)  # fmt: skip
 
     def _unsharded_embeddings(self) -> nn.Module:
         raise NotImplementedError  # pragma: no cover - both subclasses override it
@@ -290,3 +325,60 @@ class BaseManagedCollisionEmbeddingCollectionSharder(CollectionSharder):
             out[table] = m.index_bytes_per_row(device_type) + float(sum(t.element_size() * (t.numel() // rows) for t in tensors
                                                              if t.dim() >= 1 and t.shape[0] == rows))  # fmt: skip
         return out
+
+
+class ShardedManagedCollisionEmbeddingBagCollection(  # type: ignore[misc]  # forward: (embeddings, remapped ids), torchrec's contract
+    BaseShardedManagedCollisionEmbeddingCollection, ShardedEmbeddingBagCollection
+):
+    """A ``ManagedCollisionEmbeddingBagCollection`` sharded row-wise or table-wise.
+
+    ``forward(kjt) -> (awaitable of KeyedTensor [B_local, sum D], awaitable of the remapped KJT or None)``.
+    """
+
+    _unsharded_class = ManagedCollisionEmbeddingBagCollection
+
+    def _unsharded_embeddings(self) -> nn.Module:
+        return EmbeddingBagCollection(self.embedding_bag_configs(), is_weighted=self._is_weighted)
+
+
+class ShardedManagedCollisionEmbeddingCollection(  # type: ignore[misc]  # forward: (embeddings, remapped ids), torchrec's contract
+    BaseShardedManagedCollisionEmbeddingCollection, ShardedEmbeddingCollection
+):
+    """A ``ManagedCollisionEmbeddingCollection`` sharded row-wise or table-wise.
+
+    ``forward(kjt) -> (awaitable of {feature: JaggedTensor}, awaitable of the remapped KJT or None)``.
+    """
+
+    _unsharded_class = ManagedCollisionEmbeddingCollection
+
+    def _unsharded_embeddings(self) -> nn.Module:
+        return EmbeddingCollection(self.embedding_configs())
+
+
+class ManagedCollisionEmbeddingBagCollectionSharder(BaseManagedCollisionEmbeddingCollectionSharder):
+    """Builds :class:`ShardedManagedCollisionEmbeddingBagCollection` s.
+
+    Args:
+        ebc_sharder: an ``EmbeddingBagCollectionSharder`` whose fused optimizer and kernel backend
+            the tables use (torchrec's argument); or give ``fused_params`` / ``kernel_backend``.
+        mc_sharder, qcomm_codecs_registry: torchrec's arguments (see the base class).
+    """
+
+    _module_class = ManagedCollisionEmbeddingBagCollection
+    _sharded_class = ShardedManagedCollisionEmbeddingBagCollection
+
+    def __init__(self, ebc_sharder: Any = None, mc_sharder: Any = None, qcomm_codecs_registry: Any = None,
+                 **kwargs: Any) -> None:  # fmt: skip
+        super().__init__(ebc_sharder, mc_sharder, qcomm_codecs_registry, **kwargs)
+
+
+class ManagedCollisionEmbeddingCollectionSharder(BaseManagedCollisionEmbeddingCollectionSharder):
+    """Builds :class:`ShardedManagedCollisionEmbeddingCollection` s (``ec_sharder``: an
+    ``EmbeddingCollectionSharder``; other arguments as :class:`ManagedCollisionEmbeddingBagCollectionSharder`)."""
+
+    _module_class = ManagedCollisionEmbeddingCollection
+    _sharded_class = ShardedManagedCollisionEmbeddingCollection
+
+    def __init__(self, ec_sharder: Any = None, mc_sharder: Any = None, qcomm_codecs_registry: Any = None,
+                 **kwargs: Any) -> None:  # fmt: skip
+        super().__init__(ec_sharder, mc_sharder, qcomm_codecs_registry, **kwargs)

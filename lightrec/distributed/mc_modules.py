@@ -34,9 +34,9 @@ from lightrec.distributed.planner.plan import ParameterSharding, ShardingType, S
 from lightrec.distributed.planner.sharder import ModuleSharder
 from lightrec.distributed.sharding_env import ShardingEnv
 from lightrec.distributed.state_dict import ShardedTableState
-from lightrec.modules.mc_base import ManagedCollisionModule
-from lightrec.modules.mc_collection import ManagedCollisionCollection
-from lightrec.modules.mch_state import slot_order
+from lightrec.modules.managed_collision.base import ManagedCollisionModule
+from lightrec.modules.managed_collision.collection import ManagedCollisionCollection
+from lightrec.modules.managed_collision.mch_state import slot_order
 
 __all__ = [
     "InferManagedCollisionCollectionSharder",

@@ -3,7 +3,7 @@
 ``QuantManagedCollisionEmbeddingCollectionSharder(e_sharder, mc_sharder)`` shards a quantized
 managed-collision ``EmbeddingCollection`` for serving: its tables table-wise over the local
 devices of ``env`` (``ShardingEnv.from_local(world_size, 0)``, as the TorchRec tutorial passes),
-its frozen id maps whole on the first device (``lightrec.quant.sharded_mc_embedding``).
+its frozen id maps whole on the first device (``lightrec.quant.sharded_managed_collision``).
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from torch import nn
 
 from lightrec.distributed.planner.plan import EmbeddingComputeKernel, ShardingType
 from lightrec.distributed.planner.sharder import ModuleSharder
-from lightrec.quant.mc_embedding_modules import QuantManagedCollisionEmbeddingCollection
-from lightrec.quant.sharded_mc_embedding import (
+from lightrec.quant.managed_collision import QuantManagedCollisionEmbeddingCollection
+from lightrec.quant.sharded_embedding_bag import inference_devices
+from lightrec.quant.sharded_managed_collision import (
     ShardedQuantManagedCollisionEmbeddingCollection,
     shard_managed_collection_for_inference,
 )
@@ -63,6 +64,4 @@ class QuantManagedCollisionEmbeddingCollectionSharder(ModuleSharder):
             raise TypeError(f"{type(self).__name__} shards QuantManagedCollisionEmbeddingCollection, got "
                             f"{type(module).__name__}" + (f" at {module_fqn!r}" if module_fqn else ""))  # fmt: skip
         world_size = int(getattr(env, "world_size", 1)) if env is not None else 1
-        base = torch.device(device) if device is not None else torch.device("cpu")
-        devices = [torch.device("cuda", i) for i in range(world_size)] if base.type == "cuda" else [base] * world_size
-        return shard_managed_collection_for_inference(module, devices)
+        return shard_managed_collection_for_inference(module, inference_devices(world_size, device))

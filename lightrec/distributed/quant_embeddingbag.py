@@ -23,6 +23,7 @@ from lightrec.distributed.sharding_env import ShardingEnv
 from lightrec.quant.embedding_modules import QuantEmbeddingBagCollection
 from lightrec.quant.sharded_embedding_bag import (
     ShardedQuantEmbeddingBagCollection,
+    inference_devices,
     shard_for_inference,
     shard_modules,
 )
@@ -33,14 +34,6 @@ __all__ = [
     "inference_devices",
     "shard_quantized_modules",
 ]
-
-
-def inference_devices(world_size: int, device: torch.device | str | None) -> list[torch.device]:
-    """``world_size`` serving devices: ``cuda:0 .. cuda:n-1`` for a CUDA ``device``, else ``device`` n times."""
-    base = torch.device(device) if device is not None else torch.device("cpu")
-    if base.type == "cuda":
-        return [torch.device("cuda", i) for i in range(world_size)]
-    return [base] * world_size
 
 
 class QuantEmbeddingBagCollectionSharder(ModuleSharder):

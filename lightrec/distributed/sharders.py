@@ -15,8 +15,10 @@ from lightrec.distributed.embedding import EmbeddingCollectionSharder
 from lightrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from lightrec.distributed.fp_embeddingbag import FeatureProcessedEmbeddingBagCollectionSharder
 from lightrec.distributed.fused_embeddingbag import FusedEmbeddingBagCollectionSharder
-from lightrec.distributed.mc_embedding import ManagedCollisionEmbeddingCollectionSharder
-from lightrec.distributed.mc_embeddingbag import ManagedCollisionEmbeddingBagCollectionSharder
+from lightrec.distributed.mc_embedding_modules import (
+    ManagedCollisionEmbeddingBagCollectionSharder,
+    ManagedCollisionEmbeddingCollectionSharder,
+)
 from lightrec.distributed.planner.sharder import ModuleSharder
 from lightrec.optim.fused_spec import FusedOptimizerSpec
 

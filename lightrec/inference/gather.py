@@ -33,7 +33,7 @@ from lightrec.distributed.state_dict import gather_full_state_dict
 from lightrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from lightrec.quant.embedding_collection import QuantEmbeddingCollection
 from lightrec.quant.embedding_modules import QuantEmbeddingBagCollection
-from lightrec.quant.mc_embedding_modules import (
+from lightrec.quant.managed_collision import (
     QuantManagedCollisionEmbeddingBagCollection,
     QuantManagedCollisionEmbeddingCollection,
 )

@@ -32,13 +32,13 @@ from lightrec.kernels import FusedEmbeddingBagCollection, FusedEmbeddingCollecti
 from lightrec.kernels.tiered.config import refuse_tiered_export
 from lightrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from lightrec.modules.kernel_backend import resolve_kernel_backend
-from lightrec.modules.mc_embedding_modules import (
+from lightrec.modules.managed_collision.embedding_collections import (
     ManagedCollisionEmbeddingBagCollection,
     ManagedCollisionEmbeddingCollection,
 )
 from lightrec.quant.embedding_collection import QuantEmbeddingCollection
 from lightrec.quant.embedding_modules import QuantEmbeddingBagCollection
-from lightrec.quant.mc_embedding_modules import (
+from lightrec.quant.managed_collision import (
     QuantManagedCollisionEmbeddingBagCollection,
     QuantManagedCollisionEmbeddingCollection,
 )

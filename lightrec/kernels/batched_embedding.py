@@ -43,7 +43,7 @@ from lightrec.kernels.tiered.transfer import TransferFailedError
 from lightrec.kernels.weight_grad import with_weight_grad
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, PoolingType
 from lightrec.modules.kernel_backend import resolve_kernel_backend
-from lightrec.modules.mc_ops import uniform_block
+from lightrec.modules.managed_collision.ops import uniform_block
 from lightrec.optim.fused_spec import FusedOptimizerSpec
 from lightrec.optim.keyed import KeyedOptimizer
 
@@ -286,7 +286,7 @@ class _BatchedLookupBase(nn.Module):
 
     def reset_rows_uniform_of_tables(self, resets: dict[str, tuple[torch.Tensor, int, float, float]]) -> None:
         """:meth:`reset_rows_of_tables` with the fresh weights drawn by the kernel: ``{table: (rows, seed,
-        low, high)}``, row ``rows[k]`` gets row ``k`` of ``mc_ops.uniform_block(len(rows), D, seed, low,
+        low, high)}``, row ``rows[k]`` gets row ``k`` of ``managed_collision.ops.uniform_block(len(rows), D, seed, low,
         high, float32)`` (``ResidentRows.reset_tables_uniform``; kernels without it get the block)."""
         self._check_reset_tables(resets)
         draw = getattr(self._backend, "reset_tables_uniform", None)

@@ -40,8 +40,8 @@ import torch
 
 from lightrec.kernels.tiered.config import TieringConfig
 from lightrec.modules.embedding_configs import PoolingType
-from lightrec.modules.mc_ops import uniform_block
-from lightrec.modules.mch_native import native_step_available
+from lightrec.modules.managed_collision.mch_native import native_step_available
+from lightrec.modules.managed_collision.ops import uniform_block
 from lightrec.optim.fused_spec import FusedOptimizerSpec
 
 __all__ = ["EmbeddingKernel", "KernelConfig", "LookupBatch", "ResidentRows", "RowState"]
@@ -265,7 +265,7 @@ class ResidentRows(abc.ABC):
 
     def reset_tables_uniform(self, resets: Sequence[tuple[int, torch.Tensor, int, float, float]]) -> None:
         """``reset_tables`` with fresh weights drawn, not given: for each ``(table, rows, seed, low,
-        high)``, row ``rows[k]`` gets row ``k`` of ``mc_ops.uniform_block(len(rows), D, seed, low, high,
+        high)``, row ``rows[k]`` gets row ``k`` of ``managed_collision.ops.uniform_block(len(rows), D, seed, low, high,
         float32)`` (in the table's dtype) and a zero per-row state -- in one native pass per table on
         CPU (``torch.ops.lightrec_mch.reset_rows_uniform``), no ``[k, D]`` block in between."""
         all_weights, all_states = self.split_embedding_weights(), self.split_optimizer_states()

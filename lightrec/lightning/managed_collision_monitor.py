@@ -32,7 +32,7 @@ from torch import nn
 from typing_extensions import override
 
 from lightrec.distributed.mc_modules import ShardedManagedCollisionCollection
-from lightrec.modules.mc_collection import ManagedCollisionCollection
+from lightrec.modules.managed_collision.collection import ManagedCollisionCollection
 
 __all__ = ["ManagedCollisionMonitor", "managed_collision_counters"]
 

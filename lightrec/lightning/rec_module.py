@@ -26,7 +26,7 @@ lets ``RecModule`` build ``self.model`` in ``configure_model``, once the strateg
   same fused optimizer, so both runs train with the same update rule.
 
 ``managed_collisions`` puts every such table behind managed collisions
-(``lightrec.modules.mc_options``): raw ids of any size (below ``input_hash_size``) get their own
+(``lightrec.modules.managed_collision.options``): raw ids of any size (below ``input_hash_size``) get their own
 rows, evicted as the vocabulary drifts; sharded by the managed-collision sharders under
 ``RecStrategy``, kept (frozen) by ``serving_model()`` and the export.
 
@@ -66,7 +66,7 @@ from lightrec.lightning.table_tiering import TableTiering
 from lightrec.lightning.tiered_table_monitor import TieredTableMonitor
 from lightrec.metrics import rec_metrics
 from lightrec.modules import EmbeddingBagCollection, EmbeddingBagConfig
-from lightrec.modules.mc_options import ManagedCollisionOptions
+from lightrec.modules.managed_collision.options import ManagedCollisionOptions
 from lightrec.optim import (
     CombinedOptimizer,
     KeyedOptimizer,

@@ -79,7 +79,7 @@ from lightrec.distributed.sharding_env import ShardingEnv
 from lightrec.kernels.kernel_registry import check_kernel_backend
 from lightrec.lightning.loop_state import fix_resume_counters, logging_step_of
 from lightrec.modules import EmbeddingBagCollection, EmbeddingCollection
-from lightrec.modules.mc_embedding_modules import BaseManagedCollisionEmbeddingCollection
+from lightrec.modules.managed_collision.embedding_collections import BaseManagedCollisionEmbeddingCollection
 from lightrec.optim import CombinedOptimizer, KeyedOptimizer
 
 __all__ = ["RecStrategy"]

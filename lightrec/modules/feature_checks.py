@@ -37,6 +37,7 @@ __all__ = [
     "check_feature_keys",
     "check_ids",
     "check_table_features",
+    "features_of_several_tables",
     "set_strict_checks",
     "strict_checks",
     "strict_checks_enabled",
@@ -197,6 +198,15 @@ def check_table_features(tables_features: List[Tuple[str, List[str]]], where: st
                     "a feature looks up exactly one table (several features may share one table)"
                 )
             owner[f] = table
+
+
+def features_of_several_tables(tables_features: List[List[str]]) -> List[str]:
+    """The features (sorted) that more than one table lists; ``tables_features``: each table's features.
+
+    Collections that route a feature to one table (sharded, managed-collision) refuse them.
+    """
+    listed = [f for features in tables_features for f in features]
+    return sorted({f for f in listed if listed.count(f) > 1})
 
 
 @torch.fx.wrap

@@ -28,7 +28,7 @@ from lightrec.modules.embedding_modules import embedding_names_by_table, ids_per
 from lightrec.modules.feature_checks import check_collection_input
 from lightrec.quant.collection_base import QuantCollectionBase, QuantTable
 from lightrec.quant.embedding_collection import QuantEmbeddingCollection
-from lightrec.quant.mc_embedding_modules import (  # torchrec's path for them (re-exported)
+from lightrec.quant.managed_collision import (  # torchrec's path for them (re-exported)
     QuantManagedCollisionEmbeddingBagCollection,
     QuantManagedCollisionEmbeddingCollection,
 )

@@ -32,7 +32,15 @@ from lightrec.quant.row_codec import SCALE_BIAS_BYTES
 from lightrec.quant.table_groups import check_ids_by_table, equal_rows_runs
 from lightrec.sparse import KeyedJaggedTensor, KeyedTensor
 
-__all__ = ["ShardedQuantEmbeddingBagCollection", "TableGroupLookup", "TbeGroupLookup", "shard_for_inference", "shard_modules"]
+__all__ = [
+    "ShardedQuantEmbeddingBagCollection",
+    "TableGroupLookup",
+    "TbeGroupLookup",
+    "assign_tables_by_size",
+    "inference_devices",
+    "shard_for_inference",
+    "shard_modules",
+]
 
 PLACEMENTS = ("device", "host")
 
@@ -231,23 +239,45 @@ class ShardedQuantEmbeddingBagCollection(nn.Module):
         return f"groups={len(self._group_devices)}, devices={self._group_devices}, placement={self._placement!r}"
 
 
-def _assign_tables(configs: list[EmbeddingBagConfig], qebc: QuantEmbeddingBagCollection, num_devices: int,
-                   max_bytes_per_device: int | None) -> list[int]:
-    """Greedy table-wise placement: biggest table first onto the least loaded device."""
-    sizes = [qebc._stored_tables()[t.name].weight.numel() for t in configs]
+def assign_tables_by_size(
+    names: list[str], sizes: list[int], num_devices: int, max_bytes_per_device: int | None = None
+) -> list[int]:
+    """Greedy table-wise placement: biggest table first onto the least loaded device.
+
+    Args:
+        names: the tables (for messages).
+        sizes: stored bytes of each table.
+        num_devices: devices to spread them over.
+        max_bytes_per_device: refuse a placement that puts more bytes on one device.
+
+    Returns:
+        The device index of each table.
+
+    Raises:
+        ValueError: a table does not fit under ``max_bytes_per_device``.
+    """
     load = [0] * num_devices
-    assignment = [0] * len(configs)
-    for i in sorted(range(len(configs)), key=lambda i: (-sizes[i], i)):
+    assignment = [0] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
         d = min(range(num_devices), key=lambda d: (load[d], d))
         if max_bytes_per_device is not None and load[d] + sizes[i] > max_bytes_per_device:
             raise ValueError(
-                f"table {configs[i].name!r} ({sizes[i]} bytes) does not fit: the least loaded of the {num_devices} "
+                f"table {names[i]!r} ({sizes[i]} bytes) does not fit: the least loaded of the {num_devices} "
                 f"devices already holds {load[d]} of max_bytes_per_device={max_bytes_per_device} bytes. Add devices, "
                 "raise max_bytes_per_device, or quantize further (dtype='int4')"
             )
         load[d] += sizes[i]
         assignment[i] = d
     return assignment
+
+
+def inference_devices(world_size: int, device: torch.device | str | None) -> list[torch.device]:
+    """``world_size`` serving devices: ``cuda:0 .. cuda:n-1`` for a CUDA ``device``, else ``device``
+    (default CPU) ``n`` times -- torchrec's ``_shard_modules(device=..., env=ShardingEnv.from_local(n, 0))``."""
+    base = torch.device(device) if device is not None else torch.device("cpu")
+    if base.type == "cuda":
+        return [torch.device("cuda", i) for i in range(world_size)]
+    return [base] * world_size
 
 
 def _resolve_devices(devices: object) -> list[torch.device]:
@@ -307,7 +337,8 @@ def shard_for_inference(
 
     def convert(qebc: QuantEmbeddingBagCollection) -> ShardedQuantEmbeddingBagCollection:
         configs = qebc.embedding_bag_configs()
-        placed = _assign_tables(configs, qebc, len(device_list), max_bytes_per_device)
+        sizes = [qebc._stored_tables()[t.name].weight.numel() for t in configs]
+        placed = assign_tables_by_size([t.name for t in configs], sizes, len(device_list), max_bytes_per_device)
         for name, index in (assignment or {}).items():
             names = [t.name for t in configs]
             if name not in names:
@@ -341,9 +372,4 @@ def shard_modules(module: nn.Module, device: torch.device | str | None = None, e
     ``cuda:0..n-1`` when ``device`` is CUDA), in place, and returns it.
     """
     world_size = int(getattr(env, "world_size", 1)) if env is not None else 1
-    base = torch.device(device) if device is not None else torch.device("cpu")
-    if base.type == "cuda":
-        devices: list[torch.device] = [torch.device("cuda", i) for i in range(world_size)]
-    else:
-        devices = [base] * world_size
-    return shard_for_inference(module, devices=devices, inplace=True)
+    return shard_for_inference(module, devices=inference_devices(world_size, device), inplace=True)

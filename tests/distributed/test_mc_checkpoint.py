@@ -17,10 +17,10 @@ BUCKETS = 6  # whole buckets on 1, 2, 3 and 6 ranks
 
 def _model() -> Any:
     from lightrec import EmbeddingBagCollection, EmbeddingBagConfig
-    from lightrec.modules.mc_embedding_modules import ManagedCollisionEmbeddingBagCollection
-    from lightrec.modules.mc_modules import (
+    from lightrec.modules.managed_collision import (
         LRU_EvictionPolicy,
         ManagedCollisionCollection,
+        ManagedCollisionEmbeddingBagCollection,
         MCHManagedCollisionModule,
     )
 

@@ -18,10 +18,10 @@ from lightrec.distributed import (
     row_wise,
 )
 from lightrec.distributed.mc_embedding_modules import aligned_module_plan
-from lightrec.modules.mc_embedding_modules import ManagedCollisionEmbeddingBagCollection
-from lightrec.modules.mc_modules import (
+from lightrec.modules.managed_collision import (
     LFU_EvictionPolicy,
     ManagedCollisionCollection,
+    ManagedCollisionEmbeddingBagCollection,
     MCHManagedCollisionModule,
 )
 

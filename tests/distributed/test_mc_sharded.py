@@ -30,15 +30,13 @@ def _managed(pooled: bool, hash_table: bool) -> Any:
         EmbeddingConfig,
         PoolingType,
     )
-    from lightrec.modules.hash_mc_modules import HashZchManagedCollisionModule
-    from lightrec.modules.mc_embedding_modules import (
-        ManagedCollisionEmbeddingBagCollection,
-        ManagedCollisionEmbeddingCollection,
-    )
-    from lightrec.modules.mc_modules import (
+    from lightrec.modules.managed_collision import (
+        HashZchManagedCollisionModule,
         LFU_EvictionPolicy,
         LRU_EvictionPolicy,
         ManagedCollisionCollection,
+        ManagedCollisionEmbeddingBagCollection,
+        ManagedCollisionEmbeddingCollection,
         MCHManagedCollisionModule,
     )
 

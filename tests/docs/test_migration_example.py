@@ -98,8 +98,8 @@ def lightrec_imports(script: Path) -> list[tuple[str, list[str]]]:
 def check_torchrec_paths(script: Path) -> None:
     """Every lightrec import of ``script`` is a torchrec path (and name) mirrored under lightrec
     (the tables of tests/test_torchrec_paths.py and, for managed collisions, of
-    tests/modules/test_mc_torchrec_paths.py)."""
-    from tests.modules.test_mc_torchrec_paths import MC_PATHS
+    tests/modules/managed_collision/test_mc_torchrec_paths.py)."""
+    from tests.modules.managed_collision.test_mc_torchrec_paths import MC_PATHS
     from tests.test_torchrec_paths import TORCHREC_PATHS
 
     mirrored: dict[str, set[str]] = {}

@@ -25,14 +25,12 @@ from lightrec import (
 from lightrec.distributed.quant_embedding import QuantManagedCollisionEmbeddingCollectionSharder
 from lightrec.inference import RequestError, export, load, quantize
 from lightrec.models.dlrm import DLRM
-from lightrec.modules.hash_mc_modules import HashZchManagedCollisionModule
-from lightrec.modules.mc_embedding_modules import (
-    ManagedCollisionEmbeddingBagCollection,
-    ManagedCollisionEmbeddingCollection,
-)
-from lightrec.modules.mc_modules import (
+from lightrec.modules.managed_collision import (
+    HashZchManagedCollisionModule,
     LRU_EvictionPolicy,
     ManagedCollisionCollection,
+    ManagedCollisionEmbeddingBagCollection,
+    ManagedCollisionEmbeddingCollection,
     MCHManagedCollisionModule,
     mix64_hash,
 )

@@ -7,7 +7,7 @@ import torch
 
 from lightrec._fbgemm import fbgemm_available
 from lightrec.kernels.batched_embedding import BatchedEmbeddingBag
-from lightrec.modules.mc_ops import uniform_block
+from lightrec.modules.managed_collision.ops import uniform_block
 from tests.kernels.row_reset_case import check_reset_rows
 
 CASES = [("torch", "ROWWISE_ADAGRAD"), ("torch", "ADAGRAD"), ("torch", "ADAM"), ("torch", "SGD")]
@@ -54,7 +54,7 @@ def test_reset_rows_uniform_of_tables_writes_the_uniform_block(
     backend: str, optimizer: str, native: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The kernel's own draw of fresh rows (native on CPU, or torch ops) equals ``reset_rows`` with
-    ``mc_ops.uniform_block`` values: what a managed-collision step would have written."""
+    ``managed_collision.ops.uniform_block`` values: what a managed-collision step would have written."""
     if not native:
         monkeypatch.setenv("LIGHTREC_MCH_NATIVE", "0")
     bags = [

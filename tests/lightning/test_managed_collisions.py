@@ -17,8 +17,8 @@ from lightrec.data import SyntheticCriteo
 from lightrec.lightning import ManagedCollisionMonitor, RecModule
 from lightrec.models import DLRM
 from lightrec.modules import EmbeddingBagConfig
-from lightrec.modules.mc_embedding_modules import ManagedCollisionEmbeddingBagCollection
-from lightrec.modules.mc_options import ManagedCollisionOptions
+from lightrec.modules.managed_collision import ManagedCollisionEmbeddingBagCollection
+from lightrec.modules.managed_collision.options import ManagedCollisionOptions
 from tests.multiprocess import free_port, run_ranks, set_torchrun_env
 
 DIM, B, STEPS, EVERY = 4, 32, 6, 3

@@ -166,7 +166,7 @@ def test_bad_model_arguments_are_named() -> None:
 
 
 def test_two_tower_trains_behind_managed_collisions(tmp_path: Path, criteo_dir: Path, movielens_dir: Path) -> None:
-    from lightrec.modules.mc_embedding_modules import ManagedCollisionEmbeddingBagCollection
+    from lightrec.modules.managed_collision import ManagedCollisionEmbeddingBagCollection
 
     extra = ['--model.managed_collisions={"eviction_interval": 2, "eviction_policy": "lfu"}']
     cli = run_config("two_tower_movielens", tmp_path, criteo_dir, movielens_dir, extra)

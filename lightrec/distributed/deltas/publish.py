@@ -35,13 +35,11 @@ from lightrec.distributed.deltas.writer import DeltaWriter
 from lightrec.kernels import FusedEmbeddingBagCollection, FusedEmbeddingCollection
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig
 from lightrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
-
-# managed collisions (being moved to lightrec.modules.managed_collision: update these two imports there)
-from lightrec.modules.mc_embedding_modules import (
+from lightrec.modules.managed_collision.embedding_collections import (
     ManagedCollisionEmbeddingBagCollection,
     ManagedCollisionEmbeddingCollection,
 )
-from lightrec.modules.mc_ops import EMPTY_ID
+from lightrec.modules.managed_collision.ops import EMPTY_ID
 
 __all__ = ["dense_weights", "publish_rows", "publish_snapshot", "table_rows", "table_specs"]
 

@@ -44,6 +44,7 @@ from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
 from lightrec.distributed.planner.plan import (
     EmbeddingComputeKernel,
     EmbeddingModuleShardingPlan,
+    ParameterSharding,
     ShardingType,
     ShardMetadata,
     placement_for,
@@ -60,7 +61,7 @@ from lightrec.distributed.sharding_env import ShardingEnv
 from lightrec.distributed.streams import on_stream
 from lightrec.kernels.kernel_registry import check_kernel_backend
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, PoolingType
-from lightrec.modules.feature_checks import check_collection_input
+from lightrec.modules.feature_checks import check_collection_input, features_of_several_tables
 from lightrec.optim.fused_spec import FusedOptimizerSpec
 from lightrec.optim.in_backward import fused_spec_from_parameter
 from lightrec.optim.keyed import CombinedOptimizer, KeyedOptimizer
@@ -85,6 +86,10 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
             CUDA, else pure torch), ``"fbgemm"`` (an error names a group it cannot run), ``"triton"`` or ``"torch"``.
         qcomm_codecs_registry: quantized communication of the output dists, by comm op
             (``lightrec.distributed.fbgemm_qcomm_codec.get_qcomm_codecs_registry``).
+
+    Every sharded collection takes exactly these arguments; one that shards a wrapper of a
+    collection (feature-processed, managed-collision) does not restate them but overrides
+    :meth:`_adopt` (check the wrapper, return its inner collection) and :meth:`_adopted`.
     """
 
     _attr = "embedding_bags"
@@ -107,9 +112,10 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
     ) -> None:
         super().__init__()
         check_kernel_backend(kernel_backend)
+        wrapper = module
+        module, table_plan = self._adopt(module, table_plan, env, device)
         configs = self._configs_of(module)
-        listed = [f for c in configs for f in c.feature_names]
-        shared = sorted({f for f in listed if listed.count(f) > 1})
+        shared = features_of_several_tables([list(c.feature_names) for c in configs])
         if shared:
             raise ValueError(
                 f"{type(self).__name__}: features {shared} are read by several tables; a sharded collection "
@@ -175,8 +181,21 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
         self.ahead = AheadQueue()  # work started for later forwards (sparse_dist_pipeline drives it)
         self._register_state_dict_hook(state_dict_hook)
         self._register_load_state_dict_pre_hook(load_state_dict_pre_hook, with_module=True)
+        self._adopted(wrapper, device)
 
     # ---- construction helpers ---------------------------------------------------------------
+    def _adopt(
+        self, module: nn.Module, table_plan: Mapping[str, ParameterSharding], env: ShardingEnv, device: torch.device
+    ) -> tuple[nn.Module, Mapping[str, ParameterSharding]]:
+        """The collection whose tables to shard and the plan to shard them by, from the module the
+        constructor was given: itself here; a wrapper (feature-processed, managed-collision) checks
+        it, keeps what it needs and returns its inner collection. Runs before any table is sharded."""
+        return module, table_plan
+
+    def _adopted(self, module: nn.Module, device: torch.device) -> None:
+        """What a wrapper keeps of ``module`` (the constructor's argument) besides the sharded
+        tables; runs last, so the wrapper's submodules come after the tables' in the module tree."""
+
     def _make_sharding(
         self, sharding_type: str, tables: list[ShardedTable], context: ShardingContext
     ) -> EmbeddingSharding:

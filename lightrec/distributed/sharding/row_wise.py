@@ -22,6 +22,8 @@ ids for the table and contribute zero partial sums.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -29,6 +31,7 @@ from lightrec.distributed.comm import (
     Awaitable,
     KJTAllToAll,
     PooledEmbeddingsReduceScatter,
+    bucketize_kjt_by_rank,
     bucketize_kjt_row_wise,
     row_wise_block_bounds,
     row_wise_block_size,
@@ -68,6 +71,9 @@ class RwSparseFeaturesDist(nn.Module):
         mean_keys: ``[T]`` MEAN flags.
         keep_weights: the collection is weighted.
         sequence: also compute the unbucketize permutation.
+        owner: ``sent KJT -> [N]`` rank of every id, which then travels unchanged (managed-collision
+            tables route raw ids by bucket, ``sharding/managed_collision.py``); None: the rank whose
+            row block holds the id, rebased to that block (``num_rows`` / ``block_bounds``).
     """
 
     def __init__(
@@ -80,9 +86,11 @@ class RwSparseFeaturesDist(nn.Module):
         mean_keys: list[bool],
         keep_weights: bool,
         sequence: bool,
+        owner: Callable[[KeyedJaggedTensor], torch.Tensor] | None = None,
     ) -> None:
         super().__init__()
         self._select = KeySelector(feature_indices, keep_weights)
+        self._owner = owner
         self._world_size = world_size
         self._num_rows = list(num_rows)
         self._block_sizes = [row_wise_block_size(r, world_size) for r in num_rows]
@@ -99,14 +107,17 @@ class RwSparseFeaturesDist(nn.Module):
             mask = None if self._mean_mask is None else self._mean_mask.to(lengths.device)
             w = mean_weights(lengths, values.numel(), mask, sent.stride(), sent.weights_or_none())
             sent = KeyedJaggedTensor(sent.keys(), values, w, lengths=lengths, stride=sent.stride())
-        bucketized = bucketize_kjt_row_wise(
-            sent,
-            self._world_size,
-            self._block_sizes,
-            block_bounds=self._block_bounds,
-            num_rows=self._num_rows,
-            output_permute=self._sequence,
-        )
+        if self._owner is not None:
+            bucketized = bucketize_kjt_by_rank(sent, self._owner(sent), self._world_size, self._sequence)
+        else:
+            bucketized = bucketize_kjt_row_wise(
+                sent,
+                self._world_size,
+                self._block_sizes,
+                block_bounds=self._block_bounds,
+                num_rows=self._num_rows,
+                output_permute=self._sequence,
+            )
         return DistContext(sent, self._dist(bucketized.kjt), bucketized.unbucketize_permute)
 
     def extra_repr(self) -> str:

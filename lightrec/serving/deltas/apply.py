@@ -26,7 +26,7 @@ from lightrec.distributed.deltas.rows import payload_bytes, row_data_type
 from lightrec.inference.predictor import Predictor
 
 # managed collisions (being moved to lightrec.modules.managed_collision: update this import there)
-from lightrec.modules.mc_ops import EMPTY_ID
+from lightrec.modules.managed_collision.ops import EMPTY_ID
 from lightrec.quant.row_codec import quantize_rows
 from lightrec.serving.deltas.targets import ArtifactTargets, RemapperTarget, TableTarget, find_targets
 

@@ -21,7 +21,7 @@ from lightrec.distributed.deltas import (
     table_specs,
 )
 from lightrec.inference import quantize
-from lightrec.modules.mc_ops import EMPTY_ID
+from lightrec.modules.managed_collision.ops import EMPTY_ID
 from tests.inference.helpers import dlrm, tables
 from tests.serving.deltas.models import build, changed_rows, train
 

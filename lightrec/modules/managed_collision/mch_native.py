@@ -5,7 +5,7 @@ per table and step; on a CPU each costs 10-20 µs of dispatch whatever the batch
 managed-collision step twice the plain collection's. ``torch.ops.lightrec_mch.lookup_insert``
 (``lightrec/csrc/mch_step.cpp``, built with lightrec's other native ops by ``lightrec._native``)
 does the same work in one pass over the ids, with exactly the same decisions -- rows, evictions,
-waiting ids, counters and the index -- which ``tests/modules/test_mch_native.py`` checks against
+waiting ids, counters and the index -- which ``tests/modules/managed_collision/test_mch_native.py`` checks against
 the torch path over many steps with every policy, buckets, admission and rows running short.
 
 It serves CPU state only. The torch path runs instead on other devices, when the native library
@@ -22,8 +22,8 @@ import torch
 
 from lightrec import _switches
 from lightrec._native import native_ops
-from lightrec.modules.mch_index import SlotIndex
-from lightrec.modules.mch_slots import BucketLayout
+from lightrec.modules.managed_collision.mch_index import SlotIndex
+from lightrec.modules.managed_collision.mch_slots import BucketLayout
 
 __all__ = ["NativeInsert", "native_hash_bytes_per_row", "native_lookup_insert", "native_step_available"]
 
@@ -74,7 +74,7 @@ def native_lookup_insert(
         layout: the module's local buckets.
         state: ``(slot_ids [Z], last_access [Z], counts [Z] | None, admission_counts [Z] | None)``,
             updated in place.
-        routing: ``(buckets of the whole table, id-space block per bucket)`` (``mc_ops.block_bucket``).
+        routing: ``(buckets of the whole table, id-space block per bucket)`` (``ops.block_bucket``).
         it: the step's iteration.
         admission_threshold: lookups before an id gets a row (1: at once).
     """

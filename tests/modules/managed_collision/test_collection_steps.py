@@ -8,15 +8,15 @@ import pytest
 import torch
 
 from lightrec import EmbeddingBagConfig, FusedEmbeddingBagCollection, KeyedJaggedTensor
-from lightrec.modules.mc_embedding_modules import ManagedCollisionEmbeddingBagCollection
-from lightrec.modules.mc_modules import (
+from lightrec.modules.managed_collision import (
     LRU_EvictionPolicy,
     ManagedCollisionCollection,
+    ManagedCollisionEmbeddingBagCollection,
     ManagedCollisionIdError,
     MCHManagedCollisionModule,
     mix64_hash,
 )
-from lightrec.modules.mc_reset import reinit_values
+from lightrec.modules.managed_collision.reset import reinit_values
 
 ROWS = 5  # 4 rows for ids + the default row 4
 

@@ -14,7 +14,7 @@ racing for one slot with atomics (any may win), the smaller id wins here, so the
 depend on the order of the ids (nor on how a table is sharded).
 
 ``murmur3_2x64`` is MurmurHash3's x64 mixing of the 128-bit block ``(id, 0)`` with seed 0, as
-fbgemm's ``zero_collision_hash`` computes it (``tests/modules/test_hash_mc_modules.py`` checks the
+fbgemm's ``zero_collision_hash`` computes it (``tests/modules/managed_collision/test_hash_zch_module.py`` checks the
 positions against fbgemm's op where it is installed).
 """
 

@@ -1,6 +1,6 @@
 """Slot bookkeeping of ``MCHManagedCollisionModule``: buckets, who gets a row, who loses one.
 
-The module keeps its state slot-ordered (``mc_ops``: ``slot_ids[s]`` is the raw id in slot ``s``);
+The module keeps its state slot-ordered (``ops``: ``slot_ids[s]`` is the raw id in slot ``s``);
 the functions here decide, vectorised over ids and looping only over *buckets* (a handful), which
 new ids get rows when rows run short and which residents lose theirs at a round. Every decision
 depends only on the ids of a bucket, their slots, counts and the iteration -- never on the order

@@ -8,19 +8,19 @@ import pytest
 import torch
 
 from lightrec import EmbeddingBagConfig, EmbeddingCollection, EmbeddingConfig, JaggedTensor, KeyedJaggedTensor
-from lightrec.modules.mc_embedding_modules import ManagedCollisionEmbeddingCollection
-from lightrec.modules.mc_modules import (
+from lightrec.modules.managed_collision import (
     DistanceLFU_EvictionPolicy,
     LFU_EvictionPolicy,
     LRU_EvictionPolicy,
     ManagedCollisionCollection,
+    ManagedCollisionEmbeddingCollection,
     ManagedCollisionIdError,
     MCHManagedCollisionModule,
     TTL_EvictionPolicy,
     average_threshold_filter,
     mix64_hash,
 )
-from lightrec.modules.mc_ops import EMPTY_ID
+from lightrec.modules.managed_collision.ops import EMPTY_ID
 
 
 def mch(zch: int = 8, policy: object = None, interval: int = 2, **kwargs: object) -> MCHManagedCollisionModule:

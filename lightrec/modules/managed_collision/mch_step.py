@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 import torch
 
-from lightrec.modules.mc_eviction import MCHEvictionPolicy
-from lightrec.modules.mc_ops import EMPTY_ID, block_bucket, mix64
-from lightrec.modules.mch_index import SlotIndex
-from lightrec.modules.mch_native import native_lookup_insert, native_step_available
-from lightrec.modules.mch_slots import BucketLayout, priority_order, round_cut
+from lightrec.modules.managed_collision.mch_eviction import MCHEvictionPolicy
+from lightrec.modules.managed_collision.mch_index import SlotIndex
+from lightrec.modules.managed_collision.mch_native import native_lookup_insert, native_step_available
+from lightrec.modules.managed_collision.mch_slots import BucketLayout, priority_order, round_cut
+from lightrec.modules.managed_collision.ops import EMPTY_ID, block_bucket, mix64
 
 __all__ = ["MCHSteps", "StepStats"]
 

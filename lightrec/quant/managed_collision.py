@@ -3,10 +3,11 @@
 ``quantize(model)`` turns a ``ManagedCollisionEmbeddingBagCollection`` (``...EmbeddingCollection``)
 into :class:`QuantManagedCollisionEmbeddingBagCollection` (:class:`QuantManagedCollisionEmbeddingCollection`):
 the tables become int8 / int4 / fp16 rows, and the managed-collision modules become their frozen
-remappers (``lightrec.modules.mc_serving``) -- no insertion, no eviction, unknown ids to a defined
-row. The forward keeps the float module's contract, ``kjt -> (embeddings, remapped KJT or None)``,
-so the model around it runs unchanged; torchrec's ``QuantManagedCollisionEmbeddingCollection``
-returns the embeddings alone (docs/managed-collisions.md).
+remappers (``lightrec.modules.managed_collision.serving``) -- no insertion, no eviction, unknown ids
+to a defined row. The forward keeps the float module's contract, ``kjt -> (embeddings, remapped KJT
+or None)``, so the model around it runs unchanged; torchrec's ``QuantManagedCollisionEmbeddingCollection``
+returns the embeddings alone (docs/managed-collisions.md). torchrec keeps these classes in
+``torchrec.quant.embedding_modules``; ``lightrec.quant.embedding_modules`` re-exports them.
 """
 
 # No `from __future__ import annotations`: fx copies forward() annotations into traced code.
@@ -17,7 +18,7 @@ import torch
 from torch import nn
 
 from lightrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
-from lightrec.modules.mc_serving import FrozenManagedCollisionCollection
+from lightrec.modules.managed_collision.serving import FrozenManagedCollisionCollection
 from lightrec.quant.collection_base import QuantCollectionBase
 from lightrec.quant.embedding_collection import QuantEmbeddingCollection
 from lightrec.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor

@@ -25,9 +25,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightrec.modules.hash_zch_probe import murmur3_2x64, unsigned_mod
-from lightrec.modules.mc_base import ManagedCollisionModule
-from lightrec.modules.mc_ops import mix64, mix64_hash
+from lightrec.modules.managed_collision.base import ManagedCollisionModule
+from lightrec.modules.managed_collision.hash_zch_probe import murmur3_2x64, unsigned_mod
+from lightrec.modules.managed_collision.ops import mix64, mix64_hash
 from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = [

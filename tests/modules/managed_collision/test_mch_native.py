@@ -1,4 +1,4 @@
-"""The native managed-collision step (``lightrec.modules.mch_native``) against the torch-op step.
+"""The native managed-collision step (``lightrec.modules.managed_collision.mch_native``) against the torch-op step.
 
 Two twin modules see the same drifting stream, one through ``torch.ops.lightrec_mch.lookup_insert``
 and one with ``LIGHTREC_MCH_NATIVE=0``; after every step their rows, evicted rows, waiting ids,
@@ -16,17 +16,17 @@ import pytest
 import torch
 
 from lightrec._native import native_ops
-from lightrec.modules import mch_step
-from lightrec.modules.mc_modules import (
+from lightrec.modules.managed_collision import (
     DistanceLFU_EvictionPolicy,
     LFU_EvictionPolicy,
     LRU_EvictionPolicy,
     MCHEvictionPolicy,
     MCHManagedCollisionModule,
     TTL_EvictionPolicy,
+    mch_step,
 )
-from lightrec.modules.mc_ops import uniform_block
-from lightrec.modules.mch_native import native_step_available
+from lightrec.modules.managed_collision.mch_native import native_step_available
+from lightrec.modules.managed_collision.ops import uniform_block
 
 pytestmark = pytest.mark.skipif(
     native_ops() is None,
@@ -184,7 +184,7 @@ def test_without_the_native_library_the_torch_step_runs(monkeypatch: pytest.Monk
     batches = [torch.tensor(ids) for ids in ([1, 2, 3], [4, 5, 6, 1], [7, 8], [9, 1, 10])]
     native = MCHManagedCollisionModule(6, "cpu", LRU_EvictionPolicy(), 2).train()
     expected = [native.remap_values(batch) for batch in batches]
-    monkeypatch.setattr("lightrec.modules.mch_native.native_ops", lambda: None)
+    monkeypatch.setattr("lightrec.modules.managed_collision.mch_native.native_ops", lambda: None)
     assert not native_step_available(torch.device("cpu"))
     calls: list[int] = []
     monkeypatch.setattr(mch_step, "native_lookup_insert", lambda *a, **k: calls.append(1))
@@ -195,7 +195,7 @@ def test_without_the_native_library_the_torch_step_runs(monkeypatch: pytest.Monk
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_native_uniform_rows_equal_the_torch_draw(dtype: torch.dtype) -> None:
-    """Fresh values of evicted rows: the native draw and ``mc_ops.uniform_block`` agree bit for bit."""
+    """Fresh values of evicted rows: the native draw and ``managed_collision.ops.uniform_block`` agree bit for bit."""
     for rows, dim, seed, low, high in [(7, 5, 0, -0.01, 0.01), (300, 16, 2**63 - 1, -1.0, 3.0), (1, 1, 12345, 0.0, 1e-3),
                                        (0, 8, 3, -1.0, 1.0)]:  # fmt: skip
         native = torch.ops.lightrec_mch.uniform_rows(rows, dim, seed, low, high - low, dtype)

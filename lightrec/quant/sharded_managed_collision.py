@@ -19,7 +19,8 @@ from torch import nn
 
 from lightrec.modules.embedding_configs import EmbeddingConfig
 from lightrec.quant.embedding_collection import QuantEmbeddingCollection
-from lightrec.quant.mc_embedding_modules import QuantManagedCollisionEmbeddingCollection
+from lightrec.quant.managed_collision import QuantManagedCollisionEmbeddingCollection
+from lightrec.quant.sharded_embedding_bag import assign_tables_by_size
 from lightrec.sparse import JaggedTensor, KeyedJaggedTensor
 
 __all__ = ["ShardedQuantManagedCollisionEmbeddingCollection", "shard_managed_collection_for_inference"]
@@ -98,10 +99,5 @@ def shard_managed_collection_for_inference(
     source = module._embedding_module
     configs = source.embedding_configs()
     sizes = [source._stored_tables()[t.name].weight.numel() for t in configs]
-    load = [0] * len(devices)
-    assignment = [0] * len(configs)
-    for i in sorted(range(len(configs)), key=lambda i: (-sizes[i], i)):
-        d = min(range(len(devices)), key=lambda d: (load[d], d))
-        load[d] += sizes[i]
-        assignment[i] = d
+    assignment = assign_tables_by_size([t.name for t in configs], sizes, len(devices))
     return ShardedQuantManagedCollisionEmbeddingCollection(module, devices, assignment, output_device)

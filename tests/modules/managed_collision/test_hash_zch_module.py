@@ -7,10 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-import lightrec.modules.hash_mc_modules as hash_mc_modules
+import lightrec.modules.managed_collision.hash_zch_module as hash_zch_module
 from lightrec._fbgemm import fbgemm_available
-from lightrec.modules.hash_mc_evictions import HashZchEvictionConfig, HashZchEvictionPolicyName
-from lightrec.modules.hash_mc_modules import HashZchManagedCollisionModule
+from lightrec.modules.managed_collision import (
+    HashZchEvictionConfig,
+    HashZchEvictionPolicyName,
+    HashZchManagedCollisionModule,
+)
 
 
 def hzch(zch: int = 40, buckets: int = 2, **kwargs: object) -> HashZchManagedCollisionModule:
@@ -57,7 +60,7 @@ def test_unknown_ids_fall_back_to_their_first_probe_in_eval() -> None:
 
 def test_single_ttl_eviction_on_a_moved_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     now = [1000]
-    monkeypatch.setattr(hash_mc_modules, "now_hours", lambda: now[0])
+    monkeypatch.setattr(hash_zch_module, "now_hours", lambda: now[0])
     config = HashZchEvictionConfig(features=["f"], single_ttl=2)
     module = hzch(zch=8, buckets=1, eviction_policy_name=HashZchEvictionPolicyName.SINGLE_TTL_EVICTION,
                   eviction_config=config)  # fmt: skip
@@ -73,7 +76,7 @@ def test_single_ttl_eviction_on_a_moved_clock(monkeypatch: pytest.MonkeyPatch) -
 
 def test_lru_evicts_the_oldest_probed_slot(monkeypatch: pytest.MonkeyPatch) -> None:
     now = [50]
-    monkeypatch.setattr(hash_mc_modules, "now_hours", lambda: now[0])
+    monkeypatch.setattr(hash_zch_module, "now_hours", lambda: now[0])
     config = HashZchEvictionConfig(features=["f"], single_ttl=1)
     module = HashZchManagedCollisionModule(zch_size=4, device="cpu", total_num_buckets=1, max_probe=4,
                                            input_hash_size=1000, eviction_policy_name=HashZchEvictionPolicyName.LRU_EVICTION,

@@ -169,7 +169,7 @@ class ManagedCollisionModule(nn.Module, abc.ABC):
         return {}
 
     def frozen_remapper(self) -> nn.Module:
-        """A copy of the current id map as a serving remapper (``lightrec.modules.mc_serving``).
+        """A copy of the current id map as a serving remapper (``lightrec.modules.managed_collision.serving``).
 
         Raises:
             TypeError: this module type has no frozen form.

@@ -23,8 +23,8 @@ import torch
 from torch import nn
 
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig
-from lightrec.modules.feature_checks import check_feature_keys
-from lightrec.modules.mc_base import ManagedCollisionModule, ids_in_range
+from lightrec.modules.feature_checks import check_feature_keys, features_of_several_tables
+from lightrec.modules.managed_collision.base import ManagedCollisionModule, ids_in_range
 from lightrec.sparse import JaggedTensor, KeyedJaggedTensor
 
 __all__ = ["ManagedCollisionCollection", "apply_mc_method_to_jt_dict", "check_mc_tables"]
@@ -65,8 +65,7 @@ def check_mc_tables(
     extra = sorted(set(modules) - set(names))
     if extra:
         raise ValueError(f"{where}: managed_collision_modules names tables {extra} that are not in embedding_configs {names}")
-    listed = [f for c in configs for f in c.feature_names]
-    shared = sorted({f for f in listed if listed.count(f) > 1})
+    shared = features_of_several_tables([list(c.feature_names) for c in configs])
     if shared:
         raise ValueError(
             f"{where}: features {shared} are read by several tables; a managed-collision table owns its features "

@@ -16,13 +16,13 @@ from lightrec import (
     apply_optimizer_in_backward,
 )
 from lightrec._fbgemm import fbgemm_available
-from lightrec.modules.mc_embedding_modules import ManagedCollisionEmbeddingBagCollection
-from lightrec.modules.mc_modules import (
+from lightrec.modules.managed_collision import (
     LRU_EvictionPolicy,
     ManagedCollisionCollection,
+    ManagedCollisionEmbeddingBagCollection,
     MCHManagedCollisionModule,
 )
-from lightrec.modules.mc_reset import reinit_values
+from lightrec.modules.managed_collision.reset import reinit_values
 
 ROWS = 5  # 4 rows for ids + the default row 4
 

@@ -8,16 +8,16 @@ import torch
 
 from lightrec._fbgemm import fbgemm_available
 from lightrec.modules.embedding_configs import EmbeddingBagConfig
-from lightrec.modules.hash_zch_probe import murmur3_2x64, unsigned_mod
-from lightrec.modules.mc_ops import (
+from lightrec.modules.managed_collision.hash_zch_probe import murmur3_2x64, unsigned_mod
+from lightrec.modules.managed_collision.mch_index import SlotIndex
+from lightrec.modules.managed_collision.mch_slots import BucketLayout, round_cut
+from lightrec.modules.managed_collision.ops import (
     EMPTY_ID,
     block_bucket,
     bucket_segments,
     mix64,
 )
-from lightrec.modules.mc_reset import reinit_values
-from lightrec.modules.mch_index import SlotIndex
-from lightrec.modules.mch_slots import BucketLayout, round_cut
+from lightrec.modules.managed_collision.reset import reinit_values
 
 M64 = (1 << 64) - 1
 

@@ -3,7 +3,7 @@
 Maps raw ids of one table (any int64 below ``input_hash_size``) to its rows, giving every live id
 its own row: a new id takes a free row -- or the row of a resident that ranked lowest at the last
 eviction round -- in the step it first appears; every ``eviction_interval`` steps a round ranks
-residents and waiting ids with the eviction policy (``lightrec.modules.mch_step``). Rows whose id
+residents and waiting ids with the eviction policy (``lightrec.modules.managed_collision.mch_step``). Rows whose id
 was evicted are listed by ``evict()`` so that the embedding module re-initialises them and resets
 their optimizer state before the lookup.
 
@@ -27,15 +27,20 @@ from typing import Any
 
 import torch
 
-from lightrec.modules.mc_base import ManagedCollisionModule
-from lightrec.modules.mc_eviction import MCHEvictionPolicy
-from lightrec.modules.mc_ops import EMPTY_ID, block_bucket, bucket_segments, check_input_hash_size
-from lightrec.modules.mc_serving import FrozenMCHRemapper, check_servable_hash
-from lightrec.modules.mch_index import SlotIndex
-from lightrec.modules.mch_native import native_hash_bytes_per_row
-from lightrec.modules.mch_slots import BucketLayout
-from lightrec.modules.mch_state import to_slot_order
-from lightrec.modules.mch_step import MCHSteps, StepStats
+from lightrec.modules.managed_collision.base import ManagedCollisionModule
+from lightrec.modules.managed_collision.mch_eviction import MCHEvictionPolicy
+from lightrec.modules.managed_collision.mch_index import SlotIndex
+from lightrec.modules.managed_collision.mch_native import native_hash_bytes_per_row
+from lightrec.modules.managed_collision.mch_slots import BucketLayout
+from lightrec.modules.managed_collision.mch_state import to_slot_order
+from lightrec.modules.managed_collision.mch_step import MCHSteps, StepStats
+from lightrec.modules.managed_collision.ops import (
+    EMPTY_ID,
+    block_bucket,
+    bucket_segments,
+    check_input_hash_size,
+)
+from lightrec.modules.managed_collision.serving import FrozenMCHRemapper, check_servable_hash
 from lightrec.sparse import JaggedTensor
 
 __all__ = ["MCHManagedCollisionModule"]

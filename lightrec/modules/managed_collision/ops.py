@@ -6,7 +6,7 @@ the same code runs on CPU and GPU and compiles under TorchScript for the frozen 
 A managed-collision table gives each raw id its own *slot* (a row of the embedding table). Its
 state is kept **slot-ordered** -- ``slot_ids[s]`` is the raw id living in slot ``s`` (``EMPTY_ID``
 = ``2**63 - 1`` when the slot is free; never a valid id, ids are below ``input_hash_size <= 2**63 -
-1``); ``lightrec.modules.mch_index`` derives the search index from it.
+1``); ``lightrec.modules.managed_collision.mch_index`` derives the search index from it.
 
 Buckets: a table's slots are split into ``B`` contiguous *segments* and a raw id may only live in
 the segment of its bucket (``block_bucket``: ``id // ceil(input_hash_size / B)``, torchrec's rule).
@@ -43,7 +43,7 @@ def _shr(x: torch.Tensor, bits: int) -> torch.Tensor:
 
 def mix64(x: torch.Tensor) -> torch.Tensor:
     """SplitMix64's finaliser on int64 tensors: a well-mixed 64-bit hash (two's-complement wrapping
-    arithmetic, as torch's integer kernels do on every backend; ``tests/modules/test_mc_ops.py``
+    arithmetic, as torch's integer kernels do on every backend; ``tests/modules/managed_collision/test_ops.py``
     checks it against Python's unbounded integers).
 
     Args:

@@ -6,7 +6,7 @@ the two halves for plain-PyTorch collections; fused and sharded collections rese
 storage through the kernels' ``reset_rows`` (``lightrec.kernels.kernel_interface``) with the same values.
 
 New values are drawn uniformly from the table's init range, a pure function of a seed made of
-``(seed, table name, iteration, bucket)`` (``mc_ops.uniform_block``: a counter-based draw, native on
+``(seed, table name, iteration, bucket)`` (``ops.uniform_block``: a counter-based draw, native on
 CPU -- ``torch.ops.lightrec_mch.uniform_rows``, the same bits -- a few microseconds for the rows a
 step evicts), for the rows of each bucket in the order the module evicted them. Buckets decide
 independently and a sharded table holds whole buckets, so a row is re-initialised with the same
@@ -23,8 +23,8 @@ import torch
 from torch import nn
 
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig
-from lightrec.modules.mc_ops import uniform_block
-from lightrec.modules.mch_native import native_step_available
+from lightrec.modules.managed_collision.mch_native import native_step_available
+from lightrec.modules.managed_collision.ops import uniform_block
 
 __all__ = ["reinit_values", "reset_collection_rows", "reset_optimizer_rows", "uniform_reset_seed"]
 
@@ -46,7 +46,7 @@ def _seed(seed: int, table: str, iteration: int, bucket: int) -> int:
 
 
 def uniform_reset_seed(config: BaseEmbeddingConfig, iteration: int, seed: int = 0, bucket: int = 0) -> int | None:
-    """The ``mc_ops.uniform_block`` seed that :func:`reinit_values` draws the rows of one bucket with,
+    """The ``ops.uniform_block`` seed that :func:`reinit_values` draws the rows of one bucket with,
     or None when the table draws otherwise (an ``init_fn``): a kernel can then write the fresh values
     straight into its rows (``reset_tables_uniform``), the same values."""
     return None if config.init_fn is not None else _seed(seed, config.name, iteration, bucket)

@@ -24,7 +24,9 @@ MC_PATHS: dict[str, list[str]] = {
     "torchrec.modules.hash_mc_evictions": [
         "HashZchEvictionConfig", "HashZchEvictionModule", "HashZchEvictionPolicyName", "get_kernel_from_policy",
     ],
-    "torchrec.quant.embedding_modules": ["QuantManagedCollisionEmbeddingCollection"],
+    "torchrec.quant.embedding_modules": [
+        "QuantManagedCollisionEmbeddingCollection", "QuantManagedCollisionEmbeddingBagCollection",
+    ],
     "torchrec.distributed.mc_modules": [
         "ManagedCollisionCollectionSharder", "InferManagedCollisionCollectionSharder",
         "ShardedManagedCollisionCollection",

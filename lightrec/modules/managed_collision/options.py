@@ -24,21 +24,21 @@ import torch
 from torch import nn
 
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig
-from lightrec.modules.mc_base import ManagedCollisionModule
-from lightrec.modules.mc_collection import ManagedCollisionCollection
-from lightrec.modules.mc_embedding_modules import (
+from lightrec.modules.managed_collision.base import ManagedCollisionModule
+from lightrec.modules.managed_collision.collection import ManagedCollisionCollection
+from lightrec.modules.managed_collision.embedding_collections import (
     ManagedCollisionEmbeddingBagCollection,
     ManagedCollisionEmbeddingCollection,
 )
-from lightrec.modules.mc_eviction import (
+from lightrec.modules.managed_collision.mch_eviction import (
     DistanceLFU_EvictionPolicy,
     LFU_EvictionPolicy,
     LRU_EvictionPolicy,
     MCHEvictionPolicy,
     TTL_EvictionPolicy,
 )
-from lightrec.modules.mc_ops import mix64_hash
-from lightrec.modules.mch_module import MCHManagedCollisionModule
+from lightrec.modules.managed_collision.mch_module import MCHManagedCollisionModule
+from lightrec.modules.managed_collision.ops import mix64_hash
 
 __all__ = ["EVICTION_POLICIES", "ManagedCollisionOptions"]
 

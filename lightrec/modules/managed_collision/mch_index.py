@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import torch
 
-from lightrec.modules.mc_ops import EMPTY_ID
-from lightrec.modules.mch_slots import BucketLayout
+from lightrec.modules.managed_collision.mch_slots import BucketLayout
+from lightrec.modules.managed_collision.ops import EMPTY_ID
 
 __all__ = ["SlotIndex"]
 
