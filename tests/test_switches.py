@@ -134,7 +134,7 @@ def test_old_names_reach_the_code_that_reads_them(monkeypatch: pytest.MonkeyPatc
     import torch
 
     from lightrec.kernels.cpu_update import native_update_available
-    from lightrec.modules.mch_native import native_step_available
+    from lightrec.modules.managed_collision.mch_native import native_step_available
 
     monkeypatch.setattr(_switches, "_warned", set())
     monkeypatch.setenv("LIGHTREC_MCH_STEP", "torch")
