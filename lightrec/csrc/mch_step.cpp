@@ -35,7 +35,7 @@ namespace {
 
 using at::Tensor;
 
-// SplitMix64's finaliser (lightrec.modules.mc_ops.mix64: the same bits as torch's wrapping int64 ops).
+// SplitMix64's finaliser (lightrec.modules.managed_collision.ops.mix64: the same bits as torch's wrapping int64 ops).
 inline int64_t mix64(int64_t x) {
   uint64_t z = static_cast<uint64_t>(x) + 0x9E3779B97F4A7C15ULL;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
@@ -339,7 +339,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lookup_insert
           from_vector(wait_cnt), from_vector(info)};
 }
 
-// [rows, dim] uniform values in [low, low + scale): lightrec.modules.mc_ops.uniform_block, bit for bit
+// [rows, dim] uniform values in [low, low + scale): lightrec.modules.managed_collision.ops.uniform_block, bit for bit
 // (SplitMix64's i-th output from seed, its top 53 bits as a float64 in [0, 1), scaled, then rounded
 // once to the dtype; compiled without FMA contraction, as the rest of the library).
 Tensor uniform_rows(int64_t rows, int64_t dim, int64_t seed, double low, double scale, at::ScalarType dtype) {
