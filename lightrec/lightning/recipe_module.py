@@ -22,7 +22,7 @@ from typing import Any
 from typing_extensions import override
 
 from lightrec.data import CriteoDataModule, MovieLensDataModule, SyntheticCriteo
-from lightrec.data.criteo_spec import INT_FEATURE_COUNT
+from lightrec.data.criteo.spec import INT_FEATURE_COUNT
 from lightrec.lightning.rec_module import RecModule
 from lightrec.modules import EmbeddingBagConfig
 

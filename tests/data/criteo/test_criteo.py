@@ -189,8 +189,8 @@ def test_argument_errors(kaggle, tmp_path: Path) -> None:  # noqa: ANN001
 
 
 def test_vectorised_parser_matches_line_parser(monkeypatch: pytest.MonkeyPatch) -> None:
-    import lightrec.data.criteo as criteo
-    from lightrec.data._criteo_fast import parse_fast
+    import lightrec.data.criteo.parse as criteo
+    from lightrec.data.criteo.parse import parse_fast
     from lightrec.data.errors import LineErrors
 
     rng = np.random.default_rng(5)

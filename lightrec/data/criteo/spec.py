@@ -9,6 +9,9 @@ Cardinalities are the number of distinct values of each categorical feature:
   by the DLRM reference preprocessing.
 - ``"1tb"``: the Criteo 1TB click logs (24 days), the ``num_embeddings_per_feature`` used by
   torchrec's DLRM example (ids there are already capped at 40M per feature).
+
+torchrec's other constants of ``torchrec.datasets.criteo`` (``DAYS``, ``FREQUENCY_THRESHOLD``,
+``DEFAULT_LABEL_NAME``, ``DEFAULT_COLUMN_NAMES``: the TSV columns in file order) live here too.
 """
 
 from __future__ import annotations
@@ -22,8 +25,12 @@ __all__ = [
     "CAT_FEATURE_COUNT",
     "CRITEO_1TB_CARDINALITIES",
     "CRITEO_KAGGLE_CARDINALITIES",
+    "DAYS",
     "DEFAULT_CAT_NAMES",
+    "DEFAULT_COLUMN_NAMES",
     "DEFAULT_INT_NAMES",
+    "DEFAULT_LABEL_NAME",
+    "FREQUENCY_THRESHOLD",
     "INT_FEATURE_COUNT",
     "resolve_cardinalities",
     "table_configs",
@@ -33,6 +40,12 @@ INT_FEATURE_COUNT = 13
 CAT_FEATURE_COUNT = 26
 DEFAULT_INT_NAMES: list[str] = [f"int_{i}" for i in range(INT_FEATURE_COUNT)]
 DEFAULT_CAT_NAMES: list[str] = [f"cat_{i}" for i in range(CAT_FEATURE_COUNT)]
+DEFAULT_LABEL_NAME = "label"
+DEFAULT_COLUMN_NAMES: list[str] = [DEFAULT_LABEL_NAME, *DEFAULT_INT_NAMES, *DEFAULT_CAT_NAMES]
+#: Days of the Criteo 1TB click logs (``day_0`` .. ``day_23``).
+DAYS = 24
+#: torchrec's default frequency threshold of its Criteo preprocessing.
+FREQUENCY_THRESHOLD = 3
 
 CRITEO_KAGGLE_CARDINALITIES: list[int] = [
     1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,

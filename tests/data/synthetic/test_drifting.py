@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from lightrec.data import SyntheticCriteo, SyntheticCriteoDataset
-from lightrec.data.drifting import DriftingVocabulary
+from lightrec.data.synthetic import DriftingVocabulary
 
 CAP = 400
 

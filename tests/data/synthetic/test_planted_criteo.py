@@ -18,7 +18,7 @@ from lightrec.data import (
     resolve_cardinalities,
     table_configs,
 )
-from lightrec.data._random import bounded_zipf, coprime_multiplier, exact_auc, expected_auc
+from lightrec.data.hashing import bounded_zipf, coprime_multiplier, exact_auc, expected_auc
 
 SMALL = dict(num_embeddings_cap=5000)
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from lightrec.data._random import mix64
+from lightrec.data.hashing import mix64
 
 __all__ = ["DriftingVocabulary"]
 

@@ -20,6 +20,8 @@ __all__ = [
     "hash_unit",
     "hash_uniform",
     "mix64",
+    "stream_key",
+    "zipf_tables",
 ]
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -37,13 +39,14 @@ def mix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def _key(seed: int, stream: int) -> np.uint64:
+def stream_key(seed: int, stream: int) -> np.uint64:
+    """The 64-bit key of hash stream ``stream`` under ``seed`` (xor-ed into the ids before mixing)."""
     return mix64(np.array([(seed * 1_000_003 + stream) & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64))[0]
 
 
 def hash_uniform(ids: np.ndarray, seed: int, stream: int) -> np.ndarray:
     """A float64 in ``[0, 1)`` per id, a pure function of ``(seed, stream, id)``."""
-    h = mix64(ids.astype(np.uint64) ^ _key(seed, stream))
+    h = mix64(ids.astype(np.uint64) ^ stream_key(seed, stream))
     return (h >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
@@ -56,7 +59,7 @@ _HEAD = 1024
 
 
 @functools.lru_cache(maxsize=256)
-def _zipf_tables(n: int, exponent: float) -> tuple[np.ndarray, float, float, float]:
+def zipf_tables(n: int, exponent: float) -> tuple[np.ndarray, float, float, float]:
     """Exact CDF of the ``head`` most popular ranks, and the tail's interval and mass."""
     head = min(n, _HEAD)
     weights = np.arange(1, head + 1, dtype=np.float64) ** -exponent
@@ -76,7 +79,7 @@ def bounded_zipf(u: np.ndarray, n: int, exponent: float) -> np.ndarray:
     of the continuous power law on ``[1024.5, n + 0.5)``, rounded (midpoint rule, accurate to
     ~1e-6 relative there). A few vectorised operations per id; ``exponent == 0`` is uniform.
     """
-    cdf, lo, hi, tail_mass = _zipf_tables(int(n), float(exponent))
+    cdf, lo, hi, tail_mass = zipf_tables(int(n), float(exponent))
     ranks = np.searchsorted(cdf, u, side="right").astype(np.int64)
     in_tail = ranks >= cdf.shape[0]
     if tail_mass > 0 and in_tail.any():

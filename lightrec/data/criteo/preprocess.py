@@ -1,7 +1,7 @@
 """Criteo TSV (Kaggle ``train.txt``, 1TB ``day_N``) → preprocessed memory-mapped numpy chunks.
 
-Input lines: ``label \\t I1..I13 \\t C1..C26`` — 40 tab-separated fields, integer counts and 32-bit
-hex categoricals, any of which may be empty. Output, under ``out_dir``::
+Input lines: ``label \\t I1..I13 \\t C1..C26`` (:mod:`lightrec.data.criteo.parse` reads them). Output,
+under ``out_dir``::
 
     settings.json                     the preprocessing arguments (a resume must use the same)
     counts/<part>.npz                 per-id frequencies of one input (only with min_count > 0)
@@ -17,9 +17,8 @@ hex categoricals, any of which may be empty. Output, under ``out_dir``::
 With ``min_count = T > 0`` a first pass counts every id, ids seen fewer than ``T`` times map to the
 shared id 0, and the kept ids are renumbered ``1..K`` (tables shrink to ``K + 1`` rows).
 
-Dense values are integers (decimal fractions are accepted) with ``|value| < 1e15``; a larger one is
-a malformed line (``on_error``), never silently wrapped or rounded differently by the two parsers.
-An empty input, or a truncated ``.gz``, raises ``DataFormatError`` naming the file.
+A malformed line (a dense value with ``|value| >= 1e15`` included) raises or is skipped
+(``on_error``). An empty input, or a truncated ``.gz``, raises ``DataFormatError`` naming the file.
 
 Resumable: each input is cut into chunks of ``rows_per_chunk`` input lines; finished chunks (and
 finished count files) are skipped when the same command runs again after an interruption.
@@ -30,7 +29,6 @@ from __future__ import annotations
 import gzip
 import json
 import logging
-import math
 import os
 import zlib
 from collections.abc import Iterator, Sequence
@@ -39,31 +37,16 @@ from typing import IO, Any
 
 import numpy as np
 
-from lightrec.data._criteo_fast import parse_fast
-from lightrec.data._random import mix64
-from lightrec.data.criteo_spec import (
-    CAT_FEATURE_COUNT,
-    DEFAULT_CAT_NAMES,
-    DEFAULT_INT_NAMES,
-    INT_FEATURE_COUNT,
-)
+from lightrec.data.criteo.parse import parse_criteo_lines
+from lightrec.data.criteo.spec import CAT_FEATURE_COUNT, DEFAULT_CAT_NAMES, DEFAULT_INT_NAMES
 from lightrec.data.errors import DataFormatError, LineErrors, OnError, check_on_error
+from lightrec.data.hashing import mix64
 
-__all__ = [
-    "MAX_DENSE_VALUE",
-    "hash_categoricals",
-    "id_dtype",
-    "parse_criteo_lines",
-    "parse_criteo_lines_one_by_one",
-    "preprocess_criteo",
-]
+__all__ = ["FORMAT", "atomic_save_npy", "hash_categoricals", "id_dtype", "preprocess_criteo"]
 
 logger = logging.getLogger(__name__)
-NUM_FIELDS = 1 + INT_FEATURE_COUNT + CAT_FEATURE_COUNT
+#: ``meta.json``'s ``format``: what :class:`~lightrec.data.CriteoMemmapDataset` reads.
 FORMAT = "lightrec-criteo-v1"
-_FOLD = (1 << 63) - 1
-#: Dense values at or above this magnitude are malformed (see the module docstring).
-MAX_DENSE_VALUE = 1e15
 
 
 def _open(path: Path) -> IO[bytes]:
@@ -78,109 +61,6 @@ def _part_name(path: Path) -> str:
         if name.endswith(suffix):
             name = name[: -len(suffix)]
     return name
-
-
-def parse_criteo_lines(
-    lines: Sequence[bytes], path: str, first_line: int, errors: LineErrors
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Parse raw Criteo lines.
-
-    Args:
-        lines: raw lines (bytes, with their newline; a last line without one may be truncated).
-        path: file name for error messages.
-        first_line: 1-based line number of ``lines[0]``.
-        errors: raise-or-skip policy; skipped lines are left out of the result.
-
-    Returns:
-        ``labels`` [n] float32, ``dense`` [n, 13] float32 (raw counts, empty -> 0),
-        ``cats`` [n, 26] int64 (raw values, wider than 63 bits folded, empty -> -1).
-    """
-    fast = parse_fast(lines)
-    if fast is not None:
-        return fast
-    return parse_criteo_lines_one_by_one(lines, path, first_line, errors)
-
-
-def parse_criteo_lines_one_by_one(
-    lines: Sequence[bytes], path: str, first_line: int, errors: LineErrors
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The line parser behind :func:`parse_criteo_lines` (same arguments and result): names each
-    bad line, accepts decimal fractions; on well-formed lines it equals the vectorised parser."""
-    labels: list[float] = []
-    dense: list[list[float]] = []
-    cats: list[list[int]] = []
-    for i, raw in enumerate(lines):
-        lineno = first_line + i
-        fields = raw.rstrip(b"\r\n").split(b"\t")
-        if len(fields) != NUM_FIELDS:
-            truncated = not raw.endswith(b"\n")
-            what = "truncated line (no newline at end of file)" if truncated else "wrong column count"
-            errors.bad_line(
-                path, lineno, f"{what}: expected {NUM_FIELDS} tab-separated fields, got {len(fields)}"
-            )
-            continue
-        if fields[0] not in (b"0", b"1"):
-            errors.bad_line(path, lineno, f"label must be 0 or 1, got {fields[0][:20]!r}")
-            continue
-        try:
-            row_dense = [float(s) if s else 0.0 for s in fields[1 : 1 + INT_FEATURE_COUNT]]
-        except ValueError:
-            bad = next(j for j, s in enumerate(fields[1 : 1 + INT_FEATURE_COUNT]) if s and not _is_number(s))
-            errors.bad_line(
-                path, lineno, f"non-numeric dense value {fields[1 + bad][:20]!r} in {DEFAULT_INT_NAMES[bad]}"
-            )
-            continue
-        if not all(math.isfinite(v) for v in row_dense):
-            errors.bad_line(path, lineno, "dense value is not finite (nan/inf)")
-            continue
-        if any(abs(v) >= MAX_DENSE_VALUE for v in row_dense):
-            bad = next(j for j, v in enumerate(row_dense) if abs(v) >= MAX_DENSE_VALUE)
-            errors.bad_line(
-                path, lineno, f"dense value {fields[1 + bad][:24]!r} in {DEFAULT_INT_NAMES[bad]} is out of range "
-                f"(|value| must be below {MAX_DENSE_VALUE:.0e}; Criteo dense features are counts)",
-            )
-            continue
-        if any(len(s) > 16 for s in fields[1 + INT_FEATURE_COUNT :]):
-            errors.bad_line(path, lineno, "categorical value longer than 16 hex digits (64 bits)")
-            continue
-        try:
-            # Criteo values are 32-bit; wider ones are folded to 63 bits (they are hashed anyway).
-            row_cats = [int(s, 16) & _FOLD if s else -1 for s in fields[1 + INT_FEATURE_COUNT :]]
-        except ValueError:
-            tail = fields[1 + INT_FEATURE_COUNT :]
-            bad = next(j for j, s in enumerate(tail) if s and not _is_hex(s))
-            errors.bad_line(
-                path, lineno, f"categorical value {tail[bad][:20]!r} in {DEFAULT_CAT_NAMES[bad]} is not hex"
-            )
-            continue
-        if any(s[:1] in (b"-", b"+") for s in fields[1 + INT_FEATURE_COUNT :]):
-            errors.bad_line(path, lineno, "categorical values must be unsigned hex, got a sign")
-            continue
-        labels.append(float(fields[0]))
-        dense.append(row_dense)
-        cats.append(row_cats)
-    n = len(labels)
-    return (
-        np.asarray(labels, dtype=np.float32).reshape(n),
-        np.asarray(dense, dtype=np.float32).reshape(n, INT_FEATURE_COUNT),
-        np.asarray(cats, dtype=np.int64).reshape(n, CAT_FEATURE_COUNT),
-    )
-
-
-def _is_number(s: bytes) -> bool:
-    try:
-        float(s)
-        return True
-    except ValueError:
-        return False
-
-
-def _is_hex(s: bytes) -> bool:
-    try:
-        int(s, 16)
-        return True
-    except ValueError:
-        return False
 
 
 def hash_categoricals(cats: np.ndarray, caps: Sequence[int], hash_ids: bool) -> np.ndarray:
@@ -267,8 +147,9 @@ def id_dtype(caps: Sequence[int]) -> type[np.signedinteger]:
     return np.int32 if max(caps) <= np.iinfo(np.int32).max + 1 else np.int64
 
 
-def _atomic_save(path: Path, array: np.ndarray) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+def atomic_save_npy(path: str | os.PathLike[str], array: np.ndarray) -> None:
+    """``np.save`` to a temporary file of this process, then rename: ``path`` is whole or absent."""
+    tmp = f"{os.fspath(path)}.tmp-{os.getpid()}"
     with open(tmp, "wb") as fh:
         np.save(fh, array)
     os.replace(tmp, path)
@@ -325,9 +206,9 @@ def _write_chunks(
         if remap is not None:
             ids = np.stack([remap[f][ids[:, f]] for f in range(CAT_FEATURE_COUNT)], axis=1)
         dense = np.log1p(np.maximum(dense, 0.0)).astype(np.float32)
-        _atomic_save(out_dir / "chunks" / f"{stem}.dense.npy", dense)
-        _atomic_save(out_dir / "chunks" / f"{stem}.sparse.npy", ids.astype(id_dtype(caps)))
-        _atomic_save(out_dir / "chunks" / f"{stem}.labels.npy", labels)
+        atomic_save_npy(out_dir / "chunks" / f"{stem}.dense.npy", dense)
+        atomic_save_npy(out_dir / "chunks" / f"{stem}.sparse.npy", ids.astype(id_dtype(caps)))
+        atomic_save_npy(out_dir / "chunks" / f"{stem}.labels.npy", labels)
         entry = {"name": stem, "rows": int(labels.shape[0]), "skipped_lines": errors.skipped - skipped_before}
         _atomic_json(done, entry)
         chunks.append(entry)

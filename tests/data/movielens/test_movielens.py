@@ -10,7 +10,7 @@ import torch
 
 from lightrec.data import DataFormatError, MovieLensDataset, read_movielens
 from lightrec.data.datamodules import MovieLensDataModule
-from lightrec.data.movielens import ML100K_GENRES
+from lightrec.data.movielens.reader import ML100K_GENRES
 
 # (user, item, rating, ts) — raw ids on purpose sparse, so renumbering is visible.
 RATINGS = [

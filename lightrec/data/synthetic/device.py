@@ -1,4 +1,4 @@
-"""The planted Criteo model of :mod:`lightrec.data.synthetic`, sampled with torch on any device.
+"""The planted Criteo model of :mod:`lightrec.data.synthetic.planted`, sampled with torch on any device.
 
 A GPU that trains at millions of samples per second cannot be fed by numpy in a few data-loader
 workers; generating the batch where it is consumed costs a few dozen kernel launches and no
@@ -18,7 +18,7 @@ Everything is vectorised over all 26 features at once, ids laid out key-major::
 Bag sizes are drawn on the host (numpy, a few bytes per sample; fixed sizes need no draw), so every
 size the lookups need, including ids per key, is known without reading the device, and no
 pageable host-to-device copy (which would stall a CUDA stream) is made. Hashes reproduce
-:func:`lightrec.data._random.mix64` bit for bit in int64 arithmetic (wrapping multiply, masked
+:func:`lightrec.data.hashing.mix64` bit for bit in int64 arithmetic (wrapping multiply, masked
 logical shifts).
 """
 
@@ -26,14 +26,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, Protocol
 
 import numpy as np
 import torch
 
-from lightrec.data._random import _key, _zipf_tables, mix64
+from lightrec.data.hashing import mix64, stream_key, zipf_tables
+from lightrec.data.synthetic.planted import PlantedCriteoModel
 
-__all__ = ["DeviceBlock", "PlantedParameters", "TorchPlantedSampler", "torch_hash_unit", "torch_mix64"]
+__all__ = ["DeviceBlock", "TorchPlantedSampler", "torch_hash_unit", "torch_mix64"]
 
 _MASK64 = (1 << 64) - 1
 
@@ -61,7 +61,7 @@ def torch_mix64(x: torch.Tensor) -> torch.Tensor:
 
 
 def torch_hash_unit(ids: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """``hash_unit`` of ``ids`` under per-id stream keys (int64 bit patterns of ``_key``); float64."""
+    """``hash_unit`` of ``ids`` under per-id stream keys (int64 bit patterns of ``stream_key``); float64."""
     h = torch_mix64(ids ^ keys)
     uniform = _shift_right(h, 11).to(torch.float64) * (1.0 / (1 << 53))
     return (uniform - 0.5) * (2.0 * math.sqrt(3.0))
@@ -80,23 +80,6 @@ class DeviceBlock:
     labels: torch.Tensor
 
 
-class PlantedParameters(Protocol):
-    """What a sampler reads of the hidden model: a :class:`~lightrec.data.PlantedCriteoModel`'s
-    parameters (that class imports this file, so it is named here by what it must hold)."""
-
-    seed: int
-    num_embeddings: list[int]
-    zipf_exponent: float
-    ids_per_feature: list[int]
-    ids_distribution: Literal["fixed", "poisson"]
-    scatter: list[tuple[int, int]]
-    effect_std: np.ndarray
-    dense_mu: np.ndarray
-    dense_sigma: np.ndarray
-    dense_weight: np.ndarray
-    bias: float
-
-
 class TorchPlantedSampler:
     """Draws blocks of a :class:`~lightrec.data.PlantedCriteoModel` on ``device``.
 
@@ -105,7 +88,7 @@ class TorchPlantedSampler:
         device: where samples are generated (``"cuda"``, ``"cpu"``, ...).
     """
 
-    def __init__(self, model: PlantedParameters, device: torch.device | str) -> None:
+    def __init__(self, model: PlantedCriteoModel, device: torch.device | str) -> None:
         self.model = model
         self.device = torch.device(device)
         m = model
@@ -114,7 +97,7 @@ class TorchPlantedSampler:
         exponent = m.zipf_exponent
         heads, head_start, los, his, masses = [], [0], [], [], []
         for f, n in enumerate(sizes):
-            cdf, lo, hi, mass = _zipf_tables(int(n), float(exponent))
+            cdf, lo, hi, mass = zipf_tables(int(n), float(exponent))
             # Shifted by 2f, the concatenated head CDFs are one increasing sequence: one
             # searchsorted serves every feature (u + 2f lands in feature f's stretch).
             heads.append(cdf + 2.0 * f)
@@ -135,7 +118,7 @@ class TorchPlantedSampler:
         self._scatter_b = torch.tensor([b for _, b in m.scatter], dtype=i64, device=dev)
         seed = m.seed
         self._hash_key = torch.tensor(
-            [_signed(int(_key(seed, 1000 + f))) for f in range(self.num_features)], dtype=i64, device=dev
+            [_signed(int(stream_key(seed, 1000 + f))) for f in range(self.num_features)], dtype=i64, device=dev
         )
         self._effect_std = torch.tensor(m.effect_std, dtype=f64, device=dev)
         self._dense_mu = torch.tensor(m.dense_mu, dtype=f64, device=dev)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from lightrec.data import SyntheticCriteo, SyntheticCriteoDataset, concat_batches
-from lightrec.data._random import _key, bounded_zipf, expected_auc, hash_unit, mix64
-from lightrec.data.device_synthetic import TorchPlantedSampler, _signed, torch_hash_unit, torch_mix64
+from lightrec.data.hashing import bounded_zipf, expected_auc, hash_unit, mix64, stream_key
+from lightrec.data.synthetic.device import TorchPlantedSampler, _signed, torch_hash_unit, torch_mix64
 
 SMALL = dict(num_embeddings_cap=5000)
 
@@ -19,7 +19,7 @@ def test_hashes_equal_numpy_bit_for_bit() -> None:
     x = np.random.default_rng(0).integers(0, 2**63, 4096, dtype=np.int64).astype(np.uint64) * np.uint64(3)
     assert np.array_equal(torch_mix64(torch.from_numpy(x.view(np.int64))).numpy().view(np.uint64), mix64(x))
     ids = np.random.default_rng(1).integers(0, 40_000_000, 4096)
-    keys = torch.full((4096,), _signed(int(_key(7, 1003))))
+    keys = torch.full((4096,), _signed(int(stream_key(7, 1003))))
     assert np.array_equal(torch_hash_unit(torch.from_numpy(ids), keys).numpy(), hash_unit(ids, 7, 1003))
 
 

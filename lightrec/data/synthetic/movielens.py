@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lightrec.data.movielens import ML100K_GENRES, MovieLensData
+from lightrec.data.movielens.reader import ML100K_GENRES, MovieLensData, genres_csr
 
 __all__ = ["synthetic_movielens"]
 
@@ -82,10 +82,7 @@ def synthetic_movielens(
     noise = 0.6 * rng.standard_normal(num_ratings)
     rating = np.clip(np.round(2.7 + 1.1 * score + noise), 1, 5).astype(np.float32)
 
-    per_movie = _genres_per_movie(vectors, rng)
-    genre_offsets = np.zeros(num_movies + 2, dtype=np.int64)
-    genre_offsets[2:] = np.cumsum([len(g) for g in per_movie])
-    genre_values = np.array([g for gs in per_movie for g in gs], dtype=np.int64)
+    genre_offsets, genre_values = genres_csr(_genres_per_movie(vectors, rng))
     user_features = {
         name: np.concatenate([[0], column]).astype(np.int64)
         for name, column in (("gender", gender), ("age", age), ("occupation", occupation))

@@ -18,13 +18,29 @@ import torch
 from torch.utils.data import Dataset
 
 from lightrec.data.batch import Batch
-from lightrec.data.criteo import FORMAT
-from lightrec.data.criteo_spec import table_configs
+from lightrec.data.criteo.preprocess import FORMAT
+from lightrec.data.criteo.spec import table_configs
 from lightrec.data.errors import DataFormatError
 from lightrec.modules.embedding_configs import EmbeddingBagConfig
 from lightrec.sparse import KeyedJaggedTensor
 
-__all__ = ["CriteoMemmapDataset", "load_criteo_meta"]
+__all__ = ["CriteoMemmapDataset", "load_criteo_meta", "one_id_per_key"]
+
+
+def one_id_per_key(keys: list[str], ids: np.ndarray) -> KeyedJaggedTensor:
+    """The KJT of ``ids [B, F]``: sample ``b`` holds exactly the id ``ids[b, f]`` under key ``f``.
+
+    Values are key-major (``ids.T`` flattened, int64), every length is 1 and ``length_per_key`` is
+    given, so the lookups that need the ids per key read no device value for it.
+    """
+    b = int(ids.shape[0])
+    return KeyedJaggedTensor(
+        keys=keys,
+        values=torch.from_numpy(np.ascontiguousarray(ids.T).reshape(-1).astype(np.int64)),
+        lengths=torch.ones(len(keys) * b, dtype=torch.int32),
+        stride=b,
+        length_per_key=[b] * len(keys),
+    )
 
 
 def load_criteo_meta(data_dir: str | Path) -> dict[str, Any]:
@@ -137,17 +153,9 @@ class CriteoMemmapDataset(Dataset):
             raise IndexError(f"batch index {index} is out of range for {len(self)} batches")
         lo = self.start + index * self.batch_size
         dense, ids, labels = self.rows(lo, lo + self.batch_size)
-        b = self.batch_size
-        kjt = KeyedJaggedTensor(
-            keys=self.keys,
-            values=torch.from_numpy(np.ascontiguousarray(ids.T).reshape(-1).astype(np.int64)),
-            lengths=torch.ones(len(self.keys) * b, dtype=torch.int32),
-            stride=b,
-            length_per_key=[b] * len(self.keys),  # known here: lookups then need no host sync for it
-        )
         return Batch(
             torch.from_numpy(np.array(dense, dtype=np.float32)),
-            kjt,
+            one_id_per_key(self.keys, ids),
             torch.from_numpy(np.array(labels, dtype=np.float32)),
         )
 

@@ -9,8 +9,8 @@ import pytest
 
 from lightrec.data import MovieLensDataModule
 from lightrec.data.errors import DatasetNotFoundError
-from lightrec.data.movielens import MOVIELENS_URL
-from lightrec.data.synthetic_movielens import synthetic_movielens
+from lightrec.data.movielens.reader import MOVIELENS_URL
+from lightrec.data.synthetic import synthetic_movielens
 from lightrec.metrics import AUC
 
 
