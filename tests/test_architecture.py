@@ -119,7 +119,7 @@ BELOW_LIGHTNING = (
 )
 LIGHTNING_PACKAGES = ("lightning", "pytorch_lightning", "lightning_fabric")
 # The one training-side file that hands a model to the serving workflow.
-INFERENCE_BRIDGES = frozenset({"lightrec.lightning.quantized_export", "lightrec.lightning"})
+INFERENCE_BRIDGES = frozenset({"lightrec.lightning.callbacks.quantized_export", "lightrec.lightning"})
 
 
 @dataclass(frozen=True)

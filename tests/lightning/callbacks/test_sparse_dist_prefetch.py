@@ -166,7 +166,7 @@ def _fit(world_size: int, sized: bool, prefetch: bool, tmp: str, accelerator: st
     )
     from lightrec.distributed.types import ShardingPlan
     from lightrec.lightning import RecStrategy
-    from lightrec.lightning.sparse_dist_prefetch import SparseDistPrefetch
+    from lightrec.lightning.callbacks.sparse_dist_prefetch import SparseDistPrefetch
     from tests.lightning.toy import ToyDLRM
 
     losses: list[float] = []
@@ -260,7 +260,7 @@ def _one_rank_body(rank: int, world_size: int, port: int, tmp: str) -> list[str]
     import lightning.pytorch as pl
 
     from lightrec.lightning import RecStrategy
-    from lightrec.lightning.sparse_dist_prefetch import SparseDistPrefetch
+    from lightrec.lightning.callbacks.sparse_dist_prefetch import SparseDistPrefetch
     from tests.lightning.toy import ToyDLRM, toy_data
 
     with warnings.catch_warnings(record=True) as caught:
@@ -284,7 +284,7 @@ def test_world_size_one_is_a_noop_with_one_warning(tmp_path: Any) -> None:
 def test_model_without_sharded_collection_is_a_noop_with_one_warning(tmp_path: Any) -> None:
     import lightning.pytorch as pl
 
-    from lightrec.lightning.sparse_dist_prefetch import SparseDistPrefetch
+    from lightrec.lightning.callbacks.sparse_dist_prefetch import SparseDistPrefetch
 
     class Tiny(pl.LightningModule):
         def __init__(self) -> None:

@@ -38,7 +38,7 @@ def _inputs(batch) -> tuple[torch.Tensor, ...]:  # noqa: ANN001
 
 def test_single_process_fit_exports_every_epoch_and_at_the_end(tmp_path: Path) -> None:
     from lightrec.inference import load, quantize
-    from lightrec.lightning.quantized_export import QuantizedExport
+    from lightrec.lightning.callbacks.quantized_export import QuantizedExport
     from tests.lightning.toy import ToyDLRM, toy_data
 
     data = toy_data(batch_size=32, num_train_batches=3)
@@ -61,7 +61,7 @@ def test_single_process_fit_exports_every_epoch_and_at_the_end(tmp_path: Path) -
 
 def test_fit_end_export_and_argument_errors(tmp_path: Path) -> None:
     from lightrec.inference import load, quantize
-    from lightrec.lightning.quantized_export import QuantizedExport
+    from lightrec.lightning.callbacks.quantized_export import QuantizedExport
     from tests.lightning.toy import ToyDLRM, toy_data
 
     data = toy_data(batch_size=32, num_train_batches=2)
@@ -96,7 +96,7 @@ def _fit_and_export(rank: int, world_size: int, port: int, tmp: str, accelerator
     from lightrec.distributed.types import ShardingPlan
     from lightrec.inference import has_sharded_collections, unshard
     from lightrec.lightning import RecStrategy
-    from lightrec.lightning.quantized_export import QuantizedExport
+    from lightrec.lightning.callbacks.quantized_export import QuantizedExport
     from tests.lightning.toy import ToyDLRM, toy_data
 
     ebc = ToyDLRM(device="meta").model.sparse_arch.embedding_bag_collection

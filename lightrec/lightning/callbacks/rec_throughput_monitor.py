@@ -51,6 +51,7 @@ import torch
 from torch import nn
 from typing_extensions import override
 
+from lightrec._compat import logging_step
 from lightrec.distributed import ShardedEmbeddingBagCollection, ShardedEmbeddingCollection
 from lightrec.modules import EmbeddingBagCollection, EmbeddingCollection
 
@@ -118,16 +119,6 @@ def embedding_memory_bytes(model: nn.Module) -> tuple[int, int]:
     return weights, state
 
 
-def _logging_step(trainer: pl.Trainer) -> int:
-    """The step ``LightningModule.log`` uses for the current training batch.
-
-    It counts batches that stepped the optimizer (``global_step`` counts optimizer steps, which
-    differs with several optimizers and is already incremented in ``on_train_batch_end``).
-    Lightning's own ``DeviceStatsMonitor`` and ``LearningRateMonitor`` read the same counter.
-    """
-    return int(getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", trainer.global_step))
-
-
 def _peak_rss_bytes() -> float:
     try:
         import resource
@@ -188,7 +179,7 @@ class RecThroughputMonitor(pl.Callback):
     ) -> None:
         self._samples += _batch_samples(batch)
         self._steps += 1
-        self._last_step = _logging_step(trainer)
+        self._last_step = logging_step(trainer)
         if self._steps >= self.every_n_steps:
             self._flush(trainer, pl_module)
 

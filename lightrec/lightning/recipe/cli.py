@@ -33,16 +33,16 @@ from lightning.pytorch.utilities import rank_zero_info
 
 # importing lightrec.lightning registers RecStrategy as strategy "lightrec" before a config names it
 import lightrec.lightning  # noqa: F401
-from lightrec.lightning.quantized_export import QuantizedExport
+from lightrec.lightning.callbacks.quantized_export import QuantizedExport
 from lightrec.lightning.rec_module import RecModule
-from lightrec.lightning.recipe_checks import (
+from lightrec.lightning.recipe.checks import (
     CHECKED_ENV,
     RecipeArgumentError,
     check_recipe_args,
     print_warning,
     warn_if_devices_exceed_cores,
 )
-from lightrec.lightning.recipe_module import dense_width_of
+from lightrec.lightning.recipe.module import dense_width_of
 
 __all__ = [
     "RecipeCLI",

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 from typing_extensions import override
 
+from lightrec._compat import logging_step
 from lightrec.distributed.mc_modules import ShardedManagedCollisionCollection
 from lightrec.modules.mc_collection import ManagedCollisionCollection
 
@@ -61,10 +62,6 @@ def managed_collision_counters(model: nn.Module) -> dict[str, tuple[dict[str, fl
             for table, mc in module.modules_by_table().items():
                 add(table, mc.mc_stats(), False)
     return dict(sorted(out.items()))
-
-
-def _logging_step(trainer: pl.Trainer) -> int:
-    return int(getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", trainer.global_step))
 
 
 class ManagedCollisionMonitor(pl.Callback):
@@ -149,6 +146,6 @@ class ManagedCollisionMonitor(pl.Callback):
                     describe(f"{table}/", now[i], window[i])
         self.last_metrics = metrics
         if metrics and trainer.is_global_zero:
-            step = _logging_step(trainer)
+            step = logging_step(trainer)
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=step)

@@ -50,7 +50,7 @@ def _local_embedding_bytes(plan, rank: int, world_size: int) -> int:  # noqa: AN
 def _fit(rank: int, world_size: int, port: int, log_dir: str) -> dict:
     set_torchrun_env(rank, world_size, port)
     from lightrec.lightning import RecStrategy, RecThroughputMonitor
-    from lightrec.lightning.plan_report import PlanReport
+    from lightrec.lightning.callbacks.plan_report import PlanReport
 
     console = io.StringIO()  # what PlanReport prints (through Lightning's console logger)
     handler = logging.StreamHandler(console)
@@ -135,7 +135,7 @@ def test_monitor_counts_global_samples_and_local_shards(two_rank_run) -> None:  
 
 def test_events_hold_the_plan(two_rank_run) -> None:  # noqa: ANN001
     from lightrec.distributed.types import ShardingPlan
-    from lightrec.lightning.plan_report import load_plan_from_events
+    from lightrec.lightning.callbacks.plan_report import load_plan_from_events
 
     ranks, events = two_rank_run
     plan = ShardingPlan.from_json(ranks[0]["plan_json"])
@@ -173,7 +173,7 @@ def test_events_hold_the_plan(two_rank_run) -> None:  # noqa: ANN001
 
 def test_without_rec_strategy_plan_report_says_so_once_and_logs_nothing(tmp_path, caplog) -> None:  # noqa: ANN001
     from lightrec.lightning import RecThroughputMonitor
-    from lightrec.lightning.plan_report import PlanReport
+    from lightrec.lightning.callbacks.plan_report import PlanReport
 
     report, monitor = PlanReport(), RecThroughputMonitor(every_n_steps=3)
 
@@ -210,7 +210,7 @@ def test_plan_the_cost_model_cannot_estimate_is_still_logged(tmp_path) -> None: 
 
     from lightrec.distributed.planner import construct_module_sharding_plan, table_wise
     from lightrec.distributed.types import ShardingPlan
-    from lightrec.lightning.plan_report import PlanReport, load_plan_from_events
+    from lightrec.lightning.callbacks.plan_report import PlanReport, load_plan_from_events
 
     ebc = ToyDLRM(device="meta").model.sparse_arch.embedding_bag_collection
     per_table = {t.name: table_wise(rank=1) for t in ebc.embedding_bag_configs()}

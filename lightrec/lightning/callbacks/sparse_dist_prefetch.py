@@ -70,7 +70,7 @@ from typing_extensions import override
 
 from lightrec.distributed.sparse_dist_pipeline import SparseDistPipeline, sharded_collections
 from lightrec.distributed.streams import record_stream_all, wait_for_current
-from lightrec.lightning.next_batch import NextTrainingBatch, UnsupportedFetch
+from lightrec.lightning.callbacks.next_batch import NextTrainingBatch, UnsupportedFetch
 
 __all__ = ["SparseDistPrefetch"]
 

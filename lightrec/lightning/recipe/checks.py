@@ -6,7 +6,7 @@ read, no table is allocated), and checks what would otherwise fail only on every
 the processes started: config files, keys (with the nearest valid key, "did you mean"), values
 (the classes' own typed errors), ``--ckpt_path``, and whether the data is there
 (``DataModule.check_data()``, which names the download URL), then what needs the built model, data and
-checkpoint (:mod:`lightrec.lightning.recipe_preflight`: accelerator, kind of data, batches per rank, the
+checkpoint (:mod:`lightrec.lightning.recipe.preflight`: accelerator, kind of data, batches per rank, the
 checkpoint of ``--ckpt_path`` against the recipe and its ``--model.*`` options). A problem raises
 :class:`RecipeArgumentError` with a one-line message, which ``run_recipe`` prints before exiting
 with code 2. It also warns when more CPU processes are asked for than the machine has cores.
@@ -33,7 +33,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.cli import LightningCLI
 
-from lightrec.lightning.recipe_preflight import check_built_run
+from lightrec.lightning.recipe.preflight import check_built_run
 
 __all__ = ["CHECKED_ENV", "RecipeArgumentError", "RequestedDevices", "check_recipe_args", "condense_error", "nearest"]
 

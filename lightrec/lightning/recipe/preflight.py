@@ -1,6 +1,6 @@
 """Checks of a parsed recipe command line that need its model, DataModule and checkpoint (issue 23).
 
-:func:`lightrec.lightning.recipe_checks.check_recipe_args` parses the command line and builds the model
+:func:`lightrec.lightning.recipe.checks.check_recipe_args` parses the command line and builds the model
 and DataModule in the launching process; :func:`check_built_run` then looks for the mistakes that
 would otherwise stop every rank with a traceback, or end the run early without an error:
 
@@ -15,10 +15,15 @@ would otherwise stop every rank with a traceback, or end the run early without a
   takes a checkpoint file's hyperparameters over the command line (the option was silently ignored),
   and a sharded checkpoint does not fit a model built otherwise.
 
-Each raises :class:`~lightrec.lightning.recipe_checks.RecipeArgumentError` with one line. One case is a
+Each raises :class:`~lightrec.lightning.recipe.checks.RecipeArgumentError` with one line. One case is a
 warning, returned for the caller to print: resuming on another number of ranks with the same
 per-rank ``batch_size`` changes the global batch (the rest of the epoch is the same samples, in steps
 of another size).
+
+What a checkpoint says about its run (:func:`checkpoint_entries`: the module class that wrote it,
+its hyperparameters, the world size and the DataModule's batch size) is read without its tables:
+for a sharded folder only ``meta.pt`` (verified against the manifest); a file is memory-mapped, so
+its tensors are not read. Nothing is unpickled with code execution (``weights_only=True``).
 """
 
 from __future__ import annotations
@@ -27,11 +32,24 @@ import os
 from pathlib import Path
 from typing import Any
 
-from lightrec.lightning.checkpoint_meta import checkpoint_entries, is_sharded_checkpoint
+from lightrec.distributed.checkpoint import is_sharded_checkpoint, load_file
+from lightrec.distributed.checkpoint.files import read_meta
 
-__all__ = ["check_built_run"]
+__all__ = ["check_built_run", "checkpoint_entries"]
 
 _GPU_ACCELERATORS = ("gpu", "cuda")
+
+
+def checkpoint_entries(path: str | os.PathLike) -> dict[str, Any]:
+    """The checkpoint's top-level entries (``lightrec_module``, ``hyper_parameters``,
+    ``datamodule_hyper_parameters``, ``lightrec_sharded`` with the world size of a folder, ...).
+
+    Raises:
+        CheckpointError: a damaged or foreign sharded folder, or a file that is not a safe checkpoint.
+        OSError: the path cannot be read.
+    """
+    meta = read_meta(path) if is_sharded_checkpoint(path) else load_file(path, mmap=True)
+    return meta if isinstance(meta, dict) else {}
 
 
 def check_built_run(cli: Any, user_args: list[str], ckpt_path: str | None, error: type[Exception]) -> list[str]:
