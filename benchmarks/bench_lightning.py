@@ -215,7 +215,7 @@ def _measure(args: argparse.Namespace, plan: Any, batches: list[Any]) -> dict[st
     import lightning.pytorch as pl
 
     from lightrec.lightning import RecStrategy
-    from lightrec.lightning.sparse_dist_prefetch import SparseDistPrefetch
+    from lightrec.lightning.callbacks.sparse_dist_prefetch import SparseDistPrefetch
 
     bare = _Bare(args, plan, batches)
     clock = _Clock()

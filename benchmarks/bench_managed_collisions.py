@@ -49,7 +49,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from lightrec.data._random import exact_auc, hash_uniform, hash_unit, mix64
+from lightrec.data.hashing import exact_auc, hash_uniform, hash_unit, mix64
 from lightrec.kernels import FusedEmbeddingBagCollection
 from lightrec.modules import EmbeddingBagConfig
 from lightrec.modules.mc_embedding_modules import ManagedCollisionEmbeddingBagCollection

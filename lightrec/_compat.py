@@ -37,6 +37,7 @@ __all__ = [
     "default_pg_timeout",
     "fit_data_fetcher",
     "is_fx_symbolic_tracing",
+    "logging_step",
     "optimizers_to_device",
     "proxyable_call",
     "set_logging_step",
@@ -194,6 +195,17 @@ def __getattr__(name: str) -> Any:
     value = _lightning_private(name)
     globals()[name] = value  # resolved once
     return value
+
+
+def logging_step(trainer: Any) -> int:
+    """The step ``LightningModule.log`` uses for the current training batch.
+
+    It counts batches that stepped the optimizer (the training epoch loop's private
+    ``_batches_that_stepped``; ``global_step`` counts optimizer steps, which differs with several
+    optimizers and is already incremented in ``on_train_batch_end``). Lightning's own
+    ``DeviceStatsMonitor`` and ``LearningRateMonitor`` read the same counter.
+    """
+    return int(getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", trainer.global_step))
 
 
 def set_logging_step(trainer: Any, step: int) -> None:

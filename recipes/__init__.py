@@ -10,8 +10,7 @@ that name too (``lightrec/_source_tree.py``), so ``lightrec run|ls|cp|plan`` wor
     recipes/configs/*.yaml   one config per (recipe, data) pair; the header gives the commands
 
 A recipe is one ``RecModule`` subclass and a ``main`` that calls ``run_recipe``; it imports public
-lightrec modules only (``lightrec.lightning.recipe_cli``, ``lightrec.lightning.recipe_module``,
-``lightrec.models`` ...), so it runs as ``lightrec run NAME``, ``python recipes/NAME.py``, under
+lightrec modules only (``lightrec.lightning.recipe``, ``lightrec.models`` ...), so it runs as ``lightrec run NAME``, ``python recipes/NAME.py``, under
 ``torchrun`` and ``fabric run``, and a ``lightrec cp`` copy runs anywhere. ``RECIPES`` maps each name
 ``lightrec run`` accepts to its script and default config; ``CONFIGS`` maps every config to the
 script that runs it.

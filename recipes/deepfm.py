@@ -22,8 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightrec.lightning.recipe_cli import run_recipe
-from lightrec.lightning.recipe_module import DataTableSpec, RecipeModule
+from lightrec.lightning.recipe import DataTableSpec, RecipeModule, run_recipe
 from lightrec.models import FieldDeepFM
 from lightrec.sparse import KeyedJaggedTensor
 

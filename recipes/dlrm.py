@@ -25,8 +25,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from lightrec.lightning.recipe_cli import run_recipe
-from lightrec.lightning.recipe_module import DataTableSpec, RecipeModule
+from lightrec.lightning.recipe import DataTableSpec, RecipeModule, run_recipe
 from lightrec.models import DLRM, DLRM_DCN
 from lightrec.sparse import KeyedJaggedTensor
 

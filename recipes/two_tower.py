@@ -27,8 +27,7 @@ from torch import nn
 from typing_extensions import override
 
 from lightrec.data import Batch
-from lightrec.lightning.recipe_cli import run_recipe
-from lightrec.lightning.recipe_module import DataTableSpec, RecipeModule
+from lightrec.lightning.recipe import DataTableSpec, RecipeModule, run_recipe
 from lightrec.metrics import RecallAtK
 from lightrec.models import TwoTower, TwoTowerTrainTask
 from lightrec.sparse import KeyedJaggedTensor

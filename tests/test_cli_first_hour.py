@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from lightrec.cli import main
-from lightrec.lightning.recipe_checks import RequestedDevices, warn_if_devices_exceed_cores
+from lightrec.lightning.recipe.checks import RequestedDevices, warn_if_devices_exceed_cores
 from lightrec.recipes import CONFIGS_DIR
 from tests.test_cli import TINY
 

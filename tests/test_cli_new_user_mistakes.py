@@ -113,9 +113,9 @@ def test_resume_mistakes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd:
 
 def test_resuming_on_another_number_of_ranks_warns_with_the_batch_size_to_keep(tmp_path: Path) -> None:
     """The run goes on; the warning says how to keep the global batch (the data position is in samples)."""
-    from lightrec.lightning.recipe_checks import RecipeArgumentError, _build
-    from lightrec.lightning.recipe_cli import RecipeCLI
-    from lightrec.lightning.recipe_preflight import check_built_run
+    from lightrec.lightning.recipe.checks import RecipeArgumentError, _build
+    from lightrec.lightning.recipe.cli import RecipeCLI
+    from lightrec.lightning.recipe.preflight import check_built_run
     from lightrec.recipes import CONFIGS_DIR
     from lightrec.recipes.dlrm import DLRMModule
 

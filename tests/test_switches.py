@@ -179,7 +179,7 @@ def test_lightrec_reads_no_variable_around_the_table() -> None:
 
 
 def test_fabric_run_variables_are_declared() -> None:
-    from lightrec.lightning.recipe_cli import _FABRIC_RUN_ENV
+    from lightrec.lightning.recipe.cli import _FABRIC_RUN_ENV
 
     assert {"LT_CLI_USED", *(var for var, _ in _FABRIC_RUN_ENV)} <= {v.name for v in FOREIGN}
 

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from lightrec.distributed.checkpoint import is_sharded_checkpoint
-from lightrec.lightning.recipe_checks import nearest
+from lightrec.lightning.recipe.checks import nearest
 from lightrec.recipes import RECIPES, Recipe, get_recipe
 
 __all__ = [

@@ -87,8 +87,8 @@ def run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParser
         parser.error(f"unrecognized arguments: {' '.join(bad)} (plan takes {', '.join(OVERRIDE_PREFIXES)}* overrides)")
     script, config = script_for_config(ns.config, ns.recipe, parser)
     module = importlib.import_module(f"lightrec.recipes.{script}")
-    from lightrec.lightning.recipe_checks import condense_error  # Lightning: only when a plan is asked for
-    from lightrec.lightning.recipe_cli import plan_cli
+    from lightrec.lightning.recipe.checks import condense_error  # Lightning: only when a plan is asked for
+    from lightrec.lightning.recipe.cli import plan_cli
 
     try:
         cli = plan_cli(module, config, rest)

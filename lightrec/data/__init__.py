@@ -5,6 +5,18 @@ Everything yields whole :class:`Batch` objects (dense ``[B, D]``, sparse ``Keyed
 labels ``[B]``). The LightningDataModules (``SyntheticCriteo``, ``CriteoDataModule``,
 ``MovieLensDataModule``) are imported lazily, so ``from lightrec.data import Batch`` does not
 import Lightning (layers below ``lightrec.lightning`` may use ``Batch``).
+
+One home per source::
+
+    batch.py           Batch, collate_samples, concat_batches
+    rank_sampling.py   which batches each rank reads (RankBatchSampler, rank_dataloader)
+    datamodules.py     the LightningDataModules over the sources below
+    errors.py          DataFormatError, DatasetNotFoundError, the raise-or-skip policy of bad lines
+    csv_readers.py     torchrec's small file readers (safe_cast, LoadFiles, ReadLinesFromCSV)
+    hashing.py         splitmix64 hashes, power-law draws, exact AUC (synthetic data, id hashing)
+    criteo/            schema, TSV parsers, preprocessing, memory-mapped dataset, torchrec's readers
+    movielens/         reader, batches, torchrec's row readers
+    synthetic/         planted Criteo (host, device, drifting ids), planted MovieLens, random batches
 """
 
 from __future__ import annotations
@@ -12,9 +24,10 @@ from __future__ import annotations
 from typing import Any
 
 from lightrec.data.batch import Batch, collate_samples, concat_batches
-from lightrec.data.criteo import parse_criteo_lines, preprocess_criteo
-from lightrec.data.criteo_dataset import CriteoMemmapDataset, load_criteo_meta
-from lightrec.data.criteo_spec import (
+from lightrec.data.criteo.memmap_dataset import CriteoMemmapDataset, load_criteo_meta
+from lightrec.data.criteo.parse import parse_criteo_lines
+from lightrec.data.criteo.preprocess import preprocess_criteo
+from lightrec.data.criteo.spec import (
     CRITEO_1TB_CARDINALITIES,
     CRITEO_KAGGLE_CARDINALITIES,
     DEFAULT_CAT_NAMES,
@@ -23,9 +36,11 @@ from lightrec.data.criteo_spec import (
     table_configs,
 )
 from lightrec.data.errors import DataFormatError
-from lightrec.data.movielens import MovieLensData, MovieLensDataset, read_movielens
+from lightrec.data.movielens.dataset import MovieLensDataset
+from lightrec.data.movielens.reader import MovieLensData, read_movielens
 from lightrec.data.rank_sampling import RankBatchSampler, RankDataLoader, rank_dataloader, resolve_rank
-from lightrec.data.synthetic import PlantedCriteoModel, SyntheticCriteoDataset
+from lightrec.data.synthetic.criteo import SyntheticCriteoDataset
+from lightrec.data.synthetic.planted import PlantedCriteoModel
 
 _LAZY = {"SyntheticCriteo", "SyntheticCriteoDataModule", "CriteoDataModule", "MovieLensDataModule"}
 

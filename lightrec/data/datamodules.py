@@ -17,13 +17,15 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from lightrec.data.criteo import preprocess_criteo
-from lightrec.data.criteo_dataset import CriteoMemmapDataset, load_criteo_meta
+from lightrec.data.criteo.memmap_dataset import CriteoMemmapDataset, load_criteo_meta
+from lightrec.data.criteo.preprocess import preprocess_criteo
+from lightrec.data.criteo.spec import table_configs
 from lightrec.data.errors import DatasetNotFoundError, OnError, check_on_error
-from lightrec.data.movielens import MovieLensData, MovieLensDataset, detect_variant, read_movielens
+from lightrec.data.movielens.dataset import MovieLensDataset
+from lightrec.data.movielens.reader import MovieLensData, detect_variant, read_movielens
 from lightrec.data.rank_sampling import rank_dataloader, resolve_rank
-from lightrec.data.synthetic import SyntheticCriteoDataset
-from lightrec.data.synthetic_movielens import synthetic_movielens
+from lightrec.data.synthetic.criteo import SyntheticCriteoDataset
+from lightrec.data.synthetic.movielens import synthetic_movielens
 from lightrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 
 __all__ = ["CRITEO_KAGGLE_URL", "CriteoDataModule", "MovieLensDataModule", "SyntheticCriteo"]
@@ -66,6 +68,22 @@ class _RankedDataModule(pl.LightningDataModule):
     def trainer_device(self) -> torch.device | None:
         """The attached trainer's root device, or None (no trainer, or one without a strategy)."""
         return getattr(getattr(self.trainer, "strategy", None), "root_device", None)
+
+    def dataset(self, split: str) -> Dataset:
+        """The dataset of ``split`` (``"train"``, ``"val"``, ``"test"``): item ``i`` is whole batch ``i``."""
+        raise NotImplementedError(f"{type(self).__name__} must define dataset(split)")
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.dataset("train"), self.shuffle)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.dataset("val"), False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.dataset("test"), False)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader(self.dataset("test"), False)
 
     def _loader(self, dataset: Dataset, shuffle: bool) -> DataLoader:
         rank, world = self.rank_and_world_size()
@@ -197,17 +215,8 @@ class SyntheticCriteo(_RankedDataModule):
             self._bayes_auc = self.datasets["train"].bayes_optimal_auc()
         return self._bayes_auc
 
-    def train_dataloader(self) -> DataLoader:
-        return self._loader(self.datasets["train"], self.shuffle)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader(self.datasets["val"], False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader(self.datasets["test"], False)
-
-    def predict_dataloader(self) -> DataLoader:
-        return self._loader(self.datasets["test"], False)
+    def dataset(self, split: str) -> SyntheticCriteoDataset:
+        return self.datasets[split]
 
 
 class CriteoDataModule(_RankedDataModule):
@@ -313,31 +322,18 @@ class CriteoDataModule(_RankedDataModule):
         return list(load_criteo_meta(self.data_dir)["num_embeddings_per_feature"])
 
     def table_configs(self, embedding_dim: int) -> list[EmbeddingBagConfig]:
-        from lightrec.data.criteo_spec import table_configs
-
+        """One ``EmbeddingBagConfig`` per categorical feature, sized by the preprocessing."""
         return table_configs(embedding_dim, self.num_embeddings_per_feature)
 
-    def _split(self, split: str) -> CriteoMemmapDataset:
+    def dataset(self, split: str) -> CriteoMemmapDataset:
         self.setup()
         return self.datasets[split]
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader(self._split("train"), self.shuffle)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader(self._split("val"), False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader(self._split("test"), False)
-
-    def predict_dataloader(self) -> DataLoader:
-        return self._loader(self._split("test"), False)
 
 
 class MovieLensDataModule(_RankedDataModule):
     """MovieLens batches for click prediction (``task="ctr"``) or retrieval (``task="retrieval"``).
 
-    Without ``data_dir`` the data is :func:`~lightrec.data.synthetic_movielens` (ml-100k's shape,
+    Without ``data_dir`` the data is :func:`~lightrec.data.synthetic.synthetic_movielens` (ml-100k's shape,
     a planted preference signal, no download); with it, a real release read from disk
     (``https://files.grouplens.org/datasets/movielens/ml-100k.zip``, unzipped).
 
@@ -442,18 +438,6 @@ class MovieLensDataModule(_RankedDataModule):
         self.setup()
         return self.datasets["train"].table_configs(embedding_dim)
 
-    def _split(self, split: str) -> MovieLensDataset:
+    def dataset(self, split: str) -> MovieLensDataset:
         self.setup()
         return self.datasets[split]
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader(self._split("train"), self.shuffle)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader(self._split("val"), False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader(self._split("test"), False)
-
-    def predict_dataloader(self) -> DataLoader:
-        return self._loader(self._split("test"), False)

@@ -1,23 +1,25 @@
 """torchrec's ``torchrec.datasets.movielens``: column names and row readers of MovieLens 20M / 25M.
 
-``movielens_20m(root)`` yields one dict per line of ``<root>/ratings.csv``::
-
-    {"userId": 1, "movieId": 296, "rating": 5.0, "timestamp": 1147880044}
-
-and, with ``include_movies_data=True``, that movie's ``"title"`` and ``"genres"`` from
-``<root>/movies.csv`` as well. For training batches (dense ids, genres as a multi-hot feature,
-time splits) use :func:`lightrec.data.read_movielens` and :class:`lightrec.data.MovieLensDataset`.
+A re-export of :mod:`lightrec.data.movielens.torchrec_rows`, where the rows they yield are
+documented. For training batches (dense ids, genres as a multi-hot feature, time splits) use
+:func:`lightrec.data.read_movielens` and :class:`lightrec.data.MovieLensDataset`.
 """
 
-from __future__ import annotations
-
-import os
-from collections.abc import Callable, Iterator
-from typing import Any
-
-from torch.utils.data import IterableDataset
-
-from lightrec.datasets.utils import LoadFiles, ReadLinesFromCSV, safe_cast
+from lightrec.data.csv_readers import LoadFiles as LoadFiles
+from lightrec.data.csv_readers import ReadLinesFromCSV as ReadLinesFromCSV
+from lightrec.data.csv_readers import safe_cast as safe_cast
+from lightrec.data.movielens.torchrec_rows import (
+    DEFAULT_GENOME_SCORES_COLUMN_NAMES,
+    DEFAULT_GENOME_TAGS_COLUMN_NAMES,
+    DEFAULT_LINKS_COLUMN_NAMES,
+    DEFAULT_MOVIES_COLUMN_NAMES,
+    DEFAULT_RATINGS_COLUMN_NAMES,
+    DEFAULT_TAGS_COLUMN_NAMES,
+    movielens_20m,
+    movielens_25m,
+)
+from lightrec.data.movielens.torchrec_rows import MOVIES_FILENAME as MOVIES_FILENAME
+from lightrec.data.movielens.torchrec_rows import RATINGS_FILENAME as RATINGS_FILENAME
 
 __all__ = [
     "DEFAULT_GENOME_SCORES_COLUMN_NAMES",
@@ -29,92 +31,3 @@ __all__ = [
     "movielens_20m",
     "movielens_25m",
 ]
-
-RATINGS_FILENAME = "ratings.csv"
-MOVIES_FILENAME = "movies.csv"
-DEFAULT_RATINGS_COLUMN_NAMES: list[str] = ["userId", "movieId", "rating", "timestamp"]
-DEFAULT_MOVIES_COLUMN_NAMES: list[str] = ["movieId", "title", "genres"]
-DEFAULT_TAGS_COLUMN_NAMES: list[str] = ["userId", "movieId", "tag", "timestamp"]
-DEFAULT_LINKS_COLUMN_NAMES: list[str] = ["movieId", "imdbId", "tmdbId"]
-DEFAULT_GENOME_SCORES_COLUMN_NAMES: list[str] = ["movieId", "tagId", "relevance"]
-DEFAULT_GENOME_TAGS_COLUMN_NAMES: list[str] = ["tagId", "tag"]
-
-_CASTERS: dict[str, Callable[[Any], Any]] = {
-    "userId": lambda v: safe_cast(v, int, 0),
-    "movieId": lambda v: safe_cast(v, int, 0),
-    "rating": lambda v: safe_cast(v, float, 0.0),
-    "timestamp": lambda v: safe_cast(v, int, 0),
-    "title": lambda v: safe_cast(v, str, ""),
-    "genres": lambda v: safe_cast(v, str, ""),
-}
-
-
-def _default_row_mapper(row: list[str], names: list[str] = DEFAULT_RATINGS_COLUMN_NAMES) -> dict[str, Any]:
-    return {name: _CASTERS.get(name, str)(value) for name, value in zip(names, row)}
-
-
-class _MovieLensRows(IterableDataset):
-    """The mapped rows of ``ratings.csv`` under ``root`` (header skipped), movie data joined on request."""
-
-    def __init__(
-        self,
-        root: str,
-        include_movies_data: bool,
-        row_mapper: Callable[[list[str]], Any] | None,
-        open_kw: dict[str, Any],
-    ) -> None:
-        ratings = os.path.join(root, RATINGS_FILENAME)
-        if not os.path.isfile(ratings):
-            raise FileNotFoundError(
-                f"{ratings!r} not found: root must be the unpacked MovieLens folder (ml-20m, ml-25m) holding "
-                f"{RATINGS_FILENAME}"
-            )
-        self.root, self.include_movies_data = root, include_movies_data
-        self.row_mapper, self.open_kw = row_mapper, open_kw
-
-    def _movies(self) -> dict[int, list[str]]:
-        path = os.path.join(self.root, MOVIES_FILENAME)
-        rows = ReadLinesFromCSV(LoadFiles([path], mode="r", newline="", **self.open_kw), skip_first_line=True)
-        return {safe_cast(r[0], int, 0): r[1:] for r in rows if r}
-
-    def __iter__(self) -> Iterator[Any]:
-        movies = self._movies() if self.include_movies_data else {}
-        path = os.path.join(self.root, RATINGS_FILENAME)
-        files = LoadFiles([path], mode="r", newline="", **self.open_kw)
-        for row in ReadLinesFromCSV(files, skip_first_line=True):
-            if self.include_movies_data:
-                row = row + movies.get(safe_cast(row[1], int, 0), ["", ""])
-                names = DEFAULT_RATINGS_COLUMN_NAMES + DEFAULT_MOVIES_COLUMN_NAMES[1:]
-                yield self.row_mapper(row) if self.row_mapper is not None else _default_row_mapper(row, names)
-            else:
-                yield self.row_mapper(row) if self.row_mapper is not None else _default_row_mapper(row)
-
-
-def movielens_20m(
-    root: str,
-    *,
-    include_movies_data: bool = False,
-    row_mapper: Callable[[list[str]], Any] | None = None,
-    **open_kw: Any,
-) -> IterableDataset:
-    """Rows of MovieLens 20M's ``ratings.csv`` (see the module docstring).
-
-    Args:
-        root: the unpacked ``ml-20m`` folder.
-        include_movies_data: join ``title`` and ``genres`` from ``movies.csv``.
-        row_mapper: applied to each row's fields instead of the default dict (the joined movie
-            fields are appended to the row with ``include_movies_data``).
-        **open_kw: ``open`` arguments.
-    """
-    return _MovieLensRows(root, include_movies_data, row_mapper, open_kw)
-
-
-def movielens_25m(
-    root: str,
-    *,
-    include_movies_data: bool = False,
-    row_mapper: Callable[[list[str]], Any] | None = None,
-    **open_kw: Any,
-) -> IterableDataset:
-    """Rows of MovieLens 25M's ``ratings.csv`` (same layout as :func:`movielens_20m`)."""
-    return _MovieLensRows(root, include_movies_data, row_mapper, open_kw)

@@ -58,12 +58,12 @@ from lightrec.distributed.checkpoint import consolidate_checkpoint, is_sharded_c
 from lightrec.distributed.planner import ParameterConstraints
 from lightrec.kernels import FusedEmbeddingBagCollection
 from lightrec.kernels.tiered.config import refuse_tiered_export
+from lightrec.lightning.callbacks.rec_model_summary import summary_for
+from lightrec.lightning.callbacks.tiered_table_monitor import TieredTableMonitor
 from lightrec.lightning.loop_state import fix_resume_counters, logging_step_of
 from lightrec.lightning.nonfinite import NonFiniteLossError, check_nonfinite_policy, nonfinite_ranks
-from lightrec.lightning.rec_model_summary import summary_for
 from lightrec.lightning.rec_strategy import RecStrategy
 from lightrec.lightning.table_tiering import TableTiering
-from lightrec.lightning.tiered_table_monitor import TieredTableMonitor
 from lightrec.metrics import rec_metrics
 from lightrec.modules import EmbeddingBagCollection, EmbeddingBagConfig
 from lightrec.modules.managed_collision.options import ManagedCollisionOptions

@@ -14,7 +14,7 @@ from torch.utils.data import DistributedSampler
 from lightrec.data import Batch, SyntheticCriteo, SyntheticCriteoDataset, preprocess_criteo
 from lightrec.data.datamodules import CriteoDataModule
 from tests.data._rank_bodies import read_synthetic
-from tests.data.test_criteo import _expected, _row, _write
+from tests.data.criteo.test_criteo import _expected, _row, _write
 from tests.multiprocess import run_ranks
 
 SMALL = dict(num_embeddings_cap=500)

@@ -126,7 +126,7 @@ def test_input_dist_on_a_side_stream_gives_the_same_lookups() -> None:
 def test_pipeline_start_orders_the_side_stream_after_the_current_one(monkeypatch: pytest.MonkeyPatch) -> None:
     """``SparseDistPipeline.start(batch, stream=side)`` makes ``side`` wait for the current stream
     before stage 1 is issued on it (the ids may be written by kernels still queued there). Spy
-    streams on CPU; the GPU twin is in tests/lightning/test_sparse_dist_prefetch.py."""
+    streams on CPU; the GPU twin is in tests/lightning/callbacks/test_sparse_dist_prefetch.py."""
     from lightrec.distributed.sharding.work_ahead import AheadQueue
     from lightrec.distributed.sparse_dist_pipeline import SparseDistPipeline
     from lightrec.sparse import KeyedJaggedTensor

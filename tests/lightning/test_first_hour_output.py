@@ -111,7 +111,7 @@ def test_model_summary_counts_whole_fused_tables_as_trainable() -> None:
     from torch import nn
 
     from lightrec.kernels import FusedEmbeddingBagCollection
-    from lightrec.lightning.rec_model_summary import count_embedding_parameters
+    from lightrec.lightning.callbacks.rec_model_summary import count_embedding_parameters
     from lightrec.modules import EmbeddingBagConfig
 
     tables = [

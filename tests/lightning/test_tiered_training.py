@@ -19,7 +19,7 @@ from lightrec.distributed.planner import ParameterConstraints
 from lightrec.inference import quantize
 from lightrec.kernels import FusedEmbeddingBagCollection, TieringConfig
 from lightrec.lightning import RecStrategy, SparseDistPrefetch, TableTiering, TieredTableMonitor
-from lightrec.lightning.tiered_table_monitor import tiered_kernels
+from lightrec.lightning.callbacks.tiered_table_monitor import tiered_kernels
 from lightrec.modules import EmbeddingBagConfig
 from lightrec.optim import EmbOptimType
 from lightrec.recipes.dlrm import DLRMModule

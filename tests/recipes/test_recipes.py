@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightrec.lightning.recipe_cli import fabric_run_overrides, resolve_config_args, with_launcher_overrides
+from lightrec.lightning.recipe.cli import fabric_run_overrides, resolve_config_args, with_launcher_overrides
 from lightrec.recipes import CONFIGS, CONFIGS_DIR, RECIPES, config_path, configs_of
 
 # Tiny sizes: a few steps, one val and two test batches, small tables.

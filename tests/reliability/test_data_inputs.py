@@ -19,8 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lightrec.data import preprocess_criteo
-from lightrec.data._criteo_fast import parse_fast
-from lightrec.data.criteo import parse_criteo_lines, parse_criteo_lines_one_by_one
+from lightrec.data.criteo.parse import parse_criteo_lines, parse_criteo_lines_one_by_one, parse_fast
 from lightrec.data.errors import DataFormatError, LineErrors
 
 
@@ -34,7 +33,7 @@ def _simple(dense0: str = "3", cat0: str = "a") -> bytes:
 
 # ------------------------------------------------------------------------------------- Criteo ids
 def test_ids_beyond_int32_are_kept_in_int64(tmp_path: Path) -> None:
-    from lightrec.data.criteo_dataset import CriteoMemmapDataset
+    from lightrec.data.criteo import CriteoMemmapDataset
 
     src = tmp_path / "day_0"
     src.write_bytes(b"".join([_simple(cat0="100000000")] * 4))  # raw 2**32
@@ -140,7 +139,7 @@ def test_truncated_gz_raises_naming_the_file(tmp_path: Path) -> None:
 
 
 def test_truncated_npy_chunk_raises_naming_the_file(tmp_path: Path) -> None:
-    from lightrec.data.criteo_dataset import CriteoMemmapDataset
+    from lightrec.data.criteo import CriteoMemmapDataset
 
     src = tmp_path / "day_0"
     src.write_bytes(b"".join([_simple()] * 64))

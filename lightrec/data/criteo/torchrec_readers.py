@@ -1,0 +1,251 @@
+"""torchrec's Criteo readers (``torchrec.datasets.criteo`` re-exports them): the TSV row readers and
+the in-memory reader of torchrec's binary (``.npy``) Criteo files.
+
+File layout of the binary form (what ``BinaryCriteoUtils.tsv_to_npys`` writes, one triple per day)::
+
+    day_<d>_dense.npy    [N, 13] float32   log(count + 3) (torchrec's transform; empty -> 0)
+    day_<d>_sparse.npy   [N, 26] int64     raw categorical value (hex field as an int; empty -> 0)
+    day_<d>_labels.npy   [N, 1]  int32     0 / 1
+
+``InMemoryBinaryCriteoIterDataPipe`` loads this rank's contiguous share of the rows (ranks differ
+by at most one row) and yields ``Batch`` es whose ids are ``raw % hashes[f]``. The names
+(``DEFAULT_CAT_NAMES`` = ``cat_0 .. cat_25``, ``DEFAULT_INT_NAMES`` = ``int_0 .. int_12``) are the
+ones :mod:`lightrec.data` uses (:mod:`lightrec.data.criteo.spec`), so table configs move between
+the two. lightrec's own Criteo pipeline (:func:`lightrec.data.preprocess_criteo`, resumable,
+memory-mapped chunks) is the one to use for new work; this module reads torchrec's format for
+scripts that already have it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from lightrec.data.batch import Batch
+from lightrec.data.criteo.memmap_dataset import one_id_per_key
+from lightrec.data.criteo.parse import parse_criteo_lines
+from lightrec.data.criteo.preprocess import atomic_save_npy
+from lightrec.data.criteo.spec import CAT_FEATURE_COUNT, DEFAULT_CAT_NAMES, DEFAULT_COLUMN_NAMES
+from lightrec.data.csv_readers import PATH_MANAGER_KEY, LoadFiles, ReadLinesFromCSV, safe_cast
+from lightrec.data.errors import LineErrors
+
+__all__ = [
+    "BinaryCriteoUtils",
+    "CriteoIterDataPipe",
+    "InMemoryBinaryCriteoIterDataPipe",
+    "criteo_kaggle",
+    "criteo_terabyte",
+]
+
+
+def _default_row_mapper(example: list[str]) -> dict[str, int | str]:
+    """A TSV row as ``{column name: value}``: label and counts as ints (empty -> 0), categoricals as
+    their hex strings (empty -> ""). A short row fills the *last* columns, as torchrec's does."""
+    out: dict[str, int | str] = {}
+    for name, value in zip(reversed(DEFAULT_COLUMN_NAMES), reversed(example)):
+        out[name] = safe_cast(value, str, "") if name.startswith("cat_") else safe_cast(value, int, 0)
+    return out
+
+
+class CriteoIterDataPipe(IterableDataset):
+    """Rows of Criteo TSV files (Kaggle ``train.txt`` or the 1TB ``day_N``), mapped by ``row_mapper``.
+
+    With DataLoader workers, worker ``w`` of ``n`` reads the files ``w, w + n, ...``.
+
+    Args:
+        paths: the TSV files, in order.
+        row_mapper: applied to each row's list of fields (None: the list itself).
+        **open_kw: ``open`` arguments.
+    """
+
+    def __init__(
+        self,
+        paths: Iterable[str],
+        *,
+        row_mapper: Callable[[list[str]], Any] | None = _default_row_mapper,
+        **open_kw: Any,
+    ) -> None:
+        self.paths = list(paths)
+        self.row_mapper = row_mapper
+        self.open_kw = open_kw
+
+    def __iter__(self) -> Iterator[Any]:
+        paths = self.paths
+        worker = get_worker_info()
+        if worker is not None:
+            paths = [p for i, p in enumerate(paths) if i % worker.num_workers == worker.id]
+        for row in ReadLinesFromCSV(LoadFiles(paths, mode="r", **self.open_kw), delimiter="\t"):
+            yield self.row_mapper(row) if self.row_mapper is not None else row
+
+
+def criteo_terabyte(
+    paths: Iterable[str], *, row_mapper: Callable[[list[str]], Any] | None = _default_row_mapper, **open_kw: Any
+) -> CriteoIterDataPipe:
+    """The Criteo 1TB click logs, read from its TSV files (see :class:`CriteoIterDataPipe`)."""
+    return CriteoIterDataPipe(paths, row_mapper=row_mapper, **open_kw)
+
+
+def criteo_kaggle(
+    path: str, *, row_mapper: Callable[[list[str]], Any] | None = _default_row_mapper, **open_kw: Any
+) -> CriteoIterDataPipe:
+    """The Kaggle Display Advertising Challenge data, read from ``train.txt`` or ``test.txt``."""
+    return CriteoIterDataPipe((path,), row_mapper=row_mapper, **open_kw)
+
+
+class BinaryCriteoUtils:
+    """Convert Criteo TSV to torchrec's binary layout, and read row ranges of it (module docstring)."""
+
+    @staticmethod
+    def tsv_to_npys(
+        in_file: str,
+        out_dense_file: str,
+        out_sparse_file: str,
+        out_labels_file: str,
+        path_manager_key: str = PATH_MANAGER_KEY,
+    ) -> None:
+        """Convert one TSV file into the three ``.npy`` files (each written atomically)."""
+        with open(in_file, "rb") as f:
+            lines = f.readlines()
+        labels, dense, cats = parse_criteo_lines(lines, in_file, 1, LineErrors("raise"))
+        dense_np = np.log(np.maximum(dense, -2.0) + 3.0).astype(np.float32)  # log(x + 3); -3 would be -inf
+        sparse_np = np.where(cats < 0, 0, cats).astype(np.int64)
+        labels_np = labels.astype(np.int32).reshape(-1, 1)
+        for path, array in ((out_dense_file, dense_np), (out_sparse_file, sparse_np), (out_labels_file, labels_np)):
+            atomic_save_npy(path, array)
+
+    @staticmethod
+    def get_shape_from_npy(path: str, path_manager_key: str = PATH_MANAGER_KEY) -> tuple[int, ...]:
+        """Shape of an ``.npy`` file, read from its header only."""
+        return tuple(int(s) for s in np.load(path, mmap_mode="r").shape)  # a memory map reads the header only
+
+    @staticmethod
+    def get_file_idx_to_row_range(
+        lengths: list[int], rank: int, world_size: int, start_row: int = 0, last_row: int | None = None
+    ) -> dict[int, tuple[int, int]]:
+        """``{file index: (first row, last row)}`` (inclusive, file-local) of ``rank``'s share.
+
+        The rows ``start_row .. last_row`` of the files laid end to end are cut into ``world_size``
+        contiguous shares whose sizes differ by at most one (the first ``total % world_size`` ranks
+        get one row more).
+        """
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+        total = (sum(lengths) - start_row) if last_row is None else (last_row - start_row + 1)
+        per_rank, extra = divmod(total, world_size)
+        left = start_row + rank * per_rank + min(rank, extra)
+        right = left + per_rank + (1 if rank < extra else 0) - 1
+        out: dict[int, tuple[int, int]] = {}
+        file_left = 0
+        for idx, length in enumerate(lengths):
+            file_right = file_left + length - 1
+            if left <= file_right and right >= file_left:
+                out[idx] = (max(left, file_left) - file_left, min(right, file_right) - file_left)
+            file_left += length
+        return out
+
+    @staticmethod
+    def load_npy_range(
+        fname: str, start_row: int, num_rows: int, path_manager_key: str = PATH_MANAGER_KEY, mmap_mode: bool = False
+    ) -> np.ndarray:
+        """Rows ``[start_row, start_row + num_rows)`` of a 2-D ``.npy`` file (a copy, or a memory map)."""
+        data = np.load(fname, mmap_mode="r")
+        if data.ndim != 2:
+            raise ValueError(f"{fname!r} holds a {data.ndim}-D array; load_npy_range reads 2-D arrays")
+        if not 0 <= start_row < data.shape[0] or start_row + num_rows > data.shape[0]:
+            raise ValueError(
+                f"rows [{start_row}, {start_row + num_rows}) are outside {fname!r}'s {data.shape[0]} rows"
+            )
+        block = data[start_row : start_row + num_rows]
+        return block if mmap_mode else np.array(block)
+
+
+class InMemoryBinaryCriteoIterDataPipe(IterableDataset):
+    """Batches of this rank's share of binary Criteo files, loaded into memory (module docstring).
+
+    Args:
+        stage: ``"train"`` (every row of the files), ``"val"`` / ``"test"`` (first / second half of
+            the first file, torchrec's split of the last day).
+        dense_paths, sparse_paths, labels_paths: the files, one triple per day, in order.
+        batch_size: samples per batch (the last batch may be smaller).
+        rank, world_size: which share of the rows this process reads.
+        shuffle_batches: shuffle the samples inside each batch (numpy's global generator).
+        mmap_mode: memory-map the files instead of reading them into memory.
+        hashes: rows of each of the 26 tables; ids are ``raw % hashes[f]`` (None: raw values).
+    """
+
+    def __init__(
+        self,
+        stage: str,
+        dense_paths: list[str],
+        sparse_paths: list[str],
+        labels_paths: list[str],
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        shuffle_batches: bool = False,
+        mmap_mode: bool = False,
+        hashes: list[int] | None = None,
+        path_manager_key: str = PATH_MANAGER_KEY,
+    ) -> None:
+        if stage not in ("train", "val", "test"):
+            raise ValueError(f"stage must be 'train', 'val' or 'test', got {stage!r}")
+        if not (len(dense_paths) == len(sparse_paths) == len(labels_paths)) or not dense_paths:
+            raise ValueError(
+                "dense_paths, sparse_paths and labels_paths must list the same, non-zero number of files; got "
+                f"{len(dense_paths)}, {len(sparse_paths)}, {len(labels_paths)}"
+            )
+        if hashes is not None and (len(hashes) != CAT_FEATURE_COUNT or any(h <= 0 for h in hashes)):
+            raise ValueError(f"hashes must list {CAT_FEATURE_COUNT} positive table sizes, got {hashes!r}")
+        self.stage, self.batch_size = stage, batch_size
+        self.rank, self.world_size = rank, world_size
+        self.shuffle_batches, self.mmap_mode = shuffle_batches, mmap_mode
+        self.hashes = None if hashes is None else np.asarray(hashes, dtype=np.int64).reshape(1, -1)
+        start, last = 0, None
+        if stage != "train":
+            rows = BinaryCriteoUtils.get_shape_from_npy(dense_paths[0])[0]
+            half = math.ceil(rows / 2)
+            start, last = (0, half - 1) if stage == "val" else (half, rows - 1)
+            dense_paths, sparse_paths, labels_paths = dense_paths[:1], sparse_paths[:1], labels_paths[:1]
+        ranges = BinaryCriteoUtils.get_file_idx_to_row_range(
+            [BinaryCriteoUtils.get_shape_from_npy(p)[0] for p in dense_paths], rank, world_size, start, last
+        )
+        self.dense_arrs: list[np.ndarray] = []
+        self.sparse_arrs: list[np.ndarray] = []
+        self.labels_arrs: list[np.ndarray] = []
+        for arrs, paths in ((self.dense_arrs, dense_paths), (self.sparse_arrs, sparse_paths),
+                            (self.labels_arrs, labels_paths)):  # fmt: skip
+            for idx, (lo, hi) in ranges.items():
+                arrs.append(BinaryCriteoUtils.load_npy_range(paths[idx], lo, hi - lo + 1, mmap_mode=mmap_mode))
+        self.num_rows_per_file = [a.shape[0] for a in self.dense_arrs]
+        self.num_batches = math.ceil(sum(self.num_rows_per_file) / batch_size)
+        self.keys = list(DEFAULT_CAT_NAMES)
+
+    def _to_batch(self, dense: np.ndarray, sparse: np.ndarray, labels: np.ndarray) -> Batch:
+        if self.hashes is not None:
+            sparse = sparse % self.hashes
+        if self.shuffle_batches:
+            order = np.random.permutation(len(dense))
+            dense, sparse, labels = dense[order], sparse[order], labels[order]
+        return Batch(
+            dense_features=torch.from_numpy(np.array(dense, dtype=np.float32)),
+            sparse_features=one_id_per_key(self.keys, sparse),
+            labels=torch.from_numpy(np.array(labels).reshape(-1)),
+        )
+
+    def __iter__(self) -> Iterator[Batch]:
+        if not self.dense_arrs:
+            return
+        dense = np.concatenate(self.dense_arrs) if len(self.dense_arrs) > 1 else self.dense_arrs[0]
+        sparse = np.concatenate(self.sparse_arrs) if len(self.sparse_arrs) > 1 else self.sparse_arrs[0]
+        labels = np.concatenate(self.labels_arrs) if len(self.labels_arrs) > 1 else self.labels_arrs[0]
+        for start in range(0, len(dense), self.batch_size):
+            end = start + self.batch_size
+            yield self._to_batch(dense[start:end], sparse[start:end], labels[start:end])
+
+    def __len__(self) -> int:
+        return self.num_batches

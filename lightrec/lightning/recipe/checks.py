@@ -1,0 +1,270 @@
+"""A recipe's arguments checked in the launching process, before any rank starts (public API for recipes).
+
+``run_recipe`` calls :func:`check_recipe_args` first. It parses the command line and the config
+the way the recipe's ``LightningCLI`` will, builds the model and DataModule (cheap: nothing is
+read, no table is allocated), and checks what would otherwise fail only on every rank, after
+the processes started: config files, keys (with the nearest valid key, "did you mean"), values
+(the classes' own typed errors), ``--ckpt_path``, and whether the data is there
+(``DataModule.check_data()``, which names the download URL), then what needs the built model, data and
+checkpoint (:mod:`lightrec.lightning.recipe.preflight`: accelerator, kind of data, batches per rank, the
+checkpoint of ``--ckpt_path`` against the recipe and its ``--model.*`` options). A problem raises
+:class:`RecipeArgumentError` with a one-line message, which ``run_recipe`` prints before exiting
+with code 2. It also warns when more CPU processes are asked for than the machine has cores.
+
+The processes Lightning launches for the other ranks inherit ``LIGHTREC_ARGS_CHECKED=1`` and do not
+check again.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import logging
+import os
+import re
+import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.cli import LightningCLI
+
+from lightrec import _switches
+from lightrec.lightning.recipe.preflight import check_built_run
+
+__all__ = ["CHECKED_ENV", "RecipeArgumentError", "RequestedDevices", "check_recipe_args", "condense_error", "nearest"]
+
+CHECKED_ENV = _switches.ARGS_CHECKED.name
+"""Set to ``1`` in the environment of the rank processes of a checked command line (``lightrec._switches``)."""
+
+# Options of the fit/validate/test/predict subcommands (not of the parser that builds the classes).
+_SUBCOMMAND_OPTIONS = ("--ckpt_path", "--verbose", "--return_predictions", "--weights_only")
+
+
+class RecipeArgumentError(ValueError):
+    """A recipe's command line or config cannot run; the message is one line a user can act on."""
+
+
+@dataclass(frozen=True)
+class RequestedDevices:
+    """The processes the checked command line asks for: ``devices`` per node on ``accelerator``."""
+
+    devices: Any
+    accelerator: str
+    notes: tuple[str, ...] = ()  # warnings to print before the run starts
+
+
+def nearest(word: str, choices: list[str]) -> str:
+    """``" (did you mean 'x'?)"`` for the closest of ``choices`` to ``word`` (empty when none is close)."""
+    match = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """Lightning's INFO lines ("Seed set to 0") and warnings of a parse whose objects are thrown away."""
+    disabled = logging.root.manager.disable
+    logging.disable(logging.INFO)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.disable(disabled)
+
+
+def _split_subcommand_options(args: list[str]) -> tuple[list[str], dict[str, str]]:
+    """``args`` without the subcommand and its own options, and those options' values."""
+    rest, options = [], {}
+    i = 0
+    while i < len(args):
+        key, eq, value = args[i].partition("=")
+        if key in _SUBCOMMAND_OPTIONS:
+            if not eq:
+                value = args[i + 1] if i + 1 < len(args) else ""
+                i += 1
+            options[key] = value
+        else:
+            rest.append(args[i])
+        i += 1
+    return rest, options
+
+
+def _check_config_files(args: list[str], configs_dir: Path) -> None:
+    shipped = sorted(p.stem for p in configs_dir.glob("*.y*ml"))
+    for i, arg in enumerate(args):
+        if arg in ("--config", "-c") and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(("--config=", "-c=")):
+            value = arg.split("=", 1)[1]
+        else:
+            continue
+        if not Path(value).is_file():
+            raise RecipeArgumentError(
+                f"config {value!r} is neither a file nor a shipped config{nearest(Path(value).stem, shipped)}; "
+                f"valid configs: {', '.join(shipped)} (or the path of a YAML file)"
+            )
+
+
+def condense_error(message: str) -> str:
+    """jsonargparse's multi-line union error -> ``key: reason`` on one line (the class's own message kept)."""
+    key = re.search(r'Parser key "([^"]+)"', message)
+    given = re.search(r"^\s*Given value: (.+)$", message, re.MULTILINE)
+    reasons = []
+    for line in message.splitlines():
+        text = line.strip().removeprefix("- ").strip()
+        if not text or text.startswith(
+            ("Parser key", "Does not validate", "Subtypes:", "Errors:", "Given value")
+        ):
+            continue
+        if text.startswith(("Expected a <class 'NoneType'>", "Problem with given class_path")):
+            continue
+        reasons.append(text)
+    reason = "; ".join(dict.fromkeys(reasons)) or message.strip().splitlines()[0]
+    value = given.group(1).strip() if given else ""
+    if value and "Got value" not in reason and value not in reason and not value.startswith("Namespace("):
+        reason += f", got {value!r}"  # "Expected a <class 'int'>" alone hid what was typed
+    return f"--{key.group(1)}: {reason}" if key else reason
+
+
+def _known_keys(parser: Any, data_class: type | None) -> list[str]:
+    keys = [k for k in getattr(parser, "_option_string_actions", {}) if k.startswith("--")]
+    if data_class is not None:
+        params = [p for p in inspect.signature(data_class).parameters if p not in ("self", "args", "kwargs")]
+        keys += [f"--data.init_args.{p}" for p in params] + [f"--data.{p}" for p in params]
+    return keys
+
+
+def _unknown_key_hint(message: str, user_args: list[str], known: list[str]) -> str:
+    """``--bad.key is not an option; did you mean --good.key?`` for a key of the error, else ``""``."""
+    for arg in user_args:
+        key = arg.partition("=")[0]
+        if not key.startswith("--") or key in known:
+            continue
+        last = key.rsplit(".", 1)[-1]
+        if key in message or f"'{last}'" in message:
+            return f"{key} is not an option{nearest(key, known)}"
+    return ""
+
+
+def _data_class(config: Any) -> type | None:
+    data = config.get("data") if hasattr(config, "get") else None
+    class_path = getattr(data, "class_path", None) or (
+        data.get("class_path") if isinstance(data, dict) else None
+    )
+    if not isinstance(class_path, str):
+        return None
+    module, _, name = class_path.rpartition(".")
+    try:
+        found = getattr(__import__(module, fromlist=[name]), name)
+    except (ImportError, AttributeError):
+        return None
+    return found if isinstance(found, type) else None
+
+
+class _CheckCLI(LightningCLI):
+    """Parses and builds model and DataModule, raising instead of exiting; builds no Trainer."""
+
+    def instantiate_trainer(self, **kwargs: Any) -> Any:
+        return None
+
+
+def _build(cli_class: type[LightningCLI], model_class: type, args: list[str]) -> LightningCLI:
+    class Check(_CheckCLI, cli_class):  # type: ignore[misc, valid-type]
+        pass
+
+    return Check(
+        model_class,
+        pl.LightningDataModule,
+        subclass_mode_data=True,
+        seed_everything_default=0,
+        run=False,
+        args=args,
+        parser_kwargs={"exit_on_error": False},
+    )
+
+
+def _config_only(args: list[str]) -> list[str]:
+    out = []
+    for i, arg in enumerate(args):
+        if arg in ("--config", "-c") and i + 1 < len(args):
+            out += [arg, args[i + 1]]
+        elif arg.startswith(("--config=", "-c=")):
+            out.append(arg)
+    return out
+
+
+def check_recipe_args(
+    cli_class: type[LightningCLI], model_class: type, args: list[str], configs_dir: Path
+) -> RequestedDevices | None:
+    """Check a recipe's resolved arguments (``[subcommand, --config, FILE, ...]``) before any rank starts.
+
+    Returns:
+        What will run (``None`` for ``--help`` / ``--print_config``, which are not checked).
+
+    Raises:
+        RecipeArgumentError: a problem, in one line (see the module docstring).
+    """
+    if any(a in ("-h", "--help") or a.startswith("--print_config") for a in args):
+        return None
+    body, options = _split_subcommand_options(args[1:] if args and not args[0].startswith("-") else args)
+    ckpt = options.get("--ckpt_path")
+    if ckpt and ckpt not in ("last", "best", "hpc", "registry") and not Path(ckpt).exists():
+        raise RecipeArgumentError(
+            f"--ckpt_path {ckpt!r} does not exist; give the path of a .ckpt file or sharded checkpoint folder "
+            "(e.g. lightning_logs/<name>/version_0/checkpoints/last.ckpt)"
+        )
+    _check_config_files(body, configs_dir)
+    try:
+        with _quiet():
+            cli = _build(cli_class, model_class, body)
+    except Exception as exc:  # the parser's and the classes' own errors, named and condensed
+        message = condense_error(str(exc))
+        hint = ""
+        try:
+            with _quiet():
+                base = _build(cli_class, model_class, _config_only(body))
+            hint = _unknown_key_hint(str(exc), body, _known_keys(base.parser, _data_class(base.config)))
+        except Exception:  # the config alone fails: the message above says why
+            pass
+        raise RecipeArgumentError(hint or message) from exc
+    check_data = getattr(cli.datamodule, "check_data", None)
+    if callable(check_data):
+        try:
+            check_data()
+        except FileNotFoundError as exc:
+            raise RecipeArgumentError(str(exc)) from exc
+    notes = check_built_run(cli, body, ckpt, RecipeArgumentError)  # accelerator, data kind, batches per rank, resume
+    trainer = cli.config.get("trainer", {})
+    return RequestedDevices(trainer.get("devices", "auto"), str(trainer.get("accelerator", "auto")), tuple(notes))
+
+
+def warn_if_devices_exceed_cores(requested: RequestedDevices) -> str | None:
+    """A warning line when more CPU processes than cores are asked for (each rank then waits its turn)."""
+    cores = os.cpu_count() or 1
+    devices = requested.devices
+    count = (
+        int(devices) if isinstance(devices, int) or (isinstance(devices, str) and devices.isdigit()) else 0
+    )
+    on_cpu = requested.accelerator == "cpu" or (requested.accelerator == "auto" and not _has_gpu())
+    if on_cpu and count > cores:
+        return (
+            f"warning: --devices {count} starts {count} CPU processes on a machine with {cores} cores; they will take "
+            f"turns and run slower than --devices {cores}"
+        )
+    return None
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def print_warning(line: str | None) -> None:
+    if line:
+        print(line, file=sys.stderr, flush=True)
