@@ -96,7 +96,6 @@ def build_server(config: ServeConfig, updater_factory: UpdaterFactory | None = N
 
     Raises:
         ServeConfigError: an option or the artifact is unusable.
-        DeltasUnavailable: ``config.deltas`` is set but ``lightrec.serving.deltas`` does not import.
     """
     meta = config.check()
     if config.deltas is not None:
