@@ -12,6 +12,7 @@ batched with others (a batch may round a row differently in the last bit)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import threading
@@ -126,35 +127,45 @@ def test_a_server_started_after_several_versions_serves_the_newest_once_healthy(
     _served_exactly(url, versions, 3)
 
 
-def test_a_published_delta_changes_exactly_the_touched_scores_under_load(url: str, versions: Versions) -> None:
-    _every_worker_at(url, 3)
-    seen: list[tuple[str, int, float, int, float]] = []  # (probe, status, score, version, time answered)
+@contextlib.contextmanager
+def _clients(url: str, bodies: list[dict]) -> Iterator[list[tuple[int, int, float, int, float]]]:
+    """One client per body, each sending it again and again on its connection while the block runs;
+    yields what they saw as they see it: ``(body index, status, score, version, time answered)``."""
+    seen: list[tuple[int, int, float, int, float]] = []
     stop = threading.Event()
 
-    def client(name: str) -> None:
+    def client(k: int) -> None:
         with requests.Session() as session:
-            deadline = time.monotonic() + 2 * WAIT_S
+            deadline = time.monotonic() + 4 * WAIT_S
             while not stop.is_set() and time.monotonic() < deadline:
-                answer = _post(url, PROBES[name], session)
+                answer = _post(url, bodies[k], session)
                 body = answer.json()
-                seen.append((name, answer.status_code, body.get("scores", [0.0])[0], body.get("version", -1),
-                             time.time()))
+                seen.append((k, answer.status_code, body.get("scores", [0.0])[0], body.get("version", -1), time.time()))
 
-    clients = [threading.Thread(target=client, args=(name,)) for name in list(PROBES) * 2]
-    for t in clients:
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(len(bodies))]
+    for t in threads:
         t.start()
-    time.sleep(1.0)
-    version = versions.trainer.step(4, ids={"t0": torch.tensor([3, 9]), "t1": torch.tensor([7])})
-    published = DeltaReader(versions.trainer.folder).manifest(version).wall_time
-    _every_worker_at(url, version)
-    time.sleep(0.5)
-    stop.set()
-    for t in clients:
-        t.join(2 * WAIT_S)
+    try:
+        yield seen
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(4 * WAIT_S)
+
+
+def test_a_published_delta_changes_exactly_the_touched_scores_under_load(url: str, versions: Versions) -> None:
+    _every_worker_at(url, 3)
+    bodies = [TOUCHED, UNTOUCHED] * 2
+    with _clients(url, bodies) as seen:
+        time.sleep(1.0)
+        version = versions.trainer.step(4, ids={"t0": torch.tensor([3, 9]), "t1": torch.tensor([7])})
+        published = DeltaReader(versions.trainer.folder).manifest(version).wall_time
+        _every_worker_at(url, version)
+        time.sleep(0.5)
     assert all(status == 200 for _, status, *_ in seen), [s for s in seen if s[1] != 200][:3]
     assert {v for _, _, _, v, _ in seen} == {3, 4}
-    for name, _, score, v, _ in seen:
-        assert abs(score - versions.score(v, PROBES[name])) <= 1e-6, (name, score, v)
+    for k, _, score, v, _ in seen:
+        assert abs(score - versions.score(v, bodies[k])) <= 1e-6, (k, score, v)
     first = min(t for _, _, _, v, t in seen if v == version)
     assert first - published < 10, first - published  # issue 35's bound; benchmarks/bench_serve.py measures it
     assert versions.score(3, TOUCHED) != versions.score(4, TOUCHED)
@@ -216,33 +227,17 @@ def test_no_request_is_dropped_while_versions_are_applied_under_load(url: str, v
     samples = [{"dense": torch.rand(5, generator=torch.Generator().manual_seed(s)).tolist(),
                 "sparse": {"f0": [s % 40], "f1": [(7 * s) % 40], "f2": [s % 31], "f3": [s % 17]}}
                for s in range(8)]  # fmt: skip
-    seen: list[tuple[int, int, float, int]] = []  # (sample, status, score, version)
-    stop = threading.Event()
-
-    def client(k: int) -> None:
-        with requests.Session() as session:
-            deadline = time.monotonic() + 4 * WAIT_S
-            while not stop.is_set() and time.monotonic() < deadline:
-                answer = _post(url, samples[k], session)
-                body = answer.json()
-                seen.append((k, answer.status_code, body.get("scores", [0.0])[0], body.get("version", -1)))
-
-    clients = [threading.Thread(target=client, args=(k,)) for k in range(len(samples))]
-    for t in clients:
-        t.start()
-    published = []
-    for i in range(6):  # faster than the follow interval: some polls find several versions
-        time.sleep(FOLLOW_S * 0.7)
-        published.append(trainer.step(100 + i, dense=i % 2 == 0))
-    _every_worker_at(url, published[-1])
-    time.sleep(0.5)
-    stop.set()
-    for t in clients:
-        t.join(4 * WAIT_S)
-    assert all(status == 200 for _, status, _, _ in seen), [s for s in seen if s[1] != 200][:3]
-    served = {v for *_, v in seen}
+    with _clients(url, samples) as seen:
+        published = []
+        for i in range(6):  # faster than the follow interval: some polls find several versions
+            time.sleep(FOLLOW_S * 0.7)
+            published.append(trainer.step(100 + i, dense=i % 2 == 0))
+        _every_worker_at(url, published[-1])
+        time.sleep(0.5)
+    assert all(status == 200 for _, status, *_ in seen), [s for s in seen if s[1] != 200][:3]
+    served = {v for _, _, _, v, _ in seen}
     assert published[-1] in served and served <= {start, *published}
-    for k, _, score, v in seen:
+    for k, _, score, v, _ in seen:
         assert abs(score - versions.score(v, samples[k])) <= 1e-6, (k, score, v)
 
 
