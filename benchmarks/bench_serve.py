@@ -10,7 +10,8 @@ samples per request -- lightrec gets them in its compact batch form (``--form li
 list, like the baseline), the baseline as Predictor's list, which is what ``Predictor.predict`` takes.
 
 Contenders, one after the other (an idle server still costs CPU), each started on 127.0.0.1 by
-this script and stopped by it (``tests/serving/server_process.py``):
+this script and stopped by it (``tests/serving/server_process.py``); with ``--rounds N`` they
+alternate N times and each level reports the median round (on a shared machine the load drifts):
 
 * ``lightrec``: ``lightrec serve ARTIFACT`` (LitServe, dynamic batching; ``--workers``,
   ``--api-servers``, ``--max-batch-size``, ``--batch-timeout-ms`` as given);
@@ -39,7 +40,7 @@ manifest's ``wall_time``) to the first response carrying its version (min / medi
 Run::
 
     python benchmarks/bench_serve.py --smoke                      # a quick pass (1 s per level)
-    python benchmarks/bench_serve.py --seconds 10 --cpus 0,1 --out serve.json
+    python benchmarks/bench_serve.py --seconds 10 --cpus 0,1 --rounds 3 --out serve.json
     python benchmarks/bench_serve.py --artifact lightning_logs/dlrm/version_0/export/model_int8.pt
     python benchmarks/bench_serve.py --samples-per-request 16 --levels 1,8,32   # the compact form
 
@@ -360,6 +361,7 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--samples-per-request", type=int, default=1, help="samples per request (both contenders)")
     parser.add_argument("--form", choices=["compact", "list"], default="compact",
                         help="lightrec's body for several samples per request (the baseline always gets the list)")
+    parser.add_argument("--rounds", type=int, default=1, help="alternating runs of both contenders; the median is reported")
     parser.add_argument("--publishes", type=int, default=5, help="deltas of the freshness run (0: skip it)")
     parser.add_argument("--smoke", action="store_true", help="1 s per level, 2 publishes: checks the script, not the speed")
     parser.add_argument("--out", type=Path, help="write the JSON here as well as to stdout")
@@ -383,16 +385,19 @@ def main() -> None:
         samples = request_samples(meta, 512 * per_request)
         ours = encode_bodies(samples, per_request, args.form)
         theirs = encode_bodies(samples, per_request, "list")
-        results: dict[str, Any] = {}
-        print(f"lightrec serve ({args.workers} worker(s) x {args.threads} threads):", file=sys.stderr)
-        port = free_port()
-        with running_server(lightrec_command(args, artifact, port), port, folder / "lightrec.log") as url:
-            results["lightrec"] = run_levels(url, ours, seconds, levels, True, per_request)
-        print(f"plain FastAPI + Predictor.predict per request ({args.fastapi_workers} process(es) x {args.threads} "
-              "threads):", file=sys.stderr)  # fmt: skip
-        port = free_port()
-        with running_server(fastapi_command(args, artifact, port), port, folder / "fastapi.log") as url:
-            results["fastapi"] = run_levels(url, theirs, seconds, levels, False, per_request)
+        runs: dict[str, list[dict[str, Any]]] = {"lightrec": [], "fastapi": []}
+        for r in range(args.rounds):  # alternating, so that a machine's load drifts over both alike
+            print(f"round {r + 1}/{args.rounds}: lightrec serve ({args.workers} worker(s) x {args.threads} threads):",
+                  file=sys.stderr)  # fmt: skip
+            port = free_port()
+            with running_server(lightrec_command(args, artifact, port), port, folder / "lightrec.log") as url:
+                runs["lightrec"].append(run_levels(url, ours, seconds, levels, True, per_request))
+            print(f"round {r + 1}/{args.rounds}: plain FastAPI + Predictor.predict per request "
+                  f"({args.fastapi_workers} process(es) x {args.threads} threads):", file=sys.stderr)  # fmt: skip
+            port = free_port()
+            with running_server(fastapi_command(args, artifact, port), port, folder / "fastapi.log") as url:
+                runs["fastapi"].append(run_levels(url, theirs, seconds, levels, False, per_request))
+        results = {name: _median_round(rounds) for name, rounds in runs.items()}
         fresh = freshness(args, artifact, folder, ours[0]) if args.publishes > 0 else None
         served = results["lightrec"].get("32", results["lightrec"][str(levels[-1])])
         served_batch = max(1, round(served["samples_per_forward"]))
@@ -403,6 +408,16 @@ def main() -> None:
     print(text)
     if args.out:
         args.out.write_text(text + "\n")
+
+
+def _median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per level, the round with the median throughput (its latencies with it), and every round's throughput."""
+    out = {}
+    for level in rounds[0]:
+        ordered = sorted((r[level] for r in rounds), key=lambda x: x["requests_per_s"])
+        out[level] = {**ordered[(len(ordered) - 1) // 2],
+                      "rounds_requests_per_s": [r[level]["requests_per_s"] for r in rounds]}  # fmt: skip
+    return out
 
 
 def _report(args: argparse.Namespace, levels: tuple[int, ...], results: dict[str, Any], forward: dict[str, float],
@@ -423,7 +438,7 @@ def _report(args: argparse.Namespace, levels: tuple[int, ...], results: dict[str
         "config": {"artifact": artifact, "levels": list(levels), "seconds_per_level": 1.0 if args.smoke else args.seconds,
                    "workers": args.workers, "api_servers": args.api_servers or args.workers,
                    "fastapi_workers": args.fastapi_workers, "threads": args.threads, "cpus": args.cpus,
-                   "max_batch_size": args.max_batch_size, "batch_timeout_ms": args.batch_timeout_ms,
+                   "max_batch_size": args.max_batch_size, "batch_timeout_ms": args.batch_timeout_ms, "rounds": args.rounds,
                    "samples_per_request": args.samples_per_request,
                    "lightrec_form": args.form if args.samples_per_request > 1 else "sample", "smoke": args.smoke},
         "versions": {"torch": torch.__version__, "lightrec": lightrec.__version__, "python": platform.python_version()},
