@@ -13,8 +13,9 @@ into the artifact's inputs -- the layout of :mod:`lightrec.inference.export`::
 
 -- the same tensors ``Predictor.predict`` builds from the same samples, so a batch scores exactly
 as ``predict`` on them does. Each request keeps its columns per feature, so joining is one list
-``extend`` per (feature, request) and one tensor per input: a few microseconds for a batch of
-single samples, and no per-id Python loop for clients that send many samples at once.
+``extend`` per (feature, request) and one tensor per input built by a C loop (measured: 33 us for
+five one-sample requests of 26 features, 130 us for four compact requests of 16 samples; 3-4x less
+than building the tensors from Python lists).
 :func:`split` gives each request its rows of the scores, and each rejected request its error, in
 the order LitServe expects one output per input.
 """

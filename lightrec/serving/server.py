@@ -116,9 +116,9 @@ def build_server(config: ServeConfig, updater_factory: UpdaterFactory | None = N
     api = RecServingAPI(config, metrics, updater_factory, threads)
     devices: int | str = 1 if accelerator == "cpu" else (gpus if config.devices == "auto" else int(config.devices))
     admission = {"path": PREDICT_PATH, "gate": gate, "metrics": metrics, "max_payload_bytes": config.max_payload_bytes}
-    server = PipeQueueServer(api, accelerator=accelerator, devices=devices, workers_per_device=config.workers_per_device,
-                          timeout=config.timeout_s, model_metadata=_model_info(config, meta),
-                          middlewares=[(AdmissionMiddleware, admission)])
+    server = PipeQueueServer(api, accelerator=accelerator, devices=devices,
+                             workers_per_device=config.workers_per_device, timeout=config.timeout_s,
+                             model_metadata=_model_info(config, meta), middlewares=[(AdmissionMiddleware, admission)])
     add_endpoints(server.app, metrics, gate)
     return BuiltServer(server, config, api_servers, workers, metrics, gate)
 

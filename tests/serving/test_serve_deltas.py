@@ -111,6 +111,12 @@ def _every_worker_at(url: str, version: int) -> None:
           f"every worker at version {version}")
 
 
+def _converged(url: str) -> int:
+    """The version every worker serves, once they agree (tests may run alone or in any order)."""
+    _wait(lambda: len(set(_per_worker(url, "lightrec_serving_model_version"))) == 1, "the workers agree")
+    return int(_per_worker(url, "lightrec_serving_model_version")[0])
+
+
 def _served_exactly(url: str, versions: Versions, version: int, repeats: int = 4) -> None:
     """Requests one at a time (each a batch of one, on either worker) score as the fresh export."""
     for _ in range(repeats):
@@ -154,22 +160,22 @@ def _clients(url: str, bodies: list[dict]) -> Iterator[list[tuple[int, int, floa
 
 
 def test_a_published_delta_changes_exactly_the_touched_scores_under_load(url: str, versions: Versions) -> None:
-    _every_worker_at(url, 3)
+    before = _converged(url)
     bodies = [TOUCHED, UNTOUCHED] * 2
     with _clients(url, bodies) as seen:
         time.sleep(1.0)
-        version = versions.trainer.step(4, ids={"t0": torch.tensor([3, 9]), "t1": torch.tensor([7])})
+        version = versions.trainer.step(40, ids={"t0": torch.tensor([3, 9]), "t1": torch.tensor([7])})
         published = DeltaReader(versions.trainer.folder).manifest(version).wall_time
         _every_worker_at(url, version)
         time.sleep(0.5)
     assert all(status == 200 for _, status, *_ in seen), [s for s in seen if s[1] != 200][:3]
-    assert {v for _, _, _, v, _ in seen} == {3, 4}
+    assert {v for _, _, _, v, _ in seen} == {before, version}
     for k, _, score, v, _ in seen:
         assert abs(score - versions.score(v, bodies[k])) <= 1e-6, (k, score, v)
     first = min(t for _, _, _, v, t in seen if v == version)
     assert first - published < 10, first - published  # issue 35's bound; benchmarks/bench_serve.py measures it
-    assert versions.score(3, TOUCHED) != versions.score(4, TOUCHED)
-    assert versions.score(3, UNTOUCHED) == versions.score(4, UNTOUCHED)  # only the touched rows changed
+    assert versions.score(before, TOUCHED) != versions.score(version, TOUCHED)
+    assert versions.score(before, UNTOUCHED) == versions.score(version, UNTOUCHED)  # only the touched rows changed
     assert all(0 <= lag < 10 for lag in _per_worker(url, "lightrec_serving_delta_lag_seconds"))
     _served_exactly(url, versions, version)
 
@@ -191,6 +197,10 @@ def _publish_broken(trainer: Trainer, publish: Callable[[], int], damage: Callab
     return version
 
 
+def _flip(folder: Path) -> None:
+    corrupt(folder.parent, int(folder.name[1:]))  # a byte of the rows flipped: the SHA-256 no longer matches
+
+
 def _truncate(folder: Path) -> None:
     rows = folder / "rows.safetensors"
     rows.write_bytes(rows.read_bytes()[: rows.stat().st_size // 2])  # as an interrupted copy leaves it
@@ -198,32 +208,32 @@ def _truncate(folder: Path) -> None:
 
 def test_a_corrupt_and_a_partial_version_are_refused_and_the_next_good_one_applied(
         url: str, versions: Versions, server_log: Path) -> None:
-    _every_worker_at(url, 4)
+    served = _converged(url)
     trainer = versions.trainer
     refused = _per_worker(url, "lightrec_serving_updates_total", outcome="refused")
-    bad = _publish_broken(trainer, lambda: trainer.step(5), lambda folder: corrupt(folder.parent, 5))  # a delta
+    bad = _publish_broken(trainer, lambda: trainer.step(50), _flip)  # a delta
     _wait(lambda: all(n > r for n, r in zip(_per_worker(url, "lightrec_serving_updates_total", outcome="refused"),
                                             refused)), f"version {bad} refused by every worker")  # fmt: skip
     refused = _per_worker(url, "lightrec_serving_updates_total", outcome="refused")
     partial = _publish_broken(trainer, trainer.snapshot, _truncate)  # a snapshot
     _wait(lambda: all(n > r for n, r in zip(_per_worker(url, "lightrec_serving_updates_total", outcome="refused"),
                                             refused)), f"version {partial} refused by every worker")  # fmt: skip
-    assert (bad, partial) == (5, 6)
-    assert _per_worker(url, "lightrec_serving_model_version") == [4, 4]
+    assert (bad, partial) == (served + 1, served + 2)
+    assert _per_worker(url, "lightrec_serving_model_version") == [served] * WORKERS
     assert requests.get(f"{url}/health", timeout=10).status_code == 200
-    _served_exactly(url, versions, 4, repeats=2)
+    _served_exactly(url, versions, served, repeats=2)
     good = trainer.snapshot()
     _every_worker_at(url, good)
     _served_exactly(url, versions, good)
     log = server_log.read_text(errors="replace")
-    assert "refusing version(s) [5]" in log and "corrupt" in log
-    assert "refusing version(s) [6]" in log and "truncated" in log
+    assert f"refusing version(s) [{bad}]" in log and "corrupt" in log
+    assert f"refusing version(s) [{partial}]" in log and "truncated" in log
 
 
 @pytest.mark.slow
 def test_no_request_is_dropped_while_versions_are_applied_under_load(url: str, versions: Versions) -> None:
     trainer = versions.trainer
-    start = max(_per_worker(url, "lightrec_serving_model_version"))
+    start = _converged(url)
     samples = [{"dense": torch.rand(5, generator=torch.Generator().manual_seed(s)).tolist(),
                 "sparse": {"f0": [s % 40], "f1": [(7 * s) % 40], "f2": [s % 31], "f3": [s % 17]}}
                for s in range(8)]  # fmt: skip
