@@ -1,38 +1,48 @@
-"""``lightrec serve`` against a plain FastAPI endpoint: throughput and latency under 1-128 clients.
+"""``lightrec serve`` against a plain FastAPI endpoint: throughput, latency, CPU per request, freshness.
 
 The model is the DLRM recipe's int8 artifact (``lightrec run dlrm --devices 2`` writes
 ``lightning_logs/dlrm/version_N/export/model_int8.pt``; pass it with ``--artifact``). Without one,
 the benchmark exports the same architecture itself -- 26 Criteo tables capped at 100k rows, dim
 16, dense MLP [64, 16], over MLP [64, 32, 1], int8 rows, TorchScript -- with untrained weights
 (speed does not depend on them). Requests are Criteo-shaped samples (13 dense floats, one id per
-feature) in ``Predictor``'s JSON form, one sample per request (``--samples-per-request N``: lists
-of N samples, which the baseline then scores with one ``predict`` call per request too).
+feature): one sample per request in ``Predictor``'s JSON form, or ``--samples-per-request N``
+samples per request -- lightrec gets them in its compact batch form (``--form list``: Predictor's
+list, like the baseline), the baseline as Predictor's list, which is what ``Predictor.predict`` takes.
 
-Contenders, one after the other (an idle server still costs CPU), each a process on 127.0.0.1
-that this script starts and stops:
+Contenders, one after the other (an idle server still costs CPU), each started on 127.0.0.1 by
+this script and stopped by it (``tests/serving/server_process.py``); with ``--rounds N`` they
+alternate N times and each level reports the median round (on a shared machine the load drifts):
 
 * ``lightrec``: ``lightrec serve ARTIFACT`` (LitServe, dynamic batching; ``--workers``,
-  ``--max-batch-size``, ``--batch-timeout-ms`` as given);
-* ``fastapi``: one uvicorn process whose ``POST /predict`` calls the same ``Predictor.predict``
-  once per request (a sync endpoint, FastAPI's thread pool) -- what "write a server" gives.
+  ``--api-servers``, ``--max-batch-size``, ``--batch-timeout-ms`` as given);
+* ``fastapi``: uvicorn (``--fastapi-workers`` processes, default 1: "write a server") whose
+  ``POST /predict`` calls the same ``Predictor.predict`` once per request (a sync endpoint).
 
-For each of 1, 8, 32 and 128 concurrent clients (keep-alive connections, one request in flight
-each, for ``--seconds``): requests/s, p50/p99 latency, errors, and for lightrec the mean samples per
-forward and mean in-server forward time (from its ``/metrics``). Also the model's own forward time,
-measured in this process, at batch 1 and at the batch size lightrec served at 32 clients. Targets
-(issue 35): lightrec >= 3x FastAPI's throughput at 32 clients; lightrec's p99 at 32 clients <=
-2 x forward(served batch) + batch timeout.
+Fair by construction: the same artifact loaded by the same ``lightrec.inference.load``, the same
+torch threads per process (``--threads``), the same request samples, the same keep-alive clients
+(one request in flight each, in this process), and -- with ``--cpus 0,1`` -- the same cores for
+both servers (``taskset``). What differs is the design: lightrec runs an HTTP process and a model
+worker per ``--workers`` (two processes can use two cores), the baseline one process per
+``--fastapi-workers``. Besides requests/s and p50/p99 latency at 1, 8, 32 and 128 clients, each
+level reports the CPU time the server's processes used per request (from /proc: robust on a shared
+machine, where throughput is not), and for lightrec the mean samples per forward and in-server
+forward time (``/metrics``). Also the model's own forward time, at batch 1 and at the batch size
+lightrec served at 32 clients. Targets (issue 35): lightrec >= 3x FastAPI's throughput at 32
+clients; lightrec's p99 at 32 clients <= 2 x forward(served batch) + batch timeout.
 
-``freshness`` (publish -> first response carrying the new version) is measured by
-:func:`freshness_lag` when :func:`make_publisher` returns a publisher; it returns None until the
-delta writer of ``lightrec.distributed.deltas`` lands (the hook the deltas work fills).
+Freshness (``--publishes N``, default 5; 0 skips it): a third server follows a publish folder at
+the default ``--follow-interval``; the script publishes a snapshot of the artifact's own rows
+(before the server starts: it catches up on it), then N deltas of random rows, each at a random
+moment against the follow interval, and measures the lag from each delta's publish (its
+manifest's ``wall_time``) to the first response carrying its version (min / median / max; issue
+35's target: <= 10 s).
 
 Run::
 
     python benchmarks/bench_serve.py --smoke                      # a quick pass (1 s per level)
-    python benchmarks/bench_serve.py --seconds 10 --out serve.json
+    python benchmarks/bench_serve.py --seconds 10 --cpus 0,1 --rounds 3 --out serve.json
     python benchmarks/bench_serve.py --artifact lightning_logs/dlrm/version_0/export/model_int8.pt
-    python benchmarks/bench_serve.py --samples-per-request 16 --workers 2    # clients that batch themselves
+    python benchmarks/bench_serve.py --samples-per-request 16 --levels 1,8,32   # the compact form
 
 Numbers from a shared or loaded machine are noise; take final ones on a quiet machine.
 """
@@ -41,28 +51,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import platform
+import random
 import re
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # lightrec, and tests/serving/server_process.py (servers that always stop)
+from tests.serving.server_process import ServerURL, free_port, running_server  # noqa: E402
+
 LEVELS = (1, 8, 32, 128)
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 # ---------------------------------------------------------------------------------------- the model
@@ -80,34 +90,41 @@ def build_artifact(folder: Path) -> Path:
     return export(quantize(model, dtype="int8"), folder / "model_int8.pt")
 
 
-def request_bodies(meta: dict[str, Any], count: int, samples_per_request: int = 1, seed: int = 0) -> list[bytes]:
-    """``count`` JSON bodies of Criteo-shaped samples (dense floats, one id per feature): one sample
-    each, or Predictor's list of ``samples_per_request`` samples."""
+def request_samples(meta: dict[str, Any], count: int, seed: int = 0) -> list[dict[str, Any]]:
+    """``count`` Criteo-shaped samples in Predictor's form (dense floats, one id per feature)."""
     g = torch.Generator().manual_seed(seed)
     rows = {f: t.get("id_space", t["num_embeddings"]) for t in meta["tables"] for f in t["feature_names"]}
-
-    def sample() -> dict[str, Any]:
-        dense = torch.rand(int(meta.get("dense_in_features") or 0), generator=g).tolist()
-        return {"dense": dense, "sparse": {f: [int(torch.randint(0, n, (1,), generator=g))] for f, n in rows.items()}}
-
-    if samples_per_request == 1:
-        return [json.dumps(sample()).encode() for _ in range(count)]
-    return [json.dumps([sample() for _ in range(samples_per_request)]).encode() for _ in range(count)]
+    width = int(meta.get("dense_in_features") or 0)
+    return [{"dense": torch.rand(width, generator=g).tolist(),
+             "sparse": {f: [int(torch.randint(0, n, (1,), generator=g))] for f, n in rows.items()}}
+            for _ in range(count)]  # fmt: skip
 
 
-def forward_seconds(artifact: Path, bodies: list[bytes], batch: int, threads: int, repeats: int = 20) -> float:
+def encode_bodies(samples: list[dict[str, Any]], per_request: int, form: str) -> list[bytes]:
+    """Request bodies of ``per_request`` samples each: one sample as is, or a list, or the compact form."""
+    if per_request == 1:
+        return [json.dumps(s).encode() for s in samples]
+    groups = [samples[i:i + per_request] for i in range(0, len(samples) - per_request + 1, per_request)]
+    if form == "list":
+        return [json.dumps(g).encode() for g in groups]
+    features = list(samples[0]["sparse"])
+    return [json.dumps({"batch": {"dense": [s["dense"] for s in g],
+                                  "lengths": {f: [len(s["sparse"][f]) for s in g] for f in features},
+                                  "ids": {f: [i for s in g for i in s["sparse"][f]] for f in features}}}).encode()
+            for g in groups]  # fmt: skip
+
+
+def forward_seconds(artifact: Path, samples: list[dict[str, Any]], batch: int, threads: int, repeats: int = 20) -> float:
     """Median time of the artifact's forward (``Predictor.probabilities``) on ``batch`` samples."""
     from lightrec.inference import load
 
     torch.set_num_threads(threads)
     predictor = load(artifact)
-    first = [json.loads(b) for b in bodies]
-    flat = [x for body in first for x in (body if isinstance(body, list) else [body])]
-    samples = [predictor.check_request(x, i) for i, x in enumerate(flat[:batch])]
+    checked = [predictor.check_request(x, i) for i, x in enumerate(samples[:batch])]
     features = predictor.feature_names
-    dense = torch.tensor([s.dense for s in samples])
-    values = torch.tensor([i for f in features for s in samples for i in s.ids.get(f, [])])
-    lengths = torch.tensor([len(s.ids.get(f, [])) for f in features for s in samples])
+    dense = torch.tensor([s.dense for s in checked])
+    values = torch.tensor([i for f in features for s in checked for i in s.ids.get(f, [])])
+    lengths = torch.tensor([len(s.ids.get(f, [])) for f in features for s in checked])
     times = []
     for _ in range(repeats + 3):
         start = time.perf_counter()
@@ -117,50 +134,36 @@ def forward_seconds(artifact: Path, bodies: list[bytes], batch: int, threads: in
 
 
 # ---------------------------------------------------------------------------------------- servers
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _pinned(command: list[str], cpus: str | None) -> list[str]:
+    return ["taskset", "-c", cpus, *command] if cpus else command
 
 
-@contextlib.contextmanager
-def running(command: list[str], port: int, log: Path, timeout_s: float = 300) -> Iterator[str]:
-    """Start a server process (its own process group), wait for ``/health``, stop it on the way out."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    with open(log, "wb") as out:
-        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                   start_new_session=True)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"server did not come up: {log.read_text(errors='replace')[-3000:]}")
-            with contextlib.suppress(OSError):
-                if urllib.request.urlopen(f"{url}/health", timeout=2).status == 200:
-                    break
-            time.sleep(0.25)
-        yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(20)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(10)
+def lightrec_command(args: argparse.Namespace, artifact: Path, port: int, deltas: Path | None = None) -> list[str]:
+    command = [sys.executable, "-m", "lightrec.cli", "serve", str(artifact), "--port", str(port),
+               "--accelerator", "cpu", "--workers", str(args.workers), "--threads", str(args.threads),
+               "--max-batch-size", str(args.max_batch_size), "--batch-timeout-ms", str(args.batch_timeout_ms),
+               "--max-queue", "4096"]  # fmt: skip
+    command += ["--api-servers", str(args.api_servers)] if args.api_servers else []
+    command += ["--deltas", str(deltas)] if deltas is not None else []
+    return _pinned(command, args.cpus)
 
 
-def fastapi_server(artifact: str, port: int, threads: int) -> None:
-    """The baseline: ``POST /predict`` calls ``Predictor.predict`` on the one sample of each request."""
-    import uvicorn
+def fastapi_command(args: argparse.Namespace, artifact: Path, port: int) -> list[str]:
+    command = [sys.executable, str(Path(__file__).resolve()), "--fastapi-server", str(artifact), str(port),
+               "--threads", str(args.threads), "--fastapi-workers", str(args.fastapi_workers)]  # fmt: skip
+    return _pinned(command, args.cpus)
+
+
+def fastapi_app() -> Any:
+    """The baseline's app: ``POST /predict`` calls ``Predictor.predict`` on the samples of each request.
+    Its artifact and threads come from the process that starts uvicorn (``_BENCH_SERVE_*``)."""
     from fastapi import Body, FastAPI
     from fastapi.responses import PlainTextResponse
 
     from lightrec.inference import load
 
-    torch.set_num_threads(threads)
-    predictor = load(artifact)
+    torch.set_num_threads(int(os.environ["_BENCH_SERVE_THREADS"]))
+    predictor = load(os.environ["_BENCH_SERVE_ARTIFACT"])
     app = FastAPI()
 
     @app.post("/predict")
@@ -171,7 +174,31 @@ def fastapi_server(artifact: str, port: int, threads: int) -> None:
     def health() -> PlainTextResponse:
         return PlainTextResponse("ok")
 
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+    return app
+
+
+def fastapi_server(artifact: str, port: int, threads: int, workers: int) -> None:
+    import uvicorn
+
+    os.environ.update(_BENCH_SERVE_ARTIFACT=artifact, _BENCH_SERVE_THREADS=str(threads))
+    uvicorn.run("benchmarks.bench_serve:fastapi_app", factory=True, host="127.0.0.1", port=port,
+                workers=workers, log_level="warning")  # fmt: skip
+
+
+def session_cpu_seconds(leader: int) -> float | None:
+    """CPU time (user + system) used so far by every process of ``leader``'s session (Linux /proc)."""
+    if not Path("/proc/self/stat").exists():
+        return None
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text() if entry.name.isdigit() else ""
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split() if stat else []
+        if len(fields) > 12 and int(fields[3]) == leader:  # session id; utime, stime in clock ticks
+            total += (int(fields[11]) + int(fields[12])) / _CLK_TCK
+    return total
 
 
 # ---------------------------------------------------------------------------------------- load
@@ -220,14 +247,17 @@ def _scrape(url: str) -> dict[str, float]:
     return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(\S+) (\S+)$", text, re.M)}
 
 
-def run_levels(url: str, bodies: list[bytes], seconds: float, levels: tuple[int, ...], metrics: bool,
-               samples: int) -> dict[str, Any]:
+def run_levels(url: ServerURL, bodies: list[bytes], seconds: float, levels: tuple[int, ...], metrics: bool,
+               samples: int) -> dict[str, Any]:  # fmt: skip
     port = int(url.rsplit(":", 1)[1])
     asyncio.run(_clients(port, 8, bodies, min(1.0, seconds)))  # warm-up: connections, first batches
     out = {}
     for clients in levels:
-        before = _scrape(url) if metrics else {}
+        before, cpu = (_scrape(url) if metrics else {}), session_cpu_seconds(url.pid)
         result = asyncio.run(_clients(port, clients, bodies, seconds, samples))
+        cpu_after = session_cpu_seconds(url.pid)
+        if cpu is not None and cpu_after is not None:
+            result["server_cpu_ms_per_request"] = 1e3 * (cpu_after - cpu) / max(result["requests"], 1)
         if metrics:
             after = _scrape(url)
             forwards = after["lightrec_serving_batch_size_count"] - before["lightrec_serving_batch_size_count"]
@@ -236,91 +266,162 @@ def run_levels(url: str, bodies: list[bytes], seconds: float, levels: tuple[int,
             result["samples_per_forward"] = scored / max(forwards, 1)
             result["forward_ms_in_server"] = 1e3 * seconds_in / max(forwards, 1)
         out[str(clients)] = result
-        print(f"  {clients:4d} clients: {result['requests_per_s']:8.0f} req/s  {result['samples_per_s']:8.0f} samples/s  p50 {result['p50_ms']:7.2f} ms  "
-              f"p99 {result['p99_ms']:7.2f} ms" + (f"  {result['samples_per_forward']:.1f} samples/forward"
-                                                 if metrics else "") + (f"  errors {result['errors']}" if result["errors"] else ""),
-              file=sys.stderr)  # fmt: skip
+        print(f"  {clients:4d} clients: {result['requests_per_s']:8.0f} req/s  {result['samples_per_s']:8.0f} samples/s  "
+              f"p50 {result['p50_ms']:7.2f} ms  p99 {result['p99_ms']:7.2f} ms  "
+              f"CPU {result.get('server_cpu_ms_per_request', float('nan')):.2f} ms/req"
+              + (f"  {result['samples_per_forward']:.1f} samples/forward" if metrics else "")
+              + (f"  errors {result['errors']}" if result["errors"] else ""), file=sys.stderr)  # fmt: skip
     return out
 
 
-# ---------------------------------------------------------------------------------------- freshness hook
-def make_publisher(artifact: Path, folder: Path) -> Callable[[], int] | None:
-    """A function that publishes one new version to ``folder`` and returns its number -- or None
-    while lightrec has no delta writer (``lightrec.distributed.deltas``, the online-training work).
-    The deltas work fills this in: write a snapshot of ``artifact``'s tables, then deltas."""
-    return None
+# ---------------------------------------------------------------------------------------- freshness
+class ArtifactPublisher:
+    """Publishes versions of an artifact's own tables into ``folder``: :meth:`snapshot` holds its
+    rows as stored (a server that catches up on it scores as before), :meth:`delta` ``rows`` random
+    rows of every table (random values, converted to the tables' row format by the writer).
+
+    Raises:
+        ValueError: a table the benchmark cannot republish (managed collisions, a row layout other
+            than the writer's).
+    """
+
+    def __init__(self, artifact: Path, folder: Path, rows: int = 64, seed: int = 0) -> None:
+        from lightrec.distributed.deltas import DeltaWriter, TableSpec
+        from lightrec.inference import load
+        from lightrec.serving.deltas import find_targets
+
+        self.targets = find_targets(load(artifact)).tables
+        if any(t.remapper is not None for t in self.targets.values()):
+            raise ValueError("the freshness run republishes an artifact's rows; managed-collision tables need raw ids")
+        specs = [TableSpec(name, t.storage.shape[0], t.dim, t.row_format) for name, t in self.targets.items()]
+        self.writer = DeltaWriter(folder, specs, retention=2)
+        self.rows = rows
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def snapshot(self) -> int:
+        from lightrec.distributed.deltas import TableRows
+
+        return self.writer.write_snapshot({name: TableRows(torch.arange(t.storage.shape[0]), t.storage.cpu())
+                                           for name, t in self.targets.items()}, {})  # fmt: skip
+
+    def delta(self) -> int:
+        from lightrec.distributed.deltas import TableRows
+
+        rows = {}
+        for name, t in self.targets.items():
+            ids = torch.randperm(t.storage.shape[0], generator=self.generator)[: self.rows].sort().values
+            rows[name] = TableRows(ids, 0.05 * torch.randn(ids.numel(), t.dim, generator=self.generator))
+        return self.writer.write_delta(rows)
 
 
-def freshness_lag(url: str, publish: Callable[[], int], body: bytes, timeout_s: float = 60) -> float:
-    """Seconds from ``publish()`` returning to the first response that carries its version."""
-    version = publish()
-    start = time.perf_counter()
-    while time.perf_counter() - start < timeout_s:
-        request = urllib.request.Request(f"{url}/predict", data=body, headers={"content-type": "application/json"})
-        if json.loads(urllib.request.urlopen(request, timeout=30).read())["version"] >= version:
-            return time.perf_counter() - start
-        time.sleep(0.01)
-    raise TimeoutError(f"version {version} not served within {timeout_s} s")
+def freshness(args: argparse.Namespace, artifact: Path, folder: Path, body: bytes) -> dict[str, Any]:
+    """Lags from each delta's publish to the first response carrying its version (module docstring)."""
+    from lightrec.distributed.deltas import DeltaReader
+
+    published = folder / "published"
+    publisher = ArtifactPublisher(artifact, published)
+    publisher.snapshot()
+    port = free_port()
+    lags, applied = [], []
+    with running_server(lightrec_command(args, artifact, port, deltas=published), port, folder / "fresh.log") as url:
+        for _ in range(args.publishes):
+            time.sleep(random.uniform(0.2, 1.2))  # a random moment against the follow interval
+            version = publisher.delta()
+            wall_time = DeltaReader(published).manifest(version).wall_time
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                request = urllib.request.Request(f"{url}/predict", data=body, headers={"content-type": "application/json"})
+                if json.loads(urllib.request.urlopen(request, timeout=30).read())["version"] >= version:
+                    lags.append(time.time() - wall_time)
+                    break
+            else:
+                raise TimeoutError(f"version {version} not served within 60 s")
+            applied.append(_scrape(url).get('lightrec_serving_delta_lag_seconds{worker="0"}', float("nan")))
+    print(f"freshness over {len(lags)} publishes: lag min {min(lags):.2f} s, median {statistics.median(lags):.2f} s, "
+          f"max {max(lags):.2f} s (target <= 10 s)", file=sys.stderr)  # fmt: skip
+    return {"publishes": len(lags), "lag_s": lags, "min_s": min(lags), "median_s": statistics.median(lags),
+            "max_s": max(lags), "target_s": 10.0, "met": max(lags) <= 10.0,
+            "publish_to_apply_s_worker_0": applied, "follow_interval_s": "default (lightrec serve --follow-interval)",
+            "rows_per_table_per_delta": publisher.rows}  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------- main
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def _arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--artifact", type=Path, help="an int8 artifact (default: export the recipe's DLRM)")
     parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per concurrency level")
     parser.add_argument("--levels", default=",".join(map(str, LEVELS)), help="concurrent clients, comma-separated")
     parser.add_argument("--workers", type=int, default=1, help="lightrec serve --workers")
+    parser.add_argument("--api-servers", type=int, help="lightrec serve --api-servers (default: one per worker)")
+    parser.add_argument("--fastapi-workers", type=int, default=1, help="uvicorn processes of the baseline")
     parser.add_argument("--max-batch-size", type=int, default=64)
     parser.add_argument("--batch-timeout-ms", type=float, default=2.0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per server process (both contenders)")
-    parser.add_argument("--samples-per-request", type=int, default=1,
-                        help="samples per request (Predictor's list form when > 1), for both contenders")
-    parser.add_argument("--smoke", action="store_true", help="1 s per level: checks the script, not the speed")
+    parser.add_argument("--cpus", help="run both servers on these cores (taskset -c LIST, e.g. 0,1)")
+    parser.add_argument("--samples-per-request", type=int, default=1, help="samples per request (both contenders)")
+    parser.add_argument("--form", choices=["compact", "list"], default="compact",
+                        help="lightrec's body for several samples per request (the baseline always gets the list)")
+    parser.add_argument("--rounds", type=int, default=1, help="alternating runs of both contenders; the median is reported")
+    parser.add_argument("--publishes", type=int, default=5, help="deltas of the freshness run (0: skip it)")
+    parser.add_argument("--smoke", action="store_true", help="1 s per level, 2 publishes: checks the script, not the speed")
     parser.add_argument("--out", type=Path, help="write the JSON here as well as to stdout")
     parser.add_argument("--fastapi-server", nargs=2, metavar=("ARTIFACT", "PORT"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = _arguments()
     if args.fastapi_server:
-        fastapi_server(args.fastapi_server[0], int(args.fastapi_server[1]), args.threads)
+        fastapi_server(args.fastapi_server[0], int(args.fastapi_server[1]), args.threads, args.fastapi_workers)
         return
     seconds = 1.0 if args.smoke else args.seconds
+    args.publishes = min(args.publishes, 2) if args.smoke else args.publishes
     levels = tuple(int(x) for x in args.levels.split(","))
-    threads_per_worker = args.threads
+    per_request = args.samples_per_request
     with tempfile.TemporaryDirectory(prefix="bench_serve_") as tmp:
         folder = Path(tmp)
         artifact = args.artifact or build_artifact(folder)
         meta = json.loads(Path(f"{artifact}.meta.json").read_text())
-        bodies = request_bodies(meta, 512 if args.samples_per_request == 1 else 64, args.samples_per_request)
-        results: dict[str, Any] = {}
-        print(f"lightrec serve ({args.workers} worker(s) x {threads_per_worker} threads):", file=sys.stderr)
-        port = _free_port()
-        command = [sys.executable, "-m", "lightrec.cli", "serve", str(artifact), "--port", str(port),
-                   "--accelerator", "cpu", "--workers", str(args.workers), "--threads", str(threads_per_worker),
-                   "--max-batch-size", str(args.max_batch_size), "--batch-timeout-ms", str(args.batch_timeout_ms),
-                   "--max-queue", "4096"]  # fmt: skip
-        with running(command, port, folder / "lightrec.log") as url:
-            results["lightrec"] = run_levels(url, bodies, seconds, levels, True, args.samples_per_request)
-            publisher = make_publisher(Path(artifact), folder / "published")
-            lag = freshness_lag(url, publisher, bodies[0]) if publisher is not None else None
-        print(f"plain FastAPI + Predictor.predict per request ({args.threads} threads):", file=sys.stderr)
-        port = _free_port()
-        command = [sys.executable, str(Path(__file__).resolve()), "--fastapi-server", str(artifact), str(port),
-                   "--threads", str(args.threads)]  # fmt: skip
-        with running(command, port, folder / "fastapi.log") as url:
-            results["fastapi"] = run_levels(url, bodies, seconds, levels, False, args.samples_per_request)
+        samples = request_samples(meta, 512 * per_request)
+        ours = encode_bodies(samples, per_request, args.form)
+        theirs = encode_bodies(samples, per_request, "list")
+        runs: dict[str, list[dict[str, Any]]] = {"lightrec": [], "fastapi": []}
+        for r in range(args.rounds):  # alternating, so that a machine's load drifts over both alike
+            print(f"round {r + 1}/{args.rounds}: lightrec serve ({args.workers} worker(s) x {args.threads} threads):",
+                  file=sys.stderr)  # fmt: skip
+            port = free_port()
+            with running_server(lightrec_command(args, artifact, port), port, folder / "lightrec.log") as url:
+                runs["lightrec"].append(run_levels(url, ours, seconds, levels, True, per_request))
+            print(f"round {r + 1}/{args.rounds}: plain FastAPI + Predictor.predict per request "
+                  f"({args.fastapi_workers} process(es) x {args.threads} threads):", file=sys.stderr)  # fmt: skip
+            port = free_port()
+            with running_server(fastapi_command(args, artifact, port), port, folder / "fastapi.log") as url:
+                runs["fastapi"].append(run_levels(url, theirs, seconds, levels, False, per_request))
+        results = {name: _median_round(rounds) for name, rounds in runs.items()}
+        fresh = freshness(args, artifact, folder, ours[0]) if args.publishes > 0 else None
         served = results["lightrec"].get("32", results["lightrec"][str(levels[-1])])
         served_batch = max(1, round(served["samples_per_forward"]))
-        forward = {"batch_1_ms": 1e3 * forward_seconds(Path(artifact), bodies, 1, threads_per_worker),
-                   f"batch_{served_batch}_ms": 1e3 * forward_seconds(Path(artifact), bodies, served_batch,
-                                                                     threads_per_worker)}  # fmt: skip
-    report = _report(args, levels, results, forward, served_batch, lag, str(args.artifact or "built: recipe DLRM int8"))
+        forward = {"batch_1_ms": 1e3 * forward_seconds(artifact, samples, 1, args.threads),
+                   f"batch_{served_batch}_ms": 1e3 * forward_seconds(artifact, samples, served_batch, args.threads)}
+    report = _report(args, levels, results, forward, served_batch, fresh, str(args.artifact or "built: recipe DLRM int8"))
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:
         args.out.write_text(text + "\n")
 
 
+def _median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per level, the round with the median throughput (its latencies with it), and every round's throughput."""
+    out = {}
+    for level in rounds[0]:
+        ordered = sorted((r[level] for r in rounds), key=lambda x: x["requests_per_s"])
+        out[level] = {**ordered[(len(ordered) - 1) // 2],
+                      "rounds_requests_per_s": [r[level]["requests_per_s"] for r in rounds]}  # fmt: skip
+    return out
+
+
 def _report(args: argparse.Namespace, levels: tuple[int, ...], results: dict[str, Any], forward: dict[str, float],
-            served_batch: int, lag: float | None, artifact: str) -> dict[str, Any]:
+            served_batch: int, fresh: dict[str, Any] | None, artifact: str) -> dict[str, Any]:
     import lightrec
 
     targets: dict[str, Any] = {}
@@ -335,16 +436,17 @@ def _report(args: argparse.Namespace, levels: tuple[int, ...], results: dict[str
     return {
         "benchmark": "lightrec serve vs a plain FastAPI endpoint (Predictor.predict per request)",
         "config": {"artifact": artifact, "levels": list(levels), "seconds_per_level": 1.0 if args.smoke else args.seconds,
-                   "workers": args.workers, "threads": args.threads, "max_batch_size": args.max_batch_size,
+                   "workers": args.workers, "api_servers": args.api_servers or args.workers,
+                   "fastapi_workers": args.fastapi_workers, "threads": args.threads, "cpus": args.cpus,
+                   "max_batch_size": args.max_batch_size, "batch_timeout_ms": args.batch_timeout_ms, "rounds": args.rounds,
                    "samples_per_request": args.samples_per_request,
-                   "batch_timeout_ms": args.batch_timeout_ms, "smoke": args.smoke},
+                   "lightrec_form": args.form if args.samples_per_request > 1 else "sample", "smoke": args.smoke},
         "versions": {"torch": torch.__version__, "lightrec": lightrec.__version__, "python": platform.python_version()},
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "load_average": os.getloadavg()},
         "results": results,
         "forward": forward,
         "targets": targets,
-        "freshness": {"lag_s": lag, "note": None if lag is not None else
-                      "no delta writer yet (lightrec.distributed.deltas): make_publisher is the hook"},
+        "freshness": fresh,
     }
 
 

@@ -20,7 +20,6 @@ from pathlib import Path
 
 from lightrec.cli.common import CommandError, UsageError, positive_int, reject_extra_arguments
 from lightrec.serving.config import ServeConfig, ServeConfigError
-from lightrec.serving.model_updates import DeltasUnavailable
 
 __all__ = ["register", "run"]
 
@@ -103,8 +102,6 @@ def run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParser
         serve(config)
     except ServeConfigError as exc:
         raise UsageError(str(exc)) from exc
-    except DeltasUnavailable as exc:
-        raise CommandError(str(exc)) from exc
     except RuntimeError as exc:  # LitServe: "One or more workers failed to start" (their traceback is logged above)
         raise CommandError(f"{exc}; the worker's traceback is above") from exc
     return 0

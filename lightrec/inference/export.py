@@ -9,7 +9,8 @@ or Python with only torch) can call them. The exported module wraps the model as
             [, weights [N] float32])              # only for weighted collections
         -> the model's output (DLRM: logits [B, 1])
 
-and builds the KJT inside. ``<path>.meta.json`` records the input contract, the tables and the
+and builds the KJT inside. ``<path>.meta.json`` records the input contract, the tables (with, for
+quantized pooled tables, their place in the flat table buffer: :func:`table_storage`) and the
 versions; :func:`lightrec.inference.load` reads both and returns a :class:`Predictor`.
 
 ``format="torchscript"`` traces with :class:`lightrec.inference.Tracer` and scripts the graph;
@@ -50,6 +51,7 @@ __all__ = [
     "export",
     "export_from_checkpoint",
     "export_on_rank",
+    "table_storage",
 ]
 
 EXPORT_FORMATS = ("torchscript", "export")
@@ -120,6 +122,43 @@ def describe_model(model: nn.Module, dense_in_features: int | None = None) -> di
                 break
     return {"feature_names": feature_names, "tables": tables, "is_weighted": weighted,
             "dense_in_features": dense_in_features}
+
+
+# A QuantEmbeddingBagCollection keeps every table back to back in this one uint8 buffer; its
+# embedding_bags.<t>.weight buffers are views of it (lightrec.quant.embedding_modules).
+_FLAT_BUFFER = "_flat_weights"
+
+
+def table_storage(model: nn.Module, prefix: str = "model.") -> dict[str, dict[str, Any]]:
+    """Where each table of a quantized pooled collection lies in ``model``'s flat table buffers.
+
+    A TorchScript artifact keeps only the flat buffer of such a collection (the per-table views are
+    not traced), so the metadata records each table's place in it, for whoever writes rows into a
+    loaded artifact (``lightrec.serving.deltas``)::
+
+        {table: {"buffer": "model.<collection>._flat_weights",   the buffer's name in the artifact
+                 "offset": bytes before the table's first row,
+                 "rows": R, "row_bytes": W}}                       the table is flat[offset : offset + R * W]
+
+    Args:
+        model: the model being exported.
+        prefix: what the artifact puts before the model's names (``TensorInputModule``'s ``model.``).
+    """
+    buffers = dict(model.named_buffers())
+    out: dict[str, dict[str, Any]] = {}
+    for name, flat in buffers.items():
+        if name.rsplit(".", 1)[-1] != _FLAT_BUFFER or flat.dtype != torch.uint8:
+            continue
+        owner = name[: -len(_FLAT_BUFFER)]  # "<collection>." or ""
+        storage = flat.untyped_storage().data_ptr()
+        for key, view in buffers.items():
+            table = key[len(owner) + len("embedding_bags."): -len(".weight")]
+            if (key.startswith(f"{owner}embedding_bags.") and key.endswith(".weight") and "." not in table
+                    and view.dim() == 2 and view.dtype == torch.uint8 and view.stride() == (view.shape[1], 1)
+                    and view.untyped_storage().data_ptr() == storage):  # fmt: skip
+                out[table] = {"buffer": f"{prefix}{name}", "offset": view.data_ptr() - flat.data_ptr(),
+                              "rows": int(view.shape[0]), "row_bytes": int(view.shape[1])}  # fmt: skip
+    return out
 
 
 def _versions() -> dict[str, str | None]:
@@ -243,6 +282,10 @@ def export(
     if not torch.equal(got, expected):
         raise ExportError(f"the {format} artifact's output differs from the model's on the example batch "
                           f"(max abs diff {(got - expected).abs().max().item():.3g}); please report this")
+    storage = table_storage(model)
+    for table in info["tables"]:
+        if table["name"] in storage:
+            table["storage"] = storage[table["name"]]
     meta = {
         "format": format,
         "inputs": ["dense_features", "values", "lengths"] + (["weights"] if info["is_weighted"] else []),

@@ -9,7 +9,8 @@ parts, one purpose per file:
 * ``batching.py`` -- requests joined into the artifact's batch inputs, scores split back;
 * ``served_model.py`` -- :class:`ServedModel` (predictor + version + lock) and the contract of live
   updates, :class:`ModelUpdater` / :class:`ModelUpdate`; ``model_updates.py`` -- the thread that
-  follows an updater, and ``--deltas``' updater from ``lightrec.serving.deltas``;
+  follows an updater, and ``--deltas``' updater; ``deltas/`` -- applying the versions of a publish
+  folder (``docs/deltas.md``) to the served artifact;
 * ``api.py`` -- ``RecServingAPI``, the ``LitAPI``; ``admission.py`` -- 503 on overload, 413 on large
   bodies; ``endpoints.py`` -- ``/ready``, ``/metrics``; ``metrics.py`` -- shared-memory metrics in
   Prometheus' format; ``server.py`` -- :func:`~lightrec.serving.server.build_server` and ``serve``.
@@ -20,11 +21,17 @@ The server itself is ``lightrec.serving.server``. See ``docs/serving.md`` ("Serv
 """
 
 from lightrec.serving.config import ServeConfig, ServeConfigError
-from lightrec.serving.model_updates import DeltasUnavailable, UpdateFollower
-from lightrec.serving.served_model import ModelUpdate, ModelUpdater, ServedModel, UpdateFailed, UpdaterFactory
+from lightrec.serving.model_updates import UpdateFollower
+from lightrec.serving.served_model import (
+    ModelUpdate,
+    ModelUpdater,
+    ServedModel,
+    UpdateFailed,
+    UpdateRefused,
+    UpdaterFactory,
+)
 
 __all__ = [
-    "DeltasUnavailable",
     "ModelUpdate",
     "ModelUpdater",
     "ServeConfig",
@@ -32,5 +39,6 @@ __all__ = [
     "ServedModel",
     "UpdateFailed",
     "UpdateFollower",
+    "UpdateRefused",
     "UpdaterFactory",
 ]

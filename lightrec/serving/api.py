@@ -28,8 +28,10 @@ import warnings
 from typing import Annotated, Any
 
 import litserve as ls
+import litserve.server
 import torch
-from fastapi import Body
+from fastapi import Body, HTTPException
+from starlette.requests import Request
 from starlette.responses import Response
 
 from lightrec.inference.predictor import load
@@ -142,6 +144,19 @@ class RecServingAPI(ls.LitAPI):
         if isinstance(output, Rejected):
             return Response(json.dumps(output.body()), status_code=output.status, media_type="application/json")
         return Response(json.dumps({"scores": output.scores, "version": output.version}), media_type="application/json")
+
+    # ------------------------------------------------------------------ LitServe's hooks around the endpoint
+    async def authorize(self, request: Request) -> None:
+        """LitServe's authorization dependency of ``/predict``, as a coroutine: FastAPI runs a plain
+        function dependency (LitServe's default, a no-op) on a thread pool for every request; this
+        runs on the event loop. LitServe's ``LIT_SERVER_API_KEY`` check (header ``X-API-Key``) stays.
+
+        Raises:
+            HTTPException: 401 when ``LIT_SERVER_API_KEY`` is set and the request does not carry it.
+        """
+        key = litserve.server.LIT_SERVER_API_KEY  # LitServe reads its variable once, at import
+        if key and request.headers.get("x-api-key") != key:
+            raise HTTPException(401, "Invalid API Key. Check that you are passing a correct 'X-API-Key' in your header.")
 
     # ------------------------------------------------------------------ LitServe's /health
     def health(self) -> bool:

@@ -79,8 +79,9 @@ class WorkerMetrics:
         a[o + _W_LAG] = max(0.0, applied_at - published_at)
         a[o + _W_UPDATES_OK] += 1
 
-    def update_refused(self) -> None:
-        self._a[self._o + _W_UPDATES_REFUSED] += 1
+    def update_refused(self, versions: int = 1) -> None:
+        """``versions`` published versions were refused (the served version stays)."""
+        self._a[self._o + _W_UPDATES_REFUSED] += versions
 
     def record_batch(self, requests: int, samples: int, seconds: float) -> None:
         """One forward over ``samples`` samples from ``requests`` requests, taking ``seconds``."""

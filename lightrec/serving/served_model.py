@@ -11,24 +11,49 @@ never half-applied rows::
     with lock: forward -> (scores, version)   model.apply(update)        # with lock: write rows
     encode responses with that version
 
-Live updates come from a :class:`ModelUpdater` (the delta follower of ``lightrec.serving.deltas``
+Live updates come from a :class:`ModelUpdater` (``lightrec.serving.deltas.open_updater``
 implements it over a publish folder; tests use fakes). ``poll`` does the slow, fallible part --
 reading the files, checking their checksums, decoding rows -- outside the lock and returns a
 :class:`ModelUpdate`, or None when nothing new is published; ``ModelUpdate.apply`` then only
 writes what ``poll`` prepared (rows in place, or :meth:`ServedModel.replace_predictor` for a whole
 new module), so the lock is held for copies, not for I/O, and a batch waits at most for one copy.
+
+Two ways an update can fail, told apart by what they leave behind:
+
+* :class:`UpdateRefused` -- raised by ``poll`` (a version failed its checks) or by ``apply`` when it
+  wrote nothing or put back what it wrote: the model is the served version, which stays; the
+  follower counts the refusal and looks for the next good version;
+* any other exception out of ``apply`` -- the model may be half-written: :meth:`ServedModel.apply`
+  raises :class:`UpdateFailed` and the worker reports itself damaged (``/health`` 503).
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from typing import Protocol
 
 import torch
 
 from lightrec.inference.predictor import Predictor
 
-__all__ = ["ModelUpdate", "ModelUpdater", "ServedModel", "UpdaterFactory", "UpdateFailed"]
+__all__ = ["ModelUpdate", "ModelUpdater", "ServedModel", "UpdateFailed", "UpdateRefused", "UpdaterFactory"]
+
+
+class UpdateRefused(RuntimeError):
+    """Versions that were not applied, leaving the served model exactly as it was: they failed their
+    checks (corrupt, partial, a gap in the chain), or ``ModelUpdate.apply`` found they do not fit and
+    wrote nothing -- or put back everything it had written. The worker keeps serving its version,
+    counts the refusal and looks for the next good version.
+
+    Args:
+        message: what was refused and why.
+        versions: the versions refused (empty when the source cannot tell).
+    """
+
+    def __init__(self, message: str, versions: Iterable[int] = ()) -> None:
+        super().__init__(message)
+        self.versions = tuple(int(v) for v in versions)
 
 
 class UpdateFailed(RuntimeError):
@@ -55,7 +80,12 @@ class ModelUpdate(Protocol):
     def apply(self, model: ServedModel) -> None:
         """Write the update into ``model`` (rows of ``model.predictor.module`` in place, or
         ``model.replace_predictor(...)``). Called with ``model``'s lock held, between two batches;
-        must not do I/O nor fail after it started writing (verification belongs to ``poll``)."""
+        must not do I/O (verification belongs to ``poll``).
+
+        Raises:
+            UpdateRefused: the update does not fit and the model is unchanged (nothing written, or
+                all of it put back). Any other exception means the model may be half-written.
+        """
         ...
 
 
@@ -67,9 +97,11 @@ class ModelUpdater(Protocol):
         nothing newer is published. Called from the follower thread, never concurrently with itself.
 
         Raises:
-            Exception: a version that cannot be applied (corrupt, partial, a gap in the chain): the
-                follower logs it, counts it as refused, keeps serving the current version and polls
-                again at the next interval (a later good version is applied then).
+            UpdateRefused: versions that cannot be applied (corrupt, partial, a gap in the chain): the
+                follower logs them, counts each as refused and polls again at once -- so the source
+                must not refuse the same version twice -- keeping the current version until a good
+                one comes.
+            Exception: anything else is counted as one refusal and retried at the next interval.
         """
         ...
 
@@ -129,11 +161,14 @@ class ServedModel:
         """Write ``update`` between two batches and take its version.
 
         Raises:
-            UpdateFailed: ``update.apply`` raised; the model may be partly written (see the class).
+            UpdateRefused: ``update.apply`` refused it; the model and its version are unchanged.
+            UpdateFailed: ``update.apply`` raised anything else; the model may be partly written.
         """
         with self._lock:
             try:
                 update.apply(self)
+            except UpdateRefused:
+                raise
             except Exception as exc:
                 raise UpdateFailed(f"applying version {update.version} failed part way ({type(exc).__name__}: "
                                    f"{exc}); this worker's model is no longer a published version") from exc

@@ -13,8 +13,9 @@ The processes of one server (LitServe's layout)::
     HTTP servers        ``api_servers`` forked uvicorn processes on one socket: admission (503/413),
                         JSON parsing, /health /ready /metrics /info
     inference workers   devices x ``workers_per_device`` spawned processes, each with its own copy of the
-                        model (RecServingAPI.setup); requests reach them through LitServe's queue and
-                        are scored in batches of up to ``max_batch_size`` requests
+                        model (RecServingAPI.setup); requests reach them through one pipe, answers
+                        go back through one pipe per HTTP server (transport.py), and are scored in
+                        batches of up to ``max_batch_size`` requests
 
 Options are checked (:meth:`ServeConfig.check`) before any process starts, so a typo in a path or a
 port fails in a second with a message instead of in a worker's log.
@@ -42,6 +43,7 @@ from lightrec.serving.endpoints import add_endpoints
 from lightrec.serving.metrics import ServingMetrics
 from lightrec.serving.model_updates import delta_updater_factory
 from lightrec.serving.served_model import UpdaterFactory
+from lightrec.serving.transport import PipeQueueServer
 
 __all__ = ["BuiltServer", "build_server", "serve"]
 
@@ -96,7 +98,6 @@ def build_server(config: ServeConfig, updater_factory: UpdaterFactory | None = N
 
     Raises:
         ServeConfigError: an option or the artifact is unusable.
-        DeltasUnavailable: ``config.deltas`` is set but ``lightrec.serving.deltas`` does not import.
     """
     meta = config.check()
     if config.deltas is not None:
@@ -115,9 +116,9 @@ def build_server(config: ServeConfig, updater_factory: UpdaterFactory | None = N
     api = RecServingAPI(config, metrics, updater_factory, threads)
     devices: int | str = 1 if accelerator == "cpu" else (gpus if config.devices == "auto" else int(config.devices))
     admission = {"path": PREDICT_PATH, "gate": gate, "metrics": metrics, "max_payload_bytes": config.max_payload_bytes}
-    server = ls.LitServer(api, accelerator=accelerator, devices=devices, workers_per_device=config.workers_per_device,
-                          timeout=config.timeout_s, model_metadata=_model_info(config, meta),
-                          middlewares=[(AdmissionMiddleware, admission)])
+    server = PipeQueueServer(api, accelerator=accelerator, devices=devices,
+                             workers_per_device=config.workers_per_device, timeout=config.timeout_s,
+                             model_metadata=_model_info(config, meta), middlewares=[(AdmissionMiddleware, admission)])
     add_endpoints(server.app, metrics, gate)
     return BuiltServer(server, config, api_servers, workers, metrics, gate)
 

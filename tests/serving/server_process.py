@@ -32,6 +32,13 @@ ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 240.0  # server start-up on a loaded 2-core machine (imports, worker spawn, model load)
 
 
+class ServerURL(str):
+    """The base URL of a server :func:`running_server` started (a ``str``); ``pid`` is its main
+    process, the leader of the session that holds every process of the server."""
+
+    pid: int
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -39,7 +46,8 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_server(command: list[str], port: int, log: Path, start_timeout_s: float = START_TIMEOUT_S) -> Iterator[str]:
+def running_server(command: list[str], port: int, log: Path,
+                   start_timeout_s: float = START_TIMEOUT_S) -> Iterator[ServerURL]:  # fmt: skip
     """Run ``command`` (a server on ``127.0.0.1:port``) until the block ends; yield its base URL."""
     import requests
 
@@ -47,7 +55,8 @@ def running_server(command: list[str], port: int, log: Path, start_timeout_s: fl
     with open(log, "wb") as out:
         process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
                                    start_new_session=True)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
+    url = ServerURL(f"http://127.0.0.1:{port}")
+    url.pid = process.pid
     try:
         deadline = time.monotonic() + start_timeout_s
         while True:

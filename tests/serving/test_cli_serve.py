@@ -11,7 +11,7 @@ import pytest
 
 from lightrec.cli.app import main
 from lightrec.inference import export
-from lightrec.serving import ServeConfig, model_updates
+from lightrec.serving import ServeConfig
 from tests.inference.helpers import dlrm
 
 pytest.importorskip("litserve")
@@ -51,14 +51,6 @@ def test_bad_arguments_exit_2_naming_the_option(artifact: Path, tmp_path: Path,
     with pytest.raises(SystemExit):  # argparse: not a positive integer
         main(["serve", str(artifact), "--workers", "0"])
     assert "positive integer" in capsys.readouterr().err
-
-
-def test_deltas_without_the_delta_package_exit_1_and_say_so(artifact: Path, tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(model_updates, "DELTAS_MODULE", "lightrec.serving.no_such_deltas")
-    err = _refused(["serve", str(artifact), "--deltas", str(tmp_path)], capsys, 1)
-    assert "lightrec.serving.no_such_deltas" in err and "without --deltas" in err
 
 
 def test_without_litserve_the_command_says_how_to_install_it(artifact: Path, monkeypatch: pytest.MonkeyPatch,

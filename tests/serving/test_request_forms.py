@@ -144,3 +144,25 @@ def test_large_values_are_not_echoed(predictor: Predictor) -> None:
     huge = Rejected(422, "x", 0, "dense", list(range(10**5)))
     shown = huge.body()["value"]
     assert isinstance(shown, str) and len(shown) < 300 and "characters" in shown
+
+
+def test_weighted_requests_of_every_form_score_like_predict() -> None:
+    import lightrec
+    from lightrec.models import DLRM
+    from tests.inference.helpers import tables
+
+    torch.manual_seed(0)
+    model = DLRM(lightrec.EmbeddingBagCollection(tables(mean_last=False), is_weighted=True), dense_in_features=5,
+                 dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[8, 1]).eval()  # fmt: skip
+    meta = {**describe_model(model), "takes_dense": True, "format": "torchscript"}
+    predictor = Predictor(TensorInputModule(model, FEATURES, True, True).eval(), meta)
+    samples = _samples(5, seed=3)
+    for s in samples[:3]:  # weights on some features; the others weigh 1
+        s["weights"] = {f: [0.5 + k for k in range(len(ids))] for f, ids in s["sparse"].items() if f != "f1"}
+    compact = _compact(samples[3:])
+    compact["batch"]["weights"] = {"f0": [2.0] * len(compact["batch"]["ids"]["f0"])}
+    for s in samples[3:]:
+        s["weights"] = {"f0": [2.0] * len(s["sparse"].get("f0", []))} if s["sparse"].get("f0") else {}
+    outputs = _score(predictor, [decode_body(predictor, b, 100) for b in (samples[0], samples[1:3], compact)])
+    got = [x for out in outputs for x in out.scores]  # type: ignore[union-attr]
+    assert got == predictor.predict(samples).tolist()

@@ -10,10 +10,13 @@ what                        tensor the lookups read
 fp32 table ``t``            ``...embedding_bags.t.weight`` / ``...embeddings.t.weight`` ``[rows, dim]``
 quantized sequence table    ``...embeddings.t.weight`` ``[rows, row_bytes]`` uint8
 quantized pooled table      a part of its collection's ``..._flat_weights`` (every table back to back,
-                            in the metadata's table order; ``lightrec.quant.table_groups``). An
-                            exported program keeps stale copies under ``embedding_bags.t.weight``,
-                            which only tell which tables a flat buffer holds; TorchScript keeps none,
-                            so the tables are cut, in order, into runs that fill each buffer
+                            in the metadata's table order; ``lightrec.quant.table_groups``): where
+                            the metadata records it (``tables[i]["storage"]``: buffer, offset, rows,
+                            row bytes; ``lightrec.inference.export.table_storage``), there; for an
+                            artifact exported before lightrec recorded it, inferred -- an exported
+                            program keeps stale copies under ``embedding_bags.t.weight``, which tell
+                            which tables a flat buffer holds; TorchScript keeps none, so the tables
+                            are cut, in order, into runs that fill each buffer
 MCH id map of ``t``         ``..._remappers.t.sorted_ids`` / ``sorted_rows`` ``[rows]``
 hash id map of ``t``        ``..._remappers.t.identities`` ``[rows]``
 dense weight ``name``       ``model.name``
@@ -155,6 +158,30 @@ def _flat_tables(flats: dict[str, torch.Tensor], named: dict[str, torch.Tensor],
     return out
 
 
+def _recorded_tables(named: dict[str, torch.Tensor], pending: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    """``{table: [rows, row_bytes] view}`` of the tables of ``pending`` whose metadata records their place.
+
+    Raises:
+        DeltaApplyError: a record names a buffer the artifact lacks, or a place outside it.
+    """
+    out: dict[str, torch.Tensor] = {}
+    for t in pending:
+        record = t.get("storage")
+        if record is None:
+            continue
+        name, flat = record["buffer"], named.get(record["buffer"])
+        offset, rows, width = int(record["offset"]), int(record["rows"]), int(record["row_bytes"])
+        if flat is None or flat.dtype != torch.uint8 or flat.dim() != 1:
+            raise DeltaApplyError(f"table {t['name']!r}: the metadata places it in {name!r}, which the artifact does not "
+                                  "hold as a flat uint8 buffer; the metadata is not this artifact's -- re-export it")
+        if rows != int(t["num_embeddings"]) or width < _row_bytes(t, 1) or offset < 0 or offset + rows * width > flat.numel():
+            raise DeltaApplyError(f"table {t['name']!r}: the metadata places {rows} rows of {width} bytes at byte {offset} "
+                                  f"of {name!r} ({flat.numel()} bytes, the table has {t['num_embeddings']} rows); the "
+                                  "metadata is not this artifact's -- re-export it")  # fmt: skip
+        out[t["name"]] = flat[offset : offset + rows * width].view(rows, width)
+    return out
+
+
 def _remapper(named: dict[str, torch.Tensor], table: str, rows: int) -> RemapperTarget | None:
     found = {k.rsplit(".", 1)[1]: v for k, v in named.items() if k.rsplit(".", 1)[0].endswith(f"_remappers.{table}")}
     if "sorted_ids" in found and "sorted_rows" in found:
@@ -194,7 +221,12 @@ def find_targets(predictor: Predictor) -> ArtifactTargets:
             raise DeltaApplyError(f"table {name!r} (fp32) is not in the artifact's tensors")
         else:
             pending.append(meta)
-    storages.update(_flat_tables(flats, named, pending))
+    recorded = _recorded_tables(named, pending)
+    storages.update(recorded)
+    rest = [t for t in pending if t["name"] not in recorded]
+    if rest:  # an artifact exported before lightrec recorded the layout: infer it from the buffers
+        taken = {t["storage"]["buffer"] for t in pending if t["name"] in recorded}
+        storages.update(_flat_tables({p: f for p, f in flats.items() if f"{p}{_FLAT}" not in taken}, named, rest))
     tables: dict[str, TableTarget] = {}
     for meta in predictor.meta["tables"]:
         name, rows, fmt = meta["name"], int(meta["num_embeddings"]), _ROW_FORMATS[meta["data_type"]]

@@ -1,15 +1,19 @@
 """Small trained models for the delta-application tests: a DLRM, a sequence model, a managed-collision
-DLRM; their batches; training that changes some rows; the rows that changed."""
+DLRM; their batches; training that changes some rows; the rows that changed; and :class:`Trainer`,
+a DLRM whose rows change by hand and are published into a folder, version after version."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from lightrec import KeyedJaggedTensor
-from lightrec.distributed.deltas import table_rows
+from lightrec.distributed.deltas import DeltaWriter, publish_rows, publish_snapshot, table_rows, table_specs
+from lightrec.inference import Predictor
+from lightrec.models import DLRM
 from tests.inference.helpers import dlrm, kjt, sequence_model
 from tests.inference.test_mc_serving import _batch, trained_dlrm
 
@@ -59,3 +63,72 @@ def cat_batches(batches: list[Batch]) -> Batch:
     values = torch.cat([jt.values() for jts in per_key for jt in jts])
     lengths = torch.cat([jt.lengths() for jts in per_key for jt in jts])
     return dense, KeyedJaggedTensor(keys=keys, values=values, lengths=lengths)
+
+
+PROBE = (torch.randn(8, 5, generator=torch.Generator().manual_seed(3)), kjt(8, 3, max_len=6))
+
+
+class Trainer:
+    """``dlrm()`` whose rows change by hand, publishing into ``folder`` (versions numbered from 1).
+
+    Args:
+        folder: the publish folder.
+        retention: the writer's.
+        row_format: the rows' format in the folder (the served artifact's: ``"fp32"``, ``"int8"``...).
+    """
+
+    def __init__(self, folder: Path, retention: int | None = None, row_format: str = "fp32") -> None:
+        self.folder = Path(folder)
+        self.model = dlrm()
+        self.specs = table_specs(self.model, row_format)
+        self.retention = retention
+        self.writer = DeltaWriter(folder, self.specs, retention=retention)
+        self.states: dict[int, dict[str, torch.Tensor]] = {}
+        self.ids: dict[int, dict[str, torch.Tensor]] = {}  # the rows each delta changed
+
+    def reopen(self) -> None:
+        """A new writer: the folder holds versions this one did not write (a writer counts its own)."""
+        self.writer = DeltaWriter(self.folder, self.specs, retention=self.retention)
+
+    def _keep(self, version: int) -> int:
+        self.states[version] = {k: v.clone() for k, v in self.model.state_dict().items()}
+        return version
+
+    def snapshot(self) -> int:
+        return self._keep(publish_snapshot(self.model, self.writer))
+
+    def step(self, seed: int, dense: bool = False, ids: dict[str, torch.Tensor] | None = None) -> int:
+        """Change rows -- ``ids`` per table, else 5 random rows of every table -- (and, with ``dense``,
+        the dense weights) and publish them."""
+        g = torch.Generator().manual_seed(seed)
+        bags = self.model.sparse_arch.embedding_bag_collection.embedding_bags
+        ids = ids or {name: torch.randperm(bag.weight.shape[0], generator=g)[:5] for name, bag in bags.items()}
+        with torch.no_grad():
+            for name, rows in ids.items():
+                bags[name].weight[rows] += torch.randn(rows.numel(), bags[name].weight.shape[1], generator=g)
+            for p in self.model.dense_arch.parameters() if dense else []:
+                p.add_(0.1)
+        version = publish_rows(self.model, self.writer, ids, dense=dense)
+        self.ids[version] = ids
+        return self._keep(version)
+
+    def model_at(self, version: int, state: dict[str, torch.Tensor] | None = None) -> DLRM:
+        model = dlrm()
+        model.load_state_dict(state or self.states[version])
+        return model.eval()
+
+    def scores(self, version: int, state: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        with torch.no_grad():
+            return self.model_at(version, state)(*PROBE)
+
+
+def probe_scores(predictor: Predictor) -> torch.Tensor:
+    return predictor(PROBE[0], PROBE[1].values(), PROBE[1].lengths())
+
+
+def corrupt(folder: Path, version: int) -> None:
+    """Flip a byte of ``version``'s rows file (its checksum then fails)."""
+    path = folder / f"v{version:09d}" / "rows.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0xFF
+    path.write_bytes(bytes(data))

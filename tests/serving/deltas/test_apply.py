@@ -4,6 +4,7 @@ and a version that cannot be applied leaves the artifact and its version untouch
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ from lightrec.modules.embedding_configs import DataType
 from lightrec.quant.row_codec import quantize_rows
 from lightrec.serving.deltas import DeltaFollower, PendingUpdate, TableTarget, artifact_rows, find_targets
 from lightrec.serving.deltas import apply as apply_module
+from lightrec.serving.deltas import targets as targets_module
 from tests.serving.deltas.models import build, cat_batches, changed_rows, train
 
 slow = pytest.mark.slow
@@ -118,16 +120,61 @@ def test_rows_in_the_artifacts_format_are_copied_with_its_padding() -> None:
         artifact_rows(TableRows(torch.tensor([0]), torch.zeros(1, 6)), TableSpec("t", 5, 6), _target("fp32"))
 
 
-def test_find_targets_locates_every_table_of_a_quantized_torchscript_artifact(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fmt", ["torchscript", "export"])
+def test_find_targets_locates_every_table_where_the_metadata_records_it(tmp_path: Path, fmt: str,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     model, _ = build("dlrm")
     q = quantize(model, dtype="int8", per_table={"t1": "int4", "t2": "fp16"})
-    predictor = load(export(q, tmp_path / "m.pt"))
-    targets = find_targets(predictor)
+    predictor = load(export(q, tmp_path / "m.pt", format=fmt))
     collection = q.sparse_arch.embedding_bag_collection
+    offset = 0
+    for table in predictor.meta["tables"]:  # back to back in the collection's flat buffer, in order
+        weight = collection.embedding_bags[table["name"]].weight
+        assert table["storage"] == {"buffer": "model.sparse_arch.embedding_bag_collection._flat_weights",
+                                    "offset": offset, "rows": weight.shape[0], "row_bytes": weight.shape[1]}
+        offset += weight.numel()
+    monkeypatch.setattr(targets_module, "_flat_tables", _no_inference)
+    targets = find_targets(predictor)
     for name, target in targets.tables.items():  # each is the artifact's slice of the flat buffer
         assert torch.equal(target.storage, collection.embedding_bags[name].weight), name
     assert {t.row_format for t in targets.tables.values()} == {"int8", "int4", "fp16"}
     assert "dense_arch.model._mlp.0.linear.weight" in targets.dense
+    flat = dict(predictor.module.named_buffers())["model.sparse_arch.embedding_bag_collection._flat_weights"]
+    assert targets.tables["t0"].storage.data_ptr() == flat.data_ptr()  # a view: writes reach the lookups
+
+
+def _no_inference(*args: object) -> dict:
+    raise AssertionError("the layout was inferred although the metadata records it")
+
+
+def _without_storage(artifact: Path) -> None:
+    """Rewrite ``artifact``'s metadata as lightrec wrote it before it recorded the tables' places."""
+    meta_path = Path(f"{artifact}.meta.json")
+    meta = json.loads(meta_path.read_text())
+    for table in meta["tables"]:
+        del table["storage"]
+    meta_path.write_text(json.dumps(meta))
+
+
+def test_find_targets_infers_the_layout_of_an_artifact_exported_before_it_was_recorded(tmp_path: Path) -> None:
+    model, _ = build("dlrm")
+    q = quantize(model, dtype="int8", per_table={"t1": "int4", "t2": "fp16"})
+    artifact = export(q, tmp_path / "m.pt")
+    _without_storage(artifact)
+    targets = find_targets(load(artifact))
+    for name, target in targets.tables.items():
+        assert torch.equal(target.storage, q.sparse_arch.embedding_bag_collection.embedding_bags[name].weight), name
+
+
+def test_a_recorded_place_outside_the_buffer_is_refused(tmp_path: Path) -> None:
+    model, _ = build("dlrm")
+    predictor = load(export(quantize(model, dtype="int8"), tmp_path / "m.pt"))
+    predictor.meta["tables"][2]["storage"]["offset"] += 10_000
+    with pytest.raises(DeltaApplyError, match=r"table 't2': the metadata places 17 rows of 16 bytes at byte 1\d+ "):
+        find_targets(predictor)
+    predictor.meta["tables"][2]["storage"]["buffer"] = "model.nothing._flat_weights"
+    with pytest.raises(DeltaApplyError, match="which the artifact does not hold"):
+        find_targets(predictor)
 
 
 class _TwoCollections(torch.nn.Module):
@@ -150,7 +197,9 @@ class _TwoCollections(torch.nn.Module):
 def test_find_targets_cuts_flat_buffers_of_equal_tables_right(tmp_path: Path) -> None:
     torch.manual_seed(0)
     q = quantize(_TwoCollections(), dtype="int8")
-    targets = find_targets(load(export(q, tmp_path / "m.pt")))  # TorchScript: no per-table views kept
+    artifact = export(q, tmp_path / "m.pt")
+    _without_storage(artifact)  # TorchScript keeps no per-table views: the layout is inferred
+    targets = find_targets(load(artifact))
     for collection in (q.a, q.b):
         for name, table in collection.embedding_bags.items():
             assert torch.equal(targets.tables[name].storage, table.weight), name

@@ -10,66 +10,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightrec.distributed.deltas import DeltaWriter, publish_rows, publish_snapshot, table_specs
 from lightrec.inference import Predictor, export, load
 from lightrec.serving.deltas import DeltaApplyError, DeltaFollower, DeltaRefused, open_updater
-from tests.inference.helpers import dlrm, kjt
-
-PROBE = (torch.randn(8, 5, generator=torch.Generator().manual_seed(3)), kjt(8, 3, max_len=6))
+from tests.inference.helpers import dlrm
+from tests.serving.deltas.models import Trainer, corrupt, probe_scores
 
 
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An fp32 TorchScript export of ``dlrm()`` (it scores exactly as the eager model does)."""
     return export(dlrm(), tmp_path_factory.mktemp("artifact") / "m.pt")
-
-
-class Trainer:
-    """A model whose rows change by hand, publishing into ``folder`` (versions numbered from 1)."""
-
-    def __init__(self, folder: Path, retention: int | None = None) -> None:
-        self.model = dlrm()
-        self.writer = DeltaWriter(folder, table_specs(self.model), retention=retention)
-        self.states: dict[int, dict[str, torch.Tensor]] = {}
-        self.ids: dict[int, dict[str, torch.Tensor]] = {}  # the rows each delta changed
-
-    def _keep(self, version: int) -> int:
-        self.states[version] = {k: v.clone() for k, v in self.model.state_dict().items()}
-        return version
-
-    def snapshot(self) -> int:
-        return self._keep(publish_snapshot(self.model, self.writer))
-
-    def step(self, seed: int, dense: bool = False) -> int:
-        """Change 5 rows of every table (and, with ``dense``, the dense weights) and publish them."""
-        g = torch.Generator().manual_seed(seed)
-        ids = {}
-        with torch.no_grad():
-            for name, bag in self.model.sparse_arch.embedding_bag_collection.embedding_bags.items():
-                ids[name] = torch.randperm(bag.weight.shape[0], generator=g)[:5]
-                bag.weight[ids[name]] += torch.randn(5, bag.weight.shape[1], generator=g)
-            for p in self.model.dense_arch.parameters() if dense else []:
-                p.add_(0.1)
-        version = publish_rows(self.model, self.writer, ids, dense=dense)
-        self.ids[version] = ids
-        return self._keep(version)
-
-    def scores(self, version: int, state: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
-        model = dlrm()
-        model.load_state_dict(state or self.states[version])
-        with torch.no_grad():
-            return model(*PROBE)
-
-
-def _scores(predictor: Predictor) -> torch.Tensor:
-    return predictor(PROBE[0], PROBE[1].values(), PROBE[1].lengths())
-
-
-def _corrupt(folder: Path, version: int) -> None:
-    path = folder / f"v{version:09d}" / "rows.safetensors"
-    data = bytearray(path.read_bytes())
-    data[-3] ^= 0xFF
-    path.write_bytes(bytes(data))
 
 
 def test_a_late_worker_catches_up_and_every_worker_converges(tmp_path: Path, artifact: Path) -> None:
@@ -87,37 +37,37 @@ def test_a_late_worker_catches_up_and_every_worker_converges(tmp_path: Path, art
     update.apply(served[0])
     assert late.sync(served[1], force=True) == 6  # starts later: snapshot + every delta
     for predictor in served:
-        assert torch.equal(_scores(predictor), trainer.scores(6))
+        assert torch.equal(probe_scores(predictor), trainer.scores(6))
 
 
-def _third_of_four_corrupt(folder: Path) -> Trainer:
+def _third_of_fourcorrupt(folder: Path) -> Trainer:
     """Versions 1 (snapshot) to 4 (deltas), version 3's rows corrupt."""
     trainer = Trainer(folder)
     trainer.snapshot()
     for seed in (2, 3, 4):
         trainer.step(seed)
-    _corrupt(folder, 3)
+    corrupt(folder, 3)
     return trainer
 
 
 def test_a_corrupt_version_is_refused_and_the_next_snapshot_applied(tmp_path: Path, artifact: Path) -> None:
     folder = tmp_path / "publish"
-    trainer = _third_of_four_corrupt(folder)
+    trainer = _third_of_fourcorrupt(folder)
     predictor, follower = load(artifact), DeltaFollower(folder)
     assert follower.sync(predictor, force=True) == 2  # the newest exact version: 3 is bad, 4 builds on it
     assert follower.refused_versions == {3}
-    assert torch.equal(_scores(predictor), trainer.scores(2))
+    assert torch.equal(probe_scores(predictor), trainer.scores(2))
     assert follower.lag_seconds > 0  # version 4 is waiting
     trainer.step(5)
     assert follower.poll(force=True) is None  # still built on 3
     trainer.snapshot()
     assert follower.sync(predictor, force=True) == 6 and follower.lag_seconds == 0.0
-    assert torch.equal(_scores(predictor), trainer.scores(6))
+    assert torch.equal(probe_scores(predictor), trainer.scores(6))
 
 
 def test_gaps_skip_applies_the_versions_around_a_refused_one(tmp_path: Path, artifact: Path) -> None:
     folder = tmp_path / "publish"
-    trainer = _third_of_four_corrupt(folder)
+    trainer = _third_of_fourcorrupt(folder)
     predictor, follower = load(artifact), DeltaFollower(folder, gaps="skip")
     assert follower.sync(predictor, force=True) == 4
     assert follower.refused_versions == {3}
@@ -126,8 +76,8 @@ def test_gaps_skip_applies_the_versions_around_a_refused_one(tmp_path: Path, art
         key = f"sparse_arch.embedding_bag_collection.embedding_bags.{name}.weight"
         only_3 = ids[~torch.isin(ids, trainer.ids[4][name])]
         expected[key][only_3] = trainer.states[2][key][only_3]
-    assert torch.equal(_scores(predictor), trainer.scores(4, expected))
-    assert not torch.equal(_scores(predictor), trainer.scores(4))
+    assert torch.equal(probe_scores(predictor), trainer.scores(4, expected))
+    assert not torch.equal(probe_scores(predictor), trainer.scores(4))
 
 
 def test_a_worker_behind_retention_catches_up_from_the_newest_snapshot(tmp_path: Path, artifact: Path) -> None:
@@ -142,7 +92,7 @@ def test_a_worker_behind_retention_catches_up_from_the_newest_snapshot(tmp_path:
     update = follower.poll(force=True)
     assert update is not None and update.from_version is None and list(update.versions) == [3, 4]
     assert update.apply(predictor) == 4
-    assert torch.equal(_scores(predictor), trainer.scores(4))
+    assert torch.equal(probe_scores(predictor), trainer.scores(4))
 
 
 def test_a_stale_update_is_refused_without_blaming_its_versions(tmp_path: Path, artifact: Path) -> None:
@@ -159,7 +109,7 @@ def test_a_stale_update_is_refused_without_blaming_its_versions(tmp_path: Path, 
     with pytest.raises(DeltaApplyError, match="update to version 2 was planned on version 1, but version 3 is served"):
         first.apply(predictor)
     assert follower.version == 3 and follower.refused_versions == frozenset()
-    assert torch.equal(_scores(predictor), trainer.scores(3))
+    assert torch.equal(probe_scores(predictor), trainer.scores(3))
 
 
 def test_follower_arguments_are_checked(tmp_path: Path) -> None:
@@ -186,16 +136,19 @@ class _Served:
 
 def test_open_updater_is_the_servers_seam(tmp_path: Path, artifact: Path) -> None:
     folder = tmp_path / "publish"
-    trainer = _third_of_four_corrupt(folder)
+    trainer = _third_of_fourcorrupt(folder)
     served = _Served(load(artifact))
     updater = open_updater(folder, served)
-    update = updater.poll()  # read, verified and prepared: the version 3 refused, up to 2
+    with pytest.raises(DeltaRefused, match=r"refused version\(s\) \[3\] .* still serving version 0") as refused:
+        updater.poll()  # 3 is refused (the server counts it) ...
+    assert refused.value.versions == (3,)
+    update = updater.poll()  # ... and the update to 2, read, verified and prepared by that poll, comes next
     assert update is not None and update.version == 2 and update.published_at > 0
     served.apply(update)
-    assert served.version == 2 and torch.equal(_scores(served.predictor), trainer.scores(2))
+    assert served.version == 2 and torch.equal(probe_scores(served.predictor), trainer.scores(2))
     assert updater.poll() is None  # 4 builds on the refused 3: nothing to apply, nothing new refused
     trainer.snapshot()
-    _corrupt(folder, 5)
+    corrupt(folder, 5)
     with pytest.raises(DeltaRefused, match=r"refused version\(s\) \[5\] .* still serving version 2"):
         updater.poll()
     trainer.step(6)  # a delta on the refused snapshot: still nothing; a good snapshot then catches up
@@ -204,4 +157,4 @@ def test_open_updater_is_the_servers_seam(tmp_path: Path, artifact: Path) -> Non
     update = updater.poll()
     assert update is not None and update.version == 7
     served.apply(update)
-    assert torch.equal(_scores(served.predictor), trainer.scores(7))
+    assert torch.equal(probe_scores(served.predictor), trainer.scores(7))
