@@ -29,8 +29,11 @@ PACKAGE = ROOT / "lightrec"
 RECIPES = ROOT / "recipes"
 
 # Leaf modules every room may import: torch-version shims, the fbgemm / Triton availability
-# checks, the native-op loader, huge-page host buffers, the malloc policy and the version string. They import nothing of lightrec's.
-FOUNDATION = frozenset({"_compat", "_fbgemm", "_host_memory", "_malloc_policy", "_native", "_triton", "_version"})
+# checks, the native-op loader, huge-page host buffers, the malloc policy, the version string and
+# the value-printing enum base. They import nothing of lightrec's.
+FOUNDATION = frozenset(
+    {"_compat", "_enum", "_fbgemm", "_host_memory", "_malloc_policy", "_native", "_triton", "_version"}
+)
 
 # room -> the rooms it may import (besides itself and FOUNDATION). Reading down the table climbs
 # the floors: sparse <- modules <- kernels / quant / fx <- distributed <- inference <- lightning

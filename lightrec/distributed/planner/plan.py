@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from enum import Enum, unique
 from typing import Any
 
+from lightrec._enum import ValueEnum
 from lightrec.distributed.planner.cache_params import (
     CacheAlgorithm,
     CacheParams,
@@ -73,7 +74,7 @@ _PLAN_JSON_VERSION = 1
 
 
 @unique
-class ShardingType(str, Enum):
+class ShardingType(str, ValueEnum):
     """How one table is split across ranks (values are the strings stored in plans)."""
 
     DATA_PARALLEL = "data_parallel"
@@ -83,12 +84,9 @@ class ShardingType(str, Enum):
     TABLE_ROW_WISE = "table_row_wise"
     TABLE_COLUMN_WISE = "table_column_wise"
 
-    def __str__(self) -> str:
-        return self.value
-
 
 @unique
-class EmbeddingComputeKernel(str, Enum):
+class EmbeddingComputeKernel(str, ValueEnum):
     """Which lookup kernel serves a shard: plain autograd (``dense``), optimizer fused into the
     backward pass (``fused``), quantized inference (``quant``), or fused over a cache of hot rows
     whose table lives in host memory (``fused_uvm_caching``) or on SSD (``key_value``)."""
@@ -98,9 +96,6 @@ class EmbeddingComputeKernel(str, Enum):
     QUANT = "quant"
     FUSED_UVM_CACHING = "fused_uvm_caching"
     KEY_VALUE = "key_value"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 #: The compute kernels whose rows live in a backing tier behind a cache.
