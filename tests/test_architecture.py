@@ -94,6 +94,7 @@ MIRRORS: dict[str, tuple[frozenset[str], str]] = {
 TORCHREC_PATHS = (
     "lightrec.distributed.dist_data",
     "lightrec.distributed.embedding_types",
+    "lightrec.distributed.planner.perf_models",
     "lightrec.distributed.shard",
     "lightrec.distributed.sharding_plan",
     "lightrec.distributed.types",

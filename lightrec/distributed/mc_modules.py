@@ -30,8 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightrec.distributed.planner.plan import ParameterSharding, ShardingType, ShardMetadata
-from lightrec.distributed.planner.sharder import ModuleSharder
+from lightrec.distributed.planner.plan import ModuleSharder, ParameterSharding, ShardingType, ShardMetadata
 from lightrec.distributed.sharding_env import ShardingEnv
 from lightrec.distributed.state_dict import ShardedTableState
 from lightrec.modules.mc_base import ManagedCollisionModule

@@ -48,10 +48,8 @@ from lightrec._compat import ddp_buffer_sync
 from lightrec.distributed.comm.failures import collective_guard, timeout_of
 from lightrec.distributed.fingerprint import check_ranks_agree, describe
 from lightrec.distributed.placement import move_dense_to_device, outermost
-from lightrec.distributed.planner.plan import ShardingPlan
-from lightrec.distributed.planner.plan_builders import shardable_modules
+from lightrec.distributed.planner.plan import ModuleSharder, ShardingPlan, shardable_modules
 from lightrec.distributed.planner.planning import plan_sharding, topology_for
-from lightrec.distributed.planner.sharder import ModuleSharder
 from lightrec.distributed.sharders import get_default_sharders
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
 from lightrec.distributed.sharding.collection_sharder import CollectionSharder

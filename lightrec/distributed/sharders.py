@@ -17,7 +17,7 @@ from lightrec.distributed.fp_embeddingbag import FeatureProcessedEmbeddingBagCol
 from lightrec.distributed.fused_embeddingbag import FusedEmbeddingBagCollectionSharder
 from lightrec.distributed.mc_embedding import ManagedCollisionEmbeddingCollectionSharder
 from lightrec.distributed.mc_embeddingbag import ManagedCollisionEmbeddingBagCollectionSharder
-from lightrec.distributed.planner.sharder import ModuleSharder
+from lightrec.distributed.planner.plan import ModuleSharder
 from lightrec.optim.fused_spec import FusedOptimizerSpec
 
 __all__ = ["get_default_sharders"]

@@ -70,9 +70,8 @@ from lightrec.distributed.comm.failures import collective_guard
 from lightrec.distributed.model_parallel import DistributedModelParallel
 from lightrec.distributed.placement import detached, move_dense_to_device
 from lightrec.distributed.planner import ParameterConstraints, PlannerReport, Topology
-from lightrec.distributed.planner.plan import ShardingPlan
+from lightrec.distributed.planner.plan import ModuleSharder, ShardingPlan
 from lightrec.distributed.planner.planning import plan_sharding, topology_for
-from lightrec.distributed.planner.sharder import ModuleSharder
 from lightrec.distributed.sharders import get_default_sharders
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
 from lightrec.distributed.sharding_env import ShardingEnv

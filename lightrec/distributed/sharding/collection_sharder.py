@@ -15,8 +15,7 @@ import torch.distributed as dist
 from torch import nn
 
 from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
-from lightrec.distributed.planner.plan import EmbeddingModuleShardingPlan
-from lightrec.distributed.planner.sharder import ModuleSharder
+from lightrec.distributed.planner.plan import EmbeddingModuleShardingPlan, ModuleSharder
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
 from lightrec.distributed.sharding.tiering import tiering_params
 from lightrec.distributed.sharding_env import ShardingEnv, as_env

@@ -25,10 +25,11 @@ Shard layout rules (shared by the hand-written helpers, the planner and the shar
   are at least ``n`` such units, else in units of 1; the first ``units % n`` shards get one unit
   more (see :func:`column_wise_shard_sizes`).
 
-The file is pure data: it imports no collective and no module of lightrec's but its sibling
-``cache_params.py`` (the tiered kernels' parameters), so the sharders, the checkpoints and the
-planner all read plans from here (``lightrec.distributed.types`` re-exports it
-under torchrec's path).
+The file is pure data: it imports no collective and nothing of lightrec's but its sibling
+``cache_params.py`` (the tiered kernels' parameters) and the enum base, so the sharders, the
+checkpoints and the planner all read plans from here (through the package,
+``lightrec.distributed.planner.plan``; ``lightrec.distributed.types`` re-exports it under torchrec's
+path).
 """
 
 from __future__ import annotations
@@ -44,21 +45,12 @@ from enum import Enum, unique
 from typing import Any
 
 from lightrec._enum import ValueEnum
-from lightrec.distributed.planner.cache_params import (
-    CacheAlgorithm,
-    CacheParams,
-    CacheStatistics,
-    KeyValueParams,
-)
+from lightrec.distributed.planner.plan.cache_params import CacheParams, KeyValueParams
 
 __all__ = [
-    "CacheAlgorithm",
-    "CacheParams",
-    "CacheStatistics",
     "EmbeddingComputeKernel",
     "EmbeddingModuleShardingPlan",
     "EnumerableShardingSpec",
-    "KeyValueParams",
     "ParameterSharding",
     "ShardMetadata",
     "ShardingPlan",
