@@ -24,6 +24,7 @@ from torch import nn
 
 from lightrec.distributed.comm import LazyAwaitable
 from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
+from lightrec.distributed.comm.sharding_env import ShardingEnv
 from lightrec.distributed.mc_modules import ShardedManagedCollisionCollection
 from lightrec.distributed.planner.plan import (
     EmbeddingComputeKernel,
@@ -42,8 +43,7 @@ from lightrec.distributed.sharding.mc_sharding import (
     align_managed_plan,
     managed_sharding,
 )
-from lightrec.distributed.sharding_env import ShardingEnv
-from lightrec.distributed.state_dict import gather_full_state_dict
+from lightrec.distributed.sharding.state_dict import gather_full_state_dict
 from lightrec.modules.mc_base import ManagedCollisionModule
 from lightrec.modules.mc_collection import ManagedCollisionCollection
 from lightrec.modules.mc_embedding_modules import BaseManagedCollisionEmbeddingCollection

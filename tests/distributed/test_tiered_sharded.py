@@ -68,7 +68,7 @@ def _body(rank: int, world_size: int, tmp: str) -> dict[str, Any]:
     import torch.distributed as dist
 
     from lightrec.distributed import EmbeddingBagCollectionSharder, ShardingEnv
-    from lightrec.distributed.sparse_dist_pipeline import SparseDistPipeline
+    from lightrec.distributed.train_pipeline.sparse_dist_pipeline import SparseDistPipeline
     from lightrec.modules import EmbeddingBagCollection, EmbeddingBagConfig
 
     configs = [EmbeddingBagConfig(num_embeddings=r, embedding_dim=8, name=t, feature_names=[f"f{i}"])

@@ -23,6 +23,7 @@ import numpy as np
 import torch.distributed as dist
 from torch import nn
 
+from lightrec.distributed.comm.sharding_env import resolve_group
 from lightrec.distributed.planner.constants import DEFAULT_BATCH_SIZE
 from lightrec.distributed.planner.enumerators import EmbeddingEnumerator, enumerate_options
 from lightrec.distributed.planner.errors import gib, no_packing_error, too_big_error
@@ -67,7 +68,6 @@ from lightrec.distributed.planner.types import (
     StorageReservation,
     Topology,
 )
-from lightrec.distributed.sharding_env import resolve_group
 from lightrec.kernels.tiered_config import DEFAULT_CACHE_LOAD_FACTOR
 
 __all__ = ["EmbeddingShardingPlanner"]

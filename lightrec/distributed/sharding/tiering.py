@@ -24,8 +24,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from lightrec.distributed.comm.sharding_env import ShardingEnv
 from lightrec.distributed.planner.plan import EmbeddingComputeKernel, ParameterSharding
-from lightrec.distributed.sharding_env import ShardingEnv
 from lightrec.kernels.tiered_config import DEFAULT_CACHE_LOAD_FACTOR, DEFAULT_MIN_CACHE_ROWS, TieringConfig
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig
 
