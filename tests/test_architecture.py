@@ -29,10 +29,11 @@ PACKAGE = ROOT / "lightrec"
 RECIPES = ROOT / "recipes"
 
 # Leaf modules every room may import: torch-version shims, the fbgemm / Triton availability
-# checks, the native-op loader, huge-page host buffers, the malloc policy, the environment switches and
-# the version string. They import nothing of lightrec's but each other (the switches import nothing).
+# checks, the native-op loader, huge-page host buffers, the malloc policy, the environment switches,
+# the version string and the value-printing enum base. They import nothing of lightrec's but each other
+# (the switches import nothing).
 FOUNDATION = frozenset(
-    {"_compat", "_fbgemm", "_host_memory", "_malloc_policy", "_native", "_switches", "_triton", "_version"}
+    {"_compat", "_enum", "_fbgemm", "_host_memory", "_malloc_policy", "_native", "_switches", "_triton", "_version"}
 )
 
 # room -> the rooms it may import (besides itself and FOUNDATION). Reading down the table climbs
@@ -103,6 +104,7 @@ TORCHREC_PATHS = (
     "lightrec.distributed.embedding_types",
     "lightrec.distributed.mc_embedding",
     "lightrec.distributed.mc_embeddingbag",
+    "lightrec.distributed.planner.perf_models",
     "lightrec.distributed.shard",
     "lightrec.distributed.sharding_plan",
     "lightrec.distributed.types",

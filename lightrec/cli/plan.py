@@ -130,7 +130,7 @@ def run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParser
         return 0
     print(report.to_markdown() if ns.markdown else report.to_text())
     if ns.png:
-        from lightrec.distributed.planner.chart import plan_chart  # matplotlib, only when asked
+        from lightrec.distributed.planner.report import plan_chart  # matplotlib, only when asked
 
         plan_chart(report, ns.png)
         print(f"wrote {ns.png}")

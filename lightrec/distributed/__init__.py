@@ -19,6 +19,7 @@ from lightrec.distributed.comm import (
     SequenceEmbeddingsAllToAll,
     bucketize_kjt_row_wise,
 )
+from lightrec.distributed.comm.sharding_env import ShardingEnv
 from lightrec.distributed.embedding import (
     EmbeddingCollectionAwaitable,
     EmbeddingCollectionSharder,
@@ -64,8 +65,7 @@ from lightrec.distributed.planner import (
     table_wise,
 )
 from lightrec.distributed.sharders import get_default_sharders
-from lightrec.distributed.sharding_env import ShardingEnv
-from lightrec.distributed.state_dict import ShardedTableState, gather_full_state_dict
+from lightrec.distributed.sharding.state_dict import ShardedTableState, gather_full_state_dict
 from lightrec.distributed.train_pipeline import (
     EvalPipelineSparseDist,
     TrainPipelineBase,

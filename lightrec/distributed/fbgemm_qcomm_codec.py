@@ -24,6 +24,7 @@ from enum import Enum, unique
 
 import torch
 
+from lightrec._enum import ValueEnum
 from lightrec.distributed.comm.qcomm import QuantizedCommCodecs, RowCodec, row_codec
 
 __all__ = [
@@ -38,15 +39,12 @@ __all__ = [
 
 
 @unique
-class CommType(Enum):
+class CommType(ValueEnum):
     FP32 = "fp32"
     FP16 = "fp16"
     BF16 = "bf16"
     FP8 = "fp8"
     INT8 = "int8"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @unique

@@ -32,11 +32,11 @@ from torch import nn
 from torch.autograd import Function
 
 from lightrec.distributed.comm import LazyAwaitable
+from lightrec.distributed.comm.sharding_env import ShardingEnv, resolve_group
 from lightrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 from lightrec.distributed.planner.plan import ParameterSharding, ShardingType
 from lightrec.distributed.sharding.collection_sharder import CollectionSharder
 from lightrec.distributed.sharding.work_ahead import StartedInputDist
-from lightrec.distributed.sharding_env import ShardingEnv, resolve_group
 from lightrec.modules.embedding_configs import PoolingType
 from lightrec.modules.feature_processor_ import (
     FeatureProcessorError,

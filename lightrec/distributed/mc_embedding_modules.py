@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from lightrec.distributed.comm import LazyAwaitable
+from lightrec.distributed.comm.sharding_env import ShardingEnv
 from lightrec.distributed.embedding import ShardedEmbeddingCollection
 from lightrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 from lightrec.distributed.mc_modules import ShardedManagedCollisionCollection
@@ -61,9 +62,8 @@ from lightrec.distributed.sharding.managed_collision import (
     managed_lookups,
     managed_sharding,
 )
+from lightrec.distributed.sharding.state_dict import gather_full_state_dict
 from lightrec.distributed.sharding.work_ahead import StartedInputDist
-from lightrec.distributed.sharding_env import ShardingEnv
-from lightrec.distributed.state_dict import gather_full_state_dict
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig
 from lightrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from lightrec.modules.managed_collision.base import ManagedCollisionModule

@@ -30,10 +30,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightrec.distributed.planner.plan import ParameterSharding, ShardingType, ShardMetadata
-from lightrec.distributed.planner.sharder import ModuleSharder
-from lightrec.distributed.sharding_env import ShardingEnv
-from lightrec.distributed.state_dict import ShardedTableState
+from lightrec.distributed.comm.sharding_env import ShardingEnv
+from lightrec.distributed.planner.plan import ModuleSharder, ParameterSharding, ShardingType, ShardMetadata
+from lightrec.distributed.sharding.state_dict import ShardedTableState
 from lightrec.modules.managed_collision.base import ManagedCollisionModule
 from lightrec.modules.managed_collision.collection import ManagedCollisionCollection
 from lightrec.modules.managed_collision.mch_state import slot_order

@@ -19,7 +19,7 @@ Construction (collective: every rank builds the same model and calls it together
    not depend on the plan or world size. Tables that already hold weights **keep them** (each rank
    copies its blocks) -- unlike torchrec, which re-initialises them.
    Before sharding, the ranks compare a fingerprint of their tables, plan and world
-   (``lightrec.distributed.fingerprint``); a difference raises ``RankMismatchError`` on every rank.
+   (``lightrec.distributed.dmp.fingerprint``); a difference raises ``RankMismatchError`` on every rank.
 3. **Dense part** -- everything outside the sharded modules (parameters, buffers, metric states)
    moves to ``device``, ``meta`` dense parameters are materialised (``reset_parameters``), then
    every trainable parameter outside the sharded modules is wrapped in ``DistributedDataParallel``
@@ -46,18 +46,16 @@ from torch.nn.parallel import DistributedDataParallel
 
 from lightrec._compat import ddp_buffer_sync
 from lightrec.distributed.comm.failures import collective_guard, timeout_of
-from lightrec.distributed.fingerprint import check_ranks_agree, describe
-from lightrec.distributed.placement import move_dense_to_device, outermost
-from lightrec.distributed.planner.plan import ShardingPlan
-from lightrec.distributed.planner.plan_builders import shardable_modules
+from lightrec.distributed.comm.sharding_env import ShardingEnv, as_env, resolve_group
+from lightrec.distributed.dmp.fingerprint import check_ranks_agree, describe
+from lightrec.distributed.dmp.placement import move_dense_to_device, outermost
+from lightrec.distributed.planner.plan import ModuleSharder, ShardingPlan, shardable_modules
 from lightrec.distributed.planner.planning import plan_sharding, topology_for
-from lightrec.distributed.planner.sharder import ModuleSharder
 from lightrec.distributed.sharders import get_default_sharders
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
 from lightrec.distributed.sharding.collection_sharder import CollectionSharder
-from lightrec.distributed.sharding_env import ShardingEnv, as_env, resolve_group
-from lightrec.distributed.sparse_dist_pipeline import SparseDistPipeline
-from lightrec.distributed.state_dict import gather_full_state_dict
+from lightrec.distributed.sharding.state_dict import gather_full_state_dict
+from lightrec.distributed.train_pipeline.sparse_dist_pipeline import SparseDistPipeline
 from lightrec.optim.keyed import CombinedOptimizer
 
 __all__ = ["DistributedModelParallel"]

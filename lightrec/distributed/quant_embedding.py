@@ -13,8 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightrec.distributed.planner.plan import EmbeddingComputeKernel, ShardingType
-from lightrec.distributed.planner.sharder import ModuleSharder
+from lightrec.distributed.planner.plan import EmbeddingComputeKernel, ModuleSharder, ShardingType
 from lightrec.quant.managed_collision import QuantManagedCollisionEmbeddingCollection
 from lightrec.quant.sharded_embedding_bag import inference_devices
 from lightrec.quant.sharded_managed_collision import (

@@ -17,9 +17,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightrec.distributed.planner.plan import EmbeddingComputeKernel, ShardingPlan, ShardingType
-from lightrec.distributed.planner.sharder import ModuleSharder
-from lightrec.distributed.sharding_env import ShardingEnv
+from lightrec.distributed.comm.sharding_env import ShardingEnv
+from lightrec.distributed.planner.plan import (
+    EmbeddingComputeKernel,
+    ModuleSharder,
+    ShardingPlan,
+    ShardingType,
+)
 from lightrec.quant.embedding_modules import QuantEmbeddingBagCollection
 from lightrec.quant.sharded_embedding_bag import (
     ShardedQuantEmbeddingBagCollection,

@@ -19,7 +19,7 @@ from lightrec.distributed.mc_embedding_modules import (
     ManagedCollisionEmbeddingBagCollectionSharder,
     ManagedCollisionEmbeddingCollectionSharder,
 )
-from lightrec.distributed.planner.sharder import ModuleSharder
+from lightrec.distributed.planner.plan import ModuleSharder
 from lightrec.optim.fused_spec import FusedOptimizerSpec
 
 __all__ = ["get_default_sharders"]

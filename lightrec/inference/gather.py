@@ -11,7 +11,7 @@ of the sharding group calls them with the same arguments::
         export(qmodel, "dlrm.pt")
     export(dmp, "dlrm_fp32.pt")                       # float copy gathered to rank 0, which writes it
 
-Tables travel one at a time (``lightrec.distributed.state_dict.gather_full_state_dict`` on a
+Tables travel one at a time (``lightrec.distributed.sharding.state_dict.gather_full_state_dict`` on a
 one-entry state dict) and the receiving rank quantizes each as it arrives, so it never holds more
 than one full float table besides the quantized ones. Data-parallel (replicated) tables are read
 locally; dense layers are copied from the local replica (DDP keeps them equal on every rank).
@@ -29,7 +29,7 @@ from torch import nn
 
 from lightrec.distributed.model_parallel import DistributedModelParallel
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
-from lightrec.distributed.state_dict import gather_full_state_dict
+from lightrec.distributed.sharding.state_dict import gather_full_state_dict
 from lightrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from lightrec.quant.embedding_collection import QuantEmbeddingCollection
 from lightrec.quant.embedding_modules import QuantEmbeddingBagCollection

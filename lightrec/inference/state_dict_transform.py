@@ -2,7 +2,7 @@
 training job and a serving model.
 
 ``DistributedModelParallel.state_dict()`` holds each model-parallel table as a
-:class:`~lightrec.distributed.state_dict.ShardedTableState` (this rank's shards; torchrec's
+:class:`~lightrec.distributed.sharding.state_dict.ShardedTableState` (this rank's shards; torchrec's
 ``ShardedTensor``). ``state_dict_gather(src, dst)`` writes the full tables into the plain tensors
 of ``dst`` on rank 0 (collective), as torchrec's does; lightrec's own
 :func:`~lightrec.distributed.gather_full_state_dict` and :func:`lightrec.inference.quantize` (with
@@ -17,8 +17,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from lightrec.distributed.sharding_env import resolve_group
-from lightrec.distributed.state_dict import ShardedTableState
+from lightrec.distributed.comm.sharding_env import resolve_group
+from lightrec.distributed.sharding.state_dict import ShardedTableState
 
 __all__ = ["state_dict_all_gather_keys", "state_dict_gather", "state_dict_to_device"]
 

@@ -26,7 +26,7 @@ Device placement across stages (one ``Trainer``: fit, then validate / test / pre
 
 * ``model_to_device`` moves the *dense part* with the module's own ``.to()`` -- parameters,
   buffers and every other kind of device state, torchmetrics states included -- with the
-  embedding collections taken out of the tree meanwhile (``lightrec.distributed.placement``):
+  embedding collections taken out of the tree meanwhile (``lightrec.distributed.dmp.placement``):
   unsharded ones are placed by their sharder, sharded ones already are where the plan put them;
 * ``setup`` shards the model for every stage. A module already sharded by an earlier stage keeps
   its sharded collections -- same objects, same values, same plan -- and only the wrapper is
@@ -67,15 +67,14 @@ from lightrec.distributed.checkpoint import (
     save_sharded_checkpoint,
 )
 from lightrec.distributed.comm.failures import collective_guard
+from lightrec.distributed.comm.sharding_env import ShardingEnv
+from lightrec.distributed.dmp.placement import detached, move_dense_to_device
 from lightrec.distributed.model_parallel import DistributedModelParallel
-from lightrec.distributed.placement import detached, move_dense_to_device
 from lightrec.distributed.planner import ParameterConstraints, PlannerReport, Topology
-from lightrec.distributed.planner.plan import ShardingPlan
+from lightrec.distributed.planner.plan import ModuleSharder, ShardingPlan
 from lightrec.distributed.planner.planning import plan_sharding, topology_for
-from lightrec.distributed.planner.sharder import ModuleSharder
 from lightrec.distributed.sharders import get_default_sharders
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
-from lightrec.distributed.sharding_env import ShardingEnv
 from lightrec.kernels.kernel_registry import check_kernel_backend
 from lightrec.lightning.loop_state import fix_resume_counters, logging_step_of
 from lightrec.modules import EmbeddingBagCollection, EmbeddingCollection

@@ -12,7 +12,7 @@ and log parsers written for torchrec's keep working.
 
 from __future__ import annotations
 
-from enum import Enum
+from lightrec._enum import ValueEnum
 
 __all__ = [
     "MetricName",
@@ -25,11 +25,8 @@ __all__ = [
 ]
 
 
-class StrValue(str, Enum):
+class StrValue(str, ValueEnum):
     """A string enum whose ``str()`` is its value (torchrec's ``StrValueMixin``)."""
-
-    def __str__(self) -> str:
-        return str(self.value)
 
 
 class MetricName(StrValue):

@@ -15,6 +15,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from lightrec._enum import ValueEnum
+
 __all__ = [
     "BaseEmbeddingConfig",
     "DataType",
@@ -41,7 +43,7 @@ class PoolingType(Enum):
 
 
 @unique
-class DataType(Enum):
+class DataType(ValueEnum):
     """Storage type of embedding weights (training uses FP32; serving may quantize)."""
 
     FP32 = "FP32"
@@ -50,9 +52,6 @@ class DataType(Enum):
     INT8 = "INT8"
     INT4 = "INT4"
     INT2 = "INT2"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 _DATA_TYPE_TO_DTYPE: dict[DataType, torch.dtype] = {

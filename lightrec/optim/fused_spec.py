@@ -38,13 +38,14 @@ from typing import Any
 
 import torch
 
+from lightrec._enum import ValueEnum
 from lightrec.optim.rowwise_adagrad import RowWiseAdagrad
 from lightrec.optim.rowwise_optimizers import LAMB, LarsSGD, PartialRowWiseAdam, PartialRowWiseLAMB
 
 __all__ = ["EmbOptimType", "FusedOptimizerSpec", "WeightDecayMode", "optimizer_class_to_spec"]
 
 
-class EmbOptimType(Enum):
+class EmbOptimType(ValueEnum):
     """Fused embedding optimizers. ``EXACT_*`` names are aliases kept for torchrec/fbgemm users."""
 
     SGD = "sgd"
@@ -59,9 +60,6 @@ class EmbOptimType(Enum):
     EXACT_SGD = "sgd"
     EXACT_ADAGRAD = "adagrad"
     EXACT_ROWWISE_ADAGRAD = "row_wise_adagrad"
-
-    def __str__(self) -> str:
-        return self.value
 
     @classmethod
     def coerce(cls, value: Any) -> EmbOptimType:

@@ -199,7 +199,7 @@ def _float_weight(
     if tuple(weight.shape) != expected:
         raise ValueError(
             f"table {table.name!r} weight has shape {tuple(weight.shape)}, expected the full table {expected}; "
-            "gather sharded tables first (lightrec.distributed.state_dict.gather_full_state_dict)"
+            "gather sharded tables first (lightrec.distributed.sharding.state_dict.gather_full_state_dict)"
         )
     if weight.device.type == "meta":
         raise ValueError(

@@ -45,13 +45,13 @@ def _scale(rank: int) -> torch.Tensor:
 
 def _body(rank: int, world_size: int, collection: bool) -> dict:
     from lightrec.distributed.fp_embeddingbag import FeatureProcessedEmbeddingBagCollectionSharder
+    from lightrec.distributed.sharding.state_dict import ShardedTableState
     from lightrec.distributed.sharding_plan import (
         column_wise,
         construct_module_sharding_plan,
         row_wise,
         table_wise,
     )
-    from lightrec.distributed.state_dict import ShardedTableState
     from lightrec.distributed.types import ShardingEnv
 
     fp = _fp_ebc(collection)

@@ -36,7 +36,7 @@ class _Batch:
 
 
 def test_find_kjts_walks_dataclasses_mappings_and_sequences() -> None:
-    from lightrec.distributed.sparse_dist_pipeline import find_kjts
+    from lightrec.distributed.train_pipeline.sparse_dist_pipeline import find_kjts
 
     a, b, c = _kjt(1), _kjt(2), _kjt(3)
     assert find_kjts(a) == [a]
@@ -49,7 +49,7 @@ def test_find_kjts_walks_dataclasses_mappings_and_sequences() -> None:
 
 def _body(rank: int, world_size: int) -> dict[str, Any]:
     from lightrec.distributed import ShardingEnv
-    from lightrec.distributed.sparse_dist_pipeline import SparseDistPipeline
+    from lightrec.distributed.train_pipeline.sparse_dist_pipeline import SparseDistPipeline
     from lightrec.sparse import KeyedJaggedTensor
     from tests.distributed.test_dmp import _batch, _mixed_plan, _sharders, _slice, _tables
 

@@ -1,4 +1,4 @@
-"""Side-stream plumbing of pipelined input dists (``lightrec.distributed.streams``).
+"""Side-stream plumbing of pipelined input dists (``lightrec.distributed.comm.streams``).
 
 On CPU: ``record_stream_all`` reaches every tensor holder of an input dist's result (KJTs inside
 dataclasses, containers and awaitables, each once) and the helpers do nothing without a stream.
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from lightrec.distributed.comm.awaitable import Awaitable
-from lightrec.distributed.streams import handoff, on_stream, record_stream_all
+from lightrec.distributed.comm.streams import handoff, on_stream, record_stream_all
 from tests.multiprocess import run_nccl
 
 
@@ -72,7 +72,7 @@ def _side_stream_body(rank: int, world_size: int) -> dict[str, Any]:
 
     from lightrec.distributed import EmbeddingBagCollectionSharder, ShardingEnv
     from lightrec.distributed.planner import construct_module_sharding_plan
-    from lightrec.distributed.sparse_dist_pipeline import SparseDistPipeline
+    from lightrec.distributed.train_pipeline.sparse_dist_pipeline import SparseDistPipeline
     from lightrec.modules.embedding_modules import EmbeddingBagCollection
     from tests.distributed.test_sharded_embeddings import (
         fused_params,
@@ -128,7 +128,7 @@ def test_pipeline_start_orders_the_side_stream_after_the_current_one(monkeypatch
     before stage 1 is issued on it (the ids may be written by kernels still queued there). Spy
     streams on CPU; the GPU twin is in tests/lightning/callbacks/test_sparse_dist_prefetch.py."""
     from lightrec.distributed.sharding.work_ahead import AheadQueue
-    from lightrec.distributed.sparse_dist_pipeline import SparseDistPipeline
+    from lightrec.distributed.train_pipeline.sparse_dist_pipeline import SparseDistPipeline
     from lightrec.sparse import KeyedJaggedTensor
 
     log: list[str] = []

@@ -68,7 +68,7 @@ def _body(rank: int, world_size: int, tmp: str) -> dict[str, Any]:
     import torch.distributed as dist
 
     from lightrec.distributed import EmbeddingBagCollectionSharder, ShardingEnv
-    from lightrec.distributed.sparse_dist_pipeline import SparseDistPipeline
+    from lightrec.distributed.train_pipeline.sparse_dist_pipeline import SparseDistPipeline
     from lightrec.modules import EmbeddingBagCollection, EmbeddingBagConfig
 
     configs = [EmbeddingBagConfig(num_embeddings=r, embedding_dim=8, name=t, feature_names=[f"f{i}"])
@@ -164,8 +164,8 @@ def test_plan_errors_name_the_fix() -> None:
 def test_the_user_tier_and_the_plan_kernel_translate_one_to_the_other(tables_on: str) -> None:
     """``tables_on`` -> the plan's compute kernel -> the rank's ``TieringConfig`` comes back to the same
     tier, with the same defaults as the unsharded collection of ``TableTiering`` (one translation)."""
+    from lightrec.distributed.comm.sharding_env import ShardingEnv
     from lightrec.distributed.sharding.tiering import compute_kernel_of, tiering_config, tiering_for
-    from lightrec.distributed.sharding_env import ShardingEnv
     from lightrec.kernels import TieringConfig
     from lightrec.lightning import TableTiering
     from lightrec.modules import EmbeddingBagConfig

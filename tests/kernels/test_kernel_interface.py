@@ -156,7 +156,7 @@ class RecordingKernel(TorchBatchedLookup):
 
 def _prefetch_body(rank: int, world_size: int) -> dict[str, Any]:
     from lightrec.distributed import EmbeddingBagCollectionSharder, ShardingEnv
-    from lightrec.distributed.sparse_dist_pipeline import SparseDistPipeline
+    from lightrec.distributed.train_pipeline.sparse_dist_pipeline import SparseDistPipeline
     from tests.distributed.test_dmp import _batch, _mixed_plan, _slice, _tables
 
     register_kernel(RecordingKernel)

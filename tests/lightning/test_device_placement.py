@@ -23,7 +23,7 @@ import torch
 import torchmetrics
 from torch import nn
 
-from lightrec.distributed.placement import detached, move_dense_to_device
+from lightrec.distributed.dmp.placement import detached, move_dense_to_device
 from lightrec.modules import EmbeddingBagCollection
 from tests.lightning.toy import ToyDLRM
 from tests.multiprocess import free_port, run_nccl, run_ranks, set_torchrun_env
@@ -84,7 +84,7 @@ def _stages_body(rank: int, world_size: int, port: int, tmp: str, accelerator: s
 
     from lightrec.distributed import ShardedEmbeddingBagCollection
     from lightrec.distributed.sharding.collection import ShardedCollectionBase
-    from lightrec.distributed.state_dict import gather_full_state_dict
+    from lightrec.distributed.sharding.state_dict import gather_full_state_dict
     from lightrec.lightning import PlanReport, RecStrategy
     from tests.lightning.test_rec_strategy import mixed_plan
     from tests.lightning.toy import toy_data

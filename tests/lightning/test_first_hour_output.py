@@ -27,7 +27,7 @@ def _report(compute_device: str, used_mib: list[float], cap_gib: float) -> Plann
 
 
 def test_chart_has_integer_rank_ticks_and_an_axis_scaled_to_the_data() -> None:
-    from lightrec.distributed.planner.chart import plan_chart
+    from lightrec.distributed.planner.report import plan_chart
 
     fig = plan_chart(_report("cpu", [29.4, 28.7], cap_gib=128))
     memory, cost = fig.axes
@@ -39,7 +39,7 @@ def test_chart_has_integer_rank_ticks_and_an_axis_scaled_to_the_data() -> None:
 
 
 def test_chart_of_a_gpu_plan_shows_hbm_and_a_near_cap() -> None:
-    from lightrec.distributed.planner.chart import plan_chart
+    from lightrec.distributed.planner.report import plan_chart
 
     fig = plan_chart(_report("cuda", [30_000.0, 31_000.0, 29_000.0, 30_500.0], cap_gib=40))
     memory, cost = fig.axes

@@ -85,7 +85,7 @@ def _module() -> Any:
 
 def _local_tables(module: nn.Module) -> dict[str, torch.Tensor]:
     """This rank's part of every embedding table (zeros where other ranks hold the rows)."""
-    from lightrec.distributed.state_dict import ShardedTableState
+    from lightrec.distributed.sharding.state_dict import ShardedTableState
 
     return {
         k: v.full_tensor_local() if isinstance(v, ShardedTableState) else v.detach().clone()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from lightrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
-from lightrec.distributed.planner.enumerators import Options
+from lightrec.distributed.planner.options import Options
 from lightrec.distributed.planner.proposers import greedy_proposal, memory_dp_proposal
 from tests.planner.stand_in import StandInSharder, tables
 

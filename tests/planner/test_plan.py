@@ -11,7 +11,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lightrec.distributed.planner.plan_builders import (
+from lightrec.distributed.planner.plan import (
     column_wise,
     construct_module_sharding_plan,
     data_parallel,

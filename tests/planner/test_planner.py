@@ -258,7 +258,7 @@ def test_report_text_markdown_and_png(tmp_path) -> None:  # noqa: ANN001
     md = report.to_markdown()
     assert md.splitlines()[0] == "| rank | HBM used / cap | DDR used / cap | est. cost (ms/step) | tables |"
     assert len([line for line in md.splitlines() if line.startswith("| 0 ") or line.startswith("| 1 ")]) == 2
-    from lightrec.distributed.planner.chart import plan_chart
+    from lightrec.distributed.planner.report import plan_chart
 
     fig = plan_chart(report, tmp_path / "plan.png")
     assert (tmp_path / "plan.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -16,8 +16,8 @@ from lightrec.distributed.planner import (
     Topology,
     ZipfCacheStatistics,
 )
-from lightrec.distributed.planner.cache_params import CacheStatistics
-from lightrec.distributed.planner.cache_stats import cache_model
+from lightrec.distributed.planner.plan import CacheStatistics
+from lightrec.distributed.planner.shard_estimators import cache_model
 from tests.planner.stand_in import StandInSharder, tables
 
 GiB = 1024**3
@@ -132,7 +132,7 @@ def test_torchrec_planner_parts_see_and_keep_tiered_options() -> None:
     on SSD within the SSD and memory caps, with the same bytes per tier in the report."""
     from lightrec.distributed.planner import GreedyPerfPartitioner, SortBy, UniformProposer
     from lightrec.distributed.planner.enumerators import enumerate_options
-    from lightrec.distributed.planner.sharding_options import option_index, to_sharding_options
+    from lightrec.distributed.planner.options import option_index, to_sharding_options
     from lightrec.distributed.planner.tables import collect_tables, find_shardable_modules
 
     topo = Topology(world_size=1, compute_device="cpu", ddr_cap=4 * GiB)

@@ -127,7 +127,7 @@ def _train_with_a_nan(world_size: int, how: str, tmp: str) -> str:
 
 
 def _local_shards(module: Any) -> list[torch.Tensor]:
-    from lightrec.distributed.state_dict import ShardedTableState
+    from lightrec.distributed.sharding.state_dict import ShardedTableState
 
     out = []
     for value in module.model.state_dict().values():

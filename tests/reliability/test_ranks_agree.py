@@ -43,7 +43,7 @@ def _plan(owner_of_t0: int) -> Any:
 
 def _body(rank: int, world_size: int, case: str) -> dict[str, Any]:
     from lightrec.distributed import DistributedModelParallel
-    from lightrec.distributed.fingerprint import RankMismatchError
+    from lightrec.distributed.dmp.fingerprint import RankMismatchError
 
     rows = 11 if (case == "tables" and rank == 1) else 10
     plan = _plan(owner_of_t0=rank) if case == "plan" else None  # rank 0 puts t0 on 0, rank 1 on 1
@@ -82,7 +82,7 @@ def test_ranks_with_the_same_set_up_pass() -> None:
 
 
 def test_first_difference_reports_missing_keys() -> None:
-    from lightrec.distributed.fingerprint import first_difference
+    from lightrec.distributed.dmp.fingerprint import first_difference
 
     assert first_difference({"a": {"x": 1}}, {"a": {"x": 1}}) is None
     assert first_difference({"a": {"x": 1}}, {"a": {"y": 1}}) == ("a['x']", 1, "<missing>")

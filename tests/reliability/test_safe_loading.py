@@ -143,3 +143,59 @@ trainer.fit(ToyDLRM(device="meta", dense_optimizer="sgd"), datamodule=toy_data()
     assert done.returncode != 0
     assert "UnsafeCheckpointError" in done.stderr and "meta.pt" in done.stderr, done.stderr[-3000:]
     assert not marker.exists()
+
+
+def test_files_written_under_the_former_module_paths_still_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before issue 32's layout, ``ShardedTableState`` lived in ``lightrec.distributed.state_dict``
+    and the plan types in the one module ``lightrec.distributed.planner.plan``; files pickled then
+    name them so, and still load with ``weights_only=True`` (through ``load_file`` and a plain
+    ``torch.load``)."""
+    import sys
+    import types
+    import zipfile
+
+    from lightrec.distributed.checkpoint import load_file
+    from lightrec.distributed.planner.plan import (
+        EmbeddingComputeKernel,
+        EmbeddingModuleShardingPlan,
+        ParameterSharding,
+        ShardingPlan,
+        ShardingType,
+        ShardMetadata,
+    )
+    from lightrec.distributed.sharding.state_dict import ShardedTableState
+
+    meta = ShardMetadata([2, 0], [2, 4], "rank:1/cpu")
+    state = ShardedTableState([4, 4], [(meta, torch.arange(8.0).view(2, 4))], torch.float32, [meta])
+    sharding = ParameterSharding("data_parallel", "dense", [0, 1])
+    # (weights_only loads no dict subclass with items: a ShardingPlan is safe-listed but only an empty one
+    # loads -- as before the move; what checkpoints hold is the state above, the enums and configs)
+    payload = {"t.weight": state, "sharding": sharding, "plan": ShardingPlan(),
+               "kinds": [ShardingType.ROW_WISE, EmbeddingComputeKernel.FUSED]}  # fmt: skip
+
+    path = tmp_path / "old.pt"
+    with monkeypatch.context() as m:  # pickle as the old code did: the classes under their former modules
+        old_module = types.ModuleType("lightrec.distributed.state_dict")
+        old_module.ShardedTableState = ShardedTableState  # type: ignore[attr-defined]
+        m.setitem(sys.modules, "lightrec.distributed.state_dict", old_module)
+        m.setattr(ShardedTableState, "__module__", "lightrec.distributed.state_dict")
+        for cls in (ShardMetadata, ParameterSharding, ShardingPlan, EmbeddingModuleShardingPlan, ShardingType,
+                    EmbeddingComputeKernel):  # fmt: skip
+            m.setattr(cls, "__module__", "lightrec.distributed.planner.plan")
+        torch.save(payload, path)
+    with zipfile.ZipFile(path) as z:
+        pickled = z.read(next(n for n in z.namelist() if n.endswith("data.pkl")))
+    assert b"lightrec.distributed.state_dict\nShardedTableState" in pickled
+    assert b"lightrec.distributed.planner.plan\nShardMetadata" in pickled
+    assert b"lightrec.distributed.planner.plan\nShardingType" in pickled
+    assert b"lightrec.distributed.planner.plan\nParameterSharding" in pickled
+
+    for loaded in (load_file(path), torch.load(path, weights_only=True)):
+        got = loaded["t.weight"]
+        assert type(got) is ShardedTableState and got.global_shape == [4, 4] and got.all_shards == [meta]
+        assert got.shards[0][0] == meta and torch.equal(got.shards[0][1], torch.arange(8.0).view(2, 4))
+        assert loaded["sharding"] == sharding and loaded["plan"] == ShardingPlan()
+        assert loaded["kinds"] == [ShardingType.ROW_WISE, EmbeddingComputeKernel.FUSED]
+        assert loaded["kinds"][0] is ShardingType.ROW_WISE

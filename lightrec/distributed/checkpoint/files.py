@@ -43,7 +43,7 @@ from lightrec.distributed.checkpoint.integrity import (
 from lightrec.distributed.checkpoint.publish import is_complete, publish, recover, resolve, temp_folder
 from lightrec.distributed.checkpoint.safe_load import load_file
 from lightrec.distributed.comm.failures import CollectiveError, collective_guard
-from lightrec.distributed.sharding_env import resolve_group
+from lightrec.distributed.comm.sharding_env import resolve_group
 
 __all__ = [
     "FORMAT",

@@ -23,7 +23,7 @@ from lightrec.distributed.checkpoint.blocks import Allocator, Block, CheckpointE
 from lightrec.distributed.checkpoint.files import FORMAT, is_sharded_checkpoint, read_meta, read_shards
 from lightrec.distributed.checkpoint.index import LocalTable, ParamIndex, local_tables, optimizer_params
 from lightrec.distributed.checkpoint.safe_load import load_file
-from lightrec.distributed.state_dict import ShardedTableState
+from lightrec.distributed.sharding.state_dict import ShardedTableState
 from lightrec.kernels.tiered.store import SsdRowStore, scratch_like, store_of
 
 __all__ = ["CheckpointSource", "ForeignCheckpointError", "load_sharded_checkpoint", "open_checkpoint"]

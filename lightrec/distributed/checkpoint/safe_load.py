@@ -5,7 +5,8 @@ Every ``torch.load`` lightrec does goes through :func:`load_file`, which unpickl
 as safe -- nothing in the file can name a function for the unpickler to call. lightrec's own types
 that checkpoints hold (table configs and their enums in hyper-parameters, sharding metadata,
 ``ShardedTableState`` values of a sharded state dict) are registered with
-``torch.serialization.add_safe_globals`` when this module is imported, so Lightning's own loads
+``torch.serialization.add_safe_globals`` when this module is imported -- also under the names they
+had before the layout of issue 32 moved them, which older files store -- so Lightning's own loads
 (``load_from_checkpoint``, a plain ``Trainer.fit(ckpt_path=...)``) accept them under
 ``weights_only=True`` as well.
 
@@ -25,32 +26,33 @@ from typing import Any
 import torch
 
 from lightrec.distributed.checkpoint.blocks import CheckpointError
-from lightrec.distributed.planner.plan import (
-    EmbeddingComputeKernel,
-    EmbeddingModuleShardingPlan,
-    ParameterSharding,
-    ShardingPlan,
-    ShardingType,
-    ShardMetadata,
-)
-from lightrec.distributed.state_dict import ShardedTableState
+from lightrec.distributed.planner import plan
+from lightrec.distributed.sharding.state_dict import FORMER_NAMES, ShardedTableState
 from lightrec.modules.embedding_configs import DataType, EmbeddingBagConfig, EmbeddingConfig, PoolingType
 
 __all__ = ["SAFE_TYPES", "UnsafeCheckpointError", "load_file"]
 
-#: lightrec's types that may appear in a checkpoint and carry no code of their own.
+_PLAN_TYPES: list[type] = [
+    plan.ShardMetadata,
+    plan.ParameterSharding,
+    plan.ShardingPlan,
+    plan.EmbeddingModuleShardingPlan,
+    plan.ShardingType,
+    plan.EmbeddingComputeKernel,
+]
+#: lightrec's types that may appear in a checkpoint and carry no code of their own -- under their
+#: names, and under the names files written before they moved store: the plan types of the one
+#: module ``lightrec.distributed.planner.plan`` was (now the package that re-exports them) and
+#: ``ShardedTableState`` of ``lightrec.distributed.state_dict`` (``sharding/state_dict.py``).
 SAFE_TYPES: list[Callable[..., Any] | tuple[Callable[..., Any], str]] = [
     ShardedTableState,
-    ShardMetadata,
-    ParameterSharding,
-    ShardingPlan,
-    EmbeddingModuleShardingPlan,
-    ShardingType,
-    EmbeddingComputeKernel,
+    *_PLAN_TYPES,
     EmbeddingBagConfig,
     EmbeddingConfig,
     PoolingType,
     DataType,
+    *[(t, f"lightrec.distributed.planner.plan.{t.__name__}") for t in _PLAN_TYPES],
+    *FORMER_NAMES,
 ]
 torch.serialization.add_safe_globals(SAFE_TYPES)
 

@@ -1,4 +1,9 @@
-"""Collectives for model-parallel embeddings, returned as awaitables (see docs/collectives.md)."""
+"""Collectives for model-parallel embeddings, returned as awaitables (see docs/collectives.md).
+
+Beside them, what every collective path shares: ``sharding_env.py`` (``ShardingEnv``, who this
+process is in the sharded world; ``resolve_group``, ``as_env``) and ``streams.py`` (work issued on
+a side CUDA stream and consumed on another: pipelined input dists).
+"""
 
 from lightrec.distributed.comm.awaitable import (
     Awaitable,

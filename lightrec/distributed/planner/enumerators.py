@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from lightrec.distributed.planner.estimators import (
+from lightrec.distributed.planner.options import Options, finish_options, to_sharding_options
+from lightrec.distributed.planner.shard_estimators import (
     CW,
     DP,
     RW,
@@ -34,8 +35,6 @@ from lightrec.distributed.planner.estimators import (
     TableArrays,
     estimate_shards,
 )
-from lightrec.distributed.planner.options import Options, finish_options
-from lightrec.distributed.planner.sharding_options import to_sharding_options
 from lightrec.distributed.planner.tables import collect_tables, find_shardable_modules
 from lightrec.distributed.planner.types import (
     Enumerator,
@@ -45,7 +44,7 @@ from lightrec.distributed.planner.types import (
     Topology,
 )
 
-__all__ = ["EmbeddingEnumerator", "Options", "enumerate_options", "finish_options"]
+__all__ = ["EmbeddingEnumerator", "enumerate_options"]
 
 
 def _column_counts(cols: int, min_partition: int, limit: int) -> list[int]:
@@ -116,10 +115,10 @@ def enumerate_options(t: TableArrays, topo: Topology) -> Options:
     sh_idx = np.arange(int(nshards.sum()), dtype=np.int64) - start[sh_opt]
     sh_table, sh_type, n = table[sh_opt], stype[sh_opt], nshards[sh_opt]
     R, D = t.rows[sh_table], t.cols[sh_table]
-    # Row blocks of ceil(R / n); trailing shards may be short or empty (types.row_wise_shard_sizes).
+    # Row blocks of ceil(R / n); trailing shards may be short or empty (plan.row_wise_shard_sizes).
     block = -(-R // n)
     split_rows = np.clip(R - sh_idx * block, 0, block)
-    # Column units of 4 when D % 4 == 0 and there are enough of them (types.column_wise_shard_sizes).
+    # Column units of 4 when D % 4 == 0 and there are enough of them (plan.column_wise_shard_sizes).
     unit = np.where((D % 4 == 0) & (D // 4 >= n), 4, 1)
     q, r = np.divmod(D // unit, n)
     split_cols = (q + (sh_idx < r)) * unit

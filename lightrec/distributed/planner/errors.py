@@ -13,9 +13,9 @@ import math
 
 import numpy as np
 
-from lightrec.distributed.planner.estimators import KERNELS, SHARDING_TYPES, TIERED, TableArrays
 from lightrec.distributed.planner.options import Options
 from lightrec.distributed.planner.partitioners import Placement
+from lightrec.distributed.planner.shard_estimators import KERNELS, SHARDING_TYPES, TIERED, TableArrays
 from lightrec.distributed.planner.types import PlannerError, Topology
 
 __all__ = ["gib", "no_packing_error", "too_big_error"]

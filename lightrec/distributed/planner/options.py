@@ -1,21 +1,51 @@
-"""The option arrays of the planner: every sharding option of every table, and its shards.
+"""The planner's options, both ways: lightrec's option arrays, and torchrec's ``ShardingOption`` s over them.
 
 An *option* is (table, sharding type, kernel, number of shards). Options are stored as parallel
 numpy arrays, table by table, and their shards as one flat array set
 (:mod:`lightrec.distributed.planner.enumerators` fills them); :func:`finish_options` derives the
 per-option aggregates from the shard arrays.
+
+torchrec's planner parts (enumerators, estimators, proposers, partitioners, perf models) speak in
+``ShardingOption`` s. :func:`to_sharding_options` builds one ``ShardingOption`` per option (its
+shards carrying lightrec's storage and cost, and the option's index), :func:`option_index` maps a
+``ShardingOption`` -- lightrec's, or one a custom enumerator built -- back to an option, and
+:func:`write_back_estimates` copies estimates changed by custom estimators into the arrays.
+
+lightrec's cost model gives one number per shard: it is reported as ``Perf.fwd_compute`` (the other
+parts 0) and read back as ``Perf.total``.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
-from lightrec.distributed.planner.estimators import DP, RW, TWCW, TWRW
-from lightrec.distributed.planner.types import Topology
+from lightrec.distributed.planner.plan import CacheParams
+from lightrec.distributed.planner.shard_estimators import (
+    CW,
+    DP,
+    KERNELS,
+    RW,
+    SHARDING_TYPES,
+    TIERED,
+    TWCW,
+    TWRW,
+    TableArrays,
+)
+from lightrec.distributed.planner.tables import ShardableModule
+from lightrec.distributed.planner.types import Perf, PlannerError, Shard, ShardingOption, Storage, Topology
 
-__all__ = ["Options", "finish_options"]
+__all__ = [
+    "Options",
+    "finish_options",
+    "option_index",
+    "shard_offsets",
+    "to_sharding_options",
+    "write_back_estimates",
+]
 
 
 @dataclass
@@ -103,3 +133,121 @@ def finish_options(opts: Options, topo: Topology) -> Options:
     )
     opts.fits = fits
     return opts
+
+
+# ---- torchrec's ShardingOption s over the arrays ------------------------------------------------
+_PARTITION_BY = {DP: "uniform", RW: "uniform", TWRW: "host", TWCW: "host"}
+
+
+def shard_offsets(opts: Options, o: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(row offsets [n], col offsets [n])`` of the shards of option ``o`` in the full table."""
+    s, n = int(opts.start[o]), int(opts.nshards[o])
+    rows, cols = opts.sh_rows[s : s + n], opts.sh_cols[s : s + n]
+    st = int(opts.stype[o])
+    row_off = np.concatenate([[0], np.cumsum(rows)[:-1]]) if st in (RW, TWRW) else np.zeros(n, np.int64)
+    col_off = np.concatenate([[0], np.cumsum(cols)[:-1]]) if st in (CW, TWCW) else np.zeros(n, np.int64)
+    return row_off.astype(np.int64), col_off.astype(np.int64)
+
+
+def _storage(nbytes: float, host_bytes: float, topo: Topology) -> Storage:
+    """Fast-tier bytes in HBM (cuda) or DDR (cpu); a ``fused_uvm_caching`` shard's rows also in DDR."""
+    b = int(round(nbytes))
+    return Storage(hbm=b, ddr=int(round(host_bytes))) if topo.compute_device == "cuda" else Storage(hbm=0, ddr=b)
+
+
+def to_sharding_options(
+    tables: TableArrays,
+    opts: Options,
+    modules: list[ShardableModule],
+    topo: Topology,
+    batch_size: int,
+    only_fitting: bool = False,
+) -> list[ShardingOption]:
+    """One ``ShardingOption`` per option (in option order; ``only_fitting``: the fitting ones)."""
+    by_path = {m.path: m for m in modules}
+    out = []
+    for o in range(len(opts.stype)):
+        if only_fitting and not opts.fits[o]:
+            continue
+        t = int(opts.table[o])
+        path, name = tables.keys[t]
+        module = by_path[path]
+        cfg = module.configs[name]
+        st, start, n = int(opts.stype[o]), int(opts.start[o]), int(opts.nshards[o])
+        rows_off, cols_off = shard_offsets(opts, o)
+        shards = [
+            Shard(
+                size=[int(opts.sh_rows[start + i]), int(opts.sh_cols[start + i])],
+                offset=[int(rows_off[i]), int(cols_off[i])],
+                storage=_storage(float(opts.sh_storage[start + i]), float(opts.sh_backing[start + i, 0]), topo),
+                perf=Perf(float(opts.sh_cost[start + i]), 0.0, 0.0, 0.0),
+            )
+            for i in range(n)
+        ]
+        pooling = float(tables.ids[t] / tables.bags[t]) if tables.bags[t] else 1.0
+        out.append(
+            ShardingOption(
+                name=name,
+                tensor=torch.empty(int(tables.rows[t]), int(tables.cols[t]), device="meta"),
+                module=(path, module.module),
+                input_lengths=[pooling] * max(1, len(cfg.feature_names)),
+                batch_size=batch_size,
+                sharding_type=SHARDING_TYPES[st],
+                partition_by=_PARTITION_BY.get(st, "device"),
+                compute_kernel=KERNELS[int(opts.kernel[o])],
+                shards=shards,
+                is_pooled=bool(tables.pooled[t]),
+                feature_names=list(cfg.feature_names),
+                cache_params=CacheParams(load_factor=float(opts.clf[o])) if int(opts.kernel[o]) in TIERED else None,
+                _option_index=o,
+                _estimates=[(copy.copy(sh.storage), copy.copy(sh.perf)) for sh in shards],  # type: ignore[misc]
+            )
+        )
+    return out
+
+
+def option_index(so: ShardingOption, tables: TableArrays, opts: Options) -> int:
+    """The option ``so`` stands for: its recorded index, else the option of the same table, sharding
+    type, kernel and shard count (a ``ShardingOption`` built by a custom enumerator; for a tiered
+    kernel, the one of its ``cache_load_factor`` when lightrec enumerates it, else the first).
+
+    Raises:
+        PlannerError: lightrec has no such option (another sharding lightrec does not enumerate).
+    """
+    o = so._option_index
+    if o is not None and o < len(opts.stype) and tables.keys[int(opts.table[o])] == (so.path, so.name):
+        return int(o)
+    for t, key in enumerate(tables.keys):
+        if key != (so.path, so.name):
+            continue
+        alts = range(int(opts.first[t]), int(opts.first[t] + opts.count[t]))
+        same = [
+            o for o in alts
+            if (SHARDING_TYPES[int(opts.stype[o])], KERNELS[int(opts.kernel[o])], int(opts.nshards[o]))
+            == (str(so.sharding_type), str(so.compute_kernel), so.num_shards)
+        ]  # fmt: skip
+        clf = so.cache_load_factor
+        exact = [o for o in same if clf is not None and np.isclose(opts.clf[o], clf)]
+        if exact or same:
+            return (exact or same)[0]
+    raise PlannerError(
+        f"sharding option {so.sharding_type}/{so.compute_kernel} x{so.num_shards} of table {so.fqn!r} is not one "
+        "lightrec can build (it enumerates the shard counts in docs/planner.md); keep to lightrec's options",
+        [so.name], 0.0, 0.0,
+    )  # fmt: skip
+
+
+def write_back_estimates(sos: list[ShardingOption], tables: TableArrays, opts: Options, topo: Topology) -> None:
+    """Copy the shards' ``storage`` / ``perf`` of ``sos`` into ``opts`` and refresh its aggregates."""
+    on_hbm = topo.compute_device == "cuda"
+    for so in sos:
+        o = option_index(so, tables, opts)
+        start = int(opts.start[o])
+        for i, shard in enumerate(so.shards[: int(opts.nshards[o])]):
+            if shard.storage is not None:
+                opts.sh_storage[start + i] = float(shard.storage.hbm if on_hbm else shard.storage.ddr)
+            if shard.perf is not None:
+                opts.sh_cost[start + i] = float(shard.perf.total)
+    fits = opts.fits.copy()
+    finish_options(opts, topo)
+    opts.fits &= fits  # options a custom enumerator left out stay out

@@ -24,8 +24,8 @@ from enum import Enum
 
 import numpy as np
 
-from lightrec.distributed.planner.estimators import CW, DP, RW, TW, TWCW, TWRW
 from lightrec.distributed.planner.options import Options
+from lightrec.distributed.planner.shard_estimators import CW, DP, RW, TW, TWCW, TWRW
 from lightrec.distributed.planner.types import Partitioner, PlannerError, ShardingOption, Topology
 
 __all__ = ["GreedyPerfPartitioner", "Placement", "SortBy", "partition", "refine"]

@@ -9,7 +9,7 @@ The best plan has the least estimated cost on its busiest rank (then the least t
 runs first with the in-memory kernels only; when no plan fits, again with the tiered kernels
 offered too (``key_value``: every row on SSD; ``fused_uvm_caching`` on GPUs: every row in host
 memory; a cache of hot rows in fast memory at one of several load factors, priced by the expected
-misses, ``cache_stats.py``), so tables are tiered only when memory demands it, and those whose
+misses, ``shard_estimators.py``), so tables are tiered only when memory demands it, and those whose
 misses cost least.
 """
 
@@ -23,26 +23,16 @@ import numpy as np
 import torch.distributed as dist
 from torch import nn
 
-from lightrec.distributed.planner.enumerators import EmbeddingEnumerator, Options, enumerate_options
+from lightrec.distributed.comm.sharding_env import resolve_group
+from lightrec.distributed.planner.constants import DEFAULT_BATCH_SIZE
+from lightrec.distributed.planner.enumerators import EmbeddingEnumerator, enumerate_options
 from lightrec.distributed.planner.errors import gib, no_packing_error, too_big_error
-from lightrec.distributed.planner.estimators import (
-    CW,
-    DP,
-    KERNELS,
-    KEY_VALUE,
-    RW,
-    SHARDING_TYPES,
-    TIERED,
-    TWCW,
-    TWRW,
-    TableArrays,
-    estimate_shards,
-)
+from lightrec.distributed.planner.options import Options, option_index, shard_offsets, write_back_estimates
 from lightrec.distributed.planner.partitioners import Placement, partition, refine
-from lightrec.distributed.planner.perf_models import NoopPerfModel
 from lightrec.distributed.planner.plan import (
     CacheParams,
     EmbeddingModuleShardingPlan,
+    ModuleSharder,
     ParameterSharding,
     ShardingPlan,
     ShardMetadata,
@@ -55,10 +45,18 @@ from lightrec.distributed.planner.proposers import (
     memory_dp_proposal,
 )
 from lightrec.distributed.planner.report import PlannerReport, TableReport
-from lightrec.distributed.planner.search import protocol_search, vectorised_partitioner
-from lightrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
-from lightrec.distributed.planner.sharder import ModuleSharder
-from lightrec.distributed.planner.sharding_options import option_index, write_back_estimates
+from lightrec.distributed.planner.search import NoopPerfModel, protocol_search, vectorised_partitioner
+from lightrec.distributed.planner.shard_estimators import (
+    DP,
+    KERNELS,
+    KEY_VALUE,
+    SHARDING_TYPES,
+    TIERED,
+    EmbeddingPerfEstimator,
+    EmbeddingStorageEstimator,
+    TableArrays,
+    estimate_shards,
+)
 from lightrec.distributed.planner.tables import ShardableModule, collect_tables, find_shardable_modules
 from lightrec.distributed.planner.types import (
     Enumerator,
@@ -70,12 +68,10 @@ from lightrec.distributed.planner.types import (
     StorageReservation,
     Topology,
 )
-from lightrec.distributed.sharding_env import resolve_group
 from lightrec.kernels.tiered.config import DEFAULT_CACHE_LOAD_FACTOR
 
 __all__ = ["EmbeddingShardingPlanner"]
 
-DEFAULT_BATCH_SIZE = 512
 _MAX_REPAIR_ROUNDS = 200
 
 
@@ -387,9 +383,7 @@ def _place_with_repair(opts: Options, choice: np.ndarray, topo: Topology, sort_b
 def _shard_specs(opts: Options, o: int, ranks: np.ndarray, topo: Topology) -> list[ShardMetadata]:
     s, n = int(opts.start[o]), int(opts.nshards[o])
     rows, cols = opts.sh_rows[s : s + n], opts.sh_cols[s : s + n]
-    st = int(opts.stype[o])
-    row_off = np.concatenate([[0], np.cumsum(rows)[:-1]]) if st in (RW, TWRW) else np.zeros(n, np.int64)
-    col_off = np.concatenate([[0], np.cumsum(cols)[:-1]]) if st in (CW, TWCW) else np.zeros(n, np.int64)
+    row_off, col_off = shard_offsets(opts, o)
     device, local = str(topo.compute_device), topo.local_size
     return [
         ShardMetadata(

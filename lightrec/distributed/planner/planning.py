@@ -24,10 +24,9 @@ from dataclasses import dataclass
 import torch.distributed as dist
 from torch import nn
 
-from lightrec.distributed.planner.plan import ShardingPlan
+from lightrec.distributed.planner.plan import ModuleSharder, ShardingPlan
 from lightrec.distributed.planner.planners import EmbeddingShardingPlanner
 from lightrec.distributed.planner.report import PlannerReport
-from lightrec.distributed.planner.sharder import ModuleSharder
 from lightrec.distributed.planner.types import ParameterConstraints, Topology
 from lightrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 

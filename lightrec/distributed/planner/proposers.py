@@ -130,13 +130,10 @@ class _ListProposer(Proposer):
         return next(self._proposals, None)
 
     def feedback(
-        self,
-        partitionable: bool,
-        plan: list[ShardingOption] | None = None,
-        perf_rating: float | None = None,
+        self, partitionable: bool, plan: list[ShardingOption] | None = None, perf_rating: float | None = None,
         storage_constraint: Topology | None = None,
-    ) -> None:
-        return None
+    ) -> None:  # fmt: skip
+        return None  # the proposals were fixed by load()
 
 
 class GreedyProposer(_ListProposer):

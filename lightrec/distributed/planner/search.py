@@ -1,6 +1,8 @@
 """The planner's search through torchrec-style parts: proposers propose, a partitioner places, a
 perf model rates (``EmbeddingShardingPlanner`` uses it when given proposers, a partitioner or a perf
-model other than lightrec's defaults; docs/planner.md).
+model other than lightrec's defaults; docs/planner.md). :class:`NoopPerfModel` (torchrec's
+``torchrec.distributed.planner.perf_models`` path re-exports it) is the rating lightrec's planner
+uses on its own.
 
 Every proposal is one ``ShardingOption`` per table, drawn from the fitting options (the search
 space every proposer is loaded with). lightrec's :class:`GreedyPerfPartitioner` (without
@@ -16,10 +18,9 @@ import copy
 
 import numpy as np
 
-from lightrec.distributed.planner.estimators import DP, TableArrays
-from lightrec.distributed.planner.options import Options
+from lightrec.distributed.planner.options import Options, option_index, to_sharding_options
 from lightrec.distributed.planner.partitioners import GreedyPerfPartitioner, Placement, partition
-from lightrec.distributed.planner.sharding_options import option_index, to_sharding_options
+from lightrec.distributed.planner.shard_estimators import DP, TableArrays
 from lightrec.distributed.planner.tables import ShardableModule
 from lightrec.distributed.planner.types import (
     Partitioner,
@@ -30,9 +31,28 @@ from lightrec.distributed.planner.types import (
     Topology,
 )
 
-__all__ = ["MAX_PROPOSALS", "protocol_search", "vectorised_partitioner"]
+__all__ = ["MAX_PROPOSALS", "NoopPerfModel", "protocol_search", "vectorised_partitioner"]
 
 MAX_PROPOSALS = 100_000  # per proposer; a proposer that never stops is cut off here
+
+
+class NoopPerfModel(PerfModel):
+    """Rates a partitioned plan by its busiest rank: the largest summed shard cost of a rank
+    (replicated shards count on every rank). Give ``EmbeddingShardingPlanner`` another
+    :class:`~lightrec.distributed.planner.types.PerfModel` to choose among proposals by your rating."""
+
+    def __init__(self, topology: Topology) -> None:
+        self._topology = topology
+
+    def rate(self, plan: list[ShardingOption]) -> float:
+        load = [0.0] * self._topology.world_size
+        for so in plan:
+            for shard in so.shards:
+                cost = shard.perf.total if shard.perf is not None else 0.0
+                ranks = range(self._topology.world_size) if shard.rank is None else [shard.rank]
+                for r in ranks:
+                    load[r] += cost
+        return max(load)
 
 
 def vectorised_partitioner(partitioner: Partitioner | None) -> str | None:

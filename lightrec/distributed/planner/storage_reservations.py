@@ -21,6 +21,7 @@ A rank left with no memory raises ``PlannerError`` naming what took it.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from typing import Any
 
@@ -58,25 +59,38 @@ def _check_percentage(name: str, percentage: float) -> float:
     return float(percentage)
 
 
-class FixedPercentageStorageReservation(StorageReservation):
+class _CapsReservation(StorageReservation):
+    """A reservation that lowers every rank's table memory to what :meth:`_caps` leaves of it."""
+
+    def reserve(
+        self, topology: Topology, batch_size: int, module: nn.Module, sharders: list[Any],
+        constraints: dict[str, ParameterConstraints] | None = None,
+    ) -> Topology:  # fmt: skip
+        caps, why = self._caps(topology, batch_size, module, sharders, constraints or {})
+        return reduce_storage_caps(topology, caps, why)
+
+    @abc.abstractmethod
+    def _caps(
+        self, topology: Topology, batch_size: int, module: nn.Module, sharders: list[Any],
+        constraints: dict[str, ParameterConstraints],
+    ) -> tuple[np.ndarray, str]:  # fmt: skip
+        """``([W] table memory left per rank, what took the rest)``."""
+
+
+class FixedPercentageStorageReservation(_CapsReservation):
     """Keep ``percentage`` of every rank's table memory free."""
 
     def __init__(self, percentage: float) -> None:
         self._percentage = _check_percentage("FixedPercentageStorageReservation", percentage)
 
-    def reserve(
-        self,
-        topology: Topology,
-        batch_size: int,
-        module: nn.Module,
-        sharders: list[Any],
-        constraints: dict[str, ParameterConstraints] | None = None,
-    ) -> Topology:
-        caps = topology.storage_caps * (1.0 - self._percentage)
-        return reduce_storage_caps(topology, caps, f"{self._percentage:.0%} reserved")
+    def _caps(
+        self, topology: Topology, batch_size: int, module: nn.Module, sharders: list[Any],
+        constraints: dict[str, ParameterConstraints],
+    ) -> tuple[np.ndarray, str]:  # fmt: skip
+        return topology.storage_caps * (1.0 - self._percentage), f"{self._percentage:.0%} reserved"
 
 
-class HeuristicalStorageReservation(StorageReservation):
+class HeuristicalStorageReservation(_CapsReservation):
     """Reserve the dense part of the model, the input batch and a percentage (module docstring).
 
     Args:
@@ -95,14 +109,10 @@ class HeuristicalStorageReservation(StorageReservation):
         self._dense_estimate = dense_tensor_estimate
         self.last_reserved_bytes: dict[str, float] = {}
 
-    def reserve(
-        self,
-        topology: Topology,
-        batch_size: int,
-        module: nn.Module,
-        sharders: list[Any],
-        constraints: dict[str, ParameterConstraints] | None = None,
-    ) -> Topology:
+    def _caps(
+        self, topology: Topology, batch_size: int, module: nn.Module, sharders: list[Any],
+        constraints: dict[str, ParameterConstraints],
+    ) -> tuple[np.ndarray, str]:  # fmt: skip
         shardable = find_shardable_modules(module, sharders)
         inside = {id(t) for m in shardable for t in (*m.module.parameters(), *m.module.buffers())}
         if self._dense_estimate is not None:
@@ -113,7 +123,7 @@ class HeuristicalStorageReservation(StorageReservation):
         ids = bags = 0.0
         for m in shardable:
             for name, cfg in m.configs.items():
-                c = (constraints or {}).get(name, ParameterConstraints())
+                c = constraints.get(name, ParameterConstraints())
                 n = max(1, len(cfg.feature_names))
                 pooling = c.pooling_factors if len(c.pooling_factors) == n else c.pooling_factors[:1] * n
                 ids += batch_size * float(sum(pooling))
@@ -122,4 +132,4 @@ class HeuristicalStorageReservation(StorageReservation):
         self.last_reserved_bytes = {"dense": dense, "kjt": kjt}
         caps = (topology.storage_caps - dense - kjt) * (1.0 - self._percentage)
         why = f"dense part {dense / 2**20:.1f} MiB, input batch {kjt / 2**20:.1f} MiB, then {self._percentage:.0%}"
-        return reduce_storage_caps(topology, caps, why)
+        return caps, why

@@ -12,8 +12,14 @@ from dataclasses import dataclass
 import numpy as np
 from torch import nn
 
-from lightrec.distributed.planner.cache_params import CacheStatistics
-from lightrec.distributed.planner.estimators import (
+from lightrec.distributed.planner.constants import (
+    CLF_CHOICES,
+    DEFAULT_MIN_PARTITION,
+    OPTIMIZER_STATE,
+    optimizer_name,
+)
+from lightrec.distributed.planner.plan import CacheStatistics, ModuleSharder
+from lightrec.distributed.planner.shard_estimators import (
     DENSE,
     FUSED,
     KERNELS,
@@ -21,8 +27,7 @@ from lightrec.distributed.planner.estimators import (
     TIERED,
     TableArrays,
 )
-from lightrec.distributed.planner.sharder import ModuleSharder
-from lightrec.distributed.planner.types import OPTIMIZER_STATE, ParameterConstraints, Topology, optimizer_name
+from lightrec.distributed.planner.types import ParameterConstraints, Topology
 from lightrec.kernels.tiered.config import DEFAULT_MIN_CACHE_ROWS
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, DataType, PoolingType
 
@@ -37,9 +42,6 @@ _ELEM_BYTES = {
     DataType.INT2: 0.25,
 }
 _QUANT_ROW_BYTES = 4.0  # fp16 scale + fp16 bias stored with every quantized row
-DEFAULT_MIN_PARTITION = 32
-#: Cache load factors the planner tries for a tiered option (unless one is given).
-CLF_CHOICES = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 
 
 def _without_tiered(opts: list[tuple[int, list[int]]]) -> list[tuple[int, list[int]]]:

@@ -8,7 +8,9 @@ and the error raised when no plan fits (:class:`PlannerError`); torchrec's plann
 All sizes are bytes, all bandwidths bytes per second, all costs seconds per training step. A rank
 has three tiers: *fast* memory, where tables and caches live (HBM on ``cuda``, DDR on ``cpu``),
 *host* memory behind a GPU (DDR, the backing tier of ``fused_uvm_caching`` tables) and *SSD* (the
-backing tier of ``key_value`` tables).
+backing tier of ``key_value`` tables). The defaults of a ``Topology`` per compute device and the
+optimizer state the storage model counts are in ``constants.py`` (``GiB`` and ``OPTIMIZER_STATE``
+are re-exported here, where they were first).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from lightrec.distributed.planner.constants import DEVICE_DEFAULTS, OPTIMIZER_STATE, GiB, optimizer_name
 from lightrec.distributed.planner.plan import (
     CacheParams,
     EmbeddingComputeKernel,
@@ -50,73 +53,6 @@ __all__ = [
     "Topology",
     "device_hbm_caps",
 ]
-
-GiB = 1024**3
-
-# Defaults per compute device. GPU numbers are those of a data-centre GPU of the A100/H100 class
-# with NVLink inside a host and a 100 Gb/s NIC between hosts; CPU numbers are one core's share of
-# DDR bandwidth and gloo over loopback TCP (inside a host) or 10 GbE (between hosts). SSD: a local
-# NVMe drive's random-read bandwidth at queue depth (4 KiB pages), and 1 TiB of it per rank;
-# host <-> GPU copies at PCIe 4.0 x16 speed.
-_DEFAULTS: dict[str, dict[str, float]] = {
-    "cuda": {
-        "hbm_cap": 32 * GiB,
-        "ddr_cap": 128 * GiB,
-        "hbm_mem_bw": 900e9,
-        "ddr_mem_bw": 50e9,
-        "intra_host_bw": 300e9,
-        "inter_host_bw": 12.5e9,
-        "kernel_overhead_s": 10e-6,
-        "ssd_cap": 1024 * GiB,
-        "ssd_mem_bw": 2e9,
-        "hbm_to_ddr_mem_bw": 25e9,
-    },
-    "cpu": {
-        "hbm_cap": 0,
-        "ddr_cap": 128 * GiB,
-        "hbm_mem_bw": 0.0,
-        "ddr_mem_bw": 20e9,
-        "intra_host_bw": 5e9,
-        "inter_host_bw": 1.25e9,
-        "kernel_overhead_s": 20e-6,
-        "ssd_cap": 1024 * GiB,
-        "ssd_mem_bw": 2e9,
-        "hbm_to_ddr_mem_bw": 0.0,
-    },
-}
-
-# Optimizer state of the fused optimizer: (fp32 values per weight element, fp32 values per row).
-OPTIMIZER_STATE: dict[str, tuple[float, float]] = {
-    "sgd": (0.0, 0.0),
-    "exact_sgd": (0.0, 0.0),
-    "adagrad": (1.0, 0.0),
-    "exact_adagrad": (1.0, 0.0),
-    "rowwise_adagrad": (0.0, 1.0),
-    "exact_rowwise_adagrad": (0.0, 1.0),
-    "adam": (2.0, 0.0),
-    "lamb": (2.0, 0.0),
-    "partial_rowwise_adam": (1.0, 1.0),
-    "partial_rowwise_lamb": (1.0, 1.0),
-    "lars_sgd": (1.0, 0.0),
-}
-
-
-def optimizer_name(optimizer: object) -> str:
-    """Canonical optimizer key: accepts ``"adam"``, ``"EXACT_ROWWISE_ADAGRAD"``,
-    ``"row_wise_adagrad"`` or an enum member (its name or value)."""
-    spellings = (
-        [optimizer]
-        if isinstance(optimizer, str)
-        else [getattr(optimizer, "name", None), getattr(optimizer, "value", None), str(optimizer)]
-    )
-    for spelling in spellings:
-        if isinstance(spelling, str):
-            key = spelling.lower().replace("row_wise", "rowwise")
-            if key in OPTIMIZER_STATE:
-                return key
-    raise ValueError(
-        f"optimizer {optimizer!r} is unknown to the planner's storage model; use one of {sorted(OPTIMIZER_STATE)}"
-    )
 
 
 def device_hbm_caps(world_size: int, local_world_size: int) -> list[int] | None:
@@ -157,7 +93,7 @@ class Topology:
         ssd_mem_bw: the SSD's bandwidth for a tiered table's page reads and writes, bytes/s.
         hbm_to_ddr_mem_bw: host <-> GPU copy bandwidth (``fused_uvm_caching`` fetches), bytes/s.
 
-    ``None`` fields take the defaults of ``compute_device`` (see docs/planner.md).
+    ``None`` fields take the defaults of ``compute_device`` (``constants.DEVICE_DEFAULTS``, docs/planner.md).
     """
 
     world_size: int
@@ -180,7 +116,7 @@ class Topology:
             raise ValueError(f"Topology(world_size=...) must be a positive int, got {self.world_size!r}")
         if self.compute_device is None:
             self.compute_device = "cuda" if torch.cuda.is_available() else "cpu"
-        if self.compute_device not in _DEFAULTS:
+        if self.compute_device not in DEVICE_DEFAULTS:
             raise ValueError(
                 f"Topology(compute_device=...) must be 'cuda' or 'cpu', got {self.compute_device!r}"
             )
@@ -195,7 +131,7 @@ class Topology:
                 f"Topology(local_world_size=...) must be a positive divisor of world_size={self.world_size}, "
                 f"got {self.local_world_size!r}"
             )
-        defaults = _DEFAULTS[self.compute_device]
+        defaults = DEVICE_DEFAULTS[self.compute_device]
         if self.compute_device == "cuda" and self.hbm_cap is None:
             measured = device_hbm_caps(self.world_size, self.local_world_size)
             if measured is not None:

@@ -9,7 +9,7 @@ classes::
     _output_dists[i](...)  -> awaitable of this rank's samples' embeddings
 
 Its forward is three explicit stages, which a pipeline may run before the forward that needs them
-(``lightrec.distributed.sparse_dist_pipeline.SparseDistPipeline``)::
+(``lightrec.distributed.train_pipeline.sparse_dist_pipeline.SparseDistPipeline``)::
 
     input_dist(kjt, stream)          -> StartedInputDist  every sharding's splits exchange in flight
                                                           (.progress(): lengths/values in flight)
@@ -41,6 +41,8 @@ import torch
 from torch import nn
 
 from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
+from lightrec.distributed.comm.sharding_env import ShardingEnv
+from lightrec.distributed.comm.streams import on_stream
 from lightrec.distributed.planner.plan import (
     EmbeddingComputeKernel,
     EmbeddingModuleShardingPlan,
@@ -50,15 +52,13 @@ from lightrec.distributed.planner.plan import (
     placement_for,
 )
 from lightrec.distributed.sharding import SHARDING_CLASSES
-from lightrec.distributed.sharding.collection_state_dict import load_state_dict_pre_hook, state_dict_hook
 from lightrec.distributed.sharding.common import EmbeddingSharding, ShardedTable, ShardingContext
 from lightrec.distributed.sharding.data_parallel import DpEmbeddingSharding
 from lightrec.distributed.sharding.id_bounds import IdBounds
 from lightrec.distributed.sharding.lookups import _GroupedLookupBase
+from lightrec.distributed.sharding.state_dict import load_state_dict_pre_hook, state_dict_hook
 from lightrec.distributed.sharding.tiering import tiering_for, tiering_params
 from lightrec.distributed.sharding.work_ahead import AheadQueue, StartedInputDist
-from lightrec.distributed.sharding_env import ShardingEnv
-from lightrec.distributed.streams import on_stream
 from lightrec.kernels.kernel_registry import check_kernel_backend
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, PoolingType
 from lightrec.modules.feature_checks import check_collection_input, features_of_several_tables

@@ -15,11 +15,10 @@ import torch.distributed as dist
 from torch import nn
 
 from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
-from lightrec.distributed.planner.plan import EmbeddingModuleShardingPlan
-from lightrec.distributed.planner.sharder import ModuleSharder
+from lightrec.distributed.comm.sharding_env import ShardingEnv, as_env
+from lightrec.distributed.planner.plan import EmbeddingModuleShardingPlan, ModuleSharder
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
 from lightrec.distributed.sharding.tiering import tiering_params
-from lightrec.distributed.sharding_env import ShardingEnv, as_env
 from lightrec.kernels.kernel_registry import check_kernel_backend
 from lightrec.optim.fused_spec import FusedOptimizerSpec
 

@@ -40,8 +40,8 @@ from lightrec.distributed.comm.awaitable import Awaitable
 from lightrec.distributed.comm.kjt_all_to_all import KJTAllToAllTensorsAwaitable
 from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
 from lightrec.distributed.comm.sequence_all_to_all import SequenceEmbeddingsAllToAll
+from lightrec.distributed.comm.sharding_env import ShardingEnv
 from lightrec.distributed.planner.plan import ParameterSharding, ShardMetadata
-from lightrec.distributed.sharding_env import ShardingEnv
 from lightrec.kernels.tiered.config import TieringConfig
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, PoolingType
 from lightrec.optim.fused_spec import FusedOptimizerSpec

@@ -25,6 +25,7 @@ from torch import nn
 
 from lightrec.distributed.comm import Awaitable, NoWait
 from lightrec.distributed.comm.failures import collective_guard, timeout_of
+from lightrec.distributed.comm.sharding_env import ShardingEnv
 from lightrec.distributed.sharding.common import (
     DistContext,
     EmbeddingSharding,
@@ -42,7 +43,6 @@ from lightrec.distributed.sharding.lookups import (
     GroupedPooledEmbeddingsLookup,
     _GroupedLookupBase,
 )
-from lightrec.distributed.sharding_env import ShardingEnv
 from lightrec.kernels.batched_embedding import EmbeddingFusedOptimizer
 from lightrec.kernels.sparse_update import apply_sparse_update
 from lightrec.modules.embedding_configs import PoolingType

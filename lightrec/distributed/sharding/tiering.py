@@ -32,8 +32,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from lightrec.distributed.comm.sharding_env import ShardingEnv
 from lightrec.distributed.planner.plan import EmbeddingComputeKernel, ParameterSharding
-from lightrec.distributed.sharding_env import ShardingEnv
 from lightrec.kernels.tiered.config import TieringConfig
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig
 

@@ -2,7 +2,7 @@
 
 A sharded collection's forward is three stages (``ShardedCollectionBase``): *input dist* (the KJT
 all-to-alls: a splits exchange, then lengths / values / weights), *lookup* and *output dist*. A
-pipeline (``lightrec.distributed.sparse_dist_pipeline``) may run some of them before the forward
+pipeline (``lightrec.distributed.train_pipeline.sparse_dist_pipeline``) may run some of them before the forward
 that needs them:
 
 * the **input dist of a later batch** (``SparseDistPrefetch``, a train pipeline): a
@@ -19,7 +19,7 @@ runs normally and leaves the work waiting. A launched forward is valid only for 
 forward (the one after may follow a backward that changed the rows): any forward drops the
 launched outputs it does not take.
 
-Side streams (CUDA, ``lightrec/distributed/streams.py``): an input dist started with ``stream=``
+Side streams (CUDA, ``lightrec/distributed/comm/streams.py``): an input dist started with ``stream=``
 runs both stages there; :meth:`StartedInputDist.received` waits for it on that stream and hands
 what it received to the consumer's stream. On CPU there are no streams and a pipelined forward is
 bit-identical to a plain one.
@@ -34,8 +34,8 @@ import torch
 
 from lightrec.distributed.comm.awaitable import Awaitable
 from lightrec.distributed.comm.failures import collective_guard
+from lightrec.distributed.comm.streams import handoff, on_stream
 from lightrec.distributed.sharding.common import DistContext
-from lightrec.distributed.streams import handoff, on_stream
 from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = ["AheadQueue", "StartedInputDist", "WorkAhead", "same_features"]
@@ -82,7 +82,7 @@ class StartedInputDist:
 
     def received(self, device: torch.device) -> list[KeyedJaggedTensor]:
         """The KJT each sharding looks up (waits for the exchanges). With a side stream: waited
-        there, then handed to the current stream of ``device`` (``lightrec.distributed.streams``)."""
+        there, then handed to the current stream of ``device`` (``lightrec.distributed.comm.streams``)."""
         tensors = self.progress()
         with on_stream(self.stream), collective_guard("lengths/values all-to-all of an embedding input dist"):
             kjts = [t.wait() for t in tensors]

@@ -46,7 +46,7 @@ from typing import Any, Generic, TypeVar
 import torch
 from torch import nn
 
-from lightrec.distributed.sparse_dist_pipeline import SparseDistPipeline, sharded_collections
+from lightrec.distributed.train_pipeline.sparse_dist_pipeline import SparseDistPipeline, sharded_collections
 
 __all__ = [
     "EvalPipelineSparseDist",

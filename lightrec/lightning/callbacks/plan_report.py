@@ -41,7 +41,7 @@ from tensorboard.util import tensor_util
 from typing_extensions import override
 
 from lightrec.distributed.planner import PlannerReport, ShardingPlan, Topology, plan_report_for, topology_for
-from lightrec.distributed.planner.chart import plan_chart
+from lightrec.distributed.planner.report import plan_chart
 from lightrec.distributed.sharders import get_default_sharders
 
 __all__ = ["PlanReport", "load_plan_from_events"]

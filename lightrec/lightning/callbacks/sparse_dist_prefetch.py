@@ -32,13 +32,13 @@ exactly the features of a sharded collection, and ``training_step`` takes a batc
 ``dataloader_iter``).
 
 The stages run through the one pipelining seam of the sharded collections,
-``lightrec.distributed.sparse_dist_pipeline.SparseDistPipeline`` (``DistributedModelParallel``'s
+``lightrec.distributed.train_pipeline.sparse_dist_pipeline.SparseDistPipeline`` (``DistributedModelParallel``'s
 look-ahead and a train pipeline use it too); the forward of batch i+1 takes the work started for
 it by its KJT's tensors. Where batch i+1 comes from, and how it replaces the batch Lightning would
 otherwise move itself, is ``lightrec/lightning/callbacks/next_batch.py`` -- the one place that reaches into
 Lightning's data fetcher, which has no public hook for it.
 
-CUDA streams (``lightrec/distributed/streams.py``): the copy of batch i+1 and both stages of its
+CUDA streams (``lightrec/distributed/comm/streams.py``): the copy of batch i+1 and both stages of its
 input dist are issued on one side stream, so they overlap step i's kernels on the main stream. The
 side stream first waits for what is already queued on the main stream (batch i+1 may be on the
 device already, drawn there by kernels queued during step i-1); step i's kernels come later. The
@@ -68,8 +68,8 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from lightrec.distributed.sparse_dist_pipeline import SparseDistPipeline, sharded_collections
-from lightrec.distributed.streams import record_stream_all, wait_for_current
+from lightrec.distributed.comm.streams import record_stream_all, wait_for_current
+from lightrec.distributed.train_pipeline.sparse_dist_pipeline import SparseDistPipeline, sharded_collections
 from lightrec.lightning.callbacks.next_batch import NextTrainingBatch, UnsupportedFetch
 
 __all__ = ["SparseDistPrefetch"]

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from lightrec.distributed.planner.plan import (
+from lightrec.distributed.planner.plan.plan_types import (
     EmbeddingComputeKernel,
     EmbeddingModuleShardingPlan,
     ParameterSharding,
@@ -34,7 +34,7 @@ from lightrec.distributed.planner.plan import (
     placement_for,
     row_wise_shard_sizes,
 )
-from lightrec.distributed.planner.sharder import ModuleSharder
+from lightrec.distributed.planner.plan.sharder import ModuleSharder
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig
 
 __all__ = [

@@ -29,8 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 from lightrec._version import __version__
-from lightrec.distributed.planner.plan import ShardingPlan
-from lightrec.distributed.planner.sharder import ModuleSharder
+from lightrec.distributed.planner.plan import ModuleSharder, ShardingPlan
 
 __all__ = ["RankMismatchError", "check_ranks_agree", "describe", "first_difference"]
 

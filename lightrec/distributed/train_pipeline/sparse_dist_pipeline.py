@@ -37,9 +37,9 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import nn
 
+from lightrec.distributed.comm.streams import wait_for_current
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
 from lightrec.distributed.sharding.work_ahead import WorkAhead
-from lightrec.distributed.streams import wait_for_current
 from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = ["SparseDistPipeline", "find_kjts", "sharded_collections"]

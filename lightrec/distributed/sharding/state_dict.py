@@ -1,4 +1,5 @@
-"""Sharded state dicts: what a rank saves for a model-parallel table, and how to reshard it.
+"""Sharded state dicts, in one home: what a rank saves for a model-parallel table, how a sharded
+collection shows its tables under the unsharded module's keys, and how to reshard.
 
 ``DistributedModelParallel.state_dict()`` has exactly the keys of the unsharded model
 (``sparse_arch.embedding_bag_collection.embedding_bags.t1.weight`` ...). The value of a
@@ -7,6 +8,16 @@ shards (metadata + tensors that alias the live weights); replicated (data-parall
 dense parameters are plain tensors. lightrec uses neither ``ShardedTensor`` nor ``DTensor``: the
 value is a small picklable dataclass, so ``torch.save`` / ``torch.load`` (``weights_only=True``
 included -- the class is registered as safe) write one file per rank.
+
+A sharded collection's parameters live in its lookup kernels
+(``_lookups.<i>._emb_modules.<j>.weights.<table>``); its hooks (:func:`state_dict_hook`,
+:func:`load_state_dict_pre_hook`, registered by ``ShardedCollectionBase``) show them as the
+unsharded module's ``<attr>.<table>.weight`` (``attr``: ``embedding_bags`` or ``embeddings``)::
+
+    key                          model-parallel table              data-parallel table
+    ---------------------------  --------------------------------  -------------------
+    embedding_bags.t1.weight     ShardedTableState (this rank's    its tensor
+                                 shards, aliasing the kernels')
 
 Resharding (save on N ranks, load on M)::
 
@@ -29,27 +40,37 @@ the model), ``metadata()`` (every shard of the table, on all ranks, and its glob
             for shard in value.local_shards():
                 (r, c), (nr, nc) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
                 shard.tensor.copy_(pretrained[key][r : r + nr, c : c + nc])
+
+Files written before this module moved here (from ``lightrec/distributed/state_dict.py``) name
+the class ``lightrec.distributed.state_dict.ShardedTableState``; that name is registered as safe
+too, so they still load with ``weights_only=True``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
-from lightrec.distributed.planner.plan import ShardMetadata
-from lightrec.distributed.sharding_env import resolve_group
+from lightrec.distributed.comm.sharding_env import resolve_group
+from lightrec.distributed.planner.plan import ShardingType, ShardMetadata
+from lightrec.distributed.sharding.common import ShardedTable
+from lightrec.modules.embedding_configs import BaseEmbeddingConfig
 
 __all__ = [
     "Shard",
     "ShardedTableState",
     "ShardedTensorMetadata",
     "TensorProperties",
+    "TableStateOwner",
     "gather_full_state_dict",
+    "load_state_dict_pre_hook",
     "local_slice",
+    "state_dict_hook",
 ]
 
 
@@ -123,7 +144,13 @@ class ShardedTableState:
         return f"ShardedTableState(global_shape={self.global_shape}, local_shards={blocks})"
 
 
-torch.serialization.add_safe_globals([ShardedTableState, ShardMetadata])
+#: ``(type, the dotted name files written before the move store)``: ``ShardedTableState`` lived in
+#: ``lightrec/distributed/state_dict.py`` and the plan types in one module, ``planner/plan.py``.
+FORMER_NAMES: list[tuple[type, str]] = [
+    (ShardedTableState, "lightrec.distributed.state_dict.ShardedTableState"),
+    (ShardMetadata, "lightrec.distributed.planner.plan.ShardMetadata"),
+]
+torch.serialization.add_safe_globals([ShardedTableState, ShardMetadata, *FORMER_NAMES])
 
 
 def local_slice(value: Any, meta: ShardMetadata, key: str) -> torch.Tensor:
@@ -184,3 +211,56 @@ def gather_full_state_dict(
         if receiving:
             gathered[key] = value
     return gathered
+
+
+# ---- the sharded collections' hooks ------------------------------------------------------------
+class TableStateOwner(Protocol):
+    """What the hooks read of the sharded collection that registers them (``ShardedCollectionBase``;
+    named by this protocol so that this file does not import the collection back)."""
+
+    _configs: Sequence[BaseEmbeddingConfig]
+    _tables: Mapping[str, ShardedTable]
+    _attr: str
+    _state_prefix: str
+    _local_params: Mapping[str, list[tuple[str, Any, nn.Parameter]]]
+
+
+def state_dict_hook(
+    module: TableStateOwner, state_dict: dict[str, Any], prefix: str, local_metadata: Any
+) -> None:
+    """Replace the kernel parameters in ``state_dict`` by one entry per table (see the module docstring)."""
+    for key in [k for k in state_dict if k.startswith(prefix + "_lookups.")]:
+        del state_dict[key]
+    for c in module._configs:
+        table = module._tables[c.name]
+        key = f"{prefix}{module._state_prefix}{module._attr}.{c.name}.weight"
+        local = module._local_params[c.name]
+        if table.sharding.sharding_type == ShardingType.DATA_PARALLEL.value:
+            state_dict[key] = local[0][2].detach()
+        else:
+            state_dict[key] = ShardedTableState(
+                [c.num_embeddings, c.embedding_dim],
+                [(meta, p.detach()) for _, meta, p in local],
+                local[0][2].dtype if local else torch.float32,
+                list(table.shards),
+            )
+
+
+def load_state_dict_pre_hook(
+    module: TableStateOwner, state_dict: dict[str, Any], prefix: str, *args: Any
+) -> None:
+    """Turn ``<attr>.<table>.weight`` (full tensor or sharded state) into the kernel parameters."""
+    for c in module._configs:
+        key = f"{prefix}{module._state_prefix}{module._attr}.{c.name}.weight"
+        if key not in state_dict:
+            continue  # reported as missing under the kernel parameter's key
+        value = state_dict.pop(key)
+        if isinstance(value, ShardedTableState) and value.global_shape != [c.num_embeddings, c.embedding_dim]:
+            raise ValueError(f"state_dict[{key!r}] is a [{value.global_shape}] table, expected "
+                             f"[{c.num_embeddings}, {c.embedding_dim}]")  # fmt: skip
+        if isinstance(value, torch.Tensor) and tuple(value.shape) != (c.num_embeddings, c.embedding_dim):
+            raise ValueError(
+                f"state_dict[{key!r}] has shape {tuple(value.shape)}, expected ({c.num_embeddings}, {c.embedding_dim})"
+            )
+        for param_key, meta, _ in module._local_params[c.name]:
+            state_dict[prefix + param_key] = local_slice(value, meta, key)

@@ -25,10 +25,11 @@ Shard layout rules (shared by the hand-written helpers, the planner and the shar
   are at least ``n`` such units, else in units of 1; the first ``units % n`` shards get one unit
   more (see :func:`column_wise_shard_sizes`).
 
-The file is pure data: it imports no collective and no module of lightrec's but its sibling
-``cache_params.py`` (the tiered kernels' parameters), so the sharders, the checkpoints and the
-planner all read plans from here (``lightrec.distributed.types`` re-exports it
-under torchrec's path).
+The file is pure data: it imports no collective and nothing of lightrec's but its sibling
+``cache_params.py`` (the tiered kernels' parameters) and the enum base, so the sharders, the
+checkpoints and the planner all read plans from here (through the package,
+``lightrec.distributed.planner.plan``; ``lightrec.distributed.types`` re-exports it under torchrec's
+path).
 """
 
 from __future__ import annotations
@@ -43,21 +44,13 @@ from dataclasses import dataclass, field
 from enum import Enum, unique
 from typing import Any
 
-from lightrec.distributed.planner.cache_params import (
-    CacheAlgorithm,
-    CacheParams,
-    CacheStatistics,
-    KeyValueParams,
-)
+from lightrec._enum import ValueEnum
+from lightrec.distributed.planner.plan.cache_params import CacheParams, KeyValueParams
 
 __all__ = [
-    "CacheAlgorithm",
-    "CacheParams",
-    "CacheStatistics",
     "EmbeddingComputeKernel",
     "EmbeddingModuleShardingPlan",
     "EnumerableShardingSpec",
-    "KeyValueParams",
     "ParameterSharding",
     "ShardMetadata",
     "ShardingPlan",
@@ -73,7 +66,7 @@ _PLAN_JSON_VERSION = 1
 
 
 @unique
-class ShardingType(str, Enum):
+class ShardingType(str, ValueEnum):
     """How one table is split across ranks (values are the strings stored in plans)."""
 
     DATA_PARALLEL = "data_parallel"
@@ -83,12 +76,9 @@ class ShardingType(str, Enum):
     TABLE_ROW_WISE = "table_row_wise"
     TABLE_COLUMN_WISE = "table_column_wise"
 
-    def __str__(self) -> str:
-        return self.value
-
 
 @unique
-class EmbeddingComputeKernel(str, Enum):
+class EmbeddingComputeKernel(str, ValueEnum):
     """Which lookup kernel serves a shard: plain autograd (``dense``), optimizer fused into the
     backward pass (``fused``), quantized inference (``quant``), or fused over a cache of hot rows
     whose table lives in host memory (``fused_uvm_caching``) or on SSD (``key_value``)."""
@@ -98,9 +88,6 @@ class EmbeddingComputeKernel(str, Enum):
     QUANT = "quant"
     FUSED_UVM_CACHING = "fused_uvm_caching"
     KEY_VALUE = "key_value"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 #: The compute kernels whose rows live in a backing tier behind a cache.

@@ -12,7 +12,7 @@ from typing import Any, Generic, TypeVar
 
 from torch import nn
 
-from lightrec.distributed.planner.plan import (
+from lightrec.distributed.planner.plan.plan_types import (
     EmbeddingComputeKernel,
     EmbeddingModuleShardingPlan,
     ShardingType,

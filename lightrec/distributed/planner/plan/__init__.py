@@ -1,0 +1,83 @@
+"""The plan model: what a sharding plan is, and how to write one by hand. Pure data, no planner.
+
+==================  ==========================================================================
+``plan_types.py``   ``ShardingPlan`` / ``EmbeddingModuleShardingPlan`` / ``ParameterSharding`` /
+                    ``ShardMetadata`` / ``EnumerableShardingSpec`` (JSON round-trip, atomic
+                    ``save``), ``ShardingType``, ``EmbeddingComputeKernel``, the shard-size rules
+``cache_params.py`` the tiered kernels' ``CacheParams`` / ``KeyValueParams`` / ``CacheAlgorithm`` /
+                    ``CacheStatistics``
+``sharder.py``      ``ModuleSharder``: what plans and the planner read about a sharder
+``builders.py``     hand-written plans: ``construct_module_sharding_plan`` with ``table_wise`` /
+                    ``row_wise`` / ..., ``balanced_table_wise_plan``, ``shardable_modules``
+==================  ==========================================================================
+
+The sharding code, the checkpoints and ``DistributedModelParallel`` read plans from here; the
+planner (``lightrec.distributed.planner``, one folder up) builds them. Nothing in this folder
+imports the planner. Until this folder existed ``lightrec.distributed.planner.plan`` was one
+module, and checkpoints written then name its types by that path (``checkpoint/safe_load.py``
+still accepts them).
+"""
+
+from lightrec.distributed.planner.plan.builders import (
+    ParameterShardingGenerator,
+    balanced_table_wise_plan,
+    column_wise,
+    construct_module_sharding_plan,
+    data_parallel,
+    row_wise,
+    shardable_modules,
+    table_column_wise,
+    table_row_wise,
+    table_wise,
+)
+from lightrec.distributed.planner.plan.cache_params import (
+    CacheAlgorithm,
+    CacheParams,
+    CacheStatistics,
+    KeyValueParams,
+)
+from lightrec.distributed.planner.plan.plan_types import (
+    TIERED_KERNELS,
+    EmbeddingComputeKernel,
+    EmbeddingModuleShardingPlan,
+    EnumerableShardingSpec,
+    ParameterSharding,
+    ShardingPlan,
+    ShardingType,
+    ShardMetadata,
+    column_wise_shard_sizes,
+    enum_value,
+    placement_for,
+    row_wise_shard_sizes,
+)
+from lightrec.distributed.planner.plan.sharder import ModuleSharder
+
+__all__ = [
+    "CacheAlgorithm",
+    "CacheParams",
+    "CacheStatistics",
+    "EmbeddingComputeKernel",
+    "EmbeddingModuleShardingPlan",
+    "EnumerableShardingSpec",
+    "KeyValueParams",
+    "ModuleSharder",
+    "ParameterSharding",
+    "ParameterShardingGenerator",
+    "ShardMetadata",
+    "ShardingPlan",
+    "ShardingType",
+    "TIERED_KERNELS",
+    "balanced_table_wise_plan",
+    "column_wise",
+    "column_wise_shard_sizes",
+    "construct_module_sharding_plan",
+    "data_parallel",
+    "enum_value",
+    "placement_for",
+    "row_wise",
+    "row_wise_shard_sizes",
+    "shardable_modules",
+    "table_column_wise",
+    "table_row_wise",
+    "table_wise",
+]
