@@ -10,9 +10,10 @@
     lightrec plan dlrm --devices 8 --num-nodes 2 --markdown
     lightrec export lightning_logs/dlrm/version_0/checkpoints/last.ckpt
     lightrec consolidate lightning_logs/dlrm/version_0/checkpoints/last.ckpt full.ckpt
+    lightrec data convert day_0.gz --out data/criteo   # Criteo TSV / CSV -> Parquet; `data inspect PATH`
 
 Each subcommand is a module of this package (``run.py``, ``ls.py``, ``cp.py``, ``plan.py``,
-``export.py``, ``consolidate.py``) with ``register(subparsers)`` and ``run(namespace, extra
+``export.py``, ``consolidate.py``, ``data.py``) with ``register(subparsers)`` and ``run(namespace, extra
 arguments, parser)``. Usage errors exit with code 2 and a line naming the valid choices; failures of
 a command with 1 (``CommandError``, printed without a traceback); a user mistake the command finds
 (``UsageError``: a folder that is not a checkpoint, an output that exists) with 2, also without one.
@@ -25,7 +26,7 @@ import sys
 
 import torch
 
-from lightrec.cli import consolidate, cp, export, ls, plan
+from lightrec.cli import consolidate, cp, data, export, ls, plan
 from lightrec.cli import run as run_command
 from lightrec.cli.common import FAILURE, USAGE_ERROR, CommandError, UsageError
 from lightrec.recipes import RECIPES
@@ -39,6 +40,7 @@ COMMANDS = {
     "plan": plan,
     "export": export,
     "consolidate": consolidate,
+    "data": data,
 }
 
 
@@ -46,7 +48,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     """The ``lightrec`` parser and its ``run`` subparser (whose help ``lightrec run --help`` prints)."""
     parser = argparse.ArgumentParser(
         prog="lightrec",
-        description="Run, list, copy and plan lightrec recipes; export and consolidate checkpoints.",
+        description="Run, list, copy and plan lightrec recipes; export and consolidate checkpoints; convert and "
+        "inspect data.",
         epilog="Start with `lightrec ls`, then `lightrec run dlrm`. `lightrec --version` names the versions in use.",
         allow_abbrev=False,
     )
