@@ -47,7 +47,14 @@ from lightrec.data.parquet.follow import FollowingParquetLoader, FollowOptions
 from lightrec.data.parquet.loader import LoaderBase, ParquetLoader
 from lightrec.data.parquet.sizing import size_tables
 from lightrec.data.parquet.source import ParquetSource
-from lightrec.data.parquet.spec import FeatureSpec, IdMapping, NullIds, build_spec, check_schema
+from lightrec.data.parquet.spec import (
+    FeatureOptions,
+    FeatureSpec,
+    IdMapping,
+    NullIds,
+    build_spec,
+    check_schema,
+)
 from lightrec.data.parquet.splits import SplitSetting, split_paths, split_slices
 from lightrec.data.rank_sampling import resolve_rank
 from lightrec.modules.embedding_configs import EmbeddingBagConfig
@@ -125,7 +132,7 @@ class ParquetDataModule(pl.LightningDataModule):
         self.dense = list(dense) if isinstance(dense, (list, tuple)) else (dense or [])
         self.sparse = sparse
         self.splits = {"val": val, "test": test}
-        self.feature_defaults: dict[str, Any] = dict(
+        self.feature_options = FeatureOptions(
             num_embeddings=num_embeddings, id_mapping=id_mapping, nulls=nulls, pooling=pooling,
             dense_fill=dense_fill, dense_transform=dense_transform, binary_label=binary_label,
         )  # fmt: skip
@@ -152,7 +159,7 @@ class ParquetDataModule(pl.LightningDataModule):
         """The feature spec (not sized yet: see :meth:`sized_spec`)."""
         if self._spec is None:
             first = self.source.files[0]
-            spec = build_spec(first.schema, first.path, self.label, self.dense, self.sparse, **self.feature_defaults)
+            spec = build_spec(first.schema, first.path, self.label, self.dense, self.sparse, **self.feature_options)
             for info in self.source.files[1:]:  # every file must give the same features (footers only)
                 check_schema(spec, info.schema, info.path)
             self._spec = spec
@@ -205,7 +212,7 @@ class ParquetDataModule(pl.LightningDataModule):
         spec, source = self.sized_spec(), self.source
         if split == "train" and self.follow is not None:
             loader: LoaderBase = FollowingParquetLoader(
-                source, spec, self.batch_size, rank, world, follow=self.follow, **self._options(split)
+                source, spec, self.batch_size, self.follow, rank=rank, world_size=world, **self._options(split)
             )
         else:
             slices = split_slices(source, **self.splits)[split]

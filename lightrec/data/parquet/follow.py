@@ -148,21 +148,15 @@ class FollowingParquetLoader(LoaderBase):
 
     Args:
         source: the files there at the start (read in the first round).
-        spec / batch_size / rank / world_size / options: see :class:`~lightrec.data.parquet.loader.LoaderBase`.
+        spec / batch_size: see :class:`~lightrec.data.parquet.loader.LoaderBase`.
         follow: polling settings.
+        **options: ``LoaderBase``'s (``rank``, ``world_size``, ``num_workers``, ...).
     """
 
     def __init__(
-        self,
-        source: ParquetSource,
-        spec: FeatureSpec,
-        batch_size: int,
-        rank: int = 0,
-        world_size: int = 1,
-        follow: FollowOptions | None = None,
-        **options: Any,
+        self, source: ParquetSource, spec: FeatureSpec, batch_size: int, follow: FollowOptions | None = None, **options: Any
     ) -> None:
-        super().__init__(source, spec, batch_size, rank, world_size, **options)
+        super().__init__(source, spec, batch_size, **options)
         self.follow = follow or FollowOptions()
         self.watcher = FolderWatcher(source.filesystem, source.inner_paths, self.follow)
         self.files = self.reader.files  # grows as files arrive; slices index it

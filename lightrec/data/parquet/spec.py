@@ -32,15 +32,17 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 import pyarrow as pa
+from typing_extensions import Unpack
 
 from lightrec.data.parquet.errors import ParquetSchemaError
 from lightrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 
 __all__ = [
     "ColumnKind",
+    "FeatureOptions",
     "FeatureSpec",
     "IdMapping",
     "NullIds",
@@ -259,19 +261,29 @@ def _expand(names: Sequence[str], schema: pa.Schema) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+class FeatureOptions(TypedDict, total=False):
+    """:func:`build_spec`'s keywords: defaults of every sparse feature (a dict entry of ``sparse``
+    overrides them), and how dense columns and the label are read (see :class:`FeatureSpec`)."""
+
+    num_embeddings: int | None
+    id_mapping: IdMapping
+    nulls: NullIds
+    pooling: Literal["SUM", "MEAN"]
+    dense_fill: float
+    dense_transform: Literal["none", "log1p"]
+    binary_label: bool
+
+
+_FEATURE_DEFAULTS = ("num_embeddings", "id_mapping", "nulls", "pooling")
+
+
 def build_spec(
     schema: pa.Schema,
     path: str,
     label: str,
     dense: Sequence[str] | Literal["auto"] = (),
     sparse: Sequence[str] | Mapping[str, str | Mapping[str, Any]] | Literal["auto"] = "auto",
-    num_embeddings: int | None = None,
-    id_mapping: IdMapping = "none",
-    nulls: NullIds = "error",
-    pooling: Literal["SUM", "MEAN"] = "SUM",
-    dense_fill: float = 0.0,
-    dense_transform: Literal["none", "log1p"] = "none",
-    binary_label: bool = True,
+    **options: Unpack[FeatureOptions],
 ) -> FeatureSpec:
     """The :class:`FeatureSpec` of the arguments, checked against ``schema`` (the first file's).
 
@@ -279,15 +291,17 @@ def build_spec(
         schema: the Arrow schema of a file of the source (``path``, for messages).
         label / dense / sparse: as :class:`~lightrec.data.ParquetDataModule` takes them; names in the
             lists may be glob patterns (``"int_*"``: the matching columns, in the schema's order).
-        num_embeddings / id_mapping / nulls / pooling: defaults of every sparse feature (a dict entry
-            of ``sparse`` overrides them per feature).
-        dense_fill / dense_transform / binary_label: see :class:`FeatureSpec`.
+        **options: :class:`FeatureOptions`.
 
     Raises:
         ParquetSchemaError: a column is missing or of the wrong type.
         ValueError: the arguments contradict each other (no sparse feature, a column used twice).
     """
-    defaults: dict[str, Any] = dict(num_embeddings=num_embeddings, id_mapping=id_mapping, nulls=nulls, pooling=pooling)
+    unknown = sorted(set(options) - set(FeatureOptions.__annotations__))
+    if unknown:
+        raise TypeError(f"build_spec got unknown options {unknown}; the options are {list(FeatureOptions.__annotations__)}")
+    defaults: dict[str, Any] = {k: v for k, v in options.items() if k in _FEATURE_DEFAULTS}
+    read: dict[str, Any] = {k: v for k, v in options.items() if k not in _FEATURE_DEFAULTS}
     _field(schema, label, path, "the label")
     if dense == "auto":
         dense_cols = [f.name for f in schema if f.name != label and pa.types.is_floating(f.type)]
@@ -317,9 +331,6 @@ def build_spec(
     doubled = sorted({c for c in used if used.count(c) > 1})
     if doubled:
         raise ValueError(f"columns {doubled} are used twice (label, dense and sparse must be different columns)")
-    spec = FeatureSpec(
-        label=label, dense=tuple(dense_cols), sparse=tuple(features), dense_fill=float(dense_fill),
-        dense_transform=dense_transform, binary_label=binary_label,
-    )  # fmt: skip
+    spec = FeatureSpec(label=label, dense=tuple(dense_cols), sparse=tuple(features), **read)
     check_schema(spec, schema, path)
     return spec
