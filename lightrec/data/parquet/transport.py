@@ -62,6 +62,16 @@ class ReleaseBoard:
             time.sleep(_WAIT_S)
 
 
+def _shared_bytes(size: int) -> torch.Tensor:
+    """``[size]`` uint8 in new shared memory, untouched (its pages are faulted in as they are written).
+
+    ``Tensor.share_memory_()`` would allocate private memory first and copy it over; torch's own
+    ``UntypedStorage._new_shared`` (what it calls underneath) makes the shared storage directly.
+    """
+    storage = torch.UntypedStorage._new_shared(size)
+    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (size,))
+
+
 def _round_up(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
 
@@ -85,8 +95,8 @@ class UnitArena:
 
     def _grow(self, nbytes: int) -> None:
         self._slot_bytes = _round_up(int(nbytes * 1.25) + _ALIGN)
-        buffer = torch.empty(self._slot_bytes * self.slots, dtype=torch.uint8)
-        self._buffer = buffer.share_memory_() if self.shared else buffer
+        size = self._slot_bytes * self.slots
+        self._buffer = _shared_bytes(size) if self.shared else torch.empty(size, dtype=torch.uint8)
         self._first_seq_of_buffer = self._seq  # earlier units live in the old buffer, which nobody overwrites
 
     def tensors(self, shapes: Sequence[tuple[tuple[int, ...], torch.dtype]]) -> list[torch.Tensor]:

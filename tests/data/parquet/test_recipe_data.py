@@ -18,6 +18,7 @@ def test_data_shortcuts_name_the_datamodules(tmp_path: Path) -> None:
                     "--data=lightrec.data.SyntheticCriteo", "--data", "my.Module"]  # fmt: skip
 
 
+@pytest.mark.slow  # the default suite trains configs/dlrm_parquet.yaml (tests/recipes/test_recipes.py)
 def test_lightrec_run_trains_dlrm_on_parquet_logs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
