@@ -70,8 +70,8 @@ class ParquetDataModule(pl.LightningDataModule):
     Args:
         path: a file, a folder (read recursively; hive partitions), a glob, a URI, or a list of them.
         label: the label column (a number or bool).
-        dense: dense columns (``Batch.dense_features`` in this order), or ``"auto"`` (every
-            floating-point column but the label). Default: none.
+        dense: dense columns (``Batch.dense_features`` in this order; glob patterns allowed), or
+            ``"auto"`` (every floating-point column but the label; integer counts must be listed).
         sparse: id columns: a list (feature = column), a dict ``{feature: column or {column, weights,
             num_embeddings, id_mapping, pooling, nulls}}``, or ``"auto"`` (every integer and list of
             integer column that is neither label nor dense).
@@ -96,7 +96,7 @@ class ParquetDataModule(pl.LightningDataModule):
         self,
         path: str | list[str],
         label: str = "label",
-        dense: list[str] | Literal["auto"] | None = None,
+        dense: list[str] | Literal["auto"] = "auto",
         sparse: SparseSetting = "auto",
         batch_size: int = 1024,
         num_workers: int = 0,
@@ -129,7 +129,7 @@ class ParquetDataModule(pl.LightningDataModule):
             raise ValueError("follow=True reads files in the order they land; shuffle=True would mix that order: pick one")
         self.save_hyperparameters()
         self.path, self.label, self.batch_size, self.num_workers = path, label, batch_size, num_workers
-        self.dense = list(dense) if isinstance(dense, (list, tuple)) else (dense or [])
+        self.dense: list[str] | Literal["auto"] = list(dense) if isinstance(dense, (list, tuple)) else dense
         self.sparse = sparse
         self.splits = {"val": val, "test": test}
         self.feature_options = FeatureOptions(

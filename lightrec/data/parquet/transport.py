@@ -69,7 +69,7 @@ def _shared_bytes(size: int) -> torch.Tensor:
     ``UntypedStorage._new_shared`` (what it calls underneath) makes the shared storage directly.
     """
     storage = torch.UntypedStorage._new_shared(size)
-    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (size,))
+    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (size,), (1,))
 
 
 def _round_up(n: int) -> int:

@@ -52,6 +52,12 @@ def _read(path: Path, batch_size: int = 8, on_error: str = "raise", **spec: Any)
     return loader
 
 
+def _source_spec(path: Path) -> tuple[ParquetSource, Any, list[Any]]:
+    source = ParquetSource(str(path))
+    spec = size_tables(source, build_spec(source.schema, str(path), "label", ["price"], ["user", "items"]))
+    return source, spec, slices_of(source.files)
+
+
 def _with(values: list[Any], at: int, value: Any, dtype: pa.DataType) -> pa.Array:
     values = list(values)
     values[at] = value
@@ -130,6 +136,9 @@ def test_labels_must_be_present_and_binary_for_bce(tmp_path: Path) -> None:
     with pytest.raises(ParquetValueError, match=r"row 9: label 0.5 is not 0 or 1.*binary_label=False"):
         _read(path)
     _read(path, binary_label=False)  # a regression target is fine when asked for
+    flags = pa.array([bool(v) for v in labels])
+    loader = ParquetLoader(*_source_spec(_write(tmp_path / "c.parquet", _table(label=flags))), batch_size=8)
+    assert next(iter(loader)).labels.tolist() == [float(v) for v in labels[:8]]  # bools read as 0./1.
 
 
 def test_an_infinite_dense_value_is_bad_and_nulls_are_filled(tmp_path: Path) -> None:

@@ -80,13 +80,19 @@ def test_auto_spec_patterns_and_options(logs: Path) -> None:
         build_spec(schema, "x", "label", ["scalar"], ["scalar"])
 
 
-def test_hashed_and_modulo_ids_land_in_their_tables(logs: Path) -> None:
-    data = ParquetDataModule(str(logs), dense=[], sparse={"h": {"column": "row", "num_embeddings": 7, "id_mapping": "hash"},
-                             "m": {"column": "row", "num_embeddings": 5, "id_mapping": "modulo"}}, batch_size=20)  # fmt: skip
+def test_hashed_modulo_and_managed_ids_land_in_their_tables(logs: Path) -> None:
+    sparse = {
+        "h": {"column": "row", "num_embeddings": 7, "id_mapping": "hash"},
+        "m": {"column": "row", "num_embeddings": 5, "id_mapping": "modulo"},
+        "raw": {"column": "row", "num_embeddings": 3, "id_mapping": "managed"},  # raw ids, for managed collisions
+    }
+    data = ParquetDataModule(str(logs), dense=[], sparse=sparse, batch_size=20)
     batch = next(iter(data.train_dataloader()))
     assert batch.sparse_features["m"].values().tolist() == [r % 5 for r in range(20)]
     hashed = batch.sparse_features["h"].values()
     assert 0 <= int(hashed.min()) and int(hashed.max()) < 7 and len(set(hashed.tolist())) > 3
+    assert batch.sparse_features["raw"].values().tolist() == list(range(20))  # unchanged, beyond the 3 rows
+    assert [c.num_embeddings for c in data.table_configs(4)] == [7, 5, 3]
 
 
 def test_sizes_are_scanned_where_statistics_are_missing(tmp_path: Path) -> None:
