@@ -11,8 +11,8 @@ need; it is imported lazily (it imports Lightning). The pieces below it work wit
 * :class:`ParquetLoader` (``loader.py``, with ``reader.py``, ``columns.py``, ``batches.py``,
   ``transport.py``): one rank's batches, read by loader workers, resumable (``state.py``);
 * :class:`FollowingParquetLoader` (``follow.py``): an unbounded source over a growing folder;
-* the errors (``errors.py``) and ``lightrec data convert`` / ``inspect`` (``convert.py``,
-  ``inspect.py``).
+* the errors (``errors.py``); ``lightrec data convert`` (``convert.py``, reading text with
+  ``text_blocks.py`` and ``text_tables.py``) and ``lightrec data inspect`` (``inspection.py``).
 """
 
 from __future__ import annotations
