@@ -78,7 +78,7 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 # ---------------------------------------------------------------------------------------- the model
 def build_artifact(folder: Path) -> Path:
     """The DLRM recipe's architecture, quantized to int8 and exported as TorchScript."""
-    from lightrec.data.criteo_spec import resolve_cardinalities, table_configs
+    from lightrec.data.criteo.spec import resolve_cardinalities, table_configs
     from lightrec.inference import export, quantize
     from lightrec.models import DLRM
     from lightrec.modules import EmbeddingBagCollection

@@ -72,6 +72,7 @@ CONFIGS: dict[str, str] = {
     "dlrm_criteo": "dlrm",
     "dlrm_dcn_criteo": "dlrm",
     "dlrm_managed": "dlrm",
+    "dlrm_parquet": "dlrm",
     "two_tower_movielens": "two_tower",
     "deepfm_movielens": "deepfm",
 }

@@ -10,6 +10,8 @@ where the TensorBoard logs and checkpoints are::
     fabric run --accelerator cpu --devices 2 recipes/dlrm.py fit --config recipes/configs/dlrm.yaml
     lightrec run dlrm_dcn                               # DCN-v2 interaction
     lightrec run dlrm --config dlrm_criteo              # preprocessed Criteo (see the config's header)
+    lightrec run dlrm --data parquet --data.path logs/ --data.label click   # your own Parquet event logs
+    lightrec run dlrm --config dlrm_parquet             # Criteo converted to Parquet (lightrec data convert)
     lightrec run dlrm --devices 1 --trainer.strategy auto   # one process, no sharding
     lightrec run dlrm --config dlrm_managed             # raw 63-bit ids of a drifting vocabulary, managed collisions
 

@@ -11,9 +11,10 @@
     lightrec export lightning_logs/dlrm/version_0/checkpoints/last.ckpt
     lightrec consolidate lightning_logs/dlrm/version_0/checkpoints/last.ckpt full.ckpt
     lightrec serve lightning_logs/dlrm/version_0/export/model_int8.pt   # POST http://127.0.0.1:8000/predict
+    lightrec data convert day_0.gz --out data/criteo   # Criteo TSV / CSV -> Parquet; `data inspect PATH`
 
 Each subcommand is a module of this package (``run.py``, ``ls.py``, ``cp.py``, ``plan.py``,
-``export.py``, ``consolidate.py``, ``serve.py``) with ``register(subparsers)`` and ``run(namespace, extra
+``export.py``, ``consolidate.py``, ``serve.py``, ``data.py``) with ``register(subparsers)`` and ``run(namespace, extra
 arguments, parser)``. Usage errors exit with code 2 and a line naming the valid choices; failures of
 a command with 1 (``CommandError``, printed without a traceback); a user mistake the command finds
 (``UsageError``: a folder that is not a checkpoint, an output that exists) with 2, also without one.
@@ -26,7 +27,7 @@ import sys
 
 import torch
 
-from lightrec.cli import consolidate, cp, export, ls, plan, serve
+from lightrec.cli import consolidate, cp, data, export, ls, plan, serve
 from lightrec.cli import run as run_command
 from lightrec.cli.common import FAILURE, USAGE_ERROR, CommandError, UsageError
 from lightrec.recipes import RECIPES
@@ -41,6 +42,7 @@ COMMANDS = {
     "export": export,
     "consolidate": consolidate,
     "serve": serve,
+    "data": data,
 }
 
 
@@ -48,7 +50,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     """The ``lightrec`` parser and its ``run`` subparser (whose help ``lightrec run --help`` prints)."""
     parser = argparse.ArgumentParser(
         prog="lightrec",
-        description="Run, list, copy and plan lightrec recipes; export and consolidate checkpoints; serve artifacts.",
+        description="Run, list, copy and plan lightrec recipes; export and consolidate checkpoints; serve artifacts; "
+        "convert and inspect data.",
         epilog="Start with `lightrec ls`, then `lightrec run dlrm`. `lightrec --version` names the versions in use.",
         allow_abbrev=False,
     )

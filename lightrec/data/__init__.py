@@ -3,7 +3,7 @@ MovieLens readers, and rank-aware LightningDataModules.
 
 Everything yields whole :class:`Batch` objects (dense ``[B, D]``, sparse ``KeyedJaggedTensor``,
 labels ``[B]``). The LightningDataModules (``SyntheticCriteo``, ``CriteoDataModule``,
-``MovieLensDataModule``) are imported lazily, so ``from lightrec.data import Batch`` does not
+``MovieLensDataModule``, ``ParquetDataModule``) are imported lazily, so ``from lightrec.data import Batch`` does not
 import Lightning (layers below ``lightrec.lightning`` may use ``Batch``).
 
 One home per source::
@@ -56,6 +56,7 @@ __all__ = [
     "MovieLensData",
     "MovieLensDataModule",
     "MovieLensDataset",
+    "ParquetDataModule",
     "PlantedCriteoModel",
     "RankBatchSampler",
     "RankDataLoader",
@@ -76,6 +77,10 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    if name == "ParquetDataModule":  # Parquet event logs (lightrec.data.parquet)
+        from lightrec.data.parquet.datamodule import ParquetDataModule
+
+        return ParquetDataModule
     if name in _LAZY:
         from lightrec.data import datamodules
 

@@ -25,7 +25,21 @@ COMMON = [
 ]
 
 
+def parquet_of(criteo_dir: Path) -> Path:
+    """The session's tiny Criteo ``train.txt`` converted to Parquet (once)."""
+    from lightrec.data.parquet.convert import convert_to_parquet
+
+    out = criteo_dir.parent / "parquet"
+    if not out.is_dir():
+        convert_to_parquet(criteo_dir.parent / "train.txt", out, row_group_size=64, progress=False)
+    return out
+
+
 def data_args(config: str, criteo_dir: Path, movielens_dir: Path) -> list[str]:
+    if config == "dlrm_parquet":
+        return [f"--data.init_args.path={parquet_of(criteo_dir)}", "--data.init_args.batch_size=32",
+                "--data.init_args.num_workers=0", "--data.init_args.num_embeddings=200", "--data.init_args.val=0.2",
+                "--data.init_args.test=0.2"]  # fmt: skip
     if config in ("dlrm", "dlrm_dcn", "dlrm_managed"):
         return ["--data.init_args.num_embeddings_cap=300", "--data.init_args.batch_size=64"]
     if config.endswith("criteo"):

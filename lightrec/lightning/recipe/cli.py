@@ -57,6 +57,13 @@ __all__ = [
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 USAGE_ERROR = 2
+#: Short names for ``--data`` (``lightrec run dlrm --data parquet --data.path logs/ --data.label click``).
+DATA_SHORTCUTS = {
+    "parquet": "lightrec.data.ParquetDataModule",
+    "synthetic": "lightrec.data.SyntheticCriteo",
+    "criteo": "lightrec.data.CriteoDataModule",
+    "movielens": "lightrec.data.MovieLensDataModule",
+}
 
 
 @dataclass
@@ -86,7 +93,8 @@ def resolve_config_args(args: list[str], configs_dir: Path, default_config: str)
     """Default subcommand ``fit``, default config, and config names resolved to files of ``configs_dir``.
 
     ``["fit"]`` -> ``["fit", "--config", <configs_dir>/<default_config>]``; ``--config dlrm_criteo``
-    -> ``--config <configs_dir>/dlrm_criteo.yaml`` when that file exists (paths are kept as given).
+    -> ``--config <configs_dir>/dlrm_criteo.yaml`` when that file exists (paths are kept as given);
+    ``--data parquet`` -> ``--data lightrec.data.ParquetDataModule`` (:data:`DATA_SHORTCUTS`).
     """
     args = list(args)
     if not args or args[0].startswith("-") and not any(a in ("-h", "--help") for a in args):
@@ -99,7 +107,13 @@ def resolve_config_args(args: list[str], configs_dir: Path, default_config: str)
             out += [a, _config_file(args[i + 1], configs_dir)]
             i += 2
             continue
-        if a.startswith(("--config=", "-c=")):
+        if a == "--data" and i + 1 < len(args):
+            out += [a, DATA_SHORTCUTS.get(args[i + 1], args[i + 1])]
+            i += 2
+            continue
+        if a.startswith("--data="):
+            out.append("--data=" + DATA_SHORTCUTS.get(a[len("--data=") :], a[len("--data=") :]))
+        elif a.startswith(("--config=", "-c=")):
             flag, value = a.split("=", 1)
             out.append(f"{flag}={_config_file(value, configs_dir)}")
         else:

@@ -1,0 +1,251 @@
+"""``ParquetDataModule``: your own event logs (Parquet files, folders, partitions) as training batches.
+
+::
+
+    from lightrec.data import ParquetDataModule
+
+    data = ParquetDataModule(
+        "s3://logs/clicks/",                      # a file, folder (hive partitions), glob or URI
+        label="click",
+        dense=["price", "age"],                    # nulls -> dense_fill
+        sparse={"user": "user_id", "item": {"column": "item_id", "num_embeddings": 1_000_000,
+                "id_mapping": "hash"}, "tags": {"column": "tag_ids", "weights": "tag_scores"}},
+        batch_size=2048, num_workers=2, val={"day": "2024-01-07"},
+    )
+    trainer.fit(model, datamodule=data)          # model tables: data.table_configs(embedding_dim)
+
+or from the command line: ``lightrec run dlrm --data parquet --data.path logs/ --data.label click``.
+
+What it does, and where each part lives (all in :mod:`lightrec.data.parquet`):
+
+* **files** (``source``): the path's files in path order, each footer read once;
+* **features** (``spec``): ``sparse`` as a list of columns, a dict of options, or ``"auto"``;
+  ``dense`` a list or ``"auto"``; table sizes declared, from the column statistics, or for raw ids
+  (``sizing``): :meth:`table_configs`;
+* **splits** (``splits``): ``val`` / ``test`` by file, partition value or fraction; without them
+  every row is training data, read once per epoch;
+* **ranks and workers** (``sharding``): disjoint rows, the same steps on every rank, batches that do
+  not depend on ``num_workers``; ``shuffle`` permutes row groups and the rows of
+  ``shuffle_window`` row groups together, per epoch;
+* **resume** (``state``): the training loader's position is in every checkpoint, and a resumed run
+  trains on exactly the batches the uninterrupted one would have;
+* **following** (``follow``): ``follow=True`` keeps reading new files as they land;
+* **bad data** (``errors``): typed errors naming file, row group, column, row and value;
+  ``on_error="skip"`` leaves bad rows out, counts them, logs the count (``data/skipped_rows`` in
+  TensorBoard, and a warning) -- nothing is skipped silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import lightning.pytorch as pl
+
+from lightrec.data.errors import OnError, check_on_error
+from lightrec.data.parquet.follow import FollowingParquetLoader, FollowOptions
+from lightrec.data.parquet.loader import LoaderBase, ParquetLoader
+from lightrec.data.parquet.sizing import size_tables
+from lightrec.data.parquet.source import ParquetSource
+from lightrec.data.parquet.spec import (
+    FeatureOptions,
+    FeatureSpec,
+    IdMapping,
+    NullIds,
+    build_spec,
+    check_schema,
+)
+from lightrec.data.parquet.splits import SplitSetting, split_paths, split_slices
+from lightrec.data.rank_sampling import resolve_rank
+from lightrec.modules.embedding_configs import EmbeddingBagConfig
+
+__all__ = ["ParquetDataModule"]
+
+SparseSetting = list[str] | dict[str, str | dict[str, Any]] | Literal["auto"]
+
+
+class ParquetDataModule(pl.LightningDataModule):
+    """Batches of a Parquet source for every rank (module docstring).
+
+    Args:
+        path: a file, a folder (read recursively; hive partitions), a glob, a URI, or a list of them.
+        label: the label column (a number or bool).
+        dense: dense columns (``Batch.dense_features`` in this order; glob patterns allowed), or
+            ``"auto"`` (every floating-point column but the label; integer counts must be listed).
+        sparse: id columns: a list (feature = column), a dict ``{feature: column or {column, weights,
+            num_embeddings, id_mapping, pooling, nulls}}``, or ``"auto"`` (every integer and list of
+            integer column that is neither label nor dense).
+        batch_size: samples per batch per rank.
+        num_workers: loader processes per rank (0: read in the training process).
+        val / test: the splits: a path or glob (or a list), a dict of partition values, or a fraction.
+        num_embeddings / id_mapping / nulls / pooling: defaults for every sparse feature (a dict
+            entry of ``sparse`` overrides them): see :class:`~lightrec.data.parquet.spec.SparseFeature`.
+        dense_fill: the value of a null or NaN dense entry.
+        dense_transform: ``"none"`` or ``"log1p"`` (``log(1 + max(x, 0))``, Criteo's counts).
+        binary_label: labels must be 0 or 1 (binary cross-entropy); False for other targets.
+        shuffle / shuffle_window / seed: shuffle the training data per epoch (row groups, and the rows
+            of every ``shuffle_window`` row groups together: the shuffle buffer).
+        on_error: ``"raise"`` at the first bad row, or ``"skip"`` bad rows (counted and logged).
+        follow / poll_interval / idle_timeout / marker: read new files as they land (training data;
+            see :mod:`lightrec.data.parquet.follow`).
+        pin_memory: build batches in page-locked memory; None: when training on CUDA.
+        prefetch_factor: units (row groups) each worker reads ahead.
+    """
+
+    def __init__(
+        self,
+        path: str | list[str],
+        label: str = "label",
+        dense: list[str] | Literal["auto"] = "auto",
+        sparse: SparseSetting = "auto",
+        batch_size: int = 1024,
+        num_workers: int = 0,
+        val: SplitSetting = None,
+        test: SplitSetting = None,
+        num_embeddings: int | None = None,
+        id_mapping: IdMapping = "none",
+        nulls: NullIds = "error",
+        pooling: Literal["SUM", "MEAN"] = "SUM",
+        dense_fill: float = 0.0,
+        dense_transform: Literal["none", "log1p"] = "none",
+        binary_label: bool = True,
+        shuffle: bool = False,
+        shuffle_window: int = 1,
+        seed: int = 0,
+        on_error: OnError = "raise",
+        follow: bool = False,
+        poll_interval: float = 10.0,
+        idle_timeout: float | None = 600.0,
+        marker: str | None = None,
+        pin_memory: bool | None = None,
+        prefetch_factor: int = 2,
+    ) -> None:
+        super().__init__()
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"num_workers must be an int >= 0 (0: read in the training process), got {num_workers!r}")
+        if follow and shuffle:
+            raise ValueError("follow=True reads files in the order they land; shuffle=True would mix that order: pick one")
+        self.save_hyperparameters()
+        self.path, self.label, self.batch_size, self.num_workers = path, label, batch_size, num_workers
+        self.dense: list[str] | Literal["auto"] = list(dense) if isinstance(dense, (list, tuple)) else dense
+        self.sparse = sparse
+        self.splits = {"val": val, "test": test}
+        self.feature_options = FeatureOptions(
+            num_embeddings=num_embeddings, id_mapping=id_mapping, nulls=nulls, pooling=pooling,
+            dense_fill=dense_fill, dense_transform=dense_transform, binary_label=binary_label,
+        )  # fmt: skip
+        self.shuffle, self.shuffle_window, self.seed = shuffle, shuffle_window, seed
+        self.on_error = check_on_error(on_error)
+        self.follow = FollowOptions(poll_interval, idle_timeout, marker) if follow else None
+        self.pin_memory, self.prefetch_factor = pin_memory, prefetch_factor
+        self._source: ParquetSource | None = None
+        self._spec: FeatureSpec | None = None
+        self._sized: FeatureSpec | None = None
+
+    # ------------------------------------------------------------------ the data
+    @property
+    def source(self) -> ParquetSource:
+        """The files (listed and their footers read at first use)."""
+        if self._source is None:
+            paths = [self.path] if isinstance(self.path, str) else list(self.path)
+            extra = [p for v in self.splits.values() for p in split_paths(v)]
+            self._source = ParquetSource(list(dict.fromkeys(paths + extra)))
+        return self._source
+
+    @property
+    def spec(self) -> FeatureSpec:
+        """The feature spec (not sized yet: see :meth:`sized_spec`)."""
+        if self._spec is None:
+            first = self.source.files[0]
+            spec = build_spec(first.schema, first.path, self.label, self.dense, self.sparse, **self.feature_options)
+            for info in self.source.files[1:]:  # every file must give the same features (footers only)
+                check_schema(spec, info.schema, info.path)
+            self._spec = spec
+        return self._spec
+
+    def sized_spec(self) -> FeatureSpec:
+        """The feature spec with every table's size (declared or from the data's statistics)."""
+        if self._sized is None:
+            self._sized = size_tables(self.source, self.spec)
+        return self._sized
+
+    @property
+    def num_dense_features(self) -> int:
+        """Columns of ``Batch.dense_features`` (the recipes link it into the model)."""
+        return len(self.spec.dense)
+
+    def table_configs(self, embedding_dim: int) -> list[EmbeddingBagConfig]:
+        """One ``EmbeddingBagConfig`` per sparse feature, ``t_<feature>``, sized from the data or as declared."""
+        return self.sized_spec().table_configs(embedding_dim)
+
+    def check_data(self) -> None:
+        """Raise early (before ranks start) when the path has no Parquet files or lacks a column.
+
+        ``lightrec run`` calls it; it lists the files and reads their footers, no rows.
+
+        Raises:
+            FileNotFoundError: no Parquet file at the path.
+            ParquetSchemaError / ParquetFileError: a column is missing or mistyped, a file unreadable.
+        """
+        self.spec  # noqa: B018 - builds the source and the spec, which check the files and columns
+
+    # ------------------------------------------------------------------ loaders
+    def _rank(self) -> tuple[int, int]:
+        return resolve_rank(self.trainer)
+
+    def _pins(self) -> bool:
+        if self.pin_memory is not None:
+            return self.pin_memory
+        strategy = self.trainer.strategy if self.trainer is not None else None
+        return strategy is not None and strategy.root_device.type == "cuda"
+
+    def _options(self, name: str) -> dict[str, Any]:
+        return dict(
+            num_workers=self.num_workers, on_error=self.on_error, pin_memory=self._pins(),
+            prefetch_factor=self.prefetch_factor, name=name,
+        )  # fmt: skip
+
+    def _loader(self, split: str) -> LoaderBase:
+        rank, world = self._rank()
+        spec, source = self.sized_spec(), self.source
+        if split == "train" and self.follow is not None:
+            loader: LoaderBase = FollowingParquetLoader(
+                source, spec, self.batch_size, self.follow, rank=rank, world_size=world, **self._options(split)
+            )
+        else:
+            slices = split_slices(source, **self.splits)[split]
+            shuffle = self.shuffle and split == "train"
+            loader = ParquetLoader(
+                source, spec, slices, self.batch_size, rank, world, shuffle=shuffle, seed=self.seed,
+                shuffle_window=self.shuffle_window, **self._options(split),
+            )  # fmt: skip
+        loader.on_skip = lambda count: self._log_skipped(split, count)
+        return loader
+
+    def _log_skipped(self, split: str, count: int) -> None:
+        trainer = self.trainer
+        if trainer is None or trainer.logger is None:
+            return
+        trainer.logger.log_metrics({f"data/{split}_skipped_rows": float(count)}, step=trainer.global_step)
+
+    def _has(self, split: str) -> bool:
+        return self.splits[split] is not None
+
+    def train_dataloader(self) -> LoaderBase:
+        return self._loader("train")
+
+    def val_dataloader(self) -> LoaderBase | list[Any]:
+        return self._loader("val") if self._has("val") else []
+
+    def test_dataloader(self) -> LoaderBase | list[Any]:
+        return self._loader("test") if self._has("test") else []
+
+    def predict_dataloader(self) -> LoaderBase | list[Any]:
+        return self.test_dataloader()
+
+    def describe(self) -> Mapping[str, Any]:
+        """Files, rows and features, for logs."""
+        return {**self.source.describe(), "label": self.spec.label, "dense": list(self.spec.dense), "sparse": self.spec.keys}
+

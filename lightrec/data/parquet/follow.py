@@ -1,0 +1,240 @@
+"""Following a folder: an unbounded Parquet source that reads files as they land.
+
+``ParquetDataModule(..., follow=True)`` trains on what is there, then keeps polling the path for new
+files, for online training. The stream is read in *rounds*:
+
+1. **list** the path (every ``poll_interval`` seconds) for files not seen before that are
+   *complete*: names starting with ``.`` or ``_`` are skipped (write a file under such a name, then
+   rename it -- an atomic rename is how Spark, DuckDB and ``lightrec data convert`` publish files);
+   with ``marker="_SUCCESS"``, a file counts only once its folder holds that marker file (a writer
+   that writes in place and marks the folder when done). A listed file whose footer cannot be read
+   yet is retried at the next polls; one that stays unreadable and unchanged for three polls is a
+   :class:`~lightrec.data.parquet.errors.ParquetFileError`;
+2. **order**: the new files of one poll are read in the order of their paths (sorted as strings:
+   zero-pad partition values and numbers); files of a later poll come after them, whatever their
+   names -- a late file of an earlier hour is read when it arrives;
+3. **plan** the round like an epoch (:mod:`~lightrec.data.parquet.sharding`): the rows left over by
+   the previous round (fewer than ``world_size * batch_size``) and the new files' rows, in order,
+   ``steps = rows // (world_size * batch_size)`` per rank; what is left over waits for the next round;
+4. **stop** when no new file came for ``idle_timeout`` seconds (``None``: never), which ends the
+   epoch (and the fit, with ``max_epochs=1``), or when ``max_steps`` ends training.
+
+Every rank must see the same files in the same rounds (they run the same steps): rank 0 lists, and
+sends what it found to the others (a ``broadcast_object_list`` on a gloo group of its own, made at
+the first poll, so an NCCL training group is left alone). The position in a checkpoint names the
+files finished, the round in progress and the leftover rows, so a resumed run continues exactly;
+files that arrived meanwhile are read in the next round.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow.fs as pafs
+import torch.distributed as dist
+
+from lightrec.data.batch import Batch
+from lightrec.data.parquet.errors import ParquetFileError
+from lightrec.data.parquet.loader import LoaderBase
+from lightrec.data.parquet.sharding import Slice, plan_epoch, slices_of, take_rows
+from lightrec.data.parquet.source import ParquetFileInfo, ParquetSource, list_files, read_file_info
+from lightrec.data.parquet.spec import FeatureSpec, check_schema
+from lightrec.data.parquet.state import LoaderPosition, ResumeMismatchError
+
+__all__ = ["FolderWatcher", "FollowOptions", "FollowingParquetLoader"]
+
+logger = logging.getLogger(__name__)
+
+_SETTLE_POLLS = 3
+
+
+@dataclass(frozen=True)
+class FollowOptions:
+    """How a following source polls (module docstring).
+
+    Args:
+        poll_interval: seconds between listings when there is nothing new.
+        idle_timeout: seconds without a new file after which the stream ends (None: never).
+        marker: a file name (e.g. ``"_SUCCESS"``) a folder must hold before its files are read.
+    """
+
+    poll_interval: float = 10.0
+    idle_timeout: float | None = 600.0
+    marker: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.poll_interval > 0:
+            raise ValueError(f"poll_interval must be > 0 seconds, got {self.poll_interval!r}")
+        if self.idle_timeout is not None and self.idle_timeout < 0:
+            raise ValueError(f"idle_timeout must be >= 0 seconds or None (never), got {self.idle_timeout!r}")
+
+
+class FolderWatcher:
+    """Finds complete files under the source's paths that were not read yet (module docstring).
+
+    Args:
+        filesystem: where the files are.
+        paths: the paths (inside ``filesystem``) to list: folders, files or globs.
+        options: polling settings.
+    """
+
+    def __init__(self, filesystem: pafs.FileSystem, paths: Sequence[str], options: FollowOptions) -> None:
+        self.filesystem, self.paths, self.options = filesystem, list(paths), options
+        self._unreadable: dict[str, tuple[tuple[int, int | None], int]] = {}
+        self._group: Any = None
+
+    def _complete(self, path: str) -> bool:
+        if self.options.marker is None:
+            return True
+        folder = path.rsplit("/", 1)[0]
+        return self.filesystem.get_file_info(f"{folder}/{self.options.marker}").type == pafs.FileType.File
+
+    def _stamp(self, path: str) -> tuple[int, int | None]:
+        info = self.filesystem.get_file_info(path)
+        return int(info.size or 0), info.mtime_ns if info.mtime is not None else None
+
+    def list_new(self, known: set[str]) -> list[ParquetFileInfo]:
+        """The complete, readable files not in ``known``, sorted by path (this process's view)."""
+        found = sorted({p for path in self.paths for p in list_files(self.filesystem, path)} - known)
+        out = []
+        for path in found:
+            if not self._complete(path):
+                continue
+            try:
+                out.append(read_file_info(self.filesystem, path))
+                self._unreadable.pop(path, None)
+            except ParquetFileError:
+                stamp = self._stamp(path)
+                before, polls = self._unreadable.get(path, (stamp, 0))
+                polls = polls + 1 if before == stamp else 1
+                if polls >= _SETTLE_POLLS:
+                    raise
+                self._unreadable[path] = (stamp, polls)
+        return out
+
+    def _agree(self, value: Any) -> Any:
+        """Rank 0's ``value`` on every rank (itself when not distributed)."""
+        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+            return value
+        if self._group is None:
+            self._group = dist.new_group(backend="gloo")
+        box = [value]
+        dist.broadcast_object_list(box, src=0, group=self._group)
+        return box[0]
+
+    def wait_for_new(self, known: set[str]) -> list[ParquetFileInfo] | None:
+        """New files, polling until some arrive; None when ``idle_timeout`` passed without any."""
+        started = time.monotonic()
+        while True:
+            mine = self.list_new(known) if not dist.is_initialized() or dist.get_rank() == 0 else []
+            idle = time.monotonic() - started
+            timeout = self.options.idle_timeout
+            expired = not mine and timeout is not None and idle >= timeout
+            found, stop = self._agree(([f.path for f in mine], expired))
+            if found:
+                by_path = {f.path: f for f in mine}
+                return [by_path.get(p) or read_file_info(self.filesystem, p) for p in found]
+            if stop:
+                return None
+            time.sleep(self.options.poll_interval)
+
+
+class FollowingParquetLoader(LoaderBase):
+    """An unbounded loader over a growing folder (module docstring); no ``len()``.
+
+    Args:
+        source: the files there at the start (read in the first round).
+        spec / batch_size: see :class:`~lightrec.data.parquet.loader.LoaderBase`.
+        follow: polling settings.
+        **options: ``LoaderBase``'s (``rank``, ``world_size``, ``num_workers``, ...).
+    """
+
+    def __init__(
+        self, source: ParquetSource, spec: FeatureSpec, batch_size: int, follow: FollowOptions | None = None, **options: Any
+    ) -> None:
+        super().__init__(source, spec, batch_size, **options)
+        self.follow = follow or FollowOptions()
+        self.watcher = FolderWatcher(source.filesystem, source.inner_paths, self.follow)
+        self.files = self.reader.files  # grows as files arrive; slices index it
+        self._by_path = {f.path: i for i, f in enumerate(self.files)}
+        self._done: list[str] = []
+        self._round: list[str] = [f.path for f in source.files]
+        self._carry: list[Slice] = []
+        self._ended = False
+        self._resume: LoaderPosition | None = None
+
+    def __len__(self) -> int:
+        raise TypeError("a following Parquet loader is unbounded: it has no length")
+
+    def _index(self, info: ParquetFileInfo) -> int:
+        """The file's index in ``files`` (appended when new)."""
+        if info.path not in self._by_path:
+            check_schema(self.spec, info.schema, info.path)  # a new file must give the same features
+            self.files.append(info)
+            self._by_path[info.path] = len(self.files) - 1
+        return self._by_path[info.path]
+
+    def _round_slices(self) -> list[Slice]:
+        return self._carry + slices_of(self.files, [self._by_path[p] for p in self._round])
+
+    def __iter__(self) -> Iterator[Batch]:
+        start = self._restore()
+        self._ended = False
+        while True:
+            slices = self._round_slices()
+            plan = plan_epoch(slices, self.batch_size, self.rank, self.world_size)
+            used = plan.steps * self.batch_size * self.world_size
+            self._yielded, self.prefetched = start, 0
+            yield from self._batches(plan.units_from(start))
+            start = 0
+            self._done += self._round
+            # Files listed at start but not in a resumed position count as new: read in the next round.
+            known = set(self._done) | {self.files[s.file].path for s in take_rows(slices, used)}
+            self._carry = take_rows(slices, used)
+            self._round = []
+            new = self.watcher.wait_for_new(known)
+            if new is None:
+                self._ended = True
+                self.skipped.log(f"{self.name} data (followed)")
+                return
+            self._round = [self.files[self._index(f)].path for f in new]
+            logger.info("following %s: %d new file(s), from %s", self.source.paths, len(new), new[0].path)
+
+    def _restore(self) -> int:
+        resume, self._resume = self._resume, None
+        if resume is None or resume.follow is None:
+            return 0
+        state = resume.follow
+        paths = list(dict.fromkeys([*state["round"], *(c[0] for c in state["carry"])]))
+        for path in paths:
+            if path not in self._by_path:
+                self._index(read_file_info(self.source.filesystem, path))
+        self._done, self._round = list(state["done"]), list(state["round"])
+        self._carry = [Slice(self._by_path[p], g, lo, hi) for p, g, lo, hi in state["carry"]]
+        return resume.batch
+
+    def position(self) -> LoaderPosition:
+        """The round in progress and the batches of it trained (Lightning holds one read-ahead batch)."""
+        held = 0 if self._ended else 1  # an unsized loader: Lightning reads one batch ahead
+        state = {
+            "done": list(self._done),
+            "round": list(self._round),
+            "carry": [[self.files[s.file].path, s.row_group, s.lo, s.hi] for s in self._carry],
+        }
+        batch = max(self._yielded - self.prefetched - held, 0)
+        return LoaderPosition(0, batch, self.world_size, self.batch_size, "", state)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.position().to_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        position = LoaderPosition.from_dict(state)
+        if position.follow is None:
+            raise ResumeMismatchError("the checkpoint's data position is not a following loader's; resume without follow")
+        position.check_fits(self.world_size, self.batch_size, "")
+        self._resume = position
+

@@ -1,0 +1,264 @@
+"""``ParquetLoader``: one rank's batches of a Parquet split, read by loader workers, resumable mid-epoch.
+
+::
+
+    ParquetLoader  (in the training process: iterable, len() = steps per epoch, state_dict)
+      ├─ plan the epoch (sharding.plan_epoch): this rank's units, from the resume position on
+      ├─ num_workers = 0: read each unit here            ┐  unit j -> worker j mod num_workers;
+      │  num_workers > 0: a torch DataLoader of workers   ┘  torch yields them round-robin = in order
+      │     worker: read_unit = BlockReader.read -> read_columns (checks) -> lay_out (pieces, shm)
+      └─ BatchAssembler: pieces -> Batch (views; a batch spanning two units joined)
+
+It is not a ``torch.utils.data.DataLoader`` (Lightning would re-create one of those with a sampler of
+its own); Lightning takes any iterable, sizes the epoch by ``len()``, calls ``sampler.set_epoch`` at
+every epoch and checkpoints ``state_dict()`` (:mod:`lightrec.data.parquet.state`). Workers are
+started for every epoch (the plan differs per epoch) and stop when it ends or is abandoned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from lightrec.data.batch import Batch
+from lightrec.data.errors import OnError, check_on_error
+from lightrec.data.parquet.batches import BatchAssembler, UnitBatches, lay_out
+from lightrec.data.parquet.columns import raise_first, read_columns, skip_messages
+from lightrec.data.parquet.errors import SkippedRows
+from lightrec.data.parquet.reader import BlockReader
+from lightrec.data.parquet.sharding import EpochPlan, Slice, Unit, plan_epoch
+from lightrec.data.parquet.source import ParquetSource
+from lightrec.data.parquet.spec import FeatureSpec
+from lightrec.data.parquet.state import LoaderPosition, fingerprint
+from lightrec.data.parquet.transport import ReleaseBoard, UnitArena
+
+__all__ = ["LoaderBase", "ParquetLoader", "UnitStream", "read_unit"]
+
+_SKIP_EXAMPLES = 5
+
+
+def read_unit(
+    reader: BlockReader, spec: FeatureSpec, unit: Unit, index: int, batch_size: int, on_error: OnError, arena: UnitArena
+) -> UnitBatches:
+    """Read, check and lay out one unit (what a loader worker does for each of its units)."""
+    rows = reader.read(unit)
+    columns = read_columns(rows, spec)
+    positions, skipped, examples = None, 0, []
+    if columns.bad:
+        if on_error == "raise":
+            raise_first(rows, columns.bad)
+        bad = np.logical_or.reduce([b.mask for b in columns.bad])
+        examples = skip_messages(rows, columns.bad, _SKIP_EXAMPLES)
+        skipped = int(bad.sum())
+        positions = unit.start + np.flatnonzero(~bad)
+        columns = columns.keep(~bad)
+    out = lay_out(index, unit.start, unit.rows, columns, spec, batch_size, arena, positions)
+    out.skipped, out.skip_examples = skipped, examples
+    return out
+
+
+class UnitStream(IterableDataset):
+    """The units of one epoch as ``UnitBatches``; in worker ``w`` of ``n``, units ``w, w + n, ...``.
+
+    Args:
+        reader / spec / units / batch_size / on_error: what to read and how.
+        board: where the training process releases units (workers reuse their arena's slots after it).
+        slots: arena slots per worker.
+    """
+
+    def __init__(
+        self,
+        reader: BlockReader,
+        spec: FeatureSpec,
+        units: Sequence[Unit],
+        batch_size: int,
+        on_error: OnError,
+        board: ReleaseBoard | None = None,
+        slots: int = 1,
+    ) -> None:
+        self.reader, self.spec, self.units = reader, spec, list(units)
+        self.batch_size, self.on_error = batch_size, on_error
+        self.board, self.slots = board, slots
+
+    def __iter__(self) -> Iterator[UnitBatches]:
+        worker = get_worker_info()
+        if worker is None:
+            first, step, arena = 0, 1, UnitArena(shared=False)
+        else:
+            first, step = worker.id, worker.num_workers
+            arena = UnitArena(shared=True, slots=self.slots, board=self.board, worker=worker.id)
+        for j in range(first, len(self.units), step):
+            yield read_unit(self.reader, self.spec, self.units[j], j, self.batch_size, self.on_error, arena)
+
+
+def _as_is(item: Any) -> Any:
+    """The DataLoader's collate function: a unit is handed over as the worker made it."""
+    return item
+
+
+class _Epoch:
+    """What Lightning calls ``set_epoch`` on (a loader's ``sampler``) at the start of every epoch."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+
+class LoaderBase:
+    """What both Parquet loaders share: reading units (here or in workers) and assembling batches.
+
+    Args:
+        source: the files.
+        spec: the feature spec, sized (every sparse feature has ``num_embeddings`` or maps no ids).
+        batch_size: samples per batch on this rank.
+        rank / world_size: this rank and the number of ranks.
+        num_workers: loader processes (0: read in this process).
+        on_error: ``"raise"`` at the first bad row, or ``"skip"`` bad rows (counted: ``skipped``).
+        pin_memory: build the batches in page-locked memory (for asynchronous copies to a GPU).
+        prefetch_factor: units each worker reads ahead (each worker holds ``prefetch_factor + 2`` units'
+            tensors in shared memory).
+        name: the split, for messages.
+    """
+
+    def __init__(
+        self,
+        source: ParquetSource,
+        spec: FeatureSpec,
+        batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        num_workers: int = 0,
+        on_error: OnError = "raise",
+        pin_memory: bool = False,
+        prefetch_factor: int = 2,
+        name: str = "train",
+    ) -> None:
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"num_workers must be an int >= 0 (0: read in the training process), got {num_workers!r}")
+        if prefetch_factor < 1:
+            raise ValueError(f"prefetch_factor must be >= 1, got {prefetch_factor!r}")
+        self.source, self.spec = source, spec
+        self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
+        self.num_workers, self.on_error = num_workers, check_on_error(on_error)
+        self.pin_memory, self.prefetch_factor, self.name = pin_memory, prefetch_factor, name
+        self.reader = BlockReader(source.filesystem, source.files, spec.columns())
+        self.sampler = _Epoch()
+        self.batch_sampler = None  # Lightning reads both attributes of anything with a sampler
+        #: Batches read ahead by a pipelining callback and not trained yet (SparseDistPrefetch sets it).
+        self.prefetched = 0
+        #: Rows left out under on_error="skip", over the loader's life.
+        self.skipped = SkippedRows()
+        #: Called with the new total whenever rows were skipped (the DataModule logs it).
+        self.on_skip: Callable[[int], None] | None = None
+        self._yielded = 0
+
+    def _batches(self, units: Sequence[Unit]) -> Iterator[Batch]:
+        pin = self.pin_memory and torch.cuda.is_available()
+        assembler = BatchAssembler(self.spec.keys, self.batch_size, pin_memory=pin)
+        workers = min(self.num_workers, len(units))
+        board = ReleaseBoard(workers) if workers else None
+        try:
+            for expected, unit in enumerate(self._read(units, board, workers)):
+                if unit.index != expected:
+                    raise RuntimeError(f"loader workers delivered unit {unit.index} where unit {expected} was due")
+                if unit.skipped:
+                    self.skipped.add(unit.skipped, unit.skip_examples)
+                    if self.on_skip is not None:
+                        self.on_skip(self.skipped.count)
+                for batch in assembler.add(unit):
+                    self._yielded += 1
+                    yield batch
+                if board is not None:  # every batch of the unit is copied out: its slot may be reused
+                    board.release(unit.index % workers, unit.index // workers)
+        finally:
+            if board is not None:
+                board.stop()
+
+    def _read(self, units: Sequence[Unit], board: ReleaseBoard | None, workers: int) -> Iterator[UnitBatches]:
+        slots = self.prefetch_factor + 2  # queued, being copied out, and one to write into
+        stream = UnitStream(self.reader, self.spec, units, self.batch_size, self.on_error, board, slots)
+        if workers == 0:
+            yield from stream
+            return
+        loader = DataLoader(
+            stream, batch_size=None, num_workers=workers, collate_fn=_as_is, prefetch_factor=self.prefetch_factor,
+        )  # fmt: skip
+        held: dict[int, UnitBatches] = {}
+        for unit in loader:
+            # Keep the worker's previous unit until this one arrived: its arena stays mapped here.
+            held[unit.index % workers] = unit
+            yield unit
+
+
+class ParquetLoader(LoaderBase):
+    """This rank's batches of a Parquet split, epoch after epoch (module docstring).
+
+    Args:
+        source / spec / batch_size / rank / world_size / num_workers / on_error / pin_memory /
+            prefetch_factor / name: see :class:`LoaderBase`.
+        slices: the split's rows (``sharding.slices_of`` and the splits).
+        shuffle / seed / shuffle_window: see :func:`~lightrec.data.parquet.sharding.plan_epoch`.
+    """
+
+    def __init__(
+        self,
+        source: ParquetSource,
+        spec: FeatureSpec,
+        slices: Sequence[Slice],
+        batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        shuffle: bool = False,
+        seed: int = 0,
+        shuffle_window: int = 1,
+        **options: Any,
+    ) -> None:
+        super().__init__(source, spec, batch_size, rank, world_size, **options)
+        self.slices = list(slices)
+        self.shuffle, self.seed, self.shuffle_window = shuffle, seed, shuffle_window
+        self._steps = self.plan(0).steps  # the same every epoch: the rows do not change
+        self._resume: LoaderPosition | None = None
+        settings = {"shuffle": shuffle, "seed": seed, "window": shuffle_window}
+        self.fingerprint = fingerprint(source.files, self.slices, settings)
+
+    def plan(self, epoch: int) -> EpochPlan:
+        """This rank's plan of ``epoch``."""
+        return plan_epoch(
+            self.slices, self.batch_size, self.rank, self.world_size, epoch, self.shuffle, self.seed,
+            self.shuffle_window,
+        )  # fmt: skip
+
+    def __len__(self) -> int:
+        return self._steps
+
+    def __iter__(self) -> Iterator[Batch]:
+        epoch = self.sampler.epoch
+        resume, self._resume = self._resume, None
+        start = resume.batch if resume is not None and resume.epoch == epoch else 0
+        plan = self.plan(epoch)
+        self._yielded, self.prefetched = start, 0
+        yield from self._batches(plan.units_from(start))
+        self.skipped.log(f"{self.name} data")
+
+    def position(self) -> LoaderPosition:
+        """Where the loader is: batches of the current epoch trained (read minus ``prefetched``)."""
+        return LoaderPosition(
+            epoch=self.sampler.epoch, batch=max(self._yielded - self.prefetched, 0), world_size=self.world_size,
+            batch_size=self.batch_size, fingerprint=self.fingerprint,
+        )  # fmt: skip
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.position().to_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        position = LoaderPosition.from_dict(state)
+        position.check_fits(self.world_size, self.batch_size, self.fingerprint)
+        if position.batch > self._steps:
+            raise ValueError(f"the checkpoint's position, batch {position.batch}, is past the epoch's {self._steps} batches")
+        self._resume = position

@@ -1,0 +1,234 @@
+"""Where the Parquet files are: a path, folder, glob or URI -> a sorted list of files with their footers.
+
+``path`` may be
+
+* a file (``data/day_0.parquet``);
+* a folder, read recursively; hive-style partition folders (``day=2024-01-07/hour=03/...``) give
+  each file its partition values, which the splits can select on;
+* a glob (``data/day=*/part-*.parquet``; ``**`` matches any depth);
+* a list of any of these;
+* a URI of any filesystem pyarrow reaches (``s3://``, ``gs://``, ``hdfs://``, ``file://``), or of
+  an fsspec filesystem where fsspec and its backend are installed (``memory://``, ``abfs://``, ...).
+
+Names starting with ``.`` or ``_`` are skipped at every level below the given folder (Spark's
+``_SUCCESS``, ``_temporary/``, writers' hidden ``.part`` files), as pyarrow's datasets do. Files are
+read in the order of their full paths, sorted as strings: zero-pad partition values and file
+numbers (``day=07``, ``part-00012``) so that this is time order.
+
+Every file's footer is read once, here (row groups and their sizes, column statistics); its size
+and modification time are kept so that a reader notices a file that changed after it was listed
+(:class:`~lightrec.data.parquet.errors.ParquetFileChangedError`).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from lightrec.data.parquet.errors import ParquetFileChangedError, ParquetFileError
+
+__all__ = [
+    "ParquetFileInfo",
+    "ParquetSource",
+    "hidden",
+    "list_files",
+    "open_parquet",
+    "read_file_info",
+    "resolve_filesystem",
+]
+
+_GLOB = re.compile(r"[*?\[]")
+
+
+def resolve_filesystem(path: str) -> tuple[pafs.FileSystem, str]:
+    """``(filesystem, path inside it)`` for a local path or a URI (module docstring)."""
+    if "://" not in path:
+        return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(path))
+    try:
+        return pafs.FileSystem.from_uri(path)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:  # a scheme pyarrow does not build in
+        try:
+            import fsspec
+        except ImportError:
+            raise ValueError(
+                f"path {path!r}: pyarrow cannot open this kind of URI ({exc}) and fsspec is not installed; "
+                "pip install fsspec and its backend (s3fs, gcsfs, adlfs, ...)"
+            ) from exc
+        fs, inner = fsspec.core.url_to_fs(path)
+        return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), inner
+
+
+def hidden(name: str) -> bool:
+    """Whether a file or folder name is skipped: it starts with ``.`` or ``_``."""
+    return name.startswith((".", "_"))
+
+
+def _visible_below(path: str, base: str) -> bool:
+    relative = path[len(base) :].lstrip("/") if path.startswith(base) else os.path.basename(path)
+    return not any(hidden(part) for part in relative.split("/") if part)
+
+
+def list_files(fs: pafs.FileSystem, path: str) -> list[str]:
+    """The files ``path`` names (a file, a folder read recursively, or a glob), sorted; may be empty."""
+    match = _GLOB.search(path)
+    if match is None:
+        info = fs.get_file_info(path)
+        if info.type == pafs.FileType.File:
+            return [path]
+        if info.type != pafs.FileType.Directory:
+            return []
+        base = path.rstrip("/")
+        found = fs.get_file_info(pafs.FileSelector(base, recursive=True))
+        return sorted(f.path for f in found if f.type == pafs.FileType.File and _visible_below(f.path, base))
+    base = path[: match.start()].rsplit("/", 1)[0] or "/"
+    if fs.get_file_info(base).type != pafs.FileType.Directory:
+        return []
+    found = fs.get_file_info(pafs.FileSelector(base, recursive=True))
+    pattern = path.replace("**/", "*").replace("/**", "*")  # fnmatch's * crosses '/' already
+    return sorted(
+        f.path
+        for f in found
+        if f.type == pafs.FileType.File and fnmatch.fnmatchcase(f.path, pattern) and _visible_below(f.path, base)
+    )
+
+
+def partitions_of(path: str) -> tuple[tuple[str, str], ...]:
+    """The hive partition values in a file's path: ``.../day=07/hour=3/x.parquet`` -> (("day", "07"), ("hour", "3"))."""
+    parts = path.split("/")[:-1]
+    return tuple(tuple(p.split("=", 1)) for p in parts if "=" in p and not p.startswith("="))  # type: ignore[misc]
+
+
+def open_parquet(fs: pafs.FileSystem, path: str) -> pq.ParquetFile:
+    """A ``ParquetFile`` over ``path`` (memory-mapped when local; reads of row groups pre-buffered).
+
+    Raises:
+        ParquetFileError: the file is not Parquet, truncated or corrupt.
+    """
+    try:
+        if isinstance(fs, pafs.LocalFileSystem):
+            return pq.ParquetFile(path, memory_map=True, pre_buffer=True)
+        return pq.ParquetFile(fs.open_input_file(path), pre_buffer=True)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise ParquetFileError(
+            f"not a readable Parquet file ({exc}); it may be truncated (a copy or write that did not finish) or "
+            "corrupt: write or copy it again, or move it out of the data folder",
+            path=path,
+        ) from exc
+
+
+@dataclass(frozen=True)
+class ParquetFileInfo:
+    """One file of a source: where it is, what it holds, and its stamp (size, modification time).
+
+    Args:
+        path: the path inside the source's filesystem.
+        size / mtime_ns: the file's size and modification time when it was listed (mtime None where
+            the filesystem has none).
+        row_groups: rows of each row group.
+        partitions: hive partition values of its folders, outermost first.
+        metadata: the parsed footer (column statistics for table sizes and checks).
+    """
+
+    path: str
+    size: int
+    mtime_ns: int | None
+    row_groups: tuple[int, ...]
+    partitions: tuple[tuple[str, str], ...] = ()
+    metadata: pq.FileMetaData | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def rows(self) -> int:
+        return sum(self.row_groups)
+
+    @property
+    def schema(self) -> pa.Schema:
+        if self.metadata is None:
+            raise ValueError(f"{self.path}: the footer was not kept")
+        return self.metadata.schema.to_arrow_schema()
+
+    def check_unchanged(self, fs: pafs.FileSystem) -> None:
+        """Raise :class:`ParquetFileChangedError` when the file's size or modification time differs now."""
+        now = fs.get_file_info(self.path)
+        mtime = now.mtime_ns if now.mtime is not None else None
+        if now.type != pafs.FileType.File or now.size != self.size or mtime != self.mtime_ns:
+            state = "is gone" if now.type != pafs.FileType.File else f"is now {now.size} bytes (was {self.size})"
+            raise ParquetFileChangedError(
+                f"the file changed while it was being read: it {state} or was modified (mtime {mtime} vs {self.mtime_ns}). "
+                "Files must not be rewritten in place while training reads them: write new files (and rename them "
+                "in), then restart or follow the folder",
+                path=self.path,
+            )
+
+
+def read_file_info(fs: pafs.FileSystem, path: str) -> ParquetFileInfo:
+    """Stat and read the footer of one file (:class:`ParquetFileError` when it is not readable)."""
+    stat = fs.get_file_info(path)
+    meta = open_parquet(fs, path).metadata
+    rows = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
+    return ParquetFileInfo(
+        path=path, size=int(stat.size), mtime_ns=stat.mtime_ns if stat.mtime is not None else None, row_groups=rows,
+        partitions=partitions_of(path), metadata=meta,
+    )  # fmt: skip
+
+
+class ParquetSource:
+    """The files of one or more paths (module docstring), each with its footer.
+
+    Args:
+        path: a file, folder, glob or URI, or a list of them (all on one filesystem).
+        filesystem: a pyarrow filesystem to read from (default: from the path).
+
+    Raises:
+        FileNotFoundError: no file matches.
+        ParquetFileError: a file is not readable Parquet.
+    """
+
+    def __init__(self, path: str | Sequence[str], filesystem: pafs.FileSystem | None = None) -> None:
+        paths = [path] if isinstance(path, str) else [str(p) for p in path]
+        if not paths:
+            raise ValueError("path must name at least one file, folder or glob, got an empty list")
+        self.paths = paths
+        fs = filesystem
+        names: list[str] = []
+        #: The paths inside the filesystem (what a following loader lists again).
+        self.inner_paths: list[str] = []
+        for p in paths:
+            found_fs, inner = resolve_filesystem(p) if filesystem is None else (filesystem, p)
+            fs = fs or found_fs
+            self.inner_paths.append(inner)
+            found = list_files(fs, inner)
+            if not found:
+                raise FileNotFoundError(
+                    f"no Parquet files at {p!r}: give a file, a folder, a glob or a URI (names starting with '.' or "
+                    "'_' are skipped); convert TSV or CSV files with `lightrec data convert`"
+                )
+            names += found
+        assert fs is not None
+        self.filesystem: pafs.FileSystem = fs
+        self.files: list[ParquetFileInfo] = [read_file_info(fs, name) for name in dict.fromkeys(sorted(names))]
+
+    @property
+    def rows(self) -> int:
+        return sum(f.rows for f in self.files)
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The first file's Arrow schema."""
+        return self.files[0].schema
+
+    def describe(self) -> dict[str, Any]:
+        """Files, row groups and rows, for logs and ``lightrec data inspect``."""
+        return {
+            "files": len(self.files),
+            "row_groups": sum(len(f.row_groups) for f in self.files),
+            "rows": self.rows,
+            "bytes": sum(f.size for f in self.files),
+        }

@@ -1,0 +1,109 @@
+"""Training, validation and test rows of a Parquet source: by file, by partition value or by fraction.
+
+``val`` and ``test`` each take one of:
+
+* ``None`` (the default): no such split. Without ``val`` and ``test`` every row is training data;
+* a path, glob or list of them (``"data/day=23/*.parquet"``): those files (read as the source reads
+  ``path``; they may lie inside it -- then training leaves them out -- or elsewhere);
+* a dict of hive partition values (``{"day": "23"}``, ``{"day": ["22", "23"]}``): the files whose
+  partition folders have those values (every key must match; values are compared as strings);
+* a fraction (``0.05``): that share of the rows, taken from the end of the data in path order
+  (time order when the names are) -- validation before test, both after training -- cut at row
+  precision, inside a row group if need be.
+
+Fractions are not mixed with the other two (a fraction of what?); files and partitions mix freely.
+A file is in at most one split.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping, Sequence
+from typing import TypeAlias
+
+from lightrec.data.parquet.sharding import Slice, slices_of, take_rows
+from lightrec.data.parquet.source import ParquetSource, list_files, resolve_filesystem
+
+__all__ = ["SplitSetting", "split_paths", "split_slices"]
+
+SplitSetting: TypeAlias = float | Mapping[str, str | Sequence[str]] | Sequence[str] | str | None
+
+
+def split_paths(setting: SplitSetting) -> list[str]:
+    """The paths or globs a split setting names (empty for fractions, partitions and None)."""
+    if isinstance(setting, str):
+        return [setting]
+    if isinstance(setting, Sequence) and not isinstance(setting, (str, bytes)):
+        return [str(p) for p in setting]
+    return []
+
+
+def _is_fraction(setting: SplitSetting) -> bool:
+    return isinstance(setting, (int, float)) and not isinstance(setting, bool)
+
+
+def _matches(partitions: tuple[tuple[str, str], ...], wanted: Mapping[str, str | Sequence[str]]) -> bool:
+    have = dict(partitions)
+    for key, values in wanted.items():
+        allowed = [values] if isinstance(values, (str, int)) else list(values)
+        if key not in have or not any(fnmatch.fnmatchcase(have[key], str(v)) for v in allowed):
+            return False
+    return True
+
+
+def _files_of(source: ParquetSource, name: str, setting: SplitSetting) -> set[int]:
+    if isinstance(setting, Mapping):
+        chosen = {i for i, f in enumerate(source.files) if _matches(f.partitions, setting)}
+        if not chosen:
+            seen = sorted({p for f in source.files for p in f.partitions})
+            raise ValueError(
+                f"{name}={dict(setting)!r} selects no file: the partition values in the data are {seen[:20]} "
+                "(hive folders key=value)"
+            )
+        return chosen
+    index = {f.path: i for i, f in enumerate(source.files)}
+    chosen = set()
+    for path in split_paths(setting):
+        _, inner = resolve_filesystem(path)
+        found = list_files(source.filesystem, inner)
+        missing = [p for p in found if p not in index]
+        if not found or missing:
+            raise ValueError(
+                f"{name}={path!r} names no file of the source (found {len(found)} file(s), {len(missing)} not listed); "
+                "give it to the DataModule so it is read"
+            )
+        chosen |= {index[p] for p in found}
+    return chosen
+
+
+def split_slices(source: ParquetSource, val: SplitSetting = None, test: SplitSetting = None) -> dict[str, list[Slice]]:
+    """``{"train": slices, "val": slices, "test": slices}`` of ``source`` (module docstring).
+
+    Raises:
+        ValueError: a setting selects nothing, fractions are out of range or mixed with files, or a file is
+            in two splits.
+    """
+    settings = {"val": val, "test": test}
+    fractions = {k: v for k, v in settings.items() if _is_fraction(v)}
+    if fractions:
+        others = [k for k, v in settings.items() if v is not None and k not in fractions]
+        if others:
+            raise ValueError(f"{others[0]} is a file or partition split but {sorted(fractions)} a fraction; use one kind")
+        v, t = float(fractions.get("val", 0.0)), float(fractions.get("test", 0.0))  # type: ignore[arg-type]
+        if not (0 <= v and 0 <= t and v + t < 1):
+            raise ValueError(f"val and test fractions must be >= 0 and sum to < 1, got val={v!r}, test={t!r}")
+        stream, n = slices_of(source.files), source.rows
+        a, b = round(n * (1 - v - t)), round(n * (1 - t))
+        return {"train": take_rows(stream, 0, a), "val": take_rows(stream, a, b), "test": take_rows(stream, b, n)}
+    chosen = {k: _files_of(source, k, v) if v is not None else set() for k, v in settings.items()}
+    both = chosen["val"] & chosen["test"]
+    if both:
+        raise ValueError(f"files are in both val and test: {[source.files[i].path for i in sorted(both)][:3]}")
+    train = [i for i in range(len(source.files)) if i not in chosen["val"] | chosen["test"]]
+    if not train:
+        raise ValueError("val and test take every file: no training data is left")
+    return {
+        "train": slices_of(source.files, train),
+        "val": slices_of(source.files, sorted(chosen["val"])),
+        "test": slices_of(source.files, sorted(chosen["test"])),
+    }

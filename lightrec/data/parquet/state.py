@@ -1,0 +1,104 @@
+"""The loader's position in a checkpoint: where a resumed run starts reading again.
+
+Lightning saves ``state_dict()`` of every training loader that has one in the checkpoint (its fit
+loop's ``combined_loader`` entry) and hands it back to ``load_state_dict`` on resume, before the
+first batch is read. A Parquet loader's position is::
+
+    {"epoch": 3, "batch": 117, "world_size": 2, "batch_size": 1024, "fingerprint": "9c1e..."}
+
+``batch`` counts the batches of the epoch this rank *trained* -- read, minus those a pipelining
+callback (``SparseDistPrefetch``) holds but has not trained yet (the loader's ``prefetched``). A
+resume re-plans the same epoch (same files, same shuffle) and starts at row ``batch * batch_size`` of
+the rank's part, so it trains exactly the batches the uninterrupted run would have. As with
+:class:`~lightrec.data.RankDataLoader`, the position belongs to its epoch: when Lightning announces
+another epoch (a checkpoint written at the end of an epoch resumes into the next), reading starts
+at that epoch's beginning.
+
+The same ranks and batch size are needed (each rank's part of the stream depends on both), and the
+same data: the fingerprint hashes the files (paths, row groups, sizes) and the shuffle settings. A
+mismatch raises :class:`ResumeMismatchError` with the fix. A following loader
+(:mod:`lightrec.data.parquet.follow`) adds the files it has finished and the round in progress.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from lightrec.data.parquet.sharding import Slice
+from lightrec.data.parquet.source import ParquetFileInfo
+
+__all__ = ["LoaderPosition", "ResumeMismatchError", "fingerprint"]
+
+
+class ResumeMismatchError(ValueError):
+    """A checkpointed loader position does not fit the loader it is loaded into."""
+
+
+def fingerprint(files: Sequence[ParquetFileInfo], slices: Sequence[Slice], settings: Mapping[str, Any]) -> str:
+    """A short hash of the rows a loader reads (files, row groups, the split's slices) and its settings."""
+    digest = hashlib.sha1()
+    for s in slices:
+        info = files[s.file]
+        digest.update(f"{info.path}|{info.size}|{s.row_group}|{s.lo}|{s.hi};".encode())
+    digest.update(json.dumps(dict(settings), sort_keys=True, default=str).encode())
+    return digest.hexdigest()[:16]
+
+
+@dataclass
+class LoaderPosition:
+    """Where a loader is: ``batch`` batches of ``epoch`` trained (module docstring).
+
+    Args:
+        epoch: the epoch the position belongs to.
+        batch: batches of that epoch trained on this rank.
+        world_size / batch_size: the ranks and per-rank batch size that read it.
+        fingerprint: :func:`fingerprint` of the loader's data and settings.
+        follow: a following loader's extra state (files done, round in progress), else None.
+    """
+
+    epoch: int = 0
+    batch: int = 0
+    world_size: int = 1
+    batch_size: int = 1
+    fingerprint: str = ""
+    follow: dict[str, Any] | None = field(default=None)
+
+    def to_dict(self) -> dict[str, Any]:
+        state = asdict(self)
+        if self.follow is None:
+            state.pop("follow")
+        return state
+
+    @classmethod
+    def from_dict(cls, state: Mapping[str, Any]) -> LoaderPosition:
+        missing = [k for k in ("epoch", "batch", "world_size", "batch_size") if k not in state]
+        if missing:
+            raise ResumeMismatchError(
+                f"the checkpoint's data loader state lacks {missing}: it was not written by a Parquet loader "
+                f"(got keys {sorted(state)}); resume with the data it was trained on"
+            )
+        return cls(
+            epoch=int(state["epoch"]), batch=int(state["batch"]), world_size=int(state["world_size"]),
+            batch_size=int(state["batch_size"]), fingerprint=str(state.get("fingerprint", "")),
+            follow=dict(state["follow"]) if state.get("follow") is not None else None,
+        )  # fmt: skip
+
+    def check_fits(self, world_size: int, batch_size: int, fingerprint: str) -> None:
+        """Raise :class:`ResumeMismatchError` unless the position can be resumed by this loader."""
+        if (self.world_size, self.batch_size) != (world_size, batch_size):
+            raise ResumeMismatchError(
+                f"the checkpoint read its Parquet data on {self.world_size} rank(s) x batch_size {self.batch_size}, this "
+                f"run on {world_size} x {batch_size}: each rank's part of the data depends on both, so the position "
+                f"cannot be carried over; resume with {self.world_size} device(s) and --data.batch_size "
+                f"{self.batch_size}"
+            )
+        if self.fingerprint and fingerprint and self.fingerprint != fingerprint:
+            raise ResumeMismatchError(
+                "the Parquet data (files, row groups, split or shuffle settings) differs from the data the checkpoint "
+                "was trained on, so its position in the epoch means other rows now; resume with the same files and "
+                "settings, or start a new run (a following loader picks up new files by itself)"
+            )

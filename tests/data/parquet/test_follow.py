@@ -1,0 +1,123 @@
+"""Following a folder: files renamed in later are read, in rounds, in order; partial or unmarked files are
+not; the stream ends after the idle timeout; a position taken mid-stream resumes exactly."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from lightrec.data.parquet import (
+    FollowingParquetLoader,
+    FollowOptions,
+    ParquetFileError,
+    ParquetSource,
+    build_spec,
+)
+from lightrec.data.parquet.follow import FolderWatcher
+from tests.data.parquet.helpers import event_table
+
+POLL = FollowOptions(poll_interval=0.02, idle_timeout=0.6)
+
+
+def _write(folder: Path, name: str, start: int, rows: int) -> None:
+    """Write under a hidden name, then rename into place (how a writer publishes a complete file)."""
+    table = event_table(rows, seed=start, start=start)
+    hidden = folder / f".{Path(name).name}.tmp"
+    pq.write_table(table, hidden, row_group_size=16)
+    (folder / name).parent.mkdir(parents=True, exist_ok=True)
+    hidden.rename(folder / name)
+
+
+def _loader(folder: Path, options: FollowOptions = POLL, batch_size: int = 10) -> FollowingParquetLoader:
+    source = ParquetSource(str(folder))
+    spec = build_spec(source.schema, str(folder), "label", ["row"], ["scalar"])
+    return FollowingParquetLoader(source, spec, batch_size, follow=options)
+
+
+def _rows(batches: list) -> list[int]:
+    return [int(r) for b in batches for r in b.dense_features[:, 0].tolist()]
+
+
+def test_files_renamed_in_later_are_read_and_partial_files_are_not(tmp_path: Path) -> None:
+    _write(tmp_path, "part-00.parquet", 0, 25)
+    loader = _loader(tmp_path)
+    batches = []
+    later = iter(loader)
+    batches += [next(later), next(later)]  # 20 of the first 25 rows; 5 wait for the next file
+    # a writer in the middle of a file: a hidden partial file, and a visible one cut short
+    (tmp_path / ".part-01.parquet.tmp").write_bytes(b"PAR1 half written")
+    timer = threading.Timer(0.2, _write, (tmp_path, "part-01.parquet", 25, 37))
+    timer.start()
+    batches += list(later)  # reads part-01 when it lands, then stops 0.6 s after the last new file
+    timer.join()
+    assert _rows(batches) == list(range(60))  # 62 rows: the last 2 never fill a batch
+    # the 2 rows left over wait for a next file: rows 35-36 of part-01 (row group 2, rows 3-4)
+    assert loader.state_dict()["follow"]["carry"][0][1:] == [2, 3, 5]
+
+
+def test_rounds_are_read_in_arrival_order_then_path_order(tmp_path: Path) -> None:
+    _write(tmp_path, "b.parquet", 0, 20)
+    loader = _loader(tmp_path)
+    later = iter(loader)
+    first = [next(later), next(later)]
+    _write(tmp_path, "c.parquet", 100, 10)
+    _write(tmp_path, "a.parquet", 200, 10)  # an earlier name, arriving late: read in the round it lands in
+    rest = list(later)
+    assert _rows(first) == list(range(20))
+    assert _rows(rest) == [*range(200, 210), *range(100, 110)]
+
+
+def test_a_marker_file_publishes_a_folder(tmp_path: Path) -> None:
+    _write(tmp_path, "day=01/part-0.parquet", 0, 10)
+    (tmp_path / "day=01" / "_SUCCESS").write_text("")
+    options = FollowOptions(poll_interval=0.02, idle_timeout=0.3, marker="_SUCCESS")
+    loader = _loader(tmp_path, options)
+    later = iter(loader)
+    assert _rows([next(later)]) == list(range(10))
+    _write(tmp_path, "day=02/part-0.parquet", 10, 10)  # no marker yet: not read
+    threading.Timer(0.15, (tmp_path / "day=02" / "_SUCCESS").write_text, ("",)).start()
+    assert _rows(list(later)) == list(range(10, 20))
+
+
+def test_a_file_that_stays_unreadable_is_an_error(tmp_path: Path) -> None:
+    _write(tmp_path, "a.parquet", 0, 10)
+    watcher = FolderWatcher(ParquetSource(str(tmp_path)).filesystem, [str(tmp_path)], POLL)
+    (tmp_path / "b.parquet").write_bytes(b"not parquet at all")
+    known = {str(tmp_path / "a.parquet")}
+    assert watcher.list_new(known) == [] and watcher.list_new(known) == []  # maybe still being written
+    with pytest.raises(ParquetFileError, match=r"b\.parquet: not a readable Parquet file"):
+        watcher.list_new(known)
+
+
+def test_a_position_taken_mid_stream_resumes_exactly(tmp_path: Path) -> None:
+    _write(tmp_path, "part-00.parquet", 0, 25)
+    _write(tmp_path, "part-01.parquet", 25, 30)
+    loader = _loader(tmp_path)
+    stream = iter(loader)
+    for _ in range(3):
+        next(stream)  # Lightning holds one batch read ahead: 2 batches trained
+    state = loader.state_dict()
+    assert state["batch"] == 2
+    _write(tmp_path, "part-02.parquet", 55, 20)  # arrives while the run is stopped
+    resumed = _loader(tmp_path)
+    resumed.load_state_dict(state)
+    assert _rows(list(resumed)) == list(range(20, 70))
+
+
+def test_follow_needs_no_shuffle() -> None:
+    from lightrec.data import ParquetDataModule
+
+    with pytest.raises(ValueError, match=r"follow=True reads files in the order they land; shuffle=True"):
+        ParquetDataModule("x", follow=True, shuffle=True)
+
+
+def test_an_idle_source_ends_after_the_timeout(tmp_path: Path) -> None:
+    _write(tmp_path, "a.parquet", 0, 20)
+    loader = _loader(tmp_path, FollowOptions(poll_interval=0.05, idle_timeout=0.3))
+    started = time.monotonic()
+    assert len(list(loader)) == 2
+    assert 0.3 <= time.monotonic() - started < 5
