@@ -157,23 +157,19 @@ def test_files_written_under_the_former_module_paths_still_load(
     import zipfile
 
     from lightrec.distributed.checkpoint import load_file
-    from lightrec.distributed.planner.plan import (
-        EmbeddingComputeKernel,
-        EmbeddingModuleShardingPlan,
-        ParameterSharding,
-        ShardingPlan,
-        ShardingType,
-        ShardMetadata,
-    )
+    from lightrec.distributed.planner import plan
     from lightrec.distributed.sharding.state_dict import ShardedTableState
+
+    ShardMetadata, ShardingPlan, ShardingType = plan.ShardMetadata, plan.ShardingPlan, plan.ShardingType
+    kernel = plan.EmbeddingComputeKernel.FUSED
 
     meta = ShardMetadata([2, 0], [2, 4], "rank:1/cpu")
     state = ShardedTableState([4, 4], [(meta, torch.arange(8.0).view(2, 4))], torch.float32, [meta])
-    sharding = ParameterSharding("data_parallel", "dense", [0, 1])
+    sharding = plan.ParameterSharding("data_parallel", "dense", [0, 1])
     # (weights_only loads no dict subclass with items: a ShardingPlan is safe-listed but only an empty one
     # loads -- as before the move; what checkpoints hold is the state above, the enums and configs)
     payload = {"t.weight": state, "sharding": sharding, "plan": ShardingPlan(),
-               "kinds": [ShardingType.ROW_WISE, EmbeddingComputeKernel.FUSED]}  # fmt: skip
+               "kinds": [ShardingType.ROW_WISE, kernel]}  # fmt: skip
 
     path = tmp_path / "old.pt"
     with monkeypatch.context() as m:  # pickle as the old code did: the classes under their former modules
@@ -181,9 +177,9 @@ def test_files_written_under_the_former_module_paths_still_load(
         old_module.ShardedTableState = ShardedTableState  # type: ignore[attr-defined]
         m.setitem(sys.modules, "lightrec.distributed.state_dict", old_module)
         m.setattr(ShardedTableState, "__module__", "lightrec.distributed.state_dict")
-        for cls in (ShardMetadata, ParameterSharding, ShardingPlan, EmbeddingModuleShardingPlan, ShardingType,
-                    EmbeddingComputeKernel):  # fmt: skip
-            m.setattr(cls, "__module__", "lightrec.distributed.planner.plan")
+        for name in ("ShardMetadata", "ParameterSharding", "ShardingPlan", "EmbeddingModuleShardingPlan", "ShardingType",
+                     "EmbeddingComputeKernel"):  # fmt: skip
+            m.setattr(getattr(plan, name), "__module__", "lightrec.distributed.planner.plan")
         torch.save(payload, path)
     with zipfile.ZipFile(path) as z:
         pickled = z.read(next(n for n in z.namelist() if n.endswith("data.pkl")))
@@ -197,5 +193,5 @@ def test_files_written_under_the_former_module_paths_still_load(
         assert type(got) is ShardedTableState and got.global_shape == [4, 4] and got.all_shards == [meta]
         assert got.shards[0][0] == meta and torch.equal(got.shards[0][1], torch.arange(8.0).view(2, 4))
         assert loaded["sharding"] == sharding and loaded["plan"] == ShardingPlan()
-        assert loaded["kinds"] == [ShardingType.ROW_WISE, EmbeddingComputeKernel.FUSED]
+        assert loaded["kinds"] == [ShardingType.ROW_WISE, kernel]
         assert loaded["kinds"][0] is ShardingType.ROW_WISE
