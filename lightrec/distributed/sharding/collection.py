@@ -26,7 +26,7 @@ the very same tensors. The input dist reads only the ids, never the tables, so s
 does not change any result.
 
 Siblings of this file: ``collection_sharder.py`` (``CollectionSharder``, which builds a sharded
-collection) and ``collection_state_dict.py`` (the state dict under the unsharded module's keys:
+collection) and ``state_dict.py`` (the state dict under the unsharded module's keys:
 ``<attr>.<table>.weight``, a ``ShardedTableState`` for a model-parallel table, a tensor for a
 data-parallel one).
 """
@@ -295,7 +295,7 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
 
     @property
     def device(self) -> torch.device:
-        """Where this rank's shards live (fixed: sharded storage is never moved, see ``placement.py``)."""
+        """Where this rank's shards live (fixed: sharded storage is never moved, see ``dmp/placement.py``)."""
         return self._device
 
     @property
