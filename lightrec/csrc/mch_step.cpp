@@ -2,7 +2,7 @@
 // the new ones, in one pass instead of some forty small tensor operations.
 //
 // Registered as torch.ops.lightrec_mch.lookup_insert (built at first use by lightrec/_native.py;
-// lightrec/modules/mch_native.py is the Python side and documents the arguments and results). It
+// lightrec/modules/managed_collision/mch_native.py is the Python side and documents the arguments and results). It
 // makes exactly the decisions of the torch-op path, step by step:
 //
 //   lookup      mch_index.SlotIndex.lookup      the id's newest entry, verified against the slot
@@ -17,7 +17,7 @@
 //   index       mch_index.SlotIndex.insert      the placed ids are returned (folded into the sorted
 //                                               index later) and put in the hash
 //
-// tests/modules/test_mch_native.py runs both paths side by side over many steps and compares
+// tests/modules/managed_collision/test_mch_native.py runs both paths side by side over many steps and compares
 // every decision.
 
 #include <ATen/ATen.h>
