@@ -8,8 +8,10 @@ They are compiled once per machine by ``torch.utils.cpp_extension.load`` -- the
 compiler torch itself documents for extensions (g++/clang++ and ``ninja``, which lightrec depends
 on) -- into torch's extension cache (``$TORCH_EXTENSIONS_DIR``, default
 ``~/.cache/torch_extensions``), where later processes find the built library in well under a
-second; a source change rebuilds it. Concurrent builds (several ranks starting at once) wait on
-torch's lock in that folder.
+second; a source change rebuilds it. Concurrent builds (several ranks starting at once) take turns
+on an ``flock`` in that folder (:func:`_build_turn`), which the kernel releases when its holder dies;
+torch's own lock file, which a process killed mid-build leaves behind and which would make every
+later process wait forever, is removed by whoever holds the turn.
 
 The decision, made once per process (:func:`native_ops`):
 
@@ -113,16 +115,54 @@ def _ninja_findable() -> Iterator[None]:
             os.environ["PATH"] = before
 
 
+def _build_directory() -> Path:
+    """The folder torch's ``cpp_extension.load`` would pick for ``lightrec_native``:
+    ``$TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``) / ``py311_cpu`` / ``lightrec_native``."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or str(Path.home() / ".cache" / "torch_extensions")
+    cuda = torch.version.cuda
+    flavour = "cpu" if not cuda else "cu" + cuda.replace(".", "")
+    return Path(root) / f"py{sys.version_info.major}{sys.version_info.minor}_{flavour}" / "lightrec_native"
+
+
+@contextmanager
+def _build_turn(directory: Path) -> Iterator[None]:
+    """Hold this machine's turn to build or load the native library (an exclusive ``flock``).
+
+    Why not only torch's lock: torch marks a build in progress with a plain file (``lock``) and every
+    other process polls until it disappears, so a process killed mid-build (a rank SIGKILLed, a test
+    timing out) leaves a file that makes every later start wait forever. An ``flock`` dies with its
+    holder; whoever holds it knows no live lightrec build owns torch's file and removes it.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: torch's lock alone
+        yield
+        return
+    with open(directory / "lightrec-build.flock", "a+b") as turn:
+        fcntl.flock(turn.fileno(), fcntl.LOCK_EX)
+        try:
+            stale = directory / "lock"
+            if stale.exists():
+                _log.warning("removing %s, left by a native build that was killed", stale)
+                stale.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(turn.fileno(), fcntl.LOCK_UN)
+
+
 def _build() -> NativeOps:
     from torch.utils import cpp_extension
 
     sources = _sources()
+    directory = _build_directory()
     # -ffp-contract=off: no fused multiply-adds, so the update rounds like the torch reference.
-    with _ninja_findable():
+    with _ninja_findable(), _build_turn(directory):
         path = cpp_extension.load(
             name="lightrec_native",
             sources=sources,
             extra_cflags=["-O3", "-ffp-contract=off"],
+            build_directory=str(directory),
             is_python_module=False,
             verbose=False,
         )
