@@ -13,6 +13,7 @@ and creates its dense parameters on ``dense_device`` (``device`` for ``TwoTower`
 from typing import Any
 
 from lightrec.models import deepfm as _deepfm
+from lightrec.models import dlrm as _dlrm
 from lightrec.models.deepfm import FieldDeepFM, SimpleDeepFMNN
 from lightrec.models.dlrm import (
     DLRM,
@@ -28,19 +29,10 @@ from lightrec.models.dlrm import (
 )
 from lightrec.models.two_tower import TwoTower, TwoTowerTrainTask
 
-__all__ = [
-    "DLRM",
-    "DLRMTrain",
-    "DLRMWrapper",
-    "DLRM_DCN",
-    "DLRM_Projection",
-    "DenseArch",
+# torchrec's DLRM family (InteractionDCNArch stays at its torchrec path, lightrec.models.dlrm).
+__all__ = [name for name in _dlrm.__all__ if name != "InteractionDCNArch"] + [
     "FieldDeepFM",
-    "InteractionArch",
-    "InteractionProjectionArch",
-    "OverArch",
     "SimpleDeepFMNN",
-    "SparseArch",
     "TwoTower",
     "TwoTowerTrainTask",
 ]
