@@ -11,16 +11,14 @@ from lightrec.data.batch import Batch as Batch
 from lightrec.data.criteo import spec as _spec
 from lightrec.data.criteo import torchrec_readers as _readers
 from lightrec.data.criteo.parse import parse_criteo_lines as parse_criteo_lines
-from lightrec.data.criteo.spec import (
-    CAT_FEATURE_COUNT,
-    DAYS,
-    DEFAULT_CAT_NAMES,
-    DEFAULT_COLUMN_NAMES,
-    DEFAULT_INT_NAMES,
-    DEFAULT_LABEL_NAME,
-    FREQUENCY_THRESHOLD,
-    INT_FEATURE_COUNT,
-)
+from lightrec.data.criteo.spec import CAT_FEATURE_COUNT as CAT_FEATURE_COUNT
+from lightrec.data.criteo.spec import DAYS as DAYS
+from lightrec.data.criteo.spec import DEFAULT_CAT_NAMES as DEFAULT_CAT_NAMES
+from lightrec.data.criteo.spec import DEFAULT_COLUMN_NAMES as DEFAULT_COLUMN_NAMES
+from lightrec.data.criteo.spec import DEFAULT_INT_NAMES as DEFAULT_INT_NAMES
+from lightrec.data.criteo.spec import DEFAULT_LABEL_NAME as DEFAULT_LABEL_NAME
+from lightrec.data.criteo.spec import FREQUENCY_THRESHOLD as FREQUENCY_THRESHOLD
+from lightrec.data.criteo.spec import INT_FEATURE_COUNT as INT_FEATURE_COUNT
 from lightrec.data.criteo.torchrec_readers import *  # noqa: F403 - the readers' __all__, restated nowhere
 from lightrec.data.csv_readers import PATH_MANAGER_KEY as PATH_MANAGER_KEY
 from lightrec.data.csv_readers import LoadFiles as LoadFiles
