@@ -379,13 +379,26 @@ def documented_paths() -> dict[str, tuple[str, str, list[str]]]:
     return rows
 
 
-def test_every_torchrec_path_is_in_the_table() -> None:
-    documented = documented_paths()
+def expected_paths() -> list[str]:
+    """The torchrec paths the table must cover: those tested here, the managed-collision ones, and
+    those a lightrec docstring claims."""
     from tests.modules.managed_collision.test_mc_torchrec_paths import MC_PATHS
 
-    expected = set(TORCHREC_PATHS) | set(MC_PATHS) | _claimed_torchrec_paths()
-    missing = sorted(expected - set(documented))
-    assert not missing, f"add these torchrec paths to {PATHS_PAGE.name}: {missing}"
+    return sorted(set(TORCHREC_PATHS) | set(MC_PATHS) | _claimed_torchrec_paths())
+
+
+def table_row(path: str) -> str:
+    """The table row of ``path`` as the code stands (``python -m tests.test_torchrec_paths`` prints all)."""
+    module = "lightrec" + path[len("torchrec") :]
+    homes = re_export_homes(module)
+    role, homes = ("home", [module]) if homes is None else ("re-export", homes)
+    return f"| `{path}` | `{module}` | {role} | " + ", ".join(f"`{h}`" for h in homes) + " |"
+
+
+def test_every_torchrec_path_is_in_the_table() -> None:
+    documented = documented_paths()
+    missing = [table_row(p) for p in expected_paths() if p not in documented]
+    assert not missing, f"add these rows to {PATHS_PAGE.name}:\n" + "\n".join(missing)
     for torchrec, (lightrec, _, _) in documented.items():
         assert lightrec == "lightrec" + torchrec[len("torchrec") :], f"{torchrec}: the table names {lightrec}"
 
@@ -397,8 +410,13 @@ def test_torchrec_path_is_a_home_or_a_pure_re_export(path: str) -> None:
     actual = re_export_homes(module)
     if role == "re-export":
         assert actual is not None, f"{module} defines code: move it to its home, or mark the row `home`"
-        assert homes == actual, f"{module} re-exports from {actual}; the table says {homes}"
+        assert homes == actual, f"{module} re-exports from {actual}; the table says {homes}: {table_row(path)}"
     else:
         assert actual is None, f"{module} only re-exports (from {actual}): mark the row `re-export`"
         assert homes == [module], f"{path}: a home row names its own module, got {homes}"
     assert importlib.import_module(module)
+
+
+if __name__ == "__main__":  # print the table of docs/torchrec-paths.md as the code stands
+    print("| torchrec path | lightrec module | role | lightrec home |\n| --- | --- | --- | --- |")
+    print("\n".join(table_row(p) for p in expected_paths()))
