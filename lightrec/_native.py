@@ -35,8 +35,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from lightrec import _switches
 
 __all__ = ["NativeOps", "NativeUnavailableWarning", "native_ops", "native_unavailable_reason"]
@@ -198,19 +196,3 @@ def native_ops() -> NativeOps | None:
 def native_unavailable_reason() -> str | None:
     """Why :func:`native_ops` returned None (after it was called), else None."""
     return _reason
-
-
-def clear_cache_for_tests() -> None:
-    """Forget the decision (tests that flip ``LIGHTREC_NATIVE``); a loaded library stays loaded."""
-    global _reason
-    _reason = None
-    native_ops.cache_clear()
-
-
-def torch_has_op(namespace: str, name: str) -> bool:
-    """Whether ``torch.ops.<namespace>.<name>`` is registered in this process."""
-    try:
-        getattr(getattr(torch.ops, namespace), name)
-    except (AttributeError, RuntimeError):
-        return False
-    return True

@@ -7,7 +7,10 @@ from torchrec; docs/migrating-from-torchrec.md lists the same paths.
 
 from __future__ import annotations
 
+import ast
 import importlib
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -301,3 +304,119 @@ def test_dlrm_projection_and_wrapper() -> None:
     loss, logits = wrapper(ModelInput())
     torch.testing.assert_close(loss, nn.functional.binary_cross_entropy_with_logits(logits.squeeze(1), ModelInput().label))
     assert wrapper.eval()(ModelInput()).shape == (2, 1)
+
+
+# --------------------------------------------------------------- homes and re-exports (issue 32)
+# docs/torchrec-paths.md lists every module at a torchrec path with its role: ``home`` (lightrec's
+# code for that idea lives there) or ``re-export`` (imports, ``__all__`` and aliases only) and the
+# modules it re-exports from. The tests below keep the table equal to the code, so a re-export
+# module that grows a body, or a new torchrec-path module, has to be placed in the table on purpose.
+PATHS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "torchrec-paths.md"
+PACKAGE_DIR = Path(__file__).resolve().parents[1] / "lightrec"
+
+
+def _source(module: str) -> Path:
+    path = PACKAGE_DIR.parent.joinpath(*module.split("."))
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+
+
+def _is_re_export_statement(node: ast.stmt) -> bool:
+    """An import, the docstring, ``__all__`` (built from other modules' ``__all__`` too) or an alias."""
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return True
+    if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+        return True
+    if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        if all(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+            return True
+        return isinstance(node, ast.Assign) and isinstance(node.value, (ast.Name, ast.Attribute))
+    return False
+
+
+def re_export_homes(module: str) -> list[str] | None:
+    """The lightrec modules ``module`` re-exports from, or None when it holds code of its own (a home)."""
+    tree = ast.parse(_source(module).read_text())
+    if not all(_is_re_export_statement(node) for node in tree.body):
+        return None
+    package = module if _source(module).name == "__init__.py" else module.rpartition(".")[0]
+    homes: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+            base = node.module or ""
+            if node.level:
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            for alias in node.names:  # `from pkg import submodule` re-exports from the submodule
+                sub = f"{base}.{alias.name}"
+                homes.add(sub if _source(sub).exists() else base)
+        elif isinstance(node, ast.Import):
+            homes.update(a.name for a in node.names)
+    return sorted(h for h in homes if h.split(".")[0] == "lightrec")
+
+
+def _claimed_torchrec_paths() -> set[str]:
+    """lightrec modules whose docstring's first paragraph names their own torchrec path."""
+    found = set()
+    for path in PACKAGE_DIR.rglob("*.py"):
+        parts = path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        first = (ast.get_docstring(ast.parse(path.read_text())) or "").split("\n\n")[0]
+        torchrec = "torchrec" + module[len("lightrec") :]
+        if re.search(rf"``{re.escape(torchrec)}(``|\.)", first):
+            found.add(torchrec)
+    return found
+
+
+def documented_paths() -> dict[str, tuple[str, str, list[str]]]:
+    """``{torchrec path: (lightrec module, role, homes)}`` from the page's table."""
+    rows = {}
+    for line in PATHS_PAGE.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0].startswith("`torchrec"):
+            homes = re.findall(r"`([\w.]+)`", cells[3])
+            rows[cells[0].strip("`")] = (cells[1].strip("`"), cells[2], homes)
+    return rows
+
+
+def expected_paths() -> list[str]:
+    """The torchrec paths the table must cover: those tested here, the managed-collision ones, and
+    those a lightrec docstring claims."""
+    from tests.modules.managed_collision.test_mc_torchrec_paths import MC_PATHS
+
+    return sorted(set(TORCHREC_PATHS) | set(MC_PATHS) | _claimed_torchrec_paths())
+
+
+def table_row(path: str) -> str:
+    """The table row of ``path`` as the code stands (``python -m tests.test_torchrec_paths`` prints all)."""
+    module = "lightrec" + path[len("torchrec") :]
+    homes = re_export_homes(module)
+    role, homes = ("home", [module]) if homes is None else ("re-export", homes)
+    return f"| `{path}` | `{module}` | {role} | " + ", ".join(f"`{h}`" for h in homes) + " |"
+
+
+def test_every_torchrec_path_is_in_the_table() -> None:
+    documented = documented_paths()
+    missing = [table_row(p) for p in expected_paths() if p not in documented]
+    assert not missing, f"add these rows to {PATHS_PAGE.name}:\n" + "\n".join(missing)
+    for torchrec, (lightrec, _, _) in documented.items():
+        assert lightrec == "lightrec" + torchrec[len("torchrec") :], f"{torchrec}: the table names {lightrec}"
+
+
+@pytest.mark.parametrize("path", sorted(documented_paths()))
+def test_torchrec_path_is_a_home_or_a_pure_re_export(path: str) -> None:
+    module, role, homes = documented_paths()[path]
+    assert role in ("home", "re-export"), f"{path}: role {role!r} (home or re-export)"
+    actual = re_export_homes(module)
+    if role == "re-export":
+        assert actual is not None, f"{module} defines code: move it to its home, or mark the row `home`"
+        assert homes == actual, f"{module} re-exports from {actual}; the table says {homes}: {table_row(path)}"
+    else:
+        assert actual is None, f"{module} only re-exports (from {actual}): mark the row `re-export`"
+        assert homes == [module], f"{path}: a home row names its own module, got {homes}"
+    assert importlib.import_module(module)
+
+
+if __name__ == "__main__":  # print the table of docs/torchrec-paths.md as the code stands
+    print("| torchrec path | lightrec module | role | lightrec home |\n| --- | --- | --- | --- |")
+    print("\n".join(table_row(p) for p in expected_paths()))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
 
 from lightrec.cli.common import CommandError, UsageError, positive_int, reject_extra_arguments
@@ -44,6 +45,19 @@ def _non_negative_number(value: str) -> float:
     return 0.0 if value in ("0", "0.0") else _positive_number(value)
 
 
+# The numeric settings: (option, ServeConfig field, argument type, help before its "(default ...)").
+_TUNING: tuple[tuple[str, str, Callable[[str], float], str], ...] = (
+    ("--workers", "workers_per_device", positive_int, "worker processes per device, each with a copy of the model"),
+    ("--max-batch-size", "max_batch_size", positive_int, "requests joined into one forward"),
+    ("--batch-timeout-ms", "batch_timeout_ms", _non_negative_number, "wait for a batch to fill at most this long"),
+    ("--max-queue", "max_queue", positive_int, "requests in flight above which new ones get 503"),
+    ("--max-payload-mb", "max_payload_mb", _positive_number, "largest request body in MiB"),
+    ("--max-samples", "max_samples_per_request", positive_int, "most samples in one request"),
+    ("--follow-interval", "follow_interval_s", _positive_number, "seconds between looks at --deltas"),
+    ("--timeout", "timeout_s", _positive_number, "a request waiting longer for a worker gets 504, in seconds"),
+)
+
+
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     d = _DEFAULTS
     parser: argparse.ArgumentParser = sub.add_parser(
@@ -58,26 +72,13 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=d["port"], help=f"TCP port (default {d['port']})")
     parser.add_argument("--accelerator", choices=["auto", "cpu", "cuda"], default=d["accelerator"])
     parser.add_argument("--devices", type=_devices, default=d["devices"], help="devices to serve on (default auto)")
-    parser.add_argument("--workers", type=positive_int, default=d["workers_per_device"],
-                        help=f"worker processes per device, each with a copy of the model (default {d['workers_per_device']})")
-    parser.add_argument("--max-batch-size", type=positive_int, default=d["max_batch_size"],
-                        help=f"requests joined into one forward (default {d['max_batch_size']})")
-    parser.add_argument("--batch-timeout-ms", type=_non_negative_number, default=d["batch_timeout_ms"],
-                        help=f"wait for a batch to fill at most this long (default {d['batch_timeout_ms']})")
-    parser.add_argument("--max-queue", type=positive_int, default=d["max_queue"],
-                        help=f"requests in flight above which new ones get 503 (default {d['max_queue']})")
-    parser.add_argument("--max-payload-mb", type=_positive_number, default=d["max_payload_mb"],
-                        help=f"largest request body in MiB (default {d['max_payload_mb']:g})")
-    parser.add_argument("--max-samples", type=positive_int, default=d["max_samples_per_request"],
-                        help=f"most samples in one request (default {d['max_samples_per_request']})")
-    parser.add_argument("--follow-interval", type=_positive_number, default=d["follow_interval_s"],
-                        help=f"seconds between looks at --deltas (default {d['follow_interval_s']:g})")
-    parser.add_argument("--threads", type=positive_int, default=None,
+    for flag, field, kind, text in _TUNING:
+        parser.add_argument(flag, dest=field, metavar=flag[2:].upper().replace("-", "_"), type=kind, default=d[field],
+                            help=f"{text} (default {d[field]:g})")
+    parser.add_argument("--threads", dest="threads_per_worker", metavar="THREADS", type=positive_int, default=None,
                         help="torch threads per CPU worker (default 1: add --workers to use more cores)")
     parser.add_argument("--missing-features", choices=["empty", "error"], default=d["missing_features"],
                         help="a feature left out of a request: no ids (empty, default) or a 422 (error)")
-    parser.add_argument("--timeout", type=_positive_number, default=d["timeout_s"],
-                        help=f"a request waiting longer for a worker gets 504 (seconds, default {d['timeout_s']:g})")
     parser.add_argument("--api-servers", type=positive_int, default=None,
                         help="HTTP server processes (default: one per worker)")
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=d["log_level"])
@@ -90,13 +91,11 @@ def run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParser
         raise CommandError("`lightrec serve` runs on LitServe, which is not installed: pip install \"lightrec[serve]\"")
     from lightrec.serving.server import serve  # imports LitServe: only for this command
 
+    tuning = {field: getattr(ns, field) for _, field, _, _ in _TUNING}
     config = ServeConfig(
         artifact=Path(ns.artifact), deltas=Path(ns.deltas) if ns.deltas else None, host=ns.host, port=ns.port,
-        accelerator=ns.accelerator, devices=ns.devices, workers_per_device=ns.workers,
-        max_batch_size=ns.max_batch_size, batch_timeout_ms=ns.batch_timeout_ms, max_queue=ns.max_queue,
-        max_payload_mb=ns.max_payload_mb, max_samples_per_request=ns.max_samples,
-        follow_interval_s=ns.follow_interval, threads_per_worker=ns.threads, missing_features=ns.missing_features,
-        timeout_s=ns.timeout, api_servers=ns.api_servers, log_level=ns.log_level,
+        accelerator=ns.accelerator, devices=ns.devices, threads_per_worker=ns.threads_per_worker,
+        missing_features=ns.missing_features, api_servers=ns.api_servers, log_level=ns.log_level, **tuning,
     )  # fmt: skip
     try:
         serve(config)

@@ -1,9 +1,5 @@
-"""torchrec's ``torchrec.distributed.mc_embedding`` path: the sharded
-``ManagedCollisionEmbeddingCollection`` and its sharder.
-
-A re-export only; the code lives in :mod:`lightrec.distributed.mc_embedding_modules`, beside its
-pooled twin (see ``docs/managed-collisions.md``).
-"""
+"""torchrec's ``torchrec.distributed.mc_embedding`` path: a re-export of the sequence (``EmbeddingCollection``) pair
+of :mod:`lightrec.distributed.mc_embedding_modules` (docs/managed-collisions.md)."""
 
 from lightrec.distributed.mc_embedding_modules import (
     ManagedCollisionEmbeddingCollectionSharder,

@@ -1,9 +1,6 @@
-"""torchrec's ``torchrec.distributed.mc_embeddingbag`` path: the sharded
-``ManagedCollisionEmbeddingBagCollection`` and its sharder.
-
-A re-export only; the code lives in :mod:`lightrec.distributed.mc_embedding_modules`, beside its
-sequence twin (see ``docs/managed-collisions.md``).
-"""
+"""torchrec's ``torchrec.distributed.mc_embeddingbag`` path: a re-export of the pooled
+(``EmbeddingBagCollection``) sharder and sharded module of :mod:`lightrec.distributed.mc_embedding_modules`,
+where their sequence twins live too (docs/managed-collisions.md)."""
 
 from lightrec.distributed.mc_embedding_modules import (
     ManagedCollisionEmbeddingBagCollectionSharder,

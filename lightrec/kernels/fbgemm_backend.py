@@ -34,7 +34,13 @@ from typing import Any, ClassVar
 import torch
 
 from lightrec._fbgemm import fbgemm_available, fbgemm_serves_cuda, fbgemm_unavailable_reason
-from lightrec.kernels.kernel_interface import KernelConfig, LookupBatch, ResidentRows
+from lightrec.kernels.kernel_interface import (
+    KernelConfig,
+    LookupBatch,
+    ResidentRows,
+    check_layout,
+    require_support,
+)
 from lightrec.modules.embedding_configs import PoolingType
 from lightrec.optim.fused_spec import ROW_RULE_OPTIMIZERS, EmbOptimType, FusedOptimizerSpec, WeightDecayMode
 
@@ -103,13 +109,12 @@ class FbgemmBatchedLookup(ResidentRows):
     @classmethod
     def supports(cls, config: KernelConfig) -> str | None:
         """:func:`fbgemm_supports` of the configuration."""
-        return fbgemm_supports(config.spec, config.device, config.dims, config.pooling, config.feature_table_map)
+        return check_layout(fbgemm_supports, config)
 
     def __init__(self, config: KernelConfig) -> None:
-        reason = self.supports(config)
-        if reason is not None or config.spec is None:
-            raise ValueError(f"kernel_backend='fbgemm' cannot serve this lookup: {reason}")
+        require_support(self.supports(config), "fbgemm")
         spec, device, pooling = config.spec, config.device, config.pooling
+        assert spec is not None  # fbgemm_supports refuses a lookup without a fused optimizer
         rows, dims, feature_table_map = config.rows, config.dims, config.feature_table_map
         table_names = list(config.table_names) or [f"t{i}" for i in range(len(rows))]
         from fbgemm_gpu.split_embedding_configs import EmbOptimType as FbgemmOptim

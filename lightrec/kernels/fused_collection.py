@@ -70,8 +70,16 @@ class _FusedCollectionBase(nn.Module):
     _attr: str  # "embedding_bags" or "embeddings"
     _lookups: nn.ModuleList  # of BatchedEmbeddingBag / BatchedEmbedding (see _lookup_modules)
 
-    def __init__(self, tables: Sequence[BaseEmbeddingConfig], spec: FusedOptimizerSpec) -> None:
+    def __init__(
+        self,
+        tables: Sequence[BaseEmbeddingConfig],
+        config_type: type[BaseEmbeddingConfig],
+        spec: FusedOptimizerSpec,
+    ) -> None:
         super().__init__()
+        for t in tables:
+            if not isinstance(t, config_type):
+                raise TypeError(f"{type(self).__name__} takes {config_type.__name__} tables, got {type(t).__name__}")
         names = [t.name for t in tables]
         if not tables or len(set(names)) != len(names) or not all(names):
             raise ValueError(f"tables need unique, non-empty names, got {names}")
@@ -211,12 +219,7 @@ class FusedEmbeddingBagCollection(_FusedCollectionBase):
         backend: str | None = None,
     ) -> None:
         kernel_backend = resolve_kernel_backend(kernel_backend, "FusedEmbeddingBagCollection", backend=backend)
-        for t in tables:
-            if not isinstance(t, EmbeddingBagConfig):
-                raise TypeError(
-                    f"FusedEmbeddingBagCollection takes EmbeddingBagConfig tables, got {type(t).__name__}"
-                )
-        super().__init__(tables, _resolve_spec(optimizer_type, optimizer_kwargs, fused_params))
+        super().__init__(tables, EmbeddingBagConfig, _resolve_spec(optimizer_type, optimizer_kwargs, fused_params))
         self._is_weighted = is_weighted
         # One batched module per pooling type, in order of first appearance.
         self._group_features: list[list[str]] = []
@@ -355,12 +358,7 @@ class FusedEmbeddingCollection(_FusedCollectionBase):
         backend: str | None = None,
     ) -> None:
         kernel_backend = resolve_kernel_backend(kernel_backend, "FusedEmbeddingCollection", backend=backend)
-        for t in tables:
-            if not isinstance(t, EmbeddingConfig):
-                raise TypeError(
-                    f"FusedEmbeddingCollection takes EmbeddingConfig tables, got {type(t).__name__}"
-                )
-        super().__init__(tables, _resolve_spec(optimizer_type, optimizer_kwargs, fused_params))
+        super().__init__(tables, EmbeddingConfig, _resolve_spec(optimizer_type, optimizer_kwargs, fused_params))
         ftm = [i for i, t in enumerate(tables) for _ in t.feature_names]
         lookup = BatchedEmbedding(
             tables, ftm, self._spec, kernel_backend, device, self._param_names(tables), id_check=id_check,

@@ -44,7 +44,15 @@ from lightrec.modules.managed_collision.mch_native import native_step_available
 from lightrec.modules.managed_collision.ops import uniform_block
 from lightrec.optim.fused_spec import FusedOptimizerSpec
 
-__all__ = ["EmbeddingKernel", "KernelConfig", "LookupBatch", "ResidentRows", "RowState"]
+__all__ = [
+    "EmbeddingKernel",
+    "KernelConfig",
+    "LayoutCheck",
+    "LookupBatch",
+    "ResidentRows",
+    "RowState",
+    "require_support",
+]
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,35 @@ class KernelConfig:
     table_names: Sequence[str] = ()
     dtype: torch.dtype = torch.float32
     tiering: TieringConfig | None = None
+
+
+class LayoutCheck(Protocol):
+    """A backend's test of a table layout (``fbgemm_supports``, ``triton_supports``): None when it
+    serves the layout, else the reason it cannot."""
+
+    def __call__(
+        self,
+        spec: FusedOptimizerSpec | None,
+        device: torch.device,
+        dims: Sequence[int],
+        pooling: PoolingType,
+        feature_table_map: Sequence[int],
+    ) -> str | None: ...
+
+
+def check_layout(check: LayoutCheck, config: KernelConfig) -> str | None:
+    """``check`` of ``config``'s optimizer, device, dims, pooling and feature map."""
+    return check(config.spec, config.device, config.dims, config.pooling, config.feature_table_map)
+
+
+def require_support(reason: str | None, kernel_backend: str) -> None:
+    """Refuse to build a kernel its own ``supports`` turned down.
+
+    Raises:
+        ValueError: ``reason`` is not None; the message names ``kernel_backend`` and the reason.
+    """
+    if reason is not None:
+        raise ValueError(f"kernel_backend={kernel_backend!r} cannot serve this lookup: {reason}")
 
 
 @dataclass(frozen=True)

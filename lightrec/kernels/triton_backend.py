@@ -31,7 +31,13 @@ from typing import Any, ClassVar
 import torch
 
 from lightrec._triton import triton_device_reason
-from lightrec.kernels.kernel_interface import KernelConfig, LookupBatch, ResidentRows
+from lightrec.kernels.kernel_interface import (
+    KernelConfig,
+    LookupBatch,
+    ResidentRows,
+    check_layout,
+    require_support,
+)
 from lightrec.kernels.sparse_update import adam_bias_corrections
 from lightrec.modules.embedding_configs import PoolingType
 from lightrec.optim.fused_spec import ROW_RULE_OPTIMIZERS, EmbOptimType, FusedOptimizerSpec, WeightDecayMode
@@ -146,12 +152,10 @@ class TritonBatchedLookup(ResidentRows):
     @classmethod
     def supports(cls, config: KernelConfig) -> str | None:
         """:func:`triton_supports` of the configuration."""
-        return triton_supports(config.spec, config.device, config.dims, config.pooling, config.feature_table_map)
+        return check_layout(triton_supports, config)
 
     def __init__(self, config: KernelConfig) -> None:
-        reason = self.supports(config)
-        if reason is not None:
-            raise ValueError(f"kernel_backend='triton' cannot serve this lookup: {reason}")
+        require_support(self.supports(config), "triton")
         _kernels()  # defines the kernels now (reads TRITON_INTERPRET), not at the first lookup
         rows, dims, device, dtype = config.rows, config.dims, config.device, config.dtype
         self.rows, self.dims, self.ftm = list(rows), list(dims), list(config.feature_table_map)

@@ -14,6 +14,7 @@ backward, so it reads the rows as the forward used them, before a fused optimize
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,32 +23,36 @@ from torch.autograd import Function
 __all__ = ["with_weight_grad"]
 
 
+@dataclass(frozen=True)
+class _BagLayout:
+    """What the backward needs besides the saved tensors (see :func:`with_weight_grad`'s arguments)."""
+
+    batch: int
+    tables: Callable[[], list[torch.Tensor]]
+    feature_table_map: Sequence[int]
+    mean: bool
+
+
 class _WeightGrad(Function):
     @staticmethod
     def forward(
-        ctx: Any,
-        out: torch.Tensor,
-        weights: torch.Tensor,
-        indices: torch.Tensor,
-        offsets: torch.Tensor,
-        batch: int,
-        tables: Callable[[], list[torch.Tensor]],
-        feature_table_map: Sequence[int],
-        mean: bool,
-    ) -> torch.Tensor:
+        ctx: Any, out: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
+        layout: _BagLayout,
+    ) -> torch.Tensor:  # fmt: skip
         ctx.save_for_backward(indices, offsets)
-        ctx.batch, ctx.tables, ctx.ftm, ctx.mean = batch, tables, list(feature_table_map), mean
+        ctx.layout = layout
         ctx.weights_dtype = weights.dtype
         return out.view_as(out)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
         indices, offsets = ctx.saved_tensors
-        batch, tables = ctx.batch, ctx.tables()
+        layout: _BagLayout = ctx.layout
+        batch, tables = layout.batch, layout.tables()
         grad_w = torch.zeros(indices.numel(), dtype=ctx.weights_dtype, device=indices.device)
         bounds = offsets[::batch].tolist()  # one host read: where each feature's ids start
         col = 0
-        for f, t in enumerate(ctx.ftm):
+        for f, t in enumerate(layout.feature_table_map):
             dim = tables[t].shape[1]
             lo, hi = int(bounds[f]), int(bounds[f + 1])
             if hi > lo:
@@ -55,11 +60,11 @@ class _WeightGrad(Function):
                 bag = torch.repeat_interleave(torch.arange(batch, device=indices.device), lengths, output_size=hi - lo)
                 rows = tables[t].index_select(0, indices[lo:hi].long()).to(grad_out.dtype)
                 dot = (grad_out[:, col : col + dim].index_select(0, bag) * rows).sum(dim=1)
-                if ctx.mean:
+                if layout.mean:
                     dot = dot / lengths.clamp(min=1).to(dot.dtype).index_select(0, bag)
                 grad_w[lo:hi] = dot.to(grad_w.dtype)
             col += dim
-        return grad_out, grad_w, None, None, None, None, None, None
+        return grad_out, grad_w, None, None, None
 
 
 def with_weight_grad(
@@ -83,5 +88,6 @@ def with_weight_grad(
         feature_table_map: table of each feature.
         mean: MEAN pooling (the bag's length divides each id's contribution).
     """
-    result: torch.Tensor = _WeightGrad.apply(out, weights, indices, offsets, batch, tables, feature_table_map, mean)
+    layout = _BagLayout(batch, tables, list(feature_table_map), mean)
+    result: torch.Tensor = _WeightGrad.apply(out, weights, indices, offsets, layout)
     return result

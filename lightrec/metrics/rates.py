@@ -12,6 +12,9 @@ positive prediction). A soft label counts as ``y_i`` of a positive and ``1 - y_i
 When the denominator is zero (nothing seen; for Calibration: no positive label) ``compute`` warns
 and returns NaN.
 
+Every metric takes ``validate_args`` (check values on every update: one device sync per update on
+accelerators) and ``**kwargs`` (forwarded to :class:`torchmetrics.Metric`).
+
 State names are distinct per class so that a user's ``MetricCollection(compute_groups=True)`` can
 never mistake two of these metrics for one.
 """
@@ -33,6 +36,7 @@ class _WeightedRatio(Metric):
 
     is_differentiable = False
     full_state_update = False
+    plot_lower_bound = 0.0
     _numerator_state: str
     _denominator_state: str
     _empty_reason: str
@@ -43,6 +47,19 @@ class _WeightedRatio(Metric):
         zero = torch.tensor(0.0, dtype=torch.float64)
         self.add_state(self._numerator_state, default=zero.clone(), dist_reduce_fx="sum")
         self.add_state(self._denominator_state, default=zero.clone(), dist_reduce_fx="sum")
+
+    def _checked(
+        self, preds: Tensor, labels: Tensor, weights: Tensor | None, probabilities: bool = True
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """``check_binary_inputs`` under this metric's name: ``(preds, labels, weights)``, weights filled."""
+        return check_binary_inputs(
+            type(self).__name__,
+            preds,
+            labels,
+            weights,
+            preds_are_probabilities=probabilities,
+            validate_args=self.validate_args,
+        )
 
     def _add(self, numerator: Tensor, denominator: Tensor) -> None:
         num = getattr(self, self._numerator_state)
@@ -63,72 +80,58 @@ class _WeightedRatio(Metric):
         return (num / den).to(torch.float32)
 
 
+class _WeightedFraction(_WeightedRatio):
+    """A weighted ratio whose numerator is part of its denominator: a value in ``[0, 1]``."""
+
+    plot_upper_bound = 1.0
+    _empty_reason = "no samples (or only zero weights) were seen"
+
+
 class Calibration(_WeightedRatio):
     """Sum of predicted probabilities over sum of labels (weighted); 1.0 means calibrated.
 
-    Args:
-        validate_args: check values on every update (one device sync per update on accelerators).
-        **kwargs: forwarded to :class:`torchmetrics.Metric`.
+    Args: ``validate_args`` and ``**kwargs``, as every metric here (module docstring).
     """
 
     higher_is_better = None
-    plot_lower_bound = 0.0
     _numerator_state = "calibration_weighted_preds"
     _denominator_state = "calibration_weighted_labels"
     _empty_reason = "no positive label mass was seen"
 
     def update(self, preds: Tensor, labels: Tensor, weights: Tensor | None = None) -> None:
         """Adds a batch: ``preds`` [B] probabilities, ``labels`` [B] in [0, 1], ``weights`` [B] or None."""
-        preds, labels, weights = check_binary_inputs(
-            "Calibration",
-            preds,
-            labels,
-            weights,
-            preds_are_probabilities=True,
-            validate_args=self.validate_args,
-        )
+        preds, labels, weights = self._checked(preds, labels, weights)
         self._add(weights * preds, weights * labels)
 
 
-class CTR(_WeightedRatio):
+class CTR(_WeightedFraction):
     """Click-through rate: the weighted mean label. Predictions are accepted (and validated) but unused.
 
-    Args:
-        validate_args: check values on every update (one device sync per update on accelerators).
-        **kwargs: forwarded to :class:`torchmetrics.Metric`.
+    Args: ``validate_args`` and ``**kwargs``, as every metric here (module docstring).
     """
 
     higher_is_better = None
-    plot_lower_bound = 0.0
-    plot_upper_bound = 1.0
     _numerator_state = "ctr_weighted_labels"
     _denominator_state = "ctr_weights"
-    _empty_reason = "no samples (or only zero weights) were seen"
 
     def update(self, preds: Tensor, labels: Tensor, weights: Tensor | None = None) -> None:
         """Adds a batch: ``preds`` [B] (shape-checked only), ``labels`` [B] in [0, 1], ``weights`` [B] or None."""
         # `preds` is part of the signature so that one MetricCollection call feeds every metric.
-        _, labels, weights = check_binary_inputs(
-            "CTR", preds, labels, weights, preds_are_probabilities=False, validate_args=self.validate_args
-        )
+        _, labels, weights = self._checked(preds, labels, weights, probabilities=False)
         self._add(weights * labels, weights)
 
 
-class Accuracy(_WeightedRatio):
+class Accuracy(_WeightedFraction):
     """Weighted fraction of samples whose thresholded prediction matches the label.
 
     Args:
         threshold: a prediction ``p > threshold`` counts as a positive; default 0.5.
-        validate_args: check values on every update (one device sync per update on accelerators).
-        **kwargs: forwarded to :class:`torchmetrics.Metric`.
+        validate_args, **kwargs: as every metric here (module docstring).
     """
 
     higher_is_better = True
-    plot_lower_bound = 0.0
-    plot_upper_bound = 1.0
     _numerator_state = "accuracy_weighted_correct"
     _denominator_state = "accuracy_weights"
-    _empty_reason = "no samples (or only zero weights) were seen"
 
     def __init__(self, threshold: float = 0.5, validate_args: bool = True, **kwargs: Any) -> None:
         if (
@@ -142,14 +145,7 @@ class Accuracy(_WeightedRatio):
 
     def update(self, preds: Tensor, labels: Tensor, weights: Tensor | None = None) -> None:
         """Adds a batch: ``preds`` [B] probabilities, ``labels`` [B] in [0, 1], ``weights`` [B] or None."""
-        preds, labels, weights = check_binary_inputs(
-            "Accuracy",
-            preds,
-            labels,
-            weights,
-            preds_are_probabilities=True,
-            validate_args=self.validate_args,
-        )
+        preds, labels, weights = self._checked(preds, labels, weights)
         positive = (preds > self.threshold).to(torch.float64)
         correct = labels * positive + (1.0 - labels) * (1.0 - positive)
         self._add(weights * correct, weights)

@@ -13,34 +13,26 @@ and creates its dense parameters on ``dense_device`` (``device`` for ``TwoTower`
 from typing import Any
 
 from lightrec.models import deepfm as _deepfm
-from lightrec.models.deepfm import FieldDeepFM, SimpleDeepFMNN
-from lightrec.models.dlrm import (
-    DLRM,
-    DLRM_DCN,
-    DenseArch,
-    DLRM_Projection,
-    DLRMTrain,
-    DLRMWrapper,
-    InteractionArch,
-    InteractionProjectionArch,
-    OverArch,
-    SparseArch,
-)
-from lightrec.models.two_tower import TwoTower, TwoTowerTrainTask
+from lightrec.models import dlrm as _dlrm
+from lightrec.models.deepfm import FieldDeepFM as FieldDeepFM
+from lightrec.models.deepfm import SimpleDeepFMNN as SimpleDeepFMNN
+from lightrec.models.dlrm import DLRM as DLRM
+from lightrec.models.dlrm import DLRM_DCN as DLRM_DCN
+from lightrec.models.dlrm import DenseArch as DenseArch
+from lightrec.models.dlrm import DLRM_Projection as DLRM_Projection
+from lightrec.models.dlrm import DLRMTrain as DLRMTrain
+from lightrec.models.dlrm import DLRMWrapper as DLRMWrapper
+from lightrec.models.dlrm import InteractionArch as InteractionArch
+from lightrec.models.dlrm import InteractionProjectionArch as InteractionProjectionArch
+from lightrec.models.dlrm import OverArch as OverArch
+from lightrec.models.dlrm import SparseArch as SparseArch
+from lightrec.models.two_tower import TwoTower as TwoTower
+from lightrec.models.two_tower import TwoTowerTrainTask as TwoTowerTrainTask
 
-__all__ = [
-    "DLRM",
-    "DLRMTrain",
-    "DLRMWrapper",
-    "DLRM_DCN",
-    "DLRM_Projection",
-    "DenseArch",
+# torchrec's DLRM family (InteractionDCNArch stays at its torchrec path, lightrec.models.dlrm).
+__all__ = [name for name in _dlrm.__all__ if name != "InteractionDCNArch"] + [
     "FieldDeepFM",
-    "InteractionArch",
-    "InteractionProjectionArch",
-    "OverArch",
     "SimpleDeepFMNN",
-    "SparseArch",
     "TwoTower",
     "TwoTowerTrainTask",
 ]

@@ -152,20 +152,6 @@ class DLRM(nn.Module):
         dense_device: Device = None,
     ) -> None:
         super().__init__()
-        self._build(
-            embedding_bag_collection, dense_in_features, dense_arch_layer_sizes, over_arch_layer_sizes,
-            dense_device, dcn=None,
-        )
-
-    def _build(
-        self,
-        embedding_bag_collection: "EmbeddingBagCollection",
-        dense_in_features: int,
-        dense_arch_layer_sizes: list[int],
-        over_arch_layer_sizes: list[int],
-        dense_device: Device,
-        dcn: tuple[int, int] | None,
-    ) -> None:
         dense_sizes = check_layer_sizes("dense_arch_layer_sizes", dense_arch_layer_sizes)
         check_layer_sizes("over_arch_layer_sizes", over_arch_layer_sizes)
         _positive("dense_in_features", dense_in_features)
@@ -180,17 +166,14 @@ class DLRM(nn.Module):
             )
         num_features = self.sparse_arch.num_sparse_features
         self.dense_arch = DenseArch(dense_in_features, dense_sizes, device=dense_device)
-        if dcn is None:
-            self.inter_arch: nn.Module = InteractionArch(num_features)
-            over_in = num_interaction_outputs(num_features, dim)
-        else:
-            num_layers, low_rank = dcn
-            crossnet = LowRankCrossNet((num_features + 1) * dim, num_layers, low_rank, device=dense_device)
-            self.inter_arch = InteractionDCNArch(num_features, crossnet)
-            over_in = (num_features + 1) * dim
+        self.inter_arch, over_in = self._interaction(num_features, dim, dense_device)
         if dense_device is not None:
             self.inter_arch.to(dense_device)
         self.over_arch = OverArch(over_in, over_arch_layer_sizes, device=dense_device)
+
+    def _interaction(self, num_features: int, dim: int, dense_device: Device) -> tuple[nn.Module, int]:
+        """The interaction arch over ``F`` features of width ``D`` and the width of its output."""
+        return InteractionArch(num_features), num_interaction_outputs(num_features, dim)
 
     def forward(self, dense_features: torch.Tensor, sparse_features: KeyedJaggedTensor) -> torch.Tensor:
         """Score a batch.
@@ -230,12 +213,18 @@ class DLRM_DCN(DLRM):  # noqa: N801 - torchrec's public name
         dcn_low_rank_dim: int,
         dense_device: Device = None,
     ) -> None:
-        nn.Module.__init__(self)
-        dcn = (_positive("dcn_num_layers", dcn_num_layers), _positive("dcn_low_rank_dim", dcn_low_rank_dim))
-        self._build(
-            embedding_bag_collection, dense_in_features, dense_arch_layer_sizes, over_arch_layer_sizes,
-            dense_device, dcn=dcn,
+        # Read by _interaction while DLRM.__init__ builds the arches (plain ints: settable before it runs).
+        self._dcn_layers = _positive("dcn_num_layers", dcn_num_layers)
+        self._dcn_rank = _positive("dcn_low_rank_dim", dcn_low_rank_dim)
+        super().__init__(
+            embedding_bag_collection, dense_in_features, dense_arch_layer_sizes, over_arch_layer_sizes, dense_device
         )
+
+    def _interaction(self, num_features: int, dim: int, dense_device: Device) -> tuple[nn.Module, int]:
+        """:class:`InteractionDCNArch` over ``[dense | sparse_0 | ... | sparse_{F-1}]``, width ``(F+1) D``."""
+        width = (num_features + 1) * dim
+        crossnet = LowRankCrossNet(width, self._dcn_layers, self._dcn_rank, device=dense_device)
+        return InteractionDCNArch(num_features, crossnet), width
 
 
 class DLRMTrain(nn.Module):

@@ -75,7 +75,22 @@ class _CrossNetBase(nn.Module):
         return self._num_layers
 
 
-class CrossNet(_CrossNetBase):
+class _KernelCrossNet(_CrossNetBase):
+    """A cross net with one kernel ``kernels.{l}`` ``[N, C]`` and one bias ``bias.{l}`` ``[N, 1]`` per layer
+    (``CrossNet``: ``C = N``; ``VectorCrossNet``: ``C = 1``)."""
+
+    def __init__(self, in_features: int, num_layers: int, kernel_columns: int, device: Device, dtype: torch.dtype | None) -> None:
+        super().__init__(in_features, num_layers)
+        self.kernels = _parameters(num_layers, [in_features, kernel_columns], device, dtype)
+        self.bias = _parameters(num_layers, [in_features, 1], device, dtype)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Xavier-normal kernels (the whole ``[N, C]`` matrix), zero biases."""
+        _init([self.kernels], self.bias)
+
+
+class CrossNet(_KernelCrossNet):
     """Full-rank DCN-v2 cross net: ``x_{l+1} = x_0 * (W_l x_l + b_l) + x_l``.
 
     Args:
@@ -90,26 +105,30 @@ class CrossNet(_CrossNetBase):
     """
 
     def __init__(self, in_features: int, num_layers: int, device: Device = None, dtype: torch.dtype | None = None) -> None:
-        super().__init__(in_features, num_layers)
-        self.kernels = _parameters(num_layers, [in_features, in_features], device, dtype)
-        self.bias = _parameters(num_layers, [in_features, 1], device, dtype)
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        """Xavier-normal kernels, zero biases."""
-        _init([self.kernels], self.bias)
+        super().__init__(in_features, num_layers, in_features, device, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, N] -> [B, N]``."""
         _checks.check_matrix("CrossNet input", x, self._in_features)
-        x0 = x
-        xl = x
+        xl = x  # x stays x_0
         for kernel, bias in zip(self.kernels, self.bias):  # noqa: B905 - TorchScript has no zip(strict=)
-            xl = x0 * (xl @ kernel.t() + bias.squeeze(1)) + xl
+            xl = x * (xl @ kernel.t() + bias.squeeze(1)) + xl
         return xl
 
 
-class LowRankCrossNet(_CrossNetBase):
+class _LowRankCrossNetBase(_CrossNetBase):
+    """A cross net whose layers factor through rank ``r`` (``low_rank``)."""
+
+    def __init__(self, in_features: int, num_layers: int, low_rank: int) -> None:
+        super().__init__(in_features, num_layers)
+        self._low_rank = _positive("low_rank", low_rank)
+
+    @property
+    def low_rank(self) -> int:
+        return self._low_rank
+
+
+class LowRankCrossNet(_LowRankCrossNetBase):
     """Low-rank DCN-v2 cross net: ``x_{l+1} = x_0 * (W_l (V_l x_l) + b_l) + x_l``.
 
     Args:
@@ -132,16 +151,11 @@ class LowRankCrossNet(_CrossNetBase):
         device: Device = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__(in_features, num_layers)
-        self._low_rank = _positive("low_rank", low_rank)
+        super().__init__(in_features, num_layers, low_rank)
         self.W_kernels = _parameters(num_layers, [in_features, low_rank], device, dtype)
         self.V_kernels = _parameters(num_layers, [low_rank, in_features], device, dtype)
         self.bias = _parameters(num_layers, [in_features, 1], device, dtype)
         self.reset_parameters()
-
-    @property
-    def low_rank(self) -> int:
-        return self._low_rank
 
     def reset_parameters(self) -> None:
         """Xavier-normal ``W_l`` and ``V_l``, zero biases."""
@@ -150,14 +164,13 @@ class LowRankCrossNet(_CrossNetBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, N] -> [B, N]``."""
         _checks.check_matrix("LowRankCrossNet input", x, self._in_features)
-        x0 = x
-        xl = x
+        xl = x  # x stays x_0
         for w, v, bias in zip(self.W_kernels, self.V_kernels, self.bias):  # noqa: B905 - TorchScript: no strict=
-            xl = x0 * ((xl @ v.t()) @ w.t() + bias.squeeze(1)) + xl
+            xl = x * ((xl @ v.t()) @ w.t() + bias.squeeze(1)) + xl
         return xl
 
 
-class LowRankMixtureCrossNet(_CrossNetBase):
+class LowRankMixtureCrossNet(_LowRankCrossNetBase):
     """DCN-v2 with a mixture of ``K`` low-rank experts per layer (torchrec's semantics).
 
     Expert ``i`` of layer ``l`` is ``x_0 * (U_li a(C_li a(V_li x_l)) + b_l)`` with activation ``a``;
@@ -186,9 +199,8 @@ class LowRankMixtureCrossNet(_CrossNetBase):
         device: Device = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__(in_features, num_layers)
+        super().__init__(in_features, num_layers, low_rank)
         self._num_experts = _positive("num_experts", num_experts)
-        self._low_rank = _positive("low_rank", low_rank)
         self._activation = activation
         self.U_kernels = _parameters(num_layers, [num_experts, in_features, low_rank], device, dtype)
         self.V_kernels = _parameters(num_layers, [num_experts, low_rank, in_features], device, dtype)
@@ -205,10 +217,6 @@ class LowRankMixtureCrossNet(_CrossNetBase):
     def num_experts(self) -> int:
         return self._num_experts
 
-    @property
-    def low_rank(self) -> int:
-        return self._low_rank
-
     def reset_parameters(self) -> None:
         """Xavier-normal expert kernels, zero biases; gates keep ``nn.Linear``'s init."""
         _init([self.U_kernels, self.V_kernels, self.C_kernels], self.bias)
@@ -216,13 +224,12 @@ class LowRankMixtureCrossNet(_CrossNetBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, N] -> [B, N]``."""
         _checks.check_matrix("LowRankMixtureCrossNet input", x, self._in_features)
-        x0 = x
-        xl = x
+        xl = x  # x stays x_0
         for u, v, c, bias in zip(self.U_kernels, self.V_kernels, self.C_kernels, self.bias):  # noqa: B905
             # [B, N] -> [B, K, r] -> [B, K, r] -> [B, K, N]: every expert at once
             h = self._activation(torch.einsum("krn,bn->bkr", v, xl))
             h = self._activation(torch.einsum("kst,bkt->bks", c, h))
-            experts = x0.unsqueeze(1) * (torch.einsum("knr,bkr->bkn", u, h) + bias.squeeze(1))
+            experts = x.unsqueeze(1) * (torch.einsum("knr,bkr->bkn", u, h) + bias.squeeze(1))
             if self.gates is None:
                 xl = experts.squeeze(1) + xl
             else:
@@ -231,35 +238,23 @@ class LowRankMixtureCrossNet(_CrossNetBase):
         return xl
 
 
-class VectorCrossNet(_CrossNetBase):
+class VectorCrossNet(_KernelCrossNet):
     """DCN (v1) cross net: ``x_{l+1} = x_0 * (x_l . w_l) + b_l + x_l``.
 
-    Args:
-        in_features: ``N``, the width of the input (and output).
-        num_layers: ``L``, the number of cross layers.
-        device: where the parameters are created (``"meta"`` allocates nothing).
-        dtype: parameter dtype.
+    Args: ``in_features`` (``N``), ``num_layers`` (``L``), ``device``, ``dtype``, as for :class:`CrossNet`.
 
     Shapes:
         ``[B, N] -> [B, N]``. Parameters: ``kernels.{l}`` ``[N, 1]``, ``bias.{l}`` ``[N, 1]``.
     """
 
     def __init__(self, in_features: int, num_layers: int, device: Device = None, dtype: torch.dtype | None = None) -> None:
-        super().__init__(in_features, num_layers)
-        self.kernels = _parameters(num_layers, [in_features, 1], device, dtype)
-        self.bias = _parameters(num_layers, [in_features, 1], device, dtype)
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        """Xavier-normal kernels (each an ``[N, 1]`` matrix), zero biases."""
-        _init([self.kernels], self.bias)
+        super().__init__(in_features, num_layers, 1, device, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, N] -> [B, N]``."""
         _checks.check_matrix("VectorCrossNet input", x, self._in_features)
-        x0 = x
-        xl = x
+        xl = x  # x stays x_0
         for kernel, bias in zip(self.kernels, self.bias):  # noqa: B905 - TorchScript has no zip(strict=)
             # [B, N] @ [N, 1] -> [B, 1]: one scalar per sample scales x_0.
-            xl = x0 * (xl @ kernel) + bias.squeeze(1) + xl
+            xl = x * (xl @ kernel) + bias.squeeze(1) + xl
         return xl

@@ -90,9 +90,23 @@ def embedding_names_by_table(tables: Sequence[BaseEmbeddingConfig]) -> list[list
     return [[f if count[f] == 1 else f"{f}@{t.name}" for f in t.feature_names] for t in tables]
 
 
-def _check_bounds_mode(bounds_check: str) -> None:
+def check_collection_tables(
+    tables: Sequence[BaseEmbeddingConfig], config_type: type, where: str, bounds_check: str
+) -> list[str]:
+    """The arguments every collection (plain, quantized) checks: tables of ``config_type`` with valid,
+    unique names, and a known ``bounds_check`` mode. Returns the flat feature order (``_check_tables``).
+
+    Raises:
+        TypeError: a table is not a ``config_type``.
+        ValueError: bad table names or features, or an unknown ``bounds_check``.
+    """
+    for t in tables:
+        if not isinstance(t, config_type):
+            raise TypeError(f"{where} takes {config_type.__name__} tables, got {type(t).__name__}")
+    feature_order = _check_tables(tables, where)
     if bounds_check not in BOUNDS_CHECK_MODES:
         raise ValueError(f"bounds_check must be one of {BOUNDS_CHECK_MODES}, got {bounds_check!r}")
+    return feature_order
 
 
 def ids_per_table(
@@ -153,6 +167,51 @@ def ids_per_table(
     return stride, out
 
 
+def ids_per_feature(
+    features: KeyedJaggedTensor,
+    feature_order: List[str],
+    table_names: List[str],
+    table_features: List[List[str]],
+    table_rows: List[int],
+    bounds_check: str,
+    where: str,
+) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+    """Align a KJT to ``feature_order`` and cut it into one bounds-checked slice per feature.
+
+    The sequence collections' twin of :func:`ids_per_table` (plain and quantized alike).
+
+    Returns:
+        ``[(ids [N_f], lengths [B_f]) per feature]`` in ``feature_order`` (``B_f = B`` unless the KJT
+        is variable-batch).
+    """
+    if not torch.jit.is_scripting():  # TorchScript skips this branch; it cannot compile set logic
+        if not is_fx_tracing():
+            check_collection_input(features, feature_order, where)
+    features = features.permute_to_keys(feature_order)
+    stride = features.stride()
+    offset_per_key = features.offset_per_key()
+    lengths_offset_per_key = features.lengths_offset_per_key()
+    lengths = features.lengths()
+    values = features.values()
+    out: List[Tuple[torch.Tensor, torch.Tensor]] = []
+    f = 0
+    for t in range(len(table_names)):
+        for name in table_features[t]:
+            ids, f_lengths, _ = apply_bounds_check(
+                bounds_check,
+                values[offset_per_key[f] : offset_per_key[f + 1]],
+                lengths[lengths_offset_per_key[f] : lengths_offset_per_key[f + 1]],
+                None,
+                table_rows[t],
+                table_names[t],
+                [name],
+                stride,
+            )
+            out.append((ids, f_lengths))
+            f += 1
+    return out
+
+
 class EmbeddingBagCollection(nn.Module):
     """Pooled embedding tables: ``KeyedJaggedTensor`` → ``KeyedTensor`` ``[B, sum_f D_f]``.
 
@@ -177,11 +236,7 @@ class EmbeddingBagCollection(nn.Module):
         bounds_check: str = "error",
     ) -> None:
         super().__init__()
-        for t in tables:
-            if not isinstance(t, EmbeddingBagConfig):
-                raise TypeError(f"EmbeddingBagCollection takes EmbeddingBagConfig tables, got {type(t).__name__}")
-        self._feature_order = _check_tables(tables, "EmbeddingBagCollection")
-        _check_bounds_mode(bounds_check)
+        self._feature_order = check_collection_tables(tables, EmbeddingBagConfig, "EmbeddingBagCollection", bounds_check)
         self._embedding_bag_configs = list(tables)
         self._is_weighted = is_weighted
         self._bounds_check = bounds_check
@@ -342,11 +397,7 @@ class EmbeddingCollection(nn.Module):
         bounds_check: str = "error",
     ) -> None:
         super().__init__()
-        for t in tables:
-            if not isinstance(t, EmbeddingConfig):
-                raise TypeError(f"EmbeddingCollection takes EmbeddingConfig tables, got {type(t).__name__}")
-        self._feature_order = _check_tables(tables, "EmbeddingCollection")
-        _check_bounds_mode(bounds_check)
+        self._feature_order = check_collection_tables(tables, EmbeddingConfig, "EmbeddingCollection", bounds_check)
         self._embedding_configs = list(tables)
         self._bounds_check = bounds_check
         self._need_indices = need_indices
@@ -355,6 +406,7 @@ class EmbeddingCollection(nn.Module):
         self.embeddings = nn.ModuleDict()
         for t in tables:
             self.embeddings[t.name] = nn.Embedding(t.num_embeddings, t.embedding_dim, device=device)
+        self._table_names: List[str] = [t.name for t in tables]
         self._table_features: List[List[str]] = [list(t.feature_names) for t in tables]
         self._table_rows: List[int] = [t.num_embeddings for t in tables]
         self.reset_parameters()
@@ -389,39 +441,23 @@ class EmbeddingCollection(nn.Module):
         (torchrec's convention). Keys are ``embedding_names()``; a variable-batch KJT gives each
         feature its own batch size ``B_f``.
         """
-        if not torch.jit.is_scripting():  # TorchScript skips this branch; it cannot compile set logic
-            if not is_fx_tracing():
-                check_collection_input(features, self._feature_order, "EmbeddingCollection")
-        features = features.permute_to_keys(self._feature_order)
-        stride = features.stride()
-        offset_per_key = features.offset_per_key()
-        lengths_offset_per_key = features.lengths_offset_per_key()
-        lengths = features.lengths()
-        values = features.values()
+        checked = ids_per_feature(
+            features, self._feature_order, self._table_names, self._table_features, self._table_rows,
+            self._bounds_check, "EmbeddingCollection",
+        )  # fmt: skip
         out: Dict[str, JaggedTensor] = {}
-        first_feature = 0
+        f = 0
         t = 0
-        for table_name, embedding in self.embeddings.items():
-            features_of_table = self._table_features[t]
-            for i, name in enumerate(features_of_table):
-                f = first_feature + i
-                ids, f_lengths, _ = apply_bounds_check(
-                    self._bounds_check,
-                    values[offset_per_key[f] : offset_per_key[f + 1]],
-                    lengths[lengths_offset_per_key[f] : lengths_offset_per_key[f + 1]],
-                    None,
-                    self._table_rows[t],
-                    table_name,
-                    [name],
-                    stride,
-                )
-                out[self._embedding_names_by_table[t][i]] = JaggedTensor(
+        for _, embedding in self.embeddings.items():
+            for name in self._embedding_names_by_table[t]:
+                ids, f_lengths = checked[f]
+                out[name] = JaggedTensor(
                     values=F.embedding(ids, torch.jit.annotate(torch.Tensor, embedding.weight)),
                     weights=ids if self._need_indices else None,
                     lengths=f_lengths,
                     offsets=None,
                 )
-            first_feature += len(features_of_table)
+                f += 1
             t += 1
         return out
 

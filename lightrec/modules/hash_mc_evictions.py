@@ -3,18 +3,7 @@
 A re-export only; the code lives in :mod:`lightrec.modules.managed_collision.hash_zch_eviction`.
 """
 
-from lightrec.modules.managed_collision.hash_zch_eviction import (
-    HashZchEvictionConfig,
-    HashZchEvictionModule,
-    HashZchEvictionPolicyName,
-    get_kernel_from_policy,
-    now_hours,
-)
+from lightrec.modules.managed_collision import hash_zch_eviction as _home
+from lightrec.modules.managed_collision.hash_zch_eviction import *  # noqa: F403 - the home's __all__
 
-__all__ = [
-    "HashZchEvictionConfig",
-    "HashZchEvictionModule",
-    "HashZchEvictionPolicyName",
-    "get_kernel_from_policy",
-    "now_hours",
-]
+__all__ = list(_home.__all__)

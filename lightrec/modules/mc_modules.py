@@ -4,38 +4,23 @@ A re-export only; the code lives in :mod:`lightrec.modules.managed_collision` (i
 the files). See docs/managed-collisions.md.
 """
 
-from lightrec.modules.managed_collision import (
-    DistanceLFU_EvictionPolicy,
-    LFU_EvictionPolicy,
-    LRU_EvictionPolicy,
+from lightrec.modules.managed_collision import mch_eviction as _eviction
+from lightrec.modules.managed_collision import mch_module as _mch
+from lightrec.modules.managed_collision.base import ManagedCollisionIdError, ManagedCollisionModule
+from lightrec.modules.managed_collision.collection import (
     ManagedCollisionCollection,
-    ManagedCollisionIdError,
-    ManagedCollisionModule,
-    MCHEvictionPolicy,
-    MCHEvictionPolicyMetadataInfo,
-    MCHManagedCollisionModule,
-    TTL_EvictionPolicy,
     apply_mc_method_to_jt_dict,
-    average_threshold_filter,
-    dynamic_threshold_filter,
-    mix64_hash,
-    probabilistic_threshold_filter,
 )
+from lightrec.modules.managed_collision.mch_eviction import *  # noqa: F403 - the policies and filters
+from lightrec.modules.managed_collision.mch_module import *  # noqa: F403 - MCHManagedCollisionModule
+from lightrec.modules.managed_collision.ops import mix64_hash
 
 __all__ = [
-    "DistanceLFU_EvictionPolicy",
-    "LFU_EvictionPolicy",
-    "LRU_EvictionPolicy",
-    "MCHEvictionPolicy",
-    "MCHEvictionPolicyMetadataInfo",
-    "MCHManagedCollisionModule",
+    *_eviction.__all__,
+    *_mch.__all__,
     "ManagedCollisionCollection",
     "ManagedCollisionIdError",
     "ManagedCollisionModule",
-    "TTL_EvictionPolicy",
     "apply_mc_method_to_jt_dict",
-    "average_threshold_filter",
-    "dynamic_threshold_filter",
     "mix64_hash",
-    "probabilistic_threshold_filter",
 ]

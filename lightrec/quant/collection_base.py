@@ -23,8 +23,7 @@ from torch import nn
 
 from lightrec import _fbgemm, _triton
 from lightrec.modules.embedding_configs import DataType
-from lightrec.modules.embedding_modules import _check_tables
-from lightrec.modules.feature_checks import BOUNDS_CHECK_MODES
+from lightrec.modules.embedding_modules import check_collection_tables
 from lightrec.modules.kernel_backend import KERNEL_BACKENDS, resolve_kernel_backend
 from lightrec.modules.quant_config import data_type_from_qconfig, resolve_data_type
 from lightrec.quant.row_codec import (
@@ -146,12 +145,7 @@ def storage_configs(
         ``(feature order, configs)``: the configs carry their storage ``data_type``, as torchrec's
         quantized collections report it.
     """
-    for t in tables:
-        if not isinstance(t, config_type):
-            raise TypeError(f"{owner} takes {config_type.__name__} tables, got {type(t).__name__}")
-    feature_order = _check_tables(tables, owner)
-    if bounds_check not in BOUNDS_CHECK_MODES:
-        raise ValueError(f"bounds_check must be one of {BOUNDS_CHECK_MODES}, got {bounds_check!r}")
+    feature_order = check_collection_tables(tables, config_type, owner, bounds_check)
     if not isinstance(row_alignment, int) or row_alignment <= 0:
         raise ValueError(f"row_alignment must be a positive int (bytes), got {row_alignment!r}")
     data_types = _table_data_types(tables, dtype, per_table)
@@ -241,6 +235,7 @@ class QuantCollectionBase(nn.Module):
         self._bounds_check = bounds_check
         self._row_alignment = row_alignment
         # Per-table facts both forwards read (TorchScript-typed lists; the configs carry the storage type).
+        self._table_names: List[str] = [t.name for t in self._configs]
         self._table_features: List[List[str]] = [list(t.feature_names) for t in self._configs]
         self._table_rows: List[int] = [t.num_embeddings for t in self._configs]
         self._table_dims: List[int] = [t.embedding_dim for t in self._configs]

@@ -25,10 +25,8 @@ from typing import Dict, List
 import torch
 from torch import nn
 
-from lightrec._compat import is_fx_symbolic_tracing as is_fx_tracing
 from lightrec.modules.embedding_configs import DataType, EmbeddingConfig
-from lightrec.modules.embedding_modules import embedding_names_by_table
-from lightrec.modules.feature_checks import apply_bounds_check, check_collection_input
+from lightrec.modules.embedding_modules import embedding_names_by_table, ids_per_feature
 from lightrec.quant.collection_base import QuantCollectionBase, QuantTable
 from lightrec.quant.row_codec import DEFAULT_ROW_ALIGNMENT, row_size_in_bytes
 from lightrec.quant.sequence_kernels import make_sequence_kernel
@@ -88,34 +86,18 @@ class QuantEmbeddingCollection(QuantCollectionBase):
         Returns:
             ``{feature: JaggedTensor(values [N_f, D] float32, lengths [B])}`` for every feature.
         """
-        if not torch.jit.is_scripting():  # TorchScript skips this branch; it cannot compile set logic
-            if not is_fx_tracing():
-                check_collection_input(features, self._feature_order, "QuantEmbeddingCollection")
-        features = features.permute_to_keys(self._feature_order)
-        stride = features.stride()
-        offset_per_key = features.offset_per_key()
-        lengths = features.lengths()
-        values = features.values()
+        checked = ids_per_feature(
+            features, self._feature_order, self._table_names, self._table_features, self._table_rows,
+            self._bounds_check, "QuantEmbeddingCollection",
+        )  # fmt: skip
         out: Dict[str, JaggedTensor] = {}
         f = 0
         t = 0
-        for table_name, table in self.embeddings.items():
-            first = f
-            for name in self._table_features[t]:
-                ids, f_lengths, _ = apply_bounds_check(
-                    self._bounds_check,
-                    values[offset_per_key[f] : offset_per_key[f + 1]],
-                    lengths[f * stride : (f + 1) * stride],
-                    None,
-                    self._table_rows[t],
-                    table_name,
-                    [name],
-                    stride,
-                )
+        for _, table in self.embeddings.items():
+            for name in self._embedding_names_by_table[t]:
+                ids, f_lengths = checked[f]
                 rows = self._kernel(table.weight, self._table_types[t], self._table_dims[t], ids)
-                out[self._embedding_names_by_table[t][f - first]] = JaggedTensor(
-                    values=rows, weights=None, lengths=f_lengths, offsets=None
-                )
+                out[name] = JaggedTensor(values=rows, weights=None, lengths=f_lengths, offsets=None)
                 f += 1
             t += 1
         return out

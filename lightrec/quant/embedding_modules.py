@@ -116,7 +116,6 @@ class QuantEmbeddingBagCollection(QuantCollectionBase):
         self.register_load_state_dict_post_hook(QuantEmbeddingBagCollection._restore_views)
         self._embedding_names: List[str] = [n for names in embedding_names_by_table(tables) for n in names]
         self._lengths_per_embedding: List[int] = [t.embedding_dim for t in tables for _ in t.feature_names]
-        self._table_names: List[str] = [t.name for t in tables]
         self._table_mean: List[bool] = [t.pooling == PoolingType.MEAN for t in tables]
         self._equal_rows_runs: List[int] = equal_rows_runs(self._table_rows)
         self._table_feature_offsets: List[int] = [0]  # [T + 1] index of each table's first feature

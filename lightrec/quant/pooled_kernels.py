@@ -46,10 +46,8 @@ SPARSE_TYPE_INT8 = 2
 SPARSE_TYPE_INT4 = 3
 SCALE_BIAS_BYTES = 4  # fp16 scale then fp16 bias, at the start of every int8/int4 row
 
-# (TorchScript cannot read module globals, so the functions below spell these codes as literals.)
-# fbgemm EmbeddingLocation codes: DEVICE for accelerator memory, HOST for CPU memory.
-_LOCATION_DEVICE = 0
-_LOCATION_HOST = 3
+# fbgemm EmbeddingLocation codes, spelt as literals in the functions below (TorchScript cannot
+# read module globals): 0 = DEVICE (accelerator memory), 3 = HOST (CPU memory).
 
 
 def fp16_bytes_to_float(raw: torch.Tensor) -> torch.Tensor:

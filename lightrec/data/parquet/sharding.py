@@ -36,18 +36,25 @@ from lightrec.data.rank_sampling import check_rank
 __all__ = ["Block", "EpochPlan", "Slice", "Unit", "plan_epoch", "slices_of", "take_rows"]
 
 
-@dataclass(frozen=True)
-class Slice:
-    """Rows ``[lo, hi)`` of row group ``row_group`` of file ``file`` (an index into the source's files)."""
+class _RowSpan:
+    """Rows ``[lo, hi)`` of something (the dataclasses below declare the two fields)."""
 
-    file: int
-    row_group: int
     lo: int
     hi: int
 
     @property
     def rows(self) -> int:
         return self.hi - self.lo
+
+
+@dataclass(frozen=True)
+class Slice(_RowSpan):
+    """Rows ``[lo, hi)`` of row group ``row_group`` of file ``file`` (an index into the source's files)."""
+
+    file: int
+    row_group: int
+    lo: int
+    hi: int
 
 
 @dataclass(frozen=True)
@@ -63,17 +70,13 @@ class Block:
 
 
 @dataclass(frozen=True)
-class Unit:
+class Unit(_RowSpan):
     """Rows ``[lo, hi)`` of a block (in its permuted order), at row ``start`` of the rank's stream."""
 
     block: Block
     lo: int
     hi: int
     start: int
-
-    @property
-    def rows(self) -> int:
-        return self.hi - self.lo
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,13 @@ from typing import Any, ClassVar
 
 import torch
 
-from lightrec.kernels.kernel_interface import EmbeddingKernel, KernelConfig, LookupBatch, RowState
+from lightrec.kernels.kernel_interface import (
+    EmbeddingKernel,
+    KernelConfig,
+    LookupBatch,
+    RowState,
+    require_support,
+)
 from lightrec.kernels.tiered.cache import BatchAdmission, CacheFullError, CacheIndex
 from lightrec.kernels.tiered.config import TieringConfig
 from lightrec.kernels.tiered.inflight import BatchesInFlight, Hold
@@ -115,9 +121,7 @@ class TieredBatchedLookup:
         return None
 
     def __init__(self, config: KernelConfig) -> None:
-        reason = self.supports(config)
-        if reason is not None:
-            raise ValueError(f"kernel_backend='tiered' cannot serve this lookup: {reason}")
+        require_support(self.supports(config), "tiered")
         tiering = config.tiering
         assert tiering is not None  # supports() checked it
         self.tiering: TieringConfig = tiering

@@ -18,7 +18,7 @@ import torch
 
 from lightrec._fbgemm import fbgemm_serves_cuda
 from lightrec.kernels.fbgemm_backend import FbgemmBatchedLookup, fbgemm_supports
-from lightrec.kernels.kernel_interface import KernelConfig, RowState
+from lightrec.kernels.kernel_interface import KernelConfig, RowState, check_layout
 
 __all__ = ["FbgemmManagedCachingLookup"]
 
@@ -36,7 +36,7 @@ class FbgemmManagedCachingLookup(FbgemmBatchedLookup):
             return "fbgemm's managed caching serves tables tiered over host memory (fused_uvm_caching) only"
         if config.device.type != "cuda" or not fbgemm_serves_cuda():
             return "fbgemm's managed caching needs a CUDA device and fbgemm's CUDA build"
-        return fbgemm_supports(config.spec, config.device, config.dims, config.pooling, config.feature_table_map)
+        return check_layout(fbgemm_supports, config)
 
     def _location(self, locations: Any, on_cuda: bool) -> Any:
         return locations.MANAGED_CACHING

@@ -39,6 +39,14 @@ class ManagedCollisionModule(nn.Module, abc.ABC):
         device: where the module's state lives.
     """
 
+    # The sizes every module has; its constructor sets them (read by output_size, input_size, buckets).
+    _zch_size: int
+    _input_hash_size: int
+    _buckets: int
+    # Where its rows sit in the table (a shard's); a module of the whole table may leave the defaults.
+    _output_global_offset: int = 0
+    _output_segments: list[int] | None = None
+
     def __init__(self, device: torch.device | str | None = None) -> None:
         super().__init__()
         self._device = torch.device(device) if device is not None else torch.device("cpu")
@@ -75,17 +83,17 @@ class ManagedCollisionModule(nn.Module, abc.ABC):
         """Rows evicted since the last call (global indices), whose weights and optimizer state the
         embedding module must reset; None when there are none."""
 
-    @abc.abstractmethod
     def output_size(self) -> int:
         """Number of rows this module maps to (its table's rows, or its shard's)."""
+        return self._zch_size
 
-    @abc.abstractmethod
     def input_size(self) -> int:
         """Size of the raw id space (``input_hash_size``)."""
+        return self._input_hash_size
 
-    @abc.abstractmethod
     def buckets(self) -> int:
         """Number of buckets of the whole table (the unit of resharding)."""
+        return self._buckets
 
     @abc.abstractmethod
     def validate_state(self) -> None:
@@ -108,11 +116,14 @@ class ManagedCollisionModule(nn.Module, abc.ABC):
     @property
     def output_global_offset(self) -> int:
         """First table row this module maps to (0 unless it serves a shard)."""
-        return 0
+        return self._output_global_offset
 
     @property
     def output_segments(self) -> list[int]:
-        """Global row offsets of the table's buckets (``buckets() + 1`` of them)."""
+        """Global row offsets of the table's buckets (``buckets() + 1`` of them; without buckets set by
+        the constructor, the one segment of this module's rows)."""
+        if self._output_segments is not None:
+            return list(self._output_segments)
         return [self.output_global_offset, self.output_global_offset + self.output_size()]
 
     def on_device(self, device: torch.device | str) -> ManagedCollisionModule:

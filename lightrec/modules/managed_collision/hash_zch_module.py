@@ -109,6 +109,7 @@ class HashZchManagedCollisionModule(ManagedCollisionModule):
 
     IDENTITY_BUFFER = "_hash_zch_identities"
     METADATA_BUFFER = "_hash_zch_metadata"
+    _output_segments: list[int]  # always set by the constructor (the base allows None)
 
     def __init__(
         self,
@@ -174,7 +175,7 @@ class HashZchManagedCollisionModule(ManagedCollisionModule):
         self.register_buffer(self.METADATA_BUFFER, metadata)
         start = output_segments[start_bucket]
         self._local_bounds = [s - start for s in output_segments[start_bucket : end_bucket + 1]]
-        self._global_offset = start
+        self._output_global_offset = start
         self._evicted: list[torch.Tensor] = []
         self._stats = {"lookups": 0.0, "default_lookups": 0.0, "inserted": 0.0, "evicted": 0.0}
         if is_inference:
@@ -204,18 +205,9 @@ class HashZchManagedCollisionModule(ManagedCollisionModule):
     def evict(self) -> torch.Tensor | None:
         if not self._evicted:
             return None
-        out: torch.Tensor = torch.unique(torch.cat(self._evicted)) + self._global_offset
+        out: torch.Tensor = torch.unique(torch.cat(self._evicted)) + self._output_global_offset
         self._evicted = []
         return out
-
-    def output_size(self) -> int:
-        return self._zch_size
-
-    def input_size(self) -> int:
-        return self._input_hash_size
-
-    def buckets(self) -> int:
-        return self._buckets
 
     def open_slots(self) -> torch.Tensor:
         return (self._hash_zch_identities == EMPTY_IDENTITY).sum().reshape(1).cpu()
@@ -258,19 +250,11 @@ class HashZchManagedCollisionModule(ManagedCollisionModule):
         )  # fmt: skip
 
     # ---- lightrec's tensor-level interface -----------------------------------------------------
-    @property
-    def output_global_offset(self) -> int:
-        return self._global_offset
-
-    @property
-    def output_segments(self) -> list[int]:
-        return list(self._output_segments)
-
     def bucket_of(self, values: torch.Tensor) -> torch.Tensor:
         return block_bucket(values, self._input_hash_size, self._buckets)
 
     def reset_buckets(self) -> tuple[list[int], int]:
-        return [b + self._global_offset for b in self._local_bounds], self._start_bucket
+        return [b + self._output_global_offset for b in self._local_bounds], self._start_bucket
 
     def slot_state(self) -> dict[str, torch.Tensor]:
         out = {self.IDENTITY_BUFFER: self._hash_zch_identities.data}
@@ -283,7 +267,7 @@ class HashZchManagedCollisionModule(ManagedCollisionModule):
         """The id map as a serving remapper: unknown ids fall back to their first probe position."""
         reserved = self._percent_reserved_slots if self._opt_in_prob != -1 else 0.0
         return FrozenHashZchRemapper(
-            self._hash_zch_identities.data.cpu(), list(self._local_bounds), self._global_offset, self._max_probe,
+            self._hash_zch_identities.data.cpu(), list(self._local_bounds), self._output_global_offset, self._max_probe,
             self._input_hash_size, self._buckets, self._start_bucket, reserved, self.input_mapper._div,
         )  # fmt: skip
 
@@ -293,7 +277,7 @@ class HashZchManagedCollisionModule(ManagedCollisionModule):
 
     def copy_state_from(self, other: HashZchManagedCollisionModule) -> None:
         """Take over the rows of ``other`` (the unsharded module) that this shard serves."""
-        start = self._global_offset - other._global_offset
+        start = self._output_global_offset - other._output_global_offset
         with torch.no_grad():
             for name, buf in self.slot_state().items():
                 src = other.slot_state().get(name)
@@ -335,7 +319,7 @@ class HashZchManagedCollisionModule(ManagedCollisionModule):
         if training:
             self._stats["lookups"] += values.numel()
             self._stats["default_lookups"] += float((slot < 0).index_select(0, inverse).sum())
-        return rows.index_select(0, inverse) + self._global_offset
+        return rows.index_select(0, inverse) + self._output_global_offset
 
     def _reserved_slots(self, size: torch.Tensor) -> torch.Tensor:
         if self._opt_in_prob == -1:

@@ -71,6 +71,16 @@ def unsigned_mod(bits: torch.Tensor, modulo: torch.Tensor) -> torch.Tensor:
     return torch.where(bits < 0, torch.remainder(base + wrap, modulo), base)
 
 
+def _probe(
+    identities: torch.Tensor, start: torch.Tensor, offset: torch.Tensor, size: torch.Tensor, active: torch.Tensor,
+    p: int,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Probe ``p`` of the ids at positions ``active``: their slots ``[A]`` (probe windows wrap inside
+    each id's segment) and the identities held there ``[A]``."""
+    slot = offset[active] + torch.remainder(start[active] + p, size[active])
+    return slot, identities.index_select(0, slot)
+
+
 def probe_lookup(
     identities: torch.Tensor, ids: torch.Tensor, start: torch.Tensor, offset: torch.Tensor, size: torch.Tensor,
     max_probe: int,
@@ -88,8 +98,7 @@ def probe_lookup(
     for p in range(max_probe):
         if active.numel() == 0:
             break
-        slot = offset[active] + torch.remainder(start[active] + p, size[active])
-        current = identities.index_select(0, slot)
+        slot, current = _probe(identities, start, offset, size, active, p)
         hit = current == ids[active]
         found[active[hit]] = slot[hit]
         active = active[~hit & (current != EMPTY_IDENTITY)]
@@ -124,8 +133,7 @@ def probe_insert(
     for p in range(max_probe):
         if active.numel() == 0:
             break
-        slot = offset[active] + torch.remainder(start[active] + p, size[active])
-        current = identities.index_select(0, slot)
+        slot, current = _probe(identities, start, offset, size, active, p)
         free = current == EMPTY_IDENTITY
         stale = torch.zeros_like(free)
         if metadata is not None and expired_before > 0:

@@ -83,6 +83,8 @@ class MCHManagedCollisionModule(MCHSteps, ManagedCollisionModule):
             in a sketch of ``zch_size`` counters; 1 admits at first sight).
     """
 
+    _output_segments: list[int]  # always set by the constructor (the base allows None)
+
     # Buffers (registered in _init_buffers; declared for the type checker).
     _mch_sorted_raw_ids: torch.Tensor
     _mch_remapped_ids_mapping: torch.Tensor
@@ -246,15 +248,6 @@ class MCHManagedCollisionModule(MCHSteps, ManagedCollisionModule):
         self._pending_evictions = []
         return rows + self._output_global_offset if self._output_global_offset else rows
 
-    def output_size(self) -> int:
-        return self._zch_size
-
-    def input_size(self) -> int:
-        return self._input_hash_size
-
-    def buckets(self) -> int:
-        return self._buckets
-
     def open_slots(self) -> torch.Tensor:
         return torch.tensor([self._ensure_index().total_free()], dtype=torch.int64)
 
@@ -307,14 +300,6 @@ class MCHManagedCollisionModule(MCHSteps, ManagedCollisionModule):
         return twin
 
     # ---- lightrec's tensor-level interface -----------------------------------------------------
-    @property
-    def output_global_offset(self) -> int:
-        return self._output_global_offset
-
-    @property
-    def output_segments(self) -> list[int]:
-        return list(self._output_segments)
-
     @property
     def eviction_policy(self) -> MCHEvictionPolicy:
         return self._eviction_policy
