@@ -35,6 +35,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from lightrec import _switches
 
 __all__ = ["NativeOps", "NativeUnavailableWarning", "native_ops", "native_unavailable_reason"]
