@@ -76,6 +76,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     # the flat torchrec-style namespace (lightrec/__init__.py) and what a source checkout needs
     "lightrec": frozenset({"sparse", "modules", "optim", "kernels", "_source_tree"}),
     "_source_tree": frozenset(),
+    # torchrec.test_utils: helpers for tests of code built on lightrec (free ports, sanitizer skips)
+    "test_utils": frozenset(),
 }
 ALLOWED.update({name: frozenset() for name in FOUNDATION})
 

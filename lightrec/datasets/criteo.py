@@ -18,6 +18,7 @@ from lightrec.data.criteo.spec import (
     DEFAULT_LABEL_NAME,
     FREQUENCY_THRESHOLD,
     INT_FEATURE_COUNT,
+    TOTAL_TRAINING_SAMPLES,
 )
 from lightrec.data.criteo.torchrec_readers import (
     BinaryCriteoUtils,
@@ -42,6 +43,7 @@ __all__ = [
     "DEFAULT_LABEL_NAME",
     "FREQUENCY_THRESHOLD",
     "INT_FEATURE_COUNT",
+    "TOTAL_TRAINING_SAMPLES",
     "BinaryCriteoUtils",
     "CriteoIterDataPipe",
     "InMemoryBinaryCriteoIterDataPipe",

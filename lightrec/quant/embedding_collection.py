@@ -27,7 +27,7 @@ from torch import nn
 
 from lightrec._compat import is_fx_symbolic_tracing as is_fx_tracing
 from lightrec.modules.embedding_configs import DataType, EmbeddingConfig
-from lightrec.modules.embedding_modules import embedding_names_by_table
+from lightrec.modules.collection_interfaces import EmbeddingCollectionInterface, embedding_names_by_table
 from lightrec.modules.feature_checks import apply_bounds_check, check_collection_input
 from lightrec.quant.collection_base import QuantCollectionBase, QuantTable
 from lightrec.quant.row_codec import DEFAULT_ROW_ALIGNMENT, row_size_in_bytes
@@ -37,7 +37,7 @@ from lightrec.sparse import JaggedTensor, KeyedJaggedTensor
 __all__ = ["QuantEmbeddingCollection"]
 
 
-class QuantEmbeddingCollection(QuantCollectionBase):
+class QuantEmbeddingCollection(QuantCollectionBase, EmbeddingCollectionInterface):
     """Unpooled embedding tables stored as int8 / int4 / fp16 rows, looked up in float32.
 
     Args:
@@ -91,7 +91,7 @@ class QuantEmbeddingCollection(QuantCollectionBase):
         if not torch.jit.is_scripting():  # TorchScript skips this branch; it cannot compile set logic
             if not is_fx_tracing():
                 check_collection_input(features, self._feature_order, "QuantEmbeddingCollection")
-        features = features.permute_to_keys(self._feature_order)
+        features = self._in_feature_order(features)
         stride = features.stride()
         offset_per_key = features.offset_per_key()
         lengths = features.lengths()
