@@ -26,8 +26,11 @@ from torch import nn
 
 from lightrec.kernels.batched_embedding import BatchedEmbedding, BatchedEmbeddingBag
 from lightrec.kernels.tiered.config import TieringConfig
+from lightrec.modules.collection_interfaces import (
+    EmbeddingBagCollectionInterface,
+    EmbeddingCollectionInterface,
+)
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, EmbeddingBagConfig, EmbeddingConfig
-from lightrec.modules.collection_interfaces import EmbeddingBagCollectionInterface, EmbeddingCollectionInterface
 from lightrec.modules.embedding_modules import EmbeddingBagCollection
 from lightrec.modules.feature_checks import check_collection_input
 from lightrec.modules.kernel_backend import resolve_kernel_backend

@@ -15,7 +15,6 @@ Output names (:func:`embedding_names_by_table`)::
 
 import abc
 from collections.abc import Sequence
-from typing import Dict, List
 
 from torch import nn
 
@@ -52,7 +51,7 @@ class EmbeddingBagCollectionInterface(abc.ABC, nn.Module):
         """Pool each feature's ids of every sample."""
 
     @abc.abstractmethod
-    def embedding_bag_configs(self) -> List[EmbeddingBagConfig]:
+    def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
         """The tables, in output order."""
 
     @abc.abstractmethod
@@ -65,11 +64,11 @@ class EmbeddingCollectionInterface(abc.ABC, nn.Module):
     values are ``[ids, D]``."""
 
     @abc.abstractmethod
-    def forward(self, features: KeyedJaggedTensor) -> Dict[str, JaggedTensor]:
+    def forward(self, features: KeyedJaggedTensor) -> dict[str, JaggedTensor]:
         """Look up every id of every feature."""
 
     @abc.abstractmethod
-    def embedding_configs(self) -> List[EmbeddingConfig]:
+    def embedding_configs(self) -> list[EmbeddingConfig]:
         """The tables, in output order."""
 
     def need_indices(self) -> bool:
@@ -90,6 +89,6 @@ class EmbeddingCollectionInterface(abc.ABC, nn.Module):
             )
         return dims[0]
 
-    def embedding_names_by_table(self) -> List[List[str]]:
+    def embedding_names_by_table(self) -> list[list[str]]:
         """The output key of each table's features (:func:`embedding_names_by_table`)."""
         return embedding_names_by_table(self.embedding_configs())

@@ -28,7 +28,6 @@ from lightrec.modules.embedding_modules import _check_tables
 from lightrec.modules.feature_checks import BOUNDS_CHECK_MODES
 from lightrec.modules.kernel_backend import KERNEL_BACKENDS, resolve_kernel_backend
 from lightrec.modules.quant_config import data_type_from_qconfig, resolve_data_type
-from lightrec.sparse import KeyedJaggedTensor
 from lightrec.quant.row_codec import (
     DEFAULT_ROW_ALIGNMENT,
     check_dim,
@@ -36,6 +35,7 @@ from lightrec.quant.row_codec import (
     quantize_rows,
     sparse_type_code,
 )
+from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = [
     "CACHE_FEATURES_ORDER_ATTR",

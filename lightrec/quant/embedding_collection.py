@@ -26,8 +26,8 @@ import torch
 from torch import nn
 
 from lightrec._compat import is_fx_symbolic_tracing as is_fx_tracing
-from lightrec.modules.embedding_configs import DataType, EmbeddingConfig
 from lightrec.modules.collection_interfaces import EmbeddingCollectionInterface, embedding_names_by_table
+from lightrec.modules.embedding_configs import DataType, EmbeddingConfig
 from lightrec.modules.feature_checks import apply_bounds_check, check_collection_input
 from lightrec.quant.collection_base import QuantCollectionBase, QuantTable
 from lightrec.quant.row_codec import DEFAULT_ROW_ALIGNMENT, row_size_in_bytes

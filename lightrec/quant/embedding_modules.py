@@ -23,8 +23,8 @@ from torch import nn
 
 from lightrec._compat import is_fx_symbolic_tracing as is_fx_tracing
 from lightrec._host_memory import allocate_host_buffer
-from lightrec.modules.embedding_configs import DataType, EmbeddingBagConfig, PoolingType
 from lightrec.modules.collection_interfaces import EmbeddingBagCollectionInterface
+from lightrec.modules.embedding_configs import DataType, EmbeddingBagConfig, PoolingType
 from lightrec.modules.embedding_modules import embedding_names_by_table, ids_per_table
 from lightrec.modules.feature_checks import check_collection_input
 from lightrec.quant.collection_base import CACHE_FEATURES_ORDER_ATTR, QuantCollectionBase, QuantTable

@@ -39,8 +39,9 @@ def _lengths_of(key: str, feature: Any) -> torch.Tensor:
             f"layout=torch.jagged)), got {type(feature).__name__}"
             + (f" with layout {feature.layout}" if isinstance(feature, torch.Tensor) else "")
         )
-    lengths = feature.lengths()
-    return lengths if lengths is not None else torch.diff(feature.offsets())
+    # a jagged nested tensor keeps its layout as lengths or offsets (NestedTensor's methods)
+    lengths: torch.Tensor | None = feature.lengths()  # type: ignore[attr-defined]
+    return lengths if lengths is not None else torch.diff(feature.offsets())  # type: ignore[attr-defined]
 
 
 def maybe_td_to_kjt(features: Any, keys: list[str] | None = None) -> KeyedJaggedTensor:
@@ -60,7 +61,8 @@ def maybe_td_to_kjt(features: Any, keys: list[str] | None = None) -> KeyedJagged
         TypeError: an entry is not a jagged nested tensor.
     """
     if torch.jit.is_scripting() or not is_tensor_dict(features):
-        return features
+        kjt: KeyedJaggedTensor = features
+        return kjt
     names = list(features.keys()) if keys is None else list(keys)
     missing = [k for k in names if k not in features.keys()]
     if missing:

@@ -8,7 +8,13 @@ import pytest
 import torch
 from torch import nn
 
-from lightrec import EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingCollection, EmbeddingConfig, KeyedJaggedTensor
+from lightrec import (
+    EmbeddingBagCollection,
+    EmbeddingBagConfig,
+    EmbeddingCollection,
+    EmbeddingConfig,
+    KeyedJaggedTensor,
+)
 from lightrec.modules.embedding_configs import DATA_TYPE_NUM_BITS, DataType
 from lightrec.modules.embedding_modules import (
     EmbeddingBagCollectionInterface,
