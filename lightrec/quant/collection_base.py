@@ -266,12 +266,14 @@ class QuantCollectionBase(nn.Module):
     def _in_feature_order(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
         """``features`` with its keys in ``_feature_order`` (the key permutation is cached when
         ``cache_features_order`` is set and the input's keys repeat)."""
-        if torch.jit.is_scripting() or is_fx_tracing() or not self.cache_features_order:
+        if torch.jit.is_scripting():  # apart: TorchScript compiles every operand of an ``or``
             return features.permute_to_keys(self._feature_order)
         return self._cached_permute(features)
 
     @torch.jit.unused
     def _cached_permute(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        if is_fx_tracing() or not self.cache_features_order:
+            return features.permute_to_keys(self._feature_order)
         keys = features.keys()
         if keys == self._feature_order:
             return features
