@@ -7,8 +7,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 import torch
 
+from lightrec import KeyedJaggedTensor
 from lightrec.modules.mlp import MLP
 
 # torchrec's MLP(in_size=4, layer_sizes=[8, 2]).state_dict().keys(), in order
@@ -43,3 +45,25 @@ def test_inference_submodules_are_attributes_after_import_lightrec() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
 
+
+def test_sharded_routes_fold_raw_ids_as_the_unsharded_collection_does() -> None:
+    """The sharded managed-collision input side admits ids the way the collection does (the
+    collection's own case: tests/modules/managed_collision/test_collection_steps.py)."""
+    from lightrec.distributed.sharding.managed_collision import McRoutes
+    from lightrec.modules.feature_checks import strict_checks
+    from lightrec.modules.managed_collision import (
+        LRU_EvictionPolicy,
+        ManagedCollisionIdError,
+        MCHManagedCollisionModule,
+    )
+
+    module = MCHManagedCollisionModule(5, "cpu", LRU_EvictionPolicy(), 3, input_hash_size=1000)
+    routes = McRoutes({"t0": module}, {"t0": ["f0"]}, need_preprocess=True)
+    kjt = KeyedJaggedTensor(["f0", "other"], torch.tensor([1, 2004, -5, 7777]), lengths=torch.ones(4, dtype=torch.int64))
+    with pytest.warns(UserWarning, match="'t0' got raw ids outside"):
+        out = routes.prepare(kjt)
+    assert out["f0"].values().tolist() == [1, 4] and out["other"].values().tolist() == [-5, 7777]
+    assert routes.prepare(KeyedJaggedTensor(["f0"], torch.tensor([3]), lengths=torch.ones(1, dtype=torch.int64)))[
+        "f0"].values().tolist() == [3]  # fmt: skip
+    with strict_checks(), pytest.raises(ManagedCollisionIdError, match="'t0'.*2004"):
+        routes.prepare(kjt)
