@@ -76,6 +76,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     # the flat torchrec-style namespace (lightrec/__init__.py) and what a source checkout needs
     "lightrec": frozenset({"sparse", "modules", "optim", "kernels", "_source_tree"}),
     "_source_tree": frozenset(),
+    # torchrec.test_utils: helpers for tests of code built on lightrec (free ports, sanitizer skips)
+    "test_utils": frozenset(),
 }
 ALLOWED.update({name: frozenset() for name in FOUNDATION})
 
@@ -108,6 +110,9 @@ TORCHREC_PATHS = (
     "lightrec.distributed.shard",
     "lightrec.distributed.sharding_plan",
     "lightrec.distributed.types",
+    "lightrec.metrics.accuracy",
+    "lightrec.metrics.mae",
+    "lightrec.metrics.mse",
     "lightrec.modules.fused_embedding_modules",
     "lightrec.modules.hash_mc_evictions",
     "lightrec.modules.hash_mc_modules",

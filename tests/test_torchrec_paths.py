@@ -112,6 +112,26 @@ TORCHREC_PATHS["torchrec.distributed.planner.types"] += ["ShardingPlan", "Shardi
                                                          "Enumerator", "Proposer", "Partitioner", "StorageReservation",
                                                          "PerfModel", "ShardEstimator"]  # fmt: skip
 TORCHREC_PATHS["torchrec.optim.optimizers"] += ["LAMB", "LarsSGD", "PartialRowWiseAdam", "PartialRowWiseLAMB"]
+# issue 37: the third pass, data side (sparse helpers, collection interfaces, metric computations)
+TORCHREC_PATHS.update({
+    "torchrec.sparse.tensor_dict": ["maybe_td_to_kjt"],
+    "torchrec.sparse.jagged_tensor_validator": ["validate_keyed_jagged_tensor"],
+    "torchrec.metrics.accuracy": ["AccuracyMetricComputation"],
+    "torchrec.metrics.gauc": ["GAUCMetricComputation"],
+    "torchrec.metrics.mae": ["MAEMetricComputation"],
+    "torchrec.metrics.mse": ["MSEMetricComputation"],
+    "torchrec.metrics.ne": ["NEMetricComputation"],
+    "torchrec.test_utils": ["get_free_port", "skip_if_asan", "skip_if_asan_class", "seed_and_log"],
+})  # fmt: skip
+TORCHREC_PATHS["torchrec.sparse.jagged_tensor"] += ["_regroup_keyed_tensors", "_fbgemm_permute_pooled_embs",
+                                                    "_kt_regroup_arguments", "_all_keys_used_once"]  # fmt: skip
+TORCHREC_PATHS["torchrec.metrics.rec_metric"] += ["RecMetricComputation", "MetricComputationReport"]
+TORCHREC_PATHS["torchrec.modules.embedding_modules"] += ["EmbeddingBagCollectionInterface",
+                                                         "EmbeddingCollectionInterface", "get_embedding_names_by_table"]
+TORCHREC_PATHS["torchrec.modules.embedding_configs"] += ["DATA_TYPE_NUM_BITS"]
+TORCHREC_PATHS["torchrec.quant.embedding_modules"] += ["quant_prep_enable_cache_features_order"]
+TORCHREC_PATHS["torchrec.datasets.criteo"] += ["TOTAL_TRAINING_SAMPLES"]
+TORCHREC_PATHS["torchrec.optim"] = ["SGD", "Adam", "Adagrad"]
 
 
 

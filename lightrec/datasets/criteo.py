@@ -19,6 +19,7 @@ from lightrec.data.criteo.spec import DEFAULT_INT_NAMES as DEFAULT_INT_NAMES
 from lightrec.data.criteo.spec import DEFAULT_LABEL_NAME as DEFAULT_LABEL_NAME
 from lightrec.data.criteo.spec import FREQUENCY_THRESHOLD as FREQUENCY_THRESHOLD
 from lightrec.data.criteo.spec import INT_FEATURE_COUNT as INT_FEATURE_COUNT
+from lightrec.data.criteo.spec import TOTAL_TRAINING_SAMPLES as TOTAL_TRAINING_SAMPLES
 from lightrec.data.criteo.torchrec_readers import *  # noqa: F403 - the readers' __all__, restated nowhere
 from lightrec.data.csv_readers import PATH_MANAGER_KEY as PATH_MANAGER_KEY
 from lightrec.data.csv_readers import LoadFiles as LoadFiles

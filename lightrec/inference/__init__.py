@@ -17,6 +17,12 @@ Files, each on top of the one before: ``gather.py`` (full tables from the ranks 
 """
 
 from lightrec.fx.tracer import Tracer, symbolic_trace
+
+# torchrec's ``inference/__init__`` imports its submodules (``torchrec.inference.modules`` is an
+# attribute once the package is imported); these are lightrec's files at those paths.
+from lightrec.inference import model_packager as model_packager
+from lightrec.inference import modules as modules
+from lightrec.inference import state_dict_transform as state_dict_transform
 from lightrec.inference.export import (
     EXPORT_FORMATS,
     ExportError,

@@ -26,6 +26,10 @@ from torch import nn
 
 from lightrec.kernels.batched_embedding import BatchedEmbedding, BatchedEmbeddingBag
 from lightrec.kernels.tiered.config import TieringConfig
+from lightrec.modules.collection_interfaces import (
+    EmbeddingBagCollectionInterface,
+    EmbeddingCollectionInterface,
+)
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, EmbeddingBagConfig, EmbeddingConfig
 from lightrec.modules.embedding_modules import EmbeddingBagCollection
 from lightrec.modules.feature_checks import check_collection_input
@@ -182,7 +186,7 @@ def _fill_lookup_entries(
                 state_dict.setdefault(f"{prefix}_lookups.{i}.weights.{name}", state_dict[src])
 
 
-class FusedEmbeddingBagCollection(_FusedCollectionBase):
+class FusedEmbeddingBagCollection(_FusedCollectionBase, EmbeddingBagCollectionInterface):
     """Pooled tables with a fused (in-backward) optimizer, on one process.
 
     Args:
@@ -334,7 +338,7 @@ class FusedEmbeddingBagCollection(_FusedCollectionBase):
         return f"is_weighted={self._is_weighted}"
 
 
-class FusedEmbeddingCollection(_FusedCollectionBase):
+class FusedEmbeddingCollection(_FusedCollectionBase, EmbeddingCollectionInterface):
     """Unpooled tables with a fused optimizer: ``KeyedJaggedTensor`` -> ``{feature: JaggedTensor}``.
 
     All tables must share one ``embedding_dim`` (one kernel call). Arguments as

@@ -44,6 +44,9 @@ class MetricName(StrValue):
     MAE = "mae"
     AUC = "auc"
     ACCURACY = "accuracy"
+    GAUC = "gauc"
+    GAUC_NUM_SAMPLES = "gauc_num_samples"
+    R_SQUARED = "r_squared"
 
 
 class MetricNamespace(StrValue):
@@ -58,6 +61,7 @@ class MetricNamespace(StrValue):
     MAE = "mae"
     AUC = "auc"
     ACCURACY = "accuracy"
+    GAUC = "gauc"
     OPTIMIZERS = "optimizers"
     MODEL_CONFIGURATOR = "model_configurator"
 

@@ -11,6 +11,9 @@ NE < 1 means the model beats the constant predictor ``p = ctr``; lower is better
 confident wrong prediction (``p = 0`` for a click) finite, and keeps NE finite when every label seen
 is 0 or 1 (the denominator is then about ``eps * (1 - ln eps)``, so NE becomes very large: a
 warning points that out). All sums are kept in float64 and reduced across ranks with ``sum``.
+
+:class:`NEMetricComputation` is torchrec's form of the same metric (``torchrec.metrics.ne``): several
+tasks at once, lifetime and windowed (:mod:`lightrec.metrics.computation`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from torchmetrics import Metric
 from torchmetrics.utilities import rank_zero_warn
 
 from lightrec.metrics._validation import check_binary_inputs, nan_result
+from lightrec.metrics.computation import MetricComputationReport, RecMetricComputation
+from lightrec.metrics.metrics_namespace import MetricName, MetricPrefix
 
 DEFAULT_EPS = 1e-12
 
@@ -128,3 +133,70 @@ class LogLoss(NE):
         if total is None:
             return nan_result(self.device)
         return (self.ne_weighted_logloss.double() / total).to(torch.float32)
+
+
+def _log2_entropy_sum(positives: Tensor, negatives: Tensor, eta: float) -> Tensor:
+    """``-(P * log2 m + N * log2(1 - m))`` with ``m = P / (P + N)`` clamped to ``[eta, 1 - eta]``:
+    the cross-entropy of always predicting the mean label (in bits, summed over the samples)."""
+    mean = (positives / (positives + negatives).clamp(min=eta)).clamp(eta, 1.0 - eta)
+    return -(positives * torch.log2(mean) + negatives * torch.log2(1.0 - mean))
+
+
+class NEMetricComputation(RecMetricComputation):
+    """torchrec's NE computation (``torchrec.metrics.ne``): NE of each task, lifetime and windowed.
+
+    States (``[n_tasks]`` float64, summed over ranks; each with a window twin)::
+
+        cross_entropy_sum     sum_i w_i * -(y_i log2 q_i + (1 - y_i) log2(1 - q_i)),  q_i = clamp(p_i, eta, 1 - eta)
+        weighted_num_samples  sum_i w_i
+        pos_labels            sum_i w_i y_i
+        neg_labels            sum_i w_i (1 - y_i)
+
+    NE = cross_entropy_sum / (the same sum for a constant prediction of the mean label): the ratio
+    of :class:`NE` (natural logs cancel in it). ``include_logloss=True`` adds the log loss in bits,
+    ``cross_entropy_sum / (pos_labels + neg_labels)``.
+
+    Args:
+        include_logloss: also report ``logloss``.
+        allow_missing_label_with_zero_weight: a task without any weight reports ``eta`` instead of NaN.
+        *args, **kwargs: :class:`~lightrec.metrics.computation.RecMetricComputation`'s.
+    """
+
+    def __init__(self, *args: Any, include_logloss: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._include_logloss = include_logloss
+        self.eta = DEFAULT_EPS
+        for name in ("cross_entropy_sum", "weighted_num_samples", "pos_labels", "neg_labels"):
+            self._add_state(name, torch.zeros(self._n_tasks, dtype=torch.double), add_window_state=True,
+                            dist_reduce_fx="sum", persistent=True)  # fmt: skip
+
+    def update(self, *, predictions: Tensor | None, labels: Tensor, weights: Tensor | None, **kwargs: Any) -> None:
+        p, y, w = self._inputs(predictions, labels, weights)
+        q = p.clamp(self.eta, 1.0 - self.eta)
+        cross_entropy = -w * (y * torch.log2(q) + (1.0 - y) * torch.log2(1.0 - q))
+        states = {
+            "cross_entropy_sum": cross_entropy.sum(-1),
+            "weighted_num_samples": w.sum(-1),
+            "pos_labels": (w * y).sum(-1),
+            "neg_labels": (w * (1.0 - y)).sum(-1),
+        }
+        self._update_states(states, p.size(-1))
+
+    def _ne(self, ce: Tensor, weights: Tensor, pos: Tensor, neg: Tensor) -> Tensor:
+        ne = ce / _log2_entropy_sum(pos, neg, self.eta)
+        if self._allow_missing_label_with_zero_weight:
+            ne = torch.where(weights > 0, ne, torch.full_like(ne, self.eta))
+        return ne
+
+    def _compute(self) -> list[MetricComputationReport]:
+        names = ("cross_entropy_sum", "weighted_num_samples", "pos_labels", "neg_labels")
+        lifetime = [getattr(self, n) for n in names]
+        window = [self.get_window_state(n) for n in names]
+        reports = [
+            MetricComputationReport(MetricName.NE, MetricPrefix.LIFETIME, self._ne(*lifetime)),
+            MetricComputationReport(MetricName.NE, MetricPrefix.WINDOW, self._ne(*window)),
+        ]
+        if self._include_logloss:
+            for prefix, (ce, _, pos, neg) in ((MetricPrefix.LIFETIME, lifetime), (MetricPrefix.WINDOW, window)):
+                reports.append(MetricComputationReport(MetricName.LOG_LOSS, prefix, ce / (pos + neg).clamp(min=self.eta)))
+        return reports

@@ -17,6 +17,10 @@ accelerators) and ``**kwargs`` (forwarded to :class:`torchmetrics.Metric`).
 
 State names are distinct per class so that a user's ``MetricCollection(compute_groups=True)`` can
 never mistake two of these metrics for one.
+
+:class:`AccuracyMetricComputation` is torchrec's form of accuracy (``torchrec.metrics.accuracy``):
+several tasks, lifetime and windowed, with torchrec's rule -- a sample counts as correct when
+``[p_i >= t] == y_i`` (a soft label is never matched) -- and 0 when no weight was seen.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from torchmetrics import Metric
 from torchmetrics.utilities import rank_zero_warn
 
 from lightrec.metrics._validation import check_binary_inputs, nan_result
+from lightrec.metrics.computation import MetricComputationReport, RecMetricComputation
+from lightrec.metrics.metrics_namespace import MetricName, MetricPrefix
 
 
 class _WeightedRatio(Metric):
@@ -149,3 +155,43 @@ class Accuracy(_WeightedFraction):
         positive = (preds > self.threshold).to(torch.float64)
         correct = labels * positive + (1.0 - labels) * (1.0 - positive)
         self._add(weights * correct, weights)
+
+
+def weighted_ratio_or_zero(numerator: Tensor, denominator: Tensor) -> Tensor:
+    """``numerator / denominator`` per task, 0 where the denominator is 0 (torchrec's convention), float64."""
+    return torch.where(denominator == 0.0, torch.zeros_like(numerator), numerator / denominator).double()
+
+
+class AccuracyMetricComputation(RecMetricComputation):
+    """torchrec's accuracy computation: ``sum_i w_i [p_i >= t] == y_i / sum_i w_i`` per task.
+
+    States (``[n_tasks]`` float64, with window twins): ``accuracy_sum``, ``weighted_num_samples``.
+
+    Args:
+        threshold: ``t`` (default 0.5).
+        *args, **kwargs: :class:`~lightrec.metrics.computation.RecMetricComputation`'s.
+    """
+
+    accuracy_sum: Tensor
+    weighted_num_samples: Tensor
+
+    def __init__(self, *args: Any, threshold: float = 0.5, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._threshold = float(threshold)
+        for name in ("accuracy_sum", "weighted_num_samples"):
+            self._add_state(name, torch.zeros(self._n_tasks, dtype=torch.double), add_window_state=True,
+                            dist_reduce_fx="sum", persistent=True)  # fmt: skip
+
+    def update(self, *, predictions: Tensor | None, labels: Tensor, weights: Tensor | None, **kwargs: Any) -> None:
+        p, y, w = self._inputs(predictions, labels, weights)
+        correct = ((p >= self._threshold).double() == y).double()
+        self._update_states({"accuracy_sum": (w * correct).sum(-1), "weighted_num_samples": w.sum(-1)}, p.size(-1))
+
+    def _compute(self) -> list[MetricComputationReport]:
+        return [
+            MetricComputationReport(MetricName.ACCURACY, prefix, weighted_ratio_or_zero(correct, total))
+            for prefix, correct, total in (
+                (MetricPrefix.LIFETIME, self.accuracy_sum, self.weighted_num_samples),
+                (MetricPrefix.WINDOW, self.get_window_state("accuracy_sum"), self.get_window_state("weighted_num_samples")),
+            )
+        ]

@@ -12,6 +12,10 @@ the global values; each rank's window covers its own last samples, together abou
 Keys follow torchrec (:mod:`lightrec.metrics.metrics_namespace`)::
 
     {"ne-DefaultTask|lifetime_ne": ..., "ne-DefaultTask|window_ne": ...}
+
+torchrec's building block for metrics of one's own, ``RecMetricComputation`` (and the
+``MetricComputationReport`` it returns), lives in :mod:`lightrec.metrics.computation` and is
+importable from here, torchrec's path for it.
 """
 
 from __future__ import annotations
@@ -26,17 +30,14 @@ from torch import Tensor, nn
 from torchmetrics import Metric
 
 from lightrec.metrics.auc import AUC
+from lightrec.metrics.computation import MetricComputationReport, RecMetricComputation, RecMetricException
 from lightrec.metrics.metrics_config import RecMetricEnum, RecTaskInfo
 from lightrec.metrics.metrics_namespace import MetricPrefix, compose_metric_key
 from lightrec.metrics.ne import NE, LogLoss
 from lightrec.metrics.rates import CTR, Accuracy, Calibration
 from lightrec.metrics.regression import MAE, MSE
 
-__all__ = ["RecMetric", "RecMetricException", "RecMetricList"]
-
-
-class RecMetricException(ValueError):
-    """A metric module was configured or fed wrongly (unknown metric, missing model output key)."""
+__all__ = ["MetricComputationReport", "RecMetric", "RecMetricComputation", "RecMetricException", "RecMetricList"]
 
 
 def _value(metric: Metric) -> Tensor:

@@ -7,17 +7,26 @@ With predictions ``p_i``, labels ``y_i`` (any real numbers) and sample weights `
 
 Each keeps two float64 sums (reduced with ``sum``), like the ratio metrics of ``rates.py``; with
 no weight seen ``compute`` warns and returns NaN.
+
+:class:`MSEMetricComputation` and :class:`MAEMetricComputation` are torchrec's forms
+(``torchrec.metrics.mse`` / ``.mae``): several tasks, lifetime and windowed, 0 when no weight was
+seen; MSE also reports RMSE and, with ``include_r_squared=True``, the weighted R^2
+``1 - sum w (y - p)^2 / (sum w y^2 - (sum w y)^2 / sum w)`` (1 when the labels do not vary).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from lightrec.metrics._validation import MetricInputError, check_binary_inputs
-from lightrec.metrics.rates import _WeightedRatio
+from lightrec.metrics.computation import MetricComputationReport, RecMetricComputation
+from lightrec.metrics.metrics_namespace import MetricName, MetricPrefix
+from lightrec.metrics.rates import _WeightedRatio, weighted_ratio_or_zero
 
-__all__ = ["MAE", "MSE"]
+__all__ = ["MAE", "MSE", "MAEMetricComputation", "MSEMetricComputation"]
 
 
 def _regression_inputs(name: str, preds: Tensor, labels: Tensor, weights: Tensor | None, validate: bool) -> tuple[
@@ -80,3 +89,80 @@ class MAE(_WeightedError):
     @staticmethod
     def _error(diff: Tensor) -> Tensor:
         return diff.abs()
+
+
+class _ErrorComputation(RecMetricComputation):
+    """``error_sum`` and ``weighted_num_samples`` per task (and, for R^2, the label sums)."""
+
+    _states: tuple[str, ...] = ("error_sum", "weighted_num_samples")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for name in self._states:
+            self._add_state(name, torch.zeros(self._n_tasks, dtype=torch.double), add_window_state=True,
+                            dist_reduce_fx="sum", persistent=True)  # fmt: skip
+
+    @staticmethod
+    def _error(diff: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def update(self, *, predictions: Tensor | None, labels: Tensor, weights: Tensor | None, **kwargs: Any) -> None:
+        p, y, w = self._inputs(predictions, labels, weights)
+        states = {
+            "error_sum": (w * self._error(y - p)).sum(-1),
+            "weighted_num_samples": w.sum(-1),
+            "label_sum": (w * y).sum(-1),
+            "label_squared_sum": (w * y.square()).sum(-1),
+        }
+        self._update_states({name: states[name] for name in self._states}, p.size(-1))
+
+    def _sums(self, prefix: MetricPrefix, names: tuple[str, ...]) -> list[Tensor]:
+        return [getattr(self, n) if prefix == MetricPrefix.LIFETIME else self.get_window_state(n) for n in names]
+
+
+class MSEMetricComputation(_ErrorComputation):
+    """Weighted mean squared error per task (and RMSE; R^2 with ``include_r_squared``).
+
+    States: ``error_sum`` (``sum w (y - p)^2``), ``weighted_num_samples``; with ``include_r_squared``
+    also ``label_sum`` and ``label_squared_sum``. All ``[n_tasks]`` float64 with window twins.
+    """
+
+    def __init__(self, *args: Any, include_r_squared: bool = False, **kwargs: Any) -> None:
+        self._include_r_squared = include_r_squared
+        if include_r_squared:
+            self._states = (*_ErrorComputation._states, "label_sum", "label_squared_sum")
+        super().__init__(*args, **kwargs)
+
+    @staticmethod
+    def _error(diff: Tensor) -> Tensor:
+        return diff.square()
+
+    def _compute(self) -> list[MetricComputationReport]:
+        # torchrec's order: MSE and RMSE (lifetime, then window), then R^2 (lifetime, then window)
+        reports, r_squared = [], []
+        for prefix in (MetricPrefix.LIFETIME, MetricPrefix.WINDOW):
+            error, total = self._sums(prefix, _ErrorComputation._states)
+            mse = weighted_ratio_or_zero(error, total)
+            reports += [MetricComputationReport(MetricName.MSE, prefix, mse),
+                        MetricComputationReport(MetricName.RMSE, prefix, mse.sqrt())]  # fmt: skip
+            if self._include_r_squared:
+                label_sum, label_squared_sum = self._sums(prefix, ("label_sum", "label_squared_sum"))
+                spread = label_squared_sum - label_sum.square() / total
+                value = torch.where(spread == 0.0, torch.ones_like(spread), 1.0 - error / spread).double()
+                r_squared.append(MetricComputationReport(MetricName.R_SQUARED, prefix, value))
+        return reports + r_squared
+
+
+class MAEMetricComputation(_ErrorComputation):
+    """Weighted mean absolute error per task. States: ``error_sum`` (``sum w |y - p|``),
+    ``weighted_num_samples`` (``[n_tasks]`` float64 with window twins)."""
+
+    @staticmethod
+    def _error(diff: Tensor) -> Tensor:
+        return diff.abs()
+
+    def _compute(self) -> list[MetricComputationReport]:
+        return [
+            MetricComputationReport(MetricName.MAE, prefix, weighted_ratio_or_zero(*self._sums(prefix, self._states)))
+            for prefix in (MetricPrefix.LIFETIME, MetricPrefix.WINDOW)
+        ]

@@ -18,6 +18,7 @@ import torch
 from lightrec._enum import ValueEnum
 
 __all__ = [
+    "DATA_TYPE_NUM_BITS",
     "BaseEmbeddingConfig",
     "DataType",
     "EmbeddingBagConfig",
@@ -61,6 +62,17 @@ _DATA_TYPE_TO_DTYPE: dict[DataType, torch.dtype] = {
     DataType.INT8: torch.uint8,
     DataType.INT4: torch.quint4x2,
     DataType.INT2: torch.quint2x4,
+}
+
+
+#: Bits one stored value of each type takes (a quantized row adds its scale and bias on top).
+DATA_TYPE_NUM_BITS: dict[DataType, int] = {
+    DataType.FP32: 32,
+    DataType.FP16: 16,
+    DataType.BF16: 16,
+    DataType.INT8: 8,
+    DataType.INT4: 4,
+    DataType.INT2: 2,
 }
 
 

@@ -24,6 +24,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from lightrec._compat import is_fx_symbolic_tracing as is_fx_tracing
+from lightrec.modules.collection_interfaces import (
+    EmbeddingBagCollectionInterface,
+    EmbeddingCollectionInterface,
+    embedding_names_by_table,
+    get_embedding_names_by_table,
+)
 from lightrec.modules.embedding_configs import (
     BaseEmbeddingConfig,
     EmbeddingBagConfig,
@@ -39,7 +45,14 @@ from lightrec.modules.feature_checks import (
 from lightrec.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 from lightrec.sparse._ops import complete_cumsum
 
-__all__ = ["EmbeddingBagCollection", "EmbeddingCollection"]
+__all__ = [
+    "EmbeddingBagCollection",
+    "EmbeddingBagCollectionInterface",
+    "EmbeddingCollection",
+    "EmbeddingCollectionInterface",
+    "embedding_names_by_table",
+    "get_embedding_names_by_table",
+]
 
 
 # ModuleDict keys may not shadow its own attributes.
@@ -78,16 +91,6 @@ def _check_tables(tables: Sequence[BaseEmbeddingConfig], where: str) -> list[str
         features.extend(t.feature_names)
     check_table_features([(t.name, list(t.feature_names)) for t in tables], where)
     return features
-
-
-def embedding_names_by_table(tables: Sequence[BaseEmbeddingConfig]) -> list[list[str]]:
-    """Output key of each (table, feature): the feature name, or ``feature@table`` for a feature
-    that several tables read (torchrec's naming, so outputs stay unique)."""
-    count: dict[str, int] = {}
-    for t in tables:
-        for f in t.feature_names:
-            count[f] = count.get(f, 0) + 1
-    return [[f if count[f] == 1 else f"{f}@{t.name}" for f in t.feature_names] for t in tables]
 
 
 def check_collection_tables(
@@ -212,7 +215,7 @@ def ids_per_feature(
     return out
 
 
-class EmbeddingBagCollection(nn.Module):
+class EmbeddingBagCollection(EmbeddingBagCollectionInterface):
     """Pooled embedding tables: ``KeyedJaggedTensor`` → ``KeyedTensor`` ``[B, sum_f D_f]``.
 
     Output keys are the feature names in table order (a table's features in their listed order);
@@ -375,7 +378,7 @@ def _pool(
     )
 
 
-class EmbeddingCollection(nn.Module):
+class EmbeddingCollection(EmbeddingCollectionInterface):
     """Unpooled embedding tables: ``KeyedJaggedTensor`` → ``{feature: JaggedTensor}``.
 
     The JaggedTensor of feature ``f`` has values ``[N_f, D]`` (one row per id, in input order)

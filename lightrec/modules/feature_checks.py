@@ -64,7 +64,8 @@ def set_strict_checks(enabled: bool) -> None:
     """Turn lightrec's strict input checks on or off for this process (default off, as torchrec).
 
     Strict: a KJT's keys must be exactly the collection's features, a feature is read by one
-    table only, and a collection needs at least one table.
+    table only, a collection needs at least one table, and a managed-collision table's raw ids
+    must be inside its ``input_hash_size`` (else they are folded into it).
     """
     if not isinstance(enabled, bool):
         raise TypeError(f"set_strict_checks(enabled=...) takes a bool, got {enabled!r}")

@@ -162,9 +162,17 @@ class Perceptron(nn.Module):
         super().__init__()
         self._in_size = _check_size("in_size", in_size)
         self._out_size = _check_size("out_size", out_size)
-        self.linear = nn.Linear(in_size, out_size, bias=bias, device=device, dtype=dtype)
+        # ``_linear``, torchrec's attribute name, so state dicts match torchrec's key for key
+        self._linear = nn.Linear(in_size, out_size, bias=bias, device=device, dtype=dtype)
         self.activation = make_activation(activation)
-        self.register_load_state_dict_pre_hook(_accept_torchrec_linear_keys)
+        self.register_load_state_dict_pre_hook(_accept_earlier_linear_keys)
+
+    __jit_unused_properties__ = ["linear"]
+
+    @property
+    def linear(self) -> nn.Linear:
+        """The fully connected layer (stored as ``_linear``)."""
+        return self._linear
 
     @property
     def in_size(self) -> int:
@@ -177,7 +185,7 @@ class Perceptron(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Annotated locals: nn.Module calls are untyped to mypy; TorchScript accepts the annotations.
         if torch.jit.is_scripting():
-            scripted: torch.Tensor = self.activation(self.linear(x))
+            scripted: torch.Tensor = self.activation(self._linear(x))
             return scripted
         out: torch.Tensor = self.activation(self._eager_linear(x))
         return out
@@ -186,17 +194,17 @@ class Perceptron(nn.Module):
     def _eager_linear(self, x: torch.Tensor) -> torch.Tensor:
         if isinstance(x, torch.Tensor) and torch.is_grad_enabled() and not torch.compiler.is_compiling():
             with _LayoutAwareLinear():
-                routed: torch.Tensor = self.linear(x)
+                routed: torch.Tensor = self._linear(x)
             return routed
-        y: torch.Tensor = self.linear(x)
+        y: torch.Tensor = self._linear(x)
         return y
 
 
-def _accept_torchrec_linear_keys(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
-    """torchrec's Perceptron stores its layer as ``_linear``: load ``<prefix>_linear.*`` keys as
-    ``<prefix>linear.*`` so torchrec MLP / DLRM state dicts load unchanged (lightrec saves ``linear``)."""
-    for key in [k for k in state_dict if k.startswith(prefix + "_linear.")]:
-        state_dict[prefix + key[len(prefix) + 1 :]] = state_dict.pop(key)
+def _accept_earlier_linear_keys(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+    """lightrec before issue 37 saved a Perceptron's layer as ``linear``: load ``<prefix>linear.*``
+    keys as ``<prefix>_linear.*`` (torchrec's name, saved now) so those checkpoints still load."""
+    for key in [k for k in state_dict if k.startswith(prefix + "linear.")]:
+        state_dict[prefix + "_" + key[len(prefix) :]] = state_dict.pop(key)
 
 
 # Below this many multiply-adds the transposed product's extra copy costs more than it saves.

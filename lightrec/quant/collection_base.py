@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from lightrec import _fbgemm, _triton
+from lightrec._compat import is_fx_symbolic_tracing as is_fx_tracing
 from lightrec.modules.embedding_configs import DataType
 from lightrec.modules.embedding_modules import check_collection_tables
 from lightrec.modules.kernel_backend import KERNEL_BACKENDS, resolve_kernel_backend
@@ -33,8 +34,10 @@ from lightrec.quant.row_codec import (
     quantize_rows,
     sparse_type_code,
 )
+from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = [
+    "CACHE_FEATURES_ORDER_ATTR",
     "QUANT_KERNELS",
     "QuantCollectionBase",
     "QuantTable",
@@ -45,6 +48,10 @@ __all__ = [
 ]
 
 QUANT_KERNELS = KERNEL_BACKENDS
+
+#: The attribute ``quant_prep_enable_cache_features_order`` sets on float collections; ``from_float``
+#: turns it into the quantized collection's ``cache_features_order``.
+CACHE_FEATURES_ORDER_ATTR = "cache_features_order"
 
 
 def resolve_quant_kernel(kernel_backend: str, device: torch.device | str | None) -> str:
@@ -244,6 +251,36 @@ class QuantCollectionBase(nn.Module):
             kernel_backend, type(self).__name__, backend=backend, use_fbgemm=use_fbgemm, stacklevel=4
         )
         self.kernel = resolve_quant_kernel(chosen, device)
+        # torchrec's cache_features_order: remember how the KJTs' keys map to _feature_order, for
+        # inference, where every batch has the same keys (quant_prep_enable_cache_features_order)
+        self.cache_features_order: bool = False
+        self._cached_keys: List[str] = []
+        self._cached_order: List[int] = []
+        self._cached_order_tensor: torch.Tensor | None = None
+
+    def _in_feature_order(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        """``features`` with its keys in ``_feature_order`` (the key permutation is cached when
+        ``cache_features_order`` is set and the input's keys repeat)."""
+        if torch.jit.is_scripting():  # apart: TorchScript compiles every operand of an ``or``
+            return features.permute_to_keys(self._feature_order)
+        return self._cached_permute(features)
+
+    @torch.jit.unused
+    def _cached_permute(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        if is_fx_tracing() or not self.cache_features_order:
+            return features.permute_to_keys(self._feature_order)
+        keys = features.keys()
+        if keys == self._feature_order:
+            return features
+        if keys != self._cached_keys or self._cached_order_tensor is None:
+            index = {k: i for i, k in enumerate(keys)}
+            missing = [k for k in self._feature_order if k not in index]
+            if missing:
+                raise KeyError(f"{type(self).__name__}: features {missing} are not in the KeyedJaggedTensor (keys {keys})")
+            self._cached_keys = list(keys)
+            self._cached_order = [index[k] for k in self._feature_order]
+            self._cached_order_tensor = torch.tensor(self._cached_order, dtype=torch.int32, device=features.device())
+        return features.permute(self._cached_order, self._cached_order_tensor)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -305,6 +342,7 @@ class QuantCollectionBase(nn.Module):
         )
         for t in tables:
             quantized.set_float_weight(t.name, _float_weight(module, state_dict, prefix, t, cls.TABLES_ATTR))
+        quantized.cache_features_order = bool(getattr(module, CACHE_FEATURES_ORDER_ATTR, False))  # set on any module type
         return quantized
 
     @classmethod

@@ -25,8 +25,9 @@ from typing import Dict, List
 import torch
 from torch import nn
 
+from lightrec.modules.collection_interfaces import EmbeddingCollectionInterface, embedding_names_by_table
 from lightrec.modules.embedding_configs import DataType, EmbeddingConfig
-from lightrec.modules.embedding_modules import embedding_names_by_table, ids_per_feature
+from lightrec.modules.embedding_modules import ids_per_feature
 from lightrec.quant.collection_base import QuantCollectionBase, QuantTable
 from lightrec.quant.row_codec import DEFAULT_ROW_ALIGNMENT, row_size_in_bytes
 from lightrec.quant.sequence_kernels import make_sequence_kernel
@@ -35,7 +36,7 @@ from lightrec.sparse import JaggedTensor, KeyedJaggedTensor
 __all__ = ["QuantEmbeddingCollection"]
 
 
-class QuantEmbeddingCollection(QuantCollectionBase):
+class QuantEmbeddingCollection(QuantCollectionBase, EmbeddingCollectionInterface):
     """Unpooled embedding tables stored as int8 / int4 / fp16 rows, looked up in float32.
 
     Args:

@@ -23,10 +23,11 @@ from torch import nn
 
 from lightrec._compat import is_fx_symbolic_tracing as is_fx_tracing
 from lightrec._host_memory import allocate_host_buffer
+from lightrec.modules.collection_interfaces import EmbeddingBagCollectionInterface
 from lightrec.modules.embedding_configs import DataType, EmbeddingBagConfig, PoolingType
 from lightrec.modules.embedding_modules import embedding_names_by_table, ids_per_table
 from lightrec.modules.feature_checks import check_collection_input
-from lightrec.quant.collection_base import QuantCollectionBase, QuantTable
+from lightrec.quant.collection_base import CACHE_FEATURES_ORDER_ATTR, QuantCollectionBase, QuantTable
 from lightrec.quant.embedding_collection import QuantEmbeddingCollection
 from lightrec.quant.managed_collision import (  # torchrec's path for them (re-exported)
     QuantManagedCollisionEmbeddingBagCollection,
@@ -48,13 +49,14 @@ __all__ = [
     "QuantEmbeddingCollection",
     "QuantManagedCollisionEmbeddingBagCollection",
     "QuantManagedCollisionEmbeddingCollection",
+    "quant_prep_enable_cache_features_order",
 ]
 
 # one graph node under torch.fx (torch.fx.wrap patches the calling module's globals, i.e. this one's)
 torch.fx.wrap("check_ids_by_table")
 
 
-class QuantEmbeddingBagCollection(QuantCollectionBase):
+class QuantEmbeddingBagCollection(QuantCollectionBase, EmbeddingBagCollectionInterface):
     """Pooled embedding tables stored as int8 / int4 / fp16 rows, looked up in float32.
 
     Args:
@@ -154,7 +156,7 @@ class QuantEmbeddingBagCollection(QuantCollectionBase):
                             "QuantEmbeddingBagCollection(is_weighted=True) needs per-id weights, but the "
                             "KeyedJaggedTensor has weights=None; pass weights=... or quantize an unweighted collection"
                         )
-            features = features.permute_to_keys(self._feature_order)
+            features = self._in_feature_order(features)
             stride = features.stride()
             offset_per_key = features.offset_per_key()
             lengths = features.lengths()
@@ -223,6 +225,22 @@ class QuantEmbeddingBagCollection(QuantCollectionBase):
 
     def extra_repr(self) -> str:
         return f"{self._repr_settings()}, is_weighted={self._is_weighted}"
+
+
+def quant_prep_enable_cache_features_order(module: nn.Module, module_types: list[type[nn.Module]]) -> None:
+    """Mark every submodule of ``module`` (itself included) of one of ``module_types`` so that its
+    quantized form caches the order of the input's keys (torchrec's inference preparation).
+
+    Call it on the float model before quantizing: ``from_float`` (and so ``quantize`` /
+    ``quantize_embeddings``) gives each marked collection ``cache_features_order=True``. The first
+    batch then fixes how the KJT's keys map to the tables' features, and later batches with the same
+    keys reuse that permutation instead of building it again (a batch with other keys builds a new
+    one, so the cache is never wrong).
+    """
+    types = tuple(module_types)
+    for m in module.modules():
+        if isinstance(m, types):
+            setattr(m, CACHE_FEATURES_ORDER_ATTR, True)  # a plain attribute of any module type, as torchrec's
 
 
 # torchrec's names (``torchrec.quant.embedding_modules.EmbeddingBagCollection`` is the quantized EBC)

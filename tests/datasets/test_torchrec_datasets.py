@@ -37,9 +37,8 @@ def test_random_rec_dataset_layout_and_determinism() -> None:
     assert b.dense_features.shape == (4, 2) and b.labels.shape == (4,) and set(b.labels.tolist()) <= {0, 1}
     assert b.sparse_features["a"].lengths().tolist() == [1] * 4 and b.sparse_features["b"].lengths().tolist() == [3] * 4
     assert int(b.sparse_features["a"].values().max()) < 5
-    # Two distinct cached batches, cycled: 0, 1, 0, 1, 0.
-    assert not torch.equal(batches[0].dense_features, batches[1].dense_features)
-    assert batches[2] is batches[0] and batches[3] is batches[1]
+    # torchrec's cache: the one batch drawn at construction, yielded every time
+    assert all(batch is b for batch in batches)
     # torchrec's draw order with the same seed: per key the ids, then dense, then labels.
     g = torch.Generator().manual_seed(1)
     ids_a = torch.randint(high=5, size=(4,), generator=g)
@@ -49,6 +48,14 @@ def test_random_rec_dataset_layout_and_determinism() -> None:
     again = next(iter(RandomRecDataset(keys=["a", "b"], batch_size=4, hash_sizes=[5, 1000],
                                        ids_per_features=[1, 3], num_dense=2, manual_seed=1)))  # fmt: skip
     assert torch.equal(again.sparse_features.values(), b.sparse_features.values())
+    # negative num_generated_batches: torchrec discards its construction draw, then draws afresh
+    fresh = list(RandomRecDataset(keys=["a", "b"], batch_size=4, hash_sizes=[5, 1000], ids_per_features=[1, 3],
+                                  num_dense=2, manual_seed=1, num_batches=2, num_generated_batches=-1))  # fmt: skip
+    labels = torch.randint(low=0, high=2, size=(4,), generator=g)
+    assert torch.equal(b.labels, labels)
+    second = torch.randint(high=5, size=(4,), generator=g)
+    assert torch.equal(fresh[0].sparse_features["a"].values(), second)
+    assert not torch.equal(fresh[0].dense_features, fresh[1].dense_features)
 
 
 def test_random_rec_dataset_rejects_bad_sizes() -> None:

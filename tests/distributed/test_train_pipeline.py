@@ -41,7 +41,7 @@ def _dlrm_dmp(world_size: int):  # noqa: ANN202
 
 def _loader(rank: int) -> RandomRecDataset:
     return RandomRecDataset(keys=KEYS, batch_size=8, hash_size=40, ids_per_features=[1, 2, 3], num_dense=4,
-                            manual_seed=rank, num_batches=STEPS, num_generated_batches=STEPS)  # fmt: skip
+                            manual_seed=rank, num_batches=STEPS, num_generated_batches=-1)  # fmt: skip
 
 
 def _plain(model: nn.Module, opt: torch.optim.Optimizer, batches: list) -> list[float]:

@@ -58,7 +58,7 @@ def _rank_main(rank: int, world_size: int, port: int, victim: int, how: str, tmp
                     if how == "stop_in_backward":
                         # stop while the dense backward runs: WORLD collectives of the step may be
                         # done, so the survivor waits for the dense gradients' all-reduce (DDP's group)
-                        dense = dict(module.named_parameters())["model.dense_arch.model._mlp.0.linear.weight"]
+                        dense = dict(module.named_parameters())["model.dense_arch.model._mlp.0._linear.weight"]
                         dense.register_hook(lambda grad: os.kill(os.getpid(), signal.SIGSTOP))
                         return
                     os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGSTOP)

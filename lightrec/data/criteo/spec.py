@@ -32,6 +32,7 @@ __all__ = [
     "DEFAULT_LABEL_NAME",
     "FREQUENCY_THRESHOLD",
     "INT_FEATURE_COUNT",
+    "TOTAL_TRAINING_SAMPLES",
     "resolve_cardinalities",
     "table_configs",
 ]
@@ -44,6 +45,8 @@ DEFAULT_LABEL_NAME = "label"
 DEFAULT_COLUMN_NAMES: list[str] = [DEFAULT_LABEL_NAME, *DEFAULT_INT_NAMES, *DEFAULT_CAT_NAMES]
 #: Days of the Criteo 1TB click logs (``day_0`` .. ``day_23``).
 DAYS = 24
+#: Rows of the Criteo 1TB days 0-22, the training days (day 23 is split into validation and test).
+TOTAL_TRAINING_SAMPLES = 4_195_197_692
 #: torchrec's default frequency threshold of its Criteo preprocessing.
 FREQUENCY_THRESHOLD = 3
 

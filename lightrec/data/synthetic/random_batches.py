@@ -8,9 +8,11 @@ One batch of ``B`` samples and keys ``k_0 .. k_{F-1}``::
     labels            [B]             int64, 0 or 1
 
 With ``manual_seed`` the draws come from one ``torch.Generator`` in torchrec's order (per key the
-ids, then the dense features, then the labels), so the first batch equals torchrec's for the same
-seed. torchrec caches ``num_generated_batches`` references to *one* batch; lightrec draws that many
-distinct batches and cycles through them (docs/migrating-from-torchrec.md).
+ids, then the dense features, then the labels), and the batches are torchrec's for the same seed
+and arguments: one batch is drawn when the dataset is built and yielded ``num_generated_batches``
+times per cycle (the same object, as torchrec caches it); with a negative ``num_generated_batches``
+that first draw is discarded, as torchrec's is, and every batch is drawn afresh. Distinct
+reproducible batches: ``num_generated_batches=-1`` with ``num_batches=n`` and a seed.
 """
 
 from __future__ import annotations
@@ -50,8 +52,9 @@ class RandomRecDataset(IterableDataset):
         num_dense: dense features per sample.
         manual_seed: seed of the generator (None: torch's global generator).
         num_batches: batches per iteration (None: endless).
-        num_generated_batches: distinct batches drawn once and cycled through; a negative value
-            draws every batch afresh.
+        num_generated_batches: how many times the one batch drawn at construction is yielded
+            before the cycle repeats (torchrec's meaning); a negative value draws every batch
+            afresh (0, which torchrec cannot iterate, does too).
     """
 
     def __init__(
@@ -84,7 +87,8 @@ class RandomRecDataset(IterableDataset):
         self.num_batches = num_batches
         self.num_generated_batches = num_generated_batches
         self._generator = torch.Generator().manual_seed(manual_seed) if manual_seed is not None else None
-        self._cached = [self._draw() for _ in range(max(num_generated_batches, 0))]
+        first = self._draw()  # drawn whatever num_generated_batches is: torchrec's generator state
+        self._cached = [first] * max(num_generated_batches, 0)
 
     def _draw(self) -> Batch:
         g, b = self._generator, self.batch_size

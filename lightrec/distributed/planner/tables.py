@@ -29,18 +29,11 @@ from lightrec.distributed.planner.shard_estimators import (
 )
 from lightrec.distributed.planner.types import ParameterConstraints, Topology
 from lightrec.kernels.tiered.config import DEFAULT_MIN_CACHE_ROWS
-from lightrec.modules.embedding_configs import BaseEmbeddingConfig, DataType, PoolingType
+from lightrec.modules.embedding_configs import DATA_TYPE_NUM_BITS, BaseEmbeddingConfig, DataType, PoolingType
 
 __all__ = ["ShardableModule", "collect_tables", "find_shardable_modules"]
 
-_ELEM_BYTES = {
-    DataType.FP32: 4.0,
-    DataType.FP16: 2.0,
-    DataType.BF16: 2.0,
-    DataType.INT8: 1.0,
-    DataType.INT4: 0.5,
-    DataType.INT2: 0.25,
-}
+_ELEM_BYTES = {data_type: bits / 8 for data_type, bits in DATA_TYPE_NUM_BITS.items()}
 _QUANT_ROW_BYTES = 4.0  # fp16 scale + fp16 bias stored with every quantized row
 
 

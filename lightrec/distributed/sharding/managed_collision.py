@@ -146,10 +146,12 @@ class McRoutes:
             self.twins[table] = twin
 
     def prepare(self, kjt: KeyedJaggedTensor) -> KeyedJaggedTensor:
-        """Hash (``input_hash_func``) and check the raw ids of every managed feature of ``kjt``.
+        """Hash (``input_hash_func``) and admit (``ManagedCollisionModule.admit_ids``) the raw ids of
+        every managed feature of ``kjt``.
 
         Raises:
-            ManagedCollisionIdError: an id outside its table's id space (names the table).
+            ManagedCollisionIdError: with the strict checks on, an id outside its table's id space
+                (names the table).
         """
         values = kjt.values()
         offsets = kjt.offset_per_key()
@@ -165,7 +167,9 @@ class McRoutes:
                     hashed = twin.preprocess_values(as_long)
                     changed = changed or hashed is not as_long
                     ids = hashed
-                twin.check_ids(ids, [key])
+                admitted = twin.admit_ids(ids, [key])
+                changed = changed or admitted is not ids
+                ids = admitted
             parts.append(ids.to(values.dtype) if ids.dtype != values.dtype else ids)
         if not changed:
             return kjt

@@ -8,7 +8,10 @@ tensor-level calls its collections, sharders and serving code use:
 
 * ``remap_values(values [N]) -> rows [N]`` -- one training (or, in eval mode, frozen) step;
 * ``bucket_of(values) -> [N]`` -- the bucket of each raw id, which decides its rank when sharded;
-* ``check_ids(values, features)`` -- raises :class:`ManagedCollisionIdError` naming the table;
+* ``admit_ids(values, features)`` -- the ids the table maps: as torchrec's modules take any raw
+  id, an id outside ``[0, input_hash_size)`` is folded into it (``id mod input_hash_size``, a
+  warning once per table) -- or, with ``set_strict_checks(True)``, ``check_ids`` raises
+  :class:`ManagedCollisionIdError` naming the table;
 * ``slot_state()`` -- the per-slot tensors that are saved and resharded with the table's rows.
 
 Subclasses written against torchrec's interface alone work too: the default ``remap_values`` goes
@@ -18,11 +21,12 @@ through their dict methods.
 from __future__ import annotations
 
 import abc
+import warnings
 
 import torch
 from torch import nn
 
-from lightrec.modules.feature_checks import EmbeddingIdError
+from lightrec.modules.feature_checks import EmbeddingIdError, strict_checks_enabled
 from lightrec.sparse import JaggedTensor
 
 __all__ = ["ManagedCollisionIdError", "ManagedCollisionModule", "ids_in_range"]
@@ -175,6 +179,27 @@ class ManagedCollisionModule(nn.Module, abc.ABC):
             "lightrec.modules.mc_modules.mix64_hash) or raise input_hash_size"
         )
 
+    def admit_ids(self, values: torch.Tensor, features: list[str]) -> torch.Tensor:
+        """``values`` (``[N]`` raw ids, after ``preprocess``) as this table maps them.
+
+        Ids in ``[0, input_size())`` pass unchanged. torchrec's modules take any int64, so by default
+        an id outside is folded into the id space (``id mod input_size()``; ``2**63 - 1`` for the
+        hash module's unbounded 0) with one warning per table; with the strict checks on
+        (``lightrec.modules.feature_checks.set_strict_checks(True)``) :meth:`check_ids` raises.
+        """
+        if values.numel() == 0 or ids_in_range(values, self.input_size()):
+            return values
+        if strict_checks_enabled():
+            self.check_ids(values, features)
+        limit = self.input_size() or _INT64_ID_SPACE
+        warnings.warn(
+            f"managed-collision table {self.table_name!r} got raw ids outside [0, {limit}): folded into it "
+            f"(id mod {limit}), as torchrec takes any id; set_strict_checks(True) makes them an error",
+            UserWarning,
+            stacklevel=2,
+        )
+        return torch.remainder(values, limit)
+
     def slot_state(self) -> dict[str, torch.Tensor]:
         """``{buffer name: [output_size()] tensor}`` of the per-row state saved with the table."""
         return {}
@@ -207,6 +232,10 @@ class ManagedCollisionModule(nn.Module, abc.ABC):
     def mc_stats(self) -> dict[str, float]:
         """Counters for monitoring (occupancy, evictions, default-row lookups...); see subclasses."""
         return {}
+
+
+#: The id space of a table whose ``input_size()`` is 0 ("unbounded": any non-negative int64).
+_INT64_ID_SPACE = 2**63 - 1
 
 
 def ids_in_range(values: torch.Tensor, limit: int) -> bool:

@@ -134,7 +134,7 @@ class ManagedCollisionCollection(nn.Module):
             if self.need_preprocess:
                 ids = module.preprocess_values(ids)
             if not checked:
-                module.check_ids(ids, names)
+                ids = module.admit_ids(ids, names)
             splits = [offsets[first + i + 1] - offsets[first + i] for i in range(len(names))]
             out.append(module.remap_values(ids, splits))
             first += len(names)

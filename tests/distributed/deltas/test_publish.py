@@ -59,7 +59,7 @@ def test_specs_rows_and_dense_of_a_model() -> None:
     weight = model.sparse_arch.embedding_bag_collection.embedding_bags["t0"].weight
     assert torch.equal(rows["t0"].ids, torch.tensor([1, 5])) and torch.equal(rows["t0"].values, weight[[1, 5]])
     dense = dense_weights(model)
-    assert "dense_arch.model._mlp.0.linear.weight" in dense and not any("embedding_bags" in k for k in dense)
+    assert "dense_arch.model._mlp.0._linear.weight" in dense and not any("embedding_bags" in k for k in dense)
     bare = EmbeddingBagCollection(tables())  # a collection alone: its own tables, no dense weights
     assert [s.name for s in table_specs(bare)] == ["t0", "t1", "t2"] and dense_weights(bare) == {}
 

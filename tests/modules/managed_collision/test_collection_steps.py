@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from lightrec import EmbeddingBagConfig, FusedEmbeddingBagCollection, KeyedJaggedTensor
+from lightrec.modules.feature_checks import strict_checks
 from lightrec.modules.managed_collision import (
     LRU_EvictionPolicy,
     ManagedCollisionCollection,
@@ -41,10 +42,20 @@ def kjt(*per_feature: list[int]) -> KeyedJaggedTensor:
 def test_a_bad_id_names_its_table_after_the_joint_check() -> None:
     mcc = collection(configs()).train()
     mcc(kjt([1, 2], [3, 4]))  # fine: one check for both tables
-    with pytest.raises(ManagedCollisionIdError, match="'t1'.*1000"):
-        mcc(kjt([1, 2], [3, 1000]))
-    with pytest.raises(ManagedCollisionIdError, match="'t0'.*-5"):
-        mcc(kjt([-5, 2], [3, 4]))
+    with strict_checks():
+        with pytest.raises(ManagedCollisionIdError, match="'t1'.*1000"):
+            mcc(kjt([1, 2], [3, 1000]))
+        with pytest.raises(ManagedCollisionIdError, match="'t0'.*-5"):
+            mcc(kjt([-5, 2], [3, 4]))
+
+
+def test_ids_outside_the_id_space_are_folded_into_it_by_default() -> None:
+    """torchrec's modules take any raw id (its managed-collision notebook feeds ids above
+    ``input_hash_size``); lightrec maps ``id mod input_hash_size`` in their place, with a warning."""
+    folded, plain = collection(configs()).train(), collection(configs()).train()
+    with pytest.warns(UserWarning, match="'t1' got raw ids outside \\[0, 1000\\).*set_strict_checks"):
+        rows = folded(kjt([1, -5], [3, 2004])).values()
+    assert torch.equal(rows, plain(kjt([1, 995], [3, 4])).values())
 
 
 def test_ids_are_checked_after_the_input_hash() -> None:

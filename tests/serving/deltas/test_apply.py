@@ -138,7 +138,7 @@ def test_find_targets_locates_every_table_where_the_metadata_records_it(tmp_path
     for name, target in targets.tables.items():  # each is the artifact's slice of the flat buffer
         assert torch.equal(target.storage, collection.embedding_bags[name].weight), name
     assert {t.row_format for t in targets.tables.values()} == {"int8", "int4", "fp16"}
-    assert "dense_arch.model._mlp.0.linear.weight" in targets.dense
+    assert "dense_arch.model._mlp.0._linear.weight" in targets.dense
     flat = dict(predictor.module.named_buffers())["model.sparse_arch.embedding_bag_collection._flat_weights"]
     assert targets.tables["t0"].storage.data_ptr() == flat.data_ptr()  # a view: writes reach the lookups
 

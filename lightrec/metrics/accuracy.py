@@ -1,0 +1,7 @@
+"""torchrec's ``torchrec.metrics.accuracy``: ``AccuracyMetricComputation``, from :mod:`lightrec.metrics.rates`
+(where lightrec's ``Accuracy`` metric lives too); torchrec's base classes are in
+:mod:`lightrec.metrics.computation`."""
+
+from lightrec.metrics.rates import AccuracyMetricComputation
+
+__all__ = ["AccuracyMetricComputation"]
