@@ -68,6 +68,8 @@ def _check(tracker: Any, got: dict[str, torch.Tensor], steps: range, world_size:
 
 
 def _body(rank: int, world_size: int, tmp: str) -> dict[str, Any]:
+    import pytest
+
     from lightrec.distributed.model_tracker import DeltaTrackerConfig, ModelDeltaTrackerTrec
     from tests.distributed.model_tracker.helpers import sharded
 
@@ -93,6 +95,12 @@ def _body(rank: int, world_size: int, tmp: str) -> dict[str, Any]:
     stored = sum(e.ids.numel() for entries in tracker.store.per_fqn_lookups.values() for e in entries)
     again = tracker.get_unique_ids("publish")  # nothing since the previous read
     assert all(ids.numel() == 0 for ids in again.values())
+    with pytest.raises(KeyError, match="'serving' is not one of this tracker's consumers"):
+        tracker.get_unique_ids("serving")
+    with pytest.raises(ValueError, match="TrackingMode.ID_ONLY keeps none"):
+        tracker.get_unique("publish", top_percentage=0.5)
+    with pytest.raises(ValueError, match="distinct non-empty names"):
+        ModelDeltaTrackerTrec(model, consumers=["a", "a"])
     return {"stored_after_reads": stored, "fqns": sorted(tracker.tables), "managed_rows": counts}
 
 
