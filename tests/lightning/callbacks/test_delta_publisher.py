@@ -75,3 +75,21 @@ def test_argument_errors_name_the_argument() -> None:
         DeltaPublisher("x", every_n_steps=0)
     with pytest.raises(ValueError, match="keep=0"):
         DeltaPublisher("x", every_n_steps=1, keep=0)
+
+
+def test_every_seconds_publishes_on_rank_zeros_clock_in_a_single_process_fit(tmp_path: Path) -> None:
+    import lightning.pytorch as pl
+
+    from lightrec.distributed.deltas import DeltaReader
+    from lightrec.lightning import DeltaPublisher, RecStrategy
+    from tests.lightning.toy import ToyDLRM, toy_data
+
+    publisher = DeltaPublisher(tmp_path / "publish", every_seconds=1e-9, keep=None)  # due after every step
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, strategy=RecStrategy(), max_steps=3, num_sanity_val_steps=0,
+        limit_val_batches=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, callbacks=[publisher], default_root_dir=str(tmp_path),
+    )  # fmt: skip
+    trainer.fit(ToyDLRM(dense_optimizer="sgd", dense_lr=0.1), datamodule=toy_data(batch_size=32, num_train_batches=3))
+    assert publisher.versions == [(1, 0), (2, 1), (3, 2), (4, 3)]  # nothing left for train end
+    assert DeltaReader(tmp_path / "publish").versions() == [1, 2, 3, 4]
