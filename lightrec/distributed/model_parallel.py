@@ -49,6 +49,12 @@ from lightrec.distributed.comm.failures import collective_guard, timeout_of
 from lightrec.distributed.comm.sharding_env import ShardingEnv, as_env, resolve_group
 from lightrec.distributed.dmp.fingerprint import check_ranks_agree, describe
 from lightrec.distributed.dmp.placement import move_dense_to_device, outermost
+from lightrec.distributed.model_tracker import (
+    DeltaTrackerConfig,
+    ModelDeltaTracker,
+    ModelDeltaTrackerTrec,
+    Trackers,
+)
 from lightrec.distributed.planner.plan import ModuleSharder, ShardingPlan, shardable_modules
 from lightrec.distributed.planner.planning import plan_sharding, topology_for
 from lightrec.distributed.sharders import get_default_sharders
@@ -136,6 +142,7 @@ class DistributedModelParallel(nn.Module):
         sharded = self._sharded_modules()
         self._fused_optimizer = CombinedOptimizer([(path, m.fused_optimizer) for path, m in sharded.items()])
         self._pipeline = SparseDistPipeline(sharded.values())
+        self.model_trackers: dict[str, ModelDeltaTracker] = {}  # torchrec's: by Trackers member name
 
     # ---- construction ---------------------------------------------------------------------
     def _shard(
@@ -268,12 +275,30 @@ class DistributedModelParallel(nn.Module):
         ``SparseDistPrefetch`` (or a train loop) starts the next batch's input dist with it."""
         return self._pipeline
 
+    def init_torchrec_delta_tracker(self, delta_tracker_config: DeltaTrackerConfig) -> ModelDeltaTracker:
+        """The model's delta tracker (``lightrec.distributed.model_tracker``), built from
+        ``delta_tracker_config`` on the first call (later calls return the same tracker, as torchrec's)."""
+        name = Trackers.DELTA_TRACKER.name
+        if name not in self.model_trackers:
+            config = delta_tracker_config
+            self.model_trackers[name] = ModelDeltaTrackerTrec(
+                self.module, consumers=config.consumers, delete_on_read=config.delete_on_read,
+                auto_compact=config.auto_compact, mode=config.tracking_mode, fqns_to_skip=config.fqns_to_skip,
+            )  # fmt: skip
+        return self.model_trackers[name]
+
+    def get_delta_tracker(self) -> ModelDeltaTracker | None:
+        """The delta tracker :meth:`init_torchrec_delta_tracker` built, or None."""
+        return self.model_trackers.get(Trackers.DELTA_TRACKER.name)
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Run the model. Each sharded collection that one ``KeyedJaggedTensor`` of the arguments
         feeds -- directly, or as a field of a dataclass argument such as ``lightrec.Batch`` (what
         Lightning passes through ``training_step``) -- has its lookup launched first
         (``SparseDistPipeline.launch``): its all-to-alls then overlap with the dense layers, forward
         and backward."""
+        for tracker in self.model_trackers.values():
+            tracker.step()  # the trackers' batch index (torchrec's order: before the forward)
         with collective_guard("a forward collective of DistributedModelParallel (embedding all-to-alls)"):
             self._pipeline.launch((*args, *kwargs.values()))
             return self._dmp_wrapped_module(*args, **kwargs)

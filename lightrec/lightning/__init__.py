@@ -12,6 +12,7 @@ from lightning.pytorch.strategies import StrategyRegistry
 
 from lightrec._compat import silence_known_warnings
 from lightrec.lightning.callbacks import (
+    DeltaPublisher,
     ManagedCollisionMonitor,
     PlanReport,
     QuantizedExport,
@@ -30,6 +31,7 @@ if RecStrategy.strategy_name not in StrategyRegistry:
     RecStrategy.register_strategies(StrategyRegistry)
 
 __all__ = [
+    "DeltaPublisher",
     "ManagedCollisionMonitor",
     "NonFiniteLossError",
     "PlanReport",

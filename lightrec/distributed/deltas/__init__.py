@@ -10,7 +10,9 @@ Files, each on top of the one before: ``errors.py`` (typed errors), ``manifest.p
 ``manifest.json``), ``rows.py`` (rows of a table; fp32 rows into the artifact's row format),
 ``writer.py`` (:class:`DeltaWriter`: atomic versions, retention), ``reader.py``
 (:class:`DeltaReader`: verification, chains), ``publish.py`` (an unsharded model's rows and dense
-weights into a writer). Applying versions to a serving artifact is :mod:`lightrec.serving.deltas`.
+weights into a writer), ``sharded_publish.py`` (:func:`publish_changes`: a sharded model's changed
+rows, gathered from the ranks that hold them). Applying versions to a serving artifact is
+:mod:`lightrec.serving.deltas`.
 """
 
 from lightrec.distributed.deltas.errors import (
@@ -41,6 +43,12 @@ from lightrec.distributed.deltas.publish import (
 )
 from lightrec.distributed.deltas.reader import DeltaReader, DeltaState, Version, merge_versions
 from lightrec.distributed.deltas.rows import TableRows, decode_rows, encode_rows
+from lightrec.distributed.deltas.sharded_publish import (
+    DeltaPublishError,
+    publish_changes,
+    sharded_dense_weights,
+    sharded_table_specs,
+)
 from lightrec.distributed.deltas.writer import DeltaWriter
 
 __all__ = [
@@ -52,6 +60,7 @@ __all__ = [
     "DeltaError",
     "DeltaFormatError",
     "DeltaNotFoundError",
+    "DeltaPublishError",
     "DeltaReader",
     "DeltaState",
     "DeltaVerificationError",
@@ -67,8 +76,11 @@ __all__ = [
     "encode_rows",
     "merge_versions",
     "parse_version_name",
+    "publish_changes",
     "publish_rows",
     "publish_snapshot",
+    "sharded_dense_weights",
+    "sharded_table_specs",
     "table_rows",
     "table_specs",
     "version_name",

@@ -5,12 +5,18 @@ sharing a fused optimizer (and, unpooled, a width) -- is a contiguous run of key
 ``KeyedJaggedTensor``; each group is ONE batched kernel call (fbgemm TBE or the torch backend).
 Slots of empty shards (a row-wise rank holding no rows of a small table) receive no ids and are
 left out of the kernels; their pooled columns are zero.
+
+Trackers (``register_lookup_tracker``; the delta tracker of ``lightrec.distributed.model_tracker``)
+are told, after each training lookup, the KJT it read (key ``k`` = slot ``k``, ids local to the
+slot's shard) and its output, and which rows a managed-collision eviction reset: what changed is
+recorded where the ids already are, at the cost of a call per lookup.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -28,7 +34,19 @@ from lightrec.modules.embedding_configs import PoolingType
 from lightrec.sparse import KeyedJaggedTensor
 from lightrec.sparse._ops import complete_cumsum
 
-__all__ = ["GroupedEmbeddingsLookup", "GroupedPooledEmbeddingsLookup"]
+__all__ = ["GroupedEmbeddingsLookup", "GroupedPooledEmbeddingsLookup", "LookupTracker"]
+
+
+class LookupTracker(Protocol):
+    """What a grouped lookup tells a registered tracker (``_GroupedLookupBase.register_lookup_tracker``)."""
+
+    def on_lookup(self, lookup: _GroupedLookupBase, features: KeyedJaggedTensor, output: torch.Tensor) -> None:
+        """A training lookup read ``features`` (key ``k``: ``lookup.slots[k]``, ids local to its shard)
+        and returned ``output`` (pooled ``[B, width]``; sequence ``[N, width]``, a row per id)."""
+
+    def on_rows_reset(self, lookup: _GroupedLookupBase, table: str, rows: torch.Tensor) -> None:
+        """Rows ``rows`` (``[n]`` local to this rank's shard of ``table``) got fresh values outside a
+        lookup (a managed-collision eviction)."""
 
 
 @dataclass
@@ -59,6 +77,7 @@ class _GroupedLookupBase(nn.Module):
         self._emb_modules = nn.ModuleList()
         self._groups: list[_Group] = []
         self._device = device
+        self._trackers: list[LookupTracker] = []
         widths = [s.cols for s in self._slots]
         self._total_width = sum(widths)
         # A rank may hold several shards of one table (column-wise); they get distinct names.
@@ -148,6 +167,27 @@ class _GroupedLookupBase(nn.Module):
             )
             out.append((kernel, shards))
         return out
+
+    def register_lookup_tracker(self, tracker: LookupTracker) -> Callable[[], None]:
+        """Tell ``tracker`` about every training lookup and row reset from now on; returns its remover."""
+        self._trackers.append(tracker)
+
+        def remove() -> None:
+            if tracker in self._trackers:
+                self._trackers.remove(tracker)
+
+        return remove
+
+    def _track(self, kjt: KeyedJaggedTensor, out: torch.Tensor) -> None:
+        # Training lookups only: an evaluation forward (eval mode, no grad) changes no row.
+        if self._trackers and (self.training or torch.is_grad_enabled()):
+            for tracker in self._trackers:
+                tracker.on_lookup(self, kjt, out)
+
+    def notify_rows_reset(self, table: str, rows: torch.Tensor) -> None:
+        """Rows ``rows`` (local to this rank's shard of ``table``) were reset outside a lookup."""
+        for tracker in self._trackers:
+            tracker.on_rows_reset(self, table, rows)
 
     @property
     def prefetches(self) -> bool:
@@ -246,6 +286,7 @@ class GroupedPooledEmbeddingsLookup(_GroupedLookupBase):
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
         if self._fill_index is not None:
             out = out.index_select(1, self._fill_index)
+        self._track(kjt, out)
         return scale_grad(out, self._grad_scale)
 
 
@@ -281,4 +322,5 @@ class GroupedEmbeddingsLookup(_GroupedLookupBase):
                 rows = nn.functional.pad(rows, (0, self._width - group.width))
             outs.append(rows)
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
+        self._track(kjt, out)
         return scale_grad(out, self._grad_scale)

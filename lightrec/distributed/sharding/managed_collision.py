@@ -237,6 +237,7 @@ class ManagedIds:
         if missing:
             raise RuntimeError(f"internal error: no managed-collision module for tables {missing} on this rank")
         self._keys_of_table = keys
+        self._lookup = lookup  # told which rows an eviction resets (its trackers record them)
         self._kernel_of_table: dict[str, tuple[BatchedEmbeddingBag | BatchedEmbedding, int]] = {}
         for kernel, shards in lookup.kernel_tables():
             for index, (table, _) in enumerate(shards):
@@ -275,7 +276,9 @@ class ManagedIds:
         values = reinit_values(self._configs[table], rows, module.current_iteration(), self._state.reset_seed,
                                bounds, first)  # fmt: skip
         kernel, index = self._kernel_of_table[table]
-        kernel.reset_rows(kernel.table_names[index], rows - module.output_global_offset, values)
+        local = rows - module.output_global_offset
+        kernel.reset_rows(kernel.table_names[index], local, values)
+        self._lookup.notify_rows_reset(table, local)
 
 
 # --------------------------------------------------------------------------------- output side

@@ -18,12 +18,15 @@ module                             callback
                                    moved by tiered tables (``RecModule`` adds it)
 ``quantized_export.py``            ``QuantizedExport``: the trained model as a quantized
                                    serving artifact (the one bridge to ``lightrec.inference``)
+``delta_publisher.py``             ``DeltaPublisher``: the rows training changed, published
+                                   every few steps/seconds (``docs/deltas.md``)
 =================================  ==========================================================
 
 :mod:`lightrec.lightning` exports the callbacks too (``lightrec.lightning.PlanReport`` is the name
 the recipes' configs use).
 """
 
+from lightrec.lightning.callbacks.delta_publisher import DeltaPublisher
 from lightrec.lightning.callbacks.managed_collision_monitor import ManagedCollisionMonitor
 from lightrec.lightning.callbacks.plan_report import PlanReport, load_plan_from_events
 from lightrec.lightning.callbacks.quantized_export import QuantizedExport
@@ -33,6 +36,7 @@ from lightrec.lightning.callbacks.sparse_dist_prefetch import SparseDistPrefetch
 from lightrec.lightning.callbacks.tiered_table_monitor import TieredTableMonitor
 
 __all__ = [
+    "DeltaPublisher",
     "ManagedCollisionMonitor",
     "PlanReport",
     "QuantizedExport",

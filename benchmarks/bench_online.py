@@ -1,0 +1,157 @@
+"""The cost of online publishing on the 2-rank DLRM: tracking the changed rows, and publishing them.
+
+Model and batches: ``bench_dmp.py``'s (13 dense features, 26 tables x ``--rows`` rows x dim 64,
+fused row-wise Adagrad, ``--batch-size`` per rank, 2 gloo ranks, one intra-op thread each). Three
+kinds of timed window of ``--steps`` training steps each (default 100), alternated
+(plain, tracked, published, published, tracked, plain, ...) so that load from other jobs hits all
+alike:
+
+* ``plain``: no tracker;
+* ``tracked``: a ``ModelDeltaTrackerTrec`` (``ID_ONLY``) records every lookup, read once per window;
+* ``published``: as ``tracked``, plus one ``publish_changes`` per window (a delta of the rows the
+  window changed, fp32, into a folder under ``--dir``): one publish per ``--steps`` steps.
+
+Reported (rank 0): median step time of each kind; the overheads ``tracked / plain - 1`` and
+``published / plain - 1`` (the issue's target: < 5 % at one publish per 100 steps); the median
+publish latency, the rows and bytes of a delta against the tables' size.
+
+Run::
+
+    python benchmarks/bench_online.py                              # JSON to stdout
+    python benchmarks/bench_online.py --rows 20000 --steps 20 --repeats 1   # a smoke run
+
+Figures from a shared machine are noisy; take the final ones on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_dmp, beside this file
+import bench_dmp  # noqa: E402
+
+KINDS = ("plain", "tracked", "published")
+
+
+def _window(contender: Any, args: argparse.Namespace, kind: str, folder: Path, start: int) -> dict[str, float]:
+    from lightrec.distributed.deltas import DeltaReader, publish_changes
+    from lightrec.distributed.model_tracker import ModelDeltaTrackerTrec
+
+    tracker = ModelDeltaTrackerTrec(contender.model) if kind != "plain" else None
+    dist.barrier()
+    begin = time.perf_counter()
+    publish_s = 0.0
+    for i in range(args.steps):
+        contender.step(start + i)
+    if kind == "tracked":
+        assert tracker is not None
+        tracker.get_unique_ids()
+    out: dict[str, float] = {}
+    if kind == "published":
+        t0 = time.perf_counter()
+        version = publish_changes(contender.model, folder, tracker, snapshot=False, global_step=start, retention=1)
+        publish_s = time.perf_counter() - t0
+        if dist.get_rank() == 0:
+            manifest = DeltaReader(folder).manifest(version)
+            out["rows"] = float(sum(manifest.rows.values()))
+            out["bytes"] = float(sum(f.bytes for f in manifest.files.values()))
+    dist.barrier()
+    elapsed = time.perf_counter() - begin
+    if tracker is not None:
+        tracker.close()
+    return {**out, "step_s": elapsed / args.steps, "publish_s": publish_s}
+
+
+def _measure(rank: int, args: argparse.Namespace) -> dict[str, Any]:
+    from lightrec.distributed.deltas import publish_changes
+
+    bench_dmp.ROWS = args.rows
+    contender = bench_dmp._Contender(bench_dmp._lightrec_model, rank, args, "lightrec")
+    folder = Path(args.dir) / "publish"
+    for i in range(args.warmup):
+        contender.step(i)
+    publish_changes(contender.model, folder, None, snapshot=True, retention=1)  # the chain's base
+    results: dict[str, list[dict[str, float]]] = {k: [] for k in KINDS}
+    order = list(KINDS) + list(reversed(KINDS))
+    step = args.warmup
+    for _ in range(args.repeats):
+        for kind in order:
+            results[kind].append(_window(contender, args, kind, folder, step))
+            step += args.steps
+    step_s = {k: statistics.median(w["step_s"] for w in v) for k, v in results.items()}
+    published = results["published"]
+    table_bytes = bench_dmp.NUM_TABLES * args.rows * bench_dmp.DIM * 4
+    return {
+        "step_ms": {k: 1e3 * v for k, v in step_s.items()},
+        "tracking_overhead_pct": 100 * (step_s["tracked"] / step_s["plain"] - 1),
+        "publish_overhead_pct": 100 * (step_s["published"] / step_s["plain"] - 1),
+        "publish_latency_ms": 1e3 * statistics.median(w["publish_s"] for w in published),
+        "delta_rows": statistics.median(w.get("rows", 0.0) for w in published),
+        "delta_bytes": statistics.median(w.get("bytes", 0.0) for w in published),
+        "tables_bytes": table_bytes,
+        "windows_per_kind": len(published),
+    }
+
+
+def _worker(rank: int, world: int, init: str, args: argparse.Namespace, queue: Any) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=600))  # fmt: skip
+    try:
+        result = _measure(rank, args)
+        if rank == 0:
+            queue.put(result)
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=100_000, help="rows per table (26 tables, dim 64)")
+    parser.add_argument("--batch-size", type=int, default=2048, help="samples per rank per step")
+    parser.add_argument("--pooling-factor", type=int, default=1, help="ids per bag")
+    parser.add_argument("--steps", type=int, default=100, help="steps per window (one publish per window)")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of the 6 alternating windows")
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--num-batches", type=int, default=16, help="distinct pre-generated batches per rank")
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--dir", default=None, help="where the publish folder goes (default: a temp folder)")
+    parser.add_argument("--out", default=None, help="also write the JSON report here")
+    args = parser.parse_args(argv)
+    args.mode, args.plan = "dlrm", "auto"  # bench_dmp's model options
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        args.dir = args.dir or tmp
+        procs = [ctx.Process(target=_worker, args=(r, args.world_size, f"{tmp}/pg", args, queue))
+                 for r in range(args.world_size)]  # fmt: skip
+        for p in procs:
+            p.start()
+        report = queue.get(timeout=3600)
+        for p in procs:
+            p.join(timeout=120)
+            if p.is_alive():
+                p.kill()
+    report["config"] = {k: v for k, v in vars(args).items() if k not in ("dir", "out")}
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""``DeltaPublisher`` callback: publish the rows that training changed, every few steps or seconds.
+
+::
+
+    trainer = Trainer(strategy=RecStrategy(), devices=2, callbacks=[
+        DeltaPublisher("publish/", every_n_steps=100, snapshot_every=50, dense_every=10, keep=2)])
+    trainer.fit(module)      # publish/v000000001 (snapshot), v000000002 (delta), ...  LATEST
+
+The folder is the format of ``docs/deltas.md`` (safetensors + JSON; ``lightrec serve --deltas``
+follows it). What the callback does, on every rank of a ``RecStrategy`` fit (or a module holding
+sharded collections):
+
+1. at ``on_train_start``: the model's delta tracker (``DistributedModelParallel.
+   init_torchrec_delta_tracker``, consumer ``"delta_publisher"``; an existing tracker is reused
+   when it has that consumer) and, on rank 0, the ``DeltaWriter``; then a snapshot (every row,
+   the dense weights), so the chain starts from what training starts from (a resumed fit too);
+2. after each training batch, when a publish is due (``every_n_steps`` global steps, or
+   ``every_seconds`` since the last publish, rank 0's clock, broadcast so every rank agrees):
+   :func:`lightrec.distributed.deltas.publish_changes` -- the rows the tracker saw since the last
+   publish, gathered from the ranks that own them, written by rank 0 as the next version. Every
+   ``snapshot_every``-th publish is a snapshot; every ``dense_every``-th carries the dense weights;
+   the writer keeps ``keep`` snapshots and what follows them;
+3. at ``on_train_end``: a last version if any step trained since the previous one.
+
+A version holds the model after the step it names (``global_step``), bit for bit in fp32.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import lightning.pytorch as pl
+from lightning.pytorch.utilities import rank_zero_info
+from torch import nn
+from typing_extensions import override
+
+from lightrec.distributed.deltas import DeltaWriter, publish_changes, sharded_table_specs
+from lightrec.distributed.model_parallel import DistributedModelParallel
+from lightrec.distributed.model_tracker import DeltaTrackerConfig, ModelDeltaTracker, ModelDeltaTrackerTrec
+from lightrec.lightning.rec_strategy import RecStrategy
+
+__all__ = ["DeltaPublisher"]
+
+CONSUMER = "delta_publisher"
+
+
+def _positive(name: str, value: float | None) -> None:
+    if value is not None and not value > 0:
+        raise ValueError(f"DeltaPublisher({name}={value!r}): must be > 0 (or None to turn it off)")
+
+
+class DeltaPublisher(pl.Callback):
+    """Publish a sharded model's changed rows as versions of ``dirpath`` (see the module docstring).
+
+    Args:
+        dirpath: the publish folder (rank 0 writes it; created when missing).
+        every_n_steps: publish after every N-th global step.
+        every_seconds: publish when this many seconds passed since the last publish (checked after
+            each batch). At least one of the two must be given.
+        snapshot_every: every N-th publish is a full snapshot (bounds the chain a reader applies);
+            None: only the first.
+        dense_every: every N-th publish carries the dense weights (snapshots always do); None: only
+            snapshots.
+        keep: snapshots kept, with the deltas after them (``DeltaWriter``'s retention); None keeps all.
+        row_format: the rows' format (``"fp32"``, ``"fp16"``, ``"int8"``, ``"int4"``) or ``{table: format}``.
+        model_attr: the LightningModule's attribute holding the model a serving artifact is exported
+            from (``QuantizedExport``'s); the dense weights are named as in its state dict.
+
+    Attributes:
+        versions: ``[(version, global_step)]`` published so far (on every rank).
+        seconds: wall-clock seconds of each publish, in order (this rank's).
+
+    Raises:
+        ValueError: no cadence, a cadence <= 0, or (at train start) a model without sharded tables.
+    """
+
+    def __init__(
+        self,
+        dirpath: str | os.PathLike[str],
+        every_n_steps: int | None = None,
+        every_seconds: float | None = None,
+        snapshot_every: int | None = None,
+        dense_every: int | None = None,
+        keep: int | None = 2,
+        row_format: str | Mapping[str, str] = "fp32",
+        model_attr: str = "model",
+    ) -> None:
+        if every_n_steps is None and every_seconds is None:
+            raise ValueError("DeltaPublisher needs a cadence: every_n_steps=N and/or every_seconds=S")
+        for name, value in (("every_n_steps", every_n_steps), ("every_seconds", every_seconds),
+                            ("snapshot_every", snapshot_every), ("dense_every", dense_every), ("keep", keep)):  # fmt: skip
+            _positive(name, value)
+        self.dirpath = Path(dirpath)
+        self.every_n_steps = every_n_steps
+        self.every_seconds = every_seconds
+        self.snapshot_every = snapshot_every
+        self.dense_every = dense_every
+        self.keep = keep
+        self.row_format = row_format
+        self.model_attr = model_attr
+        self._dense: nn.Module | None = None
+        self.versions: list[tuple[int, int]] = []
+        self.seconds: list[float] = []
+        self._model: nn.Module | None = None
+        self._tracker: ModelDeltaTracker | None = None
+        self._writer: DeltaWriter | None = None
+        self._last_time = 0.0
+        self._last_step = -1
+
+    # ---- set-up -----------------------------------------------------------------------------
+    @staticmethod
+    def _sharded_model(trainer: pl.Trainer, pl_module: pl.LightningModule) -> nn.Module:
+        strategy = trainer.strategy
+        if isinstance(strategy, RecStrategy) and strategy.dmp is not None:
+            return strategy.dmp
+        return pl_module  # sharded by the user (its collections are sharded modules)
+
+    def _make_tracker(self, model: nn.Module) -> ModelDeltaTracker:
+        if not isinstance(model, DistributedModelParallel):
+            return ModelDeltaTrackerTrec(model, consumers=[CONSUMER])
+        existing = model.get_delta_tracker()
+        if existing is None:
+            return model.init_torchrec_delta_tracker(DeltaTrackerConfig(consumers=[CONSUMER]))
+        if not isinstance(existing, ModelDeltaTrackerTrec) or CONSUMER not in existing.per_consumer_batch_idx:
+            raise ValueError(f"the model already has a delta tracker without the consumer {CONSUMER!r}; build it "
+                             f"with DeltaTrackerConfig(consumers=[..., {CONSUMER!r}]) or let DeltaPublisher build it")  # fmt: skip
+        return existing
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._model = self._sharded_model(trainer, pl_module)
+        try:
+            self._dense = pl_module.get_submodule(self.model_attr)
+        except AttributeError as exc:
+            raise ValueError(f"DeltaPublisher(model_attr={self.model_attr!r}): {type(pl_module).__name__} has no module "
+                             "there; pass model_attr='<attribute holding the model>'") from exc  # fmt: skip
+        self._tracker = self._make_tracker(self._model)
+        if trainer.is_global_zero:
+            specs = sharded_table_specs(self._model, self.row_format)
+            self._writer = DeltaWriter(self.dirpath, specs, retention=self.keep)
+        self._publish(trainer, snapshot=True)
+
+    # ---- cadence ------------------------------------------------------------------------------
+    def _due(self, trainer: pl.Trainer) -> bool:
+        step = trainer.global_step
+        due = self.every_n_steps is not None and step % self.every_n_steps == 0 and step != self._last_step
+        if self.every_seconds is not None:
+            timed = trainer.is_global_zero and time.monotonic() - self._last_time >= self.every_seconds
+            due = due or bool(trainer.strategy.broadcast(timed, src=0))  # rank 0's clock decides for all
+        return due
+
+    @override
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: object, batch: object,
+                           batch_idx: int) -> None:  # fmt: skip
+        if self._model is not None and self._due(trainer):
+            count = len(self.versions)  # publishes so far (the first was a snapshot)
+            snapshot = self.snapshot_every is not None and count % self.snapshot_every == 0
+            dense = self.dense_every is not None and count % self.dense_every == 0
+            self._publish(trainer, snapshot=snapshot, dense=dense)
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._model is not None and trainer.global_step != self._last_step:
+            self._publish(trainer, snapshot=False, dense=self.dense_every is not None)
+        if self._tracker is not None and isinstance(self._tracker, ModelDeltaTrackerTrec):
+            if not isinstance(self._model, DistributedModelParallel):
+                self._tracker.close()  # ours alone; a DMP's tracker stays with the DMP
+        self._model = self._dense = None
+
+    # ---- publish ------------------------------------------------------------------------------
+    def _publish(self, trainer: pl.Trainer, snapshot: bool, dense: bool = False) -> None:
+        assert self._model is not None
+        start = time.perf_counter()
+        version = publish_changes(self._model, self._writer, self._tracker, consumer=CONSUMER, dense=dense,
+                                  snapshot=snapshot, global_step=trainer.global_step, dense_module=self._dense)  # fmt: skip
+        elapsed = time.perf_counter() - start
+        self.versions.append((version, trainer.global_step))
+        self.seconds.append(elapsed)
+        self._last_time = time.monotonic()
+        self._last_step = trainer.global_step
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_metrics({"publish/version": float(version), "publish/seconds": elapsed},
+                                   step=trainer.global_step)  # fmt: skip
+            rank_zero_info(f"DeltaPublisher: v{version} ({'snapshot' if snapshot else 'delta'}) at step "
+                           f"{trainer.global_step} in {elapsed:.3f}s -> {self.dirpath}")  # fmt: skip
