@@ -14,6 +14,7 @@ from lightrec._compat import silence_known_warnings
 from lightrec.lightning.callbacks import (
     ManagedCollisionMonitor,
     PlanReport,
+    ProgressiveValidation,
     QuantizedExport,
     RecThroughputMonitor,
     SparseDistPrefetch,
@@ -33,6 +34,7 @@ __all__ = [
     "ManagedCollisionMonitor",
     "NonFiniteLossError",
     "PlanReport",
+    "ProgressiveValidation",
     "QuantizedExport",
     "RecModule",
     "RecStrategy",
