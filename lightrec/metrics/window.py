@@ -107,5 +107,6 @@ class SlidingWindow(Metric):
         if int(self.window_seen) == 0:
             return nan_result(self.device)
         inner = self._make().to(self.device)
-        inner.update(self.window_preds, self.window_labels, self.window_weights)
+        # synced across R ranks the buffers are [R, W] (torchmetrics stacks what it gathers): flatten
+        inner.update(self.window_preds.reshape(-1), self.window_labels.reshape(-1), self.window_weights.reshape(-1))
         return inner.compute().to(torch.float32)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from lightrec.metrics import SlidingWindow, UnknownMetricError
+from tests.multiprocess import run_ranks
 
 
 def rank_auc(preds: torch.Tensor, labels: torch.Tensor) -> float:
@@ -80,3 +81,19 @@ def test_an_empty_window_is_nan_and_bad_arguments_name_themselves() -> None:
     metric.update(torch.rand(4), torch.ones(4))
     metric.reset()
     assert int(metric.window_seen) == 0 and float(metric.window_weights.sum()) == 0.0
+
+
+def _ranks_body(rank: int, world_size: int) -> dict[str, object]:
+    metric = SlidingWindow("auc", window=20)
+    batches = _batches(3, 16, seed=10 + rank)
+    for preds, labels in batches:
+        metric.update(preds, labels)
+    return {"auc": float(metric.compute()), "batches": batches, "seen": int(metric.window_seen)}
+
+
+def test_the_windows_of_all_ranks_are_computed_together() -> None:
+    results = run_ranks(_ranks_body, world_size=2)
+    preds = torch.cat([torch.cat([p for p, _ in r["batches"]])[-20:] for r in results])  # each rank's newest 20
+    labels = torch.cat([torch.cat([y for _, y in r["batches"]])[-20:] for r in results])
+    assert results[0]["auc"] == results[1]["auc"] == pytest.approx(rank_auc(preds, labels), abs=1e-6)
+    assert results[0]["seen"] == 48  # compute restores each rank's own state
