@@ -9,10 +9,10 @@ is scored once, unseen.
 
 The callback reads the logits ``RecModule.training_step`` returns (``{"loss", "logits"}``) and
 keeps the newest ``window`` samples (all ranks together) in :class:`~lightrec.metrics.SlidingWindow`
-metrics. On the steps Lightning writes its logs (``log_every_n_steps``, or ``every_n_steps``) every
-rank computes them (one gather of the windows) and they are logged as Lightning metrics, so they
-reach TensorBoard, the progress bar and ``trainer.callback_metrics`` (a ``ModelCheckpoint`` may
-monitor them):
+metrics. Every ``every_n_steps`` steps (default: the trainer's ``log_every_n_steps``, the steps
+Lightning writes its logs) every rank computes them (one gather of the windows) and they are logged
+to the progress bar and ``trainer.callback_metrics`` (a ``ModelCheckpoint`` may monitor them), and
+rank 0 writes them to every logger (TensorBoard) at that step:
 
 ==========================  ============================================================
 tag (``prefix="online/"``)  value
@@ -111,11 +111,17 @@ class ProgressiveValidation(pl.Callback):
         for metric in self.metrics.values():
             metric.update(preds, batch.labels)
         # the Trainer sets log_every_n_steps in its logger connector (no declared attribute for type checkers)
-        every = self.every_n_steps or max(int(getattr(trainer, "log_every_n_steps", 1)), 1)
-        if (logging_step(trainer) + 1) % every == 0:  # Lightning writes its logs at this step too
-            self._log(pl_module, batch.batch_size)
+        log_every = max(int(getattr(trainer, "log_every_n_steps", 1)), 1)
+        step = logging_step(trainer)
+        if (step + 1) % (self.every_n_steps or log_every) == 0:
+            self._log(trainer, pl_module, batch.batch_size, step)
 
-    def _log(self, pl_module: pl.LightningModule, batch_size: int) -> None:
+    def _log(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch_size: int, step: int) -> None:
         values = {f"{self.prefix}{name}": metric.compute() for name, metric in self.metrics.items()}  # collective
         self.last_metrics = {k: float(v) for k, v in values.items()}
-        pl_module.log_dict(values, on_step=True, on_epoch=False, batch_size=batch_size)
+        # callback_metrics and the progress bar through Lightning; the loggers directly, at this step: Lightning
+        # writes only at its own logging steps, and would write a value logged between them at the next one
+        pl_module.log_dict(values, on_step=True, on_epoch=False, batch_size=batch_size, logger=False)
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_metrics(self.last_metrics, step=step)

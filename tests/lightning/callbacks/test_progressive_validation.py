@@ -38,8 +38,8 @@ class _Scores(pl.Callback):
         self.after.append(self._score(module, batch))
 
 
-def _fit(root: Path) -> tuple[ProgressiveValidation, _Scores]:
-    progressive, scores = ProgressiveValidation(window=WINDOW, every_n_steps=None), _Scores()
+def _fit(root: Path, every_n_steps: int | None = None) -> tuple[ProgressiveValidation, _Scores]:
+    progressive, scores = ProgressiveValidation(window=WINDOW, every_n_steps=every_n_steps), _Scores()
     data = SyntheticStream(batch_size=BATCH, seed=3, num_embeddings_cap=200, vocabulary="fixed")
     trainer = pl.Trainer(
         max_steps=STEPS, accelerator="cpu", devices=1, log_every_n_steps=EVERY, enable_progress_bar=False,
@@ -70,6 +70,17 @@ def test_each_batch_is_scored_before_the_model_trains_on_it_and_logged_over_a_wi
         assert auc[step] == pytest.approx(rank_auc(p, y), abs=1e-5)
         assert ne[step] == pytest.approx(plain_ne(p, y), rel=1e-4)
     assert progressive.last_metrics["online/auc"] == pytest.approx(auc[STEPS - 1])
+
+
+def test_its_own_cadence_reaches_tensorboard_on_steps_lightning_does_not_write(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    progressive, scores = _fit(tmp_path, every_n_steps=3)  # steps 2 and 5; Lightning writes at 1, 3, 5
+    before, labels = torch.cat(scores.before), torch.cat(scores.labels)
+    events = EventAccumulator(str(tmp_path / "pv" / "version_0"), size_guidance={"scalars": 0}).Reload()
+    auc = {e.step: e.value for e in events.Scalars("online/auc")}
+    assert sorted(auc) == [2, 5]
+    assert auc[2] == pytest.approx(rank_auc(before[: 3 * BATCH][-WINDOW:], labels[: 3 * BATCH][-WINDOW:]), abs=1e-5)
 
 
 def test_bad_settings_and_a_step_without_logits_are_refused() -> None:
