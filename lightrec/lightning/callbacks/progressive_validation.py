@@ -12,7 +12,8 @@ keeps the newest ``window`` samples (all ranks together) in :class:`~lightrec.me
 metrics. Every ``every_n_steps`` steps (default: the trainer's ``log_every_n_steps``, the steps
 Lightning writes its logs) every rank computes them (one gather of the windows) and they are logged
 to the progress bar and ``trainer.callback_metrics`` (a ``ModelCheckpoint`` may monitor them), and
-rank 0 writes them to every logger (TensorBoard) at that step:
+rank 0 writes them to every logger (TensorBoard) at that step -- and at the last step of a fit
+bounded by ``max_steps``:
 
 ==========================  ============================================================
 tag (``prefix="online/"``)  value
@@ -113,7 +114,8 @@ class ProgressiveValidation(pl.Callback):
         # the Trainer sets log_every_n_steps in its logger connector (no declared attribute for type checkers)
         log_every = max(int(getattr(trainer, "log_every_n_steps", 1)), 1)
         step = logging_step(trainer)
-        if (step + 1) % (self.every_n_steps or log_every) == 0:
+        last = 0 < trainer.max_steps <= trainer.global_step  # the fit's last step: its summary shows the window
+        if (step + 1) % (self.every_n_steps or log_every) == 0 or last:
             self._log(trainer, pl_module, batch.batch_size, step)
 
     def _log(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch_size: int, step: int) -> None:

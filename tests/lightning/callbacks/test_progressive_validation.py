@@ -72,15 +72,18 @@ def test_each_batch_is_scored_before_the_model_trains_on_it_and_logged_over_a_wi
     assert progressive.last_metrics["online/auc"] == pytest.approx(auc[STEPS - 1])
 
 
-def test_its_own_cadence_reaches_tensorboard_on_steps_lightning_does_not_write(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("every", "steps"), [(3, [2, 5]), (4, [3, 5])])  # Lightning writes at 1, 3, 5
+def test_its_own_cadence_and_the_last_step_reach_tensorboard(tmp_path: Path, every: int, steps: list[int]) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    progressive, scores = _fit(tmp_path, every_n_steps=3)  # steps 2 and 5; Lightning writes at 1, 3, 5
+    progressive, scores = _fit(tmp_path, every_n_steps=every)  # and the fit's last step (5)
     before, labels = torch.cat(scores.before), torch.cat(scores.labels)
     events = EventAccumulator(str(tmp_path / "pv" / "version_0"), size_guidance={"scalars": 0}).Reload()
     auc = {e.step: e.value for e in events.Scalars("online/auc")}
-    assert sorted(auc) == [2, 5]
-    assert auc[2] == pytest.approx(rank_auc(before[: 3 * BATCH][-WINDOW:], labels[: 3 * BATCH][-WINDOW:]), abs=1e-5)
+    assert sorted(auc) == steps
+    for step in steps:
+        seen = (step + 1) * BATCH
+        assert auc[step] == pytest.approx(rank_auc(before[:seen][-WINDOW:], labels[:seen][-WINDOW:]), abs=1e-5)
 
 
 def test_bad_settings_and_a_step_without_logits_are_refused() -> None:
