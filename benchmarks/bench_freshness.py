@@ -360,7 +360,10 @@ def report(out: dict[str, Any]) -> str:
         if d is None:
             lines.append(f"{key:<14} {w['auc']:>9.4f} {'(same)':>9}")
             continue
-        share = d["bytes_per_refresh"] / w["bytes_per_refresh"] if w["bytes_per_refresh"] else float("nan")
+        if not w["refreshes"]:  # a cadence longer than the measured half: never refreshed in it
+            lines.append(f"{key + ' steps':<14} {w['auc']:>9.4f} {d['auc']:>9.4f}   (no refresh in the measured half)")
+            continue
+        share = d["bytes_per_refresh"] / w["bytes_per_refresh"]
         lines.append(f"{key + ' steps':<14} {w['auc']:>9.4f} {d['auc']:>9.4f} {w['bytes_per_refresh']:>12,.0f} "
                      f"{d['bytes_per_refresh']:>12,.0f} {share:>10.1%} {d['rows_per_refresh']:>7,.0f}/{out['table_rows']}")  # fmt: skip
     lines.append(f"trainer (progressive, each batch scored before it trains): AUC {out['trainer']['auc']:.4f}")
