@@ -61,6 +61,7 @@ RECIPES: dict[str, Recipe] = {
     for r in (
         Recipe("dlrm", "dlrm", "dlrm", "DLRM on synthetic Criteo-like data, 2 CPU ranks (the main job)"),
         Recipe("dlrm_dcn", "dlrm", "dlrm_dcn", "DLRM-DCNv2 on synthetic Criteo-like data"),
+        Recipe("dlrm_online", "dlrm", "dlrm_online", "DLRM trained online on a drifting stream, progressive validation"),
         Recipe("two_tower", "two_tower", "two_tower_movielens", "two-tower retrieval on MovieLens, recall@k"),
         Recipe("deepfm", "deepfm", "deepfm_movielens", "DeepFM click prediction on MovieLens"),
     )
@@ -73,6 +74,7 @@ CONFIGS: dict[str, str] = {
     "dlrm_dcn_criteo": "dlrm",
     "dlrm_managed": "dlrm",
     "dlrm_parquet": "dlrm",
+    "dlrm_online": "dlrm",
     "two_tower_movielens": "two_tower",
     "deepfm_movielens": "deepfm",
 }

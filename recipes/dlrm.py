@@ -14,6 +14,7 @@ where the TensorBoard logs and checkpoints are::
     lightrec run dlrm --config dlrm_parquet             # Criteo converted to Parquet (lightrec data convert)
     lightrec run dlrm --devices 1 --trainer.strategy auto   # one process, no sharding
     lightrec run dlrm --config dlrm_managed             # raw 63-bit ids of a drifting vocabulary, managed collisions
+    lightrec run dlrm_online                            # online: an unbounded drifting stream, progressive validation
 
 Any ``--model.*``, ``--data.*`` or ``--trainer.*`` option of LightningCLI works, e.g.
 ``--trainer.max_steps 100 --model.embedding_dim 32``. ``lightrec cp dlrm my_dir`` copies this file and

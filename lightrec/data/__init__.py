@@ -2,7 +2,7 @@
 MovieLens readers, and rank-aware LightningDataModules.
 
 Everything yields whole :class:`Batch` objects (dense ``[B, D]``, sparse ``KeyedJaggedTensor``,
-labels ``[B]``). The LightningDataModules (``SyntheticCriteo``, ``CriteoDataModule``,
+labels ``[B]``). The LightningDataModules (``SyntheticCriteo``, ``SyntheticStream``, ``CriteoDataModule``,
 ``MovieLensDataModule``, ``ParquetDataModule``) are imported lazily, so ``from lightrec.data import Batch`` does not
 import Lightning (layers below ``lightrec.lightning`` may use ``Batch``).
 
@@ -16,7 +16,8 @@ One home per source::
     hashing.py         splitmix64 hashes, power-law draws, exact AUC (synthetic data, id hashing)
     criteo/            schema, TSV parsers, preprocessing, memory-mapped dataset, torchrec's readers
     movielens/         reader, batches, torchrec's row readers
-    synthetic/         planted Criteo (host, device, drifting ids), planted MovieLens, random batches
+    synthetic/         planted Criteo (host, device, drifting ids, an unbounded stream), planted MovieLens,
+                       random batches
 """
 
 from __future__ import annotations
@@ -35,12 +36,13 @@ from lightrec.data.criteo.spec import (
     resolve_cardinalities,
     table_configs,
 )
-from lightrec.data.errors import DataFormatError
+from lightrec.data.errors import DataFormatError, ResumeMismatchError
 from lightrec.data.movielens.dataset import MovieLensDataset
 from lightrec.data.movielens.reader import MovieLensData, read_movielens
 from lightrec.data.rank_sampling import RankBatchSampler, RankDataLoader, rank_dataloader, resolve_rank
 from lightrec.data.synthetic.criteo import SyntheticCriteoDataset
 from lightrec.data.synthetic.planted import PlantedCriteoModel
+from lightrec.data.synthetic.stream import SyntheticStreamLoader
 
 _LAZY = {"SyntheticCriteo", "SyntheticCriteoDataModule", "CriteoDataModule", "MovieLensDataModule"}
 
@@ -60,9 +62,12 @@ __all__ = [
     "PlantedCriteoModel",
     "RankBatchSampler",
     "RankDataLoader",
+    "ResumeMismatchError",
     "SyntheticCriteo",
     "SyntheticCriteoDataModule",
     "SyntheticCriteoDataset",
+    "SyntheticStream",
+    "SyntheticStreamLoader",
     "collate_samples",
     "concat_batches",
     "load_criteo_meta",
@@ -81,6 +86,10 @@ def __getattr__(name: str) -> Any:
         from lightrec.data.parquet.datamodule import ParquetDataModule
 
         return ParquetDataModule
+    if name == "SyntheticStream":  # the drifting synthetic clicks as an unbounded stream (online training)
+        from lightrec.data.synthetic.stream_datamodule import SyntheticStream
+
+        return SyntheticStream
     if name in _LAZY:
         from lightrec.data import datamodules
 

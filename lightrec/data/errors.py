@@ -12,7 +12,14 @@ import logging
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["DataFormatError", "DatasetNotFoundError", "LineErrors", "OnError", "check_on_error"]
+__all__ = [
+    "DataFormatError",
+    "DatasetNotFoundError",
+    "LineErrors",
+    "OnError",
+    "ResumeMismatchError",
+    "check_on_error",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +57,10 @@ class DataFormatError(ValueError):
         if not self.path:
             return (type(self), (self.reason,))
         return (type(self), (self.path, self.line, self.reason))
+
+
+class ResumeMismatchError(ValueError):
+    """A checkpointed loader position does not fit the loader it is loaded into (other ranks, batch size or data)."""
 
 
 def check_on_error(on_error: str) -> OnError:

@@ -6,7 +6,8 @@ the rest of a CTR training loop:
 
 * ``training_step`` / ``validation_step`` / ``test_step``: binary cross-entropy on ``Batch.labels``,
   loss and throughput (samples/s) logged, AUC / NE / calibration / CTR / accuracy accumulated as
-  torchmetrics (synced across ranks) and logged per epoch;
+  torchmetrics (synced across ranks) and logged per epoch; the training step returns
+  ``{"loss", "logits"}`` (the logits before the batch's update, for ``ProgressiveValidation``);
 * ``predict_step``: probabilities ``sigmoid(logits)``;
 * ``configure_optimizers``: one ``CombinedOptimizer`` holding the fused embedding optimizer(s)
   (whatever the sharded or fused collections expose as ``fused_optimizer``) and a dense optimizer
@@ -218,13 +219,18 @@ class RecModule(pl.LightningModule):
         return logits, loss
 
     @override
-    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor | dict[str, torch.Tensor]:
+        """``{"loss", "logits" [B]}``: logits from before this batch's update (``ProgressiveValidation``).
+
+        A subclass may return the loss alone (Lightning's other form); ``ProgressiveValidation`` then
+        refuses it with a TypeError that names the fix.
+        """
         logits, loss = self._logits_and_loss(batch)
         self.log("train/loss", loss, prog_bar=True, batch_size=batch.batch_size)
         if self.train_metrics is not None:
             self.train_metrics.update(torch.sigmoid(logits.detach()), batch.labels)
             self.log_dict(self.train_metrics, on_step=False, on_epoch=True, batch_size=batch.batch_size)
-        return loss
+        return {"loss": loss, "logits": logits.detach()}
 
     @override
     def validation_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:

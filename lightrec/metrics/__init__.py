@@ -3,7 +3,8 @@
 Binary click metrics share ``update(preds [B], labels [B], weights [B] | None)``:
 :class:`AUC` (exact by default), :class:`NE`, :class:`Calibration`, :class:`CTR`, :class:`Accuracy`;
 :func:`rec_metrics` bundles them in one ``MetricCollection``. Retrieval: :class:`RecallAtK`
-(``update(scores [B, C], target [B])``). Regression: :class:`MSE`, :class:`MAE`.
+(``update(scores [B, C], target [B])``). Regression: :class:`MSE`, :class:`MAE`. Online training:
+:class:`SlidingWindow` (any of the binary metrics over the newest samples only).
 
 torchrec's entry points live at torchrec's paths: ``metric_module`` (``RecMetricModule``,
 ``generate_metric_module``), ``metrics_config`` (``RecMetricEnum``, ``RecTaskInfo``, ``MetricsConfig``
@@ -17,6 +18,7 @@ from lightrec.metrics.ne import NE, LogLoss
 from lightrec.metrics.rates import CTR, Accuracy, Calibration
 from lightrec.metrics.regression import MAE, MSE
 from lightrec.metrics.retrieval import RecallAtK, recall_at_k_hits
+from lightrec.metrics.window import SlidingWindow
 
 __all__ = [
     "AUC",
@@ -30,6 +32,7 @@ __all__ = [
     "LogLoss",
     "MetricInputError",
     "RecallAtK",
+    "SlidingWindow",
     "UnknownMetricError",
     "auc_from_grouped_masses",
     "binary_auc",

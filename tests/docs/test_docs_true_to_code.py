@@ -26,7 +26,8 @@ def test_every_shipped_config_shows_the_plan_and_keeps_one_checkpoint() -> None:
         assert (
             "lightrec.lightning.PlanReport" in paths and "lightrec.lightning.RecThroughputMonitor" in paths
         ), path
-        checkpoint = next(c["init_args"] for c in callbacks if c["class_path"].endswith("ModelCheckpoint"))
+        checkpoint = dict(next(c["init_args"] for c in callbacks if c["class_path"].endswith("ModelCheckpoint")))
+        checkpoint.pop("every_n_train_steps", None)  # dlrm_online: its one last.ckpt is rewritten as it goes
         assert checkpoint == {"save_last": True, "save_top_k": 0}, path
 
 

@@ -28,14 +28,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from lightrec.data.errors import ResumeMismatchError
 from lightrec.data.parquet.sharding import Slice
 from lightrec.data.parquet.source import ParquetFileInfo
 
 __all__ = ["LoaderPosition", "ResumeMismatchError", "fingerprint"]
-
-
-class ResumeMismatchError(ValueError):
-    """A checkpointed loader position does not fit the loader it is loaded into."""
 
 
 def fingerprint(files: Sequence[ParquetFileInfo], slices: Sequence[Slice], settings: Mapping[str, Any]) -> str:

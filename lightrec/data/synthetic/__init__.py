@@ -8,6 +8,8 @@ module                  what it holds
 ``criteo.py``           ``SyntheticCriteoDataset``: whole batches of it, deterministic per index
 ``device.py``           ``TorchPlantedSampler``: the same model drawn with torch on any device
 ``drifting.py``         ``DriftingVocabulary``: raw 63-bit ids born and retired over time
+``stream.py``           ``SyntheticStreamLoader``: the batches in time order, unbounded, resumable
+``stream_datamodule``   ``SyntheticStream``: the LightningDataModule over it (imports Lightning)
 ``movielens.py``        ``synthetic_movielens``: a MovieLens-shaped set with a planted preference
 ``random_batches.py``   torchrec's ``RandomRecDataset``: random ids, no signal
 ======================  ===========================================================================
@@ -23,12 +25,14 @@ from lightrec.data.synthetic.drifting import DriftingVocabulary
 from lightrec.data.synthetic.movielens import synthetic_movielens
 from lightrec.data.synthetic.planted import PlantedCriteoModel
 from lightrec.data.synthetic.random_batches import RandomRecDataset
+from lightrec.data.synthetic.stream import SyntheticStreamLoader
 
 __all__ = [
     "DriftingVocabulary",
     "PlantedCriteoModel",
     "RandomRecDataset",
     "SyntheticCriteoDataset",
+    "SyntheticStreamLoader",
     "TorchPlantedSampler",
     "synthetic_movielens",
 ]

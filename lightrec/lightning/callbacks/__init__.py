@@ -14,6 +14,8 @@ module                             callback
 ``rec_throughput_monitor.py``      ``RecThroughputMonitor``: samples/s, step time, memory
 ``managed_collision_monitor.py``   ``ManagedCollisionMonitor``: occupancy, evictions,
                                    default-row share of managed-collision tables
+``progressive_validation.py``      ``ProgressiveValidation``: online training's AUC / NE of
+                                   every batch scored before it trains, over a sliding window
 ``tiered_table_monitor.py``        ``TieredTableMonitor``: cache hit rate, rows and bytes
                                    moved by tiered tables (``RecModule`` adds it)
 ``quantized_export.py``            ``QuantizedExport``: the trained model as a quantized
@@ -29,6 +31,7 @@ the recipes' configs use).
 from lightrec.lightning.callbacks.delta_publisher import DeltaPublisher
 from lightrec.lightning.callbacks.managed_collision_monitor import ManagedCollisionMonitor
 from lightrec.lightning.callbacks.plan_report import PlanReport, load_plan_from_events
+from lightrec.lightning.callbacks.progressive_validation import ProgressiveValidation
 from lightrec.lightning.callbacks.quantized_export import QuantizedExport
 from lightrec.lightning.callbacks.rec_model_summary import RecModelSummary
 from lightrec.lightning.callbacks.rec_throughput_monitor import RecThroughputMonitor
@@ -39,6 +42,7 @@ __all__ = [
     "DeltaPublisher",
     "ManagedCollisionMonitor",
     "PlanReport",
+    "ProgressiveValidation",
     "QuantizedExport",
     "RecModelSummary",
     "RecThroughputMonitor",

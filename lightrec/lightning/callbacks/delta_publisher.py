@@ -56,7 +56,8 @@ class DeltaPublisher(pl.Callback):
     """Publish a sharded model's changed rows as versions of ``dirpath`` (see the module docstring).
 
     Args:
-        dirpath: the publish folder (rank 0 writes it; created when missing).
+        dirpath: the publish folder (rank 0 writes it; created when missing). None: ``publish/`` in the
+            trainer's log folder (beside ``checkpoints/``, as ``ModelCheckpoint`` places its own).
         every_n_steps: publish after every N-th global step.
         every_seconds: publish when this many seconds passed since the last publish (checked after
             each batch). At least one of the two must be given.
@@ -79,7 +80,7 @@ class DeltaPublisher(pl.Callback):
 
     def __init__(
         self,
-        dirpath: str | os.PathLike[str],
+        dirpath: str | os.PathLike[str] | None = None,
         every_n_steps: int | None = None,
         every_seconds: float | None = None,
         snapshot_every: int | None = None,
@@ -93,7 +94,7 @@ class DeltaPublisher(pl.Callback):
         for name, value in (("every_n_steps", every_n_steps), ("every_seconds", every_seconds),
                             ("snapshot_every", snapshot_every), ("dense_every", dense_every), ("keep", keep)):  # fmt: skip
             _positive(name, value)
-        self.dirpath = Path(dirpath)
+        self.dirpath = None if dirpath is None else Path(dirpath)
         self.every_n_steps = every_n_steps
         self.every_seconds = every_seconds
         self.snapshot_every = snapshot_every
@@ -140,6 +141,8 @@ class DeltaPublisher(pl.Callback):
         self._tracker = self._make_tracker(self._model)
         if trainer.is_global_zero:
             specs = sharded_table_specs(self._model, self.row_format)
+            if self.dirpath is None:
+                self.dirpath = Path(trainer.log_dir or trainer.default_root_dir) / "publish"
             self._writer = DeltaWriter(self.dirpath, specs, retention=self.keep)
         self._publish(trainer, snapshot=True)
 

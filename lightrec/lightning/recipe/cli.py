@@ -245,6 +245,9 @@ def summarize(trainer: pl.Trainer, datamodule: Any, tested: bool = True) -> str:
         lines.append("  test: " + "  ".join(f"{k[5:]}={_fmt(v)}" for k, v in sorted(metrics.items())))
     elif tested:
         lines.append("  test: no test metrics were logged")
+    online = {k: v for k, v in trainer.callback_metrics.items() if k.startswith("online/")}
+    if online:  # ProgressiveValidation: the newest window of batches, each scored before it trained
+        lines.append("  online (last window): " + "  ".join(f"{k[7:]}={_fmt(v)}" for k, v in sorted(online.items())))
     bayes = getattr(datamodule, "bayes_optimal_auc", None)
     if callable(bayes) and "test/auc" in metrics:
         auc, best = float(metrics["test/auc"]), float(bayes())

@@ -1,0 +1,113 @@
+"""``lightrec run dlrm_online``: a short run on the drifting stream logs the windowed AUC, and a restart
+from its checkpoint trains the next batch of the stream (its losses are the uninterrupted run's)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from lightrec.recipes.dlrm import main
+
+BATCH = 64
+SMALL = ["fit", "--config", "dlrm_online", "--trainer.devices=1",
+         "--trainer.log_every_n_steps=1", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+         f"--data.init_args.batch_size={BATCH}", "--data.init_args.num_embeddings_cap=300",
+         "--model.managed_collisions.eviction_interval=2"]  # fmt: skip
+
+
+def _run(root: Path, *args: str) -> Any:
+    return main([*SMALL, f"--trainer.logger.init_args.save_dir={root}", *args])
+
+
+def _scalars(version: Path, tag: str) -> dict[int, float]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(version), size_guidance={"scalars": 0}).Reload()
+    return {e.step: e.value for e in events.Scalars(tag)}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("online")
+    logs = root / "dlrm_online"
+    whole = _run(root, "--trainer.max_steps=6")  # version_0
+    _run(root, "--trainer.max_steps=3")  # version_1
+    last = logs / "version_1" / "checkpoints" / "last.ckpt"
+    _run(root, "--trainer.max_steps=6", f"--ckpt_path={last}")  # version_2
+    return {"whole": whole, "logs": logs, "cut": last}
+
+
+def test_a_short_online_run_trains_behind_managed_collisions_and_logs_the_windowed_auc(
+    runs: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from lightrec.distributed.deltas import DeltaReader
+    from lightrec.distributed.mc_embedding_modules import ShardedManagedCollisionEmbeddingBagCollection
+    from lightrec.lightning import ProgressiveValidation
+
+    cli = runs["whole"]
+    assert cli.trainer.global_step == 6
+    collection = cli.model.built_model().sparse_arch.embedding_bag_collection
+    assert isinstance(collection, ShardedManagedCollisionEmbeddingBagCollection)
+    # DeltaPublisher: a snapshot at the start and a last version at the end, in the run's log folder
+    publish = runs["logs"] / "version_0" / "publish"
+    assert DeltaReader(publish).latest() is not None and (publish / "v000000001").is_dir()
+    auc = _scalars(runs["logs"] / "version_0", "online/auc")
+    assert sorted(auc) == list(range(6)) and all(0.0 <= v <= 1.0 for v in auc.values())
+    assert sorted(_scalars(runs["logs"] / "version_0", "online/ne")) == list(range(6))
+    (progressive,) = [c for c in cli.trainer.callbacks if isinstance(c, ProgressiveValidation)]
+    assert progressive.last_metrics["online/auc"] == pytest.approx(auc[5])
+    assert not any(k.startswith("test/") for k in cli.trainer.callback_metrics)  # a stream has no test split
+    from lightrec.lightning.recipe.cli import summarize
+
+    assert f"online (last window): auc={auc[5]:.4f}" in summarize(cli.trainer, cli.datamodule, tested=False)
+
+
+def test_a_restart_from_the_checkpoint_continues_at_the_next_batch(runs: dict[str, Any]) -> None:
+    # RecStrategy's checkpoint is a folder; its meta.pt holds Lightning's loop state
+    state = torch.load(runs["cut"] / "meta.pt", map_location="cpu", weights_only=True)
+    assert state["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]["samples"] == 3 * BATCH
+    reference = _scalars(runs["logs"] / "version_0", "train/loss")
+    resumed = _scalars(runs["logs"] / "version_2", "train/loss")
+    assert sorted(resumed) == [3, 4, 5]
+    for step in resumed:  # the same batches on the same restored weights, id maps and optimizer state
+        assert resumed[step] == pytest.approx(reference[step], rel=1e-5, abs=1e-6)
+
+
+def test_the_online_recipe_follows_a_parquet_folder(tmp_path: Path) -> None:
+    from tests.data.parquet.test_resume import write_rows
+
+    write_rows(tmp_path / "events")  # 270 rows in 3 files: 8 batches of 32
+    cli = _run(tmp_path, "--trainer.max_steps=4", "--data", "parquet", f"--data.path={tmp_path / 'events'}",
+               "--data.label=label", "--data.dense=[int_*]", "--data.follow=true", "--data.poll_interval=0.1",
+               "--data.idle_timeout=30", "--data.batch_size=32", "--data.num_embeddings=300")  # fmt: skip
+    assert cli.trainer.global_step == 4 and type(cli.datamodule).__name__ == "ParquetDataModule"
+    assert sorted(_scalars(tmp_path / "dlrm_online" / "version_0", "online/auc")) == [0, 1, 2, 3]
+
+
+def _run_ranks(root: Path, *args: str) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from tests.multiprocess import free_port
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_PORT": str(free_port())}
+    cmd = [sys.executable, "-m", "lightrec.cli", "run", "dlrm_online", "--devices", "2", *SMALL[5:],
+           f"--trainer.logger.init_args.save_dir={root}", *args]  # fmt: skip
+    done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+
+
+@pytest.mark.slow
+def test_two_sharded_ranks_resume_the_stream_at_the_next_batch(tmp_path: Path) -> None:
+    logs = tmp_path / "dlrm_online"
+    _run_ranks(tmp_path, "--trainer.max_steps=6")  # version_0
+    _run_ranks(tmp_path, "--trainer.max_steps=3")  # version_1
+    _run_ranks(tmp_path, "--trainer.max_steps=6", f"--ckpt_path={logs / 'version_1' / 'checkpoints' / 'last.ckpt'}")
+    reference, resumed = _scalars(logs / "version_0", "train/loss"), _scalars(logs / "version_2", "train/loss")
+    assert sorted(resumed) == [3, 4, 5]
+    assert all(resumed[s] == pytest.approx(reference[s], rel=1e-5, abs=1e-6) for s in resumed)
+    assert sorted(_scalars(logs / "version_0", "online/auc")) == list(range(6))
