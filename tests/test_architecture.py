@@ -76,6 +76,9 @@ ALLOWED: dict[str, frozenset[str]] = {
     # the flat torchrec-style namespace (lightrec/__init__.py) and what a source checkout needs
     "lightrec": frozenset({"sparse", "modules", "optim", "kernels", "_source_tree"}),
     "_source_tree": frozenset(),
+    # torchrec.types (DataType and the module mixins) and torchrec.streamable (the batch protocols)
+    "types": frozenset({"sparse", "modules"}),
+    "streamable": frozenset(),
 }
 ALLOWED.update({name: frozenset() for name in FOUNDATION})
 
