@@ -78,6 +78,10 @@ ALLOWED: dict[str, frozenset[str]] = {
     "_source_tree": frozenset(),
     # torchrec.test_utils: helpers for tests of code built on lightrec (free ports, sanitizer skips)
     "test_utils": frozenset(),
+
+    # torchrec.types (DataType and the module mixins) and torchrec.streamable (the batch protocols)
+    "types": frozenset({"sparse", "modules"}),
+    "streamable": frozenset(),
 }
 ALLOWED.update({name: frozenset() for name in FOUNDATION})
 

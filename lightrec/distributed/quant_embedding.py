@@ -13,7 +13,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightrec.distributed.planner.plan import EmbeddingComputeKernel, ModuleSharder, ShardingType
+from lightrec.distributed.planner.plan import (
+    EmbeddingComputeKernel,
+    ModuleSharder,
+    ShardingType,
+    StorageUsageType,
+)
 from lightrec.quant.managed_collision import QuantManagedCollisionEmbeddingCollection
 from lightrec.quant.sharded_embedding_bag import inference_devices
 from lightrec.quant.sharded_managed_collision import (
@@ -31,6 +36,8 @@ class QuantManagedCollisionEmbeddingCollectionSharder(ModuleSharder):
         e_sharder / mc_sharder: torchrec's arguments (the quantized-collection and managed-collision
             sharders); accepted and kept, the layout is decided here.
     """
+
+    storage_usage_type = StorageUsageType.BASE_QUANT
 
     def __init__(self, e_sharder: Any = None, mc_sharder: Any = None) -> None:
         super().__init__()

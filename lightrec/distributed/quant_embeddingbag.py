@@ -23,6 +23,7 @@ from lightrec.distributed.planner.plan import (
     ModuleSharder,
     ShardingPlan,
     ShardingType,
+    StorageUsageType,
 )
 from lightrec.quant.embedding_modules import QuantEmbeddingBagCollection
 from lightrec.quant.sharded_embedding_bag import (
@@ -47,6 +48,8 @@ class QuantEmbeddingBagCollectionSharder(ModuleSharder):
         fused_params: accepted for torchrec's signature (quantized tables have no optimizer).
         shardable_params: accepted for torchrec's signature; every table is sharded.
     """
+
+    storage_usage_type = StorageUsageType.BASE_QUANT
 
     def __init__(self, fused_params: dict[str, Any] | None = None, shardable_params: list[str] | None = None) -> None:
         super().__init__(None)

@@ -2,7 +2,8 @@
 
 Beside them, what every collective path shares: ``sharding_env.py`` (``ShardingEnv``, who this
 process is in the sharded world; ``resolve_group``, ``as_env``) and ``streams.py`` (work issued on
-a side CUDA stream and consumed on another: pipelined input dists).
+a side CUDA stream and consumed on another: pipelined input dists) and ``topology.py`` (ranks per
+host, local and host rank, the intra- and cross-host groups: torchrec's ``get_local_size`` ...).
 """
 
 from lightrec.distributed.comm.awaitable import (
@@ -41,6 +42,13 @@ from lightrec.distributed.comm.sequence_all_to_all import (
 )
 from lightrec.distributed.comm.shm_segments import ShmSpaceError
 from lightrec.distributed.comm.shm_transport import ShmPeerError
+from lightrec.distributed.comm.topology import (
+    get_group_rank,
+    get_local_rank,
+    get_local_size,
+    get_num_groups,
+    intra_and_cross_node_pg,
+)
 
 __all__ = [
     "AllGatherAwaitable",
@@ -67,6 +75,11 @@ __all__ = [
     "bucketize_kjt_by_rank",
     "bucketize_kjt_row_wise",
     "exchange_batch_sizes",
+    "get_group_rank",
+    "get_local_rank",
+    "get_local_size",
+    "get_num_groups",
+    "intra_and_cross_node_pg",
     "row_wise_block_bounds",
     "row_wise_block_size",
     "wait_all",

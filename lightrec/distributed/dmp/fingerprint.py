@@ -30,6 +30,7 @@ from torch import nn
 
 from lightrec._version import __version__
 from lightrec.distributed.planner.plan import ModuleSharder, ShardingPlan
+from lightrec.distributed.planner.plan.sharder import table_configs
 
 __all__ = ["RankMismatchError", "check_ranks_agree", "describe", "first_difference"]
 
@@ -57,7 +58,7 @@ def _tables(module: nn.Module, sharders: list[ModuleSharder]) -> dict[str, Any]:
                 "pooling": _value(getattr(cfg, "pooling", None)),
                 "data_type": _value(cfg.data_type),
             }
-            for name, cfg in sharder.shardable_parameters(m).items()
+            for name, cfg in table_configs(sharder, m).items()
         }
     return out
 

@@ -14,6 +14,10 @@ Shard counts per sharding type (``W`` world size, ``L`` ranks per host, ``H`` ho
 
 Options equal to an earlier one on this topology are skipped (row-wise on one rank is table-wise,
 table-row-wise on one host is row-wise, ...) unless the earlier one is not allowed.
+
+torchrec's names at this path: ``GUARDED_COMPUTE_KERNELS`` (kernels planned only where a
+constraint names them; the set lives in ``constants.py``, the same object, so adding to it here
+guards a kernel), ``get_partition_by_type`` (``options.py``) and ``sharder_name`` (``utils.py``).
 """
 
 from __future__ import annotations
@@ -23,7 +27,13 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from lightrec.distributed.planner.options import Options, finish_options, to_sharding_options
+from lightrec.distributed.planner.constants import GUARDED_COMPUTE_KERNELS
+from lightrec.distributed.planner.options import (
+    Options,
+    finish_options,
+    get_partition_by_type,
+    to_sharding_options,
+)
 from lightrec.distributed.planner.shard_estimators import (
     CW,
     DP,
@@ -43,8 +53,15 @@ from lightrec.distributed.planner.types import (
     ShardingOption,
     Topology,
 )
+from lightrec.distributed.planner.utils import sharder_name
 
-__all__ = ["EmbeddingEnumerator", "enumerate_options"]
+__all__ = [
+    "GUARDED_COMPUTE_KERNELS",
+    "EmbeddingEnumerator",
+    "enumerate_options",
+    "get_partition_by_type",
+    "sharder_name",
+]
 
 
 def _column_counts(cols: int, min_partition: int, limit: int) -> list[int]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from lightrec.distributed.planner.plan import CacheParams
+from lightrec.distributed.planner.plan import CacheParams, ShardingType, enum_value
 from lightrec.distributed.planner.shard_estimators import (
     CW,
     DP,
@@ -41,6 +41,7 @@ from lightrec.distributed.planner.types import Perf, PlannerError, Shard, Shardi
 __all__ = [
     "Options",
     "finish_options",
+    "get_partition_by_type",
     "option_index",
     "shard_offsets",
     "to_sharding_options",
@@ -136,7 +137,22 @@ def finish_options(opts: Options, topo: Topology) -> Options:
 
 
 # ---- torchrec's ShardingOption s over the arrays ------------------------------------------------
-_PARTITION_BY = {DP: "uniform", RW: "uniform", TWRW: "host", TWCW: "host"}
+_PARTITION_BY = {
+    ShardingType.TABLE_WISE.value: "device",
+    ShardingType.COLUMN_WISE.value: "device",
+    ShardingType.TABLE_ROW_WISE.value: "host",
+    ShardingType.TABLE_COLUMN_WISE.value: "host",
+    ShardingType.GRID_SHARD.value: "host",
+    ShardingType.ROW_WISE.value: "uniform",
+    ShardingType.DATA_PARALLEL.value: "uniform",
+}
+
+
+def get_partition_by_type(sharding_type: str) -> str:
+    """How the partitioner places an option's shards: ``"device"`` (each shard on any rank),
+    ``"host"`` (all shards on the ranks of one host) or ``"uniform"`` (one shard per rank, fixed)."""
+    kind = enum_value(sharding_type, ShardingType, "sharding_type")
+    return _PARTITION_BY[kind]
 
 
 def shard_offsets(opts: Options, o: int) -> tuple[np.ndarray, np.ndarray]:
@@ -193,7 +209,7 @@ def to_sharding_options(
                 input_lengths=[pooling] * max(1, len(cfg.feature_names)),
                 batch_size=batch_size,
                 sharding_type=SHARDING_TYPES[st],
-                partition_by=_PARTITION_BY.get(st, "device"),
+                partition_by=get_partition_by_type(SHARDING_TYPES[st]),
                 compute_kernel=KERNELS[int(opts.kernel[o])],
                 shards=shards,
                 is_pooled=bool(tables.pooled[t]),

@@ -10,7 +10,7 @@ runs first with the in-memory kernels only; when no plan fits, again with the ti
 offered too (``key_value``: every row on SSD; ``fused_uvm_caching`` on GPUs: every row in host
 memory; a cache of hot rows in fast memory at one of several load factors, priced by the expected
 misses, ``shard_estimators.py``), so tables are tiered only when memory demands it, and those whose
-misses cost least.
+misses cost least. torchrec's ``to_sharding_plan``, ``extract_plan``: ``option_plans.py``.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from lightrec.distributed.comm.sharding_env import resolve_group
 from lightrec.distributed.planner.constants import DEFAULT_BATCH_SIZE
 from lightrec.distributed.planner.enumerators import EmbeddingEnumerator, enumerate_options
 from lightrec.distributed.planner.errors import gib, no_packing_error, too_big_error
+from lightrec.distributed.planner.option_plans import extract_plan, to_sharding_plan
 from lightrec.distributed.planner.options import Options, option_index, shard_offsets, write_back_estimates
 from lightrec.distributed.planner.partitioners import Placement, partition, refine
 from lightrec.distributed.planner.plan import (
@@ -38,6 +39,7 @@ from lightrec.distributed.planner.plan import (
     ShardMetadata,
     placement_for,
 )
+from lightrec.distributed.planner.plan.sharder import default_sharders
 from lightrec.distributed.planner.proposers import (
     GreedyProposer,
     escalate,
@@ -70,7 +72,7 @@ from lightrec.distributed.planner.types import (
 )
 from lightrec.kernels.tiered.config import DEFAULT_CACHE_LOAD_FACTOR
 
-__all__ = ["EmbeddingShardingPlanner"]
+__all__ = ["EmbeddingShardingPlanner", "extract_plan", "to_sharding_plan"]
 
 _MAX_REPAIR_ROUNDS = 200
 
@@ -165,12 +167,12 @@ class EmbeddingShardingPlanner:
         return self._plan(module, sharders, topo)
 
     def collective_plan(
-        self, module: nn.Module, sharders: list[ModuleSharder], pg: dist.ProcessGroup | None = None
+        self, module: nn.Module, sharders: list[ModuleSharder] | None = None, pg: dist.ProcessGroup | None = None
     ) -> ShardingPlan:
-        """Plan on rank 0 of ``pg`` and broadcast, so every rank uses the identical plan.
-
-        A planning error on rank 0 is raised on every rank (no rank is left waiting).
-        """
+        """Plan on rank 0 of ``pg`` and broadcast, so every rank uses the identical plan. ``sharders``
+        default to ``get_default_sharders()``; a planning error on rank 0 is raised on every rank."""
+        if sharders is None:
+            sharders = default_sharders()
         if not dist.is_initialized():
             return self.plan(module, sharders)
         pg = resolve_group(pg)

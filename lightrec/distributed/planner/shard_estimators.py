@@ -44,7 +44,8 @@ lightrec estimates every shard while it enumerates -- they (re)write lightrec's 
 ``ShardingOption`` s that lightrec's ``EmbeddingEnumerator`` built: ``shard.perf`` (seconds per
 step, as ``fwd_compute``) and ``shard.storage`` (bytes in HBM on ``cuda``, DDR on ``cpu``).
 Subclass ``ShardEstimator`` (``types.py``) to plan with numbers of your own: the planner reads
-them back.
+them back. torchrec's storage formulas (``calculate_shard_storages``, ``calculate_pipeline_io_cost``,
+``get_num_poolings``) live in ``storage_formulas.py`` and are re-exported here.
 """
 
 from __future__ import annotations
@@ -58,6 +59,14 @@ from typing import Any
 import numpy as np
 
 from lightrec.distributed.planner.plan import CacheStatistics, EmbeddingComputeKernel, ShardingType
+from lightrec.distributed.planner.storage_formulas import (
+    _calculate_shard_io_sizes,
+    _calculate_storage_specific_sizes,
+    _get_optimizer_multipler,
+    calculate_pipeline_io_cost,
+    calculate_shard_storages,
+    get_num_poolings,
+)
 from lightrec.distributed.planner.types import ParameterConstraints, ShardEstimator, ShardingOption, Topology
 
 __all__ = [
@@ -69,8 +78,14 @@ __all__ = [
     "ShardEstimates",
     "TableArrays",
     "ZipfCacheStatistics",
+    "_calculate_shard_io_sizes",
+    "_calculate_storage_specific_sizes",
+    "_get_optimizer_multipler",
     "cache_model",
+    "calculate_pipeline_io_cost",
+    "calculate_shard_storages",
     "estimate_shards",
+    "get_num_poolings",
 ]
 
 # Integer codes used in the numpy arrays; the order of SHARDING_TYPES is also the tie-break order

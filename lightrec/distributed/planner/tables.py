@@ -15,10 +15,18 @@ from torch import nn
 from lightrec.distributed.planner.constants import (
     CLF_CHOICES,
     DEFAULT_MIN_PARTITION,
+    GUARDED_COMPUTE_KERNELS,
     OPTIMIZER_STATE,
     optimizer_name,
 )
-from lightrec.distributed.planner.plan import CacheStatistics, ModuleSharder
+from lightrec.distributed.planner.plan import (
+    UNIMPLEMENTED_SHARDING_TYPES,
+    CacheStatistics,
+    EmbeddingComputeKernel,
+    ModuleSharder,
+    enum_value,
+)
+from lightrec.distributed.planner.plan.sharder import table_configs
 from lightrec.distributed.planner.shard_estimators import (
     DENSE,
     FUSED,
@@ -35,6 +43,32 @@ __all__ = ["ShardableModule", "collect_tables", "find_shardable_modules"]
 
 _ELEM_BYTES = {data_type: bits / 8 for data_type, bits in DATA_TYPE_NUM_BITS.items()}
 _QUANT_ROW_BYTES = 4.0  # fp16 scale + fp16 bias stored with every quantized row
+
+
+def _kernel_codes(offered: list[str], wanted: list[str] | None, table: str) -> list[int]:
+    """Codes of the offered kernels the planner may choose for ``table``: those the constraint
+    allows, without the guarded ones (``GUARDED_COMPUTE_KERNELS``) it does not name.
+
+    Raises:
+        ValueError: the constraint names a kernel lightrec's cost model does not know (an
+            extension's ``customized_kernel``): such a table's plan is written by hand.
+    """
+    guarded = {enum_value(k, EmbeddingComputeKernel, "GUARDED_COMPUTE_KERNELS") for k in GUARDED_COMPUTE_KERNELS}
+    codes = []
+    for kernel in offered:
+        named = wanted is not None and kernel in wanted
+        if (wanted is not None and not named) or (kernel in guarded and not named):
+            continue
+        if kernel not in KERNELS:
+            if named:
+                raise ValueError(
+                    f"table {table!r}: ParameterConstraints.compute_kernels names {kernel!r}, which lightrec's "
+                    f"planner cannot cost (it plans {KERNELS}); write this table's ParameterSharding by hand "
+                    "(construct_module_sharding_plan) and give it to DistributedModelParallel(plan=...)"
+                )
+            continue
+        codes.append(KERNELS.index(kernel))
+    return codes
 
 
 def _without_tiered(opts: list[tuple[int, list[int]]]) -> list[tuple[int, list[int]]]:
@@ -77,7 +111,7 @@ def find_shardable_modules(module: nn.Module, sharders: list[ModuleSharder]) -> 
             continue  # inside a module that is sharded as a whole
         sharder = _sharder_for(sub, sharders)
         if sharder is not None:
-            found.append(ShardableModule(path, sub, sharder, sharder.shardable_parameters(sub)))
+            found.append(ShardableModule(path, sub, sharder, table_configs(sharder, sub)))
     return found
 
 
@@ -136,11 +170,7 @@ def collect_tables(
             for code, stype in enumerate(SHARDING_TYPES):
                 if stype not in offered or (c.sharding_types is not None and stype not in c.sharding_types):
                     continue
-                kernels = [
-                    KERNELS.index(k)
-                    for k in offered_kernels[stype]
-                    if c.compute_kernels is None or k in c.compute_kernels
-                ]
+                kernels = _kernel_codes(offered_kernels[stype], c.compute_kernels, name)
                 if FUSED in kernels:
                     # The kernel decides which optimizer trains the table (fused: the sharder's
                     # fused optimizer; dense: the dense optimizer), so the planner never trades
@@ -149,10 +179,13 @@ def collect_tables(
                 if kernels:
                     opts.append((code, sorted(kernels)))
             if not opts:
+                unbuilt = sorted(set(c.sharding_types or []) & set(UNIMPLEMENTED_SHARDING_TYPES))
                 raise ValueError(
                     f"table {name!r} has no allowed (sharding type, compute kernel) pair: constraints allow "
                     f"sharding_types={c.sharding_types}, compute_kernels={c.compute_kernels}, and "
                     f"{type(m.sharder).__name__} offers {offered} on {device!r}; widen the constraints"
+                    + (f" ({unbuilt}: lightrec does not build this sharding; table_row_wise or "
+                       "table_column_wise keep a table's traffic inside a host)" if unbuilt else "")
                 )
             n_feat = max(1, len(cfg.feature_names))
             pf = _per_feature(c.pooling_factors, n_feat, "pooling_factors", name)

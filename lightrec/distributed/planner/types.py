@@ -16,6 +16,7 @@ are re-exported here, where they were first).
 from __future__ import annotations
 
 import abc
+import hashlib
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,7 @@ from lightrec.distributed.planner.plan import (
     ShardingType,
     enum_value,
 )
+from lightrec.distributed.planner.sharder_data import SharderData, SharderDataMap
 
 __all__ = [
     "Enumerator",
@@ -46,6 +48,8 @@ __all__ = [
     "Proposer",
     "Shard",
     "ShardEstimator",
+    "SharderData",
+    "SharderDataMap",
     "ShardingOption",
     "ShardingPlan",
     "Storage",
@@ -404,6 +408,13 @@ class ShardingOption:
     @property
     def total_perf(self) -> float:
         return sum(s.perf.total for s in self.shards if s.perf is not None)
+
+    def storage_hash(self) -> int:
+        """A stable id of the option before planning (table, sharding type, kernel, cache load factor,
+        shard count): the key a stored plan's options are matched by (``planners.extract_plan``).
+        torchrec's definition, so hashes agree across runs and processes."""
+        key = f"{self.fqn}|{self.sharding_type}|{self.compute_kernel}|{self.cache_load_factor}|{self.num_shards}"
+        return int.from_bytes(hashlib.blake2b(key.encode("utf-8"), digest_size=7).digest(), byteorder="big")
 
 
 class Enumerator(abc.ABC):

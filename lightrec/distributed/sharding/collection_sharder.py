@@ -16,7 +16,7 @@ from torch import nn
 
 from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
 from lightrec.distributed.comm.sharding_env import ShardingEnv, as_env
-from lightrec.distributed.planner.plan import EmbeddingModuleShardingPlan, ModuleSharder
+from lightrec.distributed.planner.plan import EmbeddingModuleShardingPlan, ModuleSharder, StorageUsageType
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
 from lightrec.distributed.sharding.tiering import tiering_params
 from lightrec.kernels.kernel_registry import check_kernel_backend
@@ -56,6 +56,7 @@ class CollectionSharder(ModuleSharder):
 
     _module_class: type[nn.Module]
     _sharded_class: type[ShardedCollectionBase]
+    storage_usage_type = StorageUsageType.BASE
 
     def __init__(
         self,

@@ -36,8 +36,10 @@ from lightrec.distributed.planner.plan.cache_params import (
     CacheStatistics,
     KeyValueParams,
 )
+from lightrec.distributed.planner.plan.option_enums import BoundsCheckMode, PipelineType, StorageUsageType
 from lightrec.distributed.planner.plan.plan_types import (
     TIERED_KERNELS,
+    UNIMPLEMENTED_SHARDING_TYPES,
     EmbeddingComputeKernel,
     EmbeddingModuleShardingPlan,
     EnumerableShardingSpec,
@@ -50,9 +52,11 @@ from lightrec.distributed.planner.plan.plan_types import (
     placement_for,
     row_wise_shard_sizes,
 )
+from lightrec.distributed.planner.plan.shard_layouts import calculate_shard_sizes_and_offsets, placement
 from lightrec.distributed.planner.plan.sharder import ModuleSharder
 
 __all__ = [
+    "BoundsCheckMode",
     "CacheAlgorithm",
     "CacheParams",
     "CacheStatistics",
@@ -63,16 +67,21 @@ __all__ = [
     "ModuleSharder",
     "ParameterSharding",
     "ParameterShardingGenerator",
+    "PipelineType",
     "ShardMetadata",
     "ShardingPlan",
     "ShardingType",
+    "StorageUsageType",
     "TIERED_KERNELS",
+    "UNIMPLEMENTED_SHARDING_TYPES",
     "balanced_table_wise_plan",
+    "calculate_shard_sizes_and_offsets",
     "column_wise",
     "column_wise_shard_sizes",
     "construct_module_sharding_plan",
     "data_parallel",
     "enum_value",
+    "placement",
     "placement_for",
     "row_wise",
     "row_wise_shard_sizes",

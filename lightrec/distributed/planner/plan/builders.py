@@ -34,7 +34,7 @@ from lightrec.distributed.planner.plan.plan_types import (
     placement_for,
     row_wise_shard_sizes,
 )
-from lightrec.distributed.planner.plan.sharder import ModuleSharder
+from lightrec.distributed.planner.plan.sharder import ModuleSharder, table_configs
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig
 
 __all__ = [
@@ -295,7 +295,7 @@ def balanced_table_wise_plan(
     of about equal size (rows x dim). Contiguous runs keep the output columns in feature order."""
     plan = ShardingPlan()
     for path, (m, sharder) in shardable_modules(module, sharders).items():
-        configs = list(sharder.shardable_parameters(m).values())
+        configs = list(table_configs(sharder, m).values())
         sizes = [c.num_embeddings * c.embedding_dim for c in configs]
         total, before = float(sum(sizes)), 0.0
         module_plan = EmbeddingModuleShardingPlan()

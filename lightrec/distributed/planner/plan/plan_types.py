@@ -56,6 +56,7 @@ __all__ = [
     "ShardingPlan",
     "ShardingType",
     "TIERED_KERNELS",
+    "UNIMPLEMENTED_SHARDING_TYPES",
     "column_wise_shard_sizes",
     "enum_value",
     "placement_for",
@@ -75,20 +76,31 @@ class ShardingType(str, ValueEnum):
     COLUMN_WISE = "column_wise"
     TABLE_ROW_WISE = "table_row_wise"
     TABLE_COLUMN_WISE = "table_column_wise"
+    #: torchrec's grid sharding (column blocks, each row-wise over one host). lightrec names it so
+    #: plans written for torchrec parse, but neither its planner nor its sharders build it: a
+    #: plan that uses it is refused with the alternatives (``UNIMPLEMENTED_SHARDING_TYPES``).
+    GRID_SHARD = "grid_shard"
 
 
 @unique
 class EmbeddingComputeKernel(str, ValueEnum):
     """Which lookup kernel serves a shard: plain autograd (``dense``), optimizer fused into the
-    backward pass (``fused``), quantized inference (``quant``), or fused over a cache of hot rows
-    whose table lives in host memory (``fused_uvm_caching``) or on SSD (``key_value``)."""
+    backward pass (``fused``), quantized inference (``quant``), fused over a cache of hot rows
+    whose table lives in host memory (``fused_uvm_caching``) or on SSD (``key_value``), or an
+    extension's own (``customized_kernel``)."""
 
     DENSE = "dense"
     FUSED = "fused"
     QUANT = "quant"
     FUSED_UVM_CACHING = "fused_uvm_caching"
     KEY_VALUE = "key_value"
+    #: An extension's own kernel (torchrec's name): lightrec's collections refuse it; a
+    #: ``GroupedPooledEmbeddingsLookup`` subclass builds it in ``_create_embedding_kernel``.
+    CUSTOMIZED_KERNEL = "customized_kernel"
 
+
+#: Sharding types lightrec parses in plans but does not build (its sharders and planner refuse them).
+UNIMPLEMENTED_SHARDING_TYPES = (ShardingType.GRID_SHARD.value,)
 
 #: The compute kernels whose rows live in a backing tier behind a cache.
 TIERED_KERNELS = (EmbeddingComputeKernel.FUSED_UVM_CACHING.value, EmbeddingComputeKernel.KEY_VALUE.value)

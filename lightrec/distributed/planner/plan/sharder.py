@@ -8,19 +8,24 @@ depends on the sharded modules.
 from __future__ import annotations
 
 import abc
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable
+from typing import Any, ClassVar, Generic, TypeVar
 
+import torch
 from torch import nn
 
+from lightrec.distributed.planner.plan.option_enums import StorageUsageType
 from lightrec.distributed.planner.plan.plan_types import (
+    TIERED_KERNELS,
+    UNIMPLEMENTED_SHARDING_TYPES,
     EmbeddingComputeKernel,
     EmbeddingModuleShardingPlan,
     ShardingType,
     enum_value,
 )
-from lightrec.modules.embedding_configs import BaseEmbeddingConfig
+from lightrec.modules.embedding_configs import BaseEmbeddingConfig, DataType
 
-__all__ = ["ModuleSharder"]
+__all__ = ["ModuleSharder", "default_sharders", "register_default_sharders", "table_configs"]
 
 _COMPUTE_DEVICES = ("cpu", "cuda", "meta")
 
@@ -41,6 +46,10 @@ class ModuleSharder(abc.ABC, Generic[M]):
             "learning_rate": 0.01}``; the planner reads ``"optimizer"`` to size optimizer state.
     """
 
+    #: Which storage rule the planner's estimators apply to this sharder's tables (torchrec tells
+    #: by the sharder's base class; lightrec's embedding sharders say BASE, the quantized ones BASE_QUANT).
+    storage_usage_type: ClassVar[StorageUsageType] = StorageUsageType.DEFAULT
+
     def __init__(self, fused_params: dict[str, Any] | None = None) -> None:
         self._fused_params = dict(fused_params or {})
 
@@ -53,10 +62,15 @@ class ModuleSharder(abc.ABC, Generic[M]):
     def fused_params(self) -> dict[str, Any]:
         return self._fused_params
 
+    @property
+    def qcomm_codecs_registry(self) -> dict[str, Any] | None:
+        """``{comm op: codecs}`` of the collectives this sharder quantizes (None: none)."""
+        return None
+
     def sharding_types(self, compute_device_type: str) -> list[str]:
-        """Sharding types offered on ``compute_device_type`` (every type on CPU and CUDA)."""
+        """Sharding types offered on ``compute_device_type`` (every type lightrec builds, on CPU and CUDA)."""
         _check_device_type(compute_device_type)
-        return [t.value for t in ShardingType]
+        return [t.value for t in ShardingType if t.value not in UNIMPLEMENTED_SHARDING_TYPES]
 
     def compute_kernels(self, sharding_type: str, compute_device_type: str) -> list[str]:
         """Kernels offered for ``sharding_type``: data parallel uses the dense kernel (its gradient
@@ -84,6 +98,18 @@ class ModuleSharder(abc.ABC, Generic[M]):
         the table's memory."""
         return {}
 
+    def storage_usage(self, tensor: torch.Tensor, compute_device_type: str, compute_kernel: str) -> dict[str, int]:
+        """``{"hbm" | "ddr": bytes}`` a table's weights take (torchrec's rule, read by
+        ``calculate_shard_storages``): device memory on CUDA, host memory on CPU and for the
+        tiered kernels, whose rows live behind a cache."""
+        if compute_device_type not in ("cpu", "cuda", "mtia"):
+            raise ValueError(
+                f"compute_device_type must be 'cpu', 'cuda' or 'mtia', got {compute_device_type!r}"
+            )
+        size = tensor.element_size() * tensor.nelement()
+        in_host = compute_device_type == "cpu" or compute_kernel in TIERED_KERNELS
+        return {"ddr" if in_host else "hbm": size}
+
     def shardable_parameters(self, module: nn.Module) -> dict[str, BaseEmbeddingConfig]:
         """``{table name: config}`` of ``module``'s tables, read from ``embedding_bag_configs()``
         (pooled collections) or ``embedding_configs()`` (unpooled)."""
@@ -102,3 +128,51 @@ def _check_device_type(compute_device_type: str) -> None:
         raise ValueError(
             f"compute_device_type must be one of {_COMPUTE_DEVICES}, got {compute_device_type!r}"
         )
+
+
+_DATA_TYPES = {torch.float32: DataType.FP32, torch.float16: DataType.FP16, torch.bfloat16: DataType.BF16,
+               torch.uint8: DataType.INT8, torch.int8: DataType.INT8}  # fmt: skip
+
+
+def table_configs(sharder: ModuleSharder, module: nn.Module) -> dict[str, BaseEmbeddingConfig]:
+    """``{table: config}`` of ``module`` as the planner reads it.
+
+    lightrec's sharders report configs; a torchrec-style extension sharder reports its parameters
+    (``{name: nn.Parameter}``, torchrec's ``shardable_parameters``): each 2-D parameter is read as a
+    table of its shape and dtype with one feature named after it.
+
+    Raises:
+        TypeError: ``shardable_parameters`` returned something else.
+    """
+    out: dict[str, BaseEmbeddingConfig] = {}
+    for name, value in sharder.shardable_parameters(module).items():
+        if isinstance(value, BaseEmbeddingConfig):
+            out[name] = value
+        elif isinstance(value, torch.Tensor) and value.dim() == 2 and value.dtype in _DATA_TYPES:
+            rows, cols = (int(n) for n in value.shape)
+            out[name] = BaseEmbeddingConfig(rows, cols, name, _DATA_TYPES[value.dtype], [name])
+        else:
+            raise TypeError(
+                f"{type(sharder).__name__}.shardable_parameters() gave {name!r}: {type(value).__name__}; give an "
+                "embedding config, or a 2-D float parameter (torchrec's form)"
+            )
+    return out
+
+
+# The sharders used when a caller gives none (torchrec's ``collective_plan(module)``). They are
+# sharded-module code, which the plan model and the planner do not import: the module that builds
+# them (``lightrec.distributed.sharders``, loaded with ``lightrec.distributed``) registers them.
+_default_sharders: Callable[[], list[ModuleSharder]] | None = None
+
+
+def register_default_sharders(factory: Callable[[], list[ModuleSharder]]) -> None:
+    """Make ``factory()`` the sharders used when none are given."""
+    global _default_sharders
+    _default_sharders = factory
+
+
+def default_sharders() -> list[ModuleSharder]:
+    """The registered default sharders (``lightrec.distributed.get_default_sharders()``)."""
+    if _default_sharders is None:
+        raise RuntimeError("no default sharders registered: import lightrec.distributed, or pass sharders=")
+    return _default_sharders()
