@@ -25,6 +25,7 @@ row it is given): one ``aminmax`` per run of equal-sized tables and one host syn
 
 # No `from __future__ import annotations`: these modules are fx-traced and scripted.
 
+from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 import torch
@@ -55,23 +56,28 @@ def grouped_lookup_triton(flat: torch.Tensor, meta: torch.Tensor, ids: torch.Ten
 torch.fx.wrap("grouped_lookup_triton")
 
 
+@dataclass(frozen=True)
 class StoredTableLayout:
     """Where one stored table lies in a collection's flat buffer and how to decode it.
 
-    Plain Python, read when the groups are built (never scripted): ``byte_offset`` of its first row,
-    ``rows`` x ``row_bytes``, the decoded width ``dim``, fbgemm's ``type_code`` (1 fp16, 2 int8,
-    3 int4), how many features read it and whether it pools with MEAN.
+    Plain Python, read when the groups are built (never scripted).
+
+    Attributes:
+        byte_offset: of its first row in the flat buffer.
+        rows, row_bytes: its ``rows`` x ``row_bytes`` stored bytes.
+        dim: the decoded width.
+        type_code: fbgemm's storage type (1 fp16, 2 int8, 3 int4).
+        num_features: how many features read it.
+        mean: whether it pools with MEAN.
     """
 
-    def __init__(self, byte_offset: int, rows: int, row_bytes: int, dim: int, type_code: int,
-                 num_features: int, mean: bool) -> None:
-        self.byte_offset = byte_offset
-        self.rows = rows
-        self.row_bytes = row_bytes
-        self.dim = dim
-        self.type_code = type_code
-        self.num_features = num_features
-        self.mean = mean
+    byte_offset: int
+    rows: int
+    row_bytes: int
+    dim: int
+    type_code: int
+    num_features: int
+    mean: bool
 
 
 class _OneCallGroup(nn.Module):

@@ -39,16 +39,36 @@ __all__ = [
 ]
 
 
-def _bucket(values: torch.Tensor, input_hash_size: int, buckets: int) -> torch.Tensor:
-    if buckets == 1:
-        return torch.zeros_like(values)
-    if input_hash_size == 0:
-        return torch.remainder(values, buckets)
-    block = (input_hash_size + buckets - 1) // buckets
-    return torch.clamp(torch.div(values, block, rounding_mode="floor"), max=buckets - 1)
+class _BucketedRemapper(nn.Module):
+    """What both frozen remappers share: the id space, its buckets, and the first bucket served.
+
+    Args:
+        input_hash_size: the id space (0: any non-negative id, bucketed by ``id % buckets``).
+        buckets: buckets of the whole table.
+        start_bucket: the first bucket this module serves.
+    """
+
+    def __init__(self, input_hash_size: int, buckets: int, start_bucket: int) -> None:
+        super().__init__()
+        self.input_hash_size = input_hash_size
+        self.buckets = buckets
+        self.start_bucket = start_bucket
+
+    def _bucket(self, values: torch.Tensor) -> torch.Tensor:
+        """The table bucket of each id ``[N]``: ``id % buckets``, or the id's block of the id space."""
+        if self.buckets == 1:
+            return torch.zeros_like(values)
+        if self.input_hash_size == 0:
+            return torch.remainder(values, self.buckets)
+        block = (self.input_hash_size + self.buckets - 1) // self.buckets
+        return torch.clamp(torch.div(values, block, rounding_mode="floor"), max=self.buckets - 1)
+
+    def _local_bucket(self, values: torch.Tensor, served: int) -> torch.Tensor:
+        """The bucket of each id among the ``served`` ones of this module ``[N]`` (clamped into range)."""
+        return torch.clamp(self._bucket(values) - self.start_bucket, 0, served - 1)
 
 
-class FrozenMCHRemapper(nn.Module):
+class FrozenMCHRemapper(_BucketedRemapper):
     """The read-only lookup of an ``MCHManagedCollisionModule`` (see the module docstring).
 
     Args:
@@ -73,13 +93,10 @@ class FrozenMCHRemapper(nn.Module):
         start_bucket: int,
         hash_ids: bool,
     ) -> None:
-        super().__init__()
+        super().__init__(input_hash_size, buckets, start_bucket)
         self.register_buffer("sorted_ids", sorted_ids.detach().clone())
         self.register_buffer("sorted_rows", sorted_rows.detach().clone())
         self.register_buffer("default_rows", default_rows.detach().clone())
-        self.input_hash_size = input_hash_size
-        self.buckets = buckets
-        self.start_bucket = start_bucket
         self.hash_ids = hash_ids
 
     def forward(self, values: torch.Tensor) -> torch.Tensor:
@@ -88,13 +105,11 @@ class FrozenMCHRemapper(nn.Module):
             values = torch.remainder(mix64(values), self.input_hash_size)
         pos = torch.clamp(torch.searchsorted(self.sorted_ids, values), max=self.sorted_ids.shape[0] - 1)
         hit = self.sorted_ids.index_select(0, pos) == values
-        local_bucket = torch.clamp(
-            _bucket(values, self.input_hash_size, self.buckets) - self.start_bucket, 0, self.default_rows.shape[0] - 1
-        )
+        local_bucket = self._local_bucket(values, self.default_rows.shape[0])
         return torch.where(hit, self.sorted_rows.index_select(0, pos), self.default_rows.index_select(0, local_bucket))
 
 
-class FrozenHashZchRemapper(nn.Module):
+class FrozenHashZchRemapper(_BucketedRemapper):
     """The read-only lookup of a ``HashZchManagedCollisionModule`` (see the module docstring).
 
     Args:
@@ -122,26 +137,22 @@ class FrozenHashZchRemapper(nn.Module):
         reserved_percent: float,
         div_ids: bool,
     ) -> None:
-        super().__init__()
+        super().__init__(input_hash_size, buckets, start_bucket)
         self.register_buffer("identities", identities.detach().reshape(-1).clone())
         self.register_buffer("bounds", torch.tensor(bounds, dtype=torch.int64))
         self.register_buffer("probes", torch.arange(max_probe, dtype=torch.int64))
         self.row_offset = row_offset
-        self.input_hash_size = input_hash_size
-        self.buckets = buckets
-        self.start_bucket = start_bucket
         self.reserved_percent = reserved_percent
         self.div_ids = div_ids
 
     def forward(self, values: torch.Tensor) -> torch.Tensor:
         values = values.long()
-        bucket = _bucket(values, self.input_hash_size, self.buckets)
+        local = self._local_bucket(values, self.bounds.shape[0] - 1)  # of the raw id, before div_ids
         if self.div_ids:
             if self.input_hash_size == 0:
                 values = torch.div(values, self.buckets, rounding_mode="floor")
             else:
                 values = torch.remainder(values, (self.input_hash_size + self.buckets - 1) // self.buckets)
-        local = torch.clamp(bucket - self.start_bucket, 0, self.bounds.shape[0] - 2)
         offset = self.bounds.index_select(0, local)
         size = self.bounds.index_select(0, local + 1) - offset
         reserved = torch.zeros_like(size)
