@@ -71,7 +71,6 @@ class ShardedEmbeddingCollection(ShardedCollectionBase):
 
     _attr = "embeddings"
     _pooled = False
-    _configs_getter = "embedding_configs"
 
     def embedding_configs(self) -> list[EmbeddingConfig]:
         # All are: these are the unsharded collection's configs (the filter tells the type checker).

@@ -78,7 +78,6 @@ class ShardedEmbeddingBagCollection(ShardedCollectionBase):
 
     _attr = "embedding_bags"
     _pooled = True
-    _configs_getter = "embedding_bag_configs"
 
     def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
         # All are: these are the unsharded collection's configs (the filter tells the type checker).

@@ -42,6 +42,7 @@ from lightrec.distributed.planner.plan import (
     ShardingType,
     ShardMetadata,
 )
+from lightrec.distributed.planner.plan.sharder import FusedParamsLike
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
 from lightrec.distributed.sharding.collection_sharder import CollectionSharder
 from lightrec.distributed.sharding.common import (
@@ -73,7 +74,6 @@ from lightrec.modules.managed_collision.embedding_collections import (
     ManagedCollisionEmbeddingBagCollection,
     ManagedCollisionEmbeddingCollection,
 )
-from lightrec.optim.fused_spec import FusedOptimizerSpec
 from lightrec.sparse import JaggedTensor, KeyedJaggedTensor
 
 __all__ = [
@@ -282,7 +282,7 @@ class BaseManagedCollisionEmbeddingCollectionSharder(CollectionSharder):
         mc_sharder: Any = None,
         qcomm_codecs_registry: dict[str, Any] | None = None,
         *,
-        fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None,
+        fused_params: FusedParamsLike = None,
         kernel_backend: str = "auto",
     ) -> None:
         if e_sharder is not None:

@@ -8,9 +8,6 @@ torchrec's path for it, ``lightrec.distributed.sharding_plan``, re-exports it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from lightrec.distributed.embedding import EmbeddingCollectionSharder
 from lightrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from lightrec.distributed.fp_embeddingbag import FeatureProcessedEmbeddingBagCollectionSharder
@@ -20,13 +17,13 @@ from lightrec.distributed.mc_embedding_modules import (
     ManagedCollisionEmbeddingCollectionSharder,
 )
 from lightrec.distributed.planner.plan import ModuleSharder
-from lightrec.optim.fused_spec import FusedOptimizerSpec
+from lightrec.distributed.planner.plan.sharder import FusedParamsLike
 
 __all__ = ["get_default_sharders"]
 
 
 def get_default_sharders(
-    fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None, kernel_backend: str = "auto"
+    fused_params: FusedParamsLike = None, kernel_backend: str = "auto"
 ) -> list[ModuleSharder]:
     """Sharders of ``EmbeddingBagCollection``, ``EmbeddingCollection``,
     ``FeatureProcessedEmbeddingBagCollection``, ``FusedEmbeddingBagCollection`` (whose own fused

@@ -11,7 +11,12 @@ row-wise one slot per rank (every rank holds a row block and sees the ids that f
 
 Each sharding type (``table_wise.py``, ``row_wise.py`` ...) implements
 :class:`EmbeddingSharding` -- ``create_input_dist`` / ``create_lookup`` / ``create_output_dist``
--- and the sharded collections chain the three per sharding type.
+-- and the sharded collections chain the three per sharding type. What flows between them is
+declared here, for every sharding type alike::
+
+    InputDist   (kjt: KeyedJaggedTensor, positions) -> DistContext  (splits: Awaitable[Awaitable[KJT]])
+    lookup      (received: KeyedJaggedTensor) -> torch.Tensor       (lookups.GroupedLookup)
+    OutputDist  (embeddings: Tensor, received: Awaitable[KJT], ctx) -> Awaitable[torch.Tensor]
 
 On each rank the slots of one sharding type are served by ``lookups.GroupedPooledEmbeddingsLookup``
 (or ``lookups.GroupedEmbeddingsLookup`` for sequence embeddings): one batched kernel call per group
@@ -30,7 +35,7 @@ import abc
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -47,8 +52,13 @@ from lightrec.modules.embedding_configs import BaseEmbeddingConfig, PoolingType
 from lightrec.optim.fused_spec import FusedOptimizerSpec
 from lightrec.sparse import KeyedJaggedTensor
 
+if TYPE_CHECKING:
+    from lightrec.distributed.sharding.lookups import GroupedLookup
+
 __all__ = [
+    "DistContext",
     "EmbeddingSharding",
+    "InputDist",
     "OutputDist",
     "PooledOutputDist",
     "SequenceOutputDist",
@@ -290,11 +300,11 @@ class EmbeddingSharding(abc.ABC):
         return self.qcomm_codecs_registry.get(comm_op)
 
     @abc.abstractmethod
-    def create_input_dist(self) -> nn.Module:
-        """Module ``(kjt, key_positions) -> Awaitable[Awaitable[KJT]]`` routing ids to shards."""
+    def create_input_dist(self) -> InputDist:
+        """Module ``(kjt, key_positions) -> DistContext`` routing ids to shards."""
 
     @abc.abstractmethod
-    def create_lookup(self) -> nn.Module:
+    def create_lookup(self) -> GroupedLookup:
         """This rank's grouped lookup of the received KJT."""
 
     @abc.abstractmethod
@@ -345,8 +355,22 @@ class DistContext:
     """
 
     sent: KeyedJaggedTensor
-    splits: Awaitable[Any]
+    splits: Awaitable[Awaitable[KeyedJaggedTensor]]
     unbucketize: torch.Tensor | None = None
+
+
+class InputDist(nn.Module, abc.ABC):
+    """A sharding type's input dist: select its features of the collection's KJT and start sending
+    their ids to the ranks holding their shards (stage 1: the splits exchange)."""
+
+    @abc.abstractmethod
+    def forward(self, kjt: KeyedJaggedTensor, positions: list[int] | None = None) -> DistContext:
+        """Start the input dist of ``kjt``; ``positions[i]``: key index in ``kjt`` of collection
+        feature ``i`` (None: the collection's order)."""
+
+    if TYPE_CHECKING:  # nn.Module.__call__ runs the hooks and forward; declared with forward's types
+
+        def __call__(self, kjt: KeyedJaggedTensor, positions: list[int] | None = None) -> DistContext: ...
 
 
 def exchanged(received: Awaitable[KeyedJaggedTensor]) -> KJTAllToAllTensorsAwaitable:
@@ -368,6 +392,12 @@ class OutputDist(nn.Module, abc.ABC):
     ) -> Awaitable[torch.Tensor]:
         """Start sending ``embeddings`` (the lookup of ``received.wait()``) back to the ranks owning
         the samples (pooled: ``[B_local, width]``; sequence: one row per input id)."""
+
+    if TYPE_CHECKING:  # nn.Module.__call__ runs the hooks and forward; declared with forward's types
+
+        def __call__(
+            self, embeddings: torch.Tensor, received: Awaitable[KeyedJaggedTensor], ctx: DistContext
+        ) -> Awaitable[torch.Tensor]: ...
 
 
 class PooledOutputDist(OutputDist):

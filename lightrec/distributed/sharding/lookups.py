@@ -9,8 +9,10 @@ left out of the kernels; their pooled columns are zero.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -28,7 +30,7 @@ from lightrec.modules.embedding_configs import PoolingType
 from lightrec.sparse import KeyedJaggedTensor
 from lightrec.sparse._ops import complete_cumsum
 
-__all__ = ["GroupedEmbeddingsLookup", "GroupedPooledEmbeddingsLookup"]
+__all__ = ["GroupedEmbeddingsLookup", "GroupedLookup", "GroupedPooledEmbeddingsLookup"]
 
 
 @dataclass
@@ -39,8 +41,12 @@ class _Group:
     width: int  # pooled: sum of the keys' widths; unpooled: the rows' width
 
 
-class _GroupedLookupBase(nn.Module):
-    """Kernels for the slots one rank serves; see the module docstring."""
+class GroupedLookup(nn.Module, abc.ABC):
+    """Kernels for the slots one rank serves; see the module docstring.
+
+    ``lookup(received KJT) -> torch.Tensor``: pooled ``[B, sum of slot widths]``
+    (:class:`GroupedPooledEmbeddingsLookup`) or one row per id (:class:`GroupedEmbeddingsLookup`).
+    """
 
     def __init__(
         self,
@@ -103,7 +109,7 @@ class _GroupedLookupBase(nn.Module):
         device: torch.device,
         seed: int,
         attr: str,
-    ) -> nn.Module:
+    ) -> BatchedEmbeddingBag | BatchedEmbedding:
         shards = list(dict.fromkeys((s.table, s.shard_index) for s in slots))
         per_table = self._shards_per_table
         names, specs = [], []
@@ -134,6 +140,14 @@ class _GroupedLookupBase(nn.Module):
                 tables[t].source,
             )
         return kernel
+
+    @abc.abstractmethod
+    def forward(self, kjt: KeyedJaggedTensor) -> torch.Tensor:
+        """This rank's embeddings of the received ``kjt`` (see the subclasses for the layout)."""
+
+    if TYPE_CHECKING:  # nn.Module.__call__ runs the hooks and forward; declared with forward's types
+
+        def __call__(self, kjt: KeyedJaggedTensor) -> torch.Tensor: ...
 
     @property
     def slots(self) -> list[ShardSlot]:
@@ -202,7 +216,7 @@ def _no_init(weight: torch.Tensor) -> None:
     """Kernel tables are filled by :func:`init_shard_` right after construction."""
 
 
-class GroupedPooledEmbeddingsLookup(_GroupedLookupBase):
+class GroupedPooledEmbeddingsLookup(GroupedLookup):
     """Pooled lookups of one rank: ``KJT (slot keys, stride B) -> [B, sum of slot widths]``.
 
     The KJT's weights (per-id weights and/or MEAN factors from the input dist) scale each id; the
@@ -249,7 +263,7 @@ class GroupedPooledEmbeddingsLookup(_GroupedLookupBase):
         return scale_grad(out, self._grad_scale)
 
 
-class GroupedEmbeddingsLookup(_GroupedLookupBase):
+class GroupedEmbeddingsLookup(GroupedLookup):
     """Unpooled lookups of one rank: ``KJT (slot keys) -> [N, width]`` rows in value order.
 
     Rows narrower than ``width`` (the widest slot of the sharding, the same on every rank) are

@@ -45,6 +45,7 @@ from lightrec.distributed.planner.plan import ParameterSharding, ShardingType, S
 from lightrec.distributed.sharding.common import (
     DistContext,
     EmbeddingSharding,
+    InputDist,
     OutputDist,
     ShardedTable,
     ShardingContext,
@@ -338,7 +339,7 @@ class McRwEmbeddingSharding(RwEmbeddingSharding):
         self._buckets_per_rank = buckets_per_rank
         self._return_ids = return_ids
 
-    def create_input_dist(self) -> nn.Module:
+    def create_input_dist(self) -> InputDist:
         tables = [s.table for s in self.rw_slots]
         mean = [self.pooled and self.tables[t].pooling == PoolingType.MEAN for t in tables]
         owner = partial(self._routes.owners, tables=tables, buckets_per_rank=self._buckets_per_rank)

@@ -18,13 +18,13 @@ lookup divides by the received bag lengths.
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from lightrec.distributed.comm import KJTAllToAll, PooledEmbeddingsAllToAll
 from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
 from lightrec.distributed.sharding.common import (
     DistContext,
     EmbeddingSharding,
+    InputDist,
     KeySelector,
     OutputDist,
     PooledOutputDist,
@@ -36,7 +36,11 @@ from lightrec.distributed.sharding.common import (
     order_slots,
     width_of,
 )
-from lightrec.distributed.sharding.lookups import GroupedEmbeddingsLookup, GroupedPooledEmbeddingsLookup
+from lightrec.distributed.sharding.lookups import (
+    GroupedEmbeddingsLookup,
+    GroupedLookup,
+    GroupedPooledEmbeddingsLookup,
+)
 from lightrec.modules.embedding_configs import PoolingType
 from lightrec.sparse import KeyedJaggedTensor
 
@@ -48,7 +52,7 @@ __all__ = [
 ]
 
 
-class TwSparseFeaturesDist(nn.Module):
+class TwSparseFeaturesDist(InputDist):
     """Input dist: select and order the slot keys, then start the KJT all-to-all.
 
     Args:
@@ -143,7 +147,7 @@ class TwEmbeddingSharding(EmbeddingSharding):
             )
         check_blocks(table, self.name)
 
-    def create_input_dist(self) -> nn.Module:
+    def create_input_dist(self) -> InputDist:
         return TwSparseFeaturesDist(
             self.env.pg,
             [s.feature_index for s in self.sent_slots],
@@ -151,7 +155,7 @@ class TwEmbeddingSharding(EmbeddingSharding):
             self.is_weighted,
         )
 
-    def create_lookup(self) -> nn.Module:
+    def create_lookup(self) -> GroupedLookup:
         mine = self.slots_by_rank[self.env.rank]
         if self.pooled:
             mean = [self.tables[s.table].pooling == PoolingType.MEAN for s in mine]
