@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lightrec.distributed.comm.sharding_env import ShardingEnv
 from lightrec.distributed.planner.plan import EmbeddingComputeKernel, ModuleSharder, ShardingType
 from lightrec.quant.managed_collision import QuantManagedCollisionEmbeddingCollection
 from lightrec.quant.sharded_embedding_bag import inference_devices
@@ -53,7 +54,7 @@ class QuantManagedCollisionEmbeddingCollectionSharder(ModuleSharder):
         self,
         module: nn.Module,
         params: Any = None,
-        env: Any = None,
+        env: ShardingEnv | None = None,
         device: torch.device | str | None = None,
         module_fqn: str | None = None,
     ) -> ShardedQuantManagedCollisionEmbeddingCollection:
@@ -62,5 +63,5 @@ class QuantManagedCollisionEmbeddingCollectionSharder(ModuleSharder):
         if not isinstance(module, QuantManagedCollisionEmbeddingCollection):
             raise TypeError(f"{type(self).__name__} shards QuantManagedCollisionEmbeddingCollection, got "
                             f"{type(module).__name__}" + (f" at {module_fqn!r}" if module_fqn else ""))  # fmt: skip
-        world_size = int(getattr(env, "world_size", 1)) if env is not None else 1
+        world_size = env.world_size if env is not None else 1
         return shard_managed_collection_for_inference(module, inference_devices(world_size, device))

@@ -20,6 +20,14 @@ and the callbacks read the strategy and the module through it too::
           a module that builds its own tables asks ``trainer.strategy`` whether they are sharded
           (then it builds them on ``meta`` for the sharders); PlanReport reads the plan from it
 
+    data side (every lightrec DataModule implements them; a user's may)
+      TableDescribingData.table_configs(embedding_dim) -> [EmbeddingBagConfig]
+          the tables its features need: the recipes size the model's tables from it
+      DenseWidthData.num_dense_features
+          the width ``I`` of its batches' dense features
+      CheckedData.check_data()
+          raises FileNotFoundError naming what is missing before a run starts
+
 A LightningModule that is not a ``ShardedModelProvider`` meets ``RecStrategy`` as Lightning's
 ``ModelParallelStrategy`` meets a module: it must bring what the strategy parallelises -- here at
 least one embedding collection the sharders shard, built in ``__init__`` or ``configure_model``
@@ -28,6 +36,7 @@ least one embedding collection the sharders shard, built in ``__init__`` or ``co
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -35,14 +44,18 @@ from torch import nn
 
 from lightrec.distributed.planner import ParameterConstraints, PlannerReport, Topology
 from lightrec.distributed.planner.plan import ShardingPlan
+from lightrec.modules.embedding_configs import BaseEmbeddingConfig
 from lightrec.optim import KeyedOptimizer
 
 __all__ = [
+    "CheckedData",
+    "DenseWidthData",
     "EmbeddingShardingStrategy",
     "FusedOptimizerModule",
     "ServingModelProvider",
     "ShardedModelProvider",
     "ShardingRequest",
+    "TableDescribingData",
     "UnshardableModuleError",
 ]
 
@@ -112,6 +125,34 @@ class EmbeddingShardingStrategy(Protocol):
     @property
     def fused_params(self) -> dict[str, object]:
         """The fused embedding optimizer of the strategy's default sharders (empty: their default)."""
+        ...
+
+
+@runtime_checkable
+class TableDescribingData(Protocol):
+    """A DataModule that describes the embedding tables its features need (every lightrec one)."""
+
+    def table_configs(self, embedding_dim: int) -> Sequence[BaseEmbeddingConfig]:
+        """One config per table, ``embedding_dim`` wide, naming the features it reads."""
+        ...
+
+
+@runtime_checkable
+class DenseWidthData(Protocol):
+    """A DataModule that knows the width of its batches' dense features without loading one."""
+
+    @property
+    def num_dense_features(self) -> int:
+        """``I``: columns of ``batch.dense_features`` (``[B, I]``)."""
+        ...
+
+
+@runtime_checkable
+class CheckedData(Protocol):
+    """A DataModule that checks its inputs exist before a run starts (files, folders)."""
+
+    def check_data(self) -> None:
+        """Raise ``FileNotFoundError`` naming what is missing and how to get it."""
         ...
 
 

@@ -55,9 +55,10 @@ from lightrec.distributed.planner.plan import (
 from lightrec.distributed.planner.plan.sharder import FusedParamsLike, PooledTables, SequenceTables
 from lightrec.distributed.sharding import SHARDING_CLASSES
 from lightrec.distributed.sharding.common import (
-    EmbeddingSharding,
+    DistContext,
     InputDist,
-    OutputDist,
+    KJTEmbeddingSharding,
+    KJTOutputDist,
     ShardedTable,
     ShardingContext,
 )
@@ -176,7 +177,7 @@ class ShardedCollectionBase(nn.Module, abc.ABC, Generic[Out]):
         context = ShardingContext(
             self._feature_order, env, device, self._pooled, self._is_weighted, seed, qcomm_codecs_registry
         )
-        self._shardings: list[EmbeddingSharding] = [
+        self._shardings: list[KJTEmbeddingSharding] = [
             self._make_sharding(st, tables, context) for st, tables in by_type.items()
         ]
         self._column_index = self._output_column_index() if self._pooled else None
@@ -211,7 +212,7 @@ class ShardedCollectionBase(nn.Module, abc.ABC, Generic[Out]):
 
     def _make_sharding(
         self, sharding_type: str, tables: list[ShardedTable], context: ShardingContext
-    ) -> EmbeddingSharding:
+    ) -> KJTEmbeddingSharding:
         """The sharding of one type (subclasses with their own sharding classes override this)."""
         return SHARDING_CLASSES[sharding_type](tables, context)
 
@@ -281,11 +282,11 @@ class ShardedCollectionBase(nn.Module, abc.ABC, Generic[Out]):
     def _grouped_lookups(self) -> Sequence[GroupedLookup]:
         return cast("Sequence[GroupedLookup]", self._lookups)
 
-    def _input_dist_modules(self) -> Sequence[InputDist]:
-        return cast("Sequence[InputDist]", self._input_dists)
+    def _input_dist_modules(self) -> Sequence[InputDist[DistContext]]:
+        return cast("Sequence[InputDist[DistContext]]", self._input_dists)
 
-    def _output_dist_modules(self) -> Sequence[OutputDist]:
-        return cast("Sequence[OutputDist]", self._output_dists)
+    def _output_dist_modules(self) -> Sequence[KJTOutputDist]:
+        return cast("Sequence[KJTOutputDist]", self._output_dists)
 
     def _build_fused_optimizer(self) -> CombinedOptimizer:
         optims: list[tuple[str, KeyedOptimizer]] = []
@@ -311,7 +312,7 @@ class ShardedCollectionBase(nn.Module, abc.ABC, Generic[Out]):
         return self._lookups
 
     @property
-    def shardings(self) -> list[EmbeddingSharding]:
+    def shardings(self) -> list[KJTEmbeddingSharding]:
         return list(self._shardings)
 
     @property

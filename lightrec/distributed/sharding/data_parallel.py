@@ -28,10 +28,10 @@ from lightrec.distributed.comm.failures import collective_guard, timeout_of
 from lightrec.distributed.comm.sharding_env import ShardingEnv
 from lightrec.distributed.sharding.common import (
     DistContext,
-    EmbeddingSharding,
     InputDist,
     KeySelector,
-    OutputDist,
+    KJTEmbeddingSharding,
+    KJTOutputDist,
     ShardedTable,
     ShardingContext,
     ShardSlot,
@@ -74,7 +74,7 @@ def side_group(pg: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
     return _SIDE_GROUPS[key]
 
 
-class DpSparseFeaturesDist(InputDist):
+class DpSparseFeaturesDist(InputDist[DistContext]):
     """Input dist of data-parallel tables: select the features locally; nothing is sent."""
 
     def __init__(self, feature_indices: list[int], keep_weights: bool) -> None:
@@ -86,7 +86,7 @@ class DpSparseFeaturesDist(InputDist):
         return DistContext(sent, NoWait[Awaitable[KeyedJaggedTensor]](NoWait(sent)))
 
 
-class DpEmbeddingDist(OutputDist):
+class DpEmbeddingDist(KJTOutputDist):
     """Output dist of data-parallel tables: the local result is already final (pooled ``[B, D]``,
     or sequence rows already in input order)."""
 
@@ -161,7 +161,7 @@ def _new_state(spec: FusedOptimizerSpec, weight: torch.Tensor) -> dict[str, torc
     return state
 
 
-class DpEmbeddingSharding(EmbeddingSharding):
+class DpEmbeddingSharding(KJTEmbeddingSharding):
     """Replicated tables (see the module docstring).
 
     The tables' kernels are plain autograd kernels; ``optimizers`` gives each table's fused rule.
@@ -184,7 +184,7 @@ class DpEmbeddingSharding(EmbeddingSharding):
         self.width = width_of(tables)
         self.sync: DataParallelTableSync | None = None
 
-    def create_input_dist(self) -> InputDist:
+    def create_input_dist(self) -> InputDist[DistContext]:
         return DpSparseFeaturesDist([s.feature_index for s in self.slots], self.is_weighted)
 
     def create_lookup(self) -> GroupedLookup:
@@ -200,7 +200,7 @@ class DpEmbeddingSharding(EmbeddingSharding):
         self.sync = DataParallelTableSync(lookup, self.specs, self.env, self.attr)
         return lookup
 
-    def create_output_dist(self) -> OutputDist:
+    def create_output_dist(self) -> KJTOutputDist:
         return DpEmbeddingDist()
 
     def output_layout(self) -> list[tuple[str, int, int]]:

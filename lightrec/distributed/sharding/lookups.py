@@ -9,15 +9,14 @@ left out of the kernels; their pooled columns are zero.
 
 from __future__ import annotations
 
-import abc
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from lightrec.distributed.sharding.common import (
+    EmbeddingLookup,
     ShardedTable,
     ShardSlot,
     _group_key,
@@ -41,7 +40,7 @@ class _Group:
     width: int  # pooled: sum of the keys' widths; unpooled: the rows' width
 
 
-class GroupedLookup(nn.Module, abc.ABC):
+class GroupedLookup(EmbeddingLookup[KeyedJaggedTensor, torch.Tensor]):
     """Kernels for the slots one rank serves; see the module docstring.
 
     ``lookup(received KJT) -> torch.Tensor``: pooled ``[B, sum of slot widths]``
@@ -140,14 +139,6 @@ class GroupedLookup(nn.Module, abc.ABC):
                 tables[t].source,
             )
         return kernel
-
-    @abc.abstractmethod
-    def forward(self, kjt: KeyedJaggedTensor) -> torch.Tensor:
-        """This rank's embeddings of the received ``kjt`` (see the subclasses for the layout)."""
-
-    if TYPE_CHECKING:  # nn.Module.__call__ runs the hooks and forward; declared with forward's types
-
-        def __call__(self, kjt: KeyedJaggedTensor) -> torch.Tensor: ...
 
     @property
     def slots(self) -> list[ShardSlot]:

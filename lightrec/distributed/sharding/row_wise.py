@@ -39,10 +39,10 @@ from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
 from lightrec.distributed.planner.plan import ShardMetadata
 from lightrec.distributed.sharding.common import (
     DistContext,
-    EmbeddingSharding,
     InputDist,
     KeySelector,
-    OutputDist,
+    KJTEmbeddingSharding,
+    KJTOutputDist,
     PooledOutputDist,
     SequenceOutputDist,
     ShardedTable,
@@ -63,7 +63,7 @@ from lightrec.sparse import KeyedJaggedTensor
 __all__ = ["RwEmbeddingSharding", "RwPooledEmbeddingDist", "RwSequenceEmbeddingDist", "RwSparseFeaturesDist"]
 
 
-class RwSparseFeaturesDist(InputDist):
+class RwSparseFeaturesDist(InputDist[DistContext]):
     """Input dist: select features, add MEAN factors, bucketize by row block, KJT all-to-all.
 
     Args:
@@ -147,7 +147,7 @@ class RwSequenceEmbeddingDist(SequenceOutputDist):
         return super().forward(embeddings, received, ctx).then(lambda r: r.index_select(0, perm.long()))
 
 
-class RwEmbeddingSharding(EmbeddingSharding):
+class RwEmbeddingSharding(KJTEmbeddingSharding):
     """Row-wise sharding over the ranks listed by each table's shards (all ranks for row_wise)."""
 
     name = "row_wise"
@@ -203,7 +203,7 @@ class RwEmbeddingSharding(EmbeddingSharding):
         ]
         return bounds
 
-    def create_input_dist(self) -> InputDist:
+    def create_input_dist(self) -> InputDist[DistContext]:
         world = self.env.world_size
         rows = [self.tables[s.table].config.num_embeddings for s in self.rw_slots]
         bounds = [self.bounds[s.table] for s in self.rw_slots]
@@ -224,7 +224,7 @@ class RwEmbeddingSharding(EmbeddingSharding):
             mine, self.tables, self.device, self.seed, self.width, self.attr, self.grad_scale
         )
 
-    def create_output_dist(self) -> OutputDist:
+    def create_output_dist(self) -> KJTOutputDist:
         if self.pooled:
             return RwPooledEmbeddingDist(self.env.pg, self.codecs("pooled_embeddings_reduce_scatter"))
         return RwSequenceEmbeddingDist(self.env.pg, self.codecs("sequence_embeddings_all_to_all"))

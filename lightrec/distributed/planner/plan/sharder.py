@@ -20,7 +20,7 @@ from lightrec.distributed.planner.plan.plan_types import (
     ShardingType,
     enum_value,
 )
-from lightrec.modules.embedding_configs import BaseEmbeddingConfig, EmbeddingBagConfig
+from lightrec.modules.embedding_configs import BaseEmbeddingConfig, EmbeddingBagConfig, EmbeddingConfig
 from lightrec.optim.fused_spec import FusedOptimizerSpec
 
 __all__ = ["FusedParams", "FusedParamsLike", "ModuleSharder", "PooledTables", "SequenceTables", "tables_of"]
@@ -49,7 +49,7 @@ class PooledTables(Protocol):
 class SequenceTables(Protocol):
     """A sequence (unpooled) embedding collection: ``EmbeddingCollection`` and every kind of it."""
 
-    def embedding_configs(self) -> Sequence[BaseEmbeddingConfig]: ...
+    def embedding_configs(self) -> Sequence[EmbeddingConfig]: ...
 
 
 def tables_of(module: object) -> list[BaseEmbeddingConfig] | None:
