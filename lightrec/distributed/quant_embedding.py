@@ -8,13 +8,18 @@ its frozen id maps whole on the first device (``lightrec.quant.sharded_managed_c
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 import torch
 from torch import nn
 
 from lightrec.distributed.comm.sharding_env import ShardingEnv
-from lightrec.distributed.planner.plan import EmbeddingComputeKernel, ModuleSharder, ShardingType
+from lightrec.distributed.planner.plan import (
+    EmbeddingComputeKernel,
+    ModuleSharder,
+    ParameterSharding,
+    ShardingType,
+)
 from lightrec.quant.managed_collision import QuantManagedCollisionEmbeddingCollection
 from lightrec.quant.sharded_embedding_bag import inference_devices
 from lightrec.quant.sharded_managed_collision import (
@@ -33,7 +38,7 @@ class QuantManagedCollisionEmbeddingCollectionSharder(ModuleSharder):
             sharders); accepted and kept, the layout is decided here.
     """
 
-    def __init__(self, e_sharder: Any = None, mc_sharder: Any = None) -> None:
+    def __init__(self, e_sharder: object = None, mc_sharder: object = None) -> None:
         super().__init__()
         self._e_sharder = e_sharder
         self._mc_sharder = mc_sharder
@@ -53,7 +58,7 @@ class QuantManagedCollisionEmbeddingCollectionSharder(ModuleSharder):
     def shard(
         self,
         module: nn.Module,
-        params: Any = None,
+        params: Mapping[str, ParameterSharding] | None = None,
         env: ShardingEnv | None = None,
         device: torch.device | str | None = None,
         module_fqn: str | None = None,

@@ -27,6 +27,8 @@ and the callbacks read the strategy and the module through it too::
           the width ``I`` of its batches' dense features
       CheckedData.check_data()
           raises FileNotFoundError naming what is missing before a run starts
+      BatchSizedData.batch_size
+          the per-rank batch size the planner's cost model uses, where kept (``RecStrategy``, ``lightrec plan``)
 
 A LightningModule that is not a ``ShardedModelProvider`` meets ``RecStrategy`` as Lightning's
 ``ModelParallelStrategy`` meets a module: it must bring what the strategy parallelises -- here at
@@ -48,9 +50,11 @@ from lightrec.modules.embedding_configs import BaseEmbeddingConfig
 from lightrec.optim import KeyedOptimizer
 
 __all__ = [
+    "BatchSizedData",
     "CheckedData",
     "DenseWidthData",
     "EmbeddingShardingStrategy",
+    "PlannedStrategy",
     "FusedOptimizerModule",
     "ServingModelProvider",
     "ShardedModelProvider",
@@ -106,6 +110,17 @@ class FusedOptimizerModule(Protocol):
 
 
 @runtime_checkable
+class PlannedStrategy(Protocol):
+    """A Lightning strategy with a sharding plan: all ``PlanReport`` needs to log one (an
+    :class:`EmbeddingShardingStrategy` also gives the planner's report, topology and optimizer)."""
+
+    @property
+    def plan(self) -> ShardingPlan | None:
+        """The sharding plan in use, or None."""
+        ...
+
+
+@runtime_checkable
 class EmbeddingShardingStrategy(Protocol):
     """A Lightning strategy that shards the embedding collections of the module it trains (``RecStrategy``)."""
 
@@ -145,6 +160,14 @@ class DenseWidthData(Protocol):
     def num_dense_features(self) -> int:
         """``I``: columns of ``batch.dense_features`` (``[B, I]``)."""
         ...
+
+
+@runtime_checkable
+class BatchSizedData(Protocol):
+    """A DataModule that keeps its per-rank batch size (e.g. ``CriteoDataModule``); others plan with
+    the planner's default batch."""
+
+    batch_size: int
 
 
 @runtime_checkable

@@ -77,6 +77,7 @@ from lightrec.distributed.sharders import get_default_sharders
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
 from lightrec.kernels.kernel_registry import check_kernel_backend
 from lightrec.lightning.contracts import (
+    BatchSizedData,
     EmbeddingShardingStrategy,
     ShardedModelProvider,
     ShardingRequest,
@@ -244,10 +245,10 @@ class RecStrategy(DDPStrategy, EmbeddingShardingStrategy):
         constraints = {**request.constraints, **(self._constraints or {})}
         # The cost model's batch is the DataModule's per-rank batch, as `lightrec plan` passes it:
         # both then print the same plan numbers. Foreign objects, read where present: Lightning's data
-        # connector sets `trainer.datamodule` (the Trainer class does not declare it), and the
-        # DataModule is the user's (LightningDataModule declares no batch size).
+        # connector sets `trainer.datamodule` (the Trainer class does not declare it); the batch size
+        # is the BatchSizedData contract (LightningDataModule declares none).
         datamodule = getattr(trainer, "datamodule", None)
-        batch_size = getattr(datamodule, "batch_size", None)
+        batch_size = datamodule.batch_size if isinstance(datamodule, BatchSizedData) else None
         planned = plan_sharding(
             module,
             sharders,

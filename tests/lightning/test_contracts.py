@@ -64,6 +64,22 @@ def test_a_fused_collection_is_a_fused_optimizer_module() -> None:
     assert isinstance(fused, FusedOptimizerModule) and fused.fused_optimizer is not None
 
 
+def test_lightrec_datamodules_meet_the_data_contracts_the_recipes_read() -> None:
+    from lightrec.lightning.contracts import BatchSizedData, CheckedData, TableDescribingData
+    from lightrec.lightning.recipe.module import table_specs_of
+    from tests.lightning.toy import toy_data
+
+    class Sized:
+        batch_size = 32
+
+    data = toy_data(batch_size=32)
+    assert isinstance(data, TableDescribingData) and isinstance(Sized(), BatchSizedData)
+    assert not isinstance(data, CheckedData)  # synthetic: nothing on disk to check
+    assert len(table_specs_of(data)) == 26
+    with pytest.raises(TypeError, match="needs a DataModule with a table_configs"):
+        table_specs_of(object())  # names what to add
+
+
 def test_module_and_strategy_do_not_import_each_other() -> None:
     def imports(name: str) -> set[str]:
         tree = ast.parse((_LIGHTNING / name).read_text())

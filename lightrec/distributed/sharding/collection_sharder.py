@@ -16,7 +16,7 @@ from torch import nn
 
 from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
 from lightrec.distributed.comm.sharding_env import ShardingEnv, as_env
-from lightrec.distributed.planner.plan import EmbeddingModuleShardingPlan, ModuleSharder
+from lightrec.distributed.planner.plan import ModuleSharder, ParameterSharding
 from lightrec.distributed.planner.plan.sharder import FusedParamsLike
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
 from lightrec.distributed.sharding.tiering import tiering_params
@@ -80,7 +80,7 @@ class CollectionSharder(ModuleSharder):
     def shard(
         self,
         module: nn.Module,
-        params: EmbeddingModuleShardingPlan | Mapping[str, Any],
+        params: Mapping[str, ParameterSharding],
         env: ShardingEnv | dist.ProcessGroup | None = None,
         device: torch.device | str | None = None,
         module_fqn: str | None = None,

@@ -44,7 +44,7 @@ from typing_extensions import override
 from lightrec.distributed.planner import PlannerReport, ShardingPlan, plan_report_for, topology_for
 from lightrec.distributed.planner.report import plan_chart
 from lightrec.distributed.sharders import get_default_sharders
-from lightrec.lightning.contracts import EmbeddingShardingStrategy
+from lightrec.lightning.contracts import EmbeddingShardingStrategy, PlannedStrategy
 
 __all__ = ["PlanReport", "load_plan_from_events"]
 
@@ -126,15 +126,18 @@ class PlanReport(pl.Callback):
 
     # ------------------------------------------------------------------ report
     def _report(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, strategy: EmbeddingShardingStrategy, plan: ShardingPlan
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, plan: ShardingPlan
     ) -> PlannerReport:
-        if strategy.plan_report is not None:
-            return strategy.plan_report
-        topology = strategy.topology
+        strategy = trainer.strategy
+        sharding = strategy if isinstance(strategy, EmbeddingShardingStrategy) else None  # else: a plan only
+        if sharding is not None and sharding.plan_report is not None:
+            return sharding.plan_report
+        topology = sharding.topology if sharding is not None else None
         if topology is None:
             local = strategy.num_processes if isinstance(strategy, DDPStrategy) else trainer.world_size
             topology = topology_for(trainer.world_size, trainer.strategy.root_device.type, local or trainer.world_size)
-        return plan_report_for(pl_module, plan, topology, get_default_sharders(strategy.fused_params or None))
+        fused = sharding.fused_params if sharding is not None else None
+        return plan_report_for(pl_module, plan, topology, get_default_sharders(fused or None))
 
     def _text(self, report: PlannerReport) -> str:
         return "\n\n".join(
@@ -150,8 +153,8 @@ class PlanReport(pl.Callback):
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         strategy = trainer.strategy
-        plan = strategy.plan if isinstance(strategy, EmbeddingShardingStrategy) else None
-        if not isinstance(strategy, EmbeddingShardingStrategy) or plan is None:
+        plan = strategy.plan if isinstance(strategy, PlannedStrategy) else None
+        if not isinstance(plan, ShardingPlan):
             if not self._warned_no_plan:
                 rank_zero_info(
                     f"PlanReport: the strategy {type(trainer.strategy).__name__} does not shard the model, so there "
@@ -162,7 +165,7 @@ class PlanReport(pl.Callback):
         if not trainer.is_global_zero:
             return
         try:
-            self.report = self._report(trainer, pl_module, strategy, plan)
+            self.report = self._report(trainer, pl_module, plan)
         except (KeyError, TypeError, ValueError) as exc:
             # A plan the cost model cannot read (e.g. tables of a custom sharder) must not stop the
             # run on rank 0 alone: fall back to the plan's own table and keep the JSON.
