@@ -55,9 +55,8 @@ from lightrec.distributed.planner.plan import (
 from lightrec.distributed.planner.plan.sharder import FusedParamsLike, PooledTables, SequenceTables
 from lightrec.distributed.sharding import SHARDING_CLASSES
 from lightrec.distributed.sharding.common import (
-    DistContext,
-    InputDist,
     KJTEmbeddingSharding,
+    KJTInputDist,
     KJTOutputDist,
     ShardedTable,
     ShardingContext,
@@ -282,8 +281,8 @@ class ShardedCollectionBase(nn.Module, abc.ABC, Generic[Out]):
     def _grouped_lookups(self) -> Sequence[GroupedLookup]:
         return cast("Sequence[GroupedLookup]", self._lookups)
 
-    def _input_dist_modules(self) -> Sequence[InputDist[DistContext]]:
-        return cast("Sequence[InputDist[DistContext]]", self._input_dists)
+    def _input_dist_modules(self) -> Sequence[KJTInputDist]:
+        return cast("Sequence[KJTInputDist]", self._input_dists)
 
     def _output_dist_modules(self) -> Sequence[KJTOutputDist]:
         return cast("Sequence[KJTOutputDist]", self._output_dists)

@@ -58,6 +58,7 @@ __all__ = [
     "EmbeddingSharding",
     "InputDist",
     "KJTEmbeddingSharding",
+    "KJTInputDist",
     "KJTOutputDist",
     "OutputDist",
     "PooledOutputDist",
@@ -363,6 +364,9 @@ class OutputDist(nn.Module, abc.ABC, Generic[C, F, T, W]):
 
         def __call__(self, embeddings: T, received: Awaitable[F], ctx: C) -> Awaitable[W]: ...
 
+
+KJTInputDist = InputDist[DistContext]
+"""The input dist of every sharding type here."""
 
 KJTOutputDist = OutputDist[DistContext, KeyedJaggedTensor, torch.Tensor, torch.Tensor]
 """The output dist of every sharding type here: tensors back for the KJT it received."""
