@@ -87,18 +87,20 @@ def run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParser
         parser.error(f"unrecognized arguments: {' '.join(bad)} (plan takes {', '.join(OVERRIDE_PREFIXES)}* overrides)")
     script, config = script_for_config(ns.config, ns.recipe, parser)
     module = importlib.import_module(f"lightrec.recipes.{script}")
+    from lightrec.lightning.contracts import BatchSizedData
+    from lightrec.lightning.rec_module import RecModule
     from lightrec.lightning.recipe.checks import condense_error  # Lightning: only when a plan is asked for
     from lightrec.lightning.recipe.cli import plan_cli
+    from lightrec.lightning.recipe.module import RecipeModule
 
     try:
         cli = plan_cli(module, config, rest)
         rec_module, datamodule = cli.model, cli.datamodule
-        size_tables_from = getattr(rec_module, "size_tables_from", None)
-        if callable(size_tables_from) and not getattr(rec_module, "tables", None):
+        if isinstance(rec_module, RecipeModule) and not rec_module.tables:
             # What Trainer.fit does before configure_model: prepare the data, then size the tables.
             datamodule.prepare_data()
             datamodule.setup("fit")
-            size_tables_from(datamodule)
+            rec_module.size_tables_from(datamodule)
     except (ValueError, TypeError, OSError) as exc:  # a bad value or missing data: the user's to fix
         raise UsageError(f"cannot build the model of {config}: {condense_error(str(exc))}") from exc
     trainer_cfg = cli.config["trainer"]
@@ -108,17 +110,19 @@ def run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParser
 
     # Plan the RecModule itself (its model built with meta tables): the plan's module paths are
     # then the ones RecStrategy sees (model.sparse_arch...), so --json output is directly usable.
+    if not isinstance(rec_module, RecModule):
+        raise UsageError(f"lightrec plan plans RecModule recipes; {config} builds a {type(rec_module).__name__}")
     rec_module.model = rec_module.model_for_planning()
     sharders = get_default_sharders(rec_module.fused_params())
     topology = topology_for(devices * num_nodes, "cuda" if accelerator in ("gpu", "cuda") else "cpu", devices)
-    batch_size = getattr(datamodule, "batch_size", None)
+    batch_size = datamodule.batch_size if isinstance(datamodule, BatchSizedData) else None
     try:
-        constraints = getattr(rec_module, "planner_constraints", None)  # tables_on="ssd": their kernel
+        constraints = rec_module.planner_constraints()  # tables_on="ssd": their kernel
         planned = plan_sharding(
             rec_module,
             sharders,
             topology,
-            constraints() if callable(constraints) else None,
+            constraints or None,
             batch_size=batch_size if isinstance(batch_size, int) and not isinstance(batch_size, bool) else None,
         )
     except PlannerError as exc:

@@ -9,14 +9,12 @@ pieces. Rows of one sharding type travel in one all-to-all, zero-padded to its w
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from lightrec.distributed.comm import LazyAwaitable
+from lightrec.distributed.comm import Awaitable, LazyAwaitable
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
 from lightrec.distributed.sharding.collection_sharder import CollectionSharder
-from lightrec.distributed.sharding.common import DistContext, EmbeddingSharding
+from lightrec.distributed.sharding.common import DistContext, KJTEmbeddingSharding
 from lightrec.distributed.sharding.work_ahead import StartedInputDist
 from lightrec.modules.embedding_configs import EmbeddingConfig
 from lightrec.modules.embedding_modules import EmbeddingCollection
@@ -30,9 +28,9 @@ class EmbeddingCollectionAwaitable(LazyAwaitable[dict[str, JaggedTensor]]):
 
     def __init__(
         self,
-        shardings: list[EmbeddingSharding],
+        shardings: list[KJTEmbeddingSharding],
         contexts: list[DistContext],
-        awaitables: list[Any],
+        awaitables: list[Awaitable[torch.Tensor]],
         features: KeyedJaggedTensor,
         positions: list[int] | None,
         feature_order: list[str],
@@ -61,7 +59,7 @@ class EmbeddingCollectionAwaitable(LazyAwaitable[dict[str, JaggedTensor]]):
         return out
 
 
-class ShardedEmbeddingCollection(ShardedCollectionBase):
+class ShardedEmbeddingCollection(ShardedCollectionBase[EmbeddingCollectionAwaitable]):
     """An ``EmbeddingCollection`` whose tables are spread over ranks by a plan (any sharding type).
 
     Same contract as the unsharded module, returned as a lazy awaitable; ``state_dict`` keys
@@ -71,7 +69,6 @@ class ShardedEmbeddingCollection(ShardedCollectionBase):
 
     _attr = "embeddings"
     _pooled = False
-    _configs_getter = "embedding_configs"
 
     def embedding_configs(self) -> list[EmbeddingConfig]:
         # All are: these are the unsharded collection's configs (the filter tells the type checker).
@@ -83,8 +80,7 @@ class ShardedEmbeddingCollection(ShardedCollectionBase):
         Raises:
             ValueError: for a variable-batch KJT (only the pooled sharded collection takes them).
         """
-        out: EmbeddingCollectionAwaitable = super().forward(features)
-        return out
+        return super().forward(features)
 
     def _prepare(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
         if features.variable_stride_per_key():
@@ -95,7 +91,9 @@ class ShardedEmbeddingCollection(ShardedCollectionBase):
             )
         return features
 
-    def _assemble(self, started: StartedInputDist, results: list[Any]) -> EmbeddingCollectionAwaitable:
+    def _assemble(
+        self, started: StartedInputDist, results: list[Awaitable[torch.Tensor]]
+    ) -> EmbeddingCollectionAwaitable:
         # Output bags have the lengths the lookup saw: under bounds_check="skip" dropped ids shorten them.
         return EmbeddingCollectionAwaitable(
             self._shardings, started.contexts, results, started.bounded, started.positions, self._feature_order

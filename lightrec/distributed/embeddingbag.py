@@ -16,11 +16,9 @@ resolves itself on first use.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from lightrec.distributed.comm import LazyAwaitable
+from lightrec.distributed.comm import Awaitable, LazyAwaitable
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
 from lightrec.distributed.sharding.collection_sharder import CollectionSharder
 from lightrec.distributed.sharding.work_ahead import StartedInputDist
@@ -47,7 +45,7 @@ class EmbeddingBagCollectionAwaitable(LazyAwaitable[KeyedTensor]):
 
     def __init__(
         self,
-        awaitables: list[Any],
+        awaitables: list[Awaitable[torch.Tensor]],
         column_index: torch.Tensor | None,
         keys: list[str],
         length_per_key: list[int],
@@ -66,7 +64,7 @@ class EmbeddingBagCollectionAwaitable(LazyAwaitable[KeyedTensor]):
         return KeyedTensor(keys=self._keys, length_per_key=self._length_per_key, values=values, key_dim=1)
 
 
-class ShardedEmbeddingBagCollection(ShardedCollectionBase):
+class ShardedEmbeddingBagCollection(ShardedCollectionBase[LazyAwaitable[KeyedTensor]]):
     """An ``EmbeddingBagCollection`` whose tables are spread over ranks by a plan.
 
     Same input and output as the unsharded module (a KJT of this rank's samples in, a
@@ -78,7 +76,6 @@ class ShardedEmbeddingBagCollection(ShardedCollectionBase):
 
     _attr = "embedding_bags"
     _pooled = True
-    _configs_getter = "embedding_bag_configs"
 
     def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
         # All are: these are the unsharded collection's configs (the filter tells the type checker).
@@ -87,7 +84,7 @@ class ShardedEmbeddingBagCollection(ShardedCollectionBase):
     def is_weighted(self) -> bool:
         return self._is_weighted
 
-    def forward(self, features: KeyedJaggedTensor) -> EmbeddingBagCollectionAwaitable:
+    def forward(self, features: KeyedJaggedTensor) -> LazyAwaitable[KeyedTensor]:
         """Start the lookups of this rank's samples ``features`` (stride ``B_local``).
 
         A variable-batch KJT (``stride_per_key_per_rank`` + ``inverse_indices``) is expanded to its
@@ -98,13 +95,14 @@ class ShardedEmbeddingBagCollection(ShardedCollectionBase):
         Returns:
             awaitable of ``KeyedTensor(keys=feature_names(), values=[B_local, sum D])``.
         """
-        out: EmbeddingBagCollectionAwaitable = super().forward(features)
-        return out
+        return super().forward(features)
 
     def _prepare(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
         return features.to_fixed_batch() if features.variable_stride_per_key() else features
 
-    def _assemble(self, started: StartedInputDist, results: list[Any]) -> EmbeddingBagCollectionAwaitable:
+    def _assemble(
+        self, started: StartedInputDist, results: list[Awaitable[torch.Tensor]]
+    ) -> LazyAwaitable[KeyedTensor]:
         return EmbeddingBagCollectionAwaitable(
             results, self._column_index, self._feature_order, self._length_per_key
         )

@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.autograd import Function
 
-from lightrec.distributed.comm import LazyAwaitable
+from lightrec.distributed.comm import Awaitable, LazyAwaitable
 from lightrec.distributed.comm.sharding_env import ShardingEnv, resolve_group
 from lightrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 from lightrec.distributed.planner.plan import ParameterSharding, ShardingType
@@ -150,7 +150,9 @@ class ShardedFeatureProcessedEmbeddingBagCollection(ShardedEmbeddingBagCollectio
             parts.append(weights[pos] if weights is not None else torch.ones(pos.numel(), device=pos.device))
         return with_weights(received, torch.cat(parts) if parts else positions.float())
 
-    def _assemble(self, started: StartedInputDist, results: list[Any]) -> Any:
+    def _assemble(
+        self, started: StartedInputDist, results: list[Awaitable[torch.Tensor]]
+    ) -> LazyAwaitable[KeyedTensor]:
         return _SyncedAwaitable(super()._assemble(started, results), self._sum_position_weight_grads)
 
     def _sum_position_weight_grads(self) -> None:

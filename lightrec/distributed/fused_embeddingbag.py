@@ -11,15 +11,12 @@ collections like plain ones.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from torch import nn
 
 from lightrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
+from lightrec.distributed.planner.plan.sharder import FusedParamsLike
 from lightrec.distributed.sharding.collection_sharder import CollectionSharder
 from lightrec.kernels.fused_collection import FusedEmbeddingBagCollection
-from lightrec.optim.fused_spec import FusedOptimizerSpec
 
 __all__ = ["FusedEmbeddingBagCollectionSharder", "ShardedFusedEmbeddingBagCollection"]
 
@@ -34,6 +31,7 @@ class FusedEmbeddingBagCollectionSharder(CollectionSharder):
     _module_class = FusedEmbeddingBagCollection
     _sharded_class = ShardedFusedEmbeddingBagCollection
 
-    def _fused_params_for(self, module: nn.Module) -> Mapping[str, Any] | FusedOptimizerSpec | None:
-        spec: FusedOptimizerSpec = module._spec  # type: ignore[assignment]  # a FusedEmbeddingBagCollection's
-        return self.fused_params or spec
+    def _fused_params_for(self, module: nn.Module) -> FusedParamsLike:
+        if not isinstance(module, FusedEmbeddingBagCollection):  # _module_class: shard() got one
+            raise TypeError(f"{type(self).__name__} shards FusedEmbeddingBagCollections, got {type(module).__name__}")
+        return self.fused_params or module._spec

@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
-from lightrec.distributed.comm import LazyAwaitable
+from lightrec.distributed.comm import Awaitable, LazyAwaitable
+from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
 from lightrec.distributed.comm.sharding_env import ShardingEnv
 from lightrec.distributed.embedding import ShardedEmbeddingCollection
 from lightrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
@@ -42,11 +43,12 @@ from lightrec.distributed.planner.plan import (
     ShardingType,
     ShardMetadata,
 )
+from lightrec.distributed.planner.plan.sharder import FusedParamsLike
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
 from lightrec.distributed.sharding.collection_sharder import CollectionSharder
 from lightrec.distributed.sharding.common import (
     DistContext,
-    EmbeddingSharding,
+    KJTEmbeddingSharding,
     OutputDist,
     ShardedTable,
     ShardingContext,
@@ -73,8 +75,8 @@ from lightrec.modules.managed_collision.embedding_collections import (
     ManagedCollisionEmbeddingBagCollection,
     ManagedCollisionEmbeddingCollection,
 )
-from lightrec.optim.fused_spec import FusedOptimizerSpec
-from lightrec.sparse import JaggedTensor, KeyedJaggedTensor
+from lightrec.modules.managed_collision.mch_module import MCHManagedCollisionModule
+from lightrec.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 
 __all__ = [
     "BaseManagedCollisionEmbeddingCollectionSharder",
@@ -107,17 +109,23 @@ def aligned_module_plan(
         if table not in plan:
             raise KeyError(f"the plan has no entry for managed-collision table {table!r}; plan every table")
         n = _row_shards(plan[table])
-        rebucket = getattr(module, "with_buckets", None)
-        if n > 1 and module.buckets() % n and module.buckets() == 1 and callable(rebucket):
+        # Only MCH modules re-bucket (torchrec's MCHManagedCollisionModule does the same).
+        if n > 1 and module.buckets() % n and module.buckets() == 1 and isinstance(module, MCHManagedCollisionModule):
             logger.info("managed-collision table %r: %d buckets for %d row-wise shards", table, n, n)
-            module = rebucket(n)
+            module = module.with_buckets(n)
             out_modules[table] = module
-        segments = list(getattr(module, "output_segments", [0, module.output_size()]))
+        segments = list(module.output_segments)
         out_plan[table] = align_managed_plan(table, plan[table], segments, world_size)
     return out_modules, out_plan
 
 
-class BaseShardedManagedCollisionEmbeddingCollection(ShardedCollectionBase):
+McEmbeddings = LazyAwaitable[KeyedTensor] | LazyAwaitable[dict[str, JaggedTensor]]
+"""The plain sharded collection's awaitable: pooled ``KeyedTensor`` or ``{feature: JaggedTensor}``."""
+
+
+class BaseShardedManagedCollisionEmbeddingCollection(
+    ShardedCollectionBase["tuple[McEmbeddings, RemappedFeaturesAwaitable | None]"]
+):
     """Common part of the sharded managed-collision collections (module docstring).
 
     Args:
@@ -163,7 +171,7 @@ class BaseShardedManagedCollisionEmbeddingCollection(ShardedCollectionBase):
             self._output_dists[i] = McOutputDist(inner, ids, self._env.pg, self._return_remapped_features)
         self._managed_collision_collection = self.__dict__.pop("_mc_pending")
 
-    def _make_sharding(self, sharding_type: str, tables: list[ShardedTable], context: ShardingContext) -> EmbeddingSharding:
+    def _make_sharding(self, sharding_type: str, tables: list[ShardedTable], context: ShardingContext) -> KJTEmbeddingSharding:
         if sharding_type not in MANAGED_SHARDING_TYPES:  # align_managed_plan refused it already
             raise ValueError(f"managed-collision tables {[t.name for t in tables]} cannot be sharded {sharding_type}")
         return managed_sharding(sharding_type, tables, context, self._mc_routes, self._mc_buckets_per_rank,
@@ -177,10 +185,9 @@ class BaseShardedManagedCollisionEmbeddingCollection(ShardedCollectionBase):
         # Hash (input_hash_func) and check the raw ids here, on the rank owning the samples.
         return self._mc_routes.prepare(super()._prepare(features))
 
-    def forward(self, features: KeyedJaggedTensor) -> tuple[Any, Any]:
+    def forward(self, features: KeyedJaggedTensor) -> tuple[McEmbeddings, RemappedFeaturesAwaitable | None]:
         """``(embeddings awaitable, remapped-KJT awaitable or None)`` of this rank's samples (torchrec's contract)."""
-        out: tuple[Any, Any] = ShardedCollectionBase.forward(self, features)
-        return out
+        return ShardedCollectionBase.forward(self, features)
 
     def row_state_tables(self) -> list[tuple[str, list[int], list[tuple[ShardMetadata, torch.Tensor]]]]:
         return self._managed_collision_collection.row_state_tables("_managed_collision_collection.")
@@ -193,7 +200,9 @@ class BaseShardedManagedCollisionEmbeddingCollection(ShardedCollectionBase):
         """``{table: counters}`` of this rank's managed-collision modules."""
         return self._managed_collision_collection.stats()
 
-    def _assemble(self, started: StartedInputDist, results: list[Any]) -> tuple[Any, RemappedFeaturesAwaitable | None]:
+    def _assemble(
+        self, started: StartedInputDist, results: list[Awaitable[torch.Tensor]]
+    ) -> tuple[McEmbeddings, RemappedFeaturesAwaitable | None]:
         """``(the plain collection's awaitable of the embeddings, the remapped KJT's or None)``; the
         plain collection is the next class in the subclass's bases (pooled or sequence)."""
         if self._managed_collision_collection.training:
@@ -201,7 +210,7 @@ class BaseShardedManagedCollisionEmbeddingCollection(ShardedCollectionBase):
         embeddings = [r.embeddings if isinstance(r, WithIds) else r for r in results]
         ids = [r.ids for r in results if isinstance(r, WithIds)]
         # the next class of the subclass's bases: ShardedEmbeddingBagCollection / ShardedEmbeddingCollection
-        out = super()._assemble(started, embeddings)  # type: ignore[safe-super]
+        out = cast(McEmbeddings, super()._assemble(started, embeddings))  # type: ignore[safe-super]
         if not self._return_remapped_features:
             return out, None
         return out, RemappedFeaturesAwaitable(started.contexts, ids, started.bounded, started.positions,
@@ -223,7 +232,7 @@ class BaseShardedManagedCollisionEmbeddingCollection(ShardedCollectionBase):
     def _unsharded_template(self) -> BaseManagedCollisionEmbeddingCollection:
         modules = {}
         for table, route in self._mc_routes.twins.items():
-            segments = list(getattr(route, "output_segments", [0, route.output_size()]))
+            segments = list(route.output_segments)
             modules[table] = route.rebuild_with_output_id_range((segments[0], segments[-1]), segments, torch.device("cpu"))
         mcc = ManagedCollisionCollection(modules, self._mc_configs, self._managed_collision_collection.need_preprocess)
         return self._unsharded_class(self._unsharded_embeddings(), mcc, bool(self._return_remapped_features),
@@ -239,7 +248,7 @@ class RemappedFeaturesAwaitable(LazyAwaitable[KeyedJaggedTensor]):
     def __init__(
         self,
         contexts: list[DistContext],
-        ids: list[Any],
+        ids: list[Awaitable[torch.Tensor]],
         features: KeyedJaggedTensor,
         positions: list[int] | None,
         feature_order: list[str],
@@ -279,10 +288,10 @@ class BaseManagedCollisionEmbeddingCollectionSharder(CollectionSharder):
     def __init__(
         self,
         e_sharder: CollectionSharder | None = None,
-        mc_sharder: Any = None,
-        qcomm_codecs_registry: dict[str, Any] | None = None,
+        mc_sharder: object = None,
+        qcomm_codecs_registry: Mapping[str, QuantizedCommCodecs] | None = None,
         *,
-        fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None,
+        fused_params: FusedParamsLike = None,
         kernel_backend: str = "auto",
     ) -> None:
         if e_sharder is not None:
@@ -300,24 +309,24 @@ class BaseManagedCollisionEmbeddingCollectionSharder(CollectionSharder):
         super().compute_kernels(sharding_type, compute_device_type)
         return [EmbeddingComputeKernel.FUSED.value]
 
-    def shardable_parameters(self, module: nn.Module) -> dict[str, Any]:
-        inner = getattr(module, "_embedding_module", module)
+    def shardable_parameters(self, module: nn.Module) -> dict[str, BaseEmbeddingConfig]:
+        inner = module._embedding_module if isinstance(module, BaseManagedCollisionEmbeddingCollection) else module
         return super().shardable_parameters(inner)
 
     def finalize_module_plan(self, module: nn.Module, plan: EmbeddingModuleShardingPlan, world_size: int) -> EmbeddingModuleShardingPlan:
         """Row-wise blocks on whole buckets (the planner calls this on every plan it builds)."""
-        mcc = getattr(module, "_managed_collision_collection", None)
-        if not isinstance(mcc, ManagedCollisionCollection):
+        if not isinstance(module, BaseManagedCollisionEmbeddingCollection):
             return plan
+        mcc = module._managed_collision_collection
         _, aligned = aligned_module_plan(mcc.modules_by_table(), plan, world_size)
         return EmbeddingModuleShardingPlan(aligned)
 
     def row_state_bytes(self, module: nn.Module, device_type: str = "cpu") -> dict[str, float]:
         """Bytes per table row of the managed-collision state (id map, eviction metadata, search index;
         on CPU the native step's hash too)."""
-        mcc = getattr(module, "_managed_collision_collection", None)
-        if not isinstance(mcc, ManagedCollisionCollection):
+        if not isinstance(module, BaseManagedCollisionEmbeddingCollection):
             return {}
+        mcc = module._managed_collision_collection
         out = {}
         for table, m in mcc.modules_by_table().items():
             rows = m.output_size()
@@ -367,7 +376,8 @@ class ManagedCollisionEmbeddingBagCollectionSharder(BaseManagedCollisionEmbeddin
     _module_class = ManagedCollisionEmbeddingBagCollection
     _sharded_class = ShardedManagedCollisionEmbeddingBagCollection
 
-    def __init__(self, ebc_sharder: Any = None, mc_sharder: Any = None, qcomm_codecs_registry: Any = None,
+    def __init__(self, ebc_sharder: CollectionSharder | None = None, mc_sharder: object = None,
+                 qcomm_codecs_registry: Mapping[str, QuantizedCommCodecs] | None = None,
                  **kwargs: Any) -> None:  # fmt: skip
         super().__init__(ebc_sharder, mc_sharder, qcomm_codecs_registry, **kwargs)
 
@@ -379,6 +389,7 @@ class ManagedCollisionEmbeddingCollectionSharder(BaseManagedCollisionEmbeddingCo
     _module_class = ManagedCollisionEmbeddingCollection
     _sharded_class = ShardedManagedCollisionEmbeddingCollection
 
-    def __init__(self, ec_sharder: Any = None, mc_sharder: Any = None, qcomm_codecs_registry: Any = None,
+    def __init__(self, ec_sharder: CollectionSharder | None = None, mc_sharder: object = None,
+                 qcomm_codecs_registry: Mapping[str, QuantizedCommCodecs] | None = None,
                  **kwargs: Any) -> None:  # fmt: skip
         super().__init__(ec_sharder, mc_sharder, qcomm_codecs_registry, **kwargs)

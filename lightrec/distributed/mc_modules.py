@@ -35,6 +35,8 @@ from lightrec.distributed.planner.plan import ModuleSharder, ParameterSharding, 
 from lightrec.distributed.sharding.state_dict import ShardedTableState
 from lightrec.modules.managed_collision.base import ManagedCollisionModule
 from lightrec.modules.managed_collision.collection import ManagedCollisionCollection
+from lightrec.modules.managed_collision.hash_zch_module import HashZchManagedCollisionModule
+from lightrec.modules.managed_collision.mch_module import MCHManagedCollisionModule
 from lightrec.modules.managed_collision.mch_state import slot_order
 
 __all__ = [
@@ -61,6 +63,15 @@ def _replicated_state(module: ManagedCollisionModule) -> dict[str, torch.Tensor]
         else:
             out[name] = torch.zeros(buf.shape, dtype=buf.dtype)
     return out
+
+
+def _copy_state(local: ManagedCollisionModule, module: ManagedCollisionModule) -> None:
+    """Copy ``module``'s id map into ``local``, its shard twin (the kinds whose state is one table
+    of slots; others start their shard empty)."""
+    if isinstance(local, MCHManagedCollisionModule) and isinstance(module, MCHManagedCollisionModule):
+        local.copy_state_from(module)
+    elif isinstance(local, HashZchManagedCollisionModule) and isinstance(module, HashZchManagedCollisionModule):
+        local.copy_state_from(module)
 
 
 def _block(sharding: ParameterSharding, rank: int) -> ShardMetadata | None:
@@ -97,7 +108,7 @@ class ShardedManagedCollisionCollection(nn.Module):
         self._replicated: dict[str, dict[str, torch.Tensor]] = {}
         self._managed_collision_modules = nn.ModuleDict()
         for table, module in modules.items():
-            segments = list(getattr(module, "output_segments", [0, module.output_size()]))
+            segments = list(module.output_segments)
             block = _block(plan[table], env.rank)
             self._blocks[table] = block
             self._row_names[table] = list(module.slot_state())
@@ -107,9 +118,8 @@ class ShardedManagedCollisionCollection(nn.Module):
             start = block.shard_offsets[0]
             local = module.rebuild_with_output_id_range((start, start + block.shard_sizes[0]), segments, device)
             local._name = module._name or table
-            copy_state = getattr(local, "copy_state_from", None)
-            if callable(copy_state) and next(iter(module.slot_state().values())).device.type != "meta":
-                copy_state(module)
+            if next(iter(module.slot_state().values())).device.type != "meta":
+                _copy_state(local, module)
             local.train(module.training)
             self._managed_collision_modules[table] = local
         self._register_state_dict_hook(_state_dict_hook)

@@ -8,14 +8,16 @@ its frozen id maps whole on the first device (``lightrec.quant.sharded_managed_c
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 import torch
 from torch import nn
 
+from lightrec.distributed.comm.sharding_env import ShardingEnv
 from lightrec.distributed.planner.plan import (
     EmbeddingComputeKernel,
     ModuleSharder,
+    ParameterSharding,
     ShardingType,
     StorageUsageType,
 )
@@ -39,7 +41,7 @@ class QuantManagedCollisionEmbeddingCollectionSharder(ModuleSharder):
 
     storage_usage_type = StorageUsageType.BASE_QUANT
 
-    def __init__(self, e_sharder: Any = None, mc_sharder: Any = None) -> None:
+    def __init__(self, e_sharder: object = None, mc_sharder: object = None) -> None:
         super().__init__()
         self._e_sharder = e_sharder
         self._mc_sharder = mc_sharder
@@ -59,8 +61,8 @@ class QuantManagedCollisionEmbeddingCollectionSharder(ModuleSharder):
     def shard(
         self,
         module: nn.Module,
-        params: Any = None,
-        env: Any = None,
+        params: Mapping[str, ParameterSharding] | None = None,
+        env: ShardingEnv | None = None,
         device: torch.device | str | None = None,
         module_fqn: str | None = None,
     ) -> ShardedQuantManagedCollisionEmbeddingCollection:
@@ -69,5 +71,5 @@ class QuantManagedCollisionEmbeddingCollectionSharder(ModuleSharder):
         if not isinstance(module, QuantManagedCollisionEmbeddingCollection):
             raise TypeError(f"{type(self).__name__} shards QuantManagedCollisionEmbeddingCollection, got "
                             f"{type(module).__name__}" + (f" at {module_fqn!r}" if module_fqn else ""))  # fmt: skip
-        world_size = int(getattr(env, "world_size", 1)) if env is not None else 1
+        world_size = env.world_size if env is not None else 1
         return shard_managed_collection_for_inference(module, inference_devices(world_size, device))

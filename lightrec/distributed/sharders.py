@@ -9,9 +9,6 @@ torchrec's path for it, ``lightrec.distributed.sharding_plan``, re-exports it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from torch import nn
 
 from lightrec.distributed.embedding import EmbeddingCollectionSharder
@@ -23,14 +20,13 @@ from lightrec.distributed.mc_embedding_modules import (
     ManagedCollisionEmbeddingCollectionSharder,
 )
 from lightrec.distributed.planner.plan import ModuleSharder, ParameterShardingGenerator
-from lightrec.distributed.planner.plan.sharder import register_default_sharders
-from lightrec.optim.fused_spec import FusedOptimizerSpec
+from lightrec.distributed.planner.plan.sharder import FusedParamsLike, register_default_sharders
 
 __all__ = ["apply_to_all", "get_default_sharders", "get_module_to_default_sharders"]
 
 
 def get_default_sharders(
-    fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None, kernel_backend: str = "auto"
+    fused_params: FusedParamsLike = None, kernel_backend: str = "auto"
 ) -> list[ModuleSharder]:
     """Sharders of ``EmbeddingBagCollection``, ``EmbeddingCollection``,
     ``FeatureProcessedEmbeddingBagCollection``, ``FusedEmbeddingBagCollection`` (whose own fused

@@ -61,9 +61,9 @@ from lightrec.kernels import FusedEmbeddingBagCollection
 from lightrec.kernels.tiered.config import refuse_tiered_export
 from lightrec.lightning.callbacks.rec_model_summary import summary_for
 from lightrec.lightning.callbacks.tiered_table_monitor import TieredTableMonitor
+from lightrec.lightning.contracts import EmbeddingShardingStrategy, FusedOptimizerModule, ShardingRequest
 from lightrec.lightning.loop_state import fix_resume_counters, logging_step_of
 from lightrec.lightning.nonfinite import NonFiniteLossError, check_nonfinite_policy, nonfinite_ranks
-from lightrec.lightning.rec_strategy import RecStrategy
 from lightrec.lightning.table_tiering import TableTiering
 from lightrec.metrics import rec_metrics
 from lightrec.modules import EmbeddingBagCollection, EmbeddingBagConfig
@@ -324,7 +324,7 @@ class RecModule(pl.LightningModule):
         for name, module in self.named_modules():
             if any(name.startswith(owner + ".") for owner in owners):
                 continue
-            optimizer = getattr(module, "fused_optimizer", None)
+            optimizer = module.fused_optimizer if isinstance(module, FusedOptimizerModule) else None
             if isinstance(optimizer, KeyedOptimizer):
                 owners.append(name)
                 yield name, optimizer
@@ -385,27 +385,60 @@ class RecModule(pl.LightningModule):
     def planner_constraints(self) -> dict[str, ParameterConstraints]:
         """The planner's constraints of the tables ``RecModule`` builds: their tiered kernel when
         ``tables_on`` asks for one (``RecStrategy`` and ``lightrec plan`` add them to their own)."""
-        configs = getattr(self, "table_configs", None)
-        if not self.table_tiering.tiered or not callable(configs):
+        if not self.table_tiering.tiered or not self._defines_tables():
             return {}
-        return self.table_tiering.constraints(c.name for c in configs())
+        return self.table_tiering.constraints(c.name for c in self.table_configs())
+
+    def sharding_request(self) -> ShardingRequest:
+        """What ``RecStrategy`` hands its sharders and planner (``lightrec.lightning.contracts``): the
+        embedding optimizer of the tables ``RecModule`` builds (:meth:`fused_params`; a model built by
+        the subclass itself carries its own) and :meth:`planner_constraints`."""
+        return ShardingRequest(
+            fused_params=self.fused_params() if self.builds_from_tables else None,
+            constraints=self.planner_constraints(),
+        )
+
+    # ---- the hooks of a model built from tables (module docstring); override both ----------
+    def table_configs(self) -> list[EmbeddingBagConfig]:
+        """The tables of the model ``RecModule`` builds (override together with :meth:`build_model`)."""
+        raise TypeError(self._builds_own_model())
+
+    def build_model(self, embedding_bag_collection: nn.Module) -> nn.Module:
+        """The model around ``embedding_bag_collection`` (the tables of :meth:`table_configs`, made
+        for the strategy in use); ``RecModule`` builds it in ``configure_model``."""
+        raise TypeError(self._builds_own_model())
+
+    def for_serving(self, model: nn.Module) -> nn.Module:
+        """The part of ``model`` that serves requests (the export's input); default: all of it."""
+        return model
+
+    @property
+    def builds_from_tables(self) -> bool:
+        """Whether the subclass defines :meth:`build_model`, so ``RecModule`` builds ``self.model``."""
+        return type(self).build_model is not RecModule.build_model
+
+    def _defines_tables(self) -> bool:
+        return type(self).table_configs is not RecModule.table_configs
+
+    def _builds_own_model(self) -> str:
+        return (
+            f"{type(self).__name__} builds its own model; define table_configs() and "
+            "build_model(embedding_bag_collection) to let RecModule build it from tables"
+        )
 
     def _model_from_tables(self, collection: Callable[[list[EmbeddingBagConfig]], nn.Module]) -> nn.Module:
         """``build_model(collection(table_configs()))``: the subclass's model around tables made by ``collection``."""
-        build, configs = getattr(self, "build_model", None), getattr(self, "table_configs", None)
-        if not callable(build) or not callable(configs):
-            raise TypeError(
-                f"{type(self).__name__} builds its own model; define table_configs() and "
-                "build_model(embedding_bag_collection) to let RecModule build it from tables"
-            )
-        return build(collection(configs()))
+        if not self.builds_from_tables or not self._defines_tables():
+            raise TypeError(self._builds_own_model())
+        return self.build_model(collection(self.table_configs()))
 
     @override
     def configure_model(self) -> None:
         """Build ``self.model`` once, for the strategy in use, when the subclass defines ``build_model``."""
-        if self.model is not None or not callable(getattr(self, "build_model", None)):
+        if self.model is not None or not self.builds_from_tables:
             return
-        sharded = self._trainer is not None and isinstance(self._trainer.strategy, RecStrategy)
+        # Tables on meta for a strategy that shards them (its sharders materialise each rank's shards).
+        sharded = self._trainer is not None and isinstance(self._trainer.strategy, EmbeddingShardingStrategy)
         self.model = self._model_from_tables(lambda tables: self.embedding_collection(tables, sharded))
 
     def built_model(self) -> nn.Module:
@@ -427,30 +460,25 @@ class RecModule(pl.LightningModule):
         collection's state-dict keys are the plain collection's, so the weights load one to one).
         """
         if self.table_tiering.tiered:
-            configs = getattr(self, "table_configs", list)
-            raise ValueError(refuse_tiered_export([c.name for c in configs()]))
+            raise ValueError(refuse_tiered_export([c.name for c in self.table_configs()] if self._defines_tables() else []))
         model = self._model_from_tables(
             lambda tables: self._managed(EmbeddingBagCollection(tables=tables, device="cpu"), tables, "cpu")
         )
         model.load_state_dict({k: v.detach().cpu() for k, v in self.built_model().state_dict().items()})
-        return self._serving_part(model).eval()
+        return self.for_serving(model).eval()
 
     def serving_factory(self) -> nn.Module:
         """An untrained serving model with ``meta`` tables (``export_from_checkpoint``'s model factory)."""
-        return self._serving_part(
+        return self.for_serving(
             self._model_from_tables(
                 lambda tables: self._managed(EmbeddingBagCollection(tables=tables, device="meta"), tables, "meta")
             )
         )
 
-    def _serving_part(self, model: nn.Module) -> nn.Module:
-        for_serving = getattr(self, "for_serving", None)
-        return for_serving(model) if callable(for_serving) else model
-
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Lets `lightrec export <checkpoint>` find the class that rebuilds this model from tables.
-        if callable(getattr(self, "build_model", None)):
+        if self.builds_from_tables:
             checkpoint["lightrec_module"] = class_reference(type(self))
 
     @classmethod

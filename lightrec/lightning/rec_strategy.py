@@ -71,11 +71,18 @@ from lightrec.distributed.comm.sharding_env import ShardingEnv
 from lightrec.distributed.dmp.placement import detached, move_dense_to_device
 from lightrec.distributed.model_parallel import DistributedModelParallel
 from lightrec.distributed.planner import ParameterConstraints, PlannerReport, Topology
-from lightrec.distributed.planner.plan import ModuleSharder, ShardingPlan
+from lightrec.distributed.planner.plan import ModuleSharder, ShardingPlan, shardable_modules
 from lightrec.distributed.planner.planning import plan_sharding, topology_for
 from lightrec.distributed.sharders import get_default_sharders
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
 from lightrec.kernels.kernel_registry import check_kernel_backend
+from lightrec.lightning.contracts import (
+    BatchSizedData,
+    EmbeddingShardingStrategy,
+    ShardedModelProvider,
+    ShardingRequest,
+    UnshardableModuleError,
+)
 from lightrec.lightning.loop_state import fix_resume_counters, logging_step_of
 from lightrec.modules import EmbeddingBagCollection, EmbeddingCollection
 from lightrec.modules.managed_collision.embedding_collections import BaseManagedCollisionEmbeddingCollection
@@ -98,7 +105,7 @@ def _has_unsharded_collections(module: nn.Module) -> bool:
     return any(type(m) in (EmbeddingBagCollection, EmbeddingCollection) for m in module.modules())
 
 
-class RecStrategy(DDPStrategy):
+class RecStrategy(DDPStrategy, EmbeddingShardingStrategy):
     """Shard embedding collections across ranks; run everything else data-parallel.
 
     Args:
@@ -197,7 +204,7 @@ class RecStrategy(DDPStrategy):
         return self._topology
 
     @property
-    def fused_params(self) -> dict[str, Any]:
+    def fused_params(self) -> dict[str, object]:
         """The fused embedding optimizer of the default sharders (empty: their default)."""
         return dict(self._fused_params)
 
@@ -216,25 +223,16 @@ class RecStrategy(DDPStrategy):
         assert self.model is not None
         move_dense_to_device(self.model, self.root_device, _PLACED_BY_PLAN)
 
-    def _build_sharders(self) -> list[ModuleSharder]:
+    def _sharders_for(self, request: ShardingRequest) -> list[ModuleSharder]:
         if self._sharders is not None:
             return self._sharders
-        return get_default_sharders(self._fused_params or self._module_fused_params(), self._kernel_backend)
+        # The module's embedding optimizer (RecModule: that of the tables it builds) lets the planner
+        # count its state in table memory, as `lightrec plan` does: both print the same plan numbers.
+        return get_default_sharders(self._fused_params or request.fused_params, self._kernel_backend)
 
-    def _module_fused_params(self) -> dict[str, Any] | None:
-        """The embedding optimizer of a ``RecModule`` that builds its tables (``build_model``).
-
-        Its tables carry the same optimizer as ``apply_optimizer_in_backward`` marks, which the
-        sharders follow anyway; handing it to the default sharders lets the planner count its
-        state in table memory, as ``lightrec plan`` does, so both print the same plan numbers.
-        """
-        module = self.lightning_module
-        fused_params = getattr(module, "fused_params", None)
-        if module is None or not callable(getattr(module, "build_model", None)) or not callable(fused_params):
-            return None
-        return dict(fused_params())
-
-    def _plan_for(self, module: nn.Module, sharders: list[ModuleSharder]) -> ShardingPlan | None:
+    def _plan_for(
+        self, module: nn.Module, sharders: list[ModuleSharder], request: ShardingRequest, trainer: pl.Trainer
+    ) -> ShardingPlan | None:
         if self._plan is not None:
             return self._plan
         sharded = any(isinstance(m, ShardedCollectionBase) for m in module.modules())
@@ -244,12 +242,13 @@ class RecStrategy(DDPStrategy):
         topology = self._topology or topology_for(self.world_size, self.root_device.type, self.num_processes)
         # A RecModule building tiered tables (tables_on="ssd") constrains their kernel; the
         # strategy's own constraints win for the tables they name.
-        module_constraints = getattr(self.lightning_module, "planner_constraints", None)
-        constraints = {**(module_constraints() if callable(module_constraints) else {}), **(self._constraints or {})}
+        constraints = {**request.constraints, **(self._constraints or {})}
         # The cost model's batch is the DataModule's per-rank batch, as `lightrec plan` passes it:
-        # both then print the same plan numbers.
-        trainer = getattr(self.lightning_module, "_trainer", None)
-        batch_size = getattr(getattr(trainer, "datamodule", None), "batch_size", None)
+        # both then print the same plan numbers. Foreign objects, read where present: Lightning's data
+        # connector sets `trainer.datamodule` (the Trainer class does not declare it); the batch size
+        # is the BatchSizedData contract (LightningDataModule declares none).
+        datamodule = getattr(trainer, "datamodule", None)
+        batch_size = datamodule.batch_size if isinstance(datamodule, BatchSizedData) else None
         planned = plan_sharding(
             module,
             sharders,
@@ -261,9 +260,25 @@ class RecStrategy(DDPStrategy):
         self.plan_report = planned.report
         return planned.plan
 
-    def _shard(self, module: pl.LightningModule, data_parallel: bool) -> DistributedModelParallel:
-        sharders = self._build_sharders()
-        plan = self._plan_for(module, sharders)
+    def _check_shardable(self, module: pl.LightningModule, sharders: list[ModuleSharder]) -> None:
+        """Refuse a module that brings nothing to shard and declares nothing (see ``lightrec.lightning.contracts``)."""
+        if isinstance(module, ShardedModelProvider) or shardable_modules(module, sharders):
+            return
+        if any(isinstance(m, ShardedCollectionBase) for m in module.modules()):
+            return
+        raise UnshardableModuleError(
+            f"RecStrategy shards embedding collections, but the {type(module).__name__} it was given holds none "
+            "after configure_model() and is not a lightrec RecModule. Build its EmbeddingBagCollection / "
+            "EmbeddingCollection in __init__ or configure_model(), derive it from lightrec.RecModule (with "
+            "table_configs() and build_model() it builds its tables itself), or train a model without embedding "
+            "tables with strategy='ddp'"
+        )
+
+    def _shard(self, module: pl.LightningModule, data_parallel: bool, trainer: pl.Trainer) -> DistributedModelParallel:
+        request = module.sharding_request() if isinstance(module, ShardedModelProvider) else ShardingRequest()
+        sharders = self._sharders_for(request)
+        self._check_shardable(module, sharders)
+        plan = self._plan_for(module, sharders, request, trainer)
         self.dmp = DistributedModelParallel(
             module,
             device=self.root_device,
@@ -315,7 +330,7 @@ class RecStrategy(DDPStrategy):
             self.precision_plugin.convert_module(self.model)
         self.model_to_device()
         # Shard for every stage: tables may not fit on one rank even for validate/test/predict.
-        self.model = self._shard(self._connected_module(), data_parallel=fitting)
+        self.model = self._shard(self._connected_module(), fitting, trainer)
         if fitting:
             self.setup_optimizers(trainer)
         self.setup_precision_plugin()

@@ -56,5 +56,7 @@ def test_bad_kernel_backend_is_rejected_by_sharders_and_strategy() -> None:
             make(kernel_backend="cuda")
     with pytest.raises(ValueError, match="kernel_backend must be one of"):
         RecStrategy(kernel_backend="tbe")
-    sharders = RecStrategy(kernel_backend="torch")._build_sharders()
+    from lightrec.lightning.contracts import ShardingRequest
+
+    sharders = RecStrategy(kernel_backend="torch")._sharders_for(ShardingRequest())
     assert [s.kernel_backend for s in sharders] == ["torch"] * 6  # EBC, EC, FP-EBC, fused EBC, MC EBC, MC EC

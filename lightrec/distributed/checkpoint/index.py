@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lightrec.distributed.model_parallel import DistributedModelParallel
 from lightrec.distributed.planner.plan import ShardingType, ShardMetadata
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
 
@@ -40,8 +41,7 @@ class LocalTable:
 
 def _root(module: nn.Module) -> nn.Module:
     # DistributedModelParallel.state_dict() is its inner module's; index that one.
-    inner = getattr(module, "_dmp_wrapped_module", None)
-    return module.module if inner is not None else module  # type: ignore[return-value]
+    return module.module if isinstance(module, DistributedModelParallel) else module
 
 
 def local_tables(module: nn.Module) -> dict[str, LocalTable]:

@@ -27,13 +27,21 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 __all__ = ["Awaitable", "AwaitableList", "GetItemLazyAwaitable", "LazyAwaitable", "LazyGetItemMixin", "LazyNoWait", "NoWait", "wait_all"]
 
 W = TypeVar("W")
 U = TypeVar("U")
 K = TypeVar("K")
+K_contra = TypeVar("K_contra", contravariant=True)
+V_co = TypeVar("V_co", covariant=True)
+
+
+class _Indexable(Protocol[K_contra, V_co]):
+    """A value ``v`` with ``v[key]`` (a ``KeyedTensor``, a dict, a tuple ...)."""
+
+    def __getitem__(self, key: K_contra, /) -> V_co: ...
 
 # Attributes set by the base classes; ``LazyAwaitable.__getattr__`` must never forward them to
 # the result (that would recurse while the object is half constructed).
@@ -72,7 +80,7 @@ class Awaitable(abc.ABC, Generic[W]):
             self._resolved = True
             # Callbacks may hold large closures (buffers of the collective); free them.
             self._callbacks = []
-        return self._result  # type: ignore[return-value]
+        return cast(W, self._result)  # set above: W, which may itself admit None
 
     def then(self, fn: Callable[[W], U]) -> Awaitable[U]:
         """A new awaitable whose value is ``fn(self.wait())``; nothing runs until it is waited."""
@@ -84,8 +92,8 @@ class Awaitable(abc.ABC, Generic[W]):
         return self._resolved
 
 
-class _Then(Awaitable[U]):
-    def __init__(self, source: Awaitable[Any], fn: Callable[[Any], U]) -> None:
+class _Then(Awaitable[U], Generic[W, U]):
+    def __init__(self, source: Awaitable[W], fn: Callable[[W], U]) -> None:
         super().__init__()
         self._source = source
         self._fn = fn
@@ -105,17 +113,17 @@ class NoWait(Awaitable[W]):
         return self._obj
 
 
-class AwaitableList(Awaitable[list[Any]]):
+class AwaitableList(Awaitable[list[W]]):
     """Waits for several awaitables, in order, and returns the list of their values."""
 
-    def __init__(self, awaitables: Sequence[Awaitable[Any]]) -> None:
+    def __init__(self, awaitables: Sequence[Awaitable[W]]) -> None:
         super().__init__()
         self._awaitables = list(awaitables)
 
     def __len__(self) -> int:
         return len(self._awaitables)
 
-    def _wait_impl(self) -> list[Any]:
+    def _wait_impl(self) -> list[W]:
         return [a.wait() for a in self._awaitables]
 
 
@@ -206,15 +214,15 @@ class LazyNoWait(LazyAwaitable[W]):
         return self._obj
 
 
-class GetItemLazyAwaitable(LazyAwaitable[Any]):
+class GetItemLazyAwaitable(LazyAwaitable[W], Generic[K, W]):
     """``parent[key]`` of a lazy result, itself lazy: nothing waits until the item is used."""
 
-    def __init__(self, parent: LazyAwaitable[Any], key: Any) -> None:
+    def __init__(self, parent: LazyAwaitable[_Indexable[K, W]], key: K) -> None:
         super().__init__()
         self._parent = parent
         self._key = key
 
-    def _wait_impl(self) -> Any:
+    def _wait_impl(self) -> W:
         return self._parent.wait()[self._key]
 
 
@@ -228,4 +236,6 @@ class LazyGetItemMixin(Generic[K, W]):
     def __getitem__(self, key: K) -> LazyAwaitable[W]:
         if not isinstance(self, LazyAwaitable):
             raise TypeError(f"LazyGetItemMixin needs a LazyAwaitable subclass, got {type(self).__name__}")
-        return GetItemLazyAwaitable(self, key)
+        # The class it is mixed into resolves to a value indexed by K (its LazyAwaitable's value).
+        parent = cast("LazyAwaitable[_Indexable[K, W]]", self)
+        return GetItemLazyAwaitable(parent, key)

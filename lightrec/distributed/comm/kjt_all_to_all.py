@@ -42,6 +42,8 @@ and copied out by the receiver -- the same bytes in the same buffers as the gloo
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 import torch.distributed as dist
 
@@ -52,6 +54,13 @@ from lightrec.distributed.comm.shm_transport import ShmExchange, ShmTransport, s
 from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = ["KJTAllToAll", "KJTAllToAllError", "KJTAllToAllSplitsAwaitable", "KJTAllToAllTensorsAwaitable"]
+
+
+class Waitable(Protocol):
+    """Work in flight: an async collective's ``dist.Work``, or a shared-memory receive of this file."""
+
+    def wait(self) -> object: ...
+
 
 # Columns of the per-destination count table exchanged first.
 _BATCH, _LENGTHS, _VALUES, _WEIGHTED, _CONSISTENT = range(5)
@@ -78,7 +87,7 @@ class KJTAllToAllTensorsAwaitable(Awaitable[KeyedJaggedTensor]):
         batch_size_per_rank: list[int],
         values_per_rank: list[int],
         values_sent_per_rank: list[int],
-        works: list[object],
+        works: list[Waitable],
         lengths: torch.Tensor | None,
         values: torch.Tensor,
         weights: torch.Tensor | None,
@@ -107,7 +116,7 @@ class KJTAllToAllTensorsAwaitable(Awaitable[KeyedJaggedTensor]):
 
     def _wait_impl(self) -> KeyedJaggedTensor:
         for work in self._works:
-            work.wait()  # type: ignore[attr-defined]
+            work.wait()
         self._keep = ()
         lengths, values, weights = self._lengths, self._values, self._weights
         if lengths is None:
@@ -131,7 +140,7 @@ class KJTAllToAllTensorsAwaitable(Awaitable[KeyedJaggedTensor]):
         )
 
 
-class KJTAllToAllSplitsAwaitable(Awaitable[KJTAllToAllTensorsAwaitable]):
+class KJTAllToAllSplitsAwaitable(Awaitable[Awaitable[KeyedJaggedTensor]]):
     """First stage: the count exchange is in flight; ``wait()`` starts the tensor all-to-alls."""
 
     def __init__(
@@ -140,22 +149,25 @@ class KJTAllToAllSplitsAwaitable(Awaitable[KJTAllToAllTensorsAwaitable]):
         rank: int,
         kjt: KeyedJaggedTensor,
         keys: list[str],
-        work: object,
+        work: Waitable,
         sent: torch.Tensor,
         received: torch.Tensor,
         shm: ShmTransport | None = None,
     ) -> None:
         super().__init__()
-        self._pg, self._rank, self._kjt, self._keys = pg, rank, kjt, keys
+        self._pg, self._rank, self._keys = pg, rank, keys
+        self._kjt: KeyedJaggedTensor | None = kjt  # released once the tensors are sent
         self._work, self._sent, self._received = work, sent, received
         self._shm = shm
 
     def _wait_impl(self) -> KJTAllToAllTensorsAwaitable:
-        self._work.wait()  # type: ignore[attr-defined]
+        self._work.wait()
         sent = self._sent.view(-1, _NUM_COLS).tolist()
         recv = self._received.view(-1, _NUM_COLS).tolist()
         kjt, pg = self._kjt, self._pg
-        self._kjt = None  # type: ignore[assignment]
+        if kjt is None:
+            raise RuntimeError("internal error: a KJT all-to-all's second stage started twice")
+        self._kjt = None
         _check_counts(self._rank, len(self._keys), kjt, sent, recv)
         weighted = kjt.weights_or_none() is not None
 
@@ -279,9 +291,13 @@ class _ShmKJTReceive:
     ) -> None:
         self._ex, self._rank = ex, rank
         self._recv_lengths, self._recv_values = recv_lengths, recv_values
-        self._out_values, self._out_weights, self._own = out_values, out_weights, own
+        self._out_values, self._out_weights = out_values, out_weights
+        # The sender's own chunk, read straight from its input; released once copied.
+        self._own: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, tuple[int, int]] | None = own
 
     def wait(self) -> None:
+        if self._own is None:
+            return  # received already
         lengths_in, values_in, weights_in, (own_l, own_v) = self._own
         out, wout = self._out_values, self._out_weights
         vsize = out.element_size()
@@ -298,7 +314,7 @@ class _ShmKJTReceive:
                     wout[wat : wat + n_v].copy_(self._ex.recv_view(src, wout.dtype, n_v, (n_l + n_v) * vsize))
             at, wat = at + n_l + n_v, wat + n_v
         self._ex.finish()
-        self._own = None  # type: ignore[assignment]
+        self._own = None
 
 
 class _ShmCountsReceive:
@@ -434,7 +450,7 @@ class KJTAllToAll:
         sent = table.view(-1)
         received = torch.empty_like(sent)
         shm = shm_transport(self._pg) if device.type == "cpu" and world_size > 1 else None
-        work: object
+        work: Waitable
         if shm is not None:
             ex = shm.start([0 if d == self._rank else 8 * _NUM_COLS for d in range(world_size)])
             for d in range(world_size):

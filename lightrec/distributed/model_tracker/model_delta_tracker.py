@@ -47,7 +47,7 @@ from lightrec.distributed.model_tracker.row_states import check_mode, live_state
 from lightrec.distributed.model_tracker.tables import LookupKeys, TrackedTable, find_tables
 from lightrec.distributed.model_tracker.types import TrackingMode, UniqueRows, UpdateMode
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
-from lightrec.distributed.sharding.lookups import _GroupedLookupBase
+from lightrec.distributed.sharding.lookups import GroupedLookup
 from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = ["SUPPORTED_MODULES", "UPDATE_MODE_MAP", "ModelDeltaTracker", "ModelDeltaTrackerTrec"]
@@ -140,7 +140,7 @@ class ModelDeltaTrackerTrec(ModelDeltaTracker):
         self.per_consumer_batch_idx: dict[str, int] = dict.fromkeys(names, -1)
         self.curr_batch_idx = 0
         self.curr_compact_index = 0
-        self._pending: list[tuple[int, _GroupedLookupBase, KeyedJaggedTensor, torch.Tensor | None]] = []
+        self._pending: list[tuple[int, GroupedLookup, KeyedJaggedTensor, torch.Tensor | None]] = []
         self._resets: list[tuple[int, str, torch.Tensor, torch.Tensor | None]] = []
         self._removers: list[Callable[[], None]] = [lk.register_lookup_tracker(self) for lk, _ in self._lookups.values()]
         logger.info("delta tracker (%s) on %d tables, consumers %s", mode.name, len(self._tables), names)
@@ -177,7 +177,7 @@ class ModelDeltaTrackerTrec(ModelDeltaTracker):
         self._removers = []
 
     # ---- recording (called by the lookups) ----------------------------------------------------
-    def on_lookup(self, lookup: _GroupedLookupBase, features: KeyedJaggedTensor, output: torch.Tensor) -> None:
+    def on_lookup(self, lookup: GroupedLookup, features: KeyedJaggedTensor, output: torch.Tensor) -> None:
         entry = self._lookups.get(id(lookup))
         if entry is None or entry[0] is not lookup:
             return
@@ -188,7 +188,7 @@ class ModelDeltaTrackerTrec(ModelDeltaTracker):
             states = states_at_lookup(self._tables, entry[1], features)  # before the backward's update
         self._pending.append((self.curr_batch_idx, lookup, features, states))
 
-    def on_rows_reset(self, lookup: _GroupedLookupBase, table: str, rows: torch.Tensor) -> None:
+    def on_rows_reset(self, lookup: GroupedLookup, table: str, rows: torch.Tensor) -> None:
         entry = self._lookups.get(id(lookup))
         if entry is None:
             return
@@ -206,7 +206,7 @@ class ModelDeltaTrackerTrec(ModelDeltaTracker):
                       raw_ids: torch.Tensor | None = None) -> None:  # fmt: skip
         """torchrec's recording entry: ``emb_module`` (a grouped lookup of a tracked collection)
         read ``kjt`` (its slot keys, shard-local ids) and returned ``states``."""
-        if not isinstance(emb_module, _GroupedLookupBase) or id(emb_module) not in self._lookups:
+        if not isinstance(emb_module, GroupedLookup) or id(emb_module) not in self._lookups:
             raise ValueError("record_lookup needs emb_module= a grouped lookup of a tracked collection (lookups "
                              "record themselves; this entry exists for torchrec's call shape)")  # fmt: skip
         self.on_lookup(emb_module, kjt, states)

@@ -28,7 +28,7 @@ from lightrec.distributed.mc_modules import ShardedManagedCollisionCollection
 from lightrec.distributed.planner.plan import ShardingType, ShardMetadata
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
 from lightrec.distributed.sharding.data_parallel import DpEmbeddingSharding
-from lightrec.distributed.sharding.lookups import _GroupedLookupBase
+from lightrec.distributed.sharding.lookups import GroupedLookup
 from lightrec.kernels.batched_embedding import BatchedEmbedding, BatchedEmbeddingBag
 from lightrec.modules.managed_collision.base import ManagedCollisionModule
 from lightrec.modules.managed_collision.ops import EMPTY_ID
@@ -167,7 +167,7 @@ def sharded_collections(model: nn.Module) -> list[tuple[str, ShardedCollectionBa
 
 def find_tables(
     model: nn.Module, fqns_to_skip: list[str] | None = None
-) -> tuple[dict[str, TrackedTable], dict[int, tuple[_GroupedLookupBase, LookupKeys]]]:
+) -> tuple[dict[str, TrackedTable], dict[int, tuple[GroupedLookup, LookupKeys]]]:
     """Every table of every sharded collection of ``model`` (by FQN), and every grouped lookup with its key map.
 
     Args:
@@ -186,7 +186,7 @@ def find_tables(
         raise ValueError(f"{type(model).__name__} holds no sharded embedding collection; the delta tracker tracks "
                          "the tables of a DistributedModelParallel (or of RecStrategy's sharded model)")  # fmt: skip
     tables: dict[str, TrackedTable] = {}
-    lookups: dict[int, tuple[_GroupedLookupBase, LookupKeys]] = {}
+    lookups: dict[int, tuple[GroupedLookup, LookupKeys]] = {}
     for path, collection in collections:
         if _skipped(path, skip):
             continue

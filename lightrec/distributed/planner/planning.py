@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from lightrec.distributed.planner.plan import ModuleSharder, ShardingPlan
+from lightrec.distributed.planner.plan.sharder import PooledTables, SequenceTables
 from lightrec.distributed.planner.planners import EmbeddingShardingPlanner
 from lightrec.distributed.planner.report import PlannerReport
 from lightrec.distributed.planner.types import ParameterConstraints, Topology
@@ -101,13 +102,10 @@ def plan_sharding(
 
 def _unsharded_twin(sharded: nn.Module) -> nn.Module | None:
     """An unsharded ``meta`` collection with the tables of ``sharded`` (None: not a known kind)."""
-    bag_configs = getattr(sharded, "embedding_bag_configs", None)
-    if callable(bag_configs):
-        weighted = getattr(sharded, "is_weighted", lambda: False)()
-        return EmbeddingBagCollection(list(bag_configs()), is_weighted=bool(weighted), device="meta")
-    configs = getattr(sharded, "embedding_configs", None)
-    if callable(configs):
-        return EmbeddingCollection(list(configs()), device="meta")
+    if isinstance(sharded, PooledTables):
+        return EmbeddingBagCollection(list(sharded.embedding_bag_configs()), is_weighted=sharded.is_weighted(), device="meta")
+    if isinstance(sharded, SequenceTables):
+        return EmbeddingCollection(list(sharded.embedding_configs()), device="meta")
     return None
 
 

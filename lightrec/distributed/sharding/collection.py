@@ -34,12 +34,13 @@ data-parallel one).
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Generic, TypeVar, cast
 
 import torch
 from torch import nn
 
+from lightrec.distributed.comm.awaitable import Awaitable
 from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
 from lightrec.distributed.comm.sharding_env import ShardingEnv
 from lightrec.distributed.comm.streams import on_stream
@@ -51,16 +52,24 @@ from lightrec.distributed.planner.plan import (
     ShardMetadata,
     placement_for,
 )
+from lightrec.distributed.planner.plan.sharder import FusedParamsLike, PooledTables, SequenceTables
 from lightrec.distributed.sharding import SHARDING_CLASSES
-from lightrec.distributed.sharding.common import EmbeddingSharding, ShardedTable, ShardingContext
+from lightrec.distributed.sharding.common import (
+    KJTEmbeddingSharding,
+    KJTInputDist,
+    KJTOutputDist,
+    ShardedTable,
+    ShardingContext,
+)
 from lightrec.distributed.sharding.data_parallel import DpEmbeddingSharding
 from lightrec.distributed.sharding.id_bounds import IdBounds
-from lightrec.distributed.sharding.lookups import _GroupedLookupBase
+from lightrec.distributed.sharding.lookups import GroupedLookup
 from lightrec.distributed.sharding.state_dict import load_state_dict_pre_hook, state_dict_hook
 from lightrec.distributed.sharding.tiering import tiering_for, tiering_params
 from lightrec.distributed.sharding.work_ahead import AheadQueue, StartedInputDist
 from lightrec.kernels.kernel_registry import check_kernel_backend
-from lightrec.modules.embedding_configs import BaseEmbeddingConfig, PoolingType
+from lightrec.modules.embedding_configs import BaseEmbeddingConfig, EmbeddingBagConfig, PoolingType
+from lightrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from lightrec.modules.feature_checks import check_collection_input, features_of_several_tables
 from lightrec.optim.fused_spec import FusedOptimizerSpec
 from lightrec.optim.in_backward import fused_spec_from_parameter
@@ -69,9 +78,16 @@ from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = ["ShardedCollectionBase"]
 
+#: What a sharded collection's forward returns: an awaitable of its output (``EmbeddingBagCollectionAwaitable``,
+#: ``EmbeddingCollectionAwaitable``), or torchrec's pair for managed-collision collections.
+Out = TypeVar("Out", covariant=True)
 
-class ShardedCollectionBase(nn.Module, abc.ABC):
+
+class ShardedCollectionBase(nn.Module, abc.ABC, Generic[Out]):
     """Common construction, forward plumbing, optimizer and state dict of sharded collections.
+
+    Generic in ``Out``, what its forward returns (see the module docstring for the stages: every
+    sharding type's ``InputDist`` -> ``GroupedLookup`` -> ``OutputDist``, then :meth:`_assemble`).
 
     Args:
         module: the unsharded collection (on ``meta``: shards are initialised; otherwise the
@@ -94,7 +110,6 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
 
     _attr = "embedding_bags"
     _pooled = True
-    _configs_getter = "embedding_bag_configs"
     # Prefix of the table keys in the state dict (a collection nested in a wrapper module keeps the
     # unsharded wrapper's keys, e.g. "_embedding_module." for managed-collision collections).
     _state_prefix = ""
@@ -102,10 +117,10 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
     def __init__(
         self,
         module: nn.Module,
-        table_plan: EmbeddingModuleShardingPlan | Mapping[str, Any],
+        table_plan: Mapping[str, ParameterSharding],
         env: ShardingEnv,
         device: torch.device,
-        fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None,
+        fused_params: FusedParamsLike = None,
         seed: int = 0,
         kernel_backend: str = "auto",
         qcomm_codecs_registry: Mapping[str, QuantizedCommCodecs] | None = None,
@@ -125,22 +140,20 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
         self._configs = list(configs)
         self._env = env
         self._device = device
-        self._is_weighted = bool(getattr(module, "is_weighted", lambda: False)())
-        self._id_bounds = IdBounds(
-            getattr(module, "_bounds_check", "error"),
-            {f: c.num_embeddings for c in configs for f in c.feature_names},
-        )
+        self._is_weighted = module.is_weighted() if isinstance(module, PooledTables) else False
+        # The unsharded module's bounds_check policy (a fused collection has none: ids are checked).
+        bounds_check = module._bounds_check if isinstance(module, (EmbeddingBagCollection, EmbeddingCollection)) else "error"
+        self._id_bounds = IdBounds(bounds_check, {f: c.num_embeddings for c in configs for f in c.feature_names})
         self._check_plan(configs, table_plan)
         self._feature_order = [f for c in configs for f in c.feature_names]
         dims = {f: c.embedding_dim for c in configs for f in c.feature_names}
         self._length_per_key = [dims[f] for f in self._feature_order]  # pooled output widths
         default_spec = FusedOptimizerSpec.coerce(fused_params) or FusedOptimizerSpec()
         tiering_defaults = tiering_params(fused_params if isinstance(fused_params, Mapping) else None)
-        holders = getattr(module, self._attr)
         by_type: dict[str, list[ShardedTable]] = {}
         for c in configs:
             ps = table_plan[c.name]
-            weight = holders[c.name].weight
+            weight = module.get_parameter(f"{self._attr}.{c.name}.weight")
             dense = ps.compute_kernel == EmbeddingComputeKernel.DENSE.value
             spec: FusedOptimizerSpec | None = fused_spec_from_parameter(weight) or default_spec
             if dense and ps.sharding_type != ShardingType.DATA_PARALLEL.value:
@@ -155,7 +168,7 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
                     f"table {c.name!r} is placed on {bad}, beyond world size {env.world_size}; re-plan"
                 )
             source = None if weight.device.type == "meta" else weight.detach()
-            pooling = getattr(c, "pooling", PoolingType.NONE) if self._pooled else PoolingType.NONE
+            pooling = c.pooling if self._pooled and isinstance(c, EmbeddingBagConfig) else PoolingType.NONE
             tiering = tiering_for(ps, c, tiering_defaults, env)
             by_type.setdefault(ps.sharding_type, []).append(
                 ShardedTable(c, ps, shards, spec, source, pooling, kernel_backend, tiering)
@@ -163,7 +176,7 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
         context = ShardingContext(
             self._feature_order, env, device, self._pooled, self._is_weighted, seed, qcomm_codecs_registry
         )
-        self._shardings: list[EmbeddingSharding] = [
+        self._shardings: list[KJTEmbeddingSharding] = [
             self._make_sharding(st, tables, context) for st, tables in by_type.items()
         ]
         self._column_index = self._output_column_index() if self._pooled else None
@@ -198,7 +211,7 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
 
     def _make_sharding(
         self, sharding_type: str, tables: list[ShardedTable], context: ShardingContext
-    ) -> EmbeddingSharding:
+    ) -> KJTEmbeddingSharding:
         """The sharding of one type (subclasses with their own sharding classes override this)."""
         return SHARDING_CLASSES[sharding_type](tables, context)
 
@@ -209,14 +222,14 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
         return []
 
     def _configs_of(self, module: nn.Module) -> list[BaseEmbeddingConfig]:
-        getter = getattr(module, self._configs_getter, None)
-        if not callable(getter):
-            raise TypeError(
-                f"{type(self).__name__} shards modules with a {self._configs_getter}() method, got {type(module).__name__}"
-            )
-        return list(getter())
+        if self._pooled and isinstance(module, PooledTables):
+            return list(module.embedding_bag_configs())
+        if not self._pooled and isinstance(module, SequenceTables):
+            return list(module.embedding_configs())
+        getter = "embedding_bag_configs" if self._pooled else "embedding_configs"
+        raise TypeError(f"{type(self).__name__} shards modules with a {getter}() method, got {type(module).__name__}")
 
-    def _check_plan(self, configs: list[BaseEmbeddingConfig], plan: Mapping[str, Any]) -> None:
+    def _check_plan(self, configs: list[BaseEmbeddingConfig], plan: Mapping[str, ParameterSharding]) -> None:
         names = [c.name for c in configs]
         missing = [n for n in names if n not in plan]
         unknown = [n for n in plan if n not in names]
@@ -263,8 +276,16 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
                     out[table].append((key, self._tables[table].shards[shard], param))
         return out
 
-    def _grouped_lookups(self) -> list[_GroupedLookupBase]:
-        return [lk for lk in self._lookups if isinstance(lk, _GroupedLookupBase)]  # all are
+    # The stage modules, typed: the ModuleLists hold what the shardings' create_* built (one per
+    # sharding type, in order); a wrapper may replace an output dist by another OutputDist.
+    def _grouped_lookups(self) -> Sequence[GroupedLookup]:
+        return cast("Sequence[GroupedLookup]", self._lookups)
+
+    def _input_dist_modules(self) -> Sequence[KJTInputDist]:
+        return cast("Sequence[KJTInputDist]", self._input_dists)
+
+    def _output_dist_modules(self) -> Sequence[KJTOutputDist]:
+        return cast("Sequence[KJTOutputDist]", self._output_dists)
 
     def _build_fused_optimizer(self) -> CombinedOptimizer:
         optims: list[tuple[str, KeyedOptimizer]] = []
@@ -290,7 +311,7 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
         return self._lookups
 
     @property
-    def shardings(self) -> list[EmbeddingSharding]:
+    def shardings(self) -> list[KJTEmbeddingSharding]:
         return list(self._shardings)
 
     @property
@@ -344,10 +365,10 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
         positions = self._positions(features.keys())
         with on_stream(stream):
             bounded = self._id_bounds(features)  # the unsharded module's bounds_check policy
-            contexts = [d(bounded, positions) for d in self._input_dists]
+            contexts = [d(bounded, positions) for d in self._input_dist_modules()]
         return StartedInputDist(features, positions, contexts, bounded, stream=stream)
 
-    def _received(self, started: StartedInputDist) -> list[Any]:
+    def _received(self, started: StartedInputDist) -> list[Awaitable[KeyedJaggedTensor]]:
         """Stage 2 of ``started`` (if not run yet); from a side stream, waited and handed over here."""
         tensors = started.progress()
         if started.stream is not None:
@@ -358,25 +379,26 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
         """This rank's lookups of what ``started`` received (waits for its exchanges): one tensor per
         sharding type (pooled ``[sum B, width]``, sequence one row per received id)."""
         tensors = self._received(started)
-        return [lookup(self._lookup_input(i, t.wait())) for i, (lookup, t) in enumerate(zip(self._lookups, tensors))]
+        lookups = self._grouped_lookups()
+        return [lookup(self._lookup_input(i, t.wait())) for i, (lookup, t) in enumerate(zip(lookups, tensors))]
 
-    def output_dist(self, embeddings: list[torch.Tensor], started: StartedInputDist) -> Any:
+    def output_dist(self, embeddings: list[torch.Tensor], started: StartedInputDist) -> Out:
         """Send ``embeddings`` (from :meth:`lookup`) back to the ranks owning the samples; returns
         the awaitable the forward returns."""
         tensors = self._received(started)
         results = [
             output_dist(e, t, ctx)
-            for output_dist, e, t, ctx in zip(self._output_dists, embeddings, tensors, started.contexts)
+            for output_dist, e, t, ctx in zip(self._output_dist_modules(), embeddings, tensors, started.contexts)
         ]
         return self._assemble(started, results)
 
-    def compute_and_output_dist(self, started: StartedInputDist) -> Any:
+    def compute_and_output_dist(self, started: StartedInputDist) -> Out:
         """:meth:`lookup` and :meth:`output_dist` sharding by sharding: each output dist starts as soon
         as its lookup is done, overlapping the next lookup. What the forward runs."""
         tensors = self._received(started)
-        results = []
+        results: list[Awaitable[torch.Tensor]] = []
         for i, (ctx, t, lookup, output_dist) in enumerate(
-            zip(started.contexts, tensors, self._lookups, self._output_dists)
+            zip(started.contexts, tensors, self._grouped_lookups(), self._output_dist_modules())
         ):
             results.append(output_dist(lookup(self._lookup_input(i, t.wait())), t, ctx))
         return self._assemble(started, results)
@@ -395,14 +417,15 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
                 lookup.prefetch(kjt)
 
     @abc.abstractmethod
-    def _assemble(self, started: StartedInputDist, results: list[Any]) -> Any:
+    def _assemble(self, started: StartedInputDist, results: list[Awaitable[torch.Tensor]]) -> Out:
         """The forward's awaitable from the output dists' awaitables (one per sharding type)."""
 
-    def forward(self, features: KeyedJaggedTensor) -> Any:
+    def forward(self, features: KeyedJaggedTensor) -> Out:
         """Every stage for ``features`` -- or the rest of what a pipeline started for its tensors."""
         work = self.ahead.take(features)
         if work is not None and work.output is not None:
-            return work.output  # launched by DistributedModelParallel's look-ahead
+            # launched by DistributedModelParallel's look-ahead: this collection's compute_and_output_dist
+            return cast(Out, work.output)
         started = work.started if work is not None and work.started is not None else self.input_dist(features)
         return self.compute_and_output_dist(started)
 
@@ -428,7 +451,7 @@ class ShardedCollectionBase(nn.Module, abc.ABC):
             if len(modules):
                 lines.append(f"  ({key}):")
                 lines += ["    " + line for m in modules for line in repr(m).splitlines()]
-        holders = repr(getattr(self, self._attr)).splitlines()
+        holders = repr(self.get_submodule(self._attr)).splitlines()
         lines.append(f"  ({self._attr}): {holders[0]}")
         lines += ["  " + line for line in holders[1:]]
         lines.append(")")

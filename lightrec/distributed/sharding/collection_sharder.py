@@ -16,7 +16,12 @@ from torch import nn
 
 from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
 from lightrec.distributed.comm.sharding_env import ShardingEnv, as_env
-from lightrec.distributed.planner.plan import EmbeddingModuleShardingPlan, ModuleSharder, StorageUsageType
+from lightrec.distributed.planner.plan import (
+    ModuleSharder,
+    ParameterSharding,
+    StorageUsageType,
+)
+from lightrec.distributed.planner.plan.sharder import FusedParamsLike
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
 from lightrec.distributed.sharding.tiering import tiering_params
 from lightrec.kernels.kernel_registry import check_kernel_backend
@@ -26,7 +31,7 @@ __all__ = ["CollectionSharder", "normalized_fused_params"]
 
 
 def normalized_fused_params(
-    fused_params: Mapping[str, Any] | FusedOptimizerSpec | None,
+    fused_params: FusedParamsLike,
 ) -> dict[str, Any] | None:
     """Validate a sharder's ``fused_params`` (errors name the bad key) and return the full dict,
     with the optimizer spelled by its enum *name* (``"ROWWISE_ADAGRAD"``), the spelling every
@@ -60,7 +65,7 @@ class CollectionSharder(ModuleSharder):
 
     def __init__(
         self,
-        fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None,
+        fused_params: FusedParamsLike = None,
         kernel_backend: str = "auto",
         qcomm_codecs_registry: Mapping[str, QuantizedCommCodecs] | None = None,
     ) -> None:
@@ -80,7 +85,7 @@ class CollectionSharder(ModuleSharder):
     def shard(
         self,
         module: nn.Module,
-        params: EmbeddingModuleShardingPlan | Mapping[str, Any],
+        params: Mapping[str, ParameterSharding],
         env: ShardingEnv | dist.ProcessGroup | None = None,
         device: torch.device | str | None = None,
         module_fqn: str | None = None,
@@ -107,6 +112,6 @@ class CollectionSharder(ModuleSharder):
             self._qcomm_codecs_registry,
         )  # fmt: skip
 
-    def _fused_params_for(self, module: nn.Module) -> Mapping[str, Any] | FusedOptimizerSpec | None:
+    def _fused_params_for(self, module: nn.Module) -> FusedParamsLike:
         """The fused optimizer of ``module``'s tables not marked by ``apply_optimizer_in_backward``."""
         return self.fused_params or None

@@ -11,7 +11,12 @@ row-wise one slot per rank (every rank holds a row block and sees the ids that f
 
 Each sharding type (``table_wise.py``, ``row_wise.py`` ...) implements
 :class:`EmbeddingSharding` -- ``create_input_dist`` / ``create_lookup`` / ``create_output_dist``
--- and the sharded collections chain the three per sharding type.
+-- and the sharded collections chain the three per sharding type. What flows between them is
+declared here, for every sharding type alike::
+
+    InputDist   (kjt: KeyedJaggedTensor, positions) -> DistContext  (splits: Awaitable[Awaitable[KJT]])
+    lookup      (received: KeyedJaggedTensor) -> torch.Tensor       (lookups.GroupedLookup)
+    OutputDist  (embeddings: Tensor, received: Awaitable[KJT], ctx) -> Awaitable[torch.Tensor]
 
 On each rank the slots of one sharding type are served by ``lookups.GroupedPooledEmbeddingsLookup``
 (or ``lookups.GroupedEmbeddingsLookup`` for sequence embeddings): one batched kernel call per group
@@ -30,7 +35,7 @@ import abc
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -48,7 +53,13 @@ from lightrec.optim.fused_spec import FusedOptimizerSpec
 from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = [
+    "DistContext",
+    "EmbeddingLookup",
     "EmbeddingSharding",
+    "InputDist",
+    "KJTEmbeddingSharding",
+    "KJTInputDist",
+    "KJTOutputDist",
     "OutputDist",
     "PooledOutputDist",
     "SequenceOutputDist",
@@ -256,61 +267,6 @@ class ShardingContext:
     qcomm_codecs_registry: Mapping[str, QuantizedCommCodecs] | None = None
 
 
-class EmbeddingSharding(abc.ABC):
-    """One sharding type's part of a sharded collection: input dist, local lookup, output dist.
-
-    Args:
-        tables: the tables of this sharding type, in the collection's table order.
-        context: what every sharding type of the collection shares (:class:`ShardingContext`).
-    """
-
-    name: str = "abstract"
-
-    def __init__(self, tables: list[ShardedTable], context: ShardingContext) -> None:
-        self.tables = {t.name: t for t in tables}
-        self.table_list = list(tables)
-        self.env = context.env
-        self.device = context.device
-        self.pooled = context.pooled
-        self.is_weighted = context.is_weighted
-        self.seed = context.seed
-        self.attr = "embedding_bags" if context.pooled else "embeddings"
-        index = {f: i for i, f in enumerate(context.feature_order)}
-        # Features of this sharding in the collection's order, with their tables.
-        self.features: list[tuple[str, int, ShardedTable]] = [
-            (f, index[f], t) for t in tables for f in t.config.feature_names
-        ]
-        self.features.sort(key=lambda x: x[1])
-        self.grad_scale = 1.0 / context.env.world_size
-        self.qcomm_codecs_registry = dict(context.qcomm_codecs_registry or {})
-
-    def codecs(self, comm_op: str) -> QuantizedCommCodecs | None:
-        """The codecs of ``comm_op`` (``"pooled_embeddings_all_to_all"``, ``"pooled_embeddings_reduce_scatter"``,
-        ``"sequence_embeddings_all_to_all"``), or None."""
-        return self.qcomm_codecs_registry.get(comm_op)
-
-    @abc.abstractmethod
-    def create_input_dist(self) -> nn.Module:
-        """Module ``(kjt, key_positions) -> Awaitable[Awaitable[KJT]]`` routing ids to shards."""
-
-    @abc.abstractmethod
-    def create_lookup(self) -> nn.Module:
-        """This rank's grouped lookup of the received KJT."""
-
-    @abc.abstractmethod
-    def create_output_dist(self) -> OutputDist:
-        """Module sending lookup results back to the ranks owning the samples."""
-
-    def output_layout(self) -> list[tuple[str, int, int]]:
-        """Pooled: ``(feature, col_offset, cols)`` of each column block of the output dist's result,
-        in order; unpooled shardings describe their rows in :meth:`feature_rows` instead."""
-        raise TypeError(f"{type(self).__name__} has no pooled output layout")
-
-    def feature_rows(self, rows: torch.Tensor, ctx: DistContext) -> dict[str, torch.Tensor]:
-        """Sequence output: ``{feature: [N_f, D]}`` out of the rows the output dist returned."""
-        raise TypeError(f"{type(self).__name__} has no sequence output")
-
-
 def width_of(tables: Sequence[ShardedTable]) -> int:
     """Widest shard over the tables (the padded row width of sequence all-to-alls)."""
     return max((s.shard_sizes[1] for t in tables for s in t.shards), default=0)
@@ -345,8 +301,45 @@ class DistContext:
     """
 
     sent: KeyedJaggedTensor
-    splits: Awaitable[Any]
+    splits: Awaitable[Awaitable[KeyedJaggedTensor]]
     unbucketize: torch.Tensor | None = None
+
+
+C = TypeVar("C", bound=DistContext)
+"""What a sharding's input dist starts for one forward (:class:`DistContext` or a subclass)."""
+F = TypeVar("F")
+"""The features one rank looks up (``KeyedJaggedTensor``)."""
+T = TypeVar("T")
+"""What the lookup returns and the output dist sends (``torch.Tensor``)."""
+W = TypeVar("W")
+"""What the output dist's awaitable gives (``torch.Tensor``: pooled ``[B_local, width]`` or rows)."""
+
+
+class InputDist(nn.Module, abc.ABC, Generic[C]):
+    """A sharding type's input dist: select its features of the collection's KJT and start sending
+    their ids to the ranks holding their shards (stage 1: the splits exchange)."""
+
+    @abc.abstractmethod
+    def forward(self, kjt: KeyedJaggedTensor, positions: list[int] | None = None) -> C:
+        """Start the input dist of ``kjt``; ``positions[i]``: key index in ``kjt`` of collection
+        feature ``i`` (None: the collection's order)."""
+
+    if TYPE_CHECKING:  # nn.Module.__call__ runs the hooks and forward; declared with forward's types
+
+        def __call__(self, kjt: KeyedJaggedTensor, positions: list[int] | None = None) -> C: ...
+
+
+class EmbeddingLookup(nn.Module, abc.ABC, Generic[F, T]):
+    """A sharding type's lookup on one rank: the features it received -> their embeddings
+    (``lookups.GroupedLookup``: ``KeyedJaggedTensor`` -> ``torch.Tensor``)."""
+
+    @abc.abstractmethod
+    def forward(self, features: F) -> T:
+        """This rank's embeddings of the received ``features``."""
+
+    if TYPE_CHECKING:  # nn.Module.__call__ runs the hooks and forward; declared with forward's types
+
+        def __call__(self, features: F) -> T: ...
 
 
 def exchanged(received: Awaitable[KeyedJaggedTensor]) -> KJTAllToAllTensorsAwaitable:
@@ -359,18 +352,27 @@ def exchanged(received: Awaitable[KeyedJaggedTensor]) -> KJTAllToAllTensorsAwait
     return received
 
 
-class OutputDist(nn.Module, abc.ABC):
+class OutputDist(nn.Module, abc.ABC, Generic[C, F, T, W]):
     """A sharding type's output dist: this rank's lookup results -> its samples' embeddings."""
 
     @abc.abstractmethod
-    def forward(
-        self, embeddings: torch.Tensor, received: Awaitable[KeyedJaggedTensor], ctx: DistContext
-    ) -> Awaitable[torch.Tensor]:
+    def forward(self, embeddings: T, received: Awaitable[F], ctx: C) -> Awaitable[W]:
         """Start sending ``embeddings`` (the lookup of ``received.wait()``) back to the ranks owning
         the samples (pooled: ``[B_local, width]``; sequence: one row per input id)."""
 
+    if TYPE_CHECKING:  # nn.Module.__call__ runs the hooks and forward; declared with forward's types
 
-class PooledOutputDist(OutputDist):
+        def __call__(self, embeddings: T, received: Awaitable[F], ctx: C) -> Awaitable[W]: ...
+
+
+KJTInputDist = InputDist[DistContext]
+"""The input dist of every sharding type here."""
+
+KJTOutputDist = OutputDist[DistContext, KeyedJaggedTensor, torch.Tensor, torch.Tensor]
+"""The output dist of every sharding type here: tensors back for the KJT it received."""
+
+
+class PooledOutputDist(KJTOutputDist):
     """Pooled embeddings back by the source ranks' batch sizes, through ``collective(embeddings,
     batch_size_per_rank)`` (the pooled all-to-all, or the reduce-scatter of row-wise partial sums)."""
 
@@ -384,7 +386,7 @@ class PooledOutputDist(OutputDist):
         return self._dist(embeddings, exchanged(received).batch_size_per_rank)
 
 
-class SequenceOutputDist(OutputDist):
+class SequenceOutputDist(KJTOutputDist):
     """Every looked-up row back to the rank that sent its id (``SequenceEmbeddingsAllToAll``)."""
 
     def __init__(self, pg: dist.ProcessGroup | None, codecs: QuantizedCommCodecs | None = None) -> None:
@@ -395,6 +397,70 @@ class SequenceOutputDist(OutputDist):
         self, embeddings: torch.Tensor, received: Awaitable[KeyedJaggedTensor], ctx: DistContext
     ) -> Awaitable[torch.Tensor]:
         return self._dist(embeddings, exchanged(received))
+
+
+class EmbeddingSharding(abc.ABC, Generic[C, F, T, W]):
+    """One sharding type's part of a sharded collection: input dist, local lookup, output dist.
+
+    Generic as torchrec's ``EmbeddingSharding[C, F, T, W]``: ``C`` the context its input dist
+    starts (:class:`DistContext`), ``F`` the features a rank looks up, ``T`` what the lookup
+    returns and the output dist sends, ``W`` what the output dist's awaitable gives. Every
+    sharding type here is a :data:`KJTEmbeddingSharding` (KJT in, tensors out).
+
+    Args:
+        tables: the tables of this sharding type, in the collection's table order.
+        context: what every sharding type of the collection shares (:class:`ShardingContext`).
+    """
+
+    name: str = "abstract"
+
+    def __init__(self, tables: list[ShardedTable], context: ShardingContext) -> None:
+        self.tables = {t.name: t for t in tables}
+        self.table_list = list(tables)
+        self.env = context.env
+        self.device = context.device
+        self.pooled = context.pooled
+        self.is_weighted = context.is_weighted
+        self.seed = context.seed
+        self.attr = "embedding_bags" if context.pooled else "embeddings"
+        index = {f: i for i, f in enumerate(context.feature_order)}
+        # Features of this sharding in the collection's order, with their tables.
+        self.features: list[tuple[str, int, ShardedTable]] = [
+            (f, index[f], t) for t in tables for f in t.config.feature_names
+        ]
+        self.features.sort(key=lambda x: x[1])
+        self.grad_scale = 1.0 / context.env.world_size
+        self.qcomm_codecs_registry = dict(context.qcomm_codecs_registry or {})
+
+    def codecs(self, comm_op: str) -> QuantizedCommCodecs | None:
+        """The codecs of ``comm_op`` (``"pooled_embeddings_all_to_all"``, ``"pooled_embeddings_reduce_scatter"``,
+        ``"sequence_embeddings_all_to_all"``), or None."""
+        return self.qcomm_codecs_registry.get(comm_op)
+
+    @abc.abstractmethod
+    def create_input_dist(self) -> InputDist[C]:
+        """Module ``(kjt, key_positions) -> DistContext`` routing ids to shards."""
+
+    @abc.abstractmethod
+    def create_lookup(self) -> EmbeddingLookup[F, T]:
+        """This rank's grouped lookup of the received KJT."""
+
+    @abc.abstractmethod
+    def create_output_dist(self) -> OutputDist[C, F, T, W]:
+        """Module sending lookup results back to the ranks owning the samples."""
+
+    def output_layout(self) -> list[tuple[str, int, int]]:
+        """Pooled: ``(feature, col_offset, cols)`` of each column block of the output dist's result,
+        in order; unpooled shardings describe their rows in :meth:`feature_rows` instead."""
+        raise TypeError(f"{type(self).__name__} has no pooled output layout")
+
+    def feature_rows(self, rows: W, ctx: C) -> dict[str, torch.Tensor]:
+        """Sequence output: ``{feature: [N_f, D]}`` out of the rows the output dist returned."""
+        raise TypeError(f"{type(self).__name__} has no sequence output")
+
+
+KJTEmbeddingSharding = EmbeddingSharding[DistContext, KeyedJaggedTensor, torch.Tensor, torch.Tensor]
+"""Every sharding type here: KJT in (input dist and lookup), tensors out (lookup and output dist)."""
 
 
 class KeySelector:

@@ -28,9 +28,10 @@ from lightrec.distributed.comm.failures import collective_guard, timeout_of
 from lightrec.distributed.comm.sharding_env import ShardingEnv
 from lightrec.distributed.sharding.common import (
     DistContext,
-    EmbeddingSharding,
+    InputDist,
     KeySelector,
-    OutputDist,
+    KJTEmbeddingSharding,
+    KJTOutputDist,
     ShardedTable,
     ShardingContext,
     ShardSlot,
@@ -40,8 +41,8 @@ from lightrec.distributed.sharding.common import (
 )
 from lightrec.distributed.sharding.lookups import (
     GroupedEmbeddingsLookup,
+    GroupedLookup,
     GroupedPooledEmbeddingsLookup,
-    _GroupedLookupBase,
 )
 from lightrec.kernels.batched_embedding import EmbeddingFusedOptimizer
 from lightrec.kernels.sparse_update import apply_sparse_update
@@ -73,7 +74,7 @@ def side_group(pg: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
     return _SIDE_GROUPS[key]
 
 
-class DpSparseFeaturesDist(nn.Module):
+class DpSparseFeaturesDist(InputDist[DistContext]):
     """Input dist of data-parallel tables: select the features locally; nothing is sent."""
 
     def __init__(self, feature_indices: list[int], keep_weights: bool) -> None:
@@ -82,10 +83,10 @@ class DpSparseFeaturesDist(nn.Module):
 
     def forward(self, kjt: KeyedJaggedTensor, positions: list[int] | None = None) -> DistContext:
         sent = self._select(kjt, positions)
-        return DistContext(sent, NoWait(NoWait(sent)))
+        return DistContext(sent, NoWait[Awaitable[KeyedJaggedTensor]](NoWait(sent)))
 
 
-class DpEmbeddingDist(OutputDist):
+class DpEmbeddingDist(KJTOutputDist):
     """Output dist of data-parallel tables: the local result is already final (pooled ``[B, D]``,
     or sequence rows already in input order)."""
 
@@ -105,7 +106,7 @@ class DataParallelTableSync:
     """
 
     def __init__(
-        self, lookup: _GroupedLookupBase, specs: dict[str, FusedOptimizerSpec], env: ShardingEnv, attr: str
+        self, lookup: GroupedLookup, specs: dict[str, FusedOptimizerSpec], env: ShardingEnv, attr: str
     ) -> None:
         self._world_size = env.world_size
         self._group = side_group(env.pg)
@@ -160,7 +161,7 @@ def _new_state(spec: FusedOptimizerSpec, weight: torch.Tensor) -> dict[str, torc
     return state
 
 
-class DpEmbeddingSharding(EmbeddingSharding):
+class DpEmbeddingSharding(KJTEmbeddingSharding):
     """Replicated tables (see the module docstring).
 
     The tables' kernels are plain autograd kernels; ``optimizers`` gives each table's fused rule.
@@ -183,13 +184,13 @@ class DpEmbeddingSharding(EmbeddingSharding):
         self.width = width_of(tables)
         self.sync: DataParallelTableSync | None = None
 
-    def create_input_dist(self) -> nn.Module:
+    def create_input_dist(self) -> InputDist[DistContext]:
         return DpSparseFeaturesDist([s.feature_index for s in self.slots], self.is_weighted)
 
-    def create_lookup(self) -> nn.Module:
+    def create_lookup(self) -> GroupedLookup:
         if self.pooled:
             mean = [self.tables[s.table].pooling == PoolingType.MEAN for s in self.slots]
-            lookup: _GroupedLookupBase = GroupedPooledEmbeddingsLookup(
+            lookup: GroupedLookup = GroupedPooledEmbeddingsLookup(
                 self.slots, self.tables, self.device, self.seed, self.attr, 1.0, mean
             )
         else:
@@ -199,7 +200,7 @@ class DpEmbeddingSharding(EmbeddingSharding):
         self.sync = DataParallelTableSync(lookup, self.specs, self.env, self.attr)
         return lookup
 
-    def create_output_dist(self) -> OutputDist:
+    def create_output_dist(self) -> KJTOutputDist:
         return DpEmbeddingDist()
 
     def output_layout(self) -> list[tuple[str, int, int]]:

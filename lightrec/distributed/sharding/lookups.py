@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from lightrec.distributed.sharding.common import (
+    EmbeddingLookup,
     ShardedTable,
     ShardSlot,
     _group_key,
@@ -34,17 +35,17 @@ from lightrec.modules.embedding_configs import PoolingType
 from lightrec.sparse import KeyedJaggedTensor
 from lightrec.sparse._ops import complete_cumsum
 
-__all__ = ["GroupedEmbeddingsLookup", "GroupedPooledEmbeddingsLookup", "LookupTracker"]
+__all__ = ["GroupedEmbeddingsLookup", "GroupedLookup", "GroupedPooledEmbeddingsLookup", "LookupTracker"]
 
 
 class LookupTracker(Protocol):
-    """What a grouped lookup tells a registered tracker (``_GroupedLookupBase.register_lookup_tracker``)."""
+    """What a grouped lookup tells a registered tracker (``GroupedLookup.register_lookup_tracker``)."""
 
-    def on_lookup(self, lookup: _GroupedLookupBase, features: KeyedJaggedTensor, output: torch.Tensor) -> None:
+    def on_lookup(self, lookup: GroupedLookup, features: KeyedJaggedTensor, output: torch.Tensor) -> None:
         """A training lookup read ``features`` (key ``k``: ``lookup.slots[k]``, ids local to its shard)
         and returned ``output`` (pooled ``[B, width]``; sequence ``[N, width]``, a row per id)."""
 
-    def on_rows_reset(self, lookup: _GroupedLookupBase, table: str, rows: torch.Tensor) -> None:
+    def on_rows_reset(self, lookup: GroupedLookup, table: str, rows: torch.Tensor) -> None:
         """Rows ``rows`` (``[n]`` local to this rank's shard of ``table``) got fresh values outside a
         lookup (a managed-collision eviction)."""
 
@@ -57,8 +58,12 @@ class _Group:
     width: int  # pooled: sum of the keys' widths; unpooled: the rows' width
 
 
-class _GroupedLookupBase(nn.Module):
-    """Kernels for the slots one rank serves; see the module docstring."""
+class GroupedLookup(EmbeddingLookup[KeyedJaggedTensor, torch.Tensor]):
+    """Kernels for the slots one rank serves; see the module docstring.
+
+    ``lookup(received KJT) -> torch.Tensor``: pooled ``[B, sum of slot widths]``
+    (:class:`GroupedPooledEmbeddingsLookup`) or one row per id (:class:`GroupedEmbeddingsLookup`).
+    """
 
     def __init__(
         self,
@@ -122,7 +127,7 @@ class _GroupedLookupBase(nn.Module):
         device: torch.device,
         seed: int,
         attr: str,
-    ) -> nn.Module:
+    ) -> BatchedEmbeddingBag | BatchedEmbedding:
         shards = list(dict.fromkeys((s.table, s.shard_index) for s in slots))
         per_table = self._shards_per_table
         names, specs = [], []
@@ -242,7 +247,7 @@ def _no_init(weight: torch.Tensor) -> None:
     """Kernel tables are filled by :func:`init_shard_` right after construction."""
 
 
-class GroupedPooledEmbeddingsLookup(_GroupedLookupBase):
+class GroupedPooledEmbeddingsLookup(GroupedLookup):
     """Pooled lookups of one rank: ``KJT (slot keys, stride B) -> [B, sum of slot widths]``.
 
     The KJT's weights (per-id weights and/or MEAN factors from the input dist) scale each id; the
@@ -290,7 +295,7 @@ class GroupedPooledEmbeddingsLookup(_GroupedLookupBase):
         return scale_grad(out, self._grad_scale)
 
 
-class GroupedEmbeddingsLookup(_GroupedLookupBase):
+class GroupedEmbeddingsLookup(GroupedLookup):
     """Unpooled lookups of one rank: ``KJT (slot keys) -> [N, width]`` rows in value order.
 
     Rows narrower than ``width`` (the widest slot of the sharding, the same on every rank) are

@@ -33,22 +33,23 @@ rank that assigns them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
-from typing import Any
 
 import torch
 from torch import nn
 
-from lightrec.distributed.comm import SequenceEmbeddingsAllToAll
+from lightrec.distributed.comm import Awaitable, SequenceEmbeddingsAllToAll
 from lightrec.distributed.planner.plan import ParameterSharding, ShardingType, ShardMetadata
 from lightrec.distributed.sharding.common import (
     DistContext,
-    EmbeddingSharding,
-    OutputDist,
+    InputDist,
+    KJTEmbeddingSharding,
+    KJTOutputDist,
     ShardedTable,
     ShardingContext,
     ShardSlot,
+    exchanged,
 )
 from lightrec.distributed.sharding.lookups import GroupedEmbeddingsLookup, GroupedPooledEmbeddingsLookup
 from lightrec.distributed.sharding.row_wise import RwEmbeddingSharding, RwSparseFeaturesDist
@@ -140,7 +141,7 @@ class McRoutes:
         self.need_preprocess = need_preprocess
         self.twins: dict[str, ManagedCollisionModule] = {}
         for table, module in modules.items():
-            segments = list(getattr(module, "output_segments", [0, module.output_size()]))
+            segments = list(module.output_segments)
             twin = module.rebuild_with_output_id_range((segments[0], segments[1]), segments, torch.device("meta"))
             twin._name = module._name or table
             self.twins[table] = twin
@@ -282,15 +283,20 @@ class ManagedIds:
 
 
 # --------------------------------------------------------------------------------- output side
-@dataclass
-class WithIds:
-    """An output dist's result plus the awaitable of the remapped rows of the sent ids ``[N_sent, 1]``."""
+class WithIds(Awaitable[torch.Tensor]):
+    """An output dist's embeddings (what it waits to) plus the awaitable of the remapped rows of
+    the sent ids ``[N_sent, 1]`` (``ids``), which the collection's ``_assemble`` takes apart."""
 
-    embeddings: Any
-    ids: Any
+    def __init__(self, embeddings: Awaitable[torch.Tensor], ids: Awaitable[torch.Tensor]) -> None:
+        super().__init__()
+        self.embeddings = embeddings
+        self.ids = ids
+
+    def _wait_impl(self) -> torch.Tensor:
+        return self.embeddings.wait()
 
 
-class McOutputDist(OutputDist):
+class McOutputDist(KJTOutputDist):
     """The sharding's output dist; with ``return_ids``, also the remapped rows back to their senders.
 
     Args:
@@ -300,20 +306,22 @@ class McOutputDist(OutputDist):
         return_ids: send the remapped rows back.
     """
 
-    def __init__(self, inner: OutputDist, ids: ManagedIds, pg: torch.distributed.ProcessGroup | None,
+    def __init__(self, inner: KJTOutputDist, ids: ManagedIds, pg: torch.distributed.ProcessGroup | None,
                  return_ids: bool) -> None:  # fmt: skip
         super().__init__()
         self.inner = inner
         self._ids = ids
         self._ids_dist = SequenceEmbeddingsAllToAll(pg) if return_ids else None
 
-    def forward(self, out: torch.Tensor, tensors: Any, ctx: DistContext) -> Any:  # with return_ids: WithIds
+    def forward(
+        self, out: torch.Tensor, tensors: Awaitable[KeyedJaggedTensor], ctx: DistContext
+    ) -> Awaitable[torch.Tensor]:  # with return_ids: WithIds
         embeddings = self.inner(out, tensors, ctx)
         if self._ids_dist is None:
             return embeddings
         remapped = self._ids.last_remapped
         assert remapped is not None  # McLookupState(keep_remapped=True) with return_ids
-        pending = self._ids_dist(remapped.view(-1, 1), tensors)
+        pending = self._ids_dist(remapped.view(-1, 1), exchanged(tensors))
         perm = ctx.unbucketize
         if perm is None:
             return WithIds(embeddings, pending)
@@ -345,7 +353,7 @@ class McRwEmbeddingSharding(RwEmbeddingSharding):
         self._buckets_per_rank = buckets_per_rank
         self._return_ids = return_ids
 
-    def create_input_dist(self) -> nn.Module:
+    def create_input_dist(self) -> InputDist[DistContext]:
         tables = [s.table for s in self.rw_slots]
         mean = [self.pooled and self.tables[t].pooling == PoolingType.MEAN for t in tables]
         owner = partial(self._routes.owners, tables=tables, buckets_per_rank=self._buckets_per_rank)
@@ -372,7 +380,7 @@ def managed_sharding(
 
 
 def managed_lookups(
-    shardings: Sequence[EmbeddingSharding], lookups: Sequence[nn.Module], state: McLookupState, rank: int
+    shardings: Sequence[KJTEmbeddingSharding], lookups: Sequence[nn.Module], state: McLookupState, rank: int
 ) -> list[ManagedIds]:
     """One :class:`ManagedIds` per sharding: the remap of what its lookup reads, evicted rows reset
     in that lookup's kernels."""

@@ -25,7 +25,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from torch import nn
 
 from lightrec.distributed.comm import (
     Awaitable,
@@ -40,9 +39,10 @@ from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
 from lightrec.distributed.planner.plan import ShardMetadata
 from lightrec.distributed.sharding.common import (
     DistContext,
-    EmbeddingSharding,
+    InputDist,
     KeySelector,
-    OutputDist,
+    KJTEmbeddingSharding,
+    KJTOutputDist,
     PooledOutputDist,
     SequenceOutputDist,
     ShardedTable,
@@ -52,14 +52,18 @@ from lightrec.distributed.sharding.common import (
     order_slots,
     width_of,
 )
-from lightrec.distributed.sharding.lookups import GroupedEmbeddingsLookup, GroupedPooledEmbeddingsLookup
+from lightrec.distributed.sharding.lookups import (
+    GroupedEmbeddingsLookup,
+    GroupedLookup,
+    GroupedPooledEmbeddingsLookup,
+)
 from lightrec.modules.embedding_configs import PoolingType
 from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = ["RwEmbeddingSharding", "RwPooledEmbeddingDist", "RwSequenceEmbeddingDist", "RwSparseFeaturesDist"]
 
 
-class RwSparseFeaturesDist(nn.Module):
+class RwSparseFeaturesDist(InputDist[DistContext]):
     """Input dist: select features, add MEAN factors, bucketize by row block, KJT all-to-all.
 
     Args:
@@ -143,7 +147,7 @@ class RwSequenceEmbeddingDist(SequenceOutputDist):
         return super().forward(embeddings, received, ctx).then(lambda r: r.index_select(0, perm.long()))
 
 
-class RwEmbeddingSharding(EmbeddingSharding):
+class RwEmbeddingSharding(KJTEmbeddingSharding):
     """Row-wise sharding over the ranks listed by each table's shards (all ranks for row_wise)."""
 
     name = "row_wise"
@@ -199,7 +203,7 @@ class RwEmbeddingSharding(EmbeddingSharding):
         ]
         return bounds
 
-    def create_input_dist(self) -> nn.Module:
+    def create_input_dist(self) -> InputDist[DistContext]:
         world = self.env.world_size
         rows = [self.tables[s.table].config.num_embeddings for s in self.rw_slots]
         bounds = [self.bounds[s.table] for s in self.rw_slots]
@@ -210,7 +214,7 @@ class RwEmbeddingSharding(EmbeddingSharding):
             self.is_weighted, not self.pooled,
         )  # fmt: skip
 
-    def create_lookup(self) -> nn.Module:
+    def create_lookup(self) -> GroupedLookup:
         mine = self.slots_by_rank[self.env.rank]
         if self.pooled:
             return GroupedPooledEmbeddingsLookup(
@@ -220,7 +224,7 @@ class RwEmbeddingSharding(EmbeddingSharding):
             mine, self.tables, self.device, self.seed, self.width, self.attr, self.grad_scale
         )
 
-    def create_output_dist(self) -> OutputDist:
+    def create_output_dist(self) -> KJTOutputDist:
         if self.pooled:
             return RwPooledEmbeddingDist(self.env.pg, self.codecs("pooled_embeddings_reduce_scatter"))
         return RwSequenceEmbeddingDist(self.env.pg, self.codecs("sequence_embeddings_all_to_all"))

@@ -18,15 +18,15 @@ lookup divides by the received bag lengths.
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from lightrec.distributed.comm import KJTAllToAll, PooledEmbeddingsAllToAll
 from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
 from lightrec.distributed.sharding.common import (
     DistContext,
-    EmbeddingSharding,
+    InputDist,
     KeySelector,
-    OutputDist,
+    KJTEmbeddingSharding,
+    KJTOutputDist,
     PooledOutputDist,
     SequenceOutputDist,
     ShardedTable,
@@ -36,7 +36,11 @@ from lightrec.distributed.sharding.common import (
     order_slots,
     width_of,
 )
-from lightrec.distributed.sharding.lookups import GroupedEmbeddingsLookup, GroupedPooledEmbeddingsLookup
+from lightrec.distributed.sharding.lookups import (
+    GroupedEmbeddingsLookup,
+    GroupedLookup,
+    GroupedPooledEmbeddingsLookup,
+)
 from lightrec.modules.embedding_configs import PoolingType
 from lightrec.sparse import KeyedJaggedTensor
 
@@ -48,7 +52,7 @@ __all__ = [
 ]
 
 
-class TwSparseFeaturesDist(nn.Module):
+class TwSparseFeaturesDist(InputDist[DistContext]):
     """Input dist: select and order the slot keys, then start the KJT all-to-all.
 
     Args:
@@ -108,7 +112,7 @@ class TwSequenceEmbeddingDist(SequenceOutputDist):
     """Output dist: every looked-up row goes back to the rank that sent its id."""
 
 
-class TwEmbeddingSharding(EmbeddingSharding):
+class TwEmbeddingSharding(KJTEmbeddingSharding):
     """Table-wise sharding (one shard per table); base of the column-wise variants."""
 
     name = "table_wise"
@@ -143,7 +147,7 @@ class TwEmbeddingSharding(EmbeddingSharding):
             )
         check_blocks(table, self.name)
 
-    def create_input_dist(self) -> nn.Module:
+    def create_input_dist(self) -> InputDist[DistContext]:
         return TwSparseFeaturesDist(
             self.env.pg,
             [s.feature_index for s in self.sent_slots],
@@ -151,7 +155,7 @@ class TwEmbeddingSharding(EmbeddingSharding):
             self.is_weighted,
         )
 
-    def create_lookup(self) -> nn.Module:
+    def create_lookup(self) -> GroupedLookup:
         mine = self.slots_by_rank[self.env.rank]
         if self.pooled:
             mean = [self.tables[s.table].pooling == PoolingType.MEAN for s in mine]
@@ -163,7 +167,7 @@ class TwEmbeddingSharding(EmbeddingSharding):
             mine, self.tables, self.device, self.seed, self.width, self.attr, self.grad_scale
         )
 
-    def create_output_dist(self) -> OutputDist:
+    def create_output_dist(self) -> KJTOutputDist:
         if self.pooled:
             dims = [sum(s.cols for s in slots) for slots in self.slots_by_rank]
             return TwPooledEmbeddingDist(self.env.pg, dims, self.column_order, self.grad_scale,

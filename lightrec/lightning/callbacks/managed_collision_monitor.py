@@ -24,10 +24,9 @@ averaged over ranks, not added).
 
 from __future__ import annotations
 
-from typing import Any
-
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.utilities.types import STEP_OUTPUT
 from torch import nn
 from typing_extensions import override
 
@@ -96,7 +95,7 @@ class ManagedCollisionMonitor(pl.Callback):
 
     @override
     def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: STEP_OUTPUT, batch: object, batch_idx: int
     ) -> None:
         self._steps += 1
         if self._steps >= self.every_n_steps:

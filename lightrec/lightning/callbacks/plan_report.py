@@ -35,14 +35,16 @@ from typing import Any
 import lightning.pytorch as pl
 import numpy as np
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.util import tensor_util
 from typing_extensions import override
 
-from lightrec.distributed.planner import PlannerReport, ShardingPlan, Topology, plan_report_for, topology_for
+from lightrec.distributed.planner import PlannerReport, ShardingPlan, plan_report_for, topology_for
 from lightrec.distributed.planner.report import plan_chart
 from lightrec.distributed.sharders import get_default_sharders
+from lightrec.lightning.contracts import EmbeddingShardingStrategy, PlannedStrategy
 
 __all__ = ["PlanReport", "load_plan_from_events"]
 
@@ -127,15 +129,15 @@ class PlanReport(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, plan: ShardingPlan
     ) -> PlannerReport:
         strategy = trainer.strategy
-        given = getattr(strategy, "plan_report", None)
-        if isinstance(given, PlannerReport):
-            return given
-        topology = getattr(strategy, "topology", None)
-        if not isinstance(topology, Topology):
-            local = getattr(strategy, "num_processes", trainer.world_size) or trainer.world_size
-            topology = topology_for(trainer.world_size, strategy.root_device.type, local)
-        fused = getattr(strategy, "fused_params", None) or None
-        return plan_report_for(pl_module, plan, topology, get_default_sharders(fused))
+        sharding = strategy if isinstance(strategy, EmbeddingShardingStrategy) else None  # else: a plan only
+        if sharding is not None and sharding.plan_report is not None:
+            return sharding.plan_report
+        topology = sharding.topology if sharding is not None else None
+        if topology is None:
+            local = strategy.num_processes if isinstance(strategy, DDPStrategy) else trainer.world_size
+            topology = topology_for(trainer.world_size, trainer.strategy.root_device.type, local or trainer.world_size)
+        fused = sharding.fused_params if sharding is not None else None
+        return plan_report_for(pl_module, plan, topology, get_default_sharders(fused or None))
 
     def _text(self, report: PlannerReport) -> str:
         return "\n\n".join(
@@ -150,7 +152,8 @@ class PlanReport(pl.Callback):
     # ------------------------------------------------------------------ hook
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        plan = getattr(trainer.strategy, "plan", None)
+        strategy = trainer.strategy
+        plan = strategy.plan if isinstance(strategy, PlannedStrategy) else None
         if not isinstance(plan, ShardingPlan):
             if not self._warned_no_plan:
                 rank_zero_info(

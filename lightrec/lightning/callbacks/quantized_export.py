@@ -45,6 +45,7 @@ from lightrec.inference import (
     resolve_data_type,
 )
 from lightrec.inference.gather import sharding_group
+from lightrec.lightning.contracts import ServingModelProvider
 
 __all__ = ["QuantizedExport"]
 
@@ -126,15 +127,15 @@ class QuantizedExport(pl.Callback):
 
     # ------------------------------------------------------------------ export
     def serving_model(self, pl_module: pl.LightningModule) -> nn.Module:
-        """The module to export: ``pl_module.<model_attr>``, through ``pl_module.for_serving`` if defined."""
-        model = getattr(pl_module, self.model_attr, None)
+        """The module to export: ``pl_module.<model_attr>``, through ``pl_module.for_serving`` if defined
+        (``lightrec.lightning.contracts.ServingModelProvider``)."""
+        model = getattr(pl_module, self.model_attr, None)  # the attribute the user named
         if not isinstance(model, nn.Module):
             raise AttributeError(
                 f"QuantizedExport exports pl_module.{self.model_attr}, but {type(pl_module).__name__} has no module "
                 f"there (got {type(model).__name__}); pass model_attr='<attribute holding the model>'"
             )
-        for_serving = getattr(pl_module, "for_serving", None)
-        return for_serving(model) if callable(for_serving) else model
+        return pl_module.for_serving(model) if isinstance(pl_module, ServingModelProvider) else model
 
     def artifact_path(self, trainer: pl.Trainer) -> Path:
         """Where the next export goes (the filename template filled with epoch, step and dtype)."""
@@ -184,6 +185,8 @@ class QuantizedExport(pl.Callback):
         size = path.stat().st_size / 2**20
         for logger in trainer.loggers:
             logger.log_metrics({"export/artifact_mib": size}, step=trainer.global_step)
+            # Any logger whose experiment takes text (TensorBoard's SummaryWriter and look-alikes):
+            # Lightning's Logger declares no such method, so it is read where present.
             add_text = getattr(getattr(logger, "experiment", None), "add_text", None)
             if callable(add_text):
                 add_text("export/path", str(path), trainer.global_step)

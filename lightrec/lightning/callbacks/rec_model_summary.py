@@ -32,6 +32,9 @@ from lightning.pytorch.utilities.model_summary import summarize
 from torch import nn
 from typing_extensions import override
 
+from lightrec.distributed.planner.plan.sharder import tables_of
+from lightrec.lightning.contracts import FusedOptimizerModule
+
 __all__ = ["EmbeddingCount", "RecModelSummary", "count_embedding_parameters", "summary_for"]
 
 
@@ -58,11 +61,14 @@ class EmbeddingCount:
 
 
 def _whole_table_parameters(collection: nn.Module, local: int) -> int:
-    for getter in ("embedding_bag_configs", "embedding_configs"):
-        configs = getattr(collection, getter, None)
-        if callable(configs):
-            return sum(int(c.num_embeddings) * int(c.embedding_dim) for c in configs())
+    configs = tables_of(collection)
+    if configs is not None:
+        return sum(int(c.num_embeddings) * int(c.embedding_dim) for c in configs)
     return local  # an unsharded (fused) collection holds its whole tables
+
+
+def _trains_in_backward(module: nn.Module) -> bool:
+    return isinstance(module, FusedOptimizerModule) and module.fused_optimizer is not None
 
 
 def count_embedding_parameters(module: nn.Module) -> EmbeddingCount:
@@ -73,7 +79,7 @@ def count_embedding_parameters(module: nn.Module) -> EmbeddingCount:
     for name, child in module.named_modules():
         if (
             any(name.startswith(owner + ".") for owner in owners)
-            or getattr(child, "fused_optimizer", None) is None
+            or not _trains_in_backward(child)
         ):
             continue
         owners.append(name)

@@ -43,16 +43,17 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.utilities.types import STEP_OUTPUT
 from torch import nn
 from typing_extensions import override
 
 from lightrec._compat import logging_step
 from lightrec.distributed import ShardedEmbeddingBagCollection, ShardedEmbeddingCollection
+from lightrec.lightning.contracts import FusedOptimizerModule
 from lightrec.modules import EmbeddingBagCollection, EmbeddingCollection
 
 __all__ = ["RecThroughputMonitor", "ThroughputMonitor", "embedding_memory_bytes"]
@@ -67,9 +68,9 @@ _MIB = 1024**2
 _FIELDS = ("samples", "seconds", "rss", "cuda_alloc", "cuda_reserved", "shard", "optim")
 
 
-def _batch_samples(batch: Any) -> int:
+def _batch_samples(batch: object) -> int:
     """Samples in ``batch``: its labels' first dimension, else the first tensor's (0 if none)."""
-    labels = getattr(batch, "labels", None)
+    labels = getattr(batch, "labels", None)  # any batch class with labels (lightrec's Batch, a user's)
     if isinstance(labels, torch.Tensor):
         return int(labels.shape[0]) if labels.dim() else 1
     if isinstance(batch, torch.Tensor):
@@ -84,7 +85,7 @@ def _batch_samples(batch: Any) -> int:
     return 0
 
 
-def _storage_bytes(tensors: Any, seen: set[int]) -> int:
+def _storage_bytes(tensors: Iterable[object], seen: set[int]) -> int:
     """Bytes of the distinct storages behind ``tensors`` (views of one flat buffer count once)."""
     total = 0
     for t in tensors:
@@ -112,8 +113,8 @@ def embedding_memory_bytes(model: nn.Module) -> tuple[int, int]:
             continue
         owners.append(name)
         weights += _storage_bytes(list(module.parameters()) + list(module.buffers()), seen)
-        optimizer = getattr(module, "fused_optimizer", None)
-        for per_param in getattr(optimizer, "state", {}).values():
+        optimizer = module.fused_optimizer if isinstance(module, FusedOptimizerModule) else None
+        for per_param in (optimizer.state if optimizer is not None else {}).values():
             values = per_param.values() if isinstance(per_param, Mapping) else [per_param]
             state += _storage_bytes(values, seen)
     return weights, state
@@ -168,14 +169,14 @@ class RecThroughputMonitor(pl.Callback):
 
     @override
     def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: object, batch_idx: int
     ) -> None:
         if self._started is None:
             self._started = time.perf_counter()
 
     @override
     def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: STEP_OUTPUT, batch: object, batch_idx: int
     ) -> None:
         self._samples += _batch_samples(batch)
         self._steps += 1

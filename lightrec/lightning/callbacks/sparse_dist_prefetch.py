@@ -61,11 +61,10 @@ itself off.
 
 from __future__ import annotations
 
-from typing import Any
-
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities.types import STEP_OUTPUT
 from typing_extensions import override
 
 from lightrec.distributed.comm.streams import record_stream_all, wait_for_current
@@ -163,7 +162,7 @@ class SparseDistPrefetch(pl.Callback):
     # ------------------------------------------------------------------ the pipeline
     @override
     def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: object, batch_idx: int
     ) -> None:
         pipeline = self._pipeline
         if pipeline is None:
@@ -202,7 +201,7 @@ class SparseDistPrefetch(pl.Callback):
 
     @override
     def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: STEP_OUTPUT, batch: object, batch_idx: int
     ) -> None:
         # CUDA: batch i+1 was copied on the side stream during step i. The main stream waits for
         # that copy now -- after step i's kernels, so the copy overlapped them, and before Lightning's

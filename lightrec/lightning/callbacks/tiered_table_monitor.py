@@ -23,13 +23,13 @@ statistics and are not summed here.
 
 from __future__ import annotations
 
-from typing import Any
-
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities.types import STEP_OUTPUT
 from typing_extensions import override
 
+from lightrec.kernels.batched_embedding import BatchedEmbedding, BatchedEmbeddingBag
 from lightrec.kernels.tiered.backend import TieredBatchedLookup
 
 __all__ = ["TieredTableMonitor", "tiered_kernels"]
@@ -40,7 +40,7 @@ _FIELDS = ("requested_ids", "missed_ids", "rows_fetched", "rows_written_back", "
 
 def tiered_kernels(module: torch.nn.Module) -> list[TieredBatchedLookup]:
     """Every lightrec tiered kernel inside ``module`` (its batched lookups' kernels)."""
-    kernels = (getattr(m, "kernel", None) for m in module.modules() if getattr(m, "tiered", False))
+    kernels = (m.kernel for m in module.modules() if isinstance(m, (BatchedEmbeddingBag, BatchedEmbedding)) and m.tiered)
     return [k for k in kernels if isinstance(k, TieredBatchedLookup)]
 
 
@@ -63,7 +63,8 @@ class TieredTableMonitor(pl.Callback):
 
     def _totals(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> torch.Tensor:
         stats = [k.stats() for k in tiered_kernels(pl_module)]
-        local = torch.tensor([float(sum(getattr(s, f) for s in stats)) for f in _FIELDS], dtype=torch.float64)
+        local = torch.tensor([float(sum(getattr(s, f) for s in stats)) for f in _FIELDS],  # the counters, by name
+                             dtype=torch.float64)
         if trainer.world_size > 1:
             device = trainer.strategy.root_device
             summed: torch.Tensor = trainer.strategy.reduce(local.to(device), reduce_op="sum")
@@ -79,7 +80,7 @@ class TieredTableMonitor(pl.Callback):
 
     @override
     def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: STEP_OUTPUT, batch: object, batch_idx: int
     ) -> None:
         step = trainer.global_step
         if step % self.every_n_steps or self._last is None or step == self._last_step:

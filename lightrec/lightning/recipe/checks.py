@@ -34,6 +34,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.cli import LightningCLI
 
 from lightrec import _switches
+from lightrec.lightning.contracts import CheckedData
 from lightrec.lightning.recipe.preflight import check_built_run
 
 __all__ = ["CHECKED_ENV", "RecipeArgumentError", "RequestedDevices", "check_recipe_args", "condense_error", "nearest"]
@@ -232,10 +233,9 @@ def check_recipe_args(
         except Exception:  # the config alone fails: the message above says why
             pass
         raise RecipeArgumentError(hint or message) from exc
-    check_data = getattr(cli.datamodule, "check_data", None)
-    if callable(check_data):
+    if isinstance(cli.datamodule, CheckedData):
         try:
-            check_data()
+            cli.datamodule.check_data()
         except FileNotFoundError as exc:
             raise RecipeArgumentError(str(exc)) from exc
     notes = check_built_run(cli, body, ckpt, RecipeArgumentError)  # accelerator, data kind, batches per rank, resume

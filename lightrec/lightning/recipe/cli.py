@@ -178,10 +178,10 @@ class RecipeCLI(LightningCLI):
     def instantiate_trainer(self, **kwargs: Any) -> Any:
         trainer = super().instantiate_trainer(**kwargs)
         options = self._options()
-        tiering = getattr(self.model, "table_tiering", None)
-        if options.export and getattr(tiering, "tiered", False):
+        tiering = self.model.table_tiering if isinstance(self.model, RecModule) else None
+        if options.export and tiering is not None and tiering.tiered:
             rank_zero_info(
-                f"recipe: no export -- the tables are tiered (tables_on={tiering.tables_on!r}: their rows live "  # type: ignore[union-attr]
+                f"recipe: no export -- the tables are tiered (tables_on={tiering.tables_on!r}: their rows live "
                 "behind a cache and a serving artifact would hold them all in memory; docs/tiered-tables.md)"
             )
         elif options.export and self.subcommand in (None, "fit"):

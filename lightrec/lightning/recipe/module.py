@@ -19,10 +19,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import lightning.pytorch as pl
 from typing_extensions import override
 
 from lightrec.data import CriteoDataModule, MovieLensDataModule, SyntheticCriteo
 from lightrec.data.criteo.spec import INT_FEATURE_COUNT
+from lightrec.lightning.contracts import DenseWidthData, TableDescribingData
 from lightrec.lightning.rec_module import RecModule
 from lightrec.modules import EmbeddingBagConfig
 
@@ -38,14 +40,13 @@ DataTableSpec = dict[str, Any]
 """``{"name": str, "num_embeddings": int, "feature_names": list[str]}`` -- one table, any width."""
 
 
-def table_specs_of(datamodule: Any) -> list[DataTableSpec]:
+def table_specs_of(datamodule: object) -> list[DataTableSpec]:
     """Table specs of a DataModule with ``table_configs(embedding_dim)`` (every lightrec one has it).
 
     Raises:
         TypeError: the DataModule cannot describe its tables.
     """
-    describe = getattr(datamodule, "table_configs", None)
-    if not callable(describe):
+    if not isinstance(datamodule, TableDescribingData):
         raise TypeError(
             f"the recipe needs a DataModule with a table_configs(embedding_dim) method to size the "
             f"embedding tables; {type(datamodule).__name__} has none. Add one (see lightrec.data) or "
@@ -53,15 +54,14 @@ def table_specs_of(datamodule: Any) -> list[DataTableSpec]:
         )
     return [
         {"name": c.name, "num_embeddings": int(c.num_embeddings), "feature_names": list(c.feature_names)}
-        for c in describe(1)
+        for c in datamodule.table_configs(1)
     ]
 
 
-def dense_width_of(datamodule: Any) -> int:
+def dense_width_of(datamodule: pl.LightningDataModule) -> int:
     """Number of dense features ``I`` the DataModule's batches carry."""
-    width = getattr(datamodule, "num_dense_features", None)
-    if isinstance(width, int):
-        return width
+    if isinstance(datamodule, DenseWidthData):
+        return int(datamodule.num_dense_features)
     if isinstance(datamodule, (SyntheticCriteo, CriteoDataModule)):
         return INT_FEATURE_COUNT
     if isinstance(datamodule, MovieLensDataModule):
@@ -122,7 +122,7 @@ class RecipeModule(RecModule):
     def table_configs(self) -> list[EmbeddingBagConfig]:
         return table_configs_from_specs(self.tables, self.embedding_dim, type(self).__name__)
 
-    def check_datamodule(self, datamodule: Any) -> None:
+    def check_datamodule(self, datamodule: object) -> None:
         """Raise ``ValueError`` naming the fix when ``datamodule`` is the wrong kind of data for this
         recipe. ``lightrec run`` calls it before any rank starts, and ``configure_model`` before the
         tables are sized; recipes extend it.
@@ -132,7 +132,7 @@ class RecipeModule(RecModule):
         data's features come from its ``table_configs``: free for the synthetic and Criteo data, a read
         of the ratings for real MovieLens -- done only when tables were given.
         """
-        if not self.tables or not callable(getattr(datamodule, "table_configs", None)):
+        if not self.tables or not isinstance(datamodule, TableDescribingData):
             return
         available = list(dict.fromkeys(f for spec in table_specs_of(datamodule) for f in spec["feature_names"]))
         for spec in self.tables:
@@ -144,7 +144,7 @@ class RecipeModule(RecModule):
                     "model.tables out to size the tables from the data)"
                 )
 
-    def size_tables_from(self, datamodule: Any) -> None:
+    def size_tables_from(self, datamodule: object) -> None:
         """Take the tables from ``datamodule`` (``table_specs_of``) unless they are set already.
 
         The specs are also stored in ``hparams``, so checkpoints rebuild the same tables.

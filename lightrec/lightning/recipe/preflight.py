@@ -32,8 +32,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from lightning.pytorch.cli import LightningCLI
+
 from lightrec.distributed.checkpoint import is_sharded_checkpoint, load_file
 from lightrec.distributed.checkpoint.files import read_meta
+from lightrec.lightning.recipe.module import RecipeModule
 
 __all__ = ["check_built_run", "checkpoint_entries"]
 
@@ -52,7 +55,7 @@ def checkpoint_entries(path: str | os.PathLike) -> dict[str, Any]:
     return meta if isinstance(meta, dict) else {}
 
 
-def check_built_run(cli: Any, user_args: list[str], ckpt_path: str | None, error: type[Exception]) -> list[str]:
+def check_built_run(cli: LightningCLI, user_args: list[str], ckpt_path: str | None, error: type[Exception]) -> list[str]:
     """Raise ``error`` (one line) for a mistake of a parsed, built command line (module docstring).
 
     Args:
@@ -66,10 +69,9 @@ def check_built_run(cli: Any, user_args: list[str], ckpt_path: str | None, error
     """
     trainer = cli.config.get("trainer", {})
     _check_accelerator(str(trainer.get("accelerator", "auto")), error)
-    check = getattr(cli.model, "check_datamodule", None)
-    if callable(check) and cli.datamodule is not None:
+    if isinstance(cli.model, RecipeModule) and cli.datamodule is not None:
         try:
-            check(cli.datamodule)
+            cli.model.check_datamodule(cli.datamodule)
         except ValueError as exc:
             raise error(str(exc)) from exc
     _check_batches_per_rank(cli.datamodule, trainer.get("devices"), trainer.get("num_nodes"), error)
@@ -126,7 +128,7 @@ def _class_name(reference: str) -> str:
     return reference.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
 
 
-def _check_checkpoint(path: Path, cli: Any, user_args: list[str], error: type[Exception]) -> dict[str, Any]:
+def _check_checkpoint(path: Path, cli: LightningCLI, user_args: list[str], error: type[Exception]) -> dict[str, Any]:
     try:
         meta = checkpoint_entries(path)
     except (RuntimeError, OSError) as exc:  # CheckpointError is a RuntimeError
@@ -156,7 +158,7 @@ def _check_checkpoint(path: Path, cli: Any, user_args: list[str], error: type[Ex
     return meta
 
 
-def _data_batch_size(cli: Any) -> Any:
+def _data_batch_size(cli: LightningCLI) -> Any:
     """``data.init_args.batch_size`` of the parsed config (every lightrec DataModule takes one), or None."""
     data = cli.config.get("data")
     init_args = getattr(data, "init_args", None) if data is not None else None

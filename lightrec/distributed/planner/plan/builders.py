@@ -34,7 +34,7 @@ from lightrec.distributed.planner.plan.plan_types import (
     placement_for,
     row_wise_shard_sizes,
 )
-from lightrec.distributed.planner.plan.sharder import ModuleSharder, table_configs
+from lightrec.distributed.planner.plan.sharder import ModuleSharder, table_configs, tables_of
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig
 
 __all__ = [
@@ -227,9 +227,9 @@ def data_parallel(compute_kernel: str = EmbeddingComputeKernel.DENSE.value) -> P
 def _module_tables(module: nn.Module, sharder: ModuleSharder | None) -> dict[str, BaseEmbeddingConfig]:
     if sharder is not None:
         return sharder.shardable_parameters(module)
-    for getter in ("embedding_bag_configs", "embedding_configs"):
-        if hasattr(module, getter):
-            return {cfg.name: cfg for cfg in getattr(module, getter)()}
+    configs = tables_of(module)
+    if configs is not None:
+        return {cfg.name: cfg for cfg in configs}
     raise TypeError(
         f"construct_module_sharding_plan: {type(module).__name__} has no embedding_bag_configs() or "
         "embedding_configs(); pass an embedding collection (or a sharder that knows the module)"

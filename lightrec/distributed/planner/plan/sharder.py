@@ -2,14 +2,15 @@
 
 The sharders that build sharded modules (``EmbeddingBagCollectionSharder`` ...) derive from it; the
 planner, the fingerprint of a plan and the plan helpers read only the methods here, so none of them
-depends on the sharded modules.
+depends on the sharded modules. What they read of a module is declared here too: its tables
+(:class:`PooledTables` / :class:`SequenceTables`, :func:`tables_of`).
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
-from typing import Any, ClassVar, Generic, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
 import torch
 from torch import nn
@@ -23,9 +24,68 @@ from lightrec.distributed.planner.plan.plan_types import (
     ShardingType,
     enum_value,
 )
-from lightrec.modules.embedding_configs import BaseEmbeddingConfig, DataType
+from lightrec.modules.embedding_configs import (
+    BaseEmbeddingConfig,
+    DataType,
+    EmbeddingBagConfig,
+    EmbeddingConfig,
+)
+from lightrec.optim.fused_spec import FusedOptimizerSpec
 
-__all__ = ["ModuleSharder", "default_sharders", "register_default_sharders", "table_configs"]
+__all__ = [
+    "FusedParams",
+    "FusedParamsLike",
+    "ModuleSharder",
+    "PooledTableConfigs",
+    "PooledTables",
+    "SequenceTables",
+    "default_sharders",
+    "register_default_sharders",
+    "table_configs",
+    "tables_of",
+]
+
+FusedParams = Mapping[str, Any]
+"""torchrec-style options of a fused kernel, e.g. ``{"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+"learning_rate": 0.02}`` plus the tiered tables' keys (``cache_load_factor`` ...): values of several
+kinds (enums or their names, numbers, paths), each read by its key (``FusedOptimizerSpec.coerce``,
+``sharding/tiering.py``)."""
+
+FusedParamsLike = FusedParams | FusedOptimizerSpec | None
+"""What a sharder or sharded collection takes as its fused optimizer (None: the default, SGD)."""
+
+
+@runtime_checkable
+class PooledTableConfigs(Protocol):
+    """What the planner reads of a pooled collection: its tables (a torchrec-style user module may
+    offer only this)."""
+
+    def embedding_bag_configs(self) -> list[EmbeddingBagConfig]: ...
+
+
+@runtime_checkable
+class PooledTables(PooledTableConfigs, Protocol):
+    """A pooled embedding collection: ``EmbeddingBagCollection`` and every kind of it (fused, sharded,
+    quantized, feature-processed, managed-collision)."""
+
+    def is_weighted(self) -> bool: ...
+
+
+@runtime_checkable
+class SequenceTables(Protocol):
+    """A sequence (unpooled) embedding collection: ``EmbeddingCollection`` and every kind of it."""
+
+    def embedding_configs(self) -> Sequence[EmbeddingConfig]: ...
+
+
+def tables_of(module: object) -> list[BaseEmbeddingConfig] | None:
+    """The configs of ``module``'s tables, in order: ``embedding_bag_configs()`` of a pooled collection,
+    ``embedding_configs()`` of a sequence one; None for any other module."""
+    if isinstance(module, PooledTableConfigs):
+        return list(module.embedding_bag_configs())
+    if isinstance(module, SequenceTables):
+        return list(module.embedding_configs())
+    return None
 
 _COMPUTE_DEVICES = ("cpu", "cuda", "meta")
 
@@ -50,7 +110,7 @@ class ModuleSharder(abc.ABC, Generic[M]):
     #: by the sharder's base class; lightrec's embedding sharders say BASE, the quantized ones BASE_QUANT).
     storage_usage_type: ClassVar[StorageUsageType] = StorageUsageType.DEFAULT
 
-    def __init__(self, fused_params: dict[str, Any] | None = None) -> None:
+    def __init__(self, fused_params: FusedParams | None = None) -> None:
         self._fused_params = dict(fused_params or {})
 
     @property
@@ -59,7 +119,7 @@ class ModuleSharder(abc.ABC, Generic[M]):
         """The module class this sharder shards."""
 
     @property
-    def fused_params(self) -> dict[str, Any]:
+    def fused_params(self) -> dict[str, Any]:  # a FusedParams the caller may extend
         return self._fused_params
 
     @property
@@ -113,10 +173,9 @@ class ModuleSharder(abc.ABC, Generic[M]):
     def shardable_parameters(self, module: nn.Module) -> dict[str, BaseEmbeddingConfig]:
         """``{table name: config}`` of ``module``'s tables, read from ``embedding_bag_configs()``
         (pooled collections) or ``embedding_configs()`` (unpooled)."""
-        for getter in ("embedding_bag_configs", "embedding_configs"):
-            if hasattr(module, getter):
-                configs = getattr(module, getter)()
-                return {cfg.name: cfg for cfg in configs}
+        configs = tables_of(module)
+        if configs is not None:
+            return {cfg.name: cfg for cfg in configs}
         raise TypeError(
             f"{type(module).__name__} has neither embedding_bag_configs() nor embedding_configs(); "
             f"{type(self).__name__} can only shard embedding collections"
