@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import importlib
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -67,7 +66,7 @@ def script_for_config(config: str, recipe: str | None, parser: argparse.Argument
     raise AssertionError  # parser.error exits
 
 
-def count_devices(devices: Any, accelerator: str) -> int:
+def count_devices(devices: int | str | list[int] | tuple[int, ...], accelerator: str) -> int:
     """Processes per node that a Trainer's ``devices`` value means."""
     if isinstance(devices, int) and devices > 0:
         return devices

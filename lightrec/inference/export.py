@@ -29,8 +29,9 @@ import inspect
 import itertools
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, TypedDict, Union
 
 import torch
 import torch.distributed as dist
@@ -41,11 +42,16 @@ from lightrec.distributed.checkpoint import consolidate_checkpoint, is_sharded_c
 from lightrec.fx.tracer import symbolic_trace
 from lightrec.inference.gather import has_sharded_collections, run_on_rank, sharding_group, unshard
 from lightrec.inference.quantize import quantize
+from lightrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
 from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = [
     "EXPORT_FORMATS",
+    "ArtifactMeta",
     "ExportError",
+    "ModelContract",
+    "TableMeta",
+    "TableStorage",
     "TensorInputModule",
     "describe_model",
     "export",
@@ -59,6 +65,57 @@ EXPORT_FORMATS = ("torchscript", "export")
 
 class ExportError(RuntimeError):
     """The model cannot be written in the requested format (the message says what to change)."""
+
+
+class TableStorage(TypedDict):
+    """Where a quantized pooled table lies in its collection's flat buffer (see :func:`table_storage`)."""
+
+    buffer: str
+    offset: int
+    rows: int
+    row_bytes: int
+
+
+class _TableMetaBase(TypedDict):
+    name: str
+    num_embeddings: int
+    embedding_dim: int
+    feature_names: list[str]
+    pooling: str
+    data_type: str
+
+
+class TableMeta(_TableMetaBase, total=False):
+    """One entry of ``meta["tables"]``; ``id_space`` only for managed-collision tables (raw ids),
+    ``storage`` only for quantized pooled tables kept in a flat buffer."""
+
+    id_space: int
+    storage: TableStorage
+
+
+class ModelContract(TypedDict):
+    """The input contract :func:`describe_model` reads off a model (part of the artifact's metadata)."""
+
+    feature_names: list[str]
+    tables: list[TableMeta]
+    is_weighted: bool
+    dense_in_features: int | None
+
+
+class ArtifactMeta(ModelContract, total=False):
+    """``<path>.meta.json`` as :func:`export` writes it (plus whatever ``extra_meta`` it was given)."""
+
+    format: str
+    inputs: list[str]
+    takes_dense: bool
+    uses_fbgemm: bool
+    output: str
+    dtype: list[str]
+    versions: dict[str, str | None]
+
+
+# ``(dense_features [B, I], kjt)`` or a KJT alone (a model that takes no dense features).
+ExampleBatch = Union[KeyedJaggedTensor, tuple[torch.Tensor, KeyedJaggedTensor]]
 
 
 class TensorInputModule(nn.Module):
@@ -80,7 +137,7 @@ class TensorInputModule(nn.Module):
         return self.model(kjt)
 
 
-def _tables_of(model: nn.Module) -> list[tuple[nn.Module, list[Any]]]:
+def _tables_of(model: nn.Module) -> list[tuple[nn.Module, list[EmbeddingBagConfig | EmbeddingConfig]]]:
     out = []
     for m in model.modules():
         configs = getattr(m, "embedding_bag_configs", None)
@@ -96,13 +153,13 @@ def _tables_of(model: nn.Module) -> list[tuple[nn.Module, list[Any]]]:
     return outer
 
 
-def describe_model(model: nn.Module, dense_in_features: int | None = None) -> dict[str, Any]:
+def describe_model(model: nn.Module, dense_in_features: int | None = None) -> ModelContract:
     """Input contract of ``model``: feature names (KJT key order), tables, dense width, weighting."""
     found = _tables_of(model)
     if not found:
         raise ExportError(f"{type(model).__name__} has no embedding collection; nothing tells the feature names")
     feature_names: list[str] = []
-    tables: list[dict[str, Any]] = []
+    tables: list[TableMeta] = []
     weighted = False
     for module, configs in found:
         weighted = weighted or bool(getattr(module, "is_weighted", lambda: False)())
@@ -129,7 +186,7 @@ def describe_model(model: nn.Module, dense_in_features: int | None = None) -> di
 _FLAT_BUFFER = "_flat_weights"
 
 
-def table_storage(model: nn.Module, prefix: str = "model.") -> dict[str, dict[str, Any]]:
+def table_storage(model: nn.Module, prefix: str = "model.") -> dict[str, TableStorage]:
     """Where each table of a quantized pooled collection lies in ``model``'s flat table buffers.
 
     A TorchScript artifact keeps only the flat buffer of such a collection (the per-table views are
@@ -145,7 +202,7 @@ def table_storage(model: nn.Module, prefix: str = "model.") -> dict[str, dict[st
         prefix: what the artifact puts before the model's names (``TensorInputModule``'s ``model.``).
     """
     buffers = dict(model.named_buffers())
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, TableStorage] = {}
     for name, flat in buffers.items():
         if name.rsplit(".", 1)[-1] != _FLAT_BUFFER or flat.dtype != torch.uint8:
             continue
@@ -172,7 +229,7 @@ def _versions() -> dict[str, str | None]:
     return {"lightrec": __version__, "torch": torch.__version__, "fbgemm_gpu": fbgemm}
 
 
-def _example_inputs(info: dict[str, Any], batch_size: int = 3) -> tuple[torch.Tensor, ...]:
+def _example_inputs(info: ModelContract, batch_size: int = 3) -> tuple[torch.Tensor, ...]:
     """A small valid batch: feature ``f`` of sample ``b`` has ``(f + b) % 3 + 1`` ids (all distinct sizes)."""
     num_features = len(info["feature_names"])
     rows = {f: t["num_embeddings"] for t in info["tables"] for f in t["feature_names"]}
@@ -191,7 +248,7 @@ def _model_device(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def _split_example(example_batch: Any, info: dict[str, Any]) -> tuple[torch.Tensor, ...]:
+def _split_example(example_batch: ExampleBatch, info: ModelContract) -> tuple[torch.Tensor, ...]:
     if isinstance(example_batch, KeyedJaggedTensor):
         dense, kjt = None, example_batch
     elif isinstance(example_batch, (tuple, list)) and len(example_batch) == 2:
@@ -209,10 +266,10 @@ def export(
     model: nn.Module,
     path: str | os.PathLike,
     format: str = "torchscript",
-    example_batch: Any = None,
+    example_batch: ExampleBatch | None = None,
     takes_dense: bool | None = None,
     dense_in_features: int | None = None,
-    extra_meta: dict[str, Any] | None = None,
+    extra_meta: Mapping[str, object] | None = None,
 ) -> Path:
     """Write a serving artifact of ``model`` to ``path`` and its metadata to ``<path>.meta.json``.
 
@@ -311,10 +368,15 @@ def export_on_rank(
     path: str | os.PathLike,
     group: dist.ProcessGroup | None = None,
     dst: int = 0,
-    **export_kwargs: Any,
+    format: str = "torchscript",
+    example_batch: ExampleBatch | None = None,
+    takes_dense: bool | None = None,
+    dense_in_features: int | None = None,
+    extra_meta: Mapping[str, object] | None = None,
 ) -> Path:
     """Collective export: every rank runs ``build`` (which may gather), rank ``dst`` exports the model
-    it returns to ``path``, then every rank learns whether that worked.
+    it returns to ``path``, then every rank learns whether that worked. The other arguments are
+    :func:`export`'s.
 
     Returns:
         ``Path(path)`` on every rank, once the artifact is written.
@@ -322,12 +384,15 @@ def export_on_rank(
     Raises:
         ExportError: on the other ranks when rank ``dst`` failed (rank ``dst`` raises the original error).
     """
-    run_on_rank(build, lambda model: export(model, path, **export_kwargs), f"export {str(path)!r}", group=group,
-                dst=dst, failure=ExportError)
+    def write(model: nn.Module) -> Path:
+        return export(model, path, format=format, example_batch=example_batch, takes_dense=takes_dense,
+                      dense_in_features=dense_in_features, extra_meta=extra_meta)
+
+    run_on_rank(build, write, f"export {str(path)!r}", group=group, dst=dst, failure=ExportError)
     return Path(path)
 
 
-def _write_atomically(path: Path, write: Callable[[Path], Any]) -> None:
+def _write_atomically(path: Path, write: Callable[[Path], object]) -> None:
     """``write`` a temporary file next to ``path``, then move it onto ``path`` (``os.replace``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -397,7 +462,7 @@ def export_from_checkpoint(
     format: str = "torchscript",
     per_table: dict[str, object] | None = None,
     quantize_dense: bool = False,
-    example_batch: Any = None,
+    example_batch: ExampleBatch | None = None,
 ) -> Path:
     """Checkpoint (file or full-table state dict) -> quantized serving artifact in one call.
 
@@ -431,7 +496,7 @@ def export_from_checkpoint(
     return export(qmodel, out_path, format=format, example_batch=example_batch)
 
 
-def _strip_prefix(state: dict[str, Any], model_keys: list[str]) -> dict[str, Any]:
+def _strip_prefix(state: dict[str, torch.Tensor], model_keys: list[str]) -> dict[str, torch.Tensor]:
     """Drop the prefix (``"model."``, ``"module."``...) that maps the checkpoint's keys onto the model's."""
     if all(k in state for k in model_keys):
         return state

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -30,6 +30,7 @@ from torch import nn
 from lightrec.distributed.model_parallel import DistributedModelParallel
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
 from lightrec.distributed.sharding.state_dict import gather_full_state_dict
+from lightrec.modules.embedding_configs import BaseEmbeddingConfig, EmbeddingBagConfig, EmbeddingConfig
 from lightrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from lightrec.quant.embedding_collection import QuantEmbeddingCollection
 from lightrec.quant.embedding_modules import QuantEmbeddingBagCollection
@@ -54,7 +55,7 @@ def unwrap_model_parallel(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, DistributedModelParallel) else model
 
 
-def sharded_collections(model: nn.Module) -> list[tuple[str, nn.Module]]:
+def sharded_collections(model: nn.Module) -> list[tuple[str, ShardedCollectionBase]]:
     """``(path, module)`` of every sharded embedding collection in ``model`` (module order)."""
     return [(path, m) for path, m in unwrap_model_parallel(model).named_modules() if isinstance(m, ShardedCollectionBase)]
 
@@ -70,7 +71,7 @@ def sharding_group(model: nn.Module) -> tuple[dist.ProcessGroup | None, int, int
     Raises:
         ValueError: the collections are sharded over different groups (gather them separately).
     """
-    envs: list[Any] = [m._env for _, m in sharded_collections(model)]
+    envs = [m._env for _, m in sharded_collections(model)]
     if not envs:
         return None, 0, 1
     first = envs[0]
@@ -85,7 +86,7 @@ def _check_dst(dst: int | None, world_size: int) -> None:
         raise ValueError(f"dst must be None (every rank) or a rank in [0, {world_size}), got {dst!r}")
 
 
-def _gathered_tables(collection: Any, dst: int | None) -> Iterator[tuple[Any, torch.Tensor | None]]:
+def _gathered_tables(collection: ShardedCollectionBase, dst: int | None) -> Iterator[tuple[BaseEmbeddingConfig, torch.Tensor | None]]:
     """Yield ``(config, full float table [rows, D] or None on ranks that do not receive it)``, one
     table at a time (a collective per model-parallel table, in config order on every rank)."""
     env = collection._env
@@ -97,7 +98,7 @@ def _gathered_tables(collection: Any, dst: int | None) -> Iterator[tuple[Any, to
 
 
 def quantize_sharded_collection(
-    collection: Any,
+    collection: ShardedCollectionBase,
     dtype: object,
     per_table: dict[str, object] | None = None,
     row_alignment: int = 16,
@@ -125,20 +126,21 @@ def quantize_sharded_collection(
         return managed
     quantized: QuantEmbeddingBagCollection | QuantEmbeddingCollection | None = None
     if dst is None or env.rank == dst:
-        common: dict[str, Any] = {"device": "cpu", "dtype": dtype, "per_table": per_table, "row_alignment": row_alignment,
-                  "kernel_backend": kernel_backend}
-        if collection._pooled:
-            quantized = QuantEmbeddingBagCollection(list(collection._configs), is_weighted=collection._is_weighted,
-                                                    **common)
+        if collection._pooled:  # a pooled collection holds EmbeddingBagConfigs, a sequence one EmbeddingConfigs
+            quantized = QuantEmbeddingBagCollection(
+                cast(list[EmbeddingBagConfig], list(collection._configs)), is_weighted=collection._is_weighted,
+                device="cpu", dtype=dtype, per_table=per_table, row_alignment=row_alignment, kernel_backend=kernel_backend)
         else:
-            quantized = QuantEmbeddingCollection(list(collection._configs), **common)
+            quantized = QuantEmbeddingCollection(
+                cast(list[EmbeddingConfig], list(collection._configs)),
+                device="cpu", dtype=dtype, per_table=per_table, row_alignment=row_alignment, kernel_backend=kernel_backend)
     for config, full in _gathered_tables(collection, dst):
         if quantized is not None and full is not None:  # (the receiving ranks get every table)
             quantized.set_float_weight(config.name, full)
     return quantized
 
 
-def _unsharded_float(collection: Any, dst: int | None) -> nn.Module | None:
+def _unsharded_float(collection: ShardedCollectionBase, dst: int | None) -> nn.Module | None:
     gather_unsharded = getattr(collection, "gather_unsharded", None)
     if callable(gather_unsharded):  # a managed-collision collection: tables and id maps together
         unsharded: nn.Module | None = gather_unsharded(dst)
@@ -146,12 +148,13 @@ def _unsharded_float(collection: Any, dst: int | None) -> nn.Module | None:
     env = collection._env
     plain: nn.Module | None = None
     if dst is None or env.rank == dst:
-        configs = list(collection._configs)
-        plain = (EmbeddingBagCollection(configs, is_weighted=collection._is_weighted, device="meta")
-                 if collection._pooled else EmbeddingCollection(configs, device="meta"))
+        configs = list(collection._configs)  # EmbeddingBagConfigs when pooled, else EmbeddingConfigs
+        plain = (EmbeddingBagCollection(cast(list[EmbeddingBagConfig], configs), is_weighted=collection._is_weighted,
+                                        device="meta")
+                 if collection._pooled else EmbeddingCollection(cast(list[EmbeddingConfig], configs), device="meta"))
     for config, full in _gathered_tables(collection, dst):
         if plain is not None and full is not None:
-            holder: Any = getattr(plain, collection._attr)[config.name]
+            holder: nn.Module = getattr(plain, collection._attr)[config.name]
             holder.weight = nn.Parameter(full.float(), requires_grad=False)
     return plain
 

@@ -23,7 +23,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import BinaryIO, TypeVar
 
 from torch.package import PackageExporter, PackageImporter
 
@@ -50,7 +50,7 @@ CONFIG_MODULE = "__configs"
 T = TypeVar("T")
 
 
-def _importer() -> Any:
+def _importer() -> PackageImporter:
     """The ``PackageImporter`` of the packaged code that called us.
 
     A packaged module sees the importer as the module ``torch_package_importer``; lightrec itself is
@@ -103,7 +103,7 @@ class PredictFactoryPackager:
     def save_predict_factory(
         cls,
         predict_factory: type[PredictFactory],
-        configs: dict[str, Any],
+        configs: dict[str, object],
         output: str | Path | BinaryIO,
         extra_files: dict[str, str],
         loader_code: str = LOADER_CODE,
@@ -130,7 +130,7 @@ class PredictFactoryPackager:
     def _write(
         cls,
         predict_factory: type[PredictFactory],
-        configs: dict[str, Any],
+        configs: dict[str, object],
         output: str | BinaryIO,
         extra_files: dict[str, str],
         loader_code: str,

@@ -175,7 +175,7 @@ class PredictModule(nn.Module):
         return self._module.state_dict(*args, **kwargs)
 
 
-def quantize_feature(module: nn.Module, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+def quantize_feature(module: nn.Module, inputs: tuple[object, ...]) -> tuple[object, ...]:
     """A forward pre-hook turning float32/float64 tensor inputs into float16."""
     return tuple(x.half() if isinstance(x, torch.Tensor) and x.dtype in (torch.float32, torch.float64) else x
                  for x in inputs)  # fmt: skip

@@ -27,13 +27,17 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
+from torch import nn
 from torch.export.passes import move_to_device_pass
 
 import lightrec.quant.pooled_kernels  # noqa: F401  registers lightrec::nbit_pooled_lookup, which exported programs call
 from lightrec._fbgemm import fbgemm_available, fbgemm_unavailable_reason
+
+if TYPE_CHECKING:
+    from lightrec.inference.export import ArtifactMeta
 
 __all__ = ["CheckedRequest", "Predictor", "RequestError", "load"]
 
@@ -51,13 +55,13 @@ class RequestError(ValueError):
         value: the offending value as received (a key, an id, a length, a type name).
     """
 
-    def __init__(self, message: str, index: int | None = None, field: str | None = None, value: Any = None) -> None:
+    def __init__(self, message: str, index: int | None = None, field: str | None = None, value: object = None) -> None:
         super().__init__(message)
         self.index = index
         self.field = field
         self.value = value
 
-    def __reduce__(self) -> tuple[Any, ...]:  # keep the fields across processes (servers pickle errors)
+    def __reduce__(self) -> tuple[object, ...]:  # keep the fields across processes (servers pickle errors)
         return (type(self), (str(self), self.index, self.field, self.value))
 
 
@@ -82,7 +86,7 @@ class Predictor:
     """
 
     def __init__(
-        self, module: Any, meta: dict[str, Any], missing_features: str = "empty", device: torch.device | str = "cpu"
+        self, module: nn.Module, meta: ArtifactMeta, missing_features: str = "empty", device: torch.device | str = "cpu"
     ) -> None:
         if missing_features not in ("empty", "error"):
             raise ValueError(f"missing_features must be 'empty' or 'error', got {missing_features!r}")
@@ -259,7 +263,7 @@ def _twice(values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     return torch.cat([seg.repeat(2) for seg in torch.split(values, lengths.tolist())]) if values.numel() else values
 
 
-def _is_number(x: Any) -> bool:
+def _is_number(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
@@ -279,13 +283,13 @@ def load(path: str | os.PathLike, missing_features: str = "empty", device: torch
     for p in (path, meta_path):
         if not p.exists():
             raise FileNotFoundError(f"{str(p)!r} does not exist; write it with lightrec.inference.export(model, {str(path)!r})")
-    meta = json.loads(meta_path.read_text())
+    meta: ArtifactMeta = json.loads(meta_path.read_text())
     if meta.get("uses_fbgemm"):
         if not fbgemm_available():
             raise RuntimeError(f"{str(path)!r} calls fbgemm ops but fbgemm_gpu is unavailable "
                                f"({fbgemm_unavailable_reason()}); re-export on a machine without fbgemm")
     if meta["format"] == "torchscript":
-        module: Any = torch.jit.load(str(path), map_location=torch.device(device))
+        module: nn.Module = torch.jit.load(str(path), map_location=torch.device(device))
     else:
         # An exported program bakes the device it was traced on into its graph (device checks,
         # tensor constructors): moving only the weights (``.module().to(device)``) leaves those

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from typing import Any, NamedTuple, overload
+from typing import Any, NamedTuple, Union, overload
 
 import torch
 from torch import nn
 
+from lightrec.distributed.sharding.collection import ShardedCollectionBase
 from lightrec.inference.gather import (
     quantize_sharded_collection,
     sharded_collections,
@@ -47,6 +48,15 @@ from lightrec.quant.row_codec import DEFAULT_ROW_ALIGNMENT
 __all__ = ["quantize", "quantize_dense_layers"]
 
 
+# What quantize() puts in place of a float collection.
+_QuantCollection = Union[
+    QuantEmbeddingBagCollection,
+    QuantEmbeddingCollection,
+    QuantManagedCollisionEmbeddingBagCollection,
+    QuantManagedCollisionEmbeddingCollection,
+]
+
+
 class _Found(NamedTuple):
     path: str
     module: nn.Module
@@ -58,7 +68,7 @@ class _Found(NamedTuple):
 # managed-collision collections become quantized tables behind their frozen id maps.
 _POOLED_FLOAT = (EmbeddingBagCollection, FusedEmbeddingBagCollection, ManagedCollisionEmbeddingBagCollection)
 _SEQUENCE_FLOAT = (EmbeddingCollection, FusedEmbeddingCollection, ManagedCollisionEmbeddingCollection)
-_MANAGED: dict[type[nn.Module], Any] = {
+_MANAGED: dict[type[nn.Module], type[QuantManagedCollisionEmbeddingBagCollection | QuantManagedCollisionEmbeddingCollection]] = {
     ManagedCollisionEmbeddingBagCollection: QuantManagedCollisionEmbeddingBagCollection,
     ManagedCollisionEmbeddingCollection: QuantManagedCollisionEmbeddingCollection,
 }
@@ -185,12 +195,12 @@ def quantize(
     for f in found:
         names = _table_names(f)
         mine = {k: v for k, v in (per_table or {}).items() if k in names}
-        if f.sharded and full_state is None:
+        if f.sharded and full_state is None and isinstance(f.module, ShardedCollectionBase):
             replacement = quantize_sharded_collection(f.module, dtype, mine, row_alignment, kernel_backend, dst)
         else:
             prefix = f"{f.path}." if f.path else ""
             module = _with_managed_state(f.module, full_state, prefix)
-            cls: Any = _MANAGED.get(type(f.module)) or (
+            cls: type[_QuantCollection] = _MANAGED.get(type(f.module)) or (
                 QuantEmbeddingBagCollection if f.pooled else QuantEmbeddingCollection
             )
             replacement = cls.from_float(module, dtype=dtype, per_table=mine, row_alignment=row_alignment,

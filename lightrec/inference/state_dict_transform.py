@@ -12,7 +12,6 @@ of ``dst`` on rank 0 (collective), as torchrec's does; lightrec's own
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -23,7 +22,7 @@ from lightrec.distributed.sharding.state_dict import ShardedTableState
 __all__ = ["state_dict_all_gather_keys", "state_dict_gather", "state_dict_to_device"]
 
 
-def state_dict_gather(src: Mapping[str, Any], dst: Mapping[str, torch.Tensor]) -> None:
+def state_dict_gather(src: Mapping[str, object], dst: Mapping[str, torch.Tensor]) -> None:
     """Fill every tensor of ``dst`` from the entry of the same key in ``src`` (collective).
 
     A :class:`ShardedTableState` is summed over the ranks of the default group into ``dst`` on
@@ -51,20 +50,20 @@ def state_dict_gather(src: Mapping[str, Any], dst: Mapping[str, torch.Tensor]) -
             raise ValueError(f"state_dict_gather: src[{key!r}] is a {type(value).__name__}, not a tensor or sharded table")
 
 
-def state_dict_all_gather_keys(state_dict: Mapping[str, Any], pg: dist.ProcessGroup | None) -> list[str]:
+def state_dict_all_gather_keys(state_dict: Mapping[str, object], pg: dist.ProcessGroup | None) -> list[str]:
     """The sorted union of every rank's keys (collective over ``pg``)."""
     group = resolve_group(pg)
-    everyone: list[Any] = [None] * dist.get_world_size(group)
+    everyone: list[list[str]] = [[] for _ in range(dist.get_world_size(group))]
     dist.all_gather_object(everyone, list(state_dict), group=group)
     return sorted({k for keys in everyone for k in keys})
 
 
 def state_dict_to_device(
-    state_dict: Mapping[str, Any], pg: dist.ProcessGroup | None, device: torch.device | str
-) -> dict[str, Any]:
+    state_dict: Mapping[str, object], pg: dist.ProcessGroup | None, device: torch.device | str
+) -> dict[str, torch.Tensor | ShardedTableState]:
     """A copy of ``state_dict`` on ``device``: tensors moved, sharded tables with their shards moved
     (collective over ``pg``: keys only some ranks hold become empty ``ShardedTableState`` s)."""
-    out: dict[str, Any] = {}
+    out: dict[str, torch.Tensor | ShardedTableState] = {}
     for key in state_dict_all_gather_keys(state_dict, pg):
         value = state_dict.get(key)
         if value is None:

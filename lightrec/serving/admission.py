@@ -21,19 +21,13 @@ import json
 import multiprocessing
 import os
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from lightrec.serving.metrics import ServingMetrics
 from lightrec.serving.request_forms import Rejected
 
 __all__ = ["AdmissionGate", "AdmissionMiddleware"]
-
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[MutableMapping[str, Any], Receive, Send], Awaitable[None]]
-
 
 class AdmissionGate:
     """A count of requests in flight, shared by the HTTP server processes (forked from the builder's
@@ -87,7 +81,7 @@ class AdmissionMiddleware:
         self.max_payload_bytes = max_payload_bytes
         self.retry_after_s = retry_after_s
 
-    async def __call__(self, scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] != self.path or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
@@ -119,7 +113,7 @@ class AdmissionMiddleware:
             self.metrics.record_request(int(os.environ.get("LITSERVE_WORKER_ID", "0")), status,
                                         time.perf_counter() - start)
 
-    async def _body(self, scope: MutableMapping[str, Any], receive: Receive) -> bytes | Rejected:
+    async def _body(self, scope: Scope, receive: Receive) -> bytes | Rejected:
         """The whole body, or a 413 as soon as it is known to exceed the limit."""
         declared = dict(scope.get("headers", ())).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_payload_bytes:

@@ -122,7 +122,7 @@ class RecServingAPI(ls.LitAPI):
         predictor = self.model.predictor
         return assemble(inputs, predictor.dense_in_features, predictor.is_weighted)
 
-    def predict(self, x: ScoringBatch | SampleColumns | Rejected) -> Any:
+    def predict(self, x: ScoringBatch | SampleColumns | Rejected) -> ScoredRequest | Rejected | list[ScoredRequest | Rejected]:
         """Score the valid requests of a batch in one forward (a lone request when ``max_batch_size`` is 1:
         LitServe then calls ``predict`` without ``batch``)."""
         single = not isinstance(x, ScoringBatch)

@@ -11,7 +11,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lightrec.inference.export import ArtifactMeta
 
 __all__ = ["ServeConfig", "ServeConfigError"]
 
@@ -73,7 +76,7 @@ class ServeConfig:
     def max_payload_bytes(self) -> int:
         return int(self.max_payload_mb * 2**20)
 
-    def check(self) -> dict[str, Any]:
+    def check(self) -> ArtifactMeta:
         """Check every option and the artifact's files; return the artifact's metadata.
 
         Raises:
@@ -88,7 +91,7 @@ class ServeConfig:
             raise ServeConfigError(f"{str(meta_path)!r} is missing: serve an artifact written by lightrec's export, "
                                    "which writes its metadata beside it")
         try:
-            meta: dict[str, Any] = json.loads(meta_path.read_text())
+            meta: ArtifactMeta = json.loads(meta_path.read_text())
             _ = meta["feature_names"], meta["tables"], meta["format"]
         except (ValueError, KeyError, TypeError) as exc:
             raise ServeConfigError(f"{str(meta_path)!r} is not an artifact's metadata ({exc}); re-export the model") from exc

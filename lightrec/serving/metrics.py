@@ -16,11 +16,11 @@ the ``LitAPI`` (a shared-memory array pickles while a process is being spawned).
 
 from __future__ import annotations
 
+import ctypes
 import math
 import multiprocessing
 import time
 from collections.abc import Sequence
-from typing import Any
 
 __all__ = ["BATCH_BUCKETS", "CODES", "RING", "ServingMetrics", "WorkerMetrics", "WorkerState"]
 
@@ -57,7 +57,7 @@ _W_SIZE = _W_RING + RING
 class WorkerMetrics:
     """The slot of one inference worker (written by that worker only)."""
 
-    def __init__(self, array: Any, offset: int) -> None:
+    def __init__(self, array: ctypes.Array[ctypes.c_double], offset: int) -> None:
         self._a = array
         self._o = offset
 

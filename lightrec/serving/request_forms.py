@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
-from lightrec.inference.predictor import Predictor, RequestError
+from lightrec.inference.predictor import CheckedRequest, Predictor, RequestError
 
 __all__ = ["Rejected", "SampleColumns", "decode_body", "reject"]
 
@@ -53,6 +53,15 @@ class SampleColumns:
     weights: list[list[float]] | None
 
 
+class RejectedBody(TypedDict):
+    """The JSON error body of a rejected request."""
+
+    error: str
+    index: int | None
+    field: str | None
+    value: object
+
+
 @dataclass
 class Rejected:
     """A request answered with ``status`` and the error body ``{"error", "index", "field", "value"}``."""
@@ -61,9 +70,9 @@ class Rejected:
     message: str
     index: int | None = None
     field: str | None = None
-    value: Any = None
+    value: object = None
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> RejectedBody:
         return {"error": self.message, "index": self.index, "field": self.field, "value": _shown(self.value)}
 
 
@@ -72,7 +81,7 @@ def reject(error: RequestError, status: int = 422) -> Rejected:
     return Rejected(status, str(error), error.index, error.field, error.value)
 
 
-def _shown(value: Any, limit: int = 200) -> Any:
+def _shown(value: object, limit: int = 200) -> object:
     """``value`` as JSON, or its truncated text when it is large or not JSON (a 1 MB list is not echoed)."""
     try:
         text = json.dumps(value)
@@ -131,7 +140,7 @@ def _too_many(size: int, max_samples: int) -> Rejected:
                     None, "size", size)
 
 
-def _columns(predictor: Predictor, samples: list[Any]) -> SampleColumns:
+def _columns(predictor: Predictor, samples: list[CheckedRequest]) -> SampleColumns:
     """Columns of checked samples (``Predictor.check_request``'s results), in the artifact's feature order."""
     features = predictor.feature_names
     dense = [x for s in samples for x in s.dense]

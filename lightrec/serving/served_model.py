@@ -84,7 +84,7 @@ class ModelUpdate(Protocol):
 
         Raises:
             UpdateRefused: the update does not fit and the model is unchanged (nothing written, or
-                all of it put back). Any other exception means the model may be half-written.
+                all of it put back). Every other exception means the model may be half-written.
         """
         ...
 

@@ -28,14 +28,15 @@ import multiprocessing
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any
+from typing import TypedDict
 
 import litserve as ls
 import torch
 
+from lightrec.inference.export import ArtifactMeta, TableMeta
 from lightrec.serving.admission import AdmissionGate, AdmissionMiddleware
 from lightrec.serving.api import PREDICT_PATH, RecServingAPI
 from lightrec.serving.config import ServeConfig, ServeConfigError
@@ -134,7 +135,23 @@ def serve(config: ServeConfig, updater_factory: UpdaterFactory | None = None) ->
     built.run()
 
 
-def _model_info(config: ServeConfig, meta: dict[str, Any]) -> dict[str, Any]:
+class ModelInfo(TypedDict):
+    """The body of ``GET /info``."""
+
+    artifact: str
+    format: str | None
+    feature_names: list[str]
+    dense_in_features: int | None
+    is_weighted: bool
+    tables: list[dict[str, object]]
+    deltas: str | None
+
+
+def _rows(tables: list[TableMeta]) -> list[Mapping[str, object]]:
+    return list(tables)
+
+
+def _model_info(config: ServeConfig, meta: ArtifactMeta) -> ModelInfo:
     """What ``GET /info`` says about the model: enough for a client to build requests."""
     keys = ("name", "num_embeddings", "embedding_dim", "feature_names", "data_type", "id_space")
     return {
@@ -143,6 +160,6 @@ def _model_info(config: ServeConfig, meta: dict[str, Any]) -> dict[str, Any]:
         "feature_names": meta["feature_names"],
         "dense_in_features": meta.get("dense_in_features") if meta.get("takes_dense", True) else 0,
         "is_weighted": bool(meta.get("is_weighted", False)),
-        "tables": [{k: t[k] for k in keys if k in t} for t in meta["tables"]],
+        "tables": [{k: row[k] for k in keys if k in row} for row in _rows(meta["tables"])],
         "deltas": str(config.deltas) if config.deltas is not None else None,
     }

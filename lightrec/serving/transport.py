@@ -32,6 +32,7 @@ import contextlib
 import multiprocessing
 import queue
 from collections import deque
+from multiprocessing.queues import Queue
 from typing import Any
 
 import litserve as ls
@@ -51,16 +52,16 @@ class PipeTransport(MessageTransport):
         queues: one ``multiprocessing.Queue`` per HTTP server (LitServe's ``response_queue_id``).
     """
 
-    def __init__(self, queues: list[Any]) -> None:
+    def __init__(self, queues: list[Queue[object]]) -> None:
         self._queues = queues
-        self._ready: dict[int, deque[Any]] = {}
+        self._ready: dict[int, deque[object]] = {}
         self._closed = False
 
-    def send(self, item: Any, consumer_id: int) -> None:
+    def send(self, item: object, consumer_id: int) -> None:
         """Queue ``item`` for HTTP server ``consumer_id`` (a worker calls it; the pipe's feeder thread writes)."""
         self._queues[consumer_id].put(item)
 
-    async def areceive(self, consumer_id: int, timeout: float | None = None, block: bool = True) -> Any:
+    async def areceive(self, consumer_id: int, timeout: float | None = None, block: bool = True) -> object:
         """The next response for ``consumer_id``; None when none came within a second (LitServe polls again).
 
         Raises:
@@ -89,11 +90,11 @@ class PipeTransport(MessageTransport):
                 with contextlib.suppress(Exception):
                     pipe.put(None, block=False)
 
-    def __reduce__(self) -> tuple[Any, ...]:  # sent to the spawned workers with their arguments
+    def __reduce__(self) -> tuple[object, ...]:  # sent to the spawned workers with their arguments
         return (PipeTransport, (self._queues,))
 
 
-def _drain(pipe: Any, wait: float) -> list[Any]:
+def _drain(pipe: Queue[object], wait: float) -> list[object]:
     """The first item within ``wait`` seconds, then whatever else is in ``pipe`` already."""
     try:
         items = [pipe.get(timeout=wait)]

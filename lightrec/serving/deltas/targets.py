@@ -26,12 +26,13 @@ dense weight ``name``       ``model.name``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
+from torch import nn
 
 from lightrec.distributed.deltas import DeltaApplyError
 from lightrec.distributed.deltas.rows import row_data_type
+from lightrec.inference.export import TableMeta
 from lightrec.inference.predictor import Predictor
 from lightrec.quant.row_codec import DEFAULT_ROW_ALIGNMENT, row_size_in_bytes
 
@@ -72,18 +73,18 @@ class ArtifactTargets:
     dense: dict[str, torch.Tensor]
 
 
-def _named_tensors(module: Any) -> dict[str, torch.Tensor]:
-    named = dict(module.named_parameters())
+def _named_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+    named: dict[str, torch.Tensor] = dict(module.named_parameters())
     named.update(dict(module.named_buffers()))
     return named
 
 
-def _row_bytes(meta: dict[str, Any], alignment: int) -> int:
+def _row_bytes(meta: TableMeta, alignment: int) -> int:
     fmt = _ROW_FORMATS[meta["data_type"]]
     return row_size_in_bytes(int(meta["embedding_dim"]), row_data_type(fmt), alignment)
 
 
-def _layouts(flat: torch.Tensor, tables: list[dict[str, Any]]) -> dict[tuple[int, ...], bool]:
+def _layouts(flat: torch.Tensor, tables: list[TableMeta]) -> dict[tuple[int, ...], bool]:
     """``{row bytes of each table: under the default alignment}`` for the alignments under which
     ``tables`` fill ``flat`` exactly."""
     found: dict[tuple[int, ...], bool] = {}
@@ -97,7 +98,7 @@ def _layouts(flat: torch.Tensor, tables: list[dict[str, Any]]) -> dict[tuple[int
 _Split = tuple[tuple[int, tuple[int, ...]], ...]  # per flat buffer: (tables it takes, their row bytes)
 
 
-def _splits(flats: list[torch.Tensor], pending: list[dict[str, Any]]) -> list[tuple[_Split, bool]]:
+def _splits(flats: list[torch.Tensor], pending: list[TableMeta]) -> list[tuple[_Split, bool]]:
     """Every way to cut ``pending`` (in order) into one run of tables per flat buffer (in order) that
     fills it, each with whether it uses the default alignment throughout."""
     out: list[tuple[_Split, bool]] = []
@@ -116,14 +117,14 @@ def _splits(flats: list[torch.Tensor], pending: list[dict[str, Any]]) -> list[tu
 
 
 def _flat_tables(flats: dict[str, torch.Tensor], named: dict[str, torch.Tensor],
-                 pending: list[dict[str, Any]]) -> dict[str, torch.Tensor]:  # fmt: skip
+                 pending: list[TableMeta]) -> dict[str, torch.Tensor]:  # fmt: skip
     """``{table: [rows, row_bytes] view of its flat buffer}`` for the quantized pooled tables ``pending``.
 
     An exported program's (unused) per-table copies name each buffer's tables; TorchScript keeps
     none, so the tables are cut into runs, in order, one per buffer, that fill each exactly (the
     default row alignment preferred); more than one such cut is refused as ambiguous.
     """
-    runs: list[tuple[torch.Tensor, list[dict[str, Any]], tuple[int, ...]]] = []
+    runs: list[tuple[torch.Tensor, list[TableMeta], tuple[int, ...]]] = []
     unnamed: list[torch.Tensor] = []
     for prefix, flat in flats.items():
         mine = [t for t in pending if f"{prefix}embedding_bags.{t['name']}.weight" in named]
@@ -158,7 +159,7 @@ def _flat_tables(flats: dict[str, torch.Tensor], named: dict[str, torch.Tensor],
     return out
 
 
-def _recorded_tables(named: dict[str, torch.Tensor], pending: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+def _recorded_tables(named: dict[str, torch.Tensor], pending: list[TableMeta]) -> dict[str, torch.Tensor]:
     """``{table: [rows, row_bytes] view}`` of the tables of ``pending`` whose metadata records their place.
 
     Raises:
@@ -205,7 +206,7 @@ def find_targets(predictor: Predictor) -> ArtifactTargets:
     named = _named_tensors(predictor.module)
     flats = {k[: -len(_FLAT)]: v for k, v in named.items() if k.endswith(f".{_FLAT}")}
     storages: dict[str, torch.Tensor] = {}
-    pending: list[dict[str, Any]] = []
+    pending: list[TableMeta] = []
     for meta in predictor.meta["tables"]:
         name = meta["name"]
         direct = [
