@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -96,7 +95,7 @@ class Batch:
         self.labels.record_stream(stream)
 
 
-def _ids_of(value: Any, key: str, index: int) -> list[int]:
+def _ids_of(value: object, key: str, index: int) -> list[int]:
     """One sample's ids of one feature as a list (an int, a sequence or a 1-D tensor)."""
     if isinstance(value, torch.Tensor):
         if value.dim() > 1:
@@ -114,7 +113,7 @@ def _ids_of(value: Any, key: str, index: int) -> list[int]:
     )
 
 
-def _unpack(sample: Any, index: int) -> tuple[Any, Mapping[str, Any], Any]:
+def _unpack(sample: object, index: int) -> tuple[object, Mapping[str, object], object]:
     if isinstance(sample, Mapping):
         missing = [k for k in ("dense", "sparse", "label") if k not in sample]
         if missing:
@@ -131,7 +130,7 @@ def _unpack(sample: Any, index: int) -> tuple[Any, Mapping[str, Any], Any]:
     )
 
 
-def collate_samples(samples: Sequence[Any], keys: Sequence[str] | None = None) -> Batch:
+def collate_samples(samples: Sequence[object], keys: Sequence[str] | None = None) -> Batch:
     """Build one :class:`Batch` from per-sample rows.
 
     Each sample is ``{"dense": [num_dense] floats, "sparse": {feature: ids}, "label": float}`` or

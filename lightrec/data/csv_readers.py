@@ -20,9 +20,10 @@ PATH_MANAGER_KEY = "torchrec"
 """Accepted for torchrec's ``path_manager_key=`` arguments; lightrec opens local paths with ``open``."""
 
 T = TypeVar("T")
+V = TypeVar("V")
 
 
-def safe_cast(val: Any, dest_type: Callable[[Any], T], default: T) -> T:
+def safe_cast(val: V, dest_type: Callable[[V], T], default: T) -> T:
     """``dest_type(val)``, or ``default`` when the conversion fails (an empty Criteo field)."""
     try:
         return dest_type(val)

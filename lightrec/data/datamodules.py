@@ -9,6 +9,7 @@ size come from the attached trainer, else from ``torch.distributed``, else ``(0,
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any, Literal
 
@@ -165,8 +166,8 @@ class SyntheticCriteo(_RankedDataModule):
             )
         self.save_hyperparameters()
         self.device = device
-        common: dict[str, Any] = dict(
-            batch_size=batch_size, seed=seed, cardinalities=cardinalities, scale=scale,
+        make = functools.partial(
+            SyntheticCriteoDataset, batch_size=batch_size, seed=seed, cardinalities=cardinalities, scale=scale,
             num_embeddings_cap=num_embeddings_cap, block_size=block_size, zipf_exponent=zipf_exponent,
             ids_per_feature=ids_per_feature, ids_distribution=ids_distribution, dense_signal=dense_signal,
             sparse_signal=sparse_signal, base_ctr=base_ctr, vocabulary=vocabulary, drift_per_batch=drift_per_batch,
@@ -174,10 +175,9 @@ class SyntheticCriteo(_RankedDataModule):
         later = num_train_batches if vocabulary == "drifting" else 0  # evaluation after the training stream
         # Building the datasets is cheap (no data is generated until a batch is read).
         self.datasets = {
-            "train": SyntheticCriteoDataset(num_batches=num_train_batches, split="train", **common),
-            "val": SyntheticCriteoDataset(num_batches=num_val_batches, split="val", time_offset_batches=later, **common),
-            "test": SyntheticCriteoDataset(num_batches=num_test_batches, split="test", time_offset_batches=later,
-                                           **common),  # fmt: skip
+            "train": make(num_batches=num_train_batches, split="train"),
+            "val": make(num_batches=num_val_batches, split="val", time_offset_batches=later),
+            "test": make(num_batches=num_test_batches, split="test", time_offset_batches=later),
         }
         self._bayes_auc: float | None = None
         self._place_datasets(None if device == "auto" else device)
@@ -424,13 +424,13 @@ class MovieLensDataModule(_RankedDataModule):
         a, b = int(round(n * (1 - v - t))), int(round(n * (1 - t)))
         threshold = None if self.task == "retrieval" else self.label_threshold
         self.data = data
-        common: dict[str, Any] = dict(label_threshold=threshold, pooling=self.pooling)
+        make = functools.partial(MovieLensDataset, label_threshold=threshold, pooling=self.pooling)
         ranks = self.rank_and_world_size()[1]
         shuffle_seed = self.seed if self.shuffle else None
         self.datasets = {
-            "train": MovieLensDataset(data, rows[:a], self.batch_size, shuffle_seed=shuffle_seed, **common),
-            "val": MovieLensDataset(data, rows[a:b], self.batch_size, cover_all=True, ranks=ranks, **common),
-            "test": MovieLensDataset(data, rows[b:], self.batch_size, cover_all=True, ranks=ranks, **common),
+            "train": make(data, rows[:a], self.batch_size, shuffle_seed=shuffle_seed),
+            "val": make(data, rows[a:b], self.batch_size, cover_all=True, ranks=ranks),
+            "test": make(data, rows[b:], self.batch_size, cover_all=True, ranks=ranks),
         }
 
     def table_configs(self, embedding_dim: int) -> list[EmbeddingBagConfig]:

@@ -15,13 +15,21 @@ already sharded indices a second time), and calls ``set_epoch`` on it at every e
 from __future__ import annotations
 
 from collections.abc import Iterator, Sized
-from typing import Any
+from typing import Any, Protocol, TypedDict
 
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
 
-__all__ = ["RankBatchSampler", "RankDataLoader", "check_rank", "rank_dataloader", "resolve_rank"]
+__all__ = [
+    "RankBatchSampler",
+    "RankDataLoader",
+    "RankLoaderState",
+    "RankedTrainer",
+    "check_rank",
+    "rank_dataloader",
+    "resolve_rank",
+]
 
 
 def check_rank(rank: int, world_size: int) -> None:
@@ -32,7 +40,24 @@ def check_rank(rank: int, world_size: int) -> None:
         raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank!r}")
 
 
-def resolve_rank(trainer: Any = None) -> tuple[int, int]:
+class RankedTrainer(Protocol):
+    """What :func:`resolve_rank` reads of a Lightning ``Trainer``."""
+
+    @property
+    def global_rank(self) -> int: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+
+class RankLoaderState(TypedDict):
+    """:meth:`RankDataLoader.state_dict`: the epoch and the samples of it trained (all ranks)."""
+
+    epoch: int
+    samples: int
+
+
+def resolve_rank(trainer: RankedTrainer | None = None) -> tuple[int, int]:
     """``(rank, world_size)`` from a Lightning trainer, else ``torch.distributed``, else ``(0, 1)``."""
     if trainer is not None:
         return int(trainer.global_rank), int(trainer.world_size)
@@ -135,7 +160,7 @@ class RankDataLoader(DataLoader):
             self._yielded += 1  # counted as handed out: the loop consumed it
             yield batch
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> RankLoaderState:
         sampler = self._rank_sampler
         batches = sampler.skip + (self._yielded - self.prefetched) * sampler.num_replicas
         return {"epoch": int(sampler.epoch), "samples": batches * self._samples_per_batch()}
@@ -171,7 +196,7 @@ def rank_dataloader(
     """
     if num_workers < 0:
         raise ValueError(f"num_workers must be >= 0, got {num_workers!r}")
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, bool | int] = {}
     if num_workers > 0:
         kwargs["persistent_workers"] = persistent_workers
         if prefetch_factor is not None:

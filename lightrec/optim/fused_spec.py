@@ -62,7 +62,7 @@ class EmbOptimType(ValueEnum):
     EXACT_ROWWISE_ADAGRAD = "row_wise_adagrad"
 
     @classmethod
-    def coerce(cls, value: Any) -> EmbOptimType:
+    def coerce(cls, value: object) -> EmbOptimType:
         """Accept our enum, fbgemm's ``EmbOptimType`` (by member name), or a name/value string."""
         if isinstance(value, cls):
             return value
@@ -108,7 +108,7 @@ class WeightDecayMode(Enum):
     DECOUPLE = "decoupled"  # fbgemm's spelling
 
     @classmethod
-    def coerce(cls, value: Any) -> WeightDecayMode:
+    def coerce(cls, value: object) -> WeightDecayMode:
         if isinstance(value, cls):
             return value
         key = value.name if isinstance(value, Enum) else value

@@ -372,22 +372,22 @@ class CombinedOptimizer(KeyedOptimizer):
         return ",".join(f"{prefix}: {opt!r}" for prefix, opt in self._optims)
 
 
-class _CombinedState(Mapping[Any, Any]):
+class _CombinedState(Mapping[torch.Tensor, Any]):
     """Read-through view ``{param: state}`` over the children (nothing is copied)."""
 
     def __init__(self, optims: Iterable[tuple[str, KeyedOptimizer]]) -> None:
         self._optims = list(optims)
 
-    def _merged(self) -> dict[Any, Any]:
-        out: dict[Any, Any] = {}
+    def _merged(self) -> dict[torch.Tensor, Any]:
+        out: dict[torch.Tensor, Any] = {}
         for _, opt in self._optims:
             out.update(opt.state)
         return out
 
-    def __getitem__(self, key: Any) -> Any:
+    def __getitem__(self, key: torch.Tensor) -> Any:
         return self._merged()[key]
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[torch.Tensor]:
         return iter(self._merged())
 
     def __len__(self) -> int:

@@ -11,14 +11,13 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 from lightrec.data.batch import Batch
-from lightrec.data.criteo.preprocess import FORMAT
+from lightrec.data.criteo.preprocess import FORMAT, CriteoMeta
 from lightrec.data.criteo.spec import table_configs
 from lightrec.data.errors import DataFormatError
 from lightrec.modules.embedding_configs import EmbeddingBagConfig
@@ -43,7 +42,7 @@ def one_id_per_key(keys: list[str], ids: np.ndarray) -> KeyedJaggedTensor:
     )
 
 
-def load_criteo_meta(data_dir: str | Path) -> dict[str, Any]:
+def load_criteo_meta(data_dir: str | Path) -> CriteoMeta:
     """Read ``meta.json`` of a preprocessed folder (raises if preprocessing did not finish)."""
     path = Path(data_dir) / "meta.json"
     if not path.is_file():
@@ -113,7 +112,7 @@ class CriteoMemmapDataset(Dataset):
         self.num_embeddings_per_feature: list[int] = list(self.meta["num_embeddings_per_feature"])
         self._arrays: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         state = dict(self.__dict__)
         state["_arrays"] = {}  # memmaps are reopened in the worker, never pickled
         return state

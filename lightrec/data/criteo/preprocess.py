@@ -33,7 +33,7 @@ import os
 import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Protocol, TypedDict
 
 import numpy as np
 
@@ -42,11 +42,71 @@ from lightrec.data.criteo.spec import CAT_FEATURE_COUNT, DEFAULT_CAT_NAMES, DEFA
 from lightrec.data.errors import DataFormatError, LineErrors, OnError, check_on_error
 from lightrec.data.hashing import mix64
 
-__all__ = ["FORMAT", "atomic_save_npy", "hash_categoricals", "id_dtype", "preprocess_criteo"]
+__all__ = [
+    "FORMAT",
+    "CriteoChunk",
+    "CriteoMeta",
+    "CriteoPart",
+    "PreprocessSettings",
+    "atomic_save_npy",
+    "hash_categoricals",
+    "id_dtype",
+    "preprocess_criteo",
+]
 
 logger = logging.getLogger(__name__)
 #: ``meta.json``'s ``format``: what :class:`~lightrec.data.CriteoMemmapDataset` reads.
 FORMAT = "lightrec-criteo-v1"
+
+
+class PreprocessSettings(TypedDict):
+    """``settings.json``: what a resumed run must repeat."""
+
+    caps: list[int]
+    min_count: int
+    hash_ids: bool
+    rows_per_chunk: int
+    on_error: OnError
+    format: str
+
+
+class CriteoChunk(TypedDict):
+    """One chunk of a part: its file stem, rows written and lines skipped."""
+
+    name: str
+    rows: int
+    skipped_lines: int
+
+
+class CriteoPart(TypedDict):
+    """One input's entry of ``meta.json``."""
+
+    name: str
+    source: str
+    rows: int
+    skipped_lines: int
+    chunks: list[CriteoChunk]
+
+
+class CriteoMeta(TypedDict):
+    """``meta.json`` of a finished run (what :func:`preprocess_criteo` returns)."""
+
+    format: str
+    int_names: list[str]
+    cat_names: list[str]
+    num_embeddings_per_feature: list[int]
+    parts: list[CriteoPart]
+    rows: int
+    skipped_lines: int
+    settings: PreprocessSettings
+
+
+class _Bar(Protocol):
+    """What :class:`_Progress` uses of a tqdm bar."""
+
+    def update(self, n: int) -> object: ...
+
+    def close(self) -> None: ...
 
 
 def _open(path: Path) -> IO[bytes]:
@@ -119,7 +179,7 @@ class _Progress:
     """tqdm over input bytes when tqdm is installed, else one log line per chunk."""
 
     def __init__(self, path: Path, desc: str, enabled: bool) -> None:
-        self.bar: Any = None
+        self.bar: _Bar | None = None
         self.desc = desc
         self.enabled = enabled
         if enabled:
@@ -155,13 +215,13 @@ def atomic_save_npy(path: str | os.PathLike[str], array: np.ndarray) -> None:
     os.replace(tmp, path)
 
 
-def _atomic_json(path: Path, obj: Any) -> None:
+def _atomic_json(path: Path, obj: object) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(obj, indent=1))
     os.replace(tmp, path)
 
 
-def _count_ids(path: Path, out: Path, caps: list[int], args: dict[str, Any], progress: bool) -> None:
+def _count_ids(path: Path, out: Path, caps: list[int], args: PreprocessSettings, progress: bool) -> None:
     """Counting pass over one input: ``counts/<part>.npz`` with one uint32 array per feature."""
     if out.exists():
         return
@@ -185,12 +245,12 @@ def _write_chunks(
     out_dir: Path,
     caps: list[int],
     remap: list[np.ndarray] | None,
-    args: dict[str, Any],
+    args: PreprocessSettings,
     progress: bool,
-) -> dict[str, Any]:
+) -> CriteoPart:
     """Writing pass over one input; returns the part's entry of ``meta.json``."""
     part = _part_name(path)
-    chunks: list[dict[str, Any]] = []
+    chunks: list[CriteoChunk] = []
     errors = LineErrors(args["on_error"])
     bar = _Progress(path, f"write {path.name}", progress)
     for k, first, lines, nbytes in _iter_chunks(path, args["rows_per_chunk"]):
@@ -209,7 +269,7 @@ def _write_chunks(
         atomic_save_npy(out_dir / "chunks" / f"{stem}.dense.npy", dense)
         atomic_save_npy(out_dir / "chunks" / f"{stem}.sparse.npy", ids.astype(id_dtype(caps)))
         atomic_save_npy(out_dir / "chunks" / f"{stem}.labels.npy", labels)
-        entry = {"name": stem, "rows": int(labels.shape[0]), "skipped_lines": errors.skipped - skipped_before}
+        entry: CriteoChunk = {"name": stem, "rows": int(labels.shape[0]), "skipped_lines": errors.skipped - skipped_before}
         _atomic_json(done, entry)
         chunks.append(entry)
         bar.update(nbytes, k)
@@ -233,7 +293,7 @@ def preprocess_criteo(
     rows_per_chunk: int = 1_000_000,
     on_error: OnError = "raise",
     progress: bool = True,
-) -> dict[str, Any]:
+) -> CriteoMeta:
     """Preprocess Criteo TSV files into memory-mapped chunks (see the module docstring).
 
     Args:
@@ -273,7 +333,7 @@ def preprocess_criteo(
         raise ValueError(f"min_count must be >= 0, got {min_count!r}")
     if rows_per_chunk < 1:
         raise ValueError(f"rows_per_chunk must be >= 1, got {rows_per_chunk!r}")
-    args = {
+    args: PreprocessSettings = {
         "caps": caps,
         "min_count": int(min_count),
         "hash_ids": bool(hash_ids),
@@ -287,7 +347,7 @@ def preprocess_criteo(
     if settings.exists():
         old = json.loads(settings.read_text())
         if old != args:
-            changed = sorted(k for k in args if old.get(k) != args[k])
+            changed = sorted(k for k, v in args.items() if old.get(k) != v)
             raise ValueError(
                 f"{str(out)!r} holds a preprocessing run with different settings ({changed}); "
                 "use another out_dir or delete it to start over"
@@ -313,7 +373,7 @@ def preprocess_criteo(
             remap.append((np.cumsum(kept) * kept).astype(np.int64))
             num_embeddings[f] = int(kept.sum()) + 1
     parts = [_write_chunks(p, out, caps, remap, args, progress) for p in paths]
-    meta = {
+    meta: CriteoMeta = {
         "format": FORMAT,
         "int_names": DEFAULT_INT_NAMES,
         "cat_names": DEFAULT_CAT_NAMES,

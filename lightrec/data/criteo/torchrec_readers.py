@@ -67,14 +67,14 @@ class CriteoIterDataPipe(IterableDataset):
         self,
         paths: Iterable[str],
         *,
-        row_mapper: Callable[[list[str]], Any] | None = _default_row_mapper,
+        row_mapper: Callable[[list[str]], object] | None = _default_row_mapper,
         **open_kw: Any,
     ) -> None:
         self.paths = list(paths)
         self.row_mapper = row_mapper
         self.open_kw = open_kw
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[object]:
         paths = self.paths
         worker = get_worker_info()
         if worker is not None:
@@ -84,14 +84,14 @@ class CriteoIterDataPipe(IterableDataset):
 
 
 def criteo_terabyte(
-    paths: Iterable[str], *, row_mapper: Callable[[list[str]], Any] | None = _default_row_mapper, **open_kw: Any
+    paths: Iterable[str], *, row_mapper: Callable[[list[str]], object] | None = _default_row_mapper, **open_kw: Any
 ) -> CriteoIterDataPipe:
     """The Criteo 1TB click logs, read from its TSV files (see :class:`CriteoIterDataPipe`)."""
     return CriteoIterDataPipe(paths, row_mapper=row_mapper, **open_kw)
 
 
 def criteo_kaggle(
-    path: str, *, row_mapper: Callable[[list[str]], Any] | None = _default_row_mapper, **open_kw: Any
+    path: str, *, row_mapper: Callable[[list[str]], object] | None = _default_row_mapper, **open_kw: Any
 ) -> CriteoIterDataPipe:
     """The Kaggle Display Advertising Challenge data, read from ``train.txt`` or ``test.txt``."""
     return CriteoIterDataPipe((path,), row_mapper=row_mapper, **open_kw)

@@ -40,7 +40,7 @@ DEFAULT_LINKS_COLUMN_NAMES: list[str] = ["movieId", "imdbId", "tmdbId"]
 DEFAULT_GENOME_SCORES_COLUMN_NAMES: list[str] = ["movieId", "tagId", "relevance"]
 DEFAULT_GENOME_TAGS_COLUMN_NAMES: list[str] = ["tagId", "tag"]
 
-_CASTERS: dict[str, Callable[[Any], Any]] = {
+_CASTERS: dict[str, Callable[[str], int | float | str]] = {
     "userId": lambda v: safe_cast(v, int, 0),
     "movieId": lambda v: safe_cast(v, int, 0),
     "rating": lambda v: safe_cast(v, float, 0.0),
@@ -50,7 +50,7 @@ _CASTERS: dict[str, Callable[[Any], Any]] = {
 }
 
 
-def _default_row_mapper(row: list[str], names: list[str] = DEFAULT_RATINGS_COLUMN_NAMES) -> dict[str, Any]:
+def _default_row_mapper(row: list[str], names: list[str] = DEFAULT_RATINGS_COLUMN_NAMES) -> dict[str, int | float | str]:
     return {name: _CASTERS.get(name, str)(value) for name, value in zip(names, row)}
 
 
@@ -61,7 +61,7 @@ class _MovieLensRows(IterableDataset):
         self,
         root: str,
         include_movies_data: bool,
-        row_mapper: Callable[[list[str]], Any] | None,
+        row_mapper: Callable[[list[str]], object] | None,
         open_kw: dict[str, Any],
     ) -> None:
         ratings = os.path.join(root, RATINGS_FILENAME)
@@ -78,7 +78,7 @@ class _MovieLensRows(IterableDataset):
         rows = ReadLinesFromCSV(LoadFiles([path], mode="r", newline="", **self.open_kw), skip_first_line=True)
         return {safe_cast(r[0], int, 0): r[1:] for r in rows if r}
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[object]:
         movies = self._movies() if self.include_movies_data else {}
         path = os.path.join(self.root, RATINGS_FILENAME)
         files = LoadFiles([path], mode="r", newline="", **self.open_kw)
@@ -95,7 +95,7 @@ def movielens_20m(
     root: str,
     *,
     include_movies_data: bool = False,
-    row_mapper: Callable[[list[str]], Any] | None = None,
+    row_mapper: Callable[[list[str]], object] | None = None,
     **open_kw: Any,
 ) -> IterableDataset:
     """Rows of MovieLens 20M's ``ratings.csv`` (see the module docstring).
@@ -114,7 +114,7 @@ def movielens_25m(
     root: str,
     *,
     include_movies_data: bool = False,
-    row_mapper: Callable[[list[str]], Any] | None = None,
+    row_mapper: Callable[[list[str]], object] | None = None,
     **open_kw: Any,
 ) -> IterableDataset:
     """Rows of MovieLens 25M's ``ratings.csv`` (same layout as :func:`movielens_20m`)."""

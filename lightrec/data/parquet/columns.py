@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -58,7 +57,7 @@ class BadRows:
 
     mask: np.ndarray
     column: str
-    describe: Callable[[int], tuple[str, Any]]
+    describe: Callable[[int], tuple[str, object]]
 
 
 @dataclass
@@ -129,8 +128,8 @@ def _labels(rows: UnitRows, spec: FeatureSpec, bad: list[BadRows]) -> np.ndarray
     return labels
 
 
-def _infinite(values: np.ndarray) -> Callable[[int], tuple[str, Any]]:
-    def describe(i: int) -> tuple[str, Any]:
+def _infinite(values: np.ndarray) -> Callable[[int], tuple[str, object]]:
+    def describe(i: int) -> tuple[str, object]:
         return f"dense value {values[i]} is infinite; clip it when writing", float(values[i])
 
     return describe
@@ -247,10 +246,10 @@ def _check_ids(
 
 def _first_value(
     values: np.ndarray, offsets: np.ndarray | None, elements: np.ndarray, text: Callable[[int], str]
-) -> Callable[[int], tuple[str, Any]]:
+) -> Callable[[int], tuple[str, object]]:
     """The message of a row: the first of ``elements`` that lies in it."""
 
-    def describe(i: int) -> tuple[str, Any]:
+    def describe(i: int) -> tuple[str, object]:
         if offsets is None:
             value = int(values[i])
         else:

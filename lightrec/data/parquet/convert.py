@@ -31,7 +31,7 @@ import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Protocol, TypedDict
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -40,11 +40,65 @@ from lightrec.data.errors import LineErrors, OnError, check_on_error
 from lightrec.data.parquet.text_blocks import TextBlocks
 from lightrec.data.parquet.text_tables import TextFormat
 
-__all__ = ["MANIFEST", "convert_to_parquet"]
+__all__ = ["MANIFEST", "ConvertManifest", "convert_to_parquet"]
 
 logger = logging.getLogger(__name__)
 MANIFEST = "_convert.json"
 FORMAT_VERSION = "lightrec-convert-v1"
+
+
+class _SettingsRequired(TypedDict):
+    format_version: str
+    inputs: list[str]
+    format: str
+    rows_per_file: int
+    row_group_size: int
+    compression: str
+    delimiter: str
+    on_error: OnError
+
+
+class ConvertSettings(_SettingsRequired, total=False):
+    """The manifest's ``settings``: what a resumed run must repeat (``csv_schema``: the CSV column types first seen)."""
+
+    csv_schema: list[list[str]]
+
+
+class _FileRequired(TypedDict):
+    input: str
+    file: str
+    first_line: int
+    lines: int
+
+
+class ConvertedFile(_FileRequired, total=False):
+    """One output file of the manifest: its input, 1-based first line, lines read, the input offset after them
+    (``end``), rows written, lines skipped, and whether it is the input's last file."""
+
+    end: int
+    rows: int
+    skipped_lines: int
+    last: bool
+
+
+class _ManifestRequired(TypedDict):
+    settings: ConvertSettings
+    files: list[ConvertedFile]
+
+
+class ConvertManifest(_ManifestRequired, total=False):
+    """``_convert.json``: the settings, the files written so far, and (once finished) the totals."""
+
+    rows: int
+    skipped_lines: int
+
+
+class _Bar(Protocol):
+    """What :class:`_Progress` uses of a tqdm bar."""
+
+    def update(self, n: int) -> object: ...
+
+    def close(self) -> None: ...
 
 
 def _stem(path: Path) -> str:
@@ -54,7 +108,7 @@ def _stem(path: Path) -> str:
     return name
 
 
-def _write_json(path: Path, value: Any) -> None:
+def _write_json(path: Path, value: object) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(value, indent=1))
     os.replace(tmp, path)
@@ -64,7 +118,7 @@ class _Progress:
     """A tqdm bar over the inputs' bytes (one log line per file without tqdm)."""
 
     def __init__(self, total: int, enabled: bool) -> None:
-        self.bar: Any = None
+        self.bar: _Bar | None = None
         if enabled:
             try:
                 from tqdm.auto import tqdm
@@ -122,15 +176,28 @@ class _FileWriter:
         os.replace(self.tmp, self.path)
 
 
-def _settings(inputs: Sequence[Path], **options: Any) -> dict[str, Any]:
-    return {"format_version": FORMAT_VERSION, "inputs": [str(p) for p in inputs], **options}
+def _settings(
+    inputs: Sequence[Path],
+    *,
+    format: str,
+    rows_per_file: int,
+    row_group_size: int,
+    compression: str,
+    delimiter: str,
+    on_error: OnError,
+) -> ConvertSettings:
+    return {
+        "format_version": FORMAT_VERSION, "inputs": [str(p) for p in inputs], "format": format,
+        "rows_per_file": rows_per_file, "row_group_size": row_group_size, "compression": compression,
+        "delimiter": delimiter, "on_error": on_error,
+    }  # fmt: skip
 
 
-def _load_manifest(out: Path, settings: dict[str, Any]) -> dict[str, Any]:
+def _load_manifest(out: Path, settings: ConvertSettings) -> ConvertManifest:
     path = out / MANIFEST
     if not path.exists():
         return {"settings": settings, "files": []}
-    manifest = json.loads(path.read_text())
+    manifest: ConvertManifest = json.loads(path.read_text())
     old = manifest.get("settings", {})
     changed = sorted(k for k in set(old) | set(settings) if k != "csv_schema" and old.get(k) != settings.get(k))
     if changed:
@@ -138,7 +205,9 @@ def _load_manifest(out: Path, settings: dict[str, Any]) -> dict[str, Any]:
             f"{str(out)!r} holds a conversion with other settings ({changed}); use another --out, or delete it to "
             "start over"
         )
-    manifest["settings"] = {**settings, **({"csv_schema": old["csv_schema"]} if "csv_schema" in old else {})}
+    if "csv_schema" in old:
+        settings["csv_schema"] = old["csv_schema"]
+    manifest["settings"] = settings
     return manifest
 
 
@@ -153,7 +222,7 @@ def convert_to_parquet(
     block_bytes: int = 32 << 20,
     on_error: OnError = "raise",
     progress: bool = True,
-) -> dict[str, Any]:
+) -> ConvertManifest:
     """Convert text inputs to Parquet files under ``out`` (module docstring).
 
     Args:
@@ -203,7 +272,7 @@ def convert_to_parquet(
     return manifest
 
 
-def _convert_one(path: Path, stem: str, out: Path, manifest: dict[str, Any], bar: _Progress, block_bytes: int) -> None:
+def _convert_one(path: Path, stem: str, out: Path, manifest: ConvertManifest, bar: _Progress, block_bytes: int) -> None:
     settings = manifest["settings"]
     rows_per_file = settings["rows_per_file"]
     done = [f for f in manifest["files"] if f["input"] == str(path)]
@@ -225,7 +294,7 @@ def _convert_one(path: Path, stem: str, out: Path, manifest: dict[str, Any], bar
         while block is not None:
             name = out / f"{stem}-{k:05d}.parquet"
             skipped_before = errors.skipped
-            entry: dict[str, Any] = {"input": str(path), "file": name.name, "first_line": block.first_line, "lines": 0}
+            entry: ConvertedFile = {"input": str(path), "file": name.name, "first_line": block.first_line, "lines": 0}
             writer: _FileWriter | None = None
             while block is not None:
                 table = text_format.parse(block.data, str(path), block.first_line, errors)
@@ -242,7 +311,8 @@ def _convert_one(path: Path, stem: str, out: Path, manifest: dict[str, Any], bar
                     break
             assert writer is not None
             writer.close()
-            entry.update(rows=writer.rows, skipped_lines=errors.skipped - skipped_before, last=block is None)
+            entry["rows"], entry["skipped_lines"] = writer.rows, errors.skipped - skipped_before
+            entry["last"] = block is None
             manifest["files"].append(entry)
             _write_json(out / MANIFEST, manifest)
             k += 1
@@ -251,7 +321,7 @@ def _convert_one(path: Path, stem: str, out: Path, manifest: dict[str, Any], bar
         blocks.close()
 
 
-def _mark_last(manifest: dict[str, Any], out: Path, path: Path) -> None:
+def _mark_last(manifest: ConvertManifest, out: Path, path: Path) -> None:
     for entry in reversed(manifest["files"]):
         if entry["input"] == str(path):
             entry["last"] = True
@@ -259,13 +329,13 @@ def _mark_last(manifest: dict[str, Any], out: Path, path: Path) -> None:
     _write_json(out / MANIFEST, manifest)
 
 
-def _remember_schema(settings: dict[str, Any], schema: pa.Schema) -> None:
+def _remember_schema(settings: ConvertSettings, schema: pa.Schema) -> None:
     """CSV: keep the column types the first block gave, so a resumed run parses with the same."""
     if settings["format"] == "csv" and "csv_schema" not in settings:
         settings["csv_schema"] = [[f.name, str(f.type)] for f in schema]
 
 
-def _format_for(path: Path, settings: dict[str, Any]) -> tuple[TextFormat, int]:
+def _format_for(path: Path, settings: ConvertSettings) -> tuple[TextFormat, int]:
     """The input's :class:`TextFormat` and the offset after its header line (0: no header)."""
     if settings["format"] == "criteo":
         return TextFormat("criteo"), 0

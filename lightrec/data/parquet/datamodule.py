@@ -44,7 +44,7 @@ import lightning.pytorch as pl
 
 from lightrec.data.errors import OnError, check_on_error
 from lightrec.data.parquet.follow import FollowingParquetLoader, FollowOptions
-from lightrec.data.parquet.loader import LoaderBase, ParquetLoader
+from lightrec.data.parquet.loader import LoaderBase, LoaderOptions, ParquetLoader
 from lightrec.data.parquet.sizing import size_tables
 from lightrec.data.parquet.source import ParquetSource
 from lightrec.data.parquet.spec import (
@@ -201,7 +201,7 @@ class ParquetDataModule(pl.LightningDataModule):
         strategy = self.trainer.strategy if self.trainer is not None else None
         return strategy is not None and strategy.root_device.type == "cuda"
 
-    def _options(self, name: str) -> dict[str, Any]:
+    def _options(self, name: str) -> LoaderOptions:
         return dict(
             num_workers=self.num_workers, on_error=self.on_error, pin_memory=self._pins(),
             prefetch_factor=self.prefetch_factor, name=name,
@@ -236,16 +236,16 @@ class ParquetDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> LoaderBase:
         return self._loader("train")
 
-    def val_dataloader(self) -> LoaderBase | list[Any]:
+    def val_dataloader(self) -> LoaderBase | list[LoaderBase]:
         return self._loader("val") if self._has("val") else []
 
-    def test_dataloader(self) -> LoaderBase | list[Any]:
+    def test_dataloader(self) -> LoaderBase | list[LoaderBase]:
         return self._loader("test") if self._has("test") else []
 
-    def predict_dataloader(self) -> LoaderBase | list[Any]:
+    def predict_dataloader(self) -> LoaderBase | list[LoaderBase]:
         return self.test_dataloader()
 
-    def describe(self) -> Mapping[str, Any]:
+    def describe(self) -> Mapping[str, object]:
         """Files, rows and features, for logs."""
         return {**self.source.describe(), "label": self.spec.label, "dense": list(self.spec.dense), "sparse": self.spec.keys}
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 from lightrec.data.errors import DataFormatError
 
@@ -90,7 +90,7 @@ class ParquetDataError(DataFormatError):
         column: str | None = None,
         row: int | None = None,
         file_row: int | None = None,
-        value: Any = None,
+        value: object = None,
     ) -> None:
         self.row_group, self.column, self.row, self.value = row_group, column, row, value
         self.file_row = file_row
@@ -100,16 +100,27 @@ class ParquetDataError(DataFormatError):
         super().__init__(text)
         self.path, self.line, self.reason = path, file_row or 0, message
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[object, ...]:
         # A worker's error crosses a process boundary pickled: keep every attribute.
-        fields = dict(
+        fields: _ErrorFields = dict(
             path=self.path, row_group=self.row_group, column=self.column, row=self.row,
             file_row=self.file_row, value=self.value,
         )  # fmt: skip
         return (_rebuild, (type(self), self._message, fields))
 
 
-def _rebuild(cls: type[ParquetDataError], message: str, fields: dict[str, Any]) -> ParquetDataError:
+class _ErrorFields(TypedDict):
+    """:class:`ParquetDataError`'s keyword arguments, as pickled by ``__reduce__``."""
+
+    path: str
+    row_group: int | None
+    column: str | None
+    row: int | None
+    file_row: int | None
+    value: object
+
+
+def _rebuild(cls: type[ParquetDataError], message: str, fields: _ErrorFields) -> ParquetDataError:
     return cls(message, **fields)
 
 

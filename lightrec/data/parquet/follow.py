@@ -32,24 +32,33 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow.fs as pafs
 import torch.distributed as dist
+from typing_extensions import Unpack
 
 from lightrec.data.batch import Batch
 from lightrec.data.parquet.errors import ParquetFileError
-from lightrec.data.parquet.loader import LoaderBase
+from lightrec.data.parquet.loader import LoaderBase, LoaderOptions
 from lightrec.data.parquet.sharding import Slice, plan_epoch, slices_of, take_rows
 from lightrec.data.parquet.source import ParquetFileInfo, ParquetSource, list_files, read_file_info
 from lightrec.data.parquet.spec import FeatureSpec, check_schema
-from lightrec.data.parquet.state import LoaderPosition, ResumeMismatchError
+from lightrec.data.parquet.state import FollowState, LoaderPosition, LoaderState, ResumeMismatchError
 
 __all__ = ["FolderWatcher", "FollowOptions", "FollowingParquetLoader"]
 
 logger = logging.getLogger(__name__)
 
 _SETTLE_POLLS = 3
+_T = TypeVar("_T")
+
+
+class FollowLoaderOptions(LoaderOptions, total=False):
+    """:class:`FollowingParquetLoader`'s keywords: :class:`LoaderBase`'s, ``rank`` and ``world_size`` included."""
+
+    rank: int
+    world_size: int
 
 
 @dataclass(frozen=True)
@@ -85,7 +94,7 @@ class FolderWatcher:
     def __init__(self, filesystem: pafs.FileSystem, paths: Sequence[str], options: FollowOptions) -> None:
         self.filesystem, self.paths, self.options = filesystem, list(paths), options
         self._unreadable: dict[str, tuple[tuple[int, int | None], int]] = {}
-        self._group: Any = None
+        self._group: dist.ProcessGroup | None = None
 
     def _complete(self, path: str) -> bool:
         if self.options.marker is None:
@@ -116,7 +125,7 @@ class FolderWatcher:
                 self._unreadable[path] = (stamp, polls)
         return out
 
-    def _agree(self, value: Any) -> Any:
+    def _agree(self, value: _T) -> _T:
         """Rank 0's ``value`` on every rank (itself when not distributed)."""
         if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
             return value
@@ -154,7 +163,12 @@ class FollowingParquetLoader(LoaderBase):
     """
 
     def __init__(
-        self, source: ParquetSource, spec: FeatureSpec, batch_size: int, follow: FollowOptions | None = None, **options: Any
+        self,
+        source: ParquetSource,
+        spec: FeatureSpec,
+        batch_size: int,
+        follow: FollowOptions | None = None,
+        **options: Unpack[FollowLoaderOptions],
     ) -> None:
         super().__init__(source, spec, batch_size, **options)
         self.follow = follow or FollowOptions()
@@ -209,18 +223,18 @@ class FollowingParquetLoader(LoaderBase):
         if resume is None or resume.follow is None:
             return 0
         state = resume.follow
-        paths = list(dict.fromkeys([*state["round"], *(c[0] for c in state["carry"])]))
+        paths = list(dict.fromkeys([*state["round"], *(str(c[0]) for c in state["carry"])]))
         for path in paths:
             if path not in self._by_path:
                 self._index(read_file_info(self.source.filesystem, path))
         self._done, self._round = list(state["done"]), list(state["round"])
-        self._carry = [Slice(self._by_path[p], g, lo, hi) for p, g, lo, hi in state["carry"]]
+        self._carry = [Slice(self._by_path[str(p)], int(g), int(lo), int(hi)) for p, g, lo, hi in state["carry"]]
         return resume.batch
 
     def position(self) -> LoaderPosition:
         """The round in progress and the batches of it trained (Lightning holds one read-ahead batch)."""
         held = 0 if self._ended else 1  # an unsized loader: Lightning reads one batch ahead
-        state = {
+        state: FollowState = {
             "done": list(self._done),
             "round": list(self._round),
             "carry": [[self.files[s.file].path, s.row_group, s.lo, s.hi] for s in self._carry],
@@ -228,7 +242,7 @@ class FollowingParquetLoader(LoaderBase):
         batch = max(self._yielded - self.prefetched - held, 0)
         return LoaderPosition(0, batch, self.world_size, self.batch_size, "", state)
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> LoaderState:
         return self.position().to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -10,16 +10,50 @@ scanned, one column at a time.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TypedDict
 
 from lightrec.data.parquet.sizing import id_ranges
-from lightrec.data.parquet.source import ParquetSource
+from lightrec.data.parquet.source import ParquetSource, SourceSummary
 from lightrec.data.parquet.spec import build_spec
 
-__all__ = ["LABEL_NAMES", "format_report", "inspect_parquet"]
+__all__ = ["LABEL_NAMES", "ParquetReport", "format_report", "inspect_parquet"]
 
 #: Column names taken as the label when none is given, in this order.
 LABEL_NAMES = ("label", "click", "clicked", "is_click", "target", "y")
+
+
+class ColumnReport(TypedDict):
+    """One schema field of :class:`ParquetReport`."""
+
+    name: str
+    type: str
+    nullable: bool
+
+
+class SparseReport(TypedDict):
+    """One sparse feature of :class:`ParquetReport`: its id range, nulls and the table size it would get."""
+
+    feature: str
+    column: str
+    type: str
+    min: int | None
+    max: int | None
+    nulls: int | None
+    num_embeddings: int | None
+
+
+class _ReportRequired(SourceSummary):
+    path: str | Sequence[str]
+    schema: list[ColumnReport]
+    label: str | None
+
+
+class ParquetReport(_ReportRequired, total=False):
+    """:func:`inspect_parquet`'s JSON-able report: ``note`` when no label was found, else ``dense`` and ``sparse``."""
+
+    note: str
+    dense: list[str]
+    sparse: list[SparseReport]
 
 
 def inspect_parquet(
@@ -28,7 +62,7 @@ def inspect_parquet(
     dense: Sequence[str] | None = None,
     sparse: Sequence[str] | str = "auto",
     scan: bool = True,
-) -> dict[str, Any]:
+) -> ParquetReport:
     """A description of the source at ``path`` (module docstring), as a JSON-able dict.
 
     Args:
@@ -43,7 +77,7 @@ def inspect_parquet(
     names = schema.names
     if label is None:
         label = next((n for n in LABEL_NAMES if n in names), None)
-    report: dict[str, Any] = {
+    report: ParquetReport = {
         "path": path,
         **source.describe(),
         "schema": [{"name": f.name, "type": str(f.type), "nullable": f.nullable} for f in schema],
@@ -69,7 +103,7 @@ def inspect_parquet(
     return report
 
 
-def format_report(report: dict[str, Any]) -> str:
+def format_report(report: ParquetReport) -> str:
     """The report as text for a terminal."""
     size = report["bytes"] / 2**20
     lines = [

@@ -18,11 +18,12 @@ started for every epoch (the plan differs per epoch) and stop when it ends or is
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypedDict, TypeVar
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from typing_extensions import Unpack
 
 from lightrec.data.batch import Batch
 from lightrec.data.errors import OnError, check_on_error
@@ -33,12 +34,22 @@ from lightrec.data.parquet.reader import BlockReader
 from lightrec.data.parquet.sharding import EpochPlan, Slice, Unit, plan_epoch
 from lightrec.data.parquet.source import ParquetSource
 from lightrec.data.parquet.spec import FeatureSpec
-from lightrec.data.parquet.state import LoaderPosition, fingerprint
+from lightrec.data.parquet.state import LoaderPosition, LoaderState, fingerprint
 from lightrec.data.parquet.transport import ReleaseBoard, UnitArena
 
-__all__ = ["LoaderBase", "ParquetLoader", "UnitStream", "read_unit"]
+__all__ = ["LoaderBase", "LoaderOptions", "ParquetLoader", "UnitStream", "read_unit"]
 
 _SKIP_EXAMPLES = 5
+
+
+class LoaderOptions(TypedDict, total=False):
+    """:class:`LoaderBase`'s keywords after ``rank``/``world_size`` (what a subclass passes through)."""
+
+    num_workers: int
+    on_error: OnError
+    pin_memory: bool
+    prefetch_factor: int
+    name: str
 
 
 def read_unit(
@@ -95,7 +106,10 @@ class UnitStream(IterableDataset):
             yield read_unit(self.reader, self.spec, self.units[j], j, self.batch_size, self.on_error, arena)
 
 
-def _as_is(item: Any) -> Any:
+_T = TypeVar("_T")
+
+
+def _as_is(item: _T) -> _T:
     """The DataLoader's collate function: a unit is handed over as the worker made it."""
     return item
 
@@ -217,7 +231,7 @@ class ParquetLoader(LoaderBase):
         shuffle: bool = False,
         seed: int = 0,
         shuffle_window: int = 1,
-        **options: Any,
+        **options: Unpack[LoaderOptions],
     ) -> None:
         super().__init__(source, spec, batch_size, rank, world_size, **options)
         self.slices = list(slices)
@@ -253,7 +267,7 @@ class ParquetLoader(LoaderBase):
             batch_size=self.batch_size, fingerprint=self.fingerprint,
         )  # fmt: skip
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> LoaderState:
         return self.position().to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -27,7 +27,7 @@ import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -38,6 +38,7 @@ from lightrec.data.parquet.errors import ParquetFileChangedError, ParquetFileErr
 __all__ = [
     "ParquetFileInfo",
     "ParquetSource",
+    "SourceSummary",
     "hidden",
     "list_files",
     "open_parquet",
@@ -46,6 +47,15 @@ __all__ = [
 ]
 
 _GLOB = re.compile(r"[*?\[]")
+
+
+class SourceSummary(TypedDict):
+    """:meth:`ParquetSource.describe`: the counts a log line or ``lightrec data inspect`` shows."""
+
+    files: int
+    row_groups: int
+    rows: int
+    bytes: int
 
 
 def resolve_filesystem(path: str) -> tuple[pafs.FileSystem, str]:
@@ -224,7 +234,7 @@ class ParquetSource:
         """The first file's Arrow schema."""
         return self.files[0].schema
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> SourceSummary:
         """Files, row groups and rows, for logs and ``lightrec data inspect``."""
         return {
             "files": len(self.files),

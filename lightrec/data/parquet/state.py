@@ -22,20 +22,46 @@ mismatch raises :class:`ResumeMismatchError` with the fix. A following loader
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, TypedDict, cast
 
 from lightrec.data.errors import ResumeMismatchError
 from lightrec.data.parquet.sharding import Slice
 from lightrec.data.parquet.source import ParquetFileInfo
 
-__all__ = ["LoaderPosition", "ResumeMismatchError", "fingerprint"]
+__all__ = ["FollowState", "LoaderPosition", "LoaderState", "ResumeMismatchError", "fingerprint"]
 
 
-def fingerprint(files: Sequence[ParquetFileInfo], slices: Sequence[Slice], settings: Mapping[str, Any]) -> str:
+class FollowState(TypedDict):
+    """A following loader's extra state: files finished, the round in progress, slices carried to the next batch.
+
+    ``carry`` rows are ``[path, row_group, lo, hi]`` lists (lists, not tuples, so the state stays JSON-shaped).
+    """
+
+    done: list[str]
+    round: list[str]
+    carry: list[list[str | int]]
+
+
+class _LoaderStateRequired(TypedDict):
+    epoch: int
+    batch: int
+    world_size: int
+    batch_size: int
+    fingerprint: str
+
+
+class LoaderState(_LoaderStateRequired, total=False):
+    """:meth:`LoaderPosition.to_dict`: what a Parquet loader's ``state_dict`` holds (``follow`` only when following)."""
+
+    follow: FollowState
+
+
+def fingerprint(files: Sequence[ParquetFileInfo], slices: Sequence[Slice], settings: Mapping[str, object]) -> str:
     """A short hash of the rows a loader reads (files, row groups, the split's slices) and its settings."""
     digest = hashlib.sha1()
     for s in slices:
@@ -62,12 +88,15 @@ class LoaderPosition:
     world_size: int = 1
     batch_size: int = 1
     fingerprint: str = ""
-    follow: dict[str, Any] | None = field(default=None)
+    follow: FollowState | None = field(default=None)
 
-    def to_dict(self) -> dict[str, Any]:
-        state = asdict(self)
-        if self.follow is None:
-            state.pop("follow")
+    def to_dict(self) -> LoaderState:
+        state: LoaderState = {
+            "epoch": self.epoch, "batch": self.batch, "world_size": self.world_size, "batch_size": self.batch_size,
+            "fingerprint": self.fingerprint,
+        }  # fmt: skip
+        if self.follow is not None:
+            state["follow"] = copy.deepcopy(self.follow)
         return state
 
     @classmethod
@@ -81,7 +110,7 @@ class LoaderPosition:
         return cls(
             epoch=int(state["epoch"]), batch=int(state["batch"]), world_size=int(state["world_size"]),
             batch_size=int(state["batch_size"]), fingerprint=str(state.get("fingerprint", "")),
-            follow=dict(state["follow"]) if state.get("follow") is not None else None,
+            follow=cast(FollowState, dict(state["follow"])) if state.get("follow") is not None else None,
         )  # fmt: skip
 
     def check_fits(self, world_size: int, batch_size: int, fingerprint: str) -> None:

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, TypedDict
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
@@ -43,13 +43,21 @@ from lightrec.data.errors import ResumeMismatchError
 from lightrec.data.rank_sampling import check_rank
 from lightrec.data.synthetic.criteo import SyntheticCriteoDataset
 
-__all__ = ["UNBOUNDED_BATCHES", "StreamShard", "SyntheticStreamLoader", "stream_fingerprint"]
+__all__ = ["UNBOUNDED_BATCHES", "StreamShard", "StreamState", "SyntheticStreamLoader", "stream_fingerprint"]
 
 UNBOUNDED_BATCHES = 1 << 48
 """The length of an "unbounded" stream's dataset: ~2.8e14 batches, more than any run reads."""
 
 
-def stream_fingerprint(settings: Mapping[str, Any]) -> str:
+class StreamState(TypedDict):
+    """:meth:`SyntheticStreamLoader.state_dict`: the samples trained (all ranks), the batch size, the fingerprint."""
+
+    samples: int
+    batch_size: int
+    fingerprint: str
+
+
+def stream_fingerprint(settings: Mapping[str, object]) -> str:
     """A short hash of the settings that fix a stream's samples (seed, tables, vocabulary, ...)."""
     text = json.dumps(dict(settings), sort_keys=True, default=str)
     return hashlib.sha1(text.encode()).hexdigest()[:16]
@@ -131,7 +139,7 @@ class SyntheticStreamLoader:
         self._start, self._yielded, self._ended, self.prefetched = start, 0, False, 0
         shard = StreamShard(self.dataset, start, self.rank, self.world_size, steps)
         if self.num_workers == 0:
-            batches: Any = shard
+            batches: Iterable[Batch] = shard
         else:
             batches = DataLoader(
                 shard, batch_size=None, num_workers=self.num_workers, prefetch_factor=self.prefetch_factor,
@@ -143,7 +151,7 @@ class SyntheticStreamLoader:
             yield batch.pin_memory() if pin else batch
         self._ended = True
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> StreamState:
         """The position: samples trained (all ranks), the batch size and the stream's fingerprint."""
         return {
             "samples": self.trained_batches * self.batch_size,

@@ -18,7 +18,7 @@ batch (``lightrec.lightning.ProgressiveValidation``).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 import lightning.pytorch as pl
 import torch
@@ -127,5 +127,5 @@ class SyntheticStream(pl.LightningDataModule):
     def _pins_memory(self) -> bool:
         if self.pin_memory is not None:
             return self.pin_memory
-        device: Any = getattr(getattr(self.trainer, "strategy", None), "root_device", None)
+        device: object = getattr(getattr(self.trainer, "strategy", None), "root_device", None)
         return isinstance(device, torch.device) and device.type == "cuda"

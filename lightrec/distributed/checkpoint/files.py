@@ -27,11 +27,11 @@ import shutil
 import uuid
 import warnings
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 import torch.distributed as dist
 
-from lightrec.distributed.checkpoint.blocks import CheckpointError
+from lightrec.distributed.checkpoint.blocks import Block, CheckpointError
 from lightrec.distributed.checkpoint.integrity import (
     FileRecord,
     Manifest,
@@ -48,6 +48,9 @@ from lightrec.distributed.comm.sharding_env import resolve_group
 __all__ = [
     "FORMAT",
     "META_FILE",
+    "RankPayload",
+    "SavedGroup",
+    "SavedState",
     "checkpoint_folder",
     "is_sharded_checkpoint",
     "read_meta",
@@ -58,6 +61,41 @@ __all__ = [
 
 FORMAT = "lightrec.sharded.v1"
 META_FILE = "meta.pt"
+
+
+class SavedState(TypedDict):
+    """One optimizer state of a sharded table: ``kind`` (``state_kind``) and this rank's blocks of it."""
+
+    kind: str
+    blocks: list[Block]
+
+
+class _SavedGroupRequired(TypedDict):
+    ids: list[str]
+    hparams: dict[str, Any]  # the optimizer's own hyper-parameters (lr, betas, ...): any value
+
+
+class SavedGroup(_SavedGroupRequired, total=False):
+    """One optimizer param group: its parameters' stable ids, hyper-parameters and, per LR scheduler
+    index, that scheduler's per-group entries (``base_lrs``, ``_last_lr``, ...)."""
+
+    sched: dict[int, dict[str, Any]]  # scheduler state values: whatever the scheduler keeps
+
+
+class RankPayload(TypedDict):
+    """One rank's ``shards-rank*.pt``: table shards, sharded optimizer state, param groups, schedulers.
+
+    ``optim[i]`` maps a table to ``{state name: SavedState}`` for optimizer ``i``; ``groups[i]`` are its
+    param groups; ``scheduler_optimizer[k]`` is the optimizer scheduler ``k`` steps (-1: none given).
+    """
+
+    rank: int
+    shapes: dict[str, list[int]]
+    tables: dict[str, list[Block]]
+    optim: list[dict[str, dict[str, SavedState]]]
+    groups: list[list[SavedGroup]]
+    lr_schedulers: list[dict[str, Any]]  # this rank's scheduler state dicts, as the schedulers wrote them
+    scheduler_optimizer: list[int]
 T = TypeVar("T")
 
 
@@ -109,7 +147,7 @@ def _attempt(fn: Callable[[], T]) -> tuple[str | None, T | None]:
 def write_collectively(
     path: str | os.PathLike,
     meta: dict[str, Any],
-    payload: dict[str, Any],
+    payload: RankPayload,
     pg: dist.ProcessGroup | None = None,
 ) -> None:
     """Write ``payload`` (every rank) and ``meta`` (rank 0) as the checkpoint directory ``path``."""
@@ -204,7 +242,7 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
     return dict(meta)
 
 
-def read_shards(path: str | os.PathLike, world_size: int) -> list[dict[str, Any]]:
+def read_shards(path: str | os.PathLike, world_size: int) -> list[RankPayload]:
     """Every rank's payload, verified, then memory-mapped: only the bytes a caller slices are read again."""
     folder = checkpoint_folder(path) or os.fspath(path)
     files = sorted(glob.glob(os.path.join(glob.escape(folder), "shards-rank*.pt")))

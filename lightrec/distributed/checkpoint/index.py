@@ -82,13 +82,13 @@ class ParamIndex:
         raise ValueError(f"{what} steps a parameter that is not part of the checkpointed module")
 
 
-def optimizer_params(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[Any, torch.Tensor]:
+def optimizer_params(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[int | str, torch.Tensor]:
     """``{key used in state_dict["state"]: parameter}`` (names for keyed optimizers, ints for torch's).
 
     ``state_dict["param_groups"][g]["params"]`` lists the keys of group ``g`` in the order of
     ``optimizer.param_groups[g]["params"]``, for torch's optimizers and lightrec's keyed ones alike.
     """
-    keys: Sequence[Any] = [k for g in state_dict["param_groups"] for k in g["params"]]
+    keys: Sequence[int | str] = [k for g in state_dict["param_groups"] for k in g["params"]]
     params = [p for g in optimizer.param_groups for p in g["params"]]
     if len(keys) != len(params):
         raise ValueError(

@@ -27,7 +27,7 @@ import json
 import os
 import shutil
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import torch
 
@@ -99,7 +99,7 @@ class HashingWriter:
         return FileRecord(self.bytes, self._hash.hexdigest())
 
 
-def estimate_bytes(obj: Any) -> int:
+def estimate_bytes(obj: object) -> int:
     """Bytes of tensor data in ``obj`` (nested dicts/lists/tuples): a lower bound of its file size."""
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
@@ -122,7 +122,7 @@ def _disk_full(path: str, needed: int, exc: OSError | None) -> CheckpointError:
 _NO_SPACE = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 
 
-def save_hashed(obj: Any, path: str, shown: str | None = None) -> FileRecord:
+def save_hashed(obj: object, path: str, shown: str | None = None) -> FileRecord:
     """``torch.save(obj)`` to ``path``, synced to disk, and return its size and SHA-256.
 
     Refuses up front when the tensors alone would not fit in the free space, and turns a write

@@ -20,7 +20,14 @@ import torch.distributed as dist
 from torch import nn
 
 from lightrec.distributed.checkpoint.blocks import Allocator, Block, CheckpointError, assemble
-from lightrec.distributed.checkpoint.files import FORMAT, is_sharded_checkpoint, read_meta, read_shards
+from lightrec.distributed.checkpoint.files import (
+    FORMAT,
+    RankPayload,
+    SavedGroup,
+    is_sharded_checkpoint,
+    read_meta,
+    read_shards,
+)
 from lightrec.distributed.checkpoint.index import LocalTable, ParamIndex, local_tables, optimizer_params
 from lightrec.distributed.checkpoint.safe_load import load_file
 from lightrec.distributed.sharding.state_dict import ShardedTableState
@@ -46,7 +53,7 @@ class CheckpointSource:
     """
 
     meta: dict[str, Any]
-    payloads: list[dict[str, Any]]
+    payloads: list[RankPayload]
     dense_optim: list[dict[str, Any]]
     world_size: int
     has_training_state: bool
@@ -154,12 +161,12 @@ class _GroupMatcher:
         self._groups = [
             g for r in order for g in (source.payloads[r]["groups"][i] if i < len(source.payloads[r]["groups"]) else [])
         ]
-        self._by_id: dict[str, dict[str, Any]] = {}
+        self._by_id: dict[str, SavedGroup] = {}
         for g in self._groups:
             for stable in g["ids"]:
                 self._by_id.setdefault(stable, g)
 
-    def match(self, ids: Sequence[str]) -> dict[str, Any] | None:
+    def match(self, ids: Sequence[str]) -> SavedGroup | None:
         return next((self._by_id[s] for s in ids if s in self._by_id), None)
 
 
@@ -169,7 +176,7 @@ def _optimizer_state(
     template = opt.state_dict()
     params = optimizer_params(opt, template)
     what = f"optimizers[{i}] ({type(opt).__name__})"
-    state: dict[Any, Any] = {}
+    state: dict[int | str, object] = {}
     dense = source.dense_optim[i] if i < len(source.dense_optim) else {}
     for key, param in params.items():
         stable = index.stable_id(param, what)
@@ -216,7 +223,7 @@ def _scheduler_states(
                 rebuilt = []
                 for gi, g in enumerate(live):
                     saved = matchers[i].match([index.stable_id(p, f"optimizers[{i}]") for p in g["params"]])
-                    per_group = (saved or {}).get("sched", {}).get(k, {})
+                    per_group = saved.get("sched", {}).get(k, {}) if saved is not None else {}
                     if name in per_group:
                         rebuilt.append(per_group[name])
                     elif isinstance(value, list) and value:

@@ -44,7 +44,7 @@ _PLAN_TYPES: list[type] = [
 #: names, and under the names files written before they moved store: the plan types of the one
 #: module ``lightrec.distributed.planner.plan`` was (now the package that re-exports them) and
 #: ``ShardedTableState`` of ``lightrec.distributed.state_dict`` (``sharding/state_dict.py``).
-SAFE_TYPES: list[Callable[..., Any] | tuple[Callable[..., Any], str]] = [
+SAFE_TYPES: list[Callable[..., object] | tuple[Callable[..., object], str]] = [
     ShardedTableState,
     *_PLAN_TYPES,
     EmbeddingBagConfig,

@@ -11,7 +11,13 @@ import torch.distributed as dist
 from torch import nn
 
 from lightrec.distributed.checkpoint.blocks import state_kind
-from lightrec.distributed.checkpoint.files import FORMAT, write_collectively
+from lightrec.distributed.checkpoint.files import (
+    FORMAT,
+    RankPayload,
+    SavedGroup,
+    SavedState,
+    write_collectively,
+)
 from lightrec.distributed.checkpoint.index import ParamIndex, local_tables, optimizer_params
 from lightrec.kernels.batched_embedding import flush_kernels
 from lightrec.kernels.tiered.store import sequential_access, store_of
@@ -37,7 +43,7 @@ def save_sharded_checkpoint(
     checkpoint: dict[str, Any],
     module: nn.Module,
     optimizers: Sequence[torch.optim.Optimizer] = (),
-    lr_schedulers: Sequence[Any] = (),
+    lr_schedulers: Sequence[object] = (),
     pg: dist.ProcessGroup | None = None,
 ) -> None:
     """Write ``checkpoint`` as a sharded checkpoint directory (a collective: every rank calls it).
@@ -61,7 +67,7 @@ def save_sharded_checkpoint(
     tables = local_tables(module)
     index = ParamIndex(module, tables)
     state_dict = dict(checkpoint.get("state_dict", {}))
-    payload: dict[str, Any] = {
+    payload: RankPayload = {
         "rank": rank,
         "shapes": {k: t.global_shape for k, t in tables.items()},
         "tables": {},
@@ -86,7 +92,7 @@ def save_sharded_checkpoint(
     for i, (opt, sd) in enumerate(zip(optimizers, opt_states, strict=True)):
         what = f"optimizers[{i}] ({type(opt).__name__})"
         params = optimizer_params(opt, sd)
-        sharded: dict[str, dict[str, Any]] = {}
+        sharded: dict[str, dict[str, SavedState]] = {}
         dense: dict[str, Any] = {}
         for key, state in sd["state"].items():
             param = params[key]
@@ -104,7 +110,7 @@ def save_sharded_checkpoint(
                 kind = state_kind(value, meta.shard_sizes, f"{what} state {name!r} of {stable}")
                 entry = sharded.setdefault(stable, {}).setdefault(name, {"kind": kind, "blocks": []})
                 entry["blocks"].append((meta.shard_offsets, meta.shard_sizes, _copy(value)))
-        groups = []
+        groups: list[SavedGroup] = []
         keys = iter(k for g in sd["param_groups"] for k in g["params"])
         for g in sd["param_groups"]:
             ids = [index.stable_id(params[next(keys)], what) for _ in g["params"]]
