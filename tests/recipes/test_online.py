@@ -95,7 +95,7 @@ def _run_ranks(root: Path, *args: str) -> None:
     from tests.multiprocess import free_port
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_PORT": str(free_port())}
-    cmd = [sys.executable, "-m", "lightrec.cli", "run", "dlrm_online", "--devices", "2", *SMALL[5:],
+    cmd = [sys.executable, "-m", "lightrec.cli", "run", "dlrm_online", "--devices", "2", *SMALL[4:],
            f"--trainer.logger.init_args.save_dir={root}", *args]  # fmt: skip
     done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]

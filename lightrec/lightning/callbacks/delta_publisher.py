@@ -139,10 +139,13 @@ class DeltaPublisher(pl.Callback):
             raise ValueError(f"DeltaPublisher(model_attr={self.model_attr!r}): {type(pl_module).__name__} has no module "
                              "there; pass model_attr='<attribute holding the model>'") from exc  # fmt: skip
         self._tracker = self._make_tracker(self._model)
+        # trainer.log_dir broadcasts rank 0's folder (a collective): every rank must ask, or rank 0 waits in that
+        # broadcast while the others wait in publish_changes' all_gather (a hang until the process-group timeout)
+        log_dir = trainer.log_dir if self.dirpath is None else None
         if trainer.is_global_zero:
             specs = sharded_table_specs(self._model, self.row_format)
             if self.dirpath is None:
-                self.dirpath = Path(trainer.log_dir or trainer.default_root_dir) / "publish"
+                self.dirpath = Path(log_dir or trainer.default_root_dir) / "publish"
             self._writer = DeltaWriter(self.dirpath, specs, retention=self.keep)
         self._publish(trainer, snapshot=True)
 
