@@ -136,6 +136,7 @@ TORCHREC_PATHS["torchrec.modules.embedding_configs"] += ["DATA_TYPE_NUM_BITS"]
 TORCHREC_PATHS["torchrec.quant.embedding_modules"] += ["quant_prep_enable_cache_features_order"]
 TORCHREC_PATHS["torchrec.datasets.criteo"] += ["TOTAL_TRAINING_SAMPLES"]
 TORCHREC_PATHS["torchrec.optim"] = ["SGD", "Adam", "Adagrad"]
+TORCHREC_PATHS["torchrec.distributed.embedding_lookup"] = ["GroupedPooledEmbeddingsLookup", "GroupedEmbeddingsLookup"]
 
 
 
