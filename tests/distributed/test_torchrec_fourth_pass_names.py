@@ -4,7 +4,9 @@ the way torchrec's callers use it on a small case against a hand-computed or pla
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -191,3 +193,46 @@ def test_data_parallel_wrapper_and_unwrapping_on_two_ranks() -> None:
 
     with pytest.raises(ValueError, match="allreduce_comm_precision"):
         DefaultDataParallelWrapper(allreduce_comm_precision="int8")
+
+
+# ------------------------------------------------------------------ Criteo reader arguments
+def _write_days(tmp_path: Path, rows_per_day: list[int]) -> tuple[list[list[str]], np.ndarray]:
+    """Binary Criteo days whose dense column 0 numbers the rows 0.. across the days."""
+    files, first = [], 0
+    for day, rows in enumerate(rows_per_day):
+        index = np.arange(first, first + rows)
+        arrays = {"dense": np.repeat(index[:, None], 13, 1).astype(np.float32),
+                  "sparse": np.repeat(index[:, None], 26, 1).astype(np.int64),
+                  "labels": (index[:, None] % 2).astype(np.int32)}  # fmt: skip
+        names = []
+        for kind, array in arrays.items():
+            np.save(tmp_path / f"day_{day}_{kind}.npy", array)
+            names.append(str(tmp_path / f"day_{day}_{kind}.npy"))
+        files.append(names)
+        first += rows
+    return [[f[k] for f in files] for k in range(3)], np.arange(first)
+
+
+def test_criteo_reader_drop_last_and_shuffled_training_set(tmp_path: Path) -> None:
+    from lightrec.datasets.criteo import InMemoryBinaryCriteoIterDataPipe
+
+    (dense, sparse, labels), rows = _write_days(tmp_path, [5, 4])
+    kept = InMemoryBinaryCriteoIterDataPipe("train", dense, sparse, labels, 4, 0, 1)
+    dropped = InMemoryBinaryCriteoIterDataPipe("train", dense, sparse, labels, 4, 0, 1, drop_last=True)
+    assert [b.batch_size for b in kept] == [4, 4, 1] and len(kept) == 3
+    assert [b.batch_size for b in dropped] == [4, 4] and len(dropped) == 2
+
+    def share(rank: int, seed: int, stage: str = "train") -> list[int]:
+        pipe = InMemoryBinaryCriteoIterDataPipe(stage, dense, sparse, labels, 2, rank, 2, shuffle_training_set=True,
+                                                shuffle_training_set_random_seed=seed)  # fmt: skip
+        got = [int(x) for b in pipe for x in b.dense_features[:, 0]]
+        assert all(torch.equal(b.sparse_features["cat_3"].values(), b.dense_features[:, 0].long()) for b in pipe)
+        return got
+
+    # torchrec's layout: row j of the concatenated days goes to position perm[j]; rank r reads block r
+    perm = np.random.RandomState(7).permutation(9)
+    shuffled = np.empty(9, dtype=np.int64)
+    shuffled[perm] = rows
+    assert share(0, 7) == shuffled[:5].tolist() and share(1, 7) == shuffled[5:].tolist()  # 5 + 4 rows
+    assert sorted(share(0, 3) + share(1, 3)) == rows.tolist() and share(0, 3) != share(0, 7)
+    assert share(0, 7, stage="val") == [0, 1]  # only the training set is shuffled (val: first half of day 0)
