@@ -136,6 +136,12 @@ TORCHREC_PATHS["torchrec.modules.embedding_configs"] += ["DATA_TYPE_NUM_BITS"]
 TORCHREC_PATHS["torchrec.quant.embedding_modules"] += ["quant_prep_enable_cache_features_order"]
 TORCHREC_PATHS["torchrec.datasets.criteo"] += ["TOTAL_TRAINING_SAMPLES"]
 TORCHREC_PATHS["torchrec.optim"] = ["SGD", "Adam", "Adagrad"]
+TORCHREC_PATHS["torchrec.distributed.embedding_lookup"] = ["GroupedPooledEmbeddingsLookup", "GroupedEmbeddingsLookup"]
+TORCHREC_PATHS["torchrec.distributed.embedding_types"] += ["ShardedEmbeddingTable", "GroupedEmbeddingConfig", "KJTList"]
+TORCHREC_PATHS["torchrec.distributed.model_parallel"] += ["DataParallelWrapper", "DefaultDataParallelWrapper",
+                                                          "get_module", "get_unwrapped_module"]  # fmt: skip
+TORCHREC_PATHS["torchrec.distributed.quant_embedding_kernel"] = ["_unwrap_kjt", "_unwrap_kjt_for_cpu"]
+TORCHREC_PATHS["torchrec.distributed.embeddingbag"] += ["_create_mean_pooling_divisor"]
 
 
 

@@ -21,12 +21,15 @@ import torch
 from lightrec.distributed.comm import Awaitable, LazyAwaitable
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
 from lightrec.distributed.sharding.collection_sharder import CollectionSharder
+from lightrec.distributed.sharding.mean_pooling import _apply_mean_pooling, _create_mean_pooling_divisor
 from lightrec.distributed.sharding.work_ahead import StartedInputDist
 from lightrec.modules.embedding_configs import EmbeddingBagConfig
 from lightrec.modules.embedding_modules import EmbeddingBagCollection
 from lightrec.sparse import KeyedJaggedTensor, KeyedTensor
 
 __all__ = [
+    "_apply_mean_pooling",
+    "_create_mean_pooling_divisor",
     "EmbeddingBagCollectionAwaitable",
     "EmbeddingBagCollectionSharder",
     "ShardedEmbeddingBagCollection",

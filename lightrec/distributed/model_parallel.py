@@ -30,18 +30,24 @@ before, e.g. by ``RecStrategy`` for an earlier ``fit``) keeps them as they are: 
 taken over (a plan naming them must agree) and the wrapper is rebuilt around them, so the same
 sharded tables serve fit, validate, test and predict. They must be on this world and ``device``.
 
+The dense part is wrapped by a ``DataParallelWrapper`` (torchrec's hook: ``wrap(dmp, env, device)``
+sets ``dmp._dmp_wrapped_module``); the default, :class:`DefaultDataParallelWrapper`, is the DDP of
+step 3 with torchrec's arguments, which override lightrec's DDP defaults only when given.
+
 Gradient semantics (docs/sharding.md): every parameter, dense or embedding, model-parallel or
 replicated, receives the gradient of the *mean* of the per-rank losses.
 """
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from lightrec._compat import ddp_buffer_sync
@@ -64,7 +70,13 @@ from lightrec.distributed.sharding.state_dict import gather_full_state_dict
 from lightrec.distributed.train_pipeline.sparse_dist_pipeline import SparseDistPipeline
 from lightrec.optim.keyed import CombinedOptimizer
 
-__all__ = ["DistributedModelParallel"]
+__all__ = [
+    "DataParallelWrapper",
+    "DefaultDataParallelWrapper",
+    "DistributedModelParallel",
+    "get_module",
+    "get_unwrapped_module",
+]
 
 
 def _same_device(device: torch.device) -> torch.device:
@@ -78,6 +90,58 @@ def _with_adopted(plan: ShardingPlan, adopted: Mapping[str, ShardedCollectionBas
     """``plan`` plus the module plans of already-sharded collections it does not name (a new object)."""
     missing = {path: m.module_sharding_plan() for path, m in adopted.items() if path not in plan.plan}
     return ShardingPlan({**plan.plan, **missing}) if missing else plan
+
+
+_COMM_HOOKS = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
+
+
+class DataParallelWrapper(abc.ABC):
+    """Wraps the dense part of a ``DistributedModelParallel`` (torchrec's interface)."""
+
+    @abc.abstractmethod
+    def wrap(self, dmp: DistributedModelParallel, env: ShardingEnv, device: torch.device) -> None:
+        """Replace ``dmp._dmp_wrapped_module`` (the sharded model) by its data-parallel wrapper."""
+
+
+class DefaultDataParallelWrapper(DataParallelWrapper):
+    """``DistributedDataParallel`` over every trainable parameter outside the sharded collections.
+
+    Args:
+        bucket_cap_mb, static_graph, find_unused_parameters: DDP's arguments (None: lightrec's
+            defaults, DDP's own except ``gradient_as_bucket_view=True``).
+        allreduce_comm_precision: ``"fp16"`` or ``"bf16"``: all-reduce the gradients compressed to
+            that precision (torch's compress hooks); None: full precision.
+        params_to_ignore: further parameter names (of the unwrapped model) DDP leaves alone.
+        ddp_kwargs: any other ``DistributedDataParallel`` arguments.
+
+    Raises:
+        ValueError: an ``allreduce_comm_precision`` other than ``"fp16"`` / ``"bf16"``.
+    """
+
+    def __init__(
+        self,
+        bucket_cap_mb: int | None = None,
+        static_graph: bool | None = None,
+        find_unused_parameters: bool | None = None,
+        allreduce_comm_precision: str | None = None,
+        params_to_ignore: list[str] | None = None,
+        ddp_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        if allreduce_comm_precision is not None and allreduce_comm_precision not in _COMM_HOOKS:
+            raise ValueError(
+                f"allreduce_comm_precision must be 'fp16', 'bf16' or None, got {allreduce_comm_precision!r}"
+            )
+        given = {"bucket_cap_mb": bucket_cap_mb, "static_graph": static_graph,
+                 "find_unused_parameters": find_unused_parameters}  # fmt: skip
+        self.ddp_kwargs = {**{k: v for k, v in given.items() if v is not None}, **(ddp_kwargs or {})}
+        self.allreduce_comm_precision = allreduce_comm_precision
+        self.params_to_ignore = list(params_to_ignore or [])
+
+    def wrap(self, dmp: DistributedModelParallel, env: ShardingEnv, device: torch.device) -> None:
+        ddp = dmp._wrap_dense(dmp._dmp_wrapped_module, self.ddp_kwargs, self.params_to_ignore)
+        dmp._dmp_wrapped_module = ddp
+        if self.allreduce_comm_precision is not None and dmp.data_parallel is not None:
+            dmp.data_parallel.register_comm_hook(None, _COMM_HOOKS[self.allreduce_comm_precision])
 
 
 class DistributedModelParallel(nn.Module):
@@ -96,6 +160,8 @@ class DistributedModelParallel(nn.Module):
         seed: base seed of the initialisation of ``meta`` tables.
         ddp_kwargs: extra ``DistributedDataParallel`` arguments (override lightrec's defaults,
             e.g. ``{"find_unused_parameters": True}``).
+        data_parallel_wrapper: wraps the dense part when ``init_data_parallel`` (torchrec's hook;
+            default :class:`DefaultDataParallelWrapper`).
     """
 
     def __init__(
@@ -109,6 +175,7 @@ class DistributedModelParallel(nn.Module):
         init_parameters: bool = True,
         seed: int = 0,
         ddp_kwargs: dict[str, Any] | None = None,
+        data_parallel_wrapper: DataParallelWrapper | None = None,
     ) -> None:
         super().__init__()
         self._ddp_kwargs = dict(ddp_kwargs or {})
@@ -138,7 +205,10 @@ class DistributedModelParallel(nn.Module):
             # The dense part (parameters, buffers, any module's device state such as metric
             # states) goes to `device`; sharded collections already are where the plan put them.
             move_dense_to_device(module, self.device, (ShardedCollectionBase,))
-        self._dmp_wrapped_module = self._wrap_dense(module) if init_data_parallel else module
+        self._dmp_wrapped_module = module
+        if init_data_parallel:
+            wrapper = data_parallel_wrapper if data_parallel_wrapper is not None else DefaultDataParallelWrapper()
+            wrapper.wrap(self, self._env, self.device)
         sharded = self._sharded_modules()
         self._fused_optimizer = CombinedOptimizer([(path, m.fused_optimizer) for path, m in sharded.items()])
         self._pipeline = SparseDistPipeline(sharded.values())
@@ -203,14 +273,17 @@ class DistributedModelParallel(nn.Module):
                 "resharded: save a checkpoint and load it into a model sharded by the new plan"
             )
 
-    def _wrap_dense(self, module: nn.Module) -> nn.Module:
+    def _wrap_dense(
+        self, module: nn.Module, ddp_kwargs: Mapping[str, Any] | None = None, also_ignore: list[str] | None = None
+    ) -> nn.Module:
+        """``module`` in DDP (``DefaultDataParallelWrapper``); ``ddp_kwargs`` override ``self._ddp_kwargs``."""
         # Sharded collections sync nothing through DDP: their parameters and their buffers (a
         # managed-collision shard's id map has a size of its own on every rank).
         ignore = [
             f"{path}.{name}" if path else name
             for path in self._sharded_paths
             for name, _ in [*module.get_submodule(path).named_parameters(), *module.get_submodule(path).named_buffers()]
-        ]
+        ] + list(also_ignore or [])
         ignored = set(ignore)
         trainable = [p for n, p in module.named_parameters() if n not in ignored and p.requires_grad]
         if self._env.world_size == 1 or not trainable:
@@ -235,6 +308,7 @@ class DistributedModelParallel(nn.Module):
             **ddp_buffer_sync(every_forward=not constant_buffers),
         }
         kwargs.update(self._ddp_kwargs)
+        kwargs.update(ddp_kwargs or {})
         return DistributedDataParallel(module, **kwargs)
 
     def _sharded_modules(self) -> dict[str, ShardedCollectionBase]:
@@ -328,3 +402,16 @@ class DistributedModelParallel(nn.Module):
         self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
     ) -> Iterator[tuple[str, torch.Tensor]]:
         return self.module.named_buffers(prefix=prefix, recurse=recurse, remove_duplicate=remove_duplicate)
+
+
+def get_module(module: nn.Module) -> nn.Module:
+    """The model inside a ``DistributedModelParallel`` (torchrec's ``get_module``): its DDP wrapper,
+    if any, is kept, so the wrapper's overrides still apply; any other module is returned as is."""
+    return module._dmp_wrapped_module if isinstance(module, DistributedModelParallel) else module
+
+
+def get_unwrapped_module(module: nn.Module) -> nn.Module:
+    """The model inside every ``DistributedModelParallel`` / ``DistributedDataParallel`` wrapper."""
+    while isinstance(module, (DistributedModelParallel, DistributedDataParallel)):
+        module = module._dmp_wrapped_module if isinstance(module, DistributedModelParallel) else module.module
+    return module

@@ -8,7 +8,8 @@ File layout of the binary form (what ``BinaryCriteoUtils.tsv_to_npys`` writes, o
     day_<d>_labels.npy   [N, 1]  int32     0 / 1
 
 ``InMemoryBinaryCriteoIterDataPipe`` loads this rank's contiguous share of the rows (ranks differ
-by at most one row) and yields ``Batch`` es whose ids are ``raw % hashes[f]``. The names
+by at most one row; with ``shuffle_training_set``, its block of one seeded permutation of all rows)
+and yields ``Batch`` es whose ids are ``raw % hashes[f]``. The names
 (``DEFAULT_CAT_NAMES`` = ``cat_0 .. cat_25``, ``DEFAULT_INT_NAMES`` = ``int_0 .. int_12``) are the
 ones :mod:`lightrec.data` uses (:mod:`lightrec.data.criteo.spec`), so table configs move between
 the two. lightrec's own Criteo pipeline (:func:`lightrec.data.preprocess_criteo`, resumable,
@@ -173,7 +174,16 @@ class InMemoryBinaryCriteoIterDataPipe(IterableDataset):
         dense_paths, sparse_paths, labels_paths: the files, one triple per day, in order.
         batch_size: samples per batch (the last batch may be smaller).
         rank, world_size: which share of the rows this process reads.
-        shuffle_batches: shuffle the samples inside each batch (numpy's global generator).
+        drop_last: leave out the last batch when it has fewer than ``batch_size`` samples.
+        shuffle_batches: shuffle the samples inside each batch.
+        shuffle_training_set: (``"train"`` only) permute every row of every file before the
+            ranks take their shares: rank ``r`` gets block ``r`` of the permuted rows (the first
+            ``rows % world_size`` ranks one row more), so the ranks together still read each row
+            once. The files are memory-mapped and this rank's rows copied out (``mmap_mode`` is
+            then moot).
+        shuffle_training_set_random_seed: seed of the permutation and of ``shuffle_batches``
+            (torchrec seeds numpy's global generator with it; here a generator of the reader's
+            own draws the same numbers, and the global one is left alone).
         mmap_mode: memory-map the files instead of reading them into memory.
         hashes: rows of each of the 26 tables; ids are ``raw % hashes[f]`` (None: raw values).
     """
@@ -187,7 +197,10 @@ class InMemoryBinaryCriteoIterDataPipe(IterableDataset):
         batch_size: int,
         rank: int,
         world_size: int,
+        drop_last: bool | None = False,
         shuffle_batches: bool = False,
+        shuffle_training_set: bool = False,
+        shuffle_training_set_random_seed: int = 0,
         mmap_mode: bool = False,
         hashes: list[int] | None = None,
         path_manager_key: str = PATH_MANAGER_KEY,
@@ -204,6 +217,9 @@ class InMemoryBinaryCriteoIterDataPipe(IterableDataset):
         self.stage, self.batch_size = stage, batch_size
         self.rank, self.world_size = rank, world_size
         self.shuffle_batches, self.mmap_mode = shuffle_batches, mmap_mode
+        self.drop_last, self.shuffle_training_set = bool(drop_last), shuffle_training_set
+        # torchrec seeds numpy's global generator; the reader's own one draws the same numbers
+        self._rng = np.random.RandomState(shuffle_training_set_random_seed)
         self.hashes = None if hashes is None else np.asarray(hashes, dtype=np.int64).reshape(1, -1)
         start, last = 0, None
         if stage != "train":
@@ -211,25 +227,50 @@ class InMemoryBinaryCriteoIterDataPipe(IterableDataset):
             half = math.ceil(rows / 2)
             start, last = (0, half - 1) if stage == "val" else (half, rows - 1)
             dense_paths, sparse_paths, labels_paths = dense_paths[:1], sparse_paths[:1], labels_paths[:1]
-        ranges = BinaryCriteoUtils.get_file_idx_to_row_range(
-            [BinaryCriteoUtils.get_shape_from_npy(p)[0] for p in dense_paths], rank, world_size, start, last
-        )
         self.dense_arrs: list[np.ndarray] = []
         self.sparse_arrs: list[np.ndarray] = []
         self.labels_arrs: list[np.ndarray] = []
-        for arrs, paths in ((self.dense_arrs, dense_paths), (self.sparse_arrs, sparse_paths),
-                            (self.labels_arrs, labels_paths)):  # fmt: skip
-            for idx, (lo, hi) in ranges.items():
-                arrs.append(BinaryCriteoUtils.load_npy_range(paths[idx], lo, hi - lo + 1, mmap_mode=mmap_mode))
+        if shuffle_training_set and stage == "train":
+            self._load_shuffled_share(dense_paths, sparse_paths, labels_paths)
+        else:
+            ranges = BinaryCriteoUtils.get_file_idx_to_row_range(
+                [BinaryCriteoUtils.get_shape_from_npy(p)[0] for p in dense_paths], rank, world_size, start, last
+            )
+            for arrs, paths in ((self.dense_arrs, dense_paths), (self.sparse_arrs, sparse_paths),
+                                (self.labels_arrs, labels_paths)):  # fmt: skip
+                for idx, (lo, hi) in ranges.items():
+                    arrs.append(BinaryCriteoUtils.load_npy_range(paths[idx], lo, hi - lo + 1, mmap_mode=mmap_mode))
         self.num_rows_per_file = [a.shape[0] for a in self.dense_arrs]
-        self.num_batches = math.ceil(sum(self.num_rows_per_file) / batch_size)
+        rows = sum(self.num_rows_per_file)
+        self.num_batches = rows // batch_size if self.drop_last else math.ceil(rows / batch_size)
         self.keys = list(DEFAULT_CAT_NAMES)
+
+    def _load_shuffled_share(self, dense_paths: list[str], sparse_paths: list[str], labels_paths: list[str]) -> None:
+        """This rank's block of every file's rows after one permutation of all of them (torchrec's)."""
+        files = [[np.load(p, mmap_mode="r", allow_pickle=False) for p in paths]
+                 for paths in (dense_paths, sparse_paths, labels_paths)]  # fmt: skip
+        lengths = [a.shape[0] for a in files[0]]
+        total = sum(lengths)
+        destination = self._rng.permutation(total)  # row j of the concatenated files goes to destination[j]
+        per_rank = np.full(self.world_size, total // self.world_size)
+        per_rank[: total % self.world_size] += 1
+        lo = int(per_rank[: self.rank].sum())
+        hi = lo + int(per_rank[self.rank])
+        for arrs, arrays in zip((self.dense_arrs, self.sparse_arrs, self.labels_arrs), files):
+            block = np.empty((hi - lo, *arrays[0].shape[1:]), dtype=arrays[0].dtype)
+            first = 0
+            for array, n in zip(arrays, lengths):
+                dest = destination[first : first + n]
+                mine = np.nonzero((dest >= lo) & (dest < hi))[0]
+                block[dest[mine] - lo] = array[mine]
+                first += n
+            arrs.append(block)
 
     def _to_batch(self, dense: np.ndarray, sparse: np.ndarray, labels: np.ndarray) -> Batch:
         if self.hashes is not None:
             sparse = sparse % self.hashes
         if self.shuffle_batches:
-            order = np.random.permutation(len(dense))
+            order = self._rng.permutation(len(dense))
             dense, sparse, labels = dense[order], sparse[order], labels[order]
         return Batch(
             dense_features=torch.from_numpy(np.array(dense, dtype=np.float32)),
@@ -243,7 +284,7 @@ class InMemoryBinaryCriteoIterDataPipe(IterableDataset):
         dense = np.concatenate(self.dense_arrs) if len(self.dense_arrs) > 1 else self.dense_arrs[0]
         sparse = np.concatenate(self.sparse_arrs) if len(self.sparse_arrs) > 1 else self.sparse_arrs[0]
         labels = np.concatenate(self.labels_arrs) if len(self.labels_arrs) > 1 else self.labels_arrs[0]
-        for start in range(0, len(dense), self.batch_size):
+        for start in range(0, self.num_batches * self.batch_size, self.batch_size):
             end = start + self.batch_size
             yield self._to_batch(dense[start:end], sparse[start:end], labels[start:end])
 

@@ -1,6 +1,6 @@
 """One module per sharding type; each builds an input dist, a local lookup and an output dist.
 What the sharded collections share sits beside them (``collection.py``, ``common.py``,
-``lookups.py``, ``work_ahead.py``; ``state_dict.py``: their state dicts and ``ShardedTableState``).
+``lookups.py``, ``work_ahead.py``, ``embedding_groups.py``, ``mean_pooling.py``; ``state_dict.py``: their state dicts and ``ShardedTableState``).
 
 ``SHARDING_CLASSES`` maps a ``ShardingType`` value to its :class:`EmbeddingSharding` class.
 """
