@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 
 from lightrec.cli.common import CommandError, UsageError, positive_int, shipped_recipe
+from lightrec.distributed.dmp.default_sharders import get_default_sharders
 from lightrec.distributed.planner import PlannerError, plan_sharding, topology_for
-from lightrec.distributed.sharders import get_default_sharders
 from lightrec.recipes import CONFIGS, CONFIGS_DIR, RECIPES
 
 __all__ = ["register", "run"]

@@ -4,7 +4,7 @@ torchrec users switch by changing imports: ``torchrec.distributed.X`` -> ``light
 for the names below (``EmbeddingBagCollectionSharder``, ``ShardingEnv``, ``ShardingType``,
 ``DistributedModelParallel``, ``LazyAwaitable`` ...). Plans -- their types, hand-written plans, the
 planner, its report and chart -- live in ``lightrec.distributed.planner`` (the main names are
-re-exported here); the default sharders come from ``lightrec.distributed.sharders``.
+re-exported here); the default sharders come from ``lightrec.distributed.dmp.default_sharders``.
 """
 
 from lightrec.distributed.comm import (
@@ -20,6 +20,7 @@ from lightrec.distributed.comm import (
     bucketize_kjt_row_wise,
 )
 from lightrec.distributed.comm.sharding_env import ShardingEnv
+from lightrec.distributed.dmp.default_sharders import get_default_sharders
 from lightrec.distributed.embedding import (
     EmbeddingCollectionAwaitable,
     EmbeddingCollectionSharder,
@@ -64,7 +65,6 @@ from lightrec.distributed.planner import (
     table_row_wise,
     table_wise,
 )
-from lightrec.distributed.sharders import get_default_sharders
 from lightrec.distributed.sharding.state_dict import ShardedTableState, gather_full_state_dict
 from lightrec.distributed.train_pipeline import (
     EvalPipelineSparseDist,

@@ -53,6 +53,7 @@ from torch.nn.parallel import DistributedDataParallel
 from lightrec._compat import ddp_buffer_sync
 from lightrec.distributed.comm.failures import collective_guard, timeout_of
 from lightrec.distributed.comm.sharding_env import ShardingEnv, as_env, resolve_group
+from lightrec.distributed.dmp.default_sharders import get_default_sharders
 from lightrec.distributed.dmp.fingerprint import check_ranks_agree, describe
 from lightrec.distributed.dmp.placement import move_dense_to_device, outermost
 from lightrec.distributed.model_tracker import (
@@ -63,7 +64,6 @@ from lightrec.distributed.model_tracker import (
 )
 from lightrec.distributed.planner.plan import ModuleSharder, ShardingPlan, shardable_modules
 from lightrec.distributed.planner.planning import plan_sharding, topology_for
-from lightrec.distributed.sharders import get_default_sharders
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
 from lightrec.distributed.sharding.collection_sharder import CollectionSharder
 from lightrec.distributed.sharding.state_dict import gather_full_state_dict

@@ -6,9 +6,14 @@ Nothing is defined here: the generators live in :mod:`lightrec.distributed.plann
 private ``_calculate_*_shard_sizes_and_offsets`` helpers torchrec's extensions import included;
 torchrec has no table-wise twin: a table-wise table is one ``[rows, cols]`` shard at ``[0, 0]``,
 ``calculate_shard_sizes_and_offsets(..., "table_wise")``), and the default sharders with
-``apply_to_all`` in :mod:`lightrec.distributed.sharders`.
+``apply_to_all`` in :mod:`lightrec.distributed.dmp.default_sharders`.
 """
 
+from lightrec.distributed.dmp.default_sharders import (
+    apply_to_all,
+    get_default_sharders,
+    get_module_to_default_sharders,
+)
 from lightrec.distributed.planner.plan import builders
 from lightrec.distributed.planner.plan.builders import *  # noqa: F403 - the generators, listed in builders.__all__
 from lightrec.distributed.planner.plan.shard_layouts import (
@@ -22,7 +27,6 @@ from lightrec.distributed.planner.plan.shard_layouts import (
     calculate_shard_sizes_and_offsets,
     placement,
 )
-from lightrec.distributed.sharders import apply_to_all, get_default_sharders, get_module_to_default_sharders
 
 __all__ = [
     "MIN_CW_DIM",

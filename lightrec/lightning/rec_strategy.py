@@ -68,12 +68,12 @@ from lightrec.distributed.checkpoint import (
 )
 from lightrec.distributed.comm.failures import collective_guard
 from lightrec.distributed.comm.sharding_env import ShardingEnv
+from lightrec.distributed.dmp.default_sharders import get_default_sharders
 from lightrec.distributed.dmp.placement import detached, move_dense_to_device
 from lightrec.distributed.model_parallel import DistributedModelParallel
 from lightrec.distributed.planner import ParameterConstraints, PlannerReport, Topology
 from lightrec.distributed.planner.plan import ModuleSharder, ShardingPlan, shardable_modules
 from lightrec.distributed.planner.planning import plan_sharding, topology_for
-from lightrec.distributed.sharders import get_default_sharders
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
 from lightrec.kernels.kernel_registry import check_kernel_backend
 from lightrec.lightning.contracts import (

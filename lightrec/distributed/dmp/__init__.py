@@ -6,6 +6,8 @@ around the sharding itself, one file per job:
                       all-gather of a hash); ``RankMismatchError`` names the first difference
 ``placement.py``      the dense part of a model moves to the rank's device with its own
                       ``.to()``; the embedding collections, placed by their plan, are never touched
+``default_sharders``  ``get_default_sharders``: the sharders used when none are given (DMP,
+                      ``RecStrategy``, ``lightrec plan``); torchrec's ``sharding_plan`` re-exports it
 ====================  ========================================================================
 """
 

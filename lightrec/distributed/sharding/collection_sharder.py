@@ -2,7 +2,7 @@
 
 ``EmbeddingBagCollectionSharder`` and ``EmbeddingCollectionSharder`` (``distributed/embeddingbag.py``,
 ``distributed/embedding.py``) are this class with their module types filled in;
-``lightrec.distributed.sharders.get_default_sharders`` builds both.
+``lightrec.distributed.dmp.default_sharders.get_default_sharders`` builds both.
 """
 
 from __future__ import annotations

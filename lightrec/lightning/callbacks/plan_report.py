@@ -41,9 +41,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.util import tensor_util
 from typing_extensions import override
 
+from lightrec.distributed.dmp.default_sharders import get_default_sharders
 from lightrec.distributed.planner import PlannerReport, ShardingPlan, plan_report_for, topology_for
 from lightrec.distributed.planner.report import plan_chart
-from lightrec.distributed.sharders import get_default_sharders
 from lightrec.lightning.contracts import EmbeddingShardingStrategy, PlannedStrategy
 
 __all__ = ["PlanReport", "load_plan_from_events"]

@@ -220,7 +220,7 @@ def table_configs(sharder: ModuleSharder, module: nn.Module) -> dict[str, BaseEm
 
 # The sharders used when a caller gives none (torchrec's ``collective_plan(module)``). They are
 # sharded-module code, which the plan model and the planner do not import: the module that builds
-# them (``lightrec.distributed.sharders``, loaded with ``lightrec.distributed``) registers them.
+# them (``lightrec.distributed.dmp.default_sharders``, loaded with ``lightrec.distributed``) registers them.
 _default_sharders: Callable[[], list[ModuleSharder]] | None = None
 
 
