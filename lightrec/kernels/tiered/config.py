@@ -22,7 +22,10 @@ import math
 import os
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # kernel_interface imports this module
+    from lightrec.kernels.kernel_interface import EmbeddingKernel
 
 __all__ = [
     "BACKING_TIERS",
@@ -52,7 +55,7 @@ def refuse_tiered_export(tables: list[str]) -> str:
     )
 
 
-def coerce_algorithm(value: Any) -> str:
+def coerce_algorithm(value: object) -> str:
     """``"lru"`` or ``"lfu"`` from a string, fbgemm's or torchrec's ``CacheAlgorithm`` (by member name).
 
     Raises:
@@ -97,7 +100,7 @@ class TieringConfig:
     ssd_storage_directory: str | None = None
     prefetch: bool = True
     eviction_headroom: float = 1.0 / 32
-    inner_kernel: Any = field(default=None, compare=False, repr=False)
+    inner_kernel: type[EmbeddingKernel] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.backing not in BACKING_TIERS:

@@ -33,7 +33,6 @@ import shutil
 import tempfile
 import weakref
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import numpy as np
 import torch
@@ -150,9 +149,18 @@ class RowStore:
 class HostMemoryStore(RowStore):
     """The rows in host memory (``fused_uvm_caching``), pinned when ``pin`` (a cache on a GPU)."""
 
-    def __init__(self, *args: Any, pin: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        rows: Sequence[int],
+        dims: Sequence[int],
+        dtype: torch.dtype,
+        states: Sequence[dict[str, tuple[tuple[int, ...], torch.dtype]]],
+        names: Sequence[str],
+        *,
+        pin: bool = False,
+    ) -> None:
         self._pin = pin
-        super().__init__(*args, **kwargs)
+        super().__init__(rows, dims, dtype, states, names)
 
     def _allocate(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return torch.zeros(shape, dtype=dtype, pin_memory=self._pin)
@@ -168,12 +176,21 @@ class SsdRowStore(RowStore):
 
     kind = "ssd"
 
-    def __init__(self, *args: Any, directory: str, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        rows: Sequence[int],
+        dims: Sequence[int],
+        dtype: torch.dtype,
+        states: Sequence[dict[str, tuple[tuple[int, ...], torch.dtype]]],
+        names: Sequence[str],
+        *,
+        directory: str,
+    ) -> None:
         self.directory = directory
         self._fd_by_ptr: dict[int, int] = {}
         # per table, advise()'s native call's files (fds, addresses, row strides); None: no native ops
         self._native_advise: dict[int, tuple[list[int], list[int], list[int]] | None] = {}
-        super().__init__(*args, **kwargs)
+        super().__init__(rows, dims, dtype, states, names)
 
     def _prepare(self, needed: int) -> None:
         """Check the directory and its free space before any file is created."""
