@@ -22,10 +22,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # kernel_interface imports this module
-    from lightrec.kernels.kernel_interface import EmbeddingKernel
+from typing import Any
 
 __all__ = [
     "BACKING_TIERS",
@@ -100,7 +97,8 @@ class TieringConfig:
     ssd_storage_directory: str | None = None
     prefetch: bool = True
     eviction_headroom: float = 1.0 / 32
-    inner_kernel: type[EmbeddingKernel] | None = field(default=None, compare=False, repr=False)
+    # type[EmbeddingKernel] | None, not spelled out: kernel_interface imports this module (no import circle)
+    inner_kernel: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.backing not in BACKING_TIERS:
