@@ -30,7 +30,7 @@ import copy
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, Protocol, Union
 
 import torch
 from torch import nn
@@ -69,7 +69,7 @@ class BatchedTableSpec:
     num_embeddings: int
     embedding_dim: int
     name: str = ""
-    init_fn: Callable[[torch.Tensor], Any] | None = None
+    init_fn: Callable[[torch.Tensor], object] | None = None
 
 
 TableSpec = BatchedTableSpec
@@ -89,7 +89,7 @@ class EmbeddingFusedOptimizer(KeyedOptimizer):
         self,
         spec: FusedOptimizerSpec,
         params: Mapping[str, nn.Parameter],
-        states: Sequence[dict[str, Any]],
+        states: Sequence[dict[str, torch.Tensor]],
         kernel: EmbeddingKernel | None = None,
     ) -> None:
         self.spec = spec
@@ -113,7 +113,7 @@ class EmbeddingFusedOptimizer(KeyedOptimizer):
         if self._kernel is not None:
             self._kernel.invalidate()
 
-    def _refresh(self, states: Sequence[dict[str, Any]]) -> None:
+    def _refresh(self, states: Sequence[dict[str, torch.Tensor]]) -> None:
         for p, s in zip(self.params.values(), states, strict=True):
             self.state[p] = dict(s)
 
@@ -141,6 +141,12 @@ def _table_specs(tables: Sequence[TableLike]) -> list[BatchedTableSpec]:
     return out
 
 
+class _EmptyLookupContext(Protocol):
+    """What :class:`_EmptyLookup`'s forward leaves on the autograd context for its backward."""
+
+    inputs_meta: list[tuple[torch.Size, torch.dtype, torch.device]]  # (shape, dtype, device) per input
+
+
 class _EmptyLookup(torch.autograd.Function):
     """``[rows, width]`` zeros whose backward gives every input a zero gradient (a batch of 0).
 
@@ -150,13 +156,13 @@ class _EmptyLookup(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, rows: int, width: int, device: torch.device, dtype: torch.dtype, *inputs: torch.Tensor
+        ctx: _EmptyLookupContext, rows: int, width: int, device: torch.device, dtype: torch.dtype, *inputs: torch.Tensor
     ) -> torch.Tensor:
         ctx.inputs_meta = [(t.shape, t.dtype, t.device) for t in inputs]
         return torch.zeros(rows, width, device=device, dtype=dtype)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    def backward(ctx: _EmptyLookupContext, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         zeros = [torch.zeros(shape, dtype=dtype, device=device) for shape, dtype, device in ctx.inputs_meta]
         return (None, None, None, None, *zeros)
 
@@ -169,7 +175,7 @@ class _BatchedLookupBase(nn.Module):
         tables: Sequence[TableLike],
         feature_table_map: Sequence[int] | None,
         pooling: PoolingType,
-        optimizer: FusedOptimizerSpec | Mapping[str, Any] | None,
+        optimizer: FusedOptimizerSpec | Mapping[str, object] | None,
         kernel_backend: str,
         device: torch.device | str | None,
         optimizer_param_names: Sequence[str] | None,
@@ -274,7 +280,7 @@ class _BatchedLookupBase(nn.Module):
             raise KeyError(f"reset_rows: no table {table!r}; the tables are {self.table_names}")
         self._backend.reset_rows(self.table_names.index(table), rows, weights)
 
-    def _check_reset_tables(self, resets: dict[str, Any]) -> None:
+    def _check_reset_tables(self, resets: Mapping[str, object]) -> None:
         unknown = sorted(set(resets) - set(self.table_names))
         if unknown:
             raise KeyError(f"reset_rows: no table {unknown[0]!r}; the tables are {self.table_names}")
@@ -330,7 +336,7 @@ class _BatchedLookupBase(nn.Module):
             for p in self.weights.values():
                 p._in_backward_optimizers = [self._fused_optimizer]
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> _BatchedLookupBase:
+    def __deepcopy__(self, memo: dict[int, object]) -> _BatchedLookupBase:
         # Default deep copies clone each parameter on its own (Parameter.__deepcopy__), which
         # would detach the table weights from the copied kernel storage; re-link them.
         new = self.__class__.__new__(self.__class__)
@@ -440,7 +446,7 @@ def _flush_before_state_dict(module: nn.Module, prefix: str, keep_vars: bool) ->
         module.flush()
 
 
-def _flush_before_load(module: _BatchedLookupBase, *args: Any) -> None:
+def _flush_before_load(module: _BatchedLookupBase, *args: object) -> None:
     _flush_for_load(module.kernel)
 
 
@@ -453,7 +459,7 @@ def _flush_for_load(kernel: EmbeddingKernel) -> None:
         pass
 
 
-def _invalidate_after_load(module: nn.Module, incompatible_keys: Any) -> None:
+def _invalidate_after_load(module: nn.Module, incompatible_keys: object) -> None:
     if isinstance(module, _BatchedLookupBase):  # always (registered on one)
         module.kernel.invalidate()
 
@@ -507,7 +513,7 @@ class BatchedEmbeddingBag(_BatchedLookupBase):
         tables: Sequence[TableLike],
         feature_table_map: Sequence[int] | None = None,
         pooling: PoolingType = PoolingType.SUM,
-        optimizer: FusedOptimizerSpec | Mapping[str, Any] | None = None,
+        optimizer: FusedOptimizerSpec | Mapping[str, object] | None = None,
         kernel_backend: str = "auto",
         device: torch.device | str | None = None,
         optimizer_param_names: Sequence[str] | None = None,
@@ -544,7 +550,7 @@ class BatchedEmbedding(_BatchedLookupBase):
         self,
         tables: Sequence[TableLike],
         feature_table_map: Sequence[int] | None = None,
-        optimizer: FusedOptimizerSpec | Mapping[str, Any] | None = None,
+        optimizer: FusedOptimizerSpec | Mapping[str, object] | None = None,
         kernel_backend: str = "auto",
         device: torch.device | str | None = None,
         optimizer_param_names: Sequence[str] | None = None,

@@ -29,7 +29,7 @@ This module imports ``fbgemm_gpu`` only when a backend object is built; callers 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
@@ -43,6 +43,9 @@ from lightrec.kernels.kernel_interface import (
 )
 from lightrec.modules.embedding_configs import PoolingType
 from lightrec.optim.fused_spec import ROW_RULE_OPTIMIZERS, EmbOptimType, FusedOptimizerSpec, WeightDecayMode
+
+if TYPE_CHECKING:  # fbgemm is optional; the kernel imports it on construction
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
 
 __all__ = ["FbgemmBatchedLookup", "fbgemm_supports"]
 
@@ -178,11 +181,11 @@ class FbgemmBatchedLookup(ResidentRows):
         )
         self._lr = spec.learning_rate
 
-    def _location(self, locations: Any, on_cuda: bool) -> Any:
+    def _location(self, locations: type[EmbeddingLocation], on_cuda: bool) -> EmbeddingLocation:
         """fbgemm's ``EmbeddingLocation`` of the tables: device memory on CUDA, host memory on CPU."""
         return locations.DEVICE if on_cuda else locations.HOST
 
-    def _storage_options(self, config: KernelConfig) -> dict[str, Any]:
+    def _storage_options(self, config: KernelConfig) -> dict[str, object]:
         """Extra ``SplitTableBatchedEmbeddingBagsCodegen`` arguments of the storage (a cache's)."""
         return {}
 

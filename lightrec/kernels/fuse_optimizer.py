@@ -10,7 +10,6 @@ the model is left alone; train it with an ordinary optimizer over the remaining 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 from torch import nn
@@ -22,7 +21,7 @@ __all__ = ["fuse_embedding_optimizer"]
 
 
 def _fused_twin(
-    module: nn.Module, optimizer_type: type, optimizer_kwargs: Mapping[str, Any], device: torch.device | str | None
+    module: nn.Module, optimizer_type: type, optimizer_kwargs: Mapping[str, object], device: torch.device | str | None
 ) -> nn.Module:
     if isinstance(module, EmbeddingBagCollection):
         fused: nn.Module = FusedEmbeddingBagCollection(
@@ -39,7 +38,7 @@ def _fused_twin(
 def fuse_embedding_optimizer(
     model: nn.Module,
     optimizer_type: type,
-    optimizer_kwargs: Mapping[str, Any],
+    optimizer_kwargs: Mapping[str, object],
     device: torch.device | str | None,
     allow_empty: bool = False,
 ) -> nn.Module:

@@ -19,7 +19,7 @@ as ``embedding_bags.<table>.weight``); their own state_dict entries are dropped 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -50,11 +50,13 @@ class _TableWeight(nn.Module):
         super().__init__()
         self.weight = weight
 
+_Entry = TypeVar("_Entry")  # what a reset gives one table: (rows, weights) or (rows, seed, low, high)
+
 
 def _resolve_spec(
     optimizer_type: type | None,
-    optimizer_kwargs: Mapping[str, Any] | None,
-    fused_params: Mapping[str, Any] | FusedOptimizerSpec | None,
+    optimizer_kwargs: Mapping[str, object] | None,
+    fused_params: Mapping[str, object] | FusedOptimizerSpec | None,
 ) -> FusedOptimizerSpec:
     if (optimizer_type is None) == (fused_params is None):
         raise ValueError(
@@ -151,7 +153,9 @@ class _FusedCollectionBase(nn.Module):
         (``{table: (rows, seed, low, high)}``; ``BatchedEmbeddingBag.reset_rows_uniform_of_tables``)."""
         self._per_lookup(resets, lambda lookup, mine: lookup.reset_rows_uniform_of_tables(mine))
 
-    def _per_lookup(self, resets: dict[str, Any], call: Callable[[Any, dict[str, Any]], None]) -> None:
+    def _per_lookup(
+        self, resets: Mapping[str, _Entry], call: Callable[[BatchedEmbeddingBag | BatchedEmbedding, dict[str, _Entry]], None]
+    ) -> None:
         """``call(lookup, {table: entry})`` once per lookup module holding tables of ``resets``."""
         left = dict(resets)
         for lookup in self._lookup_modules():
@@ -168,14 +172,14 @@ class _FusedCollectionBase(nn.Module):
 
 
 def _drop_lookup_entries(
-    module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any
+    module: nn.Module, state_dict: dict[str, object], prefix: str, local_metadata: dict[str, object]
 ) -> None:
     for key in [k for k in state_dict if k.startswith(prefix + "_lookups.")]:
         del state_dict[key]
 
 
 def _fill_lookup_entries(
-    module: _FusedCollectionBase, state_dict: dict[str, Any], prefix: str, *args: Any
+    module: _FusedCollectionBase, state_dict: dict[str, object], prefix: str, *args: object
 ) -> None:
     # The lookups' parameters are the table weights themselves; feed them the same entries so a
     # state_dict without "_lookups.*" keys loads strictly.
@@ -212,9 +216,9 @@ class FusedEmbeddingBagCollection(_FusedCollectionBase, EmbeddingBagCollectionIn
         self,
         tables: Sequence[EmbeddingBagConfig],
         optimizer_type: type | None = None,
-        optimizer_kwargs: Mapping[str, Any] | None = None,
+        optimizer_kwargs: Mapping[str, object] | None = None,
         *,
-        fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None,
+        fused_params: Mapping[str, object] | FusedOptimizerSpec | None = None,
         is_weighted: bool = False,
         device: torch.device | str | None = None,
         kernel_backend: str = "auto",
@@ -303,7 +307,7 @@ class FusedEmbeddingBagCollection(_FusedCollectionBase, EmbeddingBagCollectionIn
     def from_module(
         cls,
         module: EmbeddingBagCollection,
-        fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None,
+        fused_params: Mapping[str, object] | FusedOptimizerSpec | None = None,
         kernel_backend: str = "auto",
         *,
         backend: str | None = None,
@@ -352,9 +356,9 @@ class FusedEmbeddingCollection(_FusedCollectionBase, EmbeddingCollectionInterfac
         self,
         tables: Sequence[EmbeddingConfig],
         optimizer_type: type | None = None,
-        optimizer_kwargs: Mapping[str, Any] | None = None,
+        optimizer_kwargs: Mapping[str, object] | None = None,
         *,
-        fused_params: Mapping[str, Any] | FusedOptimizerSpec | None = None,
+        fused_params: Mapping[str, object] | FusedOptimizerSpec | None = None,
         device: torch.device | str | None = None,
         kernel_backend: str = "auto",
         id_check: str = "auto",

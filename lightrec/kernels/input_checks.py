@@ -23,7 +23,6 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -75,7 +74,7 @@ class LookupInputChecker:
         self._pending: deque[_Pending] = deque()
         self._calls = 0
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         # Copies (deepcopy, pickling) start with no pending async checks (CUDA events do not copy).
         state = dict(self.__dict__)
         state["_pending"], state["_rows_per_feature"] = deque(), {}

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -197,10 +197,21 @@ class TorchBatchedLookup(ResidentRows):
         return out
 
 
+class _LookupContext(Protocol):
+    """What :class:`_LookupFunction`'s forward leaves on the autograd context for its backward."""
+
+    backend: TorchBatchedLookup
+    batch: int
+    lr: Callable[[], float]
+    num_weight_inputs: int
+    # Per lookup group: (ids, per-bag offsets or None for one id per bag, per-sample weights or None).
+    saved: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]]
+
+
 class _LookupFunction(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx: Any,
+        ctx: _LookupContext,
         backend: TorchBatchedLookup,
         indices: torch.Tensor,
         offsets: torch.Tensor,
@@ -229,7 +240,7 @@ class _LookupFunction(torch.autograd.Function):
                 out = out * w.to(out.dtype).unsqueeze(1)
             ctx.saved = [(ids, None, w)]
             return out.view(batch, num_features * g.dim)
-        saved = []
+        saved: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = []
         outputs = []
         for g in backend.groups:
             ids, offs, w = backend._group_inputs(g, indices, offsets, psw, batch)
@@ -259,7 +270,7 @@ class _LookupFunction(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    def backward(ctx: _LookupContext, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         backend: TorchBatchedLookup = ctx.backend
         # A loss like out.sum() hands back an expanded (stride-0) gradient; arithmetic on it takes
         # a slow broadcasting path on CPU (measured 20 ms vs 1 ms for [53k, 64]), a copy is cheap.

@@ -26,7 +26,7 @@ import math
 import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import torch
 
@@ -41,6 +41,9 @@ from lightrec.kernels.kernel_interface import (
 from lightrec.kernels.sparse_update import adam_bias_corrections
 from lightrec.modules.embedding_configs import PoolingType
 from lightrec.optim.fused_spec import ROW_RULE_OPTIMIZERS, EmbOptimType, FusedOptimizerSpec, WeightDecayMode
+
+if TYPE_CHECKING:  # Triton is optional; the kernels import it on first use
+    import triton.language as tl
 
 __all__ = ["LAUNCH_OVERRIDES", "TritonBatchedLookup", "reduction_levels", "triton_supports"]
 
@@ -385,10 +388,20 @@ class TritonBatchedLookup(ResidentRows):
         return dense
 
 
+class _TritonLookupContext(Protocol):
+    """What :class:`_TritonLookupFunction`'s forward leaves on the autograd context for its backward."""
+
+    backend: TritonBatchedLookup
+    batch: int
+    lr: Callable[[], float]
+    num_weight_inputs: int
+    saved: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]  # keys, bags, offsets, psw
+
+
 class _TritonLookupFunction(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx: Any,
+        ctx: _TritonLookupContext,
         backend: TritonBatchedLookup,
         indices: torch.Tensor,
         offsets: torch.Tensor,
@@ -399,6 +412,7 @@ class _TritonLookupFunction(torch.autograd.Function):
         *weight_inputs: torch.Tensor,
     ) -> torch.Tensor:
         out, keys, bags = backend.forward(indices, offsets, psw, batch, True, checked)
+        assert keys is not None and bags is not None  # write_meta=True always returns them
         ctx.backend, ctx.batch, ctx.lr = backend, batch, lr
         ctx.num_weight_inputs = len(weight_inputs)
         ctx.saved = (keys, bags, offsets, psw)
@@ -406,7 +420,7 @@ class _TritonLookupFunction(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    def backward(ctx: _TritonLookupContext, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         backend: TritonBatchedLookup = ctx.backend
         keys, bags, offsets, psw = ctx.saved
         fused = backend.spec is not None
@@ -431,7 +445,7 @@ def _kernels() -> types.ModuleType:
     return triton_kernels
 
 
-def _acc_dtype(dtype: torch.dtype) -> Any:
+def _acc_dtype(dtype: torch.dtype) -> tl.dtype:
     """Arithmetic type of the kernels: float64 for float64 storage, float32 otherwise."""
     import triton.language as tl
 

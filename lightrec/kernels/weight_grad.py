@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 import torch
 from torch.autograd import Function
@@ -33,10 +33,20 @@ class _BagLayout:
     mean: bool
 
 
+class _WeightGradContext(Protocol):
+    """What :class:`_WeightGrad`'s forward leaves on the autograd context for its backward."""
+
+    saved_tensors: tuple[torch.Tensor, ...]  # (indices, offsets)
+    layout: _BagLayout
+    weights_dtype: torch.dtype
+
+    def save_for_backward(self, *tensors: torch.Tensor) -> None: ...
+
+
 class _WeightGrad(Function):
     @staticmethod
     def forward(
-        ctx: Any, out: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
+        ctx: _WeightGradContext, out: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
         layout: _BagLayout,
     ) -> torch.Tensor:  # fmt: skip
         ctx.save_for_backward(indices, offsets)
@@ -45,7 +55,7 @@ class _WeightGrad(Function):
         return out.view_as(out)
 
     @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
+    def backward(ctx: _WeightGradContext, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         indices, offsets = ctx.saved_tensors
         layout: _BagLayout = ctx.layout
         batch, tables = layout.batch, layout.tables()

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
 
 from lightrec.metrics.metrics_namespace import StrValue
 
@@ -123,7 +122,7 @@ class RecMetricDef:
     rec_tasks: list[RecTaskInfo] = field(default_factory=list)
     rec_task_indices: list[int] = field(default_factory=list)
     window_size: int = _DEFAULT_WINDOW_SIZE
-    arguments: dict[str, Any] | None = None
+    arguments: dict[str, object] | None = None
 
 
 class StateMetricEnum(StrValue):

@@ -19,7 +19,7 @@ State (per rank; ``W = window``)::
 
 ``compute`` gathers every rank's buffers (``cat``) and runs the metric on them with the weights, so
 empty slots weigh nothing: with ``R`` ranks it covers the last ``W`` samples of each, ``R * W`` in all
-once full. Any metric of :func:`~lightrec.metrics.rec_metrics` works by name (``"auc"``, ``"ne"``,
+once full. Every metric of :func:`~lightrec.metrics.rec_metrics` works by name (``"auc"``, ``"ne"``,
 ``"calibration"``, ``"ctr"``, ``"accuracy"``), as does any factory of a metric taking
 ``update(preds, labels, weights)``.
 """

@@ -10,8 +10,6 @@ Every model takes an ``EmbeddingBagCollection`` that may live on ``meta`` (to be
 and creates its dense parameters on ``dense_device`` (``device`` for ``TwoTower``).
 """
 
-from typing import Any
-
 from lightrec.models import deepfm as _deepfm
 from lightrec.models import dlrm as _dlrm
 from lightrec.models.deepfm import FieldDeepFM as FieldDeepFM
@@ -38,6 +36,6 @@ __all__ = [name for name in _dlrm.__all__ if name != "InteractionDCNArch"] + [
 ]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> type[FieldDeepFM]:
     """``DeepFM``: the former name of ``FieldDeepFM`` (deprecated, see ``lightrec.models.deepfm``)."""
     return getattr(_deepfm, name)

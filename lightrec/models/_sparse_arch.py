@@ -11,8 +11,6 @@ The feature order is the one of ``embedding_bag_configs()`` (tables in order, ea
 returns its keys in another order (e.g. a sharded one) is reordered by name.
 """
 
-from typing import Any
-
 import torch
 from torch import nn
 
@@ -21,7 +19,7 @@ from lightrec.sparse import KeyedJaggedTensor, KeyedTensor
 __all__ = ["SparseArch", "feature_names_and_dims"]
 
 
-def feature_names_and_dims(embedding_bag_collection: Any) -> tuple[list[str], list[int], list[str]]:
+def feature_names_and_dims(embedding_bag_collection: object) -> tuple[list[str], list[int], list[str]]:
     """Feature names, their embedding dims and their table names, in the collection's output order.
 
     Raises:

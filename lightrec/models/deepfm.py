@@ -26,7 +26,6 @@ of the deep component (``lightrec.modules.deepfm.DeepFM``, used here as ``DeepCo
 """
 
 import warnings
-from typing import Any
 
 import torch
 from torch import nn
@@ -135,7 +134,7 @@ class FieldDeepFM(nn.Module):
         return first + field_factorization_machine([fields]) + self.deep([fields])
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> type[FieldDeepFM]:
     """``DeepFM``: the former name of :class:`FieldDeepFM` (deprecated; see the module docstring)."""
     if name == "DeepFM":
         warnings.warn(

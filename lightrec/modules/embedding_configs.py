@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum, unique
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 
@@ -205,6 +205,6 @@ class QuantConfig(NamedTuple):
         )
     """
 
-    activation: Any
-    weight: Any
-    per_table_weight_dtype: dict[str, Any] | None = None
+    activation: Callable[[], object]  # observer factory (``Observer.with_args(dtype=...)``)
+    weight: Callable[[], object]  # observer factory; its observer's ``dtype`` is the storage type
+    per_table_weight_dtype: dict[str, torch.dtype | str | DataType] | None = None

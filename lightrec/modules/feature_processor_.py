@@ -12,7 +12,7 @@ rows with weights that depend on where they sit in the sequence::
 :class:`PositionWeightedModule` processes one ``JaggedTensor``; :class:`PositionWeightedModuleCollection`
 a whole ``KeyedJaggedTensor`` (keys without a processor get weight 1). Bags longer than the
 processor's ``max_feature_length`` raise ``FeatureProcessorError`` naming the feature (torchrec's
-gather fails with an index error). Any weights the input carried are replaced.
+gather fails with an index error). Whatever weights the input carried are replaced.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ TorchScript, ``torch.fx`` proxies, ``torch.compile`` / ``torch.export`` and no-g
 the plain-autograd path.
 """
 
-from typing import Any
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -154,6 +154,14 @@ def _wants_fused_backward(dense: torch.Tensor, sparse: torch.Tensor) -> bool:
     )
 
 
+class _DotInteractionContext(Protocol):
+    """What :class:`_DotInteraction`'s forward leaves on the autograd context (never scripted)."""
+
+    saved_tensors: tuple[torch.Tensor, ...]  # (dense, sparse, stacked, mirror)
+
+    def save_for_backward(self, *tensors: torch.Tensor) -> None: ...
+
+
 class _DotInteraction(torch.autograd.Function):
     """``_dot_interaction`` with a one-``bmm`` backward (see the module docstring).
 
@@ -169,7 +177,7 @@ class _DotInteraction(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any,
+        ctx: _DotInteractionContext,
         dense: torch.Tensor,
         sparse: torch.Tensor,
         triu_flat: torch.Tensor,
@@ -183,7 +191,7 @@ class _DotInteraction(torch.autograd.Function):
         return torch.cat([dense, pairs], dim=1)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None, None, None]:
+    def backward(ctx: _DotInteractionContext, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None, None, None]:
         dense, sparse, stacked, mirror = ctx.saved_tensors
         batch, rows, dim = stacked.shape
         if torch.is_grad_enabled():

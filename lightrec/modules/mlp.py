@@ -28,7 +28,7 @@ plain autograd.
 
 import copy
 from collections.abc import Callable, Collection, Sequence
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -200,7 +200,7 @@ class Perceptron(nn.Module):
         return y
 
 
-def _accept_earlier_linear_keys(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+def _accept_earlier_linear_keys(module: nn.Module, state_dict: dict[str, object], prefix: str, *args: object) -> None:
     """lightrec before issue 37 saved a Perceptron's layer as ``linear``: load ``<prefix>linear.*``
     keys as ``<prefix>_linear.*`` (torchrec's name, saved now) so those checkpoints still load."""
     for key in [k for k in state_dict if k.startswith(prefix + "linear.")]:
@@ -225,18 +225,28 @@ def _aligned_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a.mm(b)
 
 
+class _LinearContext(Protocol):
+    """What :class:`_LinearFunction`'s forward leaves on the autograd context for its backward."""
+
+    saved_tensors: tuple[torch.Tensor, ...]  # (x, weight)
+    needs_input_grad: tuple[bool, ...]
+    has_bias: bool
+
+    def save_for_backward(self, *tensors: torch.Tensor) -> None: ...
+
+
 class _LinearFunction(torch.autograd.Function):
     """``F.linear`` for 2-D inputs with the layout-aware backward GEMMs."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def forward(ctx: _LinearContext, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
         return F.linear(x, weight, bias)
 
     @staticmethod
     def backward(
-        ctx: Any, grad: torch.Tensor
+        ctx: _LinearContext, grad: torch.Tensor
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         x, weight = ctx.saved_tensors
         grad_x = _aligned_product(grad, weight) if ctx.needs_input_grad[0] else None

@@ -9,8 +9,6 @@ spelling users write (``torch.int8``, ``"int4"``, ``DataType.FP16``, an observer
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from lightrec.modules.embedding_configs import DataType, QuantConfig
@@ -39,7 +37,7 @@ _NAME_TO_DATA_TYPE: dict[str, DataType] = {
 }
 
 
-def resolve_data_type(dtype: Any, argument: str = "dtype") -> DataType:
+def resolve_data_type(dtype: object, argument: str = "dtype") -> DataType:
     """Map ``torch.int8``/``torch.quint4x2``/``torch.float16``, the strings ``"int8"``/``"int4"``/``"fp16"``
     or a ``DataType`` to the ``DataType`` a table stores.
 
@@ -64,7 +62,7 @@ def resolve_data_type(dtype: Any, argument: str = "dtype") -> DataType:
     )
 
 
-def data_type_from_qconfig(qconfig: Any) -> DataType:
+def data_type_from_qconfig(qconfig: object) -> DataType:
     """The table storage type a ``QuantConfig`` (or any object with a ``weight`` observer factory) asks for.
 
     Raises:

@@ -20,10 +20,11 @@ from typing import Any, List
 
 import torch
 from torch import nn
+from typing_extensions import Self
 
 from lightrec import _fbgemm, _triton
 from lightrec._compat import is_fx_symbolic_tracing as is_fx_tracing
-from lightrec.modules.embedding_configs import DataType
+from lightrec.modules.embedding_configs import BaseEmbeddingConfig, DataType
 from lightrec.modules.embedding_modules import check_collection_tables
 from lightrec.modules.kernel_backend import KERNEL_BACKENDS, resolve_kernel_backend
 from lightrec.modules.quant_config import data_type_from_qconfig, resolve_data_type
@@ -182,7 +183,7 @@ def set_stored_table(
 
 
 def _float_weight(
-    module: nn.Module, state_dict: dict[str, torch.Tensor] | None, prefix: str, table: Any, attr: str
+    module: nn.Module, state_dict: dict[str, torch.Tensor] | None, prefix: str, table: BaseEmbeddingConfig, attr: str
 ) -> torch.Tensor:
     """Table ``table``'s float weight ``[rows, D]`` from ``state_dict`` (when given) or the module."""
     key = f"{prefix}{attr}.{table.name}.weight"
@@ -296,7 +297,7 @@ class QuantCollectionBase(nn.Module):
         *,
         use_fbgemm: bool | None = None,
         backend: str | None = None,
-    ) -> Any:
+    ) -> Self:
         """Quantize a float collection (``torch.ao.quantization`` calls this).
 
         Args:

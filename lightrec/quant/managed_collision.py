@@ -16,9 +16,13 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
+from typing_extensions import Self
 
 from lightrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
-from lightrec.modules.managed_collision.serving import FrozenManagedCollisionCollection
+from lightrec.modules.managed_collision.serving import (
+    CollisionCollectionLike,
+    FrozenManagedCollisionCollection,
+)
 from lightrec.quant.collection_base import QuantCollectionBase
 from lightrec.quant.embedding_collection import QuantEmbeddingCollection
 from lightrec.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
@@ -26,7 +30,7 @@ from lightrec.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 __all__ = ["QuantManagedCollisionEmbeddingBagCollection", "QuantManagedCollisionEmbeddingCollection"]
 
 
-def _quant_class(tables_attr: str) -> Any:
+def _quant_class(tables_attr: str) -> type[QuantCollectionBase]:
     """The quantized collection storing tables under ``tables_attr`` (``embedding_bags``: the pooled
     one, defined in ``embedding_modules.py``, which re-exports this file's classes -- hence no import)."""
     for cls in QuantCollectionBase.__subclasses__():
@@ -38,7 +42,7 @@ def _quant_class(tables_attr: str) -> Any:
 def _frozen(collection: nn.Module) -> FrozenManagedCollisionCollection:
     if isinstance(collection, FrozenManagedCollisionCollection):
         return collection
-    if not callable(getattr(collection, "modules_by_table", None)):
+    if not isinstance(collection, CollisionCollectionLike):
         raise TypeError(
             f"managed_collision_collection must be a ManagedCollisionCollection, got {type(collection).__name__}"
         )
@@ -83,7 +87,7 @@ class _QuantManagedBase(nn.Module):
         *,
         use_fbgemm: Optional[bool] = None,
         backend: Optional[str] = None,
-    ) -> Any:
+    ) -> Self:
         """Quantize a float managed-collision collection (its tables, and a snapshot of its id maps).
 
         ``kernel_backend`` (``use_fbgemm`` / ``backend``: its deprecated spellings): the quantized

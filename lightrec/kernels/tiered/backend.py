@@ -35,7 +35,7 @@ import os
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar, Protocol
 
 import torch
 
@@ -123,7 +123,7 @@ class TieredBatchedLookup:
     def __init__(self, config: KernelConfig) -> None:
         require_support(self.supports(config), "tiered")
         tiering = config.tiering
-        assert tiering is not None  # supports() checked it
+        assert tiering is not None and tiering.inner_kernel is not None  # supports() checked both
         self.tiering: TieringConfig = tiering
         self.tiering, self.spec, self.device = tiering, config.spec, config.device
         self.rows, self.dims = list(config.rows), list(config.dims)
@@ -198,7 +198,7 @@ class TieredBatchedLookup:
                 f"device=... (it is on {self.device}, {probe.dtype})"
             )
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> TieredBatchedLookup:
+    def __deepcopy__(self, memo: dict[int, object]) -> TieredBatchedLookup:
         raise TypeError(
             "a tiered embedding table (fused_uvm_caching / key_value) cannot be deep-copied: its rows live in a "
             "backing store; build another module and load_state_dict() into it"
@@ -517,13 +517,20 @@ class _Reservation:
     training: bool  # prefetched with grad enabled: its slots were marked dirty
 
 
+class _TieredLookupContext(Protocol):
+    """What :class:`_TieredLookup`'s forward leaves on the autograd context for its backward."""
+
+    inner_out: torch.Tensor | None  # the inner kernel's output (graph attached); dropped after backward
+    release: _Release
+
+
 class _TieredLookup(torch.autograd.Function):
     """The cache kernel's lookup as one autograd node whose backward runs the cache kernel's own
     backward (the fused update of the cached rows), then ends the lookup's hold on its slots."""
 
     @staticmethod
     def forward(
-        ctx: Any,
+        ctx: _TieredLookupContext,
         kernel: TieredBatchedLookup,
         request: LookupBatch,
         hold: Hold,
@@ -539,10 +546,12 @@ class _TieredLookup(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, ...]:
+    def backward(ctx: _TieredLookupContext, grad: torch.Tensor) -> tuple[None, ...]:
         release: _Release = ctx.release
         if release.kernel is not None and release.generation == release.kernel.generation:
-            torch.autograd.backward(ctx.inner_out, grad)
+            inner_out = ctx.inner_out
+            assert inner_out is not None  # set by forward; only this (single) backward clears it
+            torch.autograd.backward(inner_out, grad)
         ctx.inner_out = None
         release(updated=True)
         return (None, None, None, None, None)

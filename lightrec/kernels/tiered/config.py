@@ -52,7 +52,7 @@ def refuse_tiered_export(tables: list[str]) -> str:
     )
 
 
-def coerce_algorithm(value: Any) -> str:
+def coerce_algorithm(value: object) -> str:
     """``"lru"`` or ``"lfu"`` from a string, fbgemm's or torchrec's ``CacheAlgorithm`` (by member name).
 
     Raises:
@@ -97,6 +97,7 @@ class TieringConfig:
     ssd_storage_directory: str | None = None
     prefetch: bool = True
     eviction_headroom: float = 1.0 / 32
+    # type[EmbeddingKernel] | None, not spelled out: kernel_interface imports this module (no import circle)
     inner_kernel: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:

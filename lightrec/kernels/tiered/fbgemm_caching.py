@@ -12,13 +12,16 @@ tests in ``tests/kernels/tiered/test_cuda.py`` are what checks it where a GPU is
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 from lightrec._fbgemm import fbgemm_serves_cuda
 from lightrec.kernels.fbgemm_backend import FbgemmBatchedLookup, fbgemm_supports
 from lightrec.kernels.kernel_interface import KernelConfig, RowState, check_layout
+
+if TYPE_CHECKING:  # fbgemm is optional; the kernel imports it on construction
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
 
 __all__ = ["FbgemmManagedCachingLookup"]
 
@@ -38,10 +41,10 @@ class FbgemmManagedCachingLookup(FbgemmBatchedLookup):
             return "fbgemm's managed caching needs a CUDA device and fbgemm's CUDA build"
         return check_layout(fbgemm_supports, config)
 
-    def _location(self, locations: Any, on_cuda: bool) -> Any:
+    def _location(self, locations: type[EmbeddingLocation], on_cuda: bool) -> EmbeddingLocation:
         return locations.MANAGED_CACHING
 
-    def _storage_options(self, config: KernelConfig) -> dict[str, Any]:
+    def _storage_options(self, config: KernelConfig) -> dict[str, object]:
         from fbgemm_gpu.split_table_batched_embeddings_ops_common import CacheAlgorithm
 
         tiering = config.tiering

@@ -33,10 +33,11 @@ import shutil
 import tempfile
 import weakref
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TypeAlias
 
 import numpy as np
 import torch
+from typing_extensions import Unpack
 
 from lightrec.kernels.kernel_interface import RowState
 from lightrec.kernels.tiered.cache import native_tiered_available
@@ -147,12 +148,18 @@ class RowStore:
         yield
 
 
+#: ``RowStore``'s positional arguments (rows, dims, dtype, states, names), which the stores forward.
+StoreLayout: TypeAlias = tuple[
+    Sequence[int], Sequence[int], torch.dtype, Sequence[dict[str, tuple[tuple[int, ...], torch.dtype]]], Sequence[str]
+]
+
+
 class HostMemoryStore(RowStore):
     """The rows in host memory (``fused_uvm_caching``), pinned when ``pin`` (a cache on a GPU)."""
 
-    def __init__(self, *args: Any, pin: bool = False, **kwargs: Any) -> None:
+    def __init__(self, *layout: Unpack[StoreLayout], pin: bool = False) -> None:
         self._pin = pin
-        super().__init__(*args, **kwargs)
+        super().__init__(*layout)
 
     def _allocate(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return torch.zeros(shape, dtype=dtype, pin_memory=self._pin)
@@ -168,12 +175,12 @@ class SsdRowStore(RowStore):
 
     kind = "ssd"
 
-    def __init__(self, *args: Any, directory: str, **kwargs: Any) -> None:
+    def __init__(self, *layout: Unpack[StoreLayout], directory: str) -> None:
         self.directory = directory
         self._fd_by_ptr: dict[int, int] = {}
         # per table, advise()'s native call's files (fds, addresses, row strides); None: no native ops
         self._native_advise: dict[int, tuple[list[int], list[int], list[int]] | None] = {}
-        super().__init__(*args, **kwargs)
+        super().__init__(*layout)
 
     def _prepare(self, needed: int) -> None:
         """Check the directory and its free space before any file is created."""

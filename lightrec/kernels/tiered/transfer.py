@@ -27,7 +27,6 @@ import contextlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -96,7 +95,7 @@ class TransferQueue:
     def __init__(self, store: RowStore, cache_views: list[dict[str, torch.Tensor]], device: torch.device) -> None:
         self.store, self.cache_views, self.device = store, cache_views, device
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._pending: list[concurrent.futures.Future[Any]] = []
+        self._pending: list[concurrent.futures.Future[torch.cuda.Event | None]] = []
         self._worker_ident: int | None = None
         self._stream = torch.cuda.Stream(device=device) if device.type == "cuda" else None
         # per table, what one native call (tiered_transfer) needs -- the cache's and the store's
@@ -282,5 +281,5 @@ def _copy_rows(src: dict[str, torch.Tensor], src_rows: torch.Tensor, dst: dict[s
         b.index_copy_(0, dst_rows.to(b.device), values)
 
 
-def _on(stream: torch.cuda.Stream | None) -> contextlib.AbstractContextManager[Any]:
+def _on(stream: torch.cuda.Stream | None) -> contextlib.AbstractContextManager[object]:
     return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()

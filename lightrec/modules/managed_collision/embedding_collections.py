@@ -25,15 +25,13 @@ as they are. Rows are reset:
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
 
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, EmbeddingBagConfig, EmbeddingConfig
 from lightrec.modules.managed_collision.collection import ManagedCollisionCollection
 from lightrec.modules.managed_collision.reset import reinit_values, reset_collection_rows, uniform_reset_seed
-from lightrec.sparse import KeyedJaggedTensor
+from lightrec.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 
 __all__ = [
     "BaseManagedCollisionEmbeddingCollection",
@@ -104,7 +102,9 @@ class BaseManagedCollisionEmbeddingCollection(nn.Module):
     def feature_names(self) -> list[str]:
         return self._managed_collision_collection.feature_names()
 
-    def forward(self, features: KeyedJaggedTensor) -> tuple[Any, KeyedJaggedTensor | None]:
+    def forward(
+        self, features: KeyedJaggedTensor
+    ) -> tuple[KeyedTensor | dict[str, JaggedTensor], KeyedJaggedTensor | None]:
         """Remap, reset evicted rows, look up.
 
         Returns:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
@@ -404,12 +403,12 @@ class MCHManagedCollisionModule(MCHSteps, ManagedCollisionModule):
         self._history = []  # ids that waited since the last round are not saved: they wait again
         self._index.rebuild(self._mch_sorted_raw_ids, self._mch_victim_rank, self._last_round(self._current_iter))
 
-    def _save_to_state_dict(self, destination: dict[str, Any], prefix: str, keep_vars: bool) -> None:
+    def _save_to_state_dict(self, destination: dict[str, object], prefix: str, keep_vars: bool) -> None:
         self._sync_victim_ranks()
         super()._save_to_state_dict(destination, prefix, keep_vars)
 
     def _load_from_state_dict(
-        self, state_dict: dict[str, Any], prefix: str, local_metadata: dict[str, Any], strict: bool,
+        self, state_dict: dict[str, torch.Tensor], prefix: str, local_metadata: dict[str, object], strict: bool,
         missing_keys: list[str], unexpected_keys: list[str], error_msgs: list[str],
     ) -> None:  # fmt: skip
         to_slot_order(self, state_dict, prefix, self._output_segments_tensor)

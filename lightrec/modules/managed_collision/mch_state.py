@@ -9,7 +9,7 @@ slot order before the module loads it, and fills lightrec-only keys a torchrec s
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 
@@ -35,7 +35,7 @@ class _SlotModule(Protocol):
     def slot_state(self) -> dict[str, torch.Tensor]: ...
 
 
-def to_slot_order(module: _SlotModule, state_dict: dict[str, Any], prefix: str, segments: torch.Tensor) -> None:
+def to_slot_order(module: _SlotModule, state_dict: dict[str, torch.Tensor], prefix: str, segments: torch.Tensor) -> None:
     """Rewrite the entries of ``module`` (under ``prefix``) in ``state_dict`` into slot order, in place.
 
     Args:
@@ -59,7 +59,7 @@ def to_slot_order(module: _SlotModule, state_dict: dict[str, Any], prefix: str, 
         state_dict[prefix + "_mch_victim_rank"] = torch.full((z,), -1, dtype=torch.int64)
 
 
-def slot_order(state_dict: dict[str, Any], prefix: str, per_slot: list[str], z: int, offset: int, where: str) -> None:
+def slot_order(state_dict: dict[str, torch.Tensor], prefix: str, per_slot: list[str], z: int, offset: int, where: str) -> None:
     """Put the per-slot entries ``per_slot`` of ``state_dict`` (rows ``[offset, offset + z)``) in slot
     order, in place: flatten ``[z, 1]`` columns and apply ``_mch_remapped_ids_mapping`` (any order).
 
@@ -90,7 +90,7 @@ def slot_order(state_dict: dict[str, Any], prefix: str, per_slot: list[str], z: 
 
 
 def check_segments(
-    module: _SlotModule, state_dict: dict[str, Any], prefix: str, where: str, segments: torch.Tensor
+    module: _SlotModule, state_dict: dict[str, torch.Tensor], prefix: str, where: str, segments: torch.Tensor
 ) -> None:
     """The saved bucket segments must be this module's (any, for a single-bucket unsharded module)."""
     offset, mine = module.output_global_offset, module.output_segments

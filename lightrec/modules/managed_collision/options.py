@@ -148,6 +148,6 @@ class ManagedCollisionOptions:
             return ManagedCollisionEmbeddingBagCollection(collection, mcc)
         return ManagedCollisionEmbeddingCollection(collection, mcc)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The settings as a plain dict (what ``parse`` takes back)."""
         return dataclasses.asdict(self)

@@ -20,7 +20,8 @@ hash (``HashZchMan..``)    the id's probe window ``[N, max_probe]`` gathered at 
 """
 
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -196,6 +197,26 @@ def freeze_module(module: ManagedCollisionModule) -> nn.Module:
     return module.frozen_remapper()
 
 
+class _TableConfig(Protocol):
+    """The part of an embedding config :meth:`FrozenManagedCollisionCollection.from_collection` reads."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def feature_names(self) -> Sequence[str]: ...
+
+
+@runtime_checkable
+class CollisionCollectionLike(Protocol):
+    """What :meth:`FrozenManagedCollisionCollection.from_collection` reads of a managed-collision collection
+    (``ManagedCollisionCollection``, its quantized or its sharded twin). Never scripted: only annotates."""
+
+    def modules_by_table(self) -> dict[str, ManagedCollisionModule]: ...
+
+    def embedding_configs(self) -> Sequence[_TableConfig]: ...
+
+
 class FrozenManagedCollisionCollection(nn.Module):
     """Frozen remappers of a collection's tables: ``KJT -> KJT`` of rows (feature order of the tables).
 
@@ -216,7 +237,7 @@ class FrozenManagedCollisionCollection(nn.Module):
         self.id_spaces = dict(id_spaces)
 
     @classmethod
-    def from_collection(cls, collection: Any) -> "FrozenManagedCollisionCollection":
+    def from_collection(cls, collection: "CollisionCollectionLike") -> "FrozenManagedCollisionCollection":
         """Snapshot a ``ManagedCollisionCollection`` (or its quantized/sharded unsharded twin)."""
         modules: dict[str, ManagedCollisionModule] = collection.modules_by_table()
         configs = collection.embedding_configs()
