@@ -49,7 +49,7 @@ from typing import IO, Any, Literal
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.utilities.types import OptimizerLRScheduler
+from lightning.pytorch.utilities.types import STEP_OUTPUT, OptimizerLRScheduler
 from torch import nn
 from torchmetrics import Metric
 from typing_extensions import Self, override
@@ -304,7 +304,7 @@ class RecModule(pl.LightningModule):
             self._resumed_logging_step = None
 
     @override
-    def on_train_batch_end(self, outputs: Any, batch: Batch, batch_idx: int) -> None:
+    def on_train_batch_end(self, outputs: STEP_OUTPUT, batch: Batch, batch_idx: int) -> None:
         if self._step_started_at is None:
             return
         every = int(getattr(self.trainer, "log_every_n_steps", 1)) if self._trainer is not None else 1
