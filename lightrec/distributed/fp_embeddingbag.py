@@ -174,7 +174,7 @@ class ShardedFeatureProcessedEmbeddingBagCollection(ShardedEmbeddingBagCollectio
         super()._load_from_state_dict(state_dict, prefix, *args)
 
 
-def _torchrec_keys(module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:
+def _torchrec_keys(module: nn.Module, state_dict: dict[str, object], prefix: str, local_metadata: object) -> None:
     """``embedding_bags.<t>.weight`` -> ``_embedding_bag_collection.embedding_bags.<t>.weight``."""
     for key in [k for k in state_dict if k.startswith(prefix + "embedding_bags.")]:
         state_dict[prefix + _EBC + key[len(prefix) :]] = state_dict.pop(key)

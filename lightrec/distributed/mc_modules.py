@@ -165,7 +165,7 @@ class ShardedManagedCollisionCollection(nn.Module):
 
 
 def _state_dict_hook(
-    module: ShardedManagedCollisionCollection, state_dict: dict[str, Any], prefix: str, local_metadata: Any
+    module: ShardedManagedCollisionCollection, state_dict: dict[str, object], prefix: str, local_metadata: object
 ) -> None:
     rows = module.row_state_tables(prefix)
     for table in module._tables:
@@ -216,7 +216,7 @@ def _load_state_dict_pre_hook(
                     module._replicated[table][name] = value.detach().clone().cpu()
 
 
-def _local_rows(value: Any, block: ShardMetadata, like: torch.Tensor, key: str) -> torch.Tensor:
+def _local_rows(value: object, block: ShardMetadata, like: torch.Tensor, key: str) -> torch.Tensor:
     """This rank's rows of a per-row buffer, shaped like the local buffer ``like``."""
     start, rows = block.shard_offsets[0], block.shard_sizes[0]
     if isinstance(value, ShardedTableState):

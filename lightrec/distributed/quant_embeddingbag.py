@@ -21,6 +21,7 @@ from lightrec.distributed.comm.sharding_env import ShardingEnv
 from lightrec.distributed.planner.plan import (
     EmbeddingComputeKernel,
     ModuleSharder,
+    ParameterSharding,
     ShardingPlan,
     ShardingType,
     StorageUsageType,
@@ -51,7 +52,7 @@ class QuantEmbeddingBagCollectionSharder(ModuleSharder):
 
     storage_usage_type = StorageUsageType.BASE_QUANT
 
-    def __init__(self, fused_params: dict[str, Any] | None = None, shardable_params: list[str] | None = None) -> None:
+    def __init__(self, fused_params: dict[str, object] | None = None, shardable_params: list[str] | None = None) -> None:
         super().__init__(None)
 
     @property
@@ -67,7 +68,7 @@ class QuantEmbeddingBagCollectionSharder(ModuleSharder):
     def shard(
         self,
         module: nn.Module,
-        params: Mapping[str, Any],
+        params: Mapping[str, ParameterSharding],
         env: ShardingEnv,
         device: torch.device | str | None = None,
         module_fqn: str | None = None,

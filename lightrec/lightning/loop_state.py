@@ -39,6 +39,7 @@ nothing the second time.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 __all__ = ["fix_resume_counters", "logging_step_of"]
@@ -46,7 +47,7 @@ __all__ = ["fix_resume_counters", "logging_step_of"]
 Fix = Literal["finished epoch", "stopped mid-epoch"]
 
 
-def _all_equal(counts: dict[str, Any], value: int | None = None) -> bool:
+def _all_equal(counts: Mapping[str, object], value: int | None = None) -> bool:
     values = {counts.get(k, 0) for k in ("ready", "started", "processed", "completed")}
     return len(values) == 1 and (value is None or values == {value})
 

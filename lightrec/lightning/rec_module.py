@@ -49,6 +49,7 @@ from typing import IO, Any, Literal
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.utilities.types import STEP_OUTPUT, OptimizerLRScheduler
 from torch import nn
 from torchmetrics import Metric
 from typing_extensions import Self, override
@@ -197,7 +198,7 @@ class RecModule(pl.LightningModule):
                 f"embedding_optimizer must be one of {sorted(EMBEDDING_OPTIMIZERS)}, got {embedding_optimizer!r}"
             )
         self.embedding_optimizer = embedding_optimizer
-        self._embedding_optimizer_kwargs: dict[str, Any] = {"lr": embedding_lr}
+        self._embedding_optimizer_kwargs: dict[str, float] = {"lr": embedding_lr}
         if embedding_optimizer != "sgd":
             self._embedding_optimizer_kwargs["eps"] = embedding_eps
         self._dense_optimizer = dense_optimizer
@@ -303,7 +304,7 @@ class RecModule(pl.LightningModule):
             self._resumed_logging_step = None
 
     @override
-    def on_train_batch_end(self, outputs: Any, batch: Batch, batch_idx: int) -> None:
+    def on_train_batch_end(self, outputs: STEP_OUTPUT, batch: Batch, batch_idx: int) -> None:
         if self._step_started_at is None:
             return
         every = int(getattr(self.trainer, "log_every_n_steps", 1)) if self._trainer is not None else 1
@@ -339,7 +340,7 @@ class RecModule(pl.LightningModule):
         return self._dense_optimizer
 
     @override
-    def configure_optimizers(self) -> Any:
+    def configure_optimizers(self) -> OptimizerLRScheduler:
         """One ``CombinedOptimizer`` (fused embedding part + dense part) and one LR schedule for both."""
         parts: list[tuple[str, KeyedOptimizer]] = [(path or "embeddings", opt) for path, opt in self.fused_optimizers()]
         dense = self.dense_parameters()

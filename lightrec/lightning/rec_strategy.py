@@ -47,6 +47,7 @@ from typing import Any, Literal
 import lightning.pytorch as pl
 import torch
 from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
+from lightning.fabric.strategies import _StrategyRegistry
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
@@ -422,7 +423,7 @@ class RecStrategy(DDPStrategy, EmbeddingShardingStrategy):
         if self.dmp is None:
             return []
         listed: set[int] = set()
-        stack: list[Any] = list(self.optimizers)
+        stack: list[Optimizer] = list(self.optimizers)
         while stack:
             opt = stack.pop()
             listed.add(id(opt))
@@ -486,7 +487,7 @@ class RecStrategy(DDPStrategy, EmbeddingShardingStrategy):
 
     @classmethod
     @override
-    def register_strategies(cls, strategy_registry: Any) -> None:
+    def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
         strategy_registry.register(
             cls.strategy_name, cls, description="lightrec: sharded embeddings + data-parallel dense layers"
         )

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from lightrec.distributed.planner import ParameterConstraints
 from lightrec.distributed.sharding.tiering import (
@@ -73,7 +72,7 @@ class TableTiering:
         """The plan's compute kernel of every table (None: the planner's choice)."""
         return compute_kernel_of(self.tables_on)
 
-    def fused_params(self) -> dict[str, Any]:
+    def fused_params(self) -> dict[str, str | float]:
         """The sharders' ``fused_params`` keys of the tiered tables (empty in memory)."""
         return tiering_fused_params(
             self.tables_on, self.cache_load_factor, self.cache_algorithm, self.ssd_storage_directory

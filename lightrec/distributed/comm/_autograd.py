@@ -60,7 +60,7 @@ class Pending:
     the receive buffer); they must stay alive until :meth:`result` runs.
     """
 
-    work: Any
+    work: dist.Work | None
     finish: Callable[[], torch.Tensor]
     keep: tuple[torch.Tensor, ...] = ()
 

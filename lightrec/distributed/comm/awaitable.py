@@ -26,7 +26,7 @@ re-runs a collective (which would deadlock or double-count gradients).
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, Protocol, TypeVar, cast
 
 __all__ = ["Awaitable", "AwaitableList", "GetItemLazyAwaitable", "LazyAwaitable", "LazyGetItemMixin", "LazyNoWait", "NoWait", "wait_all"]
@@ -146,7 +146,7 @@ def _resolve(obj: Any) -> Any:
 class LazyAwaitable(Awaitable[W]):
     """An :class:`Awaitable` that resolves itself as soon as its value is used.
 
-    Any attribute or method that ``LazyAwaitable`` itself lacks (``.shape``, ``.values()``,
+    Every attribute or method that ``LazyAwaitable`` itself lacks (``.shape``, ``.values()``,
     ``.to_dict()`` ...), Python operators (``+``, ``[]``, ``len`` ...) and ``torch`` functions
     (``torch.cat([lazy, x])``, ``lazy @ w``) call :meth:`wait` first and act on the value. This lets a
     sharded module return a lazy result that callers treat like the eager module's output while
@@ -171,7 +171,7 @@ class LazyAwaitable(Awaitable[W]):
     def __torch_function__(
         cls,
         func: Callable[..., Any],
-        types: Any,
+        types: Iterable[type],
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:

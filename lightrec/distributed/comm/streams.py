@@ -27,8 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping
 
 import torch
 
@@ -48,7 +47,7 @@ def on_stream(stream: torch.cuda.Stream | None) -> Iterator[None]:
 
 
 def record_stream_all(
-    obj: Any, stream: torch.cuda.Stream, depth: int = 6, _seen: set[int] | None = None
+    obj: object, stream: torch.cuda.Stream, depth: int = 6, _seen: set[int] | None = None
 ) -> None:
     """``record_stream(stream)`` on every CUDA tensor reachable from ``obj``.
 
@@ -65,17 +64,18 @@ def record_stream_all(
         if obj.is_cuda:
             obj.record_stream(stream)
         return
-    if callable(getattr(obj, "record_stream", None)):
+    record = getattr(obj, "record_stream", None)
+    if callable(record):
         tensors = (
             [t for t in vars(obj).values() if isinstance(t, torch.Tensor)] if hasattr(obj, "__dict__") else []
         )
         if all(t.is_cuda for t in tensors):  # a CPU batch has nothing to protect
-            obj.record_stream(stream)
+            record(stream)
         return
     if depth == 0:
         return
     if isinstance(obj, Awaitable):
-        children: Any = list(vars(obj).values())
+        children: Iterable[object] = list(vars(obj).values())
     elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         children = [getattr(obj, f.name) for f in dataclasses.fields(obj)]
     elif isinstance(obj, Mapping):
@@ -96,7 +96,7 @@ def wait_for_current(side: torch.cuda.Stream | None, device: torch.device) -> No
     side.wait_stream(torch.cuda.current_stream(device))
 
 
-def handoff(result: Any, side: torch.cuda.Stream | None, device: torch.device) -> None:
+def handoff(result: object, side: torch.cuda.Stream | None, device: torch.device) -> None:
     """Make the current stream of ``device`` wait for ``side`` and keep ``result``'s tensors alive
     for it (rules 1 and 2 of the module docstring); no-op when ``side`` is None."""
     if side is None:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
 
 from lightrec.distributed.checkpoint.integrity import FileRecord  # a file's size and SHA-256
 from lightrec.distributed.deltas.errors import DeltaFormatError
@@ -140,7 +139,7 @@ class Manifest:
     files: dict[str, FileRecord]
 
     def to_json(self) -> str:
-        body: dict[str, Any] = {
+        body: dict[str, object] = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
             "version": self.version,

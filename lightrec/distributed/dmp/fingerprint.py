@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -39,13 +38,13 @@ class RankMismatchError(ValueError):
     """Ranks were set up with different tables, plans or software: they cannot train together."""
 
 
-def _value(x: Any) -> Any:
+def _value(x: object) -> object:
     name = getattr(x, "name", None)
     return name if name is not None and hasattr(x, "value") else x  # enums by name
 
 
-def _tables(module: nn.Module, sharders: list[ModuleSharder]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _tables(module: nn.Module, sharders: list[ModuleSharder]) -> dict[str, object]:
+    out: dict[str, object] = {}
     for path, m in module.named_modules():
         sharder = next((s for s in sharders if type(m) is s.module_type), None)
         if sharder is None:
@@ -65,7 +64,7 @@ def _tables(module: nn.Module, sharders: list[ModuleSharder]) -> dict[str, Any]:
 
 def describe(
     module: nn.Module, sharders: list[ModuleSharder], plan: ShardingPlan, world_size: int, device_type: str
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """What this rank is about to build (see the module docstring); JSON-serialisable."""
     return {
         "world": {
@@ -79,7 +78,7 @@ def describe(
     }
 
 
-def first_difference(a: Any, b: Any, where: str = "") -> tuple[str, Any, Any] | None:
+def first_difference(a: object, b: object, where: str = "") -> tuple[str, object, object] | None:
     """``(path, a's value, b's value)`` of the first entry where two descriptions differ, or None."""
     if isinstance(a, Mapping) and isinstance(b, Mapping):
         for key in list(a) + [k for k in b if k not in a]:
@@ -93,12 +92,12 @@ def first_difference(a: Any, b: Any, where: str = "") -> tuple[str, Any, Any] | 
     return None if a == b else (where, a, b)
 
 
-def _short(x: Any) -> str:
+def _short(x: object) -> str:
     text = json.dumps(x, default=str)
     return text if len(text) <= 200 else text[:200] + "..."
 
 
-def check_ranks_agree(description: dict[str, Any], pg: dist.ProcessGroup | None = None) -> None:
+def check_ranks_agree(description: Mapping[str, object], pg: dist.ProcessGroup | None = None) -> None:
     """Raise :class:`RankMismatchError` on every rank unless every rank of ``pg`` passes the same description.
 
     A collective (one all-gather of a digest; a second one only when ranks differ). Without an
@@ -107,11 +106,11 @@ def check_ranks_agree(description: dict[str, Any], pg: dist.ProcessGroup | None 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(pg) == 1:
         return
     text = json.dumps(description, sort_keys=True, default=str)
-    digests: list[Any] = [None] * dist.get_world_size(pg)
+    digests: list[object] = [None] * dist.get_world_size(pg)
     dist.all_gather_object(digests, hashlib.sha256(text.encode()).hexdigest(), group=pg)
     if len(set(digests)) == 1:
         return
-    everyone: list[Any] = [None] * len(digests)
+    everyone: list[object] = [None] * len(digests)
     dist.all_gather_object(everyone, description, group=pg)
     for rank in range(1, len(everyone)):
         found = first_difference(everyone[0], everyone[rank])

@@ -82,7 +82,7 @@ class TrackingMode(Enum):
             PARTIAL_ROWWISE_ADAM / PARTIAL_ROWWISE_LAMB (``momentum2``).
         ROWWISE_ADAGRAD: the same as ``MOMENTUM_DIFF`` (torchrec keeps both names).
 
-    Any other combination is refused when the tracker is built (``UnsupportedTrackingError``
+    Every other combination is refused when the tracker is built (``UnsupportedTrackingError``
     naming the table and what would work).
     """
 

@@ -22,8 +22,6 @@ guards a kernel), ``get_partition_by_type`` (``options.py``) and ``sharder_name`
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 from torch import nn
 
@@ -34,6 +32,7 @@ from lightrec.distributed.planner.options import (
     get_partition_by_type,
     to_sharding_options,
 )
+from lightrec.distributed.planner.plan import ModuleSharder
 from lightrec.distributed.planner.shard_estimators import (
     CW,
     DP,
@@ -186,7 +185,7 @@ class EmbeddingEnumerator(Enumerator):
         self.constraints = dict(constraints or {})
         self.estimators = list(estimator) if isinstance(estimator, list) else ([estimator] if estimator else [])
 
-    def enumerate(self, module: nn.Module, sharders: list[Any]) -> list[ShardingOption]:
+    def enumerate(self, module: nn.Module, sharders: list[ModuleSharder]) -> list[ShardingOption]:
         """Every option of every table of ``module``'s shardable collections, estimated."""
         modules = find_shardable_modules(module, sharders)
         tables = collect_tables(modules, self.topology, self.constraints, self.batch_size)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
 
 import numpy as np
 import torch.distributed as dist
@@ -113,10 +112,10 @@ class EmbeddingShardingPlanner:
         proposer: Proposer | list[Proposer] | None = None,
         partitioner: Partitioner | None = None,
         performance_model: PerfModel | None = None,
-        stats: Any = None,
+        stats: object = None,
         constraints: dict[str, ParameterConstraints] | None = None,
         debug: bool = True,
-        callbacks: Any = None,
+        callbacks: object = None,
         timeout_seconds: int | None = None,
     ) -> None:
         if topology is not None and not isinstance(topology, Topology):

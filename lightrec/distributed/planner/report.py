@@ -23,9 +23,13 @@ from __future__ import annotations
 import os
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # matplotlib is imported only when a chart is drawn (see plan_chart)
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 __all__ = ["PlanReport", "PlannerReport", "TableReport", "memory_unit", "plan_chart"]
 
@@ -217,7 +221,7 @@ def memory_unit(largest_bytes: float) -> tuple[str, int]:
     return name, size
 
 
-def _memory_panel(ax: Any, report: PlannerReport, ranks: np.ndarray) -> None:
+def _memory_panel(ax: Axes, report: PlannerReport, ranks: np.ndarray) -> None:
     ssd = report.ssd_bytes if len(report.ssd_bytes) == report.world_size else np.zeros(report.world_size)
     kinds = [
         (k, b)
@@ -249,7 +253,7 @@ def _memory_panel(ax: Any, report: PlannerReport, ranks: np.ndarray) -> None:
         ax.legend(loc="upper right", fontsize="small")
 
 
-def plan_chart(report: PlannerReport, path: str | os.PathLike[str] | None = None) -> Any:
+def plan_chart(report: PlannerReport, path: str | os.PathLike[str] | None = None) -> Figure:
     """Bar chart of table memory and estimated cost per rank (see the module docstring).
 
     Args:

@@ -54,11 +54,15 @@ import copy
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
-from lightrec.distributed.planner.plan import CacheStatistics, EmbeddingComputeKernel, ShardingType
+from lightrec.distributed.planner.plan import (
+    CacheStatistics,
+    EmbeddingComputeKernel,
+    ModuleSharder,
+    ShardingType,
+)
 from lightrec.distributed.planner.storage_formulas import (
     _calculate_shard_io_sizes,
     _calculate_storage_specific_sizes,
@@ -425,7 +429,7 @@ class EmbeddingPerfEstimator(ShardEstimator):
     ) -> None:
         super().__init__(topology, constraints)
 
-    def estimate(self, sharding_options: list[ShardingOption], sharder_map: dict[str, Any] | None = None) -> None:
+    def estimate(self, sharding_options: list[ShardingOption], sharder_map: dict[str, ModuleSharder] | None = None) -> None:
         _write_estimates(sharding_options, self, perf=True)
 
 
@@ -436,11 +440,11 @@ class EmbeddingStorageEstimator(ShardEstimator):
         self,
         topology: Topology,
         constraints: dict[str, ParameterConstraints] | None = None,
-        pipeline_type: Any = None,
+        pipeline_type: object = None,
         run_embedding_at_peak_memory: bool = False,
         is_inference: bool = False,
     ) -> None:
         super().__init__(topology, constraints)
 
-    def estimate(self, sharding_options: list[ShardingOption], sharder_map: dict[str, Any] | None = None) -> None:
+    def estimate(self, sharding_options: list[ShardingOption], sharder_map: dict[str, ModuleSharder] | None = None) -> None:
         _write_estimates(sharding_options, self, perf=False)

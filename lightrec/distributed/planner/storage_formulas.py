@@ -55,7 +55,7 @@ def calculate_pipeline_io_cost(
     Inference holds none. A sparse-dist pipeline keeps two batches' ids (the next batch's input
     dist runs during this one); a prefetching one three, plus ``1 + 6 / passes`` times the prefetched
     ids. The output counts only with ``count_ephemeral_storage_cost`` (it lives from the forward's
-    all-to-all to the backward). Any other loop: the ids and the output once.
+    all-to-all to the backward). Every other loop: the ids and the output once.
     """
     if is_inference:
         return 0

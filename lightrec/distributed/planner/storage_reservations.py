@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any
 
 import numpy as np
 from torch import nn
 
+from lightrec.distributed.planner.plan import ModuleSharder
 from lightrec.distributed.planner.tables import find_shardable_modules
 from lightrec.distributed.planner.types import (
     ParameterConstraints,
@@ -63,7 +63,7 @@ class _CapsReservation(StorageReservation):
     """A reservation that lowers every rank's table memory to what :meth:`_caps` leaves of it."""
 
     def reserve(
-        self, topology: Topology, batch_size: int, module: nn.Module, sharders: list[Any],
+        self, topology: Topology, batch_size: int, module: nn.Module, sharders: list[ModuleSharder],
         constraints: dict[str, ParameterConstraints] | None = None,
     ) -> Topology:  # fmt: skip
         caps, why = self._caps(topology, batch_size, module, sharders, constraints or {})
@@ -71,7 +71,7 @@ class _CapsReservation(StorageReservation):
 
     @abc.abstractmethod
     def _caps(
-        self, topology: Topology, batch_size: int, module: nn.Module, sharders: list[Any],
+        self, topology: Topology, batch_size: int, module: nn.Module, sharders: list[ModuleSharder],
         constraints: dict[str, ParameterConstraints],
     ) -> tuple[np.ndarray, str]:  # fmt: skip
         """``([W] table memory left per rank, what took the rest)``."""
@@ -84,7 +84,7 @@ class FixedPercentageStorageReservation(_CapsReservation):
         self._percentage = _check_percentage("FixedPercentageStorageReservation", percentage)
 
     def _caps(
-        self, topology: Topology, batch_size: int, module: nn.Module, sharders: list[Any],
+        self, topology: Topology, batch_size: int, module: nn.Module, sharders: list[ModuleSharder],
         constraints: dict[str, ParameterConstraints],
     ) -> tuple[np.ndarray, str]:  # fmt: skip
         return topology.storage_caps * (1.0 - self._percentage), f"{self._percentage:.0%} reserved"
@@ -110,7 +110,7 @@ class HeuristicalStorageReservation(_CapsReservation):
         self.last_reserved_bytes: dict[str, float] = {}
 
     def _caps(
-        self, topology: Topology, batch_size: int, module: nn.Module, sharders: list[Any],
+        self, topology: Topology, batch_size: int, module: nn.Module, sharders: list[ModuleSharder],
         constraints: dict[str, ParameterConstraints],
     ) -> tuple[np.ndarray, str]:  # fmt: skip
         shardable = find_shardable_modules(module, sharders)

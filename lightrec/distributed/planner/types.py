@@ -19,7 +19,6 @@ import abc
 import hashlib
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
@@ -30,6 +29,7 @@ from lightrec.distributed.planner.plan import (
     CacheParams,
     EmbeddingComputeKernel,
     KeyValueParams,
+    ModuleSharder,
     ShardingPlan,
     ShardingType,
     enum_value,
@@ -250,9 +250,9 @@ class ParameterConstraints:
     is_weighted: bool = False
     enforce_hbm: bool | None = None
     stochastic_rounding: bool | None = None
-    bounds_check_mode: Any = None
+    bounds_check_mode: object = None
     feature_names: list[str] | None = None
-    output_dtype: Any = None
+    output_dtype: object = None
     device_group: str | None = None
     use_virtual_table: bool = False
 
@@ -421,7 +421,7 @@ class Enumerator(abc.ABC):
     """Lists every ``ShardingOption`` of every table of a model."""
 
     @abc.abstractmethod
-    def enumerate(self, module: nn.Module, sharders: list[Any]) -> list[ShardingOption]: ...
+    def enumerate(self, module: nn.Module, sharders: list[ModuleSharder]) -> list[ShardingOption]: ...
 
     def populate_estimates(self, sharding_options: list[ShardingOption]) -> None:  # noqa: B027 - optional hook
         """Fill ``shard.storage`` / ``shard.perf`` of ``sharding_options`` (default: nothing)."""
@@ -435,7 +435,7 @@ class ShardEstimator(abc.ABC):
         self._constraints = constraints
 
     @abc.abstractmethod
-    def estimate(self, sharding_options: list[ShardingOption], sharder_map: dict[str, Any] | None = None) -> None: ...
+    def estimate(self, sharding_options: list[ShardingOption], sharder_map: dict[str, ModuleSharder] | None = None) -> None: ...
 
 
 class Proposer(abc.ABC):
@@ -473,7 +473,7 @@ class StorageReservation(abc.ABC):
         topology: Topology,
         batch_size: int,
         module: nn.Module,
-        sharders: list[Any],
+        sharders: list[ModuleSharder],
         constraints: dict[str, ParameterConstraints] | None = None,
     ) -> Topology: ...
 

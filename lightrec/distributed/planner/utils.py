@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any
 
 from lightrec.distributed.fbgemm_qcomm_codec import CommOp
 from lightrec.distributed.planner.constants import NUM_POOLINGS
@@ -39,7 +38,7 @@ __all__ = [
 ]
 
 
-def sharder_name(t: type[Any]) -> str:
+def sharder_name(t: type) -> str:
     """``"<module>.<class>"`` of ``t``: the key of a sharder in a ``sharder_map``."""
     return f"{t.__module__}.{t.__name__}"
 

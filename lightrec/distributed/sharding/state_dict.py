@@ -153,7 +153,7 @@ FORMER_NAMES: list[tuple[type, str]] = [
 torch.serialization.add_safe_globals([ShardedTableState, ShardMetadata, *FORMER_NAMES])
 
 
-def local_slice(value: Any, meta: ShardMetadata, key: str) -> torch.Tensor:
+def local_slice(value: object, meta: ShardMetadata, key: str) -> torch.Tensor:
     """The block ``meta`` of a saved table value (full tensor or :class:`ShardedTableState`).
 
     Raises:
@@ -182,7 +182,7 @@ def local_slice(value: Any, meta: ShardMetadata, key: str) -> torch.Tensor:
 
 
 def gather_full_state_dict(
-    state_dict: Mapping[str, Any], pg: dist.ProcessGroup | None = None, dst: int | None = None
+    state_dict: Mapping[str, object], pg: dist.ProcessGroup | None = None, dst: int | None = None
 ) -> dict[str, Any]:
     """Replace every :class:`ShardedTableState` by the full table (a collective).
 
@@ -222,11 +222,11 @@ class TableStateOwner(Protocol):
     _tables: Mapping[str, ShardedTable]
     _attr: str
     _state_prefix: str
-    _local_params: Mapping[str, list[tuple[str, Any, nn.Parameter]]]
+    _local_params: Mapping[str, list[tuple[str, ShardMetadata, nn.Parameter]]]
 
 
 def state_dict_hook(
-    module: TableStateOwner, state_dict: dict[str, Any], prefix: str, local_metadata: Any
+    module: TableStateOwner, state_dict: dict[str, object], prefix: str, local_metadata: object
 ) -> None:
     """Replace the kernel parameters in ``state_dict`` by one entry per table (see the module docstring)."""
     for key in [k for k in state_dict if k.startswith(prefix + "_lookups.")]:
@@ -247,7 +247,7 @@ def state_dict_hook(
 
 
 def load_state_dict_pre_hook(
-    module: TableStateOwner, state_dict: dict[str, Any], prefix: str, *args: Any
+    module: TableStateOwner, state_dict: dict[str, object], prefix: str, *args: object
 ) -> None:
     """Turn ``<attr>.<table>.weight`` (full tensor or sharded state) into the kernel parameters."""
     for c in module._configs:

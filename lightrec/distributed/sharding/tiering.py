@@ -108,13 +108,13 @@ def tiering_config(
 
 def tiering_fused_params(
     tables_on: str, cache_load_factor: float | None, cache_algorithm: str, ssd_storage_directory: str | None
-) -> dict[str, Any]:
+) -> dict[str, str | float]:
     """The sharders' ``fused_params`` keys of a ``tables_on`` tier (empty in memory; None settings left
     out, so the planner or the default decides)."""
     check_table_tier(tables_on)
     if tables_on == "memory":
         return {}
-    params: dict[str, Any] = {"cache_algorithm": cache_algorithm}
+    params: dict[str, str | float] = {"cache_algorithm": cache_algorithm}
     if cache_load_factor is not None:
         params["cache_load_factor"] = cache_load_factor
     if ssd_storage_directory is not None:

@@ -28,7 +28,6 @@ bit-identical to a plain one.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -96,7 +95,7 @@ class WorkAhead:
 
     features: KeyedJaggedTensor
     started: StartedInputDist | None = None
-    output: Any = None
+    output: object = None  # the forward's result, cast back to the collection's output type
 
 
 @dataclass

@@ -62,7 +62,7 @@ In = TypeVar("In")
 Out = TypeVar("Out")
 
 
-def _to_device(batch: Any, device: torch.device, non_blocking: bool) -> Any:
+def _to_device(batch: In, device: torch.device, non_blocking: bool) -> In:
     """``batch.to(device, non_blocking=...)`` (torchrec's ``Pipelineable`` contract)."""
     to = getattr(batch, "to", None)
     if not callable(to):
@@ -102,7 +102,7 @@ class TrainPipelineBase(TrainPipeline[In, Out]):
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
         device: torch.device,
-        custom_model_fwd: Callable[[Any], tuple[torch.Tensor, Any]] | None = None,
+        custom_model_fwd: Callable[[In], tuple[torch.Tensor, Out]] | None = None,
     ) -> None:
         self._model, self._optimizer, self._device = model, optimizer, torch.device(device)
         self._model_fwd = custom_model_fwd or model
@@ -111,7 +111,7 @@ class TrainPipelineBase(TrainPipeline[In, Out]):
         self._connected = False
         self._stopped = False
 
-    def _copy(self, batch: Any) -> Any:
+    def _copy(self, batch: In) -> In:
         if self._memcpy_stream is None:
             return _to_device(batch, self._device, non_blocking=False)
         with torch.cuda.stream(self._memcpy_stream):
@@ -167,7 +167,7 @@ class TrainPipelineSparseDist(TrainPipeline[In, Out]):
         apply_jit: bool = False,
         context_type: type[TrainPipelineContext] = TrainPipelineContext,
         pipeline_postproc: bool = False,
-        custom_model_fwd: Callable[[Any], tuple[torch.Tensor, Any]] | None = None,
+        custom_model_fwd: Callable[[In], tuple[torch.Tensor, Out]] | None = None,
     ) -> None:
         self._model, self._optimizer, self._device = model, optimizer, torch.device(device)
         self._execute_all_batches = execute_all_batches
@@ -176,7 +176,7 @@ class TrainPipelineSparseDist(TrainPipeline[In, Out]):
         cuda = self._device.type == "cuda"
         self._memcpy_stream = torch.cuda.Stream(device=self._device) if cuda else None
         self._data_dist_stream = torch.cuda.Stream(device=self._device) if cuda else None
-        self.batches: deque[Any] = deque()
+        self.batches: deque[In] = deque()
         self.contexts: deque[TrainPipelineContext] = deque()
         self._sparse_dist: SparseDistPipeline | None = None
         self._pipelining = True
@@ -195,7 +195,7 @@ class TrainPipelineSparseDist(TrainPipeline[In, Out]):
             )
         return self._sparse_dist
 
-    def _next_batch(self, dataloader_iter: Iterator[In]) -> Any:
+    def _next_batch(self, dataloader_iter: Iterator[In]) -> In | None:
         if dataloader_iter is not self._dataloader_iter:
             self._dataloader_iter, self._exhausted = dataloader_iter, False
         if self._exhausted:
@@ -240,7 +240,7 @@ class TrainPipelineSparseDist(TrainPipeline[In, Out]):
         self.enqueue_batch(dataloader_iter)
 
     # ---- input dists ahead of their forward ---------------------------------------------------
-    def start_sparse_data_dist(self, batch: Any, context: TrainPipelineContext) -> None:
+    def start_sparse_data_dist(self, batch: object, context: TrainPipelineContext) -> None:
         """Stage 1 of the input dist of ``batch`` for every collection a KJT of it feeds (collective)."""
         if batch is None or not self._pipelining:
             return
@@ -254,7 +254,7 @@ class TrainPipelineSparseDist(TrainPipeline[In, Out]):
         if context.started:
             self._pipeline().progress()
 
-    def _wait_for_batch(self, batch: Any, context: TrainPipelineContext) -> None:
+    def _wait_for_batch(self, batch: object, context: TrainPipelineContext) -> None:
         if context.copied is None:
             return
         main = torch.cuda.current_stream(self._device)
@@ -263,7 +263,7 @@ class TrainPipelineSparseDist(TrainPipeline[In, Out]):
         if callable(record):
             record(main)
 
-    def _check_consumed(self, batch: Any, context: TrainPipelineContext) -> None:
+    def _check_consumed(self, batch: object, context: TrainPipelineContext) -> None:
         """Input dists started for a KJT the forward did not pass to its collection are completed
         and dropped, and the pipeline stops starting them (the model rebuilt the features)."""
         if not context.started or not self._pipeline().started_for(batch):

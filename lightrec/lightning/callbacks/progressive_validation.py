@@ -34,6 +34,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.utilities.types import STEP_OUTPUT
 from typing_extensions import override
 
 from lightrec._compat import logging_step
@@ -97,7 +98,7 @@ class ProgressiveValidation(pl.Callback):
 
     @override
     def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: STEP_OUTPUT, batch: Any, batch_idx: int
     ) -> None:
         logits = outputs.get("logits") if isinstance(outputs, dict) else None
         if not isinstance(logits, torch.Tensor):

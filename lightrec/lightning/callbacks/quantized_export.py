@@ -185,7 +185,7 @@ class QuantizedExport(pl.Callback):
         size = path.stat().st_size / 2**20
         for logger in trainer.loggers:
             logger.log_metrics({"export/artifact_mib": size}, step=trainer.global_step)
-            # Any logger whose experiment takes text (TensorBoard's SummaryWriter and look-alikes):
+            # A logger whose experiment takes text (TensorBoard's SummaryWriter and look-alikes):
             # Lightning's Logger declares no such method, so it is read where present.
             add_text = getattr(getattr(logger, "experiment", None), "add_text", None)
             if callable(add_text):

@@ -54,7 +54,7 @@ class RecipeArgumentError(ValueError):
 class RequestedDevices:
     """The processes the checked command line asks for: ``devices`` per node on ``accelerator``."""
 
-    devices: Any
+    devices: int | str | list[int]  # as Lightning's Trainer(devices=...) takes it
     accelerator: str
     notes: tuple[str, ...] = ()  # warnings to print before the run starts
 
@@ -132,7 +132,7 @@ def condense_error(message: str) -> str:
     return f"--{key.group(1)}: {reason}" if key else reason
 
 
-def _known_keys(parser: Any, data_class: type | None) -> list[str]:
+def _known_keys(parser: object, data_class: type | None) -> list[str]:
     keys = [k for k in getattr(parser, "_option_string_actions", {}) if k.startswith("--")]
     if data_class is not None:
         params = [p for p in inspect.signature(data_class).parameters if p not in ("self", "args", "kwargs")]

@@ -25,7 +25,8 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from types import ModuleType
+from typing import Any, Literal, SupportsFloat
 
 import lightning.pytorch as pl
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -175,7 +176,7 @@ class RecipeCLI(LightningCLI):
                 "data", "model.dense_in_features", compute_fn=dense_width_of, apply_on="instantiate"
             )
 
-    def instantiate_trainer(self, **kwargs: Any) -> Any:
+    def instantiate_trainer(self, **kwargs: Any) -> pl.Trainer:
         trainer = super().instantiate_trainer(**kwargs)
         options = self._options()
         tiering = self.model.table_tiering if isinstance(self.model, RecModule) else None
@@ -202,7 +203,7 @@ class RecipeCLI(LightningCLI):
         if ckpt and self.trainer.is_global_zero:
             print(resume_note(str(ckpt), self.trainer), flush=True)
 
-    def _subcommand_value(self, key: str) -> Any:
+    def _subcommand_value(self, key: str) -> object:
         section = self.config[self.subcommand] if self.subcommand else self.config
         return section.get(key)
 
@@ -230,14 +231,14 @@ def _callbacks(trainer: pl.Trainer) -> list[pl.Callback]:
     return callbacks
 
 
-def _fmt(value: Any) -> str:
+def _fmt(value: SupportsFloat) -> str:
     try:
         return f"{float(value):.4f}"
     except (TypeError, ValueError):
         return str(value)
 
 
-def summarize(trainer: pl.Trainer, datamodule: Any, tested: bool = True) -> str:
+def summarize(trainer: pl.Trainer, datamodule: object, tested: bool = True) -> str:
     """End-of-run report: test metrics, Bayes-optimal AUC (synthetic data), log and checkpoint paths."""
     lines = ["", "=" * 72, "lightrec recipe finished"]
     metrics = {k: v for k, v in trainer.callback_metrics.items() if k.startswith("test/")}
@@ -280,7 +281,7 @@ class _PlanCLI(RecipeCLI):
         return None
 
 
-def plan_cli(recipe_module: Any, config: str, overrides: list[str]) -> RecipeCLI:
+def plan_cli(recipe_module: ModuleType, config: str, overrides: list[str]) -> RecipeCLI:
     """Model and DataModule of ``config`` for a recipe module, without a Trainer (``lightrec plan``)."""
     classes = [
         v
@@ -301,7 +302,7 @@ def plan_cli(recipe_module: Any, config: str, overrides: list[str]) -> RecipeCLI
         )
 
 
-def _prog_kwargs() -> dict[str, Any]:
+def _prog_kwargs() -> dict[str, str]:
     """``{"prog": "lightrec run <recipe>"}`` under the ``lightrec`` command, so ``--help`` shows the
     command the user typed (LightningCLI names ``sys.argv[0]``, i.e. ``lightrec [options] fit``)."""
     argv = sys.argv

@@ -95,7 +95,7 @@ def _check_accelerator(accelerator: str, error: type[Exception]) -> None:
         )
 
 
-def _count(value: Any) -> int | None:
+def _count(value: object) -> int | None:
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     if isinstance(value, str) and value.isdigit():
@@ -107,7 +107,7 @@ def _count(value: Any) -> int | None:
     return None  # "auto", -1: resolved by Lightning
 
 
-def _check_batches_per_rank(datamodule: Any, devices: Any, num_nodes: Any, error: type[Exception]) -> None:
+def _check_batches_per_rank(datamodule: object, devices: object, num_nodes: object, error: type[Exception]) -> None:
     ranks = (_count(devices) or 1) * (_count(num_nodes) or 1)
     if ranks < 2 or datamodule is None:
         return
@@ -158,14 +158,14 @@ def _check_checkpoint(path: Path, cli: LightningCLI, user_args: list[str], error
     return meta
 
 
-def _data_batch_size(cli: LightningCLI) -> Any:
+def _data_batch_size(cli: LightningCLI) -> object:
     """``data.init_args.batch_size`` of the parsed config (every lightrec DataModule takes one), or None."""
     data = cli.config.get("data")
     init_args = getattr(data, "init_args", None) if data is not None else None
     return getattr(init_args, "batch_size", None) if init_args is not None else None
 
 
-def _check_strategy_reads(path: Path, strategy: Any, error: type[Exception]) -> None:
+def _check_strategy_reads(path: Path, strategy: object, error: type[Exception]) -> None:
     """A sharded checkpoint folder is read by ``RecStrategy`` only (Lightning's strategies torch.load a file)."""
     if not is_sharded_checkpoint(path):
         return
@@ -179,7 +179,7 @@ def _check_strategy_reads(path: Path, strategy: Any, error: type[Exception]) -> 
     )
 
 
-def _global_batch_note(meta: dict[str, Any], batch: Any, trainer: Any) -> str | None:
+def _global_batch_note(meta: dict[str, Any], batch: object, trainer: Any) -> str | None:
     """A warning when the resumed run's global batch (ranks x batch_size) differs from the checkpoint's."""
     sharded = meta.get("lightrec_sharded")
     saved_ranks = sharded.get("world_size") if isinstance(sharded, dict) else None

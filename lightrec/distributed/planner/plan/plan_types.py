@@ -109,7 +109,7 @@ TIERED_KERNELS = (EmbeddingComputeKernel.FUSED_UVM_CACHING.value, EmbeddingCompu
 _ENUM_VALUES: dict[type[Enum], frozenset[str]] = {}
 
 
-def enum_value(value: Any, enum_cls: type[Enum], arg: str) -> str:
+def enum_value(value: object, enum_cls: type[Enum], arg: str) -> str:
     """Normalise an enum member or its string value to the string; reject anything else."""
     if isinstance(value, enum_cls):
         return str(value.value)
@@ -210,7 +210,7 @@ class ShardMetadata:
         return self._placement_parts()[1]
 
 
-class EnumerableShardingSpec(list[Any]):
+class EnumerableShardingSpec(list[ShardMetadata]):
     """The shards of one table, listed: torchrec's spelling of a sharding spec.
 
     torchrec stores ``ParameterSharding.sharding_spec`` as ``EnumerableShardingSpec(shards=[...])``
@@ -222,11 +222,11 @@ class EnumerableShardingSpec(list[Any]):
         shards: the table's :class:`ShardMetadata`, one per shard, in shard order.
     """
 
-    def __init__(self, shards: Iterable[Any] = ()) -> None:
+    def __init__(self, shards: Iterable[ShardMetadata] = ()) -> None:
         super().__init__(shards)
 
     @property
-    def shards(self) -> list[Any]:
+    def shards(self) -> list[ShardMetadata]:
         """The shards (this object itself, as torchrec's attribute)."""
         return self
 
