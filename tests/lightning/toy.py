@@ -35,3 +35,20 @@ class ToyDLRM(RecModule):
 
     def forward(self, dense: torch.Tensor, sparse) -> torch.Tensor:  # noqa: ANN001
         return self.model(dense, sparse)
+
+
+def mixed_toy_plan(world_size: int, device_type: str = "cpu"):  # noqa: ANN201 - a ShardingPlan
+    """A plan of :class:`ToyDLRM`'s tables mixing row-wise, data-parallel and table-wise (on the last rank)."""
+    from lightrec.distributed.planner import (
+        construct_module_sharding_plan,
+        data_parallel,
+        row_wise,
+        table_wise,
+    )
+    from lightrec.distributed.types import ShardingPlan
+
+    ebc = ToyDLRM(device="meta").model.sparse_arch.embedding_bag_collection
+    kinds = [row_wise(), data_parallel(), table_wise(rank=world_size - 1)]
+    per_table = {t.name: kinds[i % 3] for i, t in enumerate(ebc.embedding_bag_configs())}
+    return ShardingPlan({"model.sparse_arch.embedding_bag_collection": construct_module_sharding_plan(
+        ebc, per_table, world_size=world_size, local_size=world_size, device_type=device_type)})  # fmt: skip

@@ -18,22 +18,11 @@ def _fit(rank: int, world_size: int, port: int, tmp: str) -> dict:
     set_torchrun_env(rank, world_size, port)
     import lightning.pytorch as pl
 
-    from lightrec.distributed.planner import (
-        construct_module_sharding_plan,
-        data_parallel,
-        row_wise,
-        table_wise,
-    )
-    from lightrec.distributed.types import ShardingPlan
     from lightrec.inference import unshard
     from lightrec.lightning import DeltaPublisher, RecStrategy
-    from tests.lightning.toy import ToyDLRM, toy_data
+    from tests.lightning.toy import ToyDLRM, mixed_toy_plan, toy_data
 
-    ebc = ToyDLRM(device="meta").model.sparse_arch.embedding_bag_collection
-    kinds = [row_wise(), data_parallel(), table_wise(rank=world_size - 1)]
-    per_table = {t.name: kinds[i % 3] for i, t in enumerate(ebc.embedding_bag_configs())}
-    plan = ShardingPlan({"model.sparse_arch.embedding_bag_collection": construct_module_sharding_plan(
-        ebc, per_table, world_size=world_size, local_size=world_size, device_type="cpu")})  # fmt: skip
+    plan = mixed_toy_plan(world_size)
     strategy = RecStrategy(plan=plan, fused_params={"optimizer": "exact_row_wise_adagrad", "learning_rate": 0.1})
     publisher = DeltaPublisher(Path(tmp) / "publish", every_n_steps=2, snapshot_every=2, dense_every=3, keep=None)
     module = ToyDLRM(device="meta", dense_optimizer="sgd", dense_lr=0.1)

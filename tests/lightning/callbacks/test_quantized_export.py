@@ -87,26 +87,12 @@ def _fit_and_export(rank: int, world_size: int, port: int, tmp: str, accelerator
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
         WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size), NODE_RANK="0",
     )  # fmt: skip
-    from lightrec.distributed.planner import (
-        construct_module_sharding_plan,
-        data_parallel,
-        row_wise,
-        table_wise,
-    )
-    from lightrec.distributed.types import ShardingPlan
     from lightrec.inference import has_sharded_collections, unshard
     from lightrec.lightning import RecStrategy
     from lightrec.lightning.callbacks.quantized_export import QuantizedExport
-    from tests.lightning.toy import ToyDLRM, toy_data
+    from tests.lightning.toy import ToyDLRM, mixed_toy_plan, toy_data
 
-    ebc = ToyDLRM(device="meta").model.sparse_arch.embedding_bag_collection
-    kinds = [row_wise(), data_parallel(), table_wise(rank=world_size - 1)]
-    per_table = {t.name: kinds[i % 3] for i, t in enumerate(ebc.embedding_bag_configs())}
-    plan = ShardingPlan({
-        "model.sparse_arch.embedding_bag_collection": construct_module_sharding_plan(
-            ebc, per_table, world_size=world_size, local_size=world_size,
-            device_type="cuda" if accelerator == "gpu" else "cpu")
-    })  # fmt: skip
+    plan = mixed_toy_plan(world_size, device_type="cuda" if accelerator == "gpu" else "cpu")
     strategy = RecStrategy(plan=plan, fused_params={"optimizer": "exact_row_wise_adagrad", "learning_rate": 0.1})
     callback = QuantizedExport(dirpath=Path(tmp) / f"world{world_size}", dtype="int8")
     module = ToyDLRM(device="meta", dense_optimizer="sgd", dense_lr=0.1)
