@@ -16,6 +16,7 @@ seen; MSE also reports RMSE and, with ``include_r_squared=True``, the weighted R
 
 from __future__ import annotations
 
+import abc
 from typing import Any
 
 import torch
@@ -51,8 +52,9 @@ class _WeightedError(_WeightedRatio):
     _empty_reason = "no samples (or only zero weights) were seen"
 
     @staticmethod
+    @abc.abstractmethod
     def _error(diff: Tensor) -> Tensor:
-        raise NotImplementedError
+        """The per-sample error of ``diff`` (prediction minus label, or the reverse): squared or absolute."""
 
     def update(self, preds: Tensor, labels: Tensor, weights: Tensor | None = None) -> None:
         """Adds a batch: ``preds`` [B], ``labels`` [B], ``weights`` [B] or None."""
@@ -103,8 +105,9 @@ class _ErrorComputation(RecMetricComputation):
                             dist_reduce_fx="sum", persistent=True)  # fmt: skip
 
     @staticmethod
+    @abc.abstractmethod
     def _error(diff: Tensor) -> Tensor:
-        raise NotImplementedError
+        """The per-sample error of ``diff`` (prediction minus label, or the reverse): squared or absolute."""
 
     def update(self, *, predictions: Tensor | None, labels: Tensor, weights: Tensor | None, **kwargs: Any) -> None:
         p, y, w = self._inputs(predictions, labels, weights)
