@@ -184,7 +184,9 @@ def find_tables(
     collections = sharded_collections(model)
     if not collections:
         raise ValueError(f"{type(model).__name__} holds no sharded embedding collection; the delta tracker tracks "
-                         "the tables of a DistributedModelParallel (or of RecStrategy's sharded model)")  # fmt: skip
+                         "the tables of a DistributedModelParallel (or of RecStrategy's sharded model): wrap the "
+                         "model in DistributedModelParallel, or train with RecStrategy (a recipe's "
+                         "--trainer.strategy lightrec, also on one device)")  # fmt: skip
     tables: dict[str, TrackedTable] = {}
     lookups: dict[int, tuple[GroupedLookup, LookupKeys]] = {}
     for path, collection in collections:

@@ -48,3 +48,12 @@ def test_out_of_order_appends_and_empty_windows_are_refused() -> None:
         store.append(1, "t", torch.tensor([4]))
     with pytest.raises(ValueError, match="the window is empty"):
         store.compact(2, 2)
+
+
+def test_a_model_without_sharded_tables_is_refused_with_the_fix() -> None:
+    from lightrec import EmbeddingBagCollection, EmbeddingBagConfig
+    from lightrec.distributed.model_tracker import ModelDeltaTrackerTrec
+
+    ebc = EmbeddingBagCollection([EmbeddingBagConfig(name="t", embedding_dim=4, num_embeddings=10, feature_names=["f"])])
+    with pytest.raises(ValueError, match="holds no sharded embedding collection.*RecStrategy"):
+        ModelDeltaTrackerTrec(ebc)
