@@ -31,12 +31,18 @@ def _restore_process_environment():  # noqa: ANN202 - a generator fixture
     ``WORLD_SIZE`` and friends into ``os.environ`` and keep a store listening on that port; a later
     test that launches ranks or ``lightrec run`` then inherits them and fails at rendezvous
     (EADDRINUSE, or a hang at "MEMBER: 1/2"). Restoring both after every test makes each test's
-    outcome independent of the tests before it.
+    outcome independent of the tests before it. Each test also gets its own ``STANDALONE_PORT``.
     """
     import torch.distributed as dist
 
+    from tests.multiprocess import free_port
+
     saved = dict(os.environ)
     had_group = dist.is_available() and dist.is_initialized()
+    # Where Lightning picks the port itself (no MASTER_PORT: an in-process fit, a test's
+    # subprocess), it takes STANDALONE_PORT instead of an OS-chosen one another socket can grab
+    # before its store binds it (CI lost a run to that EADDRINUSE). Children inherit it.
+    os.environ["STANDALONE_PORT"] = str(free_port())
     yield
     if dist.is_available() and dist.is_initialized() and not had_group:
         dist.destroy_process_group()

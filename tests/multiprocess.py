@@ -17,9 +17,12 @@ after ``timeout`` seconds instead of blocking CI.
 case, an NCCL group of size 1, which is how the ``gpu`` tests exercise the NCCL code paths on a
 single-GPU machine.
 
-Parallel runs (``pytest -n N``): the process group rendezvous through a file in a fresh temporary
-directory, never a port; the tests that let Lightning or a launched command bind ``MASTER_PORT``
-take it from :func:`free_port`, which gives every xdist worker its own port range.
+Ports: the process groups here rendezvous through a file in a fresh temporary directory, never a
+port; the tests that let Lightning or a launched command bind ``MASTER_PORT`` take it from
+:func:`free_port`, which hands out ports below Linux's ephemeral range, where no OS-chosen port (an
+outgoing connection's, or another ``bind(0)``'s) can take it between the check and the bind, and
+gives every xdist worker its own range. ``tests/conftest.py`` also sets Lightning's
+``STANDALONE_PORT`` to such a port for each test, so a fit that picks its own port does too.
 """
 
 from __future__ import annotations
@@ -37,11 +40,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-# Worker N of ``pytest -n`` draws ports from [_BASE + N * _SPAN, _BASE + (N + 1) * _SPAN): below
-# Linux's ephemeral range (32768-60999), where the OS picks ports for ``bind(0)`` and outgoing
-# connections, so no two workers, and no OS-chosen port, can be handed the same number.
+# Worker N of ``pytest -n`` draws ports from [_BASE + N * _SPAN, _BASE + (N + 1) * _SPAN) (a run
+# without xdist is worker 0): below Linux's ephemeral range (32768-60999), where the OS picks ports
+# for ``bind(0)`` and outgoing connections, so no two workers, and no OS-chosen port, can be handed
+# the same number. A port the OS picked is only free "a moment ago": CI once lost a fit to
+# EADDRINUSE because another socket took Lightning's ``bind(0)`` port before its store bound it.
 _BASE, _SPAN = 10_000, 500
-_next_offset = 0
+# Two pytest sessions on one machine (a developer's and CI's) start at different offsets.
+_next_offset = os.getpid() % _SPAN
 
 
 def _bindable(port: int) -> bool:
@@ -65,7 +71,7 @@ def set_torchrun_env(rank: int, world_size: int, port: int) -> None:
 def free_port() -> int:
     """A TCP port nothing listens on, for ``MASTER_PORT``; distinct across xdist workers."""
     global _next_offset
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1", ... under pytest -n
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")  # "gw0", "gw1", ... under pytest -n
     if worker.startswith("gw") and worker[2:].isdigit() and int(worker[2:]) < (32_768 - _BASE) // _SPAN:
         start = _BASE + int(worker[2:]) * _SPAN
         for _ in range(_SPAN):
