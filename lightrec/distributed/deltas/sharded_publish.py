@@ -275,7 +275,8 @@ def _gather_rows(union: dict[str, torch.Tensor], tables: dict[str, TrackedTable]
     out = {}
     for name, ids in union.items():
         vals, raws = parts[name]
-        values = torch.cat(vals) if vals else torch.zeros(0, tables[name].dim)
+        # one piece (a table within one chunk): its view of the chunk's buffer, not a copy
+        values = (vals[0] if len(vals) == 1 else torch.cat(vals)) if vals else torch.zeros(0, tables[name].dim)
         raw_ids = (torch.cat(raws) if raws else torch.zeros(0, dtype=torch.int64)) if tables[name].managed else None
         out[name] = TableRows(ids, values, raw_ids)
     return out
