@@ -217,15 +217,15 @@ def _fill(chunk: list[_Piece], tables: dict[str, TrackedTable], rank: int) -> tu
         t = tables[piece.name]
         block = values[value_at : value_at + size].view(piece.ids.numel(), t.dim)
         for shard_index, row_offset, rows, col_offset, cols in _owned(t, rank):
-            inside = (piece.ids >= row_offset) & (piece.ids < row_offset + rows)
-            where = inside.nonzero().squeeze(1)
-            if where.numel() == 0:
+            # piece.ids is sorted: the rows inside this block are one slice of it (plain slicing, no masks)
+            lo, hi = torch.searchsorted(piece.ids, torch.tensor([row_offset, row_offset + rows])).tolist()
+            if lo == hi:
                 continue
             local = next(s for s in t.local if s.shard_index == shard_index)
-            read = local.kernel.kernel.read_rows(local.kernel_table, piece.ids[where] - row_offset).weights
-            block[where, col_offset : col_offset + cols] = read.detach().to("cpu", torch.float32)
+            read = local.kernel.kernel.read_rows(local.kernel_table, piece.ids[lo:hi] - row_offset).weights
+            block[lo:hi, col_offset : col_offset + cols] = read.detach().to("cpu", torch.float32)
             if raw is not None and t.managed:
-                raw[raw_at + where] = t.raw_ids(piece.ids[where])
+                raw[raw_at + lo : raw_at + hi] = t.raw_ids(piece.ids[lo:hi])
         value_at += size
         raw_at += piece.ids.numel()
     return values, raw
