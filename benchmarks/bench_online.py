@@ -9,7 +9,8 @@ alike:
 * ``plain``: no tracker;
 * ``tracked``: a ``ModelDeltaTrackerTrec`` (``ID_ONLY``) records every lookup, read once per window;
 * ``published``: as ``tracked``, plus one ``publish_changes`` per window (a delta of the rows the
-  window changed, fp32, into a folder under ``--dir``): one publish per ``--steps`` steps.
+  window changed, in ``--row-format``, fp32 by default, into a folder under ``--dir``): one publish
+  per ``--steps`` steps.
 
 Reported (rank 0): median step time of each kind; the overheads ``tracked / plain - 1`` and
 ``published / plain - 1`` (the issue's target: < 5 % at one publish per 100 steps); the median
@@ -62,7 +63,8 @@ def _window(contender: Any, args: argparse.Namespace, kind: str, folder: Path, s
     out: dict[str, float] = {}
     if kind == "published":
         t0 = time.perf_counter()
-        version = publish_changes(contender.model, folder, tracker, snapshot=False, global_step=start, retention=1)
+        version = publish_changes(contender.model, folder, tracker, snapshot=False, global_step=start, retention=1,
+                                  row_format=args.row_format)  # fmt: skip
         publish_s = time.perf_counter() - t0
         if dist.get_rank() == 0:
             manifest = DeltaReader(folder).manifest(version)
@@ -83,7 +85,7 @@ def _measure(rank: int, args: argparse.Namespace) -> dict[str, Any]:
     folder = Path(args.dir) / "publish"
     for i in range(args.warmup):
         contender.step(i)
-    publish_changes(contender.model, folder, None, snapshot=True, retention=1)  # the chain's base
+    publish_changes(contender.model, folder, None, snapshot=True, retention=1, row_format=args.row_format)  # the base
     results: dict[str, list[dict[str, float]]] = {k: [] for k in KINDS}
     order = list(KINDS) + list(reversed(KINDS))
     step = args.warmup
@@ -128,6 +130,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--num-batches", type=int, default=16, help="distinct pre-generated batches per rank")
     parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--row-format", default="fp32", choices=["fp32", "fp16", "int8", "int4"],
+                        help="the published rows' format (the serving artifact's)")
     parser.add_argument("--dir", default=None, help="where the publish folder goes (default: a temp folder)")
     parser.add_argument("--out", default=None, help="also write the JSON report here")
     args = parser.parse_args(argv)

@@ -19,12 +19,13 @@ One publish, on every rank of the sharding group::
        every row)
     2. all_gather -> per table, the union U over ranks (a data-parallel table's rows changed
        wherever any rank's batch touched them: every replica applied every update)
-    3. per chunk of tables: each rank fills the rows of U it owns -- its row block (row-wise,
+    3. per chunk of tables: each rank reads the rows of U it owns -- its row block (row-wise,
        table-row-wise), its column slice (column-wise, table-column-wise), the whole table
-       (table-wise; data-parallel: rank 0) -- into a zero buffer [|U|, dim] (and, managed tables,
-       the ids its id map keeps for them), read through the kernels (a tiered table's cache too);
-       reduce(SUM) to rank 0 on the buffers' bits (int32): exactly one rank writes each value, so
-       rank 0 gets every value bit for bit
+       (table-wise; data-parallel: rank 0) -- through the kernels (a tiered table's cache too),
+       with, for managed tables, the raw ids its id map keeps for them; the blocks it filled go to
+       every rank with the status exchange, the values (as int32 bits) to rank 0 by a gather of
+       only what each rank owns; rank 0 places them: exactly one rank owns each value, so rank 0
+       gets every value bit for bit
     4. rank 0 writes the version with ``DeltaWriter`` (rows converted to each table's row format
        there), with the dense weights when asked; every rank learns the outcome
 
@@ -38,6 +39,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -205,90 +207,119 @@ def _owned(t: TrackedTable, rank: int) -> list[tuple[int, int, int, int, int]]:
     return [(s.shard_index, s.row_offset, s.rows, s.col_offset, s.cols) for s in t.local]
 
 
-def _fill(chunk: list[_Piece], tables: dict[str, TrackedTable], rank: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """This rank's part of ``chunk``: float32 values (zeros where another rank owns them) and the raw ids
-    of managed tables' rows (zeros elsewhere), both flat in piece order."""
-    sizes = [p.ids.numel() * tables[p.name].dim for p in chunk]
-    values = torch.zeros(sum(sizes), dtype=torch.float32)
-    managed = any(tables[p.name].managed for p in chunk)
-    raw = torch.zeros(sum(p.ids.numel() for p in chunk), dtype=torch.int64) if managed else None
-    value_at, raw_at = 0, 0
-    for piece, size in zip(chunk, sizes, strict=True):
+class _Block(NamedTuple):
+    """Rows ``[lo, hi)`` of piece ``piece``, columns ``[col, col + cols)``: one rank's part of a chunk."""
+
+    piece: int
+    lo: int
+    hi: int
+    col: int
+    cols: int
+
+
+def _read(chunk: list[_Piece], tables: dict[str, TrackedTable],
+          rank: int) -> tuple[list[_Block], torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """This rank's part of ``chunk``, compact: the blocks it owns, their float32 values flat in block
+    order (row-major ``[hi - lo, cols]`` each) and the raw ids of managed tables' rows in them."""
+    blocks: list[_Block] = []
+    values: list[torch.Tensor] = []
+    raws: list[torch.Tensor] = []
+    for index, piece in enumerate(chunk):
         t = tables[piece.name]
-        block = values[value_at : value_at + size].view(piece.ids.numel(), t.dim)
         for shard_index, row_offset, rows, col_offset, cols in _owned(t, rank):
-            inside = (piece.ids >= row_offset) & (piece.ids < row_offset + rows)
-            where = inside.nonzero().squeeze(1)
-            if where.numel() == 0:
+            # piece.ids is sorted: the rows inside this block are one slice of it (no masks)
+            lo, hi = torch.searchsorted(piece.ids, torch.tensor([row_offset, row_offset + rows])).tolist()
+            if lo == hi:
                 continue
             local = next(s for s in t.local if s.shard_index == shard_index)
-            read = local.kernel.kernel.read_rows(local.kernel_table, piece.ids[where] - row_offset).weights
-            block[where, col_offset : col_offset + cols] = read.detach().to("cpu", torch.float32)
-            if raw is not None and t.managed:
-                raw[raw_at + where] = t.raw_ids(piece.ids[where])
-        value_at += size
-        raw_at += piece.ids.numel()
-    return values, raw
+            read = local.kernel.kernel.read_rows(local.kernel_table, piece.ids[lo:hi] - row_offset).weights
+            blocks.append(_Block(index, lo, hi, col_offset, cols))
+            values.append(read.detach().to("cpu", torch.float32).reshape(-1))
+            if t.managed:
+                raws.append(t.raw_ids(piece.ids[lo:hi]))
+    flat = torch.cat(values) if values else torch.zeros(0)
+    return blocks, flat, (torch.cat(raws) if raws else None)
 
 
-def _reduce(buffer: torch.Tensor, group: _Group, what: str) -> torch.Tensor:
-    """SUM of every rank's ``buffer`` on rank 0 (exact: one rank contributes each element)."""
+def _gather_to_root(part: torch.Tensor, sizes: list[int], group: _Group, what: str) -> list[torch.Tensor]:
+    """Rank 0: every rank's ``part`` (rank r's has ``sizes[r]`` elements); the others: ``[]``.
+    Padded to the longest part, as gloo's gather takes equal sizes."""
     if group.world == 1:
-        return buffer
-    bits = buffer.view(torch.int32) if buffer.dtype == torch.float32 else buffer
-    bits = bits.to(group.device)
-    with collective_guard(f"publish_changes: reduce of the {what} to rank 0", group.pg):
-        dist.reduce(bits, group.root(), group=group.pg)
-    out = bits.cpu()
-    return out.view(torch.float32) if buffer.dtype == torch.float32 else out
+        return [part]
+    longest = max(sizes)
+    padded = torch.zeros(longest, dtype=part.dtype)
+    padded[: part.numel()] = part
+    bits = (padded.view(torch.int32) if padded.dtype == torch.float32 else padded).to(group.device)
+    out = [torch.empty_like(bits) for _ in range(group.world)] if group.rank == 0 else None
+    with collective_guard(f"publish_changes: gather of the {what} to rank 0", group.pg):
+        dist.gather(bits, out, dst=group.root(), group=group.pg)
+    if out is None:
+        return []
+    return [(o.cpu().view(part.dtype) if part.dtype == torch.float32 else o.cpu())[:n] for o, n in zip(out, sizes, strict=True)]
 
 
 def _gather_rows(union: dict[str, torch.Tensor], tables: dict[str, TrackedTable], group: _Group,
                  budget: int) -> dict[str, TableRows]:  # fmt: skip
-    """Rank 0: ``{table: TableRows}`` of every row of ``union``; the other ranks: ``{}``."""
+    """Rank 0: ``{table: TableRows}`` of every row of ``union``; the other ranks: ``{}``.
+
+    Per chunk, each rank sends only the values it owns (no zero padding where another rank owns the
+    rows), with the blocks they fill; rank 0 places them. Exactly one rank owns each value, so rank 0
+    gets every value bit for bit."""
     parts: dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = {n: ([], []) for n in union}
     for chunk in _chunks(union, tables, budget):
         error = None
+        blocks: list[_Block] = []
+        values, raw = torch.zeros(0), None
         try:
-            values, raw = _fill(chunk, tables, group.rank)
-        except Exception as exc:  # noqa: BLE001 - reported to every rank after the gather
+            blocks, values, raw = _read(chunk, tables, group.rank)
+        except Exception as exc:  # noqa: BLE001 - reported to every rank with the blocks
             error = exc
-            values = torch.zeros(sum(p.ids.numel() * tables[p.name].dim for p in chunk), dtype=torch.float32)
-            raw = (torch.zeros(sum(p.ids.numel() for p in chunk), dtype=torch.int64)
-                   if any(tables[p.name].managed for p in chunk) else None)  # fmt: skip
-        _raise_if_any(error, group, "read its rows")
-        values = _reduce(values, group, "changed rows")
-        if raw is not None:
-            raw = _reduce(raw, group, "managed rows' raw ids")
+        ranks_blocks = _raise_if_any(error, group, "read its rows", blocks)
+        managed_rows = [sum(b.hi - b.lo for b in bs if tables[chunk[b.piece].name].managed) for bs in ranks_blocks]
+        all_values = _gather_to_root(values, [sum((b.hi - b.lo) * b.cols for b in bs) for bs in ranks_blocks],
+                                     group, "changed rows")  # fmt: skip
+        all_raw = (_gather_to_root(raw if raw is not None else torch.zeros(0, dtype=torch.int64), managed_rows,
+                                   group, "managed rows' raw ids") if any(managed_rows) else [])  # fmt: skip
         if group.rank != 0:
             continue
-        value_at, raw_at = 0, 0
-        for piece in chunk:
-            n, dim = piece.ids.numel(), tables[piece.name].dim
-            parts[piece.name][0].append(values[value_at : value_at + n * dim].view(n, dim))
-            if raw is not None and tables[piece.name].managed:
-                parts[piece.name][1].append(raw[raw_at : raw_at + n])
-            value_at += n * dim
-            raw_at += n
+        out = [torch.zeros(p.ids.numel(), tables[p.name].dim) for p in chunk]
+        out_raw = [torch.zeros(p.ids.numel(), dtype=torch.int64) if tables[p.name].managed else None for p in chunk]
+        for r, bs in enumerate(ranks_blocks):
+            value_at, raw_at = 0, 0
+            for b in bs:
+                n = (b.hi - b.lo) * b.cols
+                out[b.piece][b.lo : b.hi, b.col : b.col + b.cols] = all_values[r][value_at : value_at + n].view(-1, b.cols)
+                value_at += n
+                target = out_raw[b.piece]
+                if target is not None:
+                    target[b.lo : b.hi] = all_raw[r][raw_at : raw_at + b.hi - b.lo]
+                    raw_at += b.hi - b.lo
+        for piece, piece_values, piece_raw in zip(chunk, out, out_raw, strict=True):
+            parts[piece.name][0].append(piece_values)
+            if piece_raw is not None:
+                parts[piece.name][1].append(piece_raw)
     if group.rank != 0:
         return {}
-    out = {}
+    rows = {}
     for name, ids in union.items():
         vals, raws = parts[name]
-        values = torch.cat(vals) if vals else torch.zeros(0, tables[name].dim)
+        values = (vals[0] if len(vals) == 1 else torch.cat(vals)) if vals else torch.zeros(0, tables[name].dim)
         raw_ids = (torch.cat(raws) if raws else torch.zeros(0, dtype=torch.int64)) if tables[name].managed else None
-        out[name] = TableRows(ids, values, raw_ids)
-    return out
+        rows[name] = TableRows(ids, values, raw_ids)
+    return rows
 
 
-def _raise_if_any(error: BaseException | None, group: _Group, what: str) -> None:
-    """Collective: every rank learns whether any rank failed to ``what``; all raise if one did."""
-    failures: list[str | None] = [None if error is None else f"{type(error).__name__}: {error}"]
+def _raise_if_any(error: BaseException | None, group: _Group, what: str,
+                  blocks: list[_Block] | None = None) -> list[list[_Block]]:  # fmt: skip
+    """Collective: every rank learns whether any rank failed to ``what``; all raise if one did.
+    Returns every rank's ``blocks`` (carried by the same exchange), by rank."""
+    status: tuple[str | None, list[_Block]] = (None if error is None else f"{type(error).__name__}: {error}", blocks or [])
+    everyone = [status]
     if group.world > 1:
-        everyone: list[list[str | None]] = [[] for _ in range(group.world)]
+        everyone = [(None, []) for _ in range(group.world)]
         with collective_guard(f"publish_changes: the ranks' status ({what})", group.pg):
-            dist.all_gather_object(everyone, failures, group=group.pg)
-        failures = [f for part in everyone for f in part]
+            dist.all_gather_object(everyone, status, group=group.pg)
+    failures = [f for f, _ in everyone]
     if error is not None:
         raise DeltaPublishError(f"rank {group.rank} could not {what}: {type(error).__name__}: {error}; nothing "
                                 "was written") from error  # fmt: skip
@@ -296,6 +327,7 @@ def _raise_if_any(error: BaseException | None, group: _Group, what: str) -> None
     if failed:
         rank, message = failed[0]
         raise DeltaPublishError(f"rank {rank} could not {what} ({message}); nothing was written")
+    return [list(bs) for _, bs in everyone]
 
 
 # ---- 4: the write, on rank 0 ---------------------------------------------------------------------

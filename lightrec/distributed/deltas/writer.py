@@ -2,9 +2,11 @@
 
 One version is written as::
 
-    1. encode every file in memory (rows in their row format, safetensors bytes); nothing on disk yet
+    1. encode every file in memory (rows in their row format; a safetensors file as views of those
+       tensors, not a copy: ``safetensors_stream``); nothing on disk yet
     2. mkdir DIR/.tmp-v000000007-<pid>-<random>/
-    3. write rows.safetensors, dense.safetensors: each written, fsync'd, closed (its SHA-256 taken from the bytes)
+    3. write rows.safetensors, dense.safetensors: each written, fsync'd, closed (its SHA-256 taken from the
+       bytes as they are written)
     4. write manifest.json last, fsync it, fsync the folder
     5. rename the folder to DIR/v000000007          <- the commit point: the version exists from here on
     6. fsync DIR (the rename survives a power loss)
@@ -31,7 +33,6 @@ import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-import safetensors.torch
 import torch
 
 from lightrec._version import __version__
@@ -49,6 +50,7 @@ from lightrec.distributed.deltas.manifest import (
     version_name,
 )
 from lightrec.distributed.deltas.rows import TableRows, check_rows, encode_rows
+from lightrec.distributed.deltas.safetensors_stream import safetensors_parts
 from lightrec.quant.row_codec import DEFAULT_ROW_ALIGNMENT
 
 __all__ = ["DeltaWriter", "fsync_dir"]
@@ -67,17 +69,22 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def _write_synced(path: Path, data: bytes) -> FileRecord:
-    """Create ``path`` (it must not exist), write ``data``, fsync, close; return its size and SHA-256."""
+def _write_synced(path: Path, parts: list[memoryview]) -> FileRecord:
+    """Create ``path`` (it must not exist), write the concatenation of ``parts``, fsync, close; return
+    its size and SHA-256 (hashed from the same bytes as they are written: no second pass over a copy)."""
+    digest = hashlib.sha256()
+    size = 0
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
+        for part in parts:
+            digest.update(part)
+            size += part.nbytes
+            while part:
+                part = part[os.write(fd, part) :]
         os.fsync(fd)
     finally:
         os.close(fd)
-    return FileRecord(len(data), hashlib.sha256(data).hexdigest())
+    return FileRecord(size, digest.hexdigest())
 
 
 def _remove_tree(path: Path) -> None:
@@ -209,7 +216,7 @@ class DeltaWriter:
 
     def _encode(
         self, rows: Mapping[str, TableRows], dense: Mapping[str, torch.Tensor]
-    ) -> tuple[dict[str, int], dict[str, bytes]]:
+    ) -> tuple[dict[str, int], dict[str, list[memoryview]]]:
         unknown = sorted(set(rows) - set(self.tables))
         if unknown:
             raise DeltaFormatError(f"rows names tables {unknown} this writer does not know; its tables are {sorted(self.tables)}")
@@ -225,13 +232,13 @@ class DeltaWriter:
                 tensors.update({f"{name}/ids": encoded.ids.contiguous(), f"{name}/values": encoded.values})
                 if encoded.raw_ids is not None:
                     tensors[f"{name}/raw_ids"] = encoded.raw_ids.contiguous()
-        files = {ROWS_FILE: safetensors.torch.save(tensors)} if tensors else {}
+        files = {ROWS_FILE: safetensors_parts(tensors)} if tensors else {}
         for key, value in dense.items():
             if not isinstance(value, torch.Tensor) or not value.is_floating_point():
                 raise DeltaFormatError(f"dense[{key!r}] must be a floating-point tensor, got {type(value).__name__}")
         if dense:
             flat = {k: v.detach().cpu().float().contiguous().clone() for k, v in dense.items()}
-            files[DENSE_FILE] = safetensors.torch.save(flat)
+            files[DENSE_FILE] = safetensors_parts(flat)
         return counts, files
 
     def _write(self, kind: str, rows: Mapping[str, TableRows], dense: Mapping[str, torch.Tensor], step: int) -> int:
@@ -253,7 +260,7 @@ class DeltaWriter:
                 global_step=step, wall_time=time.time(), lightrec_version=__version__, tables=dict(self.tables),
                 rows=counts, dense=DENSE_FILE in files, files=records,
             )  # fmt: skip
-            _write_synced(tmp / MANIFEST_FILE, manifest.to_json().encode())
+            _write_synced(tmp / MANIFEST_FILE, [memoryview(manifest.to_json().encode())])
             fsync_dir(tmp)
             os.rename(tmp, self.dirpath / name)  # the commit point
             committed = True
@@ -283,7 +290,7 @@ class DeltaWriter:
     def _write_latest(self, name: str) -> None:
         tmp = self.dirpath / f"{TMP_PREFIX}{LATEST_FILE}-{os.getpid()}-{secrets.token_hex(4)}"
         try:
-            _write_synced(tmp, f"{name}\n".encode())
+            _write_synced(tmp, [memoryview(f"{name}\n".encode())])
             os.replace(tmp, self.dirpath / LATEST_FILE)
             fsync_dir(self.dirpath)
         except OSError as exc:  # the version is written: readers list folders; the next write retries

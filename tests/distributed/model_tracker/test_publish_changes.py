@@ -46,13 +46,17 @@ def _body(rank: int, world_size: int, tmp: str) -> dict[str, Any]:
     tracker = model.init_torchrec_delta_tracker(DeltaTrackerConfig(consumers=["publish"]))
     folder = f"{tmp}/publish"
     expected: dict[int, dict[str, Any]] = {}
-    version = publish_changes(model, folder, tracker, consumer="publish", row_format=FORMATS, retention=None)
+    # the snapshot (every row) in chunks of ~1 KiB: tables split over many chunks and pieces
+    version = publish_changes(model, folder, tracker, consumer="publish", row_format=FORMATS, retention=None,
+                              chunk_bytes=1024)  # fmt: skip
     expected[version] = _full_tables(model, tracker)
     for step in range(1, STEPS + 1):
         train_step(model, step, rank)
         if step % 2 == 0:
+            # and every other delta
             version = publish_changes(model, folder, tracker, consumer="publish", global_step=step, dense=step == 4,
-                                      row_format=FORMATS, retention=None)  # fmt: skip
+                                      row_format=FORMATS, retention=None,
+                                      chunk_bytes=1024 if step % 4 == 2 else 64 * 2**20)  # fmt: skip
             expected[version] = _full_tables(model, tracker)
     return {"expected": expected, "versions": sorted(expected)}
 
