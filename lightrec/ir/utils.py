@@ -25,6 +25,7 @@ from collections import defaultdict
 import torch
 from torch import nn
 from torch.export import Dim, ExportedProgram, ShapesCollection
+from torch.export.graph_signature import ConstantArgument
 from torch.export.unflatten import InterpreterModule, UnflattenedModule
 
 from lightrec.ir.serializer import IR_METADATA, JsonSerializer
@@ -38,6 +39,7 @@ __all__ = [
     "get_device",
     "mark_dynamic_kjt",
     "qualname",
+    "unlift_and_swap_modules",
 ]
 
 logger = logging.getLogger(__name__)
@@ -174,6 +176,82 @@ def _drop_threaded_inputs(root: nn.Module, signature_args: dict[int, int]) -> No
         if changed:
             graph_module.graph.eliminate_dead_code()
             graph_module.finalize()  # regenerate its code (used when not run by the interpreter)
+
+
+def unlift_and_swap_modules(
+    ep: ExportedProgram,
+    serializer: type[JsonSerializer] = JsonSerializer,
+    device: torch.device | None = None,
+) -> torch.fx.GraphModule:
+    """``ep.module()`` with the serialized modules swapped for the eager modules they describe.
+
+    Unlike :func:`decapsulate_ir_modules` (which works on ``torch.export.unflatten(ep)``), this keeps
+    the program's one flat graph and calls the eager modules from it (``torch.export``'s module swap).
+    The serialized modules must have been exported with ``preserve_module_call_signature``.
+
+    Args:
+        ep: the (loaded) exported program.
+        serializer: the registry it was encapsulated with.
+        device: where to build the eager modules (default: where each was exported from).
+
+    Raises:
+        IRSerializationError: a serialized module was exported without its call signature, is built
+            from serialized children (a feature-processed collection), or returns ``None`` leaves (an
+            ``EmbeddingCollection``'s JaggedTensors): torch's swap would misplace its outputs, so use
+            :func:`decapsulate_ir_modules` on ``torch.export.unflatten(ep)`` for those.
+    """
+    from torch.export._swap import _swap_modules  # private: torch's only module-swap entry point
+
+    unlifted = ep.module()
+    suffix = "." + IR_METADATA
+    fqns = sorted(key[: -len(suffix)] for key in ep.constants if key.endswith(suffix))
+    signatures = {entry.fqn: entry.signature for entry in ep.module_call_graph}
+    for fqn in fqns:
+        nested = [other for other in fqns if other.startswith(fqn + ".")]
+        if nested:
+            # torch's swap misnumbers the outputs of a module whose preserved children are swapped with it
+            raise IRSerializationError(
+                f"unlift_and_swap_modules cannot swap {fqn}: it is built from serialized children {nested}; "
+                "use decapsulate_ir_modules(torch.export.unflatten(ep))"
+            )
+        signature = signatures.get(fqn)
+        if signature is None:
+            raise IRSerializationError(
+                f"{fqn} was exported without its call signature: pass preserve_module_call_signature=tuple(fqns) "
+                "(the names encapsulate_ir_modules returned) to torch.export.export"
+            )
+        if any(isinstance(out, ConstantArgument) for out in signature.outputs):
+            # torch's swap numbers the outputs without their None leaves and would hand out shifted tensors
+            raise IRSerializationError(
+                f"unlift_and_swap_modules cannot swap {fqn}: its outputs hold None leaves (a JaggedTensor "
+                "without weights or offsets); use decapsulate_ir_modules(torch.export.unflatten(ep))"
+            )
+    constants = {fqn: _graph_constants(unlifted, fqn) for fqn in fqns}
+    swaps = {fqn: _decapsulate(unlifted.get_submodule(fqn), serializer, device, {}) for fqn in fqns}
+    for fqn, eager in swaps.items():
+        for target, value in constants[fqn].items():
+            path, _, name = target.rpartition(".")
+            owner = eager.get_submodule(path)
+            if name not in dir(owner):
+                setattr(owner, name, value)
+    return _swap_modules(ep, swaps)
+
+
+def _graph_constants(unlifted: torch.fx.GraphModule, fqn: str) -> dict[str, object]:
+    """``{path under fqn: value}`` of every attribute the program's graph reads from the module at ``fqn``.
+
+    The swap checks the graph before it drops the swapped module's traced code, so every
+    ``get_attr`` of that code (constants torch.export lifted, e.g. ``lifted_tensor_0``) must still
+    resolve on the eager module; they are small and unused by it.
+    """
+    prefix = fqn + "."
+    module = unlifted.get_submodule(fqn)
+    found: dict[str, object] = {}
+    for node in unlifted.graph.nodes:
+        if node.op == "get_attr" and node.target.startswith(prefix):
+            path, _, name = node.target[len(prefix) :].rpartition(".")
+            found[node.target[len(prefix) :]] = getattr(module.get_submodule(path), name)
+    return found
 
 
 def _dim(name: str, min: int | None = None) -> Dim:  # noqa: A002 - Dim's own keyword

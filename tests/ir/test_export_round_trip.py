@@ -14,7 +14,12 @@ from torch.export import Dim
 
 from lightrec.ir.serializer import JsonSerializer
 from lightrec.ir.types import IRSerializationError
-from lightrec.ir.utils import decapsulate_ir_modules, encapsulate_ir_modules, mark_dynamic_kjt
+from lightrec.ir.utils import (
+    decapsulate_ir_modules,
+    encapsulate_ir_modules,
+    mark_dynamic_kjt,
+    unlift_and_swap_modules,
+)
 from lightrec.models import DLRM
 from lightrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig, PoolingType
 from lightrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
@@ -168,3 +173,45 @@ def test_feature_processed_collections_round_trip(tmp_path: Path) -> None:
     for got, want in ((rebuilt(kjt), expected), (rebuilt(other), expected_other)):
         for g, e in zip(got, want, strict=True):
             assert torch.equal(g, e)
+
+
+def test_unlift_and_swap_keeps_the_flat_graph_and_calls_eager_collections(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = RankingModel().dlrm.eval()
+    dense, kjt = batch(4, seed=5)
+    expected = model(dense, kjt)
+    model, fqns = encapsulate_ir_modules(model)
+    program = torch.export.export(model, (dense, kjt), strict=False, preserve_module_call_signature=tuple(fqns))
+    torch.export.save(program, str(tmp_path / "dlrm.pt2"))
+    swapped = unlift_and_swap_modules(torch.export.load(str(tmp_path / "dlrm.pt2")))
+    assert isinstance(swapped, torch.fx.GraphModule)
+    assert type(swapped.sparse_arch.embedding_bag_collection) is EmbeddingBagCollection
+    assert torch.equal(swapped(dense, kjt), expected)
+
+
+def test_unlift_and_swap_refuses_nested_serialized_modules() -> None:
+    model, fqns = encapsulate_ir_modules(Processed())
+    _, kjt = batch(4, seed=5)
+    program = torch.export.export(model, (kjt,), strict=False, preserve_module_call_signature=tuple(fqns))
+    with pytest.raises(IRSerializationError, match=r"cannot swap by_collection: it is built from serialized children"):
+        unlift_and_swap_modules(program)
+
+
+def test_unlift_and_swap_refuses_outputs_it_would_shift(round_trip: dict) -> None:
+    program = torch.export.load(str(round_trip["path"]))  # the sequence collection returns JaggedTensors
+    with pytest.raises(IRSerializationError, match=r"cannot swap sequence.*decapsulate_ir_modules"):
+        unlift_and_swap_modules(program)
+
+
+def test_a_bag_longer_than_its_position_weights_fails_in_the_program() -> None:
+    model = Processed()
+    _, kjt = batch(4, seed=6)
+    model, fqns = encapsulate_ir_modules(model)
+    shapes = mark_dynamic_kjt(kjt).dynamic_shapes(model, (kjt,))
+    program = torch.export.export(
+        model, (kjt,), dynamic_shapes=shapes, strict=False, preserve_module_call_signature=tuple(fqns)
+    )
+    long = KeyedJaggedTensor(keys=FEATURES, values=torch.zeros(5, dtype=torch.long),
+                             lengths=torch.tensor([0] * 8 + [5, 0, 0, 0]))  # fmt: skip  # f2's first bag: 5 > 4
+    with pytest.raises(RuntimeError, match="longer than 4 positions"):
+        program.module()(long)
