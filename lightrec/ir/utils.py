@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.export import Dim, ExportedProgram, ShapesCollection
 from torch.export.graph_signature import ConstantArgument
-from torch.export.unflatten import InterpreterModule, UnflattenedModule
+from torch.export.unflatten import InterpreterModule, InterpreterModuleDispatcher, UnflattenedModule
 
 from lightrec.ir.serializer import IR_METADATA, JsonSerializer
 from lightrec.ir.types import IRSerializationError, qualname
@@ -141,12 +141,14 @@ def _decapsulate(
         rebuilt = _decapsulate(child, serializer, device, signature_args)
         if rebuilt is not child:
             setattr(module, name, rebuilt)
-    if IR_METADATA not in dict(module.named_buffers(recurse=False)):
+    # a module called several times unflattens to a dispatcher over one traced graph per call
+    traced = module.call_modules()[0] if isinstance(module, InterpreterModuleDispatcher) else module
+    if IR_METADATA not in dict(traced.named_buffers(recurse=False)):
         return module
-    rebuilt = serializer.decapsulate_module(module, device)
-    if isinstance(module, InterpreterModule):
+    rebuilt = serializer.decapsulate_module(traced, device)
+    if isinstance(traced, InterpreterModule):
         signature_args[id(rebuilt)] = sum(
-            1 for n in module.graph.nodes if n.op == "placeholder" and _POSITIONAL.fullmatch(n.name)
+            1 for n in traced.graph.nodes if n.op == "placeholder" and _POSITIONAL.fullmatch(n.name)
         )
     return rebuilt
 

@@ -215,3 +215,27 @@ def test_a_bag_longer_than_its_position_weights_fails_in_the_program() -> None:
                              lengths=torch.tensor([0] * 8 + [5, 0, 0, 0]))  # fmt: skip  # f2's first bag: 5 > 4
     with pytest.raises(RuntimeError, match="longer than 4 positions"):
         program.module()(long)
+
+
+class SharedTables(nn.Module):
+    """One collection called twice (two towers over the same tables): unflattened as a dispatcher."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables = EmbeddingBagCollection(
+            [EmbeddingBagConfig(name="t0", num_embeddings=20, embedding_dim=4, feature_names=["f0", "f1"])]
+        )
+
+    def forward(self, query: KeyedJaggedTensor, item: KeyedJaggedTensor) -> torch.Tensor:
+        return (self.tables(query).values() * self.tables(item).values()).sum(dim=1)
+
+
+def test_a_collection_called_twice_is_rebuilt_once() -> None:
+    model = SharedTables()
+    (_, query), (_, item) = batch(4, seed=7), batch(4, seed=8)
+    expected = model(query, item)
+    model, fqns = encapsulate_ir_modules(model)
+    program = torch.export.export(model, (query, item), strict=False, preserve_module_call_signature=tuple(fqns))
+    rebuilt = decapsulate_ir_modules(torch.export.unflatten(program))
+    assert type(rebuilt.tables) is EmbeddingBagCollection
+    assert torch.equal(rebuilt(query, item), expected)
