@@ -283,7 +283,10 @@ def mark_dynamic_kjt(
         kjt: the example batch (at least 2 ids; ``B >= 2`` with ``variable_batch``: torch.export
             specializes sizes 0 and 1).
         shapes_collection: add to this collection (several inputs) instead of a new one.
-        variable_length: the lengths' size is its own dynamic dim (``llen``).
+        variable_length: the lengths' size is its own dynamic dim (``llen``), for models that read
+            the KJT without a batch size; lightrec's collections need ``len(lengths) == F * B``
+            (use ``variable_batch``), and a variable-batch KJT (per-key batch sizes) exports with
+            static shapes only, since those sizes are part of its pytree context.
         variable_batch: the batch size is dynamic, the same for every key.
         vlen / llen: dims to use for ``N`` / the lengths' size (to share a dim with other inputs).
         batch_size: the dim to use for ``B`` with ``variable_batch`` (share it with the dense
@@ -293,8 +296,15 @@ def mark_dynamic_kjt(
         The collection; pass ``shapes.dynamic_shapes(model, args)`` as ``torch.export``'s ``dynamic_shapes``.
 
     Raises:
-        ValueError: the example has fewer than 2 ids (or samples, with ``variable_batch``).
+        ValueError: the example has fewer than 2 ids (or samples, with ``variable_batch``), or
+            ``variable_length`` is asked of a variable-batch KJT.
     """
+    if variable_length and kjt.variable_stride_per_key():
+        raise ValueError(
+            "mark_dynamic_kjt(variable_length=True) got a variable-batch KeyedJaggedTensor: its per-key batch sizes "
+            f"{kjt.stride_per_key()} are part of its pytree context, so torch.export fixes the lengths' size; "
+            "export it without dynamic shapes, or use a fixed-batch KJT with variable_batch=True"
+        )
     shapes = ShapesCollection() if shapes_collection is None else shapes_collection
     values, weights, lengths = kjt.values(), kjt.weights_or_none(), kjt.lengths()
     if values.numel() < 2:

@@ -239,3 +239,48 @@ def test_a_collection_called_twice_is_rebuilt_once() -> None:
     rebuilt = decapsulate_ir_modules(torch.export.unflatten(program))
     assert type(rebuilt.tables) is EmbeddingBagCollection
     assert torch.equal(rebuilt(query, item), expected)
+
+
+class Weighted(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ebc = EmbeddingBagCollection(
+            [EmbeddingBagConfig(name="t0", num_embeddings=20, embedding_dim=4, feature_names=["f0", "f1"])],
+            is_weighted=True,
+        )
+
+    def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
+        return self.ebc(features).values()
+
+
+def weighted_kjt(lengths: list[int], seed: int, **variable_batch: object) -> KeyedJaggedTensor:
+    g = torch.Generator().manual_seed(seed)
+    n = sum(lengths)
+    return KeyedJaggedTensor(keys=["f0", "f1"], values=torch.randint(0, 20, (n,), generator=g),
+                             lengths=torch.tensor(lengths), weights=torch.rand(n, generator=g), **variable_batch)  # fmt: skip
+
+
+def test_per_id_weights_export_with_a_dynamic_number_of_ids() -> None:
+    model = Weighted()
+    example, other = weighted_kjt([2, 0, 1, 2], seed=0), weighted_kjt([2, 0, 3, 1, 1, 1], seed=1)
+    expected = model(other)
+    model, fqns = encapsulate_ir_modules(model)
+    shapes = mark_dynamic_kjt(example, variable_batch=True).dynamic_shapes(model, (example,))
+    program = torch.export.export(
+        model, (example,), dynamic_shapes=shapes, strict=False, preserve_module_call_signature=tuple(fqns)
+    )
+    assert torch.equal(decapsulate_ir_modules(torch.export.unflatten(program))(other), expected)
+    assert torch.equal(program.module()(other), expected)
+
+
+def test_a_variable_batch_kjt_exports_with_static_shapes() -> None:
+    model = Weighted()
+    # f0 has 2 samples, f1 3; the batch of 3 reads f0's bags [0, 1, 0] and f1's [2, 0, 1]
+    kjt = weighted_kjt([2, 1, 0, 2, 1], seed=2, stride_per_key_per_rank=[[2], [3]],
+                       inverse_indices=(["f0", "f1"], torch.tensor([[0, 1, 0], [2, 0, 1]])))  # fmt: skip
+    expected = model(kjt)
+    with pytest.raises(ValueError, match="part of its pytree context"):
+        mark_dynamic_kjt(kjt, variable_length=True)
+    model, fqns = encapsulate_ir_modules(model)
+    program = torch.export.export(model, (kjt,), strict=False, preserve_module_call_signature=tuple(fqns))
+    assert torch.equal(decapsulate_ir_modules(torch.export.unflatten(program))(kjt), expected)
