@@ -90,6 +90,7 @@ def decapsulate_ir_modules(
     serializer: type[JsonSerializer] = JsonSerializer,
     device: torch.device | None = None,
     finalize_interpreter_modules: bool = False,
+    short_circuit_pytree_ebc_regroup: bool = False,
 ) -> nn.Module:
     """Replace every submodule carrying ``ir_metadata`` with the eager module it describes.
 
@@ -102,7 +103,12 @@ def decapsulate_ir_modules(
         serializer: the registry the program was encapsulated with.
         device: where to build the rebuilt modules (default: the device each one was exported from).
         finalize_interpreter_modules: call ``finalize()`` on the program's remaining graph modules
-            (turns their interpreted graphs into generated code: faster calls).
+            (regenerates their code from their graphs; torch runs the graphs in its interpreter
+            either way unless its ``RUN_WITH_INTERPRETER`` switch is off).
+        short_circuit_pytree_ebc_regroup: torchrec's option to drop the pytree flatten/unflatten
+            between a collection and a ``KTRegroupAsDict``; lightrec has no ``KTRegroupAsDict``, so
+            there is nothing to drop (torchrec, too, leaves a model without one unchanged). Needs
+            ``finalize_interpreter_modules=True``, as in torchrec.
 
     Returns:
         The module with its serialized submodules replaced (the module itself if it was one).
@@ -110,7 +116,13 @@ def decapsulate_ir_modules(
     Raises:
         IRSerializationError: ``module`` is ``ep.module()``, whose one graph inlines every submodule
             (replacing them would change nothing); pass ``torch.export.unflatten(ep)``.
+        ValueError: ``short_circuit_pytree_ebc_regroup`` without ``finalize_interpreter_modules``.
     """
+    if short_circuit_pytree_ebc_regroup and not finalize_interpreter_modules:
+        raise ValueError(
+            "decapsulate_ir_modules(short_circuit_pytree_ebc_regroup=True) needs finalize_interpreter_modules=True "
+            "(torchrec's rule)"
+        )
     if isinstance(module, ExportedProgram):
         module = torch.export.unflatten(module)
     if (

@@ -120,6 +120,17 @@ def test_decapsulated_model_and_program_compute_the_original_outputs(round_trip:
             assert torch.equal(g, e)
 
 
+def test_torchrecs_finalize_and_regroup_options(round_trip: dict) -> None:
+    program = torch.export.load(str(round_trip["path"]))
+    with pytest.raises(ValueError, match="finalize_interpreter_modules=True"):
+        decapsulate_ir_modules(torch.export.unflatten(program), short_circuit_pytree_ebc_regroup=True)
+    model = decapsulate_ir_modules(
+        torch.export.unflatten(program), finalize_interpreter_modules=True, short_circuit_pytree_ebc_regroup=True
+    )
+    for got, want in zip(model(*batch(7, 2)), round_trip["outputs"][2], strict=True):
+        assert torch.equal(got, want)
+
+
 def test_decapsulate_builds_on_the_requested_device(round_trip: dict) -> None:
     model = decapsulate_ir_modules(torch.export.load(str(round_trip["path"])), device=torch.device("meta"))
     assert model.sequence.device.type == "meta"
