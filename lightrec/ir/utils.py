@@ -18,7 +18,6 @@ program, which is what lets :func:`decapsulate_ir_modules` put eager modules in 
 
 from __future__ import annotations
 
-import logging
 import re
 from collections import defaultdict
 
@@ -41,8 +40,6 @@ __all__ = [
     "qualname",
     "unlift_and_swap_modules",
 ]
-
-logger = logging.getLogger(__name__)
 
 #: How many dynamic dims of each base name :func:`mark_dynamic_kjt` made (names must be unique in one export).
 DYNAMIC_DIMS: defaultdict[str, int] = defaultdict(int)
@@ -135,6 +132,9 @@ def decapsulate_ir_modules(
             "torch.export.unflatten(ep) (export with preserve_module_call_signature=tuple(fqns))"
         )
     signature_args: dict[int, int] = {}
+    if isinstance(module, UnflattenedModule):
+        preserved = {entry.fqn for entry in module.module_call_graph if entry.signature is not None}
+        _check_signatures_preserved(module, preserved)
     module = _decapsulate(module, serializer, device, signature_args)
     _drop_threaded_inputs(module, signature_args)
     if finalize_interpreter_modules:
@@ -142,6 +142,20 @@ def decapsulate_ir_modules(
             if isinstance(sub, InterpreterModule):
                 sub.finalize()
     return module
+
+
+def _check_signatures_preserved(root: UnflattenedModule, preserved: set[str]) -> None:
+    """Every serialized module of the program kept its call signature (else its graph takes loose tensors)."""
+    lost = [
+        fqn for fqn, sub in root.named_modules(remove_duplicate=False)
+        if fqn and fqn not in preserved and IR_METADATA in dict(sub.named_buffers(recurse=False))
+    ]  # fmt: skip
+    if lost:
+        raise IRSerializationError(
+            f"{lost} were exported without their call signatures, so their graphs take loose tensors, not a "
+            "KeyedJaggedTensor; export with preserve_module_call_signature=tuple(fqns) (the names "
+            "encapsulate_ir_modules returned)"
+        )
 
 
 def _decapsulate(

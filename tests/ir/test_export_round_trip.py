@@ -295,3 +295,11 @@ def test_a_variable_batch_kjt_exports_with_static_shapes() -> None:
     model, fqns = encapsulate_ir_modules(model)
     program = torch.export.export(model, (kjt,), strict=False, preserve_module_call_signature=tuple(fqns))
     assert torch.equal(decapsulate_ir_modules(torch.export.unflatten(program))(kjt), expected)
+
+
+def test_a_program_exported_without_call_signatures_is_refused_with_the_fix() -> None:
+    model, _ = encapsulate_ir_modules(Weighted())
+    kjt = weighted_kjt([2, 0, 1, 2], seed=3)
+    program = torch.export.export(model, (kjt,), strict=False)  # no preserve_module_call_signature
+    with pytest.raises(IRSerializationError, match=r"\['ebc'\] were exported without.*preserve_module_call_signature"):
+        decapsulate_ir_modules(torch.export.unflatten(program))
