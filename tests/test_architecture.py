@@ -51,6 +51,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "kernels": frozenset({"sparse", "modules", "optim"}),
     "quant": frozenset({"sparse", "modules"}),
     "fx": frozenset({"sparse", "modules"}),
+    # torchrec.ir: the torch.export round trip of the collections (serializers over modules, like fx)
+    "ir": frozenset({"sparse", "modules"}),
     "distributed": frozenset({"sparse", "modules", "optim", "kernels", "quant"}),
     "inference": frozenset({"sparse", "modules", "optim", "kernels", "quant", "fx", "distributed"}),
     # `lightrec serve` (LitServe): on top of inference; nothing imports it but the cli (training never does)
@@ -136,6 +138,7 @@ BELOW_LIGHTNING = (
     "kernels",
     "quant",
     "fx",
+    "ir",
     "distributed",
     "inference",
     "serving",  # beside lightning, not below it, but a serving host needs no Lightning either

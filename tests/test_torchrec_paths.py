@@ -142,6 +142,17 @@ TORCHREC_PATHS["torchrec.distributed.model_parallel"] += ["DataParallelWrapper",
                                                           "get_module", "get_unwrapped_module"]  # fmt: skip
 TORCHREC_PATHS["torchrec.distributed.quant_embedding_kernel"] = ["_unwrap_kjt", "_unwrap_kjt_for_cpu"]
 TORCHREC_PATHS["torchrec.distributed.embeddingbag"] += ["_create_mean_pooling_divisor"]
+# issue 37: torchrec.ir, the torch.export round trip (tests/ir/)
+TORCHREC_PATHS.update({
+    "torchrec.ir.serializer": ["JsonSerializer", "EBCJsonSerializer", "PWMJsonSerializer", "PWMCJsonSerializer",
+                               "FPEBCJsonSerializer", "embedding_bag_config_to_metadata", "embedding_metadata_to_config",
+                               "get_deserialized_device"],
+    "torchrec.ir.utils": ["encapsulate_ir_modules", "decapsulate_ir_modules", "unlift_and_swap_modules",
+                          "mark_dynamic_kjt", "qualname", "get_device", "DYNAMIC_DIMS"],
+    "torchrec.ir.types": ["SerializerInterface"],
+    "torchrec.ir.schema": ["EmbeddingBagConfigMetadata", "EBCMetadata", "FPEBCMetadata", "PositionWeightedModuleMetadata",
+                           "PositionWeightedModuleCollectionMetadata"],
+})  # fmt: skip
 
 
 

@@ -154,12 +154,18 @@ def ids_per_table(
     for t in range(len(table_names)):
         last = first + len(table_features[t])
         start, end = offset_per_key[first], offset_per_key[last]
+        ids = values[start:end]
+        ids_weights = weights[start:end] if weights is not None else None
+        if not torch.jit.is_scripting():
+            if ids_weights is not None and torch.compiler.is_compiling():
+                # torch.export sizes each slice by data-dependent bounds anew: state they are one size
+                torch._check(ids_weights.shape[0] == ids.shape[0])
         out.append(
             apply_bounds_check(
                 bounds_check,
-                values[start:end],
+                ids,
                 lengths[lengths_offset_per_key[first] : lengths_offset_per_key[last]],
-                weights[start:end] if weights is not None else None,
+                ids_weights,
                 table_rows[t],
                 table_names[t],
                 table_features[t],

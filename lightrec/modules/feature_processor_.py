@@ -53,6 +53,12 @@ def positions_in_bags(lengths: torch.Tensor, num_values: int) -> torch.Tensor:
 
 
 def _check_lengths(lengths: torch.Tensor, max_length: int, feature: str) -> None:
+    if torch.compiler.is_compiling():
+        # torch.export / torch.compile: no Python branch on data; the program asserts at run time
+        torch._assert_async(
+            torch.all(lengths <= max_length), f"feature {feature!r} has a bag longer than {max_length} positions"
+        )
+        return
     if lengths.numel() and int(lengths.max()) > max_length:
         raise FeatureProcessorError(
             f"feature {feature!r} has a bag of {int(lengths.max())} ids but its position weights cover "
@@ -152,4 +158,7 @@ class PositionWeightedModuleCollection(FeatureProcessorsCollection):
             else:
                 parts.append(torch.ones(pos.numel(), device=values.device))
         weights = torch.cat(parts) if parts else torch.ones(0, device=values.device)
+        if torch.compiler.is_compiling():
+            # torch.export sizes the parts by data (length_per_key): state that they add up to the ids
+            torch._check(weights.numel() == values.numel())
         return with_weights(features, weights)

@@ -43,7 +43,11 @@ def apply_feature_processors_to_kjt(
             weights.append(torch.ones(jt.values().numel(), device=jt.values().device))
     if not weights:
         return features
-    return with_weights(features, torch.cat(weights))
+    flat = torch.cat(weights)
+    if torch.compiler.is_compiling():
+        # torch.export sizes each feature's part by data (its lengths): state that they add up to the ids
+        torch._check(flat.numel() == features.values().numel())
+    return with_weights(features, flat)
 
 
 class FeatureProcessorDictWrapper(FeatureProcessorsCollection):

@@ -12,6 +12,10 @@ Each type flattens to its tensors (leaves) and keeps the host-side layout as the
 inputs), and the fx flatten specs let an exported program take these types as inputs: a
 ``KeyedTensor`` whose keys come in another order than at export time is regrouped to that order
 (torchrec does the same). Registration happens once, when ``lightrec.sparse`` is imported.
+
+The three types are also safe globals of ``torch.load(weights_only=True)``: ``torch.export.save``
+pickles a program's example inputs, and without this ``torch.export.load`` of a program traced on
+a KJT falls back to unpickling with code execution. They hold tensors, lists and strings only.
 """
 
 from typing import Any, List, Optional, Tuple
@@ -128,3 +132,4 @@ register_pytree_node(
 register_pytree_flatten_spec(JaggedTensor, lambda jt, spec: _jt_flatten(jt)[0])
 register_pytree_flatten_spec(KeyedJaggedTensor, _kjt_flatten_spec)
 register_pytree_flatten_spec(KeyedTensor, _kt_flatten_spec)
+torch.serialization.add_safe_globals([JaggedTensor, KeyedJaggedTensor, KeyedTensor])
