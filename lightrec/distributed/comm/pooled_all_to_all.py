@@ -55,7 +55,12 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from lightrec.distributed.comm._autograd import CollectiveAwaitable, Pending, group_rank_and_size
+from lightrec.distributed.comm._autograd import (
+    CollectiveAwaitable,
+    Pending,
+    group_rank_and_size,
+    per_rank_counts,
+)
 from lightrec.distributed.comm._placements import Placement, rank_placements
 from lightrec.distributed.comm.qcomm import QuantizedCommCodecs, RowCodec
 from lightrec.distributed.comm.shm_transport import ShmTransport, shm_transport
@@ -74,12 +79,7 @@ def check_batch_sizes(
                 f"{world_size} ranks; pass batch_size_per_rank=[...] with each rank's batch size"
             )
         return [total // world_size] * world_size
-    sizes = [int(b) for b in batch_size_per_rank]
-    if len(sizes) != world_size or any(b < 0 for b in sizes):
-        raise ValueError(
-            f"{what}: batch_size_per_rank must list {world_size} non-negative batch sizes (one per "
-            f"rank), got {batch_size_per_rank!r}"
-        )
+    sizes = per_rank_counts(batch_size_per_rank, world_size, "batch_size_per_rank", "batch sizes", what)
     if sum(sizes) != total:
         raise ValueError(
             f"{what}: batch_size_per_rank={sizes} sums to {sum(sizes)} but the input has {total} "
@@ -317,13 +317,7 @@ class PooledEmbeddingsAllToAll:
         self.forward_codec = codecs.forward if codecs is not None else None
         self.backward_codec = codecs.backward if codecs is not None else None
         self.rank, self.world_size = group_rank_and_size(pg)
-        dims = [int(d) for d in dim_sum_per_rank]
-        if len(dims) != self.world_size or any(d < 0 for d in dims):
-            raise ValueError(
-                f"dim_sum_per_rank must list {self.world_size} non-negative widths (one per rank), "
-                f"got {dim_sum_per_rank!r}"
-            )
-        self.dims = dims
+        self.dims = dims = per_rank_counts(dim_sum_per_rank, self.world_size, "dim_sum_per_rank", "widths")
         self.total_width = sum(dims)
         order = list(range(self.total_width)) if column_order is None else [int(c) for c in column_order]
         if sorted(order) != list(range(self.total_width)):
