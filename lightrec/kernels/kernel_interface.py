@@ -48,6 +48,7 @@ __all__ = [
     "EmbeddingKernel",
     "KernelConfig",
     "LayoutCheck",
+    "LayoutGatedKernel",
     "LookupBatch",
     "ResidentRows",
     "RowState",
@@ -328,3 +329,22 @@ class ResidentRows(abc.ABC):
 
     def invalidate(self) -> None:  # noqa: B027 - a no-op by design
         """No other copy of the rows exists."""
+
+
+class LayoutGatedKernel(ResidentRows):
+    """Resident rows served by a kernel that takes only some layouts (fbgemm, Triton): ``supports`` is
+    its ``layout_check`` of the configuration, and construction refuses what that turns down.
+
+    A subclass sets ``name`` and ``layout_check`` and calls ``super().__init__(config)`` first.
+    """
+
+    name: ClassVar[str]
+    layout_check: ClassVar[LayoutCheck]
+
+    @classmethod
+    def supports(cls, config: KernelConfig) -> str | None:
+        """``layout_check`` of the configuration's optimizer, device, dims, pooling and feature map."""
+        return check_layout(cls.layout_check, config)
+
+    def __init__(self, config: KernelConfig) -> None:
+        require_support(self.supports(config), self.name)

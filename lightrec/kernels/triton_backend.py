@@ -33,10 +33,9 @@ import torch
 from lightrec._triton import triton_device_reason
 from lightrec.kernels.kernel_interface import (
     KernelConfig,
+    LayoutCheck,
+    LayoutGatedKernel,
     LookupBatch,
-    ResidentRows,
-    check_layout,
-    require_support,
 )
 from lightrec.kernels.sparse_update import adam_bias_corrections
 from lightrec.modules.embedding_configs import PoolingType
@@ -138,7 +137,7 @@ def _next_power_of_two(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-class TritonBatchedLookup(ResidentRows):
+class TritonBatchedLookup(LayoutGatedKernel):
     """Flat storage, Triton lookup and fused update of a group of tables (an ``EmbeddingKernel``).
 
     Args:
@@ -151,14 +150,10 @@ class TritonBatchedLookup(ResidentRows):
     name: ClassVar[str] = "triton"
     checks_ids_on_device: ClassVar[bool] = True
     wants_singletons: ClassVar[bool] = False
-
-    @classmethod
-    def supports(cls, config: KernelConfig) -> str | None:
-        """:func:`triton_supports` of the configuration."""
-        return check_layout(triton_supports, config)
+    layout_check: ClassVar[LayoutCheck] = triton_supports
 
     def __init__(self, config: KernelConfig) -> None:
-        require_support(self.supports(config), "triton")
+        super().__init__(config)
         _kernels()  # defines the kernels now (reads TRITON_INTERPRET), not at the first lookup
         rows, dims, device, dtype = config.rows, config.dims, config.device, config.dtype
         self.rows, self.dims, self.ftm = list(rows), list(dims), list(config.feature_table_map)
