@@ -34,7 +34,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol, runtime_checkable
+from typing import ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
 import torch
 
@@ -49,6 +49,7 @@ __all__ = [
     "KernelConfig",
     "LayoutCheck",
     "LayoutGatedKernel",
+    "LookupContext",
     "LookupBatch",
     "ResidentRows",
     "RowState",
@@ -110,6 +111,22 @@ def require_support(reason: str | None, kernel_backend: str) -> None:
     """
     if reason is not None:
         raise ValueError(f"kernel_backend={kernel_backend!r} cannot serve this lookup: {reason}")
+
+
+KernelT = TypeVar("KernelT")
+SavedT = TypeVar("SavedT")
+
+
+class LookupContext(Protocol, Generic[KernelT, SavedT]):
+    """What a kernel's lookup ``autograd.Function`` forward leaves on the context for its backward:
+    the kernel, the batch size ``B``, the learning-rate getter (read when the backward runs), how many
+    weight inputs followed (each gets a gradient slot) and ``saved``, the kernel's own tensors."""
+
+    backend: KernelT
+    batch: int
+    lr: Callable[[], float]
+    num_weight_inputs: int
+    saved: SavedT
 
 
 @dataclass(frozen=True)

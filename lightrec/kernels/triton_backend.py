@@ -26,7 +26,7 @@ import math
 import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
@@ -36,6 +36,7 @@ from lightrec.kernels.kernel_interface import (
     LayoutCheck,
     LayoutGatedKernel,
     LookupBatch,
+    LookupContext,
 )
 from lightrec.kernels.sparse_update import adam_bias_corrections
 from lightrec.modules.embedding_configs import PoolingType
@@ -383,14 +384,10 @@ class TritonBatchedLookup(LayoutGatedKernel):
         return dense
 
 
-class _TritonLookupContext(Protocol):
-    """What :class:`_TritonLookupFunction`'s forward leaves on the autograd context for its backward."""
-
-    backend: TritonBatchedLookup
-    batch: int
-    lr: Callable[[], float]
-    num_weight_inputs: int
-    saved: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]  # keys, bags, offsets, psw
+# What :class:`_TritonLookupFunction`'s forward leaves for its backward; ``saved``: keys, bags, offsets, psw.
+_TritonLookupContext = LookupContext[
+    TritonBatchedLookup, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]
+]
 
 
 class _TritonLookupFunction(torch.autograd.Function):

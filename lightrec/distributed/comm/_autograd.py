@@ -39,7 +39,7 @@ from torch.autograd import Function
 
 from lightrec.distributed.comm.awaitable import LazyAwaitable
 
-__all__ = ["Pending", "DifferentiableCollective", "CollectiveAwaitable", "group_rank_and_size", "per_rank_counts"]
+__all__ = ["Pending", "DifferentiableCollective", "CollectiveAwaitable", "GroupCollective", "group_rank_and_size", "per_rank_counts"]
 
 
 def group_rank_and_size(group: dist.ProcessGroup | None) -> tuple[int, int]:
@@ -51,6 +51,22 @@ def group_rank_and_size(group: dist.ProcessGroup | None) -> tuple[int, int]:
         )
     return dist.get_rank(group), dist.get_world_size(group)
 
+
+
+class GroupCollective:
+    """Base of a collective bound to a process group: keeps the group (``_pg``; None: the default
+    group) and this process's ``_rank`` and the ``_world_size`` within it.
+
+    Args:
+        pg: the process group.
+
+    Raises:
+        RuntimeError: torch.distributed is not initialized.
+    """
+
+    def __init__(self, pg: dist.ProcessGroup | None = None) -> None:
+        self._pg = pg
+        self._rank, self._world_size = group_rank_and_size(pg)
 
 def per_rank_counts(values: Sequence[int], world_size: int, name: str, unit: str, what: str = "") -> list[int]:
     """``values`` as ints, checked to be ``world_size`` non-negative counts (one per rank).
