@@ -22,7 +22,8 @@ import functools
 import inspect
 import logging
 import warnings
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -119,36 +120,31 @@ def silence_known_warnings() -> None:
     )
 
 
+class SingleCollective(Protocol):
+    """A tensor-shaped collective: fills ``output`` from every rank's ``input``; returns a work handle
+    when ``async_op`` (else None)."""
+
+    def __call__(
+        self, output: torch.Tensor, input: torch.Tensor, *, group: dist.ProcessGroup | None = ..., async_op: bool = ...
+    ) -> Any: ...
+
+
+def _single_collective(new_name: str, old: Callable[..., Any]) -> SingleCollective:
+    """``torch.distributed.<new_name>`` where this torch has it, else ``old`` (same signature)."""
+    chosen: SingleCollective = getattr(dist, new_name, old)
+    return chosen
+
+
 # torch 2.13 renamed the tensor-shaped collectives: `reduce_scatter_single` / `all_gather_single`
 # (the old `reduce_scatter_tensor` / `all_gather_into_tensor` still exist there, deprecated with a
-# FutureWarning); torch 2.11 and 2.12 only have the old names. Same signatures.
-def reduce_scatter_single(
-    output: torch.Tensor,
-    input: torch.Tensor,
-    group: dist.ProcessGroup | None = None,
-    async_op: bool = False,
-) -> Any:
-    """Sum ``input`` ``[W * n, ...]`` over the ranks of ``group``; rank r receives rows ``[r * n, (r + 1) * n)``
-    in ``output`` ``[n, ...]``. ``dist.reduce_scatter_single`` on torch >= 2.13, else
-    ``dist.reduce_scatter_tensor``."""
-    native = getattr(dist, "reduce_scatter_single", None)
-    if native is None:
-        native = dist.reduce_scatter_tensor
-    return native(output, input, group=group, async_op=async_op)
+# FutureWarning); torch 2.11 and 2.12 only have the old names. Same signatures; chosen at import.
 
-
-def all_gather_single(
-    output: torch.Tensor,
-    input: torch.Tensor,
-    group: dist.ProcessGroup | None = None,
-    async_op: bool = False,
-) -> Any:
-    """Concatenate every rank's ``input`` ``[n, ...]`` into ``output`` ``[W * n, ...]`` in rank order.
-    ``dist.all_gather_single`` on torch >= 2.13, else ``dist.all_gather_into_tensor``."""
-    native = getattr(dist, "all_gather_single", None)
-    if native is None:
-        native = dist.all_gather_into_tensor
-    return native(output, input, group=group, async_op=async_op)
+#: Sum ``input`` ``[W * n, ...]`` over the ranks of ``group``; rank r receives rows ``[r * n, (r + 1) * n)``
+#: in ``output`` ``[n, ...]``. ``dist.reduce_scatter_single`` on torch >= 2.13, else ``dist.reduce_scatter_tensor``.
+reduce_scatter_single: SingleCollective = _single_collective("reduce_scatter_single", dist.reduce_scatter_tensor)
+#: Concatenate every rank's ``input`` ``[n, ...]`` into ``output`` ``[W * n, ...]`` in rank order.
+#: ``dist.all_gather_single`` on torch >= 2.13, else ``dist.all_gather_into_tensor``.
+all_gather_single: SingleCollective = _single_collective("all_gather_single", dist.all_gather_into_tensor)
 
 
 # torch 2.13 added DistributedDataParallel(forward_sync_buffers=...) and deprecated

@@ -128,8 +128,8 @@ def _import_fbgemm_keeping_logging() -> None:
 def fbgemm_available() -> bool:
     """True when ``fbgemm_gpu`` imports and registers its ops on this torch (see the module docstring)."""
     global _reason
-    if not _switches.FBGEMM.read():
-        _reason = f"disabled by {_switches.FBGEMM.name}=0"
+    _reason = _switches.FBGEMM.off_reason()
+    if _reason is not None:
         return False
     mismatch = _mismatch(_installed_fbgemm())
     if mismatch is not None:

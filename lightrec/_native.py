@@ -174,8 +174,8 @@ def _build() -> NativeOps:
 def native_ops() -> NativeOps | None:
     """The native ops of this process (built or loaded on the first call), or None (see above)."""
     global _reason
-    if not _switches.NATIVE.read():
-        _reason = f"{_switches.NATIVE.name}=0"
+    _reason = _switches.NATIVE.off_reason()
+    if _reason is not None:
         return None
     try:
         ops = _build()

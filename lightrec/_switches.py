@@ -170,6 +170,10 @@ class OnOff(Switch[bool]):
             return True
         raise self._error(value, "0 (off) or 1 (on)")
 
+    def off_reason(self) -> str | None:
+        """None when the switch is on, else the reason a caller reports: ``disabled by NAME=0``."""
+        return None if self.read() else f"disabled by {self.name}=0"
+
 
 @dataclass(frozen=True)
 class Choice(Switch[str]):

@@ -28,8 +28,8 @@ _reason: str | None = None
 def triton_available() -> bool:
     """True when ``triton`` imports (it need not have a GPU: see :func:`triton_device_reason`)."""
     global _reason
-    if not _switches.TRITON.read():
-        _reason = f"disabled by {_switches.TRITON.name}=0"
+    _reason = _switches.TRITON.off_reason()
+    if _reason is not None:
         return False
     try:
         import triton  # noqa: F401

@@ -86,7 +86,7 @@ def run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParser
         parser.error(f"unrecognized arguments: {' '.join(bad)} (plan takes {', '.join(OVERRIDE_PREFIXES)}* overrides)")
     script, config = script_for_config(ns.config, ns.recipe, parser)
     module = importlib.import_module(f"lightrec.recipes.{script}")
-    from lightrec.lightning.contracts import BatchSizedData
+    from lightrec.lightning.contracts import planning_batch_size
     from lightrec.lightning.rec_module import RecModule
     from lightrec.lightning.recipe.checks import condense_error  # Lightning: only when a plan is asked for
     from lightrec.lightning.recipe.cli import plan_cli
@@ -114,16 +114,10 @@ def run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParser
     rec_module.model = rec_module.model_for_planning()
     sharders = get_default_sharders(rec_module.fused_params())
     topology = topology_for(devices * num_nodes, "cuda" if accelerator in ("gpu", "cuda") else "cpu", devices)
-    batch_size = datamodule.batch_size if isinstance(datamodule, BatchSizedData) else None
+    batch_size = planning_batch_size(datamodule)
     try:
         constraints = rec_module.planner_constraints()  # tables_on="ssd": their kernel
-        planned = plan_sharding(
-            rec_module,
-            sharders,
-            topology,
-            constraints or None,
-            batch_size=batch_size if isinstance(batch_size, int) and not isinstance(batch_size, bool) else None,
-        )
+        planned = plan_sharding(rec_module, sharders, topology, constraints or None, batch_size=batch_size)
     except PlannerError as exc:
         raise CommandError(f"no sharding plan fits: {exc}") from exc
     plan, report = planned.plan, planned.report

@@ -9,45 +9,51 @@ pieces. Rows of one sharding type travel in one all-to-all, zero-padded to its w
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import torch
 
 from lightrec.distributed.comm import Awaitable, LazyAwaitable
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
 from lightrec.distributed.sharding.collection_sharder import CollectionSharder
-from lightrec.distributed.sharding.common import DistContext, KJTEmbeddingSharding
+from lightrec.distributed.sharding.common import KJTEmbeddingSharding
 from lightrec.distributed.sharding.work_ahead import StartedInputDist
 from lightrec.modules.embedding_configs import EmbeddingConfig
 from lightrec.modules.embedding_modules import EmbeddingCollection
 from lightrec.sparse import JaggedTensor, KeyedJaggedTensor
 
-__all__ = ["EmbeddingCollectionAwaitable", "EmbeddingCollectionSharder", "ShardedEmbeddingCollection"]
+__all__ = [
+    "EmbeddingCollectionAwaitable",
+    "EmbeddingCollectionSharder",
+    "FeatureRowsAwaitable",
+    "ShardedEmbeddingCollection",
+]
+
+W = TypeVar("W")
 
 
-class EmbeddingCollectionAwaitable(LazyAwaitable[dict[str, JaggedTensor]]):
-    """Pending rows of this rank's ids; ``wait()`` gives ``{feature: JaggedTensor}``."""
+class FeatureRowsAwaitable(LazyAwaitable[W]):
+    """Base of the awaitables whose value is rows per id of one forward's input, by feature.
 
-    def __init__(
-        self,
-        shardings: list[KJTEmbeddingSharding],
-        contexts: list[DistContext],
-        awaitables: list[Awaitable[torch.Tensor]],
-        features: KeyedJaggedTensor,
-        positions: list[int] | None,
-        feature_order: list[str],
-    ) -> None:
+    Args:
+        started: the forward's input dist; its ``bounded`` KJT gives each feature's lengths (what the
+            lookup saw: under ``bounds_check="skip"`` dropped ids shorten the bags) and ``positions``
+            where each collection feature sits in it.
+        feature_order: the collection's features, the output order.
+    """
+
+    def __init__(self, started: StartedInputDist, feature_order: list[str]) -> None:
         super().__init__()
-        self._parts = list(zip(shardings, contexts, awaitables))
-        self._features: KeyedJaggedTensor | None = features
-        self._positions = positions
+        self._features: KeyedJaggedTensor | None = started.bounded
+        self._positions = started.positions
         self._feature_order = feature_order
 
-    def _wait_impl(self) -> dict[str, JaggedTensor]:
-        rows: dict[str, torch.Tensor] = {}
-        for sharding, ctx, awaitable in self._parts:
-            rows.update(sharding.feature_rows(awaitable.wait(), ctx))
+    def _jagged(self, rows: dict[str, torch.Tensor]) -> dict[str, JaggedTensor]:
+        """``{feature: JaggedTensor(values=rows[feature] [N_f, ...], lengths [B])}`` in output order;
+        releases the input (an awaitable resolves once)."""
         features = self._features
         if features is None:
-            raise RuntimeError("internal error: an EmbeddingCollectionAwaitable resolved twice")
+            raise RuntimeError(f"internal error: a {type(self).__name__} resolved twice")
         batch = features.stride()
         lengths = features.lengths().view(-1, batch) if batch > 0 else None
         out = {}
@@ -55,8 +61,35 @@ class EmbeddingCollectionAwaitable(LazyAwaitable[dict[str, JaggedTensor]]):
             k = i if self._positions is None else self._positions[i]
             f_lengths = lengths[k] if lengths is not None else features.lengths()[:0]
             out[f] = JaggedTensor(values=rows[f], lengths=f_lengths)
-        self._parts, self._features = [], None  # release the inputs once resolved
+        self._features = None
         return out
+
+
+class EmbeddingCollectionAwaitable(FeatureRowsAwaitable[dict[str, JaggedTensor]]):
+    """Pending rows of this rank's ids; ``wait()`` gives ``{feature: JaggedTensor}``.
+
+    Args:
+        shardings: the collection's shardings, one per type.
+        started / feature_order: see :class:`FeatureRowsAwaitable` (``started.contexts``: one per sharding).
+        awaitables: each sharding's pending output rows.
+    """
+
+    def __init__(
+        self,
+        shardings: list[KJTEmbeddingSharding],
+        started: StartedInputDist,
+        awaitables: list[Awaitable[torch.Tensor]],
+        feature_order: list[str],
+    ) -> None:
+        super().__init__(started, feature_order)
+        self._parts = list(zip(shardings, started.contexts, awaitables))
+
+    def _wait_impl(self) -> dict[str, JaggedTensor]:
+        rows: dict[str, torch.Tensor] = {}
+        for sharding, ctx, awaitable in self._parts:
+            rows.update(sharding.feature_rows(awaitable.wait(), ctx))
+        self._parts = []  # release the inputs once resolved
+        return self._jagged(rows)
 
 
 class ShardedEmbeddingCollection(ShardedCollectionBase[EmbeddingCollectionAwaitable]):
@@ -94,10 +127,7 @@ class ShardedEmbeddingCollection(ShardedCollectionBase[EmbeddingCollectionAwaita
     def _assemble(
         self, started: StartedInputDist, results: list[Awaitable[torch.Tensor]]
     ) -> EmbeddingCollectionAwaitable:
-        # Output bags have the lengths the lookup saw: under bounds_check="skip" dropped ids shorten them.
-        return EmbeddingCollectionAwaitable(
-            self._shardings, started.contexts, results, started.bounded, started.positions, self._feature_order
-        )
+        return EmbeddingCollectionAwaitable(self._shardings, started, results, self._feature_order)
 
 
 class EmbeddingCollectionSharder(CollectionSharder):

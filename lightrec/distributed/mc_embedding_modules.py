@@ -33,7 +33,7 @@ from torch import nn
 from lightrec.distributed.comm import Awaitable, LazyAwaitable
 from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
 from lightrec.distributed.comm.sharding_env import ShardingEnv
-from lightrec.distributed.embedding import ShardedEmbeddingCollection
+from lightrec.distributed.embedding import FeatureRowsAwaitable, ShardedEmbeddingCollection
 from lightrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 from lightrec.distributed.mc_modules import ShardedManagedCollisionCollection
 from lightrec.distributed.planner.plan import (
@@ -47,7 +47,6 @@ from lightrec.distributed.planner.plan.sharder import FusedParamsLike
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
 from lightrec.distributed.sharding.collection_sharder import CollectionSharder
 from lightrec.distributed.sharding.common import (
-    DistContext,
     KJTEmbeddingSharding,
     OutputDist,
     ShardedTable,
@@ -213,8 +212,7 @@ class BaseShardedManagedCollisionEmbeddingCollection(
         out = cast(McEmbeddings, super()._assemble(started, embeddings))  # type: ignore[safe-super]
         if not self._return_remapped_features:
             return out, None
-        return out, RemappedFeaturesAwaitable(started.contexts, ids, started.bounded, started.positions,
-                                              self._feature_order)  # fmt: skip
+        return out, RemappedFeaturesAwaitable(started, ids, self._feature_order)
 
     def gather_unsharded(self, dst: int | None = 0) -> BaseManagedCollisionEmbeddingCollection | None:
         """The unsharded twin (tables, id maps and eviction state gathered) on rank ``dst`` (collective).
@@ -242,22 +240,17 @@ class BaseShardedManagedCollisionEmbeddingCollection(
         raise NotImplementedError  # pragma: no cover - both subclasses override it
 
 
-class RemappedFeaturesAwaitable(LazyAwaitable[KeyedJaggedTensor]):
-    """The remapped rows of this rank's ids as a KJT (keys: the collection's features, the input's lengths)."""
+class RemappedFeaturesAwaitable(FeatureRowsAwaitable[KeyedJaggedTensor]):
+    """The remapped rows of this rank's ids as a KJT (keys: the collection's features, the input's lengths).
 
-    def __init__(
-        self,
-        contexts: list[DistContext],
-        ids: list[Awaitable[torch.Tensor]],
-        features: KeyedJaggedTensor,
-        positions: list[int] | None,
-        feature_order: list[str],
-    ) -> None:
-        super().__init__()
-        self._parts = list(zip(contexts, ids))
-        self._features = features
-        self._positions = positions
-        self._feature_order = feature_order
+    Args:
+        started / feature_order: see :class:`~lightrec.distributed.embedding.FeatureRowsAwaitable`.
+        ids: per sharding (``started.contexts``), the pending remapped ids of the ids it sent.
+    """
+
+    def __init__(self, started: StartedInputDist, ids: list[Awaitable[torch.Tensor]], feature_order: list[str]) -> None:
+        super().__init__(started, feature_order)
+        self._parts = list(zip(started.contexts, ids))
 
     def _wait_impl(self) -> KeyedJaggedTensor:
         per_feature: dict[str, torch.Tensor] = {}
@@ -266,13 +259,8 @@ class RemappedFeaturesAwaitable(LazyAwaitable[KeyedJaggedTensor]):
             offsets = ctx.sent.offset_per_key()
             for k, key in enumerate(ctx.sent.keys()):
                 per_feature[key] = rows[offsets[k] : offsets[k + 1]]
-        batch = self._features.stride()
-        lengths = self._features.lengths().view(-1, batch) if batch > 0 else self._features.lengths().view(0, 0)
-        jts = {}
-        for i, f in enumerate(self._feature_order):
-            k = i if self._positions is None else self._positions[i]
-            jts[f] = JaggedTensor(values=per_feature[f], lengths=lengths[k] if batch > 0 else lengths.view(-1))
-        return KeyedJaggedTensor.from_jt_dict(jts)
+        self._parts = []  # release the inputs once resolved
+        return KeyedJaggedTensor.from_jt_dict(self._jagged(per_feature))
 
 
 class BaseManagedCollisionEmbeddingCollectionSharder(CollectionSharder):

@@ -36,10 +36,9 @@ import torch
 from lightrec._fbgemm import fbgemm_available, fbgemm_serves_cuda, fbgemm_unavailable_reason
 from lightrec.kernels.kernel_interface import (
     KernelConfig,
+    LayoutCheck,
+    LayoutGatedKernel,
     LookupBatch,
-    ResidentRows,
-    check_layout,
-    require_support,
 )
 from lightrec.modules.embedding_configs import PoolingType
 from lightrec.optim.fused_spec import ROW_RULE_OPTIMIZERS, EmbOptimType, FusedOptimizerSpec, WeightDecayMode
@@ -93,7 +92,7 @@ def fbgemm_supports(
     return None
 
 
-class FbgemmBatchedLookup(ResidentRows):
+class FbgemmBatchedLookup(LayoutGatedKernel):
     """A configured ``SplitTableBatchedEmbeddingBagsCodegen`` plus the views lightrec needs (an
     ``EmbeddingKernel``).
 
@@ -108,14 +107,10 @@ class FbgemmBatchedLookup(ResidentRows):
     name: ClassVar[str] = "fbgemm"
     checks_ids_on_device: ClassVar[bool] = False
     wants_singletons: ClassVar[bool] = False
-
-    @classmethod
-    def supports(cls, config: KernelConfig) -> str | None:
-        """:func:`fbgemm_supports` of the configuration."""
-        return check_layout(fbgemm_supports, config)
+    layout_check: ClassVar[LayoutCheck] = fbgemm_supports
 
     def __init__(self, config: KernelConfig) -> None:
-        require_support(self.supports(config), "fbgemm")
+        super().__init__(config)
         spec, device, pooling = config.spec, config.device, config.pooling
         assert spec is not None  # fbgemm_supports refuses a lookup without a fused optimizer
         rows, dims, feature_table_map = config.rows, config.dims, config.feature_table_map

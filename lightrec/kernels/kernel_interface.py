@@ -34,7 +34,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol, runtime_checkable
+from typing import ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
 import torch
 
@@ -48,6 +48,8 @@ __all__ = [
     "EmbeddingKernel",
     "KernelConfig",
     "LayoutCheck",
+    "LayoutGatedKernel",
+    "LookupContext",
     "LookupBatch",
     "ResidentRows",
     "RowState",
@@ -109,6 +111,22 @@ def require_support(reason: str | None, kernel_backend: str) -> None:
     """
     if reason is not None:
         raise ValueError(f"kernel_backend={kernel_backend!r} cannot serve this lookup: {reason}")
+
+
+KernelT = TypeVar("KernelT")
+SavedT = TypeVar("SavedT")
+
+
+class LookupContext(Protocol, Generic[KernelT, SavedT]):
+    """What a kernel's lookup ``autograd.Function`` forward leaves on the context for its backward:
+    the kernel, the batch size ``B``, the learning-rate getter (read when the backward runs), how many
+    weight inputs followed (each gets a gradient slot) and ``saved``, the kernel's own tensors."""
+
+    backend: KernelT
+    batch: int
+    lr: Callable[[], float]
+    num_weight_inputs: int
+    saved: SavedT
 
 
 @dataclass(frozen=True)
@@ -328,3 +346,22 @@ class ResidentRows(abc.ABC):
 
     def invalidate(self) -> None:  # noqa: B027 - a no-op by design
         """No other copy of the rows exists."""
+
+
+class LayoutGatedKernel(ResidentRows):
+    """Resident rows served by a kernel that takes only some layouts (fbgemm, Triton): ``supports`` is
+    its ``layout_check`` of the configuration, and construction refuses what that turns down.
+
+    A subclass sets ``name`` and ``layout_check`` and calls ``super().__init__(config)`` first.
+    """
+
+    name: ClassVar[str]
+    layout_check: ClassVar[LayoutCheck]
+
+    @classmethod
+    def supports(cls, config: KernelConfig) -> str | None:
+        """``layout_check`` of the configuration's optimizer, device, dims, pooling and feature map."""
+        return check_layout(cls.layout_check, config)
+
+    def __init__(self, config: KernelConfig) -> None:
+        require_support(self.supports(config), self.name)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +34,7 @@ from lightrec.kernels.cpu_update import (
     native_update_available,
     new_scratch,
 )
-from lightrec.kernels.kernel_interface import KernelConfig, LookupBatch, ResidentRows
+from lightrec.kernels.kernel_interface import KernelConfig, LookupBatch, LookupContext, ResidentRows
 from lightrec.kernels.sparse_update import apply_sparse_update
 from lightrec.modules.embedding_configs import PoolingType
 
@@ -197,15 +197,11 @@ class TorchBatchedLookup(ResidentRows):
         return out
 
 
-class _LookupContext(Protocol):
-    """What :class:`_LookupFunction`'s forward leaves on the autograd context for its backward."""
-
-    backend: TorchBatchedLookup
-    batch: int
-    lr: Callable[[], float]
-    num_weight_inputs: int
-    # Per lookup group: (ids, per-bag offsets or None for one id per bag, per-sample weights or None).
-    saved: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]]
+# What :class:`_LookupFunction`'s forward leaves for its backward; ``saved`` holds per lookup group
+# (ids, per-bag offsets or None for one id per bag, per-sample weights or None).
+_LookupContext = LookupContext[
+    TorchBatchedLookup, list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]]
+]
 
 
 class _LookupFunction(torch.autograd.Function):

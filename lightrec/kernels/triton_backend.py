@@ -26,17 +26,17 @@ import math
 import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 from lightrec._triton import triton_device_reason
 from lightrec.kernels.kernel_interface import (
     KernelConfig,
+    LayoutCheck,
+    LayoutGatedKernel,
     LookupBatch,
-    ResidentRows,
-    check_layout,
-    require_support,
+    LookupContext,
 )
 from lightrec.kernels.sparse_update import adam_bias_corrections
 from lightrec.modules.embedding_configs import PoolingType
@@ -138,7 +138,7 @@ def _next_power_of_two(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-class TritonBatchedLookup(ResidentRows):
+class TritonBatchedLookup(LayoutGatedKernel):
     """Flat storage, Triton lookup and fused update of a group of tables (an ``EmbeddingKernel``).
 
     Args:
@@ -151,14 +151,10 @@ class TritonBatchedLookup(ResidentRows):
     name: ClassVar[str] = "triton"
     checks_ids_on_device: ClassVar[bool] = True
     wants_singletons: ClassVar[bool] = False
-
-    @classmethod
-    def supports(cls, config: KernelConfig) -> str | None:
-        """:func:`triton_supports` of the configuration."""
-        return check_layout(triton_supports, config)
+    layout_check: ClassVar[LayoutCheck] = triton_supports
 
     def __init__(self, config: KernelConfig) -> None:
-        require_support(self.supports(config), "triton")
+        super().__init__(config)
         _kernels()  # defines the kernels now (reads TRITON_INTERPRET), not at the first lookup
         rows, dims, device, dtype = config.rows, config.dims, config.device, config.dtype
         self.rows, self.dims, self.ftm = list(rows), list(dims), list(config.feature_table_map)
@@ -388,14 +384,10 @@ class TritonBatchedLookup(ResidentRows):
         return dense
 
 
-class _TritonLookupContext(Protocol):
-    """What :class:`_TritonLookupFunction`'s forward leaves on the autograd context for its backward."""
-
-    backend: TritonBatchedLookup
-    batch: int
-    lr: Callable[[], float]
-    num_weight_inputs: int
-    saved: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]  # keys, bags, offsets, psw
+# What :class:`_TritonLookupFunction`'s forward leaves for its backward; ``saved``: keys, bags, offsets, psw.
+_TritonLookupContext = LookupContext[
+    TritonBatchedLookup, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]
+]
 
 
 class _TritonLookupFunction(torch.autograd.Function):

@@ -61,6 +61,7 @@ __all__ = [
     "ShardingRequest",
     "TableDescribingData",
     "UnshardableModuleError",
+    "planning_batch_size",
 ]
 
 
@@ -168,6 +169,14 @@ class BatchSizedData(Protocol):
     the planner's default batch."""
 
     batch_size: int
+
+
+def planning_batch_size(datamodule: object) -> int | None:
+    """The per-rank batch a sharding plan is sized for: the int ``batch_size`` of a
+    :class:`BatchSizedData`, else None (the planner's default). ``lightrec plan`` and ``RecStrategy``
+    both ask here, so they print the same plan numbers."""
+    batch_size = datamodule.batch_size if isinstance(datamodule, BatchSizedData) else None
+    return batch_size if isinstance(batch_size, int) and not isinstance(batch_size, bool) else None
 
 
 @runtime_checkable

@@ -78,11 +78,11 @@ from lightrec.distributed.planner.planning import plan_sharding, topology_for
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
 from lightrec.kernels.kernel_registry import check_kernel_backend
 from lightrec.lightning.contracts import (
-    BatchSizedData,
     EmbeddingShardingStrategy,
     ShardedModelProvider,
     ShardingRequest,
     UnshardableModuleError,
+    planning_batch_size,
 )
 from lightrec.lightning.loop_state import fix_resume_counters, logging_step_of
 from lightrec.modules import EmbeddingBagCollection, EmbeddingCollection
@@ -248,16 +248,8 @@ class RecStrategy(DDPStrategy, EmbeddingShardingStrategy):
         # both then print the same plan numbers. Foreign objects, read where present: Lightning's data
         # connector sets `trainer.datamodule` (the Trainer class does not declare it); the batch size
         # is the BatchSizedData contract (LightningDataModule declares none).
-        datamodule = getattr(trainer, "datamodule", None)
-        batch_size = datamodule.batch_size if isinstance(datamodule, BatchSizedData) else None
-        planned = plan_sharding(
-            module,
-            sharders,
-            topology,
-            constraints or None,
-            batch_size=batch_size if isinstance(batch_size, int) and not isinstance(batch_size, bool) else None,
-            collective=True,
-        )
+        batch_size = planning_batch_size(getattr(trainer, "datamodule", None))
+        planned = plan_sharding(module, sharders, topology, constraints or None, batch_size=batch_size, collective=True)
         self.plan_report = planned.report
         return planned.plan
 

@@ -13,7 +13,18 @@ from typing import Any, overload
 
 import torch
 
-__all__ = ["DenseRowOptimizer", "RowWiseAdagrad"]
+__all__ = ["DenseRowOptimizer", "RowWiseAdagrad", "check_non_negative"]
+
+
+def check_non_negative(name: str, **values: float) -> None:
+    """Refuse a negative hyper-parameter of optimizer ``name``.
+
+    Raises:
+        ValueError: naming the optimizer, the argument and its value.
+    """
+    for arg, value in values.items():
+        if value < 0.0:
+            raise ValueError(f"{name}({arg}={value}) must be >= 0")
 
 
 class DenseRowOptimizer(torch.optim.Optimizer):
@@ -73,9 +84,7 @@ class RowWiseAdagrad(DenseRowOptimizer):
         eps: float = 1e-10,
         weight_decay: float = 0.0,
     ) -> None:
-        for name, value in (("lr", lr), ("eps", eps), ("weight_decay", weight_decay)):
-            if value < 0.0:
-                raise ValueError(f"RowWiseAdagrad {name} must be non-negative, got {value}")
+        check_non_negative("RowWiseAdagrad", lr=lr, eps=eps, weight_decay=weight_decay)
         super().__init__(params, {"lr": lr, "eps": eps, "weight_decay": weight_decay})
         for group in self.param_groups:
             for p in group["params"]:

@@ -21,19 +21,13 @@ from typing import Any
 import torch
 
 from lightrec.optim.row_rules import lars_rows, moment_rows
-from lightrec.optim.rowwise_adagrad import DenseRowOptimizer
+from lightrec.optim.rowwise_adagrad import DenseRowOptimizer, check_non_negative
 
 __all__ = ["LAMB", "LarsSGD", "PartialRowWiseAdam", "PartialRowWiseLAMB"]
 
 
 def _rows(p: torch.Tensor) -> torch.Tensor:
     return p.view(p.shape[0], -1) if p.dim() > 1 else p.view(1, -1)
-
-
-def _check(name: str, **values: float) -> None:
-    for arg, value in values.items():
-        if value < 0.0:
-            raise ValueError(f"{name}({arg}={value}) must be >= 0")
 
 
 def _check_betas(name: str, betas: tuple[float, float]) -> tuple[float, float]:
@@ -86,7 +80,7 @@ class LAMB(_RowwiseOptimizer):
         eps: float = 1e-8,
         weight_decay: float = 0.0,
     ) -> None:
-        _check(type(self).__name__, lr=lr, eps=eps, weight_decay=weight_decay)
+        check_non_negative(type(self).__name__, lr=lr, eps=eps, weight_decay=weight_decay)
         defaults = {"lr": lr, "betas": _check_betas(type(self).__name__, betas), "eps": eps, "weight_decay": weight_decay}
         super().__init__(params, defaults)
 
@@ -130,7 +124,7 @@ class LarsSGD(_RowwiseOptimizer):
         momentum: float = 0.9,
         weight_decay: float = 0.0,
     ) -> None:
-        _check("LarsSGD", lr=lr, eta=eta, momentum=momentum, weight_decay=weight_decay)
+        check_non_negative("LarsSGD", lr=lr, eta=eta, momentum=momentum, weight_decay=weight_decay)
         super().__init__(params, {"lr": lr, "eta": eta, "momentum": momentum, "weight_decay": weight_decay})
 
     def _update(self, group: dict[str, Any], w: torch.Tensor, g: torch.Tensor, state: dict[str, Any]) -> torch.Tensor:

@@ -29,7 +29,7 @@ guarantee this by always using their outputs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -39,7 +39,7 @@ from torch.autograd import Function
 
 from lightrec.distributed.comm.awaitable import LazyAwaitable
 
-__all__ = ["Pending", "DifferentiableCollective", "CollectiveAwaitable", "group_rank_and_size"]
+__all__ = ["Pending", "DifferentiableCollective", "CollectiveAwaitable", "GroupCollective", "group_rank_and_size", "per_rank_counts"]
 
 
 def group_rank_and_size(group: dist.ProcessGroup | None) -> tuple[int, int]:
@@ -50,6 +50,44 @@ def group_rank_and_size(group: dist.ProcessGroup | None) -> tuple[int, int]:
             "(or build a lightrec ShardingEnv) before using lightrec collectives"
         )
     return dist.get_rank(group), dist.get_world_size(group)
+
+
+
+class GroupCollective:
+    """Base of a collective bound to a process group: keeps the group (``_pg``; None: the default
+    group) and this process's ``_rank`` and the ``_world_size`` within it.
+
+    Args:
+        pg: the process group.
+
+    Raises:
+        RuntimeError: torch.distributed is not initialized.
+    """
+
+    def __init__(self, pg: dist.ProcessGroup | None = None) -> None:
+        self._pg = pg
+        self._rank, self._world_size = group_rank_and_size(pg)
+
+def per_rank_counts(values: Sequence[int], world_size: int, name: str, unit: str, what: str = "") -> list[int]:
+    """``values`` as ints, checked to be ``world_size`` non-negative counts (one per rank).
+
+    Args:
+        values: the caller's argument (key counts, widths, batch sizes ... per rank).
+        world_size: ranks in the group.
+        name: the argument's name, for the error.
+        unit: what one entry counts ("key counts", "widths"), for the error.
+        what: a prefix naming the collective, for the error ("" for none).
+
+    Raises:
+        ValueError: a wrong length or a negative entry, naming the argument and its value.
+    """
+    counts = [int(v) for v in values]
+    if len(counts) != world_size or any(c < 0 for c in counts):
+        prefix = f"{what}: " if what else ""
+        raise ValueError(
+            f"{prefix}{name} must list {world_size} non-negative {unit} (one per rank), got {values!r}"
+        )
+    return counts
 
 
 @dataclass

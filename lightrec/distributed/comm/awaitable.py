@@ -203,15 +203,9 @@ for _name in (
 del _name
 
 
-class LazyNoWait(LazyAwaitable[W]):
-    """A :class:`LazyAwaitable` wrapping a value that is already available."""
-
-    def __init__(self, obj: W) -> None:
-        super().__init__()
-        self._obj = obj
-
-    def _wait_impl(self) -> W:
-        return self._obj
+class LazyNoWait(NoWait[W], LazyAwaitable[W]):
+    """A :class:`LazyAwaitable` wrapping a value that is already available (:class:`NoWait`'s storage,
+    ``LazyAwaitable``'s resolve-on-use)."""
 
 
 class GetItemLazyAwaitable(LazyAwaitable[W], Generic[K, W]):

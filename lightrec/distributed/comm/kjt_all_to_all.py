@@ -47,7 +47,7 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from lightrec.distributed.comm._autograd import group_rank_and_size
+from lightrec.distributed.comm._autograd import GroupCollective, per_rank_counts
 from lightrec.distributed.comm._jagged import permute_segments
 from lightrec.distributed.comm.awaitable import Awaitable
 from lightrec.distributed.comm.shm_transport import ShmExchange, ShmTransport, shm_transport
@@ -385,7 +385,7 @@ def _check_counts(
         )
 
 
-class KJTAllToAll:
+class KJTAllToAll(GroupCollective):
     """Route each key segment of a KJT to its destination rank (see the module docstring).
 
     Args:
@@ -395,15 +395,8 @@ class KJTAllToAll:
     """
 
     def __init__(self, pg: dist.ProcessGroup | None, key_splits: list[int]) -> None:
-        self._pg = pg
-        self._rank, self._world_size = group_rank_and_size(pg)
-        splits = [int(k) for k in key_splits]
-        if len(splits) != self._world_size or any(k < 0 for k in splits):
-            raise ValueError(
-                f"key_splits must list {self._world_size} non-negative key counts (one per rank), "
-                f"got {key_splits!r}"
-            )
-        self._splits = splits
+        super().__init__(pg)
+        self._splits = per_rank_counts(key_splits, self._world_size, "key_splits", "key counts")
         # Per device: ``key_splits`` as a tensor and the destination rank of each key. Built once:
         # a tensor made from host data on CUDA is a blocking copy (a host sync) at every call.
         self._split_tensors: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}

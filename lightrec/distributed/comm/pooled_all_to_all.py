@@ -52,13 +52,23 @@ themselves as a plain all-to-all would.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 import torch
 import torch.distributed as dist
 
-from lightrec.distributed.comm._autograd import CollectiveAwaitable, Pending, group_rank_and_size
+from lightrec.distributed.comm._autograd import (
+    CollectiveAwaitable,
+    Pending,
+    group_rank_and_size,
+    per_rank_counts,
+)
 from lightrec.distributed.comm._placements import Placement, rank_placements
 from lightrec.distributed.comm.qcomm import QuantizedCommCodecs, RowCodec
 from lightrec.distributed.comm.shm_transport import ShmTransport, shm_transport
+
+#: ``view(rank, numel)``: a flat ``[numel]`` view of the shared-memory chunk to or from ``rank``.
+SegmentView = Callable[[int, int], torch.Tensor]
 
 __all__ = ["PooledEmbeddingsAllToAll", "PooledEmbeddingsAwaitable", "check_batch_sizes"]
 
@@ -74,12 +84,7 @@ def check_batch_sizes(
                 f"{world_size} ranks; pass batch_size_per_rank=[...] with each rank's batch size"
             )
         return [total // world_size] * world_size
-    sizes = [int(b) for b in batch_size_per_rank]
-    if len(sizes) != world_size or any(b < 0 for b in sizes):
-        raise ValueError(
-            f"{what}: batch_size_per_rank must list {world_size} non-negative batch sizes (one per "
-            f"rank), got {batch_size_per_rank!r}"
-        )
+    sizes = per_rank_counts(batch_size_per_rank, world_size, "batch_size_per_rank", "batch sizes", what)
     if sum(sizes) != total:
         raise ValueError(
             f"{what}: batch_size_per_rank={sizes} sums to {sum(sizes)} but the input has {total} "
@@ -117,6 +122,27 @@ class _PooledAllToAllOp:
             starts.append(at)
             at += b
         return starts
+
+    def _peer_row_blocks(self, view: SegmentView) -> Iterator[tuple[slice, torch.Tensor]]:
+        """Per peer ``s`` with rows of this rank's columns: its rows of the ``[sum B, D_me]`` input
+        (a slice) and ``view(s, B_s * D_me)`` as ``[B_s, D_me]`` (the shared-memory chunk for them)."""
+        me = self.layout.rank
+        d_me = self.layout.dims[me]
+        for s, (b, start) in enumerate(zip(self.batches, self._row_starts())):
+            if s != me and b * d_me > 0:
+                yield slice(start, start + b), view(s, b * d_me).view(b, d_me)
+
+    def _column_blocks(self, local: torch.Tensor, view: SegmentView) -> Iterator[tuple[int, torch.Tensor]]:
+        """Per rank ``r`` with columns: ``r`` and its ``[B_me, D_r]`` block -- this rank's own rows of
+        ``local`` (``[sum B, D_me]``) for itself, else ``view(r, B_me * D_r)`` (its shared-memory chunk)."""
+        me = self.layout.rank
+        b_me = self.batches[me]
+        for r, width in enumerate(self.layout.dims):
+            if r == me:
+                start = self._row_starts()[me]
+                yield r, local[start : start + b_me]
+            elif b_me * width > 0:
+                yield r, view(r, b_me * width).view(b_me, width)
 
     def _place(self, out: torch.Tensor, rank: int, block: torch.Tensor) -> None:
         """Copy rank ``rank``'s ``[B, D_rank]`` block into its columns of ``out``."""
@@ -176,21 +202,16 @@ class _PooledAllToAllOp:
     def _shm_forward(self, shm: ShmTransport, send: torch.Tensor) -> Pending:
         """The forward through shared memory: each peer's rows into this rank's segment, then each
         peer's block for this rank straight into the output's columns."""
-        lay, me, batches = self.layout, self.layout.rank, self.batches
-        b_me, d_me, starts = batches[me], lay.dims[me], self._row_starts()
-        ex = shm.start([b * d_me * send.element_size() for b in batches])
-        for s, b in enumerate(batches):
-            if s != me and b * d_me > 0:
-                ex.send_view(s, send.dtype, b * d_me).view(b, d_me).copy_(send[starts[s] : starts[s] + b])
+        lay, me = self.layout, self.layout.rank
+        ex = shm.start([b * lay.dims[me] * send.element_size() for b in self.batches])
+        for rows, block in self._peer_row_blocks(lambda s, n: ex.send_view(s, send.dtype, n)):
+            block.copy_(send[rows])
         ex.publish()
 
         def finish() -> torch.Tensor:
-            out = send.new_empty(b_me, lay.total_width)
-            for r, width in enumerate(lay.dims):
-                if r == me:
-                    self._place(out, r, send[starts[me] : starts[me] + b_me])
-                elif b_me * width > 0:
-                    self._place(out, r, ex.recv_view(r, send.dtype, b_me * width).view(b_me, width))
+            out = send.new_empty(self.batches[me], lay.total_width)
+            for r, block in self._column_blocks(send, lambda r, n: ex.recv_view(r, send.dtype, n)):
+                self._place(out, r, block)
             ex.finish()
             return out
 
@@ -257,21 +278,16 @@ class _PooledAllToAllOp:
     def _shm_backward(self, shm: ShmTransport, grad: torch.Tensor) -> Pending:
         """The backward through shared memory: each peer's gradient columns packed straight into
         this rank's segment; each peer's rows for this rank copied into the input gradient."""
-        lay, me, batches = self.layout, self.layout.rank, self.batches
-        b_me, d_me, starts = batches[me], lay.dims[me], self._row_starts()
-        input_grad = grad.new_empty(sum(batches), d_me)
-        ex = shm.start([b_me * w * grad.element_size() for w in lay.dims])
-        for r, width in enumerate(lay.dims):
-            if r == me:
-                self._pack(grad, r, input_grad[starts[me] : starts[me] + b_me])
-            elif b_me * width > 0:
-                self._pack(grad, r, ex.send_view(r, grad.dtype, b_me * width).view(b_me, width))
+        lay, me = self.layout, self.layout.rank
+        input_grad = grad.new_empty(sum(self.batches), lay.dims[me])
+        ex = shm.start([self.batches[me] * w * grad.element_size() for w in lay.dims])
+        for r, block in self._column_blocks(input_grad, lambda r, n: ex.send_view(r, grad.dtype, n)):
+            self._pack(grad, r, block)
         ex.publish()
 
         def finish() -> torch.Tensor:
-            for s, b in enumerate(batches):
-                if s != me and b * d_me > 0:
-                    input_grad[starts[s] : starts[s] + b].copy_(ex.recv_view(s, grad.dtype, b * d_me).view(b, d_me))
+            for rows, block in self._peer_row_blocks(lambda s, n: ex.recv_view(s, grad.dtype, n)):
+                input_grad[rows].copy_(block)
             ex.finish()
             return input_grad
 
@@ -317,13 +333,7 @@ class PooledEmbeddingsAllToAll:
         self.forward_codec = codecs.forward if codecs is not None else None
         self.backward_codec = codecs.backward if codecs is not None else None
         self.rank, self.world_size = group_rank_and_size(pg)
-        dims = [int(d) for d in dim_sum_per_rank]
-        if len(dims) != self.world_size or any(d < 0 for d in dims):
-            raise ValueError(
-                f"dim_sum_per_rank must list {self.world_size} non-negative widths (one per rank), "
-                f"got {dim_sum_per_rank!r}"
-            )
-        self.dims = dims
+        self.dims = dims = per_rank_counts(dim_sum_per_rank, self.world_size, "dim_sum_per_rank", "widths")
         self.total_width = sum(dims)
         order = list(range(self.total_width)) if column_order is None else [int(c) for c in column_order]
         if sorted(order) != list(range(self.total_width)):

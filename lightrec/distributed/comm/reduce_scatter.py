@@ -23,6 +23,7 @@ import torch.distributed as dist
 from lightrec._compat import all_gather_single
 from lightrec.distributed.comm._autograd import (
     CollectiveAwaitable,
+    GroupCollective,
     Pending,
     group_rank_and_size,
 )
@@ -85,7 +86,7 @@ class AllGatherAwaitable(CollectiveAwaitable):
     """Lazy ``[B_total, *rest]`` result of :class:`PooledEmbeddingsAllGather`."""
 
 
-class PooledEmbeddingsReduceScatter:
+class PooledEmbeddingsReduceScatter(GroupCollective):
     """Sum partial pooled embeddings over ranks and keep this rank's samples.
 
     Args:
@@ -99,9 +100,8 @@ class PooledEmbeddingsReduceScatter:
     """
 
     def __init__(self, pg: dist.ProcessGroup | None = None, codecs: QuantizedCommCodecs | None = None) -> None:
-        self._pg = pg
+        super().__init__(pg)
         self._codecs = codecs
-        self._rank, self._world_size = group_rank_and_size(pg)
 
     def __call__(
         self, partial: torch.Tensor, batch_size_per_rank: list[int] | None = None
@@ -114,7 +114,7 @@ class PooledEmbeddingsReduceScatter:
         return ReduceScatterAwaitable(_ReduceScatterOp(self._pg, self._rank, batches, self._codecs), partial)
 
 
-class PooledEmbeddingsAllGather:
+class PooledEmbeddingsAllGather(GroupCollective):
     """Gather every rank's rows into the global batch (rank order) on every rank.
 
     Args:
@@ -125,10 +125,6 @@ class PooledEmbeddingsAllGather:
     :class:`AllGatherAwaitable` of ``[sum(batch_size_per_rank), *rest]``. Backward reduce-scatters the
     gradient (each rank's rows receive the sum of every rank's gradient for them).
     """
-
-    def __init__(self, pg: dist.ProcessGroup | None = None) -> None:
-        self._pg = pg
-        self._rank, self._world_size = group_rank_and_size(pg)
 
     def __call__(
         self, local: torch.Tensor, batch_size_per_rank: list[int] | None = None

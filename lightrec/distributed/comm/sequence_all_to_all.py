@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from lightrec.distributed.comm._autograd import CollectiveAwaitable, Pending, group_rank_and_size
+from lightrec.distributed.comm._autograd import CollectiveAwaitable, GroupCollective, Pending
 from lightrec.distributed.comm.kjt_all_to_all import KJTAllToAllTensorsAwaitable
 from lightrec.distributed.comm.qcomm import QuantizedCommCodecs, RowCodec
 
@@ -86,7 +86,7 @@ class SequenceEmbeddingsAwaitable(CollectiveAwaitable):
     """Lazy ``[N_in, D]`` rows, in the order of this rank's input KJT values."""
 
 
-class SequenceEmbeddingsAllToAll:
+class SequenceEmbeddingsAllToAll(GroupCollective):
     """Return per-id embedding rows to the ranks that sent the ids (see the module docstring).
 
     Args:
@@ -95,9 +95,8 @@ class SequenceEmbeddingsAllToAll:
     """
 
     def __init__(self, pg: dist.ProcessGroup | None = None, codecs: QuantizedCommCodecs | None = None) -> None:
-        self._pg = pg
+        super().__init__(pg)
         self._codecs = codecs
-        self._rank, self._world_size = group_rank_and_size(pg)
 
     def __call__(
         self, local_embs: torch.Tensor, input_dist: KJTAllToAllTensorsAwaitable

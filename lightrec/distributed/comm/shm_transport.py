@@ -325,8 +325,9 @@ _TRANSPORTS: dict[object, ShmTransport | None] = {}
 
 def _enabled_here() -> str | None:
     """None when this process could use the transport, else why not."""
-    if not _switches.SHM.read():
-        return f"{_switches.SHM.name}=0"
+    off = _switches.SHM.off_reason()
+    if off is not None:
+        return off
     if not sys.platform.startswith("linux"):
         return f"no shared-memory transport on {sys.platform}"
     ops = native_ops()

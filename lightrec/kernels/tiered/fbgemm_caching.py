@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from lightrec._fbgemm import fbgemm_serves_cuda
-from lightrec.kernels.fbgemm_backend import FbgemmBatchedLookup, fbgemm_supports
-from lightrec.kernels.kernel_interface import KernelConfig, RowState, check_layout
+from lightrec.kernels.fbgemm_backend import FbgemmBatchedLookup
+from lightrec.kernels.kernel_interface import KernelConfig, RowState
 
 if TYPE_CHECKING:  # fbgemm is optional; the kernel imports it on construction
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
@@ -39,7 +39,7 @@ class FbgemmManagedCachingLookup(FbgemmBatchedLookup):
             return "fbgemm's managed caching serves tables tiered over host memory (fused_uvm_caching) only"
         if config.device.type != "cuda" or not fbgemm_serves_cuda():
             return "fbgemm's managed caching needs a CUDA device and fbgemm's CUDA build"
-        return check_layout(fbgemm_supports, config)
+        return super().supports(config)
 
     def _location(self, locations: type[EmbeddingLocation], on_cuda: bool) -> EmbeddingLocation:
         return locations.MANAGED_CACHING
