@@ -59,8 +59,17 @@ def saved_step(path: str | os.PathLike) -> int:
 
 
 def run_python(code: str, timeout: float = 240.0) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` in a fresh interpreter at the repository root (imports ``tests`` and ``lightrec``)."""
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    """Run ``code`` in a fresh interpreter at the repository root (imports ``tests`` and ``lightrec``).
+
+    A fit in ``code`` binds the port ``STANDALONE_PORT`` names, one below the ephemeral range picked
+    here: module-scoped fixtures call this before the per-test port of ``tests/conftest.py`` is set,
+    and a port the OS picks (Lightning's ``bind(0)``) was taken before its store bound it twice in
+    full-suite runs (EADDRINUSE)."""
+    from tests.multiprocess import free_port
+
+    env = dict(os.environ, PYTHONPATH=str(REPO), STANDALONE_PORT=str(free_port()))
+    for launched in ("MASTER_PORT", "MASTER_ADDR", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        env.pop(launched, None)  # a one-process fit of its own, never a rank of someone else's group
     return subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
     )
