@@ -39,7 +39,7 @@ from torch import nn
 
 from lightrec.distributed.comm.streams import wait_for_current
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
-from lightrec.distributed.sharding.work_ahead import WorkAhead
+from lightrec.distributed.sharding.work_ahead import StartedInputDist, WorkAhead, same_features
 from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = ["SparseDistPipeline", "find_kjts", "sharded_collections"]
@@ -101,15 +101,27 @@ class SparseDistPipeline:
         Returns:
             How many collections it was started for (0: the batch feeds none of them).
         """
-        fed = self._fed_by(batch)
-        for collection, kjt in fed:
-            if collection.ahead.started_for(kjt):
-                continue  # already started for these tensors
+        return len(self.start_each(batch, stream))
+
+    def start_each(
+        self, batch: object, stream: torch.cuda.Stream | None = None
+    ) -> list[tuple[ShardedCollectionBase, StartedInputDist]]:
+        """:meth:`start`, returning ``(collection, its started input dist)`` for every collection
+        the batch feeds (one started earlier for the same tensors is returned, not restarted)."""
+        out = []
+        for collection, kjt in self._fed_by(batch):
+            earlier = [e.started for e in collection.ahead.entries if e.started is not None
+                       and same_features(e.features, kjt)]  # fmt: skip
+            if earlier:
+                out.append((collection, earlier[0]))
+                continue
             # The ids may be on the device already, written by kernels still queued on the current
             # stream: the side stream must not read them before those ran.
             wait_for_current(stream, collection.device)
-            collection.ahead.put(WorkAhead(kjt, started=collection.input_dist(kjt, stream)))
-        return len(fed)
+            started = collection.input_dist(kjt, stream)
+            collection.ahead.put(WorkAhead(kjt, started=started))
+            out.append((collection, started))
+        return out
 
     def progress(self) -> None:
         """Stage 2 of every started input dist: wait for its splits exchange (a host sync), start
