@@ -170,16 +170,17 @@ class PipelinedForward(BaseForward[TrainPipelineContext]):
     def __call__(self, *input: Any, **kwargs: Any) -> Any:
         ctx = self._context
         request = ctx.input_dist_tensors_requests.pop(self._name, None)
-        if request is None and self._name in ctx.input_dist_splits_requests:
-            request = ctx.input_dist_splits_requests.pop(self._name).wait()  # stage 2 was not run yet
-        if request is None:
+        splits = ctx.input_dist_splits_requests.pop(self._name, None)  # its stage 1: used up either way
+        if request is None and splits is not None:
+            request = splits.wait()  # stage 2 was not run yet: run it now
+        contexts = ctx.module_contexts if self._name in ctx.module_contexts else ctx.module_contexts_next_batch
+        if request is None or self._name not in contexts:
             raise PipelinedForwardError(
                 f"the pipelined forward of {self._name!r} found no input dist in its context (index "
                 f"{ctx.index}); run _start_data_dist(...) for this batch and set_context(context) on the "
                 f"module's forward before the model runs, or restore the module's own forward with "
                 f"_pipeline_detach_model(...)"
             )
-        contexts = ctx.module_contexts if self._name in ctx.module_contexts else ctx.module_contexts_next_batch
         module_ctx = contexts.pop(self._name)
         if self._stream is not None:
             current = torch.cuda.current_stream(self._stream.device)
