@@ -233,7 +233,39 @@ def _custom_pipelines_body(rank: int, world_size: int) -> dict:
         losses.append(float(loss.detach()))
     out["composed"] = losses
     out["left"] = [bool(c.input_dist_tensors_requests or c.module_contexts) for c in contexts]
+    # DistributedModelParallel's look-ahead left the pipelined collection alone (no unread exchanges)
+    out["ahead"] = [len(m.ahead.entries) for m in modules]
     _pipeline_detach_model(modules, originals)
+
+    # dlrm_main's use (facebookresearch/dlrm torchrec_dlrm): one pipeline reused for every epoch with
+    # a fresh iterator (`_connected = False`), and an evaluation pipeline over the same model run in
+    # the middle of an epoch, while the training pipeline has the next batch's input dist in flight
+    model, opt = _dlrm_dmp(world_size)
+    batches = list(_loader(rank))
+    train = TrainPipelineSparseDist(model, opt, torch.device("cpu"))
+    val = TrainPipelineSparseDist(model, opt, torch.device("cpu"))
+    losses, evaluated = [], 0
+    for epoch in (batches[:4], batches[4:]):
+        model.train()
+        train._connected = False  # type: ignore[attr-defined]  # what dlrm_main sets; lightrec needs nothing
+        it = iter(epoch)
+        while True:
+            try:
+                losses.append(float(train.progress(it)[0]))
+            except StopIteration:
+                break
+            if len(losses) == 2:
+                model.eval()
+                with torch.no_grad():
+                    val_it = iter(batches[:3])
+                    while True:
+                        try:
+                            val.progress(val_it)
+                        except StopIteration:
+                            break
+                        evaluated += 1
+                model.train()
+    out["epochs"], out["evaluated"] = losses, evaluated
     return out
 
 
@@ -245,4 +277,5 @@ def test_custom_pipelines_pass_contexts_and_train_like_the_plain_loop() -> None:
         # its context before its forward; all carry the subclass's field
         assert [s[0] for s in res["seen"]] == list(range(STEPS)) and {s[1] for s in res["seen"]} == {"mine"}
         assert all(s[2] == [EBC] and s[3] == [EBC] for s in res["seen"])
-        assert res["pipelined"] == [EBC] and res["skipped"] == [] and not any(res["left"])
+        assert res["pipelined"] == [EBC] and res["skipped"] == [] and not any(res["left"]) and res["ahead"] == [0]
+        assert res["epochs"] == res["plain"] and res["evaluated"] == 3

@@ -40,6 +40,7 @@ from torch import nn
 from lightrec.distributed.comm.streams import wait_for_current
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
 from lightrec.distributed.sharding.work_ahead import StartedInputDist, WorkAhead, same_features
+from lightrec.distributed.train_pipeline.utils import BaseForward
 from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = ["SparseDistPipeline", "find_kjts", "sharded_collections"]
@@ -80,10 +81,15 @@ class SparseDistPipeline:
         self.collections = list(collections)
 
     def _fed_by(self, batch: object) -> list[tuple[ShardedCollectionBase, KeyedJaggedTensor]]:
-        """``(collection, its KJT)`` for every collection the batch has exactly one KJT for."""
+        """``(collection, its KJT)`` for every collection the batch has exactly one KJT for. A
+        collection whose forward a custom pipeline replaced (``_rewrite_model``'s pipelined forward,
+        which takes its input dist from the pipeline's context) is left to that pipeline: work
+        started here would never be taken, and its exchanges would stay unread."""
         kjts = find_kjts(batch)
         out = []
         for collection in self.collections:
+            if isinstance(collection.forward, BaseForward):
+                continue
             mine = [k for k in kjts if collection.accepts(k)]
             if len(mine) == 1:
                 out.append((collection, mine[0]))
