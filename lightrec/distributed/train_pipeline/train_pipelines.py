@@ -265,9 +265,8 @@ class TrainPipelineSparseDist(TrainPipeline[In, Out]):
         if not context.events:
             return
         main = torch.cuda.current_stream(self._device)
-        for event in context.events:
+        for event in context.events:  # kept: a later stage of this batch may wait for them too
             main.wait_event(event)
-        context.events.clear()
         record = getattr(batch, "record_stream", None)
         if callable(record):
             record(main)

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from lightrec.distributed.comm.awaitable import Awaitable, AwaitableList
+from lightrec.distributed.comm.streams import wait_for_current
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
 from lightrec.distributed.sharding.sharded_module import ShardedModule
 from lightrec.distributed.sharding.work_ahead import StartedInputDist
@@ -229,6 +230,8 @@ def _start_data_dist(pipelined_modules: Sequence[nn.Module], batch: object, cont
         args, kwargs = forward.args.build_args_kwargs(batch)
         module_ctx: Any
         if isinstance(module, ShardedCollectionBase):
+            # ids written by kernels still queued on the current stream: the side stream waits for them
+            wait_for_current(forward.stream, module.device)
             started = module.input_dist(_first_kjt(args, kwargs, forward.name), forward.stream)
             module_ctx, request = started, StartedSplits(started)
         else:
