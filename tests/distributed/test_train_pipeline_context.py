@@ -170,9 +170,12 @@ def _custom_pipelines_body(rank: int, world_size: int) -> dict:
         seen: list[tuple[int | None, str, list[str], list[str]]] = []
 
         def progress(self, dataloader_iter: Iterator[Any]) -> Any:
+            if not self._model_attached:
+                self.attach(self._model)
             self.fill_pipeline(dataloader_iter)
             if not self.batches:
                 raise StopIteration
+            self._set_module_context(self.contexts[0])
             self._optimizer.zero_grad()
             self._wait_for_batch()
             if len(self.batches) >= 2:

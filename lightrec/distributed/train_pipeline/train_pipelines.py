@@ -48,7 +48,7 @@ from torch import nn
 from lightrec.distributed.comm.awaitable import AwaitableList
 from lightrec.distributed.train_pipeline.pipeline_context import In, Out, TrainPipelineContext
 from lightrec.distributed.train_pipeline.sparse_dist_pipeline import SparseDistPipeline, sharded_collections
-from lightrec.distributed.train_pipeline.utils import StartedSplits, _to_device, unwrap_model
+from lightrec.distributed.train_pipeline.utils import BaseForward, StartedSplits, _to_device, unwrap_model
 
 __all__ = [
     "EvalPipelineSparseDist",
@@ -128,6 +128,13 @@ class TrainPipelineBase(TrainPipeline[In, Out]):
 class TrainPipelineSparseDist(TrainPipeline[In, Out]):
     """Start the next batch's input dist while the current batch trains (see the module docstring).
 
+    Each batch in flight has a ``context_type`` instance beside it (``contexts``, aligned with
+    ``batches``): its copy event and its collections' input dists, by fqn
+    (:mod:`lightrec.distributed.train_pipeline.pipeline_context`). A subclass may override
+    :meth:`progress` with torchrec's methods: ``fill_pipeline``, ``_set_module_context``,
+    ``_wait_for_batch``, ``start_sparse_data_dist``, ``enqueue_batch``, ``wait_sparse_data_dist``,
+    ``_backward``, ``dequeue_batch``.
+
     Args:
         model: usually a ``DistributedModelParallel``; returns ``(losses, output)`` for a batch.
         optimizer: stepped after every backward (in training mode).
@@ -185,24 +192,31 @@ class TrainPipelineSparseDist(TrainPipeline[In, Out]):
         self._exhausted = batch is None
         return batch
 
-    def enqueue_batch(self, dataloader_iter: Iterator[In]) -> bool:
-        """Read the next batch and copy it to the device (on the copy stream on CUDA)."""
+    def copy_batch_to_gpu(self, dataloader_iter: Iterator[In]) -> tuple[In | None, TrainPipelineContext | None]:
+        """Read the next batch, copy it to the device (on the copy stream on CUDA, its event in the
+        new context's ``events``) and return it with its context; ``(None, None)`` after the data."""
         batch = self._next_batch(dataloader_iter)
         if batch is None:
+            return None, None
+        context = self._context_type(index=self._next_index, version=1)
+        self._next_index += 1
+        if self._memcpy_stream is None:
+            return _to_device(batch, self._device, non_blocking=False), context
+        with torch.cuda.stream(self._memcpy_stream):
+            batch = _to_device(batch, self._device, non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record(self._memcpy_stream)
+            context.events.append(copied)
+        return batch, context
+
+    def enqueue_batch(self, dataloader_iter: Iterator[In]) -> bool:
+        """:meth:`copy_batch_to_gpu` and append the batch and its context to ``batches`` / ``contexts``."""
+        batch, context = self.copy_batch_to_gpu(dataloader_iter)
+        if batch is None or context is None:
             if not self._execute_all_batches:
                 self._drop_in_flight()
                 raise StopIteration
             return False
-        context = self._context_type(index=self._next_index, version=1)
-        self._next_index += 1
-        if self._memcpy_stream is None:
-            batch = _to_device(batch, self._device, non_blocking=False)
-        else:
-            with torch.cuda.stream(self._memcpy_stream):
-                batch = _to_device(batch, self._device, non_blocking=True)
-                copied = torch.cuda.Event()
-                copied.record(self._memcpy_stream)
-                context.events.append(copied)
         self.batches.append(batch)
         self.contexts.append(context)
         return True
@@ -273,6 +287,24 @@ class TrainPipelineSparseDist(TrainPipeline[In, Out]):
 
     def _backward(self, losses: torch.Tensor) -> None:
         torch.sum(losses, dim=0).backward()
+
+    @property
+    def _pipelined_modules(self) -> list[nn.Module]:
+        """The sharded collections whose input dists this pipeline starts (torchrec's name)."""
+        return list(self._pipeline().collections)
+
+    @property
+    def _model_attached(self) -> bool:
+        return self._attached
+
+    def _set_module_context(self, context: TrainPipelineContext) -> None:
+        """torchrec's hook before a forward: hand ``context`` to pipelined forwards. lightrec's
+        collections take their started input dists by the batch's KJT, so only forwards a custom
+        ``_rewrite_model`` installed (``set_context``) receive it."""
+        for module in unwrap_model(self._model).modules():
+            forward = vars(module).get("forward")
+            if isinstance(forward, BaseForward):
+                forward.set_context(context)
 
     def _check_consumed(self, batch: object, context: TrainPipelineContext) -> None:
         """Input dists started for a KJT the forward did not pass to its collection are completed
