@@ -88,7 +88,7 @@ class SparseDistPipeline:
         kjts = find_kjts(batch)
         out = []
         for collection in self.collections:
-            if isinstance(collection.forward, BaseForward):
+            if isinstance(vars(collection).get("forward"), BaseForward):  # set on the instance
                 continue
             mine = [k for k in kjts if collection.accepts(k)]
             if len(mine) == 1:
