@@ -134,6 +134,11 @@ def test_tracer_keeps_sharded_modules_as_leaves_and_rewrite_pipelines_through_th
     assert modules == [model.sparse] and same is model and postprocs == [] and skipped == ["other"]
     args, _ = model.sparse.forward.args.build_args_kwargs(batch)
     assert args[0] is kjt  # read from the batch by batch.kjts["ids"]
+    from lightrec.distributed.train_pipeline.utils import _build_args_kwargs, get_h2d_func
+
+    assert _build_args_kwargs(batch, model.sparse.forward.args)[0][0] is kjt
+    assert _build_args_kwargs(batch, model.sparse.forward.args.args) == ([kjt], {})  # torchrec's older list form
+    assert torch.equal(get_h2d_func(kjt, torch.device("cpu")).values(), kjt.values())
     _start_data_dist(modules, batch, context)
     assert list(context.input_dist_splits_requests) == ["sparse"] and context.module_contexts["sparse"].seen == ["input_dist"]
     for names, awaitable in context.fused_splits_awaitables:  # torchrec's wait_sparse_data_dist

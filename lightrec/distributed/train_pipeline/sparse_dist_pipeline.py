@@ -40,7 +40,7 @@ from torch import nn
 from lightrec.distributed.comm.streams import wait_for_current
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
 from lightrec.distributed.sharding.work_ahead import StartedInputDist, WorkAhead, same_features
-from lightrec.distributed.train_pipeline.utils import BaseForward
+from lightrec.distributed.train_pipeline.runtime_forwards import BaseForward
 from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = ["SparseDistPipeline", "find_kjts", "sharded_collections"]

@@ -47,8 +47,9 @@ from torch import nn
 
 from lightrec.distributed.comm.awaitable import AwaitableList
 from lightrec.distributed.train_pipeline.pipeline_context import In, Out, TrainPipelineContext
+from lightrec.distributed.train_pipeline.runtime_forwards import BaseForward
 from lightrec.distributed.train_pipeline.sparse_dist_pipeline import SparseDistPipeline, sharded_collections
-from lightrec.distributed.train_pipeline.utils import BaseForward, StartedSplits, _to_device, unwrap_model
+from lightrec.distributed.train_pipeline.utils import StartedSplits, _to_device, unwrap_model
 
 __all__ = [
     "EvalPipelineSparseDist",

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import torch
 from torch import nn
@@ -40,6 +40,12 @@ from lightrec.distributed.sharding.collection import ShardedCollectionBase
 from lightrec.distributed.sharding.sharded_module import ShardedModule
 from lightrec.distributed.sharding.work_ahead import StartedInputDist
 from lightrec.distributed.train_pipeline.pipeline_context import In, Out, TrainPipelineContext
+from lightrec.distributed.train_pipeline.runtime_forwards import (
+    BaseForward,
+    PipelinedForward,
+    PipelinedForwardError,
+    _record,
+)
 from lightrec.distributed.train_pipeline.tracing import (
     ArgInfo,
     ArgInfoStep,
@@ -61,19 +67,14 @@ __all__ = [
     "Out",
     "PipelinedForward",
     "PipelinedForwardError",
+    "ShardedModule",
     "StartedSplits",
     "Tracer",
     "TrainPipelineContext",
+    "get_h2d_func",
 ]
 
 logger = logging.getLogger(__name__)
-
-TForwardContext = TypeVar("TForwardContext", bound=TrainPipelineContext)
-
-
-class PipelinedForwardError(RuntimeError):
-    """A pipelined forward ran without the input dist its context should hold."""
-
 
 class StartedSplits(Awaitable[StartedInputDist]):
     """Stage 1 of a lightrec collection's input dist: waiting runs stage 2 (the splits are
@@ -104,10 +105,17 @@ def _to_device(batch: In, device: torch.device, non_blocking: bool) -> In:
     return to(device, non_blocking=non_blocking)
 
 
-def _record(batch: object, stream: torch.Stream) -> None:
-    record = getattr(batch, "record_stream", None)  # Multistreamable is optional for CPU batches
-    if callable(record):
-        record(stream)
+def get_h2d_func(batch: In, device: torch.device) -> In:
+    """The batch's non-blocking copy to ``device`` (torchrec's host-to-device stage function)."""
+    return _to_device(batch, device, non_blocking=True)
+
+
+def _build_args_kwargs(initial_input: object, fwd_args: CallArgs | list[ArgInfo]) -> tuple[list[Any], dict[str, Any]]:
+    """``(args, kwargs)`` of a pipelined module for a batch, from its :class:`CallArgs` (or, in
+    torchrec's older form, a list of positional :class:`ArgInfo`)."""
+    if isinstance(fwd_args, CallArgs):
+        return fwd_args.build_args_kwargs(initial_input)
+    return CallArgs(list(fwd_args), {}).build_args_kwargs(initial_input)
 
 
 def _wait_for_batch(batch: object, stream: torch.Stream | None) -> None:
@@ -127,74 +135,6 @@ def _wait_for_events(batch: object, context: TrainPipelineContext, stream: torch
     context.events.clear()
     if stream is not None:
         _record(batch, stream)
-
-
-# ---------------------------------------------------------------------------- pipelined forwards
-class BaseForward(Generic[TForwardContext]):
-    """What replaces a pipelined sharded module's ``forward``.
-
-    Args:
-        name: the module's fqn (the key of its entries in the context).
-        args: how to get the module's arguments from a batch.
-        module: the sharded module.
-        context: the context of the batch the next forward belongs to (:meth:`set_context`).
-        stream: the side stream the input dist runs on (None: the current stream, e.g. CPU).
-    """
-
-    def __init__(self, name: str, args: CallArgs, module: nn.Module, context: TForwardContext,
-                 stream: torch.Stream | None = None) -> None:  # fmt: skip
-        self._name, self._args, self._module, self._context, self._stream = name, args, module, context, stream
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def args(self) -> CallArgs:
-        return self._args
-
-    @property
-    def stream(self) -> torch.Stream | None:
-        return self._stream
-
-    def set_context(self, context: TForwardContext) -> None:
-        self._context = context
-
-    def get_context(self) -> TForwardContext:
-        return self._context
-
-
-class PipelinedForward(BaseForward[TrainPipelineContext]):
-    """Pops the module's stage-2 request and module context from the context and runs the rest of
-    the forward (``compute_and_output_dist``); the call's own arguments are not read again."""
-
-    def __call__(self, *input: Any, **kwargs: Any) -> Any:
-        ctx = self._context
-        request = ctx.input_dist_tensors_requests.pop(self._name, None)
-        splits = ctx.input_dist_splits_requests.pop(self._name, None)  # its stage 1: used up either way
-        if request is None and splits is not None:
-            request = splits.wait()  # stage 2 was not run yet: run it now
-        contexts = ctx.module_contexts if self._name in ctx.module_contexts else ctx.module_contexts_next_batch
-        if request is None or self._name not in contexts:
-            raise PipelinedForwardError(
-                f"the pipelined forward of {self._name!r} found no input dist in its context (index "
-                f"{ctx.index}); run _start_data_dist(...) for this batch and set_context(context) on the "
-                f"module's forward before the model runs, or restore the module's own forward with "
-                f"_pipeline_detach_model(...)"
-            )
-        module_ctx = contexts.pop(self._name)
-        if self._stream is not None:
-            current = torch.cuda.current_stream(self._stream.device)
-            current.wait_stream(self._stream)
-        if isinstance(self._module, ShardedCollectionBase):
-            return self._module.compute_and_output_dist(request)
-        if not isinstance(self._module, ShardedModule):
-            raise TypeError(f"{self._name}: a pipelined module must be a ShardedModule, got {type(self._module).__name__}")
-        data = request.wait()
-        if self._stream is not None:
-            _record(data, current)
-            _record(module_ctx, current)
-        return self._module.compute_and_output_dist(module_ctx, data)
 
 
 def _first_kjt(args: Sequence[object], kwargs: dict[str, object], name: str) -> KeyedJaggedTensor:
