@@ -254,13 +254,13 @@ class TrainPipelineSparseDist(TrainPipeline[In, Out]):
             for event in context.events:  # the ids must have arrived before the input dist reads them
                 stream.wait_event(event)
         names = self._collection_names()
-        fed = self._pipeline().start_each(batch, stream=stream)
-        for collection, started in fed:
+        fused: list[str] = []
+        for collection, started in self._pipeline().start_each(batch, stream=stream):
             name = names.get(id(collection), f"<collection {len(context.module_contexts)}>")
             context.module_contexts[name] = started
             context.input_dist_splits_requests[name] = StartedSplits(started)
-        if fed:
-            fused = list(context.input_dist_splits_requests)
+            fused.append(name)
+        if fused:  # one wait runs stage 2 of all of them (wait_sparse_data_dist)
             requests = [context.input_dist_splits_requests[n] for n in fused]
             context.fused_splits_awaitables.append((fused, AwaitableList(requests)))
 
