@@ -53,7 +53,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "fx": frozenset({"sparse", "modules"}),
     # torchrec.ir: the torch.export round trip of the collections (serializers over modules, like fx)
     "ir": frozenset({"sparse", "modules"}),
-    "distributed": frozenset({"sparse", "modules", "optim", "kernels", "quant"}),
+    # fx: the train pipeline's tracer builds on lightrec.fx's; streamable: the batch protocols
+    "distributed": frozenset({"sparse", "modules", "optim", "kernels", "quant", "fx", "streamable"}),
     "inference": frozenset({"sparse", "modules", "optim", "kernels", "quant", "fx", "distributed"}),
     # `lightrec serve` (LitServe): on top of inference; nothing imports it but the cli (training never does)
     "serving": frozenset({"sparse", "modules", "optim", "kernels", "quant", "fx", "distributed", "inference"}),

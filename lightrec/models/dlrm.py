@@ -227,6 +227,24 @@ class DLRM_DCN(DLRM):  # noqa: N801 - torchrec's public name
         return InteractionDCNArch(num_features, crossnet), width
 
 
+def _logits_per_label(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """``logits`` ``[B, 1]`` or ``[B]`` as ``[B]``, checked against ``labels`` ``[B]``."""
+    if logits.dim() == 2 and logits.shape[1] == 1:
+        logits = logits.squeeze(1)
+    if logits.shape != labels.shape:
+        raise ValueError(
+            f"DLRMTrain needs one logit per label: the model returned logits of shape "
+            f"{tuple(logits.shape)} for labels of shape {tuple(labels.shape)}; use "
+            f"over_arch_layer_sizes ending in 1 and labels of shape [B]"
+        )
+    return logits
+
+
+# One call under fx (a shape test cannot be traced), so DLRMTrain traces as torchrec's does: a
+# pipeline's tracer follows the batch through it to the sharded collections.
+torch.fx.wrap("_logits_per_label")
+
+
 class DLRMTrain(nn.Module):
     """Training wrapper: binary cross-entropy on a CTR model's logits.
 
@@ -249,16 +267,8 @@ class DLRMTrain(nn.Module):
 
     def forward(self, batch: Any) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """``batch -> (loss, (loss, logits [B], labels [B]))``, all but the first detached."""
-        logits = self.model(batch.dense_features, batch.sparse_features)
-        if logits.dim() == 2 and logits.shape[1] == 1:
-            logits = logits.squeeze(1)
+        logits = _logits_per_label(self.model(batch.dense_features, batch.sparse_features), batch.labels)
         labels = batch.labels
-        if logits.shape != labels.shape:
-            raise ValueError(
-                f"DLRMTrain needs one logit per label: the model returned logits of shape "
-                f"{tuple(logits.shape)} for labels of shape {tuple(labels.shape)}; use "
-                f"over_arch_layer_sizes ending in 1 and labels of shape [B]"
-            )
         loss = self.loss_fn(logits, labels.to(logits.dtype))
         return loss, (loss.detach(), logits.detach(), labels.detach())
 

@@ -39,7 +39,8 @@ from torch import nn
 
 from lightrec.distributed.comm.streams import wait_for_current
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
-from lightrec.distributed.sharding.work_ahead import WorkAhead
+from lightrec.distributed.sharding.work_ahead import StartedInputDist, WorkAhead, same_features
+from lightrec.distributed.train_pipeline.runtime_forwards import BaseForward
 from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = ["SparseDistPipeline", "find_kjts", "sharded_collections"]
@@ -80,10 +81,15 @@ class SparseDistPipeline:
         self.collections = list(collections)
 
     def _fed_by(self, batch: object) -> list[tuple[ShardedCollectionBase, KeyedJaggedTensor]]:
-        """``(collection, its KJT)`` for every collection the batch has exactly one KJT for."""
+        """``(collection, its KJT)`` for every collection the batch has exactly one KJT for. A
+        collection whose forward a custom pipeline replaced (``_rewrite_model``'s pipelined forward,
+        which takes its input dist from the pipeline's context) is left to that pipeline: work
+        started here would never be taken, and its exchanges would stay unread."""
         kjts = find_kjts(batch)
         out = []
         for collection in self.collections:
+            if isinstance(vars(collection).get("forward"), BaseForward):  # set on the instance
+                continue
             mine = [k for k in kjts if collection.accepts(k)]
             if len(mine) == 1:
                 out.append((collection, mine[0]))
@@ -101,15 +107,27 @@ class SparseDistPipeline:
         Returns:
             How many collections it was started for (0: the batch feeds none of them).
         """
-        fed = self._fed_by(batch)
-        for collection, kjt in fed:
-            if collection.ahead.started_for(kjt):
-                continue  # already started for these tensors
+        return len(self.start_each(batch, stream))
+
+    def start_each(
+        self, batch: object, stream: torch.cuda.Stream | None = None
+    ) -> list[tuple[ShardedCollectionBase, StartedInputDist]]:
+        """:meth:`start`, returning ``(collection, its started input dist)`` for every collection
+        the batch feeds (one started earlier for the same tensors is returned, not restarted)."""
+        out = []
+        for collection, kjt in self._fed_by(batch):
+            earlier = [e.started for e in collection.ahead.entries if e.started is not None
+                       and same_features(e.features, kjt)]  # fmt: skip
+            if earlier:
+                out.append((collection, earlier[0]))
+                continue
             # The ids may be on the device already, written by kernels still queued on the current
             # stream: the side stream must not read them before those ran.
             wait_for_current(stream, collection.device)
-            collection.ahead.put(WorkAhead(kjt, started=collection.input_dist(kjt, stream)))
-        return len(fed)
+            started = collection.input_dist(kjt, stream)
+            collection.ahead.put(WorkAhead(kjt, started=started))
+            out.append((collection, started))
+        return out
 
     def progress(self) -> None:
         """Stage 2 of every started input dist: wait for its splits exchange (a host sync), start

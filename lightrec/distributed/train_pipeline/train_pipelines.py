@@ -40,13 +40,16 @@ import abc
 import logging
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic
 
 import torch
 from torch import nn
 
+from lightrec.distributed.comm.awaitable import AwaitableList
+from lightrec.distributed.train_pipeline.pipeline_context import In, Out, TrainPipelineContext
+from lightrec.distributed.train_pipeline.runtime_forwards import BaseForward
 from lightrec.distributed.train_pipeline.sparse_dist_pipeline import SparseDistPipeline, sharded_collections
+from lightrec.distributed.train_pipeline.utils import StartedSplits, _to_device, unwrap_model
 
 __all__ = [
     "EvalPipelineSparseDist",
@@ -58,33 +61,11 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-In = TypeVar("In")
-Out = TypeVar("Out")
-
-
-def _to_device(batch: In, device: torch.device, non_blocking: bool) -> In:
-    """``batch.to(device, non_blocking=...)`` (torchrec's ``Pipelineable`` contract)."""
-    to = getattr(batch, "to", None)
-    if not callable(to):
-        raise TypeError(f"a pipelined batch needs .to(device, non_blocking=...); got a {type(batch).__name__}")
-    return to(device, non_blocking=non_blocking)
-
-
 class TrainPipeline(abc.ABC, Generic[In, Out]):
     """One training (or evaluation) step per :meth:`progress` call."""
 
     @abc.abstractmethod
     def progress(self, dataloader_iter: Iterator[In]) -> Out: ...
-
-
-@dataclass
-class TrainPipelineContext:
-    """What the pipeline started for one batch: how many collections' input dists, the copy event."""
-
-    index: int = 0
-    version: int = 1
-    started: int = 0
-    copied: torch.cuda.Event | None = None
 
 
 class TrainPipelineBase(TrainPipeline[In, Out]):
@@ -148,6 +129,13 @@ class TrainPipelineBase(TrainPipeline[In, Out]):
 class TrainPipelineSparseDist(TrainPipeline[In, Out]):
     """Start the next batch's input dist while the current batch trains (see the module docstring).
 
+    Each batch in flight has a ``context_type`` instance beside it (``contexts``, aligned with
+    ``batches``): its copy event and its collections' input dists, by fqn
+    (:mod:`lightrec.distributed.train_pipeline.pipeline_context`). A subclass may override
+    :meth:`progress` with torchrec's methods: ``fill_pipeline``, ``_set_module_context``,
+    ``_wait_for_batch``, ``start_sparse_data_dist``, ``enqueue_batch``, ``wait_sparse_data_dist``,
+    ``_backward``, ``dequeue_batch``.
+
     Args:
         model: usually a ``DistributedModelParallel``; returns ``(losses, output)`` for a batch.
         optimizer: stepped after every backward (in training mode).
@@ -179,6 +167,7 @@ class TrainPipelineSparseDist(TrainPipeline[In, Out]):
         self.batches: deque[In] = deque()
         self.contexts: deque[TrainPipelineContext] = deque()
         self._sparse_dist: SparseDistPipeline | None = None
+        self._names: dict[int, str] | None = None
         self._pipelining = True
         self._next_index = 0
         self._dataloader_iter: Iterator[In] | None = None
@@ -204,23 +193,31 @@ class TrainPipelineSparseDist(TrainPipeline[In, Out]):
         self._exhausted = batch is None
         return batch
 
-    def enqueue_batch(self, dataloader_iter: Iterator[In]) -> bool:
-        """Read the next batch and copy it to the device (on the copy stream on CUDA)."""
+    def copy_batch_to_gpu(self, dataloader_iter: Iterator[In]) -> tuple[In | None, TrainPipelineContext | None]:
+        """Read the next batch, copy it to the device (on the copy stream on CUDA, its event in the
+        new context's ``events``) and return it with its context; ``(None, None)`` after the data."""
         batch = self._next_batch(dataloader_iter)
         if batch is None:
+            return None, None
+        context = self._context_type(index=self._next_index, version=1)
+        self._next_index += 1
+        if self._memcpy_stream is None:
+            return _to_device(batch, self._device, non_blocking=False), context
+        with torch.cuda.stream(self._memcpy_stream):
+            batch = _to_device(batch, self._device, non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record(self._memcpy_stream)
+            context.events.append(copied)
+        return batch, context
+
+    def enqueue_batch(self, dataloader_iter: Iterator[In]) -> bool:
+        """:meth:`copy_batch_to_gpu` and append the batch and its context to ``batches`` / ``contexts``."""
+        batch, context = self.copy_batch_to_gpu(dataloader_iter)
+        if batch is None or context is None:
             if not self._execute_all_batches:
                 self._drop_in_flight()
                 raise StopIteration
             return False
-        context = self._context_type(index=self._next_index)
-        self._next_index += 1
-        if self._memcpy_stream is None:
-            batch = _to_device(batch, self._device, non_blocking=False)
-        else:
-            with torch.cuda.stream(self._memcpy_stream):
-                batch = _to_device(batch, self._device, non_blocking=True)
-                context.copied = torch.cuda.Event()
-                context.copied.record(self._memcpy_stream)
         self.batches.append(batch)
         self.contexts.append(context)
         return True
@@ -240,37 +237,85 @@ class TrainPipelineSparseDist(TrainPipeline[In, Out]):
         self.enqueue_batch(dataloader_iter)
 
     # ---- input dists ahead of their forward ---------------------------------------------------
+    def _collection_names(self) -> dict[int, str]:
+        """``{id(collection): its fqn}`` in the unwrapped model (the context's keys)."""
+        if self._names is None:
+            self._names = {id(m): n for n, m in unwrap_model(self._model).named_modules()}
+        return self._names
+
     def start_sparse_data_dist(self, batch: object, context: TrainPipelineContext) -> None:
-        """Stage 1 of the input dist of ``batch`` for every collection a KJT of it feeds (collective)."""
+        """Stage 1 of the input dist of ``batch`` for every collection a KJT of it feeds
+        (collective), recorded in ``context`` by the collections' fqns: ``module_contexts`` (the
+        started input dists), ``input_dist_splits_requests`` and ``fused_splits_awaitables``."""
         if batch is None or not self._pipelining:
             return
         stream = self._data_dist_stream
-        if stream is not None and context.copied is not None:
-            stream.wait_event(context.copied)  # the ids must have arrived before the input dist reads them
-        context.started = self._pipeline().start(batch, stream=stream)
+        if stream is not None:
+            for event in context.events:  # the ids must have arrived before the input dist reads them
+                stream.wait_event(event)
+        names = self._collection_names()
+        fused: list[str] = []
+        for collection, started in self._pipeline().start_each(batch, stream=stream):
+            name = names.get(id(collection), f"<collection {len(context.module_contexts)}>")
+            context.module_contexts[name] = started
+            context.input_dist_splits_requests[name] = StartedSplits(started)
+            fused.append(name)
+        if fused:  # one wait runs stage 2 of all of them (wait_sparse_data_dist)
+            requests = [context.input_dist_splits_requests[n] for n in fused]
+            context.fused_splits_awaitables.append((fused, AwaitableList(requests)))
 
     def wait_sparse_data_dist(self, context: TrainPipelineContext) -> None:
-        """Stage 2 (the lengths/values exchange) of the started input dists (collective)."""
-        if context.started:
-            self._pipeline().progress()
+        """Stage 2 (the lengths/values exchange) of the input dists ``context`` holds (collective):
+        each stage-1 request moves to ``input_dist_tensors_requests``."""
+        for names, awaitable in context.fused_splits_awaitables:
+            for name, request in zip(names, awaitable.wait(), strict=True):
+                context.input_dist_tensors_requests[name] = request
+        context.fused_splits_awaitables.clear()
+        context.input_dist_splits_requests.clear()
 
-    def _wait_for_batch(self, batch: object, context: TrainPipelineContext) -> None:
-        if context.copied is None:
+    def _wait_for_batch(self, batch: object = None, context: TrainPipelineContext | None = None) -> None:
+        """Make the main stream wait for the copy of ``batch`` (default: the current batch)."""
+        batch = self.batches[0] if batch is None else batch
+        context = self.contexts[0] if context is None else context
+        if not context.events:
             return
         main = torch.cuda.current_stream(self._device)
-        main.wait_event(context.copied)
+        for event in context.events:  # kept: a later stage of this batch may wait for them too
+            main.wait_event(event)
         record = getattr(batch, "record_stream", None)
         if callable(record):
             record(main)
 
+    def _backward(self, losses: torch.Tensor) -> None:
+        torch.sum(losses, dim=0).backward()
+
+    @property
+    def _pipelined_modules(self) -> list[nn.Module]:
+        """The sharded collections whose input dists this pipeline starts (torchrec's name)."""
+        return list(self._pipeline().collections)
+
+    @property
+    def _model_attached(self) -> bool:
+        return self._attached
+
+    def _set_module_context(self, context: TrainPipelineContext) -> None:
+        """torchrec's hook before a forward: hand ``context`` to pipelined forwards. lightrec's
+        collections take their started input dists by the batch's KJT, so only forwards a custom
+        ``_rewrite_model`` installed (``set_context``) receive it."""
+        for module in unwrap_model(self._model).modules():
+            forward = vars(module).get("forward")
+            if isinstance(forward, BaseForward):
+                forward.set_context(context)
+
     def _check_consumed(self, batch: object, context: TrainPipelineContext) -> None:
         """Input dists started for a KJT the forward did not pass to its collection are completed
         and dropped, and the pipeline stops starting them (the model rebuilt the features)."""
-        if not context.started or not self._pipeline().started_for(batch):
+        if not context.has_input_dists() or not self._pipeline().started_for(batch):
+            context.clear_input_dists()  # the forward took them
             return
         self._pipeline().cancel(wait=True)  # also the next batch's: it runs its input dist in its forward
         for later in self.contexts:
-            later.started = 0
+            later.clear_input_dists()
         self._pipelining = False
         logger.warning(
             "TrainPipelineSparseDist: the model did not pass the batch's KeyedJaggedTensor to its sharded "
@@ -278,7 +323,7 @@ class TrainPipelineSparseDist(TrainPipeline[In, Out]):
         )
 
     def _drop_in_flight(self) -> None:
-        if any(context.started for context in self.contexts):
+        if any(context.has_input_dists() for context in self.contexts):
             self._pipeline().cancel(wait=True)
         self.batches.clear()
         self.contexts.clear()
@@ -292,7 +337,7 @@ class TrainPipelineSparseDist(TrainPipeline[In, Out]):
             raise StopIteration
         if training:
             self._optimizer.zero_grad()
-        self._wait_for_batch(self.batches[0], self.contexts[0])
+        self._wait_for_batch()
         if len(self.batches) >= 2:
             self.start_sparse_data_dist(self.batches[1], self.contexts[1])
         self.enqueue_batch(dataloader_iter)
@@ -301,7 +346,7 @@ class TrainPipelineSparseDist(TrainPipeline[In, Out]):
         if len(self.batches) >= 2:
             self.wait_sparse_data_dist(self.contexts[1])
         if training:
-            torch.sum(losses, dim=0).backward()
+            self._backward(losses)
             self._optimizer.step()
         self.dequeue_batch()
         return output
@@ -313,17 +358,17 @@ class TrainPipelineSparseDist(TrainPipeline[In, Out]):
     def detach(self) -> nn.Module:
         """Complete the input dists in flight (collective) and return the model, e.g. to evaluate it
         between training steps; the next ``progress`` re-attaches (batches in flight are kept)."""
-        if any(context.started for context in self.contexts):
+        if any(context.has_input_dists() for context in self.contexts):
             self._pipeline().cancel(wait=True)
         for context in self.contexts:
-            context.started = 0
+            context.clear_input_dists()
         self._attached = False
         return self._model
 
     def attach(self, model: nn.Module | None = None, sparse_dist: bool = True) -> None:
         """Use ``model`` (default: the same) again; restart the input dist of the next batch."""
         if model is not None:
-            self._model, self._sparse_dist = model, None
+            self._model, self._sparse_dist, self._names = model, None, None
             self._model_fwd = model
         self._attached = True
         if sparse_dist and self.batches:
