@@ -141,8 +141,9 @@ class TrainPipelineSparseDist(TrainPipeline[In, Out]):
         optimizer: stepped after every backward (in training mode).
         device: where batches go and the model runs.
         execute_all_batches: train the batches in flight once the iterator is exhausted.
-        apply_jit, context_type, pipeline_postproc: accepted for torchrec's signature (lightrec
-            does not trace or script the model; it has no post-processing modules to pipeline).
+        context_type: the ``TrainPipelineContext`` (sub)class made for each batch in flight.
+        apply_jit, pipeline_postproc: accepted for torchrec's signature (lightrec does not trace
+            or script the model; it has no post-processing modules to pipeline).
         custom_model_fwd: called instead of ``model(batch)``.
     """
 
