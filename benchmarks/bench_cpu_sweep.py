@@ -377,12 +377,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report = {
         "benchmark": "bench_cpu_sweep",
         "config": vars(args) | {"learning_rate": LEARNING_RATE, "backend": "gloo"},
-        "machine": {
-            "cpu_count": os.cpu_count(),
-            "python": sys.version.split()[0],
-            "torch": torch.__version__,
-            "platform": platform.platform(),
-        },  # fmt: skip
+        "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "torch": torch.__version__,
+                    "platform": platform.platform()},  # fmt: skip
         "torchrec": missing or "measured",
         "load_average_1_5_15": {"start": load_start, "end": list(os.getloadavg())},
         "cells": results,
