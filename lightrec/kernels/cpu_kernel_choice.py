@@ -84,7 +84,7 @@ class CpuKernelCase:
             raise ValueError(f"ids_per_bag must be a positive hint or None, got {ids_per_bag}")
         return cls(
             threads=torch.get_num_threads(),
-            dim=max(8, _power_of_two_at_least(max(config.dims))),
+            dim=max(8, _power_of_two_at_least(max(config.dims, default=8))),
             optimizer=config.spec.optimizer.value,
             ids_per_bag=_power_of_two_at_least(ids_per_bag or 1),
         )

@@ -103,6 +103,7 @@ def test_the_case_of_a_group_buckets_its_dim_and_its_ids_per_bag() -> None:
     assert case == CpuKernelCase(torch.get_num_threads(), 64, "row_wise_adagrad", 1)
     assert CpuKernelCase.of(config, ids_per_bag=40).ids_per_bag == 64
     assert CpuKernelCase.of(_config(EmbOptimType.SGD, [4]), ids_per_bag=1).dim == 8
+    assert CpuKernelCase.of(_config(EmbOptimType.SGD, [])).dim == 8  # a rank without tables of the group
     with pytest.raises(ValueError, match="ids_per_bag must be a positive hint or None, got 0"):
         CpuKernelCase.of(config, ids_per_bag=0)
     dense = KernelConfig([10], [8], [0], PoolingType.SUM, None, torch.device("cpu"))
