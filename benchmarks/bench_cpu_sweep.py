@@ -25,8 +25,9 @@ file adds the optimizer, the one-process lightrec model and the grid.
 Per cell it prints and records each side's median samples/s, the median of the per-pair ratios
 (lightrec / torchrec; above 1 is lightrec faster), rank 0's training-thread CPU ratio (less disturbed
 by other jobs), the lightrec kernel that ``kernel_backend="auto"`` picked, and the 1-minute load
-average before and after the cell; then, per mode and overall, the minimum ratio (and its cell) and
-the geometric mean. Figures from a loaded machine are noise: read the load average beside each.
+average before and after the cell; then, per mode, per optimizer and overall, the minimum ratio (and
+its cell) and the geometric mean. Figures from a loaded machine are noise: read the load average
+beside each.
 
 Run::
 
@@ -305,9 +306,12 @@ def format_cell(r: dict[str, Any]) -> str:
 
 
 def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per mode and overall: the minimum ratio, its cell, the geometric mean, the load average range."""
+    """Per mode, per optimizer and overall: the minimum ratio, its cell, the geometric mean, the load
+    average range."""
     out: dict[str, Any] = {}
     groups = {mode: [r for r in results if r["mode"] == mode] for mode in MODES}
+    # per optimizer too: torchrec's CPU Adam is dense, so its huge ratios would swamp an overall mean
+    groups |= {opt: [r for r in results if r["optimizer"] == opt] for opt in OPTIMIZERS}
     groups["all"] = results
     for name, rs in groups.items():
         rated = [r for r in rs if "ratio" in r]
@@ -371,7 +375,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         results += run_mode(mode, cells, size, args.cell_timeout)
     summary = summarize(results)
     for name, s in summary.items():
-        print(f"{name:<6} {s['cells']} cells: min {s['min_ratio']:.2f}x ({s['min_cell'].strip()}), geomean "
+        print(f"{name:<15} {s['cells']} cells: min {s['min_ratio']:.2f}x ({s['min_cell'].strip()}), geomean "
               f"{s['geomean_ratio']:.2f}x, {s['cells_below_1']} below 1.0x, load average (1 min) "
               f"{s['load_average_1min_range'][0]:.1f}-{s['load_average_1min_range'][1]:.1f}")  # fmt: skip
     report = {

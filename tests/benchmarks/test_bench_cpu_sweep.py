@@ -45,7 +45,8 @@ def test_summary_gives_the_minimum_cell_and_the_geometric_mean_per_mode_and_over
     assert math.isclose(summary["single"]["geomean_ratio"], 1.0)
     assert summary["single"]["cells_below_1"] == 1
     assert summary["single"]["load_average_1min_range"] == [1.0, 4.0]
-    assert summary["ranks"]["cells"] == 1 and summary["all"]["cells"] == 3
+    assert summary["ranks"]["cells"] == 1 and summary["all"]["cells"] == 3 and summary["sgd"]["cells"] == 3
+    assert "adam" not in summary  # no cell of it
     assert math.isclose(summary["all"]["geomean_ratio"], 1.5 ** (1 / 3))
     assert "ratio" not in bench.format_cell(_cell("single", 16, None))  # lightrec alone: no ratio printed
     assert "ratio 2.00x" in bench.format_cell(cells[1]) and "load 3.0->4.0" in bench.format_cell(cells[1])
