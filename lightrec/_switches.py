@@ -279,7 +279,8 @@ SHM = OnOff(
 CPU_KERNEL = Choice(
     "LIGHTREC_CPU_KERNEL",
     "which fused CPU kernel `kernel_backend=\"auto\"` runs where fbgemm and the torch kernel both serve: "
-    "auto measures both once per machine, cached under LIGHTREC_CACHE_DIR (read once per process)",
+    "auto measures both once per case (threads, dim, optimizer, ids per bag), cached under LIGHTREC_CACHE_DIR "
+    "(read once per case and process)",
     choices=("auto", "fbgemm", "torch"),
     default="auto",
 )
@@ -293,7 +294,7 @@ MALLOC_POLICY = Choice(
 CACHE_DIR = Folder(
     "LIGHTREC_CACHE_DIR",
     "where lightrec keeps what it measured about this machine, `cpu_kernel_choice.json` (read when `auto` "
-    "chooses, once per process)",
+    "chooses, once per case and process)",
     default="~/.cache/lightrec",
 )
 SHM_DIR = Folder(

@@ -2,24 +2,29 @@
 
 fbgemm's CPU TBE (a JIT-generated row-wise update) and the torch kernel with the native fused update
 (``cpu_update.py``) are close, and which one is faster depends on the processor, its caches and
-memory (measured on the 2-core development machine, 13 x 100k x 64 tables, 53k ids: forward +
-backward ~11-12 ms of CPU for fbgemm, ~15 ms for torch). So it is *measured once per machine*:
-the first ``"auto"`` choice on CPU between the two times both on a small group (8 tables x 100k x 64,
-row-wise Adagrad, 2048 one-id bags, forward + backward + update, alternating, median of thread CPU
-time) and caches the winner in ``$LIGHTREC_CACHE_DIR/cpu_kernel_choice.json`` (default
-``~/.cache/lightrec``) under a key of the processor, the torch and fbgemm versions and the native
-library's content (a rebuilt native update is measured again), so later processes -- every rank of
-later runs -- read the same answer. Configurations fbgemm cannot serve (Adam, weight decay, tables shared by features, no fbgemm) use the torch
-kernel without measuring.
+memory *and on the case*: measured on the 2-core development machine, fbgemm wins one-thread,
+one-id-per-bag row-wise Adagrad while the torch kernel wins elsewhere. So it is *measured per case*:
+the intra-op thread count, the group's dim bucket (its largest dim rounded up to a power of two), the
+optimizer and the ids per bag (a caller's pooling-factor hint, bucketed to a power of two; 1 when
+unknown) -- a :class:`CpuKernelCase`. The first ``"auto"`` choice of a case times both kernels on a
+small group of that shape (8 tables of ~96 MiB in all, ~16k ids, forward + backward + update,
+alternating, median of thread CPU time with one thread, of wall time with more; well under a
+second) and caches the winner in ``$LIGHTREC_CACHE_DIR/cpu_kernel_choice.json`` (default
+``~/.cache/lightrec``) under a key of the processor, the torch and fbgemm versions, the native
+library's content (a rebuilt native update is measured again) and the case, so later processes --
+every rank of later runs -- read the same answer. Configurations fbgemm cannot serve (Adam, weight
+decay, tables shared by features, no fbgemm) use the torch kernel without measuring.
 
 ``LIGHTREC_CPU_KERNEL=fbgemm|torch`` decides without measuring (the test suite pins ``fbgemm``;
-``auto``, the default, measures).
+``auto``, the default, measures). :func:`cpu_fused_choice` says which kernel serves a group and why;
+:func:`cpu_kernel_lines` says it per dim bucket of a model's tables, as lines for a report.
 Ranks of a first run measure independently and may choose differently; each rank's tables are its
 own, so that only changes last bits (both kernels implement the same exact rule).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -27,21 +32,94 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
 from lightrec import _switches
 from lightrec._native import native_ops
+from lightrec.kernels.cpu_update import native_update_available
 from lightrec.kernels.fbgemm_backend import FbgemmBatchedLookup
 from lightrec.kernels.kernel_interface import EmbeddingKernel, KernelConfig, LookupBatch
 from lightrec.kernels.torch_backend import TorchBatchedLookup
 from lightrec.modules.embedding_configs import PoolingType
 from lightrec.optim.fused_spec import EmbOptimType, FusedOptimizerSpec
 
-__all__ = ["cpu_kernel_preference", "measure_cpu_kernels"]
+__all__ = ["CpuKernelCase", "CpuKernelVerdict", "cpu_fused_choice", "cpu_kernel_lines", "cpu_kernel_verdict",
+           "measure_cpu_kernels"]  # fmt: skip
 
 _CHOICES = ("fbgemm", "torch")
+_MEASURED_TABLES = 8
+_MEASURED_BYTES = 96 << 20  # all tables of one kernel: well beyond the caches, so TLB and cache misses count
+_MEASURED_IDS = 16_384  # per step, whatever the ids per bag
+
+
+def _power_of_two_at_least(value: int) -> int:
+    return 1 << max(0, value - 1).bit_length()
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuKernelCase:
+    """What decides which fused CPU kernel is faster, as far as it is known when a kernel is built.
+
+    Attributes:
+        threads: intra-op threads (``torch.get_num_threads()`` where the kernel is built).
+        dim: the group's largest embedding dim rounded up to a power of two (at least 8).
+        optimizer: the fused optimizer's ``EmbOptimType`` value, e.g. ``"row_wise_adagrad"``.
+        ids_per_bag: ids per bag rounded up to a power of two (1 when the caller does not know).
+    """
+
+    threads: int
+    dim: int
+    optimizer: str
+    ids_per_bag: int = 1
+
+    @classmethod
+    def of(cls, config: KernelConfig, ids_per_bag: int | None = None) -> CpuKernelCase:
+        """The case of a fused group; ``ids_per_bag`` is a pooling-factor hint (None: assume 1)."""
+        if config.spec is None:
+            raise ValueError("a CPU kernel case needs a fused optimizer: config.spec is None")
+        if ids_per_bag is not None and ids_per_bag < 1:
+            raise ValueError(f"ids_per_bag must be a positive hint or None, got {ids_per_bag}")
+        return cls(
+            threads=torch.get_num_threads(),
+            dim=max(8, _power_of_two_at_least(max(config.dims, default=8))),
+            optimizer=config.spec.optimizer.value,
+            ids_per_bag=_power_of_two_at_least(ids_per_bag or 1),
+        )
+
+    def key(self) -> str:
+        return f"threads={self.threads}|dim={self.dim}|{self.optimizer}|ids={self.ids_per_bag}"
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuKernelVerdict:
+    """Which kernel serves a fused CPU group (``kernel``: ``"fbgemm"`` or ``"torch"``) and why.
+
+    Attributes:
+        kernel: the kernel's name.
+        reason: ``"measured"`` (now), ``"cached"`` (measured by an earlier process), ``"forced"``
+            (``LIGHTREC_CPU_KERNEL``), ``"fbgemm unsupported"`` or ``"no native update"``.
+        case: the case it was decided for (None where no measurement applies).
+        ms: milliseconds per forward + backward + update of each kernel, when measured.
+        detail: the words behind ``reason`` (fbgemm's refusal, the switch's value).
+    """
+
+    kernel: str
+    reason: str
+    case: CpuKernelCase | None = None
+    ms: dict[str, float] | None = None
+    detail: str = ""
+
+    def describe(self) -> str:
+        """One line, e.g. ``fbgemm: measured fbgemm 9.1 ms, torch 11.8 ms (threads=1|dim=64|...)``."""
+        text = f"{self.kernel}: {self.reason}"
+        if self.ms:
+            text += " " + ", ".join(f"{name} {ms:.1f} ms" for name, ms in sorted(self.ms.items()))
+        if self.detail:
+            text += f" ({self.detail})"
+        return text + (f" [{self.case.key()}]" if self.case is not None else "")
 
 
 def _cache_file() -> Path:
@@ -73,55 +151,90 @@ def _machine_key() -> str:
     return f"{model}|{os.cpu_count()}|torch {torch.__version__}|fbgemm {fbgemm}|{library}"
 
 
-def measure_cpu_kernels(iterations: int = 5) -> dict[str, float]:
-    """Median thread-CPU milliseconds of one forward + backward + row-wise Adagrad update per kernel."""
-    tables, rows, dim, batch = 8, 100_000, 64, 2048  # rows at random from 200 MiB: TLB and cache misses count
-    spec = FusedOptimizerSpec(EmbOptimType.ROWWISE_ADAGRAD, learning_rate=0.01)
+def measure_cpu_kernels(case: CpuKernelCase | None = None, iterations: int = 5) -> dict[str, float]:
+    """Median milliseconds of one forward + backward + fused update per kernel, for ``case``.
+
+    Args:
+        case: the shape to time (default: this process's threads, dim 64, row-wise Adagrad, one id
+            per bag). 8 tables of ``case.dim`` with ~96 MiB of rows in all, ~16k ids per step in
+            bags of ``case.ids_per_bag``.
+        iterations: timed rounds after two warm-up rounds; the kernels alternate which goes first.
+
+    Returns:
+        ``{"fbgemm": ms, "torch": ms}``: thread CPU time with one intra-op thread (robust to other
+        load), wall time with more (the threads' parallelism is what is compared).
+    """
+    case = case or CpuKernelCase(torch.get_num_threads(), 64, EmbOptimType.ROWWISE_ADAGRAD.value)
+    tables, dim, ids = _MEASURED_TABLES, case.dim, case.ids_per_bag
+    rows = max(1024, _MEASURED_BYTES // (tables * dim * 4))
+    batch = max(16, _MEASURED_IDS // (tables * ids))
+    spec = FusedOptimizerSpec(EmbOptimType.coerce(case.optimizer), learning_rate=0.01)
     gen = torch.Generator().manual_seed(0)
     lookup = LookupBatch(
-        torch.randint(0, rows, (tables * batch,), generator=gen),
-        torch.arange(tables * batch + 1),
+        torch.randint(0, rows, (tables * batch * ids,), generator=gen),
+        torch.arange(0, tables * batch * ids + 1, ids),
         None,
         batch,
     )
     grad = torch.randn(batch, tables * dim, generator=gen)
     config = KernelConfig([rows] * tables, [dim] * tables, list(range(tables)), PoolingType.SUM, spec,
                           torch.device("cpu"))  # fmt: skip
-    kernels: dict[str, EmbeddingKernel] = {
-        "fbgemm": FbgemmBatchedLookup(config),
-        "torch": TorchBatchedLookup(config),
-    }
-    for kernel in kernels.values():
-        for weight in kernel.split_embedding_weights():
-            weight.uniform_(-0.01, 0.01, generator=gen)
-    anchor = torch.zeros(0, requires_grad=True)  # what the fused output's backward hangs off
-    times: dict[str, list[float]] = {name: [] for name in _CHOICES}
-    for i in range(iterations + 2):
-        for name, kernel in kernels.items() if i % 2 == 0 else reversed(kernels.items()):
-            start = time.thread_time()
-            kernel.lookup(lookup, [anchor], lambda: 0.01).backward(grad)
-            if i >= 2:  # two warm-up rounds
-                times[name].append(1000.0 * (time.thread_time() - start))
+    saved_threads = torch.get_num_threads()
+    torch.set_num_threads(case.threads)
+    clock = time.thread_time if case.threads == 1 else time.perf_counter
+    try:
+        kernels: dict[str, EmbeddingKernel] = {
+            "fbgemm": FbgemmBatchedLookup(config),
+            "torch": TorchBatchedLookup(config),
+        }
+        for kernel in kernels.values():
+            for weight in kernel.split_embedding_weights():
+                weight.uniform_(-0.01, 0.01, generator=gen)
+        anchor = torch.zeros(0, requires_grad=True)  # what the fused output's backward hangs off
+        times: dict[str, list[float]] = {name: [] for name in _CHOICES}
+        for i in range(iterations + 2):
+            for name, kernel in kernels.items() if i % 2 == 0 else reversed(kernels.items()):
+                start = clock()
+                kernel.lookup(lookup, [anchor], lambda: 0.01).backward(grad)
+                if i >= 2:  # two warm-up rounds
+                    times[name].append(1000.0 * (clock() - start))
+    finally:
+        torch.set_num_threads(saved_threads)
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-@functools.cache
-def cpu_kernel_preference() -> str:
-    """``"fbgemm"`` or ``"torch"``: the faster fused CPU kernel on this machine (see the module docstring)."""
-    forced = _switches.CPU_KERNEL.read()  # SwitchError (a ValueError) on a word it does not know
-    if forced != "auto":
-        return forced
-    key = _machine_key()
-    path = _cache_file()
+def _read_cache(path: Path) -> dict[str, object]:
+    """The cache file's entries; an unreadable or corrupt file is an empty cache (measured again)."""
     try:
         cached = json.loads(path.read_text())
     except (OSError, ValueError):
-        cached = {}
+        return {}
+    return cached if isinstance(cached, dict) else {}
+
+
+@functools.cache
+def cpu_kernel_verdict(case: CpuKernelCase) -> CpuKernelVerdict:
+    """The faster fused CPU kernel for ``case`` on this machine: forced, cached, or measured now.
+
+    Decided once per case and process; ``cpu_kernel_verdict.cache_clear()`` forgets that.
+
+    Raises:
+        lightrec._switches.SwitchError: ``LIGHTREC_CPU_KERNEL`` holds a word it does not know.
+    """
+    forced = _switches.CPU_KERNEL.read()  # SwitchError (a ValueError) on a word it does not know
+    if forced != "auto":
+        return CpuKernelVerdict(forced, "forced", case, detail=f"LIGHTREC_CPU_KERNEL={forced}")
+    key = f"{_machine_key()}|{case.key()}"
+    path = _cache_file()
+    cached = _read_cache(path)
     entry = cached.get(key)
     if isinstance(entry, dict) and entry.get("choice") in _CHOICES:
-        return str(entry["choice"])
-    ms = measure_cpu_kernels()
+        ms = entry.get("ms")
+        times = {str(k): float(v) for k, v in ms.items() if isinstance(v, (int, float))} if isinstance(ms, dict) else {}
+        return CpuKernelVerdict(str(entry["choice"]), "cached", case, times or None)
+    ms = measure_cpu_kernels(case)
     choice = min(ms, key=lambda name: ms[name])
+    cached = _read_cache(path)  # again: another process may have added its cases meanwhile
     cached[key] = {"choice": choice, "ms": ms}
     try:  # atomic: ranks measuring at once never leave a torn file
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -130,4 +243,39 @@ def cpu_kernel_preference() -> str:
         os.replace(tmp, path)
     except OSError:
         pass  # a read-only home: measure again next time
-    return choice
+    return CpuKernelVerdict(choice, "measured", case, ms)
+
+
+def cpu_fused_choice(config: KernelConfig, ids_per_bag: int | None = None) -> CpuKernelVerdict:
+    """Which of fbgemm and the torch kernel ``kernel_backend="auto"`` runs for a fused CPU group, and why.
+
+    Args:
+        config: the group (``config.spec`` set: a fused optimizer).
+        ids_per_bag: a pooling-factor hint for the case (None: one id per bag).
+
+    Raises:
+        ValueError: ``config`` has no fused optimizer.
+    """
+    if config.spec is None:
+        raise ValueError("cpu_fused_choice decides between fused kernels: config.spec is None")
+    refusal = FbgemmBatchedLookup.supports(config)
+    if refusal is not None:
+        return CpuKernelVerdict(TorchBatchedLookup.name, "fbgemm unsupported", detail=refusal)
+    if not native_update_available(config.device, config.dtype):
+        return CpuKernelVerdict(FbgemmBatchedLookup.name, "no native update",
+                                detail="the torch kernel's native CPU update does not serve these tables here")  # fmt: skip
+    return cpu_kernel_verdict(CpuKernelCase.of(config, ids_per_bag))
+
+
+def cpu_kernel_lines(dims: Sequence[int], spec: FusedOptimizerSpec) -> list[str]:
+    """What ``kernel_backend="auto"`` runs on CPU for fused tables of these ``dims``, one line per dim
+    bucket (a group of mixed dims takes its largest dim's verdict), for a report.
+
+    Measures the cases not cached yet (well under a second each), with this process's threads.
+    """
+    lines = []
+    for bucket in sorted({max(8, _power_of_two_at_least(d)) for d in dims}):
+        tables = sum(max(8, _power_of_two_at_least(d)) == bucket for d in dims)
+        config = KernelConfig([1024], [bucket], [0], PoolingType.SUM, spec, torch.device("cpu"))
+        lines.append(f"  dim <= {bucket} ({tables} tables): {cpu_fused_choice(config).describe()}")
+    return lines

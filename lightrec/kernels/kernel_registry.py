@@ -3,7 +3,7 @@
 ``KERNELS`` lists the registered :class:`~lightrec.kernels.kernel_interface.EmbeddingKernel`
 classes in the order ``"auto"`` tries them: fbgemm TBE where it serves the configuration -- on CPU,
 for a fused group the torch kernel's native update also serves, whichever of the two was measured
-faster on this machine (``cpu_kernel_choice.py``); else, on CUDA, Triton; else pure torch. On CPU ``"auto"`` never picks Triton (its interpreter is for tests).
+faster on this machine for the case (``cpu_kernel_choice.py``); else, on CUDA, Triton; else pure torch. On CPU ``"auto"`` never picks Triton (its interpreter is for tests).
 :func:`register_kernel` adds a backend under a new name (docs/kernels.md, "Adding a kernel").
 
 Tiered tables (``KernelConfig.tiering`` set: a cache of hot rows over host memory or SSD) are built
@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from lightrec.kernels.cpu_kernel_choice import cpu_kernel_preference
-from lightrec.kernels.cpu_update import native_update_available
+from lightrec.kernels.cpu_kernel_choice import cpu_fused_choice
 from lightrec.kernels.fbgemm_backend import FbgemmBatchedLookup
 from lightrec.kernels.kernel_interface import EmbeddingKernel, KernelConfig
 from lightrec.kernels.tiered.backend import TieredBatchedLookup
@@ -101,16 +100,11 @@ def select_backend(kernel_backend: str, config: KernelConfig) -> str:
         if name in _TIERED and config.tiering is None:
             continue
         if kernel.supports(config) is None:
-            if name == FbgemmBatchedLookup.name and _native_torch_serves(config):
-                return cpu_kernel_preference()  # measured once per machine
+            if name == FbgemmBatchedLookup.name and config.device.type == "cpu":
+                return cpu_fused_choice(config).kernel  # vs the native torch kernel, measured per case
             return name
     return TorchBatchedLookup.name
 
-
-
-def _native_torch_serves(config: KernelConfig) -> bool:
-    """The torch kernel runs this fused CPU group with the native update (fbgemm's rival there)."""
-    return config.spec is not None and native_update_available(config.device, config.dtype)
 
 
 def build_kernel(kernel_backend: str, config: KernelConfig) -> tuple[str, EmbeddingKernel]:

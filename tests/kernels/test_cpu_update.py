@@ -7,7 +7,6 @@ duplicate ids; each case runs several steps so optimizer state carries over.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -167,40 +166,6 @@ def test_a_failed_build_warns_once_and_falls_back() -> None:
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             env={**os.environ, **env}, timeout=120)  # fmt: skip
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr
-
-
-def test_auto_on_cpu_takes_the_measured_kernel(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """fbgemm vs the native torch kernel: measured once per machine and cached; the environment pins it."""
-    from lightrec._fbgemm import fbgemm_available
-    from lightrec.kernels import cpu_kernel_choice
-    from lightrec.kernels.kernel_interface import KernelConfig
-    from lightrec.kernels.kernel_registry import select_backend
-
-    spec = _spec(EmbOptimType.ROWWISE_ADAGRAD, WeightDecayMode.NONE)
-    config = KernelConfig([10, 20], [8, 8], [0, 1], PoolingType.SUM, spec, torch.device("cpu"))
-    adam = KernelConfig([10], [8], [0], PoolingType.SUM, _spec(EmbOptimType.ADAM, WeightDecayMode.NONE),
-                        torch.device("cpu"))  # fmt: skip
-    monkeypatch.setenv("LIGHTREC_CACHE_DIR", str(tmp_path))
-    for forced in ("torch", "fbgemm"):
-        monkeypatch.setenv("LIGHTREC_CPU_KERNEL", forced)
-        cpu_kernel_choice.cpu_kernel_preference.cache_clear()
-        assert select_backend("auto", config) == (forced if fbgemm_available() else "torch")
-        assert select_backend("auto", adam) == "torch"  # fbgemm has no CPU Adam: nothing to measure
-    monkeypatch.setenv("LIGHTREC_CPU_KERNEL", "")
-    cpu_kernel_choice.cpu_kernel_preference.cache_clear()
-    measured = {"fbgemm": 3.0, "torch": 2.0}
-    monkeypatch.setattr(cpu_kernel_choice, "measure_cpu_kernels", lambda: measured)
-    assert cpu_kernel_choice.cpu_kernel_preference() == "torch"
-    cached = (tmp_path / "cpu_kernel_choice.json").read_text()
-    assert json.loads(cached)[next(iter(json.loads(cached)))]["choice"] == "torch"
-    measured.update(torch=9.0)  # a later process reads the cache, it does not measure again
-    cpu_kernel_choice.cpu_kernel_preference.cache_clear()
-    assert cpu_kernel_choice.cpu_kernel_preference() == "torch"
-    monkeypatch.setenv("LIGHTREC_CPU_KERNEL", "tbe")
-    cpu_kernel_choice.cpu_kernel_preference.cache_clear()
-    with pytest.raises(ValueError, match="LIGHTREC_CPU_KERNEL must be one of"):
-        cpu_kernel_choice.cpu_kernel_preference()
-    cpu_kernel_choice.cpu_kernel_preference.cache_clear()
 
 
 @pytest.mark.skipif("not __import__('lightrec._fbgemm', fromlist=['x']).fbgemm_available()")

@@ -1,0 +1,150 @@
+"""``kernel_backend="auto"`` on CPU: fbgemm or the native torch kernel, decided and cached per case.
+
+No timing assertions: the measurement is replaced by a fake where the decision is under test, and
+only checked for positive times where it really runs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightrec._fbgemm import fbgemm_available
+from lightrec.kernels import cpu_kernel_choice
+from lightrec.kernels.cpu_kernel_choice import CpuKernelCase, cpu_fused_choice, cpu_kernel_verdict
+from lightrec.kernels.cpu_update import native_update_available
+from lightrec.kernels.kernel_interface import KernelConfig
+from lightrec.kernels.kernel_registry import select_backend
+from lightrec.modules.embedding_configs import PoolingType
+from lightrec.optim.fused_spec import EmbOptimType, FusedOptimizerSpec
+
+ROWWISE = CpuKernelCase(threads=1, dim=64, optimizer="row_wise_adagrad")
+SGD_POOLED = CpuKernelCase(threads=2, dim=16, optimizer="sgd", ids_per_bag=8)
+
+
+def _config(optimizer: EmbOptimType, dims: list[int]) -> KernelConfig:
+    spec = FusedOptimizerSpec(optimizer, learning_rate=0.01)
+    return KernelConfig([10] * len(dims), dims, list(range(len(dims))), PoolingType.SUM, spec, torch.device("cpu"))
+
+
+@pytest.fixture
+def measured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[list[CpuKernelCase]]:
+    """``auto`` with an empty cache in ``tmp_path`` and a fake measurement: torch wins SGD, fbgemm the rest.
+    Yields the cases measured, in order."""
+    calls: list[CpuKernelCase] = []
+
+    def fake(case: CpuKernelCase | None = None, iterations: int = 5) -> dict[str, float]:
+        assert case is not None
+        calls.append(case)
+        return {"fbgemm": 3.0, "torch": 2.0} if case.optimizer == "sgd" else {"fbgemm": 1.0, "torch": 4.0}
+
+    monkeypatch.setenv("LIGHTREC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("LIGHTREC_CPU_KERNEL", "auto")
+    monkeypatch.setattr(cpu_kernel_choice, "measure_cpu_kernels", fake)
+    cpu_kernel_verdict.cache_clear()
+    yield calls
+    cpu_kernel_verdict.cache_clear()
+
+
+def _cache(tmp_path: Path) -> dict[str, dict]:
+    return json.loads((tmp_path / "cpu_kernel_choice.json").read_text())
+
+
+def test_two_cases_are_measured_separately_and_the_file_keeps_both(
+    measured: list[CpuKernelCase], tmp_path: Path
+) -> None:
+    first, second = cpu_kernel_verdict(ROWWISE), cpu_kernel_verdict(SGD_POOLED)
+    assert (first.kernel, first.reason, second.kernel, second.reason) == ("fbgemm", "measured", "torch", "measured")
+    assert measured == [ROWWISE, SGD_POOLED]
+    cached = _cache(tmp_path)
+    assert sorted(key.rsplit("|", 4)[1:] == ROWWISE.key().split("|") for key in cached) == [False, True]
+    assert {entry["choice"] for entry in cached.values()} == {"fbgemm", "torch"}
+    assert cpu_kernel_verdict(ROWWISE) is first  # once per case and process
+    cpu_kernel_verdict.cache_clear()  # a later process reads the file: nothing measured again
+    again = cpu_kernel_verdict(SGD_POOLED)
+    assert (again.kernel, again.reason, again.ms) == ("torch", "cached", {"fbgemm": 3.0, "torch": 2.0})
+    assert measured == [ROWWISE, SGD_POOLED]
+    assert "torch: cached fbgemm 3.0 ms, torch 2.0 ms [threads=2|dim=16|sgd|ids=8]" == again.describe()
+
+
+def test_the_switch_decides_without_measuring(
+    measured: list[CpuKernelCase], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for forced in ("torch", "fbgemm"):
+        monkeypatch.setenv("LIGHTREC_CPU_KERNEL", forced)
+        cpu_kernel_verdict.cache_clear()
+        verdict = cpu_kernel_verdict(ROWWISE)
+        assert (verdict.kernel, verdict.reason, verdict.ms) == (forced, "forced", None)
+        assert f"LIGHTREC_CPU_KERNEL={forced}" in verdict.describe()
+    assert measured == [] and not (tmp_path / "cpu_kernel_choice.json").exists()
+    monkeypatch.setenv("LIGHTREC_CPU_KERNEL", "tbe")
+    cpu_kernel_verdict.cache_clear()
+    with pytest.raises(ValueError, match="LIGHTREC_CPU_KERNEL must be one of"):
+        cpu_kernel_verdict(ROWWISE)
+
+
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"x": "not an entry"}'])
+def test_a_corrupt_cache_file_is_measured_again_and_rewritten(
+    measured: list[CpuKernelCase], tmp_path: Path, content: str
+) -> None:
+    (tmp_path / "cpu_kernel_choice.json").write_text(content)
+    assert cpu_kernel_verdict(ROWWISE).reason == "measured" and measured == [ROWWISE]
+    entries = [entry for entry in _cache(tmp_path).values() if isinstance(entry, dict)]
+    assert [entry["choice"] for entry in entries] == ["fbgemm"]
+
+
+def test_the_case_of_a_group_buckets_its_dim_and_its_ids_per_bag() -> None:
+    config = _config(EmbOptimType.ROWWISE_ADAGRAD, [8, 48])
+    case = CpuKernelCase.of(config)
+    assert case == CpuKernelCase(torch.get_num_threads(), 64, "row_wise_adagrad", 1)
+    assert CpuKernelCase.of(config, ids_per_bag=40).ids_per_bag == 64
+    assert CpuKernelCase.of(_config(EmbOptimType.SGD, [4]), ids_per_bag=1).dim == 8
+    assert CpuKernelCase.of(_config(EmbOptimType.SGD, [])).dim == 8  # a rank without tables of the group
+    with pytest.raises(ValueError, match="ids_per_bag must be a positive hint or None, got 0"):
+        CpuKernelCase.of(config, ids_per_bag=0)
+    dense = KernelConfig([10], [8], [0], PoolingType.SUM, None, torch.device("cpu"))
+    with pytest.raises(ValueError, match="config.spec is None"):
+        CpuKernelCase.of(dense)
+
+
+def test_auto_takes_the_verdict_of_the_groups_case_and_says_why(measured: list[CpuKernelCase]) -> None:
+    rowwise, sgd = _config(EmbOptimType.ROWWISE_ADAGRAD, [64, 64]), _config(EmbOptimType.SGD, [16])
+    adam = _config(EmbOptimType.ADAM, [64])
+    verdict = cpu_fused_choice(adam)  # fbgemm has no CPU Adam: nothing to measure
+    assert (verdict.kernel, verdict.reason) == ("torch", "fbgemm unsupported") and verdict.detail
+    assert select_backend("auto", adam) == "torch"
+    if not fbgemm_available():
+        assert cpu_fused_choice(rowwise).reason == "fbgemm unsupported" and measured == []
+        return
+    if not native_update_available(torch.device("cpu"), torch.float32):
+        assert cpu_fused_choice(rowwise).reason == "no native update" and select_backend("auto", rowwise) == "fbgemm"
+        return
+    assert (select_backend("auto", rowwise), select_backend("auto", sgd)) == ("fbgemm", "torch")
+    assert [c.optimizer for c in measured] == ["row_wise_adagrad", "sgd"]
+    assert cpu_fused_choice(rowwise).describe().startswith("fbgemm: measured fbgemm 1.0 ms, torch 4.0 ms")
+
+
+@pytest.mark.skipif(not fbgemm_available(), reason="fbgemm_gpu is not importable")
+@pytest.mark.parametrize("case", [ROWWISE, SGD_POOLED], ids=lambda c: c.key())
+def test_measuring_a_case_times_both_kernels(case: CpuKernelCase) -> None:
+    threads = torch.get_num_threads()
+    ms = cpu_kernel_choice.measure_cpu_kernels(case, iterations=1)
+    assert set(ms) == {"fbgemm", "torch"} and all(v > 0 for v in ms.values())
+    assert torch.get_num_threads() == threads  # the case's thread count is set for the measurement only
+
+
+def test_report_lines_give_one_verdict_per_dim_bucket(measured: list[CpuKernelCase]) -> None:
+    spec = FusedOptimizerSpec(EmbOptimType.ROWWISE_ADAGRAD, learning_rate=0.01)
+    lines = cpu_kernel_choice.cpu_kernel_lines([16, 64, 48, 100], spec)
+    assert [line.split(":")[0].strip() for line in lines] == [
+        "dim <= 16 (1 tables)",
+        "dim <= 64 (2 tables)",
+        "dim <= 128 (1 tables)",
+    ]
+    if fbgemm_available() and native_update_available(torch.device("cpu"), torch.float32):
+        assert all(line.split(": ", 1)[1].startswith("fbgemm: measured fbgemm 1.0 ms") for line in lines)
+        assert [c.dim for c in measured] == [16, 64, 128]
