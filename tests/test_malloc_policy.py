@@ -46,6 +46,7 @@ def _child(code: str, env: dict[str, str]) -> str:
     return result.stdout.strip()
 
 
+@pytest.mark.slow  # 15 s of subprocesses; the default suite sees the policy applied by RecStrategy below
 def test_apply_sets_the_environment_ranks_inherit_and_keeps_the_users_values() -> None:
     code = (
         "import os; from lightrec._malloc_policy import apply_malloc_policy; "
