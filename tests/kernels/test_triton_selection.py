@@ -33,12 +33,13 @@ def _select(backend: str, spec: FusedOptimizerSpec | None, device: torch.device,
 @needs_triton_import
 def test_auto_on_cuda_prefers_fbgemm_then_triton_then_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     """The rule as a function of what fbgemm and triton support (no GPU needed to decide)."""
-    monkeypatch.setattr(fbgemm_backend, "fbgemm_supports", lambda *a: None)
+    # the backends read their layout checks as class attributes (LayoutGatedKernel.layout_check)
+    monkeypatch.setattr(fbgemm_backend.FbgemmBatchedLookup, "layout_check", lambda *a: None)
     assert _select("auto", ROWWISE, CUDA) == "fbgemm"
-    monkeypatch.setattr(fbgemm_backend, "fbgemm_supports", lambda *a: "fbgemm is unavailable (test)")
+    monkeypatch.setattr(fbgemm_backend.FbgemmBatchedLookup, "layout_check", lambda *a: "fbgemm is unavailable (test)")
     assert _select("auto", ROWWISE, CUDA) == "triton"
     assert _select("auto", None, CUDA) == "triton"  # non-fused lookups too
-    monkeypatch.setattr(triton_backend, "triton_supports", lambda *a: "triton failed to import (test)")
+    monkeypatch.setattr(triton_backend.TritonBatchedLookup, "layout_check", lambda *a: "triton failed to import (test)")
     assert _select("auto", ROWWISE, CUDA) == "torch"
 
 
@@ -55,7 +56,7 @@ def test_the_cpu_build_of_fbgemm_does_not_serve_cuda(monkeypatch: pytest.MonkeyP
 @needs_triton_import
 def test_auto_on_cpu_never_picks_triton(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # even with the interpreter on
-    monkeypatch.setattr(fbgemm_backend, "fbgemm_supports", lambda *a: "fbgemm is unavailable (test)")
+    monkeypatch.setattr(fbgemm_backend.FbgemmBatchedLookup, "layout_check", lambda *a: "fbgemm is unavailable (test)")
     assert _select("auto", ROWWISE, torch.device("cpu")) == "torch"
     assert _select("triton", ROWWISE, torch.device("cpu")) == "triton"
 
