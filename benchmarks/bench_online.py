@@ -61,17 +61,19 @@ def _window(contender: Any, args: argparse.Namespace, kind: str, folder: Path, s
         assert tracker is not None
         tracker.get_unique_ids()
     out: dict[str, float] = {}
+    version = None
     if kind == "published":
         t0 = time.perf_counter()
         version = publish_changes(contender.model, folder, tracker, snapshot=False, global_step=start, retention=1,
                                   row_format=args.row_format)  # fmt: skip
         publish_s = time.perf_counter() - t0
-        if dist.get_rank() == 0:
-            manifest = DeltaReader(folder).manifest(version)
-            out["rows"] = float(sum(manifest.rows.values()))
-            out["bytes"] = float(sum(f.bytes for f in manifest.files.values()))
     dist.barrier()
     elapsed = time.perf_counter() - begin
+    if version is not None and dist.get_rank() == 0:  # outside the timed window: the bench's own reading
+        manifest = DeltaReader(folder).manifest(version)
+        out["rows"] = float(sum(manifest.rows.values()))
+        out["bytes"] = float(sum(f.bytes for f in manifest.files.values()))
+    dist.barrier()
     if tracker is not None:
         tracker.close()
     return {**out, "step_s": elapsed / args.steps, "publish_s": publish_s}
