@@ -131,3 +131,19 @@ def test_resuming_on_another_number_of_ranks_warns_with_the_batch_size_to_keep(t
     ]
     cli = _build(RecipeCLI, DLRMModule, ["--config", str(CONFIGS_DIR / "dlrm.yaml"), "--trainer.devices", "1"])
     assert check_built_run(cli, [], str(sharded), RecipeArgumentError) == []  # the same global batch: no warning
+
+
+def test_a_saved_runs_config_passes_the_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ``config.yaml`` a run saves holds the fit subcommand's ``ckpt_path`` / ``weights_only``;
+    ``lightrec run dlrm -c <it>`` used to stop at "Option 'ckpt_path' is not accepted"."""
+    from lightrec.lightning.recipe.checks import check_recipe_args
+    from lightrec.lightning.recipe.cli import RecipeCLI
+    from recipes import dlrm
+
+    config = tmp_path / "config.yaml"
+    assert main(["cp", "dlrm", str(config)]) == 0
+    config.write_text(config.read_text() + "\nckpt_path: null\nweights_only: null\n")
+    monkeypatch.chdir(tmp_path)
+    configs = Path(dlrm.__file__).resolve().parent / "configs"
+    requested = check_recipe_args(RecipeCLI, dlrm.DLRMModule, ["fit", "--config", str(config)], configs)
+    assert requested is not None and requested.accelerator == "cpu"

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lightrec import _switches
 from lightrec.lightning.contracts import CheckedData
@@ -168,7 +168,20 @@ def _data_class(config: Any) -> type | None:
 
 
 class _CheckCLI(LightningCLI):
-    """Parses and builds model and DataModule, raising instead of exiting; builds no Trainer."""
+    """Parses and builds model and DataModule, raising instead of exiting; builds no Trainer.
+
+    Its parser has no subcommands, so the ``fit`` options a saved run's ``config.yaml`` holds
+    (``ckpt_path: null``, ``weights_only: null``) are declared here: passing that file back with
+    ``-c`` must not fail the check (the fit subcommand reads them; ``--ckpt_path`` typed on the
+    command line is checked on its own).
+    """
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        super().add_arguments_to_parser(parser)
+        parser.add_argument("--ckpt_path", type=str | None, default=None)
+        parser.add_argument("--weights_only", type=bool | None, default=None)
+        parser.add_argument("--verbose", type=bool | None, default=None)
+        parser.add_argument("--return_predictions", type=bool | None, default=None)
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
         return None
