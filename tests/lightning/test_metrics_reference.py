@@ -10,12 +10,11 @@ reference on the union of both ranks' predictions (not on either rank's half).
 from __future__ import annotations
 
 import importlib.util
-import os
 
 import numpy as np
 import pytest
 
-from tests.multiprocess import free_port, run_ranks
+from tests.multiprocess import free_port, run_ranks, set_torchrun_env
 
 BATCH = 32  # per rank
 TRAIN_BATCHES = 4  # per rank
@@ -23,37 +22,14 @@ VAL_BATCHES = 4  # per rank
 NAMES = ("auc", "ne", "calibration", "ctr", "accuracy")
 
 
-def _mixed_plan(world_size: int):  # noqa: ANN202 - ShardingPlan
-    """Row-wise, data-parallel and table-wise tables side by side."""
-    from lightrec.distributed.planner import (
-        construct_module_sharding_plan,
-        data_parallel,
-        row_wise,
-        table_wise,
-    )
-    from lightrec.distributed.types import ShardingPlan
-    from tests.lightning.toy import ToyDLRM
-
-    ebc = ToyDLRM(device="meta").model.sparse_arch.embedding_bag_collection
-    kinds = [row_wise(), data_parallel(), table_wise(rank=world_size - 1)]
-    per_table = {t.name: kinds[i % 3] for i, t in enumerate(ebc.embedding_bag_configs())}
-    module_plan = construct_module_sharding_plan(
-        ebc, per_table, world_size=world_size, local_size=world_size, device_type="cpu"
-    )
-    return ShardingPlan({"model.sparse_arch.embedding_bag_collection": module_plan})
-
-
 def _fit(rank: int, world_size: int, port: int, tmp: str) -> dict:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size), NODE_RANK="0",
-    )  # fmt: skip
+    set_torchrun_env(rank, world_size, port)
     import lightning.pytorch as pl
     import torch
 
     from lightrec.data import SyntheticCriteo
     from lightrec.lightning import RecStrategy
-    from tests.lightning.toy import ToyDLRM
+    from tests.lightning.toy import ToyDLRM, mixed_toy_plan
 
     class Recorded(ToyDLRM):
         """Keeps the logits and labels of every step, split by training / validation."""
@@ -85,7 +61,7 @@ def _fit(rank: int, world_size: int, port: int, tmp: str) -> dict:
     )  # fmt: skip
     trainer = pl.Trainer(
         accelerator="cpu", devices=world_size, max_epochs=1, num_sanity_val_steps=0,
-        strategy=RecStrategy(plan=_mixed_plan(world_size),
+        strategy=RecStrategy(plan=mixed_toy_plan(world_size),
                              fused_params={"optimizer": "exact_row_wise_adagrad", "learning_rate": 0.1}),
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         default_root_dir=tmp,
