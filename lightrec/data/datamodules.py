@@ -9,6 +9,7 @@ size come from the attached trainer, else from ``torch.distributed``, else ``(0,
 
 from __future__ import annotations
 
+import abc
 import functools
 from pathlib import Path
 from typing import Any, Literal
@@ -35,7 +36,7 @@ CRITEO_KAGGLE_URL = "https://go.criteo.net/criteo-research-kaggle-display-advert
 """The Criteo Kaggle display-advertising data (``train.txt``); the 1TB click logs come from Criteo AI Lab."""
 
 
-class _RankedDataModule(pl.LightningDataModule):
+class _RankedDataModule(pl.LightningDataModule, abc.ABC):
     """Shared loader construction: rank-aware sampler, workers, pinning.
 
     ``pin_memory=None`` (the default) pins the loaders' batches when the attached trainer trains
@@ -70,9 +71,9 @@ class _RankedDataModule(pl.LightningDataModule):
         """The attached trainer's root device, or None (no trainer, or one without a strategy)."""
         return getattr(getattr(self.trainer, "strategy", None), "root_device", None)
 
+    @abc.abstractmethod
     def dataset(self, split: str) -> Dataset:
         """The dataset of ``split`` (``"train"``, ``"val"``, ``"test"``): item ``i`` is whole batch ``i``."""
-        raise NotImplementedError(f"{type(self).__name__} must define dataset(split)")
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.dataset("train"), self.shuffle)

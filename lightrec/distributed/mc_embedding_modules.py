@@ -23,6 +23,7 @@ to the world size when sharded row-wise (``MCHManagedCollisionModule.with_bucket
 
 from __future__ import annotations
 
+import abc
 import logging
 from collections.abc import Mapping
 from typing import Any, cast
@@ -123,7 +124,7 @@ McEmbeddings = LazyAwaitable[KeyedTensor] | LazyAwaitable[dict[str, JaggedTensor
 
 
 class BaseShardedManagedCollisionEmbeddingCollection(
-    ShardedCollectionBase["tuple[McEmbeddings, RemappedFeaturesAwaitable | None]"]
+    ShardedCollectionBase["tuple[McEmbeddings, RemappedFeaturesAwaitable | None]"], abc.ABC
 ):
     """Common part of the sharded managed-collision collections (module docstring).
 
@@ -236,8 +237,9 @@ class BaseShardedManagedCollisionEmbeddingCollection(
         return self._unsharded_class(self._unsharded_embeddings(), mcc, bool(self._return_remapped_features),
                                      self._mc_state.reset_seed)  # fmt: skip
 
+    @abc.abstractmethod
     def _unsharded_embeddings(self) -> nn.Module:
-        raise NotImplementedError  # pragma: no cover - both subclasses override it
+        """The plain (unsharded) embedding collection this one's tables would fill."""
 
 
 class RemappedFeaturesAwaitable(FeatureRowsAwaitable[KeyedJaggedTensor]):

@@ -8,6 +8,7 @@ rarely keep a large step. This class exists so that ``apply_optimizer_in_backwar
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable, Iterable
 from typing import Any, overload
 
@@ -27,7 +28,7 @@ def check_non_negative(name: str, **values: float) -> None:
             raise ValueError(f"{name}({arg}={value}) must be >= 0")
 
 
-class DenseRowOptimizer(torch.optim.Optimizer):
+class DenseRowOptimizer(torch.optim.Optimizer, abc.ABC):
     """Base of lightrec's dense-gradient row optimizers: ``step`` runs ``closure`` and calls
     :meth:`_step_param` for every parameter with a (dense) gradient."""
 
@@ -54,8 +55,9 @@ class DenseRowOptimizer(torch.optim.Optimizer):
                 self._step_param(p, group)
         return loss
 
+    @abc.abstractmethod
     def _step_param(self, p: torch.Tensor, group: dict[str, Any]) -> None:
-        raise NotImplementedError
+        """Update ``p`` in place from its dense ``p.grad`` with ``group``'s hyper-parameters."""
 
 
 class RowWiseAdagrad(DenseRowOptimizer):

@@ -15,6 +15,7 @@ every step updates the table.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Iterable
 from typing import Any
 
@@ -54,8 +55,9 @@ class _RowwiseOptimizer(DenseRowOptimizer):
         state["step"] += 1
         w.copy_(self._update(group, w, g, state))
 
+    @abc.abstractmethod
     def _update(self, group: dict[str, Any], w: torch.Tensor, g: torch.Tensor, state: dict[str, Any]) -> torch.Tensor:
-        raise NotImplementedError
+        """The new rows ``[rows, D]`` from rows ``w``, gradient rows ``g`` and the parameter's ``state``."""
 
 
 class LAMB(_RowwiseOptimizer):
