@@ -33,6 +33,14 @@ from lightrec.optim.warmup import WarmupOptimizer, WarmupPolicy, WarmupStage
 # on first attribute access (no lightrec file imports them).
 _LAZY_SUBMODULES = frozenset({"optimizers"})
 
+# torchrec's path ``lightrec.optim.apply_optimizer_in_backward`` is a submodule named like the function
+# this package exports, and loading a submodule sets the package attribute of its name: a user's
+# ``import lightrec.optim.apply_optimizer_in_backward`` replaced the function with the module ("'module'
+# object is not callable" in RecModule). Loaded once here, the submodule never rebinds it again.
+_function = apply_optimizer_in_backward
+importlib.import_module(f"{__name__}.apply_optimizer_in_backward")
+apply_optimizer_in_backward = _function
+
 
 def __getattr__(name: str) -> ModuleType:  # PEP 562
     if name in _LAZY_SUBMODULES:
