@@ -23,15 +23,20 @@ def device(request: pytest.FixtureRequest):  # noqa: ANN201 - torch.device
     return torch.device(request.param)
 
 
-@pytest.fixture(autouse=True)
-def _restore_process_environment():  # noqa: ANN202 - a generator fixture
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):  # noqa: ANN001, ANN201 - pytest's hook signature
     """Each test leaves the environment and the default process group as it found them.
 
-    In-process fits (Lightning's launchers, ``init_process_group``) write ``MASTER_PORT``, ``RANK``,
-    ``WORLD_SIZE`` and friends into ``os.environ`` and keep a store listening on that port; a later
+    In-process fits (Lightning's launchers, ``init_process_group``) write ``MASTER_PORT``,
+    ``LOCAL_RANK`` and friends into ``os.environ`` and keep a store listening on that port; a later
     test that launches ranks or ``lightrec run`` then inherits them and fails at rendezvous
-    (EADDRINUSE, or a hang at "MEMBER: 1/2"). Restoring both after every test makes each test's
-    outcome independent of the tests before it. Each test also gets its own ``STANDALONE_PORT``.
+    (EADDRINUSE on the inherited port, or a hang at "MEMBER: 1/2"). Restoring both after every test
+    makes each test's outcome independent of the tests before it.
+
+    This wraps the whole protocol (set-up, call, tear-down), not a per-test fixture: a module- or
+    session-scoped fixture that runs a fit is set up before any function fixture, so a fixture could
+    only snapshot the environment after that fit had already leaked into it (CI lost runs to that).
+    Each test also gets its own ``STANDALONE_PORT``, below the ephemeral range.
     """
     import torch.distributed as dist
 
@@ -41,7 +46,7 @@ def _restore_process_environment():  # noqa: ANN202 - a generator fixture
     had_group = dist.is_available() and dist.is_initialized()
     # Where Lightning picks the port itself (no MASTER_PORT: an in-process fit, a test's
     # subprocess), it takes STANDALONE_PORT instead of an OS-chosen one another socket can grab
-    # before its store binds it (CI lost a run to that EADDRINUSE). Children inherit it.
+    # before its store binds it. Children inherit it.
     os.environ["STANDALONE_PORT"] = str(free_port())
     yield
     if dist.is_available() and dist.is_initialized() and not had_group:
