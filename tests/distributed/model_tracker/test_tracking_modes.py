@@ -1,6 +1,6 @@
 """The tracker's state modes on 2 gloo ranks: ``EMBEDDING`` keeps each row as the window first looked
 it up (a sequence collection's rows, before the window's updates); ``ROWWISE_ADAGRAD`` gives how
-much each row's accumulator grew over the window; a mode a table cannot give is refused, naming it."""
+much each row's accumulator grew over the window; ``MOMENTUM_LAST`` the norm of each row's first moment when read; a mode a table cannot give is refused, naming it."""
 
 from __future__ import annotations
 
@@ -83,4 +83,43 @@ def _body(rank: int, world_size: int, tmp: str) -> dict[str, Any]:
 
 def test_embedding_and_rowwise_adagrad_modes_keep_the_states_of_the_window(tmp_path: Path) -> None:
     results = run_ranks(_body, 2, args=(str(tmp_path),), timeout=300)
+    assert results[0]["checked"] > 0 and results[1]["checked"] > 0
+
+
+def _momentum_last_body(rank: int, world_size: int, tmp: str) -> dict[str, Any]:
+    from lightrec.distributed.model_tracker import ModelDeltaTrackerTrec, TrackingMode
+    from tests.distributed.model_tracker.helpers import batch, sharded
+
+    # Adam keeps a [rows, dim] first moment; the managed-collision tables keep their row-wise Adagrad
+    # (their sharder's own optimizer), and the pooled collection holds data-parallel and dense tables.
+    model = sharded(f"{tmp}/ssd-{rank}", world_size, fused={"optimizer": "adam", "learning_rate": 0.05})
+    tracker = ModelDeltaTrackerTrec(model, mode=TrackingMode.MOMENTUM_LAST, fqns_to_skip=["ebc", "mc"])
+    assert sorted(t.name for t in tracker.tables.values()) == ["s_cw", "s_rw"]
+    checked = 0
+    for window in ((1, 2), (3, 4)):
+        touched: dict[str, set[int]] = {fqn: set() for fqn in tracker.tables}
+        for step in window:
+            for r in range(world_size):  # every rank's rows of the sequence collection, by feature
+                f_ec = batch(step, r)[1]
+                for fqn, t in tracker.tables.items():
+                    touched[fqn] |= set(f_ec[f"f_{t.name}"].values().tolist())
+            train_step(model, step, rank)
+        for fqn, found in tracker.get_unique().items():
+            table = tracker.tables[fqn]
+            if not table.local:
+                continue
+            shard = table.local[0]
+            mine = {i for i in touched[fqn] if shard.row_offset <= i < shard.row_offset + shard.rows}
+            assert set(found.ids.tolist()) == mine, (window, fqn)
+            # the first moment's L2 norm per row, as it is when read (after the window's updates)
+            norms = _read(table, found.ids, "momentum1").norm(dim=1)
+            assert found.states is not None and torch.equal(found.states, norms), (window, fqn)
+            assert bool((norms > 0).all()), (window, fqn)  # Adam moved every looked-up row's moment
+            checked += found.ids.numel()
+    tracker.close()
+    return {"checked": checked}
+
+
+def test_momentum_last_reports_the_first_moment_norm_of_each_row_looked_up(tmp_path: Path) -> None:
+    results = run_ranks(_momentum_last_body, 2, args=(str(tmp_path),), timeout=300)
     assert results[0]["checked"] > 0 and results[1]["checked"] > 0
