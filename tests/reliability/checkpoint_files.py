@@ -62,9 +62,8 @@ def run_python(code: str, timeout: float = 240.0) -> subprocess.CompletedProcess
     """Run ``code`` in a fresh interpreter at the repository root (imports ``tests`` and ``lightrec``).
 
     A fit in ``code`` binds the port ``STANDALONE_PORT`` names, one below the ephemeral range picked
-    here: module-scoped fixtures call this before the per-test port of ``tests/conftest.py`` is set,
-    and a port the OS picks (Lightning's ``bind(0)``) was taken before its store bound it twice in
-    full-suite runs (EADDRINUSE)."""
+    here (a port the OS picks -- Lightning's ``bind(0)`` -- was taken before its store bound it twice
+    in full-suite runs: EADDRINUSE), and never inherits a launch's ``MASTER_PORT`` or rank."""
     from tests.multiprocess import free_port
 
     env = dict(os.environ, PYTHONPATH=str(REPO), STANDALONE_PORT=str(free_port()))

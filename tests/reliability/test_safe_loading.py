@@ -166,8 +166,6 @@ def test_files_written_under_the_former_module_paths_still_load(
     meta = ShardMetadata([2, 0], [2, 4], "rank:1/cpu")
     state = ShardedTableState([4, 4], [(meta, torch.arange(8.0).view(2, 4))], torch.float32, [meta])
     sharding = plan.ParameterSharding("data_parallel", "dense", [0, 1])
-    # (weights_only loads no dict subclass with items: a ShardingPlan is safe-listed but only an empty one
-    # loads -- as before the move; what checkpoints hold is the state above, the enums and configs)
     payload = {"t.weight": state, "sharding": sharding, "plan": ShardingPlan(),
                "kinds": [ShardingType.ROW_WISE, kernel]}  # fmt: skip
 
@@ -195,3 +193,34 @@ def test_files_written_under_the_former_module_paths_still_load(
         assert loaded["sharding"] == sharding and loaded["plan"] == ShardingPlan()
         assert loaded["kinds"] == [ShardingType.ROW_WISE, kernel]
         assert loaded["kinds"][0] is ShardingType.ROW_WISE
+
+
+def test_a_full_sharding_plan_loads_with_weights_only_after_importing_lightrec(tmp_path: Path) -> None:
+    """A plan with shard specs, cache and key-value parameters round-trips through ``torch.save`` and
+    ``torch.load(weights_only=True)`` in a fresh process that only imported ``lightrec.distributed``
+    (its list/dict subclasses pickle as calls the safe unpickler allows)."""
+    from lightrec import EmbeddingBagCollection, EmbeddingBagConfig
+    from lightrec.distributed import ShardingPlan, construct_module_sharding_plan, row_wise, table_wise
+    from lightrec.distributed.planner import plan
+
+    ebc = EmbeddingBagCollection([EmbeddingBagConfig(name=t, num_embeddings=10, embedding_dim=4, feature_names=[f"f_{t}"])
+                                  for t in ("t", "u")], device="meta")  # fmt: skip
+    full = ShardingPlan({"sparse.ebc": construct_module_sharding_plan(
+        ebc, {"t": row_wise(), "u": table_wise(rank=0, compute_kernel="fused_uvm_caching")}, world_size=2)})  # fmt: skip
+    full.plan["sparse.ebc"]["u"].cache_params = plan.CacheParams(algorithm=plan.CacheAlgorithm.LFU, load_factor=0.2)
+    full.plan["sparse.ebc"]["t"].key_value_params = plan.KeyValueParams(ssd_storage_directory="/ssd")
+    path = tmp_path / "plan.pt"
+    torch.save({"plan": full}, path)
+    code = f"""
+import torch, lightrec.distributed
+from lightrec.distributed.planner import plan
+loaded = torch.load({str(path)!r}, weights_only=True)["plan"]
+module = loaded.plan["sparse.ebc"]
+assert type(module) is plan.EmbeddingModuleShardingPlan and type(module["t"].sharding_spec) is plan.EnumerableShardingSpec
+assert [s.placement for s in module["t"].sharding_spec] == ["rank:0/cpu", "rank:1/cpu"]
+assert module["u"].cache_params.algorithm is plan.CacheAlgorithm.LFU
+"""
+    done = run_python(code)
+    assert done.returncode == 0, done.stderr[-3000:]
+    reloaded = torch.load(path, weights_only=True)["plan"]
+    assert reloaded == full

@@ -39,6 +39,10 @@ _PLAN_TYPES: list[type] = [
     plan.EmbeddingModuleShardingPlan,
     plan.ShardingType,
     plan.EmbeddingComputeKernel,
+    plan.EnumerableShardingSpec,
+    plan.CacheParams,
+    plan.KeyValueParams,
+    plan.CacheAlgorithm,
 ]
 #: lightrec's types that may appear in a checkpoint and carry no code of their own -- under their
 #: names, and under the names files written before they moved store: the plan types of the one

@@ -16,7 +16,12 @@ planner (``lightrec.distributed.planner``, one folder up) builds them. Nothing i
 imports the planner. Until this folder existed ``lightrec.distributed.planner.plan`` was one
 module, and checkpoints written then name its types by that path (``checkpoint/safe_load.py``
 still accepts them).
+
+Importing this package registers the plan types with ``torch.serialization.add_safe_globals``, so a
+plan -- or a checkpoint holding one -- loads with ``torch.load(..., weights_only=True)``.
 """
+
+import torch
 
 from lightrec.distributed.planner.plan.builders import (
     ParameterShardingGenerator,
@@ -90,3 +95,8 @@ __all__ = [
     "table_row_wise",
     "table_wise",
 ]
+
+torch.serialization.add_safe_globals([
+    ShardingPlan, EmbeddingModuleShardingPlan, ParameterSharding, ShardMetadata, EnumerableShardingSpec,
+    ShardingType, EmbeddingComputeKernel, CacheParams, KeyValueParams, CacheAlgorithm,
+])  # fmt: skip

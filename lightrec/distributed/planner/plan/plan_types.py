@@ -233,6 +233,11 @@ class EnumerableShardingSpec(list[ShardMetadata]):
     def __repr__(self) -> str:
         return f"EnumerableShardingSpec(shards={list(self)!r})"
 
+    def __reduce__(self) -> tuple[type[EnumerableShardingSpec], tuple[list[ShardMetadata]]]:
+        # Pickled as a call with a plain list: torch's weights_only unpickler refuses to extend a
+        # list subclass item by item, so a checkpoint holding a plan would not load safely.
+        return (type(self), (list(self),))
+
 
 @dataclass
 class ParameterSharding:
@@ -325,6 +330,10 @@ def _format_table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 class EmbeddingModuleShardingPlan(dict[str, ParameterSharding]):
     """Shardings of one collection's tables: ``{table name: ParameterSharding}``."""
+
+    def __reduce__(self) -> tuple[type[EmbeddingModuleShardingPlan], tuple[dict[str, ParameterSharding]]]:
+        # Pickled as a call with a plain dict (weights_only refuses item-by-item fills of a dict subclass).
+        return (type(self), (dict(self),))
 
     def __str__(self) -> str:
         params = [[n, p.sharding_type, p.compute_kernel, str(p.ranks)] for n, p in self.items()]
