@@ -110,6 +110,9 @@ def test_plan_prints_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[st
     out = capsys.readouterr().out
     assert "4 device(s) x 1 node(s), cpu" in out
     assert "26 tables on 4 ranks (cpu)" in out
+    # which kernel serves the fused tables, and why (the suite pins LIGHTREC_CPU_KERNEL=fbgemm)
+    assert "CPU kernels of the fused tables:\nfused row_wise_adagrad, kernel_backend='auto':" in out, out
+    assert "  dim <= 16 (26 tables): fbgemm: forced (LIGHTREC_CPU_KERNEL=fbgemm)" in out, out
     rows = [line for line in out.splitlines() if line[:1].isdigit() and " | " in line]
     assert [int(r.split("|")[0]) for r in rows] == [0, 1, 2, 3]
     assert png.read_bytes()[:4] == b"\x89PNG"

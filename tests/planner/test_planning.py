@@ -69,6 +69,51 @@ def test_plan_sharding_is_the_planners_plan_and_report() -> None:
     assert [t.ranks for t in planned.report.tables] == [t.ranks for t in planner.last_report.tables]
 
 
+def test_the_cpu_report_says_which_kernel_serves_the_fused_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Per optimizer and dim bucket, the verdict the kernels take when built (and why); a sharder's
+    own backend is named as its choice; tables that are not ``fused`` and CUDA plans have no lines."""
+    from lightrec import EmbeddingBagCollection, EmbeddingBagConfig
+    from lightrec.distributed import get_default_sharders
+    from lightrec.distributed.planner import plan_sharding, topology_for
+    from lightrec.kernels.cpu_kernel_choice import cpu_kernel_verdict
+
+    ebc = EmbeddingBagCollection(
+        [EmbeddingBagConfig(name=f"t{i}", num_embeddings=50_000, embedding_dim=d, feature_names=[f"f{i}"])
+         for i, d in enumerate((16, 48, 64))], device="meta")  # fmt: skip
+    adam = {"optimizer": "adam", "learning_rate": 0.01}
+    adagrad = {"optimizer": "exact_row_wise_adagrad", "learning_rate": 0.01}
+    monkeypatch.setenv("LIGHTREC_CPU_KERNEL", "torch")
+    cpu_kernel_verdict.cache_clear()  # decided per process: forget the suite's pinned fbgemm verdicts
+    try:
+        report = plan_sharding(ebc, get_default_sharders(adam), topology_for(2, "cpu")).report
+        assert report is not None and report.kernel_lines == [
+            "fused adam, kernel_backend='auto':",
+            "  dim <= 16 (1 tables): torch: fbgemm unsupported (fbgemm has no CPU kernel for ADAM)",
+            "  dim <= 64 (2 tables): torch: fbgemm unsupported (fbgemm has no CPU kernel for ADAM)",
+        ], report.kernel_lines
+        assert "CPU kernels of the fused tables:\nfused adam" in report.to_text()
+        report = plan_sharding(ebc, get_default_sharders(adagrad), topology_for(2, "cpu")).report
+        threads = torch.get_num_threads()
+        assert report is not None and report.kernel_lines == [
+            "fused row_wise_adagrad, kernel_backend='auto':",
+            f"  dim <= 16 (1 tables): torch: forced (LIGHTREC_CPU_KERNEL=torch) [threads={threads}|dim=16|"
+            "row_wise_adagrad|ids=1]",
+            f"  dim <= 64 (2 tables): torch: forced (LIGHTREC_CPU_KERNEL=torch) [threads={threads}|dim=64|"
+            "row_wise_adagrad|ids=1]",
+        ], report.kernel_lines
+    finally:
+        cpu_kernel_verdict.cache_clear()
+    report = plan_sharding(ebc, get_default_sharders(adam, "fbgemm"), topology_for(2, "cpu")).report
+    assert report is not None
+    assert report.kernel_lines == ["fused adam (3 tables): kernel_backend='fbgemm' (chosen by the sharder)"]
+    small = EmbeddingBagCollection([EmbeddingBagConfig(name="t", num_embeddings=10, embedding_dim=8, feature_names=["f"])],
+                                   device="meta")  # fmt: skip
+    report = plan_sharding(small, get_default_sharders(adam), topology_for(2, "cpu")).report
+    assert report is not None and report.kernel_lines == []  # planned data-parallel / dense: no fused kernel
+    report = plan_sharding(ebc, get_default_sharders(adam), topology_for(2, "cuda")).report
+    assert report is not None and report.kernel_lines == [] and "CPU kernels" not in report.to_text()
+
+
 def _collective_body(rank: int, world_size: int) -> dict[str, Any]:
     from lightrec.distributed import DistributedModelParallel, get_default_sharders
     from lightrec.distributed.planner import plan_report_for, plan_sharding, topology_for

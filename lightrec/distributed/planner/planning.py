@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 from torch import nn
 
+from lightrec.distributed.planner.cpu_kernel_report import cpu_kernel_report
 from lightrec.distributed.planner.plan import ModuleSharder, ShardingPlan
 from lightrec.distributed.planner.plan.sharder import PooledTables, SequenceTables
 from lightrec.distributed.planner.planners import EmbeddingShardingPlanner
@@ -97,7 +98,11 @@ def plan_sharding(
         plan = planner.collective_plan(module, list(sharders), pg)
     else:
         plan = planner.plan(module, list(sharders))
-    return PlanningResult(plan, planner.last_report)
+    report = planner.last_report
+    if report is not None and topology.compute_device == "cpu":
+        # The verdict each rank's kernels take when they are built (same cache), said up front.
+        report.kernel_lines = cpu_kernel_report(module, sharders, plan)
+    return PlanningResult(plan, report)
 
 
 def _unsharded_twin(sharded: nn.Module) -> nn.Module | None:

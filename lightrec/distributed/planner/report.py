@@ -87,6 +87,8 @@ class PlannerReport:
         planning_s: wall time of the planner.
         proposer: which proposal won (``"greedy"`` or ``"memory_dp"``).
         ssd_bytes, ssd_caps: ``[W]`` SSD use (``key_value`` tables) and capacity per rank.
+        kernel_lines: on CPU, which kernel serves the fused tables and why
+            (``cpu_kernel_report.py``); empty elsewhere.
 
     On ``cuda`` the DDR column is the host memory that ``fused_uvm_caching`` tables fill; on ``cpu``
     it is the table memory itself.
@@ -103,6 +105,7 @@ class PlannerReport:
     proposer: str = ""
     ssd_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0))
     ssd_caps: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    kernel_lines: list[str] = field(default_factory=list)
 
     @property
     def tiered_tables(self) -> list[TableReport]:
@@ -177,6 +180,7 @@ class PlannerReport:
             f"{float(self.cost_s.mean()) * 1e3:.4g} ms, imbalance (max/mean) {self.imbalance:.3f}",
             f"planned in {self.planning_s:.3f} s (proposal: {self.proposer or '-'})",
             *self._tiered_lines(),
+            *(["CPU kernels of the fused tables:", *self.kernel_lines] if self.kernel_lines else []),
         ]
 
     _HEADER = ["rank", "HBM used / cap", "DDR used / cap", "est. cost (ms/step)", "tables"]
