@@ -74,7 +74,7 @@ def test_the_cpu_report_says_which_kernel_serves_the_fused_tables(monkeypatch: p
     own backend is named as its choice; tables that are not ``fused`` and CUDA plans have no lines."""
     from lightrec import EmbeddingBagCollection, EmbeddingBagConfig
     from lightrec.distributed import get_default_sharders
-    from lightrec.distributed.planner import plan_sharding, topology_for
+    from lightrec.distributed.planner import plan_report_for, plan_sharding, topology_for
     from lightrec.kernels.cpu_kernel_choice import cpu_kernel_verdict
 
     ebc = EmbeddingBagCollection(
@@ -103,9 +103,12 @@ def test_the_cpu_report_says_which_kernel_serves_the_fused_tables(monkeypatch: p
         ], report.kernel_lines
     finally:
         cpu_kernel_verdict.cache_clear()
-    report = plan_sharding(ebc, get_default_sharders(adam, "fbgemm"), topology_for(2, "cpu")).report
-    assert report is not None
-    assert report.kernel_lines == ["fused adam (3 tables): kernel_backend='fbgemm' (chosen by the sharder)"]
+    planned = plan_sharding(ebc, get_default_sharders(adam, "fbgemm"), topology_for(2, "cpu"))
+    assert planned.report is not None
+    assert planned.report.kernel_lines == ["fused adam (3 tables): kernel_backend='fbgemm' (chosen by the sharder)"]
+    # the report of a given plan (the PlanReport callback's) says the same
+    given = plan_report_for(ebc, planned.plan, topology_for(2, "cpu"), get_default_sharders(adam, "fbgemm"))
+    assert given.kernel_lines == planned.report.kernel_lines
     small = EmbeddingBagCollection([EmbeddingBagConfig(name="t", num_embeddings=10, embedding_dim=8, feature_names=["f"])],
                                    device="meta")  # fmt: skip
     report = plan_sharding(small, get_default_sharders(adam), topology_for(2, "cpu")).report

@@ -172,4 +172,7 @@ def plan_report_for(
             "their tables are left out of the report",
             stacklevel=2,
         )
-    return EmbeddingShardingPlanner(topology=topology).evaluate(unsharded, list(sharders), plan)
+    report = EmbeddingShardingPlanner(topology=topology).evaluate(unsharded, list(sharders), plan)
+    if topology.compute_device == "cpu":
+        report.kernel_lines = cpu_kernel_report(unsharded, sharders, plan)
+    return report
