@@ -54,6 +54,7 @@ from lightrec.distributed.deltas.writer import DeltaWriter
 from lightrec.distributed.dmp.placement import detached
 from lightrec.distributed.model_parallel import DistributedModelParallel
 from lightrec.distributed.model_tracker import ModelDeltaTracker, ModelDeltaTrackerTrec
+from lightrec.distributed.model_tracker.delta_store import sorted_unique
 from lightrec.distributed.model_tracker.tables import TrackedTable, find_tables, sharded_collections
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
 
@@ -154,7 +155,7 @@ def _union(changes: dict[str, torch.Tensor], group: _Group, snapshot: bool,
         return {n: torch.arange(t.num_embeddings) for n, t in tables.items()}
     names = list(changes)
     if group.world == 1:
-        return {n: torch.unique(changes[n]) for n in names}
+        return {n: sorted_unique([changes[n]]) for n in names}
     counts = torch.tensor([changes[n].numel() for n in names], dtype=torch.int64, device=group.device)
     all_counts = [torch.empty_like(counts) for _ in range(group.world)]
     with collective_guard("publish_changes: all_gather of the changed row counts", group.pg):
@@ -171,7 +172,7 @@ def _union(changes: dict[str, torch.Tensor], group: _Group, snapshot: bool,
         sizes = rank_counts.cpu().tolist()
         for n, piece in zip(names, torch.split(rank_ids.cpu()[: sum(sizes)], sizes), strict=True):
             parts[n].append(piece)
-    return {n: torch.unique(torch.cat(p)) for n, p in parts.items()}
+    return {n: sorted_unique(p) for n, p in parts.items()}
 
 
 # ---- 3: the rows of the union, gathered to rank 0 -------------------------------------------------

@@ -57,3 +57,23 @@ def test_a_model_without_sharded_tables_is_refused_with_the_fix() -> None:
     ebc = EmbeddingBagCollection([EmbeddingBagConfig(name="t", embedding_dim=4, num_embeddings=10, feature_names=["f"])])
     with pytest.raises(ValueError, match="holds no sharded embedding collection.*RecStrategy"):
         ModelDeltaTrackerTrec(ebc)
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        [torch.tensor([7, 1, 7, 9]), torch.tensor([1, 2]), torch.tensor([], dtype=torch.int64)],  # dense: the mask
+        [torch.randint(0, 100_000, (2048,), generator=torch.Generator().manual_seed(s)) for s in range(8)],
+        [torch.tensor([2**62 + 5, 3, 2**62 + 5])],  # raw 64-bit ids: torch.unique, no 2**62-row mask
+        [torch.tensor([-4, 3, -4, 0])],  # negative: torch.unique
+        [torch.tensor([5, 5, 1], dtype=torch.int32), torch.tensor([0], dtype=torch.int32)],  # keeps the dtype
+        [torch.tensor([], dtype=torch.int32)],
+        [],
+    ],
+)
+def test_sorted_unique_equals_torch_unique_of_the_concatenation(chunks: list[torch.Tensor]) -> None:
+    from lightrec.distributed.model_tracker.delta_store import sorted_unique
+
+    expected = torch.unique(torch.cat(chunks)) if chunks else torch.zeros(0, dtype=torch.int64)
+    got = sorted_unique(chunks)
+    assert got.dtype == expected.dtype and torch.equal(got, expected)
