@@ -6,7 +6,11 @@ LitServe runs one copy of it in every inference worker process and calls, per ba
     batch([decoded, ...])     -> ScoringBatch                  the valid ones joined (batching.py)
     predict(batch)            -> [ScoredRequest | Rejected]    one forward under the model's lock
     unbatch(outputs)          -> outputs                       one per request, in order
-    encode_response(output)   -> Response                      200 {"scores", "version"} or the 4xx
+    encode_response(output)   -> EncodedResponse               200 {"scores", "version"} or the 4xx, as bytes
+
+The body arrives as the client sent it (bytes): the HTTP server does not parse it but hands it to
+the workers (:class:`~lightrec.serving.transport.PredictDispatch`), and ``decode_request`` parses
+and validates it in one go, in the worker.
 
 A bad request never raises out of these methods: LitServe fails every request of a batch when
 one method raises, so ``decode_request`` returns a :class:`~lightrec.serving.request_forms.Rejected`
@@ -32,7 +36,6 @@ import litserve.server
 import torch
 from fastapi import Body, HTTPException
 from starlette.requests import Request
-from starlette.responses import Response
 
 from lightrec.inference.predictor import load
 from lightrec.serving.batching import ScoredRequest, ScoringBatch, assemble, split
@@ -40,7 +43,9 @@ from lightrec.serving.config import ServeConfig
 from lightrec.serving.metrics import ServingMetrics, WorkerMetrics, WorkerState
 from lightrec.serving.model_updates import UpdateFollower
 from lightrec.serving.request_forms import Rejected, SampleColumns, decode_body
+from lightrec.serving.scoring_loop import ScoringLoop
 from lightrec.serving.served_model import ServedModel, UpdaterFactory
+from lightrec.serving.transport import EncodedResponse
 
 __all__ = ["RecServingAPI"]
 
@@ -66,7 +71,7 @@ class RecServingAPI(ls.LitAPI):
         with warnings.catch_warnings():  # max_batch_size=1 is fine here: predict takes a lone request too
             warnings.filterwarnings("ignore", message="The LitServer has both batch and unbatch")
             super().__init__(max_batch_size=config.max_batch_size, batch_timeout=config.batch_timeout_ms / 1000,
-                             api_path=PREDICT_PATH)
+                             api_path=PREDICT_PATH, loop=ScoringLoop())
         self.config = config
         self.metrics = metrics
         self.updater_factory = updater_factory
@@ -139,11 +144,12 @@ class RecServingAPI(ls.LitAPI):
     def unbatch(self, output: list[ScoredRequest | Rejected]) -> list[ScoredRequest | Rejected]:
         return output
 
-    def encode_response(self, output: ScoredRequest | Rejected) -> Response:
-        """``200 {"scores": [...], "version": v}``, or the request's error with its status."""
+    def encode_response(self, output: ScoredRequest | Rejected) -> EncodedResponse:
+        """``200 {"scores": [...], "version": v}``, or the request's error with its status, as JSON bytes
+        (the HTTP server writes them as they are: :class:`~lightrec.serving.transport.PredictDispatch`)."""
         if isinstance(output, Rejected):
-            return Response(json.dumps(output.body()), status_code=output.status, media_type="application/json")
-        return Response(json.dumps({"scores": output.scores, "version": output.version}), media_type="application/json")
+            return EncodedResponse(output.status, json.dumps(output.body()).encode())
+        return EncodedResponse(200, json.dumps({"scores": output.scores, "version": output.version}).encode())
 
     # ------------------------------------------------------------------ LitServe's hooks around the endpoint
     async def authorize(self, request: Request) -> None:

@@ -44,7 +44,7 @@ from lightrec.serving.endpoints import add_endpoints
 from lightrec.serving.metrics import ServingMetrics
 from lightrec.serving.model_updates import delta_updater_factory
 from lightrec.serving.served_model import UpdaterFactory
-from lightrec.serving.transport import PipeQueueServer
+from lightrec.serving.transport import PipeQueueServer, PredictDispatch
 
 __all__ = ["BuiltServer", "build_server", "serve"]
 
@@ -116,10 +116,13 @@ def build_server(config: ServeConfig, updater_factory: UpdaterFactory | None = N
     threads = config.cpu_threads() if accelerator == "cpu" else None
     api = RecServingAPI(config, metrics, updater_factory, threads)
     devices: int | str = 1 if accelerator == "cpu" else (gpus if config.devices == "auto" else int(config.devices))
-    admission = {"path": PREDICT_PATH, "gate": gate, "metrics": metrics, "max_payload_bytes": config.max_payload_bytes}
+    dispatch = PredictDispatch(PREDICT_PATH)
+    admission = {"path": PREDICT_PATH, "gate": gate, "metrics": metrics, "max_payload_bytes": config.max_payload_bytes,
+                 "dispatch": dispatch}
     server = PipeQueueServer(api, accelerator=accelerator, devices=devices,
                              workers_per_device=config.workers_per_device, timeout=config.timeout_s,
                              model_metadata=_model_info(config, meta), middlewares=[(AdmissionMiddleware, admission)])
+    dispatch.bind(server)
     add_endpoints(server.app, metrics, gate)
     return BuiltServer(server, config, api_servers, workers, metrics, gate)
 

@@ -57,3 +57,67 @@ def test_the_server_swaps_litserves_manager_queues_for_pipes(tmp_path: Path) -> 
         assert all(isinstance(q, type(multiprocessing.get_context("spawn").Queue())) for q in server.litapi_request_queues.values())
     finally:
         manager.shutdown()
+
+
+def test_a_batch_of_answers_is_one_message_and_arrives_as_its_items() -> None:
+    pipes = [multiprocessing.get_context("spawn").Queue()]
+    transport = PipeTransport(pipes)
+    transport.send_many([("a", ("ok", 1)), ("b", ("ok", 2))], consumer_id=0)
+    transport.send(("c", ("ok", 3)), consumer_id=0)
+
+    async def receive(n: int) -> list[object]:
+        return [await transport.areceive(0, 5) for _ in range(n)]
+
+    assert [item[0] for item in asyncio.run(receive(3))] == ["a", "b", "c"]  # type: ignore[index]
+
+
+def test_collect_takes_what_is_queued_waits_the_batch_timeout_and_stops_on_the_sentinel() -> None:
+    import time
+
+    from litserve.loops.base import _SENTINEL_VALUE
+
+    from lightrec.serving.scoring_loop import _Stop, collect
+
+    requests: queue.Queue[object] = queue.Queue()
+    for uid in range(5):
+        requests.put((0, uid, 0.0, b"{}"))
+    assert [r[1] for r in collect(requests, 3, 10.0)] == [0, 1, 2]  # a full batch returns at once
+    start = time.monotonic()
+    assert [r[1] for r in collect(requests, 8, 0.05)] == [3, 4]  # then waits the batch timeout for more
+    assert 0.04 <= time.monotonic() - start < 5
+    requests.put(_SENTINEL_VALUE)
+    with pytest.raises(_Stop):
+        collect(requests, 8, 0.05)
+
+
+def test_dispatch_answers_worker_errors_without_unpickling_them() -> None:
+    from fastapi import HTTPException
+    from litserve.utils import LitAPIStatus
+
+    from lightrec.serving.transport import EncodedResponse, PredictDispatch
+
+    class Server:  # what PredictDispatch uses of a LitServer
+        def __init__(self, answer: tuple[object, str]) -> None:
+            self.response_buffer: dict[object, object] = {}
+            self.answer = answer
+            self.litapi_request_queues = {"/predict": self}
+
+        def put(self, item: tuple[int, int, float, bytes]) -> None:  # the worker answers at once
+            slot = self.response_buffer[item[1]]
+            slot.response = self.answer  # type: ignore[attr-defined]
+            slot.event.set()  # type: ignore[attr-defined]
+
+    class App:
+        response_queue_id = 0
+
+    def answer(response: object, status: str) -> EncodedResponse:
+        dispatch = PredictDispatch("/predict")
+        dispatch.bind(Server((response, status)))  # type: ignore[arg-type]
+        return asyncio.run(dispatch.answer(App(), {}, b"{}"))
+
+    assert answer(EncodedResponse(200, b'{"scores": [0.5]}'), LitAPIStatus.OK) == (200, b'{"scores": [0.5]}')
+    late = answer(HTTPException(504, "waited too long"), LitAPIStatus.ERROR)
+    assert late.status_code == 504 and b"waited too long" in late.body
+    assert answer(b"\x80\x04pickled exception", LitAPIStatus.ERROR).status_code == 500
+    with pytest.raises(RuntimeError, match="bind"):
+        asyncio.run(PredictDispatch("/predict").answer(App(), {}, b"{}"))
