@@ -24,6 +24,7 @@ No ``from __future__ import annotations`` here: LitServe hands ``decode_request`
 FastAPI as the type of the request body, which must be an object, not a string.
 """
 
+import gc
 import json
 import logging
 import os
@@ -101,6 +102,8 @@ class RecServingAPI(ls.LitAPI):
             applied = self._follower.catch_up()
             log.info("worker %d serves version %d (%d updates applied at start-up)", worker, model.version, applied)
             self._follower.start()
+        gc.collect()
+        gc.freeze()  # the model and the modules loaded so far: never scanned again by a collection mid-request
         slot.set_state(WorkerState.SERVING)
 
     def close(self) -> None:

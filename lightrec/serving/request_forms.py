@@ -105,6 +105,9 @@ def decode_body(predictor: Predictor, body: Any, max_samples: int) -> SampleColu
         The samples, or the error to answer with (400 malformed body, 413 too many samples, 422 invalid sample).
     """
     if isinstance(body, (bytes, bytearray, str)):
+        if not body.strip():
+            return Rejected(400, "the body is empty; send a JSON object (one sample or {'batch': ...}) or a list",
+                            None, "body", "")
         try:
             body = json.loads(body)
         except ValueError as exc:

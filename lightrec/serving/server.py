@@ -11,11 +11,13 @@ The processes of one server (LitServe's layout)::
 
     main process        this function: checks the options, then waits; SIGTERM/Ctrl+C shut all down
     HTTP servers        ``api_servers`` forked uvicorn processes on one socket: admission (503/413),
-                        JSON parsing, /health /ready /metrics /info
+                        then the raw body of a /predict request to the workers (PredictDispatch);
+                        /health /ready /metrics /info
     inference workers   devices x ``workers_per_device`` spawned processes, each with its own copy of the
                         model (RecServingAPI.setup); requests reach them through one pipe, answers
-                        go back through one pipe per HTTP server (transport.py), and are scored in
-                        batches of up to ``max_batch_size`` requests
+                        go back through one pipe per HTTP server (transport.py); each parses,
+                        validates and scores them in batches of up to ``max_batch_size`` requests
+                        (scoring_loop.py)
 
 Options are checked (:meth:`ServeConfig.check`) before any process starts, so a typo in a path or a
 port fails in a second with a message instead of in a worker's log.
