@@ -14,7 +14,8 @@ This loop calls the methods directly (``RecServingAPI`` takes no LitServe contex
 already queued without waiting, and sends a batch's answers to each HTTP server as one message
 (:meth:`~lightrec.serving.transport.PipeTransport.send_many`). Batching is LitServe's: up to
 ``max_batch_size`` requests, waiting at most ``batch_timeout`` after the first one arrived for more;
-a request older than the server's ``timeout`` is answered 504 unscored. LitServe's callbacks
+a request older than the server's ``timeout`` is answered 504 unscored; at the stop sentinel the requests
+queued before it are still answered (LitServe's loop drops them). LitServe's callbacks
 (``BEFORE_PREDICT`` ...) are not triggered: ``lightrec serve`` registers none.
 """
 
@@ -41,21 +42,15 @@ log = logging.getLogger(__name__)
 _IDLE_WAIT_S = 1.0  # an idle worker wakes this often (the sentinel that stops it also wakes it)
 
 
-class _Stop(Exception):
-    """The server put the sentinel on the request queue: the loop ends."""
-
-
 class ScoringLoop(BatchedLoop):
     """See the module docstring. Works with any ``LitAPI`` whose methods take no context."""
 
     def run_batched_loop(self, lit_api: Any, request_queue: Any, transport: MessageTransport, callback_runner: Any,
                          lit_spec: Any = None) -> None:  # fmt: skip
         timeout = lit_api.request_timeout if lit_api.request_timeout not in (-1, False, None) else None
-        while True:
-            try:
-                requests = collect(request_queue, lit_api.max_batch_size, lit_api.batch_timeout)
-            except _Stop:
-                return
+        stop = False
+        while not stop:
+            requests, stop = collect(request_queue, lit_api.max_batch_size, lit_api.batch_timeout)
             answers: list[tuple[int, str, Any, str]] = []
             now = time.monotonic()
             fresh = []
@@ -98,12 +93,10 @@ class ScoringLoop(BatchedLoop):
                     transport.send(item, consumer_id=consumer)
 
 
-def collect(request_queue: Any, max_batch: int, batch_timeout_s: float) -> list[tuple[int, str, float, Any]]:
+def collect(request_queue: Any, max_batch: int, batch_timeout_s: float) -> tuple[list[tuple[int, str, float, Any]], bool]:
     """Up to ``max_batch`` requests: the first as it comes (waking every second when none does), then
-    those already queued, then those that come within ``batch_timeout_s`` of the first.
-
-    Raises:
-        _Stop: the sentinel came.
+    those already queued, then those that come within ``batch_timeout_s`` of the first; and whether
+    the server's stop sentinel came (the requests before it are still answered).
     """
     items: list[tuple[int, str, float, Any]] = []
     deadline = 0.0
@@ -125,6 +118,6 @@ def collect(request_queue: Any, max_batch: int, batch_timeout_s: float) -> list[
                 break
             continue
         if item == _SENTINEL_VALUE:
-            raise _Stop
+            return items, True
         items.append(item)
-    return items
+    return items, False
