@@ -23,12 +23,15 @@ torch threads per process (``--threads``), the same request samples, the same ke
 (one request in flight each, in this process), and -- with ``--cpus 0,1`` -- the same cores for
 both servers (``taskset``). What differs is the design: lightrec runs an HTTP process and a model
 worker per ``--workers`` (two processes can use two cores), the baseline one process per
-``--fastapi-workers``. Besides requests/s and p50/p99 latency at 1, 8, 32 and 128 clients, each
-level reports the CPU time the server's processes used per request (from /proc: robust on a shared
-machine, where throughput is not), and for lightrec the mean samples per forward and in-server
-forward time (``/metrics``). Also the model's own forward time, at batch 1 and at the batch size
-lightrec served at 32 clients. Targets (issue 35): lightrec >= 3x FastAPI's throughput at 32
-clients; lightrec's p99 at 32 clients <= 2 x forward(served batch) + batch timeout.
+``--fastapi-workers``. Besides requests/s and p50/p99 latency at 1, 8, 32 and 128 closed-loop
+clients and at the open-loop rates of ``--open-rates`` (default 500 req/s, below both servers'
+saturation; ``serve_load.py`` says how each load counts latency), each level reports the CPU time
+the server's processes used per request (from /proc: robust on a shared machine, where throughput
+is not), and for lightrec the mean samples per forward, the in-server forward time (``/metrics``)
+and the p99 bound at that batch size: 2 x the model's own forward time there (measured by this
+script, ``Predictor.probabilities``) + the batch timeout. Targets (issue 35): lightrec >= 3x
+FastAPI's throughput at 32 clients; p99 <= the bound. The bound is judged on the open loop: in a
+closed loop of 32 clients the mean latency is 32 / throughput whatever the server does.
 
 Freshness (``--publishes N``, default 5; 0 skips it): a third server follows a publish folder at
 the default ``--follow-interval``; the script publishes a snapshot of the artifact's own rows
@@ -37,8 +40,9 @@ moment against the follow interval, and measures the lag from each delta's publi
 manifest's ``wall_time``) to the first response carrying its version (min / median / max; issue
 35's target: <= 10 s).
 
-Run::
+Run (about 3 minutes per round; ``--artifact`` saves the export, ~20 s)::
 
+    python benchmarks/bench_serve.py --seconds 5 --rounds 2 --out serve.json      # what docs/performance.md reports
     python benchmarks/bench_serve.py --smoke                      # a quick pass (1 s per level)
     python benchmarks/bench_serve.py --seconds 10 --cpus 0,1 --rounds 3 --out serve.json
     python benchmarks/bench_serve.py --artifact lightning_logs/dlrm/version_0/export/model_int8.pt
