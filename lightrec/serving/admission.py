@@ -22,12 +22,15 @@ import json
 import multiprocessing
 import os
 import time
+from typing import TYPE_CHECKING
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from lightrec.serving.metrics import ServingMetrics
 from lightrec.serving.request_forms import Rejected
-from lightrec.serving.transport import PredictDispatch
+
+if TYPE_CHECKING:  # transport.py imports LitServe, an optional dependency; this module does not need it
+    from lightrec.serving.transport import PredictDispatch
 
 __all__ = ["AdmissionGate", "AdmissionMiddleware"]
 
