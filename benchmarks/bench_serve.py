@@ -211,6 +211,8 @@ def _line(what: str, result: dict[str, Any]) -> str:
             f"CPU {result.get('server_cpu_ms_per_request', float('nan')):.2f} ms/req"
             + (f"  {result['samples_per_forward']:.1f} samples/forward of {result['forward_ms_in_server']:.2f} ms"
                if "samples_per_forward" in result else "")
+            + (f"  (from the write: p50 {result['p50_sent_ms']:.2f} / p99 {result['p99_sent_ms']:.2f} ms)"
+               if "p50_sent_ms" in result else "")
             + (f"  errors {result['errors']}" if result["errors"] else ""))  # fmt: skip
 
 
@@ -394,9 +396,11 @@ def _report(args: argparse.Namespace, levels: tuple[int, ...], results: dict[str
     for key, ours in results["lightrec"].items():  # the bound is judged on the open loop, below saturation
         if key.startswith("rate_"):
             met = ours["p99_ms"] <= ours["p99_bound_ms"]
-            targets[f"p99_{key}"] = {"p99_ms": ours["p99_ms"], "bound_ms": ours["p99_bound_ms"], "met": met,
+            targets[f"p99_{key}"] = {"p99_ms": ours["p99_ms"], "p99_sent_ms": ours["p99_sent_ms"],
+                                     "bound_ms": ours["p99_bound_ms"], "met": met,
                                      "samples_per_forward": ours["samples_per_forward"]}
-            print(f"open loop at {key[5:]} req/s: p99 {ours['p99_ms']:.2f} ms, bound {ours['p99_bound_ms']:.2f} ms = "
+            print(f"open loop at {key[5:]} req/s: p99 {ours['p99_ms']:.2f} ms ({ours['p99_sent_ms']:.2f} ms from the "
+                  f"write), bound {ours['p99_bound_ms']:.2f} ms = "
                   f"2 x forward({max(1, round(ours['samples_per_forward']))}) + {timeout_ms:g} ms batch timeout"
                   f" ({'met' if met else 'NOT met'})", file=sys.stderr)
     return {
