@@ -25,6 +25,7 @@ port fails in a second with a message instead of in a worker's log.
 
 from __future__ import annotations
 
+import gc
 import logging
 import multiprocessing
 import os
@@ -66,6 +67,7 @@ class BuiltServer:
 
     def run(self) -> None:
         """Serve until Ctrl+C, SIGTERM or a worker's death (LitServe then shuts every process down)."""
+        gc.freeze()  # what is loaded so far: the forked HTTP servers never scan it (no collection pauses over it)
         previous = signal.signal(signal.SIGTERM, _interrupt_in(os.getpid()))  # LitServe's Ctrl+C shutdown path
         try:
             self.server.run(host=self.config.host, port=self.config.port, num_api_servers=self.api_servers,
