@@ -33,10 +33,8 @@ import warnings
 from typing import Annotated, Any
 
 import litserve as ls
-import litserve.server
 import torch
-from fastapi import Body, HTTPException
-from starlette.requests import Request
+from fastapi import Body
 
 from lightrec.inference.predictor import load
 from lightrec.serving.batching import ScoredRequest, ScoringBatch, assemble, split
@@ -153,19 +151,6 @@ class RecServingAPI(ls.LitAPI):
         if isinstance(output, Rejected):
             return EncodedResponse(output.status, json.dumps(output.body()).encode())
         return EncodedResponse(200, json.dumps({"scores": output.scores, "version": output.version}).encode())
-
-    # ------------------------------------------------------------------ LitServe's hooks around the endpoint
-    async def authorize(self, request: Request) -> None:
-        """LitServe's authorization dependency of ``/predict``, as a coroutine: FastAPI runs a plain
-        function dependency (LitServe's default, a no-op) on a thread pool for every request; this
-        runs on the event loop. LitServe's ``LIT_SERVER_API_KEY`` check (header ``X-API-Key``) stays.
-
-        Raises:
-            HTTPException: 401 when ``LIT_SERVER_API_KEY`` is set and the request does not carry it.
-        """
-        key = litserve.server.LIT_SERVER_API_KEY  # LitServe reads its variable once, at import
-        if key and request.headers.get("x-api-key") != key:
-            raise HTTPException(401, "Invalid API Key. Check that you are passing a correct 'X-API-Key' in your header.")
 
     # ------------------------------------------------------------------ LitServe's /health
     def health(self) -> bool:

@@ -126,6 +126,34 @@ def test_dispatch_answers_worker_errors_without_unpickling_them() -> None:
         asyncio.run(PredictDispatch("/predict").answer(App(), {}, b"{}"))
 
 
+def test_dispatch_keeps_litserves_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    import litserve.server
+    from litserve.utils import LitAPIStatus
+
+    from lightrec.serving.transport import EncodedResponse, PredictDispatch
+
+    class Server:
+        def __init__(self) -> None:
+            self.response_buffer: dict[object, object] = {}
+            self.litapi_request_queues = {"/predict": self}
+
+        def put(self, item: tuple[int, int, float, bytes]) -> None:
+            slot = self.response_buffer[item[1]]
+            slot.response = (EncodedResponse(200, b"{}"), LitAPIStatus.OK)  # type: ignore[attr-defined]
+            slot.event.set()  # type: ignore[attr-defined]
+
+    class App:
+        response_queue_id = 0
+
+    dispatch = PredictDispatch("/predict")
+    dispatch.bind(Server())  # type: ignore[arg-type]
+    assert asyncio.run(dispatch.answer(App(), {}, b"{}")).status_code == 200  # no LIT_SERVER_API_KEY: all pass
+    monkeypatch.setattr(litserve.server, "LIT_SERVER_API_KEY", "s3cret")
+    for headers in ({}, {b"x-api-key": b"nope"}):
+        assert asyncio.run(dispatch.answer(App(), headers, b"{}")).status_code == 401
+    assert asyncio.run(dispatch.answer(App(), {b"x-api-key": b"s3cret"}, b"{}")).status_code == 200
+
+
 def test_the_scoring_loop_answers_a_batch_in_one_message_504s_stale_requests_and_survives_a_failed_batch() -> None:
     import time
 
