@@ -49,7 +49,8 @@ def _non_negative_number(value: str) -> float:
 _TUNING: tuple[tuple[str, str, Callable[[str], float], str], ...] = (
     ("--workers", "workers_per_device", positive_int, "worker processes per device, each with a copy of the model"),
     ("--max-batch-size", "max_batch_size", positive_int, "requests joined into one forward"),
-    ("--batch-timeout-ms", "batch_timeout_ms", _non_negative_number, "wait for a batch to fill at most this long"),
+    ("--batch-timeout-ms", "batch_timeout_ms", _non_negative_number,
+     "after a batch's first request, wait this long for more (0: score what is queued at once)"),
     ("--max-queue", "max_queue", positive_int, "requests in flight above which new ones get 503"),
     ("--max-payload-mb", "max_payload_mb", _positive_number, "largest request body in MiB"),
     ("--max-samples", "max_samples_per_request", positive_int, "most samples in one request"),

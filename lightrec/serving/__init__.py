@@ -13,7 +13,9 @@ parts, one purpose per file:
   folder (``docs/deltas.md``) to the served artifact;
 * ``api.py`` -- ``RecServingAPI``, the ``LitAPI``; ``admission.py`` -- 503 on overload, 413 on large
   bodies; ``endpoints.py`` -- ``/ready``, ``/metrics``; ``metrics.py`` -- shared-memory metrics in
-  Prometheus' format; ``server.py`` -- :func:`~lightrec.serving.server.build_server` and ``serve``.
+  Prometheus' format; ``transport.py`` -- the pipes between HTTP servers and workers, and
+  ``/predict`` bodies straight to the workers; ``scoring_loop.py`` -- the workers' loop;
+  ``server.py`` -- :func:`~lightrec.serving.server.build_server` and ``serve``.
 
 This module imports no LitServe (an optional dependency: ``pip install "lightrec[serve]"``), so the
 update contract is importable where only the model is: ``from lightrec.serving import ServedModel``.

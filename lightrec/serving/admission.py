@@ -8,8 +8,9 @@ the predict path it
    front of the workers stays bounded instead of growing until requests time out;
 2. answers **413** when the body is larger than ``max_payload_bytes`` (by its ``Content-Length``,
    or while reading a body sent without one), before anything parses it;
-3. otherwise passes the request on (LitServe parses it and queues it for a worker) and, whatever
-   the outcome, records its status code and latency in the server's metrics.
+3. otherwise hands the body to :class:`~lightrec.serving.transport.PredictDispatch`, which queues it
+   for a worker and returns the worker's answer (without one, passes the request on to the app),
+   and, whatever the outcome, records its status code and latency in the server's metrics.
 
 Error bodies have the one shape every rejection of the server has: ``{"error", "index", "field",
 "value"}`` (:class:`~lightrec.serving.request_forms.Rejected`).
@@ -21,11 +22,15 @@ import json
 import multiprocessing
 import os
 import time
+from typing import TYPE_CHECKING
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from lightrec.serving.metrics import ServingMetrics
 from lightrec.serving.request_forms import Rejected
+
+if TYPE_CHECKING:  # transport.py imports LitServe, an optional dependency; this module does not need it
+    from lightrec.serving.transport import PredictDispatch
 
 __all__ = ["AdmissionGate", "AdmissionMiddleware"]
 
@@ -70,16 +75,18 @@ class AdmissionMiddleware:
         metrics: where status codes and latencies go (the slot of this HTTP server process).
         max_payload_bytes: the largest body accepted.
         retry_after_s: the ``Retry-After`` of a 503.
+        dispatch: answers admitted requests from the workers; None: the wrapped app answers them.
     """
 
     def __init__(self, app: ASGIApp, *, path: str, gate: AdmissionGate, metrics: ServingMetrics,
-                 max_payload_bytes: int, retry_after_s: int = 1) -> None:
+                 max_payload_bytes: int, retry_after_s: int = 1, dispatch: PredictDispatch | None = None) -> None:
         self.app = app
         self.path = path
         self.gate = gate
         self.metrics = metrics
         self.max_payload_bytes = max_payload_bytes
         self.retry_after_s = retry_after_s
+        self.dispatch = dispatch
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] != self.path or scope["method"] != "POST":
@@ -105,7 +112,11 @@ class AdmissionMiddleware:
                 if isinstance(body, Rejected):
                     await _answer(send_and_note, body)
                     return
-                await self.app(scope, _replay(body, receive), send_and_note)
+                if self.dispatch is None:
+                    await self.app(scope, _replay(body, receive), send_and_note)
+                    return
+                answer = await self.dispatch.answer(scope["app"], dict(scope.get("headers", ())), body)
+                await _send(send_and_note, answer.status_code, answer.body)
             finally:
                 self.gate.leave()
         finally:
@@ -153,8 +164,12 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 
 
 async def _answer(send: Send, rejected: Rejected, headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    payload = json.dumps(rejected.body()).encode()
-    await send({"type": "http.response.start", "status": rejected.status,
+    await _send(send, rejected.status, json.dumps(rejected.body()).encode(), headers)
+
+
+async def _send(send: Send, status: int, payload: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    """A JSON response: ``payload`` with ``status``."""
+    await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
                             *(headers or [])]})  # fmt: skip
     await send({"type": "http.response.body", "body": payload})

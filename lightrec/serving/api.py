@@ -6,7 +6,11 @@ LitServe runs one copy of it in every inference worker process and calls, per ba
     batch([decoded, ...])     -> ScoringBatch                  the valid ones joined (batching.py)
     predict(batch)            -> [ScoredRequest | Rejected]    one forward under the model's lock
     unbatch(outputs)          -> outputs                       one per request, in order
-    encode_response(output)   -> Response                      200 {"scores", "version"} or the 4xx
+    encode_response(output)   -> EncodedResponse               200 {"scores", "version"} or the 4xx, as bytes
+
+The body arrives as the client sent it (bytes): the HTTP server does not parse it but hands it to
+the workers (:class:`~lightrec.serving.transport.PredictDispatch`), and ``decode_request`` parses
+and validates it in one go, in the worker.
 
 A bad request never raises out of these methods: LitServe fails every request of a batch when
 one method raises, so ``decode_request`` returns a :class:`~lightrec.serving.request_forms.Rejected`
@@ -20,6 +24,7 @@ No ``from __future__ import annotations`` here: LitServe hands ``decode_request`
 FastAPI as the type of the request body, which must be an object, not a string.
 """
 
+import gc
 import json
 import logging
 import os
@@ -28,11 +33,8 @@ import warnings
 from typing import Annotated, Any
 
 import litserve as ls
-import litserve.server
 import torch
-from fastapi import Body, HTTPException
-from starlette.requests import Request
-from starlette.responses import Response
+from fastapi import Body
 
 from lightrec.inference.predictor import load
 from lightrec.serving.batching import ScoredRequest, ScoringBatch, assemble, split
@@ -40,7 +42,9 @@ from lightrec.serving.config import ServeConfig
 from lightrec.serving.metrics import ServingMetrics, WorkerMetrics, WorkerState
 from lightrec.serving.model_updates import UpdateFollower
 from lightrec.serving.request_forms import Rejected, SampleColumns, decode_body
+from lightrec.serving.scoring_loop import ScoringLoop
 from lightrec.serving.served_model import ServedModel, UpdaterFactory
+from lightrec.serving.transport import EncodedResponse
 
 __all__ = ["RecServingAPI"]
 
@@ -66,7 +70,7 @@ class RecServingAPI(ls.LitAPI):
         with warnings.catch_warnings():  # max_batch_size=1 is fine here: predict takes a lone request too
             warnings.filterwarnings("ignore", message="The LitServer has both batch and unbatch")
             super().__init__(max_batch_size=config.max_batch_size, batch_timeout=config.batch_timeout_ms / 1000,
-                             api_path=PREDICT_PATH)
+                             api_path=PREDICT_PATH, loop=ScoringLoop())
         self.config = config
         self.metrics = metrics
         self.updater_factory = updater_factory
@@ -96,6 +100,8 @@ class RecServingAPI(ls.LitAPI):
             applied = self._follower.catch_up()
             log.info("worker %d serves version %d (%d updates applied at start-up)", worker, model.version, applied)
             self._follower.start()
+        gc.collect()
+        gc.freeze()  # the model and the modules loaded so far: never scanned again by a collection mid-request
         slot.set_state(WorkerState.SERVING)
 
     def close(self) -> None:
@@ -139,24 +145,12 @@ class RecServingAPI(ls.LitAPI):
     def unbatch(self, output: list[ScoredRequest | Rejected]) -> list[ScoredRequest | Rejected]:
         return output
 
-    def encode_response(self, output: ScoredRequest | Rejected) -> Response:
-        """``200 {"scores": [...], "version": v}``, or the request's error with its status."""
+    def encode_response(self, output: ScoredRequest | Rejected) -> EncodedResponse:
+        """``200 {"scores": [...], "version": v}``, or the request's error with its status, as JSON bytes
+        (the HTTP server writes them as they are: :class:`~lightrec.serving.transport.PredictDispatch`)."""
         if isinstance(output, Rejected):
-            return Response(json.dumps(output.body()), status_code=output.status, media_type="application/json")
-        return Response(json.dumps({"scores": output.scores, "version": output.version}), media_type="application/json")
-
-    # ------------------------------------------------------------------ LitServe's hooks around the endpoint
-    async def authorize(self, request: Request) -> None:
-        """LitServe's authorization dependency of ``/predict``, as a coroutine: FastAPI runs a plain
-        function dependency (LitServe's default, a no-op) on a thread pool for every request; this
-        runs on the event loop. LitServe's ``LIT_SERVER_API_KEY`` check (header ``X-API-Key``) stays.
-
-        Raises:
-            HTTPException: 401 when ``LIT_SERVER_API_KEY`` is set and the request does not carry it.
-        """
-        key = litserve.server.LIT_SERVER_API_KEY  # LitServe reads its variable once, at import
-        if key and request.headers.get("x-api-key") != key:
-            raise HTTPException(401, "Invalid API Key. Check that you are passing a correct 'X-API-Key' in your header.")
+            return EncodedResponse(output.status, json.dumps(output.body()).encode())
+        return EncodedResponse(200, json.dumps({"scores": output.scores, "version": output.version}).encode())
 
     # ------------------------------------------------------------------ LitServe's /health
     def health(self) -> bool:

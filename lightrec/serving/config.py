@@ -39,7 +39,11 @@ class ServeConfig:
         devices: number of devices (``"auto"``: every GPU; one for CPU).
         workers_per_device: inference worker processes per device, each with its own copy of the model.
         max_batch_size: requests joined into one forward at most (a request may hold many samples).
-        batch_timeout_ms: how long a worker waits for a batch to fill before it scores what it has.
+        batch_timeout_ms: how long a worker waits, after a batch's first request, for more before it
+            scores what it has. 0 (the default): it scores what is queued the moment it is free, and
+            the next batch forms while this one is scored -- on CPU the fastest at every load measured
+            (a worker that waits idles while the requests it holds back are what clients wait on);
+            a GPU, whose forward costs about the same for 1 or 64 samples, may gain from a few ms.
         max_queue: requests in flight (admitted, not answered) above which new ones get 503 + ``Retry-After``.
         max_payload_mb: the largest request body, in MiB (larger: 413).
         max_samples_per_request: the most samples one request may carry (more: 413).
@@ -61,7 +65,7 @@ class ServeConfig:
     devices: int | str = "auto"
     workers_per_device: int = 1
     max_batch_size: int = 64
-    batch_timeout_ms: float = 2.0
+    batch_timeout_ms: float = 0.0
     max_queue: int = 512
     max_payload_mb: float = 8.0
     max_samples_per_request: int = 4096

@@ -1,4 +1,4 @@
-"""The server's endpoints besides ``POST /predict``, and the answer to a body that is not JSON.
+"""The server's endpoints besides ``POST /predict``.
 
 =============  ======================================================================================
 ``/health``    LitServe's: 200 once every worker has loaded the model and caught up on published
@@ -11,22 +11,20 @@
 ``/info``      LitServe's: the artifact's features and tables, the server's devices and limits.
 =============  ======================================================================================
 
-FastAPI parses the body of ``/predict`` before LitServe sees it; a body that is not JSON (or
-none) would get FastAPI's own 422. :func:`add_endpoints` answers it as the server answers every
-bad request: 400 with ``{"error", "index", "field", "value"}``.
+``POST /predict`` never reaches FastAPI: the admission middleware hands its body to the workers
+(:class:`~lightrec.serving.transport.PredictDispatch`), and a body that is not JSON gets the
+worker's 400 (``request_forms.decode_body``).
 """
 
 from __future__ import annotations
 
 import json
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import FastAPI
 from starlette.responses import Response
 
 from lightrec.serving.admission import AdmissionGate
 from lightrec.serving.metrics import ServingMetrics, WorkerState
-from lightrec.serving.request_forms import Rejected
 
 __all__ = ["METRICS_CONTENT_TYPE", "add_endpoints"]
 
@@ -35,7 +33,7 @@ _STATE_NAMES = {WorkerState.STARTING: "starting", WorkerState.SERVING: "serving"
 
 
 def add_endpoints(app: FastAPI, metrics: ServingMetrics, gate: AdmissionGate) -> None:
-    """Add ``/ready`` and ``/metrics`` to LitServe's app, and the 400 answer to bodies that are not JSON."""
+    """Add ``/ready`` and ``/metrics`` to LitServe's app."""
 
     async def ready() -> Response:
         states = metrics.worker_states()
@@ -49,20 +47,5 @@ def add_endpoints(app: FastAPI, metrics: ServingMetrics, gate: AdmissionGate) ->
     async def scrape() -> Response:
         return Response(metrics.render(gate.in_flight, gate.limit), media_type=METRICS_CONTENT_TYPE)
 
-    async def not_json(request: Request, exc: Exception) -> Response:
-        problems = exc.errors() if isinstance(exc, RequestValidationError) else []
-        first = problems[0] if problems else {}
-        if first.get("type") == "missing":
-            rejected = Rejected(400, "the body is empty; send a JSON object (one sample or {'batch': ...}) or a list",
-                                None, "body", None)
-        else:
-            where = first.get("loc", ("body",))
-            position = f" at character {where[1]}" if len(where) > 1 else ""
-            reason = first.get("ctx", {}).get("error", first.get("msg", "not JSON"))
-            rejected = Rejected(400, f"the body is not valid JSON ({reason}{position}); send a JSON object or list",
-                                None, "body", None)
-        return Response(json.dumps(rejected.body()), status_code=400, media_type="application/json")
-
     app.add_api_route("/ready", ready, methods=["GET"])
     app.add_api_route("/metrics", scrape, methods=["GET"])
-    app.add_exception_handler(RequestValidationError, not_json)

@@ -105,6 +105,9 @@ def decode_body(predictor: Predictor, body: Any, max_samples: int) -> SampleColu
         The samples, or the error to answer with (400 malformed body, 413 too many samples, 422 invalid sample).
     """
     if isinstance(body, (bytes, bytearray, str)):
+        if not body.strip():
+            return Rejected(400, "the body is empty; send a JSON object (one sample or {'batch': ...}) or a list",
+                            None, "body", "")
         try:
             body = json.loads(body)
         except ValueError as exc:
@@ -144,8 +147,13 @@ def _columns(predictor: Predictor, samples: list[CheckedRequest]) -> SampleColum
     """Columns of checked samples (``Predictor.check_request``'s results), in the artifact's feature order."""
     features = predictor.feature_names
     dense = [x for s in samples for x in s.dense]
-    lengths = [[len(s.ids.get(f, ())) for s in samples] for f in features]
-    ids = [[i for s in samples for i in s.ids.get(f, ())] for f in features]
+    if len(samples) == 1:  # the common request: no comprehension per (feature, sample)
+        one = samples[0].ids
+        ids = [one.get(f, []) for f in features]  # check_request's lists: fresh, owned by this request
+        lengths = [[len(x)] for x in ids]
+    else:
+        lengths = [[len(s.ids.get(f, ())) for s in samples] for f in features]
+        ids = [[i for s in samples for i in s.ids.get(f, ())] for f in features]
     weights = None
     if predictor.is_weighted:
         weights = [[w for s in samples for w in s.weights.get(f, [1.0] * len(s.ids.get(f, ())))] for f in features]

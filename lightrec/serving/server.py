@@ -11,11 +11,13 @@ The processes of one server (LitServe's layout)::
 
     main process        this function: checks the options, then waits; SIGTERM/Ctrl+C shut all down
     HTTP servers        ``api_servers`` forked uvicorn processes on one socket: admission (503/413),
-                        JSON parsing, /health /ready /metrics /info
+                        then the raw body of a /predict request to the workers (PredictDispatch);
+                        /health /ready /metrics /info
     inference workers   devices x ``workers_per_device`` spawned processes, each with its own copy of the
                         model (RecServingAPI.setup); requests reach them through one pipe, answers
-                        go back through one pipe per HTTP server (transport.py), and are scored in
-                        batches of up to ``max_batch_size`` requests
+                        go back through one pipe per HTTP server (transport.py); each parses,
+                        validates and scores them in batches of up to ``max_batch_size`` requests
+                        (scoring_loop.py)
 
 Options are checked (:meth:`ServeConfig.check`) before any process starts, so a typo in a path or a
 port fails in a second with a message instead of in a worker's log.
@@ -23,6 +25,7 @@ port fails in a second with a message instead of in a worker's log.
 
 from __future__ import annotations
 
+import gc
 import logging
 import multiprocessing
 import os
@@ -44,7 +47,7 @@ from lightrec.serving.endpoints import add_endpoints
 from lightrec.serving.metrics import ServingMetrics
 from lightrec.serving.model_updates import delta_updater_factory
 from lightrec.serving.served_model import UpdaterFactory
-from lightrec.serving.transport import PipeQueueServer
+from lightrec.serving.transport import PipeQueueServer, PredictDispatch
 
 __all__ = ["BuiltServer", "build_server", "serve"]
 
@@ -64,6 +67,7 @@ class BuiltServer:
 
     def run(self) -> None:
         """Serve until Ctrl+C, SIGTERM or a worker's death (LitServe then shuts every process down)."""
+        gc.freeze()  # what is loaded so far: the forked HTTP servers never scan it (no collection pauses over it)
         previous = signal.signal(signal.SIGTERM, _interrupt_in(os.getpid()))  # LitServe's Ctrl+C shutdown path
         try:
             self.server.run(host=self.config.host, port=self.config.port, num_api_servers=self.api_servers,
@@ -116,10 +120,13 @@ def build_server(config: ServeConfig, updater_factory: UpdaterFactory | None = N
     threads = config.cpu_threads() if accelerator == "cpu" else None
     api = RecServingAPI(config, metrics, updater_factory, threads)
     devices: int | str = 1 if accelerator == "cpu" else (gpus if config.devices == "auto" else int(config.devices))
-    admission = {"path": PREDICT_PATH, "gate": gate, "metrics": metrics, "max_payload_bytes": config.max_payload_bytes}
+    dispatch = PredictDispatch(PREDICT_PATH)
+    admission = {"path": PREDICT_PATH, "gate": gate, "metrics": metrics, "max_payload_bytes": config.max_payload_bytes,
+                 "dispatch": dispatch}
     server = PipeQueueServer(api, accelerator=accelerator, devices=devices,
                              workers_per_device=config.workers_per_device, timeout=config.timeout_s,
                              model_metadata=_model_info(config, meta), middlewares=[(AdmissionMiddleware, admission)])
+    dispatch.bind(server)
     add_endpoints(server.app, metrics, gate)
     return BuiltServer(server, config, api_servers, workers, metrics, gate)
 

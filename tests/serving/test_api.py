@@ -4,8 +4,6 @@ request at a time (``max_batch_size=1``: no ``batch``), with an updater that cat
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import json
 import time
 from dataclasses import dataclass
@@ -91,28 +89,3 @@ def test_health_turns_false_when_a_worker_is_damaged(artifact: Path) -> None:
     assert api.health() is True
     metrics.worker(0).set_damaged()
     assert api.health() is False
-
-
-def test_authorize_runs_on_the_event_loop_and_keeps_litserves_api_key(artifact: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    import litserve.server
-    from fastapi import HTTPException
-    from starlette.requests import Request
-
-    from lightrec.serving.server import build_server
-
-    built = build_server(ServeConfig(artifact, accelerator="cpu"))
-    route = next(r for r in built.server.app.routes if getattr(r, "path", "") == "/predict")
-    auth = route.dependant.dependencies[0].call  # type: ignore[attr-defined]
-    assert auth == built.server.litapi_connector.lit_apis[0].authorize and inspect.iscoroutinefunction(auth)
-
-    def request(**headers: str) -> Request:
-        return Request({"type": "http", "headers": [(k.replace("_", "-").encode(), v.encode()) for k, v in headers.items()]})
-
-    asyncio.run(auth(request()))  # no LIT_SERVER_API_KEY: every request passes
-    monkeypatch.setattr(litserve.server, "LIT_SERVER_API_KEY", "s3cret")
-    for headers in ({}, {"x_api_key": "nope"}):
-        with pytest.raises(HTTPException) as refused:
-            asyncio.run(auth(request(**headers)))
-        assert refused.value.status_code == 401
-    asyncio.run(auth(request(x_api_key="s3cret")))
