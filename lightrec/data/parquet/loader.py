@@ -5,8 +5,8 @@
     ParquetLoader  (in the training process: iterable, len() = steps per epoch, state_dict)
       ├─ plan the epoch (sharding.plan_epoch): this rank's units, from the resume position on
       ├─ num_workers = 0: read each unit here            ┐  unit j -> worker j mod num_workers;
-      │  num_workers > 0: a torch DataLoader of workers   ┘  torch yields them round-robin = in order
-      │     worker: read_unit = BlockReader.read -> read_columns (checks) -> lay_out (pieces, shm)
+      │  num_workers > 0: a torch DataLoader of workers   ┘  in parts; put back in unit order here
+      │     worker: read_unit = BlockReader.read -> read_columns (checks) -> lay_out of each part (shm)
       └─ BatchAssembler: pieces -> Batch (views; a batch spanning two units joined)
 
 It is not a ``torch.utils.data.DataLoader`` (Lightning would re-create one of those with a sampler of
@@ -17,6 +17,7 @@ started for every epoch (the plan differs per epoch) and stop when it ends or is
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypedDict, TypeVar
 
@@ -52,10 +53,41 @@ class LoaderOptions(TypedDict, total=False):
     name: str
 
 
+def part_bounds(start: int, rows: int, parts: int, batch_size: int) -> np.ndarray:
+    """``[parts + 1]`` row offsets in a unit of ``rows`` rows at stream row ``start``: its parts.
+
+    Interior cuts fall on batch boundaries of the stream (nearest to an even split), so parts add
+    no partial batches; a part may be empty when the unit is short.
+    """
+    ideal = start + np.arange(parts + 1) * (rows / parts)
+    cuts = np.clip(np.round(ideal / batch_size) * batch_size, start, start + rows).astype(np.int64)
+    cuts[0], cuts[-1] = start, start + rows
+    return np.maximum.accumulate(cuts) - start
+
+
+def _empty_part(index: int, part: int, last: bool, features: int) -> UnitBatches:
+    """A part with no rows (a short unit): keeps every unit at the same number of parts."""
+    empty = torch.empty(0)
+    pieces, per_key = np.empty((0, 7), dtype=np.int64), np.empty((0, features), dtype=np.int64)
+    return UnitBatches(index, empty, empty, None, empty, None, pieces, per_key, part=part, last=last)
+
+
 def read_unit(
-    reader: BlockReader, spec: FeatureSpec, unit: Unit, index: int, batch_size: int, on_error: OnError, arena: UnitArena
-) -> UnitBatches:
-    """Read, check and lay out one unit (what a loader worker does for each of its units)."""
+    reader: BlockReader,
+    spec: FeatureSpec,
+    unit: Unit,
+    index: int,
+    batch_size: int,
+    on_error: OnError,
+    arena: UnitArena,
+    parts: int = 1,
+) -> Iterator[UnitBatches]:
+    """Read and check one unit, then lay it out in ``parts`` parts (what a loader worker does per unit).
+
+    The unit is read and checked whole (a row group is decoded at once), and handed over part by
+    part: the training process starts on the first part while the rest is laid out, and the
+    arena's slots hold parts, not units (less shared memory to fault in when a worker starts).
+    """
     rows = reader.read(unit)
     columns = read_columns(rows, spec)
     positions, skipped, examples = None, 0, []
@@ -67,18 +99,32 @@ def read_unit(
         skipped = int(bad.sum())
         positions = unit.start + np.flatnonzero(~bad)
         columns = columns.keep(~bad)
-    out = lay_out(index, unit.start, unit.rows, columns, spec, batch_size, arena, positions)
-    out.skipped, out.skip_examples = skipped, examples
-    return out
+    cuts = part_bounds(unit.start, unit.rows, parts, batch_size)
+    kept = cuts if positions is None else np.searchsorted(positions, unit.start + cuts, side="left")
+    for k in range(parts):
+        a, b, lo, hi = int(cuts[k]), int(cuts[k + 1]), int(kept[k]), int(kept[k + 1])
+        if a == b:
+            out = _empty_part(index, k, k == parts - 1, len(spec.sparse))
+        else:
+            part = columns if (lo, hi) == (0, columns.rows) else columns.rows_between(lo, hi)
+            at = None if positions is None else positions[lo:hi]
+            out = lay_out(index, unit.start + a, b - a, part, spec, batch_size, arena, at)
+            out.part, out.last = k, k == parts - 1
+        if k == 0:
+            out.skipped, out.skip_examples = skipped, examples
+        yield out
 
 
 class UnitStream(IterableDataset):
-    """The units of one epoch as ``UnitBatches``; in worker ``w`` of ``n``, units ``w, w + n, ...``.
+    """The units of one epoch as ``UnitBatches``, ``parts`` per unit; in worker ``w`` of ``n``, units ``w, w + n, ...``.
 
     Args:
         reader / spec / units / batch_size / on_error: what to read and how.
-        board: where the training process releases units (workers reuse their arena's slots after it).
+        board: where the training process releases parts (workers reuse their arena's slots after it).
         slots: arena slots per worker.
+        parts: parts per unit (the same for every unit, so torch's round-robin over the workers
+            stays aligned with the units: worker ``w``'s ``m``-th part is part ``m mod parts`` of its
+            ``m // parts``-th unit).
     """
 
     def __init__(
@@ -90,10 +136,11 @@ class UnitStream(IterableDataset):
         on_error: OnError,
         board: ReleaseBoard | None = None,
         slots: int = 1,
+        parts: int = 1,
     ) -> None:
         self.reader, self.spec, self.units = reader, spec, list(units)
         self.batch_size, self.on_error = batch_size, on_error
-        self.board, self.slots = board, slots
+        self.board, self.slots, self.parts = board, slots, parts
 
     def __iter__(self) -> Iterator[UnitBatches]:
         worker = get_worker_info()
@@ -103,7 +150,7 @@ class UnitStream(IterableDataset):
             first, step = worker.id, worker.num_workers
             arena = UnitArena(shared=True, slots=self.slots, board=self.board, worker=worker.id)
         for j in range(first, len(self.units), step):
-            yield read_unit(self.reader, self.spec, self.units[j], j, self.batch_size, self.on_error, arena)
+            yield from read_unit(self.reader, self.spec, self.units[j], j, self.batch_size, self.on_error, arena, self.parts)
 
 
 _T = TypeVar("_T")
@@ -172,42 +219,67 @@ class LoaderBase:
         self.on_skip: Callable[[int], None] | None = None
         self._yielded = 0
 
+    #: Rows per part in which a worker hands a unit over (rounded up to whole batches). Smaller parts
+    #: reach the training process sooner and need less shared memory; a unit is still decoded whole.
+    part_rows = 32_768
+
+    def _parts(self, units: Sequence[Unit]) -> int:
+        """Parts per unit: the largest unit cut into parts of about ``part_rows`` rows (whole batches)."""
+        part_rows = -(-max(self.part_rows, 1) // self.batch_size) * self.batch_size
+        return max([-(-u.rows // part_rows) for u in units] or [1])
+
     def _batches(self, units: Sequence[Unit]) -> Iterator[Batch]:
         pin = self.pin_memory and torch.cuda.is_available()
         assembler = BatchAssembler(self.spec.keys, self.batch_size, pin_memory=pin)
         workers = min(self.num_workers, len(units))
         board = ReleaseBoard(workers) if workers else None
+        expected, expected_part = 0, 0
         try:
-            for expected, unit in enumerate(self._read(units, board, workers)):
-                if unit.index != expected:
-                    raise RuntimeError(f"loader workers delivered unit {unit.index} where unit {expected} was due")
-                if unit.skipped:
-                    self.skipped.add(unit.skipped, unit.skip_examples)
+            for piece in self._read(units, board, workers, self._parts(units)):
+                if (piece.index, piece.part) != (expected, expected_part):
+                    raise RuntimeError(
+                        f"loader workers delivered part {piece.part} of unit {piece.index} where part {expected_part} "
+                        f"of unit {expected} was due"
+                    )
+                if piece.skipped:
+                    self.skipped.add(piece.skipped, piece.skip_examples)
                     if self.on_skip is not None:
                         self.on_skip(self.skipped.count)
-                for batch in assembler.add(unit):
+                for batch in assembler.add(piece):
                     self._yielded += 1
                     yield batch
-                if board is not None:  # every batch of the unit is copied out: its slot may be reused
-                    board.release(unit.index % workers, unit.index // workers)
+                if board is not None and piece.seq >= 0:  # every batch of the part is copied out: reuse its slot
+                    board.release(piece.index % workers, piece.seq)
+                expected, expected_part = (expected + 1, 0) if piece.last else (expected, expected_part + 1)
         finally:
             if board is not None:
                 board.stop()
 
-    def _read(self, units: Sequence[Unit], board: ReleaseBoard | None, workers: int) -> Iterator[UnitBatches]:
-        slots = self.prefetch_factor + 2  # queued, being copied out, and one to write into
-        stream = UnitStream(self.reader, self.spec, units, self.batch_size, self.on_error, board, slots)
+    def _read(
+        self, units: Sequence[Unit], board: ReleaseBoard | None, workers: int, parts: int
+    ) -> Iterator[UnitBatches]:
+        """The units' parts in order (from the workers, or read here when ``workers == 0``)."""
+        # Queued, being copied out, one to write into; with several workers, the parts of one unit
+        # that arrive (round-robin) while an earlier worker's unit is still being copied out.
+        slots = self.prefetch_factor + 2 + (parts if workers > 1 else 0)
+        stream = UnitStream(self.reader, self.spec, units, self.batch_size, self.on_error, board, slots, parts)
         if workers == 0:
             yield from stream
             return
         loader = DataLoader(
             stream, batch_size=None, num_workers=workers, collate_fn=_as_is, prefetch_factor=self.prefetch_factor,
         )  # fmt: skip
+        waiting: list[deque[UnitBatches]] = [deque() for _ in range(workers)]
         held: dict[int, UnitBatches] = {}
-        for unit in loader:
-            # Keep the worker's previous unit until this one arrived: its arena stays mapped here.
-            held[unit.index % workers] = unit
-            yield unit
+        due = 0  # the unit whose parts go out next
+        for piece in loader:
+            worker = piece.index % workers
+            held[worker] = piece  # keep the worker's latest part here: its arena stays mapped
+            waiting[worker].append(piece)
+            while waiting[due % workers]:
+                piece = waiting[due % workers].popleft()
+                due += piece.last
+                yield piece
 
 
 class ParquetLoader(LoaderBase):

@@ -59,6 +59,32 @@ def test_batches_equal_hand_built_batches_of_the_same_rows(
             assert_batches_equal(batch, expected_batch(table.slice(first + k * batch_size, batch_size)))
 
 
+@pytest.mark.parametrize(("world", "workers"), [(1, 0), (1, 1), (2, 2), (1, 3)])
+def test_units_handed_over_in_parts_give_the_same_batches(
+    events: tuple[Path, pa.Table], world: int, workers: int
+) -> None:
+    root, table = events
+    batch_size = 8
+    steps = table.num_rows // (world * batch_size)
+    for rank in range(world):
+        loader = _loader(root, batch_size, rank, world, num_workers=workers, prefetch_factor=1)
+        loader.part_rows = 12  # parts of 16 rows: up to 4 per unit, empty ones in the short units
+        assert loader._parts(loader.plan(0).units) == 4
+        batches = list(loader)
+        assert len(batches) == steps
+        first = rank * steps * batch_size
+        for k, batch in enumerate(batches):
+            assert_batches_equal(batch, expected_batch(table.slice(first + k * batch_size, batch_size)))
+
+
+def test_parts_cut_on_batch_boundaries_and_cover_the_unit() -> None:
+    from lightrec.data.parquet.loader import part_bounds
+
+    assert part_bounds(0, 64, 4, 8).tolist() == [0, 16, 32, 48, 64]
+    assert part_bounds(5, 60, 3, 8).tolist() == [0, 19, 43, 60]  # stream rows 5 | 24 | 48 | 65
+    assert part_bounds(0, 10, 4, 8).tolist() == [0, 0, 8, 8, 10]  # short unit: empty parts
+
+
 def test_table_sizes_come_from_the_column_statistics(events: tuple[Path, pa.Table]) -> None:
     root, table = events
     loader = _loader(root, 16)
