@@ -12,13 +12,17 @@
 It is not a ``torch.utils.data.DataLoader`` (Lightning would re-create one of those with a sampler of
 its own); Lightning takes any iterable, sizes the epoch by ``len()``, calls ``sampler.set_epoch`` at
 every epoch and checkpoints ``state_dict()`` (:mod:`lightrec.data.parquet.state`). Workers are
-started for every epoch (the plan differs per epoch) and stop when it ends or is abandoned.
+started for every epoch and stop when it ends or is abandoned, or, with ``persistent_workers``, are
+kept across completed epochs: each plans its next epoch itself from the epoch and first batch the
+training process writes into shared memory before it restarts them.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypedDict, TypeVar
 
 import numpy as np
@@ -32,13 +36,13 @@ from lightrec.data.parquet.batches import BatchAssembler, UnitBatches, lay_out
 from lightrec.data.parquet.columns import raise_first, read_columns, skip_messages
 from lightrec.data.parquet.errors import SkippedRows
 from lightrec.data.parquet.reader import BlockReader
-from lightrec.data.parquet.sharding import EpochPlan, Slice, Unit, plan_epoch
+from lightrec.data.parquet.sharding import Block, EpochPlan, Slice, Unit, plan_epoch
 from lightrec.data.parquet.source import ParquetSource
 from lightrec.data.parquet.spec import FeatureSpec
 from lightrec.data.parquet.state import LoaderPosition, LoaderState, fingerprint
 from lightrec.data.parquet.transport import ReleaseBoard, UnitArena
 
-__all__ = ["LoaderBase", "LoaderOptions", "ParquetLoader", "UnitStream", "read_unit"]
+__all__ = ["LoaderBase", "LoaderOptions", "ParquetLoader", "UnitStream", "epoch_units", "part_bounds", "read_unit"]
 
 _SKIP_EXAMPLES = 5
 
@@ -51,6 +55,7 @@ class LoaderOptions(TypedDict, total=False):
     pin_memory: bool
     prefetch_factor: int
     name: str
+    persistent_workers: bool
 
 
 def part_bounds(start: int, rows: int, parts: int, batch_size: int) -> np.ndarray:
@@ -125,6 +130,9 @@ class UnitStream(IterableDataset):
         parts: parts per unit (the same for every unit, so torch's round-robin over the workers
             stays aligned with the units: worker ``w``'s ``m``-th part is part ``m mod parts`` of its
             ``m // parts``-th unit).
+        planner / control: for workers kept across epochs: ``planner(epoch, batch)`` gives the units
+            from batch ``batch`` of epoch ``epoch``, which the training process writes into the
+            shared ``control`` ``[2]`` int64 before each epoch (``units`` is then ignored).
     """
 
     def __init__(
@@ -137,20 +145,45 @@ class UnitStream(IterableDataset):
         board: ReleaseBoard | None = None,
         slots: int = 1,
         parts: int = 1,
+        planner: Callable[[int, int], Sequence[Unit]] | None = None,
+        control: torch.Tensor | None = None,
     ) -> None:
         self.reader, self.spec, self.units = reader, spec, list(units)
         self.batch_size, self.on_error = batch_size, on_error
         self.board, self.slots, self.parts = board, slots, parts
+        self.planner, self.control = planner, control
+        self._arena: UnitArena | None = None  # kept for the worker's life: its slots are faulted in once
 
     def __iter__(self) -> Iterator[UnitBatches]:
         worker = get_worker_info()
-        if worker is None:
-            first, step, arena = 0, 1, UnitArena(shared=False)
-        else:
-            first, step = worker.id, worker.num_workers
-            arena = UnitArena(shared=True, slots=self.slots, board=self.board, worker=worker.id)
-        for j in range(first, len(self.units), step):
-            yield from read_unit(self.reader, self.spec, self.units[j], j, self.batch_size, self.on_error, arena, self.parts)
+        first, step = (0, 1) if worker is None else (worker.id, worker.num_workers)
+        if self._arena is None:
+            self._arena = (
+                UnitArena(shared=False)
+                if worker is None
+                else UnitArena(shared=True, slots=self.slots, board=self.board, worker=worker.id)
+            )
+        units = self.units
+        if self.planner is not None and self.control is not None:
+            units = list(self.planner(int(self.control[0]), int(self.control[1])))
+        for j in range(first, len(units), step):
+            yield from read_unit(self.reader, self.spec, units[j], j, self.batch_size, self.on_error, self._arena, self.parts)
+
+
+def epoch_units(
+    slices: Sequence[Slice],
+    batch_size: int,
+    rank: int,
+    world_size: int,
+    shuffle: bool,
+    seed: int,
+    shuffle_window: int,
+    epoch: int,
+    batch: int,
+) -> tuple[Unit, ...]:
+    """The units of ``epoch`` from batch ``batch`` on (what kept workers plan for themselves)."""
+    plan = plan_epoch(slices, batch_size, rank, world_size, epoch, shuffle, seed, shuffle_window)
+    return plan.units_from(batch)
 
 
 _T = TypeVar("_T")
@@ -171,6 +204,25 @@ class _Epoch:
         self.epoch = int(epoch)
 
 
+@dataclass
+class _Workers:
+    """Loader workers of one epoch, or kept across epochs (``persistent_workers``).
+
+    Args:
+        loader: torch's DataLoader over the :class:`UnitStream`.
+        board: where the training process releases the workers' arena slots.
+        count: the number of workers.
+        control: ``[2]`` int64 in shared memory: the epoch and first batch kept workers read next.
+        held: each worker's latest part (keeps its arena mapped in the training process).
+    """
+
+    loader: DataLoader
+    board: ReleaseBoard
+    count: int
+    control: torch.Tensor
+    held: dict[int, UnitBatches] = field(default_factory=dict)
+
+
 class LoaderBase:
     """What both Parquet loaders share: reading units (here or in workers) and assembling batches.
 
@@ -182,9 +234,11 @@ class LoaderBase:
         num_workers: loader processes (0: read in this process).
         on_error: ``"raise"`` at the first bad row, or ``"skip"`` bad rows (counted: ``skipped``).
         pin_memory: build the batches in page-locked memory (for asynchronous copies to a GPU).
-        prefetch_factor: units each worker reads ahead (each worker holds ``prefetch_factor + 2`` units'
-            tensors in shared memory).
+        prefetch_factor: parts each worker lays out ahead.
         name: the split, for messages.
+        persistent_workers: keep the workers across epochs (they plan each epoch themselves, so
+            they are not started again and their shared memory stays mapped); an epoch abandoned
+            midway shuts them down. A following loader starts its workers per round.
     """
 
     def __init__(
@@ -199,6 +253,7 @@ class LoaderBase:
         pin_memory: bool = False,
         prefetch_factor: int = 2,
         name: str = "train",
+        persistent_workers: bool = False,
     ) -> None:
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
             raise ValueError(f"num_workers must be an int >= 0 (0: read in the training process), got {num_workers!r}")
@@ -208,6 +263,8 @@ class LoaderBase:
         self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
         self.num_workers, self.on_error = num_workers, check_on_error(on_error)
         self.pin_memory, self.prefetch_factor, self.name = pin_memory, prefetch_factor, name
+        self.persistent_workers = persistent_workers
+        self._kept: _Workers | None = None
         self.reader = BlockReader(source.filesystem, source.files, spec.columns())
         self.sampler = _Epoch()
         self.batch_sampler = None  # Lightning reads both attributes of anything with a sampler
@@ -228,14 +285,47 @@ class LoaderBase:
         part_rows = -(-max(self.part_rows, 1) // self.batch_size) * self.batch_size
         return max([-(-u.rows // part_rows) for u in units] or [1])
 
-    def _batches(self, units: Sequence[Unit]) -> Iterator[Batch]:
+    def _planner(self) -> Callable[[int, int], Sequence[Unit]] | None:
+        """``(epoch, batch) -> units`` for workers kept across epochs; None: workers per epoch."""
+        return None
+
+    def _workers_for(self, units: Sequence[Unit], parts: int, where: tuple[int, int] | None) -> _Workers | None:
+        """The epoch's loader workers: none (``num_workers=0``), the kept ones, or new ones."""
+        if self.num_workers == 0 or not units:
+            return None
+        planner = self._planner() if self.persistent_workers and where is not None else None
+        if planner is not None and self._kept is not None and where is not None:
+            self._kept.control[0], self._kept.control[1] = where  # read by the workers as they restart
+            return self._kept
+        count = self.num_workers if planner is not None else min(self.num_workers, len(units))
+        board = ReleaseBoard(count)
+        # Queued, being copied out, one to write into; with several workers, the parts of one unit
+        # that arrive (round-robin) while an earlier worker's unit is still being copied out.
+        slots = self.prefetch_factor + 2 + (parts if count > 1 else 0)
+        control = torch.tensor(where or (0, 0), dtype=torch.int64).share_memory_()
+        stream = UnitStream(
+            self.reader, self.spec, units, self.batch_size, self.on_error, board, slots, parts, planner, control
+        )
+        loader = DataLoader(
+            stream, batch_size=None, num_workers=count, collate_fn=_as_is, prefetch_factor=self.prefetch_factor,
+            persistent_workers=planner is not None,
+        )  # fmt: skip
+        workers = _Workers(loader, board, count, control)
+        if planner is not None:
+            self._kept = workers
+        return workers
+
+    def _batches(
+        self, units: Sequence[Unit], where: tuple[int, int] | None = None, steps: int | None = None
+    ) -> Iterator[Batch]:
+        """The batches of ``units``; ``where`` = (epoch, first batch) and ``steps`` where workers may be kept."""
         pin = self.pin_memory and torch.cuda.is_available()
         assembler = BatchAssembler(self.spec.keys, self.batch_size, pin_memory=pin)
-        workers = min(self.num_workers, len(units))
-        board = ReleaseBoard(workers) if workers else None
+        parts = self._parts(units)
+        workers = self._workers_for(units, parts, where)
         expected, expected_part = 0, 0
         try:
-            for piece in self._read(units, board, workers, self._parts(units)):
+            for piece in self._read(units, workers, parts):
                 if (piece.index, piece.part) != (expected, expected_part):
                     raise RuntimeError(
                         f"loader workers delivered part {piece.part} of unit {piece.index} where part {expected_part} "
@@ -248,38 +338,35 @@ class LoaderBase:
                 for batch in assembler.add(piece):
                     self._yielded += 1
                     yield batch
-                if board is not None and piece.seq >= 0:  # every batch of the part is copied out: reuse its slot
-                    board.release(piece.index % workers, piece.seq)
+                if workers is not None and piece.seq >= 0:  # every batch of the part is copied out: reuse its slot
+                    workers.board.release(piece.index % workers.count, piece.seq)
                 expected, expected_part = (expected + 1, 0) if piece.last else (expected, expected_part + 1)
         finally:
-            if board is not None:
-                board.stop()
+            complete = steps is not None and self._yielded >= steps
+            if workers is not None and not (workers is self._kept and complete):
+                workers.board.stop()  # workers waiting for a slot go on (and end with the epoch)
+                if workers is self._kept:  # an abandoned epoch: its kept workers are shut down
+                    self._kept = None
 
-    def _read(
-        self, units: Sequence[Unit], board: ReleaseBoard | None, workers: int, parts: int
-    ) -> Iterator[UnitBatches]:
-        """The units' parts in order (from the workers, or read here when ``workers == 0``)."""
-        # Queued, being copied out, one to write into; with several workers, the parts of one unit
-        # that arrive (round-robin) while an earlier worker's unit is still being copied out.
-        slots = self.prefetch_factor + 2 + (parts if workers > 1 else 0)
-        stream = UnitStream(self.reader, self.spec, units, self.batch_size, self.on_error, board, slots, parts)
-        if workers == 0:
-            yield from stream
+    def _read(self, units: Sequence[Unit], workers: _Workers | None, parts: int) -> Iterator[UnitBatches]:
+        """The units' parts in order (from the workers, or read here without them)."""
+        if workers is None:
+            yield from UnitStream(self.reader, self.spec, units, self.batch_size, self.on_error, parts=parts)
             return
-        loader = DataLoader(
-            stream, batch_size=None, num_workers=workers, collate_fn=_as_is, prefetch_factor=self.prefetch_factor,
-        )  # fmt: skip
-        waiting: list[deque[UnitBatches]] = [deque() for _ in range(workers)]
-        held: dict[int, UnitBatches] = {}
+        waiting: list[deque[UnitBatches]] = [deque() for _ in range(workers.count)]
         due = 0  # the unit whose parts go out next
-        for piece in loader:
-            worker = piece.index % workers
-            held[worker] = piece  # keep the worker's latest part here: its arena stays mapped
+        for piece in workers.loader:
+            worker = piece.index % workers.count
+            workers.held[worker] = piece  # keep the worker's latest part here: its arena stays mapped
             waiting[worker].append(piece)
-            while waiting[due % workers]:
-                piece = waiting[due % workers].popleft()
+            while waiting[due % workers.count]:
+                piece = waiting[due % workers.count].popleft()
                 due += piece.last
                 yield piece
+
+    def close(self) -> None:
+        """Shut down workers kept across epochs (they also end with the loader)."""
+        self._kept = None
 
 
 class ParquetLoader(LoaderBase):
@@ -320,6 +407,17 @@ class ParquetLoader(LoaderBase):
             self.shuffle_window,
         )  # fmt: skip
 
+    def _planner(self) -> Callable[[int, int], Sequence[Unit]]:
+        return partial(
+            epoch_units, tuple(self.slices), self.batch_size, self.rank, self.world_size, self.shuffle, self.seed,
+            self.shuffle_window,
+        )  # fmt: skip
+
+    def _parts(self, units: Sequence[Unit]) -> int:
+        # The same every epoch (kept workers size their arenas once): a unit is at most one block.
+        largest = max([s.rows for s in self.slices] or [0]) * self.shuffle_window
+        return max(super()._parts(units), super()._parts([Unit(Block(()), 0, largest, 0)]))
+
     def __len__(self) -> int:
         return self._steps
 
@@ -329,7 +427,7 @@ class ParquetLoader(LoaderBase):
         start = resume.batch if resume is not None and resume.epoch == epoch else 0
         plan = self.plan(epoch)
         self._yielded, self.prefetched = start, 0
-        yield from self._batches(plan.units_from(start))
+        yield from self._batches(plan.units_from(start), (epoch, start), self._steps)
         self.skipped.log(f"{self.name} data")
 
     def position(self) -> LoaderPosition:

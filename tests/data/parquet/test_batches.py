@@ -127,6 +127,29 @@ def test_shuffle_reads_every_row_once_differently_per_epoch_and_the_same_for_any
     assert _rows(with_workers, 1) == epoch1
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_kept_workers_read_each_epochs_own_rows_and_restart_after_an_abandoned_epoch(
+    events: tuple[Path, pa.Table], workers: int
+) -> None:
+    root, _ = events
+    options = {"shuffle": True, "seed": 3, "shuffle_window": 2, "rank": 1, "world_size": 2}
+    alone = _row_loader(root, **options)
+    expected = [_rows(alone, e) for e in range(3)]
+    kept = _row_loader(root, num_workers=workers, persistent_workers=True, prefetch_factor=1, **options)
+    kept.part_rows = 20  # units in several parts
+    assert _rows(kept, 0) == expected[0]
+    pool = kept._kept
+    assert pool is not None and _rows(kept, 1) == expected[1] and kept._kept is pool  # the same workers
+    kept.sampler.set_epoch(2)
+    next(iter(kept))  # abandoned after one batch: the workers are shut down ...
+    assert kept._kept is None
+    assert _rows(kept, 2) == expected[2] and kept._kept is not None  # ... and new ones read the next epoch
+    state = {**kept.state_dict(), "epoch": 1, "batch": 3}  # a resume inside epoch 1, through the kept workers
+    kept.load_state_dict(state)
+    assert _rows(kept, 1) == expected[1][3 * 25 :]
+    kept.close()
+
+
 def test_ranks_read_disjoint_rows_and_run_equal_steps(events: tuple[Path, pa.Table]) -> None:
     root, table = events
     seen = []
