@@ -5,7 +5,9 @@ below 100k) are generated once into ``--workdir`` and written in every contender
 same arrays:
 
 * **parquet**: 4 Parquet files, row groups of ``--row-group-size`` rows (``--compression``), read by
-  ``lightrec.data.parquet.ParquetLoader`` -- streaming from disk, bounded memory;
+  ``lightrec.data.parquet.ParquetLoader`` -- streaming from disk, bounded memory; also with its
+  worker kept across epochs (``persistent_workers``: ``parquet_1_worker_kept_later_epochs`` is the
+  median of the epochs after the first, which is reported beside them);
 * **criteo_memmap**: lightrec's preprocessed Criteo chunks (``CriteoMemmapDataset``: ``.npy`` files
   memory-mapped, batch indices through ``rank_dataloader``);
 * **torchrec_in_memory**: torchrec 1.8.0's ``InMemoryBinaryCriteoIterDataPipe`` over ``.npy`` files
@@ -176,12 +178,34 @@ def write_multi_hot(folder: Path, rows: int, ids: int, row_group: int, compressi
 
 
 # ----------------------------------------------------------------------------- contenders
-def parquet_loader(folder: Path, batch_size: int, workers: int, rank: int = 0, world: int = 1) -> Any:
+def parquet_loader(
+    folder: Path, batch_size: int, workers: int, rank: int = 0, world: int = 1, persistent: bool = False
+) -> Any:
     from lightrec.data.parquet import ParquetLoader, ParquetSource, build_spec, size_tables, slices_of
 
     source = ParquetSource(str(folder))
     spec = size_tables(source, build_spec(source.schema, str(folder), "label", ["int_*"], ["cat_*"]))
-    return ParquetLoader(source, spec, slices_of(source.files), batch_size, rank, world, num_workers=workers)
+    return ParquetLoader(source, spec, slices_of(source.files), batch_size, rank, world, num_workers=workers,
+                         persistent_workers=persistent)  # fmt: skip
+
+
+def kept_worker_epochs(folder: Path, batch_size: int, epochs: int) -> dict[str, Any]:
+    """One loader with its worker kept (``persistent_workers``): the first epoch and the later ones."""
+    loader = parquet_loader(folder, batch_size, 1, persistent=True)
+    state = {"epoch": 0}
+
+    def next_epoch() -> Any:
+        loader.sampler.set_epoch(state["epoch"])
+        state["epoch"] += 1
+        return loader
+
+    first = _measure(next_epoch, 1)
+    later = _measure(next_epoch, max(epochs - 1, 1))
+    loader.close()
+    for row in (first, later):  # getrusage sees a worker's CPU time only once it has exited
+        row["samples_per_cpu_s"] = None
+    return {"first_epoch": first, "later_epochs": later, **{k: later[k] for k in ("samples", "samples_per_s",
+            "samples_per_cpu_s", "steady_samples_per_s", "first_batch_s")}}  # fmt: skip
 
 
 def memmap_loader(folder: Path, batch_size: int, workers: int) -> Any:
@@ -314,7 +338,8 @@ def _summary(result: dict[str, Any]) -> None:
                 continue
             print(f"{table:9} {name:30} {row['samples_per_s'] / 1e6:5.2f} M samples/s whole pass, first batch after "
                   f"{row['first_batch_s'] * 1e3:4.0f} ms, then {row['steady_samples_per_s'] / 1e6:5.2f} M/s; "
-                  f"{row['samples_per_cpu_s'] / 1e6:5.2f} M per CPU-s", file=sys.stderr)  # fmt: skip
+                  + (f"{row['samples_per_cpu_s'] / 1e6:5.2f} M per CPU-s" if row["samples_per_cpu_s"] else "CPU n/a"),
+                  file=sys.stderr)  # fmt: skip
     for key in ("parquet_vs_torchrec_1_worker", "parquet_vs_memmap_1_worker"):
         if key in result:
             print(f"{key}: {result[key]:.2f}x (whole pass)", file=sys.stderr)
@@ -387,6 +412,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "settings": {k: v for k, v in vars(args).items() if k not in ("out",)},
         "single_id": {name: _measure(make, r) for name, make in contenders.items()},
     }
+    result["single_id"]["parquet_1_worker_kept_later_epochs"] = kept_worker_epochs(paths["parquet"], b, r + 1)
     if missing is not None and os.path.exists(args.torchrec_python):
         result["single_id"].update(torchrec_in_child(args.torchrec_python, args))
     elif missing is not None:
