@@ -36,7 +36,7 @@ from lightrec.data.parquet.batches import BatchAssembler, UnitBatches, lay_out
 from lightrec.data.parquet.columns import raise_first, read_columns, skip_messages
 from lightrec.data.parquet.errors import SkippedRows
 from lightrec.data.parquet.reader import BlockReader
-from lightrec.data.parquet.sharding import Block, EpochPlan, Slice, Unit, plan_epoch
+from lightrec.data.parquet.sharding import EpochPlan, Slice, Unit, plan_epoch
 from lightrec.data.parquet.source import ParquetSource
 from lightrec.data.parquet.spec import FeatureSpec
 from lightrec.data.parquet.state import LoaderPosition, LoaderState, fingerprint
@@ -280,10 +280,14 @@ class LoaderBase:
     #: reach the training process sooner and need less shared memory; a unit is still decoded whole.
     part_rows = 32_768
 
-    def _parts(self, units: Sequence[Unit]) -> int:
-        """Parts per unit: the largest unit cut into parts of about ``part_rows`` rows (whole batches)."""
+    def _parts_of(self, rows: int) -> int:
+        """Parts of a unit of ``rows`` rows: about ``part_rows`` rows each, whole batches (at least 1)."""
         part_rows = -(-max(self.part_rows, 1) // self.batch_size) * self.batch_size
-        return max([-(-u.rows // part_rows) for u in units] or [1])
+        return max(-(-rows // part_rows), 1)
+
+    def _parts(self, units: Sequence[Unit]) -> int:
+        """Parts per unit this epoch: as many as the largest unit needs."""
+        return self._parts_of(max([u.rows for u in units] or [0]))
 
     def _planner(self) -> Callable[[int, int], Sequence[Unit]] | None:
         """``(epoch, batch) -> units`` for workers kept across epochs; None: workers per epoch."""
@@ -415,8 +419,7 @@ class ParquetLoader(LoaderBase):
 
     def _parts(self, units: Sequence[Unit]) -> int:
         # The same every epoch (kept workers size their arenas once): a unit is at most one block.
-        largest = max([s.rows for s in self.slices] or [0]) * self.shuffle_window
-        return max(super()._parts(units), super()._parts([Unit(Block(()), 0, largest, 0)]))
+        return self._parts_of(max([s.rows for s in self.slices] or [0]) * self.shuffle_window)
 
     def __len__(self) -> int:
         return self._steps
