@@ -214,6 +214,9 @@ class _Workers:
         count: the number of workers.
         control: ``[2]`` int64 in shared memory: the epoch and first batch kept workers read next.
         held: each worker's latest part (keeps its arena mapped in the training process).
+        busy: an epoch is reading from them and its last part has not arrived yet.
+        generation: the epochs handed to them so far (an older epoch's generator, closed late,
+            leaves a newer epoch's workers alone).
     """
 
     loader: DataLoader
@@ -221,6 +224,8 @@ class _Workers:
     count: int
     control: torch.Tensor
     held: dict[int, UnitBatches] = field(default_factory=dict)
+    busy: bool = True
+    generation: int = 0
 
 
 class LoaderBase:
@@ -298,9 +303,14 @@ class LoaderBase:
         if self.num_workers == 0 or not units:
             return None
         planner = self._planner() if self.persistent_workers and where is not None else None
-        if planner is not None and self._kept is not None and where is not None:
-            self._kept.control[0], self._kept.control[1] = where  # read by the workers as they restart
-            return self._kept
+        kept = self._kept
+        if planner is not None and kept is not None and where is not None:
+            if not kept.busy:  # the last epoch got every part: the workers wait for the next one
+                kept.control[0], kept.control[1] = where  # read by the workers as they restart
+                kept.busy, kept.generation = True, kept.generation + 1
+                return kept
+            kept.board.stop()  # an abandoned epoch not closed yet: its workers may wait for slots
+            self._kept = None
         count = self.num_workers if planner is not None else min(self.num_workers, len(units))
         board = ReleaseBoard(count)
         # Queued, being copied out, one to write into; with several workers, the parts of one unit
@@ -319,14 +329,13 @@ class LoaderBase:
             self._kept = workers
         return workers
 
-    def _batches(
-        self, units: Sequence[Unit], where: tuple[int, int] | None = None, steps: int | None = None
-    ) -> Iterator[Batch]:
-        """The batches of ``units``; ``where`` = (epoch, first batch) and ``steps`` where workers may be kept."""
+    def _batches(self, units: Sequence[Unit], where: tuple[int, int] | None = None) -> Iterator[Batch]:
+        """The batches of ``units``; ``where`` = (epoch, first batch) where workers may be kept across epochs."""
         pin = self.pin_memory and torch.cuda.is_available()
         assembler = BatchAssembler(self.spec.keys, self.batch_size, pin_memory=pin)
         parts = self._parts(units)
         workers = self._workers_for(units, parts, where)
+        generation = workers.generation if workers is not None else 0
         expected, expected_part = 0, 0
         try:
             for piece in self._read(units, workers, parts):
@@ -335,6 +344,8 @@ class LoaderBase:
                         f"loader workers delivered part {piece.part} of unit {piece.index} where part {expected_part} "
                         f"of unit {expected} was due"
                     )
+                if workers is not None and piece.last and piece.index == len(units) - 1:
+                    workers.busy = False  # every part is here (before its batches go out: the last may be abandoned)
                 if piece.skipped:
                     self.skipped.add(piece.skipped, piece.skip_examples)
                     if self.on_skip is not None:
@@ -346,10 +357,9 @@ class LoaderBase:
                     workers.board.release(piece.index % workers.count, piece.seq)
                 expected, expected_part = (expected + 1, 0) if piece.last else (expected, expected_part + 1)
         finally:
-            complete = steps is not None and self._yielded >= steps
-            if workers is not None and not (workers is self._kept and complete):
-                workers.board.stop()  # workers waiting for a slot go on (and end with the epoch)
-                if workers is self._kept:  # an abandoned epoch: its kept workers are shut down
+            if workers is not None and workers.busy and workers.generation == generation:
+                workers.board.stop()  # an abandoned epoch: workers waiting for a slot go on, and end
+                if workers is self._kept:
                     self._kept = None
 
     def _read(self, units: Sequence[Unit], workers: _Workers | None, parts: int) -> Iterator[UnitBatches]:
@@ -430,7 +440,7 @@ class ParquetLoader(LoaderBase):
         start = resume.batch if resume is not None and resume.epoch == epoch else 0
         plan = self.plan(epoch)
         self._yielded, self.prefetched = start, 0
-        yield from self._batches(plan.units_from(start), (epoch, start), self._steps)
+        yield from self._batches(plan.units_from(start), (epoch, start))
         self.skipped.log(f"{self.name} data")
 
     def position(self) -> LoaderPosition:

@@ -147,6 +147,19 @@ def test_kept_workers_read_each_epochs_own_rows_and_restart_after_an_abandoned_e
     state = {**kept.state_dict(), "epoch": 1, "batch": 3}  # a resume inside epoch 1, through the kept workers
     kept.load_state_dict(state)
     assert _rows(kept, 1) == expected[1][3 * 25 :]
+    # an epoch's generator closed only after the next epoch started leaves the new epoch's workers alone
+    kept.sampler.set_epoch(0)
+    whole = iter(kept)
+    next(whole)  # its last part has not arrived: the kept workers are busy with it
+    assert _rows(kept, 2) == expected[2]  # ... so the next epoch starts new ones
+    done = iter(kept)
+    assert [int(r) for b in done for r in b.dense_features[:, 0].tolist()] == expected[2]
+    pool = kept._kept
+    again = iter(kept)  # completed, then read again while the completed generator is still open
+    first = next(again)
+    del whole, done  # closing the old generators now touches nothing
+    rest = [int(r) for b in again for r in b.dense_features[:, 0].tolist()]
+    assert kept._kept is pool and first.dense_features[:, 0].tolist() + rest == expected[2]
     kept.close()
 
 
