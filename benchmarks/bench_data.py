@@ -5,27 +5,34 @@ below 100k) are generated once into ``--workdir`` and written in every contender
 same arrays:
 
 * **parquet**: 4 Parquet files, row groups of ``--row-group-size`` rows (``--compression``), read by
-  ``lightrec.data.parquet.ParquetLoader`` -- streaming from disk, bounded memory;
+  ``lightrec.data.parquet.ParquetLoader`` -- streaming from disk, bounded memory; also with its
+  worker kept across epochs (``persistent_workers``: ``parquet_1_worker_kept_later_epochs`` is the
+  median of the epochs after the first, which is reported beside them);
 * **criteo_memmap**: lightrec's preprocessed Criteo chunks (``CriteoMemmapDataset``: ``.npy`` files
   memory-mapped, batch indices through ``rank_dataloader``);
 * **torchrec_in_memory**: torchrec 1.8.0's ``InMemoryBinaryCriteoIterDataPipe`` over ``.npy`` files
-  (every row of the rank loaded into RAM first; its load time is included), when ``import torchrec``
-  works (install it ``--no-deps`` into a separate target directory and put that on ``PYTHONPATH``:
-  ``pip install --no-deps --target /tmp/benchdeps torchrec==1.8.0 tensordict iopath pyre-extensions
-  typing-inspect mypy-extensions portalocker pyvers cloudpickle orjson``; never into lightrec's venv).
+  (every row of the rank loaded into RAM first; its load time is included). Measured in this process
+  when ``import torchrec`` works, else in a child process of ``--torchrec-python`` (default
+  ``/tmp/trvenv/bin/python`` where it exists: a separate venv with torch, fbgemm-gpu-cpu, pyarrow and
+  ``torchrec==1.8.0 --no-deps``; never installed into lightrec's venv) on the same files, in the
+  same run, between the lightrec contenders' measurements.
 
 Each contender reads the whole data once per repeat (``--batch-size`` rows a batch, one rank) with **one
 loader worker** (``*_1_worker``: the worker reads, the training process takes the batches) and in the
-training process alone (``*_in_process``: one core does everything). Reported per contender: median
-samples/s over the repeats (wall clock, worker start and loading included), the same after the first
-batch (without the worker's start and torchrec's load), and samples per CPU second of all processes
-together (the training process plus its workers: ``getrusage``), which a busy machine disturbs far
-less than wall time. A multi-hot variant (``--multi-hot-ids`` ids per
+training process alone (``*_in_process``: one core does everything). Python imports (lightning,
+pyarrow, torchrec) happen before any timing -- they are not the loader's work; nothing is read ahead.
+Reported per contender: median samples/s of the whole pass over the repeats (wall clock, the loader
+built, the worker started and torchrec's load included), the latency of the first batch, the rate
+after the first batch (steady state: without the worker's start and torchrec's load), and samples per
+CPU second of all processes together (the training process plus its workers: ``getrusage``), which a
+busy machine disturbs far less than wall time. A multi-hot variant (``--multi-hot-ids`` ids per
 feature on average, lists of 1 to 2x that) is read by the Parquet source.
 
 ``--step``: the loader against the training step of the 2-rank ``lightrec run dlrm`` on the same
 Parquet data (``monitor/step_time_ms`` of ``RecThroughputMonitor``, median over the run's windows
-after the first) and the loader alone for rank 0 of 2 at the same batch size, one worker.
+after the first), both as samples/s of one rank: the step's ``batch / step time`` against the loader
+alone for rank 0 of 2 at the same batch size, one worker (``loader_headroom``: how many times faster
+the loader is).
 
 ``--convert-mb N``: conversion of a generated Criteo TSV of ``N`` MB (``lightrec data convert`` in a
 child process): rows/s, MB/s and the child's peak RSS.
@@ -35,7 +42,7 @@ Run::
     python benchmarks/bench_data.py --out bench_data.json                     # the loader table
     python benchmarks/bench_data.py --rows 262144 --repeats 1                 # a smoke run
     python benchmarks/bench_data.py --step --convert-mb 4096                  # + step and conversion
-    PYTHONPATH=/tmp/benchdeps python benchmarks/bench_data.py                 # + torchrec's reader
+    python benchmarks/bench_data.py --torchrec-python /tmp/trvenv/bin/python  # torchrec from its venv
 
 Figures taken on a shared machine are noisy; the CPU-second figures and the ratios within one run
 are the ones to compare. JSON goes to stdout (and ``--out``).
@@ -171,12 +178,34 @@ def write_multi_hot(folder: Path, rows: int, ids: int, row_group: int, compressi
 
 
 # ----------------------------------------------------------------------------- contenders
-def parquet_loader(folder: Path, batch_size: int, workers: int, rank: int = 0, world: int = 1) -> Any:
+def parquet_loader(
+    folder: Path, batch_size: int, workers: int, rank: int = 0, world: int = 1, persistent: bool = False
+) -> Any:
     from lightrec.data.parquet import ParquetLoader, ParquetSource, build_spec, size_tables, slices_of
 
     source = ParquetSource(str(folder))
     spec = size_tables(source, build_spec(source.schema, str(folder), "label", ["int_*"], ["cat_*"]))
-    return ParquetLoader(source, spec, slices_of(source.files), batch_size, rank, world, num_workers=workers)
+    return ParquetLoader(source, spec, slices_of(source.files), batch_size, rank, world, num_workers=workers,
+                         persistent_workers=persistent)  # fmt: skip
+
+
+def kept_worker_epochs(folder: Path, batch_size: int, epochs: int) -> dict[str, Any]:
+    """One loader with its worker kept (``persistent_workers``): the first epoch and the later ones."""
+    loader = parquet_loader(folder, batch_size, 1, persistent=True)
+    state = {"epoch": 0}
+
+    def next_epoch() -> Any:
+        loader.sampler.set_epoch(state["epoch"])
+        state["epoch"] += 1
+        return loader
+
+    first = _measure(next_epoch, 1)
+    later = _measure(next_epoch, max(epochs - 1, 1))
+    loader.close()
+    for row in (first, later):  # getrusage sees a worker's CPU time only once it has exited
+        row["samples_per_cpu_s"] = None
+    return {"first_epoch": first, "later_epochs": later, **{k: later[k] for k in ("samples", "samples_per_s",
+            "samples_per_cpu_s", "steady_samples_per_s", "first_batch_s")}}  # fmt: skip
 
 
 def memmap_loader(folder: Path, batch_size: int, workers: int) -> Any:
@@ -207,6 +236,21 @@ def torchrec_loader(folder: Path, batch_size: int, workers: int) -> Any:
     return torch.utils.data.DataLoader(stream, batch_size=None, num_workers=workers)
 
 
+def torchrec_in_child(python: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The torchrec contenders measured by ``python`` (torchrec's venv) running this script on the same files."""
+    command = [python, __file__, "--only-torchrec", "--rows", str(args.rows), "--batch-size", str(args.batch_size),
+               "--row-group-size", str(args.row_group_size), "--compression", args.compression,
+               "--repeats", str(args.repeats), "--workdir", args.workdir]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=3600, env=env)
+    if done.returncode != 0:
+        return {"torchrec_in_memory": {"skipped": f"{python} failed: {done.stderr.strip()[-2000:] or done.returncode}"}}
+    rows: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])["single_id"]
+    for row in rows.values():
+        row["python"] = python
+    return rows
+
+
 def _torchrec_available() -> str | None:
     try:
         import torchrec  # noqa: F401
@@ -235,15 +279,17 @@ def step_figure(folder: Path, batch_size: int, steps: int, work: Path) -> dict[s
     events.Reload()
     step_ms = [s.value for s in events.Scalars("monitor/step_time_ms")][1:] or [float("nan")]
     loader = _measure(lambda: parquet_loader(folder, batch_size, 1, rank=0, world=2), 1)
-    loader_ms = 1e3 * batch_size / loader["steady_samples_per_s"]
+    loader_ms = 1e3 * batch_size / loader["samples_per_s"]
     median_step = statistics.median(step_ms)
     return {
         "batch_size_per_rank": batch_size,
         "ranks": 2,
         "step_ms": median_step,
+        "step_samples_per_s_per_rank": 1e3 * batch_size / median_step,
         "loader_ms_per_batch": loader_ms,
-        "loader_batches_per_step_time": median_step / loader_ms,
-        "loader_samples_per_s": loader["steady_samples_per_s"],
+        "loader_samples_per_s": loader["samples_per_s"],  # the whole pass, the worker's start included
+        "loader_steady_samples_per_s": loader["steady_samples_per_s"],
+        "loader_headroom": median_step / loader_ms,
     }
 
 
@@ -283,6 +329,33 @@ def convert_figure(megabytes: int, work: Path) -> dict[str, Any]:
             "mb_per_s": tsv.stat().st_size / 2**20 / seconds, "peak_rss_mib": rss}  # fmt: skip
 
 
+def _summary(result: dict[str, Any]) -> None:
+    """The figures as lines on stderr (the JSON goes to stdout)."""
+    for table in ("single_id", "multi_hot"):
+        for name, row in result[table].items():
+            if "samples_per_s" not in row:
+                print(f"{table:9} {name:30} not measured: {row.get('skipped')}", file=sys.stderr)
+                continue
+            print(f"{table:9} {name:30} {row['samples_per_s'] / 1e6:5.2f} M samples/s whole pass, first batch after "
+                  f"{row['first_batch_s'] * 1e3:4.0f} ms, then {row['steady_samples_per_s'] / 1e6:5.2f} M/s; "
+                  + (f"{row['samples_per_cpu_s'] / 1e6:5.2f} M per CPU-s" if row["samples_per_cpu_s"] else "CPU n/a"),
+                  file=sys.stderr)  # fmt: skip
+    for key in ("parquet_vs_torchrec_1_worker", "parquet_vs_memmap_1_worker"):
+        if key in result:
+            print(f"{key}: {result[key]:.2f}x (whole pass)", file=sys.stderr)
+    if "step" in result:
+        step = result["step"]
+        print(f"2-rank lightrec run dlrm: {step['step_samples_per_s_per_rank'] / 1e6:.3f} M samples/s per rank "
+              f"({step['step_ms']:.1f} ms a step); the loader for rank 0 of 2: {step['loader_samples_per_s'] / 1e6:.2f} "
+              f"M samples/s ({step['loader_headroom']:.0f}x)", file=sys.stderr)  # fmt: skip
+    if "convert" in result:
+        c = result["convert"]
+        print(f"convert: {c['rows_per_s'] / 1e3:.0f}k rows/s, {c['mb_per_s']:.1f} MB/s, peak RSS {c['peak_rss_mib']:.0f} MiB",
+              file=sys.stderr)  # fmt: skip
+    print(f"load average: {result['machine']['load_average_at_start']} at start, "
+          f"{result['machine']['load_average_at_end']} at the end", file=sys.stderr)  # fmt: skip
+
+
 # ----------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -298,6 +371,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--step-batch-size", type=int, default=1024)
     parser.add_argument("--convert-mb", type=int, default=0, help="also convert a generated Criteo TSV of this size")
     parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "lightrec-bench-data"))
+    parser.add_argument("--torchrec-python", default="/tmp/trvenv/bin/python",
+                        help="a Python with torchrec, for the torchrec reader when it is not importable here")
+    parser.add_argument("--only-torchrec", action="store_true", help=argparse.SUPPRESS)  # the child of the above
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -307,30 +383,46 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     multi = write_multi_hot(work / f"multi_{args.multi_hot_rows}", args.multi_hot_rows, args.multi_hot_ids,
                             max(args.row_group_size // (2 * args.multi_hot_ids), 4096), args.compression)  # fmt: skip
     b, r = args.batch_size, args.repeats
+    # Imports before any timing (lightning comes with lightrec.data): they are not the loaders' work.
+    import lightrec.data  # noqa: F401
+    import lightrec.data.parquet  # noqa: F401
+
+    missing = _torchrec_available()
+    torchrec_contenders: dict[str, Callable[[], Iterable[Any]]] = {
+        "torchrec_in_memory_1_worker": lambda: torchrec_loader(paths["npy"], b, 1),
+        "torchrec_in_memory_in_process": lambda: torchrec_loader(paths["npy"], b, 0),
+    }
+    if args.only_torchrec:
+        if missing is not None:
+            raise SystemExit(missing)
+        print(json.dumps({"single_id": {name: _measure(make, r) for name, make in torchrec_contenders.items()}}))
+        return {}
     contenders: dict[str, Callable[[], Iterable[Any]]] = {
         "parquet_1_worker": lambda: parquet_loader(paths["parquet"], b, 1),
         "parquet_in_process": lambda: parquet_loader(paths["parquet"], b, 0),
         "criteo_memmap_1_worker": lambda: memmap_loader(paths["memmap"], b, 1),
         "criteo_memmap_in_process": lambda: memmap_loader(paths["memmap"], b, 0),
     }
-    missing = _torchrec_available()
     if missing is None:
-        contenders["torchrec_in_memory_1_worker"] = lambda: torchrec_loader(paths["npy"], b, 1)
-        contenders["torchrec_in_memory_in_process"] = lambda: torchrec_loader(paths["npy"], b, 0)
+        contenders.update(torchrec_contenders)
     result: dict[str, Any] = {
         "benchmark": "bench_data",
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
+        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
+                    "load_average_at_start": os.getloadavg()},  # fmt: skip
         "settings": {k: v for k, v in vars(args).items() if k not in ("out",)},
         "single_id": {name: _measure(make, r) for name, make in contenders.items()},
-        "multi_hot": {
-            "parquet_1_worker": _measure(lambda: parquet_loader(multi, b, 1), r),
-            "parquet_in_process": _measure(lambda: parquet_loader(multi, b, 0), r),
-        },
     }
-    if missing is not None:
-        result["single_id"]["torchrec_in_memory"] = {"skipped": missing}
+    result["single_id"]["parquet_1_worker_kept_later_epochs"] = kept_worker_epochs(paths["parquet"], b, r + 1)
+    if missing is not None and os.path.exists(args.torchrec_python):
+        result["single_id"].update(torchrec_in_child(args.torchrec_python, args))
+    elif missing is not None:
+        result["single_id"]["torchrec_in_memory"] = {"skipped": f"{missing}; no {args.torchrec_python}"}
+    result["multi_hot"] = {
+        "parquet_1_worker": _measure(lambda: parquet_loader(multi, b, 1), r),
+        "parquet_in_process": _measure(lambda: parquet_loader(multi, b, 0), r),
+    }
     single = result["single_id"]
-    if "torchrec_in_memory_1_worker" in single:
+    if "samples_per_s" in single.get("torchrec_in_memory_1_worker", {}):
         result["parquet_vs_torchrec_1_worker"] = (
             single["parquet_1_worker"]["samples_per_s"] / single["torchrec_in_memory_1_worker"]["samples_per_s"]
         )
@@ -342,12 +434,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.convert_mb:
         result["convert"] = convert_figure(args.convert_mb, work)
     result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    for table in ("single_id", "multi_hot"):
-        for name, row in result[table].items():
-            if "samples_per_s" in row:
-                print(f"{table:9} {name:30} {row['samples_per_s'] / 1e6:5.2f} M samples/s (after the first batch "
-                      f"{row['steady_samples_per_s'] / 1e6:5.2f})  {row['samples_per_cpu_s'] / 1e6:5.2f} M per CPU-s",
-                      file=sys.stderr)  # fmt: skip
+    result["machine"]["load_average_at_end"] = os.getloadavg()
+    _summary(result)
     print(json.dumps(result))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))

@@ -55,6 +55,9 @@ class UnitBatches:
             offset into ``lengths``, offset into ``values``.
         length_per_key: ``[P, F]`` ids per key of each piece.
         skipped: rows left out (``on_error="skip"``); skip_examples: their first messages.
+        part / last: which part of the unit this is, and whether it is the unit's last (a worker
+            hands a unit over in parts: :func:`~lightrec.data.parquet.loader.read_unit`).
+        seq: the arena slot's sequence number (what the training process releases), -1 for none.
     """
 
     index: int
@@ -67,6 +70,9 @@ class UnitBatches:
     length_per_key: np.ndarray
     skipped: int = 0
     skip_examples: list[str] = field(default_factory=list)
+    part: int = 0
+    last: bool = True
+    seq: int = -1
 
 
 def _piece_bounds(start: int, planned: int, batch_size: int, positions: np.ndarray | None) -> tuple[np.ndarray, ...]:
@@ -175,7 +181,7 @@ def lay_out(
     shapes = [((r, len(spec.dense)), torch.float32), ((r,), torch.float32), ((total,), torch.int64)]
     shapes += [((0 if one_each else nf * r,), torch.int32)]
     shapes += [((total,), torch.float32)] if spec.weighted else []
-    dense, labels, values, lengths, *weights = arena.tensors(shapes)
+    seq, (dense, labels, values, lengths, *weights) = arena.tensors(shapes)
     if columns.dense:
         np.stack(columns.dense, axis=1, out=dense.numpy())
     labels.numpy()[:] = columns.labels
@@ -189,8 +195,9 @@ def lay_out(
         _gather(w, offsets, starts, stops, weights[0].numpy(), sizes, batch_size)
     pieces = np.stack([batches, planned_starts, ends, starts, sizes, nf * starts, value_at], axis=1)
     return UnitBatches(
-        index, dense, labels, None if one_each else lengths, values, weights[0] if weights else None, pieces, per_key
-    )
+        index, dense, labels, None if one_each else lengths, values, weights[0] if weights else None, pieces, per_key,
+        seq=seq,
+    )  # fmt: skip
 
 
 class BatchAssembler:

@@ -70,6 +70,18 @@ class UnitColumns:
     sparse: list[SparseColumn]
     bad: list[BadRows] = field(default_factory=list)
 
+    def rows_between(self, lo: int, hi: int) -> UnitColumns:
+        """Rows ``[lo, hi)`` (views of the arrays; jagged offsets rebased to 0). ``bad`` is not carried."""
+        sparse = []
+        for col in self.sparse:
+            if col.offsets is None:
+                sparse.append(SparseColumn(col.values[lo:hi]))
+                continue
+            a, b = int(col.offsets[lo]), int(col.offsets[hi])
+            weights = None if col.weights is None else col.weights[a:b]
+            sparse.append(SparseColumn(col.values[a:b], col.offsets[lo : hi + 1] - a, weights))
+        return UnitColumns(hi - lo, self.labels[lo:hi], [d[lo:hi] for d in self.dense], sparse)
+
     def keep(self, mask: np.ndarray) -> UnitColumns:
         """The rows where ``mask`` is True (bad rows dropped)."""
         sparse = []

@@ -89,7 +89,9 @@ class ParquetDataModule(pl.LightningDataModule):
         follow / poll_interval / idle_timeout / marker: read new files as they land (training data;
             see :mod:`lightrec.data.parquet.follow`).
         pin_memory: build batches in page-locked memory; None: when training on CUDA.
-        prefetch_factor: units (row groups) each worker reads ahead.
+        prefetch_factor: parts (of ~32k rows) each worker lays out ahead.
+        persistent_workers: keep each loader's workers across epochs (started once; an epoch
+            abandoned midway restarts them). A following loader starts its workers per round.
     """
 
     def __init__(
@@ -119,6 +121,7 @@ class ParquetDataModule(pl.LightningDataModule):
         marker: str | None = None,
         pin_memory: bool | None = None,
         prefetch_factor: int = 2,
+        persistent_workers: bool = True,
     ) -> None:
         super().__init__()
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -140,6 +143,7 @@ class ParquetDataModule(pl.LightningDataModule):
         self.on_error = check_on_error(on_error)
         self.follow = FollowOptions(poll_interval, idle_timeout, marker) if follow else None
         self.pin_memory, self.prefetch_factor = pin_memory, prefetch_factor
+        self.persistent_workers = persistent_workers
         self._source: ParquetSource | None = None
         self._spec: FeatureSpec | None = None
         self._sized: FeatureSpec | None = None
@@ -204,7 +208,7 @@ class ParquetDataModule(pl.LightningDataModule):
     def _options(self, name: str) -> LoaderOptions:
         return dict(
             num_workers=self.num_workers, on_error=self.on_error, pin_memory=self._pins(),
-            prefetch_factor=self.prefetch_factor, name=name,
+            prefetch_factor=self.prefetch_factor, name=name, persistent_workers=self.persistent_workers,
         )  # fmt: skip
 
     def _loader(self, split: str) -> LoaderBase:

@@ -9,7 +9,7 @@ slots of one shared-memory buffer, allocated once and reused round-robin. torch 
 arena as a handle to the same memory; the training process maps it once and keeps it mapped.
 
 A slot is reused only after the training process has copied every batch out of the unit in it: it
-then writes the unit's number into the :class:`ReleaseBoard` (one shared int64 per worker), which
+then writes the slot's sequence number into the :class:`ReleaseBoard` (one shared int64 per worker), which
 the worker reads before it overwrites the slot (waiting, rarely, in short sleeps). Nothing the
 training process hands on refers to an arena, so no batch can change under a model's feet.
 
@@ -42,7 +42,7 @@ class ReleaseBoard:
         self.released = torch.full((max(workers, 1),), -1, dtype=torch.int64).share_memory_()
 
     def release(self, worker: int, seq: int) -> None:
-        """The training process is done with worker ``worker``'s unit number ``seq`` (and all before)."""
+        """The training process is done with worker ``worker``'s slot number ``seq`` (and all before)."""
         self.released[worker] = seq
 
     def stop(self) -> None:
@@ -99,10 +99,11 @@ class UnitArena:
         self._buffer = _shared_bytes(size) if self.shared else torch.empty(size, dtype=torch.uint8)
         self._first_seq_of_buffer = self._seq  # earlier units live in the old buffer, which nobody overwrites
 
-    def tensors(self, shapes: Sequence[tuple[tuple[int, ...], torch.dtype]]) -> list[torch.Tensor]:
-        """Uninitialised tensors of the given shapes and dtypes for the next unit, in one slot.
+    def tensors(self, shapes: Sequence[tuple[tuple[int, ...], torch.dtype]]) -> tuple[int, list[torch.Tensor]]:
+        """Uninitialised tensors of the given shapes and dtypes for the next unit (or part), in one slot.
 
-        Returns them in order; call once per unit (units are numbered 0, 1, ... per arena).
+        Returns the slot's sequence number (0, 1, ... per arena: what the training process releases
+        on the board) and the tensors in order.
         """
         sizes = [_round_up(max(int(torch.Size(shape).numel()), 1) * dtype.itemsize) for shape, dtype in shapes]
         if self._buffer is None or sum(sizes) > self._slot_bytes:
@@ -117,4 +118,4 @@ class UnitArena:
             count = int(torch.Size(shape).numel())
             out.append(self._buffer[at : at + count * dtype.itemsize].view(dtype).view(shape))
             at += size
-        return out
+        return seq, out

@@ -213,6 +213,8 @@ def test_skip_works_in_loader_workers_and_reports_the_count(tmp_path: Path) -> N
     loader = ParquetLoader(source, spec, slices_of(source.files), 8, num_workers=2, on_error="skip")
     loader.on_skip = counts.append
     assert sum(b.batch_size for b in loader) == 63 and counts == [1]
+    loader.part_rows = 16  # handed over in parts: the same batches, the bad row counted once
+    assert [b.batch_size for b in loader] == [8] * 5 + [7] + [8] * 2 and counts == [1, 2]
 
 
 def test_a_batch_of_bad_rows_only_is_an_error(tmp_path: Path) -> None:

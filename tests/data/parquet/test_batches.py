@@ -59,6 +59,32 @@ def test_batches_equal_hand_built_batches_of_the_same_rows(
             assert_batches_equal(batch, expected_batch(table.slice(first + k * batch_size, batch_size)))
 
 
+@pytest.mark.parametrize(("world", "workers"), [(1, 0), (1, 1), (2, 2), (1, 3)])
+def test_units_handed_over_in_parts_give_the_same_batches(
+    events: tuple[Path, pa.Table], world: int, workers: int
+) -> None:
+    root, table = events
+    batch_size = 8
+    steps = table.num_rows // (world * batch_size)
+    for rank in range(world):
+        loader = _loader(root, batch_size, rank, world, num_workers=workers, prefetch_factor=1)
+        loader.part_rows = 12  # parts of 16 rows: up to 4 per unit, empty ones in the short units
+        assert loader._parts(loader.plan(0).units) == 4
+        batches = list(loader)
+        assert len(batches) == steps
+        first = rank * steps * batch_size
+        for k, batch in enumerate(batches):
+            assert_batches_equal(batch, expected_batch(table.slice(first + k * batch_size, batch_size)))
+
+
+def test_parts_cut_on_batch_boundaries_and_cover_the_unit() -> None:
+    from lightrec.data.parquet.loader import part_bounds
+
+    assert part_bounds(0, 64, 4, 8).tolist() == [0, 16, 32, 48, 64]
+    assert part_bounds(5, 60, 3, 8).tolist() == [0, 19, 43, 60]  # stream rows 5 | 24 | 48 | 65
+    assert part_bounds(0, 10, 4, 8).tolist() == [0, 0, 8, 8, 10]  # short unit: empty parts
+
+
 def test_table_sizes_come_from_the_column_statistics(events: tuple[Path, pa.Table]) -> None:
     root, table = events
     loader = _loader(root, 16)
@@ -99,6 +125,42 @@ def test_shuffle_reads_every_row_once_differently_per_epoch_and_the_same_for_any
     assert np.mean(np.abs(np.diff(epoch0)) == 1) < 0.2
     with_workers = _row_loader(root, shuffle=True, seed=3, shuffle_window=2, num_workers=2)
     assert _rows(with_workers, 1) == epoch1
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_kept_workers_read_each_epochs_own_rows_and_restart_after_an_abandoned_epoch(
+    events: tuple[Path, pa.Table], workers: int
+) -> None:
+    root, _ = events
+    options = {"shuffle": True, "seed": 3, "shuffle_window": 2, "rank": 1, "world_size": 2}
+    alone = _row_loader(root, **options)
+    expected = [_rows(alone, e) for e in range(3)]
+    kept = _row_loader(root, num_workers=workers, persistent_workers=True, prefetch_factor=1, **options)
+    kept.part_rows = 20  # units in several parts
+    assert _rows(kept, 0) == expected[0]
+    pool = kept._kept
+    assert pool is not None and _rows(kept, 1) == expected[1] and kept._kept is pool  # the same workers
+    kept.sampler.set_epoch(2)
+    next(iter(kept))  # abandoned after one batch: the workers are shut down ...
+    assert kept._kept is None
+    assert _rows(kept, 2) == expected[2] and kept._kept is not None  # ... and new ones read the next epoch
+    state = {**kept.state_dict(), "epoch": 1, "batch": 3}  # a resume inside epoch 1, through the kept workers
+    kept.load_state_dict(state)
+    assert _rows(kept, 1) == expected[1][3 * 25 :]
+    # an epoch's generator closed only after the next epoch started leaves the new epoch's workers alone
+    kept.sampler.set_epoch(0)
+    whole = iter(kept)
+    next(whole)  # its last part has not arrived: the kept workers are busy with it
+    assert _rows(kept, 2) == expected[2]  # ... so the next epoch starts new ones
+    done = iter(kept)
+    assert [int(r) for b in done for r in b.dense_features[:, 0].tolist()] == expected[2]
+    pool = kept._kept
+    again = iter(kept)  # completed, then read again while the completed generator is still open
+    first = next(again)
+    del whole, done  # closing the old generators now touches nothing
+    rest = [int(r) for b in again for r in b.dense_features[:, 0].tolist()]
+    assert kept._kept is pool and first.dense_features[:, 0].tolist() + rest == expected[2]
+    kept.close()
 
 
 def test_ranks_read_disjoint_rows_and_run_equal_steps(events: tuple[Path, pa.Table]) -> None:

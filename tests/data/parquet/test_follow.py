@@ -32,10 +32,13 @@ def _write(folder: Path, name: str, start: int, rows: int) -> None:
     hidden.rename(folder / name)
 
 
-def _loader(folder: Path, options: FollowOptions = POLL, batch_size: int = 10) -> FollowingParquetLoader:
+def _loader(
+    folder: Path, options: FollowOptions = POLL, batch_size: int = 10, workers: int = 0
+) -> FollowingParquetLoader:
     source = ParquetSource(str(folder))
     spec = build_spec(source.schema, str(folder), "label", ["row"], ["scalar"])
-    return FollowingParquetLoader(source, spec, batch_size, follow=options)
+    # persistent_workers is ignored: each round's files are new, its workers are started for it
+    return FollowingParquetLoader(source, spec, batch_size, follow=options, num_workers=workers, persistent_workers=True)
 
 
 def _rows(batches: list) -> list[int]:
@@ -59,9 +62,11 @@ def test_files_renamed_in_later_are_read_and_partial_files_are_not(tmp_path: Pat
     assert loader.state_dict()["follow"]["carry"][0][1:] == [2, 3, 5]
 
 
-def test_rounds_are_read_in_arrival_order_then_path_order(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [0, 1])
+def test_rounds_are_read_in_arrival_order_then_path_order(tmp_path: Path, workers: int) -> None:
     _write(tmp_path, "b.parquet", 0, 20)
-    loader = _loader(tmp_path)
+    loader = _loader(tmp_path, workers=workers)
+    loader.part_rows = 5  # row groups handed over in parts
     later = iter(loader)
     first = [next(later), next(later)]
     _write(tmp_path, "c.parquet", 100, 10)

@@ -19,13 +19,14 @@ def test_data_shortcuts_name_the_datamodules(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow  # the default suite trains configs/dlrm_parquet.yaml (tests/recipes/test_recipes.py)
-def test_lightrec_run_trains_dlrm_on_parquet_logs(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("recipe", ["dlrm", "deepfm"])  # two_tower needs (user, item) pairs: it says so
+def test_lightrec_run_trains_click_recipes_on_parquet_logs(
+    recipe: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     write_rows(tmp_path / "logs")
     monkeypatch.chdir(tmp_path)
     code = main([
-        "run", "dlrm", "--data", "parquet", "--data.path", str(tmp_path / "logs"), "--data.label", "label",
+        "run", recipe, "--data", "parquet", "--data.path", str(tmp_path / "logs"), "--data.label", "label",
         "--data.dense", "[int_*]", "--data.batch_size", "32", "--data.val", "0.2", "--devices", "1",
         "--trainer.strategy", "auto", "--trainer.max_steps", "3", "--trainer.enable_progress_bar", "false",
         "--recipe.export", "false",
