@@ -98,7 +98,8 @@ class TwoTowerModule(RecipeModule):
             raise ValueError(
                 f"the two_tower recipe trains on (user, item) pairs and needs a retrieval DataModule (task="
                 f"'retrieval', e.g. lightrec.data.MovieLensDataModule with task: retrieval, as in the "
-                f"two_tower_movielens config); got {kind}. For click data use the dlrm or deepfm recipe"
+                f"two_tower_movielens config, or --data parquet --data.task retrieval for Parquet pairs); got "
+                f"{kind}. For click data use the dlrm or deepfm recipe"
             )
 
     def build_model(self, embedding_bag_collection: nn.Module) -> nn.Module:

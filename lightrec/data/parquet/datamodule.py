@@ -92,6 +92,12 @@ class ParquetDataModule(pl.LightningDataModule):
         prefetch_factor: parts (of ~32k rows) each worker lays out ahead.
         persistent_workers: keep each loader's workers across epochs (started once; an epoch
             abandoned midway restarts them). A following loader starts its workers per round.
+        task: what the rows are for. ``"ctr"``: labelled impressions (dlrm, deepfm). ``"retrieval"``:
+            each row is a positive (query, candidate) pair, e.g. a click with the user's and the
+            item's id columns, trained with in-batch negatives (the two_tower recipe: its
+            ``candidate_feature_names`` pick the candidate tower's features, the rest feed the query
+            tower); rows whose label is > 0 count as queries in recall@k, so write only the pairs to
+            learn from (filter clicks before writing) or keep a 0 label on rows that must not count.
     """
 
     def __init__(
@@ -122,8 +128,11 @@ class ParquetDataModule(pl.LightningDataModule):
         pin_memory: bool | None = None,
         prefetch_factor: int = 2,
         persistent_workers: bool = True,
+        task: Literal["ctr", "retrieval"] = "ctr",
     ) -> None:
         super().__init__()
+        if task not in ("ctr", "retrieval"):
+            raise ValueError(f"task must be 'ctr' (labelled impressions) or 'retrieval' ((query, candidate) pairs), got {task!r}")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
@@ -132,6 +141,7 @@ class ParquetDataModule(pl.LightningDataModule):
             raise ValueError("follow=True reads files in the order they land; shuffle=True would mix that order: pick one")
         self.save_hyperparameters()
         self.path, self.label, self.batch_size, self.num_workers = path, label, batch_size, num_workers
+        self.task = task
         self.dense: list[str] | Literal["auto"] = list(dense) if isinstance(dense, (list, tuple)) else dense
         self.sparse = sparse
         self.splits = {"val": val, "test": test}
