@@ -13,6 +13,12 @@ So a model is planned the same way whichever entry point is used::
 ranks per host and device type. The sharders come from the caller
 (``lightrec.distributed.get_default_sharders`` for the collections lightrec shards), so this file
 never depends on the sharded modules.
+
+On CPU every report also says which kernel serves the plan's ``fused`` tables, and why
+(:func:`cpu_kernel_report`): ``kernel_backend="auto"`` chooses between fbgemm's TBE and the torch
+kernel with the native update per case (``lightrec.kernels.cpu_kernel_choice``), and the verdict
+asked here is the one the kernels take when they are built (the same cache, the same case), so
+``lightrec plan`` and the plan report say what will run at no extra cost.
 """
 
 from __future__ import annotations
@@ -20,19 +26,28 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch.distributed as dist
 from torch import nn
 
-from lightrec.distributed.planner.cpu_kernel_report import cpu_kernel_report
-from lightrec.distributed.planner.plan import ModuleSharder, ShardingPlan
-from lightrec.distributed.planner.plan.sharder import PooledTables, SequenceTables
+from lightrec.distributed.planner.plan import (
+    EmbeddingComputeKernel,
+    EmbeddingModuleShardingPlan,
+    ModuleSharder,
+    ShardingPlan,
+)
+from lightrec.distributed.planner.plan.builders import shardable_modules
+from lightrec.distributed.planner.plan.sharder import PooledTables, SequenceTables, table_configs
 from lightrec.distributed.planner.planners import EmbeddingShardingPlanner
 from lightrec.distributed.planner.report import PlannerReport
 from lightrec.distributed.planner.types import ParameterConstraints, Topology
+from lightrec.kernels.cpu_kernel_choice import cpu_kernel_lines
 from lightrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+from lightrec.optim.fused_spec import FusedOptimizerSpec
 
-__all__ = ["PlanningResult", "plan_report_for", "plan_sharding", "topology_for"]
+__all__ = ["KernelBackendSharder", "PlanningResult", "cpu_kernel_report", "plan_report_for", "plan_sharding",
+           "topology_for"]  # fmt: skip
 
 
 def topology_for(world_size: int, device_type: str, local_world_size: int | None = None) -> Topology:
@@ -176,3 +191,50 @@ def plan_report_for(
     if topology.compute_device == "cpu":
         report.kernel_lines = cpu_kernel_report(unsharded, sharders, plan)
     return report
+
+
+# ---- which fused CPU kernel serves the plan's tables ---------------------------------------------
+@runtime_checkable
+class KernelBackendSharder(Protocol):
+    """A sharder that says which lookup kernels its shards run (lightrec's collection sharders)."""
+
+    kernel_backend: str
+
+
+def _spec(sharder: ModuleSharder) -> FusedOptimizerSpec:
+    # As the sharded collections read it (tiering keys ignored); none given: their default, SGD.
+    return FusedOptimizerSpec.coerce(sharder.fused_params or None) or FusedOptimizerSpec()
+
+
+def cpu_kernel_report(module: nn.Module, sharders: Sequence[ModuleSharder], plan: ShardingPlan) -> list[str]:
+    """Lines saying which kernel serves the ``fused`` tables of ``plan`` on CPU, and why.
+
+    Args:
+        module: the planned model (its collections may be on ``meta``).
+        sharders: the sharders the plan was made with (their fused optimizer and kernel backend).
+        plan: the plan; only its ``fused`` tables are reported (tiered, dense and data-parallel
+            tables run other kernels).
+
+    Returns:
+        ``[]`` when no fused table is planned; else per sharder optimizer a header line, then one
+        line per dim bucket (``cpu_kernel_lines``), or one line naming the forced backend.
+    """
+    groups: dict[tuple[str, str], tuple[FusedOptimizerSpec, list[int]]] = {}
+    for path, (collection, sharder) in shardable_modules(module, list(sharders)).items():
+        module_plan = plan.plan.get(path, EmbeddingModuleShardingPlan())
+        fused = [config.embedding_dim for name, config in table_configs(sharder, collection).items()
+                 if name in module_plan and module_plan[name].compute_kernel == EmbeddingComputeKernel.FUSED.value]  # fmt: skip
+        if not fused:
+            continue
+        backend = sharder.kernel_backend if isinstance(sharder, KernelBackendSharder) else "auto"
+        spec = _spec(sharder)
+        key = (backend, spec.optimizer.value)
+        groups.setdefault(key, (spec, []))[1].extend(fused)
+    lines = []
+    for (backend, optimizer), (spec, dims) in sorted(groups.items()):
+        if backend != "auto":
+            lines.append(f"fused {optimizer} ({len(dims)} tables): kernel_backend={backend!r} (chosen by the sharder)")
+            continue
+        lines.append(f"fused {optimizer}, kernel_backend='auto':")
+        lines.extend(cpu_kernel_lines(dims, spec))
+    return lines

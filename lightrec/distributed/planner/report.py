@@ -88,7 +88,7 @@ class PlannerReport:
         proposer: which proposal won (``"greedy"`` or ``"memory_dp"``).
         ssd_bytes, ssd_caps: ``[W]`` SSD use (``key_value`` tables) and capacity per rank.
         kernel_lines: on CPU, which kernel serves the fused tables and why
-            (``cpu_kernel_report.py``); empty elsewhere.
+            (``planning.cpu_kernel_report``); empty elsewhere.
 
     On ``cuda`` the DDR column is the host memory that ``fused_uvm_caching`` tables fill; on ``cpu``
     it is the table memory itself.
