@@ -9,10 +9,14 @@ optimizer and the ids per bag (a caller's pooling-factor hint, bucketed to a pow
 unknown) -- a :class:`CpuKernelCase`. The first ``"auto"`` choice of a case times both kernels on a
 small group of that shape (8 tables of ~96 MiB in all, ~16k ids, forward + backward + update,
 alternating, median of thread CPU time with one thread, of wall time with more; well under a
-second) and caches the winner in ``$LIGHTREC_CACHE_DIR/cpu_kernel_choice.json`` (default
+second). The torch kernel wins only where it takes at most 85 % of fbgemm's time: fbgemm's TBE is
+torchrec's own kernel, so a tie or a noisy measurement picks the kernel that cannot lose to torchrec.
+The verdict is cached in ``$LIGHTREC_CACHE_DIR/cpu_kernel_choice.json`` (default
 ``~/.cache/lightrec``) under a key of the processor, the torch and fbgemm versions, the native
 library's content (a rebuilt native update is measured again) and the case, so later processes --
-every rank of later runs -- read the same answer. Configurations fbgemm cannot serve (Adam, weight
+every rank of later runs -- read the same answer; a measurement taken while the machine is busy
+(1-minute load average above the CPU count) decides for its process only and is not cached (one
+cached under load picked the torch kernel in a cell where it then lost to torchrec by 15 %). Configurations fbgemm cannot serve (Adam, weight
 decay, tables shared by features, no fbgemm) use the torch kernel without measuring.
 
 ``LIGHTREC_CPU_KERNEL=fbgemm|torch`` decides without measuring (the test suite pins ``fbgemm``;
@@ -46,13 +50,17 @@ from lightrec.kernels.torch_backend import TorchBatchedLookup
 from lightrec.modules.embedding_configs import PoolingType
 from lightrec.optim.fused_spec import EmbOptimType, FusedOptimizerSpec
 
-__all__ = ["CpuKernelCase", "CpuKernelVerdict", "cpu_fused_choice", "cpu_kernel_lines", "cpu_kernel_verdict",
-           "measure_cpu_kernels"]  # fmt: skip
+__all__ = ["CpuKernelCase", "CpuKernelVerdict", "choose", "cpu_fused_choice", "cpu_kernel_lines", "cpu_kernel_verdict",
+           "machine_busy", "measure_cpu_kernels"]  # fmt: skip
 
 _CHOICES = ("fbgemm", "torch")
 _MEASURED_TABLES = 8
 _MEASURED_BYTES = 96 << 20  # all tables of one kernel: well beyond the caches, so TLB and cache misses count
 _MEASURED_IDS = 16_384  # per step, whatever the ids per bag
+# fbgemm's TBE is what torchrec runs: choosing it can at most tie torchrec. The torch kernel is chosen
+# only where it is clearly faster, so a close or noisy measurement cannot make lightrec lose (one
+# taken under load picked torch by 34 % in a cell where it then lost 15 % end to end).
+_TORCH_MARGIN = 0.85
 
 
 def _power_of_two_at_least(value: int) -> int:
@@ -203,6 +211,20 @@ def measure_cpu_kernels(case: CpuKernelCase | None = None, iterations: int = 5) 
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def machine_busy() -> bool:
+    """Whether other work competes for the cores now (1-minute load average above the CPU count):
+    a measurement taken then decides for this process only and is not cached."""
+    try:
+        return os.getloadavg()[0] > (os.cpu_count() or 1)
+    except OSError:  # no load average on this platform
+        return False
+
+
+def choose(ms: dict[str, float]) -> str:
+    """The kernel for measured times: torch only where it takes at most ``_TORCH_MARGIN`` of fbgemm's."""
+    return "torch" if ms["torch"] <= _TORCH_MARGIN * ms["fbgemm"] else "fbgemm"
+
+
 def _read_cache(path: Path) -> dict[str, object]:
     """The cache file's entries; an unreadable or corrupt file is an empty cache (measured again)."""
     try:
@@ -232,8 +254,11 @@ def cpu_kernel_verdict(case: CpuKernelCase) -> CpuKernelVerdict:
         ms = entry.get("ms")
         times = {str(k): float(v) for k, v in ms.items() if isinstance(v, (int, float))} if isinstance(ms, dict) else {}
         return CpuKernelVerdict(str(entry["choice"]), "cached", case, times or None)
+    busy = machine_busy()
     ms = measure_cpu_kernels(case)
-    choice = min(ms, key=lambda name: ms[name])
+    choice = choose(ms)
+    if busy or machine_busy():
+        return CpuKernelVerdict(choice, "measured", case, ms, detail="machine busy: not cached")
     cached = _read_cache(path)  # again: another process may have added its cases meanwhile
     cached[key] = {"choice": choice, "ms": ms}
     try:  # atomic: ranks measuring at once never leave a torn file

@@ -45,6 +45,7 @@ def measured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[list[C
     monkeypatch.setenv("LIGHTREC_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("LIGHTREC_CPU_KERNEL", "auto")
     monkeypatch.setattr(cpu_kernel_choice, "measure_cpu_kernels", fake)
+    monkeypatch.setattr(cpu_kernel_choice, "machine_busy", lambda: False)  # a quiet machine (CI's may not be)
     cpu_kernel_verdict.cache_clear()
     yield calls
     cpu_kernel_verdict.cache_clear()
@@ -95,6 +96,44 @@ def test_a_corrupt_cache_file_is_measured_again_and_rewritten(
     assert cpu_kernel_verdict(ROWWISE).reason == "measured" and measured == [ROWWISE]
     entries = [entry for entry in _cache(tmp_path).values() if isinstance(entry, dict)]
     assert [entry["choice"] for entry in entries] == ["fbgemm"]
+
+
+@pytest.mark.parametrize(
+    ("ms", "kernel"),
+    [
+        ({"fbgemm": 10.0, "torch": 8.5}, "torch"),  # 15 % faster: clearly
+        ({"fbgemm": 10.0, "torch": 8.6}, "fbgemm"),  # within the margin: torchrec's kernel, which cannot lose
+        ({"fbgemm": 10.0, "torch": 10.0}, "fbgemm"),
+        ({"fbgemm": 8.0, "torch": 10.0}, "fbgemm"),
+    ],
+)
+def test_the_torch_kernel_must_win_clearly(ms: dict[str, float], kernel: str) -> None:
+    assert cpu_kernel_choice.choose(ms) == kernel
+
+
+def test_a_measurement_on_a_busy_machine_is_not_cached(
+    measured: list[CpuKernelCase], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(cpu_kernel_choice, "machine_busy", lambda: True)
+    verdict = cpu_kernel_verdict(ROWWISE)
+    assert (verdict.kernel, verdict.reason, verdict.detail) == ("fbgemm", "measured", "machine busy: not cached")
+    assert "(machine busy: not cached)" in verdict.describe()
+    assert not (tmp_path / "cpu_kernel_choice.json").exists()
+    assert cpu_kernel_verdict(ROWWISE) is verdict  # this process keeps it
+    monkeypatch.setattr(cpu_kernel_choice, "machine_busy", lambda: False)
+    cpu_kernel_verdict.cache_clear()  # a later process, on a quiet machine: measured again, and cached
+    assert cpu_kernel_verdict(ROWWISE).reason == "measured" and measured == [ROWWISE, ROWWISE]
+    assert [entry["choice"] for entry in _cache(tmp_path).values()] == ["fbgemm"]
+
+
+def test_machine_busy_reads_the_load_average(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (2.5, 1.0, 1.0))
+    assert cpu_kernel_choice.machine_busy()
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.9, 3.0, 3.0))
+    assert not cpu_kernel_choice.machine_busy()
 
 
 def test_the_case_of_a_group_buckets_its_dim_and_its_ids_per_bag() -> None:
