@@ -16,8 +16,9 @@ The verdict is cached in ``$LIGHTREC_CACHE_DIR/cpu_kernel_choice.json`` (default
 library's content (a rebuilt native update is measured again) and the case, so later processes --
 every rank of later runs -- read the same answer; a measurement taken while the machine is busy
 (1-minute load average above the CPU count) decides for its process only and is not cached (one
-cached under load picked the torch kernel in a cell where it then lost to torchrec by 15 %). Configurations fbgemm cannot serve (Adam, weight
-decay, tables shared by features, no fbgemm) use the torch kernel without measuring.
+cached under load picked the torch kernel in a cell where it then lost to torchrec by 15 %).
+Configurations fbgemm cannot serve (Adam, weight decay, tables shared by features, no fbgemm) use the
+torch kernel without measuring.
 
 ``LIGHTREC_CPU_KERNEL=fbgemm|torch`` decides without measuring (the test suite pins ``fbgemm``;
 ``auto``, the default, measures). :func:`cpu_fused_choice` says which kernel serves a group and why;

@@ -32,18 +32,7 @@ from lightrec.modules.embedding_configs import DataType, EmbeddingBagConfig, Emb
 
 __all__ = ["SAFE_TYPES", "UnsafeCheckpointError", "load_file"]
 
-_PLAN_TYPES: list[type] = [
-    plan.ShardMetadata,
-    plan.ParameterSharding,
-    plan.ShardingPlan,
-    plan.EmbeddingModuleShardingPlan,
-    plan.ShardingType,
-    plan.EmbeddingComputeKernel,
-    plan.EnumerableShardingSpec,
-    plan.CacheParams,
-    plan.KeyValueParams,
-    plan.CacheAlgorithm,
-]
+_PLAN_TYPES: list[type] = list(plan.SAFE_PLAN_TYPES)
 #: lightrec's types that may appear in a checkpoint and carry no code of their own -- under their
 #: names, and under the names files written before they moved store: the plan types of the one
 #: module ``lightrec.distributed.planner.plan`` was (now the package that re-exports them) and

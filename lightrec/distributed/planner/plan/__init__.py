@@ -73,6 +73,7 @@ __all__ = [
     "ParameterSharding",
     "ParameterShardingGenerator",
     "PipelineType",
+    "SAFE_PLAN_TYPES",
     "ShardMetadata",
     "ShardingPlan",
     "ShardingType",
@@ -96,7 +97,10 @@ __all__ = [
     "table_wise",
 ]
 
-torch.serialization.add_safe_globals([
-    ShardingPlan, EmbeddingModuleShardingPlan, ParameterSharding, ShardMetadata, EnumerableShardingSpec,
-    ShardingType, EmbeddingComputeKernel, CacheParams, KeyValueParams, CacheAlgorithm,
-])  # fmt: skip
+#: The plan types a plan or a checkpoint holds; none carries code of its own (registered as safe
+#: globals here; ``checkpoint/safe_load.py`` also registers them under their former module path).
+SAFE_PLAN_TYPES: list[type] = [
+    ShardMetadata, ParameterSharding, ShardingPlan, EmbeddingModuleShardingPlan, ShardingType, EmbeddingComputeKernel,
+    EnumerableShardingSpec, CacheParams, KeyValueParams, CacheAlgorithm,
+]  # fmt: skip
+torch.serialization.add_safe_globals(list(SAFE_PLAN_TYPES))
