@@ -23,9 +23,10 @@ def test_bench_online_reports_every_figure(tmp_path: Path, row_format: str) -> N
     done = subprocess.run([sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
-    assert set(report["step_ms"]) == {"plain", "tracked", "published"}
+    assert set(report["step_ms"]) == {"plain", "tracked", "published", "published_sync"}
     assert all(v > 0 for v in report["step_ms"].values())
-    for key in ("tracking_overhead_pct", "publish_overhead_pct", "publish_latency_ms"):
+    for key in ("tracking_overhead_pct", "publish_overhead_pct", "publish_sync_overhead_pct", "publish_latency_ms",
+                "publish_background_ms", "publish_sync_latency_ms"):
         assert isinstance(report[key], float), key
     assert 0 < report["delta_rows"] <= 26 * 500
     per_row = 64 * 4 if row_format == "fp32" else 64 + 8  # int8 rows: 64 bytes + fp32 scale and bias

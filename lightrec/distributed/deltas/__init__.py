@@ -11,10 +11,12 @@ Files, each on top of the one before: ``errors.py`` (typed errors), ``manifest.p
 ``writer.py`` (:class:`DeltaWriter`: atomic versions, retention), ``reader.py``
 (:class:`DeltaReader`: verification, chains), ``publish.py`` (an unsharded model's rows and dense
 weights into a writer), ``sharded_publish.py`` (:func:`publish_changes`: a sharded model's changed
-rows, gathered from the ranks that hold them). Applying versions to a serving artifact is
+rows, gathered from the ranks that hold them), ``background.py`` (:class:`BackgroundPublisher`: the
+same, sent and written while training goes on). Applying versions to a serving artifact is
 :mod:`lightrec.serving.deltas`.
 """
 
+from lightrec.distributed.deltas.background import BackgroundPublisher, PendingPublish
 from lightrec.distributed.deltas.errors import (
     DeltaApplyError,
     DeltaChainError,
@@ -55,6 +57,7 @@ __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
     "ROW_FORMATS",
+    "BackgroundPublisher",
     "DeltaApplyError",
     "DeltaChainError",
     "DeltaError",
@@ -68,6 +71,7 @@ __all__ = [
     "DeltaWriter",
     "FileRecord",
     "Manifest",
+    "PendingPublish",
     "TableRows",
     "TableSpec",
     "Version",

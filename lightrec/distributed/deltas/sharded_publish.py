@@ -39,7 +39,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -49,7 +48,15 @@ from lightrec.distributed.comm.failures import collective_guard
 from lightrec.distributed.comm.sharding_env import resolve_group
 from lightrec.distributed.deltas.errors import DeltaError, DeltaFormatError, DeltaWriteError
 from lightrec.distributed.deltas.manifest import TableSpec
-from lightrec.distributed.deltas.rows import TableRows
+from lightrec.distributed.deltas.sharded_rows import (
+    CHUNK_BYTES,
+    ChunkRead,
+    DeltaPublishError,
+    PublishGroup,
+    gather_rows,
+    raise_if_any,
+    read_chunks,
+)
 from lightrec.distributed.deltas.writer import DeltaWriter
 from lightrec.distributed.dmp.placement import detached
 from lightrec.distributed.model_parallel import DistributedModelParallel
@@ -58,28 +65,24 @@ from lightrec.distributed.model_tracker.delta_store import sorted_unique
 from lightrec.distributed.model_tracker.tables import TrackedTable, find_tables, sharded_collections
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
 
-__all__ = ["DeltaPublishError", "publish_changes", "sharded_dense_weights", "sharded_table_specs"]
-
-_CHUNK_BYTES = 64 * 2**20
-
-
-class DeltaPublishError(DeltaError):
-    """A rank could not take its part in a publish (the message names the rank and why); nothing was written."""
-
-
-@dataclass
-class _Group:
-    pg: dist.ProcessGroup | None
-    rank: int
-    world: int
-    device: torch.device  # where the collectives' buffers live (CUDA for NCCL)
-
-    def root(self) -> int:
-        """Rank 0 of the group as a global rank (what the collectives' ``dst``/``src`` take)."""
-        return dist.get_global_rank(resolve_group(self.pg), 0) if self.world > 1 else 0
+__all__ = [
+    "DeltaPublishError",
+    "PreparedPublish",
+    "finish_publish",
+    "prepare_publish",
+    "publish_changes",
+    "publish_group",
+    "sharded_dense_weights",
+    "sharded_table_specs",
+]
 
 
-def _group(model: nn.Module) -> _Group:
+def publish_group(model: nn.Module) -> PublishGroup:
+    """The process group the model's sharded collections use, as this rank sees it.
+
+    Raises:
+        DeltaFormatError: no sharded collection, or collections on different groups.
+    """
     envs = [m.sharding_env for _, m in sharded_collections(model)]
     if not envs:
         raise DeltaFormatError(f"{type(model).__name__} holds no sharded embedding collection; publish an "
@@ -91,7 +94,7 @@ def _group(model: nn.Module) -> _Group:
     distributed = dist.is_available() and dist.is_initialized() and env.world_size > 1
     nccl = distributed and dist.get_backend(resolve_group(env.pg)) == "nccl"
     device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
-    return _Group(env.pg, env.rank if distributed else 0, env.world_size if distributed else 1, device)
+    return PublishGroup(env.pg, env.rank if distributed else 0, env.world_size if distributed else 1, device)
 
 
 def _by_name(tables: Mapping[str, TrackedTable]) -> dict[str, TrackedTable]:
@@ -148,7 +151,7 @@ def _local_changes(tables: dict[str, TrackedTable], tracker: ModelDeltaTracker |
     return out
 
 
-def _union(changes: dict[str, torch.Tensor], group: _Group, snapshot: bool,
+def _union(changes: dict[str, torch.Tensor], group: PublishGroup, snapshot: bool,
            tables: dict[str, TrackedTable]) -> dict[str, torch.Tensor]:  # fmt: skip
     """Per table, the sorted union of every rank's changed rows (collective unless a snapshot)."""
     if snapshot:
@@ -175,162 +178,6 @@ def _union(changes: dict[str, torch.Tensor], group: _Group, snapshot: bool,
     return {n: sorted_unique(p) for n, p in parts.items()}
 
 
-# ---- 3: the rows of the union, gathered to rank 0 -------------------------------------------------
-@dataclass
-class _Piece:
-    name: str
-    ids: torch.Tensor  # sorted global rows (a slice of the table's union)
-
-
-def _chunks(union: dict[str, torch.Tensor], tables: dict[str, TrackedTable], budget: int) -> list[list[_Piece]]:
-    """The pieces to gather, grouped so that each group's buffer stays near ``budget`` bytes."""
-    chunks: list[list[_Piece]] = [[]]
-    used = 0
-    for name, ids in union.items():
-        per_row = 4 * tables[name].dim + 8
-        step = max(1, budget // per_row)
-        for start in range(0, ids.numel(), step):
-            piece = _Piece(name, ids[start : start + step])
-            size = piece.ids.numel() * per_row
-            if chunks[-1] and used + size > budget:
-                chunks.append([])
-                used = 0
-            chunks[-1].append(piece)
-            used += size
-    return [c for c in chunks if c]
-
-
-def _owned(t: TrackedTable, rank: int) -> list[tuple[int, int, int, int, int]]:
-    """``(shard index, row offset, rows, col offset, cols)`` of the blocks of ``t`` whose rows this rank
-    sends (a data-parallel table's replica is read on rank 0 only)."""
-    if t.data_parallel:
-        return [(s.shard_index, s.row_offset, s.rows, s.col_offset, s.cols) for s in t.local] if rank == 0 else []
-    return [(s.shard_index, s.row_offset, s.rows, s.col_offset, s.cols) for s in t.local]
-
-
-class _Block(NamedTuple):
-    """Rows ``[lo, hi)`` of piece ``piece``, columns ``[col, col + cols)``: one rank's part of a chunk."""
-
-    piece: int
-    lo: int
-    hi: int
-    col: int
-    cols: int
-
-
-def _read(chunk: list[_Piece], tables: dict[str, TrackedTable],
-          rank: int) -> tuple[list[_Block], torch.Tensor, torch.Tensor | None]:  # fmt: skip
-    """This rank's part of ``chunk``, compact: the blocks it owns, their float32 values flat in block
-    order (row-major ``[hi - lo, cols]`` each) and the raw ids of managed tables' rows in them."""
-    blocks: list[_Block] = []
-    values: list[torch.Tensor] = []
-    raws: list[torch.Tensor] = []
-    for index, piece in enumerate(chunk):
-        t = tables[piece.name]
-        for shard_index, row_offset, rows, col_offset, cols in _owned(t, rank):
-            # piece.ids is sorted: the rows inside this block are one slice of it (no masks)
-            lo, hi = torch.searchsorted(piece.ids, torch.tensor([row_offset, row_offset + rows])).tolist()
-            if lo == hi:
-                continue
-            local = next(s for s in t.local if s.shard_index == shard_index)
-            read = local.kernel.kernel.read_rows(local.kernel_table, piece.ids[lo:hi] - row_offset).weights
-            blocks.append(_Block(index, lo, hi, col_offset, cols))
-            values.append(read.detach().to("cpu", torch.float32).reshape(-1))
-            if t.managed:
-                raws.append(t.raw_ids(piece.ids[lo:hi]))
-    flat = torch.cat(values) if values else torch.zeros(0)
-    return blocks, flat, (torch.cat(raws) if raws else None)
-
-
-def _gather_to_root(part: torch.Tensor, sizes: list[int], group: _Group, what: str) -> list[torch.Tensor]:
-    """Rank 0: every rank's ``part`` (rank r's has ``sizes[r]`` elements); the others: ``[]``.
-    Padded to the longest part, as gloo's gather takes equal sizes."""
-    if group.world == 1:
-        return [part]
-    longest = max(sizes)
-    padded = torch.zeros(longest, dtype=part.dtype)
-    padded[: part.numel()] = part
-    bits = (padded.view(torch.int32) if padded.dtype == torch.float32 else padded).to(group.device)
-    out = [torch.empty_like(bits) for _ in range(group.world)] if group.rank == 0 else None
-    with collective_guard(f"publish_changes: gather of the {what} to rank 0", group.pg):
-        dist.gather(bits, out, dst=group.root(), group=group.pg)
-    if out is None:
-        return []
-    return [(o.cpu().view(part.dtype) if part.dtype == torch.float32 else o.cpu())[:n] for o, n in zip(out, sizes, strict=True)]
-
-
-def _gather_rows(union: dict[str, torch.Tensor], tables: dict[str, TrackedTable], group: _Group,
-                 budget: int) -> dict[str, TableRows]:  # fmt: skip
-    """Rank 0: ``{table: TableRows}`` of every row of ``union``; the other ranks: ``{}``.
-
-    Per chunk, each rank sends only the values it owns (no zero padding where another rank owns the
-    rows), with the blocks they fill; rank 0 places them. Exactly one rank owns each value, so rank 0
-    gets every value bit for bit."""
-    parts: dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = {n: ([], []) for n in union}
-    for chunk in _chunks(union, tables, budget):
-        error = None
-        blocks: list[_Block] = []
-        values, raw = torch.zeros(0), None
-        try:
-            blocks, values, raw = _read(chunk, tables, group.rank)
-        except Exception as exc:  # noqa: BLE001 - reported to every rank with the blocks
-            error = exc
-        ranks_blocks = _raise_if_any(error, group, "read its rows", blocks)
-        managed_rows = [sum(b.hi - b.lo for b in bs if tables[chunk[b.piece].name].managed) for bs in ranks_blocks]
-        all_values = _gather_to_root(values, [sum((b.hi - b.lo) * b.cols for b in bs) for bs in ranks_blocks],
-                                     group, "changed rows")  # fmt: skip
-        all_raw = (_gather_to_root(raw if raw is not None else torch.zeros(0, dtype=torch.int64), managed_rows,
-                                   group, "managed rows' raw ids") if any(managed_rows) else [])  # fmt: skip
-        if group.rank != 0:
-            continue
-        out = [torch.zeros(p.ids.numel(), tables[p.name].dim) for p in chunk]
-        out_raw = [torch.zeros(p.ids.numel(), dtype=torch.int64) if tables[p.name].managed else None for p in chunk]
-        for r, bs in enumerate(ranks_blocks):
-            value_at, raw_at = 0, 0
-            for b in bs:
-                n = (b.hi - b.lo) * b.cols
-                out[b.piece][b.lo : b.hi, b.col : b.col + b.cols] = all_values[r][value_at : value_at + n].view(-1, b.cols)
-                value_at += n
-                target = out_raw[b.piece]
-                if target is not None:
-                    target[b.lo : b.hi] = all_raw[r][raw_at : raw_at + b.hi - b.lo]
-                    raw_at += b.hi - b.lo
-        for piece, piece_values, piece_raw in zip(chunk, out, out_raw, strict=True):
-            parts[piece.name][0].append(piece_values)
-            if piece_raw is not None:
-                parts[piece.name][1].append(piece_raw)
-    if group.rank != 0:
-        return {}
-    rows = {}
-    for name, ids in union.items():
-        vals, raws = parts[name]
-        values = (vals[0] if len(vals) == 1 else torch.cat(vals)) if vals else torch.zeros(0, tables[name].dim)
-        raw_ids = (torch.cat(raws) if raws else torch.zeros(0, dtype=torch.int64)) if tables[name].managed else None
-        rows[name] = TableRows(ids, values, raw_ids)
-    return rows
-
-
-def _raise_if_any(error: BaseException | None, group: _Group, what: str,
-                  blocks: list[_Block] | None = None) -> list[list[_Block]]:  # fmt: skip
-    """Collective: every rank learns whether any rank failed to ``what``; all raise if one did.
-    Returns every rank's ``blocks`` (carried by the same exchange), by rank."""
-    status: tuple[str | None, list[_Block]] = (None if error is None else f"{type(error).__name__}: {error}", blocks or [])
-    everyone = [status]
-    if group.world > 1:
-        everyone = [(None, []) for _ in range(group.world)]
-        with collective_guard(f"publish_changes: the ranks' status ({what})", group.pg):
-            dist.all_gather_object(everyone, status, group=group.pg)
-    failures = [f for f, _ in everyone]
-    if error is not None:
-        raise DeltaPublishError(f"rank {group.rank} could not {what}: {type(error).__name__}: {error}; nothing "
-                                "was written") from error  # fmt: skip
-    failed = [(r, f) for r, f in enumerate(failures) if f is not None]
-    if failed:
-        rank, message = failed[0]
-        raise DeltaPublishError(f"rank {rank} could not {what} ({message}); nothing was written")
-    return [list(bs) for _, bs in everyone]
-
-
 # ---- 4: the write, on rank 0 ---------------------------------------------------------------------
 def publish_changes(
     model: nn.Module,
@@ -342,7 +189,7 @@ def publish_changes(
     global_step: int = 0,
     row_format: str | Mapping[str, str] = "fp32",
     retention: int | None = 2,
-    chunk_bytes: int = _CHUNK_BYTES,
+    chunk_bytes: int = CHUNK_BYTES,
     dense_module: nn.Module | None = None,
 ) -> int:
     """Publish a sharded model's changed rows (or every row) as the next version. Collective.
@@ -376,9 +223,46 @@ def publish_changes(
         DeltaPublishError: a rank failed to read its rows (raised on every rank).
         CollectiveError: a peer died or hung during the publish.
     """
+    prepared = prepare_publish(model, target, tracker, consumer, dense, snapshot, global_step, row_format, retention,
+                               chunk_bytes, dense_module)  # fmt: skip
+    return finish_publish(prepared, prepared.group)
+
+
+@dataclass
+class PreparedPublish:
+    """A publish's first part, done at the step the version holds (``prepare_publish``): every rank's
+    rows of the version, read; rank 0's writer and dense weights. ``finish_publish`` sends and writes
+    them, in this thread or another (``BackgroundPublisher``); training may go on in between."""
+
+    group: PublishGroup
+    tables: dict[str, TrackedTable]
+    union: dict[str, torch.Tensor]
+    reads: list[ChunkRead]
+    full: bool
+    global_step: int
+    writer: DeltaWriter | None  # rank 0's
+    dense_weights: dict[str, torch.Tensor] | None  # rank 0's copy, when the version carries them
+    error: BaseException | None  # rank 0's, from copying the dense weights: reported by finish_publish
+
+
+def prepare_publish(
+    model: nn.Module,
+    target: DeltaWriter | str | os.PathLike[str] | None,
+    tracker: ModelDeltaTracker | None = None,
+    consumer: str | None = None,
+    dense: bool = False,
+    snapshot: bool | None = None,
+    global_step: int = 0,
+    row_format: str | Mapping[str, str] = "fp32",
+    retention: int | None = 2,
+    chunk_bytes: int = CHUNK_BYTES,
+    dense_module: nn.Module | None = None,
+) -> PreparedPublish:
+    """Steps 1-3's reads of :func:`publish_changes` (arguments as there): collective over the model's
+    group (the kind, the union), then each rank copies the rows it owns. Nothing is sent or written."""
     if tracker is not None and not isinstance(tracker, ModelDeltaTrackerTrec):
         raise DeltaFormatError(f"tracker must be the model's ModelDeltaTrackerTrec, got {type(tracker).__name__}")
-    group = _group(model)
+    group = publish_group(model)
     tables = _by_name(tracker.tables if tracker is not None else find_tables(model)[0])
     kind: list[object] = [None]
     writer: DeltaWriter | None = None
@@ -390,7 +274,7 @@ def publish_changes(
             kind[0] = bool(snapshot) if snapshot is not None else writer.latest_snapshot is None
         except (DeltaError, OSError) as exc:
             error = exc
-    _raise_if_any(error, group, "open the publish folder")
+    raise_if_any(error, group, "open the publish folder")
     if group.world > 1:
         with collective_guard("publish_changes: broadcast of the version's kind", group.pg):
             dist.broadcast_object_list(kind, src=group.root(), group=group.pg)
@@ -398,16 +282,31 @@ def publish_changes(
     if not full and tracker is None:
         raise DeltaFormatError("a delta needs the tracker that says which rows changed: pass tracker= (or snapshot=True)")
     union = _union(_local_changes(tables, tracker, consumer, full), group, full, tables)
-    rows = _gather_rows(union, tables, group, chunk_bytes)
-    status: list[object] = [None]
-    if group.rank == 0:
+    reads = read_chunks(union, tables, group.rank, chunk_bytes)
+    weights, error = None, None
+    if group.rank == 0 and (dense or full):
+        try:
+            weights = sharded_dense_weights(dense_module or model)
+        except Exception as exc:  # noqa: BLE001 - every rank learns it in finish_publish
+            error = exc
+    return PreparedPublish(group, tables, union, reads, full, global_step, writer, weights, error)
+
+
+def finish_publish(prepared: PreparedPublish, group: PublishGroup) -> int:
+    """Step 3's exchange and step 4 of :func:`publish_changes`: ``prepared``'s rows to rank 0 over
+    ``group`` (the model's, or a publisher's own group of the same ranks), rank 0 writes the version;
+    every rank returns it or raises what failed (as ``publish_changes``). Collective over ``group``."""
+    rows = gather_rows(prepared.union, prepared.tables, prepared.reads, group)
+    status: list[object] = [prepared.error]
+    if group.rank == 0 and prepared.error is None:
+        writer = prepared.writer
         assert writer is not None
         try:
-            weights = sharded_dense_weights(dense_module or model) if dense or full else None
-            if full:
-                status[0] = writer.write_snapshot(rows, weights or {}, global_step)
+            if prepared.full:
+                status[0] = writer.write_snapshot(rows, prepared.dense_weights or {}, prepared.global_step)
             else:
-                status[0] = writer.write_delta({n: r for n, r in rows.items() if r.ids.numel()}, weights, global_step)
+                status[0] = writer.write_delta({n: r for n, r in rows.items() if r.ids.numel()},
+                                               prepared.dense_weights, prepared.global_step)  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - every rank learns it below; rank 0 re-raises it
             status[0] = exc
     if group.world > 1:

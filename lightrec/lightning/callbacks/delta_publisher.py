@@ -19,8 +19,11 @@ sharded collections):
    :func:`lightrec.distributed.deltas.publish_changes` -- the rows the tracker saw since the last
    publish, gathered from the ranks that own them, written by rank 0 as the next version. Every
    ``snapshot_every``-th publish is a snapshot; every ``dense_every``-th carries the dense weights;
-   the writer keeps ``keep`` snapshots and what follows them;
-3. at ``on_train_end``: a last version if any step trained since the previous one.
+   the writer keeps ``keep`` snapshots and what follows them. With ``background=True`` (the
+   default) the step only reads the rows: a :class:`~lightrec.distributed.deltas.BackgroundPublisher`
+   sends and writes them while the next steps train, and its error, if any, is raised at the next
+   publish;
+3. at ``on_train_end``: a last version if any step trained since the previous one, waited for.
 
 A version holds the model after the step it names (``global_step``), bit for bit in fp32.
 """
@@ -29,7 +32,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -37,7 +40,13 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from typing_extensions import override
 
-from lightrec.distributed.deltas import DeltaWriter, publish_changes, sharded_table_specs
+from lightrec.distributed.deltas import (
+    BackgroundPublisher,
+    DeltaWriter,
+    PendingPublish,
+    publish_changes,
+    sharded_table_specs,
+)
 from lightrec.distributed.model_parallel import DistributedModelParallel
 from lightrec.distributed.model_tracker import DeltaTrackerConfig, ModelDeltaTracker, ModelDeltaTrackerTrec
 from lightrec.lightning.rec_strategy import RecStrategy
@@ -69,10 +78,16 @@ class DeltaPublisher(pl.Callback):
         row_format: the rows' format (``"fp32"``, ``"fp16"``, ``"int8"``, ``"int4"``) or ``{table: format}``.
         model_attr: the LightningModule's attribute holding the model a serving artifact is exported
             from (``QuantizedExport``'s); the dense weights are named as in its state dict.
+        background: send and write each version from a background thread at idle priority while
+            training goes on (the step pays for reading the rows only); False: the step waits
+            for the write (``publish_changes``).
 
     Attributes:
-        versions: ``[(version, global_step)]`` published so far (on every rank).
-        seconds: wall-clock seconds of each publish, in order (this rank's).
+        versions: ``[(version, global_step)]`` written so far (on every rank; with ``background``,
+            a version is listed once the next publish, or the end of training, has waited for it).
+        seconds: wall-clock seconds each publish held the training step, in order (this rank's).
+        background_seconds: with ``background``, the wall-clock seconds of each version's
+            background part (send, write), in order.
 
     Raises:
         ValueError: no cadence, a cadence <= 0, or (at train start) a model without sharded tables.
@@ -88,6 +103,7 @@ class DeltaPublisher(pl.Callback):
         keep: int | None = 2,
         row_format: str | Mapping[str, str] = "fp32",
         model_attr: str = "model",
+        background: bool = True,
     ) -> None:
         if every_n_steps is None and every_seconds is None:
             raise ValueError("DeltaPublisher needs a cadence: every_n_steps=N and/or every_seconds=S")
@@ -102,6 +118,10 @@ class DeltaPublisher(pl.Callback):
         self.keep = keep
         self.row_format = row_format
         self.model_attr = model_attr
+        self.background = background
+        self.background_seconds: list[float] = []
+        self._publisher: BackgroundPublisher | None = None
+        self._pending: PendingPublish | None = None
         self._dense: nn.Module | None = None
         self.versions: list[tuple[int, int]] = []
         self.seconds: list[float] = []
@@ -147,6 +167,8 @@ class DeltaPublisher(pl.Callback):
             if self.dirpath is None:
                 self.dirpath = Path(log_dir or trainer.default_root_dir) / "publish"
             self._writer = DeltaWriter(self.dirpath, specs, retention=self.keep)
+        if self.background:
+            self._publisher = BackgroundPublisher(self._model)
         self._publish(trainer, snapshot=True)
 
     # ---- cadence ------------------------------------------------------------------------------
@@ -162,7 +184,7 @@ class DeltaPublisher(pl.Callback):
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: object, batch: object,
                            batch_idx: int) -> None:  # fmt: skip
         if self._model is not None and self._due(trainer):
-            count = len(self.versions)  # publishes so far (the first was a snapshot)
+            count = len(self.seconds)  # publishes so far, written or in flight (the first was a snapshot)
             snapshot = self.snapshot_every is not None and count % self.snapshot_every == 0
             dense = self.dense_every is not None and count % self.dense_every == 0
             self._publish(trainer, snapshot=snapshot, dense=dense)
@@ -171,25 +193,63 @@ class DeltaPublisher(pl.Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._model is not None and trainer.global_step != self._last_step:
             self._publish(trainer, snapshot=False, dense=self.dense_every is not None)
+        if self._publisher is not None:
+            try:
+                self._settled(trainer, self._publisher.wait)()  # the last version (raises its error)
+            finally:
+                publisher, self._publisher = self._publisher, None
+                publisher.close()  # stops the thread, frees its group
         if self._tracker is not None and isinstance(self._tracker, ModelDeltaTrackerTrec):
             if not isinstance(self._model, DistributedModelParallel):
                 self._tracker.close()  # ours alone; a DMP's tracker stays with the DMP
         self._model = self._dense = None
 
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        # a peer may be gone: do not wait for the version in flight (the thread is a daemon)
+        self._publisher = self._pending = None
+
     # ---- publish ------------------------------------------------------------------------------
     def _publish(self, trainer: pl.Trainer, snapshot: bool, dense: bool = False) -> None:
         assert self._model is not None
         start = time.perf_counter()
-        version = publish_changes(self._model, self._writer, self._tracker, consumer=CONSUMER, dense=dense,
-                                  snapshot=snapshot, global_step=trainer.global_step, dense_module=self._dense)  # fmt: skip
+        kwargs = {"consumer": CONSUMER, "dense": dense, "snapshot": snapshot, "global_step": trainer.global_step,
+                  "dense_module": self._dense}  # fmt: skip
+        if self._publisher is not None:
+            self._settled(trainer, self._publisher.wait)()  # the version before, with its error
+            self._pending = self._publisher.publish(self._writer, self._tracker, **kwargs)  # type: ignore[arg-type]
+        else:
+            version = publish_changes(self._model, self._writer, self._tracker, **kwargs)  # type: ignore[arg-type]
+            self._record(trainer, version, trainer.global_step, None)
         elapsed = time.perf_counter() - start
-        self.versions.append((version, trainer.global_step))
         self.seconds.append(elapsed)
         self._last_time = time.monotonic()
         self._last_step = trainer.global_step
         if trainer.is_global_zero:
             for logger in trainer.loggers:
-                logger.log_metrics({"publish/version": float(version), "publish/seconds": elapsed},
-                                   step=trainer.global_step)  # fmt: skip
-            rank_zero_info(f"DeltaPublisher: v{version} ({'snapshot' if snapshot else 'delta'}) at step "
-                           f"{trainer.global_step} in {elapsed:.3f}s -> {self.dirpath}")  # fmt: skip
+                logger.log_metrics({"publish/seconds": elapsed}, step=trainer.global_step)
+            rank_zero_info(f"DeltaPublisher: {'snapshot' if snapshot else 'delta'} of step {trainer.global_step} read "
+                           f"in {elapsed:.3f}s{', writing it in the background' if self._pending else ''} -> "
+                           f"{self.dirpath}")  # fmt: skip
+
+    def _settled(self, trainer: pl.Trainer, wait: Callable[[], int | None]) -> Callable[[], int | None]:
+        """``wait`` (the publisher's), recording the pending version it waits for."""
+
+        def settle() -> int | None:
+            pending, self._pending = self._pending, None
+            version = wait()
+            if pending is not None and version is not None:
+                self._record(trainer, version, pending.global_step, pending.finish_seconds)
+            return version
+
+        return settle
+
+    def _record(self, trainer: pl.Trainer, version: int, step: int, background: float | None) -> None:
+        self.versions.append((version, step))
+        metrics = {"publish/version": float(version)}
+        if background is not None:
+            self.background_seconds.append(background)
+            metrics["publish/background_seconds"] = background
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=step)

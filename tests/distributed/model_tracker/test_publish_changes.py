@@ -3,6 +3,8 @@ model at the step of ``v`` -- every table of every sharding type (table-, row-, 
 table-column-wise, data-parallel), tiered (SSD and host memory) and dense-kernel tables, a sequence
 collection, managed-collision tables with the raw ids their rows hold -- bit for bit in fp32 and as
 the very bytes of the row format when quantized; the dense weights of the versions that carry them.
+The same through ``BackgroundPublisher``: each version is sent and written while the next steps train
+(and while the test gathers the model over the default group), and still holds the model of its step.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from tests.distributed.model_tracker.helpers import train_step
@@ -37,34 +40,48 @@ def _full_tables(model: Any, tracker: Any) -> dict[str, Any]:
     return out
 
 
-def _body(rank: int, world_size: int, tmp: str) -> dict[str, Any]:
-    from lightrec.distributed.deltas import publish_changes
+def _body(rank: int, world_size: int, tmp: str, background: bool, shm: bool) -> dict[str, Any]:
+    import os
+
+    os.environ["LIGHTREC_SHM"] = "1" if shm else "0"  # the rows travel through shared memory, or gloo
+    from lightrec.distributed.deltas import BackgroundPublisher, publish_changes
     from lightrec.distributed.model_tracker import DeltaTrackerConfig
     from tests.distributed.model_tracker.helpers import sharded
 
     model = sharded(f"{tmp}/ssd", world_size)
     tracker = model.init_torchrec_delta_tracker(DeltaTrackerConfig(consumers=["publish"]))
     folder = f"{tmp}/publish"
-    expected: dict[int, dict[str, Any]] = {}
+    publisher = BackgroundPublisher(model) if background else None
+
+    def publish(**kwargs: Any) -> Any:
+        kwargs = {"consumer": "publish", "row_format": FORMATS, "retention": None, **kwargs}
+        if publisher is None:
+            return publish_changes(model, folder, tracker, **kwargs)
+        return publisher.publish(folder, tracker, **kwargs)  # pending: the version is read by now
+
+    expected: dict[Any, dict[str, Any]] = {}
     # the snapshot (every row) in chunks of ~1 KiB: tables split over many chunks and pieces
-    version = publish_changes(model, folder, tracker, consumer="publish", row_format=FORMATS, retention=None,
-                              chunk_bytes=1024)  # fmt: skip
+    version = publish(chunk_bytes=1024)
     expected[version] = _full_tables(model, tracker)
     for step in range(1, STEPS + 1):
         train_step(model, step, rank)
         if step % 2 == 0:
             # and every other delta
-            version = publish_changes(model, folder, tracker, consumer="publish", global_step=step, dense=step == 4,
-                                      row_format=FORMATS, retention=None,
-                                      chunk_bytes=1024 if step % 4 == 2 else 64 * 2**20)  # fmt: skip
+            version = publish(global_step=step, dense=step == 4, chunk_bytes=1024 if step % 4 == 2 else 64 * 2**20)
             expected[version] = _full_tables(model, tracker)
+    if publisher is not None:
+        publisher.close()
+        expected = {pending.result(): tables for pending, tables in expected.items()}
     return {"expected": expected, "versions": sorted(expected)}
 
 
-def test_snapshot_plus_deltas_rebuild_the_trained_model_at_every_version(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("background", "shm"), [(False, True), (True, True), (False, False)],
+                         ids=["publish_changes", "BackgroundPublisher", "publish_changes-gloo"])  # fmt: skip
+def test_snapshot_plus_deltas_rebuild_the_trained_model_at_every_version(tmp_path: Path, background: bool,
+                                                                          shm: bool) -> None:  # fmt: skip
     from lightrec.distributed.deltas import DeltaReader, encode_rows
 
-    results = run_ranks(_body, 2, args=(str(tmp_path),), timeout=300)
+    results = run_ranks(_body, 2, args=(str(tmp_path), background, shm), timeout=300)
     assert results[0]["versions"] == results[1]["versions"] == [1, 2, 3, 4]
     reader = DeltaReader(tmp_path / "publish")
     dense_at = {}

@@ -1,6 +1,7 @@
 """DeltaPublisher in a 2-rank RecStrategy fit (tables row-wise, data-parallel and table-wise): a
 snapshot at train start, then a version every 2 steps (every 2nd a snapshot, every 3rd with the
-dense weights), the last at train end; the newest version rebuilds the trained tables bit for bit."""
+dense weights), the last at train end, written in the background (the default); the newest version
+rebuilds the trained tables bit for bit."""
 
 from __future__ import annotations
 
@@ -66,14 +67,15 @@ def test_argument_errors_name_the_argument() -> None:
         DeltaPublisher("x", every_n_steps=1, keep=0)
 
 
-def test_every_seconds_publishes_on_rank_zeros_clock_in_a_single_process_fit(tmp_path: Path) -> None:
+@pytest.mark.parametrize("background", [True, False])
+def test_every_seconds_publishes_on_rank_zeros_clock_in_a_single_process_fit(tmp_path: Path, background: bool) -> None:
     import lightning.pytorch as pl
 
     from lightrec.distributed.deltas import DeltaReader
     from lightrec.lightning import DeltaPublisher, RecStrategy
     from tests.lightning.toy import ToyDLRM, toy_data
 
-    publisher = DeltaPublisher(tmp_path / "publish", every_seconds=1e-9, keep=None)  # due after every step
+    publisher = DeltaPublisher(tmp_path / "publish", every_seconds=1e-9, keep=None, background=background)  # every step
     trainer = pl.Trainer(
         accelerator="cpu", devices=1, strategy=RecStrategy(), max_steps=3, num_sanity_val_steps=0,
         limit_val_batches=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -82,3 +84,4 @@ def test_every_seconds_publishes_on_rank_zeros_clock_in_a_single_process_fit(tmp
     trainer.fit(ToyDLRM(dense_optimizer="sgd", dense_lr=0.1), datamodule=toy_data(batch_size=32, num_train_batches=3))
     assert publisher.versions == [(1, 0), (2, 1), (3, 2), (4, 3)]  # nothing left for train end
     assert DeltaReader(tmp_path / "publish").versions() == [1, 2, 3, 4]
+    assert len(publisher.seconds) == 4 and len(publisher.background_seconds) == (4 if background else 0)
