@@ -89,9 +89,10 @@ class _Block(NamedTuple):
 
 
 def _read(chunk: list[_Piece], tables: dict[str, TrackedTable],
-          rank: int) -> tuple[list[_Block], torch.Tensor, torch.Tensor | None]:  # fmt: skip
-    """This rank's part of ``chunk``, compact: the blocks it owns, their float32 values flat in block
-    order (row-major ``[hi - lo, cols]`` each) and the raw ids of managed tables' rows in them."""
+          rank: int) -> tuple[list[_Block], list[torch.Tensor], torch.Tensor | None]:  # fmt: skip
+    """This rank's part of ``chunk``, compact: the blocks it owns, their float32 values (a flat
+    row-major ``[(hi - lo) * cols]`` copy per block, not concatenated: the send copies them once)
+    and the raw ids of managed tables' rows in them."""
     blocks: list[_Block] = []
     values: list[torch.Tensor] = []
     raws: list[torch.Tensor] = []
@@ -108,40 +109,50 @@ def _read(chunk: list[_Piece], tables: dict[str, TrackedTable],
             values.append(read.detach().to("cpu", torch.float32).reshape(-1))
             if t.managed:
                 raws.append(t.raw_ids(piece.ids[lo:hi]))
-    flat = torch.cat(values) if values else torch.zeros(0)
-    return blocks, flat, (torch.cat(raws) if raws else None)
+    return blocks, values, (torch.cat(raws) if raws else None)
 
 
-def _gather_to_root(part: torch.Tensor, sizes: list[int], group: PublishGroup, what: str) -> list[torch.Tensor]:
-    """Rank 0: every rank's ``part`` (rank r's has ``sizes[r]`` elements); the others: ``[]``.
-    On one host through shared memory (each rank copies its part in, rank 0 copies it out: no
-    padding, no TCP); else gloo's gather, padded to the longest part (it takes equal sizes)."""
+def _gather_to_root(parts: list[torch.Tensor], dtype: torch.dtype, sizes: list[int], group: PublishGroup,
+                    what: str) -> list[torch.Tensor | None]:  # fmt: skip
+    """Rank 0: ``[None, part of rank 1, ...]``, each rank r's ``parts`` concatenated (``sizes[r]``
+    elements of ``dtype``; rank 0 keeps its own); the others: ``[]``. On one host through shared
+    memory (each rank copies its parts in, rank 0 copies them out: no padding, no TCP); else
+    gloo's gather, padded to the longest part (it takes equal sizes)."""
     if group.world == 1:
-        return [part]
+        return [None]
     with collective_guard("publish_changes: set-up of the shared-memory transport", group.pg):
         shm = shm_transport(group.pg) if group.device.type == "cpu" else None  # first use: a collective
+    mine = sizes[group.rank]
     if shm is not None:
         with collective_guard(f"publish_changes: gather of the {what} to rank 0 (shared memory)", group.pg):
-            exchange = shm.start([part.numel() * part.element_size() if d == 0 else 0 for d in range(group.world)])
-            if group.rank != 0 and part.numel():
-                exchange.send_view(0, part.dtype, part.numel()).copy_(part)
+            element = torch.empty((), dtype=dtype).element_size()
+            exchange = shm.start([mine * element if d == 0 else 0 for d in range(group.world)])
+            if group.rank != 0 and mine:
+                _concat_into(exchange.send_view(0, dtype, mine), parts)
             exchange.publish()
-            out = []
+            out: list[torch.Tensor | None] = []
             if group.rank == 0:
-                out = [part] + [exchange.recv_view(src, part.dtype, n).clone() for src, n in enumerate(sizes) if src]
+                out = [None] + [exchange.recv_view(src, dtype, n).clone() for src, n in enumerate(sizes) if src]
             exchange.finish()
         return out
-    longest = max(sizes)
-    padded = torch.zeros(longest, dtype=part.dtype)
-    padded[: part.numel()] = part
-    bits = (padded.view(torch.int32) if padded.dtype == torch.float32 else padded).to(group.device)
+    padded = _concat_into(torch.zeros(max(sizes), dtype=dtype), parts)
+    bits = (padded.view(torch.int32) if dtype == torch.float32 else padded).to(group.device)
     received = [torch.empty_like(bits) for _ in range(group.world)] if group.rank == 0 else None
     with collective_guard(f"publish_changes: gather of the {what} to rank 0", group.pg):
         dist.gather(bits, received, dst=group.root(), group=group.pg)
     if received is None:
         return []
-    return [(o.cpu().view(part.dtype) if part.dtype == torch.float32 else o.cpu())[:n]
-            for o, n in zip(received, sizes, strict=True)]  # fmt: skip
+    return [None] + [(o.cpu().view(dtype) if dtype == torch.float32 else o.cpu())[:n]
+                     for o, n in zip(received[1:], sizes[1:], strict=True)]  # fmt: skip
+
+
+def _concat_into(target: torch.Tensor, parts: list[torch.Tensor]) -> torch.Tensor:
+    """``target`` (1-D) with ``parts`` copied one after the other from its start."""
+    at = 0
+    for part in parts:
+        target[at : at + part.numel()].copy_(part.reshape(-1))
+        at += part.numel()
+    return target
 
 
 @dataclass
@@ -151,7 +162,7 @@ class ChunkRead:
 
     chunk: list[_Piece]
     blocks: list[_Block]
-    values: torch.Tensor
+    values: list[torch.Tensor]  # per block, as _read gives them
     raw: torch.Tensor | None
     error: BaseException | None
 
@@ -164,7 +175,7 @@ def read_chunks(union: dict[str, torch.Tensor], tables: dict[str, TrackedTable],
         try:
             reads.append(ChunkRead(chunk, *_read(chunk, tables, rank), None))
         except Exception as exc:  # noqa: BLE001 - reported to every rank with the blocks
-            reads.append(ChunkRead(chunk, [], torch.zeros(0), None, exc))
+            reads.append(ChunkRead(chunk, [], [], None, exc))
             break  # the exchange of this chunk raises on every rank: the rest would never be sent
     return reads
 
@@ -181,23 +192,26 @@ def gather_rows(union: dict[str, torch.Tensor], tables: dict[str, TrackedTable],
         chunk = read.chunk
         ranks_blocks = raise_if_any(read.error, group, "read its rows", read.blocks)
         managed_rows = [sum(b.hi - b.lo for b in bs if tables[chunk[b.piece].name].managed) for bs in ranks_blocks]
-        all_values = _gather_to_root(read.values, [sum((b.hi - b.lo) * b.cols for b in bs) for bs in ranks_blocks],
-                                     group, "changed rows")  # fmt: skip
-        raw = read.raw if read.raw is not None else torch.zeros(0, dtype=torch.int64)
-        all_raw = _gather_to_root(raw, managed_rows, group, "managed rows' raw ids") if any(managed_rows) else []
+        value_sizes = [sum((b.hi - b.lo) * b.cols for b in bs) for bs in ranks_blocks]
+        all_values = _gather_to_root(read.values, torch.float32, value_sizes, group, "changed rows")
+        raw = [read.raw] if read.raw is not None else []
+        all_raw = _gather_to_root(raw, torch.int64, managed_rows, group, "managed rows' raw ids") if any(managed_rows) else []
         if group.rank != 0:
             continue
-        out = [torch.zeros(p.ids.numel(), tables[p.name].dim) for p in chunk]
-        out_raw = [torch.zeros(p.ids.numel(), dtype=torch.int64) if tables[p.name].managed else None for p in chunk]
+        out = [torch.empty(p.ids.numel(), tables[p.name].dim) for p in chunk]  # every value is placed below
+        out_raw = [torch.empty(p.ids.numel(), dtype=torch.int64) if tables[p.name].managed else None for p in chunk]
         for r, bs in enumerate(ranks_blocks):
             value_at, raw_at = 0, 0
-            for b in bs:
+            for i, b in enumerate(bs):
                 n = (b.hi - b.lo) * b.cols
-                out[b.piece][b.lo : b.hi, b.col : b.col + b.cols] = all_values[r][value_at : value_at + n].view(-1, b.cols)
+                flat = read.values[i] if r == 0 else all_values[r][value_at : value_at + n]  # type: ignore[index]
+                out[b.piece][b.lo : b.hi, b.col : b.col + b.cols] = flat.view(-1, b.cols)
                 value_at += n
                 target = out_raw[b.piece]
                 if target is not None:
-                    target[b.lo : b.hi] = all_raw[r][raw_at : raw_at + b.hi - b.lo]
+                    own = read.raw if r == 0 else all_raw[r]
+                    assert own is not None
+                    target[b.lo : b.hi] = own[raw_at : raw_at + b.hi - b.lo]
                     raw_at += b.hi - b.lo
         for piece, piece_values, piece_raw in zip(chunk, out, out_raw, strict=True):
             parts[piece.name][0].append(piece_values)

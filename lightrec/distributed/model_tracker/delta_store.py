@@ -32,10 +32,11 @@ def sorted_unique(chunks: list[torch.Tensor]) -> torch.Tensor:
 
     A tracker reads the ids of ~100 steps at once (millions per table on a large batch): sorting them
     is O(n log n), while marking them in a ``[max id + 1]`` bool mask and listing the marked rows is
-    O(n + max id) and reads each chunk in place (no concatenated copy) -- 5x faster on 100 steps of
-    2048 ids into a 100k-row table. The mask is used only where it is no bigger than the ids
-    themselves (non-negative CPU ids with ``max id + 1 <= 8 * n + 64 Ki``); raw 64-bit ids, negative
-    ids and accelerator tensors take ``torch.unique``.
+    O(n + max id) -- 5x faster on 100 steps of 2048 ids into a 100k-row table. The chunks are
+    concatenated first: one ``aminmax`` and one mask write instead of three small ops per chunk
+    (1.5x faster again; the copy is cheap next to the per-op cost). The mask is used only where it
+    is no bigger than the ids themselves (non-negative CPU ids with ``max id + 1 <= 8 * n + 64 Ki``);
+    raw 64-bit ids, negative ids and accelerator tensors take ``torch.unique``.
 
     Args:
         chunks: integer ``[n_i]`` tensors of one dtype on one device.
@@ -44,16 +45,14 @@ def sorted_unique(chunks: list[torch.Tensor]) -> torch.Tensor:
     chunks = [c for c in chunks if c.numel()]
     if not chunks:
         return torch.zeros(0, dtype=dtype, device=device)
-    total = sum(c.numel() for c in chunks)
+    flat = chunks[0] if len(chunks) == 1 else torch.cat(chunks)
     if device.type == "cpu" and not dtype.is_floating_point:
-        low = min(int(c.min()) for c in chunks)
-        high = max(int(c.max()) for c in chunks)
-        if low >= 0 and high + 1 <= 8 * total + (1 << 16):
+        low, high = (int(x) for x in torch.aminmax(flat))
+        if low >= 0 and high + 1 <= 8 * flat.numel() + (1 << 16):
             mask = torch.zeros(high + 1, dtype=torch.bool)
-            for c in chunks:
-                mask[c] = True
+            mask[flat] = True
             return mask.nonzero().squeeze(1).to(dtype)
-    return torch.unique(chunks[0] if len(chunks) == 1 else torch.cat(chunks))
+    return torch.unique(flat)
 
 
 def compute_unique_rows(ids: list[torch.Tensor], states: list[torch.Tensor] | None, mode: UpdateMode) -> UniqueRows:
