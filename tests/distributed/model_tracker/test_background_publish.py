@@ -33,6 +33,7 @@ def _body(rank: int, world_size: int, tmp: str) -> dict[str, Any]:
     thread = next(t for t in threading.enumerate() if t.name == "lightrec-delta-publisher")
     out["policy"] = os.sched_getscheduler(thread.native_id) if hasattr(os, "sched_getscheduler") else None
     out["nice"] = os.getpriority(os.PRIO_PROCESS, thread.native_id) if hasattr(os, "getpriority") else None
+    out["main_nice"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) if out["nice"] is not None else None
     out["v1"] = publisher.publish(folder, tracker).result()
     train_step(model, 1, rank)
     real = writer_module._write_synced
@@ -71,6 +72,7 @@ def test_a_full_disk_in_the_background_fails_the_version_on_every_rank_and_a_sna
     if results[0]["nice"] is not None:  # rank 0's thread "low" (nice 10), rank 1's "idle" (SCHED_IDLE)
         assert results[0]["nice"] == 10 and results[0]["policy"] == os.SCHED_OTHER, results[0]
         assert results[1]["policy"] == os.SCHED_IDLE, results[1]
+        assert results[0]["main_nice"] == results[1]["main_nice"] == 0  # training's threads keep theirs
     reader = DeltaReader(tmp_path / "publish")
     assert reader.versions() == [1, 2]
     assert reader.manifest(2).kind == "snapshot" and reader.manifest(2).global_step == 2
