@@ -213,13 +213,14 @@ class DeltaPublisher(pl.Callback):
     def _publish(self, trainer: pl.Trainer, snapshot: bool, dense: bool = False) -> None:
         assert self._model is not None
         start = time.perf_counter()
-        kwargs = {"consumer": CONSUMER, "dense": dense, "snapshot": snapshot, "global_step": trainer.global_step,
-                  "dense_module": self._dense}  # fmt: skip
+        step = trainer.global_step
         if self._publisher is not None:
             self._settled(trainer, self._publisher.wait)()  # the version before, with its error
-            self._pending = self._publisher.publish(self._writer, self._tracker, **kwargs)  # type: ignore[arg-type]
+            self._pending = self._publisher.publish(self._writer, self._tracker, consumer=CONSUMER, dense=dense,
+                                                    snapshot=snapshot, global_step=step, dense_module=self._dense)  # fmt: skip
         else:
-            version = publish_changes(self._model, self._writer, self._tracker, **kwargs)  # type: ignore[arg-type]
+            version = publish_changes(self._model, self._writer, self._tracker, consumer=CONSUMER, dense=dense,
+                                      snapshot=snapshot, global_step=step, dense_module=self._dense)  # fmt: skip
             self._record(trainer, version, trainer.global_step, None)
         elapsed = time.perf_counter() - start
         self.seconds.append(elapsed)
