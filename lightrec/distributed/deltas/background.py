@@ -38,23 +38,24 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from typing_extensions import Unpack
 
 from lightrec.distributed.comm.failures import timeout_of
 from lightrec.distributed.comm.sharding_env import resolve_group
 from lightrec.distributed.deltas.errors import DeltaFormatError
 from lightrec.distributed.deltas.sharded_publish import (
     PreparedPublish,
+    PublishOptions,
     finish_publish,
     prepare_publish,
     publish_group,
 )
-from lightrec.distributed.deltas.sharded_rows import CHUNK_BYTES, PublishGroup
+from lightrec.distributed.deltas.sharded_rows import PublishGroup
 from lightrec.distributed.deltas.writer import DeltaWriter
 from lightrec.distributed.model_tracker import ModelDeltaTracker
 
@@ -159,14 +160,7 @@ class BackgroundPublisher:
         self,
         target: DeltaWriter | str | os.PathLike[str] | None,
         tracker: ModelDeltaTracker | None = None,
-        consumer: str | None = None,
-        dense: bool = False,
-        snapshot: bool | None = None,
-        global_step: int = 0,
-        row_format: str | Mapping[str, str] = "fp32",
-        retention: int | None = 2,
-        chunk_bytes: int = CHUNK_BYTES,
-        dense_module: nn.Module | None = None,
+        **options: Unpack[PublishOptions],
     ) -> PendingPublish:
         """Read the rows of the next version now and send and write them in the background.
 
@@ -179,13 +173,12 @@ class BackgroundPublisher:
         if self._thread is None or not self._thread.is_alive():
             raise RuntimeError("this BackgroundPublisher is closed")
         self.wait()
-        if self._snapshot_next and snapshot is not True:
-            snapshot = True
+        if self._snapshot_next:
+            options["snapshot"] = True
         start = time.perf_counter()
-        prepared = prepare_publish(self.model, target, tracker, consumer, dense, snapshot, global_step, row_format,
-                                   retention, chunk_bytes, dense_module)  # fmt: skip
+        prepared = prepare_publish(self.model, target, tracker, **options)
         self._snapshot_next = False
-        pending = PendingPublish(global_step, time.perf_counter() - start)
+        pending = PendingPublish(prepared.global_step, time.perf_counter() - start)
         self._pending = pending
         self._jobs.put((prepared, pending))
         return pending

@@ -39,10 +39,12 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TypedDict
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from typing_extensions import Unpack
 
 from lightrec.distributed.comm.failures import collective_guard
 from lightrec.distributed.comm.sharding_env import resolve_group
@@ -68,6 +70,7 @@ from lightrec.distributed.sharding.collection import ShardedCollectionBase
 __all__ = [
     "DeltaPublishError",
     "PreparedPublish",
+    "PublishOptions",
     "finish_publish",
     "prepare_publish",
     "publish_changes",
@@ -223,8 +226,9 @@ def publish_changes(
         DeltaPublishError: a rank failed to read its rows (raised on every rank).
         CollectiveError: a peer died or hung during the publish.
     """
-    prepared = prepare_publish(model, target, tracker, consumer, dense, snapshot, global_step, row_format, retention,
-                               chunk_bytes, dense_module)  # fmt: skip
+    prepared = prepare_publish(model, target, tracker, consumer=consumer, dense=dense, snapshot=snapshot,
+                               global_step=global_step, row_format=row_format, retention=retention,
+                               chunk_bytes=chunk_bytes, dense_module=dense_module)  # fmt: skip
     return finish_publish(prepared, prepared.group)
 
 
@@ -245,21 +249,30 @@ class PreparedPublish:
     error: BaseException | None  # rank 0's, from copying the dense weights: reported by finish_publish
 
 
+class PublishOptions(TypedDict, total=False):
+    """:func:`publish_changes`' keyword arguments after ``tracker`` (defaults as there), for the
+    functions that take them on (``prepare_publish``, ``BackgroundPublisher.publish``)."""
+
+    consumer: str | None
+    dense: bool
+    snapshot: bool | None
+    global_step: int
+    row_format: str | Mapping[str, str]
+    retention: int | None
+    chunk_bytes: int
+    dense_module: nn.Module | None
+
+
 def prepare_publish(
     model: nn.Module,
     target: DeltaWriter | str | os.PathLike[str] | None,
     tracker: ModelDeltaTracker | None = None,
-    consumer: str | None = None,
-    dense: bool = False,
-    snapshot: bool | None = None,
-    global_step: int = 0,
-    row_format: str | Mapping[str, str] = "fp32",
-    retention: int | None = 2,
-    chunk_bytes: int = CHUNK_BYTES,
-    dense_module: nn.Module | None = None,
+    **options: Unpack[PublishOptions],
 ) -> PreparedPublish:
     """Steps 1-3's reads of :func:`publish_changes` (arguments as there): collective over the model's
     group (the kind, the union), then each rank copies the rows it owns. Nothing is sent or written."""
+    consumer, snapshot = options.get("consumer"), options.get("snapshot")
+    row_format, retention = options.get("row_format", "fp32"), options.get("retention", 2)
     if tracker is not None and not isinstance(tracker, ModelDeltaTrackerTrec):
         raise DeltaFormatError(f"tracker must be the model's ModelDeltaTrackerTrec, got {type(tracker).__name__}")
     group = publish_group(model)
@@ -282,14 +295,14 @@ def prepare_publish(
     if not full and tracker is None:
         raise DeltaFormatError("a delta needs the tracker that says which rows changed: pass tracker= (or snapshot=True)")
     union = _union(_local_changes(tables, tracker, consumer, full), group, full, tables)
-    reads = read_chunks(union, tables, group.rank, chunk_bytes)
+    reads = read_chunks(union, tables, group.rank, options.get("chunk_bytes", CHUNK_BYTES))
     weights, error = None, None
-    if group.rank == 0 and (dense or full):
+    if group.rank == 0 and (options.get("dense", False) or full):
         try:
-            weights = sharded_dense_weights(dense_module or model)
+            weights = sharded_dense_weights(options.get("dense_module") or model)
         except Exception as exc:  # noqa: BLE001 - every rank learns it in finish_publish
             error = exc
-    return PreparedPublish(group, tables, union, reads, full, global_step, writer, weights, error)
+    return PreparedPublish(group, tables, union, reads, full, options.get("global_step", 0), writer, weights, error)
 
 
 def finish_publish(prepared: PreparedPublish, group: PublishGroup) -> int:
