@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from lightrec.cli.common import CommandError, UsageError, positive_int, reject_extra_arguments
+from lightrec.cli.common import CommandError, UsageError, command_parser, positive_int, reject_extra_arguments
 from lightrec.data.errors import DataFormatError
 from lightrec.data.parquet.convert import MANIFEST, convert_to_parquet
 from lightrec.data.parquet.errors import ParquetDataError
@@ -33,9 +33,7 @@ def _columns(value: str) -> list[str]:
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = sub.add_parser(
-        "data", help="convert TSV/CSV to Parquet; inspect a Parquet source", allow_abbrev=False
-    )
+    parser = command_parser(sub, "data", "convert TSV/CSV to Parquet; inspect a Parquet source")
     commands = parser.add_subparsers(dest="data_command", metavar="{convert,inspect}")
     commands.required = True
     convert = commands.add_parser(
