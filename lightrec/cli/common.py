@@ -15,6 +15,7 @@ __all__ = [
     "CommandError",
     "UsageError",
     "checkpoint_argument",
+    "command_parser",
     "positive_int",
     "recipe_or_file",
     "reject_extra_arguments",
@@ -33,6 +34,15 @@ class CommandError(Exception):
 class UsageError(CommandError):
     """The user asked for something that cannot work: a path that is not a checkpoint, an output that
     exists (exit code 2, like an argument error, message printed without a traceback)."""
+
+
+def command_parser(
+    sub: argparse._SubParsersAction, name: str, help: str, add_help: bool = True
+) -> argparse.ArgumentParser:
+    """The parser of subcommand ``name``, as every command makes it: abbreviations off, so a long option
+    a later release adds never changes what an abbreviated one meant (``add_help`` as argparse's)."""
+    parser: argparse.ArgumentParser = sub.add_parser(name, help=help, allow_abbrev=False, add_help=add_help)
+    return parser
 
 
 def checkpoint_argument(path: Path) -> None:

@@ -9,6 +9,7 @@ from lightrec.cli.common import (
     CommandError,
     UsageError,
     checkpoint_argument,
+    command_parser,
     output_argument,
     reject_extra_arguments,
 )
@@ -18,9 +19,7 @@ __all__ = ["register", "run"]
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = sub.add_parser(
-        "consolidate", help="gather a sharded checkpoint folder into one file of full tables", allow_abbrev=False
-    )
+    parser = command_parser(sub, "consolidate", "gather a sharded checkpoint folder into one file of full tables")
     parser.add_argument("checkpoint", help="a sharded checkpoint folder (RecStrategy / ModelCheckpoint)")
     parser.add_argument("out", help="the file to write")
     parser.add_argument("--force", action="store_true", help="replace OUT if it exists")

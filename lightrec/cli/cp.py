@@ -9,16 +9,14 @@ import argparse
 import shutil
 from pathlib import Path
 
-from lightrec.cli.common import UsageError, reject_extra_arguments, shipped_recipe
+from lightrec.cli.common import UsageError, command_parser, reject_extra_arguments, shipped_recipe
 from lightrec.recipes import CONFIGS_DIR, RECIPES, configs_of
 
 __all__ = ["register", "run"]
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = sub.add_parser(
-        "cp", help="copy a recipe and its configs into a directory to edit", allow_abbrev=False
-    )
+    parser = command_parser(sub, "cp", "copy a recipe and its configs into a directory to edit")
     parser.add_argument("recipe", help=f"one of: {', '.join(RECIPES)}")
     parser.add_argument(
         "dir",

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from lightrec.cli.common import CommandError, UsageError, positive_int, reject_extra_arguments
+from lightrec.cli.common import CommandError, UsageError, command_parser, positive_int, reject_extra_arguments
 from lightrec.data.errors import DataFormatError
 from lightrec.data.parquet.convert import MANIFEST, convert_to_parquet
 from lightrec.data.parquet.errors import ParquetDataError
@@ -33,14 +33,10 @@ def _columns(value: str) -> list[str]:
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = sub.add_parser(
-        "data", help="convert TSV/CSV to Parquet; inspect a Parquet source", allow_abbrev=False
-    )
+    parser = command_parser(sub, "data", "convert TSV/CSV to Parquet; inspect a Parquet source")
     commands = parser.add_subparsers(dest="data_command", metavar="{convert,inspect}")
     commands.required = True
-    convert = commands.add_parser(
-        "convert", help="Criteo TSV (plain or .gz) or CSV -> Parquet, streaming and resumable", allow_abbrev=False
-    )
+    convert = command_parser(commands, "convert", "Criteo TSV (plain or .gz) or CSV -> Parquet, streaming and resumable")
     convert.add_argument("inputs", nargs="+", help="input files, in order (.gz is read as gzip)")
     convert.add_argument("--out", required=True, help="output folder (run again with the same arguments to resume)")
     convert.add_argument("--format", choices=["criteo", "csv"], default="criteo", help="input format (default criteo)")
@@ -51,9 +47,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     convert.add_argument("--block-mb", type=positive_int, default=32, help="input MiB parsed at once (bounds memory)")
     convert.add_argument("--on-error", choices=["raise", "skip"], default="raise", help="bad lines: stop or skip them")
     convert.add_argument("--no-progress", action="store_true", help="no progress bar")
-    inspect = commands.add_parser(
-        "inspect", help="schema, rows, the detected features and their id ranges", allow_abbrev=False
-    )
+    inspect = command_parser(commands, "inspect", "schema, rows, the detected features and their id ranges")
     inspect.add_argument("path", help="a Parquet file, folder, glob or URI")
     inspect.add_argument("--label", help="the label column (default: label, click, target, ... if present)")
     inspect.add_argument("--dense", type=_columns, help="dense columns, comma-separated (default: float columns)")

@@ -14,7 +14,13 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lightrec.cli.common import CommandError, UsageError, checkpoint_argument, reject_extra_arguments
+from lightrec.cli.common import (
+    CommandError,
+    UsageError,
+    checkpoint_argument,
+    command_parser,
+    reject_extra_arguments,
+)
 from lightrec.distributed.checkpoint import CheckpointError, consolidate_checkpoint, load_file
 from lightrec.inference import export_from_checkpoint
 
@@ -25,9 +31,7 @@ __all__ = ["register", "run"]
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = sub.add_parser(
-        "export", help="quantize a recipe checkpoint and write a serving artifact", allow_abbrev=False
-    )
+    parser = command_parser(sub, "export", "quantize a recipe checkpoint and write a serving artifact")
     parser.add_argument("checkpoint", help="a .ckpt written by a recipe (a file, or a sharded checkpoint folder)")
     parser.add_argument("--out", help="artifact path (default: next to the checkpoint)")
     parser.add_argument("--dtype", choices=["int8", "int4", "fp16"], default="int8")

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from lightrec.cli.common import reject_extra_arguments
+from lightrec.cli.common import command_parser, reject_extra_arguments
 from lightrec.recipes import CONFIGS, CONFIGS_DIR, RECIPES, config_summary
 
 __all__ = ["register", "run"]
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = sub.add_parser("ls", help="list recipes and configs", allow_abbrev=False)
-    return parser
+    return command_parser(sub, "ls", "list recipes and configs")
 
 
 def run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParser) -> int:

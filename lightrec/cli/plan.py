@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from lightrec.cli.common import CommandError, UsageError, positive_int, shipped_recipe
+from lightrec.cli.common import CommandError, UsageError, command_parser, positive_int, shipped_recipe
 from lightrec.distributed.dmp.default_sharders import get_default_sharders
 from lightrec.distributed.planner import PlannerError, plan_sharding, topology_for
 from lightrec.recipes import CONFIGS, CONFIGS_DIR, RECIPES
@@ -25,9 +25,7 @@ OVERRIDE_PREFIXES = ("--model.", "--data.", "--trainer.")
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = sub.add_parser(
-        "plan", help="print the sharding plan of a config without training", allow_abbrev=False
-    )
+    parser = command_parser(sub, "plan", "print the sharding plan of a config without training")
     parser.add_argument("config", help="a shipped config or recipe name, or a YAML file")
     parser.add_argument("--recipe", help="the recipe of a YAML file that is not a shipped config")
     parser.add_argument("--devices", type=positive_int, help="ranks per node (default: the config's)")

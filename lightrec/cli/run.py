@@ -17,7 +17,7 @@ from pathlib import Path
 from types import ModuleType
 
 from lightrec._malloc_policy import MALLOC_POLICIES, apply_malloc_policy, choose_malloc_policy
-from lightrec.cli.common import FAILURE, CommandError, positive_int, recipe_or_file
+from lightrec.cli.common import FAILURE, CommandError, command_parser, positive_int, recipe_or_file
 from lightrec.recipes import RECIPES
 
 __all__ = ["register", "run"]
@@ -26,10 +26,10 @@ SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = sub.add_parser(
+    parser = command_parser(
+        sub,
         "run",
-        help="run a recipe (other arguments go to its LightningCLI; `fit` by default)",
-        allow_abbrev=False,
+        "run a recipe (other arguments go to its LightningCLI; `fit` by default)",
         add_help=False,  # `lightrec run dlrm --help` shows the recipe's LightningCLI help
     )
     parser.add_argument("recipe", help=f"one of: {', '.join(RECIPES)}")

@@ -18,6 +18,7 @@ __all__ = [
     "LineErrors",
     "OnError",
     "ResumeMismatchError",
+    "check_at_least",
     "check_on_error",
 ]
 
@@ -61,6 +62,14 @@ class DataFormatError(ValueError):
 
 class ResumeMismatchError(ValueError):
     """A checkpointed loader position does not fit the loader it is loaded into (other ranks, batch size or data)."""
+
+
+def check_at_least(minimum: float, **values: float) -> None:
+    """Refuse (``ValueError`` naming the argument and its value) any keyword value below ``minimum``,
+    the bound every reader, loader and generator checks its sizes and counts against."""
+    for name, value in values.items():
+        if value < minimum:
+            raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
 
 
 def check_on_error(on_error: str) -> OnError:

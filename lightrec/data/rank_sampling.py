@@ -21,6 +21,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
 
+from lightrec.data.errors import check_at_least
+
 __all__ = [
     "RankBatchSampler",
     "RankDataLoader",
@@ -34,8 +36,7 @@ __all__ = [
 
 def check_rank(rank: int, world_size: int) -> None:
     """Validate a ``(rank, world_size)`` pair."""
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size!r}")
+    check_at_least(1, world_size=world_size)
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank!r}")
 
@@ -194,8 +195,7 @@ def rank_dataloader(
     Output order (and content) does not depend on ``num_workers``: the loader reassembles the
     batches in sampler order.
     """
-    if num_workers < 0:
-        raise ValueError(f"num_workers must be >= 0, got {num_workers!r}")
+    check_at_least(0, num_workers=num_workers)
     kwargs: dict[str, bool | int] = {}
     if num_workers > 0:
         kwargs["persistent_workers"] = persistent_workers

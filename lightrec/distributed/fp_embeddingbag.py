@@ -100,11 +100,12 @@ class ShardedFeatureProcessedEmbeddingBagCollection(ShardedEmbeddingBagCollectio
     """A ``FeatureProcessedEmbeddingBagCollection`` sharded over ranks (see the module docstring;
     arguments as ``ShardedCollectionBase``, ``module`` being the feature-processed collection)."""
 
+    _adopts = FeatureProcessedEmbeddingBagCollection
+
     def _adopt(
         self, module: nn.Module, table_plan: Mapping[str, ParameterSharding], env: ShardingEnv, device: torch.device
     ) -> tuple[nn.Module, Mapping[str, ParameterSharding]]:
-        if not isinstance(module, FeatureProcessedEmbeddingBagCollection):
-            raise TypeError(f"expected a FeatureProcessedEmbeddingBagCollection, got {type(module).__name__}")
+        assert isinstance(module, FeatureProcessedEmbeddingBagCollection)  # checked by the constructor
         ebc = module._embedding_bag_collection
         mean = [c.name for c in ebc.embedding_bag_configs() if c.pooling != PoolingType.SUM]
         replicated = [t for t, ps in table_plan.items() if ps.sharding_type == ShardingType.DATA_PARALLEL.value]
@@ -116,7 +117,7 @@ class ShardedFeatureProcessedEmbeddingBagCollection(ShardedEmbeddingBagCollectio
         return ebc, table_plan
 
     def _adopted(self, module: nn.Module, device: torch.device) -> None:
-        assert isinstance(module, FeatureProcessedEmbeddingBagCollection)  # checked by _adopt
+        assert isinstance(module, FeatureProcessedEmbeddingBagCollection)  # checked by the constructor
         processors = module._feature_processors
         if any(p.device.type == "meta" for p in processors.parameters()):
             processors.to_empty(device=device)

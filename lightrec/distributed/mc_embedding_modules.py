@@ -135,6 +135,7 @@ class BaseShardedManagedCollisionEmbeddingCollection(
     """
 
     _state_prefix = "_embedding_module."
+    _adopts = BaseManagedCollisionEmbeddingCollection
     _unsharded_class: type[BaseManagedCollisionEmbeddingCollection]  # set by the pooled / sequence subclass
     # Set by _adopt, before the tables are sharded (_make_sharding reads them).
     _mc_routes: McRoutes
@@ -147,8 +148,7 @@ class BaseShardedManagedCollisionEmbeddingCollection(
     def _adopt(
         self, module: nn.Module, table_plan: Mapping[str, ParameterSharding], env: ShardingEnv, device: torch.device
     ) -> tuple[nn.Module, Mapping[str, ParameterSharding]]:
-        if not isinstance(module, BaseManagedCollisionEmbeddingCollection):
-            raise TypeError(f"{type(self).__name__} shards managed-collision collections, got {type(module).__name__}")
+        assert isinstance(module, BaseManagedCollisionEmbeddingCollection)  # checked by the constructor
         mcc = module._managed_collision_collection
         modules, plan = aligned_module_plan(mcc.modules_by_table(), table_plan, env.world_size)
         sharded_mcc = ShardedManagedCollisionCollection(modules, plan, env, device, mcc.need_preprocess)

@@ -77,65 +77,56 @@ def apply_sparse_update(
         return
     rows, grad = accumulate_rows(ids, contrib)
     w = weight.index_select(0, rows)
-    if _apply_row_rule(spec, lr, step, weight, states, rows, w, grad):
-        return
-    wd = spec.weight_decay
-    if spec.weight_decay_mode == WeightDecayMode.L2:
-        grad = grad + wd * w
-    kind = spec.optimizer
-    if kind == EmbOptimType.SGD:
-        update = lr * grad
-    elif kind == EmbOptimType.ADAGRAD:
-        acc = states["momentum1"]
-        s = acc.index_select(0, rows) + grad * grad
-        acc.index_copy_(0, rows, s)
-        update = lr * grad / (s.sqrt() + spec.eps)
-    elif kind == EmbOptimType.ROWWISE_ADAGRAD:
-        acc = states["momentum1"]
-        m = acc.index_select(0, rows) + grad.square().mean(dim=1)
-        acc.index_copy_(0, rows, m)
-        update = (lr / (m.sqrt() + spec.eps)).unsqueeze(1) * grad
-    elif kind == EmbOptimType.ADAM:
-        m1_all, m2_all = states["momentum1"], states["momentum2"]
-        m1 = m1_all.index_select(0, rows).mul_(spec.beta1).add_(grad, alpha=1.0 - spec.beta1)
-        m2 = m2_all.index_select(0, rows).mul_(spec.beta2).addcmul_(grad, grad, value=1.0 - spec.beta2)
-        m1_all.index_copy_(0, rows, m1)
-        m2_all.index_copy_(0, rows, m2)
-        if isinstance(step, torch.Tensor):
-            bias = adam_bias_corrections(step, spec.beta1, spec.beta2).to(m1.device)
-            bias1, bias2 = bias[0].to(m1.dtype), bias[1].to(m1.dtype)
-        else:
-            bias1, bias2 = 1.0 - spec.beta1**step, 1.0 - spec.beta2**step  # type: ignore[assignment]
-        update = lr * (m1 / bias1) / ((m2 / bias2).sqrt() + spec.eps)
-    else:  # EmbOptimType is closed; a new member must be taught here.
-        raise ValueError(f"no sparse update rule for optimizer {kind}")
-    if spec.weight_decay_mode == WeightDecayMode.DECOUPLED:
-        w = w * (1.0 - lr * wd)
-    weight.index_copy_(0, rows, w - update)
-
-
-def _apply_row_rule(
-    spec: FusedOptimizerSpec,
-    lr: float,
-    step: int | torch.Tensor,
-    weight: torch.Tensor,
-    states: dict[str, torch.Tensor],
-    rows: torch.Tensor,
-    w: torch.Tensor,
-    grad: torch.Tensor,
-) -> bool:
-    """LAMB / LARS_SGD / partial row-wise rules on the touched ``rows`` (False: not one of them)."""
-    kind = spec.optimizer
-    if kind not in ROW_RULE_OPTIMIZERS:
-        return False
+    # Every rule reads and replaces the touched rows of its states and of the weight: gathered
+    # once here, written back once at the end.
     touched = {name: state.index_select(0, rows) for name, state in states.items()}
-    if kind == EmbOptimType.LARS_SGD:
-        new = lars_rows(w, grad, touched["momentum1"], lr, spec.eta, spec.momentum, spec.weight_decay)
+    kind = spec.optimizer
+    if kind in ROW_RULE_OPTIMIZERS:
+        new = _row_rule(spec, lr, step, w, grad, touched)
     else:
-        layerwise = kind != EmbOptimType.PARTIAL_ROWWISE_ADAM
-        new = moment_rows(w, grad, touched["momentum1"], touched["momentum2"], lr, spec.beta1, spec.beta2, spec.eps,
-                          spec.weight_decay, step, layerwise)  # fmt: skip
+        wd = spec.weight_decay
+        if spec.weight_decay_mode == WeightDecayMode.L2:
+            grad = grad + wd * w
+        if kind == EmbOptimType.SGD:
+            update = lr * grad
+        elif kind == EmbOptimType.ADAGRAD:
+            s = touched["momentum1"] + grad * grad
+            touched["momentum1"] = s
+            update = lr * grad / (s.sqrt() + spec.eps)
+        elif kind == EmbOptimType.ROWWISE_ADAGRAD:
+            m = touched["momentum1"] + grad.square().mean(dim=1)
+            touched["momentum1"] = m
+            update = (lr / (m.sqrt() + spec.eps)).unsqueeze(1) * grad
+        elif kind == EmbOptimType.ADAM:
+            m1 = touched["momentum1"].mul_(spec.beta1).add_(grad, alpha=1.0 - spec.beta1)
+            m2 = touched["momentum2"].mul_(spec.beta2).addcmul_(grad, grad, value=1.0 - spec.beta2)
+            if isinstance(step, torch.Tensor):
+                bias = adam_bias_corrections(step, spec.beta1, spec.beta2).to(m1.device)
+                bias1, bias2 = bias[0].to(m1.dtype), bias[1].to(m1.dtype)
+            else:
+                bias1, bias2 = 1.0 - spec.beta1**step, 1.0 - spec.beta2**step  # type: ignore[assignment]
+            update = lr * (m1 / bias1) / ((m2 / bias2).sqrt() + spec.eps)
+        else:  # EmbOptimType is closed; a new member must be taught here.
+            raise ValueError(f"no sparse update rule for optimizer {kind}")
+        if spec.weight_decay_mode == WeightDecayMode.DECOUPLED:
+            w = w * (1.0 - lr * wd)
+        new = w - update
     for name, values in touched.items():
         states[name].index_copy_(0, rows, values)
     weight.index_copy_(0, rows, new)
-    return True
+
+
+def _row_rule(
+    spec: FusedOptimizerSpec,
+    lr: float,
+    step: int | torch.Tensor,
+    w: torch.Tensor,
+    grad: torch.Tensor,
+    touched: dict[str, torch.Tensor],
+) -> torch.Tensor:
+    """LAMB / LARS_SGD / partial row-wise rules: the new ``w`` rows (``touched`` states updated in place)."""
+    if spec.optimizer == EmbOptimType.LARS_SGD:
+        return lars_rows(w, grad, touched["momentum1"], lr, spec.eta, spec.momentum, spec.weight_decay)
+    layerwise = spec.optimizer != EmbOptimType.PARTIAL_ROWWISE_ADAM
+    return moment_rows(w, grad, touched["momentum1"], touched["momentum2"], lr, spec.beta1, spec.beta2, spec.eps,
+                       spec.weight_decay, step, layerwise)  # fmt: skip

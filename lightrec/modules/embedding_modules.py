@@ -52,6 +52,7 @@ __all__ = [
     "EmbeddingCollectionInterface",
     "embedding_names_by_table",
     "get_embedding_names_by_table",
+    "table_lists",
 ]
 
 
@@ -64,6 +65,24 @@ def _weight_of(table: nn.Module) -> torch.Tensor:
     weight = table.weight
     assert isinstance(weight, torch.Tensor)
     return weight
+
+
+def _init_tables(configs: Sequence[BaseEmbeddingConfig], tables: nn.ModuleDict) -> None:
+    """Initialise every table from its config (uniform range or ``init_fn``); no-op on meta."""
+    for t in configs:
+        t.init_weight(_weight_of(tables[t.name]))
+
+
+def table_lists(tables: Sequence[BaseEmbeddingConfig]) -> Tuple[List[str], List[List[str]], List[int], List[int]]:
+    """``(names, feature names, rows, dims)``, one entry per table: the plain lists a collection's
+    forward reads (:func:`ids_per_table`, :func:`ids_per_feature`), since TorchScript cannot iterate
+    config dataclasses. Every collection, plain or quantized, keeps them."""
+    return (
+        [t.name for t in tables],
+        [list(t.feature_names) for t in tables],
+        [t.num_embeddings for t in tables],
+        [t.embedding_dim for t in tables],
+    )
 
 
 def _check_tables(tables: Sequence[BaseEmbeddingConfig], where: str) -> list[str]:
@@ -258,18 +277,13 @@ class EmbeddingBagCollection(EmbeddingBagCollectionInterface):
         self._device_arg = torch.device(device) if device is not None else torch.device("cpu")
         self._embedding_names: list[str] = [n for names in embedding_names_by_table(tables) for n in names]
         self._lengths_per_embedding: list[int] = [t.embedding_dim for t in tables for _ in t.feature_names]
-        # Plain per-table lists read by forward() (TorchScript cannot iterate config dataclasses).
-        self._table_names: List[str] = [t.name for t in tables]
-        self._table_features: List[List[str]] = [list(t.feature_names) for t in tables]
-        self._table_rows: List[int] = [t.num_embeddings for t in tables]
-        self._table_dims: List[int] = [t.embedding_dim for t in tables]
+        self._table_names, self._table_features, self._table_rows, self._table_dims = table_lists(tables)
         self._table_mean: List[bool] = [t.pooling == PoolingType.MEAN for t in tables]
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """Initialise every table from its config (uniform range or ``init_fn``); no-op on meta."""
-        for t in self._embedding_bag_configs:
-            t.init_weight(_weight_of(self.embedding_bags[t.name]))
+        _init_tables(self._embedding_bag_configs, self.embedding_bags)
 
     def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
         return self._embedding_bag_configs
@@ -415,14 +429,12 @@ class EmbeddingCollection(EmbeddingCollectionInterface):
         self.embeddings = nn.ModuleDict()
         for t in tables:
             self.embeddings[t.name] = nn.Embedding(t.num_embeddings, t.embedding_dim, device=device)
-        self._table_names: List[str] = [t.name for t in tables]
-        self._table_features: List[List[str]] = [list(t.feature_names) for t in tables]
-        self._table_rows: List[int] = [t.num_embeddings for t in tables]
+        self._table_names, self._table_features, self._table_rows, _ = table_lists(tables)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        for t in self._embedding_configs:
-            t.init_weight(_weight_of(self.embeddings[t.name]))
+        """Initialise every table from its config (uniform range or ``init_fn``); no-op on meta."""
+        _init_tables(self._embedding_configs, self.embeddings)
 
     def embedding_configs(self) -> list[EmbeddingConfig]:
         return self._embedding_configs

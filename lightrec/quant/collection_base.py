@@ -25,7 +25,7 @@ from typing_extensions import Self
 from lightrec import _fbgemm, _triton
 from lightrec._compat import is_fx_symbolic_tracing as is_fx_tracing
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, DataType
-from lightrec.modules.embedding_modules import check_collection_tables
+from lightrec.modules.embedding_modules import check_collection_tables, table_lists
 from lightrec.modules.kernel_backend import KERNEL_BACKENDS, resolve_kernel_backend
 from lightrec.modules.quant_config import data_type_from_qconfig, resolve_data_type
 from lightrec.quant.row_codec import (
@@ -243,10 +243,7 @@ class QuantCollectionBase(nn.Module):
         self._bounds_check = bounds_check
         self._row_alignment = row_alignment
         # Per-table facts both forwards read (TorchScript-typed lists; the configs carry the storage type).
-        self._table_names: List[str] = [t.name for t in self._configs]
-        self._table_features: List[List[str]] = [list(t.feature_names) for t in self._configs]
-        self._table_rows: List[int] = [t.num_embeddings for t in self._configs]
-        self._table_dims: List[int] = [t.embedding_dim for t in self._configs]
+        self._table_names, self._table_features, self._table_rows, self._table_dims = table_lists(self._configs)
         self._table_types: List[int] = [sparse_type_code(t.data_type) for t in self._configs]
         chosen = resolve_kernel_backend(
             kernel_backend, type(self).__name__, backend=backend, use_fbgemm=use_fbgemm, stacklevel=4

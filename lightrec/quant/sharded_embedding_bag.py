@@ -25,6 +25,7 @@ from torch import nn
 from lightrec._compat import is_fx_symbolic_tracing as is_fx_tracing
 from lightrec._fbgemm import fbgemm_available
 from lightrec.modules.embedding_configs import DataType, EmbeddingBagConfig, PoolingType
+from lightrec.modules.embedding_modules import table_lists
 from lightrec.modules.feature_checks import check_collection_input
 from lightrec.modules.kernel_backend import resolve_kernel_backend
 from lightrec.quant.embedding_modules import QuantEmbeddingBagCollection
@@ -105,9 +106,7 @@ class TbeGroupLookup(nn.Module):
                 assigned.append((rows[:, SCALE_BIAS_BYTES : SCALE_BIAS_BYTES + width], rows[:, :SCALE_BIAS_BYTES]))
         self.tbe.assign_embedding_weights(assigned)
         self._is_weighted = is_weighted
-        self._table_names: List[str] = [t.name for t in tables]
-        self._table_features: List[List[str]] = [list(t.feature_names) for t in tables]
-        self._table_rows: List[int] = [t.num_embeddings for t in tables]
+        self._table_names, self._table_features, self._table_rows, _ = table_lists(tables)
         self._equal_rows_runs: List[int] = equal_rows_runs(self._table_rows)
         self._feature_offsets: List[int] = [0]  # [T + 1] index of each table's first feature
         for t in tables:

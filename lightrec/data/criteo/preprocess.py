@@ -39,7 +39,7 @@ import numpy as np
 
 from lightrec.data.criteo.parse import parse_criteo_lines
 from lightrec.data.criteo.spec import CAT_FEATURE_COUNT, DEFAULT_CAT_NAMES, DEFAULT_INT_NAMES
-from lightrec.data.errors import DataFormatError, LineErrors, OnError, check_on_error
+from lightrec.data.errors import DataFormatError, LineErrors, OnError, check_at_least, check_on_error
 from lightrec.data.hashing import mix64
 
 __all__ = [
@@ -329,10 +329,8 @@ def preprocess_criteo(
         raise ValueError(
             f"num_embeddings_cap must be a positive int or {CAT_FEATURE_COUNT} of them, got {num_embeddings_cap!r}"
         )
-    if min_count < 0:
-        raise ValueError(f"min_count must be >= 0, got {min_count!r}")
-    if rows_per_chunk < 1:
-        raise ValueError(f"rows_per_chunk must be >= 1, got {rows_per_chunk!r}")
+    check_at_least(0, min_count=min_count)
+    check_at_least(1, rows_per_chunk=rows_per_chunk)
     args: PreprocessSettings = {
         "caps": caps,
         "min_count": int(min_count),

@@ -36,7 +36,7 @@ from typing import Protocol, TypedDict
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lightrec.data.errors import LineErrors, OnError, check_on_error
+from lightrec.data.errors import LineErrors, OnError, check_at_least, check_on_error
 from lightrec.data.parquet.text_blocks import TextBlocks
 from lightrec.data.parquet.text_tables import TextFormat
 
@@ -249,9 +249,7 @@ def convert_to_parquet(
     stems = [_stem(p) for p in paths]
     if len(set(stems)) != len(stems):
         raise ValueError(f"inputs must have distinct names (they name the output files), got {stems}")
-    for name, value in (("rows_per_file", rows_per_file), ("row_group_size", row_group_size), ("block_bytes", block_bytes)):
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value!r}")
+    check_at_least(1, rows_per_file=rows_per_file, row_group_size=row_group_size, block_bytes=block_bytes)
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     settings = _settings(

@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from typing_extensions import Unpack
 
 from lightrec.data.batch import Batch
-from lightrec.data.errors import OnError, check_on_error
+from lightrec.data.errors import OnError, check_at_least, check_on_error
 from lightrec.data.parquet.batches import BatchAssembler, UnitBatches, lay_out
 from lightrec.data.parquet.columns import raise_first, read_columns, skip_messages
 from lightrec.data.parquet.errors import SkippedRows
@@ -262,8 +262,7 @@ class LoaderBase:
     ) -> None:
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
             raise ValueError(f"num_workers must be an int >= 0 (0: read in the training process), got {num_workers!r}")
-        if prefetch_factor < 1:
-            raise ValueError(f"prefetch_factor must be >= 1, got {prefetch_factor!r}")
+        check_at_least(1, prefetch_factor=prefetch_factor)
         self.source, self.spec = source, spec
         self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
         self.num_workers, self.on_error = num_workers, check_on_error(on_error)

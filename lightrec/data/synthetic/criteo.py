@@ -26,6 +26,7 @@ from lightrec.data.criteo.spec import (
     resolve_cardinalities,
     table_configs,
 )
+from lightrec.data.errors import check_at_least
 from lightrec.data.synthetic.device import TorchPlantedSampler
 from lightrec.data.synthetic.drifting import DriftingVocabulary
 from lightrec.data.synthetic.planted import PlantedCriteoModel, SampleBlock, sigmoid, split_code
@@ -92,8 +93,7 @@ class SyntheticCriteoDataset(Dataset):
             )
         if batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        if num_batches < 0:
-            raise ValueError(f"num_batches must be >= 0, got {num_batches!r}")
+        check_at_least(0, num_batches=num_batches)
         block = batch_size if block_size is None else int(block_size)
         if block < 1 or batch_size % block != 0:
             raise ValueError(f"block_size must divide batch_size={batch_size}, got block_size={block_size!r}")

@@ -35,6 +35,7 @@ from typing import Literal
 import numpy as np
 
 from lightrec.data.criteo.spec import CAT_FEATURE_COUNT, INT_FEATURE_COUNT
+from lightrec.data.errors import check_at_least
 from lightrec.data.hashing import bounded_zipf, coprime_multiplier, expected_auc, hash_unit
 from lightrec.data.synthetic.drifting import DriftingVocabulary
 
@@ -97,8 +98,7 @@ class PlantedCriteoModel:
             raise ValueError(
                 f"num_embeddings_per_feature needs {CAT_FEATURE_COUNT} ints, got {len(self.num_embeddings)}"
             )
-        if zipf_exponent < 0:
-            raise ValueError(f"zipf_exponent must be >= 0, got {zipf_exponent!r}")
+        check_at_least(0, zipf_exponent=zipf_exponent)
         counts = (
             [ids_per_feature] * CAT_FEATURE_COUNT
             if isinstance(ids_per_feature, int)

@@ -105,11 +105,14 @@ class ShardedCollectionBase(nn.Module, abc.ABC, Generic[Out]):
 
     Every sharded collection takes exactly these arguments; one that shards a wrapper of a
     collection (feature-processed, managed-collision) does not restate them but overrides
-    :meth:`_adopt` (check the wrapper, return its inner collection) and :meth:`_adopted`.
+    :meth:`_adopt` (return the wrapper's inner collection) and :meth:`_adopted`, and names the
+    wrapper's class in ``_adopts`` (the constructor refuses any other module).
     """
 
     _attr = "embedding_bags"
     _pooled = True
+    # The wrapper class a subclass shards (checked before _adopt runs); None: any collection.
+    _adopts: type[nn.Module] | None = None
     # Prefix of the table keys in the state dict (a collection nested in a wrapper module keeps the
     # unsharded wrapper's keys, e.g. "_embedding_module." for managed-collision collections).
     _state_prefix = ""
@@ -128,6 +131,8 @@ class ShardedCollectionBase(nn.Module, abc.ABC, Generic[Out]):
         super().__init__()
         check_kernel_backend(kernel_backend)
         wrapper = module
+        if self._adopts is not None and not isinstance(module, self._adopts):
+            raise TypeError(f"{type(self).__name__} shards a {self._adopts.__name__}, got {type(module).__name__}")
         module, table_plan = self._adopt(module, table_plan, env, device)
         configs = self._configs_of(module)
         shared = features_of_several_tables([list(c.feature_names) for c in configs])
@@ -201,8 +206,9 @@ class ShardedCollectionBase(nn.Module, abc.ABC, Generic[Out]):
         self, module: nn.Module, table_plan: Mapping[str, ParameterSharding], env: ShardingEnv, device: torch.device
     ) -> tuple[nn.Module, Mapping[str, ParameterSharding]]:
         """The collection whose tables to shard and the plan to shard them by, from the module the
-        constructor was given: itself here; a wrapper (feature-processed, managed-collision) checks
-        it, keeps what it needs and returns its inner collection. Runs before any table is sharded."""
+        constructor was given (an instance of ``_adopts``): itself here; a wrapper (feature-processed,
+        managed-collision) keeps what it needs and returns its inner collection. Runs before any
+        table is sharded."""
         return module, table_plan
 
     def _adopted(self, module: nn.Module, device: torch.device) -> None:

@@ -39,14 +39,9 @@ from lightrec.distributed.sharding.common import (
     order_slots,
     width_of,
 )
-from lightrec.distributed.sharding.lookups import (
-    GroupedEmbeddingsLookup,
-    GroupedLookup,
-    GroupedPooledEmbeddingsLookup,
-)
+from lightrec.distributed.sharding.lookups import GroupedLookup, grouped_lookup
 from lightrec.kernels.batched_embedding import EmbeddingFusedOptimizer
 from lightrec.kernels.sparse_update import apply_sparse_update
-from lightrec.modules.embedding_configs import PoolingType
 from lightrec.optim.fused_spec import FusedOptimizerSpec
 from lightrec.sparse import KeyedJaggedTensor
 
@@ -188,15 +183,7 @@ class DpEmbeddingSharding(KJTEmbeddingSharding):
         return DpSparseFeaturesDist([s.feature_index for s in self.slots], self.is_weighted)
 
     def create_lookup(self) -> GroupedLookup:
-        if self.pooled:
-            mean = [self.tables[s.table].pooling == PoolingType.MEAN for s in self.slots]
-            lookup: GroupedLookup = GroupedPooledEmbeddingsLookup(
-                self.slots, self.tables, self.device, self.seed, self.attr, 1.0, mean
-            )
-        else:
-            lookup = GroupedEmbeddingsLookup(
-                self.slots, self.tables, self.device, self.seed, self.width, self.attr, 1.0
-            )
+        lookup = grouped_lookup(self, self.slots, self.width, 1.0, lookup_mean=True)
         self.sync = DataParallelTableSync(lookup, self.specs, self.env, self.attr)
         return lookup
 

@@ -23,6 +23,7 @@ from torch import nn
 
 from lightrec.distributed.sharding.common import (
     EmbeddingLookup,
+    KJTEmbeddingSharding,
     ShardedTable,
     ShardSlot,
     _group_key,
@@ -35,7 +36,13 @@ from lightrec.modules.embedding_configs import PoolingType
 from lightrec.sparse import KeyedJaggedTensor
 from lightrec.sparse._ops import complete_cumsum
 
-__all__ = ["GroupedEmbeddingsLookup", "GroupedLookup", "GroupedPooledEmbeddingsLookup", "LookupTracker"]
+__all__ = [
+    "GroupedEmbeddingsLookup",
+    "GroupedLookup",
+    "GroupedPooledEmbeddingsLookup",
+    "LookupTracker",
+    "grouped_lookup",
+]
 
 
 class LookupTracker(Protocol):
@@ -329,3 +336,29 @@ class GroupedEmbeddingsLookup(GroupedLookup):
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
         self._track(kjt, out)
         return scale_grad(out, self._grad_scale)
+
+
+def grouped_lookup(
+    sharding: KJTEmbeddingSharding, slots: Sequence[ShardSlot], width: int, grad_scale: float, lookup_mean: bool
+) -> GroupedLookup:
+    """This rank's lookup of ``slots`` for ``sharding``: pooled or sequence, as its collection is.
+
+    The one choice every sharding type's ``create_lookup`` makes; what differs between the types
+    is explicit here.
+
+    Args:
+        sharding: the sharding the lookup serves (its tables, device, seed, attribute name, pooling).
+        slots: the slots this rank serves.
+        width: the sharding's widest slot (sequence rows are zero-padded to it).
+        grad_scale: gradient scale the lookup applies (1.0 where the output dist scales instead).
+        lookup_mean: pooled only: the lookup computes the MEAN tables' factors itself, from the
+            received bag lengths (bags arrive whole); False where the input dist sends them.
+    """
+    if sharding.pooled:
+        mean = [sharding.tables[s.table].pooling == PoolingType.MEAN for s in slots] if lookup_mean else None
+        return GroupedPooledEmbeddingsLookup(
+            slots, sharding.tables, sharding.device, sharding.seed, sharding.attr, grad_scale, mean
+        )
+    return GroupedEmbeddingsLookup(
+        slots, sharding.tables, sharding.device, sharding.seed, width, sharding.attr, grad_scale
+    )

@@ -52,11 +52,7 @@ from lightrec.distributed.sharding.common import (
     order_slots,
     width_of,
 )
-from lightrec.distributed.sharding.lookups import (
-    GroupedEmbeddingsLookup,
-    GroupedLookup,
-    GroupedPooledEmbeddingsLookup,
-)
+from lightrec.distributed.sharding.lookups import GroupedLookup, grouped_lookup
 from lightrec.modules.embedding_configs import PoolingType
 from lightrec.sparse import KeyedJaggedTensor
 
@@ -216,13 +212,8 @@ class RwEmbeddingSharding(KJTEmbeddingSharding):
 
     def create_lookup(self) -> GroupedLookup:
         mine = self.slots_by_rank[self.env.rank]
-        if self.pooled:
-            return GroupedPooledEmbeddingsLookup(
-                mine, self.tables, self.device, self.seed, self.attr, self.grad_scale
-            )
-        return GroupedEmbeddingsLookup(
-            mine, self.tables, self.device, self.seed, self.width, self.attr, self.grad_scale
-        )
+        # MEAN factors come with the ids: the input dist computes them before a bag is split.
+        return grouped_lookup(self, mine, self.width, self.grad_scale, lookup_mean=False)
 
     def create_output_dist(self) -> KJTOutputDist:
         if self.pooled:

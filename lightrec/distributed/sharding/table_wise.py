@@ -36,12 +36,7 @@ from lightrec.distributed.sharding.common import (
     order_slots,
     width_of,
 )
-from lightrec.distributed.sharding.lookups import (
-    GroupedEmbeddingsLookup,
-    GroupedLookup,
-    GroupedPooledEmbeddingsLookup,
-)
-from lightrec.modules.embedding_configs import PoolingType
+from lightrec.distributed.sharding.lookups import GroupedLookup, grouped_lookup
 from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = [
@@ -157,15 +152,8 @@ class TwEmbeddingSharding(KJTEmbeddingSharding):
 
     def create_lookup(self) -> GroupedLookup:
         mine = self.slots_by_rank[self.env.rank]
-        if self.pooled:
-            mean = [self.tables[s.table].pooling == PoolingType.MEAN for s in mine]
-            # The gradient scale is applied by the output dist while it packs the gradient.
-            return GroupedPooledEmbeddingsLookup(
-                mine, self.tables, self.device, self.seed, self.attr, 1.0, mean
-            )
-        return GroupedEmbeddingsLookup(
-            mine, self.tables, self.device, self.seed, self.width, self.attr, self.grad_scale
-        )
+        # Pooled: the gradient scale is applied by the output dist while it packs the gradient.
+        return grouped_lookup(self, mine, self.width, 1.0 if self.pooled else self.grad_scale, lookup_mean=True)
 
     def create_output_dist(self) -> KJTOutputDist:
         if self.pooled:

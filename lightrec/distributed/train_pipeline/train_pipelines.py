@@ -67,6 +67,19 @@ class TrainPipeline(abc.ABC, Generic[In, Out]):
     @abc.abstractmethod
     def progress(self, dataloader_iter: Iterator[In]) -> Out: ...
 
+    def _bind_model(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        device: torch.device,
+        custom_model_fwd: Callable[[In], tuple[torch.Tensor, Out]] | None,
+    ) -> None:
+        """Keep what every pipeline steps: the model (and the forward it calls), the optimizer, the
+        device, and on CUDA the side stream batches are copied on."""
+        self._model, self._optimizer, self._device = model, optimizer, torch.device(device)
+        self._model_fwd = custom_model_fwd or model
+        self._memcpy_stream = torch.cuda.Stream(device=self._device) if self._device.type == "cuda" else None
+
 
 class TrainPipelineBase(TrainPipeline[In, Out]):
     """Copy batch i+1 to the device while batch i trains (no input-dist overlap).
@@ -85,9 +98,7 @@ class TrainPipelineBase(TrainPipeline[In, Out]):
         device: torch.device,
         custom_model_fwd: Callable[[In], tuple[torch.Tensor, Out]] | None = None,
     ) -> None:
-        self._model, self._optimizer, self._device = model, optimizer, torch.device(device)
-        self._model_fwd = custom_model_fwd or model
-        self._memcpy_stream = torch.cuda.Stream(device=self._device) if self._device.type == "cuda" else None
+        self._bind_model(model, optimizer, device, custom_model_fwd)
         self._cur: Any = None
         self._connected = False
         self._stopped = False
@@ -158,12 +169,10 @@ class TrainPipelineSparseDist(TrainPipeline[In, Out]):
         pipeline_postproc: bool = False,
         custom_model_fwd: Callable[[In], tuple[torch.Tensor, Out]] | None = None,
     ) -> None:
-        self._model, self._optimizer, self._device = model, optimizer, torch.device(device)
+        self._bind_model(model, optimizer, device, custom_model_fwd)
         self._execute_all_batches = execute_all_batches
         self._context_type = context_type
-        self._model_fwd = custom_model_fwd or model
         cuda = self._device.type == "cuda"
-        self._memcpy_stream = torch.cuda.Stream(device=self._device) if cuda else None
         self._data_dist_stream = torch.cuda.Stream(device=self._device) if cuda else None
         self.batches: deque[In] = deque()
         self.contexts: deque[TrainPipelineContext] = deque()
