@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--row-format", default="fp32", choices=["fp32", "fp16", "int8", "int4"],
                         help="the published rows' format (the serving artifact's)")
-    parser.add_argument("--publish-priority", default="low", choices=["idle", "low", "normal"],
+    parser.add_argument("--publish-priority", default="idle", choices=["idle", "low", "normal"],
                         help="the background publisher thread's CPU priority")
     parser.add_argument("--dir", default=None, help="where the publish folder goes (default: a temp folder)")
     parser.add_argument("--out", default=None, help="also write the JSON report here")

@@ -10,13 +10,18 @@ step the version holds and a part that need not::
     dense weights) -- the version is fixed here           the version (encode, hash, fsync, rename)
 
 so :meth:`BackgroundPublisher.publish` returns as soon as the rows are copied, with a
-:class:`PendingPublish`; training steps overlap the send and the write. The thread runs at a low
-CPU priority (nice 10 by default; the gloo group's own threads are made from it and inherit it):
-it takes the cycles the training threads leave idle (waits in collectives) rather than compete
-for a core with them, yet always progresses. One publish is in flight at a time: the next ``publish`` waits
-for the one before and raises its error there, so a failure (``ENOSPC``, a dead peer) stops
-training at the latest one cadence later. Because the failed version's rows were taken from the
-tracker, the publish after a failure is a snapshot.
+:class:`PendingPublish`; training steps overlap the send and the write. The thread runs at the
+lowest CPU priority by default (Linux ``SCHED_IDLE``; the gloo group's own threads are made from
+it and inherit it): it takes the cycles training leaves idle -- a spare core, waits in collectives
+-- rather than compete with it; if it starves, the next publish waits for it, and the core that
+wait frees finishes it. Measured on the 2-rank DLRM (docs/deltas.md): where a core is spare the
+step pays little more than the read (+2.7 % against +8.9 % for ``publish_changes``); where the
+ranks use every core the write still costs about as much as when the step waits for it.
+
+One publish is in flight at a time: the next ``publish`` waits for the one before and raises its
+error there, so a failure (``ENOSPC``, a dead peer) stops training at the latest one cadence
+later. Because the failed version's rows were taken from the tracker, the publish after a failure
+is a snapshot.
 
 Exactly what ``publish_changes`` writes: the same versions, bit for bit (the rows are copied at the
 call; tests compare them with the model at that step).
@@ -122,10 +127,9 @@ class BackgroundPublisher:
         model: a ``DistributedModelParallel`` or a module holding sharded collections, sharded over
             the whole default process group (or not distributed at all).
         priority: the CPU priority of the thread (and of its gloo group's threads, which inherit
-            it): ``"low"`` (nice 10: any cycles the training threads leave idle, and about a tenth
-            of a core they contend for, so a publish always progresses), ``"idle"`` (Linux
-            ``SCHED_IDLE``: idle cycles only; on a machine loaded by other jobs a publish may
-            starve and the next one wait for it), ``"normal"`` (a fair share, as training's).
+            it): ``"idle"`` (Linux ``SCHED_IDLE``: idle cycles only; measured best when the ranks
+            use every core), ``"low"`` (nice 10: idle cycles and about a tenth of a contended
+            core), ``"normal"`` (a fair share, as training's).
 
     The constructor is collective over the default process group (it makes the publisher's gloo
     group of the model's ranks, from its own thread); so is :meth:`publish`, like ``publish_changes``.
@@ -134,7 +138,7 @@ class BackgroundPublisher:
         DeltaFormatError: the model holds no sharded collection, or is sharded over a subgroup.
     """
 
-    def __init__(self, model: nn.Module, priority: str = "low") -> None:
+    def __init__(self, model: nn.Module, priority: str = "idle") -> None:
         if priority not in PRIORITIES:
             raise DeltaFormatError(f"priority must be one of {PRIORITIES}, got {priority!r}")
         self.model = model
