@@ -11,9 +11,12 @@ projection of the pooled embeddings (a buffer, not trained), so the step is inpu
 output dist forward and backward and the fused update alone -- the embedding system's own speed.
 
 Every run also reports, for both libraries, rank 0's **per-phase breakdown** of a step (input dist,
-lookup, output dist forward / backward, fused update, dense = the rest), from one extra window per
-library with the phase timers of ``dmp_phases.py`` switched on (the throughput windows run without
-them).
+lookup, output dist forward / backward, fused update, dense forward, dense backward, dense
+all-reduce, optimizer, other), from one extra window per library with the phase timers of
+``dmp_phases.py`` switched on (the throughput windows run without them), and which all-reduce
+lightrec's dense part took (``dense_allreduce``: shared memory on CPU gloo ranks of one host;
+``LIGHTREC_SHM_ALLREDUCE=0 python benchmarks/bench_dmp.py`` measures it with gloo's, for a before /
+after).
 
 Run::
 
@@ -187,10 +190,13 @@ class _Contender:
 
     def step(self, i: int) -> None:
         dense, kjt, labels = self.batches[i % len(self.batches)]
-        loss = self.loss_fn(self.model(dense, kjt).squeeze(-1), labels)
-        self.opt.zero_grad()
-        loss.backward()
-        self.opt.step()
+        with self.clock.phase("dense_fwd"):  # the embedding phases inside it are timed on their own
+            loss = self.loss_fn(self.model(dense, kjt).squeeze(-1), labels)
+        with self.clock.phase("optimizer"):
+            self.opt.zero_grad()
+        self.clock.backward(loss)
+        with self.clock.phase("optimizer"):
+            self.opt.step()
 
     def window(self, args: argparse.Namespace) -> float:
         """Time ``args.steps`` steps (collective); returns the global samples/s of the window."""
@@ -239,6 +245,8 @@ class _Contender:
             "rank0_process_cpu_ms_per_step": 1000.0 * statistics.median(self.process_cpu),
             "rank0_phase_ms_per_step": {k: round(v, 2) for k, v in self.breakdown.items()},
             "kernels": self.kernels(),
+            # lightrec's DistributedModelParallel says which all-reduce its dense part takes, and why
+            "dense_allreduce": getattr(self.model, "dense_allreduce", "DDP's own (gloo)"),
         }
 
 
@@ -383,6 +391,7 @@ def _print_summary(report: dict[str, Any]) -> None:
     lines.append(
         "rank 0, ms per step: " + " | ".join(f"{s} ({', '.join(report[s]['kernels'])})" for s in sides)
     )
+    lines.append("dense all-reduce: " + " | ".join(f"{s}: {report[s]['dense_allreduce']}" for s in sides))
     for phase in (*dmp_phases.PHASES, "step"):
         lines.append(
             f"  {phase:<16}" + "".join(f"{report[s]['rank0_phase_ms_per_step'][phase]:>10.1f}" for s in sides)

@@ -135,3 +135,27 @@ def test_gloo_stays_where_the_hook_must_not_run(results: list[dict[str, Any]]) -
         assert switched_off == "DDP's own (rank 0: disabled by LIGHTREC_SHM_ALLREDUCE=0)"
         assert no_room.startswith("DDP's own (rank 1: /dev/shm has ") and "MiB free" in no_room, no_room
         assert "--shm-size" in no_room
+
+
+class _DeadPeer:
+    """A transport whose peer is gone: every exchange raises as ``ShmTransport`` does then."""
+
+    world, rank = 2, 0
+
+    def start(self, send_bytes: list[int]) -> None:
+        from lightrec.distributed.comm import ShmPeerError
+
+        raise ShmPeerError("rank 1 (pid 123) of the shared-memory transport died")
+
+
+def test_an_exchange_error_reaches_ddp_through_the_future() -> None:
+    """The hook's thread hands a dead peer's error to the bucket's future (DDP raises it in the
+    backward), and keeps serving later buckets in order."""
+    from lightrec.distributed.comm import ShmPeerError
+    from lightrec.distributed.comm.shm_allreduce import ShmAllReduceState
+
+    state = ShmAllReduceState(_DeadPeer())  # type: ignore[arg-type]
+    futures = [state.submit(torch.ones(4)) for _ in range(2)]
+    for future in futures:
+        with pytest.raises(ShmPeerError, match="rank 1 .* died"):
+            future.wait()

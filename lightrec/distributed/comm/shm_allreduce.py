@@ -15,9 +15,11 @@ already use (``shm_transport.py``, its own segments for the DDP process group in
 Every rank ends with the same bytes. With two ranks they are gloo's bytes bit for bit (one
 addition per element, and float addition is commutative; dividing by two first is exact, as in
 gloo's path); with more ranks gloo's ring may add in another order, so the last bits can differ
-(the sums are equally exact). The hook runs the exchange when DDP hands it a bucket, in the
-backward, and returns a completed future: no transport thread, so nothing competes with the
-backward for the cores.
+(the sums are equally exact). The hook hands each bucket to one thread per DDP (started at the
+first bucket) and returns at once: the thread runs the exchanges in the order DDP hands the buckets
+over -- the same order on every rank -- while the backward goes on, mostly waiting on a futex for
+the peer (no spinning on a core the backward needs); DDP waits for the futures at the end of the
+backward, as it waits for gloo's.
 
 Where it applies (checked once, collectively, when the dense part is wrapped): every rank on this
 host, gloo, CPU parameters, ``LIGHTREC_SHM`` and ``LIGHTREC_SHM_ALLREDUCE`` not ``0``, and room in
@@ -29,8 +31,9 @@ its own all-reduce.
 # No `from __future__ import annotations` here: DDP's register_comm_hook compares the hook's
 # annotations with dist.GradBucket and Future[Tensor] themselves, and refuses strings.
 import logging
+import queue
 import shutil
-from dataclasses import dataclass
+import threading
 
 import torch
 import torch.distributed as dist
@@ -46,11 +49,39 @@ _log = logging.getLogger(__name__)
 _ARENA_FLOOR = 16 << 20  # a transport's first send arena (shm_transport._INITIAL_ARENA)
 
 
-@dataclass(frozen=True)
 class ShmAllReduceState:
-    """What :func:`shm_allreduce_hook` needs: the DDP group's transport."""
+    """What :func:`shm_allreduce_hook` needs: the DDP group's transport, and the thread that runs its
+    exchanges one after the other, in the order the buckets were submitted.
 
-    transport: ShmTransport
+    Args:
+        transport: the shared-memory transport of DDP's process group.
+    """
+
+    def __init__(self, transport: ShmTransport) -> None:
+        self.transport = transport
+        self._queue: queue.SimpleQueue[tuple[torch.Tensor, torch.futures.Future[torch.Tensor]]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, flat: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+        """Average ``flat`` over the ranks on the thread (in place); the future completes with ``flat``
+        (or with the exchange's error: a dead or stuck peer)."""
+        future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        if self._thread is None:
+            # a daemon: one waiting for a peer that is gone must not hold the interpreter at exit
+            self._thread = threading.Thread(target=self._run, name="lightrec-shm-allreduce", daemon=True)
+            self._thread.start()
+        self._queue.put((flat, future))
+        return future
+
+    def _run(self) -> None:
+        while True:
+            flat, future = self._queue.get()
+            try:
+                shm_allreduce_(self.transport, flat)
+            except BaseException as exc:  # noqa: BLE001 - handed to DDP, which raises it in the backward
+                future.set_exception(exc)  # type: ignore[arg-type]  # torch's stub types it as the result
+            else:
+                future.set_result(flat)
 
 
 def _bounds(numel: int, world: int) -> list[tuple[int, int]]:
@@ -112,11 +143,7 @@ def shm_allreduce_(transport: ShmTransport, flat: torch.Tensor) -> torch.Tensor:
 
 def shm_allreduce_hook(state: ShmAllReduceState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: the bucket's mean over the ranks through shared memory (module docstring)."""
-    buffer = bucket.buffer()
-    shm_allreduce_(state.transport, buffer)
-    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    future.set_result(buffer)
-    return future
+    return state.submit(bucket.buffer())
 
 
 def shm_space_needed(grad_bytes: int, world: int) -> int:
