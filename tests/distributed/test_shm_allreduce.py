@@ -10,6 +10,9 @@ One spawn of 2 ranks checks, in order:
   every backward, the losses, and the final parameters;
 * ``LIGHTREC_SHM_ALLREDUCE=0`` and a ``/dev/shm`` too small on one rank keep gloo on every rank,
   with the reason in ``dmp.dense_allreduce``.
+
+Then 3 ranks (the same mean on every rank, summed in rank order; gloo's ring may differ in the last
+bit), and a dead peer's error reaching DDP through the bucket's future.
 """
 
 from __future__ import annotations
@@ -135,6 +138,33 @@ def test_gloo_stays_where_the_hook_must_not_run(results: list[dict[str, Any]]) -
         assert switched_off == "DDP's own (rank 0: disabled by LIGHTREC_SHM_ALLREDUCE=0)"
         assert no_room.startswith("DDP's own (rank 1: /dev/shm has ") and "MiB free" in no_room, no_room
         assert "--shm-size" in no_room
+
+
+def _three_ranks(rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """On 3 ranks: the shared-memory mean (summed in rank order) and gloo's."""
+    import torch.distributed as dist
+
+    from lightrec.distributed.comm.shm_allreduce import shm_allreduce_
+    from lightrec.distributed.comm.shm_transport import shm_transport
+
+    transport = shm_transport(dist.new_group(backend="gloo"))
+    assert transport is not None
+    x = torch.randn(100_003, generator=torch.Generator().manual_seed(rank))
+    expected = x / world_size
+    dist.all_reduce(expected)
+    return shm_allreduce_(transport, x), expected
+
+
+@pytest.mark.slow  # a second spawn, of 3 ranks (the 2-rank checks above cover the default suite)
+def test_on_three_ranks_every_rank_holds_the_same_mean() -> None:
+    """Gloo's ring may add three values in another order: equal to a float's last bits, and the
+    same bytes on every rank (each chunk is summed once, in rank order, and copied to the others)."""
+    results = run_ranks(_three_ranks, 3, timeout=180)
+    for mine, gloo in results:
+        torch.testing.assert_close(mine, gloo, rtol=1e-6, atol=1e-7)
+        assert torch.equal(mine, results[0][0])
+    inputs = [torch.randn(100_003, generator=torch.Generator().manual_seed(r)) / 3 for r in range(3)]
+    assert torch.equal(results[0][0], inputs[0] + inputs[1] + inputs[2])  # the fixed order
 
 
 class _DeadPeer:
