@@ -11,9 +11,13 @@ projection of the pooled embeddings (a buffer, not trained), so the step is inpu
 output dist forward and backward and the fused update alone -- the embedding system's own speed.
 
 Every run also reports, for both libraries, rank 0's **per-phase breakdown** of a step (input dist,
-lookup, output dist forward / backward, fused update, dense = the rest), from one extra window per
-library with the phase timers of ``dmp_phases.py`` switched on (the throughput windows run without
-them).
+lookup, output dist forward / backward, fused update, dense forward, dense backward, dense
+all-reduce, optimizer, other), from one extra window per library with the phase timers of
+``dmp_phases.py`` switched on (the throughput windows run without them), and which all-reduce
+lightrec's dense part took (``dense_allreduce``: shared memory on CPU gloo ranks of one host;
+``LIGHTREC_SHM_ALLREDUCE=0 python benchmarks/bench_dmp.py`` measures it with gloo's). ``--against
+gloo-allreduce`` runs lightrec against itself with DDP's gloo all-reduce instead of torchrec (alternating
+windows in the same processes, as below): the before / after of that all-reduce alone.
 
 Run::
 
@@ -105,8 +109,9 @@ def _optimizer(dmp: Any, combined: Any, wrapper: Any, dense_filter: Any) -> Any:
     return combined([dmp.fused_optimizer, wrapper(dense, lambda ps: torch.optim.Adagrad(ps, lr=0.01))])
 
 
-def _lightrec_model(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+def _lightrec_model(args: argparse.Namespace, shm_allreduce: bool = True) -> tuple[Any, Any, Any]:
     from lightrec.distributed import DistributedModelParallel, EmbeddingBagCollectionSharder
+    from lightrec.distributed.model_parallel import DefaultDataParallelWrapper
     from lightrec.distributed.planner import construct_module_sharding_plan, row_wise, table_wise
     from lightrec.distributed.types import ShardingPlan
     from lightrec.models import DLRM
@@ -135,12 +140,18 @@ def _lightrec_model(args: argparse.Namespace) -> tuple[Any, Any, Any]:
                 for i, t in enumerate(tables)}  # fmt: skip
         path = "sparse_arch.embedding_bag_collection" if args.mode == "dlrm" else "ebc"
         plan = ShardingPlan({path: construct_module_sharding_plan(ebc, gens, world_size=world)})
-    dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=[sharder])
+    dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=[sharder],
+                                   data_parallel_wrapper=DefaultDataParallelWrapper(shm_allreduce=shm_allreduce))  # fmt: skip
     return (
         dmp,
         _optimizer(dmp, CombinedOptimizer, KeyedOptimizerWrapper, in_backward_optimizer_filter),
         KeyedJaggedTensor,
     )
+
+
+def _lightrec_gloo_allreduce_model(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """``--against gloo-allreduce``: lightrec with DDP's own (gloo) all-reduce of the dense gradients."""
+    return _lightrec_model(args, shm_allreduce=False)
 
 
 def _torchrec_model(args: argparse.Namespace) -> tuple[Any, Any, Any]:  # pragma: no cover - needs torchrec
@@ -187,10 +198,13 @@ class _Contender:
 
     def step(self, i: int) -> None:
         dense, kjt, labels = self.batches[i % len(self.batches)]
-        loss = self.loss_fn(self.model(dense, kjt).squeeze(-1), labels)
-        self.opt.zero_grad()
-        loss.backward()
-        self.opt.step()
+        with self.clock.phase("dense_fwd"):  # the embedding phases inside it are timed on their own
+            loss = self.loss_fn(self.model(dense, kjt).squeeze(-1), labels)
+        with self.clock.phase("optimizer"):
+            self.opt.zero_grad()
+        self.clock.backward(loss)
+        with self.clock.phase("optimizer"):
+            self.opt.step()
 
     def window(self, args: argparse.Namespace) -> float:
         """Time ``args.steps`` steps (collective); returns the global samples/s of the window."""
@@ -239,6 +253,8 @@ class _Contender:
             "rank0_process_cpu_ms_per_step": 1000.0 * statistics.median(self.process_cpu),
             "rank0_phase_ms_per_step": {k: round(v, 2) for k, v in self.breakdown.items()},
             "kernels": self.kernels(),
+            # lightrec's DistributedModelParallel says which all-reduce its dense part takes, and why
+            "dense_allreduce": getattr(self.model, "dense_allreduce", "DDP's own (gloo)"),
         }
 
 
@@ -250,12 +266,20 @@ def _process_cpu() -> float:
 def _measure_all(rank: int, args: argparse.Namespace) -> dict[str, Any]:
     contenders = {"lightrec": _Contender(_lightrec_model, rank, args, "lightrec")}
     result: dict[str, Any] = {}
+    if args.against == "gloo-allreduce":
+        contenders[args.against] = _Contender(_lightrec_gloo_allreduce_model, rank, args, "lightrec")
+        return _alternate(contenders, result, args)
     try:
         import torchrec  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - any import failure means "not measured"
         result["torchrec"] = {"skipped": f"torchrec is not importable ({type(exc).__name__}: {exc})"}
     else:
         contenders["torchrec"] = _Contender(_torchrec_model, rank, args, "torchrec")
+    return _alternate(contenders, result, args)
+
+
+def _alternate(contenders: dict[str, _Contender], result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """Warm up, then alternating timed windows, then one phase window each; ``result`` completed."""
     for c in contenders.values():
         for i in range(args.warmup):
             c.step(i)
@@ -305,6 +329,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="lightrec plan: its planner (default), contiguous table-wise, or all row-wise")  # fmt: skip
     parser.add_argument("--malloc-tuning", action=argparse.BooleanOptionalAction, default=True,
                         help="fixed glibc malloc thresholds in the rank processes (see above)")  # fmt: skip
+    parser.add_argument("--against", choices=["torchrec", "gloo-allreduce"], default="torchrec",
+                        help="the other side: torchrec, or lightrec with DDP's gloo all-reduce")  # fmt: skip
     parser.add_argument("--out", help="write the JSON result here as well")
     args = parser.parse_args(argv)
     # Read by glibc when each (spawned) rank process starts; both frameworks run in those processes.
@@ -354,14 +380,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         **result,
     }
     report["load_average_1_5_15"] = {"start": load_start, "end": list(os.getloadavg())}
-    tr = result.get("torchrec", {})
-    if "global_samples_per_s" in tr:
-        report["speedup_vs_torchrec"] = (
-            result["lightrec"]["global_samples_per_s"] / tr["global_samples_per_s"]
+    other = result.get(args.against, {})
+    if "global_samples_per_s" in other:
+        report[f"speedup_vs_{args.against}"] = (
+            result["lightrec"]["global_samples_per_s"] / other["global_samples_per_s"]
         )
-        report["speedup_vs_torchrec_paired_median"] = statistics.median(result["paired_ratios"])
+        report[f"speedup_vs_{args.against}_paired_median"] = statistics.median(result["paired_ratios"])
     else:
-        print(f"torchrec not measured: {tr.get('skipped')}", file=sys.stderr)
+        print(f"{args.against} not measured: {other.get('skipped')}", file=sys.stderr)
     text = json.dumps(report, indent=2)
     print(text)
     _print_summary(report)
@@ -373,16 +399,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 def _print_summary(report: dict[str, Any]) -> None:
     """The ratio and rank 0's per-phase breakdown as a table, on stderr (the JSON is on stdout)."""
-    sides = [k for k in ("lightrec", "torchrec") if "rank0_phase_ms_per_step" in report.get(k, {})]
+    against = report["config"]["against"]
+    sides = [k for k in ("lightrec", against) if "rank0_phase_ms_per_step" in report.get(k, {})]
     lines = [f"mode={report['config']['mode']} load average (1/5/15 min) {report['load_average_1_5_15']}"]
-    if "speedup_vs_torchrec" in report:
+    if f"speedup_vs_{against}" in report:
         lines.append(
-            f"lightrec / torchrec: {report['speedup_vs_torchrec']:.2f}x (median windows), "
-            f"{report['speedup_vs_torchrec_paired_median']:.2f}x (median of paired windows)"
+            f"lightrec / {against}: {report[f'speedup_vs_{against}']:.2f}x (median windows), "
+            f"{report[f'speedup_vs_{against}_paired_median']:.2f}x (median of paired windows)"
         )
     lines.append(
         "rank 0, ms per step: " + " | ".join(f"{s} ({', '.join(report[s]['kernels'])})" for s in sides)
     )
+    lines.append("dense all-reduce: " + " | ".join(f"{s}: {report[s]['dense_allreduce']}" for s in sides))
     for phase in (*dmp_phases.PHASES, "step"):
         lines.append(
             f"  {phase:<16}" + "".join(f"{report[s]['rank0_phase_ms_per_step'][phase]:>10.1f}" for s in sides)

@@ -1,7 +1,8 @@
 """Per-phase wall time of a sharded training step, for lightrec and torchrec alike (``bench_dmp.py``).
 
-The same six phases for both libraries, measured on the training thread by wrapping the functions
-that do each phase's work (the wrappers only time while a :class:`PhaseClock` is enabled):
+The same phases for both libraries, measured on the training thread by wrapping the functions
+that do each phase's work (the wrappers only time while a :class:`PhaseClock` is enabled), and by
+the step itself (:meth:`PhaseClock.phase`, :meth:`PhaseClock.backward`) for the dense phases:
 
 ================  ============================================  ==============================================
 phase             lightrec                                      torchrec 1.8
@@ -13,7 +14,15 @@ output_dist_fwd   the pooled all-to-all's start and result      ``PooledEmbeddin
 output_dist_bwd   its backward start and result                 ``All2All_Pooled_Req/Wait.backward``
 update            the backward node of each kernel's output     the backward node of each TBE's output
                   (the fused optimizer)                         (the fused optimizer)
-dense             the rest of the step: dense layers, loss, DDP, dense optimizer, Python
+dense_fwd         the rest of the model's forward and the loss (dense layers, interaction)
+dense_bwd         the rest of ``loss.backward()`` up to its last backward node (dense layers' backward; DDP
+                  launching its bucket all-reduces)
+dense_allreduce   what ``loss.backward()`` waits after its last node: DDP finishing the all-reduces that ran
+                  beside the backward (lightrec: its shared-memory thread, torchrec: gloo's), the part not
+                  hidden under it, less the nested phases above
+optimizer         ``zero_grad`` and ``step`` of the combined optimizer (the dense one; the fused update is in
+                  ``update``)
+other             the rest of the step (Python, batch selection)
 ================  ============================================  ==============================================
 
 Time is *exclusive*: a phase entered inside another (lightrec runs the update inside the output
@@ -23,19 +32,21 @@ peer counts in the phase that waits.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import inspect
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 __all__ = ["PHASES", "PhaseClock", "install"]
 
-PHASES = ("input_dist", "lookup", "output_dist_fwd", "output_dist_bwd", "update", "dense")
+PHASES = ("input_dist", "lookup", "output_dist_fwd", "output_dist_bwd", "update",
+          "dense_fwd", "dense_bwd", "dense_allreduce", "optimizer", "other")  # fmt: skip
 
 
 class PhaseClock:
@@ -65,10 +76,43 @@ class PhaseClock:
         self.totals.clear()
         self._stack.clear()
 
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Time the block as ``name`` (exclusive of the phases entered inside it) while enabled."""
+        if not self.enabled:
+            yield
+            return
+        self.enter(name)
+        try:
+            yield
+        finally:
+            self.exit()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()`` as ``dense_bwd`` up to its last backward node, then ``dense_allreduce``:
+        an autograd callback queued by the first node runs before DDP's (queued when its first bucket
+        is ready), so what follows it is DDP's wait for its all-reduces (and lightrec's deferred
+        embedding backward, whose phases are timed on their own)."""
+        if not self.enabled or loss.grad_fn is None:
+            loss.backward()
+            return
+        engine = torch.autograd.Variable._execution_engine
+
+        def tail() -> None:
+            self.exit()  # dense_bwd
+            self.enter("dense_allreduce")
+
+        loss.grad_fn.register_prehook(lambda grads: engine.queue_callback(tail))
+        self.enter("dense_bwd")
+        try:
+            loss.backward()
+        finally:
+            self.exit()
+
     def per_step_ms(self, step_seconds: float, steps: int) -> dict[str, float]:
-        """``{phase: ms per step}``; ``dense`` is the step's time not spent in the other phases."""
-        out = {p: 1000.0 * self.totals.get(p, 0.0) / steps for p in PHASES if p != "dense"}
-        out["dense"] = 1000.0 * step_seconds / steps - sum(out.values())
+        """``{phase: ms per step}``; ``other`` is the step's time not spent in the other phases."""
+        out = {p: 1000.0 * self.totals.get(p, 0.0) / steps for p in PHASES if p != "other"}
+        out["other"] = 1000.0 * step_seconds / steps - sum(out.values())
         out["step"] = 1000.0 * step_seconds / steps
         return out
 

@@ -45,6 +45,7 @@ __all__ = [
     "MCH_NATIVE",
     "NATIVE",
     "SHM",
+    "SHM_ALLREDUCE",
     "SHM_DIR",
     "SHM_TIMEOUT",
     "SWITCHES",
@@ -276,10 +277,16 @@ SHM = OnOff(
     "exchange between the ranks of one host through shared memory; 0: gloo carries everything "
     "(read per process group)",
 )
+SHM_ALLREDUCE = OnOff(
+    "LIGHTREC_SHM_ALLREDUCE",
+    "all-reduce the dense part's gradients (DistributedModelParallel's DDP on CPU gloo ranks of one host) "
+    "through shared memory; 0: DDP's gloo all-reduce (read when the dense part is wrapped)",
+)
 CPU_KERNEL = Choice(
     "LIGHTREC_CPU_KERNEL",
     "which fused CPU kernel `kernel_backend=\"auto\"` runs where fbgemm and the torch kernel both serve: "
-    "auto measures both once per case (threads, dim, optimizer, ids per bag), cached under LIGHTREC_CACHE_DIR "
+    "auto measures both once per case (threads, dim, optimizer, ids per bag: 1 and 32 where unknown, torch only "
+    "if it wins at both), cached under LIGHTREC_CACHE_DIR "
     "(read once per case and process)",
     choices=("auto", "fbgemm", "torch"),
     default="auto",
@@ -323,6 +330,7 @@ SWITCHES: tuple[Switch[object], ...] = (
     MCH_NATIVE,
     TIERED_NATIVE,
     SHM,
+    SHM_ALLREDUCE,
     CPU_KERNEL,
     MALLOC_POLICY,
     CACHE_DIR,

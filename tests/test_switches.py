@@ -92,7 +92,7 @@ def test_defaults_when_unset(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(old.name, raising=False)
     monkeypatch.setenv("HOME", "/home/someone")
     assert [s.read() for s in SWITCHES] == [
-        True, True, True, True, True, True, True, "auto", "tuned",
+        True, True, True, True, True, True, True, True, "auto", "tuned",
         Path("/home/someone/.cache/lightrec"), Path("/dev/shm"), None, False,
     ]  # fmt: skip
 

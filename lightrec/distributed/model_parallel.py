@@ -53,6 +53,7 @@ from torch.nn.parallel import DistributedDataParallel
 from lightrec._compat import ddp_buffer_sync
 from lightrec.distributed.comm.failures import collective_guard, timeout_of
 from lightrec.distributed.comm.sharding_env import ShardingEnv, as_env, resolve_group
+from lightrec.distributed.comm.shm_allreduce import register_shm_allreduce
 from lightrec.distributed.dmp.default_sharders import get_default_sharders
 from lightrec.distributed.dmp.fingerprint import check_ranks_agree, describe
 from lightrec.distributed.dmp.placement import move_dense_to_device, outermost
@@ -113,6 +114,11 @@ class DefaultDataParallelWrapper(DataParallelWrapper):
             that precision (torch's compress hooks); None: full precision.
         params_to_ignore: further parameter names (of the unwrapped model) DDP leaves alone.
         ddp_kwargs: any other ``DistributedDataParallel`` arguments.
+        shm_allreduce: on CPU gloo ranks of one host, all-reduce the full-precision gradients
+            through shared memory (``comm/shm_allreduce.py``: the same bytes as gloo's on two ranks;
+            ``LIGHTREC_SHM_ALLREDUCE=0`` turns it off everywhere); False: DDP's own all-reduce, e.g.
+            to register another communication hook on ``dmp.data_parallel`` (DDP takes one hook).
+            ``dmp.dense_allreduce`` says which one runs, and why.
 
     Raises:
         ValueError: an ``allreduce_comm_precision`` other than ``"fp16"`` / ``"bf16"``.
@@ -126,6 +132,7 @@ class DefaultDataParallelWrapper(DataParallelWrapper):
         allreduce_comm_precision: str | None = None,
         params_to_ignore: list[str] | None = None,
         ddp_kwargs: dict[str, Any] | None = None,
+        shm_allreduce: bool = True,
     ) -> None:
         if allreduce_comm_precision is not None and allreduce_comm_precision not in _COMM_HOOKS:
             raise ValueError(
@@ -136,12 +143,21 @@ class DefaultDataParallelWrapper(DataParallelWrapper):
         self.ddp_kwargs = {**{k: v for k, v in given.items() if v is not None}, **(ddp_kwargs or {})}
         self.allreduce_comm_precision = allreduce_comm_precision
         self.params_to_ignore = list(params_to_ignore or [])
+        self.shm_allreduce = shm_allreduce
 
     def wrap(self, dmp: DistributedModelParallel, env: ShardingEnv, device: torch.device) -> None:
-        ddp = dmp._wrap_dense(dmp._dmp_wrapped_module, self.ddp_kwargs, self.params_to_ignore)
-        dmp._dmp_wrapped_module = ddp
-        if self.allreduce_comm_precision is not None and dmp.data_parallel is not None:
-            dmp.data_parallel.register_comm_hook(None, _COMM_HOOKS[self.allreduce_comm_precision])
+        dmp._dmp_wrapped_module = dmp._wrap_dense(dmp._dmp_wrapped_module, self.ddp_kwargs, self.params_to_ignore)
+        ddp = dmp.data_parallel
+        if ddp is None:
+            return
+        if self.allreduce_comm_precision is not None:
+            ddp.register_comm_hook(None, _COMM_HOOKS[self.allreduce_comm_precision])
+            dmp.dense_allreduce = f"DDP's, compressed to {self.allreduce_comm_precision}"
+        elif not self.shm_allreduce:
+            dmp.dense_allreduce = "DDP's own (shm_allreduce=False)"
+        else:  # collective over DDP's group on gloo, as the wrapping is
+            reason = register_shm_allreduce(ddp)
+            dmp.dense_allreduce = "shared memory" if reason is None else f"DDP's own ({reason})"
 
 
 class DistributedModelParallel(nn.Module):
@@ -206,6 +222,8 @@ class DistributedModelParallel(nn.Module):
             # states) goes to `device`; sharded collections already are where the plan put them.
             move_dense_to_device(module, self.device, (ShardedCollectionBase,))
         self._dmp_wrapped_module = module
+        # Which all-reduce the dense gradients take (the data-parallel wrapper says; a report line).
+        self.dense_allreduce = "none: the dense part is not data parallel"
         if init_data_parallel:
             wrapper = data_parallel_wrapper if data_parallel_wrapper is not None else DefaultDataParallelWrapper()
             wrapper.wrap(self, self._env, self.device)
@@ -330,7 +348,9 @@ class DistributedModelParallel(nn.Module):
     @property
     def data_parallel(self) -> DistributedDataParallel | None:
         """The ``DistributedDataParallel`` wrapping the dense part, e.g. to register a communication
-        hook on (None: not wrapped -- one rank, nothing dense to train, or ``init_data_parallel=False``)."""
+        hook on (None: not wrapped -- one rank, nothing dense to train, or ``init_data_parallel=False``).
+        On CPU gloo ranks of one host it has lightrec's shared-memory hook already (DDP takes one):
+        build with ``DefaultDataParallelWrapper(shm_allreduce=False)`` to register another."""
         wrapped = self._dmp_wrapped_module
         return wrapped if isinstance(wrapped, DistributedDataParallel) else None
 

@@ -5,8 +5,11 @@ fbgemm's CPU TBE (a JIT-generated row-wise update) and the torch kernel with the
 memory *and on the case*: measured on the 2-core development machine, fbgemm wins one-thread,
 one-id-per-bag row-wise Adagrad while the torch kernel wins elsewhere. So it is *measured per case*:
 the intra-op thread count, the group's dim bucket (its largest dim rounded up to a power of two), the
-optimizer and the ids per bag (a caller's pooling-factor hint, bucketed to a power of two; 1 when
-unknown) -- a :class:`CpuKernelCase`. The first ``"auto"`` choice of a case times both kernels on a
+optimizer and the ids per bag (a caller's pooling-factor hint, bucketed to a power of two) -- a
+:class:`CpuKernelCase`. Where no caller knows the ids per bag (the kernels are built before any
+batch is seen), the group is decided at both 1 and 32 ids per bag and the torch kernel runs only if
+it wins at both; fbgemm where they disagree (the torch kernel won one-id SGD by 22 % but lost 40-id
+SGD by 8 % against torchrec when the choice assumed one id). The first ``"auto"`` choice of a case times both kernels on a
 small group of that shape (8 tables of ~96 MiB in all, ~16k ids, forward + backward + update,
 alternating, median of thread CPU time with one thread, of wall time with more; well under a
 second). The torch kernel wins only where it takes at most 85 % of fbgemm's time: fbgemm's TBE is
@@ -51,8 +54,8 @@ from lightrec.kernels.torch_backend import TorchBatchedLookup
 from lightrec.modules.embedding_configs import PoolingType
 from lightrec.optim.fused_spec import EmbOptimType, FusedOptimizerSpec
 
-__all__ = ["CpuKernelCase", "CpuKernelVerdict", "choose", "cpu_fused_choice", "cpu_kernel_lines", "cpu_kernel_verdict",
-           "machine_busy", "measure_cpu_kernels"]  # fmt: skip
+__all__ = ["UNKNOWN_POOLING_CASES", "CpuKernelCase", "CpuKernelVerdict", "choose", "cpu_fused_choice", "cpu_kernel_lines",
+           "cpu_kernel_verdict", "machine_busy", "measure_cpu_kernels", "verdict_for_any_pooling"]  # fmt: skip
 
 _CHOICES = ("fbgemm", "torch")
 _MEASURED_TABLES = 8
@@ -62,6 +65,9 @@ _MEASURED_IDS = 16_384  # per step, whatever the ids per bag
 # only where it is clearly faster, so a close or noisy measurement cannot make lightrec lose (one
 # taken under load picked torch by 34 % in a cell where it then lost 15 % end to end).
 _TORCH_MARGIN = 0.85
+# The ids per bag a group of unknown pooling is decided at: one-id bags (Criteo-like ids) and long bags
+# (multi-hot histories), where the two kernels' costs differ most (the update's per-id vs per-row work).
+UNKNOWN_POOLING_CASES = (1, 32)
 
 
 def _power_of_two_at_least(value: int) -> int:
@@ -109,10 +115,13 @@ class CpuKernelVerdict:
     Attributes:
         kernel: the kernel's name.
         reason: ``"measured"`` (now), ``"cached"`` (measured by an earlier process), ``"forced"``
-            (``LIGHTREC_CPU_KERNEL``), ``"fbgemm unsupported"`` or ``"no native update"``.
+            (``LIGHTREC_CPU_KERNEL``), ``"fbgemm unsupported"``, ``"no native update"`` or
         case: the case it was decided for (None where no measurement applies).
+            ``"unknown ids per bag"`` (decided from ``parts``, one per ``UNKNOWN_POOLING_CASES``).
+        case: the case it was decided for (None where no measurement applies, or several did).
         ms: milliseconds per forward + backward + update of each kernel, when measured.
-        detail: the words behind ``reason`` (fbgemm's refusal, the switch's value).
+        detail: the words behind ``reason`` (fbgemm's refusal, the switch's value, how parts combined).
+        parts: the per-pooling verdicts an ``"unknown ids per bag"`` verdict was decided from.
     """
 
     kernel: str
@@ -120,14 +129,17 @@ class CpuKernelVerdict:
     case: CpuKernelCase | None = None
     ms: dict[str, float] | None = None
     detail: str = ""
+    parts: tuple[CpuKernelVerdict, ...] = ()
 
     def describe(self) -> str:
-        """One line, e.g. ``fbgemm: measured fbgemm 9.1 ms, torch 11.8 ms (threads=1|dim=64|...)``."""
+        """One line, e.g. ``fbgemm: measured fbgemm 9.1 ms, torch 11.8 ms (threads=1|dim=64|...)``;
+        a verdict from parts lists each part after ``;``."""
         text = f"{self.kernel}: {self.reason}"
         if self.ms:
             text += " " + ", ".join(f"{name} {ms:.1f} ms" for name, ms in sorted(self.ms.items()))
         if self.detail:
             text += f" ({self.detail})"
+        text += "".join(f"; ids={part.case.ids_per_bag if part.case else '?'} -> {part.describe()}" for part in self.parts)
         return text + (f" [{self.case.key()}]" if self.case is not None else "")
 
 
@@ -272,12 +284,35 @@ def cpu_kernel_verdict(case: CpuKernelCase) -> CpuKernelVerdict:
     return CpuKernelVerdict(choice, "measured", case, ms)
 
 
+def verdict_for_any_pooling(parts: Sequence[CpuKernelVerdict]) -> CpuKernelVerdict:
+    """One verdict for a group whose ids per bag are unknown, from its verdicts at each of
+    ``UNKNOWN_POOLING_CASES``: the kernel all of them chose, else fbgemm (torchrec's kernel: it
+    cannot lose to torchrec whichever pooling the data has). A forced verdict stays forced, without
+    a case (the switch decides every case alike).
+
+    Raises:
+        ValueError: ``parts`` is empty.
+    """
+    if not parts:
+        raise ValueError("verdict_for_any_pooling needs at least one per-pooling verdict, got none")
+    if parts[0].reason == "forced":
+        return dataclasses.replace(parts[0], case=None)
+    kernels = {part.kernel for part in parts}
+    pooled = " and ".join(str(part.case.ids_per_bag) for part in parts if part.case is not None)
+    if len(kernels) == 1:
+        kernel, detail = parts[0].kernel, f"{parts[0].kernel} at {pooled} ids per bag"
+    else:
+        kernel, detail = FbgemmBatchedLookup.name, f"{pooled} ids per bag disagree: fbgemm, which cannot lose to torchrec"
+    return CpuKernelVerdict(kernel, "unknown ids per bag", detail=detail, parts=tuple(parts))
+
+
 def cpu_fused_choice(config: KernelConfig, ids_per_bag: int | None = None) -> CpuKernelVerdict:
     """Which of fbgemm and the torch kernel ``kernel_backend="auto"`` runs for a fused CPU group, and why.
 
     Args:
         config: the group (``config.spec`` set: a fused optimizer).
-        ids_per_bag: a pooling-factor hint for the case (None: one id per bag).
+        ids_per_bag: a pooling-factor hint for the case (None: unknown, so decided at each of
+            ``UNKNOWN_POOLING_CASES`` by :func:`verdict_for_any_pooling`).
 
     Raises:
         ValueError: ``config`` has no fused optimizer.
@@ -290,14 +325,17 @@ def cpu_fused_choice(config: KernelConfig, ids_per_bag: int | None = None) -> Cp
     if not native_update_available(config.device, config.dtype):
         return CpuKernelVerdict(FbgemmBatchedLookup.name, "no native update",
                                 detail="the torch kernel's native CPU update does not serve these tables here")  # fmt: skip
-    return cpu_kernel_verdict(CpuKernelCase.of(config, ids_per_bag))
+    if ids_per_bag is not None:
+        return cpu_kernel_verdict(CpuKernelCase.of(config, ids_per_bag))
+    return verdict_for_any_pooling([cpu_kernel_verdict(CpuKernelCase.of(config, n)) for n in UNKNOWN_POOLING_CASES])
 
 
 def cpu_kernel_lines(dims: Sequence[int], spec: FusedOptimizerSpec) -> list[str]:
     """What ``kernel_backend="auto"`` runs on CPU for fused tables of these ``dims``, one line per dim
     bucket (a group of mixed dims takes its largest dim's verdict), for a report.
 
-    Measures the cases not cached yet (well under a second each), with this process's threads.
+    Measures the cases not cached yet (well under a second each), with this process's threads, at
+    each of ``UNKNOWN_POOLING_CASES`` (the kernels are built without knowing the ids per bag).
     """
     lines = []
     for bucket in sorted({max(8, _power_of_two_at_least(d)) for d in dims}):

@@ -71,7 +71,7 @@ from lightrec.distributed.comm.failures import collective_guard
 from lightrec.distributed.comm.sharding_env import ShardingEnv
 from lightrec.distributed.dmp.default_sharders import get_default_sharders
 from lightrec.distributed.dmp.placement import detached, move_dense_to_device
-from lightrec.distributed.model_parallel import DistributedModelParallel
+from lightrec.distributed.model_parallel import DefaultDataParallelWrapper, DistributedModelParallel
 from lightrec.distributed.planner import ParameterConstraints, PlannerReport, Topology
 from lightrec.distributed.planner.plan import ModuleSharder, ShardingPlan, shardable_modules
 from lightrec.distributed.planner.planning import plan_sharding, topology_for
@@ -280,6 +280,8 @@ class RecStrategy(DDPStrategy, EmbeddingShardingStrategy):
             env=ShardingEnv.from_process_group(None),
             init_data_parallel=data_parallel,
             ddp_kwargs=self._ddp_kwargs or None,
+            # DDP takes one communication hook: the user's, else lightrec's shared-memory all-reduce
+            data_parallel_wrapper=DefaultDataParallelWrapper(shm_allreduce=self._ddp_comm_hook is None),
         )
         if data_parallel:
             self._register_comm_hook(self.dmp)

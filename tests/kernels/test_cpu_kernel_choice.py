@@ -15,7 +15,14 @@ import torch
 
 from lightrec._fbgemm import fbgemm_available
 from lightrec.kernels import cpu_kernel_choice
-from lightrec.kernels.cpu_kernel_choice import CpuKernelCase, cpu_fused_choice, cpu_kernel_verdict
+from lightrec.kernels.cpu_kernel_choice import (
+    UNKNOWN_POOLING_CASES,
+    CpuKernelCase,
+    CpuKernelVerdict,
+    cpu_fused_choice,
+    cpu_kernel_verdict,
+    verdict_for_any_pooling,
+)
 from lightrec.kernels.cpu_update import native_update_available
 from lightrec.kernels.kernel_interface import KernelConfig
 from lightrec.kernels.kernel_registry import select_backend
@@ -33,14 +40,17 @@ def _config(optimizer: EmbOptimType, dims: list[int]) -> KernelConfig:
 
 @pytest.fixture
 def measured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[list[CpuKernelCase]]:
-    """``auto`` with an empty cache in ``tmp_path`` and a fake measurement: torch wins SGD, fbgemm the rest.
+    """``auto`` with an empty cache in ``tmp_path`` and a fake measurement: torch wins SGD below 32 ids per
+    bag (at 32 and more it takes 95 % of fbgemm's time: not clearly faster), fbgemm the rest.
     Yields the cases measured, in order."""
     calls: list[CpuKernelCase] = []
 
     def fake(case: CpuKernelCase | None = None, iterations: int = 5) -> dict[str, float]:
         assert case is not None
         calls.append(case)
-        return {"fbgemm": 3.0, "torch": 2.0} if case.optimizer == "sgd" else {"fbgemm": 1.0, "torch": 4.0}
+        if case.optimizer != "sgd":
+            return {"fbgemm": 1.0, "torch": 4.0}
+        return {"fbgemm": 3.0, "torch": 2.0} if case.ids_per_bag < 32 else {"fbgemm": 4.0, "torch": 3.8}
 
     monkeypatch.setenv("LIGHTREC_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("LIGHTREC_CPU_KERNEL", "auto")
@@ -162,9 +172,21 @@ def test_auto_takes_the_verdict_of_the_groups_case_and_says_why(measured: list[C
     if not native_update_available(torch.device("cpu"), torch.float32):
         assert cpu_fused_choice(rowwise).reason == "no native update" and select_backend("auto", rowwise) == "fbgemm"
         return
-    assert (select_backend("auto", rowwise), select_backend("auto", sgd)) == ("fbgemm", "torch")
-    assert [c.optimizer for c in measured] == ["row_wise_adagrad", "sgd"]
-    assert cpu_fused_choice(rowwise).describe().startswith("fbgemm: measured fbgemm 1.0 ms, torch 4.0 ms")
+    # The kernels are built without knowing the ids per bag: each group is decided at 1 and 32 ids.
+    assert (select_backend("auto", rowwise), select_backend("auto", sgd)) == ("fbgemm", "fbgemm")
+    assert [(c.optimizer, c.ids_per_bag) for c in measured] == [
+        ("row_wise_adagrad", 1), ("row_wise_adagrad", 32), ("sgd", 1), ("sgd", 32)
+    ]
+    assert cpu_fused_choice(rowwise).describe().startswith(
+        "fbgemm: unknown ids per bag (fbgemm at 1 and 32 ids per bag); ids=1 -> fbgemm: measured fbgemm 1.0 ms, torch 4.0 ms"
+    )
+    verdict = cpu_fused_choice(sgd)  # torch wins one-id SGD, not 32-id SGD: torchrec's kernel
+    assert [(part.kernel, part.reason) for part in verdict.parts] == [("torch", "measured"), ("fbgemm", "measured")]
+    assert "(1 and 32 ids per bag disagree: fbgemm, which cannot lose to torchrec)" in verdict.describe()
+    assert "ids=32 -> fbgemm: measured fbgemm 4.0 ms, torch 3.8 ms [threads=" in verdict.describe()
+    assert cpu_fused_choice(sgd, ids_per_bag=8).kernel == "torch"  # a caller that knows its pooling: that case
+    assert cpu_fused_choice(sgd, ids_per_bag=40).kernel == "fbgemm"
+    assert [c.ids_per_bag for c in measured[4:]] == [8, 64]
 
 
 @pytest.mark.skipif(not fbgemm_available(), reason="fbgemm_gpu is not importable")
@@ -185,5 +207,42 @@ def test_report_lines_give_one_verdict_per_dim_bucket(measured: list[CpuKernelCa
         "dim <= 128 (1 tables)",
     ]
     if fbgemm_available() and native_update_available(torch.device("cpu"), torch.float32):
-        assert all(line.split(": ", 1)[1].startswith("fbgemm: measured fbgemm 1.0 ms") for line in lines)
-        assert [c.dim for c in measured] == [16, 64, 128]
+        assert all(line.split(": ", 1)[1].startswith("fbgemm: unknown ids per bag (fbgemm at 1 and 32") for line in lines)
+        assert [(c.dim, c.ids_per_bag) for c in measured] == [(16, 1), (16, 32), (64, 1), (64, 32), (128, 1), (128, 32)]
+
+
+def _part(kernel: str, ids: int, reason: str = "cached") -> CpuKernelVerdict:
+    case = CpuKernelCase(threads=1, dim=64, optimizer="sgd", ids_per_bag=ids)
+    return CpuKernelVerdict(kernel, reason, case, {"fbgemm": 1.0, "torch": 1.0})
+
+
+@pytest.mark.parametrize(
+    ("kernels", "chosen"),
+    [(("torch", "torch"), "torch"), (("fbgemm", "fbgemm"), "fbgemm"), (("torch", "fbgemm"), "fbgemm"),
+     (("fbgemm", "torch"), "fbgemm")],  # fmt: skip
+)
+def test_unknown_pooling_takes_the_torch_kernel_only_where_it_wins_at_every_pooling(
+    kernels: tuple[str, str], chosen: str
+) -> None:
+    parts = [_part(kernel, ids) for kernel, ids in zip(kernels, UNKNOWN_POOLING_CASES, strict=True)]
+    verdict = verdict_for_any_pooling(parts)
+    assert (verdict.kernel, verdict.reason, verdict.parts) == (chosen, "unknown ids per bag", tuple(parts))
+    agree = "1 and 32 ids per bag disagree" not in verdict.detail
+    assert agree == (kernels[0] == kernels[1])
+
+
+def test_unknown_pooling_keeps_a_forced_verdict_and_needs_parts() -> None:
+    forced = CpuKernelVerdict("torch", "forced", ROWWISE, detail="LIGHTREC_CPU_KERNEL=torch")
+    assert verdict_for_any_pooling([forced, forced]) == CpuKernelVerdict("torch", "forced", None, None, forced.detail)
+    with pytest.raises(ValueError, match="at least one per-pooling verdict"):
+        verdict_for_any_pooling([])
+
+
+def test_unknown_pooling_with_the_switch_measures_nothing(
+    measured: list[CpuKernelCase], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LIGHTREC_CPU_KERNEL", "torch")
+    verdict = cpu_fused_choice(_config(EmbOptimType.ROWWISE_ADAGRAD, [64]))
+    if fbgemm_available() and native_update_available(torch.device("cpu"), torch.float32):
+        assert (verdict.kernel, verdict.reason) == ("torch", "forced")
+    assert measured == []
