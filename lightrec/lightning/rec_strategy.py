@@ -281,7 +281,7 @@ class RecStrategy(DDPStrategy, EmbeddingShardingStrategy):
             init_data_parallel=data_parallel,
             ddp_kwargs=self._ddp_kwargs or None,
             # DDP takes one communication hook: the user's, else lightrec's shared-memory all-reduce
-            data_parallel_wrapper=DefaultDataParallelWrapper(shm_allreduce=self._ddp_comm_hook is None),
+            data_parallel_wrapper=DefaultDataParallelWrapper(),
         )
         if data_parallel:
             self._register_comm_hook(self.dmp)

@@ -5,11 +5,11 @@ One spawn of 2 ranks checks, in order:
 * ``shm_allreduce_`` gives gloo's bytes bit for bit (mean = divide by the world, then sum) for
   float32 and float64, odd sizes (1, 7, a chunk per rank of different lengths) and a tensor larger
   than the transport's first arena (a new generation);
-* a DLRM under ``DistributedModelParallel`` trains bit for bit the same with the hook (the default on
-  CPU gloo ranks) as with DDP's own all-reduce (``shm_allreduce=False``): the dense gradients after
+* a DLRM under ``DistributedModelParallel`` trains bit for bit the same with the hook (asked for with
+  ``shm_allreduce=True``) as with DDP's own all-reduce (the default): the dense gradients after
   every backward, the losses, and the final parameters;
-* ``LIGHTREC_SHM_ALLREDUCE=0`` and a ``/dev/shm`` too small on one rank keep gloo on every rank,
-  with the reason in ``dmp.dense_allreduce``.
+* the default, ``LIGHTREC_SHM_ALLREDUCE=0`` and a ``/dev/shm`` too small on one rank keep gloo on
+  every rank, with the reason in ``dmp.dense_allreduce``.
 
 Then 3 ranks (the same mean on every rank, summed in rank order; gloo's ring may differ in the last
 bit), and a dead peer's error reaching DDP through the bucket's future.
@@ -86,20 +86,25 @@ def _train(rank: int, world_size: int, shm: bool) -> dict[str, Any]:
 
 
 def _fallback(rank: int, world_size: int) -> list[str]:
-    """``dense_allreduce`` with the switch off, then with too little /dev/shm on rank 1 only."""
+    """``dense_allreduce`` asked for, with the switch off, then with too little /dev/shm on rank 1 only."""
     from lightrec.distributed import DistributedModelParallel
     from lightrec.distributed.comm import shm_allreduce
 
-    def build() -> str:
-        dmp = DistributedModelParallel(_dlrm("cpu"), device="cpu", plan=_mixed_plan(world_size), sharders=_sharders())
+    def build(shm: bool = True) -> str:
+        from lightrec.distributed.model_parallel import DefaultDataParallelWrapper
+
+        dmp = DistributedModelParallel(_dlrm("cpu"), device="cpu", plan=_mixed_plan(world_size), sharders=_sharders(),
+                                       data_parallel_wrapper=DefaultDataParallelWrapper(shm_allreduce=shm))  # fmt: skip
         return dmp.dense_allreduce
+
+    default = DistributedModelParallel(_dlrm("cpu"), device="cpu", plan=_mixed_plan(world_size), sharders=_sharders())
 
     os.environ["LIGHTREC_SHM_ALLREDUCE"] = "0"
     switched_off = build()
     del os.environ["LIGHTREC_SHM_ALLREDUCE"]
     if rank == 1:
         shm_allreduce.shm_space_needed = lambda grad_bytes, world: 1 << 62  # type: ignore[assignment]
-    return [switched_off, build()]
+    return [default.dense_allreduce, switched_off, build()]
 
 
 def _body(rank: int, world_size: int) -> dict[str, Any]:
@@ -134,7 +139,8 @@ def test_dlrm_trains_bit_for_bit_the_same_with_the_hook(results: list[dict[str, 
 
 def test_gloo_stays_where_the_hook_must_not_run(results: list[dict[str, Any]]) -> None:
     for r in results:
-        switched_off, no_room = r["fallback"]
+        default, switched_off, no_room = r["fallback"]
+        assert default == "DDP's own (shm_allreduce=False)"
         assert switched_off == "DDP's own (rank 0: disabled by LIGHTREC_SHM_ALLREDUCE=0)"
         assert no_room.startswith("DDP's own (rank 1: /dev/shm has ") and "MiB free" in no_room, no_room
         assert "--shm-size" in no_room
