@@ -30,6 +30,7 @@ for a live but stuck peer, as it bounds gloo's (``LIGHTREC_SHM_TIMEOUT``, second
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import sys
@@ -321,6 +322,9 @@ class ShmExchange:
 
 
 _TRANSPORTS: dict[object, ShmTransport | None] = {}
+# Numbers this process's transports: a segment's name (user, pid, start time, then the tag) must be
+# unique, and two live groups' ids may share their low bits.
+_TRANSPORT_SERIAL = itertools.count()
 
 
 def _enabled_here() -> str | None:
@@ -362,7 +366,7 @@ def _setup(group: dist.ProcessGroup | None) -> ShmTransport | None:
     control = data = None
     if reason is None:
         sweep_stale_segments()
-        tag = f"g{id(group) & 0xFFFF:x}r{rank}"
+        tag = f"g{next(_TRANSPORT_SERIAL)}r{rank}"
         try:
             control = ShmSegment.create(f"{tag}-control", _Control.layout_bytes(world), "its control words")
             data = ShmSegment.create(f"{tag}-data0", _INITIAL_ARENA, f"rank {rank}'s send buffer")
