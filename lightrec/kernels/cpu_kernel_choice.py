@@ -9,8 +9,8 @@ optimizer and the ids per bag (a caller's pooling-factor hint, bucketed to a pow
 :class:`CpuKernelCase`. Where no caller knows the ids per bag (the kernels are built before any
 batch is seen), the group is decided at both 1 and 32 ids per bag and the torch kernel runs only if
 it wins at both; fbgemm where they disagree (the torch kernel won one-id SGD by 22 % but lost 40-id
-SGD by 8 % against torchrec when the choice assumed one id). The first ``"auto"`` choice of a case times both kernels on a
-small group of that shape (8 tables of ~96 MiB in all, ~16k ids, forward + backward + update,
+SGD by 8 % against torchrec when the choice assumed one id). The first ``"auto"`` choice of a case
+times both kernels on a small group of that shape (8 tables of ~96 MiB in all, ~16k ids, forward + backward + update,
 alternating, median of thread CPU time with one thread, of wall time with more; well under a
 second). The torch kernel wins only where it takes at most 85 % of fbgemm's time: fbgemm's TBE is
 torchrec's own kernel, so a tie or a noisy measurement picks the kernel that cannot lose to torchrec.
@@ -116,7 +116,6 @@ class CpuKernelVerdict:
         kernel: the kernel's name.
         reason: ``"measured"`` (now), ``"cached"`` (measured by an earlier process), ``"forced"``
             (``LIGHTREC_CPU_KERNEL``), ``"fbgemm unsupported"``, ``"no native update"`` or
-        case: the case it was decided for (None where no measurement applies).
             ``"unknown ids per bag"`` (decided from ``parts``, one per ``UNKNOWN_POOLING_CASES``).
         case: the case it was decided for (None where no measurement applies, or several did).
         ms: milliseconds per forward + backward + update of each kernel, when measured.

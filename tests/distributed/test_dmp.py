@@ -67,6 +67,14 @@ def _batch(step: int, num_samples: int) -> tuple[torch.Tensor, Any, torch.Tensor
     )
 
 
+def _rank_loss(model: Any, step: int, rank: int, world_size: int, batch: int) -> tuple[torch.Tensor, Any]:
+    """``(loss of model on this rank's `batch` samples of step's global batch, the global batch (x, kjt, y))``."""
+    x, kjt, y = _batch(step, batch * world_size)
+    lo = rank * batch
+    logits = model(x[lo : lo + batch], _slice(kjt, lo, batch)).squeeze(1)
+    return torch.nn.functional.binary_cross_entropy_with_logits(logits, y[lo : lo + batch]), (x, kjt, y)
+
+
 def _slice(kjt: Any, start: int, size: int) -> Any:
     """Samples ``[start, start + size)`` of a KJT."""
     from lightrec.sparse import KeyedJaggedTensor
@@ -136,9 +144,7 @@ def _train_body(rank: int, world_size: int) -> dict[str, Any]:
     bce = torch.nn.BCEWithLogitsLoss()
     losses, ref_losses, states = [], [], {}
     for step in range(4):
-        x, kjt, y = _batch(step, batch * world_size)
-        lo = rank * batch
-        loss = bce(model(x[lo : lo + batch], _slice(kjt, lo, batch)).squeeze(1), y[lo : lo + batch])
+        loss, (x, kjt, y) = _rank_loss(model, step, rank, world_size, batch)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from lightrec._native import native_ops
-from tests.distributed.test_dmp import _batch, _dlrm, _mixed_plan, _sharders, _slice
+from tests.distributed.test_dmp import _dlrm, _mixed_plan, _rank_loss, _sharders
 from tests.multiprocess import run_ranks
 
 pytestmark = pytest.mark.skipif(
@@ -70,12 +70,9 @@ def _train(rank: int, world_size: int, shm: bool) -> dict[str, Any]:
     optimizer = CombinedOptimizer(
         [model.fused_optimizer, KeyedOptimizerWrapper(dense, lambda ps: torch.optim.SGD(ps, lr=0.1))]
     )
-    bce = torch.nn.BCEWithLogitsLoss()
     losses, grads = [], []
     for step in range(3):
-        x, kjt, y = _batch(step, batch * world_size)
-        lo = rank * batch
-        loss = bce(model(x[lo : lo + batch], _slice(kjt, lo, batch)).squeeze(1), y[lo : lo + batch])
+        loss, _ = _rank_loss(model, step, rank, world_size, batch)
         optimizer.zero_grad()
         loss.backward()
         grads.append({n: p.grad.clone() for n, p in dense.items() if p.grad is not None})

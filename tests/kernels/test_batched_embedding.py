@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 import torch
@@ -333,25 +334,21 @@ def test_torch_backend_moves_with_module_and_keeps_aliasing() -> None:
     assert float(module.fused_optimizer.state[w]["momentum1"][2].sum()) == pytest.approx(4.0)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("kind", [None, EmbOptimType.SGD, EmbOptimType.ROWWISE_ADAGRAD])
-@pytest.mark.parametrize("pooling", [PoolingType.SUM, PoolingType.MEAN])
-def test_one_id_per_bag_batches(backend: str, kind: EmbOptimType | None, pooling: PoolingType) -> None:
-    """The torch backend gathers rows directly when every bag has one id; same numbers as the general path."""
-    if backend == "fbgemm" and kind is None:
-        pytest.skip("non-fused lookups use the torch backend")
-    spec = None if kind is None else FusedOptimizerSpec(kind, learning_rate=0.1, eps=1e-6)
+def _train_like_the_reference(backend: str, kind: EmbOptimType | None, pooling: PoolingType, lr: float, seed: int,
+                              atol: float, batch: int, **batch_kwargs: Any) -> None:  # fmt: skip
+    """Three steps of a "uniform" module against the plain-PyTorch reference: the forward, then the fused
+    update (``kind``) or, unfused (None), the gradients autograd gives; the weights at the end."""
+    spec = None if kind is None else FusedOptimizerSpec(kind, learning_rate=lr, eps=1e-6)
     module = _build("uniform", backend, spec, pooling)
     tables, ftm = LAYOUTS["uniform"]
     ref_w = [w.detach().clone().requires_grad_(True) for w in module.split_embedding_weights()]
-    ref_kind = kind.name.lower() if kind else "sgd"
-    ref_opt = ReferenceOptimizer(ref_kind, ref_w, lr=0.1, eps=1e-6, wd=0.0, wd_mode="none")
-    gen = torch.Generator().manual_seed(21)
+    ref_opt = ReferenceOptimizer(kind.name.lower() if kind else "sgd", ref_w, lr=lr, eps=1e-6, wd=0.0, wd_mode="none")
+    gen = torch.Generator().manual_seed(seed)
     for _ in range(3):
-        b = random_batch(gen, [r for r, _ in tables], ftm, batch=6, weighted=True, one_per_bag=True)
+        b = random_batch(gen, [r for r, _ in tables], ftm, batch=batch, weighted=True, **batch_kwargs)
         out = module(b.indices, b.offsets, b.weights)
         ref = pooled_reference(ref_w, ftm, b, pooling.value.lower())
-        torch.testing.assert_close(out, ref.detach(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(out, ref.detach(), rtol=1e-5, atol=atol)
         scale = torch.randn(out.shape, generator=gen)
         (out * scale).sum().backward()
         (ref * scale).sum().backward()
@@ -362,7 +359,17 @@ def test_one_id_per_bag_batches(backend: str, kind: EmbOptimType | None, pooling
         else:
             ref_opt.step(ref_w, touched_rows(ftm, len(tables), b))
     for w, r in zip(module.split_embedding_weights(), ref_w, strict=True):
-        torch.testing.assert_close(w, r.detach(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(w, r.detach(), rtol=1e-5, atol=atol)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", [None, EmbOptimType.SGD, EmbOptimType.ROWWISE_ADAGRAD])
+@pytest.mark.parametrize("pooling", [PoolingType.SUM, PoolingType.MEAN])
+def test_one_id_per_bag_batches(backend: str, kind: EmbOptimType | None, pooling: PoolingType) -> None:
+    """The torch backend gathers rows directly when every bag has one id; same numbers as the general path."""
+    if backend == "fbgemm" and kind is None:
+        pytest.skip("non-fused lookups use the torch backend")
+    _train_like_the_reference(backend, kind, pooling, lr=0.1, seed=21, atol=1e-6, batch=6, one_per_bag=True)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -371,23 +378,7 @@ def test_one_id_per_bag_batches(backend: str, kind: EmbOptimType | None, pooling
 def test_long_bags_train_like_the_reference(backend: str, kind: EmbOptimType, pooling: PoolingType) -> None:
     """Bags of ~32-40 ids (the long-bag case the CPU kernel choice measures): both kernels' forward and
     fused update equal the plain-PyTorch reference, with every row hit many times per step."""
-    spec = FusedOptimizerSpec(kind, learning_rate=0.05, eps=1e-6)
-    module = _build("uniform", backend, spec, pooling)
-    tables, ftm = LAYOUTS["uniform"]
-    ref_w = [w.detach().clone().requires_grad_(True) for w in module.split_embedding_weights()]
-    ref_opt = ReferenceOptimizer(kind.name.lower(), ref_w, lr=0.05, eps=1e-6, wd=0.0, wd_mode="none")
-    gen = torch.Generator().manual_seed(40)
-    for _ in range(3):
-        b = random_batch(gen, [r for r, _ in tables], ftm, batch=4, weighted=True, max_len=80)  # mean 40 ids
-        out = module(b.indices, b.offsets, b.weights)
-        ref = pooled_reference(ref_w, ftm, b, pooling.value.lower())
-        torch.testing.assert_close(out, ref.detach(), rtol=1e-5, atol=1e-5)
-        scale = torch.randn(out.shape, generator=gen)
-        (out * scale).sum().backward()
-        (ref * scale).sum().backward()
-        ref_opt.step(ref_w, touched_rows(ftm, len(tables), b))
-    for w, r in zip(module.split_embedding_weights(), ref_w, strict=True):
-        torch.testing.assert_close(w, r.detach(), rtol=1e-5, atol=1e-5)
+    _train_like_the_reference(backend, kind, pooling, lr=0.05, seed=40, atol=1e-5, batch=4, max_len=80)  # mean 40 ids
 
 
 @pytest.mark.gpu

@@ -22,7 +22,7 @@ def _body(rank: int, world_size: int) -> dict[str, Any]:
     from lightrec.distributed import DistributedModelParallel
     from lightrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
     from lightrec.optim import CombinedOptimizer, KeyedOptimizerWrapper, in_backward_optimizer_filter
-    from tests.distributed.test_dmp import DIM, LR, _batch, _dlrm, _sharders, _slice
+    from tests.distributed.test_dmp import DIM, LR, _dlrm, _rank_loss, _sharders
     from tests.distributed.test_sharded_embeddings import reference_update
 
     constraints = {
@@ -45,9 +45,7 @@ def _body(rank: int, world_size: int) -> dict[str, Any]:
         (s.shard_offsets[1], s.shard_offsets[1] + s.shard_sizes[1]) for s in module_plan["t3"].sharding_spec
     ]
     for step in range(3):
-        x, kjt, y = _batch(step, batch * world_size)
-        lo = rank * batch
-        loss = bce(model(x[lo : lo + batch], _slice(kjt, lo, batch)).squeeze(1), y[lo : lo + batch])
+        loss, (x, kjt, y) = _rank_loss(model, step, rank, world_size, batch)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

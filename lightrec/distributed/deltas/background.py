@@ -147,13 +147,13 @@ class BackgroundPublisher:
         if self._main.world > 1 and dist.get_world_size() != self._main.world:
             raise DeltaFormatError(f"BackgroundPublisher needs the model sharded over the whole default group "
                                    f"({dist.get_world_size()} ranks), not {self._main.world}; use publish_changes")  # fmt: skip
-        self._own: PublishGroup | None = None
         self._jobs: queue.Queue[tuple[PreparedPublish, PendingPublish] | None] = queue.Queue()
         self._pending: PendingPublish | None = None
         self._snapshot_next = False
         self._started = threading.Event()
         self._start_error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="lightrec-delta-publisher", daemon=True)
+        self._thread: threading.Thread | None = threading.Thread(target=self._run, name="lightrec-delta-publisher",
+                                                                 daemon=True)  # fmt: skip
         self._thread.start()
         self._started.wait()
         if self._start_error is not None:
@@ -187,6 +187,11 @@ class BackgroundPublisher:
         self._jobs.put((prepared, pending))
         return pending
 
+    @property
+    def pending(self) -> PendingPublish | None:
+        """The publish in flight (None: none, or it was waited for)."""
+        return self._pending
+
     def wait(self, timeout: float | None = None) -> int | None:
         """Wait for the publish in flight; its version (None: none was in flight). Raises its error
         (once: the next publish is then a snapshot, as the failed version's rows were read)."""
@@ -207,7 +212,7 @@ class BackgroundPublisher:
         try:
             return self.wait()
         finally:
-            thread, self._thread = self._thread, None  # type: ignore[assignment]
+            thread, self._thread = self._thread, None
             if thread is not None and thread.is_alive():
                 self._jobs.put(None)
                 thread.join()
@@ -226,7 +231,7 @@ class BackgroundPublisher:
             if self._main.world > 1:  # made here so that its transport threads inherit the priority
                 ranks = dist.get_process_group_ranks(resolve_group(self._main.pg))
                 pg = dist.new_group(ranks=ranks, backend="gloo", timeout=timeout_of(self._main.pg))
-            self._own = PublishGroup(pg, self._main.rank, self._main.world, torch.device("cpu"))  # gloo: host buffers
+            own = PublishGroup(pg, self._main.rank, self._main.world, torch.device("cpu"))  # gloo: host buffers
         except BaseException as exc:  # noqa: BLE001 - raised by the constructor
             self._start_error = exc
             return
@@ -237,7 +242,7 @@ class BackgroundPublisher:
                 prepared, pending = job
                 start = time.perf_counter()
                 try:
-                    version: int | None = finish_publish(prepared, self._own)
+                    version: int | None = finish_publish(prepared, own)
                     error: BaseException | None = None
                 except BaseException as exc:  # noqa: BLE001 - raised on the caller's thread by result()
                     version, error = None, exc

@@ -113,13 +113,13 @@ def _read(chunk: list[_Piece], tables: dict[str, TrackedTable],
 
 
 def _gather_to_root(parts: list[torch.Tensor], dtype: torch.dtype, sizes: list[int], group: PublishGroup,
-                    what: str) -> list[torch.Tensor | None]:  # fmt: skip
-    """Rank 0: ``[None, part of rank 1, ...]``, each rank r's ``parts`` concatenated (``sizes[r]``
-    elements of ``dtype``; rank 0 keeps its own); the others: ``[]``. On one host through shared
+                    what: str) -> dict[int, torch.Tensor]:  # fmt: skip
+    """Rank 0: ``{r: rank r's parts concatenated}`` for every other rank r (``sizes[r]`` elements of
+    ``dtype``; rank 0 keeps its own parts); the others: ``{}``. On one host through shared
     memory (each rank copies its parts in, rank 0 copies them out: no padding, no TCP); else
     gloo's gather, padded to the longest part (it takes equal sizes)."""
     if group.world == 1:
-        return [None]
+        return {}
     with collective_guard("publish_changes: set-up of the shared-memory transport", group.pg):
         shm = shm_transport(group.pg) if group.device.type == "cpu" else None  # first use: a collective
     mine = sizes[group.rank]
@@ -130,9 +130,9 @@ def _gather_to_root(parts: list[torch.Tensor], dtype: torch.dtype, sizes: list[i
             if group.rank != 0 and mine:
                 _concat_into(exchange.send_view(0, dtype, mine), parts)
             exchange.publish()
-            out: list[torch.Tensor | None] = []
+            out = {}
             if group.rank == 0:
-                out = [None] + [exchange.recv_view(src, dtype, n).clone() for src, n in enumerate(sizes) if src]
+                out = {src: exchange.recv_view(src, dtype, n).clone() for src, n in enumerate(sizes) if src}
             exchange.finish()
         return out
     padded = _concat_into(torch.zeros(max(sizes), dtype=dtype), parts)
@@ -141,9 +141,9 @@ def _gather_to_root(parts: list[torch.Tensor], dtype: torch.dtype, sizes: list[i
     with collective_guard(f"publish_changes: gather of the {what} to rank 0", group.pg):
         dist.gather(bits, received, dst=group.root(), group=group.pg)
     if received is None:
-        return []
-    return [None] + [(o.cpu().view(dtype) if dtype == torch.float32 else o.cpu())[:n]
-                     for o, n in zip(received[1:], sizes[1:], strict=True)]  # fmt: skip
+        return {}
+    return {src: (received[src].cpu().view(dtype) if dtype == torch.float32 else received[src].cpu())[:n]
+            for src, n in enumerate(sizes) if src}  # fmt: skip
 
 
 def _concat_into(target: torch.Tensor, parts: list[torch.Tensor]) -> torch.Tensor:
@@ -195,7 +195,7 @@ def gather_rows(union: dict[str, torch.Tensor], tables: dict[str, TrackedTable],
         value_sizes = [sum((b.hi - b.lo) * b.cols for b in bs) for bs in ranks_blocks]
         all_values = _gather_to_root(read.values, torch.float32, value_sizes, group, "changed rows")
         raw = [read.raw] if read.raw is not None else []
-        all_raw = _gather_to_root(raw, torch.int64, managed_rows, group, "managed rows' raw ids") if any(managed_rows) else []
+        all_raw = _gather_to_root(raw, torch.int64, managed_rows, group, "managed rows' raw ids") if any(managed_rows) else {}
         if group.rank != 0:
             continue
         out = [torch.empty(p.ids.numel(), tables[p.name].dim) for p in chunk]  # every value is placed below
@@ -204,7 +204,7 @@ def gather_rows(union: dict[str, torch.Tensor], tables: dict[str, TrackedTable],
             value_at, raw_at = 0, 0
             for i, b in enumerate(bs):
                 n = (b.hi - b.lo) * b.cols
-                flat = read.values[i] if r == 0 else all_values[r][value_at : value_at + n]  # type: ignore[index]
+                flat = read.values[i] if r == 0 else all_values[r][value_at : value_at + n]
                 out[b.piece][b.lo : b.hi, b.col : b.col + b.cols] = flat.view(-1, b.cols)
                 value_at += n
                 target = out_raw[b.piece]

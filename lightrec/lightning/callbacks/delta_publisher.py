@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -43,7 +43,6 @@ from typing_extensions import override
 from lightrec.distributed.deltas import (
     BackgroundPublisher,
     DeltaWriter,
-    PendingPublish,
     publish_changes,
     sharded_table_specs,
 )
@@ -121,7 +120,6 @@ class DeltaPublisher(pl.Callback):
         self.background = background
         self.background_seconds: list[float] = []
         self._publisher: BackgroundPublisher | None = None
-        self._pending: PendingPublish | None = None
         self._dense: nn.Module | None = None
         self.versions: list[tuple[int, int]] = []
         self.seconds: list[float] = []
@@ -195,7 +193,7 @@ class DeltaPublisher(pl.Callback):
             self._publish(trainer, snapshot=False, dense=self.dense_every is not None)
         if self._publisher is not None:
             try:
-                self._settled(trainer, self._publisher.wait)()  # the last version (raises its error)
+                self._wait_for_pending(trainer)  # the last version (raises its error)
             finally:
                 publisher, self._publisher = self._publisher, None
                 publisher.close()  # stops the thread, frees its group
@@ -207,7 +205,7 @@ class DeltaPublisher(pl.Callback):
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         # a peer may be gone: do not wait for the version in flight (the thread is a daemon)
-        self._publisher = self._pending = None
+        self._publisher = None
 
     # ---- publish ------------------------------------------------------------------------------
     def _publish(self, trainer: pl.Trainer, snapshot: bool, dense: bool = False) -> None:
@@ -215,8 +213,8 @@ class DeltaPublisher(pl.Callback):
         start = time.perf_counter()
         step = trainer.global_step
         if self._publisher is not None:
-            self._settled(trainer, self._publisher.wait)()  # the version before, with its error
-            self._pending = self._publisher.publish(self._writer, self._tracker, consumer=CONSUMER, dense=dense,
+            self._wait_for_pending(trainer)  # the version before, with its error
+            self._publisher.publish(self._writer, self._tracker, consumer=CONSUMER, dense=dense,
                                                     snapshot=snapshot, global_step=step, dense_module=self._dense)  # fmt: skip
         else:
             version = publish_changes(self._model, self._writer, self._tracker, consumer=CONSUMER, dense=dense,
@@ -230,20 +228,16 @@ class DeltaPublisher(pl.Callback):
             for logger in trainer.loggers:
                 logger.log_metrics({"publish/seconds": elapsed}, step=trainer.global_step)
             rank_zero_info(f"DeltaPublisher: {'snapshot' if snapshot else 'delta'} of step {trainer.global_step} read "
-                           f"in {elapsed:.3f}s{', writing it in the background' if self._pending else ''} -> "
+                           f"in {elapsed:.3f}s{', writing it in the background' if self._publisher else ''} -> "
                            f"{self.dirpath}")  # fmt: skip
 
-    def _settled(self, trainer: pl.Trainer, wait: Callable[[], int | None]) -> Callable[[], int | None]:
-        """``wait`` (the publisher's), recording the pending version it waits for."""
-
-        def settle() -> int | None:
-            pending, self._pending = self._pending, None
-            version = wait()
-            if pending is not None and version is not None:
-                self._record(trainer, version, pending.global_step, pending.finish_seconds)
-            return version
-
-        return settle
+    def _wait_for_pending(self, trainer: pl.Trainer) -> None:
+        """Wait for the publisher's version in flight (raising its error) and record it."""
+        assert self._publisher is not None
+        pending = self._publisher.pending
+        version = self._publisher.wait()
+        if pending is not None and version is not None:
+            self._record(trainer, version, pending.global_step, pending.finish_seconds)
 
     def _record(self, trainer: pl.Trainer, version: int, step: int, background: float | None) -> None:
         self.versions.append((version, step))
