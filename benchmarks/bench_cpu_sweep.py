@@ -68,8 +68,6 @@ import bench_dmp  # noqa: E402
 OPTIMIZERS = ("sgd", "rowwise_adagrad", "adam")
 MODES = {"single": 1, "ranks": 2}  # mode -> gloo ranks
 LEARNING_RATE = 0.01
-# bench_dmp.py's fixed glibc malloc policy for the rank processes (see its docstring): no page re-faults.
-MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
 
 
 @dataclass(frozen=True)
@@ -261,20 +259,12 @@ def run_mode(mode: str, cells: list[Cell], size: Size, cell_timeout_s: float) ->
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     results: list[dict[str, Any]] = []
-    saved = {k: os.environ.get(k) for k in MALLOC_ENV}
     with tempfile.TemporaryDirectory() as tmp:
         init = f"file://{os.path.join(tmp, 'init')}"
         procs = [ctx.Process(target=_worker, args=(r, world, init, cells, size, queue)) for r in range(world)]
-        try:
-            os.environ.update(MALLOC_ENV)  # read by glibc as each spawned process starts
+        with bench_dmp.rank_malloc_policy():  # bench_dmp.py's fixed policy: no page re-faults
             for p in procs:
                 p.start()
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
         try:
             while True:
                 kind, payload = queue.get(timeout=cell_timeout_s)

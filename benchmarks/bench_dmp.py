@@ -48,6 +48,7 @@ Fairness on a shared machine:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -56,6 +57,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -312,6 +314,26 @@ def _worker(rank: int, world: int, init: str, args: argparse.Namespace, queue: A
         dist.destroy_process_group()
 
 
+@contextlib.contextmanager
+def rank_malloc_policy(enabled: bool = True) -> Iterator[None]:
+    """Processes started inside read lightrec's default glibc malloc policy (``"tuned"``, what
+    ``RecStrategy`` and ``lightrec run`` give every rank) from the environment as they start;
+    the caller's environment is restored after. ``enabled=False``: glibc's adaptive default."""
+    from lightrec._malloc_policy import MALLOC_POLICIES
+
+    env = {k: str(v) for k, v in MALLOC_POLICIES["tuned"].items()} if enabled else {}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -333,9 +355,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="the other side: torchrec, or lightrec with DDP's gloo all-reduce")  # fmt: skip
     parser.add_argument("--out", help="write the JSON result here as well")
     args = parser.parse_args(argv)
-    # Read by glibc when each (spawned) rank process starts; both frameworks run in those processes.
-    malloc_env = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
-    saved_env = {k: os.environ.get(k) for k in malloc_env}
     load_start = list(os.getloadavg())
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
@@ -345,17 +364,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ctx.Process(target=_worker, args=(r, args.world_size, init, args, queue))
             for r in range(args.world_size)
         ]
-        try:
-            if args.malloc_tuning:
-                os.environ.update(malloc_env)
+        with rank_malloc_policy(args.malloc_tuning):  # both frameworks run in these processes
             for p in procs:
                 p.start()
-        finally:  # the caller's environment is left as it was
-            for k, v in saved_env.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
         result = queue.get(timeout=3600)
         for p in procs:
             p.join()

@@ -159,6 +159,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="the published rows' format (the serving artifact's)")
     parser.add_argument("--publish-priority", default="idle", choices=["idle", "low", "normal"],
                         help="the background publisher thread's CPU priority")
+    parser.add_argument("--malloc-tuning", action=argparse.BooleanOptionalAction, default=True,
+                        help="lightrec's default glibc malloc policy in the ranks, as RecStrategy and "
+                             "`lightrec run` apply it (bench_dmp.py's docstring)")  # fmt: skip
     parser.add_argument("--dir", default=None, help="where the publish folder goes (default: a temp folder)")
     parser.add_argument("--out", default=None, help="also write the JSON report here")
     args = parser.parse_args(argv)
@@ -169,8 +172,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args.dir = args.dir or tmp
         procs = [ctx.Process(target=_worker, args=(r, args.world_size, f"{tmp}/pg", args, queue))
                  for r in range(args.world_size)]  # fmt: skip
-        for p in procs:
-            p.start()
+        with bench_dmp.rank_malloc_policy(args.malloc_tuning):
+            for p in procs:
+                p.start()
         report = queue.get(timeout=3600)
         for p in procs:
             p.join(timeout=120)

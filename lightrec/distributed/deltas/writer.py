@@ -6,7 +6,7 @@ One version is written as::
        tensors, not a copy: ``safetensors_stream``); nothing on disk yet
     2. mkdir DIR/.tmp-v000000007-<pid>-<random>/
     3. write rows.safetensors, dense.safetensors: each written, fsync'd, closed (its SHA-256 taken from the
-       bytes as they are written)
+       bytes as they are written; large files bypass the page cache: ``synced_write``)
     4. write manifest.json last, fsync it, fsync the folder
     5. rename the folder to DIR/v000000007          <- the commit point: the version exists from here on
     6. fsync DIR (the rename survives a power loss)
@@ -24,7 +24,6 @@ One writer per folder at a time: a new writer removes every ``.tmp-*`` it finds.
 from __future__ import annotations
 
 import errno
-import hashlib
 import logging
 import os
 import secrets
@@ -43,7 +42,6 @@ from lightrec.distributed.deltas.manifest import (
     MANIFEST_FILE,
     ROWS_FILE,
     TMP_PREFIX,
-    FileRecord,
     Manifest,
     TableSpec,
     parse_version_name,
@@ -51,6 +49,7 @@ from lightrec.distributed.deltas.manifest import (
 )
 from lightrec.distributed.deltas.rows import TableRows, check_rows, encode_rows
 from lightrec.distributed.deltas.safetensors_stream import safetensors_parts
+from lightrec.distributed.deltas.synced_write import write_synced
 from lightrec.quant.row_codec import DEFAULT_ROW_ALIGNMENT
 
 __all__ = ["DeltaWriter", "fsync_dir"]
@@ -67,24 +66,6 @@ def fsync_dir(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _write_synced(path: Path, parts: list[memoryview]) -> FileRecord:
-    """Create ``path`` (it must not exist), write the concatenation of ``parts``, fsync, close; return
-    its size and SHA-256 (hashed from the same bytes as they are written: no second pass over a copy)."""
-    digest = hashlib.sha256()
-    size = 0
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        for part in parts:
-            digest.update(part)
-            size += part.nbytes
-            while part:
-                part = part[os.write(fd, part) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return FileRecord(size, digest.hexdigest())
 
 
 def _remove_tree(path: Path) -> None:
@@ -254,13 +235,13 @@ class DeltaWriter:
         committed = False
         try:
             os.mkdir(tmp)
-            records = {fname: _write_synced(tmp / fname, data) for fname, data in files.items()}
+            records = {fname: write_synced(tmp / fname, data) for fname, data in files.items()}
             manifest = Manifest(
                 version=version, kind=kind, base=base, parent=None if kind == "snapshot" else previous,
                 global_step=step, wall_time=time.time(), lightrec_version=__version__, tables=dict(self.tables),
                 rows=counts, dense=DENSE_FILE in files, files=records,
             )  # fmt: skip
-            _write_synced(tmp / MANIFEST_FILE, [memoryview(manifest.to_json().encode())])
+            write_synced(tmp / MANIFEST_FILE, [memoryview(manifest.to_json().encode())])
             fsync_dir(tmp)
             os.rename(tmp, self.dirpath / name)  # the commit point
             committed = True
@@ -290,7 +271,7 @@ class DeltaWriter:
     def _write_latest(self, name: str) -> None:
         tmp = self.dirpath / f"{TMP_PREFIX}{LATEST_FILE}-{os.getpid()}-{secrets.token_hex(4)}"
         try:
-            _write_synced(tmp, [memoryview(f"{name}\n".encode())])
+            write_synced(tmp, [memoryview(f"{name}\n".encode())])
             os.replace(tmp, self.dirpath / LATEST_FILE)
             fsync_dir(self.dirpath)
         except OSError as exc:  # the version is written: readers list folders; the next write retries

@@ -1,0 +1,113 @@
+"""``write_synced``: the bytes, size and SHA-256 of a version's file, through O_DIRECT or the page cache.
+
+Large files bypass the page cache (``O_DIRECT`` from a page-aligned bounce buffer, the last block
+padded and the file truncated back); small ones, and file systems without ``O_DIRECT``, are written
+buffered. Every path must leave exactly the concatenation of the parts on disk.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightrec.distributed.deltas import synced_write
+from lightrec.distributed.deltas.synced_write import write_synced
+
+
+def _parts(sizes: list[int], seed: int = 0) -> list[memoryview]:
+    """Alternating read-only ``bytes`` parts and writable tensor views, as the safetensors writer gives."""
+    g = torch.Generator().manual_seed(seed)
+    out: list[memoryview] = []
+    for i, n in enumerate(sizes):
+        data = torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g)
+        out.append(memoryview(bytes(data.numpy())) if i % 2 == 0 else data.numpy().data.cast("B"))
+    return out
+
+
+def _check(path: Path, parts: list[memoryview]) -> None:
+    expected = b"".join(bytes(p) for p in parts)
+    record = write_synced(path, parts)
+    assert path.read_bytes() == expected
+    assert record.bytes == len(expected) and record.sha256 == hashlib.sha256(expected).hexdigest()
+
+
+def _direct_supported(folder: Path) -> bool:
+    fd = synced_write._open_direct(folder / "probe")
+    if fd is None:
+        return False
+    os.close(fd)
+    (folder / "probe").unlink()
+    return True
+
+
+@pytest.fixture
+def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every file direct, through a 16 KiB bounce buffer: block and chunk edges at test sizes."""
+    monkeypatch.setattr(synced_write, "DIRECT_MIN_BYTES", 0)
+    monkeypatch.setattr(synced_write, "_CHUNK", 4 * synced_write._BLOCK)
+
+
+@pytest.mark.parametrize("sizes", [[1], [4095], [4096], [4097], [16383, 1], [16384], [16385], [7, 30000, 3, 4096, 12345], [0, 5000, 0]])
+def test_direct_writes_hold_exactly_the_parts(tmp_path: Path, small_chunks: None, sizes: list[int],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    if not _direct_supported(tmp_path):
+        pytest.skip(f"{tmp_path}'s file system has no O_DIRECT")
+    real_write, direct_writes = os.write, []
+
+    def write(fd: int, data: memoryview) -> int:
+        if os.O_DIRECT & fcntl.fcntl(fd, fcntl.F_GETFL):
+            assert len(data) % synced_write._BLOCK == 0  # O_DIRECT's rule, kept by padding the last block
+            direct_writes.append(len(data))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(synced_write.os, "write", write)
+    _check(tmp_path / "f", _parts(sizes))
+    assert direct_writes or sum(sizes) == 0, "the file was not written through O_DIRECT"
+
+
+def test_a_large_file_with_the_real_buffer(tmp_path: Path) -> None:
+    _check(tmp_path / "big", _parts([100, synced_write._CHUNK + 12345, 8, 3 << 20]))
+
+
+def test_buffered_where_o_direct_is_refused(tmp_path: Path, small_chunks: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(synced_write, "_open_direct", lambda path: None)  # what tmpfs / macOS give
+    _check(tmp_path / "f", _parts([10, 40000, 3]))
+
+
+def test_a_write_refused_after_open_starts_over_buffered(tmp_path: Path, small_chunks: None,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    if not _direct_supported(tmp_path):
+        pytest.skip(f"{tmp_path}'s file system has no O_DIRECT")
+    real_write, refused = os.write, []
+
+    def write(fd: int, data: memoryview) -> int:
+        if os.O_DIRECT & fcntl.fcntl(fd, fcntl.F_GETFL):
+            refused.append(len(data))
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(synced_write.os, "write", write)
+    _check(tmp_path / "f", _parts([10, 40000, 3]))
+    assert refused
+
+
+def test_a_short_direct_write_is_a_full_disk(tmp_path: Path, small_chunks: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    if not _direct_supported(tmp_path):
+        pytest.skip(f"{tmp_path}'s file system has no O_DIRECT")
+    monkeypatch.setattr(synced_write.os, "write", lambda fd, data: len(data) // 2)
+    with pytest.raises(OSError) as info:
+        write_synced(tmp_path / "f", _parts([40000]))
+    assert info.value.errno == errno.ENOSPC
+
+
+def test_the_file_must_not_exist(tmp_path: Path) -> None:
+    (tmp_path / "f").write_bytes(b"old")
+    with pytest.raises(FileExistsError):
+        write_synced(tmp_path / "f", _parts([5 << 20]))
+    assert (tmp_path / "f").read_bytes() == b"old"
