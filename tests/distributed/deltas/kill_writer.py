@@ -1,11 +1,13 @@
 """Writer processes killed by SIGKILL: the process side of ``test_faults.py`` (run as a script).
 
-``python -m tests.distributed.deltas.kill_writer points ROOT STRIDE``: writes a template folder
+``python -m tests.distributed.deltas.kill_writer points ROOT STRIDE [direct]``: writes a template folder
 (v1-v3), then for k = 1, 1 + STRIDE, ... copies it to ``ROOT/k0001...`` and forks a writer that
 adds v4 (delta + dense), v5 (snapshot; retention=1 then removes v1-v4) and v6 (delta), armed to
-SIGKILL itself at its k-th file-system call (mkdir, write, fsync, rename, replace, unlink, rmdir):
-with STRIDE 1 every step of a write, of LATEST and of retention is a kill point. Stops at the
-first k the writer outlives; prints ``{k: "killed" | exit code}`` as JSON.
+SIGKILL itself at its k-th file-system call (mkdir, write, ftruncate, fsync, rename, replace, unlink,
+rmdir): with STRIDE 1 every step of a write, of LATEST and of retention is a kill point. ``direct``:
+every file through ``O_DIRECT`` in 16 KiB blocks (what versions of 1 MiB and more take), so the kills
+land between its block writes and before its truncation too. Stops at the first k the writer
+outlives; prints ``{k: "killed" | exit code}`` as JSON.
 
 ``python -m tests.distributed.deltas.kill_writer loop DIR``: writes deltas (a snapshot every
 fourth) into DIR until killed, printing "ready" once the writer is made.
@@ -24,10 +26,10 @@ from typing import Any
 
 import torch
 
-from lightrec.distributed.deltas import DeltaWriter
+from lightrec.distributed.deltas import DeltaWriter, synced_write
 from tests.distributed.deltas.helpers import SPECS, dense, full_rows, some_rows
 
-CALLS = ("mkdir", "write", "fsync", "rename", "replace", "unlink", "rmdir")
+CALLS = ("mkdir", "write", "ftruncate", "fsync", "rename", "replace", "unlink", "rmdir")
 
 
 def template(folder: Path) -> None:
@@ -60,8 +62,10 @@ def _arm(kill_at: int) -> None:
         setattr(os, name, wrap(getattr(os, name)))
 
 
-def points(root: Path, stride: int = 1, limit: int = 500) -> dict[int, object]:
+def points(root: Path, stride: int = 1, limit: int = 500, direct: bool = False) -> dict[int, object]:
     template(root / "template")
+    if direct:  # set after the template: only the killed writers write directly
+        synced_write.DIRECT_MIN_BYTES, synced_write._CHUNK = 0, 4 * synced_write._BLOCK
     results: dict[int, object] = {}
     for k in range(1, limit, stride):
         target = root / f"k{k:04d}"
@@ -98,6 +102,6 @@ def loop(folder: Path) -> None:
 if __name__ == "__main__":
     torch.set_num_threads(1)  # forked children must not wait on another process's OpenMP threads
     if sys.argv[1] == "points":
-        print(json.dumps(points(Path(sys.argv[2]), int(sys.argv[3]))))
+        print(json.dumps(points(Path(sys.argv[2]), int(sys.argv[3]), direct=sys.argv[4:] == ["direct"])))
     else:
         loop(Path(sys.argv[2]))

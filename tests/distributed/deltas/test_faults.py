@@ -56,6 +56,16 @@ def _check_folder(folder: Path, reference: DeltaReader) -> list[int]:
     return versions
 
 
+def _has_o_direct(folder: Path) -> bool:
+    from lightrec.distributed.deltas.synced_write import _open_direct
+
+    fd = _open_direct(folder / "probe")
+    if fd is not None:
+        os.close(fd)
+        (folder / "probe").unlink()
+    return fd is not None
+
+
 def _run(args: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-m", "tests.distributed.deltas.kill_writer", *args], cwd=ROOT, env=env,
@@ -63,9 +73,13 @@ def _run(args: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize("stride", [pytest.param(1, marks=pytest.mark.slow), 4])
-def test_a_writer_killed_at_any_call_leaves_complete_versions_only(tmp_path: Path, stride: int) -> None:
-    """stride 1: at every call (~60 kill points, slow); 4: every fourth (the default run)."""
-    done = _run(["points", str(tmp_path), str(stride)])
+@pytest.mark.parametrize("direct", [False, True], ids=["page-cache", "o-direct"])
+def test_a_writer_killed_at_any_call_leaves_complete_versions_only(tmp_path: Path, stride: int, direct: bool) -> None:
+    """stride 1: at every call (~60 kill points, slow); 4: every fourth (the default run).
+    ``direct``: every file written as large versions are (``O_DIRECT`` blocks, then a truncation)."""
+    if direct and not _has_o_direct(tmp_path):
+        pytest.skip(f"{tmp_path}'s file system has no O_DIRECT")
+    done = _run(["points", str(tmp_path), str(stride)] + (["direct"] if direct else []))
     assert done.returncode == 0, done.stderr
     results = {int(k): v for k, v in json.loads(done.stdout.splitlines()[-1]).items()}
     last = max(results)

@@ -36,13 +36,13 @@ def _body(rank: int, world_size: int, tmp: str) -> dict[str, Any]:
     out["main_nice"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) if out["nice"] is not None else None
     out["v1"] = publisher.publish(folder, tracker).result()
     train_step(model, 1, rank)
-    real = writer_module._write_synced
+    real = writer_module.write_synced
     if rank == 0:
 
         def full_disk(path: Path, parts: list[memoryview]) -> Any:
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-        writer_module._write_synced = full_disk  # the disk is full while v2 is written, in the background
+        writer_module.write_synced = full_disk  # the disk is full while v2 is written, in the background
     pending = publisher.publish(folder, tracker, global_step=1)
     train_step(model, 2, rank)  # training goes on meanwhile
     try:
@@ -50,7 +50,7 @@ def _body(rank: int, world_size: int, tmp: str) -> dict[str, Any]:
     except DeltaWriteError as exc:
         out["raised"] = (type(exc).__name__, exc.errno)
     out["pending_error"] = type(pending._error).__name__
-    writer_module._write_synced = real
+    writer_module.write_synced = real
     after = publisher.publish(folder, tracker, global_step=2)  # snapshot=None, yet a snapshot
     out["after"] = after.result()
     publisher.close()
