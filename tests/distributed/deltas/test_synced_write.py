@@ -11,6 +11,7 @@ import errno
 import fcntl
 import hashlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,22 @@ def _direct_supported(folder: Path) -> bool:
     return True
 
 
+def _on_direct_writes(monkeypatch: pytest.MonkeyPatch, act: Callable[[memoryview], None]) -> list[int]:
+    """Spy on ``write_synced``'s writes: each one to an ``O_DIRECT`` file is checked for O_DIRECT's
+    block rule, its length listed (the returned list) and handed to ``act`` (which may raise) first."""
+    real_write, lengths = os.write, []
+
+    def write(fd: int, data: memoryview) -> int:
+        if os.O_DIRECT & fcntl.fcntl(fd, fcntl.F_GETFL):
+            assert len(data) % synced_write._BLOCK == 0  # kept by padding the last block
+            lengths.append(len(data))
+            act(data)
+        return real_write(fd, data)
+
+    monkeypatch.setattr(synced_write.os, "write", write)
+    return lengths
+
+
 @pytest.fixture
 def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every file direct, through a 16 KiB bounce buffer: block and chunk edges at test sizes."""
@@ -58,15 +75,7 @@ def test_direct_writes_hold_exactly_the_parts(tmp_path: Path, small_chunks: None
                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     if not _direct_supported(tmp_path):
         pytest.skip(f"{tmp_path}'s file system has no O_DIRECT")
-    real_write, direct_writes = os.write, []
-
-    def write(fd: int, data: memoryview) -> int:
-        if os.O_DIRECT & fcntl.fcntl(fd, fcntl.F_GETFL):
-            assert len(data) % synced_write._BLOCK == 0  # O_DIRECT's rule, kept by padding the last block
-            direct_writes.append(len(data))
-        return real_write(fd, data)
-
-    monkeypatch.setattr(synced_write.os, "write", write)
+    direct_writes = _on_direct_writes(monkeypatch, lambda data: None)
     _check(tmp_path / "f", _parts(sizes))
     assert direct_writes or sum(sizes) == 0, "the file was not written through O_DIRECT"
 
@@ -84,15 +93,11 @@ def test_a_write_refused_after_open_starts_over_buffered(tmp_path: Path, small_c
                                                           monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     if not _direct_supported(tmp_path):
         pytest.skip(f"{tmp_path}'s file system has no O_DIRECT")
-    real_write, refused = os.write, []
 
-    def write(fd: int, data: memoryview) -> int:
-        if os.O_DIRECT & fcntl.fcntl(fd, fcntl.F_GETFL):
-            refused.append(len(data))
-            raise OSError(errno.EINVAL, "Invalid argument")
-        return real_write(fd, data)
+    def refuse(data: memoryview) -> None:
+        raise OSError(errno.EINVAL, "Invalid argument")
 
-    monkeypatch.setattr(synced_write.os, "write", write)
+    refused = _on_direct_writes(monkeypatch, refuse)
     _check(tmp_path / "f", _parts([10, 40000, 3]))
     assert refused
 
