@@ -102,12 +102,19 @@ def _run_ranks(root: Path, *args: str) -> None:
 
 
 @pytest.mark.slow
-def test_two_sharded_ranks_resume_the_stream_at_the_next_batch(tmp_path: Path) -> None:
+@pytest.mark.parametrize("prefetch", [False, True], ids=["plain", "sparse-dist-prefetch"])
+def test_two_sharded_ranks_resume_the_stream_at_the_next_batch(tmp_path: Path, prefetch: bool) -> None:
+    """Resumed from a checkpoint taken mid-run (step 3 of 6). With ``SparseDistPrefetch`` the next batch
+    was already read (and its input dist started) when it was taken: the stream position must leave
+    that batch out, or the resumed fit would skip it."""
     logs = tmp_path / "dlrm_online"
-    _run_ranks(tmp_path, "--trainer.max_steps=6")  # version_0
-    _run_ranks(tmp_path, "--trainer.max_steps=3")  # version_1
-    _run_ranks(tmp_path, "--trainer.max_steps=6", f"--ckpt_path={logs / 'version_1' / 'checkpoints' / 'last.ckpt'}")
-    reference, resumed = _scalars(logs / "version_0", "train/loss"), _scalars(logs / "version_2", "train/loss")
+    every_3 = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint", "--trainer.callbacks.save_top_k=-1",
+               "--trainer.callbacks.every_n_train_steps=3", f"--trainer.callbacks.dirpath={tmp_path / 'every_3'}"]
+    extra = [*every_3, *(["--trainer.callbacks+=lightrec.lightning.SparseDistPrefetch"] if prefetch else [])]
+    _run_ranks(tmp_path, "--trainer.max_steps=6", *extra)  # version_0
+    _run_ranks(tmp_path, "--trainer.max_steps=6", f"--ckpt_path={tmp_path / 'every_3' / 'epoch=0-step=3.ckpt'}",
+               *extra)  # version_1; fmt: skip
+    reference, resumed = _scalars(logs / "version_0", "train/loss"), _scalars(logs / "version_1", "train/loss")
     assert sorted(resumed) == [3, 4, 5]
     assert all(resumed[s] == pytest.approx(reference[s], rel=1e-5, abs=1e-6) for s in resumed)
     assert sorted(_scalars(logs / "version_0", "online/auc")) == list(range(6))
