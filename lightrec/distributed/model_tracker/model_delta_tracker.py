@@ -140,7 +140,10 @@ class ModelDeltaTrackerTrec(ModelDeltaTracker):
         self.per_consumer_batch_idx: dict[str, int] = dict.fromkeys(names, -1)
         self.curr_batch_idx = 0
         self.curr_compact_index = 0
-        self._pending: list[tuple[int, GroupedLookup, KeyedJaggedTensor, torch.Tensor | None]] = []
+        # Per training lookup until the next read: (batch, lookup, ids [n], offset per key [keys + 1], states).
+        # Only the ids and the key offsets are kept, not the KJT: its lengths and offsets would double
+        # what the heap holds between reads.
+        self._pending: list[tuple[int, GroupedLookup, torch.Tensor, list[int], torch.Tensor | None]] = []
         self._resets: list[tuple[int, str, torch.Tensor, torch.Tensor | None]] = []
         self._removers: list[Callable[[], None]] = [lk.register_lookup_tracker(self) for lk, _ in self._lookups.values()]
         logger.info("delta tracker (%s) on %d tables, consumers %s", mode.name, len(self._tables), names)
@@ -186,7 +189,7 @@ class ModelDeltaTrackerTrec(ModelDeltaTracker):
             states = output.detach()
         elif self._mode in (TrackingMode.MOMENTUM_DIFF, TrackingMode.ROWWISE_ADAGRAD):
             states = states_at_lookup(self._tables, entry[1], features)  # before the backward's update
-        self._pending.append((self.curr_batch_idx, lookup, features, states))
+        self._pending.append((self.curr_batch_idx, lookup, features.values(), features.offset_per_key(), states))
 
     def on_rows_reset(self, lookup: GroupedLookup, table: str, rows: torch.Tensor) -> None:
         entry = self._lookups.get(id(lookup))
@@ -216,8 +219,8 @@ class ModelDeltaTrackerTrec(ModelDeltaTracker):
         pending, resets = self._pending, self._resets
         self._pending, self._resets = [], []
         events: list[tuple[int, int, dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]]]] = []
-        for order, (batch, lookup, features, states) in enumerate(pending):
-            events.append((batch, order, _per_table(self._lookups[id(lookup)][1], features, states)))
+        for order, (batch, lookup, values, offsets, states) in enumerate(pending):
+            events.append((batch, order, _per_table(self._lookups[id(lookup)][1], values, offsets, states)))
         for order, (batch, fqn, reset, reset_states) in enumerate(resets):
             events.append((batch, -len(resets) + order, {fqn: ([reset], [] if reset_states is None else [reset_states])}))
         events.sort(key=lambda e: (e[0], e[1]))  # resets of a batch came before its lookups
@@ -327,11 +330,10 @@ class ModelDeltaTrackerTrec(ModelDeltaTracker):
 
 
 def _per_table(
-    keys: LookupKeys, features: KeyedJaggedTensor, states: torch.Tensor | None
+    keys: LookupKeys, values: torch.Tensor, offsets: list[int], states: torch.Tensor | None
 ) -> dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]]:
-    """``{fqn: ([global ids per key], [states per key])}`` of one recorded lookup."""
-    values = features.values()
-    offsets = features.offset_per_key()
+    """``{fqn: ([global ids per key], [states per key])}`` of one recorded lookup: ``values`` its
+    shard-local ids, key ``k``'s at ``offsets[k]:offsets[k + 1]``."""
     out: dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
     for k, key in enumerate(keys.keys):
         if key is None or offsets[k] == offsets[k + 1]:
