@@ -62,8 +62,10 @@ def _open_direct(path: Path) -> int | None:
     try:
         return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | flag, 0o644)
     except OSError as exc:
-        if exc.errno != errno.EINVAL:  # EINVAL: no O_DIRECT here (tmpfs); anything else is a real failure
+        if exc.errno != errno.EINVAL:  # EINVAL: no O_DIRECT here (tmpfs before Linux 6.6); else a real failure
             raise
+        # Linux creates the file before it finds O_DIRECT unsupported; O_EXCL made it ours to remove.
+        path.unlink(missing_ok=True)
         return None
 
 

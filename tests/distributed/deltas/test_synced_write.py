@@ -116,3 +116,19 @@ def test_the_file_must_not_exist(tmp_path: Path) -> None:
     with pytest.raises(FileExistsError):
         write_synced(tmp_path / "f", _parts([5 << 20]))
     assert (tmp_path / "f").read_bytes() == b"old"
+
+
+def test_a_file_system_that_refuses_o_direct_at_open(tmp_path: Path, small_chunks: None,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Linux creates the file and then fails the open with EINVAL (tmpfs before 6.6): the buffered
+    write that follows must find no file in its way."""
+    real_open = os.open
+
+    def open_(path: Path, flags: int, mode: int = 0o777) -> int:
+        if flags & os.O_DIRECT:
+            os.close(real_open(path, flags & ~os.O_DIRECT, mode))  # created, then refused
+            raise OSError(errno.EINVAL, "Invalid argument", str(path))
+        return real_open(path, flags, mode)
+
+    monkeypatch.setattr(synced_write.os, "open", open_)
+    _check(tmp_path / "f", _parts([10, 40000, 3]))
