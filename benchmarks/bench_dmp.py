@@ -318,12 +318,17 @@ def _worker(rank: int, world: int, init: str, args: argparse.Namespace, queue: A
 def rank_malloc_policy(enabled: bool = True) -> Iterator[None]:
     """Processes started inside read lightrec's default glibc malloc policy (``"tuned"``, what
     ``RecStrategy`` and ``lightrec run`` give every rank) from the environment as they start;
-    the caller's environment is restored after. ``enabled=False``: glibc's adaptive default."""
+    the caller's environment is restored after. ``enabled=False``: glibc's adaptive default (the
+    caller's own ``MALLOC_*`` thresholds are removed for them too)."""
     from lightrec._malloc_policy import MALLOC_POLICIES
 
-    env = {k: str(v) for k, v in MALLOC_POLICIES["tuned"].items()} if enabled else {}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
+    tuned = {k: str(v) for k, v in MALLOC_POLICIES["tuned"].items()}
+    saved = {k: os.environ.get(k) for k in tuned}
+    for k, v in tuned.items():
+        if enabled:
+            os.environ[k] = v
+        else:
+            os.environ.pop(k, None)
     try:
         yield
     finally:

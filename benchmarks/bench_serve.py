@@ -191,8 +191,8 @@ def fastapi_server(artifact: str, port: int, threads: int, workers: int) -> None
 def _measure(url: ServerURL, load: Any, metrics: int) -> dict[str, Any]:
     """Run the coroutine ``load`` against ``url``; add the server's CPU per request and (``metrics``:
     a lightrec server's number of HTTP processes, 0 for another server) the mean samples per forward,
-    the in-server forward time and, where the run filled every HTTP process's latency ring, the
-    in-server latency quantiles."""
+    the in-server forward time and, where the run sent as many requests as the HTTP processes' latency
+    rings hold, the in-server latency quantiles."""
     before, cpu = (scrape(url) if metrics else {}), session_cpu_seconds(url.pid)
     result: dict[str, Any] = asyncio.run(load)
     cpu_after = session_cpu_seconds(url.pid)
@@ -206,7 +206,8 @@ def _measure(url: ServerURL, load: Any, metrics: int) -> dict[str, Any]:
         result["samples_per_forward"] = scored / max(forwards, 1)
         result["forward_ms_in_server"] = 1e3 * seconds_in / max(forwards, 1)
         # The server's own view: arrival at its HTTP process to the response, over each process's last
-        # RING requests -- this level's alone only once it sent that many to every process.
+        # RING requests. Reported once the level sent RING requests per process (on average: the
+        # summary merges the processes, so a very uneven spread could still mix in earlier requests).
         count = "lightrec_serving_request_latency_seconds_count"
         if after.get(count, 0.0) - before.get(count, 0.0) >= RING * metrics:
             for q in ("0.5", "0.99"):

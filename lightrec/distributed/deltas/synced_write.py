@@ -10,7 +10,7 @@ files are therefore written with ``O_DIRECT`` from one small page-aligned bounce
         --sha256 (GIL released)-->  --os.write(O_DIRECT)-->  disk
 
 The last block is padded to the file system's block and the file truncated to its size after.
-Where ``O_DIRECT`` is refused (tmpfs, macOS, a small file) the file is written through the page
+Where ``O_DIRECT`` is refused (tmpfs before Linux 6.6, macOS) and for small files the file is written through the page
 cache and its pages are dropped after the ``fsync`` (``POSIX_FADV_DONTNEED``), so the next version
 reuses them. Both ways: the file is created exclusively, fsync'd and closed before this returns; an
 ``OSError`` (``ENOSPC``, ...) propagates and the caller removes the temporary folder.
@@ -19,7 +19,6 @@ reuses them. Both ways: the file is created exclusively, fsync'd and closed befo
 from __future__ import annotations
 
 import errno
-import fcntl
 import hashlib
 import mmap
 import os
@@ -41,7 +40,8 @@ _buffers = threading.local()
 def _bounce() -> tuple[memoryview, torch.Tensor]:
     """This thread's page-aligned buffer, as a memoryview (for write and hash) and a uint8 tensor (for copies)."""
     if getattr(_buffers, "size", 0) < _CHUNK:
-        area = mmap.mmap(-1, _CHUNK)  # anonymous mappings are page aligned
+        # Page aligned; private, so that a process forked after this one made it writes its own copy.
+        area = mmap.mmap(-1, _CHUNK, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         _buffers.size, _buffers.view = _CHUNK, memoryview(area)
         _buffers.tensor = torch.frombuffer(area, dtype=torch.uint8)
     return _buffers.view, _buffers.tensor
@@ -121,6 +121,7 @@ def write_synced(path: Path, parts: list[memoryview]) -> FileRecord:
     Returns its size and SHA-256, hashed from the bytes as they are written (no second pass).
     """
     digest = hashlib.sha256()
+    parts = [p if p.format == "B" and p.ndim == 1 else p.cast("B") for p in parts]  # bytes, whatever the view
     total = sum(p.nbytes for p in parts)
     fd = _open_direct(path) if total >= DIRECT_MIN_BYTES else None
     direct = fd is not None
@@ -134,6 +135,8 @@ def write_synced(path: Path, parts: list[memoryview]) -> FileRecord:
                 if exc.errno != errno.EINVAL:
                     raise
                 # The file system accepted O_DIRECT at open but refuses these writes: start over buffered.
+                import fcntl  # POSIX only; this branch runs where O_DIRECT exists
+
                 fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
                 os.ftruncate(fd, 0)
                 os.lseek(fd, 0, os.SEEK_SET)

@@ -11,7 +11,10 @@ torchrec 1.8's tracker under its names and call shapes::
 
 Recording is a by-product of the lookup: every grouped lookup of every sharded collection calls
 :meth:`ModelDeltaTrackerTrec.on_lookup` with the KJT it read (a list append of references; no
-copy, no unique, no host read), and a managed-collision eviction reports the rows it reset. At
+copy, no unique, no host read on an accelerator), and a managed-collision eviction reports the rows
+it reset. On the CPU only the ids and the per-key offsets are kept until the read (the KJT's lengths
+and offsets would double what the heap holds); on an accelerator, where the offsets would cost a
+host sync per lookup, the KJT is kept and its offsets are read at the flush. At
 read time (or at each step with ``auto_compact``) the recorded lookups become, per table FQN, the
 global row ids of this rank's shards (``local id + shard row offset``), then unique.
 
@@ -140,10 +143,10 @@ class ModelDeltaTrackerTrec(ModelDeltaTracker):
         self.per_consumer_batch_idx: dict[str, int] = dict.fromkeys(names, -1)
         self.curr_batch_idx = 0
         self.curr_compact_index = 0
-        # Per training lookup until the next read: (batch, lookup, ids [n], offset per key [keys + 1], states).
-        # Only the ids and the key offsets are kept, not the KJT: its lengths and offsets would double
-        # what the heap holds between reads.
-        self._pending: list[tuple[int, GroupedLookup, torch.Tensor, list[int], torch.Tensor | None]] = []
+        # Per training lookup until the next read: (batch, lookup, ids, states). The ids are
+        # (values [n], offset per key [keys + 1]) where the offsets are known without a host sync
+        # (module docstring), else the KJT itself.
+        self._pending: list[tuple[int, GroupedLookup, _RecordedIds, torch.Tensor | None]] = []
         self._resets: list[tuple[int, str, torch.Tensor, torch.Tensor | None]] = []
         self._removers: list[Callable[[], None]] = [lk.register_lookup_tracker(self) for lk, _ in self._lookups.values()]
         logger.info("delta tracker (%s) on %d tables, consumers %s", mode.name, len(self._tables), names)
@@ -189,7 +192,7 @@ class ModelDeltaTrackerTrec(ModelDeltaTracker):
             states = output.detach()
         elif self._mode in (TrackingMode.MOMENTUM_DIFF, TrackingMode.ROWWISE_ADAGRAD):
             states = states_at_lookup(self._tables, entry[1], features)  # before the backward's update
-        self._pending.append((self.curr_batch_idx, lookup, features.values(), features.offset_per_key(), states))
+        self._pending.append((self.curr_batch_idx, lookup, _recorded_ids(features), states))
 
     def on_rows_reset(self, lookup: GroupedLookup, table: str, rows: torch.Tensor) -> None:
         entry = self._lookups.get(id(lookup))
@@ -219,7 +222,8 @@ class ModelDeltaTrackerTrec(ModelDeltaTracker):
         pending, resets = self._pending, self._resets
         self._pending, self._resets = [], []
         events: list[tuple[int, int, dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]]]] = []
-        for order, (batch, lookup, values, offsets, states) in enumerate(pending):
+        for order, (batch, lookup, recorded, states) in enumerate(pending):
+            values, offsets = recorded if isinstance(recorded, tuple) else (recorded.values(), recorded.offset_per_key())
             events.append((batch, order, _per_table(self._lookups[id(lookup)][1], values, offsets, states)))
         for order, (batch, fqn, reset, reset_states) in enumerate(resets):
             events.append((batch, -len(resets) + order, {fqn: ([reset], [] if reset_states is None else [reset_states])}))
@@ -327,6 +331,18 @@ class ModelDeltaTrackerTrec(ModelDeltaTracker):
         self.per_consumer_batch_idx[name] = self.curr_batch_idx + 1
         self.curr_batch_idx += 1
         self.store.delete(up_to_idx=min(self.per_consumer_batch_idx.values()))
+
+
+_RecordedIds = tuple[torch.Tensor, list[int]] | KeyedJaggedTensor
+
+
+def _recorded_ids(features: KeyedJaggedTensor) -> _RecordedIds:
+    """What a training lookup leaves until the next read (module docstring): ``(values, offset per
+    key)`` where the offsets are cached or cost no host sync (CPU), else the KJT."""
+    offsets = features.offset_per_key_or_none()
+    if offsets is None and features.values().device.type == "cpu":
+        offsets = features.offset_per_key()
+    return features if offsets is None else (features.values(), offsets)
 
 
 def _per_table(

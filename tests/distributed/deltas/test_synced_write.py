@@ -53,7 +53,7 @@ def _on_direct_writes(monkeypatch: pytest.MonkeyPatch, act: Callable[[memoryview
     real_write, lengths = os.write, []
 
     def write(fd: int, data: memoryview) -> int:
-        if os.O_DIRECT & fcntl.fcntl(fd, fcntl.F_GETFL):
+        if getattr(os, "O_DIRECT", 0) & fcntl.fcntl(fd, fcntl.F_GETFL):
             assert len(data) % synced_write._BLOCK == 0  # kept by padding the last block
             lengths.append(len(data))
             act(data)
@@ -94,8 +94,9 @@ def test_a_write_refused_after_open_starts_over_buffered(tmp_path: Path, small_c
     if not _direct_supported(tmp_path):
         pytest.skip(f"{tmp_path}'s file system has no O_DIRECT")
 
-    def refuse(data: memoryview) -> None:
-        raise OSError(errno.EINVAL, "Invalid argument")
+    def refuse(data: memoryview) -> None:  # the last, padded block: whole blocks were written before it
+        if len(data) < synced_write._CHUNK:
+            raise OSError(errno.EINVAL, "Invalid argument")
 
     refused = _on_direct_writes(monkeypatch, refuse)
     _check(tmp_path / "f", _parts([10, 40000, 3]))
@@ -125,10 +126,30 @@ def test_a_file_system_that_refuses_o_direct_at_open(tmp_path: Path, small_chunk
     real_open = os.open
 
     def open_(path: Path, flags: int, mode: int = 0o777) -> int:
-        if flags & os.O_DIRECT:
+        if flags & getattr(os, "O_DIRECT", 0):
             os.close(real_open(path, flags & ~os.O_DIRECT, mode))  # created, then refused
             raise OSError(errno.EINVAL, "Invalid argument", str(path))
         return real_open(path, flags, mode)
 
     monkeypatch.setattr(synced_write.os, "open", open_)
     _check(tmp_path / "f", _parts([10, 40000, 3]))
+
+
+def test_parts_of_any_item_format_are_written_as_their_bytes(tmp_path: Path) -> None:
+    floats = torch.arange(300_000, dtype=torch.float32)
+    parts = [memoryview(bytes(range(7))).cast("B"), memoryview(floats.numpy()), memoryview(bytes(floats.numpy())).cast("f")]
+    _check(tmp_path / "f", parts)
+
+
+def test_the_bounce_buffer_is_not_shared_with_a_forked_child(tmp_path: Path) -> None:
+    """A process forked after the buffer exists writes its own copy (a shared mapping would let a
+    parent and a child publishing at once overwrite each other's blocks between hash and write)."""
+    view, _ = synced_write._bounce()
+    view[:4] = b"AAAA"
+    pid = os.fork()
+    if pid == 0:
+        child_view, _ = synced_write._bounce()
+        child_view[:4] = b"BBBB"
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert bytes(view[:4]) == b"AAAA"
