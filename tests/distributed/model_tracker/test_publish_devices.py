@@ -17,7 +17,11 @@ from tests.multiprocess import run_ranks
 ROWS = {"t0": 200, "t1": 50}
 
 
-def _body(rank: int, world_size: int, tmp: str, device_type: str) -> dict[str, Any]:
+def _body(rank: int, world_size: int, tmp: str, device_type: str, keep_kjts: bool = False) -> dict[str, Any]:
+    if keep_kjts:  # what the tracker records on an accelerator (the KJT, its offsets read at the flush)
+        from lightrec.distributed.model_tracker import model_delta_tracker
+
+        model_delta_tracker._recorded_ids = lambda features: features
     from lightrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
     from lightrec.distributed import DistributedModelParallel, get_default_sharders
     from lightrec.distributed.deltas import BackgroundPublisher, publish_changes
@@ -77,8 +81,9 @@ def _check(tmp_path: Path, results: list[dict[str, Any]]) -> None:
             assert torch.equal(state.rows[name].values, weight), (version, name)
 
 
-def test_the_tracker_and_both_publishers_on_cpu_tables(tmp_path: Path) -> None:
-    _check(tmp_path, run_ranks(_body, 1, args=(str(tmp_path), "cpu"), timeout=240))
+@pytest.mark.parametrize("keep_kjts", [False, True], ids=["ids-and-offsets", "kjts-as-on-accelerators"])
+def test_the_tracker_and_both_publishers_on_cpu_tables(tmp_path: Path, keep_kjts: bool) -> None:
+    _check(tmp_path, run_ranks(_body, 1, args=(str(tmp_path), "cpu", keep_kjts), timeout=240))
 
 
 @pytest.mark.gpu
