@@ -5,8 +5,12 @@ gathers an ``[N, D]`` contribution tensor, sums it with ``index_add_`` into a fr
 buffer and then makes four or five more passes over ``[U, D]`` for the optimizer arithmetic. The
 native pass does the same arithmetic, operation by operation, in one sweep:
 
-1. de-duplicate the ids with a persistent ``[rows]`` int32 scratch (the unique index of each row,
-   ``-1`` elsewhere; reset row by row after use, so it never needs clearing) -- O(N), no sort;
+1. de-duplicate the ids -- O(N), no sort -- with a small open-addressing table of the call's ids
+   (``2N``-``4N`` slots of 16 bytes, kept per thread) where that is smaller than a persistent
+   ``[rows]`` int32 scratch (the unique index of each row, ``-1`` elsewhere; reset row by row after
+   use, so it never needs clearing), and with the scratch otherwise: the table stays in cache where
+   the scratch's entries are DRAM misses (53k ids of 26 x 100k rows: 2 MiB against 10 MiB, the
+   update 4.8 -> 3.5 ms on one thread);
 2. for each unique row, sum its contributions straight out of the output gradient (the bag of
    each id and its per-id factor are arguments: no ``[N, D]`` gather), in input order;
 3. update the row and its optimizer state once, prefetching the rows a few steps ahead (the reads
@@ -25,7 +29,7 @@ from lightrec._native import native_ops, native_unavailable_reason
 from lightrec.kernels.sparse_update import adam_bias_corrections
 from lightrec.optim.fused_spec import EmbOptimType, FusedOptimizerSpec, WeightDecayMode
 
-__all__ = ["NATIVE_OPTIMIZERS", "native_update_available", "native_fused_update", "new_scratch"]
+__all__ = ["DEDUPE_MODES", "NATIVE_OPTIMIZERS", "native_update_available", "native_fused_update", "new_scratch"]
 
 _OPTIMIZER_CODE = {
     EmbOptimType.SGD: 0,
@@ -37,6 +41,9 @@ _OPTIMIZER_CODE = {
 #: stock-op update of ``sparse_update.py``.
 NATIVE_OPTIMIZERS = frozenset(_OPTIMIZER_CODE)
 _DECAY_CODE = {WeightDecayMode.NONE: 0, WeightDecayMode.L2: 1, WeightDecayMode.DECOUPLED: 2}
+#: How the native pass de-duplicates ids: ``"auto"`` (the table where it is no larger than the
+#: scratch), or always the ``"scratch"`` or the ``"table"`` (for tests and comparisons).
+DEDUPE_MODES = {"auto": 0, "scratch": 1, "table": 2}
 
 
 def native_update_available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -66,6 +73,7 @@ def native_fused_update(
     grad: torch.Tensor,
     bag_of_id: torch.Tensor | None,
     scale: torch.Tensor | None,
+    dedupe: str = "auto",
 ) -> None:
     """Apply ``spec``'s update to the rows ``ids`` of ``weight`` (and ``states``) in place.
 
@@ -80,11 +88,14 @@ def native_fused_update(
             ``grad[k // C, k % C]``.
         bag_of_id: ``[N]`` int64 bag of each id, or None when id ``i`` is bag ``i``.
         scale: ``[N]`` factor of each id's contribution (MEAN's ``1/len``, per-sample weights), or None.
+        dedupe: one of :data:`DEDUPE_MODES` (the result is the same; only the speed differs).
 
     The gradient of row ``r`` is ``sum_i scale[i] * grad[bag_of_id[i]]`` over the ids ``i`` equal
     to ``r``, summed in input order; each touched row is then updated once, as
     ``sparse_update.apply_sparse_update`` does.
     """
+    if dedupe not in DEDUPE_MODES:
+        raise ValueError(f"native_fused_update: dedupe={dedupe!r} is not one of {sorted(DEDUPE_MODES)}")
     if ids.numel() == 0:
         return
     if native_ops() is None:
@@ -114,4 +125,5 @@ def native_fused_update(
         _DECAY_CODE[spec.weight_decay_mode],
         bias1,
         bias2,
+        DEDUPE_MODES[dedupe],
     )

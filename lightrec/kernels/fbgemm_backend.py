@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from lightrec._fbgemm import fbgemm_available, fbgemm_serves_cuda, fbgemm_unavailable_reason
+from lightrec._host_memory import rehome_on_huge_pages
 from lightrec.kernels.kernel_interface import (
     KernelConfig,
     LayoutCheck,
@@ -90,6 +91,9 @@ def fbgemm_supports(
         # gradient (tests/kernels compare against the exact rule). SGD is linear, so it is exact.
         return f"fbgemm's CPU {kind.name} is not exact for tables shared by several features"
     return None
+
+# The TBE's host tensors that lookups and the fused update read by row (fbgemm's names).
+_HOST_STORAGE = ("weights_host", "momentum1_host", "momentum2_host")
 
 
 class FbgemmBatchedLookup(LayoutGatedKernel):
@@ -174,6 +178,13 @@ class FbgemmBatchedLookup(LayoutGatedKernel):
             table_names=list(table_names),
             **self._storage_options(config),
         )
+        if location == EmbeddingLocation.HOST and not on_cuda:
+            # fbgemm allocates its host storage with plain torch.zeros (4 KiB pages); the lookups and
+            # the fused update read rows at random, so huge pages save the TLB misses (_host_memory).
+            for name in _HOST_STORAGE:
+                storage = getattr(self.tbe, name, None)
+                if isinstance(storage, torch.Tensor):
+                    rehome_on_huge_pages(storage)
         self._lr = spec.learning_rate
 
     def _location(self, locations: type[EmbeddingLocation], on_cuda: bool) -> EmbeddingLocation:

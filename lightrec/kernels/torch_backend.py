@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from lightrec._host_memory import empty_host_tensor
+from lightrec.kernels.cpu_gather import gather_rows
 from lightrec.kernels.cpu_update import (
     NATIVE_OPTIMIZERS,
     native_fused_update,
@@ -231,7 +232,7 @@ class _LookupFunction(torch.autograd.Function):
             ids, _, w = backend._group_inputs(g, indices, offsets, psw, batch)
             ids = ids.view(num_features, batch).t().reshape(-1)
             w = w.view(num_features, batch).t().reshape(-1) if w is not None else None
-            out = g.weight.index_select(0, ids)
+            out = gather_rows(g.weight, ids)
             if w is not None:
                 out = out * w.to(out.dtype).unsqueeze(1)
             ctx.saved = [(ids, None, w)]
@@ -250,7 +251,7 @@ class _LookupFunction(torch.autograd.Function):
                     out = out / (offs[1:] - offs[:-1]).clamp(min=1).to(out.dtype).unsqueeze(1)
                 outputs.append(out.view(len(g.features), batch, g.dim))
             else:
-                outputs.append(F.embedding(ids, g.weight))
+                outputs.append(gather_rows(g.weight, ids))
             saved.append((ids, offs, w))
         ctx.saved = saved
         if not pooled:

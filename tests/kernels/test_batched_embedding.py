@@ -425,3 +425,44 @@ def test_adam_step_counts_past_float32_precision() -> None:
     step.fill_(2**24)
     module(torch.tensor([1, 2]), torch.tensor([0, 1, 2])).sum().backward()
     assert int(step) == 2**24 + 1
+
+
+@pytest.mark.skipif(not fbgemm_available(), reason="fbgemm absent")
+@pytest.mark.parametrize("kind", [EmbOptimType.ADAGRAD, EmbOptimType.ROWWISE_ADAGRAD])
+def test_fbgemm_host_storage_moves_to_huge_pages_and_trains_the_same(kind: EmbOptimType) -> None:
+    """fbgemm's own ``weights_host`` / ``momentum1_host`` (>= 2 MiB) are moved into huge-page buffers
+    at construction: aligned to 2 MiB on Linux, same values, and training through the TBE (forward and
+    fused backward), the views of ``split_embedding_weights`` and the optimizer state all use the
+    moved storage -- the torch kernel, trained the same way, ends with the same tables and state."""
+    import sys
+
+    from lightrec._host_memory import HUGE_PAGE_BYTES
+
+    tables, ftm = [(6000, 64), (5000, 64)], [0, 1]  # 2.8 MB of weights: one huge page and more
+    spec = FusedOptimizerSpec(kind, learning_rate=0.1, eps=1e-6)
+    torch.manual_seed(3)
+    fb = BatchedEmbeddingBag(tables, ftm, optimizer=spec, kernel_backend="fbgemm")
+    tbe = fb._backend.tbe
+    moved = [tbe.weights_host] + ([tbe.momentum1_host] if kind == EmbOptimType.ADAGRAD else [])
+    if sys.platform.startswith("linux"):
+        assert all(t.data_ptr() % HUGE_PAGE_BYTES == 0 for t in moved)
+    assert isinstance(tbe.weights_host, torch.nn.Parameter)  # the same kind of holder as fbgemm built
+    ref = BatchedEmbeddingBag(tables, ftm, optimizer=spec, kernel_backend="torch")
+    with torch.no_grad():
+        for w_ref, w_fb in zip(ref.split_embedding_weights(), fb.split_embedding_weights(), strict=True):
+            w_ref.copy_(w_fb)
+    gen = torch.Generator().manual_seed(11)
+    for _ in range(4):
+        ids = torch.cat([torch.randint(0, tables[t][0], (16,), generator=gen) for t in ftm])
+        offsets = torch.arange(0, ids.numel() + 1, 2)  # 8 bags of 2 ids per feature
+        grad = torch.randn(8, 2 * 64, generator=gen)
+        out_fb, out_ref = fb(ids, offsets), ref(ids, offsets)
+        torch.testing.assert_close(out_fb, out_ref, rtol=1e-5, atol=1e-6)
+        (out_fb * grad).sum().backward()
+        (out_ref * grad).sum().backward()
+    for w_fb, w_ref in zip(fb.split_embedding_weights(), ref.split_embedding_weights(), strict=True):
+        assert w_fb.untyped_storage().data_ptr() == tbe.weights_host.untyped_storage().data_ptr()
+        torch.testing.assert_close(w_fb, w_ref, rtol=1e-5, atol=1e-6)
+    state_fb, state_ref = fb.fused_optimizer.state_dict()["state"], ref.fused_optimizer.state_dict()["state"]
+    for key in state_ref:
+        torch.testing.assert_close(state_fb[key]["momentum1"], state_ref[key]["momentum1"], rtol=1e-5, atol=1e-7)

@@ -47,8 +47,9 @@ def _states(spec: FusedOptimizerSpec, rows: int, dim: int, dtype: torch.dtype) -
 @pytest.mark.parametrize("decay", DECAYS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("bags", ["per_id", "pooled"])
+@pytest.mark.parametrize("dedupe", ["scratch", "table"])
 def test_native_update_equals_stock_update_with_duplicate_ids(
-    kind: EmbOptimType, decay: WeightDecayMode, dtype: torch.dtype, bags: str
+    kind: EmbOptimType, decay: WeightDecayMode, dtype: torch.dtype, bags: str, dedupe: str
 ) -> None:
     gen = torch.Generator().manual_seed(7)
     rows, dim, n = 40, 12, 300
@@ -70,7 +71,7 @@ def test_native_update_equals_stock_update_with_duplicate_ids(
             bag_of_id = torch.randint(0, 100, (n,), generator=gen)
             scale = torch.rand(n, generator=gen, dtype=dtype)
             contrib = native_grad.reshape(100, dim).index_select(0, bag_of_id) * scale.unsqueeze(1)
-        native_fused_update(spec, 0.1, step_t, weight, states, scratch, ids, native_grad, bag_of_id, scale)
+        native_fused_update(spec, 0.1, step_t, weight, states, scratch, ids, native_grad, bag_of_id, scale, dedupe)
         apply_sparse_update(spec, 0.1, step_t, ref_weight, ref_states, ids, contrib)
         assert torch.equal(scratch, torch.full((rows,), -1, dtype=torch.int32))  # left clean
     tol = {} if dtype == torch.float32 else {"rtol": 1e-12, "atol": 1e-12}
@@ -127,6 +128,67 @@ def test_out_of_range_id_raises_and_leaves_the_scratch_clean() -> None:
                             torch.ones(1, 3, 4), None, None)  # fmt: skip
     assert torch.equal(scratch, torch.full((5,), -1, dtype=torch.int32))
     assert torch.equal(weight, torch.zeros(5, 4))
+
+
+def test_out_of_range_id_with_the_id_table_raises_and_changes_nothing() -> None:
+    spec = _spec(EmbOptimType.ROWWISE_ADAGRAD, WeightDecayMode.NONE)
+    weight, states, scratch = torch.zeros(5, 4), _states(spec, 5, 4, torch.float32), new_scratch(5)
+    before = states["momentum1"].clone()
+    for bad in (-1, 5):
+        with pytest.raises(RuntimeError, match=f"id {bad} at position 1 is outside"):
+            native_fused_update(spec, 0.1, torch.tensor(1), weight, states, scratch, torch.tensor([1, bad, 2]),
+                                torch.ones(1, 3, 4), None, None, "table")  # fmt: skip
+    assert torch.equal(weight, torch.zeros(5, 4)) and torch.equal(states["momentum1"], before)
+    # the per-thread table is cleared by the next call: a good batch after the failures is exact
+    native_fused_update(spec, 0.1, torch.tensor(1), weight, states, scratch, torch.tensor([1, 1, 2]),
+                        torch.ones(1, 3, 4), None, None, "table")  # fmt: skip
+    ref_w, ref_s = torch.zeros(5, 4), {"momentum1": before.clone()}
+    apply_sparse_update(spec, 0.1, torch.tensor(1), ref_w, ref_s, torch.tensor([1, 1, 2]), torch.ones(3, 4))
+    torch.testing.assert_close(weight, ref_w)
+
+
+@pytest.mark.parametrize("rows, n", [(40, 300), (200_000, 3000)])  # auto: the scratch, then the table
+@pytest.mark.parametrize("kind", [EmbOptimType.SGD, EmbOptimType.ROWWISE_ADAGRAD, EmbOptimType.ADAM])
+def test_every_dedupe_mode_gives_the_same_bits(rows: int, n: int, kind: EmbOptimType) -> None:
+    """The two ways of de-duplicating (and auto's pick between them) give bit-identical rows: the
+    unique rows come out in first-occurrence order either way, so every sum runs in the same order.
+    The larger case draws distinct-heavy ids from a wide range (long probe runs in the table)."""
+    gen = torch.Generator().manual_seed(5)
+    spec = _spec(kind, WeightDecayMode.NONE)
+    weight0 = torch.randn(rows, 8, generator=gen)
+    states0 = _states(spec, rows, 8, torch.float32)
+    batches = [(torch.randint(0, rows, (n,), generator=gen), torch.randn(1, n, 8, generator=gen)) for _ in range(3)]
+    results = []
+    for mode in ("auto", "scratch", "table"):
+        weight, states, scratch = weight0.clone(), {k: v.clone() for k, v in states0.items()}, new_scratch(rows)
+        for step, (ids, grad) in enumerate(batches, start=1):
+            native_fused_update(spec, 0.1, torch.tensor(step), weight, states, scratch, ids, grad, None, None, mode)
+        assert torch.equal(scratch, torch.full((rows,), -1, dtype=torch.int32))
+        results.append((weight, states))
+    for weight, states in results[1:]:
+        assert torch.equal(weight, results[0][0])
+        assert all(torch.equal(states[k], results[0][1][k]) for k in states)
+    ref_w, ref_s = weight0.clone(), {k: v.clone() for k, v in states0.items()}
+    for step, (ids, grad) in enumerate(batches, start=1):
+        apply_sparse_update(spec, 0.1, torch.tensor(step), ref_w, ref_s, ids, grad[0])
+    torch.testing.assert_close(results[0][0], ref_w)
+
+
+def test_a_bag_outside_the_gradient_is_refused_before_any_update() -> None:
+    spec = _spec(EmbOptimType.SGD, WeightDecayMode.NONE)
+    weight = torch.zeros(5, 4)
+    grad = torch.ones(4, 25, 4).transpose(0, 1)  # [25, 4, D] strided: 100 bags
+    with pytest.raises(RuntimeError, match="bag_of_id\\[1\\] = 100 is outside the gradient's 100 bags"):
+        native_fused_update(spec, 0.1, torch.tensor(1), weight, {}, new_scratch(5), torch.tensor([1, 2]), grad,
+                            torch.tensor([99, 100]), None)  # fmt: skip
+    assert torch.equal(weight, torch.zeros(5, 4))
+
+
+def test_unknown_dedupe_mode_is_refused() -> None:
+    spec = _spec(EmbOptimType.SGD, WeightDecayMode.NONE)
+    with pytest.raises(ValueError, match="dedupe='sorted' is not one of"):
+        native_fused_update(spec, 0.1, torch.tensor(1), torch.zeros(5, 4), {}, new_scratch(5), torch.tensor([1]),
+                            torch.ones(1, 1, 4), None, None, "sorted")  # fmt: skip
 
 
 def test_native_update_only_serves_cpu_float_tables(monkeypatch: pytest.MonkeyPatch) -> None:
