@@ -9,10 +9,10 @@ lookups; for the torch kernel's fused update of 53k random rows of 13 x 100k x 6
 1.5-1.8x faster. Everywhere else (other OSes, accelerators, small buffers, a refused ``madvise``) it is a
 plain ``torch.zeros``.
 
-Storage that another library allocates (fbgemm's TBE builds its own ``weights_host`` and optimizer
-states) is moved afterwards by :func:`rehome_on_huge_pages`: one copy at construction, the tensor
-object unchanged. Measured on fbgemm 1.8's CPU TBE, 26 x 100k x 64 fp32 with row-wise Adagrad, batch
-2048, one id per bag, one thread: 14.1-14.6 -> 13.0-13.2 ms per forward + fused backward.
+fbgemm's CPU TBE gets its ``weights_host`` and optimizer states from here too (its
+``preallocated_host_buffers``; ``kernels/fbgemm_backend.py``). Measured on fbgemm 1.8's CPU TBE,
+26 x 100k x 64 fp32 with row-wise Adagrad, batch 2048, one id per bag, one thread: 14.1-14.6 ->
+13.0-13.2 ms per forward + fused backward.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import sys
 
 import torch
 
-__all__ = ["HUGE_PAGE_BYTES", "allocate_host_buffer", "empty_host_tensor", "rehome_on_huge_pages"]
+__all__ = ["HUGE_PAGE_BYTES", "allocate_host_buffer", "empty_host_tensor"]
 
 HUGE_PAGE_BYTES = 2 << 20
 _MADV_HUGEPAGE = 14  # linux/mman.h
@@ -77,21 +77,3 @@ def empty_host_tensor(
         return torch.zeros(shape, dtype=dtype, device=device)
     return allocate_host_buffer(nbytes, device).view(dtype).view(shape)
 
-
-@torch.no_grad()
-def rehome_on_huge_pages(tensor: torch.Tensor) -> bool:
-    """Move a contiguous CPU tensor's data into a huge-page backed buffer, in place.
-
-    The tensor object (a ``Parameter`` or a module buffer) keeps its identity, shape, dtype and
-    values; only its storage changes (``Tensor.set_``), so every holder of the tensor sees the new
-    storage -- views taken *before* the call keep the old one, so call this right after the owner is
-    built. Returns whether it moved (False: not a contiguous CPU tensor of at least one huge page,
-    or not Linux).
-    """
-    nbytes = tensor.numel() * tensor.element_size()
-    if tensor.device.type != "cpu" or not tensor.is_contiguous() or nbytes < HUGE_PAGE_BYTES or _madvise() is None:
-        return False
-    home = empty_host_tensor(tuple(tensor.shape), tensor.dtype)
-    home.copy_(tensor)
-    tensor.set_(home)  # type: ignore[call-overload]
-    return True

@@ -28,13 +28,15 @@ This module imports ``fbgemm_gpu`` only when a backend object is built; callers 
 
 from __future__ import annotations
 
+import inspect
+import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 from lightrec._fbgemm import fbgemm_available, fbgemm_serves_cuda, fbgemm_unavailable_reason
-from lightrec._host_memory import rehome_on_huge_pages
+from lightrec._host_memory import empty_host_tensor
 from lightrec.kernels.kernel_interface import (
     KernelConfig,
     LayoutCheck,
@@ -48,6 +50,8 @@ if TYPE_CHECKING:  # fbgemm is optional; the kernel imports it on construction
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
 
 __all__ = ["FbgemmBatchedLookup", "fbgemm_supports"]
+
+_log = logging.getLogger(__name__)
 
 
 def fbgemm_supports(
@@ -92,8 +96,27 @@ def fbgemm_supports(
         return f"fbgemm's CPU {kind.name} is not exact for tables shared by several features"
     return None
 
-# The TBE's host tensors that lookups and the fused update read by row (fbgemm's names).
-_HOST_STORAGE = ("weights_host", "momentum1_host", "momentum2_host")
+# fbgemm's CPU host storage per optimizer, in elements: (weights, momentum1) as multiples of
+# (sum rows * dim, sum rows); fbgemm 1.8's own sizing (fp32 rows, no padding on CPU).
+_HOST_STATE_ELEMENTS = {"EXACT_SGD": {}, "EXACT_ADAGRAD": {"momentum1": "rows*dim"},
+                        "EXACT_ROWWISE_ADAGRAD": {"momentum1": "rows"}}  # fmt: skip
+
+
+def _huge_page_host_buffers(
+    tbe_class: type, optimizer: str, rows: Sequence[int], dims: Sequence[int]
+) -> dict[str, torch.Tensor] | None:
+    """Zeroed huge-page buffers (``lightrec._host_memory``) for a CPU TBE's ``weights_host`` and
+    optimizer state, passed to fbgemm as ``preallocated_host_buffers``: fbgemm would allocate them
+    with plain ``torch.zeros`` (4 KiB pages), and its lookups and fused update read rows at random.
+    Allocated here rather than moved afterwards, so the tables are never held twice. None where
+    fbgemm takes no such argument or the optimizer's state layout is not one of
+    ``_HOST_STATE_ELEMENTS``."""
+    states = _HOST_STATE_ELEMENTS.get(optimizer)
+    if states is None or "preallocated_host_buffers" not in inspect.signature(tbe_class).parameters:
+        return None
+    per = {"rows*dim": sum(r * d for r, d in zip(rows, dims, strict=True)), "rows": sum(rows)}
+    sizes = {"weights": per["rows*dim"], **{name: per[unit] for name, unit in states.items()}}
+    return {name: empty_host_tensor((n,), torch.float32) for name, n in sizes.items()}
 
 
 class FbgemmBatchedLookup(LayoutGatedKernel):
@@ -155,8 +178,7 @@ class FbgemmBatchedLookup(LayoutGatedKernel):
         self._fused = spec
         self.pooling = pooling
         self._feature_table_map = list(feature_table_map)
-        self.tbe = SplitTableBatchedEmbeddingBagsCodegen(
-            [(r, d, location, compute) for r, d in zip(rows, dims, strict=True)],
+        tbe_args: dict[str, object] = dict(
             feature_table_map=list(feature_table_map),
             optimizer=optim,
             learning_rate=spec.learning_rate,
@@ -178,13 +200,19 @@ class FbgemmBatchedLookup(LayoutGatedKernel):
             table_names=list(table_names),
             **self._storage_options(config),
         )
+        specs = [(r, d, location, compute) for r, d in zip(rows, dims, strict=True)]
+        buffers = None
         if location == EmbeddingLocation.HOST and not on_cuda:
-            # fbgemm allocates its host storage with plain torch.zeros (4 KiB pages); the lookups and
-            # the fused update read rows at random, so huge pages save the TLB misses (_host_memory).
-            for name in _HOST_STORAGE:
-                storage = getattr(self.tbe, name, None)
-                if isinstance(storage, torch.Tensor):
-                    rehome_on_huge_pages(storage)
+            buffers = _huge_page_host_buffers(SplitTableBatchedEmbeddingBagsCodegen, optim.name, rows, dims)
+        if buffers is None:
+            self.tbe = SplitTableBatchedEmbeddingBagsCodegen(specs, **tbe_args)
+        else:
+            try:
+                self.tbe = SplitTableBatchedEmbeddingBagsCodegen(specs, preallocated_host_buffers=buffers, **tbe_args)
+            except AssertionError as exc:  # fbgemm sized its storage otherwise: let it allocate its own
+                _log.debug("fbgemm refused lightrec's huge-page host buffers (%s); using its own", exc)
+                del buffers
+                self.tbe = SplitTableBatchedEmbeddingBagsCodegen(specs, **tbe_args)
         self._lr = spec.learning_rate
 
     def _location(self, locations: type[EmbeddingLocation], on_cuda: bool) -> EmbeddingLocation:

@@ -429,11 +429,11 @@ def test_adam_step_counts_past_float32_precision() -> None:
 
 @pytest.mark.skipif(not fbgemm_available(), reason="fbgemm absent")
 @pytest.mark.parametrize("kind", [EmbOptimType.ADAGRAD, EmbOptimType.ROWWISE_ADAGRAD])
-def test_fbgemm_host_storage_moves_to_huge_pages_and_trains_the_same(kind: EmbOptimType) -> None:
-    """fbgemm's own ``weights_host`` / ``momentum1_host`` (>= 2 MiB) are moved into huge-page buffers
-    at construction: aligned to 2 MiB on Linux, same values, and training through the TBE (forward and
-    fused backward), the views of ``split_embedding_weights`` and the optimizer state all use the
-    moved storage -- the torch kernel, trained the same way, ends with the same tables and state."""
+def test_fbgemm_host_storage_is_on_huge_pages_and_trains_the_same(kind: EmbOptimType) -> None:
+    """fbgemm's ``weights_host`` / ``momentum1_host`` (>= 2 MiB) live in lightrec's huge-page buffers
+    (``preallocated_host_buffers``): aligned to 2 MiB on Linux, and training through the TBE (forward
+    and fused backward), the views of ``split_embedding_weights`` and the optimizer state all use that
+    storage -- the torch kernel, trained the same way, ends with the same tables and state."""
     import sys
 
     from lightrec._host_memory import HUGE_PAGE_BYTES
