@@ -16,7 +16,8 @@ second). The torch kernel wins only where it takes at most 85 % of fbgemm's time
 torchrec's own kernel, so a tie or a noisy measurement picks the kernel that cannot lose to torchrec.
 The verdict is cached in ``$LIGHTREC_CACHE_DIR/cpu_kernel_choice.json`` (default
 ``~/.cache/lightrec``) under a key of the processor, the torch and fbgemm versions, the native
-library's content (a rebuilt native update is measured again) and the case, so later processes --
+library's content (a rebuilt native update is measured again), a revision of the kernels' Python side
+(``_KERNELS_REVISION``) and the case, so later processes --
 every rank of later runs -- read the same answer; a measurement taken while the machine is busy
 (1-minute load average above the CPU count) decides for its process only and is not cached (one
 cached under load picked the torch kernel in a cell where it then lost to torchrec by 15 %).
@@ -68,6 +69,9 @@ _TORCH_MARGIN = 0.85
 # The ids per bag a group of unknown pooling is decided at: one-id bags (Criteo-like ids) and long bags
 # (multi-hot histories), where the two kernels' costs differ most (the update's per-id vs per-row work).
 UNKNOWN_POOLING_CASES = (1, 32)
+# Part of the cache key: raise it when a kernel's Python side changes its speed (the native library's
+# content is in the key already). 2: fbgemm's CPU storage in huge pages, the native row gather.
+_KERNELS_REVISION = 2
 
 
 def _power_of_two_at_least(value: int) -> int:
@@ -168,7 +172,7 @@ def _machine_key() -> str:
             library = hashlib.sha256(Path(ops.library).read_bytes()).hexdigest()[:16]
         except OSError:
             library = Path(ops.library).parent.name
-    return f"{model}|{os.cpu_count()}|torch {torch.__version__}|fbgemm {fbgemm}|{library}"
+    return f"{model}|{os.cpu_count()}|torch {torch.__version__}|fbgemm {fbgemm}|{library}|kernels r{_KERNELS_REVISION}"
 
 
 def measure_cpu_kernels(case: CpuKernelCase | None = None, iterations: int = 5) -> dict[str, float]:

@@ -246,3 +246,16 @@ def test_unknown_pooling_with_the_switch_measures_nothing(
     if fbgemm_available() and native_update_available(torch.device("cpu"), torch.float32):
         assert (verdict.kernel, verdict.reason) == ("torch", "forced")
     assert measured == []
+
+
+def test_a_new_kernels_revision_measures_again(
+    measured: list[CpuKernelCase], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A verdict cached before a kernel's Python side changed speed (``_KERNELS_REVISION``) is not reused."""
+    assert cpu_kernel_verdict(ROWWISE).reason == "measured"
+    cpu_kernel_verdict.cache_clear()
+    assert cpu_kernel_verdict(ROWWISE).reason == "cached"
+    monkeypatch.setattr(cpu_kernel_choice, "_KERNELS_REVISION", cpu_kernel_choice._KERNELS_REVISION + 1)
+    cpu_kernel_verdict.cache_clear()
+    assert cpu_kernel_verdict(ROWWISE).reason == "measured"
+    assert measured == [ROWWISE, ROWWISE]
