@@ -184,6 +184,32 @@ def test_a_bag_outside_the_gradient_is_refused_before_any_update() -> None:
     assert torch.equal(weight, torch.zeros(5, 4))
 
 
+@pytest.mark.parametrize("kind", [EmbOptimType.ROWWISE_ADAGRAD, EmbOptimType.ADAM])
+def test_two_threads_give_the_bits_of_one(kind: EmbOptimType) -> None:
+    """Enough touched rows (> 2 x 16384) that the update runs on two threads: each row is still summed
+    and updated once, so the result is bit-identical to one thread's."""
+    gen = torch.Generator().manual_seed(9)
+    spec = _spec(kind, WeightDecayMode.NONE)
+    rows, n = 60_000, 80_000
+    weight0, states0 = torch.randn(rows, 4, generator=gen), _states(spec, rows, 4, torch.float32)
+    ids, grad = torch.randint(0, rows, (n,), generator=gen), torch.randn(1, n, 4, generator=gen)
+    results = []
+    saved = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            weight, states = weight0.clone(), {k: v.clone() for k, v in states0.items()}
+            native_fused_update(spec, 0.1, torch.tensor(1), weight, states, new_scratch(rows), ids, grad, None, None)
+            results.append((weight, states))
+    finally:
+        torch.set_num_threads(saved)
+    assert torch.equal(results[0][0], results[1][0])
+    assert all(torch.equal(results[0][1][k], results[1][1][k]) for k in results[0][1])
+    ref_w, ref_s = weight0.clone(), {k: v.clone() for k, v in states0.items()}
+    apply_sparse_update(spec, 0.1, torch.tensor(1), ref_w, ref_s, ids, grad[0])
+    torch.testing.assert_close(results[1][0], ref_w)
+
+
 def test_unknown_dedupe_mode_is_refused() -> None:
     spec = _spec(EmbOptimType.SGD, WeightDecayMode.NONE)
     with pytest.raises(ValueError, match="dedupe='sorted' is not one of"):
