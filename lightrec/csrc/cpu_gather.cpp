@@ -9,7 +9,6 @@
 // 2.27-2.35 ms; prefetching 0 / 4 / 8 / 16 / 32 rows ahead 2.16 / 1.83-1.90 / 1.77-1.83 / 1.78-1.84 /
 // 1.81-1.87 ms.
 
-#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
@@ -39,15 +38,15 @@ at::Tensor gather_rows(const at::Tensor& weight, const at::Tensor& ids) {
     TORCH_CHECK(idx[i] >= 0 && idx[i] < rows, "gather_rows: id ", idx[i], " at position ", i, " is outside [0, ",
                 rows, ")");
   }
-  at::parallel_for(0, n, 4096, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      if (i + kAhead < hi) {
-        const char* ahead = w + idx[i + kAhead] * w_stride;
-        for (int64_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(ahead + off, 0, 0);
-      }
-      std::memcpy(o + i * row_bytes, w + idx[i] * w_stride, static_cast<size_t>(row_bytes));
+  // One thread: the copy is bound by memory latency, which the prefetch hides. (at::parallel_for would
+  // run serially anyway: this library is built without -fopenmp; see cpu_fused_update.cpp.)
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) {
+      const char* ahead = w + idx[i + kAhead] * w_stride;
+      for (int64_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(ahead + off, 0, 0);
     }
-  });
+    std::memcpy(o + i * row_bytes, w + idx[i] * w_stride, static_cast<size_t>(row_bytes));
+  }
   return out;
 }
 

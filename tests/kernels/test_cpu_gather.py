@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(
 def test_gather_equals_index_select_bit_for_bit(dtype: torch.dtype, threads: int) -> None:
     gen = torch.Generator().manual_seed(0)
     table = (torch.randn(5000, 24, generator=gen) * 50).to(dtype)
-    ids = torch.randint(0, 5000, (10_000,), generator=gen)  # > one 4096-id grain: the threads split it
+    ids = torch.randint(0, 5000, (10_000,), generator=gen)
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
