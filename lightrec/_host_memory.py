@@ -76,4 +76,3 @@ def empty_host_tensor(
     if device.type != "cpu" or nbytes < HUGE_PAGE_BYTES:
         return torch.zeros(shape, dtype=dtype, device=device)
     return allocate_host_buffer(nbytes, device).view(dtype).view(shape)
-

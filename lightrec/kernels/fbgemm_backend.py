@@ -96,10 +96,10 @@ def fbgemm_supports(
         return f"fbgemm's CPU {kind.name} is not exact for tables shared by several features"
     return None
 
-# fbgemm's CPU host storage per optimizer, in elements: (weights, momentum1) as multiples of
-# (sum rows * dim, sum rows); fbgemm 1.8's own sizing (fp32 rows, no padding on CPU).
-_HOST_STATE_ELEMENTS = {"EXACT_SGD": {}, "EXACT_ADAGRAD": {"momentum1": "rows*dim"},
-                        "EXACT_ROWWISE_ADAGRAD": {"momentum1": "rows"}}  # fmt: skip
+
+# The optimizers whose CPU host storage lightrec allocates for fbgemm, and the elements of momentum1 per
+# table row (None: no momentum1); weights are rows x dim. fbgemm 1.8's own sizing (fp32, no padding on CPU).
+_MOMENTUM1_PER_ROW = {"EXACT_SGD": None, "EXACT_ADAGRAD": "dim", "EXACT_ROWWISE_ADAGRAD": "one"}
 
 
 def _huge_page_host_buffers(
@@ -110,12 +110,14 @@ def _huge_page_host_buffers(
     with plain ``torch.zeros`` (4 KiB pages), and its lookups and fused update read rows at random.
     Allocated here rather than moved afterwards, so the tables are never held twice. None where
     fbgemm takes no such argument or the optimizer's state layout is not one of
-    ``_HOST_STATE_ELEMENTS``."""
-    states = _HOST_STATE_ELEMENTS.get(optimizer)
-    if states is None or "preallocated_host_buffers" not in inspect.signature(tbe_class).parameters:
+    ``_MOMENTUM1_PER_ROW``."""
+    if optimizer not in _MOMENTUM1_PER_ROW or "preallocated_host_buffers" not in inspect.signature(tbe_class).parameters:
         return None
-    per = {"rows*dim": sum(r * d for r, d in zip(rows, dims, strict=True)), "rows": sum(rows)}
-    sizes = {"weights": per["rows*dim"], **{name: per[unit] for name, unit in states.items()}}
+    weights = sum(r * d for r, d in zip(rows, dims, strict=True))
+    sizes = {"weights": weights}
+    per_row = _MOMENTUM1_PER_ROW[optimizer]
+    if per_row is not None:
+        sizes["momentum1"] = weights if per_row == "dim" else sum(rows)
     return {name: empty_host_tensor((n,), torch.float32) for name, n in sizes.items()}
 
 
