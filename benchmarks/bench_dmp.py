@@ -238,9 +238,15 @@ class _Contender:
         dist.barrier()
 
     def kernels(self) -> list[str]:
-        """The lookup kernels this model runs (lightrec's ``backend_name``; torchrec: fbgemm TBE)."""
-        names = {getattr(m, "backend_name", None) for m in self.model.modules()}
-        return sorted(n for n in names if n) or ["fbgemm"]
+        """The lookup kernels this model runs (lightrec's ``backend_name``, with the kernel ``auto``'s trial
+        chose where it built both, e.g. ``fbgemm|torch -> torch``; torchrec: fbgemm TBE)."""
+        names = set()
+        for m in self.model.modules():
+            name = getattr(m, "backend_name", None)
+            verdicts = getattr(getattr(m, "_backend", None), "verdicts", None) or {}
+            if name:
+                names.add(name + "".join(f" -> {v.kernel}" for v in verdicts.values()))
+        return sorted(names) or ["fbgemm"]
 
     def report(self, args: argparse.Namespace) -> dict[str, Any]:
         median = statistics.median(self.rates)
@@ -350,7 +356,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--pooling-factor", type=int, default=1, help="ids per bag")
     parser.add_argument("--steps", type=int, default=10, help="steps per timed window")
     parser.add_argument("--repeats", type=int, default=5, help="timed windows (the median is reported)")
-    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=20,
+                        help="untimed steps per side (lightrec's auto CPU kernel times its first 20 training steps)")  # fmt: skip
     parser.add_argument("--num-batches", type=int, default=4, help="distinct pre-generated batches per rank")
     parser.add_argument("--plan", choices=["planner", "table_wise", "row_wise"], default="planner",
                         help="lightrec plan: its planner (default), contiguous table-wise, or all row-wise")  # fmt: skip

@@ -285,9 +285,10 @@ SHM_ALLREDUCE = OnOff(
 CPU_KERNEL = Choice(
     "LIGHTREC_CPU_KERNEL",
     "which fused CPU kernel `kernel_backend=\"auto\"` runs where fbgemm and the torch kernel both serve: "
-    "auto measures both once per case (threads, dim, optimizer, ids per bag: 1 and 32 where unknown, torch only "
-    "if it wins at both), cached under LIGHTREC_CACHE_DIR "
-    "(read once per case and process)",
+    "auto measures both once per case (threads, dim, optimizer, ids per bag), cached under LIGHTREC_CACHE_DIR "
+    "(read once per case and process); where they can share the tables both are built and the faster over the "
+    "first 20 training steps trains the group, elsewhere the group is decided at 1 and 32 ids per bag (torch only if it wins "
+    "at both)",
     choices=("auto", "fbgemm", "torch"),
     default="auto",
 )

@@ -5,11 +5,15 @@ fbgemm's CPU TBE (a JIT-generated row-wise update) and the torch kernel with the
 memory *and on the case*: measured on the 2-core development machine, fbgemm wins one-thread,
 one-id-per-bag row-wise Adagrad while the torch kernel wins elsewhere. So it is *measured per case*:
 the intra-op thread count, the group's dim bucket (its largest dim rounded up to a power of two), the
-optimizer and the ids per bag (a caller's pooling-factor hint, bucketed to a power of two) -- a
-:class:`CpuKernelCase`. Where no caller knows the ids per bag (the kernels are built before any
-batch is seen), the group is decided at both 1 and 32 ids per bag and the torch kernel runs only if
-it wins at both; fbgemm where they disagree (the torch kernel won one-id SGD by 22 % but lost 40-id
-SGD by 8 % against torchrec when the choice assumed one id). The first ``"auto"`` choice of a case
+optimizer and the ids per bag (bucketed to a power of two) -- a :class:`CpuKernelCase`. The kernels
+are built before any batch is seen, so where the two can share a group's storage
+(:func:`shared_storage_refusal`) ``"auto"`` builds both over it (``SHARED_KERNEL``,
+``cpu_shared_lookup.py``) and the group runs the kernel whose whole training steps were faster over
+its first 20 steps (the kernels taking turns, on the user's model and data); nothing below is
+measured for such a group. Where
+they cannot, the group is decided at both 1 and 32 ids per bag and the torch kernel runs only if it
+wins at both; fbgemm where they disagree (the torch kernel won one-id SGD by 22 % but lost 40-id SGD
+by 8 % against torchrec when the choice assumed one id). The first ``"auto"`` choice of a case
 times both kernels on a small group of that shape (8 tables of ~96 MiB in all, ~16k ids, forward + backward + update,
 alternating, median of thread CPU time with one thread, of wall time with more; well under a
 second). The torch kernel wins only where it takes at most 85 % of fbgemm's time: fbgemm's TBE is
@@ -51,12 +55,13 @@ from lightrec._native import native_ops
 from lightrec.kernels.cpu_update import native_update_available
 from lightrec.kernels.fbgemm_backend import FbgemmBatchedLookup
 from lightrec.kernels.kernel_interface import EmbeddingKernel, KernelConfig, LookupBatch
-from lightrec.kernels.torch_backend import TorchBatchedLookup
+from lightrec.kernels.torch_backend import TorchBatchedLookup, dim_groups
 from lightrec.modules.embedding_configs import PoolingType
 from lightrec.optim.fused_spec import EmbOptimType, FusedOptimizerSpec
 
-__all__ = ["UNKNOWN_POOLING_CASES", "CpuKernelCase", "CpuKernelVerdict", "choose", "cpu_fused_choice", "cpu_kernel_lines",
-           "cpu_kernel_verdict", "machine_busy", "measure_cpu_kernels", "verdict_for_any_pooling"]  # fmt: skip
+__all__ = ["SHARED_KERNEL", "UNKNOWN_POOLING_CASES", "CpuKernelCase", "CpuKernelVerdict", "choose", "cpu_fused_choice", "cpu_kernel_lines",
+           "cpu_kernel_verdict", "machine_busy", "measure_cpu_kernels", "shared_storage_refusal",
+           "verdict_for_any_pooling"]  # fmt: skip
 
 _CHOICES = ("fbgemm", "torch")
 _MEASURED_TABLES = 8
@@ -69,6 +74,11 @@ _TORCH_MARGIN = 0.85
 # The ids per bag a group of unknown pooling is decided at: one-id bags (Criteo-like ids) and long bags
 # (multi-hot histories), where the two kernels' costs differ most (the update's per-id vs per-row work).
 UNKNOWN_POOLING_CASES = (1, 32)
+# The kernel "auto" builds where fbgemm and the torch kernel can share a group's storage: both, the group
+# trained by the one whose first training steps were faster (``cpu_shared_lookup.SharedCpuLookup``).
+SHARED_KERNEL = "fbgemm|torch"
+# fbgemm's CPU TBE optimizers, none of which reads a step counter (the two kernels keep their own).
+_SHARED_OPTIMIZERS = (EmbOptimType.SGD, EmbOptimType.ADAGRAD, EmbOptimType.ROWWISE_ADAGRAD)
 # Part of the cache key: raise it when a kernel's Python side changes its speed (the native library's
 # content is in the key already). 2: fbgemm's CPU storage in huge pages, the native row gather.
 _KERNELS_REVISION = 2
@@ -119,8 +129,10 @@ class CpuKernelVerdict:
     Attributes:
         kernel: the kernel's name.
         reason: ``"measured"`` (now), ``"cached"`` (measured by an earlier process), ``"forced"``
-            (``LIGHTREC_CPU_KERNEL``), ``"fbgemm unsupported"``, ``"no native update"`` or
-            ``"unknown ids per bag"`` (decided from ``parts``, one per ``UNKNOWN_POOLING_CASES``).
+            (``LIGHTREC_CPU_KERNEL``), ``"fbgemm unsupported"``, ``"no native update"``,
+            ``"unknown ids per bag"`` (decided from ``parts``, one per ``UNKNOWN_POOLING_CASES``) or
+            ``"timed in training"`` (``SHARED_KERNEL``: decided by a trial of the group's first training
+            steps, ``cpu_shared_lookup.StepTrial``, whose verdicts say ``"trial"``).
         case: the case it was decided for (None where no measurement applies, or several did).
         ms: milliseconds per forward + backward + update of each kernel, when measured.
         detail: the words behind ``reason`` (fbgemm's refusal, the switch's value, how parts combined).
@@ -250,6 +262,18 @@ def _read_cache(path: Path) -> dict[str, object]:
     return cached if isinstance(cached, dict) else {}
 
 
+def _forced_verdict(case: CpuKernelCase | None) -> CpuKernelVerdict | None:
+    """The verdict ``LIGHTREC_CPU_KERNEL`` forces, or None when it says ``auto`` (measure).
+
+    Raises:
+        lightrec._switches.SwitchError: the switch holds a word it does not know.
+    """
+    forced = _switches.CPU_KERNEL.read()  # SwitchError (a ValueError) on a word it does not know
+    if forced == "auto":
+        return None
+    return CpuKernelVerdict(forced, "forced", case, detail=f"LIGHTREC_CPU_KERNEL={forced}")
+
+
 @functools.cache
 def cpu_kernel_verdict(case: CpuKernelCase) -> CpuKernelVerdict:
     """The faster fused CPU kernel for ``case`` on this machine: forced, cached, or measured now.
@@ -259,9 +283,9 @@ def cpu_kernel_verdict(case: CpuKernelCase) -> CpuKernelVerdict:
     Raises:
         lightrec._switches.SwitchError: ``LIGHTREC_CPU_KERNEL`` holds a word it does not know.
     """
-    forced = _switches.CPU_KERNEL.read()  # SwitchError (a ValueError) on a word it does not know
-    if forced != "auto":
-        return CpuKernelVerdict(forced, "forced", case, detail=f"LIGHTREC_CPU_KERNEL={forced}")
+    forced = _forced_verdict(case)
+    if forced is not None:
+        return forced
     key = f"{_machine_key()}|{case.key()}"
     path = _cache_file()
     cached = _read_cache(path)
@@ -309,13 +333,32 @@ def verdict_for_any_pooling(parts: Sequence[CpuKernelVerdict]) -> CpuKernelVerdi
     return CpuKernelVerdict(kernel, "unknown ids per bag", detail=detail, parts=tuple(parts))
 
 
+def shared_storage_refusal(config: KernelConfig) -> str | None:
+    """None where the torch kernel can serve fbgemm's CPU storage of ``config`` in place (so one group
+    can train with either: ``cpu_shared_lookup.py``), else why not. fbgemm lays tables out
+    back to back in table order, the torch kernel one ``[R, D]`` tensor per dim: the tables of each dim
+    must be adjacent."""
+    if config.device.type != "cpu" or config.tiering is not None:
+        return "shared storage is for in-memory CPU tables"
+    if config.spec is None or config.spec.optimizer not in _SHARED_OPTIMIZERS:
+        return f"shared storage needs one of fbgemm's CPU optimizers {[o.name for o in _SHARED_OPTIMIZERS]}"
+    if not native_update_available(config.device, config.dtype):
+        return "the torch kernel's native CPU update does not serve these tables here"
+    for dim, tables in dim_groups(config.dims):
+        if tables != list(range(tables[0], tables[0] + len(tables))):
+            return f"the tables of dim {dim} ({tables}) are not adjacent in table order"
+    return None
+
+
 def cpu_fused_choice(config: KernelConfig, ids_per_bag: int | None = None) -> CpuKernelVerdict:
     """Which of fbgemm and the torch kernel ``kernel_backend="auto"`` runs for a fused CPU group, and why.
 
     Args:
         config: the group (``config.spec`` set: a fused optimizer).
-        ids_per_bag: a pooling-factor hint for the case (None: unknown, so decided at each of
-            ``UNKNOWN_POOLING_CASES`` by :func:`verdict_for_any_pooling`).
+        ids_per_bag: a pooling-factor hint for the case. None (unknown): where the two kernels can
+            share the storage (:func:`shared_storage_refusal`), both, each batch run by the verdict of
+            its own ids per bag (``SHARED_KERNEL``, reason ``"timed in training"``, nothing measured now);
+            else decided at each of ``UNKNOWN_POOLING_CASES`` by :func:`verdict_for_any_pooling`.
 
     Raises:
         ValueError: ``config`` has no fused optimizer.
@@ -330,6 +373,10 @@ def cpu_fused_choice(config: KernelConfig, ids_per_bag: int | None = None) -> Cp
                                 detail="the torch kernel's native CPU update does not serve these tables here")  # fmt: skip
     if ids_per_bag is not None:
         return cpu_kernel_verdict(CpuKernelCase.of(config, ids_per_bag))
+    if _forced_verdict(None) is None and shared_storage_refusal(config) is None:
+        return CpuKernelVerdict(SHARED_KERNEL, "timed in training", detail=(
+            "both kernels over one storage; the group runs the faster over its first 20 training steps, "
+            "timed whole with the kernels alternating"))  # fmt: skip
     return verdict_for_any_pooling([cpu_kernel_verdict(CpuKernelCase.of(config, n)) for n in UNKNOWN_POOLING_CASES])
 
 
@@ -337,8 +384,9 @@ def cpu_kernel_lines(dims: Sequence[int], spec: FusedOptimizerSpec) -> list[str]
     """What ``kernel_backend="auto"`` runs on CPU for fused tables of these ``dims``, one line per dim
     bucket (a group of mixed dims takes its largest dim's verdict), for a report.
 
-    Measures the cases not cached yet (well under a second each), with this process's threads, at
-    each of ``UNKNOWN_POOLING_CASES`` (the kernels are built without knowing the ids per bag).
+    A group both kernels can serve is decided per case as it trains (``"timed in training"``), so nothing is
+    measured for it here; other groups' cases not cached yet are measured (well under a second each),
+    with this process's threads, at each of ``UNKNOWN_POOLING_CASES``.
     """
     lines = []
     for bucket in sorted({max(8, _power_of_two_at_least(d)) for d in dims}):

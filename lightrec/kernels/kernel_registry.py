@@ -2,8 +2,10 @@
 
 ``KERNELS`` lists the registered :class:`~lightrec.kernels.kernel_interface.EmbeddingKernel`
 classes in the order ``"auto"`` tries them: fbgemm TBE where it serves the configuration -- on CPU,
-for a fused group the torch kernel's native update also serves, whichever of the two was measured
-faster on this machine for the case (``cpu_kernel_choice.py``); else, on CUDA, Triton; else pure torch. On CPU ``"auto"`` never picks Triton (its interpreter is for tests).
+for a fused group the torch kernel's native update also serves, both over one storage with each batch
+run by the one measured faster on this machine for its case (``cpu_shared_lookup.py``, kernel
+``"fbgemm|torch"``; not selectable by name), or, where they cannot share it, the one measured faster
+for the group (``cpu_kernel_choice.py``); else, on CUDA, Triton; else pure torch. On CPU ``"auto"`` never picks Triton (its interpreter is for tests).
 :func:`register_kernel` adds a backend under a new name (docs/kernels.md, "Adding a kernel").
 
 Tiered tables (``KernelConfig.tiering`` set: a cache of hot rows over host memory or SSD) are built
@@ -18,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 
 from lightrec.kernels.cpu_kernel_choice import cpu_fused_choice
+from lightrec.kernels.cpu_shared_lookup import SharedCpuLookup
 from lightrec.kernels.fbgemm_backend import FbgemmBatchedLookup
 from lightrec.kernels.kernel_interface import EmbeddingKernel, KernelConfig
 from lightrec.kernels.tiered.backend import TieredBatchedLookup
@@ -119,6 +122,8 @@ def build_kernel(kernel_backend: str, config: KernelConfig) -> tuple[str, Embedd
     tiering = config.tiering
     if tiering is None:
         name = select_backend(kernel_backend, config)
+        if name == SharedCpuLookup.name:  # "auto" only: fbgemm and torch over one storage
+            return name, SharedCpuLookup(config)
         return name, KERNELS[name](config)
     check_kernel_backend(kernel_backend)
     if config.spec is None:
@@ -131,5 +136,6 @@ def build_kernel(kernel_backend: str, config: KernelConfig) -> tuple[str, Embedd
             return FbgemmManagedCachingLookup.name, FbgemmManagedCachingLookup(config)
     cache = dataclasses.replace(config, rows=[tiering.cache_rows_for(r) for r in config.rows], tiering=None)
     inner = select_backend("auto" if kernel_backend in _TIERED else kernel_backend, cache)
-    tiered = dataclasses.replace(config, tiering=dataclasses.replace(tiering, inner_kernel=KERNELS[inner]))
+    inner_class = SharedCpuLookup if inner == SharedCpuLookup.name else KERNELS[inner]
+    tiered = dataclasses.replace(config, tiering=dataclasses.replace(tiering, inner_kernel=inner_class))
     return TieredBatchedLookup.name, TieredBatchedLookup(tiered)

@@ -39,7 +39,7 @@ from lightrec.kernels.kernel_interface import KernelConfig, LookupBatch, LookupC
 from lightrec.kernels.sparse_update import apply_sparse_update
 from lightrec.modules.embedding_configs import PoolingType
 
-__all__ = ["TorchBatchedLookup"]
+__all__ = ["TorchBatchedLookup", "dim_groups"]
 
 
 @dataclass
@@ -64,6 +64,13 @@ class TorchBatchedLookup(ResidentRows):
         config: the tables (``rows``, ``dims``), ``feature_table_map``, ``pooling`` (SUM / MEAN, or
             NONE for the unpooled lookup: all dims equal), the fused optimizer ``spec`` (None: plain
             autograd gradients), ``device`` and ``dtype`` of the weights.
+        storage: None to allocate the tables; else the storage to serve, one ``(weight [R, D],
+            {state name: [R] or [R, D]})`` per dim group in :func:`dim_groups` order (another
+            kernel's live tables, e.g. fbgemm's: ``cpu_shared_lookup.py``). Used as given, never
+            copied; its shapes must be the ones this kernel would allocate.
+
+    Raises:
+        ValueError: ``storage`` does not have one entry per dim group of the right shapes.
     """
 
     name: ClassVar[str] = "torch"
@@ -75,7 +82,9 @@ class TorchBatchedLookup(ResidentRows):
         """Plain torch serves every configuration on every device."""
         return None
 
-    def __init__(self, config: KernelConfig) -> None:
+    def __init__(
+        self, config: KernelConfig, storage: Sequence[tuple[torch.Tensor, dict[str, torch.Tensor]]] | None = None
+    ) -> None:
         rows, dims, device, dtype = config.rows, config.dims, config.device, config.dtype
         self.rows, self.dims, self.ftm = list(rows), list(dims), list(config.feature_table_map)
         self.pooling, self.spec = config.pooling, config.spec
@@ -85,16 +94,23 @@ class TorchBatchedLookup(ResidentRows):
         self.row_offset = [0] * len(self.rows)
         self.table_group = [0] * len(self.rows)
         self.groups: list[_DimGroup] = []
-        for dim in sorted(set(self.dims), key=self.dims.index):
-            tables = [t for t, d in enumerate(self.dims) if d == dim]
+        grouped = dim_groups(self.dims)
+        if storage is not None and len(storage) != len(grouped):
+            raise ValueError(f"storage needs one (weight, states) per dim group ({len(grouped)}), got {len(storage)}")
+        for dim, tables in grouped:
             total = 0
             for t in tables:
                 self.row_offset[t], self.table_group[t] = total, len(self.groups)
                 total += self.rows[t]
             features = [f for f, t in enumerate(self.ftm) if self.dims[t] == dim]
-            # Huge pages on CPU: the lookup and the update read rows at random (far fewer TLB misses).
-            weight = empty_host_tensor((total, dim), dtype, device)
-            self.groups.append(_DimGroup(dim, tables, features, weight, self._new_states(total, dim, weight)))
+            if storage is None:
+                # Huge pages on CPU: the lookup and the update read rows at random (far fewer TLB misses).
+                weight = empty_host_tensor((total, dim), dtype, device)
+                states = self._new_states(total, dim, weight)
+            else:
+                weight, states = storage[len(self.groups)]
+                self._check_storage(weight, states, total, dim)
+            self.groups.append(_DimGroup(dim, tables, features, weight, states))
         # Per-feature shift of ids into the dim group's storage (row offset of the feature's table).
         self.feature_shift = torch.tensor(
             [self.row_offset[t] for t in self.ftm], dtype=torch.long, device=device
@@ -113,6 +129,17 @@ class TorchBatchedLookup(ResidentRows):
             and weight is not None
             and native_update_available(weight.device, weight.dtype)
         )
+
+    def _check_storage(self, weight: torch.Tensor, states: dict[str, torch.Tensor], total: int, dim: int) -> None:
+        """Refuse given storage whose shapes differ from what this kernel would allocate."""
+        names = self.spec.state_names if self.spec is not None else ()
+        want = {name: self.spec.state_shape(name, total, dim) for name in names} if self.spec is not None else {}
+        got = {name: tuple(t.shape) for name, t in states.items()}
+        if tuple(weight.shape) != (total, dim) or got != want:
+            raise ValueError(
+                f"storage of a dim group must be a [{total}, {dim}] weight and states {want}, "
+                f"got {list(weight.shape)} and {got}"
+            )
 
     def _new_states(self, total: int, dim: int, weight: torch.Tensor) -> dict[str, torch.Tensor]:
         if self.spec is None:
@@ -307,6 +334,12 @@ class _LookupFunction(torch.autograd.Function):
                 off = backend.row_offset[t]
                 weight_grads[t] = dense_grads[backend.table_group[t]][off : off + n]
         return (None, None, None, None, None, None, None, *weight_grads)
+
+
+def dim_groups(dims: Sequence[int]) -> list[tuple[int, list[int]]]:
+    """``(dim, table indices)`` of each dim group of a kernel's tables, in storage order (dims in the
+    order they first appear, tables in index order): ``[16, 64, 16]`` gives ``[(16, [0, 2]), (64, [1])]``."""
+    return [(dim, [t for t, d in enumerate(dims) if d == dim]) for dim in sorted(set(dims), key=list(dims).index)]
 
 
 def _all_singletons(offsets: torch.Tensor, num_ids: int) -> bool:

@@ -1,0 +1,209 @@
+"""fbgemm's CPU TBE and the torch kernel over ONE storage: a group trains with whichever is faster on its own steps.
+
+Which fused CPU kernel is faster depends on the ids per bag (``cpu_kernel_choice.py``): measured on the
+2-core development machine, the torch kernel's native update wins one-id bags by 20-30 % while fbgemm's
+TBE wins 32-id row-wise Adagrad by 30-70 %. A kernel built before any batch is seen cannot know which
+case it will serve, so ``kernel_backend="auto"`` builds both over the same tables::
+
+    fbgemm TBE  weights_host  [sum_t rows_t * D]   momentum1_host [sum_t rows_t] (row-wise)
+                   |  views, never copies                 |
+    torch kernel   weight [R, D] per dim group     states {"momentum1": [R]}
+
+and the group's first 20 training steps (at each intra-op thread count) are its *trial*
+(:class:`StepTrial`), on the user's own model and data: the kernels take turns in blocks of 5 steps and
+the whole step is timed, from one lookup to the next (the model's dense work, the exchanges between
+ranks and the data included, as the user will feel it); the torch kernel serves the group from then
+on only where its median step takes at most 95 % of fbgemm's (fbgemm is torchrec's kernel: a tie
+cannot make lightrec lose to torchrec). A synthetic measurement could not do this: on the 2-core
+development machine it timed the one-id row-wise Adagrad case a tie, where the torch kernel's whole
+training step is 10 % faster. Both kernels implement the same exact update rule and write the same rows
+in place, so switching between batches changes nothing but last bits. Forward-only calls (evaluation,
+``no_grad``) run fbgemm's lookup. The verdicts are logged (``logging.INFO``) and kept in
+:attr:`SharedCpuLookup.verdicts`.
+
+The torch kernel can serve fbgemm's storage where the tables of each dim are adjacent in fbgemm's
+table order (:func:`shared_storage_refusal`; one dim is the common case), and the optimizer is one
+fbgemm's CPU TBE runs (SGD, Adagrad, row-wise Adagrad: none reads a step counter).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import ClassVar
+
+import torch
+
+from lightrec.kernels.cpu_kernel_choice import (
+    SHARED_KERNEL,
+    CpuKernelCase,
+    CpuKernelVerdict,
+    shared_storage_refusal,
+)
+from lightrec.kernels.fbgemm_backend import FbgemmBatchedLookup
+from lightrec.kernels.kernel_interface import EmbeddingKernel, KernelConfig, LookupBatch
+from lightrec.kernels.torch_backend import TorchBatchedLookup, dim_groups
+from lightrec.modules.embedding_configs import PoolingType
+
+__all__ = ["SharedCpuLookup", "StepTrial"]
+
+_log = logging.getLogger(__name__)
+
+
+def _joined(parts: Sequence[torch.Tensor], shape: tuple[int, ...]) -> torch.Tensor | None:
+    """One ``shape`` view spanning ``parts`` (per-table views of one buffer), or None where they are not
+    contiguous and back to back in memory (the torch kernel then cannot serve them as one tensor)."""
+    if not parts or any(not p.is_contiguous() for p in parts):
+        return None
+    for before, after in zip(parts, parts[1:]):
+        if after.data_ptr() != before.data_ptr() + before.numel() * before.element_size():
+            return None
+    if sum(p.numel() for p in parts) != (shape[0] * shape[1] if len(shape) == 2 else shape[0]):
+        return None
+    first = parts[0].detach()
+    return first.as_strided(shape, (shape[1], 1) if len(shape) == 2 else (1,), first.storage_offset())
+
+
+# A trial: blocks of consecutive training steps per kernel, torch and fbgemm alternating. Only steps inside
+# a block are timed (the step before and after ran the same kernel), so a pipeline that starts the next
+# batch's lookup before the current backward still times one kernel's work.
+_TRIAL_BLOCK = 5
+_TRIAL_SCHEDULE = ((TorchBatchedLookup.name,) * _TRIAL_BLOCK + (FbgemmBatchedLookup.name,) * _TRIAL_BLOCK) * 2
+# fbgemm is torchrec's kernel, so it cannot lose to torchrec: the torch kernel must be clearly faster.
+_TRIAL_MARGIN = 0.95
+_clock = time.perf_counter  # whole steps, every thread's work and the waits between ranks included
+
+
+@dataclasses.dataclass
+class StepTrial:
+    """The timing of a group's first training steps at one thread count, run by the kernels in turn
+    (``_TRIAL_SCHEDULE``).
+
+    Attributes:
+        steps: ``(call index, clock, kernel, ids per bag)`` of each recorded step, in order.
+    """
+
+    steps: list[tuple[int, float, str, float]] = dataclasses.field(default_factory=list)
+
+    def record(self, call: int, now: float, ids_per_bag: float) -> str:
+        """Record a step starting now (``call``: the group's lookup count) and return the kernel to run it."""
+        kernel = _TRIAL_SCHEDULE[min(len(self.steps), len(_TRIAL_SCHEDULE) - 1)]
+        self.steps.append((call, now, kernel, ids_per_bag))
+        return kernel
+
+    def step_ms(self) -> dict[str, list[float]]:
+        """Per kernel, the milliseconds of each step timed: a step whose neighbours ran the same kernel
+        and directly follow it (no evaluation call in between)."""
+        times: dict[str, list[float]] = {TorchBatchedLookup.name: [], FbgemmBatchedLookup.name: []}
+        for before, this, after in zip(self.steps, self.steps[1:], self.steps[2:]):
+            consecutive = this[0] == before[0] + 1 and after[0] == this[0] + 1
+            if consecutive and before[2] == this[2] == after[2]:
+                times[this[2]].append(1000.0 * (after[1] - this[1]))
+        return times
+
+    def verdict(self, config: KernelConfig) -> CpuKernelVerdict | None:
+        """The kernel for the group ``config`` once the schedule has run, else None. Steps interrupted
+        too often to time three of each kernel start the schedule again."""
+        if len(self.steps) < len(_TRIAL_SCHEDULE):
+            return None
+        times = self.step_ms()
+        if min(len(t) for t in times.values()) < 3:
+            self.steps.clear()
+            return None
+        ms = {name: statistics.median(t) for name, t in times.items()}
+        torch_wins = ms[TorchBatchedLookup.name] <= _TRIAL_MARGIN * ms[FbgemmBatchedLookup.name]
+        kernel = TorchBatchedLookup.name if torch_wins else FbgemmBatchedLookup.name
+        ids_per_bag = statistics.fmean(step[3] for step in self.steps)
+        detail = (f"median training step, {len(self.steps)} steps alternating in blocks of {_TRIAL_BLOCK}, "
+                  f"{ids_per_bag:.1f} ids per bag")  # fmt: skip
+        return CpuKernelVerdict(kernel, "trial", CpuKernelCase.of(config, max(1, round(ids_per_bag))), ms, detail)
+
+
+class SharedCpuLookup(FbgemmBatchedLookup):
+    """fbgemm's CPU TBE plus a torch kernel over its storage; after a trial of the first training steps
+    the group trains with the faster one (an ``EmbeddingKernel``; see the module docstring).
+
+    Args:
+        config: a fused CPU group both kernels serve (:func:`shared_storage_refusal` is None).
+
+    Raises:
+        ValueError: ``config`` is not such a group.
+    """
+
+    name: ClassVar[str] = SHARED_KERNEL
+    wants_singletons: ClassVar[bool] = True  # the torch kernel's one-id-per-bag path reads the hint
+
+    @classmethod
+    def supports(cls, config: KernelConfig) -> str | None:
+        return FbgemmBatchedLookup.supports(config) or shared_storage_refusal(config)
+
+    def __init__(self, config: KernelConfig) -> None:
+        super().__init__(config)  # refuses what fbgemm cannot serve
+        refusal = shared_storage_refusal(config)
+        if refusal is not None:
+            raise ValueError(f"kernel {self.name!r} cannot serve these tables: {refusal}")
+        self._config = config
+        storage = self._fbgemm_storage(config)
+        # None: fbgemm laid its tables out otherwise than this module reads them; it serves alone then.
+        self.torch_kernel = None if storage is None else TorchBatchedLookup(config, storage=storage)
+        if self.torch_kernel is None:
+            _log.warning("fbgemm's CPU storage is not laid out as expected: kernel %r runs fbgemm only", self.name)
+        self._calls = 0  # lookups so far: a trial times only steps that follow each other
+        self._trials: dict[int, StepTrial] = {}
+        self.verdicts: dict[int, CpuKernelVerdict] = {}
+        """Per intra-op thread count, the kernel its trial chose (reason ``"trial"``, median step times)."""
+
+    def _fbgemm_storage(self, config: KernelConfig) -> list[tuple[torch.Tensor, dict[str, torch.Tensor]]] | None:
+        """Per dim group, views of fbgemm's weights and optimizer state shaped as the torch kernel's storage."""
+        spec = self._fused
+        weights, states = self.split_embedding_weights(), self.split_optimizer_states()
+        storage = []
+        for dim, tables in dim_groups(config.dims):
+            total = sum(config.rows[t] for t in tables)
+            weight = _joined([weights[t] for t in tables], (total, dim))
+            group_states: dict[str, torch.Tensor] = {}
+            for state in spec.state_names:
+                shape = spec.state_shape(state, total, dim)
+                parts = [states[t][state] for t in tables]
+                joined = _joined([p.reshape(spec.state_shape(state, p.shape[0], dim)) for p in parts], shape)
+                if joined is None:
+                    return None
+                group_states[state] = joined
+            if weight is None:
+                return None
+            storage.append((weight, group_states))
+        return storage
+
+    def kernel_for(self, batch: LookupBatch) -> EmbeddingKernel:
+        """The kernel that runs ``batch``, recording the step while the trial of this thread count runs;
+        fbgemm for a forward without autograd (nothing to update; it also breaks the run of consecutive
+        training steps a trial times)."""
+        self._calls += 1
+        if self.torch_kernel is None or not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
+            return self
+        threads = torch.get_num_threads()
+        verdict = self.verdicts.get(threads)
+        if verdict is None:
+            trial = self._trials.setdefault(threads, StepTrial())
+            ids_per_bag = 1.0 if self.pooling == PoolingType.NONE else batch.indices.numel() / max(1, batch.offsets.numel() - 1)
+            kernel_name = trial.record(self._calls, _clock(), ids_per_bag)
+            verdict = trial.verdict(self._config)
+            if verdict is None:
+                return self.torch_kernel if kernel_name == TorchBatchedLookup.name else self
+            self.verdicts[threads] = verdict
+            del self._trials[threads]
+            _log.info("kernel %r, tables %s: %s", self.name, list(self._config.table_names), verdict.describe())
+        return self.torch_kernel if verdict.kernel == TorchBatchedLookup.name else self
+
+    def lookup(
+        self, lookup_batch: LookupBatch, weight_inputs: Sequence[torch.Tensor], lr: Callable[[], float]
+    ) -> torch.Tensor:
+        """Pooled ``[B, sum D]`` or unpooled ``[N, D]`` output of the kernel :meth:`kernel_for` picks;
+        its backward is that kernel's fused update of the shared rows."""
+        kernel = self.kernel_for(lookup_batch)
+        if kernel is self:
+            return super().lookup(lookup_batch, weight_inputs, lr)
+        return kernel.lookup(lookup_batch, weight_inputs, lr)

@@ -1,0 +1,207 @@
+"""``SharedCpuLookup``: fbgemm's CPU TBE and the torch kernel over one storage, the group trained by the
+kernel whose first training steps were faster (``StepTrial``). Trained against a plain torch kernel on the
+same batches; the trial's clock is faked where its verdict is under test (no timing assertions)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from lightrec._fbgemm import fbgemm_available
+from lightrec.kernels import cpu_shared_lookup
+from lightrec.kernels.cpu_kernel_choice import shared_storage_refusal
+from lightrec.kernels.cpu_shared_lookup import SharedCpuLookup, StepTrial
+from lightrec.kernels.cpu_update import native_update_available
+from lightrec.kernels.kernel_interface import KernelConfig, LookupBatch
+from lightrec.kernels.kernel_registry import build_kernel
+from lightrec.kernels.torch_backend import TorchBatchedLookup
+from lightrec.modules.embedding_configs import PoolingType
+from lightrec.optim.fused_spec import EmbOptimType, FusedOptimizerSpec
+
+pytestmark = pytest.mark.skipif(
+    not fbgemm_available() or not native_update_available(torch.device("cpu"), torch.float32),
+    reason="needs fbgemm's CPU TBE and the native update",
+)
+
+OPTIMIZERS = [EmbOptimType.SGD, EmbOptimType.ADAGRAD, EmbOptimType.ROWWISE_ADAGRAD]
+
+
+def _config(optimizer: EmbOptimType, dims: list[int], pooling: PoolingType = PoolingType.SUM) -> KernelConfig:
+    spec = FusedOptimizerSpec(optimizer, learning_rate=0.05)
+    rows = [40 + 13 * t for t in range(len(dims))]
+    return KernelConfig(rows, dims, list(range(len(dims))), pooling, spec, torch.device("cpu"))
+
+
+def _batch(config: KernelConfig, batch: int, ids_per_bag: int, gen: torch.Generator, weighted: bool) -> LookupBatch:
+    """``ids_per_bag`` on average: bag lengths drawn from 0 .. 2 * ids_per_bag - 1 (1 exactly for 1)."""
+    features = len(config.feature_table_map)
+    if ids_per_bag == 1:
+        lengths = torch.ones(features * batch, dtype=torch.long)
+    else:
+        lengths = torch.randint(0, 2 * ids_per_bag, (features * batch,), generator=gen)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+    ids = [torch.randint(0, config.rows[config.feature_table_map[f]], (int(n),), generator=gen)
+           for f, n in enumerate(lengths.view(features, batch).sum(1))]  # fmt: skip
+    indices = torch.cat(ids)
+    weights = torch.rand(indices.numel(), generator=gen) if weighted else None
+    return LookupBatch(indices, offsets, weights, batch)
+
+
+class FakeClock:
+    """``cpu_shared_lookup._clock``: a step takes ``ms[kernel]`` of the kernel that ran it (the test
+    advances ``now`` after each step, from which kernel's lookup was called)."""
+
+    def __init__(self, torch_ms: float, fbgemm_ms: float) -> None:
+        self.now, self.ms = 0.0, {"torch": torch_ms / 1000, "fbgemm": fbgemm_ms / 1000}
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    fake = FakeClock(torch_ms=8.0, fbgemm_ms=10.0)
+    monkeypatch.setenv("LIGHTREC_CPU_KERNEL", "auto")  # the suite pins fbgemm
+    monkeypatch.setattr(cpu_shared_lookup, "_clock", fake)
+    return fake
+
+
+def _train(kernel: SharedCpuLookup, reference: TorchBatchedLookup, batches: list[LookupBatch], clock: FakeClock,
+           gen: torch.Generator) -> list[str]:  # fmt: skip
+    """Train both on ``batches``, checking weights and states equal after every step; the kernel of each step."""
+    assert kernel.torch_kernel is not None
+    ran: list[str] = []
+    torch_lookup = kernel.torch_kernel.lookup
+    kernel.torch_kernel.lookup = lambda *a: ran.append("torch") or torch_lookup(*a)  # type: ignore[method-assign]
+    anchor = torch.zeros(0, requires_grad=True)
+    for step, batch in enumerate(batches):
+        before = len(ran)
+        out = kernel.lookup(batch, [anchor], lambda: 0.05)
+        if len(ran) == before:
+            ran.append("fbgemm")
+        grad = torch.randn(out.shape, generator=gen)
+        out.backward(grad)
+        reference.lookup(batch, [anchor], lambda: 0.05).backward(grad)
+        clock.now += clock.ms[ran[-1]]
+        for mine, ref in zip(kernel.split_embedding_weights(), reference.split_embedding_weights(), strict=True):
+            torch.testing.assert_close(mine, ref, rtol=1e-5, atol=1e-6, msg=f"step {step}")
+        for mine_st, ref_st in zip(kernel.split_optimizer_states(), reference.split_optimizer_states(), strict=True):
+            for name in mine_st:
+                torch.testing.assert_close(mine_st[name], ref_st[name], rtol=1e-5, atol=1e-6)
+    return ran
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS, ids=lambda o: o.name)
+@pytest.mark.parametrize("dims", [[64], [16, 16, 32]], ids=["one_dim", "two_dims"])
+def test_the_torch_kernel_serves_fbgemms_storage_in_place(optimizer: EmbOptimType, dims: list[int]) -> None:
+    kernel = SharedCpuLookup(_config(optimizer, dims))
+    assert kernel.torch_kernel is not None
+    pairs = zip(kernel.split_embedding_weights(), kernel.torch_kernel.split_embedding_weights(), strict=True)
+    assert all(a.data_ptr() == b.data_ptr() and a.shape == b.shape for a, b in pairs)
+    for mine, theirs in zip(kernel.split_optimizer_states(), kernel.torch_kernel.split_optimizer_states(), strict=True):
+        assert mine.keys() == theirs.keys() == set(kernel.spec.state_names)  # type: ignore[union-attr]
+        assert all(mine[k].data_ptr() == theirs[k].data_ptr() and mine[k].shape == theirs[k].shape for k in mine)
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS, ids=lambda o: o.name)
+@pytest.mark.parametrize(("dims", "pooling", "weighted", "faster"), [
+    ([32], PoolingType.SUM, False, "torch"), ([16, 16, 32], PoolingType.SUM, True, "fbgemm"),
+    ([16, 32], PoolingType.MEAN, False, "torch"),
+], ids=["sum", "mixed_dims_weighted", "mean"])  # fmt: skip
+def test_training_through_the_trial_and_after_matches_the_torch_kernel(
+    clock: FakeClock, optimizer: EmbOptimType, dims: list[int], pooling: PoolingType, weighted: bool, faster: str
+) -> None:
+    config = _config(optimizer, dims, pooling)
+    kernel, reference = SharedCpuLookup(config), TorchBatchedLookup(config)
+    gen = torch.Generator().manual_seed(3)
+    for mine, ref in zip(kernel.split_embedding_weights(), reference.split_embedding_weights(), strict=True):
+        mine.copy_(torch.rand(mine.shape, generator=gen) - 0.5)
+        ref.copy_(mine)
+    if faster == "fbgemm":
+        clock.ms["torch"] = 1.5 * clock.ms["fbgemm"]
+    batches = [_batch(config, 12, [1, 8, 3][step % 3], gen, weighted) for step in range(24)]
+    ran = _train(kernel, reference, batches, clock, gen)
+    # The trial: blocks of 5 steps per kernel, torch first; the 20th step's start ends the last timed step,
+    # and the faster kernel runs it and every step after.
+    assert ran[:19] == ((["torch"] * 5 + ["fbgemm"] * 5) * 2)[:19] and ran[19:] == [faster] * 5
+    verdict = kernel.verdicts[torch.get_num_threads()]
+    assert (verdict.kernel, verdict.reason) == (faster, "trial")
+    assert verdict.ms == pytest.approx({"torch": 1000 * clock.ms["torch"], "fbgemm": 1000 * clock.ms["fbgemm"]})
+
+
+def test_the_trial_times_only_steps_inside_a_block_and_wants_a_clear_win() -> None:
+    config = _config(EmbOptimType.ROWWISE_ADAGRAD, [16])
+
+    def run(torch_ms: float, fbgemm_ms: float, skip: frozenset[int] = frozenset()) -> StepTrial:
+        trial, now, call = StepTrial(), 0.0, 0
+        for step in range(20):
+            call += 2 if step in skip else 1  # an evaluation call just before this training step
+            kernel = trial.record(call, now, 1.0)
+            now += (torch_ms if kernel == "torch" else fbgemm_ms) / 1000
+        return trial
+
+    trial = run(8.0, 10.0)
+    assert {k: len(v) for k, v in trial.step_ms().items()} == {"torch": 6, "fbgemm": 6}  # 3 inner steps per block
+    verdict = trial.verdict(config)
+    assert verdict is not None and verdict.kernel == "torch" and verdict.case is not None
+    assert "20 steps alternating in blocks of 5, 1.0 ids per bag" in verdict.describe()
+    tie = run(9.8, 10.0).verdict(config)  # 2 % faster is a tie: fbgemm, torchrec's own kernel
+    assert tie is not None and tie.kernel == "fbgemm"
+    # Evaluation calls inside the blocks leave fewer than three timed steps of a kernel: the trial starts over.
+    broken = run(8.0, 10.0, skip=frozenset({2, 3, 4, 7, 8, 9, 12, 13, 14, 17, 18, 19}))
+    assert broken.verdict(config) is None and broken.steps == []
+
+
+def test_a_forward_without_autograd_runs_fbgemm_and_is_not_a_trial_step(clock: FakeClock) -> None:
+    config = _config(EmbOptimType.ROWWISE_ADAGRAD, [16])
+    kernel = SharedCpuLookup(config)
+    batch = _batch(config, 4, 1, torch.Generator().manual_seed(0), False)
+    with torch.no_grad():
+        assert kernel.kernel_for(batch) is kernel
+        out = kernel.lookup(batch, [torch.zeros(0)], lambda: 0.05)
+    with torch.inference_mode():
+        assert kernel.kernel_for(batch) is kernel
+    assert out.shape == (4, 16) and kernel._trials == {}
+    assert kernel.kernel_for(batch) is kernel.torch_kernel  # the trial's first step
+    assert len(kernel._trials[torch.get_num_threads()].steps) == 1
+
+
+def test_auto_builds_it_only_where_the_storage_can_be_shared(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LIGHTREC_CPU_KERNEL", "auto")
+    name, kernel = build_kernel("auto", _config(EmbOptimType.SGD, [16, 16, 32]))
+    assert name == "fbgemm|torch" and isinstance(kernel, SharedCpuLookup)
+    apart = _config(EmbOptimType.SGD, [16, 32, 16])
+    assert shared_storage_refusal(apart) == "the tables of dim 16 ([0, 2]) are not adjacent in table order"
+    with pytest.raises(ValueError, match="not adjacent in table order"):
+        SharedCpuLookup(apart)
+    assert "CPU optimizers" in str(shared_storage_refusal(_config(EmbOptimType.ADAM, [16])))
+    monkeypatch.setenv("LIGHTREC_CPU_KERNEL", "torch")  # the switch decides without building both
+    assert build_kernel("auto", _config(EmbOptimType.SGD, [16]))[0] == "torch"
+
+
+def test_the_torch_kernel_refuses_storage_of_the_wrong_shape() -> None:
+    config = _config(EmbOptimType.ROWWISE_ADAGRAD, [8, 8])
+    total = sum(config.rows)
+    good = (torch.zeros(total, 8), {"momentum1": torch.zeros(total)})
+    kernel = TorchBatchedLookup(config, storage=[good])
+    assert kernel.groups[0].weight is good[0]  # served as given, not copied
+    with pytest.raises(ValueError, match=r"states \{'momentum1': \(93,\)\}"):
+        TorchBatchedLookup(config, storage=[(good[0], {"momentum1": torch.zeros(total, 8)})])
+    with pytest.raises(ValueError, match="one \\(weight, states\\) per dim group \\(1\\), got 2"):
+        TorchBatchedLookup(config, storage=[good, good])
+
+
+def test_a_tiered_tables_cache_is_served_by_both_kernels_too(clock: FakeClock) -> None:
+    from lightrec.kernels.tiered.backend import TieredBatchedLookup
+    from lightrec.kernels.tiered.config import TieringConfig
+
+    config = dataclasses.replace(_config(EmbOptimType.ROWWISE_ADAGRAD, [16, 16]), tiering=TieringConfig("host"))
+    name, kernel = build_kernel("auto", config)
+    assert name == "tiered" and isinstance(kernel, TieredBatchedLookup)
+    assert isinstance(kernel.inner, SharedCpuLookup) and kernel.inner_name == "fbgemm|torch"
+    batch = _batch(config, 8, 1, torch.Generator().manual_seed(1), False)
+    kernel.lookup(batch, [torch.zeros(0, requires_grad=True)], lambda: 0.05).sum().backward()
+    assert isinstance(kernel.inner, SharedCpuLookup)
+    assert len(kernel.inner._trials[torch.get_num_threads()].steps) == 1  # the cache's batch: a trial step
