@@ -20,7 +20,6 @@ lightrec then runs its pure-torch kernels, with the same results.
 
 from __future__ import annotations
 
-import functools
 import importlib.metadata
 import logging
 import warnings
@@ -44,9 +43,6 @@ __all__ = [
 #: ``_fbgemm_torch_compat_table`` in fbgemm_gpu 1.9's ``__init__``). Releases not listed (newer
 #: ones, nightlies, local builds) are tried by importing them.
 FBGEMM_TORCH: dict[str, str] = {"1.5": "2.10", "1.6": "2.11", "1.7": "2.12", "1.8": "2.13", "1.9": "2.14"}
-
-_reason: str | None = None
-
 
 class FbgemmUnavailableWarning(UserWarning):
     """fbgemm-gpu is missing or does not fit the installed torch: lightrec uses its pure-torch kernels."""
@@ -124,41 +120,31 @@ def _import_fbgemm_keeping_logging() -> None:
         root.setLevel(level)
 
 
-@functools.lru_cache(maxsize=1)
-def fbgemm_available() -> bool:
-    """True when ``fbgemm_gpu`` imports and registers its ops on this torch (see the module docstring)."""
-    global _reason
-    _reason = _switches.FBGEMM.off_reason()
-    if _reason is not None:
-        return False
-    mismatch = _mismatch(_installed_fbgemm())
-    if mismatch is not None:
-        _reason = mismatch
-    else:
+def _import_fbgemm() -> str | None:
+    """None when ``fbgemm_gpu`` imports on this torch (cases 2 and 3 of the module docstring), else
+    why not, warned once (:class:`FbgemmUnavailableWarning`)."""
+    reason = _mismatch(_installed_fbgemm())
+    if reason is None:
         try:
             _import_fbgemm_keeping_logging()
         except ModuleNotFoundError as exc:
-            _reason = (
-                "fbgemm_gpu is not installed"
-                if exc.name == "fbgemm_gpu"
-                else f"fbgemm_gpu failed to import: {exc}"
-            )
+            reason = "fbgemm_gpu is not installed" if exc.name == "fbgemm_gpu" else f"fbgemm_gpu failed to import: {exc}"
         except Exception as exc:  # ImportError, or OSError from a wheel built for another torch
-            _reason = f"fbgemm_gpu failed to import: {type(exc).__name__}: {exc}"
+            reason = f"fbgemm_gpu failed to import: {type(exc).__name__}: {exc}"
         else:
-            return True
+            return None
     warnings.warn(
-        f"lightrec uses its pure-torch kernels (same results, slower): {_reason}; {_fix()}. "
+        f"lightrec uses its pure-torch kernels (same results, slower): {reason}; {_fix()}. "
         f"Set {_switches.FBGEMM.name}=0 to run the pure-torch kernels without this warning.",
         FbgemmUnavailableWarning,
-        stacklevel=2,
+        stacklevel=4,  # the caller of fbgemm_available or fbgemm_unavailable_reason (Decision)
     )
-    return False
+    return reason
 
 
-def fbgemm_unavailable_reason() -> str | None:
-    """Why fbgemm is unavailable, or None when it is available."""
-    return None if fbgemm_available() else _reason
+_DECISION = _switches.Decision(_switches.FBGEMM, _import_fbgemm)
+fbgemm_available = _DECISION.available
+fbgemm_unavailable_reason = _DECISION.unavailable_reason
 
 
 def has_fbgemm_op(name: str) -> bool:

@@ -52,6 +52,7 @@ __all__ = [
     "TIERED_NATIVE",
     "TRITON",
     "Choice",
+    "Decision",
     "Folder",
     "Foreign",
     "OldName",
@@ -174,6 +175,38 @@ class OnOff(Switch[bool]):
     def off_reason(self) -> str | None:
         """None when the switch is on, else the reason a caller reports: ``disabled by NAME=0``."""
         return None if self.read() else f"disabled by {self.name}=0"
+
+
+class Decision:
+    """Whether what an on/off switch gates can be used in this process, decided at the first question
+    and kept: the switch first (``disabled by NAME=0``, without calling ``probe``), then ``probe``,
+    which returns None when it can, else why not (an optional dependency that does not import).
+
+    Args:
+        switch: the switch that turns the feature off.
+        probe: ``() -> reason or None``, called at most once per process.
+    """
+
+    def __init__(self, switch: OnOff, probe: Callable[[], str | None]) -> None:
+        self.switch = switch
+        self._probe = probe
+        self._decided = False
+        self._reason: str | None = None
+
+    def _decide(self) -> str | None:
+        if not self._decided:
+            off = self.switch.off_reason()
+            self._reason = off if off is not None else self._probe()
+            self._decided = True
+        return self._reason
+
+    def available(self) -> bool:
+        """True when the feature can be used here."""
+        return self._decide() is None
+
+    def unavailable_reason(self) -> str | None:
+        """Why the feature cannot be used here, or None when it can."""
+        return self._decide()
 
 
 @dataclass(frozen=True)

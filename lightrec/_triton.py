@@ -12,7 +12,6 @@ were absent.
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -21,28 +20,20 @@ from lightrec import _switches
 
 __all__ = ["triton_available", "triton_device_reason", "triton_interpreting", "triton_unavailable_reason"]
 
-_reason: str | None = None
 
-
-@functools.lru_cache(maxsize=1)
-def triton_available() -> bool:
-    """True when ``triton`` imports (it need not have a GPU: see :func:`triton_device_reason`)."""
-    global _reason
-    _reason = _switches.TRITON.off_reason()
-    if _reason is not None:
-        return False
+def _import_triton() -> str | None:
+    """None when ``triton`` imports, else why it does not."""
     try:
         import triton  # noqa: F401
         import triton.language  # noqa: F401
     except Exception as exc:  # ImportError, or a broken install
-        _reason = f"triton failed to import: {type(exc).__name__}: {exc}"
-        return False
-    return True
+        return f"triton failed to import: {type(exc).__name__}: {exc}"
+    return None
 
 
-def triton_unavailable_reason() -> str | None:
-    """Why triton is unavailable, or None when it imports."""
-    return None if triton_available() else _reason
+_DECISION = _switches.Decision(_switches.TRITON, _import_triton)
+triton_available = _DECISION.available
+triton_unavailable_reason = _DECISION.unavailable_reason
 
 
 def triton_interpreting() -> bool:

@@ -22,6 +22,7 @@ import json
 import multiprocessing
 import os
 import time
+from dataclasses import KW_ONLY, dataclass
 from typing import TYPE_CHECKING
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -65,6 +66,7 @@ class AdmissionGate:
         return int(self._count.value)
 
 
+@dataclass(eq=False)  # a middleware instance compares by identity, as before
 class AdmissionMiddleware:
     """See the module docstring.
 
@@ -78,15 +80,14 @@ class AdmissionMiddleware:
         dispatch: answers admitted requests from the workers; None: the wrapped app answers them.
     """
 
-    def __init__(self, app: ASGIApp, *, path: str, gate: AdmissionGate, metrics: ServingMetrics,
-                 max_payload_bytes: int, retry_after_s: int = 1, dispatch: PredictDispatch | None = None) -> None:
-        self.app = app
-        self.path = path
-        self.gate = gate
-        self.metrics = metrics
-        self.max_payload_bytes = max_payload_bytes
-        self.retry_after_s = retry_after_s
-        self.dispatch = dispatch
+    app: ASGIApp
+    _: KW_ONLY
+    path: str
+    gate: AdmissionGate
+    metrics: ServingMetrics
+    max_payload_bytes: int
+    retry_after_s: int = 1
+    dispatch: PredictDispatch | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] != self.path or scope["method"] != "POST":

@@ -431,6 +431,16 @@ class EmbeddingSharding(abc.ABC, Generic[C, F, T, W]):
         self.features.sort(key=lambda x: x[1])
         self.grad_scale = 1.0 / context.env.world_size
         self.qcomm_codecs_registry = dict(context.qcomm_codecs_registry or {})
+        self.width = width_of(tables)
+
+    def whole_table_slots(self, rank: int) -> list[ShardSlot]:
+        """One slot per feature covering its whole table on ``rank``, in kernel-group order (the
+        same on every rank, so each group is a contiguous run of keys)."""
+        slots = [
+            ShardSlot(f, i, t.name, 0, rank, 0, t.config.num_embeddings, 0, t.config.embedding_dim)
+            for f, i, t in self.features
+        ]
+        return order_slots(slots, self.tables, self.pooled)
 
     def codecs(self, comm_op: str) -> QuantizedCommCodecs | None:
         """The codecs of ``comm_op`` (``"pooled_embeddings_all_to_all"``, ``"pooled_embeddings_reduce_scatter"``,
@@ -461,6 +471,13 @@ class EmbeddingSharding(abc.ABC, Generic[C, F, T, W]):
 
 KJTEmbeddingSharding = EmbeddingSharding[DistContext, KeyedJaggedTensor, torch.Tensor, torch.Tensor]
 """Every sharding type here: KJT in (input dist and lookup), tensors out (lookup and output dist)."""
+
+
+def rows_by_feature(rows: torch.Tensor, ctx: DistContext, slots: Sequence[ShardSlot]) -> dict[str, torch.Tensor]:
+    """Sequence output of a sharding that sends each feature once, whole: ``{feature: [N_f, D]}``
+    cut from the returned ``[N_sent, width]`` rows, which are in the sent KJT's value order."""
+    opk = ctx.sent.offset_per_key()
+    return {s.feature: rows[opk[k] : opk[k + 1], : s.cols] for k, s in enumerate(slots)}
 
 
 class KeySelector:

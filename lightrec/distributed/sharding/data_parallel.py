@@ -34,10 +34,8 @@ from lightrec.distributed.sharding.common import (
     KJTOutputDist,
     ShardedTable,
     ShardingContext,
-    ShardSlot,
     check_blocks,
-    order_slots,
-    width_of,
+    rows_by_feature,
 )
 from lightrec.distributed.sharding.lookups import GroupedLookup, grouped_lookup
 from lightrec.kernels.batched_embedding import EmbeddingFusedOptimizer
@@ -171,12 +169,7 @@ class DpEmbeddingSharding(KJTEmbeddingSharding):
             t.optimizer = None
             check_blocks(t, self.name)
         super().__init__(tables, context)
-        slots = [
-            ShardSlot(f, i, t.name, 0, self.env.rank, 0, t.config.num_embeddings, 0, t.config.embedding_dim)
-            for f, i, t in self.features
-        ]
-        self.slots = order_slots(slots, self.tables, self.pooled)
-        self.width = width_of(tables)
+        self.slots = self.whole_table_slots(self.env.rank)
         self.sync: DataParallelTableSync | None = None
 
     def create_input_dist(self) -> InputDist[DistContext]:
@@ -194,5 +187,4 @@ class DpEmbeddingSharding(KJTEmbeddingSharding):
         return [(s.feature, 0, s.cols) for s in self.slots]
 
     def feature_rows(self, rows: torch.Tensor, ctx: DistContext) -> dict[str, torch.Tensor]:
-        opk = ctx.sent.offset_per_key()
-        return {s.feature: rows[opk[k] : opk[k + 1], : s.cols] for k, s in enumerate(self.slots)}
+        return rows_by_feature(rows, ctx, self.slots)

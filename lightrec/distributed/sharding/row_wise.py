@@ -49,8 +49,7 @@ from lightrec.distributed.sharding.common import (
     ShardingContext,
     ShardSlot,
     mean_weights,
-    order_slots,
-    width_of,
+    rows_by_feature,
 )
 from lightrec.distributed.sharding.lookups import GroupedLookup, grouped_lookup
 from lightrec.modules.embedding_configs import PoolingType
@@ -152,12 +151,8 @@ class RwEmbeddingSharding(KJTEmbeddingSharding):
         super().__init__(tables, context)
         world = self.env.world_size
         self.bounds: dict[str, list[int]] = {t.name: self.normalize(t, world) for t in tables}
-        # Features in kernel-group order (the same on every rank, so groups are contiguous keys).
-        probes = [
-            ShardSlot(f, i, t.name, 0, 0, 0, t.config.num_embeddings, 0, t.config.embedding_dim)
-            for f, i, t in self.features
-        ]
-        self.rw_slots = order_slots(probes, self.tables, self.pooled)
+        # Features in kernel-group order; each rank's slot of a feature is cut from them below.
+        self.rw_slots = self.whole_table_slots(0)
         self.slots_by_rank: list[list[ShardSlot]] = []
         for rank in range(world):
             slots = []
@@ -170,7 +165,6 @@ class RwEmbeddingSharding(KJTEmbeddingSharding):
                     ShardSlot(p.feature, p.feature_index, p.table, index, rank, bounds[rank], rows, 0, p.cols)
                 )
             self.slots_by_rank.append(slots)
-        self.width = width_of(tables)
 
     def normalize(self, table: ShardedTable, world_size: int) -> list[int]:
         """Check the shards and lay them out in rank order; return the ``W + 1`` block bounds."""
@@ -224,6 +218,4 @@ class RwEmbeddingSharding(KJTEmbeddingSharding):
         return [(s.feature, 0, s.cols) for s in self.rw_slots]
 
     def feature_rows(self, rows: torch.Tensor, ctx: DistContext) -> dict[str, torch.Tensor]:
-        """Sequence output: rows are in the sent KJT's value order; cut per feature."""
-        opk = ctx.sent.offset_per_key()
-        return {s.feature: rows[opk[k] : opk[k + 1], : s.cols] for k, s in enumerate(self.rw_slots)}
+        return rows_by_feature(rows, ctx, self.rw_slots)

@@ -34,7 +34,6 @@ from lightrec.distributed.sharding.common import (
     ShardSlot,
     check_blocks,
     order_slots,
-    width_of,
 )
 from lightrec.distributed.sharding.lookups import GroupedLookup, grouped_lookup
 from lightrec.sparse import KeyedJaggedTensor
@@ -125,7 +124,6 @@ class TwEmbeddingSharding(KJTEmbeddingSharding):
                 )  # fmt: skip
         self.slots_by_rank = [order_slots(slots, self.tables, self.pooled) for slots in by_rank]
         self.sent_slots = [s for slots in self.slots_by_rank for s in slots]
-        self.width = width_of(tables)
         self.column_order: list[int] | None = None
 
     def set_column_order(self, column_order: list[int]) -> None:
