@@ -356,9 +356,10 @@ def cpu_fused_choice(config: KernelConfig, ids_per_bag: int | None = None) -> Cp
     Args:
         config: the group (``config.spec`` set: a fused optimizer).
         ids_per_bag: a pooling-factor hint for the case. None (unknown): where the two kernels can
-            share the storage (:func:`shared_storage_refusal`), both, each batch run by the verdict of
-            its own ids per bag (``SHARED_KERNEL``, reason ``"timed in training"``, nothing measured now);
-            else decided at each of ``UNKNOWN_POOLING_CASES`` by :func:`verdict_for_any_pooling`.
+            share the storage (:func:`shared_storage_refusal`), both, the group trained by the faster
+            over its first training steps (``SHARED_KERNEL``, reason ``"timed in training"``, nothing
+            measured now); else decided at each of ``UNKNOWN_POOLING_CASES`` by
+            :func:`verdict_for_any_pooling`.
 
     Raises:
         ValueError: ``config`` has no fused optimizer.
@@ -384,7 +385,7 @@ def cpu_kernel_lines(dims: Sequence[int], spec: FusedOptimizerSpec) -> list[str]
     """What ``kernel_backend="auto"`` runs on CPU for fused tables of these ``dims``, one line per dim
     bucket (a group of mixed dims takes its largest dim's verdict), for a report.
 
-    A group both kernels can serve is decided per case as it trains (``"timed in training"``), so nothing is
+    A group both kernels can serve is decided as it trains (``"timed in training"``), so nothing is
     measured for it here; other groups' cases not cached yet are measured (well under a second each),
     with this process's threads, at each of ``UNKNOWN_POOLING_CASES``.
     """

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -56,15 +57,13 @@ _log = logging.getLogger(__name__)
 def _joined(parts: Sequence[torch.Tensor], shape: tuple[int, ...]) -> torch.Tensor | None:
     """One ``shape`` view spanning ``parts`` (per-table views of one buffer), or None where they are not
     contiguous and back to back in memory (the torch kernel then cannot serve them as one tensor)."""
-    if not parts or any(not p.is_contiguous() for p in parts):
+    if not parts or any(not p.is_contiguous() for p in parts) or sum(p.numel() for p in parts) != math.prod(shape):
         return None
     for before, after in zip(parts, parts[1:]):
         if after.data_ptr() != before.data_ptr() + before.numel() * before.element_size():
             return None
-    if sum(p.numel() for p in parts) != (shape[0] * shape[1] if len(shape) == 2 else shape[0]):
-        return None
     first = parts[0].detach()
-    return first.as_strided(shape, (shape[1], 1) if len(shape) == 2 else (1,), first.storage_offset())
+    return first.as_strided((math.prod(shape),), (1,), first.storage_offset()).view(shape)
 
 
 # A trial: blocks of consecutive training steps per kernel, torch and fbgemm alternating. Only steps inside
@@ -141,10 +140,7 @@ class SharedCpuLookup(FbgemmBatchedLookup):
         return FbgemmBatchedLookup.supports(config) or shared_storage_refusal(config)
 
     def __init__(self, config: KernelConfig) -> None:
-        super().__init__(config)  # refuses what fbgemm cannot serve
-        refusal = shared_storage_refusal(config)
-        if refusal is not None:
-            raise ValueError(f"kernel {self.name!r} cannot serve these tables: {refusal}")
+        super().__init__(config)  # refuses what :meth:`supports` turns down
         self._config = config
         storage = self._fbgemm_storage(config)
         # None: fbgemm laid its tables out otherwise than this module reads them; it serves alone then.
@@ -164,6 +160,8 @@ class SharedCpuLookup(FbgemmBatchedLookup):
         for dim, tables in dim_groups(config.dims):
             total = sum(config.rows[t] for t in tables)
             weight = _joined([weights[t] for t in tables], (total, dim))
+            if weight is None:
+                return None
             group_states: dict[str, torch.Tensor] = {}
             for state in spec.state_names:
                 shape = spec.state_shape(state, total, dim)
@@ -172,8 +170,6 @@ class SharedCpuLookup(FbgemmBatchedLookup):
                 if joined is None:
                     return None
                 group_states[state] = joined
-            if weight is None:
-                return None
             storage.append((weight, group_states))
         return storage
 

@@ -2,8 +2,8 @@
 
 ``KERNELS`` lists the registered :class:`~lightrec.kernels.kernel_interface.EmbeddingKernel`
 classes in the order ``"auto"`` tries them: fbgemm TBE where it serves the configuration -- on CPU,
-for a fused group the torch kernel's native update also serves, both over one storage with each batch
-run by the one measured faster on this machine for its case (``cpu_shared_lookup.py``, kernel
+for a fused group the torch kernel's native update also serves, both over one storage, the group
+trained by the one whose first training steps were faster (``cpu_shared_lookup.py``, kernel
 ``"fbgemm|torch"``; not selectable by name), or, where they cannot share it, the one measured faster
 for the group (``cpu_kernel_choice.py``); else, on CUDA, Triton; else pure torch. On CPU ``"auto"`` never picks Triton (its interpreter is for tests).
 :func:`register_kernel` adds a backend under a new name (docs/kernels.md, "Adding a kernel").
@@ -110,6 +110,12 @@ def select_backend(kernel_backend: str, config: KernelConfig) -> str:
 
 
 
+def _class_of(name: str) -> type[EmbeddingKernel]:
+    """The class of a kernel :func:`select_backend` named: a registered one, or the CPU kernel that
+    ``"auto"`` alone builds (fbgemm and torch over one storage, not selectable by name)."""
+    return SharedCpuLookup if name == SharedCpuLookup.name else KERNELS[name]
+
+
 def build_kernel(kernel_backend: str, config: KernelConfig) -> tuple[str, EmbeddingKernel]:
     """``(name, kernel)`` serving ``config``: :func:`select_backend`'s choice for in-memory tables;
     for tiered ones (``config.tiering``), fbgemm's managed caching where it applies (host memory,
@@ -122,9 +128,7 @@ def build_kernel(kernel_backend: str, config: KernelConfig) -> tuple[str, Embedd
     tiering = config.tiering
     if tiering is None:
         name = select_backend(kernel_backend, config)
-        if name == SharedCpuLookup.name:  # "auto" only: fbgemm and torch over one storage
-            return name, SharedCpuLookup(config)
-        return name, KERNELS[name](config)
+        return name, _class_of(name)(config)
     check_kernel_backend(kernel_backend)
     if config.spec is None:
         raise ValueError(
@@ -136,6 +140,5 @@ def build_kernel(kernel_backend: str, config: KernelConfig) -> tuple[str, Embedd
             return FbgemmManagedCachingLookup.name, FbgemmManagedCachingLookup(config)
     cache = dataclasses.replace(config, rows=[tiering.cache_rows_for(r) for r in config.rows], tiering=None)
     inner = select_backend("auto" if kernel_backend in _TIERED else kernel_backend, cache)
-    inner_class = SharedCpuLookup if inner == SharedCpuLookup.name else KERNELS[inner]
-    tiered = dataclasses.replace(config, tiering=dataclasses.replace(tiering, inner_kernel=inner_class))
+    tiered = dataclasses.replace(config, tiering=dataclasses.replace(tiering, inner_kernel=_class_of(inner)))
     return TieredBatchedLookup.name, TieredBatchedLookup(tiered)

@@ -132,8 +132,8 @@ class TorchBatchedLookup(ResidentRows):
 
     def _check_storage(self, weight: torch.Tensor, states: dict[str, torch.Tensor], total: int, dim: int) -> None:
         """Refuse given storage whose shapes differ from what this kernel would allocate."""
-        names = self.spec.state_names if self.spec is not None else ()
-        want = {name: self.spec.state_shape(name, total, dim) for name in names} if self.spec is not None else {}
+        spec = self.spec
+        want = {} if spec is None else {name: spec.state_shape(name, total, dim) for name in spec.state_names}
         got = {name: tuple(t.shape) for name, t in states.items()}
         if tuple(weight.shape) != (total, dim) or got != want:
             raise ValueError(
