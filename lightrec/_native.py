@@ -158,11 +158,14 @@ def _build() -> NativeOps:
     sources = _sources()
     directory = _build_directory()
     # -ffp-contract=off: no fused multiply-adds, so the update rounds like the torch reference.
+    # -fno-math-errno: std::sqrt need not set errno, so GCC vectorises the loops that take it (Adam's
+    # and Adagrad's per-element sqrt and divides; results unchanged, IEEE sqrt rounds alike either
+    # way). Measured, Adam over 1.45M touched rows of 26 x 100k x 64, one thread: 600 -> 290 ms.
     with _ninja_findable(), _build_turn(directory):
         path = cpp_extension.load(
             name="lightrec_native",
             sources=sources,
-            extra_cflags=["-O3", "-ffp-contract=off"],
+            extra_cflags=["-O3", "-ffp-contract=off", "-fno-math-errno"],
             build_directory=str(directory),
             is_python_module=False,
             verbose=False,
