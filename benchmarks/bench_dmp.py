@@ -10,7 +10,7 @@ measure the training step, not data loading.
 projection of the pooled embeddings (a buffer, not trained), so the step is input dist, lookup,
 output dist forward and backward and the fused update alone -- the embedding system's own speed.
 
-Every run also reports, for both libraries, rank 0's **per-phase breakdown** of a step (input dist,
+Every run also reports, for both libraries, every rank's **per-phase breakdown** of a step (input dist,
 lookup, output dist forward / backward, fused update, dense forward, dense backward, dense
 all-reduce, optimizer, other), from one extra window per library with the phase timers of
 ``dmp_phases.py`` switched on (the throughput windows run without them), and which all-reduce
@@ -235,7 +235,10 @@ class _Contender:
         elapsed = time.perf_counter() - start
         self.clock.enabled = False
         self.breakdown = self.clock.per_step_ms(elapsed, args.steps)
-        dist.barrier()
+        # Every rank's breakdown: a rank that waits long in an exchange is waiting for a peer, and
+        # the peer's phases say which of its own phases that was.
+        self.breakdown_by_rank: list[dict[str, float]] = [{} for _ in range(dist.get_world_size())]
+        dist.all_gather_object(self.breakdown_by_rank, self.breakdown)
 
     def kernels(self) -> list[str]:
         """The lookup kernels this model runs (lightrec's ``backend_name``, with the kernel ``auto``'s trial
@@ -260,6 +263,7 @@ class _Contender:
             "rank0_thread_cpu_ms_per_step": 1000.0 * statistics.median(self.thread_cpu),
             "rank0_process_cpu_ms_per_step": 1000.0 * statistics.median(self.process_cpu),
             "rank0_phase_ms_per_step": {k: round(v, 2) for k, v in self.breakdown.items()},
+            "phase_ms_per_step_by_rank": [{k: round(v, 2) for k, v in b.items()} for b in self.breakdown_by_rank],
             "kernels": self.kernels(),
             # lightrec's DistributedModelParallel says which all-reduce its dense part takes, and why
             "dense_allreduce": getattr(self.model, "dense_allreduce", "DDP's own (gloo)"),
@@ -356,8 +360,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--pooling-factor", type=int, default=1, help="ids per bag")
     parser.add_argument("--steps", type=int, default=10, help="steps per timed window")
     parser.add_argument("--repeats", type=int, default=5, help="timed windows (the median is reported)")
-    parser.add_argument("--warmup", type=int, default=20,
-                        help="untimed steps per side (lightrec's auto CPU kernel times its first 20 training steps)")  # fmt: skip
+    parser.add_argument("--warmup", type=int, default=30,
+                        help="untimed steps per side (lightrec's auto CPU kernel times its first 26 training steps)")  # fmt: skip
     parser.add_argument("--num-batches", type=int, default=4, help="distinct pre-generated batches per rank")
     parser.add_argument("--plan", choices=["planner", "table_wise", "row_wise"], default="planner",
                         help="lightrec plan: its planner (default), contiguous table-wise, or all row-wise")  # fmt: skip
@@ -421,7 +425,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def _print_summary(report: dict[str, Any]) -> None:
-    """The ratio and rank 0's per-phase breakdown as a table, on stderr (the JSON is on stdout)."""
+    """The ratio and every rank's per-phase breakdown as a table, on stderr (the JSON is on stdout)."""
     against = report["config"]["against"]
     sides = [k for k in ("lightrec", against) if "rank0_phase_ms_per_step" in report.get(k, {})]
     lines = [f"mode={report['config']['mode']} load average (1/5/15 min) {report['load_average_1_5_15']}"]
@@ -430,13 +434,14 @@ def _print_summary(report: dict[str, Any]) -> None:
             f"lightrec / {against}: {report[f'speedup_vs_{against}']:.2f}x (median windows), "
             f"{report[f'speedup_vs_{against}_paired_median']:.2f}x (median of paired windows)"
         )
-    lines.append(
-        "rank 0, ms per step: " + " | ".join(f"{s} ({', '.join(report[s]['kernels'])})" for s in sides)
-    )
+    lines.append("kernels: " + " | ".join(f"{s} ({', '.join(report[s]['kernels'])})" for s in sides))
     lines.append("dense all-reduce: " + " | ".join(f"{s}: {report[s]['dense_allreduce']}" for s in sides))
+    columns = [(s, r) for s in sides for r in range(len(report[s]["phase_ms_per_step_by_rank"]))]
+    lines.append("ms per step".ljust(18) + "".join(f"{s[:8]} r{r}".rjust(13) for s, r in columns))
     for phase in (*dmp_phases.PHASES, "step"):
         lines.append(
-            f"  {phase:<16}" + "".join(f"{report[s]['rank0_phase_ms_per_step'][phase]:>10.1f}" for s in sides)
+            f"  {phase:<16}"
+            + "".join(f"{report[s]['phase_ms_per_step_by_rank'][r][phase]:>13.1f}" for s, r in columns)
         )
     print("\n".join(lines), file=sys.stderr)
 

@@ -5,7 +5,9 @@
 // lightrec/kernels/cpu_update.py is the Python side and documents the arguments). The arithmetic
 // follows lightrec/kernels/sparse_update.py operation by operation (compiled without FMA
 // contraction), so the two agree to the last bit except where torch's own vectorised kernels
-// round differently (the row mean of row-wise Adagrad, Adam's alpha-scaled adds).
+// round differently (the row mean of row-wise Adagrad, Adam's alpha-scaled adds). Built with
+// -fno-math-errno (lightrec/_native.py): otherwise std::sqrt must be able to set errno and GCC keeps
+// Adam's and Adagrad's element loops scalar (twice the time of the whole update).
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>

@@ -9,9 +9,10 @@ case it will serve, so ``kernel_backend="auto"`` builds both over the same table
                    |  views, never copies                 |
     torch kernel   weight [R, D] per dim group     states {"momentum1": [R]}
 
-and the group's first 20 training steps (at each intra-op thread count) are its *trial*
-(:class:`StepTrial`), on the user's own model and data: the kernels take turns in blocks of 5 steps and
-the whole step is timed, from one lookup to the next (the model's dense work, the exchanges between
+and the group's first 26 training steps (at each intra-op thread count) are its *trial*
+(:class:`StepTrial`), on the user's own model and data: after 3 untimed warm-up steps each, the kernels
+take turns in blocks of 5 steps (torch, fbgemm, fbgemm, torch) and the whole step is timed, from one
+lookup to the next (the model's dense work, the exchanges between
 ranks and the data included, as the user will feel it); the torch kernel serves the group from then
 on only where its median step takes at most 95 % of fbgemm's (fbgemm is torchrec's kernel: a tie
 cannot make lightrec lose to torchrec). A synthetic measurement could not do this: on the 2-core
@@ -66,11 +67,21 @@ def _joined(parts: Sequence[torch.Tensor], shape: tuple[int, ...]) -> torch.Tens
     return first.as_strided((math.prod(shape),), (1,), first.storage_offset()).view(shape)
 
 
-# A trial: blocks of consecutive training steps per kernel, torch and fbgemm alternating. Only steps inside
-# a block are timed (the step before and after ran the same kernel), so a pipeline that starts the next
-# batch's lookup before the current backward still times one kernel's work.
+# A trial: a few untimed warm-up steps per kernel, then blocks of consecutive training steps per kernel in
+# the order torch, fbgemm, fbgemm, torch (a drift of the machine's speed during the trial weighs on both
+# alike). Only steps inside a block are timed (the step before and after ran the same kernel), so a
+# pipeline that starts the next batch's lookup before the current backward still times one kernel's work.
+# Why the warm-up: a kernel's first steps pay its page faults, its allocator's growth and its thread-local
+# tables; measured (26 x 100k x 64, one id per bag, one thread) the torch kernel's steps 2-4 took 19-30 ms
+# against 10-11 ms a block later, and a trial that timed them kept fbgemm in 3 runs of 4.
 _TRIAL_BLOCK = 5
-_TRIAL_SCHEDULE = ((TorchBatchedLookup.name,) * _TRIAL_BLOCK + (FbgemmBatchedLookup.name,) * _TRIAL_BLOCK) * 2
+_TRIAL_WARM = 3
+_TORCH, _FBGEMM = TorchBatchedLookup.name, FbgemmBatchedLookup.name
+_TRIAL_SCHEDULE = (
+    (_TORCH,) * _TRIAL_WARM + (_FBGEMM,) * _TRIAL_WARM
+    + (_TORCH,) * _TRIAL_BLOCK + (_FBGEMM,) * (2 * _TRIAL_BLOCK) + (_TORCH,) * _TRIAL_BLOCK
+)
+_TRIAL_TIMED_FROM = 2 * _TRIAL_WARM  # the first step that may be timed
 # fbgemm is torchrec's kernel, so it cannot lose to torchrec: the torch kernel must be clearly faster.
 _TRIAL_MARGIN = 0.95
 _clock = time.perf_counter  # whole steps, every thread's work and the waits between ranks included
@@ -94,10 +105,11 @@ class StepTrial:
         return kernel
 
     def step_ms(self) -> dict[str, list[float]]:
-        """Per kernel, the milliseconds of each step timed: a step whose neighbours ran the same kernel
-        and directly follow it (no evaluation call in between)."""
-        times: dict[str, list[float]] = {TorchBatchedLookup.name: [], FbgemmBatchedLookup.name: []}
-        for before, this, after in zip(self.steps, self.steps[1:], self.steps[2:]):
+        """Per kernel, the milliseconds of each step timed: a step past the warm-up whose neighbours ran
+        the same kernel and directly follow it (no evaluation call in between)."""
+        times: dict[str, list[float]] = {_TORCH: [], _FBGEMM: []}
+        for index in range(max(1, _TRIAL_TIMED_FROM), len(self.steps) - 1):
+            before, this, after = self.steps[index - 1 : index + 2]
             consecutive = this[0] == before[0] + 1 and after[0] == this[0] + 1
             if consecutive and before[2] == this[2] == after[2]:
                 times[this[2]].append(1000.0 * (after[1] - this[1]))
@@ -113,11 +125,10 @@ class StepTrial:
             self.steps.clear()
             return None
         ms = {name: statistics.median(t) for name, t in times.items()}
-        torch_wins = ms[TorchBatchedLookup.name] <= _TRIAL_MARGIN * ms[FbgemmBatchedLookup.name]
-        kernel = TorchBatchedLookup.name if torch_wins else FbgemmBatchedLookup.name
+        kernel = _TORCH if ms[_TORCH] <= _TRIAL_MARGIN * ms[_FBGEMM] else _FBGEMM
         ids_per_bag = statistics.fmean(step[3] for step in self.steps)
-        detail = (f"median training step, {len(self.steps)} steps alternating in blocks of {_TRIAL_BLOCK}, "
-                  f"{ids_per_bag:.1f} ids per bag")  # fmt: skip
+        detail = (f"median training step, {len(self.steps)} steps ({_TRIAL_TIMED_FROM} warm-up) alternating "
+                  f"in blocks of {_TRIAL_BLOCK}, {ids_per_bag:.1f} ids per bag")  # fmt: skip
         return CpuKernelVerdict(kernel, "trial", CpuKernelCase.of(config, max(1, round(ids_per_bag))), ms, detail)
 
 
@@ -188,11 +199,11 @@ class SharedCpuLookup(FbgemmBatchedLookup):
             kernel_name = trial.record(self._calls, _clock(), ids_per_bag)
             verdict = trial.verdict(self._config)
             if verdict is None:
-                return self.torch_kernel if kernel_name == TorchBatchedLookup.name else self
+                return self.torch_kernel if kernel_name == _TORCH else self
             self.verdicts[threads] = verdict
             del self._trials[threads]
             _log.info("kernel %r, tables %s: %s", self.name, list(self._config.table_names), verdict.describe())
-        return self.torch_kernel if verdict.kernel == TorchBatchedLookup.name else self
+        return self.torch_kernel if verdict.kernel == _TORCH else self
 
     def lookup(
         self, lookup_batch: LookupBatch, weight_inputs: Sequence[torch.Tensor], lr: Callable[[], float]
