@@ -262,7 +262,6 @@ class _Contender:
             # CPU time per step on rank 0: robust to other load on the machine
             "rank0_thread_cpu_ms_per_step": 1000.0 * statistics.median(self.thread_cpu),
             "rank0_process_cpu_ms_per_step": 1000.0 * statistics.median(self.process_cpu),
-            "rank0_phase_ms_per_step": {k: round(v, 2) for k, v in self.breakdown.items()},
             "phase_ms_per_step_by_rank": [{k: round(v, 2) for k, v in b.items()} for b in self.breakdown_by_rank],
             "kernels": self.kernels(),
             # lightrec's DistributedModelParallel says which all-reduce its dense part takes, and why
@@ -427,7 +426,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 def _print_summary(report: dict[str, Any]) -> None:
     """The ratio and every rank's per-phase breakdown as a table, on stderr (the JSON is on stdout)."""
     against = report["config"]["against"]
-    sides = [k for k in ("lightrec", against) if "rank0_phase_ms_per_step" in report.get(k, {})]
+    sides = [k for k in ("lightrec", against) if "phase_ms_per_step_by_rank" in report.get(k, {})]
     lines = [f"mode={report['config']['mode']} load average (1/5/15 min) {report['load_average_1_5_15']}"]
     if f"speedup_vs_{against}" in report:
         lines.append(

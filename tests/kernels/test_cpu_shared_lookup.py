@@ -155,7 +155,9 @@ def test_the_trial_times_only_steps_inside_a_block_and_wants_a_clear_win() -> No
     assert tie is not None and tie.kernel == "fbgemm"
     # The warm-up steps are not timed: a kernel slow only in its first three steps is judged on the rest.
     cold = run(8.0, 10.0, cold_ms=50.0)
-    assert all(ms < 10.0 for ms in cold.step_ms()["torch"]) and cold.verdict(config).kernel == "torch"  # type: ignore[union-attr]
+    assert all(ms < 10.0 for ms in cold.step_ms()["torch"])
+    cold_verdict = cold.verdict(config)
+    assert cold_verdict is not None and cold_verdict.kernel == "torch"
     # Evaluation calls inside both torch blocks leave no timed torch step: the trial starts over.
     broken = run(8.0, 10.0, skip=frozenset({8, 10, 23, 25}))
     assert broken.step_ms()["torch"] == [] and broken.verdict(config) is None and broken.steps == []
