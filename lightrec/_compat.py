@@ -166,6 +166,7 @@ def ddp_buffer_sync(every_forward: bool) -> dict[str, bool]:
 
 # ------------------------------------------------------------------------------------------ Lightning
 if TYPE_CHECKING:
+    import lightning.pytorch as pl
     from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
     from lightning.fabric.utilities.optimizer import _optimizers_to_device as optimizers_to_device
     from lightning.pytorch.loops.fetchers import _PrefetchDataFetcher as PrefetchDataFetcher
@@ -193,7 +194,7 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-def logging_step(trainer: Any) -> int:
+def logging_step(trainer: pl.Trainer) -> int:
     """The step ``LightningModule.log`` uses for the current training batch.
 
     It counts batches that stepped the optimizer (the training epoch loop's private
@@ -204,21 +205,21 @@ def logging_step(trainer: Any) -> int:
     return int(getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", trainer.global_step))
 
 
-def set_logging_step(trainer: Any, step: int) -> None:
+def set_logging_step(trainer: pl.Trainer, step: int) -> None:
     """Set the step Lightning logs training metrics at (the training epoch loop's private
     ``_batches_that_stepped``: one per optimizer step, restored from checkpoints)."""
     trainer.fit_loop.epoch_loop._batches_that_stepped = step
 
 
-def stop_hp_metric_placeholder(logger: Any) -> None:
+def stop_hp_metric_placeholder(logger: object) -> None:
     """Stop a ``TensorBoardLogger`` from writing Lightning's ``hp_metric = -1`` placeholder when its
     next stage starts (the private ``_default_hp_metric``; only settable at construction otherwise).
     Other loggers are left alone."""
     if isinstance(getattr(logger, "_default_hp_metric", None), bool):
-        logger._default_hp_metric = False
+        setattr(logger, "_default_hp_metric", False)  # noqa: B010 (a private attribute, not in the type)
 
 
-def fit_data_fetcher(trainer: Any) -> Any:
+def fit_data_fetcher(trainer: pl.Trainer) -> PrefetchDataFetcher | None:
     """The fit loop's training data fetcher (a ``PrefetchDataFetcher``), or None (not set up yet,
     or a ``training_step`` that takes ``dataloader_iter`` and fetches its own batches).
 

@@ -24,7 +24,7 @@ and ``_feature_processors...``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -66,18 +66,24 @@ def _position_weights(processors: nn.Module) -> dict[str, nn.Parameter]:
     )
 
 
+class _SyncContext(Protocol):
+    """What :class:`_SumGradsAfterBackward`'s forward leaves on the autograd context."""
+
+    sync: Callable[[], None]
+
+
 class _SumGradsAfterBackward(Function):
     """Identity on the output; its backward schedules ``sync`` to run after everything else of this
     backward pass (a final callback that queues another one runs after the callbacks queued before
     it, among them the deferred lookup backwards of the pooled output dists)."""
 
     @staticmethod
-    def forward(ctx: Any, values: torch.Tensor, sync: Callable[[], None]) -> torch.Tensor:
+    def forward(ctx: _SyncContext, values: torch.Tensor, sync: Callable[[], None]) -> torch.Tensor:
         ctx.sync = sync
         return values.view_as(values)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def backward(ctx: _SyncContext, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         engine = torch.autograd.Variable._execution_engine
         engine.queue_callback(lambda: engine.queue_callback(ctx.sync))
         return grad, None
@@ -169,7 +175,7 @@ class ShardedFeatureProcessedEmbeddingBagCollection(ShardedEmbeddingBagCollectio
         for p, g in zip(params, flat.split([p.numel() for p in params])):
             p.grad.copy_(g.view_as(p))  # type: ignore[union-attr]
 
-    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+    def _load_from_state_dict(self, state_dict: dict[str, torch.Tensor], prefix: str, *args: object) -> None:
         for key in [k for k in state_dict if k.startswith(prefix + _EBC)]:
             state_dict[prefix + key[len(prefix + _EBC) :]] = state_dict.pop(key)
         super()._load_from_state_dict(state_dict, prefix, *args)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -138,9 +138,15 @@ class _CallState:
         self.deferred_input: torch.Tensor | None = None
 
 
+class _StateContext(Protocol):
+    """What :class:`_Launch` and :class:`_Wait` leave on the autograd context: the call's state."""
+
+    state: _CallState
+
+
 class _Launch(Function):
     @staticmethod
-    def forward(ctx: Any, state: _CallState, edge: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: _StateContext, state: _CallState, edge: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         # ``edge`` is the autograd input: ``x`` itself, or a zero-size anchor (deferred mode);
         # ``x`` comes in detached and is only read by the collective.
         state.forward = state.op.start_forward(x)
@@ -149,7 +155,7 @@ class _Launch(Function):
         return x.new_empty(0)
 
     @staticmethod
-    def backward(ctx: Any, _token_grad: torch.Tensor) -> tuple[None, torch.Tensor | None, None]:
+    def backward(ctx: _StateContext, _token_grad: torch.Tensor) -> tuple[None, torch.Tensor | None, None]:
         state: _CallState = ctx.state
         if state.deferred:
             return None, None, None  # the final callback queued by _Wait.backward delivers it
@@ -162,7 +168,7 @@ class _Launch(Function):
 
 class _Wait(Function):
     @staticmethod
-    def forward(ctx: Any, state: _CallState, token: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: _StateContext, state: _CallState, token: torch.Tensor) -> torch.Tensor:
         ctx.state = state
         if state.forward is None:
             raise RuntimeError("internal error: collective waited twice")
@@ -171,7 +177,7 @@ class _Wait(Function):
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, torch.Tensor]:
+    def backward(ctx: _StateContext, grad: torch.Tensor) -> tuple[None, torch.Tensor]:
         state: _CallState = ctx.state
         state.backward = state.op.start_backward(grad)
         if state.deferred:

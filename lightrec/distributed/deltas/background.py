@@ -43,7 +43,6 @@ import os
 import queue
 import threading
 import time
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -220,7 +219,7 @@ class BackgroundPublisher:
     def __enter__(self) -> BackgroundPublisher:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # ---- the thread ---------------------------------------------------------------------------
