@@ -146,6 +146,21 @@ def test_uniform_tables_are_balanced() -> None:
     assert planner6.last_report.imbalance < 1.2
 
 
+def test_interchangeable_tables_reach_each_rank_as_a_run_in_table_order() -> None:
+    """Equal tables are dealt to ranks in runs (t0-t12 on one rank, t13-t25 on the other), not round-robin,
+    so each rank's pooled columns form one block of the output; loads and counts stay balanced."""
+    plan, planner = plan_of(tables([(100_000, 64)] * 26), Topology(world_size=2, compute_device="cpu"))
+    ranks = [plan.plan[""][f"t{i}"].ranks for i in range(26)]
+    assert all(len(r) == 1 for r in ranks) and [r[0] for r in ranks] == [0] * 13 + [1] * 13
+    assert planner.last_report.imbalance < 1.01
+    # Two kinds of table, alternating: each kind is dealt in table order on its own, the counts still even.
+    mixed = [(100_000, 64), (20_000, 16)] * 6
+    plan, planner = plan_of(tables(mixed), Topology(world_size=3, compute_device="cpu"))
+    for kind in (0, 1):
+        got = [plan.plan[""][f"t{i}"].ranks[0] for i in range(kind, 12, 2)]
+        assert got == sorted(got) and np.bincount(got, minlength=3).tolist() == [2, 2, 2]
+
+
 def test_deterministic_and_json_round_trip() -> None:
     rng = np.random.default_rng(1)
     module = tables(

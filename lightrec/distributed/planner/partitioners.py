@@ -6,7 +6,10 @@ Order of placement (``W`` ranks, ``L`` per host):
 2. table-row-wise / table-column-wise groups, most expensive first, go to the host whose busiest
    rank stays least busy (shard ``i`` on local rank ``i``) among hosts with room;
 3. table-wise and column-wise shards, most expensive first (longest processing time first), go
-   to the least-loaded rank with room for them (a heap keyed by load).
+   to the least-loaded rank with room for them (a heap keyed by load);
+4. whole tables placed in step 3 whose shards cost and weigh exactly the same trade ranks so that
+   each rank holds a run of them in table order (:func:`_runs_in_table_order`): loads and memory
+   are unchanged, and a rank's pooled columns become one block of the output.
 
 The caps are those of the fast tier (``topology.storage_caps``) and, for tiered kernels, of the
 backing tiers each shard also fills (host memory and SSD, ``topology.backing_caps``).
@@ -156,7 +159,40 @@ def partition(opts: Options, choice: np.ndarray, topo: Topology, sort_by: str = 
                 np.subtract.at(mem, r[placed], stor[bounds[i] : bounds[i + 1]][placed])
                 np.subtract.at(bmem, r[placed], back[bounds[i] : bounds[i + 1]][placed])
             ranks[t] = r
+        single = [(t, int(bounds[i])) for i, t in enumerate(movable.tolist()) if n[i] == 1 and where[bounds[i]] >= 0]
+        _runs_in_table_order(ranks, single, opts.stype[choice], cost, stor, back)
     return Placement(choice, ranks, load, mem, sorted(unplaced), bmem)
+
+
+def _runs_in_table_order(
+    ranks: list[np.ndarray],
+    single: list[tuple[int, int]],
+    stype: np.ndarray,
+    cost: np.ndarray,
+    stor: np.ndarray,
+    back: np.ndarray,
+) -> None:
+    """Deal the ranks of interchangeable whole tables out again in table order, in place.
+
+    ``single``: ``(table, shard index)`` of every table placed as one shard; tables whose shard has the
+    same sharding type, cost, storage and backing are interchangeable, so giving table ``k`` of such a
+    group (in table order) the ``k``-th smallest of the group's ranks changes no rank's load or memory.
+    Why: the greedy step deals identical tables round-robin (26 equal tables on 2 ranks: even tables
+    to rank 0, odd ones to rank 1), and every rank's pooled output then lands in 13 runs of columns
+    interleaved with the other rank's, which the output all-to-all copies run by run, forward and
+    backward. Measured on 2 gloo ranks, 26 x 100k x 64 tables, batch 2048, one id per bag: the
+    output dist's column placements took 2.9 ms of copies per step dealt round-robin and 2.1 ms in two
+    blocks, and the whole embedding-only step 23.9 against 21.2 ms.
+    """
+    groups: dict[tuple[object, ...], list[int]] = {}
+    for t, j in single:
+        key = (int(stype[t]), float(cost[j]), float(stor[j]), tuple(np.asarray(back[j]).tolist()))
+        groups.setdefault(key, []).append(t)
+    for tables in groups.values():
+        if len(tables) > 1:
+            dealt = sorted(int(ranks[t][0]) for t in tables)
+            for t, r in zip(sorted(tables), dealt):
+                ranks[t] = np.asarray([r], dtype=np.int64)
 
 
 def _contrib(opts: Options, o: int, ranks: np.ndarray, W: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
