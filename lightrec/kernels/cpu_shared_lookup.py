@@ -77,9 +77,9 @@ def _joined(parts: Sequence[torch.Tensor], shape: tuple[int, ...]) -> torch.Tens
 # Why the lower quartile of each kernel's timed steps and not the median: on a shared machine a step now and
 # then takes 1.5-2.5x its time (another job, or glibc returning and re-faulting a 13.6 MB buffer: 3,300
 # minor faults, ~5 ms), and with 6-8 timed steps each such step moved the median. Measured in the
-# single-process fused benchmark (26 x 100k x 64, one id per bag, one thread), where the torch kernel's steps
-# take 10-12 ms and fbgemm's 12-13 ms: the median of the 26-step trial kept fbgemm in 3 runs of 6, and
-# lightrec's rate then fell from 1.18-1.27x torchrec's to 1.09-1.14x.
+# single-process fused benchmark (26 x 100k x 64, one id per bag, one thread), where the torch kernel's
+# undisturbed steps take 9.7-10.5 ms and fbgemm's 11.0-12.0 ms: the median of the 26-step trial kept fbgemm
+# in 3 runs of 6, and lightrec's rate then fell from 1.18-1.27x torchrec's to 1.09-1.14x.
 _TRIAL_BLOCK = 5
 _TRIAL_WARM = 3
 _TORCH, _FBGEMM = TorchBatchedLookup.name, FbgemmBatchedLookup.name

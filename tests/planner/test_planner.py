@@ -159,6 +159,18 @@ def test_interchangeable_tables_reach_each_rank_as_a_run_in_table_order() -> Non
     for kind in (0, 1):
         got = [plan.plan[""][f"t{i}"].ranks[0] for i in range(kind, 12, 2)]
         assert got == sorted(got) and np.bincount(got, minlength=3).tolist() == [2, 2, 2]
+    # Runs stay inside a module: two towers of 4 equal tables each keep 2 tables per rank per tower
+    # (one group over both would put a whole tower on each rank).
+    from torch import nn
+
+    class TwoTowers(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.query, self.item = tables([(100_000, 64)] * 4, "q"), tables([(100_000, 64)] * 4, "i")
+
+    plan, _ = plan_of(TwoTowers(), Topology(world_size=2, compute_device="cpu"))
+    for tower, prefix in (("query", "q"), ("item", "i")):
+        assert [plan.plan[tower][f"{prefix}{i}"].ranks[0] for i in range(4)] == [0, 0, 1, 1]
 
 
 def test_deterministic_and_json_round_trip() -> None:

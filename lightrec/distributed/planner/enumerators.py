@@ -147,12 +147,18 @@ def enumerate_options(t: TableArrays, topo: Topology) -> Options:
         Options(table=table, stype=stype, kernel=kernel, nshards=nshards, start=start, first=first, count=count,
                 sh_idx=sh_idx, sh_rows=sh_rows, sh_cols=sh_cols, sh_storage=est.storage, sh_cost=est.cost,
                 footprint=_EMPTY, max_cost=_EMPTY, total_storage=_EMPTY, total_cost=_EMPTY, fits=_EMPTY,
-                clf=clf, sh_backing=est.backing, sh_hit=est.hit_rate),
+                clf=clf, sh_backing=est.backing, sh_hit=est.hit_rate, module=_module_index(t.keys)),
         topo,
     )  # fmt: skip
 
 
 _EMPTY = np.zeros(0)
+
+
+def _module_index(keys: list[tuple[str, str]]) -> np.ndarray:
+    """``[T]`` index of each table's module path among the paths in order of first appearance."""
+    paths: dict[str, int] = {}
+    return np.array([paths.setdefault(path, len(paths)) for path, _ in keys], dtype=np.int64)
 
 
 class EmbeddingEnumerator(Enumerator):

@@ -66,6 +66,8 @@ class Options:
         max_cost: ``[O]`` cost of its most expensive shard.
         total_storage, total_cost: ``[O]`` summed over all ranks (replicas counted ``W`` times).
         fits: ``[O]`` whether the option fits the topology on its own.
+        module: ``[T]`` index of the module (collection) each table belongs to, in order of first
+            appearance (all 0 for options built by hand).
     """
 
     table: np.ndarray
@@ -88,8 +90,11 @@ class Options:
     clf: np.ndarray = field(default_factory=lambda: np.zeros(0))
     sh_backing: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
     sh_hit: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    module: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     def __post_init__(self) -> None:  # options built without tiered kernels (tests, hand-made)
+        if len(self.module) != len(self.first):
+            self.module = np.zeros(len(self.first), dtype=np.int64)
         if len(self.clf) != len(self.table):
             self.clf = np.zeros(len(self.table))
         if len(self.sh_backing) != len(self.sh_storage):

@@ -160,13 +160,14 @@ def partition(opts: Options, choice: np.ndarray, topo: Topology, sort_by: str = 
                 np.subtract.at(bmem, r[placed], back[bounds[i] : bounds[i + 1]][placed])
             ranks[t] = r
         single = [(t, int(bounds[i])) for i, t in enumerate(movable.tolist()) if n[i] == 1 and where[bounds[i]] >= 0]
-        _runs_in_table_order(ranks, single, opts.stype[choice], cost, stor, back)
+        _runs_in_table_order(ranks, single, opts.module, opts.stype[choice], cost, stor, back)
     return Placement(choice, ranks, load, mem, sorted(unplaced), bmem)
 
 
 def _runs_in_table_order(
     ranks: list[np.ndarray],
     single: list[tuple[int, int]],
+    module: np.ndarray,
     stype: np.ndarray,
     cost: np.ndarray,
     stor: np.ndarray,
@@ -174,9 +175,12 @@ def _runs_in_table_order(
 ) -> None:
     """Deal the ranks of interchangeable whole tables out again in table order, in place.
 
-    ``single``: ``(table, shard index)`` of every table placed as one shard; tables whose shard has the
-    same sharding type, cost, storage and backing are interchangeable, so giving table ``k`` of such a
-    group (in table order) the ``k``-th smallest of the group's ranks changes no rank's load or memory.
+    ``single``: ``(table, shard index)`` of every table placed as one shard; tables of one module
+    (``module[t]``) whose shard has the same sharding type, cost, storage and backing are
+    interchangeable, so giving table ``k`` of such a group (in table order) the ``k``-th smallest of the
+    group's ranks changes no rank's load or memory. Runs never cross modules: dealing two modules'
+    equal tables as one group would put each module's lookups on fewer ranks (one module per rank
+    on 2 ranks), which the per-rank totals do not show but a module's lookup and exchange would.
     Why: the greedy step deals identical tables round-robin (26 equal tables on 2 ranks: even tables
     to rank 0, odd ones to rank 1), and every rank's pooled output then lands in 13 runs of columns
     interleaved with the other rank's, which the output all-to-all copies run by run, forward and
@@ -186,7 +190,7 @@ def _runs_in_table_order(
     """
     groups: dict[tuple[object, ...], list[int]] = {}
     for t, j in single:
-        key = (int(stype[t]), float(cost[j]), float(stor[j]), tuple(np.asarray(back[j]).tolist()))
+        key = (int(module[t]), int(stype[t]), float(cost[j]), float(stor[j]), tuple(np.asarray(back[j]).tolist()))
         groups.setdefault(key, []).append(t)
     for tables in groups.values():
         if len(tables) > 1:
