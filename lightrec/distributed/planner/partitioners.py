@@ -7,9 +7,9 @@ Order of placement (``W`` ranks, ``L`` per host):
    rank stays least busy (shard ``i`` on local rank ``i``) among hosts with room;
 3. table-wise and column-wise shards, most expensive first (longest processing time first), go
    to the least-loaded rank with room for them (a heap keyed by load);
-4. whole tables placed in step 3 whose shards cost and weigh exactly the same trade ranks so that
-   each rank holds a run of them in table order (:func:`_runs_in_table_order`): loads and memory
-   are unchanged, and a rank's pooled columns become one block of the output.
+4. whole tables of one module placed in step 3 whose shards cost and weigh exactly the same trade
+   ranks so that each rank holds a run of them in table order (:func:`_runs_in_table_order`): loads
+   and memory are unchanged, and a rank's pooled columns become one block of the output.
 
 The caps are those of the fast tier (``topology.storage_caps``) and, for tiered kernels, of the
 backing tiers each shard also fills (host memory and SSD, ``topology.backing_caps``).
