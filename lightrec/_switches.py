@@ -321,7 +321,8 @@ CPU_KERNEL = Choice(
     "auto measures both once per case (threads, dim, optimizer, ids per bag), cached under LIGHTREC_CACHE_DIR "
     "(read once per case and process); where they can share the tables both are built and the faster over the "
     "first 46 training steps trains the group, elsewhere the group is decided at 1 and 32 ids per bag (torch only if it wins "
-    "at both)",
+    "at both); under `torch.use_deterministic_algorithms(True)` (`Trainer(deterministic=True)`) auto takes the torch "
+    "kernel without timing anything",
     choices=("auto", "fbgemm", "torch"),
     default="auto",
 )

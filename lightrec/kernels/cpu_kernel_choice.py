@@ -29,7 +29,13 @@ Configurations fbgemm cannot serve (Adam, weight decay, tables shared by feature
 torch kernel without measuring.
 
 ``LIGHTREC_CPU_KERNEL=fbgemm|torch`` decides without measuring (the test suite pins ``fbgemm``;
-``auto``, the default, measures). :func:`cpu_fused_choice` says which kernel serves a group and why;
+``auto``, the default, measures). So does ``torch.use_deterministic_algorithms(True)`` (what Lightning's
+``Trainer(deterministic=True)`` sets) where the switch says ``auto``: the two kernels round the same
+update differently in the last bits (fbgemm's JIT update fuses multiply-adds; the torch kernel rounds as
+the reference ``sparse_update`` does), so a choice made by timing would let two runs of one job differ
+(measured: the DLRM recipe's test calibration 0.9915 with the torch kernel, 1.0048 with fbgemm, at equal
+AUC 0.8048). Deterministic runs train with the torch kernel (:data:`DETERMINISTIC_KERNEL`), whatever
+the timing, before and after a model is built. :func:`cpu_fused_choice` says which kernel serves a group and why;
 :func:`cpu_kernel_lines` says it per dim bucket of a model's tables, as lines for a report.
 Ranks of a first run measure independently and may choose differently; each rank's tables are its
 own, so that only changes last bits (both kernels implement the same exact rule).
@@ -59,8 +65,8 @@ from lightrec.kernels.torch_backend import TorchBatchedLookup, dim_groups
 from lightrec.modules.embedding_configs import PoolingType
 from lightrec.optim.fused_spec import EmbOptimType, FusedOptimizerSpec
 
-__all__ = ["SHARED_KERNEL", "UNKNOWN_POOLING_CASES", "CpuKernelCase", "CpuKernelVerdict", "choose", "cpu_fused_choice", "cpu_kernel_lines",
-           "cpu_kernel_verdict", "machine_busy", "measure_cpu_kernels", "shared_storage_refusal",
+__all__ = ["DETERMINISTIC_KERNEL", "SHARED_KERNEL", "UNKNOWN_POOLING_CASES", "CpuKernelCase", "CpuKernelVerdict", "choose", "cpu_fused_choice", "cpu_kernel_lines",
+           "cpu_kernel_verdict", "deterministic_verdict", "machine_busy", "measure_cpu_kernels", "shared_storage_refusal",
            "verdict_for_any_pooling"]  # fmt: skip
 
 _CHOICES = ("fbgemm", "torch")
@@ -77,6 +83,9 @@ UNKNOWN_POOLING_CASES = (1, 32)
 # The kernel "auto" builds where fbgemm and the torch kernel can share a group's storage: both, the group
 # trained by the one whose first training steps were faster (``cpu_shared_lookup.SharedCpuLookup``).
 SHARED_KERNEL = "fbgemm|torch"
+# The kernel of every group both kernels serve under torch.use_deterministic_algorithms(True): the torch
+# kernel, whose update rounds exactly as the reference update (``sparse_update``) does.
+DETERMINISTIC_KERNEL = TorchBatchedLookup.name
 # fbgemm's CPU TBE optimizers, none of which reads a step counter (the two kernels keep their own).
 _SHARED_OPTIMIZERS = (EmbOptimType.SGD, EmbOptimType.ADAGRAD, EmbOptimType.ROWWISE_ADAGRAD)
 # Part of the cache key: raise it when a kernel's Python side changes its speed (the native library's
@@ -129,7 +138,7 @@ class CpuKernelVerdict:
     Attributes:
         kernel: the kernel's name.
         reason: ``"measured"`` (now), ``"cached"`` (measured by an earlier process), ``"forced"``
-            (``LIGHTREC_CPU_KERNEL``), ``"fbgemm unsupported"``, ``"no native update"``,
+            (``LIGHTREC_CPU_KERNEL``), ``"deterministic"`` (``torch.use_deterministic_algorithms``), ``"fbgemm unsupported"``, ``"no native update"``,
             ``"unknown ids per bag"`` (decided from ``parts``, one per ``UNKNOWN_POOLING_CASES``) or
             ``"timed in training"`` (``SHARED_KERNEL``: decided by a trial of the group's first training
             steps, ``cpu_shared_lookup.StepTrial``, whose verdicts say ``"trial"``).
@@ -274,6 +283,15 @@ def _forced_verdict(case: CpuKernelCase | None) -> CpuKernelVerdict | None:
     return CpuKernelVerdict(forced, "forced", case, detail=f"LIGHTREC_CPU_KERNEL={forced}")
 
 
+def deterministic_verdict(case: CpuKernelCase | None) -> CpuKernelVerdict | None:
+    """The verdict where ``torch.use_deterministic_algorithms(True)`` rules out a choice by timing
+    (:data:`DETERMINISTIC_KERNEL`), or None where it is off."""
+    if not torch.are_deterministic_algorithms_enabled():
+        return None
+    return CpuKernelVerdict(DETERMINISTIC_KERNEL, "deterministic", case, detail=(
+        "torch.use_deterministic_algorithms(True): no timing decides; the torch kernel rounds as the reference does"))  # fmt: skip
+
+
 @functools.cache
 def cpu_kernel_verdict(case: CpuKernelCase) -> CpuKernelVerdict:
     """The faster fused CPU kernel for ``case`` on this machine: forced, cached, or measured now.
@@ -361,6 +379,9 @@ def cpu_fused_choice(config: KernelConfig, ids_per_bag: int | None = None) -> Cp
             measured now); else decided at each of ``UNKNOWN_POOLING_CASES`` by
             :func:`verdict_for_any_pooling`.
 
+    ``LIGHTREC_CPU_KERNEL`` decides first, then ``torch.use_deterministic_algorithms(True)``
+    (:func:`deterministic_verdict`), then a measurement or the trial.
+
     Raises:
         ValueError: ``config`` has no fused optimizer.
     """
@@ -372,8 +393,13 @@ def cpu_fused_choice(config: KernelConfig, ids_per_bag: int | None = None) -> Cp
     if not native_update_available(config.device, config.dtype):
         return CpuKernelVerdict(FbgemmBatchedLookup.name, "no native update",
                                 detail="the torch kernel's native CPU update does not serve these tables here")  # fmt: skip
-    if ids_per_bag is not None:
-        return cpu_kernel_verdict(CpuKernelCase.of(config, ids_per_bag))
+    case = None if ids_per_bag is None else CpuKernelCase.of(config, ids_per_bag)
+    if _forced_verdict(case) is None:  # the switch first: it may pin fbgemm in a deterministic run
+        deterministic = deterministic_verdict(case)
+        if deterministic is not None:
+            return deterministic
+    if case is not None:
+        return cpu_kernel_verdict(case)
     if _forced_verdict(None) is None and shared_storage_refusal(config) is None:
         return CpuKernelVerdict(SHARED_KERNEL, "timed in training", detail=(
             "both kernels over one storage; the group runs the faster over its first 46 training steps, "

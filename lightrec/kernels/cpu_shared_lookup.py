@@ -20,7 +20,10 @@ development machine it timed the one-id row-wise Adagrad case a tie, where the t
 training step is 10 % faster. Both kernels implement the same exact update rule and write the same rows
 in place, so switching between batches changes nothing but last bits. Forward-only calls (evaluation,
 ``no_grad``) run fbgemm's lookup. The verdicts are logged (``logging.INFO``) and kept in
-:attr:`SharedCpuLookup.verdicts`.
+:attr:`SharedCpuLookup.verdicts`. Under ``torch.use_deterministic_algorithms(True)`` (Lightning's
+``Trainer(deterministic=True)``, checked at every training step: it may be set after the model is built)
+there is no trial: every training step runs ``cpu_kernel_choice.DETERMINISTIC_KERNEL``, so two runs of
+one job train bit for bit alike.
 
 The torch kernel can serve fbgemm's storage where the tables of each dim are adjacent in fbgemm's
 table order (:func:`shared_storage_refusal`; one dim is the common case), and the optimizer is one
@@ -40,9 +43,11 @@ from typing import ClassVar
 import torch
 
 from lightrec.kernels.cpu_kernel_choice import (
+    DETERMINISTIC_KERNEL,
     SHARED_KERNEL,
     CpuKernelCase,
     CpuKernelVerdict,
+    deterministic_verdict,
     shared_storage_refusal,
 )
 from lightrec.kernels.fbgemm_backend import FbgemmBatchedLookup
@@ -172,6 +177,7 @@ class SharedCpuLookup(FbgemmBatchedLookup):
             _log.warning("fbgemm's CPU storage is not laid out as expected: kernel %r runs fbgemm only", self.name)
         self._calls = 0  # lookups so far: a trial times only steps that follow each other
         self._trials: dict[int, StepTrial] = {}
+        self._deterministic_logged = False
         self.verdicts: dict[int, CpuKernelVerdict] = {}
         """Per intra-op thread count, the kernel its trial chose (reason ``"trial"``, lower-quartile step times)."""
 
@@ -203,6 +209,12 @@ class SharedCpuLookup(FbgemmBatchedLookup):
         self._calls += 1
         if self.torch_kernel is None or not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
             return self
+        if torch.are_deterministic_algorithms_enabled():  # a choice by timing could differ between runs
+            verdict = None if self._deterministic_logged else deterministic_verdict(CpuKernelCase.of(self._config))
+            if verdict is not None:
+                self._deterministic_logged = True
+                _log.info("kernel %r, tables %s: %s", self.name, list(self._config.table_names), verdict.describe())
+            return self.torch_kernel if DETERMINISTIC_KERNEL == _TORCH else self
         threads = torch.get_num_threads()
         verdict = self.verdicts.get(threads)
         if verdict is None:

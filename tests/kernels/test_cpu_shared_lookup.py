@@ -5,13 +5,14 @@ same batches; the trial's clock is faked where its verdict is under test (no tim
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 
 import pytest
 import torch
 
 from lightrec._fbgemm import fbgemm_available
 from lightrec.kernels import cpu_shared_lookup
-from lightrec.kernels.cpu_kernel_choice import shared_storage_refusal
+from lightrec.kernels.cpu_kernel_choice import CpuKernelCase, cpu_fused_choice, shared_storage_refusal
 from lightrec.kernels.cpu_shared_lookup import SharedCpuLookup, StepTrial
 from lightrec.kernels.cpu_update import native_update_available
 from lightrec.kernels.kernel_interface import KernelConfig, LookupBatch
@@ -182,6 +183,58 @@ def test_a_forward_without_autograd_runs_fbgemm_and_is_not_a_trial_step(clock: F
     assert out.shape == (4, 16) and kernel._trials == {}
     assert kernel.kernel_for(batch) is kernel.torch_kernel  # the trial's first step
     assert len(kernel._trials[torch.get_num_threads()].steps) == 1
+
+
+@pytest.fixture
+def deterministic() -> Iterator[None]:
+    """``torch.use_deterministic_algorithms(True)`` for the test (what ``Trainer(deterministic=True)`` sets)."""
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before)
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS, ids=lambda o: o.name)
+def test_a_deterministic_run_trains_every_step_with_the_torch_kernel_and_times_nothing(
+    clock: FakeClock, optimizer: EmbOptimType, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = _config(optimizer, [16, 32])
+    kernel, reference = SharedCpuLookup(config), TorchBatchedLookup(config)  # built before the switch, as a
+    gen = torch.Generator().manual_seed(5)  # model is before Trainer(deterministic=True) sets it
+    for mine, ref in zip(kernel.split_embedding_weights(), reference.split_embedding_weights(), strict=True):
+        mine.copy_(torch.rand(mine.shape, generator=gen) - 0.5)
+        ref.copy_(mine)
+    clock.ms["torch"] = 1.5 * clock.ms["fbgemm"]  # a trial would keep fbgemm
+    batches = [_batch(config, 12, [1, 8][step % 2], gen, False) for step in range(50)]
+    with caplog.at_level("INFO", logger=cpu_shared_lookup.__name__):
+        torch.use_deterministic_algorithms(True)
+        try:
+            ran = _train(kernel, reference, batches, clock, gen)
+        finally:
+            torch.use_deterministic_algorithms(False)
+    assert ran == ["torch"] * 50 and kernel._trials == {} and kernel.verdicts == {}
+    # _train checked every step equal to the torch kernel's; exactly equal, as the reference update rounds:
+    for mine, ref in zip(kernel.split_embedding_weights(), reference.split_embedding_weights(), strict=True):
+        assert torch.equal(mine, ref)
+    said = [r.getMessage() for r in caplog.records if "deterministic" in r.getMessage()]
+    assert len(said) == 1 and "torch: deterministic" in said[0]
+    # Off again: the trial starts from its first step.
+    assert kernel.kernel_for(batches[0]) is kernel.torch_kernel and len(kernel._trials[torch.get_num_threads()].steps) == 1
+
+
+def test_a_deterministic_run_builds_the_torch_kernel_unless_the_switch_pins_one(
+    monkeypatch: pytest.MonkeyPatch, deterministic: None
+) -> None:
+    monkeypatch.setenv("LIGHTREC_CPU_KERNEL", "auto")
+    config = _config(EmbOptimType.ROWWISE_ADAGRAD, [16, 16])
+    verdict = cpu_fused_choice(config)
+    assert (verdict.kernel, verdict.reason) == ("torch", "deterministic") and "use_deterministic_algorithms" in verdict.detail
+    assert build_kernel("auto", config)[0] == "torch"
+    assert cpu_fused_choice(config, ids_per_bag=8).case == CpuKernelCase.of(config, 8)
+    monkeypatch.setenv("LIGHTREC_CPU_KERNEL", "fbgemm")  # the switch first
+    assert (cpu_fused_choice(config).kernel, cpu_fused_choice(config).reason) == ("fbgemm", "forced")
 
 
 def test_auto_builds_it_only_where_the_storage_can_be_shared(monkeypatch: pytest.MonkeyPatch) -> None:
