@@ -22,8 +22,9 @@ device-to-device copy (bytes read + written) measured in the same run.
 ``Trainer.fit`` on one GPU (fused row-wise Adagrad tables through ``FusedEmbeddingBagCollection``
 with ``kernel_backend="auto"``, Adagrad dense layers), batch 16384, batches drawn on the GPU
 (``SyntheticCriteo(device=...)``). Prints samples/s and a per-step breakdown from CUDA events
-(input, lookups forward + backward/update, dense forward + backward, optimizer, rest). See
-``benchmarks/gpu_dlrm.py``.
+(input, lookups forward + backward/update, dense forward + backward, optimizer, rest), once per
+Lightning precision of ``--dlrm-precision`` (default ``32-true,bf16-mixed``: the second runs the dense
+layers in bf16 under autocast, the tables in fp32). See ``benchmarks/gpu_dlrm.py``.
 
 Run (one GPU; prints JSON and a table; ``--out`` also writes the JSON)::
 
@@ -289,10 +290,9 @@ def print_tables(report: dict) -> None:
             x = f"{r['x_plain']:.2f}" if r.get("x_plain") else "-"
             print(f"| {r['workload']} | {r['backend']} | {r['samples_per_s'] / 1e6:.3f}M | {x} | "
                   f"{r['bytes_per_s'] / 1e9:.0f} | {100 * r['copy_fraction']:.0f}% | {r['tiles']} |")  # fmt: skip
-    if report.get("dlrm"):
-        d = report["dlrm"]
-        print(f"\nDLRM end to end ({d['backend']}, batch {d['batch_size']}): {d['samples_per_s'] / 1e6:.3f}M samples/s, "
-              f"{d['step_ms']:.2f} ms/step")  # fmt: skip
+    for d in report.get("dlrm") or []:
+        print(f"\nDLRM end to end ({d['backend']}, {d['precision']}, batch {d['batch_size']}): "
+              f"{d['samples_per_s'] / 1e6:.3f}M samples/s, {d['step_ms']:.2f} ms/step")  # fmt: skip
         print("| stage | ms/step | share |\n| --- | --- | --- |")
         for stage, ms in d["breakdown_ms"].items():
             print(f"| {stage} | {ms:.2f} | {100 * ms / d['step_ms']:.0f}% |")
@@ -315,6 +315,8 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true",
                         help="GPU only: the CUDA kernels of each fused contender's iteration (torch.profiler)")
     parser.add_argument("--dlrm-backend", default="auto", help="kernel backend of the DLRM's tables")
+    parser.add_argument("--dlrm-precision", default="32-true,bf16-mixed",
+                        help="Lightning precisions of part (b), comma-separated; each is one run")
     parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -332,7 +334,7 @@ def main() -> None:
     if args.only in (None, "dlrm"):
         from gpu_dlrm import run_dlrm
 
-        report["dlrm"] = run_dlrm(device, args)
+        report["dlrm"] = [run_dlrm(device, args, precision) for precision in args.dlrm_precision.split(",")]
     print(json.dumps(report, indent=1, default=str))
     print_tables(report)
     if args.out:

@@ -120,8 +120,10 @@ def _breakdown(timer: Timer, marks: dict[int, dict[str, Any]], first: int, last:
     return {k: statistics.median(v) for k, v in stages.items()}
 
 
-def run_dlrm(device: torch.device, args: Any) -> dict[str, Any]:
-    """Train ``--warmup`` + ``--steps`` (+1) steps; report samples/s and the median stage times."""
+def run_dlrm(device: torch.device, args: Any, precision: str = "32-true") -> dict[str, Any]:
+    """Train ``--warmup`` + ``--steps`` (+1) steps under Lightning's ``precision`` (``"32-true"``, or
+    ``"bf16-mixed"``: the dense layers' matmuls in bf16 under autocast; the tables, their lookups and
+    their fused update stay fp32); report samples/s and the median stage times."""
     import lightning.pytorch as pl
 
     from lightrec.data import SyntheticCriteo
@@ -157,6 +159,7 @@ def run_dlrm(device: torch.device, args: Any) -> dict[str, Any]:
     callback = _callback(timer, ebc, marks, warmup, steps)
     trainer = pl.Trainer(
         accelerator="gpu" if device.type == "cuda" else "cpu", devices=1, max_steps=total - 1, logger=False,
+        precision=precision,  # type: ignore[arg-type]  # a str of Lightning's _PRECISION_INPUT
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         limit_val_batches=0, num_sanity_val_steps=0, callbacks=[callback],
     )  # fmt: skip
@@ -170,7 +173,7 @@ def run_dlrm(device: torch.device, args: Any) -> dict[str, Any]:
     stages = _breakdown(timer, marks, warmup, warmup + steps - 1)
     period = stages.pop("period")
     backend = sorted({lk.backend_name for lk in ebc._lookups})[0]
-    return {"backend": backend, "batch_size": batch_size, "steps": steps, "samples_per_s": batch_size * steps / wall,
+    return {"backend": backend, "precision": precision, "batch_size": batch_size, "steps": steps, "samples_per_s": batch_size * steps / wall,
             "step_ms": period, "breakdown_ms": stages, "tables": len(data.table_configs(dim)),
             "host_syncs_per_step": {k: v / steps for k, v in syncs.items()} if timer.cuda else None,
             "rows": sum(t.num_embeddings for t in data.table_configs(dim))}  # fmt: skip

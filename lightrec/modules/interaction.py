@@ -144,13 +144,16 @@ def _dot_interaction(dense: torch.Tensor, sparse: torch.Tensor, triu_flat: torch
 @torch.jit.unused
 def _wants_fused_backward(dense: torch.Tensor, sparse: torch.Tensor) -> bool:
     """Eager autograd on real tensors (fx passes proxies, which a custom function cannot record;
-    compiled graphs keep the plain ops)."""
+    compiled graphs keep the plain ops), outside autocast (``Trainer(precision="bf16-mixed")``: the
+    function's backward would meet a bf16 gradient and fp32 saved tensors; the plain ops' autograd
+    handles the casts)."""
     return (
         isinstance(dense, torch.Tensor)
         and isinstance(sparse, torch.Tensor)
         and torch.is_grad_enabled()
         and (dense.requires_grad or sparse.requires_grad)
         and not torch.compiler.is_compiling()
+        and not torch.is_autocast_enabled(dense.device.type)
     )
 
 

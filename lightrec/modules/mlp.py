@@ -270,7 +270,9 @@ class _LayoutAwareLinear(TorchFunctionMode):
             x, weight = args[0], args[1]
             bias = args[2] if len(args) > 2 else kwargs.get("bias")
             grads = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
-            if grads and x.dim() == 2 and weight.dim() == 2 and x.layout == torch.strided:
+            # Not under autocast (Trainer(precision="bf16-mixed")): the function's backward would meet
+            # a bf16 gradient and the fp32 weight it saved; stock F.linear's autograd handles the casts.
+            if grads and x.dim() == 2 and weight.dim() == 2 and x.layout == torch.strided and not torch.is_autocast_enabled(x.device.type):
                 return _LinearFunction.apply(x, weight, bias)
         return func(*args, **kwargs)
 

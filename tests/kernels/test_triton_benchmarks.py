@@ -43,10 +43,12 @@ def test_bench_gpu_smoke_writes_both_parts(tmp_path: Path) -> None:
     assert len({r["workload"] for r in report["embedding"]}) == 3
     for r in report["embedding"]:
         assert r["samples_per_s"] > 0 and r["useful_bytes"] > 0 and r["x_plain"] > 0
-    dlrm = report["dlrm"]
-    assert dlrm["samples_per_s"] > 0 and dlrm["tables"] == 26 and dlrm["backend"] == "torch"
-    assert set(dlrm["breakdown_ms"]) == {"input", "lookups", "dense", "optimizer", "other"}
+    assert [d["precision"] for d in report["dlrm"]] == ["32-true", "bf16-mixed"]  # the default: both
+    for dlrm in report["dlrm"]:
+        assert dlrm["samples_per_s"] > 0 and dlrm["tables"] == 26 and dlrm["backend"] == "torch"
+        assert set(dlrm["breakdown_ms"]) == {"input", "lookups", "dense", "optimizer", "other"}
     assert "| stage | ms/step | share |" in stdout and "| workload | contender |" in stdout
+    assert "(torch, bf16-mixed, batch 32)" in stdout
 
 
 REGISTER_CAP = 168  # 65536 registers / (3 programs x 128 threads), rounded down to a multiple of 8
