@@ -273,23 +273,41 @@ def _first_value(
 
 
 def _weights(rows: UnitRows, feature: SparseFeature, ids_offsets: np.ndarray, bad: list[BadRows]) -> np.ndarray:
+    """``[V]`` float32 weights parallel to the ids (``ids_offsets [r + 1]``); mismatched rows are bad rows."""
     assert feature.weights is not None
     array = _array(rows.table, feature.weights)
     weight_feature = replace(feature, column=feature.weights, nulls="error")
     offsets, child = _list_ids(array, weight_feature, bad)
     r = len(ids_offsets) - 1
-    mismatch = np.diff(offsets) != np.diff(ids_offsets)
-    if mismatch.any():
-        counts = np.diff(ids_offsets), np.diff(offsets)
-        bad.append(BadRows(mismatch, feature.weights, lambda i: (
-            f"the row has {counts[0][i]} ids but {counts[1][i]} weights; the weights of feature {feature.name!r} must "
-            "be parallel to its ids", int(counts[1][i]))))  # fmt: skip
-        return np.ones(int(ids_offsets[-1]), dtype=np.float32)  # rows with a mismatch are dropped or raised
     if child.null_count:
         at = np.flatnonzero(child.is_null().to_numpy(zero_copy_only=False))
         bad.append(BadRows(_rows_of(at, offsets, r), feature.weights, lambda i: ("null weight", None)))
         child = child.fill_null(0)
-    return child.to_numpy().astype(np.float32, copy=False)
+    values = child.to_numpy().astype(np.float32, copy=False)
+    mismatch = np.diff(offsets) != np.diff(ids_offsets)
+    if not mismatch.any():
+        return values
+    counts = np.diff(ids_offsets), np.diff(offsets)
+    bad.append(BadRows(mismatch, feature.weights, lambda i: (
+        f"the row has {counts[0][i]} ids but {counts[1][i]} weights; the weights of feature {feature.name!r} must "
+        "be parallel to its ids", int(counts[1][i]))))  # fmt: skip
+    return _align_weights(values, offsets, ids_offsets, mismatch)
+
+
+def _align_weights(values: np.ndarray, offsets: np.ndarray, ids_offsets: np.ndarray, mismatch: np.ndarray) -> np.ndarray:
+    """``[V]`` weights laid out on the ids' offsets: each good row's own weights, 1.0 for a mismatched row's ids.
+
+    ``values [W]`` / ``offsets [r + 1]`` are the weights column, ``ids_offsets [r + 1]`` the ids', and
+    ``mismatch [r]`` the rows whose lengths differ. The mismatched rows are dropped (``on_error="skip"``)
+    or raised, so their filler never reaches a batch; the good rows of the unit keep their weights.
+    """
+    ids_lengths = np.diff(ids_offsets)
+    row = np.repeat(np.arange(len(ids_lengths)), ids_lengths)  # [V]: the row of each id
+    good = ~mismatch[row]
+    at = offsets[row[good]] + (np.flatnonzero(good) - ids_offsets[row[good]])  # the id's weight in ``values``
+    out = np.ones(int(ids_offsets[-1]), dtype=np.float32)
+    out[good] = values[at]
+    return out
 
 
 def mapped_ids(feature: SparseFeature, values: np.ndarray) -> np.ndarray:

@@ -55,7 +55,13 @@ from lightrec.data.parquet.spec import (
     build_spec,
     check_schema,
 )
-from lightrec.data.parquet.splits import SplitSetting, split_paths, split_slices
+from lightrec.data.parquet.splits import (
+    SplitSetting,
+    check_follow_splits,
+    held_out,
+    split_paths,
+    split_slices,
+)
 from lightrec.data.rank_sampling import resolve_rank
 from lightrec.modules.embedding_configs import EmbeddingBagConfig
 
@@ -87,7 +93,8 @@ class ParquetDataModule(pl.LightningDataModule):
             of every ``shuffle_window`` row groups together: the shuffle buffer).
         on_error: ``"raise"`` at the first bad row, or ``"skip"`` bad rows (counted and logged).
         follow / poll_interval / idle_timeout / marker: read new files as they land (training data;
-            see :mod:`lightrec.data.parquet.follow`).
+            see :mod:`lightrec.data.parquet.follow`). Files that ``val`` or ``test`` select, there at
+            the start or landing later, are left out of it; fractions are refused with ``follow``.
         pin_memory: build batches in page-locked memory; None: when training on CUDA.
         prefetch_factor: parts (of ~32k rows) each worker lays out ahead.
         persistent_workers: keep each loader's workers across epochs (started once; an epoch
@@ -139,6 +146,8 @@ class ParquetDataModule(pl.LightningDataModule):
             raise ValueError(f"num_workers must be an int >= 0 (0: read in the training process), got {num_workers!r}")
         if follow and shuffle:
             raise ValueError("follow=True reads files in the order they land; shuffle=True would mix that order: pick one")
+        if follow:  # refused now, not when the loaders are made: a fraction of a growing folder is not fixed
+            check_follow_splits(val, test)
         self.save_hyperparameters()
         self.path, self.label, self.batch_size, self.num_workers = path, label, batch_size, num_workers
         self.task = task
@@ -175,7 +184,7 @@ class ParquetDataModule(pl.LightningDataModule):
             first = self.source.files[0]
             spec = build_spec(first.schema, first.path, self.label, self.dense, self.sparse, **self.feature_options)
             for info in self.source.files[1:]:  # every file must give the same features (footers only)
-                check_schema(spec, info.schema, info.path)
+                check_schema(spec, info.schema, info.path, first=(first.schema, first.path))
             self._spec = spec
         return self._spec
 
@@ -226,8 +235,10 @@ class ParquetDataModule(pl.LightningDataModule):
         spec, source = self.sized_spec(), self.source
         if split == "train" and self.follow is not None:
             loader: LoaderBase = FollowingParquetLoader(
-                source, spec, self.batch_size, self.follow, rank=rank, world_size=world, **self._options(split)
-            )
+                # val / test files stay out of the followed stream, also those that land later
+                source, spec, self.batch_size, self.follow, held_out(**self.splits), rank=rank, world_size=world,
+                **self._options(split),
+            )  # fmt: skip
         else:
             slices = split_slices(source, **self.splits)[split]
             shuffle = self.shuffle and split == "train"

@@ -9,7 +9,10 @@ files, for online training. The stream is read in *rounds*:
    with ``marker="_SUCCESS"``, a file counts only once its folder holds that marker file (a writer
    that writes in place and marks the folder when done). A listed file whose footer cannot be read
    yet is retried at the next polls; one that stays unreadable and unchanged for three polls is a
-   :class:`~lightrec.data.parquet.errors.ParquetFileError`;
+   :class:`~lightrec.data.parquet.errors.ParquetFileError`. Files that ``val`` or ``test`` select
+   (by path, glob or partition values: :class:`~lightrec.data.parquet.splits.HeldOut`) are left out,
+   those there at the start and those that land later; a new file must give the features with
+   columns of the first file's kinds (:func:`~lightrec.data.parquet.spec.check_schema`);
 2. **order**: the new files of one poll are read in the order of their paths (sorted as strings:
    zero-pad partition values and numbers); files of a later poll come after them, whatever their
    names -- a late file of an earlier hour is read when it arrives;
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -89,10 +92,19 @@ class FolderWatcher:
         filesystem: where the files are.
         paths: the paths (inside ``filesystem``) to list: folders, files or globs.
         options: polling settings.
+        leave_out: ``leave_out(path)`` is True for a file that is not training data (the ``val`` and
+            ``test`` selections: :class:`~lightrec.data.parquet.splits.HeldOut`); never returned.
     """
 
-    def __init__(self, filesystem: pafs.FileSystem, paths: Sequence[str], options: FollowOptions) -> None:
+    def __init__(
+        self,
+        filesystem: pafs.FileSystem,
+        paths: Sequence[str],
+        options: FollowOptions,
+        leave_out: Callable[[str], bool] | None = None,
+    ) -> None:
         self.filesystem, self.paths, self.options = filesystem, list(paths), options
+        self.leave_out = leave_out
         self._unreadable: dict[str, tuple[tuple[int, int | None], int]] = {}
         self._group: dist.ProcessGroup | None = None
 
@@ -111,7 +123,7 @@ class FolderWatcher:
         found = sorted({p for path in self.paths for p in list_files(self.filesystem, path)} - known)
         out = []
         for path in found:
-            if not self._complete(path):
+            if (self.leave_out is not None and self.leave_out(path)) or not self._complete(path):
                 continue
             try:
                 out.append(read_file_info(self.filesystem, path))
@@ -159,6 +171,9 @@ class FollowingParquetLoader(LoaderBase):
         source: the files there at the start (read in the first round).
         spec / batch_size: see :class:`~lightrec.data.parquet.loader.LoaderBase`.
         follow: polling settings.
+        leave_out: ``leave_out(path)`` is True for a file that is not training data (the ``val`` and
+            ``test`` selections, :func:`~lightrec.data.parquet.splits.held_out`): left out of every
+            round, whether it is there at the start or lands later.
         **options: ``LoaderBase``'s (``rank``, ``world_size``, ``num_workers``, ...).
     """
 
@@ -168,15 +183,16 @@ class FollowingParquetLoader(LoaderBase):
         spec: FeatureSpec,
         batch_size: int,
         follow: FollowOptions | None = None,
+        leave_out: Callable[[str], bool] | None = None,
         **options: Unpack[FollowLoaderOptions],
     ) -> None:
         super().__init__(source, spec, batch_size, **options)
         self.follow = follow or FollowOptions()
-        self.watcher = FolderWatcher(source.filesystem, source.inner_paths, self.follow)
+        self.watcher = FolderWatcher(source.filesystem, source.inner_paths, self.follow, leave_out)
         self.files = self.reader.files  # grows as files arrive; slices index it
         self._by_path = {f.path: i for i, f in enumerate(self.files)}
         self._done: list[str] = []
-        self._round: list[str] = [f.path for f in source.files]
+        self._round: list[str] = [f.path for f in source.files if leave_out is None or not leave_out(f.path)]
         self._carry: list[Slice] = []
         self._ended = False
         self._resume: LoaderPosition | None = None
@@ -187,7 +203,8 @@ class FollowingParquetLoader(LoaderBase):
     def _index(self, info: ParquetFileInfo) -> int:
         """The file's index in ``files`` (appended when new)."""
         if info.path not in self._by_path:
-            check_schema(self.spec, info.schema, info.path)  # a new file must give the same features
+            first = self.files[0]  # a new file must give the same features, of the same kinds
+            check_schema(self.spec, info.schema, info.path, first=(first.schema, first.path))
             self.files.append(info)
             self._by_path[info.path] = len(self.files) - 1
         return self._by_path[info.path]
@@ -209,7 +226,9 @@ class FollowingParquetLoader(LoaderBase):
             # Files listed at start but not in a resumed position count as new: read in the next round.
             known = set(self._done) | {self.files[s.file].path for s in take_rows(slices, used)}
             self._carry = take_rows(slices, used)
-            self._round = []
+            # The round is done: the position is now "batch 0 of the next round" (saved after the
+            # stream ended, a batch count of the finished round would not fit the empty round).
+            self._round, self._yielded, self.prefetched = [], 0, 0
             new = self.watcher.wait_for_new(known)
             if new is None:
                 self._ended = True

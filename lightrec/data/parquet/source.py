@@ -41,6 +41,7 @@ __all__ = [
     "SourceSummary",
     "hidden",
     "list_files",
+    "names_file",
     "open_parquet",
     "read_file_info",
     "resolve_filesystem",
@@ -86,10 +87,19 @@ def _visible_below(path: str, base: str) -> bool:
     return not any(hidden(part) for part in relative.split("/") if part)
 
 
-def list_files(fs: pafs.FileSystem, path: str) -> list[str]:
-    """The files ``path`` names (a file, a folder read recursively, or a glob), sorted; may be empty."""
+def _glob(path: str) -> tuple[str, str] | None:
+    """``(base folder, fnmatch pattern)`` of a glob path, or None when ``path`` is no glob."""
     match = _GLOB.search(path)
     if match is None:
+        return None
+    base = path[: match.start()].rsplit("/", 1)[0] or "/"
+    return base, path.replace("**/", "*").replace("/**", "*")  # fnmatch's * crosses '/' already
+
+
+def list_files(fs: pafs.FileSystem, path: str) -> list[str]:
+    """The files ``path`` names (a file, a folder read recursively, or a glob), sorted; may be empty."""
+    glob = _glob(path)
+    if glob is None:
         info = fs.get_file_info(path)
         if info.type == pafs.FileType.File:
             return [path]
@@ -98,16 +108,30 @@ def list_files(fs: pafs.FileSystem, path: str) -> list[str]:
         base = path.rstrip("/")
         found = fs.get_file_info(pafs.FileSelector(base, recursive=True))
         return sorted(f.path for f in found if f.type == pafs.FileType.File and _visible_below(f.path, base))
-    base = path[: match.start()].rsplit("/", 1)[0] or "/"
+    base, pattern = glob
     if fs.get_file_info(base).type != pafs.FileType.Directory:
         return []
     found = fs.get_file_info(pafs.FileSelector(base, recursive=True))
-    pattern = path.replace("**/", "*").replace("/**", "*")  # fnmatch's * crosses '/' already
     return sorted(
         f.path
         for f in found
         if f.type == pafs.FileType.File and fnmatch.fnmatchcase(f.path, pattern) and _visible_below(f.path, base)
     )
+
+
+def names_file(path: str, file: str) -> bool:
+    """Whether :func:`list_files` of ``path`` lists ``file`` (an existing file), decided from the names alone.
+
+    For files that arrive after ``path`` was listed (a following loader): ``path`` names ``file`` when
+    it is the file, a folder above it, or a glob that matches it, and no name below the folder (or
+    the glob's base) is hidden.
+    """
+    glob = _glob(path)
+    if glob is None:
+        base = path.rstrip("/")
+        return file == path or (file.startswith(base + "/") and _visible_below(file, base))
+    base, pattern = glob
+    return fnmatch.fnmatchcase(file, pattern) and _visible_below(file, base)
 
 
 def partitions_of(path: str) -> tuple[tuple[str, str], ...]:

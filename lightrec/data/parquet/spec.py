@@ -50,6 +50,7 @@ __all__ = [
     "build_spec",
     "check_schema",
     "column_kind",
+    "column_kind_of",
 ]
 
 IdMapping = Literal["none", "modulo", "hash", "managed"]
@@ -206,8 +207,49 @@ def _is_number(dtype: pa.DataType) -> bool:
     return pa.types.is_integer(dtype) or pa.types.is_floating(dtype)
 
 
-def check_schema(spec: FeatureSpec, schema: pa.Schema, path: str) -> None:
-    """Raise :class:`ParquetSchemaError` (naming ``path``) when ``schema`` cannot give ``spec``'s features."""
+def column_kind_of(dtype: pa.DataType) -> str:
+    """What a column holds as far as reading it goes: ``"bool"``, ``"number"`` or ``"list of <kind>"``.
+
+    Types of one kind read alike and are joined by a permissive concat (``int8`` with ``int64``,
+    ``int64`` with ``double``, ``list`` with ``large_list``); types of two kinds are not (a scalar and a
+    list, a bool and a number). Other types are their own kind (their name).
+    """
+    if pa.types.is_boolean(dtype):
+        return "bool"
+    if _is_number(dtype):
+        return "number"
+    if pa.types.is_list(dtype) or pa.types.is_large_list(dtype):
+        return f"list of {column_kind_of(dtype.value_type)}"
+    return str(dtype)
+
+
+def _check_like(spec: FeatureSpec, schema: pa.Schema, path: str, first: tuple[pa.Schema, str]) -> None:
+    """Raise :class:`ParquetSchemaError` when a column of ``spec`` has another kind in ``path`` than in ``first``.
+
+    Each file passing :func:`check_schema` alone is not enough: a unit joins row groups of several
+    files (the rows of ``shuffle_window`` row groups, a batch across two files), and a list column in
+    one file and a scalar one in another cannot be joined.
+    """
+    first_schema, first_path = first
+    for column in spec.columns():
+        mine, theirs = schema.field(column).type, first_schema.field(column).type
+        if column_kind_of(mine) != column_kind_of(theirs):
+            raise ParquetSchemaError(
+                f"the column is {mine} ({column_kind_of(mine)}) here but {theirs} ({column_kind_of(theirs)}) in "
+                f"{first_path}, the first file; every file must give a column the same kind: write the files with "
+                "one schema (cast the column when writing), or read them as separate sources",
+                path=path, column=column, value=str(mine),
+            )  # fmt: skip
+
+
+def check_schema(spec: FeatureSpec, schema: pa.Schema, path: str, first: tuple[pa.Schema, str] | None = None) -> None:
+    """Raise :class:`ParquetSchemaError` (naming ``path``) when ``schema`` cannot give ``spec``'s features.
+
+    Args:
+        spec / schema / path: the features, and the file's Arrow schema and path.
+        first: ``(schema, path)`` of the source's first file: each column must also be of the kind it
+            is there (:func:`column_kind_of`: scalar or list, bool or number).
+    """
     label = _field(schema, spec.label, path, "the label").type
     if not (_is_number(label) or pa.types.is_boolean(label)):
         raise ParquetSchemaError(
@@ -233,6 +275,8 @@ def check_schema(spec: FeatureSpec, schema: pa.Schema, path: str) -> None:
                 f"ids {schema.field(feature.column).type} and weights {wtype}",
                 path=path, column=feature.weights, value=str(wtype),
             )  # fmt: skip
+    if first is not None:
+        _check_like(spec, schema, path, first)
 
 
 def _sparse_from_dict(name: str, options: str | Mapping[str, Any], defaults: Mapping[str, Any]) -> SparseFeature:

@@ -13,18 +13,30 @@
 
 Fractions are not mixed with the other two (a fraction of what?); files and partitions mix freely.
 A file is in at most one split.
+
+A following loader (``follow=True``) reads files that land after the splits were cut: :class:`HeldOut`
+tells from a file's path whether ``val`` or ``test`` selects it, so that training leaves it out
+(those files are not added to the validation or test loaders, which read the files there at the
+start). A fraction cannot be applied to files that have not landed yet, so it is refused there.
 """
 
 from __future__ import annotations
 
 import fnmatch
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TypeAlias
 
 from lightrec.data.parquet.sharding import Slice, slices_of, take_rows
-from lightrec.data.parquet.source import ParquetSource, list_files, resolve_filesystem
+from lightrec.data.parquet.source import (
+    ParquetSource,
+    list_files,
+    names_file,
+    partitions_of,
+    resolve_filesystem,
+)
 
-__all__ = ["SplitSetting", "split_paths", "split_slices"]
+__all__ = ["HeldOut", "SplitSetting", "check_follow_splits", "held_out", "split_paths", "split_slices"]
 
 SplitSetting: TypeAlias = float | Mapping[str, str | Sequence[str]] | Sequence[str] | str | None
 
@@ -107,3 +119,50 @@ def split_slices(source: ParquetSource, val: SplitSetting = None, test: SplitSet
         "val": slices_of(source.files, sorted(chosen["val"])),
         "test": slices_of(source.files, sorted(chosen["test"])),
     }
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """Which files ``val`` and ``test`` select, told from a file's path alone (module docstring).
+
+    Called with a file's path inside the source's filesystem: True for validation or test data.
+
+    Args:
+        partitions: the partition-value selections (a file matching any of them is held out).
+        paths: the path and glob selections, as paths inside the source's filesystem.
+    """
+
+    partitions: tuple[Mapping[str, str | Sequence[str]], ...] = ()
+    paths: tuple[str, ...] = ()
+
+    def __call__(self, path: str) -> bool:
+        if any(_matches(partitions_of(path), wanted) for wanted in self.partitions):
+            return True
+        return any(names_file(selection, path) for selection in self.paths)
+
+
+def check_follow_splits(val: SplitSetting = None, test: SplitSetting = None) -> None:
+    """Raise ``ValueError`` when ``val`` or ``test`` is a fraction, which a followed folder cannot take.
+
+    The fraction is cut from the end of the rows, and a followed folder keeps growing: which files
+    would be validation data changes with every file that lands (and training has read them by then).
+    """
+    for name, setting in (("val", val), ("test", test)):
+        if _is_fraction(setting):
+            raise ValueError(
+                f"follow=True cannot take {name}={setting!r}: a fraction of the rows is cut from the end of the data, "
+                f"and a followed folder keeps growing. Select the {name} files by path or partition values instead "
+                f"({name}='logs/day=2024-01-07/' or {name}={{'day': '2024-01-07'}}), or drop follow"
+            )
+
+
+def held_out(val: SplitSetting = None, test: SplitSetting = None) -> HeldOut:
+    """The :class:`HeldOut` of ``val`` and ``test``: what a following loader leaves out of training.
+
+    Raises:
+        ValueError: a split is a fraction (:func:`check_follow_splits`).
+    """
+    check_follow_splits(val, test)
+    partitions = tuple(s for s in (val, test) if isinstance(s, Mapping))
+    paths = tuple(resolve_filesystem(p)[1] for s in (val, test) for p in split_paths(s))
+    return HeldOut(partitions, paths)

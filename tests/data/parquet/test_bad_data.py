@@ -91,6 +91,40 @@ def test_a_second_file_with_another_schema_is_refused_before_reading(tmp_path: P
         data.check_data()
 
 
+@pytest.mark.parametrize(
+    ("column", "second", "types"),
+    [
+        ("user", pa.array([[1]] * 40, pa.list_(pa.int64())), r"list<element: int64> \(list of number\) here but int64 \(number\)"),
+        ("label", pa.array([False, True] * 20), r"bool \(bool\) here but int8 \(number\)"),
+        ("items", pa.array([1] * 40, pa.int64()), r"int64 \(number\) here but list<element: int64> \(list of number\)"),
+    ],
+)
+def test_a_column_of_another_kind_in_a_later_file_is_refused_before_reading(
+    tmp_path: Path, column: str, second: pa.Array, types: str
+) -> None:
+    from lightrec.data import ParquetDataModule
+
+    _write(tmp_path / "0.parquet", _table())
+    _write(tmp_path / "1.parquet", _table(**{column: second}))
+    data = ParquetDataModule(str(tmp_path), dense=["price"], sparse=["user", "items"], shuffle=True, shuffle_window=2)
+    with pytest.raises(ParquetSchemaError, match=rf"1\.parquet, column '{column}': the column is {types} in .*0\.parquet, "
+                       r"the first file; every file must give a column the same kind: write the files with one schema") as info:
+        data.check_data()  # footers only: before any row is read (a concat of the two would raise ArrowTypeError)
+    assert info.value.column == column
+
+
+def test_types_of_one_kind_mix_across_files(tmp_path: Path) -> None:
+    from lightrec.data import ParquetDataModule
+
+    _write(tmp_path / "0.parquet", _table())
+    wider = {"label": pa.array([0.0, 1.0] * 20), "price": pa.array(range(40), pa.int32()),
+             "user": pa.array([3] * 40, pa.int8()), "items": pa.array([[2]] * 40, pa.large_list(pa.int32()))}
+    _write(tmp_path / "1.parquet", _table(**wider))
+    data = ParquetDataModule(str(tmp_path), dense=["price"], sparse=["user", "items"], batch_size=8, shuffle=True,
+                             shuffle_window=4)
+    assert sum(b.batch_size for b in data.train_dataloader()) == 80
+
+
 def test_a_negative_id_names_file_row_group_column_row_and_value(tmp_path: Path) -> None:
     users = _table().column("user").to_pylist()
     path = _write(tmp_path / "a.parquet", _table(user=_with(users, 21, -5, pa.int64())))
@@ -155,6 +189,19 @@ def test_weights_must_be_parallel_to_their_ids(tmp_path: Path) -> None:
     path = _write(tmp_path / "a.parquet", _table(w=pa.array(bad, pa.list_(pa.float32()))))
     with pytest.raises(ParquetValueError, match=r"column 'w', row 4: the row has 0 ids but 3 weights"):
         _read(path, sparse={"user": "user", "items": {"weights": "w"}})
+
+
+def test_skip_drops_rows_whose_weights_mismatch_and_keeps_the_weights_of_the_others(tmp_path: Path) -> None:
+    weights = [[0.5, 0.25], [], [0.75]] * 13 + [[2.0]]
+    bad = list(weights)
+    bad[4] = [1.0, 2.0, 3.0]  # row 4 has no ids
+    path = _write(tmp_path / "a.parquet", _table(w=pa.array(bad, pa.list_(pa.float32()))))
+    loader = _read(path, on_error="skip", sparse={"user": "user", "items": {"weights": "w"}})
+    assert loader.skipped.count == 1 and "row 4: the row has 0 ids but 3 weights" in loader.skipped.examples[0]
+    batches = list(loader)
+    assert [b.batch_size for b in batches] == [7, 8, 8, 8, 8]  # row 4 left out of the first batch
+    read = [w for b in batches for w in b.sparse_features["items"].weights().tolist()]
+    assert read == [w for i, row in enumerate(weights) if i != 4 for w in row]  # not 1.0: the good rows keep theirs
 
 
 def test_a_truncated_file_is_named_with_the_fix(tmp_path: Path) -> None:

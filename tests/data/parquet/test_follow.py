@@ -113,11 +113,65 @@ def test_a_position_taken_mid_stream_resumes_exactly(tmp_path: Path) -> None:
     assert _rows(list(resumed)) == list(range(20, 70))
 
 
+def test_a_position_saved_after_the_stream_ended_resumes_with_the_files_that_land_later(tmp_path: Path) -> None:
+    _write(tmp_path, "part-00.parquet", 0, 25)
+    loader = _loader(tmp_path)
+    assert _rows(list(loader)) == list(range(20))  # then the idle timeout ends the stream: 5 rows carried
+    state = loader.state_dict()  # the checkpoint written at the end of the fit
+    assert (state["batch"], state["follow"]["round"]) == (0, [])  # batch 0 of the next (empty) round
+    _write(tmp_path, "part-01.parquet", 25, 30)
+    resumed = _loader(tmp_path)
+    resumed.load_state_dict(state)
+    assert _rows(list(resumed)) == list(range(20, 50))  # the carried rows, then the new file's
+
+
 def test_follow_needs_no_shuffle() -> None:
     from lightrec.data import ParquetDataModule
 
     with pytest.raises(ValueError, match=r"follow=True reads files in the order they land; shuffle=True"):
         ParquetDataModule("x", follow=True, shuffle=True)
+
+
+def _following(folder: Path, **splits: object) -> object:
+    from lightrec.data import ParquetDataModule
+
+    options = dict(label="label", dense=["row"], sparse=["scalar"], batch_size=10, num_embeddings=50)
+    return ParquetDataModule(str(folder), follow=True, poll_interval=0.02, idle_timeout=0.3, **options, **splits)  # type: ignore[arg-type]
+
+
+def _under(folder: Path, setting: object) -> object:
+    """A split setting with its paths under ``folder`` (partition values as they are)."""
+    if isinstance(setting, str):
+        return str(folder / setting)
+    return [str(folder / p) for p in setting] if isinstance(setting, list) else setting
+
+
+@pytest.mark.parametrize(
+    ("val", "test"),
+    [({"day": "02"}, "day=09/"), ("day=02/", {"day": "09"}), ("day=02/*.parquet", ["day=09/*.parquet"])],
+)
+def test_following_leaves_the_val_and_test_files_out_of_training_also_those_landing_later(
+    tmp_path: Path, val: object, test: object
+) -> None:
+    _write(tmp_path, "day=01/part-0.parquet", 0, 20)
+    _write(tmp_path, "day=02/part-0.parquet", 1000, 20)  # validation data
+    _write(tmp_path, "day=09/part-0.parquet", 3000, 10)  # test data
+    data = _following(tmp_path, val=_under(tmp_path, val), test=_under(tmp_path, test))
+    loader, validation = data.train_dataloader(), data.val_dataloader()  # type: ignore[attr-defined]
+    _write(tmp_path, "day=02/part-1.parquet", 2000, 20)  # validation data landing later
+    _write(tmp_path, "day=03/part-0.parquet", 20, 20)  # training data landing later
+    _write(tmp_path, "day=09/part-1.parquet", 4000, 10)  # test data landing later
+    assert _rows(list(loader)) == list(range(40))  # day=01, then day=03: no validation or test row
+    assert _rows(list(validation)) == list(range(1000, 1020))  # the validation files there at the start
+
+
+@pytest.mark.parametrize("split", ["val", "test"])
+def test_following_refuses_a_fraction_split(split: str) -> None:
+    from lightrec.data import ParquetDataModule
+
+    with pytest.raises(ValueError, match=rf"follow=True cannot take {split}=0.1: a fraction of the rows .* keeps growing. "
+                       rf"Select the {split} files by path or partition values instead"):
+        ParquetDataModule("x", follow=True, **{split: 0.1})  # type: ignore[arg-type]
 
 
 def test_an_idle_source_ends_after_the_timeout(tmp_path: Path) -> None:

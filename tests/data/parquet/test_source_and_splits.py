@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
@@ -12,6 +13,7 @@ from lightrec.data import ParquetDataModule
 from lightrec.data.parquet import ParquetSource, build_spec, size_tables, split_slices
 from lightrec.data.parquet.sharding import take_rows
 from lightrec.data.parquet.sizing import column_range
+from lightrec.data.parquet.source import list_files, names_file
 from tests.data.parquet.helpers import event_table, write_events
 
 LAYOUT = [
@@ -46,6 +48,17 @@ def test_paths_name_files_folders_globs_and_lists_skipping_hidden_names(logs: Pa
     assert ParquetSource(str(logs)).files[2].partitions == (("day", "02"),)
     with pytest.raises(FileNotFoundError, match=r"no Parquet files at .*nowhere.*lightrec data convert"):
         ParquetSource(str(logs / "nowhere"))
+
+
+@pytest.mark.parametrize(
+    "path", ["", "day=01", "day=01/", "day=01/part-1.parquet", "day=0[12]/*.parquet", "**/part-0.parquet", "*", "day=02/*"]
+)
+def test_names_file_agrees_with_a_listing(logs: Path, path: str) -> None:
+    """What a following loader decides from a late file's name is what listing the path would have found."""
+    fs = pafs.LocalFileSystem()
+    everything = sorted(str(p) for p in logs.rglob("*") if p.is_file())  # hidden names included
+    selection = f"{logs}/{path}" if path else str(logs)
+    assert [f for f in everything if names_file(selection, f)] == list_files(fs, selection)
 
 
 def test_an_fsspec_uri_is_read_through_pyarrow(logs: Path) -> None:
