@@ -21,7 +21,14 @@ ranks use every core the write still costs about as much as when the step waits 
 One publish is in flight at a time: the next ``publish`` waits for the one before and raises its
 error there, so a failure (``ENOSPC``, a dead peer) stops training at the latest one cadence
 later. Because the failed version's rows were taken from the tracker, the publish after a failure
-is a snapshot.
+is a snapshot (``publish_changes``' rule: a failure in the read at the step or in the thread marks
+the tracker's consumer, and rank 0 makes the next publish reading it a snapshot).
+
+``close`` waits for the version in flight, as the end of training should. After an exception --
+when a peer may be dead and a collective would wait for it until the process group's timeout --
+``abort`` (what leaving a ``with`` block by an exception does) stops the thread without waiting on
+anyone: a version not yet started is dropped, and the thread is joined for a bounded time (one
+stuck in a collective with a dead peer ends, freeing its group, when that collective times out).
 
 Exactly what ``publish_changes`` writes: the same versions, bit for bit (the rows are copied at the
 call; tests compare them with the model at that step).
@@ -34,6 +41,7 @@ call; tests compare them with the model at that step).
         if step % 100 == 0:
             publisher.publish("publish/", tracker, consumer="publish", global_step=step)
     publisher.close()                                  # waits for the last one; raises its error
+    # on an exception instead: publisher.abort()      # waits for nobody
 """
 
 from __future__ import annotations
@@ -55,11 +63,12 @@ from lightrec.distributed.deltas.errors import DeltaFormatError
 from lightrec.distributed.deltas.sharded_publish import (
     PreparedPublish,
     PublishOptions,
+    abandon_publish,
     finish_publish,
     prepare_publish,
     publish_group,
 )
-from lightrec.distributed.deltas.sharded_rows import PublishGroup
+from lightrec.distributed.deltas.sharded_rows import DeltaPublishError, PublishGroup
 from lightrec.distributed.deltas.writer import DeltaWriter
 from lightrec.distributed.model_tracker import ModelDeltaTracker
 
@@ -148,7 +157,7 @@ class BackgroundPublisher:
                                    f"({dist.get_world_size()} ranks), not {self._main.world}; use publish_changes")  # fmt: skip
         self._jobs: queue.Queue[tuple[PreparedPublish, PendingPublish] | None] = queue.Queue()
         self._pending: PendingPublish | None = None
-        self._snapshot_next = False
+        self._aborted = threading.Event()  # set by abort(): the thread starts no further version
         self._started = threading.Event()
         self._start_error: BaseException | None = None
         self._thread: threading.Thread | None = threading.Thread(target=self._run, name="lightrec-delta-publisher",
@@ -168,7 +177,8 @@ class BackgroundPublisher:
         """Read the rows of the next version now and send and write them in the background.
 
         Arguments as :func:`~lightrec.distributed.deltas.publish_changes`. Waits for the publish
-        before it first (raising its error, if it failed; this publish is then a snapshot).
+        before it first (raising its error, if it failed; the next publish is then a snapshot, as
+        it is after a failure of this call's own read: ``publish_changes``' rule).
 
         Returns:
             The pending version (:meth:`PendingPublish.result` gives its number).
@@ -176,11 +186,8 @@ class BackgroundPublisher:
         if self._thread is None or not self._thread.is_alive():
             raise RuntimeError("this BackgroundPublisher is closed")
         self.wait()
-        if self._snapshot_next:
-            options["snapshot"] = True
         start = time.perf_counter()
-        prepared = prepare_publish(self.model, target, tracker, **options)
-        self._snapshot_next = False
+        prepared = prepare_publish(self.model, target, tracker, **options)  # a failure marks the tracker
         pending = PendingPublish(prepared.global_step, time.perf_counter() - start)
         self._pending = pending
         self._jobs.put((prepared, pending))
@@ -202,9 +209,6 @@ class BackgroundPublisher:
         except TimeoutError:
             self._pending = pending
             raise
-        except BaseException:
-            self._snapshot_next = True
-            raise
 
     def close(self) -> int | None:
         """Wait for the publish in flight, stop the thread, free the group. Returns (raises) as :meth:`wait`."""
@@ -216,11 +220,38 @@ class BackgroundPublisher:
                 self._jobs.put(None)
                 thread.join()
 
+    def abort(self, timeout: float = 5.0) -> bool:
+        """Stop the thread without waiting on any peer (after an exception, when one may be dead).
+
+        The version in flight is given up (its outcome is not raised here; ``PendingPublish.result``
+        still reports it once the thread settles it); one the thread has not started yet is dropped
+        (failed with ``DeltaPublishError``), as its collectives could wait for a dead peer. Then the
+        thread is told to stop and joined for at most ``timeout`` seconds. The tracker's consumer is
+        left marked when the version fails, so a later publish with it is a snapshot.
+
+        Returns:
+            True: the thread has ended and destroyed its group. False: it is still inside a collective
+            of the version in flight (a peer stuck or dead); it ends, destroying its group, when that
+            collective completes or fails by the process group's timeout (a daemon thread: it never
+            holds the process open).
+        """
+        self._aborted.set()
+        self._pending = None
+        thread, self._thread = self._thread, None
+        if thread is None or not thread.is_alive():
+            return True
+        self._jobs.put(None)
+        thread.join(timeout)
+        return not thread.is_alive()
+
     def __enter__(self) -> BackgroundPublisher:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:  # leaving by an exception: a peer may be gone, so wait for nobody
+            self.abort()
 
     # ---- the thread ---------------------------------------------------------------------------
     def _run(self) -> None:
@@ -240,11 +271,17 @@ class BackgroundPublisher:
             while (job := self._jobs.get()) is not None:
                 prepared, pending = job
                 start = time.perf_counter()
-                try:
-                    version: int | None = finish_publish(prepared, own)
-                    error: BaseException | None = None
-                except BaseException as exc:  # noqa: BLE001 - raised on the caller's thread by result()
-                    version, error = None, exc
+                version: int | None = None
+                error: BaseException | None = None
+                if self._aborted.is_set():  # its collectives could wait for a dead peer: never start it
+                    error = DeltaPublishError(f"the publish of step {pending.global_step} was dropped: "
+                                              "BackgroundPublisher.abort() came first; nothing was written")  # fmt: skip
+                    abandon_publish(prepared)
+                else:
+                    try:
+                        version = finish_publish(prepared, own)
+                    except BaseException as exc:  # noqa: BLE001 - raised on the caller's thread by result()
+                        error = exc
                 del job, prepared  # the rows: free them before waiting for the next job
                 pending._settle(version, error, time.perf_counter() - start)
         finally:

@@ -32,11 +32,18 @@ One publish, on every rank of the sharding group::
 A rank that dies mid-publish makes the others raise ``CollectiveError`` (naming the collective)
 within the process group's timeout; rank 0 writes only after every rank's rows have arrived, and
 the writer's rename is atomic, so the folder keeps complete versions only.
+
+A publish that fails (a full disk, a dead peer, a rank that could not read its rows) has already
+moved its tracker's window past the rows it read: no version holds them, and no later delta would
+report them. So the next publish that reads the same tracker as the same consumer is a snapshot,
+even when asked for a delta; rank 0 decides, and broadcasts the kind, so every rank agrees.
 """
 
 from __future__ import annotations
 
 import os
+import threading
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TypedDict
@@ -71,6 +78,7 @@ __all__ = [
     "DeltaPublishError",
     "PreparedPublish",
     "PublishOptions",
+    "abandon_publish",
     "finish_publish",
     "prepare_publish",
     "publish_changes",
@@ -141,6 +149,39 @@ def sharded_dense_weights(model: nn.Module) -> dict[str, torch.Tensor]:
             if isinstance(v, torch.Tensor) and v.is_floating_point()}  # fmt: skip
 
 
+# ---- reads a failed publish lost -----------------------------------------------------------------
+# A publish reads its tracker before it sends and writes the rows, and the read moves the consumer's
+# window on: when anything fails after it, those rows are in no version and in no later delta. The
+# (tracker, consumer) is then marked, and the next publish that reads it is a snapshot (every row);
+# that snapshot's read clears the mark. Marking on any failure (even one before the read) costs at
+# most one snapshot and needs no bookkeeping of how far each rank got. Weak keys: a tracker dropped by
+# its owner takes its marks with it. The lock: a BackgroundPublisher's thread marks its failures.
+_LOST: weakref.WeakKeyDictionary[ModelDeltaTracker, set[str]] = weakref.WeakKeyDictionary()
+_LOST_LOCK = threading.Lock()
+
+
+def _consumer_name(consumer: str | None) -> str:
+    return consumer or ModelDeltaTracker.DEFAULT_CONSUMER
+
+
+def _mark_lost(tracker: ModelDeltaTracker | None, consumer: str | None) -> None:
+    """A publish reading ``tracker`` as ``consumer`` failed: its next publish is a snapshot."""
+    if isinstance(tracker, ModelDeltaTrackerTrec):  # the only kind a publish reads (others are refused)
+        with _LOST_LOCK:
+            _LOST.setdefault(tracker, set()).add(_consumer_name(consumer))
+
+
+def _lost(tracker: ModelDeltaTracker | None, consumer: str | None) -> bool:
+    with _LOST_LOCK:
+        return tracker is not None and _consumer_name(consumer) in _LOST.get(tracker, ())
+
+
+def _clear_lost(tracker: ModelDeltaTracker | None, consumer: str | None) -> None:
+    if tracker is not None:
+        with _LOST_LOCK:
+            _LOST.get(tracker, set()).discard(_consumer_name(consumer))
+
+
 # ---- 1-2: what changed, as the union over ranks ---------------------------------------------------
 def _local_changes(tables: dict[str, TrackedTable], tracker: ModelDeltaTracker | None, consumer: str | None,
                    snapshot: bool) -> dict[str, torch.Tensor]:  # fmt: skip
@@ -208,7 +249,9 @@ def publish_changes(
         consumer: the tracker's consumer this publisher reads as (None: ``"default"``).
         dense: also publish the dense weights (a snapshot always does).
         snapshot: True: every row of every table and the dense weights; False: a delta; None: a
-            snapshot when the folder has none yet (rank 0 decides), else a delta.
+            snapshot when the folder has none yet (rank 0 decides), else a delta. After a publish
+            with this tracker and consumer failed, the next one is a snapshot whatever this says
+            (the failed one's rows were read from the tracker; see the module docstring).
         global_step: the training step the version holds.
         row_format: the serving artifact's rows for every table, or ``{table: format}``
             (``"fp32"``, ``"fp16"``, ``"int8"``, ``"int4"``); used when ``target`` is a folder.
@@ -225,6 +268,8 @@ def publish_changes(
         DeltaWriteError: rank 0's disk refused the version (raised on every rank; nothing is visible).
         DeltaPublishError: a rank failed to read its rows (raised on every rank).
         CollectiveError: a peer died or hung during the publish.
+
+        After any of these, the next publish with ``tracker`` and ``consumer`` is a snapshot.
     """
     prepared = prepare_publish(model, target, tracker, consumer=consumer, dense=dense, snapshot=snapshot,
                                global_step=global_step, row_format=row_format, retention=retention,
@@ -247,6 +292,8 @@ class PreparedPublish:
     writer: DeltaWriter | None  # rank 0's
     dense_weights: dict[str, torch.Tensor] | None  # rank 0's copy, when the version carries them
     error: BaseException | None  # rank 0's, from copying the dense weights: reported by finish_publish
+    tracker: ModelDeltaTracker | None = None  # what the rows were read from: marked if finish_publish fails
+    consumer: str | None = None
 
 
 class PublishOptions(TypedDict, total=False):
@@ -270,7 +317,21 @@ def prepare_publish(
     **options: Unpack[PublishOptions],
 ) -> PreparedPublish:
     """Steps 1-3's reads of :func:`publish_changes` (arguments as there): collective over the model's
-    group (the kind, the union), then each rank copies the rows it owns. Nothing is sent or written."""
+    group (the kind, the union), then each rank copies the rows it owns. Nothing is sent or written.
+    A failure here makes the next publish with ``tracker`` and its consumer a snapshot."""
+    try:
+        return _prepare(model, target, tracker, **options)
+    except BaseException:
+        _mark_lost(tracker, options.get("consumer"))
+        raise
+
+
+def _prepare(
+    model: nn.Module,
+    target: DeltaWriter | str | os.PathLike[str] | None,
+    tracker: ModelDeltaTracker | None,
+    **options: Unpack[PublishOptions],
+) -> PreparedPublish:
     consumer, snapshot = options.get("consumer"), options.get("snapshot")
     row_format, retention = options.get("row_format", "fp32"), options.get("retention", 2)
     if tracker is not None and not isinstance(tracker, ModelDeltaTrackerTrec):
@@ -280,11 +341,14 @@ def prepare_publish(
     kind: list[object] = [None]
     writer: DeltaWriter | None = None
     error: BaseException | None = None
-    if group.rank == 0:
+    if group.rank == 0:  # rank 0 alone decides the kind (its lost-read mark included): every rank agrees
         try:
             writer = target if isinstance(target, DeltaWriter) else DeltaWriter(
                 _folder(target), _specs(tables, row_format), retention)  # fmt: skip
-            kind[0] = bool(snapshot) if snapshot is not None else writer.latest_snapshot is None
+            if _lost(tracker, consumer):
+                kind[0] = True
+            else:
+                kind[0] = bool(snapshot) if snapshot is not None else writer.latest_snapshot is None
         except (DeltaError, OSError) as exc:
             error = exc
     raise_if_any(error, group, "open the publish folder")
@@ -295,6 +359,8 @@ def prepare_publish(
     if not full and tracker is None:
         raise DeltaFormatError("a delta needs the tracker that says which rows changed: pass tracker= (or snapshot=True)")
     union = _union(_local_changes(tables, tracker, consumer, full), group, full, tables)
+    if full:  # this read starts the chain afresh: what a failed publish lost is in it
+        _clear_lost(tracker, consumer)
     reads = read_chunks(union, tables, group.rank, options.get("chunk_bytes", CHUNK_BYTES))
     weights, error = None, None
     if group.rank == 0 and (options.get("dense", False) or full):
@@ -302,13 +368,23 @@ def prepare_publish(
             weights = sharded_dense_weights(options.get("dense_module") or model)
         except Exception as exc:  # noqa: BLE001 - every rank learns it in finish_publish
             error = exc
-    return PreparedPublish(group, tables, union, reads, full, options.get("global_step", 0), writer, weights, error)
+    return PreparedPublish(group, tables, union, reads, full, options.get("global_step", 0), writer, weights, error,
+                           tracker, consumer)  # fmt: skip
 
 
 def finish_publish(prepared: PreparedPublish, group: PublishGroup) -> int:
     """Step 3's exchange and step 4 of :func:`publish_changes`: ``prepared``'s rows to rank 0 over
     ``group`` (the model's, or a publisher's own group of the same ranks), rank 0 writes the version;
-    every rank returns it or raises what failed (as ``publish_changes``). Collective over ``group``."""
+    every rank returns it or raises what failed (as ``publish_changes``). Collective over ``group``.
+    A failure makes the next publish with ``prepared``'s tracker and consumer a snapshot."""
+    try:
+        return _finish(prepared, group)
+    except BaseException:
+        _mark_lost(prepared.tracker, prepared.consumer)
+        raise
+
+
+def _finish(prepared: PreparedPublish, group: PublishGroup) -> int:
     rows = gather_rows(prepared.union, prepared.tables, prepared.reads, group)
     status: list[object] = [prepared.error]
     if group.rank == 0 and prepared.error is None:
@@ -329,6 +405,12 @@ def finish_publish(prepared: PreparedPublish, group: PublishGroup) -> int:
         if group.rank != 0:
             status[0] = shared[0]
     return _outcome(status[0])
+
+
+def abandon_publish(prepared: PreparedPublish) -> None:
+    """``prepared`` will never be finished (e.g. ``BackgroundPublisher.abort`` dropped it): its rows
+    were read from the tracker, so the next publish with that tracker and consumer is a snapshot."""
+    _mark_lost(prepared.tracker, prepared.consumer)
 
 
 def _folder(target: object) -> str | os.PathLike[str]:

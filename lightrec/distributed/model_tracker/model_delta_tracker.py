@@ -149,6 +149,7 @@ class ModelDeltaTrackerTrec(ModelDeltaTracker):
         self._pending: list[tuple[int, GroupedLookup, _RecordedIds, torch.Tensor | None]] = []
         self._resets: list[tuple[int, str, torch.Tensor, torch.Tensor | None]] = []
         self._removers: list[Callable[[], None]] = [lk.register_lookup_tracker(self) for lk, _ in self._lookups.values()]
+        self._closed = False
         logger.info("delta tracker (%s) on %d tables, consumers %s", mode.name, len(self._tables), names)
 
     # ---- what is tracked ---------------------------------------------------------------------
@@ -181,6 +182,12 @@ class ModelDeltaTrackerTrec(ModelDeltaTracker):
         for remove in self._removers:
             remove()
         self._removers = []
+        self._closed = True
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called: lookups are no longer recorded."""
+        return self._closed
 
     # ---- recording (called by the lookups) ----------------------------------------------------
     def on_lookup(self, lookup: GroupedLookup, features: KeyedJaggedTensor, output: torch.Tensor) -> None:

@@ -23,13 +23,21 @@ sharded collections):
    default) the step only reads the rows: a :class:`~lightrec.distributed.deltas.BackgroundPublisher`
    sends and writes them while the next steps train, and its error, if any, is raised at the next
    publish;
-3. at ``on_train_end``: a last version if any step trained since the previous one, waited for.
+3. at ``on_train_end``: a last version if any step trained since the previous one, waited for;
+   then the publish thread stops and a tracker the callback built stops recording (and leaves
+   the DMP: the next fit builds a fresh one).
+
+On an exception Lightning calls ``on_exception`` instead of ``on_train_end``, and a peer may be dead:
+the callback waits for no version and makes no collective there -- the publish thread is told to
+stop and joined for a few seconds (one stuck in a collective with a dead peer ends, freeing its
+group, at the process group's timeout) -- and the tracker it built stops recording as at the end.
 
 A version holds the model after the step it names (``global_step``), bit for bit in fp32.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Mapping
@@ -53,6 +61,9 @@ from lightrec.lightning.rec_strategy import RecStrategy
 __all__ = ["DeltaPublisher"]
 
 CONSUMER = "delta_publisher"
+ABORT_SECONDS = 5.0  # on_exception's bound on joining the publish thread (a version in flight may finish)
+
+logger = logging.getLogger(__name__)
 
 
 def _positive(name: str, value: float | None) -> None:
@@ -125,6 +136,7 @@ class DeltaPublisher(pl.Callback):
         self.seconds: list[float] = []
         self._model: nn.Module | None = None
         self._tracker: ModelDeltaTracker | None = None
+        self._built: ModelDeltaTrackerTrec | None = None  # the tracker this callback made (closed at the end)
         self._writer: DeltaWriter | None = None
         self._last_time = 0.0
         self._last_step = -1
@@ -138,15 +150,32 @@ class DeltaPublisher(pl.Callback):
         return pl_module  # sharded by the user (its collections are sharded modules)
 
     def _make_tracker(self, model: nn.Module) -> ModelDeltaTracker:
+        self._built = None
         if not isinstance(model, DistributedModelParallel):
-            return ModelDeltaTrackerTrec(model, consumers=[CONSUMER])
+            self._built = ModelDeltaTrackerTrec(model, consumers=[CONSUMER])
+            return self._built
         existing = model.get_delta_tracker()
         if existing is None:
-            return model.init_torchrec_delta_tracker(DeltaTrackerConfig(consumers=[CONSUMER]))
+            made = model.init_torchrec_delta_tracker(DeltaTrackerConfig(consumers=[CONSUMER]))
+            self._built = made if isinstance(made, ModelDeltaTrackerTrec) else None
+            return made
         if not isinstance(existing, ModelDeltaTrackerTrec) or CONSUMER not in existing.per_consumer_batch_idx:
             raise ValueError(f"the model already has a delta tracker without the consumer {CONSUMER!r}; build it "
                              f"with DeltaTrackerConfig(consumers=[..., {CONSUMER!r}]) or let DeltaPublisher build it")  # fmt: skip
         return existing
+
+    def _release_tracker(self) -> None:
+        """Stop the tracker this callback built from recording: read by no one after training, it would
+        keep every training lookup. It leaves its DMP too, so that a later fit builds a live one
+        instead of reusing a closed one. A tracker the user built is left as it is."""
+        built, self._built, self._tracker = self._built, None, None
+        if built is None:
+            return
+        built.close()
+        if isinstance(self._model, DistributedModelParallel):
+            for name, held in list(self._model.model_trackers.items()):
+                if held is built:
+                    del self._model.model_trackers[name]
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -172,7 +201,11 @@ class DeltaPublisher(pl.Callback):
     # ---- cadence ------------------------------------------------------------------------------
     def _due(self, trainer: pl.Trainer) -> bool:
         step = trainer.global_step
-        due = self.every_n_steps is not None and step % self.every_n_steps == 0 and step != self._last_step
+        if step == self._last_step:
+            # one version per global step (under gradient accumulation several batches end at one step);
+            # every rank has the same step and _last_step, so all skip the broadcast below alike
+            return False
+        due = self.every_n_steps is not None and step % self.every_n_steps == 0
         if self.every_seconds is not None:
             timed = trainer.is_global_zero and time.monotonic() - self._last_time >= self.every_seconds
             due = due or bool(trainer.strategy.broadcast(timed, src=0))  # rank 0's clock decides for all
@@ -191,21 +224,29 @@ class DeltaPublisher(pl.Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._model is not None and trainer.global_step != self._last_step:
             self._publish(trainer, snapshot=False, dense=self.dense_every is not None)
-        if self._publisher is not None:
-            try:
-                self._wait_for_pending(trainer)  # the last version (raises its error)
-            finally:
-                publisher, self._publisher = self._publisher, None
-                publisher.close()  # stops the thread, frees its group
-        if self._tracker is not None and isinstance(self._tracker, ModelDeltaTrackerTrec):
-            if not isinstance(self._model, DistributedModelParallel):
-                self._tracker.close()  # ours alone; a DMP's tracker stays with the DMP
-        self._model = self._dense = None
+        try:
+            if self._publisher is not None:
+                try:
+                    self._wait_for_pending(trainer)  # the last version (raises its error)
+                finally:
+                    publisher, self._publisher = self._publisher, None
+                    publisher.close()  # stops the thread, frees its group
+        finally:
+            self._release_tracker()
+            self._model = self._dense = None
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        # a peer may be gone: do not wait for the version in flight (the thread is a daemon)
-        self._publisher = None
+        # No on_train_end follows, and a peer may be dead: wait for no version, make no collective
+        # (abort's join is bounded); without this the thread would sit on its queue forever, holding
+        # its gloo group, and the tracker would keep every training lookup
+        publisher, self._publisher = self._publisher, None
+        if publisher is not None and not publisher.abort(ABORT_SECONDS):
+            logger.warning("DeltaPublisher: the publish thread is still inside a collective %.0f s after the "
+                           "exception (a peer stuck or dead); it ends, freeing its process group, at the group's "
+                           "timeout", ABORT_SECONDS)  # fmt: skip
+        self._release_tracker()
+        self._model = self._dense = None
 
     # ---- publish ------------------------------------------------------------------------------
     def _publish(self, trainer: pl.Trainer, snapshot: bool, dense: bool = False) -> None:

@@ -1,16 +1,25 @@
 """DeltaPublisher in a 2-rank RecStrategy fit (tables row-wise, data-parallel and table-wise): a
 snapshot at train start, then a version every 2 steps (every 2nd a snapshot, every 3rd with the
 dense weights), the last at train end, written in the background (the default); the newest version
-rebuilds the trained tables bit for bit."""
+rebuilds the trained tables bit for bit. ``every_seconds`` publishes once per global step (gradient
+accumulation too). A fit that fails -- an exception in a single-process fit, a peer SIGKILLed in a
+2-rank one -- leaves no publish thread and no tracker of the callback's recording (Lightning calls
+``on_exception``, not ``on_train_end``)."""
 
 from __future__ import annotations
 
+import threading
+import time
+import traceback
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from tests.multiprocess import free_port, run_ranks, set_torchrun_env
+
+THREAD = "lightrec-delta-publisher"
 
 STEPS = 5
 
@@ -85,3 +94,127 @@ def test_every_seconds_publishes_on_rank_zeros_clock_in_a_single_process_fit(tmp
     assert publisher.versions == [(1, 0), (2, 1), (3, 2), (4, 3)]  # nothing left for train end
     assert DeltaReader(tmp_path / "publish").versions() == [1, 2, 3, 4]
     assert len(publisher.seconds) == 4 and len(publisher.background_seconds) == (4 if background else 0)
+
+
+def test_every_seconds_publishes_once_per_global_step_under_gradient_accumulation(tmp_path: Path) -> None:
+    import lightning.pytorch as pl
+
+    from lightrec.lightning import DeltaPublisher, RecStrategy
+    from tests.lightning.toy import ToyDLRM, toy_data
+
+    publisher = DeltaPublisher(tmp_path / "publish", every_seconds=1e-9, keep=None, background=False)
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, strategy=RecStrategy(), max_steps=2, accumulate_grad_batches=2,
+        num_sanity_val_steps=0, limit_val_batches=0, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, callbacks=[publisher], default_root_dir=str(tmp_path),
+    )  # fmt: skip
+    trainer.fit(ToyDLRM(dense_optimizer="sgd", dense_lr=0.1), datamodule=toy_data(batch_size=32, num_train_batches=4))
+    assert trainer.global_step == 2
+    assert publisher.versions == [(1, 0), (2, 1), (3, 2)]  # 4 batches, 2 steps: no second version of a step
+
+
+class _Seen(dict):  # what the fit's tracker was, for after the fit
+    pass
+
+
+def _failing_module(seen: _Seen, fail_at: int) -> Any:
+    from tests.lightning.toy import ToyDLRM
+
+    class Failing(ToyDLRM):
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            seen["tracker"] = self.trainer.strategy.dmp.get_delta_tracker()
+            seen["dmp"] = self.trainer.strategy.dmp
+            if batch_idx == fail_at:
+                raise RuntimeError(f"boom at batch {fail_at}")
+            return super().training_step(batch, batch_idx)
+
+    return Failing(dense_optimizer="sgd", dense_lr=0.1)
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_an_exception_stops_the_publish_thread_and_the_tracker_the_callback_built(tmp_path: Path,
+                                                                                  background: bool) -> None:  # fmt: skip
+    import lightning.pytorch as pl
+
+    from lightrec.lightning import DeltaPublisher, RecStrategy
+    from lightrec.lightning.callbacks.delta_publisher import CONSUMER
+    from tests.lightning.toy import toy_data
+
+    publisher = DeltaPublisher(tmp_path / "publish", every_n_steps=1, keep=None, background=background)
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, strategy=RecStrategy(), max_steps=5, num_sanity_val_steps=0,
+        limit_val_batches=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, callbacks=[publisher], default_root_dir=str(tmp_path),
+    )  # fmt: skip
+    seen = _Seen()
+    module = _failing_module(seen, fail_at=2)
+    data = toy_data(batch_size=32, num_train_batches=5)
+    with pytest.raises(RuntimeError, match="boom at batch 2"):
+        trainer.fit(module, datamodule=data)
+    assert [t.name for t in threading.enumerate() if t.name == THREAD] == []
+    tracker = seen["tracker"]
+    assert tracker.closed and seen["dmp"].get_delta_tracker() is None  # a later fit builds a live one
+    tracker.get_unique_ids(CONSUMER)  # what was recorded before the exception
+    module.train()
+    for batch in list(data.train_dataloader())[:3]:  # the model trains on elsewhere: nothing is kept
+        module.model(batch.dense_features, batch.sparse_features).sum().backward()
+    assert all(ids.numel() == 0 for ids in tracker.get_unique_ids(CONSUMER).values())
+
+
+def _rank_with_publisher(rank: int, world_size: int, port: int, victim: int, how: str, tmp: str, reports: Any) -> None:
+    """tests/lightning/test_rank_failure.py's rank, with a DeltaPublisher writing every step: the
+    victim SIGKILLs itself at a batch start; the survivor reports its publish threads and tracker."""
+    set_torchrun_env(rank, world_size, port)
+    try:
+        import os
+        import signal
+        from datetime import timedelta
+
+        import lightning.pytorch as pl
+
+        from lightrec.lightning import DeltaPublisher, RecStrategy
+        from tests.lightning.toy import ToyDLRM, toy_data
+
+        torch.set_num_threads(1)
+        seen: dict[str, Any] = {}
+
+        class KillHere(pl.Callback):
+            def on_train_batch_start(self, trainer: pl.Trainer, module: Any, batch: Any, batch_idx: int) -> None:
+                seen["tracker"] = trainer.strategy.dmp.get_delta_tracker()
+                if batch_idx == 2 and trainer.global_rank == victim:
+                    reports.put((rank, "killing", "", time.monotonic()))
+                    time.sleep(0.5)  # let the queue's feeder thread flush before dying
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+        trainer = pl.Trainer(
+            accelerator="cpu", devices=world_size, max_steps=8, num_sanity_val_steps=0, limit_val_batches=0,
+            strategy=RecStrategy(timeout=timedelta(seconds=15),
+                                 fused_params={"optimizer": "exact_row_wise_adagrad", "learning_rate": 0.1}),
+            logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+            callbacks=[KillHere(), DeltaPublisher(Path(tmp) / "publish", every_n_steps=1, keep=None)],
+            default_root_dir=tmp,
+        )  # fmt: skip
+        module = ToyDLRM(device="meta", dense_optimizer="sgd", dense_lr=0.1)
+        try:
+            trainer.fit(module, datamodule=toy_data(batch_size=32, num_train_batches=16 * world_size))
+            status = "finished"
+        except Exception as exc:  # noqa: BLE001 - the survivor's state after its failed fit is the result
+            status = f"raised {type(exc).__name__}"
+        threads = [t.name for t in threading.enumerate() if t.name == THREAD]
+        reports.put((rank, status, repr({"threads": threads, "tracker_closed": seen["tracker"].closed}),
+                     time.monotonic()))  # fmt: skip
+    except BaseException as exc:  # noqa: BLE001 - reported, not lost in the child
+        reports.put((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}", time.monotonic()))
+
+
+def test_a_killed_peer_leaves_the_survivor_no_publish_thread_and_no_recording_tracker(tmp_path: Path) -> None:
+    import ast
+
+    from tests.lightning.test_rank_failure import _launch
+
+    run = _launch(2, 1, "kill", str(tmp_path), target=_rank_with_publisher)
+    assert run["killed_at"] is not None, run
+    status, text, _ = run["reports"][0]
+    assert status.startswith("raised"), (status, text)
+    assert ast.literal_eval(text) == {"threads": [], "tracker_closed": True}, text
+    assert run["had_to_kill"] == [] and run["exitcodes"][0] == 0, run  # the survivor exited by itself
