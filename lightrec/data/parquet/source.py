@@ -5,7 +5,8 @@
 * a file (``data/day_0.parquet``);
 * a folder, read recursively; hive-style partition folders (``day=2024-01-07/hour=03/...``) give
   each file its partition values, which the splits can select on;
-* a glob (``data/day=*/part-*.parquet``; ``**`` matches any depth);
+* a glob (``data/day=*/part-*.parquet``; ``*``, ``?`` and ``[...]`` stay inside one name, a ``**`` name
+  matches any depth);
 * a list of any of these;
 * a URI of any filesystem pyarrow reaches (``s3://``, ``gs://``, ``hdfs://``, ``file://``), or of
   an fsspec filesystem where fsspec and its backend are installed (``memory://``, ``abfs://``, ...).
@@ -88,12 +89,27 @@ def _visible_below(path: str, base: str) -> bool:
 
 
 def _glob(path: str) -> tuple[str, str] | None:
-    """``(base folder, fnmatch pattern)`` of a glob path, or None when ``path`` is no glob."""
+    """``(base folder, pattern)`` of a glob path, or None when ``path`` is no glob."""
     match = _GLOB.search(path)
     if match is None:
         return None
     base = path[: match.start()].rsplit("/", 1)[0] or "/"
-    return base, path.replace("**/", "*").replace("/**", "*")  # fnmatch's * crosses '/' already
+    return base, path
+
+
+def _glob_matches(pattern: str, path: str) -> bool:
+    """Whether ``path`` matches ``pattern`` as a shell glob: ``*``, ``?`` and ``[...]`` stay inside one
+    name (``day=*/part-*.parquet`` does not reach ``day=1/old/part-0.parquet``); a ``**`` name matches
+    any number of names, none included. (``fnmatch`` alone lets ``*`` cross ``/``.)"""
+    return _names_match(tuple(pattern.split("/")), tuple(path.split("/")))
+
+
+def _names_match(pattern: tuple[str, ...], names: tuple[str, ...]) -> bool:
+    if not pattern:
+        return not names
+    if pattern[0] == "**":
+        return any(_names_match(pattern[1:], names[i:]) for i in range(len(names) + 1))
+    return bool(names) and fnmatch.fnmatchcase(names[0], pattern[0]) and _names_match(pattern[1:], names[1:])
 
 
 def list_files(fs: pafs.FileSystem, path: str) -> list[str]:
@@ -115,7 +131,7 @@ def list_files(fs: pafs.FileSystem, path: str) -> list[str]:
     return sorted(
         f.path
         for f in found
-        if f.type == pafs.FileType.File and fnmatch.fnmatchcase(f.path, pattern) and _visible_below(f.path, base)
+        if f.type == pafs.FileType.File and _glob_matches(pattern, f.path) and _visible_below(f.path, base)
     )
 
 
@@ -131,7 +147,7 @@ def names_file(path: str, file: str) -> bool:
         base = path.rstrip("/")
         return file == path or (file.startswith(base + "/") and _visible_below(file, base))
     base, pattern = glob
-    return fnmatch.fnmatchcase(file, pattern) and _visible_below(file, base)
+    return _glob_matches(pattern, file) and _visible_below(file, base)
 
 
 def partitions_of(path: str) -> tuple[tuple[str, str], ...]:

@@ -48,6 +48,11 @@ def test_paths_name_files_folders_globs_and_lists_skipping_hidden_names(logs: Pa
     assert ParquetSource(str(logs)).files[2].partitions == (("day", "02"),)
     with pytest.raises(FileNotFoundError, match=r"no Parquet files at .*nowhere.*lightrec data convert"):
         ParquetSource(str(logs / "nowhere"))
+    # As a shell glob: * stays inside one name, ** crosses any number of folders (none included).
+    write_events(logs / "day=01" / "old", [("part-0.parquet", 10, 16)])
+    assert _names(ParquetSource(f"{logs}/day=*/part-*.parquet")) == everything
+    assert _names(ParquetSource(f"{logs}/day=01/**/part-0.parquet")) == ["day=01/old/part-0.parquet", everything[0]]
+    assert _names(ParquetSource(f"{logs}/day=01/*")) == everything[:2]
 
 
 @pytest.mark.parametrize(
