@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -36,13 +37,18 @@ def _positive_number(value: str) -> float:
         number = float(value)
     except ValueError:
         number = -1.0
-    if not number > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {value!r}")
+    if not (number > 0 and math.isfinite(number)):  # inf: an overflowing byte count, a wait that never ends
+        raise argparse.ArgumentTypeError(f"must be a finite positive number such as 2.5, got {value!r}")
     return number
 
 
 def _non_negative_number(value: str) -> float:
-    return 0.0 if value in ("0", "0.0") else _positive_number(value)
+    if value in ("0", "0.0"):
+        return 0.0
+    try:
+        return _positive_number(value)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"must be 0 or a finite positive number such as 2.5, got {value!r}") from None
 
 
 # The numeric settings: (option, ServeConfig field, argument type, help before its "(default ...)").
@@ -52,6 +58,8 @@ _TUNING: tuple[tuple[str, str, Callable[[str], float], str], ...] = (
     ("--batch-timeout-ms", "batch_timeout_ms", _non_negative_number,
      "after a batch's first request, wait this long for more (0: score what is queued at once)"),
     ("--max-queue", "max_queue", positive_int, "requests in flight above which new ones get 503"),
+    ("--body-timeout", "body_timeout_s", _positive_number, "a request body not sent in full within this many "
+     "seconds gets 408"),
     ("--max-payload-mb", "max_payload_mb", _positive_number, "largest request body in MiB"),
     ("--max-samples", "max_samples_per_request", positive_int, "most samples in one request"),
     ("--follow-interval", "follow_interval_s", _positive_number, "seconds between looks at --deltas"),

@@ -16,6 +16,11 @@ alone) and scores the batch it assembles with :meth:`Predictor.probabilities`.
 ``missing_features="empty"`` (default) treats an absent feature as an empty id list (the model
 pools it to zeros); ``"error"`` rejects such requests.
 
+Dense values and weights must be numbers float32 holds finite (``|x| <= 3.4028235e38``: the
+artifact computes in float32, where ``1e39`` is ``inf``); NaN, infinities and larger numbers --
+ints too, ``10**400`` -- are refused. An offending value is echoed in the message truncated
+(:func:`shown`), so a megabyte-long key or list never comes back in full.
+
 ``load(path, device="cuda")`` serves on a GPU: the artifact's tensors are loaded onto the device,
 inputs are moved there, ``predict`` returns CPU probabilities and ``__call__`` the raw outputs on
 the device.
@@ -27,7 +32,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import torch
 from torch import nn
@@ -39,9 +44,12 @@ from lightrec._fbgemm import fbgemm_available, fbgemm_unavailable_reason
 if TYPE_CHECKING:
     from lightrec.inference.export import ArtifactMeta
 
-__all__ = ["CheckedRequest", "Predictor", "RequestError", "load"]
+__all__ = ["FLOAT32_MAX", "CheckedRequest", "Predictor", "RequestError", "RequestRules", "finite_float32", "load",
+           "shown"]
 
 _REQUEST_KEYS = ("dense", "sparse", "weights")
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)  # larger dense values or weights are inf in the artifact
+_SHOWN_CHARS = 200  # an offending value longer than this (as JSON) is shown truncated
 
 
 class RequestError(ValueError):
@@ -52,7 +60,8 @@ class RequestError(ValueError):
         index: the request's position in the list given to ``predict`` (the sample's, in a server's batch).
         field: where in the request: ``"dense"``, ``"dense[3]"``, ``"sparse"``, ``"sparse.user"``,
             ``"sparse.user[2]"``, ``"weights.user"``, or the unknown key; None for the request as a whole.
-        value: the offending value as received (a key, an id, a length, a type name).
+        value: the offending value as received (a key, an id, a length, a type name); messages and
+            ``field`` show it truncated (:func:`shown`), this attribute holds it whole.
     """
 
     def __init__(self, message: str, index: int | None = None, field: str | None = None, value: object = None) -> None:
@@ -72,6 +81,20 @@ class CheckedRequest(NamedTuple):
     dense: list[float]
     ids: dict[str, list[int]]
     weights: dict[str, list[float]]
+
+
+class RequestRules(NamedTuple):
+    """What decides whether :meth:`Predictor.check_request` accepts a request: two predictors with
+    equal rules accept and refuse exactly the same requests, and build the same input tensors from them
+    (what a server that swaps predictors between batches relies on)."""
+
+    feature_names: tuple[str, ...]
+    dense_in_features: int
+    takes_dense: bool
+    is_weighted: bool
+    id_spaces: tuple[int, ...]  # rows of each feature's table (its raw id space behind managed collisions)
+    managed: frozenset[str]  # features whose table takes raw ids (managed collisions)
+    missing_features: str
 
 
 class Predictor:
@@ -101,6 +124,13 @@ class Predictor:
         # Ids must index a table -- or, for a managed-collision table, lie in its raw id space.
         self._rows = {f: int(t.get("id_space", t["num_embeddings"])) for t in meta["tables"] for f in t["feature_names"]}
         self._managed = {f for t in meta["tables"] if "id_space" in t for f in t["feature_names"]}
+
+    @property
+    def rules(self) -> RequestRules:
+        """The request rules of this predictor (see :class:`RequestRules`)."""
+        return RequestRules(tuple(self.feature_names), self.dense_in_features, self.takes_dense, self.is_weighted,
+                            tuple(self._rows[f] for f in self.feature_names), frozenset(self._managed),
+                            self.missing_features)
 
     def __call__(self, dense_features: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor,
                  weights: torch.Tensor | None = None) -> torch.Tensor:
@@ -170,8 +200,8 @@ class Predictor:
                                index, None, type(request).__name__)
         extra = sorted(set(request) - set(_REQUEST_KEYS))
         if extra:
-            raise RequestError(f"{where}: unknown keys {extra}; a request has 'dense', 'sparse' and (weighted models) "
-                               "'weights'", index, extra[0], extra[0])
+            raise RequestError(f"{where}: unknown keys {shown(extra)}; a request has 'dense', 'sparse' and (weighted "
+                               "models) 'weights'", index, _field(extra[0]), extra[0])
         dense = self.check_dense(index, request.get("dense"))
         sparse = request.get("sparse", {})
         if not isinstance(sparse, dict):
@@ -179,8 +209,8 @@ class Predictor:
                                index, "sparse", type(sparse).__name__)
         unknown = sorted(set(sparse) - set(self.feature_names))
         if unknown:
-            raise RequestError(f"{where}: unknown features {unknown}; the model's features are {self.feature_names}",
-                               index, "sparse", unknown[0])
+            raise RequestError(f"{where}: unknown features {shown(unknown)}; the model's features are "
+                               f"{self.feature_names}", index, "sparse", unknown[0])
         missing = [f for f in self.feature_names if f not in sparse]
         if missing and self.missing_features == "error":
             raise RequestError(f"{where}: missing features {missing} (missing_features='error'); send [] for no ids",
@@ -193,14 +223,27 @@ class Predictor:
         if not isinstance(wts, dict):
             raise RequestError(f"{where}: 'weights' must be a dict feature -> list of floats, got {type(wts).__name__}",
                                index, "weights", type(wts).__name__)
-        for f, w in wts.items():
-            if f not in checked:
-                raise RequestError(f"{where}: weights for feature {f!r}, which has no ids in 'sparse'",
-                                   index, f"weights.{f}", f)
-            if not isinstance(w, (list, tuple)) or len(w) != len(checked[f]) or not all(_is_number(x) for x in w):
-                raise RequestError(f"{where}: weights of feature {f!r} must be {len(checked[f])} numbers (one per id), "
-                                   f"got {w!r}", index, f"weights.{f}", w)
-        return CheckedRequest(dense, checked, {f: [float(x) for x in w] for f, w in wts.items()})
+        weights = {f: self._check_weights(index, f, w, checked) for f, w in wts.items()}
+        return CheckedRequest(dense, checked, weights)
+
+    def _check_weights(self, index: int, feature: str, weights: Any, ids: dict[str, list[int]]) -> list[float]:
+        """The weights of ``feature`` in request ``index`` as floats: one finite float32 number per id."""
+        where = f"request {index}"
+        if feature not in ids:
+            raise RequestError(f"{where}: weights for feature {shown(feature)!r}, which has no ids in 'sparse'",
+                               index, _field(f"weights.{feature}"), feature)
+        count = len(ids[feature])
+        if not isinstance(weights, (list, tuple)) or len(weights) != count:
+            got = f"{len(weights)} values" if isinstance(weights, (list, tuple)) else type(weights).__name__
+            raise RequestError(f"{where}: weights of feature {feature!r} must be {count} numbers (one per id), "
+                               f"got {got}", index, f"weights.{feature}", weights)
+        floats = [finite_float32(x) for x in weights]
+        for k, x in enumerate(floats):
+            if x is None:
+                raise RequestError(f"{where}: weights.{feature}[{k}]={shown(weights[k])!r} is not a finite number "
+                                   f"(weights are float32: |w| <= {FLOAT32_MAX:.7g})", index,
+                                   f"weights.{feature}[{k}]", weights[k])
+        return cast("list[float]", floats)  # no None left
 
     def check_dense(self, index: int, dense: Any) -> list[float]:
         """The dense features of request ``index`` as floats (``[]`` for a model without them).
@@ -220,11 +263,12 @@ class Predictor:
             got = len(dense) if isinstance(dense, (list, tuple)) else type(dense).__name__
             raise RequestError(f"{where}: 'dense' must be a list of {self.dense_in_features} floats, got {got}"
                                + (" values" if isinstance(got, int) else ""), index, "dense", got)
-        bad = [i for i, x in enumerate(dense) if not _is_number(x) or not math.isfinite(float(x))]
-        if bad:
-            raise RequestError(f"{where}: dense[{bad[0]}]={dense[bad[0]]!r} is not a finite number",
-                               index, f"dense[{bad[0]}]", dense[bad[0]])
-        return [float(x) for x in dense]
+        floats = [finite_float32(x) for x in dense]
+        for k, x in enumerate(floats):
+            if x is None:
+                raise RequestError(f"{where}: dense[{k}]={shown(dense[k])!r} is not a finite number (dense features "
+                                   f"are float32: |x| <= {FLOAT32_MAX:.7g})", index, f"dense[{k}]", dense[k])
+        return cast("list[float]", floats)  # no None left
 
     def check_ids(self, index: int, feature: str, ids: Any) -> list[int]:
         """The ids of ``feature`` in request ``index``: ints in ``[0, rows)`` of its table (of its raw id space
@@ -242,13 +286,13 @@ class Predictor:
         rows = self._rows[feature]
         for k, i in enumerate(ids):
             if isinstance(i, bool) or not isinstance(i, int):
-                raise RequestError(f"{where}: feature {feature!r} has non-integer id {i!r}; ids are ints in [0, {rows})",
-                                   index, f"sparse.{feature}[{k}]", i)
+                raise RequestError(f"{where}: feature {feature!r} has non-integer id {shown(i)!r}; ids are ints in "
+                                   f"[0, {rows})", index, f"sparse.{feature}[{k}]", i)
             if not 0 <= i < rows:
                 fix = ("its managed-collision table takes raw ids in that range" if feature in self._managed
                        else "hash or take ids modulo the table size")  # fmt: skip
-                raise RequestError(f"{where}: feature {feature!r} has id {i}, outside [0, {rows}) of its table; {fix}",
-                                   index, f"sparse.{feature}[{k}]", i)
+                raise RequestError(f"{where}: feature {feature!r} has id {shown(i)}, outside [0, {rows}) of its table; "
+                                   f"{fix}", index, f"sparse.{feature}[{k}]", i)
         return list(ids)
 
     def ids_in_range(self, feature: str, ids: Any) -> bool:
@@ -267,8 +311,50 @@ def _twice(values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     return torch.cat([seg.repeat(2) for seg in torch.split(values, lengths.tolist())]) if values.numel() else values
 
 
-def _is_number(x: object) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
+def finite_float32(x: object) -> float | None:
+    """``x`` as a float when it is a number (not a bool) that float32 holds finite, else None.
+
+    A JSON int of any size is a number to Python, and ``float(10**400)`` raises ``OverflowError``:
+    that is "not a finite number" too, not a crash. ``abs(nan) <= max`` is False, so NaN is refused.
+    """
+    if not isinstance(x, (int, float)) or isinstance(x, bool):
+        return None
+    try:
+        value = float(x)
+    except OverflowError:
+        return None
+    return value if abs(value) <= FLOAT32_MAX else None
+
+
+def shown(value: object, limit: int = _SHOWN_CHARS) -> object:
+    """``value`` as it goes into an error (message, ``field``, a JSON body): itself when its JSON is at most
+    ``limit`` characters, else the start of its text and its length -- a 1 MB list is not echoed.
+
+    NaN and infinities are not JSON: they come back as their JSON spellings (``"NaN"``, ``"Infinity"``),
+    so an error body stays strict JSON. A value nested too deeply to print is named, not printed.
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        return json.dumps(value)  # NaN, Infinity, -Infinity: how the client wrote them
+    if isinstance(value, str):  # a key, a field, a string where a number belongs: its characters, unquoted
+        return value if len(value) <= limit else value[:limit] + f"... ({len(value)} characters)"
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        text = None
+    except RecursionError:  # a list nested thousands deep: json and repr both recurse
+        return f"(a {type(value).__name__} nested too deeply to show)"
+    if text is not None and len(text) <= limit:
+        return value
+    try:
+        whole = text if text is not None else repr(value)
+    except RecursionError:
+        return f"(a {type(value).__name__} nested too deeply to show)"
+    return whole if len(whole) <= limit else whole[:limit] + f"... ({len(whole)} characters)"
+
+
+def _field(field: str) -> str:
+    """A ``field`` built from a client's key, truncated like any shown value."""
+    return str(shown(str(field)))
 
 
 def load(path: str | os.PathLike, missing_features: str = "empty", device: torch.device | str = "cpu") -> Predictor:

@@ -11,8 +11,8 @@ parts, one purpose per file:
   updates, :class:`ModelUpdater` / :class:`ModelUpdate`; ``model_updates.py`` -- the thread that
   follows an updater, and ``--deltas``' updater; ``deltas/`` -- applying the versions of a publish
   folder (``docs/deltas.md``) to the served artifact;
-* ``api.py`` -- ``RecServingAPI``, the ``LitAPI``; ``admission.py`` -- 503 on overload, 413 on large
-  bodies; ``endpoints.py`` -- ``/ready``, ``/metrics``; ``metrics.py`` -- shared-memory metrics in
+* ``api.py`` -- ``RecServingAPI``, the ``LitAPI``; ``admission.py`` -- the API key, 413 on large
+  bodies, 408 on slow ones, 503 on overload; ``endpoints.py`` -- ``/ready``, ``/metrics``; ``metrics.py`` -- shared-memory metrics in
   Prometheus' format; ``transport.py`` -- the pipes between HTTP servers and workers, and
   ``/predict`` bodies straight to the workers; ``scoring_loop.py`` -- the workers' loop;
   ``server.py`` -- :func:`~lightrec.serving.server.build_server` and ``serve``.
@@ -25,8 +25,10 @@ The server itself is ``lightrec.serving.server``. See ``docs/serving.md`` ("Serv
 from lightrec.serving.config import ServeConfig, ServeConfigError
 from lightrec.serving.model_updates import UpdateFollower
 from lightrec.serving.served_model import (
+    ModelDamaged,
     ModelUpdate,
     ModelUpdater,
+    PredictorMismatch,
     ServedModel,
     UpdateFailed,
     UpdateRefused,
@@ -34,8 +36,10 @@ from lightrec.serving.served_model import (
 )
 
 __all__ = [
+    "ModelDamaged",
     "ModelUpdate",
     "ModelUpdater",
+    "PredictorMismatch",
     "ServeConfig",
     "ServeConfigError",
     "ServedModel",

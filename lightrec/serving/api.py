@@ -43,7 +43,7 @@ from lightrec.serving.metrics import ServingMetrics, WorkerMetrics, WorkerState
 from lightrec.serving.model_updates import UpdateFollower
 from lightrec.serving.request_forms import Rejected, SampleColumns, decode_body
 from lightrec.serving.scoring_loop import ScoringLoop
-from lightrec.serving.served_model import ServedModel, UpdaterFactory
+from lightrec.serving.served_model import ModelDamaged, ServedModel, UpdaterFactory
 from lightrec.serving.transport import EncodedResponse
 
 __all__ = ["RecServingAPI"]
@@ -136,11 +136,22 @@ class RecServingAPI(ls.LitAPI):
         scores, version = None, self.model.version
         if batch.dense is not None and batch.values is not None and batch.lengths is not None:
             start = time.perf_counter()
-            scores, version = self.model.score(batch.dense, batch.values, batch.lengths, batch.weights)
+            try:
+                scores, version = self.model.score(batch.dense, batch.values, batch.lengths, batch.weights)
+            except ModelDamaged as exc:  # a failed update left the model half-written: no score from it
+                outputs = self._unavailable(batch, str(exc))
+                return outputs[0] if single else outputs
             if self._slot is not None:
                 self._slot.record_batch(len(batch.sizes), batch.samples, time.perf_counter() - start)
         outputs = split(batch, scores, version)
         return outputs[0] if single else outputs
+
+    def _unavailable(self, batch: ScoringBatch, reason: str) -> list[ScoredRequest | Rejected]:
+        """503 for every valid request of ``batch`` (the others keep their own 4xx); the worker reports damage."""
+        if self._slot is not None:
+            self._slot.set_damaged()  # the follower has already, when it applied the update; say it in any case
+        busy = Rejected(503, reason)
+        return [r if isinstance(r, Rejected) else busy for r in batch.requests]
 
     def unbatch(self, output: list[ScoredRequest | Rejected]) -> list[ScoredRequest | Rejected]:
         return output
@@ -148,11 +159,15 @@ class RecServingAPI(ls.LitAPI):
     def encode_response(self, output: ScoredRequest | Rejected) -> EncodedResponse:
         """``200 {"scores": [...], "version": v}``, or the request's error with its status, as JSON bytes
         (the HTTP server writes them as they are: :class:`~lightrec.serving.transport.PredictDispatch`)."""
+        # allow_nan=False: NaN is not JSON (strict parsers refuse the whole body). Scores are finite
+        # (``split`` turns a NaN into a 500) and error bodies show non-finite values as strings.
         if isinstance(output, Rejected):
-            return EncodedResponse(output.status, json.dumps(output.body()).encode())
-        return EncodedResponse(200, json.dumps({"scores": output.scores, "version": output.version}).encode())
+            return EncodedResponse(output.status, json.dumps(output.body(), allow_nan=False).encode())
+        return EncodedResponse(200, json.dumps({"scores": output.scores, "version": output.version},
+                                               allow_nan=False).encode())
 
     # ------------------------------------------------------------------ LitServe's /health
     def health(self) -> bool:
-        """False once a worker's model is damaged (an update failed part way): replace the replica."""
+        """False once a worker's model is damaged (an update failed part way; it answers 503 from then
+        on): replace the replica."""
         return all(state != WorkerState.DAMAGED for state, _ in self.metrics.worker_states())

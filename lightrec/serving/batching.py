@@ -17,20 +17,27 @@ as ``predict`` on them does. Each request keeps its columns per feature, so join
 five one-sample requests of 26 features, 130 us for four compact requests of 16 samples; 3-4x less
 than building the tensors from Python lists).
 :func:`split` gives each request its rows of the scores, and each rejected request its error, in
-the order LitServe expects one output per input.
+the order LitServe expects one output per input. A request with a score that is not a finite
+number (NaN: the forward overflowed float32, e.g. on dense values near its limit) gets a 500 naming
+the sample instead: NaN is not JSON, and not a probability either.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
 from lightrec.serving.request_forms import Rejected, SampleColumns
 
 __all__ = ["ScoredRequest", "ScoringBatch", "assemble", "split"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -106,14 +113,30 @@ def _tensor(items: Sequence[float], code: str) -> torch.Tensor:
 
 
 def split(batch: ScoringBatch, scores: torch.Tensor | None, version: int) -> list[ScoredRequest | Rejected]:
-    """One output per request of ``batch``: its rows of ``scores`` (``[B]`` or ``[B, K]``), or its error."""
+    """One output per request of ``batch``: its rows of ``scores`` (``[B]`` or ``[B, K]``), or its error
+    (a request's own 4xx, or a 500 when a score of it is not finite)."""
     rows: list[float] | list[list[float]] = scores.tolist() if scores is not None else []
+    finite = scores is None or bool(torch.isfinite(scores).all())  # one test per batch; per request only if not
     out: list[ScoredRequest | Rejected] = []
     start = 0
     for request in batch.requests:
         if isinstance(request, Rejected):
             out.append(request)
             continue
-        out.append(ScoredRequest(rows[start:start + request.size], version))
+        mine = rows[start:start + request.size]
+        out.append(ScoredRequest(mine, version) if finite else _checked(mine, version))
         start += request.size
     return out
+
+
+def _checked(rows: list[float] | list[list[float]], version: int) -> ScoredRequest | Rejected:
+    """``rows`` as a :class:`ScoredRequest`, or the 500 naming its first sample whose score is not finite."""
+    for sample, row in enumerate(rows):
+        values = cast("list[float]", row if isinstance(row, list) else [row])  # a K-logit model's row is a list
+        bad = next((x for x in values if not math.isfinite(x)), None)
+        if bad is not None:
+            log.warning("version %d scored sample %d of a request as %s", version, sample, bad)
+            return Rejected(500, f"request {sample}: the model's score is {bad}, not a probability (its forward produced NaN: "
+                            "typically float32 overflow on extreme inputs, e.g. dense values near 3.4e38); scale them",
+                            sample, "scores", bad)
+    return ScoredRequest(rows, version)

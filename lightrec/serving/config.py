@@ -9,6 +9,8 @@ start servers the same way. :meth:`ServeConfig.check` refuses a bad value with a
 from __future__ import annotations
 
 import json
+import math
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -45,6 +47,9 @@ class ServeConfig:
             (a worker that waits idles while the requests it holds back are what clients wait on);
             a GPU, whose forward costs about the same for 1 or 64 samples, may gain from a few ms.
         max_queue: requests in flight (admitted, not answered) above which new ones get 503 + ``Retry-After``.
+            A request takes its place once its whole body has arrived: clients still sending hold none.
+        body_timeout_s: seconds a client may take to send a ``/predict`` body (from the request's arrival);
+            slower: 408, and the connection is closed.
         max_payload_mb: the largest request body, in MiB (larger: 413).
         max_samples_per_request: the most samples one request may carry (more: 413).
         follow_interval_s: seconds between two looks at ``deltas`` for a new version.
@@ -67,6 +72,7 @@ class ServeConfig:
     max_batch_size: int = 64
     batch_timeout_ms: float = 0.0
     max_queue: int = 512
+    body_timeout_s: float = 10.0
     max_payload_mb: float = 8.0
     max_samples_per_request: int = 4096
     follow_interval_s: float = 1.0
@@ -102,6 +108,12 @@ class ServeConfig:
         if self.deltas is not None and not Path(self.deltas).is_dir():
             raise ServeConfigError(f"--deltas {str(self.deltas)!r} is not a folder; give the folder training publishes "
                                    "versions to (it may still be empty)")
+        if self.deltas is not None and meta["format"] == "torchscript" and _has_packed_dense_layers(artifact):
+            raise ServeConfigError(
+                f"--deltas {str(self.deltas)!r}: the artifact {str(artifact)!r} holds dynamic int8 dense layers "
+                "(exported with quantize_dense=True), whose weights are packed where a published version cannot be "
+                "written: every version would be refused. Re-export it with quantize_dense=False (its tables stay "
+                "quantized), or serve it without --deltas")
         if self.host not in _HOSTS:
             raise ServeConfigError(f"--host {self.host!r}: give 127.0.0.1 (this machine), 0.0.0.0 or :: (all "
                                    "interfaces; put the server behind a firewall or load balancer)")
@@ -120,11 +132,14 @@ class ServeConfig:
             if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
                 raise ServeConfigError(f"--{name} {count!r}: give an integer >= 1")
         spans = {"batch-timeout-ms": self.batch_timeout_ms, "max-payload-mb": self.max_payload_mb,
-                 "follow-interval": self.follow_interval_s, "timeout": self.timeout_s}
+                 "follow-interval": self.follow_interval_s, "timeout": self.timeout_s,
+                 "body-timeout": self.body_timeout_s}
         for name, span in spans.items():
-            if isinstance(span, bool) or not isinstance(span, (int, float)) or span < 0 or (
+            # finite too: inf MiB overflows the byte count, and a thread waiting inf seconds never wakes
+            if isinstance(span, bool) or not isinstance(span, (int, float)) or not math.isfinite(span) or span < 0 or (
                     name != "batch-timeout-ms" and span == 0):
-                raise ServeConfigError(f"--{name} {span!r}: give a positive number")
+                raise ServeConfigError(f"--{name} {span!r}: give a finite positive number"
+                                       + (" (or 0)" if name == "batch-timeout-ms" else ""))
         if self.batch_timeout_ms / 1000 >= self.timeout_s:
             raise ServeConfigError(f"--batch-timeout-ms {self.batch_timeout_ms} must stay below --timeout "
                                    f"{self.timeout_s} s")
@@ -144,3 +159,19 @@ class ServeConfig:
     def cpu_threads(self) -> int:
         """Intra-op threads of each CPU worker: the option, else 1 (see ``threads_per_worker``)."""
         return self.threads_per_worker if self.threads_per_worker is not None else 1
+
+
+def _has_packed_dense_layers(artifact: Path) -> bool:
+    """Whether a TorchScript artifact holds packed (dynamic int8) Linear layers: their weights are
+    ``LinearPackedParams`` objects, not tensors a delta can be written into.
+
+    A TorchScript file is a zip whose ``data.pkl`` (the module tree; tensors are separate entries,
+    so it stays small) names every module's class. An exported program (``.pt2``) cannot hold such
+    layers (``export`` refuses them); a file that is no zip is left to the loader to refuse.
+    """
+    try:
+        with zipfile.ZipFile(artifact) as archive:
+            return any(name.endswith("/data.pkl") and b"LinearPackedParams" in archive.read(name)
+                       for name in archive.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False

@@ -11,6 +11,10 @@
 ``/info``      LitServe's: the artifact's features and tables, the server's devices and limits.
 =============  ======================================================================================
 
+With ``LIT_SERVER_API_KEY`` set, every one of them wants the key in ``X-API-Key`` (401 without),
+as LitServe's own ``/health`` and ``/info`` do, and so does ``POST /predict`` (checked by the
+admission middleware before it reads the body).
+
 ``POST /predict`` never reaches FastAPI: the admission middleware hands its body to the workers
 (:class:`~lightrec.serving.transport.PredictDispatch`), and a body that is not JSON gets the
 worker's 400 (``request_forms.decode_body``).
@@ -19,8 +23,10 @@ worker's 400 (``request_forms.decode_body``).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from starlette.responses import Response
 
 from lightrec.serving.admission import AdmissionGate
@@ -32,8 +38,14 @@ METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _STATE_NAMES = {WorkerState.STARTING: "starting", WorkerState.SERVING: "serving", WorkerState.DAMAGED: "damaged"}
 
 
-def add_endpoints(app: FastAPI, metrics: ServingMetrics, gate: AdmissionGate) -> None:
-    """Add ``/ready`` and ``/metrics`` to LitServe's app."""
+def add_endpoints(app: FastAPI, metrics: ServingMetrics, gate: AdmissionGate,
+                  auth: Callable[..., Any] | None = None) -> None:
+    """Add ``/ready`` and ``/metrics`` to LitServe's app.
+
+    Args:
+        auth: a FastAPI dependency that refuses unauthorized requests (LitServe's ``setup_auth()``,
+            which checks ``LIT_SERVER_API_KEY``); None: open.
+    """
 
     async def ready() -> Response:
         states = metrics.worker_states()
@@ -47,5 +59,6 @@ def add_endpoints(app: FastAPI, metrics: ServingMetrics, gate: AdmissionGate) ->
     async def scrape() -> Response:
         return Response(metrics.render(gate.in_flight, gate.limit), media_type=METRICS_CONTENT_TYPE)
 
-    app.add_api_route("/ready", ready, methods=["GET"])
-    app.add_api_route("/metrics", scrape, methods=["GET"])
+    dependencies = [Depends(auth)] if auth is not None else None
+    app.add_api_route("/ready", ready, methods=["GET"], dependencies=dependencies)
+    app.add_api_route("/metrics", scrape, methods=["GET"], dependencies=dependencies)

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 __all__ = ["BATCH_BUCKETS", "CODES", "RING", "ServingMetrics", "WorkerMetrics", "WorkerState"]
 
 RING = 1024  # latencies / forward times kept per process for the quantiles
-CODES = (200, 400, 413, 422, 500, 503, 504)  # status codes counted one by one; others count as "other"
+CODES = (200, 400, 401, 408, 413, 422, 500, 503, 504)  # status codes counted one by one; others count as "other"
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)  # samples per forward
 QUANTILES = (0.5, 0.9, 0.99)
 
@@ -109,7 +109,8 @@ class ServingMetrics:
         self.api_servers = api_servers
         self.workers = workers
         self._array = multiprocessing.RawArray("d", api_servers * _A_SIZE + workers * _W_SIZE)
-        for w in range(workers):  # no update applied yet: no freshness lag to report
+        for w in range(workers):  # no model loaded, no update applied yet: no age, no freshness lag to report
+            self._array[api_servers * _A_SIZE + w * _W_SIZE + _W_PUBLISHED] = math.nan
             self._array[api_servers * _A_SIZE + w * _W_SIZE + _W_LAG] = math.nan
 
     def worker(self, index: int) -> WorkerMetrics:
@@ -175,8 +176,8 @@ class ServingMetrics:
              lambda w: self._w(w, _W_VERSION)),
             ("lightrec_serving_delta_lag_seconds", "gauge", "freshness lag of the last applied version: publish "
              "to apply (NaN until a version is applied)", lambda w: self._w(w, _W_LAG)),
-            ("lightrec_serving_model_age_seconds", "gauge", "time since the served version was published",
-             lambda w: max(0.0, now - self._w(w, _W_PUBLISHED))),
+            ("lightrec_serving_model_age_seconds", "gauge", "time since the served version was published (NaN "
+             "until the worker has loaded the model)", lambda w: _age(now, self._w(w, _W_PUBLISHED))),
         ]
         for name, kind, text, value in per_worker:
             out.family(name, kind, text)
@@ -224,6 +225,11 @@ class _Writer:
 
     def text(self) -> str:
         return "\n".join(self._lines) + "\n"
+
+
+def _age(now: float, published_at: float) -> float:
+    """Seconds since ``published_at``; NaN while it is unset (NaN), not ``now - 0`` (56 years)."""
+    return math.nan if math.isnan(published_at) else max(0.0, now - published_at)
 
 
 def _number(value: float) -> str:

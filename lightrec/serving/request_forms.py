@@ -23,11 +23,20 @@ without letting the request reach a batch (one bad request never fails the other
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
-from lightrec.inference.predictor import CheckedRequest, Predictor, RequestError
+from lightrec.inference.predictor import (
+    FLOAT32_MAX,
+    CheckedRequest,
+    Predictor,
+    RequestError,
+    finite_float32,
+    shown,
+)
 
 __all__ = ["Rejected", "SampleColumns", "decode_body", "reject"]
 
@@ -81,16 +90,7 @@ def reject(error: RequestError, status: int = 422) -> Rejected:
     return Rejected(status, str(error), error.index, error.field, error.value)
 
 
-def _shown(value: object, limit: int = 200) -> object:
-    """``value`` as JSON, or its truncated text when it is large or not JSON (a 1 MB list is not echoed)."""
-    try:
-        text = json.dumps(value)
-    except (TypeError, ValueError):
-        text = None
-    if text is not None and len(text) <= limit:
-        return value
-    shown = text if text is not None else repr(value)
-    return shown[:limit] + f"... ({len(shown)} characters)"
+_shown = shown  # the truncation of Predictor's messages: one rule for every value the server echoes
 
 
 def decode_body(predictor: Predictor, body: Any, max_samples: int) -> SampleColumns | Rejected:
@@ -112,6 +112,9 @@ def decode_body(predictor: Predictor, body: Any, max_samples: int) -> SampleColu
             body = json.loads(body)
         except ValueError as exc:
             return Rejected(400, f"the body is not JSON ({exc}); send a JSON object", None, "body", _excerpt(body))
+        except RecursionError:  # json.loads recurses per nesting level: "[[[[...]]]]" thousands deep
+            return Rejected(400, "the body's JSON is nested too deeply to parse; a request nests 4 levels at "
+                            "most (see docs/serving.md for its forms)", None, "body", _excerpt(body))
     try:
         if isinstance(body, list):
             if not body:
@@ -122,8 +125,8 @@ def decode_body(predictor: Predictor, body: Any, max_samples: int) -> SampleColu
         if isinstance(body, dict) and "batch" in body:
             if len(body) != 1:
                 extra = sorted(set(body) - {"batch"})
-                return Rejected(400, f"a compact batch body holds only 'batch'; unknown keys {extra}", None, extra[0],
-                                extra[0])
+                return Rejected(400, f"a compact batch body holds only 'batch'; unknown keys {_shown(extra)}", None,
+                                _key(extra[0]), extra[0])
             return _compact(predictor, body["batch"], max_samples)
         if isinstance(body, dict):
             return _columns(predictor, [predictor.check_request(body, 0)])
@@ -131,6 +134,11 @@ def decode_body(predictor: Predictor, body: Any, max_samples: int) -> SampleColu
         return reject(exc)
     return Rejected(400, f"the body must be a JSON object (one sample or {{'batch': ...}}) or a list of samples, "
                     f"got {type(body).__name__}", None, "body", type(body).__name__)
+
+
+def _key(key: str) -> str:
+    """A ``field`` that is a client's key, truncated like a shown value."""
+    return str(_shown(str(key)))
 
 
 def _excerpt(body: bytes | bytearray | str) -> str:
@@ -166,8 +174,8 @@ def _compact(predictor: Predictor, batch: Any, max_samples: int) -> SampleColumn
                         None, "batch", type(batch).__name__)
     unknown = sorted(set(batch) - set(_BATCH_KEYS))
     if unknown:
-        return Rejected(400, f"unknown keys {unknown} in 'batch'; it takes {list(_BATCH_KEYS)}", None,
-                        f"batch.{unknown[0]}", unknown[0])
+        return Rejected(400, f"unknown keys {_shown(unknown)} in 'batch'; it takes {list(_BATCH_KEYS)}", None,
+                        _key(f"batch.{unknown[0]}"), unknown[0])
     per_feature: dict[str, Any] = {}
     for key in ("lengths", "ids", "weights"):
         part = batch.get(key, {})
@@ -176,7 +184,7 @@ def _compact(predictor: Predictor, batch: Any, max_samples: int) -> SampleColumn
                             None, f"batch.{key}", type(part).__name__)
         unknown = sorted(set(part) - set(predictor.feature_names))
         if unknown:
-            return Rejected(422, f"unknown features {unknown} in 'batch.{key}'; the model's features are "
+            return Rejected(422, f"unknown features {_shown(unknown)} in 'batch.{key}'; the model's features are "
                             f"{predictor.feature_names}", None, f"batch.{key}", unknown[0])
         per_feature[key] = part
     size = _batch_size(predictor, batch, per_feature["lengths"])
@@ -242,12 +250,23 @@ def _add_feature(predictor: Predictor, columns: SampleColumns, feature: str, par
     if columns.weights is not None:
         if weights is None:
             weights = [1.0] * len(ids)
-        if (not isinstance(weights, list) or len(weights) != len(ids)
-                or not all(type(w) in (int, float) for w in weights)):  # fmt: skip
-            return Rejected(422, f"'batch.weights.{feature}' must be {len(ids)} numbers (one per id)", None,
-                            f"batch.weights.{feature}", weights)
-        columns.weights.append([float(w) for w in weights])
+        if not isinstance(weights, list) or len(weights) != len(ids):
+            got = len(weights) if isinstance(weights, list) else type(weights).__name__
+            return Rejected(422, f"'batch.weights.{feature}' must be {len(ids)} numbers (one per id), got {got}", None,
+                            f"batch.weights.{feature}", got)
+        floats = [finite_float32(w) for w in weights]
+        if None in floats:
+            return _bad_weight(feature, weights, floats.index(None), lengths)
+        columns.weights.append(cast("list[float]", floats))  # no None left
     elif weights is not None:
         return Rejected(422, "'batch.weights' given but the model is not weighted; drop them", None,
                         f"batch.weights.{feature}", None)
     return None
+
+
+def _bad_weight(feature: str, weights: list[Any], k: int, lengths: list[int]) -> Rejected:
+    """The 422 of weight ``k`` of ``feature`` (not a finite float32 number), naming the sample it belongs to."""
+    sample = bisect.bisect_right(list(itertools.accumulate(lengths)), k)  # the first sample whose ids end past k
+    return Rejected(422, f"request {sample}: batch.weights.{feature}[{k}]={_shown(weights[k])!r} is not a finite "
+                    f"number (weights are float32: |w| <= {FLOAT32_MAX:.7g})", sample, f"batch.weights.{feature}[{k}]",
+                    weights[k])

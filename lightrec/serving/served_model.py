@@ -24,7 +24,9 @@ Two ways an update can fail, told apart by what they leave behind:
   wrote nothing or put back what it wrote: the model is the served version, which stays; the
   follower counts the refusal and looks for the next good version;
 * any other exception out of ``apply`` -- the model may be half-written: :meth:`ServedModel.apply`
-  raises :class:`UpdateFailed` and the worker reports itself damaged (``/health`` 503).
+  raises :class:`UpdateFailed`, the model refuses to score from then on (:meth:`ServedModel.score`
+  raises :class:`ModelDamaged`: requests get 503, never a score of a model that is neither version)
+  and the worker reports itself damaged (``/health`` and ``/ready`` 503).
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ import torch
 
 from lightrec.inference.predictor import Predictor
 
-__all__ = ["ModelUpdate", "ModelUpdater", "ServedModel", "UpdateFailed", "UpdateRefused", "UpdaterFactory"]
+__all__ = ["ModelDamaged", "ModelUpdate", "ModelUpdater", "PredictorMismatch", "ServedModel", "UpdateFailed",
+           "UpdateRefused", "UpdaterFactory"]
 
 
 class UpdateRefused(RuntimeError):
@@ -56,10 +59,22 @@ class UpdateRefused(RuntimeError):
         self.versions = tuple(int(v) for v in versions)
 
 
+class PredictorMismatch(UpdateRefused, ValueError):
+    """:meth:`ServedModel.replace_predictor` was given a predictor that accepts other requests than the
+    served one (features, dense width, weighting, table sizes or id spaces, missing-feature rule). It
+    swapped nothing, so the update is refused and the served version stays."""
+
+
 class UpdateFailed(RuntimeError):
-    """``ModelUpdate.apply`` raised after it may have written part of an update: the worker reports
-    itself unhealthy (``/health`` answers 503) so that it gets replaced, instead of scoring with a
-    model that is neither the old version nor the new one."""
+    """``ModelUpdate.apply`` raised after it may have written part of an update: the model refuses to
+    score from then on (:class:`ModelDamaged`) and the worker reports itself unhealthy (``/health``
+    answers 503) so that it gets replaced, instead of scoring with a model that is neither the old
+    version nor the new one."""
+
+
+class ModelDamaged(RuntimeError):
+    """:meth:`ServedModel.score` on a model an update failed to write (:class:`UpdateFailed`): it is no
+    published version any more, so it scores nothing. Replace the worker (restart the replica)."""
 
 
 class ModelUpdate(Protocol):
@@ -127,6 +142,7 @@ class ServedModel:
         self._version = int(version)
         self._published_at = float(published_at)
         self._lock = threading.Lock()
+        self._damage: str | None = None  # why the model is no published version any more (UpdateFailed's message)
 
     @property
     def predictor(self) -> Predictor:
@@ -143,6 +159,11 @@ class ServedModel:
         """Wall time at which the served version was published."""
         return self._published_at
 
+    @property
+    def damaged(self) -> str | None:
+        """Why the model refuses to score (an update failed part way), or None while it serves."""
+        return self._damage
+
     def score(self, dense_features: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor,
               weights: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
         """Probabilities of one batch (``Predictor.probabilities``) and the version that produced them.
@@ -153,8 +174,14 @@ class ServedModel:
 
         Returns:
             ``([B]`` or ``[B, K]`` CPU probabilities, the version``)``, read under the same lock hold.
+
+        Raises:
+            ModelDamaged: an update failed part way into this model; it scores nothing any more.
         """
         with self._lock:
+            if self._damage is not None:
+                raise ModelDamaged(f"this worker's model scores nothing: {self._damage}; replace the worker "
+                                   "(restart the replica)")
             return self._predictor.probabilities(dense_features, values, lengths, weights), self._version
 
     def apply(self, update: ModelUpdate) -> None:
@@ -170,27 +197,30 @@ class ServedModel:
             except UpdateRefused:
                 raise
             except Exception as exc:
-                raise UpdateFailed(f"applying version {update.version} failed part way ({type(exc).__name__}: "
-                                   f"{exc}); this worker's model is no longer a published version") from exc
+                self._damage = (f"applying version {update.version} failed part way ({type(exc).__name__}: {exc}); "
+                                f"the model is no longer a published version")
+                raise UpdateFailed(self._damage) from exc
             self._version = int(update.version)
             self._published_at = float(update.published_at)
 
     def replace_predictor(self, predictor: Predictor) -> None:
         """Serve ``predictor`` from the next batch on: for a :meth:`ModelUpdate.apply` that swaps the
-        whole module. Its inputs must be the served ones (same features, dense width, weighting).
+        whole module. It must accept exactly the requests the served one accepts (equal
+        :attr:`~lightrec.inference.Predictor.rules`: features, dense width, weighting, table sizes and
+        id spaces, missing-feature rule): requests of a batch are validated against the predictor of
+        the moment, before the batch takes the lock, and may be scored by the new one.
 
         Raises:
             RuntimeError: called outside :meth:`apply` (without the lock held).
-            ValueError: ``predictor`` takes other inputs than the served one.
+            PredictorMismatch: ``predictor`` accepts other requests; nothing was swapped.
         """
         if not self._lock.locked():
             raise RuntimeError("replace_predictor is called from ModelUpdate.apply, under ServedModel.apply's lock")
-        old = self._predictor
-        if (predictor.feature_names, predictor.dense_in_features, predictor.is_weighted) != (
-                old.feature_names, old.dense_in_features, old.is_weighted):
-            raise ValueError(
-                f"the new predictor takes features {predictor.feature_names} (dense {predictor.dense_in_features}, "
-                f"weighted {predictor.is_weighted}) but the served one takes {old.feature_names} (dense "
-                f"{old.dense_in_features}, weighted {old.is_weighted}); an update cannot change the inputs"
-            )
+        new, old = predictor.rules, self._predictor.rules
+        if new != old:
+            changed = [f"{name} {getattr(new, name)!r} (served: {getattr(old, name)!r})"
+                       for name in new._fields if getattr(new, name) != getattr(old, name)]  # fmt: skip
+            raise PredictorMismatch(f"the new predictor accepts other requests than the served one: {'; '.join(changed)}"
+                                    "; an update cannot change the inputs: re-export the new model with the served "
+                                    "one's tables and features, or start a new server for it")
         self._predictor = predictor

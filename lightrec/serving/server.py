@@ -10,7 +10,7 @@
 The processes of one server (LitServe's layout)::
 
     main process        this function: checks the options, then waits; SIGTERM/Ctrl+C shut all down
-    HTTP servers        ``api_servers`` forked uvicorn processes on one socket: admission (503/413),
+    HTTP servers        ``api_servers`` forked uvicorn processes on one socket: admission (401/413/408/503),
                         then the raw body of a /predict request to the workers (PredictDispatch);
                         /health /ready /metrics /info
     inference workers   devices x ``workers_per_device`` spawned processes, each with its own copy of the
@@ -37,6 +37,7 @@ from types import FrameType
 from typing import TypedDict
 
 import litserve as ls
+import litserve.server
 import torch
 
 from lightrec.inference.export import ArtifactMeta, TableMeta
@@ -122,12 +123,13 @@ def build_server(config: ServeConfig, updater_factory: UpdaterFactory | None = N
     devices: int | str = 1 if accelerator == "cpu" else (gpus if config.devices == "auto" else int(config.devices))
     dispatch = PredictDispatch(PREDICT_PATH)
     admission = {"path": PREDICT_PATH, "gate": gate, "metrics": metrics, "max_payload_bytes": config.max_payload_bytes,
-                 "dispatch": dispatch}
+                 "body_timeout_s": config.body_timeout_s, "dispatch": dispatch,
+                 "api_key": litserve.server.LIT_SERVER_API_KEY}  # LitServe reads its variable once, at import
     server = PipeQueueServer(api, accelerator=accelerator, devices=devices,
                              workers_per_device=config.workers_per_device, timeout=config.timeout_s,
                              model_metadata=_model_info(config, meta), middlewares=[(AdmissionMiddleware, admission)])
     dispatch.bind(server)
-    add_endpoints(server.app, metrics, gate)
+    add_endpoints(server.app, metrics, gate, auth=server.setup_auth())  # LitServe's key check, as on /health
     return BuiltServer(server, config, api_servers, workers, metrics, gate)
 
 

@@ -46,12 +46,17 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_server(command: list[str], port: int, log: Path,
-                   start_timeout_s: float = START_TIMEOUT_S) -> Iterator[ServerURL]:  # fmt: skip
-    """Run ``command`` (a server on ``127.0.0.1:port``) until the block ends; yield its base URL."""
+def running_server(command: list[str], port: int, log: Path, start_timeout_s: float = START_TIMEOUT_S,
+                   env: dict[str, str] | None = None, headers: dict[str, str] | None = None) -> Iterator[ServerURL]:
+    """Run ``command`` (a server on ``127.0.0.1:port``) until the block ends; yield its base URL.
+
+    ``env``: variables added to the server's environment; ``headers``: sent with the ``/health`` polls
+    (``X-API-Key`` for a server started with ``LIT_SERVER_API_KEY``).
+    """
     import requests
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, **(env or {}),
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
     with open(log, "wb") as out:
         process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
                                    start_new_session=True)  # fmt: skip
@@ -65,7 +70,7 @@ def running_server(command: list[str], port: int, log: Path,
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the server was not healthy after {start_timeout_s:.0f} s:\n{_tail(log)}")
             with contextlib.suppress(requests.RequestException):
-                if requests.get(f"{url}/health", timeout=2).status_code == 200:
+                if requests.get(f"{url}/health", headers=headers, timeout=2).status_code == 200:
                     break
             time.sleep(0.25)
         yield url

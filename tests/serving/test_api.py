@@ -10,11 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
 from lightrec.inference import export, load
-from lightrec.serving import ServeConfig, ServedModel
+from lightrec.serving import PredictorMismatch, ServeConfig, ServedModel
 from lightrec.serving.metrics import ServingMetrics, WorkerState
-from tests.inference.helpers import dlrm
+from tests.inference.helpers import dlrm, tables
 
 pytest.importorskip("litserve")
 from lightrec.serving.api import RecServingAPI  # noqa: E402 - needs LitServe
@@ -89,3 +90,81 @@ def test_health_turns_false_when_a_worker_is_damaged(artifact: Path) -> None:
     assert api.health() is True
     metrics.worker(0).set_damaged()
     assert api.health() is False
+
+
+@dataclass
+class SwapTo:
+    """Swaps in the artifact at ``path`` (loaded outside the lock, as an updater's poll would)."""
+
+    path: Path
+    version: int = 1
+    published_at: float = 1.0
+
+    def apply(self, model: ServedModel) -> None:
+        model.replace_predictor(load(self.path))
+
+
+def test_a_predictor_with_other_tables_is_refused_between_decode_and_score(artifact: Path, tmp_path: Path) -> None:
+    import lightrec
+    from lightrec.models import DLRM
+
+    smaller = [lightrec.EmbeddingBagConfig(name=t.name, num_embeddings=10, embedding_dim=t.embedding_dim,
+                                           feature_names=t.feature_names) for t in tables()]  # fmt: skip
+    other = export(DLRM(lightrec.EmbeddingBagCollection(smaller), dense_in_features=5, dense_arch_layer_sizes=[16, 8],
+                        over_arch_layer_sizes=[8, 1]).eval(), tmp_path / "small.pt")  # fmt: skip
+    api, _ = _api(artifact, max_batch_size=4)
+    decoded = [api.decode_request(b) for b in ({"dense": [0.5] * 5, "sparse": {"f0": [35]}}, GOOD)]  # both valid now
+    with pytest.raises(PredictorMismatch, match="id_spaces"):
+        api.model.apply(SwapTo(other))  # the follower's apply, landing between ScoringLoop's decode and forward
+    answers = [_body(api.encode_response(o)) for o in api.unbatch(api.predict(api.batch(decoded)))]
+    assert [a[0] for a in answers] == [200, 200] and answers[1][1]["version"] == 0
+
+
+@dataclass
+class HalfWrite:
+    version: int = 1
+    published_at: float = 1.0
+
+    def apply(self, model: ServedModel) -> None:
+        weight = next(p for name, p in model.predictor.module.named_parameters() if name.endswith("weight"))
+        with torch.no_grad():
+            weight.add_(1.0)
+        raise OSError("device error half way")
+
+
+class FailsOnce:
+    def __init__(self) -> None:
+        self.sent = False
+
+    def poll(self) -> HalfWrite | None:
+        if self.sent:
+            return None
+        self.sent = True
+        return HalfWrite()
+
+
+def fails_once(model: ServedModel) -> FailsOnce:
+    return FailsOnce()
+
+
+def test_a_worker_damaged_by_a_failed_update_answers_503_not_a_score(artifact: Path) -> None:
+    from lightrec.serving import UpdateFailed
+
+    metrics = ServingMetrics(api_servers=1, workers=1)
+    api = RecServingAPI(ServeConfig(artifact, max_batch_size=4), metrics, fails_once, threads=1)
+    with pytest.raises(UpdateFailed):
+        api.setup("cpu")  # the catch-up applies the failing update
+    assert api.health() is False and metrics.worker_states() == [(WorkerState.DAMAGED, 0)]
+    answers = [_body(api.encode_response(o)) for o in api.predict(api.batch([api.decode_request(GOOD),
+                                                                               api.decode_request(BAD)]))]
+    assert answers[0][0] == 503 and "failed part way" in answers[0][1]["error"]
+    assert answers[1][0] == 422  # a bad request keeps its own answer
+
+
+def test_responses_are_strict_json_even_when_the_model_scores_nan(artifact: Path) -> None:
+    api, _ = _api(artifact, max_batch_size=4)
+    overflow = {"dense": [3.4e38] * 5, "sparse": {"f0": [1]}}  # valid float32 values; the forward makes NaN of them
+    answers = [api.encode_response(o) for o in api.predict(api.batch([api.decode_request(b) for b in (GOOD, overflow)]))]
+    assert [a.status_code for a in answers] == [200, 500]
+    body = json.loads(answers[1].body, parse_constant=lambda c: pytest.fail(f"{c} in a response"))
+    assert (body["index"], body["field"], body["value"]) == (0, "scores", "NaN")

@@ -58,3 +58,42 @@ def test_without_litserve_the_command_says_how_to_install_it(artifact: Path, mon
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "litserve" else real(name, *a))
     assert 'pip install "lightrec[serve]"' in _refused(["serve", str(artifact)], capsys, 1)
+
+
+@pytest.mark.parametrize("option", ["--max-payload-mb", "--follow-interval", "--timeout", "--body-timeout",
+                                    "--batch-timeout-ms"])  # fmt: skip
+@pytest.mark.parametrize("value", ["inf", "nan", "-1"])
+def test_numbers_must_be_finite(artifact: Path, option: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:  # argparse's usage error, before anything starts
+        main(["serve", str(artifact), option, value])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert option in err and f"got {value!r}" in err and "finite" in err, err
+
+
+@pytest.mark.parametrize("field", ["max_payload_mb", "follow_interval_s", "timeout_s", "body_timeout_s",
+                                   "batch_timeout_ms"])  # fmt: skip
+def test_config_numbers_must_be_finite(artifact: Path, field: str) -> None:
+    import dataclasses
+    import math
+
+    from lightrec.serving import ServeConfigError
+
+    with pytest.raises(ServeConfigError, match=r"--[a-z-]+ inf: give a finite positive number"):
+        dataclasses.replace(ServeConfig(artifact), **{field: math.inf}).check()
+
+
+def test_deltas_with_packed_dense_layers_are_refused_at_start_up(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from lightrec.inference import quantize
+    from lightrec.serving import ServeConfigError
+
+    packed = export(quantize(dlrm(), dtype="int8", quantize_dense=True), tmp_path / "qd.pt")
+    (tmp_path / "publish").mkdir()
+    with pytest.raises(ServeConfigError, match="quantize_dense=True"):  # checked before any process starts
+        ServeConfig(packed, deltas=tmp_path / "publish").check()
+    err = _refused(["serve", str(packed), "--deltas", str(tmp_path / "publish")], capsys, 2)
+    assert "quantize_dense=True" in err and "Re-export it with quantize_dense=False" in err
+    ServeConfig(packed).check()  # served as is, without --deltas, it is fine
+    plain = export(quantize(dlrm(), dtype="int8"), tmp_path / "q.pt")
+    ServeConfig(plain, deltas=tmp_path / "publish").check()

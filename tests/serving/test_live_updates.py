@@ -152,3 +152,29 @@ def test_overload_answers_503_with_retry_after(url: str, models: dict[str, Path]
     assert all(a.json()["version"] == 4 for a in answers if a.status_code == 200)  # scored after the update, none lost
     assert ready.status_code == 503 and ready.json()["in_flight"] == MAX_QUEUE
     assert _metric(url, 'lightrec_serving_requests_total{code="503"}') >= statuses.count(503)
+
+
+@pytest.fixture(scope="module")
+def fragile(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """A server of its own (this one gets damaged), following an empty folder of announcements."""
+    folder = tmp_path_factory.mktemp("fragile")
+    port = free_port()
+    command = script_command(models["v0"], port, "--updates", str(folder), "--follow-interval", "0.2")
+    with running_server(command, port, tmp_path_factory.mktemp("log") / "fragile.log") as base:
+        yield base, folder
+
+
+def test_a_worker_damaged_by_a_failed_update_stops_scoring(fragile: tuple[str, Path], models: dict[str, Path]) -> None:
+    url, folder = fragile
+    before = _post(url, UNTOUCHED)
+    assert before.status_code == 200 and before.json()["version"] == 0
+    announce(folder, 1, models["v1"], fail=True)  # writes a dense weight, then raises: the model is half-written
+    deadline = time.monotonic() + 30
+    while requests.get(f"{url}/health", timeout=10).status_code == 200:
+        assert time.monotonic() < deadline, "the failed update never marked the worker damaged"
+        time.sleep(0.1)
+    answer = _post(url, UNTOUCHED)  # not a 200 with the old version number from a half-written model
+    assert answer.status_code == 503 and "failed part way" in answer.json()["error"], answer.text
+    ready = requests.get(f"{url}/ready", timeout=10)
+    assert ready.status_code == 503 and ready.json()["workers"] == [{"state": "damaged", "version": 0}]
+    assert _metric(url, 'lightrec_serving_requests_total{code="503"}') >= 1

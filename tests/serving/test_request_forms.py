@@ -84,7 +84,11 @@ BAD = [  # (body, status, index, field, value, words of the message)
     ([], 400, None, "body", [], "empty list"),
     ({"dense": [0.0] * 5, "spares": {}}, 422, 0, "spares", "spares", "unknown keys"),
     ({"dense": [0.0] * 4}, 422, 0, "dense", 4, "5 floats, got 4"),
-    ({"dense": [0.0, 1, float("nan"), 0, 0]}, 422, 0, "dense[2]", float("nan"), "not a finite number"),
+    ({"dense": [0.0, 1, float("nan"), 0, 0]}, 422, 0, "dense[2]", "NaN", "not a finite number"),
+    ({"dense": [0.0, 1, 0, 0, 1e39]}, 422, 0, "dense[4]", 1e39, "not a finite number"),
+    ({"dense": [10**400, 0, 0, 0, 0]}, 422, 0, "dense[0]", "1" + "0" * 199 + "... (401 characters)", "not a finite"),
+    (b'{"dense": [0, 0, 0, 0, Infinity]}', 422, 0, "dense[4]", "Infinity", "not a finite number"),
+    ("[" * 100_000 + "]" * 100_000, 400, None, "body", "[" * 80 + "...", "nested too deeply"),
     ({"dense": [0.0] * 5, "sparse": {"nope": [1]}}, 422, 0, "sparse", "nope", "unknown features"),
     ({"dense": [0.0] * 5, "sparse": {"f1": [3, "4"]}}, 422, 0, "sparse.f1[1]", "4", "non-integer id"),
     ({"dense": [0.0] * 5, "sparse": {"f1": [True]}}, 422, 0, "sparse.f1[0]", True, "non-integer id"),
@@ -109,6 +113,10 @@ BAD = [  # (body, status, index, field, value, words of the message)
     ({"batch": {"dense": [[0.0] * 5] * 3, "lengths": {"f1": [1, 0, 2]}, "ids": {"f1": [0, 5, 40]}}}, 422, 2,
      "sparse.f1[1]", 40, "request 2: feature 'f1' has id 40"),
     ({"batch": {"dense": [[0.0] * 5] * 2, "size": 0}}, 422, None, "batch.size", 0, "positive int"),
+    ({"batch": {"dense": [[0.0] * 5, [0.0, 10**400, 0, 0, 0]]}}, 422, 1, "dense[1]", "1" + "0" * 199 + "... (401 "
+     "characters)", "request 1: dense[1]="),
+    ({"batch": {"dense": [[0.0] * 5], "y" * 10_000: {}}}, 400, None, "batch." + "y" * 194 + "... (10006 characters)",
+     "y" * 200 + "... (10000 characters)", "unknown keys"),
 ]
 
 
@@ -119,10 +127,9 @@ def test_bad_bodies_name_index_field_and_value(predictor: Predictor, body: objec
     got = decode_body(predictor, body, 4)
     assert isinstance(got, Rejected), got
     assert (got.status, got.index, got.field) == (status, index, field), got
-    assert words in got.message
-    shown = got.body()["value"]
-    assert shown == value or (isinstance(value, float) and value != value and shown != shown), got.body()
-    json.dumps(got.body())  # always an answerable body
+    assert words in got.message and len(got.message) < 600
+    assert got.body()["value"] == value, got.body()
+    json.dumps(got.body(), allow_nan=False)  # always an answerable body, in strict JSON
 
 
 def test_missing_features_error_mode() -> None:
@@ -166,3 +173,53 @@ def test_weighted_requests_of_every_form_score_like_predict() -> None:
     outputs = _score(predictor, [decode_body(predictor, b, 100) for b in (samples[0], samples[1:3], compact)])
     got = [x for out in outputs for x in out.scores]  # type: ignore[union-attr]
     assert got == predictor.predict(samples).tolist()
+
+
+def _weighted_predictor() -> Predictor:
+    import lightrec
+    from lightrec.models import DLRM
+    from tests.inference.helpers import tables
+
+    torch.manual_seed(0)
+    model = DLRM(lightrec.EmbeddingBagCollection(tables(mean_last=False), is_weighted=True), dense_in_features=5,
+                 dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[8, 1]).eval()  # fmt: skip
+    meta = {**describe_model(model), "takes_dense": True, "format": "torchscript"}
+    return Predictor(TensorInputModule(model, FEATURES, True, True).eval(), meta)
+
+
+WEIGHTS = [  # (body, index, field, value shown): weights JSON allows but float32 cannot hold
+    (b'{"dense": [0,0,0,0,0], "sparse": {"f0": [1]}, "weights": {"f0": [NaN]}}', 0, "weights.f0[0]", "NaN"),
+    (b'{"dense": [0,0,0,0,0], "sparse": {"f0": [1]}, "weights": {"f0": [-Infinity]}}', 0, "weights.f0[0]",
+     "-Infinity"),
+    ({"dense": [0] * 5, "sparse": {"f0": [1, 2]}, "weights": {"f0": [1, 10**400]}}, 0, "weights.f0[1]",
+     "1" + "0" * 199 + "... (401 characters)"),
+    ({"dense": [0] * 5, "sparse": {"f0": [1]}, "weights": {"f0": [1e39]}}, 0, "weights.f0[0]", 1e39),
+    ({"batch": {"dense": [[0.0] * 5] * 3, "lengths": {"f0": [1, 0, 2]}, "ids": {"f0": [1, 2, 3]},
+                "weights": {"f0": [1.0, 0.5, float("nan")]}}}, 2, "batch.weights.f0[2]", "NaN"),
+    ({"batch": {"dense": [[0.0] * 5] * 2, "lengths": {"f0": [1, 1]}, "ids": {"f0": [1, 2]},
+                "weights": {"f0": [10**400, 1.0]}}}, 0, "batch.weights.f0[0]", "1" + "0" * 199 + "... (401 characters)"),
+]
+
+
+@pytest.mark.parametrize(("body", "index", "field", "value"), WEIGHTS, ids=[w[2] + str(i) for i, w in enumerate(WEIGHTS)])
+def test_weights_float32_cannot_hold_get_a_422(body: object, index: int, field: str, value: object) -> None:
+    got = decode_body(_weighted_predictor(), body, 10)
+    assert isinstance(got, Rejected), got
+    assert (got.status, got.index, got.field, got.body()["value"]) == (422, index, field, value), got.body()
+    assert "not a finite number" in got.message and len(got.message) < 600
+    json.dumps(got.body(), allow_nan=False)
+
+
+def test_a_nan_score_fails_its_request_alone(predictor: Predictor) -> None:
+    good = _samples(2, seed=5)
+    decoded = [decode_body(predictor, b, 10) for b in (good[0], [good[1], good[0]], good[1])]
+    batch = assemble(decoded, predictor.dense_in_features, predictor.is_weighted)
+    scores = predictor.probabilities(batch.dense, batch.values, batch.lengths, batch.weights)  # type: ignore[arg-type]
+    scores[2] = float("nan")  # the second sample of the second request
+    outputs = split(batch, scores, version=3)
+    assert [type(o) for o in outputs] == [ScoredRequest, Rejected, ScoredRequest]
+    bad = outputs[1]
+    assert isinstance(bad, Rejected) and (bad.status, bad.index, bad.field) == (500, 1, "scores")
+    assert bad.body()["value"] == "NaN" and "not a probability" in bad.message
+    json.dumps(bad.body(), allow_nan=False)
+    assert outputs[0].scores == [float(scores[0])] and outputs[2].scores == [float(scores[3])]  # type: ignore[union-attr]

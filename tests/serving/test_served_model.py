@@ -15,17 +15,24 @@ import torch
 
 from lightrec.inference import Predictor
 from lightrec.inference.export import TensorInputModule, describe_model
-from lightrec.serving import ServedModel, UpdateFailed, UpdateFollower
+from lightrec.serving import (
+    ModelDamaged,
+    PredictorMismatch,
+    ServedModel,
+    UpdateFailed,
+    UpdateFollower,
+    UpdateRefused,
+)
 from lightrec.serving.metrics import RING, ServingMetrics, WorkerState
 from tests.inference.helpers import FEATURES, dlrm
 
 REQUEST = [{"dense": [0.5] * 5, "sparse": {"f0": [1, 2], "f1": [3], "f2": [4], "f3": [5]}}]
 
 
-def _predictor(seed: int = 0) -> Predictor:
-    model = dlrm(seed)
+def _predictor(seed: int = 0, model: torch.nn.Module | None = None, missing_features: str = "empty") -> Predictor:
+    model = model if model is not None else dlrm(seed)
     meta = {**describe_model(model), "takes_dense": True, "format": "torchscript"}
-    return Predictor(TensorInputModule(model, FEATURES, True, False).eval(), meta)
+    return Predictor(TensorInputModule(model, FEATURES, True, False).eval(), meta, missing_features)
 
 
 def _tables(predictor: Predictor) -> list[torch.Tensor]:
@@ -118,6 +125,41 @@ def test_replace_predictor_only_inside_apply() -> None:
     assert torch.equal(model.score(*_inputs(other))[0], other.predict(REQUEST))
 
 
+@dataclass
+class Swap:
+    new: Predictor
+    version: int = 1
+    published_at: float = 1.0
+
+    def apply(self, model: ServedModel) -> None:
+        model.replace_predictor(self.new)
+
+
+def _smaller_tables() -> Predictor:
+    import lightrec
+    from lightrec.models import DLRM
+    from tests.inference.helpers import tables
+
+    smaller = [lightrec.EmbeddingBagConfig(name=t.name, num_embeddings=t.num_embeddings - 5,
+                                           embedding_dim=t.embedding_dim, feature_names=t.feature_names)
+               for t in tables()]  # fmt: skip
+    torch.manual_seed(0)
+    return _predictor(model=DLRM(lightrec.EmbeddingBagCollection(smaller), dense_in_features=5,
+                                 dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[8, 1]).eval())
+
+
+@pytest.mark.parametrize("kind", ["table sizes", "missing features"])
+def test_replace_predictor_refuses_one_that_accepts_other_requests(kind: str) -> None:
+    served = _predictor()
+    model = ServedModel(served, version=4, published_at=2.0)
+    other = _smaller_tables() if kind == "table sizes" else _predictor(missing_features="error")
+    with pytest.raises(PredictorMismatch, match="id_spaces|missing_features") as caught:
+        model.apply(Swap(other))
+    assert isinstance(caught.value, UpdateRefused) and isinstance(caught.value, ValueError)  # refused, not failed
+    assert model.predictor is served and (model.version, model.published_at, model.damaged) == (4, 2.0, None)
+    assert torch.equal(model.score(*_inputs(served))[0], served.predict(REQUEST))  # still serving
+
+
 def test_follower_catches_up_refuses_and_keeps_serving() -> None:
     metrics = ServingMetrics(api_servers=1, workers=1)
     slot = metrics.worker(0)
@@ -150,6 +192,9 @@ def test_an_apply_that_fails_part_way_marks_the_worker_damaged() -> None:
         follower.catch_up()
     assert model.version == 0
     assert [state for state, _ in metrics.worker_states()] == [WorkerState.STARTING, WorkerState.DAMAGED]
+    assert model.damaged is not None and "disk vanished" in model.damaged
+    with pytest.raises(ModelDamaged, match="scores nothing: applying version 1 failed part way"):
+        model.score(*_inputs(model.predictor))  # never a score of a half-written model
 
 
 _LINE = re.compile(r'^[a-z_]+(\{([a-z_]+="[^"]*",?)*\})? (NaN|[+-]Inf|-?[0-9.e+-]+)$')
@@ -182,3 +227,11 @@ def test_metrics_are_prometheus_text() -> None:
     assert values['lightrec_serving_batch_size_bucket{le="+Inf"}'] == values["lightrec_serving_batch_size_count"] == 2
     assert values["lightrec_serving_scored_requests_total"] == 4
     assert math.isnan(values['lightrec_serving_delta_lag_seconds{worker="1"}'])
+
+
+def test_model_age_is_nan_until_a_worker_has_loaded_its_model() -> None:
+    metrics = ServingMetrics(api_servers=1, workers=2)
+    metrics.worker(1).set_model(version=0, published_at=1e9 - 30)
+    text = metrics.render(in_flight=0, queue_limit=8, now=1e9)
+    assert 'lightrec_serving_model_age_seconds{worker="0"} NaN' in text  # not now - 0: 31 years
+    assert 'lightrec_serving_model_age_seconds{worker="1"} 30' in text

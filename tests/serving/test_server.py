@@ -116,6 +116,13 @@ BAD = [  # (body as sent, content type, status, index, field)
     (b'{"dense": [0,0,0,0,0], "sparse": {"f3": [18446744073709551616]}}', "application/json", 422, 0, "sparse.f3[0]"),
     (b'[{"dense": [0,0,0,0,0]}, {"dense": [0,0,0]}]', "application/json", 422, 1, "dense"),
     (b'{"dense": [0,0,0,0,0], "sparse": {}} trailing', "text/plain", 400, None, "body"),
+    # numbers JSON allows but float32 cannot hold: a 4xx naming them, not a 500 (OverflowError) or a NaN score
+    (b'{"dense": [1' + b"0" * 400 + b', 0, 0, 0, 0], "sparse": {"f0": [1]}}', "application/json", 422, 0, "dense[0]"),
+    (b'{"batch": {"dense": [[0, 0, 0, 0, 0], [0, 1' + b"0" * 400 + b', 0, 0, 0]]}}', "application/json", 422, 1,
+     "dense[1]"),
+    (b'{"dense": [0, 0, 1e39, 0, 0]}', "application/json", 422, 0, "dense[2]"),
+    (b'{"dense": [0, 0, 0, NaN, 0]}', "application/json", 422, 0, "dense[3]"),
+    (b"[" * 20_000 + b"]" * 20_000, "application/json", 400, None, "body"),  # json.loads: RecursionError
 ]
 
 
@@ -125,8 +132,36 @@ def test_bad_input_gets_a_4xx_naming_index_field_value(url: str, body: bytes, co
                                                        index: int | None, field: str) -> None:
     answer = requests.post(f"{url}/predict", data=body, headers={"content-type": content_type}, timeout=30)
     assert answer.status_code == status, answer.text
-    error = answer.json()
+    error = _strict_json(answer)
     assert set(error) == {"error", "index", "field", "value"} and (error["index"], error["field"]) == (index, field)
+    assert len(answer.content) < 1000  # a long offending value comes back truncated
+
+
+def _strict_json(answer: requests.Response) -> dict:
+    """The body, parsed as strict JSON (NaN and Infinity are not JSON: strict clients refuse them)."""
+    import json
+
+    return json.loads(answer.text, parse_constant=lambda c: pytest.fail(f"{c} in the response {answer.text[:200]}"))
+
+
+def test_huge_keys_and_values_come_back_truncated(url: str) -> None:
+    key = "k" * 40_000
+    for body, field in (({"dense": [0.0] * 5, key: 1}, "k" * 200 + "... (40000 characters)"),
+                        ({"dense": [0.0] * 5, "sparse": {"f0": ["x" * 40_000]}}, "sparse.f0[0]")):
+        answer = _post(url, body)
+        error = _strict_json(answer)
+        assert answer.status_code == 422 and error["field"] == field and len(answer.content) < 1500, answer.text[:300]
+
+
+def test_a_score_the_model_makes_nan_is_an_error_in_strict_json(url: str, predictor: Predictor) -> None:
+    overflow = {"dense": [3.4e38] * 5, "sparse": {"f0": [1]}}  # finite float32 values the forward turns into NaN
+    assert torch.isnan(predictor.predict([overflow])).all()
+    answer = _post(url, overflow)
+    error = _strict_json(answer)
+    assert answer.status_code == 500 and (error["index"], error["field"], error["value"]) == (0, "scores", "NaN")
+    assert "not a probability" in error["error"]
+    good = _samples(1, seed=6)[0]
+    assert _post(url, good).status_code == 200
 
 
 def test_a_json_body_without_a_json_content_type_is_still_read(url: str, predictor: Predictor) -> None:
