@@ -33,6 +33,7 @@ import time
 
 from lightrec.distributed.deltas import (
     DeltaApplyError,
+    DeltaChainError,
     DeltaNotFoundError,
     DeltaReader,
     DeltaVerificationError,
@@ -135,8 +136,14 @@ class DeltaFollower:
             versions = self._read_all(route, read, required)
             if versions is None:
                 continue
+            try:
+                state = merge_versions(versions, allow_gaps=self.gaps == "skip")
+            except DeltaChainError as exc:  # e.g. a delta whose tables differ from its snapshot's (another writer)
+                chain = manifests[target]
+                self._refuse(_misfits(versions, manifests.get(chain.base) if chain is not None else None), exc)
+                continue  # an older target may still be rebuilt (its snapshot alone, say)
             from_version = None if versions[0].manifest.kind == "snapshot" else current
-            return PendingUpdate(merge_versions(versions, allow_gaps=self.gaps == "skip"), from_version, listener=self)
+            return PendingUpdate(state, from_version, listener=self)
         return None
 
     def sync(self, predictor: Predictor, force: bool = False) -> int | None:
@@ -226,3 +233,14 @@ class DeltaFollower:
 
     def failed(self, update: PendingUpdate, error: DeltaApplyError) -> None:
         self._refuse(update.versions, error)
+
+
+def _misfits(versions: list[Version], snapshot: Manifest | None) -> list[int]:
+    """The versions of a route that ``merge_versions`` cannot join: those with a table whose spec differs from
+    the chain's snapshot's (``snapshot``; the route's first version where it is unknown); where none does
+    (an ordering fault), every version after the first. Refusing them lets the follower serve what came
+    before them (with ``gaps="wait"``, until the next snapshot)."""
+    reference = (snapshot or versions[0].manifest).tables
+    odd = [v.manifest.version for v in versions
+           if any(reference.get(name, spec) != spec for name, spec in v.manifest.tables.items())]  # fmt: skip
+    return odd or [v.manifest.version for v in versions[1:]] or [versions[0].manifest.version]

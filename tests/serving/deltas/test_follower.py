@@ -65,6 +65,34 @@ def test_a_corrupt_version_is_refused_and_the_next_snapshot_applied(tmp_path: Pa
     assert torch.equal(probe_scores(predictor), trainer.scores(6))
 
 
+def test_a_delta_whose_tables_differ_from_its_snapshots_is_refused_once_and_the_snapshot_served(
+    tmp_path: Path, artifact: Path
+) -> None:
+    """Two writers of other row formats on one folder (a trainer restarted with another format): every file
+    verifies, but version 2's tables cannot join version 1's. The follower serves version 1, refuses 2 and
+    3 (built on 2) once -- they are not read again at later polls -- and takes the next snapshot."""
+    folder = tmp_path / "publish"
+    trainer = Trainer(folder)
+    trainer.snapshot()
+    other = Trainer(folder, row_format="fp16")
+    other.model.load_state_dict(trainer.model.state_dict())
+    other.step(2)
+    other.step(3)
+    predictor, follower = load(artifact), DeltaFollower(folder)
+    assert follower.sync(predictor, force=True) == 1
+    assert follower.refused_versions == {2, 3}
+    assert torch.equal(probe_scores(predictor), trainer.scores(1))
+    reads: list[int] = []
+    read = follower.reader.read
+    follower.reader.read = lambda v: reads.append(v) or read(v)  # type: ignore[method-assign]
+    assert follower.poll(force=True) is None and reads == []  # refused: not read (nor counted) again
+    trainer.reopen()
+    trainer.model.load_state_dict(other.model.state_dict())
+    assert trainer.snapshot() == 4
+    assert follower.sync(predictor, force=True) == 4
+    assert torch.equal(probe_scores(predictor), trainer.scores(4))
+
+
 def test_gaps_skip_applies_the_versions_around_a_refused_one(tmp_path: Path, artifact: Path) -> None:
     folder = tmp_path / "publish"
     trainer = _third_of_fourcorrupt(folder)
