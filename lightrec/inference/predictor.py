@@ -226,7 +226,7 @@ class Predictor:
         weights = {f: self._check_weights(index, f, w, checked) for f, w in wts.items()}
         return CheckedRequest(dense, checked, weights)
 
-    def _check_weights(self, index: int, feature: str, weights: Any, ids: dict[str, list[int]]) -> list[float]:
+    def _check_weights(self, index: int, feature: str, weights: object, ids: dict[str, list[int]]) -> list[float]:
         """The weights of ``feature`` in request ``index`` as floats: one finite float32 number per id."""
         where = f"request {index}"
         if feature not in ids:

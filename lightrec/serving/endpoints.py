@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
 
 from fastapi import Depends, FastAPI
 from starlette.responses import Response
@@ -39,7 +38,7 @@ _STATE_NAMES = {WorkerState.STARTING: "starting", WorkerState.SERVING: "serving"
 
 
 def add_endpoints(app: FastAPI, metrics: ServingMetrics, gate: AdmissionGate,
-                  auth: Callable[..., Any] | None = None) -> None:
+                  auth: Callable[..., object] | None = None) -> None:
     """Add ``/ready`` and ``/metrics`` to LitServe's app.
 
     Args:

@@ -264,7 +264,7 @@ def _add_feature(predictor: Predictor, columns: SampleColumns, feature: str, par
     return None
 
 
-def _bad_weight(feature: str, weights: list[Any], k: int, lengths: list[int]) -> Rejected:
+def _bad_weight(feature: str, weights: list[object], k: int, lengths: list[int]) -> Rejected:
     """The 422 of weight ``k`` of ``feature`` (not a finite float32 number), naming the sample it belongs to."""
     sample = bisect.bisect_right(list(itertools.accumulate(lengths)), k)  # the first sample whose ids end past k
     return Rejected(422, f"request {sample}: batch.weights.{feature}[{k}]={_shown(weights[k])!r} is not a finite "
