@@ -151,6 +151,51 @@ def test_export_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert "not written by a lightrec recipe" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("reference,said", [
+    ("nonexistent_pkg.Foo", "cannot be imported (ModuleNotFoundError: No module named 'nonexistent_pkg')"),
+    ("Foo", "is not a dotted class path"),  # importlib: ValueError "Empty module name"
+    ("lightrec.NoSuchClass", "names nothing: lightrec has no attribute 'NoSuchClass'"),
+    ("{tmp}/nofile.py:X", "names file '{tmp}/nofile.py', which does not exist"),
+    ("{tmp}/broken.py:X", "cannot be imported (SyntaxError"),
+    ("lightrec.inference.export", "is a function, not a class"),
+    ("lightrec.KeyedJaggedTensor", "is class KeyedJaggedTensor, not a RecModule (LightningModule) subclass"),
+])
+@pytest.mark.parametrize("given", ["checkpoint", "--module"])
+def test_export_names_a_bad_module_reference(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], reference: str, said: str, given: str
+) -> None:
+    """A stale ``lightrec_module`` entry or a mistyped ``--module``: one line naming it and the two forms."""
+    import torch
+
+    (tmp_path / "broken.py").write_text("def (\n")
+    reference, said = reference.format(tmp=tmp_path), said.format(tmp=tmp_path)
+    ckpt = tmp_path / "m.ckpt"
+    torch.save({"state_dict": {}, "lightrec_module": reference if given == "checkpoint" else "stale.Name"}, ckpt)
+    argv = ["export", str(ckpt)] + (["--module", reference] if given == "--module" else [])
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    source = "--module" if given == "--module" else f"the checkpoint's lightrec_module entry ({str(ckpt)!r})"
+    assert f"{source} {reference!r} {said}" in err, err
+    assert "--module package.module.Class or --module path/to/file.py:Class" in err
+
+
+@pytest.mark.parametrize("option", ["--json", "--png"])
+def test_plan_checks_its_output_paths_before_planning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, option: str
+) -> None:
+    import lightrec.cli.plan
+
+    def not_reached(*args: object, **kwargs: object) -> None:
+        raise AssertionError("planned before the output path was checked")
+
+    monkeypatch.setattr(lightrec.cli.plan, "plan_sharding", not_reached)
+    missing = tmp_path / "no_such_dir" / "plan.out"
+    assert main(["plan", "dlrm", option, str(missing)]) == 2
+    assert f"the folder of {str(missing)!r} does not exist; create it first" in capsys.readouterr().err
+    assert main(["plan", "dlrm", option, str(tmp_path)]) == 2
+    assert f"{str(tmp_path)!r} is a folder; give the file to write" in capsys.readouterr().err
+
+
 def test_export_writes_a_quantized_artifact_that_scores_like_the_model(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

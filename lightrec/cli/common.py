@@ -57,10 +57,11 @@ def checkpoint_argument(path: Path) -> None:
         )
 
 
-def output_argument(out: Path, force: bool) -> None:
-    """Refuse (``UsageError``) an output path that exists (without ``--force``), is a folder, or has no folder."""
+def output_argument(out: Path, force: bool, example: str = "full.ckpt") -> None:
+    """Refuse (``UsageError``) an output path that exists (without ``--force``), is a folder, or has no folder
+    (``example``: a file name the message suggests inside a folder given instead of a file)."""
     if out.is_dir():
-        raise UsageError(f"{str(out)!r} is a folder; give the file to write, e.g. {str(out / 'full.ckpt')!r}")
+        raise UsageError(f"{str(out)!r} is a folder; give the file to write, e.g. {str(out / example)!r}")
     if out.exists() and not force:
         raise UsageError(f"{str(out)!r} exists; pass --force to replace it")
     if not out.parent.is_dir():

@@ -12,7 +12,7 @@ import importlib
 import importlib.util
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from lightrec.cli.common import (
     CommandError,
@@ -40,20 +40,53 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return parser
 
 
-def load_class(reference: str) -> type[RecModule]:
-    """The ``RecModule`` class a checkpoint names: ``package.module.Class`` or ``path/to/file.py:Class``."""
-    if ":" in reference:
-        path, name = reference.rsplit(":", 1)
-        spec = importlib.util.spec_from_file_location(Path(path).stem, path)
-        if spec is None or spec.loader is None:
-            raise CommandError(f"cannot import the recipe file {path!r} named in the checkpoint")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        found: type[RecModule] = getattr(module, name)
-        return found
-    module_name, _, name = reference.rpartition(".")
-    found = getattr(importlib.import_module(module_name), name)
-    return found
+def load_class(reference: str, source: str = "--module") -> type[RecModule]:
+    """The ``RecModule`` class a checkpoint names: ``package.module.Class`` or ``path/to/file.py:Class``.
+
+    Args:
+        reference: the class reference.
+        source: where it came from (``--module``, or the checkpoint's ``lightrec_module`` entry), for messages.
+
+    Raises:
+        UsageError: the reference is malformed, names nothing importable, or not a LightningModule class.
+    """
+    def refused(why: str) -> UsageError:
+        return UsageError(
+            f"{source} {reference!r} {why}; name the checkpoint's RecModule class with --module "
+            "package.module.Class or --module path/to/file.py:Class"
+        )
+
+    try:
+        if ":" in reference:
+            path, name = reference.rsplit(":", 1)
+            if not Path(path).is_file() or not name:
+                raise refused(f"names file {path!r}, which does not exist" if not Path(path).is_file()
+                              else "names no class after ':'")
+            spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+            if spec is None or spec.loader is None:
+                raise refused(f"names {path!r}, which is not a Python file")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            module_name, _, name = reference.rpartition(".")
+            if not module_name or not name:  # "Foo", ".Foo", "pkg.": importlib's "Empty module name"
+                raise refused("is not a dotted class path")
+            module = importlib.import_module(module_name)
+    except UsageError:
+        raise
+    except (ImportError, OSError, SyntaxError, ValueError) as exc:
+        # What an import can raise for a stale or mistyped reference; the module's own errors too.
+        raise refused(f"cannot be imported ({type(exc).__name__}: {exc})") from exc
+    found = getattr(module, name, None)
+    if found is None:
+        raise refused(f"names nothing: {module.__name__} has no attribute {name!r}")
+    from lightning.pytorch import LightningModule  # only now: Lightning takes a second to import
+
+    if not isinstance(found, type):
+        raise refused(f"is a {type(found).__name__}, not a class")
+    if not issubclass(found, LightningModule):  # load_from_checkpoint is a LightningModule classmethod
+        raise refused(f"is class {found.__qualname__}, not a RecModule (LightningModule) subclass")
+    return cast("type[RecModule]", found)
 
 
 def run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParser) -> int:
@@ -84,7 +117,8 @@ def _export_file(ns: argparse.Namespace, checkpoint: Path, out: Path, shown: Pat
             f"{str(shown)!r} was not written by a lightrec recipe (no 'lightrec_module' entry); "
             "pass --module package.module.ClassName of its RecModule"
         )
-    rec_module = load_class(reference).load_from_checkpoint(checkpoint, map_location="cpu", weights_only=True)
+    source = "--module" if ns.module else f"the checkpoint's lightrec_module entry ({str(shown)!r})"
+    rec_module = load_class(reference, source).load_from_checkpoint(checkpoint, map_location="cpu", weights_only=True)
     serving_factory = getattr(rec_module, "serving_factory", None)
     if not callable(serving_factory):
         raise CommandError(

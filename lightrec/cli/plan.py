@@ -10,11 +10,19 @@ from __future__ import annotations
 
 import argparse
 import importlib
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from lightrec.cli.common import CommandError, UsageError, command_parser, positive_int, shipped_recipe
+from lightrec.cli.common import (
+    CommandError,
+    UsageError,
+    command_parser,
+    output_argument,
+    positive_int,
+    shipped_recipe,
+)
 from lightrec.distributed.dmp.default_sharders import get_default_sharders
 from lightrec.distributed.planner import PlannerError, plan_sharding, topology_for
 from lightrec.recipes import CONFIGS, CONFIGS_DIR, RECIPES
@@ -83,6 +91,9 @@ def run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParser
     if bad:
         parser.error(f"unrecognized arguments: {' '.join(bad)} (plan takes {', '.join(OVERRIDE_PREFIXES)}* overrides)")
     script, config = script_for_config(ns.config, ns.recipe, parser)
+    for out, example in ((ns.png, "plan.png"), (ns.json, "plan.json")):
+        if out is not None:  # before the model is built and planned, not after (plan overwrites: force)
+            output_argument(Path(out), force=True, example=example)
     module = importlib.import_module(f"lightrec.recipes.{script}")
     from lightrec.lightning.contracts import planning_batch_size
     from lightrec.lightning.rec_module import RecModule
@@ -127,9 +138,16 @@ def run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParser
     if ns.png:
         from lightrec.distributed.planner.report import plan_chart  # matplotlib, only when asked
 
-        plan_chart(report, ns.png)
-        print(f"wrote {ns.png}")
+        _write(ns.png, lambda: plan_chart(report, ns.png))
     if ns.json:
-        plan.save(ns.json)  # atomic: a reader never sees half a plan
-        print(f"wrote {ns.json}")
+        _write(ns.json, lambda: plan.save(ns.json))  # atomic: a reader never sees half a plan
     return 0
+
+
+def _write(path: str, write: Callable[[], object]) -> None:
+    """Run ``write``; a failure the up-front check cannot foresee (permissions, a full disk) is one line."""
+    try:
+        write()
+    except OSError as exc:
+        raise CommandError(f"cannot write {path!r}: {exc.strerror or exc}") from exc
+    print(f"wrote {path}")

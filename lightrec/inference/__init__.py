@@ -35,6 +35,7 @@ from lightrec.inference.export import (
 from lightrec.inference.gather import has_sharded_collections, unshard
 from lightrec.inference.predictor import Predictor, RequestError, load
 from lightrec.inference.quantize import quantize
+from lightrec.inference.safe_archive import UnsafeArtifactError
 from lightrec.modules.quant_config import QuantConfig, resolve_data_type
 from lightrec.quant.embedding_collection import QuantEmbeddingCollection
 from lightrec.quant.embedding_modules import QuantEmbeddingBagCollection
@@ -56,6 +57,7 @@ __all__ = [
     "ShardedQuantEmbeddingBagCollection",
     "TensorInputModule",
     "Tracer",
+    "UnsafeArtifactError",
     "dequantize_rows",
     "describe_model",
     "export",

@@ -40,6 +40,7 @@ from torch.export.passes import move_to_device_pass
 
 import lightrec.quant.pooled_kernels  # noqa: F401  registers lightrec::nbit_pooled_lookup, which exported programs call
 from lightrec._fbgemm import fbgemm_available, fbgemm_unavailable_reason
+from lightrec.inference.safe_archive import open_checked
 
 if TYPE_CHECKING:
     from lightrec.inference.export import ArtifactMeta
@@ -367,6 +368,8 @@ def load(path: str | os.PathLike, missing_features: str = "empty", device: torch
 
     Raises:
         FileNotFoundError: the artifact or its metadata is missing.
+        UnsafeArtifactError: a ``torch.export`` artifact asks for pickled or native code
+            (:mod:`lightrec.inference.safe_archive`); nothing in it has run.
     """
     path = Path(path)
     meta_path = Path(str(path) + ".meta.json")
@@ -384,6 +387,9 @@ def load(path: str | os.PathLike, missing_features: str = "empty", device: torch
         # An exported program bakes the device it was traced on into its graph (device checks,
         # tensor constructors): moving only the weights (``.module().to(device)``) leaves those
         # pointing at the old device. move_to_device_pass rewrites the graph and the state.
-        program = move_to_device_pass(torch.export.load(str(path)), torch.device(device))
+        # torch.export.load unpickles with weights_only=False wherever the archive asks it to; check
+        # the archive first and load from the same handle, so the file checked is the file loaded.
+        with open_checked(path) as archive:
+            program = move_to_device_pass(torch.export.load(archive), torch.device(device))
         module = program.module()
     return Predictor(module, meta, missing_features, device)

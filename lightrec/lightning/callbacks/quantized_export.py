@@ -63,7 +63,8 @@ class QuantizedExport(pl.Callback):
         every_n_epochs: also export after every N-th training epoch; None exports only at fit end.
         filename: artifact name, a ``str.format`` template over ``{epoch}``, ``{step}`` and
             ``{dtype}``; default ``"model_{dtype}"`` (each export replaces the last, atomically).
-            The suffix (``.pt``/``.pt2``) is added when the name has none.
+            The format's suffix (``.pt``/``.pt2``) is added unless the name already ends in ``.pt`` or
+            ``.pt2`` (``"model_v1.5"`` becomes ``model_v1.5.pt``).
         per_table: ``{table: dtype}`` overrides, as in ``quantize``.
         quantize_dense: also make ``nn.Linear`` layers dynamic int8 (TorchScript only).
         model_attr: attribute of the LightningModule holding the model (default ``"model"``).
@@ -95,7 +96,7 @@ class QuantizedExport(pl.Callback):
         self.filename = filename if filename is not None else "model_{dtype}"
         try:
             self.filename.format(epoch=0, step=0, dtype="int8")
-        except (KeyError, IndexError, ValueError) as exc:
+        except (KeyError, IndexError, ValueError, AttributeError, TypeError) as exc:  # {epoch.x}, {epoch[0]} too
             raise ValueError(f"filename {self.filename!r} may only use the fields {{epoch}}, {{step}} and {{dtype}}: "
                              f"{type(exc).__name__}: {exc}") from exc
         self.dirpath = Path(dirpath) if dirpath is not None else None
@@ -141,7 +142,8 @@ class QuantizedExport(pl.Callback):
         """Where the next export goes (the filename template filled with epoch, step and dtype)."""
         name = self.filename.format(epoch=trainer.current_epoch, step=trainer.global_step,
                                     dtype=self.data_type.value.lower())
-        if not Path(name).suffix:
+        # Only an artifact suffix counts: "model_v1.5" has the Path suffix ".5" but is no .pt file.
+        if not name.endswith(tuple(_SUFFIX.values())):
             name += _SUFFIX[self.format]
         assert self.dirpath is not None  # set in setup()
         return self.dirpath / name
@@ -168,11 +170,13 @@ class QuantizedExport(pl.Callback):
 
         meta = {"epoch": trainer.current_epoch, "global_step": trainer.global_step, "exported_by": "QuantizedExport"}
         was_training = model.training
-        with torch.no_grad(), warnings.catch_warnings():
-            # TorchScript's note on annotations inside __init__ of the scripted modules: not actionable.
-            warnings.filterwarnings("ignore", message=".*instance-level annotations on empty non-base types")
-            export_on_rank(build, path, group=group, dst=0, format=self.format, extra_meta=meta)
-        model.train(was_training)
+        try:
+            with torch.no_grad(), warnings.catch_warnings():
+                # TorchScript's note on annotations inside __init__ of the scripted modules: not actionable.
+                warnings.filterwarnings("ignore", message=".*instance-level annotations on empty non-base types")
+                export_on_rank(build, path, group=group, dst=0, format=self.format, extra_meta=meta)
+        finally:  # a failed export (raised on every rank) must not leave a caller's model in eval mode
+            model.train(was_training)
         self.paths.append(path)
         self._last_step = trainer.global_step
         rank_zero_info(f"QuantizedExport: epoch {trainer.current_epoch}, step {trainer.global_step}: wrote "

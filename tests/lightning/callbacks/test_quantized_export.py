@@ -82,6 +82,50 @@ def test_fit_end_export_and_argument_errors(tmp_path: Path) -> None:
         QuantizedExport(filename="model_{rank}")
 
 
+@pytest.mark.parametrize("filename", ["model_{epoch.x}", "model_{epoch[0]}"])
+def test_filename_with_attribute_or_index_fields_is_refused(filename: str) -> None:
+    from lightrec.lightning.callbacks.quantized_export import QuantizedExport
+
+    with pytest.raises(ValueError, match="may only use the fields"):  # not a raw AttributeError / TypeError
+        QuantizedExport(filename=filename)
+
+
+@pytest.mark.parametrize("filename,format,name", [
+    ("model_v1.5", "torchscript", "model_v1.5.pt"),  # ".5" is no artifact suffix
+    ("model_{epoch}.e{step}", "export", "model_2.e7.pt2"),
+    ("model.pt", "torchscript", "model.pt"),
+    ("model.pt2", "export", "model.pt2"),
+])
+def test_artifact_suffix_is_added_unless_the_name_has_one(tmp_path: Path, filename: str, format: str, name: str) -> None:
+    from types import SimpleNamespace
+
+    from lightrec.lightning.callbacks.quantized_export import QuantizedExport
+
+    trainer = SimpleNamespace(current_epoch=2, global_step=7)
+    callback = QuantizedExport(dirpath=tmp_path, filename=filename, format=format)
+    assert callback.artifact_path(trainer) == tmp_path / name  # type: ignore[arg-type]
+
+
+def test_failed_export_restores_the_models_train_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    import lightrec.lightning.callbacks.quantized_export as quantized_export
+    from tests.lightning.toy import ToyDLRM
+
+    module = ToyDLRM(dense_optimizer="sgd", dense_lr=0.1)
+    module.model.train()
+
+    def fails(*args: object, **kwargs: object) -> None:
+        module.model.eval()  # what an export does to the model it scripts, before it fails
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(quantized_export, "export_on_rank", fails)
+    trainer = SimpleNamespace(current_epoch=0, global_step=1, is_global_zero=True, default_root_dir=str(tmp_path))
+    with pytest.raises(OSError, match="No space left"):
+        quantized_export.QuantizedExport(dirpath=tmp_path).export_now(trainer, module)  # type: ignore[arg-type]
+    assert module.model.training  # training goes on in train mode (dropout, batch norm)
+
+
 def _fit_and_export(rank: int, world_size: int, port: int, tmp: str, accelerator: str = "cpu") -> dict:
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
