@@ -398,7 +398,7 @@ class RecStrategy(DDPStrategy, EmbeddingShardingStrategy):
     def _read_checkpoint(self, checkpoint_path: str | os.PathLike, weights_only: bool | None) -> dict[str, Any]:
         if is_sharded_checkpoint(checkpoint_path):  # an incomplete or damaged folder raises, naming the file
             source = open_checkpoint(checkpoint_path)
-            return load_sharded_checkpoint(source, self._connected_module(), self._optimizers_of(source))
+            return self._load_sharded(source)
         try:
             source = open_checkpoint(checkpoint_path)  # a consolidated file, read once
         except UnsafeCheckpointError:
@@ -407,7 +407,14 @@ class RecStrategy(DDPStrategy, EmbeddingShardingStrategy):
             return super().load_checkpoint(os.fspath(checkpoint_path), weights_only=False)
         except ForeignCheckpointError:  # any other readable file: a plain Lightning checkpoint
             return super().load_checkpoint(os.fspath(checkpoint_path), weights_only=weights_only is not False)
-        return load_sharded_checkpoint(source, self._connected_module(), self._optimizers_of(source))
+        return self._load_sharded(source)
+
+    def _load_sharded(self, source: CheckpointSource) -> dict[str, Any]:
+        # Checked against the module as strictly as Lightning will then load it (strict_loading), on
+        # every rank alike, so a checkpoint that does not fit fails before anything is restored.
+        module = self._connected_module()
+        strict = getattr(module, "strict_loading", True)
+        return load_sharded_checkpoint(source, module, self._optimizers_of(source), strict=strict is not False)
 
     # A plain LightningModule (not a RecModule) rarely puts the sharded tables' fused optimizers into
     # configure_optimizers: their state (row-wise Adagrad accumulators, Adam moments) was then neither

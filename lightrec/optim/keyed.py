@@ -16,11 +16,16 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 
 __all__ = ["CombinedOptimizer", "KeyedOptimizer", "KeyedOptimizerWrapper", "OptimizerWrapper"]
+
+# A torch optimizer state dict ({"state": ..., "param_groups": [...]}) and one (own group, saved group) pair
+# of it, as ``check_state_dict`` returns them: their values are whatever the optimizer keeps.
+_StateDict: TypeAlias = Mapping[str, Any]
+_GroupPair: TypeAlias = tuple[dict[str, Any], _StateDict]
 
 
 class KeyedOptimizer(torch.optim.Optimizer):
@@ -161,8 +166,34 @@ class KeyedOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore state and hyper-parameters by name; tensors are copied in place.
 
-        Raises ``KeyError`` naming any parameter or state entry the checkpoint lacks, before
-        changing anything.
+        Everything is checked before anything changes: raises ``KeyError`` naming any parameter,
+        state entry or param group the checkpoint lacks, and ``ValueError`` naming any state tensor
+        whose shape differs from this optimizer's (e.g. per-row vs per-element Adagrad state).
+        """
+        own_groups = self.check_state_dict(state_dict)
+        saved_state = state_dict["state"]
+        with torch.no_grad():
+            for name, p in self.params.items():
+                if name not in saved_state:
+                    continue
+                own = self.state.setdefault(p, {}) if isinstance(self.state, dict) else self.state[p]
+                for key, value in saved_state[name].items():
+                    current = own.get(key)
+                    if isinstance(current, torch.Tensor) and isinstance(value, torch.Tensor):
+                        current.copy_(value)
+                    elif isinstance(value, torch.Tensor):
+                        own[key] = value.detach().clone().to(p.device if key != "step" else value.device)
+                    else:
+                        own[key] = value
+        for group, saved in own_groups:
+            for k, v in saved.items():
+                if k != "params":
+                    group[k] = v
+
+    def check_state_dict(self, state_dict: _StateDict) -> list[_GroupPair]:
+        """Raise what ``load_state_dict(state_dict)`` would raise, changing nothing.
+
+        Returns ``(own group, saved group)`` pairs (empty when the state dict has no groups).
         """
         if (
             not isinstance(state_dict, Mapping)
@@ -178,6 +209,18 @@ class KeyedOptimizer(torch.optim.Optimizer):
             for key in own:
                 if key not in saved_state[name]:
                     raise KeyError(f"optimizer state_dict entry {name!r} lacks state {key!r}")
+            for key, value in saved_state.get(name, {}).items():
+                current = own.get(key)
+                if (
+                    isinstance(current, torch.Tensor)
+                    and isinstance(value, torch.Tensor)
+                    and current.shape != value.shape
+                ):
+                    raise ValueError(
+                        f"optimizer state {name}.{key}: shape {tuple(value.shape)} in the checkpoint, "
+                        f"{tuple(current.shape)} here (saved with another optimizer type?); nothing was loaded; "
+                        "load a state dict of the same optimizer"
+                    )
         saved_groups = {tuple(sorted(g["params"])): g for g in state_dict["param_groups"]}
         names = self._names_by_id()
         own_groups = []
@@ -186,28 +229,7 @@ class KeyedOptimizer(torch.optim.Optimizer):
             if key not in saved_groups:
                 raise KeyError(f"optimizer state_dict has no param group with params {list(key)}")
             own_groups.append((group, saved_groups[key]))
-        with torch.no_grad():
-            for name, p in self.params.items():
-                if name not in saved_state:
-                    continue
-                own = self.state.setdefault(p, {}) if isinstance(self.state, dict) else self.state[p]
-                for key, value in saved_state[name].items():
-                    current = own.get(key)
-                    if isinstance(current, torch.Tensor) and isinstance(value, torch.Tensor):
-                        if current.shape != value.shape:
-                            raise ValueError(
-                                f"optimizer state {name}.{key}: shape {tuple(value.shape)} in the checkpoint, "
-                                f"{tuple(current.shape)} here"
-                            )
-                        current.copy_(value)
-                    elif isinstance(value, torch.Tensor):
-                        own[key] = value.detach().clone().to(p.device if key != "step" else value.device)
-                    else:
-                        own[key] = value
-        for group, saved in own_groups:
-            for k, v in saved.items():
-                if k != "params":
-                    group[k] = v
+        return own_groups
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         raise TypeError(f"{type(self).__name__} has a fixed set of named parameters; build a new one instead")
@@ -274,6 +296,9 @@ class OptimizerWrapper(KeyedOptimizer):
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         self._optimizer.load_state_dict(state_dict)
+
+    def check_state_dict(self, state_dict: _StateDict) -> list[_GroupPair]:
+        return self._optimizer.check_state_dict(state_dict)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._optimizer!r})"
@@ -350,6 +375,23 @@ class CombinedOptimizer(KeyedOptimizer):
         return out
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Load every child's part by name; every child is checked before any is loaded, so a
+        mismatch in a later child leaves the earlier ones unchanged too."""
+        parts = self._split(state_dict)
+        for (_, opt), part in zip(self._optims, parts, strict=True):
+            opt.check_state_dict(part)
+        for (_, opt), part in zip(self._optims, parts, strict=True):
+            opt.load_state_dict(part)
+
+    def check_state_dict(self, state_dict: _StateDict) -> list[_GroupPair]:
+        return [pair for (_, opt), part in zip(self._optims, self._split(state_dict), strict=True)
+                for pair in opt.check_state_dict(part)]  # fmt: skip
+
+    def _split(self, state_dict: _StateDict) -> list[_StateDict]:
+        """Each child's part of ``state_dict``, in the child's own names."""
+        if not isinstance(state_dict, Mapping) or "state" not in state_dict or "param_groups" not in state_dict:
+            raise KeyError("optimizer state_dict must have 'state' and 'param_groups' entries")
+        parts: list[_StateDict] = []
         for prefix, opt in self._optims:
             own = set(opt.params)
 
@@ -366,7 +408,8 @@ class CombinedOptimizer(KeyedOptimizer):
                 names = [strip(n) for n in g["params"] if (n.startswith(prefix + ".") or not prefix)]
                 if names and all(n in own for n in names):
                     groups.append({**g, "params": names})
-            opt.load_state_dict({"state": state, "param_groups": groups})
+            parts.append({"state": state, "param_groups": groups})
+        return parts
 
     def __repr__(self) -> str:
         return ",".join(f"{prefix}: {opt!r}" for prefix, opt in self._optims)

@@ -178,3 +178,95 @@ def test_incomplete_checkpoint_is_rejected_before_anything_changes(saved: dict[s
         open_checkpoint(broken)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         open_checkpoint(tmp_path / "nothing.ckpt")
+
+
+def _snapshot(model: Any, optimizer: Any) -> dict[str, torch.Tensor]:
+    from lightrec.distributed.sharding.state_dict import ShardedTableState
+
+    out = {}
+    for k, v in model.state_dict().items():
+        out[k] = (v.full_tensor_local() if isinstance(v, ShardedTableState) else v).detach().clone()
+    for n, p in optimizer.params.items():
+        for k, v in optimizer.state.get(p, {}).items():
+            if isinstance(v, torch.Tensor):
+                out[f"optim {n}.{k}"] = v.detach().clone()
+    return out
+
+
+def _misfit_body(rank: int, world_size: int, path: str, case: str) -> dict[str, Any]:
+    """Load ``path`` into a model or optimizer it does not fit, the documented way (load, then
+    apply): every rank must raise CheckpointError and nothing may change."""
+    from lightrec.distributed import DistributedModelParallel, EmbeddingBagCollectionSharder, ShardingPlan
+    from lightrec.distributed.checkpoint import CheckpointError, load_sharded_checkpoint
+    from lightrec.distributed.planner import construct_module_sharding_plan, table_wise
+    from lightrec.models import DLRM
+    from lightrec.modules.embedding_configs import EmbeddingBagConfig
+    from lightrec.modules.embedding_modules import EmbeddingBagCollection
+    from lightrec.optim import (
+        CombinedOptimizer,
+        EmbOptimType,
+        KeyedOptimizerWrapper,
+        in_backward_optimizer_filter,
+    )
+
+    tables, over, optim = _tables("meta"), [8, 1], EmbOptimType.EXACT_ROWWISE_ADAGRAD
+    if case == "missing table":
+        configs = [*tables.embedding_bag_configs(),
+                   EmbeddingBagConfig(num_embeddings=3, embedding_dim=DIM, name="t9", feature_names=["f9"])]  # fmt: skip
+        tables = EmbeddingBagCollection(configs, device="meta")
+    elif case == "dense shape":
+        over = [9, 1]
+    else:  # "optimizer": per-element Adagrad state where the checkpoint has row-wise Adagrad's per-row state
+        optim = EmbOptimType.EXACT_ADAGRAD
+    torch.manual_seed(1)
+    model = DLRM(tables, dense_in_features=3, dense_arch_layer_sizes=[16, DIM], over_arch_layer_sizes=over)
+    # Every table on the last rank: rank 0 holds no shard, so only the last rank can see an
+    # optimizer mismatch -- rank 0 must raise all the same (never be left waiting in a collective).
+    gens = {c.name: table_wise(rank=world_size - 1) for c in tables.embedding_bag_configs()}
+    plan = ShardingPlan({"sparse_arch.embedding_bag_collection": construct_module_sharding_plan(tables, gens, world_size=world_size)})
+    sharders = [EmbeddingBagCollectionSharder({"optimizer": optim, "learning_rate": 0.1})]
+    dmp = DistributedModelParallel(model, device="cpu", plan=plan, sharders=sharders)
+    dense = dict(in_backward_optimizer_filter(dmp.named_parameters()))
+    optimizer = CombinedOptimizer(
+        [("sparse", dmp.fused_optimizer), ("dense", KeyedOptimizerWrapper(dense, lambda ps: torch.optim.Adagrad(ps, lr=0.05)))]
+    )
+    optimizer.init_state()
+    before = _snapshot(dmp, optimizer)
+    out: dict[str, Any] = {}
+    try:
+        ckpt = load_sharded_checkpoint(path, dmp, [optimizer])
+        out["returned"] = True
+        dmp.load_state_dict(ckpt["state_dict"])
+        optimizer.load_state_dict(ckpt["optimizer_states"][0])
+    except CheckpointError as e:
+        out["error"] = str(e)
+    except Exception as e:  # noqa: BLE001 -- an untyped error is what the test rejects
+        out["untyped"] = f"{type(e).__name__}: {e}"
+    after = _snapshot(dmp, optimizer)
+    out["changed"] = sorted(k for k in before if not torch.equal(before[k], after[k]))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("missing table", r"the model has keys \['sparse_arch\.embedding_bag_collection\.embedding_bags\.t9\.weight'\] "
+                          r"that the checkpoint lacks.*nothing was loaded.*strict=False"),
+        ("dense shape", r"shapes differ: 'over_arch\.model\.0\._mlp\.0\._linear\.bias' is \[8\] in the checkpoint "
+                        r"but \[9\] in the model"),
+        ("optimizer", r"rank 1: CheckpointError: checkpoint .*step=3\.ckpt.*state 'momentum1' of "
+                      r"'sparse_arch\.embedding_bag_collection\.embedding_bags\.t\d\.weight' is per row in the "
+                      r"checkpoint but per element here.*nothing was loaded"),
+    ],
+)  # fmt: skip
+def test_checkpoint_that_does_not_fit_fails_on_every_rank_before_anything_changes(
+    saved: dict[str, Any], case: str, message: str
+) -> None:
+    import re
+
+    results = run_ranks(_misfit_body, 2, args=(saved["path"], case), timeout=180)
+    for rank, r in enumerate(results):
+        assert "untyped" not in r and "returned" not in r, (rank, r)
+        assert re.search(message, r["error"]), (rank, r["error"])
+        assert saved["path"] in r["error"], r["error"]
+        assert r["changed"] == [], (rank, r["changed"])

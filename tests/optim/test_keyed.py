@@ -97,6 +97,62 @@ def test_load_state_dict_names_what_is_missing() -> None:
         opt.load_state_dict(sd)
 
 
+def _tensor_state(opt: KeyedOptimizer) -> dict[str, dict[str, torch.Tensor]]:
+    return {n: {k: v.clone() for k, v in opt.state[p].items() if isinstance(v, torch.Tensor)}
+            for n, p in opt.params.items() if p in opt.state}  # fmt: skip
+
+
+def _same_state(a: dict[str, dict[str, torch.Tensor]], b: dict[str, dict[str, torch.Tensor]]) -> bool:
+    return a.keys() == b.keys() and all(
+        a[n].keys() == b[n].keys() and all(torch.equal(a[n][k], b[n][k]) for k in a[n]) for n in a
+    )
+
+
+def test_load_state_dict_checks_every_shape_before_copying_any() -> None:
+    # The mismatch is in the LAST parameter: nothing before it may be copied.
+    model = _model(0)
+    opt = KeyedOptimizerWrapper(dict(model.named_parameters()), _adam)
+    opt.init_state()
+    sd = copy.deepcopy(opt.state_dict())
+    for state in sd["state"].values():
+        state["exp_avg"].fill_(3.0)
+    sd["state"]["2.bias"]["exp_avg"] = torch.zeros(2)
+    sd["param_groups"][0]["lr"] = 123.0
+    before = _tensor_state(opt)
+    with pytest.raises(ValueError, match=r"2\.bias\.exp_avg: shape \(2,\) in the checkpoint, \(1,\) here.*nothing"):
+        opt.load_state_dict(sd)
+    assert _same_state(before, _tensor_state(opt))
+    assert opt.param_groups[0]["lr"] == 0.05
+
+
+def test_combined_optimizer_checks_every_child_before_loading_any() -> None:
+    # The mismatch is in the SECOND child: the first must not be loaded either.
+    model = _model(0)
+    params = dict(model.named_parameters())
+    first = KeyedOptimizerWrapper({n: p for n, p in params.items() if n.startswith("0.")}, _adam)
+    second = KeyedOptimizerWrapper({n: p for n, p in params.items() if n.startswith("2.")}, _adam)
+    combined = CombinedOptimizer([("a", first), ("b", second)])
+    combined.init_state()
+    sd = copy.deepcopy(combined.state_dict())
+    for state in sd["state"].values():
+        state["exp_avg"].fill_(3.0)
+    sd["param_groups"][0]["lr"] = 123.0
+    sd["state"]["b.2.weight"]["exp_avg_sq"] = torch.zeros(7)
+    before = _tensor_state(first), _tensor_state(second)
+    with pytest.raises(ValueError, match=r"2\.weight\.exp_avg_sq"):
+        combined.load_state_dict(sd)
+    assert _same_state(before[0], _tensor_state(first)) and _same_state(before[1], _tensor_state(second))
+    assert first.param_groups[0]["lr"] == 0.05
+    # a missing entry in the second child is reported before the first is loaded, too
+    sd = copy.deepcopy(combined.state_dict())
+    for state in sd["state"].values():
+        state["exp_avg"].fill_(3.0)
+    del sd["state"]["b.2.bias"]
+    with pytest.raises(KeyError, match="2.bias"):
+        combined.load_state_dict(sd)
+    assert _same_state(before[0], _tensor_state(first))
+
+
 def test_combined_optimizer_prefixes_groups_and_scheduler() -> None:
     model = _model(0)
     first = KeyedOptimizerWrapper(

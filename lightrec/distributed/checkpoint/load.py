@@ -11,15 +11,15 @@ that have one entry per parameter group are rebuilt for the live groups. Nothing
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from lightrec.distributed.checkpoint.blocks import Allocator, Block, CheckpointError, assemble
+from lightrec.distributed.checkpoint.blocks import Allocator, Block, CheckpointError, assemble, state_kind
 from lightrec.distributed.checkpoint.files import (
     FORMAT,
     RankPayload,
@@ -30,10 +30,15 @@ from lightrec.distributed.checkpoint.files import (
 )
 from lightrec.distributed.checkpoint.index import LocalTable, ParamIndex, local_tables, optimizer_params
 from lightrec.distributed.checkpoint.safe_load import load_file
+from lightrec.distributed.comm.failures import collective_guard
 from lightrec.distributed.sharding.state_dict import ShardedTableState
 from lightrec.kernels.tiered.store import SsdRowStore, scratch_like, store_of
+from lightrec.optim.keyed import KeyedOptimizer
 
 __all__ = ["CheckpointSource", "ForeignCheckpointError", "load_sharded_checkpoint", "open_checkpoint"]
+
+# A checkpoint dict as Lightning and torch hand it around (``state_dict``, ``optimizer_states``, ...).
+_Checkpoint: TypeAlias = dict[str, Any]
 
 
 class ForeignCheckpointError(CheckpointError):
@@ -50,6 +55,7 @@ class CheckpointSource:
         dense_optim: per optimizer, ``{stable id: state}`` of replicated parameters.
         world_size: how many ranks wrote it.
         has_training_state: optimizer/scheduler state was saved.
+        path: where it was read from (for error messages).
     """
 
     meta: dict[str, Any]
@@ -57,6 +63,7 @@ class CheckpointSource:
     dense_optim: list[dict[str, Any]]
     world_size: int
     has_training_state: bool
+    path: str | None = None
 
     def table_blocks(self, key: str) -> list[Block]:
         return [b for p in self.payloads for b in p["tables"].get(key, [])]
@@ -92,7 +99,7 @@ def open_checkpoint(path: str | os.PathLike) -> CheckpointSource:
         info = meta.pop("lightrec_sharded")
         return CheckpointSource(
             meta, read_shards(info["folder"], info["world_size"]), info["dense_optim"], info["world_size"],
-            info["has_training_state"],
+            info["has_training_state"], os.fspath(path),
         )  # fmt: skip
     if os.path.isdir(path):
         raise CheckpointError(
@@ -109,25 +116,63 @@ def open_checkpoint(path: str | os.PathLike) -> CheckpointSource:
             f"{os.fspath(path)!r} is neither a lightrec sharded checkpoint directory nor a file written by "
             "lightrec.distributed.checkpoint.consolidate_checkpoint"
         )
-    return CheckpointSource(meta, [info["payload"]], info["dense_optim"], 1, info["has_training_state"])
+    return CheckpointSource(
+        meta, [info["payload"]], info["dense_optim"], 1, info["has_training_state"], os.fspath(path)
+    )
 
 
-def _state_dict(source: CheckpointSource, tables: dict[str, LocalTable], strict: bool) -> dict[str, Any]:
-    state_dict = dict(source.meta.get("state_dict", {}))
-    unknown = sorted(source.saved_tables() - set(tables))
-    if unknown and strict:
-        raise CheckpointError(
-            f"the checkpoint has tables {unknown} that the model does not shard; load with strict=False "
-            "to ignore them"
+def _where(source: CheckpointSource) -> str:
+    return f"checkpoint {source.path!r}" if source.path is not None else "the checkpoint"
+
+
+def _check_state_dict(source: CheckpointSource, module: nn.Module, tables: dict[str, LocalTable], strict: bool) -> None:
+    """Raise ``CheckpointError`` if the checkpoint's keys or dense shapes do not fit ``module``.
+
+    Only the live model's structure and the (replicated) checkpoint metadata are read, so every rank
+    reaches the same verdict. torch's ``load_state_dict`` copies every key that fits before it
+    reports the others; checking first is what keeps a failed load from changing the model.
+    """
+    dense = source.meta.get("state_dict", {})
+    saved_keys = set(dense) | source.saved_tables()
+    live = module.state_dict(keep_vars=True)
+    where = _where(source)
+    problems = []
+    if strict:
+        missing = sorted(set(live) - saved_keys)
+        unexpected = sorted(saved_keys - set(live))
+        if missing:
+            problems.append(f"the model has keys {missing} that the checkpoint lacks")
+        if unexpected:
+            problems.append(f"the checkpoint has keys {unexpected} that the model does not have")
+    mismatched = [
+        f"{key!r} is {list(value.shape)} in the checkpoint but {list(live[key].shape)} in the model"
+        for key, value in sorted(dense.items())
+        if key not in tables
+        and isinstance(value, torch.Tensor)
+        and isinstance(live.get(key), torch.Tensor)
+        and value.shape != live[key].shape
+    ]
+    mismatched += [
+        f"table {key!r} is {list(shape)} in the checkpoint but {table.global_shape} in the model"
+        for key, table in sorted(tables.items())
+        if (shape := source.table_shape(key)) is not None and list(shape) != table.global_shape
+    ]
+    if mismatched:
+        problems.append("shapes differ: " + "; ".join(mismatched))
+    if problems:
+        fix = (
+            "build the model as it was when the checkpoint was saved"
+            + (" or load with strict=False to skip missing and unexpected keys" if strict else "")
         )
+        raise CheckpointError(f"{where} does not fit the model: {'; '.join(problems)}; nothing was loaded; {fix}")
+
+
+def _state_dict(source: CheckpointSource, tables: dict[str, LocalTable]) -> _Checkpoint:
+    state_dict = dict(source.meta.get("state_dict", {}))
     for key, table in tables.items():
         shape = source.table_shape(key)
         if shape is None:
-            continue  # reported as a missing key by load_state_dict
-        if list(shape) != table.global_shape:
-            raise CheckpointError(
-                f"table {key!r} is {list(shape)} in the checkpoint but {table.global_shape} in the model"
-            )
+            continue  # strict=False: left as it is
         blocks = source.table_blocks(key)
         local = [
             (m, assemble(blocks, m.shard_offsets, m.shard_sizes, "elem", key, _allocator(p)))
@@ -170,29 +215,97 @@ class _GroupMatcher:
         return next((self._by_id[s] for s in ids if s in self._by_id), None)
 
 
+_KIND_WORDS = {"elem": "per element", "row": "per row", "scalar": "a scalar"}
+
+
+def _live_kind(value: object, sizes: Sequence[int]) -> str | None:
+    if not isinstance(value, torch.Tensor):
+        return None
+    try:
+        return state_kind(value, sizes, "")
+    except CheckpointError:
+        return None
+
+
+def _check_optimizer_entry(
+    where: str, what: str, stable: str, opt: torch.optim.Optimizer, live: object, saved: _Checkpoint,
+    sizes: Sequence[int] | None,
+) -> None:
+    """Raise ``CheckpointError`` if the saved state of one parameter cannot be loaded into ``live``.
+
+    ``saved`` is ``{state name: (kind, blocks)}`` for a sharded table (``sizes`` its local shard's
+    size) or ``{state name: value}`` for a dense parameter (``sizes`` None).
+    """
+    fix = (
+        "nothing was loaded; resume with the optimizer (and optimizer settings) the checkpoint was saved "
+        "with, or load the weights only"
+    )
+    if not isinstance(live, Mapping) or not live:
+        return  # no state yet (created lazily): whatever was saved is adopted
+    missing = sorted(n for n in live if n not in saved)
+    if missing and (saved or isinstance(opt, KeyedOptimizer)):  # a keyed optimizer needs every entry
+        raise CheckpointError(
+            f"{where}: {what} has state {sorted(live)} for {stable!r}, the checkpoint "
+            f"{sorted(saved) if saved else 'none'} (saved with another optimizer?); {fix}"
+        )
+    for name in sorted(n for n in saved if n in live):
+        current = live[name]
+        if not isinstance(current, torch.Tensor):
+            continue
+        if sizes is not None:
+            kind = saved[name][0]
+            live_kind = _live_kind(current, sizes)
+            if live_kind is not None and live_kind != kind:
+                raise CheckpointError(
+                    f"{where}: {what} state {name!r} of {stable!r} is {_KIND_WORDS.get(kind, kind)} in the "
+                    f"checkpoint but {_KIND_WORDS[live_kind]} here ({list(current.shape)} for a shard of "
+                    f"{list(sizes)}): the table was saved with another optimizer type (e.g. adagrad vs "
+                    f"row_wise_adagrad); {fix}"
+                )
+        elif isinstance(saved[name], torch.Tensor) and saved[name].shape != current.shape:
+            raise CheckpointError(
+                f"{where}: {what} state {name!r} of {stable!r} is {list(saved[name].shape)} in the checkpoint "
+                f"but {list(current.shape)} here; {fix}"
+            )
+
+
 def _optimizer_state(
     source: CheckpointSource, i: int, opt: torch.optim.Optimizer, index: ParamIndex, matcher: _GroupMatcher
-) -> dict[str, Any]:
+) -> _Checkpoint:
     template = opt.state_dict()
     params = optimizer_params(opt, template)
     what = f"optimizers[{i}] ({type(opt).__name__})"
+    where = _where(source)
     state: dict[int | str, object] = {}
     dense = source.dense_optim[i] if i < len(source.dense_optim) else {}
+    live_states = opt.state if hasattr(opt, "state") else {}
     for key, param in params.items():
         stable = index.stable_id(param, what)
+        live_state = live_states.get(param, {})
         if id(param) not in index.shard_of:
+            saved_dense = dense.get(stable, {})
+            _check_optimizer_entry(where, what, stable, opt, live_state, saved_dense, None)
             if stable in dense:
                 state[key] = dense[stable]
             continue
         _, meta = index.shard_of[id(param)]
         saved = source.state_blocks(i, stable)
-        live_state = opt.state.get(param, {}) if hasattr(opt, "state") else {}
+        _check_optimizer_entry(where, what, stable, opt, live_state, saved, meta.shard_sizes)
         if saved:
-            state[key] = {
+            assembled = {
                 name: assemble(blocks, meta.shard_offsets, meta.shard_sizes, kind, f"{what} state {name!r} of {stable}",
                                _allocator(live_state[name]) if isinstance(live_state.get(name), torch.Tensor) else None)
                 for name, (kind, blocks) in saved.items()
             }  # fmt: skip
+            for name, value in assembled.items():
+                current = live_state.get(name)
+                if isinstance(current, torch.Tensor) and isinstance(value, torch.Tensor) and value.shape != current.shape:
+                    raise CheckpointError(
+                        f"{where}: {what} state {name!r} of {stable!r} is {list(value.shape)} when cut to this "
+                        f"rank's shard but {list(current.shape)} here; nothing was loaded; resume with the "
+                        "optimizer the checkpoint was saved with"
+                    )
+            state[key] = assembled
     groups = []
     keys = iter(k for g in template["param_groups"] for k in g["params"])
     for g in template["param_groups"]:
@@ -243,25 +356,64 @@ def load_sharded_checkpoint(
     optimizers: Sequence[torch.optim.Optimizer] = (),
     strict: bool = True,
     pg: dist.ProcessGroup | None = None,
-) -> dict[str, Any]:
+) -> _Checkpoint:
     """This rank's checkpoint dict for the live ``module`` and ``optimizers`` (see the module docstring).
 
-    Not a collective: each rank reads (memory-mapped) only the bytes of the blocks it needs.
+    With a process group of more than one rank this is a collective (every rank of ``pg`` calls it,
+    as Lightning does): the ranks agree on the outcome, so a checkpoint that does not fit fails on
+    every rank alike. Each rank reads (memory-mapped) only the bytes of the blocks it needs.
+
+    Everything is checked before the dict is returned, so applying it cannot fail half-way: with
+    ``strict``, every key of the live ``module.state_dict()`` must be in the checkpoint and the
+    checkpoint may hold no other; dense tensors and tables must have the live shapes; each live
+    optimizer's state must have the saved state names, kinds (per element / per row / scalar) and
+    shapes.
 
     Raises:
-        CheckpointError: the checkpoint is incomplete or its tables do not fit the model.
+        CheckpointError: the checkpoint is incomplete or does not fit the model or the optimizers
+            (on every rank when any rank found a problem; the message names the rank, the key, the
+            checkpoint and the fix).
     """
     source = path if isinstance(path, CheckpointSource) else open_checkpoint(path)
-    rank = dist.get_rank(pg) if dist.is_initialized() else 0
+    distributed = dist.is_available() and dist.is_initialized()
+    rank = dist.get_rank(pg) if distributed else 0
+    world = dist.get_world_size(pg) if distributed else 1
+    if world == 1:
+        return _load(source, module, optimizers, strict, rank)
+    error: BaseException | None = None
+    checkpoint: _Checkpoint = {}
+    try:
+        checkpoint = _load(source, module, optimizers, strict, rank)
+    except Exception as e:  # noqa: BLE001 -- every rank raises it, below
+        error = e
+    outcomes: list[str | None] = [None] * world
+    with collective_guard("all_gather of a checkpoint load's outcome (a rank died while loading?)", pg):
+        dist.all_gather_object(outcomes, None if error is None else f"{type(error).__name__}: {error}", group=pg)
+    failed = [(r, e) for r, e in enumerate(outcomes) if e is not None]
+    if failed:
+        if len(failed) == world and isinstance(error, CheckpointError) and len(set(e for _, e in failed)) == 1:
+            raise error  # every rank found the same problem: report it once
+        raise CheckpointError("; ".join(f"rank {r}: {e}" for r, e in failed)) from error
+    return checkpoint
+
+
+def _load(
+    source: CheckpointSource,
+    module: nn.Module,
+    optimizers: Sequence[torch.optim.Optimizer],
+    strict: bool,
+    rank: int,
+) -> _Checkpoint:
     own = rank if rank < len(source.payloads) else 0
     tables = local_tables(module)
+    _check_state_dict(source, module, tables, strict)
     index = ParamIndex(module, tables)
     checkpoint = {k: v for k, v in source.meta.items() if k != "state_dict"}
-    checkpoint["state_dict"] = _state_dict(source, tables, strict)
     if source.has_training_state:
         matchers = [_GroupMatcher(source, i, own) for i in range(len(optimizers))]
         checkpoint["optimizer_states"] = [
             _optimizer_state(source, i, opt, index, matchers[i]) for i, opt in enumerate(optimizers)
         ]
         checkpoint["lr_schedulers"] = _scheduler_states(source, own, optimizers, index, matchers)
+    checkpoint["state_dict"] = _state_dict(source, tables)
     return checkpoint
