@@ -413,8 +413,7 @@ class RecStrategy(DDPStrategy, EmbeddingShardingStrategy):
         # Checked against the module as strictly as Lightning will then load it (strict_loading), on
         # every rank alike, so a checkpoint that does not fit fails before anything is restored.
         module = self._connected_module()
-        strict = getattr(module, "strict_loading", True)
-        return load_sharded_checkpoint(source, module, self._optimizers_of(source), strict=strict is not False)
+        return load_sharded_checkpoint(source, module, self._optimizers_of(source), strict=module.strict_loading)
 
     # A plain LightningModule (not a RecModule) rarely puts the sharded tables' fused optimizers into
     # configure_optimizers: their state (row-wise Adagrad accumulators, Adam moments) was then neither

@@ -111,6 +111,7 @@ def _fit_on_ranks(rank: int, world_size: int, port: int, tmp: str) -> list[float
     return (t / world_size).tolist()
 
 
+@pytest.mark.slow  # 1 and 2 gloo ranks (~10 s)
 def test_rec_strategy_trains_sharded_tables_with_bf16_mixed_dense_layers(tmp_path) -> None:  # noqa: ANN001
     one = run_ranks(_fit_on_ranks, 1, args=(free_port(), str(tmp_path)), timeout=240)[0]
     two = run_ranks(_fit_on_ranks, 2, args=(free_port(), str(tmp_path)), timeout=240)

@@ -73,8 +73,9 @@ def _body(rank: int, world_size: int, tmp: str, background: bool, fault: str) ->
 
 
 @pytest.mark.parametrize(("background", "fault", "error"),
-                         [(False, "write", "DeltaWriteError"), (False, "read", "MemoryError"),
-                          (True, "read", "MemoryError")],
+                         [(False, "write", "DeltaWriteError"),
+                          pytest.param(False, "read", "MemoryError", marks=pytest.mark.slow),  # 2 gloo ranks, ~4 s each
+                          pytest.param(True, "read", "MemoryError", marks=pytest.mark.slow)],
                          ids=["publish_changes-full-disk", "publish_changes-read", "BackgroundPublisher-read"])  # fmt: skip
 def test_the_publish_after_a_failed_one_is_a_snapshot_and_the_chain_equals_the_model(
     tmp_path: Path, background: bool, fault: str, error: str
@@ -133,6 +134,7 @@ def _abort_body(rank: int, world_size: int, tmp: str) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.slow  # waits out a gloo timeout (~5 s)
 def test_abort_waits_for_no_peer_and_the_thread_ends_once_the_collective_fails(tmp_path: Path) -> None:
     r0, r1 = run_ranks(_abort_body, 2, args=(str(tmp_path),), timeout=120)
     assert r0["ended"] is False and r0["abort_seconds"] < 5, r0  # bounded: it did not wait for rank 1

@@ -207,6 +207,7 @@ def _rank_with_publisher(rank: int, world_size: int, port: int, victim: int, how
         reports.put((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}", time.monotonic()))
 
 
+@pytest.mark.slow  # a 2-rank fit and a SIGKILL (~7 s); the single-process case above stays in the default run
 def test_a_killed_peer_leaves_the_survivor_no_publish_thread_and_no_recording_tracker(tmp_path: Path) -> None:
     import ast
 
