@@ -164,6 +164,7 @@ def fragile(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -
         yield base, folder
 
 
+@pytest.mark.slow  # its own server (~11 s); tests/serving/test_api.py checks the 503 without one
 def test_a_worker_damaged_by_a_failed_update_stops_scoring(fragile: tuple[str, Path], models: dict[str, Path]) -> None:
     url, folder = fragile
     before = _post(url, UNTOUCHED)
