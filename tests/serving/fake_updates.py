@@ -79,3 +79,15 @@ def announce(folder: Path, version: int, artifact: Path, **extra: object) -> Non
     tmp = folder / f".v{version}.tmp"
     tmp.write_text(json.dumps({"artifact": str(artifact), "published_at": time.time(), **extra}))
     tmp.replace(folder / f"v{version}.json")
+
+
+@dataclass
+class SwapPredictor:
+    """A ``ModelUpdate`` that swaps in ``new`` (loaded before, outside the lock, as an updater's poll would)."""
+
+    new: Predictor
+    version: int = 1
+    published_at: float = 1.0
+
+    def apply(self, model: ServedModel) -> None:
+        model.replace_predictor(self.new)

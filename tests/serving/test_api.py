@@ -16,6 +16,7 @@ from lightrec.inference import export, load
 from lightrec.serving import PredictorMismatch, ServeConfig, ServedModel
 from lightrec.serving.metrics import ServingMetrics, WorkerState
 from tests.inference.helpers import dlrm, tables
+from tests.serving.fake_updates import SwapPredictor
 
 pytest.importorskip("litserve")
 from lightrec.serving.api import RecServingAPI  # noqa: E402 - needs LitServe
@@ -92,18 +93,6 @@ def test_health_turns_false_when_a_worker_is_damaged(artifact: Path) -> None:
     assert api.health() is False
 
 
-@dataclass
-class SwapTo:
-    """Swaps in the artifact at ``path`` (loaded outside the lock, as an updater's poll would)."""
-
-    path: Path
-    version: int = 1
-    published_at: float = 1.0
-
-    def apply(self, model: ServedModel) -> None:
-        model.replace_predictor(load(self.path))
-
-
 def test_a_predictor_with_other_tables_is_refused_between_decode_and_score(artifact: Path, tmp_path: Path) -> None:
     import lightrec
     from lightrec.models import DLRM
@@ -115,7 +104,7 @@ def test_a_predictor_with_other_tables_is_refused_between_decode_and_score(artif
     api, _ = _api(artifact, max_batch_size=4)
     decoded = [api.decode_request(b) for b in ({"dense": [0.5] * 5, "sparse": {"f0": [35]}}, GOOD)]  # both valid now
     with pytest.raises(PredictorMismatch, match="id_spaces"):
-        api.model.apply(SwapTo(other))  # the follower's apply, landing between ScoringLoop's decode and forward
+        api.model.apply(SwapPredictor(load(other)))  # the follower's apply, landing between ScoringLoop's decode and forward
     answers = [_body(api.encode_response(o)) for o in api.unbatch(api.predict(api.batch(decoded)))]
     assert [a[0] for a in answers] == [200, 200] and answers[1][1]["version"] == 0
 

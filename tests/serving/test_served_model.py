@@ -25,6 +25,7 @@ from lightrec.serving import (
 )
 from lightrec.serving.metrics import RING, ServingMetrics, WorkerState
 from tests.inference.helpers import FEATURES, dlrm
+from tests.serving.fake_updates import SwapPredictor
 
 REQUEST = [{"dense": [0.5] * 5, "sparse": {"f0": [1, 2], "f1": [3], "f2": [4], "f3": [5]}}]
 
@@ -125,16 +126,6 @@ def test_replace_predictor_only_inside_apply() -> None:
     assert torch.equal(model.score(*_inputs(other))[0], other.predict(REQUEST))
 
 
-@dataclass
-class Swap:
-    new: Predictor
-    version: int = 1
-    published_at: float = 1.0
-
-    def apply(self, model: ServedModel) -> None:
-        model.replace_predictor(self.new)
-
-
 def _smaller_tables() -> Predictor:
     import lightrec
     from lightrec.models import DLRM
@@ -154,7 +145,7 @@ def test_replace_predictor_refuses_one_that_accepts_other_requests(kind: str) ->
     model = ServedModel(served, version=4, published_at=2.0)
     other = _smaller_tables() if kind == "table sizes" else _predictor(missing_features="error")
     with pytest.raises(PredictorMismatch, match="id_spaces|missing_features") as caught:
-        model.apply(Swap(other))
+        model.apply(SwapPredictor(other))
     assert isinstance(caught.value, UpdateRefused) and isinstance(caught.value, ValueError)  # refused, not failed
     assert model.predictor is served and (model.version, model.published_at, model.damaged) == (4, 2.0, None)
     assert torch.equal(model.score(*_inputs(served))[0], served.predict(REQUEST))  # still serving
