@@ -58,12 +58,15 @@ _TUNING: tuple[tuple[str, str, Callable[[str], float], str], ...] = (
     ("--batch-timeout-ms", "batch_timeout_ms", _non_negative_number,
      "after a batch's first request, wait this long for more (0: score what is queued at once)"),
     ("--max-queue", "max_queue", positive_int, "requests in flight above which new ones get 503"),
+    ("--max-queue-mb", "max_queue_mb", _positive_number, "MiB of request bodies in flight above which new ones "
+     "get 503"),
     ("--body-timeout", "body_timeout_s", _positive_number, "a request body not sent in full within this many "
      "seconds gets 408"),
     ("--max-payload-mb", "max_payload_mb", _positive_number, "largest request body in MiB"),
     ("--max-samples", "max_samples_per_request", positive_int, "most samples in one request"),
     ("--follow-interval", "follow_interval_s", _positive_number, "seconds between looks at --deltas"),
-    ("--timeout", "timeout_s", _positive_number, "a request waiting longer for a worker gets 504, in seconds"),
+    ("--timeout", "timeout_s", _positive_number, "a request not answered this many seconds after it was queued "
+     "for the workers gets 504"),
 )
 
 

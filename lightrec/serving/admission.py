@@ -12,13 +12,16 @@ the predict path it
    its connection is closed); a client that disconnects before its body is complete is dropped:
    nothing is answered, dispatched or counted;
 4. answers **503** with ``Retry-After`` when :class:`AdmissionGate` already holds ``limit``
-   requests in flight (admitted, not answered) across all HTTP server processes -- the queue in
-   front of the workers stays bounded instead of growing until requests time out. A request takes
-   its place only once its body is complete, so clients that are slow to send (or never finish)
-   cannot hold the places of others;
+   requests in flight (admitted, not answered) across all HTTP server processes, or when the body
+   would take the bytes in flight past ``byte_limit`` -- the queue in front of the workers stays
+   bounded, in requests and in bytes, instead of growing until requests time out (or memory runs
+   out). A request takes its place only once its body is complete, so clients that are slow to
+   send (or never finish) cannot hold the places of others;
 5. otherwise hands the body to :class:`~lightrec.serving.transport.PredictDispatch`, which queues it
-   for a worker and returns the worker's answer (without one, passes the request on to the app),
-   and, whatever the outcome, records its status code and latency in the server's metrics.
+   for a worker and returns the worker's answer, or a 504 once ``--timeout`` has passed without
+   one (without a dispatch, passes the request on to the app); whatever the outcome, it gives the
+   request's place and bytes back once it is answered, and records its status code and latency in
+   the server's metrics.
 
 Error bodies have the one shape every rejection of the server has: ``{"error", "index", "field",
 "value"}`` (:class:`~lightrec.serving.request_forms.Rejected`).
@@ -47,34 +50,56 @@ if TYPE_CHECKING:  # transport.py imports LitServe, an optional dependency; this
 __all__ = ["AdmissionGate", "AdmissionMiddleware"]
 
 class AdmissionGate:
-    """A count of requests in flight, shared by the HTTP server processes (forked from the builder's
-    process, which creates it), bounded by ``limit``.
+    """The requests in flight and the bytes of their bodies, shared by the HTTP server processes
+    (forked from the builder's process, which creates it), bounded by ``limit`` and ``byte_limit``.
 
     Args:
         limit: requests in flight above which new ones are refused (>= 1).
+        byte_limit: bytes of bodies in flight that no admitted request may take the total past (>= 1;
+            None: unbounded).
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, byte_limit: int | None = None) -> None:
         if limit < 1:
             raise ValueError(f"the queue limit must be >= 1 request, got {limit}")
+        if byte_limit is not None and byte_limit < 1:
+            raise ValueError(f"the queue's byte limit must be >= 1 byte, got {byte_limit}")
         self.limit = limit
-        self._count = multiprocessing.get_context("fork").Value("i", 0)
+        self.byte_limit = byte_limit
+        fork = multiprocessing.get_context("fork")
+        self._count = fork.Value("i", 0)
+        self._bytes = fork.Value("q", 0, lock=self._count.get_lock())  # one lock: both change together
 
-    def enter(self) -> bool:
-        """Admit one request unless ``limit`` are in flight."""
+    def enter(self, size: int = 0) -> str | None:
+        """Admit one request of ``size`` body bytes: None; else why not (the limit it would pass)."""
         with self._count.get_lock():
             if self._count.value >= self.limit:
-                return False
+                return f"its limit of {self.limit} requests in flight"
+            if self.byte_limit is not None and self._bytes.value + size > self.byte_limit:
+                return (f"its limit of {self.byte_limit} bytes of requests in flight (--max-queue-mb; "
+                        f"{self._bytes.value} held, this one {size})")
             self._count.value += 1
-            return True
+            self._bytes.value += size
+            return None
 
-    def leave(self) -> None:
+    def leave(self, size: int = 0) -> None:
+        """An admitted request of ``size`` body bytes was answered: give back its place and bytes."""
         with self._count.get_lock():
             self._count.value -= 1
+            self._bytes.value -= size
 
     @property
     def in_flight(self) -> int:
         return int(self._count.value)
+
+    @property
+    def in_flight_bytes(self) -> int:
+        return int(self._bytes.value)
+
+    @property
+    def full(self) -> bool:
+        """Whether a request would be refused now (``limit`` requests, or ``byte_limit`` bytes, in flight)."""
+        return self.in_flight >= self.limit or (self.byte_limit is not None and self.in_flight_bytes >= self.byte_limit)
 
 
 @dataclass(eq=False)  # a middleware instance compares by identity, as before
@@ -84,7 +109,7 @@ class AdmissionMiddleware:
     Args:
         app: the ASGI app it wraps.
         path: the predict path (LitServe's ``api_path``).
-        gate: the shared in-flight count.
+        gate: the shared count of requests and bytes in flight.
         metrics: where status codes and latencies go (the slot of this HTTP server process).
         max_payload_bytes: the largest body accepted.
         body_timeout_s: seconds from a request's arrival by which its whole body must have come (else 408).
@@ -132,10 +157,11 @@ class AdmissionMiddleware:
                 # a 408's body may still arrive (or never): close the connection rather than read it as a request
                 await _answer(send_and_note, body, [(b"connection", b"close")] if body.status == 408 else None)
                 return
-            if not self.gate.enter():
+            refused = self.gate.enter(len(body))
+            if refused is not None:
                 await _answer(send_and_note, Rejected(
-                    503, f"the server is at its limit of {self.gate.limit} requests in flight; retry after "
-                    f"{self.retry_after_s} s or add workers/replicas"), [(b"retry-after", str(self.retry_after_s).encode())])
+                    503, f"the server is at {refused}; retry after {self.retry_after_s} s or add workers/replicas"),
+                    [(b"retry-after", str(self.retry_after_s).encode())])
                 return
             try:
                 if self.dispatch is None:
@@ -144,7 +170,7 @@ class AdmissionMiddleware:
                 answer = await self.dispatch.answer(scope["app"], headers, body)
                 await _send(send_and_note, answer.status_code, answer.body)
             finally:
-                self.gate.leave()
+                self.gate.leave(len(body))
         finally:
             if answered:  # LitServe's HTTP servers are forked with LITSERVE_WORKER_ID = their index (0 without it)
                 self.metrics.record_request(int(os.environ.get("LITSERVE_WORKER_ID", "0")), status,

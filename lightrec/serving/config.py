@@ -48,6 +48,9 @@ class ServeConfig:
             a GPU, whose forward costs about the same for 1 or 64 samples, may gain from a few ms.
         max_queue: requests in flight (admitted, not answered) above which new ones get 503 + ``Retry-After``.
             A request takes its place once its whole body has arrived: clients still sending hold none.
+        max_queue_mb: MiB of request bodies in flight (admitted, not answered) above which new ones get
+            503 + ``Retry-After``, as for ``max_queue``: what waits in front of the workers stays bounded
+            in bytes too (``max_queue`` bodies of ``max_payload_mb`` could be GiBs). At least ``max_payload_mb``.
         body_timeout_s: seconds a client may take to send a ``/predict`` body (from the request's arrival);
             slower: 408, and the connection is closed.
         max_payload_mb: the largest request body, in MiB (larger: 413).
@@ -57,7 +60,9 @@ class ServeConfig:
             samples gains nothing from more, and threads of several workers on shared cores wait for
             each other at every parallel region; scale with ``workers_per_device`` instead).
         missing_features: ``"empty"`` (a feature left out has no ids) or ``"error"`` (422).
-        timeout_s: a request waiting longer than this for a worker gets 504.
+        timeout_s: seconds a request may take from being queued for the workers to its answer; later: 504
+            (the HTTP server stops waiting for a worker that hangs; a worker that takes the request
+            later answers it 504 unscored).
         api_servers: HTTP server processes (None: one per worker, LitServe's default).
         log_level: the server's logging level (``"warning"``, ``"info"``, ``"debug"``).
     """
@@ -72,6 +77,7 @@ class ServeConfig:
     max_batch_size: int = 64
     batch_timeout_ms: float = 0.0
     max_queue: int = 512
+    max_queue_mb: float = 256.0
     body_timeout_s: float = 10.0
     max_payload_mb: float = 8.0
     max_samples_per_request: int = 4096
@@ -85,6 +91,10 @@ class ServeConfig:
     @property
     def max_payload_bytes(self) -> int:
         return int(self.max_payload_mb * 2**20)
+
+    @property
+    def max_queue_bytes(self) -> int:
+        return int(self.max_queue_mb * 2**20)
 
     def check(self) -> ArtifactMeta:
         """Check every option and the artifact's files; return the artifact's metadata.
@@ -132,6 +142,7 @@ class ServeConfig:
             if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
                 raise ServeConfigError(f"--{name} {count!r}: give an integer >= 1")
         spans = {"batch-timeout-ms": self.batch_timeout_ms, "max-payload-mb": self.max_payload_mb,
+                 "max-queue-mb": self.max_queue_mb,
                  "follow-interval": self.follow_interval_s, "timeout": self.timeout_s,
                  "body-timeout": self.body_timeout_s}
         for name, span in spans.items():
@@ -140,6 +151,10 @@ class ServeConfig:
                     name != "batch-timeout-ms" and span == 0):
                 raise ServeConfigError(f"--{name} {span!r}: give a finite positive number"
                                        + (" (or 0)" if name == "batch-timeout-ms" else ""))
+        if self.max_queue_mb < self.max_payload_mb:
+            raise ServeConfigError(f"--max-queue-mb {self.max_queue_mb:g} is below --max-payload-mb "
+                                   f"{self.max_payload_mb:g}: a body of the largest size accepted could never be "
+                                   "admitted; raise --max-queue-mb or lower --max-payload-mb")
         if self.batch_timeout_ms / 1000 >= self.timeout_s:
             raise ServeConfigError(f"--batch-timeout-ms {self.batch_timeout_ms} must stay below --timeout "
                                    f"{self.timeout_s} s")

@@ -4,9 +4,10 @@
 ``/health``    LitServe's: 200 once every worker has loaded the model and caught up on published
                versions, 503 before, and 503 when a worker's model was damaged by a failed update
                (``RecServingAPI.health``). For a liveness probe.
-``/ready``     200 when every worker serves and fewer than ``--max-queue`` requests are in flight,
-               else 503; the body says why: ``{"ready", "workers": [{"state", "version"}],
-               "in_flight", "queue_limit"}``. For a load balancer's readiness probe.
+``/ready``     200 when every worker serves and fewer than ``--max-queue`` requests (and fewer
+               than ``--max-queue-mb`` of bodies) are in flight, else 503; the body says why:
+               ``{"ready", "workers": [{"state", "version"}], "in_flight", "queue_limit",
+               "in_flight_bytes", "queue_limit_bytes"}``. For a load balancer's readiness probe.
 ``/metrics``   Prometheus' text format (:mod:`lightrec.serving.metrics`).
 ``/info``      LitServe's: the artifact's features and tables, the server's devices and limits.
 =============  ======================================================================================
@@ -50,13 +51,15 @@ def add_endpoints(app: FastAPI, metrics: ServingMetrics, gate: AdmissionGate,
         states = metrics.worker_states()
         workers = [{"state": _STATE_NAMES.get(state, "unknown"), "version": version} for state, version in states]
         serving = all(state == WorkerState.SERVING for state, _ in states)
-        in_flight = gate.in_flight
-        is_ready = serving and in_flight < gate.limit
-        body = {"ready": is_ready, "workers": workers, "in_flight": in_flight, "queue_limit": gate.limit}
+        is_ready = serving and not gate.full
+        body = {"ready": is_ready, "workers": workers, "in_flight": gate.in_flight, "queue_limit": gate.limit,
+                "in_flight_bytes": gate.in_flight_bytes, "queue_limit_bytes": gate.byte_limit}
         return Response(json.dumps(body), status_code=200 if is_ready else 503, media_type="application/json")
 
     async def scrape() -> Response:
-        return Response(metrics.render(gate.in_flight, gate.limit), media_type=METRICS_CONTENT_TYPE)
+        text = metrics.render(gate.in_flight, gate.limit, in_flight_bytes=gate.in_flight_bytes,
+                              queue_limit_bytes=gate.byte_limit)
+        return Response(text, media_type=METRICS_CONTENT_TYPE)
 
     dependencies = [Depends(auth)] if auth is not None else None
     app.add_api_route("/ready", ready, methods=["GET"], dependencies=dependencies)

@@ -140,8 +140,16 @@ class ServingMetrics:
     def _ring(self, start: int, count: int) -> list[float]:
         return list(self._array[start:start + min(count, RING)])
 
-    def render(self, in_flight: int, queue_limit: int, now: float | None = None) -> str:
-        """The Prometheus text exposition (format 0.0.4) of every metric."""
+    def render(self, in_flight: int, queue_limit: int, now: float | None = None, *, in_flight_bytes: int = 0,
+               queue_limit_bytes: int | None = None) -> str:
+        """The Prometheus text exposition (format 0.0.4) of every metric.
+
+        Args:
+            in_flight, queue_limit: requests admitted and not yet answered; the most there may be.
+            now: the time the ages are measured at (None: now).
+            in_flight_bytes, queue_limit_bytes: bytes of their bodies; the most there may be (None: no
+                limit, and no ``lightrec_serving_queue_limit_bytes``).
+        """
         now = time.time() if now is None else now
         apis, workers = range(self.api_servers), range(self.workers)
         out = _Writer()
@@ -165,6 +173,12 @@ class ServingMetrics:
         out.sample("lightrec_serving_in_flight", {}, in_flight)
         out.family("lightrec_serving_queue_limit", "gauge", "requests in flight above which new ones get 503")
         out.sample("lightrec_serving_queue_limit", {}, queue_limit)
+        out.family("lightrec_serving_in_flight_bytes", "gauge", "bytes of the bodies of the requests in flight")
+        out.sample("lightrec_serving_in_flight_bytes", {}, in_flight_bytes)
+        if queue_limit_bytes is not None:
+            out.family("lightrec_serving_queue_limit_bytes", "gauge", "bytes of bodies in flight that no new "
+                       "request may take the total past (else 503)")
+            out.sample("lightrec_serving_queue_limit_bytes", {}, queue_limit_bytes)
         self._render_workers(out, now)
         return out.text()
 

@@ -11,7 +11,8 @@ The processes of one server (LitServe's layout)::
 
     main process        this function: checks the options, then waits; SIGTERM/Ctrl+C shut all down
     HTTP servers        ``api_servers`` forked uvicorn processes on one socket: admission (401/413/408/503),
-                        then the raw body of a /predict request to the workers (PredictDispatch);
+                        then the raw body of a /predict request to the workers (PredictDispatch; 504
+                        when none answers within ``timeout_s``);
                         /health /ready /metrics /info
     inference workers   devices x ``workers_per_device`` spawned processes, each with its own copy of the
                         model (RecServingAPI.setup); requests reach them through one pipe, answers
@@ -117,11 +118,11 @@ def build_server(config: ServeConfig, updater_factory: UpdaterFactory | None = N
     workers = config.worker_count(gpus)
     api_servers = config.api_servers or workers
     metrics = ServingMetrics(api_servers, workers)
-    gate = AdmissionGate(config.max_queue)
+    gate = AdmissionGate(config.max_queue, config.max_queue_bytes)
     threads = config.cpu_threads() if accelerator == "cpu" else None
     api = RecServingAPI(config, metrics, updater_factory, threads)
     devices: int | str = 1 if accelerator == "cpu" else (gpus if config.devices == "auto" else int(config.devices))
-    dispatch = PredictDispatch(PREDICT_PATH)
+    dispatch = PredictDispatch(PREDICT_PATH, config.timeout_s)
     admission = {"path": PREDICT_PATH, "gate": gate, "metrics": metrics, "max_payload_bytes": config.max_payload_bytes,
                  "body_timeout_s": config.body_timeout_s, "dispatch": dispatch,
                  "api_key": litserve.server.LIT_SERVER_API_KEY}  # LitServe reads its variable once, at import

@@ -41,6 +41,7 @@ import itertools
 import json
 import multiprocessing
 import queue
+import sys
 import time
 from collections import deque
 from multiprocessing.queues import Queue
@@ -172,12 +173,22 @@ class PredictDispatch:
     Built before the server, bound to it by :meth:`bind` (the HTTP server processes are forked
     after, and find the server's queues, response buffer and response queue id through it).
 
+    A request not answered within ``timeout_s`` of being queued gets 504: the HTTP server stops
+    waiting (a worker may hang, not die, and LitServe only notices dead ones) and forgets the
+    request's ``uid``, so a worker's late answer to it finds no entry in the response buffer, which
+    LitServe's response loop skips (``response_buffer.get(uid)`` is None). A worker that takes the
+    request from the queue after ``timeout_s`` answers it 504 unscored (``ScoringLoop``).
+
     Args:
         path: the predict path (the ``api_path`` whose workers' queue requests go to).
+        timeout_s: seconds from queueing a request to its answer, at most (the server's ``--timeout``).
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, timeout_s: float = 30.0) -> None:
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s}")
         self.path = path
+        self.timeout_s = timeout_s
         self._server: ls.LitServer | None = None
         self._uids = itertools.count()
 
@@ -201,8 +212,10 @@ class PredictDispatch:
         server.response_buffer[uid] = ResponseBufferItem(event)
         try:
             server.litapi_request_queues[self.path].put((app.response_queue_id, uid, time.monotonic(), body))
-            await event.wait()
-        finally:
+            if not await _wait(event, self.timeout_s):
+                return _error(504, f"no worker answered within {self.timeout_s:g} s (--timeout); retry, or add "
+                              "workers")
+        finally:  # a late answer finds no entry: LitServe's response loop skips it
             item = server.response_buffer.pop(uid)
         response, status = item.response if item.response is not None else (None, LitAPIStatus.ERROR)
         if status == LitAPIStatus.OK and isinstance(response, EncodedResponse):
@@ -211,6 +224,19 @@ class PredictDispatch:
             return _error(response.status_code, str(response.detail))
         # a worker died, or raised (LitServe sends that exception pickled: not unpickled here)
         return _error(500, "the server failed to score this request (its log has the traceback)")
+
+
+async def _wait(event: asyncio.Event, timeout_s: float) -> bool:
+    """Whether ``event`` was set within ``timeout_s`` seconds."""
+    try:
+        if sys.version_info >= (3, 11):  # a timer on this task, no task of its own (as admission.py's body read)
+            async with asyncio.timeout(timeout_s):
+                await event.wait()
+        else:
+            await asyncio.wait_for(event.wait(), timeout_s)
+    except (TimeoutError, asyncio.TimeoutError):  # one class from 3.11 on; wait_for's own before
+        return event.is_set()  # set in the same turn the timer fired: the answer is there
+    return True
 
 
 def _error(status: int, message: str) -> EncodedResponse:

@@ -8,7 +8,7 @@ failed test leaves no process behind. Every wait is bounded.
 
 As a script::
 
-    python tests/serving/server_process.py ARTIFACT --port P [--updates DIR] [--max-queue N] ...
+    python tests/serving/server_process.py ARTIFACT --port P [--updates DIR] [--max-queue N] [--timeout S] ...
 
 builds the same server as ``lightrec serve`` through :func:`lightrec.serving.server.serve`, with
 the folder updater of ``tests/serving/fake_updates.py`` when ``--updates`` is given.
@@ -119,10 +119,15 @@ def main() -> None:
     parser.add_argument("--max-batch-size", type=int, default=16)
     parser.add_argument("--follow-interval", type=float, default=0.2)
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--max-queue-mb", type=float, default=ServeConfig.max_queue_mb)
+    parser.add_argument("--max-payload-mb", type=float, default=ServeConfig.max_payload_mb)
+    parser.add_argument("--timeout", type=float, default=ServeConfig.timeout_s)
     args = parser.parse_args()
     config = ServeConfig(Path(args.artifact), port=args.port, accelerator="cpu", threads_per_worker=1,
                          max_queue=args.max_queue, max_batch_size=args.max_batch_size,
-                         follow_interval_s=args.follow_interval, workers_per_device=args.workers)  # fmt: skip
+                         follow_interval_s=args.follow_interval, workers_per_device=args.workers,
+                         max_queue_mb=args.max_queue_mb, max_payload_mb=args.max_payload_mb,
+                         timeout_s=args.timeout)  # fmt: skip
     factory = functools.partial(open_fake_updater, args.updates) if args.updates else None
     serve(config, updater_factory=factory)
 

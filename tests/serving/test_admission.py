@@ -72,6 +72,24 @@ def _metrics(url: str) -> dict[str, float]:
             if line and not line.startswith("#")}  # fmt: skip
 
 
+def test_the_gate_counts_requests_and_bytes_and_gives_both_back() -> None:
+    from lightrec.serving.admission import AdmissionGate
+
+    gate = AdmissionGate(3, byte_limit=100)
+    assert gate.enter(60) is None and gate.enter(40) is None  # exactly at the byte limit: admitted
+    assert (gate.in_flight, gate.in_flight_bytes, gate.full) == (2, 100, True)
+    refused = gate.enter(1)
+    assert refused is not None and "100 bytes" in refused and "--max-queue-mb" in refused, refused
+    gate.leave(60)
+    assert gate.enter(10) is None and gate.enter(0) is None  # now the count is the limit
+    assert gate.enter(0) == "its limit of 3 requests in flight"
+    for size in (40, 10, 0):
+        gate.leave(size)
+    assert (gate.in_flight, gate.in_flight_bytes, gate.full) == (0, 0, False)
+    with pytest.raises(ValueError, match="byte limit must be >= 1"):
+        AdmissionGate(3, byte_limit=0)
+
+
 def test_clients_slow_to_send_hold_no_place_and_get_408(url: str) -> None:
     slow = [_partial_body(url) for _ in range(MAX_QUEUE + 1)]  # more than the queue holds
     try:

@@ -35,7 +35,7 @@ def test_help_lists_the_options(capsys: pytest.CaptureFixture[str]) -> None:
     assert exit_.value.code == 0
     out = capsys.readouterr().out
     for option in ("--deltas", "--port", "--workers", "--max-batch-size", "--batch-timeout-ms", "--accelerator",
-                   "--devices", "--host", "--max-queue", "--max-payload-mb"):
+                   "--devices", "--host", "--max-queue", "--max-queue-mb", "--max-payload-mb"):
         assert option in out
     assert f"default {ServeConfig.max_batch_size}" in out and "127.0.0.1" in out
 
@@ -60,8 +60,8 @@ def test_without_litserve_the_command_says_how_to_install_it(artifact: Path, mon
     assert 'pip install "lightrec[serve]"' in _refused(["serve", str(artifact)], capsys, 1)
 
 
-@pytest.mark.parametrize("option", ["--max-payload-mb", "--follow-interval", "--timeout", "--body-timeout",
-                                    "--batch-timeout-ms"])  # fmt: skip
+@pytest.mark.parametrize("option", ["--max-payload-mb", "--max-queue-mb", "--follow-interval", "--timeout",
+                                    "--body-timeout", "--batch-timeout-ms"])  # fmt: skip
 @pytest.mark.parametrize("value", ["inf", "nan", "-1"])
 def test_numbers_must_be_finite(artifact: Path, option: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:  # argparse's usage error, before anything starts
@@ -71,8 +71,8 @@ def test_numbers_must_be_finite(artifact: Path, option: str, value: str, capsys:
     assert option in err and f"got {value!r}" in err and "finite" in err, err
 
 
-@pytest.mark.parametrize("field", ["max_payload_mb", "follow_interval_s", "timeout_s", "body_timeout_s",
-                                   "batch_timeout_ms"])  # fmt: skip
+@pytest.mark.parametrize("field", ["max_payload_mb", "max_queue_mb", "follow_interval_s", "timeout_s",
+                                   "body_timeout_s", "batch_timeout_ms"])  # fmt: skip
 def test_config_numbers_must_be_finite(artifact: Path, field: str) -> None:
     import dataclasses
     import math
@@ -81,6 +81,16 @@ def test_config_numbers_must_be_finite(artifact: Path, field: str) -> None:
 
     with pytest.raises(ServeConfigError, match=r"--[a-z-]+ inf: give a finite positive number"):
         dataclasses.replace(ServeConfig(artifact), **{field: math.inf}).check()
+
+
+def test_a_byte_budget_below_the_payload_limit_is_refused(artifact: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from lightrec.serving import ServeConfigError
+
+    err = _refused(["serve", str(artifact), "--max-queue-mb", "4", "--max-payload-mb", "8"], capsys, 2)
+    assert "--max-queue-mb 4 is below --max-payload-mb 8" in err and "could never be admitted" in err, err
+    with pytest.raises(ServeConfigError, match="--max-queue-mb 1 is below --max-payload-mb 8"):
+        ServeConfig(artifact, max_queue_mb=1).check()
+    ServeConfig(artifact, max_queue_mb=8, max_payload_mb=8).check()  # equal: one largest body fits
 
 
 def test_deltas_with_packed_dense_layers_are_refused_at_start_up(tmp_path: Path,

@@ -199,7 +199,7 @@ def test_metrics_are_prometheus_text() -> None:
     metrics.record_request(0, 418, 0.5)
     metrics.worker(0).record_batch(requests=3, samples=5, seconds=0.002)
     metrics.worker(1).record_batch(requests=1, samples=5000, seconds=0.02)
-    text = metrics.render(in_flight=3, queue_limit=512, now=1e9)
+    text = metrics.render(in_flight=3, queue_limit=512, now=1e9, in_flight_bytes=4096, queue_limit_bytes=2**28)
     families = set()
     for line in text.splitlines():
         if line.startswith("# TYPE"):
@@ -218,6 +218,7 @@ def test_metrics_are_prometheus_text() -> None:
     assert values['lightrec_serving_batch_size_bucket{le="+Inf"}'] == values["lightrec_serving_batch_size_count"] == 2
     assert values["lightrec_serving_scored_requests_total"] == 4
     assert math.isnan(values['lightrec_serving_delta_lag_seconds{worker="1"}'])
+    assert values["lightrec_serving_in_flight_bytes"] == 4096 and values["lightrec_serving_queue_limit_bytes"] == 2**28
 
 
 def test_model_age_is_nan_until_a_worker_has_loaded_its_model() -> None:
