@@ -236,8 +236,9 @@ class ParquetDataModule(pl.LightningDataModule):
         if split == "train" and self.follow is not None:
             loader: LoaderBase = FollowingParquetLoader(
                 # val / test files stay out of the followed stream, also those that land later
-                source, spec, self.batch_size, self.follow, held_out(**self.splits), rank=rank, world_size=world,
-                **self._options(split),
+                # (fractions were refused when the DataModule was made: not checked again)
+                source, spec, self.batch_size, self.follow, held_out(**self.splits, check=False), rank=rank,
+                world_size=world, **self._options(split),
             )  # fmt: skip
         else:
             slices = split_slices(source, **self.splits)[split]

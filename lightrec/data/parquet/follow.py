@@ -23,16 +23,22 @@ files, for online training. The stream is read in *rounds*:
    epoch (and the fit, with ``max_epochs=1``), or when ``max_steps`` ends training.
 
 Every rank must see the same files in the same rounds (they run the same steps): rank 0 lists, and
-sends what it found to the others (a ``broadcast_object_list`` on a gloo group of its own, made at
-the first poll, so an NCCL training group is left alone). The position in a checkpoint names the
-files finished, the round in progress and the leftover rows, so a resumed run continues exactly;
-files that arrived meanwhile are read in the next round.
+sends what it found to the others (a ``broadcast_object_list`` on a gloo group, so an NCCL training
+group is left alone). That group is one per default group, however many following loaders there
+are: made at the first poll of the first of them (creating a group is a collective of every rank,
+and the ranks poll in step), used by every one after, and ended with the default group
+(``destroy_process_group()``). A process that builds loaders again and again (every fit, a test
+suite) holds one such group, not one per loader, and no loader destroys a group that another rank
+may still be receiving on. The position in a checkpoint names the files finished, the round in
+progress and the leftover rows, so a resumed run continues exactly; files that arrived meanwhile
+are read in the next round.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -55,6 +61,32 @@ logger = logging.getLogger(__name__)
 
 _SETTLE_POLLS = 3
 _T = TypeVar("_T")
+
+# The watchers' gloo group and the default group it was made under, both held weakly: torch's
+# registry holds them while they live, and destroy_process_group() lets them go (no destroyed
+# group is kept alive here). None: no group made yet.
+_WATCH_GROUP: tuple[weakref.ReferenceType[dist.ProcessGroup], weakref.ReferenceType[dist.ProcessGroup]] | None = None
+
+
+def _watch_group() -> dist.ProcessGroup:
+    """The gloo group on which rank 0 tells the other ranks what it listed (module docstring).
+
+    Made at the first call under the current default group, then returned again: one per default
+    group, however many following loaders are built; it ends with the default group. Collective at
+    its first call under a default group: every rank must make that call (the ranks poll in step,
+    so the first poll of the first following loader is that call everywhere).
+    """
+    global _WATCH_GROUP
+    world = dist.group.WORLD
+    if world is None:
+        raise RuntimeError("a watcher's group needs torch.distributed initialized")
+    if _WATCH_GROUP is not None:
+        made_under, group = _WATCH_GROUP[0](), _WATCH_GROUP[1]()
+        if made_under is world and group is not None:
+            return group
+    group = dist.new_group(backend="gloo")
+    _WATCH_GROUP = (weakref.ref(world), weakref.ref(group))
+    return group
 
 
 class FollowLoaderOptions(LoaderOptions, total=False):
@@ -106,7 +138,6 @@ class FolderWatcher:
         self.filesystem, self.paths, self.options = filesystem, list(paths), options
         self.leave_out = leave_out
         self._unreadable: dict[str, tuple[tuple[int, int | None], int]] = {}
-        self._group: dist.ProcessGroup | None = None
 
     def _complete(self, path: str) -> bool:
         if self.options.marker is None:
@@ -141,10 +172,8 @@ class FolderWatcher:
         """Rank 0's ``value`` on every rank (itself when not distributed)."""
         if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
             return value
-        if self._group is None:
-            self._group = dist.new_group(backend="gloo")
         box = [value]
-        dist.broadcast_object_list(box, src=0, group=self._group)
+        dist.broadcast_object_list(box, src=0, group=_watch_group())
         return box[0]
 
     def wait_for_new(self, known: set[str]) -> list[ParquetFileInfo] | None:

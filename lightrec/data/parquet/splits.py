@@ -156,13 +156,20 @@ def check_follow_splits(val: SplitSetting = None, test: SplitSetting = None) -> 
             )
 
 
-def held_out(val: SplitSetting = None, test: SplitSetting = None) -> HeldOut:
+def held_out(val: SplitSetting = None, test: SplitSetting = None, *, check: bool = True) -> HeldOut:
     """The :class:`HeldOut` of ``val`` and ``test``: what a following loader leaves out of training.
 
+    Args:
+        val / test: the split settings.
+        check: refuse fractions (:func:`check_follow_splits`); False where the caller refused them
+            already (``ParquetDataModule`` does when it is made), so they are not checked twice. A
+            fraction selects no file here.
+
     Raises:
-        ValueError: a split is a fraction (:func:`check_follow_splits`).
+        ValueError: a split is a fraction (:func:`check_follow_splits`), with ``check``.
     """
-    check_follow_splits(val, test)
+    if check:
+        check_follow_splits(val, test)
     partitions = tuple(s for s in (val, test) if isinstance(s, Mapping))
     paths = tuple(resolve_filesystem(p)[1] for s in (val, test) for p in split_paths(s))
     return HeldOut(partitions, paths)

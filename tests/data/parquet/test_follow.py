@@ -1,5 +1,6 @@
 """Following a folder: files renamed in later are read, in rounds, in order; partial or unmarked files are
-not; the stream ends after the idle timeout; a position taken mid-stream resumes exactly."""
+not; the stream ends after the idle timeout; a position taken mid-stream resumes exactly; on real gloo ranks,
+loaders built again and again share one process group."""
 
 from __future__ import annotations
 
@@ -18,7 +19,10 @@ from lightrec.data.parquet import (
     build_spec,
 )
 from lightrec.data.parquet.follow import FolderWatcher
+from tests.data.parquet._follow_ranks import exhaust_following_loaders
+from tests.data.parquet._follow_ranks import publish as _publish
 from tests.data.parquet.helpers import event_table
+from tests.multiprocess import run_ranks
 
 POLL = FollowOptions(poll_interval=0.02, idle_timeout=0.6)
 
@@ -174,9 +178,84 @@ def test_following_refuses_a_fraction_split(split: str) -> None:
         ParquetDataModule("x", follow=True, **{split: 0.1})  # type: ignore[arg-type]
 
 
+def test_held_out_refuses_a_fraction_unless_the_caller_checked_already() -> None:
+    from lightrec.data.parquet.splits import HeldOut, held_out
+
+    with pytest.raises(ValueError, match=r"follow=True cannot take test=0.1"):
+        held_out({"day": "02"}, 0.1)
+    assert held_out({"day": "02"}, 0.1, check=False) == HeldOut(({"day": "02"},), ())  # a fraction selects no file
+
+
 def test_an_idle_source_ends_after_the_timeout(tmp_path: Path) -> None:
     _write(tmp_path, "a.parquet", 0, 20)
     loader = _loader(tmp_path, FollowOptions(poll_interval=0.05, idle_timeout=0.3))
     started = time.monotonic()
     assert len(list(loader)) == 2
     assert 0.3 <= time.monotonic() - started < 5
+
+
+@pytest.mark.slow  # ~12 s: mostly two spawned ranks importing torch and lightrec
+def test_following_loaders_built_again_and_again_on_real_ranks_share_one_process_group(tmp_path: Path) -> None:
+    """Rank 0 lists and tells the others through a gloo group of the watcher's: made once (a collective on
+    every rank), used by every following loader after, ended with the default group -- not one group per
+    loader, kept to the end of the process (threads and sockets each)."""
+    repeats = 4
+    for k in range(repeats):
+        (tmp_path / f"run-{k}").mkdir()
+        _publish(tmp_path / f"run-{k}", "part-00.parquet", 0, 40)
+    (tmp_path / "again-run").mkdir()
+    _publish(tmp_path / "again-run", "part-00.parquet", 0, 40)
+    ranks = run_ranks(exhaust_following_loaders, 2, args=(str(tmp_path), repeats))
+    for rank in ranks:
+        # the default group and the watchers' one; under the new default group, its own one
+        assert rank["groups"] == [2] * repeats + [2]
+        first = rank["runs"][0]
+        assert all(run == first for run in rank["runs"])  # the same batches every time
+    rows = [[int(r[0]) for b in rank["runs"][0] for r in b["dense"]] for rank in ranks]
+    # a rank's share of each round: 20 of the 40 rows there at the start, 15 of the 30 that landed mid-stream
+    assert rows == [[*range(0, 20), *range(40, 55)], [*range(20, 40), *range(55, 70)]]
+
+
+def test_the_watchers_group_is_made_once_per_default_group_and_ends_with_it(tmp_path: Path) -> None:
+    import gc
+
+    import torch.distributed as dist
+
+    from lightrec.data.parquet import follow
+    from tests.data.parquet._follow_ranks import live_groups
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        group = follow._watch_group()
+        assert follow._watch_group() is group and live_groups() == 2  # reused: no second group
+        dist.destroy_process_group()  # ends every group, the watchers' one too
+        del group
+        gc.collect()
+        assert follow._WATCH_GROUP is not None and follow._WATCH_GROUP[1]() is None  # not kept alive here
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg-again", rank=0, world_size=1)
+        again = follow._watch_group()  # a new default group: a new group for the watchers
+        assert follow._watch_group() is again and live_groups() == 2
+        assert dist.get_process_group_ranks(again) == [0]
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def test_a_following_datamodule_checks_its_splits_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lightrec.data.parquet import datamodule, splits
+
+    calls: list[tuple[object, object]] = []
+
+    def counted(val: object = None, test: object = None) -> None:
+        calls.append((val, test))
+        original(val, test)  # type: ignore[arg-type]
+
+    original = splits.check_follow_splits
+    monkeypatch.setattr(splits, "check_follow_splits", counted)
+    monkeypatch.setattr(datamodule, "check_follow_splits", counted)
+    _write(tmp_path, "day=01/part-0.parquet", 0, 20)
+    _write(tmp_path, "day=02/part-0.parquet", 1000, 20)
+    data = _following(tmp_path, val={"day": "02"})
+    loader = data.train_dataloader()  # type: ignore[attr-defined]
+    assert calls == [({"day": "02"}, None)]  # at construction (refused early), not again per loader
+    assert _rows(list(loader)) == list(range(20))  # the validation files still stay out of training
