@@ -19,7 +19,7 @@ as ``embedding_bags.<table>.weight``); their own state_dict entries are dropped 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TypeVar
+from typing import ClassVar, TypeVar
 
 import torch
 from torch import nn
@@ -73,19 +73,17 @@ def _resolve_spec(
 class _FusedCollectionBase(nn.Module):
     """Table bookkeeping, lookups, the state-dict de-duplication and the combined fused optimizer."""
 
-    _attr: str  # "embedding_bags" or "embeddings"
+    _attr: ClassVar[str]  # "embedding_bags" or "embeddings"
+    _config_type: ClassVar[type[BaseEmbeddingConfig]]  # the tables it takes: EmbeddingBagConfig / EmbeddingConfig
     _lookups: nn.ModuleList  # of BatchedEmbeddingBag / BatchedEmbedding (see _lookup_modules)
 
-    def __init__(
-        self,
-        tables: Sequence[BaseEmbeddingConfig],
-        config_type: type[BaseEmbeddingConfig],
-        spec: FusedOptimizerSpec,
-    ) -> None:
+    def __init__(self, tables: Sequence[BaseEmbeddingConfig], spec: FusedOptimizerSpec) -> None:
         super().__init__()
         for t in tables:
-            if not isinstance(t, config_type):
-                raise TypeError(f"{type(self).__name__} takes {config_type.__name__} tables, got {type(t).__name__}")
+            if not isinstance(t, self._config_type):
+                raise TypeError(
+                    f"{type(self).__name__} takes {self._config_type.__name__} tables, got {type(t).__name__}"
+                )
         names = [t.name for t in tables]
         if not tables or len(set(names)) != len(names) or not all(names):
             raise ValueError(f"tables need unique, non-empty names, got {names}")
@@ -210,6 +208,7 @@ class FusedEmbeddingBagCollection(_FusedCollectionBase, EmbeddingBagCollectionIn
     """
 
     _attr = "embedding_bags"
+    _config_type = EmbeddingBagConfig
     _out_perm: torch.Tensor | None  # buffer: column permutation from lookup order to table order
 
     def __init__(
@@ -227,7 +226,7 @@ class FusedEmbeddingBagCollection(_FusedCollectionBase, EmbeddingBagCollectionIn
         backend: str | None = None,
     ) -> None:
         kernel_backend = resolve_kernel_backend(kernel_backend, "FusedEmbeddingBagCollection", backend=backend)
-        super().__init__(tables, EmbeddingBagConfig, _resolve_spec(optimizer_type, optimizer_kwargs, fused_params))
+        super().__init__(tables, _resolve_spec(optimizer_type, optimizer_kwargs, fused_params))
         self._is_weighted = is_weighted
         # One batched module per pooling type, in order of first appearance.
         self._group_features: list[list[str]] = []
@@ -351,6 +350,7 @@ class FusedEmbeddingCollection(_FusedCollectionBase, EmbeddingCollectionInterfac
     """
 
     _attr = "embeddings"
+    _config_type = EmbeddingConfig
 
     def __init__(
         self,
@@ -366,7 +366,7 @@ class FusedEmbeddingCollection(_FusedCollectionBase, EmbeddingCollectionInterfac
         backend: str | None = None,
     ) -> None:
         kernel_backend = resolve_kernel_backend(kernel_backend, "FusedEmbeddingCollection", backend=backend)
-        super().__init__(tables, EmbeddingConfig, _resolve_spec(optimizer_type, optimizer_kwargs, fused_params))
+        super().__init__(tables, _resolve_spec(optimizer_type, optimizer_kwargs, fused_params))
         ftm = [i for i, t in enumerate(tables) for _ in t.feature_names]
         lookup = BatchedEmbedding(
             tables, ftm, self._spec, kernel_backend, device, self._param_names(tables), id_check=id_check,

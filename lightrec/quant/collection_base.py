@@ -16,7 +16,7 @@ holds the behaviour around those buffers (``from_float``, ``set_float_weight``,
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, List
+from typing import Any, ClassVar, List
 
 import torch
 from torch import nn
@@ -221,12 +221,12 @@ class QuantCollectionBase(nn.Module):
 
     TABLES_ATTR = ""  # "embedding_bags" (pooled) or "embeddings" (sequence): the state-dict prefix
     FLOAT_CONFIGS = ""  # the float collection's config getter: "embedding_bag_configs" / "embedding_configs"
+    CONFIG_TYPE: ClassVar[type[BaseEmbeddingConfig]]  # the tables it takes: EmbeddingBagConfig / EmbeddingConfig
     __jit_unused_properties__ = ["device"]
 
     def __init__(
         self,
         tables: list,
-        config_type: type,
         device: torch.device | str | None,
         dtype: object,
         per_table: dict[str, object] | None,
@@ -238,7 +238,7 @@ class QuantCollectionBase(nn.Module):
     ) -> None:
         super().__init__()
         self._feature_order, self._configs = storage_configs(
-            tables, config_type, type(self).__name__, dtype, per_table, bounds_check, row_alignment
+            tables, self.CONFIG_TYPE, type(self).__name__, dtype, per_table, bounds_check, row_alignment
         )
         self._bounds_check = bounds_check
         self._row_alignment = row_alignment

@@ -51,6 +51,7 @@ class QuantEmbeddingCollection(QuantCollectionBase, EmbeddingCollectionInterface
 
     TABLES_ATTR = "embeddings"
     FLOAT_CONFIGS = "embedding_configs"
+    CONFIG_TYPE = EmbeddingConfig
 
     def __init__(
         self,
@@ -65,8 +66,8 @@ class QuantEmbeddingCollection(QuantCollectionBase, EmbeddingCollectionInterface
         use_fbgemm: bool | None = None,
         backend: str | None = None,
     ) -> None:
-        super().__init__(tables, EmbeddingConfig, device, dtype, per_table, row_alignment, bounds_check,
-                         kernel_backend, use_fbgemm, backend)
+        super().__init__(tables, device, dtype, per_table, row_alignment, bounds_check, kernel_backend,
+                         use_fbgemm, backend)
         data_types = [t.data_type for t in self._configs]
         self.embeddings = nn.ModuleDict()
         for t, dt in zip(tables, data_types):

@@ -79,6 +79,7 @@ class QuantEmbeddingBagCollection(QuantCollectionBase, EmbeddingBagCollectionInt
 
     TABLES_ATTR = "embedding_bags"
     FLOAT_CONFIGS = "embedding_bag_configs"
+    CONFIG_TYPE = EmbeddingBagConfig
     _flat_weights: torch.Tensor  # every stored table back to back (buffer; the tables are views)
 
     def __init__(
@@ -95,8 +96,8 @@ class QuantEmbeddingBagCollection(QuantCollectionBase, EmbeddingBagCollectionInt
         use_fbgemm: bool | None = None,
         backend: str | None = None,
     ) -> None:
-        super().__init__(tables, EmbeddingBagConfig, device, dtype, per_table, row_alignment, bounds_check,
-                         kernel_backend, use_fbgemm, backend)
+        super().__init__(tables, device, dtype, per_table, row_alignment, bounds_check, kernel_backend,
+                         use_fbgemm, backend)
         data_types = [t.data_type for t in self._configs]
         self._is_weighted = is_weighted
         # All tables live back to back in one flat buffer (lightrec.quant.table_groups), so a

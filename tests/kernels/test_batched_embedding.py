@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 from typing import Any
 
 import pytest
@@ -466,3 +467,35 @@ def test_fbgemm_host_storage_is_on_huge_pages_and_trains_the_same(kind: EmbOptim
     state_fb, state_ref = fb.fused_optimizer.state_dict()["state"], ref.fused_optimizer.state_dict()["state"]
     for key in state_ref:
         torch.testing.assert_close(state_fb[key]["momentum1"], state_ref[key]["momentum1"], rtol=1e-5, atol=1e-7)
+
+
+_P, _K = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY
+# (name, kind, default) in signature order; pooling is BatchedEmbeddingBag's third positional
+BATCHED_SIGNATURES: dict[type, list[tuple[str, object, object]]] = {
+    BatchedEmbeddingBag: [
+        ("tables", _P, inspect.Parameter.empty), ("feature_table_map", _P, None), ("pooling", _P, PoolingType.SUM),
+        ("optimizer", _P, None), ("kernel_backend", _P, "auto"), ("device", _P, None),
+        ("optimizer_param_names", _P, None), ("id_check", _P, "auto"), ("tiering", _K, None), ("backend", _K, None),
+    ],
+    BatchedEmbedding: [
+        ("tables", _P, inspect.Parameter.empty), ("feature_table_map", _P, None),
+        ("optimizer", _P, None), ("kernel_backend", _P, "auto"), ("device", _P, None),
+        ("optimizer_param_names", _P, None), ("id_check", _P, "auto"), ("tiering", _K, None), ("backend", _K, None),
+    ],
+}
+
+
+@pytest.mark.parametrize("cls", list(BATCHED_SIGNATURES), ids=lambda c: c.__name__)
+def test_constructor_signature_is_unchanged(cls: type) -> None:
+    params = inspect.signature(cls).parameters.values()
+    assert [(p.name, p.kind, p.default) for p in params] == BATCHED_SIGNATURES[cls]
+
+
+def test_positional_calls_reach_the_right_parameters() -> None:
+    spec = _spec(EmbOptimType.SGD, 0.0, "none")
+    bag = BatchedEmbeddingBag([(10, 4), (6, 4)], [0, 1, 1], PoolingType.MEAN, spec, "torch", "cpu", ["a", "b"], "sync")
+    seq = BatchedEmbedding([(10, 4), (6, 4)], [0, 1, 1], spec, "torch", "cpu", ["a", "b"], "sync")
+    for module, pooling in ((bag, PoolingType.MEAN), (seq, PoolingType.NONE)):
+        assert module.feature_table_map == [0, 1, 1] and module.pooling == pooling
+        assert module.backend_name == "torch" and module.id_check == "sync"
+        assert list(module.fused_optimizer.params) == ["a", "b"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 
 import pytest
 import torch
@@ -271,3 +272,35 @@ def test_fbgemm_lookup_under_inference_mode_matches_training_forward(pooling: Po
     with torch.inference_mode():
         got = ebc(kjt).values()
     torch.testing.assert_close(got, expected)
+
+
+_P, _K = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY
+# (name, kind, default) in signature order: what users construct the fused collections with
+FUSED_SIGNATURES: dict[type, list[tuple[str, object, object]]] = {
+    FusedEmbeddingBagCollection: [
+        ("tables", _P, inspect.Parameter.empty), ("optimizer_type", _P, None), ("optimizer_kwargs", _P, None),
+        ("fused_params", _K, None), ("is_weighted", _K, False), ("device", _K, None), ("kernel_backend", _K, "auto"),
+        ("id_check", _K, "auto"), ("tiering", _K, None), ("backend", _K, None),
+    ],
+    FusedEmbeddingCollection: [
+        ("tables", _P, inspect.Parameter.empty), ("optimizer_type", _P, None), ("optimizer_kwargs", _P, None),
+        ("fused_params", _K, None), ("device", _K, None), ("kernel_backend", _K, "auto"),
+        ("id_check", _K, "auto"), ("tiering", _K, None), ("backend", _K, None),
+    ],
+}
+
+
+@pytest.mark.parametrize("cls", list(FUSED_SIGNATURES), ids=lambda c: c.__name__)
+def test_constructor_signature_is_unchanged(cls: type) -> None:
+    params = inspect.signature(cls).parameters.values()
+    assert [(p.name, p.kind, p.default) for p in params] == FUSED_SIGNATURES[cls]
+
+
+def test_each_collection_takes_only_its_config_type() -> None:
+    bag = [EmbeddingBagConfig(name="t", num_embeddings=4, embedding_dim=8)]
+    seq = [EmbeddingConfig(name="t", num_embeddings=4, embedding_dim=8)]
+    # the wrong config on purpose (hence the type: ignore)
+    with pytest.raises(TypeError, match="FusedEmbeddingBagCollection takes EmbeddingBagConfig tables, got Emb"):
+        FusedEmbeddingBagCollection(seq, torch.optim.SGD, {"lr": 0.1})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="FusedEmbeddingCollection takes EmbeddingConfig tables, got EmbeddingBag"):
+        FusedEmbeddingCollection(bag, torch.optim.SGD, {"lr": 0.1})  # type: ignore[arg-type]
