@@ -1,7 +1,7 @@
 """lightrec's native CPU ops: built from ``lightrec/csrc`` at first use, or left out with one warning.
 
-Five small C++ files register torch ops (``torch.ops.lightrec_cpu.*``: the torch kernel's fused
-update and row gather on CPU; ``torch.ops.lightrec_mch.*``: a managed-collision table's training step on CPU;
+Six small C++ files register torch ops (``torch.ops.lightrec_cpu.*``: the torch kernel's fused
+update and row gather on CPU, and the id check and sample-major id order of a batched lookup; ``torch.ops.lightrec_mch.*``: a managed-collision table's training step on CPU;
 ``torch.ops.lightrec_tiered.*``: a tiered table's cache bookkeeping and row copies on CPU;
 ``torch.ops.lightrec_shm.*``: the futex signalling of the shared-memory transport, Linux only).
 They are compiled once per machine by ``torch.utils.cpp_extension.load`` -- the
@@ -56,7 +56,9 @@ class NativeOps:
 
     Attributes:
         fused_update: ``torch.ops.lightrec_cpu.cpu_fused_update`` and ``torch.ops.lightrec_cpu.gather_rows``
-            (the torch kernel's prefetching row gather, ``lightrec.kernels.cpu_gather``) are registered.
+            (the torch kernel's prefetching row gather, ``lightrec.kernels.cpu_gather``) are registered, and
+            ``check_lookup_inputs`` / ``sample_major_ids`` (``lightrec/csrc/lookup_inputs.cpp``: the id check of
+            ``lightrec.kernels.input_checks`` and the torch kernel's one-id-per-bag id order, one pass each).
         tiered: ``torch.ops.lightrec_tiered.{tiered_admit, tiered_touch, tiered_release, tiered_copy_rows,
             tiered_advise}`` are registered.
         shm: ``torch.ops.lightrec_shm.{shm_store, shm_wait, shm_fetch_add}`` are registered (Linux).
@@ -73,7 +75,7 @@ class NativeOps:
 
 
 def _sources() -> list[str]:
-    files = ["cpu_fused_update.cpp", "cpu_gather.cpp", "mch_step.cpp", "tiered_cache.cpp"]
+    files = ["cpu_fused_update.cpp", "cpu_gather.cpp", "lookup_inputs.cpp", "mch_step.cpp", "tiered_cache.cpp"]
     if sys.platform.startswith("linux"):  # futex signalling
         files.append("shm_sync.cpp")
     return [str(_CSRC / f) for f in files]

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from lightrec._host_memory import empty_host_tensor
+from lightrec._native import native_ops
 from lightrec.kernels.cpu_gather import gather_rows
 from lightrec.kernels.cpu_update import (
     NATIVE_OPTIMIZERS,
@@ -256,9 +257,7 @@ class _LookupFunction(torch.autograd.Function):
             # saving the feature-major -> sample-major transposes of output and gradient.
             g = backend.groups[0]
             num_features = len(g.features)
-            ids, _, w = backend._group_inputs(g, indices, offsets, psw, batch)
-            ids = ids.view(num_features, batch).t().reshape(-1)
-            w = w.view(num_features, batch).t().reshape(-1) if w is not None else None
+            ids, w = _sample_major_inputs(backend, g, indices, offsets, psw, batch)
             out = gather_rows(g.weight, ids)
             if w is not None:
                 out = out * w.to(out.dtype).unsqueeze(1)
@@ -340,6 +339,34 @@ def dim_groups(dims: Sequence[int]) -> list[tuple[int, list[int]]]:
     """``(dim, table indices)`` of each dim group of a kernel's tables, in storage order (dims in the
     order they first appear, tables in index order): ``[16, 64, 16]`` gives ``[(16, [0, 2]), (64, [1])]``."""
     return [(dim, [t for t, d in enumerate(dims) if d == dim]) for dim in sorted(set(dims), key=list(dims).index)]
+
+
+def _sample_major_inputs(
+    backend: TorchBatchedLookup,
+    g: _DimGroup,
+    indices: torch.Tensor,
+    offsets: torch.Tensor,
+    psw: torch.Tensor | None,
+    batch: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``[B * F]`` storage ids (and weights) of a one-group, one-id-per-bag batch in sample-major order:
+    entry ``b * F + f`` is sample ``b``'s id of feature ``f``, shifted to its table's rows.
+
+    On CPU one native pass (``lightrec/csrc/lookup_inputs.cpp``) shifts and transposes the ids;
+    elsewhere (or without the native library) the same from torch ops.
+    """
+    num_features = len(g.features)
+    if (
+        indices.device.type == "cpu"
+        and backend.feature_shift.device.type == "cpu"
+        and native_ops() is not None
+    ):
+        ids = torch.ops.lightrec_cpu.sample_major_ids(indices.contiguous(), backend.feature_shift, batch)
+    else:
+        ids, _, _ = backend._group_inputs(g, indices, offsets, None, batch)
+        ids = ids.view(num_features, batch).t().reshape(-1)
+    w = psw.view(num_features, batch).t().reshape(-1) if psw is not None else None
+    return ids, w
 
 
 def _all_singletons(offsets: torch.Tensor, num_ids: int) -> bool:

@@ -189,3 +189,24 @@ def test_kjt_all_to_all_matches_reference(world_size: int) -> None:
             assert got[me]["error"] is None
         else:
             assert got[me]["error"] is not None and "ranks [0] sent weighted" in got[me]["error"]
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("lengths_dtype", [torch.int32, torch.int64])
+def test_host_segment_permute_equals_the_device_one(weighted: bool, lengths_dtype: torch.dtype) -> None:
+    """The cut-and-concatenate permute (batches on the host) against the index-gather one (accelerators):
+    uneven segments, empty ones and empty bags, key-major order from source-major."""
+    from lightrec.distributed.comm._jagged import permute_segments, permute_segments_on_host
+
+    g = torch.Generator().manual_seed(7)
+    sizes = [3, 0, 2, 4, 1, 0]  # bags of (source, key) segments, source-major: 2 sources x 3 keys
+    lengths = torch.randint(0, 4, (sum(sizes),), generator=g).to(lengths_dtype)
+    values = torch.randint(0, 100, (int(lengths.sum()),), generator=g)
+    weights = torch.rand(values.numel(), generator=g) if weighted else None
+    order = [s * 3 + k for k in range(3) for s in range(2)]
+    want = permute_segments(lengths, values, weights, sizes, order)
+    got = permute_segments_on_host(lengths, values, weights, sizes, order)
+    assert got[0].dtype == lengths_dtype and torch.equal(got[0], want[0])
+    assert torch.equal(got[1], want[1])
+    assert (got[2] is None) == (want[2] is None) and (got[2] is None or torch.equal(got[2], want[2]))
+    assert torch.equal(got[3].value_index(), want[3])

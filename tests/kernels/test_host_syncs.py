@@ -19,10 +19,11 @@ from typing import Any
 import pytest
 import torch
 
+from lightrec._native import native_ops
 from lightrec.data import SyntheticCriteoDataset
 from lightrec.distributed.comm.kjt_all_to_all import KJTAllToAll
 from lightrec.distributed.sharding.common import KeySelector
-from lightrec.kernels import FusedEmbeddingBagCollection
+from lightrec.kernels import FusedEmbeddingBagCollection, input_checks
 from lightrec.models import DLRM
 from lightrec.sparse import KeyedJaggedTensor
 from tests.multiprocess import run_ranks
@@ -113,16 +114,26 @@ def _reads_in_one_step(backend: str, id_check: str) -> Counter:
     return counts
 
 
-def test_torch_backend_reads_the_device_once_per_lookup() -> None:
+def test_torch_backend_reads_the_device_once_per_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
     """The combined id/offset/one-id-per-bag check: one ``tolist`` per step, nothing else.
 
-    The collection's negative-length / NaN-weight check reads the lengths too, but only for a KJT
-    on the host (``check_collection_input`` skips it on an accelerator, where the ``check_values``
-    read finds both): it is counted here, on CPU, and is not a sync a GPU run would have."""
+    The torch-op form of the check is the one an accelerator runs; on CPU it is forced here by
+    turning the native check pass off. The collection's negative-length / NaN-weight check reads
+    the lengths too, but only for a KJT on the host (``check_collection_input`` skips it on an
+    accelerator, where the ``check_values`` read finds both): it is counted here, on CPU, and is
+    not a sync a GPU run would have."""
+    monkeypatch.setattr(input_checks, "_native_checks", lambda: False)
     counts = _reads_in_one_step("torch", "sync")
     assert counts == Counter(
         {"kernels/input_checks.py:check_values tolist": 1, "sparse/kjt_checks.py:check_lengths_and_weights __int__": 1}
     )
+
+
+@pytest.mark.skipif(native_ops() is None, reason="lightrec's native CPU ops are not built here")
+def test_native_check_pass_reads_no_tensor_on_cpu() -> None:
+    """On CPU the native pass returns its verdicts as ints: no tensor is read at all."""
+    counts = _reads_in_one_step("torch", "sync")
+    assert counts == Counter({"sparse/kjt_checks.py:check_lengths_and_weights __int__": 1})
 
 
 @requires_triton

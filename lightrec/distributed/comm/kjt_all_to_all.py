@@ -48,7 +48,7 @@ import torch
 import torch.distributed as dist
 
 from lightrec.distributed.comm._autograd import GroupCollective, per_rank_counts
-from lightrec.distributed.comm._jagged import permute_segments
+from lightrec.distributed.comm._jagged import HostSegmentOrder, permute_segments, permute_segments_on_host
 from lightrec.distributed.comm.awaitable import Awaitable
 from lightrec.distributed.comm.shm_transport import ShmExchange, ShmTransport, shm_transport
 from lightrec.sparse import KeyedJaggedTensor
@@ -100,7 +100,7 @@ class KJTAllToAllTensorsAwaitable(Awaitable[KeyedJaggedTensor]):
         self.batch_size_per_rank = batch_size_per_rank
         self.values_per_rank = values_per_rank
         self.values_sent_per_rank = values_sent_per_rank
-        self._value_index: torch.Tensor | None = None
+        self._value_index: torch.Tensor | HostSegmentOrder | None = None  # the latter: built when read
         self._works = works
         # lengths None: ``values`` is the merged buffer, per source [lengths | values].
         self._lengths, self._values, self._weights = lengths, values, weights
@@ -112,6 +112,8 @@ class KJTAllToAllTensorsAwaitable(Awaitable[KeyedJaggedTensor]):
     def value_index(self) -> torch.Tensor | None:
         """After ``wait()``: for each output value, its position in the received (source-major)
         buffer; None when no permute was needed (the received order is already key-major)."""
+        if isinstance(self._value_index, HostSegmentOrder):
+            self._value_index = self._value_index.value_index()
         return self._value_index
 
     def _wait_impl(self) -> KeyedJaggedTensor:
@@ -128,9 +130,8 @@ class KJTAllToAllTensorsAwaitable(Awaitable[KeyedJaggedTensor]):
             # Received source-major [src][key][sample]; the output is key-major [key][src][sample].
             sizes = [b for b in self.batch_size_per_rank for _ in range(num_keys)]
             order = [s * num_keys + k for k in range(num_keys) for s in range(world_size)]
-            lengths, values, weights, self._value_index = permute_segments(
-                lengths, values, weights, sizes, order
-            )
+            permute = permute_segments_on_host if lengths.device.type == "cpu" else permute_segments
+            lengths, values, weights, self._value_index = permute(lengths, values, weights, sizes, order)
         return KeyedJaggedTensor(
             keys=self.keys,
             values=values,
