@@ -24,9 +24,14 @@ files, for online training. The stream is read in *rounds*:
 
 Every rank must see the same files in the same rounds (they run the same steps): rank 0 lists, and
 sends what it found to the others (a ``broadcast_object_list`` on a gloo group, so an NCCL training
-group is left alone). That group is one per default group, however many following loaders there
-are: made at the first poll of the first of them (creating a group is a collective of every rank,
-and the ranks poll in step), used by every one after, and ended with the default group
+group is left alone). The first round too: each rank's :class:`~lightrec.data.parquet.source.ParquetSource`
+listed the path when it was made, and a file that landed while the ranks were starting is in some of
+those listings only; so every iteration of the loader starts with rank 0's round (one broadcast, as
+in a poll): a rank reads the footer of a file there that it did not list itself, and a file only it
+listed waits for the poll in which rank 0 finds it. That group is one per default group, however
+many following loaders there are: made when the first of them starts iterating (creating a group is
+a collective of every rank, and the ranks iterate and poll in step), used by every one after, and
+ended with the default group
 (``destroy_process_group()``). A process that builds loaders again and again (every fit, a test
 suite) holds one such group, not one per loader, and no loader destroys a group that another rank
 may still be receiving on. The position in a checkpoint names the files finished, the round in
@@ -73,8 +78,8 @@ def _watch_group() -> dist.ProcessGroup:
 
     Made at the first call under the current default group, then returned again: one per default
     group, however many following loaders are built; it ends with the default group. Collective at
-    its first call under a default group: every rank must make that call (the ranks poll in step,
-    so the first poll of the first following loader is that call everywhere).
+    its first call under a default group: every rank must make that call (the ranks iterate in step,
+    so the start of the first following loader's first iteration is that call everywhere).
     """
     global _WATCH_GROUP
     world = dist.group.WORLD
@@ -176,6 +181,10 @@ class FolderWatcher:
         dist.broadcast_object_list(box, src=0, group=_watch_group())
         return box[0]
 
+    def agree_round(self, paths: list[str]) -> list[str]:
+        """Rank 0's ``paths`` (a round's files) on every rank: a collective of every rank when distributed."""
+        return self._agree(list(paths))
+
     def wait_for_new(self, known: set[str]) -> list[ParquetFileInfo] | None:
         """New files, polling until some arrive; None when ``idle_timeout`` passed without any."""
         started = time.monotonic()
@@ -197,7 +206,7 @@ class FollowingParquetLoader(LoaderBase):
     """An unbounded loader over a growing folder (module docstring); no ``len()``.
 
     Args:
-        source: the files there at the start (read in the first round).
+        source: the files there at the start: rank 0's are read in the first round (module docstring).
         spec / batch_size: see :class:`~lightrec.data.parquet.loader.LoaderBase`.
         follow: polling settings.
         leave_out: ``leave_out(path)`` is True for a file that is not training data (the ``val`` and
@@ -238,11 +247,25 @@ class FollowingParquetLoader(LoaderBase):
             self._by_path[info.path] = len(self.files) - 1
         return self._by_path[info.path]
 
+    def _index_of(self, path: str) -> int:
+        """The index in ``files`` of a file rank 0 or a checkpoint named (its footer read when this rank has not)."""
+        if path in self._by_path:
+            return self._by_path[path]
+        return self._index(read_file_info(self.source.filesystem, path))
+
+    def _agree_round(self) -> None:
+        """Start from rank 0's round: each rank listed the path itself, not at the same moment (module docstring)."""
+        agreed = self.watcher.agree_round(self._round)
+        for path in agreed:
+            self._index_of(path)
+        self._round = agreed
+
     def _round_slices(self) -> list[Slice]:
         return self._carry + slices_of(self.files, [self._by_path[p] for p in self._round])
 
     def __iter__(self) -> Iterator[Batch]:
         start = self._restore()
+        self._agree_round()
         self._ended = False
         while True:
             slices = self._round_slices()
@@ -271,10 +294,8 @@ class FollowingParquetLoader(LoaderBase):
         if resume is None or resume.follow is None:
             return 0
         state = resume.follow
-        paths = list(dict.fromkeys([*state["round"], *(str(c[0]) for c in state["carry"])]))
-        for path in paths:
-            if path not in self._by_path:
-                self._index(read_file_info(self.source.filesystem, path))
+        for path in dict.fromkeys([*state["round"], *(str(c[0]) for c in state["carry"])]):
+            self._index_of(path)
         self._done, self._round = list(state["done"]), list(state["round"])
         self._carry = [Slice(self._by_path[str(p)], int(g), int(lo), int(hi)) for p, g, lo, hi in state["carry"]]
         return resume.batch

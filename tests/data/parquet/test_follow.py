@@ -19,7 +19,7 @@ from lightrec.data.parquet import (
     build_spec,
 )
 from lightrec.data.parquet.follow import FolderWatcher
-from tests.data.parquet._follow_ranks import exhaust_following_loaders
+from tests.data.parquet._follow_ranks import exhaust_following_loaders, follow_after_listings_that_differ
 from tests.data.parquet._follow_ranks import publish as _publish
 from tests.data.parquet.helpers import event_table
 from tests.multiprocess import run_ranks
@@ -214,6 +214,51 @@ def test_following_loaders_built_again_and_again_on_real_ranks_share_one_process
     rows = [[int(r[0]) for b in rank["runs"][0] for r in b["dense"]] for rank in ranks]
     # a rank's share of each round: 20 of the 40 rows there at the start, 15 of the 30 that landed mid-stream
     assert rows == [[*range(0, 20), *range(40, 55)], [*range(20, 40), *range(55, 70)]]
+
+
+@pytest.mark.slow  # ~6-10 s: two spawned ranks importing torch and lightrec
+def test_ranks_whose_first_listings_differ_start_from_rank_0s_and_read_every_row_once(tmp_path: Path) -> None:
+    """Each rank lists the folder when it builds its loader; a file landing in between is in one rank's
+    listing only. Every rank must still read rank 0's first round (no barrier in the library's users), then
+    the late file in the round rank 0 finds it in: every row once, the same steps on every rank, the same
+    position on every rank, and a resume from rank 0's position that continues exactly."""
+    for late in range(2):
+        (tmp_path / f"late-{late}").mkdir()
+        _publish(tmp_path / f"late-{late}", "part-00.parquet", 0, 40)
+    ranks = run_ranks(follow_after_listings_that_differ, 2, args=(str(tmp_path),))
+    for late, rows, resumed, first_round in [
+        # rank 1 listed part-01 too, rank 0 did not: part-00 is the first round (20 rows a rank), part-01 the next
+        (1, [[*range(0, 20), *range(40, 55)], [*range(20, 40), *range(55, 70)]],
+         [[*range(10, 20), *range(40, 55)], [*range(30, 40), *range(55, 70)]], ["part-00.parquet"]),
+        # rank 0 listed part-01, rank 1 did not: both files are the first round (35 rows a rank)
+        (0, [list(range(0, 35)), list(range(35, 70))], [list(range(10, 35)), list(range(45, 70))],
+         ["part-00.parquet", "part-01.parquet"]),
+    ]:  # fmt: skip
+        case = [rank[f"late-{late}"] for rank in ranks]
+        assert sorted(case[0]["rows"] + case[1]["rows"]) == list(range(70))  # every row once, across the ranks
+        assert len(case[0]["rows"]) == len(case[1]["rows"])  # the same steps on every rank
+        assert [c["rows"] for c in case] == rows
+        assert [c["resumed"] for c in case] == resumed
+        assert case[0]["position"] == case[1]["position"]
+        names = [str(tmp_path / f"late-{late}" / name) for name in first_round]
+        assert case[0]["position"]["follow"] == {"done": [], "round": names, "carry": []}
+        assert case[0]["position"]["batch"] == 2
+
+
+def test_one_rank_makes_no_watchers_group(tmp_path: Path) -> None:
+    """World size 1: the first round and every poll are this rank's own listing, no collective, no group."""
+    import torch.distributed as dist
+
+    from tests.data.parquet._follow_ranks import live_groups
+
+    (tmp_path / "data").mkdir()
+    _write(tmp_path / "data", "a.parquet", 0, 20)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        assert _rows(list(_loader(tmp_path / "data"))) == list(range(20))
+        assert live_groups() == 1  # the default group only
+    finally:
+        dist.destroy_process_group()
 
 
 def test_the_watchers_group_is_made_once_per_default_group_and_ends_with_it(tmp_path: Path) -> None:
