@@ -10,7 +10,8 @@ need; it is imported lazily (it imports Lightning). The pieces below it work wit
 * :func:`plan_epoch` (``sharding.py``): ranks and workers -> disjoint rows, equal steps;
 * :class:`ParquetLoader` (``loader.py``, with ``reader.py``, ``columns.py``, ``batches.py``,
   ``transport.py``): one rank's batches, read by loader workers, resumable (``state.py``);
-* :class:`FollowingParquetLoader` (``follow.py``): an unbounded source over a growing folder;
+* :class:`FollowingParquetLoader` (``follow.py``): an unbounded source over a growing folder, from
+  :func:`following_source` (the complete files there at the start, or the first to land);
 * the errors (``errors.py``); ``lightrec data convert`` (``convert.py``, reading text with
   ``text_blocks.py`` and ``text_tables.py``) and ``lightrec data inspect`` (``inspection.py``).
 """
@@ -26,7 +27,7 @@ from lightrec.data.parquet.errors import (
     ParquetSchemaError,
     ParquetValueError,
 )
-from lightrec.data.parquet.follow import FollowingParquetLoader, FollowOptions
+from lightrec.data.parquet.follow import FollowingParquetLoader, FollowOptions, following_source
 from lightrec.data.parquet.loader import ParquetLoader
 from lightrec.data.parquet.sharding import plan_epoch, slices_of
 from lightrec.data.parquet.sizing import id_ranges, size_tables
@@ -50,6 +51,7 @@ __all__ = [
     "ResumeMismatchError",
     "SparseFeature",
     "build_spec",
+    "following_source",
     "id_ranges",
     "plan_epoch",
     "size_tables",

@@ -43,7 +43,7 @@ from typing import Any, Literal
 import lightning.pytorch as pl
 
 from lightrec.data.errors import OnError, check_on_error
-from lightrec.data.parquet.follow import FollowingParquetLoader, FollowOptions
+from lightrec.data.parquet.follow import FollowingParquetLoader, FollowOptions, following_source
 from lightrec.data.parquet.loader import LoaderBase, LoaderOptions, ParquetLoader
 from lightrec.data.parquet.sizing import size_tables
 from lightrec.data.parquet.source import ParquetSource
@@ -95,6 +95,8 @@ class ParquetDataModule(pl.LightningDataModule):
         follow / poll_interval / idle_timeout / marker: read new files as they land (training data;
             see :mod:`lightrec.data.parquet.follow`). Files that ``val`` or ``test`` select, there at
             the start or landing later, are left out of it; fractions are refused with ``follow``.
+            ``marker`` holds back the files of unmarked folders, those there at the start too; a start
+            with no (complete) file waits for the first, up to ``idle_timeout`` seconds.
         pin_memory: build batches in page-locked memory; None: when training on CUDA.
         prefetch_factor: parts (of ~32k rows) each worker lays out ahead.
         persistent_workers: keep each loader's workers across epochs (started once; an epoch
@@ -170,11 +172,13 @@ class ParquetDataModule(pl.LightningDataModule):
     # ------------------------------------------------------------------ the data
     @property
     def source(self) -> ParquetSource:
-        """The files (listed and their footers read at first use)."""
+        """The files (listed and their footers read at first use); with ``follow``, the complete ones, or the
+        first to land (:func:`~lightrec.data.parquet.follow.following_source`)."""
         if self._source is None:
             paths = [self.path] if isinstance(self.path, str) else list(self.path)
             extra = [p for v in self.splits.values() for p in split_paths(v)]
-            self._source = ParquetSource(list(dict.fromkeys(paths + extra)))
+            listed = list(dict.fromkeys(paths + extra))
+            self._source = ParquetSource(listed) if self.follow is None else following_source(listed, self.follow)
         return self._source
 
     @property
@@ -206,10 +210,11 @@ class ParquetDataModule(pl.LightningDataModule):
     def check_data(self) -> None:
         """Raise early (before ranks start) when the path has no Parquet files or lacks a column.
 
-        ``lightrec run`` calls it; it lists the files and reads their footers, no rows.
+        ``lightrec run`` calls it; it lists the files and reads their footers, no rows. With ``follow``, an
+        empty path (or one without a marked folder) is waited for, up to ``idle_timeout`` seconds.
 
         Raises:
-            FileNotFoundError: no Parquet file at the path.
+            FileNotFoundError: no (complete) Parquet file at the path (with ``follow``: none landed in time).
             ParquetSchemaError / ParquetFileError: a column is missing or mistyped, a file unreadable.
         """
         self.spec  # noqa: B018 - builds the source and the spec, which check the files and columns

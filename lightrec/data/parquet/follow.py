@@ -1,7 +1,18 @@
 """Following a folder: an unbounded Parquet source that reads files as they land.
 
 ``ParquetDataModule(..., follow=True)`` trains on what is there, then keeps polling the path for new
-files, for online training. The stream is read in *rounds*:
+files, for online training.
+
+**The start** (:func:`following_source`) is the complete files there: with ``marker``, those of
+marked folders only (a folder still being written is left for the poll that finds its marker, as in
+1. below). When there is none yet -- an empty folder, a glob that matches nothing, no folder marked
+yet: files will land -- the path is listed every ``poll_interval`` seconds for the first one, and
+after ``idle_timeout`` seconds without one it is a ``FileNotFoundError`` naming the path (the
+features are read from the first file: nothing can start before it). Every rank waits for its own
+first file in the same way, with no collective: a rank that listed the folder empty a moment before
+a file landed starts with the others instead of failing alone while they wait for it.
+
+The stream is then read in *rounds*:
 
 1. **list** the path (every ``poll_interval`` seconds) for files not seen before that are
    *complete*: names starting with ``.`` or ``_`` are skipped (write a file under such a name, then
@@ -28,10 +39,10 @@ group is left alone). The first round too: each rank's :class:`~lightrec.data.pa
 listed the path when it was made, and a file that landed while the ranks were starting is in some of
 those listings only; so every iteration of the loader starts with rank 0's round (one broadcast, as
 in a poll): a rank reads the footer of a file there that it did not list itself, and a file only it
-listed waits for the poll in which rank 0 finds it. That group is one per default group, however
-many following loaders there are: made when the first of them starts iterating (creating a group is
-a collective of every rank, and the ranks iterate and poll in step), used by every one after, and
-ended with the default group
+listed (or whose folder rank 0 found unmarked) waits for the poll in which rank 0 finds it. That
+group is one per default group, however many following loaders there are: made when the first of
+them starts iterating (creating a group is a collective of every rank, and the ranks iterate and
+poll in step), used by every one after, and ended with the default group
 (``destroy_process_group()``). A process that builds loaders again and again (every fit, a test
 suite) holds one such group, not one per loader, and no loader destroys a group that another rank
 may still be receiving on. The position in a checkpoint names the files finished, the round in
@@ -56,11 +67,19 @@ from lightrec.data.batch import Batch
 from lightrec.data.parquet.errors import ParquetFileError
 from lightrec.data.parquet.loader import LoaderBase, LoaderOptions
 from lightrec.data.parquet.sharding import Slice, plan_epoch, slices_of, take_rows
-from lightrec.data.parquet.source import ParquetFileInfo, ParquetSource, list_files, read_file_info
+from lightrec.data.parquet.source import (
+    ParquetFileInfo,
+    ParquetSource,
+    complete_files,
+    list_files,
+    listing_root,
+    read_file_info,
+    resolve_filesystem,
+)
 from lightrec.data.parquet.spec import FeatureSpec, check_schema
 from lightrec.data.parquet.state import FollowState, LoaderPosition, LoaderState, ResumeMismatchError
 
-__all__ = ["FolderWatcher", "FollowOptions", "FollowingParquetLoader"]
+__all__ = ["FolderWatcher", "FollowOptions", "FollowingParquetLoader", "following_source"]
 
 logger = logging.getLogger(__name__)
 
@@ -144,23 +163,16 @@ class FolderWatcher:
         self.leave_out = leave_out
         self._unreadable: dict[str, tuple[tuple[int, int | None], int]] = {}
 
-    def _complete(self, path: str) -> bool:
-        if self.options.marker is None:
-            return True
-        folder = path.rsplit("/", 1)[0]
-        return self.filesystem.get_file_info(f"{folder}/{self.options.marker}").type == pafs.FileType.File
-
     def _stamp(self, path: str) -> tuple[int, int | None]:
         info = self.filesystem.get_file_info(path)
         return int(info.size or 0), info.mtime_ns if info.mtime is not None else None
 
     def list_new(self, known: set[str]) -> list[ParquetFileInfo]:
         """The complete, readable files not in ``known``, sorted by path (this process's view)."""
-        found = sorted({p for path in self.paths for p in list_files(self.filesystem, path)} - known)
+        listed = sorted({p for path in self.paths for p in list_files(self.filesystem, path)} - known)
+        wanted = [p for p in listed if self.leave_out is None or not self.leave_out(p)]
         out = []
-        for path in found:
-            if (self.leave_out is not None and self.leave_out(path)) or not self._complete(path):
-                continue
+        for path in complete_files(self.filesystem, wanted, self.options.marker):
             try:
                 out.append(read_file_info(self.filesystem, path))
                 self._unreadable.pop(path, None)
@@ -202,11 +214,60 @@ class FolderWatcher:
             time.sleep(self.options.poll_interval)
 
 
+def following_source(
+    path: str | Sequence[str], follow: FollowOptions, filesystem: pafs.FileSystem | None = None
+) -> ParquetSource:
+    """The files there at the start of following ``path`` (module docstring): the complete ones, or the first to land.
+
+    A :class:`~lightrec.data.parquet.source.ParquetSource` with ``follow.marker``; while a path gives no
+    complete file, it is listed again every ``follow.poll_interval`` seconds, for ``follow.idle_timeout``
+    seconds at most (None: for ever). Each rank waits for its own listing: no collective.
+
+    A path whose folder does not exist (for a glob, the folder before its first wildcard) is refused at
+    once rather than waited for: that is a mistyped path far more often than a writer yet to start.
+
+    Raises:
+        FileNotFoundError: a path's folder does not exist, or a path still gives no complete file after
+            ``follow.idle_timeout`` seconds.
+        ParquetFileError: a file is not readable Parquet.
+    """
+    for p in [path] if isinstance(path, str) else [str(q) for q in path]:
+        fs, inner = resolve_filesystem(p) if filesystem is None else (filesystem, p)
+        root = listing_root(inner)
+        if fs.get_file_info(root).type == pafs.FileType.NotFound:
+            raise FileNotFoundError(
+                f"cannot follow {p!r}: {root!r} does not exist. Check the path, or create the folder the files "
+                "will land in before starting (following waits for files in an existing folder, not for the folder)"
+            )
+    started, warned = time.monotonic(), False
+    timeout = follow.idle_timeout
+    while True:
+        try:
+            return ParquetSource(path, filesystem, marker=follow.marker)
+        except FileNotFoundError as exc:
+            waited = time.monotonic() - started
+            if timeout is not None and waited >= timeout:
+                raise FileNotFoundError(
+                    f"{exc}. Following waited {waited:.1f} s (idle_timeout={timeout:g}) for a first file there; "
+                    "start when the first file has landed, or raise idle_timeout (None: wait for ever)"
+                ) from exc
+            if not warned:
+                logger.warning(
+                    "following %s: no complete Parquet file there yet; listing it every %g s for the first one "
+                    "(idle_timeout=%s s)", path, follow.poll_interval, timeout,
+                )  # fmt: skip
+                warned = True
+            left = follow.poll_interval if timeout is None else min(follow.poll_interval, timeout - waited)
+            time.sleep(max(left, 0.0))
+
+
 class FollowingParquetLoader(LoaderBase):
     """An unbounded loader over a growing folder (module docstring); no ``len()``.
 
     Args:
-        source: the files there at the start: rank 0's are read in the first round (module docstring).
+        source: the files there at the start (:func:`following_source`): rank 0's are read in the first
+            round (module docstring). With ``follow.marker``, files of a folder without the marker are
+            left for the poll that finds it, also when the source was listed without the marker.
         spec / batch_size: see :class:`~lightrec.data.parquet.loader.LoaderBase`.
         follow: polling settings.
         leave_out: ``leave_out(path)`` is True for a file that is not training data (the ``val`` and
@@ -230,7 +291,10 @@ class FollowingParquetLoader(LoaderBase):
         self.files = self.reader.files  # grows as files arrive; slices index it
         self._by_path = {f.path: i for i, f in enumerate(self.files)}
         self._done: list[str] = []
-        self._round: list[str] = [f.path for f in source.files if leave_out is None or not leave_out(f.path)]
+        first = [f.path for f in source.files if leave_out is None or not leave_out(f.path)]
+        if source.marker != self.follow.marker:  # a folder not marked yet waits for the poll that finds its marker
+            first = complete_files(source.filesystem, first, self.follow.marker)
+        self._round: list[str] = first
         self._carry: list[Slice] = []
         self._ended = False
         self._resume: LoaderPosition | None = None
@@ -239,13 +303,19 @@ class FollowingParquetLoader(LoaderBase):
         raise TypeError("a following Parquet loader is unbounded: it has no length")
 
     def _index(self, info: ParquetFileInfo) -> int:
-        """The file's index in ``files`` (appended when new)."""
-        if info.path not in self._by_path:
-            first = self.files[0]  # a new file must give the same features, of the same kinds
-            check_schema(self.spec, info.schema, info.path, first=(first.schema, first.path))
+        """The file's index in ``files``: appended when new, its footer replaced when the file changed since it was
+        listed (the source listed it before its folder was marked; no round read it)."""
+        index = self._by_path.get(info.path)
+        if index is not None and (self.files[index].size, self.files[index].mtime_ns) == (info.size, info.mtime_ns):
+            return index
+        first = self.files[0]  # a new file must give the same features, of the same kinds
+        check_schema(self.spec, info.schema, info.path, first=(first.schema, first.path))
+        if index is None:
             self.files.append(info)
-            self._by_path[info.path] = len(self.files) - 1
-        return self._by_path[info.path]
+            index = self._by_path[info.path] = len(self.files) - 1
+        else:
+            self.files[index] = info
+        return index
 
     def _index_of(self, path: str) -> int:
         """The index in ``files`` of a file rank 0 or a checkpoint named (its footer read when this rank has not)."""
@@ -255,9 +325,13 @@ class FollowingParquetLoader(LoaderBase):
 
     def _agree_round(self) -> None:
         """Start from rank 0's round: each rank listed the path itself, not at the same moment (module docstring)."""
+        mine = set(self._round)
         agreed = self.watcher.agree_round(self._round)
         for path in agreed:
-            self._index_of(path)
+            if path in mine:
+                self._index_of(path)
+            else:  # not in this rank's own first round (listed later, or its folder marked since): its footer now
+                self._index(read_file_info(self.source.filesystem, path))
         self._round = agreed
 
     def _round_slices(self) -> list[Slice]:

@@ -12,7 +12,10 @@
   an fsspec filesystem where fsspec and its backend are installed (``memory://``, ``abfs://``, ...).
 
 Names starting with ``.`` or ``_`` are skipped at every level below the given folder (Spark's
-``_SUCCESS``, ``_temporary/``, writers' hidden ``.part`` files), as pyarrow's datasets do. Files are
+``_SUCCESS``, ``_temporary/``, writers' hidden ``.part`` files), as pyarrow's datasets do. With
+``marker="_SUCCESS"`` (a writer that writes its files in place and marks the folder when done), a
+file is listed only once its folder holds that marker file (:func:`complete_files`): the footer of a
+file still being written is not read. Files are
 read in the order of their full paths, sorted as strings: zero-pad partition values and file
 numbers (``day=07``, ``part-00012``) so that this is time order.
 
@@ -40,6 +43,7 @@ __all__ = [
     "ParquetFileInfo",
     "ParquetSource",
     "SourceSummary",
+    "complete_files",
     "hidden",
     "list_files",
     "names_file",
@@ -97,6 +101,12 @@ def _glob(path: str) -> tuple[str, str] | None:
     return base, path
 
 
+def listing_root(path: str) -> str:
+    """Where a listing of ``path`` starts: ``path`` itself (a file or folder), or a glob's base folder."""
+    glob = _glob(path)
+    return path if glob is None else glob[0]
+
+
 def _glob_matches(pattern: str, path: str) -> bool:
     """Whether ``path`` matches ``pattern`` as a shell glob: ``*``, ``?`` and ``[...]`` stay inside one
     name (``day=*/part-*.parquet`` does not reach ``day=1/old/part-0.parquet``); a ``**`` name matches
@@ -133,6 +143,25 @@ def list_files(fs: pafs.FileSystem, path: str) -> list[str]:
         for f in found
         if f.type == pafs.FileType.File and _glob_matches(pattern, f.path) and _visible_below(f.path, base)
     )
+
+
+def complete_files(fs: pafs.FileSystem, files: Sequence[str], marker: str | None) -> list[str]:
+    """The ``files`` whose folder holds the file ``marker`` (all of them when ``marker`` is None), in order.
+
+    A writer that writes in place marks a folder when its files are done (Spark's ``_SUCCESS``): a
+    file of a folder without the marker may be partial, or have no footer yet. One look per folder.
+    """
+    if marker is None:
+        return list(files)
+    marked: dict[str, bool] = {}
+    out = []
+    for file in files:
+        folder = file.rsplit("/", 1)[0]
+        if folder not in marked:
+            marked[folder] = fs.get_file_info(f"{folder}/{marker}").type == pafs.FileType.File
+        if marked[folder]:
+            out.append(file)
+    return out
 
 
 def names_file(path: str, file: str) -> bool:
@@ -218,6 +247,19 @@ class ParquetFileInfo:
             )
 
 
+def _no_files(path: str, listed: int, marker: str | None) -> str:
+    """Why ``path`` gave no file, and what to do."""
+    if listed and marker is not None:
+        return (
+            f"no complete Parquet files at {path!r}: {listed} file(s) there, but no folder holding them has the "
+            f"marker file {marker!r} yet; mark a folder when its files are written (or drop marker)"
+        )
+    return (
+        f"no Parquet files at {path!r}: give a file, a folder, a glob or a URI (names starting with '.' or "
+        "'_' are skipped); convert TSV or CSV files with `lightrec data convert`"
+    )
+
+
 def read_file_info(fs: pafs.FileSystem, path: str) -> ParquetFileInfo:
     """Stat and read the footer of one file (:class:`ParquetFileError` when it is not readable)."""
     stat = fs.get_file_info(path)
@@ -235,17 +277,21 @@ class ParquetSource:
     Args:
         path: a file, folder, glob or URI, or a list of them (all on one filesystem).
         filesystem: a pyarrow filesystem to read from (default: from the path).
+        marker: a file name (e.g. ``"_SUCCESS"``): only the files of folders that hold it are listed
+            (:func:`complete_files`); None lists every file.
 
     Raises:
-        FileNotFoundError: no file matches.
+        FileNotFoundError: no (complete) file matches one of the paths.
         ParquetFileError: a file is not readable Parquet.
     """
 
-    def __init__(self, path: str | Sequence[str], filesystem: pafs.FileSystem | None = None) -> None:
+    def __init__(
+        self, path: str | Sequence[str], filesystem: pafs.FileSystem | None = None, marker: str | None = None
+    ) -> None:
         paths = [path] if isinstance(path, str) else [str(p) for p in path]
         if not paths:
             raise ValueError("path must name at least one file, folder or glob, got an empty list")
-        self.paths = paths
+        self.paths, self.marker = paths, marker
         fs = filesystem
         names: list[str] = []
         #: The paths inside the filesystem (what a following loader lists again).
@@ -254,12 +300,10 @@ class ParquetSource:
             found_fs, inner = resolve_filesystem(p) if filesystem is None else (filesystem, p)
             fs = fs or found_fs
             self.inner_paths.append(inner)
-            found = list_files(fs, inner)
+            listed = list_files(fs, inner)
+            found = complete_files(fs, listed, marker)
             if not found:
-                raise FileNotFoundError(
-                    f"no Parquet files at {p!r}: give a file, a folder, a glob or a URI (names starting with '.' or "
-                    "'_' are skipped); convert TSV or CSV files with `lightrec data convert`"
-                )
+                raise FileNotFoundError(_no_files(p, len(listed), marker))
             names += found
         assert fs is not None
         self.filesystem: pafs.FileSystem = fs

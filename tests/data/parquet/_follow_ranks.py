@@ -1,15 +1,22 @@
-"""Rank bodies for the following loader on real gloo ranks (imports no Lightning: spawned ranks start faster)."""
+"""Rank bodies for the following loader on real gloo ranks (imports no Lightning, but for the bodies that build a
+DataModule: spawned ranks start faster)."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
 from lightrec.data import Batch
 from lightrec.data.parquet import FollowingParquetLoader, FollowOptions, ParquetSource, build_spec
+from lightrec.data.parquet import source as source_module
 from tests.data.parquet.helpers import event_table
 
 POLL = FollowOptions(poll_interval=0.01, idle_timeout=0.05)
@@ -106,4 +113,118 @@ def follow_after_listings_that_differ(rank: int, world_size: int, root: str) -> 
         again = list(resumed)
         resumed.close()
         out[f"late-{late}"] = {"rows": _rows(batches), "position": position, "resumed": _rows(again)}
+    return out
+
+
+# ---------------------------------------------------------------- the start: empty folders, unmarked folders
+START = FollowOptions(poll_interval=0.01, idle_timeout=1.0)
+
+
+def write_in_place(path: Path, start: int, rows: int) -> None:
+    """Write a whole file under its own name (a writer that marks the folder when it is done)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(event_table(rows, seed=start, start=start), path, row_group_size=16)
+
+
+def half_written(path: Path) -> None:
+    """A file in the middle of being written: its first half, no footer yet."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(event_table(30, seed=9, start=900), sink, row_group_size=16)
+    data = sink.getvalue().to_pybytes()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data[: len(data) // 2])
+
+
+def finish(folder: Path, start: int, rows: int) -> None:
+    """The writer finishes the folder's file in place, then marks the folder."""
+    write_in_place(folder / "part-0.parquet", start, rows)
+    (folder / "_SUCCESS").write_text("")
+
+
+def _following_data(folder: Path, marker: str | None = None) -> Any:
+    from lightrec.data import ParquetDataModule  # imports Lightning: only in the bodies that build one
+
+    return ParquetDataModule(
+        str(folder), label="label", dense=["row"], sparse=["scalar", "multi"], num_embeddings=50, batch_size=5,
+        follow=True, poll_interval=START.poll_interval, idle_timeout=START.idle_timeout, marker=marker,
+    )  # fmt: skip
+
+
+@contextmanager
+def _after_first_listing(then: Callable[[], None]) -> Iterator[None]:
+    """Call ``then`` right after this process's first listing of a source's path: the test's ordering (the
+    library gets no help), e.g. a barrier that lets another rank publish a file only after it."""
+    original = source_module.list_files
+    calls = 0
+
+    def listing(fs: Any, path: str) -> list[str]:
+        nonlocal calls
+        found = original(fs, path)
+        calls += 1
+        if calls == 1:
+            then()
+        return found
+
+    source_module.list_files = listing
+    try:
+        yield
+    finally:
+        source_module.list_files = original
+
+
+def _train(data: Any, rank: int, folder: Path, later: tuple[str, int, int] | None) -> dict[str, object]:
+    """Three batches, the position Lightning would checkpoint, a file landing (published by rank 0), to the idle end."""
+    loader = data.train_dataloader()
+    stream = iter(loader)
+    first = [next(stream) for _ in range(3)]
+    position = loader.state_dict()
+    if later is not None and rank == 0:
+        publish(folder, *later)
+    batches = first + list(stream)
+    loader.close()
+    return {"rows": _rows(batches), "position": position}
+
+
+def start_from_folders_being_written(rank: int, world_size: int, root: str) -> dict[str, dict[str, object]]:
+    """Ranks that list a folder at different moments of its first file (the test made the folders).
+
+    ``empty-<e>``: empty; rank ``e`` lists it first, then the other rank publishes ``part-00`` (40 rows) and
+    builds its loader (rank 0 publishes ``part-01``, 30 rows, mid-stream). ``marker-<late>``: ``day=01``
+    marked, ``day=02`` half written; every rank but ``late`` lists the folder (its DataModule's source),
+    then ``day=02`` is finished and marked, then rank ``late`` lists it. ``never``: empty for good. The
+    barriers order the ranks; the library gets no help. What each read, its position after two trained
+    batches, its seconds.
+    """
+    import lightrec.data.parquet.datamodule  # noqa: F401 - Lightning imported before the clocks start
+
+    out: dict[str, dict[str, object]] = {}
+    for empty in range(world_size):
+        folder = Path(root) / f"empty-{empty}"
+        started = time.monotonic()
+        if rank == empty:
+            with _after_first_listing(lambda: (dist.barrier(), dist.barrier())):  # listed: publish now, published
+                case = _train(_following_data(folder), rank, folder, ("part-01.parquet", 40, 30))
+        else:
+            dist.barrier()  # rank `empty` listed the folder: empty
+            if rank == (empty + 1) % world_size:
+                publish(folder, "part-00.parquet", 0, 40)
+            dist.barrier()
+            case = _train(_following_data(folder), rank, folder, ("part-01.parquet", 40, 30))
+        out[f"empty-{empty}"] = {**case, "seconds": time.monotonic() - started}
+    for late in range(world_size):
+        folder = Path(root) / f"marker-{late}"
+        started = time.monotonic()
+        data = _following_data(folder, marker="_SUCCESS")
+        if rank != late:
+            data.source  # noqa: B018 - lists the folder now: day=02 is not finished yet
+        if rank == (late + 1) % world_size:
+            finish(folder / "day=02", 40, 30)
+        dist.barrier()
+        out[f"marker-{late}"] = {**_train(data, rank, folder, None), "seconds": time.monotonic() - started}
+    started = time.monotonic()
+    try:
+        _following_data(Path(root) / "never").train_dataloader()
+        out["never"] = {"type": None, "error": "", "seconds": time.monotonic() - started}
+    except FileNotFoundError as exc:
+        out["never"] = {"type": type(exc).__name__, "error": str(exc), "seconds": time.monotonic() - started}
     return out
