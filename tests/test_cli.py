@@ -174,9 +174,32 @@ def test_export_names_a_bad_module_reference(
     argv = ["export", str(ckpt)] + (["--module", reference] if given == "--module" else [])
     assert main(argv) == 2
     err = capsys.readouterr().err
+    if given == "checkpoint" and ":" in reference:  # a file the checkpoint names is never run: refused first
+        assert "which lightrec does not run on a checkpoint's word" in err and f"--module {reference}" in err
+        return
     source = "--module" if given == "--module" else f"the checkpoint's lightrec_module entry ({str(ckpt)!r})"
     assert f"{source} {reference!r} {said}" in err, err
     assert "--module package.module.Class or --module path/to/file.py:Class" in err
+
+
+def test_export_does_not_run_a_file_the_checkpoint_names(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A checkpoint from elsewhere naming ``evil.py:Model`` must not make ``lightrec export`` execute it."""
+    import torch
+
+    ran = tmp_path / "ran"
+    evil = tmp_path / "evil.py"
+    evil.write_text(f"open({str(ran)!r}, 'w').close()\nclass Model:\n    pass\n")
+    ckpt = tmp_path / "m.ckpt"
+    torch.save({"state_dict": {}, "lightrec_module": f"{evil}:Model"}, ckpt)
+    assert main(["export", str(ckpt)]) == 2
+    err = capsys.readouterr().err
+    assert f"names its RecModule class by a file ({str(evil) + ':Model'!r})" in err
+    assert f"lightrec export {ckpt} --module {evil}:Model" in err
+    assert not ran.exists()
+    # named by the user, the file is the user's choice: it runs (and is then refused as no LightningModule)
+    assert main(["export", str(ckpt), "--module", f"{evil}:Model"]) == 2
+    assert ran.exists()
+    assert "is class Model, not a RecModule (LightningModule) subclass" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("option", ["--json", "--png"])

@@ -1,7 +1,9 @@
 """``lightrec export <checkpoint>``: quantize a recipe checkpoint into a serving artifact.
 
 The checkpoint names its ``RecModule`` class (``lightrec_module``); the class rebuilds the model
-(``serving_factory``) and ``lightrec.inference.export_from_checkpoint`` writes the artifact. A
+(``serving_factory``) and ``lightrec.inference.export_from_checkpoint`` writes the artifact. A class
+the checkpoint names by a file (``path/to/recipe.py:Class``, a recipe run as a script) is imported only
+when the user names it with ``--module``: a checkpoint does not choose which file runs. A
 sharded checkpoint folder is consolidated into full tables (in a temporary file) first.
 """
 
@@ -116,6 +118,13 @@ def _export_file(ns: argparse.Namespace, checkpoint: Path, out: Path, shown: Pat
         raise UsageError(
             f"{str(shown)!r} was not written by a lightrec recipe (no 'lightrec_module' entry); "
             "pass --module package.module.ClassName of its RecModule"
+        )
+    if not ns.module and ":" in reference:
+        # A file named by the checkpoint would run as the export imports it: a checkpoint from elsewhere must
+        # not decide what code runs here (the file itself is read with weights_only=True for that reason).
+        raise UsageError(
+            f"{str(shown)!r} names its RecModule class by a file ({reference!r}), which lightrec does not run on "
+            f"a checkpoint's word; if you trust that file, name it yourself: lightrec export {shown} --module {reference}"
         )
     source = "--module" if ns.module else f"the checkpoint's lightrec_module entry ({str(shown)!r})"
     rec_module = load_class(reference, source).load_from_checkpoint(checkpoint, map_location="cpu", weights_only=True)
