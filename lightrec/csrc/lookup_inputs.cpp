@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -33,14 +34,16 @@ namespace {
 #endif
 
 // Offsets non-decreasing (bit 0 of the result set when one decreases) and every length one (bit 1
-// set when one is not), in one branch-free pass.
+// set when one is not), in one branch-free pass. Offsets are compared, not subtracted: a signed
+// difference can wrap (offsets [0, INT_MAX, INT_MIN, -1, n] have no "negative" length), and the
+// length-one test subtracts unsigned, where wrapping is defined.
 template <typename O>
 LIGHTREC_CLONES int check_lengths(const O* off, int64_t bags) {
+  using U = std::make_unsigned_t<O>;
   int decreasing = 0, not_one = 0;
   for (int64_t k = 0; k < bags; ++k) {
-    const O len = off[k + 1] - off[k];
-    decreasing |= len < 0;
-    not_one |= len != 1;
+    decreasing |= off[k + 1] < off[k];
+    not_one |= static_cast<U>(static_cast<U>(off[k + 1]) - static_cast<U>(off[k])) != U{1};
   }
   return decreasing | (not_one << 1);
 }
@@ -59,6 +62,8 @@ template <typename I, typename O>
 bool ids_in_range(const I* ids, const O* off, const int64_t* rows, int64_t features, int64_t batch) {
   for (int64_t f = 0; f < features; ++f) {
     const int64_t lo = off[f * batch], hi = off[(f + 1) * batch];
+    // The offsets were checked (first 0, last n, non-decreasing); this keeps a read inside ids whatever.
+    if (lo < 0 || hi < lo) return false;
     if (any_outside(ids + lo, hi - lo, rows[f])) return false;
   }
   return true;

@@ -95,6 +95,39 @@ def test_uniform_rows_and_every_int32_extreme() -> None:
         assert (_verdict(checker, ids, off)[1] == "") == ok
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("features,batch", [(1, 4), (2, 2)])
+def test_offsets_whose_differences_wrap_are_refused(dtype: torch.dtype, features: int, batch: int) -> None:
+    """[0, MAX, MIN, -1, n]: every signed difference wraps to a non-negative length, yet the offsets
+    decrease. Once accepted they sent the id pass (and the kernel) outside the tensors."""
+    info = torch.iinfo(dtype)
+    n = 2
+    offsets = torch.tensor([0, info.max, info.min, -1, n], dtype=dtype)
+    ids = torch.zeros(n, dtype=dtype)
+    rows = torch.tensor([10] * features)
+    assert torch.ops.lightrec_cpu.check_lookup_inputs(ids, offsets, rows, batch)[0] == 0
+    checker = LookupInputChecker([10] * features, list(range(features)), [f"t{i}" for i in range(features)], "sync")
+    native = _verdict_with(checker, ids, offsets, batch)
+    assert native.startswith("SparseValueError") and native == _torch_verdict_with(checker, ids, offsets, batch)
+
+
+def _verdict_with(checker: LookupInputChecker, ids: torch.Tensor, off: torch.Tensor, batch: int) -> str:
+    try:
+        checker.check_values(ids, off, batch, want_singletons=True)
+    except (EmbeddingIdError, SparseValueError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return ""
+
+
+def _torch_verdict_with(checker: LookupInputChecker, ids: torch.Tensor, off: torch.Tensor, batch: int) -> str:
+    original = input_checks._native_checks
+    input_checks._native_checks = lambda: False
+    try:
+        return _verdict_with(checker, ids, off, batch)
+    finally:
+        input_checks._native_checks = original
+
+
 def test_check_op_refuses_operands_it_cannot_read() -> None:
     ids, off = torch.zeros(4, dtype=torch.long), torch.arange(5)
     with pytest.raises(RuntimeError, match="F \\* batch \\+ 1"):
