@@ -178,7 +178,11 @@ class ParquetDataModule(pl.LightningDataModule):
             paths = [self.path] if isinstance(self.path, str) else list(self.path)
             extra = [p for v in self.splits.values() for p in split_paths(v)]
             listed = list(dict.fromkeys(paths + extra))
-            self._source = ParquetSource(listed) if self.follow is None else following_source(listed, self.follow)
+            # val / test paths are fixed selections: the marker that gates the followed folder does not apply
+            unmarked = [p for p in extra if p not in paths]
+            self._source = (
+                ParquetSource(listed) if self.follow is None else following_source(listed, self.follow, unmarked=unmarked)
+            )
         return self._source
 
     @property

@@ -215,13 +215,17 @@ class FolderWatcher:
 
 
 def following_source(
-    path: str | Sequence[str], follow: FollowOptions, filesystem: pafs.FileSystem | None = None
+    path: str | Sequence[str],
+    follow: FollowOptions,
+    filesystem: pafs.FileSystem | None = None,
+    unmarked: Sequence[str] = (),
 ) -> ParquetSource:
     """The files there at the start of following ``path`` (module docstring): the complete ones, or the first to land.
 
     A :class:`~lightrec.data.parquet.source.ParquetSource` with ``follow.marker``; while a path gives no
     complete file, it is listed again every ``follow.poll_interval`` seconds, for ``follow.idle_timeout``
-    seconds at most (None: for ever). Each rank waits for its own listing: no collective.
+    seconds at most (None: for ever). Each rank waits for its own listing: no collective. The paths in
+    ``unmarked`` (fixed ``val`` / ``test`` selections) are listed without the marker.
 
     A path whose folder does not exist (for a glob, the folder before its first wildcard) is refused at
     once rather than waited for: that is a mistyped path far more often than a writer yet to start.
@@ -243,7 +247,7 @@ def following_source(
     timeout = follow.idle_timeout
     while True:
         try:
-            return ParquetSource(path, filesystem, marker=follow.marker)
+            return ParquetSource(path, filesystem, marker=follow.marker, unmarked=unmarked)
         except FileNotFoundError as exc:
             waited = time.monotonic() - started
             if timeout is not None and waited >= timeout:

@@ -279,6 +279,8 @@ class ParquetSource:
         filesystem: a pyarrow filesystem to read from (default: from the path).
         marker: a file name (e.g. ``"_SUCCESS"``): only the files of folders that hold it are listed
             (:func:`complete_files`); None lists every file.
+        unmarked: paths (of ``path``) whose files are listed without ``marker``: fixed selections beside a
+            followed folder (``val=`` / ``test=`` paths, which nothing marks).
 
     Raises:
         FileNotFoundError: no (complete) file matches one of the paths.
@@ -286,7 +288,11 @@ class ParquetSource:
     """
 
     def __init__(
-        self, path: str | Sequence[str], filesystem: pafs.FileSystem | None = None, marker: str | None = None
+        self,
+        path: str | Sequence[str],
+        filesystem: pafs.FileSystem | None = None,
+        marker: str | None = None,
+        unmarked: Sequence[str] = (),
     ) -> None:
         paths = [path] if isinstance(path, str) else [str(p) for p in path]
         if not paths:
@@ -301,9 +307,10 @@ class ParquetSource:
             fs = fs or found_fs
             self.inner_paths.append(inner)
             listed = list_files(fs, inner)
-            found = complete_files(fs, listed, marker)
+            needs = None if p in unmarked else marker
+            found = complete_files(fs, listed, needs)
             if not found:
-                raise FileNotFoundError(_no_files(p, len(listed), marker))
+                raise FileNotFoundError(_no_files(p, len(listed), needs))
             names += found
         assert fs is not None
         self.filesystem: pafs.FileSystem = fs

@@ -68,9 +68,14 @@ def _files_of(source: ParquetSource, name: str, setting: SplitSetting) -> set[in
         chosen = {i for i, f in enumerate(source.files) if _matches(f.partitions, setting)}
         if not chosen:
             seen = sorted({p for f in source.files for p in f.partitions})
+            marked = (
+                f"; only folders holding the marker {source.marker!r} count, so a partition still being written "
+                "(not marked yet) is not there: mark it before starting, or hold out a marked one"
+                if source.marker is not None else ""
+            )
             raise ValueError(
                 f"{name}={dict(setting)!r} selects no file: the partition values in the data are {seen[:20]} "
-                "(hive folders key=value)"
+                f"(hive folders key=value){marked}"
             )
         return chosen
     index = {f.path: i for i, f in enumerate(source.files)}

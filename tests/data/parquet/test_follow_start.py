@@ -172,3 +172,26 @@ def test_ranks_that_list_a_folder_before_its_first_file_or_marker_start_together
     assert errors[0]["error"] == errors[1]["error"] and errors[0]["type"] == "FileNotFoundError"
     assert repr(str(tmp_path / "never")) in errors[0]["error"] and "idle_timeout" in errors[0]["error"]
     assert all(e["seconds"] < 10 for e in errors)
+
+
+def test_the_marker_gates_the_followed_folder_not_fixed_val_paths(tmp_path: Path) -> None:
+    """A fixed ``val=`` folder (what ``lightrec data convert`` writes: never marked) is read as it is; only the
+    followed training folder waits for ``_SUCCESS``. A ``val`` partition inside the followed folder that is not
+    marked yet at the start is named as such."""
+    from lightrec.data import ParquetDataModule
+
+    train, val = tmp_path / "train", tmp_path / "val"
+    _write(train / "day=01" / "part-0.parquet", 0, 20)
+    _finish(train / "day=01", 0, 20)
+    _write(val / "part-0.parquet", 100, 10)  # no marker
+    options = {"label": "label", "dense": ["row"], "sparse": ["scalar"], "batch_size": 10, "num_embeddings": 50,
+               "follow": True, "poll_interval": 0.02, "idle_timeout": 0.3, "marker": "_SUCCESS"}  # fmt: skip
+    started = time.monotonic()
+    data = ParquetDataModule(str(train), val=str(val), **options)
+    data.check_data()  # type: ignore[attr-defined]
+    assert time.monotonic() - started < 0.3  # no wait for a marker the val folder never gets
+    assert _rows(list(data.val_dataloader())) == list(range(100, 110))
+    _write(train / "day=02" / "part-0.parquet", 200, 10)  # being written: not marked
+    partition = ParquetDataModule(str(train), val={"day": "02"}, **options)
+    with pytest.raises(ValueError, match="only folders holding the marker '_SUCCESS' count"):
+        partition.val_dataloader()
