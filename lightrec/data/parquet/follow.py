@@ -227,8 +227,9 @@ def following_source(
     seconds at most (None: for ever). Each rank waits for its own listing: no collective. The paths in
     ``unmarked`` (fixed ``val`` / ``test`` selections) are listed without the marker.
 
-    A path whose folder does not exist (for a glob, the folder before its first wildcard) is refused at
-    once rather than waited for: that is a mistyped path far more often than a writer yet to start.
+    On a local disk, a path whose folder does not exist (for a glob, the folder before its first
+    wildcard) is refused at once rather than waited for: that is a mistyped path far more often than a
+    writer yet to start. On object stores (where an empty prefix does not exist either) it is waited for.
 
     Raises:
         FileNotFoundError: a path's folder does not exist, or a path still gives no complete file after
@@ -238,7 +239,9 @@ def following_source(
     for p in [path] if isinstance(path, str) else [str(q) for q in path]:
         fs, inner = resolve_filesystem(p) if filesystem is None else (filesystem, p)
         root = listing_root(inner)
-        if fs.get_file_info(root).type == pafs.FileType.NotFound:
+        # Local disks only: on an object store a prefix with no object yet "does not exist" either, and
+        # waiting for the first file there is the normal start of following it.
+        if fs.type_name == "local" and fs.get_file_info(root).type == pafs.FileType.NotFound:
             raise FileNotFoundError(
                 f"cannot follow {p!r}: {root!r} does not exist. Check the path, or create the folder the files "
                 "will land in before starting (following waits for files in an existing folder, not for the folder)"

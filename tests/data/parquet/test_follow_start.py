@@ -135,6 +135,24 @@ def test_a_following_start_on_a_folder_that_does_not_exist_is_refused_at_once(tm
     assert time.monotonic() - started < 1
 
 
+def test_a_missing_prefix_on_a_store_other_than_the_local_disk_is_waited_for(tmp_path: Path) -> None:
+    """On an object store an empty prefix does not exist: following it waits for the first file (here a
+    subtree filesystem stands in for one: its type is not "local")."""
+    import pyarrow.fs as pafs
+
+    from lightrec.data.parquet import following_source
+
+    store = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
+    assert store.type_name != "local"
+    landing = threading.Timer(0.2, lambda: _write(tmp_path / "prefix" / "part-0.parquet", 0, 10))
+    landing.start()
+    try:
+        source = following_source("prefix", FollowOptions(poll_interval=0.02, idle_timeout=10), filesystem=store)
+    finally:
+        landing.join()
+    assert [f.path for f in source.files] == ["prefix/part-0.parquet"]
+
+
 def test_without_follow_an_empty_folder_is_refused_at_once(tmp_path: Path) -> None:
     started = time.monotonic()
     with pytest.raises(FileNotFoundError, match=r"no Parquet files at .*: give a file, a folder, a glob or a URI"):
