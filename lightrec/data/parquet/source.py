@@ -97,7 +97,9 @@ def _glob(path: str) -> tuple[str, str] | None:
     match = _GLOB.search(path)
     if match is None:
         return None
-    base = path[: match.start()].rsplit("/", 1)[0] or "/"
+    before = path[: match.start()]
+    # No "/" before the wildcard: a glob relative to the root of a filesystem given by the caller.
+    base = (before.rsplit("/", 1)[0] or "/") if "/" in before else ""
     return base, path
 
 
@@ -156,9 +158,9 @@ def complete_files(fs: pafs.FileSystem, files: Sequence[str], marker: str | None
     marked: dict[str, bool] = {}
     out = []
     for file in files:
-        folder = file.rsplit("/", 1)[0]
+        folder = file.rsplit("/", 1)[0] if "/" in file else ""  # "" : the root of a filesystem given by the caller
         if folder not in marked:
-            marked[folder] = fs.get_file_info(f"{folder}/{marker}").type == pafs.FileType.File
+            marked[folder] = fs.get_file_info(f"{folder}/{marker}" if folder else marker).type == pafs.FileType.File
         if marked[folder]:
             out.append(file)
     return out

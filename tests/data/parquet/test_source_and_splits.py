@@ -163,3 +163,17 @@ def test_the_datamodule_reads_its_splits_and_sizes_tables_over_all_of_them(logs:
     assert data.table_configs(4)[0].num_embeddings == max(everything.column("scalar").to_pylist()) + 1
     none = ParquetDataModule(str(logs), sparse=["scalar"])
     assert none.val_dataloader() == [] and none.test_dataloader() == []
+
+
+def test_globs_and_markers_at_the_root_of_a_filesystem_given_by_the_caller(tmp_path: Path) -> None:
+    """Paths relative to a caller's filesystem root: a glob with no folder before its wildcard lists the root,
+    and the marker of a file at the root is looked for at the root (not below the file's own name)."""
+    from lightrec.data.parquet.source import complete_files, listing_root
+
+    pq.write_table(pa.table({"a": [1]}), tmp_path / "part-0.parquet")
+    store = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
+    assert listing_root("part-*.parquet") == "" and listing_root("/data/day=*/x.parquet") == "/data"
+    assert list_files(store, "part-*.parquet") == ["part-0.parquet"]
+    assert complete_files(store, ["part-0.parquet"], "_SUCCESS") == []
+    (tmp_path / "_SUCCESS").write_text("")
+    assert complete_files(store, ["part-0.parquet"], "_SUCCESS") == ["part-0.parquet"]
