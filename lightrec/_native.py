@@ -39,7 +39,7 @@ import torch
 
 from lightrec import _switches
 
-__all__ = ["NativeOps", "NativeUnavailableWarning", "native_ops", "native_unavailable_reason"]
+__all__ = ["NativeOps", "NativeUnavailableWarning", "cpu_ops_loaded", "native_ops", "native_unavailable_reason"]
 
 _CSRC = Path(__file__).resolve().parent / "csrc"
 _log = logging.getLogger(__name__)
@@ -204,3 +204,10 @@ def native_ops() -> NativeOps | None:
 def native_unavailable_reason() -> str | None:
     """Why :func:`native_ops` returned None (after it was called), else None."""
     return _reason
+
+
+def cpu_ops_loaded() -> bool:
+    """Whether the ``torch.ops.lightrec_cpu`` ops are registered (built or loaded on the first call):
+    the torch kernel's update and gather, the id check and the sample-major id order."""
+    ops = native_ops()
+    return ops is not None and ops.fused_update

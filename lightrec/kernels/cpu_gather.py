@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from lightrec._native import native_ops
+from lightrec._native import cpu_ops_loaded
 
 __all__ = ["gather_rows"]
 
@@ -32,12 +32,7 @@ def gather_rows(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         and ids.dtype == torch.int64
         and ids.dim() == 1
         and not (weight.requires_grad and torch.is_grad_enabled())  # the op has no autograd formula
-        and _native_gather()
+        and cpu_ops_loaded()
     ):
         return torch.ops.lightrec_cpu.gather_rows(weight, ids.contiguous())  # type: ignore[no-any-return]
     return weight.index_select(0, ids)
-
-
-def _native_gather() -> bool:
-    ops = native_ops()
-    return ops is not None and ops.fused_update

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lightrec._native import native_ops
+from lightrec._native import cpu_ops_loaded
 from lightrec.modules.feature_checks import EmbeddingIdError
 from lightrec.sparse import SparseValueError
 
@@ -270,7 +270,6 @@ class LookupInputChecker:
             raise ValueError(f"the Triton kernels flagged malformed offsets or ids{suffix}")
 
 
-def _native_checks() -> bool:
-    """Whether the native check pass is registered (the torch ops run where it is not)."""
-    ops = native_ops()
-    return ops is not None and ops.fused_update
+# Whether the native check pass runs (the torch ops run where it does not); a module attribute, so that
+# tests can turn it off.
+_native_checks = cpu_ops_loaded

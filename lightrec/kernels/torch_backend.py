@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from lightrec._host_memory import empty_host_tensor
-from lightrec._native import native_ops
+from lightrec._native import cpu_ops_loaded
 from lightrec.kernels.cpu_gather import gather_rows
 from lightrec.kernels.cpu_update import (
     NATIVE_OPTIMIZERS,
@@ -356,11 +356,7 @@ def _sample_major_inputs(
     elsewhere (or without the native library) the same from torch ops.
     """
     num_features = len(g.features)
-    if (
-        indices.device.type == "cpu"
-        and backend.feature_shift.device.type == "cpu"
-        and native_ops() is not None
-    ):
+    if indices.device.type == "cpu" and backend.feature_shift.device.type == "cpu" and cpu_ops_loaded():
         ids = torch.ops.lightrec_cpu.sample_major_ids(indices.contiguous(), backend.feature_shift, batch)
     else:
         ids, _, _ = backend._group_inputs(g, indices, offsets, None, batch)

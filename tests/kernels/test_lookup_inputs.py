@@ -52,19 +52,21 @@ def _cases() -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     return cases
 
 
-def _torch_verdict(checker: LookupInputChecker, ids: torch.Tensor, off: torch.Tensor) -> tuple[bool, str]:
+def _torch_verdict(
+    checker: LookupInputChecker, ids: torch.Tensor, off: torch.Tensor, batch: int = BATCH
+) -> tuple[bool, str]:
     """(singletons, error kind) from the torch-op form of the check."""
     original = input_checks._native_checks
     input_checks._native_checks = lambda: False
     try:
-        return _verdict(checker, ids, off)
+        return _verdict(checker, ids, off, batch)
     finally:
         input_checks._native_checks = original
 
 
-def _verdict(checker: LookupInputChecker, ids: torch.Tensor, off: torch.Tensor) -> tuple[bool, str]:
+def _verdict(checker: LookupInputChecker, ids: torch.Tensor, off: torch.Tensor, batch: int = BATCH) -> tuple[bool, str]:
     try:
-        return bool(checker.check_values(ids, off, BATCH, want_singletons=True)), ""
+        return bool(checker.check_values(ids, off, batch, want_singletons=True)), ""
     except (EmbeddingIdError, SparseValueError, ValueError) as exc:
         return False, f"{type(exc).__name__}: {exc}"
 
@@ -107,25 +109,8 @@ def test_offsets_whose_differences_wrap_are_refused(dtype: torch.dtype, features
     rows = torch.tensor([10] * features)
     assert torch.ops.lightrec_cpu.check_lookup_inputs(ids, offsets, rows, batch)[0] == 0
     checker = LookupInputChecker([10] * features, list(range(features)), [f"t{i}" for i in range(features)], "sync")
-    native = _verdict_with(checker, ids, offsets, batch)
-    assert native.startswith("SparseValueError") and native == _torch_verdict_with(checker, ids, offsets, batch)
-
-
-def _verdict_with(checker: LookupInputChecker, ids: torch.Tensor, off: torch.Tensor, batch: int) -> str:
-    try:
-        checker.check_values(ids, off, batch, want_singletons=True)
-    except (EmbeddingIdError, SparseValueError, ValueError) as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return ""
-
-
-def _torch_verdict_with(checker: LookupInputChecker, ids: torch.Tensor, off: torch.Tensor, batch: int) -> str:
-    original = input_checks._native_checks
-    input_checks._native_checks = lambda: False
-    try:
-        return _verdict_with(checker, ids, off, batch)
-    finally:
-        input_checks._native_checks = original
+    native = _verdict(checker, ids, offsets, batch)[1]
+    assert native.startswith("SparseValueError") and native == _torch_verdict(checker, ids, offsets, batch)[1]
 
 
 def test_check_op_refuses_operands_it_cannot_read() -> None:

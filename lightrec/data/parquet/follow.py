@@ -332,12 +332,10 @@ class FollowingParquetLoader(LoaderBase):
 
     def _agree_round(self) -> None:
         """Start from rank 0's round: each rank listed the path itself, not at the same moment (module docstring)."""
-        mine = set(self._round)
+        mine = set(self._round)  # indexed already
         agreed = self.watcher.agree_round(self._round)
         for path in agreed:
-            if path in mine:
-                self._index_of(path)
-            else:  # not in this rank's own first round (listed later, or its folder marked since): its footer now
+            if path not in mine:  # listed later, or its folder marked since: its footer as it is now
                 self._index(read_file_info(self.source.filesystem, path))
         self._round = agreed
 
