@@ -12,6 +12,8 @@ need; it is imported lazily (it imports Lightning). The pieces below it work wit
   ``transport.py``): one rank's batches, read by loader workers, resumable (``state.py``);
 * :class:`FollowingParquetLoader` (``follow.py``): an unbounded source over a growing folder, from
   :func:`following_source` (the complete files there at the start, or the first to land);
+* ``ranks.py``: every rank reads rank 0's listing of the files (the DataModule's ``setup``), on the
+  data's own gloo group;
 * the errors (``errors.py``); ``lightrec data convert`` (``convert.py``, reading text with
   ``text_blocks.py`` and ``text_tables.py``) and ``lightrec data inspect`` (``inspection.py``).
 """
@@ -29,6 +31,7 @@ from lightrec.data.parquet.errors import (
 )
 from lightrec.data.parquet.follow import FollowingParquetLoader, FollowOptions, following_source
 from lightrec.data.parquet.loader import ParquetLoader
+from lightrec.data.parquet.ranks import RankDataMismatchError
 from lightrec.data.parquet.sharding import plan_epoch, slices_of
 from lightrec.data.parquet.sizing import id_ranges, size_tables
 from lightrec.data.parquet.source import ParquetSource
@@ -48,6 +51,7 @@ __all__ = [
     "ParquetSchemaError",
     "ParquetSource",
     "ParquetValueError",
+    "RankDataMismatchError",
     "ResumeMismatchError",
     "SparseFeature",
     "build_spec",

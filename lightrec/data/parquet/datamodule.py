@@ -45,6 +45,7 @@ import lightning.pytorch as pl
 from lightrec.data.errors import OnError, check_on_error
 from lightrec.data.parquet.follow import FollowingParquetLoader, FollowOptions, following_source
 from lightrec.data.parquet.loader import LoaderBase, LoaderOptions, ParquetLoader
+from lightrec.data.parquet.ranks import RankDataMismatchError, agree_on_files
 from lightrec.data.parquet.sizing import size_tables
 from lightrec.data.parquet.source import ParquetSource
 from lightrec.data.parquet.spec import (
@@ -168,6 +169,7 @@ class ParquetDataModule(pl.LightningDataModule):
         self._source: ParquetSource | None = None
         self._spec: FeatureSpec | None = None
         self._sized: FeatureSpec | None = None
+        self._ranks_agreed = False
 
     # ------------------------------------------------------------------ the data
     @property
@@ -223,6 +225,46 @@ class ParquetDataModule(pl.LightningDataModule):
         """
         self.spec  # noqa: B018 - builds the source and the spec, which check the files and columns
 
+    # ------------------------------------------------------------------ ranks
+    def setup(self, stage: str) -> None:
+        """Every rank takes rank 0's files (:meth:`agree_on_ranks`); Lightning calls it on every rank."""
+        self.agree_on_ranks()
+
+    def agree_on_ranks(self) -> None:
+        """Make rank 0's listing of the files every rank's (:mod:`~lightrec.data.parquet.ranks`): a file that
+        landed while the ranks started is otherwise in some ranks' listings only (different steps per rank,
+        a hang; tables sized differently). Once per DataModule; a collective of every rank when
+        ``torch.distributed`` runs more than one (``setup`` and the first loader call it), nothing otherwise.
+
+        Raises:
+            RankDataMismatchError (on every rank): this rank had sized its tables from a listing that rank 0's
+                changed (the model was built before the ranks agreed: declare ``num_embeddings``, or let the
+                recipe size the tables inside the fit), or a rank could not list or read the files.
+        """
+        if not self._ranks_agreed:
+            agree_on_files(lambda: [f.path for f in self.source.files], self._take_files)
+            self._ranks_agreed = True
+
+    def _take_files(self, paths: list[str]) -> None:
+        """Rank 0's ``paths`` as this rank's files; refuse where tables sized from its own listing change."""
+        sized_before = self._sized
+        self._source = self.source.with_files(paths)
+        self._spec = self._sized = None
+        if sized_before is None:
+            return
+        changed = [
+            f"{f.name} {f.num_embeddings} -> {g.num_embeddings}"
+            for f, g in zip(sized_before.sparse, self.sized_spec().sparse)
+            if f.num_embeddings != g.num_embeddings
+        ]
+        if changed:
+            raise RankDataMismatchError(
+                f"this rank sized tables from the data before the ranks agreed on rank 0's files (files landed while "
+                f"the ranks started), and rank 0's files size them otherwise: {', '.join(changed)} rows. Declare "
+                "num_embeddings for these features, or size the tables inside the fit (a recipe's RecipeModule "
+                "does, after the DataModule's setup) instead of calling table_configs() before trainer.fit"
+            )
+
     # ------------------------------------------------------------------ loaders
     def _rank(self) -> tuple[int, int]:
         return resolve_rank(self.trainer)
@@ -240,6 +282,7 @@ class ParquetDataModule(pl.LightningDataModule):
         )  # fmt: skip
 
     def _loader(self, split: str) -> LoaderBase:
+        self.agree_on_ranks()  # where no Trainer ran setup
         rank, world = self._rank()
         spec, source = self.sized_spec(), self.source
         if split == "train" and self.follow is not None:

@@ -34,18 +34,18 @@ The stream is then read in *rounds*:
    epoch (and the fit, with ``max_epochs=1``), or when ``max_steps`` ends training.
 
 Every rank must see the same files in the same rounds (they run the same steps): rank 0 lists, and
-sends what it found to the others (a ``broadcast_object_list`` on a gloo group, so an NCCL training
-group is left alone). The first round too: each rank's :class:`~lightrec.data.parquet.source.ParquetSource`
-listed the path when it was made, and a file that landed while the ranks were starting is in some of
-those listings only; so every iteration of the loader starts with rank 0's round (one broadcast, as
-in a poll): a rank reads the footer of a file there that it did not list itself, and a file only it
-listed (or whose folder rank 0 found unmarked) waits for the poll in which rank 0 finds it. That
-group is one per default group, however many following loaders there are: made when the first of
-them starts iterating (creating a group is a collective of every rank, and the ranks iterate and
-poll in step), used by every one after, and ended with the default group
-(``destroy_process_group()``). A process that builds loaders again and again (every fit, a test
-suite) holds one such group, not one per loader, and no loader destroys a group that another rank
-may still be receiving on. The position in a checkpoint names the files finished, the round in
+sends what it found to the others (a ``broadcast_object_list`` on the data's gloo group,
+:func:`~lightrec.data.parquet.ranks.data_group`, so an NCCL training group is left alone). The first
+round too: a ``ParquetDataModule`` gives every rank rank 0's listing of the start
+(:func:`~lightrec.data.parquet.ranks.agree_on_files`), and a loader built directly from a
+:class:`~lightrec.data.parquet.source.ParquetSource` that each rank listed itself starts every
+iteration with rank 0's round (one broadcast, as in a poll): a rank reads the footer of a file there
+that it did not list itself, and a file only it listed (or whose folder rank 0 found unmarked) waits
+for the poll in which rank 0 finds it. The group is one per default group, made by the first
+agreement (a collective of every rank: the ranks set up and iterate in step) and ended with the
+default group (``destroy_process_group()``): a process that builds loaders again and again (every
+fit, a test suite) holds one such group, not one per loader, and no loader destroys a group that
+another rank may still be receiving on. The position in a checkpoint names the files finished, the round in
 progress and the leftover rows, so a resumed run continues exactly; files that arrived meanwhile
 are read in the next round.
 """
@@ -54,10 +54,9 @@ from __future__ import annotations
 
 import logging
 import time
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import pyarrow.fs as pafs
 import torch.distributed as dist
@@ -66,6 +65,7 @@ from typing_extensions import Unpack
 from lightrec.data.batch import Batch
 from lightrec.data.parquet.errors import ParquetFileError
 from lightrec.data.parquet.loader import LoaderBase, LoaderOptions
+from lightrec.data.parquet.ranks import rank0_value
 from lightrec.data.parquet.sharding import Slice, plan_epoch, slices_of, take_rows
 from lightrec.data.parquet.source import (
     ParquetFileInfo,
@@ -84,34 +84,6 @@ __all__ = ["FolderWatcher", "FollowOptions", "FollowingParquetLoader", "followin
 logger = logging.getLogger(__name__)
 
 _SETTLE_POLLS = 3
-_T = TypeVar("_T")
-
-# The watchers' gloo group and the default group it was made under, both held weakly: torch's
-# registry holds them while they live, and destroy_process_group() lets them go (no destroyed
-# group is kept alive here). None: no group made yet.
-_WATCH_GROUP: tuple[weakref.ReferenceType[dist.ProcessGroup], weakref.ReferenceType[dist.ProcessGroup]] | None = None
-
-
-def _watch_group() -> dist.ProcessGroup:
-    """The gloo group on which rank 0 tells the other ranks what it listed (module docstring).
-
-    Made at the first call under the current default group, then returned again: one per default
-    group, however many following loaders are built; it ends with the default group. Collective at
-    its first call under a default group: every rank must make that call (the ranks iterate in step,
-    so the start of the first following loader's first iteration is that call everywhere).
-    """
-    global _WATCH_GROUP
-    world = dist.group.WORLD
-    if world is None:
-        raise RuntimeError("a watcher's group needs torch.distributed initialized")
-    if _WATCH_GROUP is not None:
-        made_under, group = _WATCH_GROUP[0](), _WATCH_GROUP[1]()
-        if made_under is world and group is not None:
-            return group
-    group = dist.new_group(backend="gloo")
-    _WATCH_GROUP = (weakref.ref(world), weakref.ref(group))
-    return group
-
 
 class FollowLoaderOptions(LoaderOptions, total=False):
     """:class:`FollowingParquetLoader`'s keywords: :class:`LoaderBase`'s, ``rank`` and ``world_size`` included."""
@@ -185,17 +157,9 @@ class FolderWatcher:
                 self._unreadable[path] = (stamp, polls)
         return out
 
-    def _agree(self, value: _T) -> _T:
-        """Rank 0's ``value`` on every rank (itself when not distributed)."""
-        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-            return value
-        box = [value]
-        dist.broadcast_object_list(box, src=0, group=_watch_group())
-        return box[0]
-
     def agree_round(self, paths: list[str]) -> list[str]:
         """Rank 0's ``paths`` (a round's files) on every rank: a collective of every rank when distributed."""
-        return self._agree(list(paths))
+        return rank0_value(list(paths))
 
     def wait_for_new(self, known: set[str]) -> list[ParquetFileInfo] | None:
         """New files, polling until some arrive; None when ``idle_timeout`` passed without any."""
@@ -205,7 +169,7 @@ class FolderWatcher:
             idle = time.monotonic() - started
             timeout = self.options.idle_timeout
             expired = not mine and timeout is not None and idle >= timeout
-            found, stop = self._agree(([f.path for f in mine], expired))
+            found, stop = rank0_value(([f.path for f in mine], expired))
             if found:
                 by_path = {f.path: f for f in mine}
                 return [by_path.get(p) or read_file_info(self.filesystem, p) for p in found]

@@ -26,6 +26,7 @@ and modification time are kept so that a reader notices a file that changed afte
 
 from __future__ import annotations
 
+import copy
 import fnmatch
 import os
 import re
@@ -317,6 +318,19 @@ class ParquetSource:
         assert fs is not None
         self.filesystem: pafs.FileSystem = fs
         self.files: list[ParquetFileInfo] = [read_file_info(fs, name) for name in dict.fromkeys(sorted(names))]
+
+    def with_files(self, paths: Sequence[str]) -> ParquetSource:
+        """This source with exactly ``paths`` (paths inside its filesystem) as its files, in that order:
+        another rank's listing of the same path (:func:`~lightrec.data.parquet.ranks.agree_on_files`). The
+        footers this source holds are kept, the others read.
+
+        Raises:
+            ParquetFileError / FileNotFoundError: a file of ``paths`` cannot be read here.
+        """
+        known = {f.path: f for f in self.files}
+        other = copy.copy(self)
+        other.files = [known.get(p) or read_file_info(self.filesystem, p) for p in paths]
+        return other
 
     @property
     def rows(self) -> int:

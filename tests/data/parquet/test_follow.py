@@ -261,25 +261,25 @@ def test_one_rank_makes_no_watchers_group(tmp_path: Path) -> None:
         dist.destroy_process_group()
 
 
-def test_the_watchers_group_is_made_once_per_default_group_and_ends_with_it(tmp_path: Path) -> None:
+def test_the_datas_rank_group_is_made_once_per_default_group_and_ends_with_it(tmp_path: Path) -> None:
     import gc
 
     import torch.distributed as dist
 
-    from lightrec.data.parquet import follow
+    from lightrec.data.parquet import ranks
     from tests.data.parquet._follow_ranks import live_groups
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
     try:
-        group = follow._watch_group()
-        assert follow._watch_group() is group and live_groups() == 2  # reused: no second group
-        dist.destroy_process_group()  # ends every group, the watchers' one too
+        group = ranks.data_group()
+        assert ranks.data_group() is group and live_groups() == 2  # reused: no second group
+        dist.destroy_process_group()  # ends every group, the data's one too
         del group
         gc.collect()
-        assert follow._WATCH_GROUP is not None and follow._WATCH_GROUP[1]() is None  # not kept alive here
+        assert ranks._DATA_GROUP is not None and ranks._DATA_GROUP[1]() is None  # not kept alive here
         dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg-again", rank=0, world_size=1)
-        again = follow._watch_group()  # a new default group: a new group for the watchers
-        assert follow._watch_group() is again and live_groups() == 2
+        again = ranks.data_group()  # a new default group: a new group for the data
+        assert ranks.data_group() is again and live_groups() == 2
         assert dist.get_process_group_ranks(again) == [0]
     finally:
         if dist.is_initialized():

@@ -1,0 +1,126 @@
+"""The ranks that read one Parquet source agree on its files: rank 0's listing is every rank's.
+
+Each rank lists the path itself, when its DataModule's ``source`` is first read (to size the tables,
+build the spec, or plan its rows). A file that lands while the ranks start -- a writer that keeps
+publishing, a folder being filled -- is then in some ranks' listings only, and the ranks would
+
+* plan different rows: a rank with one step more waits for ever in a collective the others never
+  reach (a hang until the process-group timeout);
+* size tables from the data differently (``num_embeddings`` = largest id + 1 over the files each rank
+  listed): the sharding plan, the checkpoints and every lookup then disagree between ranks.
+
+:func:`agree_on_files` is the cure: every rank sends what it listed (paths only, or the error it
+raised) to every other; rank 0's files are taken by all, a rank that listed other files reads the
+footers of rank 0's, and a rank that had already sized its tables from its own listing (a model built
+before ``trainer.fit``) is an error on *every* rank, naming the tables, so that no rank is left
+waiting for one that failed alone. ``ParquetDataModule.setup`` calls it (Lightning's ``setup`` hook
+runs on every rank once the process group is up), and so does building a loader, for code that builds
+loaders without a Trainer.
+
+The messages go over a gloo group of every rank (:func:`data_group`; also what the following loader's
+rank 0 uses to tell the others what its polls found), so an NCCL training group is left alone.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import TypeVar
+
+import torch.distributed as dist
+
+__all__ = ["RankDataMismatchError", "agree_on_files", "data_group", "distributed", "every_rank", "rank0_value"]
+
+_T = TypeVar("_T")
+
+# The data's gloo group and the default group it was made under, both held weakly: torch's registry
+# holds them while they live, and destroy_process_group() lets them go (no destroyed group is kept
+# alive here). None: no group made yet.
+_DATA_GROUP: tuple[weakref.ReferenceType[dist.ProcessGroup], weakref.ReferenceType[dist.ProcessGroup]] | None = None
+
+
+class RankDataMismatchError(RuntimeError):
+    """The ranks could not agree on the data: a rank failed to list or read it, or sized its tables
+    from files that rank 0 did not list. Raised on every rank alike."""
+
+
+def distributed() -> bool:
+    """True when ``torch.distributed`` runs more than one rank (the agreements below are collectives then)."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def data_group() -> dist.ProcessGroup:
+    """The gloo group of every rank on which the data's ranks agree (module docstring).
+
+    Made at the first call under the current default group, then returned again: one per default group,
+    however many DataModules and loaders are built; it ends with the default group. Collective at its
+    first call under a default group: every rank must make that call (the ranks set up their data and
+    iterate in step, so the first agreement is that call everywhere).
+    """
+    global _DATA_GROUP
+    world = dist.group.WORLD
+    if world is None:
+        raise RuntimeError("the data's rank group needs torch.distributed initialized")
+    if _DATA_GROUP is not None:
+        made_under, group = _DATA_GROUP[0](), _DATA_GROUP[1]()
+        if made_under is world and group is not None:
+            return group
+    group = dist.new_group(backend="gloo")
+    _DATA_GROUP = (weakref.ref(world), weakref.ref(group))
+    return group
+
+
+def rank0_value(value: _T) -> _T:
+    """Rank 0's ``value`` on every rank (itself when not distributed): a collective of every rank."""
+    if not distributed():
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0, group=data_group())
+    return box[0]
+
+
+def every_rank(attempt: Callable[[], _T], what: str) -> list[_T]:
+    """Every rank's result of ``attempt`` (a collective), or an error on every rank if any rank's raised.
+
+    The rank whose ``attempt`` raised re-raises its own exception (type and message unchanged); the
+    others raise :class:`RankDataMismatchError` naming that rank, ``what`` it was doing and its error.
+    Not distributed: ``[attempt()]``.
+    """
+    if not distributed():
+        return [attempt()]
+    mine: BaseException | None = None
+    try:
+        outcome: tuple[str | None, _T | None] = (None, attempt())
+    except Exception as exc:  # noqa: BLE001 -- told to every rank below, then raised here
+        mine, outcome = exc, (f"{type(exc).__name__}: {exc}", None)
+    outcomes: list[tuple[str | None, _T | None]] = [outcome] * dist.get_world_size()
+    dist.all_gather_object(outcomes, outcome, group=data_group())
+    if mine is not None:
+        raise mine
+    failed = [(rank, error) for rank, (error, _) in enumerate(outcomes) if error is not None]
+    if failed:
+        raise RankDataMismatchError(
+            "; ".join(f"rank {rank} failed while {what}: {error}" for rank, error in failed)
+            + " (every rank stops with it)"
+        )
+    return [value for _, value in outcomes]  # type: ignore[misc]  # every error was raised above
+
+
+def agree_on_files(listed: Callable[[], list[str]], adopt: Callable[[list[str]], None]) -> bool:
+    """Make rank 0's file list every rank's (module docstring): a collective of every rank.
+
+    Args:
+        listed: this rank's file paths, listing the source if it was not listed yet (may raise: the
+            error is every rank's then, via :func:`every_rank`).
+        adopt: called on a rank whose list differs, with rank 0's paths, to take them (may raise too).
+
+    Returns:
+        True where this rank took rank 0's files (its own listing differed), False where it had them.
+    """
+    if not distributed():
+        return False
+    lists = every_rank(listed, "listing the data")
+    first = lists[0]
+    differs = lists[dist.get_rank()] != first
+    every_rank(lambda: adopt(first) if differs else None, "reading the files rank 0 listed")
+    return differs
