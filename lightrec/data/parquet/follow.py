@@ -52,11 +52,12 @@ are read in the next round.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow.fs as pafs
 import torch.distributed as dist
@@ -65,7 +66,7 @@ from typing_extensions import Unpack
 from lightrec.data.batch import Batch
 from lightrec.data.parquet.errors import ParquetFileError
 from lightrec.data.parquet.loader import LoaderBase, LoaderOptions
-from lightrec.data.parquet.ranks import rank0_value
+from lightrec.data.parquet.ranks import distributed, on_every_rank, rank0_value
 from lightrec.data.parquet.sharding import Slice, plan_epoch, slices_of, take_rows
 from lightrec.data.parquet.source import (
     ParquetFileInfo,
@@ -84,6 +85,7 @@ __all__ = ["FolderWatcher", "FollowOptions", "FollowingParquetLoader", "followin
 logger = logging.getLogger(__name__)
 
 _SETTLE_POLLS = 3
+_T = TypeVar("_T")
 
 class FollowLoaderOptions(LoaderOptions, total=False):
     """:class:`FollowingParquetLoader`'s keywords: :class:`LoaderBase`'s, ``rank`` and ``world_size`` included."""
@@ -122,6 +124,8 @@ class FolderWatcher:
         options: polling settings.
         leave_out: ``leave_out(path)`` is True for a file that is not training data (the ``val`` and
             ``test`` selections: :class:`~lightrec.data.parquet.splits.HeldOut`); never returned.
+        shared: the ranks of ``torch.distributed``'s world follow together (rank 0 lists and tells the
+            others: collectives of every rank); False: this process lists for itself alone.
     """
 
     def __init__(
@@ -130,9 +134,11 @@ class FolderWatcher:
         paths: Sequence[str],
         options: FollowOptions,
         leave_out: Callable[[str], bool] | None = None,
+        shared: bool = True,
     ) -> None:
         self.filesystem, self.paths, self.options = filesystem, list(paths), options
         self.leave_out = leave_out
+        self.shared = shared and distributed()
         self._unreadable: dict[str, tuple[tuple[int, int | None], int]] = {}
 
     def _stamp(self, path: str) -> tuple[int, int | None]:
@@ -158,21 +164,30 @@ class FolderWatcher:
         return out
 
     def agree_round(self, paths: list[str]) -> list[str]:
-        """Rank 0's ``paths`` (a round's files) on every rank: a collective of every rank when distributed."""
-        return rank0_value(list(paths))
+        """Rank 0's ``paths`` (a round's files) on every rank: a collective of every rank when shared."""
+        return rank0_value(list(paths)) if self.shared else list(paths)
+
+    def footers(self, paths: Sequence[str], held: Sequence[ParquetFileInfo] = ()) -> list[ParquetFileInfo]:
+        """The footers of ``paths``: those in ``held`` as they are, the others read now."""
+        by_path = {f.path: f for f in held}
+        return [by_path.get(p) or read_file_info(self.filesystem, p) for p in paths]
+
+    def read_agreed(self, read: Callable[[], _T]) -> _T:
+        """``read()`` (footers of files rank 0 named); when shared, a rank that cannot read them (a mount that
+        does not show them) stops every rank with its error rather than leaving them waiting in the next poll."""
+        return on_every_rank(read, "reading the footers of the files rank 0 listed") if self.shared else read()
 
     def wait_for_new(self, known: set[str]) -> list[ParquetFileInfo] | None:
         """New files, polling until some arrive; None when ``idle_timeout`` passed without any."""
         started = time.monotonic()
         while True:
-            mine = self.list_new(known) if not dist.is_initialized() or dist.get_rank() == 0 else []
+            mine = self.list_new(known) if not self.shared or dist.get_rank() == 0 else []
             idle = time.monotonic() - started
             timeout = self.options.idle_timeout
             expired = not mine and timeout is not None and idle >= timeout
-            found, stop = rank0_value(([f.path for f in mine], expired))
+            found, stop = rank0_value(([f.path for f in mine], expired)) if self.shared else ([f.path for f in mine], expired)
             if found:
-                by_path = {f.path: f for f in mine}
-                return [by_path.get(p) or read_file_info(self.filesystem, p) for p in found]
+                return self.read_agreed(functools.partial(self.footers, found, mine))
             if stop:
                 return None
             time.sleep(self.options.poll_interval)
@@ -258,7 +273,14 @@ class FollowingParquetLoader(LoaderBase):
     ) -> None:
         super().__init__(source, spec, batch_size, **options)
         self.follow = follow or FollowOptions()
-        self.watcher = FolderWatcher(source.filesystem, source.inner_paths, self.follow, leave_out)
+        world = dist.get_world_size() if distributed() else 1
+        if self.world_size not in (1, world):
+            raise ValueError(
+                f"a following loader of world_size={self.world_size} in a torch.distributed world of {world} ranks: "
+                f"its rank 0 tells the others what it lists, on every rank of that world. Build it on every rank with "
+                f"rank=dist.get_rank(), world_size={world}, or with world_size=1 for a process that follows alone"
+            )
+        self.watcher = FolderWatcher(source.filesystem, source.inner_paths, self.follow, leave_out, self.world_size > 1)
         self.files = self.reader.files  # grows as files arrive; slices index it
         self._by_path = {f.path: i for i, f in enumerate(self.files)}
         self._done: list[str] = []
@@ -298,9 +320,10 @@ class FollowingParquetLoader(LoaderBase):
         """Start from rank 0's round: each rank listed the path itself, not at the same moment (module docstring)."""
         mine = set(self._round)  # indexed already
         agreed = self.watcher.agree_round(self._round)
-        for path in agreed:
-            if path not in mine:  # listed later, or its folder marked since: its footer as it is now
-                self._index(read_file_info(self.source.filesystem, path))
+        # listed later, or its folder marked since: its footer as it is now
+        later = [p for p in agreed if p not in mine]
+        for info in self.watcher.read_agreed(functools.partial(self.watcher.footers, later)):
+            self._index(info)
         self._round = agreed
 
     def _round_slices(self) -> list[Slice]:

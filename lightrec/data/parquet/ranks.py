@@ -25,11 +25,19 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import torch.distributed as dist
 
-__all__ = ["RankDataMismatchError", "agree_on_files", "data_group", "distributed", "every_rank", "rank0_value"]
+__all__ = [
+    "RankDataMismatchError",
+    "agree_on_files",
+    "data_group",
+    "distributed",
+    "every_rank",
+    "on_every_rank",
+    "rank0_value",
+]
 
 _T = TypeVar("_T")
 
@@ -79,6 +87,29 @@ def rank0_value(value: _T) -> _T:
     return box[0]
 
 
+def _attempt_on_every_rank(attempt: Callable[[], _T], what: str, share: bool) -> tuple[_T, list[object]]:
+    """``attempt()`` here and every rank's outcome (its value where ``share``, else None), or the same
+    failure on every rank (see :func:`every_rank`). Distributed only."""
+    mine: BaseException | None = None
+    value: _T | None = None
+    try:
+        value = attempt()
+    except Exception as exc:  # noqa: BLE001 -- told to every rank below, then raised here
+        mine = exc
+    error = None if mine is None else f"{type(mine).__name__}: {mine}"
+    outcome = (error, value if share else None)
+    outcomes: list[tuple[str | None, object]] = [outcome] * dist.get_world_size()
+    dist.all_gather_object(outcomes, outcome, group=data_group())
+    if mine is not None:
+        raise mine
+    failed = [(rank, e) for rank, (e, _) in enumerate(outcomes) if e is not None]
+    if failed:
+        raise RankDataMismatchError(
+            "; ".join(f"rank {rank} failed while {what}: {e}" for rank, e in failed) + " (every rank stops with it)"
+        )
+    return cast(_T, value), [v for _, v in outcomes]  # no rank failed: value is attempt()'s
+
+
 def every_rank(attempt: Callable[[], _T], what: str) -> list[_T]:
     """Every rank's result of ``attempt`` (a collective), or an error on every rank if any rank's raised.
 
@@ -88,22 +119,15 @@ def every_rank(attempt: Callable[[], _T], what: str) -> list[_T]:
     """
     if not distributed():
         return [attempt()]
-    mine: BaseException | None = None
-    try:
-        outcome: tuple[str | None, _T | None] = (None, attempt())
-    except Exception as exc:  # noqa: BLE001 -- told to every rank below, then raised here
-        mine, outcome = exc, (f"{type(exc).__name__}: {exc}", None)
-    outcomes: list[tuple[str | None, _T | None]] = [outcome] * dist.get_world_size()
-    dist.all_gather_object(outcomes, outcome, group=data_group())
-    if mine is not None:
-        raise mine
-    failed = [(rank, error) for rank, (error, _) in enumerate(outcomes) if error is not None]
-    if failed:
-        raise RankDataMismatchError(
-            "; ".join(f"rank {rank} failed while {what}: {error}" for rank, error in failed)
-            + " (every rank stops with it)"
-        )
-    return [value for _, value in outcomes]  # type: ignore[misc]  # every error was raised above
+    return cast(list[_T], _attempt_on_every_rank(attempt, what, share=True)[1])
+
+
+def on_every_rank(attempt: Callable[[], _T], what: str) -> _T:
+    """``attempt()`` on this rank, failing on every rank as :func:`every_rank` does; only whether each
+    rank's attempt raised travels (a collective when distributed)."""
+    if not distributed():
+        return attempt()
+    return _attempt_on_every_rank(attempt, what, share=False)[0]
 
 
 def agree_on_files(listed: Callable[[], list[str]], adopt: Callable[[list[str]], None]) -> bool:
@@ -122,5 +146,5 @@ def agree_on_files(listed: Callable[[], list[str]], adopt: Callable[[list[str]],
     lists = every_rank(listed, "listing the data")
     first = lists[0]
     differs = lists[dist.get_rank()] != first
-    every_rank(lambda: adopt(first) if differs else None, "reading the files rank 0 listed")
+    on_every_rank(lambda: adopt(first) if differs else None, "reading the files rank 0 listed")
     return differs

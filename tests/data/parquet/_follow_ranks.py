@@ -228,3 +228,58 @@ def start_from_folders_being_written(rank: int, world_size: int, root: str) -> d
     except FileNotFoundError as exc:
         out["never"] = {"type": type(exc).__name__, "error": str(exc), "seconds": time.monotonic() - started}
     return out
+
+
+# ---------------------------------------------------------------- loaders of their own world; unreadable files
+def follow_alone_and_fail_together(rank: int, world_size: int, root: str) -> dict[str, object]:
+    """``alone``: only rank 1 builds a following loader, of ``world_size=1``, and reads its folder to the idle end
+    while rank 0 waits at a barrier (a loader of its own world makes no collective). ``too_wide``: a loader of
+    ``world_size=3`` in this 2-rank world. ``unreadable``: both ranks follow a folder; in the poll that finds a
+    new file, rank 1 cannot read its footer (a mount that does not show it): what each rank raised, how fast."""
+    from lightrec.data.parquet import ParquetFileError
+    from lightrec.data.parquet import follow as follow_module
+
+    out: dict[str, object] = {}
+    alone = Path(root) / "alone"
+    if rank == 1:
+        alone.mkdir()
+        publish(alone, "part-00.parquet", 0, 20)
+        source = ParquetSource(str(alone))
+        spec = build_spec(source.schema, str(alone), "label", ["row"], ["scalar"], num_embeddings=50)
+        loader = FollowingParquetLoader(source, spec, 5, follow=POLL, rank=0, world_size=1)
+        out["alone"] = _rows(list(loader))
+        loader.close()
+    dist.barrier()
+    try:
+        _following_loader(alone if rank == 1 else Path(root), rank, 3)
+        out["too_wide"] = None
+    except ValueError as exc:
+        out["too_wide"] = str(exc)
+    folder = Path(root) / "unreadable"
+    if rank == 0:
+        folder.mkdir()
+        publish(folder, "part-00.parquet", 0, 20)
+    dist.barrier()
+    original = follow_module.read_file_info
+
+    def not_shown(fs: Any, path: str) -> Any:
+        if path.endswith("part-01.parquet"):
+            raise ParquetFileError("not shown by this rank's mount", path=path)
+        return original(fs, path)
+
+    if rank == 1:
+        follow_module.read_file_info = not_shown
+    loader = _following_loader(folder, rank, world_size)
+    stream = iter(loader)
+    next(stream)
+    if rank == 0:
+        publish(folder, "part-01.parquet", 20, 20)
+    started = time.monotonic()
+    try:
+        list(stream)
+        out["unreadable"] = {"type": None}
+    except Exception as exc:  # noqa: BLE001 - the test compares what each rank raised
+        out["unreadable"] = {"type": type(exc).__name__, "error": str(exc), "seconds": time.monotonic() - started}
+    follow_module.read_file_info = original
+    loader.close()
+    return out

@@ -304,3 +304,23 @@ def test_a_following_datamodule_checks_its_splits_once(tmp_path: Path, monkeypat
     loader = data.train_dataloader()  # type: ignore[attr-defined]
     assert calls == [({"day": "02"}, None)]  # at construction (refused early), not again per loader
     assert _rows(list(loader)) == list(range(20))  # the validation files still stay out of training
+
+
+@pytest.mark.slow  # ~6-10 s: two spawned ranks importing torch and lightrec
+def test_a_loader_of_its_own_world_follows_alone_and_an_unreadable_file_stops_every_rank(tmp_path: Path) -> None:
+    """A following loader of ``world_size=1`` on one rank of a larger world makes no collective (it blocked in
+    the first broadcast, waiting for ranks that never build one); one of another width than the world is
+    refused, naming both; a file rank 0 found that another rank cannot read stops both ranks with that error
+    at once (rank 0 waited in the next poll's broadcast for the process group's timeout, 30 minutes)."""
+    from tests.data.parquet._follow_ranks import follow_alone_and_fail_together
+
+    ranks = run_ranks(follow_alone_and_fail_together, 2, args=(str(tmp_path),), timeout=40)
+    assert ranks[1]["alone"] == list(range(20))
+    for rank in ranks:
+        assert "world_size=3 in a torch.distributed world of 2 ranks" in rank["too_wide"]
+        assert "world_size=2, or with world_size=1" in rank["too_wide"]
+    own, peer = ranks[1]["unreadable"], ranks[0]["unreadable"]
+    assert own["type"] == "ParquetFileError" and "not shown by this rank's mount" in own["error"]
+    assert peer["type"] == "RankDataMismatchError"
+    assert peer["error"].startswith("rank 1 failed while reading the footers of the files rank 0 listed: ParquetFileError")
+    assert own["seconds"] < 10 and peer["seconds"] < 10
