@@ -23,6 +23,7 @@ import inspect
 import logging
 import warnings
 from collections.abc import Callable
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -45,6 +46,7 @@ __all__ = [
     "reduce_scatter_single",
     "silence_known_warnings",
     "stop_hp_metric_placeholder",
+    "timeout_of",
 ]
 
 #: ``(major, minor)`` of the running torch.
@@ -229,3 +231,19 @@ def fit_data_fetcher(trainer: pl.Trainer) -> PrefetchDataFetcher | None:
     """
     fetcher = getattr(getattr(trainer, "fit_loop", None), "_data_fetcher", None)
     return fetcher if isinstance(fetcher, _lightning_private("PrefetchDataFetcher")) else None
+
+
+def timeout_of(pg: dist.ProcessGroup | None) -> timedelta | None:
+    """The timeout ``pg`` (default: the world) was created with; None when torch does not say.
+
+    torch has no public getter (torch 2.11-2.14 keep it on the backend's private ``options``): groups that
+    lightrec makes beside the user's take that group's timeout from here instead of torch's 30-minute default.
+    """
+    try:
+        group = pg if pg is not None else dist.group.WORLD
+        assert group is not None
+        device = torch.device("cuda" if dist.get_backend(group) == "nccl" else "cpu")
+        timeout: timedelta = group._get_backend(device).options._timeout
+        return timeout
+    except (AttributeError, RuntimeError, AssertionError):
+        return None

@@ -178,3 +178,22 @@ def test_is_fx_symbolic_tracing_is_true_only_inside_symbolic_trace() -> None:
     probe(torch.ones(1))
     torch.fx.symbolic_trace(probe)
     assert seen == [False, True]
+
+
+def test_timeout_of_reads_the_timeout_a_group_was_made_with_and_the_datas_group_takes_it(tmp_path: Path) -> None:
+    """``timeout_of`` reads a private attribute of torch's: if a torch release moves it, this fails (and the
+    groups lightrec makes beside the user's would fall back to torch's 30-minute default silently)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from lightrec.data.parquet import ranks
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1, timeout=timedelta(seconds=17))
+    try:
+        assert _compat.timeout_of(None) == timedelta(seconds=17)
+        side = dist.new_group(backend="gloo", timeout=timedelta(seconds=23))
+        assert _compat.timeout_of(side) == timedelta(seconds=23)
+        assert _compat.timeout_of(ranks.data_group()) == timedelta(seconds=17)  # the default group's, not 30 min
+    finally:
+        dist.destroy_process_group()

@@ -37,15 +37,17 @@ What it does, and where each part lives (all in :mod:`lightrec.data.parquet`):
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from typing import Any, Literal
 
 import lightning.pytorch as pl
+import torch.distributed as dist
 
 from lightrec.data.errors import OnError, check_on_error
 from lightrec.data.parquet.follow import FollowingParquetLoader, FollowOptions, following_source
 from lightrec.data.parquet.loader import LoaderBase, LoaderOptions, ParquetLoader
-from lightrec.data.parquet.ranks import RankDataMismatchError, agree_on_files
+from lightrec.data.parquet.ranks import FileStamp, RankDataMismatchError, agree_on_files, distributed
 from lightrec.data.parquet.sizing import size_tables
 from lightrec.data.parquet.source import ParquetSource
 from lightrec.data.parquet.spec import (
@@ -169,7 +171,8 @@ class ParquetDataModule(pl.LightningDataModule):
         self._source: ParquetSource | None = None
         self._spec: FeatureSpec | None = None
         self._sized: FeatureSpec | None = None
-        self._ranks_agreed = False
+        # the default group the ranks agreed on the files under (weakly; None: not yet): once per group
+        self._agreed_under: weakref.ReferenceType[dist.ProcessGroup] | None = None
 
     # ------------------------------------------------------------------ the data
     @property
@@ -191,12 +194,15 @@ class ParquetDataModule(pl.LightningDataModule):
     def spec(self) -> FeatureSpec:
         """The feature spec (not sized yet: see :meth:`sized_spec`)."""
         if self._spec is None:
-            first = self.source.files[0]
-            spec = build_spec(first.schema, first.path, self.label, self.dense, self.sparse, **self.feature_options)
-            for info in self.source.files[1:]:  # every file must give the same features (footers only)
-                check_schema(spec, info.schema, info.path, first=(first.schema, first.path))
-            self._spec = spec
+            self._spec = self._spec_of(self.source)
         return self._spec
+
+    def _spec_of(self, source: ParquetSource) -> FeatureSpec:
+        first = source.files[0]
+        spec = build_spec(first.schema, first.path, self.label, self.dense, self.sparse, **self.feature_options)
+        for info in source.files[1:]:  # every file must give the same features (footers only)
+            check_schema(spec, info.schema, info.path, first=(first.schema, first.path))
+        return spec
 
     def sized_spec(self) -> FeatureSpec:
         """The feature spec with every table's size (declared or from the data's statistics)."""
@@ -233,37 +239,56 @@ class ParquetDataModule(pl.LightningDataModule):
     def agree_on_ranks(self) -> None:
         """Make rank 0's listing of the files every rank's (:mod:`~lightrec.data.parquet.ranks`): a file that
         landed while the ranks started is otherwise in some ranks' listings only (different steps per rank,
-        a hang; tables sized differently). Once per DataModule; a collective of every rank when
-        ``torch.distributed`` runs more than one (``setup`` and the first loader call it), nothing otherwise.
+        a hang; tables sized differently). Once per default process group; a collective of every rank when
+        ``torch.distributed`` runs more than one and this DataModule's trainer spans them all (``setup`` and the
+        first loader call it). Nothing without ``torch.distributed``, or for a trainer of one process beside a
+        larger world (e.g. ``Trainer(devices=1).validate(...)`` on rank 0 after a fit): it reads its own listing.
 
         Raises:
             RankDataMismatchError (on every rank): this rank had sized its tables from a listing that rank 0's
-                changed (the model was built before the ranks agreed: declare ``num_embeddings``, or let the
-                recipe size the tables inside the fit), or a rank could not list or read the files.
+                changes (the model was built before the ranks agreed: declare ``num_embeddings``, or let the
+                recipe size the tables inside the fit), or a rank could not list or read the files. Nothing
+                changes then: a second call raises again.
+            ValueError: the trainer spans more than one process but not every rank of the world.
         """
-        if not self._ranks_agreed:
-            agree_on_files(lambda: [f.path for f in self.source.files], self._take_files)
-            self._ranks_agreed = True
-
-    def _take_files(self, paths: list[str]) -> None:
-        """Rank 0's ``paths`` as this rank's files; refuse where tables sized from its own listing change."""
-        sized_before = self._sized
-        self._source = self.source.with_files(paths)
-        self._spec = self._sized = None
-        if sized_before is None:
+        world = dist.group.WORLD if distributed() else None
+        if world is None:
             return
-        changed = [
-            f"{f.name} {f.num_embeddings} -> {g.num_embeddings}"
-            for f, g in zip(sized_before.sparse, self.sized_spec().sparse)
-            if f.num_embeddings != g.num_embeddings
-        ]
-        if changed:
-            raise RankDataMismatchError(
-                f"this rank sized tables from the data before the ranks agreed on rank 0's files (files landed while "
-                f"the ranks started), and rank 0's files size them otherwise: {', '.join(changed)} rows. Declare "
-                "num_embeddings for these features, or size the tables inside the fit (a recipe's RecipeModule "
-                "does, after the DataModule's setup) instead of calling table_configs() before trainer.fit"
+        if self._agreed_under is not None and self._agreed_under() is world:
+            return
+        _, ranks = self._rank()
+        if ranks == 1:
+            return
+        if ranks != dist.get_world_size():
+            raise ValueError(
+                f"this DataModule's trainer runs {ranks} processes in a torch.distributed world of "
+                f"{dist.get_world_size()}: its ranks read rank 0's files, which needs every rank of the world "
+                "(run the trainer on all of them, or on one process)"
             )
+        agree_on_files(lambda: self.source.stamps(), self._take_files)
+        self._agreed_under = weakref.ref(world)
+
+    def _take_files(self, stamps: list[FileStamp]) -> None:
+        """Rank 0's files as this rank's; refused (nothing changed) where tables sized from its own listing change."""
+        source = self.source.with_files(stamps)
+        spec = self._spec_of(source)
+        sized = None
+        if self._sized is not None:
+            sized = size_tables(source, spec)
+            changed = [
+                f"{f.name} {f.num_embeddings} -> {g.num_embeddings}"
+                for f, g in zip(self._sized.sparse, sized.sparse)
+                if f.num_embeddings != g.num_embeddings
+            ]
+            if changed:
+                raise RankDataMismatchError(
+                    f"this rank sized tables from the data before the ranks agreed on rank 0's files (files landed "
+                    f"while the ranks started), and rank 0's files size them otherwise: {', '.join(changed)} rows. "
+                    "Declare num_embeddings for these features, or size the tables inside the fit (a recipe's "
+                    "RecipeModule does, after the DataModule's setup) instead of calling table_configs() before "
+                    "trainer.fit"
+                )
+        self._source, self._spec, self._sized = source, spec, sized
 
     # ------------------------------------------------------------------ loaders
     def _rank(self) -> tuple[int, int]:

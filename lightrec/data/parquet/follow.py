@@ -41,7 +41,10 @@ round too: a ``ParquetDataModule`` gives every rank rank 0's listing of the star
 :class:`~lightrec.data.parquet.source.ParquetSource` that each rank listed itself starts every
 iteration with rank 0's round (one broadcast, as in a poll): a rank reads the footer of a file there
 that it did not list itself, and a file only it listed (or whose folder rank 0 found unmarked) waits
-for the poll in which rank 0 finds it. The group is one per default group, made by the first
+for the poll in which rank 0 finds it. Reading footers of files rank 0 named (and checking their
+schema) ends in one ``all_gather_object`` of every rank's outcome, and rank 0 sends a failure of its own
+listing with the poll: a file one rank cannot read stops every rank at once, none waits for a poll that
+never comes. A loader of ``world_size=1`` follows alone (no collective). The group is one per default group, made by the first
 agreement (a collective of every rank: the ranks set up and iterate in step) and ended with the
 default group (``destroy_process_group()``): a process that builds loaders again and again (every
 fit, a test suite) holds one such group, not one per loader, and no loader destroys a group that
@@ -66,7 +69,7 @@ from typing_extensions import Unpack
 from lightrec.data.batch import Batch
 from lightrec.data.parquet.errors import ParquetFileError
 from lightrec.data.parquet.loader import LoaderBase, LoaderOptions
-from lightrec.data.parquet.ranks import distributed, on_every_rank, rank0_value
+from lightrec.data.parquet.ranks import RankDataMismatchError, distributed, on_every_rank, rank0_value
 from lightrec.data.parquet.sharding import Slice, plan_epoch, slices_of, take_rows
 from lightrec.data.parquet.source import (
     ParquetFileInfo,
@@ -124,8 +127,8 @@ class FolderWatcher:
         options: polling settings.
         leave_out: ``leave_out(path)`` is True for a file that is not training data (the ``val`` and
             ``test`` selections: :class:`~lightrec.data.parquet.splits.HeldOut`); never returned.
-        shared: the ranks of ``torch.distributed``'s world follow together (rank 0 lists and tells the
-            others: collectives of every rank); False: this process lists for itself alone.
+        ranks: the ranks that follow together: more than one are ``torch.distributed``'s world once it runs
+            (rank 0 lists and tells the others: collectives of every rank); 1: this process lists alone.
     """
 
     def __init__(
@@ -134,12 +137,18 @@ class FolderWatcher:
         paths: Sequence[str],
         options: FollowOptions,
         leave_out: Callable[[str], bool] | None = None,
-        shared: bool = True,
+        ranks: int = 1,
     ) -> None:
         self.filesystem, self.paths, self.options = filesystem, list(paths), options
         self.leave_out = leave_out
-        self.shared = shared and distributed()
+        self.ranks = ranks
         self._unreadable: dict[str, tuple[tuple[int, int | None], int]] = {}
+
+    @property
+    def shared(self) -> bool:
+        """Whether the ranks follow together now (decided at each use: a loader may be built before
+        ``torch.distributed`` starts, as Lightning starts it in ``trainer.fit``)."""
+        return self.ranks > 1 and distributed()
 
     def _stamp(self, path: str) -> tuple[int, int | None]:
         info = self.filesystem.get_file_info(path)
@@ -180,12 +189,26 @@ class FolderWatcher:
     def wait_for_new(self, known: set[str]) -> list[ParquetFileInfo] | None:
         """New files, polling until some arrive; None when ``idle_timeout`` passed without any."""
         started = time.monotonic()
+        shared = self.shared
         while True:
-            mine = self.list_new(known) if not self.shared or dist.get_rank() == 0 else []
+            mine: list[ParquetFileInfo] = []
+            failure: Exception | None = None
+            if not shared or dist.get_rank() == 0:
+                try:
+                    mine = self.list_new(known)
+                except Exception as exc:  # noqa: BLE001 -- sent to the other ranks with the poll, then raised
+                    if not shared:
+                        raise
+                    failure = exc
             idle = time.monotonic() - started
             timeout = self.options.idle_timeout
             expired = not mine and timeout is not None and idle >= timeout
-            found, stop = rank0_value(([f.path for f in mine], expired)) if self.shared else ([f.path for f in mine], expired)
+            poll = ([f.path for f in mine], expired, None if failure is None else f"{type(failure).__name__}: {failure}")
+            found, stop, error = rank0_value(poll) if shared else poll
+            if failure is not None:
+                raise failure
+            if error is not None:  # rank 0's listing failed: every rank stops with it, none waits for the next poll
+                raise RankDataMismatchError(f"rank 0 failed while listing {self.paths} for new files: {error}")
             if found:
                 return self.read_agreed(functools.partial(self.footers, found, mine))
             if stop:
@@ -273,14 +296,7 @@ class FollowingParquetLoader(LoaderBase):
     ) -> None:
         super().__init__(source, spec, batch_size, **options)
         self.follow = follow or FollowOptions()
-        world = dist.get_world_size() if distributed() else 1
-        if self.world_size not in (1, world):
-            raise ValueError(
-                f"a following loader of world_size={self.world_size} in a torch.distributed world of {world} ranks: "
-                f"its rank 0 tells the others what it lists, on every rank of that world. Build it on every rank with "
-                f"rank=dist.get_rank(), world_size={world}, or with world_size=1 for a process that follows alone"
-            )
-        self.watcher = FolderWatcher(source.filesystem, source.inner_paths, self.follow, leave_out, self.world_size > 1)
+        self.watcher = FolderWatcher(source.filesystem, source.inner_paths, self.follow, leave_out, self.world_size)
         self.files = self.reader.files  # grows as files arrive; slices index it
         self._by_path = {f.path: i for i, f in enumerate(self.files)}
         self._done: list[str] = []
@@ -310,6 +326,9 @@ class FollowingParquetLoader(LoaderBase):
             self.files[index] = info
         return index
 
+    def _index_all(self, infos: Sequence[ParquetFileInfo]) -> list[int]:
+        return [self._index(info) for info in infos]
+
     def _index_of(self, path: str) -> int:
         """The index in ``files`` of a file rank 0 or a checkpoint named (its footer read when this rank has not)."""
         if path in self._by_path:
@@ -322,15 +341,26 @@ class FollowingParquetLoader(LoaderBase):
         agreed = self.watcher.agree_round(self._round)
         # listed later, or its folder marked since: its footer as it is now
         later = [p for p in agreed if p not in mine]
-        for info in self.watcher.read_agreed(functools.partial(self.watcher.footers, later)):
-            self._index(info)
+        # footers and schema checks of files this rank had not listed: a failure on one rank stops every rank
+        self.watcher.read_agreed(lambda: self._index_all(self.watcher.footers(later)))
         self._round = agreed
 
     def _round_slices(self) -> list[Slice]:
         return self._carry + slices_of(self.files, [self._by_path[p] for p in self._round])
 
+    def _check_world(self) -> None:
+        """Refuse a width that is neither 1 (following alone) nor the running ``torch.distributed`` world's."""
+        if self.world_size > 1 and distributed() and self.world_size != dist.get_world_size():
+            raise ValueError(
+                f"a following loader of world_size={self.world_size} in a torch.distributed world of "
+                f"{dist.get_world_size()} ranks: its rank 0 tells the others what it lists, on every rank of that "
+                f"world. Build it on every rank with world_size={dist.get_world_size()} (rank=dist.get_rank()), or "
+                "with world_size=1 for a process that follows alone"
+            )
+
     def __iter__(self) -> Iterator[Batch]:
-        start = self._restore()
+        self._check_world()  # here, not when built: Lightning starts torch.distributed after the loader is made
+        start = self.watcher.read_agreed(self._restore)  # a checkpoint's file one rank cannot read stops every rank
         self._agree_round()
         self._ended = False
         while True:
@@ -352,7 +382,8 @@ class FollowingParquetLoader(LoaderBase):
                 self._ended = True
                 self.skipped.log(f"{self.name} data (followed)")
                 return
-            self._round = [self.files[self._index(f)].path for f in new]
+            indices = self.watcher.read_agreed(functools.partial(self._index_all, new))  # schema checks, every rank
+            self._round = [self.files[i].path for i in indices]
             logger.info("following %s: %d new file(s), from %s", self.source.paths, len(new), new[0].path)
 
     def _restore(self) -> int:

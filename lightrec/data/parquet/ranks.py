@@ -9,13 +9,14 @@ publishing, a folder being filled -- is then in some ranks' listings only, and t
 * size tables from the data differently (``num_embeddings`` = largest id + 1 over the files each rank
   listed): the sharding plan, the checkpoints and every lookup then disagree between ranks.
 
-:func:`agree_on_files` is the cure: every rank sends what it listed (paths only, or the error it
-raised) to every other; rank 0's files are taken by all, a rank that listed other files reads the
-footers of rank 0's, and a rank that had already sized its tables from its own listing (a model built
+:func:`agree_on_files` is the cure: rank 0 sends what it listed (each file's path, size and time) to every
+rank; rank 0's files are taken by all, a rank that listed other files (or another version of one) reads
+the footers of rank 0's, and a rank that had already sized its tables from its own listing (a model built
 before ``trainer.fit``) is an error on *every* rank, naming the tables, so that no rank is left
 waiting for one that failed alone. ``ParquetDataModule.setup`` calls it (Lightning's ``setup`` hook
 runs on every rank once the process group is up), and so does building a loader, for code that builds
-loaders without a Trainer.
+loaders without a Trainer; a DataModule used by one process alone (``Trainer(devices=1)`` beside a larger
+world) agrees with no one.
 
 The messages go over a gloo group of every rank (:func:`data_group`; also what the following loader's
 rank 0 uses to tell the others what its polls found), so an NCCL training group is left alone.
@@ -29,12 +30,14 @@ from typing import TypeVar, cast
 
 import torch.distributed as dist
 
+from lightrec._compat import timeout_of
+
 __all__ = [
+    "FileStamp",
     "RankDataMismatchError",
     "agree_on_files",
     "data_group",
     "distributed",
-    "every_rank",
     "on_every_rank",
     "rank0_value",
 ]
@@ -73,7 +76,8 @@ def data_group() -> dist.ProcessGroup:
         made_under, group = _DATA_GROUP[0](), _DATA_GROUP[1]()
         if made_under is world and group is not None:
             return group
-    group = dist.new_group(backend="gloo")
+    # the default group's timeout (the user's, e.g. RecStrategy(timeout=...)), not torch's 30-minute default
+    group = dist.new_group(backend="gloo", timeout=timeout_of(world))
     _DATA_GROUP = (weakref.ref(world), weakref.ref(group))
     return group
 
@@ -87,9 +91,15 @@ def rank0_value(value: _T) -> _T:
     return box[0]
 
 
-def _attempt_on_every_rank(attempt: Callable[[], _T], what: str, share: bool) -> tuple[_T, list[object]]:
-    """``attempt()`` here and every rank's outcome (its value where ``share``, else None), or the same
-    failure on every rank (see :func:`every_rank`). Distributed only."""
+def on_every_rank(attempt: Callable[[], _T], what: str) -> _T:
+    """``attempt()`` on this rank, or an error on every rank if any rank's raised (a collective when distributed:
+    only whether each rank's attempt raised travels, in one ``all_gather_object``).
+
+    The rank whose ``attempt`` raised re-raises its own exception (type and message unchanged); the others raise
+    :class:`RankDataMismatchError` naming that rank, ``what`` it was doing and its error.
+    """
+    if not distributed():
+        return attempt()
     mine: BaseException | None = None
     value: _T | None = None
     try:
@@ -97,54 +107,42 @@ def _attempt_on_every_rank(attempt: Callable[[], _T], what: str, share: bool) ->
     except Exception as exc:  # noqa: BLE001 -- told to every rank below, then raised here
         mine = exc
     error = None if mine is None else f"{type(mine).__name__}: {mine}"
-    outcome = (error, value if share else None)
-    outcomes: list[tuple[str | None, object]] = [outcome] * dist.get_world_size()
-    dist.all_gather_object(outcomes, outcome, group=data_group())
+    errors: list[str | None] = [error] * dist.get_world_size()
+    dist.all_gather_object(errors, error, group=data_group())
     if mine is not None:
         raise mine
-    failed = [(rank, e) for rank, (e, _) in enumerate(outcomes) if e is not None]
+    failed = [(rank, e) for rank, e in enumerate(errors) if e is not None]
     if failed:
         raise RankDataMismatchError(
             "; ".join(f"rank {rank} failed while {what}: {e}" for rank, e in failed) + " (every rank stops with it)"
         )
-    return cast(_T, value), [v for _, v in outcomes]  # no rank failed: value is attempt()'s
+    return cast(_T, value)  # no rank failed: attempt()'s value
 
 
-def every_rank(attempt: Callable[[], _T], what: str) -> list[_T]:
-    """Every rank's result of ``attempt`` (a collective), or an error on every rank if any rank's raised.
-
-    The rank whose ``attempt`` raised re-raises its own exception (type and message unchanged); the
-    others raise :class:`RankDataMismatchError` naming that rank, ``what`` it was doing and its error.
-    Not distributed: ``[attempt()]``.
-    """
-    if not distributed():
-        return [attempt()]
-    return cast(list[_T], _attempt_on_every_rank(attempt, what, share=True)[1])
+FileStamp = tuple[str, int, int | None]
+"""``(path, size, mtime_ns)`` of a listed file: what the ranks compare (a file replaced in place between two
+listings has the same path but another size or time)."""
 
 
-def on_every_rank(attempt: Callable[[], _T], what: str) -> _T:
-    """``attempt()`` on this rank, failing on every rank as :func:`every_rank` does; only whether each
-    rank's attempt raised travels (a collective when distributed)."""
-    if not distributed():
-        return attempt()
-    return _attempt_on_every_rank(attempt, what, share=False)[0]
+def agree_on_files(listed: Callable[[], list[FileStamp]], adopt: Callable[[list[FileStamp]], None]) -> bool:
+    """Make rank 0's file list every rank's (module docstring): a collective of every rank when distributed.
 
-
-def agree_on_files(listed: Callable[[], list[str]], adopt: Callable[[list[str]], None]) -> bool:
-    """Make rank 0's file list every rank's (module docstring): a collective of every rank.
+    Every rank lists (a rank that cannot stops every rank), rank 0's stamps go to every rank (one broadcast:
+    no rank receives the others' lists), and a rank whose list differs adopts rank 0's (a rank that cannot
+    stops every rank).
 
     Args:
-        listed: this rank's file paths, listing the source if it was not listed yet (may raise: the
-            error is every rank's then, via :func:`every_rank`).
-        adopt: called on a rank whose list differs, with rank 0's paths, to take them (may raise too).
+        listed: this rank's files, listing the source if it was not listed yet.
+        adopt: called on a rank whose list differs, with rank 0's, to take it.
 
     Returns:
-        True where this rank took rank 0's files (its own listing differed), False where it had them.
+        True where this rank took rank 0's files (its own listing differed), False where it had them or
+        where ``torch.distributed`` runs one rank or none (nothing to agree on).
     """
     if not distributed():
         return False
-    lists = every_rank(listed, "listing the data")
-    first = lists[0]
-    differs = lists[dist.get_rank()] != first
-    on_every_rank(lambda: adopt(first) if differs else None, "reading the files rank 0 listed")
+    mine = on_every_rank(listed, "listing the data")
+    first = rank0_value(mine)
+    differs = mine != first
+    on_every_rank(lambda: adopt(first) if differs else None, "taking the files rank 0 listed")
     return differs

@@ -14,10 +14,12 @@
 Fractions are not mixed with the other two (a fraction of what?); files and partitions mix freely.
 A file is in at most one split.
 
-A following loader (``follow=True``) reads files that land after the splits were cut: :class:`HeldOut`
-tells from a file's path whether ``val`` or ``test`` selects it, so that training leaves it out
-(those files are not added to the validation or test loaders, which read the files there at the
-start). A fraction cannot be applied to files that have not landed yet, so it is refused there.
+Split paths select among the source's files (those listed when it was made, and agreed on by the
+ranks), decided from the names: a file landing later in a ``val`` folder is not in any loader built
+after it. A following loader (``follow=True``) reads files that land after the splits were cut:
+:class:`HeldOut` tells from a file's path whether ``val`` or ``test`` selects it, so that training
+leaves it out (those files are not added to the validation or test loaders, which read the files
+there at the start). A fraction cannot be applied to files that have not landed yet, so it is refused there.
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ from typing import TypeAlias
 from lightrec.data.parquet.sharding import Slice, slices_of, take_rows
 from lightrec.data.parquet.source import (
     ParquetSource,
-    list_files,
     names_file,
     partitions_of,
     resolve_filesystem,
@@ -78,18 +79,18 @@ def _files_of(source: ParquetSource, name: str, setting: SplitSetting) -> set[in
                 f"(hive folders key=value){marked}"
             )
         return chosen
-    index = {f.path: i for i, f in enumerate(source.files)}
+    # The source's files that the path names, decided from the names (not listed again: a file that landed
+    # since the source was listed -- and agreed on by the ranks -- would otherwise differ between loaders)
     chosen = set()
     for path in split_paths(setting):
         _, inner = resolve_filesystem(path)
-        found = list_files(source.filesystem, inner)
-        missing = [p for p in found if p not in index]
-        if not found or missing:
+        found = {i for i, f in enumerate(source.files) if names_file(inner, f.path)}
+        if not found:
             raise ValueError(
-                f"{name}={path!r} names no file of the source (found {len(found)} file(s), {len(missing)} not listed); "
-                "give it to the DataModule so it is read"
+                f"{name}={path!r} names no file of the source ({len(source.files)} file(s) under {source.paths}); "
+                "give the path to the DataModule (or the source) too, so that it is read"
             )
-        chosen |= {index[p] for p in found}
+        chosen |= found
     return chosen
 
 

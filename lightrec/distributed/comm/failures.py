@@ -21,10 +21,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import timedelta
 
-import torch
 import torch.distributed as dist
+
+from lightrec._compat import timeout_of
 
 __all__ = ["CollectiveError", "collective_guard", "timeout_of"]
 
@@ -38,18 +38,6 @@ _TIMED_OUT = re.compile(r"timed out|timeout", re.IGNORECASE)
 
 class CollectiveError(RuntimeError):
     """A collective failed because a peer died, stopped, or cannot be reached."""
-
-
-def timeout_of(pg: dist.ProcessGroup | None) -> timedelta | None:
-    """The timeout ``pg`` (default: the world) was created with; None when torch does not say."""
-    try:
-        group = pg if pg is not None else dist.group.WORLD
-        assert group is not None
-        device = torch.device("cuda" if dist.get_backend(group) == "nccl" else "cpu")
-        timeout: timedelta = group._get_backend(device).options._timeout
-        return timeout
-    except (AttributeError, RuntimeError, AssertionError):
-        return None
 
 
 def _describe(name: str, pg: dist.ProcessGroup | None, exc: BaseException) -> str:

@@ -251,15 +251,10 @@ def follow_alone_and_fail_together(rank: int, world_size: int, root: str) -> dic
         loader.close()
     dist.barrier()
     try:
-        _following_loader(alone if rank == 1 else Path(root), rank, 3)
+        next(iter(_following_loader(alone if rank == 1 else Path(root), rank, 3)))  # checked when it starts
         out["too_wide"] = None
     except ValueError as exc:
         out["too_wide"] = str(exc)
-    folder = Path(root) / "unreadable"
-    if rank == 0:
-        folder.mkdir()
-        publish(folder, "part-00.parquet", 0, 20)
-    dist.barrier()
     original = follow_module.read_file_info
 
     def not_shown(fs: Any, path: str) -> Any:
@@ -267,19 +262,36 @@ def follow_alone_and_fail_together(rank: int, world_size: int, root: str) -> dic
             raise ParquetFileError("not shown by this rank's mount", path=path)
         return original(fs, path)
 
-    if rank == 1:
-        follow_module.read_file_info = not_shown
-    loader = _following_loader(folder, rank, world_size)
-    stream = iter(loader)
-    next(stream)
+    for case, blind in (("unreadable", 1), ("unreadable-to-rank-0", 0)):
+        folder = Path(root) / case
+        if rank == 0:
+            folder.mkdir()
+            publish(folder, "part-00.parquet", 0, 20)
+        dist.barrier()
+        if rank == blind:  # rank 0 finds the file in a poll and cannot read it: it stops after three polls
+            follow_module.read_file_info = not_shown
+        loader = _following_loader(folder, rank, world_size)
+        stream = iter(loader)
+        next(stream)
+        if rank == 1 - blind:
+            publish(folder, "part-01.parquet", 20, 20)
+        started = time.monotonic()
+        try:
+            list(stream)
+            out[case] = {"type": None}
+        except Exception as exc:  # noqa: BLE001 - the test compares what each rank raised
+            out[case] = {"type": type(exc).__name__, "error": str(exc), "seconds": time.monotonic() - started}
+        follow_module.read_file_info = original
+        loader.close()
+    # built before torch.distributed runs (a script hands it to trainer.fit, which starts the group)
+    folder = Path(root) / "before-group"
     if rank == 0:
-        publish(folder, "part-01.parquet", 20, 20)
-    started = time.monotonic()
-    try:
-        list(stream)
-        out["unreadable"] = {"type": None}
-    except Exception as exc:  # noqa: BLE001 - the test compares what each rank raised
-        out["unreadable"] = {"type": type(exc).__name__, "error": str(exc), "seconds": time.monotonic() - started}
-    follow_module.read_file_info = original
+        folder.mkdir()
+        publish(folder, "part-00.parquet", 0, 40)
+    dist.barrier()
+    dist.destroy_process_group()
+    loader = _following_loader(folder, rank, world_size)
+    dist.init_process_group("gloo", init_method=f"file://{root}/group-again", rank=rank, world_size=world_size)
+    out["before-group"] = _rows(list(loader))
     loader.close()
     return out

@@ -9,6 +9,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import torch
 import torch.distributed as dist
 
 from tests.data.parquet.helpers import event_table
@@ -80,4 +81,88 @@ def listings_that_differ(rank: int, world_size: int, root: str) -> dict[str, dic
             out[case] = {"error": None, "type": None}
         except Exception as exc:  # noqa: BLE001 - the test compares what every rank raised
             out[case] = {"error": str(exc), "type": type(exc).__name__}
+    return out
+
+
+def _regroup(root: str, name: str, rank: int, world_size: int) -> None:
+    """A new default group (the old one destroyed): what a script sees before and after ``trainer.fit``."""
+    dist.init_process_group("gloo", init_method=f"file://{root}/{name}", rank=rank, world_size=world_size)
+
+
+def _raised(call: Any) -> dict[str, object]:
+    try:
+        call()
+        return {"type": None, "error": None}
+    except Exception as exc:  # noqa: BLE001 - the test compares what every rank raised
+        return {"type": type(exc).__name__, "error": str(exc)}
+
+
+def the_edges_of_agreeing(rank: int, world_size: int, root: str) -> dict[str, object]:
+    """The cases around the agreement (a review's findings), each in its own folder:
+
+    ``alone``: rank 0 alone reads with a trainer of one process (``Trainer(devices=1)`` after a 2-rank fit)
+    while rank 1 waits at a barrier. ``before-group``: each rank calls ``setup`` before torch.distributed runs
+    (a script), then again inside the fit: the second one agrees. ``retry``: a mismatch of tables sized early
+    raises again on a second ``setup``. ``replaced``: a file replaced in place between two ranks' listings.
+    ``val-later``: a file lands in the ``val`` folder after ``setup``, before one rank builds its loaders.
+    """
+    from types import SimpleNamespace
+
+    out: dict[str, object] = {}
+    alone = Path(root) / "alone"
+    if rank == 0:
+        alone.mkdir()
+        _publish(alone, "part-00.parquet", 0, 40)
+        data = _data(alone, follow=False)
+        cpu = SimpleNamespace(root_device=torch.device("cpu"))  # what a Trainer of one process reports
+        data.trainer = SimpleNamespace(global_rank=0, world_size=1, strategy=cpu, logger=None)
+        data.setup("validate")
+        out["alone"] = len(data.train_dataloader())
+    dist.barrier()
+
+    data = _start(root, "before-group", 1, rank, world_size, follow=False, size_early=False, large=True)
+    dist.destroy_process_group()
+    data.setup("fit")  # no torch.distributed yet: nothing to agree on, and nothing recorded as agreed
+    _regroup(root, "group-again", rank, world_size)
+    data.setup("fit")  # the fit's setup, under the group: rank 0's files
+    out["before-group"] = {"files": [Path(f.path).name for f in data.source.files], "steps": len(data.train_dataloader())}
+
+    data = _start(root, "retry", 1, rank, world_size, follow=False, size_early=True, large=True)
+    out["retry"] = [_raised(lambda: data.setup("fit")) for _ in range(2)]
+
+    folder = Path(root) / "replaced"
+    if rank == 0:
+        folder.mkdir()
+        _publish(folder, "part-00.parquet", 0, 40)
+    dist.barrier()
+    data = _data(folder, follow=False)
+    if rank == 0:
+        data.source  # noqa: B018 - lists the first version
+    dist.barrier()
+    if rank == 1:
+        _publish(folder, "part-00.parquet", 100, 70)  # replaced in place (renamed over it)
+        data.source  # noqa: B018 - lists the second version
+    dist.barrier()
+    out["replaced"] = _raised(lambda: data.setup("fit"))
+
+    folder = Path(root) / "val-later"
+    if rank == 0:
+        (folder / "val").mkdir(parents=True)
+        _publish(folder, "part-00.parquet", 0, 40)
+        _publish(folder / "val", "part-00.parquet", 40, 10)
+    dist.barrier()
+    from lightrec.data import ParquetDataModule
+
+    data = ParquetDataModule(str(folder), label="label", dense=["row"], sparse=["scalar"], num_embeddings=50,
+                             batch_size=5, val=str(folder / "val"))  # fmt: skip
+    data.setup("fit")
+    if rank == 0:
+        sizes = [len(data.train_dataloader()), len(data.val_dataloader())]
+    dist.barrier()
+    if rank == 0:
+        _publish(folder / "val", "part-01.parquet", 50, 10)  # lands after the ranks agreed
+    dist.barrier()
+    if rank == 1:
+        sizes = [len(data.train_dataloader()), len(data.val_dataloader())]
+    out["val-later"] = sizes
     return out

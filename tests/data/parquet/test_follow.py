@@ -311,16 +311,25 @@ def test_a_loader_of_its_own_world_follows_alone_and_an_unreadable_file_stops_ev
     """A following loader of ``world_size=1`` on one rank of a larger world makes no collective (it blocked in
     the first broadcast, waiting for ranks that never build one); one of another width than the world is
     refused, naming both; a file rank 0 found that another rank cannot read stops both ranks with that error
-    at once (rank 0 waited in the next poll's broadcast for the process group's timeout, 30 minutes)."""
+    at once (rank 0 waited in the next poll's broadcast for the process group's timeout, 30 minutes), and so
+    does one rank 0 cannot read itself; a loader built before torch.distributed starts follows with the others."""
     from tests.data.parquet._follow_ranks import follow_alone_and_fail_together
 
     ranks = run_ranks(follow_alone_and_fail_together, 2, args=(str(tmp_path),), timeout=40)
     assert ranks[1]["alone"] == list(range(20))
     for rank in ranks:
         assert "world_size=3 in a torch.distributed world of 2 ranks" in rank["too_wide"]
-        assert "world_size=2, or with world_size=1" in rank["too_wide"]
+        assert "with world_size=2 (rank=dist.get_rank()), or with world_size=1" in rank["too_wide"]
     own, peer = ranks[1]["unreadable"], ranks[0]["unreadable"]
     assert own["type"] == "ParquetFileError" and "not shown by this rank's mount" in own["error"]
     assert peer["type"] == "RankDataMismatchError"
     assert peer["error"].startswith("rank 1 failed while reading the footers of the files rank 0 listed: ParquetFileError")
     assert own["seconds"] < 10 and peer["seconds"] < 10
+    # rank 0's own poll cannot read the new file: it stops, and tells rank 1 in the same broadcast
+    own, peer = ranks[0]["unreadable-to-rank-0"], ranks[1]["unreadable-to-rank-0"]
+    assert own["type"] == "ParquetFileError" and "not shown by this rank's mount" in own["error"]
+    assert peer["type"] == "RankDataMismatchError" and peer["error"].startswith("rank 0 failed while listing")
+    assert "not shown by this rank's mount" in peer["error"] and peer["seconds"] < 10
+    # a loader built before torch.distributed ran follows with the others once it does
+    assert sorted(ranks[0]["before-group"] + ranks[1]["before-group"]) == list(range(40))
+    assert len(ranks[0]["before-group"]) == len(ranks[1]["before-group"]) == 20

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
-from tests.data.parquet._listing_ranks import LARGE, listings_that_differ
+from tests.data.parquet._listing_ranks import LARGE, listings_that_differ, the_edges_of_agreeing
 from tests.multiprocess import run_ranks
 
 
@@ -59,4 +60,23 @@ def test_tables_sized_before_the_ranks_agreed_are_an_error_on_every_rank(ranks: 
         before, after = int(sizes[1]), int(sizes[2])  # largest id + 1 over each listing: <= 50 or >= LARGE
         assert (before <= 50 < LARGE <= after) if late == 0 else (after <= 50 < LARGE <= before), own
         assert "num_embeddings" in own and "before trainer.fit" in own
-        assert errors[0]["error"] == f"rank 1 failed while reading the files rank 0 listed: RankDataMismatchError: {own} (every rank stops with it)"
+        assert errors[0]["error"] == f"rank 1 failed while taking the files rank 0 listed: RankDataMismatchError: {own} (every rank stops with it)"
+
+
+@pytest.mark.slow  # ~10 s: two spawned ranks importing torch, lightrec and Lightning (the DataModule)
+def test_the_edges_of_agreeing_on_rank_0s_files(tmp_path: Path) -> None:
+    """A DataModule of a one-process trainer beside a larger world reads alone (it waited in a collective for a
+    rank that never joined); a ``setup`` before torch.distributed runs does not count as agreed (the ranks then
+    trained on different files); a refused agreement changes nothing, so a second ``setup`` refuses again; a
+    file replaced in place between two ranks' listings stops both ranks, naming it; the ``val`` loaders select
+    among the agreed files (a file landing later in the ``val`` folder failed one rank's loaders)."""
+    ranks = run_ranks(the_edges_of_agreeing, 2, args=(str(tmp_path),), timeout=60)
+    assert ranks[0]["alone"] == 8  # 40 rows, batches of 5, one rank
+    assert ranks[0]["before-group"] == ranks[1]["before-group"]
+    assert ranks[0]["before-group"]["files"] == ["part-00.parquet"]  # rank 1 listed the late file too: rank 0's list
+    for rank in ranks:
+        assert [r["type"] for r in rank["retry"]] == ["RankDataMismatchError"] * 2
+    own, peer = ranks[1]["replaced"], ranks[0]["replaced"]
+    assert own["type"] == "ParquetFileChangedError" and "replaced or written in place while the ranks started" in own["error"]
+    assert peer["type"] == "RankDataMismatchError" and "rank 1 failed while taking the files rank 0 listed" in peer["error"]
+    assert ranks[0]["val-later"] == ranks[1]["val-later"] == [4, 1]  # 40 train rows / (2 x 5); 10 val rows / 10
