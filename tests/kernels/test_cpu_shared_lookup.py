@@ -138,7 +138,7 @@ def test_the_trial_times_only_steps_inside_a_block_and_wants_a_clear_win() -> No
     config = _config(EmbOptimType.ROWWISE_ADAGRAD, [16])
 
     def run(torch_ms: float, fbgemm_ms: float, skip: frozenset[int] = frozenset(), cold_ms: float = 0.0,
-            busy: frozenset[int] = frozenset()) -> StepTrial:  # fmt: skip
+            busy: frozenset[int] = frozenset(), light: frozenset[int] = frozenset()) -> StepTrial:  # fmt: skip
         trial, now, call, seen = StepTrial(), 0.0, 0, {"torch": 0, "fbgemm": 0}
         for step in range(46):
             call += 2 if step in skip else 1  # an evaluation call just before this training step
@@ -146,7 +146,8 @@ def test_the_trial_times_only_steps_inside_a_block_and_wants_a_clear_win() -> No
             seen[kernel] += 1
             cold = cold_ms if seen[kernel] <= 3 else 0.0  # a kernel's first steps: page faults, allocator growth
             other_job = 12.0 if step in busy else 0.0  # another job on the machine slows this step
-            now += ((torch_ms if kernel == "torch" else fbgemm_ms) + cold + other_job) / 1000
+            lighter = 0.5 if step in light else 1.0  # a batch with fewer ids than the others
+            now += ((torch_ms if kernel == "torch" else fbgemm_ms) * lighter + cold + other_job) / 1000
         return trial
 
     trial = run(8.0, 10.0)
@@ -156,9 +157,18 @@ def test_the_trial_times_only_steps_inside_a_block_and_wants_a_clear_win() -> No
     assert verdict is not None and verdict.kernel == "torch" and verdict.case is not None
     assert "46 steps (6 warm-up) alternating in blocks of 5, 1.0 ids per bag" in verdict.describe()
     # Another job slowing half of the torch kernel's timed steps does not hide that it is faster (the median
-    # of its steps would be 14 ms against fbgemm's 10; the lower quartile is 8).
+    # of its steps would be 14 ms against fbgemm's 10; the second-fastest is 8).
     busy = run(8.0, 10.0, busy=frozenset({7, 9, 22, 24, 26, 28, 43})).verdict(config)
     assert busy is not None and busy.kernel == "torch" and busy.ms["torch"] == pytest.approx(8.0)
+    # ... nor slowing all but two of them (a slow phase of the machine: the lower quartile would be 20 ms)
+    kinds = [step[2] for step in run(8.0, 10.0).steps]
+    torch_steps = [i for i in range(6, len(kinds) - 1) if kinds[i - 1] == kinds[i] == kinds[i + 1] == "torch"]  # timed
+    assert len(torch_steps) == 14
+    slow_phase = run(8.0, 10.0, busy=frozenset(torch_steps[2:])).verdict(config)
+    assert slow_phase is not None and slow_phase.kernel == "torch" and slow_phase.ms["torch"] == pytest.approx(8.0)
+    # One torch step that got a batch half as heavy does not make a tie look like a win.
+    lucky = run(9.8, 10.0, light=frozenset({torch_steps[3]})).verdict(config)
+    assert lucky is not None and lucky.kernel == "fbgemm" and lucky.ms["torch"] == pytest.approx(9.8)
     tie = run(9.8, 10.0).verdict(config)  # 2 % faster is a tie: fbgemm, torchrec's own kernel
     assert tie is not None and tie.kernel == "fbgemm"
     # The warm-up steps are not timed: a kernel slow only in its first three steps is judged on the rest.
