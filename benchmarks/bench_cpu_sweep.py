@@ -338,8 +338,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--windows", type=int, default=5, help="timed windows per side and cell (alternating)"
     )
     parser.add_argument("--steps", type=int, default=5, help="steps per window")
-    parser.add_argument("--warmup", type=int, default=50,
-                        help="untimed steps per side and cell (lightrec's auto kernel times its first 46 training steps)")  # fmt: skip
+    parser.add_argument("--warmup", type=int, default=100,
+                        help="untimed steps per side and cell (lightrec's auto kernel times its first 86 training steps)")  # fmt: skip
     parser.add_argument("--num-batches", type=int, default=4, help="distinct pre-generated batches per rank")
     parser.add_argument("--cell-timeout", type=float, default=1800.0, help="seconds to wait for one cell")
     parser.add_argument("--out", help="write the JSON report here")

@@ -359,8 +359,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--pooling-factor", type=int, default=1, help="ids per bag")
     parser.add_argument("--steps", type=int, default=10, help="steps per timed window")
     parser.add_argument("--repeats", type=int, default=5, help="timed windows (the median is reported)")
-    parser.add_argument("--warmup", type=int, default=50,
-                        help="untimed steps per side (lightrec's auto CPU kernel times its first 46 training steps)")  # fmt: skip
+    parser.add_argument("--warmup", type=int, default=100,
+                        help="untimed steps per side (lightrec's auto CPU kernel times its first 86 training steps)")  # fmt: skip
     parser.add_argument("--num-batches", type=int, default=4, help="distinct pre-generated batches per rank")
     parser.add_argument("--plan", choices=["planner", "table_wise", "row_wise"], default="planner",
                         help="lightrec plan: its planner (default), contiguous table-wise, or all row-wise")  # fmt: skip

@@ -320,7 +320,7 @@ CPU_KERNEL = Choice(
     "which fused CPU kernel `kernel_backend=\"auto\"` runs where fbgemm and the torch kernel both serve: "
     "auto measures both once per case (threads, dim, optimizer, ids per bag), cached under LIGHTREC_CACHE_DIR "
     "(read once per case and process); where they can share the tables both are built and the faster over the "
-    "first 46 training steps trains the group, elsewhere the group is decided at 1 and 32 ids per bag (torch only if it wins "
+    "first 86 training steps trains the group, elsewhere the group is decided at 1 and 32 ids per bag (torch only if it wins "
     "at both); under `torch.use_deterministic_algorithms(True)` (`Trainer(deterministic=True)`) auto takes the torch "
     "kernel without timing anything",
     choices=("auto", "fbgemm", "torch"),

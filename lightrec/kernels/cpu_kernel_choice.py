@@ -9,7 +9,7 @@ optimizer and the ids per bag (bucketed to a power of two) -- a :class:`CpuKerne
 are built before any batch is seen, so where the two can share a group's storage
 (:func:`shared_storage_refusal`) ``"auto"`` builds both over it (``SHARED_KERNEL``,
 ``cpu_shared_lookup.py``) and the group runs the kernel whose whole training steps were faster over
-its first 46 steps (the kernels taking turns, on the user's model and data); nothing below is
+its first 86 steps (the kernels taking turns, on the user's model and data); nothing below is
 measured for such a group. Where
 they cannot, the group is decided at both 1 and 32 ids per bag and the torch kernel runs only if it
 wins at both; fbgemm where they disagree (the torch kernel won one-id SGD by 22 % but lost 40-id SGD
@@ -402,7 +402,7 @@ def cpu_fused_choice(config: KernelConfig, ids_per_bag: int | None = None) -> Cp
         return cpu_kernel_verdict(case)
     if _forced_verdict(None) is None and shared_storage_refusal(config) is None:
         return CpuKernelVerdict(SHARED_KERNEL, "timed in training", detail=(
-            "both kernels over one storage; the group runs the faster over its first 46 training steps, "
+            "both kernels over one storage; the group runs the faster over its first 86 training steps, "
             "timed whole with the kernels alternating"))  # fmt: skip
     return verdict_for_any_pooling([cpu_kernel_verdict(CpuKernelCase.of(config, n)) for n in UNKNOWN_POOLING_CASES])
 

@@ -9,9 +9,9 @@ case it will serve, so ``kernel_backend="auto"`` builds both over the same table
                    |  views, never copies                 |
     torch kernel   weight [R, D] per dim group     states {"momentum1": [R]}
 
-and the group's first 46 training steps (at each intra-op thread count) are its *trial*
+and the group's first 86 training steps (at each intra-op thread count) are its *trial*
 (:class:`StepTrial`), on the user's own model and data: after 3 untimed warm-up steps each, the kernels
-take turns in blocks of 5 steps (torch, fbgemm, fbgemm, torch, twice) and the whole step is timed, from
+take turns in blocks of 5 steps (torch, fbgemm, fbgemm, torch, four times) and the whole step is timed, from
 one lookup to the next (the model's dense work, the exchanges between ranks and the data included, as
 the user will feel it); the torch kernel serves the group from then on only where its second-fastest
 step takes at most 95 % of fbgemm's (fbgemm is torchrec's kernel: a tie cannot make lightrec lose to
@@ -73,7 +73,7 @@ def _joined(parts: Sequence[torch.Tensor], shape: tuple[int, ...]) -> torch.Tens
 
 
 # A trial: a few untimed warm-up steps per kernel, then blocks of consecutive training steps per kernel in
-# the order torch, fbgemm, fbgemm, torch, twice (a drift of the machine's speed during the trial weighs on
+# the order torch, fbgemm, fbgemm, torch, four times (a drift of the machine's speed during the trial weighs on
 # both alike). Only steps inside a block are timed (the step before and after ran the same kernel), so a
 # pipeline that starts the next batch's lookup before the current backward still times one kernel's work.
 # Why the warm-up: a kernel's first steps pay its page faults, its allocator's growth and its thread-local
@@ -89,10 +89,14 @@ def _joined(parts: Sequence[torch.Tensor], shape: tuple[int, ...]) -> torch.Tens
 # kernel's undisturbed step is ~10 % faster; at 8 and 40 ids per bag, where fbgemm is 25-70 % faster, every
 # estimate kept fbgemm. Second, not first: one step that happened to get a lighter batch (jagged ids) is
 # not the kernel's speed.
+# Why four rounds of blocks (86 steps, ~1 s at 10 ms a step) and not two (46): a slow phase of the machine
+# can cover a whole block, and with two rounds one kernel's fast steps sometimes all fell into one: in the
+# single-process benchmark the 46-step trial still kept fbgemm in 2 of 8 runs (lightrec 1.15x and 1.17x
+# torchrec's rate, against 1.10-1.34x with torch), the 86-step one kept torch in 6 of 6 (1.23-1.28x).
 _TRIAL_BLOCK = 5
 _TRIAL_WARM = 3
 _TORCH, _FBGEMM = TorchBatchedLookup.name, FbgemmBatchedLookup.name
-_TRIAL_BLOCKS = (_TORCH, _FBGEMM, _FBGEMM, _TORCH) * 2
+_TRIAL_BLOCKS = (_TORCH, _FBGEMM, _FBGEMM, _TORCH) * 4
 _TRIAL_SCHEDULE = (_TORCH,) * _TRIAL_WARM + (_FBGEMM,) * _TRIAL_WARM + tuple(
     kernel for kernel in _TRIAL_BLOCKS for _ in range(_TRIAL_BLOCK)
 )

@@ -27,6 +27,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 OPTIMIZERS = [EmbOptimType.SGD, EmbOptimType.ADAGRAD, EmbOptimType.ROWWISE_ADAGRAD]
+TRIAL_STEPS = 86  # 3 warm-up steps per kernel, then 4 rounds of torch, fbgemm, fbgemm, torch blocks of 5 steps
 
 
 def _config(optimizer: EmbOptimType, dims: list[int], pooling: PoolingType = PoolingType.SUM) -> KernelConfig:
@@ -122,13 +123,14 @@ def test_training_through_the_trial_and_after_matches_the_torch_kernel(
         ref.copy_(mine)
     if faster == "fbgemm":
         clock.ms["torch"] = 1.5 * clock.ms["fbgemm"]
-    batches = [_batch(config, 12, [1, 8, 3][step % 3], gen, weighted) for step in range(50)]
+    batches = [_batch(config, 12, [1, 8, 3][step % 3], gen, weighted) for step in range(TRIAL_STEPS + 4)]
     ran = _train(kernel, reference, batches, clock, gen)
-    # The trial: 3 warm-up steps per kernel, then blocks of 5 steps, torch, fbgemm, fbgemm, torch, twice; the
-    # 46th step's start ends the last timed step, and the faster kernel runs it and every step after.
+    # The trial: 3 warm-up steps per kernel, then blocks of 5 steps, torch, fbgemm, fbgemm, torch, four times;
+    # the 86th step's start ends the last timed step, and the faster kernel runs it and every step after.
     blocks = ["torch"] * 5 + ["fbgemm"] * 10 + ["torch"] * 5
-    schedule = ["torch"] * 3 + ["fbgemm"] * 3 + blocks + blocks
-    assert ran[:45] == schedule[:45] and ran[45:] == [faster] * 5
+    schedule = ["torch"] * 3 + ["fbgemm"] * 3 + blocks * 4
+    assert len(schedule) == TRIAL_STEPS
+    assert ran[: TRIAL_STEPS - 1] == schedule[:-1] and ran[TRIAL_STEPS - 1 :] == [faster] * 5
     verdict = kernel.verdicts[torch.get_num_threads()]
     assert (verdict.kernel, verdict.reason) == (faster, "trial")
     assert verdict.ms == pytest.approx({"torch": 1000 * clock.ms["torch"], "fbgemm": 1000 * clock.ms["fbgemm"]})
@@ -140,7 +142,7 @@ def test_the_trial_times_only_steps_inside_a_block_and_wants_a_clear_win() -> No
     def run(torch_ms: float, fbgemm_ms: float, skip: frozenset[int] = frozenset(), cold_ms: float = 0.0,
             busy: frozenset[int] = frozenset(), light: frozenset[int] = frozenset()) -> StepTrial:  # fmt: skip
         trial, now, call, seen = StepTrial(), 0.0, 0, {"torch": 0, "fbgemm": 0}
-        for step in range(46):
+        for step in range(TRIAL_STEPS):
             call += 2 if step in skip else 1  # an evaluation call just before this training step
             kernel = trial.record(call, now, 1.0)
             seen[kernel] += 1
@@ -151,19 +153,19 @@ def test_the_trial_times_only_steps_inside_a_block_and_wants_a_clear_win() -> No
         return trial
 
     trial = run(8.0, 10.0)
-    # 3 inner steps of each 5-step torch block, 8 of the 10-step one; fbgemm's 10-step runs: 8 each.
-    assert {k: len(v) for k, v in trial.step_ms().items()} == {"torch": 14, "fbgemm": 16}
+    # 3 inner steps of each 5-step torch block (the first and the last), 8 of each 10-step run; fbgemm: 8 of each.
+    assert {k: len(v) for k, v in trial.step_ms().items()} == {"torch": 30, "fbgemm": 32}
     verdict = trial.verdict(config)
     assert verdict is not None and verdict.kernel == "torch" and verdict.case is not None
-    assert "46 steps (6 warm-up) alternating in blocks of 5, 1.0 ids per bag" in verdict.describe()
+    assert "86 steps (6 warm-up) alternating in blocks of 5, 1.0 ids per bag" in verdict.describe()
+    kinds = [step[2] for step in trial.steps]
+    torch_steps = [i for i in range(6, len(kinds) - 1) if kinds[i - 1] == kinds[i] == kinds[i + 1] == "torch"]  # timed
+    assert len(torch_steps) == 30
     # Another job slowing half of the torch kernel's timed steps does not hide that it is faster (the median
     # of its steps would be 14 ms against fbgemm's 10; the second-fastest is 8).
-    busy = run(8.0, 10.0, busy=frozenset({7, 9, 22, 24, 26, 28, 43})).verdict(config)
+    busy = run(8.0, 10.0, busy=frozenset(torch_steps[::2])).verdict(config)
     assert busy is not None and busy.kernel == "torch" and busy.ms["torch"] == pytest.approx(8.0)
     # ... nor slowing all but two of them (a slow phase of the machine: the lower quartile would be 20 ms)
-    kinds = [step[2] for step in run(8.0, 10.0).steps]
-    torch_steps = [i for i in range(6, len(kinds) - 1) if kinds[i - 1] == kinds[i] == kinds[i + 1] == "torch"]  # timed
-    assert len(torch_steps) == 14
     slow_phase = run(8.0, 10.0, busy=frozenset(torch_steps[2:])).verdict(config)
     assert slow_phase is not None and slow_phase.kernel == "torch" and slow_phase.ms["torch"] == pytest.approx(8.0)
     # One torch step that got a batch half as heavy does not make a tie look like a win.
@@ -176,8 +178,10 @@ def test_the_trial_times_only_steps_inside_a_block_and_wants_a_clear_win() -> No
     assert all(ms < 10.0 for ms in cold.step_ms()["torch"])
     cold_verdict = cold.verdict(config)
     assert cold_verdict is not None and cold_verdict.kernel == "torch"
-    # Evaluation calls inside both torch blocks leave no timed torch step: the trial starts over.
-    broken = run(8.0, 10.0, skip=frozenset({8, 10, 23, 25, 27, 29, 43, 45}))
+    # Evaluation calls inside every torch block leave no timed torch step: the trial starts over.
+    runs = [i for i in range(6, len(kinds)) if kinds[i] == "torch" and kinds[i - 1] != "torch"]  # first steps
+    every_other = {j for a in runs for j in range(a + 2, len(kinds), 2) if kinds[a : j + 1].count("fbgemm") == 0}
+    broken = run(8.0, 10.0, skip=frozenset(every_other))
     assert broken.step_ms()["torch"] == [] and broken.verdict(config) is None and broken.steps == []
 
 
