@@ -183,6 +183,31 @@ def test_the_trial_times_only_steps_inside_a_block_and_wants_a_clear_win() -> No
     every_other = {j for a in runs for j in range(a + 2, len(kinds), 2) if kinds[a : j + 1].count("fbgemm") == 0}
     broken = run(8.0, 10.0, skip=frozenset(every_other))
     assert broken.step_ms()["torch"] == [] and broken.verdict(config) is None and broken.steps == []
+    assert broken.attempts == 1
+
+    def leaving(keep: set[int]) -> frozenset[int]:
+        """Evaluation calls that leave exactly the timed torch steps ``keep`` (a call before step j breaks j-1, j)."""
+        skip: set[int] = set()
+        for t in torch_steps:
+            if t not in keep and t not in skip and t + 1 not in skip:
+                skip.add(t + 1 if t - 1 in keep else t)
+        return frozenset(skip)
+
+    last_run = torch_steps[-11:-3]  # the last 10-step torch run's 8 timed steps
+    two, three = run(8.0, 10.0, skip=leaving(set(last_run[-2:]))), run(8.0, 10.0, skip=leaving(set(last_run[-3:])))
+    assert len(two.step_ms()["torch"]) == 2 and two.verdict(config) is None and two.steps == []  # starts over
+    assert len(three.step_ms()["torch"]) == 3
+    enough = three.verdict(config)
+    assert enough is not None and enough.kernel == "torch" and enough.ms["torch"] == pytest.approx(8.0)
+    # A loop that never gives 3 training steps in a row: after 3 schedules, fbgemm (nothing could be timed).
+    never = StepTrial()
+    verdicts = []
+    for step in range(3 * TRIAL_STEPS):
+        never.record(3 * step, step / 100, 1.0)  # an evaluation call between every two training steps
+        verdicts.append(never.verdict(config))
+    assert verdicts[: 3 * TRIAL_STEPS - 1] == [None] * (3 * TRIAL_STEPS - 1)
+    settled = verdicts[-1]
+    assert settled is not None and settled.kernel == "fbgemm" and "never 3 training steps in a row" in settled.detail
 
 
 def test_a_forward_without_autograd_runs_fbgemm_and_is_not_a_trial_step(clock: FakeClock) -> None:
