@@ -241,9 +241,10 @@ def timeout_of(pg: dist.ProcessGroup | None) -> timedelta | None:
     """
     try:
         group = pg if pg is not None else dist.group.WORLD
-        assert group is not None
+        if group is None:
+            return None
         device = torch.device("cuda" if dist.get_backend(group) == "nccl" else "cpu")
         timeout: timedelta = group._get_backend(device).options._timeout
         return timeout
-    except (AttributeError, RuntimeError, AssertionError):
+    except (AttributeError, RuntimeError, ValueError):
         return None

@@ -387,12 +387,14 @@ class FollowingParquetLoader(LoaderBase):
             logger.info("following %s: %d new file(s), from %s", self.source.paths, len(new), new[0].path)
 
     def _restore(self) -> int:
-        resume, self._resume = self._resume, None
+        resume = self._resume
         if resume is None or resume.follow is None:
+            self._resume = None
             return 0
         state = resume.follow
         for path in dict.fromkeys([*state["round"], *(str(c[0]) for c in state["carry"])]):
-            self._index_of(path)
+            self._index_of(path)  # may raise: the position is kept, and iterating again resumes it again
+        self._resume = None
         self._done, self._round = list(state["done"]), list(state["round"])
         self._carry = [Slice(self._by_path[str(p)], int(g), int(lo), int(hi)) for p, g, lo, hi in state["carry"]]
         return resume.batch

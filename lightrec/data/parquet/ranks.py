@@ -9,7 +9,7 @@ publishing, a folder being filled -- is then in some ranks' listings only, and t
 * size tables from the data differently (``num_embeddings`` = largest id + 1 over the files each rank
   listed): the sharding plan, the checkpoints and every lookup then disagree between ranks.
 
-:func:`agree_on_files` is the cure: rank 0 sends what it listed (each file's path, size and time) to every
+:func:`agree_on_files` is the cure: rank 0 sends what it listed (each file's path and size) to every
 rank; rank 0's files are taken by all, a rank that listed other files (or another version of one) reads
 the footers of rank 0's, and a rank that had already sized its tables from its own listing (a model built
 before ``trainer.fit``) is an error on *every* rank, naming the tables, so that no rank is left
@@ -119,9 +119,10 @@ def on_every_rank(attempt: Callable[[], _T], what: str) -> _T:
     return cast(_T, value)  # no rank failed: attempt()'s value
 
 
-FileStamp = tuple[str, int, int | None]
-"""``(path, size, mtime_ns)`` of a listed file: what the ranks compare (a file replaced in place between two
-listings has the same path but another size or time)."""
+FileStamp = tuple[str, int]
+"""``(path, size)`` of a listed file: what the ranks compare (a file replaced in place between two listings
+has the same path but, as a rule, another size; the time is not compared: each node's own copy of the same
+files has its own)."""
 
 
 def agree_on_files(listed: Callable[[], list[FileStamp]], adopt: Callable[[list[FileStamp]], None]) -> bool:

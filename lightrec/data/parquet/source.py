@@ -319,29 +319,31 @@ class ParquetSource:
         self.filesystem: pafs.FileSystem = fs
         self.files: list[ParquetFileInfo] = [read_file_info(fs, name) for name in dict.fromkeys(sorted(names))]
 
-    def stamps(self) -> list[tuple[str, int, int | None]]:
-        """``(path, size, mtime_ns)`` of every file, in order: what another rank's listing is compared by."""
-        return [(f.path, f.size, f.mtime_ns) for f in self.files]
+    def stamps(self) -> list[tuple[str, int]]:
+        """``(path, size)`` of every file, in order: what another rank's listing is compared by (not the
+        modification time: copies of the same files on each node's own disk have the same paths and sizes
+        but their own times)."""
+        return [(f.path, f.size) for f in self.files]
 
-    def with_files(self, stamps: Sequence[tuple[str, int, int | None]]) -> ParquetSource:
+    def with_files(self, stamps: Sequence[tuple[str, int]]) -> ParquetSource:
         """This source with exactly the files of ``stamps`` (:meth:`stamps` of another rank's listing of the
         same paths), in that order (:func:`~lightrec.data.parquet.ranks.agree_on_files`). The footers this
-        source holds of the same file versions are kept, the others read now.
+        source holds of files of the same size are kept, the others read now.
 
         Raises:
-            ParquetFileChangedError: a file is not (any more) the version ``stamps`` names: replaced or still
+            ParquetFileChangedError: a file here has another size than ``stamps`` names: replaced or still
                 being written in place while the ranks listed it.
             ParquetFileError / FileNotFoundError: a file cannot be read here.
         """
-        held = {(f.path, f.size, f.mtime_ns): f for f in self.files}
+        held = {(f.path, f.size): f for f in self.files}
         files = []
-        for path, size, mtime_ns in stamps:
-            info = held.get((path, size, mtime_ns)) or read_file_info(self.filesystem, path)
-            if (info.size, info.mtime_ns) != (size, mtime_ns):
+        for path, size in stamps:
+            info = held.get((path, size)) or read_file_info(self.filesystem, path)
+            if info.size != size:
                 raise ParquetFileChangedError(
-                    f"another rank listed it as {size} bytes (mtime_ns {mtime_ns}), this rank reads {info.size} "
-                    f"(mtime_ns {info.mtime_ns}): it was replaced or written in place while the ranks started. Publish "
-                    "files whole (write under a hidden name, then rename) so that every rank reads the same ones",
+                    f"another rank listed it as {size} bytes, this rank reads {info.size}: it was replaced or "
+                    "written in place while the ranks started. Publish files whole (write under a hidden name, then "
+                    "rename) so that every rank reads the same ones",
                     path=path,
                 )  # fmt: skip
             files.append(info)

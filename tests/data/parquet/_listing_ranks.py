@@ -165,4 +165,19 @@ def the_edges_of_agreeing(rank: int, world_size: int, root: str) -> dict[str, ob
     if rank == 1:
         sizes = [len(data.train_dataloader()), len(data.val_dataloader())]
     out["val-later"] = sizes
+
+    # each node's own copy of the same files (copied at start-up): same paths and bytes, their own times
+    import os
+
+    import pyarrow.fs as pafs
+
+    from lightrec.data.parquet import ParquetSource
+    from lightrec.data.parquet.ranks import agree_on_files
+
+    node = Path(root) / f"node-{rank}"
+    (node / "data").mkdir(parents=True)
+    pq.write_table(event_table(20, seed=1, start=0), node / "data" / "part-00.parquet", row_group_size=16)
+    os.utime(node / "data" / "part-00.parquet", ns=(10**18 + rank * 10**9, 10**18 + rank * 10**9))
+    copies = ParquetSource("data", filesystem=pafs.SubTreeFileSystem(str(node), pafs.LocalFileSystem()))
+    out["node-copies"] = _raised(lambda: agree_on_files(copies.stamps, copies.with_files))
     return out

@@ -68,8 +68,9 @@ def test_the_edges_of_agreeing_on_rank_0s_files(tmp_path: Path) -> None:
     """A DataModule of a one-process trainer beside a larger world reads alone (it waited in a collective for a
     rank that never joined); a ``setup`` before torch.distributed runs does not count as agreed (the ranks then
     trained on different files); a refused agreement changes nothing, so a second ``setup`` refuses again; a
-    file replaced in place between two ranks' listings stops both ranks, naming it; the ``val`` loaders select
-    among the agreed files (a file landing later in the ``val`` folder failed one rank's loaders)."""
+    file replaced in place between two ranks' listings stops both ranks, naming it, while each node's own copy of
+    the same files (other modification times) is the same data; the ``val`` loaders select among the agreed
+    files (a file landing later in the ``val`` folder failed one rank's loaders)."""
     ranks = run_ranks(the_edges_of_agreeing, 2, args=(str(tmp_path),), timeout=60)
     assert ranks[0]["alone"] == 8  # 40 rows, batches of 5, one rank
     assert ranks[0]["before-group"] == ranks[1]["before-group"]
@@ -80,3 +81,5 @@ def test_the_edges_of_agreeing_on_rank_0s_files(tmp_path: Path) -> None:
     assert own["type"] == "ParquetFileChangedError" and "replaced or written in place while the ranks started" in own["error"]
     assert peer["type"] == "RankDataMismatchError" and "rank 1 failed while taking the files rank 0 listed" in peer["error"]
     assert ranks[0]["val-later"] == ranks[1]["val-later"] == [4, 1]  # 40 train rows / (2 x 5); 10 val rows / 10
+    # each node's own copy of the files, with its own modification times, is the same data (no refusal)
+    assert ranks[0]["node-copies"] == ranks[1]["node-copies"] == {"type": None, "error": None}
