@@ -117,6 +117,30 @@ def test_a_position_taken_mid_stream_resumes_exactly(tmp_path: Path) -> None:
     assert _rows(list(resumed)) == list(range(20, 70))
 
 
+def test_a_position_whose_file_cannot_be_read_yet_is_kept_for_the_next_iteration(tmp_path: Path) -> None:
+    """Resuming reads the footers of the files the position names; when that fails (the file is not back yet),
+    the position is kept: iterating again resumes it (it was dropped first, and the retry started from batch 0
+    of the loader's own files)."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    _write(tmp_path / "a", "part-00.parquet", 0, 40)
+    _write(tmp_path / "b", "part-00.parquet", 100, 40)
+    loader = _loader(tmp_path / "a")
+    stream = iter(loader)
+    for _ in range(3):
+        next(stream)  # 2 batches of 10 trained
+    state = loader.state_dict()
+    loader.close()
+    resumed = _loader(tmp_path / "b")  # another listing: the position's file is read when resuming
+    resumed.load_state_dict(state)
+    away = tmp_path / "away.parquet"
+    (tmp_path / "a" / "part-00.parquet").rename(away)
+    with pytest.raises((FileNotFoundError, ParquetFileError)):
+        next(iter(resumed))
+    away.rename(tmp_path / "a" / "part-00.parquet")
+    assert _rows(list(resumed))[:20] == list(range(20, 40))  # the position's rows, not b's from row 100
+
+
 def test_a_position_saved_after_the_stream_ended_resumes_with_the_files_that_land_later(tmp_path: Path) -> None:
     _write(tmp_path, "part-00.parquet", 0, 25)
     loader = _loader(tmp_path)
