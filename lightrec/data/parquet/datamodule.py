@@ -47,9 +47,9 @@ import torch.distributed as dist
 from lightrec.data.errors import OnError, check_on_error
 from lightrec.data.parquet.follow import FollowingParquetLoader, FollowOptions, following_source
 from lightrec.data.parquet.loader import LoaderBase, LoaderOptions, ParquetLoader
-from lightrec.data.parquet.ranks import FileStamp, RankDataMismatchError, agree_on_files, distributed
+from lightrec.data.parquet.ranks import RankDataMismatchError, agree_on_files, distributed
 from lightrec.data.parquet.sizing import size_tables
-from lightrec.data.parquet.source import ParquetSource
+from lightrec.data.parquet.source import FileStamp, ParquetSource
 from lightrec.data.parquet.spec import (
     FeatureOptions,
     FeatureSpec,

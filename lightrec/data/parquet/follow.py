@@ -33,24 +33,24 @@ The stream is then read in *rounds*:
 4. **stop** when no new file came for ``idle_timeout`` seconds (``None``: never), which ends the
    epoch (and the fit, with ``max_epochs=1``), or when ``max_steps`` ends training.
 
-Every rank must see the same files in the same rounds (they run the same steps): rank 0 lists, and
-sends what it found to the others (a ``broadcast_object_list`` on the data's gloo group,
+Every rank must see the same files in the same rounds (they run the same steps): rank 0 lists, and sends
+what it found to the others (a ``broadcast_object_list`` on the data's gloo group,
 :func:`~lightrec.data.parquet.ranks.data_group`, so an NCCL training group is left alone). The first
 round too: a ``ParquetDataModule`` gives every rank rank 0's listing of the start
 (:func:`~lightrec.data.parquet.ranks.agree_on_files`), and a loader built directly from a
-:class:`~lightrec.data.parquet.source.ParquetSource` that each rank listed itself starts every
-iteration with rank 0's round (one broadcast, as in a poll): a rank reads the footer of a file there
-that it did not list itself, and a file only it listed (or whose folder rank 0 found unmarked) waits
-for the poll in which rank 0 finds it. Reading footers of files rank 0 named (and checking their
-schema) ends in one ``all_gather_object`` of every rank's outcome, and rank 0 sends a failure of its own
-listing with the poll: a file one rank cannot read stops every rank at once, none waits for a poll that
-never comes. A loader of ``world_size=1`` follows alone (no collective). The group is one per default group, made by the first
-agreement (a collective of every rank: the ranks set up and iterate in step) and ended with the
-default group (``destroy_process_group()``): a process that builds loaders again and again (every
-fit, a test suite) holds one such group, not one per loader, and no loader destroys a group that
-another rank may still be receiving on. The position in a checkpoint names the files finished, the round in
-progress and the leftover rows, so a resumed run continues exactly; files that arrived meanwhile
-are read in the next round.
+:class:`~lightrec.data.parquet.source.ParquetSource` that each rank listed itself starts every iteration
+with rank 0's round (one broadcast, as in a poll): a rank reads the footer of a file there that it did
+not list itself, and a file only it listed (or whose folder rank 0 found unmarked) waits for the poll in
+which rank 0 finds it. Reading footers of files rank 0 named (and checking their schema) ends in one
+``all_gather_object`` of every rank's outcome, and rank 0 sends a failure of its own listing with the
+poll: a file one rank cannot read stops every rank at once, none waits for a poll that never comes. A
+loader of ``world_size=1`` follows alone (no collective). The group is one per default group, made by
+the first agreement (a collective of every rank: the ranks set up and iterate in step) and ended with
+the default group (``destroy_process_group()``): a process that builds loaders again and again (every
+fit, a test suite) holds one such group, not one per loader, and no loader destroys a group that another
+rank may still be receiving on. The position in a checkpoint names the files finished, the round in
+progress and the leftover rows, so a resumed run continues exactly; files that arrived meanwhile are
+read in the next round.
 """
 
 from __future__ import annotations

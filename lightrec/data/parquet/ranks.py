@@ -31,9 +31,9 @@ from typing import TypeVar, cast
 import torch.distributed as dist
 
 from lightrec._compat import timeout_of
+from lightrec.data.parquet.source import FileStamp
 
 __all__ = [
-    "FileStamp",
     "RankDataMismatchError",
     "agree_on_files",
     "data_group",
@@ -117,12 +117,6 @@ def on_every_rank(attempt: Callable[[], _T], what: str) -> _T:
             "; ".join(f"rank {rank} failed while {what}: {e}" for rank, e in failed) + " (every rank stops with it)"
         )
     return cast(_T, value)  # no rank failed: attempt()'s value
-
-
-FileStamp = tuple[str, int]
-"""``(path, size)`` of a listed file: what the ranks compare (a file replaced in place between two listings
-has the same path but, as a rule, another size; the time is not compared: each node's own copy of the same
-files has its own)."""
 
 
 def agree_on_files(listed: Callable[[], list[FileStamp]], adopt: Callable[[list[FileStamp]], None]) -> bool:

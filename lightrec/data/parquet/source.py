@@ -41,6 +41,7 @@ import pyarrow.parquet as pq
 from lightrec.data.parquet.errors import ParquetFileChangedError, ParquetFileError
 
 __all__ = [
+    "FileStamp",
     "ParquetFileInfo",
     "ParquetSource",
     "SourceSummary",
@@ -250,6 +251,12 @@ class ParquetFileInfo:
             )
 
 
+FileStamp = tuple[str, int]
+"""``(path, size)`` of a listed file: what ranks compare their listings by (a file replaced in place between two
+listings has the same path but, as a rule, another size; the time is not compared: each node's own copy of the
+same files has its own)."""
+
+
 def _no_files(path: str, listed: int, marker: str | None) -> str:
     """Why ``path`` gave no file, and what to do."""
     if listed and marker is not None:
@@ -319,13 +326,13 @@ class ParquetSource:
         self.filesystem: pafs.FileSystem = fs
         self.files: list[ParquetFileInfo] = [read_file_info(fs, name) for name in dict.fromkeys(sorted(names))]
 
-    def stamps(self) -> list[tuple[str, int]]:
+    def stamps(self) -> list[FileStamp]:
         """``(path, size)`` of every file, in order: what another rank's listing is compared by (not the
         modification time: copies of the same files on each node's own disk have the same paths and sizes
         but their own times)."""
         return [(f.path, f.size) for f in self.files]
 
-    def with_files(self, stamps: Sequence[tuple[str, int]]) -> ParquetSource:
+    def with_files(self, stamps: Sequence[FileStamp]) -> ParquetSource:
         """This source with exactly the files of ``stamps`` (:meth:`stamps` of another rank's listing of the
         same paths), in that order (:func:`~lightrec.data.parquet.ranks.agree_on_files`). The footers this
         source holds of files of the same size are kept, the others read now.

@@ -14,13 +14,14 @@
 Fractions are not mixed with the other two (a fraction of what?); files and partitions mix freely.
 A file is in at most one split.
 
-Split paths select among the source's files (those listed when it was made, and agreed on by the
-ranks), decided from the names: a file landing later in a ``val`` folder is not in any loader built
-after it, and a path that also names files the source does not hold selects the ones it holds
-(``ParquetDataModule`` adds its split paths to the source). A following loader (``follow=True``) reads files that land after the splits were cut:
-:class:`HeldOut` tells from a file's path whether ``val`` or ``test`` selects it, so that training
-leaves it out (those files are not added to the validation or test loaders, which read the files
-there at the start). A fraction cannot be applied to files that have not landed yet, so it is refused there.
+Split paths select among the source's files (those listed when it was made, and agreed on by the ranks),
+decided from the names: a file landing later in a ``val`` folder is not in any loader built after it,
+and a path that also names files the source does not hold selects the ones it holds
+(``ParquetDataModule`` adds its split paths to the source). A following loader (``follow=True``) reads
+files that land after the splits were cut: :class:`HeldOut` tells from a file's path whether ``val`` or
+``test`` selects it, so that training leaves it out (those files are not added to the validation or test
+loaders, which read the files there at the start). A fraction cannot be applied to files that have not
+landed yet, so it is refused there.
 """
 
 from __future__ import annotations

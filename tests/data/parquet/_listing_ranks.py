@@ -3,11 +3,13 @@ ParquetDataModule that must give them rank 0's files (spawned ranks; the DataMod
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import torch
 import torch.distributed as dist
@@ -167,10 +169,6 @@ def the_edges_of_agreeing(rank: int, world_size: int, root: str) -> dict[str, ob
     out["val-later"] = sizes
 
     # each node's own copy of the same files (copied at start-up): same paths and bytes, their own times
-    import os
-
-    import pyarrow.fs as pafs
-
     from lightrec.data.parquet import ParquetSource
     from lightrec.data.parquet.ranks import agree_on_files
 
