@@ -234,7 +234,8 @@ def _reshard_body(rank: int, world_size: int, path: str, mode: str) -> dict[str,
     return out
 
 
-@pytest.mark.parametrize("load_world_size", [1, 3])
+# Loading on 3 ranks (10 s) runs with -m slow; loading on one keeps the reshard in the default run.
+@pytest.mark.parametrize("load_world_size", [1, pytest.param(3, marks=pytest.mark.slow)])
 def test_save_on_two_ranks_load_on_other_world_size(tmp_path: Any, load_world_size: int) -> None:
     """1 rank: the planner's plan (everything table-wise); 3 ranks: a row-wise/table-wise plan."""
     path = str(tmp_path / "full.pt")

@@ -14,6 +14,8 @@ import signal
 import time
 from typing import Any
 
+import pytest
+
 from tests.lightning.test_rank_failure import KILL_AT_BATCH, SLACK_S, _check_survivor_failed, _launch
 from tests.reliability.torchrun_rank import run_as_torchrun_rank
 
@@ -87,6 +89,7 @@ def test_killed_peer_raises_collective_error_naming_the_rank(tmp_path) -> None: 
     assert first.startswith("CollectiveError: ") and "died or closed its connection" in first, first
 
 
+@pytest.mark.slow  # 20 s, 15 of them waiting for the timeout; the killed-peer test above stays in the default run
 def test_stuck_peer_in_the_data_parallel_all_reduce_times_out_with_the_users_timeout(tmp_path) -> None:  # noqa: ANN001
     run = _launch(2, 1, "stop_in_dp_all_reduce", str(tmp_path), target=_rank_main)
     _check_survivor_failed(run, 1, within_s=PG_TIMEOUT_S + SLACK_S, messages=("its peer, rank 1,",))
