@@ -135,6 +135,10 @@ class ShardedFeatureProcessedEmbeddingBagCollection(ShardedEmbeddingBagCollectio
         self._max_lengths = {f: p.numel() for f, p in self._weights_of.items()}
         self._register_state_dict_hook(_torchrec_keys)
 
+    def replicated_state(self, prefix: str = "") -> dict[str, torch.Tensor]:
+        """The position weights (equal on every rank: their gradients are summed over the ranks)."""
+        return dict(self._feature_processors.state_dict(prefix=f"{prefix}_feature_processors."))
+
     def _prepare(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
         """Carry each id's position in its bag as its weight through the input dist."""
         features = super()._prepare(features)

@@ -16,7 +16,10 @@ the predict path it
    would take the bytes in flight past ``byte_limit`` -- the queue in front of the workers stays
    bounded, in requests and in bytes, instead of growing until requests time out (or memory runs
    out). A request takes its place only once its body is complete, so clients that are slow to
-   send (or never finish) cannot hold the places of others;
+   send (or never finish) cannot hold the places of others; but the bytes of a body that arrives in
+   several messages count against ``byte_limit`` as they arrive (a 503 and a closed connection for
+   the body that would pass it), so many connections each holding a large half-sent body cannot
+   take the server's memory past it either (they used to: 120 x 8 MB held, ``in_flight_bytes`` 0);
 5. otherwise hands the body to :class:`~lightrec.serving.transport.PredictDispatch`, which queues it
    for a worker and returns the worker's answer, or a 504 once ``--timeout`` has passed without
    one (without a dispatch, passes the request on to the app); whatever the outcome, it gives the
@@ -70,17 +73,35 @@ class AdmissionGate:
         self._count = fork.Value("i", 0)
         self._bytes = fork.Value("q", 0, lock=self._count.get_lock())  # one lock: both change together
 
-    def enter(self, size: int = 0) -> str | None:
-        """Admit one request of ``size`` body bytes: None; else why not (the limit it would pass)."""
+    def enter(self, size: int = 0, reserved: int = 0) -> str | None:
+        """Admit one request of ``size`` body bytes, ``reserved`` of which it already holds (:meth:`reserve`,
+        while they arrived): None; else why not (the limit it would pass; the reserved bytes stay held)."""
         with self._count.get_lock():
             if self._count.value >= self.limit:
                 return f"its limit of {self.limit} requests in flight"
-            if self.byte_limit is not None and self._bytes.value + size > self.byte_limit:
-                return (f"its limit of {self.byte_limit} bytes of requests in flight (--max-queue-mb; "
-                        f"{self._bytes.value} held, this one {size})")
+            more = size - reserved
+            if self.byte_limit is not None and more > 0 and self._bytes.value + more > self.byte_limit:
+                return self._over_bytes(size)
             self._count.value += 1
+            self._bytes.value += more
+            return None
+
+    def reserve(self, size: int) -> str | None:
+        """Hold ``size`` more bytes of a body still arriving (no place in the count): None; else why not."""
+        with self._count.get_lock():
+            if self.byte_limit is not None and self._bytes.value + size > self.byte_limit:
+                return self._over_bytes(size)
             self._bytes.value += size
             return None
+
+    def release(self, size: int) -> None:
+        """Give back ``size`` reserved bytes of a body that was never admitted."""
+        with self._count.get_lock():
+            self._bytes.value -= size
+
+    def _over_bytes(self, size: int) -> str:
+        return (f"its limit of {self.byte_limit} bytes of requests in flight (--max-queue-mb; "
+                f"{self._bytes.value} held, this one {size})")
 
     def leave(self, size: int = 0) -> None:
         """An admitted request of ``size`` body bytes was answered: give back its place and bytes."""
@@ -144,25 +165,27 @@ class AdmissionMiddleware:
 
         headers = dict(scope.get("headers", ()))
         answered = True
+        held = _Held()  # bytes of this body reserved in the gate while they arrived
         try:
             if self.api_key and not _same_key(headers.get(b"x-api-key", b""), self.api_key):
                 await _answer(send_and_note, Rejected(401, "Invalid API Key. Check that you are passing a correct "
                                                       "'X-API-Key' in your header.", None, "x-api-key", None))
                 return
-            body = await self._body(headers, receive)
+            body = await self._body(headers, receive, held)
             if body is None:  # the client left before its body was complete: no one to answer, nothing to score
                 answered = False
                 return
             if isinstance(body, Rejected):
-                # a 408's body may still arrive (or never): close the connection rather than read it as a request
-                await _answer(send_and_note, body, [(b"connection", b"close")] if body.status == 408 else None)
+                # A 408's or 503's body may still arrive (or never): close the connection rather than read it as a
+                # request.
+                close = [(b"connection", b"close")] if body.status in (408, 503) else []
+                await _answer(send_and_note, body, close + self._retry(body.status))
                 return
-            refused = self.gate.enter(len(body))
+            refused = self.gate.enter(len(body), reserved=held.bytes)
             if refused is not None:
-                await _answer(send_and_note, Rejected(
-                    503, f"the server is at {refused}; retry after {self.retry_after_s} s or add workers/replicas"),
-                    [(b"retry-after", str(self.retry_after_s).encode())])
+                await _answer(send_and_note, self._busy(refused), self._retry(503))
                 return
+            held.bytes = 0  # the admitted request holds them now; leave() gives them back
             try:
                 if self.dispatch is None:
                     await self.app(scope, _replay(body, receive), send_and_note)
@@ -172,26 +195,35 @@ class AdmissionMiddleware:
             finally:
                 self.gate.leave(len(body))
         finally:
+            self.gate.release(held.bytes)
             if answered:  # LitServe's HTTP servers are forked with LITSERVE_WORKER_ID = their index (0 without it)
                 self.metrics.record_request(int(os.environ.get("LITSERVE_WORKER_ID", "0")), status,
                                             time.perf_counter() - start)
 
-    async def _body(self, headers: dict[bytes, bytes], receive: Receive) -> bytes | Rejected | None:
+    def _busy(self, refused: str) -> Rejected:
+        return Rejected(503, f"the server is at {refused}; retry after {self.retry_after_s} s or add workers/replicas")
+
+    def _retry(self, status: int) -> list[tuple[bytes, bytes]]:
+        return [(b"retry-after", str(self.retry_after_s).encode())] if status == 503 else []
+
+    async def _body(self, headers: dict[bytes, bytes], receive: Receive, held: _Held) -> bytes | Rejected | None:
         """The whole body; a 413 as soon as it is known to exceed the limit, a 408 when it has not come
-        within ``body_timeout_s``; None when the client disconnected before it was complete."""
+        within ``body_timeout_s``, a 503 when the bytes of the bodies in flight and arriving would pass the
+        gate's byte limit; None when the client disconnected before it was complete. ``held``: the bytes
+        reserved in the gate so far (the caller gives them back unless the request is admitted)."""
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_payload_bytes:
             return self._too_large(int(declared))
         try:
             if sys.version_info >= (3, 11):  # a timer on this task: ~4 us a request, where wait_for's task costs ~13
                 async with asyncio.timeout(self.body_timeout_s):
-                    return await self._read(receive)
-            return await asyncio.wait_for(self._read(receive), self.body_timeout_s)
+                    return await self._read(receive, held)
+            return await asyncio.wait_for(self._read(receive, held), self.body_timeout_s)
         except (TimeoutError, asyncio.TimeoutError):  # one class from 3.11 on; wait_for's own before
             return Rejected(408, f"the body did not arrive in full within {self.body_timeout_s:g} s (--body-timeout); "
                             "send it at once, or raise the limit for slow links", None, "body", None)
 
-    async def _read(self, receive: Receive) -> bytes | Rejected | None:
+    async def _read(self, receive: Receive, held: _Held) -> bytes | Rejected | None:
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -202,13 +234,27 @@ class AdmissionMiddleware:
             size += len(chunk)
             if size > self.max_payload_bytes:
                 return self._too_large(size, at_least=True)
+            more = message.get("more_body", False)
+            if not more and not chunks:  # the common case, a body in one message: the gate counts it at entry
+                return chunk
+            refused = self.gate.reserve(len(chunk))  # a body in pieces: its bytes are held as they arrive
+            if refused is not None:
+                return self._busy(refused)
+            held.bytes += len(chunk)
             chunks.append(chunk)
-            if not message.get("more_body", False):
+            if not more:
                 return b"".join(chunks)
 
     def _too_large(self, size: int, at_least: bool = False) -> Rejected:
         return Rejected(413, f"the body is {'over ' if at_least else ''}{size} bytes, more than the server's limit of "
                         f"{self.max_payload_bytes} (--max-payload-mb); split it", None, "body", size)
+
+
+@dataclass
+class _Held:
+    """Bytes of one request's body reserved in the gate while they arrived."""
+
+    bytes: int = 0
 
 
 def _same_key(given: bytes, key: str) -> bool:

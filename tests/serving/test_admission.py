@@ -2,7 +2,9 @@
 key (``LIT_SERVER_API_KEY``), ``--max-queue 2`` and a short ``--body-timeout``: clients that send
 headers and part of a body hold no place in the queue (others are served, ``/ready`` stays 200) and
 get 408 once their time is up; a body cut short by a disconnect is dropped, never scored or
-counted; the key guards every endpoint, and ``/predict`` checks it before reading the body."""
+counted; the bytes of half-sent bodies count against ``--max-queue-mb`` (1 MiB here) as they arrive,
+so connections holding large unfinished bodies get 503 instead of taking the server's memory; the
+key guards every endpoint, and ``/predict`` checks it before reading the body."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ KEY = "test-key-3f9a"
 AUTH = {"X-API-Key": KEY}
 MAX_QUEUE = 2
 BODY_TIMEOUT_S = 3.0
+MAX_QUEUE_MB = 1  # and --max-payload-mb 1
 GOOD = {"dense": [0.1] * 5, "sparse": {"f0": [1]}}
 
 
@@ -31,7 +34,7 @@ def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerURL]:
     artifact = export(dlrm(), tmp_path_factory.mktemp("admission") / "dlrm.pt")
     port = free_port()
     command = serve_command(artifact, port, "--accelerator", "cpu", "--max-queue", str(MAX_QUEUE), "--body-timeout",
-                            str(BODY_TIMEOUT_S))  # fmt: skip
+                            str(BODY_TIMEOUT_S), "--max-queue-mb", str(MAX_QUEUE_MB), "--max-payload-mb", "1")  # fmt: skip
     with running_server(command, port, tmp_path_factory.mktemp("log") / "server.log", env={"LIT_SERVER_API_KEY": KEY},
                         headers=AUTH) as base:  # fmt: skip
         yield base
@@ -41,12 +44,12 @@ def _port(url: str) -> int:
     return int(url.rsplit(":", 1)[1])
 
 
-def _partial_body(url: str, key: str | None = KEY) -> socket.socket:
-    """A client that sends the headers of a 100-byte body and 8 bytes of it, then nothing."""
+def _partial_body(url: str, key: str | None = KEY, declared: int = 100, sent: bytes = b'{"dense"') -> socket.socket:
+    """A client that sends the headers of a ``declared``-byte body and ``sent`` of it, then nothing."""
     client = socket.create_connection(("127.0.0.1", _port(url)), timeout=30)
     header = f"X-API-Key: {key}\r\n" if key else ""
-    client.sendall(f"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n"
-                   f"{header}\r\n".encode() + b'{"dense"')  # fmt: skip
+    client.sendall(f"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   f"Content-Length: {declared}\r\n{header}\r\n".encode() + sent)  # fmt: skip
     return client
 
 
@@ -88,6 +91,17 @@ def test_the_gate_counts_requests_and_bytes_and_gives_both_back() -> None:
     assert (gate.in_flight, gate.in_flight_bytes, gate.full) == (0, 0, False)
     with pytest.raises(ValueError, match="byte limit must be >= 1"):
         AdmissionGate(3, byte_limit=0)
+    # a body arriving in pieces holds its bytes (no place in the count) and keeps them when admitted
+    assert gate.reserve(70) is None and (gate.in_flight, gate.in_flight_bytes) == (0, 70)
+    assert gate.reserve(31) is not None and gate.in_flight_bytes == 70  # refused: nothing taken
+    assert gate.enter(30) is None and gate.enter(1) is not None  # other bodies see the held bytes
+    gate.leave(30)
+    assert gate.reserve(20) is None and gate.enter(90, reserved=90) is None  # its 90 bytes were all held
+    assert (gate.in_flight, gate.in_flight_bytes) == (1, 90)
+    gate.leave(90)
+    assert gate.reserve(40) is None
+    gate.release(40)  # a body never admitted gives its bytes back
+    assert (gate.in_flight, gate.in_flight_bytes) == (0, 0)
 
 
 def test_clients_slow_to_send_hold_no_place_and_get_408(url: str) -> None:
@@ -138,3 +152,39 @@ def test_the_api_key_guards_every_endpoint_and_predict_checks_it_before_the_body
     finally:
         client.close()
     assert _metrics(url)['lightrec_serving_requests_total{code="401"}'] >= 3
+
+
+def test_half_sent_bodies_hold_their_bytes_and_the_one_past_the_budget_gets_503(url: str) -> None:
+    """Each connection declares 600 KiB and sends 400 KiB of it: the second one passes the 1 MiB budget with
+    what it sends and is answered 503 (Retry-After, connection closed) at once, not at --body-timeout."""
+    piece = b" " * (400 * 1024)
+    first = _partial_body(url, declared=600 * 1024, sent=piece)
+    try:
+        time.sleep(0.5)
+        assert _metrics(url)["lightrec_serving_in_flight_bytes"] >= len(piece)  # held while it arrives
+        second = _partial_body(url, declared=700 * 1024, sent=b"")
+        try:
+            # In small pieces, each read by the server before the next: its answer is not lost to a reset
+            # (unread bytes at the server's close).
+            for _ in range(700 // 32):
+                second.sendall(b" " * (32 * 1024))
+                time.sleep(0.02)
+                second.settimeout(0.05)
+                try:
+                    answer = second.recv(65536, socket.MSG_PEEK)
+                except TimeoutError:
+                    continue
+                if answer:
+                    break
+            answer = _read_all(second, BODY_TIMEOUT_S - 1)
+            assert answer.startswith(b"HTTP/1.1 503 "), answer[:200]
+            assert b"retry-after: 1" in answer.lower() and b"connection: close" in answer.lower()
+            assert b"--max-queue-mb" in answer
+        finally:
+            second.close()
+        assert requests.post(f"{url}/predict", json=GOOD, headers=AUTH, timeout=30).status_code == 200  # small: fits
+        assert _read_all(first, BODY_TIMEOUT_S + 20).startswith(b"HTTP/1.1 408 ")  # and gives its bytes back
+    finally:
+        first.close()
+    time.sleep(0.5)
+    assert _metrics(url)["lightrec_serving_in_flight_bytes"] == 0

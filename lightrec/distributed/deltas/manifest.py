@@ -169,8 +169,8 @@ class Manifest:
         """
         try:
             raw = json.loads(text)
-        except ValueError as exc:
-            raise DeltaFormatError(f"not valid JSON ({exc})") from exc
+        except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than the parser goes
+            raise DeltaFormatError(f"not valid JSON ({type(exc).__name__}: {exc})") from exc
         if not isinstance(raw, dict) or raw.get("format") != FORMAT:
             raise DeltaFormatError(f"not a {FORMAT!r} manifest (format={_get(raw, 'format')!r})")
         if raw.get("format_version") != FORMAT_VERSION:
@@ -200,11 +200,16 @@ class Manifest:
                     for n, r in dict(raw["files"]).items()
                 },
             )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            if isinstance(exc, DeltaFormatError):
-                raise
+        except DeltaFormatError:
+            raise
+        except Exception as exc:  # any value of valid JSON: a missing key, a wrong type, float(10**400), ...
             raise DeltaFormatError(f"a field is missing or malformed ({type(exc).__name__}: {exc})") from exc
-        manifest.check()
+        try:
+            manifest.check()
+        except DeltaFormatError:
+            raise
+        except Exception as exc:  # e.g. a rows count compared with an unhashable or odd table entry
+            raise DeltaFormatError(f"the fields do not fit together ({type(exc).__name__}: {exc})") from exc
         return manifest
 
     def check(self) -> None:

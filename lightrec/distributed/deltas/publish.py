@@ -92,7 +92,12 @@ def _tables(model: nn.Module, state: Mapping[str, torch.Tensor]) -> dict[str, _T
                     raise DeltaFormatError(f"managed table {config.name!r}: its id map keeps no per-row ids "
                                            f"({list(_IDENTITY_KEYS)}); it cannot be published")  # fmt: skip
                 empty = _IDENTITY_KEYS[identity_key.rsplit(".", 1)[1]]
-            tables[config.name] = _Table(config, f"{prefix}{inner}{attr}.{config.name}.weight", identity_key, empty)
+            weight_key = f"{prefix}{inner}{attr}.{config.name}.weight"
+            if config.name in tables:  # the publish folder keys tables by name: one would hide the other
+                raise DeltaFormatError(f"two collections hold a table named {config.name!r} "
+                                       f"({tables[config.name].weight_key}, {weight_key}); the publish folder keys "
+                                       "tables by name: rename one")  # fmt: skip
+            tables[config.name] = _Table(config, weight_key, identity_key, empty)
     return tables
 
 

@@ -35,7 +35,14 @@ from lightrec.distributed.deltas.manifest import (
     parse_version_name,
     version_name,
 )
-from lightrec.distributed.deltas.rows import TableRows, check_rows, merge_rows, payload_bytes, values_dtype
+from lightrec.distributed.deltas.rows import (
+    TableRows,
+    all_finite,
+    check_rows,
+    merge_rows,
+    payload_bytes,
+    values_dtype,
+)
 
 __all__ = ["DeltaReader", "DeltaState", "Version", "merge_versions"]
 
@@ -124,8 +131,11 @@ class DeltaReader:
         try:
             names = os.listdir(self.dirpath)
         except FileNotFoundError:
-            return []
-        return sorted(v for v in map(parse_version_name, names) if v is not None)
+            names = []
+        listed = sorted(v for v in map(parse_version_name, names) if v is not None)
+        for gone in set(self._manifests).difference(listed):  # removed by retention: a follower lives for days
+            del self._manifests[gone]
+        return listed
 
     def latest(self) -> int | None:
         """The newest complete version (from the listing; ``LATEST`` can lag one version after a crash)."""
@@ -188,10 +198,20 @@ class DeltaReader:
                   for name, record in manifest.files.items()}  # fmt: skip
         rows = self._table_rows(version, manifest, loaded.get(ROWS_FILE, {}))
         dense = loaded.get(DENSE_FILE, {})
+        path = self.folder(version) / DENSE_FILE
         bad = [k for k, t in dense.items() if t.dtype != torch.float32]
         if bad:
-            path = self.folder(version) / DENSE_FILE
             raise DeltaVerificationError(f"{path}: dense tensors must be float32, {bad} are not", path, version)
+        # Checksums prove the bytes are the writer's, not that the writer was sane (a trainer that diverged):
+        # a served NaN weight or row would fail every request. The writer refuses these; another one may not.
+        bad = [k for k, t in dense.items() if not all_finite(t)]
+        if bad:
+            raise DeltaVerificationError(f"{path}: dense tensors {bad[:5]} hold NaN or infinite values", path, version)
+        bad = [n for n, t in rows.items() if t.values.is_floating_point() and not all_finite(t.values)]
+        if bad:
+            path = self.folder(version) / ROWS_FILE
+            raise DeltaVerificationError(f"{path}: the rows of tables {bad[:5]} hold NaN or infinite values", path,
+                                         version)  # fmt: skip
         return Version(manifest, rows, dense)
 
     def chain(self, version: int) -> list[int]:

@@ -27,6 +27,7 @@ from lightrec.quant.row_codec import DEFAULT_ROW_ALIGNMENT, dequantize_rows, qua
 
 __all__ = [
     "TableRows",
+    "all_finite",
     "check_rows",
     "decode_rows",
     "encode_rows",
@@ -78,7 +79,7 @@ def _width(spec: TableSpec, row_alignment: int) -> int:
     return row_size_in_bytes(spec.dim, row_data_type(spec.row_format), row_alignment)
 
 
-def _all_finite(values: torch.Tensor) -> bool:
+def all_finite(values: torch.Tensor) -> bool:
     """Whether every value is finite: one pass with no mask tensor (``aminmax`` propagates NaN, and an
     infinity is the minimum or the maximum), 4x faster than ``isfinite(values).all()`` on 300 MB."""
     if values.numel() == 0:
@@ -99,7 +100,7 @@ def encode_rows(
     """
     width = _width(spec, row_alignment)
     stored = values_dtype(spec.row_format)
-    if values.is_floating_point() and not _all_finite(values):
+    if values.is_floating_point() and not all_finite(values):
         raise DeltaFormatError(f"table {spec.name!r} has non-finite values; a served row must be finite")
     if values.dim() == 2 and values.dtype == stored and values.shape[1] == width:
         return values.detach().cpu().contiguous()
@@ -157,11 +158,15 @@ def check_rows(rows: TableRows, spec: TableSpec, width: int | None = None) -> No
 
 
 def merge_rows(parts: list[TableRows]) -> TableRows:
-    """One ``TableRows`` from several versions' rows of a table, oldest first: a later row wins."""
+    """One ``TableRows`` from several versions' rows of a table, oldest first: a later row wins (quantized
+    rows of several widths are cut to the narrowest: the rest is padding)."""
     if len(parts) == 1:
         return parts[0]
     ids = torch.cat([p.ids for p in parts])
-    values = torch.cat([p.values for p in parts])
+    # int8/int4 versions of writers with different row alignments: rows of different widths. The bytes past
+    # the narrowest (at least the payload: the reader checks) are padding, so every row is cut to it.
+    narrow = min(p.values.shape[1] for p in parts)
+    values = torch.cat([p.values[:, :narrow] for p in parts])
     managed = parts[0].raw_ids is not None
     raw = torch.cat([p.raw_ids for p in parts if p.raw_ids is not None]) if managed else None
     unique, inverse = torch.unique(ids, sorted=True, return_inverse=True)

@@ -137,14 +137,19 @@ def _specs(tables: Mapping[str, TrackedTable], row_format: str | Mapping[str, st
 
 
 def sharded_dense_weights(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Every floating-point state-dict entry of ``model`` outside its sharded collections, float32 on
-    the CPU, by the model's own names (the names a serving artifact exported from it keeps); copies,
-    so training on does not change them."""
+    """Every floating-point state-dict entry of ``model`` outside its sharded collections' tables (the
+    dense layers, and what a collection keeps whole on every rank: ``replicated_state``, e.g. position
+    weights), float32 on the CPU, by the model's own names (the names a serving artifact exported from
+    it keeps); copies, so training on does not change them."""
     root = model.module if isinstance(model, DistributedModelParallel) else model
     if isinstance(root, ShardedCollectionBase):
-        return {}
-    with detached(root, (ShardedCollectionBase,)):
-        state = root.state_dict()
+        state = root.replicated_state()
+    else:
+        with detached(root, (ShardedCollectionBase,)) as collections:
+            state = root.state_dict()
+            for path, collection in collections:
+                assert isinstance(collection, ShardedCollectionBase)  # what detached took out
+                state.update(collection.replicated_state(f"{path}."))
     return {k: v.detach().to("cpu", torch.float32, copy=True) for k, v in state.items()
             if isinstance(v, torch.Tensor) and v.is_floating_point()}  # fmt: skip
 
@@ -174,6 +179,13 @@ def _mark_lost(tracker: ModelDeltaTracker | None, consumer: str | None) -> None:
 def _lost(tracker: ModelDeltaTracker | None, consumer: str | None) -> bool:
     with _LOST_LOCK:
         return tracker is not None and _consumer_name(consumer) in _LOST.get(tracker, ())
+
+
+def _first_read(tracker: ModelDeltaTracker | None, consumer: str | None) -> bool:
+    """``consumer`` has never read ``tracker``: its first read holds the rows changed since the tracker was
+    built, not since the folder's newest version (another process's, or a run this one resumed from), so a
+    delta from it would leave every row trained in between stale."""
+    return isinstance(tracker, ModelDeltaTrackerTrec) and tracker.per_consumer_batch_idx.get(_consumer_name(consumer)) == -1
 
 
 def _clear_lost(tracker: ModelDeltaTracker | None, consumer: str | None) -> None:
@@ -345,7 +357,7 @@ def _prepare(
         try:
             writer = target if isinstance(target, DeltaWriter) else DeltaWriter(
                 _folder(target), _specs(tables, row_format), retention)  # fmt: skip
-            if _lost(tracker, consumer):
+            if _lost(tracker, consumer) or (_first_read(tracker, consumer) and writer.latest_version is not None):
                 kind[0] = True
             else:
                 kind[0] = bool(snapshot) if snapshot is not None else writer.latest_snapshot is None

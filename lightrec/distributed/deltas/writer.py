@@ -11,7 +11,9 @@ One version is written as::
     5. rename the folder to DIR/v000000007          <- the commit point: the version exists from here on
     6. fsync DIR (the rename survives a power loss)
     7. LATEST: written to DIR/.tmp-LATEST-..., fsync'd, os.replace'd onto DIR/LATEST, fsync DIR
-    8. retention: old versions are renamed to .tmp-del-... (gone at once for readers), then deleted
+    8. retention: old versions are renamed to .tmp-del-... (gone at once for readers), then deleted;
+       skipped where 7 failed (LATEST still names an older version, which must not go), retried at the
+       next write
 
 A SIGKILL anywhere before 5 leaves a ``.tmp-*`` folder that no reader lists (the next writer removes
 it); after 5 the version is complete. LATEST may lag behind the newest folder by one version after
@@ -47,7 +49,7 @@ from lightrec.distributed.deltas.manifest import (
     parse_version_name,
     version_name,
 )
-from lightrec.distributed.deltas.rows import TableRows, check_rows, encode_rows
+from lightrec.distributed.deltas.rows import TableRows, all_finite, check_rows, encode_rows
 from lightrec.distributed.deltas.safetensors_stream import safetensors_parts
 from lightrec.distributed.deltas.synced_write import write_synced
 from lightrec.quant.row_codec import DEFAULT_ROW_ALIGNMENT
@@ -217,6 +219,8 @@ class DeltaWriter:
         for key, value in dense.items():
             if not isinstance(value, torch.Tensor) or not value.is_floating_point():
                 raise DeltaFormatError(f"dense[{key!r}] must be a floating-point tensor, got {type(value).__name__}")
+            if not all_finite(value):  # a diverged trainer: every served score would be NaN
+                raise DeltaFormatError(f"dense[{key!r}] has non-finite values; a served weight must be finite")
         if dense:
             flat = {k: v.detach().cpu().float().contiguous().clone() for k, v in dense.items()}
             files[DENSE_FILE] = safetensors_parts(flat)
@@ -255,8 +259,10 @@ class DeltaWriter:
             if not committed:
                 _remove_tree(tmp)
         self._kinds[version] = kind
-        self._write_latest(name)
-        self._apply_retention()
+        if self._write_latest(name):
+            # Not after a failed LATEST: it still names an older version, which retention could remove.
+            # The next write retries both.
+            self._apply_retention()
         return version
 
     def _failed(self, name: str, previous: int | None, exc: OSError) -> DeltaWriteError:
@@ -268,7 +274,8 @@ class DeltaWriter:
                 f"{kept}. Free space, lower retention, or publish elsewhere", exc.errno)  # fmt: skip
         return DeltaWriteError(f"could not write {self.dirpath / name} ({exc}); {kept}", exc.errno)
 
-    def _write_latest(self, name: str) -> None:
+    def _write_latest(self, name: str) -> bool:
+        """Point ``LATEST`` at ``name``; False (logged) where that failed."""
         tmp = self.dirpath / f"{TMP_PREFIX}{LATEST_FILE}-{os.getpid()}-{secrets.token_hex(4)}"
         try:
             write_synced(tmp, [memoryview(f"{name}\n".encode())])
@@ -277,6 +284,8 @@ class DeltaWriter:
         except OSError as exc:  # the version is written: readers list folders; the next write retries
             logger.warning("%s is written but %s could not be updated: %s", name, self.dirpath / LATEST_FILE, exc)
             tmp.unlink(missing_ok=True)
+            return False
+        return True
 
     def _apply_retention(self) -> None:
         """Remove versions older than the ``retention``-th newest snapshot (oldest first)."""

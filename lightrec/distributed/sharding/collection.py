@@ -422,6 +422,12 @@ class ShardedCollectionBase(nn.Module, abc.ABC, Generic[Out]):
             for lookup, kjt in zip(lookups, started.received(self._device)):
                 lookup.prefetch(kjt)
 
+    def replicated_state(self, prefix: str = "") -> dict[str, torch.Tensor]:
+        """What every rank keeps whole inside this collection and the dense optimizer trains (none of its
+        tables), detached, by the unsharded module's state-dict keys under ``prefix``: nothing here; a
+        feature-processed collection's position weights. Publishing dense weights reads it."""
+        return {}
+
     @abc.abstractmethod
     def _assemble(self, started: StartedInputDist, results: list[Awaitable[torch.Tensor]]) -> Out:
         """The forward's awaitable from the output dists' awaitables (one per sharding type)."""

@@ -182,3 +182,31 @@ def test_a_disk_that_fills_at_any_point_of_a_write(small_fs: Path) -> None:
             reader.read(v)
         reader.state()
     assert outcomes == {"written", "refused"}
+
+
+def test_retention_never_removes_the_version_latest_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write whose LATEST update fails (the disk full for that small file alone) leaves LATEST naming an older
+    version: retention waits for the next write that updates LATEST (it used to remove that version at once)."""
+    from lightrec.distributed.deltas import TableRows
+    from lightrec.distributed.deltas import writer as writer_module
+
+    real, full = writer_module.write_synced, [False]
+
+    def latest_fails(path: Path, parts: list[memoryview]) -> object:
+        if full[0] and "LATEST" in Path(path).name:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, parts)
+
+    monkeypatch.setattr(writer_module, "write_synced", latest_fails)
+    writer = DeltaWriter(tmp_path, SPECS[:1], retention=1)
+    name, rows = SPECS[0].name, SPECS[0].num_embeddings
+    snapshot = {name: TableRows(torch.arange(rows), torch.zeros(rows, SPECS[0].dim))}
+    writer.write_snapshot(snapshot, {})
+    writer.write_delta({name: TableRows(torch.tensor([1]), torch.ones(1, SPECS[0].dim))})
+    full[0] = True
+    assert writer.write_snapshot(snapshot, {}) == 3
+    reader = DeltaReader(tmp_path)
+    assert reader.latest_hint() == 2 and reader.versions() == [1, 2, 3]  # v1, v2 kept: LATEST still names v2
+    full[0] = False
+    writer.write_delta({name: TableRows(torch.tensor([2]), torch.ones(1, SPECS[0].dim))})
+    assert reader.latest_hint() == 4 and reader.versions() == [3, 4]  # retention caught up

@@ -20,7 +20,7 @@ from lightrec.distributed.deltas import (
     decode_rows,
     encode_rows,
 )
-from lightrec.distributed.deltas.rows import row_data_type
+from lightrec.distributed.deltas.rows import payload_bytes, row_data_type
 from lightrec.quant.row_codec import max_abs_error, quantize_rows
 from tests.distributed.deltas.helpers import SPECS, dense, full_rows, some_rows
 
@@ -197,3 +197,23 @@ def test_retention_keeps_the_newest_snapshots_and_all_after(tmp_path: Path, rete
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
     for v in reader.versions():
         reader.state(v)  # every kept version rebuilds
+
+
+def test_quantized_versions_of_writers_with_other_row_alignments_merge(tmp_path: Path) -> None:
+    """A trainer restarted with another ``row_alignment``: its int8/int4 rows are narrower or wider. The merge
+    cuts every row to the narrowest (the rest is padding) instead of failing, so a server still catches up."""
+    specs = [s for s in SPECS if s.row_format in ("int8", "int4")]
+    DeltaWriter(tmp_path, specs, row_alignment=16).write_snapshot(full_rows(0, specs), {})
+    DeltaWriter(tmp_path, specs, row_alignment=4).write_delta(some_rows(1, specs))
+    reader = DeltaReader(tmp_path)
+    widths = {s.name: (reader.read(1).rows[s.name].values.shape[1], reader.read(2).rows[s.name].values.shape[1])
+              for s in specs}  # fmt: skip
+    assert all(wide > narrow for wide, narrow in widths.values()), widths
+    state = reader.state(2)
+    for s in specs:
+        payload = payload_bytes(s.dim, s.row_format)
+        changed = some_rows(1, specs)[s.name].ids
+        assert state.rows[s.name].values.shape[1] == widths[s.name][1]
+        expected = reader.read(1).rows[s.name].values[:, :payload].clone()
+        expected[changed] = reader.read(2).rows[s.name].values[:, :payload]
+        assert torch.equal(state.rows[s.name].values[:, :payload], expected)

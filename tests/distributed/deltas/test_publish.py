@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightrec import EmbeddingBagCollection
+from lightrec import EmbeddingBagCollection, EmbeddingBagConfig
 from lightrec.distributed.deltas import (
     DeltaFormatError,
     DeltaReader,
@@ -87,3 +87,9 @@ def test_publish_refuses_what_it_cannot_publish(tmp_path: Path) -> None:
         table_rows(model, {"t2": torch.tensor([3, 17])})
     with pytest.raises(DeltaFormatError, match="has no snapshot yet"):
         publish_rows(model, tmp_path, {"t0": torch.tensor([1])})
+    # two towers whose tables share a name: the folder keys tables by name (one used to hide the other)
+    towers = torch.nn.ModuleDict({side: EmbeddingBagCollection([EmbeddingBagConfig(
+        name="t0", num_embeddings=rows, embedding_dim=4, feature_names=[side])]) for side, rows in (("user", 10), ("item", 50))})  # fmt: skip
+    with pytest.raises(DeltaFormatError, match=r"two collections hold a table named 't0' \(user.embedding_bags.t0.weight, "
+                       r"item.embedding_bags.t0.weight\)"):  # fmt: skip
+        table_specs(towers)

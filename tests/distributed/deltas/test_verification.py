@@ -74,6 +74,10 @@ def test_missing_file_and_manifest_are_named(folder: Path) -> None:
         pytest.param(lambda raw: json.dumps({**raw, "parent": 0}), "must have parent 1", id="bad-parent"),
         pytest.param(lambda raw: json.dumps({k: v for k, v in raw.items() if k != "files"}),
                      "a field is missing or malformed", id="no-files"),
+        # valid JSON that used to escape as OverflowError / RecursionError and stop every later update
+        pytest.param(lambda raw: json.dumps(raw).replace('"wall_time": ', '"wall_time": 1' + "0" * 400 + ", \"x\": "),
+                     r"a field is missing or malformed \(OverflowError", id="huge-number"),
+        pytest.param(lambda raw: "[" * 100_000 + "]" * 100_000, "not valid JSON", id="deep-nesting"),
     ],
 )
 def test_corrupt_manifest_is_named(folder: Path, edit, message: str) -> None:  # noqa: ANN001
@@ -110,3 +114,36 @@ def test_an_empty_or_missing_folder_has_no_versions(tmp_path: Path) -> None:
     assert reader.versions() == [] and reader.latest() is None and reader.latest_hint() is None
     with pytest.raises(DeltaNotFoundError, match="holds no version yet"):
         reader.state()
+
+
+def test_non_finite_values_are_refused_by_the_writer_and_by_the_reader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trainer that diverged: NaN dense weights (or float rows) with valid checksums would make every served
+    request fail. The writer refuses them; a version another writer made anyway is refused on reading."""
+    from lightrec.distributed.deltas import DeltaFormatError
+    from lightrec.distributed.deltas import rows as rows_module
+    from lightrec.distributed.deltas import writer as writer_module
+
+    writer = DeltaWriter(tmp_path, SPECS)
+    writer.write_snapshot(full_rows(0), dense(0))
+    bad = {k: v.clone() for k, v in dense(1).items()}
+    bad["mlp.0.bias"][2] = float("nan")
+    with pytest.raises(DeltaFormatError, match=r"dense\['mlp.0.bias'\] has non-finite values"):
+        writer.write_delta(some_rows(1), bad)
+    for module in (writer_module, rows_module):  # a writer without the checks (the reader keeps its own)
+        monkeypatch.setattr(module, "all_finite", lambda values: True)
+    writer.write_delta(some_rows(1), bad)
+    _refused(tmp_path, 2, "dense.safetensors", r"dense tensors \['mlp.0.bias'\] hold NaN or infinite values")
+    rows = some_rows(2)
+    rows["a"].values[0, 0] = float("inf")  # fp32 rows, stored as they are
+    writer.write_delta(rows)
+    _refused(tmp_path, 3, "rows.safetensors", r"the rows of tables \['a'\] hold NaN or infinite values")
+
+
+def test_a_reader_forgets_the_manifests_of_removed_versions(folder: Path) -> None:
+    """A server follows a folder for days while retention removes versions: its cache must not keep them."""
+    reader = DeltaReader(folder)
+    assert [reader.manifest(v).version for v in reader.versions()] == [1, 2, 3]
+    shutil.rmtree(folder / "v000000001")
+    shutil.rmtree(folder / "v000000002")
+    assert reader.versions() == [3]
+    assert set(reader._manifests) == {3}

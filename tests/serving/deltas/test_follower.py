@@ -186,3 +186,21 @@ def test_open_updater_is_the_servers_seam(tmp_path: Path, artifact: Path) -> Non
     assert update is not None and update.version == 7
     served.apply(update)
     assert torch.equal(probe_scores(served.predictor), trainer.scores(7))
+
+
+def test_a_manifest_python_cannot_parse_is_refused_and_a_later_snapshot_applied(tmp_path: Path, artifact: Path) -> None:
+    """Valid JSON with a 400-digit number (``float()`` overflows) used to escape the reader as OverflowError:
+    every poll stopped at that version, later snapshots included, and the worker served the bare artifact."""
+    import json
+
+    folder = tmp_path / "publish"
+    trainer = Trainer(folder)
+    trainer.snapshot()
+    bad = trainer.step(2)
+    manifest = folder / f"v{bad:09d}" / "manifest.json"
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "wall_time": 10**400}))
+    trainer.snapshot()
+    trainer.step(4)
+    predictor, follower = load(artifact), DeltaFollower(folder)
+    assert follower.sync(predictor, force=True) == 4 and follower.refused_versions == {bad}
+    assert torch.equal(probe_scores(predictor), trainer.scores(4))
