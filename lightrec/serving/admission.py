@@ -195,7 +195,8 @@ class AdmissionMiddleware:
             finally:
                 self.gate.leave(len(body))
         finally:
-            self.gate.release(held.bytes)
+            if held.bytes:  # a body in pieces that was never admitted (refused, timed out, abandoned)
+                self.gate.release(held.bytes)
             if answered:  # LitServe's HTTP servers are forked with LITSERVE_WORKER_ID = their index (0 without it)
                 self.metrics.record_request(int(os.environ.get("LITSERVE_WORKER_ID", "0")), status,
                                             time.perf_counter() - start)
