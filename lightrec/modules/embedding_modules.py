@@ -17,6 +17,7 @@ No ``from __future__ import annotations`` here: ``torch.fx`` copies ``forward``'
 the code it generates, which TorchScript must then compile (an fx-traced collection is scripted).
 """
 
+import warnings
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -32,6 +33,7 @@ from lightrec.modules.collection_interfaces import (
 )
 from lightrec.modules.embedding_configs import (
     BaseEmbeddingConfig,
+    DataType,
     EmbeddingBagConfig,
     EmbeddingConfig,
     PoolingType,
@@ -110,6 +112,23 @@ def _check_tables(tables: Sequence[BaseEmbeddingConfig], where: str) -> list[str
         features.extend(t.feature_names)
     check_table_features([(t.name, list(t.feature_names)) for t in tables], where)
     return features
+
+
+def _warn_float32_storage(tables: Sequence[BaseEmbeddingConfig], where: str) -> None:
+    """torchrec trains a table of ``data_type=FP16`` in fp16; lightrec's training kernels update float32 rows,
+    so such a table takes twice the memory its user expects: say so once per collection (the planner
+    counts what is allocated)."""
+    other = sorted({t.name for t in tables if t.data_type != DataType.FP32})
+    if other:
+        kinds = sorted({t.data_type.value for t in tables if t.data_type != DataType.FP32})
+        warnings.warn(
+            f"{where}: tables {other} have data_type {kinds}, but lightrec trains tables in float32 (4 bytes a "
+            "value, as allocated and as the planner counts them); data_type changes nothing in training. For "
+            "smaller tables at serving time, quantize at export: lightrec.inference.quantize(model, dtype='fp16' "
+            "or 'int8')",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def check_collection_tables(
@@ -265,6 +284,7 @@ class EmbeddingBagCollection(EmbeddingBagCollectionInterface):
     ) -> None:
         super().__init__()
         self._feature_order = check_collection_tables(tables, EmbeddingBagConfig, "EmbeddingBagCollection", bounds_check)
+        _warn_float32_storage(tables, "EmbeddingBagCollection")
         self._embedding_bag_configs = list(tables)
         self._is_weighted = is_weighted
         self._bounds_check = bounds_check
@@ -421,6 +441,7 @@ class EmbeddingCollection(EmbeddingCollectionInterface):
     ) -> None:
         super().__init__()
         self._feature_order = check_collection_tables(tables, EmbeddingConfig, "EmbeddingCollection", bounds_check)
+        _warn_float32_storage(tables, "EmbeddingCollection")
         self._embedding_configs = list(tables)
         self._bounds_check = bounds_check
         self._need_indices = need_indices

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import numpy as np
 import pytest
+import torch
 
 from lightrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 from lightrec.distributed.planner.options import Options
@@ -105,3 +107,23 @@ def test_memory_dp_matches_brute_force(seed: int) -> None:
     assert memory_dp_proposal(opts, 1.0, buckets=24) is None  # below the smallest choice
     # without a memory limit the DP picks what greedy picks: each table's cheapest option
     assert (memory_dp_proposal(opts, 1e9, buckets=24) == greedy_proposal(opts)).all()
+
+
+def test_a_training_table_of_data_type_fp16_is_counted_as_the_float32_it_is_stored_in() -> None:
+    """torchrec trains ``data_type=FP16`` tables in fp16; lightrec allocates float32 (and warns). The planner
+    counted 2 bytes a value for them: plans that under-counted such tables' memory by half."""
+    from lightrec import DataType, EmbeddingBagCollection, EmbeddingBagConfig
+    from lightrec.distributed import EmbeddingBagCollectionSharder
+
+    def planned(data_type: DataType) -> float:
+        config = EmbeddingBagConfig(name="t0", num_embeddings=1000, embedding_dim=16, feature_names=["f0"],
+                                    data_type=data_type)  # fmt: skip
+        with pytest.warns(UserWarning, match=r"tables \['t0'\] have data_type \['FP16'\], but lightrec trains "
+                          "tables in float32") if data_type == DataType.FP16 else contextlib.nullcontext():  # fmt: skip
+            ebc = EmbeddingBagCollection([config], device="meta")
+        assert ebc.embedding_bags["t0"].weight.dtype == torch.float32
+        planner = EmbeddingShardingPlanner(topology=Topology(world_size=2, compute_device="cpu"), batch_size=8)
+        planner.plan(ebc, [EmbeddingBagCollectionSharder()])
+        return planner.last_report.tables[0].storage_bytes
+
+    assert planned(DataType.FP16) == planned(DataType.FP32)

@@ -58,7 +58,7 @@ def _advice(tables: TableArrays, opts: Options, topo: Topology, ts: list[int], n
                if topo.compute_device == "cuda" else ")")
         )  # fmt: skip
     advice += [
-        "reduce embedding_dim or num_embeddings of these tables, or store them in FP16",
+        "reduce embedding_dim or num_embeddings of these tables (training stores them in float32)",
         "use the fused kernel (the dense kernel keeps a full gradient) and a lighter optimizer "
         "(sgd keeps no state, rowwise_adagrad one float per row, adam two floats per weight)",
         f"give each rank more table memory: Topology({kind}=...) (now {gib(cap)}), or lower the "

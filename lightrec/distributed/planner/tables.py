@@ -38,6 +38,7 @@ from lightrec.distributed.planner.shard_estimators import (
 from lightrec.distributed.planner.types import ParameterConstraints, Topology
 from lightrec.kernels.tiered.config import DEFAULT_MIN_CACHE_ROWS
 from lightrec.modules.embedding_configs import DATA_TYPE_NUM_BITS, BaseEmbeddingConfig, DataType, PoolingType
+from lightrec.quant.collection_base import QuantCollectionBase
 
 __all__ = ["ShardableModule", "collect_tables", "find_shardable_modules"]
 
@@ -192,7 +193,10 @@ def collect_tables(
             bs = _per_feature(c.batch_sizes or [batch_size], n_feat, "batch_sizes", name)
             bs = bs * _per_feature(c.num_poolings or [1.0], n_feat, "num_poolings", name)  # each pooling is a lookup
             opt = c.optimizer or (optimizer_name(default_opt) if default_opt is not None else "sgd")
-            quant = cfg.data_type in (DataType.INT8, DataType.INT4, DataType.INT2)
+            # What the table is stored as: a quantized collection keeps its data_type; a training collection
+            # allocates float32 whatever data_type says (modules/embedding_modules.py warns), as counted here.
+            stored = cfg.data_type if isinstance(m.module, QuantCollectionBase) else DataType.FP32
+            quant = stored in (DataType.INT8, DataType.INT4, DataType.INT2)
             keys.append((m.path, name))
             allowed.append(opts if tiered else _without_tiered(opts))
             fixed = c.cache_params.load_factor if c.cache_params is not None else None
@@ -202,7 +206,7 @@ def collect_tables(
             stats.append(c.cache_params.stats if c.cache_params is not None else None)
             cols_["rows"].append(cfg.num_embeddings)
             cols_["cols"].append(cfg.embedding_dim)
-            cols_["eb"].append(_ELEM_BYTES[cfg.data_type])
+            cols_["eb"].append(_ELEM_BYTES[stored])
             cols_["ro"].append(_QUANT_ROW_BYTES if quant else 0.0)
             cols_["ids"].append(float((bs * pf).sum()))
             cols_["bags"].append(float(bs.sum()))
