@@ -136,11 +136,14 @@ TORCHREC_PATHS["torchrec.optim.optimizers"] += ["LAMB", "LarsSGD", "PartialRowWi
 TORCHREC_PATHS.update({
     "torchrec.sparse.tensor_dict": ["maybe_td_to_kjt"],
     "torchrec.sparse.jagged_tensor_validator": ["validate_keyed_jagged_tensor"],
-    "torchrec.metrics.accuracy": ["AccuracyMetricComputation"],
+    "torchrec.metrics.accuracy": ["AccuracyMetricComputation", "AccuracyMetric"],
+    "torchrec.metrics.auc": ["AUCMetric"],
+    "torchrec.metrics.calibration": ["CalibrationMetric"],
+    "torchrec.metrics.ctr": ["CTRMetric"],
     "torchrec.metrics.gauc": ["GAUCMetricComputation"],
-    "torchrec.metrics.mae": ["MAEMetricComputation"],
-    "torchrec.metrics.mse": ["MSEMetricComputation"],
-    "torchrec.metrics.ne": ["NEMetricComputation"],
+    "torchrec.metrics.mae": ["MAEMetricComputation", "MAEMetric"],
+    "torchrec.metrics.mse": ["MSEMetricComputation", "MSEMetric"],
+    "torchrec.metrics.ne": ["NEMetricComputation", "NEMetric"],
     "torchrec.test_utils": ["get_free_port", "skip_if_asan", "skip_if_asan_class", "seed_and_log"],
 })  # fmt: skip
 TORCHREC_PATHS["torchrec.sparse.jagged_tensor"] += ["_regroup_keyed_tensors", "_fbgemm_permute_pooled_embs",

@@ -31,6 +31,8 @@ from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat, rank_zero_warn
 
 from lightrec.metrics._validation import check_binary_inputs, nan_result
+from lightrec.metrics.metrics_config import RecMetricEnum
+from lightrec.metrics.rec_metric import NamedRecMetric, read_value, register_rec_metric
 
 
 def auc_from_grouped_masses(pos_mass: Tensor, neg_mass: Tensor) -> Tensor:
@@ -181,3 +183,12 @@ class AUC(Metric):
     def _undefined(self, why: str) -> Tensor:
         rank_zero_warn(f"AUC is undefined because {why}; returning NaN.", UserWarning)
         return nan_result(self.device)
+
+
+class AUCMetric(NamedRecMetric):
+    """torchrec's ``AUCMetric``: the AUC, lifetime and windowed, per task (:class:`~lightrec.metrics.rec_metric.NamedRecMetric`)."""
+
+    metric = RecMetricEnum.AUC
+
+
+register_rec_metric(RecMetricEnum.AUC, AUC, [("auc", read_value)])

@@ -1,7 +1,7 @@
-"""torchrec's ``torchrec.metrics.mae``: ``MAEMetricComputation``, from :mod:`lightrec.metrics.regression`
+"""torchrec's ``torchrec.metrics.mae``: ``MAEMetric``, ``MAEMetricComputation``, from :mod:`lightrec.metrics.regression`
 (where lightrec's ``MAE`` metric lives too); torchrec's base classes are in
 :mod:`lightrec.metrics.computation`."""
 
-from lightrec.metrics.regression import MAEMetricComputation
+from lightrec.metrics.regression import MAEMetric, MAEMetricComputation
 
-__all__ = ["MAEMetricComputation"]
+__all__ = ["MAEMetric", "MAEMetricComputation"]

@@ -27,7 +27,9 @@ from torchmetrics.utilities import rank_zero_warn
 
 from lightrec.metrics._validation import check_binary_inputs, nan_result
 from lightrec.metrics.computation import MetricComputationReport, RecMetricComputation
+from lightrec.metrics.metrics_config import RecMetricEnum
 from lightrec.metrics.metrics_namespace import MetricName, MetricPrefix
+from lightrec.metrics.rec_metric import NamedRecMetric, read_value, register_rec_metric
 
 DEFAULT_EPS = 1e-12
 
@@ -200,3 +202,19 @@ class NEMetricComputation(RecMetricComputation):
             for prefix, (ce, _, pos, neg) in ((MetricPrefix.LIFETIME, lifetime), (MetricPrefix.WINDOW, window)):
                 reports.append(MetricComputationReport(MetricName.LOG_LOSS, prefix, ce / (pos + neg).clamp(min=self.eta)))
         return reports
+
+
+class NEMetric(NamedRecMetric):
+    """torchrec's ``NEMetric``: the normalized entropy, lifetime and windowed, per task (:class:`~lightrec.metrics.rec_metric.NamedRecMetric`)."""
+
+    metric = RecMetricEnum.NE
+
+
+class LogLossMetric(NamedRecMetric):
+    """torchrec's ``LogLossMetric``: the log loss, lifetime and windowed, per task (:class:`~lightrec.metrics.rec_metric.NamedRecMetric`)."""
+
+    metric = RecMetricEnum.LOG_LOSS
+
+
+register_rec_metric(RecMetricEnum.NE, NE, [("ne", read_value)])
+register_rec_metric(RecMetricEnum.LOG_LOSS, LogLoss, [("logloss", read_value)])

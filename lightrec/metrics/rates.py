@@ -34,7 +34,9 @@ from torchmetrics.utilities import rank_zero_warn
 
 from lightrec.metrics._validation import check_binary_inputs, nan_result
 from lightrec.metrics.computation import MetricComputationReport, RecMetricComputation
+from lightrec.metrics.metrics_config import RecMetricEnum
 from lightrec.metrics.metrics_namespace import MetricName, MetricPrefix
+from lightrec.metrics.rec_metric import NamedRecMetric, read_value, register_rec_metric
 
 
 class _WeightedRatio(Metric):
@@ -195,3 +197,26 @@ class AccuracyMetricComputation(RecMetricComputation):
                 (MetricPrefix.WINDOW, self.get_window_state("accuracy_sum"), self.get_window_state("weighted_num_samples")),
             )
         ]
+
+
+class CTRMetric(NamedRecMetric):
+    """torchrec's ``CTRMetric``: the click-through rate, lifetime and windowed, per task (:class:`~lightrec.metrics.rec_metric.NamedRecMetric`)."""
+
+    metric = RecMetricEnum.CTR
+
+
+class CalibrationMetric(NamedRecMetric):
+    """torchrec's ``CalibrationMetric``: the calibration, lifetime and windowed, per task (:class:`~lightrec.metrics.rec_metric.NamedRecMetric`)."""
+
+    metric = RecMetricEnum.CALIBRATION
+
+
+class AccuracyMetric(NamedRecMetric):
+    """torchrec's ``AccuracyMetric``: the accuracy, lifetime and windowed, per task (:class:`~lightrec.metrics.rec_metric.NamedRecMetric`)."""
+
+    metric = RecMetricEnum.ACCURACY
+
+
+register_rec_metric(RecMetricEnum.CTR, CTR, [("ctr", read_value)])
+register_rec_metric(RecMetricEnum.CALIBRATION, Calibration, [("calibration", read_value)])
+register_rec_metric(RecMetricEnum.ACCURACY, Accuracy, [("accuracy", read_value)])

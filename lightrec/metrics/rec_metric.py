@@ -22,43 +22,50 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torchmetrics import Metric
 
-from lightrec.metrics.auc import AUC
 from lightrec.metrics.computation import MetricComputationReport, RecMetricComputation, RecMetricException
-from lightrec.metrics.metrics_config import RecMetricEnum, RecTaskInfo
+from lightrec.metrics.metrics_config import RecComputeMode, RecMetricEnum, RecTaskInfo
 from lightrec.metrics.metrics_namespace import MetricPrefix, compose_metric_key
-from lightrec.metrics.ne import NE, LogLoss
-from lightrec.metrics.rates import CTR, Accuracy, Calibration
-from lightrec.metrics.regression import MAE, MSE
 
-__all__ = ["MetricComputationReport", "RecMetric", "RecMetricComputation", "RecMetricException", "RecMetricList"]
+__all__ = [
+    "MetricComputationReport",
+    "NamedRecMetric",
+    "read_sqrt",
+    "read_value",
+    "register_rec_metric",
+    "RecMetric",
+    "RecMetricComputation",
+    "RecMetricException",
+    "RecMetricList",
+]
 
 
-def _value(metric: Metric) -> Tensor:
+def read_value(metric: Metric) -> Tensor:
+    """A metric's value, as a key reports it."""
     return metric.compute()
 
 
-def _rmse(metric: Metric) -> Tensor:
+def read_sqrt(metric: Metric) -> Tensor:
+    """The square root of a metric's value (RMSE from MSE)."""
     return metric.compute().sqrt()
 
 
-# enum -> (metric class, [(metric name in the key, how to read it from the metric)])
-_METRICS: dict[RecMetricEnum, tuple[type[Metric], list[tuple[str, Callable[[Metric], Tensor]]]]] = {
-    RecMetricEnum.NE: (NE, [("ne", _value)]),
-    RecMetricEnum.LOG_LOSS: (LogLoss, [("logloss", _value)]),
-    RecMetricEnum.CTR: (CTR, [("ctr", _value)]),
-    RecMetricEnum.AUC: (AUC, [("auc", _value)]),
-    RecMetricEnum.CALIBRATION: (Calibration, [("calibration", _value)]),
-    RecMetricEnum.MSE: (MSE, [("mse", _value), ("rmse", _rmse)]),
-    RecMetricEnum.MAE: (MAE, [("mae", _value)]),
-    RecMetricEnum.ACCURACY: (Accuracy, [("accuracy", _value)]),
-}
+Reader = Callable[[Metric], Tensor]
+# enum -> (metric class, [(metric name in the key, how to read it from the metric)]). Each metric's module
+# registers its own (``register_rec_metric``): they import this module for ``NamedRecMetric``, so this one
+# imports none of them; ``lightrec.metrics`` imports them all, before any of its modules is used.
+_METRICS: dict[RecMetricEnum, tuple[type[Metric], list[tuple[str, Reader]]]] = {}
+
+
+def register_rec_metric(metric: RecMetricEnum, metric_class: type[Metric], readers: list[tuple[str, Reader]]) -> None:
+    """Make ``metric`` computable by :class:`RecMetric`: ``metric_class`` per task, each key read by its reader."""
+    _METRICS[metric] = (metric_class, readers)
 
 
 class _TaskWindow:
@@ -111,16 +118,17 @@ class RecMetric(nn.Module):
         **kwargs: Any,
     ) -> None:
         super().__init__()
-        if metric not in _METRICS:
+        metrics = _METRICS
+        if metric not in metrics:
             raise RecMetricException(
-                f"metric {metric} is not computed by lightrec; use one of {sorted(m.name for m in _METRICS)}"
+                f"metric {metric} is not computed by lightrec; use one of {sorted(m.name for m in metrics)}"
             )
         if not tasks:
             raise RecMetricException(f"{metric}: tasks is empty; give at least one RecTaskInfo")
         if window_size <= 0:
             raise RecMetricException(f"{metric}: window_size must be > 0, got {window_size}")
         self.metric_enum = metric
-        self._metric_class, self._readers = _METRICS[metric]
+        self._metric_class, self._readers = metrics[metric]
         self._kwargs = {k: v for k, v in kwargs.items() if k not in self._IGNORED}
         if process_group is not None:
             self._kwargs["process_group"] = process_group
@@ -173,6 +181,31 @@ class RecMetric(nn.Module):
         for task in self._tasks:
             self._lifetime_metrics[task.name].reset()
             self._windows[task.name] = _TaskWindow(self._window_size)
+
+
+class NamedRecMetric(RecMetric):
+    """torchrec's per-metric classes (``NEMetric``, ``AUCMetric``, ...): a :class:`RecMetric` of the subclass's
+    ``metric`` with torchrec's constructor, ``(world_size, my_rank, batch_size, tasks, compute_mode,
+    window_size, fused_update_limit, compute_on_all_ranks, should_validate_update, process_group, **kwargs)``
+    (the torchrec-only arguments are accepted and ignored, as :class:`RecMetric` says)."""
+
+    metric: ClassVar[RecMetricEnum]
+
+    def __init__(
+        self,
+        world_size: int,
+        my_rank: int,
+        batch_size: int,
+        tasks: list[RecTaskInfo],
+        compute_mode: RecComputeMode | None = None,
+        window_size: int = 100,
+        fused_update_limit: int = 0,
+        compute_on_all_ranks: bool = False,
+        should_validate_update: bool = False,
+        process_group: dist.ProcessGroup | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(self.metric, world_size, my_rank, batch_size, tasks, window_size, process_group, **kwargs)
 
 
 def _pick(value: Mapping[str, Tensor] | Tensor | None, task: str, arg: str) -> Tensor | None:

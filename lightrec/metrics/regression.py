@@ -24,10 +24,12 @@ from torch import Tensor
 
 from lightrec.metrics._validation import MetricInputError, check_binary_inputs
 from lightrec.metrics.computation import MetricComputationReport, RecMetricComputation
+from lightrec.metrics.metrics_config import RecMetricEnum
 from lightrec.metrics.metrics_namespace import MetricName, MetricPrefix
 from lightrec.metrics.rates import _WeightedRatio, weighted_ratio_or_zero
+from lightrec.metrics.rec_metric import NamedRecMetric, read_sqrt, read_value, register_rec_metric
 
-__all__ = ["MAE", "MSE", "MAEMetricComputation", "MSEMetricComputation"]
+__all__ = ["MAE", "MAEMetric", "MAEMetricComputation", "MSE", "MSEMetric", "MSEMetricComputation"]
 
 
 def _regression_inputs(name: str, preds: Tensor, labels: Tensor, weights: Tensor | None, validate: bool) -> tuple[
@@ -169,3 +171,19 @@ class MAEMetricComputation(_ErrorComputation):
             MetricComputationReport(MetricName.MAE, prefix, weighted_ratio_or_zero(*self._sums(prefix, self._states)))
             for prefix in (MetricPrefix.LIFETIME, MetricPrefix.WINDOW)
         ]
+
+
+class MSEMetric(NamedRecMetric):
+    """torchrec's ``MSEMetric``: the mean squared error (and its root), lifetime and windowed, per task (:class:`~lightrec.metrics.rec_metric.NamedRecMetric`)."""
+
+    metric = RecMetricEnum.MSE
+
+
+class MAEMetric(NamedRecMetric):
+    """torchrec's ``MAEMetric``: the mean absolute error, lifetime and windowed, per task (:class:`~lightrec.metrics.rec_metric.NamedRecMetric`)."""
+
+    metric = RecMetricEnum.MAE
+
+
+register_rec_metric(RecMetricEnum.MSE, MSE, [("mse", read_value), ("rmse", read_sqrt)])
+register_rec_metric(RecMetricEnum.MAE, MAE, [("mae", read_value)])

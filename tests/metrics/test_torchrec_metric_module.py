@@ -146,3 +146,32 @@ def test_throughput_metric_counts_after_warmup(monkeypatch: pytest.MonkeyPatch) 
     assert float(out["throughput-throughput|window_throughput"]) == pytest.approx(2 * 16 / 1.0)  # last 1 s
     with pytest.raises(ValueError, match="warmup_steps must be >= 1"):
         ThroughputMetric(batch_size=1, world_size=1, window_seconds=1, warmup_steps=0)
+
+
+def test_torchrec_per_metric_classes_compute_what_rec_metric_does() -> None:
+    """``NEMetric``, ``AUCMetric``, ... at torchrec's paths, built with torchrec's constructor (its own arguments
+    accepted and ignored), report the keys and values of ``RecMetric`` of their enum on the same batches."""
+    from lightrec.metrics.accuracy import AccuracyMetric
+    from lightrec.metrics.auc import AUCMetric
+    from lightrec.metrics.calibration import CalibrationMetric
+    from lightrec.metrics.ctr import CTRMetric
+    from lightrec.metrics.mae import MAEMetric
+    from lightrec.metrics.metrics_config import RecComputeMode
+    from lightrec.metrics.mse import MSEMetric
+    from lightrec.metrics.ne import LogLossMetric, NEMetric
+    from lightrec.metrics.rec_metric import RecMetric
+
+    task = TASKS[0]
+    batches = _data(3)
+    classes = [NEMetric, LogLossMetric, AUCMetric, CalibrationMetric, CTRMetric, MSEMetric, MAEMetric, AccuracyMetric]
+    for cls in classes:
+        named = cls(world_size=1, my_rank=0, batch_size=64, tasks=[task], compute_mode=RecComputeMode.UNFUSED_TASKS_COMPUTATION,
+                    window_size=50, fused_update_limit=0, compute_on_all_ranks=True)  # fmt: skip
+        plain = RecMetric(cls.metric, 1, 0, 64, [task], window_size=50)
+        for b in batches:
+            for m in (named, plain):
+                m.update(predictions={"click": b["p"]}, labels={"click": b["y"]}, weights={"click": b["w"]})
+        got, want = named.compute(), plain.compute()
+        assert sorted(got) == sorted(want) and any(f"{cls.metric.value}-click|window_" in k for k in got), (cls, got)
+        for key, value in want.items():
+            torch.testing.assert_close(got[key], value, rtol=0, atol=0, equal_nan=True)
