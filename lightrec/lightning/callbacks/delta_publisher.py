@@ -140,6 +140,7 @@ class DeltaPublisher(pl.Callback):
         self._writer: DeltaWriter | None = None
         self._last_time = 0.0
         self._last_step = -1
+        self._last_dense = False  # whether the newest version carries the dense weights (a snapshot does)
 
     # ---- set-up -----------------------------------------------------------------------------
     @staticmethod
@@ -222,7 +223,12 @@ class DeltaPublisher(pl.Callback):
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._model is not None and trainer.global_step != self._last_step:
+        if self._model is not None and (
+            trainer.global_step != self._last_step or (self.dense_every is not None and not self._last_dense)
+        ):
+            # The last version holds the final rows and, where dense weights are published at all, the final
+            # dense weights: a version the cadence wrote at this very step without them would leave a server
+            # with the dense layers of an older version (measured: all 10 dense tensors stale at step 100).
             self._publish(trainer, snapshot=False, dense=self.dense_every is not None)
         try:
             if self._publisher is not None:
@@ -265,6 +271,7 @@ class DeltaPublisher(pl.Callback):
         self.seconds.append(elapsed)
         self._last_time = time.monotonic()
         self._last_step = trainer.global_step
+        self._last_dense = snapshot or dense
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.log_metrics({"publish/seconds": elapsed}, step=trainer.global_step)

@@ -113,6 +113,33 @@ def test_every_seconds_publishes_once_per_global_step_under_gradient_accumulatio
     assert publisher.versions == [(1, 0), (2, 1), (3, 2)]  # 4 batches, 2 steps: no second version of a step
 
 
+def test_the_last_version_carries_the_final_dense_weights_when_the_cadence_ends_on_the_last_step(tmp_path: Path) -> None:
+    """The cadence publishes at the last step (4) without dense weights (not a dense_every-th publish): train end
+    adds a version of that step with them. It used to skip it (a version of that step existed), and a server kept
+    the dense layers of the snapshot at step 0."""
+    import lightning.pytorch as pl
+
+    from lightrec.distributed.deltas import DeltaReader
+    from lightrec.lightning import DeltaPublisher, RecStrategy
+    from tests.lightning.toy import ToyDLRM, toy_data
+
+    publisher = DeltaPublisher(tmp_path / "publish", every_n_steps=2, every_seconds=None, dense_every=3, keep=None,
+                               background=False)  # fmt: skip
+    module = ToyDLRM(dense_optimizer="sgd", dense_lr=0.1)
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, strategy=RecStrategy(), max_steps=4, num_sanity_val_steps=0,
+        limit_val_batches=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, callbacks=[publisher], default_root_dir=str(tmp_path),
+    )  # fmt: skip
+    trainer.fit(module, datamodule=toy_data(batch_size=32, num_train_batches=4))
+    assert publisher.versions == [(1, 0), (2, 2), (3, 4), (4, 4)]
+    reader = DeltaReader(tmp_path / "publish")
+    assert [reader.manifest(v).dense for v in (1, 2, 3, 4)] == [True, False, False, True]
+    trained = module.model.state_dict()
+    state = reader.state(4)
+    assert state.dense and all(torch.equal(value, trained[key].float()) for key, value in state.dense.items())
+
+
 class _Seen(dict):  # what the fit's tracker was, for after the fit
     pass
 
