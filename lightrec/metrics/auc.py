@@ -32,7 +32,7 @@ from torchmetrics.utilities import dim_zero_cat, rank_zero_warn
 
 from lightrec.metrics._validation import check_binary_inputs, nan_result
 from lightrec.metrics.metrics_config import RecMetricEnum
-from lightrec.metrics.rec_metric import NamedRecMetric, read_value, register_rec_metric
+from lightrec.metrics.rec_metric import read_value, register_rec_metric
 
 
 def auc_from_grouped_masses(pos_mass: Tensor, neg_mass: Tensor) -> Tensor:
@@ -185,10 +185,5 @@ class AUC(Metric):
         return nan_result(self.device)
 
 
-class AUCMetric(NamedRecMetric):
-    """torchrec's ``AUCMetric``: the AUC, lifetime and windowed, per task (:class:`~lightrec.metrics.rec_metric.NamedRecMetric`)."""
-
-    metric = RecMetricEnum.AUC
-
-
-register_rec_metric(RecMetricEnum.AUC, AUC, [("auc", read_value)])
+# torchrec's per-metric classes (RecMetric of one metric, torchrec's constructor), registered with RecMetric
+AUCMetric = register_rec_metric("AUCMetric", RecMetricEnum.AUC, AUC, [("auc", read_value)])

@@ -29,7 +29,7 @@ from lightrec.metrics._validation import check_binary_inputs, nan_result
 from lightrec.metrics.computation import MetricComputationReport, RecMetricComputation
 from lightrec.metrics.metrics_config import RecMetricEnum
 from lightrec.metrics.metrics_namespace import MetricName, MetricPrefix
-from lightrec.metrics.rec_metric import NamedRecMetric, read_value, register_rec_metric
+from lightrec.metrics.rec_metric import read_value, register_rec_metric
 
 DEFAULT_EPS = 1e-12
 
@@ -204,17 +204,6 @@ class NEMetricComputation(RecMetricComputation):
         return reports
 
 
-class NEMetric(NamedRecMetric):
-    """torchrec's ``NEMetric``: the normalized entropy, lifetime and windowed, per task (:class:`~lightrec.metrics.rec_metric.NamedRecMetric`)."""
-
-    metric = RecMetricEnum.NE
-
-
-class LogLossMetric(NamedRecMetric):
-    """torchrec's ``LogLossMetric``: the log loss, lifetime and windowed, per task (:class:`~lightrec.metrics.rec_metric.NamedRecMetric`)."""
-
-    metric = RecMetricEnum.LOG_LOSS
-
-
-register_rec_metric(RecMetricEnum.NE, NE, [("ne", read_value)])
-register_rec_metric(RecMetricEnum.LOG_LOSS, LogLoss, [("logloss", read_value)])
+# torchrec's per-metric classes (RecMetric of one metric, torchrec's constructor), registered with RecMetric
+NEMetric = register_rec_metric("NEMetric", RecMetricEnum.NE, NE, [("ne", read_value)])
+LogLossMetric = register_rec_metric("LogLossMetric", RecMetricEnum.LOG_LOSS, LogLoss, [("logloss", read_value)])

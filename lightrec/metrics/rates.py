@@ -36,7 +36,7 @@ from lightrec.metrics._validation import check_binary_inputs, nan_result
 from lightrec.metrics.computation import MetricComputationReport, RecMetricComputation
 from lightrec.metrics.metrics_config import RecMetricEnum
 from lightrec.metrics.metrics_namespace import MetricName, MetricPrefix
-from lightrec.metrics.rec_metric import NamedRecMetric, read_value, register_rec_metric
+from lightrec.metrics.rec_metric import read_value, register_rec_metric
 
 
 class _WeightedRatio(Metric):
@@ -199,24 +199,7 @@ class AccuracyMetricComputation(RecMetricComputation):
         ]
 
 
-class CTRMetric(NamedRecMetric):
-    """torchrec's ``CTRMetric``: the click-through rate, lifetime and windowed, per task (:class:`~lightrec.metrics.rec_metric.NamedRecMetric`)."""
-
-    metric = RecMetricEnum.CTR
-
-
-class CalibrationMetric(NamedRecMetric):
-    """torchrec's ``CalibrationMetric``: the calibration, lifetime and windowed, per task (:class:`~lightrec.metrics.rec_metric.NamedRecMetric`)."""
-
-    metric = RecMetricEnum.CALIBRATION
-
-
-class AccuracyMetric(NamedRecMetric):
-    """torchrec's ``AccuracyMetric``: the accuracy, lifetime and windowed, per task (:class:`~lightrec.metrics.rec_metric.NamedRecMetric`)."""
-
-    metric = RecMetricEnum.ACCURACY
-
-
-register_rec_metric(RecMetricEnum.CTR, CTR, [("ctr", read_value)])
-register_rec_metric(RecMetricEnum.CALIBRATION, Calibration, [("calibration", read_value)])
-register_rec_metric(RecMetricEnum.ACCURACY, Accuracy, [("accuracy", read_value)])
+# torchrec's per-metric classes (RecMetric of one metric, torchrec's constructor), registered with RecMetric
+CTRMetric = register_rec_metric("CTRMetric", RecMetricEnum.CTR, CTR, [("ctr", read_value)])
+CalibrationMetric = register_rec_metric("CalibrationMetric", RecMetricEnum.CALIBRATION, Calibration, [("calibration", read_value)])
+AccuracyMetric = register_rec_metric("AccuracyMetric", RecMetricEnum.ACCURACY, Accuracy, [("accuracy", read_value)])

@@ -63,9 +63,6 @@ Reader = Callable[[Metric], Tensor]
 _METRICS: dict[RecMetricEnum, tuple[type[Metric], list[tuple[str, Reader]]]] = {}
 
 
-def register_rec_metric(metric: RecMetricEnum, metric_class: type[Metric], readers: list[tuple[str, Reader]]) -> None:
-    """Make ``metric`` computable by :class:`RecMetric`: ``metric_class`` per task, each key read by its reader."""
-    _METRICS[metric] = (metric_class, readers)
 
 
 class _TaskWindow:
@@ -206,6 +203,16 @@ class NamedRecMetric(RecMetric):
         **kwargs: Any,
     ) -> None:
         super().__init__(self.metric, world_size, my_rank, batch_size, tasks, window_size, process_group, **kwargs)
+
+
+def register_rec_metric(
+    name: str, metric: RecMetricEnum, metric_class: type[Metric], readers: list[tuple[str, Reader]]
+) -> type[NamedRecMetric]:
+    """Make ``metric`` computable by :class:`RecMetric` (``metric_class`` per task, each key read by its reader)
+    and return torchrec's class of it, ``name`` (e.g. ``NEMetric``), for the caller's module to define."""
+    _METRICS[metric] = (metric_class, readers)
+    doc = f"torchrec's ``{name}``: :class:`RecMetric` of ``{metric}`` with torchrec's constructor (``NamedRecMetric``)."
+    return type(name, (NamedRecMetric,), {"metric": metric, "__doc__": doc, "__module__": metric_class.__module__})
 
 
 def _pick(value: Mapping[str, Tensor] | Tensor | None, task: str, arg: str) -> Tensor | None:

@@ -27,7 +27,7 @@ from lightrec.metrics.computation import MetricComputationReport, RecMetricCompu
 from lightrec.metrics.metrics_config import RecMetricEnum
 from lightrec.metrics.metrics_namespace import MetricName, MetricPrefix
 from lightrec.metrics.rates import _WeightedRatio, weighted_ratio_or_zero
-from lightrec.metrics.rec_metric import NamedRecMetric, read_sqrt, read_value, register_rec_metric
+from lightrec.metrics.rec_metric import read_sqrt, read_value, register_rec_metric
 
 __all__ = ["MAE", "MAEMetric", "MAEMetricComputation", "MSE", "MSEMetric", "MSEMetricComputation"]
 
@@ -173,17 +173,6 @@ class MAEMetricComputation(_ErrorComputation):
         ]
 
 
-class MSEMetric(NamedRecMetric):
-    """torchrec's ``MSEMetric``: the mean squared error (and its root), lifetime and windowed, per task (:class:`~lightrec.metrics.rec_metric.NamedRecMetric`)."""
-
-    metric = RecMetricEnum.MSE
-
-
-class MAEMetric(NamedRecMetric):
-    """torchrec's ``MAEMetric``: the mean absolute error, lifetime and windowed, per task (:class:`~lightrec.metrics.rec_metric.NamedRecMetric`)."""
-
-    metric = RecMetricEnum.MAE
-
-
-register_rec_metric(RecMetricEnum.MSE, MSE, [("mse", read_value), ("rmse", read_sqrt)])
-register_rec_metric(RecMetricEnum.MAE, MAE, [("mae", read_value)])
+# torchrec's per-metric classes (RecMetric of one metric, torchrec's constructor), registered with RecMetric
+MSEMetric = register_rec_metric("MSEMetric", RecMetricEnum.MSE, MSE, [("mse", read_value), ("rmse", read_sqrt)])
+MAEMetric = register_rec_metric("MAEMetric", RecMetricEnum.MAE, MAE, [("mae", read_value)])
