@@ -63,8 +63,6 @@ Reader = Callable[[Metric], Tensor]
 _METRICS: dict[RecMetricEnum, tuple[type[Metric], list[tuple[str, Reader]]]] = {}
 
 
-
-
 class _TaskWindow:
     """The newest batches of one task on this rank, at most ``size`` samples (the newest batch always)."""
 
@@ -115,17 +113,16 @@ class RecMetric(nn.Module):
         **kwargs: Any,
     ) -> None:
         super().__init__()
-        metrics = _METRICS
-        if metric not in metrics:
+        if metric not in _METRICS:
             raise RecMetricException(
-                f"metric {metric} is not computed by lightrec; use one of {sorted(m.name for m in metrics)}"
+                f"metric {metric} is not computed by lightrec; use one of {sorted(m.name for m in _METRICS)}"
             )
         if not tasks:
             raise RecMetricException(f"{metric}: tasks is empty; give at least one RecTaskInfo")
         if window_size <= 0:
             raise RecMetricException(f"{metric}: window_size must be > 0, got {window_size}")
         self.metric_enum = metric
-        self._metric_class, self._readers = metrics[metric]
+        self._metric_class, self._readers = _METRICS[metric]
         self._kwargs = {k: v for k, v in kwargs.items() if k not in self._IGNORED}
         if process_group is not None:
             self._kwargs["process_group"] = process_group

@@ -118,11 +118,11 @@ def _warn_float32_storage(tables: Sequence[BaseEmbeddingConfig], where: str) -> 
     """torchrec trains a table of ``data_type=FP16`` in fp16; lightrec's training kernels update float32 rows,
     so such a table takes twice the memory its user expects: say so once per collection (the planner
     counts what is allocated)."""
-    other = sorted({t.name for t in tables if t.data_type != DataType.FP32})
+    other = [t for t in tables if t.data_type != DataType.FP32]
     if other:
-        kinds = sorted({t.data_type.value for t in tables if t.data_type != DataType.FP32})
+        names, kinds = sorted({t.name for t in other}), sorted({t.data_type.value for t in other})
         warnings.warn(
-            f"{where}: tables {other} have data_type {kinds}, but lightrec trains tables in float32 (4 bytes a "
+            f"{where}: tables {names} have data_type {kinds}, but lightrec trains tables in float32 (4 bytes a "
             "value, as allocated and as the planner counts them); data_type changes nothing in training. For "
             "smaller tables at serving time, quantize at export: lightrec.inference.quantize(model, dtype='fp16' "
             "or 'int8')",
