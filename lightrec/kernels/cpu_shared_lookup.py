@@ -55,7 +55,7 @@ from lightrec.kernels.kernel_interface import EmbeddingKernel, KernelConfig, Loo
 from lightrec.kernels.torch_backend import TorchBatchedLookup, dim_groups
 from lightrec.modules.embedding_configs import PoolingType
 
-__all__ = ["SharedCpuLookup", "StepTrial"]
+__all__ = ["TRIAL_ATTEMPTS", "TRIAL_STEPS", "SharedCpuLookup", "StepTrial", "trial_kernel"]
 
 _log = logging.getLogger(__name__)
 
@@ -102,12 +102,19 @@ _TRIAL_SCHEDULE = (_TORCH,) * _TRIAL_WARM + (_FBGEMM,) * _TRIAL_WARM + tuple(
     kernel for kernel in _TRIAL_BLOCKS for _ in range(_TRIAL_BLOCK)
 )
 _TRIAL_TIMED_FROM = 2 * _TRIAL_WARM  # the first step that may be timed
+TRIAL_STEPS = len(_TRIAL_SCHEDULE)
+"""Training steps of one trial schedule: an uninterrupted trial's verdict comes with its ``TRIAL_STEPS``-th step."""
 # fbgemm is torchrec's kernel, so it cannot lose to torchrec: the torch kernel must be clearly faster.
 _TRIAL_MARGIN = 0.95
 # A loop that never runs three training steps in a row (an evaluation forward after every step, an intra-op
 # thread count changed at every step) leaves nothing to time: after this many schedules fbgemm serves.
-_TRIAL_ATTEMPTS = 3
+TRIAL_ATTEMPTS = 3
 _clock = time.perf_counter  # whole steps, every thread's work and the waits between ranks included
+
+
+def trial_kernel(ms: dict[str, float]) -> str:
+    """The kernel a trial's step times choose: torch only where it takes at most ``_TRIAL_MARGIN`` of fbgemm's."""
+    return _TORCH if ms[_TORCH] <= _TRIAL_MARGIN * ms[_FBGEMM] else _FBGEMM
 
 
 def _second_fastest(values: Sequence[float]) -> float:
@@ -148,21 +155,21 @@ class StepTrial:
 
     def verdict(self, config: KernelConfig) -> CpuKernelVerdict | None:
         """The kernel for the group ``config`` once the schedule has run, else None. Steps interrupted
-        too often to time three of each kernel start the schedule again; after ``_TRIAL_ATTEMPTS`` such
+        too often to time three of each kernel start the schedule again; after ``TRIAL_ATTEMPTS`` such
         schedules fbgemm serves (nothing could be timed: torchrec's kernel, which cannot lose to torchrec)."""
         if len(self.steps) < len(_TRIAL_SCHEDULE):
             return None
         times = self.step_ms()
         if min(len(t) for t in times.values()) < 3:
             self.attempts += 1
-            if self.attempts >= _TRIAL_ATTEMPTS:
+            if self.attempts >= TRIAL_ATTEMPTS:
                 detail = (f"{self.attempts} schedules of {len(_TRIAL_SCHEDULE)} steps left fewer than 3 timed steps of "
                           "a kernel (never 3 training steps in a row): fbgemm, torchrec's kernel")  # fmt: skip
                 return CpuKernelVerdict(_FBGEMM, "trial", CpuKernelCase.of(config), None, detail)
             self.steps.clear()
             return None
         ms = {name: _second_fastest(t) for name, t in times.items()}
-        kernel = _TORCH if ms[_TORCH] <= _TRIAL_MARGIN * ms[_FBGEMM] else _FBGEMM
+        kernel = trial_kernel(ms)
         ids_per_bag = statistics.fmean(step[3] for step in self.steps)
         detail = (f"second-fastest training step, {len(self.steps)} steps ({_TRIAL_TIMED_FROM} warm-up) alternating "
                   f"in blocks of {_TRIAL_BLOCK}, {ids_per_bag:.1f} ids per bag")  # fmt: skip
@@ -248,6 +255,25 @@ class SharedCpuLookup(FbgemmBatchedLookup):
             del self._trials[threads]
             _log.info("kernel %r, tables %s: %s", self.name, list(self._config.table_names), verdict.describe())
         return self.torch_kernel if verdict.kernel == _TORCH else self
+
+    def trial_verdict(self, threads: int) -> CpuKernelVerdict | None:
+        """The verdict the trial at ``threads`` intra-op threads reached, with its step times; None while it
+        runs (or where no trial decided: deterministic runs, fbgemm alone)."""
+        verdict = self.verdicts.get(threads)
+        return verdict if verdict is not None and verdict.reason == "trial" and verdict.ms else None
+
+    def adopt(self, threads: int, verdict: CpuKernelVerdict) -> None:
+        """Train at ``threads`` intra-op threads with ``verdict``'s kernel from the next step on (the ranks of
+        a sharded collection agree on one, ``distributed/sharding/kernel_agreement.py``).
+
+        Raises:
+            ValueError: ``verdict`` names neither of this group's kernels.
+        """
+        if verdict.kernel not in (_TORCH, _FBGEMM):
+            raise ValueError(f"verdict.kernel must be {_TORCH!r} or {_FBGEMM!r}, got {verdict.kernel!r}")
+        self._trials.pop(threads, None)
+        self.verdicts[threads] = verdict
+        _log.info("kernel %r, tables %s: %s", self.name, list(self._config.table_names), verdict.describe())
 
     def lookup(
         self, lookup_batch: LookupBatch, weight_inputs: Sequence[torch.Tensor], lr: Callable[[], float]

@@ -63,6 +63,7 @@ from lightrec.distributed.sharding.common import (
 )
 from lightrec.distributed.sharding.data_parallel import DpEmbeddingSharding
 from lightrec.distributed.sharding.id_bounds import IdBounds
+from lightrec.distributed.sharding.kernel_agreement import KernelAgreement
 from lightrec.distributed.sharding.lookups import GroupedLookup
 from lightrec.distributed.sharding.state_dict import load_state_dict_pre_hook, state_dict_hook
 from lightrec.distributed.sharding.tiering import tiering_for, tiering_params
@@ -188,6 +189,7 @@ class ShardedCollectionBase(nn.Module, abc.ABC, Generic[Out]):
         self._input_dists = nn.ModuleList(s.create_input_dist() for s in self._shardings)
         self._lookups = nn.ModuleList(s.create_lookup() for s in self._shardings)
         self._output_dists = nn.ModuleList(s.create_output_dist() for s in self._shardings)
+        self._kernel_agreement = KernelAgreement(env, device)  # the ranks' fused CPU kernel trials: one verdict
         self._tables = {t.name: t for tables in by_type.values() for t in tables}
         for t in self._tables.values():
             t.source = None  # never keep a reference to the unsharded weight
@@ -386,7 +388,9 @@ class ShardedCollectionBase(nn.Module, abc.ABC, Generic[Out]):
         sharding type (pooled ``[sum B, width]``, sequence one row per received id)."""
         tensors = self._received(started)
         lookups = self._grouped_lookups()
-        return [lookup(self._lookup_input(i, t.wait())) for i, (lookup, t) in enumerate(zip(lookups, tensors))]
+        embeddings = [lookup(self._lookup_input(i, t.wait())) for i, (lookup, t) in enumerate(zip(lookups, tensors))]
+        self._kernel_agreement.after_lookups(self)
+        return embeddings
 
     def output_dist(self, embeddings: list[torch.Tensor], started: StartedInputDist) -> Out:
         """Send ``embeddings`` (from :meth:`lookup`) back to the ranks owning the samples; returns
@@ -407,6 +411,7 @@ class ShardedCollectionBase(nn.Module, abc.ABC, Generic[Out]):
             zip(started.contexts, tensors, self._grouped_lookups(), self._output_dist_modules())
         ):
             results.append(output_dist(lookup(self._lookup_input(i, t.wait())), t, ctx))
+        self._kernel_agreement.after_lookups(self)
         return self._assemble(started, results)
 
     @property
