@@ -118,3 +118,45 @@ def test_two_sharded_ranks_resume_the_stream_at_the_next_batch(tmp_path: Path, p
     assert sorted(resumed) == [3, 4, 5]
     assert all(resumed[s] == pytest.approx(reference[s], rel=1e-5, abs=1e-6) for s in resumed)
     assert sorted(_scalars(logs / "version_0", "online/auc")) == list(range(6))
+
+
+def test_sigterm_while_the_followed_folder_waits_stops_the_run_after_the_batch_read_ahead(tmp_path: Path) -> None:
+    """A scheduler stops the job (SIGTERM) while no file lands: the run ends within seconds, not after
+    ``idle_timeout`` (here: never), and the batch Lightning had read ahead is trained first."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.data.parquet.test_resume import write_rows
+
+    write_rows(tmp_path / "events")  # 270 rows in 3 files: 8 batches of 32
+    body = "import logging, sys; logging.basicConfig(level=logging.INFO); from recipes.dlrm import main; main(sys.argv[1:])"
+    root = Path(__file__).resolve().parents[2]
+    cmd = [sys.executable, "-c", body, *SMALL, f"--trainer.logger.init_args.save_dir={tmp_path}", "--data", "parquet",
+           f"--data.path={tmp_path / 'events'}", "--data.label=label", "--data.dense=[int_*]", "--data.follow=true",
+           "--data.poll_interval=60", "--data.idle_timeout=null", "--data.batch_size=32", "--data.num_embeddings=300",
+           "--data.id_mapping=managed"]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    try:
+        assert proc.stderr is not None
+        deadline = time.monotonic() + 300
+        for line in proc.stderr:  # until the loader waits for a file (the last batch is held read ahead)
+            lines.append(line)
+            if "waiting for new files" in line or time.monotonic() > deadline:
+                break
+        assert any("waiting for new files" in line for line in lines), "".join(lines[-40:])
+        proc.send_signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        rest = proc.communicate(timeout=60)[1]
+        waited = time.monotonic() - stopped
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert waited < 30, f"{waited:.0f} s after SIGTERM"  # one poll is 60 s and idle_timeout is never
+    # all 8 batches trained: the 7 before the wait and the one read ahead
+    assert sorted(_scalars(tmp_path / "dlrm_online" / "version_0", "train/loss")) == list(range(8)), rest[-3000:]

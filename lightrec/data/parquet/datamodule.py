@@ -325,7 +325,12 @@ class ParquetDataModule(pl.LightningDataModule):
                 shuffle_window=self.shuffle_window, **self._options(split),
             )  # fmt: skip
         loader.on_skip = lambda count: self._log_skipped(split, count)
+        if isinstance(loader, FollowingParquetLoader):
+            loader.stop_waiting = self._received_sigterm  # a stopped job must not wait for files (follow.py, 4.)
         return loader
+
+    def _received_sigterm(self) -> bool:
+        return self.trainer is not None and self.trainer.received_sigterm
 
     def _log_skipped(self, split: str, count: int) -> None:
         trainer = self.trainer

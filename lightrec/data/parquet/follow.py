@@ -31,7 +31,12 @@ The stream is then read in *rounds*:
    the previous round (fewer than ``world_size * batch_size``) and the new files' rows, in order,
    ``steps = rows // (world_size * batch_size)`` per rank; what is left over waits for the next round;
 4. **stop** when no new file came for ``idle_timeout`` seconds (``None``: never), which ends the
-   epoch (and the fit, with ``max_epochs=1``), or when ``max_steps`` ends training.
+   epoch (and the fit, with ``max_epochs=1``), or when ``max_steps`` ends training -- or, while waiting,
+   once the loader's ``stop_waiting()`` is true: ``ParquetDataModule`` sets it to the trainer's
+   ``received_sigterm``, so a SIGTERM (a scheduler stopping the job) ends the wait within
+   ``_STOP_CHECK`` seconds plus one poll of the other ranks, instead of after ``idle_timeout`` or never; Lightning then
+   trains the batch it read ahead and stops with its ``SIGTERMException`` (callbacks'
+   ``on_exception``), as it does on SIGTERM mid-epoch.
 
 Every rank must see the same files in the same rounds (they run the same steps): rank 0 lists, and sends
 what it found to the others (a ``broadcast_object_list`` on the data's gloo group,
@@ -88,6 +93,7 @@ __all__ = ["FolderWatcher", "FollowOptions", "FollowingParquetLoader", "followin
 logger = logging.getLogger(__name__)
 
 _SETTLE_POLLS = 3
+_STOP_CHECK = 0.2  # seconds between checks of ``stop_waiting`` while a poll sleeps
 _T = TypeVar("_T")
 
 class FollowLoaderOptions(LoaderOptions, total=False):
@@ -186,13 +192,18 @@ class FolderWatcher:
         does not show them) stops every rank with its error rather than leaving them waiting in the next poll."""
         return on_every_rank(read, "reading the footers of the files rank 0 listed") if self.shared else read()
 
-    def wait_for_new(self, known: set[str]) -> list[ParquetFileInfo] | None:
-        """New files, polling until some arrive; None when ``idle_timeout`` passed without any."""
+    def wait_for_new(self, known: set[str], stop: Callable[[], bool] | None = None) -> list[ParquetFileInfo] | None:
+        """New files, polling until some arrive; None when ``idle_timeout`` passed without any, or when
+        ``stop()`` turned true while none had (rank 0's ``stop`` decides for every rank; each rank's own cuts
+        its sleep between polls short, checked every ``_STOP_CHECK`` seconds)."""
         started = time.monotonic()
         shared = self.shared
+        logger.info("following %s: waiting for new files (listing every %g s, idle_timeout=%s s)",
+                    self.paths, self.options.poll_interval, self.options.idle_timeout)  # fmt: skip
         while True:
             mine: list[ParquetFileInfo] = []
             failure: Exception | None = None
+            stopping = False
             if not shared or dist.get_rank() == 0:
                 try:
                     mine = self.list_new(known)
@@ -200,20 +211,31 @@ class FolderWatcher:
                     if not shared:
                         raise
                     failure = exc
+                stopping = stop is not None and stop()
             idle = time.monotonic() - started
             timeout = self.options.idle_timeout
-            expired = not mine and timeout is not None and idle >= timeout
+            expired = not mine and (stopping or (timeout is not None and idle >= timeout))
             poll = ([f.path for f in mine], expired, None if failure is None else f"{type(failure).__name__}: {failure}")
-            found, stop, error = rank0_value(poll) if shared else poll
+            found, stop_now, error = rank0_value(poll) if shared else poll
             if failure is not None:
                 raise failure
             if error is not None:  # rank 0's listing failed: every rank stops with it, none waits for the next poll
                 raise RankDataMismatchError(f"rank 0 failed while listing {self.paths} for new files: {error}")
             if found:
                 return self.read_agreed(functools.partial(self.footers, found, mine))
-            if stop:
+            if stop_now:
                 return None
-            time.sleep(self.options.poll_interval)
+            _sleep_unless(stop, self.options.poll_interval)
+
+
+def _sleep_unless(stop: Callable[[], bool] | None, seconds: float) -> None:
+    """Sleep ``seconds``, waking early once ``stop()`` is true (checked every ``_STOP_CHECK`` seconds)."""
+    if stop is None:
+        time.sleep(seconds)
+        return
+    until = time.monotonic() + seconds
+    while not stop() and (left := until - time.monotonic()) > 0:
+        time.sleep(min(left, _STOP_CHECK))
 
 
 def following_source(
@@ -307,6 +329,9 @@ class FollowingParquetLoader(LoaderBase):
         self._carry: list[Slice] = []
         self._ended = False
         self._resume: LoaderPosition | None = None
+        self.stop_waiting: Callable[[], bool] | None = None
+        """While waiting for new files, a true ``stop_waiting()`` ends the stream as ``idle_timeout`` would
+        (rank 0's decides; ``ParquetDataModule`` sets it to ``trainer.received_sigterm``)."""
 
     def __len__(self) -> int:
         raise TypeError("a following Parquet loader is unbounded: it has no length")
@@ -377,7 +402,7 @@ class FollowingParquetLoader(LoaderBase):
             # The round is done: the position is now "batch 0 of the next round" (saved after the
             # stream ended, a batch count of the finished round would not fit the empty round).
             self._round, self._yielded, self.prefetched = [], 0, 0
-            new = self.watcher.wait_for_new(known)
+            new = self.watcher.wait_for_new(known, self.stop_waiting)
             if new is None:
                 self._ended = True
                 self.skipped.log(f"{self.name} data (followed)")

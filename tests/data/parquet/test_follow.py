@@ -218,6 +218,37 @@ def test_an_idle_source_ends_after_the_timeout(tmp_path: Path) -> None:
     assert 0.3 <= time.monotonic() - started < 5
 
 
+def test_a_stop_request_ends_the_wait_for_files_at_once_and_only_the_wait(tmp_path: Path) -> None:
+    _write(tmp_path, "a.parquet", 0, 20)
+    loader = _loader(tmp_path, FollowOptions(poll_interval=60, idle_timeout=None))  # would wait for ever
+    requested = threading.Event()
+    loader.stop_waiting = requested.is_set
+    batches = iter(loader)
+    assert _rows([next(batches), next(batches)]) == list(range(20))  # a request only ends a wait
+    timer = threading.Timer(0.5, requested.set)
+    timer.start()
+    started = time.monotonic()
+    try:
+        assert list(batches) == []  # the wait for the next file ends: the stream ends as after idle_timeout
+    finally:
+        timer.cancel()
+    assert 0.5 <= time.monotonic() - started < 10  # well before the 60 s poll, let alone "never"
+    assert loader.position().follow is not None and loader.position().batch == 0  # nothing held ahead
+
+
+def test_a_following_datamodule_stops_waiting_once_its_trainer_received_sigterm(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    _write(tmp_path, "a.parquet", 0, 20)
+    module = _following(tmp_path)
+    loader = module.train_dataloader()  # type: ignore[attr-defined]
+    assert loader.stop_waiting is not None and loader.stop_waiting() is False  # no trainer yet
+    module.trainer = SimpleNamespace(received_sigterm=False)  # type: ignore[attr-defined]
+    assert loader.stop_waiting() is False
+    module.trainer.received_sigterm = True  # type: ignore[attr-defined]
+    assert loader.stop_waiting() is True
+
+
 @pytest.mark.slow  # ~12 s: mostly two spawned ranks importing torch and lightrec
 def test_following_loaders_built_again_and_again_on_real_ranks_share_one_process_group(tmp_path: Path) -> None:
     """Rank 0 lists and tells the others through a gloo group of the watcher's: made once (a collective on
