@@ -29,7 +29,7 @@ from lightrec.data.parquet.errors import (
     ParquetSchemaError,
     ParquetValueError,
 )
-from lightrec.data.parquet.follow import FollowingParquetLoader, FollowOptions, following_source
+from lightrec.data.parquet.follow import FollowingParquetLoader, FollowOptions, WaitsForData, following_source
 from lightrec.data.parquet.loader import ParquetLoader
 from lightrec.data.parquet.ranks import RankDataMismatchError
 from lightrec.data.parquet.sharding import plan_epoch, slices_of
@@ -54,6 +54,7 @@ __all__ = [
     "RankDataMismatchError",
     "ResumeMismatchError",
     "SparseFeature",
+    "WaitsForData",
     "build_spec",
     "following_source",
     "id_ranges",

@@ -45,7 +45,7 @@ import lightning.pytorch as pl
 import torch.distributed as dist
 
 from lightrec.data.errors import OnError, check_on_error
-from lightrec.data.parquet.follow import FollowingParquetLoader, FollowOptions, following_source
+from lightrec.data.parquet.follow import FollowingParquetLoader, FollowOptions, WaitsForData, following_source
 from lightrec.data.parquet.loader import LoaderBase, LoaderOptions, ParquetLoader
 from lightrec.data.parquet.ranks import RankDataMismatchError, agree_on_files, distributed
 from lightrec.data.parquet.sizing import size_tables
@@ -327,10 +327,21 @@ class ParquetDataModule(pl.LightningDataModule):
         loader.on_skip = lambda count: self._log_skipped(split, count)
         if isinstance(loader, FollowingParquetLoader):
             loader.stop_waiting = self._received_sigterm  # a stopped job must not wait for files (follow.py, 4.)
+            loader.on_wait = self._data_wait
         return loader
 
     def _received_sigterm(self) -> bool:
         return self.trainer is not None and self.trainer.received_sigterm
+
+    def _data_wait(self) -> None:
+        """The trainer's :class:`WaitsForData` callbacks, while the followed folder has no new file (every rank)."""
+        trainer = self.trainer
+        if trainer is None or not trainer.training or trainer.lightning_module is None:
+            return
+        callbacks: list[object] = getattr(trainer, "callbacks", [])  # set by Lightning's connector, undeclared
+        for callback in callbacks:
+            if isinstance(callback, WaitsForData):
+                callback.on_data_wait(trainer, trainer.lightning_module)
 
     def _log_skipped(self, split: str, count: int) -> None:
         trainer = self.trainer

@@ -36,7 +36,10 @@ The stream is then read in *rounds*:
    ``received_sigterm``, so a SIGTERM (a scheduler stopping the job) ends the wait within
    ``_STOP_CHECK`` seconds plus one poll of the other ranks, instead of after ``idle_timeout`` or never; Lightning then
    trains the batch it read ahead and stops with its ``SIGTERMException`` (callbacks'
-   ``on_exception``), as it does on SIGTERM mid-epoch.
+   ``on_exception``), as it does on SIGTERM mid-epoch. While it waits, ``on_wait()`` runs after each empty
+   poll on every rank: ``ParquetDataModule`` calls the trainer's :class:`WaitsForData` callbacks there, so
+   ``DeltaPublisher`` publishes the steps trained before the wait when its ``every_seconds`` comes, not when
+   the next file lands.
 
 Every rank must see the same files in the same rounds (they run the same steps): rank 0 lists, and sends
 what it found to the others (a ``broadcast_object_list`` on the data's gloo group,
@@ -65,7 +68,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import pyarrow.fs as pafs
 import torch.distributed as dist
@@ -88,13 +91,22 @@ from lightrec.data.parquet.source import (
 from lightrec.data.parquet.spec import FeatureSpec, check_schema
 from lightrec.data.parquet.state import FollowState, LoaderPosition, LoaderState, ResumeMismatchError
 
-__all__ = ["FolderWatcher", "FollowOptions", "FollowingParquetLoader", "following_source"]
+__all__ = ["FolderWatcher", "FollowOptions", "FollowingParquetLoader", "WaitsForData", "following_source"]
 
 logger = logging.getLogger(__name__)
 
 _SETTLE_POLLS = 3
 _STOP_CHECK = 0.2  # seconds between checks of ``stop_waiting`` while a poll sleeps
 _T = TypeVar("_T")
+
+@runtime_checkable
+class WaitsForData(Protocol):
+    """A Lightning callback with work to do while a followed folder has no new file: ``on_data_wait`` runs on
+    every rank after each empty poll (all ranks at the same poll, between training batches -- the batches
+    before the wait trained, the one Lightning read ahead not yet -- so it may run collectives)."""
+
+    def on_data_wait(self, trainer: Any, pl_module: Any) -> None: ...
+
 
 class FollowLoaderOptions(LoaderOptions, total=False):
     """:class:`FollowingParquetLoader`'s keywords: :class:`LoaderBase`'s, ``rank`` and ``world_size`` included."""
@@ -192,10 +204,14 @@ class FolderWatcher:
         does not show them) stops every rank with its error rather than leaving them waiting in the next poll."""
         return on_every_rank(read, "reading the footers of the files rank 0 listed") if self.shared else read()
 
-    def wait_for_new(self, known: set[str], stop: Callable[[], bool] | None = None) -> list[ParquetFileInfo] | None:
+    def wait_for_new(
+        self, known: set[str], stop: Callable[[], bool] | None = None, idle: Callable[[], None] | None = None
+    ) -> list[ParquetFileInfo] | None:
         """New files, polling until some arrive; None when ``idle_timeout`` passed without any, or when
         ``stop()`` turned true while none had (rank 0's ``stop`` decides for every rank; each rank's own cuts
-        its sleep between polls short, checked every ``_STOP_CHECK`` seconds)."""
+        its sleep between polls short, checked every ``_STOP_CHECK`` seconds). ``idle()`` runs on every rank
+        after each poll that found nothing and did not end the wait, before the sleep: every rank is at the
+        same poll then (each poll is a collective when shared), so it may run collectives of its own."""
         started = time.monotonic()
         shared = self.shared
         logger.info("following %s: waiting for new files (listing every %g s, idle_timeout=%s s)",
@@ -212,9 +228,9 @@ class FolderWatcher:
                         raise
                     failure = exc
                 stopping = stop is not None and stop()
-            idle = time.monotonic() - started
+            waited = time.monotonic() - started
             timeout = self.options.idle_timeout
-            expired = not mine and (stopping or (timeout is not None and idle >= timeout))
+            expired = not mine and (stopping or (timeout is not None and waited >= timeout))
             poll = ([f.path for f in mine], expired, None if failure is None else f"{type(failure).__name__}: {failure}")
             found, stop_now, error = rank0_value(poll) if shared else poll
             if failure is not None:
@@ -225,6 +241,8 @@ class FolderWatcher:
                 return self.read_agreed(functools.partial(self.footers, found, mine))
             if stop_now:
                 return None
+            if idle is not None:
+                idle()
             _sleep_unless(stop, self.options.poll_interval)
 
 
@@ -332,6 +350,9 @@ class FollowingParquetLoader(LoaderBase):
         self.stop_waiting: Callable[[], bool] | None = None
         """While waiting for new files, a true ``stop_waiting()`` ends the stream as ``idle_timeout`` would
         (rank 0's decides; ``ParquetDataModule`` sets it to ``trainer.received_sigterm``)."""
+        self.on_wait: Callable[[], None] | None = None
+        """Called on every rank after each poll that found no new file (all ranks at the same poll: it may run
+        collectives); ``ParquetDataModule`` calls the trainer's :class:`WaitsForData` callbacks there."""
 
     def __len__(self) -> int:
         raise TypeError("a following Parquet loader is unbounded: it has no length")
@@ -402,7 +423,7 @@ class FollowingParquetLoader(LoaderBase):
             # The round is done: the position is now "batch 0 of the next round" (saved after the
             # stream ended, a batch count of the finished round would not fit the empty round).
             self._round, self._yielded, self.prefetched = [], 0, 0
-            new = self.watcher.wait_for_new(known, self.stop_waiting)
+            new = self.watcher.wait_for_new(known, self.stop_waiting, self.on_wait)
             if new is None:
                 self._ended = True
                 self.skipped.log(f"{self.name} data (followed)")

@@ -23,6 +23,8 @@ sharded collections):
    default) the step only reads the rows: a :class:`~lightrec.distributed.deltas.BackgroundPublisher`
    sends and writes them while the next steps train, and its error, if any, is raised at the next
    publish;
+   While a followed Parquet folder waits for its next file no batch ends; ``on_data_wait`` (called by
+   ``ParquetDataModule`` after each empty poll) checks ``every_seconds`` there too;
 3. at ``on_train_end``: a last version if any step trained since the previous one, waited for;
    then the publish thread stops and a tracker the callback built stops recording (and leaves
    the DMP: the next fit builds a fresh one).
@@ -31,6 +33,9 @@ On an exception Lightning calls ``on_exception`` instead of ``on_train_end``, an
 the callback waits for no version and makes no collective there -- the publish thread is told to
 stop and joined for a few seconds (one stuck in a collective with a dead peer ends, freeing its
 group, at the process group's timeout) -- and the tracker it built stops recording as at the end.
+Lightning's SIGTERM stop (``SIGTERMException``) is the one exception after which the version in flight is
+waited for (up to ``STOP_SECONDS``): every rank queued it at the same step and none is dead. No new
+version is started then (which steps each rank trained before it stopped is not agreed).
 
 A version holds the model after the step it names (``global_step``), bit for bit in fp32.
 """
@@ -45,6 +50,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
 from typing_extensions import override
 
@@ -62,6 +68,7 @@ __all__ = ["DeltaPublisher"]
 
 CONSUMER = "delta_publisher"
 ABORT_SECONDS = 5.0  # on_exception's bound on joining the publish thread (a version in flight may finish)
+STOP_SECONDS = 20.0  # on a SIGTERM stop, the bound on waiting for the version in flight (Kubernetes grants 30 s)
 
 logger = logging.getLogger(__name__)
 
@@ -215,11 +222,22 @@ class DeltaPublisher(pl.Callback):
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: object, batch: object,
                            batch_idx: int) -> None:  # fmt: skip
+        self._publish_if_due(trainer)
+
+    def _publish_if_due(self, trainer: pl.Trainer) -> None:
+        """The next version, where the cadence says one is due (collective where ``_due`` is)."""
         if self._model is not None and self._due(trainer):
             count = len(self.seconds)  # publishes so far, written or in flight (the first was a snapshot)
             snapshot = self.snapshot_every is not None and count % self.snapshot_every == 0
             dense = self.dense_every is not None and count % self.dense_every == 0
             self._publish(trainer, snapshot=snapshot, dense=dense)
+
+    def on_data_wait(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """While a followed folder has no new file (``lightrec.data.parquet.WaitsForData``; every rank after each
+        empty poll): publish the steps trained since the last version once ``every_seconds`` has come, rather
+        than when the next file lands and a batch ends. ``every_n_steps`` alone: nothing (no step ends here)."""
+        if self.every_seconds is not None:
+            self._publish_if_due(trainer)
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -247,12 +265,28 @@ class DeltaPublisher(pl.Callback):
         # (abort's join is bounded); without this the thread would sit on its queue forever, holding
         # its gloo group, and the tracker would keep every training lookup
         publisher, self._publisher = self._publisher, None
+        if publisher is not None and isinstance(exception, SIGTERMException):
+            self._finish_in_flight(trainer, publisher)
         if publisher is not None and not publisher.abort(ABORT_SECONDS):
             logger.warning("DeltaPublisher: the publish thread is still inside a collective %.0f s after the "
                            "exception (a peer stuck or dead); it ends, freeing its process group, at the group's "
                            "timeout", ABORT_SECONDS)  # fmt: skip
         self._release_tracker()
         self._model = self._dense = None
+
+    def _finish_in_flight(self, trainer: pl.Trainer, publisher: BackgroundPublisher) -> None:
+        """On Lightning's SIGTERM stop, let the version in flight land (for at most ``STOP_SECONDS``): every
+        rank queued it at the same step, and a stopped job's peers are alive, so its collectives complete --
+        where ``abort`` alone would drop a version queued by the step before the stop (measured: the
+        2-rank online recipe stopped right after a batch-end publish left only the start's snapshot)."""
+        pending = publisher.pending
+        try:
+            version = publisher.wait(STOP_SECONDS)
+        except Exception as exc:  # noqa: BLE001 -- the stop goes on; abort gives the version up
+            logger.warning("DeltaPublisher: the version in flight at SIGTERM did not land: %s", exc)
+            return
+        if pending is not None and version is not None:
+            self._record(trainer, version, pending.global_step, pending.finish_seconds)
 
     # ---- publish ------------------------------------------------------------------------------
     def _publish(self, trainer: pl.Trainer, snapshot: bool, dense: bool = False) -> None:

@@ -236,6 +236,24 @@ def test_a_stop_request_ends_the_wait_for_files_at_once_and_only_the_wait(tmp_pa
     assert loader.position().follow is not None and loader.position().batch == 0  # nothing held ahead
 
 
+def test_on_wait_runs_after_each_empty_poll_and_not_after_the_poll_that_finds_a_file(tmp_path: Path) -> None:
+    _write(tmp_path, "a.parquet", 0, 20)
+    loader = _loader(tmp_path, FollowOptions(poll_interval=0.05, idle_timeout=30))
+    waits: list[float] = []
+    done = threading.Event()
+
+    def on_wait() -> None:
+        waits.append(time.monotonic())
+        if len(waits) == 3:
+            _write(tmp_path, "b.parquet", 20, 10)  # lands: the next poll finds it
+        if len(waits) == 4:  # the second wait, after b's round
+            done.set()
+
+    loader.on_wait, loader.stop_waiting = on_wait, done.is_set
+    assert _rows(list(loader)) == list(range(30))
+    assert len(waits) == 4  # 3 empty polls before b landed, 1 after its round (then the stop request)
+
+
 def test_a_following_datamodule_stops_waiting_once_its_trainer_received_sigterm(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
