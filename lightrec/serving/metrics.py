@@ -198,7 +198,7 @@ class ServingMetrics:
             for w in range(self.workers):
                 out.sample(name, {"worker": str(w)}, value(w))
         out.family("lightrec_serving_updates_total", "counter", "published versions applied or refused (corrupt, "
-                   "partial, out of order), per worker")
+                   "partial, out of order; a failed poll naming no version counts one), per worker")
         for w in range(self.workers):
             out.sample("lightrec_serving_updates_total", {"worker": str(w), "outcome": "applied"},
                        self._w(w, _W_UPDATES_OK))

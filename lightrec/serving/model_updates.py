@@ -11,7 +11,8 @@ is asked to and owns no thread)::
 
 A refusal -- ``poll`` raises (a checksum mismatch, a partial folder, a gap), or ``apply`` raises
 :class:`~lightrec.serving.served_model.UpdateRefused` having left the model as it was -- is logged
-and counted (``lightrec_serving_updates_total{outcome="refused"}``, one per refused version); the
+and counted (``lightrec_serving_updates_total{outcome="refused"}``, one per refused version, one per failed
+poll that names none -- an unreadable folder counts at every interval); the
 served version stays. After an ``UpdateRefused`` that names versions the follower polls again at
 once (the source never offers a refused version again, so the next good one is applied now);
 after any other error it waits for the next interval. An ``apply`` that fails part way
