@@ -13,12 +13,11 @@ torchrec's entry points live at torchrec's paths: ``metric_module`` (``RecMetric
 
 from lightrec.metrics._validation import MetricInputError
 from lightrec.metrics.auc import AUC, auc_from_grouped_masses, binary_auc
-from lightrec.metrics.collection import DEFAULT_METRICS, UnknownMetricError, rec_metrics
+from lightrec.metrics.collection import DEFAULT_METRICS, SlidingWindow, UnknownMetricError, rec_metrics
 from lightrec.metrics.ne import NE, LogLoss
 from lightrec.metrics.rates import CTR, Accuracy, Calibration
 from lightrec.metrics.regression import MAE, MSE
 from lightrec.metrics.retrieval import RecallAtK, recall_at_k_hits
-from lightrec.metrics.window import SlidingWindow
 
 __all__ = [
     "AUC",

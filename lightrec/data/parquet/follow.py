@@ -68,7 +68,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 import pyarrow.fs as pafs
 import torch.distributed as dist
@@ -91,6 +91,9 @@ from lightrec.data.parquet.source import (
 from lightrec.data.parquet.spec import FeatureSpec, check_schema
 from lightrec.data.parquet.state import FollowState, LoaderPosition, LoaderState, ResumeMismatchError
 
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
 __all__ = ["FolderWatcher", "FollowOptions", "FollowingParquetLoader", "WaitsForData", "following_source"]
 
 logger = logging.getLogger(__name__)
@@ -105,7 +108,7 @@ class WaitsForData(Protocol):
     every rank after each empty poll (all ranks at the same poll, between training batches -- the batches
     before the wait trained, the one Lightning read ahead not yet -- so it may run collectives)."""
 
-    def on_data_wait(self, trainer: Any, pl_module: Any) -> None: ...
+    def on_data_wait(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None: ...
 
 
 class FollowLoaderOptions(LoaderOptions, total=False):

@@ -36,6 +36,7 @@ import torch.distributed as dist
 from torch import nn
 
 from lightrec.distributed.comm.sharding_env import ShardingEnv, resolve_group
+from lightrec.kernels.batched_embedding import BatchedEmbedding, BatchedEmbeddingBag
 from lightrec.kernels.cpu_shared_lookup import TRIAL_ATTEMPTS, TRIAL_STEPS, SharedCpuLookup, trial_kernel
 
 __all__ = ["KernelAgreement"]
@@ -88,7 +89,8 @@ class KernelAgreement:
             return
         self._looks += 1
         threads = torch.get_num_threads()
-        kernels = [k for k in (getattr(m, "kernel", None) for m in module.modules()) if isinstance(k, SharedCpuLookup)]
+        lookups = [m for m in module.modules() if isinstance(m, (BatchedEmbeddingBag, BatchedEmbedding))]
+        kernels = [m.kernel for m in lookups if isinstance(m.kernel, SharedCpuLookup)]
         local = [(kernel, v, v.ms) for kernel in kernels if (v := kernel.trial_verdict(threads)) is not None and v.ms]
         sums = torch.tensor([sum(ms[_TORCH] for *_, ms in local), sum(ms[_FBGEMM] for *_, ms in local), float(len(local))],
                             dtype=torch.float64)  # fmt: skip
