@@ -43,6 +43,7 @@ from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch.distributed as dist
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lightrec.data.errors import OnError, check_on_error
 from lightrec.data.parquet.follow import FollowingParquetLoader, FollowOptions, WaitsForData, following_source
@@ -327,11 +328,18 @@ class ParquetDataModule(pl.LightningDataModule):
         loader.on_skip = lambda count: self._log_skipped(split, count)
         if isinstance(loader, FollowingParquetLoader):
             loader.stop_waiting = self._received_sigterm  # a stopped job must not wait for files (follow.py, 4.)
+            loader.on_stop = self._sigterm_stop
             loader.on_wait = self._data_wait
         return loader
 
     def _received_sigterm(self) -> bool:
         return self.trainer is not None and self.trainer.received_sigterm
+
+    @staticmethod
+    def _sigterm_stop() -> None:
+        """Stop as Lightning does on SIGTERM (its loops raise this at a batch end), from inside the wait for
+        files: the epoch is left unfinished, so a checkpoint taken at the stop resumes the stream."""
+        raise SIGTERMException
 
     def _data_wait(self) -> None:
         """The trainer's :class:`WaitsForData` callbacks, while the followed folder has no new file (every rank)."""

@@ -34,9 +34,10 @@ The stream is then read in *rounds*:
    epoch (and the fit, with ``max_epochs=1``), or when ``max_steps`` ends training -- or, while waiting,
    once the loader's ``stop_waiting()`` is true: ``ParquetDataModule`` sets it to the trainer's
    ``received_sigterm``, so a SIGTERM (a scheduler stopping the job) ends the wait within
-   ``_STOP_CHECK`` seconds plus one poll of the other ranks, instead of after ``idle_timeout`` or never; Lightning then
-   trains the batch it read ahead and stops with its ``SIGTERMException`` (callbacks'
-   ``on_exception``), as it does on SIGTERM mid-epoch. While it waits, ``on_wait()`` runs after each empty
+   ``_STOP_CHECK`` seconds plus one poll of the other ranks, instead of after ``idle_timeout`` or never, by
+   raising Lightning's ``SIGTERMException`` (``on_stop``) on every rank: the epoch is not completed, the batch
+   Lightning read ahead is not trained, and the position -- the round still in progress at that batch -- has a
+   checkpoint taken at the stop train it on resume. While it waits, ``on_wait()`` runs after each empty
    poll on every rank: ``ParquetDataModule`` calls the trainer's :class:`WaitsForData` callbacks there, so
    ``DeltaPublisher`` publishes the steps trained before the wait when its ``every_seconds`` comes, not when
    the next file lands.
@@ -94,13 +95,17 @@ from lightrec.data.parquet.state import FollowState, LoaderPosition, LoaderState
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
-__all__ = ["FolderWatcher", "FollowOptions", "FollowingParquetLoader", "WaitsForData", "following_source"]
+__all__ = ["FolderWatcher", "FollowOptions", "FollowStopped", "FollowingParquetLoader", "WaitsForData", "following_source"]
 
 logger = logging.getLogger(__name__)
 
 _SETTLE_POLLS = 3
 _STOP_CHECK = 0.2  # seconds between checks of ``stop_waiting`` while a poll sleeps
 _T = TypeVar("_T")
+
+class FollowStopped(Exception):
+    """A stop request (``stop_waiting``) ended a wait for new files (raised on every rank, after rank 0's poll)."""
+
 
 @runtime_checkable
 class WaitsForData(Protocol):
@@ -210,9 +215,10 @@ class FolderWatcher:
     def wait_for_new(
         self, known: set[str], stop: Callable[[], bool] | None = None, idle: Callable[[], None] | None = None
     ) -> list[ParquetFileInfo] | None:
-        """New files, polling until some arrive; None when ``idle_timeout`` passed without any, or when
-        ``stop()`` turned true while none had (rank 0's ``stop`` decides for every rank; each rank's own cuts
-        its sleep between polls short, checked every ``_STOP_CHECK`` seconds). ``idle()`` runs on every rank
+        """New files, polling until some arrive; None when ``idle_timeout`` passed without any.
+        :class:`FollowStopped` on every rank when ``stop()`` turned true while none had (rank 0's ``stop``
+        decides for every rank; each rank's own cuts its sleep between polls short, checked every
+        ``_STOP_CHECK`` seconds). ``idle()`` runs on every rank
         after each poll that found nothing and did not end the wait, before the sleep: every rank is at the
         same poll then (each poll is a collective when shared), so it may run collectives of its own."""
         started = time.monotonic()
@@ -233,15 +239,18 @@ class FolderWatcher:
                 stopping = stop is not None and stop()
             waited = time.monotonic() - started
             timeout = self.options.idle_timeout
-            expired = not mine and (stopping or (timeout is not None and waited >= timeout))
-            poll = ([f.path for f in mine], expired, None if failure is None else f"{type(failure).__name__}: {failure}")
-            found, stop_now, error = rank0_value(poll) if shared else poll
+            stopped = not mine and stopping
+            expired = not mine and timeout is not None and waited >= timeout
+            poll = ([f.path for f in mine], expired, stopped, None if failure is None else f"{type(failure).__name__}: {failure}")
+            found, stop_now, stop_requested, error = rank0_value(poll) if shared else poll
             if failure is not None:
                 raise failure
             if error is not None:  # rank 0's listing failed: every rank stops with it, none waits for the next poll
                 raise RankDataMismatchError(f"rank 0 failed while listing {self.paths} for new files: {error}")
             if found:
                 return self.read_agreed(functools.partial(self.footers, found, mine))
+            if stop_requested:
+                raise FollowStopped(f"following {self.paths}: stop requested while waiting for new files")
             if stop_now:
                 return None
             if idle is not None:
@@ -351,8 +360,13 @@ class FollowingParquetLoader(LoaderBase):
         self._ended = False
         self._resume: LoaderPosition | None = None
         self.stop_waiting: Callable[[], bool] | None = None
-        """While waiting for new files, a true ``stop_waiting()`` ends the stream as ``idle_timeout`` would
-        (rank 0's decides; ``ParquetDataModule`` sets it to ``trainer.received_sigterm``)."""
+        """While waiting for new files, a true ``stop_waiting()`` ends the wait (rank 0's decides): ``on_stop``
+        is called, and where it returns the stream ends as after ``idle_timeout``. ``ParquetDataModule`` sets it
+        to ``trainer.received_sigterm``."""
+        self.on_stop: Callable[[], None] | None = None
+        """Called on every rank when ``stop_waiting`` ended a wait, before the stream would end there (the round
+        in progress, its last batch held by Lightning untrained); ``ParquetDataModule`` raises Lightning's
+        ``SIGTERMException`` from it, so the epoch is not completed and a checkpoint at the stop resumes it."""
         self.on_wait: Callable[[], None] | None = None
         """Called on every rank after each poll that found no new file (all ranks at the same poll: it may run
         collectives); ``ParquetDataModule`` calls the trainer's :class:`WaitsForData` callbacks there."""
@@ -419,14 +433,22 @@ class FollowingParquetLoader(LoaderBase):
             self._yielded, self.prefetched = start, 0
             yield from self._batches(plan.units_from(start))
             start = 0
-            self._done += self._round
+            leftover = take_rows(slices, used)
             # Files listed at start but not in a resumed position count as new: read in the next round.
-            known = set(self._done) | {self.files[s.file].path for s in take_rows(slices, used)}
-            self._carry = take_rows(slices, used)
+            known = set(self._done) | set(self._round) | {self.files[s.file].path for s in leftover}
+            # While waiting the round stays in progress: Lightning holds its last batch (read ahead, not
+            # trained), so a position taken now -- a checkpoint at a stop -- must have that batch trained again.
+            try:
+                new = self.watcher.wait_for_new(known, self.stop_waiting, self.on_wait)
+            except FollowStopped:
+                if self.on_stop is not None:
+                    self.on_stop()  # Lightning's SIGTERM stop: raises, the round still in progress
+                new = None
+            self._done += self._round
+            self._carry = leftover
             # The round is done: the position is now "batch 0 of the next round" (saved after the
             # stream ended, a batch count of the finished round would not fit the empty round).
             self._round, self._yielded, self.prefetched = [], 0, 0
-            new = self.watcher.wait_for_new(known, self.stop_waiting, self.on_wait)
             if new is None:
                 self._ended = True
                 self.skipped.log(f"{self.name} data (followed)")

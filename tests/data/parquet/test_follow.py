@@ -236,6 +236,27 @@ def test_a_stop_request_ends_the_wait_for_files_at_once_and_only_the_wait(tmp_pa
     assert loader.position().follow is not None and loader.position().batch == 0  # nothing held ahead
 
 
+def test_a_stop_that_raises_keeps_the_round_in_progress_so_the_held_batch_is_trained_on_resume(tmp_path: Path) -> None:
+    _write(tmp_path, "a.parquet", 0, 25)  # batches of 10: rows 0-9, 10-19; 5 rows left over for the next round
+    loader = _loader(tmp_path, FollowOptions(poll_interval=60, idle_timeout=None))
+    loader.stop_waiting = lambda: True
+
+    def on_stop() -> None:
+        raise KeyboardInterrupt("stopped")  # what Lightning's SIGTERMException (a SystemExit) does: not an Exception
+
+    loader.on_stop = on_stop
+    stream = iter(loader)
+    assert _rows([next(stream), next(stream)]) == list(range(20))
+    with pytest.raises(KeyboardInterrupt, match="stopped"):
+        next(stream)  # the wait after the round: stopped at once
+    state = loader.state_dict()  # what a checkpoint at the stop holds: Lightning never trained rows 10-19
+    assert state["batch"] == 1
+    _write(tmp_path, "b.parquet", 25, 15)  # lands while the run is stopped
+    resumed = _loader(tmp_path)
+    resumed.load_state_dict(state)
+    assert _rows(list(resumed)) == list(range(10, 40))  # the held batch, then the leftover rows and b's
+
+
 def test_on_wait_runs_after_each_empty_poll_and_not_after_the_poll_that_finds_a_file(tmp_path: Path) -> None:
     _write(tmp_path, "a.parquet", 0, 20)
     loader = _loader(tmp_path, FollowOptions(poll_interval=0.05, idle_timeout=30))
