@@ -78,7 +78,13 @@ from typing_extensions import Unpack
 from lightrec.data.batch import Batch
 from lightrec.data.parquet.errors import ParquetFileError
 from lightrec.data.parquet.loader import LoaderBase, LoaderOptions
-from lightrec.data.parquet.ranks import RankDataMismatchError, distributed, on_every_rank, rank0_value
+from lightrec.data.parquet.ranks import (
+    RankDataMismatchError,
+    distributed,
+    on_every_rank,
+    rank0_json,
+    rank0_value,
+)
 from lightrec.data.parquet.sharding import Slice, plan_epoch, slices_of, take_rows
 from lightrec.data.parquet.source import (
     ParquetFileInfo,
@@ -242,7 +248,7 @@ class FolderWatcher:
             stopped = not mine and stopping
             expired = not mine and timeout is not None and waited >= timeout
             poll = ([f.path for f in mine], expired, stopped, None if failure is None else f"{type(failure).__name__}: {failure}")
-            found, stop_now, stop_requested, error = rank0_value(poll) if shared else poll
+            found, stop_now, stop_requested, error = rank0_json(poll) if shared else poll
             if failure is not None:
                 raise failure
             if error is not None:  # rank 0's listing failed: every rank stops with it, none waits for the next poll

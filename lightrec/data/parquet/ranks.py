@@ -24,10 +24,13 @@ rank 0 uses to tell the others what its polls found), so an NCCL training group 
 
 from __future__ import annotations
 
+import json
+import time
 import weakref
 from collections.abc import Callable
 from typing import TypeVar, cast
 
+import torch
 import torch.distributed as dist
 
 from lightrec._compat import timeout_of
@@ -39,10 +42,12 @@ __all__ = [
     "data_group",
     "distributed",
     "on_every_rank",
+    "rank0_json",
     "rank0_value",
 ]
 
 _T = TypeVar("_T")
+_J = TypeVar("_J")  # a JSON value
 
 # The data's gloo group and the default group it was made under, both held weakly: torch's registry
 # holds them while they live, and destroy_process_group() lets them go (no destroyed group is kept
@@ -89,6 +94,41 @@ def rank0_value(value: _T) -> _T:
     box = [value]
     dist.broadcast_object_list(box, src=0, group=data_group())
     return box[0]
+
+
+_SIGNAL_CHECK = 0.005  # seconds between checks of a collective in flight: Python's signal handlers run meanwhile
+
+
+def _wait_in_python(work: dist.Work) -> None:
+    """Wait for ``work`` in short sleeps rather than inside the C++ wait, so that this process's Python signal
+    handlers run while it waits (a blocked wait would run them only once the collective is over); raises its
+    error, e.g. the group's timeout."""
+    while not work.is_completed():
+        time.sleep(_SIGNAL_CHECK)
+    work.wait()
+
+
+def rank0_json(value: _J) -> _J:
+    """Rank 0's ``value`` (JSON: lists, strings, numbers, booleans, None; tuples come back as lists) on every
+    rank, itself when not distributed: a collective of every rank, waited for in Python (:func:`_wait_in_python`).
+
+    What a following loader's poll sends. Why not :func:`rank0_value`: the ranks wait in it for rank 0's
+    listing, which on an object store takes long, and a SIGTERM handler that makes a collective of its own
+    (Lightning's broadcasts on the default group) must run on every rank that got the signal, or the ranks
+    wait for each other until the group's timeout (measured before: two ranks hung, rank 0 in its handler's
+    broadcast, rank 1 in the poll's).
+    """
+    if not distributed():
+        return value
+    group = data_group()
+    root = dist.get_rank() == 0
+    payload = torch.frombuffer(bytearray(json.dumps(value).encode()), dtype=torch.uint8) if root else None
+    size = torch.tensor([0 if payload is None else payload.numel()], dtype=torch.int64)
+    _wait_in_python(cast(dist.Work, dist.broadcast(size, src=0, group=group, async_op=True)))
+    if payload is None:
+        payload = torch.empty(int(size.item()), dtype=torch.uint8)
+    _wait_in_python(cast(dist.Work, dist.broadcast(payload, src=0, group=group, async_op=True)))
+    return value if root else cast(_J, json.loads(payload.numpy().tobytes().decode()))
 
 
 def on_every_rank(attempt: Callable[[], _T], what: str) -> _T:

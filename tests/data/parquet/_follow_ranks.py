@@ -295,3 +295,26 @@ def follow_alone_and_fail_together(rank: int, world_size: int, root: str) -> dic
     out["before-group"] = _rows(list(loader))
     loader.close()
     return out
+
+
+def signals_run_while_waiting_for_rank_0(rank: int, world_size: int) -> dict[str, float]:
+    """Rank 0 takes 2 s to answer (a slow listing); a signal reaching rank 1 meanwhile must have its Python
+    handler run at once -- where a handler makes a collective of its own (Lightning's SIGTERM handler), a wait
+    that runs it only afterwards hangs both ranks."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from lightrec.data.parquet.ranks import data_group, rank0_json
+
+    data_group()  # made by the first agreement, long before a poll (its making is a blocking collective)
+    handled: list[float] = []
+    if rank == 0:
+        time.sleep(2.0)
+    else:
+        signal.signal(signal.SIGUSR1, lambda *_: handled.append(time.monotonic()))
+        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGUSR1)).start()
+    started = time.monotonic()
+    value = rank0_json([["a.parquet"], False, None] if rank == 0 else None)
+    return {"value": value, "returned": time.monotonic() - started, "handled": (handled[0] - started) if handled else -1.0}

@@ -19,7 +19,11 @@ from lightrec.data.parquet import (
     build_spec,
 )
 from lightrec.data.parquet.follow import FolderWatcher
-from tests.data.parquet._follow_ranks import exhaust_following_loaders, follow_after_listings_that_differ
+from tests.data.parquet._follow_ranks import (
+    exhaust_following_loaders,
+    follow_after_listings_that_differ,
+    signals_run_while_waiting_for_rank_0,
+)
 from tests.data.parquet._follow_ranks import publish as _publish
 from tests.data.parquet.helpers import event_table
 from tests.multiprocess import run_ranks
@@ -286,6 +290,13 @@ def test_a_following_datamodule_stops_waiting_once_its_trainer_received_sigterm(
     assert loader.stop_waiting() is False
     module.trainer.received_sigterm = True  # type: ignore[attr-defined]
     assert loader.stop_waiting() is True
+
+
+def test_a_signal_handler_runs_while_a_rank_waits_for_rank_0s_poll() -> None:
+    rank0, rank1 = run_ranks(signals_run_while_waiting_for_rank_0, 2, timeout=60)
+    assert rank0["value"] == rank1["value"] == [["a.parquet"], False, None]  # JSON: the tuple comes back a list
+    assert rank1["returned"] > 1.0  # it did wait for rank 0 ...
+    assert 0.0 <= rank1["handled"] < 1.0  # ... and its handler ran 0.5 s in, not when the wait was over
 
 
 @pytest.mark.slow  # ~12 s: mostly two spawned ranks importing torch and lightrec
