@@ -17,7 +17,9 @@ all-reduce, optimizer, other), from one extra window per library with the phase 
 lightrec's dense part took (``dense_allreduce``: shared memory on CPU gloo ranks of one host;
 ``LIGHTREC_SHM_ALLREDUCE=0 python benchmarks/bench_dmp.py`` measures it with gloo's). ``--against
 gloo-allreduce`` runs lightrec against itself with DDP's gloo all-reduce instead of torchrec (alternating
-windows in the same processes, as below): the before / after of that all-reduce alone.
+windows in the same processes, as below): the before / after of that all-reduce alone. ``--against
+fbgemm-kernel`` runs lightrec with the torch kernel (``LIGHTREC_CPU_KERNEL=torch``) against lightrec with
+fbgemm's TBE (``=fbgemm``), the rest alike: what the fused CPU kernel choice is worth in this model.
 
 Run::
 
@@ -156,6 +158,24 @@ def _lightrec_gloo_allreduce_model(args: argparse.Namespace) -> tuple[Any, Any, 
     return _lightrec_model(args, shm_allreduce=False)
 
 
+def _with_cpu_kernel(kernel: str) -> Any:
+    """A builder of lightrec's model whose fused CPU groups run ``kernel`` (``LIGHTREC_CPU_KERNEL``, read
+    when the kernels are built)."""
+
+    def build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+        before = os.environ.get("LIGHTREC_CPU_KERNEL")
+        os.environ["LIGHTREC_CPU_KERNEL"] = kernel
+        try:
+            return _lightrec_model(args)
+        finally:
+            if before is None:
+                os.environ.pop("LIGHTREC_CPU_KERNEL")
+            else:
+                os.environ["LIGHTREC_CPU_KERNEL"] = before
+
+    return build
+
+
 def _torchrec_model(args: argparse.Namespace) -> tuple[Any, Any, Any]:  # pragma: no cover - needs torchrec
     import torchrec
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
@@ -275,8 +295,12 @@ def _process_cpu() -> float:
 
 
 def _measure_all(rank: int, args: argparse.Namespace) -> dict[str, Any]:
-    contenders = {"lightrec": _Contender(_lightrec_model, rank, args, "lightrec")}
     result: dict[str, Any] = {}
+    if args.against == "fbgemm-kernel":  # lightrec with the torch kernel against lightrec with fbgemm's TBE
+        contenders = {"lightrec": _Contender(_with_cpu_kernel("torch"), rank, args, "lightrec"),
+                      args.against: _Contender(_with_cpu_kernel("fbgemm"), rank, args, "lightrec")}  # fmt: skip
+        return _alternate(contenders, result, args)
+    contenders = {"lightrec": _Contender(_lightrec_model, rank, args, "lightrec")}
     if args.against == "gloo-allreduce":
         contenders[args.against] = _Contender(_lightrec_gloo_allreduce_model, rank, args, "lightrec")
         return _alternate(contenders, result, args)
@@ -366,8 +390,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="lightrec plan: its planner (default), contiguous table-wise, or all row-wise")  # fmt: skip
     parser.add_argument("--malloc-tuning", action=argparse.BooleanOptionalAction, default=True,
                         help="fixed glibc malloc thresholds in the rank processes (see above)")  # fmt: skip
-    parser.add_argument("--against", choices=["torchrec", "gloo-allreduce"], default="torchrec",
-                        help="the other side: torchrec, or lightrec with DDP's gloo all-reduce")  # fmt: skip
+    parser.add_argument("--against", choices=["torchrec", "gloo-allreduce", "fbgemm-kernel"], default="torchrec",
+                        help="the other side: torchrec, lightrec with DDP's gloo all-reduce, or lightrec with "
+                             "fbgemm's TBE (then lightrec's side runs the torch kernel)")  # fmt: skip
     parser.add_argument("--out", help="write the JSON result here as well")
     args = parser.parse_args(argv)
     load_start = list(os.getloadavg())

@@ -66,7 +66,7 @@ from lightrec.modules.embedding_configs import PoolingType
 from lightrec.optim.fused_spec import EmbOptimType, FusedOptimizerSpec
 
 __all__ = ["DETERMINISTIC_KERNEL", "SHARED_KERNEL", "UNKNOWN_POOLING_CASES", "CpuKernelCase", "CpuKernelVerdict", "choose", "cpu_fused_choice", "cpu_kernel_lines",
-           "cpu_kernel_verdict", "deterministic_verdict", "machine_busy", "measure_cpu_kernels", "shared_storage_refusal",
+           "cpu_kernel_verdict", "deterministic_verdict", "forget_verdicts", "machine_busy", "measure_cpu_kernels", "shared_storage_refusal",
            "verdict_for_any_pooling"]  # fmt: skip
 
 _CHOICES = ("fbgemm", "torch")
@@ -292,18 +292,27 @@ def deterministic_verdict(case: CpuKernelCase | None) -> CpuKernelVerdict | None
         "torch.use_deterministic_algorithms(True): no timing decides; the torch kernel rounds as the reference does"))  # fmt: skip
 
 
-@functools.cache
 def cpu_kernel_verdict(case: CpuKernelCase) -> CpuKernelVerdict:
     """The faster fused CPU kernel for ``case`` on this machine: forced, cached, or measured now.
 
-    Decided once per case and process; ``cpu_kernel_verdict.cache_clear()`` forgets that.
+    ``LIGHTREC_CPU_KERNEL`` is read at every call (a process may build models under several settings);
+    otherwise decided once per case and process (:func:`forget_verdicts` forgets that).
 
     Raises:
         lightrec._switches.SwitchError: ``LIGHTREC_CPU_KERNEL`` holds a word it does not know.
     """
     forced = _forced_verdict(case)
-    if forced is not None:
-        return forced
+    return forced if forced is not None else _decided_verdict(case)
+
+
+def forget_verdicts() -> None:
+    """Forget the verdicts this process decided (measured, or read from the cache file): the next are decided again."""
+    _decided_verdict.cache_clear()
+
+
+@functools.cache
+def _decided_verdict(case: CpuKernelCase) -> CpuKernelVerdict:
+    """:func:`cpu_kernel_verdict` where the switch says ``auto``: the cache file's, or measured now (once per case)."""
     key = f"{_machine_key()}|{case.key()}"
     path = _cache_file()
     cached = _read_cache(path)

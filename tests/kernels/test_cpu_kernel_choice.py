@@ -21,6 +21,7 @@ from lightrec.kernels.cpu_kernel_choice import (
     CpuKernelVerdict,
     cpu_fused_choice,
     cpu_kernel_verdict,
+    forget_verdicts,
     verdict_for_any_pooling,
 )
 from lightrec.kernels.cpu_update import native_update_available
@@ -56,9 +57,9 @@ def measured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[list[C
     monkeypatch.setenv("LIGHTREC_CPU_KERNEL", "auto")
     monkeypatch.setattr(cpu_kernel_choice, "measure_cpu_kernels", fake)
     monkeypatch.setattr(cpu_kernel_choice, "machine_busy", lambda: False)  # a quiet machine (CI's may not be)
-    cpu_kernel_verdict.cache_clear()
+    forget_verdicts()
     yield calls
-    cpu_kernel_verdict.cache_clear()
+    forget_verdicts()
 
 
 def _cache(tmp_path: Path) -> dict[str, dict]:
@@ -75,7 +76,7 @@ def test_two_cases_are_measured_separately_and_the_file_keeps_both(
     assert sorted(key.rsplit("|", 4)[1:] == ROWWISE.key().split("|") for key in cached) == [False, True]
     assert {entry["choice"] for entry in cached.values()} == {"fbgemm", "torch"}
     assert cpu_kernel_verdict(ROWWISE) is first  # once per case and process
-    cpu_kernel_verdict.cache_clear()  # a later process reads the file: nothing measured again
+    forget_verdicts()  # a later process reads the file: nothing measured again
     again = cpu_kernel_verdict(SGD_POOLED)
     assert (again.kernel, again.reason, again.ms) == ("torch", "cached", {"fbgemm": 3.0, "torch": 2.0})
     assert measured == [ROWWISE, SGD_POOLED]
@@ -87,13 +88,13 @@ def test_the_switch_decides_without_measuring(
 ) -> None:
     for forced in ("torch", "fbgemm"):
         monkeypatch.setenv("LIGHTREC_CPU_KERNEL", forced)
-        cpu_kernel_verdict.cache_clear()
+        forget_verdicts()
         verdict = cpu_kernel_verdict(ROWWISE)
         assert (verdict.kernel, verdict.reason, verdict.ms) == (forced, "forced", None)
         assert f"LIGHTREC_CPU_KERNEL={forced}" in verdict.describe()
     assert measured == [] and not (tmp_path / "cpu_kernel_choice.json").exists()
     monkeypatch.setenv("LIGHTREC_CPU_KERNEL", "tbe")
-    cpu_kernel_verdict.cache_clear()
+    forget_verdicts()
     with pytest.raises(ValueError, match="LIGHTREC_CPU_KERNEL must be one of"):
         cpu_kernel_verdict(ROWWISE)
 
@@ -131,7 +132,7 @@ def test_a_measurement_on_a_busy_machine_is_not_cached(
     assert not (tmp_path / "cpu_kernel_choice.json").exists()
     assert cpu_kernel_verdict(ROWWISE) is verdict  # this process keeps it
     monkeypatch.setattr(cpu_kernel_choice, "machine_busy", lambda: False)
-    cpu_kernel_verdict.cache_clear()  # a later process, on a quiet machine: measured again, and cached
+    forget_verdicts()  # a later process, on a quiet machine: measured again, and cached
     assert cpu_kernel_verdict(ROWWISE).reason == "measured" and measured == [ROWWISE, ROWWISE]
     assert [entry["choice"] for entry in _cache(tmp_path).values()] == ["fbgemm"]
 
@@ -260,9 +261,21 @@ def test_a_new_kernels_revision_measures_again(
 ) -> None:
     """A verdict cached before a kernel's Python side changed speed (``_KERNELS_REVISION``) is not reused."""
     assert cpu_kernel_verdict(ROWWISE).reason == "measured"
-    cpu_kernel_verdict.cache_clear()
+    forget_verdicts()
     assert cpu_kernel_verdict(ROWWISE).reason == "cached"
     monkeypatch.setattr(cpu_kernel_choice, "_KERNELS_REVISION", cpu_kernel_choice._KERNELS_REVISION + 1)
-    cpu_kernel_verdict.cache_clear()
+    forget_verdicts()
     assert cpu_kernel_verdict(ROWWISE).reason == "measured"
     assert measured == [ROWWISE, ROWWISE]
+
+
+def test_the_switch_is_read_at_every_decision_not_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process that builds models under several settings (a benchmark of one kernel against the other, a
+    notebook) gets each one: a forced verdict is never remembered for the case."""
+    for kernel in ("torch", "fbgemm", "torch"):
+        monkeypatch.setenv("LIGHTREC_CPU_KERNEL", kernel)
+        verdict = cpu_kernel_verdict(ROWWISE)
+        assert (verdict.kernel, verdict.reason) == (kernel, "forced")
+        config = KernelConfig([64], [64], [0], PoolingType.SUM, FusedOptimizerSpec(EmbOptimType.EXACT_ROWWISE_ADAGRAD),
+                              torch.device("cpu"))  # fmt: skip
+        assert cpu_fused_choice(config).kernel == kernel

@@ -76,7 +76,7 @@ def test_the_cpu_report_says_which_kernel_serves_the_fused_tables(monkeypatch: p
     from lightrec._fbgemm import fbgemm_available
     from lightrec.distributed import get_default_sharders
     from lightrec.distributed.planner import plan_report_for, plan_sharding, topology_for
-    from lightrec.kernels.cpu_kernel_choice import cpu_kernel_verdict
+    from lightrec.kernels.cpu_kernel_choice import forget_verdicts
 
     ebc = EmbeddingBagCollection(
         [EmbeddingBagConfig(name=f"t{i}", num_embeddings=50_000, embedding_dim=d, feature_names=[f"f{i}"])
@@ -84,7 +84,7 @@ def test_the_cpu_report_says_which_kernel_serves_the_fused_tables(monkeypatch: p
     adam = {"optimizer": "adam", "learning_rate": 0.01}
     adagrad = {"optimizer": "exact_row_wise_adagrad", "learning_rate": 0.01}
     monkeypatch.setenv("LIGHTREC_CPU_KERNEL", "torch")
-    cpu_kernel_verdict.cache_clear()  # decided per process: forget the suite's pinned fbgemm verdicts
+    forget_verdicts()  # decided per process: forget the suite's pinned fbgemm verdicts
     try:
         report = plan_sharding(ebc, get_default_sharders(adam), topology_for(2, "cpu")).report
         # fbgemm has no CPU Adam (or, under LIGHTREC_BLOCK_FBGEMM=1, no fbgemm at all): the torch kernel
@@ -105,7 +105,7 @@ def test_the_cpu_report_says_which_kernel_serves_the_fused_tables(monkeypatch: p
                 "  dim <= 64 (2 tables): torch: forced (LIGHTREC_CPU_KERNEL=torch)",
             ], report.kernel_lines
     finally:
-        cpu_kernel_verdict.cache_clear()
+        forget_verdicts()
     planned = plan_sharding(ebc, get_default_sharders(adam, "fbgemm"), topology_for(2, "cpu"))
     assert planned.report is not None
     assert planned.report.kernel_lines == ["fused adam (3 tables): kernel_backend='fbgemm' (chosen by the sharder)"]
