@@ -43,8 +43,9 @@ The stream is then read in *rounds*:
    the next file lands.
 
 Every rank must see the same files in the same rounds (they run the same steps): rank 0 lists, and sends
-what it found to the others (a ``broadcast_object_list`` on the data's gloo group,
-:func:`~lightrec.data.parquet.ranks.data_group`, so an NCCL training group is left alone). The first
+what it found to the others (broadcasts on the data's gloo group,
+:func:`~lightrec.data.parquet.ranks.data_group`, so an NCCL training group is left alone; a poll's waited
+for in short sleeps, :func:`~lightrec.data.parquet.ranks.rank0_json`, so signal handlers run meanwhile). The first
 round too: a ``ParquetDataModule`` gives every rank rank 0's listing of the start
 (:func:`~lightrec.data.parquet.ranks.agree_on_files`), and a loader built directly from a
 :class:`~lightrec.data.parquet.source.ParquetSource` that each rank listed itself starts every iteration
@@ -108,6 +109,7 @@ logger = logging.getLogger(__name__)
 _SETTLE_POLLS = 3
 _STOP_CHECK = 0.2  # seconds between checks of ``stop_waiting`` while a poll sleeps
 _T = TypeVar("_T")
+
 
 class FollowStopped(Exception):
     """A stop request (``stop_waiting``) ended a wait for new files (raised on every rank, after rank 0's poll)."""
@@ -224,9 +226,9 @@ class FolderWatcher:
         """New files, polling until some arrive; None when ``idle_timeout`` passed without any.
         :class:`FollowStopped` on every rank when ``stop()`` turned true while none had (rank 0's ``stop``
         decides for every rank; each rank's own cuts its sleep between polls short, checked every
-        ``_STOP_CHECK`` seconds). ``idle()`` runs on every rank
-        after each poll that found nothing and did not end the wait, before the sleep: every rank is at the
-        same poll then (each poll is a collective when shared), so it may run collectives of its own."""
+        ``_STOP_CHECK`` seconds). ``idle()`` runs on every rank after each poll that found nothing and did not
+        end the wait, before the sleep: every rank is at the same poll then (each poll is a collective when
+        shared), so it may run collectives of its own."""
         started = time.monotonic()
         shared = self.shared
         logger.info("following %s: waiting for new files (listing every %g s, idle_timeout=%s s)",

@@ -29,7 +29,6 @@ Collections off the CPU or on one rank have nothing to agree and never communica
 from __future__ import annotations
 
 import dataclasses
-import logging
 
 import torch
 import torch.distributed as dist
@@ -41,7 +40,6 @@ from lightrec.kernels.cpu_shared_lookup import TRIAL_ATTEMPTS, TRIAL_STEPS, Shar
 
 __all__ = ["KernelAgreement"]
 
-_log = logging.getLogger(__name__)
 _TORCH, _FBGEMM = "torch", "fbgemm"
 
 

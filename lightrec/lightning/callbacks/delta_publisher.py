@@ -22,9 +22,8 @@ sharded collections):
    the writer keeps ``keep`` snapshots and what follows them. With ``background=True`` (the
    default) the step only reads the rows: a :class:`~lightrec.distributed.deltas.BackgroundPublisher`
    sends and writes them while the next steps train, and its error, if any, is raised at the next
-   publish;
-   While a followed Parquet folder waits for its next file no batch ends; ``on_data_wait`` (called by
-   ``ParquetDataModule`` after each empty poll) checks ``every_seconds`` there too;
+   publish. While a followed Parquet folder waits for its next file no batch ends: ``on_data_wait``
+   (called by ``ParquetDataModule`` after each empty poll) checks ``every_seconds`` there too;
 3. at ``on_train_end``: a last version if any step trained since the previous one, waited for;
    then the publish thread stops and a tracker the callback built stops recording (and leaves
    the DMP: the next fit builds a fresh one).
