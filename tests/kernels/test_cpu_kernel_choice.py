@@ -278,4 +278,5 @@ def test_the_switch_is_read_at_every_decision_not_once_per_process(monkeypatch: 
         assert (verdict.kernel, verdict.reason) == (kernel, "forced")
         config = KernelConfig([64], [64], [0], PoolingType.SUM, FusedOptimizerSpec(EmbOptimType.EXACT_ROWWISE_ADAGRAD),
                               torch.device("cpu"))  # fmt: skip
-        assert cpu_fused_choice(config).kernel == kernel
+        if fbgemm_available():  # else "fbgemm unsupported": the torch kernel whatever the switch says
+            assert cpu_fused_choice(config).kernel == kernel
