@@ -121,7 +121,6 @@ def rec_metrics(
     return MetricCollection(metrics, prefix=prefix, postfix=postfix, compute_groups=False)
 
 
-
 def _factory(metric: str | Callable[[], Metric], validate_args: bool) -> tuple[str, Callable[[], Metric]]:
     if callable(metric):
         return getattr(metric, "__name__", type(metric).__name__), metric

@@ -313,3 +313,14 @@ def test_a_tiered_tables_cache_is_served_by_both_kernels_too(clock: FakeClock) -
     kernel.lookup(batch, [torch.zeros(0, requires_grad=True)], lambda: 0.05).sum().backward()
     assert isinstance(kernel.inner, SharedCpuLookup)
     assert len(kernel.inner._trials[torch.get_num_threads()].steps) == 1  # the cache's batch: a trial step
+
+
+def test_adopting_a_verdict_of_another_kernel_is_refused_and_changes_nothing() -> None:
+    from lightrec.kernels.cpu_kernel_choice import CpuKernelVerdict
+
+    kernel = SharedCpuLookup(_config(EmbOptimType.ROWWISE_ADAGRAD, [16]))
+    with pytest.raises(ValueError, match=r"verdict.kernel must be 'torch' or 'fbgemm', got 'triton'"):
+        kernel.adopt(1, CpuKernelVerdict("triton", "trial"))
+    assert kernel.verdicts == {}
+    kernel.adopt(1, CpuKernelVerdict("torch", "trial", ms={"torch": 8.0, "fbgemm": 10.0}))
+    assert kernel.verdicts[1].kernel == "torch" and kernel.trial_verdict(1) is kernel.verdicts[1]

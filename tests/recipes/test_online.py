@@ -127,6 +127,7 @@ def test_sigterm_while_the_followed_folder_waits_stops_at_once_and_a_checkpoint_
     ``idle_timeout`` (here: never), without finishing the epoch, so a checkpoint taken at the stop
     (``OnExceptionCheckpoint``) resumes the stream: the batch Lightning had read ahead first, then new files."""
     import os
+    import shutil
     import signal
     import subprocess
     import sys
@@ -165,8 +166,6 @@ def test_sigterm_while_the_followed_folder_waits_stops_at_once_and_a_checkpoint_
     assert waited < 30, f"{waited:.0f} s after SIGTERM"  # one poll is 60 s and idle_timeout is never
     # 7 batches trained; the 8th was read ahead, untrained, and stays in the checkpoint's position
     assert sorted(_scalars(tmp_path / "dlrm_online" / "version_0", "train/loss")) == list(range(7)), rest[-3000:]
-    import shutil
-
     shutil.copy(tmp_path / "events" / "part-0.parquet", tmp_path / "events" / "part-3.parquet")  # 90 more rows
     _run(tmp_path, *common[len(SMALL) + 1 :], "--data.poll_interval=0.2", "--data.idle_timeout=2",
          f"--ckpt_path={tmp_path / 'stop' / 'on_exception.ckpt'}")  # fmt: skip
