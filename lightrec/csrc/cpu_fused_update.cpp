@@ -44,6 +44,11 @@ struct Params {
 // [A, C, D] strided view, (k / C, k % C) -- read from `bag_start` (each bag's offset, filled once per
 // call without dividing: A * C entries) rather than divided out per occurrence (~80 cycles; measured
 // 0.4 ms of a 1.9 ms update of 16k ids in 32-id bags).
+//
+// Or, with `parts` > 0 (one id per bag, no bag_of_id), occurrence i's row lies in the last part k whose
+// part_start[k] <= i, at part_base[k] + (i - part_start[k]) * part_stride[k]: the gradient read where
+// it arrived (a sharded lookup's own rows and each peer's rows in its shared-memory chunk) instead of
+// copied into one tensor first.
 template <typename scalar_t>
 struct GradRows {
   const scalar_t* base;
@@ -51,7 +56,16 @@ struct GradRows {
   const int64_t* bag_of_id;  // nullptr: occurrence i is bag i
   const scalar_t* scale;     // nullptr: no per-occurrence factor
   const int64_t* bag_start;  // nullptr: A == 1, bag k starts at k * s1
+  int64_t parts = 0;
+  const scalar_t* const* part_base = nullptr;
+  const int64_t* part_start = nullptr;
+  const int64_t* part_stride = nullptr;
   LIGHTREC_ALWAYS_INLINE const scalar_t* row(int64_t i) const {
+    if (parts > 0) {
+      int64_t k = parts - 1;
+      while (i < part_start[k]) --k;
+      return part_base[k] + (i - part_start[k]) * part_stride[k];
+    }
     const int64_t k = bag_of_id ? bag_of_id[i] : i;
     return base + (bag_start ? bag_start[k] : k * s1);
   }
@@ -366,7 +380,7 @@ void cpu_fused_update(at::Tensor weight, const c10::optional<at::Tensor>& moment
                       const at::Tensor& grad, const c10::optional<at::Tensor>& bag_of_id,
                       const c10::optional<at::Tensor>& scale, int64_t optimizer, double lr, double eps,
                       double beta1, double beta2, double weight_decay, int64_t decay_mode, double bias1,
-                      double bias2, int64_t dedupe) {
+                      double bias2, int64_t dedupe, at::TensorList grad_parts, at::IntArrayRef part_starts) {
   TORCH_CHECK(weight.device().is_cpu() && weight.dim() == 2 && weight.stride(1) == 1,
               "cpu_fused_update: weight must be a CPU [rows, D] tensor with unit column stride");
   TORCH_CHECK(scratch.scalar_type() == at::kInt && scratch.is_contiguous() && scratch.numel() == weight.size(0),
@@ -388,8 +402,24 @@ void cpu_fused_update(at::Tensor weight, const c10::optional<at::Tensor>& moment
       TORCH_CHECK(bags[i] >= 0 && bags[i] < num_bags, "cpu_fused_update: bag_of_id[", i, "] = ", bags[i],
                   " is outside the gradient's ", num_bags, " bags");
     }
-  } else {
+  } else if (grad_parts.empty()) {
     TORCH_CHECK(grad.size(0) * grad.size(1) >= n, "cpu_fused_update: grad has fewer rows than ids");
+  }
+  const int64_t num_parts = static_cast<int64_t>(grad_parts.size());
+  TORCH_CHECK(num_parts == static_cast<int64_t>(part_starts.size()),
+              "cpu_fused_update: grad_parts and part_starts must have one entry each per part");
+  TORCH_CHECK(num_parts == 0 || !bag_of_id.has_value(), "cpu_fused_update: grad_parts take one id per bag");
+  for (int64_t k = 0; k < num_parts; ++k) {
+    const at::Tensor& part = grad_parts[k];
+    const int64_t end = k + 1 < num_parts ? part_starts[k + 1] : n;
+    TORCH_CHECK(part.dim() == 2 && part.size(1) == weight.size(1) && (part.stride(1) == 1 || part.size(1) <= 1) &&
+                    part.scalar_type() == weight.scalar_type() && part.device().is_cpu(),
+                "cpu_fused_update: grad_parts[", k, "] must be a CPU [n_k, D] tensor with unit column stride, in "
+                "the weight's dtype");
+    TORCH_CHECK(part_starts[k] == (k == 0 ? 0 : part_starts[k - 1] + grad_parts[k - 1].size(0)) &&
+                    part_starts[k] + part.size(0) == end,
+                "cpu_fused_update: grad_parts must cover the ", n, " ids back to back from 0 (part ", k,
+                " starts at ", part_starts[k], " with ", part.size(0), " rows)");
   }
   Params p{optimizer, decay_mode, lr, eps, beta1, beta2, weight_decay, bias1, bias2};
   AT_DISPATCH_FLOATING_TYPES(weight.scalar_type(), "cpu_fused_update", [&] {
@@ -425,6 +455,19 @@ void cpu_fused_update(at::Tensor weight, const c10::optional<at::Tensor>& moment
     }
     GradRows<scalar_t> rows{grad.data_ptr<scalar_t>(), grad.stride(1), bags, sc,
                             bag_start.empty() ? nullptr : bag_start.data()};
+    std::vector<const scalar_t*> part_base;
+    std::vector<int64_t> part_start, part_stride;
+    for (int64_t k = 0; k < num_parts; ++k) {
+      part_base.push_back(grad_parts[k].data_ptr<scalar_t>());
+      part_start.push_back(part_starts[k]);
+      part_stride.push_back(grad_parts[k].stride(0));
+    }
+    if (num_parts > 0) {
+      rows.parts = num_parts;
+      rows.part_base = part_base.data();
+      rows.part_start = part_start.data();
+      rows.part_stride = part_stride.data();
+    }
     run<scalar_t>(p, weight, m1, m2, m1_row, scratch.data_ptr<int32_t>(), ids.data_ptr<int64_t>(), n, rows, dedupe);
   });
 }
@@ -435,7 +478,8 @@ TORCH_LIBRARY(lightrec_cpu, m) {
   m.def(
       "cpu_fused_update(Tensor(a!) weight, Tensor(b!)? momentum1, Tensor(c!)? momentum2, Tensor(d!) scratch, "
       "Tensor ids, Tensor grad, Tensor? bag_of_id, Tensor? scale, int optimizer, float lr, float eps, "
-      "float beta1, float beta2, float weight_decay, int decay_mode, float bias1, float bias2, int dedupe) -> ()");
+      "float beta1, float beta2, float weight_decay, int decay_mode, float bias1, float bias2, int dedupe, "
+      "Tensor[] grad_parts, int[] part_starts) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(lightrec_cpu, CPU, m) { m.impl("cpu_fused_update", &cpu_fused_update); }

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from lightrec.kernels.input_checks import ID_CHECK_MODES, LookupInputChecker
-from lightrec.kernels.kernel_interface import EmbeddingKernel, KernelConfig, LookupBatch
+from lightrec.kernels.kernel_interface import EmbeddingKernel, KernelConfig, LookupBatch, OutRows
 from lightrec.kernels.kernel_registry import build_kernel
 from lightrec.kernels.tiered.config import TieringConfig
 from lightrec.kernels.tiered.transfer import TransferFailedError
@@ -365,7 +365,9 @@ class _BatchedLookupBase(nn.Module):
         """
         self._input_checker.report_pending()
 
-    def _run(self, indices: torch.Tensor, offsets: torch.Tensor, psw: torch.Tensor | None) -> torch.Tensor:
+    def _run(
+        self, indices: torch.Tensor, offsets: torch.Tensor, psw: torch.Tensor | None, out_rows: OutRows | None = None
+    ) -> torch.Tensor:
         checker = self._input_checker
         if checker.mode == "async":
             checker.report_pending()
@@ -398,11 +400,16 @@ class _BatchedLookupBase(nn.Module):
             # gradient there, so a rank with no samples must join, in step with the others).
             dtype = next(iter(self.weights.values())).dtype
             empty: torch.Tensor = _EmptyLookup.apply(rows, width, self._placeholder.device, dtype, *inputs)
+            if out_rows is not None:
+                out_rows.copy_from(empty)
             return empty
         # The kernels treat per-id weights as constants; with_weight_grad differentiates learned ones.
         learned = psw is not None and psw.requires_grad and torch.is_grad_enabled() and self.pooling != PoolingType.NONE
         weights_in, psw = (psw, psw.detach()) if learned and psw is not None else (None, psw)
-        request = LookupBatch(indices, offsets, psw, batch, checked=checker.mode == "sync", singletons=singletons)
+        # Learned per-id weights change the output after the kernel: the kernel may not place it then.
+        placing = out_rows if weights_in is None else None
+        request = LookupBatch(indices, offsets, psw, batch, checked=checker.mode == "sync", singletons=singletons,
+                              out_rows=placing)  # fmt: skip
         out = kernel.lookup(request, inputs, lr)
         if checker.mode == "async":  # a kernel that finds bad ids on the device (checks_ids_on_device)
             if kernel.error_flag is None:
@@ -411,6 +418,8 @@ class _BatchedLookupBase(nn.Module):
         if weights_in is not None:
             out = with_weight_grad(out, weights_in, indices, offsets, batch, kernel.split_embedding_weights,
                                    self.feature_table_map, self.pooling == PoolingType.MEAN)  # fmt: skip
+        if out_rows is not None and not out_rows.placed:
+            out_rows.copy_from(out)
         return out
 
     def extra_repr(self) -> str:
@@ -533,9 +542,15 @@ class BatchedEmbeddingBag(_BatchedLookupBase):
         )  # fmt: skip
 
     def forward(
-        self, indices: torch.Tensor, offsets: torch.Tensor, per_sample_weights: torch.Tensor | None = None
+        self,
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+        per_sample_weights: torch.Tensor | None = None,
+        out_rows: OutRows | None = None,
     ) -> torch.Tensor:
-        return self._run(indices, offsets, per_sample_weights)
+        """``[B, sum D]`` pooled output; with ``out_rows`` its rows are (also) written there, and the
+        returned tensor holds values only where ``out_rows.placed`` stays False (see :class:`OutRows`)."""
+        return self._run(indices, offsets, per_sample_weights, out_rows)
 
 
 class BatchedEmbedding(_BatchedLookupBase):

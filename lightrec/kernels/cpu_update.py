@@ -22,6 +22,8 @@ library (``lightrec._native``) that is what runs, with the same results.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from lightrec import _switches
@@ -70,10 +72,11 @@ def native_fused_update(
     states: dict[str, torch.Tensor],
     scratch: torch.Tensor,
     ids: torch.Tensor,
-    grad: torch.Tensor,
+    grad: torch.Tensor | None,
     bag_of_id: torch.Tensor | None,
     scale: torch.Tensor | None,
     dedupe: str = "auto",
+    grad_parts: Sequence[tuple[int, torch.Tensor]] | None = None,
 ) -> None:
     """Apply ``spec``'s update to the rows ``ids`` of ``weight`` (and ``states``) in place.
 
@@ -85,10 +88,13 @@ def native_fused_update(
         scratch: ``[R]`` int32, all ``-1`` (:func:`new_scratch`; left so afterwards).
         ids: ``[N]`` storage rows, repeats allowed.
         grad: ``[A, C, D]`` bag gradients, any strides with unit last stride: bag ``k`` is
-            ``grad[k // C, k % C]``.
+            ``grad[k // C, k % C]`` (None with ``grad_parts``).
         bag_of_id: ``[N]`` int64 bag of each id, or None when id ``i`` is bag ``i``.
         scale: ``[N]`` factor of each id's contribution (MEAN's ``1/len``, per-sample weights), or None.
         dedupe: one of :data:`DEDUPE_MODES` (the result is the same; only the speed differs).
+        grad_parts: instead of ``grad`` (one id per bag, ``bag_of_id`` None): ``(first id, [n_k, D])``
+            blocks of id gradients, unit column stride, back to back from id 0 -- the rows read where
+            they are (a sharded lookup's own rows and its peers' shared-memory chunks), not gathered.
 
     The gradient of row ``r`` is ``sum_i scale[i] * grad[bag_of_id[i]]`` over the ids ``i`` equal
     to ``r``, summed in input order; each touched row is then updated once, as
@@ -107,6 +113,11 @@ def native_fused_update(
         bias = adam_bias_corrections(step, spec.beta1, spec.beta2).to(weight.dtype)
         bias1, bias2 = float(bias[0]), float(bias[1])
     dtype = weight.dtype
+    parts = [p if p.dtype == dtype else p.to(dtype) for _, p in grad_parts] if grad_parts else []
+    if parts:
+        grad = weight.new_empty(1, 0, weight.shape[1])  # unread: the parts hold the rows
+    elif grad is None:
+        raise ValueError("native_fused_update: pass grad, or grad_parts with one id per bag")
     torch.ops.lightrec_cpu.cpu_fused_update(
         weight,
         states.get("momentum1"),
@@ -126,4 +137,6 @@ def native_fused_update(
         bias1,
         bias2,
         DEDUPE_MODES[dedupe],
+        parts,
+        [start for start, _ in grad_parts] if grad_parts else [],
     )

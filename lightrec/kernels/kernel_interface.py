@@ -51,6 +51,7 @@ __all__ = [
     "LayoutGatedKernel",
     "LookupContext",
     "LookupBatch",
+    "OutRows",
     "ResidentRows",
     "RowState",
     "require_support",
@@ -120,13 +121,62 @@ SavedT = TypeVar("SavedT")
 class LookupContext(Protocol, Generic[KernelT, SavedT]):
     """What a kernel's lookup ``autograd.Function`` forward leaves on the context for its backward:
     the kernel, the batch size ``B``, the learning-rate getter (read when the backward runs), how many
-    weight inputs followed (each gets a gradient slot) and ``saved``, the kernel's own tensors."""
+    weight inputs followed (each gets a gradient slot), ``saved``, the kernel's own tensors, and
+    ``out_rows``, where it wrote its output rows in place (:class:`OutRows`; None otherwise)."""
 
     backend: KernelT
     batch: int
     lr: Callable[[], float]
     num_weight_inputs: int
     saved: SavedT
+    out_rows: OutRows | None
+
+
+class OutRows:
+    """Where a caller wants a pooled lookup's ``[B, W]`` output rows written: ``blocks`` of
+    ``(first row, destination [b, W])`` covering rows ``0 .. B - 1`` (destinations with unit column
+    stride and any row stride: a column block of a wider tensor, a shared-memory segment).
+
+    A kernel that writes its rows there itself sets ``placed``; the output it returns then holds no
+    values (only its shape and autograd history count), and the caller reads the destinations. Such
+    a kernel also takes its backward's gradient rows where they arrive: the caller hands them over
+    with :meth:`give_grad` before it passes a stand-in gradient through autograd, and the kernel's
+    backward reads them with :meth:`take_grad`. Else the caller copies the output into the
+    destinations (:meth:`copy_from`) and the backward is autograd's. Used by a sharded collection,
+    whose lookup writes straight into the pooled exchange (``distributed/comm/pooled_all_to_all.py``).
+
+    The destinations are dropped once written (:meth:`written`): the object outlives the forward in
+    autograd's graph, and a reference from there to the output would be a cycle Python cannot collect.
+    """
+
+    __slots__ = ("blocks", "placed", "_grad")
+
+    def __init__(self, blocks: Sequence[tuple[int, torch.Tensor]]) -> None:
+        self.blocks = list(blocks)
+        self.placed = False
+        self._grad: tuple[list[tuple[int, torch.Tensor]], Callable[[], None]] | None = None
+
+    def written(self, placed: bool) -> None:
+        """The rows are in the destinations (``placed``: by the kernel); forget the destinations."""
+        self.placed = placed
+        self.blocks = []
+
+    def copy_from(self, out: torch.Tensor) -> None:
+        """Copy the ``[B, W]`` output's rows into the destinations (no autograd history)."""
+        with torch.no_grad():
+            for start, dst in self.blocks:
+                dst.copy_(out[start : start + dst.shape[0]])
+        self.written(False)
+
+    def give_grad(self, parts: list[tuple[int, torch.Tensor]], release: Callable[[], None]) -> None:
+        """The output gradient's rows as ``(first row, [n, W])`` blocks back to back from row 0, valid
+        until ``release()`` runs (the kernel's backward calls it once it read them)."""
+        self._grad = (parts, release)
+
+    def take_grad(self) -> tuple[list[tuple[int, torch.Tensor]], Callable[[], None]] | None:
+        """What :meth:`give_grad` handed over (once), or None."""
+        grad, self._grad = self._grad, None
+        return grad
 
 
 @dataclass(frozen=True)
@@ -141,6 +191,8 @@ class LookupBatch:
         checked: the ids and offsets were verified on the host before (``id_check="sync"``).
         singletons: whether every bag holds exactly one id, when the host check learned it (None:
             unknown).
+        out_rows: where the caller wants a pooled output's rows (:class:`OutRows`), or None; a kernel
+            may ignore it.
     """
 
     indices: torch.Tensor
@@ -149,6 +201,7 @@ class LookupBatch:
     batch_size: int
     checked: bool = True
     singletons: bool | None = None
+    out_rows: OutRows | None = None
 
 
 @dataclass

@@ -55,3 +55,34 @@ def test_autograd_and_other_operands_take_index_select() -> None:
         assert torch.equal(gather_rows(table, torch.tensor([2, 3])), table[[2, 3]])
     small = torch.randn(10, 4)
     assert torch.equal(gather_rows(small, torch.tensor([4, 5], dtype=torch.int32)), small[[4, 5]])
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_gather_into_a_column_block_and_a_segment(native: bool) -> None:
+    """``gather_rows_into`` writes id ``i`` to row ``i // K``, columns ``(i % K) * D`` on, of any row
+    stride, and nothing else; without the native op (a table that needs a gradient) the same."""
+    from lightrec.kernels.cpu_gather import gather_rows_into
+
+    gen = torch.Generator().manual_seed(1)
+    table = torch.randn(60, 4, generator=gen).requires_grad_(not native)
+    ids = torch.randint(0, 60, (21,), generator=gen)
+    wide = torch.full((7, 20), -7.0)
+    with torch.set_grad_enabled(not native):
+        gather_rows_into(table, ids, wide[:, 5:17])  # 7 samples x 3 ids x 4 columns, row stride 20
+    assert torch.equal(wide[:, 5:17], table.detach()[ids].view(7, 12))
+    assert wide[:, :5].eq(-7).all() and wide[:, 17:].eq(-7).all()
+    flat = torch.empty(21, 4)
+    gather_rows_into(table.detach(), ids, flat)
+    assert torch.equal(flat, table.detach()[ids])
+
+
+def test_gather_into_refuses_a_bad_id_or_shape_and_writes_nothing() -> None:
+    from lightrec.kernels.cpu_gather import gather_rows_into
+
+    table = torch.randn(50, 8)
+    out = torch.zeros(2, 16)
+    with pytest.raises(RuntimeError, match="id 50 at position 3 is outside \\[0, 50\\)"):
+        gather_rows_into(table, torch.tensor([1, 2, 3, 50]), out)
+    assert out.eq(0).all()
+    with pytest.raises(ValueError, match="must be \\[M, K \\* 8\\] with M \\* K = 3"):
+        gather_rows_into(table, torch.tensor([1, 2, 3]), out)

@@ -262,3 +262,43 @@ def test_measuring_both_cpu_kernels_gives_times() -> None:
 
     ms = measure_cpu_kernels(iterations=1)
     assert set(ms) == {"fbgemm", "torch"} and all(v > 0 for v in ms.values())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("weighted", [False, True])
+def test_gradient_parts_read_in_place_give_the_bits_of_one_gradient(kind: EmbOptimType, weighted: bool) -> None:
+    """``grad_parts``: the id gradients as blocks where they lie (one strided, as a column block of a
+    wider tensor; one empty) give the same rows and state, bit for bit, as the one gradient tensor."""
+    gen = torch.Generator().manual_seed(8)
+    spec = _spec(kind, WeightDecayMode.L2)
+    weight0, states0 = torch.randn(30, 8, generator=gen), _states(spec, 30, 8, torch.float32)
+    ids = torch.randint(0, 30, (50,), generator=gen)  # duplicates across the parts
+    grad = torch.randn(50, 8, generator=gen)
+    scale = torch.rand(50, generator=gen) + 0.5 if weighted else None
+    wide = torch.zeros(32, 24)
+    wide[:, 8:16] = grad[18:]
+    parts = [(0, grad[:18].clone()), (18, wide[:, 8:16]), (50, torch.zeros(0, 8))]
+    results = []
+    for mode in ("whole", "parts"):
+        weight, states = weight0.clone(), {k: v.clone() for k, v in states0.items()}
+        for step in (1, 2):
+            if mode == "whole":
+                native_fused_update(spec, 0.1, torch.tensor(step), weight, states, new_scratch(30), ids,
+                                    grad.view(1, 50, 8), None, scale)  # fmt: skip
+            else:
+                native_fused_update(spec, 0.1, torch.tensor(step), weight, states, new_scratch(30), ids, None, None,
+                                    scale, grad_parts=parts)  # fmt: skip
+        results.append((weight, states))
+    assert torch.equal(results[0][0], results[1][0])
+    assert all(torch.equal(results[0][1][k], results[1][1][k]) for k in results[0][1])
+
+
+def test_gradient_parts_that_leave_a_gap_are_refused() -> None:
+    spec = _spec(EmbOptimType.SGD, WeightDecayMode.NONE)
+    weight = torch.zeros(5, 4)
+    with pytest.raises(RuntimeError, match="grad_parts must cover the 4 ids back to back from 0"):
+        native_fused_update(spec, 0.1, torch.tensor(1), weight, {}, new_scratch(5), torch.tensor([1, 2, 3, 4]),
+                            None, None, None, grad_parts=[(0, torch.ones(2, 4)), (3, torch.ones(1, 4))])  # fmt: skip
+    with pytest.raises(ValueError, match="pass grad, or grad_parts"):
+        native_fused_update(spec, 0.1, torch.tensor(1), weight, {}, new_scratch(5), torch.tensor([1]), None, None, None)
+    assert torch.equal(weight, torch.zeros(5, 4))

@@ -42,6 +42,14 @@ shared segment and the receiver copies them straight into the output's columns (
 gloo); the backward packs each destination's (scaled) gradient columns straight into the segment.
 The same bytes as the gloo path, so the same results bit for bit.
 
+**Lookup into the exchange** (:meth:`PooledEmbeddingsAllToAll.prepare`, shared memory only): a
+sharded collection starts the forward exchange *before* its lookup and hands the lookup the places
+the rows go -- each peer's rows to its chunk of the shared segment, the own rows to their column
+block of the output (:class:`~lightrec.kernels.kernel_interface.OutRows`). A kernel that writes there
+itself (the torch kernel's one-id-per-bag gather) saves two of the forward's three copies of
+``B * D_me`` floats; for any other kernel the lookup copies its output there, the same copies as
+before. The bytes that arrive are the same either way.
+
 Always: **no self-transfer.** A rank's own samples never go through the collective: the forward
 reads them straight from the input and the backward packs their gradient straight into the input
 gradient (half the bytes through gloo on 2 ranks). The collective takes each rank's chunks from one
@@ -65,12 +73,13 @@ from lightrec.distributed.comm._autograd import (
 )
 from lightrec.distributed.comm._placements import Placement, rank_placements
 from lightrec.distributed.comm.qcomm import QuantizedCommCodecs, RowCodec
-from lightrec.distributed.comm.shm_transport import ShmTransport, shm_transport
+from lightrec.distributed.comm.shm_transport import ShmExchange, ShmTransport, shm_transport
+from lightrec.kernels.kernel_interface import OutRows
 
 #: ``view(rank, numel)``: a flat ``[numel]`` view of the shared-memory chunk to or from ``rank``.
 SegmentView = Callable[[int, int], torch.Tensor]
 
-__all__ = ["PooledEmbeddingsAllToAll", "PooledEmbeddingsAwaitable", "check_batch_sizes"]
+__all__ = ["PlacedExchange", "PooledEmbeddingsAllToAll", "PooledEmbeddingsAwaitable", "check_batch_sizes"]
 
 
 def check_batch_sizes(
@@ -109,12 +118,30 @@ def _wire_width(width: int, codec: RowCodec | None) -> int:
     return width if codec is None else codec.wire_width(width)
 
 
+class PlacedExchange:
+    """A forward exchange started before the lookup (:meth:`PooledEmbeddingsAllToAll.prepare`).
+
+    Attributes:
+        out_rows: where the lookup writes its ``[sum B, D_me]`` rows: each peer's rows into its chunk of
+            the shared segment, this rank's own rows into their column block of :attr:`out`.
+        out: ``[B_me, sum D]``, the output the exchange fills.
+        batches: ``[W]`` batch size per rank.
+    """
+
+    def __init__(self, exchange: ShmExchange, out: torch.Tensor, out_rows: OutRows, batches: list[int]) -> None:
+        self.exchange, self.out, self.out_rows, self.batches = exchange, out, out_rows, batches
+
+
 class _PooledAllToAllOp:
     """One call's geometry: forward and adjoint all-to-all (see the module docstring)."""
 
-    def __init__(self, layout: PooledEmbeddingsAllToAll, batches: list[int]) -> None:
+    def __init__(self, layout: PooledEmbeddingsAllToAll, batches: list[int], placed: PlacedExchange | None = None) -> None:
         self.layout = layout
         self.batches = batches
+        self.placed = placed
+        # Set by a placed forward whose kernel wrote the rows itself: its backward reads the gradient
+        # rows where they arrive (OutRows.give_grad).
+        self.grad_rows: OutRows | None = None
 
     def _row_starts(self) -> list[int]:
         starts, at = [], 0
@@ -160,6 +187,12 @@ class _PooledAllToAllOp:
                 p.block_view(dst).copy_(p.output_view(grad))
 
     def start_forward(self, x: torch.Tensor) -> Pending:
+        if self.placed is not None:
+            # Dropped here: the op lives as long as the output's autograd graph, which the output itself
+            # holds -- a reference to it through ``placed.out`` would be a cycle Python cannot collect.
+            placed, self.placed = self.placed, None
+            self.grad_rows = placed.out_rows if placed.out_rows.placed else None
+            return self._placed_forward(placed)
         shm = self.layout.transport(x, self.layout.forward_codec)
         if shm is not None:
             return self._shm_forward(shm, x.contiguous())
@@ -217,12 +250,30 @@ class _PooledAllToAllOp:
 
         return Pending(None, finish, (send,))
 
+    def _placed_forward(self, placed: PlacedExchange) -> Pending:
+        """The forward of a prepared exchange: the lookup wrote the peers' rows and this rank's own
+        columns already; publish, then place each peer's block for this rank."""
+        lay, me, ex, out = self.layout, self.layout.rank, placed.exchange, placed.out
+        ex.publish()
+
+        def finish() -> torch.Tensor:
+            for r, width in enumerate(lay.dims):
+                if r != me and out.shape[0] * width > 0:
+                    self._place(out, r, ex.recv_view(r, out.dtype, out.shape[0] * width).view(out.shape[0], width))
+            ex.finish()
+            return out
+
+        return Pending(None, finish, ())
+
     def start_backward(self, grad: torch.Tensor) -> Pending:
         lay, me = self.layout, self.layout.rank
         b_me, d_me = self.batches[me], lay.dims[me]
         if grad.stride(-1) != 1:  # e.g. the stride-0 gradient of out.sum(): the views need unit column stride
             grad = grad.contiguous()
         shm = lay.transport(grad, lay.backward_codec)
+        if shm is not None and self.grad_rows is not None:
+            grad_rows, self.grad_rows = self.grad_rows, None
+            return self._shm_backward_in_place(shm, grad, grad_rows)
         if shm is not None:
             return self._shm_backward(shm, grad)
         rows_before = sum(self.batches[:me])
@@ -294,6 +345,36 @@ class _PooledAllToAllOp:
         return Pending(None, finish, (input_grad,))
 
 
+    def _shm_backward_in_place(self, shm: ShmTransport, grad: torch.Tensor, grad_rows: OutRows) -> Pending:
+        """The backward through shared memory for a kernel that reads its gradient rows in place: each
+        peer's gradient columns packed into this rank's segment and the own samples' into a
+        ``[B_me, D_me]`` buffer; the kernel then reads those and each peer's chunk for this rank where
+        they are (``grad_rows.give_grad``), and the chunks are released after it did. The input's
+        gradient is a stand-in without values."""
+        lay, me = self.layout, self.layout.rank
+        d_me = lay.dims[me]
+        own = grad.new_empty(self.batches[me], d_me)
+        ex = shm.start([self.batches[me] * w * grad.element_size() for w in lay.dims])
+        for r, width in enumerate(lay.dims):
+            if r == me:
+                self._pack(grad, r, own)
+            elif self.batches[me] * width > 0:
+                self._pack(grad, r, ex.send_view(r, grad.dtype, self.batches[me] * width).view(self.batches[me], width))
+        ex.publish()
+
+        def finish() -> torch.Tensor:
+            parts = []
+            for s, (b, start) in enumerate(zip(self.batches, self._row_starts())):
+                if s == me:
+                    parts.append((start, own))
+                elif b * d_me > 0:
+                    parts.append((start, ex.recv_view(s, grad.dtype, b * d_me).view(b, d_me)))
+            grad_rows.give_grad(parts, ex.finish)
+            return grad.new_zeros(()).expand(sum(self.batches), d_me)
+
+        return Pending(None, finish, (own,))
+
+
 class PooledEmbeddingsAwaitable(CollectiveAwaitable):
     """Lazy ``[B_local, sum(dim_sum_per_rank)]`` output of :class:`PooledEmbeddingsAllToAll`."""
 
@@ -361,10 +442,47 @@ class PooledEmbeddingsAllToAll:
             return None
         return shm_transport(self.pg)
 
+    def prepare(
+        self, batch_size_per_rank: list[int], dtype: torch.dtype, device: torch.device
+    ) -> PlacedExchange | None:
+        """Start the forward exchange of a lookup not yet run, so that it writes its rows where they go
+        (see the module docstring); None where that does not apply (then call as usual). The lookup's
+        result must then be passed to ``__call__`` with ``placed=`` before this rank starts any other
+        exchange of the group. Ranks may differ in whether they prepare: a prepared exchange puts the
+        same bytes in the same chunks as a plain call, forward and backward.
+
+        It applies on the shared-memory transport (CPU, no codec), where this rank owns columns and
+        they form one block of the output.
+        """
+        me = self.rank
+        d_me, own = self.dims[me], self.placements[me]
+        if d_me == 0 or len(own) != 1 or own[0].count != 1:
+            return None
+        shm = self.transport(torch.empty(0, device=device), self.forward_codec)
+        if shm is None:
+            return None
+        batches = per_rank_counts(batch_size_per_rank, self.world_size, "batch_size_per_rank", "batch sizes")
+        elem = torch.empty((), dtype=dtype).element_size()
+        ex = shm.start([b * d_me * elem for b in batches])
+        out = torch.empty(batches[me], self.total_width, dtype=dtype, device=device)
+        blocks, start = [], 0
+        for s, b in enumerate(batches):
+            if s == me:
+                blocks.append((start, out[:, own[0].out : own[0].out + d_me]))
+            else:
+                blocks.append((start, ex.send_view(s, dtype, b * d_me).view(b, d_me)))
+            start += b
+        return PlacedExchange(ex, out, OutRows(blocks), batches)
+
     def __call__(
-        self, local_embs: torch.Tensor, batch_size_per_rank: list[int] | None = None
+        self,
+        local_embs: torch.Tensor,
+        batch_size_per_rank: list[int] | None = None,
+        placed: PlacedExchange | None = None,
     ) -> PooledEmbeddingsAwaitable:
-        """Start the all-to-all of ``local_embs`` ``[B_total, D_rank]``; see the class docstring."""
+        """Start the all-to-all of ``local_embs`` ``[B_total, D_rank]``; see the class docstring. With
+        ``placed`` (from :meth:`prepare`, for these batch sizes) the lookup that made ``local_embs``
+        wrote its rows into ``placed.out_rows`` and only those are read."""
         d_me = self.dims[self.rank]
         if local_embs.dim() != 2 or local_embs.shape[1] != d_me:
             raise ValueError(
@@ -374,4 +492,9 @@ class PooledEmbeddingsAllToAll:
         batches = check_batch_sizes(
             batch_size_per_rank, local_embs.shape[0], self.world_size, "PooledEmbeddingsAllToAll"
         )
-        return PooledEmbeddingsAwaitable(_PooledAllToAllOp(self, batches), local_embs, self.defer_input_grad)
+        if placed is not None and placed.batches != batches:
+            raise ValueError(
+                f"PooledEmbeddingsAllToAll: placed= was prepared for batch sizes {placed.batches}, "
+                f"called with {batches}; prepare and call with the same batch_size_per_rank"
+            )
+        return PooledEmbeddingsAwaitable(_PooledAllToAllOp(self, batches, placed), local_embs, self.defer_input_grad)

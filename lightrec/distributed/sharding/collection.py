@@ -16,7 +16,9 @@ Its forward is three explicit stages, which a pipeline may run before the forwar
     lookup(started)                  -> this rank's embeddings, one tensor per sharding type
     output_dist(embeddings, started) -> the forward's awaitable
     compute_and_output_dist(started) =  the two above, each output dist started as soon as its
-                                        lookup is done (what the forward runs)
+                                        lookup is done (what the forward runs); a pooled exchange
+                                        through shared memory is started before its lookup, which
+                                        writes its rows where they go (``PooledOutputDist.prepare``)
     prefetch(started)                   the kernels' prefetch hooks with the received ids
 
 All input dists are started before any is waited, so their all-to-alls overlap. Work started
@@ -55,16 +57,18 @@ from lightrec.distributed.planner.plan import (
 from lightrec.distributed.planner.plan.sharder import FusedParamsLike, PooledTables, SequenceTables
 from lightrec.distributed.sharding import SHARDING_CLASSES
 from lightrec.distributed.sharding.common import (
+    DistContext,
     KJTEmbeddingSharding,
     KJTInputDist,
     KJTOutputDist,
+    PooledOutputDist,
     ShardedTable,
     ShardingContext,
 )
 from lightrec.distributed.sharding.data_parallel import DpEmbeddingSharding
 from lightrec.distributed.sharding.id_bounds import IdBounds
 from lightrec.distributed.sharding.kernel_agreement import KernelAgreement
-from lightrec.distributed.sharding.lookups import GroupedLookup
+from lightrec.distributed.sharding.lookups import GroupedLookup, GroupedPooledEmbeddingsLookup
 from lightrec.distributed.sharding.state_dict import load_state_dict_pre_hook, state_dict_hook
 from lightrec.distributed.sharding.tiering import tiering_for, tiering_params
 from lightrec.distributed.sharding.work_ahead import AheadQueue, StartedInputDist
@@ -410,9 +414,28 @@ class ShardedCollectionBase(nn.Module, abc.ABC, Generic[Out]):
         for i, (ctx, t, lookup, output_dist) in enumerate(
             zip(started.contexts, tensors, self._grouped_lookups(), self._output_dist_modules())
         ):
-            results.append(output_dist(lookup(self._lookup_input(i, t.wait())), t, ctx))
+            results.append(self._lookup_and_send(self._lookup_input(i, t.wait()), t, ctx, lookup, output_dist))
         self._kernel_agreement.after_lookups(self)
         return self._assemble(started, results)
+
+    @staticmethod
+    def _lookup_and_send(
+        kjt: KeyedJaggedTensor,
+        received: Awaitable[KeyedJaggedTensor],
+        ctx: DistContext,
+        lookup: GroupedLookup,
+        output_dist: KJTOutputDist,
+    ) -> Awaitable[torch.Tensor]:
+        """One sharding's lookup of ``kjt`` and its output dist. A pooled exchange through shared memory
+        is started first, so that the lookup writes its rows straight into the exchange and the output
+        (``PooledOutputDist.prepare``). Ranks may take different paths (a rank without columns has
+        nothing to place): a prepared exchange moves the same bytes as a plain one."""
+        if isinstance(lookup, GroupedPooledEmbeddingsLookup) and isinstance(output_dist, PooledOutputDist):
+            like = lookup.placeable()
+            placed = output_dist.prepare(received, *like) if like is not None else None
+            if placed is not None:
+                return output_dist.send_placed(lookup(kjt, placed.out_rows), received, placed)
+        return output_dist(lookup(kjt), received, ctx)
 
     @property
     def prefetches(self) -> bool:

@@ -43,6 +43,7 @@ from torch import nn
 
 from lightrec.distributed.comm.awaitable import Awaitable
 from lightrec.distributed.comm.kjt_all_to_all import KJTAllToAllTensorsAwaitable
+from lightrec.distributed.comm.pooled_all_to_all import PlacedExchange, PooledEmbeddingsAllToAll
 from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
 from lightrec.distributed.comm.sequence_all_to_all import SequenceEmbeddingsAllToAll
 from lightrec.distributed.comm.sharding_env import ShardingEnv
@@ -384,6 +385,24 @@ class PooledOutputDist(KJTOutputDist):
         self, embeddings: torch.Tensor, received: Awaitable[KeyedJaggedTensor], ctx: DistContext
     ) -> Awaitable[torch.Tensor]:
         return self._dist(embeddings, exchanged(received).batch_size_per_rank)
+
+    def prepare(
+        self, received: Awaitable[KeyedJaggedTensor], dtype: torch.dtype, device: torch.device
+    ) -> PlacedExchange | None:
+        """Start the exchange before the lookup of ``received.wait()`` runs, so that the lookup writes its
+        rows where they go (``PooledEmbeddingsAllToAll.prepare``); None where that does not apply.
+        A prepared exchange goes on with :meth:`send_placed`, before any other collective starts."""
+        if not isinstance(self._dist, PooledEmbeddingsAllToAll):
+            return None
+        return self._dist.prepare(exchanged(received).batch_size_per_rank, dtype, device)
+
+    def send_placed(
+        self, embeddings: torch.Tensor, received: Awaitable[KeyedJaggedTensor], placed: PlacedExchange
+    ) -> Awaitable[torch.Tensor]:
+        """:meth:`forward` for a lookup that wrote its rows into ``placed.out_rows``."""
+        if not isinstance(self._dist, PooledEmbeddingsAllToAll):
+            raise TypeError(f"send_placed needs a PooledEmbeddingsAllToAll, this output dist has {type(self._dist).__name__}")
+        return self._dist(embeddings, exchanged(received).batch_size_per_rank, placed=placed)
 
 
 class SequenceOutputDist(KJTOutputDist):

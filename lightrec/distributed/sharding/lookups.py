@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import nn
@@ -32,6 +32,7 @@ from lightrec.distributed.sharding.common import (
     scale_grad,
 )
 from lightrec.kernels.batched_embedding import BatchedEmbedding, BatchedEmbeddingBag, BatchedTableSpec
+from lightrec.kernels.kernel_interface import OutRows
 from lightrec.modules.embedding_configs import PoolingType
 from lightrec.sparse import KeyedJaggedTensor
 from lightrec.sparse._ops import complete_cumsum
@@ -279,16 +280,38 @@ class GroupedPooledEmbeddingsLookup(GroupedLookup):
             self._mean_mask = torch.tensor(mean_keys, dtype=torch.bool, device=device)
         self._has_mean = mean_keys is not None and any(mean_keys)
 
-    def forward(self, kjt: KeyedJaggedTensor) -> torch.Tensor:
+    def placeable(self) -> tuple[torch.dtype, torch.device] | None:
+        """The output's dtype and device where :meth:`forward` can hand ``out_rows`` to its one kernel
+        (so that the kernel may write the rows in place), else None: several kernels, columns of empty
+        shards to fill, trackers that read the output, a gradient scale of its own (a kernel that reads
+        its gradient in place bypasses autograd's), or tables not stored in float32 (a kernel may pool
+        those into another dtype)."""
+        if len(self._emb_modules) != 1 or self._needs_fill or self._trackers or self._grad_scale != 1.0:
+            return None
+        kernel = self._kernels()[0]
+        if not isinstance(kernel, BatchedEmbeddingBag):
+            return None
+        weight = next(iter(kernel.weights.values()))  # the parameter view; no flush of a tiered cache
+        return (weight.dtype, weight.device) if weight.dtype == torch.float32 else None
+
+    def forward(self, kjt: KeyedJaggedTensor, out_rows: OutRows | None = None) -> torch.Tensor:
+        """``[B, sum of slot widths]``; with ``out_rows`` its rows are written there too, and the result
+        holds values only where ``out_rows.placed`` stays False (``kernel_interface.OutRows``)."""
         batch = kjt.stride()
         if not self._groups:
             # Nothing served here; still join the backward collectives (the output needs a graph).
-            return torch.zeros(
-                batch, self._total_width, device=self._device, requires_grad=torch.is_grad_enabled()
-            )
+            empty = torch.zeros(batch, self._total_width, device=self._device, requires_grad=torch.is_grad_enabled())
+            if out_rows is not None:
+                out_rows.copy_from(empty)
+            return empty
         weights = kjt.weights_or_none()
         if self._has_mean:
             weights = mean_weights(kjt.lengths(), kjt.values().numel(), self._mean_mask, batch, weights)
+        if out_rows is not None and self.placeable() is not None:
+            bag = self._kernels()[0]
+            values, offsets, w = self._group_inputs(kjt, self._groups[0], weights)
+            assert isinstance(bag, BatchedEmbeddingBag)  # placeable() checked it
+            return scale_grad(bag(values, offsets, w, out_rows), self._grad_scale)
         outs = []
         for kernel, group in zip(self._emb_modules, self._groups):
             values, offsets, w = self._group_inputs(kjt, group, weights)
@@ -299,7 +322,13 @@ class GroupedPooledEmbeddingsLookup(GroupedLookup):
         if self._fill_index is not None:
             out = out.index_select(1, self._fill_index)
         self._track(kjt, out)
+        if out_rows is not None:
+            out_rows.copy_from(out)
         return scale_grad(out, self._grad_scale)
+
+    if TYPE_CHECKING:  # nn.Module.__call__ runs the hooks and forward; declared with forward's types
+
+        def __call__(self, kjt: KeyedJaggedTensor, out_rows: OutRows | None = None) -> torch.Tensor: ...
 
 
 class GroupedEmbeddingsLookup(GroupedLookup):
