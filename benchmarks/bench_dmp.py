@@ -20,6 +20,8 @@ gloo-allreduce`` runs lightrec against itself with DDP's gloo all-reduce instead
 windows in the same processes, as below): the before / after of that all-reduce alone. ``--against
 fbgemm-kernel`` runs lightrec with the torch kernel (``LIGHTREC_CPU_KERNEL=torch``) against lightrec with
 fbgemm's TBE (``=fbgemm``), the rest alike: what the fused CPU kernel choice is worth in this model.
+``--against unplaced`` runs lightrec against itself with its lookups not writing into the shared-memory
+exchange (``PooledOutputDist.prepare`` off; the torch kernel on both sides): what that is worth.
 
 Run::
 
@@ -176,6 +178,23 @@ def _with_cpu_kernel(kernel: str) -> Any:
     return build
 
 
+def _unplaced(build: Any) -> Any:
+    """A builder of ``build``'s model whose sharded lookups do not write into the shared-memory exchange:
+    every ``PooledOutputDist`` of it declines to prepare (the exchange copies the lookup's output, as
+    before ``prepare`` existed)."""
+
+    def unplaced(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+        from lightrec.distributed.sharding.common import PooledOutputDist
+
+        model, opt, kjt_cls = build(args)
+        for module in model.modules():
+            if isinstance(module, PooledOutputDist):
+                module.prepare = lambda *_: None  # type: ignore[method-assign] # this instance only
+        return model, opt, kjt_cls
+
+    return unplaced
+
+
 def _torchrec_model(args: argparse.Namespace) -> tuple[Any, Any, Any]:  # pragma: no cover - needs torchrec
     import torchrec
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
@@ -300,6 +319,10 @@ def _measure_all(rank: int, args: argparse.Namespace) -> dict[str, Any]:
         contenders = {"lightrec": _Contender(_with_cpu_kernel("torch"), rank, args, "lightrec"),
                       args.against: _Contender(_with_cpu_kernel("fbgemm"), rank, args, "lightrec")}  # fmt: skip
         return _alternate(contenders, result, args)
+    if args.against == "unplaced":  # the lookups writing into the exchange, or not (torch kernel both)
+        contenders = {"lightrec": _Contender(_with_cpu_kernel("torch"), rank, args, "lightrec"),
+                      args.against: _Contender(_unplaced(_with_cpu_kernel("torch")), rank, args, "lightrec")}  # fmt: skip
+        return _alternate(contenders, result, args)
     contenders = {"lightrec": _Contender(_lightrec_model, rank, args, "lightrec")}
     if args.against == "gloo-allreduce":
         contenders[args.against] = _Contender(_lightrec_gloo_allreduce_model, rank, args, "lightrec")
@@ -390,9 +413,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="lightrec plan: its planner (default), contiguous table-wise, or all row-wise")  # fmt: skip
     parser.add_argument("--malloc-tuning", action=argparse.BooleanOptionalAction, default=True,
                         help="fixed glibc malloc thresholds in the rank processes (see above)")  # fmt: skip
-    parser.add_argument("--against", choices=["torchrec", "gloo-allreduce", "fbgemm-kernel"], default="torchrec",
-                        help="the other side: torchrec, lightrec with DDP's gloo all-reduce, or lightrec with "
-                             "fbgemm's TBE (then lightrec's side runs the torch kernel)")  # fmt: skip
+    parser.add_argument("--against", choices=["torchrec", "gloo-allreduce", "fbgemm-kernel", "unplaced"], default="torchrec",
+                        help="the other side: torchrec, lightrec with DDP's gloo all-reduce, lightrec with "
+                             "fbgemm's TBE (then lightrec's side runs the torch kernel), or lightrec with its lookups "
+                             "not writing into the shared-memory exchange (torch kernel on both sides)")  # fmt: skip
     parser.add_argument("--out", help="write the JSON result here as well")
     args = parser.parse_args(argv)
     load_start = list(os.getloadavg())

@@ -55,11 +55,17 @@ def _batch(step: int, rank: int, world_size: int, one_id: bool, weighted: bool) 
     return KeyedJaggedTensor([f"f{t}" for t in range(TABLES)], values, weights, lengths=lengths, stride=batch)
 
 
-def _train(group: Any, world_size: int, kernel: str, one_id: bool, weighted: bool) -> tuple[list[torch.Tensor], dict[str, int]]:
+def _train(
+    group: Any, world_size: int, kernel: str, one_id: bool, weighted: bool, one_owner: bool = False,
+    fail_at: int | None = None,
+) -> tuple[list[torch.Tensor], dict[str, int]]:
     """Four fused row-wise Adagrad steps of a table-wise sharded collection on ``group``: the outputs
-    and the full tables, and how often the forward was placed (by the kernel, or by a copy)."""
+    and the full tables, and how often the forward was placed (by the kernel, or by a copy).
+    ``one_owner``: every table on rank 0 (the other ranks own no columns and place nothing).
+    ``fail_at``: the lookups of that step raise on every rank, and training goes on after the error."""
     from lightrec.distributed import EmbeddingBagCollectionSharder, ShardingEnv, gather_full_state_dict
     from lightrec.distributed.planner import construct_module_sharding_plan, table_wise
+    from lightrec.distributed.sharding.lookups import GroupedPooledEmbeddingsLookup
     from lightrec.kernels.kernel_interface import OutRows
     from lightrec.modules.embedding_configs import EmbeddingBagConfig
     from lightrec.modules.embedding_modules import EmbeddingBagCollection
@@ -71,7 +77,7 @@ def _train(group: Any, world_size: int, kernel: str, one_id: bool, weighted: boo
                for t in range(TABLES)]  # fmt: skip
     ref = EmbeddingBagCollection(configs, is_weighted=weighted)
     # Tables dealt to ranks in runs, so that each rank's columns are one block of the output.
-    per = -(-TABLES // world_size)
+    per = TABLES if one_owner else -(-TABLES // world_size)
     plan = construct_module_sharding_plan(
         ref, {f"t{t}": table_wise(rank=t // per) for t in range(TABLES)}, world_size=world_size
     )
@@ -87,18 +93,33 @@ def _train(group: Any, world_size: int, kernel: str, one_id: bool, weighted: boo
         written(self, placed)
 
     OutRows.written = spy  # type: ignore[method-assign]
+    lookup_forward = GroupedPooledEmbeddingsLookup.forward
+
+    def failing(self: Any, *args: Any) -> Any:
+        raise RuntimeError("injected lookup failure")
+
     try:
         seen = []
         rank = torch.distributed.get_rank(group)
         for step in range(4):
-            out = sharded(_batch(step, rank, world_size, one_id, weighted)).wait()
+            GroupedPooledEmbeddingsLookup.forward = failing if step == fail_at else lookup_forward  # type: ignore[method-assign,assignment]
+            try:
+                out = sharded(_batch(step, rank, world_size, one_id, weighted)).wait()
+            except RuntimeError as exc:
+                assert step == fail_at and "injected" in str(exc)
+                continue
             values = out.values()
             (values * torch.linspace(-1, 1, values.numel()).view_as(values)).sum().backward()
             seen.append(values.detach().clone())
     finally:
         OutRows.written = written  # type: ignore[method-assign]
+        GroupedPooledEmbeddingsLookup.forward = lookup_forward  # type: ignore[method-assign]
     full = gather_full_state_dict(sharded.state_dict())
     return seen + [full[k].detach().clone() for k in sorted(full)], counts
+
+
+def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
 
 
 def _equality_body(rank: int, world_size: int, kernels: list[str]) -> dict[str, Any]:
@@ -109,8 +130,7 @@ def _equality_body(rank: int, world_size: int, kernels: list[str]) -> dict[str, 
             for weighted in (False, True):
                 a, gloo_counts = _train(gloo, world_size, kernel, one_id, weighted)
                 b, shm_counts = _train(shm, world_size, kernel, one_id, weighted)
-                same = len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
-                results[f"{kernel}/one_id={one_id}/weighted={weighted}"] = (same, gloo_counts, shm_counts)
+                results[f"{kernel}/one_id={one_id}/weighted={weighted}"] = (_same(a, b), gloo_counts, shm_counts)
     # Nothing of the placed exchanges outlives its step (the output's autograd graph holds the
     # exchange; a reference back to the output would be a cycle Python cannot collect).
     from lightrec.distributed.comm.pooled_all_to_all import PlacedExchange
@@ -137,6 +157,29 @@ def test_lookup_into_the_exchange_trains_bit_for_bit_like_gloo(world_size: int) 
             )
 
 
+def _mixed_body(rank: int, world_size: int) -> dict[int | None, dict[str, int]]:
+    """Every table on rank 0: it places, the others (no columns) take the plain path -- the same bytes.
+    Then the same with the lookups of step 1 failing on every rank and training going on after it:
+    rank 0 had started its exchange before the lookup, the others had not; it takes it back."""
+    os.environ["LIGHTREC_SHM_TIMEOUT"] = "30"  # a regression fails in seconds, not after 30 minutes
+    gloo, shm = _groups()
+    counts: dict[int | None, dict[str, int]] = {}
+    for fail_at in (None, 1):
+        a, _ = _train(gloo, world_size, "torch", True, False, one_owner=True, fail_at=fail_at)
+        b, counts[fail_at] = _train(shm, world_size, "torch", True, False, one_owner=True, fail_at=fail_at)
+        assert _same(a, b), f"fail_at={fail_at}: the placed exchange trains otherwise than gloo"
+    return counts
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ranks_without_columns_and_a_failed_lookup_keep_the_exchanges_in_step(world_size: int) -> None:
+    for rank, counts in enumerate(run_ranks(_mixed_body, world_size, timeout=240)):
+        placed = 4 if rank == 0 else 0
+        assert counts == {None: {"placed": placed, "copied": 0}, 1: {"placed": placed - placed // 4, "copied": 0}}, (
+            f"rank {rank}: {counts}"
+        )
+
+
 def _fallback_body(rank: int, world_size: int) -> list[bool]:
     """Where the exchange cannot take the rows in place, ``prepare`` says None and starts nothing."""
     from lightrec.distributed.comm.pooled_all_to_all import PooledEmbeddingsAllToAll
@@ -157,3 +200,46 @@ def _fallback_body(rank: int, world_size: int) -> list[bool]:
 def test_prepare_declines_what_it_cannot_place() -> None:
     for rank, checks in enumerate(run_ranks(_fallback_body, 2, timeout=120)):
         assert checks == [True, True, True], f"rank {rank}: {checks}"
+
+
+def _cancel_body(rank: int, world_size: int) -> list[str]:
+    """``ShmExchange.cancel`` takes back only the newest, unpublished exchange; after it the ranks'
+    exchanges still pair up."""
+    from lightrec.distributed.comm.shm_transport import shm_transport
+
+    _, group = _groups()
+    shm = shm_transport(group)
+    assert shm is not None
+    peer = 1 - rank
+    refused = []
+    first = shm.start([0 if d == rank else 8 for d in range(2)])
+    first.send_view(peer, torch.float32, 2).copy_(torch.tensor([rank, 1.0]))
+    first.publish()
+    try:
+        first.cancel()
+    except RuntimeError as exc:
+        refused.append(str(exc))
+    first.recv_view(peer, torch.float32, 2).clone()
+    first.finish()
+    second = shm.start([0 if d == rank else 8 for d in range(2)])
+    third = shm.start([0 if d == rank else 8 for d in range(2)])
+    try:
+        second.cancel()
+    except RuntimeError as exc:
+        refused.append(str(exc))
+    third.cancel()  # the newest: taken back; the next start gets its number again
+    again = shm.start([0 if d == rank else 8 for d in range(2)])
+    assert again.seq == third.seq
+    for ex, value in ((second, 2.0), (again, 3.0)):
+        ex.send_view(peer, torch.float32, 2).copy_(torch.tensor([rank, value]))
+        ex.publish()
+    got = [ex.recv_view(peer, torch.float32, 2).tolist() for ex in (second, again)]
+    second.finish()
+    again.finish()
+    assert got == [[float(peer), 2.0], [float(peer), 3.0]], got
+    return refused
+
+
+def test_only_the_newest_unpublished_exchange_can_be_taken_back() -> None:
+    for refused in run_ranks(_cancel_body, 2, timeout=120):
+        assert len(refused) == 2 and all("cannot be taken back" in r for r in refused), refused

@@ -69,6 +69,7 @@ def test_learned_weights_are_never_placed_by_the_kernel() -> None:
     """Per-id weights that need a gradient change the output after the kernel: the lookup copies."""
     m = _module()
     b = random_batch(torch.Generator().manual_seed(1), [30, 20, 30], FTM, BATCH, True, one_per_bag=True)
+    assert b.weights is not None
     weights = b.weights.clone().requires_grad_(True)
     rows = OutRows([(0, torch.empty(BATCH, WIDTH))])
     out = m(b.indices, b.offsets, weights, rows)

@@ -131,6 +131,11 @@ class PlacedExchange:
     def __init__(self, exchange: ShmExchange, out: torch.Tensor, out_rows: OutRows, batches: list[int]) -> None:
         self.exchange, self.out, self.out_rows, self.batches = exchange, out, out_rows, batches
 
+    def cancel(self) -> None:
+        """The lookup failed: take the exchange back (``ShmExchange.cancel``), so that this rank's next
+        exchange is numbered as on the ranks that had not started theirs yet."""
+        self.exchange.cancel()
+
 
 class _PooledAllToAllOp:
     """One call's geometry: forward and adjoint all-to-all (see the module docstring)."""

@@ -260,6 +260,7 @@ class ShmExchange:
         self._t, self.seq, self._slot = transport, seq, slot
         self._segment, self._offsets, self._sizes = segment, offsets, sizes
         self._finished = False
+        self._published = False
 
     def send_view(self, dest: int, dtype: torch.dtype, numel: int, byte_offset: int = 0) -> torch.Tensor:
         """``[numel]`` of ``dtype`` where this rank's chunk for ``dest`` starts (+ ``byte_offset``)."""
@@ -274,7 +275,27 @@ class ShmExchange:
     def publish(self) -> None:
         """The chunks are written: let the peers read them."""
         t = self._t
+        self._published = True
         t._ops.shm_store(t._control[t.rank].seq, self._slot, self.seq)
+
+    def cancel(self) -> None:
+        """Take back this exchange, started but not published (what was to fill it failed): its number
+        and its bytes are free again, as if it had never started, so this rank's next exchange is
+        numbered as its peers' is. Only the newest exchange of the transport can be taken back.
+
+        Raises:
+            RuntimeError: it was published, or a later exchange has started since.
+        """
+        t = self._t
+        with t._lock:
+            if self._published or t._next != ((self.seq + 1) & 0x7FFFFFFF or 1):
+                raise RuntimeError(
+                    f"exchange {self.seq} cannot be taken back: it was published, or a later one has started"
+                )
+            t._next = self.seq
+        for arena in t._arenas:
+            arena.live = [a for a in arena.live if a[0] != self.seq]
+        self._finished = True  # nothing for the peers to release
 
     def recv_view(self, src: int, dtype: torch.dtype, numel: int, byte_offset: int = 0) -> torch.Tensor:
         """``[numel]`` of ``dtype`` of ``src``'s chunk for this rank (waits for ``src`` to publish)."""

@@ -434,7 +434,12 @@ class ShardedCollectionBase(nn.Module, abc.ABC, Generic[Out]):
             like = lookup.placeable()
             placed = output_dist.prepare(received, *like) if like is not None else None
             if placed is not None:
-                return output_dist.send_placed(lookup(kjt, placed.out_rows), received, placed)
+                try:
+                    embeddings = lookup(kjt, placed.out_rows)
+                except BaseException:
+                    placed.cancel()  # a caller that goes on after the error finds the exchanges in step
+                    raise
+                return output_dist.send_placed(embeddings, received, placed)
         return output_dist(lookup(kjt), received, ctx)
 
     @property
