@@ -349,7 +349,6 @@ class _PooledAllToAllOp:
 
         return Pending(None, finish, (input_grad,))
 
-
     def _shm_backward_in_place(self, shm: ShmTransport, grad: torch.Tensor, grad_rows: OutRows) -> Pending:
         """The backward through shared memory for a kernel that reads its gradient rows in place: each
         peer's gradient columns packed into this rank's segment and the own samples' into a
