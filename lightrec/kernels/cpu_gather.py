@@ -52,7 +52,7 @@ def gather_rows_into(weight: torch.Tensor, ids: torch.Tensor, out: torch.Tensor)
     ``(i % K) * D`` to ``(i % K + 1) * D``.
 
     Raises:
-        ValueError: ``out`` does not hold ``N`` rows of ``D`` columns.
+        ValueError: ``out`` does not hold ``N`` rows of ``D`` columns, or its columns are strided.
         RuntimeError: an id outside ``[0, R)`` (``out`` is left unchanged; the message names the id
             and its position).
     """
@@ -62,7 +62,12 @@ def gather_rows_into(weight: torch.Tensor, ids: torch.Tensor, out: torch.Tensor)
             f"gather_rows_into: out {tuple(out.shape)} must be [M, K * {dim}] with M * K = {ids.numel()} "
             f"(the number of ids)"
         )
-    if _native(weight, ids) and out.dtype == weight.dtype and out.device.type == "cpu" and out.stride(1) == 1:
+    if out.stride(1) != 1 and out.shape[1] > 1:
+        raise ValueError(
+            f"gather_rows_into: out must have unit column stride (rows of D contiguous values), got strides "
+            f"{tuple(out.stride())}; pass a column block of a row-major tensor"
+        )
+    if _native(weight, ids) and out.dtype == weight.dtype and out.device.type == "cpu":
         torch.ops.lightrec_cpu.gather_rows_into(weight, ids.contiguous(), out)
         return
     shape = (out.shape[0], out.shape[1] // dim, dim)

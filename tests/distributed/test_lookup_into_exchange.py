@@ -190,6 +190,18 @@ def _fallback_body(rank: int, world_size: int) -> list[bool]:
     fp16 = QuantizedCommCodecs(row_codec("fp16"), row_codec("fp16"))
     # Each rank's columns land in two places of the output: not one block.
     split = [0, 1, 4, 5, 2, 3, 6, 7]
+    # A prepared exchange called with other batch sizes than it was prepared for: a clear error, and the
+    # exchange taken back (the ranks stay in step).
+    a2a = PooledEmbeddingsAllToAll(shm, [4, 4])
+    placed = a2a.prepare([2, 2], torch.float32, cpu)
+    assert placed is not None
+    try:
+        a2a(torch.zeros(4, 4), [3, 1], placed=placed)
+        mismatch = "no error"
+    except ValueError as exc:
+        mismatch = str(exc)
+    placed.cancel()
+    assert "prepared for batch sizes [2, 2], called with [3, 1]" in mismatch, mismatch
     return [
         PooledEmbeddingsAllToAll(gloo, [4, 4]).prepare([2, 2], torch.float32, cpu) is None,  # no shared segment
         PooledEmbeddingsAllToAll(shm, [4, 4], codecs=fp16).prepare([2, 2], torch.float32, cpu) is None,

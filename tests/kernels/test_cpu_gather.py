@@ -86,3 +86,12 @@ def test_gather_into_refuses_a_bad_id_or_shape_and_writes_nothing() -> None:
     assert out.eq(0).all()
     with pytest.raises(ValueError, match="must be \\[M, K \\* 8\\] with M \\* K = 3"):
         gather_rows_into(table, torch.tensor([1, 2, 3]), out)
+
+
+def test_gather_into_refuses_strided_columns() -> None:
+    from lightrec.kernels.cpu_gather import gather_rows_into
+
+    out = torch.zeros(8, 2).t()  # [2, 8] with column stride 2
+    with pytest.raises(ValueError, match="unit column stride"):
+        gather_rows_into(torch.randn(50, 4), torch.tensor([1, 2, 3, 4]), out)
+    assert out.eq(0).all()

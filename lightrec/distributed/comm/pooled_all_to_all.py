@@ -164,15 +164,20 @@ class _PooledAllToAllOp:
             if s != me and b * d_me > 0:
                 yield slice(start, start + b), view(s, b * d_me).view(b, d_me)
 
-    def _column_blocks(self, local: torch.Tensor, view: SegmentView) -> Iterator[tuple[int, torch.Tensor]]:
-        """Per rank ``r`` with columns: ``r`` and its ``[B_me, D_r]`` block -- this rank's own rows of
-        ``local`` (``[sum B, D_me]``) for itself, else ``view(r, B_me * D_r)`` (its shared-memory chunk)."""
+    def _own_rows(self, local: torch.Tensor) -> torch.Tensor:
+        """This rank's own samples' ``[B_me, D_me]`` rows of a ``[sum B, D_me]`` tensor."""
+        start = self._row_starts()[self.layout.rank]
+        return local[start : start + self.batches[self.layout.rank]]
+
+    def _column_blocks(self, own: torch.Tensor | None, view: SegmentView) -> Iterator[tuple[int, torch.Tensor]]:
+        """Per rank ``r`` with columns: ``r`` and its ``[B_me, D_r]`` block -- ``own`` for this rank
+        (skipped where None), else ``view(r, B_me * D_r)`` (its shared-memory chunk)."""
         me = self.layout.rank
         b_me = self.batches[me]
         for r, width in enumerate(self.layout.dims):
             if r == me:
-                start = self._row_starts()[me]
-                yield r, local[start : start + b_me]
+                if own is not None:
+                    yield r, own
             elif b_me * width > 0:
                 yield r, view(r, b_me * width).view(b_me, width)
 
@@ -198,7 +203,7 @@ class _PooledAllToAllOp:
             placed, self.placed = self.placed, None
             self.grad_rows = placed.out_rows if placed.out_rows.placed else None
             return self._placed_forward(placed)
-        shm = self.layout.transport(x, self.layout.forward_codec)
+        shm = self.layout.transport(x.device, self.layout.forward_codec)
         if shm is not None:
             return self._shm_forward(shm, x.contiguous())
         lay, me = self.layout, self.layout.rank
@@ -248,7 +253,7 @@ class _PooledAllToAllOp:
 
         def finish() -> torch.Tensor:
             out = send.new_empty(self.batches[me], lay.total_width)
-            for r, block in self._column_blocks(send, lambda r, n: ex.recv_view(r, send.dtype, n)):
+            for r, block in self._column_blocks(self._own_rows(send), lambda r, n: ex.recv_view(r, send.dtype, n)):
                 self._place(out, r, block)
             ex.finish()
             return out
@@ -258,13 +263,12 @@ class _PooledAllToAllOp:
     def _placed_forward(self, placed: PlacedExchange) -> Pending:
         """The forward of a prepared exchange: the lookup wrote the peers' rows and this rank's own
         columns already; publish, then place each peer's block for this rank."""
-        lay, me, ex, out = self.layout, self.layout.rank, placed.exchange, placed.out
+        ex, out = placed.exchange, placed.out
         ex.publish()
 
         def finish() -> torch.Tensor:
-            for r, width in enumerate(lay.dims):
-                if r != me and out.shape[0] * width > 0:
-                    self._place(out, r, ex.recv_view(r, out.dtype, out.shape[0] * width).view(out.shape[0], width))
+            for r, block in self._column_blocks(None, lambda r, n: ex.recv_view(r, out.dtype, n)):
+                self._place(out, r, block)
             ex.finish()
             return out
 
@@ -275,7 +279,7 @@ class _PooledAllToAllOp:
         b_me, d_me = self.batches[me], lay.dims[me]
         if grad.stride(-1) != 1:  # e.g. the stride-0 gradient of out.sum(): the views need unit column stride
             grad = grad.contiguous()
-        shm = lay.transport(grad, lay.backward_codec)
+        shm = lay.transport(grad.device, lay.backward_codec)
         if shm is not None and self.grad_rows is not None:
             grad_rows, self.grad_rows = self.grad_rows, None
             return self._shm_backward_in_place(shm, grad, grad_rows)
@@ -337,7 +341,7 @@ class _PooledAllToAllOp:
         lay, me = self.layout, self.layout.rank
         input_grad = grad.new_empty(sum(self.batches), lay.dims[me])
         ex = shm.start([self.batches[me] * w * grad.element_size() for w in lay.dims])
-        for r, block in self._column_blocks(input_grad, lambda r, n: ex.send_view(r, grad.dtype, n)):
+        for r, block in self._column_blocks(self._own_rows(input_grad), lambda r, n: ex.send_view(r, grad.dtype, n)):
             self._pack(grad, r, block)
         ex.publish()
 
@@ -356,25 +360,17 @@ class _PooledAllToAllOp:
         they are (``grad_rows.give_grad``), and the chunks are released after it did. The input's
         gradient is a stand-in without values."""
         lay, me = self.layout, self.layout.rank
-        d_me = lay.dims[me]
-        own = grad.new_empty(self.batches[me], d_me)
+        own = grad.new_empty(self.batches[me], lay.dims[me])
         ex = shm.start([self.batches[me] * w * grad.element_size() for w in lay.dims])
-        for r, width in enumerate(lay.dims):
-            if r == me:
-                self._pack(grad, r, own)
-            elif self.batches[me] * width > 0:
-                self._pack(grad, r, ex.send_view(r, grad.dtype, self.batches[me] * width).view(self.batches[me], width))
+        for r, block in self._column_blocks(own, lambda r, n: ex.send_view(r, grad.dtype, n)):
+            self._pack(grad, r, block)
         ex.publish()
 
         def finish() -> torch.Tensor:
-            parts = []
-            for s, (b, start) in enumerate(zip(self.batches, self._row_starts())):
-                if s == me:
-                    parts.append((start, own))
-                elif b * d_me > 0:
-                    parts.append((start, ex.recv_view(s, grad.dtype, b * d_me).view(b, d_me)))
-            grad_rows.give_grad(parts, ex.finish)
-            return grad.new_zeros(()).expand(sum(self.batches), d_me)
+            parts = [(rows.start, block) for rows, block in self._peer_row_blocks(lambda s, n: ex.recv_view(s, grad.dtype, n))]
+            parts.append((self._row_starts()[me], own))
+            grad_rows.give_grad(sorted(parts, key=lambda part: part[0]), ex.finish)
+            return grad.new_zeros(()).expand(sum(self.batches), lay.dims[me])
 
         return Pending(None, finish, (own,))
 
@@ -436,13 +432,13 @@ class PooledEmbeddingsAllToAll:
     def dim_sum_per_rank(self) -> list[int]:
         return list(self.dims)
 
-    def transport(self, tensor: torch.Tensor, codec: RowCodec | None) -> ShmTransport | None:
-        """The shared-memory transport for ``tensor``'s exchange, or None for ``all_to_all_single``.
+    def transport(self, device: torch.device, codec: RowCodec | None) -> ShmTransport | None:
+        """The shared-memory transport for an exchange of tensors on ``device``, or None for ``all_to_all_single``.
 
         Encoded exchanges (``codec``) keep to ``all_to_all_single``: the codecs trade CPU time for
         bytes on a link, and within one host the shared-memory copy is cheaper than the encoding.
         """
-        if codec is not None or self.world_size == 1 or tensor.device.type != "cpu":
+        if codec is not None or self.world_size == 1 or device.type != "cpu":
             return None
         return shm_transport(self.pg)
 
@@ -462,12 +458,11 @@ class PooledEmbeddingsAllToAll:
         d_me, own = self.dims[me], self.placements[me]
         if d_me == 0 or len(own) != 1 or own[0].count != 1:
             return None
-        shm = self.transport(torch.empty(0, device=device), self.forward_codec)
+        shm = self.transport(device, self.forward_codec)
         if shm is None:
             return None
         batches = per_rank_counts(batch_size_per_rank, self.world_size, "batch_size_per_rank", "batch sizes")
-        elem = torch.empty((), dtype=dtype).element_size()
-        ex = shm.start([b * d_me * elem for b in batches])
+        ex = shm.start([b * d_me * dtype.itemsize for b in batches])
         out = torch.empty(batches[me], self.total_width, dtype=dtype, device=device)
         blocks, start = [], 0
         for s, b in enumerate(batches):
