@@ -85,6 +85,7 @@ from lightrec.lightning.contracts import (
     planning_batch_size,
 )
 from lightrec.lightning.loop_state import fix_resume_counters, logging_step_of
+from lightrec.lightning.process_group_exit import destroy_process_groups_at_exit
 from lightrec.modules import EmbeddingBagCollection, EmbeddingCollection
 from lightrec.modules.managed_collision.embedding_collections import BaseManagedCollisionEmbeddingCollection
 from lightrec.optim import CombinedOptimizer, KeyedOptimizer
@@ -190,6 +191,14 @@ class RecStrategy(DDPStrategy, EmbeddingShardingStrategy):
         self._resumed_logging_step: int | None = None  # put back at the first batch after a resume
         self._used_plan: ShardingPlan | None = None
         self.plan_report: PlannerReport | None = None  # the planner's report when this strategy planned
+
+    @override
+    def setup_distributed(self) -> None:
+        """``DDPStrategy``'s process group, destroyed at interpreter exit whatever its backend
+        (Lightning does that for NCCL only; a gloo group left to the interpreter's teardown can abort
+        the rank at exit: ``lightrec.lightning.process_group_exit``)."""
+        super().setup_distributed()
+        destroy_process_groups_at_exit()
 
     # ------------------------------------------------------------------ model set-up
     @property
