@@ -25,10 +25,14 @@ _SCRIPT = textwrap.dedent(
     import atexit, os
     import torch.distributed as dist
 
-    def _report():
-        print(f"rank {os.environ.get('LOCAL_RANK', '0')}: group alive at exit: {dist.is_initialized()}", flush=True)
+    # Each rank writes to its own file: both ranks' prints share the pipe and can interleave mid-line.
+    LOG = os.path.join(os.environ["FIT_ROOT"], f"rank{os.environ.get('LOCAL_RANK', '0')}.log")
 
-    atexit.register(_report)
+    def _note(line):
+        with open(LOG, "a") as f:
+            f.write(line + "\\n")
+
+    atexit.register(lambda: _note(f"group alive at exit: {dist.is_initialized()}"))
 
     import lightning.pytorch as pl
     from lightrec.lightning import RecStrategy
@@ -40,7 +44,7 @@ _SCRIPT = textwrap.dedent(
         enable_model_summary=False, default_root_dir=os.environ["FIT_ROOT"],
     )
     trainer.fit(ToyDLRM(device="meta", dense_optimizer="sgd", dense_lr=0.1), datamodule=toy_data(batch_size=32))
-    print(f"rank {trainer.global_rank}: fitted, backend {dist.get_backend()}", flush=True)
+    _note(f"fitted as rank {trainer.global_rank}, backend {dist.get_backend()}")
     """
 )
 
@@ -58,13 +62,13 @@ def test_two_gloo_ranks_leave_no_process_group_to_the_interpreters_teardown(tmp_
         [sys.executable, str(script)], cwd=REPO, env=env, capture_output=True, text=True, timeout=240
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    lines = sorted(line for line in done.stdout.splitlines() if line.startswith("rank "))
-    assert lines == [
-        "rank 0: fitted, backend gloo",
-        "rank 0: group alive at exit: False",
-        "rank 1: fitted, backend gloo",
-        "rank 1: group alive at exit: False",
-    ], done.stdout + done.stderr
+    for rank in (0, 1):
+        log = tmp_path / f"rank{rank}.log"
+        assert log.exists(), f"rank {rank} wrote nothing:\n{done.stdout}{done.stderr}"
+        assert log.read_text().splitlines() == [
+            f"fitted as rank {rank}, backend gloo",
+            "group alive at exit: False",
+        ], done.stdout + done.stderr
 
 
 def test_the_exit_handler_is_registered_once_and_tolerates_a_destroyed_group(monkeypatch) -> None:  # noqa: ANN001
