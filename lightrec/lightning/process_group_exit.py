@@ -9,8 +9,9 @@ only (``lightning.fabric.utilities.distributed._init_dist_connection``); ``RecSt
 gloo on CPU, so it registers the same for every backend.
 
 ``atexit`` handlers run after the interpreter has joined its non-daemon threads and while it is
-still whole, which is the moment to let the groups go. Destroying a gloo group is local to the rank
-(no collective), so a peer that already died cannot hold it up. Nothing here runs before exit: a
+still whole, which is the moment to let the groups go. Destroying a gloo group makes no collective;
+work still pending on it (an asynchronous op left unwaited against a dead peer) is waited for up to
+the group's timeout, as with Lightning's handler for NCCL. Nothing here runs before exit: a
 ``Trainer`` that fits and then tests keeps its group.
 """
 

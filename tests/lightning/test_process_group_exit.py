@@ -71,7 +71,7 @@ def test_two_gloo_ranks_leave_no_process_group_to_the_interpreters_teardown(tmp_
         ], done.stdout + done.stderr
 
 
-def test_the_exit_handler_is_registered_once_and_tolerates_a_destroyed_group(monkeypatch) -> None:  # noqa: ANN001
+def test_the_exit_handler_is_registered_once_per_process(monkeypatch) -> None:  # noqa: ANN001
     registered: list[object] = []
     monkeypatch.setattr(process_group_exit.atexit, "register", registered.append)
     monkeypatch.setattr(process_group_exit, "_registered", False)
