@@ -29,11 +29,12 @@ PACKAGE = ROOT / "lightrec"
 RECIPES = ROOT / "recipes"
 
 # Leaf modules every room may import: torch-version shims, the fbgemm / Triton availability
-# checks, the native-op loader, huge-page host buffers, the malloc policy, the environment switches,
+# checks, the native-op loader, huge-page host buffers, the malloc policy, the SIGTERM flag, the environment switches,
 # the version string and the value-printing enum base. They import nothing of lightrec's but each other
 # (the switches import nothing).
 FOUNDATION = frozenset(
-    {"_compat", "_enum", "_fbgemm", "_host_memory", "_malloc_policy", "_native", "_switches", "_triton", "_version"}
+    {"_compat", "_enum", "_fbgemm", "_host_memory", "_malloc_policy", "_native", "_stop_signal", "_switches", "_triton",
+     "_version"}
 )
 
 # room -> the rooms it may import (besides itself and FOUNDATION). Reading down the table climbs

@@ -86,6 +86,7 @@ from lightrec.lightning.contracts import (
 )
 from lightrec.lightning.loop_state import fix_resume_counters, logging_step_of
 from lightrec.lightning.process_group_exit import destroy_process_groups_at_exit
+from lightrec.lightning.sigterm_agreement import AgreedSigtermConnector, install_agreed_sigterm
 from lightrec.modules import EmbeddingBagCollection, EmbeddingCollection
 from lightrec.modules.managed_collision.embedding_collections import BaseManagedCollisionEmbeddingCollection
 from lightrec.optim import CombinedOptimizer, KeyedOptimizer
@@ -190,6 +191,7 @@ class RecStrategy(DDPStrategy, EmbeddingShardingStrategy):
         self.dmp: DistributedModelParallel | None = None
         self._resumed_logging_step: int | None = None  # put back at the first batch after a resume
         self._used_plan: ShardingPlan | None = None
+        self._sigterm: AgreedSigtermConnector | None = None  # the trainer's, from setup on (sigterm_agreement)
         self.plan_report: PlannerReport | None = None  # the planner's report when this strategy planned
 
     @override
@@ -327,6 +329,7 @@ class RecStrategy(DDPStrategy, EmbeddingShardingStrategy):
     def setup(self, trainer: pl.Trainer) -> None:
         assert self.accelerator is not None and self.model is not None
         self.accelerator.setup(trainer)
+        self._sigterm = install_agreed_sigterm(trainer)  # before the trainer registers its handlers
         fitting = trainer.state.fn == TrainerFn.FITTING
         if fitting:
             self._sync_layers()
@@ -399,6 +402,8 @@ class RecStrategy(DDPStrategy, EmbeddingShardingStrategy):
     @override
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         super().on_train_batch_start(batch, batch_idx)
+        if self._sigterm is not None:  # every rank, every batch: a SIGTERM stops all after this one
+            self._sigterm.agree()
         module = self.lightning_module
         if self._resumed_logging_step is not None and module is not None:  # see lightrec.lightning.loop_state
             set_logging_step(module.trainer, self._resumed_logging_step)

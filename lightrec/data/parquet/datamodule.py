@@ -45,6 +45,7 @@ import lightning.pytorch as pl
 import torch.distributed as dist
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from lightrec._stop_signal import sigterm_noted
 from lightrec.data.errors import OnError, check_on_error
 from lightrec.data.parquet.follow import FollowingParquetLoader, FollowOptions, WaitsForData, following_source
 from lightrec.data.parquet.loader import LoaderBase, LoaderOptions, ParquetLoader
@@ -333,7 +334,9 @@ class ParquetDataModule(pl.LightningDataModule):
         return loader
 
     def _received_sigterm(self) -> bool:
-        return self.trainer is not None and self.trainer.received_sigterm
+        # RecStrategy's handler only notes the signal (the ranks agree on it at a batch start, and none starts
+        # while the loader waits); Lightning's own sets trainer.received_sigterm in the handler.
+        return self.trainer is not None and (self.trainer.received_sigterm or sigterm_noted())
 
     @staticmethod
     def _sigterm_stop() -> None:
