@@ -8,7 +8,8 @@ marked folders only (a folder still being written is left for the poll that find
 1. below). When there is none yet -- an empty folder, a glob that matches nothing, no folder marked
 yet: files will land -- the path is listed every ``poll_interval`` seconds for the first one, and
 after ``idle_timeout`` seconds without one it is a ``FileNotFoundError`` naming the path (the
-features are read from the first file: nothing can start before it). Every rank waits for its own
+features are read from the first file: nothing can start before it). A first file whose footer cannot
+be read yet (written in place) is retried like a later one (1. below). Every rank waits for its own
 first file in the same way, with no collective: a rank that listed the folder empty a moment before
 a file landed starts with the others instead of failing alone while they wait for it.
 
@@ -111,6 +112,35 @@ _STOP_CHECK = 0.2  # seconds between checks of ``stop_waiting`` while a poll sle
 _T = TypeVar("_T")
 
 
+class _UnreadableFiles:
+    """Listed files whose footer could not be read yet: a writer may still be writing them in place. A file
+    is given ``_SETTLE_POLLS`` polls: once it stayed unreadable and unchanged (size, modification time) for
+    that many, its :class:`ParquetFileError` is raised; a file that changed starts its count again.
+
+    Args:
+        filesystem: where the files are (stamped with ``get_file_info``).
+    """
+
+    def __init__(self, filesystem: pafs.FileSystem) -> None:
+        self.filesystem = filesystem
+        self._polls: dict[str, tuple[tuple[int, int | None], int]] = {}  # path -> (stamp, polls unreadable)
+
+    def readable(self, path: str) -> None:
+        """``path``'s footer was read: forget its count."""
+        self._polls.pop(path, None)
+
+    def unreadable(self, path: str, error: ParquetFileError) -> None:
+        """``path``'s footer could not be read (``error``) at this poll: raise ``error`` once the file has stayed
+        unreadable and unchanged for ``_SETTLE_POLLS`` polls, else count this one."""
+        info = self.filesystem.get_file_info(path)
+        stamp = (int(info.size or 0), info.mtime_ns if info.mtime is not None else None)
+        before, polls = self._polls.get(path, (stamp, 0))
+        polls = polls + 1 if before == stamp else 1
+        if polls >= _SETTLE_POLLS:
+            raise error
+        self._polls[path] = (stamp, polls)
+
+
 class FollowStopped(Exception):
     """A stop request (``stop_waiting``) ended a wait for new files (raised on every rank, after rank 0's poll)."""
 
@@ -176,17 +206,13 @@ class FolderWatcher:
         self.filesystem, self.paths, self.options = filesystem, list(paths), options
         self.leave_out = leave_out
         self.ranks = ranks
-        self._unreadable: dict[str, tuple[tuple[int, int | None], int]] = {}
+        self._unreadable = _UnreadableFiles(filesystem)
 
     @property
     def shared(self) -> bool:
         """Whether the ranks follow together now (decided at each use: a loader may be built before
         ``torch.distributed`` starts, as Lightning starts it in ``trainer.fit``)."""
         return self.ranks > 1 and distributed()
-
-    def _stamp(self, path: str) -> tuple[int, int | None]:
-        info = self.filesystem.get_file_info(path)
-        return int(info.size or 0), info.mtime_ns if info.mtime is not None else None
 
     def list_new(self, known: set[str]) -> list[ParquetFileInfo]:
         """The complete, readable files not in ``known``, sorted by path (this process's view)."""
@@ -196,14 +222,9 @@ class FolderWatcher:
         for path in complete_files(self.filesystem, wanted, self.options.marker):
             try:
                 out.append(read_file_info(self.filesystem, path))
-                self._unreadable.pop(path, None)
-            except ParquetFileError:
-                stamp = self._stamp(path)
-                before, polls = self._unreadable.get(path, (stamp, 0))
-                polls = polls + 1 if before == stamp else 1
-                if polls >= _SETTLE_POLLS:
-                    raise
-                self._unreadable[path] = (stamp, polls)
+                self._unreadable.readable(path)
+            except ParquetFileError as exc:
+                self._unreadable.unreadable(path, exc)
         return out
 
     def agree_round(self, paths: list[str]) -> list[str]:
@@ -296,10 +317,13 @@ def following_source(
     Raises:
         FileNotFoundError: a path's folder does not exist, or a path still gives no complete file after
             ``follow.idle_timeout`` seconds.
-        ParquetFileError: a file is not readable Parquet.
+        ParquetFileError: a file is not readable Parquet and stayed so, unchanged, for three polls (a first file
+            written in place can be listed before its footer is written, as a later file can).
     """
+    first_fs: pafs.FileSystem | None = None  # the source's filesystem: its first path's (ParquetSource)
     for p in [path] if isinstance(path, str) else [str(q) for q in path]:
         fs, inner = resolve_filesystem(p) if filesystem is None else (filesystem, p)
+        first_fs = first_fs or fs
         root = listing_root(inner)
         # Local disks only: on an object store a prefix with no object yet "does not exist" either, and
         # waiting for the first file there is the normal start of following it.
@@ -310,9 +334,16 @@ def following_source(
             )
     started, warned = time.monotonic(), False
     timeout = follow.idle_timeout
+    unreadable: _UnreadableFiles | None = None
     while True:
         try:
             return ParquetSource(path, filesystem, marker=follow.marker, unmarked=unmarked)
+        except ParquetFileError as exc:  # a first file written in place, listed before its footer is written
+            if unreadable is None:
+                assert first_fs is not None  # a file was listed, so a path was resolved
+                unreadable = _UnreadableFiles(first_fs)
+            unreadable.unreadable(exc.path, exc)  # given the polls a later file gets
+            left = follow.poll_interval
         except FileNotFoundError as exc:
             waited = time.monotonic() - started
             if timeout is not None and waited >= timeout:
@@ -327,7 +358,7 @@ def following_source(
                 )  # fmt: skip
                 warned = True
             left = follow.poll_interval if timeout is None else min(follow.poll_interval, timeout - waited)
-            time.sleep(max(left, 0.0))
+        time.sleep(max(left, 0.0))
 
 
 class FollowingParquetLoader(LoaderBase):

@@ -153,6 +153,31 @@ def test_a_missing_prefix_on_a_store_other_than_the_local_disk_is_waited_for(tmp
     assert [f.path for f in source.files] == ["prefix/part-0.parquet"]
 
 
+def test_a_first_file_listed_before_its_footer_is_written_is_waited_for(tmp_path: Path) -> None:
+    """A writer writing the first file in place: following it used to fail at once when the listing came before
+    the footer (1 start in 12 of the test above); the start now gives it the polls a later file gets."""
+    from lightrec.data.parquet import following_source
+
+    _half_written(tmp_path / "part-0.parquet")
+    finishing = threading.Timer(0.05, lambda: _write(tmp_path / "part-0.parquet", 0, 10))
+    finishing.start()
+    try:
+        source = following_source(str(tmp_path), FollowOptions(poll_interval=0.04, idle_timeout=10))
+    finally:
+        finishing.join()
+    assert [Path(f.path).name for f in source.files] == ["part-0.parquet"] and sum(source.files[0].row_groups) == 10
+
+
+def test_a_first_file_that_stays_unreadable_is_an_error_after_three_polls(tmp_path: Path) -> None:
+    from lightrec.data.parquet import ParquetFileError, following_source
+
+    _half_written(tmp_path / "part-0.parquet")
+    started = time.monotonic()
+    with pytest.raises(ParquetFileError, match=r"part-0\.parquet: not a readable Parquet file"):
+        following_source(str(tmp_path), FollowOptions(poll_interval=0.05, idle_timeout=None))
+    assert 0.1 <= time.monotonic() - started < 5  # three polls, two sleeps between them; not idle_timeout
+
+
 def test_without_follow_an_empty_folder_is_refused_at_once(tmp_path: Path) -> None:
     started = time.monotonic()
     with pytest.raises(FileNotFoundError, match=r"no Parquet files at .*: give a file, a folder, a glob or a URI"):
