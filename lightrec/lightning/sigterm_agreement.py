@@ -18,7 +18,7 @@ the online recipe's SIGTERM test).
   ``received_sigterm`` turns true at that point, and Lightning's loops raise ``SIGTERMException`` on
   every rank at that batch's end -- the same step everywhere;
 * ``ParquetDataModule``, waiting for files with no batch to start, reads the noted flag directly
-  (rank 0's answer goes to every rank with the wait's poll).
+  (the ranks agree on it at each poll of the wait: ``lightrec.data.parquet.ranks.any_rank``).
 
 The cost is one all-reduce of one integer per training step, beside the broadcast Lightning makes there
 already: 0.23 ms on two gloo ranks of a 2-core VM (a 2-rank DLRM recipe step there takes ~100 ms).

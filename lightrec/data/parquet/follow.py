@@ -33,8 +33,8 @@ The stream is then read in *rounds*:
    ``steps = rows // (world_size * batch_size)`` per rank; what is left over waits for the next round;
 4. **stop** when no new file came for ``idle_timeout`` seconds (``None``: never), which ends the
    epoch (and the fit, with ``max_epochs=1``), or when ``max_steps`` ends training -- or, while waiting,
-   once the loader's ``stop_waiting()`` is true: ``ParquetDataModule`` sets it to the trainer's
-   ``received_sigterm``, so a SIGTERM (a scheduler stopping the job) ends the wait within
+   once the loader's ``stop_waiting()`` is true on any rank: ``ParquetDataModule`` sets it to whether the
+   process got SIGTERM, so a SIGTERM (a scheduler stopping the job, or a signal to one rank) ends the wait within
    ``_STOP_CHECK`` seconds plus one poll of the other ranks, instead of after ``idle_timeout`` or never, by
    raising Lightning's ``SIGTERMException`` (``on_stop``) on every rank: the epoch is not completed, the batch
    Lightning read ahead is not trained, and the position -- the round still in progress at that batch -- has a
@@ -82,6 +82,7 @@ from lightrec.data.parquet.errors import ParquetFileError
 from lightrec.data.parquet.loader import LoaderBase, LoaderOptions
 from lightrec.data.parquet.ranks import (
     RankDataMismatchError,
+    any_rank,
     distributed,
     on_every_rank,
     rank0_json,
@@ -245,9 +246,10 @@ class FolderWatcher:
         self, known: set[str], stop: Callable[[], bool] | None = None, idle: Callable[[], None] | None = None
     ) -> list[ParquetFileInfo] | None:
         """New files, polling until some arrive; None when ``idle_timeout`` passed without any.
-        :class:`FollowStopped` on every rank when ``stop()`` turned true while none had (rank 0's ``stop``
-        decides for every rank; each rank's own cuts its sleep between polls short, checked every
-        ``_STOP_CHECK`` seconds). ``idle()`` runs on every rank after each poll that found nothing and did not
+        :class:`FollowStopped` on every rank when ``stop()`` turned true on any rank while none had (every rank
+        asks its own at each poll and they agree, :func:`~lightrec.data.parquet.ranks.any_rank`; each rank's own
+        cuts its sleep between polls short, checked every ``_STOP_CHECK`` seconds). ``idle()`` runs on every
+        rank after each poll that found nothing and did not
         end the wait, before the sleep: every rank is at the same poll then (each poll is a collective when
         shared), so it may run collectives of its own."""
         started = time.monotonic()
@@ -265,13 +267,14 @@ class FolderWatcher:
                     if not shared:
                         raise
                     failure = exc
-                stopping = stop is not None and stop()
+            stopping = stop is not None and stop()
             waited = time.monotonic() - started
             timeout = self.options.idle_timeout
-            stopped = not mine and stopping
             expired = not mine and timeout is not None and waited >= timeout
-            poll = ([f.path for f in mine], expired, stopped, None if failure is None else f"{type(failure).__name__}: {failure}")
-            found, stop_now, stop_requested, error = rank0_json(poll) if shared else poll
+            poll = ([f.path for f in mine], expired, None if failure is None else f"{type(failure).__name__}: {failure}")
+            found, stop_now, error = rank0_json(poll) if shared else poll
+            # a stop asked of any one rank (a SIGTERM that reached it alone) ends every rank's wait
+            stop_requested = (any_rank(stopping) if shared else stopping) and not found
             if failure is not None:
                 raise failure
             if error is not None:  # rank 0's listing failed: every rank stops with it, none waits for the next poll
@@ -399,9 +402,10 @@ class FollowingParquetLoader(LoaderBase):
         self._ended = False
         self._resume: LoaderPosition | None = None
         self.stop_waiting: Callable[[], bool] | None = None
-        """While waiting for new files, a true ``stop_waiting()`` ends the wait (rank 0's decides): ``on_stop``
-        is called, and where it returns the stream ends as after ``idle_timeout``. ``ParquetDataModule`` sets it
-        to ``trainer.received_sigterm``."""
+        """While waiting for new files, a true ``stop_waiting()`` ends the wait (any rank's, for every rank):
+        ``on_stop`` is called, and where it returns the stream ends as after ``idle_timeout``.
+        ``ParquetDataModule`` sets it to whether the process got SIGTERM (``trainer.received_sigterm``, or the
+        signal ``RecStrategy``'s handler noted)."""
         self.on_stop: Callable[[], None] | None = None
         """Called on every rank when ``stop_waiting`` ended a wait, before the stream would end there (the round
         in progress, its last batch held by Lightning untrained); ``ParquetDataModule`` raises Lightning's

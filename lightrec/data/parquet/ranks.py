@@ -39,6 +39,7 @@ from lightrec.data.parquet.source import FileStamp
 __all__ = [
     "RankDataMismatchError",
     "agree_on_files",
+    "any_rank",
     "data_group",
     "distributed",
     "on_every_rank",
@@ -129,6 +130,16 @@ def rank0_json(value: _J) -> _J:
         payload = torch.empty(int(size.item()), dtype=torch.uint8)
     _wait_in_python(cast(dist.Work, dist.broadcast(payload, src=0, group=group, async_op=True)))
     return value if root else cast(_J, json.loads(payload.numpy().tobytes().decode()))
+
+
+def any_rank(flag: bool) -> bool:
+    """True on every rank when ``flag`` is true on any rank, itself when not distributed: a collective of every
+    rank (one all-reduce on :func:`data_group`, waited for in Python, as :func:`rank0_json`)."""
+    if not distributed():
+        return flag
+    value = torch.tensor([int(flag)], dtype=torch.int32)
+    _wait_in_python(cast(dist.Work, dist.all_reduce(value, op=dist.ReduceOp.MAX, group=data_group(), async_op=True)))
+    return bool(value.item())
 
 
 def on_every_rank(attempt: Callable[[], _T], what: str) -> _T:

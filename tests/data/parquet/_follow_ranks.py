@@ -318,3 +318,18 @@ def signals_run_while_waiting_for_rank_0(rank: int, world_size: int) -> dict[str
     started = time.monotonic()
     value = rank0_json([["a.parquet"], False, None] if rank == 0 else None)
     return {"value": value, "returned": time.monotonic() - started, "handled": (handled[0] - started) if handled else -1.0}
+
+
+def a_stop_asked_of_rank_1_alone(rank: int, world_size: int, root: str) -> dict[str, object]:
+    """Both ranks follow a folder that gets no new file, with a poll every 60 s and no idle timeout; only rank 1
+    is asked to stop (a SIGTERM that reached it alone). Every rank's wait must end, at the next poll's agreement."""
+    import time
+
+    source = ParquetSource(root)
+    spec = build_spec(source.schema, root, "label", ["row"], ["scalar", "multi"], num_embeddings=50)
+    never_idle = FollowOptions(poll_interval=60, idle_timeout=None)
+    loader = FollowingParquetLoader(source, spec, 5, follow=never_idle, rank=rank, world_size=world_size)
+    loader.stop_waiting = (lambda: True) if rank == 1 else (lambda: False)
+    started = time.monotonic()
+    rows = _rows(list(loader))  # the stream ends as after idle_timeout
+    return {"rows": rows, "seconds": time.monotonic() - started}

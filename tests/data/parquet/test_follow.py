@@ -20,6 +20,7 @@ from lightrec.data.parquet import (
 )
 from lightrec.data.parquet.follow import FolderWatcher
 from tests.data.parquet._follow_ranks import (
+    a_stop_asked_of_rank_1_alone,
     exhaust_following_loaders,
     follow_after_listings_that_differ,
     signals_run_while_waiting_for_rank_0,
@@ -297,6 +298,15 @@ def test_a_signal_handler_runs_while_a_rank_waits_for_rank_0s_poll() -> None:
     assert rank0["value"] == rank1["value"] == [["a.parquet"], False, None]  # JSON: the tuple comes back a list
     assert rank1["returned"] > 1.0  # it did wait for rank 0 ...
     assert 0.0 <= rank1["handled"] < 1.0  # ... and its handler ran 0.5 s in, not when the wait was over
+
+
+def test_a_stop_asked_of_one_rank_other_than_0_ends_every_ranks_wait(tmp_path: Path) -> None:
+    """Rank 0's stop used to decide for all: a SIGTERM that reached rank 1 alone was not seen while the ranks
+    waited for files (for ever, with no idle timeout). Every rank's is asked now, and they agree at each poll."""
+    _publish(tmp_path, "part-00.parquet", 0, 20)
+    rank0, rank1 = run_ranks(a_stop_asked_of_rank_1_alone, 2, args=(str(tmp_path),), timeout=60)
+    assert sorted(rank0["rows"] + rank1["rows"]) == list(range(20))  # the rows there, then the wait: stopped
+    assert rank0["seconds"] < 30 and rank1["seconds"] < 30  # not the 60 s poll interval
 
 
 @pytest.mark.slow  # ~12 s: mostly two spawned ranks importing torch and lightrec
