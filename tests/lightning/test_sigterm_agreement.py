@@ -88,7 +88,11 @@ def _fit_with_sigterm(tmp_path: Path, signal_ranks: str) -> tuple[list[str], str
     return notes, output
 
 
-@pytest.mark.parametrize("signal_ranks", ["1", "0,1"], ids=["rank_1_only", "both_ranks"])
+@pytest.mark.parametrize(
+    "signal_ranks",
+    ["1", pytest.param("0,1", marks=pytest.mark.slow)],  # ~13 s each: the default suite keeps one
+    ids=["rank_1_only", "both_ranks"],
+)
 def test_a_sigterm_stops_both_ranks_after_the_same_step(tmp_path: Path, signal_ranks: str) -> None:
     """Sent to rank 1 alone, Lightning's handler broadcast on rank 1 only and hung; sent to both at the same
     step, it broadcast from inside a step on both. The ranks now agree at the next batch's start and stop after
