@@ -92,6 +92,11 @@ class AgreedSigtermConnector(_SignalConnector):
         super().teardown()
         forget_sigterm()
 
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        state["_agreement_group"] = None  # a process group does not travel to another process
+        return state
+
 
 def install_agreed_sigterm(trainer: pl.Trainer) -> AgreedSigtermConnector:
     """Give ``trainer`` an :class:`AgreedSigtermConnector` (before it registers its handlers, which happens

@@ -108,3 +108,40 @@ def test_the_handler_only_notes_and_a_fit_forgets_an_earlier_signal() -> None:
     assert _stop_signal.sigterm_noted()
     _stop_signal.forget_sigterm()
     assert not _stop_signal.sigterm_noted()
+
+
+def test_the_connector_pickles_without_its_process_group() -> None:
+    """The trainer travels to spawned ranks pickled (``ddp_spawn``); a process group cannot."""
+    import pickle
+
+    import lightning.pytorch as pl
+
+    from lightrec.lightning.sigterm_agreement import AgreedSigtermConnector, install_agreed_sigterm
+
+    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False)
+    connector = install_agreed_sigterm(trainer)
+    assert install_agreed_sigterm(trainer) is connector and trainer._signal_connector is connector
+    connector._agreement_group = object()  # stands for a gloo group made under an NCCL default group
+    copy = pickle.loads(pickle.dumps(connector))
+    assert isinstance(copy, AgreedSigtermConnector) and copy._agreement_group is None
+
+
+def test_one_process_notes_the_signal_and_agrees_with_itself() -> None:
+    import signal
+
+    import lightning.pytorch as pl
+
+    from lightrec.lightning.sigterm_agreement import install_agreed_sigterm
+
+    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False)
+    connector = install_agreed_sigterm(trainer)
+    before = signal.getsignal(signal.SIGTERM)
+    connector.register_signal_handlers()
+    try:
+        assert connector.agree() is False and trainer.received_sigterm is False
+        signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)  # the handler Lightning composed, called as by a signal
+        assert _stop_signal.sigterm_noted() and trainer.received_sigterm is False  # noted, not yet agreed
+        assert connector.agree() is True and trainer.received_sigterm is True
+    finally:
+        connector.teardown()  # Lightning's handlers back, the note forgotten
+    assert not _stop_signal.sigterm_noted() and signal.getsignal(signal.SIGTERM) == before
