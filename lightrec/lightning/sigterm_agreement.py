@@ -36,6 +36,7 @@ from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnect
 from lightning.pytorch.utilities.rank_zero import rank_prefixed_message
 
 from lightrec._stop_signal import forget_sigterm, note_sigterm, sigterm_noted
+from lightrec.distributed.comm.failures import collective_guard
 
 __all__ = ["AgreedSigtermConnector", "install_agreed_sigterm"]
 
@@ -74,7 +75,9 @@ class AgreedSigtermConnector(_SignalConnector):
         noted = sigterm_noted()
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             flag = torch.tensor([int(noted)], dtype=torch.int32)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group())
+            group = self._group()
+            with collective_guard("the ranks' agreement on SIGTERM at a training batch's start", group):
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)  # a dead peer: an error naming it
             noted = bool(flag.item())
         self.received_sigterm = noted
         return noted
