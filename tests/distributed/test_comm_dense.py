@@ -183,7 +183,7 @@ def _reference(kind: str, batches: list[int], dims, case: int, world_size: int):
     return [(o.detach(), x.grad) for o, x in zip(outs, xs, strict=True)]
 
 
-@pytest.mark.parametrize("world_size", [1, 2, 3])
+@pytest.mark.parametrize("world_size", [1, 2, pytest.param(3, marks=pytest.mark.slow)])  # 3 ranks: slow suite (CI budget)
 def test_dense_collectives_match_single_process(world_size: int) -> None:
     got = [r["dense"] for r in rank_results(world_size)]
     for i, (kind, batches, dims) in enumerate(CASES[world_size]):

@@ -140,7 +140,7 @@ def _equality_body(rank: int, world_size: int, kernels: list[str]) -> dict[str, 
     return results
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", [2, pytest.param(3, marks=pytest.mark.slow)])  # 3 ranks: slow suite (CI budget)
 def test_lookup_into_the_exchange_trains_bit_for_bit_like_gloo(world_size: int) -> None:
     kernels = ["torch", "fbgemm"] if fbgemm_available() else ["torch"]
     per_rank = run_ranks(_equality_body, world_size, args=(kernels,), timeout=400)

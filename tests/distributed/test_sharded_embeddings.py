@@ -395,7 +395,7 @@ def _body(rank: int, world_size: int, device: str = "cpu") -> dict[str, dict[str
     return results
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", [2, pytest.param(3, marks=pytest.mark.slow)])  # 3 ranks: slow suite (CI budget)
 def test_every_sharding_type_matches_unsharded_reference(world_size: int) -> None:
     per_rank = run_ranks(_body, world_size, timeout=240)
     failures = [

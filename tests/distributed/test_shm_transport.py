@@ -116,7 +116,7 @@ def _equality_body(rank: int, world_size: int) -> dict[str, bool]:
     return results
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", [2, pytest.param(3, marks=pytest.mark.slow)])  # 3 ranks: slow suite (CI budget)
 def test_shared_memory_equals_gloo_bit_for_bit_for_every_sharding_type(world_size: int) -> None:
     per_rank = run_ranks(_equality_body, world_size, timeout=400)
     differing = [f"rank {r}: {case}" for r, res in enumerate(per_rank) for case, ok in res.items() if not ok]
@@ -165,7 +165,7 @@ def _transport_body(rank: int, world_size: int) -> list[list[torch.Tensor]]:
     return out
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", [2, pytest.param(3, marks=pytest.mark.slow)])  # 3 ranks: slow suite (CI budget)
 def test_raw_exchanges_deliver_every_chunk(world_size: int) -> None:
     per_rank = run_ranks(_transport_body, world_size, timeout=240)
     for rank, out in enumerate(per_rank):
