@@ -20,7 +20,8 @@ The stream is then read in *rounds*:
    rename it -- an atomic rename is how Spark, DuckDB and ``lightrec data convert`` publish files);
    with ``marker="_SUCCESS"``, a file counts only once its folder holds that marker file (a writer
    that writes in place and marks the folder when done). A listed file whose footer cannot be read
-   yet is retried at the next polls; one that stays unreadable and unchanged for three polls is a
+   yet is retried at the next polls (and keeps the wait from ending as idle); one that stays unreadable and
+   unchanged for three polls is a
    :class:`~lightrec.data.parquet.errors.ParquetFileError`. Files that ``val`` or ``test`` select
    (by path, glob or partition values: :class:`~lightrec.data.parquet.splits.HeldOut`) are left out,
    those there at the start and those that land later; a new file must give the features with
@@ -125,6 +126,12 @@ class _UnreadableFiles:
     def __init__(self, filesystem: pafs.FileSystem) -> None:
         self.filesystem = filesystem
         self._polls: dict[str, tuple[tuple[int, int | None], int]] = {}  # path -> (stamp, polls unreadable)
+
+    @property
+    def pending(self) -> bool:
+        """Whether a listed file is still unreadable (not yet settled either way): one is on its way, so a wait
+        for new files is not idle."""
+        return bool(self._polls)
 
     def readable(self, path: str) -> None:
         """``path``'s footer was read: forget its count."""
@@ -270,7 +277,8 @@ class FolderWatcher:
             stopping = stop is not None and stop()
             waited = time.monotonic() - started
             timeout = self.options.idle_timeout
-            expired = not mine and timeout is not None and waited >= timeout
+            # a file listed but not readable yet is one on its way: no idle end before it settles (_UnreadableFiles)
+            expired = not mine and not self._unreadable.pending and timeout is not None and waited >= timeout
             poll = ([f.path for f in mine], expired, None if failure is None else f"{type(failure).__name__}: {failure}")
             found, stop_now, error = rank0_json(poll) if shared else poll
             # a stop asked of any one rank (a SIGTERM that reached it alone) ends every rank's wait

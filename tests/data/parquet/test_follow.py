@@ -107,6 +107,19 @@ def test_a_file_that_stays_unreadable_is_an_error(tmp_path: Path) -> None:
         watcher.list_new(known)
 
 
+def test_a_file_still_unreadable_keeps_the_stream_from_ending_idle_until_it_settles(tmp_path: Path) -> None:
+    """An idle timeout shorter than the three polls a listed file gets to become readable: the stream used to end
+    as idle with the file still unread (a file being written in place for longer than idle_timeout was lost to
+    the run); the file is one on its way, so the wait goes on until it settles -- here, as an error."""
+    _write(tmp_path, "a.parquet", 0, 20)
+    loader = _loader(tmp_path, FollowOptions(poll_interval=0.05, idle_timeout=0.01))
+    stream = iter(loader)
+    assert _rows([next(stream), next(stream)]) == list(range(20))
+    (tmp_path / "b.parquet").write_bytes(b"PAR1 and never more")
+    with pytest.raises(ParquetFileError, match=r"b\.parquet: not a readable Parquet file"):
+        next(stream)
+
+
 def test_a_position_taken_mid_stream_resumes_exactly(tmp_path: Path) -> None:
     _write(tmp_path, "part-00.parquet", 0, 25)
     _write(tmp_path, "part-01.parquet", 25, 30)
