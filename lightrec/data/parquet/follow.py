@@ -137,6 +137,11 @@ class _UnreadableFiles:
         """``path``'s footer was read: forget its count."""
         self._polls.pop(path, None)
 
+    def listed(self, paths: set[str]) -> None:
+        """Forget the files no longer listed (removed or renamed before they settled): none is on its way."""
+        for path in [p for p in self._polls if p not in paths]:
+            del self._polls[path]
+
     def unreadable(self, path: str, error: ParquetFileError) -> None:
         """``path``'s footer could not be read (``error``) at this poll: raise ``error`` once the file has stayed
         unreadable and unchanged for ``_SETTLE_POLLS`` polls, else count this one."""
@@ -226,6 +231,7 @@ class FolderWatcher:
         """The complete, readable files not in ``known``, sorted by path (this process's view)."""
         listed = sorted({p for path in self.paths for p in list_files(self.filesystem, path)} - known)
         wanted = [p for p in listed if self.leave_out is None or not self.leave_out(p)]
+        self._unreadable.listed(set(wanted))
         out = []
         for path in complete_files(self.filesystem, wanted, self.options.marker):
             try:

@@ -120,6 +120,19 @@ def test_a_file_still_unreadable_keeps_the_stream_from_ending_idle_until_it_sett
         next(stream)
 
 
+def test_an_unreadable_file_removed_before_it_settled_lets_the_stream_end_idle(tmp_path: Path) -> None:
+    _write(tmp_path, "a.parquet", 0, 20)
+    loader = _loader(tmp_path, FollowOptions(poll_interval=0.05, idle_timeout=0.2))
+    stream = iter(loader)
+    assert _rows([next(stream), next(stream)]) == list(range(20))
+    half = tmp_path / "b.parquet"
+    half.write_bytes(b"PAR1 and never more")
+    threading.Timer(0.07, half.unlink).start()  # after the first poll found it, before the third
+    started = time.monotonic()
+    assert list(stream) == []  # nothing on its way any more: the idle end comes
+    assert time.monotonic() - started < 5
+
+
 def test_a_position_taken_mid_stream_resumes_exactly(tmp_path: Path) -> None:
     _write(tmp_path, "part-00.parquet", 0, 25)
     _write(tmp_path, "part-01.parquet", 25, 30)
