@@ -14,7 +14,7 @@ the online recipe's SIGTERM test).
 * the handler makes no collective: it forwards the signal to the launcher's child ranks (as Lightning
   does) and notes it (``lightrec._stop_signal``);
 * at every training batch's start every rank calls :meth:`AgreedSigtermConnector.agree`: one all-reduce
-  (max) of the noted flags on a gloo group; if any rank noted the signal, every rank's
+  (max) of the noted flags on the ranks' gloo group (``lightrec.data.parquet.ranks.data_group``); if any rank noted the signal, every rank's
   ``received_sigterm`` turns true at that point, and Lightning's loops raise ``SIGTERMException`` on
   every rank at that batch's end -- the same step everywhere;
 * ``ParquetDataModule``, waiting for files with no batch to start, reads the noted flag directly
@@ -36,6 +36,7 @@ from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnect
 from lightning.pytorch.utilities.rank_zero import rank_prefixed_message
 
 from lightrec._stop_signal import forget_sigterm, note_sigterm, sigterm_noted
+from lightrec.data.parquet.ranks import data_group, distributed
 from lightrec.distributed.comm.failures import collective_guard
 
 __all__ = ["AgreedSigtermConnector", "install_agreed_sigterm"]
@@ -50,10 +51,6 @@ class AgreedSigtermConnector(_SignalConnector):
     calls at the same point; everything else (SIGUSR1 / Slurm requeueing, restoring the handlers at
     teardown) is Lightning's.
     """
-
-    def __init__(self, trainer: pl.Trainer) -> None:
-        super().__init__(trainer)
-        self._agreement_group: dist.ProcessGroup | None = None  # gloo; None: the default group is gloo
 
     def register_signal_handlers(self) -> None:
         forget_sigterm()  # a signal that stopped an earlier fit in this process is not this fit's
@@ -73,32 +70,18 @@ class AgreedSigtermConnector(_SignalConnector):
         if self.received_sigterm:
             return True
         noted = sigterm_noted()
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        if distributed():
             flag = torch.tensor([int(noted)], dtype=torch.int32)
-            group = self._group()
+            group = data_group()  # gloo whatever the training backend (the flag is a CPU tensor); made once
             with collective_guard("the ranks' agreement on SIGTERM at a training batch's start", group):
                 dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)  # a dead peer: an error naming it
             noted = bool(flag.item())
         self.received_sigterm = noted
         return noted
 
-    def _group(self) -> dist.ProcessGroup | None:
-        """A gloo group for the CPU flag: the default group when it is gloo, else one made on first use
-        (every rank agrees at the same batch, so making it there is collective-safe)."""
-        if dist.get_backend() == "gloo":
-            return None
-        if self._agreement_group is None:
-            self._agreement_group = dist.new_group(backend="gloo")
-        return self._agreement_group
-
     def teardown(self) -> None:
         super().teardown()
         forget_sigterm()
-
-    def __getstate__(self) -> dict:
-        state = super().__getstate__()
-        state["_agreement_group"] = None  # a process group does not travel to another process
-        return state
 
 
 def install_agreed_sigterm(trainer: pl.Trainer) -> AgreedSigtermConnector:
