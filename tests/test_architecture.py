@@ -17,6 +17,7 @@ drawn in ``docs/architecture.md``:
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,6 +179,18 @@ def source_files() -> list[Path]:
     return sorted(PACKAGE.rglob("*.py")) + sorted(RECIPES.rglob("*.py"))
 
 
+@functools.cache
+def _parsed(path: Path, stamp: tuple[int, int]) -> ast.Module:
+    return ast.parse(path.read_text(), filename=str(path))
+
+
+def parse(path: Path) -> ast.Module:
+    """The syntax tree of ``path``, parsed once per (mtime, size): the tests here each read every file of the
+    package, and parsing ~400 files per test made this module a minute of the default suite."""
+    stat = path.stat()
+    return _parsed(path, (stat.st_mtime_ns, stat.st_size))
+
+
 def _absolute(node: ast.ImportFrom, source: str, is_package: bool) -> str:
     if not node.level:
         return node.module or ""
@@ -186,13 +199,23 @@ def _absolute(node: ast.ImportFrom, source: str, is_package: bool) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
-def imports_of(path: Path, source: str | None = None) -> Iterator[Import]:
+def imports_of(path: Path, source: str | None = None) -> tuple[Import, ...]:
     """Every import statement of ``path`` that names a lightrec module or a Lightning package.
 
     ``source``: the dotted name the file is read as (default: its own, from its place in the package).
+    Read once per (mtime, size), like :func:`parse`.
     """
-    source = source or module_name(path)
-    tree = ast.parse(path.read_text(), filename=str(path))
+    stat = path.stat()
+    return tuple(_imports_of(path, source or module_name(path), (stat.st_mtime_ns, stat.st_size)))
+
+
+@functools.cache
+def _imports_of(path: Path, source: str, stamp: tuple[int, int]) -> tuple[Import, ...]:
+    return tuple(_read_imports(path, source))
+
+
+def _read_imports(path: Path, source: str) -> Iterator[Import]:
+    tree = parse(path)
     local_lines = {
         inner.lineno
         for node in ast.walk(tree)
@@ -289,24 +312,32 @@ def test_mirrors_are_imported_by_no_lightrec_file() -> None:
         assert is_module(mirror), f"MIRRORS names {mirror}, which is not a module"
 
 
+@functools.cache
+def importers_by_name() -> dict[str, list[str]]:
+    """``module: ["file:line", ...]`` for every ``from module import x`` / ``import module`` of lightrec's files,
+    by the name as written (a name of the parent package is not the module)."""
+    found: dict[str, list[str]] = {}
+    for p in source_files():
+        for node in ast.walk(parse(p)):
+            names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            for name in names:
+                found.setdefault(name, []).append(f"{module_name(p)}:{node.lineno}")
+    return found
+
+
 @pytest.mark.parametrize("dotted", TORCHREC_PATHS)
 def test_torchrec_paths_only_re_export(dotted: str) -> None:
     path = PACKAGE.parent.joinpath(*dotted.split("."))
     path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
-    tree = ast.parse(path.read_text())
+    tree = parse(path)
     defined = [
         node.name
         for node in tree.body
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
     ]
     assert not defined, f"{dotted} is a torchrec path: define {defined} in the room's own module and re-export it"
-    importers = [  # `from dotted import x` / `import dotted` (a name of the parent package is not the module)
-        f"{module_name(p)}:{node.lineno}"
-        for p in source_files()
-        for node in ast.walk(ast.parse(p.read_text()))
-        if (isinstance(node, ast.ImportFrom) and node.module == dotted)
-        or (isinstance(node, ast.Import) and any(a.name == dotted for a in node.names))
-    ]
+    importers = importers_by_name().get(dotted, [])
     assert not importers, f"lightrec files import the torchrec path {dotted} (import the home module): {importers}"
 
 
