@@ -9,9 +9,15 @@ Usage::
 
     results = run_ranks(_body, world_size=2, args=(3,))   # list indexed by rank
 
-The body must be a module-level function (it is pickled into spawned processes). An exception
+The body must be a module-level function (it is pickled into the rank processes). An exception
 on any rank is re-raised in the test with that rank's traceback; a rank that hangs fails the test
 after ``timeout`` seconds instead of blocking CI.
+
+Gloo ranks are forked from a forkserver that imported torch and Lightning once per test session
+(``_PRELOAD``), not spawned: a fresh interpreter's imports were most of a 2-rank test's time (the
+default suite took 26:54 spawned, 15:40 forked, on the same 2-core VM). Each rank then installs the
+test's environment (``os.environ`` as it is when ``run_ranks`` is called) and writes to the test's
+stdout and stderr, as a spawned rank would, before it imports lightrec.
 
 ``backend="nccl"`` runs the ranks on GPUs (rank r on ``cuda:r``); :func:`run_nccl` is the one-GPU
 case, an NCCL group of size 1, which is how the ``gpu`` tests exercise the NCCL code paths on a
@@ -84,6 +90,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _write_where_the_test_writes(parent: int) -> None:
+    """Point this rank's stdout and stderr at the test process's current ones (pytest's capture of the running
+    test), as a spawned child's would be: a forkserver child inherits the server's, captured for whichever
+    test started the server. Appending, so the capture file's earlier contents stay."""
+    for fd in (1, 2):
+        try:
+            current = os.open(f"/proc/{parent}/fd/{fd}", os.O_WRONLY | os.O_APPEND)
+        except OSError:  # not Linux, or the descriptor is gone: keep the inherited one
+            continue
+        os.dup2(current, fd)
+        os.close(current)
+
+
 def _worker(
     rank: int,
     world_size: int,
@@ -93,7 +112,14 @@ def _worker(
     queue: Any,
     timeout_s: float,
     backend: str = "gloo",
+    environ: dict[str, str] | None = None,
+    parent: int | None = None,
 ) -> None:
+    if environ is not None:  # a forkserver child starts with the server's environment, not the test's
+        os.environ.clear()
+        os.environ.update(environ)
+    if parent is not None:
+        _write_where_the_test_writes(parent)
     if os.environ.get("LIGHTREC_BLOCK_FBGEMM", "") not in ("", "0"):
         from tests.fbgemm_block import install_fbgemm_block
 
@@ -122,6 +148,29 @@ def _worker(
             dist.destroy_process_group()
 
 
+# What every rank imports before its body runs: torch and Lightning are ~4 s of a fresh interpreter's
+# start on the 2-core CI machine (lightrec itself and fbgemm_gpu ~1 s more). A forkserver imports them
+# once per test session and forks each rank from that warm process, so a 2-rank test no longer pays
+# them twice. Not lightrec or fbgemm_gpu: they read switches when imported (``LIGHTREC_BLOCK_FBGEMM``
+# must block fbgemm before anything imports it), so each rank imports them under the test's own
+# environment, which ``_worker`` installs first. The server imports nothing else and runs nothing, so
+# forking it after the imports is safe (torch starts no thread and touches no device until used).
+_PRELOAD = ["torch", "torch.distributed", "lightning.pytorch"]
+_forkserver: Any = None
+
+
+def _context(backend: str) -> Any:
+    """The multiprocessing context of the ranks: a forkserver with :data:`_PRELOAD` imported for gloo, spawn for
+    NCCL (CUDA in a child of a long-lived server is one more thing to get wrong, and the GPU tests are few)."""
+    global _forkserver
+    if backend != "gloo":
+        return mp.get_context("spawn")
+    if _forkserver is None:
+        _forkserver = mp.get_context("forkserver")
+        _forkserver.set_forkserver_preload(_PRELOAD)
+    return _forkserver
+
+
 def run_ranks(
     fn: Callable[..., Any], world_size: int, args: tuple = (), timeout: float = 120.0, backend: str = "gloo"
 ) -> list[Any]:
@@ -131,14 +180,14 @@ def run_ranks(
         raise RuntimeError(
             f"run_ranks(backend='nccl') needs {world_size} CUDA device(s), found {torch.cuda.device_count()}"
         )
-    ctx = mp.get_context("spawn")
+    ctx = _context(backend)
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "pg_init")
         procs = [
             ctx.Process(
                 target=_worker,
-                args=(r, world_size, init_file, fn, args, queue, timeout, backend),
+                args=(r, world_size, init_file, fn, args, queue, timeout, backend, dict(os.environ), os.getpid()),
                 daemon=True,
             )
             for r in range(world_size)
