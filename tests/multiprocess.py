@@ -16,8 +16,9 @@ after ``timeout`` seconds instead of blocking CI.
 Gloo ranks are forked from a forkserver that imported torch and Lightning once per test session
 (``_PRELOAD``), not spawned: a fresh interpreter's imports were most of a 2-rank test's time (the
 default suite took 26:54 spawned, 15:40 forked, on the same 2-core VM). Each rank then installs the
-test's environment (``os.environ`` as it is when ``run_ranks`` is called) and writes to the test's
-stdout and stderr, as a spawned rank would, before it imports lightrec.
+test's environment (``os.environ`` as it is when ``run_ranks`` is called; multiprocessing itself sends
+the working folder and ``sys.path``) and writes to the test's stdout and stderr, as a spawned rank
+would, before it imports lightrec (``tests/test_multiprocess_harness.py``).
 
 ``backend="nccl"`` runs the ranks on GPUs (rank r on ``cuda:r``); :func:`run_nccl` is the one-GPU
 case, an NCCL group of size 1, which is how the ``gpu`` tests exercise the NCCL code paths on a
