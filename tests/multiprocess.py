@@ -157,19 +157,16 @@ def _worker(
 # environment, which ``_worker`` installs first. The server imports nothing else and runs nothing, so
 # forking it after the imports is safe (torch starts no thread and touches no device until used).
 _PRELOAD = ["torch", "torch.distributed", "lightning.pytorch"]
-_forkserver: Any = None
 
 
 def _context(backend: str) -> Any:
     """The multiprocessing context of the ranks: a forkserver with :data:`_PRELOAD` imported for gloo, spawn for
     NCCL (CUDA in a child of a long-lived server is one more thing to get wrong, and the GPU tests are few)."""
-    global _forkserver
     if backend != "gloo":
         return mp.get_context("spawn")
-    if _forkserver is None:
-        _forkserver = mp.get_context("forkserver")
-        _forkserver.set_forkserver_preload(_PRELOAD)
-    return _forkserver
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload(_PRELOAD)  # read when the one server of the session starts; a no-op after
+    return context
 
 
 def run_ranks(

@@ -179,16 +179,21 @@ def source_files() -> list[Path]:
     return sorted(PACKAGE.rglob("*.py")) + sorted(RECIPES.rglob("*.py"))
 
 
+def _stamp(path: Path) -> tuple[int, int]:
+    """``path``'s (mtime, size): the key under which its tree and imports are read once per test run (the tests
+    here each read every file of the package; ~400 parses per test made this module a minute of the suite)."""
+    stat = path.stat()
+    return stat.st_mtime_ns, stat.st_size
+
+
 @functools.cache
 def _parsed(path: Path, stamp: tuple[int, int]) -> ast.Module:
     return ast.parse(path.read_text(), filename=str(path))
 
 
 def parse(path: Path) -> ast.Module:
-    """The syntax tree of ``path``, parsed once per (mtime, size): the tests here each read every file of the
-    package, and parsing ~400 files per test made this module a minute of the default suite."""
-    stat = path.stat()
-    return _parsed(path, (stat.st_mtime_ns, stat.st_size))
+    """The syntax tree of ``path``, parsed once per :func:`_stamp`."""
+    return _parsed(path, _stamp(path))
 
 
 def _absolute(node: ast.ImportFrom, source: str, is_package: bool) -> str:
@@ -203,10 +208,9 @@ def imports_of(path: Path, source: str | None = None) -> tuple[Import, ...]:
     """Every import statement of ``path`` that names a lightrec module or a Lightning package.
 
     ``source``: the dotted name the file is read as (default: its own, from its place in the package).
-    Read once per (mtime, size), like :func:`parse`.
+    Read once per :func:`_stamp`, like :func:`parse`.
     """
-    stat = path.stat()
-    return tuple(_imports_of(path, source or module_name(path), (stat.st_mtime_ns, stat.st_size)))
+    return _imports_of(path, source or module_name(path), _stamp(path))
 
 
 @functools.cache

@@ -14,9 +14,9 @@ the online recipe's SIGTERM test).
 * the handler makes no collective: it forwards the signal to the launcher's child ranks (as Lightning
   does) and notes it (``lightrec._stop_signal``);
 * at every training batch's start every rank calls :meth:`AgreedSigtermConnector.agree`: one all-reduce
-  (max) of the noted flags on the ranks' gloo group (``lightrec.data.parquet.ranks.data_group``); if any rank noted the signal, every rank's
-  ``received_sigterm`` turns true at that point, and Lightning's loops raise ``SIGTERMException`` on
-  every rank at that batch's end -- the same step everywhere;
+  (max) of the noted flags on the ranks' gloo group (``lightrec.data.parquet.ranks.data_group``); if any
+  rank noted the signal, every rank's ``received_sigterm`` turns true at that point, and Lightning's
+  loops raise ``SIGTERMException`` on every rank at that batch's end -- the same step everywhere;
 * ``ParquetDataModule``, waiting for files with no batch to start, reads the noted flag directly
   (the ranks agree on it at each poll of the wait: ``lightrec.data.parquet.ranks.any_rank``).
 
