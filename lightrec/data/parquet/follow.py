@@ -100,7 +100,13 @@ from lightrec.data.parquet.source import (
     resolve_filesystem,
 )
 from lightrec.data.parquet.spec import FeatureSpec, check_schema
-from lightrec.data.parquet.state import FollowState, LoaderPosition, LoaderState, ResumeMismatchError
+from lightrec.data.parquet.state import (
+    FollowedRounds,
+    FollowState,
+    LoaderPosition,
+    LoaderState,
+    ResumeMismatchError,
+)
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -414,6 +420,7 @@ class FollowingParquetLoader(LoaderBase):
         self._round: list[str] = first
         self._carry: list[Slice] = []
         self._ended = False
+        self._rounds = FollowedRounds()
         self._resume: LoaderPosition | None = None
         self.stop_waiting: Callable[[], bool] | None = None
         """While waiting for new files, a true ``stop_waiting()`` ends the wait (any rank's, for every rank):
@@ -483,18 +490,21 @@ class FollowingParquetLoader(LoaderBase):
         start = self.watcher.read_agreed(self._restore)  # a checkpoint's file one rank cannot read stops every rank
         self._agree_round()
         self._ended = False
+        self._yielded, self.prefetched = start, 0
+        self._rounds.restart()
         while True:
+            self._begin_round(start)
             slices = self._round_slices()
             plan = plan_epoch(slices, self.batch_size, self.rank, self.world_size)
             used = plan.steps * self.batch_size * self.world_size
-            self._yielded, self.prefetched = start, 0
             yield from self._batches(plan.units_from(start))
             start = 0
             leftover = take_rows(slices, used)
             # Files listed at start but not in a resumed position count as new: read in the next round.
             known = set(self._done) | set(self._round) | {self.files[s.file].path for s in leftover}
-            # While waiting the round stays in progress: Lightning holds its last batch (read ahead, not
-            # trained), so a position taken now -- a checkpoint at a stop -- must have that batch trained again.
+            # While waiting, Lightning holds this round's last batch (read ahead, not trained), or an earlier
+            # round's when this one made no batch: a position taken now -- a checkpoint at a stop -- names the
+            # round of that batch (``FollowedRounds``), so a resume trains it.
             try:
                 new = self.watcher.wait_for_new(known, self.stop_waiting, self.on_wait)
             except FollowStopped:
@@ -503,16 +513,29 @@ class FollowingParquetLoader(LoaderBase):
                 new = None
             self._done += self._round
             self._carry = leftover
-            # The round is done: the position is now "batch 0 of the next round" (saved after the
-            # stream ended, a batch count of the finished round would not fit the empty round).
-            self._round, self._yielded, self.prefetched = [], 0, 0
+            self._round = []
             if new is None:
+                # The stream ended: Lightning trains what it held, and the position is "batch 0 of the next
+                # round" (the empty round, with the rows carried).
                 self._ended = True
+                self._begin_round(0)
                 self.skipped.log(f"{self.name} data (followed)")
                 return
             indices = self.watcher.read_agreed(functools.partial(self._index_all, new))  # schema checks, every rank
             self._round = [self.files[i].path for i in indices]
             logger.info("following %s: %d new file(s), from %s", self.source.paths, len(new), new[0].path)
+
+    def _begin_round(self, start: int) -> None:
+        """Note the round in progress starting at its batch ``start`` (``position`` may name it later)."""
+        self._rounds.begin(self._yielded, self._held(), start, self._done, self._round, self._carry_rows())
+        self._yielded = start
+
+    def _held(self) -> int:
+        """Batches read but not trained: Lightning reads one ahead of an unsized loader until the stream ends."""
+        return (0 if self._ended else 1) + self.prefetched
+
+    def _carry_rows(self) -> list[list[str | int]]:
+        return [[self.files[s.file].path, s.row_group, s.lo, s.hi] for s in self._carry]
 
     def _restore(self) -> int:
         resume = self._resume
@@ -528,14 +551,13 @@ class FollowingParquetLoader(LoaderBase):
         return resume.batch
 
     def position(self) -> LoaderPosition:
-        """The round in progress and the batches of it trained (Lightning holds one read-ahead batch)."""
-        held = 0 if self._ended else 1  # an unsized loader: Lightning reads one batch ahead
-        state: FollowState = {
-            "done": list(self._done),
-            "round": list(self._round),
-            "carry": [[self.files[s.file].path, s.row_group, s.lo, s.hi] for s in self._carry],
-        }
-        batch = max(self._yielded - self.prefetched - held, 0)
+        """The round of the first batch not trained yet, and that batch's index in it (``FollowedRounds``)."""
+        if self._resume is not None:  # a position loaded and not iterated yet is where this loader is
+            return self._resume
+        if self._rounds.empty:  # not iterated yet: the start
+            state: FollowState = {"done": list(self._done), "round": list(self._round), "carry": self._carry_rows()}
+            return LoaderPosition(0, 0, self.world_size, self.batch_size, "", state)
+        batch, state = self._rounds.position(self._yielded, self._held(), self._done)
         return LoaderPosition(0, batch, self.world_size, self.batch_size, "", state)
 
     def state_dict(self) -> LoaderState:

@@ -17,11 +17,13 @@ at that epoch's beginning.
 The same ranks and batch size are needed (each rank's part of the stream depends on both), and the
 same data: the fingerprint hashes the files (paths, row groups, sizes) and the shuffle settings. A
 mismatch raises :class:`ResumeMismatchError` with the fix. A following loader
-(:mod:`lightrec.data.parquet.follow`) adds the files it has finished and the round in progress.
+(:mod:`lightrec.data.parquet.follow`) adds the files it has finished and the round in progress, and
+:class:`FollowedRounds` finds the round that the first untrained batch belongs to.
 """
 
 from __future__ import annotations
 
+import bisect
 import copy
 import hashlib
 import json
@@ -33,7 +35,7 @@ from lightrec.data.errors import ResumeMismatchError
 from lightrec.data.parquet.sharding import Slice
 from lightrec.data.parquet.source import ParquetFileInfo
 
-__all__ = ["FollowState", "LoaderPosition", "LoaderState", "ResumeMismatchError", "fingerprint"]
+__all__ = ["FollowState", "FollowedRounds", "LoaderPosition", "LoaderState", "ResumeMismatchError", "fingerprint"]
 
 
 class FollowState(TypedDict):
@@ -128,3 +130,72 @@ class LoaderPosition:
                 "was trained on, so its position in the epoch means other rows now; resume with the same files and "
                 "settings, or start a new run (a following loader picks up new files by itself)"
             )
+
+
+@dataclass(frozen=True)
+class _RoundStart:
+    first: int  # batches yielded in this iteration before the round's first one
+    start: int  # the round's first batch (past 0 in a round a position resumed)
+    done: int  # how many files were finished then (the list of finished files only grows)
+    round: list[str]
+    carry: list[list[str | int]]
+
+
+class FollowedRounds:
+    """Which round of a followed stream, and which batch of it, the first batch not trained yet is in.
+
+    The batches read but not trained (Lightning's one read ahead, and any a pipelining callback holds) can
+    belong to a round before the one in progress. A round whose rows make no global batch yields nothing,
+    so while the loader waits after it, Lightning still holds the last batch of the round before; a
+    checkpoint taken then (at a SIGTERM) must resume that round at that batch, and read the small round's
+    files as new ones. So each round's start is kept, in the order of the batches, until no untrained batch
+    can be before it::
+
+        round      a (batches 0, 1)   b (no batch)   c (batches 0, ...)
+        first      0                  2              2
+        yielded 2, held 1 -> trained 1 -> round a, batch 1
+
+    ``yielded`` below is the loader's count for the round in progress: its batches yielded, plus its
+    ``start``.
+    """
+
+    def __init__(self) -> None:
+        self._starts: list[_RoundStart] = []
+
+    @property
+    def empty(self) -> bool:
+        """No round begun: the loader has not been iterated."""
+        return not self._starts
+
+    def restart(self) -> None:
+        """Forget every round: an iteration starts counting its batches from 0."""
+        self._starts.clear()
+
+    def begin(
+        self, yielded: int, held: int, start: int, done: Sequence[str], round: Sequence[str],
+        carry: list[list[str | int]],
+    ) -> None:  # fmt: skip
+        """A round begins at its batch ``start``, after the round before yielded up to ``yielded``."""
+        first = self._total(yielded)
+        if self._starts and self._starts[-1].first == first:
+            self._starts.pop()  # the round before yielded no batch: no untrained batch can be in it
+        self._starts.append(_RoundStart(first, start, len(done), list(round), copy.deepcopy(carry)))
+        # The batches trained only grow: the rounds before the one holding the first untrained batch are done with.
+        del self._starts[: self._index(max(first - held, 0))]
+
+    def position(self, yielded: int, held: int, done: Sequence[str]) -> tuple[int, FollowState]:
+        """The first untrained batch: its index in its round, and the state that resumes that round."""
+        trained = max(self._total(yielded) - held, 0)
+        s = self._starts[self._index(trained)]
+        state: FollowState = {"done": list(done[: s.done]), "round": list(s.round), "carry": copy.deepcopy(s.carry)}
+        return s.start + max(trained - s.first, 0), state
+
+    def _total(self, yielded: int) -> int:
+        """Batches yielded in this iteration, given the count of the round in progress."""
+        if not self._starts:
+            return 0
+        last = self._starts[-1]
+        return last.first + yielded - last.start
+
+    def _index(self, trained: int) -> int:
+        return max(bisect.bisect_right([s.first for s in self._starts], trained) - 1, 0)
