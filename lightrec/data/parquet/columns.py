@@ -228,7 +228,7 @@ def _sparse(rows: UnitRows, feature: SparseFeature, bad: list[BadRows]) -> Spars
             bad.append(BadRows(_rows_of(at, offsets, r), feature.column, lambda i: (
                 f"null id inside the list of feature {feature.name!r}: drop nulls from the lists when writing", None)))
     values = _int64(child)
-    _check_ids(rows, feature, values, offsets, r, bad)
+    _check_ids(rows, feature, values, offsets, r, bad, unsigned=pa.types.is_uint64(child.type))
     weights = None
     if feature.weights is not None and offsets is not None:
         weights = _weights(rows, feature, offsets, bad)
@@ -236,8 +236,11 @@ def _sparse(rows: UnitRows, feature: SparseFeature, bad: list[BadRows]) -> Spars
 
 
 def _check_ids(
-    rows: UnitRows, feature: SparseFeature, values: np.ndarray, offsets: np.ndarray | None, r: int, bad: list[BadRows]
-) -> None:
+    rows: UnitRows, feature: SparseFeature, values: np.ndarray, offsets: np.ndarray | None, r: int, bad: list[BadRows],
+    unsigned: bool = False,
+) -> None:  # fmt: skip
+    """Collect negative ids and, for ``id_mapping="none"``, ids past the table; ``unsigned``: ``values`` are a
+    ``uint64`` column's bits, where a negative value is an id above ``2**63 - 1``."""
     if feature.id_mapping == "hash":
         return  # any int64 is a raw id
     n = feature.num_embeddings if feature.id_mapping == "none" else None
@@ -246,6 +249,8 @@ def _check_ids(
     negative = np.flatnonzero(values < 0)
     if negative.size:
         bad.append(BadRows(_rows_of(negative, offsets, r), feature.column, _first_value(values, offsets, negative, lambda v: (
+            f"id {v + 2**64} in feature {feature.name!r} is above 2**63 - 1, the largest id lightrec holds (ids are "
+            "int64); map raw 64-bit ids with id_mapping='hash' and num_embeddings" if unsigned else
             f"negative id {v} in feature {feature.name!r}: ids index embedding rows and must be >= 0; fix the writer, "
             "or map raw ids with id_mapping='hash' and num_embeddings"))))  # fmt: skip
     if n is not None:

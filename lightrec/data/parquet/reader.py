@@ -134,9 +134,28 @@ class BlockReader:
     def read(self, unit: Unit) -> UnitRows:
         """The unit's rows: its block's slices concatenated, permuted with the block's seed, cut to the unit."""
         tables = [self.read_slice(s) for s in unit.block.slices]
+        if any(t.schema != tables[0].schema for t in tables[1:]):
+            tables = [_signed_ids(t) for t in tables]
         table = tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="permissive")
         if unit.block.seed is None:
             rows = table if unit.rows == table.num_rows else table.slice(unit.lo, unit.rows)
             return UnitRows(rows, unit, None, self.files)
         order = np.random.default_rng(unit.block.seed).permutation(unit.block.rows)[unit.lo : unit.hi]
         return UnitRows(table.take(pa.array(order)), unit, order, self.files)
+
+
+def _signed_ids(table: pa.Table) -> pa.Table:
+    """``uint64`` columns, and lists of them, as ``int64`` with the same bits, as one file's are read
+    (``columns._int64``): promoting a ``uint64`` and an ``int64`` file's slices to one type refuses a value
+    above ``2**63 - 1``, which ``id_mapping="hash"`` takes as a raw id (and the id checks name for the others)."""
+    fields, changed = [], False
+    for f in table.schema:
+        kind = f.type
+        if pa.types.is_uint64(kind):
+            f, changed = f.with_type(pa.int64()), True
+        elif pa.types.is_list(kind) and pa.types.is_uint64(kind.value_type):
+            f, changed = f.with_type(pa.list_(pa.int64())), True
+        elif pa.types.is_large_list(kind) and pa.types.is_uint64(kind.value_type):
+            f, changed = f.with_type(pa.large_list(pa.int64())), True
+        fields.append(f)
+    return table.cast(pa.schema(fields), safe=False) if changed else table

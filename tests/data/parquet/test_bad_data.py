@@ -136,6 +136,32 @@ def test_a_negative_id_names_file_row_group_column_row_and_value(tmp_path: Path)
     assert "id_mapping='hash'" in str(error) and "on_error='skip'" in str(error)
 
 
+def test_a_uint64_id_above_the_int64_range_is_named_by_its_own_value(tmp_path: Path) -> None:
+    big = 2**63 + 5  # read as int64 bits it is negative: the message must not show a value the file lacks
+    users = _table().column("user").to_pylist()
+    path = _write(tmp_path / "a.parquet", _table(user=_with(users, 21, big, pa.uint64())))
+    with pytest.raises(ParquetValueError, match=rf"row 5 .*: id {big} in feature 'user' is above 2\*\*63 - 1") as info:
+        _read(path, num_embeddings=100, id_mapping="managed")
+    assert "id_mapping='hash'" in str(info.value)
+    _read(path, num_embeddings=100, id_mapping="hash")  # any 64-bit id is a raw id to hash
+
+
+@pytest.mark.parametrize("id_mapping", ["hash", "managed"])
+def test_a_uint64_file_and_an_int64_file_mix_in_one_shuffled_unit(tmp_path: Path, id_mapping: str) -> None:
+    from lightrec.data import ParquetDataModule
+
+    big = 2**63 + 5
+    _write(tmp_path / "0.parquet", _table(user=pa.array([1] * 40, pa.int64())))
+    _write(tmp_path / "1.parquet", _table(user=pa.array([2] * 39 + [big], pa.uint64())))
+    data = ParquetDataModule(str(tmp_path), dense=["price"], sparse=["user", "items"], batch_size=8, shuffle=True,
+                             shuffle_window=4, num_embeddings=100, id_mapping=id_mapping)  # type: ignore[arg-type]
+    if id_mapping == "hash":  # before: pyarrow's ArrowInvalid from promoting the slices to one type
+        assert sum(b.batch_size for b in data.train_dataloader()) == 80
+        return
+    with pytest.raises(ParquetValueError, match=r"1\.parquet, row group 2, column 'user', row 7 \(row 39 of the file\)"):
+        list(data.train_dataloader())
+
+
 def test_an_id_beyond_the_declared_table_is_out_of_range(tmp_path: Path) -> None:
     path = _write(tmp_path / "a.parquet", _table())
     with pytest.raises(ParquetValueError, match=r"id \d of feature 'user' is out of range for its table of 5 rows"):
