@@ -22,9 +22,11 @@ the predict path it
    take the server's memory past it either (they used to: 120 x 8 MB held, ``in_flight_bytes`` 0);
 5. otherwise hands the body to :class:`~lightrec.serving.transport.PredictDispatch`, which queues it
    for a worker and returns the worker's answer, or a 504 once ``--timeout`` has passed without
-   one (without a dispatch, passes the request on to the app); whatever the outcome, it gives the
-   request's place and bytes back once it is answered, and records its status code and latency in
-   the server's metrics.
+   one (without a dispatch, passes the request on to the app); whatever the outcome, the request's
+   place and bytes are given back once no worker will read its body any more -- when it is answered,
+   or, after a 504 or a client that left, when the worker's late answer arrives (a stuck worker fills
+   the gate: 503s, not bodies piling up in the queue) -- and its status code and latency are recorded
+   in the server's metrics.
 
 Error bodies have the one shape every rejection of the server has: ``{"error", "index", "field",
 "value"}`` (:class:`~lightrec.serving.request_forms.Rejected`).
@@ -33,6 +35,7 @@ Error bodies have the one shape every rejection of the server has: ``{"error", "
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import multiprocessing
@@ -186,12 +189,15 @@ class AdmissionMiddleware:
                 await _answer(send_and_note, self._busy(refused), self._retry(503))
                 return
             held.bytes = 0  # the admitted request holds them now; leave() gives them back
-            try:
-                if self.dispatch is None:
-                    await self.app(scope, _replay(body, receive), send_and_note)
-                    return
-                answer = await self.dispatch.answer(scope["app"], headers, body)
+            if self.dispatch is not None:
+                # The dispatch gives the place back when no worker will read the body any more: after a 504,
+                # not before the worker's late answer (transport.PredictDispatch).
+                answer = await self.dispatch.answer(scope["app"], headers, body, functools.partial(
+                    self.gate.leave, len(body)))  # fmt: skip
                 await _send(send_and_note, answer.status_code, answer.body)
+                return
+            try:
+                await self.app(scope, _replay(body, receive), send_and_note)
             finally:
                 self.gate.leave(len(body))
         finally:

@@ -44,6 +44,7 @@ import queue
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from multiprocessing.queues import Queue
 from typing import Any, NamedTuple
 
@@ -174,10 +175,12 @@ class PredictDispatch:
     after, and find the server's queues, response buffer and response queue id through it).
 
     A request not answered within ``timeout_s`` of being queued gets 504: the HTTP server stops
-    waiting (a worker may hang, not die, and LitServe only notices dead ones) and forgets the
-    request's ``uid``, so a worker's late answer to it finds no entry in the response buffer, which
-    LitServe's response loop skips (``response_buffer.get(uid)`` is None). A worker that takes the
-    request from the queue after ``timeout_s`` answers it 504 unscored (``ScoringLoop``).
+    waiting (a worker may hang, not die, and LitServe only notices dead ones). Its body is still on the
+    workers' queue (or being scored), so the request keeps its place and bytes in the admission gate
+    until the worker's late answer arrives (``release`` runs then): a stuck worker fills the gate, and
+    new requests get 503 at once, instead of each ``--timeout`` letting another gate's worth of bodies
+    pile up in the queue. A worker that takes the request from the queue after ``timeout_s`` answers it
+    504 unscored (``ScoringLoop``); the answer is dropped here.
 
     Args:
         path: the predict path (the ``api_path`` whose workers' queue requests go to).
@@ -191,32 +194,50 @@ class PredictDispatch:
         self.timeout_s = timeout_s
         self._server: ls.LitServer | None = None
         self._uids = itertools.count()
+        self._late: set[asyncio.Task[None]] = set()  # requests given up on, waiting for their late answers
 
     def bind(self, server: ls.LitServer) -> None:
         self._server = server
 
-    async def answer(self, app: Any, headers: dict[bytes, bytes], body: bytes) -> EncodedResponse:
+    @property
+    def awaiting_late_answers(self) -> int:
+        """Requests answered 504 (or whose client left) whose bodies the workers have not answered yet."""
+        return len(self._late)
+
+    async def answer(
+        self, app: Any, headers: dict[bytes, bytes], body: bytes, release: Callable[[], None] = lambda: None
+    ) -> EncodedResponse:
         """The worker's answer to ``body``; ``app`` is the HTTP server's copy of LitServe's app
-        (it carries the ``response_queue_id`` the worker answers to).
+        (it carries the ``response_queue_id`` the worker answers to). ``release`` is called once, when
+        no worker will read the body any more: at once when it is answered (or was never queued), else
+        when the worker's late answer arrives (class docstring).
 
         LitServe's ``LIT_SERVER_API_KEY`` check (header ``X-API-Key``) applies as on its own endpoint.
         """
         server = self._server
         if server is None:
+            release()
             raise RuntimeError("PredictDispatch.bind was not called before the server ran")
         key = litserve.server.LIT_SERVER_API_KEY  # LitServe reads its variable once, at import
         if key and headers.get(b"x-api-key", b"").decode("latin-1") != key:
+            release()
             return _error(401, "Invalid API Key. Check that you are passing a correct 'X-API-Key' in your header.")
         uid = next(self._uids)  # the key of this process's response buffer: unique within the process
         event = asyncio.Event()
         server.response_buffer[uid] = ResponseBufferItem(event)
+        queued = answered = False
         try:
             server.litapi_request_queues[self.path].put((app.response_queue_id, uid, time.monotonic(), body))
-            if not await _wait(event, self.timeout_s):
-                return _error(504, f"no worker answered within {self.timeout_s:g} s (--timeout); retry, or add "
-                              "workers")
-        finally:  # a late answer finds no entry: LitServe's response loop skips it
-            item = server.response_buffer.pop(uid)
+            queued = True
+            answered = await _wait(event, self.timeout_s)
+        finally:  # also when the client left (this task cancelled) with the body queued
+            if queued and not answered:
+                self._settle_when_answered(server.response_buffer, uid, event, release)
+            else:
+                item = server.response_buffer.pop(uid)
+                release()
+        if not answered:
+            return _error(504, f"no worker answered within {self.timeout_s:g} s (--timeout); retry, or add workers")
         response, status = item.response if item.response is not None else (None, LitAPIStatus.ERROR)
         if status == LitAPIStatus.OK and isinstance(response, EncodedResponse):
             return response
@@ -224,6 +245,23 @@ class PredictDispatch:
             return _error(response.status_code, str(response.detail))
         # a worker died, or raised (LitServe sends that exception pickled: not unpickled here)
         return _error(500, "the server failed to score this request (its log has the traceback)")
+
+    def _settle_when_answered(
+        self, buffer: dict[Any, ResponseBufferItem], uid: int, event: asyncio.Event, release: Callable[[], None]
+    ) -> None:
+        """Keep ``uid``'s buffer entry (LitServe's response loop sets its event when the late answer comes),
+        then drop it and ``release``; a server stopping cancels the wait, which releases too."""
+
+        async def settle() -> None:
+            try:
+                await event.wait()
+            finally:
+                buffer.pop(uid, None)
+                release()
+
+        task = asyncio.get_running_loop().create_task(settle())
+        self._late.add(task)  # held: the loop keeps only weak references to its tasks
+        task.add_done_callback(self._late.discard)
 
 
 async def _wait(event: asyncio.Event, timeout_s: float) -> bool:

@@ -2,11 +2,13 @@
 ``--timeout 2``, ``--max-payload-mb 0.5``, ``--max-queue-mb 0.5``, the fake updater of
 ``fake_updates.py``). An announced version whose apply holds the model's lock for ``HOLD_S``
 seconds is a worker that hangs mid-batch with a request in hand: the client gets 504 once
-``--timeout`` has passed (not when the worker comes back), the request's place and bytes are given
-back at once, and the worker's late answer does not disturb the server, which answers the next
-request. While one large body is in flight, another that would take the bytes in flight past
-``--max-queue-mb`` gets 503 + ``Retry-After`` -- though far fewer than ``--max-queue`` requests are
-in flight -- and a small one is still admitted."""
+``--timeout`` has passed (not when the worker comes back); the request keeps its place and bytes
+until the worker's late answer comes (its body is still in front of the worker: given back at the
+504, each ``--timeout`` of a hang let another budget's worth of bodies pile up in the queue), and
+that answer does not disturb the server, which answers the next request. While one large body is in
+flight, another that would take the bytes in flight past ``--max-queue-mb`` gets 503 +
+``Retry-After`` -- though far fewer than ``--max-queue`` requests are in flight -- and a small one
+is still admitted."""
 
 from __future__ import annotations
 
@@ -104,16 +106,16 @@ def test_a_hung_worker_gets_its_requests_a_504_after_the_timeout(server: Server)
     assert TIMEOUT_S - 0.1 <= waited < TIMEOUT_S + 1.5, waited
     body = answer.json()
     assert set(body) == {"error", "index", "field", "value"} and "--timeout" in body["error"], body
-    ready = _ready(server.url)  # the place and the bytes are back while the worker still hangs
+    ready = _ready(server.url)  # the body is still in front of the hung worker: it keeps its place and bytes
     assert time.monotonic() - held_at < HOLD_S, "the worker came back before the check: raise HOLD_S"
-    assert ready["in_flight"] == 0 and ready["in_flight_bytes"] == 0, ready
-    _served_after_the_hold(server, version)
+    assert ready["in_flight"] == 1 and ready["in_flight_bytes"] == 100, ready
+    _served_after_the_hold(server, version)  # the late answer gave them back
     assert _metric(server.url, 'lightrec_serving_requests_total{code="504"}') >= 1
     assert _metric(server.url, "lightrec_serving_in_flight") == 0
 
 
 def test_bodies_past_the_byte_budget_get_503_with_retry_after(server: Server) -> None:
-    version, _ = _hold_worker(server)
+    version, held_at = _hold_worker(server)
     large = _body(300_000)  # two of them: past the 524288 bytes of --max-queue-mb 0.5
     answers: dict[str, requests.Response] = {}
 
@@ -137,6 +139,12 @@ def test_bodies_past_the_byte_budget_get_503_with_retry_after(server: Server) ->
     body = refused.json()
     assert set(body) == {"error", "index", "field", "value"} and "--max-queue-mb" in body["error"], body
     assert answers["first"].status_code == 504 and answers["small"].status_code == 504  # admitted; the worker hangs
-    assert _ready(server.url)["in_flight_bytes"] == 0
+    # Answered 504, both bodies still wait in front of the worker: the queue stays bounded across timeouts.
+    again = _post(server.url, large)
+    ready = _ready(server.url)
+    assert time.monotonic() - held_at < HOLD_S, "the worker came back before the check: raise HOLD_S"
+    assert again.status_code == 503 and "--max-queue-mb" in again.json()["error"], again.text
+    assert ready["in_flight"] == 2 and ready["in_flight_bytes"] == len(large) + 100, ready
     assert _metric(server.url, "lightrec_serving_queue_limit_bytes") == MAX_QUEUE_BYTES
     _served_after_the_hold(server, version)
+    assert _ready(server.url)["in_flight_bytes"] == 0
