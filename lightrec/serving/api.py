@@ -99,10 +99,11 @@ class RecServingAPI(ls.LitAPI):
             self._follower = UpdateFollower(model, self.updater_factory(model), self.config.follow_interval_s, slot)
             applied = self._follower.catch_up()
             log.info("worker %d serves version %d (%d updates applied at start-up)", worker, model.version, applied)
-            self._follower.start()
         gc.collect()
         gc.freeze()  # the model and the modules loaded so far: never scanned again by a collection mid-request
         slot.set_state(WorkerState.SERVING)
+        if self._follower is not None:  # only now: a failed apply's "damaged" must not be overwritten by "serving"
+            self._follower.start()
 
     def close(self) -> None:
         """Stop following updates (a worker process simply ends; for an API used in-process)."""

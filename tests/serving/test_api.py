@@ -150,6 +150,50 @@ def test_a_worker_damaged_by_a_failed_update_answers_503_not_a_score(artifact: P
     assert answers[1][0] == 422  # a bad request keeps its own answer
 
 
+class FailsAtTheFollowersFirstPoll:
+    """Nothing new at set-up's catch-up; on the follower thread's first poll, an apply that fails part way."""
+
+    def __init__(self) -> None:
+        self.polls = 0
+
+    def poll(self) -> HalfWrite | None:
+        self.polls += 1
+        return HalfWrite() if self.polls == 2 else None
+
+
+def test_an_update_failing_while_set_up_ends_leaves_the_worker_damaged(
+    artifact: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Set-up marked the worker serving after starting the follower: a failed apply in between was overwritten,
+    and /health said 200 for a damaged model."""
+    import lightrec.serving.api as api_module
+
+    metrics = ServingMetrics(api_servers=1, workers=1)
+
+    def damaged() -> bool:
+        return metrics.worker_states()[0][0] == WorkerState.DAMAGED
+
+    def slow_collect(*args: object) -> int:  # set-up's last steps take a while: the follower may poll meanwhile
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline and not damaged():
+            time.sleep(0.01)
+        return 0
+
+    monkeypatch.setattr(api_module.gc, "collect", slow_collect)
+    config = ServeConfig(artifact, max_batch_size=4, follow_interval_s=0.05)
+    api = RecServingAPI(config, metrics, lambda model: FailsAtTheFollowersFirstPoll(), threads=1)
+    api.setup("cpu")
+    try:
+        deadline = time.monotonic() + 10
+        while not damaged():
+            assert time.monotonic() < deadline, f"the failed apply left the worker {metrics.worker_states()}"
+            time.sleep(0.01)
+        time.sleep(0.2)  # nothing marks it serving again
+        assert damaged() and api.health() is False
+    finally:
+        api.close()
+
+
 def test_responses_are_strict_json_even_when_the_model_scores_nan(artifact: Path) -> None:
     api, _ = _api(artifact, max_batch_size=4)
     overflow = {"dense": [3.4e38] * 5, "sparse": {"f0": [1]}}  # valid float32 values; the forward makes NaN of them
