@@ -14,6 +14,7 @@ command says how to install it instead of failing on an import.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib.util
 import math
@@ -43,8 +44,9 @@ def _positive_number(value: str) -> float:
 
 
 def _non_negative_number(value: str) -> float:
-    if value in ("0", "0.0"):
-        return 0.0
+    with contextlib.suppress(ValueError):
+        if float(value) == 0:  # any spelling of zero: 0.00, 0e0, -0
+            return 0.0
     try:
         return _positive_number(value)
     except argparse.ArgumentTypeError:

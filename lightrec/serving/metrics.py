@@ -223,7 +223,9 @@ class _Writer:
         self.family(name, "summary", text)
         ordered = sorted(window)
         for q in QUANTILES:
-            value = ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else math.nan
+            # nearest rank: the smallest value with at least q of the window at or below it (the 1e-9: a product
+            # such as 0.07 * 100 comes out a hair above its whole number)
+            value = ordered[max(math.ceil(q * len(ordered) - 1e-9) - 1, 0)] if ordered else math.nan
             self.sample(name, {"quantile": str(q)}, value)
         self.sample(f"{name}_sum", {}, total)
         self.sample(f"{name}_count", {}, count)

@@ -71,6 +71,17 @@ def test_numbers_must_be_finite(artifact: Path, option: str, value: str, capsys:
     assert option in err and f"got {value!r}" in err and "finite" in err, err
 
 
+@pytest.mark.parametrize("value", ["0", "0.0", "0.00", "0e0", "00", "-0"])
+def test_a_zero_batch_timeout_is_read_in_any_spelling(value: str) -> None:
+    import argparse
+
+    from lightrec.cli import serve as serve_command
+
+    parser = argparse.ArgumentParser()
+    serve_command.register(parser.add_subparsers())
+    assert parser.parse_args(["serve", "m.pt", "--batch-timeout-ms", value]).batch_timeout_ms == 0.0
+
+
 @pytest.mark.parametrize("field", ["max_payload_mb", "max_queue_mb", "follow_interval_s", "timeout_s",
                                    "body_timeout_s", "batch_timeout_ms"])  # fmt: skip
 def test_config_numbers_must_be_finite(artifact: Path, field: str) -> None:

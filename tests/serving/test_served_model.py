@@ -191,6 +191,20 @@ def test_an_apply_that_fails_part_way_marks_the_worker_damaged() -> None:
 _LINE = re.compile(r'^[a-z_]+(\{([a-z_]+="[^"]*",?)*\})? (NaN|[+-]Inf|-?[0-9.e+-]+)$')
 
 
+def test_latency_quantiles_are_nearest_rank() -> None:
+    metrics = ServingMetrics(api_servers=1, workers=1)
+    for i in range(1, 101):  # 0.01 .. 1.00 s: the q quantile is q itself
+        metrics.record_request(0, 200, i / 100)
+    text = metrics.render(in_flight=0, queue_limit=1, now=0.0)
+    values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line[0] != "#"}
+    for q in ("0.5", "0.9", "0.99"):  # one rank too high before: 0.51, 0.91, 1.0
+        assert values[f'lightrec_serving_request_latency_seconds{{quantile="{q}"}}'] == pytest.approx(float(q))
+    two = ServingMetrics(api_servers=1, workers=1)
+    two.record_request(0, 200, 1.0)
+    two.record_request(0, 200, 2.0)
+    assert 'lightrec_serving_request_latency_seconds{quantile="0.5"} 1' in two.render(in_flight=0, queue_limit=1, now=0.0)
+
+
 def test_metrics_are_prometheus_text() -> None:
     metrics = ServingMetrics(api_servers=2, workers=2)
     for i in range(RING + 10):  # wraps the ring of API server 1
