@@ -89,11 +89,12 @@ class AdmissionGate:
             self._bytes.value += more
             return None
 
-    def reserve(self, size: int) -> str | None:
-        """Hold ``size`` more bytes of a body still arriving (no place in the count): None; else why not."""
+    def reserve(self, size: int, arrived: int = 0) -> str | None:
+        """Hold ``size`` more bytes of a body still arriving, ``arrived`` of which came before (held already; no
+        place in the count): None; else why not."""
         with self._count.get_lock():
             if self.byte_limit is not None and self._bytes.value + size > self.byte_limit:
-                return self._over_bytes(size)
+                return self._over_bytes(arrived + size, " so far")
             self._bytes.value += size
             return None
 
@@ -102,9 +103,9 @@ class AdmissionGate:
         with self._count.get_lock():
             self._bytes.value -= size
 
-    def _over_bytes(self, size: int) -> str:
+    def _over_bytes(self, size: int, arriving: str = "") -> str:
         return (f"its limit of {self.byte_limit} bytes of requests in flight (--max-queue-mb; "
-                f"{self._bytes.value} held, this one {size})")
+                f"{self._bytes.value} held, this one {size}{arriving})")
 
     def leave(self, size: int = 0) -> None:
         """An admitted request of ``size`` body bytes was answered: give back its place and bytes."""
@@ -244,7 +245,7 @@ class AdmissionMiddleware:
             more = message.get("more_body", False)
             if not more and not chunks:  # the common case, a body in one message: the gate counts it at entry
                 return chunk
-            refused = self.gate.reserve(len(chunk))  # a body in pieces: its bytes are held as they arrive
+            refused = self.gate.reserve(len(chunk), held.bytes)  # a body in pieces: its bytes are held as they arrive
             if refused is not None:
                 return self._busy(refused)
             held.bytes += len(chunk)

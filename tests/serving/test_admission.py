@@ -93,7 +93,8 @@ def test_the_gate_counts_requests_and_bytes_and_gives_both_back() -> None:
         AdmissionGate(3, byte_limit=0)
     # a body arriving in pieces holds its bytes (no place in the count) and keeps them when admitted
     assert gate.reserve(70) is None and (gate.in_flight, gate.in_flight_bytes) == (0, 70)
-    assert gate.reserve(31) is not None and gate.in_flight_bytes == 70  # refused: nothing taken
+    refused = gate.reserve(31, arrived=70)  # the same body's next piece: refused, nothing taken
+    assert refused is not None and "this one 101 so far" in refused and gate.in_flight_bytes == 70, refused
     assert gate.enter(30) is None and gate.enter(1) is not None  # other bodies see the held bytes
     gate.leave(30)
     assert gate.reserve(20) is None and gate.enter(90, reserved=90) is None  # its 90 bytes were all held
