@@ -32,6 +32,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import FrameType
@@ -78,9 +79,20 @@ class BuiltServer:
             pass  # interrupted while the workers were starting: LitServe has not shut them down
         finally:
             signal.signal(signal.SIGTERM, previous)
-            for child in multiprocessing.active_children():  # the processes this server started, if any is left
-                child.terminate()
-                child.join(5)
+            _stop(multiprocessing.active_children(), grace_s=5.0)  # the processes this server started, if any is left
+
+
+def _stop(children: list[multiprocessing.process.BaseProcess], grace_s: float) -> None:
+    """SIGTERM ``children``, then SIGKILL any still alive ``grace_s`` seconds later (a worker stuck in a forward,
+    or one that ignores SIGTERM, must not outlive the server)."""
+    for child in children:
+        child.terminate()
+    deadline = time.monotonic() + grace_s
+    for child in children:
+        child.join(max(deadline - time.monotonic(), 0.0))
+        if child.is_alive():
+            child.kill()
+            child.join(5)
 
 
 def _interrupt_in(owner: int) -> Callable[[int, FrameType | None], None]:
