@@ -13,7 +13,8 @@ so a ``[4096, 64]`` table in int8 with the default alignment of 16 is ``[4096, 8
 Quantization (per row, ``qmax = 255`` for int8 and ``15`` for int4)::
 
     bias  = fp16(min(row))
-    scale = fp16((max(row) - bias) / qmax), or 1 when that is 0
+    scale = fp16((max(row) - bias) / qmax), the next fp16 up when that one is smaller than the quotient
+            (so max(row) never needs a code above qmax), or 1 when it is 0
     q     = clamp(round((x - bias) / scale), 0, qmax)
 
 Error bound (documented and tested): every decoded value is within
@@ -113,7 +114,12 @@ def quantize_rows(
     bias16 = lo.half()
     bias = bias16.float()
     scale16 = ((hi - bias) / qmax).half()
-    # an all-equal row (or a range below fp16's smallest step) needs no steps: q = 0 decodes to bias
+    # Rounded to fp16 the scale can come out below the one the row needs, by up to half an fp16 step: for a
+    # subnormal scale (an int8 row's range below ~0.0156, as in tables initialised at +-1e-3) that is a large share
+    # of it, and the top of the row would need codes above qmax and be clamped. The next fp16 up covers the range.
+    short = scale16.float() * qmax < hi - bias
+    scale16 = torch.where(short, (scale16.view(torch.int16) + 1).view(torch.float16), scale16)  # positive: next up
+    # an all-equal row needs no steps: q = 0 decodes to bias
     scale16 = torch.where(scale16 > 0, scale16, torch.ones_like(scale16))
     scale = scale16.float()
     q = torch.round((x - bias.unsqueeze(1)) / scale.unsqueeze(1)).clamp_(0, qmax).to(torch.uint8)
