@@ -125,15 +125,18 @@ def quantize_sharded_collection(
                                             kernel_backend=kernel_backend)  # fmt: skip
         return managed
     quantized: QuantEmbeddingBagCollection | QuantEmbeddingCollection | None = None
+    bounds_check = collection._id_bounds.mode  # the trained collection's policy for ids past a table, as unsharded
     if dst is None or env.rank == dst:
         if collection._pooled:  # a pooled collection holds EmbeddingBagConfigs, a sequence one EmbeddingConfigs
             quantized = QuantEmbeddingBagCollection(
                 cast(list[EmbeddingBagConfig], list(collection._configs)), is_weighted=collection._is_weighted,
-                device="cpu", dtype=dtype, per_table=per_table, row_alignment=row_alignment, kernel_backend=kernel_backend)
+                device="cpu", dtype=dtype, per_table=per_table, row_alignment=row_alignment, bounds_check=bounds_check,
+                kernel_backend=kernel_backend)  # fmt: skip
         else:
             quantized = QuantEmbeddingCollection(
-                cast(list[EmbeddingConfig], list(collection._configs)),
-                device="cpu", dtype=dtype, per_table=per_table, row_alignment=row_alignment, kernel_backend=kernel_backend)
+                cast(list[EmbeddingConfig], list(collection._configs)), device="cpu", dtype=dtype,
+                per_table=per_table, row_alignment=row_alignment, bounds_check=bounds_check,
+                kernel_backend=kernel_backend)  # fmt: skip
     for config, full in _gathered_tables(collection, dst):
         if quantized is not None and full is not None:  # (the receiving ranks get every table)
             quantized.set_float_weight(config.name, full)
@@ -149,9 +152,11 @@ def _unsharded_float(collection: ShardedCollectionBase, dst: int | None) -> nn.M
     plain: nn.Module | None = None
     if dst is None or env.rank == dst:
         configs = list(collection._configs)  # EmbeddingBagConfigs when pooled, else EmbeddingConfigs
+        bounds_check = collection._id_bounds.mode
         plain = (EmbeddingBagCollection(cast(list[EmbeddingBagConfig], configs), is_weighted=collection._is_weighted,
-                                        device="meta")
-                 if collection._pooled else EmbeddingCollection(cast(list[EmbeddingConfig], configs), device="meta"))
+                                        device="meta", bounds_check=bounds_check)
+                 if collection._pooled else
+                 EmbeddingCollection(cast(list[EmbeddingConfig], configs), device="meta", bounds_check=bounds_check))
     for config, full in _gathered_tables(collection, dst):
         if plain is not None and full is not None:
             holder: nn.Module = getattr(plain, collection._attr)[config.name]

@@ -87,3 +87,41 @@ def test_dmp_quantize_and_export_match_unsharded(tmp_path: Path) -> None:
     assert (tmp_path / "dlrm_int8.pt.meta.json").exists() and (tmp_path / "dlrm_fp32.pt.meta.json").exists()
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]  # atomic writes leave no temporaries
 
+
+
+def _clamped_body(rank: int, world_size: int, tmp: str) -> dict:
+    """A collection trained with bounds_check "clamp" (or "skip") keeps it through the sharded serving copies."""
+    import torch
+
+    import lightrec
+    from lightrec.distributed.planner import row_wise, table_wise
+    from lightrec.inference import export, load, quantize
+    from lightrec.models import DLRM
+    from tests.inference.helpers import SequenceScorer, sequence_tables, tables
+
+    torch.manual_seed(5)
+    ebc = lightrec.EmbeddingBagCollection(tables(mean_last=False), bounds_check="clamp")
+    reference = DLRM(ebc, dense_in_features=5, dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[8, 1]).eval()
+    dmp = _dmp(reference, "sparse_arch.embedding_bag_collection",
+               {"t0": row_wise(), "t1": table_wise(rank=1), "t2": table_wise(rank=0)})
+    past = lightrec.KeyedJaggedTensor(keys=["f0", "f1", "f2", "f3"], values=torch.tensor([45, 1, 2, 3, 99]),
+                                      lengths=torch.tensor([1, 1, 1, 2]))  # 45 and 99 are past their tables
+    dense = torch.zeros(1, 5)
+    q = quantize(dmp, "int8")  # every rank: before, the copy's collection raised EmbeddingIdError on id 45
+    assert q.sparse_arch.embedding_bag_collection._bounds_check == "clamp"
+    assert torch.equal(q(dense, past), quantize(reference, "int8")(dense, past))
+    path = export(dmp, Path(tmp) / "clamped_fp32.pt")  # the float tables gathered into an unsharded collection
+    if rank == 0:
+        with torch.no_grad():
+            assert torch.equal(load(path)(dense, past.values(), past.lengths()), reference(dense, past))
+
+    torch.manual_seed(6)
+    seq = SequenceScorer(lightrec.EmbeddingCollection(sequence_tables(), bounds_check="skip")).eval()
+    q_seq = quantize(_dmp(seq, "ec", {"t0": row_wise(), "t1": table_wise(rank=1), "t2": table_wise(rank=0)}), "int8")
+    assert torch.equal(q_seq(past), quantize(seq, "int8")(past))
+    return {"rank": rank}
+
+
+def test_dmp_serving_copies_keep_the_collections_bounds_check(tmp_path: Path) -> None:
+    results = run_ranks(_clamped_body, 2, args=(str(tmp_path),), timeout=180)
+    assert [r["rank"] for r in results] == [0, 1]
