@@ -33,7 +33,7 @@ from lightrec.inference.export import (
     export_on_rank,
 )
 from lightrec.inference.gather import has_sharded_collections, unshard
-from lightrec.inference.predictor import Predictor, RequestError, load
+from lightrec.inference.predictor import ArtifactMetaError, Predictor, RequestError, load
 from lightrec.inference.quantize import quantize
 from lightrec.inference.safe_archive import UnsafeArtifactError
 from lightrec.modules.quant_config import QuantConfig, resolve_data_type
@@ -48,6 +48,7 @@ from lightrec.quant.sharded_embedding_bag import (
 
 __all__ = [
     "EXPORT_FORMATS",
+    "ArtifactMetaError",
     "ExportError",
     "Predictor",
     "QuantConfig",

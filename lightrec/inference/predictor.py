@@ -45,12 +45,17 @@ from lightrec.inference.safe_archive import open_checked
 if TYPE_CHECKING:
     from lightrec.inference.export import ArtifactMeta
 
-__all__ = ["FLOAT32_MAX", "CheckedRequest", "Predictor", "RequestError", "RequestRules", "finite_float32", "load",
-           "shown"]
+__all__ = ["FLOAT32_MAX", "ArtifactMetaError", "CheckedRequest", "Predictor", "RequestError", "RequestRules",
+           "finite_float32", "load", "shown"]
 
 _REQUEST_KEYS = ("dense", "sparse", "weights")
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)  # larger dense values or weights are inf in the artifact
 _SHOWN_CHARS = 200  # an offending value longer than this (as JSON) is shown truncated
+
+
+class ArtifactMetaError(ValueError):
+    """An artifact's ``<path>.meta.json`` that is not what :func:`lightrec.inference.export` writes (cut short,
+    edited, another file's): the message names the file and the field."""
 
 
 class RequestError(ValueError):
@@ -199,7 +204,7 @@ class Predictor:
         if not isinstance(request, dict):
             raise RequestError(f"{where}: must be a dict with keys {list(_REQUEST_KEYS)}, got {type(request).__name__}",
                                index, None, type(request).__name__)
-        extra = sorted(set(request) - set(_REQUEST_KEYS))
+        extra = sorted(set(request) - set(_REQUEST_KEYS), key=str)  # a caller's dict may mix key types
         if extra:
             raise RequestError(f"{where}: unknown keys {shown(extra)}; a request has 'dense', 'sparse' and (weighted "
                                "models) 'weights'", index, _field(extra[0]), extra[0])
@@ -208,7 +213,7 @@ class Predictor:
         if not isinstance(sparse, dict):
             raise RequestError(f"{where}: 'sparse' must be a dict feature -> list of ids, got {type(sparse).__name__}",
                                index, "sparse", type(sparse).__name__)
-        unknown = sorted(set(sparse) - set(self.feature_names))
+        unknown = sorted(set(sparse) - set(self.feature_names), key=str)
         if unknown:
             raise RequestError(f"{where}: unknown features {shown(unknown)}; the model's features are "
                                f"{self.feature_names}", index, "sparse", unknown[0])
@@ -370,13 +375,14 @@ def load(path: str | os.PathLike, missing_features: str = "empty", device: torch
         FileNotFoundError: the artifact or its metadata is missing.
         UnsafeArtifactError: a ``torch.export`` artifact asks for pickled or native code
             (:mod:`lightrec.inference.safe_archive`); nothing in it has run.
+        ArtifactMetaError: the metadata is not JSON of the shape ``export`` writes.
     """
     path = Path(path)
     meta_path = Path(str(path) + ".meta.json")
     for p in (path, meta_path):
         if not p.exists():
             raise FileNotFoundError(f"{str(p)!r} does not exist; write it with lightrec.inference.export(model, {str(path)!r})")
-    meta: ArtifactMeta = json.loads(meta_path.read_text())
+    meta = _read_meta(meta_path, path)
     if meta.get("uses_fbgemm"):
         if not fbgemm_available():
             raise RuntimeError(f"{str(path)!r} calls fbgemm ops but fbgemm_gpu is unavailable "
@@ -393,3 +399,31 @@ def load(path: str | os.PathLike, missing_features: str = "empty", device: torch
             program = move_to_device_pass(torch.export.load(archive), torch.device(device))
         module = program.module()
     return Predictor(module, meta, missing_features, device)
+
+
+def _read_meta(meta_path: Path, path: Path) -> ArtifactMeta:
+    """``<path>.meta.json``, checked for the fields ``load`` and ``Predictor`` read before any is used."""
+    from lightrec.inference.export import EXPORT_FORMATS  # export imports this module's callers
+
+    def bad(what: str) -> ArtifactMetaError:
+        return ArtifactMetaError(f"{str(meta_path)!r}: {what}; it is not the metadata lightrec.inference.export "
+                                 f"writes beside {path.name!r}: export the model again (both files are written together)")
+
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+        raise bad(f"not JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise bad(f"a JSON {type(meta).__name__}, not an object")
+    if meta.get("format") not in EXPORT_FORMATS:
+        raise bad(f"field 'format' is {shown(meta.get('format'))}, not one of {list(EXPORT_FORMATS)}")
+    names = meta.get("feature_names")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise bad(f"field 'feature_names' is {shown(names)}, not a list of feature names")
+    tables = meta.get("tables")
+    if not isinstance(tables, list) or not all(
+        isinstance(t, dict) and isinstance(t.get("feature_names"), list) and isinstance(t.get("num_embeddings"), int)
+        for t in tables
+    ):
+        raise bad(f"field 'tables' is {shown(tables)}, not a list of tables with 'feature_names' and 'num_embeddings'")
+    return cast("ArtifactMeta", meta)

@@ -163,6 +163,8 @@ def test_predictor_scores_and_rejects_bad_requests(tmp_path: Path) -> None:
         "not a finite number": {"dense": [float("nan")] * 5, "sparse": {}},
         "not weighted": {"dense": [0.0] * 5, "sparse": {"f0": [1]}, "weights": {"f0": [1.0]}},
         "unknown keys": {"dense": [0.0] * 5, "spares": {}},
+        "unknown keys \\[7, 'spares'\\]": {"dense": [0.0] * 5, "spares": {}, 7: 1},  # mixed key types: no TypeError
+        "unknown features \\[3, 'nope'\\]": {"dense": [0.0] * 5, "sparse": {"nope": [1], 3: [1]}},
     }
     for message, request in bad.items():
         with pytest.raises(RequestError, match=f"request 1: .*{message}"):
@@ -170,3 +172,27 @@ def test_predictor_scores_and_rejects_bad_requests(tmp_path: Path) -> None:
     strict = load(tmp_path / "m.pt", missing_features="error")
     with pytest.raises(RequestError, match="request 0: missing features"):
         strict.predict([good[1]])
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"format": "torchscr', "not JSON"),
+        ("", "not JSON"),
+        ("[1, 2]", "a JSON list, not an object"),
+        ('{"feature_names": ["f0"], "tables": []}', "field 'format' is None"),
+        ('{"format": "TorchScript", "feature_names": ["f0"], "tables": []}', "field 'format' is TorchScript"),
+        ('{"format": "torchscript", "tables": []}', "field 'feature_names' is None"),
+        ('{"format": "torchscript", "feature_names": ["f0"], "tables": [{"feature_names": ["f0"]}]}', "field 'tables'"),
+    ],
+)
+def test_metadata_that_export_did_not_write_is_a_typed_error_naming_the_file(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    from lightrec.inference import ArtifactMetaError
+
+    path = export(quantize(dlrm(), "int8"), tmp_path / "m.pt")
+    meta = tmp_path / "m.pt.meta.json"
+    meta.write_text(text)
+    with pytest.raises(ArtifactMetaError, match=f"'{meta}': {message}.*export the model again"):
+        load(path)
