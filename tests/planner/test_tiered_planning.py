@@ -135,7 +135,7 @@ def test_torchrec_planner_parts_see_and_keep_tiered_options() -> None:
     from lightrec.distributed.planner.options import option_index, to_sharding_options
     from lightrec.distributed.planner.tables import collect_tables, find_shardable_modules
 
-    topo = Topology(world_size=1, compute_device="cpu", ddr_cap=4 * GiB)
+    topo = Topology(world_size=1, compute_device="cpu", ddr_cap=5 * GiB)
     model = tables(BIG)
     modules = find_shardable_modules(model, [SHARDER])
     arrays = collect_tables(modules, topo, {}, 2048, tiered=True)
@@ -156,4 +156,4 @@ def test_torchrec_planner_parts_see_and_keep_tiered_options() -> None:
     assert _kernels(plan)["t0"][0] == "key_value"
     report = planner.last_report
     assert report.ssd_bytes[0] == pytest.approx(64_000_000 * (64 + 1) * 4)
-    assert report.ddr_bytes[0] <= 4 * GiB
+    assert report.ddr_bytes[0] <= 5 * GiB

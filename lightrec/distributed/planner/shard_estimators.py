@@ -120,7 +120,9 @@ ID_BYTES = 8  # int64 ids on the wire and in the lookup input
 LENGTH_BYTES = 4  # int32 lengths
 GRAD_BYTES = 4  # activations, gradients and optimizer state are fp32
 SLOT_INDEX_BYTES = 4  # a tiered table's int32 slot of every row, in fast memory
-SLOT_META_BYTES = 29  # per cache slot: its row, last use, use count, pins, dirty flag
+# per cache slot (CacheIndex's per-slot arrays): its row 8, last use 8, use count 8, pins 4, dirty flag 1,
+# free ring 8 (tests/kernels/tiered/test_cache_consistency.py derives it from a real cache)
+SLOT_META_BYTES = 37
 PAGE_BYTES = 4096  # an SSD row read or write moves whole pages
 
 
