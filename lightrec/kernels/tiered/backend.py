@@ -253,13 +253,15 @@ class TieredBatchedLookup:
         self.queue.join()
         offsets = batch.offsets.long()
         global_rows = self._global_rows(batch.indices, offsets, batch.batch_size)
-        prefetched = bool(self._reservations)
         placeholder = weight_inputs[0] if weight_inputs else None
         training = torch.is_grad_enabled() and placeholder is not None and placeholder.requires_grad
         stats = self._stats
         stats.lookups += 1
-        reserved = self._reservations[0] if prefetched else None
-        if reserved is not None and reserved.complete and torch.equal(reserved.rows, global_rows):
+        reserved = self._reservations[0] if self._reservations else None
+        # whether the oldest prefetch was this batch's (else e.g. an evaluation lookup between a
+        # training batch's prefetch and its lookup)
+        prefetched = reserved is not None and torch.equal(reserved.rows, global_rows)
+        if reserved is not None and prefetched and reserved.complete:
             # its prefetch admitted every row, and the slots of a batch in flight stay put: only the
             # touch is left, and the prefetch's hold becomes the lookup's (the same state as
             # admitting it again)
@@ -281,7 +283,10 @@ class TieredBatchedLookup:
                 stats.missed_ids += admission.missed_ids
             # (an evaluation lookup is over when it returns: nothing to hold)
             hold = self.in_flight.add(self.index.tick, admission.slots) if training else Hold(self.index.tick, admission.slots)
-            if self._reservations:  # this batch's prefetch is superseded by the lookup's own admission
+            # this batch's prefetch is superseded by the lookup's own admission; another batch's stays
+            # reserved for its own lookup, unless this one trains (the prefetches no longer follow the
+            # lookups: the oldest is dropped, as ever, so they cannot pile up)
+            if reserved is not None and (prefetched or training):
                 self.in_flight.drop(self._reservations.popleft().hold, updated=False)
         slots = hold.slots
         local = slots if self._slot_shift is None else slots - self._shift(self._slot_shift, offsets, batch.batch_size, slots.numel())
@@ -423,9 +428,14 @@ class TieredBatchedLookup:
 
     # ---- keeping the store current -------------------------------------------------------------------
     def flush(self) -> None:
-        """Write every dirty cached row back to the store (the rows stay cached, now clean)."""
+        """Write every dirty cached row back to the store (the rows stay cached, now clean).
+
+        Raises:
+            BaseException: a write-back failed: its rows stay dirty, and the table refuses to go on
+                (``TransferFailedError``) until a load replaces its rows.
+        """
         self.queue.join()
-        transfer = Transfer()
+        transfer, written = Transfer(), []
         for t in range(len(self.rows)):
             slots, rows = self.index.dirty_rows(t)
             if rows.numel():
@@ -434,8 +444,10 @@ class TieredBatchedLookup:
                 transfer.parts.append(TablePart(t, slots - lo, rows.cpu(), empty.cpu(), empty))
                 self._stats.rows_written_back += rows.numel()
                 self._stats.bytes_written += rows.numel() * self.store.row_bytes(t)
-                self._mark_clean(slots)
+                written.append(slots)
         self.queue.run_now(transfer)
+        for slots in written:  # clean only once the store holds them (a failed write leaves them dirty)
+            self._mark_clean(slots)
 
     def _mark_clean(self, slots: torch.Tensor) -> None:
         """``slots`` (global) now equal the store, except those a batch in flight will still update."""
@@ -467,6 +479,26 @@ class TieredBatchedLookup:
             out.weights.index_copy_(0, at, views["weight"].index_select(0, slots).cpu())
             for name in out.states:
                 out.states[name].index_copy_(0, at, views[name].index_select(0, slots).cpu())
+        return out
+
+    def read_weights(self, table: int, rows: torch.Tensor) -> torch.Tensor:
+        """``[N, D]`` current weights of ``table``'s local ``rows`` ``[N]``, on the cache's device: the
+        cached ones from the cache (a dirty row is newer than the store's copy), the rest from the store.
+
+        What the gradient of learned per-sample weights reads (``with_weight_grad``): a batch's rows
+        stay cached until its backward, so they come from the cache, as its forward used them, and
+        no store page is touched for them (unlike :meth:`read_rows`, which also copies row states).
+        """
+        self.queue.join()  # (the worker may be moving slots of other batches, and their bookkeeping)
+        rows = rows.to(self.device, torch.long)
+        slots = self.index.slots(rows + self.index.row_offset[table]).long()
+        cached = slots >= 0
+        local = torch.where(cached, slots - self.index.cache_offset[table], 0)
+        out = self._cache_views[table]["weight"].index_select(0, local)
+        missing = torch.nonzero(~cached).flatten()
+        if missing.numel():  # (only after a cache was dropped since the forward: invalidate())
+            stored = self.store.weights[table].index_select(0, rows.index_select(0, missing).cpu())
+            out.index_copy_(0, missing, stored.to(out.device, out.dtype))
         return out
 
     def write_rows(self, table: int, rows: torch.Tensor, state: RowState) -> None:

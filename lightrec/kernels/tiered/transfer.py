@@ -25,7 +25,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -156,10 +156,11 @@ class TransferQueue:
             return False
         t = part.table
         sample = RESIDENCY_SAMPLE if self._probe_in[t] <= 0 else 0
-        done: bool = torch.ops.lightrec_tiered.tiered_transfer(
-            *native, part.writeback_slots, part.writeback_rows, part.fetch_rows, part.fetch_slots, PAGE_BYTES,
-            ADVISE_GAP_PAGES, sample, True,
-        )  # fmt: skip
+        with self._failure_breaks_cache():
+            done: bool = torch.ops.lightrec_tiered.tiered_transfer(
+                *native, part.writeback_slots, part.writeback_rows, part.fetch_rows, part.fetch_slots, PAGE_BYTES,
+                ADVISE_GAP_PAGES, sample, True,
+            )  # fmt: skip
         self._probe_in[t] = 0 if not done else (_PROBE_EVERY if sample else self._probe_in[t] - 1)
         part.announced = not done
         return done
@@ -170,11 +171,28 @@ class TransferQueue:
             self._run(transfer, same_stream=True)
 
     def run_now(self, transfer: Transfer) -> None:
-        """Run ``transfer`` on this thread (after every submitted one)."""
+        """Run ``transfer`` on this thread (after every submitted one).
+
+        Raises:
+            BaseException: the copy's error; the table is broken from then on, as after a failure on
+                the worker (:meth:`join`): the bookkeeping already moved rows the copy did not.
+            TransferFailedError: a transfer failed earlier.
+        """
         self.join()
         if transfer:
-            done = self._run(transfer, same_stream=True)
-            assert done is None
+            with self._failure_breaks_cache():
+                self._run(transfer, same_stream=True)
+
+    @contextlib.contextmanager
+    def _failure_breaks_cache(self) -> Iterator[None]:
+        """Record an error of a copy run on the training thread as :meth:`join` records the worker's:
+        the cache's bookkeeping already says the rows moved (slots reassigned, victims gone), so every
+        later call must refuse (:meth:`check`) until a load, wherever the copy ran."""
+        try:
+            yield
+        except BaseException as err:
+            self.failure = err
+            raise
 
     def join(self) -> None:
         """Wait for every submitted transfer (CUDA: the training stream then waits for their copies).
