@@ -131,9 +131,14 @@ class ShardedTableState:
         """The full table's ``[rows, cols]``."""
         return torch.Size(self.global_shape)
 
-    def full_tensor_local(self) -> torch.Tensor:
-        """``[rows, cols]`` with this rank's shards filled in and zeros elsewhere."""
-        full = torch.zeros(self.global_shape, dtype=self.dtype)
+    def full_tensor_local(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """``[rows, cols]`` with this rank's shards filled in and zeros elsewhere.
+
+        Args:
+            dtype: of the result (default: ``self.dtype``); ``gather_full_state_dict`` passes the
+                dtype the ranks agreed on, as ``self.dtype`` is only a guess on a rank holding no shard.
+        """
+        full = torch.zeros(self.global_shape, dtype=self.dtype if dtype is None else dtype)
         for meta, tensor in self.shards:
             (r, c), (nr, nc) = meta.shard_offsets, meta.shard_sizes
             full[r : r + nr, c : c + nc] = tensor.detach().cpu()
@@ -197,10 +202,13 @@ def gather_full_state_dict(
     """
     gathered: dict[str, Any] = {}
     receiving = dst is None or dist.get_rank(pg) == dst
+    collective = dist.is_initialized() and dist.get_world_size(pg) > 1
+    dtypes = _agreed_dtypes(state_dict, pg) if collective else {}
     for key, value in state_dict.items():
         if isinstance(value, ShardedTableState):
-            full = value.full_tensor_local()  # shards are disjoint: the sum over ranks is the table
-            if dist.is_initialized() and dist.get_world_size(pg) > 1:
+            # shards are disjoint: the sum over ranks is the table
+            full = value.full_tensor_local(dtypes.get(key))
+            if collective:
                 if dst is None:
                     dist.all_reduce(full, group=pg)
                 else:
@@ -211,6 +219,39 @@ def gather_full_state_dict(
         if receiving:
             gathered[key] = value
     return gathered
+
+
+def _agreed_dtypes(state_dict: Mapping[str, object], pg: dist.ProcessGroup | None) -> dict[str, torch.dtype]:
+    """``{key: dtype}`` of every :class:`ShardedTableState` in ``state_dict``, as the ranks holding its
+    shards see it (a collective; every rank gets the same answer).
+
+    A rank holding no shard of a table only guesses its dtype (float32), so after ``model.double()``
+    its reduce buffer would be float32 against the owners' float64: gloo fails on the size or the
+    sum is garbage. One ``all_gather_object`` of the owners' dtypes settles it for every table.
+
+    Raises:
+        ValueError: two ranks hold shards of one table in different dtypes (names the table, the
+            ranks and the dtypes).
+    """
+    if not any(isinstance(v, ShardedTableState) for v in state_dict.values()):
+        return {}  # the same on every rank: the state dicts have the same keys
+    own = {
+        key: value.shards[0][1].dtype
+        for key, value in state_dict.items()
+        if isinstance(value, ShardedTableState) and value.shards
+    }
+    everyone: list[dict[str, torch.dtype] | None] = [None] * dist.get_world_size(pg)
+    dist.all_gather_object(everyone, own, group=pg)
+    agreed: dict[str, tuple[int, torch.dtype]] = {}
+    for rank, seen in enumerate(everyone):
+        for key, dtype in (seen or {}).items():
+            first = agreed.setdefault(key, (rank, dtype))
+            if first[1] != dtype:
+                raise ValueError(
+                    f"gather_full_state_dict: table {key!r} is {first[1]} on rank {first[0]} but {dtype} on rank "
+                    f"{rank}; convert the whole model to one dtype (e.g. model.double()) before gathering"
+                )
+    return {key: dtype for key, (_, dtype) in agreed.items()}
 
 
 # ---- the sharded collections' hooks ------------------------------------------------------------
@@ -256,8 +297,9 @@ def load_state_dict_pre_hook(
             continue  # reported as missing under the kernel parameter's key
         value = state_dict.pop(key)
         if isinstance(value, ShardedTableState) and value.global_shape != [c.num_embeddings, c.embedding_dim]:
-            raise ValueError(f"state_dict[{key!r}] is a [{value.global_shape}] table, expected "
-                             f"[{c.num_embeddings}, {c.embedding_dim}]")  # fmt: skip
+            raise ValueError(f"state_dict[{key!r}] is a {value.global_shape} table, expected "
+                             f"[{c.num_embeddings}, {c.embedding_dim}]; load a state dict of a model with the "
+                             "same table sizes")  # fmt: skip
         if isinstance(value, torch.Tensor) and tuple(value.shape) != (c.num_embeddings, c.embedding_dim):
             raise ValueError(
                 f"state_dict[{key!r}] has shape {tuple(value.shape)}, expected ({c.num_embeddings}, {c.embedding_dim})"
