@@ -19,7 +19,7 @@ from lightrec.distributed.model_parallel import DistributedModelParallel
 from lightrec.distributed.planner.plan import ShardingType, ShardMetadata
 from lightrec.distributed.sharding.collection import ShardedCollectionBase
 
-__all__ = ["LocalTable", "ParamIndex", "local_tables", "optimizer_params"]
+__all__ = ["LocalTable", "ParamIndex", "local_tables", "optimizer_params", "root_module"]
 
 
 @dataclass
@@ -39,7 +39,8 @@ class LocalTable:
     shards: list[tuple[ShardMetadata, torch.Tensor]] = field(default_factory=list)
 
 
-def _root(module: nn.Module) -> nn.Module:
+def root_module(module: nn.Module) -> nn.Module:
+    """The module whose ``state_dict`` keys the checkpoint uses: a ``DistributedModelParallel``'s inner one."""
     # DistributedModelParallel.state_dict() is its inner module's; index that one.
     return module.module if isinstance(module, DistributedModelParallel) else module
 
@@ -47,7 +48,7 @@ def _root(module: nn.Module) -> nn.Module:
 def local_tables(module: nn.Module) -> dict[str, LocalTable]:
     """``{weight key: LocalTable}`` for every table of every sharded collection in ``module``."""
     out: dict[str, LocalTable] = {}
-    for path, m in _root(module).named_modules():
+    for path, m in root_module(module).named_modules():
         if not isinstance(m, ShardedCollectionBase):
             continue
         prefix = f"{path}." if path else ""
@@ -72,14 +73,17 @@ class ParamIndex:
         self.shard_of: dict[int, tuple[str, ShardMetadata]] = {
             id(p): (t.key, meta) for t in tables.values() for meta, p in t.shards
         }
-        self.name_of: dict[int, str] = {id(p): n for n, p in _root(module).named_parameters()}
+        self.name_of: dict[int, str] = {id(p): n for n, p in root_module(module).named_parameters()}
 
     def stable_id(self, param: torch.Tensor, what: str) -> str:
         if id(param) in self.shard_of:
             return self.shard_of[id(param)][0]
         if id(param) in self.name_of:
             return self.name_of[id(param)]
-        raise ValueError(f"{what} steps a parameter that is not part of the checkpointed module")
+        raise ValueError(
+            f"{what} steps a parameter of shape {list(param.shape)} ({param.dtype}) that is not part of the "
+            "checkpointed module; pass the optimizers of this module only (or the module they step)"
+        )
 
 
 def optimizer_params(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[int | str, torch.Tensor]:
@@ -92,6 +96,8 @@ def optimizer_params(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any
     params = [p for g in optimizer.param_groups for p in g["params"]]
     if len(keys) != len(params):
         raise ValueError(
-            f"optimizer state_dict lists {len(keys)} parameters but {type(optimizer).__name__} has {len(params)}"
+            f"optimizer state_dict lists {len(keys)} parameters in its param_groups but {type(optimizer).__name__} "
+            f"has {len(params)}; pass each optimizer with its own state_dict(), saved with its param groups "
+            "(save_param_groups(True), the default)"
         )
     return dict(zip(keys, params, strict=True))

@@ -11,6 +11,7 @@ that have one entry per parameter group are rebuilt for the live groups. Nothing
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -28,12 +29,20 @@ from lightrec.distributed.checkpoint.files import (
     read_meta,
     read_shards,
 )
-from lightrec.distributed.checkpoint.index import LocalTable, ParamIndex, local_tables, optimizer_params
+from lightrec.distributed.checkpoint.index import (
+    LocalTable,
+    ParamIndex,
+    local_tables,
+    optimizer_params,
+    root_module,
+)
 from lightrec.distributed.checkpoint.safe_load import load_file
 from lightrec.distributed.comm.failures import collective_guard
+from lightrec.distributed.planner.plan import ShardMetadata
 from lightrec.distributed.sharding.state_dict import ShardedTableState
 from lightrec.kernels.tiered.store import SsdRowStore, scratch_like, store_of
-from lightrec.optim.keyed import KeyedOptimizer
+from lightrec.modules.managed_collision.base import ManagedCollisionModule
+from lightrec.optim.keyed import CombinedOptimizer, KeyedOptimizer, KeyedOptimizerWrapper, OptimizerWrapper
 
 __all__ = ["CheckpointSource", "ForeignCheckpointError", "load_sharded_checkpoint", "open_checkpoint"]
 
@@ -125,8 +134,11 @@ def _where(source: CheckpointSource) -> str:
     return f"checkpoint {source.path!r}" if source.path is not None else "the checkpoint"
 
 
-def _check_state_dict(source: CheckpointSource, module: nn.Module, tables: dict[str, LocalTable], strict: bool) -> None:
-    """Raise ``CheckpointError`` if the checkpoint's keys or dense shapes do not fit ``module``.
+def _check_state_dict(
+    source: CheckpointSource, live: Mapping[str, object], tables: dict[str, LocalTable], strict: bool
+) -> None:
+    """Raise ``CheckpointError`` if the checkpoint's keys or dense shapes do not fit the live model
+    (``live``: its ``state_dict(keep_vars=True)``).
 
     Only the live model's structure and the (replicated) checkpoint metadata are read, so every rank
     reaches the same verdict. torch's ``load_state_dict`` copies every key that fits before it
@@ -134,7 +146,6 @@ def _check_state_dict(source: CheckpointSource, module: nn.Module, tables: dict[
     """
     dense = source.meta.get("state_dict", {})
     saved_keys = set(dense) | source.saved_tables()
-    live = module.state_dict(keep_vars=True)
     where = _where(source)
     problems = []
     if strict:
@@ -145,12 +156,12 @@ def _check_state_dict(source: CheckpointSource, module: nn.Module, tables: dict[
         if unexpected:
             problems.append(f"the checkpoint has keys {unexpected} that the model does not have")
     mismatched = [
-        f"{key!r} is {list(value.shape)} in the checkpoint but {list(live[key].shape)} in the model"
+        f"{key!r} is {list(value.shape)} in the checkpoint but {list(current.shape)} in the model"
         for key, value in sorted(dense.items())
         if key not in tables
         and isinstance(value, torch.Tensor)
-        and isinstance(live.get(key), torch.Tensor)
-        and value.shape != live[key].shape
+        and isinstance(current := live.get(key), torch.Tensor)
+        and value.shape != current.shape
     ]
     mismatched += [
         f"table {key!r} is {list(shape)} in the checkpoint but {table.global_shape} in the model"
@@ -165,6 +176,63 @@ def _check_state_dict(source: CheckpointSource, module: nn.Module, tables: dict[
             + (" or load with strict=False to skip missing and unexpected keys" if strict else "")
         )
         raise CheckpointError(f"{where} does not fit the model: {'; '.join(problems)}; nothing was loaded; {fix}")
+
+
+def _unsharded_tables(
+    source: CheckpointSource, live: Mapping[str, object], tables: dict[str, LocalTable]
+) -> dict[str, LocalTable]:
+    """The saved tables that the live model holds whole, as one-shard ``LocalTable`` s.
+
+    A sharded checkpoint stores every table (and every managed-collision per-row buffer, as a
+    ``[rows, 1]`` table) in blocks, apart from the dense ``state_dict``. A live model without
+    sharded collections -- the unsharded model, on one process -- has these keys as plain tensors:
+    each becomes a "data-parallel" table whose one block is the whole tensor, so the blocks are
+    checked and assembled as for any plan (resharding to the unsharded layout). A 1-D buffer is
+    shown as ``[rows, 1]``, the shape it was saved in.
+
+    Returns:
+        ``{key: LocalTable}`` for saved tables not in ``tables`` whose key the live model holds.
+    """
+    out: dict[str, LocalTable] = {}
+    for key in sorted(source.saved_tables() - set(tables)):
+        value = live.get(key)
+        if not isinstance(value, torch.Tensor) or value.dim() not in (1, 2):
+            continue  # not in the model: strict reports it as unexpected
+        whole = value if value.dim() == 2 else value.detach().view(-1, 1)  # a 2-D parameter stays itself (optimizer state follows it)
+        shape = list(whole.shape)
+        out[key] = LocalTable(key, shape, True, [(ShardMetadata([0, 0], shape, f"rank:0/{value.device}"), whole)])
+    return out
+
+
+def _check_managed_collisions(source: CheckpointSource, module: nn.Module, state_dict: Mapping[str, object]) -> None:
+    """Raise ``CheckpointError`` if a managed-collision module of the live model would refuse its
+    entries of ``state_dict`` (this rank's checkpoint state dict): other bucket segments than it has
+    (e.g. saved with ``buckets=6``, built with 3), ids outside their bucket's rows, a corrupt map.
+
+    Such a module only finds out in ``load_state_dict``, after the embedding tables in front of it
+    were copied; asked here (``ManagedCollisionModule.check_state_dict``) the load fails first.
+    A sharded module is handed its own rows: the one block of each per-row table this rank holds.
+    """
+    for path, m in root_module(module).named_modules():
+        if not isinstance(m, ManagedCollisionModule):
+            continue
+        prefix = f"{path}." if path else ""
+        entries: dict[str, object] = {}
+        for key, value in state_dict.items():
+            if not key.startswith(prefix):
+                continue
+            if isinstance(value, ShardedTableState):
+                if len(value.shards) != 1:
+                    continue  # no rows here (no module either) or not one block: nothing to check
+                value = value.shards[0][1]
+            entries[key] = value
+        try:
+            m.check_state_dict(entries, prefix)
+        except ValueError as e:
+            raise CheckpointError(
+                f"{_where(source)} does not fit the model: {e}; nothing was loaded; build the managed-collision "
+                "module with the zch_size and buckets the checkpoint was saved with"
+            ) from e
 
 
 def _state_dict(source: CheckpointSource, tables: dict[str, LocalTable]) -> _Checkpoint:
@@ -227,21 +295,97 @@ def _live_kind(value: object, sizes: Sequence[int]) -> str | None:
         return None
 
 
+_OPTIMIZER_FIX = (
+    "nothing was loaded; resume with the optimizer (and optimizer settings) the checkpoint was saved "
+    "with, or load the weights only"
+)
+# Hyper-parameters torch added to many optimizers over its versions: a checkpoint of an older torch
+# lacks them, which says nothing about the optimizer's type.
+_VERSION_FLAGS = frozenset({"foreach", "maximize", "capturable", "differentiable", "fused", "decoupled_weight_decay"})
+
+
+def _torch_optimizer_of(opt: torch.optim.Optimizer, param: torch.Tensor) -> torch.optim.Optimizer | None:
+    """The torch optimizer (``Adam``, ``SGD``...) whose ``step`` updates ``param`` in ``opt``; None
+    where the update is lightrec's own (a fused table optimizer, a bare ``KeyedOptimizer``) or
+    ``param`` is not found."""
+    if isinstance(opt, CombinedOptimizer):
+        for _, child in opt.optimizers:
+            if any(p is param for p in child.params.values()):
+                return _torch_optimizer_of(child, param)
+        return None
+    if isinstance(opt, (KeyedOptimizerWrapper, OptimizerWrapper)):
+        return _torch_optimizer_of(opt._optimizer, param)  # the wrapped optimizer that steps
+    if isinstance(opt, KeyedOptimizer):
+        return None
+    return opt
+
+
+def _fresh_state_names(
+    inner: torch.optim.Optimizer, param: torch.Tensor, hparams: Mapping[str, object], cache: dict[str, set[str] | None]
+) -> set[str] | None:
+    """The state names ``inner`` creates for ``param`` at its first step with ``hparams``, found by
+    stepping a twin (``type(inner)`` on a 2-element zero parameter, zero gradient); None when the
+    twin cannot be built or stepped (a closure, sparse gradients, a custom constructor...).
+
+    torch optimizers create their state lazily: a live optimizer that has not stepped shows no
+    state to compare the checkpoint's with, so this is what it would have.
+    """
+    kwargs: dict[str, Any] = {k: v for k, v in hparams.items() if k in inner.defaults}
+    key = f"{type(inner).__qualname__} {sorted(kwargs.items(), key=lambda kv: kv[0])!r} {param.dtype}"
+    if key not in cache:
+        dtype = param.dtype if param.is_floating_point() else torch.float32
+        twin_param = torch.zeros(2, dtype=dtype, requires_grad=True)
+        twin_param.grad = torch.zeros_like(twin_param)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                twin = type(inner)([twin_param], **kwargs)
+                twin.step()
+            cache[key] = set(twin.state.get(twin_param, {}))
+        except Exception:  # noqa: BLE001 -- any optimizer may refuse the twin: then nothing is compared
+            cache[key] = None
+    return cache[key]
+
+
+def _check_group(
+    where: str, what: str, index: int, opt: torch.optim.Optimizer, param: torch.Tensor | None, saved: Mapping[str, object]
+) -> None:
+    """Raise ``CheckpointError`` if the saved hyper-parameters ``saved`` of live param group ``index``
+    (holding ``param``) lack one that its torch optimizer has (``Adam``'s ``betas`` in an ``SGD``
+    group): the checkpoint was saved with another optimizer type, whether or not there is state yet."""
+    inner = _torch_optimizer_of(opt, param) if param is not None else None
+    if inner is None:
+        return
+    lacking = sorted(k for k in inner.defaults if k not in saved and k not in _VERSION_FLAGS)
+    if lacking:
+        raise CheckpointError(
+            f"{where}: param group {index} of {what} is stepped by {type(inner).__name__}, whose hyper-parameters "
+            f"{lacking} the checkpoint's group lacks (it has {sorted(saved)}): the checkpoint was saved with "
+            f"another optimizer; {_OPTIMIZER_FIX}"
+        )
+
+
 def _check_optimizer_entry(
     where: str, what: str, stable: str, opt: torch.optim.Optimizer, live: object, saved: _Checkpoint,
-    sizes: Sequence[int] | None,
+    sizes: Sequence[int] | None, fresh: set[str] | None = None,
 ) -> None:
     """Raise ``CheckpointError`` if the saved state of one parameter cannot be loaded into ``live``.
 
     ``saved`` is ``{state name: (kind, blocks)}`` for a sharded table (``sizes`` its local shard's
-    size) or ``{state name: value}`` for a dense parameter (``sizes`` None).
+    size) or ``{state name: value}`` for a dense parameter (``sizes`` None). ``fresh``: the state
+    names the live optimizer creates at its first step (``_fresh_state_names``; None if unknown),
+    compared when it has no state yet.
     """
-    fix = (
-        "nothing was loaded; resume with the optimizer (and optimizer settings) the checkpoint was saved "
-        "with, or load the weights only"
-    )
+    fix = _OPTIMIZER_FIX
     if not isinstance(live, Mapping) or not live:
-        return  # no state yet (created lazily): whatever was saved is adopted
+        # No state yet (torch creates it at the first step): the saved state is adopted, so it must
+        # be what this optimizer would create -- Adam's exp_avg is no state of SGD's.
+        if fresh is not None and saved and set(saved) != fresh:
+            raise CheckpointError(
+                f"{where}: {what} has no state for {stable!r} yet and creates {sorted(fresh)} at its first step, "
+                f"but the checkpoint holds {sorted(saved)} (saved with another optimizer or other settings?); {fix}"
+            )
+        return
     missing = sorted(n for n in live if n not in saved)
     if missing and (saved or isinstance(opt, KeyedOptimizer)):  # a keyed optimizer needs every entry
         raise CheckpointError(
@@ -276,21 +420,37 @@ def _optimizer_state(
     params = optimizer_params(opt, template)
     what = f"optimizers[{i}] ({type(opt).__name__})"
     where = _where(source)
+    # Each live group takes the hyper-parameters of the saved group holding its parameters (its own
+    # when none does); they decide which state its optimizer creates.
+    groups = []
+    hparams_of: dict[int | str, Mapping[str, object]] = {}
+    keys = iter(k for g in template["param_groups"] for k in g["params"])
+    for gi, g in enumerate(template["param_groups"]):
+        own_keys = [next(keys) for _ in g["params"]]
+        saved_group = matcher.match([index.stable_id(params[k], what) for k in own_keys])
+        if saved_group is not None:
+            _check_group(where, what, gi, opt, params[own_keys[0]] if own_keys else None, saved_group["hparams"])
+        hparams = saved_group["hparams"] if saved_group is not None else {k: v for k, v in g.items() if k != "params"}
+        groups.append({**hparams, "params": own_keys})
+        hparams_of.update(dict.fromkeys(own_keys, hparams))
     state: dict[int | str, object] = {}
     dense = source.dense_optim[i] if i < len(source.dense_optim) else {}
     live_states = opt.state if hasattr(opt, "state") else {}
+    probes: dict[str, set[str] | None] = {}
     for key, param in params.items():
         stable = index.stable_id(param, what)
         live_state = live_states.get(param, {})
+        inner = _torch_optimizer_of(opt, param) if not live_state else None
+        fresh = _fresh_state_names(inner, param, hparams_of.get(key, {}), probes) if inner is not None else None
         if id(param) not in index.shard_of:
             saved_dense = dense.get(stable, {})
-            _check_optimizer_entry(where, what, stable, opt, live_state, saved_dense, None)
+            _check_optimizer_entry(where, what, stable, opt, live_state, saved_dense, None, fresh)
             if stable in dense:
                 state[key] = dense[stable]
             continue
         _, meta = index.shard_of[id(param)]
         saved = source.state_blocks(i, stable)
-        _check_optimizer_entry(where, what, stable, opt, live_state, saved, meta.shard_sizes)
+        _check_optimizer_entry(where, what, stable, opt, live_state, saved, meta.shard_sizes, fresh)
         if saved:
             assembled = {
                 name: assemble(blocks, meta.shard_offsets, meta.shard_sizes, kind, f"{what} state {name!r} of {stable}",
@@ -306,13 +466,6 @@ def _optimizer_state(
                         "optimizer the checkpoint was saved with"
                     )
             state[key] = assembled
-    groups = []
-    keys = iter(k for g in template["param_groups"] for k in g["params"])
-    for g in template["param_groups"]:
-        own_keys = [next(keys) for _ in g["params"]]
-        saved_group = matcher.match([index.stable_id(params[k], what) for k in own_keys])
-        hparams = saved_group["hparams"] if saved_group is not None else {k: v for k, v in g.items() if k != "params"}
-        groups.append({**hparams, "params": own_keys})
     return {"state": state, "param_groups": groups}
 
 
@@ -374,15 +527,17 @@ def load_sharded_checkpoint(
             (on every rank when any rank found a problem; the message names the rank, the key, the
             checkpoint and the fix).
     """
-    source = path if isinstance(path, CheckpointSource) else open_checkpoint(path)
     distributed = dist.is_available() and dist.is_initialized()
     rank = dist.get_rank(pg) if distributed else 0
     world = dist.get_world_size(pg) if distributed else 1
     if world == 1:
-        return _load(source, module, optimizers, strict, rank)
+        return _load(path if isinstance(path, CheckpointSource) else open_checkpoint(path), module, optimizers, strict, rank)
     error: BaseException | None = None
     checkpoint: _Checkpoint = {}
     try:
+        # Opened inside the agreement: a rank that cannot read the files (another mount, a file
+        # missing on its host) must fail every rank, not leave them waiting in the all_gather below.
+        source = path if isinstance(path, CheckpointSource) else open_checkpoint(path)
         checkpoint = _load(source, module, optimizers, strict, rank)
     except Exception as e:  # noqa: BLE001 -- every rank raises it, below
         error = e
@@ -391,8 +546,8 @@ def load_sharded_checkpoint(
         dist.all_gather_object(outcomes, None if error is None else f"{type(error).__name__}: {error}", group=pg)
     failed = [(r, e) for r, e in enumerate(outcomes) if e is not None]
     if failed:
-        if len(failed) == world and isinstance(error, CheckpointError) and len(set(e for _, e in failed)) == 1:
-            raise error  # every rank found the same problem: report it once
+        if len(failed) == world and isinstance(error, CheckpointError | OSError) and len(set(e for _, e in failed)) == 1:
+            raise error  # every rank found the same problem (a misfit, no such file): report it once
         raise CheckpointError("; ".join(f"rank {r}: {e}" for r, e in failed)) from error
     return checkpoint
 
@@ -405,8 +560,11 @@ def _load(
     rank: int,
 ) -> _Checkpoint:
     own = rank if rank < len(source.payloads) else 0
+    live = module.state_dict(keep_vars=True)
     tables = local_tables(module)
-    _check_state_dict(source, module, tables, strict)
+    whole = _unsharded_tables(source, live, tables)
+    tables.update(whole)
+    _check_state_dict(source, live, tables, strict)
     index = ParamIndex(module, tables)
     checkpoint = {k: v for k, v in source.meta.items() if k != "state_dict"}
     if source.has_training_state:
@@ -415,5 +573,11 @@ def _load(
             _optimizer_state(source, i, opt, index, matchers[i]) for i, opt in enumerate(optimizers)
         ]
         checkpoint["lr_schedulers"] = _scheduler_states(source, own, optimizers, index, matchers)
-    checkpoint["state_dict"] = _state_dict(source, tables)
+    state_dict = _state_dict(source, tables)
+    for key in whole:
+        value, target = state_dict.get(key), live[key]
+        if isinstance(value, torch.Tensor) and isinstance(target, torch.Tensor):
+            state_dict[key] = value.view(target.shape)  # a 1-D buffer was assembled as [rows, 1]
+    _check_managed_collisions(source, module, state_dict)
+    checkpoint["state_dict"] = state_dict
     return checkpoint

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import abc
 import warnings
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -102,6 +103,18 @@ class ManagedCollisionModule(nn.Module, abc.ABC):
     @abc.abstractmethod
     def validate_state(self) -> None:
         """Check the state after a load and rebuild what is derived from it."""
+
+    def check_state_dict(self, state_dict: Mapping[str, object], prefix: str) -> None:
+        """Raise what loading this module's entries of ``state_dict`` (keys under ``prefix``) would
+        raise, changing nothing (neither the module nor ``state_dict``).
+
+        Loads call it before copying anything -- the collections for their embedding tables too --
+        so a state of other buckets or a corrupt id map fails before any weight changes. The
+        default checks nothing (a module whose load cannot fail on its values).
+
+        Raises:
+            ValueError: naming the table, the key and what does not fit.
+        """
 
     @abc.abstractmethod
     def open_slots(self) -> torch.Tensor:

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, EmbeddingBagConfig, EmbeddingConfig
+from lightrec.modules.managed_collision.base import ManagedCollisionModule
 from lightrec.modules.managed_collision.collection import ManagedCollisionCollection
 from lightrec.modules.managed_collision.reset import reinit_values, reset_collection_rows, uniform_reset_seed
 from lightrec.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
@@ -49,6 +50,23 @@ def _same_tables(a: list[BaseEmbeddingConfig], b: list[BaseEmbeddingConfig]) -> 
             return (f"table {x.name!r}: {x.num_embeddings}x{x.embedding_dim} reading {x.feature_names} vs "
                     f"{y.num_embeddings}x{y.embedding_dim} reading {y.feature_names}")  # fmt: skip
     return None
+
+
+def _check_managed_collisions_first(
+    module: nn.Module, state_dict: dict[str, object], prefix: str, *args: object
+) -> None:
+    """Load pre-hook of the collections: every managed-collision module checks its entries of
+    ``state_dict`` (``ManagedCollisionModule.check_state_dict``) before anything is copied.
+
+    Raises:
+        ValueError: from the module whose entries do not fit (names the table and the fix).
+    """
+    collection = module._managed_collision_collection
+    if not isinstance(collection, ManagedCollisionCollection):
+        return  # the constructor refused anything else
+    for path, child in collection.named_modules():
+        if isinstance(child, ManagedCollisionModule):
+            child.check_state_dict(state_dict, f"{prefix}_managed_collision_collection.{path}.")
 
 
 class BaseManagedCollisionEmbeddingCollection(nn.Module):
@@ -89,6 +107,10 @@ class BaseManagedCollisionEmbeddingCollection(nn.Module):
         self._reset_seed = reset_seed
         self._table_configs = {c.name: c for c in getter()}
         self._optimizers: list[torch.optim.Optimizer] = []
+        # Runs before the children load (torch loads a module, then its children in order): the
+        # embedding tables come first, so a managed-collision state that does not fit must fail here,
+        # before a table weight is copied, not in the managed-collision module after them.
+        self.register_load_state_dict_pre_hook(_check_managed_collisions_first)
 
     @property
     def return_remapped_features(self) -> bool:

@@ -17,6 +17,7 @@ first probe position.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -214,8 +215,20 @@ class HashZchManagedCollisionModule(ManagedCollisionModule):
 
     def validate_state(self) -> None:
         """Nothing is derived from the state; identities are checked to be ids or -1."""
-        if self._hash_zch_identities.device.type != "meta" and bool((self._hash_zch_identities < EMPTY_IDENTITY).any()):
-            raise ValueError(f"managed-collision table {self.table_name!r}: identities below -1 in the state")
+        if self._hash_zch_identities.device.type != "meta":
+            self._check_identities(self._hash_zch_identities)
+
+    def _check_identities(self, identities: torch.Tensor) -> None:
+        if bool((identities < EMPTY_IDENTITY).any()):
+            raise ValueError(
+                f"managed-collision table {self.table_name!r}: identities below -1 in the state (smallest "
+                f"{int(identities.min())}); the state is corrupt -- load one this module saved"
+            )
+
+    def check_state_dict(self, state_dict: Mapping[str, object], prefix: str) -> None:
+        identities = state_dict.get(prefix + self.IDENTITY_BUFFER)
+        if isinstance(identities, torch.Tensor) and self._hash_zch_identities.device.type != "meta":
+            self._check_identities(identities)
 
     def reset_inference_mode(self) -> None:
         self._is_inference = True

@@ -22,7 +22,7 @@ their bucket (the last row of its segment; row ``zch_size - 1`` with one bucket,
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -381,6 +381,17 @@ class MCHManagedCollisionModule(MCHSteps, ManagedCollisionModule):
         slot_ids = self._mch_sorted_raw_ids
         if slot_ids.device.type == "meta":
             return
+        self._check_slot_ids(slot_ids)
+        counts = getattr(self, "_mch_counts", None)
+        if counts is not None:  # torchrec keeps int64-max counts on its default row; they mean nothing
+            counts.index_fill_(0, self._default_slots.to(counts.device), 0)
+        self._current_iter = int(self._current_iter_tensor.item())
+        self._history = []  # ids that waited since the last round are not saved: they wait again
+        self._index.rebuild(self._mch_sorted_raw_ids, self._mch_victim_rank, self._last_round(self._current_iter))
+
+    def _check_slot_ids(self, slot_ids: torch.Tensor) -> None:
+        """Raise ``ValueError`` unless ``slot_ids`` (``[zch_size]``, slot order) fits this module: default
+        rows empty, every id once, every id in a row of its bucket."""
         where = f"managed-collision table {self.table_name!r}"
         defaults = slot_ids.index_select(0, self._default_slots.to(slot_ids.device))
         if bool((defaults != EMPTY_ID).any()):
@@ -396,12 +407,16 @@ class MCHManagedCollisionModule(MCHSteps, ManagedCollisionModule):
                     f"{where}: ids sit in rows of another bucket (the state was saved with other buckets than "
                     f"this module's {self._buckets}); build the module with the buckets it was trained with"
                 )
-        counts = getattr(self, "_mch_counts", None)
-        if counts is not None:  # torchrec keeps int64-max counts on its default row; they mean nothing
-            counts.index_fill_(0, self._default_slots.to(counts.device), 0)
-        self._current_iter = int(self._current_iter_tensor.item())
-        self._history = []  # ids that waited since the last round are not saved: they wait again
-        self._index.rebuild(self._mch_sorted_raw_ids, self._mch_victim_rank, self._last_round(self._current_iter))
+
+    def check_state_dict(self, state_dict: Mapping[str, object], prefix: str) -> None:
+        # On a scratch copy of our entries: to_slot_order rewrites the dict it is given.
+        if self._mch_sorted_raw_ids.device.type == "meta":
+            return  # a meta module loads nothing (torch skips its copies); validate_state skips it too
+        scratch = {k: v for k, v in state_dict.items() if k.startswith(prefix) and isinstance(v, torch.Tensor)}
+        to_slot_order(self, scratch, prefix, self._output_segments_tensor)
+        slot_ids = scratch.get(prefix + "_mch_sorted_raw_ids")
+        if isinstance(slot_ids, torch.Tensor):
+            self._check_slot_ids(slot_ids)
 
     def _save_to_state_dict(self, destination: dict[str, object], prefix: str, keep_vars: bool) -> None:
         self._sync_victim_ranks()
@@ -412,6 +427,10 @@ class MCHManagedCollisionModule(MCHSteps, ManagedCollisionModule):
         missing_keys: list[str], unexpected_keys: list[str], error_msgs: list[str],
     ) -> None:  # fmt: skip
         to_slot_order(self, state_dict, prefix, self._output_segments_tensor)
+        slot_ids = state_dict.get(prefix + "_mch_sorted_raw_ids")
+        if isinstance(slot_ids, torch.Tensor) and self._mch_sorted_raw_ids.device.type != "meta":
+            # checked before torch copies anything: a state of other buckets must not half-load
+            self._check_slot_ids(slot_ids)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
         self.validate_state()
 
