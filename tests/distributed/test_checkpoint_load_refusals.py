@@ -228,16 +228,20 @@ def _train(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int, first
     return losses
 
 
-def _save_adam(path: Path, keyed: bool) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    from lightrec.distributed.checkpoint import save_sharded_checkpoint
+def _adam_model(keyed: bool) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """A fresh dense model and its Adam, plain or behind a ``KeyedOptimizerWrapper``."""
     from lightrec.optim import KeyedOptimizerWrapper
 
     model = _dense_model()
-    opt: torch.optim.Optimizer
     if keyed:
-        opt = KeyedOptimizerWrapper(dict(model.named_parameters()), lambda ps: torch.optim.Adam(ps, lr=0.01))
-    else:
-        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        return model, KeyedOptimizerWrapper(dict(model.named_parameters()), lambda ps: torch.optim.Adam(ps, lr=0.01))
+    return model, torch.optim.Adam(model.parameters(), lr=0.01)
+
+
+def _save_adam(path: Path, keyed: bool) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    from lightrec.distributed.checkpoint import save_sharded_checkpoint
+
+    model, opt = _adam_model(keyed)
     _train(model, opt, 3)
     save_sharded_checkpoint(str(path), {"state_dict": model.state_dict(), "optimizer_states": [opt.state_dict()]},
                             model, [opt])  # fmt: skip
@@ -298,16 +302,10 @@ def test_dense_optimizer_state_names_are_compared_before_its_first_step(tmp_path
 @pytest.mark.parametrize("keyed", [False, True])
 def test_fresh_optimizer_of_the_saved_type_resumes_exactly(tmp_path: Path, keyed: bool) -> None:
     from lightrec.distributed.checkpoint import load_sharded_checkpoint
-    from lightrec.optim import KeyedOptimizerWrapper
 
     reference, ref_opt = _save_adam(tmp_path / "ckpt", keyed)
     expected = _train(reference, ref_opt, 2, first=3)
-    model = _dense_model()
-    opt: torch.optim.Optimizer
-    if keyed:
-        opt = KeyedOptimizerWrapper(dict(model.named_parameters()), lambda ps: torch.optim.Adam(ps, lr=0.01))
-    else:
-        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    model, opt = _adam_model(keyed)
     ckpt = load_sharded_checkpoint(tmp_path / "ckpt", model, [opt])
     model.load_state_dict(ckpt["state_dict"])
     opt.load_state_dict(ckpt["optimizer_states"][0])
