@@ -51,6 +51,8 @@ __all__ = [
     "RankPayload",
     "SavedGroup",
     "SavedState",
+    "agree_outcomes",
+    "attempt_outcome",
     "checkpoint_folder",
     "is_sharded_checkpoint",
     "read_meta",
@@ -123,7 +125,7 @@ def _world(pg: dist.ProcessGroup | None) -> tuple[int, int]:
     return 0, 1
 
 
-def _agree(outcome: tuple[str | None, T], pg: dist.ProcessGroup | None) -> list[T]:
+def agree_outcomes(outcome: tuple[str | None, T], pg: dist.ProcessGroup | None) -> list[T]:
     """Every rank's value, or the same CheckpointError on every rank if any rank failed (a collective)."""
     _, world = _world(pg)
     outcomes = [outcome]
@@ -137,10 +139,12 @@ def _agree(outcome: tuple[str | None, T], pg: dist.ProcessGroup | None) -> list[
     return [v for _, v in outcomes]
 
 
-def _attempt(fn: Callable[[], T]) -> tuple[str | None, T | None]:
+def attempt_outcome(fn: Callable[[], T]) -> tuple[str | None, T | None]:
+    """``(None, fn())``, or ``("Type: message", None)`` when ``fn`` raised: one rank's outcome for
+    :func:`agree_outcomes`."""
     try:
         return None, fn()
-    except Exception as e:  # noqa: BLE001 -- reported on every rank by _agree
+    except Exception as e:  # noqa: BLE001 -- reported on every rank by agree_outcomes
         return f"{type(e).__name__}: {e}", None
 
 
@@ -169,9 +173,9 @@ def write_collectively(
         recover(path)  # finish an interrupted save's rename, delete dead saves' folders
         os.makedirs(tmp)
 
-    _agree(_attempt(prepare) if rank == 0 else (None, None), pg)
+    agree_outcomes(attempt_outcome(prepare) if rank == 0 else (None, None), pg)
     try:
-        records = _agree(_attempt(lambda: save_hashed(payload, os.path.join(tmp, shard_file(rank)))), pg)
+        records = agree_outcomes(attempt_outcome(lambda: save_hashed(payload, os.path.join(tmp, shard_file(rank)))), pg)
 
         def finish() -> None:
             info = dict(meta["lightrec_sharded"], run_id=run_id)
@@ -182,7 +186,7 @@ def write_collectively(
             write_manifest(tmp, Manifest(FORMAT, run_id, world, files))
             publish(tmp, path, run_id)
 
-        _agree(_attempt(finish) if rank == 0 else (None, None), pg)
+        agree_outcomes(attempt_outcome(finish) if rank == 0 else (None, None), pg)
     except CollectiveError:  # a peer died mid-save: no barrier to wait at; the next save cleans up too
         if rank == 0 and not is_complete(tmp):
             shutil.rmtree(tmp, ignore_errors=True)

@@ -16,6 +16,8 @@ from lightrec.distributed.checkpoint.files import (
     RankPayload,
     SavedGroup,
     SavedState,
+    agree_outcomes,
+    attempt_outcome,
     write_collectively,
 )
 from lightrec.distributed.checkpoint.index import ParamIndex, local_tables, optimizer_params
@@ -60,9 +62,36 @@ def save_sharded_checkpoint(
         pg: the process group of the model's ranks (default: the world).
 
     Raises:
-        CheckpointError: on every rank, when any rank failed to write; ``path`` is unchanged.
+        CheckpointError: on every rank, when any rank failed to write -- or, with several ranks, to
+            collect its part (a table that cannot be flushed, an optimizer that steps a parameter of
+            another module): the message names each failed rank; ``path`` is unchanged.
+        ValueError: on one process, ``checkpoint`` does not match ``optimizers``/``lr_schedulers``.
     """
     rank, world = (dist.get_rank(pg), dist.get_world_size(pg)) if dist.is_initialized() else (0, 1)
+    if world == 1:
+        header, payload, streamed = _rank_part(checkpoint, module, optimizers, lr_schedulers, rank, world)
+    else:
+        # Agreed before any file is touched: a rank whose part fails must fail every rank, not leave
+        # the others waiting in write_collectively's first collective.
+        error, part = attempt_outcome(lambda: _rank_part(checkpoint, module, optimizers, lr_schedulers, rank, world))
+        agree_outcomes((error, None), pg)
+        assert part is not None
+        header, payload, streamed = part
+    with sequential_access(streamed):  # SSD stores read ahead while torch.save streams them
+        write_collectively(path, header, payload, pg)
+
+
+def _rank_part(
+    checkpoint: dict[str, Any],
+    module: nn.Module,
+    optimizers: Sequence[torch.optim.Optimizer],
+    lr_schedulers: Sequence[object],
+    rank: int,
+    world: int,
+) -> tuple[dict[str, Any], RankPayload, list[torch.Tensor]]:
+    """This rank's part of the checkpoint: ``(header, payload, streamed)`` -- what rank 0 writes once
+    (``header``), what this rank writes (``payload``) and the tensors in it that stream from a
+    tiered table's store (``streamed``)."""
     flush_kernels(module)  # a tiered table's dirty cached rows go to its store, which is saved
     tables = local_tables(module)
     index = ParamIndex(module, tables)
@@ -150,5 +179,4 @@ def save_sharded_checkpoint(
     }
     streamed = [t for blocks in payload["tables"].values() for *_, t in blocks]
     streamed += [b[2] for opt in payload["optim"] for states in opt.values() for e in states.values() for b in e["blocks"]]
-    with sequential_access(streamed):  # SSD stores read ahead while torch.save streams them
-        write_collectively(path, header, payload, pg)
+    return header, payload, streamed
