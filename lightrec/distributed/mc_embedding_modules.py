@@ -36,7 +36,7 @@ from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
 from lightrec.distributed.comm.sharding_env import ShardingEnv
 from lightrec.distributed.embedding import FeatureRowsAwaitable, ShardedEmbeddingCollection
 from lightrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
-from lightrec.distributed.mc_modules import ShardedManagedCollisionCollection
+from lightrec.distributed.mc_modules import ShardedManagedCollisionCollection, check_state_dict
 from lightrec.distributed.planner.plan import (
     EmbeddingComputeKernel,
     EmbeddingModuleShardingPlan,
@@ -170,6 +170,9 @@ class BaseShardedManagedCollisionEmbeddingCollection(
             assert isinstance(inner, OutputDist)  # every sharding's create_output_dist returns one
             self._output_dists[i] = McOutputDist(inner, ids, self._env.pg, self._return_remapped_features)
         self._managed_collision_collection = self.__dict__.pop("_mc_pending")
+        # The tables load before the id maps (torch loads the children in order): a managed-collision
+        # state that does not fit (other buckets, ids outside their bucket) must fail before them.
+        self.register_load_state_dict_pre_hook(_check_managed_collisions_first)
 
     def _make_sharding(self, sharding_type: str, tables: list[ShardedTable], context: ShardingContext) -> KJTEmbeddingSharding:
         if sharding_type not in MANAGED_SHARDING_TYPES:  # align_managed_plan refused it already
@@ -240,6 +243,16 @@ class BaseShardedManagedCollisionEmbeddingCollection(
     @abc.abstractmethod
     def _unsharded_embeddings(self) -> nn.Module:
         """The plain (unsharded) embedding collection this one's tables would fill."""
+
+
+def _check_managed_collisions_first(
+    module: nn.Module, state_dict: dict[str, object], prefix: str, *args: object
+) -> None:
+    """Load pre-hook of the sharded managed-collision collections: their id maps' entries of
+    ``state_dict`` are checked before anything is copied (``mc_modules.check_state_dict``)."""
+    collection = module._managed_collision_collection
+    assert isinstance(collection, ShardedManagedCollisionCollection)  # set by _adopted
+    check_state_dict(collection, state_dict, f"{prefix}_managed_collision_collection.")
 
 
 class RemappedFeaturesAwaitable(FeatureRowsAwaitable[KeyedJaggedTensor]):

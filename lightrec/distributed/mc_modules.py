@@ -25,6 +25,7 @@ build the sharded modules).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -43,6 +44,7 @@ __all__ = [
     "InferManagedCollisionCollectionSharder",
     "ManagedCollisionCollectionSharder",
     "ShardedManagedCollisionCollection",
+    "check_state_dict",
 ]
 
 _REPLICATED = ("_current_iter_tensor", "_output_segments_tensor")
@@ -191,6 +193,32 @@ def _load_state_dict_pre_hook(
     module: ShardedManagedCollisionCollection, state_dict: dict[str, Any], prefix: str, *args: Any
 ) -> None:
     """Turn each table's entries (sharded or full, lightrec's or torchrec's order) into its local module's."""
+    _localize(module, state_dict, prefix, keep_replicated=True)
+
+
+def check_state_dict(module: ShardedManagedCollisionCollection, state_dict: Mapping[str, object], prefix: str) -> None:
+    """Raise what loading ``module``'s entries of ``state_dict`` (keys under ``prefix``) would raise,
+    changing nothing: the load's conversion to this rank's rows, on a copy, then each local module's
+    own check (``ManagedCollisionModule.check_state_dict``: bucket layout, ids in their buckets).
+
+    The sharded managed-collision embedding collections call it before their tables are copied:
+    torch loads a module's children in order, and the tables come before the id maps.
+
+    Raises:
+        ValueError: naming the table, the key and what does not fit.
+    """
+    scratch = {k: v for k, v in state_dict.items() if k.startswith(prefix)}
+    _localize(module, scratch, prefix, keep_replicated=False)
+    for table, local in module.local_modules().items():
+        local.check_state_dict(scratch, f"{prefix}_managed_collision_modules.{table}.")
+
+
+def _localize(
+    module: ShardedManagedCollisionCollection, state_dict: dict[str, Any], prefix: str, keep_replicated: bool
+) -> None:
+    """The load's conversion of ``state_dict`` in place (``_load_state_dict_pre_hook``); with
+    ``keep_replicated`` the replicated buffers of tables without a local module are kept by
+    ``module`` (a load), else only dropped from ``state_dict`` (a check)."""
     for table in module._tables:
         base = f"{prefix}_managed_collision_modules.{table}."
         names = module._row_names[table]
@@ -212,7 +240,7 @@ def _load_state_dict_pre_hook(
         for name in _REPLICATED:
             if base + name in state_dict and (local is None or not hasattr(local, name)):
                 value = state_dict.pop(base + name)
-                if name in module._replicated[table]:
+                if keep_replicated and name in module._replicated[table]:
                     module._replicated[table][name] = value.detach().clone().cpu()
 
 

@@ -148,6 +148,40 @@ def test_mc_state_with_ids_in_wrong_buckets_is_refused_before_the_module_changes
     assert _changed(before, target) == []
 
 
+def _mc_full_other_buckets_body(rank: int, world: int, full: dict[str, torch.Tensor], buckets: int) -> dict[str, Any]:
+    from lightrec.distributed import DistributedModelParallel
+
+    dmp = DistributedModelParallel(_mc_model(buckets, "meta"))
+    pooled, _ = dmp.module.mc(_kjt(torch.tensor([5, 500_000])))  # some state of its own
+    pooled.wait()
+    with torch.no_grad():
+        for p in dmp.parameters():
+            p.add_(1.0)  # weights unlike the saved ones: a copy would show
+    before = _snapshot(dmp)
+    out: dict[str, Any] = {}
+    try:
+        dmp.load_state_dict(full)
+        out["loaded"] = True
+    except ValueError as e:
+        out["error"] = str(e)
+    out["changed"] = _changed(before, dmp)
+    return out
+
+
+@pytest.mark.parametrize(("world", "buckets"), [(1, 3), (2, 2)])
+def test_mc_full_state_of_other_buckets_changes_nothing_in_the_sharded_load_state_dict(
+    mc_saved: dict[str, Any], world: int, buckets: int
+) -> None:
+    """``DistributedModelParallel.load_state_dict`` of a full state dict (``gather_full_state_dict``)
+    saved with 6 buckets into a model of other buckets: refused before the embedding table in front
+    of the id map is copied, on every rank (each holds rows of the table)."""
+    args = (mc_saved["full"], buckets)
+    for result in run_ranks(_mc_full_other_buckets_body, world_size=world, args=args, timeout=300):
+        assert "loaded" not in result, result
+        assert "bucket segments [0, 5, 10, 15, 20, 25, 30]" in result["error"], result["error"]
+        assert result["changed"] == []
+
+
 # ---- 2. a sharded checkpoint folder into the unsharded model ------------------------------------
 def _dlrm_save_body(rank: int, world_size: int, path: str) -> dict[str, Any]:
     from lightrec.distributed.checkpoint import save_sharded_checkpoint
