@@ -29,6 +29,7 @@ import inspect
 import itertools
 import json
 import os
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable, List, Optional, TypedDict, Union
@@ -41,6 +42,7 @@ from lightrec._version import __version__
 from lightrec.distributed.checkpoint import consolidate_checkpoint, is_sharded_checkpoint, load_file
 from lightrec.fx.tracer import symbolic_trace
 from lightrec.inference.gather import has_sharded_collections, run_on_rank, sharding_group, unshard
+from lightrec.inference.predictor import EXPORT_ID_FILE
 from lightrec.inference.quantize import quantize
 from lightrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
 from lightrec.sparse import KeyedJaggedTensor
@@ -112,6 +114,7 @@ class ArtifactMeta(ModelContract, total=False):
     output: str
     dtype: list[str]
     versions: dict[str, str | None]
+    export_id: str  # also stored in the artifact (EXPORT_ID_FILE): the two files are one export
 
 
 # ``(dense_features [B, I], kjt)`` or a KJT alone (a model that takes no dense features).
@@ -354,11 +357,16 @@ def export(
         **info,
         **(extra_meta or {}),
     }
+    # One id in both files: the two renames below are not one step, so a reader between them, or an
+    # export killed between them, sees a new artifact beside an old metadata file; load() compares
+    # the ids and refuses such a pair instead of serving the artifact with another model's contract.
+    meta["export_id"] = uuid.uuid4().hex
+    stamp = {EXPORT_ID_FILE: meta["export_id"]}
     meta_path = Path(str(path) + ".meta.json")
     if format == "torchscript":
-        _write_atomically(path, lambda tmp: torch.jit.save(artifact, str(tmp)))
+        _write_atomically(path, lambda tmp: torch.jit.save(artifact, str(tmp), _extra_files=stamp))
     else:
-        _write_atomically(path, lambda tmp: torch.export.save(program, str(tmp)))
+        _write_atomically(path, lambda tmp: torch.export.save(program, str(tmp), extra_files=stamp))
     _write_atomically(meta_path, lambda tmp: tmp.write_text(json.dumps(meta, indent=2)))
     return path
 

@@ -45,12 +45,16 @@ from lightrec.inference.safe_archive import open_checked
 if TYPE_CHECKING:
     from lightrec.inference.export import ArtifactMeta
 
-__all__ = ["FLOAT32_MAX", "ArtifactMetaError", "CheckedRequest", "Predictor", "RequestError", "RequestRules",
+__all__ = ["EXPORT_ID_FILE", "FLOAT32_MAX", "ArtifactMetaError", "CheckedRequest", "Predictor", "RequestError", "RequestRules",
            "finite_float32", "load", "shown"]
 
 _REQUEST_KEYS = ("dense", "sparse", "weights")
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)  # larger dense values or weights are inf in the artifact
 _SHOWN_CHARS = 200  # an offending value longer than this (as JSON) is shown truncated
+
+
+# The artifact's extra file holding the export id that its ``.meta.json`` also records.
+EXPORT_ID_FILE = "lightrec_export_id"
 
 
 class ArtifactMetaError(ValueError):
@@ -387,8 +391,9 @@ def load(path: str | os.PathLike, missing_features: str = "empty", device: torch
         if not fbgemm_available():
             raise RuntimeError(f"{str(path)!r} calls fbgemm ops but fbgemm_gpu is unavailable "
                                f"({fbgemm_unavailable_reason()}); re-export on a machine without fbgemm")
+    stamp = {EXPORT_ID_FILE: ""}  # filled by the loaders from the artifact (empty: exported before ids)
     if meta["format"] == "torchscript":
-        module: nn.Module = torch.jit.load(str(path), map_location=torch.device(device))
+        module: nn.Module = torch.jit.load(str(path), map_location=torch.device(device), _extra_files=stamp)
     else:
         # An exported program bakes the device it was traced on into its graph (device checks,
         # tensor constructors): moving only the weights (``.module().to(device)``) leaves those
@@ -396,9 +401,25 @@ def load(path: str | os.PathLike, missing_features: str = "empty", device: torch
         # torch.export.load unpickles with weights_only=False wherever the archive asks it to; check
         # the archive first and load from the same handle, so the file checked is the file loaded.
         with open_checked(path) as archive:
-            program = move_to_device_pass(torch.export.load(archive), torch.device(device))
+            program = move_to_device_pass(torch.export.load(archive, extra_files=stamp), torch.device(device))
         module = program.module()
+    _check_same_export(meta, stamp[EXPORT_ID_FILE], meta_path, path)
     return Predictor(module, meta, missing_features, device)
+
+
+def _check_same_export(meta: ArtifactMeta, artifact_id: str | bytes, meta_path: Path, path: Path) -> None:
+    """Raise ``ArtifactMetaError`` unless ``meta`` and the artifact were written by one export: the
+    ``export_id`` they both carry (none on either side: written before export ids, not compared)."""
+    meta_id = meta.get("export_id")
+    if isinstance(artifact_id, bytes):  # torch.jit.load fills bytes, torch.export.load str
+        artifact_id = artifact_id.decode("utf-8", "replace")
+    if not meta_id or not artifact_id or meta_id == artifact_id:
+        return
+    raise ArtifactMetaError(
+        f"{str(meta_path)!r} belongs to another export than {str(path)!r} (export id {shown(meta_id)} in the "
+        f"metadata, {shown(artifact_id)} in the artifact): an export was interrupted between writing the two "
+        "files, or another one is writing them now; export the model again (or wait for that export to finish)"
+    )
 
 
 def _read_meta(meta_path: Path, path: Path) -> ArtifactMeta:

@@ -196,3 +196,46 @@ def test_metadata_that_export_did_not_write_is_a_typed_error_naming_the_file(
     meta.write_text(text)
     with pytest.raises(ArtifactMetaError, match=f"'{meta}': {message}.*export the model again"):
         load(path)
+
+
+@pytest.mark.parametrize("format", ["torchscript", "export"])
+def test_an_artifact_beside_another_exports_metadata_is_refused(tmp_path: Path, format: str) -> None:
+    """The artifact and its ``.meta.json`` are moved into place one after the other: an export killed
+    between the two (or a reader between them) leaves a new artifact beside the old metadata. Both
+    carry one export id, and ``load`` refuses a pair whose ids differ; a whole export loads."""
+    import importlib
+
+    from lightrec.inference import ArtifactMetaError
+
+    export_module = importlib.import_module("lightrec.inference.export")  # (the package's `export` is the function)
+    path = tmp_path / ("m.pt" if format == "torchscript" else "m.pt2")
+    export(quantize(dlrm(0), "int8"), path, format=format)
+    old_meta = (tmp_path / f"{path.name}.meta.json").read_text()
+    assert json.loads(old_meta)["export_id"]
+    load(path)  # a whole export
+
+    real = export_module._write_atomically
+
+    def killed_before_the_metadata(target: Path, write: object) -> None:
+        if str(target).endswith(".meta.json"):
+            raise KeyboardInterrupt  # the process stops between the two renames
+        real(target, write)  # type: ignore[arg-type]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(export_module, "_write_atomically", killed_before_the_metadata)
+        with pytest.raises(KeyboardInterrupt):
+            export(quantize(dlrm(1), "int8"), path, format=format)
+    assert (tmp_path / f"{path.name}.meta.json").read_text() == old_meta  # the old one, beside a new artifact
+    with pytest.raises(ArtifactMetaError, match=r"belongs to another export than .*export the model again"):
+        load(path)
+    export(quantize(dlrm(1), "int8"), path, format=format)  # the next whole export loads
+    load(path)
+
+
+def test_artifacts_exported_before_export_ids_still_load(tmp_path: Path) -> None:
+    path = export(quantize(dlrm(), "int8"), tmp_path / "m.pt")
+    meta_path = tmp_path / "m.pt.meta.json"
+    meta = json.loads(meta_path.read_text())
+    del meta["export_id"]
+    meta_path.write_text(json.dumps(meta))
+    load(path)
