@@ -57,6 +57,7 @@ from lightrec.distributed.sharding.table_wise import TwEmbeddingSharding
 from lightrec.kernels.batched_embedding import BatchedEmbedding, BatchedEmbeddingBag
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, PoolingType
 from lightrec.modules.managed_collision.base import ManagedCollisionModule
+from lightrec.modules.managed_collision.ops import int64_ids
 from lightrec.modules.managed_collision.reset import reinit_values
 from lightrec.sparse import KeyedJaggedTensor
 
@@ -148,30 +149,33 @@ class McRoutes:
 
     def prepare(self, kjt: KeyedJaggedTensor) -> KeyedJaggedTensor:
         """Hash (``input_hash_func``) and admit (``ManagedCollisionModule.admit_ids``) the raw ids of
-        every managed feature of ``kjt``.
+        every managed feature of ``kjt``; a KJT whose ids this changes (or of ``uint64`` ids) comes
+        back with int64 ids.
 
         Raises:
             ManagedCollisionIdError: with the strict checks on, an id outside its table's id space
                 (names the table).
         """
-        values = kjt.values()
+        given = kjt.values()
+        # The ids travel as int64, as the unsharded collection reads them: a hash (63 bits) written
+        # back into an int32 KJT would be truncated, and uint64 ids are their int64 bits.
+        values = int64_ids(given)
         offsets = kjt.offset_per_key()
         parts: list[torch.Tensor] = []
-        changed = False
+        changed = given.dtype == torch.uint64  # (an int32 KJT whose ids stay as they are is sent as it is)
         for i, key in enumerate(kjt.keys()):
             ids = values[offsets[i] : offsets[i + 1]]
             table = self.feature_table.get(key)
             if table is not None:
                 twin = self.twins[table]
                 if self.need_preprocess:
-                    as_long = ids.long()
-                    hashed = twin.preprocess_values(as_long)
-                    changed = changed or hashed is not as_long
+                    hashed = twin.preprocess_values(ids)
+                    changed = changed or hashed is not ids
                     ids = hashed
                 admitted = twin.admit_ids(ids, [key])
                 changed = changed or admitted is not ids
                 ids = admitted
-            parts.append(ids.to(values.dtype) if ids.dtype != values.dtype else ids)
+            parts.append(ids)
         if not changed:
             return kjt
         return KeyedJaggedTensor(

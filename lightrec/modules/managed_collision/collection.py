@@ -25,6 +25,7 @@ from torch import nn
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig
 from lightrec.modules.feature_checks import check_feature_keys, features_of_several_tables
 from lightrec.modules.managed_collision.base import ManagedCollisionModule, ids_in_range
+from lightrec.modules.managed_collision.ops import int64_ids
 from lightrec.sparse import JaggedTensor, KeyedJaggedTensor
 
 __all__ = ["ManagedCollisionCollection", "apply_mc_method_to_jt_dict", "check_mc_tables"]
@@ -114,7 +115,9 @@ class ManagedCollisionCollection(nn.Module):
         """Remap every table's raw ids to its rows.
 
         Args:
-            features: a KJT holding at least the tables' features (other keys are dropped).
+            features: a KJT holding at least the tables' features (other keys are dropped); ids
+                int64, int32 or uint64 (read as their int64 bits: above ``2**63 - 1`` they are
+                negative, outside the id space, and folded into it as any such id).
 
         Returns:
             A KJT with keys ``feature_names()`` (table order), the same lengths and weights, and
@@ -122,7 +125,7 @@ class ManagedCollisionCollection(nn.Module):
         """
         check_feature_keys(features.keys(), self._feature_names, "ManagedCollisionCollection")
         kjt = features.permute_to_keys(self._feature_names)
-        values = kjt.values()
+        values = int64_ids(kjt.values())  # (uint64 ids: their bits, which the range checks then fold)
         offsets = kjt.offset_per_key()
         out: list[torch.Tensor] = []
         first = 0
@@ -130,7 +133,7 @@ class ManagedCollisionCollection(nn.Module):
         checked = self._ids_checked_at_once(values, modules)
         for table, module in modules.items():
             names = self._table_to_features[table]
-            ids = values[offsets[first] : offsets[first + len(names)]].long()
+            ids = values[offsets[first] : offsets[first + len(names)]]
             if self.need_preprocess:
                 ids = module.preprocess_values(ids)
             if not checked:
@@ -138,7 +141,7 @@ class ManagedCollisionCollection(nn.Module):
             splits = [offsets[first + i + 1] - offsets[first + i] for i in range(len(names))]
             out.append(module.remap_values(ids, splits))
             first += len(names)
-        remapped = torch.cat(out) if out else values.long()
+        remapped = torch.cat(out) if out else values
         return KeyedJaggedTensor(
             keys=self._feature_names, values=remapped, weights=kjt.weights_or_none(), lengths=kjt.lengths(),
             stride=kjt.stride(), length_per_key=kjt.length_per_key(), offset_per_key=offsets,

@@ -36,7 +36,7 @@ from lightrec.modules.managed_collision.hash_zch_probe import (
     probe_lookup,
     unsigned_mod,
 )
-from lightrec.modules.managed_collision.ops import block_bucket, check_input_hash_size, mix64
+from lightrec.modules.managed_collision.ops import block_bucket, check_input_hash_size, int64_ids, mix64
 from lightrec.modules.managed_collision.serving import FrozenHashZchRemapper
 from lightrec.sparse import JaggedTensor
 
@@ -178,6 +178,9 @@ class HashZchManagedCollisionModule(ManagedCollisionModule):
         self._local_bounds = [s - start for s in output_segments[start_bucket : end_bucket + 1]]
         self._output_global_offset = start
         self._evicted: list[torch.Tensor] = []
+        # Training steps taken: seeds the fresh values of evicted rows (a constant seed would give every
+        # step's evicted rows the same values). Not saved: torchrec's state dict keys are kept.
+        self._current_iter = 0
         self._stats = {"lookups": 0.0, "default_lookups": 0.0, "inserted": 0.0, "evicted": 0.0}
         if is_inference:
             self.eval()
@@ -196,7 +199,10 @@ class HashZchManagedCollisionModule(ManagedCollisionModule):
         out: dict[str, JaggedTensor] = {}
         for name, jt in features.items():
             splits = [int(n) for n in jt.weights().tolist()] if jt.weights_or_none() is not None else None
-            out[name] = JaggedTensor(values=self.remap_values(jt.values(), splits), lengths=jt.lengths(),
+            # torchrec's interface takes any id: fold it into the id space as the collection does (an
+            # unadmitted -1 would match every empty slot, whose identity is -1)
+            values = self.admit_ids(int64_ids(jt.values()), [name])
+            out[name] = JaggedTensor(values=self.remap_values(values, splits), lengths=jt.lengths(),
                                      weights=jt.weights_or_none())  # fmt: skip
         return out
 
@@ -269,6 +275,9 @@ class HashZchManagedCollisionModule(ManagedCollisionModule):
     def reset_buckets(self) -> tuple[list[int], int]:
         return [b + self._output_global_offset for b in self._local_bounds], self._start_bucket
 
+    def current_iteration(self) -> int:
+        return self._current_iter
+
     def slot_state(self) -> dict[str, torch.Tensor]:
         out = {self.IDENTITY_BUFFER: self._hash_zch_identities.data}
         metadata = getattr(self, self.METADATA_BUFFER)
@@ -296,6 +305,7 @@ class HashZchManagedCollisionModule(ManagedCollisionModule):
                 src = other.slot_state().get(name)
                 if src is not None and src.device.type != "meta":
                     buf.copy_(src[start : start + self._zch_size])
+        self._current_iter = other._current_iter
 
     @torch.no_grad()
     def remap_values(self, values: torch.Tensor, feature_splits: list[int] | None = None) -> torch.Tensor:
@@ -306,11 +316,15 @@ class HashZchManagedCollisionModule(ManagedCollisionModule):
             feature_splits: ids per feature (the per-feature TTL policy needs them).
         """
         values = values.long()
+        training = self.training and not self._is_inference
+        if training:  # (before the empty-batch return: every rank holding rows counts every step)
+            self._current_iter += 1
         if values.numel() == 0:
             return values
-        stored, bucket = self.input_mapper(values)
-        uniq, inverse = torch.unique(stored, return_inverse=True)
-        u_bucket = torch.zeros_like(uniq).scatter_reduce_(0, inverse, bucket, "amax", include_self=False)
+        # Distinct *raw* ids, then their stored form: with inference_dispatch_div_train_world_size two
+        # raw ids of different buckets may store the same value, and each must stay in its own bucket.
+        raw, inverse = torch.unique(values, return_inverse=True)
+        uniq, u_bucket = self.input_mapper(raw)
         local_b = (u_bucket - self._start_bucket).clamp_(0, len(self._local_bounds) - 2)
         bounds = torch.tensor(self._local_bounds, dtype=torch.int64, device=values.device)
         offset = bounds.index_select(0, local_b)
@@ -321,7 +335,6 @@ class HashZchManagedCollisionModule(ManagedCollisionModule):
         start = unsigned_mod(hashed, block)
         identities = self._hash_zch_identities.data.view(-1)
         slot = probe_lookup(identities, uniq, start, offset, block, self._max_probe)
-        training = self.training and not self._is_inference
         if training:
             slot = self._insert(identities, uniq, slot, start, offset, block, values, inverse, feature_splits)
         fallback = offset + torch.where(reserved > 0, block + unsigned_mod(hashed, reserved.clamp(min=1)),

@@ -123,7 +123,8 @@ def probe_insert(
         identities: ``[Z]`` slot identities, updated in place.
         metadata: ``[Z]`` slot metadata (expiry or last-seen hour), or None without eviction;
             a seated id's slot gets its ``new_metadata`` at once (so later probes see it live).
-        ids, start, offset, size, max_probe: as :func:`probe_lookup` (ids ascending, not present).
+        ids, start, offset, size, max_probe: as :func:`probe_lookup` (ids not present, in ascending
+            order of their raw ids: the order decides which id wins a contested slot).
         expired_before: a slot whose metadata is below this may be taken over (-1: never).
         lru: when no probed slot is free, evict the probed slot seen least recently.
     """
@@ -159,7 +160,7 @@ def probe_insert(
 
 def _claim(slot: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
     """``[n]`` bool: the entries that get their slot -- per contested slot, the first wanting entry
-    (entries are in ascending id order, so the smallest id wins)."""
+    (entries are in ascending raw id order, so the smallest id wins)."""
     if slot.numel() == 0:
         return want
     order = torch.sort(torch.where(want, slot, torch.full_like(slot, -1)), stable=True).indices

@@ -21,7 +21,8 @@ policy                            score (higher keeps the row)                 m
 the last round. The names, arguments and metadata buffers (``_mch_counts``,
 ``_mch_last_access_iter``) are torchrec's, so torchrec code and state dicts work unchanged.
 ``threshold_filtering_func`` (torchrec's, experimental there too) filters the waiting ids by their
-counts before a round: ``func(counts) -> (keep mask, threshold)``; ``dynamic_threshold_filter``,
+counts before a round, each bucket's on their own (so that a shard keeps the ids the whole table
+keeps): ``func(counts) -> (keep mask, threshold)``; ``dynamic_threshold_filter``,
 ``average_threshold_filter`` and ``probabilistic_threshold_filter`` are ready-made ones.
 """
 

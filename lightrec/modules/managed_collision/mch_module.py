@@ -38,6 +38,7 @@ from lightrec.modules.managed_collision.ops import (
     block_bucket,
     bucket_segments,
     check_input_hash_size,
+    int64_ids,
 )
 from lightrec.modules.managed_collision.serving import FrozenMCHRemapper, check_servable_hash
 from lightrec.sparse import JaggedTensor
@@ -216,8 +217,7 @@ class MCHManagedCollisionModule(MCHSteps, ManagedCollisionModule):
     def profile(self, features: dict[str, JaggedTensor]) -> dict[str, JaggedTensor]:
         """Training: run the step on every feature's ids; ``remap`` of the same dict returns its rows."""
         if self.training:
-            values = torch.cat([jt.values() for jt in features.values()]) if features else torch.zeros(0, dtype=torch.int64)
-            self._profiled = (features, self._train_step(values.long()))
+            self._profiled = (features, self._train_step(self._admitted(features)))
         return features
 
     def remap(self, features: dict[str, JaggedTensor]) -> dict[str, JaggedTensor]:
@@ -225,8 +225,7 @@ class MCHManagedCollisionModule(MCHSteps, ManagedCollisionModule):
         if profiled is not None and profiled[0] is features:
             rows = profiled[1]
         else:
-            values = torch.cat([jt.values() for jt in features.values()]) if features else torch.zeros(0, dtype=torch.int64)
-            rows = self._frozen(values.long())
+            rows = self._frozen(self._admitted(features))
         out: dict[str, JaggedTensor] = {}
         start = 0
         for name, jt in features.items():
@@ -237,6 +236,18 @@ class MCHManagedCollisionModule(MCHSteps, ManagedCollisionModule):
 
     def forward(self, features: dict[str, JaggedTensor]) -> dict[str, JaggedTensor]:
         return self.remap(self.profile(self.preprocess(features)))
+
+    def _admitted(self, features: dict[str, JaggedTensor]) -> torch.Tensor:
+        """The ids of every feature of ``features``, one after the other, admitted (``admit_ids``).
+
+        torchrec's dict interface takes any int64, as the collection does: an id outside the id
+        space is folded into it here too -- left as it is, a negative id would sit in a row of
+        another bucket (a state that no longer loads) and ``2**63 - 1`` is the free-slot marker.
+        """
+        if not features:
+            return torch.zeros(0, dtype=torch.int64)
+        values = int64_ids(torch.cat([jt.values() for jt in features.values()]))
+        return self.admit_ids(values, list(features))
 
     def evict(self) -> torch.Tensor | None:
         if not self._pending_evictions:

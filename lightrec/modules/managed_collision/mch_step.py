@@ -299,11 +299,32 @@ class MCHSteps:
         last = torch.zeros_like(uniq).scatter_reduce_(0, inverse, torch.cat([h[2] for h in self._history]), "amax")
         _, resident = self._index.lookup(self._mch_sorted_raw_ids, uniq)
         keep = ~resident
-        kept = self._eviction_policy.filter_candidates(cnt[keep])
         uniq, cnt, last = uniq[keep], cnt[keep], last[keep]
+        kept = self._filter_per_bucket(uniq, cnt)
         if kept is not None:
             uniq, cnt, last = uniq[kept], cnt[kept], last[kept]
         return uniq, cnt, last
+
+    def _filter_per_bucket(self, ids: torch.Tensor, cnt: torch.Tensor) -> torch.Tensor | None:
+        """Keep-mask of the policy's threshold filter over waiting ``ids`` (ascending) seen ``cnt``
+        times (None: no filter), applied to each bucket's ids on their own.
+
+        A filter's threshold depends on the counts it is given (the mean count, for the ready-made
+        ones): given every local bucket's ids at once, a shard holding some of the buckets would
+        keep other ids than the whole table does.
+        """
+        if self._layout.num_local == 1:
+            return self._eviction_policy.filter_candidates(cnt)
+        sizes = torch.bincount(self._local_bucket(ids), minlength=self._layout.num_local).tolist()
+        masks: list[torch.Tensor] = []
+        for part in cnt.split(sizes):  # ids ascending: each bucket's are contiguous
+            if part.numel() == 0:
+                continue
+            mask = self._eviction_policy.filter_candidates(part)
+            if mask is None:
+                return None
+            masks.append(mask)
+        return torch.cat(masks) if masks else torch.zeros(0, dtype=torch.bool, device=ids.device)
 
     def _release(self, slots: torch.Tensor) -> None:
         """Evict the ids of ``slots`` (their rows are reset before the next lookup)."""

@@ -23,6 +23,7 @@ __all__ = [
     "EMPTY_ID",
     "block_bucket",
     "bucket_segments",
+    "int64_ids",
     "mix64",
     "mix64_hash",
     "uniform_block",
@@ -102,6 +103,22 @@ def check_input_hash_size(input_hash_size: int, where: str) -> None:
         raise ValueError(
             f"{where}: input_hash_size must be in [0, 2**63 - 1] (ids are int64 below it), got {input_hash_size}"
         )
+
+
+def int64_ids(values: torch.Tensor) -> torch.Tensor:
+    """Raw ids as int64: a ``uint64`` id keeps its 64 bits (``2**64 - 1`` becomes ``-1``, then folded
+    into the id space like any negative id, as lightrec's data readers do), other integer dtypes
+    their value (``values`` itself when already int64).
+
+    Args:
+        values: ``[N]`` ids of any integer dtype.
+
+    Returns:
+        ``[N]`` int64 ids.
+    """
+    if values.dtype == torch.uint64:  # (.long() would give the same bits; view makes no copy)
+        return values.view(torch.int64)
+    return values.long()
 
 
 def mix64_hash(values: torch.Tensor, input_hash_size: int) -> torch.Tensor:

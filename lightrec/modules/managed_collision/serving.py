@@ -64,6 +64,13 @@ class _BucketedRemapper(nn.Module):
         block = (self.input_hash_size + self.buckets - 1) // self.buckets
         return torch.clamp(torch.div(values, block, rounding_mode="floor"), max=self.buckets - 1)
 
+    def _fold(self, values: torch.Tensor) -> torch.Tensor:
+        """Ids folded into the id space (``id mod input_hash_size``; ``2**63 - 1`` when unbounded), as
+        the trained module's ``admit_ids`` folds them: an id outside the space gets the row the float
+        module in eval mode gives it (in-range ids are unchanged)."""
+        space = self.input_hash_size if self.input_hash_size > 0 else 9223372036854775807
+        return torch.remainder(values, space)
+
     def _local_bucket(self, values: torch.Tensor, served: int) -> torch.Tensor:
         """The bucket of each id among the ``served`` ones of this module ``[N]`` (clamped into range)."""
         return torch.clamp(self._bucket(values) - self.start_bucket, 0, served - 1)
@@ -102,8 +109,10 @@ class FrozenMCHRemapper(_BucketedRemapper):
 
     def forward(self, values: torch.Tensor) -> torch.Tensor:
         values = values.long()
-        if self.hash_ids:
+        if self.hash_ids:  # (a hash lands in the id space: nothing to fold)
             values = torch.remainder(mix64(values), self.input_hash_size)
+        else:
+            values = self._fold(values)
         pos = torch.clamp(torch.searchsorted(self.sorted_ids, values), max=self.sorted_ids.shape[0] - 1)
         hit = self.sorted_ids.index_select(0, pos) == values
         local_bucket = self._local_bucket(values, self.default_rows.shape[0])
@@ -147,7 +156,7 @@ class FrozenHashZchRemapper(_BucketedRemapper):
         self.div_ids = div_ids
 
     def forward(self, values: torch.Tensor) -> torch.Tensor:
-        values = values.long()
+        values = self._fold(values.long())
         local = self._local_bucket(values, self.bounds.shape[0] - 1)  # of the raw id, before div_ids
         if self.div_ids:
             if self.input_hash_size == 0:
