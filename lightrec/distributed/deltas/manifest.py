@@ -20,13 +20,22 @@
      "tables": {"t_cat_0": {"rows": 17, "num_embeddings": 100000, "dim": 64,
                             "row_format": "fp32", "managed": false}},
      "dense": false,
-     "files": {"rows.safetensors": {"bytes": 12345, "sha256": "..."}}}
+     "files": {"rows.safetensors": {"bytes": 12345, "sha256": "..."}},
+     "manifest_sha256": "..."}                  # the checksum of every field above but "files"
 
 Only JSON and plain types: a reader needs neither lightrec nor unpickling.
+
+``manifest_sha256`` is the SHA-256 of the other fields but ``files`` as canonical JSON (keys sorted,
+``separators=(",", ":")``): without it a flipped bit or an edit in a field no tensor check can see
+(``global_step``; ``row_format`` int8 -> int4 or a smaller ``dim`` of a quantized table, whose rows
+still fit) would be read as a valid version that decodes to other values. ``files`` needs no cover:
+each record is checked against its file's bytes. Manifests written before the field existed (same
+format version) have none and are read as before.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -40,6 +49,7 @@ __all__ = [
     "FORMAT_VERSION",
     "KINDS",
     "LATEST_FILE",
+    "MANIFEST_CHECKSUM",
     "MANIFEST_FILE",
     "ROWS_FILE",
     "ROW_FORMATS",
@@ -57,6 +67,7 @@ MANIFEST_FILE = "manifest.json"
 ROWS_FILE = "rows.safetensors"
 DENSE_FILE = "dense.safetensors"
 LATEST_FILE = "LATEST"
+MANIFEST_CHECKSUM = "manifest_sha256"  # the manifest's own checksum (module docstring)
 TMP_PREFIX = ".tmp-"
 KINDS = ("snapshot", "delta")
 # The serving artifact's row formats: fp32 / fp16 values, or int8 / int4 rows in lightrec's
@@ -123,7 +134,8 @@ class Manifest:
     """The parsed ``manifest.json`` of one version (fields as in the module docstring).
 
     ``tables`` holds every table the writer knows; ``rows[t]`` how many of its rows this version
-    stores (0: none changed).
+    stores (0: none changed). ``checksum`` is the ``manifest_sha256`` a parsed manifest carried
+    (None: written before the field existed, or not parsed); :meth:`to_json` always writes a fresh one.
     """
 
     version: int
@@ -137,9 +149,11 @@ class Manifest:
     rows: dict[str, int]
     dense: bool
     files: dict[str, FileRecord]
+    checksum: str | None = None
 
-    def to_json(self) -> str:
-        body: dict[str, object] = {
+    def _fields(self) -> dict[str, object]:
+        """Every field the checksum covers (all but ``files``), as ``manifest.json`` spells them."""
+        return {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
             "version": self.version,
@@ -155,9 +169,27 @@ class Manifest:
                 for name, t in self.tables.items()
             },  # fmt: skip
             "dense": self.dense,
-            "files": {name: {"bytes": r.bytes, "sha256": r.sha256} for name, r in sorted(self.files.items())},
         }
+
+    def fields_sha256(self) -> str:
+        """The SHA-256 of the fields the checksum covers, as canonical JSON (module docstring)."""
+        canonical = json.dumps(self._fields(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def to_json(self) -> str:
+        body = self._fields()
+        body["files"] = {name: {"bytes": r.bytes, "sha256": r.sha256} for name, r in sorted(self.files.items())}
+        body[MANIFEST_CHECKSUM] = self.fields_sha256()
         return json.dumps(body, indent=1) + "\n"
+
+    def check_checksum(self) -> None:
+        """Raise ``DeltaFormatError`` when the parsed ``manifest_sha256`` is not the fields' (an edited or
+        damaged manifest); a manifest without one (written before it existed) passes."""
+        if self.checksum is not None and self.checksum != self.fields_sha256():
+            raise DeltaFormatError(
+                f"its fields do not match their checksum {MANIFEST_CHECKSUM} (the manifest was edited or damaged "
+                "after it was written); publish the version again, or read another one"
+            )
 
     @classmethod
     def from_json(cls, text: str) -> Manifest:
@@ -199,12 +231,15 @@ class Manifest:
                     str(n): FileRecord(_int(r["bytes"], f"files.{n}.bytes"), str(r["sha256"]))
                     for n, r in dict(raw["files"]).items()
                 },
+                checksum=None if raw.get(MANIFEST_CHECKSUM) is None else str(raw[MANIFEST_CHECKSUM]),
             )
         except DeltaFormatError:
             raise
         except Exception as exc:  # any value of valid JSON: a missing key, a wrong type, float(10**400), ...
             raise DeltaFormatError(f"a field is missing or malformed ({type(exc).__name__}: {exc})") from exc
         manifest.check()  # raises DeltaFormatError only: every field it compares was checked above
+        # The checksum is not compared here: a reader names a manifest of another version first
+        # (DeltaReader.manifest), then calls check_checksum().
         return manifest
 
     def check(self) -> None:

@@ -156,7 +156,8 @@ class DeltaReader:
 
         Raises:
             DeltaNotFoundError: no such version folder.
-            DeltaVerificationError: the manifest is missing, corrupt, or names another version.
+            DeltaVerificationError: the manifest is missing, corrupt (its own checksum included), or
+                names another version.
         """
         folder = self.folder(version)
         try:
@@ -183,6 +184,10 @@ class DeltaReader:
         if manifest.version != version:
             raise DeltaVerificationError(f"{path} is the manifest of version {manifest.version}, not {version}",
                                          path, version)  # fmt: skip
+        try:
+            manifest.check_checksum()  # a field no tensor check sees (global_step, int8 read as int4, ...)
+        except DeltaFormatError as exc:
+            raise DeltaVerificationError(f"{path} is corrupt: {exc}", path, version) from exc
         self._manifests[version] = (key, manifest)
         return manifest
 

@@ -20,7 +20,10 @@ it); after 5 the version is complete. LATEST may lag behind the newest folder by
 a kill between 5 and 7: readers list the folders (:class:`~lightrec.distributed.deltas.reader.DeltaReader`).
 An ``OSError`` in 2-5 (``ENOSPC``, ...) removes the temporary folder and raises
 :class:`~lightrec.distributed.deltas.errors.DeltaWriteError`; the previous version stays the newest.
-One writer per folder at a time: a new writer removes every ``.tmp-*`` it finds.
+One writer per folder at a time: a new writer removes every ``.tmp-*`` it finds. Where another writer
+renamed a version to the number a write was about to take (that rule broken, e.g. by the aborted publish
+thread of a fit still finishing as the next fit starts), the write raises ``DeltaWriteError`` and the writer
+looks at the folder again: its next version follows the newest one, and must be a snapshot.
 """
 
 from __future__ import annotations
@@ -125,11 +128,10 @@ class DeltaWriter:
         self.row_alignment = row_alignment
         self.dirpath.mkdir(parents=True, exist_ok=True)
         self.clean_stale()
-        self._kinds: dict[int, str | None] = {}
-        for entry in self.dirpath.iterdir():
-            version = parse_version_name(entry.name)
-            if version is not None:
-                self._kinds[version] = _read_kind(entry)
+        self._kinds: dict[int, str | None] = self._scan()
+        # Set when another writer took a version number: the newest version is not this writer's, so
+        # a delta of this writer (rows changed since *its* previous version) cannot follow it.
+        self._needs_snapshot = False
 
     # ------------------------------------------------------------------ state
     @property
@@ -141,6 +143,15 @@ class DeltaWriter:
     def latest_snapshot(self) -> int | None:
         """The newest snapshot in the folder (None: none yet; deltas need one)."""
         return max((v for v, k in self._kinds.items() if k == "snapshot"), default=None)
+
+    def _scan(self) -> dict[int, str | None]:
+        """``{version: kind}`` of every version folder (kind None: its manifest is unreadable)."""
+        kinds: dict[int, str | None] = {}
+        for entry in self.dirpath.iterdir():
+            version = parse_version_name(entry.name)
+            if version is not None:
+                kinds[version] = _read_kind(entry)
+        return kinds
 
     def clean_stale(self) -> None:
         """Remove every ``.tmp-*`` entry: versions a crash or a full disk left half-written."""
@@ -190,11 +201,17 @@ class DeltaWriter:
         and the dense weights when given.
 
         Raises:
-            DeltaFormatError: no snapshot in the folder yet, or malformed rows/dense.
+            DeltaFormatError: no snapshot in the folder yet, malformed rows/dense, or the newest version
+                is another writer's (write a snapshot first).
             DeltaWriteError: the disk refused the write (the previous version is still the newest).
         """
         if self.latest_snapshot is None:
             raise DeltaFormatError(f"{self.dirpath} has no snapshot yet; write_snapshot(...) first")
+        if self._needs_snapshot:
+            raise DeltaFormatError(
+                f"the newest version of {self.dirpath} ({version_name(self.latest_version or 1)}) was written by "
+                "another writer: a delta of this one would build on rows it did not write; write_snapshot(...) first"
+            )
         return self._write("delta", rows, dense or {}, global_step)
 
     def _encode(
@@ -253,12 +270,16 @@ class DeltaWriter:
         except OSError as exc:
             if committed:  # the version is complete and visible; only its durability is in doubt
                 logger.warning("version %s is written but syncing %s failed: %s", name, self.dirpath, exc)
+            elif exc.errno in (errno.EEXIST, errno.ENOTEMPTY) and (self.dirpath / name).is_dir():
+                raise self._taken(name, exc) from exc
             else:
                 raise self._failed(name, previous, exc) from exc
         finally:
             if not committed:
                 _remove_tree(tmp)
         self._kinds[version] = kind
+        if kind == "snapshot":
+            self._needs_snapshot = False
         if self._write_latest(name):
             # Not after a failed LATEST: it still names an older version, which retention could remove.
             # The next write retries both.
@@ -273,6 +294,19 @@ class DeltaWriter:
                 f"not enough disk space to write {self.dirpath / name} ({exc.strerror}; {free} bytes free); "
                 f"{kept}. Free space, lower retention, or publish elsewhere", exc.errno)  # fmt: skip
         return DeltaWriteError(f"could not write {self.dirpath / name} ({exc}); {kept}", exc.errno)
+
+    def _taken(self, name: str, exc: OSError) -> DeltaWriteError:
+        """Another writer renamed its version to ``name`` first (one writer per folder was not kept).
+
+        Without a fresh look at the folder every later write of this writer would take the same number
+        and fail the same way; with it the next one follows the newest version -- as a snapshot, since
+        that version's rows are not this writer's."""
+        self._kinds = self._scan()
+        self._needs_snapshot = True
+        return DeltaWriteError(
+            f"{self.dirpath / name} was written by another writer while this one wrote it (one writer per folder); "
+            f"nothing of this write is kept. The next version follows {version_name(self.latest_version or 1)} "
+            "and must be a snapshot: stop the other writer", exc.errno)  # fmt: skip
 
     def _write_latest(self, name: str) -> bool:
         """Point ``LATEST`` at ``name``; False (logged) where that failed."""

@@ -12,8 +12,9 @@ sharded collections):
 
 1. at ``on_train_start``: the model's delta tracker (``DistributedModelParallel.
    init_torchrec_delta_tracker``, consumer ``"delta_publisher"``; an existing tracker is reused
-   when it has that consumer) and, on rank 0, the ``DeltaWriter``; then a snapshot (every row,
-   the dense weights), so the chain starts from what training starts from (a resumed fit too);
+   when it has that consumer) and, on rank 0, the ``DeltaWriter`` (every rank raises when rank 0
+   cannot open it); then a snapshot (every row, the dense weights), so the chain starts from what
+   training starts from (a resumed fit too);
 2. after each training batch, when a publish is due (``every_n_steps`` global steps, or
    ``every_seconds`` since the last publish, rank 0's clock, broadcast so every rank agrees):
    :func:`lightrec.distributed.deltas.publish_changes` -- the rows the tracker saw since the last
@@ -55,6 +56,8 @@ from typing_extensions import override
 
 from lightrec.distributed.deltas import (
     BackgroundPublisher,
+    DeltaFormatError,
+    DeltaPublishError,
     DeltaWriter,
     publish_changes,
     sharded_table_specs,
@@ -107,6 +110,8 @@ class DeltaPublisher(pl.Callback):
 
     Raises:
         ValueError: no cadence, a cadence <= 0, or (at train start) a model without sharded tables.
+        DeltaFormatError / DeltaPublishError: (at train start, on every rank) rank 0 could not open the
+            folder: ``row_format`` names a table the model does not have, the folder is not writable, ...
     """
 
     def __init__(
@@ -196,14 +201,41 @@ class DeltaPublisher(pl.Callback):
         # trainer.log_dir broadcasts rank 0's folder (a collective): every rank must ask, or rank 0 waits in that
         # broadcast while the others wait in publish_changes' all_gather (a hang until the process-group timeout)
         log_dir = trainer.log_dir if self.dirpath is None else None
-        if trainer.is_global_zero:
-            specs = sharded_table_specs(self._model, self.row_format)
-            if self.dirpath is None:
-                self.dirpath = Path(log_dir or trainer.default_root_dir) / "publish"
-            self._writer = DeltaWriter(self.dirpath, specs, retention=self.keep)
+        self._open_writer(trainer, self._model, log_dir)
         if self.background:
             self._publisher = BackgroundPublisher(self._model)
         self._publish(trainer, snapshot=True)
+
+    def _open_writer(self, trainer: pl.Trainer, model: nn.Module, log_dir: str | None) -> None:
+        """Rank 0 opens the ``DeltaWriter``; every rank learns whether it could (a collective).
+
+        Only rank 0 checks ``row_format`` against the tables and touches the folder, so without the
+        agreement a bad ``row_format`` or a folder rank 0 may not write failed rank 0 alone, and the
+        other ranks waited in the publisher's first collective until a timeout, with no word of why.
+
+        Raises:
+            DeltaFormatError: rank 0 refused the arguments (``row_format`` naming no table, ...).
+            DeltaPublishError: rank 0 could not open the folder (on rank 0: its own error, e.g. ``OSError``).
+        """
+        failure: Exception | None = None
+        if trainer.is_global_zero:
+            try:
+                specs = sharded_table_specs(model, self.row_format)
+                if self.dirpath is None:
+                    self.dirpath = Path(log_dir or trainer.default_root_dir) / "publish"
+                self._writer = DeltaWriter(self.dirpath, specs, retention=self.keep)
+            except Exception as exc:  # noqa: BLE001 - told to every rank below, then raised
+                failure = exc
+        described = None if failure is None else (type(failure).__name__, str(failure))
+        described = trainer.strategy.broadcast(described, src=0)
+        if failure is not None:
+            raise failure
+        if described is not None:
+            kind, message = described
+            if kind == "DeltaFormatError":
+                raise DeltaFormatError(f"rank 0 refused the DeltaPublisher's arguments: {message}")
+            raise DeltaPublishError(f"rank 0 could not open the publish folder ({kind}: {message}); make it writable "
+                                    "on rank 0's host, or pass another dirpath")  # fmt: skip
 
     # ---- cadence ------------------------------------------------------------------------------
     def _due(self, trainer: pl.Trainer) -> bool:
