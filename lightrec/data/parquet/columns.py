@@ -244,7 +244,9 @@ def _check_ids(
     if feature.id_mapping == "hash":
         return  # any int64 is a raw id
     n = feature.num_embeddings if feature.id_mapping == "none" else None
-    if _stats_within(rows, feature.column, 0, (n - 1) if n is not None else 2**63 - 1):
+    # Never past 2**63 - 1, even for a declared table larger than that: a uint64 id above it is read as negative
+    # int64 bits, so statistics up to the table's end would let it through unchecked.
+    if _stats_within(rows, feature.column, 0, min(n - 1, 2**63 - 1) if n is not None else 2**63 - 1):
         return
     negative = np.flatnonzero(values < 0)
     if negative.size:

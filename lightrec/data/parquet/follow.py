@@ -62,7 +62,12 @@ the default group (``destroy_process_group()``): a process that builds loaders a
 fit, a test suite) holds one such group, not one per loader, and no loader destroys a group that another
 rank may still be receiving on. The position in a checkpoint names the files finished, the round in
 progress and the leftover rows, so a resumed run continues exactly; files that arrived meanwhile are
-read in the next round.
+read in the next round. Files are known by their paths, so the position also keeps the sizes of the files
+its round and leftover rows are in (its ``fingerprint``, ``"sizes:<bytes>,..."``): a file replaced at its
+path since the checkpoint (another size) is a :class:`~lightrec.data.parquet.state.ResumeMismatchError`
+naming it when the run resumes, as are leftover rows the file there no longer has, instead of rows of the
+new file read from the old one's position. (A file replaced after it was read, while the run goes on, is
+not read again: publish new data under new names.)
 """
 
 from __future__ import annotations
@@ -116,6 +121,7 @@ __all__ = ["FolderWatcher", "FollowOptions", "FollowStopped", "FollowingParquetL
 logger = logging.getLogger(__name__)
 
 _SETTLE_POLLS = 3
+_SIZES = "sizes:"  # the start of a following position's fingerprint: the sizes of the files it names
 _STOP_CHECK = 0.2  # seconds between checks of ``stop_waiting`` while a poll sleeps
 _T = TypeVar("_T")
 
@@ -308,6 +314,32 @@ class FolderWatcher:
             if idle is not None:
                 idle()
             _sleep_unless(stop, self.options.poll_interval)
+
+
+def _named_files(state: FollowState) -> list[str]:
+    """The files a following position reads from: its round's, then its carried rows', each once, in that order."""
+    return list(dict.fromkeys([*state["round"], *(str(c[0]) for c in state["carry"])]))
+
+
+def _carry_of(position: LoaderPosition) -> list[tuple[str, int, int, int]]:
+    """A following position's carried rows as ``(path, row_group, lo, hi)``."""
+    carry = position.follow["carry"] if position.follow is not None else []
+    return [(str(p), int(g), int(lo), int(hi)) for p, g, lo, hi in carry]
+
+
+def _sizes_in(fingerprint: str) -> list[int] | None:
+    """The file sizes a following position's ``fingerprint`` keeps; None for one that keeps none (a position
+    written before sizes were kept: ``""``)."""
+    if not fingerprint.startswith(_SIZES):
+        return None
+    body = fingerprint[len(_SIZES) :]
+    try:
+        return [int(x) for x in body.split(",")] if body else []
+    except ValueError:
+        raise ResumeMismatchError(
+            f"the checkpoint's data position has the fingerprint {fingerprint!r}, which is not a list of file sizes: "
+            "it was not written by a following loader, or was edited; resume from a checkpoint as it was written"
+        ) from None
 
 
 def _sleep_unless(stop: Callable[[], bool] | None, seconds: float) -> None:
@@ -543,12 +575,55 @@ class FollowingParquetLoader(LoaderBase):
             self._resume = None
             return 0
         state = resume.follow
-        for path in dict.fromkeys([*state["round"], *(str(c[0]) for c in state["carry"])]):
+        named = _named_files(state)
+        for path in named:
             self._index_of(path)  # may raise: the position is kept, and iterating again resumes it again
+        self._check_named(resume, named)  # the same files as at the checkpoint (may raise, as above)
         self._resume = None
         self._done, self._round = list(state["done"]), list(state["round"])
         self._carry = [Slice(self._by_path[str(p)], int(g), int(lo), int(hi)) for p, g, lo, hi in state["carry"]]
         return resume.batch
+
+    def _check_named(self, resume: LoaderPosition, named: list[str]) -> None:
+        """Refuse a position whose files (``named``: its round's and carried rows', indexed) are not the files it
+        counted rows of: a file replaced at its path since the checkpoint would be read from the old file's row on
+        (rows skipped or read twice), or its carried rows would not exist.
+
+        Raises:
+            ResumeMismatchError: a named file has another size than the position kept (positions written before
+                sizes were kept have none to compare), or a carried slice lies outside the file's row groups.
+        """
+        sizes = _sizes_in(resume.fingerprint)
+        if sizes is not None and len(sizes) != len(named):
+            raise ResumeMismatchError(
+                f"the checkpoint's data position names {len(named)} file(s) but keeps {len(sizes)} size(s) "
+                f"({resume.fingerprint!r}): it was not written by this loader, or was edited; resume from a checkpoint "
+                "as it was written, or start a new run"
+            )
+        fix = (
+            "Put back the file the checkpoint read, or start a new run; publish new data under new file names "
+            "(write hidden, then rename), never over a file the run has read"
+        )
+        for path, size in zip(named, sizes or []):
+            now = self.files[self._by_path[path]].size
+            if now != size:
+                raise ResumeMismatchError(
+                    f"the checkpoint's data position counts rows of {path}, {size} bytes then but {now} bytes now: the "
+                    "file was replaced or rewritten at its path since, and resuming would read its rows from the old "
+                    f"file's position (rows skipped or read twice). {fix}"
+                )
+        for path, group, lo, hi in _carry_of(resume):
+            rows = self.files[self._by_path[path]].row_groups
+            if not (0 <= group < len(rows) and 0 <= lo < hi <= rows[group]):
+                have = f"{rows[group]} rows" if 0 <= group < len(rows) else f"{len(rows)} row group(s)"
+                raise ResumeMismatchError(
+                    f"the checkpoint's data position carries rows {lo}-{hi} of row group {group} of {path} to the next "
+                    f"round, but the file there now has {have}: it was replaced or rewritten since. {fix}"
+                )
+
+    def _fingerprint(self, state: FollowState) -> str:
+        """The sizes of the files ``state`` names, in :func:`_named_files` order (checked on resume)."""
+        return _SIZES + ",".join(str(self.files[self._by_path[p]].size) for p in _named_files(state))
 
     def position(self) -> LoaderPosition:
         """The round of the first batch not trained yet, and that batch's index in it (``FollowedRounds``)."""
@@ -556,9 +631,9 @@ class FollowingParquetLoader(LoaderBase):
             return self._resume
         if self._rounds.empty:  # not iterated yet: the start
             state: FollowState = {"done": list(self._done), "round": list(self._round), "carry": self._carry_rows()}
-            return LoaderPosition(0, 0, self.world_size, self.batch_size, "", state)
+            return LoaderPosition(0, 0, self.world_size, self.batch_size, self._fingerprint(state), state)
         batch, state = self._rounds.position(self._yielded, self._held(), self._done)
-        return LoaderPosition(0, batch, self.world_size, self.batch_size, "", state)
+        return LoaderPosition(0, batch, self.world_size, self.batch_size, self._fingerprint(state), state)
 
     def state_dict(self) -> LoaderState:
         return self.position().to_dict()

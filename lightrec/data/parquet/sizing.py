@@ -13,6 +13,9 @@ A feature's table has ``num_embeddings`` rows, chosen in one of three documented
    ``"managed"`` hands raw 64-bit ids to tables behind managed collisions of ``num_embeddings`` rows;
    the size is declared (required).
 
+A ``uint64`` column whose largest id is above ``2**63 - 1`` cannot size a table (ids are int64): a
+``ValueError`` says to hash the ids or declare the size.
+
 :func:`id_ranges` gives each feature's ``(min, max, nulls)`` -- what ``lightrec data inspect`` prints.
 """
 
@@ -30,6 +33,8 @@ from lightrec.data.parquet.spec import FeatureSpec
 __all__ = ["IdRange", "column_range", "id_ranges", "size_tables"]
 
 logger = logging.getLogger(__name__)
+
+_INT64_MAX = 2**63 - 1  # the largest id a table row can have: ids are int64
 
 
 @dataclass(frozen=True)
@@ -132,6 +137,15 @@ def size_tables(source: ParquetSource, spec: FeatureSpec) -> FeatureSpec:
             raise ValueError(
                 f"feature {feature.name!r}: column {feature.column!r} holds only negative ids (largest {found.max}), so "
                 "they are not row indices: map them with id_mapping='hash' and declare num_embeddings"
+            )
+        if found.max > _INT64_MAX:
+            # A uint64 column's ids past int64: a table of found.max + 1 rows cannot exist, and the ids are read
+            # as int64 bits (negative), which a table sized to hold them would not check any more.
+            raise ValueError(
+                f"feature {feature.name!r}: column {feature.column!r} holds uint64 ids up to the largest id "
+                f"{found.max}, above 2**63 - 1 (ids are int64), so its table cannot be sized from the data: map raw "
+                "64-bit ids with id_mapping='hash' and num_embeddings, or declare num_embeddings (larger ids are then "
+                "bad rows, which on_error='skip' leaves out)"
             )
         sizes.append(int(found.max) + 1)
     return spec.with_sizes(sizes)

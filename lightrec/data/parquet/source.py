@@ -199,7 +199,9 @@ def open_parquet(fs: pafs.FileSystem, path: str) -> pq.ParquetFile:
         if isinstance(fs, pafs.LocalFileSystem):
             return pq.ParquetFile(path, memory_map=True, pre_buffer=True)
         return pq.ParquetFile(fs.open_input_file(path), pre_buffer=True)
-    except (pa.ArrowInvalid, OSError) as exc:
+    # A corrupt footer fails in more ways than ArrowInvalid / OSError: names that are not UTF-8 are pyarrow's
+    # UnicodeDecodeError (a ValueError), other damage another ArrowException. Each is this file's problem.
+    except (pa.ArrowException, OSError, ValueError) as exc:
         raise ParquetFileError(
             f"not a readable Parquet file ({exc}); it may be truncated (a copy or write that did not finish) or "
             "corrupt: write or copy it again, or move it out of the data folder",
@@ -270,14 +272,41 @@ def _no_files(path: str, listed: int, marker: str | None) -> str:
     )
 
 
-def read_file_info(fs: pafs.FileSystem, path: str) -> ParquetFileInfo:
-    """Stat and read the footer of one file (:class:`ParquetFileError` when it is not readable)."""
+_FOOTER_TRIES = 3  # footer reads of a file that changes while it is read, before it is called unreadable
+
+
+def _stamp(fs: pafs.FileSystem, path: str) -> tuple[int | None, int | None]:
+    """``(size, mtime_ns)`` of ``path`` now (mtime None where the filesystem has none)."""
     stat = fs.get_file_info(path)
-    meta = open_parquet(fs, path).metadata
+    return stat.size, stat.mtime_ns if stat.mtime is not None else None
+
+
+def read_file_info(fs: pafs.FileSystem, path: str) -> ParquetFileInfo:
+    """Stat and read the footer of one file (:class:`ParquetFileError` when it is not readable).
+
+    The file is stamped before and after its footer is read, and the two must agree: a writer writing it in
+    place can finish (or rewrite it) in between, and a stamp of the file as it was before would not be the
+    stamp of the footer kept -- the complete file would then be refused as changed when its rows are read.
+    A file that keeps changing over ``_FOOTER_TRIES`` reads is a :class:`ParquetFileError` (a following
+    loader lists it again at its next polls).
+    """
+    for _ in range(_FOOTER_TRIES):
+        before = _stamp(fs, path)
+        meta = open_parquet(fs, path).metadata
+        if _stamp(fs, path) == before:
+            break
+    else:
+        raise ParquetFileError(
+            f"the file changed while its footer was read, {_FOOTER_TRIES} times: it is still being written in place. "
+            "Publish files whole (write under a hidden name, then rename), or mark their folder when they are "
+            "written (marker='_SUCCESS')",
+            path=path,
+        )
+    size, mtime_ns = before
     rows = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
     return ParquetFileInfo(
-        path=path, size=int(stat.size), mtime_ns=stat.mtime_ns if stat.mtime is not None else None, row_groups=rows,
-        partitions=partitions_of(path), metadata=meta,
+        path=path, size=int(size or 0), mtime_ns=mtime_ns, row_groups=rows, partitions=partitions_of(path),
+        metadata=meta,
     )  # fmt: skip
 
 

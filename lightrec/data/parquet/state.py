@@ -18,7 +18,9 @@ The same ranks and batch size are needed (each rank's part of the stream depends
 same data: the fingerprint hashes the files (paths, row groups, sizes) and the shuffle settings. A
 mismatch raises :class:`ResumeMismatchError` with the fix. A following loader
 (:mod:`lightrec.data.parquet.follow`) adds the files it has finished and the round in progress, and
-:class:`FollowedRounds` finds the round that the first untrained batch belongs to.
+:class:`FollowedRounds` finds the round that the first untrained batch belongs to; its fingerprint is the
+sizes of the files of that round and of the rows it carries (``"sizes:1234,5678"``), so that a file
+replaced at the same path before the resume is refused, naming it.
 """
 
 from __future__ import annotations
@@ -81,7 +83,8 @@ class LoaderPosition:
         epoch: the epoch the position belongs to.
         batch: batches of that epoch trained on this rank.
         world_size / batch_size: the ranks and per-rank batch size that read it.
-        fingerprint: :func:`fingerprint` of the loader's data and settings.
+        fingerprint: :func:`fingerprint` of the loader's data and settings (a following loader's: the sizes of
+            the files its position names, module docstring).
         follow: a following loader's extra state (files done, round in progress), else None.
     """
 
