@@ -52,10 +52,12 @@ from lightrec.modules.managed_collision.mch_eviction import (
     LRU_EvictionPolicy,
     MCHEvictionPolicy,
     MCHEvictionPolicyMetadataInfo,
+    ThresholdFilterContext,
     TTL_EvictionPolicy,
     average_threshold_filter,
     dynamic_threshold_filter,
     probabilistic_threshold_filter,
+    threshold_filter_context,
 )
 from lightrec.modules.managed_collision.mch_module import MCHManagedCollisionModule
 from lightrec.modules.managed_collision.ops import mix64_hash
@@ -89,6 +91,7 @@ __all__ = [
     "ManagedCollisionModule",
     "ManagedCollisionOptions",
     "TTL_EvictionPolicy",
+    "ThresholdFilterContext",
     "TrainInputMapper",
     "apply_mc_method_to_jt_dict",
     "average_threshold_filter",
@@ -96,4 +99,5 @@ __all__ = [
     "get_kernel_from_policy",
     "mix64_hash",
     "probabilistic_threshold_filter",
+    "threshold_filter_context",
 ]

@@ -9,7 +9,8 @@ policy                         metadata of a slot / when it may be taken by a ne
                                the slot is free once ``metadata < now``
 ``PER_FEATURE_TTL_EVICTION``   the same with the TTL of the id's feature (``per_feature_ttl``)
 ``LRU_EVICTION``               as single TTL; and when every probed slot is live, the new id
-                               takes the probed slot whose expiry is earliest
+                               takes the probed slot whose expiry is earliest, among those no
+                               id of the same batch holds (none: it falls back)
 =============================  ==========================================================
 
 ``HashZchEvictionModule(feature)`` returns ``(metadata per id, threshold)`` for a step; the clock

@@ -106,6 +106,11 @@ class HashZchManagedCollisionModule(ManagedCollisionModule):
         opt_in_prob: percentage (1-99) of new ids admitted; the others share ``percent_reserved_slots``
             of the rows at the end of each bucket (-1: admit all).
         percent_reserved_slots: see ``opt_in_prob``.
+
+    Raises:
+        ValueError: sizes that are not positive, ``zch_size`` not a multiple of the buckets,
+            ``start_bucket`` / ``end_bucket`` outside ``[0, total_num_buckets]`` or not holding
+            ``zch_size`` rows, or ``opt_in_prob`` with a bucket of fewer than 2 rows.
     """
 
     IDENTITY_BUFFER = "_hash_zch_identities"
@@ -144,11 +149,22 @@ class HashZchManagedCollisionModule(ManagedCollisionModule):
         if len(output_segments) != total_num_buckets + 1:
             raise ValueError(f"{where}: output_segments {output_segments} must have total_num_buckets + 1 entries")
         end_bucket = total_num_buckets if end_bucket is None else end_bucket
+        if not 0 <= start_bucket < end_bucket <= total_num_buckets:
+            raise ValueError(f"{where}: start_bucket={start_bucket}, end_bucket={end_bucket} must satisfy "
+                             f"0 <= start_bucket < end_bucket <= total_num_buckets={total_num_buckets}; "
+                             "leave them unset for an unsharded table")  # fmt: skip
         if output_segments[end_bucket] - output_segments[start_bucket] != zch_size:
             raise ValueError(f"{where}: buckets [{start_bucket}, {end_bucket}) of {output_segments} hold "
                              f"{output_segments[end_bucket] - output_segments[start_bucket]} rows, not zch_size={zch_size}")  # fmt: skip
         if opt_in_prob != -1 and not (0 < opt_in_prob < 100 and 0 < percent_reserved_slots < 100):
             raise ValueError(f"{where}: opt_in_prob must be in (0, 100) with percent_reserved_slots in (0, 100)")
+        smallest = min(output_segments[b + 1] - output_segments[b] for b in range(start_bucket, end_bucket))
+        if opt_in_prob != -1 and smallest < 2:
+            # Each bucket reserves at least one row for ids not opted in; a bucket of one row would
+            # leave none to probe for the admitted ids (a division by zero at the first batch).
+            raise ValueError(f"{where}: opt_in_prob={opt_in_prob} needs at least 2 rows per bucket (one is "
+                             f"reserved), got a bucket of {smallest} row(s); raise zch_size or lower "
+                             f"total_num_buckets={total_num_buckets}")  # fmt: skip
         self._zch_size = zch_size
         self._buckets = total_num_buckets
         self._max_probe = max_probe
@@ -378,9 +394,12 @@ class HashZchManagedCollisionModule(ManagedCollisionModule):
             meta_flat.scatter_reduce_(0, slot[hits], meta_new[hits], "amax")  # a lookup refreshes the expiry
         if todo.numel():
             lru = self._eviction_policy_name == HashZchEvictionPolicyName.LRU_EVICTION
+            # The rows ids of this batch were found in are theirs for the whole step: no new id of the
+            # batch may evict them (probe_insert adds the rows it seats).
+            held = torch.zeros_like(identities, dtype=torch.bool).index_fill_(0, slot[slot >= 0], True)
             got, evicted = probe_insert(identities, meta_flat, uniq[todo], start[todo], offset[todo], block[todo],
                                         self._max_probe, threshold, lru,
-                                        meta_new[todo] if meta_new is not None else None)  # fmt: skip
+                                        meta_new[todo] if meta_new is not None else None, held)  # fmt: skip
             slot = slot.clone()
             slot[todo] = got
             seated = got >= 0

@@ -13,6 +13,11 @@ least recently seen probed slot when none is free. Where fbgemm's CUDA kernel re
 racing for one slot with atomics (any may win), the smaller id wins here, so the result does not
 depend on the order of the ids (nor on how a table is sharded).
 
+A slot that an id of the batch holds -- found there, or seated there earlier in the same call -- is
+never taken by another id of that batch (fbgemm locks such a slot for the step): every id keeps one
+row for the whole step, and two ids of a batch never train one row as if it were theirs alone. A
+new id whose probed slots are all held by the batch is not seated; it falls back (see above).
+
 ``murmur3_2x64`` is MurmurHash3's x64 mixing of the 128-bit block ``(id, 0)`` with seed 0, as
 fbgemm's ``zero_collision_hash`` computes it (``tests/modules/managed_collision/test_hash_zch_module.py`` checks the
 positions against fbgemm's op where it is installed).
@@ -116,6 +121,7 @@ def probe_insert(
     expired_before: int,
     lru: bool,
     new_metadata: torch.Tensor | None = None,
+    held: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Insert ids that were not found (module docstring); returns ``(slot [U] or -1, evicted slots)``.
 
@@ -127,7 +133,11 @@ def probe_insert(
             order of their raw ids: the order decides which id wins a contested slot).
         expired_before: a slot whose metadata is below this may be taken over (-1: never).
         lru: when no probed slot is free, evict the probed slot seen least recently.
+        held: ``[Z]`` bool, slots that ids of this batch already hold (found there); updated in place
+            with the slots seated here. None: no slot is held yet.
     """
+    if held is None:
+        held = torch.zeros_like(identities, dtype=torch.bool)
     slot_of = torch.full_like(ids, -1)
     evicted: list[torch.Tensor] = []
     active = torch.arange(ids.numel(), device=ids.device)
@@ -138,12 +148,15 @@ def probe_insert(
         free = current == EMPTY_IDENTITY
         stale = torch.zeros_like(free)
         if metadata is not None and expired_before > 0:
-            stale = ~free & (metadata.index_select(0, slot) < expired_before)
+            # (a held slot is live by construction -- its expiry was just refreshed -- unless a TTL
+            # is not positive; the mask keeps the batch's own rows safe whatever the TTLs)
+            stale = ~free & (metadata.index_select(0, slot) < expired_before) & ~held.index_select(0, slot)
         want = free | stale
         won = _claim(slot, want)
         take = active[won]
         taken = slot[won]
         identities[taken] = ids[take]
+        held[taken] = True
         if metadata is not None and new_metadata is not None:
             metadata[taken] = new_metadata[take]
         slot_of[take] = taken
@@ -151,7 +164,8 @@ def probe_insert(
             evicted.append(taken[stale[won]])
         active = active[~won]
     if lru and metadata is not None and active.numel():
-        got, out = _lru_fallback(identities, metadata, ids, active, start, offset, size, max_probe, new_metadata)
+        got, out = _lru_fallback(identities, metadata, held, ids, active, start, offset, size, max_probe,
+                                 new_metadata)  # fmt: skip
         slot_of[active] = got
         evicted.append(out)
     empty = torch.zeros(0, dtype=torch.int64, device=ids.device)
@@ -173,25 +187,34 @@ def _claim(slot: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
 
 
 def _lru_fallback(
-    identities: torch.Tensor, metadata: torch.Tensor, ids: torch.Tensor, active: torch.Tensor,
+    identities: torch.Tensor, metadata: torch.Tensor, held: torch.Tensor, ids: torch.Tensor, active: torch.Tensor,
     start: torch.Tensor, offset: torch.Tensor, size: torch.Tensor, max_probe: int, new_metadata: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """LRU: each remaining id takes the slot of its window whose expiry is earliest (smaller id first)."""
+    """LRU: each remaining id takes the slot of its window whose expiry is earliest (smaller id first),
+    among the slots no id of the batch holds; an id whose window is all held stays unseated (-1)."""
     got = torch.full_like(active, -1)
     remaining = torch.arange(active.numel(), device=ids.device)
     evicted: list[torch.Tensor] = []
     probes = torch.arange(max_probe, device=ids.device)
-    for _ in range(max_probe):  # each pass seats at least the first contender of every slot
+    # Above any int32 expiry: a held slot is never the oldest, and an all-held window is seen as such.
+    unavailable = torch.iinfo(torch.int64).max
+    # Each pass seats the first contender of every chosen slot and holds that slot, so every id left
+    # loses at least one candidate per pass: max_probe passes seat or exhaust them all.
+    for _ in range(max_probe):
         if remaining.numel() == 0:
             break
         idx = active[remaining]
         window = offset[idx].unsqueeze(1) + torch.remainder(start[idx].unsqueeze(1) + probes, size[idx].unsqueeze(1))
-        oldest = window.gather(1, metadata.index_select(0, window.reshape(-1)).view_as(window).argmin(1, keepdim=True))
-        slot = oldest.squeeze(1)
+        flat = window.reshape(-1)
+        age = torch.where(held.index_select(0, flat), unavailable, metadata.index_select(0, flat).long())
+        pick = age.view_as(window).argmin(1, keepdim=True)  # (ties: the earliest probe)
+        open_ = age.view_as(window).gather(1, pick).squeeze(1) != unavailable
+        remaining, idx, slot = remaining[open_], idx[open_], window.gather(1, pick).squeeze(1)[open_]
         won = _claim(slot, torch.ones_like(slot, dtype=torch.bool))
         taken = slot[won]
         evicted.append(taken)
         identities[taken] = ids[idx[won]]
+        held[taken] = True
         # The new id's expiry (or, without one, "newest"): the slot is not the oldest any more.
         fresh = new_metadata[idx[won]] if new_metadata is not None else torch.iinfo(torch.int32).max
         metadata[taken] = fresh

@@ -23,16 +23,22 @@ the last round. The names, arguments and metadata buffers (``_mch_counts``,
 ``threshold_filtering_func`` (torchrec's, experimental there too) filters the waiting ids by their
 counts before a round, each bucket's on their own (so that a shard keeps the ids the whole table
 keeps): ``func(counts) -> (keep mask, threshold)``; ``dynamic_threshold_filter``,
-``average_threshold_filter`` and ``probabilistic_threshold_filter`` are ready-made ones.
+``average_threshold_filter`` and ``probabilistic_threshold_filter`` are ready-made ones. While the
+module calls a filter, :func:`threshold_filter_context` gives the ids behind the counts and the
+iteration (torchrec's filters see counts only), so that a random filter can draw per id, the same
+on every shard -- ``probabilistic_threshold_filter`` does.
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import NamedTuple
 
 import torch
+
+from lightrec.modules.managed_collision.ops import hashed_unit
 
 __all__ = [
     "DistanceLFU_EvictionPolicy",
@@ -41,12 +47,36 @@ __all__ = [
     "MCHEvictionPolicy",
     "MCHEvictionPolicyMetadataInfo",
     "TTL_EvictionPolicy",
+    "ThresholdFilterContext",
     "average_threshold_filter",
     "dynamic_threshold_filter",
     "probabilistic_threshold_filter",
+    "threshold_filter_context",
 ]
 
 ThresholdFilter = Callable[[torch.Tensor], tuple[torch.Tensor, float | torch.Tensor]]
+
+
+class ThresholdFilterContext(NamedTuple):
+    """What a threshold filter's counts belong to, while the module calls it.
+
+    Attributes:
+        ids: ``[n]`` int64 ids of the waiting ids, aligned with the counts the filter gets.
+        iteration: the training iteration of the eviction round.
+    """
+
+    ids: torch.Tensor
+    iteration: int
+
+
+# Set by MCHEvictionPolicy.filter_candidates around the user's filter: torchrec's filter signature
+# takes counts only, and users wrap filters in lambdas and partials, so the ids travel beside the call.
+_FILTER_CONTEXT: ContextVar[ThresholdFilterContext | None] = ContextVar("lightrec_mch_filter_context", default=None)
+
+
+def threshold_filter_context() -> ThresholdFilterContext | None:
+    """The ids and iteration behind the counts of the filter call in progress (None outside one)."""
+    return _FILTER_CONTEXT.get()
 
 
 class MCHEvictionPolicyMetadataInfo(NamedTuple):
@@ -101,11 +131,24 @@ class MCHEvictionPolicy(abc.ABC):
         """``[n]`` bool: residents to evict at a round whatever their rank (None: none)."""
         return None
 
-    def filter_candidates(self, counts: torch.Tensor) -> torch.Tensor | None:
-        """Keep-mask of waiting ids with these counts (None: keep all)."""
+    def filter_candidates(
+        self, counts: torch.Tensor, ids: torch.Tensor | None = None, current_iter: int = 0
+    ) -> torch.Tensor | None:
+        """Keep-mask of waiting ids with these counts (None: keep all).
+
+        Args:
+            counts: ``[n]`` lookups of each waiting id.
+            ids: ``[n]`` the waiting ids; the filter reads them (and ``current_iter``) from
+                :func:`threshold_filter_context` during the call.
+            current_iter: the iteration of the round.
+        """
         if self._threshold_filtering_func is None:
             return None
-        mask, _ = self._threshold_filtering_func(counts)
+        token = _FILTER_CONTEXT.set(ThresholdFilterContext(ids, current_iter) if ids is not None else None)
+        try:
+            mask, _ = self._threshold_filtering_func(counts)
+        finally:
+            _FILTER_CONTEXT.reset(token)
         if mask.dtype != torch.bool:  # an index array, as torchrec allows
             keep = torch.zeros(counts.numel(), dtype=torch.bool, device=counts.device)
             keep[mask] = True
@@ -217,9 +260,57 @@ def average_threshold_filter(id_counts: torch.Tensor) -> tuple[torch.Tensor, tor
 
 @torch.no_grad()
 def probabilistic_threshold_filter(
-    id_counts: torch.Tensor, per_id_probability: float = 0.01
+    id_counts: torch.Tensor,
+    per_id_probability: float = 0.01,
+    *,
+    ids: torch.Tensor | None = None,
+    iteration: int | None = None,
+    seed: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keep each id with probability ``1 - (1 - per_id_probability) ** count`` (a fresh draw per call)."""
+    """Keep each id with probability ``1 - (1 - per_id_probability) ** count`` (torchrec's filter).
+
+    The draw of an id is a hash of the id, the iteration and ``seed``
+    (:func:`lightrec.modules.managed_collision.ops.hashed_unit`), not ``torch.rand``: every shard,
+    and the unsharded module, decides the same for an id whatever torch's generator holds and
+    whichever other ids it filters, so the documented promise that row-wise sharded decisions
+    equal the unsharded module's holds with this filter too. Each round draws afresh (the
+    iteration changes), and ids draw independently, so the keep probability above is unchanged.
+
+    Called by the module (also through a ``lambda`` or ``functools.partial``), the ids and the
+    iteration come from :func:`threshold_filter_context`. Called alone with counts only, there is
+    no id to hash: it draws from ``torch.rand`` as torchrec does.
+
+    Args:
+        id_counts: ``[n]`` lookups of each id.
+        per_id_probability: chance that one lookup admits the id, in ``[0, 1]``.
+        ids: ``[n]`` the ids (default: the module's, during its call).
+        iteration: the round's iteration (default: the module's, during its call; else 0).
+        seed: varies every draw (two seeds: two independent filters).
+
+    Returns:
+        ``(keep mask [n], threshold [n])``: an id is kept where its score exceeds its draw.
+
+    Raises:
+        ValueError: ``per_id_probability`` outside ``[0, 1]``, or ``ids`` not aligned with the counts.
+    """
+    if not 0.0 <= per_id_probability <= 1.0:
+        raise ValueError(
+            f"probabilistic_threshold_filter: per_id_probability={per_id_probability} must be a probability "
+            "in [0, 1] (the chance that one lookup admits an id)"
+        )
+    context = _FILTER_CONTEXT.get()
+    if ids is None and context is not None:
+        ids = context.ids
+        iteration = context.iteration if iteration is None else iteration
     score = 1.0 - torch.pow(torch.full_like(id_counts, 1.0 - per_id_probability, dtype=torch.float64), id_counts)
-    threshold = torch.rand(id_counts.shape, dtype=torch.float64, device=id_counts.device)
+    if ids is None:
+        threshold = torch.rand(id_counts.shape, dtype=torch.float64, device=id_counts.device)
+        return score > threshold, threshold
+    if ids.shape != id_counts.shape:
+        raise ValueError(
+            f"probabilistic_threshold_filter: ids of shape {tuple(ids.shape)} (given, or the module's waiting "
+            f"ids during its call) must match id_counts of shape {tuple(id_counts.shape)}; pass the counts the "
+            "module gave the filter, or ids= aligned with the counts"
+        )
+    threshold = hashed_unit(ids, 0 if iteration is None else iteration, seed)
     return score > threshold, threshold

@@ -245,7 +245,7 @@ class MCHSteps:
         layout, policy = self._layout, self._eviction_policy
         slot_ids, last_seen, counts = self._mch_sorted_raw_ids, self._mch_last_access_iter, self._counts()
         index = self._ensure_index()
-        w_ids, w_cnt, w_last = self._waiting_ids()
+        w_ids, w_cnt, w_last = self._waiting_ids(it)
         w_bucket = torch.bincount(self._local_bucket(w_ids), minlength=layout.num_local).tolist() if w_ids.numel() \
             else [0] * layout.num_local  # fmt: skip
         queues, free_len, admitted = [], [], []
@@ -287,9 +287,9 @@ class MCHSteps:
         self._history = []
         self._stats.rounds += 1
 
-    def _waiting_ids(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _waiting_ids(self, it: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(ids, counts, last seen)`` of the ids that waited since the last round, still without a row
-        (ids ascending)."""
+        (ids ascending; the round of iteration ``it`` filters them)."""
         empty = torch.zeros(0, dtype=torch.int64, device=self._mch_sorted_raw_ids.device)
         if not self._history:
             return empty, empty, empty
@@ -300,27 +300,28 @@ class MCHSteps:
         _, resident = self._index.lookup(self._mch_sorted_raw_ids, uniq)
         keep = ~resident
         uniq, cnt, last = uniq[keep], cnt[keep], last[keep]
-        kept = self._filter_per_bucket(uniq, cnt)
+        kept = self._filter_per_bucket(uniq, cnt, it)
         if kept is not None:
             uniq, cnt, last = uniq[kept], cnt[kept], last[kept]
         return uniq, cnt, last
 
-    def _filter_per_bucket(self, ids: torch.Tensor, cnt: torch.Tensor) -> torch.Tensor | None:
+    def _filter_per_bucket(self, ids: torch.Tensor, cnt: torch.Tensor, it: int) -> torch.Tensor | None:
         """Keep-mask of the policy's threshold filter over waiting ``ids`` (ascending) seen ``cnt``
-        times (None: no filter), applied to each bucket's ids on their own.
+        times at the round of iteration ``it`` (None: no filter), applied to each bucket's ids on their own.
 
         A filter's threshold depends on the counts it is given (the mean count, for the ready-made
         ones): given every local bucket's ids at once, a shard holding some of the buckets would
-        keep other ids than the whole table does.
+        keep other ids than the whole table does. The ids and the iteration go along (see
+        ``threshold_filter_context``) so that a random filter draws per id, not per call.
         """
         if self._layout.num_local == 1:
-            return self._eviction_policy.filter_candidates(cnt)
+            return self._eviction_policy.filter_candidates(cnt, ids, it)
         sizes = torch.bincount(self._local_bucket(ids), minlength=self._layout.num_local).tolist()
         masks: list[torch.Tensor] = []
-        for part in cnt.split(sizes):  # ids ascending: each bucket's are contiguous
+        for part, part_ids in zip(cnt.split(sizes), ids.split(sizes)):  # ids ascending: buckets are contiguous
             if part.numel() == 0:
                 continue
-            mask = self._eviction_policy.filter_candidates(part)
+            mask = self._eviction_policy.filter_candidates(part, part_ids, it)
             if mask is None:
                 return None
             masks.append(mask)

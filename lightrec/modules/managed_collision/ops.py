@@ -23,6 +23,7 @@ __all__ = [
     "EMPTY_ID",
     "block_bucket",
     "bucket_segments",
+    "hashed_unit",
     "int64_ids",
     "mix64",
     "mix64_hash",
@@ -148,3 +149,25 @@ def uniform_block(rows: int, dim: int, seed: int, low: float, high: float, dtype
     counter = torch.arange(rows * dim, dtype=torch.int64)
     unit = _shr(mix64(counter * _GOLDEN + seed), 11).to(torch.float64).mul_(2.0**-53)
     return unit.mul_(high - low).add_(low).to(dtype).view(rows, dim)
+
+
+def hashed_unit(keys: torch.Tensor, *salts: int) -> torch.Tensor:
+    """A uniform draw in ``[0, 1)`` per key that is a pure function of the key and the ``salts``.
+
+    Each salt is folded in with one more SplitMix64 mix (``mix64(mix64(key) + salt)`` and so on),
+    and the top 53 bits of the result give the float64: the same key and salts draw the same value
+    on every rank, device and run, and different keys (or salts) draw independently for all
+    practical purposes -- a counter-based stand-in for ``torch.rand`` where decisions must not
+    depend on which process makes them, or in which order.
+
+    Args:
+        keys: int64 tensor of any shape (ids).
+        salts: ints in ``[-2**63, 2**63)`` (an iteration, a seed).
+
+    Returns:
+        float64 tensor of the shape of ``keys``.
+    """
+    z = mix64(keys.long())
+    for salt in salts:
+        z = mix64(z + salt)
+    return _shr(z, 11).to(torch.float64).mul_(2.0**-53)
