@@ -170,17 +170,8 @@ def _dense(rows: UnitRows, spec: FeatureSpec, bad: list[BadRows]) -> list[np.nda
 def _stats_within(rows: UnitRows, column: str, low: int, high: int) -> bool:
     """Whether every row group of the unit has statistics proving ``low <= value <= high`` for ``column``."""
     for s in rows.unit.block.slices:
-        meta = rows.files[s.file].metadata
-        if meta is None:
-            return False
-        group = meta.row_group(s.row_group)
-        leaf = next(
-            (j for j in range(group.num_columns)
-             if group.column(j).path_in_schema == column or group.column(j).path_in_schema.startswith(column + ".")),
-            None,
-        )  # fmt: skip
-        stats = group.column(leaf).statistics if leaf is not None else None
-        if stats is None or not stats.has_min_max or not isinstance(stats.min, int) or not isinstance(stats.max, int):
+        stats = rows.files[s.file].column_stats(s.row_group, column)  # ParquetFileError: a damaged footer
+        if stats is None or not isinstance(stats.min, int) or not isinstance(stats.max, int):
             return False
         if stats.min < low or stats.max > high:
             return False

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lightrec.data.parquet.errors import ParquetFileError
 from lightrec.data.parquet.source import ParquetFileInfo, ParquetSource, open_parquet
 from lightrec.data.parquet.spec import FeatureSpec
 
@@ -47,17 +48,20 @@ class IdRange:
     scanned_row_groups: int = 0
 
 
-def _leaf(meta: object, column: str) -> int | None:
-    group = meta.row_group(0)  # type: ignore[attr-defined]
-    for j in range(group.num_columns):
-        path = group.column(j).path_in_schema
-        if path == column or path.startswith(column + "."):
-            return j
-    return None
-
-
 def _scan(source: ParquetSource, info: ParquetFileInfo, row_group: int, column: str) -> tuple[int | None, int | None]:
-    array = open_parquet(source.filesystem, info.path).read_row_group(row_group, columns=[column]).column(0)
+    """Smallest and largest value of ``column`` in a row group, read from its pages (positioned reads, never a
+    memory map: :func:`~lightrec.data.parquet.source.open_parquet`)."""
+    info.check_unchanged(source.filesystem)  # the row group read must be the one the kept footer describes
+    handle = open_parquet(source.filesystem, info.path)  # ParquetFileError: the footer does not read any more
+    try:
+        array = handle.read_row_group(row_group, columns=[column]).column(0)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        info.check_unchanged(source.filesystem)  # a file cut short or replaced meanwhile explains it better
+        raise ParquetFileError(
+            f"cannot read the row group to find the column's id range ({exc}); the file is truncated or corrupt: "
+            "write or copy it again, or declare num_embeddings for its features",
+            path=info.path, row_group=row_group, column=column,
+        ) from exc  # fmt: skip
     if pa.types.is_list(array.type) or pa.types.is_large_list(array.type):
         array = pc.list_flatten(array)
     bounds = pc.min_max(array)
@@ -72,21 +76,23 @@ def column_range(source: ParquetSource, column: str, scan: bool = True) -> IdRan
         source: the files.
         column: the column.
         scan: read row groups without statistics (else their range stays unknown: min/max None).
+
+    Raises:
+        ParquetFileError: a file's footer is damaged where it describes the column
+            (:meth:`~lightrec.data.parquet.source.ParquetFileInfo.column_stats`), or a row group scanned cannot
+            be read.
+        ParquetFileChangedError: a file scanned changed since the source listed it.
     """
     low: int | None = None
     high: int | None = None
     nulls: int | None = 0
     scanned, unknown = 0, False
     for info in source.files:
-        meta = info.metadata
-        leaf = _leaf(meta, column) if meta is not None and meta.num_row_groups else None
-        if meta is not None and leaf is not None and meta.row_group(0).column(leaf).path_in_schema != column:
-            nulls = None  # a list's leaf counts empty lists as nulls: the statistic says nothing here
         for g in range(len(info.row_groups)):
-            stats = meta.row_group(g).column(leaf).statistics if meta is not None and leaf is not None else None
+            stats = info.column_stats(g, column)
             lo: int | None
             hi: int | None
-            if stats is not None and stats.has_min_max and isinstance(stats.min, int):
+            if stats is not None and isinstance(stats.min, int) and isinstance(stats.max, int):
                 lo, hi = int(stats.min), int(stats.max)
             elif scan:
                 lo, hi = _scan(source, info, g, column)
@@ -94,10 +100,11 @@ def column_range(source: ParquetSource, column: str, scan: bool = True) -> IdRan
             else:
                 unknown = True
                 continue
-            if stats is None or not stats.has_null_count:
+            # a list's leaf counts empty lists as nulls: the statistic says nothing here
+            if stats is None or stats.null_count is None or stats.nested:
                 nulls = None
             elif nulls is not None:
-                nulls += int(stats.null_count)
+                nulls += stats.null_count
             low = lo if low is None or (lo is not None and lo < low) else low
             high = hi if high is None or (hi is not None and hi > high) else high
     if unknown:

@@ -41,6 +41,7 @@ import pyarrow.parquet as pq
 from lightrec.data.parquet.errors import ParquetFileChangedError, ParquetFileError
 
 __all__ = [
+    "ColumnStats",
     "FileStamp",
     "ParquetFileInfo",
     "ParquetSource",
@@ -190,14 +191,20 @@ def partitions_of(path: str) -> tuple[tuple[str, str], ...]:
 
 
 def open_parquet(fs: pafs.FileSystem, path: str) -> pq.ParquetFile:
-    """A ``ParquetFile`` over ``path`` (memory-mapped when local; reads of row groups pre-buffered).
+    """A ``ParquetFile`` over ``path`` (reads of row groups pre-buffered).
+
+    A local file is read with positioned reads, never memory-mapped (as
+    :class:`~lightrec.data.parquet.reader.BlockReader` reads rows): pages read through a map are
+    decoded in place, and a file cut short under the map (a writer replacing it in place) kills the
+    process with SIGBUS, where a read returns an error this module can name. The footer is no
+    exception: it is parsed from the map too, while an in-place writer may truncate the file.
 
     Raises:
         ParquetFileError: the file is not Parquet, truncated or corrupt.
     """
     try:
         if isinstance(fs, pafs.LocalFileSystem):
-            return pq.ParquetFile(path, memory_map=True, pre_buffer=True)
+            return pq.ParquetFile(path, memory_map=False, pre_buffer=True)
         return pq.ParquetFile(fs.open_input_file(path), pre_buffer=True)
     # A corrupt footer fails in more ways than ArrowInvalid / OSError: names that are not UTF-8 are pyarrow's
     # UnicodeDecodeError (a ValueError), other damage another ArrowException. Each is this file's problem.
@@ -207,6 +214,24 @@ def open_parquet(fs: pafs.FileSystem, path: str) -> pq.ParquetFile:
             "corrupt: write or copy it again, or move it out of the data folder",
             path=path,
         ) from exc
+
+
+@dataclass(frozen=True)
+class ColumnStats:
+    """What a row group's footer says of one column (its first leaf's column chunk), decoded.
+
+    Attributes:
+        min / max: the smallest and largest value (``None``: not stored); Python values of the column's
+            type (``int`` for integer columns).
+        null_count: nulls (``None``: not stored).
+        nested: the leaf is inside a list: ``null_count`` then counts empty and null lists too, so it says
+            nothing about null ids.
+    """
+
+    min: object
+    max: object
+    null_count: int | None
+    nested: bool
 
 
 @dataclass(frozen=True)
@@ -238,6 +263,42 @@ class ParquetFileInfo:
         if self.metadata is None:
             raise ValueError(f"{self.path}: the footer was not kept")
         return self.metadata.schema.to_arrow_schema()
+
+    def column_stats(self, row_group: int, column: str) -> ColumnStats | None:
+        """The footer's statistics of ``column`` in ``row_group``: its first leaf's column chunk (a list
+        column's values); ``None`` when the footer was not kept or has no such column, all fields ``None``
+        when the writer stored no statistics.
+
+        Raises:
+            ParquetFileError: text of the footer read here (the column chunks' paths, a string column's
+                min/max) is not UTF-8. The footer parsed, so this is damage inside it (flipped bytes),
+                which pyarrow reports as a ``UnicodeDecodeError`` naming no file.
+        """
+        meta = self.metadata
+        if meta is None:
+            return None
+        try:
+            group = meta.row_group(row_group)
+            for j in range(group.num_columns):
+                chunk = group.column(j)
+                path = chunk.path_in_schema
+                if path == column or path.startswith(column + "."):
+                    break
+            else:
+                return None
+            stats = chunk.statistics
+            if stats is None:
+                return ColumnStats(None, None, None, path != column)
+            low, high = (stats.min, stats.max) if stats.has_min_max else (None, None)
+            nulls = int(stats.null_count) if stats.has_null_count else None
+        except ValueError as exc:  # UnicodeDecodeError; an ArrowInvalid or a value out of range from other damage
+            damage = "holds text that is not UTF-8" if isinstance(exc, UnicodeDecodeError) else "cannot be decoded"
+            raise ParquetFileError(
+                f"the footer's metadata of this column {damage} ({exc}); the file is corrupt (damaged bytes): "
+                "write or copy it again, or move it out of the data folder",
+                path=self.path, row_group=row_group, column=column,
+            ) from exc  # fmt: skip
+        return ColumnStats(low, high, nulls, path != column)
 
     def check_unchanged(self, fs: pafs.FileSystem) -> None:
         """Raise :class:`ParquetFileChangedError` when the file's size or modification time differs now."""
