@@ -18,7 +18,8 @@ CUDA       SGD, ADAGRAD, ROWWISE_ADAGRAD, ADAM, LAMB,         ROWWISE_ADAGRAD; A
 differs from the torch backend's, which follows the standard guard, see ``lightrec.optim.row_rules``.)
 
 (*) ADAGRAD / ROWWISE_ADAGRAD not when several features share one table (fbgemm 1.8's CPU
-kernels update such a table per feature, not once per batch).
+kernels update such a table per feature, not once per batch); ROWWISE_ADAGRAD not when the
+features read their tables out of table order (``feature_table_map`` [1, 0]: its CPU backward fails).
 
 No fused optimizer (plain autograd gradients) needs fbgemm's ``OptimType.NONE``, which is
 CUDA-only, so non-fused lookups always use the torch backend. Embedding dims must be multiples of 4.
@@ -94,6 +95,12 @@ def fbgemm_supports(
         # size") and Adagrad updates a row once per feature instead of once with the summed
         # gradient (tests/kernels compare against the exact rule). SGD is linear, so it is exact.
         return f"fbgemm's CPU {kind.name} is not exact for tables shared by several features"
+    in_table_order = list(feature_table_map) == sorted(feature_table_map)
+    if kind == EmbOptimType.ROWWISE_ADAGRAD and device.type == "cpu" and not in_table_order:
+        # Measured on fbgemm-gpu-cpu 1.8.0: with features out of table order (feature_table_map
+        # [1, 0]) the CPU row-wise Adagrad backward fails ("num of rows processed by adagrad: 0
+        # does not match c_block size"); SGD and Adagrad are exact in any order.
+        return f"fbgemm's CPU {kind.name} needs features in table order (feature_table_map non-decreasing)"
     return None
 
 

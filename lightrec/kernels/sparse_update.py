@@ -14,7 +14,21 @@ import torch
 from lightrec.optim.fused_spec import ROW_RULE_OPTIMIZERS, EmbOptimType, FusedOptimizerSpec, WeightDecayMode
 from lightrec.optim.row_rules import lars_rows, moment_rows
 
-__all__ = ["accumulate_rows", "adam_bias_corrections", "apply_sparse_update", "needs_dedup"]
+__all__ = ["accumulate_rows", "adam_bias_corrections", "apply_sparse_update", "compute_dtype", "needs_dedup"]
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the fused update computes in, and the torch kernel keeps optimizer state in, for
+    tables of ``dtype``: float32 for float16 / bfloat16 tables (as fbgemm and the Triton kernel do),
+    else ``dtype`` itself.
+
+    In float16 a small gradient's square underflows to 0 and ``eps=1e-8`` rounds to 0, so an
+    Adagrad / Adam row would be divided by 0 (``inf`` weights after one step); a bfloat16 sum of
+    squares stops growing once it is 2^8 times the new term.
+    """
+    return torch.float32 if dtype in _LOW_PRECISION else dtype
 
 
 def needs_dedup(spec: FusedOptimizerSpec) -> bool:
@@ -61,6 +75,9 @@ def apply_sparse_update(
 ) -> None:
     """Update ``weight`` (and ``states``) in place for the rows named in ``ids``.
 
+    float16 / bfloat16 rows are updated in float32 (:func:`compute_dtype`) and rounded once when
+    written back; states are written back in their own dtype.
+
     Args:
         spec: optimizer kind and hyper-parameters (``lr`` overrides ``spec.learning_rate``).
         lr: current learning rate (a scheduler may have changed it).
@@ -75,11 +92,12 @@ def apply_sparse_update(
         # index_add_ with alpha= takes a much slower path on CPU (measured 2.5x); scale first.
         weight.index_add_(0, ids, contrib * -lr)
         return
-    rows, grad = accumulate_rows(ids, contrib)
-    w = weight.index_select(0, rows)
+    compute = compute_dtype(weight.dtype)
+    rows, grad = accumulate_rows(ids, contrib.to(compute))
+    w = weight.index_select(0, rows).to(compute)
     # Every rule reads and replaces the touched rows of its states and of the weight: gathered
     # once here, written back once at the end.
-    touched = {name: state.index_select(0, rows) for name, state in states.items()}
+    touched = {name: state.index_select(0, rows).to(compute) for name, state in states.items()}
     kind = spec.optimizer
     if kind in ROW_RULE_OPTIMIZERS:
         new = _row_rule(spec, lr, step, w, grad, touched)
@@ -112,8 +130,8 @@ def apply_sparse_update(
             w = w * (1.0 - lr * wd)
         new = w - update
     for name, values in touched.items():
-        states[name].index_copy_(0, rows, values)
-    weight.index_copy_(0, rows, new)
+        states[name].index_copy_(0, rows, values.to(states[name].dtype))
+    weight.index_copy_(0, rows, new.to(weight.dtype))
 
 
 def _row_rule(

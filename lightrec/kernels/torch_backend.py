@@ -37,7 +37,7 @@ from lightrec.kernels.cpu_update import (
     new_scratch,
 )
 from lightrec.kernels.kernel_interface import KernelConfig, LookupBatch, LookupContext, OutRows, ResidentRows
-from lightrec.kernels.sparse_update import apply_sparse_update
+from lightrec.kernels.sparse_update import apply_sparse_update, compute_dtype
 from lightrec.modules.embedding_configs import PoolingType
 
 __all__ = ["TorchBatchedLookup", "dim_groups"]
@@ -145,8 +145,11 @@ class TorchBatchedLookup(ResidentRows):
     def _new_states(self, total: int, dim: int, weight: torch.Tensor) -> dict[str, torch.Tensor]:
         if self.spec is None:
             return {}
+        # float32 state for float16 / bfloat16 tables (compute_dtype): a half-precision Adagrad sum
+        # or Adam moment underflows (eps=1e-8 is 0 in float16) and the rows become inf.
+        dtype = compute_dtype(weight.dtype)
         return {
-            name: empty_host_tensor(self.spec.state_shape(name, total, dim), weight.dtype, weight.device)
+            name: empty_host_tensor(self.spec.state_shape(name, total, dim), dtype, weight.device)
             for name in self.spec.state_names
         }
 
@@ -175,7 +178,7 @@ class TorchBatchedLookup(ResidentRows):
         """Convert every tensor (``nn.Module._apply`` semantics: ``.to()``, ``.double()``, ...)."""
         for g in self.groups:
             g.weight = fn(g.weight)
-            g.states = {k: fn(v) for k, v in g.states.items()}
+            g.states = {k: _converted_state(fn, v, g.weight.dtype) for k, v in g.states.items()}
             g.scratch = None
         self.feature_shift = self.feature_shift.to(self.groups[0].weight.device)
         self.step = self.step.to(self.groups[0].weight.device)
@@ -354,6 +357,19 @@ class _LookupFunction(torch.autograd.Function):
                 off = backend.row_offset[t]
                 weight_grads[t] = dense_grads[backend.table_group[t]][off : off + n]
         return (None, None, None, None, None, None, None, None, *weight_grads)
+
+
+def _converted_state(
+    fn: Callable[[torch.Tensor], torch.Tensor], state: torch.Tensor, weight_dtype: torch.dtype
+) -> torch.Tensor:
+    """``state`` converted along with the weights by ``fn`` (``module.to(...)``, ``.half()``), but kept
+    in :func:`compute_dtype` of the new weight dtype: ``module.half()`` (Lightning's "16-true")
+    leaves the optimizer state float32, as fbgemm and the Triton kernel keep it."""
+    converted = fn(state)
+    want = compute_dtype(weight_dtype) if converted.is_floating_point() else converted.dtype
+    if converted.dtype == want:
+        return converted
+    return state.to(device=converted.device, dtype=want)
 
 
 def _gather_into(g: _DimGroup, ids: torch.Tensor, w: torch.Tensor | None, out_rows: OutRows, batch: int) -> torch.Tensor:

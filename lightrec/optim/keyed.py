@@ -122,7 +122,9 @@ class KeyedOptimizer(torch.optim.Optimizer):
         """Materialise lazily created state so a fresh optimizer checkpoints every key.
 
         Runs one ``step`` with all-zero gradients and learning rate 0 (weights do not move), then
-        resets any ``step`` counters, so the next real step behaves as on a fresh optimizer.
+        puts every ``step`` counter back, in place, to its value before (0 where that step created
+        it), so the next real step behaves as on a fresh optimizer and a fused embedding
+        optimizer's counter stays the kernel's own.
 
         Args:
             sparse_grad_parameter_names: parameters whose zero gradient is a sparse tensor (as
@@ -134,6 +136,11 @@ class KeyedOptimizer(torch.optim.Optimizer):
             raise KeyError(f"init_state(sparse_grad_parameter_names=...) names unknown parameters {unknown}")
         saved_lrs = [group.get("lr") for group in self.param_groups]
         saved_grads = {name: p.grad for name, p in self.params.items()}
+        saved_steps: dict[int, Any] = {}
+        for p in self.params.values():
+            step = self.state.get(p, {}).get("step")
+            if step is not None:
+                saved_steps[id(p)] = step.clone() if isinstance(step, torch.Tensor) else step
         for group in self.param_groups:
             if "lr" in group:
                 group["lr"] = 0.0
@@ -148,10 +155,22 @@ class KeyedOptimizer(torch.optim.Optimizer):
                     group["lr"] = lr
             for name, p in self.params.items():
                 p.grad = saved_grads[name]
+        # Counters go back to what they were (0 where the step created them), in place: a fused
+        # embedding optimizer's "step" is the kernel's own counter (Adam's t), which its no-op step
+        # did not advance; a new tensor in the state would detach it, so a checkpoint loaded
+        # afterwards would never reach the kernel (resumed Adam restarting its bias correction).
         for p in self.params.values():
             st = self.state.get(p, {})
-            if "step" in st:
-                st["step"] = torch.zeros_like(st["step"]) if isinstance(st["step"], torch.Tensor) else 0
+            if "step" not in st:
+                continue
+            before = saved_steps.get(id(p))
+            if isinstance(st["step"], torch.Tensor):
+                if before is None:
+                    st["step"].zero_()
+                else:
+                    st["step"].copy_(before)
+            else:
+                st["step"] = 0 if before is None else before
 
     def state_dict(self) -> dict[str, Any]:
         names = self._names_by_id()

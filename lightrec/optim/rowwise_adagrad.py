@@ -88,10 +88,18 @@ class RowWiseAdagrad(DenseRowOptimizer):
     ) -> None:
         check_non_negative("RowWiseAdagrad", lr=lr, eps=eps, weight_decay=weight_decay)
         super().__init__(params, {"lr": lr, "eps": eps, "weight_decay": weight_decay})
-        for group in self.param_groups:
-            for p in group["params"]:
-                rows = p.shape[0] if p.dim() > 0 else 1
-                self.state[p]["sum"] = torch.zeros(rows, dtype=p.dtype, device=p.device)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group (``torch.optim.Optimizer``'s contract) with a zero ``"sum"`` per parameter.
+
+        ``__init__`` adds its groups through here too, so a group added later (Lightning's
+        ``BackboneFinetuning`` unfreezing layers) has its state before the first ``step``, like
+        torch's ``Adagrad``.
+        """
+        super().add_param_group(param_group)
+        for p in self.param_groups[-1]["params"]:
+            rows = p.shape[0] if p.dim() > 0 else 1
+            self.state[p]["sum"] = torch.zeros(rows, dtype=p.dtype, device=p.device)
 
     def _step_param(self, p: torch.Tensor, group: dict[str, Any]) -> None:
         w = p.view(p.shape[0], -1) if p.dim() > 1 else p.view(-1, 1)
