@@ -42,13 +42,13 @@ from lightrec._version import __version__
 from lightrec.distributed.checkpoint import consolidate_checkpoint, is_sharded_checkpoint, load_file
 from lightrec.fx.tracer import symbolic_trace
 from lightrec.inference.gather import has_sharded_collections, run_on_rank, sharding_group, unshard
-from lightrec.inference.predictor import EXPORT_ID_FILE
 from lightrec.inference.quantize import quantize
 from lightrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
 from lightrec.sparse import KeyedJaggedTensor
 
 __all__ = [
     "EXPORT_FORMATS",
+    "EXPORT_ID_FILE",
     "ArtifactMeta",
     "ExportError",
     "ModelContract",
@@ -63,6 +63,8 @@ __all__ = [
 ]
 
 EXPORT_FORMATS = ("torchscript", "export")
+# The artifact's extra file holding the export id that its ``.meta.json`` also records.
+EXPORT_ID_FILE = "lightrec_export_id"
 
 
 class ExportError(RuntimeError):

@@ -45,16 +45,12 @@ from lightrec.inference.safe_archive import open_checked
 if TYPE_CHECKING:
     from lightrec.inference.export import ArtifactMeta
 
-__all__ = ["EXPORT_ID_FILE", "FLOAT32_MAX", "ArtifactMetaError", "CheckedRequest", "Predictor", "RequestError", "RequestRules",
+__all__ = ["FLOAT32_MAX", "ArtifactMetaError", "CheckedRequest", "Predictor", "RequestError", "RequestRules",
            "finite_float32", "load", "shown"]
 
 _REQUEST_KEYS = ("dense", "sparse", "weights")
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)  # larger dense values or weights are inf in the artifact
 _SHOWN_CHARS = 200  # an offending value longer than this (as JSON) is shown truncated
-
-
-# The artifact's extra file holding the export id that its ``.meta.json`` also records.
-EXPORT_ID_FILE = "lightrec_export_id"
 
 
 class ArtifactMetaError(ValueError):
@@ -391,6 +387,8 @@ def load(path: str | os.PathLike, missing_features: str = "empty", device: torch
         if not fbgemm_available():
             raise RuntimeError(f"{str(path)!r} calls fbgemm ops but fbgemm_gpu is unavailable "
                                f"({fbgemm_unavailable_reason()}); re-export on a machine without fbgemm")
+    from lightrec.inference.export import EXPORT_ID_FILE  # export imports this module's callers
+
     stamp = {EXPORT_ID_FILE: ""}  # filled by the loaders from the artifact (empty: exported before ids)
     if meta["format"] == "torchscript":
         module: nn.Module = torch.jit.load(str(path), map_location=torch.device(device), _extra_files=stamp)
