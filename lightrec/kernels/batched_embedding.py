@@ -38,9 +38,9 @@ from torch import nn
 from lightrec.kernels.input_checks import ID_CHECK_MODES, LookupInputChecker
 from lightrec.kernels.kernel_interface import EmbeddingKernel, KernelConfig, LookupBatch, OutRows
 from lightrec.kernels.kernel_registry import build_kernel
-from lightrec.kernels.tiered.backend import TieredBatchedLookup
 from lightrec.kernels.tiered.config import TieringConfig
 from lightrec.kernels.tiered.transfer import TransferFailedError
+from lightrec.kernels.tiered.weight_rows import rows_through_cache
 from lightrec.kernels.weight_grad import with_weight_grad
 from lightrec.modules.embedding_configs import BaseEmbeddingConfig, PoolingType
 from lightrec.modules.kernel_backend import resolve_kernel_backend
@@ -417,14 +417,12 @@ class _BatchedLookupBase(nn.Module):
                 raise RuntimeError(f"the {kernel.name!r} kernel checks ids on the device but has no error flag")
             checker.arm(kernel.error_flag, indices, offsets, batch)
         if weights_in is not None:
-            mean = self.pooling == PoolingType.MEAN
-            if self.tiering is None:
-                out = with_weight_grad(out, weights_in, indices, offsets, batch, kernel.split_embedding_weights,
-                                       self.feature_table_map, mean)  # fmt: skip
-            else:  # the split views are the backing store: older than the cache's dirty rows
-                positions, cached = _rows_through_cache(kernel, indices, offsets, batch, self.feature_table_map)
-                out = with_weight_grad(out, weights_in, positions, offsets, batch, cached,
-                                       list(range(self.num_features)), mean)  # fmt: skip
+            # A tiered kernel's split views are its backing store, older than the cache's dirty rows.
+            ids, table_rows, tables = (
+                (indices, kernel.split_embedding_weights, self.feature_table_map) if self.tiering is None
+                else rows_through_cache(kernel, indices, offsets, batch, self.feature_table_map)
+            )  # fmt: skip
+            out = with_weight_grad(out, weights_in, ids, offsets, batch, table_rows, tables, self.pooling == PoolingType.MEAN)
         if out_rows is not None and not out_rows.placed:
             out_rows.copy_from(out)
         return out
@@ -447,42 +445,6 @@ class _BatchedLookupBase(nn.Module):
             f"pooling={self.pooling.name}, kernel_backend='{self.backend_name}', optimizer={opt}, "
             f"id_check='{self.id_check}'{tiering}"
         )
-
-
-def _rows_through_cache(
-    kernel: EmbeddingKernel, indices: torch.Tensor, offsets: torch.Tensor, batch: int, feature_table_map: Sequence[int]
-) -> tuple[torch.Tensor, Callable[[], list[torch.Tensor]]]:
-    """What ``with_weight_grad`` reads for a tiered kernel, whose ``split_embedding_weights()`` is the
-    backing store -- behind the cache, where the rows updated since their admission (dirty) live.
-
-    One "table" per feature instead: feature ``f``'s ``[n_f, D]`` rows, read through the cache when
-    the backward runs, and each id's position in its feature as its index.
-
-    Args:
-        kernel: the tiered kernel.
-        indices, offsets: the lookup's ids ``[N]`` and bag offsets ``[F * B + 1]`` (feature-major).
-        batch: ``B``.
-        feature_table_map: table of each feature.
-
-    Returns:
-        ``(positions [N], rows)``: ``positions[i]`` is ``i`` minus the start of its feature's ids, and
-        ``rows()`` the per-feature rows (use with ``feature_table_map = range(F)``).
-    """
-    starts = offsets[::batch].long()  # [F + 1]: where each feature's ids start (no host read here)
-    n = indices.numel()
-    per_feature = starts[1:] - starts[:-1]
-    positions = torch.arange(n, device=indices.device) - torch.repeat_interleave(starts[:-1], per_feature, output_size=n)
-
-    def read(table: int, ids: torch.Tensor) -> torch.Tensor:
-        if isinstance(kernel, TieredBatchedLookup):  # the cached rows only from the cache, on its device
-            return kernel.read_weights(table, ids)
-        return kernel.read_rows(table, ids.long()).weights.to(indices.device)  # (fbgemm's cache: flushed first)
-
-    def rows() -> list[torch.Tensor]:
-        bounds = starts.tolist()  # one host read, in the backward that needs it
-        return [read(t, indices[bounds[f] : bounds[f + 1]]) for f, t in enumerate(feature_table_map)]
-
-    return positions, rows
 
 
 def flush_kernels(module: nn.Module) -> None:

@@ -85,6 +85,7 @@ from typing_extensions import Unpack
 
 from lightrec.data.batch import Batch
 from lightrec.data.parquet.errors import ParquetFileError
+from lightrec.data.parquet.follow_position import check_named_files, named_files, sizes_fingerprint
 from lightrec.data.parquet.loader import LoaderBase, LoaderOptions
 from lightrec.data.parquet.ranks import (
     RankDataMismatchError,
@@ -121,7 +122,6 @@ __all__ = ["FolderWatcher", "FollowOptions", "FollowStopped", "FollowingParquetL
 logger = logging.getLogger(__name__)
 
 _SETTLE_POLLS = 3
-_SIZES = "sizes:"  # the start of a following position's fingerprint: the sizes of the files it names
 _STOP_CHECK = 0.2  # seconds between checks of ``stop_waiting`` while a poll sleeps
 _T = TypeVar("_T")
 
@@ -314,32 +314,6 @@ class FolderWatcher:
             if idle is not None:
                 idle()
             _sleep_unless(stop, self.options.poll_interval)
-
-
-def _named_files(state: FollowState) -> list[str]:
-    """The files a following position reads from: its round's, then its carried rows', each once, in that order."""
-    return list(dict.fromkeys([*state["round"], *(str(c[0]) for c in state["carry"])]))
-
-
-def _carry_of(position: LoaderPosition) -> list[tuple[str, int, int, int]]:
-    """A following position's carried rows as ``(path, row_group, lo, hi)``."""
-    carry = position.follow["carry"] if position.follow is not None else []
-    return [(str(p), int(g), int(lo), int(hi)) for p, g, lo, hi in carry]
-
-
-def _sizes_in(fingerprint: str) -> list[int] | None:
-    """The file sizes a following position's ``fingerprint`` keeps; None for one that keeps none (a position
-    written before sizes were kept: ``""``)."""
-    if not fingerprint.startswith(_SIZES):
-        return None
-    body = fingerprint[len(_SIZES) :]
-    try:
-        return [int(x) for x in body.split(",")] if body else []
-    except ValueError:
-        raise ResumeMismatchError(
-            f"the checkpoint's data position has the fingerprint {fingerprint!r}, which is not a list of file sizes: "
-            "it was not written by a following loader, or was edited; resume from a checkpoint as it was written"
-        ) from None
 
 
 def _sleep_unless(stop: Callable[[], bool] | None, seconds: float) -> None:
@@ -575,55 +549,19 @@ class FollowingParquetLoader(LoaderBase):
             self._resume = None
             return 0
         state = resume.follow
-        named = _named_files(state)
+        named = named_files(state)
         for path in named:
             self._index_of(path)  # may raise: the position is kept, and iterating again resumes it again
-        self._check_named(resume, named)  # the same files as at the checkpoint (may raise, as above)
+        # the same files as at the checkpoint (may raise, as above)
+        check_named_files(resume, named, [self.files[self._by_path[p]] for p in named])
         self._resume = None
         self._done, self._round = list(state["done"]), list(state["round"])
         self._carry = [Slice(self._by_path[str(p)], int(g), int(lo), int(hi)) for p, g, lo, hi in state["carry"]]
         return resume.batch
 
-    def _check_named(self, resume: LoaderPosition, named: list[str]) -> None:
-        """Refuse a position whose files (``named``: its round's and carried rows', indexed) are not the files it
-        counted rows of: a file replaced at its path since the checkpoint would be read from the old file's row on
-        (rows skipped or read twice), or its carried rows would not exist.
-
-        Raises:
-            ResumeMismatchError: a named file has another size than the position kept (positions written before
-                sizes were kept have none to compare), or a carried slice lies outside the file's row groups.
-        """
-        sizes = _sizes_in(resume.fingerprint)
-        if sizes is not None and len(sizes) != len(named):
-            raise ResumeMismatchError(
-                f"the checkpoint's data position names {len(named)} file(s) but keeps {len(sizes)} size(s) "
-                f"({resume.fingerprint!r}): it was not written by this loader, or was edited; resume from a checkpoint "
-                "as it was written, or start a new run"
-            )
-        fix = (
-            "Put back the file the checkpoint read, or start a new run; publish new data under new file names "
-            "(write hidden, then rename), never over a file the run has read"
-        )
-        for path, size in zip(named, sizes or []):
-            now = self.files[self._by_path[path]].size
-            if now != size:
-                raise ResumeMismatchError(
-                    f"the checkpoint's data position counts rows of {path}, {size} bytes then but {now} bytes now: the "
-                    "file was replaced or rewritten at its path since, and resuming would read its rows from the old "
-                    f"file's position (rows skipped or read twice). {fix}"
-                )
-        for path, group, lo, hi in _carry_of(resume):
-            rows = self.files[self._by_path[path]].row_groups
-            if not (0 <= group < len(rows) and 0 <= lo < hi <= rows[group]):
-                have = f"{rows[group]} rows" if 0 <= group < len(rows) else f"{len(rows)} row group(s)"
-                raise ResumeMismatchError(
-                    f"the checkpoint's data position carries rows {lo}-{hi} of row group {group} of {path} to the next "
-                    f"round, but the file there now has {have}: it was replaced or rewritten since. {fix}"
-                )
-
     def _fingerprint(self, state: FollowState) -> str:
-        """The sizes of the files ``state`` names, in :func:`_named_files` order (checked on resume)."""
-        return _SIZES + ",".join(str(self.files[self._by_path[p]].size) for p in _named_files(state))
+        """The sizes of the files ``state`` names (checked on resume: :mod:`~lightrec.data.parquet.follow_position`)."""
+        return sizes_fingerprint(self.files[self._by_path[p]] for p in named_files(state))
 
     def position(self) -> LoaderPosition:
         """The round of the first batch not trained yet, and that batch's index in it (``FollowedRounds``)."""
