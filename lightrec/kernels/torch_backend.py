@@ -278,8 +278,11 @@ class _LookupFunction(torch.autograd.Function):
             if pooled:
                 weighted_mean = backend.pooling == PoolingType.MEAN and w is not None
                 mode = "sum" if weighted_mean else backend.pooling.value.lower()
+                # embedding_bag wants weights of the table's dtype: float32 weights on a "16-true"
+                # table, or float64 ones on any, are cast as fbgemm casts them (not refused).
                 out = F.embedding_bag(
-                    ids, g.weight, offs, mode=mode, per_sample_weights=w, include_last_offset=True
+                    ids, g.weight, offs, mode=mode, include_last_offset=True,
+                    per_sample_weights=w.to(g.weight.dtype) if w is not None else None,
                 )
                 if weighted_mean:  # fbgemm's rule: weighted sum divided by the number of ids in the bag
                     out = out / (offs[1:] - offs[:-1]).clamp(min=1).to(out.dtype).unsqueeze(1)

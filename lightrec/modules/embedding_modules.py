@@ -407,6 +407,8 @@ def _pool(
 ) -> torch.Tensor:
     """``[num_bags, D]`` SUM (or MEAN when ``mean``) of ``weight`` rows per bag; empty bags give zeros."""
     offsets = complete_cumsum(lengths).to(ids.dtype)
+    if id_weights is not None:  # embedding_bag wants the table's dtype; cast as fbgemm does, not refuse
+        id_weights = id_weights.to(weight.dtype)
     if mean and id_weights is not None:
         # nn.EmbeddingBag has no weighted mean: weighted sum divided by the ids per bag (fbgemm's rule).
         summed = F.embedding_bag(ids, weight, offsets, mode="sum", per_sample_weights=id_weights,

@@ -25,11 +25,13 @@ import logging
 import queue
 import time
 from collections import defaultdict
-from typing import Any
 
 from fastapi import HTTPException
+from litserve.api import LitAPI
+from litserve.callbacks.base import CallbackRunner
 from litserve.loops.base import _SENTINEL_VALUE
 from litserve.loops.simple_loops import BatchedLoop
+from litserve.specs.base import LitSpec
 from litserve.transport.base import MessageTransport
 from litserve.utils import LitAPIStatus, LoopResponseType, PickleableHTTPException
 
@@ -39,19 +41,22 @@ __all__ = ["ScoringLoop"]
 
 log = logging.getLogger(__name__)
 
+# (consumer, uid, encoded response or PickleableHTTPException, LitAPIStatus): what a worker sends back.
+_Answer = tuple[int, str, object, str]
+
 _IDLE_WAIT_S = 1.0  # an idle worker wakes this often (the sentinel that stops it also wakes it)
 
 
 class ScoringLoop(BatchedLoop):
     """See the module docstring. Works with any ``LitAPI`` whose methods take no context."""
 
-    def run_batched_loop(self, lit_api: Any, request_queue: Any, transport: MessageTransport, callback_runner: Any,
-                         lit_spec: Any = None) -> None:  # fmt: skip
+    def run_batched_loop(self, lit_api: LitAPI, request_queue: queue.Queue, transport: MessageTransport,
+                         callback_runner: CallbackRunner, lit_spec: LitSpec | None = None) -> None:  # fmt: skip
         timeout = lit_api.request_timeout if lit_api.request_timeout not in (-1, False, None) else None
         stop = False
         while not stop:
             requests, stop = collect(request_queue, lit_api.max_batch_size, lit_api.batch_timeout)
-            answers: list[tuple[int, str, Any, str]] = []
+            answers: list[_Answer] = []
             now = time.monotonic()
             fresh = []
             for consumer, uid, arrived, body in requests:
@@ -65,7 +70,7 @@ class ScoringLoop(BatchedLoop):
                 answers += self._score(lit_api, fresh)
             self._send(transport, answers)
 
-    def _score(self, lit_api: Any, requests: list[tuple[int, str, Any]]) -> list[tuple[int, str, Any, str]]:
+    def _score(self, lit_api: LitAPI, requests: list[tuple[int, str, object]]) -> list[_Answer]:
         """Answers to ``requests`` (consumer, uid, body): encoded responses, or errors for all of them."""
         try:
             decoded = [lit_api.decode_request(body) for _, _, body in requests]
@@ -74,13 +79,13 @@ class ScoringLoop(BatchedLoop):
                 raise RuntimeError(f"predict answered {len(outputs)} requests of a batch of {len(requests)}")
             return [(c, uid, lit_api.encode_response(y), LitAPIStatus.OK) for (c, uid, _), y in zip(requests, outputs)]
         except HTTPException as exc:
-            error: Any = PickleableHTTPException.from_exception(exc)
+            error = PickleableHTTPException.from_exception(exc)
         except Exception:  # noqa: BLE001 - the worker must keep serving; every request of the batch learns of it
             log.exception("scoring a batch of %d requests failed", len(requests))
             error = PickleableHTTPException(500, "the server failed to score this request (its log has the traceback)")
         return [(c, uid, error, LitAPIStatus.ERROR) for c, uid, _ in requests]
 
-    def _send(self, transport: MessageTransport, answers: list[tuple[int, str, Any, str]]) -> None:
+    def _send(self, transport: MessageTransport, answers: list[_Answer]) -> None:
         """One message per HTTP server: LitServe's ``(uid, (response, status, type, worker))`` items."""
         per_consumer: defaultdict[int, list[object]] = defaultdict(list)
         for consumer, uid, response, status in answers:
@@ -93,12 +98,12 @@ class ScoringLoop(BatchedLoop):
                     transport.send(item, consumer_id=consumer)
 
 
-def collect(request_queue: Any, max_batch: int, batch_timeout_s: float) -> tuple[list[tuple[int, str, float, Any]], bool]:
+def collect(request_queue: queue.Queue, max_batch: int, batch_timeout_s: float) -> tuple[list[tuple[int, str, float, object]], bool]:
     """Up to ``max_batch`` requests: the first as it comes (waking every second when none does), then
     those already queued, then those that come within ``batch_timeout_s`` of the first; and whether
     the server's stop sentinel came (the requests before it are still answered).
     """
-    items: list[tuple[int, str, float, Any]] = []
+    items: list[tuple[int, str, float, object]] = []
     deadline = 0.0
     while len(items) < max_batch:
         try:
