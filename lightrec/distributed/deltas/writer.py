@@ -82,8 +82,12 @@ def _remove_tree(path: Path) -> None:
 
 def _read_kind(folder: Path) -> str | None:
     try:
-        return Manifest.from_json((folder / MANIFEST_FILE).read_text()).kind
-    except (OSError, ValueError):  # unreadable: neither kept as a snapshot nor trusted
+        manifest = Manifest.from_json((folder / MANIFEST_FILE).read_text())
+        # An edited manifest (a delta relabelled "snapshot") is refused by every reader: counted as a
+        # snapshot here, retention would remove the real snapshot the versions after it build on.
+        manifest.check_checksum()
+        return manifest.kind
+    except (OSError, ValueError):  # unreadable or edited: neither kept as a snapshot nor trusted
         return None
 
 

@@ -63,3 +63,22 @@ def test_the_checksum_does_not_depend_on_key_order_or_spacing(folder: Path) -> N
     raw = json.loads(path.read_text())
     path.write_text(json.dumps(dict(reversed(list(raw.items()))), separators=(",", ":")))
     assert DeltaReader(folder).read(2).manifest.global_step == 20
+
+
+def test_a_writer_does_not_count_an_edited_manifest_as_a_snapshot(tmp_path: Path) -> None:
+    """A delta relabelled "snapshot" (checksum no longer matching) is no snapshot to a restarted writer:
+    its retention keeps the real snapshot v1 that the versions after it build on."""
+    folder = tmp_path
+    first = DeltaWriter(folder, SPECS)
+    first.write_snapshot(full_rows(0), dense(0), global_step=10)
+    first.write_delta(full_rows(1), dense(1), global_step=20)  # every row: its fields pass as a snapshot's
+    path = folder / "v000000002" / "manifest.json"
+    raw = json.loads(path.read_text())
+    raw.update(kind="snapshot", parent=None, base=2)  # consistent fields: only the checksum tells
+    path.write_text(json.dumps(raw))
+    writer = DeltaWriter(folder, SPECS, retention=1)
+    assert writer.latest_snapshot == 1
+    assert writer.write_delta(some_rows(3), global_step=30) == 3
+    assert (folder / "v000000001").is_dir()
+    state = DeltaReader(folder).state(1)
+    assert state.global_step == 10 and torch.equal(state.rows["a"].ids, torch.arange(50))
