@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torchmetrics import Metric
+from torchmetrics.utilities import rank_zero_warn
 
 
 class MetricInputError(ValueError):
@@ -129,3 +131,17 @@ def _check_values(
 def nan_result(device: torch.device) -> Tensor:
     """The value every metric returns when it has nothing to divide by (documented in docs/metrics.md)."""
     return torch.tensor(float("nan"), dtype=torch.float32, device=device)
+
+
+def undefined_result(metric: Metric, name: str, why: str) -> Tensor:
+    """What ``metric`` returns when it has nothing to divide by: NaN, after a ``UserWarning`` naming ``why``.
+
+    A metric whose ``undefined_value`` attribute is a float returns that instead, silently: torchrec's
+    ``RecMetric`` keys report torchrec's defaults there (0, or 0.5 for AUC), so
+    :class:`~lightrec.metrics.rec_metric.RecMetric` sets it on the metrics it builds.
+    """
+    value = getattr(metric, "undefined_value", None)
+    if value is not None:
+        return torch.tensor(float(value), dtype=torch.float32, device=metric.device)
+    rank_zero_warn(f"{name} is undefined because {why}; returning NaN.", UserWarning)
+    return nan_result(metric.device)

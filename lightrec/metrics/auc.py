@@ -28,9 +28,9 @@ from typing import Any
 import torch
 from torch import Tensor
 from torchmetrics import Metric
-from torchmetrics.utilities import dim_zero_cat, rank_zero_warn
+from torchmetrics.utilities import dim_zero_cat
 
-from lightrec.metrics._validation import check_binary_inputs, nan_result
+from lightrec.metrics._validation import check_binary_inputs, undefined_result
 from lightrec.metrics.metrics_config import RecMetricEnum
 from lightrec.metrics.rec_metric import read_value, register_rec_metric
 
@@ -181,9 +181,8 @@ class AUC(Metric):
         return value.to(torch.float32)
 
     def _undefined(self, why: str) -> Tensor:
-        rank_zero_warn(f"AUC is undefined because {why}; returning NaN.", UserWarning)
-        return nan_result(self.device)
+        return undefined_result(self, "AUC", why)
 
 
 # torchrec's per-metric classes (RecMetric of one metric, torchrec's constructor), registered with RecMetric
-AUCMetric = register_rec_metric("AUCMetric", RecMetricEnum.AUC, AUC, [("auc", read_value)])
+AUCMetric = register_rec_metric("AUCMetric", RecMetricEnum.AUC, AUC, [("auc", read_value)], undefined=0.5)

@@ -44,6 +44,7 @@ from typing import Any
 import torch
 from torch import Tensor
 from torchmetrics import Metric, MetricCollection
+from torchmetrics.utilities import rank_zero_warn
 
 from lightrec.metrics._validation import check_binary_inputs, nan_result
 from lightrec.metrics.auc import AUC
@@ -187,8 +188,14 @@ class SlidingWindow(Metric):
     def compute(self) -> Tensor:
         """The metric over every rank's window, a float32 scalar (NaN with a warning when nothing was seen)."""
         if int(self.window_seen) == 0:
+            rank_zero_warn(f"SlidingWindow({self.metric_name}) is undefined because no samples were seen; "
+                           "returning NaN.", UserWarning)  # fmt: skip
             return nan_result(self.device)
         inner = self._make().to(self.device)
+        # the buffers are every rank's already: the inner metric must not sync again (a second sum over the
+        # ranks, on the default group whatever this metric's process_group)
+        inner.sync_on_compute = False
+        inner._to_sync = False
         # synced across R ranks the buffers are [R, W] (torchmetrics stacks what it gathers): flatten
         inner.update(self.window_preds.reshape(-1), self.window_labels.reshape(-1), self.window_weights.reshape(-1))
         return inner.compute().to(torch.float32)

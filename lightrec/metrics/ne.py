@@ -4,12 +4,15 @@ With predictions ``p_i``, labels ``y_i`` in ``[0, 1]`` and sample weights ``w_i`
 
     q_i     = clamp(p_i, eps, 1 - eps)
     logloss = -sum_i w_i * (y_i * ln q_i + (1 - y_i) * ln(1 - q_i)) / sum_i w_i
-    ctr     = clamp(sum_i w_i * y_i / sum_i w_i, eps, 1 - eps)
-    NE      = logloss / -(ctr * ln ctr + (1 - ctr) * ln(1 - ctr))
+    c       = sum_i w_i * y_i / sum_i w_i           (the weighted CTR)
+    ctr     = clamp(c, eps, 1 - eps)
+    NE      = logloss / -(c * ln ctr + (1 - c) * ln(1 - ctr))
 
-NE < 1 means the model beats the constant predictor ``p = ctr``; lower is better. The clamp keeps a
-confident wrong prediction (``p = 0`` for a click) finite, and keeps NE finite when every label seen
-is 0 or 1 (the denominator is then about ``eps * (1 - ln eps)``, so NE becomes very large: a
+The denominator is the log loss of always predicting ``ctr`` -- the entropy of the CTR, as long as
+the clamp does not move it -- so NE < 1 means the model beats that constant predictor; lower is
+better. This is torchrec's NE (``torchrec.metrics.ne``, which works in bits; the ratio is the same).
+The clamp keeps a confident wrong prediction (``p = 0`` for a click) finite, and keeps NE finite when
+every label seen is 0 or 1 (the denominator is then about ``eps``, so NE becomes very large: a
 warning points that out). All sums are kept in float64 and reduced across ranks with ``sum``.
 
 :class:`NEMetricComputation` is torchrec's form of the same metric (``torchrec.metrics.ne``): several
@@ -25,17 +28,13 @@ from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.utilities import rank_zero_warn
 
-from lightrec.metrics._validation import check_binary_inputs, nan_result
+from lightrec.metrics._validation import check_binary_inputs, undefined_result
 from lightrec.metrics.computation import MetricComputationReport, RecMetricComputation
 from lightrec.metrics.metrics_config import RecMetricEnum
 from lightrec.metrics.metrics_namespace import MetricName, MetricPrefix
 from lightrec.metrics.rec_metric import read_value, register_rec_metric
 
 DEFAULT_EPS = 1e-12
-
-
-def _binary_entropy(p: Tensor) -> Tensor:
-    return -(p * torch.log(p) + (1.0 - p) * torch.log1p(-p))
 
 
 def _check_eps(name: str, eps: float) -> float:
@@ -93,22 +92,18 @@ class NE(Metric):
         self.ne_weights += weights.sum().to(dtype)
 
     def _total_weight(self) -> Tensor | None:
-        """The summed weight, or None (after a warning) when nothing was seen."""
+        """The summed weight, or None when nothing (or only zero weight) was seen."""
         total = self.ne_weights.double()
-        if total <= 0:
-            rank_zero_warn(
-                f"{type(self).__name__} is undefined because no samples (or only zero weights) were seen; "
-                "returning NaN.",
-                UserWarning,
-            )
-            return None
-        return total
+        return total if total > 0 else None
+
+    def _nothing_seen(self) -> Tensor:
+        return undefined_result(self, type(self).__name__, "no samples (or only zero weights) were seen")
 
     def compute(self) -> Tensor:
         """Returns NE of everything seen (all ranks) as a float32 scalar; NaN when nothing was seen."""
         total = self._total_weight()
         if total is None:
-            return nan_result(self.device)
+            return self._nothing_seen()
         raw_ctr = self.ne_weighted_labels.double() / total
         if raw_ctr <= self.eps or raw_ctr >= 1.0 - self.eps:
             rank_zero_warn(
@@ -118,7 +113,10 @@ class NE(Metric):
             )
         ctr = raw_ctr.clamp(self.eps, 1.0 - self.eps)
         logloss = self.ne_weighted_logloss.double() / total
-        return (logloss / _binary_entropy(ctr)).to(torch.float32)
+        # the log loss of always predicting ctr, on the labels seen (torchrec's normaliser): the entropy
+        # of ctr, except when the clamp moved it (every label 0, or every label 1)
+        baseline = -(raw_ctr * torch.log(ctr) + (1.0 - raw_ctr) * torch.log1p(-ctr))
+        return (logloss / baseline).to(torch.float32)
 
 
 class LogLoss(NE):
@@ -133,7 +131,7 @@ class LogLoss(NE):
     def compute(self) -> Tensor:
         total = self._total_weight()
         if total is None:
-            return nan_result(self.device)
+            return self._nothing_seen()
         return (self.ne_weighted_logloss.double() / total).to(torch.float32)
 
 

@@ -20,7 +20,8 @@ never mistake two of these metrics for one.
 
 :class:`AccuracyMetricComputation` is torchrec's form of accuracy (``torchrec.metrics.accuracy``):
 several tasks, lifetime and windowed, with torchrec's rule -- a sample counts as correct when
-``[p_i >= t] == y_i`` (a soft label is never matched) -- and 0 when no weight was seen.
+``[p_i >= t] == y_i`` (a soft label is never matched) -- and 0 when no weight was seen. torchrec's
+``AccuracyMetric`` (``RecMetric`` keys) counts by the same rule (:class:`TorchrecAccuracy`).
 """
 
 from __future__ import annotations
@@ -30,9 +31,8 @@ from typing import Any
 import torch
 from torch import Tensor
 from torchmetrics import Metric
-from torchmetrics.utilities import rank_zero_warn
 
-from lightrec.metrics._validation import check_binary_inputs, nan_result
+from lightrec.metrics._validation import check_binary_inputs, undefined_result
 from lightrec.metrics.computation import MetricComputationReport, RecMetricComputation
 from lightrec.metrics.metrics_config import RecMetricEnum
 from lightrec.metrics.metrics_namespace import MetricName, MetricPrefix
@@ -80,11 +80,7 @@ class _WeightedRatio(Metric):
         num = getattr(self, self._numerator_state).double()
         den = getattr(self, self._denominator_state).double()
         if den <= 0:
-            rank_zero_warn(
-                f"{type(self).__name__} is undefined because {self._empty_reason}; returning NaN.",
-                UserWarning,
-            )
-            return nan_result(self.device)
+            return undefined_result(self, type(self).__name__, self._empty_reason)
         return (num / den).to(torch.float32)
 
 
@@ -159,6 +155,18 @@ class Accuracy(_WeightedFraction):
         self._add(weights * correct, weights)
 
 
+class TorchrecAccuracy(Accuracy):
+    """:class:`Accuracy` counted by torchrec's rule (``torchrec.metrics.accuracy``), for ``AccuracyMetric``:
+    a sample is correct when ``[p_i >= t] == y_i`` -- a prediction equal to the threshold is a positive,
+    and a soft label is never matched. Arguments, states and undefined value as :class:`Accuracy`."""
+
+    def update(self, preds: Tensor, labels: Tensor, weights: Tensor | None = None) -> None:
+        """Adds a batch: ``preds`` [B] probabilities, ``labels`` [B] in [0, 1], ``weights`` [B] or None."""
+        preds, labels, weights = self._checked(preds, labels, weights)
+        correct = ((preds >= self.threshold).to(torch.float64) == labels).to(torch.float64)
+        self._add(weights * correct, weights)
+
+
 def weighted_ratio_or_zero(numerator: Tensor, denominator: Tensor) -> Tensor:
     """``numerator / denominator`` per task, 0 where the denominator is 0 (torchrec's convention), float64."""
     return torch.where(denominator == 0.0, torch.zeros_like(numerator), numerator / denominator).double()
@@ -200,6 +208,9 @@ class AccuracyMetricComputation(RecMetricComputation):
 
 
 # torchrec's per-metric classes (RecMetric of one metric, torchrec's constructor), registered with RecMetric
-CTRMetric = register_rec_metric("CTRMetric", RecMetricEnum.CTR, CTR, [("ctr", read_value)])
-CalibrationMetric = register_rec_metric("CalibrationMetric", RecMetricEnum.CALIBRATION, Calibration, [("calibration", read_value)])
-AccuracyMetric = register_rec_metric("AccuracyMetric", RecMetricEnum.ACCURACY, Accuracy, [("accuracy", read_value)])
+# (torchrec reports 0 where a ratio has nothing to divide by; AccuracyMetric counts torchrec's way, [p >= t] == y)
+CTRMetric = register_rec_metric("CTRMetric", RecMetricEnum.CTR, CTR, [("ctr", read_value)], undefined=0.0)
+CalibrationMetric = register_rec_metric("CalibrationMetric", RecMetricEnum.CALIBRATION, Calibration,
+                                        [("calibration", read_value)], undefined=0.0)  # fmt: skip
+AccuracyMetric = register_rec_metric("AccuracyMetric", RecMetricEnum.ACCURACY, TorchrecAccuracy,
+                                     [("accuracy", read_value)], undefined=0.0)  # fmt: skip

@@ -4,14 +4,22 @@ lightrec's torchmetrics metrics.
 For every task a :class:`RecMetric` keeps
 
 * a *lifetime* metric (e.g. :class:`~lightrec.metrics.NE`) updated with every batch, and
-* a *window*: this rank's most recent batches, ``window_size // world_size`` samples at most
-  (the newest batch is always kept), from which ``compute`` builds a fresh metric.
+* a *window*: this rank's most recent batches, ``ceil(window_size / world_size)`` samples at most
+  (torchrec's per-rank window; at least ``batch_size``) and ``MAX_BUFFER_COUNT`` batches at most, as
+  torchrec's window states hold them (the newest batch is always kept), from which ``compute``
+  builds a fresh metric.
 
 ``compute`` syncs both over the ranks (torchmetrics' sum / gather of states), so every rank gets
 the global values; each rank's window covers its own last samples, together about ``window_size``.
 Keys follow torchrec (:mod:`lightrec.metrics.metrics_namespace`)::
 
     {"ne-DefaultTask|lifetime_ne": ..., "ne-DefaultTask|window_ne": ...}
+
+Values follow torchrec where a metric has nothing to divide by: 0 for CTR, calibration, accuracy,
+MSE, RMSE and MAE, 0.5 for AUC, NaN for NE and log loss (lightrec's own metrics return NaN with a
+warning there; :func:`register_rec_metric` names the value). The lifetime metrics' sums are saved in
+the module's ``state_dict`` (torchrec's ``persistent=True``), so a resumed job keeps its lifetime
+values; the exact AUC's predictions and every window are not (torchrec's choice too).
 
 torchrec's building block for metrics of one's own, ``RecMetricComputation`` (and the
 ``MetricComputationReport`` it returns), lives in :mod:`lightrec.metrics.computation` and is
@@ -20,6 +28,7 @@ importable from here, torchrec's path for it.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
@@ -29,7 +38,12 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torchmetrics import Metric
 
-from lightrec.metrics.computation import MetricComputationReport, RecMetricComputation, RecMetricException
+from lightrec.metrics.computation import (
+    MAX_BUFFER_COUNT,
+    MetricComputationReport,
+    RecMetricComputation,
+    RecMetricException,
+)
 from lightrec.metrics.metrics_config import RecComputeMode, RecMetricEnum, RecTaskInfo
 from lightrec.metrics.metrics_namespace import MetricPrefix, compose_metric_key
 
@@ -57,14 +71,16 @@ def read_sqrt(metric: Metric) -> Tensor:
 
 
 Reader = Callable[[Metric], Tensor]
-# enum -> (metric class, [(metric name in the key, how to read it from the metric)]). Each metric's module
-# registers its own (``register_rec_metric``): they import this module for ``NamedRecMetric``, so this one
-# imports none of them; ``lightrec.metrics`` imports them all, before any of its modules is used.
-_METRICS: dict[RecMetricEnum, tuple[type[Metric], list[tuple[str, Reader]]]] = {}
+# enum -> (metric class, [(metric name in the key, how to read it from the metric)], value when undefined).
+# Each metric's module registers its own (``register_rec_metric``): they import this module for
+# ``NamedRecMetric``, so this one imports none of them; ``lightrec.metrics`` imports them all, before any
+# of its modules is used.
+_METRICS: dict[RecMetricEnum, tuple[type[Metric], list[tuple[str, Reader]], float | None]] = {}
 
 
 class _TaskWindow:
-    """The newest batches of one task on this rank, at most ``size`` samples (the newest batch always)."""
+    """The newest batches of one task on this rank: at most ``size`` samples and ``MAX_BUFFER_COUNT``
+    batches (torchrec's bounds of a window state), the newest batch always."""
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -72,9 +88,10 @@ class _TaskWindow:
         self.samples = 0
 
     def add(self, preds: Tensor, labels: Tensor, weights: Tensor) -> None:
-        self.batches.append((preds.detach(), labels.detach(), weights.detach()))
+        # copies: a caller may reuse its output buffers (CUDA graphs replay into the same tensors)
+        self.batches.append((preds.detach().clone(), labels.detach().clone(), weights.detach().clone()))
         self.samples += preds.numel()
-        while len(self.batches) > 1 and self.samples > self.size:
+        while len(self.batches) > MAX_BUFFER_COUNT or (len(self.batches) > 1 and self.samples > self.size):
             self.samples -= self.batches.popleft()[0].numel()
 
     def tensors(self, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
@@ -92,7 +109,8 @@ class RecMetric(nn.Module):
         metric: which metric (one of ``metrics_config.SUPPORTED_METRICS``).
         world_size, my_rank, batch_size: the trainer layout (the window is per rank).
         tasks: the tasks the metric is computed for.
-        window_size: samples of the window over all ranks.
+        window_size: samples of the window over all ranks (each rank keeps ``ceil(window_size /
+            world_size)``, at least ``batch_size``).
         process_group: group the states are synced over (None: the default group).
         **kwargs: arguments of the lightrec metric (e.g. ``num_bins`` for AUC); torchrec-only
             arguments (``compute_mode``, ``fused_update_limit``, ``compute_on_all_ranks``,
@@ -122,18 +140,26 @@ class RecMetric(nn.Module):
         if window_size <= 0:
             raise RecMetricException(f"{metric}: window_size must be > 0, got {window_size}")
         self.metric_enum = metric
-        self._metric_class, self._readers = _METRICS[metric]
+        self._metric_class, self._readers, self._undefined_value = _METRICS[metric]
         self._kwargs = {k: v for k, v in kwargs.items() if k not in self._IGNORED}
         if process_group is not None:
             self._kwargs["process_group"] = process_group
         self._tasks = list(tasks)
-        self._lifetime_metrics: dict[str, Metric] = {t.name: self._new_metric() for t in tasks}
+        self._lifetime_metrics: dict[str, Metric] = {t.name: self._new_metric(lifetime=True) for t in tasks}
         self._lifetime = nn.ModuleDict(self._lifetime_metrics)  # registered: .to(device) moves them
-        self._window_size = max(window_size // max(world_size, 1), batch_size, 1)
+        self._window_size = max(math.ceil(window_size / max(world_size, 1)), batch_size, 1)
         self._windows = {t.name: _TaskWindow(self._window_size) for t in tasks}
 
-    def _new_metric(self) -> Metric:
-        return self._metric_class(**self._kwargs)
+    def _new_metric(self, lifetime: bool = False) -> Metric:
+        metric = self._metric_class(**self._kwargs)
+        metric.undefined_value = self._undefined_value  # torchrec's value where nothing can be divided
+        if lifetime:
+            # torchrec saves the lifetime sums in the state dict (``persistent=True``); torchmetrics' default
+            # is not to. The exact AUC's list states stay out, as torchrec's AUC states do.
+            for name, default in metric._defaults.items():
+                if isinstance(default, Tensor):
+                    metric._persistent[name] = True
+        return metric
 
     @property
     def tasks(self) -> list[RecTaskInfo]:
@@ -203,11 +229,19 @@ class NamedRecMetric(RecMetric):
 
 
 def register_rec_metric(
-    name: str, metric: RecMetricEnum, metric_class: type[Metric], readers: list[tuple[str, Reader]]
+    name: str,
+    metric: RecMetricEnum,
+    metric_class: type[Metric],
+    readers: list[tuple[str, Reader]],
+    undefined: float | None = None,
 ) -> type[NamedRecMetric]:
     """Make ``metric`` computable by :class:`RecMetric` (``metric_class`` per task, each key read by its reader)
-    and return torchrec's class of it, ``name`` (e.g. ``NEMetric``), for the caller's module to define."""
-    _METRICS[metric] = (metric_class, readers)
+    and return torchrec's class of it, ``name`` (e.g. ``NEMetric``), for the caller's module to define.
+
+    ``undefined``: the value torchrec reports where the metric has nothing to divide by (set as the
+    metrics' ``undefined_value``, see :func:`lightrec.metrics._validation.undefined_result`); None keeps
+    NaN and its warning."""
+    _METRICS[metric] = (metric_class, readers, undefined)
     doc = f"torchrec's ``{name}``: :class:`RecMetric` of ``{metric}`` with torchrec's constructor (``NamedRecMetric``)."
     return type(name, (NamedRecMetric,), {"metric": metric, "__doc__": doc, "__module__": metric_class.__module__})
 

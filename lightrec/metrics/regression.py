@@ -174,5 +174,5 @@ class MAEMetricComputation(_ErrorComputation):
 
 
 # torchrec's per-metric classes (RecMetric of one metric, torchrec's constructor), registered with RecMetric
-MSEMetric = register_rec_metric("MSEMetric", RecMetricEnum.MSE, MSE, [("mse", read_value), ("rmse", read_sqrt)])
-MAEMetric = register_rec_metric("MAEMetric", RecMetricEnum.MAE, MAE, [("mae", read_value)])
+MSEMetric = register_rec_metric("MSEMetric", RecMetricEnum.MSE, MSE, [("mse", read_value), ("rmse", read_sqrt)], undefined=0.0)
+MAEMetric = register_rec_metric("MAEMetric", RecMetricEnum.MAE, MAE, [("mae", read_value)], undefined=0.0)
