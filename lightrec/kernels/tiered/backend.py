@@ -35,7 +35,7 @@ import os
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import ClassVar
 
 import torch
 
@@ -49,6 +49,7 @@ from lightrec.kernels.kernel_interface import (
 from lightrec.kernels.tiered.cache import BatchAdmission, CacheFullError, CacheIndex
 from lightrec.kernels.tiered.config import TieringConfig
 from lightrec.kernels.tiered.inflight import BatchesInFlight, Hold
+from lightrec.kernels.tiered.lookup_node import TieredLookupNode
 from lightrec.kernels.tiered.store import HostMemoryStore, RowStore, SsdRowStore
 from lightrec.kernels.tiered.transfer import TablePart, Transfer, TransferQueue, unversioned
 
@@ -295,7 +296,7 @@ class TieredBatchedLookup:
             with torch.no_grad():
                 return self.inner.lookup(request, weight_inputs, lr)
         try:
-            out: torch.Tensor = _TieredLookup.apply(self, request, hold, lr, placeholder)
+            out: torch.Tensor = TieredLookupNode.apply(self, request, hold, lr, placeholder)
         except BaseException:
             self.in_flight.drop(hold, updated=False)  # no graph will end the hold
             raise
@@ -413,7 +414,7 @@ class TieredBatchedLookup:
         else:
             self.queue.submit(transfer)
 
-    def _release(self, hold: Hold, updated: bool) -> None:
+    def release_hold(self, hold: Hold, updated: bool) -> None:
         """A lookup's backward ran (``updated``) or its graph was freed: its rows need not stay in
         the cache any longer. Behind the queued bookkeeping, if the worker runs some: all of it
         (the worker reads the holds), or an eviction (it reads the pins a pinned hold drops)."""
@@ -547,64 +548,3 @@ class _Reservation:
     hold: Hold
     complete: bool
     training: bool  # prefetched with grad enabled: its slots were marked dirty
-
-
-class _TieredLookupContext(Protocol):
-    """What :class:`_TieredLookup`'s forward leaves on the autograd context for its backward."""
-
-    inner_out: torch.Tensor | None  # the inner kernel's output (graph attached); dropped after backward
-    release: _Release
-
-
-class _TieredLookup(torch.autograd.Function):
-    """The cache kernel's lookup as one autograd node whose backward runs the cache kernel's own
-    backward (the fused update of the cached rows), then ends the lookup's hold on its slots."""
-
-    @staticmethod
-    def forward(
-        ctx: _TieredLookupContext,
-        kernel: TieredBatchedLookup,
-        request: LookupBatch,
-        hold: Hold,
-        lr: Callable[[], float],
-        placeholder: torch.Tensor,
-    ) -> torch.Tensor:
-        inner_input = torch.zeros(0, device=placeholder.device, requires_grad=True)
-        with torch.enable_grad():
-            out = kernel.inner.lookup(request, [inner_input], lr)
-        ctx.inner_out = out
-        ctx.release = _Release(kernel, hold)
-        return out.detach()
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx: _TieredLookupContext, grad: torch.Tensor) -> tuple[None, ...]:
-        release: _Release = ctx.release
-        if release.kernel is not None and release.generation == release.kernel.generation:
-            inner_out = ctx.inner_out
-            assert inner_out is not None  # set by forward; only this (single) backward clears it
-            torch.autograd.backward(inner_out, grad)
-        ctx.inner_out = None
-        release(updated=True)
-        return (None, None, None, None, None)
-
-
-class _Release:
-    """Ends a lookup's hold once: after its backward, or when its graph is freed without one."""
-
-    def __init__(self, kernel: TieredBatchedLookup, hold: Hold) -> None:
-        self.kernel: TieredBatchedLookup | None = kernel
-        self.hold, self.generation = hold, kernel.generation
-        self._finalizer = weakref.finalize(self, _release_unused, weakref.ref(kernel), hold, kernel.generation)
-
-    def __call__(self, updated: bool) -> None:
-        kernel, self.kernel = self.kernel, None
-        self._finalizer.detach()
-        if kernel is not None and kernel.generation == self.generation:
-            kernel._release(self.hold, updated)
-
-
-def _release_unused(kernel_ref: weakref.ref[TieredBatchedLookup], hold: Hold, generation: int) -> None:
-    kernel = kernel_ref()
-    if kernel is not None and kernel.generation == generation:
-        kernel._release(hold, updated=False)
