@@ -252,9 +252,9 @@ class MCHManagedCollisionModule(MCHSteps, ManagedCollisionModule):
     def evict(self) -> torch.Tensor | None:
         if not self._pending_evictions:
             return None
-        # (a row may appear twice -- evicted at once, its new id evicted again at a round: resetting
-        # it twice writes the same values)
-        rows = self._pending_evictions[0] if len(self._pending_evictions) == 1 else torch.cat(self._pending_evictions)
+        # each row once, sorted (as the hash module's): a row is listed again whenever the id that
+        # took it is evicted too before this is called -- and callers count or reset what it lists
+        rows: torch.Tensor = torch.unique(torch.cat(self._pending_evictions))
         self._pending_evictions = []
         return rows + self._output_global_offset if self._output_global_offset else rows
 
