@@ -32,6 +32,7 @@ stream and the input dists on another (the collections hand their results to the
 on CPU there are no streams. ``StopIteration`` is raised by the first ``progress`` after the data
 ran out: with ``execute_all_batches`` (default) once every fetched batch was trained, without it
 as soon as the iterator is exhausted (the batches in flight are dropped, as torchrec does).
+Either pipeline, and ``TrainPipelineBase``, then reads a new iterator (the next epoch) from its start.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from lightrec.distributed.comm.awaitable import AwaitableList
 from lightrec.distributed.train_pipeline.pipeline_context import In, Out, TrainPipelineContext
 from lightrec.distributed.train_pipeline.runtime_forwards import BaseForward
 from lightrec.distributed.train_pipeline.sparse_dist_pipeline import SparseDistPipeline, sharded_collections
-from lightrec.distributed.train_pipeline.utils import StartedSplits, _to_device, unwrap_model
+from lightrec.distributed.train_pipeline.utils import StartedSplits, _to_device, _wait_for_batch, unwrap_model
 
 __all__ = [
     "EvalPipelineSparseDist",
@@ -77,6 +78,7 @@ class TrainPipeline(abc.ABC, Generic[In, Out]):
         """Keep what every pipeline steps: the model (and the forward it calls), the optimizer, the
         device, and on CUDA the side stream batches are copied on."""
         self._model, self._optimizer, self._device = model, optimizer, torch.device(device)
+        self._custom_model_fwd = custom_model_fwd
         self._model_fwd = custom_model_fwd or model
         self._memcpy_stream = torch.cuda.Stream(device=self._device) if self._device.type == "cuda" else None
 
@@ -99,9 +101,9 @@ class TrainPipelineBase(TrainPipeline[In, Out]):
         custom_model_fwd: Callable[[In], tuple[torch.Tensor, Out]] | None = None,
     ) -> None:
         self._bind_model(model, optimizer, device, custom_model_fwd)
-        self._cur: Any = None
-        self._connected = False
-        self._stopped = False
+        self._cur: Any = None  # the next batch to train, on the device (None: none read yet)
+        self._dataloader_iter: Iterator[In] | None = None
+        self._exhausted = False
 
     def _copy(self, batch: In) -> In:
         if self._memcpy_stream is None:
@@ -109,31 +111,37 @@ class TrainPipelineBase(TrainPipeline[In, Out]):
         with torch.cuda.stream(self._memcpy_stream):
             return _to_device(batch, self._device, non_blocking=True)
 
+    def _next_batch(self, dataloader_iter: Iterator[In]) -> In | None:
+        """The next batch of ``dataloader_iter``, None once it ran out; a new iterator (a new epoch)
+        is read from its start even after the previous one ran out."""
+        if dataloader_iter is not self._dataloader_iter:
+            self._dataloader_iter, self._exhausted = dataloader_iter, False
+        if self._exhausted:
+            return None
+        batch = next(dataloader_iter, None)
+        self._exhausted = batch is None
+        return batch
+
     def progress(self, dataloader_iter: Iterator[In]) -> Out:
-        if not self._connected:
-            self._cur = self._copy(next(dataloader_iter))
-            self._connected = True
-        if self._stopped:
-            raise StopIteration
-        try:
-            upcoming: Any = next(dataloader_iter)
-        except StopIteration:
-            upcoming, self._stopped = None, True
+        """One step on the batch read by the previous call (the first call reads it now) while the
+        next one is read and copied; ``StopIteration`` once every batch was trained."""
+        if self._cur is None:
+            first = self._next_batch(dataloader_iter)
+            if first is None:
+                raise StopIteration
+            self._cur = self._copy(first)
+        upcoming = self._next_batch(dataloader_iter)
         training = self._model.training
         if training:
             self._optimizer.zero_grad()
         cur = self._cur
-        if self._memcpy_stream is not None:
-            torch.cuda.current_stream(self._device).wait_stream(self._memcpy_stream)
-            cur.record_stream(torch.cuda.current_stream(self._device))
+        _wait_for_batch(cur, self._memcpy_stream)
         losses, output = self._model_fwd(cur)
         if training:
             torch.sum(losses, dim=0).backward()
         self._cur = self._copy(upcoming) if upcoming is not None else None
         if training:
             self._optimizer.step()
-        if self._cur is None:
-            self._stopped = True
         return output
 
 
@@ -376,10 +384,12 @@ class TrainPipelineSparseDist(TrainPipeline[In, Out]):
         return self._model
 
     def attach(self, model: nn.Module | None = None, sparse_dist: bool = True) -> None:
-        """Use ``model`` (default: the same) again; restart the input dist of the next batch."""
+        """Use ``model`` (default: the same) again; restart the input dist of the next batch. A
+        ``custom_model_fwd`` given at construction stays the forward called."""
         if model is not None:
             self._model, self._sparse_dist, self._names = model, None, None
-            self._model_fwd = model
+            self._model_fwd = self._custom_model_fwd or model
+            self._pipelining = True  # the new model's collections may take the batch's KJTs
         self._attached = True
         if sparse_dist and self.batches:
             self.start_sparse_data_dist(self.batches[0], self.contexts[0])

@@ -20,7 +20,9 @@ modules holding them are leaves, so only the path from the batch to the sharded 
 traced) and pipelines a sharded module only when each argument is reached from the batch by
 attribute and item accesses (``batch.sparse_features``, ``batch["kjt"]``); a module whose input
 the model computes is left alone and runs its whole forward, as in torchrec with
-``pipeline_postproc=False``. lightrec does not script modules (``apply_jit`` is accepted and has
+``pipeline_postproc=False``; so is a sharded module the model calls more than once (one input dist
+per batch cannot feed two forwards). A model whose traced path branches on the batch's values
+(``if batch.dense.sum() > 0``) cannot be traced: nothing is pipelined, with a warning. lightrec does not script modules (``apply_jit`` is accepted and has
 no effect) and does not pipeline post-processing modules (it returns none). The context's fields
 are described in :mod:`lightrec.distributed.train_pipeline.pipeline_context`.
 """
@@ -28,11 +30,13 @@ are described in :mod:`lightrec.distributed.train_pipeline.pipeline_context`.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
+from torch.fx.proxy import TraceError
 
 from lightrec.distributed.comm.awaitable import Awaitable, AwaitableList
 from lightrec.distributed.comm.streams import wait_for_current
@@ -205,11 +209,22 @@ def _rewrite_model(
         pipelined_forward: the forward class to install.
 
     Returns:
-        ``(pipelined modules, model, their original forwards, [], fqns of sharded modules not pipelined)``.
+        ``(pipelined modules, model, their original forwards, [], fqns of sharded modules not pipelined)``:
+        a module called more than once is not pipelined, and none is when tracing fails on
+        control flow over the batch (a warning says why).
     """
     root = unwrap_model(model)
     sharded = {name: m for name, m in root.named_modules() if isinstance(m, ShardedModule)}
-    graph = Tracer(leaf_modules=_get_leaf_module_names(root)).trace(root)
+    try:
+        graph = Tracer(leaf_modules=_get_leaf_module_names(root)).trace(root)
+    except TraceError as error:  # control flow on the batch's values: nothing is rewritten
+        logger.warning(
+            "no sharded module is pipelined: tracing %s failed (%s); they run their whole forwards. To "
+            "pipeline them, move the branch into a child module that holds no sharded module (a leaf)",
+            type(root).__name__, error,
+        )  # fmt: skip
+        return [], model, [], [], sorted(sharded)
+    calls = Counter(n.target for n in graph.nodes if n.op == "call_module" and n.target in sharded)
     pipelined: list[nn.Module] = []
     originals: list[Callable[..., Any]] = []
     skipped: list[str] = []
@@ -217,6 +232,11 @@ def _rewrite_model(
         if node.op != "call_module" or node.target not in sharded or not (node.args or node.kwargs):
             continue
         name, module = str(node.target), sharded[str(node.target)]
+        if calls[name] > 1:  # one input dist per batch cannot feed two forwards
+            if name not in skipped:
+                logger.warning("sharded module %r is not pipelined: the model calls it %d times", name, calls[name])
+                skipped.append(name)
+            continue
         call_args = call_args_from_batch(node)
         if call_args is None:
             logger.warning("sharded module %r is not pipelined: the model computes its input", name)
