@@ -9,8 +9,10 @@ Shard counts per sharding type (``W`` world size, ``L`` ranks per host, ``H`` ho
 
 * table-wise, data-parallel: 1 (data-parallel's shard stands for the replica every rank holds);
 * row-wise: ``W``; table-row-wise: ``L`` (one host);
-* column-wise: ``k`` in 2, 4, 8, ... up to ``min(W, D // min_partition)`` (and that maximum);
-* table-column-wise: ``min(L, D // min_partition)`` on one host.
+* column-wise: ``k`` in 2, 4, 8, ... up to the most shards of at least ``min_partition`` columns
+  each on at most ``W`` ranks (and that maximum) -- at most ``min(W, D // min_partition)``, fewer
+  when 4-column units would leave a shard narrower (``_max_column_shards``);
+* table-column-wise: that most on at most ``L`` ranks, on one host.
 
 Options equal to an earlier one on this topology are skipped (row-wise on one rank is table-wise,
 table-row-wise on one host is row-wise, ...) unless the earlier one is not allowed.
@@ -32,7 +34,7 @@ from lightrec.distributed.planner.options import (
     get_partition_by_type,
     to_sharding_options,
 )
-from lightrec.distributed.planner.plan import ModuleSharder
+from lightrec.distributed.planner.plan import ModuleSharder, column_wise_shard_sizes
 from lightrec.distributed.planner.shard_estimators import (
     CW,
     DP,
@@ -63,8 +65,23 @@ __all__ = [
 ]
 
 
+def _max_column_shards(cols: int, min_partition: int, limit: int) -> int:
+    """Most column shards (at most ``limit``) whose every width, as ``column_wise_shard_sizes`` deals
+    them, is at least ``min_partition`` (>= 1: ``min_partition`` is at most ``cols``).
+
+    ``cols // min_partition`` alone is not enough: 4-column units can leave a shard narrower than a
+    ``min_partition`` that is not a multiple of 4 (120 columns, 4 shards: 32, 32, 28, 28). The
+    narrowest shard only shrinks as shards are added, so the first count that fits, counting down,
+    is the most.
+    """
+    most = max(1, min(limit, cols // min_partition, cols))
+    while most > 1 and min(column_wise_shard_sizes(cols, most)) < min_partition:
+        most -= 1
+    return most
+
+
 def _column_counts(cols: int, min_partition: int, limit: int) -> list[int]:
-    most = min(limit, cols // min_partition, cols)
+    most = _max_column_shards(cols, min_partition, limit)
     counts, k = [], 2
     while k <= most:
         counts.append(k)
@@ -107,10 +124,10 @@ def _shardings(t: TableArrays, i: int, topo: Topology) -> list[tuple[int, int, i
                     counts = [1]
                 out += [(stype, kernel, k) for k in counts]
             elif stype == TWCW:
-                k = min(L, cols // min_part, cols)
-                if k < 2 and not has(TW):
-                    k = 1
-                if k >= 1 and not (H == 1 and has(CW) and k in _column_counts(cols, min_part, W)):
+                k = _max_column_shards(cols, min_part, L)
+                if k < 2 and has(TW):
+                    continue  # one shard is table-wise
+                if not (H == 1 and has(CW) and k in _column_counts(cols, min_part, W)):
                     out.append((stype, kernel, k))
     return out
 

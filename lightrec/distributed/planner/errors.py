@@ -15,7 +15,18 @@ import numpy as np
 
 from lightrec.distributed.planner.options import Options
 from lightrec.distributed.planner.partitioners import Placement
-from lightrec.distributed.planner.shard_estimators import KERNELS, SHARDING_TYPES, TIERED, TableArrays
+from lightrec.distributed.planner.shard_estimators import (
+    CW,
+    DP,
+    KERNELS,
+    RW,
+    SHARDING_TYPES,
+    TIERED,
+    TW,
+    TWCW,
+    TWRW,
+    TableArrays,
+)
 from lightrec.distributed.planner.types import PlannerError, Topology
 
 __all__ = ["gib", "no_packing_error", "too_big_error"]
@@ -67,26 +78,75 @@ def _advice(tables: TableArrays, opts: Options, topo: Topology, ts: list[int], n
     return advice
 
 
+def _binding(opts: Options, o: int, topo: Topology) -> tuple[float, float, str]:
+    """``(bytes, bytes available, where)``: the shard of option ``o`` that fits its ranks worst, and
+    the memory of the rank it must go on (``where`` says which, for the message).
+
+    A table-wise or column-wise shard may go on any rank (the largest); a data-parallel replica goes
+    on every rank (the smallest); row-wise shard ``i`` on rank ``i``; table-row/column-wise shard
+    ``i`` on local rank ``i`` of the host that suits them best. With equal caps every case reads
+    "a rank has" the cap.
+    """
+    caps = topo.storage_caps
+    W, L = topo.world_size, topo.local_size
+    s, n = int(opts.start[o]), int(opts.nshards[o])
+    shards = opts.sh_storage[s : s + n]
+    st = int(opts.stype[o])
+    if st in (RW, TWRW, TWCW):
+        if st == RW:
+            slots = caps[np.arange(n) % W][None, :]  # [1, n]: shard i on rank i
+        else:
+            slots = caps.reshape(-1, L)[:, :n]  # [hosts, n]: shard i on local rank i of a host
+        over = shards[None, :] - slots
+        h = int(np.argmin(over.max(axis=1)))
+        i = int(np.argmax(over[h]))
+        rank = i if st == RW else h * L + i
+        need, have = float(shards[i]), float(slots[h, i])
+    else:
+        rank = int(np.argmin(caps) if st == DP else np.argmax(caps))
+        need, have = float(opts.footprint[o]), float(caps[rank])
+    if float(caps.min()) == float(caps.max()):
+        return need, have, f"a rank has {gib(have)}"
+    if st == DP:
+        return need, have, f"every rank holds a replica and rank {rank} has {gib(have)}"
+    if st in (TW, CW):
+        return need, have, f"the largest rank has {gib(have)}"
+    return need, have, f"its shard {i} goes on rank {rank}, which has {gib(have)}"
+
+
+def _caps_text(caps: np.ndarray, kind: str) -> str:
+    lo, hi = float(caps.min()), float(caps.max())
+    return f"{gib(hi)} of {kind} each" if lo == hi else f"{gib(lo)} to {gib(hi)} of {kind} per rank"
+
+
 def too_big_error(tables: TableArrays, opts: Options, topo: Topology, no_fit: list[int]) -> PlannerError:
-    cap = float(topo.storage_caps.max())
     lines = [
         f"No sharding plan fits: {len(no_fit)} table(s) do not fit on {topo.world_size} rank(s) with "
-        f"{gib(cap)} of {topo.storage_kind} each:"
+        f"{_caps_text(topo.storage_caps, topo.storage_kind)}:"
     ]
-    worst = 0.0
+    worst: tuple[float, float, float] | None = None  # (shortfall, needed, available) of the worst table
     for t in no_fit:
         alts = np.arange(opts.first[t], opts.first[t] + opts.count[t])
         o = int(alts[np.lexsort((alts, opts.footprint[alts]))[0]])
-        worst = max(worst, float(opts.footprint[o]))
+        need, have, where = _binding(opts, o, topo)
+        shortfall = (need - have, need, have)
+        if need <= have and int(opts.kernel[o]) in TIERED:  # its cache fits: the backing tier does not
+            backing = opts.sh_backing[int(opts.start[o]) : int(opts.start[o]) + int(opts.nshards[o])]
+            tier = 1 if backing[:, 1].any() else 0
+            b_need, b_have = float(backing[:, tier].max()), float(topo.backing_caps[:, tier].max())
+            shortfall = (b_need - b_have, b_need, b_have)
+        if worst is None or shortfall[0] > worst[0]:
+            worst = shortfall
         lines.append(
-            f"  - {_describe(tables, t, opts)} needs at least {gib(float(opts.footprint[o]))} on one rank "
+            f"  - {_describe(tables, t, opts)} needs at least {gib(need)} on one rank "
             f"(its smallest option: {SHARDING_TYPES[int(opts.stype[o])]}/{KERNELS[int(opts.kernel[o])]} over "
-            f"{int(opts.nshards[o])} shard(s)){_backing_needs(opts, o, topo)}; a rank has {gib(cap)}"
+            f"{int(opts.nshards[o])} shard(s)){_backing_needs(opts, o, topo)}; {where}"
         )
+    assert worst is not None  # no_fit names at least one table
     need = max(float(opts.total_storage[opts.first[t] : opts.first[t] + opts.count[t]].min()) for t in no_fit)
     lines.append("What to change:")
     lines += [f"  - {a}" for a in _advice(tables, opts, topo, no_fit, need)]
-    return PlannerError("\n".join(lines), [tables.keys[t][1] for t in no_fit], worst, cap)
+    return PlannerError("\n".join(lines), [tables.keys[t][1] for t in no_fit], worst[1], worst[2])
 
 
 def no_packing_error(tables: TableArrays, opts: Options, topo: Topology, pl: Placement) -> PlannerError:

@@ -116,7 +116,6 @@ def partition(opts: Options, choice: np.ndarray, topo: Topology, sort_by: str = 
     movable = np.flatnonzero((stype == TW) | (stype == CW))
     if len(movable):
         n = opts.nshards[choice[movable]]
-        np.repeat(movable, n)
         first = np.repeat(opts.start[choice[movable]] - np.concatenate([[0], np.cumsum(n)[:-1]]), n)
         idx = first + np.arange(int(n.sum()))
         cost, stor, back = opts.sh_cost[idx], opts.sh_storage[idx], opts.sh_backing[idx]
@@ -147,8 +146,12 @@ def partition(opts: Options, choice: np.ndarray, topo: Topology, sort_by: str = 
             for entry in popped:
                 heapq.heappush(heap, entry)
         load = np.asarray(loads)
-        mem = caps - np.asarray(free)
-        bmem = bcaps - bfree
+        # Memory summed from the placed shards (``caps - free`` would leave rounding residue, e.g.
+        # 1e-8 bytes reported on a rank that holds nothing).
+        placed = where >= 0
+        mem, bmem = mem.copy(), bmem.copy()
+        np.add.at(mem, where[placed], stor[placed])
+        np.add.at(bmem, where[placed], back[placed])
         bounds = np.concatenate([[0], np.cumsum(n)])
         for i, t in enumerate(movable.tolist()):
             r = where[bounds[i] : bounds[i + 1]]
@@ -212,6 +215,26 @@ def _contrib(opts: Options, o: int, ranks: np.ndarray, W: int) -> tuple[np.ndarr
         np.add.at(stor, ranks, opts.sh_storage[sl])
         np.add.at(back, ranks, opts.sh_backing[sl])
     return cost, stor, back
+
+
+def _totals(opts: Options, choice: np.ndarray, ranks: list[np.ndarray], W: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``[W]`` cost, ``[W]`` storage and ``[W, 2]`` backing of the placed options, summed afresh
+    (the running sums of :func:`refine` subtract and add shards, which leaves rounding residue)."""
+    load, mem, back = np.zeros(W), np.zeros(W), np.zeros((W, 2))
+    dp = [int(o) for o in choice.tolist() if opts.stype[o] == DP]
+    for o in dp:
+        s = int(opts.start[o])
+        load += opts.sh_cost[s]
+        mem += opts.sh_storage[s]
+        back += opts.sh_backing[s]
+    placed = [t for t, o in enumerate(choice.tolist()) if opts.stype[o] != DP]
+    if placed:
+        idx = np.concatenate([int(opts.start[choice[t]]) + np.arange(len(ranks[t])) for t in placed])
+        where = np.concatenate([ranks[t] for t in placed]).astype(np.int64)
+        np.add.at(load, where, opts.sh_cost[idx])
+        np.add.at(mem, where, opts.sh_storage[idx])
+        np.add.at(back, where, opts.sh_backing[idx])
+    return load, mem, back
 
 
 def _cost_on(opts: Options, o: int, ranks: np.ndarray, b: int) -> float:
@@ -308,6 +331,7 @@ def refine(opts: Options, pl: Placement, topo: Topology, max_steps: int | None =
                 break
         if not improved:
             break
+    load, mem, bmem = _totals(opts, choice, ranks, W)
     return Placement(choice, ranks, load, mem, [], bmem)
 
 

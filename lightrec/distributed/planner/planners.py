@@ -159,11 +159,24 @@ class EmbeddingShardingPlanner:
         defaults = (EmbeddingPerfEstimator, EmbeddingStorageEstimator)
         return any(type(est) not in defaults for est in getattr(e, "estimators", []))
 
+    def _default_topology(self, pg: dist.ProcessGroup | None = None) -> Topology:
+        """The planner's topology; without one, that of the process group (the default group for
+        :meth:`plan` and :meth:`evaluate`): its size, on ``cuda`` when it runs NCCL, else on ``cpu``
+        (one rank, device auto-detected, outside a process group). One rule for every entry point, so
+        ``plan`` and ``collective_plan`` plan the same cluster: ``plan`` on a GPU host whose group runs
+        gloo used to plan for ``cuda`` while ``collective_plan`` planned for ``cpu``."""
+        if self._topology is not None:
+            return self._topology
+        if not dist.is_initialized():
+            return Topology(world_size=1)
+        group = resolve_group(pg)
+        nccl = "nccl" in str(dist.get_backend(group))
+        return Topology(world_size=dist.get_world_size(group), compute_device="cuda" if nccl else "cpu")
+
     # ---- public API --------------------------------------------------------------------------
     def plan(self, module: nn.Module, sharders: list[ModuleSharder]) -> ShardingPlan:
         """Plan every shardable module of ``module`` (raises :class:`PlannerError` if none fits)."""
-        topo = self._topology or Topology(world_size=dist.get_world_size() if dist.is_initialized() else 1)
-        return self._plan(module, sharders, topo)
+        return self._plan(module, sharders, self._default_topology())
 
     def collective_plan(
         self, module: nn.Module, sharders: list[ModuleSharder] | None = None, pg: dist.ProcessGroup | None = None
@@ -176,9 +189,7 @@ class EmbeddingShardingPlanner:
             return self.plan(module, sharders)
         pg = resolve_group(pg)
         world = dist.get_world_size(pg)
-        topo = self._topology or Topology(
-            world_size=world, compute_device="cuda" if dist.get_backend(pg) == "nccl" else "cpu"
-        )
+        topo = self._default_topology(pg)
         if topo.world_size != world:
             raise ValueError(
                 f"Topology(world_size={topo.world_size}) does not match the process group's {world} ranks"
@@ -206,7 +217,7 @@ class EmbeddingShardingPlanner:
         Tables the plan does not mention are ignored. The report's memory may exceed the caps:
         compare ``report.hbm_bytes``/``ddr_bytes`` with the caps to check a hand-written plan.
         """
-        topo = self._topology or Topology(world_size=dist.get_world_size() if dist.is_initialized() else 1)
+        topo = self._default_topology()
         modules = find_shardable_modules(module, sharders)
         tables = collect_tables(modules, topo, self._constraints, self._batch_size)
         W = topo.world_size

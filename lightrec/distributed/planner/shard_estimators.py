@@ -117,6 +117,7 @@ FUSED, DENSE, QUANT, UVM_CACHING, KEY_VALUE = range(5)
 TIERED = (UVM_CACHING, KEY_VALUE)
 
 ID_BYTES = 8  # int64 ids on the wire and in the lookup input
+WEIGHT_BYTES = 4  # the float32 weight of every id of a weighted table, sent and read with it
 LENGTH_BYTES = 4  # int32 lengths
 GRAD_BYTES = 4  # activations, gradients and optimizer state are fp32
 SLOT_INDEX_BYTES = 4  # a tiered table's int32 slot of every row, in fast memory
@@ -146,6 +147,8 @@ class TableArrays:
         stats: per table, what is known of its id stream (None: a Zipf law).
         row_state: bytes per row of other per-row state (a managed-collision id map and its
             eviction metadata), or None for none.
+        weighted: per table, whether every id comes with a float32 weight (a weighted collection,
+            or ``ParameterConstraints(is_weighted=True)``), or None for none.
     """
 
     keys: list[tuple[str, str]]
@@ -164,6 +167,7 @@ class TableArrays:
     min_cache_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     stats: list[CacheStatistics | None] = field(default_factory=list)
     row_state: np.ndarray | None = None
+    weighted: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -306,6 +310,9 @@ def estimate_shards(
     is_dp = stype == DP
     row_split = (stype == RW) | (stype == TWRW)
     training = kernel != QUANT
+    # bytes every id brings: the id, and a weighted table's per-id weight
+    weight_bytes = np.where(t.weighted[table], float(WEIGHT_BYTES), 0.0) if t.weighted is not None else 0.0
+    id_bytes = ID_BYTES + weight_bytes
 
     # Ids this shard looks up per step: data parallel serves its local batch; the other types
     # serve the global batch (W * N ids), row-split ones only the ids that fall in their rows.
@@ -337,8 +344,8 @@ def estimate_shards(
     dense_grad = np.where(kernel == DENSE, rows * cols * GRAD_BYTES, 0.0)
     index = np.where(tiered, rows * SLOT_INDEX_BYTES + cache_rows * SLOT_META_BYTES, 0.0)
     passes = np.where(training, 2.0, 1.0)  # forward output, plus its gradient when training
-    buffers = ids_in * ID_BYTES + bags_in * LENGTH_BYTES + out_elems * GRAD_BYTES * passes
-    buffers = np.where(is_dp, N * ID_BYTES + Bf * LENGTH_BYTES + out_elems * GRAD_BYTES * passes, buffers)
+    buffers = ids_in * id_bytes + bags_in * LENGTH_BYTES + out_elems * GRAD_BYTES * passes
+    buffers = np.where(is_dp, N * id_bytes + Bf * LENGTH_BYTES + out_elems * GRAD_BYTES * passes, buffers)
     storage = weights + opt_state + dense_grad + index + buffers
     backing = np.zeros((len(table), 2))
     backing[:, 0] = np.where(kernel == UVM_CACHING, rows * row_bytes, 0.0)
@@ -346,7 +353,7 @@ def estimate_shards(
 
     # ---- cost: lookup kernels ------------------------------------------------------------
     bw_m = topo.device_mem_bw
-    fwd = (looked_up * cols * E + out_elems * GRAD_BYTES) / bw_m
+    fwd = (looked_up * (cols * E + weight_bytes) + out_elems * GRAD_BYTES) / bw_m
     # fused: read the output gradient, read-modify-write every touched row and its optimizer state.
     bwd_fused = (
         out_elems * GRAD_BYTES
@@ -378,7 +385,7 @@ def estimate_shards(
     # ---- cost: communication -------------------------------------------------------------
     off_rank = (W - 1.0) / W  # share of the traffic that leaves the rank
     bw_c = topo.comm_bw
-    input_dist = (ids_in * ID_BYTES + bags_in * LENGTH_BYTES) * off_rank / bw_c
+    input_dist = (ids_in * id_bytes + bags_in * LENGTH_BYTES) * off_rank / bw_c
     output_dist = out_elems * GRAD_BYTES * passes * off_rank / bw_c
     if topo.num_hosts > 1:
         # table-row-wise: reduce-scatter inside the host, then 1/L of the output crosses hosts.

@@ -13,7 +13,10 @@ is reduced per rank:
                                        gradients, optimizer state, DDP buckets; or
                                        ``dense_tensor_estimate`` bytes when given), on every rank,
                                        and ``kjt`` the input batch's ids and lengths (12 bytes per
-                                       id, 4 per bag, times 20 for copies in flight)
+                                       id, 4 per bag, times 20 for copies in flight; ids and bags
+                                       per feature from the constraints' ``batch_sizes``,
+                                       ``num_poolings`` and ``pooling_factors``, as the cost
+                                       model counts them)
 =====================================  ==========================================================
 
 A rank left with no memory raises ``PlannerError`` naming what took it.
@@ -28,7 +31,7 @@ import numpy as np
 from torch import nn
 
 from lightrec.distributed.planner.plan import ModuleSharder
-from lightrec.distributed.planner.tables import find_shardable_modules
+from lightrec.distributed.planner.tables import find_shardable_modules, lookups_per_step
 from lightrec.distributed.planner.types import (
     ParameterConstraints,
     PlannerError,
@@ -124,10 +127,10 @@ class HeuristicalStorageReservation(_CapsReservation):
         for m in shardable:
             for name, cfg in m.configs.items():
                 c = constraints.get(name, ParameterConstraints())
-                n = max(1, len(cfg.feature_names))
-                pooling = c.pooling_factors if len(c.pooling_factors) == n else c.pooling_factors[:1] * n
-                ids += batch_size * float(sum(pooling))
-                bags += batch_size * n
+                # the constraint's batch sizes, poolings and pooling factors, as the cost model counts them
+                table_ids, table_bags = lookups_per_step(c, max(1, len(cfg.feature_names)), batch_size, name)
+                ids += table_ids
+                bags += table_bags
         kjt = _KJT_COPIES * (12.0 * ids + 4.0 * bags)
         self.last_reserved_bytes = {"dense": dense, "kjt": kjt}
         caps = (topology.storage_caps - dense - kjt) * (1.0 - self._percentage)

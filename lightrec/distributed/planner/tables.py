@@ -26,7 +26,7 @@ from lightrec.distributed.planner.plan import (
     ModuleSharder,
     enum_value,
 )
-from lightrec.distributed.planner.plan.sharder import table_configs
+from lightrec.distributed.planner.plan.sharder import PooledTables, table_configs
 from lightrec.distributed.planner.shard_estimators import (
     DENSE,
     FUSED,
@@ -40,7 +40,7 @@ from lightrec.kernels.tiered.config import DEFAULT_MIN_CACHE_ROWS
 from lightrec.modules.embedding_configs import DATA_TYPE_NUM_BITS, BaseEmbeddingConfig, DataType, PoolingType
 from lightrec.quant.collection_base import QuantCollectionBase
 
-__all__ = ["ShardableModule", "collect_tables", "find_shardable_modules"]
+__all__ = ["ShardableModule", "collect_tables", "find_shardable_modules", "lookups_per_step"]
 
 _ELEM_BYTES = {data_type: bits / 8 for data_type, bits in DATA_TYPE_NUM_BITS.items()}
 _QUANT_ROW_BYTES = 4.0  # fp16 scale + fp16 bias stored with every quantized row
@@ -127,6 +127,18 @@ def _per_feature(values: list, n: int, arg: str, table: str) -> np.ndarray:
     return np.asarray(values, dtype=np.float64)
 
 
+def lookups_per_step(c: ParameterConstraints, n_features: int, batch_size: int, table: str) -> tuple[float, float]:
+    """``(ids, bags)`` one rank looks up in ``table`` per step: ``sum_f batch_f * num_poolings_f *
+    pooling_f`` and ``sum_f batch_f * num_poolings_f`` over its ``n_features`` features, from the
+    constraint's per-feature lists (one entry: the same for every feature; ``batch_f`` defaults to
+    ``batch_size``, ``num_poolings_f`` to 1). The cost model and the storage reservation both count these.
+    """
+    pf = _per_feature(c.pooling_factors, n_features, "pooling_factors", table)
+    bs = _per_feature(c.batch_sizes or [batch_size], n_features, "batch_sizes", table)
+    bs = bs * _per_feature(c.num_poolings or [1.0], n_features, "num_poolings", table)  # each pooling is a lookup
+    return float((bs * pf).sum()), float(bs.sum())
+
+
 def collect_tables(
     modules: list[ShardableModule],
     topo: Topology,
@@ -152,7 +164,7 @@ def collect_tables(
     device = str(topo.compute_device)
     keys: list[tuple[str, str]] = []
     cols_: dict[str, list[float]] = {
-        k: [] for k in ("rows", "cols", "eb", "ro", "ids", "bags", "pooled", "oe", "or", "mp", "rs")
+        k: [] for k in ("rows", "cols", "eb", "ro", "ids", "bags", "pooled", "oe", "or", "mp", "rs", "w")
     }
     allowed: list[list[tuple[int, list[int]]]] = []
     clf_choices: list[list[float]] = []
@@ -165,6 +177,8 @@ def collect_tables(
         offered = m.sharder.sharding_types(device)
         offered_kernels = {stype: m.sharder.compute_kernels(stype, device) for stype in offered}
         row_state = m.sharder.row_state_bytes(m.module, device)
+        # A weighted collection sends a float32 weight with every id (torchrec's is_weighted).
+        module_weighted = bool(isinstance(m.module, PooledTables) and m.module.is_weighted())
         for name, cfg in m.configs.items():
             c = constraints.get(name, ParameterConstraints())
             opts: list[tuple[int, list[int]]] = []
@@ -188,10 +202,7 @@ def collect_tables(
                     + (f" ({unbuilt}: lightrec does not build this sharding; table_row_wise or "
                        "table_column_wise keep a table's traffic inside a host)" if unbuilt else "")
                 )
-            n_feat = max(1, len(cfg.feature_names))
-            pf = _per_feature(c.pooling_factors, n_feat, "pooling_factors", name)
-            bs = _per_feature(c.batch_sizes or [batch_size], n_feat, "batch_sizes", name)
-            bs = bs * _per_feature(c.num_poolings or [1.0], n_feat, "num_poolings", name)  # each pooling is a lookup
+            ids, bags = lookups_per_step(c, max(1, len(cfg.feature_names)), batch_size, name)
             opt = c.optimizer or (optimizer_name(default_opt) if default_opt is not None else "sgd")
             # What the table is stored as: a quantized collection keeps its data_type; a training collection
             # allocates float32 whatever data_type says (modules/embedding_modules.py warns), as counted here.
@@ -208,13 +219,14 @@ def collect_tables(
             cols_["cols"].append(cfg.embedding_dim)
             cols_["eb"].append(_ELEM_BYTES[stored])
             cols_["ro"].append(_QUANT_ROW_BYTES if quant else 0.0)
-            cols_["ids"].append(float((bs * pf).sum()))
-            cols_["bags"].append(float(bs.sum()))
+            cols_["ids"].append(ids)
+            cols_["bags"].append(bags)
             cols_["pooled"].append(getattr(cfg, "pooling", PoolingType.SUM) != PoolingType.NONE)
             cols_["oe"].append(OPTIMIZER_STATE[opt][0])
             cols_["or"].append(OPTIMIZER_STATE[opt][1])
             cols_["mp"].append(min(c.min_partition or DEFAULT_MIN_PARTITION, cfg.embedding_dim))
             cols_["rs"].append(float(row_state.get(name, 0.0)))
+            cols_["w"].append(bool(c.is_weighted or module_weighted))
     f64 = lambda k: np.asarray(cols_[k], dtype=np.float64)  # noqa: E731
     return TableArrays(
         keys=keys,
@@ -233,4 +245,5 @@ def collect_tables(
         min_cache_rows=np.asarray(min_cache_rows, dtype=np.int64),
         stats=stats,
         row_state=f64("rs"),
+        weighted=np.asarray(cols_["w"], dtype=bool),
     )

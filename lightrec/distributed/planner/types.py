@@ -232,9 +232,11 @@ class ParameterConstraints:
             ``load_factor`` (else the planner picks one) and ``stats`` of the id stream (else ids
             are taken to follow a Zipf law, ``ZipfCacheStatistics``).
         key_value_params: the SSD directory of a ``key_value`` table (put in the plan as is).
-        is_weighted, enforce_hbm, stochastic_rounding, bounds_check_mode, feature_names,
-        output_dtype, device_group, use_virtual_table: torchrec's fields, accepted and not used by
-            the planner (docs/planner.md says why for each).
+        is_weighted: every id of the table comes with a float32 weight (as for a weighted
+            collection): the cost model counts its bytes in the input dist and the buffers.
+        enforce_hbm, stochastic_rounding, bounds_check_mode, feature_names, output_dtype,
+        device_group, use_virtual_table: torchrec's fields, accepted and not used by the planner
+            (docs/planner.md says why for each).
     """
 
     sharding_types: list[str] | None = None
@@ -246,8 +248,8 @@ class ParameterConstraints:
     optimizer: str | None = None
     cache_params: CacheParams | None = None
     key_value_params: KeyValueParams | None = None
-    # torchrec's fields that do not change a lightrec plan (accepted so its constraints load as they are)
     is_weighted: bool = False
+    # torchrec's fields that do not change a lightrec plan (accepted so its constraints load as they are)
     enforce_hbm: bool | None = None
     stochastic_rounding: bool | None = None
     bounds_check_mode: object = None
