@@ -22,6 +22,7 @@ from torch.fx import ProxyableClassMeta
 
 from lightrec._compat import proxyable_call
 from lightrec.sparse._ops import complete_cumsum
+from lightrec.sparse.kjt_device import copy_into, num_bytes
 
 __all__ = ["JaggedTensor", "JaggedTensorMeta", "SparseValueError"]
 
@@ -49,6 +50,8 @@ class JaggedTensorMeta(ProxyableClassMeta):
             value = kwargs.get(name)
             if isinstance(value, (list, tuple)):
                 dtype = torch.float32 if name == "weights" else None
+                if name in ("lengths", "offsets") and len(value) == 0:
+                    dtype = torch.int64  # torch.tensor([]) would be float32
                 kwargs[name] = torch.tensor(value, dtype=dtype)
         # torchrec also takes the per-key, per-rank batch sizes of a variable-batch KJT as an
         # [F, R] int tensor; the scripted class keeps one type, the host list.
@@ -78,6 +81,7 @@ def _check_lengths_offsets(
     where: str,
 ) -> None:
     """Validate one jagged layout; raises ``SparseValueError`` naming ``where``."""
+    check_offsets_start(offsets, where)
     if lengths.dim() != 1:
         _raise(f"{where}: lengths must be 1-D, got shape {list(lengths.shape)}")
     if lengths.is_floating_point():
@@ -107,6 +111,20 @@ def _check_lengths_offsets(
             f"{where}: weights has {weights.size(0)} entries but values has {values.size(0)}; "
             "pass one weight per value (or weights=None)"
         )
+
+
+def check_offsets_start(offsets: Optional[torch.Tensor], where: str) -> None:
+    """Offsets start at 0 (torchrec's validator's rule); raises ``SparseValueError`` naming ``where``.
+
+    Checked before the sums: offsets ``[2, 4, 5]`` would otherwise read as lengths that miss values.
+    """
+    if offsets is not None and offsets.dim() == 1 and offsets.numel() > 0:
+        first = int(offsets[0])
+        if first != 0:
+            _raise(
+                f"{where}: offsets must start at 0, got offsets[0] = {first}; offsets[i] is where sample i's "
+                "values start in values (slice values first if they begin later)"
+            )
 
 
 def _lengths_from_offsets(offsets: torch.Tensor) -> torch.Tensor:
@@ -269,23 +287,25 @@ class JaggedTensor(metaclass=JaggedTensorMeta):
 
     # ---------------------------------------------------------------- transforms
     def to_dense(self) -> List[torch.Tensor]:
-        """One tensor per sample: ``[values[o_b:o_{b+1}] for b in range(B)]``."""
-        sizes: List[int] = self.lengths().tolist()
-        return list(torch.split(self._values, sizes))
+        """One tensor per sample: ``[values[o_b:o_{b+1}] for b in range(B)]`` (views; one host read).
+
+        Offsets, when the JaggedTensor has them, are read as given (as torchrec does: rows of offsets
+        ``[2, 4, 5]`` are ``values[2:4]`` and ``values[4:5]``).
+        """
+        return _dense_rows(self._values, self._lengths, self._offsets)
 
     def to_dense_weights(self) -> Optional[List[torch.Tensor]]:
         w = self._weights
         if w is None:
             return None
-        sizes: List[int] = self.lengths().tolist()
-        return list(torch.split(w, sizes))
+        return _dense_rows(w, self._lengths, self._offsets)
 
     def to_padded_dense(self, desired_length: Optional[int] = None, padding_value: float = 0.0) -> torch.Tensor:
         """``[B, L]`` (or ``[B, L, D]``) rows padded with ``padding_value``, truncated to ``desired_length``.
 
-        ``L`` defaults to the longest sample.
+        ``L`` defaults to the longest sample. Rows start at the offsets when there are any (torchrec).
         """
-        return _to_padded(self._values, self.lengths(), desired_length, padding_value)
+        return _to_padded(self._values, self.lengths(), self._offsets, desired_length, padding_value)
 
     def to_padded_dense_weights(
         self, desired_length: Optional[int] = None, padding_value: float = 0.0
@@ -293,7 +313,7 @@ class JaggedTensor(metaclass=JaggedTensorMeta):
         w = self._weights
         if w is None:
             return None
-        return _to_padded(w, self.lengths(), desired_length, padding_value)
+        return _to_padded(w, self.lengths(), self._offsets, desired_length, padding_value)
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "JaggedTensor":
         """Copy to ``device`` (values, weights, lengths and offsets that exist)."""
@@ -306,6 +326,21 @@ class JaggedTensor(metaclass=JaggedTensorMeta):
             lengths=lengths.to(device, non_blocking=non_blocking) if lengths is not None else None,
             offsets=offsets.to(device, non_blocking=non_blocking) if offsets is not None else None,
         )
+
+    def copy_(self, jt: "JaggedTensor", non_blocking: bool = False) -> "JaggedTensor":
+        """Copy ``jt``'s tensors into this one's, in place (torchrec's; e.g. into ``empty_like(jt, device)``).
+
+        The tensors must have ``jt``'s shapes; a tensor only one side has is left as it is.
+        """
+        self._values.copy_(jt._values, non_blocking=non_blocking)
+        copy_into(self._weights, jt._weights, non_blocking)
+        copy_into(self._lengths, jt._lengths, non_blocking)
+        copy_into(self._offsets, jt._offsets, non_blocking)
+        return self
+
+    def size_in_bytes(self) -> int:
+        """Bytes of the tensors this JaggedTensor holds (values, weights, lengths, offsets that exist)."""
+        return num_bytes([self._values, self._weights, self._lengths, self._offsets])
 
     @torch.jit.unused
     def pin_memory(self) -> "JaggedTensor":
@@ -356,22 +391,41 @@ class JaggedTensor(metaclass=JaggedTensorMeta):
         )
 
 
+def _dense_rows(
+    values: torch.Tensor, lengths: Optional[torch.Tensor], offsets: Optional[torch.Tensor]
+) -> List[torch.Tensor]:
+    """``values`` cut into one view per sample, by ``offsets`` when given, else by ``lengths`` from 0."""
+    if offsets is None:
+        sizes: List[int] = lengths_or_derive(lengths, offsets, "JaggedTensor").tolist()
+        return list(torch.split(values, sizes))
+    bounds: List[int] = offsets.tolist()
+    if len(bounds) < 2:
+        return []
+    sizes = [bounds[i + 1] - bounds[i] for i in range(len(bounds) - 1)]
+    return list(torch.split(values.narrow(0, bounds[0], bounds[-1] - bounds[0]), sizes))
+
+
 def _to_padded(
-    values: torch.Tensor, lengths: torch.Tensor, desired_length: Optional[int], padding_value: float
+    values: torch.Tensor,
+    lengths: torch.Tensor,
+    offsets: Optional[torch.Tensor],
+    desired_length: Optional[int],
+    padding_value: float,
 ) -> torch.Tensor:
+    """``[B, L, ...]``: entry ``[b, c]`` is ``values[start_b + c]`` for ``c < lengths[b]``, else ``padding_value``.
+
+    ``start_b`` is ``offsets[b]`` when given (rows need not start at 0, as in torchrec), else the
+    running sum of ``lengths``. A gather: no host read beyond ``max(lengths)`` when ``L`` is not given.
+    """
     batch = lengths.numel()
-    max_len = int(lengths.max()) if batch > 0 else 0
-    length = max_len if desired_length is None else desired_length
-    out = torch.full(
-        [batch, length] + list(values.shape[1:]), padding_value, dtype=values.dtype, device=values.device
-    )
-    total = values.size(0)
-    if total == 0 or length == 0:
-        return out
+    length = desired_length if desired_length is not None else (int(lengths.max()) if batch > 0 else 0)
+    shape = [batch, length] + list(values.shape[1:])
+    if batch == 0 or length == 0 or values.size(0) == 0:
+        return torch.full(shape, padding_value, dtype=values.dtype, device=values.device)
     lengths64 = lengths.long()
-    rows = torch.repeat_interleave(torch.arange(batch, device=values.device), lengths64, output_size=total)
-    starts = complete_cumsum(lengths64)[:-1]
-    cols = torch.arange(total, device=values.device) - torch.repeat_interleave(starts, lengths64, output_size=total)
-    keep = cols < length
-    out[rows[keep], cols[keep]] = values[keep]
-    return out
+    starts = offsets[:-1].long() if offsets is not None else complete_cumsum(lengths64)[:-1]
+    cols = torch.arange(length, device=values.device).unsqueeze(0)  # [1, L]
+    keep = cols < lengths64.unsqueeze(1)  # [B, L]
+    index = torch.where(keep, starts.unsqueeze(1) + cols, torch.zeros_like(cols))
+    rows = values.index_select(0, index.reshape(-1)).view(shape)
+    return rows.masked_fill(torch.logical_not(keep).view([batch, length] + [1] * (values.dim() - 1)), padding_value)

@@ -34,7 +34,16 @@ from lightrec.sparse.jagged import (
     offsets_or_derive,
 )
 from lightrec.sparse.kjt_checks import validate_kjt_layout
-from lightrec.sparse.kjt_device import empty_like_tensors, inverse_indices_to, pin_tensors, tensors_to
+from lightrec.sparse.kjt_device import (
+    copy_into,
+    empty_like_tensors,
+    inverse_indices_empty_like,
+    inverse_indices_pinned,
+    inverse_indices_to,
+    num_bytes,
+    pin_tensors,
+    tensors_to,
+)
 from lightrec.sparse.kjt_dist import dist_labels, dist_splits, dist_tensors
 from lightrec.sparse.kjt_printing import kjt_repr, kjt_str
 from lightrec.sparse.variable_batch import cumsum_list, regroup_received
@@ -167,7 +176,7 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
 
     @staticmethod
     def from_jt_dict(jt_dict: Dict[str, JaggedTensor], variable_batch: bool = False) -> "KeyedJaggedTensor":
-        """Stack ``{key: JaggedTensor}`` in the dict's key order.
+        """Stack ``{key: JaggedTensor}`` in the dict's key order (synced, as torchrec: one host read).
 
         As torchrec documents, every JaggedTensor must have the same batch size (one length per
         sample, also for samples without ids): JaggedTensors of different batch sizes raise
@@ -183,7 +192,8 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
             keys, [jt.values() for jt in jts], [jt.weights_or_none() for jt in jts], [jt.lengths() for jt in jts],
             variable_batch,
         )
-        return KeyedJaggedTensor._build(keys, values, weights, lengths, stride, stride_per_key_per_rank, None, None)
+        kjt = KeyedJaggedTensor._build(keys, values, weights, lengths, stride, stride_per_key_per_rank, None, None)
+        return kjt.sync()
 
     @staticmethod
     def empty(
@@ -214,7 +224,8 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
                 keys=kjt.keys(), values=values, weights=weights, lengths=lengths, offsets=offsets,
                 stride=kjt.stride(), stride_per_key_per_rank=kjt._stride_per_key_per_rank,
                 stride_per_key=None, length_per_key=kjt._length_per_key, lengths_offset_per_key=None,
-                offset_per_key=kjt._offset_per_key, index_per_key=None, jt_dict=None, inverse_indices=None,
+                offset_per_key=kjt._offset_per_key, index_per_key=None, jt_dict=None,
+                inverse_indices=inverse_indices_empty_like(kjt._inverse_indices, device),
             )  # fmt: skip
         values = torch.empty(0, dtype=kjt.values().dtype, device=kjt.device())
         weights = torch.empty(0, dtype=w.dtype, device=w.device) if w is not None else None
@@ -272,7 +283,8 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         stride = self._stride
         if stride is None:
             lengths = self._lengths
-            num_lengths = lengths.numel() if lengths is not None else self.offsets().numel() - 1
+            # empty offsets (no samples) hold no lengths, as torchrec reads them
+            num_lengths = lengths.numel() if lengths is not None else max(self.offsets().numel() - 1, 0)
             stride = kjt_layout.infer_stride(
                 len(self._keys), self._stride_per_key_per_rank, self._inverse_indices, num_lengths
             )
@@ -437,17 +449,29 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
             return self
         return self.permute(kjt_transforms.key_positions(keys, self.index_per_key(), self._keys), None)
 
-    def to_dict(self) -> Dict[str, JaggedTensor]:
-        """``{key: JaggedTensor}`` views of each feature (cached)."""
+    def to_dict(self, compute_offsets: bool = True) -> Dict[str, JaggedTensor]:
+        """``{key: JaggedTensor}`` views of each feature (cached: a later call returns the first result).
+
+        ``compute_offsets`` gives each JaggedTensor its offsets too (torchrec's default; one
+        running sum over all keys of a fixed-batch KJT), else only its lengths.
+        """
         jt_dict = self._jt_dict
         if jt_dict is not None:
             return jt_dict
+        lengths = self.lengths()
         parts = kjt_transforms.slice_per_key(
-            self._values, self._weights, self.lengths(), self.offset_per_key(), self.lengths_offset_per_key()
+            self._values, self._weights, lengths, self.offset_per_key(), self.lengths_offset_per_key()
         )
+        key_offsets: List[torch.Tensor] = []
+        if compute_offsets:
+            key_offsets = kjt_transforms.offsets_per_key(
+                [part[2] for part in parts], lengths, self.stride(), self._stride_per_key_per_rank is not None
+            )
         new_dict: Dict[str, JaggedTensor] = {}
-        for key, (values, weights, lengths) in zip(self._keys, parts):
-            new_dict[key] = JaggedTensor(values=values, weights=weights, lengths=lengths, offsets=None)
+        for i in range(len(parts)):
+            values, weights, key_lengths = parts[i]
+            offsets: Optional[torch.Tensor] = key_offsets[i] if compute_offsets else None
+            new_dict[self._keys[i]] = JaggedTensor(values=values, weights=weights, lengths=key_lengths, offsets=offsets)
         self._jt_dict = new_dict
         return new_dict
 
@@ -455,12 +479,17 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         index = self.index_per_key()
         if key not in index:
             raise KeyError(f"feature '{key}' is not in this KeyedJaggedTensor; its keys are {self._keys}")
-        return self.to_dict()[key]
+        return self.to_dict(True)[key]  # every argument: TorchScript drops defaults inside the class
 
-    def to(self, device: torch.device, non_blocking: bool = False) -> "KeyedJaggedTensor":
-        """Copy every tensor to ``device``; host-side caches are kept (no sync)."""
+    def to(
+        self, device: torch.device, non_blocking: bool = False, dtype: Optional[torch.dtype] = None
+    ) -> "KeyedJaggedTensor":
+        """Copy every tensor to ``device``; host-side caches are kept (no sync).
+
+        ``dtype`` converts the weights (torchrec's argument; ids and lengths keep their dtypes).
+        """
         values, weights, lengths, offsets = tensors_to(
-            self._values, self._weights, self._lengths, self._offsets, device, non_blocking
+            self._values, self._weights, self._lengths, self._offsets, device, non_blocking, dtype
         )
         inverse_indices = inverse_indices_to(self._inverse_indices, device, non_blocking)
         return self._copy_with(values, weights, lengths, offsets, inverse_indices)
@@ -469,7 +498,7 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
     def pin_memory(self) -> "KeyedJaggedTensor":
         """Copy into page-locked host memory so a later ``to(cuda, non_blocking=True)`` is async."""
         values, weights, lengths, offsets = pin_tensors(self._values, self._weights, self._lengths, self._offsets)
-        return self._copy_with(values, weights, lengths, offsets, self._inverse_indices)
+        return self._copy_with(values, weights, lengths, offsets, inverse_indices_pinned(self._inverse_indices))
 
     @torch.jit.unused
     def record_stream(self, stream: torch.Stream) -> None:
@@ -490,6 +519,43 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
             offset_per_key=self._offset_per_key, index_per_key=self._index_per_key, jt_dict=None,
             inverse_indices=inverse_indices,
         )  # fmt: skip
+
+    def copy_(self, kjt: "KeyedJaggedTensor", non_blocking: bool = False) -> "KeyedJaggedTensor":
+        """Copy ``kjt``'s tensors into this KJT's, in place, and take its host-side layout (torchrec's).
+
+        For a KJT made by ``empty_like(kjt, device)``: the tensors must have ``kjt``'s shapes; a
+        tensor only one side has (weights, lengths, offsets, inverse indices) is left as it is.
+        """
+        self._stride = kjt._stride
+        self._stride_per_key_per_rank = kjt._stride_per_key_per_rank
+        self._stride_per_key = kjt._stride_per_key
+        self._length_per_key = kjt._length_per_key
+        self._lengths_offset_per_key = kjt._lengths_offset_per_key
+        self._offset_per_key = kjt._offset_per_key
+        self._index_per_key = kjt._index_per_key
+        self._jt_dict = None  # views of the old contents would go stale; rebuilt on demand
+        self._values.copy_(kjt._values, non_blocking=non_blocking)
+        copy_into(self._weights, kjt._weights, non_blocking)
+        copy_into(self._lengths, kjt._lengths, non_blocking)
+        copy_into(self._offsets, kjt._offsets, non_blocking)
+        own = self._inverse_indices
+        other = kjt._inverse_indices
+        if own is not None and other is not None:
+            self._inverse_indices = (other[0], own[1].copy_(other[1], non_blocking=non_blocking))
+        return self
+
+    def size_in_bytes(self) -> int:
+        """Bytes of the tensors this KJT holds (torchrec's count: the per-rank batch sizes as int32)."""
+        size = num_bytes([self._values, self._weights, self._lengths, self._offsets])
+        strides = self._stride_per_key_per_rank
+        if strides is not None:
+            for per_rank in strides:
+                size += 4 * len(per_rank)
+        return size
+
+    def _key_indices(self) -> Dict[str, int]:
+        """``index_per_key()`` under torchrec's private name."""
+        return self.index_per_key()
 
     def flatten_lengths(self) -> "KeyedJaggedTensor":
         """The same KJT holding only lengths (drops cached offsets; kernels want one or the other)."""

@@ -110,6 +110,14 @@ class KeyedTensor(metaclass=JaggedTensorMeta):
             ipk = new_ipk
         return ipk
 
+    def _key_indices(self) -> Dict[str, int]:
+        """``index_per_key()`` under torchrec's private name."""
+        return self.index_per_key()
+
+    def size_in_bytes(self) -> int:
+        """Bytes of ``values``."""
+        return self._values.element_size() * self._values.numel()
+
     def __getitem__(self, key: str) -> torch.Tensor:
         ipk = self.index_per_key()
         if key not in ipk:
@@ -164,7 +172,10 @@ class KeyedTensor(metaclass=JaggedTensorMeta):
 
     @torch.jit.unused
     def pin_memory(self) -> "KeyedTensor":
-        return KeyedTensor(self._keys, self._length_per_key, self._values.pin_memory(), self._key_dim)
+        return KeyedTensor(
+            self._keys, self._length_per_key, self._values.pin_memory(), self._key_dim, self._offset_per_key,
+            self._index_per_key,
+        )  # fmt: skip
 
     @torch.jit.unused
     def record_stream(self, stream: torch.Stream) -> None:
@@ -184,19 +195,28 @@ class KeyedTensor(metaclass=JaggedTensorMeta):
 
 @torch.fx.wrap
 def _regroup_keyed_tensors(keyed_tensors: List[KeyedTensor], groups: List[List[str]]) -> List[torch.Tensor]:
-    """``KeyedTensor.regroup`` (one ``torch.fx`` node)."""
+    """``KeyedTensor.regroup`` (one ``torch.fx`` node): one ``cat`` of every group's blocks, split by group.
+
+    As torchrec: the blocks are laid out along the first input's ``key_dim``, a key held by several
+    inputs is read from the last of them, and an empty group gives an empty (width 0) tensor.
+    """
     blocks: Dict[str, torch.Tensor] = {}
-    key_dim = 1
+    key_dim = keyed_tensors[0].key_dim() if len(keyed_tensors) > 0 else 1
     for kt in keyed_tensors:
-        key_dim = kt.key_dim()
         for k, v in kt.to_dict().items():
             blocks[k] = v
-    out: List[torch.Tensor] = []
+    parts: List[torch.Tensor] = []
+    widths: List[int] = []
     for group in groups:
-        parts: List[torch.Tensor] = []
+        width = 0
         for k in group:
             if k not in blocks:
                 raise KeyError("regroup: key " + k + " is in no KeyedTensor")
-            parts.append(blocks[k])
-        out.append(torch.cat(parts, dim=key_dim))
-    return out
+            block = blocks[k]
+            parts.append(block)
+            width += block.size(key_dim)
+        widths.append(width)
+    if len(parts) == 0:  # only empty groups: width-0 slices of the first input
+        empty = keyed_tensors[0].values().narrow(key_dim, 0, 0)
+        return [empty for _ in groups]
+    return list(torch.cat(parts, dim=key_dim).split(widths, dim=key_dim))

@@ -19,7 +19,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from lightrec.sparse.jagged import SparseValueError, _check_lengths_offsets
+from lightrec.sparse.jagged import SparseValueError, _check_lengths_offsets, check_offsets_start
 
 __all__ = ["check_id_dtypes", "check_layout_sizes", "check_lengths_and_weights", "validate_kjt_layout"]
 
@@ -47,10 +47,11 @@ def validate_kjt_layout(
         return
     check_layout_sizes(keys, values, weights, lengths, stride, stride_per_key_per_rank)
     check_id_dtypes(keys, values, lengths)
+    check_offsets_start(offsets, "KeyedJaggedTensor")
     strides = [sum(per_rank) for per_rank in stride_per_key_per_rank] if stride_per_key_per_rank is not None else None
     check_lengths_and_weights(keys, lengths, weights, strides)
     _check_surplus(keys, values, lengths)
-    _check_inverse_indices(keys, inverse_indices)
+    _check_inverse_indices(keys, inverse_indices, strides)
     _check_lengths_offsets(values, weights, lengths, offsets, "KeyedJaggedTensor")
 
 
@@ -197,9 +198,28 @@ def _check_surplus(keys: List[str], values: torch.Tensor, lengths: torch.Tensor)
         )
 
 
-def _check_inverse_indices(keys: List[str], inverse: Optional[Tuple[List[str], torch.Tensor]]) -> None:
-    if inverse is not None and (inverse[1].dim() != 2 or inverse[1].size(0) != len(inverse[0])):
+def _check_inverse_indices(
+    keys: List[str], inverse: Optional[Tuple[List[str], torch.Tensor]], stride_per_key: Optional[List[int]]
+) -> None:
+    """``(keys, [F', B])``, and, for a variable-batch KJT, each row of a key of the KJT picks bags of
+    that key's own batch: ``0 <= inverse_indices[1][i] < B_k`` (an index past it fails in the lookup's
+    ``index_select``, on CUDA as a device-side assert)."""
+    if inverse is None:
+        return
+    if inverse[1].dim() != 2 or inverse[1].size(0) != len(inverse[0]):
         raise SparseValueError(
             f"inverse_indices must be (keys, [len(keys), B]), got {len(inverse[0])} keys and a tensor of "
             f"shape {list(inverse[1].shape)}"
         )
+    if stride_per_key is None or inverse[1].numel() == 0:
+        return
+    batch_of = dict(zip(keys, stride_per_key))
+    for row, key in enumerate(inverse[0]):
+        if key not in batch_of:
+            continue
+        low, high = (int(v) for v in inverse[1][row].aminmax())
+        if low < 0 or high >= batch_of[key]:
+            raise SparseValueError(
+                f"inverse_indices row of feature {key!r} holds indices in [{low}, {high}] but the feature has "
+                f"{batch_of[key]} bags (sum(stride_per_key_per_rank[k])); each entry picks one of its bags"
+            )

@@ -13,7 +13,17 @@ from typing import List, Optional, Tuple
 
 import torch
 
-__all__ = ["empty_like_tensors", "inverse_indices_to", "pin_tensors", "tensors_to"]
+__all__ = [
+    "copy_into",
+    "empty_like_tensors",
+    "inverse_indices_empty_like",
+    "inverse_indices_pinned",
+    "inverse_indices_to",
+    "num_bytes",
+    "pin_tensors",
+    "tensors_to",
+]
+
 
 def tensors_to(
     values: torch.Tensor,
@@ -22,11 +32,13 @@ def tensors_to(
     offsets: Optional[torch.Tensor],
     device: torch.device,
     non_blocking: bool,
+    weights_dtype: Optional[torch.dtype] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor]]:
-    """``(values, weights, lengths, offsets)`` on ``device`` (None stays None)."""
+    """``(values, weights, lengths, offsets)`` on ``device`` (None stays None); ``weights_dtype``
+    converts the weights too (torchrec's ``KeyedJaggedTensor.to(..., dtype=)``)."""
     return (
         values.to(device, non_blocking=non_blocking),
-        weights.to(device, non_blocking=non_blocking) if weights is not None else None,
+        weights.to(device=device, dtype=weights_dtype, non_blocking=non_blocking) if weights is not None else None,
         lengths.to(device, non_blocking=non_blocking) if lengths is not None else None,
         offsets.to(device, non_blocking=non_blocking) if offsets is not None else None,
     )
@@ -71,3 +83,37 @@ def inverse_indices_to(
     if inverse is None:
         return None
     return inverse[0], inverse[1].to(device, non_blocking=non_blocking)
+
+
+def inverse_indices_empty_like(
+    inverse: Optional[Tuple[List[str], torch.Tensor]], device: torch.device
+) -> Optional[Tuple[List[str], torch.Tensor]]:
+    """``inverse_indices`` with an uninitialised ``[F, B]`` tensor of the same shape on ``device``."""
+    if inverse is None:
+        return None
+    return inverse[0], torch.empty_like(inverse[1], device=device)
+
+
+@torch.jit.unused
+def inverse_indices_pinned(
+    inverse: Optional[Tuple[List[str], torch.Tensor]],
+) -> Optional[Tuple[List[str], torch.Tensor]]:
+    """``inverse_indices`` with its ``[F, B]`` tensor copied into page-locked host memory."""
+    if inverse is None:
+        return None
+    return inverse[0], inverse[1].pin_memory()
+
+
+def copy_into(dst: Optional[torch.Tensor], src: Optional[torch.Tensor], non_blocking: bool) -> None:
+    """``dst.copy_(src)`` when both exist (torchrec's ``copy_``: a part only one side has is left alone)."""
+    if dst is not None and src is not None:
+        dst.copy_(src, non_blocking=non_blocking)
+
+
+def num_bytes(tensors: List[Optional[torch.Tensor]]) -> int:
+    """Bytes held by the tensors that exist (``size_in_bytes``)."""
+    total = 0
+    for t in tensors:
+        if t is not None:
+            total += t.element_size() * t.numel()
+    return total

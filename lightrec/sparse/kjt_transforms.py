@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from lightrec.sparse._ops import permute_2d_sparse
+from lightrec.sparse._ops import complete_cumsum, permute_2d_sparse
 from lightrec.sparse.jagged import SparseValueError
 from lightrec.sparse.variable_batch import expand_segment, permute_segments
 
@@ -28,6 +28,7 @@ __all__ = [
     "concat_key_lists",
     "expand_to_fixed_batch",
     "key_positions",
+    "offsets_per_key",
     "permute_fixed_batch",
     "permute_variable_batch",
     "slice_per_key",
@@ -91,7 +92,10 @@ def stack_features(
 
 
 def check_split_segments(segments: List[int], num_keys: int) -> None:
-    """Raise ``ValueError`` unless the groups of ``segments[i]`` keys cover the ``num_keys`` keys."""
+    """Raise ``ValueError`` unless the groups of ``segments[i] >= 0`` keys cover the ``num_keys`` keys."""
+    for seg in segments:
+        if seg < 0:
+            raise ValueError(f"split(segments={segments}): a segment is a number of keys, got {seg}")
     if sum(segments) != num_keys:
         raise ValueError(
             f"split(segments={segments}) must cover the {num_keys} keys exactly, "
@@ -145,6 +149,28 @@ def slice_per_key(
     return parts
 
 
+def offsets_per_key(
+    lengths_per_key: List[torch.Tensor], lengths: torch.Tensor, stride: int, variable_batch: bool
+) -> List[torch.Tensor]:
+    """``[B_k + 1]`` offsets of each key's lengths, each from 0 (``to_dict``'s JaggedTensors).
+
+    A fixed-batch KJT gets them in one running sum over its ``[F, B]`` lengths (as torchrec);
+    a variable-batch one key by key.
+
+    Args:
+        lengths_per_key: ``[F]`` each key's ``[B_k]`` lengths (views of ``lengths``).
+        lengths: ``[sum B_k]`` key-major lengths; stride: ``B`` of a fixed-batch KJT.
+    """
+    num_keys = len(lengths_per_key)
+    if not variable_batch and num_keys > 0 and lengths.numel() == num_keys * stride:
+        running = torch.cumsum(lengths.view(num_keys, stride), 1).to(lengths.dtype)
+        return list(torch.unbind(torch.nn.functional.pad(running, [1, 0]), 0))
+    offsets: List[torch.Tensor] = []
+    for key_lengths in lengths_per_key:
+        offsets.append(complete_cumsum(key_lengths))
+    return offsets
+
+
 def key_positions(keys: List[str], index_per_key: Dict[str, int], own_keys: List[str]) -> List[int]:
     """Position of each of ``keys`` among ``own_keys`` (``permute_to_keys``).
 
@@ -181,13 +207,26 @@ def concat_inverse_indices(
     inverses: List[Optional[Tuple[List[str], torch.Tensor]]],
 ) -> Optional[Tuple[List[str], torch.Tensor]]:
     """The inverse indices of KJTs put side by side: their keys and ``[F_i, B]`` rows stacked
-    (None when none has any)."""
+    (None when none has any).
+
+    A key's row is taken once, from the first KJT that has it: the parts of a ``split`` or
+    ``permute`` each carry the whole ``(keys, [F, B])`` of their source, and concatenating them
+    gives back that source's inverse indices, not ``F`` rows per part.
+    """
     keys: List[str] = []
     rows: List[torch.Tensor] = []
     for inverse in inverses:
         if inverse is not None:
-            keys.extend(inverse[0])
-            rows.append(inverse[1])
+            inverse_keys = inverse[0]
+            fresh: List[int] = []
+            for i in range(len(inverse_keys)):
+                if inverse_keys[i] not in keys:
+                    keys.append(inverse_keys[i])
+                    fresh.append(i)
+            if len(fresh) == len(inverse_keys):
+                rows.append(inverse[1])
+            elif len(fresh) > 0:
+                rows.append(inverse[1].index_select(0, torch.tensor(fresh, dtype=torch.long, device=inverse[1].device)))
     if len(rows) == 0:
         return None
     return keys, torch.cat(rows)

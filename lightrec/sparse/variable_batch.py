@@ -145,6 +145,8 @@ def regroup_received(
         variable_stride_per_key: the batch sizes travel in ``tensors[2]`` (``[R * F]``, rank-major).
         num_workers: source ranks ``R``.
         recat: ``[F * R]`` order of the ``(rank, key)`` blocks in the output, or None (kept as received).
+            A fixed-batch KJT from ranks of different batch sizes also takes torchrec's per-sample
+            form, ``[F * sum(stride_per_rank)]``: the source position of each output length.
         stride_per_rank: each source rank's batch size (fixed-batch only).
         stagger: torchrec's 2-D sharding rank interleave (1: none).
 
@@ -173,10 +175,15 @@ def regroup_received(
         block_sizes = [b for b in stride_per_rank for _ in range(num_keys)]
         table = None
     if recat is not None and num_keys > 0:
-        order: List[int] = recat.tolist()
-        block_lengths = segment_sums(lengths, block_sizes)
-        lengths, _ = permute_segments(order, block_sizes, lengths, None)
-        values, weights = permute_segments(order, block_lengths, values, weights)
+        if table is None and recat.numel() != len(block_sizes) and recat.numel() == lengths.numel():
+            # torchrec's recat for source ranks of different batch sizes (``_get_recat`` expanded by
+            # ``expand_into_jagged_permute``): one entry per (key, sample) length, not per block
+            lengths, values, weights = expand_segment(lengths, values, weights, recat)
+        else:
+            order: List[int] = recat.tolist()
+            block_lengths = segment_sums(lengths, block_sizes)
+            lengths, _ = permute_segments(order, block_sizes, lengths, None)
+            values, weights = permute_segments(order, block_lengths, values, weights)
     stride: Optional[int] = None  # variable-batch: the batch sizes are in the table
     if table is None and stride_per_rank is not None:  # raised above if both are None
         stride = sum(stride_per_rank)
