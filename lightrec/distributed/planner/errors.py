@@ -13,20 +13,10 @@ import math
 
 import numpy as np
 
+from lightrec.distributed.planner import shard_estimators as est  # est.RW, est.DP, ...: sharding type codes
 from lightrec.distributed.planner.options import Options
 from lightrec.distributed.planner.partitioners import Placement
-from lightrec.distributed.planner.shard_estimators import (
-    CW,
-    DP,
-    KERNELS,
-    RW,
-    SHARDING_TYPES,
-    TIERED,
-    TW,
-    TWCW,
-    TWRW,
-    TableArrays,
-)
+from lightrec.distributed.planner.shard_estimators import KERNELS, SHARDING_TYPES, TIERED, TableArrays
 from lightrec.distributed.planner.types import PlannerError, Topology
 
 __all__ = ["gib", "no_packing_error", "too_big_error"]
@@ -92,24 +82,24 @@ def _binding(opts: Options, o: int, topo: Topology) -> tuple[float, float, str]:
     s, n = int(opts.start[o]), int(opts.nshards[o])
     shards = opts.sh_storage[s : s + n]
     st = int(opts.stype[o])
-    if st in (RW, TWRW, TWCW):
-        if st == RW:
+    if st in (est.RW, est.TWRW, est.TWCW):
+        if st == est.RW:
             slots = caps[np.arange(n) % W][None, :]  # [1, n]: shard i on rank i
         else:
             slots = caps.reshape(-1, L)[:, :n]  # [hosts, n]: shard i on local rank i of a host
         over = shards[None, :] - slots
         h = int(np.argmin(over.max(axis=1)))
         i = int(np.argmax(over[h]))
-        rank = i if st == RW else h * L + i
+        rank = i if st == est.RW else h * L + i
         need, have = float(shards[i]), float(slots[h, i])
     else:
-        rank = int(np.argmin(caps) if st == DP else np.argmax(caps))
+        rank = int(np.argmin(caps) if st == est.DP else np.argmax(caps))
         need, have = float(opts.footprint[o]), float(caps[rank])
     if float(caps.min()) == float(caps.max()):
         return need, have, f"a rank has {gib(have)}"
-    if st == DP:
+    if st == est.DP:
         return need, have, f"every rank holds a replica and rank {rank} has {gib(have)}"
-    if st in (TW, CW):
+    if st in (est.TW, est.CW):
         return need, have, f"the largest rank has {gib(have)}"
     return need, have, f"its shard {i} goes on rank {rank}, which has {gib(have)}"
 

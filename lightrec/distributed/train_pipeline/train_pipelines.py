@@ -81,6 +81,19 @@ class TrainPipeline(abc.ABC, Generic[In, Out]):
         self._custom_model_fwd = custom_model_fwd
         self._model_fwd = custom_model_fwd or model
         self._memcpy_stream = torch.cuda.Stream(device=self._device) if self._device.type == "cuda" else None
+        self._dataloader_iter: Iterator[In] | None = None  # the iterator read last (see _next_batch)
+        self._exhausted = False
+
+    def _next_batch(self, dataloader_iter: Iterator[In]) -> In | None:
+        """The next batch of ``dataloader_iter``, None once it ran out; a new iterator (a new epoch)
+        is read from its start even after the previous one ran out."""
+        if dataloader_iter is not self._dataloader_iter:
+            self._dataloader_iter, self._exhausted = dataloader_iter, False
+        if self._exhausted:
+            return None
+        batch = next(dataloader_iter, None)
+        self._exhausted = batch is None
+        return batch
 
 
 class TrainPipelineBase(TrainPipeline[In, Out]):
@@ -102,25 +115,12 @@ class TrainPipelineBase(TrainPipeline[In, Out]):
     ) -> None:
         self._bind_model(model, optimizer, device, custom_model_fwd)
         self._cur: Any = None  # the next batch to train, on the device (None: none read yet)
-        self._dataloader_iter: Iterator[In] | None = None
-        self._exhausted = False
 
     def _copy(self, batch: In) -> In:
         if self._memcpy_stream is None:
             return _to_device(batch, self._device, non_blocking=False)
         with torch.cuda.stream(self._memcpy_stream):
             return _to_device(batch, self._device, non_blocking=True)
-
-    def _next_batch(self, dataloader_iter: Iterator[In]) -> In | None:
-        """The next batch of ``dataloader_iter``, None once it ran out; a new iterator (a new epoch)
-        is read from its start even after the previous one ran out."""
-        if dataloader_iter is not self._dataloader_iter:
-            self._dataloader_iter, self._exhausted = dataloader_iter, False
-        if self._exhausted:
-            return None
-        batch = next(dataloader_iter, None)
-        self._exhausted = batch is None
-        return batch
 
     def progress(self, dataloader_iter: Iterator[In]) -> Out:
         """One step on the batch read by the previous call (the first call reads it now) while the
@@ -188,8 +188,6 @@ class TrainPipelineSparseDist(TrainPipeline[In, Out]):
         self._names: dict[int, str] | None = None
         self._pipelining = True
         self._next_index = 0
-        self._dataloader_iter: Iterator[In] | None = None
-        self._exhausted = False
         self._attached = True
 
     # ---- batches in flight ------------------------------------------------------------------
@@ -201,15 +199,6 @@ class TrainPipelineSparseDist(TrainPipeline[In, Out]):
                 sharded_collections(self._model)
             )
         return self._sparse_dist
-
-    def _next_batch(self, dataloader_iter: Iterator[In]) -> In | None:
-        if dataloader_iter is not self._dataloader_iter:
-            self._dataloader_iter, self._exhausted = dataloader_iter, False
-        if self._exhausted:
-            return None
-        batch = next(dataloader_iter, None)
-        self._exhausted = batch is None
-        return batch
 
     def copy_batch_to_gpu(self, dataloader_iter: Iterator[In]) -> tuple[In | None, TrainPipelineContext | None]:
         """Read the next batch, copy it to the device (on the copy stream on CUDA, its event in the
