@@ -13,9 +13,11 @@ per-sample datasets, which are far slower (one Python dict per sample).
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from lightrec.sparse import KeyedJaggedTensor
@@ -96,19 +98,19 @@ class Batch:
 
 
 def _ids_of(value: object, key: str, index: int) -> list[int]:
-    """One sample's ids of one feature as a list (an int, a sequence or a 1-D tensor)."""
-    if isinstance(value, torch.Tensor):
-        if value.dim() > 1:
+    """One sample's ids of one feature as a list (an int, a sequence, or a 1-D tensor / numpy array)."""
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        if value.ndim > 1:
             raise ValueError(
                 f"sample {index}: feature {key!r} must be 1-D ids, got shape {list(value.shape)}"
             )
         return [int(v) for v in value.reshape(-1).tolist()]
-    if isinstance(value, int):
-        return [value]
+    if isinstance(value, numbers.Integral):  # int and numpy's integer scalars (np.int64 ...)
+        return [int(value)]
     if isinstance(value, Sequence) and not isinstance(value, str):
         return [int(v) for v in value]
     raise TypeError(
-        f"sample {index}: feature {key!r} must be an int, a sequence of ints or a 1-D tensor, "
+        f"sample {index}: feature {key!r} must be an int, a sequence of ints or a 1-D tensor or array, "
         f"got {type(value).__name__}"
     )
 
@@ -134,8 +136,8 @@ def collate_samples(samples: Sequence[object], keys: Sequence[str] | None = None
     """Build one :class:`Batch` from per-sample rows.
 
     Each sample is ``{"dense": [num_dense] floats, "sparse": {feature: ids}, "label": float}`` or
-    the tuple ``(dense, sparse, label)``; ``ids`` is an int, a list of ints or a 1-D tensor (an
-    empty list is an empty bag). Use as ``DataLoader(ds, batch_size=B, collate_fn=collate_samples)``.
+    the tuple ``(dense, sparse, label)``; ``ids`` is an int (numpy integer scalars too), a list of
+    ints or a 1-D tensor or numpy array (an empty list is an empty bag). Use as ``DataLoader(ds, batch_size=B, collate_fn=collate_samples)``.
 
     Args:
         samples: the rows of the batch (at least one).

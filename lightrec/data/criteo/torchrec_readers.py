@@ -9,7 +9,8 @@ File layout of the binary form (what ``BinaryCriteoUtils.tsv_to_npys`` writes, o
 
 ``InMemoryBinaryCriteoIterDataPipe`` loads this rank's contiguous share of the rows (ranks differ
 by at most one row; with ``shuffle_training_set``, its block of one seeded permutation of all rows)
-and yields ``Batch`` es whose ids are ``raw % hashes[f]``. The names
+and yields ``Batch`` es whose ids are ``raw % hashes[f]``. Every rank yields the same number of
+batches (a rank with one row more puts it in its last batch), so DDP ranks step together. The names
 (``DEFAULT_CAT_NAMES`` = ``cat_0 .. cat_25``, ``DEFAULT_INT_NAMES`` = ``int_0 .. int_12``) are the
 ones :mod:`lightrec.data` uses (:mod:`lightrec.data.criteo.spec`), so table configs move between
 the two. lightrec's own Criteo pipeline (:func:`lightrec.data.preprocess_criteo`, resumable,
@@ -19,6 +20,7 @@ scripts that already have it.
 
 from __future__ import annotations
 
+import csv
 import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -32,8 +34,8 @@ from lightrec.data.criteo.memmap_dataset import one_id_per_key
 from lightrec.data.criteo.parse import parse_criteo_lines
 from lightrec.data.criteo.preprocess import atomic_save_npy
 from lightrec.data.criteo.spec import CAT_FEATURE_COUNT, DEFAULT_CAT_NAMES, DEFAULT_COLUMN_NAMES
-from lightrec.data.csv_readers import PATH_MANAGER_KEY, LoadFiles, ReadLinesFromCSV, safe_cast
-from lightrec.data.errors import LineErrors
+from lightrec.data.csv_readers import PATH_MANAGER_KEY, LoadFiles, safe_cast
+from lightrec.data.errors import LineErrors, OnError, check_on_error
 
 __all__ = [
     "BinaryCriteoUtils",
@@ -44,9 +46,19 @@ __all__ = [
 ]
 
 
+def _too_many(example: list[str]) -> str:
+    return (
+        f"a Criteo row has at most {len(DEFAULT_COLUMN_NAMES)} tab-separated fields (label, 13 counts, "
+        f"26 categoricals), got {len(example)}"
+    )
+
+
 def _default_row_mapper(example: list[str]) -> dict[str, int | str]:
     """A TSV row as ``{column name: value}``: label and counts as ints (empty -> 0), categoricals as
-    their hex strings (empty -> ""). A short row fills the *last* columns, as torchrec's does."""
+    their hex strings (empty -> ""). A short row fills the *last* columns, as torchrec's does; a row
+    of more than 40 fields is refused (``CriteoIterDataPipe`` names its file and line)."""
+    if len(example) > len(DEFAULT_COLUMN_NAMES):
+        raise ValueError(_too_many(example))
     out: dict[str, int | str] = {}
     for name, value in zip(reversed(DEFAULT_COLUMN_NAMES), reversed(example)):
         out[name] = safe_cast(value, str, "") if name.startswith("cat_") else safe_cast(value, int, 0)
@@ -56,11 +68,15 @@ def _default_row_mapper(example: list[str]) -> dict[str, int | str]:
 class CriteoIterDataPipe(IterableDataset):
     """Rows of Criteo TSV files (Kaggle ``train.txt`` or the 1TB ``day_N``), mapped by ``row_mapper``.
 
-    With DataLoader workers, worker ``w`` of ``n`` reads the files ``w, w + n, ...``.
+    With DataLoader workers, worker ``w`` of ``n`` reads the files ``w, w + n, ...``. A row the
+    default ``row_mapper`` refuses (more than 40 fields: torchrec's mapper fails on it) raises a
+    ``DataFormatError`` naming the file and line, or is skipped with ``on_error="skip"``.
 
     Args:
         paths: the TSV files, in order.
         row_mapper: applied to each row's list of fields (None: the list itself).
+        on_error: ``"raise"`` or ``"skip"`` a row the default ``row_mapper`` refuses (lightrec's
+            addition; a custom ``row_mapper``'s errors propagate unchanged).
         **open_kw: ``open`` arguments.
     """
 
@@ -69,10 +85,12 @@ class CriteoIterDataPipe(IterableDataset):
         paths: Iterable[str],
         *,
         row_mapper: Callable[[list[str]], object] | None = _default_row_mapper,
+        on_error: OnError = "raise",
         **open_kw: Any,
     ) -> None:
         self.paths = list(paths)
         self.row_mapper = row_mapper
+        self.on_error = check_on_error(on_error)
         self.open_kw = open_kw
 
     def __iter__(self) -> Iterator[object]:
@@ -80,22 +98,39 @@ class CriteoIterDataPipe(IterableDataset):
         worker = get_worker_info()
         if worker is not None:
             paths = [p for i, p in enumerate(paths) if i % worker.num_workers == worker.id]
-        for row in ReadLinesFromCSV(LoadFiles(paths, mode="r", **self.open_kw), delimiter="\t"):
-            yield self.row_mapper(row) if self.row_mapper is not None else row
+        errors = LineErrors(self.on_error)
+        for path, f in LoadFiles(paths, mode="r", **self.open_kw):
+            reader = csv.reader(f, delimiter="\t")
+            for row in reader:
+                if self.row_mapper is not _default_row_mapper:
+                    yield self.row_mapper(row) if self.row_mapper is not None else row
+                elif len(row) > len(DEFAULT_COLUMN_NAMES):
+                    errors.bad_line(path, reader.line_num, _too_many(row))
+                else:
+                    yield _default_row_mapper(row)
+        errors.log_summary("CriteoIterDataPipe")
 
 
 def criteo_terabyte(
-    paths: Iterable[str], *, row_mapper: Callable[[list[str]], object] | None = _default_row_mapper, **open_kw: Any
+    paths: Iterable[str],
+    *,
+    row_mapper: Callable[[list[str]], object] | None = _default_row_mapper,
+    on_error: OnError = "raise",
+    **open_kw: Any,
 ) -> CriteoIterDataPipe:
     """The Criteo 1TB click logs, read from its TSV files (see :class:`CriteoIterDataPipe`)."""
-    return CriteoIterDataPipe(paths, row_mapper=row_mapper, **open_kw)
+    return CriteoIterDataPipe(paths, row_mapper=row_mapper, on_error=on_error, **open_kw)
 
 
 def criteo_kaggle(
-    path: str, *, row_mapper: Callable[[list[str]], object] | None = _default_row_mapper, **open_kw: Any
+    path: str,
+    *,
+    row_mapper: Callable[[list[str]], object] | None = _default_row_mapper,
+    on_error: OnError = "raise",
+    **open_kw: Any,
 ) -> CriteoIterDataPipe:
     """The Kaggle Display Advertising Challenge data, read from ``train.txt`` or ``test.txt``."""
-    return CriteoIterDataPipe((path,), row_mapper=row_mapper, **open_kw)
+    return CriteoIterDataPipe((path,), row_mapper=row_mapper, on_error=on_error, **open_kw)
 
 
 class BinaryCriteoUtils:
@@ -172,9 +207,13 @@ class InMemoryBinaryCriteoIterDataPipe(IterableDataset):
         stage: ``"train"`` (every row of the files), ``"val"`` / ``"test"`` (first / second half of
             the first file, torchrec's split of the last day).
         dense_paths, sparse_paths, labels_paths: the files, one triple per day, in order.
-        batch_size: samples per batch (the last batch may be smaller).
+        batch_size: samples per batch. Every rank yields ``ceil(R / batch_size)`` batches, ``R``
+            being ``rows // world_size``; the last one may be smaller, and on the first
+            ``rows % world_size`` ranks it also holds their one extra row (so it can hold
+            ``batch_size + 1``): the ranks together read every row once, in equally many steps
+            (torchrec's split). With fewer rows than ranks, ranks with a row yield it as one batch.
         rank, world_size: which share of the rows this process reads.
-        drop_last: leave out the last batch when it has fewer than ``batch_size`` samples.
+        drop_last: every rank yields ``R // batch_size`` full batches and leaves the rest out.
         shuffle_batches: shuffle the samples inside each batch.
         shuffle_training_set: (``"train"`` only) permute every row of every file before the
             ranks take their shares: rank ``r`` gets block ``r`` of the permuted rows (the first
@@ -207,6 +246,10 @@ class InMemoryBinaryCriteoIterDataPipe(IterableDataset):
     ) -> None:
         if stage not in ("train", "val", "test"):
             raise ValueError(f"stage must be 'train', 'val' or 'test', got {stage!r}")
+        if batch_size < 1 or world_size < 1:
+            raise ValueError(f"batch_size and world_size must be >= 1, got {batch_size!r} and {world_size!r}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank!r}")
         if not (len(dense_paths) == len(sparse_paths) == len(labels_paths)) or not dense_paths:
             raise ValueError(
                 "dense_paths, sparse_paths and labels_paths must list the same, non-zero number of files; got "
@@ -222,6 +265,7 @@ class InMemoryBinaryCriteoIterDataPipe(IterableDataset):
         self._rng = np.random.RandomState(shuffle_training_set_random_seed)
         self.hashes = None if hashes is None else np.asarray(hashes, dtype=np.int64).reshape(1, -1)
         start, last = 0, None
+        self.remainder = 0  # rows % world_size: ranks below it hold one row more
         if stage != "train":
             rows = BinaryCriteoUtils.get_shape_from_npy(dense_paths[0])[0]
             half = math.ceil(rows / 2)
@@ -233,16 +277,23 @@ class InMemoryBinaryCriteoIterDataPipe(IterableDataset):
         if shuffle_training_set and stage == "train":
             self._load_shuffled_share(dense_paths, sparse_paths, labels_paths)
         else:
-            ranges = BinaryCriteoUtils.get_file_idx_to_row_range(
-                [BinaryCriteoUtils.get_shape_from_npy(p)[0] for p in dense_paths], rank, world_size, start, last
-            )
+            lengths = [BinaryCriteoUtils.get_shape_from_npy(p)[0] for p in dense_paths]
+            ranges = BinaryCriteoUtils.get_file_idx_to_row_range(lengths, rank, world_size, start, last)
+            total = (sum(lengths) - start) if last is None else (last - start + 1)
+            self.remainder = total % world_size
             for arrs, paths in ((self.dense_arrs, dense_paths), (self.sparse_arrs, sparse_paths),
                                 (self.labels_arrs, labels_paths)):  # fmt: skip
                 for idx, (lo, hi) in ranges.items():
                     arrs.append(BinaryCriteoUtils.load_npy_range(paths[idx], lo, hi - lo + 1, mmap_mode=mmap_mode))
         self.num_rows_per_file = [a.shape[0] for a in self.dense_arrs]
         rows = sum(self.num_rows_per_file)
-        self.num_batches = rows // batch_size if self.drop_last else math.ceil(rows / batch_size)
+        # every rank holds `base` rows, the first `total % world_size` ranks one more: batch counts
+        # come from `base` so that all ranks yield equally many (an extra row joins the last batch)
+        base = rows - 1 if rank < self.remainder else rows
+        if self.drop_last:
+            self.num_batches = base // batch_size
+        else:
+            self.num_batches = math.ceil(base / batch_size) if base > 0 else int(rows > 0)
         self.keys = list(DEFAULT_CAT_NAMES)
 
     def _load_shuffled_share(self, dense_paths: list[str], sparse_paths: list[str], labels_paths: list[str]) -> None:
@@ -251,6 +302,7 @@ class InMemoryBinaryCriteoIterDataPipe(IterableDataset):
                  for paths in (dense_paths, sparse_paths, labels_paths)]  # fmt: skip
         lengths = [a.shape[0] for a in files[0]]
         total = sum(lengths)
+        self.remainder = total % self.world_size
         destination = self._rng.permutation(total)  # row j of the concatenated files goes to destination[j]
         per_rank = np.full(self.world_size, total // self.world_size)
         per_rank[: total % self.world_size] += 1
@@ -284,8 +336,10 @@ class InMemoryBinaryCriteoIterDataPipe(IterableDataset):
         dense = np.concatenate(self.dense_arrs) if len(self.dense_arrs) > 1 else self.dense_arrs[0]
         sparse = np.concatenate(self.sparse_arrs) if len(self.sparse_arrs) > 1 else self.sparse_arrs[0]
         labels = np.concatenate(self.labels_arrs) if len(self.labels_arrs) > 1 else self.labels_arrs[0]
-        for start in range(0, self.num_batches * self.batch_size, self.batch_size):
-            end = start + self.batch_size
+        for g in range(self.num_batches):
+            start = g * self.batch_size
+            last = g == self.num_batches - 1 and not self.drop_last
+            end = len(dense) if last else start + self.batch_size  # the last batch takes the rest
             yield self._to_batch(dense[start:end], sparse[start:end], labels[start:end])
 
     def __len__(self) -> int:

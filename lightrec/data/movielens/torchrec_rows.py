@@ -6,7 +6,8 @@ and the rows of MovieLens 20M / 25M.
     {"userId": 1, "movieId": 296, "rating": 5.0, "timestamp": 1147880044}
 
 and, with ``include_movies_data=True``, that movie's ``"title"`` and ``"genres"`` from
-``<root>/movies.csv`` as well. For training batches (dense ids, genres as a multi-hot feature,
+``<root>/movies.csv`` as well (``""`` for a movie missing there). ``row_mapper=None`` yields each
+row's list of strings unmapped, as torchrec's does. For training batches (dense ids, genres as a multi-hot feature,
 time splits) use :func:`lightrec.data.read_movielens` and :class:`lightrec.data.MovieLensDataset`.
 """
 
@@ -21,6 +22,7 @@ from torch.utils.data import IterableDataset
 from lightrec.data.csv_readers import LoadFiles, ReadLinesFromCSV, safe_cast
 
 __all__ = [
+    "DEFAULT_COLUMN_NAMES",
     "DEFAULT_GENOME_SCORES_COLUMN_NAMES",
     "DEFAULT_GENOME_TAGS_COLUMN_NAMES",
     "DEFAULT_LINKS_COLUMN_NAMES",
@@ -35,6 +37,8 @@ RATINGS_FILENAME = "ratings.csv"
 MOVIES_FILENAME = "movies.csv"
 DEFAULT_RATINGS_COLUMN_NAMES: list[str] = ["userId", "movieId", "rating", "timestamp"]
 DEFAULT_MOVIES_COLUMN_NAMES: list[str] = ["movieId", "title", "genres"]
+#: The columns of a rating row joined with its movie (``include_movies_data=True``).
+DEFAULT_COLUMN_NAMES: list[str] = DEFAULT_RATINGS_COLUMN_NAMES + DEFAULT_MOVIES_COLUMN_NAMES[1:]
 DEFAULT_TAGS_COLUMN_NAMES: list[str] = ["userId", "movieId", "tag", "timestamp"]
 DEFAULT_LINKS_COLUMN_NAMES: list[str] = ["movieId", "imdbId", "tmdbId"]
 DEFAULT_GENOME_SCORES_COLUMN_NAMES: list[str] = ["movieId", "tagId", "relevance"]
@@ -50,8 +54,9 @@ _CASTERS: dict[str, Callable[[str], int | float | str]] = {
 }
 
 
-def _default_row_mapper(row: list[str], names: list[str] = DEFAULT_RATINGS_COLUMN_NAMES) -> dict[str, int | float | str]:
-    return {name: _CASTERS.get(name, str)(value) for name, value in zip(names, row)}
+def _default_row_mapper(row: list[str]) -> dict[str, int | float | str]:
+    """A rating row (4 fields, or 6 joined with its movie) as ``{column: typed value}``."""
+    return {name: _CASTERS[name](value) for name, value in zip(DEFAULT_COLUMN_NAMES, row)}
 
 
 class _MovieLensRows(IterableDataset):
@@ -85,17 +90,14 @@ class _MovieLensRows(IterableDataset):
         for row in ReadLinesFromCSV(files, skip_first_line=True):
             if self.include_movies_data:
                 row = row + movies.get(safe_cast(row[1], int, 0), ["", ""])
-                names = DEFAULT_RATINGS_COLUMN_NAMES + DEFAULT_MOVIES_COLUMN_NAMES[1:]
-                yield self.row_mapper(row) if self.row_mapper is not None else _default_row_mapper(row, names)
-            else:
-                yield self.row_mapper(row) if self.row_mapper is not None else _default_row_mapper(row)
+            yield self.row_mapper(row) if self.row_mapper is not None else row
 
 
 def movielens_20m(
     root: str,
     *,
     include_movies_data: bool = False,
-    row_mapper: Callable[[list[str]], object] | None = None,
+    row_mapper: Callable[[list[str]], object] | None = _default_row_mapper,
     **open_kw: Any,
 ) -> IterableDataset:
     """Rows of MovieLens 20M's ``ratings.csv`` (see the module docstring).
@@ -103,8 +105,8 @@ def movielens_20m(
     Args:
         root: the unpacked ``ml-20m`` folder.
         include_movies_data: join ``title`` and ``genres`` from ``movies.csv``.
-        row_mapper: applied to each row's fields instead of the default dict (the joined movie
-            fields are appended to the row with ``include_movies_data``).
+        row_mapper: applied to each row's list of fields (the joined movie fields appended with
+            ``include_movies_data``); the default builds the dict above, ``None`` yields the list.
         **open_kw: ``open`` arguments.
     """
     return _MovieLensRows(root, include_movies_data, row_mapper, open_kw)
@@ -114,7 +116,7 @@ def movielens_25m(
     root: str,
     *,
     include_movies_data: bool = False,
-    row_mapper: Callable[[list[str]], object] | None = None,
+    row_mapper: Callable[[list[str]], object] | None = _default_row_mapper,
     **open_kw: Any,
 ) -> IterableDataset:
     """Rows of MovieLens 25M's ``ratings.csv`` (same layout as :func:`movielens_20m`)."""
