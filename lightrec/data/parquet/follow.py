@@ -85,7 +85,6 @@ from typing_extensions import Unpack
 
 from lightrec.data.batch import Batch
 from lightrec.data.parquet.errors import ParquetFileError
-from lightrec.data.parquet.follow_position import check_named_files, named_files, sizes_fingerprint
 from lightrec.data.parquet.loader import LoaderBase, LoaderOptions
 from lightrec.data.parquet.ranks import (
     RankDataMismatchError,
@@ -112,6 +111,9 @@ from lightrec.data.parquet.state import (
     LoaderPosition,
     LoaderState,
     ResumeMismatchError,
+    check_named_files,
+    named_files,
+    sizes_fingerprint,
 )
 
 if TYPE_CHECKING:
@@ -560,7 +562,7 @@ class FollowingParquetLoader(LoaderBase):
         return resume.batch
 
     def _fingerprint(self, state: FollowState) -> str:
-        """The sizes of the files ``state`` names (checked on resume: :mod:`~lightrec.data.parquet.follow_position`)."""
+        """The sizes of the files ``state`` names (checked on resume: :func:`~lightrec.data.parquet.state.check_named_files`)."""
         return sizes_fingerprint(self.files[self._by_path[p]] for p in named_files(state))
 
     def position(self) -> LoaderPosition:
