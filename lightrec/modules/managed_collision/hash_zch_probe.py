@@ -31,10 +31,8 @@ __all__ = ["EMPTY_IDENTITY", "murmur3_2x64", "probe_insert", "probe_lookup", "un
 
 EMPTY_IDENTITY = -1
 
-_C1 = -8663945395140668459  # 0x87c37b91114253d5
-_C2 = 5545529020109919103  # 0x4cf5ad432745937f
-_F1 = -49064778989728563  # 0xff51afd7ed558ccd
-_F2 = -4265267296055464877  # 0xc4ceb9fe1a85ec53
+# MurmurHash3's 64-bit constants are written as signed int64 literals in the functions below:
+# TorchScript compiles literals, not module-level globals (a frozen remapper scripted directly failed).
 
 
 def _shr(x: torch.Tensor, bits: int) -> torch.Tensor:
@@ -47,15 +45,15 @@ def _rotl(x: torch.Tensor, bits: int) -> torch.Tensor:
 
 def _fmix(h: torch.Tensor) -> torch.Tensor:
     h = h ^ _shr(h, 33)
-    h = h * _F1
+    h = h * -49064778989728563  # 0xff51afd7ed558ccd
     h = h ^ _shr(h, 33)
-    h = h * _F2
+    h = h * -4265267296055464877  # 0xc4ceb9fe1a85ec53
     return h ^ _shr(h, 33)
 
 
 def murmur3_2x64(x: torch.Tensor) -> torch.Tensor:
     """MurmurHash3 x64 of the block ``(x, 0)``, seed 0, as int64 bit patterns (wrapping arithmetic)."""
-    k1 = _rotl(x.long() * _C1, 31) * _C2
+    k1 = _rotl(x.long() * -8663945395140668459, 31) * 5545529020109919103  # 0x87c37b91114253d5, 0x4cf5ad432745937f
     h1 = _rotl(k1, 27) * 5 + 0x52DCE729
     h2 = h1 * 5 + 0x38495AB5
     h1 = h1 ^ 16

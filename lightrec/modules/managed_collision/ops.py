@@ -54,9 +54,11 @@ def mix64(x: torch.Tensor) -> torch.Tensor:
     Returns:
         int64 tensor of the same shape (all 64 bits mixed; may be negative).
     """
-    z = x + _GOLDEN
-    z = (z ^ _shr(z, 30)) * _MIX1
-    z = (z ^ _shr(z, 27)) * _MIX2
+    # the constants as literals: TorchScript compiles literals, not module globals (a remapper
+    # scripted directly failed on them); they equal _GOLDEN, _MIX1, _MIX2 (tests/modules/managed_collision)
+    z = x + -7046029254386353131  # 0x9E3779B97F4A7C15
+    z = (z ^ _shr(z, 30)) * -4658895280553007687  # 0xBF58476D1CE4E5B9
+    z = (z ^ _shr(z, 27)) * -7723592293110705685  # 0x94D049BB133111EB
     return z ^ _shr(z, 31)
 
 
