@@ -87,6 +87,7 @@ class ManagedCollisionMonitor(pl.Callback):
         self.last_metrics: dict[str, float] = {}
         self._previous: torch.Tensor | None = None  # cumulative counters at the last window's end
         self._steps = 0
+        self._last_step = 0  # the logging step of the window's last batch
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -98,6 +99,8 @@ class ManagedCollisionMonitor(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: STEP_OUTPUT, batch: object, batch_idx: int
     ) -> None:
         self._steps += 1
+        # read here: by on_train_end Lightning has moved its step counter past the last batch
+        self._last_step = logging_step(trainer)
         if self._steps >= self.every_n_steps:
             self._flush(trainer, pl_module)
 
@@ -145,6 +148,5 @@ class ManagedCollisionMonitor(pl.Callback):
                     describe(f"{table}/", now[i], window[i])
         self.last_metrics = metrics
         if metrics and trainer.is_global_zero:
-            step = logging_step(trainer)
             for logger in trainer.loggers:
-                logger.log_metrics(metrics, step=step)
+                logger.log_metrics(metrics, step=self._last_step)

@@ -21,7 +21,11 @@ set up) and, with ``every_n_epochs``, after every N-th training epoch, the callb
 4. tells every rank whether rank 0 succeeded (a failure raises on every rank, not only on rank 0),
    logs the path (printed on rank 0) and ``export/artifact_mib`` to the trainer's loggers.
 
-Works the same with a plain single-process ``Trainer``.
+Works the same with a plain single-process ``Trainer``. Under ``Trainer(fast_dev_run=...)`` nothing
+is exported (as Lightning writes no checkpoint then); a fit that raises or is interrupted exports
+nothing at its end either (Lightning does not run ``on_train_end`` then). The fit-end artifact is
+named after the epoch its last batch trained in (the ``epoch`` of the epoch exports, not Lightning's
+``current_epoch``, which counts that epoch as done by then).
 """
 
 from __future__ import annotations
@@ -106,7 +110,8 @@ class QuantizedExport(pl.Callback):
         self.quantize_dense = quantize_dense
         self.model_attr = model_attr
         self.paths: list[Path] = []
-        self._last_step: int | None = None
+        self._last_step: int | None = None  # global step of this fit's latest export
+        self._epoch: int | None = None  # epoch of this fit's latest trained batch
 
     # ------------------------------------------------------------------ hooks
     @override
@@ -117,14 +122,39 @@ class QuantizedExport(pl.Callback):
             self.dirpath = Path(trainer.log_dir or trainer.default_root_dir) / "export"
 
     @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._last_step = self._epoch = None  # a new fit (another Trainer may restart the step count)
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._epoch = trainer.current_epoch
+
+    @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._skip(trainer):
+            return
         if self.every_n_epochs is not None and (trainer.current_epoch + 1) % self.every_n_epochs == 0:
             self.export_now(trainer, pl_module)
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._skip(trainer):
+            return
         if self._last_step != trainer.global_step:  # not already exported at this step by the epoch hook
-            self.export_now(trainer, pl_module)
+            # Lightning counts the last epoch as done by now (current_epoch is one past it): name the
+            # artifact after the epoch its last batch trained in, as the epoch exports are
+            self.export_now(trainer, pl_module, epoch=self._epoch)
+
+    def _skip(self, trainer: pl.Trainer) -> bool:
+        """``fast_dev_run`` is a smoke test: no artifact, as Lightning writes no checkpoint (every rank
+        decides the same)."""
+        # the Trainer sets fast_dev_run in its debugging connector (no declared attribute for type checkers)
+        if not getattr(trainer, "fast_dev_run", False):
+            return False
+        rank_zero_info("QuantizedExport: fast_dev_run is set, no artifact is exported")
+        return True
 
     # ------------------------------------------------------------------ export
     def serving_model(self, pl_module: pl.LightningModule) -> nn.Module:
@@ -138,9 +168,12 @@ class QuantizedExport(pl.Callback):
             )
         return pl_module.for_serving(model) if isinstance(pl_module, ServingModelProvider) else model
 
-    def artifact_path(self, trainer: pl.Trainer) -> Path:
-        """Where the next export goes (the filename template filled with epoch, step and dtype)."""
-        name = self.filename.format(epoch=trainer.current_epoch, step=trainer.global_step,
+    def artifact_path(self, trainer: pl.Trainer, epoch: int | None = None) -> Path:
+        """Where the next export goes (the filename template filled with epoch, step and dtype).
+
+        ``epoch`` defaults to ``trainer.current_epoch``."""
+        epoch = trainer.current_epoch if epoch is None else epoch
+        name = self.filename.format(epoch=epoch, step=trainer.global_step,
                                     dtype=self.data_type.value.lower())
         # Only an artifact suffix counts: "model_v1.5" has the Path suffix ".5" but is no .pt file.
         if not name.endswith(tuple(_SUFFIX.values())):
@@ -148,8 +181,11 @@ class QuantizedExport(pl.Callback):
         assert self.dirpath is not None  # set in setup()
         return self.dirpath / name
 
-    def export_now(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Path:
+    def export_now(self, trainer: pl.Trainer, pl_module: pl.LightningModule, epoch: int | None = None) -> Path:
         """Quantize and export now (every rank must call this together under a sharding strategy).
+
+        Args:
+            epoch: the epoch recorded in the name and metadata; default ``trainer.current_epoch``.
 
         Returns:
             The artifact path (on every rank, once rank 0 has written it).
@@ -159,7 +195,8 @@ class QuantizedExport(pl.Callback):
         model = self.serving_model(pl_module)
         sharded = has_sharded_collections(model)
         group = sharding_group(model)[0] if sharded else None
-        path = self.artifact_path(trainer)
+        epoch = trainer.current_epoch if epoch is None else epoch
+        path = self.artifact_path(trainer, epoch)
 
         def build() -> nn.Module | None:
             if not sharded and not trainer.is_global_zero:
@@ -168,7 +205,7 @@ class QuantizedExport(pl.Callback):
                                  quantize_dense=self.quantize_dense, dst=0 if sharded else None)
             return quantized.to(torch.device("cpu")) if quantized is not None else None
 
-        meta = {"epoch": trainer.current_epoch, "global_step": trainer.global_step, "exported_by": "QuantizedExport"}
+        meta = {"epoch": epoch, "global_step": trainer.global_step, "exported_by": "QuantizedExport"}
         was_training = model.training
         try:
             with torch.no_grad(), warnings.catch_warnings():
@@ -179,7 +216,7 @@ class QuantizedExport(pl.Callback):
             model.train(was_training)
         self.paths.append(path)
         self._last_step = trainer.global_step
-        rank_zero_info(f"QuantizedExport: epoch {trainer.current_epoch}, step {trainer.global_step}: wrote "
+        rank_zero_info(f"QuantizedExport: epoch {epoch}, step {trainer.global_step}: wrote "
                        f"{self.data_type.value.lower()} {self.format} artifact {path}")
         if trainer.is_global_zero:
             self._log(trainer, path)

@@ -133,7 +133,10 @@ class RecThroughputMonitor(pl.Callback):
     """Log global samples/s, step time and memory every ``every_n_steps`` training steps.
 
     Args:
-        every_n_steps: steps per window; the last, shorter window of a fit is logged at train end.
+        every_n_steps: steps per window (optimizer steps: with ``accumulate_grad_batches=k`` a step is
+            ``k`` batches); windows end at the steps ``every_n_steps - 1``, ``2 * every_n_steps - 1`` ...
+            of the trainer's step counter (a resumed fit logs where an uninterrupted one does), and the
+            last, shorter window of a fit is logged at train end.
         prefix: prefix of the logged keys.
 
     Every rank must run the callback (it all-gathers once per window); rank 0 writes the logs.
@@ -141,7 +144,7 @@ class RecThroughputMonitor(pl.Callback):
     """
 
     def __init__(self, every_n_steps: int = 50, prefix: str = "monitor/") -> None:
-        if not isinstance(every_n_steps, int) or every_n_steps < 1:
+        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
             raise ValueError(
                 f"RecThroughputMonitor(every_n_steps=...) must be a positive int, got {every_n_steps!r}"
             )
@@ -152,6 +155,7 @@ class RecThroughputMonitor(pl.Callback):
 
     def _reset(self) -> None:
         self._samples = 0
+        self._global_step = 0  # trainer.global_step at the start of the current batch
         self._steps = 0
         self._seconds = 0.0  # closed parts of the window (validation pauses it)
         self._started: float | None = None
@@ -173,15 +177,22 @@ class RecThroughputMonitor(pl.Callback):
     ) -> None:
         if self._started is None:
             self._started = time.perf_counter()
+        self._global_step = trainer.global_step
 
     @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: STEP_OUTPUT, batch: object, batch_idx: int
     ) -> None:
         self._samples += _batch_samples(batch)
+        # A step is a batch that stepped the optimizer: with accumulate_grad_batches=k, k batches make
+        # one step (Lightning's log_every_n_steps counts the same way); the samples of all k count.
+        if trainer.accumulate_grad_batches > 1 and trainer.global_step == self._global_step:
+            return
         self._steps += 1
         self._last_step = logging_step(trainer)
-        if self._steps >= self.every_n_steps:
+        # windows end at the steps that are multiples of every_n_steps (a resumed fit logs at the steps
+        # of an uninterrupted one; its first window is shorter)
+        if (self._last_step + 1) % self.every_n_steps == 0:
             self._flush(trainer, pl_module)
 
     @override

@@ -53,7 +53,7 @@ class TieredTableMonitor(pl.Callback):
     """
 
     def __init__(self, every_n_steps: int = 10, prefix: str = "tiered") -> None:
-        if not isinstance(every_n_steps, int) or every_n_steps < 1:
+        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
             raise ValueError(f"TieredTableMonitor(every_n_steps=...) must be a positive int, got {every_n_steps!r}")
         self.every_n_steps = every_n_steps
         self.prefix = prefix.rstrip("/")
