@@ -331,6 +331,7 @@ class DLRM_Projection(DLRM):  # noqa: N801 - torchrec's public name
         projected = []
         for arg, sizes in (("interaction_branch1_layer_sizes", interaction_branch1_layer_sizes),
                            ("interaction_branch2_layer_sizes", interaction_branch2_layer_sizes)):  # fmt: skip
+            sizes = check_layer_sizes(arg, sizes)
             if sizes[-1] % dim != 0:
                 raise ValueError(
                     f"{arg}[-1] = {sizes[-1]} must be a multiple of the embedding dim {dim} (it is F_i * D)"

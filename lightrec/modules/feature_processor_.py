@@ -52,18 +52,25 @@ def positions_in_bags(lengths: torch.Tensor, num_values: int) -> torch.Tensor:
     )
 
 
-def _check_lengths(lengths: torch.Tensor, max_length: int, feature: str) -> None:
+def _check_lengths(lengths: torch.Tensor, max_length: int, feature: str | None) -> None:
+    """Raise ``FeatureProcessorError`` for a bag longer than ``max_length``; ``feature`` names the
+    feature (``None``: a lone ``JaggedTensor``, whose caller adds the name when it knows it)."""
+    what = "a bag" if feature is None else f"feature {feature!r} has a bag"
     if torch.compiler.is_compiling():
         # torch.export / torch.compile: no Python branch on data; the program asserts at run time
-        torch._assert_async(
-            torch.all(lengths <= max_length), f"feature {feature!r} has a bag longer than {max_length} positions"
-        )
+        torch._assert_async(torch.all(lengths <= max_length), f"{what} longer than {max_length} positions")
         return
     if lengths.numel() and int(lengths.max()) > max_length:
         raise FeatureProcessorError(
-            f"feature {feature!r} has a bag of {int(lengths.max())} ids but its position weights cover "
+            f"{what} of {int(lengths.max())} ids but its position weights cover "
             f"max_feature_length={max_length} positions; truncate the bags or give a larger max_feature_length"
         )
+
+
+def _check_max_length(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
 
 
 def with_weights(features: KeyedJaggedTensor, weights: torch.Tensor) -> KeyedJaggedTensor:
@@ -95,9 +102,7 @@ class PositionWeightedModule(FeatureProcessor):
         self, max_feature_length: int, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
     ) -> None:
         super().__init__()
-        if not isinstance(max_feature_length, int) or max_feature_length <= 0:
-            raise ValueError(f"max_feature_length must be a positive int, got {max_feature_length!r}")
-        self.max_feature_length = max_feature_length
+        self.max_feature_length = _check_max_length("max_feature_length", max_feature_length)
         self.position_weight = nn.Parameter(torch.ones(max_feature_length, dtype=dtype, device=device))
 
     def reset_parameters(self) -> None:
@@ -106,7 +111,7 @@ class PositionWeightedModule(FeatureProcessor):
 
     def forward(self, features: JaggedTensor) -> JaggedTensor:
         lengths = features.lengths()
-        _check_lengths(lengths, self.max_feature_length, "<JaggedTensor>")
+        _check_lengths(lengths, self.max_feature_length, None)
         positions = positions_in_bags(lengths, features.values().numel())
         return JaggedTensor(
             values=features.values(), weights=self.position_weight[positions], lengths=lengths,
@@ -132,7 +137,7 @@ class PositionWeightedModuleCollection(FeatureProcessorsCollection):
 
     def __init__(self, max_feature_lengths: dict[str, int], device: torch.device | str | None = None) -> None:
         super().__init__()
-        bad = {k: v for k, v in max_feature_lengths.items() if not isinstance(v, int) or v <= 0}
+        bad = {k: v for k, v in max_feature_lengths.items() if isinstance(v, bool) or not isinstance(v, int) or v <= 0}
         if bad:
             raise ValueError(f"max_feature_lengths must be positive ints, got {bad}")
         self.max_feature_lengths = dict(max_feature_lengths)

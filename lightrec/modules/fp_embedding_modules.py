@@ -23,7 +23,12 @@ from torch import nn
 
 from lightrec.modules.embedding_configs import EmbeddingBagConfig
 from lightrec.modules.embedding_modules import EmbeddingBagCollection
-from lightrec.modules.feature_processor_ import FeatureProcessor, FeatureProcessorsCollection, with_weights
+from lightrec.modules.feature_processor_ import (
+    FeatureProcessor,
+    FeatureProcessorError,
+    FeatureProcessorsCollection,
+    with_weights,
+)
 from lightrec.sparse import KeyedJaggedTensor, KeyedTensor
 
 __all__ = ["FeatureProcessedEmbeddingBagCollection", "FeatureProcessorDictWrapper", "apply_feature_processors_to_kjt"]
@@ -38,7 +43,10 @@ def apply_feature_processors_to_kjt(
     for key in features.keys():
         jt = jts[key]
         if key in feature_processors:
-            weights.append(feature_processors[key](jt).weights())
+            try:
+                weights.append(feature_processors[key](jt).weights())
+            except FeatureProcessorError as error:  # a processor sees one JaggedTensor: add the feature's name
+                raise FeatureProcessorError(f"feature {key!r}: {error}") from error
         else:
             weights.append(torch.ones(jt.values().numel(), device=jt.values().device))
     if not weights:

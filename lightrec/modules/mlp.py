@@ -38,8 +38,10 @@ from torch.overrides import TorchFunctionMode
 __all__ = ["MLP", "ActivationSpec", "Perceptron", "make_activation"]
 
 ActivationSpec = str | nn.Module | type[nn.Module] | Callable[[torch.Tensor], torch.Tensor] | None
-"""What ``activation=`` accepts: a name (``"relu"``), a module instance (copied per layer), a module
-class (instantiated per layer), a function such as ``torch.relu``, or ``None`` for identity."""
+"""What ``activation=`` accepts: a name (``"relu"``; ``"swish_layernorm"``, torchrec's
+``x * sigmoid(LayerNorm(x))`` over the layer's width, in ``Perceptron`` / ``MLP`` only), a module
+instance (copied per layer), a module class (instantiated per layer), a function such as
+``torch.relu``, or ``None`` for identity."""
 
 _NAMED_ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "relu": nn.ReLU,
@@ -66,6 +68,34 @@ _FUNCTION_ACTIVATIONS: dict[Callable[..., torch.Tensor], Callable[[], nn.Module]
     F.gelu: nn.GELU,
     F.silu: nn.SiLU,
 }
+
+
+class _SwishLayerNorm(nn.Module):
+    """torchrec's ``"swish_layernorm"`` activation of a ``width``-wide layer: ``x * sigmoid(LayerNorm(x))``.
+
+    The attribute ``norm`` (``Sequential(LayerNorm, Sigmoid)``) gives torchrec's state-dict keys
+    ``_activation_fn.norm.0.weight`` / ``.bias``.
+    """
+
+    def __init__(self, width: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.norm = nn.Sequential(nn.LayerNorm(width, device=device, dtype=dtype), nn.Sigmoid())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = x * self.norm(x)
+        return out
+
+
+_WIDTH_ACTIVATIONS = ("swish_layernorm",)
+
+
+def _layer_activation(
+    activation: ActivationSpec, width: int, device: torch.device | str | None, dtype: torch.dtype | None
+) -> nn.Module:
+    """``make_activation``, plus the activations that need the layer's ``width`` (``"swish_layernorm"``)."""
+    if isinstance(activation, str) and activation.lower() == "swish_layernorm":
+        return _SwishLayerNorm(width, device=device, dtype=dtype)
+    return make_activation(activation)
 
 
 class _FunctionActivation(nn.Module):
@@ -97,9 +127,14 @@ def make_activation(activation: ActivationSpec) -> nn.Module:
     if isinstance(activation, str):
         factory = _NAMED_ACTIVATIONS.get(activation.lower())
         if factory is None:
+            if activation.lower() in _WIDTH_ACTIVATIONS:
+                raise ValueError(
+                    f"activation={activation!r} needs the layer width; pass it to Perceptron or MLP, "
+                    "which build one per layer"
+                )
             raise ValueError(
                 f"activation={activation!r} is not a known activation name; use one of "
-                f"{sorted(_NAMED_ACTIVATIONS)}, an nn.Module, or a function such as torch.relu"
+                f"{sorted([*_NAMED_ACTIVATIONS, *_WIDTH_ACTIVATIONS])}, an nn.Module, or a function such as torch.relu"
             )
         return factory()
     if isinstance(activation, nn.Module):
@@ -162,17 +197,23 @@ class Perceptron(nn.Module):
         super().__init__()
         self._in_size = _check_size("in_size", in_size)
         self._out_size = _check_size("out_size", out_size)
-        # ``_linear``, torchrec's attribute name, so state dicts match torchrec's key for key
+        # ``_linear`` and ``_activation_fn``, torchrec's attribute names, so state dicts match torchrec's
+        # key for key (a parametrised activation such as ``nn.PReLU`` saves ``_activation_fn.weight``)
         self._linear = nn.Linear(in_size, out_size, bias=bias, device=device, dtype=dtype)
-        self.activation = make_activation(activation)
-        self.register_load_state_dict_pre_hook(_accept_earlier_linear_keys)
+        self._activation_fn = _layer_activation(activation, out_size, device, dtype)
+        self.register_load_state_dict_pre_hook(_accept_earlier_keys)
 
-    __jit_unused_properties__ = ["linear"]
+    __jit_unused_properties__ = ["linear", "activation"]
 
     @property
     def linear(self) -> nn.Linear:
         """The fully connected layer (stored as ``_linear``)."""
         return self._linear
+
+    @property
+    def activation(self) -> nn.Module:
+        """The activation module (stored as ``_activation_fn``)."""
+        return self._activation_fn
 
     @property
     def in_size(self) -> int:
@@ -185,9 +226,9 @@ class Perceptron(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Annotated locals: nn.Module calls are untyped to mypy; TorchScript accepts the annotations.
         if torch.jit.is_scripting():
-            scripted: torch.Tensor = self.activation(self._linear(x))
+            scripted: torch.Tensor = self._activation_fn(self._linear(x))
             return scripted
-        out: torch.Tensor = self.activation(self._eager_linear(x))
+        out: torch.Tensor = self._activation_fn(self._eager_linear(x))
         return out
 
     @torch.jit.unused
@@ -200,11 +241,17 @@ class Perceptron(nn.Module):
         return y
 
 
-def _accept_earlier_linear_keys(module: nn.Module, state_dict: dict[str, object], prefix: str, *args: object) -> None:
-    """lightrec before issue 37 saved a Perceptron's layer as ``linear``: load ``<prefix>linear.*``
-    keys as ``<prefix>_linear.*`` (torchrec's name, saved now) so those checkpoints still load."""
-    for key in [k for k in state_dict if k.startswith(prefix + "linear.")]:
-        state_dict[prefix + "_" + key[len(prefix) :]] = state_dict.pop(key)
+# Earlier lightrec attribute names of a Perceptron's children -> torchrec's names, saved now.
+_EARLIER_NAMES = {"linear.": "_linear.", "activation.": "_activation_fn."}
+
+
+def _accept_earlier_keys(module: nn.Module, state_dict: dict[str, object], prefix: str, *args: object) -> None:
+    """Load checkpoints of earlier lightrec versions: a Perceptron's layer was saved as ``linear``
+    (before issue 37) and a parametrised activation (``nn.PReLU``) as ``activation``; their keys
+    load as ``<prefix>_linear.*`` / ``<prefix>_activation_fn.*``, torchrec's names."""
+    for old, new in _EARLIER_NAMES.items():
+        for key in [k for k in state_dict if k.startswith(prefix + old)]:
+            state_dict[prefix + new + key[len(prefix + old) :]] = state_dict.pop(key)
 
 
 # Below this many multiply-adds the transposed product's extra copy costs more than it saves.
