@@ -34,6 +34,7 @@ from torch import nn
 from lightrec.models._sparse_arch import SparseArch
 from lightrec.models.simple_deepfm import model_input_features
 from lightrec.modules import _dense_checks as _checks
+from lightrec.modules._dense_checks import check_positive_int
 from lightrec.modules.crossnet import LowRankCrossNet
 from lightrec.modules.interaction import InteractionArch, InteractionDCNArch, num_interaction_outputs
 from lightrec.modules.mlp import MLP, check_layer_sizes
@@ -59,11 +60,6 @@ __all__ = [
 Device = torch.device | str | None
 
 
-def _positive(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
 
 class DenseArch(nn.Module):
     """The bottom MLP: continuous features to one ``D``-wide dense embedding.
@@ -79,7 +75,7 @@ class DenseArch(nn.Module):
 
     def __init__(self, in_features: int, layer_sizes: list[int], device: Device = None) -> None:
         super().__init__()
-        self._in_features = _positive("in_features", in_features)
+        self._in_features = check_positive_int("in_features", in_features)
         self.model = MLP(in_features, check_layer_sizes("layer_sizes", layer_sizes), device=device)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
@@ -103,7 +99,7 @@ class OverArch(nn.Module):
     def __init__(self, in_features: int, layer_sizes: list[int], device: Device = None) -> None:
         super().__init__()
         sizes = check_layer_sizes("layer_sizes", layer_sizes)
-        self._in_features = _positive("in_features", in_features)
+        self._in_features = check_positive_int("in_features", in_features)
         hidden: list[nn.Module] = []
         if len(sizes) > 1:
             hidden.append(MLP(in_features, sizes[:-1], device=device))
@@ -154,7 +150,7 @@ class DLRM(nn.Module):
         super().__init__()
         dense_sizes = check_layer_sizes("dense_arch_layer_sizes", dense_arch_layer_sizes)
         check_layer_sizes("over_arch_layer_sizes", over_arch_layer_sizes)
-        _positive("dense_in_features", dense_in_features)
+        check_positive_int("dense_in_features", dense_in_features)
         self.sparse_arch = SparseArch(embedding_bag_collection)
         dim = dense_sizes[-1]
         if self.sparse_arch.embedding_dim != dim:
@@ -214,8 +210,8 @@ class DLRM_DCN(DLRM):  # noqa: N801 - torchrec's public name
         dense_device: Device = None,
     ) -> None:
         # Read by _interaction while DLRM.__init__ builds the arches (plain ints: settable before it runs).
-        self._dcn_layers = _positive("dcn_num_layers", dcn_num_layers)
-        self._dcn_rank = _positive("dcn_low_rank_dim", dcn_low_rank_dim)
+        self._dcn_layers = check_positive_int("dcn_num_layers", dcn_num_layers)
+        self._dcn_rank = check_positive_int("dcn_low_rank_dim", dcn_low_rank_dim)
         super().__init__(
             embedding_bag_collection, dense_in_features, dense_arch_layer_sizes, over_arch_layer_sizes, dense_device
         )

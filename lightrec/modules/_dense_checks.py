@@ -10,7 +10,7 @@ They are written in the TorchScript subset (string concatenation, no f-strings) 
 
 import torch
 
-__all__ = ["DenseShapeError", "check_batch_size", "check_matrix", "check_stacked"]
+__all__ = ["DenseShapeError", "check_batch_size", "check_matrix", "check_positive_int", "check_stacked"]
 
 
 class DenseShapeError(ValueError):
@@ -56,3 +56,10 @@ def check_batch_size(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor)
 torch.fx.wrap("check_matrix")
 torch.fx.wrap("check_stacked")
 torch.fx.wrap("check_batch_size")
+
+
+def check_positive_int(name: str, value: object) -> int:
+    """``value`` when it is an int >= 1 (not a bool), else a ``ValueError`` naming ``name`` and the value."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value

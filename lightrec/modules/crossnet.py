@@ -30,16 +30,12 @@ import torch
 from torch import nn
 
 from lightrec.modules import _dense_checks as _checks
+from lightrec.modules._dense_checks import check_positive_int
 
 __all__ = ["CrossNet", "LowRankCrossNet", "LowRankMixtureCrossNet", "VectorCrossNet"]
 
 Device = torch.device | str | None
 
-
-def _positive(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 def _parameters(num_layers: int, shape: list[int], device: Device, dtype: torch.dtype | None) -> nn.ParameterList:
@@ -63,8 +59,8 @@ class _CrossNetBase(nn.Module):
 
     def __init__(self, in_features: int, num_layers: int) -> None:
         super().__init__()
-        self._in_features = _positive("in_features", in_features)
-        self._num_layers = _positive("num_layers", num_layers)
+        self._in_features = check_positive_int("in_features", in_features)
+        self._num_layers = check_positive_int("num_layers", num_layers)
 
     @property
     def in_features(self) -> int:
@@ -121,7 +117,7 @@ class _LowRankCrossNetBase(_CrossNetBase):
 
     def __init__(self, in_features: int, num_layers: int, low_rank: int) -> None:
         super().__init__(in_features, num_layers)
-        self._low_rank = _positive("low_rank", low_rank)
+        self._low_rank = check_positive_int("low_rank", low_rank)
 
     @property
     def low_rank(self) -> int:
@@ -200,7 +196,7 @@ class LowRankMixtureCrossNet(_LowRankCrossNetBase):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(in_features, num_layers, low_rank)
-        self._num_experts = _positive("num_experts", num_experts)
+        self._num_experts = check_positive_int("num_experts", num_experts)
         self._activation = activation
         self.U_kernels = _parameters(num_layers, [num_experts, in_features, low_rank], device, dtype)
         self.V_kernels = _parameters(num_layers, [num_experts, low_rank, in_features], device, dtype)

@@ -22,6 +22,7 @@ import abc
 import torch
 from torch import nn
 
+from lightrec.modules._dense_checks import check_positive_int
 from lightrec.sparse import JaggedTensor, KeyedJaggedTensor
 
 __all__ = [
@@ -67,11 +68,6 @@ def _check_lengths(lengths: torch.Tensor, max_length: int, feature: str | None) 
         )
 
 
-def _check_max_length(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
 
 def with_weights(features: KeyedJaggedTensor, weights: torch.Tensor) -> KeyedJaggedTensor:
     """``features`` with ``weights`` ``[N]`` as its per-id weights (same tensors and sizes otherwise)."""
@@ -102,7 +98,7 @@ class PositionWeightedModule(FeatureProcessor):
         self, max_feature_length: int, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
     ) -> None:
         super().__init__()
-        self.max_feature_length = _check_max_length("max_feature_length", max_feature_length)
+        self.max_feature_length = check_positive_int("max_feature_length", max_feature_length)
         self.position_weight = nn.Parameter(torch.ones(max_feature_length, dtype=dtype, device=device))
 
     def reset_parameters(self) -> None:

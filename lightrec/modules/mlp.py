@@ -35,6 +35,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from lightrec.modules._dense_checks import check_positive_int
+
 __all__ = ["MLP", "ActivationSpec", "Perceptron", "make_activation"]
 
 ActivationSpec = str | nn.Module | type[nn.Module] | Callable[[torch.Tensor], torch.Tensor] | None
@@ -152,11 +154,6 @@ def make_activation(activation: ActivationSpec) -> nn.Module:
     )
 
 
-def _check_size(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
 
 def check_layer_sizes(name: str, layer_sizes: Sequence[int]) -> list[int]:
     """Validate a list of layer widths (non-empty, positive ints) and return it as a list."""
@@ -166,7 +163,7 @@ def check_layer_sizes(name: str, layer_sizes: Sequence[int]) -> list[int]:
     if len(sizes) == 0:
         raise ValueError(f"{name} must name at least one layer width, got an empty list")
     for i, s in enumerate(sizes):
-        _check_size(f"{name}[{i}]", s)
+        check_positive_int(f"{name}[{i}]", s)
     return sizes
 
 
@@ -195,8 +192,8 @@ class Perceptron(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self._in_size = _check_size("in_size", in_size)
-        self._out_size = _check_size("out_size", out_size)
+        self._in_size = check_positive_int("in_size", in_size)
+        self._out_size = check_positive_int("out_size", out_size)
         # ``_linear`` and ``_activation_fn``, torchrec's attribute names, so state dicts match torchrec's
         # key for key (a parametrised activation such as ``nn.PReLU`` saves ``_activation_fn.weight``)
         self._linear = nn.Linear(in_size, out_size, bias=bias, device=device, dtype=dtype)
@@ -355,7 +352,7 @@ class MLP(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        _check_size("in_size", in_size)
+        check_positive_int("in_size", in_size)
         sizes = check_layer_sizes("layer_sizes", layer_sizes)
         self._in_size = in_size
         self._layer_sizes = sizes

@@ -10,6 +10,9 @@ from torch import nn
 from lightrec.distributed.types import ModuleSharder
 from lightrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
 
+MiB = 1024**2  # the memory units the planner tests write caps and sizes in
+GiB = 1024**3
+
 
 class StandInEBC(nn.Module):
     def __init__(self, configs: list[EmbeddingBagConfig]) -> None:

@@ -15,11 +15,8 @@ from lightrec.distributed.planner import (
 )
 from lightrec.distributed.types import ShardingPlan, ShardingType
 from lightrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
-from tests.planner.stand_in import StandInEBC, StandInEC, StandInSharder, tables, tutorial_ebc
+from tests.planner.stand_in import GiB, MiB, StandInEBC, StandInEC, StandInSharder, tables, tutorial_ebc
 from tests.planner.test_plan import TUTORIAL, tutorial_plan_text
-
-MiB = 1024**2
-GiB = 1024**3
 
 
 def plan_of(module, topo: Topology, **kw) -> tuple[ShardingPlan, EmbeddingShardingPlanner]:  # noqa: ANN001

@@ -12,10 +12,7 @@ from lightrec.distributed.planner import (
     PlannerError,
     Topology,
 )
-from tests.planner.stand_in import StandInSharder, tables
-
-MiB = 1024**2
-GiB = 1024**3
+from tests.planner.stand_in import GiB, MiB, StandInSharder, tables
 
 
 def _error(topo: Topology, constraints: dict, spec: list[tuple[int, int]]) -> PlannerError:
