@@ -68,10 +68,16 @@ def test_swish_layernorm_mlp_matches_torchrecs_formula_and_keys(batch: int) -> N
 
 @pytest.mark.filterwarnings("ignore:The TorchScript type system:UserWarning")
 def test_swish_layernorm_perceptron_traces_and_scripts() -> None:
-    layer = Perceptron(5, 3, activation="swish_layernorm")
+    # Seeded, 8 wide (a LayerNorm over 3 near-equal values magnifies rounding), in float32 whatever
+    # autocast state the process is in: this compares the traced and scripted arithmetic with eager's.
+    # (Once, in CI's full run only, this comparison failed; it never did alone or by folder.)
+    torch.manual_seed(0)
+    layer = Perceptron(5, 8, activation="swish_layernorm")
     x = torch.randn(4, 5)
-    torch.testing.assert_close(torch.fx.symbolic_trace(layer)(x), layer(x))
-    torch.testing.assert_close(torch.jit.script(layer)(x), layer(x))
+    with torch.autocast("cpu", enabled=False):
+        want = layer(x)
+        torch.testing.assert_close(torch.fx.symbolic_trace(layer)(x), want)
+        torch.testing.assert_close(torch.jit.script(layer)(x), want)
 
 
 def test_make_activation_names_why_swish_layernorm_needs_a_layer() -> None:
