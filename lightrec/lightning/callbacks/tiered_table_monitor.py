@@ -1,9 +1,11 @@
 """``TieredTableMonitor``: what the caches of tiered tables do, logged every few steps.
 
 Tables larger than memory keep their rows on SSD or in host memory behind a cache of hot rows
-(``lightrec.kernels.TieredBatchedLookup``). Every ``every_n_steps`` training steps this callback
-sums the counters of every tiered kernel of the model over every rank and logs, for the steps since
-the last log, to the trainer's loggers (TensorBoard's scalars):
+(``lightrec.kernels.TieredBatchedLookup``). Every ``every_n_steps`` training steps (optimizer
+steps: with ``accumulate_grad_batches=k`` a step is ``k`` batches) and at the end of training, this
+callback sums the counters of every tiered kernel of the model over every rank and logs, for the
+steps since the last log, to the trainer's loggers (TensorBoard's scalars), at the step of the
+window's last batch (the step ``self.log`` gives that batch's ``train/loss``):
 
 =================================  ==========================================================
 tag                                value
@@ -29,6 +31,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 from typing_extensions import override
 
+from lightrec._compat import logging_step
 from lightrec.kernels.batched_embedding import BatchedEmbedding, BatchedEmbeddingBag
 from lightrec.kernels.tiered.backend import TieredBatchedLookup
 
@@ -48,7 +51,9 @@ class TieredTableMonitor(pl.Callback):
     """Log the tiered tables' cache statistics (see the module docstring).
 
     Args:
-        every_n_steps: log every this many training steps.
+        every_n_steps: steps per window; windows end at the steps ``every_n_steps - 1``,
+            ``2 * every_n_steps - 1`` ... of the trainer's step counter (a resumed fit logs where an
+            uninterrupted one does), and the last, shorter window at the end of training.
         prefix: tag prefix (``"tiered"`` gives ``tiered/hit_rate`` ...).
     """
 
@@ -57,8 +62,10 @@ class TieredTableMonitor(pl.Callback):
             raise ValueError(f"TieredTableMonitor(every_n_steps=...) must be a positive int, got {every_n_steps!r}")
         self.every_n_steps = every_n_steps
         self.prefix = prefix.rstrip("/")
-        self._last: torch.Tensor | None = None
-        self._last_step = 0
+        self._last: torch.Tensor | None = None  # the summed counters at the start of the window
+        self._steps = 0  # optimizer steps in the window
+        self._last_step = 0  # the logging step of the window's last batch
+        self._global_step = 0  # trainer.global_step at the start of the current batch
         self.last_logged: dict[str, float] = {}
 
     def _totals(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> torch.Tensor:
@@ -75,20 +82,39 @@ class TieredTableMonitor(pl.Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not tiered_kernels(pl_module):
             rank_zero_warn("TieredTableMonitor: the model has no tiered tables; it logs nothing", category=UserWarning)
-        self._last = self._totals(trainer, pl_module)
-        self._last_step = trainer.global_step
+        self._last, self._steps = self._totals(trainer, pl_module), 0
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: object, batch_idx: int
+    ) -> None:
+        self._global_step = trainer.global_step
 
     @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: STEP_OUTPUT, batch: object, batch_idx: int
     ) -> None:
-        step = trainer.global_step
-        if step % self.every_n_steps or self._last is None or step == self._last_step:
+        # a step is a batch that stepped the optimizer (Lightning's log_every_n_steps counts the same way)
+        if trainer.accumulate_grad_batches > 1 and trainer.global_step == self._global_step:
             return
+        self._steps += 1
+        # read here: by on_train_end Lightning has moved its step counter past the last batch
+        self._last_step = logging_step(trainer)
+        if (self._last_step + 1) % self.every_n_steps == 0:
+            self._flush(trainer, pl_module)
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._steps:
+            self._flush(trainer, pl_module)
+
+    def _flush(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Log the window's figures (every rank calls it at the same step: the sum is a collective)."""
         now = self._totals(trainer, pl_module)
-        d = dict(zip(_FIELDS, (now - self._last).tolist(), strict=True))
-        steps = step - self._last_step
-        self._last, self._last_step = now, step
+        last = self._last if self._last is not None else torch.zeros_like(now)
+        d = dict(zip(_FIELDS, (now - last).tolist(), strict=True))
+        steps, step = self._steps, self._last_step
+        self._last, self._steps = now, 0
         if not trainer.is_global_zero or not now[_FIELDS.index("cache_rows")]:
             return
         metrics = {

@@ -143,3 +143,32 @@ def test_managed_collision_monitor_logs_its_last_window_at_the_step_of_its_last_
     _trainer(tmp_path, [monitor], max_epochs=1, logger=recorder).fit(module, datamodule=drifting_data(steps=steps))
     assert recorder.steps_of("mc/occupancy") == [2, 4]
     assert recorder.steps_of("train/loss")[-1] == 4
+
+
+def _tiered_fit(root: Path, every: int, **kwargs: Any) -> tuple[_Recorder, TieredTableMonitor]:
+    """Fit a small DLRM with its tables on SSD; log with a recorder."""
+    from lightrec.lightning import RecStrategy
+    from lightrec.recipes.dlrm import DLRMModule
+
+    recorder, monitor = _Recorder(), TieredTableMonitor(every_n_steps=every)
+    module = DLRMModule(embedding_dim=8, dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[16, 1],
+                        tables_on="ssd", cache_load_factor=0.2, ssd_storage_directory=str(root / "rows"))  # fmt: skip
+    _trainer(root, [monitor], strategy=RecStrategy(), logger=recorder, **kwargs).fit(
+        module, datamodule=toy_data(BATCH, 8))
+    return recorder, monitor
+
+
+def test_tiered_monitor_logs_at_the_loss_steps_and_its_last_window_at_train_end(tmp_path: Path) -> None:
+    recorder, _ = _tiered_fit(tmp_path, every=3, max_steps=7)
+    # windows end at steps 2 and 5 (as train/loss numbers them); steps 6 is the last, shorter window
+    assert recorder.steps_of("tiered/hit_rate") == [2, 5, 6]
+    loss_steps = recorder.steps_of("train/loss")
+    assert set(recorder.steps_of("tiered/hit_rate")) <= set(loss_steps)
+
+
+def test_tiered_monitor_counts_optimizer_steps_under_gradient_accumulation(tmp_path: Path) -> None:
+    # 8 batches, 2 per optimizer step: 4 steps, windows end at steps 1 and 3
+    recorder, _ = _tiered_fit(tmp_path, every=2, max_epochs=1, accumulate_grad_batches=2)
+    assert recorder.steps_of("tiered/hit_rate") == [1, 3]
+    # every id of 2 steps x 2 batches is fetched at most once: rows per step <= ids of 2 batches
+    assert all(v > 0 for v in recorder.values_of("tiered/rows_fetched_per_step"))
