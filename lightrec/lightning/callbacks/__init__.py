@@ -22,6 +22,8 @@ module                             callback
                                    serving artifact (the one bridge to ``lightrec.inference``)
 ``delta_publisher.py``             ``DeltaPublisher``: the rows training changed, published
                                    every few steps/seconds (``docs/deltas.md``)
+``step_window.py``                 ``StepWindow``: the windows of optimizer steps the three
+                                   monitors log at (one rule for all)
 =================================  ==========================================================
 
 :mod:`lightrec.lightning` exports the callbacks too (``lightrec.lightning.PlanReport`` is the name

@@ -1,6 +1,7 @@
 """``ManagedCollisionMonitor`` callback: how full the managed-collision tables are, how fast they churn.
 
-Every ``every_n_steps`` training steps (and at the end of training) each rank sums the counters
+Every ``every_n_steps`` training steps (optimizer steps, windows aligned to the trainer's step
+counter, and at the end of training) each rank sums the counters
 (``mc_stats()``) of the managed-collision modules it holds -- the unsharded ones of a
 ``ManagedCollisionCollection`` and this rank's shards of a sharded one -- and one ``all_reduce``
 (a ``[tables, 6]`` float64 tensor) adds them up over ranks. Rank 0 logs, to every logger of the
@@ -30,8 +31,8 @@ from lightning.pytorch.utilities.types import STEP_OUTPUT
 from torch import nn
 from typing_extensions import override
 
-from lightrec._compat import logging_step
 from lightrec.distributed.mc_modules import ShardedManagedCollisionCollection
+from lightrec.lightning.callbacks.step_window import StepWindow, check_every_n_steps
 from lightrec.modules.managed_collision.collection import ManagedCollisionCollection
 
 __all__ = ["ManagedCollisionMonitor", "managed_collision_counters"]
@@ -67,7 +68,9 @@ class ManagedCollisionMonitor(pl.Callback):
     """Log occupancy, evictions, insertions and default-row share of managed-collision tables.
 
     Args:
-        every_n_steps: training steps per window.
+        every_n_steps: steps per window (optimizer steps), aligned to the trainer's step counter as
+            ``lightrec.lightning.callbacks.step_window`` says; the last, shorter window is logged at
+            train end.
         prefix: prefix of the logged tags.
         per_table: also log one set of tags per table (not only the totals).
 
@@ -79,34 +82,34 @@ class ManagedCollisionMonitor(pl.Callback):
     """
 
     def __init__(self, every_n_steps: int = 50, prefix: str = "mc/", per_table: bool = True) -> None:
-        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
-            raise ValueError(f"ManagedCollisionMonitor(every_n_steps=...) must be a positive int, got {every_n_steps!r}")
-        self.every_n_steps = every_n_steps
+        self.every_n_steps = check_every_n_steps("ManagedCollisionMonitor", every_n_steps)
+        self._window = StepWindow(every_n_steps)
         self.prefix = prefix
         self.per_table = per_table
         self.last_metrics: dict[str, float] = {}
         self._previous: torch.Tensor | None = None  # cumulative counters at the last window's end
-        self._steps = 0
-        self._last_step = 0  # the logging step of the window's last batch
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._steps = 0
+        self._window.reset()
         self._previous = self._reduced(trainer, pl_module)[1]
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: object, batch_idx: int
+    ) -> None:
+        self._window.batch_start(trainer)
 
     @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: STEP_OUTPUT, batch: object, batch_idx: int
     ) -> None:
-        self._steps += 1
-        # read here: by on_train_end Lightning has moved its step counter past the last batch
-        self._last_step = logging_step(trainer)
-        if self._steps >= self.every_n_steps:
+        if self._window.batch_end(trainer):
             self._flush(trainer, pl_module)
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._steps:
+        if self._window.steps:
             self._flush(trainer, pl_module)
 
     def _reduced(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> tuple[list[str], torch.Tensor]:
@@ -125,7 +128,8 @@ class ManagedCollisionMonitor(pl.Callback):
         return tables, local
 
     def _flush(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._steps = 0
+        step = self._window.last_step
+        self._window.reset()
         tables, now = self._reduced(trainer, pl_module)
         before = self._previous if self._previous is not None and self._previous.shape == now.shape else torch.zeros_like(now)
         self._previous = now
@@ -149,4 +153,4 @@ class ManagedCollisionMonitor(pl.Callback):
         self.last_metrics = metrics
         if metrics and trainer.is_global_zero:
             for logger in trainer.loggers:
-                logger.log_metrics(metrics, step=self._last_step)
+                logger.log_metrics(metrics, step=step)

@@ -51,8 +51,8 @@ from lightning.pytorch.utilities.types import STEP_OUTPUT
 from torch import nn
 from typing_extensions import override
 
-from lightrec._compat import logging_step
 from lightrec.distributed import ShardedEmbeddingBagCollection, ShardedEmbeddingCollection
+from lightrec.lightning.callbacks.step_window import StepWindow, check_every_n_steps
 from lightrec.lightning.contracts import FusedOptimizerModule
 from lightrec.modules import EmbeddingBagCollection, EmbeddingCollection
 
@@ -144,22 +144,16 @@ class RecThroughputMonitor(pl.Callback):
     """
 
     def __init__(self, every_n_steps: int = 50, prefix: str = "monitor/") -> None:
-        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
-            raise ValueError(
-                f"RecThroughputMonitor(every_n_steps=...) must be a positive int, got {every_n_steps!r}"
-            )
-        self.every_n_steps = every_n_steps
+        self.every_n_steps = check_every_n_steps("RecThroughputMonitor", every_n_steps)
+        self._window = StepWindow(every_n_steps)
         self.prefix = prefix
         self.last_metrics: dict[str, float] = {}
         self._reset()
 
     def _reset(self) -> None:
         self._samples = 0
-        self._global_step = 0  # trainer.global_step at the start of the current batch
-        self._steps = 0
         self._seconds = 0.0  # closed parts of the window (validation pauses it)
         self._started: float | None = None
-        self._last_step = 0
 
     def _pause(self) -> None:
         if self._started is not None:
@@ -170,6 +164,7 @@ class RecThroughputMonitor(pl.Callback):
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._reset()
+        self._window.reset()
 
     @override
     def on_train_batch_start(
@@ -177,22 +172,14 @@ class RecThroughputMonitor(pl.Callback):
     ) -> None:
         if self._started is None:
             self._started = time.perf_counter()
-        self._global_step = trainer.global_step
+        self._window.batch_start(trainer)
 
     @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: STEP_OUTPUT, batch: object, batch_idx: int
     ) -> None:
-        self._samples += _batch_samples(batch)
-        # A step is a batch that stepped the optimizer: with accumulate_grad_batches=k, k batches make
-        # one step (Lightning's log_every_n_steps counts the same way); the samples of all k count.
-        if trainer.accumulate_grad_batches > 1 and trainer.global_step == self._global_step:
-            return
-        self._steps += 1
-        self._last_step = logging_step(trainer)
-        # windows end at the steps that are multiples of every_n_steps (a resumed fit logs at the steps
-        # of an uninterrupted one; its first window is shorter)
-        if (self._last_step + 1) % self.every_n_steps == 0:
+        self._samples += _batch_samples(batch)  # with accumulate_grad_batches=k, the samples of all k count
+        if self._window.batch_end(trainer):
             self._flush(trainer, pl_module)
 
     @override
@@ -201,7 +188,7 @@ class RecThroughputMonitor(pl.Callback):
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._steps:
+        if self._window.steps:
             self._flush(trainer, pl_module)
 
     # ------------------------------------------------------------------ window
@@ -221,7 +208,8 @@ class RecThroughputMonitor(pl.Callback):
 
     def _flush(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._pause()
-        steps, step = self._steps, self._last_step
+        steps, step = self._window.steps, self._window.last_step
+        self._window.reset()
         local = self._local_row(pl_module, trainer.strategy.root_device)
         rows = trainer.strategy.all_gather(local).reshape(-1, len(_FIELDS)).cpu()
         self._reset()

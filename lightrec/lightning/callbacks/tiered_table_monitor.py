@@ -31,9 +31,9 @@ from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 from typing_extensions import override
 
-from lightrec._compat import logging_step
 from lightrec.kernels.batched_embedding import BatchedEmbedding, BatchedEmbeddingBag
 from lightrec.kernels.tiered.backend import TieredBatchedLookup
+from lightrec.lightning.callbacks.step_window import StepWindow, check_every_n_steps
 
 __all__ = ["TieredTableMonitor", "tiered_kernels"]
 
@@ -58,14 +58,10 @@ class TieredTableMonitor(pl.Callback):
     """
 
     def __init__(self, every_n_steps: int = 10, prefix: str = "tiered") -> None:
-        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
-            raise ValueError(f"TieredTableMonitor(every_n_steps=...) must be a positive int, got {every_n_steps!r}")
-        self.every_n_steps = every_n_steps
+        self.every_n_steps = check_every_n_steps("TieredTableMonitor", every_n_steps)
+        self._window = StepWindow(every_n_steps)
         self.prefix = prefix.rstrip("/")
         self._last: torch.Tensor | None = None  # the summed counters at the start of the window
-        self._steps = 0  # optimizer steps in the window
-        self._last_step = 0  # the logging step of the window's last batch
-        self._global_step = 0  # trainer.global_step at the start of the current batch
         self.last_logged: dict[str, float] = {}
 
     def _totals(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> torch.Tensor:
@@ -82,30 +78,25 @@ class TieredTableMonitor(pl.Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not tiered_kernels(pl_module):
             rank_zero_warn("TieredTableMonitor: the model has no tiered tables; it logs nothing", category=UserWarning)
-        self._last, self._steps = self._totals(trainer, pl_module), 0
+        self._last = self._totals(trainer, pl_module)
+        self._window.reset()
 
     @override
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: object, batch_idx: int
     ) -> None:
-        self._global_step = trainer.global_step
+        self._window.batch_start(trainer)
 
     @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: STEP_OUTPUT, batch: object, batch_idx: int
     ) -> None:
-        # a step is a batch that stepped the optimizer (Lightning's log_every_n_steps counts the same way)
-        if trainer.accumulate_grad_batches > 1 and trainer.global_step == self._global_step:
-            return
-        self._steps += 1
-        # read here: by on_train_end Lightning has moved its step counter past the last batch
-        self._last_step = logging_step(trainer)
-        if (self._last_step + 1) % self.every_n_steps == 0:
+        if self._window.batch_end(trainer):
             self._flush(trainer, pl_module)
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._steps:
+        if self._window.steps:
             self._flush(trainer, pl_module)
 
     def _flush(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -113,8 +104,9 @@ class TieredTableMonitor(pl.Callback):
         now = self._totals(trainer, pl_module)
         last = self._last if self._last is not None else torch.zeros_like(now)
         d = dict(zip(_FIELDS, (now - last).tolist(), strict=True))
-        steps, step = self._steps, self._last_step
-        self._last, self._steps = now, 0
+        steps, step = self._window.steps, self._window.last_step
+        self._last = now
+        self._window.reset()
         if not trainer.is_global_zero or not now[_FIELDS.index("cache_rows")]:
             return
         metrics = {

@@ -172,3 +172,15 @@ def test_tiered_monitor_counts_optimizer_steps_under_gradient_accumulation(tmp_p
     assert recorder.steps_of("tiered/hit_rate") == [1, 3]
     # every id of 2 steps x 2 batches is fetched at most once: rows per step <= ids of 2 batches
     assert all(v > 0 for v in recorder.values_of("tiered/rows_fetched_per_step"))
+
+
+def test_mc_monitor_counts_optimizer_steps_under_gradient_accumulation(tmp_path: Path) -> None:
+    from tests.lightning.test_managed_collisions import MC, ManagedDLRM, drifting_data
+
+    # 6 batches, 2 per optimizer step: 3 steps, windows end at steps 1 and (train end) 2
+    recorder, monitor = _Recorder(), ManagedCollisionMonitor(every_n_steps=2)
+    module = ManagedDLRM(managed_collisions=MC, dense_optimizer="sgd", dense_lr=0.1)
+    _trainer(tmp_path, [monitor], max_epochs=1, accumulate_grad_batches=2, logger=recorder).fit(
+        module, datamodule=drifting_data(steps=6))
+    assert recorder.steps_of("mc/occupancy") == [1, 2]
+    assert recorder.steps_of("train/loss")[-1] == 2
