@@ -184,12 +184,23 @@ def concat_batches(batches: Sequence[Batch]) -> Batch:
     if len(batches) == 1:
         return batches[0]
     keys = batches[0].sparse_features.keys()
+    weighted = batches[0].sparse_features.weights_or_none() is not None
+    dense_shape = tuple(batches[0].dense_features.shape[1:])
     for i, b in enumerate(batches):
         if b.sparse_features.keys() != keys:
             raise ValueError(
                 f"concat_batches: batch {i} has keys {b.sparse_features.keys()}, batch 0 has {keys}"
             )
-    weighted = batches[0].sparse_features.weights_or_none() is not None
+        if (b.sparse_features.weights_or_none() is not None) != weighted:
+            raise ValueError(
+                f"concat_batches: batch {i} {'has' if not weighted else 'has no'} per-id weights, batch 0 "
+                f"{'has' if weighted else 'has none'}; give every batch weights, or none"
+            )
+        if tuple(b.dense_features.shape[1:]) != dense_shape:
+            raise ValueError(
+                f"concat_batches: batch {i} has dense_features of shape {list(b.dense_features.shape)}, batch 0 "
+                f"{list(batches[0].dense_features.shape)}; concatenate batches with the same dense features per sample"
+            )
     values, weights, lengths = [], [], []
     for key in keys:
         for b in batches:

@@ -110,6 +110,23 @@ def test_concat_batches_equals_collate_of_all_samples() -> None:
         concat_batches([])
 
 
+def test_concat_batches_refuses_mixed_weights_and_dense_widths_by_batch_index() -> None:
+    s = _samples()
+    plain = collate_samples(s[:1])
+    weighted = plain.sparse_features
+    weighted = KeyedJaggedTensor(keys=weighted.keys(), values=weighted.values(), lengths=weighted.lengths(),
+                                 weights=torch.ones(weighted.values().numel()))  # fmt: skip
+    with_weights = Batch(plain.dense_features, weighted, plain.labels)
+    # batch 1's weights used to be dropped without a word
+    with pytest.raises(ValueError, match=r"batch 1 has per-id weights, batch 0 has none"):
+        concat_batches([plain, with_weights])
+    with pytest.raises(ValueError, match=r"batch 1 has no per-id weights, batch 0 has"):
+        concat_batches([with_weights, plain])
+    wide = Batch(torch.zeros(1, 3), plain.sparse_features, plain.labels)
+    with pytest.raises(ValueError, match=r"batch 1 has dense_features of shape \[1, 3\], batch 0 \[1, 2\]"):
+        concat_batches([plain, wide])
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory needs a CUDA runtime")
 def test_pin_memory_and_dataloader_pinning() -> None:
     b = collate_samples(_samples()).pin_memory()
