@@ -273,15 +273,30 @@ def width_of(tables: Sequence[ShardedTable]) -> int:
     return max((s.shard_sizes[1] for t in tables for s in t.shards), default=0)
 
 
+def _overlap(a: ShardMetadata, b: ShardMetadata) -> bool:
+    """Whether two non-empty blocks share a cell."""
+    return all(
+        a.shard_offsets[d] < b.shard_offsets[d] + b.shard_sizes[d]
+        and b.shard_offsets[d] < a.shard_offsets[d] + a.shard_sizes[d]
+        for d in (0, 1)
+    )
+
+
 def check_blocks(table: ShardedTable, what: str) -> None:
-    """Shards must tile the table exactly (typed error naming the table otherwise)."""
+    """Shards must tile the table exactly (typed error naming the table otherwise): inside it, not
+    overlapping, and covering it (the same area: two shards over the same columns would otherwise
+    serve those columns twice and the rest never)."""
     rows, cols = table.config.num_embeddings, table.config.embedding_dim
     area = sum(s.shard_sizes[0] * s.shard_sizes[1] for s in table.shards)
     inside = all(
-        s.shard_offsets[0] + s.shard_sizes[0] <= rows and s.shard_offsets[1] + s.shard_sizes[1] <= cols
+        min(*s.shard_offsets, *s.shard_sizes) >= 0
+        and s.shard_offsets[0] + s.shard_sizes[0] <= rows
+        and s.shard_offsets[1] + s.shard_sizes[1] <= cols
         for s in table.shards
     )
-    if area != rows * cols or not inside:
+    blocks = [s for s in table.shards if s.shard_sizes[0] > 0 and s.shard_sizes[1] > 0]
+    overlap = any(_overlap(a, b) for i, a in enumerate(blocks) for b in blocks[i + 1 :])
+    if area != rows * cols or not inside or overlap:
         raise ValueError(
             f"{what} shards of table {table.name!r} do not tile its [{rows}, {cols}] weight: "
             f"{[(s.shard_offsets, s.shard_sizes) for s in table.shards]}; fix the plan's sharding_spec"
