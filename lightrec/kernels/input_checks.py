@@ -121,6 +121,10 @@ class LookupInputChecker:
         """
         n = indices.numel()
         if batch == 0 or n == 0:
+            # No id to check, but the offsets must still all be 0 and there must be no id outside a
+            # bag: a kernel reads ids by the offsets (past the end of an empty ``indices``).
+            if n != 0 or bool((offsets != 0).any()):
+                self.raise_precise(indices, offsets, batch)
             return None
         weights = per_sample_weights if per_sample_weights is not None and per_sample_weights.is_floating_point() else None
         if indices.device.type == "cpu" and offsets.device.type == "cpu" and _native_checks():

@@ -450,7 +450,9 @@ def _bag_of_id_and_scale(
     if backend.pooling == PoolingType.MEAN:
         scale = (1.0 / lengths.clamp(min=1).to(dtype)).index_select(0, bag_of_id)
     if psw is not None:
-        scale = psw.to(dtype) if scale is None else scale * psw
+        # In ``dtype`` (the gradient's): float64 weights on a float32 table, or float32 ones on a
+        # float16 table, would promote the contributions past the table's dtype.
+        scale = psw.to(dtype) if scale is None else scale * psw.to(dtype)
     return bag_of_id, scale
 
 
