@@ -121,8 +121,13 @@ class WeightDecayMode(Enum):
 
 # fused_params keys that tune storage and caching, not the optimizer: fbgemm's, and the tiered
 # tables' (read by the sharders, lightrec.distributed.sharding.tiering); FP32 results do not change.
+# torchrec's sharders copy a table's ParameterConstraints ``bounds_check_mode`` and ``enforce_hbm``
+# into its fused_params: lightrec's kernels always refuse an id out of range (the collection's
+# ``bounds_check`` policy decides when), and placement is the plan's.
 _IGNORED_FUSED_PARAMS = frozenset(
     {
+        "bounds_check_mode",
+        "enforce_hbm",
         "stochastic_rounding",
         "cache_load_factor",
         "cache_precision",

@@ -273,6 +273,8 @@ def test_spec_errors_and_fused_params() -> None:
             "learning_rate": 0.02,
             "eps": 0.002,
             "stochastic_rounding": True,
+            "bounds_check_mode": 3,  # torchrec's sharders copy it (and enforce_hbm) from ParameterConstraints
+            "enforce_hbm": False,
         }
     )
     assert spec.optimizer is EmbOptimType.ROWWISE_ADAGRAD and spec.learning_rate == 0.02 and spec.eps == 0.002
