@@ -22,8 +22,8 @@ module                             callback
                                    serving artifact (the one bridge to ``lightrec.inference``)
 ``delta_publisher.py``             ``DeltaPublisher``: the rows training changed, published
                                    every few steps/seconds (``docs/deltas.md``)
-``step_window.py``                 ``StepWindow``: the windows of optimizer steps the three
-                                   monitors log at (one rule for all)
+``step_window.py``                 ``WindowedMonitor``: the base of the three monitors, one
+                                   window of optimizer steps per logged row (one rule for all)
 =================================  ==========================================================
 
 :mod:`lightrec.lightning` exports the callbacks too (``lightrec.lightning.PlanReport`` is the name

@@ -27,12 +27,11 @@ from __future__ import annotations
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.utilities.types import STEP_OUTPUT
 from torch import nn
 from typing_extensions import override
 
 from lightrec.distributed.mc_modules import ShardedManagedCollisionCollection
-from lightrec.lightning.callbacks.step_window import StepWindow, check_every_n_steps
+from lightrec.lightning.callbacks.step_window import WindowedMonitor
 from lightrec.modules.managed_collision.collection import ManagedCollisionCollection
 
 __all__ = ["ManagedCollisionMonitor", "managed_collision_counters"]
@@ -64,7 +63,7 @@ def managed_collision_counters(model: nn.Module) -> dict[str, tuple[dict[str, fl
     return dict(sorted(out.items()))
 
 
-class ManagedCollisionMonitor(pl.Callback):
+class ManagedCollisionMonitor(WindowedMonitor):
     """Log occupancy, evictions, insertions and default-row share of managed-collision tables.
 
     Args:
@@ -82,8 +81,7 @@ class ManagedCollisionMonitor(pl.Callback):
     """
 
     def __init__(self, every_n_steps: int = 50, prefix: str = "mc/", per_table: bool = True) -> None:
-        self.every_n_steps = check_every_n_steps("ManagedCollisionMonitor", every_n_steps)
-        self._window = StepWindow(every_n_steps)
+        super().__init__("ManagedCollisionMonitor", every_n_steps)
         self.prefix = prefix
         self.per_table = per_table
         self.last_metrics: dict[str, float] = {}
@@ -93,24 +91,6 @@ class ManagedCollisionMonitor(pl.Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._window.reset()
         self._previous = self._reduced(trainer, pl_module)[1]
-
-    @override
-    def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: object, batch_idx: int
-    ) -> None:
-        self._window.batch_start(trainer)
-
-    @override
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: STEP_OUTPUT, batch: object, batch_idx: int
-    ) -> None:
-        if self._window.batch_end(trainer):
-            self._flush(trainer, pl_module)
-
-    @override
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._window.steps:
-            self._flush(trainer, pl_module)
 
     def _reduced(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> tuple[list[str], torch.Tensor]:
         """``(tables, [tables, 6] counters summed over ranks)``, data-parallel replicas counted once."""
@@ -127,6 +107,7 @@ class ManagedCollisionMonitor(pl.Callback):
             local[replicated] /= world
         return tables, local
 
+    @override
     def _flush(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         step = self._window.last_step
         self._window.reset()

@@ -52,7 +52,7 @@ from torch import nn
 from typing_extensions import override
 
 from lightrec.distributed import ShardedEmbeddingBagCollection, ShardedEmbeddingCollection
-from lightrec.lightning.callbacks.step_window import StepWindow, check_every_n_steps
+from lightrec.lightning.callbacks.step_window import WindowedMonitor
 from lightrec.lightning.contracts import FusedOptimizerModule
 from lightrec.modules import EmbeddingBagCollection, EmbeddingCollection
 
@@ -129,7 +129,7 @@ def _peak_rss_bytes() -> float:
     return float(peak if sys.platform == "darwin" else peak * 1024)  # bytes on macOS, KiB on Linux
 
 
-class RecThroughputMonitor(pl.Callback):
+class RecThroughputMonitor(WindowedMonitor):
     """Log global samples/s, step time and memory every ``every_n_steps`` training steps.
 
     Args:
@@ -144,8 +144,7 @@ class RecThroughputMonitor(pl.Callback):
     """
 
     def __init__(self, every_n_steps: int = 50, prefix: str = "monitor/") -> None:
-        self.every_n_steps = check_every_n_steps("RecThroughputMonitor", every_n_steps)
-        self._window = StepWindow(every_n_steps)
+        super().__init__("RecThroughputMonitor", every_n_steps)
         self.prefix = prefix
         self.last_metrics: dict[str, float] = {}
         self._reset()
@@ -172,24 +171,18 @@ class RecThroughputMonitor(pl.Callback):
     ) -> None:
         if self._started is None:
             self._started = time.perf_counter()
-        self._window.batch_start(trainer)
+        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
 
     @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: STEP_OUTPUT, batch: object, batch_idx: int
     ) -> None:
         self._samples += _batch_samples(batch)  # with accumulate_grad_batches=k, the samples of all k count
-        if self._window.batch_end(trainer):
-            self._flush(trainer, pl_module)
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._pause()
-
-    @override
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._window.steps:
-            self._flush(trainer, pl_module)
 
     # ------------------------------------------------------------------ window
     def _local_row(self, pl_module: pl.LightningModule, device: torch.device) -> torch.Tensor:
@@ -206,6 +199,7 @@ class RecThroughputMonitor(pl.Callback):
         ]
         return torch.tensor(row, dtype=torch.float64, device=device)
 
+    @override
     def _flush(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._pause()
         steps, step = self._window.steps, self._window.last_step

@@ -1,4 +1,4 @@
-"""``StepWindow``: the windows of optimizer steps the monitor callbacks log at.
+"""``StepWindow`` and ``WindowedMonitor``: the windows of optimizer steps the monitor callbacks log at.
 
 ``RecThroughputMonitor``, ``ManagedCollisionMonitor`` and ``TieredTableMonitor`` log one row per
 window of ``every_n_steps`` training steps, with one rule between them:
@@ -13,11 +13,15 @@ window of ``every_n_steps`` training steps, with one rule between them:
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import lightning.pytorch as pl
+from lightning.pytorch.utilities.types import STEP_OUTPUT
+from typing_extensions import override
 
 from lightrec._compat import logging_step
 
-__all__ = ["StepWindow", "check_every_n_steps"]
+__all__ = ["StepWindow", "WindowedMonitor", "check_every_n_steps"]
 
 
 def check_every_n_steps(owner: str, every_n_steps: object) -> int:
@@ -56,3 +60,37 @@ class StepWindow:
         # read here: by on_train_end Lightning has moved its step counter past the last batch
         self.last_step = logging_step(trainer)
         return (self.last_step + 1) % self.every_n_steps == 0
+
+
+class WindowedMonitor(pl.Callback, ABC):
+    """A callback that logs one row per :class:`StepWindow`: subclasses write :meth:`_flush`
+    (read ``self._window.steps`` / ``self._window.last_step``, then ``self._window.reset()``).
+
+    ``_flush`` runs on every rank at the same batches (it may hold a collective).
+    """
+
+    def __init__(self, owner: str, every_n_steps: int) -> None:
+        self.every_n_steps = check_every_n_steps(owner, every_n_steps)
+        self._window = StepWindow(every_n_steps)
+
+    @abstractmethod
+    def _flush(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Log the window that ends at this batch (or the last, shorter one at train end)."""
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: object, batch_idx: int
+    ) -> None:
+        self._window.batch_start(trainer)
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: STEP_OUTPUT, batch: object, batch_idx: int
+    ) -> None:
+        if self._window.batch_end(trainer):
+            self._flush(trainer, pl_module)
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._window.steps:
+            self._flush(trainer, pl_module)

@@ -28,12 +28,11 @@ from __future__ import annotations
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
-from lightning.pytorch.utilities.types import STEP_OUTPUT
 from typing_extensions import override
 
 from lightrec.kernels.batched_embedding import BatchedEmbedding, BatchedEmbeddingBag
 from lightrec.kernels.tiered.backend import TieredBatchedLookup
-from lightrec.lightning.callbacks.step_window import StepWindow, check_every_n_steps
+from lightrec.lightning.callbacks.step_window import WindowedMonitor
 
 __all__ = ["TieredTableMonitor", "tiered_kernels"]
 
@@ -47,7 +46,7 @@ def tiered_kernels(module: torch.nn.Module) -> list[TieredBatchedLookup]:
     return [k for k in kernels if isinstance(k, TieredBatchedLookup)]
 
 
-class TieredTableMonitor(pl.Callback):
+class TieredTableMonitor(WindowedMonitor):
     """Log the tiered tables' cache statistics (see the module docstring).
 
     Args:
@@ -58,8 +57,7 @@ class TieredTableMonitor(pl.Callback):
     """
 
     def __init__(self, every_n_steps: int = 10, prefix: str = "tiered") -> None:
-        self.every_n_steps = check_every_n_steps("TieredTableMonitor", every_n_steps)
-        self._window = StepWindow(every_n_steps)
+        super().__init__("TieredTableMonitor", every_n_steps)
         self.prefix = prefix.rstrip("/")
         self._last: torch.Tensor | None = None  # the summed counters at the start of the window
         self.last_logged: dict[str, float] = {}
@@ -82,23 +80,6 @@ class TieredTableMonitor(pl.Callback):
         self._window.reset()
 
     @override
-    def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: object, batch_idx: int
-    ) -> None:
-        self._window.batch_start(trainer)
-
-    @override
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: STEP_OUTPUT, batch: object, batch_idx: int
-    ) -> None:
-        if self._window.batch_end(trainer):
-            self._flush(trainer, pl_module)
-
-    @override
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._window.steps:
-            self._flush(trainer, pl_module)
-
     def _flush(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Log the window's figures (every rank calls it at the same step: the sum is a collective)."""
         now = self._totals(trainer, pl_module)
