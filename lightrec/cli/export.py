@@ -12,8 +12,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
+import sys
 import tempfile
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, cast
 
 from lightrec.cli.common import (
@@ -71,17 +74,20 @@ def load_class(reference: str, source: str = "--module") -> type[RecModule]:
             spec.loader.exec_module(module)
         else:
             module_name, _, name = reference.rpartition(".")
-            if not module_name or not name:  # "Foo", ".Foo", "pkg.": importlib's "Empty module name"
+            if not module_name or not name or "" in reference.split("."):  # "Foo", ".Foo", "pkg.", "a..B"
                 raise refused("is not a dotted class path")
-            module = importlib.import_module(module_name)
+            module, name = _import_dotted(reference)
     except UsageError:
         raise
     except (ImportError, OSError, SyntaxError, ValueError) as exc:
         # What an import can raise for a stale or mistyped reference; the module's own errors too.
         raise refused(f"cannot be imported ({type(exc).__name__}: {exc})") from exc
-    found = getattr(module, name, None)
-    if found is None:
-        raise refused(f"names nothing: {module.__name__} has no attribute {name!r}")
+    found: object = module
+    for i, part in enumerate(name.split(".")):  # a class nested in a class: Outer.Inner (its __qualname__)
+        found = getattr(found, part, None)
+        if found is None:
+            owner = ".".join([module.__name__, *name.split(".")[:i]])
+            raise refused(f"names nothing: {owner} has no attribute {part!r}")
     from lightning.pytorch import LightningModule  # only now: Lightning takes a second to import
 
     if not isinstance(found, type):
@@ -89,6 +95,37 @@ def load_class(reference: str, source: str = "--module") -> type[RecModule]:
     if not issubclass(found, LightningModule):  # load_from_checkpoint is a LightningModule classmethod
         raise refused(f"is class {found.__qualname__}, not a RecModule (LightningModule) subclass")
     return cast("type[RecModule]", found)
+
+
+def _import_dotted(reference: str) -> tuple[ModuleType, str]:
+    """``(module, attribute path)`` of ``package.module.Class`` (or ``package.module.Outer.Inner``): the
+    longest prefix that is a module, looked up as ``python -m`` would, the current folder included (the
+    ``lightrec`` console script's ``sys.path`` starts with its own bin folder, not the current one, so a
+    ``mymodels.MyRec`` next to the user's training script was not found).
+
+    Raises:
+        ImportError: no prefix is a module (the error of the shortest one), or a module's own import failed.
+    """
+    parts = reference.split(".")
+    cwd = os.getcwd()
+    added = not any(os.path.abspath(entry or os.curdir) == cwd for entry in sys.path)
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        missing: ModuleNotFoundError | None = None
+        for cut in range(len(parts) - 1, 0, -1):
+            module_name = ".".join(parts[:cut])
+            try:
+                return importlib.import_module(module_name), ".".join(parts[cut:])
+            except ModuleNotFoundError as exc:
+                if exc.name is None or not (module_name + ".").startswith(exc.name + "."):
+                    raise  # the module exists, but something it imports does not
+                missing = exc
+        assert missing is not None
+        raise missing
+    finally:
+        if added:
+            sys.path.remove(cwd)
 
 
 def run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParser) -> int:
