@@ -93,7 +93,14 @@ class ShmSegment:
         directory = SHM_DIR if directory is None else directory
         name = segment_name(tag)
         path = directory / name
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError as exc:  # a missing or read-only folder: the same error on every rank, not a hang
+            raise ShmSpaceError(
+                f"lightrec's intra-host transport cannot create {purpose} in {directory} ({exc.strerror}). Set "
+                f"{_switches.SHM_DIR.name} to a writable shared-memory folder (default /dev/shm), or set "
+                "LIGHTREC_SHM=0 to exchange through gloo instead"
+            ) from exc
         try:
             try:
                 os.posix_fallocate(fd, 0, nbytes)

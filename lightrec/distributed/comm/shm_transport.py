@@ -31,10 +31,12 @@ for a live but stuck peer, as it bounds gloo's (``LIGHTREC_SHM_TIMEOUT``, second
 from __future__ import annotations
 
 import itertools
+import multiprocessing.util
 import os
 import socket
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,6 +56,7 @@ _HEADER = 64  # bytes at the start of a data segment: word 0 counts the ranks th
 _MAGIC = 0x4C524543  # "LREC"
 _INITIAL_ARENA = 16 << 20
 _TIMED_OUT = -(1 << 39)  # shm_wait's return below this: the wait timed out
+_EXIT_GRACE = 2.0  # seconds a rank at exit waits for its peers to read its last exchanges
 
 
 class ShmPeerError(CollectiveError):
@@ -181,7 +184,9 @@ class ShmTransport:
         for arena in self._arenas:
             arena.live = [a for a in arena.live if not self._acked(a[0])]
         while len(self._arenas) > 1 and not self._arenas[0].live:
-            self._arenas.pop(0).segment.close()
+            retired = self._arenas.pop(0).segment
+            retired.unlink()  # no exchange lives there: a peer that never mapped it never will
+            retired.close()
         arena = self._arenas[-1]
         start = _HEADER  # the first bytes hold the segment's header word (see _grow)
         for _, lo, hi in sorted(arena.live, key=lambda a: a[1]):
@@ -202,6 +207,31 @@ class ShmTransport:
         arena = _Arena(gen, segment)
         self._arenas.append(arena)
         return arena
+
+    def _unlink_at_exit(self) -> None:
+        """Drop the names of this rank's grown segments that a peer never mapped (one that is never
+        sent anything from a generation does not count itself in), once every peer has read the
+        exchanges living there -- waiting at most ``_EXIT_GRACE`` seconds for live peers. A segment
+        still unread keeps its name for the peer; the next run's sweep removes it."""
+        deadline = time.monotonic() + _EXIT_GRACE
+        for arena in list(self._arenas):
+            if arena.gen == 0:
+                continue  # unlinked at start-up
+            read = True
+            for seq, _, _ in list(arena.live):
+                index = self.rank * _SLOTS + seq % _SLOTS
+                for r in range(self.world):
+                    while r != self.rank:
+                        left = min(0.05, max(0.0, deadline - time.monotonic()))  # 0: one poll
+                        if int(self._ops.shm_wait(self._control[r].ack, index, seq, left)) > _TIMED_OUT:
+                            break
+                        if not _pid_alive(self._pids[r]):
+                            break  # a dead peer reads nothing more
+                        if left == 0.0:
+                            read = False
+                            break
+            if read:
+                arena.segment.unlink()
 
     def _peer_segment(self, src: int, gen: int) -> ShmSegment:
         seg = self._peer_data.get((src, gen))
@@ -348,6 +378,34 @@ _TRANSPORTS: dict[object, ShmTransport | None] = {}
 _TRANSPORT_SERIAL = itertools.count()
 
 
+_EXIT_HOOK_PID: int | None = None  # the process whose exit hook is registered
+
+
+def _unlink_all_at_exit() -> None:
+    for transport in list(_TRANSPORTS.values()):
+        if transport is not None and transport._pids[transport.rank] == os.getpid():  # not a forked child's
+            transport._unlink_at_exit()
+
+
+def _hook_exit() -> None:
+    """Register :func:`_unlink_all_at_exit` once per process. multiprocessing's exit hook, not atexit: it
+    also runs in the rank processes multiprocessing starts (``torch.multiprocessing.spawn``, Lightning's
+    ``ddp_spawn``), which leave through ``os._exit``, skipping atexit; and per process, as a child
+    multiprocessing forks starts with the hooks cleared."""
+    global _EXIT_HOOK_PID
+    if _EXIT_HOOK_PID != os.getpid():
+        _EXIT_HOOK_PID = os.getpid()
+        multiprocessing.util.Finalize(None, _unlink_all_at_exit, exitpriority=0)
+
+
+def _pid_namespace() -> str | None:
+    """This process's pid namespace (``pid:[4026531836]``), or None where /proc does not say."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
 def _enabled_here() -> str | None:
     """None when this process could use the transport, else why not."""
     off = _switches.SHM.off_reason()
@@ -375,6 +433,8 @@ def shm_transport(group: dist.ProcessGroup | None) -> ShmTransport | None:
         return _TRANSPORTS[key]
     transport = _setup(group)
     _TRANSPORTS[key] = transport
+    if transport is not None:
+        _hook_exit()
     return transport
 
 
@@ -383,7 +443,8 @@ def _setup(group: dist.ProcessGroup | None) -> ShmTransport | None:
     if world == 1 or dist.get_backend(group) != "gloo":
         return None
     reason = _enabled_here()
-    info: dict = {"ok": reason is None, "why": reason, "pid": os.getpid(), "host": socket.gethostname()}
+    info: dict = {"ok": reason is None, "why": reason, "pid": os.getpid(), "host": socket.gethostname(),
+                  "pid_namespace": _pid_namespace()}  # fmt: skip
     control = data = None
     if reason is None:
         sweep_stale_segments()
@@ -399,22 +460,27 @@ def _setup(group: dist.ProcessGroup | None) -> ShmTransport | None:
             torch.ops.lightrec_shm.shm_store(data.words(torch.int32, 0, 1), 0, world)  # opened by all below
             info.update(tag=tag, control=control.name, data=data.name)
     peers: list[dict] = [{} for _ in range(world)]
-    dist.all_gather_object(peers, info, group=group)
     transport: ShmTransport | None = None
-    if all(p["ok"] for p in peers):
-        transport = ShmTransport(group, rank, world, peers)
-        try:
-            transport._attach(peers, control, data)  # type: ignore[arg-type]
-            opened = True
-        except OSError:  # another host, or another /dev/shm namespace
-            opened = False
-        flags: list[bool] = [False] * world
-        dist.all_gather_object(flags, opened, group=group)
-        if not all(flags):
-            transport = None
-    for seg in (control, data):  # every peer has mapped them (or given up): drop the names
-        if seg is not None:
-            seg.unlink()
+    try:
+        dist.all_gather_object(peers, info, group=group)
+        # One host and one pid namespace: a peer's pid (its liveness) and its futex words mean the same
+        # here, even where the segment folder is shared wider (a network LIGHTREC_SHM_DIR, --ipc=host).
+        one_host = len({(p["host"], p["pid_namespace"]) for p in peers}) == 1
+        if all(p["ok"] for p in peers) and one_host:
+            transport = ShmTransport(group, rank, world, peers)
+            try:
+                transport._attach(peers, control, data)  # type: ignore[arg-type]
+                opened = True
+            except OSError:  # another host, or another /dev/shm namespace
+                opened = False
+            flags: list[bool] = [False] * world
+            dist.all_gather_object(flags, opened, group=group)
+            if not all(flags):
+                transport = None
+    finally:  # every peer has mapped them, given up, or failed: drop the names
+        for seg in (control, data):
+            if seg is not None:
+                seg.unlink()
     space = [p["space"] for p in peers if "space" in p]
     if space:
         raise ShmSpaceError(space[0])
