@@ -87,6 +87,13 @@ class DLRMModule(RecipeModule):
                 f"dense_in_features={dense_in_features!r} (MovieLens is sparse only): train it with the deepfm or "
                 "two_tower recipe, or give dlrm data with dense features (lightrec.data.SyntheticCriteo, CriteoDataModule)"
             )
+        if not over_arch_layer_sizes or over_arch_layer_sizes[-1] != 1:
+            # RecModule's loss reads one logit per sample; [.., 2] failed at the first step inside BCE.
+            raise ValueError(
+                f"over_arch_layer_sizes must end in 1 (the recipe trains one click logit per sample with binary "
+                f"cross-entropy), got {list(over_arch_layer_sizes)!r}; e.g. --model.over_arch_layer_sizes "
+                f"'[{', '.join(str(w) for w in [*over_arch_layer_sizes[:-1], 1])}]'"
+            )
         self.save_hyperparameters()
         self.dense_in_features = dense_in_features
         self.dense_arch_layer_sizes = [*dense_arch_layer_sizes[:-1], embedding_dim]

@@ -28,7 +28,7 @@ from typing_extensions import override
 
 from lightrec.data import Batch
 from lightrec.lightning.recipe import DataTableSpec, RecipeModule, run_recipe
-from lightrec.metrics import RecallAtK
+from lightrec.metrics import DEFAULT_METRICS, RecallAtK
 from lightrec.models import TwoTower, TwoTowerTrainTask
 from lightrec.sparse import KeyedJaggedTensor
 
@@ -55,7 +55,11 @@ class TwoTowerModule(RecipeModule):
             their own, evicted when rows run out): ``True`` or a dict of
             ``lightrec.modules.managed_collision.ManagedCollisionOptions`` settings; None: plain tables.
         **rec_module_kwargs: the embedding tables' fused optimizer (``embedding_optimizer``,
-            ``embedding_lr``, ``embedding_eps``) and the LR schedule (see ``RecModule``).
+            ``embedding_lr``, ``embedding_eps``) and the LR schedule (see ``RecModule``). ``metrics`` /
+            ``train_metrics`` (click metrics) do not apply: a value other than the default is refused.
+
+    Raises:
+        ValueError: ``recall_k`` below 1, or ``metrics`` / ``train_metrics`` set.
     """
 
     def __init__(
@@ -72,6 +76,9 @@ class TwoTowerModule(RecipeModule):
         managed_collisions: dict[str, Any] | bool | None = None,
         **rec_module_kwargs: Any,
     ) -> None:
+        _check_no_ctr_metrics(rec_module_kwargs)
+        if isinstance(recall_k, bool) or not isinstance(recall_k, int) or recall_k < 1:
+            raise ValueError(f"recall_k must be an int >= 1 (the k of recall@k), got {recall_k!r}")
         super().__init__(
             tables=tables,
             embedding_dim=embedding_dim,
@@ -160,6 +167,22 @@ class TwoTowerModule(RecipeModule):
         """Score of each pair ``q_i . c_i`` ``[B]``."""
         query, candidate = self(batch.dense_features, batch.sparse_features)
         return (query * candidate).sum(dim=1)
+
+
+def _check_no_ctr_metrics(rec_module_kwargs: dict[str, Any]) -> None:
+    """Refuse ``metrics`` / ``train_metrics``: RecModule's click metrics, which this recipe never computes.
+
+    LightningCLI passes every ``RecModule`` argument, so ``metrics`` arrives with its default; only a
+    changed value is refused (it was accepted and silently ignored).
+    """
+    metrics = rec_module_kwargs.get("metrics", DEFAULT_METRICS)
+    names = [metrics] if isinstance(metrics, str) else list(metrics)
+    if names != list(DEFAULT_METRICS) or rec_module_kwargs.get("train_metrics", False):
+        raise ValueError(
+            f"the two_tower recipe logs recall@k (val/ and test/recall@<recall_k>) and its loss, not the click "
+            f"metrics of --model.metrics / --model.train_metrics (got metrics={names!r}, train_metrics="
+            f"{rec_module_kwargs.get('train_metrics', False)!r}); leave them out and set --model.recall_k instead"
+        )
 
 
 def main(args: list[str] | None = None) -> Any:

@@ -245,8 +245,9 @@ class DLRMTrain(nn.Module):
     """Training wrapper: binary cross-entropy on a CTR model's logits.
 
     Args:
-        dlrm: any module called as ``dlrm(dense_features, sparse_features)`` that returns logits
-            ``[B, 1]`` or ``[B]`` (``DLRM``, ``DLRM_DCN``, ``FieldDeepFM``, ...).
+        dlrm_module: any module called as ``dlrm_module(dense_features, sparse_features)`` that returns
+            logits ``[B, 1]`` or ``[B]`` (``DLRM``, ``DLRM_DCN``, ``FieldDeepFM``, ...); torchrec's
+            argument name, so ``DLRMTrain(dlrm_module=...)`` moves over unchanged.
 
     ``forward(batch)`` reads ``batch.dense_features`` ``[B, I]``, ``batch.sparse_features`` (KJT)
     and ``batch.labels`` ``[B]`` (0/1, any dtype) and returns
@@ -254,11 +255,13 @@ class DLRMTrain(nn.Module):
     same contract as torchrec's ``DLRMTrain`` (the loss is the batch mean).
     """
 
-    def __init__(self, dlrm: nn.Module) -> None:
+    def __init__(self, dlrm_module: nn.Module) -> None:
         super().__init__()
-        if not isinstance(dlrm, nn.Module):
-            raise TypeError(f"dlrm must be an nn.Module, got {type(dlrm).__name__}")
-        self.model = dlrm
+        if not isinstance(dlrm_module, nn.Module):
+            raise TypeError(
+                f"DLRMTrain(dlrm_module=...): the dlrm must be an nn.Module, got {type(dlrm_module).__name__}"
+            )
+        self.model = dlrm_module
         self.loss_fn = nn.BCEWithLogitsLoss()
 
     def forward(self, batch: Any) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:

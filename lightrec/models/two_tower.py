@@ -14,6 +14,22 @@ positive of query ``i`` and every other candidate of the batch a negative::
     loss   = cross_entropy(logits, arange(B))   (a softmax over the batch for every query)
 
 Feature dims may differ between features (unlike DLRM); only the towers' outputs must match.
+
+Differences from torchrec's retrieval example (``examples/retrieval/modules/two_tower.py``, not a
+``torchrec.*`` module, so migrating scripts keep their own copy of it; see
+``docs/examples/torchrec_two_tower_retrieval.py``). The names are the same, the models are not:
+
+- towers: torchrec's are ``MLP(embedding_dim, layer_sizes)`` with a ReLU after *every* layer (its
+  embeddings are >= 0) over exactly one table's features (``in_size`` is one ``embedding_dim``);
+  here the last layer is linear, a tower reads any number of features of any widths, and the
+  split is configurable. State dict keys differ: torchrec ``query_proj._mlp.<i>._linear.*``, here
+  ``query_proj.0._mlp.<i>._linear.*`` and ``query_proj.1.*`` (``query_proj.0.*`` for one layer), so
+  a torchrec ``TwoTower`` checkpoint does not load into this one.
+- ``TwoTowerTrainTask``: torchrec's scores each pair (``logits = (q * c).sum(1)`` ``[B]``) with
+  binary cross-entropy against ``batch.labels``, so it needs negative pairs in the data; this one
+  is an in-batch softmax (``logits`` ``[B, B]``, ``targets`` ``arange(B)``) over positive pairs,
+  with a ``temperature``, and uses ``labels`` only to skip non-positive rows as queries.
+- ``TwoTowerRetrieval`` (faiss index, separate query/candidate collections) is not provided.
 """
 
 from typing import Any
