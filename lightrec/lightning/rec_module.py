@@ -50,6 +50,7 @@ from typing import IO, Any, Literal
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.types import STEP_OUTPUT, OptimizerLRScheduler
 from torch import nn
 from torchmetrics import Metric
@@ -344,6 +345,15 @@ class RecModule(pl.LightningModule):
     def configure_optimizers(self) -> OptimizerLRScheduler:
         """One ``CombinedOptimizer`` (fused embedding part + dense part) and one LR schedule for both."""
         parts: list[tuple[str, KeyedOptimizer]] = [(path or "embeddings", opt) for path, opt in self.fused_optimizers()]
+        if parts and self._trainer is not None and self.trainer.accumulate_grad_batches > 1:
+            rank_zero_warn(
+                f"accumulate_grad_batches={self.trainer.accumulate_grad_batches}: the dense parameters step once per "
+                f"{self.trainer.accumulate_grad_batches} batches, but the embedding tables' fused optimizer updates "
+                "their rows inside every batch's backward (with that batch's gradient, scaled by 1/"
+                f"{self.trainer.accumulate_grad_batches} as Lightning scales the loss), as torchrec's fused optimizers "
+                "do. To step the tables once per accumulated step, raise the batch size instead",
+                category=UserWarning,
+            )
         dense = self.dense_parameters()
         if dense:
             cls, kwargs = self._dense_optimizer_class(), dict(lr=self._dense_lr, **self._dense_optimizer_kwargs)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import lightning.pytorch as pl
 import pytest
 import torch
@@ -125,3 +127,20 @@ def test_a_module_that_builds_its_own_model_is_left_alone() -> None:
         module.model_for_planning()
     with pytest.raises(ValueError, match="embedding_optimizer must be one of"):
         RecModule(embedding_optimizer="lamb")
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_gradient_accumulation_with_fused_tables_warns_that_rows_step_every_batch(accumulate: int) -> None:
+    module = _TablesModule(embedding_optimizer="sgd", embedding_lr=0.5)
+    module.configure_model()
+    trainer = pl.Trainer(accelerator="cpu", devices=1, accumulate_grad_batches=accumulate, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False)  # fmt: skip
+    module.trainer = trainer
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module.configure_optimizers()
+    said = [str(w.message) for w in caught if "accumulate_grad_batches" in str(w.message)]
+    if accumulate == 1:
+        assert said == []
+    else:
+        assert len(said) == 1 and "inside every batch's backward" in said[0] and "raise the batch size" in said[0]
