@@ -171,7 +171,9 @@ class DistributedModelParallel(nn.Module):
         device: where shards and dense parameters live (default CPU).
         plan: a :class:`ShardingPlan` (default: planned, see above).
         sharders: sharders to use (default :func:`get_default_sharders`).
-        init_data_parallel: wrap the dense part in DDP when the world has several ranks.
+        init_data_parallel: wrap the dense part in DDP when the world has several ranks. With
+            ``False`` the dense part stays unwrapped until :meth:`init_data_parallel` is called
+            (torchrec's lazy wrapping).
         init_parameters: move the dense part (everything outside the sharded collections:
             parameters, buffers, metric states) to ``device``, materialising ``meta`` dense
             parameters with their ``reset_parameters``. With ``False`` it is left as it is.
@@ -226,9 +228,12 @@ class DistributedModelParallel(nn.Module):
         self._dmp_wrapped_module = module
         # Which all-reduce the dense gradients take (the data-parallel wrapper says; a report line).
         self.dense_allreduce = "none: the dense part is not data parallel"
+        self._data_parallel_wrapper = (
+            data_parallel_wrapper if data_parallel_wrapper is not None else DefaultDataParallelWrapper()
+        )
+        self._ddp_wrapped = False
         if init_data_parallel:
-            wrapper = data_parallel_wrapper if data_parallel_wrapper is not None else DefaultDataParallelWrapper()
-            wrapper.wrap(self, self._env, self.device)
+            self.init_data_parallel()
         sharded = self._sharded_modules()
         self._fused_optimizer = CombinedOptimizer([(path, m.fused_optimizer) for path, m in sharded.items()])
         self._pipeline = SparseDistPipeline(sharded.values())
@@ -341,6 +346,14 @@ class DistributedModelParallel(nn.Module):
         return out
 
     # ---- public surface --------------------------------------------------------------------
+    def init_data_parallel(self) -> None:
+        """Wrap the dense part with the ``data_parallel_wrapper`` (default: DDP), once: what the
+        constructor does unless given ``init_data_parallel=False``; later calls do nothing
+        (torchrec's method). Collective: every rank calls it together, before the first forward."""
+        if not self._ddp_wrapped:
+            self._data_parallel_wrapper.wrap(self, self._env, self.device)
+            self._ddp_wrapped = True
+
     @property
     def module(self) -> nn.Module:
         """The sharded model without the DDP wrapper (its state dict keys are the unsharded ones)."""
@@ -406,9 +419,27 @@ class DistributedModelParallel(nn.Module):
         return self.module.state_dict(*args, destination=destination, prefix=prefix, keep_vars=keep_vars)
 
     def load_state_dict(
-        self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False
+        self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False, *, prefix: str = ""
     ) -> Any:
-        """Load a sharded state dict of the same plan, or full tables into any plan (resharding)."""
+        """Load a sharded state dict of the same plan, or full tables into any plan (resharding).
+
+        Args:
+            state_dict: keys of the unsharded model (what :meth:`state_dict` returns).
+            strict, assign: as ``nn.Module.load_state_dict``.
+            prefix: torchrec's argument: load the keys that start with it, with it removed (what
+                ``state_dict(prefix=...)`` wrote); keys without it are left alone.
+
+        Raises:
+            TypeError: ``strict`` is not a bool (torchrec's order is ``(state_dict, prefix, strict)``:
+                pass ``prefix`` by keyword).
+        """
+        if not isinstance(strict, bool):
+            raise TypeError(
+                f"strict must be a bool, got {strict!r}; lightrec's order is load_state_dict(state_dict, strict, "
+                "assign) (torch's): pass torchrec's prefix by keyword, load_state_dict(state_dict, prefix=...)"
+            )
+        if prefix:
+            state_dict = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
         return self.module.load_state_dict(state_dict, strict=strict, assign=assign)
 
     def gather_full_state_dict(self, dst: int | None = None) -> dict[str, Any]:

@@ -64,7 +64,9 @@ def encapsulate_ir_modules(
 
     Returns:
         ``(module, fqns)``: the same module, and the names of the serialized submodules, to pass to
-        ``torch.export.export(..., preserve_module_call_signature=tuple(fqns))``.
+        ``torch.export.export(..., preserve_module_call_signature=tuple(fqns))`` (a serialized
+        ``module`` itself, e.g. an exported ``EmbeddingBagCollection``, is not listed: the
+        program's signature is its own).
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
@@ -72,7 +74,9 @@ def encapsulate_ir_modules(
     typename = qualname(module)
     if typename in registry or type(module).__name__ in registry:
         children = serializer.encapsulate_module(module)
-        fqns = [fqn]
+        # the exported module itself (fqn ""): its call signature is the program's own, and
+        # torch.export refuses "" in preserve_module_call_signature
+        fqns = [fqn] if fqn else []
     else:
         children = [name for name, _ in module.named_children()]
         fqns = []

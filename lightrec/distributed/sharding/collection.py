@@ -69,7 +69,11 @@ from lightrec.distributed.sharding.data_parallel import DpEmbeddingSharding
 from lightrec.distributed.sharding.id_bounds import IdBounds
 from lightrec.distributed.sharding.kernel_agreement import KernelAgreement
 from lightrec.distributed.sharding.lookups import GroupedLookup, GroupedPooledEmbeddingsLookup
-from lightrec.distributed.sharding.state_dict import load_state_dict_pre_hook, state_dict_hook
+from lightrec.distributed.sharding.state_dict import (
+    load_state_dict_post_hook,
+    load_state_dict_pre_hook,
+    state_dict_hook,
+)
 from lightrec.distributed.sharding.tiering import tiering_for, tiering_params
 from lightrec.distributed.sharding.work_ahead import AheadQueue, StartedInputDist
 from lightrec.kernels.kernel_registry import check_kernel_backend
@@ -203,8 +207,10 @@ class ShardedCollectionBase(nn.Module, abc.ABC, Generic[Out]):
         self._positions_cache: dict[tuple[str, ...], list[int]] = {}
         self._accepted: dict[tuple[str, ...], bool] = {}
         self.ahead = AheadQueue()  # work started for later forwards (sparse_dist_pipeline drives it)
+        self._missing_table_keys: dict[str, str] = {}  # the load hooks' (state_dict.py)
         self._register_state_dict_hook(state_dict_hook)
         self._register_load_state_dict_pre_hook(load_state_dict_pre_hook, with_module=True)
+        self.register_load_state_dict_post_hook(load_state_dict_post_hook)
         self._adopted(wrapper, device)
 
     # ---- construction helpers ---------------------------------------------------------------

@@ -68,6 +68,7 @@ __all__ = [
     "TensorProperties",
     "TableStateOwner",
     "gather_full_state_dict",
+    "load_state_dict_post_hook",
     "load_state_dict_pre_hook",
     "local_slice",
     "state_dict_hook",
@@ -264,6 +265,10 @@ class TableStateOwner(Protocol):
     _attr: str
     _state_prefix: str
     _local_params: Mapping[str, list[tuple[str, ShardMetadata, nn.Parameter]]]
+    # {kernel parameter key: table key} of the tables the load in progress did not find (full keys)
+    _missing_table_keys: dict[str, str]
+
+    def get_submodule(self, target: str) -> nn.Module: ...
 
 
 def state_dict_hook(
@@ -288,13 +293,25 @@ def state_dict_hook(
 
 
 def load_state_dict_pre_hook(
-    module: TableStateOwner, state_dict: dict[str, object], prefix: str, *args: object
+    module: TableStateOwner, state_dict: dict[str, object], prefix: str, local_metadata: Mapping[str, object],
+    *args: object,
 ) -> None:
-    """Turn ``<attr>.<table>.weight`` (full tensor or sharded state) into the kernel parameters."""
+    """Turn ``<attr>.<table>.weight`` (full tensor or sharded state) into the kernel parameters.
+
+    Under ``load_state_dict(..., assign=True)`` torch would put new parameters in the kernels, which
+    their storage (what the lookups read and the fused optimizer updates) never sees; so each
+    kernel loads its blocks here (copied, through its own load hooks), and the live parameters are
+    handed to torch's assignment, which then keeps them.
+    """
+    module._missing_table_keys.clear()
+    assign = bool(local_metadata.get("assign_to_params_buffers", False))
+    by_kernel: dict[str, dict[str, torch.Tensor]] = {}
     for c in module._configs:
         key = f"{prefix}{module._state_prefix}{module._attr}.{c.name}.weight"
         if key not in state_dict:
-            continue  # reported as missing under the kernel parameter's key
+            # torch reports the kernel parameters missing; load_state_dict_post_hook names the table
+            module._missing_table_keys.update({prefix + k: key for k, _, _ in module._local_params[c.name]})
+            continue
         value = state_dict.pop(key)
         if isinstance(value, ShardedTableState) and value.global_shape != [c.num_embeddings, c.embedding_dim]:
             raise ValueError(f"state_dict[{key!r}] is a {value.global_shape} table, expected "
@@ -304,5 +321,28 @@ def load_state_dict_pre_hook(
             raise ValueError(
                 f"state_dict[{key!r}] has shape {tuple(value.shape)}, expected ({c.num_embeddings}, {c.embedding_dim})"
             )
-        for param_key, meta, _ in module._local_params[c.name]:
-            state_dict[prefix + param_key] = local_slice(value, meta, key)
+        for param_key, meta, param in module._local_params[c.name]:
+            block = local_slice(value, meta, key)
+            if assign:
+                kernel, _, name = param_key.rpartition(".weights.")
+                by_kernel.setdefault(kernel, {})[f"weights.{name}"] = block
+                block = param  # torch's assignment keeps the live parameter, loaded below
+            state_dict[prefix + param_key] = block
+    for kernel, blocks in by_kernel.items():
+        module.get_submodule(kernel).load_state_dict(blocks, strict=False)
+
+
+class IncompatibleKeys(Protocol):
+    """What torch hands a load post hook (``missing_keys`` may be changed in place)."""
+
+    @property
+    def missing_keys(self) -> list[str]: ...
+
+
+def load_state_dict_post_hook(module: TableStateOwner, incompatible_keys: IncompatibleKeys) -> None:
+    """Report a table the state dict lacks under its key (``<attr>.<table>.weight``, what
+    ``state_dict()`` has), not under its kernel parameters' keys."""
+    missing: list[str] = incompatible_keys.missing_keys
+    renamed = [module._missing_table_keys.get(k, k) for k in missing]
+    missing[:] = list(dict.fromkeys(renamed))
+    module._missing_table_keys.clear()
