@@ -139,3 +139,43 @@ def test_movielens_rows(tmp_path: Path) -> None:
     assert joined[0]["title"] == "Dangerous Minds (1995)" and joined[0]["genres"] == "Drama" and joined[1]["title"] == ""
     with pytest.raises(FileNotFoundError, match="ratings.csv"):
         movielens_20m(str(tmp_path / "missing"))
+
+
+@pytest.mark.parametrize("newline_at_end", [True, False])
+def test_tsv_to_npys_in_small_chunks_equals_the_whole_file_parsed_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, newline_at_end: bool
+) -> None:
+    import lightrec.data.criteo.torchrec_readers as readers
+
+    labels, dense, cats = _write_tsv(tmp_path / "day.tsv", 37, 5)
+    if not newline_at_end:
+        (tmp_path / "day.tsv").write_bytes((tmp_path / "day.tsv").read_bytes()[:-1])
+    monkeypatch.setattr(readers, "TSV_CHUNK_BYTES", 500)  # ~3 lines a chunk: many chunk boundaries
+    names = [str(tmp_path / f"day_{kind}.npy") for kind in ("dense", "sparse", "labels")]
+    BinaryCriteoUtils.tsv_to_npys(str(tmp_path / "day.tsv"), *names)
+    got = [np.load(n) for n in names]
+    assert [a.dtype for a in got] == [np.float32, np.int64, np.int32]
+    np.testing.assert_array_equal(got[0], np.log(dense.astype(np.float32) + 3.0))
+    np.testing.assert_array_equal(got[1], cats)
+    np.testing.assert_array_equal(got[2], labels.reshape(-1, 1))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["day.tsv", *sorted(Path(n).name for n in names)]
+
+
+def test_tsv_to_npys_leaves_no_output_for_a_bad_line_and_converts_an_empty_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import lightrec.data.criteo.torchrec_readers as readers
+    from lightrec.data.errors import DataFormatError
+
+    _write_tsv(tmp_path / "day.tsv", 20, 1)
+    lines = (tmp_path / "day.tsv").read_text().splitlines()
+    lines[13] = "2\t" + lines[13].split("\t", 1)[1]  # label 2 in a late chunk
+    (tmp_path / "day.tsv").write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr(readers, "TSV_CHUNK_BYTES", 500)
+    names = [str(tmp_path / f"day_{kind}.npy") for kind in ("dense", "sparse", "labels")]
+    with pytest.raises(DataFormatError, match=r"day.tsv:14: label must be 0 or 1"):
+        BinaryCriteoUtils.tsv_to_npys(str(tmp_path / "day.tsv"), *names)
+    assert [p.name for p in tmp_path.iterdir()] == ["day.tsv"]
+    (tmp_path / "empty.tsv").write_bytes(b"")
+    BinaryCriteoUtils.tsv_to_npys(str(tmp_path / "empty.tsv"), *names)
+    assert [np.load(n).shape for n in names] == [(0, 13), (0, 26), (0, 1)]
