@@ -34,11 +34,18 @@ class GradientClipping(Enum):
     NONE = "none"
 
 
-def _norm_power(grads: list[torch.Tensor], norm_type: float) -> torch.Tensor:
-    """``sum |g|^p`` (or ``max |g|`` for the infinity norm) over ``grads``, as a float32 scalar."""
+def _norm_dtype(params: list[torch.Tensor]) -> torch.dtype:
+    """float64 where a parameter is float64 (``torch.nn.utils.clip_grad_norm_`` computes in the
+    gradients' dtype), float32 otherwise; from the parameters, not the gradients, so every rank of
+    a process group reduces the same dtype even where one has no gradient."""
+    return torch.float64 if any(p.dtype == torch.float64 for p in params) else torch.float32
+
+
+def _norm_power(grads: list[torch.Tensor], norm_type: float, dtype: torch.dtype) -> torch.Tensor:
+    """``sum |g|^p`` (or ``max |g|`` for the infinity norm) over ``grads``, as a ``dtype`` scalar."""
     if not grads:
-        return torch.zeros(())
-    norms = torch.stack([g.detach().float().norm(norm_type) for g in grads])
+        return torch.zeros((), dtype=dtype)
+    norms = torch.stack([g.detach().to(dtype).norm(norm_type) for g in grads])
     return norms.max() if norm_type == float("inf") else norms.pow(norm_type).sum()
 
 
@@ -90,9 +97,9 @@ class GradientClippingOptimizer(OptimizerWrapper):
         """Scale every gradient so that their total norm is at most ``max_gradient``; returns the
         norm before clipping (collective over the process groups of sharded parameters)."""
         inf = self._norm_type == float("inf")
-        total = _norm_power(self._grads(self._replicated), self._norm_type)
+        total = _norm_power(self._grads(self._replicated), self._norm_type, _norm_dtype(self._replicated))
         for pgs, params in self._sharded.items():
-            part = _norm_power(self._grads(params), self._norm_type)
+            part = _norm_power(self._grads(params), self._norm_type, _norm_dtype(params))
             for pg in pgs:
                 dist.all_reduce(part, op=dist.ReduceOp.MAX if inf else dist.ReduceOp.SUM, group=pg)
             total = torch.maximum(total, part) if inf else total + part

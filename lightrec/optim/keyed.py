@@ -121,7 +121,8 @@ class KeyedOptimizer(torch.optim.Optimizer):
     def init_state(self, sparse_grad_parameter_names: Collection[str] | None = None) -> None:
         """Materialise lazily created state so a fresh optimizer checkpoints every key.
 
-        Runs one ``step`` with all-zero gradients and learning rate 0 (weights do not move), then
+        Runs one ``step`` with all-zero gradients (gradients already present are set aside and
+        put back afterwards) and learning rate 0 (weights do not move), then
         puts every ``step`` counter back, in place, to its value before (0 where that step created
         it), so the next real step behaves as on a fresh optimizer and a fused embedding
         optimizer's counter stays the kernel's own.
@@ -144,8 +145,11 @@ class KeyedOptimizer(torch.optim.Optimizer):
         for group in self.param_groups:
             if "lr" in group:
                 group["lr"] = 0.0
+        # every gradient is zero during this step, also one the caller already computed: a real
+        # gradient would enter the moments (Adam) or momentum buffers (SGD) here, and again at the
+        # next real step, whose counter starts over
         for name, p in self.params.items():
-            if p.requires_grad and p.grad is None:
+            if p.requires_grad:
                 p.grad = torch.zeros_like(p).to_sparse() if name in sparse_names else torch.zeros_like(p)
         try:
             self.step()
@@ -253,6 +257,11 @@ class KeyedOptimizer(torch.optim.Optimizer):
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         raise TypeError(f"{type(self).__name__} has a fixed set of named parameters; build a new one instead")
 
+    def _extra_state_names(self) -> set[str]:
+        """Names in ``state_dict()["state"]`` that are not parameters (a warm-up schedule's
+        position), so a :class:`CombinedOptimizer` hands them back to this optimizer on load."""
+        return set()
+
 
 class KeyedOptimizerWrapper(KeyedOptimizer):
     """Give any torch optimizer name-keyed checkpoints.
@@ -318,6 +327,9 @@ class OptimizerWrapper(KeyedOptimizer):
 
     def check_state_dict(self, state_dict: _StateDict) -> list[_GroupPair]:
         return self._optimizer.check_state_dict(state_dict)
+
+    def _extra_state_names(self) -> set[str]:
+        return self._optimizer._extra_state_names()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._optimizer!r})"
@@ -406,13 +418,16 @@ class CombinedOptimizer(KeyedOptimizer):
         return [pair for (_, opt), part in zip(self._optims, self._split(state_dict), strict=True)
                 for pair in opt.check_state_dict(part)]  # fmt: skip
 
+    def _extra_state_names(self) -> set[str]:
+        return {_prefixed(prefix, n) for prefix, opt in self._optims for n in opt._extra_state_names()}
+
     def _split(self, state_dict: _StateDict) -> list[_StateDict]:
         """Each child's part of ``state_dict``, in the child's own names."""
         if not isinstance(state_dict, Mapping) or "state" not in state_dict or "param_groups" not in state_dict:
             raise KeyError("optimizer state_dict must have 'state' and 'param_groups' entries")
         parts: list[_StateDict] = []
         for prefix, opt in self._optims:
-            own = set(opt.params)
+            own = set(opt.params) | opt._extra_state_names()
 
             def strip(name: str, prefix: str = prefix) -> str:
                 return name[len(prefix) + 1 :] if prefix else name

@@ -13,7 +13,11 @@ last stage the multiplier is 1. Multipliers (``v`` = ``stage.value``, ``n`` = ``
 ``decay_iters``)::
 
     LINEAR    v + (1 - v) * i / n          CONSTANT  v          NONE  1
-    POLY      (1 - i / k) ** v             STEP      v ** (i // k)      INVSQRT  1 / sqrt(max(i, 1))
+    POLY      max(1 - i / k, 0) ** v       STEP      v ** (i // k)      INVSQRT  1 / sqrt(max(i, 1))
+    COSINE_ANNEALING_WARM_RESTARTS         v + (1 - v) * (1 + cos(pi * (i % T) / T)) / 2,  T = sgdr_period
+
+These are torchrec's formulas, except where torchrec fails: POLY past ``decay_iters`` stays at 0
+(torchrec: a negative base), INVSQRT at step 0 is 1 (torchrec divides by zero).
 
 The schedule position is saved in the optimizer's ``state_dict`` under ``"__warmup"`` (torchrec's
 key), so a resumed run continues the schedule. Learning rates of fused embedding optimizers are
@@ -43,18 +47,21 @@ class WarmupPolicy(Enum):
     POLY = "poly"
     STEP = "step"
     INVSQRT = "inv_sqrt"
+    COSINE_ANNEALING_WARM_RESTARTS = "cosine_annealing_warm_restarts"
 
 
 @dataclass
 class WarmupStage:
     """One stage: ``policy`` until step ``max_iters`` (see the module docstring for ``value``,
-    ``lr_scale`` and ``decay_iters``; ``decay_iters <= 0`` means ``max_iters``, or 1 for STEP)."""
+    ``lr_scale``, ``decay_iters`` and ``sgdr_period``; ``decay_iters <= 0`` means ``max_iters``, or
+    1 for STEP; ``sgdr_period`` is the restart period of COSINE_ANNEALING_WARM_RESTARTS)."""
 
     policy: WarmupPolicy = WarmupPolicy.LINEAR
     max_iters: int = 1
     value: float = 1.0
     lr_scale: float = 1.0
     decay_iters: int = -1
+    sgdr_period: int = 1
 
 
 def _stages(stages: list[WarmupStage]) -> list[WarmupStage]:
@@ -67,8 +74,12 @@ def _stages(stages: list[WarmupStage]) -> list[WarmupStage]:
                 "counts steps from the start, not within the stage"
             )
         last = stage.max_iters
+        if stage.policy == WarmupPolicy.COSINE_ANNEALING_WARM_RESTARTS and stage.sgdr_period <= 0:
+            raise ValueError(
+                f"stages[{i}].sgdr_period={stage.sgdr_period} must be >= 1: it is the restart period in steps"
+            )
         decay = stage.decay_iters if stage.decay_iters > 0 else (1 if stage.policy == WarmupPolicy.STEP else stage.max_iters)
-        out.append(WarmupStage(stage.policy, stage.max_iters, stage.value, stage.lr_scale, decay))
+        out.append(WarmupStage(stage.policy, stage.max_iters, stage.value, stage.lr_scale, decay, stage.sgdr_period))
     return out + [WarmupStage(WarmupPolicy.NONE, max_iters=1 << 62, value=1.0)]
 
 
@@ -84,6 +95,9 @@ def _multiplier(stage: WarmupStage, i: int) -> float:
         m = math.pow(v, i // stage.decay_iters)
     elif policy == WarmupPolicy.INVSQRT:
         m = 1.0 / math.sqrt(max(i, 1))
+    elif policy == WarmupPolicy.COSINE_ANNEALING_WARM_RESTARTS:
+        period = stage.sgdr_period
+        m = v + (1.0 - v) * 0.5 * (1.0 + math.cos(math.pi * (i % period) / period))
     else:
         m = 1.0
     return m * stage.lr_scale
@@ -126,6 +140,9 @@ class WarmupOptimizer(OptimizerWrapper):
             self._stage += 1
         self._set_lr()
         return loss
+
+    def _extra_state_names(self) -> set[str]:
+        return super()._extra_state_names() | {self._param_name}
 
     def state_dict(self) -> dict[str, Any]:
         out = super().state_dict()
