@@ -15,7 +15,9 @@ Kinds of switch::
 
 Old names keep working: an earlier spelling (``LIGHTREC_DISABLE_NATIVE=1``, ``LIGHTREC_MCH_STEP=torch``, ...)
 is translated to the new one when the new name is not set, with one :class:`RenamedSwitchWarning` (a
-``DeprecationWarning``) per old name and process that names the new spelling.
+``DeprecationWarning``) per old name and process that names the new spelling, attributed to the first
+caller outside this module (the code that read the switch). A value an old name never took is a
+:class:`SwitchError`, as for the new names.
 
 lightrec also reads variables it does not own -- ``TRITON_INTERPRET``, the launchers' ``RANK`` /
 ``LOCAL_RANK`` and Lightning's ``fabric run`` variables, glibc's ``MALLOC_*`` -- with their owners'
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -84,23 +87,36 @@ class OldName:
 
     Attributes:
         name: the old variable, e.g. ``LIGHTREC_DISABLE_NATIVE``.
-        meaning: how to read it, e.g. ``"=1"`` (any value but empty and 0) or ``"=torch"``.
-        translate: the old value -> the new name's value, or None when the old value asked for nothing.
+        meaning: how to read it, e.g. ``"=1"`` or ``"=torch"``.
+        takes: the values it takes (lower case; compared case-insensitively); any other is an error.
+        translate: a value it takes (lower-cased) -> the new name's value, or None when it asked for nothing.
     """
 
     name: str
     meaning: str
+    takes: tuple[str, ...]
     translate: Callable[[str], str | None]
 
 
 def disable_flag(name: str) -> OldName:
-    """``LIGHTREC_DISABLE_X`` (any value but empty and ``0``: off) -> ``=0`` of the new on/off switch."""
-    return OldName(name, "=1", lambda value: None if value == "0" else "0")
+    """``LIGHTREC_DISABLE_X=1`` (or true/on/yes: off) -> ``=0`` of the new on/off switch; ``=0`` (or
+    false/off/no) asks for nothing."""
+    return OldName(name, "=1", _ON + _OFF, lambda value: "0" if value in _ON else None)
 
 
 def torch_word(name: str) -> OldName:
-    """``NAME=torch`` (the stock torch ops instead of the native path) -> ``=0`` of the new switch."""
-    return OldName(name, "=torch", lambda value: "0" if value == "torch" else None)
+    """``NAME=torch`` (the stock torch ops instead of the native path) -> ``=0`` of the new switch;
+    ``NAME=native`` asks for nothing."""
+    return OldName(name, "=torch", ("torch", "native"), lambda value: "0" if value == "torch" else None)
+
+
+def _caller_stacklevel() -> int:
+    """The ``stacklevel`` of the first frame outside this module, for a warning raised in the caller
+    of this function: the code that read the switch, whichever accessor it went through."""
+    level, frame = 1, sys._getframe(1)  # level 1: the caller, which calls warnings.warn
+    while frame.f_back is not None and frame.f_globals.get("__name__") == __name__:
+        level, frame = level + 1, frame.f_back
+    return level
 
 
 @dataclass(frozen=True)
@@ -134,14 +150,20 @@ class Switch(ABC, Generic[T_co]):
             old_value = os.environ.get(old.name, "")
             if not old_value:
                 continue
-            translated = old.translate(old_value)
+            if old_value.lower() not in old.takes:
+                raise SwitchError(
+                    f"{old.name} must be one of {list(old.takes)}, got {old_value!r}; it is an old name of "
+                    f"{self.name}: set {self.name} instead, or unset both for the default ({self.default_text}) "
+                    "(docs/switches.md)"
+                )
+            translated = old.translate(old_value.lower())
             if old.name not in _warned:
                 _warned.add(old.name)
                 now = f"set {self.name}={translated}" if translated is not None else f"unset it ({self.name} replaces it)"
                 warnings.warn(
                     f"{old.name} is an old name of {self.name}: {now}; it still works for now (docs/switches.md)",
                     RenamedSwitchWarning,
-                    stacklevel=3,  # the code that read the switch
+                    stacklevel=_caller_stacklevel(),  # the code that read the switch
                 )
             if translated is not None:
                 return translated

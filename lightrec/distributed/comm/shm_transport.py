@@ -237,7 +237,17 @@ class ShmTransport:
         seg = self._peer_data.get((src, gen))
         if seg is None:
             name = self._control_name_of_data(src, gen)
-            seg = ShmSegment.open(name)
+            try:
+                seg = ShmSegment.open(name)
+            except OSError as exc:  # the name is gone: this rank was too late to map it
+                state = "running" if _pid_alive(self._pids[src]) else "gone"
+                raise ShmPeerError(
+                    f"rank {self.rank} cannot map {exc.filename or name}, the send buffer rank {src} (pid "
+                    f"{self._pids[src]}, {state}) grew for an exchange ({exc.strerror}): rank {src} left (it waits "
+                    f"at most {_EXIT_GRACE:.0f} s at exit for its peers to read) and a transport started since "
+                    "swept the name as stale, or it was removed by hand. The job cannot continue; set "
+                    "LIGHTREC_SHM=0 to exchange through gloo instead"
+                ) from exc
             if int(self._ops.shm_fetch_add(seg.words(torch.int32, 0, 1), 0, 1)) + 1 == self.world:
                 seg.unlink()  # every rank has it mapped now
             # Older generations stay mapped: an exchange this rank has not read yet may live there.
