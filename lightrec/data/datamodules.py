@@ -395,6 +395,7 @@ class MovieLensDataModule(_RankedDataModule):
         self.synthetic_size = tuple(synthetic_size)
         self.data: MovieLensData | None = None
         self.datasets: dict[str, MovieLensDataset] = {}
+        self._ranks = 0  # the world size the datasets were cut for
 
     def check_data(self) -> None:
         """Raise ``DatasetNotFoundError`` (with the download URL) if ``data_dir`` holds no release.
@@ -411,9 +412,12 @@ class MovieLensDataModule(_RankedDataModule):
         return read_movielens(self.data_dir, on_error=self.on_error)
 
     def setup(self, stage: str | None = None) -> None:
-        if self.datasets:
+        ranks = self.rank_and_world_size()[1]
+        # The evaluation splits are cut for the world size: datasets built before the trainer was
+        # attached (``table_configs`` for the model) are cut again for its ranks.
+        if self.datasets and self._ranks == ranks:
             return
-        data = self._read()
+        data = self.data if self.data is not None else self._read()
         rows = np.arange(len(data))
         if self.task == "retrieval":
             rows = rows[data.rating[rows] >= self.label_threshold]
@@ -426,7 +430,7 @@ class MovieLensDataModule(_RankedDataModule):
         threshold = None if self.task == "retrieval" else self.label_threshold
         self.data = data
         make = functools.partial(MovieLensDataset, label_threshold=threshold, pooling=self.pooling)
-        ranks = self.rank_and_world_size()[1]
+        self._ranks = ranks
         shuffle_seed = self.seed if self.shuffle else None
         self.datasets = {
             "train": make(data, rows[:a], self.batch_size, shuffle_seed=shuffle_seed),

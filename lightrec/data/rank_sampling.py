@@ -134,6 +134,7 @@ class RankDataLoader(DataLoader):
         # Batches read ahead by a pipelining callback (SparseDistPrefetch) and not trained on yet:
         # the checkpointed position leaves them out, so a resume trains them.
         self.prefetched = 0
+        self._workers_epoch: int | None = None  # the epoch the dataset of persistent workers was set to
 
     @property
     def _rank_sampler(self) -> RankBatchSampler:
@@ -157,6 +158,11 @@ class RankDataLoader(DataLoader):
         set_epoch = getattr(self.dataset, "set_epoch", None)
         if callable(set_epoch):  # a dataset that reshuffles its rows per epoch (MovieLensDataset)
             set_epoch(sampler.epoch)
+            if self._workers_epoch != sampler.epoch:
+                # Persistent workers hold a copy of the dataset made when they started, which the
+                # set_epoch above does not reach: start them again, with this epoch's dataset.
+                self._iterator = None
+            self._workers_epoch = sampler.epoch
         for batch in super().__iter__():
             self._yielded += 1  # counted as handed out: the loop consumed it
             yield batch

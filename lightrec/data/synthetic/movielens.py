@@ -58,6 +58,8 @@ def synthetic_movielens(
     for name, value in (("num_users", num_users), ("num_movies", num_movies), ("num_ratings", num_ratings)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be an int >= 0 (numpy seeds the data with it), got {seed!r}")
     rng = np.random.default_rng(seed)
     taste = rng.standard_normal((num_users, _FACTORS))
     gender = rng.integers(1, 3, size=num_users)  # 1, 2

@@ -42,6 +42,8 @@ from lightrec.data.synthetic.drifting import DriftingVocabulary
 __all__ = ["PlantedCriteoModel", "SPLITS", "SampleBlock", "sigmoid", "split_code"]
 
 SPLITS: dict[str, int] = {"train": 0, "val": 1, "test": 2, "holdout": 3}
+_MAX_SEED = 1 << 48
+"""Seeds are ints in ``[0, 2**48)``: numpy refuses negative ones, the hashes of larger ones overflow."""
 
 
 @dataclass
@@ -92,6 +94,8 @@ class PlantedCriteoModel:
         base_ctr: float = 0.25,
         vocabulary: DriftingVocabulary | None = None,
     ) -> None:
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < _MAX_SEED:
+            raise ValueError(f"seed must be an int in [0, 2**48), got {seed!r}; pick another seed")
         self.num_embeddings = [int(n) for n in num_embeddings_per_feature]
         self.vocabulary = vocabulary
         if len(self.num_embeddings) != CAT_FEATURE_COUNT:
