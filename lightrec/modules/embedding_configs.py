@@ -98,8 +98,10 @@ class BaseEmbeddingConfig:
         name: unique table name; parameter names are ``embedding_bags.<name>.weight``.
         data_type: storage type of the weights.
         feature_names: features whose ids index this table (several features may share one table).
-        weight_init_max / weight_init_min: uniform init range; defaults to ``±sqrt(1 / num_embeddings)``
-            like torchrec.
+        weight_init_max / weight_init_min: uniform init range; each one left ``None`` defaults to
+            ``±sqrt(1 / num_embeddings)`` like torchrec (whatever the other one is).
+        num_embeddings_post_pruning: torchrec's rows after pruning for inference; accepted and
+            kept for torchrec compatibility, lightrec prunes nothing (``None``: no pruning).
         init_fn: optional ``fn(weight) -> None`` that initialises the weight in place instead.
         need_pos: kept for torchrec compatibility (positional weights); unused by lightrec kernels.
     """
@@ -111,6 +113,7 @@ class BaseEmbeddingConfig:
     feature_names: list[str] = field(default_factory=list)
     weight_init_max: float | None = None
     weight_init_min: float | None = None
+    num_embeddings_post_pruning: int | None = None
     init_fn: Callable[[torch.Tensor], torch.Tensor | None] | None = None
     need_pos: bool = False
 
@@ -131,10 +134,17 @@ class BaseEmbeddingConfig:
         self.feature_names = list(self.feature_names)
         if len(set(self.feature_names)) != len(self.feature_names):
             raise ValueError(f"feature_names of table {self.name!r} has duplicates: {self.feature_names}")
+        post_pruning = self.num_embeddings_post_pruning
+        bad_post_pruning = isinstance(post_pruning, bool) or not isinstance(post_pruning, int) or post_pruning <= 0
+        if post_pruning is not None and bad_post_pruning:
+            raise ValueError(
+                f"num_embeddings_post_pruning of table {self.name!r} must be a positive int or None, got "
+                f"{post_pruning!r}; leave it None for no pruning"
+            )
         if self.weight_init_max is None:
             self.weight_init_max = math.sqrt(1.0 / self.num_embeddings)
         if self.weight_init_min is None:
-            self.weight_init_min = -self.weight_init_max
+            self.weight_init_min = -math.sqrt(1.0 / self.num_embeddings)
         if self.weight_init_min > self.weight_init_max:
             raise ValueError(
                 f"weight_init_min ({self.weight_init_min}) of table {self.name!r} is above "
@@ -147,8 +157,8 @@ class BaseEmbeddingConfig:
     def get_weight_init_min(self) -> float:
         return float(self.weight_init_min)  # type: ignore[arg-type]  # set in __post_init__
 
-    @property
     def num_features(self) -> int:
+        """How many features read this table (a method, as in torchrec)."""
         return len(self.feature_names)
 
     def init_weight(self, weight: torch.Tensor) -> None:
