@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torchmetrics import Metric
 from typing_extensions import override
 
 from lightrec.data import Batch
@@ -148,7 +149,14 @@ class TwoTowerModule(RecipeModule):
                 on_epoch=True,
                 batch_size=batch.batch_size,
             )
+            if stage == "val":  # TensorBoard's HPARAMS tab compares runs by it (RecModule: the AUC)
+                self.log("hp_metric", recall, on_step=False, on_epoch=True, batch_size=batch.batch_size)
         return loss
+
+    @override
+    def _run_metric(self) -> Metric | None:
+        """Runs are compared by the validation recall@k (``hp_metric``), not a click metric."""
+        return self.val_recall
 
     @override
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:

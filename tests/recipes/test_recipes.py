@@ -127,6 +127,21 @@ def test_config_trains_a_few_steps(
         assert f"Bayes-optimal AUC of the synthetic data: {bayes:.4f}" in out and f"{gap:.1%}" in out
 
 
+@pytest.mark.parametrize(("config", "run_metric"), [("two_tower_movielens", "val/recall@10"), ("dlrm", "val/auc")])
+def test_hp_metric_is_the_validation_metric_runs_are_compared_by(
+    config: str, run_metric: str, tmp_path: Path, criteo_dir: Path, movielens_dir: Path
+) -> None:
+    """TensorBoard's HPARAMS tab compares runs by hp_metric: the validation AUC, recall@k for two_tower
+    (which logged none: the tab showed Lightning's -1 placeholder)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cli = run_config(config, tmp_path, criteo_dir, movielens_dir,
+                     ["--trainer.val_check_interval=3", "--recipe.test_after_fit=false"])  # fmt: skip
+    events = EventAccumulator(str(cli.trainer.logger.log_dir)).Reload()
+    assert events.Scalars("hp_metric")[-1].value == pytest.approx(events.Scalars(run_metric)[-1].value)
+    assert events.Scalars("hp_metric")[-1].value != -1
+
+
 def test_checkpoint_rebuilds_the_model_for_serving(
     tmp_path: Path, criteo_dir: Path, movielens_dir: Path
 ) -> None:
