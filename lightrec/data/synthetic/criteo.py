@@ -7,7 +7,9 @@ on the host or with torch on a device (:mod:`lightrec.data.synthetic.device`).
 Determinism: samples are generated in blocks of ``block_size`` samples; block ``k`` of split ``s``
 has its own generator seeded by ``(seed, s, k)``. A batch is ``batch_size / block_size`` consecutive
 blocks, so a batch depends only on ``(seed, split, batch index)`` — not on workers, ranks or order —
-and two ranks' batches of size ``B`` at one step equal one batch of size ``2B`` on one rank.
+and two ranks' batches of size ``B`` at one step equal one batch of size ``2B`` on one rank. With
+``vocabulary="drifting"`` that takes the same drift per sample too: the ids drift ``drift_per_batch``
+per batch of ``batch_size``, so batch ``2B`` needs ``2 * drift_per_batch``.
 """
 
 from __future__ import annotations
@@ -50,11 +52,12 @@ class SyntheticCriteoDataset(Dataset):
         cardinalities: ``"kaggle"``, ``"1tb"`` or 26 ints.
         scale / num_embeddings_cap: shrink the tables (see :func:`resolve_cardinalities`).
         block_size: samples per generator seed; must divide ``batch_size`` (default: ``batch_size``).
-            Keep it fixed to get identical samples under different per-rank batch sizes.
+            Keep it fixed to get identical samples under different per-rank batch sizes (drifting ids:
+            and ``drift_per_batch / batch_size`` fixed).
         vocabulary: ``"fixed"`` (ids ``[0, n_f)``) or ``"drifting"`` (raw 63-bit ids of a vocabulary
             that drifts; see the module docstring). Host batches only (``device=None``).
         drift_per_batch: with ``"drifting"``, the share of each feature's live ids replaced per
-            batch of ``batch_size`` samples.
+            batch of ``batch_size`` samples (so the ids depend on ``drift_per_batch / batch_size``).
         time_offset_batches: with ``"drifting"``, batches of time before this split's first batch
             (validation and test data come after the training stream).
         device: None (default) draws batches with numpy on the host; a device (``"cuda"``,

@@ -12,7 +12,9 @@ Ranks share the stream the way :class:`~lightrec.data.RankBatchSampler` shares a
     rank 1:             t=0       t=1       t=2
 
 so step ``t`` of rank ``r`` reads global batch ``start + t * W + r``, and with a fixed
-``block_size`` two ranks of batch ``B`` see at every step the samples one rank of batch ``2B`` sees.
+``block_size`` two ranks of batch ``B`` see at every step the samples one rank of batch ``2B`` sees
+-- with the fixed vocabulary; a drifting one drifts ``drift_per_batch`` per batch of ``B``, so it
+takes ``2 * drift_per_batch`` at batch ``2B`` (the same drift per sample).
 
 **The position** is the number of samples (all ranks) the model *trained on*: batches read minus
 the one Lightning's fit loop holds read ahead of an unsized loader (``read_ahead``) minus those a
@@ -24,7 +26,8 @@ it with the batch size and a fingerprint of the stream's settings::
 Lightning saves it in every checkpoint and hands it back before the first batch of a resumed fit,
 which then continues at global batch ``samples / batch_size``: no batch trained twice, none
 skipped. Another number of ranks may resume it (the position is global), another batch size too
-if it divides the position and ``block_size`` is fixed; other stream settings may not
+if it divides the position, ``block_size`` is fixed and -- with the drifting vocabulary -- the drift
+per sample ``drift_per_batch / batch_size`` is the same; other stream settings may not
 (:class:`~lightrec.data.errors.ResumeMismatchError`).
 """
 
@@ -58,7 +61,7 @@ class StreamState(TypedDict):
 
 
 def stream_fingerprint(settings: Mapping[str, object]) -> str:
-    """A short hash of the settings that fix a stream's samples (seed, tables, vocabulary, ...)."""
+    """A short hash of the settings that fix a stream's samples (seed, tables, vocabulary, drift per sample, ...)."""
     text = json.dumps(dict(settings), sort_keys=True, default=str)
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
@@ -173,9 +176,16 @@ class SyntheticStreamLoader:
             )
         theirs = str(state.get("fingerprint", ""))
         if theirs and self.fingerprint and theirs != self.fingerprint:
+            hint = ""
+            if self.dataset.vocabulary == "drifting" and int(state.get("batch_size", self.batch_size)) != self.batch_size:
+                hint = (
+                    f"; its batch size was {state['batch_size']}, not {self.batch_size}, and the drifting vocabulary "
+                    "drifts drift_per_batch per batch: resume with its batch size, or scale drift_per_batch with it"
+                )
             raise ResumeMismatchError(
-                "the checkpoint trained on a synthetic stream with other settings (seed, tables, vocabulary, drift, "
-                "block_size ...), so its position means other samples here; resume with the same data settings"
+                "the checkpoint trained on a synthetic stream with other settings (seed, tables, vocabulary, drift per "
+                "sample, block_size ...), so its position means other samples here; resume with the same data "
+                f"settings{hint}"
             )
         samples = int(state["samples"])
         if samples % self.batch_size:

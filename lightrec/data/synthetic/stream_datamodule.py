@@ -31,7 +31,9 @@ from lightrec.modules.embedding_configs import EmbeddingBagConfig
 
 __all__ = ["SyntheticStream"]
 
-# Settings that do not change which samples the stream holds (left out of its fingerprint).
+# Settings that do not change which samples the stream holds (left out of its fingerprint). The batch
+# size does not with the fixed vocabulary; a drifting one drifts ``drift_per_batch`` per batch, so its
+# fingerprint holds the drift per sample instead (``births_per_sample``).
 _NOT_SAMPLES = ("batch_size", "block_size", "max_batches", "num_workers", "pin_memory", "prefetch_factor")
 
 
@@ -47,13 +49,15 @@ class SyntheticStream(pl.LightningDataModule):
         vocabulary: ``"drifting"`` (raw 63-bit ids born and retired as the stream goes; the default)
             or ``"fixed"`` (ids ``[0, n_f)``, a stationary stream).
         drift_per_batch: with ``"drifting"``, the share of each feature's live ids replaced per batch
-            of ``batch_size`` samples.
+            of ``batch_size`` samples (so the ids depend on ``drift_per_batch / batch_size``).
         max_batches: end the stream after this many global batches (all ranks); None: never (a
             Trainer's ``max_steps`` ends the fit).
         zipf_exponent / ids_per_feature / ids_distribution / dense_signal / sparse_signal / base_ctr:
             the planted model (:class:`~lightrec.data.PlantedCriteoModel`).
         block_size: samples per generator seed (default ``batch_size``); keep it fixed to resume or
-            compare runs with other per-rank batch sizes sample for sample.
+            compare runs with other per-rank batch sizes sample for sample (with the drifting
+            vocabulary, scale ``drift_per_batch`` with the batch size too: a checkpoint of another
+            drift per sample is refused).
         num_workers: loader processes per rank (0: batches are made in the training process).
         pin_memory: pin batches; None: when the trainer trains on CUDA.
         prefetch_factor: batches each worker makes ahead.
@@ -95,7 +99,12 @@ class SyntheticStream(pl.LightningDataModule):
             sparse_signal=sparse_signal, base_ctr=base_ctr,
         )  # fmt: skip
         settings = {k: v for k, v in self.hparams.items() if k not in _NOT_SAMPLES}
-        self.fingerprint = stream_fingerprint({**settings, "block_size": self.dataset.block_size})
+        settings["block_size"] = self.dataset.block_size
+        drifting = self.dataset.model.vocabulary
+        if drifting is not None:  # the ids drift drift_per_batch * n_f / batch_size per sample: fingerprint that
+            del settings["drift_per_batch"]
+            settings["births_per_sample"] = drifting.rates
+        self.fingerprint = stream_fingerprint(settings)
         self._bayes_auc: float | None = None
 
     @property
