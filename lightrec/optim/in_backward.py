@@ -59,16 +59,18 @@ def apply_optimizer_in_backward(
             if not hasattr(param, attr):
                 setattr(param, attr, [])
             getattr(param, attr).append(value)
-        if register_hook:
+        # One hook per parameter steps every optimizer applied to it, then frees the gradient (as
+        # torch's hook does): a hook per optimizer that freed the gradient after its own step left
+        # the next optimizer nothing to step with.
+        if register_hook and not hasattr(param, "_optimizer_hook_handles"):
+            optimizers: list[torch.optim.Optimizer] = param._in_backward_optimizers  # type: ignore[attr-defined]
 
-            def _step(p: torch.Tensor, optimizer: torch.optim.Optimizer = optimizer) -> None:
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
+            def _step(p: torch.Tensor, optimizers: list[torch.optim.Optimizer] = optimizers) -> None:
+                for opt in optimizers:
+                    opt.step()
+                p.grad = None
 
-            handle = param.register_post_accumulate_grad_hook(_step)
-            if not hasattr(param, "_optimizer_hook_handles"):
-                param._optimizer_hook_handles = []  # type: ignore[attr-defined]
-            param._optimizer_hook_handles.append(handle)  # type: ignore[attr-defined]
+            param._optimizer_hook_handles = [param.register_post_accumulate_grad_hook(_step)]  # type: ignore[attr-defined]
 
 
 def fused_spec_from_parameter(param: torch.Tensor) -> FusedOptimizerSpec | None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from typing import Any, TypeAlias
+from typing import Any, Literal, TypeAlias, cast, overload
 
 import torch
 
@@ -26,6 +26,10 @@ __all__ = ["CombinedOptimizer", "KeyedOptimizer", "KeyedOptimizerWrapper", "Opti
 # of it, as ``check_state_dict`` returns them: their values are whatever the optimizer keeps.
 _StateDict: TypeAlias = Mapping[str, Any]
 _GroupPair: TypeAlias = tuple[dict[str, Any], _StateDict]
+# KeyedOptimizerWrapper's optimizer factories: given the parameters as a list, or (pass_params_dict=True)
+# as the {name: parameter} mapping.
+_ListFactory: TypeAlias = Callable[[list[torch.Tensor]], torch.optim.Optimizer]
+_DictFactory: TypeAlias = Callable[[Mapping[str, torch.Tensor]], torch.optim.Optimizer]
 
 
 class KeyedOptimizer(torch.optim.Optimizer):
@@ -270,16 +274,40 @@ class KeyedOptimizerWrapper(KeyedOptimizer):
         params: ``{name: parameter}``.
         optim_factory: ``fn(list_of_params) -> torch.optim.Optimizer``, e.g.
             ``lambda ps: torch.optim.Adam(ps, lr=1e-3)``.
+        pass_params_dict: hand ``optim_factory`` the ``params`` mapping itself instead of the list
+            of its values (torchrec's switch), for factories that group parameters by name.
     """
+
+    @overload
+    def __init__(
+        self,
+        params: Mapping[str, torch.Tensor],
+        optim_factory: _ListFactory,
+        pass_params_dict: Literal[False] = False,
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self,
+        params: Mapping[str, torch.Tensor],
+        optim_factory: _DictFactory,
+        pass_params_dict: Literal[True],
+    ) -> None: ...
 
     def __init__(
         self,
         params: Mapping[str, torch.Tensor],
-        optim_factory: Callable[[list[torch.Tensor]], torch.optim.Optimizer],
+        optim_factory: _ListFactory | _DictFactory,
+        pass_params_dict: bool = False,
     ) -> None:
         if not params:
             raise ValueError("KeyedOptimizerWrapper got no parameters")
-        self._optimizer = optim_factory(list(params.values()))
+        if not isinstance(pass_params_dict, bool):
+            raise TypeError(f"KeyedOptimizerWrapper(pass_params_dict=...) takes a bool, got {pass_params_dict!r}")
+        if pass_params_dict:
+            self._optimizer = cast(_DictFactory, optim_factory)(params)
+        else:
+            self._optimizer = cast(_ListFactory, optim_factory)(list(params.values()))
         super().__init__(params, self._optimizer.state, self._optimizer.param_groups)
 
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]

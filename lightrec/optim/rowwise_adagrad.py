@@ -66,44 +66,103 @@ class RowWiseAdagrad(DenseRowOptimizer):
     For a parameter ``w`` of shape ``[rows, D]`` with gradient ``g`` (1-D parameters count as one
     row per element)::
 
+        g = -g                            (if maximize)
         g = g + weight_decay * w          (if weight_decay)
-        sum += mean(g * g, dim=1)         # state "sum": [rows]
+        sum += mean(g * g, dim=1)         # state "sum": [rows], starts at initial_accumulator_value
         w -= lr * g / (sqrt(sum) + eps)[:, None]
 
     Rows with an all-zero gradient keep their accumulator and (without weight decay) their weights.
+    This is fbgemm's (and the fused collections') exact row-wise Adagrad.
+
+    The arguments are torchrec's ``torchrec.optim.RowWiseAdagrad``'s, in its order (torchrec's
+    dense class accumulates the square of the row's *mean* gradient instead, and moves the whole row
+    by that mean). A torch-format state dict whose ``"sum"`` is ``[rows, 1]`` (torchrec's layout)
+    loads through this optimizer's ``load_state_dict`` and is kept as ``[rows]``; a
+    :class:`~lightrec.optim.KeyedOptimizer` wrapping it refuses that shape with its ``ValueError``.
 
     Args:
         params: parameters or parameter groups.
         lr: learning rate.
-        eps: denominator guard.
+        lr_decay: torchrec's learning-rate decay; only 0 is supported (``ValueError`` otherwise),
+            as in the fused collections.
         weight_decay: L2 penalty added to the gradient.
+        initial_accumulator_value: starting value of every row's ``"sum"``.
+        eps: denominator guard.
+        maximize: ascend the objective instead of descending it.
     """
 
     def __init__(
         self,
         params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
         lr: float = 1e-2,
-        eps: float = 1e-10,
+        lr_decay: float = 0.0,
         weight_decay: float = 0.0,
+        initial_accumulator_value: float = 0.0,
+        eps: float = 1e-10,
+        *,
+        maximize: bool = False,
     ) -> None:
-        check_non_negative("RowWiseAdagrad", lr=lr, eps=eps, weight_decay=weight_decay)
-        super().__init__(params, {"lr": lr, "eps": eps, "weight_decay": weight_decay})
+        check_non_negative(
+            "RowWiseAdagrad",
+            lr=lr,
+            lr_decay=lr_decay,
+            weight_decay=weight_decay,
+            initial_accumulator_value=initial_accumulator_value,
+            eps=eps,
+        )
+        defaults = {
+            "lr": lr,
+            "lr_decay": lr_decay,
+            "weight_decay": weight_decay,
+            "initial_accumulator_value": initial_accumulator_value,
+            "eps": eps,
+            "maximize": maximize,
+        }
+        super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        """Add a group (``torch.optim.Optimizer``'s contract) with a zero ``"sum"`` per parameter.
+        """Add a group (``torch.optim.Optimizer``'s contract) with a ``"sum"`` per parameter, filled
+        with the group's ``initial_accumulator_value``.
 
         ``__init__`` adds its groups through here too, so a group added later (Lightning's
         ``BackboneFinetuning`` unfreezing layers) has its state before the first ``step``, like
         torch's ``Adagrad``.
+
+        Raises:
+            ValueError: the group's ``lr_decay`` is not 0 (not supported, see the class docstring).
         """
+        lr_decay = param_group.get("lr_decay", self.defaults["lr_decay"])
+        if lr_decay != 0.0:
+            raise ValueError(
+                f"RowWiseAdagrad(lr_decay={lr_decay}) is not supported (nor by the fused collections); "
+                "use lr_decay=0.0 and a learning-rate scheduler"
+            )
         super().add_param_group(param_group)
-        for p in self.param_groups[-1]["params"]:
+        group = self.param_groups[-1]
+        for p in group["params"]:
             rows = p.shape[0] if p.dim() > 0 else 1
-            self.state[p]["sum"] = torch.zeros(rows, dtype=p.dtype, device=p.device)
+            self.state[p]["sum"] = torch.full(
+                (rows,), float(group["initial_accumulator_value"]), dtype=p.dtype, device=p.device
+            )
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # torch's load_state_dict ends here: groups saved before lightrec took torchrec's arguments
+        # get their defaults, and a torchrec "sum" of [rows, 1] becomes lightrec's [rows]
+        super().__setstate__(state)
+        for group in self.param_groups:
+            group.setdefault("lr_decay", 0.0)
+            group.setdefault("initial_accumulator_value", 0.0)
+            group.setdefault("maximize", False)
+        for param_state in self.state.values():
+            acc = param_state.get("sum")
+            if isinstance(acc, torch.Tensor) and acc.dim() == 2 and acc.shape[1] == 1:
+                param_state["sum"] = acc.view(-1)
 
     def _step_param(self, p: torch.Tensor, group: dict[str, Any]) -> None:
         w = p.view(p.shape[0], -1) if p.dim() > 1 else p.view(-1, 1)
         g = p.grad.view_as(w)  # type: ignore[union-attr]  # step() only calls this with a gradient
+        if group["maximize"]:
+            g = -g
         if group["weight_decay"] != 0.0:
             g = g + group["weight_decay"] * w
         acc = self.state[p]["sum"]
