@@ -156,6 +156,7 @@ def _stuck_body(rank: int, world_size: int) -> tuple[str, float]:
     return "no error", time.monotonic() - began
 
 
+@pytest.mark.slow  # waits out a 2 s timeout on purpose, after starting 2 ranks
 def test_a_stuck_peer_is_reported_within_the_shm_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LIGHTREC_SHM_TIMEOUT", "2")
     message, waited = run_ranks(_stuck_body, 2, timeout=60)[0]
