@@ -40,6 +40,7 @@ class EmbeddingConfigMetadata:
     weight_init_max: float | None
     weight_init_min: float | None
     need_pos: bool
+    num_embeddings_post_pruning: int | None = None  # absent from metadata written before it existed
 
 
 @dataclass

@@ -84,6 +84,7 @@ def _table_fields(config: EmbeddingConfig | EmbeddingBagConfig) -> dict[str, Any
         "weight_init_max": config.weight_init_max,
         "weight_init_min": config.weight_init_min,
         "need_pos": config.need_pos,
+        "num_embeddings_post_pruning": config.num_embeddings_post_pruning,
     }
 
 

@@ -21,7 +21,8 @@ from lightrec.sparse import KeyedJaggedTensor
 BAG_TABLES = [
     EmbeddingBagConfig(name="t0", num_embeddings=10, embedding_dim=4, feature_names=["f0", "f1"]),
     EmbeddingBagConfig(name="t1", num_embeddings=7, embedding_dim=2, feature_names=["f2"], pooling=PoolingType.MEAN,
-                       data_type=DataType.FP16, weight_init_min=-0.5, weight_init_max=0.25, need_pos=True),
+                       data_type=DataType.FP16, weight_init_min=-0.5, weight_init_max=0.25, need_pos=True,
+                       num_embeddings_post_pruning=5),
 ]  # fmt: skip
 SEQ_TABLES = [EmbeddingConfig(name="s0", num_embeddings=9, embedding_dim=3, feature_names=["f0"], data_type=DataType.BF16)]
 
@@ -40,6 +41,13 @@ def test_bag_collection_config_survives_json() -> None:
     rebuilt = through_json(ebc)
     assert isinstance(rebuilt, EmbeddingBagCollection)
     assert rebuilt.embedding_bag_configs() == BAG_TABLES  # names, dims, features, pooling, data type, init range
+    assert rebuilt.embedding_bag_configs()[1].num_embeddings_post_pruning == 5
+    # metadata written before num_embeddings_post_pruning existed still reads
+    old = json.loads(json.dumps(raw))
+    for table in old["metadata_dict"]["tables"]:
+        del table["num_embeddings_post_pruning"]
+    older = JsonSerializer.deserialize(old["metadata_dict"], old["typename"], None)
+    assert [t.num_embeddings_post_pruning for t in older.embedding_bag_configs()] == [None, None]
     assert rebuilt.is_weighted() and rebuilt._bounds_check == "clamp"
     assert rebuilt.embedding_names() == ebc.embedding_names()
 
