@@ -19,6 +19,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
+
 from lightrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 
 __all__ = [
@@ -93,7 +95,9 @@ def resolve_cardinalities(
             )
     if not (scale > 0):
         raise ValueError(f"scale must be > 0, got {scale!r}")
-    if num_embeddings_cap is not None and num_embeddings_cap < 1:
+    bad_cap = isinstance(num_embeddings_cap, bool) or not isinstance(num_embeddings_cap, (int, np.integer))
+    if num_embeddings_cap is not None and (bad_cap or num_embeddings_cap < 1):
+        # a float cap made float table sizes, and float arithmetic in the id scrambling
         raise ValueError(f"num_embeddings_cap must be a positive int or None, got {num_embeddings_cap!r}")
     out = [max(1, math.ceil(c * scale)) for c in base]
     if num_embeddings_cap is not None:

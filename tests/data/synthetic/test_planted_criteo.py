@@ -46,6 +46,10 @@ def test_names_and_cardinalities() -> None:
         resolve_cardinalities("avazu")
     with pytest.raises(ValueError, match="26 positive ints"):
         resolve_cardinalities([5, 5])
+    for cap in (1.5, True, 0):  # a float cap made float table sizes
+        with pytest.raises(ValueError, match="num_embeddings_cap must be a positive int or None"):
+            resolve_cardinalities("kaggle", num_embeddings_cap=cap)
+    assert resolve_cardinalities("kaggle", num_embeddings_cap=np.int64(1000))[0] == 1000
     cfgs = table_configs(16, resolve_cardinalities("kaggle", num_embeddings_cap=100))
     assert [c.name for c in cfgs[:2]] == ["t_cat_0", "t_cat_1"] and cfgs[3].feature_names == ["cat_3"]
     assert cfgs[8].num_embeddings == 3 and all(c.embedding_dim == 16 for c in cfgs)
