@@ -23,6 +23,7 @@ a command with 1 (``CommandError``, printed without a traceback); a user mistake
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import torch
@@ -98,3 +99,6 @@ def main(argv: list[str] | None = None) -> int:
     except CommandError as exc:
         print(f"lightrec {ns.command}: error: {exc}", file=sys.stderr)
         return USAGE_ERROR if isinstance(exc, UsageError) else FAILURE
+    except BrokenPipeError:  # `lightrec ls | head`: the reader left; stop without a traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's exit flush writes nowhere
+        return FAILURE

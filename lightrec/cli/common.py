@@ -46,10 +46,19 @@ def command_parser(
 
 
 def checkpoint_argument(path: Path) -> None:
-    """Refuse (``UsageError``) a checkpoint argument that is missing or a folder that is not a checkpoint."""
+    """Refuse (``UsageError``) a checkpoint argument that is missing or a folder that is not a checkpoint, and
+    (``CommandError``) a checkpoint folder whose ``meta.pt`` is gone. A save killed between its two renames
+    (``<path>`` missing, a complete ``<path>.tmp-<run>`` beside it) is accepted, as the loader reads it."""
+    if is_sharded_checkpoint(path):  # also <path> gone beside the complete <path>.tmp-<run> of a killed save
+        return
     if not path.exists():
         raise UsageError(f"checkpoint {str(path)!r} does not exist")
-    if path.is_dir() and not is_sharded_checkpoint(path):
+    if path.is_dir() and (path / "manifest.json").is_file():
+        raise CommandError(
+            f"{str(path)!r} holds a manifest.json but no meta.pt: the checkpoint is incomplete (a file was deleted "
+            "or not copied); copy the whole folder again, or use another checkpoint"
+        )
+    if path.is_dir():
         raise UsageError(
             f"{str(path)!r} is a folder but not a lightrec sharded checkpoint (it holds no meta.pt and no "
             "manifest.json); pass the checkpoint folder itself, e.g. lightning_logs/<name>/version_0/checkpoints/"

@@ -6,10 +6,17 @@ The copy imports public lightrec modules only, so ``python <dir>/<recipe>.py fit
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 from pathlib import Path
 
-from lightrec.cli.common import UsageError, command_parser, reject_extra_arguments, shipped_recipe
+from lightrec.cli.common import (
+    CommandError,
+    UsageError,
+    command_parser,
+    reject_extra_arguments,
+    shipped_recipe,
+)
 from lightrec.recipes import CONFIGS_DIR, RECIPES, configs_of
 
 __all__ = ["register", "run"]
@@ -33,11 +40,19 @@ def run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParser
     if dest.suffix in (".yaml", ".yml"):  # one config to edit, not a folder named x.yaml
         if dest.exists():
             raise UsageError(f"refusing to overwrite {str(dest)!r}; choose another name or remove it first")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(CONFIGS_DIR / f"{recipe.default_config}.yaml", dest)
+        if dest.parent.exists() and not dest.parent.is_dir():
+            raise UsageError(
+                f"{str(dest.parent)!r} is a file, not a folder; choose another place for {dest.name}"
+            )
+        _copy(CONFIGS_DIR / f"{recipe.default_config}.yaml", dest)
         print(f"wrote {dest} (the {recipe.name} recipe's default config)")
         print(f"\nedit, then run:  lightrec run {recipe.name} --config {dest}")
         return 0
+    if dest.exists() and not dest.is_dir():
+        raise UsageError(
+            f"{str(dest)!r} is a file; give a directory to copy the {recipe.name} recipe into (e.g. my_{recipe.name}), "
+            "or a .yaml file for its default config alone"
+        )
     copies = [(recipe.path, dest / recipe.path.name)]
     copies += [(CONFIGS_DIR / f"{c}.yaml", dest / "configs" / f"{c}.yaml") for c in configs_of(recipe.script)]
     existing = [str(target) for _, target in copies if target.exists()]
@@ -45,10 +60,24 @@ def run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParser
         raise UsageError(
             f"refusing to overwrite {', '.join(existing)}; choose another directory or remove them first"
         )
-    (dest / "configs").mkdir(parents=True, exist_ok=True)
     for source, target in copies:
-        shutil.copyfile(source, target)
+        _copy(source, target)
         print(f"wrote {target}")
     script = dest / recipe.path.name
     print(f"\nedit, then run:  python {script} fit --config {dest / 'configs' / recipe.default_config}.yaml")
     return 0
+
+
+def _copy(source: Path, target: Path) -> None:
+    """Copy ``source`` to ``target`` through a temporary file renamed into place, so an interrupted copy
+    leaves no half-written file that the next ``lightrec cp`` would refuse to overwrite."""
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, tmp)
+        os.replace(tmp, target)
+    except OSError as exc:  # a file where a folder should be, no permission, a full disk
+        raise CommandError(f"cannot write {str(target)!r}: {exc.strerror or exc}") from exc
+    finally:
+        if tmp.exists():
+            tmp.unlink()
