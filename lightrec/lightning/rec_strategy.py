@@ -104,6 +104,22 @@ _PLACED_BY_PLAN = (
 )  # fmt: skip
 
 
+def _sharding_plan(plan: str | os.PathLike[str] | ShardingPlan | dict[str, Any] | None) -> ShardingPlan | None:
+    """``RecStrategy(plan=...)`` as a plan: a path is read, a JSON object (a config's ``plan: plan.json``,
+    which Lightning's parser reads for us) is converted."""
+    if isinstance(plan, (str, os.PathLike)):
+        return ShardingPlan.load(plan)
+    if isinstance(plan, dict):
+        try:
+            return ShardingPlan.from_dict(plan)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(
+                f"RecStrategy(plan=...) got a JSON object that is not a sharding plan ({exc}); give the file "
+                "`lightrec plan --json` wrote"
+            ) from exc
+    return plan
+
+
 def _has_unsharded_collections(module: nn.Module) -> bool:
     return any(type(m) in (EmbeddingBagCollection, EmbeddingCollection) for m in module.modules())
 
@@ -112,7 +128,9 @@ class RecStrategy(DDPStrategy, EmbeddingShardingStrategy):
     """Shard embedding collections across ranks; run everything else data-parallel.
 
     Args:
-        plan: a fixed ``ShardingPlan`` or a path to its JSON; planned automatically when ``None``.
+        plan: a fixed ``ShardingPlan``, a path to its JSON (``lightrec plan --json``), or that JSON's
+            object (what a LightningCLI config's ``plan: plan.json`` hands over: Lightning's parser
+            reads a file a config value names); planned automatically when ``None``.
         topology / constraints: planner inputs (``lightrec.distributed.planner.Topology``,
             ``{table: ParameterConstraints}``) used when ``plan`` is ``None``.
         fused_params: the fused embedding optimizer, torchrec style, e.g.
@@ -142,7 +160,7 @@ class RecStrategy(DDPStrategy, EmbeddingShardingStrategy):
         cluster_environment: ClusterEnvironment | None = None,
         checkpoint_io: CheckpointIO | None = None,
         precision_plugin: Precision | None = None,
-        plan: str | os.PathLike[str] | ShardingPlan | None = None,
+        plan: dict[str, Any] | ShardingPlan | str | os.PathLike[str] | None = None,
         topology: Topology | None = None,
         constraints: dict[str, ParameterConstraints] | None = None,
         fused_params: dict[str, Any] | None = None,
@@ -181,7 +199,7 @@ class RecStrategy(DDPStrategy, EmbeddingShardingStrategy):
             start_method=start_method,
             **ddp_kwargs,
         )
-        self._plan = ShardingPlan.load(plan) if isinstance(plan, (str, os.PathLike)) else plan
+        self._plan = _sharding_plan(plan)
         self._topology = topology
         self._constraints = constraints
         self._fused_params = dict(fused_params or {})
