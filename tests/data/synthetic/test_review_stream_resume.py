@@ -12,6 +12,7 @@ import torch
 from lightrec.data import Batch, ResumeMismatchError, SyntheticStream
 from lightrec.data.batch import concat_batches
 from lightrec.data.synthetic.stream import SyntheticStreamLoader
+from tests.data.synthetic.test_stream import _read
 
 SMALL: dict[str, Any] = {"seed": 1, "num_embeddings_cap": 300, "block_size": 32}
 
@@ -24,15 +25,6 @@ def _loader(data: SyntheticStream, rank: int = 0, world_size: int = 1) -> Synthe
     loader = SyntheticStreamLoader(data.dataset, rank, world_size, fingerprint=data.fingerprint)
     loader.read_ahead = 0  # iterated by hand: every batch read is trained
     return loader
-
-
-def _read(loader: SyntheticStreamLoader, n: int) -> list[Batch]:
-    out = []
-    for batch in loader:
-        out.append(batch)
-        if len(out) == n:
-            break
-    return out
 
 
 def _ids(batch: Batch, key: str = "cat_0") -> torch.Tensor:
