@@ -33,6 +33,7 @@ def _epoch_batches(num_workers: int, persistent_workers: bool, epochs: int = 3) 
     return out
 
 
+@pytest.mark.slow  # worker or rank processes started several times: ~10 s
 def test_persistent_workers_reshuffle_rows_every_epoch_like_the_main_process() -> None:
     """MovieLensDataset reshuffles its rows in set_epoch; persistent workers kept epoch 0's rows."""
     reference = _epoch_batches(0, False)
@@ -124,6 +125,7 @@ def _ddp_fit(rank: int, world_size: int, port: int, root: str) -> dict[str, Any]
     return out
 
 
+@pytest.mark.slow  # worker or rank processes started several times: ~10 s
 def test_two_lightning_ranks_read_disjoint_batches_whose_union_is_the_one_rank_data(tmp_path: Any) -> None:
     results = run_ranks(_ddp_fit, 2, args=(free_port(), str(tmp_path)), timeout=300)
     reference = SyntheticCriteo(batch_size=4, num_train_batches=7, num_val_batches=5, **SMALL)

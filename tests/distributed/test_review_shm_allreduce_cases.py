@@ -119,6 +119,7 @@ def _job_body(rank: int, world_size: int, job: int) -> tuple[list[float], list[s
     return sums, [transport._tag, str(shm_segments.SHM_DIR)]
 
 
+@pytest.mark.slow  # worker or rank processes started several times: ~10 s
 def test_two_jobs_on_one_host_at_once_keep_their_segments_apart() -> None:
     out: dict[int, list[tuple[list[float], list[str]]]] = {}
 
