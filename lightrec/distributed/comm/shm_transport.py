@@ -170,14 +170,23 @@ class ShmTransport:
             if r != self.rank:
                 self._wait_word(self._control[r].ack, self.rank * _SLOTS + slot, previous, r)
 
-    def _acked(self, seq: int) -> bool:
-        """Every peer has read exchange ``seq`` (an acquire poll of their ack words)."""
+    def _acked(self, seq: int, until: float | None = None) -> bool:
+        """Every peer has read exchange ``seq`` (an acquire poll of their ack words). With ``until``
+        (a ``time.monotonic()`` deadline) live peers are waited for until then, and a dead peer
+        counts as done (it reads nothing more)."""
         index = self.rank * _SLOTS + seq % _SLOTS
-        return all(
-            int(self._ops.shm_wait(self._control[r].ack, index, seq, 0.0)) > _TIMED_OUT
-            for r in range(self.world)
-            if r != self.rank
-        )
+        for r in range(self.world):
+            if r == self.rank:
+                continue
+            while True:
+                left = 0.0 if until is None else min(0.05, max(0.0, until - time.monotonic()))
+                if int(self._ops.shm_wait(self._control[r].ack, index, seq, left)) > _TIMED_OUT:
+                    break
+                if until is not None and not _pid_alive(self._pids[r]):
+                    break
+                if left == 0.0:
+                    return False
+        return True
 
     def _allocate(self, seq: int, nbytes: int) -> tuple[_Arena, int]:
         """A free range of ``nbytes`` in the newest arena (reaping acked ranges), or a new generation."""
@@ -214,23 +223,9 @@ class ShmTransport:
         exchanges living there -- waiting at most ``_EXIT_GRACE`` seconds for live peers. A segment
         still unread keeps its name for the peer; the next run's sweep removes it."""
         deadline = time.monotonic() + _EXIT_GRACE
-        for arena in list(self._arenas):
-            if arena.gen == 0:
-                continue  # unlinked at start-up
-            read = True
-            for seq, _, _ in list(arena.live):
-                index = self.rank * _SLOTS + seq % _SLOTS
-                for r in range(self.world):
-                    while r != self.rank:
-                        left = min(0.05, max(0.0, deadline - time.monotonic()))  # 0: one poll
-                        if int(self._ops.shm_wait(self._control[r].ack, index, seq, left)) > _TIMED_OUT:
-                            break
-                        if not _pid_alive(self._pids[r]):
-                            break  # a dead peer reads nothing more
-                        if left == 0.0:
-                            read = False
-                            break
-            if read:
+        for arena in self._arenas:
+            # generation 0 was unlinked at start-up
+            if arena.gen and all(self._acked(seq, until=deadline) for seq, _, _ in arena.live):
                 arena.segment.unlink()
 
     def _peer_segment(self, src: int, gen: int) -> ShmSegment:
