@@ -33,6 +33,7 @@ from lightrec.quant.row_codec import (
     check_dim,
     dequantize_rows,
     quantize_rows,
+    row_size_in_bytes,
     sparse_type_code,
 )
 from lightrec.sparse import KeyedJaggedTensor
@@ -154,11 +155,21 @@ def storage_configs(
         quantized collections report it.
     """
     feature_order = check_collection_tables(tables, config_type, owner, bounds_check)
-    if not isinstance(row_alignment, int) or row_alignment <= 0:
+    if isinstance(row_alignment, bool) or not isinstance(row_alignment, int) or row_alignment <= 0:
         raise ValueError(f"row_alignment must be a positive int (bytes), got {row_alignment!r}")
     data_types = _table_data_types(tables, dtype, per_table)
     for t, dt in zip(tables, data_types):
         check_dim(t.embedding_dim, dt, t.name)
+        row_bytes = row_size_in_bytes(t.embedding_dim, dt, row_alignment)
+        if dt == DataType.FP16 and row_bytes % 2:
+            # fbgemm's IntN kernels step through fp16 rows two bytes at a time: an odd row size makes
+            # them read every other row from the wrong place (the torch kernel would not, so the
+            # numbers would depend on whether fbgemm imports).
+            raise ValueError(
+                f"row_alignment={row_alignment} gives table {t.name!r} (fp16, embedding_dim={t.embedding_dim}) "
+                f"rows of {row_bytes} bytes, but fp16 rows must be a whole number of halves; use "
+                "row_alignment=16 (torchrec's default), another even value, or 1"
+            )
     return feature_order, [dataclasses.replace(t, data_type=dt) for t, dt in zip(tables, data_types)]
 
 

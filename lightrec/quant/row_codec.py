@@ -12,15 +12,18 @@ so a ``[4096, 64]`` table in int8 with the default alignment of 16 is ``[4096, 8
 
 Quantization (per row, ``qmax = 255`` for int8 and ``15`` for int4)::
 
-    bias  = fp16(min(row))
+    bias  = fp16(min(row)), the next fp16 down when that one is above min(row) (so no value lies below
+            the grid: rounded to nearest, a row far from 0 lost up to half an fp16 step at its bottom,
+            many times scale / 2 for a row like [0.9, 1.0] or [1000, 1001])
     scale = fp16((max(row) - bias) / qmax), the next fp16 up when that one is smaller than the quotient
             (so max(row) never needs a code above qmax), or 1 when it is 0
     q     = clamp(round((x - bias) / scale), 0, qmax)
 
-Error bound (documented and tested): every decoded value is within
-``scale / 2 + 2**-10 * (max(row) - min(row) + |min(row)|) + 2**-24`` of the fp32 original; the first
-term is the rounding to the grid, the second covers rounding scale and bias to fp16. fp16 tables
-are within ``2**-11 * |x|`` (plus 2**-24 for subnormals) of the original.
+Error bound (tested): every decoded value is within ``scale / 2`` of the fp32 original, ``scale``
+being the row's stored fp16 scale, up to fp32 rounding (``2**-23 * |x|``). In terms of the row alone
+that is within ``scale / 2 + 2**-10 * (max(row) - min(row) + |min(row)|) + 2**-24``
+(:func:`max_abs_error`; the second term covers rounding scale and bias to fp16). fp16 tables are
+within ``2**-11 * |x|`` (plus 2**-24 for subnormals) of the original.
 """
 
 from __future__ import annotations
@@ -112,6 +115,11 @@ def quantize_rows(
     lo = x.min(dim=1).values
     hi = x.max(dim=1).values
     bias16 = lo.half()
+    # Rounded to nearest the bias can land above min(row): the values below it then clamp to code 0, off by
+    # up to half an fp16 step of min(row), which dwarfs scale / 2 for a row far from 0. The next fp16 down
+    # puts every value on the grid (lo >= -65504 was checked above, so the step stays finite).
+    above = bias16.float() > lo
+    bias16 = torch.where(above, torch.nextafter(bias16, torch.full_like(bias16, float("-inf"))), bias16)
     bias = bias16.float()
     scale16 = ((hi - bias) / qmax).half()
     # Rounded to fp16 the scale can come out below the one the row needs, by up to half an fp16 step: for a
@@ -131,11 +139,20 @@ def quantize_rows(
     return out
 
 
+def _halves(raw: torch.Tensor) -> torch.Tensor:
+    """Bytes ``[rows, 2k]`` uint8 read as fp16 ``[rows, k]``. A table of a collection is a view of its flat
+    buffer, which with an odd ``row_alignment`` can start at an odd byte: ``view`` refuses that, so copy."""
+    raw = raw.contiguous()
+    if raw.storage_offset() % 2:
+        raw = raw.clone()
+    return raw.view(torch.float16)
+
+
 def dequantize_rows(stored: torch.Tensor, data_type: DataType, dim: int) -> torch.Tensor:
     """Decode stored rows ``[rows, row_bytes]`` to fp32 ``[rows, dim]`` exactly as the kernels read them."""
     if data_type == DataType.FP16:
-        return stored[:, : 2 * dim].contiguous().view(torch.float16).float()
-    scale_bias = stored[:, :SCALE_BIAS_BYTES].contiguous().view(torch.float16).double()
+        return _halves(stored[:, : 2 * dim]).float()
+    scale_bias = _halves(stored[:, :SCALE_BIAS_BYTES]).double()
     if data_type == DataType.INT8:
         q = stored[:, SCALE_BIAS_BYTES : SCALE_BIAS_BYTES + dim].double()
     else:

@@ -137,9 +137,10 @@ class ShardedQuantEmbeddingBagCollection(nn.Module):
         output_device: where the pooled output is gathered (default: ``devices[0]``).
         placement: ``"device"`` keeps tables in the device's memory; ``"host"`` keeps them in host
             memory (UVM on CUDA; the same thing on CPU).
-        kernel_backend: ``"fbgemm"`` (fbgemm TBE groups), ``"torch"`` or ``"triton"`` (groups of
-            ``QuantEmbeddingBagCollection`` with that kernel), or ``"auto"``: fbgemm when it imports and
-            the tables check bounds with ``"error"``, else torch.
+        kernel_backend: ``"fbgemm"`` (fbgemm TBE groups; for ``bounds_check`` ``"clamp"``/``"skip"``,
+            groups of ``QuantEmbeddingBagCollection`` on fbgemm's op, which apply it), ``"torch"`` or
+            ``"triton"`` (groups of ``QuantEmbeddingBagCollection`` with that kernel), or ``"auto"``:
+            fbgemm when it imports and the tables check bounds with ``"error"``, else torch.
         use_fbgemm: the deprecated spelling (True: ``"fbgemm"``, False: ``"torch"``).
     """
 
@@ -167,10 +168,10 @@ class ShardedQuantEmbeddingBagCollection(nn.Module):
             device = devices[device_index]
             members = [t for i, t in enumerate(configs) if (assignment[i], t.pooling == PoolingType.MEAN) == (device_index, _mean)]
             stored = [qebc._stored_tables()[t.name].weight.to(device) for t in members]
-            if kernel_backend == "fbgemm":
+            if kernel_backend == "fbgemm" and qebc._bounds_check == "error":
                 lookup: nn.Module = TbeGroupLookup(members, stored, qebc._row_alignment, device, placement,
                                                    qebc.is_weighted())
-            else:
+            else:  # torch / triton; fbgemm too for "clamp" / "skip", which the TBE module would not apply
                 group = QuantEmbeddingBagCollection(
                     members, is_weighted=qebc.is_weighted(), device=device, dtype=members[0].data_type,
                     per_table={t.name: t.data_type for t in members}, row_alignment=qebc._row_alignment,
@@ -219,7 +220,13 @@ class ShardedQuantEmbeddingBagCollection(nn.Module):
         """Same contract as ``QuantEmbeddingBagCollection.forward``."""
         if not torch.jit.is_scripting():
             if not is_fx_tracing():
-                check_collection_input(features, self._embedding_names, "ShardedQuantEmbeddingBagCollection")
+                check_collection_input(features, self._embedding_names, "ShardedQuantEmbeddingBagCollection",
+                                       weighted=self._is_weighted)
+                if self._is_weighted and features.weights_or_none() is None:
+                    raise ValueError(
+                        "ShardedQuantEmbeddingBagCollection(is_weighted=True) needs per-id weights, but the "
+                        "KeyedJaggedTensor has weights=None; pass weights=... or shard an unweighted collection"
+                    )
         features = features.permute_to_keys(self._feature_order)
         parts = features.split(self._group_num_features)
         pooled: List[torch.Tensor] = []
