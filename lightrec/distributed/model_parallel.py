@@ -41,6 +41,8 @@ replicated, receives the gradient of the *mean* of the per-rank losses.
 from __future__ import annotations
 
 import abc
+import contextlib
+import copy
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -91,6 +93,22 @@ def _with_adopted(plan: ShardingPlan, adopted: Mapping[str, ShardedCollectionBas
     """``plan`` plus the module plans of already-sharded collections it does not name (a new object)."""
     missing = {path: m.module_sharding_plan() for path, m in adopted.items() if path not in plan.plan}
     return ShardingPlan({**plan.plan, **missing}) if missing else plan
+
+
+@contextlib.contextmanager
+def _process_groups_shared() -> Iterator[None]:
+    """Inside the block ``copy.deepcopy`` keeps process groups as they are (a copy of a sharded
+    model talks over the same groups; a group cannot be copied)."""
+    cls = dist.ProcessGroup
+    saved = cls.__dict__.get("__deepcopy__")
+    setattr(cls, "__deepcopy__", lambda group, memo: group)  # noqa: B010 (a class of torch's C++ bindings)
+    try:
+        yield
+    finally:
+        if saved is None:
+            delattr(cls, "__deepcopy__")
+        else:
+            setattr(cls, "__deepcopy__", saved)  # noqa: B010
 
 
 _COMM_HOOKS = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
@@ -234,10 +252,22 @@ class DistributedModelParallel(nn.Module):
         self._ddp_wrapped = False
         if init_data_parallel:
             self.init_data_parallel()
+        self._bind_sharded()
+        self.model_trackers: dict[str, ModelDeltaTracker] = {}  # torchrec's: by Trackers member name
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # nn.Module.__setattr__ registers any nn.Module value as a submodule before a property's
+        # setter could run: `dmp.module = m` would add a stray child "module" and change nothing.
+        if name == "module":
+            object.__setattr__(self, name, value)  # the property's setter
+        else:
+            super().__setattr__(name, value)
+
+    def _bind_sharded(self) -> None:
+        """(Re)build what is built over the sharded collections: the fused optimizer and the pipeline."""
         sharded = self._sharded_modules()
         self._fused_optimizer = CombinedOptimizer([(path, m.fused_optimizer) for path, m in sharded.items()])
         self._pipeline = SparseDistPipeline(sharded.values())
-        self.model_trackers: dict[str, ModelDeltaTracker] = {}  # torchrec's: by Trackers member name
 
     # ---- construction ---------------------------------------------------------------------
     def _shard(
@@ -279,6 +309,16 @@ class DistributedModelParallel(nn.Module):
     def _check_adoptable(self, path: str, sharded: ShardedCollectionBase) -> None:
         """An already-sharded collection is kept as is if it was sharded for this world, device and plan."""
         where = f"the module at {path!r} is already a {type(sharded).__name__}"
+        self._check_same_world(where, sharded)
+        wanted = self._plan.get_plan_for_module(path)
+        if wanted is not None and dict(wanted) != dict(sharded.module_sharding_plan()):
+            raise ValueError(
+                f"{where} sharded by another plan than the one given for it; a live sharded module is never "
+                "resharded: save a checkpoint and load it into a model sharded by the new plan"
+            )
+
+    def _check_same_world(self, where: str, sharded: ShardedCollectionBase) -> None:
+        """``sharded`` was sharded for this rank, world size and device."""
         env = sharded.sharding_env
         if (env.rank, env.world_size) != (self._env.rank, self._env.world_size):
             raise ValueError(
@@ -290,12 +330,6 @@ class DistributedModelParallel(nn.Module):
             raise ValueError(
                 f"{where} whose shards live on {sharded.device}, but device={self.device} was asked for; "
                 f"sharded tables do not move: pass device={sharded.device} or build the model afresh"
-            )
-        wanted = self._plan.get_plan_for_module(path)
-        if wanted is not None and dict(wanted) != dict(sharded.module_sharding_plan()):
-            raise ValueError(
-                f"{where} sharded by another plan than the one given for it; a live sharded module is never "
-                "resharded: save a checkpoint and load it into a model sharded by the new plan"
             )
 
     def _wrap_dense(
@@ -356,9 +390,94 @@ class DistributedModelParallel(nn.Module):
 
     @property
     def module(self) -> nn.Module:
-        """The sharded model without the DDP wrapper (its state dict keys are the unsharded ones)."""
+        """The sharded model without the DDP wrapper (its state dict keys are the unsharded ones).
+
+        Assigning replaces the model (torchrec's setter), before the dense part is data parallel
+        (built with ``init_data_parallel=False``, or on one rank): ``forward``, ``state_dict`` and
+        ``named_modules`` then use the new model. Its sharded collections (e.g. the old model's,
+        taken over) must be sharded for this world and device; ``plan``, ``fused_optimizer`` and
+        ``pipeline`` are rebuilt over them (take them again). Nothing is sharded or moved.
+
+        Raises:
+            TypeError: the value is not an ``nn.Module``, or is a DMP / DDP wrapper.
+            RuntimeError: the dense part is already data parallel, or a delta tracker watches the model.
+            ValueError: a sharded collection of the value was sharded for another world or device.
+        """
         wrapped = self._dmp_wrapped_module
         return wrapped.module if isinstance(wrapped, DistributedDataParallel) else wrapped
+
+    @module.setter
+    def module(self, value: nn.Module) -> None:
+        if not isinstance(value, nn.Module) or isinstance(value, (DistributedModelParallel, DistributedDataParallel)):
+            raise TypeError(
+                "DistributedModelParallel.module must be set to the unwrapped model (an nn.Module holding sharded "
+                f"collections), got {type(value).__name__}"
+            )
+        if self._dmp_wrapped_module is not self.module or (self._ddp_wrapped and self._env.world_size > 1):
+            raise RuntimeError(
+                "DistributedModelParallel.module can't be set after init_data_parallel() made the dense part data "
+                "parallel (DDP wraps the old model); build it with init_data_parallel=False, set module, then call "
+                "init_data_parallel() on every rank"
+            )
+        if self.model_trackers:
+            raise RuntimeError(
+                f"DistributedModelParallel.module can't be set while delta trackers {sorted(self.model_trackers)} "
+                "watch the current model; set module before init_torchrec_delta_tracker()"
+            )
+        adopted = outermost(value, (ShardedCollectionBase,))
+        for path, sharded in adopted:
+            assert isinstance(sharded, ShardedCollectionBase)  # outermost's kinds
+            self._check_same_world(f"the module at {path!r} of the new module is a {type(sharded).__name__}", sharded)
+        self._dmp_wrapped_module = value
+        self._sharded_paths = [path for path, _ in adopted]
+        self._plan = _with_adopted(ShardingPlan(), self._sharded_modules())
+        self._bind_sharded()
+
+    def copy(self, device: torch.device | str) -> DistributedModelParallel:
+        """An independent copy of this model (torchrec's ``copy``): every table shard, dense
+        parameter, buffer and fused optimizer state is copied, and nothing is shared with this
+        model but the process groups (the copy's forward is collective, as this one's). Local:
+        no collective runs, so one rank may copy alone.
+
+        Unlike torchrec's, the copy is not data parallel (wrapping is collective): call its
+        :meth:`init_data_parallel` on every rank to train it so; it has no delta trackers.
+
+        Args:
+            device: the copy's device; must be this model's (sharded tables do not move: their
+                kernels and exchanges are built for it).
+
+        Raises:
+            ValueError: ``device`` is not this model's device.
+            NotImplementedError: parameters update inside the backward through hooks (data-parallel
+                tables): a deep copy drops the hooks, so the copy would never train them.
+        """
+        target = torch.device(device)
+        hooked = [name for name, p in self.named_parameters() if getattr(p, "_post_accumulate_grad_hooks", None)]
+        if hooked:
+            raise NotImplementedError(
+                f"copy() of a DistributedModelParallel whose parameters {hooked} are updated by gradient hooks "
+                "(data-parallel tables): a copy drops the hooks and would never train them; plan those tables "
+                "model parallel (e.g. table_wise), or load this model's state_dict() into a new "
+                "DistributedModelParallel"
+            )
+        if _same_device(target) != _same_device(self.device):
+            raise ValueError(
+                f"copy(device={target}) of a DistributedModelParallel on {self.device}: sharded tables do not move "
+                f"between devices; copy(device={self.device}) copies it where it is. For {target}, build a "
+                f"DistributedModelParallel(..., device={target}) and load this model's state_dict() into it"
+            )
+        memo: dict[int, Any] = {}
+        with _process_groups_shared():
+            module = copy.deepcopy(self.module, memo)
+            memo[id(self._dmp_wrapped_module)] = module  # the copy holds the model without DDP
+            for uncopied in (self._fused_optimizer, self._pipeline, self.model_trackers):
+                memo[id(uncopied)] = None  # rebuilt below
+            twin = copy.deepcopy(self, memo)
+        twin._ddp_wrapped = False
+        twin.dense_allreduce = "none: the dense part is not data parallel"
+        twin.model_trackers = {}
+        twin._bind_sharded()
+        return twin
 
     @property
     def data_parallel(self) -> DistributedDataParallel | None:
