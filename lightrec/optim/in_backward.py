@@ -8,8 +8,14 @@ as ``torch.distributed.optim._apply_optimizer_in_backward`` does:
   built from the module later reads the marks (:func:`fused_spec_from_parameter`) and fuses the
   same update into its lookup kernel;
 * on a plain module it really steps the optimizer right after the parameter's gradient is
-  accumulated (and frees the gradient), so the marked module trains the same way before and after
-  it is converted.
+  accumulated (and frees the gradient), so the marked module trains before it is converted too.
+
+Before and after conversion agree on every row a batch looks up. A row the batch does not look up
+differs where the rule moves a row with a zero gradient: the plain module's torch optimizer steps
+the whole dense weight (``torch.optim.Adam`` decays the row's moments and moves it by them, L2 or
+decoupled weight decay shrinks it), the fused rule leaves the row and its state as they are, as
+fbgemm does (Adam's step counter still advances once per backward pass). torchrec trains the same
+two ways before and after sharding. SGD and Adagrad without weight decay agree on every row.
 
 :func:`in_backward_optimizer_filter` then yields the parameters a dense optimizer must still handle.
 """

@@ -334,6 +334,17 @@ class OptimizerWrapper(KeyedOptimizer):
         self._optimizer = optimizer
         super().__init__(optimizer.params, optimizer.state, optimizer.param_groups)
 
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The wrapped optimizer's groups, read on each access (a :class:`CombinedOptimizer`'s
+        are built per access, and a wrapped optimizer may replace its list)."""
+        return self._optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, groups: Collection[Mapping[str, Any]]) -> None:
+        if not _same_groups(groups, self._optimizer.param_groups):  # KeyedOptimizer.__init__ sets its own
+            self._optimizer.param_groups = groups  # type: ignore[assignment]
+
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
         return self._optimizer.step(closure)
 
@@ -363,6 +374,12 @@ class OptimizerWrapper(KeyedOptimizer):
         return f"{type(self).__name__}({self._optimizer!r})"
 
 
+def _same_groups(groups: Collection[Mapping[str, Any]], current: Collection[Mapping[str, Any]]) -> bool:
+    """Whether ``groups`` holds the very group dicts of ``current``, in order."""
+    given, now = list(groups), list(current)
+    return len(given) == len(now) and all(a is b for a, b in zip(given, now, strict=True))
+
+
 def _prefixed(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
@@ -370,8 +387,9 @@ def _prefixed(prefix: str, name: str) -> str:
 class CombinedOptimizer(KeyedOptimizer):
     """Several keyed optimizers driven as one (dense optimizer + fused embedding optimizers).
 
-    ``param_groups`` is the concatenation of the children's group dicts (the same objects), so an
-    LR scheduler built on the combined optimizer changes every child's learning rate.
+    ``param_groups`` is the concatenation of the children's group dicts (the same objects), built
+    on each access as torchrec's is: an LR scheduler built on the combined optimizer changes every
+    child's learning rate, also after a child replaced its groups (e.g. when loading a checkpoint).
 
     Args:
         optims: keyed optimizers, or ``(prefix, optimizer)`` pairs; a prefix is prepended to the
@@ -399,6 +417,20 @@ class CombinedOptimizer(KeyedOptimizer):
                 params[key] = p
         groups = [g for _, opt in self._optims for g in opt.param_groups]
         super().__init__(params, _CombinedState(self._optims), groups)
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The children's groups in order (the same dict objects), read from them on each access."""
+        return [g for _, opt in self._optims for g in opt.param_groups]
+
+    @param_groups.setter
+    def param_groups(self, groups: Collection[Mapping[str, Any]]) -> None:
+        # KeyedOptimizer.__init__ hands back the children's own groups; anything else has no child to go to.
+        if not _same_groups(groups, self.param_groups):
+            raise TypeError(
+                "CombinedOptimizer.param_groups is its optimizers' groups, read from them on each access; "
+                "change an entry of a group (group['lr'] = ...) or the child optimizer instead of assigning the list"
+            )
 
     @property
     def optimizers(self) -> list[tuple[str, KeyedOptimizer]]:

@@ -4,7 +4,9 @@ torchrec names these classes only to mark embedding tables for fbgemm's fused op
 (``apply_optimizer_in_backward(LAMB, ebc.parameters(), {...})``); its classes raise when stepped.
 lightrec's classes are real optimizers with the same update rules as the fused kernels
 (:mod:`lightrec.optim.row_rules`), so a marked table trains identically before and after it is
-fused or sharded, and the classes can train dense parameters too. A parameter is seen as rows:
+fused or sharded on the rows each batch looks up, and the classes can train dense parameters too.
+(A row a batch does not look up has a zero gradient here and still moves by its decaying moments;
+the fused rule leaves it untouched, as fbgemm does.) A parameter is seen as rows:
 ``[R, D]`` as is, ``[R, ...]`` flattened to ``[R, -1]``, 1-D (a bias) as one row -- the trust ratios
 and row-wise moments are per row, as fbgemm treats every embedding row as its own layer.
 
