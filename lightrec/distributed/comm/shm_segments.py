@@ -1,16 +1,26 @@
-"""Shared-memory segments of the intra-host transport: private files in ``/dev/shm`` that never outlive a job.
+"""Shared-memory segments of the intra-host transport: private files in ``/dev/shm`` that do not outlive a job.
 
 A segment is a file ``/dev/shm/lightrec-<uid>-<pid>-<start time>-<tag>`` created with mode 0600
 (only the job's user can open it) and fully allocated up front (``posix_fallocate``: a
 shared-memory filesystem that is too small fails *here*, with :class:`ShmSpaceError` saying how
 much is free and what to do, not later with a SIGBUS in the middle of a copy). Every rank maps
 its peers' segments and then the name is **unlinked**: the memory lives on only as long as some
-process maps it, so a rank killed with SIGKILL takes its mappings with it and leaves nothing in
-``/dev/shm``. The only moment a name exists is between creation and the last peer's open (a
-collective handshake at start-up, or when a rank grows its data segment); a crash in that window
-leaves a file whose creator is dead, and :func:`sweep_stale_segments` -- run by every transport
-at start-up -- removes such files of this user (the creator's pid *and* start time must match a
-live process, so a reused pid does not protect a stale file).
+process maps it, so a rank killed with SIGKILL takes its mappings with it. A name exists only
+between creation and the last peer's open (a collective handshake at start-up, or when a rank
+grows its data segment), except for a grown segment that some peer never maps (one it is never
+sent anything from, as in a gather to rank 0): its creator's exit hook unlinks that name once the
+peers have read what lives there (multiprocessing's exit hook, which runs at a normal exit, one by
+an exception included; it waits 2 s at most for them, and a name still unread stays, as below).
+
+A rank that ends without its exit hook -- SIGKILL, the OOM killer, or a plain SIGTERM (Python's
+default action ends the process at once; lightrec installs no SIGTERM handler, and Lightning's,
+which turns SIGTERM into an exception and a normal exit, lets the hook run) -- can leave such
+names, each holding its memory, until :func:`sweep_stale_segments` -- run by every transport at
+start-up -- removes the files of this user whose creator is gone (the creator's pid *and* start
+time must match a live process, so a reused pid does not protect a stale file). Nothing is left
+for good, but the memory comes back only when the next job of the same user starts a transport
+with the same folder (``LIGHTREC_SHM_DIR``), or when the folder is cleared (a container's
+``/dev/shm`` ends with it).
 """
 
 from __future__ import annotations

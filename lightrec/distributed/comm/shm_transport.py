@@ -9,7 +9,8 @@ are on the CPU; otherwise, gloo as before. Results are the same bytes either way
 
 Layout, per rank (``shm_segments.py`` makes the files and keeps them from outliving the job)::
 
-    control segment (fixed)       seq[K]          int32: the exchange last published in slot k
+    control segment (fixed)       failed[3]       int64: (exchange, bytes, errno) of a failed grow; 0: none
+                                  seq[K]          int32: the exchange last published in slot k
                                   ack[W][K]       int32: the exchange of writer w slot k this rank has read
                                   meta[K][2+2W]   int64: slot k's data generation, total, (offset, bytes) per dest
     data segment (generation g)   the arena the rank writes its outgoing chunks into
@@ -22,17 +23,27 @@ its chunk out, and stores ``ack[src][k] = n`` in its own control segment. An are
 reused once every peer acked its exchange; an arena too small for an exchange is replaced by a
 larger generation (a new segment that peers map when they first see it; the last one to map it
 unlinks the name), never waited for -- waiting could deadlock against a rank blocked elsewhere.
+A rank whose new generation does not fit (``/dev/shm`` full, the folder gone) raises
+:class:`~lightrec.distributed.comm.ShmSpaceError`, records the failure in its control segment and
+publishes the exchange as failed (data generation -1): the peers reading that exchange raise a
+ShmSpaceError naming the rank at once, and a rank waiting for any other word of the transport
+notices the record within a second (it looks at the records only when a wait runs past a second,
+so the exchanges pay nothing for it). The transport cannot go on after that, on any rank.
 
 A peer that dies mid-exchange is noticed within a second by the ranks waiting for it
 (:class:`ShmPeerError`, a ``CollectiveError``, names it); the process group's timeout bounds a wait
 for a live but stuck peer, as it bounds gloo's (``LIGHTREC_SHM_TIMEOUT``, seconds, overrides it).
+What a rank that ends without its exit hook (SIGKILL, a plain SIGTERM) can leave in ``/dev/shm``,
+and the next start-up's sweep that removes it: ``shm_segments.py``.
 """
 
 from __future__ import annotations
 
+import errno
 import itertools
 import multiprocessing.util
 import os
+import shutil
 import socket
 import sys
 import threading
@@ -46,7 +57,7 @@ import torch.distributed as dist
 from lightrec import _switches
 from lightrec._native import native_ops
 from lightrec.distributed.comm.failures import CollectiveError, timeout_of
-from lightrec.distributed.comm.shm_segments import ShmSegment, ShmSpaceError, sweep_stale_segments
+from lightrec.distributed.comm.shm_segments import SHM_DIR, ShmSegment, ShmSpaceError, sweep_stale_segments
 
 __all__ = ["ShmExchange", "ShmPeerError", "ShmTransport", "shm_transport"]
 
@@ -77,6 +88,7 @@ class _Control:
     """One rank's control segment, as int32 / int64 views."""
 
     segment: ShmSegment
+    failed: torch.Tensor  # [3] int64: (exchange, bytes, errno) of a grow that failed; all 0: none
     seq: torch.Tensor  # [K] int32
     ack: torch.Tensor  # [W * K] int32, ack[w * K + k]
     meta: torch.Tensor  # [K, 2 + 2W] int64
@@ -92,6 +104,7 @@ class _Control:
         meta_at = -(-(ack_at + 4 * _SLOTS * world) // 64) * 64
         return cls(
             segment,
+            segment.words(torch.int64, 8, 3),  # the header: int32 word 0 is the magic
             segment.words(torch.int32, seq_at, _SLOTS),
             segment.words(torch.int32, ack_at, _SLOTS * world),
             segment.words(torch.int64, meta_at, _SLOTS * (2 + 2 * world)).view(_SLOTS, 2 + 2 * world),
@@ -129,6 +142,7 @@ class ShmTransport:
         self._timeout = _switches.SHM_TIMEOUT.read() or default
         self._lock = threading.Lock()
         self._ops = torch.ops.lightrec_shm
+        self._failed: ShmSpaceError | None = None  # this rank's grow failed: the transport is done
 
     # ---- start-up --------------------------------------------------------------------------
     def _attach(self, peers: list[dict], own_control: ShmSegment, own_data: ShmSegment) -> None:
@@ -142,7 +156,14 @@ class ShmTransport:
 
     # ---- exchanges ---------------------------------------------------------------------------
     def start(self, send_bytes: list[int]) -> ShmExchange:
-        """Begin the next exchange: ``send_bytes[d]`` bytes to each peer ``d`` (0 for this rank)."""
+        """Begin the next exchange: ``send_bytes[d]`` bytes to each peer ``d`` (0 for this rank).
+
+        Raises:
+            ShmSpaceError: this rank's send buffer had to grow and ``/dev/shm`` cannot hold it (the
+                peers raise too, see the module docstring), or it failed so before.
+        """
+        if self._failed is not None:  # the transport cannot go on (module docstring)
+            raise ShmSpaceError(str(self._failed))
         with self._lock:
             seq = self._next
             self._next = (self._next + 1) & 0x7FFFFFFF or 1
@@ -173,7 +194,7 @@ class ShmTransport:
     def _acked(self, seq: int, until: float | None = None) -> bool:
         """Every peer has read exchange ``seq`` (an acquire poll of their ack words). With ``until``
         (a ``time.monotonic()`` deadline) live peers are waited for until then, and a dead peer
-        counts as done (it reads nothing more)."""
+        counts as done (it reads nothing more), as do all once a rank's grow failed (see :meth:`_fail`)."""
         index = self.rank * _SLOTS + seq % _SLOTS
         for r in range(self.world):
             if r == self.rank:
@@ -182,8 +203,8 @@ class ShmTransport:
                 left = 0.0 if until is None else min(0.05, max(0.0, until - time.monotonic()))
                 if int(self._ops.shm_wait(self._control[r].ack, index, seq, left)) > _TIMED_OUT:
                     break
-                if until is not None and not _pid_alive(self._pids[r]):
-                    break
+                if until is not None and (not _pid_alive(self._pids[r]) or self._failure() is not None):
+                    break  # a dead peer reads nothing more, nor does any once a rank's grow failed
                 if left == 0.0:
                     return False
         return True
@@ -203,19 +224,81 @@ class ShmTransport:
                 break
             start = max(start, hi)
         if start + nbytes > arena.segment.nbytes:
-            arena = self._grow(max(2 * arena.segment.nbytes, 2 * nbytes + _HEADER))
+            arena = self._grow(seq, max(2 * arena.segment.nbytes, 2 * nbytes + _HEADER))
             start = _HEADER
         arena.live.append((seq, start, start + nbytes))
         return arena, start
 
-    def _grow(self, nbytes: int) -> _Arena:
+    def _grow(self, seq: int, nbytes: int) -> _Arena:
         gen = self._arenas[-1].gen + 1
-        segment = ShmSegment.create(f"{self._tag}-data{gen}", nbytes, f"rank {self.rank}'s send buffer")
+        purpose = f"rank {self.rank}'s send buffer"
+        try:
+            segment = ShmSegment.create(f"{self._tag}-data{gen}", nbytes, purpose)
+        except ShmSpaceError as exc:  # /dev/shm full, the folder gone or read-only
+            self._fail(seq, nbytes, exc, exc.__cause__)
+            raise
+        except OSError as exc:  # the mapping itself (ENOMEM)
+            error = ShmSpaceError(
+                f"lightrec's intra-host transport cannot map {nbytes / 2**20:.0f} MiB more for {purpose} "
+                f"({exc.strerror}). Free memory, or set LIGHTREC_SHM=0 to exchange through gloo instead"
+            )
+            self._fail(seq, nbytes, error, exc)
+            raise error from exc
         # Peers that map it count themselves in the header word; the last one unlinks the name.
         self._ops.shm_store(segment.words(torch.int32, 0, 1), 0, 1)
         arena = _Arena(gen, segment)
         self._arenas.append(arena)
         return arena
+
+    def _fail(self, seq: int, nbytes: int, error: ShmSpaceError, cause: BaseException | None) -> None:
+        """This rank cannot send exchange ``seq`` (a new generation of ``nbytes`` failed with ``error``):
+        record why in its control segment (a rank whose wait runs past a second reads it) and publish
+        ``seq`` as failed -- data generation -1 -- so the peers waiting to read it wake now and raise,
+        instead of waiting out the timeout. Every later exchange of this rank raises ``error`` again."""
+        self._failed = error
+        code = cause.errno if isinstance(cause, OSError) and cause.errno else 0
+        own = self._control[self.rank]
+        slot = seq % _SLOTS
+        own.meta[slot, 0] = -1
+        own.failed.copy_(torch.tensor([seq, nbytes, code], dtype=torch.int64))
+        self._ops.shm_store(own.seq, slot, seq)  # release: the record and the meta are visible first
+
+    def _failure(self) -> tuple[int, int, int, int] | None:
+        """(rank, exchange, bytes, errno) of the first rank whose grow failed (its control segment's
+        record), or None."""
+        for r, control in enumerate(self._control):
+            seq, nbytes, code = (int(v) for v in control.failed)
+            if seq:
+                return r, seq, nbytes, code
+        return None
+
+    def _peer_failed(self) -> ShmSpaceError | None:
+        """The error to raise on this rank once a rank's grow failed (:meth:`_failure`), or None; this
+        rank's later exchanges raise it too."""
+        failure = self._failure()
+        if failure is None:
+            return None
+        r, seq, nbytes, code = failure
+        if code == errno.ENOMEM:
+            fix = "the host had no memory left to map it. Free memory"
+        elif code in (0, errno.ENOSPC):
+            try:
+                free = f"{shutil.disk_usage(SHM_DIR).free / 2**20:.0f} MiB free"
+            except OSError as exc:
+                free = f"no usable space ({exc.strerror})"
+            fix = (
+                f"the shared-memory filesystem {SHM_DIR} has {free}. Enlarge it (docker run --shm-size=2g, or "
+                "mount -o remount,size=... /dev/shm)"
+            )
+        else:  # the folder went away or became read-only
+            fix = f"set {_switches.SHM_DIR.name} to a writable shared-memory folder (now {SHM_DIR})"
+        why = f" ({os.strerror(code)})" if code else ""
+        self._failed = ShmSpaceError(
+            f"rank {r} of the shared-memory transport could not grow its send buffer to {nbytes / 2**20:.0f} MiB "
+            f"for exchange {seq}{why}, so rank {self.rank} cannot go on either: {fix}, or set LIGHTREC_SHM=0 to "
+            "exchange through gloo instead"
+        )
+        return self._failed
 
     def _unlink_at_exit(self) -> None:
         """Drop the names of this rank's grown segments that a peer never mapped (one that is never
@@ -261,6 +344,9 @@ class ShmTransport:
             if got > _TIMED_OUT:
                 return
             waited += 1.0
+            failed = self._peer_failed()
+            if failed is not None:
+                raise failed
             if not _pid_alive(self._pids[peer]):
                 raise ShmPeerError(
                     f"rank {peer} (pid {self._pids[peer]}) of the shared-memory transport died while rank "
@@ -339,6 +425,8 @@ class ShmExchange:
         t._wait_word(control.seq, self._slot, self.seq, src)
         meta = control.meta[self._slot]
         gen, offset, nbytes = int(meta[0]), int(meta[2 + 2 * t.rank]), int(meta[3 + 2 * t.rank])
+        if gen < 0:  # src published this exchange as failed: its send buffer could not grow
+            raise t._peer_failed() or ShmSpaceError(f"rank {src} could not send exchange {self.seq}")
         size = numel * torch.empty((), dtype=dtype).element_size()
         if byte_offset + size > nbytes:
             raise ShmPeerError(
