@@ -159,7 +159,12 @@ class QuantManagedCollisionEmbeddingCollection(_QuantManagedBase):
     ) -> None:
         if isinstance(embedding_collection, list):  # torchrec's form: the tables
             quant_kwargs.pop("need_indices", None)
-            quant_kwargs.pop("output_dtype", None)
+            output_dtype = quant_kwargs.pop("output_dtype", torch.float)
+            if output_dtype != torch.float:  # as quantize_embeddings: dropping it would return float32 unasked
+                raise ValueError(
+                    f"QuantManagedCollisionEmbeddingCollection(output_dtype={output_dtype}): lightrec's quantized "
+                    "lookups return float32; leave output_dtype=torch.float and convert the output afterwards"
+                )
             embedding_collection = QuantEmbeddingCollection(embedding_collection, device=device, **quant_kwargs)
         if managed_collision_collection is None:
             raise ValueError("QuantManagedCollisionEmbeddingCollection needs managed_collision_collection=...")

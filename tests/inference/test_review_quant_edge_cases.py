@@ -261,3 +261,26 @@ def test_state_dict_round_trips_through_torch_save_into_a_fresh_collection(kerne
     assert torch.equal(fresh(batch).values(), q(batch).values())
     for t in ("a", "b", "c"):
         assert torch.equal(fresh.dequantized_weight(t), q.dequantized_weight(t))
+
+
+def test_torchrec_form_of_the_quantized_managed_sequence_collection_refuses_another_output_dtype() -> None:
+    """torchrec's ``(tables, device, output_dtype=...)`` form: float32 builds, fp16 output is refused (it
+    was dropped, returning float32 where fp16 was asked), as ``quantize_embeddings`` refuses it."""
+    from lightrec import EmbeddingConfig
+    from lightrec.modules.managed_collision import (
+        LRU_EvictionPolicy,
+        ManagedCollisionCollection,
+        MCHManagedCollisionModule,
+    )
+    from lightrec.quant.managed_collision import QuantManagedCollisionEmbeddingCollection
+
+    tables = [EmbeddingConfig(name="t", num_embeddings=8, embedding_dim=4, feature_names=["f"])]
+
+    def mcc() -> ManagedCollisionCollection:
+        module = MCHManagedCollisionModule(8, "cpu", LRU_EvictionPolicy(), 2, input_hash_size=2**40)
+        return ManagedCollisionCollection({"t": module}, tables)
+
+    built = QuantManagedCollisionEmbeddingCollection(tables, managed_collision_collection=mcc(), output_dtype=torch.float)
+    assert [c.name for c in built.embedding_configs()] == ["t"]
+    with pytest.raises(ValueError, match=r"output_dtype=torch.float16.*float32"):
+        QuantManagedCollisionEmbeddingCollection(tables, managed_collision_collection=mcc(), output_dtype=torch.float16)
