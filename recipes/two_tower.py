@@ -184,8 +184,9 @@ def _check_no_ctr_metrics(rec_module_kwargs: dict[str, Any]) -> None:
     changed value is refused (it was accepted and silently ignored).
     """
     metrics = rec_module_kwargs.get("metrics", DEFAULT_METRICS)
-    names = [metrics] if isinstance(metrics, str) else list(metrics)
-    if names != list(DEFAULT_METRICS) or rec_module_kwargs.get("train_metrics", False):
+    names = [] if metrics is None else [metrics] if isinstance(metrics, str) else list(metrics)
+    # None and () mean "no click metrics" -- what this recipe does anyway -- so they are accepted too.
+    if (names and names != list(DEFAULT_METRICS)) or rec_module_kwargs.get("train_metrics", False):
         raise ValueError(
             f"the two_tower recipe logs recall@k (val/ and test/recall@<recall_k>) and its loss, not the click "
             f"metrics of --model.metrics / --model.train_metrics (got metrics={names!r}, train_metrics="

@@ -78,6 +78,7 @@ ALLOWED: dict[str, frozenset[str]] = {
         {"sparse", "modules", "optim", "models", "data", "metrics", "kernels", "inference", "lightning"}
     ),
     "cli": frozenset({"recipes", "lightning", "inference", "distributed", "serving", "data"}),
+    "__main__": frozenset({"cli"}),  # `python -m lightrec`: the `lightrec` command
     # the flat torchrec-style namespace (lightrec/__init__.py) and what a source checkout needs
     "lightrec": frozenset({"sparse", "modules", "optim", "kernels", "_source_tree"}),
     "_source_tree": frozenset(),

@@ -91,8 +91,9 @@ def test_cp_interrupted_leaves_no_half_written_file(
     dest = tmp_path / "my_dlrm"
     assert main(["cp", "dlrm", str(dest)]) == 1
     assert "No space left on device" in capsys.readouterr().err
-    written = sorted(p.name for p in dest.rglob("*") if p.is_file())
-    assert written == ["dlrm.py"], written  # the whole first file; nothing of the second, no temporary file
+    # all or nothing: not the first file, nothing of the second, no staging folder, no dest folder
+    assert not dest.exists(), sorted(p.name for p in dest.rglob("*"))
+    assert [p.name for p in tmp_path.iterdir()] == []
 
 
 def test_output_piped_into_a_reader_that_left_ends_without_a_traceback() -> None:

@@ -14,10 +14,12 @@
     lightrec data convert day_0.gz --out data/criteo   # Criteo TSV / CSV -> Parquet; `data inspect PATH`
 
 Each subcommand is a module of this package (``run.py``, ``ls.py``, ``cp.py``, ``plan.py``,
-``export.py``, ``consolidate.py``, ``serve.py``, ``data.py``) with ``register(subparsers)`` and ``run(namespace, extra
-arguments, parser)``. Usage errors exit with code 2 and a line naming the valid choices; failures of
-a command with 1 (``CommandError``, printed without a traceback); a user mistake the command finds
-(``UsageError``: a folder that is not a checkpoint, an output that exists) with 2, also without one.
+``export.py``, ``consolidate.py``, ``serve.py``, ``data.py``) with ``register(subparsers)`` (returning the
+subcommand's parser) and ``run(namespace, extra arguments, that parser)``, so a usage error a command finds
+reads ``lightrec <command>: error: ...`` under the command's own usage line. Usage errors exit with code 2
+and a line naming the valid choices; failures of a command with 1 (``CommandError``, printed without a
+traceback); a user mistake the command finds (``UsageError``: a folder that is not a checkpoint, an output
+that exists) with 2, also without one.
 """
 
 from __future__ import annotations
@@ -49,6 +51,12 @@ COMMANDS = {
 
 def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     """The ``lightrec`` parser and its ``run`` subparser (whose help ``lightrec run --help`` prints)."""
+    parser, subparsers = _build_parsers()
+    return parser, subparsers["run"]
+
+
+def _build_parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The ``lightrec`` parser and each subcommand's parser, by command name."""
     parser = argparse.ArgumentParser(
         prog="lightrec",
         description="Run, list, copy and plan lightrec recipes; export and consolidate checkpoints; serve artifacts; "
@@ -60,7 +68,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}")
     sub.required = True
     subparsers = {name: command.register(sub) for name, command in COMMANDS.items()}
-    return parser, subparsers["run"]
+    return parser, subparsers
 
 
 def version_line() -> str:
@@ -81,7 +89,8 @@ def version_line() -> str:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``lightrec`` console script; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser, run_parser = build_parser()
+    parser, subparsers = _build_parsers()
+    run_parser = subparsers["run"]
     if not argv:
         parser.print_help()
         return 0
@@ -95,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     ns, rest = parser.parse_known_args(argv)
     try:
-        return int(COMMANDS[ns.command].run(ns, rest, parser))
+        # The subcommand's own parser: its usage errors read "usage: lightrec cp ..." / "lightrec cp: error: ...",
+        # as argparse's own errors of that subcommand do, not the top-level "lightrec: error:".
+        return int(COMMANDS[ns.command].run(ns, rest, subparsers[ns.command]))
     except CommandError as exc:
         print(f"lightrec {ns.command}: error: {exc}", file=sys.stderr)
         return USAGE_ERROR if isinstance(exc, UsageError) else FAILURE

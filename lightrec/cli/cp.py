@@ -1,12 +1,17 @@
 """``lightrec cp <recipe> <dir | file.yaml>``: a recipe and its configs to edit (never overwrites).
 
-The copy imports public lightrec modules only, so ``python <dir>/<recipe>.py fit`` runs anywhere.
+The copy imports public lightrec modules only, so ``python <dir>/<recipe>.py fit`` runs anywhere. The
+files are written all or nothing: a copy that fails half-way (a full disk, no permission) removes what it
+had written and the folders it had made, and never touches a file that was there before.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import os
+import secrets
 import shutil
 from pathlib import Path
 
@@ -60,8 +65,8 @@ def run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParser
         raise UsageError(
             f"refusing to overwrite {', '.join(existing)}; choose another directory or remove them first"
         )
-    for source, target in copies:
-        _copy(source, target)
+    _copy_all(copies, dest)
+    for _, target in copies:
         print(f"wrote {target}")
     script = dest / recipe.path.name
     print(f"\nedit, then run:  python {script} fit --config {dest / 'configs' / recipe.default_config}.yaml")
@@ -69,15 +74,141 @@ def run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParser
 
 
 def _copy(source: Path, target: Path) -> None:
-    """Copy ``source`` to ``target`` through a temporary file renamed into place, so an interrupted copy
-    leaves no half-written file that the next ``lightrec cp`` would refuse to overwrite."""
+    """Copy ``source`` to ``target`` through a temporary file moved into place, so an interrupted copy
+    leaves no half-written file that the next ``lightrec cp`` would refuse to overwrite; a folder it had to
+    create for ``target`` is removed again when the copy fails."""
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    created: list[Path] = []
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
+        created = _make_folders(target.parent)
         shutil.copyfile(source, tmp)
-        os.replace(tmp, target)
-    except OSError as exc:  # a file where a folder should be, no permission, a full disk
-        raise CommandError(f"cannot write {str(target)!r}: {exc.strerror or exc}") from exc
-    finally:
-        if tmp.exists():
+        _place_new(tmp, target)  # never replaces a file that appeared meanwhile
+    except BaseException as exc:  # also Ctrl+C: undo, then report
+        with contextlib.suppress(OSError):
             tmp.unlink()
+        _remove_empty_folders(created)
+        if isinstance(exc, FileExistsError):
+            raise UsageError(f"refusing to overwrite {str(target)!r} (it appeared while copying)") from exc
+        if isinstance(exc, OSError):  # a file where a folder should be, no permission, a full disk
+            raise CommandError(f"cannot write {str(target)!r}: {exc.strerror or exc}") from exc
+        raise
+    with contextlib.suppress(OSError):
+        tmp.unlink()  # the hard link's other name (gone already where the file was renamed)
+
+
+def _copy_all(copies: list[tuple[Path, Path]], dest: Path) -> None:
+    """Copy every ``(source, target)`` (``target`` inside ``dest``), all or nothing.
+
+    The files are first copied into a staging folder, then:
+
+    * ``dest`` does not exist: the staging folder, made beside it (in ``dest``'s parent), is renamed
+      to ``dest`` -- one atomic step;
+    * ``dest`` exists: the staging folder is made inside it (``dest``'s parent may be a folder the user
+      cannot write, e.g. for ``lightrec cp dlrm .``) and each file is moved into place without replacing
+      anything (a hard link where the file system has them, else a rename after a check).
+
+    On any failure every file and folder this call created is removed again (the folders only when
+    empty) and a ``CommandError`` names the file that could not be written; a file the user already had
+    is never touched. A killed process can leave at most the hidden staging folder (``.<dest>.cp-...``).
+    """
+    created: list[Path] = []  # folders made for dest (outermost first), removed on failure if empty
+    placed: list[Path] = []  # files moved into an existing dest, removed on failure
+    staging: Path | None = None
+    current, placing = dest, False  # what is being written, for the message
+    try:
+        exists = dest.is_dir()
+        if not exists:
+            created += _make_folders(dest.parent)
+        staging = root = _staging_folder(dest if exists else dest.parent, dest.name)
+        for source, target in copies:
+            current = target
+            staged = root / target.relative_to(dest)
+            staged.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, staged)
+        current = dest
+        if not exists:
+            try:
+                os.rename(staging, dest)  # atomic: the whole copy appears at once
+                staging = None
+                return
+            except OSError as exc:
+                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise
+                # dest appeared meanwhile (another process): move the files into it one by one
+        placing = True
+        for _, target in copies:
+            current = target
+            created += _make_folders(target.parent)
+            _place_new(root / target.relative_to(dest), target)
+            placed.append(target)
+    except BaseException as exc:  # also Ctrl+C: undo, then report
+        for path in reversed(placed):
+            with contextlib.suppress(OSError):
+                path.unlink()
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+            staging = None
+        _remove_empty_folders(created)
+        if placing and isinstance(exc, FileExistsError):
+            raise UsageError(
+                f"refusing to overwrite {str(current)!r} (it appeared while copying); nothing was written"
+            ) from exc
+        if isinstance(exc, OSError):  # a file where a folder should be, no permission, a full disk
+            raise CommandError(
+                f"cannot write {str(current)!r}: {exc.strerror or exc}; nothing was written"
+            ) from exc
+        raise
+    finally:
+        if staging is not None:  # after a copy into an existing dest: the staged names (the files are linked in place)
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _make_folders(folder: Path) -> list[Path]:
+    """Create ``folder`` and its missing parents; the folders created, outermost first."""
+    missing = []
+    for path in (folder, *folder.parents):
+        if path.exists() or path.is_symlink():  # an existing path; a file there fails in mkdir below
+            break
+        missing.append(path)
+    created = []
+    try:
+        for path in reversed(missing):
+            path.mkdir()
+            created.append(path)
+    except OSError:
+        _remove_empty_folders(created)
+        raise
+    if not folder.is_dir():  # e.g. an existing file where the folder should be
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(folder))
+    return created
+
+
+def _remove_empty_folders(created: list[Path]) -> None:
+    """Remove the folders of ``created`` (outermost first) that are still empty, innermost first."""
+    for path in reversed(created):
+        with contextlib.suppress(OSError):
+            path.rmdir()
+
+
+def _staging_folder(parent: Path, name: str) -> Path:
+    """A new hidden folder in ``parent``, made with the permissions a plain ``mkdir`` gives (``mkdtemp``'s
+    0700 would become the copy's own once renamed into place)."""
+    while True:
+        staging = parent / f".{name or 'lightrec'}.cp-{os.getpid()}-{secrets.token_hex(4)}"  # name "": dest "."
+        try:
+            staging.mkdir()
+            return staging
+        except FileExistsError:
+            continue
+
+
+def _place_new(staged: Path, target: Path) -> None:
+    """Move ``staged`` to ``target``, never replacing a file there (``FileExistsError`` instead)."""
+    try:
+        os.link(staged, target)  # fails if target exists: no window in which a file could be replaced
+    except FileExistsError:
+        raise
+    except OSError:  # no hard links on this file system (some FUSE / network / FAT mounts)
+        if target.exists() or target.is_symlink():
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(target)) from None
+        os.rename(staged, target)

@@ -32,6 +32,8 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "run a recipe (other arguments go to its LightningCLI; `fit` by default)",
         add_help=False,  # `lightrec run dlrm --help` shows the recipe's LightningCLI help
     )
+    # One line (a usage error is then two: usage and error), naming what the recipe's LightningCLI takes.
+    parser.usage = "%(prog)s RECIPE [fit|validate|test|predict] [--devices N] [--num-nodes N] [--accelerator A] [...]"
     parser.add_argument("recipe", help=f"one of: {', '.join(RECIPES)}")
     parser.add_argument("--devices", type=positive_int, help="processes per node (trainer.devices)")
     parser.add_argument("--accelerator", choices=["cpu", "gpu", "cuda", "auto"], help="trainer.accelerator")
@@ -63,8 +65,11 @@ def run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParser
         module = importlib.import_module(recipe.module)
         config = config or ["--config", recipe.default_config]
     # Options given after the recipe name win over the shortcuts, which win over the config(s).
+    from lightrec.lightning.recipe.cli import command_prog  # the recipe imported Lightning already
+
     try:
-        module.main([subcommand, *config, *overrides, *args])
+        with command_prog(f"lightrec run {ns.recipe}"):
+            module.main([subcommand, *config, *overrides, *args])
     except SystemExit as exc:  # the recipe's own usage errors (printed already) and exits
         return exc.code if isinstance(exc.code, int) else FAILURE
     return 0

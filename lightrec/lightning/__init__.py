@@ -23,7 +23,7 @@ from lightrec.lightning.callbacks import (
 )
 from lightrec.lightning.callbacks.rec_throughput_monitor import ThroughputMonitor
 from lightrec.lightning.nonfinite import NonFiniteLossError
-from lightrec.lightning.rec_module import RecModule, dlrm_lr_lambda
+from lightrec.lightning.rec_module import RecModule, ShardedCheckpointFolderError, dlrm_lr_lambda
 from lightrec.lightning.rec_strategy import RecStrategy
 from lightrec.lightning.table_tiering import TableTiering
 
@@ -41,6 +41,7 @@ __all__ = [
     "RecModule",
     "RecStrategy",
     "RecThroughputMonitor",
+    "ShardedCheckpointFolderError",
     "SparseDistPrefetch",
     "TableTiering",
     "ThroughputMonitor",  # the old name of RecThroughputMonitor (it shadowed Lightning's own)

@@ -50,15 +50,16 @@ from typing import IO, Any, Literal
 
 import lightning.pytorch as pl
 import torch
+from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.types import STEP_OUTPUT, OptimizerLRScheduler
 from torch import nn
-from torchmetrics import Metric
+from torchmetrics import Metric, MetricCollection
 from typing_extensions import Self, override
 
 from lightrec._compat import set_logging_step, stop_hp_metric_placeholder
 from lightrec.data.batch import Batch
-from lightrec.distributed.checkpoint import consolidate_checkpoint, is_sharded_checkpoint
+from lightrec.distributed.checkpoint import CheckpointError, consolidate_checkpoint, is_sharded_checkpoint
 from lightrec.distributed.planner import ParameterConstraints
 from lightrec.kernels import FusedEmbeddingBagCollection
 from lightrec.kernels.tiered.config import refuse_tiered_export
@@ -81,7 +82,13 @@ from lightrec.optim import (
     optimizer_class_to_spec,
 )
 
-__all__ = ["EMBEDDING_OPTIMIZERS", "RecModule", "class_reference", "dlrm_lr_lambda"]
+__all__ = [
+    "EMBEDDING_OPTIMIZERS",
+    "RecModule",
+    "ShardedCheckpointFolderError",
+    "class_reference",
+    "dlrm_lr_lambda",
+]
 
 _DENSE_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
     "sgd": torch.optim.SGD,
@@ -121,6 +128,63 @@ def dlrm_lr_lambda(
     return factor
 
 
+class ShardedCheckpointFolderError(CheckpointError):
+    """A sharded checkpoint folder written by ``RecStrategy`` was given to a Trainer whose strategy reads
+    single-file checkpoints only (``Trainer(strategy="auto").fit(ckpt_path=folder)``): pass
+    ``strategy=RecStrategy(...)``, or consolidate the folder into one file with ``lightrec consolidate``."""
+
+
+class _ShardedFolderRefusal(CheckpointIO):
+    """A strategy's ``CheckpointIO`` that refuses a ``RecStrategy`` checkpoint folder with a
+    :class:`ShardedCheckpointFolderError` (where ``torch.load`` raised a bare ``IsADirectoryError``), and
+    leaves everything else to the ``CheckpointIO`` it wraps.
+
+    ``RecModule.setup`` installs it (Lightning reads the checkpoint in the strategy, after the module's
+    ``setup`` and before any hook that sees the checkpoint) and ``RecModule.teardown`` -- or the refusal
+    itself -- puts the wrapped one back.
+    """
+
+    def __init__(self, strategy: Any, wrapped: CheckpointIO) -> None:
+        self.strategy = strategy
+        self.wrapped = wrapped
+
+    def release(self) -> None:
+        """Give the strategy its own ``CheckpointIO`` back (if this one is still in place)."""
+        if self.strategy.checkpoint_io is self:
+            self.strategy.checkpoint_io = self.wrapped
+
+    @override
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        self.wrapped.save_checkpoint(checkpoint, path, storage_options=storage_options)
+
+    @override
+    def load_checkpoint(self, path: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        if isinstance(path, (str, os.PathLike)) and is_sharded_checkpoint(path):
+            self.release()
+            name = type(self.strategy).__name__
+            raise ShardedCheckpointFolderError(
+                f"{os.fspath(path)!r} is a sharded checkpoint folder written by RecStrategy, which this Trainer's "
+                f"strategy ({name}) cannot read: it reads single-file checkpoints. Pass strategy=RecStrategy(...) "
+                "(it reads the folder on any number of devices), or consolidate it into one file with "
+                f"`lightrec consolidate {os.fspath(path)} full.ckpt` and pass full.ckpt"
+            )
+        loaded: dict[str, Any] = self.wrapped.load_checkpoint(path, *args, **kwargs)
+        return loaded
+
+    @override
+    def remove_checkpoint(self, path: Any) -> None:
+        self.wrapped.remove_checkpoint(path)
+
+    @override
+    def teardown(self) -> None:
+        self.wrapped.teardown()
+
+    def __getattr__(self, name: str) -> Any:  # the wrapped one's own attributes (AsyncCheckpointIO's ...)
+        if name in ("strategy", "wrapped"):  # not set yet (a copy being built): no recursion
+            raise AttributeError(name)
+        return getattr(self.wrapped, name)
+
+
 class RecModule(pl.LightningModule):
     """Base class for recommendation models trained with Lightning.
 
@@ -136,7 +200,9 @@ class RecModule(pl.LightningModule):
             applied to dense and fused embedding optimizers alike. ``warmup_steps=0`` and
             ``decay_start_step=None`` keep the LR constant.
         metrics: names for ``lightrec.metrics.rec_metrics`` computed on validation and test (and train
-            when ``train_metrics=True``).
+            when ``train_metrics=True``). ``()`` (or ``[]``) and ``None`` alike mean no click metrics:
+            only the losses (and throughput) are logged, no ``hp_metric``; ``val_metrics`` and
+            ``test_metrics`` are then empty ``MetricCollection`` objects and ``train_metrics`` is None.
         embedding_optimizer: fused optimizer of the tables ``RecModule`` builds (see the module
             docstring): ``"rowwise_adagrad"`` (DLRM's), ``"adagrad"``, ``"sgd"`` or ``"adam"``. Tables
             a subclass builds itself carry their own optimizer and ignore these three.
@@ -168,7 +234,7 @@ class RecModule(pl.LightningModule):
         decay_start_step: int | None = None,
         decay_steps: int = 0,
         decay_power: float = 2.0,
-        metrics: tuple[str, ...] = ("auc", "ne", "calibration", "ctr", "accuracy"),
+        metrics: tuple[str, ...] | None = ("auc", "ne", "calibration", "ctr", "accuracy"),
         train_metrics: bool = False,
         embedding_optimizer: str = "rowwise_adagrad",
         embedding_lr: float = 0.05,
@@ -208,9 +274,10 @@ class RecModule(pl.LightningModule):
         self._dense_optimizer_kwargs = dict(dense_optimizer_kwargs or {})
         self._lr_lambda = dlrm_lr_lambda(warmup_steps, decay_start_step, decay_steps, decay_power)
         self._schedule_is_constant = warmup_steps == 0 and decay_start_step is None
-        self.train_metrics = rec_metrics(metrics, prefix="train/") if train_metrics else None
-        self.val_metrics = rec_metrics(metrics, prefix="val/")
-        self.test_metrics = rec_metrics(metrics, prefix="test/")
+        names = _metric_names(metrics)
+        self.train_metrics = rec_metrics(names, prefix="train/") if train_metrics and names else None
+        self.val_metrics = rec_metrics(names, prefix="val/") if names else MetricCollection({}, prefix="val/")
+        self.test_metrics = rec_metrics(names, prefix="test/") if names else MetricCollection({}, prefix="test/")
         self._step_started_at: float | None = None
         self._resumed_logging_step: int | None = None
         self.model: nn.Module | None = None
@@ -525,12 +592,41 @@ class RecModule(pl.LightningModule):
         return callbacks
 
     @override
+    def setup(self, stage: str) -> None:
+        """Make a sharded checkpoint folder given to a strategy other than ``RecStrategy`` (e.g.
+        ``Trainer(strategy="auto").test(ckpt_path=folder)``) fail with a :class:`ShardedCheckpointFolderError`
+        that says what to do, not ``torch.load``'s ``IsADirectoryError``. A subclass overriding ``setup``
+        calls ``super().setup(stage)`` to keep this."""
+        strategy = self._trainer.strategy if self._trainer is not None else None
+        if strategy is None or isinstance(strategy, EmbeddingShardingStrategy):  # RecStrategy reads folders
+            return
+        io = strategy.checkpoint_io  # Lightning's getter: a TorchCheckpointIO if none was given
+        if not isinstance(io, _ShardedFolderRefusal):
+            strategy.checkpoint_io = _ShardedFolderRefusal(strategy, io)
+
+    @override
+    def teardown(self, stage: str) -> None:
+        strategy = self._trainer.strategy if self._trainer is not None else None
+        io = strategy.checkpoint_io if strategy is not None else None
+        if isinstance(io, _ShardedFolderRefusal):
+            io.release()
+
+    @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Runs before Lightning restores its loops from the same dict: a checkpoint of a finished
         # epoch resumes into a whole next epoch, one of an epoch cut by max_steps into the rest of
         # that epoch (see lightrec.lightning.loop_state; RecStrategy does the same for any module).
         if fix_resume_counters(checkpoint) is not None:
             self._resumed_logging_step = logging_step_of(checkpoint)
+
+
+def _metric_names(metrics: str | tuple[str, ...] | list[str] | None) -> tuple[str, ...]:
+    """``RecModule(metrics=...)`` as a tuple of names: ``None`` and an empty sequence are no metrics."""
+    if metrics is None:
+        return ()
+    if isinstance(metrics, str):
+        return (metrics,)
+    return tuple(metrics)
 
 
 def class_reference(cls: type) -> str:

@@ -34,6 +34,14 @@ def test_two_tower_recipe_takes_the_default_metrics_the_cli_passes() -> None:
     TwoTowerModule(metrics=DEFAULT_METRICS)
 
 
+@pytest.mark.parametrize("metrics", [None, (), []])
+def test_two_tower_recipe_takes_no_metrics(metrics: object) -> None:
+    """``metrics=None`` / ``()`` mean no click metrics (RecModule's "none"): what the recipe does anyway
+    (``None`` raised a bare TypeError from ``list(None)``)."""
+    module = TwoTowerModule(metrics=metrics)
+    assert len(module.val_metrics) == 0 and len(module.test_metrics) == 0
+
+
 @pytest.mark.parametrize("k", [0, -3, True])
 def test_two_tower_recipe_names_recall_k(k: int) -> None:
     with pytest.raises(ValueError, match=rf"recall_k must be an int >= 1.*got {k!r}"):

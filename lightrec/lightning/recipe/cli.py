@@ -22,7 +22,9 @@ import inspect
 import os
 import sys
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -302,15 +304,25 @@ def plan_cli(recipe_module: ModuleType, config: str, overrides: list[str]) -> Re
         )
 
 
+_COMMAND_PROG: ContextVar[str | None] = ContextVar("lightrec_recipe_prog", default=None)
+
+
+@contextmanager
+def command_prog(prog: str) -> Iterator[None]:
+    """Within this block a recipe's ``--help`` and usage errors name ``prog`` (``lightrec run dlrm``):
+    ``lightrec run`` sets it, where LightningCLI would name ``sys.argv[0]`` (``lightrec [options] fit``)
+    and the recipe's position in ``sys.argv`` depends on the options before it (``--devices 1 dlrm``)."""
+    token = _COMMAND_PROG.set(prog)
+    try:
+        yield
+    finally:
+        _COMMAND_PROG.reset(token)
+
+
 def _prog_kwargs() -> dict[str, str]:
-    """``{"prog": "lightrec run <recipe>"}`` under the ``lightrec`` command, so ``--help`` shows the
-    command the user typed (LightningCLI names ``sys.argv[0]``, i.e. ``lightrec [options] fit``)."""
-    argv = sys.argv
-    command = Path(argv[0])
-    is_lightrec = command.name == "lightrec" or command.parent.name == "cli"  # the script, or -m lightrec.cli
-    if is_lightrec and argv[1:2] == ["run"] and len(argv) > 2:
-        return {"prog": f"lightrec run {argv[2]}"}
-    return {}
+    """LightningCLI's ``parser_kwargs``: ``{"prog": ...}`` inside :func:`command_prog`, else nothing."""
+    prog = _COMMAND_PROG.get()
+    return {} if prog is None else {"prog": prog}
 
 
 def run_recipe(
