@@ -55,7 +55,15 @@ def _console_script() -> Path | None:
     return script if script.is_file() else None
 
 
-@pytest.mark.parametrize("how", ["console script", "python -m lightrec.cli", "python -m lightrec"])
+# A fresh interpreter each (~13 s on 2 shared cores): the default suite starts one, the slow suite all three.
+@pytest.mark.parametrize(
+    "how",
+    [
+        pytest.param("console script", marks=pytest.mark.slow),
+        "python -m lightrec.cli",  # what Lightning re-runs to start more ranks
+        pytest.param("python -m lightrec", marks=pytest.mark.slow),
+    ],
+)
 def test_both_entry_points_name_the_command(how: str, tmp_path: Path) -> None:
     if how == "console script":
         script = _console_script()

@@ -151,6 +151,7 @@ def _own_data_files(workdir: Path) -> None:
         (workdir / first_line[2:]).write_text(_block_starting("own-data.md", first_line).code)
 
 
+@pytest.mark.slow  # a Criteo-format file converted, then a recipe run on it: ~55 s on 2 shared cores
 def test_own_data_recipe_runs_on_the_converted_file(tmp_path: Path) -> None:
     _own_data_files(tmp_path)
     one_rank = "python my_dlrm/dlrm.py fit --config my_dlrm/configs/clicks.yaml --trainer.devices 1 --data.init_args.batch_size 512"

@@ -74,6 +74,7 @@ def _rec_strategy(rank: int, world_size: int, port: int, plan_json: str, tmp: st
     return losses
 
 
+@pytest.mark.slow  # the migrated script and RecStrategy, each a 2-rank fit: ~36 s on 2 shared cores
 def test_migrated_dlrm_script_matches_rec_strategy(tmp_path: Path) -> None:
     scripted = run_ranks(_train, world_size=2, timeout=300)
     assert scripted[0]["plan"] == scripted[1]["plan"]

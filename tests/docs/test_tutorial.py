@@ -12,6 +12,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.docs.markdown_blocks import parse_blocks, python_blocks, run_page
 from tests.multiprocess import free_port
 
@@ -31,6 +33,7 @@ def test_every_printing_block_shows_its_output_and_fences_are_closed() -> None:
     )
 
 
+@pytest.mark.slow  # the page's fits, one after the other: ~48 s on 2 shared cores
 def test_tutorial_blocks_run_and_print_what_the_page_shows(tmp_path: Path) -> None:
     blocks = python_blocks(PAGE)
     started = time.perf_counter()

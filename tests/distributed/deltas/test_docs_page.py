@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import safetensors.torch
 import torch
 
@@ -25,6 +26,7 @@ assert not any(m == 'lightrec' or m.startswith('lightrec.') for m in sys.modules
 """
 
 
+@pytest.mark.slow  # the page's training, publishing and fresh reader process: ~37 s on 2 shared cores
 def test_page_blocks_run_and_print_what_the_page_shows(tmp_path: Path) -> None:
     result = run_page(PAGE, tmp_path, timeout=300, env={"OMP_NUM_THREADS": "1"})
     problems = result.problems(python_blocks(PAGE))

@@ -61,6 +61,7 @@ def _body(rank: int, world_size: int, tmp: str) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.slow  # 2 ranks, a disk that fills, then the snapshot after it: ~33 s on 2 shared cores
 def test_a_full_disk_in_the_background_fails_the_version_on_every_rank_and_a_snapshot_follows(tmp_path: Path) -> None:
     from lightrec.distributed.deltas import DeltaReader
 
