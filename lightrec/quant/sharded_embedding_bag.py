@@ -332,12 +332,14 @@ def shard_for_inference(
         The sharded model; its outputs equal the unsharded quantized model's.
 
     Raises:
-        ValueError: unknown placement, a device index out of range, or a table that does not fit.
+        ValueError: unknown placement, an ``assignment`` naming a table the model does not have, a device
+            index out of range, or a table that does not fit.
     """
     if placement not in PLACEMENTS:
         raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
     kernel_backend = resolve_kernel_backend(kernel_backend, "shard_for_inference", use_fbgemm=use_fbgemm)
     device_list = _resolve_devices(devices)
+    _check_assignment(model, assignment)  # before anything changes: a failed call leaves model as it was
     if not inplace:
         model = copy.deepcopy(model)
 
@@ -369,6 +371,25 @@ def shard_for_inference(
             "(lightrec.inference.quantize(model, dtype='int8'))"
         )
     return model
+
+
+def _check_assignment(model: nn.Module, assignment: dict[str, int] | None) -> None:
+    """Refuse an ``assignment`` naming a table no quantized collection of ``model`` holds (a typo was
+    ignored: the table silently went where the greedy placement put it)."""
+    if not assignment:
+        return
+    tables = sorted(
+        t.name
+        for m in model.modules()
+        if isinstance(m, QuantEmbeddingBagCollection)
+        for t in m.embedding_bag_configs()
+    )
+    unknown = sorted(set(assignment) - set(tables))
+    if unknown:
+        raise ValueError(
+            f"assignment names {unknown} but the model's quantized tables are {tables}; "
+            "use those names (or leave a table out to place it by size)"
+        )
 
 
 def shard_modules(module: nn.Module, device: torch.device | str | None = None, env: object = None) -> nn.Module:

@@ -284,3 +284,18 @@ def test_torchrec_form_of_the_quantized_managed_sequence_collection_refuses_anot
     assert [c.name for c in built.embedding_configs()] == ["t"]
     with pytest.raises(ValueError, match=r"output_dtype=torch.float16.*float32"):
         QuantManagedCollisionEmbeddingCollection(tables, managed_collision_collection=mcc(), output_dtype=torch.float16)
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_an_assignment_naming_an_unknown_table_is_refused_and_changes_nothing(inplace: bool) -> None:
+    """``assignment={"t_typo": 1}`` was ignored: the table silently went where the greedy placement put it."""
+    q = _quantized("int8", False, "torch")
+    model = torch.nn.Sequential(q)
+    names = [t.name for t in q.embedding_bag_configs()]
+    with pytest.raises(ValueError, match=r"assignment names \['nosuch'\].*quantized tables are") as info:
+        shard_for_inference(model, devices=["cpu", "cpu"], assignment={names[0]: 1, "nosuch": 0}, inplace=inplace)
+    assert str(sorted(names)) in str(info.value)
+    assert model[0] is q  # nothing was converted
+    placed = shard_for_inference(model, devices=["cpu", "cpu"], assignment={names[0]: 1}, kernel_backend="torch")
+    batch = _batch(False)
+    torch.testing.assert_close(placed(batch).values(), q(batch).values(), rtol=0, atol=0)
