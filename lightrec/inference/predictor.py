@@ -190,7 +190,7 @@ class Predictor:
         return out.squeeze(1) if out.dim() == 2 and out.shape[1] == 1 else out
 
     # ------------------------------------------------------------------ validation
-    def check_request(self, request: Any, index: int = 0) -> CheckedRequest:
+    def check_request(self, request: object, index: int = 0) -> CheckedRequest:
         """Validate one request (the form in the module docstring) on its own.
 
         Args:
@@ -251,7 +251,7 @@ class Predictor:
                                    f"weights.{feature}[{k}]", weights[k])
         return cast("list[float]", floats)  # no None left
 
-    def check_dense(self, index: int, dense: Any) -> list[float]:
+    def check_dense(self, index: int, dense: object) -> list[float]:
         """The dense features of request ``index`` as floats (``[]`` for a model without them).
 
         Raises:
@@ -276,15 +276,15 @@ class Predictor:
                                    f"are float32: |x| <= {FLOAT32_MAX:.7g})", index, f"dense[{k}]", dense[k])
         return cast("list[float]", floats)  # no None left
 
-    def check_ids(self, index: int, feature: str, ids: Any) -> list[int]:
+    def check_ids(self, index: int, feature: str, ids: object) -> list[int]:
         """The ids of ``feature`` in request ``index``: ints in ``[0, rows)`` of its table (of its raw id space
         for a managed-collision table).
 
         Raises:
             RequestError: not a list, an id that is not an int (bools and floats included), or out of range.
         """
-        if self.ids_in_range(feature, ids):
-            return list(ids)
+        if self.ids_in_range(feature, ids):  # a list or tuple of in-range ints
+            return list(cast("list[int]", ids))
         where = f"request {index}"
         if not isinstance(ids, (list, tuple)):
             raise RequestError(f"{where}: ids of feature {feature!r} must be a list of ints, got {type(ids).__name__}",
@@ -301,7 +301,7 @@ class Predictor:
                                    f"{fix}", index, f"sparse.{feature}[{k}]", i)
         return list(ids)
 
-    def ids_in_range(self, feature: str, ids: Any) -> bool:
+    def ids_in_range(self, feature: str, ids: object) -> bool:
         """Whether ``ids`` is a list of ints in ``feature``'s range: the fast test behind :meth:`check_ids`,
         for callers (a server's columnar batch) that look for the offender only when it fails."""
         if not isinstance(ids, (list, tuple)):

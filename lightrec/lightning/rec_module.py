@@ -50,7 +50,6 @@ from typing import IO, Any, Literal
 
 import lightning.pytorch as pl
 import torch
-from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.types import STEP_OUTPUT, OptimizerLRScheduler
 from torch import nn
@@ -59,7 +58,7 @@ from typing_extensions import Self, override
 
 from lightrec._compat import set_logging_step, stop_hp_metric_placeholder
 from lightrec.data.batch import Batch
-from lightrec.distributed.checkpoint import CheckpointError, consolidate_checkpoint, is_sharded_checkpoint
+from lightrec.distributed.checkpoint import consolidate_checkpoint, is_sharded_checkpoint
 from lightrec.distributed.planner import ParameterConstraints
 from lightrec.kernels import FusedEmbeddingBagCollection
 from lightrec.kernels.tiered.config import refuse_tiered_export
@@ -68,6 +67,7 @@ from lightrec.lightning.callbacks.tiered_table_monitor import TieredTableMonitor
 from lightrec.lightning.contracts import EmbeddingShardingStrategy, FusedOptimizerModule, ShardingRequest
 from lightrec.lightning.loop_state import fix_resume_counters, logging_step_of
 from lightrec.lightning.nonfinite import NonFiniteLossError, check_nonfinite_policy, nonfinite_ranks
+from lightrec.lightning.sharded_folder_refusal import ShardedCheckpointFolderError, ShardedFolderRefusal
 from lightrec.lightning.table_tiering import TableTiering
 from lightrec.metrics import rec_metrics
 from lightrec.modules import EmbeddingBagCollection, EmbeddingBagConfig
@@ -126,63 +126,6 @@ def dlrm_lr_lambda(
         return max(min_factor, max(remaining, 0.0) ** decay_power)
 
     return factor
-
-
-class ShardedCheckpointFolderError(CheckpointError):
-    """A sharded checkpoint folder written by ``RecStrategy`` was given to a Trainer whose strategy reads
-    single-file checkpoints only (``Trainer(strategy="auto").fit(ckpt_path=folder)``): pass
-    ``strategy=RecStrategy(...)``, or consolidate the folder into one file with ``lightrec consolidate``."""
-
-
-class _ShardedFolderRefusal(CheckpointIO):
-    """A strategy's ``CheckpointIO`` that refuses a ``RecStrategy`` checkpoint folder with a
-    :class:`ShardedCheckpointFolderError` (where ``torch.load`` raised a bare ``IsADirectoryError``), and
-    leaves everything else to the ``CheckpointIO`` it wraps.
-
-    ``RecModule.setup`` installs it (Lightning reads the checkpoint in the strategy, after the module's
-    ``setup`` and before any hook that sees the checkpoint) and ``RecModule.teardown`` -- or the refusal
-    itself -- puts the wrapped one back.
-    """
-
-    def __init__(self, strategy: Any, wrapped: CheckpointIO) -> None:
-        self.strategy = strategy
-        self.wrapped = wrapped
-
-    def release(self) -> None:
-        """Give the strategy its own ``CheckpointIO`` back (if this one is still in place)."""
-        if self.strategy.checkpoint_io is self:
-            self.strategy.checkpoint_io = self.wrapped
-
-    @override
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
-        self.wrapped.save_checkpoint(checkpoint, path, storage_options=storage_options)
-
-    @override
-    def load_checkpoint(self, path: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        if isinstance(path, (str, os.PathLike)) and is_sharded_checkpoint(path):
-            self.release()
-            name = type(self.strategy).__name__
-            raise ShardedCheckpointFolderError(
-                f"{os.fspath(path)!r} is a sharded checkpoint folder written by RecStrategy, which this Trainer's "
-                f"strategy ({name}) cannot read: it reads single-file checkpoints. Pass strategy=RecStrategy(...) "
-                "(it reads the folder on any number of devices), or consolidate it into one file with "
-                f"`lightrec consolidate {os.fspath(path)} full.ckpt` and pass full.ckpt"
-            )
-        loaded: dict[str, Any] = self.wrapped.load_checkpoint(path, *args, **kwargs)
-        return loaded
-
-    @override
-    def remove_checkpoint(self, path: Any) -> None:
-        self.wrapped.remove_checkpoint(path)
-
-    @override
-    def teardown(self) -> None:
-        self.wrapped.teardown()
-
-    def __getattr__(self, name: str) -> Any:  # the wrapped one's own attributes (AsyncCheckpointIO's ...)
-        if name in ("strategy", "wrapped"):  # not set yet (a copy being built): no recursion
-            raise AttributeError(name)
-        return getattr(self.wrapped, name)
 
 
 class RecModule(pl.LightningModule):
@@ -601,14 +544,14 @@ class RecModule(pl.LightningModule):
         if strategy is None or isinstance(strategy, EmbeddingShardingStrategy):  # RecStrategy reads folders
             return
         io = strategy.checkpoint_io  # Lightning's getter: a TorchCheckpointIO if none was given
-        if not isinstance(io, _ShardedFolderRefusal):
-            strategy.checkpoint_io = _ShardedFolderRefusal(strategy, io)
+        if not isinstance(io, ShardedFolderRefusal):
+            strategy.checkpoint_io = ShardedFolderRefusal(strategy, io)
 
     @override
     def teardown(self, stage: str) -> None:
         strategy = self._trainer.strategy if self._trainer is not None else None
         io = strategy.checkpoint_io if strategy is not None else None
-        if isinstance(io, _ShardedFolderRefusal):
+        if isinstance(io, ShardedFolderRefusal):
             io.release()
 
     @override

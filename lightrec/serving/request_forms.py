@@ -93,7 +93,7 @@ def reject(error: RequestError, status: int = 422) -> Rejected:
 _shown = shown  # the truncation of Predictor's messages: one rule for every value the server echoes
 
 
-def decode_body(predictor: Predictor, body: Any, max_samples: int) -> SampleColumns | Rejected:
+def decode_body(predictor: Predictor, body: object, max_samples: int) -> SampleColumns | Rejected:
     """Decode and validate one HTTP body (any of the three forms).
 
     Args:
@@ -105,16 +105,17 @@ def decode_body(predictor: Predictor, body: Any, max_samples: int) -> SampleColu
         The samples, or the error to answer with (400 malformed body, 413 too many samples, 422 invalid sample).
     """
     if isinstance(body, (bytes, bytearray, str)):
-        if not body.strip():
+        text = body
+        if not text.strip():
             return Rejected(400, "the body is empty; send a JSON object (one sample or {'batch': ...}) or a list",
                             None, "body", "")
         try:
-            body = json.loads(body)
+            body = json.loads(text)
         except ValueError as exc:
-            return Rejected(400, f"the body is not JSON ({exc}); send a JSON object", None, "body", _excerpt(body))
+            return Rejected(400, f"the body is not JSON ({exc}); send a JSON object", None, "body", _excerpt(text))
         except RecursionError:  # json.loads recurses per nesting level: "[[[[...]]]]" thousands deep
             return Rejected(400, "the body's JSON is nested too deeply to parse; a request nests 4 levels at "
-                            "most (see docs/serving.md for its forms)", None, "body", _excerpt(body))
+                            "most (see docs/serving.md for its forms)", None, "body", _excerpt(text))
     try:
         if isinstance(body, list):
             if not body:
@@ -168,7 +169,7 @@ def _columns(predictor: Predictor, samples: list[CheckedRequest]) -> SampleColum
     return SampleColumns(len(samples), dense, lengths, ids, weights)
 
 
-def _compact(predictor: Predictor, batch: Any, max_samples: int) -> SampleColumns | Rejected:
+def _compact(predictor: Predictor, batch: object, max_samples: int) -> SampleColumns | Rejected:
     if not isinstance(batch, dict):
         return Rejected(400, f"'batch' must be an object with keys {list(_BATCH_KEYS)}, got {type(batch).__name__}",
                         None, "batch", type(batch).__name__)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass
 from enum import Enum, IntEnum
-from typing import Any
+from typing import Any, cast
 
 __all__ = ["CacheAlgorithm", "CacheParams", "CacheStatistics", "KeyValueParams"]
 
@@ -63,10 +63,10 @@ class CacheParams:
         stats: what the planner knows of the id stream (not saved in a plan's JSON).
     """
 
-    algorithm: Any = None
+    algorithm: object = None  # a CacheAlgorithm or its name
     load_factor: float | None = None
     reserved_memory: float | None = None
-    precision: Any = None
+    precision: object = None  # a DataType or its name
     prefetch_pipeline: bool | None = None
     stats: CacheStatistics | None = None
 
@@ -82,7 +82,7 @@ class CacheParams:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "algorithm": None if self.algorithm is None else self.algorithm.name,
+            "algorithm": None if self.algorithm is None else cast(CacheAlgorithm, self.algorithm).name,  # __post_init__
             "load_factor": self.load_factor,
             "reserved_memory": self.reserved_memory,
             "precision": None if self.precision is None else str(getattr(self.precision, "name", self.precision)),
