@@ -540,19 +540,13 @@ class RecModule(pl.LightningModule):
         ``Trainer(strategy="auto").test(ckpt_path=folder)``) fail with a :class:`ShardedCheckpointFolderError`
         that says what to do, not ``torch.load``'s ``IsADirectoryError``. A subclass overriding ``setup``
         calls ``super().setup(stage)`` to keep this."""
-        strategy = self._trainer.strategy if self._trainer is not None else None
-        if strategy is None or isinstance(strategy, EmbeddingShardingStrategy):  # RecStrategy reads folders
-            return
-        io = strategy.checkpoint_io  # Lightning's getter: a TorchCheckpointIO if none was given
-        if not isinstance(io, ShardedFolderRefusal):
-            strategy.checkpoint_io = ShardedFolderRefusal(strategy, io)
+        if self._trainer is not None:
+            ShardedFolderRefusal.install(self._trainer.strategy)
 
     @override
     def teardown(self, stage: str) -> None:
-        strategy = self._trainer.strategy if self._trainer is not None else None
-        io = strategy.checkpoint_io if strategy is not None else None
-        if isinstance(io, ShardedFolderRefusal):
-            io.release()
+        if self._trainer is not None:
+            ShardedFolderRefusal.uninstall(self._trainer.strategy)
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:

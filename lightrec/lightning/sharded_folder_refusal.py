@@ -17,6 +17,7 @@ from lightning.pytorch.strategies import Strategy
 from typing_extensions import override
 
 from lightrec.distributed.checkpoint import CheckpointError, is_sharded_checkpoint
+from lightrec.lightning.contracts import EmbeddingShardingStrategy
 
 __all__ = ["ShardedCheckpointFolderError", "ShardedFolderRefusal"]
 
@@ -34,6 +35,19 @@ class ShardedFolderRefusal(CheckpointIO):
     def __init__(self, strategy: Strategy, wrapped: CheckpointIO) -> None:
         self.strategy = strategy
         self.wrapped = wrapped
+
+    @classmethod
+    def install(cls, strategy: Strategy) -> None:
+        """Wrap ``strategy``'s ``CheckpointIO`` unless it reads folders itself (``RecStrategy``) or is wrapped."""
+        if isinstance(strategy, EmbeddingShardingStrategy) or isinstance(strategy.checkpoint_io, cls):
+            return
+        strategy.checkpoint_io = cls(strategy, strategy.checkpoint_io)  # Lightning's getter: a default one
+
+    @classmethod
+    def uninstall(cls, strategy: Strategy) -> None:
+        """Undo :meth:`install` (nothing when it did not wrap)."""
+        if isinstance(strategy.checkpoint_io, cls):
+            strategy.checkpoint_io.release()
 
     def release(self) -> None:
         """Give the strategy its own ``CheckpointIO`` back (if this one is still in place)."""
