@@ -25,7 +25,8 @@ __all__ = ["CombinedOptimizer", "KeyedOptimizer", "KeyedOptimizerWrapper", "Opti
 # A torch optimizer state dict ({"state": ..., "param_groups": [...]}) and one (own group, saved group) pair
 # of it, as ``check_state_dict`` returns them: their values are whatever the optimizer keeps.
 _StateDict: TypeAlias = Mapping[str, Any]
-_GroupPair: TypeAlias = tuple[dict[str, Any], _StateDict]
+_ParamGroup: TypeAlias = dict[str, Any]  # torch's param group: "params" and the hyper-parameters
+_GroupPair: TypeAlias = tuple[_ParamGroup, _StateDict]
 # KeyedOptimizerWrapper's optimizer factories: given the parameters as a list, or (pass_params_dict=True)
 # as the {name: parameter} mapping.
 _ListFactory: TypeAlias = Callable[[list[torch.Tensor]], torch.optim.Optimizer]
@@ -258,7 +259,7 @@ class KeyedOptimizer(torch.optim.Optimizer):
             own_groups.append((group, saved_groups[key]))
         return own_groups
 
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
+    def add_param_group(self, param_group: _ParamGroup) -> None:
         raise TypeError(f"{type(self).__name__} has a fixed set of named parameters; build a new one instead")
 
     def _extra_state_names(self) -> set[str]:
@@ -335,7 +336,7 @@ class OptimizerWrapper(KeyedOptimizer):
         super().__init__(optimizer.params, optimizer.state, optimizer.param_groups)
 
     @property
-    def param_groups(self) -> list[dict[str, Any]]:
+    def param_groups(self) -> list[_ParamGroup]:
         """The wrapped optimizer's groups, read on each access (a :class:`CombinedOptimizer`'s
         are built per access, and a wrapped optimizer may replace its list)."""
         return self._optimizer.param_groups
@@ -343,7 +344,7 @@ class OptimizerWrapper(KeyedOptimizer):
     @param_groups.setter
     def param_groups(self, groups: Collection[Mapping[str, Any]]) -> None:
         if not _same_groups(groups, self._optimizer.param_groups):  # KeyedOptimizer.__init__ sets its own
-            self._optimizer.param_groups = groups  # type: ignore[assignment]
+            self._optimizer.param_groups = cast("list[_ParamGroup]", groups)  # the caller's list, as is
 
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
         return self._optimizer.step(closure)
@@ -419,7 +420,7 @@ class CombinedOptimizer(KeyedOptimizer):
         super().__init__(params, _CombinedState(self._optims), groups)
 
     @property
-    def param_groups(self) -> list[dict[str, Any]]:
+    def param_groups(self) -> list[_ParamGroup]:
         """The children's groups in order (the same dict objects), read from them on each access."""
         return [g for _, opt in self._optims for g in opt.param_groups]
 
