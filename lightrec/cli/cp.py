@@ -49,7 +49,8 @@ def run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParser
             raise UsageError(
                 f"{str(dest.parent)!r} is a file, not a folder; choose another place for {dest.name}"
             )
-        _copy(CONFIGS_DIR / f"{recipe.default_config}.yaml", dest)
+        # All or nothing like a recipe copy: a missing folder is made, and removed again on failure.
+        _copy_all([(CONFIGS_DIR / f"{recipe.default_config}.yaml", dest)], dest.parent)
         print(f"wrote {dest} (the {recipe.name} recipe's default config)")
         print(f"\nedit, then run:  lightrec run {recipe.name} --config {dest}")
         return 0
@@ -71,29 +72,6 @@ def run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParser
     script = dest / recipe.path.name
     print(f"\nedit, then run:  python {script} fit --config {dest / 'configs' / recipe.default_config}.yaml")
     return 0
-
-
-def _copy(source: Path, target: Path) -> None:
-    """Copy ``source`` to ``target`` through a temporary file moved into place, so an interrupted copy
-    leaves no half-written file that the next ``lightrec cp`` would refuse to overwrite; a folder it had to
-    create for ``target`` is removed again when the copy fails."""
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    created: list[Path] = []
-    try:
-        created = _make_folders(target.parent)
-        shutil.copyfile(source, tmp)
-        _place_new(tmp, target)  # never replaces a file that appeared meanwhile
-    except BaseException as exc:  # also Ctrl+C: undo, then report
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        _remove_empty_folders(created)
-        if isinstance(exc, FileExistsError):
-            raise UsageError(f"refusing to overwrite {str(target)!r} (it appeared while copying)") from exc
-        if isinstance(exc, OSError):  # a file where a folder should be, no permission, a full disk
-            raise CommandError(f"cannot write {str(target)!r}: {exc.strerror or exc}") from exc
-        raise
-    with contextlib.suppress(OSError):
-        tmp.unlink()  # the hard link's other name (gone already where the file was renamed)
 
 
 def _copy_all(copies: list[tuple[Path, Path]], dest: Path) -> None:
