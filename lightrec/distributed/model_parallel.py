@@ -43,7 +43,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import copy
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -208,7 +208,7 @@ class DistributedModelParallel(nn.Module):
         env: ShardingEnv | dist.ProcessGroup | None = None,
         device: torch.device | str | None = None,
         plan: ShardingPlan | None = None,
-        sharders: list[ModuleSharder] | None = None,
+        sharders: Sequence[ModuleSharder] | None = None,
         init_data_parallel: bool = True,
         init_parameters: bool = True,
         seed: int = 0,
@@ -446,20 +446,13 @@ class DistributedModelParallel(nn.Module):
             device: the copy's device; must be this model's (sharded tables do not move: their
                 kernels and exchanges are built for it).
 
+        Data-parallel tables train in the copy as here: their in-backward updates are hooked again
+        onto the copy's replicas (``DataParallelTableSync.__deepcopy__``), with the copy's state.
+
         Raises:
             ValueError: ``device`` is not this model's device.
-            NotImplementedError: parameters update inside the backward through hooks (data-parallel
-                tables): a deep copy drops the hooks, so the copy would never train them.
         """
         target = torch.device(device)
-        hooked = [name for name, p in self.named_parameters() if getattr(p, "_post_accumulate_grad_hooks", None)]
-        if hooked:
-            raise NotImplementedError(
-                f"copy() of a DistributedModelParallel whose parameters {hooked} are updated by gradient hooks "
-                "(data-parallel tables): a copy drops the hooks and would never train them; plan those tables "
-                "model parallel (e.g. table_wise), or load this model's state_dict() into a new "
-                "DistributedModelParallel"
-            )
         if _same_device(target) != _same_device(self.device):
             raise ValueError(
                 f"copy(device={target}) of a DistributedModelParallel on {self.device}: sharded tables do not move "

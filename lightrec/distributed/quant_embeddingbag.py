@@ -11,7 +11,7 @@ looked up whole on one device), as in torchrec's inference sharding.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -95,7 +95,7 @@ def shard_quantized_modules(
     env: ShardingEnv | None = None,
     device: torch.device | str | None = None,
     plan: ShardingPlan | None = None,
-    sharders: list[ModuleSharder] | None = None,
+    sharders: Sequence[ModuleSharder] | None = None,
     init_params: bool = False,
     **kwargs: Any,
 ) -> nn.Module:

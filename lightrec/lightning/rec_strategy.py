@@ -40,7 +40,7 @@ Device placement across stages (one ``Trainer``: fit, then validate / test / pre
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -164,7 +164,7 @@ class RecStrategy(DDPStrategy, EmbeddingShardingStrategy):
         topology: Topology | None = None,
         constraints: dict[str, ParameterConstraints] | None = None,
         fused_params: dict[str, Any] | None = None,
-        sharders: list[ModuleSharder] | None = None,
+        sharders: Sequence[ModuleSharder] | None = None,
         kernel_backend: str = "auto",
         ddp_comm_state: object | None = None,
         ddp_comm_hook: Callable[..., Any] | None = None,
@@ -203,7 +203,7 @@ class RecStrategy(DDPStrategy, EmbeddingShardingStrategy):
         self._topology = topology
         self._constraints = constraints
         self._fused_params = dict(fused_params or {})
-        self._sharders = sharders
+        self._sharders = list(sharders) if sharders is not None else None
         check_kernel_backend(kernel_backend)
         self._kernel_backend = kernel_backend
         self.dmp: DistributedModelParallel | None = None

@@ -6,8 +6,9 @@ surface) on 2 gloo ranks.
   once DDP wraps the old model, and for a value that is not a module.
 * ``dmp.copy(device)`` is an independent copy: the same outputs and state, no shared storage,
   training either one (every model-parallel sharding type, fused row-wise Adagrad) leaves the other
-  as it was; another device is refused by name, and so is a model with data-parallel tables (their
-  in-backward update hooks do not survive a deep copy).
+  as it was; another device is refused by name. Data-parallel tables train in the copy too: their
+  in-backward update hooks (which a deep-copied Parameter drops) are installed again on the copy's
+  replicas, with the copy's own optimizer state.
 
 One pair of ranks runs every check (a module-scoped fixture): starting ranks is the slow part.
 """
@@ -122,11 +123,6 @@ def _copy_case(rank: int, world_size: int) -> dict[str, Any]:
         refused = ""
     except ValueError as e:
         refused = str(e)
-    try:
-        _dmp(_model(), world_size).copy("cpu")  # data-parallel tables t3, s3: their update hooks do not copy
-        refused_dp = ""
-    except NotImplementedError as e:
-        refused_dp = str(e)
     return {
         "type": type(twin).__name__,
         "same_out": same_out,
@@ -141,12 +137,59 @@ def _copy_case(rank: int, world_size: int) -> dict[str, Any]:
         # one step from the same state, the same tables (the dense layer differs: the copy has no DDP)
         "same_step": _changed(twin_trained, after_dmp) == ["lin.weight"],
         "refused": refused,
-        "refused_dp": refused_dp,
     }
 
 
+def _data_parallel_copy_case(rank: int, world_size: int) -> dict[str, Any]:
+    """A model with data-parallel tables t3 and s3 (fused row-wise Adagrad): the copy trains them."""
+    from lightrec.distributed import (
+        DistributedModelParallel,
+        EmbeddingBagCollectionSharder,
+        EmbeddingCollectionSharder,
+    )
+    from lightrec.optim import EmbOptimType
+    from tests.distributed.test_review_dmp_state_and_surface import _plan
+
+    model = _model()
+    fused = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.5}
+    sharders = [EmbeddingBagCollectionSharder(fused), EmbeddingCollectionSharder(fused)]
+    dmp = DistributedModelParallel(model, device="cpu", plan=_plan(model, world_size), sharders=sharders)
+    twin = dmp.copy("cpu")
+    replicas = ("ebc.embedding_bags.t3.weight", "ec.embeddings.s3.weight")
+    start = _full(dmp)
+    state_before = {k: _cloned(v) for k, v in twin.fused_optimizer.state_dict()["state"].items() if "3" in k}
+    _train_step(twin, rank)
+    original_state = _cloned(dmp.fused_optimizer.state_dict()["state"])  # live views: cloned before dmp trains
+    after_twin, twin_trained = _full(dmp), _full(twin)
+    state_after = _cloned(twin.fused_optimizer.state_dict()["state"])
+    _train_step(dmp, rank)
+    after_dmp = _full(dmp)
+    return {
+        "dp_state_keys": sorted(state_before),
+        "twin_moved": [k for k in replicas if not torch.equal(start[k], twin_trained[k])],
+        "original_moved_by_twin": _changed(start, after_twin),
+        "same_step": _changed(twin_trained, after_dmp) == ["lin.weight"],
+        "twin_state_moved": sorted(k for k, v in state_before.items() if not _same_state(v, state_after[k])),
+        "original_state_moved": sorted(k for k, v in state_before.items() if not _same_state(v, original_state[k])),
+    }
+
+
+def _cloned(state: Any) -> Any:
+    return state.clone() if isinstance(state, torch.Tensor) else {k: _cloned(v) for k, v in state.items()}
+
+
+def _same_state(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    return all(_same_state(a[k], b[k]) for k in a)
+
+
 def _body(rank: int, world_size: int) -> dict[str, Any]:
-    return {"setter": _setter_case(rank, world_size), "copy": _copy_case(rank, world_size)}
+    return {
+        "setter": _setter_case(rank, world_size),
+        "copy": _copy_case(rank, world_size),
+        "dp_copy": _data_parallel_copy_case(rank, world_size),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -193,8 +236,13 @@ def test_copy_to_another_device_is_refused(results: list[dict[str, Any]]) -> Non
         assert "copy(device=meta)" in r["copy"]["refused"] and "do not move" in r["copy"]["refused"]
 
 
-def test_copy_of_data_parallel_tables_is_refused(results: list[dict[str, Any]]) -> None:
+def test_copy_trains_data_parallel_tables_with_its_own_state(results: list[dict[str, Any]]) -> None:
     for r in results:
-        refused = r["copy"]["refused_dp"]
-        assert "weights.t3" in refused and "weights.s3" in refused  # the replicas' kernel parameters
-        assert "data-parallel" in refused
+        c = r["dp_copy"]
+        assert c["dp_state_keys"], "the copy's fused optimizer has no state for the data-parallel tables"
+        # The copy's step moves its replicas (the hooks came back) and leaves the original alone ...
+        assert c["twin_moved"] == ["ebc.embedding_bags.t3.weight", "ec.embeddings.s3.weight"]
+        assert c["original_moved_by_twin"] == []
+        # ... with the copy's optimizer state, and exactly as the original's own step does.
+        assert c["twin_state_moved"] == c["dp_state_keys"] and c["original_state_moved"] == []
+        assert c["same_step"]

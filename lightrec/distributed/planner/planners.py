@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Sequence
 
 import numpy as np
 import torch.distributed as dist
@@ -174,17 +175,16 @@ class EmbeddingShardingPlanner:
         return Topology(world_size=dist.get_world_size(group), compute_device="cuda" if nccl else "cpu")
 
     # ---- public API --------------------------------------------------------------------------
-    def plan(self, module: nn.Module, sharders: list[ModuleSharder]) -> ShardingPlan:
+    def plan(self, module: nn.Module, sharders: Sequence[ModuleSharder]) -> ShardingPlan:
         """Plan every shardable module of ``module`` (raises :class:`PlannerError` if none fits)."""
-        return self._plan(module, sharders, self._default_topology())
+        return self._plan(module, list(sharders), self._default_topology())
 
     def collective_plan(
-        self, module: nn.Module, sharders: list[ModuleSharder] | None = None, pg: dist.ProcessGroup | None = None
+        self, module: nn.Module, sharders: Sequence[ModuleSharder] | None = None, pg: dist.ProcessGroup | None = None
     ) -> ShardingPlan:
         """Plan on rank 0 of ``pg`` and broadcast, so every rank uses the identical plan. ``sharders``
         default to ``get_default_sharders()``; a planning error on rank 0 is raised on every rank."""
-        if sharders is None:
-            sharders = default_sharders()
+        sharders = default_sharders() if sharders is None else list(sharders)
         if not dist.is_initialized():
             return self.plan(module, sharders)
         pg = resolve_group(pg)
@@ -211,14 +211,14 @@ class EmbeddingShardingPlanner:
         self.last_report = report
         return ShardingPlan.from_json(body)
 
-    def evaluate(self, module: nn.Module, sharders: list[ModuleSharder], plan: ShardingPlan) -> PlannerReport:
+    def evaluate(self, module: nn.Module, sharders: Sequence[ModuleSharder], plan: ShardingPlan) -> PlannerReport:
         """Estimate any plan (e.g. one written by hand) with the planner's cost model.
 
         Tables the plan does not mention are ignored. The report's memory may exceed the caps:
         compare ``report.hbm_bytes``/``ddr_bytes`` with the caps to check a hand-written plan.
         """
         topo = self._default_topology()
-        modules = find_shardable_modules(module, sharders)
+        modules = find_shardable_modules(module, list(sharders))
         tables = collect_tables(modules, topo, self._constraints, self._batch_size)
         W = topo.world_size
         idx, st, kern, rows, cols, ranks, clfs = [], [], [], [], [], [], []

@@ -19,6 +19,8 @@ initialisation is seeded, or copied from the unsharded module) and stay identica
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -112,13 +114,31 @@ class DataParallelTableSync:
                 entry = by_spec.setdefault(repr(spec), (spec, {}, []))
                 entry[1][f"{attr}.{table}.weight"] = param
                 entry[2].append(state)
+        # (optimizer, replica, its state): what _install hooks, again on a deep copy's replicas.
+        self._updates: list[tuple[EmbeddingFusedOptimizer, nn.Parameter, dict[str, torch.Tensor]]] = []
         for spec, params, states in by_spec.values():
             optimizer = EmbeddingFusedOptimizer(spec, params, states)
             self.optimizers.append(optimizer)
-            for param, state in zip(params.values(), states):
-                # Marked like fused parameters: the dense optimizer must leave them alone.
-                param._in_backward_optimizers = [optimizer]  # type: ignore[attr-defined]
-                param.register_post_accumulate_grad_hook(self._make_hook(optimizer, state))
+            self._updates += [(optimizer, param, state) for param, state in zip(params.values(), states)]
+        self._install()
+
+    def _install(self) -> None:
+        """Mark each replica like a fused parameter (the dense optimizer must leave it alone) and hook
+        its update into backward."""
+        for optimizer, param, state in self._updates:
+            param._in_backward_optimizers = [optimizer]  # type: ignore[attr-defined]
+            param.register_post_accumulate_grad_hook(self._make_hook(optimizer, state))
+
+    def __deepcopy__(self, memo: dict[int, object]) -> DataParallelTableSync:
+        # A deep-copied Parameter has neither hooks nor attributes (Parameter.__deepcopy__): copy the
+        # optimizers, replicas and states through ``memo`` (so they are the copied model's), then hook
+        # the copies, or a copied model (DistributedModelParallel.copy) would never train these tables.
+        twin = DataParallelTableSync.__new__(DataParallelTableSync)
+        memo[id(self)] = twin
+        for name, value in self.__dict__.items():  # the side group is shared, as the copy's collectives are
+            setattr(twin, name, value if name == "_group" else copy.deepcopy(value, memo))
+        twin._install()
+        return twin
 
     def _make_hook(self, optimizer: EmbeddingFusedOptimizer, state: dict):  # noqa: ANN202
         spec, world, group = optimizer.spec, self._world_size, self._group
