@@ -11,7 +11,8 @@ scalar ids         ``values [r]`` int64 (a zero-copy view of an int64 column wit
                    with ``nulls="empty"`` and nulls present: jagged, a null is a bag of length 0
 list ids           ``offsets [r + 1]`` (the list offsets, rebased), ``values [V]`` int64: the list's
                    flat child buffer; null lists are empty bags (``nulls="empty"``) or bad rows
-weights            ``[V]`` float32, the flat child of a ``list<float>`` column parallel to the ids
+weights            ``[V]`` float32, the flat child of a ``list<float>`` column parallel to the ids; a
+                   null list holds no weights (a bad row with ``nulls="error"``)
 =================  ===========================================================================
 
 Id checks (negative ids; ids ``>= num_embeddings`` for ``id_mapping="none"``) are skipped for a
@@ -274,8 +275,13 @@ def _weights(rows: UnitRows, feature: SparseFeature, ids_offsets: np.ndarray, ba
     """``[V]`` float32 weights parallel to the ids (``ids_offsets [r + 1]``); mismatched rows are bad rows."""
     assert feature.weights is not None
     array = _array(rows.table, feature.weights)
-    weight_feature = replace(feature, column=feature.weights, nulls="error")
-    offsets, child = _list_ids(array, weight_feature, bad)
+    # A null weights list holds no weights: parallel to a null (nulls="empty") or empty ids list, an empty bag;
+    # beside ids, a row whose lengths differ (below). Under nulls="error" it is a bad row of its own.
+    offsets, child = _list_ids(array, replace(feature, column=feature.weights, nulls="empty"), bad)
+    if array.null_count and feature.nulls == "error":
+        bad.append(BadRows(array.is_null().to_numpy(zero_copy_only=False), feature.weights, lambda i: (
+            f"null list of weights of feature {feature.name!r}: write an empty list where a row has no ids, or set "
+            "nulls='empty' for the feature to read null ids with null weights as an empty bag", None)))  # fmt: skip
     r = len(ids_offsets) - 1
     if child.null_count:
         at = np.flatnonzero(child.is_null().to_numpy(zero_copy_only=False))

@@ -32,6 +32,7 @@ import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TypedDict
 
 import pyarrow as pa
@@ -234,6 +235,21 @@ class ColumnStats:
     nested: bool
 
 
+def _leaves(dtype: pa.DataType) -> int:
+    """How many Parquet leaf columns (column chunks) a column of Arrow type ``dtype`` is stored as."""
+    if isinstance(dtype, pa.ExtensionType):
+        return _leaves(dtype.storage_type)
+    if pa.types.is_dictionary(dtype):
+        return _leaves(dtype.value_type)
+    if pa.types.is_struct(dtype):
+        return sum(_leaves(dtype.field(i).type) for i in range(dtype.num_fields))
+    if pa.types.is_map(dtype):
+        return _leaves(dtype.key_type) + _leaves(dtype.item_type)
+    if isinstance(dtype, (pa.ListType, pa.LargeListType, pa.FixedSizeListType)):
+        return _leaves(dtype.value_type)
+    return 1
+
+
 @dataclass(frozen=True)
 class ParquetFileInfo:
     """One file of a source: where it is, what it holds, and its stamp (size, modification time).
@@ -278,14 +294,13 @@ class ParquetFileInfo:
         if meta is None:
             return None
         try:
-            group = meta.row_group(row_group)
-            for j in range(group.num_columns):
-                chunk = group.column(j)
-                path = chunk.path_in_schema
-                if path == column or path.startswith(column + "."):
-                    break
-            else:
+            j = self._first_leaves.get(column)
+            if j is None:
                 return None
+            chunk = meta.row_group(row_group).column(j)
+            path = chunk.path_in_schema
+            if path != column and not path.startswith(column + "."):
+                return None  # not the leaf the schema says: no statistics rather than another column's
             stats = chunk.statistics
             if stats is None:
                 return ColumnStats(None, None, None, path != column)
@@ -299,6 +314,25 @@ class ParquetFileInfo:
                 path=self.path, row_group=row_group, column=column,
             ) from exc  # fmt: skip
         return ColumnStats(low, high, nulls, path != column)
+
+    @cached_property
+    def _first_leaves(self) -> dict[str, int]:
+        """``{column: index of its first leaf column chunk}`` for the top-level columns whose name is unique.
+
+        Found from the schema, not from the chunks' dotted paths: those are ambiguous (a column ``item.cat``
+        has the path of a field ``cat`` nested in ``item``, and its path starts as ``item``'s does).
+        """
+        assert self.metadata is not None
+        out: dict[str, int] = {}
+        doubled: set[str] = set()
+        leaf = 0
+        for f in self.metadata.schema.to_arrow_schema():
+            if f.name in out:
+                doubled.add(f.name)
+            else:
+                out[f.name] = leaf
+            leaf += _leaves(f.type)
+        return {name: j for name, j in out.items() if name not in doubled}
 
     def check_unchanged(self, fs: pafs.FileSystem) -> None:
         """Raise :class:`ParquetFileChangedError` when the file's size or modification time differs now."""
