@@ -75,7 +75,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
@@ -578,7 +578,7 @@ class FollowingParquetLoader(LoaderBase):
     def state_dict(self) -> LoaderState:
         return self.position().to_dict()
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         position = LoaderPosition.from_dict(state)
         if position.follow is None:
             raise ResumeMismatchError("the checkpoint's data position is not a following loader's; resume without follow")

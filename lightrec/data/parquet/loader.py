@@ -20,7 +20,7 @@ training process writes into shared memory before it restarts them.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypedDict, TypeVar
@@ -452,7 +452,7 @@ class ParquetLoader(LoaderBase):
     def state_dict(self) -> LoaderState:
         return self.position().to_dict()
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         position = LoaderPosition.from_dict(state)
         position.check_fits(self.world_size, self.batch_size, self.fingerprint)
         if position.batch > self._steps:
