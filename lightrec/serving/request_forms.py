@@ -148,8 +148,9 @@ def _excerpt(body: bytes | bytearray | str) -> str:
 
 
 def _too_many(size: int, max_samples: int) -> Rejected:
-    return Rejected(413, f"the request holds {size} samples, more than the server's limit of {max_samples}; split it",
-                    None, "size", size)
+    # a client's 'batch.size' may have thousands of digits: shown truncated, as every value the server echoes
+    return Rejected(413, f"the request holds {_shown(size)} samples, more than the server's limit of {max_samples}; "
+                    "split it", None, "size", size)
 
 
 def _columns(predictor: Predictor, samples: list[CheckedRequest]) -> SampleColumns:
@@ -219,8 +220,9 @@ def _batch_size(predictor: Predictor, batch: dict[str, Any], lengths: dict[str, 
             first = next(iter(lengths.values()))
             size = len(first) if isinstance(first, list) else None
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        return Rejected(422, f"the batch's size is {size!r}: give 'batch.size' (a positive int), or 'batch.dense' rows",
-                        None, "batch.size", size)
+        # any JSON value (a 40000-character string, a long list): shown truncated, never echoed whole
+        return Rejected(422, f"the batch's size is {_shown(size)!r}: give 'batch.size' (a positive int), or "
+                        "'batch.dense' rows", None, "batch.size", size)
     return size
 
 
@@ -237,9 +239,10 @@ def _add_feature(predictor: Predictor, columns: SampleColumns, feature: str, par
             or not all(type(n) is int and n >= 0 for n in lengths)):  # fmt: skip
         return Rejected(422, f"'batch.lengths.{feature}' must be {size} non-negative ints (ids per sample), got "
                         f"{_shown(lengths, 80)}", None, f"batch.lengths.{feature}", lengths)
-    if not isinstance(ids, list) or len(ids) != sum(lengths):
+    total = sum(lengths)
+    if not isinstance(ids, list) or len(ids) != total:
         got = len(ids) if isinstance(ids, list) else type(ids).__name__
-        return Rejected(422, f"'batch.ids.{feature}' must hold sum(lengths) = {sum(lengths)} ids, got {got}",
+        return Rejected(422, f"'batch.ids.{feature}' must hold sum(lengths) = {_count(total)} ids, got {got}",
                         None, f"batch.ids.{feature}", got)
     if not predictor.ids_in_range(feature, ids):  # find the sample of the offender; its message is Predictor's
         start = 0
@@ -263,6 +266,14 @@ def _add_feature(predictor: Predictor, columns: SampleColumns, feature: str, par
         return Rejected(422, "'batch.weights' given but the model is not weighted; drop them", None,
                         f"batch.weights.{feature}", None)
     return None
+
+
+def _count(n: int) -> str:
+    """A count computed from a client's numbers (a sum of lengths), as the message shows it: truncated like any
+    shown value, and named, not printed, past the digits Python turns into text (a sum of 4300-digit lengths)."""
+    if n.bit_length() > 14_000:  # over ~4200 digits: str() may raise ValueError (sys.get_int_max_str_digits)
+        return f"(a number of {n.bit_length()} bits)"
+    return str(_shown(n))
 
 
 def _bad_weight(feature: str, weights: list[object], k: int, lengths: list[int]) -> Rejected:
