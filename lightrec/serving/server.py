@@ -26,11 +26,13 @@ port fails in a second with a message instead of in a worker's log.
 
 from __future__ import annotations
 
+import errno
 import gc
 import logging
 import multiprocessing
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -149,12 +151,34 @@ def build_server(config: ServeConfig, updater_factory: UpdaterFactory | None = N
 def serve(config: ServeConfig, updater_factory: UpdaterFactory | None = None) -> None:
     """Build the server and run it until it is stopped (see :func:`build_server` for the arguments)."""
     built = build_server(config, updater_factory)
+    check_port_free(config.host, config.port)
     host = f"[{config.host}]" if ":" in config.host else config.host
     print(f"lightrec serve: {config.artifact} at http://{host}:{config.port}{PREDICT_PATH} ({built.workers} "
           f"worker(s), batches of <= {config.max_batch_size} requests / {config.batch_timeout_ms:g} ms"
           + (f", following {config.deltas}" if config.deltas else "") + "); GET /health /ready /metrics /info",
           file=sys.stderr, flush=True)
     built.run()
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Raise :class:`ServeConfigError` naming ``--port`` when ``host:port`` cannot be bound now.
+
+    Without it a busy port is found by uvicorn, after the banner and the workers' start: an
+    ``Address already in use`` in a log and exit code 3 instead of a usage error. The probe binds as
+    uvicorn does (``SO_REUSEADDR``: a port in ``TIME_WAIT`` is free) and closes at once; a process
+    taking the port between the probe and uvicorn's bind still meets uvicorn's error.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            busy = exc.errno == errno.EADDRINUSE
+            reason = "is in use by another process" if busy else f"cannot be bound ({exc.strerror or exc})"
+            raise ServeConfigError(
+                f"--port {port}: {host}:{port} {reason}; stop that server or give another --port"
+            ) from exc
 
 
 class ModelInfo(TypedDict):
