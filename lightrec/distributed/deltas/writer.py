@@ -62,6 +62,7 @@ __all__ = ["DeltaWriter", "fsync_dir"]
 logger = logging.getLogger(__name__)
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+_NO_PERMISSION = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
 def fsync_dir(folder: Path) -> None:
@@ -107,7 +108,8 @@ class DeltaWriter:
     should write a snapshot first: its deltas would otherwise build on rows it never trained.
 
     Raises:
-        DeltaFormatError: no tables, two with one name, or ``retention`` < 1.
+        DeltaFormatError: no tables, two with one name, ``retention`` < 1, or ``dirpath`` is a file.
+        DeltaWriteError: ``dirpath`` cannot be created or listed (a parent that is a file, no permission).
     """
 
     def __init__(
@@ -130,9 +132,16 @@ class DeltaWriter:
         self.dirpath = Path(dirpath)
         self.retention = retention
         self.row_alignment = row_alignment
-        self.dirpath.mkdir(parents=True, exist_ok=True)
-        self.clean_stale()
-        self._kinds: dict[int, str | None] = self._scan()
+        if self.dirpath.exists() and not self.dirpath.is_dir():
+            raise DeltaFormatError(f"dirpath {str(self.dirpath)!r} is a file, not a folder; pass the path of a folder "
+                                   "(created when missing)")  # fmt: skip
+        try:
+            self.dirpath.mkdir(parents=True, exist_ok=True)
+            self.clean_stale()
+            self._kinds: dict[int, str | None] = self._scan()
+        except OSError as exc:  # a parent that is a file, a folder this process may not list or write, ...
+            raise DeltaWriteError(f"could not open the publish folder dirpath={str(self.dirpath)!r} ({exc}); make it "
+                                  "writable, or pass another dirpath", exc.errno) from exc  # fmt: skip
         # Set when another writer took a version number: the newest version is not this writer's, so
         # a delta of this writer (rows changed since *its* previous version) cannot follow it.
         self._needs_snapshot = False
@@ -297,7 +306,8 @@ class DeltaWriter:
             return DeltaWriteError(
                 f"not enough disk space to write {self.dirpath / name} ({exc.strerror}; {free} bytes free); "
                 f"{kept}. Free space, lower retention, or publish elsewhere", exc.errno)  # fmt: skip
-        return DeltaWriteError(f"could not write {self.dirpath / name} ({exc}); {kept}", exc.errno)
+        hint = ". Make the folder writable, or publish elsewhere" if exc.errno in _NO_PERMISSION else ""
+        return DeltaWriteError(f"could not write {self.dirpath / name} ({exc}); {kept}{hint}", exc.errno)
 
     def _taken(self, name: str, exc: OSError) -> DeltaWriteError:
         """Another writer renamed its version to ``name`` first (one writer per folder was not kept).
