@@ -22,6 +22,13 @@ never read again. With ``gaps="wait"`` (default) no update goes through a refuse
 follower stays at its version (exact) until a snapshot after it arrives. ``gaps="skip"`` applies the
 versions around it instead -- fresher, but the rows only that version changed keep older values until
 they change again or the next snapshot.
+
+The follower remembers the manifest of the version it serves. When that version's folder holds
+another manifest, or is gone while older versions are listed -- the folder was emptied and published
+anew (a restarted trainer numbers from 1 again) -- the served version is in no chain of the folder:
+the next update rebuilds the newest version from its snapshot, even one numbered at or below the
+served one, and the old history's refusals are forgotten. A folder that is gone altogether (an
+unmounted share) changes nothing.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 
 from lightrec.distributed.deltas import (
     DeltaApplyError,
@@ -86,6 +94,11 @@ class DeltaFollower:
         self._refused: set[int] = set()
         self._last_scan: float | None = None
         self._wall_times: dict[int, float] = {}  # of the listed versions newer than the served one
+        self._served: Manifest | None = None  # the manifest of the served version (None: not known)
+        self._warned: Manifest | None = None  # the served manifest last reported gone from the folder
+        # update -> (the manifest of its version, the served manifest it replaces when planned on another history)
+        self._made: weakref.WeakKeyDictionary[PendingUpdate, tuple[Manifest, Manifest | None]]
+        self._made = weakref.WeakKeyDictionary()
 
     # ------------------------------------------------------------------ state
     @property
@@ -121,7 +134,11 @@ class DeltaFollower:
             return None
         self._last_scan = now
         current = self.version
-        newer = [v for v in self.reader.versions() if current is None or v > current]
+        listed = self.reader.versions()
+        replaced = self._replaced(current, listed)
+        if replaced is not None:
+            current = None  # another history: rebuild from a snapshot
+        newer = [v for v in listed if current is None or v > current]
         manifests = {v: self._manifest(v) for v in newer}
         with self._lock:
             self._wall_times = {v: m.wall_time for v, m in manifests.items() if m is not None}
@@ -143,8 +160,38 @@ class DeltaFollower:
                 self._refuse(_misfits(versions, manifests.get(chain.base) if chain is not None else None), exc)
                 continue  # an older target may still be rebuilt (its snapshot alone, say)
             from_version = None if versions[0].manifest.kind == "snapshot" else current
-            return PendingUpdate(state, from_version, listener=self)
+            update = PendingUpdate(state, from_version, listener=self)
+            with self._lock:
+                self._made[update] = (versions[-1].manifest, replaced)
+            return update
         return None
+
+    def _replaced(self, current: int | None, listed: list[int]) -> Manifest | None:
+        """The served version's manifest when the folder no longer holds it (module docstring), else None."""
+        with self._lock:
+            served = self._served
+        if current is None or not listed:
+            return None  # nothing known, or the folder is gone altogether: keep the served version
+        try:
+            found = self.reader.manifest(current)
+        except DeltaNotFoundError:
+            found = None
+        except DeltaVerificationError:
+            return None  # unreadable now, not replaced: the deltas after it still build on it
+        if served is None:  # started at a given version: take the folder's word for it
+            with self._lock:
+                self._served = found
+            return None
+        if found == served or (found is None and min(listed) > current):
+            return None  # still there; or removed by retention (every older version with it): a snapshot follows
+        with self._lock:
+            if self._warned is not served:  # once per served version: forget the old history's refusals
+                self._warned = served
+                self._refused.clear()
+                logger.warning("version %d (served) is %s %s: the folder was published anew; rebuilding its newest "
+                               "version from its snapshot", current, "no longer in" if found is None else "another "
+                               "version in", self.reader.dirpath)  # fmt: skip
+        return served
 
     def sync(self, predictor: Predictor, force: bool = False) -> int | None:
         """Poll and apply what is found to ``predictor``; a failure is logged and the version kept.
@@ -219,16 +266,20 @@ class DeltaFollower:
     # ------------------------------------------------------------------ UpdateListener
     def check(self, update: PendingUpdate) -> None:
         with self._lock:
-            current = self._version
+            current, served = self._version, self._served
         if update.from_version is not None and update.from_version != current:
             raise DeltaApplyError(f"update to version {update.version} was planned on version {update.from_version}, "
                                   f"but version {current} is served; poll again")  # fmt: skip
-        if current is not None and update.version <= current:
+        made = self._made.get(update)
+        replaces = made[1] if made is not None else None
+        if current is not None and update.version <= current and (replaces is None or replaces is not served):
             raise DeltaApplyError(f"version {update.version} is not newer than the served version {current}")
 
     def applied(self, update: PendingUpdate) -> None:
         with self._lock:
             self._version = update.version
+            made = self._made.get(update)
+            self._served = made[0] if made is not None else None
         logger.info("serving version %d of %s (%r)", update.version, self.reader.dirpath, update)
 
     def failed(self, update: PendingUpdate, error: DeltaApplyError) -> None:
