@@ -33,7 +33,13 @@ from lightrec.inference.export import (
     export_on_rank,
 )
 from lightrec.inference.gather import has_sharded_collections, unshard
-from lightrec.inference.predictor import ArtifactMetaError, Predictor, RequestError, load
+from lightrec.inference.predictor import (
+    ArtifactMetaError,
+    CorruptArtifactError,
+    Predictor,
+    RequestError,
+    load,
+)
 from lightrec.inference.quantize import quantize
 from lightrec.inference.safe_archive import UnsafeArtifactError
 from lightrec.modules.quant_config import QuantConfig, resolve_data_type
@@ -49,6 +55,7 @@ from lightrec.quant.sharded_embedding_bag import (
 __all__ = [
     "EXPORT_FORMATS",
     "ArtifactMetaError",
+    "CorruptArtifactError",
     "ExportError",
     "Predictor",
     "QuantConfig",

@@ -24,6 +24,7 @@ fbgemm TBE groups of sharded models can only be exported as TorchScript.
 
 # No `from __future__ import annotations`: fx copies forward() annotations into traced code.
 
+import errno
 import importlib.metadata
 import inspect
 import itertools
@@ -314,6 +315,7 @@ def export(
                               example_batch=example_batch, takes_dense=takes_dense,
                               dense_in_features=dense_in_features, extra_meta=extra_meta)
     path = Path(path)
+    _check_destination(path)  # before tracing: a bad path fails in a moment, not after the whole export
     model = model.eval()
     info = describe_model(model, dense_in_features)
     if takes_dense is None:
@@ -400,6 +402,20 @@ def export_on_rank(
 
     run_on_rank(build, write, f"export {str(path)!r}", group=group, dst=dst, failure=ExportError)
     return Path(path)
+
+
+def _check_destination(path: Path) -> None:
+    """Raise ``IsADirectoryError`` / ``NotADirectoryError`` naming the culprit when ``path`` cannot be
+    written: it is a folder, or one of its would-be folders is a file (``mkdir`` says "File exists")."""
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, f"{str(path)!r} is a folder; give the artifact's file name "
+                                f"(e.g. {str(path / 'model.pt')!r})", str(path))
+    for parent in path.parents:
+        if parent.exists() or parent.is_symlink():
+            if not parent.is_dir():
+                raise NotADirectoryError(errno.ENOTDIR, f"{str(parent)!r} is a file, not a folder: {str(path)!r} "
+                                         "cannot be written under it", str(parent))
+            return
 
 
 def _write_atomically(path: Path, write: Callable[[Path], object]) -> None:

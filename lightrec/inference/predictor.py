@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
@@ -45,8 +46,8 @@ from lightrec.inference.safe_archive import open_checked
 if TYPE_CHECKING:
     from lightrec.inference.export import ArtifactMeta
 
-__all__ = ["FLOAT32_MAX", "ArtifactMetaError", "CheckedRequest", "Predictor", "RequestError", "RequestRules",
-           "finite_float32", "load", "shown"]
+__all__ = ["FLOAT32_MAX", "ArtifactMetaError", "CheckedRequest", "CorruptArtifactError", "Predictor", "RequestError",
+           "RequestRules", "finite_float32", "load", "shown"]
 
 _REQUEST_KEYS = ("dense", "sparse", "weights")
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)  # larger dense values or weights are inf in the artifact
@@ -56,6 +57,18 @@ _SHOWN_CHARS = 200  # an offending value longer than this (as JSON) is shown tru
 class ArtifactMetaError(ValueError):
     """An artifact's ``<path>.meta.json`` that is not what :func:`lightrec.inference.export` writes (cut short,
     edited, another file's): the message names the file and the field."""
+
+
+class CorruptArtifactError(RuntimeError):
+    """An artifact file that is not what :func:`lightrec.inference.export` wrote (cut short, altered):
+    the message names the file; ``path`` holds it."""
+
+    def __init__(self, message: str, path: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, ...]:  # keep the field across processes
+        return (type(self), (str(self), self.path))
 
 
 class RequestError(ValueError):
@@ -376,6 +389,7 @@ def load(path: str | os.PathLike, missing_features: str = "empty", device: torch
         UnsafeArtifactError: a ``torch.export`` artifact asks for pickled or native code
             (:mod:`lightrec.inference.safe_archive`); nothing in it has run.
         ArtifactMetaError: the metadata is not JSON of the shape ``export`` writes.
+        CorruptArtifactError: a TorchScript artifact that is not a whole zip archive (cut short, altered).
     """
     path = Path(path)
     meta_path = Path(str(path) + ".meta.json")
@@ -391,7 +405,15 @@ def load(path: str | os.PathLike, missing_features: str = "empty", device: torch
 
     stamp = {EXPORT_ID_FILE: ""}  # filled by the loaders from the artifact (empty: exported before ids)
     if meta["format"] == "torchscript":
-        module: nn.Module = torch.jit.load(str(path), map_location=torch.device(device), _extra_files=stamp)
+        try:
+            module: nn.Module = torch.jit.load(str(path), map_location=torch.device(device), _extra_files=stamp)
+        except RuntimeError as exc:  # torch's message names neither the file nor the fix
+            damage = _zip_damage(path)
+            if damage is None:
+                raise
+            raise CorruptArtifactError(f"{str(path)!r} is not a whole TorchScript artifact ({damage}): it was cut "
+                                       "short or altered after it was written; export the model again",
+                                       str(path)) from exc
     else:
         # An exported program bakes the device it was traced on into its graph (device checks,
         # tensor constructors): moving only the weights (``.module().to(device)``) leaves those
@@ -403,6 +425,16 @@ def load(path: str | os.PathLike, missing_features: str = "empty", device: torch
         module = program.module()
     _check_same_export(meta, stamp[EXPORT_ID_FILE], meta_path, path)
     return Predictor(module, meta, missing_features, device)
+
+
+def _zip_damage(path: Path) -> str | None:
+    """Why ``path`` is not an intact zip archive (what ``torch.jit.save`` writes), or None when it is one."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()  # reads every entry, checking its CRC
+    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        return f"not a zip archive: {exc}"
+    return None if bad is None else f"entry {bad!r} fails its checksum"
 
 
 def _check_same_export(meta: ArtifactMeta, artifact_id: str | bytes, meta_path: Path, path: Path) -> None:
@@ -445,4 +477,19 @@ def _read_meta(meta_path: Path, path: Path) -> ArtifactMeta:
         for t in tables
     ):
         raise bad(f"field 'tables' is {shown(tables)}, not a list of tables with 'feature_names' and 'num_embeddings'")
+    for k, t in enumerate(tables):  # what Predictor reads of a table: feature names, a positive row count (id space)
+        if not all(isinstance(f, str) for f in t["feature_names"]):
+            raise bad(f"field 'tables[{k}].feature_names' is {shown(t['feature_names'])}, not a list of feature names")
+        for key in ("num_embeddings", "id_space"):
+            if key in t and (type(t[key]) is not int or t[key] <= 0):
+                raise bad(f"field 'tables[{k}].{key}' is {shown(t[key])}, not a positive int")
+    in_tables = [f for t in tables for f in t["feature_names"]]
+    if names != in_tables:  # export writes the tables' features in order: the artifact's KJT keys
+        raise bad(f"field 'feature_names' is {shown(names)}, not the features of 'tables' in order ({shown(in_tables)})")
+    dense = meta.get("dense_in_features")
+    if dense is not None and (type(dense) is not int or dense < 0):
+        raise bad(f"field 'dense_in_features' is {shown(dense)}, not a width (an int >= 0) or null")
+    for key in ("takes_dense", "is_weighted"):
+        if key in meta and not isinstance(meta[key], bool):
+            raise bad(f"field {key!r} is {shown(meta[key])}, not true or false")
     return cast("ArtifactMeta", meta)
