@@ -28,6 +28,7 @@ from torchmetrics import Metric
 from typing_extensions import override
 
 from lightrec.data import Batch
+from lightrec.data.parquet import ParquetDataModule
 from lightrec.lightning.recipe import DataTableSpec, RecipeModule, run_recipe
 from lightrec.metrics import DEFAULT_METRICS, RecallAtK
 from lightrec.models import TwoTower, TwoTowerTrainTask
@@ -109,6 +110,24 @@ class TwoTowerModule(RecipeModule):
                 f"two_tower_movielens config, or --data parquet --data.task retrieval for Parquet pairs); got "
                 f"{kind}. For click data use the dlrm or deepfm recipe"
             )
+        features = _parquet_feature_names(datamodule)
+        if features is None:
+            return
+        unknown = [n for n in self.candidate_feature_names if n not in features]
+        query = [n for n in features if n not in self.candidate_feature_names]
+        if unknown or not query or not self.candidate_feature_names:
+            problem = (
+                f"names features {unknown} the data does not have"
+                if unknown
+                else "leaves the query tower no feature"
+                if not query
+                else "is empty: the candidate tower has no feature"
+            )
+            raise ValueError(
+                f"--model.candidate_feature_names {self.candidate_feature_names} {problem}; the data's sparse "
+                f"features are {features}: name the candidate (item) tower's features among them, the others "
+                "feed the query tower"
+            )
 
     def build_model(self, embedding_bag_collection: nn.Module) -> nn.Module:
         """The model around the given tables (``RecModule`` hands in the collection for the strategy)."""
@@ -175,6 +194,14 @@ class TwoTowerModule(RecipeModule):
         """Score of each pair ``q_i . c_i`` ``[B]``."""
         query, candidate = self(batch.dense_features, batch.sparse_features)
         return (query * candidate).sum(dim=1)
+
+
+def _parquet_feature_names(datamodule: Any) -> list[str] | None:
+    """The sparse features of a ``ParquetDataModule`` (its spec, from the files' footers: ``lightrec run``
+    built it checking the data); ``None`` for other data, whose features are fixed (MovieLens')."""
+    if not isinstance(datamodule, ParquetDataModule):
+        return None
+    return [f.name for f in datamodule.spec.sparse]
 
 
 def _check_no_ctr_metrics(rec_module_kwargs: dict[str, Any]) -> None:

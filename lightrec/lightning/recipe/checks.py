@@ -24,7 +24,7 @@ import os
 import re
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,9 +111,19 @@ def _check_config_files(args: list[str], configs_dir: Path) -> None:
             )
 
 
+_LINK_FAILED = re.compile(r"^Call to compute_fn of link '[^']*' with args .*?\) failed: ", re.DOTALL)
+
+
 def condense_error(message: str) -> str:
     """jsonargparse's multi-line union error -> ``key: reason`` on one line (the class's own message kept)."""
+    # An error of the DataModule raised while the CLI computes a linked value (``dense_width_of(data)``
+    # reads the Parquet schema: a missing column, no files): the class's message, without jsonargparse's
+    # "Call to compute_fn of link ... with args ({Train dataloader: None}; ...) failed:" around it.
+    message = _LINK_FAILED.sub("", message, count=1)
     key = re.search(r'Parser key "([^"]+)"', message)
+    # A value a class's parser refused (``--data.id_mapping managd`` under ``--data parquet``): jsonargparse
+    # names the outer key ("data") and, nested under "Problem with given class_path", the class's own key.
+    nested = re.search(r'Problem with given class_path [^\n]*\n\s*Parser key "([^"]+)"', message)
     given = re.search(r"^\s*Given value: (.+)$", message, re.MULTILINE)
     reasons = []
     for line in message.splitlines():
@@ -129,7 +139,8 @@ def condense_error(message: str) -> str:
     value = given.group(1).strip() if given else ""
     if value and "Got value" not in reason and value not in reason and not value.startswith("Namespace("):
         reason += f", got {value!r}"  # "Expected a <class 'int'>" alone hid what was typed
-    return f"--{key.group(1)}: {reason}" if key else reason
+    name = f"{key.group(1)}.{nested.group(1)}" if key and nested else key.group(1) if key else ""
+    return f"--{name}: {reason}" if name else reason
 
 
 def _known_keys(parser: object, data_class: type | None) -> list[str]:
@@ -152,9 +163,21 @@ def _unknown_key_hint(message: str, user_args: list[str], known: list[str]) -> s
     return ""
 
 
-def _data_class(config: Any) -> type | None:
+def _data_class_path(args: list[str]) -> str | None:
+    """The DataModule class the command line picks (``--data parquet`` resolved, ``--data.class_path X``),
+    the last one given; ``None`` when it picks none (the config's then)."""
+    found = None
+    for i, arg in enumerate(args):
+        key, eq, value = arg.partition("=")
+        if key in ("--data", "--data.class_path"):
+            value = value if eq else args[i + 1] if i + 1 < len(args) else ""
+            found = value if value and not value.startswith(("-", "{")) else found
+    return found
+
+
+def _data_class(config: Any, args: Sequence[str] = ()) -> type | None:
     data = config.get("data") if hasattr(config, "get") else None
-    class_path = getattr(data, "class_path", None) or (
+    class_path = _data_class_path(list(args)) or getattr(data, "class_path", None) or (
         data.get("class_path") if isinstance(data, dict) else None
     )
     if not isinstance(class_path, str):
@@ -242,7 +265,7 @@ def check_recipe_args(
         try:
             with _quiet():
                 base = _build(cli_class, model_class, _config_only(body))
-            hint = _unknown_key_hint(str(exc), body, _known_keys(base.parser, _data_class(base.config)))
+            hint = _unknown_key_hint(str(exc), body, _known_keys(base.parser, _data_class(base.config, body)))
         except Exception:  # the config alone fails: the message above says why
             pass
         raise RecipeArgumentError(hint or message) from exc
