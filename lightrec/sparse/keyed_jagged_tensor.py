@@ -187,10 +187,16 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         keys = list(jt_dict.keys())
         if len(keys) == 0:
             return KeyedJaggedTensor.empty()
-        jts = [jt_dict[k] for k in keys]
+        jt_values: List[torch.Tensor] = []
+        jt_weights: List[Optional[torch.Tensor]] = []  # typed: TorchScript warns on a comprehension
+        jt_lengths: List[torch.Tensor] = []
+        for k in keys:
+            jt = jt_dict[k]
+            jt_values.append(jt.values())
+            jt_weights.append(jt.weights_or_none())
+            jt_lengths.append(jt.lengths())
         values, weights, lengths, stride, stride_per_key_per_rank = kjt_transforms.stack_features(
-            keys, [jt.values() for jt in jts], [jt.weights_or_none() for jt in jts], [jt.lengths() for jt in jts],
-            variable_batch,
+            keys, jt_values, jt_weights, jt_lengths, variable_batch
         )
         kjt = KeyedJaggedTensor._build(keys, values, weights, lengths, stride, stride_per_key_per_rank, None, None)
         return kjt.sync()

@@ -77,7 +77,10 @@ def stack_features(
             break
     weighted = [w is not None for w in weights]
     if any(weighted) and not all(weighted):
-        missing = [k for k, w in zip(keys, weighted) if not w]
+        missing: List[str] = []  # a loop: TorchScript compiles no comprehension with an ``if``
+        for k, has_weights in zip(keys, weighted):
+            if not has_weights:
+                missing.append(k)
         raise SparseValueError(
             f"from_jt_dict: features {missing} have no weights while others do; weight all or none"
         )
