@@ -421,7 +421,8 @@ def _check_destination(path: Path) -> None:
 def _write_atomically(path: Path, write: Callable[[Path], object]) -> None:
     """``write`` a temporary file next to ``path``, then move it onto ``path`` (``os.replace``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    # the suffix kept last: torch.export.save warns about an archive name not ending in .pt2
+    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")
     try:
         write(tmp)
         os.replace(tmp, path)
