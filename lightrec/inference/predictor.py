@@ -350,7 +350,8 @@ def shown(value: object, limit: int = _SHOWN_CHARS) -> object:
     ``limit`` characters, else the start of its text and its length -- a 1 MB list is not echoed.
 
     NaN and infinities are not JSON: they come back as their JSON spellings (``"NaN"``, ``"Infinity"``),
-    so an error body stays strict JSON. A value nested too deeply to print is named, not printed.
+    so an error body stays strict JSON. A value nested too deeply, or an int too long, to print is named, not
+    printed.
     """
     if isinstance(value, float) and not math.isfinite(value):
         return json.dumps(value)  # NaN, Infinity, -Infinity: how the client wrote them
@@ -368,6 +369,8 @@ def shown(value: object, limit: int = _SHOWN_CHARS) -> object:
         whole = text if text is not None else repr(value)
     except RecursionError:
         return f"(a {type(value).__name__} nested too deeply to show)"
+    except ValueError:  # an int past the digits Python prints (sys.get_int_max_str_digits): a sum of client numbers
+        return f"(an int of {value.bit_length()} bits)" if isinstance(value, int) else f"(a {type(value).__name__} too large to show)"
     return whole if len(whole) <= limit else whole[:limit] + f"... ({len(whole)} characters)"
 
 

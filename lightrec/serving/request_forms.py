@@ -242,7 +242,7 @@ def _add_feature(predictor: Predictor, columns: SampleColumns, feature: str, par
     total = sum(lengths)
     if not isinstance(ids, list) or len(ids) != total:
         got = len(ids) if isinstance(ids, list) else type(ids).__name__
-        return Rejected(422, f"'batch.ids.{feature}' must hold sum(lengths) = {_count(total)} ids, got {got}",
+        return Rejected(422, f"'batch.ids.{feature}' must hold sum(lengths) = {_shown(total)} ids, got {got}",
                         None, f"batch.ids.{feature}", got)
     if not predictor.ids_in_range(feature, ids):  # find the sample of the offender; its message is Predictor's
         start = 0
@@ -266,14 +266,6 @@ def _add_feature(predictor: Predictor, columns: SampleColumns, feature: str, par
         return Rejected(422, "'batch.weights' given but the model is not weighted; drop them", None,
                         f"batch.weights.{feature}", None)
     return None
-
-
-def _count(n: int) -> str:
-    """A count computed from a client's numbers (a sum of lengths), as the message shows it: truncated like any
-    shown value, and named, not printed, past the digits Python turns into text (a sum of 4300-digit lengths)."""
-    if n.bit_length() > 14_000:  # over ~4200 digits: str() may raise ValueError (sys.get_int_max_str_digits)
-        return f"(a number of {n.bit_length()} bits)"
-    return str(_shown(n))
 
 
 def _bad_weight(feature: str, weights: list[object], k: int, lengths: list[int]) -> Rejected:

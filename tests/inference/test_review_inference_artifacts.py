@@ -73,3 +73,11 @@ def test_export_to_a_folder_or_under_a_file_names_the_culprit_before_tracing(
     with pytest.raises(IsADirectoryError, match=f"'{tmp_path}' is a folder; give the artifact's file name"):
         export(dlrm(), tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+def test_shown_names_an_int_too_long_to_print() -> None:
+    """A computed int past Python's printable digits (a sum of client numbers) is named, not a ValueError."""
+    from lightrec.inference.predictor import shown
+
+    assert shown(10**5000) == f"(an int of {(10**5000).bit_length()} bits)"
+    assert str(shown(10**4000)).endswith("... (4001 characters)")  # printable: truncated as before
