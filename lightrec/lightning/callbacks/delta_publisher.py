@@ -76,17 +76,20 @@ STOP_SECONDS = 20.0  # on a SIGTERM stop, the bound on waiting for the version i
 logger = logging.getLogger(__name__)
 
 
-def _positive(name: str, value: float | None, integer: bool = True) -> None:
-    """``value`` is None or a number > 0 (an int where ``integer``): a step count given as ``"100"``, ``2.5``
-    or ``True`` used to fail later, at a comparison (``TypeError``) or in the writer (naming its ``retention``,
-    not ``keep``), or to be taken as a cadence of 1 (``True``)."""
-    if value is None:
-        return
-    kind = numbers.Integral if integer else numbers.Real
-    if isinstance(value, bool) or not isinstance(value, kind):
-        raise ValueError(f"DeltaPublisher({name}={value!r}): must be {'an int' if integer else 'a number'} > 0 "
-                         "(or None to turn it off)")  # fmt: skip
-    if not value > 0:
+def _count(name: str, value: int | None) -> int | None:
+    """``value`` as a plain int > 0, or None. A step count given as ``"100"``, ``2.5`` or ``True`` used to
+    fail later, at a comparison (``TypeError``) or in the writer (naming its ``retention``, not ``keep``),
+    or to be taken as a cadence of 1 (``True``); a numpy int is taken (the writer checks for ``int``)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+        raise ValueError(f"DeltaPublisher({name}={value!r}): must be an int > 0 (or None to turn it off)")
+    _positive(name, value)
+    return None if value is None else int(value)
+
+
+def _positive(name: str, value: float | None) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+        raise ValueError(f"DeltaPublisher({name}={value!r}): must be a number > 0 (or None to turn it off)")
+    if value is not None and not value > 0:
         raise ValueError(f"DeltaPublisher({name}={value!r}): must be > 0 (or None to turn it off)")
 
 
@@ -138,15 +141,13 @@ class DeltaPublisher(pl.Callback):
     ) -> None:
         if every_n_steps is None and every_seconds is None:
             raise ValueError("DeltaPublisher needs a cadence: every_n_steps=N and/or every_seconds=S")
-        for name, value in (("every_n_steps", every_n_steps), ("every_seconds", every_seconds),
-                            ("snapshot_every", snapshot_every), ("dense_every", dense_every), ("keep", keep)):  # fmt: skip
-            _positive(name, value, integer=name != "every_seconds")
+        _positive("every_seconds", every_seconds)
         self.dirpath = None if dirpath is None else Path(dirpath)
-        self.every_n_steps = None if every_n_steps is None else int(every_n_steps)  # numpy ints: the writer's own
+        self.every_n_steps = _count("every_n_steps", every_n_steps)
         self.every_seconds = every_seconds
-        self.snapshot_every = None if snapshot_every is None else int(snapshot_every)
-        self.dense_every = None if dense_every is None else int(dense_every)
-        self.keep = None if keep is None else int(keep)
+        self.snapshot_every = _count("snapshot_every", snapshot_every)
+        self.dense_every = _count("dense_every", dense_every)
+        self.keep = _count("keep", keep)
         self.row_format = row_format
         self.model_attr = model_attr
         self.background = background
