@@ -17,21 +17,26 @@ import pytest
 from lightrec.cli import main
 
 
-@pytest.fixture(scope="module")
-def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def _write_logs(folder: Path, third: str) -> Path:
+    """256 rows of ``user_id``, ``item_id``, ``third`` (``price`` floats or ``item_genre`` ids) and ``click``
+    in one Parquet file of ``folder``; every click 1 for retrieval pairs (``item_genre``)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    folder = tmp_path_factory.mktemp("logs")
     rng = np.random.default_rng(0)
     n = 256
-    table = pa.table({
-        "user_id": rng.integers(0, 50, n), "item_id": rng.integers(0, 30, n),
-        "price": rng.random(n), "click": (rng.random(n) < 0.3).astype(np.int64),
-    })  # fmt: skip
-    pq.write_table(table, folder / "part-000.parquet")
+    columns = {"user_id": rng.integers(0, 50, n), "item_id": rng.integers(0, 30, n)}
+    pairs = third == "item_genre"
+    columns[third] = rng.integers(0, 19, n) if pairs else rng.random(n)
+    columns["click"] = np.ones(n, np.int64) if pairs else (rng.random(n) < 0.3).astype(np.int64)
+    pq.write_table(pa.table(columns), folder / "part-000.parquet")
     return folder
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _write_logs(tmp_path_factory.mktemp("logs"), "price")
 
 
 # (options after `lightrec run dlrm --data parquet --data.path LOGS --data.label click`, the error line)
@@ -78,19 +83,7 @@ def test_the_data_class_of_the_command_line_gives_the_known_keys() -> None:
 
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    folder = tmp_path_factory.mktemp("pairs")
-    rng = np.random.default_rng(0)
-    n = 256
-    table = pa.table({
-        "user_id": rng.integers(0, 50, n), "item_id": rng.integers(0, 30, n),
-        "item_genre": rng.integers(0, 19, n), "click": np.ones(n, np.int64),
-    })  # fmt: skip
-    pq.write_table(table, folder / "part-000.parquet")
-    return folder
+    return _write_logs(tmp_path_factory.mktemp("pairs"), "item_genre")
 
 
 @pytest.mark.parametrize(
