@@ -23,7 +23,10 @@ tag (``prefix="online/"``)  value
 ``online/<metric>``         any other of ``metrics`` (``calibration``, ``ctr``, ``accuracy``)
 ==========================  ============================================================
 
-The window is not part of a checkpoint: a resumed run refills it from its first batch.
+The windows are part of a checkpoint (the callback's ``state_dict``: every rank's window, gathered,
+as plain tensors), so a run resumed on the same number of ranks logs the figures the uninterrupted
+run would have; resumed with another ``window`` or number of ranks, the window starts empty (with a
+warning).
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+import torch.distributed as dist
+from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 from typing_extensions import override
 
@@ -59,6 +64,9 @@ class ProgressiveValidation(pl.Callback):
         TypeError: (during training) the training step did not return its logits.
     """
 
+    #: the ``SlidingWindow`` states a checkpoint keeps, per metric
+    _STATES = ("window_preds", "window_labels", "window_weights", "window_seen")
+
     def __init__(
         self,
         window: int = 100_000,
@@ -82,6 +90,65 @@ class ProgressiveValidation(pl.Callback):
         self.metrics: dict[str, SlidingWindow] = {}
         #: The values logged last (every rank).
         self.last_metrics: dict[str, float] = {}
+        self._loaded: dict[str, Any] | None = None  # a checkpoint's windows, applied when training starts
+
+    @property
+    @override
+    def state_key(self) -> str:
+        # two instances (other windows or metrics) keep their own windows in one checkpoint
+        return self._generate_state_key(window=self.window, metrics=self.metric_names, prefix=self.prefix)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        """Every rank's windows (``[world_size, per-rank window]`` CPU tensors; a collective under
+        torch.distributed: Lightning calls it on every rank when it saves a checkpoint)."""
+        if not self.metrics:
+            return {}
+        distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        windows: dict[str, dict[str, torch.Tensor]] = {}
+        for name, metric in self.metrics.items():
+            windows[name] = {}
+            for state in self._STATES:
+                local = getattr(metric, state)
+                if distributed:
+                    parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+                    dist.all_gather(parts, local.contiguous())
+                    gathered = torch.stack(parts)
+                else:
+                    gathered = local.unsqueeze(0)
+                windows[name][state] = gathered.detach().cpu().clone()
+        return {"windows": windows, "last_metrics": dict(self.last_metrics)}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Keeps a checkpoint's windows; they replace the empty windows when training starts."""
+        windows = state_dict.get("windows")
+        if not isinstance(windows, dict):
+            raise TypeError(
+                f"ProgressiveValidation.load_state_dict(state_dict=...) needs the dict its state_dict() returned "
+                f"(with 'windows'), got keys {sorted(map(str, state_dict))}"
+            )
+        self._loaded = state_dict
+
+    def _restore(self, trainer: pl.Trainer) -> None:
+        loaded, self._loaded = self._loaded, None
+        if loaded is None:
+            return
+        windows, world, rank = loaded["windows"], max(trainer.world_size, 1), trainer.global_rank
+        for name, metric in self.metrics.items():
+            saved = windows.get(name)
+            shape = None if saved is None else tuple(saved["window_preds"].shape)
+            if shape != (world, metric.window):
+                rank_zero_warn(
+                    f"ProgressiveValidation: the checkpoint's {name!r} window ({shape}: ranks x samples) does not "
+                    f"match this run's ({world}, {metric.window}); it starts empty",
+                    category=UserWarning,
+                )
+                continue
+            for state in self._STATES:
+                target = getattr(metric, state)
+                target.copy_(saved[state][rank].to(device=target.device, dtype=target.dtype))
+        self.last_metrics = {str(k): float(v) for k, v in loaded.get("last_metrics", {}).items()}
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -95,6 +162,7 @@ class ProgressiveValidation(pl.Callback):
         for metric in self.metrics.values():
             metric.reset()
             metric.to(pl_module.device)
+        self._restore(trainer)  # a resumed fit: the checkpoint's windows
 
     @override
     def on_train_batch_end(
