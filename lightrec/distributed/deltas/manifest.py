@@ -231,7 +231,7 @@ class Manifest:
                     str(n): FileRecord(_int(r["bytes"], f"files.{n}.bytes"), str(r["sha256"]))
                     for n, r in dict(raw["files"]).items()
                 },
-                checksum=None if raw.get(MANIFEST_CHECKSUM) is None else str(raw[MANIFEST_CHECKSUM]),
+                checksum=_checksum(raw),
             )
         except DeltaFormatError:
             raise
@@ -264,6 +264,21 @@ class Manifest:
         expected = ({ROWS_FILE} if any(self.rows.values()) else set()) | ({DENSE_FILE} if self.dense else set())
         if set(self.files) != expected:
             raise DeltaFormatError(f"files lists {sorted(self.files)}, expected {sorted(expected)}")
+
+
+def _checksum(raw: dict[str, object]) -> str | None:
+    """The ``manifest_sha256`` a manifest carries; None only when the key is absent (written before it
+    existed). A key that is there must hold the checksum: ``null`` or a number is a damaged (or edited)
+    manifest, not an old one, and would otherwise skip the check."""
+    if MANIFEST_CHECKSUM not in raw:
+        return None
+    value = raw[MANIFEST_CHECKSUM]
+    if not isinstance(value, str):
+        raise DeltaFormatError(
+            f"{MANIFEST_CHECKSUM} must be the SHA-256 of the manifest's fields (a hex str), got {value!r}; the "
+            "manifest was damaged or edited after it was written: publish the version again, or read another one"
+        )
+    return value
 
 
 def _int(value: object, field: str) -> int:
