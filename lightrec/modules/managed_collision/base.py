@@ -196,8 +196,9 @@ class ManagedCollisionModule(nn.Module, abc.ABC):
         """``values`` (``[N]`` raw ids, after ``preprocess``) as this table maps them.
 
         Ids in ``[0, input_size())`` pass unchanged. torchrec's modules take any int64, so by default
-        an id outside is folded into the id space (``id mod input_size()``; ``2**63 - 1`` for the
-        hash module's unbounded 0) with one warning per table; with the strict checks on
+        an id outside is folded into the id space (``id mod input_size()``; for the hash module's
+        unbounded 0, whose ids are all of ``[0, 2**63)``, a negative id ``mod 2**63 - 1``) with one
+        warning per table; with the strict checks on
         (``lightrec.modules.feature_checks.set_strict_checks(True)``) :meth:`check_ids` raises.
         """
         if values.numel() == 0 or ids_in_range(values, self.input_size()):
@@ -205,13 +206,16 @@ class ManagedCollisionModule(nn.Module, abc.ABC):
         if strict_checks_enabled():
             self.check_ids(values, features)
         limit = self.input_size() or _INT64_ID_SPACE
+        folded = torch.remainder(values, limit)
+        if self.input_size() == 0:  # 2**63 - 1 is an id of the unbounded space: only negative ids fold
+            folded = torch.where(values < 0, folded, values)
         warnings.warn(
             f"managed-collision table {self.table_name!r} got raw ids outside [0, {limit}): folded into it "
             f"(id mod {limit}), as torchrec takes any id; set_strict_checks(True) makes them an error",
             UserWarning,
             stacklevel=2,
         )
-        return torch.remainder(values, limit)
+        return folded
 
     def slot_state(self) -> dict[str, torch.Tensor]:
         """``{buffer name: [output_size()] tensor}`` of the per-row state saved with the table."""

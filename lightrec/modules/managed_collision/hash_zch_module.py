@@ -5,7 +5,8 @@ Each raw id is routed to a bucket (``TrainInputMapper``: ``id // ceil(input_hash
 of the table; training inserts it in the first free (or expired) probed slot, lookups find it there
 (:mod:`lightrec.modules.managed_collision.hash_zch_probe`). State: ``_hash_zch_identities`` ``[Z, 1]`` (the id in each
 slot, ``-1`` empty) and, with eviction, ``_hash_zch_metadata`` ``[Z, 1]`` -- torchrec's names and
-layout, so its state dicts load; both are per row, so they shard and reshard with the table.
+layout, so its state dicts load; both are per row, so they shard and reshard with the table -- and
+``_current_iter_tensor`` ``[1]``, the training steps taken (replicated when sharded; optional on load).
 
 Where torchrec needs fbgemm's CUDA kernel to train (its CPU op is lookup-only), this runs on any
 device; new ids racing for a slot are seated smallest first (deterministic). ``opt_in_prob`` draws
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -107,6 +109,12 @@ class HashZchManagedCollisionModule(ManagedCollisionModule):
             of the rows at the end of each bucket (-1: admit all).
         percent_reserved_slots: see ``opt_in_prob``.
 
+    State dict: ``_hash_zch_identities``, ``_hash_zch_metadata`` (with eviction) -- torchrec's keys --
+    and ``_current_iter_tensor`` ``[1]``, the training steps taken, which seed the re-initialisation of
+    evicted rows: a module restored from a checkpoint continues exactly as an uninterrupted run. A
+    state dict saved without it (by torchrec, or by lightrec before it was saved) still loads, also
+    strictly, and leaves the module's step count as it was (0 for a fresh module).
+
     Raises:
         ValueError: sizes that are not positive, ``zch_size`` not a multiple of the buckets,
             ``start_bucket`` / ``end_bucket`` outside ``[0, total_num_buckets]`` or not holding
@@ -115,6 +123,8 @@ class HashZchManagedCollisionModule(ManagedCollisionModule):
 
     IDENTITY_BUFFER = "_hash_zch_identities"
     METADATA_BUFFER = "_hash_zch_metadata"
+    ITER_BUFFER = "_current_iter_tensor"
+    _current_iter_tensor: torch.Tensor
     _output_segments: list[int]  # always set by the constructor (the base allows None)
 
     def __init__(
@@ -195,8 +205,10 @@ class HashZchManagedCollisionModule(ManagedCollisionModule):
         self._output_global_offset = start
         self._evicted: list[torch.Tensor] = []
         # Training steps taken: seeds the fresh values of evicted rows (a constant seed would give every
-        # step's evicted rows the same values). Not saved: torchrec's state dict keys are kept.
+        # step's evicted rows the same values). Saved as ``_current_iter_tensor`` (MCH's key, replicated
+        # when sharded) so a restored run re-initialises as an uninterrupted one; the int is its copy.
         self._current_iter = 0
+        self.register_buffer(self.ITER_BUFFER, torch.zeros(1, dtype=torch.int64, device=dev))
         self._stats = {"lookups": 0.0, "default_lookups": 0.0, "inserted": 0.0, "evicted": 0.0}
         if is_inference:
             self.eval()
@@ -236,9 +248,29 @@ class HashZchManagedCollisionModule(ManagedCollisionModule):
         return (self._hash_zch_identities == EMPTY_IDENTITY).sum().reshape(1).cpu()
 
     def validate_state(self) -> None:
-        """Nothing is derived from the state; identities are checked to be ids or -1."""
+        """Identities are checked to be ids or -1; the step count is read from its saved buffer."""
         if self._hash_zch_identities.device.type != "meta":
             self._check_identities(self._hash_zch_identities)
+        self._sync_iteration()
+
+    def _sync_iteration(self) -> None:
+        counter = self._current_iter_tensor
+        if counter.device.type != "meta":
+            self._current_iter = int(counter.item())
+
+    def _load_from_state_dict(
+        self, state_dict: Mapping[str, Any], prefix: str, local_metadata: dict[str, Any], strict: bool,
+        missing_keys: list[str], unexpected_keys: list[str], error_msgs: list[str],
+    ) -> None:  # fmt: skip
+        key = prefix + self.ITER_BUFFER
+        absent = key not in state_dict
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)  # fmt: skip
+        if absent:  # saved by torchrec or before the count was saved: the count stays as it is
+            if key in missing_keys:
+                missing_keys.remove(key)
+            return
+        self._sync_iteration()
 
     def _check_identities(self, identities: torch.Tensor) -> None:
         if bool((identities < EMPTY_IDENTITY).any()):
@@ -322,6 +354,7 @@ class HashZchManagedCollisionModule(ManagedCollisionModule):
                 if src is not None and src.device.type != "meta":
                     buf.copy_(src[start : start + self._zch_size])
         self._current_iter = other._current_iter
+        self._current_iter_tensor.fill_(other._current_iter)
 
     @torch.no_grad()
     def remap_values(self, values: torch.Tensor, feature_splits: list[int] | None = None) -> torch.Tensor:
@@ -335,6 +368,7 @@ class HashZchManagedCollisionModule(ManagedCollisionModule):
         training = self.training and not self._is_inference
         if training:  # (before the empty-batch return: every rank holding rows counts every step)
             self._current_iter += 1
+            self._current_iter_tensor.fill_(self._current_iter)
         if values.numel() == 0:
             return values
         # Distinct *raw* ids, then their stored form: with inference_dispatch_div_train_world_size two

@@ -67,9 +67,11 @@ class _BucketedRemapper(nn.Module):
     def _fold(self, values: torch.Tensor) -> torch.Tensor:
         """Ids folded into the id space (``id mod input_hash_size``; ``2**63 - 1`` when unbounded), as
         the trained module's ``admit_ids`` folds them: an id outside the space gets the row the float
-        module in eval mode gives it (in-range ids are unchanged)."""
-        space = self.input_hash_size if self.input_hash_size > 0 else 9223372036854775807
-        return torch.remainder(values, space)
+        module in eval mode gives it (in-range ids are unchanged: the unbounded space holds every id
+        ``>= 0``, ``2**63 - 1`` too, so only negative ids fold there)."""
+        if self.input_hash_size > 0:
+            return torch.remainder(values, self.input_hash_size)
+        return torch.where(values < 0, torch.remainder(values, 9223372036854775807), values)
 
     def _local_bucket(self, values: torch.Tensor, served: int) -> torch.Tensor:
         """The bucket of each id among the ``served`` ones of this module ``[N]`` (clamped into range)."""

@@ -31,7 +31,7 @@ def test_new_ids_get_distinct_rows_in_their_bucket_and_keep_them() -> None:
     assert bool((rows[:3] < 20).all()) and bool((rows[3:6] >= 20).all())  # bucket 0: rows 0-19, bucket 1: 20-39
     assert torch.equal(module.remap_values(ids), rows)
     assert torch.equal(module.eval().remap_values(ids), rows)
-    assert set(module.state_dict()) == {"_hash_zch_identities"}
+    assert set(module.state_dict()) == {"_hash_zch_identities", "_current_iter_tensor"}
     assert module.state_dict()["_hash_zch_identities"].shape == (40, 1)
 
 
