@@ -18,11 +18,20 @@ ADAGRAD            ``s += g*g; w -= lr * g / (sqrt(s) + eps)``  (state ``[rows, 
 ROWWISE_ADAGRAD    ``m += mean(g*g); w -= lr * g / (sqrt(m) + eps)``  (state ``[rows]``)
 ADAM               ``m1 = b1*m1 + (1-b1)*g; m2 = b2*m2 + (1-b2)*g*g;``
                    ``w -= lr * (m1/(1-b1^t)) / (sqrt(m2/(1-b2^t)) + eps)``; ``t`` counts backward
-                   passes of the module (not per row), as in fbgemm
+                   passes of the module (not per row), as in fbgemm (see "Step count" below)
 LAMB, LARS_SGD,    fbgemm's rules, written once in :mod:`lightrec.optim.row_rules` (per-row trust
 PARTIAL_ROWWISE_*  ratios; ``momentum2`` of the partial row-wise ones is ``[rows]``); their
                    ``weight_decay`` enters their own formula, ``weight_decay_mode`` is not used
 =================  ==============================================================================
+
+Step count ``t`` (Adam, LAMB, partial row-wise): one counter per lookup module (every table of it),
+advanced once by every training step whose backward reaches the module -- also a step that looks
+up no id of a table, and one whose batch has no samples. That is fbgemm's TBE ``iter`` (global to
+the module, advanced on every training lookup) and also what ``torch.optim.Adam`` and
+``torch.optim.SparseAdam`` do for the table's parameter: they advance ``state["step"]`` whenever
+the parameter has a gradient, and a batch without ids still gives one (zeros, or an empty sparse
+tensor). Only the rows a batch looks up, and their moments, change; dense Adam would also move
+every row by its decaying moments.
 
 Weight decay: ``"l2"`` adds ``weight_decay * w`` to ``g`` first (torch's ``weight_decay``);
 ``"decoupled"`` multiplies the row by ``1 - lr * weight_decay`` (AdamW, fbgemm's ``DECOUPLE``).
@@ -264,6 +273,12 @@ def optimizer_class_to_spec(optimizer_class: type, optimizer_kwargs: Mapping[str
     lightrec's (torchrec's) ``LAMB``, ``PartialRowWiseLAMB``, ``PartialRowWiseAdam``, ``LarsSGD`` map
     over; anything else raises ``ValueError`` saying what is supported.
     """
+    if not isinstance(optimizer_class, type):
+        raise TypeError(
+            f"optimizer_class must be an optimizer class such as torch.optim.Adam, got "
+            f"{type(optimizer_class).__name__} {' '.join(repr(optimizer_class).split())[:80]}; pass a "
+            "FusedOptimizerSpec or a fused_params dict as fused_params=... instead"
+        )
     kw = dict(optimizer_kwargs)
     lr = kw.pop("lr", None)
 

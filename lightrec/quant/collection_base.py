@@ -41,7 +41,9 @@ from lightrec.sparse import KeyedJaggedTensor
 __all__ = [
     "CACHE_FEATURES_ORDER_ATTR",
     "QUANT_KERNELS",
+    "ROW_FORMATS_METADATA_KEY",
     "QuantCollectionBase",
+    "QuantRowFormatError",
     "QuantTable",
     "quant_tables",
     "resolve_quant_kernel",
@@ -54,6 +56,56 @@ QUANT_KERNELS = KERNEL_BACKENDS
 #: The attribute ``quant_prep_enable_cache_features_order`` sets on float collections; ``from_float``
 #: turns it into the quantized collection's ``cache_features_order``.
 CACHE_FEATURES_ORDER_ATTR = "cache_features_order"
+
+#: The entry of a quantized collection's state-dict metadata (``state_dict._metadata[<collection
+#: prefix>]``) that records each table's row format, ``{table: "INT8" | "INT4" | "FP16"}``: the
+#: ``uint8`` buffers alone do not say it (an int4 and an int8 table of the same width often have the
+#: same ``row_bytes``), so ``load_state_dict`` reads it to refuse rows of another format.
+ROW_FORMATS_METADATA_KEY = "lightrec_row_formats"
+
+
+class QuantRowFormatError(ValueError):
+    """A state dict's table rows are not in the format the quantized collection stores them in."""
+
+
+def _record_row_formats(
+    module: "QuantCollectionBase", state_dict: dict[str, Any], prefix: str, local_metadata: dict[str, Any]
+) -> None:
+    """State-dict post hook: note every table's row format in the collection's metadata."""
+    local_metadata[ROW_FORMATS_METADATA_KEY] = {t.name: t.data_type.value for t in module._configs}
+
+
+def _check_row_formats(
+    module: "QuantCollectionBase",
+    state_dict: Mapping[str, Any],
+    prefix: str,
+    local_metadata: Mapping[str, Any],
+    *args: object,
+) -> None:
+    """Load pre hook: refuse, before any table is written, rows that are not this module's.
+
+    Runs before the collection's tables load (they are its children), so a refused load leaves
+    every table as it was. A state dict without the metadata (a plain ``dict`` copy, or one saved
+    before the formats were recorded) is checked for the ``uint8`` dtype only.
+    """
+    saved: Mapping[str, object] = local_metadata.get(ROW_FORMATS_METADATA_KEY) or {}
+    own = type(module).__name__
+    for t in module._configs:
+        key = f"{prefix}{module.TABLES_ATTR}.{t.name}.weight"
+        value = state_dict.get(key)
+        if isinstance(value, torch.Tensor) and value.dtype != torch.uint8:
+            raise QuantRowFormatError(
+                f"state_dict[{key!r}] (table {t.name!r}) is {value.dtype}, but {own} stores the table as "
+                f"{t.data_type.value} rows in uint8; load a state dict of a quantized collection, or quantize "
+                f"float weights with {own}.from_float(module, ..., state_dict=...)"
+            )
+        fmt = saved.get(t.name)
+        if value is not None and fmt is not None and fmt != t.data_type.value:
+            raise QuantRowFormatError(
+                f"state_dict[{key!r}]: table {t.name!r} was saved as {fmt} rows, but this {own} stores it as "
+                f"{t.data_type.value} (the bytes would be misread); build the module with "
+                f"per_table={{{t.name!r}: {str(fmt).lower()!r}}} to load it, or quantize the float weights again"
+            )
 
 
 def resolve_quant_kernel(kernel_backend: str, device: torch.device | str | None) -> str:
@@ -266,6 +318,10 @@ class QuantCollectionBase(nn.Module):
         self._cached_keys: List[str] = []
         self._cached_order: List[int] = []
         self._cached_order_tensor: torch.Tensor | None = None
+        # The buffers do not say their row format: the state dict's metadata does (see
+        # ROW_FORMATS_METADATA_KEY), and a load checks it before writing any table.
+        self.register_state_dict_post_hook(_record_row_formats)
+        self.register_load_state_dict_pre_hook(_check_row_formats)
 
     def _in_feature_order(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
         """``features`` with its keys in ``_feature_order`` (the key permutation is cached when
