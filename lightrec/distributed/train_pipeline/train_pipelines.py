@@ -33,6 +33,12 @@ on CPU there are no streams. ``StopIteration`` is raised by the first ``progress
 ran out: with ``execute_all_batches`` (default) once every fetched batch was trained, without it
 as soon as the iterator is exhausted (the batches in flight are dropped, as torchrec does).
 Either pipeline, and ``TrainPipelineBase``, then reads a new iterator (the next epoch) from its start.
+
+A ``progress`` whose forward or backward raises leaves its batch at the head: the next call trains
+it again, then the batches already read after it (none is lost, and a retry reads no further). On
+several ranks every rank must read the same number of batches (every step is collective): a rank
+with fewer batches stops while the others exchange their next batch's ids, and the transport
+reports the ranks' disagreement (or the collective times out) rather than training past it.
 """
 
 from __future__ import annotations
@@ -115,6 +121,9 @@ class TrainPipelineBase(TrainPipeline[In, Out]):
     ) -> None:
         self._bind_model(model, optimizer, device, custom_model_fwd)
         self._cur: Any = None  # the next batch to train, on the device (None: none read yet)
+        # The batch read after ``_cur`` by a step whose forward or backward raised: the retry of
+        # ``_cur`` trains it next instead of reading another (it was read from the iterator already).
+        self._read_ahead: tuple[In | None] | None = None
 
     def _copy(self, batch: In) -> In:
         if self._memcpy_stream is None:
@@ -124,21 +133,30 @@ class TrainPipelineBase(TrainPipeline[In, Out]):
 
     def progress(self, dataloader_iter: Iterator[In]) -> Out:
         """One step on the batch read by the previous call (the first call reads it now) while the
-        next one is read and copied; ``StopIteration`` once every batch was trained."""
+        next one is read and copied; ``StopIteration`` once every batch was trained. When the forward
+        or backward raises, the next call trains the same batch again (as
+        :class:`TrainPipelineSparseDist` does) and then the one read after it: no batch is lost."""
         if self._cur is None:
             first = self._next_batch(dataloader_iter)
             if first is None:
                 raise StopIteration
             self._cur = self._copy(first)
-        upcoming = self._next_batch(dataloader_iter)
+        if self._read_ahead is not None:  # a failed step read it already
+            (upcoming,), self._read_ahead = self._read_ahead, None
+        else:
+            upcoming = self._next_batch(dataloader_iter)
         training = self._model.training
-        if training:
-            self._optimizer.zero_grad()
         cur = self._cur
-        _wait_for_batch(cur, self._memcpy_stream)
-        losses, output = self._model_fwd(cur)
-        if training:
-            torch.sum(losses, dim=0).backward()
+        try:
+            if training:
+                self._optimizer.zero_grad()
+            _wait_for_batch(cur, self._memcpy_stream)
+            losses, output = self._model_fwd(cur)
+            if training:
+                torch.sum(losses, dim=0).backward()
+        except BaseException:
+            self._read_ahead = (upcoming,)
+            raise
         self._cur = self._copy(upcoming) if upcoming is not None else None
         if training:
             self._optimizer.step()
@@ -347,7 +365,8 @@ class TrainPipelineSparseDist(TrainPipeline[In, Out]):
         self._wait_for_batch()
         if len(self.batches) >= 2:
             self.start_sparse_data_dist(self.batches[1], self.contexts[1])
-        self.enqueue_batch(dataloader_iter)
+        if len(self.batches) < 3:  # 3: a step that raised read it already (the retry reads no more)
+            self.enqueue_batch(dataloader_iter)
         losses, output = self._model_fwd(self.batches[0])
         self._check_consumed(self.batches[0], self.contexts[0])
         if len(self.batches) >= 2:
