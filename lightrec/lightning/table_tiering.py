@@ -61,7 +61,9 @@ class TableTiering:
     def __post_init__(self) -> None:
         check_table_tier(self.tables_on)
         object.__setattr__(self, "cache_algorithm", coerce_algorithm(self.cache_algorithm))
-        self.tiering()  # validates the load factor
+        if self.cache_load_factor is not None:  # (in memory too: the value would be silently ignored)
+            TieringConfig(cache_load_factor=self.cache_load_factor)  # validates the load factor
+        self.tiering()
 
     @property
     def tiered(self) -> bool:

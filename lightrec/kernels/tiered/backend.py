@@ -39,6 +39,7 @@ from typing import ClassVar
 
 import torch
 
+from lightrec.kernels.input_checks import LookupInputChecker
 from lightrec.kernels.kernel_interface import (
     EmbeddingKernel,
     KernelConfig,
@@ -156,6 +157,9 @@ class TieredBatchedLookup:
         self._worker_bookkeeping = False  # the queued prefetches' bookkeeping runs on the worker (CPU, native)
         self.generation = 0  # bumped by invalidate(): a backward of an older lookup updates nothing
         self._stats = TieredCacheStats(cache_rows=sum(self.cache_rows))
+        # a prefetch's ids are checked as a lookup's are (a bad id would admit another table's row,
+        # or fail in the bookkeeping -- on the worker thread, breaking the table until a load)
+        self._prefetch_checker = LookupInputChecker(self.rows, self.ftm, self.names, "sync")
 
     def _row_state_layout(self) -> list[dict[str, tuple[tuple[int, ...], torch.dtype]]]:
         """Per table ``{state: (shape after the row dim, dtype)}`` of the cache kernel's row states."""
@@ -233,8 +237,14 @@ class TieredBatchedLookup:
                 )
                 break
             except CacheFullError:  # (refused: nothing changed) the oldest batch in flight's slots may be
-                if not self.in_flight.pin_oldest():  # holding back slots no batch in flight uses: pin them instead
+                if self.in_flight.pin_oldest():  # holding back slots no batch in flight uses: pin them instead
+                    continue
+                if not self._reservations:
                     raise
+                # a prefetched batch not looked up yet holds the room this lookup needs: a prefetch is
+                # best effort and never makes a lookup fail, so give its slots up (its own lookup, if
+                # it comes, admits its rows again)
+                self.in_flight.drop(self._reservations.popleft().hold, updated=False)
         transfer = Transfer()
         stats = self._stats
         for t, adm in admission.parts:
@@ -287,7 +297,8 @@ class TieredBatchedLookup:
             # this batch's prefetch is superseded by the lookup's own admission; another batch's stays
             # reserved for its own lookup, unless this one trains (the prefetches no longer follow the
             # lookups: the oldest is dropped, as ever, so they cannot pile up)
-            if reserved is not None and (prefetched or training):
+            queued = bool(self._reservations) and self._reservations[0] is reserved  # (not given up since)
+            if reserved is not None and (prefetched or training) and queued:
                 self.in_flight.drop(self._reservations.popleft().hold, updated=False)
         slots = hold.slots
         local = slots if self._slot_shift is None else slots - self._shift(self._slot_shift, offsets, batch.batch_size, slots.numel())
@@ -312,11 +323,21 @@ class TieredBatchedLookup:
         with the copies, while the current batch trains; then the releases of the current batch's
         backward queue behind it (:meth:`_release`), so the decisions are the ones made on the
         training thread, in the same order.
+
+        A prefetched batch's slots are given up again when a lookup of another batch needs the room
+        (a prefetch never makes a lookup fail).
+
+        Raises:
+            EmbeddingIdError: an id outside its feature's table (checked as a lookup's ids are,
+                before anything changes).
+            ValueError: ``offsets`` of the wrong length for the kernel's features.
         """
         self.queue.check()
+        checker = self._prefetch_checker
+        batch = checker.check_shapes(indices, offsets, None)
         if not self.tiering.prefetch or indices.numel() == 0:
             return
-        batch = (offsets.numel() - 1) // max(len(self.ftm), 1)
+        checker.check_values(indices, offsets, batch)
         # a copy: the caller may refill its id buffer while the worker reads this one
         global_rows = self._global_rows(indices, offsets.long(), batch).clone()
         tick = self.index.tick + 1
