@@ -256,6 +256,14 @@ class FbgemmBatchedLookup(LayoutGatedKernel):
                     "build it with device=... (or pass kernel_backend='torch', which can be moved)"
                 )
 
+    def count_step(self) -> None:
+        """A fused backward of no samples: the TBE's ``iter`` advances as its training forward does."""
+        if self._fused.uses_step:
+            self.tbe.iter.add_(1)  # what checkpoints save
+            # the host copy fbgemm computes with; while it is 0 fbgemm copies ``iter`` into it first
+            if int(self.tbe.iter_cpu.item()) != 0:
+                self.tbe.iter_cpu.add_(1)
+
     def lookup(
         self, lookup_batch: LookupBatch, weight_inputs: Sequence[torch.Tensor], lr: Callable[[], float]
     ) -> torch.Tensor:

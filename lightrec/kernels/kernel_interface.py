@@ -287,6 +287,12 @@ class EmbeddingKernel(Protocol):
         """The ids (TBE layout) a later lookup will read, handed over while the current one trains."""
         ...
 
+    def count_step(self) -> None:
+        """The backward of a training lookup of no samples (a rank's empty batch): advance what a
+        lookup's backward advances and shares over every row (Adam's ``t``, fbgemm's ``iter``), as
+        fbgemm does for a batch of 0; no row changes."""
+        ...
+
     def flush(self) -> None:
         """Write back rows held outside the split views (a cache's dirty rows): the views are current after."""
         ...

@@ -214,6 +214,11 @@ class TorchBatchedLookup(ResidentRows):
         off_parts.append(torch.as_tensor(base, device=offsets.device).reshape(1))
         return torch.cat(id_parts), torch.cat(off_parts), (torch.cat(w_parts) if psw is not None else None)
 
+    def count_step(self) -> None:
+        """A fused backward of no samples: ``step`` advances as a lookup's backward advances it."""
+        if self.spec is not None:
+            self.step += 1
+
     def lookup(
         self, batch: LookupBatch, weight_inputs: Sequence[torch.Tensor], lr: Callable[[], float]
     ) -> torch.Tensor:

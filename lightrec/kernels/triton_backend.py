@@ -245,6 +245,11 @@ class TritonBatchedLookup(LayoutGatedKernel):
                 "kernels are compiled for a GPU; set it before importing lightrec's Triton kernels"
             )
 
+    def count_step(self) -> None:
+        """A fused backward of no samples: Adam's ``step`` advances as a lookup's backward advances it."""
+        if self.spec is not None and self.spec.optimizer == EmbOptimType.ADAM:
+            self.step += 1
+
     def lookup(
         self, lookup_batch: LookupBatch, weight_inputs: Sequence[torch.Tensor], lr: Callable[[], float]
     ) -> torch.Tensor:

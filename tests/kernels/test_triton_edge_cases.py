@@ -245,3 +245,13 @@ def test_empty_batch_output_has_the_weights_dtype() -> None:
         torch.zeros(0, dtype=torch.long, device=DEVICE), torch.zeros(1, dtype=torch.long, device=DEVICE)
     )
     assert out.dtype == torch.float64
+
+
+def test_a_batch_of_no_samples_advances_adams_step() -> None:
+    """A rank's empty batch advances Adam's t as fbgemm's iter does (tests/kernels/test_review_empty_batch_step.py)."""
+    from tests.kernels.test_review_empty_batch_step import B1, B2, EPS, LR, TABLES, check_empty_batches_count
+
+    torch.manual_seed(0)
+    spec = FusedOptimizerSpec(EmbOptimType.ADAM, learning_rate=LR, beta1=B1, beta2=B2, eps=EPS)
+    module = BatchedEmbeddingBag(TABLES, [0, 1], PoolingType.SUM, optimizer=spec, kernel_backend="triton", device=DEVICE)
+    check_empty_batches_count(module, "triton", device=str(DEVICE))

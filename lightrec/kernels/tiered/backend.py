@@ -182,6 +182,10 @@ class TieredBatchedLookup:
     def _per_feature(self, values: list[int]) -> torch.Tensor | None:
         return None if not any(values) else torch.tensor(values, dtype=torch.int64, device=self.device)
 
+    def count_step(self) -> None:
+        """A fused backward of no samples: the cache kernel's shared counters (Adam's step) advance."""
+        self.inner.count_step()
+
     # ---- the split views are the backing store ---------------------------------------------------
     def split_embedding_weights(self) -> list[torch.Tensor]:
         """``[rows, D]`` per table: the store's tensors (current after :meth:`flush`)."""
