@@ -46,6 +46,7 @@ def test_user_mistakes_are_one_line_with_exit_2_before_any_rank_starts(
     assert not list(tmp_path.iterdir())  # no logs, no checkpoints: nothing ran
 
 
+@pytest.mark.slow  # ~12 s, a fresh interpreter: the mistakes above are the same code path in process
 def test_the_console_script_says_it_in_one_line_too(tmp_path: Path) -> None:
     """The real command (a fresh process, 2 ranks by default): 1 line, exit 2 (was 82 lines, exit 1)."""
     cmd = [sys.executable, "-m", "lightrec.cli", "run", "dlrm", "--data.init_args.batch_size", "0"]

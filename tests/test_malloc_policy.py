@@ -74,6 +74,7 @@ def test_rec_strategy_applies_its_policy() -> None:
     assert _child(default, {}) == "{'MALLOC_MMAP_THRESHOLD_': 33554432, 'MALLOC_TRIM_THRESHOLD_': 1073741824}"
 
 
+@pytest.mark.slow  # ~18 s, two CLI processes; the default suite sees RecStrategy apply the policy above
 def test_lightrec_run_passes_its_choice_to_the_recipe_without_the_environment(tmp_path: Path) -> None:
     """``lightrec run --malloc-policy default``: the recipe's ``RecStrategy(malloc_policy=None)`` resolves
     to it (the ranks Lightning launches re-run the same command line); nothing is tuned and
