@@ -5,7 +5,7 @@ File layout of the binary form (what ``BinaryCriteoUtils.tsv_to_npys`` writes, o
 
     day_<d>_dense.npy    [N, 13] float32   log(count + 3) (torchrec's transform; empty -> 0)
     day_<d>_sparse.npy   [N, 26] int64     raw categorical value (hex field as an int; empty -> 0)
-    day_<d>_labels.npy   [N, 1]  int32     0 / 1
+    day_<d>_labels.npy   [N, 1]  int32     0 / 1 (-1: Kaggle's unlabelled test.txt, as in torchrec)
 
 ``InMemoryBinaryCriteoIterDataPipe`` loads this rank's contiguous share of the rows (ranks differ
 by at most one row; with ``shuffle_training_set``, its block of one seeded permutation of all rows)
@@ -158,9 +158,14 @@ class BinaryCriteoUtils:
         out_dense_file: str,
         out_sparse_file: str,
         out_labels_file: str,
+        dataset_name: str = "criteo_1tb",
         path_manager_key: str = PATH_MANAGER_KEY,
     ) -> None:
         """Convert one TSV file into the three ``.npy`` files (each written atomically).
+
+        ``dataset_name="criteo_kaggle"`` with ``"test"`` in ``in_file``'s name reads the Kaggle
+        ``test.txt``, whose lines have no label (39 fields): every label is written as ``-1``, as
+        torchrec does (its ``npy_preproc_criteo.py`` passes ``dataset_name`` fifth).
 
         The lines are read ``TSV_CHUNK_BYTES`` at a time and written into the outputs in place
         (``.npy`` memory maps sized by a first pass that counts the lines), so memory stays bounded
@@ -181,8 +186,12 @@ class BinaryCriteoUtils:
                 for tmp, (_, dtype, width) in zip(tmps, outputs, strict=True)
             )
             done = 0
+            # torchrec tests the whole path; the file name alone keeps a folder such as tests/ out of it
+            unlabelled = dataset_name == "criteo_kaggle" and "test" in os.path.basename(in_file)
             with open(in_file, "rb") as f:
                 while lines := f.readlines(TSV_CHUNK_BYTES):
+                    if unlabelled:  # a stand-in label: line numbers stay, the labels are -1 below
+                        lines = [b"0\t" + line for line in lines]
                     # "raise": no line is skipped, so line numbers are row numbers
                     labels, dense, cats = parse_criteo_lines(lines, in_file, done + 1, LineErrors("raise"))
                     end = done + len(labels)
@@ -190,7 +199,7 @@ class BinaryCriteoUtils:
                         raise ValueError(f"{in_file!r} grew while it was converted ({rows} lines counted)")
                     dense_out[done:end] = np.log(np.maximum(dense, -2.0) + 3.0)  # log(x + 3); -3 would be -inf
                     sparse_out[done:end] = np.where(cats < 0, 0, cats)
-                    labels_out[done:end, 0] = labels
+                    labels_out[done:end, 0] = -1 if unlabelled else labels
                     done = end
             if done != rows:
                 raise ValueError(f"{in_file!r} shrank while it was converted ({rows} lines counted, {done} read)")
@@ -233,6 +242,16 @@ class BinaryCriteoUtils:
                 out[idx] = (max(left, file_left) - file_left, min(right, file_right) - file_left)
             file_left += length
         return out
+
+    @staticmethod
+    def get_file_row_ranges_and_remainder(
+        lengths: list[int], rank: int, world_size: int, start_row: int = 0, last_row: int | None = None
+    ) -> tuple[dict[int, tuple[int, int]], int]:
+        """torchrec's later name of :meth:`get_file_idx_to_row_range`: its ranges, and the number of
+        rows left over by an even split (``rows % world_size``: ranks below it hold one row more)."""
+        ranges = BinaryCriteoUtils.get_file_idx_to_row_range(lengths, rank, world_size, start_row, last_row)
+        total = (sum(lengths) - start_row) if last_row is None else (last_row - start_row + 1)
+        return ranges, total % world_size
 
     @staticmethod
     def load_npy_range(

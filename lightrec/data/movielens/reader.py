@@ -101,9 +101,26 @@ def detect_variant(data_dir: str | Path) -> str:
     )
 
 
+#: A UTF-8 byte order mark, which editors and Excel put at the start of a file they save.
+_BOM = b"\xef\xbb\xbf"
+
+
+def _read_text(path: Path, encoding: str) -> str:
+    """The file's text without a leading UTF-8 byte order mark (in any ``encoding``: ``latin-1``
+    would read it as three characters glued to the first id)."""
+    data = path.read_bytes()
+    return data[len(_BOM) :].decode(encoding) if data.startswith(_BOM) else data.decode(encoding)
+
+
 def _lines(path: Path, encoding: str) -> list[str]:
-    with open(path, encoding=encoding, newline="") as fh:
-        return fh.read().splitlines(keepends=True)
+    """The file's lines, each with its newline (a last one may lack it). Lines end at ``\n`` only
+    (``\r\n`` too): ``str.splitlines`` would also cut a line at a form feed or at ``\x85``, a
+    byte that a latin-1 title may hold."""
+    parts = _read_text(path, encoding).split("\n")
+    lines = [part + "\n" for part in parts[:-1]]
+    if parts[-1]:
+        lines.append(parts[-1])
+    return lines
 
 
 def _split_rows(
@@ -141,7 +158,7 @@ RATING_RANGE = (0.5, 5.0)
 
 def _has_header(path: Path, sep: str) -> bool:
     """True when the first line is a header: its first field is not an integer id."""
-    with open(path, encoding="utf-8", errors="replace") as fh:
+    with open(path, encoding="utf-8-sig", errors="replace") as fh:  # -sig: a BOM is no header
         first = fh.readline()
     head = first.split(sep, 1)[0].strip()
     try:
@@ -172,11 +189,14 @@ def _read_ratings(path: Path, sep: str, errors: LineErrors) -> np.ndarray:
     header = _has_header(path, sep)
     if sep == "," and errors.on_error == "raise":
         try:  # fast C parser; any problem falls back to the line parser, which names the line
-            arr = np.loadtxt(path, delimiter=",", skiprows=1 if header else 0, dtype=dtype, ndmin=1)
-            with open(path, "rb") as fh:
-                fh.seek(max(path.stat().st_size - 1, 0))
-                last = fh.read(1)
-            if last in (b"\n", b""):  # otherwise let the line parser judge the last line
+            arr = np.loadtxt(
+                path, delimiter=",", skiprows=1 if header else 0, dtype=dtype, ndmin=1, comments=None,
+                encoding="utf-8-sig",
+            )
+            lines, last = _count_lines(path)
+            # loadtxt passes over blank lines: then a row's line number is not its index, and the
+            # line parser (which names a blank line as malformed, as on_error="skip" counts it) judges
+            if last in (b"\n", b"") and len(arr) == lines - int(header):  # and the last line
                 return _check_ranges(arr, np.arange(len(arr)) + 1 + int(header), path, errors)
         except (ValueError, IndexError):
             pass
@@ -189,6 +209,16 @@ def _read_ratings(path: Path, sep: str, errors: LineErrors) -> np.ndarray:
         except ValueError:
             errors.bad_line(str(path), lineno, f"non-numeric user/item/rating/timestamp in {f!r}")
     return _check_ranges(np.array(rows, dtype=dtype).reshape(-1), np.array(linenos, dtype=np.int64), path, errors)
+
+
+def _count_lines(path: Path) -> tuple[int, bytes]:
+    """``(number of newlines, last byte)`` of a file, read in blocks."""
+    count, last = 0, b""
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 24):
+            count += block.count(b"\n")
+            last = block[-1:]
+    return count, last
 
 
 def _age_bucket(age: int) -> int:
@@ -225,7 +255,7 @@ def _read_movies(path: Path, variant: str, errors: LineErrors) -> dict[int, list
     if variant == "1m":
         rows = _split_rows(path, "::", 3, errors)[0]
     else:
-        text = path.read_text(encoding="utf-8")
+        text = _read_text(path, "utf-8")
         reader = csv.reader(io.StringIO(text, newline=""))
         rows = []
         for f in reader:
