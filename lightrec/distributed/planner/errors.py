@@ -17,7 +17,7 @@ from lightrec.distributed.planner import shard_estimators as est  # est.RW, est.
 from lightrec.distributed.planner.options import Options
 from lightrec.distributed.planner.partitioners import Placement
 from lightrec.distributed.planner.shard_estimators import KERNELS, SHARDING_TYPES, TIERED, TableArrays
-from lightrec.distributed.planner.types import PlannerError, Topology
+from lightrec.distributed.planner.types import PlannerError, PlannerErrorType, Topology
 
 __all__ = ["gib", "no_packing_error", "too_big_error"]
 
@@ -36,9 +36,12 @@ def _advice(tables: TableArrays, opts: Options, topo: Topology, ts: list[int], n
     cap = float(topo.storage_caps.max())
     kind = "hbm_cap" if topo.compute_device == "cuda" else "ddr_cap"
     allowed = sorted({SHARDING_TYPES[c] for t in ts for c, _ in tables.allowed[t]})
-    advice = [
-        f"use more ranks: about {max(topo.world_size + 1, math.ceil(need / max(cap, 1.0)))} at this memory per rank"
-    ]
+    if cap > 0:
+        advice = [
+            f"use more ranks: about {max(topo.world_size + 1, math.ceil(need / cap))} at this memory per rank"
+        ]
+    else:  # more ranks of no memory do not help (the count was need / 1 byte: "about 149760 ranks")
+        advice = [f"every rank has 0 bytes of {topo.storage_kind} for tables: set Topology({kind}=...)"]
     if not {"row_wise", "column_wise"} & set(allowed):
         advice.append(
             f"allow row_wise or column_wise sharding for these tables (ParameterConstraints(sharding_types=...) "
@@ -136,7 +139,9 @@ def too_big_error(tables: TableArrays, opts: Options, topo: Topology, no_fit: li
     need = max(float(opts.total_storage[opts.first[t] : opts.first[t] + opts.count[t]].min()) for t in no_fit)
     lines.append("What to change:")
     lines += [f"  - {a}" for a in _advice(tables, opts, topo, no_fit, need)]
-    return PlannerError("\n".join(lines), [tables.keys[t][1] for t in no_fit], worst[1], worst[2])
+    return PlannerError(
+        "\n".join(lines), [tables.keys[t][1] for t in no_fit], worst[1], worst[2], PlannerErrorType.INSUFFICIENT_STORAGE
+    )
 
 
 def no_packing_error(tables: TableArrays, opts: Options, topo: Topology, pl: Placement) -> PlannerError:
@@ -164,7 +169,10 @@ def no_packing_error(tables: TableArrays, opts: Options, topo: Topology, pl: Pla
         lines.append(f"  ... and {len(stuck) - 20} more")
     lines.append("What to change:")
     lines += [f"  - {a}" for a in _advice(tables, opts, topo, stuck, need)]
-    return PlannerError("\n".join(lines), [tables.keys[t][1] for t in stuck], need / W, float(caps.max()))
+    return PlannerError(
+        "\n".join(lines), [tables.keys[t][1] for t in stuck], need / W, float(caps.max()),
+        PlannerErrorType.INSUFFICIENT_STORAGE,
+    )  # fmt: skip
 
 
 def _backing_needs(opts: Options, o: int, topo: Topology) -> str:

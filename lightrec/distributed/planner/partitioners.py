@@ -29,7 +29,13 @@ import numpy as np
 
 from lightrec.distributed.planner.options import Options
 from lightrec.distributed.planner.shard_estimators import CW, DP, RW, TW, TWCW, TWRW
-from lightrec.distributed.planner.types import Partitioner, PlannerError, ShardingOption, Topology
+from lightrec.distributed.planner.types import (
+    Partitioner,
+    PlannerError,
+    PlannerErrorType,
+    ShardingOption,
+    Topology,
+)
 
 __all__ = ["GreedyPerfPartitioner", "Placement", "SortBy", "partition", "refine"]
 
@@ -384,7 +390,7 @@ class GreedyPerfPartitioner(Partitioner):
             if need > free[rank]:
                 raise PlannerError(
                     f"shard {i} of table {so.fqn!r} needs {need:.0f} bytes; rank {rank} has {free[rank]:.0f} left",
-                    [so.name], need, float(free[rank]),
+                    [so.name], need, float(free[rank]), PlannerErrorType.PARTITION,
                 )  # fmt: skip
             free[rank] -= need
             load[rank] += _shard_perf(so, i)
@@ -404,7 +410,8 @@ class GreedyPerfPartitioner(Partitioner):
                     for i in range(len(so.shards)):
                         put(so, i, i % W)
         if (free < 0).any():
-            raise PlannerError("replicated and row-wise tables alone exceed a rank's memory", [], 0.0, float(free.min()))
+            raise PlannerError("replicated and row-wise tables alone exceed a rank's memory", [], 0.0, float(free.min()),
+                               PlannerErrorType.PARTITION)  # fmt: skip
         key = (lambda so, i: _shard_storage(so, i, on_hbm)) if self.sort_by == SortBy.STORAGE else _shard_perf
         host_groups = [so for so in proposal if so.partition_by == "host"]
         for so in sorted(host_groups, key=lambda so: -sum(key(so, i) for i in range(len(so.shards)))):
@@ -412,7 +419,8 @@ class GreedyPerfPartitioner(Partitioner):
             hosts = [h for h in range(W // L)
                      if all(_shard_storage(so, i, on_hbm) <= free[h * L + i] for i in range(k))]  # fmt: skip
             if not hosts:
-                raise PlannerError(f"no host has room for the shards of table {so.fqn!r}", [so.name], 0.0, 0.0)
+                raise PlannerError(f"no host has room for the shards of table {so.fqn!r}", [so.name], 0.0, 0.0,
+                                   PlannerErrorType.PARTITION)  # fmt: skip
             h = min(hosts, key=lambda h: max(load[h * L + i] + _shard_perf(so, i) for i in range(k)))
             for i in range(k):
                 put(so, i, h * L + i)
@@ -421,6 +429,7 @@ class GreedyPerfPartitioner(Partitioner):
         for so, i in shards:
             room = [r for r in range(W) if free[r] >= _shard_storage(so, i, on_hbm)]
             if not room:
-                raise PlannerError(f"no rank has room for shard {i} of table {so.fqn!r}", [so.name], 0.0, 0.0)
+                raise PlannerError(f"no rank has room for shard {i} of table {so.fqn!r}", [so.name], 0.0, 0.0,
+                                   PlannerErrorType.PARTITION)  # fmt: skip
             put(so, i, min(room, key=lambda r: (load[r], r)))
         return proposal

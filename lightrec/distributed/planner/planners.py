@@ -66,6 +66,7 @@ from lightrec.distributed.planner.types import (
     Partitioner,
     PerfModel,
     PlannerError,
+    PlannerErrorType,
     Proposer,
     StorageReservation,
     Topology,
@@ -228,6 +229,12 @@ class EmbeddingShardingPlanner:
             ps = None if mp is None else mp.get(name)
             if ps is None:
                 continue
+            if ps.sharding_type not in SHARDING_TYPES or ps.compute_kernel not in KERNELS:
+                raise ValueError(
+                    f"plan for table {name!r} uses sharding_type={ps.sharding_type!r}, compute_kernel="
+                    f"{ps.compute_kernel!r}, which the planner's cost model cannot estimate (it estimates "
+                    f"sharding types {SHARDING_TYPES} and kernels {KERNELS}); evaluate a plan without this table"
+                )
             code, k = SHARDING_TYPES.index(ps.sharding_type), KERNELS.index(ps.compute_kernel)
             if code == DP:
                 shards = [(int(tables.rows[t]), int(tables.cols[t]), -1)]
@@ -323,6 +330,7 @@ class EmbeddingShardingPlanner:
                     f"onto {topo.world_size} rank(s) with {gib(float(topo.storage_caps.max()))} of "
                     f"{topo.storage_kind} each; add GreedyProposer() to the proposers or give the ranks more memory",
                     [k[1] for k in tables.keys], float(opts.total_storage.sum()), float(topo.storage_caps.max()),
+                    PlannerErrorType.PARTITION,
                 )  # fmt: skip
             name, pl = found
         plan = _build_plan(modules, tables, opts, pl, topo, self._constraints)

@@ -35,6 +35,7 @@ from lightrec.distributed.planner.tables import find_shardable_modules, lookups_
 from lightrec.distributed.planner.types import (
     ParameterConstraints,
     PlannerError,
+    PlannerErrorType,
     StorageReservation,
     Topology,
 )
@@ -50,7 +51,7 @@ def reduce_storage_caps(topology: Topology, caps: np.ndarray, why: str) -> Topol
         raise PlannerError(
             f"no memory is left for embedding tables on ranks {np.flatnonzero(caps <= 0).tolist()}: {why}; "
             "lower the reservation or give the ranks more memory",
-            [], 0.0, float(caps.min()),
+            [], 0.0, float(caps.min()), PlannerErrorType.INSUFFICIENT_STORAGE,
         )  # fmt: skip
     field = "hbm_cap" if topology.compute_device == "cuda" else "ddr_cap"
     return dataclasses.replace(topology, **{field: caps.tolist()})

@@ -18,7 +18,9 @@ from __future__ import annotations
 import abc
 import hashlib
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from enum import Enum
 
 import numpy as np
 import torch
@@ -45,6 +47,7 @@ __all__ = [
     "Perf",
     "PerfModel",
     "PlannerError",
+    "PlannerErrorType",
     "Proposer",
     "Shard",
     "ShardEstimator",
@@ -259,6 +262,15 @@ class ParameterConstraints:
     use_virtual_table: bool = False
 
     def __post_init__(self) -> None:
+        for arg in ("sharding_types", "compute_kernels", "pooling_factors", "num_poolings", "batch_sizes"):
+            value = getattr(self, arg)
+            # A bare string or number is not a list: a string was read letter by letter ("got 'r'")
+            # and a number failed with "'float' object is not iterable", neither naming the field.
+            if value is not None and (isinstance(value, (str, bytes)) or not isinstance(value, Iterable)):
+                raise TypeError(
+                    f"ParameterConstraints.{arg} must be a list, got {type(value).__name__} {value!r}; "
+                    f"write {arg}=[{value!r}]"
+                )
         if self.sharding_types is not None:
             self.sharding_types = [
                 enum_value(t, ShardingType, "ParameterConstraints.sharding_types")
@@ -270,18 +282,18 @@ class ParameterConstraints:
                 for k in self.compute_kernels
             ]
         if self.min_partition is not None and (
-            not isinstance(self.min_partition, int) or self.min_partition <= 0
+            not isinstance(self.min_partition, int) or isinstance(self.min_partition, bool) or self.min_partition <= 0
         ):
             raise ValueError(
                 f"ParameterConstraints.min_partition must be a positive int, got {self.min_partition!r}"
             )
-        self.pooling_factors = [float(p) for p in self.pooling_factors]
+        self.pooling_factors = _floats(self.pooling_factors, "pooling_factors")
         if not self.pooling_factors or any(not math.isfinite(p) or p < 0 for p in self.pooling_factors):
             raise ValueError(
                 f"ParameterConstraints.pooling_factors must be non-negative numbers, got {self.pooling_factors!r}"
             )
         if self.num_poolings is not None:
-            self.num_poolings = [float(p) for p in self.num_poolings]
+            self.num_poolings = _floats(self.num_poolings, "num_poolings")
             if not self.num_poolings or any(not math.isfinite(p) or p <= 0 for p in self.num_poolings):
                 raise ValueError(
                     f"ParameterConstraints.num_poolings must be positive numbers, got {self.num_poolings!r}"
@@ -296,19 +308,41 @@ class ParameterConstraints:
             self.optimizer = optimizer_name(self.optimizer)
 
 
+def _floats(values: list, arg: str) -> list[float]:
+    """``values`` as floats; a non-number is a ``ValueError`` naming ``ParameterConstraints.<arg>``."""
+    try:
+        return [float(v) for v in values]
+    except (TypeError, ValueError):
+        raise ValueError(f"ParameterConstraints.{arg} must be numbers, got {values!r}") from None
+
+
+class PlannerErrorType(Enum):
+    """Why planning failed (torchrec's ``PlannerError.error_type``): memory, the constraints, the partitioner."""
+
+    INSUFFICIENT_STORAGE = "insufficient_storage"
+    STRICT_CONSTRAINTS = "strict_constraints"
+    PARTITION = "partition"
+    OTHER = "other"
+
+
 class PlannerError(ValueError):
     """No plan fits the topology. ``tables`` names the tables that do not fit (possibly all);
-    ``needed_bytes`` / ``available_bytes`` give the memory per rank behind the verdict."""
+    ``needed_bytes`` / ``available_bytes`` give the memory per rank behind the verdict;
+    ``error_type`` (torchrec's attribute) says why."""
 
-    def __init__(self, message: str, tables: list[str], needed_bytes: float, available_bytes: float) -> None:
+    def __init__(
+        self, message: str, tables: list[str], needed_bytes: float, available_bytes: float,
+        error_type: PlannerErrorType = PlannerErrorType.OTHER,
+    ) -> None:  # fmt: skip
         super().__init__(message)
         self.tables = tables
         self.needed_bytes = needed_bytes
         self.available_bytes = available_bytes
+        self.error_type = error_type
 
     def __reduce__(self) -> tuple:
         # Pickle with all constructor arguments (collective_plan broadcasts it to every rank).
-        return (type(self), (str(self), self.tables, self.needed_bytes, self.available_bytes))
+        return (type(self), (str(self), self.tables, self.needed_bytes, self.available_bytes, self.error_type))
 
 
 # ---- torchrec's planner objects -------------------------------------------------------------------

@@ -384,11 +384,31 @@ class ShardingPlan:
             raise ValueError(
                 f"sharding plan JSON version {version!r} is not supported (expected {_PLAN_JSON_VERSION})"
             )
+        if not isinstance(data["plan"], dict):
+            raise ValueError(
+                f"a sharding plan JSON's 'plan' must map module paths to {{table: sharding}} objects, got "
+                f"{type(data['plan']).__name__}"
+            )
         plan: dict[str, EmbeddingModuleShardingPlan] = {}
         for path, tables in data["plan"].items():
-            plan[path] = EmbeddingModuleShardingPlan(
-                {name: ParameterSharding.from_dict(ps) for name, ps in tables.items()}
-            )
+            if not isinstance(tables, dict):
+                raise ValueError(
+                    f"a sharding plan JSON's module {path!r} must map table names to sharding objects, got "
+                    f"{type(tables).__name__}"
+                )
+            shardings = {}
+            for name, ps in tables.items():
+                try:
+                    shardings[name] = ParameterSharding.from_dict(ps)
+                except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                    # A hand-edited plan: say which table is wrong (a bare KeyError 'compute_kernel' did not).
+                    detail = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
+                    raise ValueError(
+                        f"sharding plan JSON: table {name!r} of module {path!r} is not a valid ParameterSharding "
+                        f"({detail}); it needs 'sharding_type', 'compute_kernel', 'ranks' and 'sharding_spec' "
+                        "(a list of {'shard_offsets', 'shard_sizes', 'placement'}, or null for data_parallel)"
+                    ) from exc
+            plan[path] = EmbeddingModuleShardingPlan(shardings)
         return cls(plan)
 
     def to_json(self, indent: int | None = 2) -> str:
