@@ -69,7 +69,7 @@ class QuantRowFormatError(ValueError):
 
 
 def _record_row_formats(
-    module: "QuantCollectionBase", state_dict: dict[str, Any], prefix: str, local_metadata: dict[str, Any]
+    module: "QuantCollectionBase", state_dict: dict[str, torch.Tensor], prefix: str, local_metadata: dict[str, object]
 ) -> None:
     """State-dict post hook: note every table's row format in the collection's metadata."""
     local_metadata[ROW_FORMATS_METADATA_KEY] = {t.name: t.data_type.value for t in module._configs}
@@ -77,9 +77,9 @@ def _record_row_formats(
 
 def _check_row_formats(
     module: "QuantCollectionBase",
-    state_dict: Mapping[str, Any],
+    state_dict: Mapping[str, object],
     prefix: str,
-    local_metadata: Mapping[str, Any],
+    local_metadata: Mapping[str, object],
     *args: object,
 ) -> None:
     """Load pre hook: refuse, before any table is written, rows that are not this module's.
@@ -88,7 +88,8 @@ def _check_row_formats(
     every table as it was. A state dict without the metadata (a plain ``dict`` copy, or one saved
     before the formats were recorded) is checked for the ``uint8`` dtype only.
     """
-    saved: Mapping[str, object] = local_metadata.get(ROW_FORMATS_METADATA_KEY) or {}
+    recorded = local_metadata.get(ROW_FORMATS_METADATA_KEY)
+    saved: Mapping[object, object] = recorded if isinstance(recorded, Mapping) else {}
     own = type(module).__name__
     for t in module._configs:
         key = f"{prefix}{module.TABLES_ATTR}.{t.name}.weight"

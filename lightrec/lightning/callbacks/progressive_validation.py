@@ -90,7 +90,8 @@ class ProgressiveValidation(pl.Callback):
         self.metrics: dict[str, SlidingWindow] = {}
         #: The values logged last (every rank).
         self.last_metrics: dict[str, float] = {}
-        self._loaded: dict[str, Any] | None = None  # a checkpoint's windows, applied when training starts
+        # a checkpoint's windows ({metric: {state: [world, ...] tensor}}) and last values, applied when training starts
+        self._loaded: tuple[dict[str, dict[str, torch.Tensor]], dict[str, float]] | None = None
 
     @property
     @override
@@ -99,7 +100,7 @@ class ProgressiveValidation(pl.Callback):
         return self._generate_state_key(window=self.window, metrics=self.metric_names, prefix=self.prefix)
 
     @override
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, object]:
         """Every rank's windows (``[world_size, per-rank window]`` CPU tensors; a collective under
         torch.distributed: Lightning calls it on every rank when it saves a checkpoint)."""
         if not self.metrics:
@@ -120,25 +121,25 @@ class ProgressiveValidation(pl.Callback):
         return {"windows": windows, "last_metrics": dict(self.last_metrics)}
 
     @override
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict: dict[str, object]) -> None:
         """Keeps a checkpoint's windows; they replace the empty windows when training starts."""
-        windows = state_dict.get("windows")
-        if not isinstance(windows, dict):
+        windows, last = state_dict.get("windows"), state_dict.get("last_metrics", {})
+        if not isinstance(windows, dict) or not isinstance(last, dict):
             raise TypeError(
                 f"ProgressiveValidation.load_state_dict(state_dict=...) needs the dict its state_dict() returned "
                 f"(with 'windows'), got keys {sorted(map(str, state_dict))}"
             )
-        self._loaded = state_dict
+        self._loaded = windows, {str(k): float(v) for k, v in last.items()}
 
     def _restore(self, trainer: pl.Trainer) -> None:
         loaded, self._loaded = self._loaded, None
         if loaded is None:
             return
-        windows, world, rank = loaded["windows"], max(trainer.world_size, 1), trainer.global_rank
+        (windows, last), world, rank = loaded, max(trainer.world_size, 1), trainer.global_rank
         for name, metric in self.metrics.items():
             saved = windows.get(name)
             shape = None if saved is None else tuple(saved["window_preds"].shape)
-            if shape != (world, metric.window):
+            if saved is None or shape != (world, metric.window):
                 rank_zero_warn(
                     f"ProgressiveValidation: the checkpoint's {name!r} window ({shape}: ranks x samples) does not "
                     f"match this run's ({world}, {metric.window}); it starts empty",
@@ -148,7 +149,7 @@ class ProgressiveValidation(pl.Callback):
             for state in self._STATES:
                 target = getattr(metric, state)
                 target.copy_(saved[state][rank].to(device=target.device, dtype=target.dtype))
-        self.last_metrics = {str(k): float(v) for k, v in loaded.get("last_metrics", {}).items()}
+        self.last_metrics = last
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

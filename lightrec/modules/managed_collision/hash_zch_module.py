@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 from torch import nn
@@ -259,7 +258,7 @@ class HashZchManagedCollisionModule(ManagedCollisionModule):
             self._current_iter = int(counter.item())
 
     def _load_from_state_dict(
-        self, state_dict: Mapping[str, Any], prefix: str, local_metadata: dict[str, Any], strict: bool,
+        self, state_dict: Mapping[str, torch.Tensor], prefix: str, local_metadata: dict[str, object], strict: bool,
         missing_keys: list[str], unexpected_keys: list[str], error_msgs: list[str],
     ) -> None:  # fmt: skip
         key = prefix + self.ITER_BUFFER
