@@ -30,11 +30,12 @@ import copy
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, Union
+from typing import Any, Union
 
 import torch
 from torch import nn
 
+from lightrec.kernels.empty_lookup import EmptyLookup
 from lightrec.kernels.input_checks import ID_CHECK_MODES, LookupInputChecker
 from lightrec.kernels.kernel_interface import EmbeddingKernel, KernelConfig, LookupBatch, OutRows
 from lightrec.kernels.kernel_registry import build_kernel
@@ -140,44 +141,6 @@ def _table_specs(tables: Sequence[TableLike]) -> list[BatchedTableSpec]:
             )
         out.append(spec)
     return out
-
-
-class _EmptyLookupContext(Protocol):
-    """What :class:`_EmptyLookup`'s forward leaves on the autograd context for its backward."""
-
-    inputs_meta: list[tuple[torch.Size, torch.dtype, torch.device]]  # (shape, dtype, device) per input
-    count_step: Callable[[], None] | None  # the fused kernel's step counter, advanced by the backward
-
-
-class _EmptyLookup(torch.autograd.Function):
-    """``[rows, width]`` zeros whose backward gives every input a zero gradient (a batch of 0).
-
-    The zeros have the tables' dtype, as a real lookup's output does (a rank with an empty batch
-    must send what the others send). With a fused optimizer the backward calls ``count_step``: the
-    kernel's step counter (Adam's ``t``) advances as a lookup's backward advances it, so a rank that
-    had no samples keeps the others' bias correction (fbgemm advances ``iter`` for a batch of 0 too).
-    """
-
-    @staticmethod
-    def forward(
-        ctx: _EmptyLookupContext,
-        rows: int,
-        width: int,
-        device: torch.device,
-        dtype: torch.dtype,
-        count_step: Callable[[], None] | None,
-        *inputs: torch.Tensor,
-    ) -> torch.Tensor:
-        ctx.inputs_meta = [(t.shape, t.dtype, t.device) for t in inputs]
-        ctx.count_step = count_step
-        return torch.zeros(rows, width, device=device, dtype=dtype)
-
-    @staticmethod
-    def backward(ctx: _EmptyLookupContext, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        if ctx.count_step is not None:
-            ctx.count_step()
-        zeros = [torch.zeros(shape, dtype=dtype, device=device) for shape, dtype, device in ctx.inputs_meta]
-        return (None, None, None, None, None, *zeros)
 
 
 class _BatchedLookupBase(nn.Module):
@@ -413,7 +376,7 @@ class _BatchedLookupBase(nn.Module):
             # gradient there, so a rank with no samples must join, in step with the others).
             dtype = next(iter(self.weights.values())).dtype
             count_step = kernel.count_step if fused else None
-            empty: torch.Tensor = _EmptyLookup.apply(rows, width, self._placeholder.device, dtype, count_step, *inputs)
+            empty: torch.Tensor = EmptyLookup.apply(rows, width, self._placeholder.device, dtype, count_step, *inputs)
             if out_rows is not None:
                 out_rows.copy_from(empty)
             return empty
