@@ -95,6 +95,8 @@ class Topology:
         ddr_cap: host memory per rank, bytes (one int, or one per rank).
         hbm_mem_bw / ddr_mem_bw: memory bandwidth per rank, bytes/s.
         intra_host_bw / inter_host_bw: collective bandwidth per rank inside / across hosts, bytes/s.
+            (torchrec's ``Topology`` takes bytes per millisecond, as the constants at torchrec's paths
+            keep them: multiply those by 1000.)
         kernel_overhead_s: fixed cost of one shard's lookup (launch, bookkeeping), seconds.
         ssd_cap: local SSD bytes per rank for ``key_value`` tables (one int, or one per rank).
         ssd_mem_bw: the SSD's bandwidth for a tiered table's page reads and writes, bytes/s.
