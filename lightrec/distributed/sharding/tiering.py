@@ -146,14 +146,16 @@ def tiering_for(
         env: this rank.
 
     Raises:
-        ValueError: a cache precision other than the table's own data type.
+        ValueError: a cache precision other than the table's own data type; a ``cache_min_rows``
+            that is not a positive int.
     """
     tier = _TIER_OF_KERNEL.get(sharding.compute_kernel)
     if tier is None:
         return None
     cache, kv = sharding.cache_params, sharding.key_value_params
     precision = None if cache is None else cache.precision
-    if precision is not None and str(getattr(precision, "name", precision)) != config.data_type.name:
+    # DataType.FP32 or its name in any case ("fp32"), as torchrec's CacheParams takes either
+    if precision is not None and str(getattr(precision, "name", precision)).upper() != config.data_type.name:
         raise ValueError(
             f"table {config.name!r}: CacheParams(precision={precision!r}) -- lightrec caches rows in the table's "
             f"own data type ({config.data_type.name}); drop precision or set the table's data_type"
@@ -165,11 +167,16 @@ def tiering_for(
     prefetch = pick(None if cache is None else cache.prefetch_pipeline, "prefetch_pipeline")
     directory = pick(None if kv is None else kv.ssd_storage_directory, "ssd_storage_directory")
     min_rows = defaults.get("cache_min_rows")
+    if min_rows is not None and (isinstance(min_rows, bool) or not isinstance(min_rows, int) or min_rows <= 0):
+        raise ValueError(
+            f"fused_params['cache_min_rows'] must be a positive int (the smallest cache of a tiered table, rows), "
+            f"got {min_rows!r}"
+        )
     return tiering_config(
         tier,
         cache_load_factor=pick(None if cache is None else cache.load_factor, "cache_load_factor"),
         cache_algorithm=pick(None if cache is None else cache.algorithm, "cache_algorithm"),
         ssd_storage_directory=_directory(directory, env),
         prefetch=None if prefetch is None else bool(prefetch),
-        min_cache_rows=None if min_rows is None else int(min_rows),
+        min_cache_rows=min_rows,
     )
