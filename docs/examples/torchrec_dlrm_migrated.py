@@ -53,8 +53,8 @@ LEARNING_RATE = 0.05
 
 
 def get_dataloader(rank: int, num_batches: int) -> DataLoader:
-    """torchrec's random DLRM data: one id per feature, labels 0/1, 13 dense features; one batch per
-    rank, drawn once and yielded again and again (torchrec's cache; something to learn)."""
+    """torchrec's random DLRM data: one id per feature, labels 0/1, 13 dense features; five batches per
+    rank, drawn once and cycled (torchrec's cache; something to learn)."""
     return DataLoader(
         RandomRecDataset(
             keys=CAT_NAMES,

@@ -28,34 +28,57 @@ def test_batch_is_lightrecs_batch() -> None:
     assert safe_cast("x", int, 7) == 7 and safe_cast("3", int, 0) == 3
 
 
-def test_random_rec_dataset_layout_and_determinism() -> None:
+def _torchrec_draw(g: torch.Generator, batch: int, hashes: list[int], fewest: list[int], most: list[int],
+                   num_dense: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """torchrec 1.8's draw order for one batch: per key the lengths, then its ids; dense; labels."""
+    lengths, values = [], []
+    for h, low, high in zip(hashes, fewest, most):
+        length = torch.randint(low, high + 1, (batch,), dtype=torch.int32, generator=g)
+        values.append(torch.randint(0, h, (int(length.sum()),), generator=g))
+        lengths.append(length)
+    dense = torch.randn(batch, num_dense, generator=g)
+    labels = torch.randint(low=0, high=2, size=(batch,), generator=g)
+    return torch.cat(lengths), torch.cat(values), dense, labels
+
+
+def _equal(batch: Batch, drawn: tuple[torch.Tensor, ...]) -> bool:
+    lengths, values, dense, labels = drawn
+    kjt = batch.sparse_features
+    return (torch.equal(kjt.lengths(), lengths) and torch.equal(kjt.values(), values)
+            and torch.equal(batch.dense_features, dense) and torch.equal(batch.labels, labels))  # fmt: skip
+
+
+def test_random_rec_dataset_draws_torchrecs_batches() -> None:
+    """torchrec 1.8's rules: ids_per_features alone gives lengths from 0 to it (min_ids_per_feature
+    defaults to ids_per_feature, which is not given); num_generated_batches distinct batches, cycled."""
     ds = RandomRecDataset(keys=["a", "b"], batch_size=4, hash_sizes=[5, 1000], ids_per_features=[1, 3],
                           num_dense=2, manual_seed=1, num_batches=5, num_generated_batches=2)  # fmt: skip
     batches = list(ds)
     assert len(batches) == 5 == len(ds)
-    b = batches[0]
-    assert b.dense_features.shape == (4, 2) and b.labels.shape == (4,) and set(b.labels.tolist()) <= {0, 1}
-    assert b.sparse_features["a"].lengths().tolist() == [1] * 4 and b.sparse_features["b"].lengths().tolist() == [3] * 4
-    assert int(b.sparse_features["a"].values().max()) < 5
-    # torchrec's cache: the one batch drawn at construction, yielded every time
-    assert all(batch is b for batch in batches)
-    # torchrec's draw order with the same seed: per key the ids, then dense, then labels.
     g = torch.Generator().manual_seed(1)
-    ids_a = torch.randint(high=5, size=(4,), generator=g)
-    ids_b = torch.randint(high=1000, size=(12,), generator=g)
-    dense = torch.randn(4, 2, generator=g)
-    assert torch.equal(b.sparse_features.values(), torch.cat([ids_a, ids_b])) and torch.equal(b.dense_features, dense)
-    again = next(iter(RandomRecDataset(keys=["a", "b"], batch_size=4, hash_sizes=[5, 1000],
-                                       ids_per_features=[1, 3], num_dense=2, manual_seed=1)))  # fmt: skip
-    assert torch.equal(again.sparse_features.values(), b.sparse_features.values())
-    # negative num_generated_batches: torchrec discards its construction draw, then draws afresh
-    fresh = list(RandomRecDataset(keys=["a", "b"], batch_size=4, hash_sizes=[5, 1000], ids_per_features=[1, 3],
-                                  num_dense=2, manual_seed=1, num_batches=2, num_generated_batches=-1))  # fmt: skip
-    labels = torch.randint(low=0, high=2, size=(4,), generator=g)
-    assert torch.equal(b.labels, labels)
-    second = torch.randint(high=5, size=(4,), generator=g)
-    assert torch.equal(fresh[0].sparse_features["a"].values(), second)
-    assert not torch.equal(fresh[0].dense_features, fresh[1].dense_features)
+    first, second = (_torchrec_draw(g, 4, [5, 1000], [0, 0], [1, 3], 2) for _ in range(2))
+    assert _equal(batches[0], first) and _equal(batches[1], second)
+    assert [id(b) for b in batches] == [id(batches[0]), id(batches[1])] * 2 + [id(batches[0])]  # cycled
+    assert batches[0].sparse_features["a"].lengths().max() <= 1 and batches[0].sparse_features["b"].lengths().max() <= 3
+    assert batches[0].sparse_features.keys() == ["a", "b"] and batches[0].dense_features.shape == (4, 2)
+    assert next(iter(ds)) is batches[0]  # every iteration starts again at the first batch
+
+
+def test_random_rec_dataset_fixed_and_bounded_lengths() -> None:
+    fixed = next(iter(RandomRecDataset(keys=["a", "b"], batch_size=3, hash_size=7, ids_per_feature=2, num_dense=1,
+                                       manual_seed=5, num_generated_batches=1)))  # fmt: skip
+    assert fixed.sparse_features.lengths().tolist() == [2] * 6  # min defaults to ids_per_feature
+    assert _equal(fixed, _torchrec_draw(torch.Generator().manual_seed(5), 3, [7, 7], [2, 2], [2, 2], 1))
+    bounded = list(RandomRecDataset(keys=["a", "b"], batch_size=6, hash_size=9, ids_per_features=[2, 5],
+                                    min_ids_per_features=[1, 2], num_dense=1, manual_seed=4, num_batches=3,
+                                    num_generated_batches=-1))  # fmt: skip
+    g = torch.Generator().manual_seed(4)  # negative: nothing drawn at construction, each batch afresh
+    for batch in bounded:
+        assert _equal(batch, _torchrec_draw(g, 6, [9, 9], [1, 2], [2, 5], 1))
+    one_min = next(iter(RandomRecDataset(keys=["a"], batch_size=8, ids_per_feature=4, min_ids_per_feature=3,
+                                         manual_seed=0, num_generated_batches=1)))  # fmt: skip
+    assert set(one_min.sparse_features.lengths().tolist()) <= {3, 4}
+    assert int(one_min.sparse_features.values().max()) < 100  # hash_size defaults to 100
 
 
 def test_random_rec_dataset_rejects_bad_sizes() -> None:
@@ -63,6 +86,10 @@ def test_random_rec_dataset_rejects_bad_sizes() -> None:
         RandomRecDataset(keys=["a", "b"], batch_size=2, hash_sizes=[3])
     with pytest.raises(ValueError, match="batch_size must be a positive int"):
         RandomRecDataset(keys=["a"], batch_size=0)
+    with pytest.raises(ValueError, match="key 'a' has min_ids_per_features 3 above its ids_per_features 2"):
+        RandomRecDataset(keys=["a"], batch_size=2, ids_per_feature=2, min_ids_per_feature=3)
+    with pytest.raises(ValueError, match="min_ids_per_features has 1 entries for 2 keys"):
+        RandomRecDataset(keys=["a", "b"], batch_size=2, min_ids_per_features=[1])
 
 
 def _write_tsv(path: Path, rows: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -3,16 +3,18 @@ ids, dense features and labels, for benchmarks and smoke tests of a training loo
 
 One batch of ``B`` samples and keys ``k_0 .. k_{F-1}``::
 
-    sparse_features   KJT, key k_f: ids_per_features[f] ids per sample, uniform in [0, hash_sizes[f])
+    sparse_features   KJT, key k_f: per sample a length uniform in [min_ids_per_features[f],
+                      ids_per_features[f]], then that many ids uniform in [0, hash_sizes[f])
     dense_features    [B, num_dense]  float32, standard normal
     labels            [B]             int64, 0 or 1
 
-With ``manual_seed`` the draws come from one ``torch.Generator`` in torchrec's order (per key the
-ids, then the dense features, then the labels), and the batches are torchrec's for the same seed
-and arguments: one batch is drawn when the dataset is built and yielded ``num_generated_batches``
-times per cycle (the same object, as torchrec caches it); with a negative ``num_generated_batches``
-that first draw is discarded, as torchrec's is, and every batch is drawn afresh. Distinct
-reproducible batches: ``num_generated_batches=-1`` with ``num_batches=n`` and a seed.
+torchrec's rules (1.8), so a script gets the batches it got from torchrec for the same seed and
+arguments: ``min_ids_per_feature(s)`` default to ``ids_per_feature`` (fixed lengths) and, when
+that is not given either, to 0 (lengths from 0 to ``ids_per_features[f]``, 2 by default). With
+``manual_seed`` every draw comes from one ``torch.Generator`` in torchrec's order (per key the
+lengths, then its ids; then the dense features, then the labels). ``num_generated_batches`` batches
+are drawn when the dataset is built and yielded in turn (each iteration starts again at the first);
+a negative value draws every batch afresh while iterating (0, which torchrec cannot iterate, does too).
 """
 
 from __future__ import annotations
@@ -28,14 +30,13 @@ from lightrec.sparse import KeyedJaggedTensor
 __all__ = ["RandomRecDataset"]
 
 
-def _per_key(name: str, single: int | None, per_key: list[int] | None, keys: list[str], default: int) -> list[int]:
-    values = per_key if per_key is not None else [single or default] * len(keys)
+def _per_key(name: str, values: list[int], keys: list[str], smallest: int) -> list[int]:
     if len(values) != len(keys):
         raise ValueError(
             f"RandomRecDataset: {name} has {len(values)} entries for {len(keys)} keys {keys}; give one per key"
         )
-    if any(not isinstance(v, int) or v <= 0 for v in values):
-        raise ValueError(f"RandomRecDataset: {name} must be positive ints, got {values}")
+    if any(isinstance(v, bool) or not isinstance(v, int) or v < smallest for v in values):
+        raise ValueError(f"RandomRecDataset: {name} must be ints >= {smallest}, got {values}")
     return list(values)
 
 
@@ -47,28 +48,36 @@ class RandomRecDataset(IterableDataset):
         batch_size: samples per batch.
         hash_size: ids of every key are drawn from ``[0, hash_size)`` (default 100).
         hash_sizes: one bound per key (overrides ``hash_size``).
-        ids_per_feature: ids per sample of every key (default 2).
-        ids_per_features: one count per key (overrides ``ids_per_feature``).
+        ids_per_feature: the most ids per sample of every key (default 2).
+        ids_per_features: one most per key (overrides ``ids_per_feature``).
         num_dense: dense features per sample.
         manual_seed: seed of the generator (None: torch's global generator).
         num_batches: batches per iteration (None: endless).
-        num_generated_batches: how many times the one batch drawn at construction is yielded
-            before the cycle repeats (torchrec's meaning); a negative value draws every batch
-            afresh (0, which torchrec cannot iterate, does too).
+        num_generated_batches: batches drawn at construction and yielded in turn; a negative
+            value draws every batch afresh (0, which torchrec cannot iterate, does too).
+        min_ids_per_feature: the fewest ids per sample of every key (default: ``ids_per_feature``,
+            or 0 when that is not given).
+        min_ids_per_features: one fewest per key (overrides ``min_ids_per_feature``).
+
+    Raises:
+        ValueError: a list whose length is not the number of keys, a negative count, a most below
+            its fewest, sizes that are not positive.
     """
 
     def __init__(
         self,
         keys: list[str],
         batch_size: int,
-        hash_size: int | None = 100,
+        hash_size: int | None = None,
         hash_sizes: list[int] | None = None,
-        ids_per_feature: int | None = 2,
+        ids_per_feature: int | None = None,
         ids_per_features: list[int] | None = None,
         num_dense: int = 50,
         manual_seed: int | None = None,
         num_batches: int | None = None,
         num_generated_batches: int = 10,
+        min_ids_per_feature: int | None = None,
+        min_ids_per_features: list[int] | None = None,
     ) -> None:
         super().__init__()
         if not keys or not all(isinstance(k, str) for k in keys):
@@ -81,22 +90,34 @@ class RandomRecDataset(IterableDataset):
             raise ValueError(f"RandomRecDataset: num_batches must be None or an int >= 0, got {num_batches!r}")
         self.keys = list(keys)
         self.batch_size = batch_size
-        self.hash_sizes = _per_key("hash_sizes", hash_size, hash_sizes, self.keys, 100)
-        self.ids_per_features = _per_key("ids_per_features", ids_per_feature, ids_per_features, self.keys, 2)
+        n = len(self.keys)
+        self.hash_sizes = _per_key("hash_sizes", hash_sizes or [hash_size or 100] * n, self.keys, 1)
+        self.ids_per_features = _per_key("ids_per_features", ids_per_features or [ids_per_feature or 2] * n, self.keys, 0)
+        # torchrec: the fewest default to ids_per_feature (not ids_per_features), else 0
+        fewest = min_ids_per_feature if min_ids_per_feature is not None else ids_per_feature
+        self.min_ids_per_features = _per_key(
+            "min_ids_per_features", min_ids_per_features or [fewest or 0] * n, self.keys, 0
+        )
+        for key, low, high in zip(self.keys, self.min_ids_per_features, self.ids_per_features, strict=True):
+            if low > high:
+                raise ValueError(
+                    f"RandomRecDataset: key {key!r} has min_ids_per_features {low} above its ids_per_features "
+                    f"{high}; the fewest ids per sample cannot exceed the most"
+                )
         self.num_dense = num_dense
         self.num_batches = num_batches
         self.num_generated_batches = num_generated_batches
         self._generator = torch.Generator().manual_seed(manual_seed) if manual_seed is not None else None
-        first = self._draw()  # drawn whatever num_generated_batches is: torchrec's generator state
-        self._cached = [first] * max(num_generated_batches, 0)
+        self._cached = [self._draw() for _ in range(num_generated_batches)]
 
     def _draw(self) -> Batch:
         g, b = self._generator, self.batch_size
-        values = [
-            torch.randint(high=h, size=(n * b,), generator=g) for h, n in zip(self.hash_sizes, self.ids_per_features)
-        ]
-        lengths = torch.tensor([n for n in self.ids_per_features for _ in range(b)], dtype=torch.int32)
-        sparse = KeyedJaggedTensor.from_lengths_sync(keys=self.keys, values=torch.cat(values), lengths=lengths)
+        values, lengths = [], []
+        for h, low, high in zip(self.hash_sizes, self.min_ids_per_features, self.ids_per_features, strict=True):
+            length = torch.randint(low, high + 1, (b,), dtype=torch.int32, generator=g)
+            values.append(torch.randint(0, h, (int(length.sum()),), generator=g))
+            lengths.append(length)
+        sparse = KeyedJaggedTensor.from_lengths_sync(keys=self.keys, values=torch.cat(values), lengths=torch.cat(lengths))
         dense = torch.randn(b, self.num_dense, generator=g)
         labels = torch.randint(low=0, high=2, size=(b,), generator=g)
         return Batch(dense_features=dense, sparse_features=sparse, labels=labels)
