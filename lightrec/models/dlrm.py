@@ -291,6 +291,10 @@ class InteractionProjectionArch(nn.Module):
         """``[B, D]``, ``[B, F, D]`` -> ``[B, D + F1 * F2]`` (``dense_features`` alone when ``F == 0``)."""
         if self.F <= 0:
             return dense_features
+        # The branches read [B, (F+1) D]: a sparse stack of another count or width used to reach them
+        # as a wrong-width input, reported as the branch's "dense_features".
+        _checks.check_matrix("dense_features", dense_features, dense_features.shape[-1])
+        _checks.check_stacked("sparse_features", sparse_features, self.F, dense_features.shape[-1])
         _checks.check_batch_size("dense_features", dense_features, "sparse_features", sparse_features)
         batch, dim = dense_features.shape
         flat = torch.cat([dense_features.unsqueeze(1), sparse_features], dim=1).reshape(batch, -1)

@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from lightrec.modules import _dense_checks as _checks
+from lightrec.modules._dense_checks import check_positive_int
 from lightrec.modules.deepfm import DeepFM, FactorizationMachine
 from lightrec.sparse import KeyedJaggedTensor, KeyedTensor
 
@@ -44,12 +46,16 @@ class DenseArch(nn.Module):
 
     def __init__(self, in_features: int, hidden_layer_size: int, embedding_dim: int) -> None:
         super().__init__()
-        self._in_features = in_features  # read by lightrec.inference.export (dense width)
+        check_positive_int("hidden_layer_size", hidden_layer_size)
+        check_positive_int("embedding_dim", embedding_dim)
+        # read by lightrec.inference.export (dense width)
+        self._in_features = check_positive_int("in_features", in_features)
         self.model = nn.Sequential(
             nn.Linear(in_features, hidden_layer_size), nn.ReLU(), nn.Linear(hidden_layer_size, embedding_dim), nn.ReLU()
         )
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
+        _checks.check_matrix("dense_features", features, self._in_features)
         out: torch.Tensor = self.model(features)
         return out
 
@@ -65,6 +71,8 @@ class FMInteractionArch(nn.Module):
 
     def __init__(self, fm_in_features: int, sparse_feature_names: list[str], deep_fm_dimension: int) -> None:
         super().__init__()
+        check_positive_int("fm_in_features", fm_in_features)
+        check_positive_int("deep_fm_dimension", deep_fm_dimension)
         self.sparse_feature_names = list(sparse_feature_names)
         self.deep_fm = DeepFM(dense_module=nn.Sequential(nn.Linear(fm_in_features, deep_fm_dimension), nn.ReLU()))
         self.fm = FactorizationMachine()
@@ -82,6 +90,7 @@ class OverArch(nn.Module):
 
     def __init__(self, in_features: int) -> None:
         super().__init__()
+        check_positive_int("in_features", in_features)
         self.model = nn.Sequential(nn.Linear(in_features, 1), nn.Sigmoid())
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
@@ -99,13 +108,18 @@ class SimpleDeepFMNN(nn.Module):
         deep_fm_dimension: ``DI``.
 
     Raises:
-        ValueError: no table, or tables of different embedding dims.
+        ValueError: no table, tables of different embedding dims, or a size argument that is not
+            a positive int. ``forward`` raises ``DenseShapeError`` (a ``ValueError``) for dense
+            features that are not ``[B, num_dense_features]`` floats.
     """
 
     def __init__(
         self, num_dense_features: int, embedding_bag_collection: nn.Module, hidden_layer_size: int, deep_fm_dimension: int
     ) -> None:
         super().__init__()
+        check_positive_int("num_dense_features", num_dense_features)
+        check_positive_int("hidden_layer_size", hidden_layer_size)
+        check_positive_int("deep_fm_dimension", deep_fm_dimension)
         configs = list(embedding_bag_collection.embedding_bag_configs())  # type: ignore[operator]
         dims = sorted({c.embedding_dim for c in configs})
         if len(dims) != 1:

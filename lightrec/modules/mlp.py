@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from lightrec.modules._dense_checks import check_positive_int
+from lightrec.modules._dense_checks import DenseShapeError, check_positive_int
 
 __all__ = ["MLP", "ActivationSpec", "Perceptron", "make_activation"]
 
@@ -167,6 +167,21 @@ def check_layer_sizes(name: str, layer_sizes: Sequence[int]) -> list[int]:
     return sizes
 
 
+def check_last_dim(name: str, x: torch.Tensor, in_size: int) -> None:
+    """Raise ``DenseShapeError`` unless ``x`` is ``[*, in_size]`` (a wrong width used to fail inside
+    the matmul as "mat1 and mat2 shapes cannot be multiplied", naming no argument). Written in the
+    TorchScript subset and ``torch.fx.wrap``-ed, like the checks of ``_dense_checks``."""
+    if x.dim() == 0 or x.shape[-1] != in_size:
+        raise DenseShapeError(
+            name + " must have shape [*, " + str(in_size) + "] (its last dimension is in_size), got "
+            + str(list(x.shape)) + "; pass inputs of width " + str(in_size)
+            + " or build the module with in_size equal to the input's last dimension"
+        )
+
+
+torch.fx.wrap("check_last_dim")
+
+
 class Perceptron(nn.Module):
     """One fully connected layer followed by an activation.
 
@@ -221,6 +236,7 @@ class Perceptron(nn.Module):
         return self._out_size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_last_dim("Perceptron input", x, self._in_size)
         # Annotated locals: nn.Module calls are untyped to mypy; TorchScript accepts the annotations.
         if torch.jit.is_scripting():
             scripted: torch.Tensor = self._activation_fn(self._linear(x))
@@ -378,5 +394,6 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[*, in_size] -> [*, layer_sizes[-1]]``."""
+        check_last_dim("MLP input", x, self._in_size)
         out: torch.Tensor = self._mlp(x)
         return out
