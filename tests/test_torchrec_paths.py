@@ -26,6 +26,7 @@ TORCHREC_PATHS: dict[str, list[str]] = {
                                            "BaseEmbeddingConfig"],
     "torchrec.modules.embedding_modules": ["EmbeddingBagCollection", "EmbeddingCollection"],
     "torchrec.modules.mlp": ["MLP", "Perceptron"],
+    "torchrec.modules.activation": ["SwishLayerNorm"],
     "torchrec.modules.crossnet": ["CrossNet", "LowRankCrossNet", "LowRankMixtureCrossNet", "VectorCrossNet"],
     "torchrec.modules.deepfm": ["DeepFM", "FactorizationMachine"],
     "torchrec.modules.fused_embedding_modules": ["FusedEmbeddingBagCollection", "FusedEmbeddingCollection",

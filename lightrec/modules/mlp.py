@@ -36,6 +36,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from lightrec.modules._dense_checks import DenseShapeError, check_positive_int
+from lightrec.modules.activation import SwishLayerNorm
 
 __all__ = ["MLP", "ActivationSpec", "Perceptron", "make_activation"]
 
@@ -72,22 +73,6 @@ _FUNCTION_ACTIVATIONS: dict[Callable[..., torch.Tensor], Callable[[], nn.Module]
 }
 
 
-class _SwishLayerNorm(nn.Module):
-    """torchrec's ``"swish_layernorm"`` activation of a ``width``-wide layer: ``x * sigmoid(LayerNorm(x))``.
-
-    The attribute ``norm`` (``Sequential(LayerNorm, Sigmoid)``) gives torchrec's state-dict keys
-    ``_activation_fn.norm.0.weight`` / ``.bias``.
-    """
-
-    def __init__(self, width: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
-        super().__init__()
-        self.norm = nn.Sequential(nn.LayerNorm(width, device=device, dtype=dtype), nn.Sigmoid())
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = x * self.norm(x)
-        return out
-
-
 _WIDTH_ACTIVATIONS = ("swish_layernorm",)
 
 
@@ -96,7 +81,7 @@ def _layer_activation(
 ) -> nn.Module:
     """``make_activation``, plus the activations that need the layer's ``width`` (``"swish_layernorm"``)."""
     if isinstance(activation, str) and activation.lower() == "swish_layernorm":
-        return _SwishLayerNorm(width, device=device, dtype=dtype)
+        return SwishLayerNorm(width, device=device, dtype=dtype)
     return make_activation(activation)
 
 
