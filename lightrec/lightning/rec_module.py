@@ -50,7 +50,6 @@ from typing import IO, Any, Literal
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.types import STEP_OUTPUT, OptimizerLRScheduler
 from torch import nn
 from torchmetrics import Metric, MetricCollection
@@ -65,6 +64,11 @@ from lightrec.kernels.tiered.config import refuse_tiered_export
 from lightrec.lightning.callbacks.rec_model_summary import summary_for
 from lightrec.lightning.callbacks.tiered_table_monitor import TieredTableMonitor
 from lightrec.lightning.contracts import EmbeddingShardingStrategy, FusedOptimizerModule, ShardingRequest
+from lightrec.lightning.fused_tables_checks import (
+    FusedTablesStrategyError,
+    refuse_fused_tables_under_data_parallel,
+    warn_trainer_flags_with_fused_tables,
+)
 from lightrec.lightning.loop_state import fix_resume_counters, logging_step_of
 from lightrec.lightning.nonfinite import NonFiniteLossError, check_nonfinite_policy, nonfinite_ranks
 from lightrec.lightning.sharded_folder_refusal import ShardedCheckpointFolderError, ShardedFolderRefusal
@@ -84,6 +88,7 @@ from lightrec.optim import (
 
 __all__ = [
     "EMBEDDING_OPTIMIZERS",
+    "FusedTablesStrategyError",
     "RecModule",
     "ShardedCheckpointFolderError",
     "class_reference",
@@ -355,15 +360,8 @@ class RecModule(pl.LightningModule):
     def configure_optimizers(self) -> OptimizerLRScheduler:
         """One ``CombinedOptimizer`` (fused embedding part + dense part) and one LR schedule for both."""
         parts: list[tuple[str, KeyedOptimizer]] = [(path or "embeddings", opt) for path, opt in self.fused_optimizers()]
-        if parts and self._trainer is not None and self.trainer.accumulate_grad_batches > 1:
-            rank_zero_warn(
-                f"accumulate_grad_batches={self.trainer.accumulate_grad_batches}: the dense parameters step once per "
-                f"{self.trainer.accumulate_grad_batches} batches, but the embedding tables' fused optimizer updates "
-                "their rows inside every batch's backward (with that batch's gradient, scaled by 1/"
-                f"{self.trainer.accumulate_grad_batches} as Lightning scales the loss), as torchrec's fused optimizers "
-                "do. To step the tables once per accumulated step, raise the batch size instead",
-                category=UserWarning,
-            )
+        if parts and self._trainer is not None:
+            warn_trainer_flags_with_fused_tables(self.trainer)
         dense = self.dense_parameters()
         if dense:
             cls, kwargs = self._dense_optimizer_class(), dict(lr=self._dense_lr, **self._dense_optimizer_kwargs)
@@ -542,6 +540,9 @@ class RecModule(pl.LightningModule):
         calls ``super().setup(stage)`` to keep this."""
         if self._trainer is not None:
             ShardedFolderRefusal.install(self._trainer.strategy)
+            if stage == "fit":
+                builds_fused = self.model is None and self.builds_from_tables and self._defines_tables()
+                refuse_fused_tables_under_data_parallel(self, self._trainer.strategy, builds_fused)
 
     @override
     def teardown(self, stage: str) -> None:

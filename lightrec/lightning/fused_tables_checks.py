@@ -1,0 +1,73 @@
+"""What a ``RecModule`` whose tables train inside backward (fused optimizer) checks of its Trainer.
+
+Given a data-parallel strategy that does not shard tables (``strategy="ddp"``, FSDP, ...) it is refused
+at ``setup("fit")`` by name, not by torch's ``AttributeError`` about ``torch.distributed.optim`` in the
+first forward. ``accumulate_grad_batches`` and ``gradient_clip_val``, which reach the dense part only,
+are warned about once when the optimizers are configured.
+
+Under such a strategy the DDP wrapper cannot run the tables' in-backward optimizer, and even if it
+could, each replica's tables would step on its own rank's gradients. A model whose tables are plain
+parameters (updated by the dense optimizer) trains under DDP like any dense model and is not refused.
+"""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+from lightning.pytorch.strategies import ParallelStrategy, Strategy
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import nn
+
+from lightrec.lightning.contracts import EmbeddingShardingStrategy
+
+__all__ = ["FusedTablesStrategyError", "refuse_fused_tables_under_data_parallel", "warn_trainer_flags_with_fused_tables"]
+
+
+class FusedTablesStrategyError(ValueError):
+    """A ``RecModule`` whose embedding tables train in backward (fused optimizer) was given to a data-parallel
+    strategy other than ``RecStrategy``; the message names the strategy and the fix."""
+
+
+def refuse_fused_tables_under_data_parallel(module: nn.Module, strategy: Strategy, builds_fused: bool) -> None:
+    """Raise :class:`FusedTablesStrategyError` when ``strategy`` is data parallel without sharding tables and
+    ``module`` has tables updated in backward: ``builds_fused`` (tables its ``configure_model`` will build,
+    fused under any strategy but ``RecStrategy``) or parameters already marked for an in-backward optimizer
+    (fused collections, ``apply_optimizer_in_backward``)."""
+    if not isinstance(strategy, ParallelStrategy) or isinstance(strategy, EmbeddingShardingStrategy):
+        return
+    if not builds_fused and not any(hasattr(p, "_in_backward_optimizers") for p in module.parameters()):
+        return
+    raise FusedTablesStrategyError(
+        f"{type(module).__name__} trains its embedding tables with a fused optimizer inside backward, which "
+        f"the Trainer's strategy {type(strategy).__name__} (e.g. strategy='ddp', 'fsdp') cannot run: "
+        "its data-parallel wrapper would fail at the first forward, and each replica's tables would step on "
+        "its own rank's gradients. Pass strategy=lightrec.lightning.RecStrategy(...) (it shards the tables "
+        "and works on any number of devices, 1 included), or train on one device with strategy='auto'"
+    )
+
+
+def warn_trainer_flags_with_fused_tables(trainer: pl.Trainer) -> None:
+    """Warn (rank 0, once per fit) about the Trainer flags that reach the dense parameters only: the
+    tables' fused optimizer updates their rows inside every batch's backward, before Lightning
+    accumulates or clips."""
+    accumulate = trainer.accumulate_grad_batches
+    if accumulate > 1:
+        rank_zero_warn(
+            f"accumulate_grad_batches={accumulate}: the dense parameters step once per {accumulate} batches, but "
+            "the embedding tables' fused optimizer updates their rows inside every batch's backward (with that "
+            f"batch's gradient, scaled by 1/{accumulate} as Lightning scales the loss), as torchrec's fused "
+            "optimizers do. To step the tables once per accumulated step, raise the batch size instead",
+            category=UserWarning,
+        )
+    clip = trainer.gradient_clip_val
+    if clip:
+        given = trainer.gradient_clip_algorithm  # None: Lightning clips by norm
+        algorithm = "norm" if given is None else str(given.value)
+        rank_zero_warn(
+            f"gradient_clip_val={clip} (gradient_clip_algorithm={algorithm!r}) clips the dense parameters' "
+            "gradients only"
+            + (", and their norm is taken over the dense parameters alone" if algorithm == "norm" else "")
+            + ": the embedding tables' fused optimizer applies each batch's table gradients inside backward, "
+            "before Lightning clips, so the table rows are updated unclipped. To limit the table updates, "
+            "lower the embedding learning rate (RecModule(embedding_lr=...) or the strategy's fused_params)",
+            category=UserWarning,
+        )
