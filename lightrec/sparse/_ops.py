@@ -50,6 +50,11 @@ def _permute_2d_sparse_torch(
     return out_lengths_2d, out_values, out_weights
 
 
+def _fbgemm_weights_dtype(dtype: torch.dtype) -> bool:
+    """Whether fbgemm's ``permute_2D_sparse_data`` permutes weights of ``dtype`` (float16/32/64)."""
+    return dtype == torch.float32 or dtype == torch.float16 or dtype == torch.float64
+
+
 if USING_FBGEMM:
 
     def complete_cumsum(lengths: torch.Tensor) -> torch.Tensor:
@@ -77,6 +82,9 @@ if USING_FBGEMM:
         Returns:
             ``(lengths [K_out, B], values, weights)`` in the permuted key order.
         """
+        if weights is not None and not _fbgemm_weights_dtype(weights.dtype):
+            # bfloat16 (or integer) weights: fbgemm's CPU kernel has no such instance
+            return _permute_2d_sparse_torch(permute, lengths, values, weights, total)
         # fbgemm's kernel takes the permutation as int32.
         out_lengths, out_values, out_weights = torch.ops.fbgemm.permute_2D_sparse_data(
             permute.to(torch.int32), lengths, values, weights, total

@@ -5,7 +5,7 @@ for tensors, so float weights compare with a tolerance); a missing optional part
 another missing one. Lengths and offsets are completed from each other first, since the same
 batch can be built from either. Two KeyedJaggedTensors are equal when, on top of that, their keys
 (in order), per-key lengths and offsets and stride agree. Anything that is not of the type
-compares unequal (no exception), as in torchrec.
+compares unequal (no exception), as in torchrec; tensors of different dtypes compare by value.
 
 Both are ``torch.fx.wrap``-ed: a traced model keeps them as one call each.
 """
@@ -22,11 +22,18 @@ __all__ = ["jt_is_equal", "kjt_is_equal"]
 
 
 def _same(a: Any, b: Any) -> bool:
-    """Both missing, or both present and equal (tensors: same shape and ``allclose``)."""
+    """Both missing, or both present and equal (tensors: same shape and ``allclose``).
+
+    Tensors of different dtypes (int32 against int64 lengths) are compared in their common dtype,
+    as ``torch.equal`` does (``allclose`` alone raises on them).
+    """
     if a is None or b is None:
         return a is None and b is None
     if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.size() == b.size() and bool(torch.allclose(a, b))
+        if not isinstance(b, torch.Tensor) or a.size() != b.size():
+            return False
+        common = torch.promote_types(a.dtype, b.dtype)
+        return bool(torch.allclose(a.to(common), b.to(common)))
     return bool(a == b)
 
 

@@ -81,6 +81,7 @@ def _check_lengths_offsets(
     where: str,
 ) -> None:
     """Validate one jagged layout; raises ``SparseValueError`` naming ``where``."""
+    check_same_device(values, {"weights": weights, "lengths": lengths, "offsets": offsets}, where)
     check_offsets_start(offsets, where)
     if lengths.dim() != 1:
         _raise(f"{where}: lengths must be 1-D, got shape {list(lengths.shape)}")
@@ -111,6 +112,18 @@ def _check_lengths_offsets(
             f"{where}: weights has {weights.size(0)} entries but values has {values.size(0)}; "
             "pass one weight per value (or weights=None)"
         )
+
+
+@torch.jit.unused
+def check_same_device(values: torch.Tensor, others: Dict[str, Optional[torch.Tensor]], where: str) -> None:
+    """Every tensor of ``others`` (named) is on ``values``' device; raises ``SparseValueError`` naming
+    the first one that is not (the kernels would fail later with a message that names neither)."""
+    for name, tensor in others.items():
+        if tensor is not None and tensor.device != values.device:
+            _raise(
+                f"{where}: {name} is on {tensor.device} but values is on {values.device}; every tensor of the "
+                "batch must be on one device: build them there, or move the whole batch with .to(device)"
+            )
 
 
 def check_offsets_start(offsets: Optional[torch.Tensor], where: str) -> None:

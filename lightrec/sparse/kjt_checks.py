@@ -19,7 +19,12 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from lightrec.sparse.jagged import SparseValueError, _check_lengths_offsets, check_offsets_start
+from lightrec.sparse.jagged import (
+    SparseValueError,
+    _check_lengths_offsets,
+    check_offsets_start,
+    check_same_device,
+)
 
 __all__ = ["check_id_dtypes", "check_layout_sizes", "check_lengths_and_weights", "validate_kjt_layout"]
 
@@ -36,6 +41,9 @@ def validate_kjt_layout(
     inverse_indices: Optional[Tuple[List[str], torch.Tensor]],
 ) -> None:
     """Raise ``SparseValueError`` naming the first inconsistency of a KJT's layout."""
+    inverse_rows = inverse_indices[1] if inverse_indices is not None else None
+    tensors = {"weights": weights, "lengths": lengths, "offsets": offsets, "inverse_indices": inverse_rows}
+    check_same_device(values, tensors, "KeyedJaggedTensor")
     if len(set(keys)) != len(keys):
         dupes = sorted({k for k in keys if keys.count(k) > 1})
         raise SparseValueError(f"KeyedJaggedTensor keys must be unique; duplicated: {dupes}")

@@ -162,18 +162,22 @@ def regroup_received(
     weights: Optional[torch.Tensor] = None
     if len(tensors) == (4 if variable_stride_per_key else 3):
         weights = tensors[-1]
+    table: Optional[List[List[int]]] = None  # typed, and loops below: TorchScript compiles dist_init
+    block_sizes: List[int] = []
     if variable_stride_per_key:
         strides_flat = tensors[2]
-        block_sizes: List[int] = strides_flat.tolist()
-        table = strides_from_rank_major(strides_flat, num_workers, num_keys)
+        received: List[int] = strides_flat.tolist()
+        block_sizes = received
+        rank_table = strides_from_rank_major(strides_flat, num_workers, num_keys)
         if stagger > 1:
             ranks: List[int] = torch.arange(num_workers).view(stagger, -1).t().reshape(-1).tolist()
-            table = [[per_rank[r] for r in ranks] for per_rank in table]
+            rank_table = [[per_rank[r] for r in ranks] for per_rank in rank_table]
+        table = rank_table
     else:
         if stride_per_rank is None:
             raise ValueError("dist_init of a fixed-batch KJT needs stride_per_rank (each source rank's batch size)")
-        block_sizes = [b for b in stride_per_rank for _ in range(num_keys)]
-        table = None
+        for b in stride_per_rank:
+            block_sizes.extend([b] * num_keys)
     if recat is not None and num_keys > 0:
         if table is None and recat.numel() != len(block_sizes) and recat.numel() == lengths.numel():
             # torchrec's recat for source ranks of different batch sizes (``_get_recat`` expanded by
