@@ -77,7 +77,15 @@ class GradientClippingOptimizer(OptimizerWrapper):
             raise ValueError(f"max_gradient must be > 0, got {max_gradient}")
         self._clipping = clipping
         self._max_gradient = float(max_gradient)
-        self._norm_type = float(norm_type)
+        try:
+            self._norm_type = float(norm_type)
+        except (TypeError, ValueError):
+            self._norm_type = float("nan")
+        if not self._norm_type > 0:  # 0, negative or NaN: the total would zero (or keep) every gradient
+            raise ValueError(
+                f"GradientClippingOptimizer(norm_type={norm_type!r}) must be > 0 (e.g. 2.0) or 'inf' for the "
+                "largest absolute value"
+            )
         self._replicated: list[torch.Tensor] = []
         self._sharded: dict[tuple[dist.ProcessGroup, ...], list[torch.Tensor]] = defaultdict(list)
         for group in self.param_groups:

@@ -88,8 +88,13 @@ class KeyedOptimizer(torch.optim.Optimizer):
 
     def __getstate__(self) -> dict[str, Any]:
         # torch.optim.Optimizer pickles only defaults/state/param_groups; keep the names (and any
-        # subclass attributes) so deep copies and pickles stay keyed optimizers.
-        return dict(self.__dict__)
+        # subclass attributes) so deep copies and pickles stay keyed optimizers. An instance ``step``
+        # is the wrapper an LR scheduler installs, bound to *this* optimizer by a weak reference: a
+        # copy carrying it would step the original (and a pickle fails); the copy uses its class's
+        # step, as a copied torch optimizer does.
+        state = dict(self.__dict__)
+        state.pop("step", None)
+        return state
 
     def _check_groups(self) -> None:
         ids = {id(p) for p in self.params.values()}
@@ -195,7 +200,8 @@ class KeyedOptimizer(torch.optim.Optimizer):
         """Restore state and hyper-parameters by name; tensors are copied in place.
 
         Everything is checked before anything changes: raises ``KeyError`` naming any parameter,
-        state entry or param group the checkpoint lacks, and ``ValueError`` naming any state tensor
+        state entry or param group the checkpoint lacks, or any parameter it names that this
+        optimizer does not have, and ``ValueError`` naming any state tensor
         whose shape differs from this optimizer's (e.g. per-row vs per-element Adagrad state).
         """
         own_groups = self.check_state_dict(state_dict)
@@ -230,6 +236,7 @@ class KeyedOptimizer(torch.optim.Optimizer):
         ):
             raise KeyError("optimizer state_dict must have 'state' and 'param_groups' entries")
         saved_state = state_dict["state"]
+        _check_no_unknown_names(state_dict, set(self.params), self._extra_state_names())
         for name, p in self.params.items():
             own = self.state.get(p, {})
             if own and name not in saved_state:
@@ -375,6 +382,21 @@ class OptimizerWrapper(KeyedOptimizer):
         return f"{type(self).__name__}({self._optimizer!r})"
 
 
+def _check_no_unknown_names(state_dict: _StateDict, params: set[str], extra: set[str]) -> None:
+    """Refuse a state dict naming parameters this optimizer does not have (in its state or its
+    param groups): that state would be dropped unseen, e.g. a checkpoint of a renamed or other model."""
+    unknown = sorted(
+        {name for name in state_dict["state"] if name not in params and name not in extra}
+        | {name for g in state_dict["param_groups"] for name in g.get("params", ()) if name not in params}
+    )
+    if unknown:
+        raise KeyError(
+            f"optimizer state_dict names parameters {unknown} that this optimizer does not have (its parameters: "
+            f"{sorted(params)}); nothing was loaded; load a state dict saved from an optimizer over the same "
+            "named parameters"
+        )
+
+
 def _same_groups(groups: Collection[Mapping[str, Any]], current: Collection[Mapping[str, Any]]) -> bool:
     """Whether ``groups`` holds the very group dicts of ``current``, in order."""
     given, now = list(groups), list(current)
@@ -483,9 +505,11 @@ class CombinedOptimizer(KeyedOptimizer):
         return {_prefixed(prefix, n) for prefix, opt in self._optims for n in opt._extra_state_names()}
 
     def _split(self, state_dict: _StateDict) -> list[_StateDict]:
-        """Each child's part of ``state_dict``, in the child's own names."""
+        """Each child's part of ``state_dict``, in the child's own names; a name that belongs to no
+        child raises ``KeyError`` (it would be dropped unseen)."""
         if not isinstance(state_dict, Mapping) or "state" not in state_dict or "param_groups" not in state_dict:
             raise KeyError("optimizer state_dict must have 'state' and 'param_groups' entries")
+        _check_no_unknown_names(state_dict, set(self.params), self._extra_state_names())
         parts: list[_StateDict] = []
         for prefix, opt in self._optims:
             own = set(opt.params) | opt._extra_state_names()

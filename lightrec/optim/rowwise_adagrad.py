@@ -159,12 +159,13 @@ class RowWiseAdagrad(DenseRowOptimizer):
                 param_state["sum"] = acc.view(-1)
 
     def _step_param(self, p: torch.Tensor, group: dict[str, Any]) -> None:
-        w = p.view(p.shape[0], -1) if p.dim() > 1 else p.view(-1, 1)
-        g = p.grad.view_as(w)  # type: ignore[union-attr]  # step() only calls this with a gradient
+        # [rows, D] in logical order (a copy where p is not contiguous, e.g. channels_last); p is updated below
+        w = p.reshape(p.shape[0], -1) if p.dim() > 1 else p.reshape(-1, 1)
+        g = p.grad.reshape(w.shape)  # type: ignore[union-attr]  # step() only calls this with a gradient
         if group["maximize"]:
             g = -g
         if group["weight_decay"] != 0.0:
             g = g + group["weight_decay"] * w
         acc = self.state[p]["sum"]
         acc.add_(g.square().mean(dim=1))
-        w.sub_(group["lr"] * g / (acc.sqrt() + group["eps"]).unsqueeze(1))
+        p.sub_((group["lr"] * g / (acc.sqrt() + group["eps"]).unsqueeze(1)).view(p.shape))

@@ -30,7 +30,9 @@ __all__ = ["LAMB", "LarsSGD", "PartialRowWiseAdam", "PartialRowWiseLAMB"]
 
 
 def _rows(p: torch.Tensor) -> torch.Tensor:
-    return p.view(p.shape[0], -1) if p.dim() > 1 else p.view(1, -1)
+    """``p`` as ``[rows, D]`` in its logical (row-major) order: a view where the layout allows, a copy
+    otherwise (a ``channels_last`` conv weight or gradient)."""
+    return p.reshape(p.shape[0], -1) if p.dim() > 1 else p.reshape(1, -1)
 
 
 def _check_betas(name: str, betas: tuple[float, float]) -> tuple[float, float]:
@@ -55,7 +57,7 @@ class _RowwiseOptimizer(DenseRowOptimizer):
                 shape = (w.shape[0],) if name in self._row_state else tuple(w.shape)
                 state[name] = torch.zeros(shape, dtype=p.dtype, device=p.device)
         state["step"] += 1
-        w.copy_(self._update(group, w, g, state))
+        p.copy_(self._update(group, w, g, state).view(p.shape))  # into p: w is a copy where p is not contiguous
 
     @abc.abstractmethod
     def _update(self, group: dict[str, Any], w: torch.Tensor, g: torch.Tensor, state: dict[str, Any]) -> torch.Tensor:

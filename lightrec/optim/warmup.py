@@ -149,10 +149,34 @@ class WarmupOptimizer(OptimizerWrapper):
         out["state"] = {**out["state"], self._param_name: {"warmup": torch.tensor([self._iter, self._stage])}}
         return out
 
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+    def _without_schedule(self, state_dict: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[int, int] | None]:
+        """``state_dict`` without the schedule position, and the position (None if not saved)."""
+        if not isinstance(state_dict, Mapping) or not isinstance(state_dict.get("state"), Mapping):
+            raise KeyError("optimizer state_dict must have 'state' and 'param_groups' entries")
         state = dict(state_dict["state"])
-        warmup = state.pop(self._param_name, None)
-        super().load_state_dict({**state_dict, "state": state})
-        if warmup is not None:
-            self._iter, self._stage = (int(x) for x in warmup["warmup"].tolist())
+        saved = state.pop(self._param_name, None)
+        position = None
+        if saved is not None:
+            value = saved.get("warmup") if isinstance(saved, Mapping) else None
+            it, stage = (-1, -1)
+            if isinstance(value, torch.Tensor) and value.numel() == 2:
+                it, stage = (int(x) for x in value.tolist())
+            if it < 0 or not 0 <= stage < len(self._stages):
+                raise ValueError(
+                    f"optimizer state_dict entry {self._param_name!r} must be {{'warmup': tensor([iter, stage])}} "
+                    f"with a stage of this schedule (0..{len(self._stages) - 1}), got {saved!r}; nothing was loaded; "
+                    "load a state dict saved with the same stages"
+                )
+            position = (it, stage)
+        return {**state_dict, "state": state}, position
+
+    def check_state_dict(self, state_dict: Mapping[str, Any]) -> list[tuple[dict[str, Any], Mapping[str, Any]]]:
+        rest, _ = self._without_schedule(state_dict)
+        return super().check_state_dict(rest)
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        rest, position = self._without_schedule(state_dict)
+        super().load_state_dict(rest)
+        if position is not None:
+            self._iter, self._stage = position
         self._set_lr()
