@@ -27,6 +27,12 @@ Two stages, as two awaitables, so a training pipeline can start them early:
    output dists, ``values_per_rank`` and ``value_index`` (the value permutation applied above).
 
 Batch sizes may differ between ranks; a rank may receive no key (``key_splits[rank] == 0``).
+Keys may have batch sizes of their own (a variable-batch KJT, ``stride_per_key_per_rank``): then
+every key's batch size from every source travels too (one more small all-to-all, only when some
+rank's KJT is variable-batch) and the output is a variable-batch KJT whose
+``stride_per_key_per_rank[k][s]`` is key ``k``'s batch on source rank ``s`` (inverse indices stay
+with the sender). Ranks whose ``key_splits`` differ all raise :class:`KJTAllToAllError` naming them
+before any tensor moves (the count exchange carries a checksum of each rank's ``key_splits``).
 
 Lengths and values travel in ONE all-to-all: each destination's chunk is its lengths followed by
 its values, in the values' dtype (int32 lengths -- the usual KJT -- are cast up to int64 ids on the
@@ -42,6 +48,7 @@ and copied out by the receiver -- the same bytes in the same buffers as the gloo
 
 from __future__ import annotations
 
+import zlib
 from typing import Protocol
 
 import torch
@@ -52,6 +59,7 @@ from lightrec.distributed.comm._jagged import HostSegmentOrder, permute_segments
 from lightrec.distributed.comm.awaitable import Awaitable
 from lightrec.distributed.comm.shm_transport import ShmExchange, ShmTransport, shm_transport
 from lightrec.sparse import KeyedJaggedTensor
+from lightrec.sparse.kjt_dist import sum_by_splits
 
 __all__ = ["KJTAllToAll", "KJTAllToAllError", "KJTAllToAllSplitsAwaitable", "KJTAllToAllTensorsAwaitable"]
 
@@ -62,9 +70,15 @@ class Waitable(Protocol):
     def wait(self) -> object: ...
 
 
-# Columns of the per-destination count table exchanged first.
-_BATCH, _LENGTHS, _VALUES, _WEIGHTED, _CONSISTENT = range(5)
-_NUM_COLS = 5
+# Columns of the per-destination count table exchanged first: ``_VARIABLE`` flags a variable-batch
+# KJT (its per-key batch sizes follow in stage 2), ``_SPLITS`` is a checksum of the sender's key_splits.
+_BATCH, _LENGTHS, _VALUES, _WEIGHTED, _CONSISTENT, _VARIABLE, _SPLITS = range(7)
+_NUM_COLS = 7
+
+
+def _splits_checksum(splits: list[int]) -> int:
+    """The same int on every rank for the same ``key_splits`` (crc32: not Python's salted hash)."""
+    return zlib.crc32(",".join(str(n) for n in splits).encode())
 
 
 class KJTAllToAllError(ValueError):
@@ -94,6 +108,7 @@ class KJTAllToAllTensorsAwaitable(Awaitable[KeyedJaggedTensor]):
         keep: tuple[torch.Tensor, ...],
         lengths_per_rank: list[int] | None = None,
         lengths_dtype: torch.dtype | None = None,
+        strides: torch.Tensor | None = None,
     ) -> None:
         super().__init__()
         self.keys = keys
@@ -107,6 +122,8 @@ class KJTAllToAllTensorsAwaitable(Awaitable[KeyedJaggedTensor]):
         self._lengths_per_rank = lengths_per_rank
         self._lengths_dtype = lengths_dtype  # the input KJT's: merged lengths are cast back to it
         self._keep = keep
+        # Variable-batch only: ``[W * num_keys]`` batch size of each (source, key), source-major.
+        self._strides = strides
 
     @property
     def value_index(self) -> torch.Tensor | None:
@@ -126,12 +143,22 @@ class KJTAllToAllTensorsAwaitable(Awaitable[KeyedJaggedTensor]):
             if self._lengths_dtype is not None and lengths.dtype != self._lengths_dtype:
                 lengths = lengths.to(self._lengths_dtype)
         num_keys, world_size = len(self.keys), len(self.batch_size_per_rank)
+        if self._strides is None:
+            sizes = [b for b in self.batch_size_per_rank for _ in range(num_keys)]
+        else:
+            sizes = [int(n) for n in self._strides.tolist()]
+            _check_strides(self.keys, sizes, self._lengths_per_rank or [], world_size)
         if num_keys > 1 and world_size > 1:
             # Received source-major [src][key][sample]; the output is key-major [key][src][sample].
-            sizes = [b for b in self.batch_size_per_rank for _ in range(num_keys)]
             order = [s * num_keys + k for k in range(num_keys) for s in range(world_size)]
             permute = permute_segments_on_host if lengths.device.type == "cpu" else permute_segments
             lengths, values, weights, self._value_index = permute(lengths, values, weights, sizes, order)
+        if self._strides is not None:
+            per_key_per_rank = [[sizes[s * num_keys + k] for s in range(world_size)] for k in range(num_keys)]
+            return KeyedJaggedTensor(
+                keys=self.keys, values=values, weights=weights, lengths=lengths,
+                stride_per_key_per_rank=per_key_per_rank,
+            )  # fmt: skip
         return KeyedJaggedTensor(
             keys=self.keys,
             values=values,
@@ -154,9 +181,11 @@ class KJTAllToAllSplitsAwaitable(Awaitable[Awaitable[KeyedJaggedTensor]]):
         sent: torch.Tensor,
         received: torch.Tensor,
         shm: ShmTransport | None = None,
+        key_splits: list[int] | None = None,
     ) -> None:
         super().__init__()
         self._pg, self._rank, self._keys = pg, rank, keys
+        self._key_splits = key_splits if key_splits is not None else [len(keys)]
         self._kjt: KeyedJaggedTensor | None = kjt  # released once the tensors are sent
         self._work, self._sent, self._received = work, sent, received
         self._shm = shm
@@ -169,8 +198,11 @@ class KJTAllToAllSplitsAwaitable(Awaitable[Awaitable[KeyedJaggedTensor]]):
         if kjt is None:
             raise RuntimeError("internal error: a KJT all-to-all's second stage started twice")
         self._kjt = None
-        _check_counts(self._rank, len(self._keys), kjt, sent, recv)
+        _check_counts(self._rank, len(self._keys), kjt, sent, recv, self._key_splits)
         weighted = kjt.weights_or_none() is not None
+        # Some rank's KJT is variable-batch (every rank sees every source's flag, so all decide alike):
+        # the per-key batch sizes travel first, in a small all-to-all of their own.
+        strides = self._exchange_strides(kjt) if any(r[_VARIABLE] for r in recv) else None
 
         lengths_in = kjt.lengths().contiguous()
         values_in = kjt.values().contiguous()
@@ -182,7 +214,7 @@ class KJTAllToAllSplitsAwaitable(Awaitable[Awaitable[KeyedJaggedTensor]]):
         merged = merged or max(sent_values + recv_values, default=0) < 2**31
         weights_in = kjt.weights().contiguous() if weighted else None
         if self._shm is not None:
-            return self._shm_exchange(lengths_in, values_in, weights_in, sent, recv)
+            return self._shm_exchange(lengths_in, values_in, weights_in, sent, recv, strides)
         out_lengths: torch.Tensor | None
         if merged:
             send = _merge(lengths_in.to(values_in.dtype), values_in, sent_lengths, sent_values)
@@ -224,7 +256,17 @@ class KJTAllToAllSplitsAwaitable(Awaitable[Awaitable[KeyedJaggedTensor]]):
             keep=keep,
             lengths_per_rank=recv_lengths,
             lengths_dtype=lengths_in.dtype,
+            strides=strides,
         )
+
+    def _exchange_strides(self, kjt: KeyedJaggedTensor) -> torch.Tensor:
+        """Every source's batch size of each of this rank's keys, ``[W * num_keys]`` source-major
+        (blocking: a few ints; only for variable-batch KJTs)."""
+        send = torch.tensor(kjt.stride_per_key(), dtype=torch.int64, device=kjt.lengths().device)
+        world_size = len(self._key_splits)
+        recv = send.new_empty(world_size * len(self._keys))
+        dist.all_to_all_single(recv, send, [len(self._keys)] * world_size, self._key_splits, group=self._pg)
+        return recv
 
     def _shm_exchange(
         self,
@@ -233,6 +275,7 @@ class KJTAllToAllSplitsAwaitable(Awaitable[Awaitable[KeyedJaggedTensor]]):
         weights_in: torch.Tensor | None,
         sent: list[list[int]],
         recv: list[list[int]],
+        strides: torch.Tensor | None = None,
     ) -> KJTAllToAllTensorsAwaitable:
         """Stage 2 through shared memory: each destination's ``[lengths | values | weights]`` chunk
         (lengths in the values' dtype) into this rank's segment; the receiver fills the same merged
@@ -273,6 +316,7 @@ class KJTAllToAllSplitsAwaitable(Awaitable[Awaitable[KeyedJaggedTensor]]):
             keep=(),
             lengths_per_rank=recv_lengths,
             lengths_dtype=lengths_in.dtype,
+            strides=strides,
         )
 
 
@@ -359,10 +403,19 @@ def _split_merged(
 
 
 def _check_counts(
-    rank: int, num_keys: int, kjt: KeyedJaggedTensor, sent: list[list[int]], recv: list[list[int]]
+    rank: int, num_keys: int, kjt: KeyedJaggedTensor, sent: list[list[int]], recv: list[list[int]],
+    key_splits: list[int] | None = None,
 ) -> None:
-    """Fail before the tensor all-to-alls if ranks disagree (on every rank alike where possible;
-    mismatched ``key_splits`` are only visible to the receiver, the others then time out)."""
+    """Fail before the tensor all-to-alls if ranks disagree (on every rank alike: every rank
+    receives every source's row)."""
+    groups: dict[int, list[int]] = {}
+    for src, row in enumerate(recv):
+        groups.setdefault(row[_SPLITS], []).append(src)
+    if len(groups) > 1:
+        raise KJTAllToAllError(
+            f"KJTAllToAll: the ranks disagree about key_splits: ranks {' vs ranks '.join(map(str, groups.values()))} "
+            f"(rank {rank} has key_splits={key_splits}); every rank must build KJTAllToAll with the same key_splits"
+        )
     flags = {r[_WEIGHTED] for r in recv}
     if len(flags) > 1:
         weighted_ranks = [s for s, r in enumerate(recv) if r[_WEIGHTED]]
@@ -371,7 +424,7 @@ def _check_counts(
             "every rank must pass weights for the same features (or none)"
         )
     for src, row in enumerate(recv):
-        if row[_LENGTHS] != num_keys * row[_BATCH]:
+        if not row[_VARIABLE] and row[_LENGTHS] != num_keys * row[_BATCH]:
             raise KJTAllToAllError(
                 f"KJTAllToAll: rank {src} sent {row[_LENGTHS]} lengths to rank {rank}, which expects "
                 f"{num_keys} keys x batch {row[_BATCH]}; every rank must use the same key_splits"
@@ -384,6 +437,19 @@ def _check_counts(
             f"values (on this rank, rank {rank}: lengths sum to {sum(s[_VALUES] for s in sent)}, "
             f"values has {kjt.values().numel()}); fix the input (see KeyedJaggedTensor.validate())"
         )
+
+
+def _check_strides(keys: list[str], sizes: list[int], lengths_per_rank: list[int], world_size: int) -> None:
+    """The per-key batch sizes of each source (variable-batch) must add up to the lengths it sent."""
+    num_keys = len(keys)
+    for src in range(world_size):
+        got = sum(sizes[src * num_keys : (src + 1) * num_keys])
+        if src < len(lengths_per_rank) and got != lengths_per_rank[src]:
+            raise KJTAllToAllError(
+                f"KJTAllToAll: rank {src} sent batch sizes {sizes[src * num_keys : (src + 1) * num_keys]} "
+                f"for keys {keys} but {lengths_per_rank[src]} lengths; its KJT's stride_per_key_per_rank "
+                "does not match its lengths (see KeyedJaggedTensor.validate())"
+            )
 
 
 class KJTAllToAll(GroupCollective):
@@ -401,6 +467,7 @@ class KJTAllToAll(GroupCollective):
         # Per device: ``key_splits`` as a tensor and the destination rank of each key. Built once:
         # a tensor made from host data on CUDA is a blocking copy (a host sync) at every call.
         self._split_tensors: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._checksum = _splits_checksum(self._splits)
 
     @property
     def key_splits(self) -> list[int]:
@@ -428,7 +495,23 @@ class KJTAllToAll(GroupCollective):
         lengths = kjt.lengths()
         device = lengths.device
         splits_t, owner = self._splits_on(device)
-        if len(keys) > 0 and batch > 0:
+        # A variable-batch KJT whose keys all have the stride's batch is laid out as a fixed one.
+        strides = kjt.stride_per_key() if kjt.variable_stride_per_key() else None
+        variable = strides is not None and any(s != batch for s in strides)
+        if variable:
+            assert strides is not None
+            if lengths.numel() != sum(strides):
+                raise KJTAllToAllError(
+                    f"KJTAllToAll: the KJT's stride_per_key_per_rank={kjt.stride_per_key_per_rank()} gives "
+                    f"{sum(strides)} lengths, it has {lengths.numel()}; fix the input (see KeyedJaggedTensor.validate())"
+                )
+            key_of = torch.repeat_interleave(
+                torch.arange(len(keys), device=device), torch.tensor(strides, device=device), output_size=sum(strides)
+            )
+            per_key = torch.zeros(len(keys), dtype=torch.int64, device=device).index_add_(
+                0, key_of, lengths.to(torch.int64)
+            )
+        elif len(keys) > 0 and batch > 0:
             per_key = lengths.view(len(keys), batch).sum(dim=1).to(torch.int64)
         else:
             per_key = torch.zeros(len(keys), dtype=torch.int64, device=device)
@@ -436,11 +519,17 @@ class KJTAllToAll(GroupCollective):
         values_per_dest.index_add_(0, owner, per_key)
         table = torch.empty((world_size, _NUM_COLS), dtype=torch.int64, device=device)
         table[:, _BATCH] = batch
-        table[:, _LENGTHS] = splits_t * batch
+        if variable:
+            assert strides is not None
+            table[:, _LENGTHS] = torch.tensor(sum_by_splits(strides, self._splits), dtype=torch.int64, device=device)
+        else:
+            table[:, _LENGTHS] = splits_t * batch
         table[:, _VALUES] = values_per_dest
         table[:, _WEIGHTED] = int(kjt.weights_or_none() is not None)
         # Checked on device (no host sync here) and shipped, so every rank can raise together.
         table[:, _CONSISTENT] = per_key.sum() == kjt.values().numel()
+        table[:, _VARIABLE] = int(variable)
+        table[:, _SPLITS] = self._checksum
         sent = table.view(-1)
         received = torch.empty_like(sent)
         shm = shm_transport(self._pg) if device.type == "cpu" and world_size > 1 else None
@@ -456,4 +545,6 @@ class KJTAllToAll(GroupCollective):
             work = dist.all_to_all_single(received, sent, group=self._pg, async_op=True)
         start = sum(self._splits[: self._rank])
         my_keys = list(keys[start : start + self._splits[self._rank]])
-        return KJTAllToAllSplitsAwaitable(self._pg, self._rank, kjt, my_keys, work, sent, received, shm)
+        return KJTAllToAllSplitsAwaitable(
+            self._pg, self._rank, kjt, my_keys, work, sent, received, shm, key_splits=self._splits
+        )
