@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from lightrec.optim.keyed import KeyedOptimizer, OptimizerWrapper
+from lightrec.optim.keyed import KeyedOptimizer, OptimizerWrapper, _GroupPair, _StateDict
 
 __all__ = ["WarmupOptimizer", "WarmupPolicy", "WarmupStage"]
 
@@ -149,7 +149,7 @@ class WarmupOptimizer(OptimizerWrapper):
         out["state"] = {**out["state"], self._param_name: {"warmup": torch.tensor([self._iter, self._stage])}}
         return out
 
-    def _without_schedule(self, state_dict: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[int, int] | None]:
+    def _without_schedule(self, state_dict: _StateDict) -> tuple[_StateDict, tuple[int, int] | None]:
         """``state_dict`` without the schedule position, and the position (None if not saved)."""
         if not isinstance(state_dict, Mapping) or not isinstance(state_dict.get("state"), Mapping):
             raise KeyError("optimizer state_dict must have 'state' and 'param_groups' entries")
@@ -170,11 +170,11 @@ class WarmupOptimizer(OptimizerWrapper):
             position = (it, stage)
         return {**state_dict, "state": state}, position
 
-    def check_state_dict(self, state_dict: Mapping[str, Any]) -> list[tuple[dict[str, Any], Mapping[str, Any]]]:
+    def check_state_dict(self, state_dict: _StateDict) -> list[_GroupPair]:
         rest, _ = self._without_schedule(state_dict)
         return super().check_state_dict(rest)
 
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state_dict: _StateDict) -> None:
         rest, position = self._without_schedule(state_dict)
         super().load_state_dict(rest)
         if position is not None:
