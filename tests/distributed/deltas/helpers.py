@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
-from lightrec.distributed.deltas import TableRows, TableSpec
+from lightrec.distributed.deltas import DeltaWriter, TableRows, TableSpec
 
 SPECS = [
     TableSpec("a", 50, 8, "fp32"),
@@ -44,3 +46,11 @@ def some_rows(seed: int, specs: list[TableSpec] = SPECS, skip: str | None = None
 def dense(seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return {"mlp.0.weight": torch.randn(4, 3, generator=g), "mlp.0.bias": torch.randn(4, generator=g)}
+
+
+def snapshot_and_delta(folder: Path) -> Path:
+    """``folder`` published with a snapshot (version 1, step 10) and a delta (version 2, step 20)."""
+    writer = DeltaWriter(folder, SPECS)
+    writer.write_snapshot(full_rows(0), dense(0), global_step=10)
+    writer.write_delta(some_rows(1), global_step=20)
+    return folder

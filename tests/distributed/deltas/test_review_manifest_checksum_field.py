@@ -11,15 +11,12 @@ import pytest
 import torch
 
 from lightrec.distributed.deltas import DeltaReader, DeltaVerificationError, DeltaWriter
-from tests.distributed.deltas.helpers import SPECS, dense, full_rows, some_rows
+from tests.distributed.deltas.helpers import SPECS, dense, full_rows, snapshot_and_delta, some_rows
 
 
 @pytest.fixture
 def folder(tmp_path: Path) -> Path:
-    writer = DeltaWriter(tmp_path, SPECS)
-    writer.write_snapshot(full_rows(0), dense(0), global_step=10)
-    writer.write_delta(some_rows(1), global_step=20)
-    return tmp_path
+    return snapshot_and_delta(tmp_path)
 
 
 @pytest.mark.parametrize("value", [None, 0, ["x"]], ids=["null", "number", "list"])

@@ -9,36 +9,13 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
-from lightning.pytorch.loggers import Logger
 
 from lightrec.lightning import ProgressiveValidation
 from lightrec.metrics import SlidingWindow
+from tests.lightning.callbacks.test_review_callbacks import _Recorder
 from tests.lightning.toy import ToyDLRM, toy_data
 
 WINDOW = 100  # batches of 64: the window spans the checkpoint (epoch 1's last samples are still in it)
-
-
-class _Recorder(Logger):
-    """Every ``log_metrics`` call, by step."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.logged: dict[int, dict[str, float]] = {}
-
-    @property
-    def name(self) -> str:
-        return "recorder"
-
-    @property
-    def version(self) -> int:
-        return 0
-
-    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        assert step is not None
-        self.logged.setdefault(step, {}).update({k: v for k, v in metrics.items() if k.startswith("online/")})
 
 
 def _fit(epochs: int, ckpt: Path | None = None, save: Path | None = None) -> tuple[dict[int, dict[str, float]], Any]:
@@ -52,7 +29,11 @@ def _fit(epochs: int, ckpt: Path | None = None, save: Path | None = None) -> tup
                 ckpt_path=None if ckpt is None else str(ckpt))  # fmt: skip
     if save is not None:
         trainer.save_checkpoint(str(save))
-    return recorder.logged, progressive
+    logged: dict[int, dict[str, float]] = {}  # step -> the online/ values logged at it
+    for step, metrics in recorder.rows:
+        assert step is not None
+        logged.setdefault(step, {}).update({k: v for k, v in metrics.items() if k.startswith("online/")})
+    return {step: values for step, values in logged.items() if values}, progressive
 
 
 def test_a_resumed_fit_logs_the_uninterrupted_fits_figures(tmp_path: Path) -> None:
