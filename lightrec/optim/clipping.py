@@ -41,11 +41,17 @@ def _norm_dtype(params: list[torch.Tensor]) -> torch.dtype:
     return torch.float64 if any(p.dtype == torch.float64 for p in params) else torch.float32
 
 
-def _norm_power(grads: list[torch.Tensor], norm_type: float, dtype: torch.dtype) -> torch.Tensor:
-    """``sum |g|^p`` (or ``max |g|`` for the infinity norm) over ``grads``, as a ``dtype`` scalar."""
+def _norm_device(params: list[torch.Tensor]) -> torch.device:
+    """Where a group's norm lives: its parameters' device (CPU for no parameters), also on a rank whose
+    parameters have no gradient this step, so that NCCL, which refuses CPU tensors, can reduce it."""
+    return params[0].device if params else torch.device("cpu")
+
+
+def _norm_power(grads: list[torch.Tensor], norm_type: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``sum |g|^p`` (or ``max |g|`` for the infinity norm) over ``grads``, as a ``dtype`` scalar on ``device``."""
     if not grads:
-        return torch.zeros((), dtype=dtype)
-    norms = torch.stack([g.detach().to(dtype).norm(norm_type) for g in grads])
+        return torch.zeros((), dtype=dtype, device=device)
+    norms = torch.stack([g.detach().to(device, dtype).norm(norm_type) for g in grads])
     return norms.max() if norm_type == float("inf") else norms.pow(norm_type).sum()
 
 
@@ -105,9 +111,10 @@ class GradientClippingOptimizer(OptimizerWrapper):
         """Scale every gradient so that their total norm is at most ``max_gradient``; returns the
         norm before clipping (collective over the process groups of sharded parameters)."""
         inf = self._norm_type == float("inf")
-        total = _norm_power(self._grads(self._replicated), self._norm_type, _norm_dtype(self._replicated))
+        replicated = self._replicated
+        total = _norm_power(self._grads(replicated), self._norm_type, _norm_dtype(replicated), _norm_device(replicated))
         for pgs, params in self._sharded.items():
-            part = _norm_power(self._grads(params), self._norm_type, _norm_dtype(params))
+            part = _norm_power(self._grads(params), self._norm_type, _norm_dtype(params), _norm_device(params))
             for pg in pgs:
                 dist.all_reduce(part, op=dist.ReduceOp.MAX if inf else dist.ReduceOp.SUM, group=pg)
             total = torch.maximum(total, part) if inf else total + part
