@@ -17,11 +17,18 @@ accepts decimal fractions. Both parsers give identical results on well-formed li
 Dense values are integers (decimal fractions are accepted by the line parser) with
 ``|value| < 1e15``; a larger one is a malformed line, never silently wrapped or rounded
 differently by the two parsers.
+
+Values are read as written, not as Python's ``int`` / ``float`` would: a categorical is hex digits
+only (no ``0x`` prefix, no ``_``, no spaces) and a dense value is an optionally signed decimal
+number (no spaces or ``_``); anything else is a malformed line in both parsers. A file that starts
+with a UTF-8 byte order mark, or whose first line is a header (Criteo files have none), is named as
+such, with the fix.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -43,6 +50,13 @@ MAX_DENSE_VALUE = 1e15
 #: Dense values of up to 15 characters are below 1e15 < 2**53: exact in int64 and float64, so the
 #: vectorised parser and the line parser round them to the same float32.
 MAX_DENSE_DIGITS = 15
+#: What the line parser accepts (Python's int()/float() would also take spaces, ``_`` and ``0x``).
+_DENSE_RE = re.compile(rb"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_NONFINITE_RE = re.compile(rb"[+-]?(?:nan|inf|infinity)", re.IGNORECASE)  # refused as not finite
+_HEX_RE = re.compile(rb"[0-9a-fA-F]+")
+#: A UTF-8 byte order mark, which some editors and Excel put at the start of a file they save.
+_BOM = b"\xef\xbb\xbf"
+_WORD_RE = re.compile(rb"[A-Za-z_][A-Za-z0-9_ .-]*")
 _BLOCK = 16384  # lines per vectorised step: bounds the temporary index arrays to ~20 MB
 _FOLD = (1 << 63) - 1
 
@@ -165,6 +179,10 @@ def parse_criteo_lines_one_by_one(
     for i, raw in enumerate(lines):
         lineno = first_line + i
         fields = raw.rstrip(b"\r\n").split(b"\t")
+        whole_file = _whole_file_problem(fields, lineno)
+        if whole_file is not None:
+            errors.bad_line(path, lineno, whole_file)
+            continue
         if len(fields) != NUM_FIELDS:
             truncated = not raw.endswith(b"\n")
             what = "truncated line (no newline at end of file)" if truncated else "wrong column count"
@@ -175,14 +193,16 @@ def parse_criteo_lines_one_by_one(
         if fields[0] not in (b"0", b"1"):
             errors.bad_line(path, lineno, f"label must be 0 or 1, got {fields[0][:20]!r}")
             continue
-        try:
-            row_dense = [float(s) if s else 0.0 for s in fields[1 : 1 + INT_FEATURE_COUNT]]
-        except ValueError:
-            bad = next(j for j, s in enumerate(fields[1 : 1 + INT_FEATURE_COUNT]) if s and not _is_number(s))
+        dense_fields = fields[1 : 1 + INT_FEATURE_COUNT]
+        bad_dense = next((j for j, s in enumerate(dense_fields) if s and not _is_dense(s)), None)
+        if bad_dense is not None:
             errors.bad_line(
-                path, lineno, f"non-numeric dense value {fields[1 + bad][:20]!r} in {DEFAULT_INT_NAMES[bad]}"
+                path, lineno, f"non-numeric dense value {dense_fields[bad_dense][:20]!r} in "
+                f"{DEFAULT_INT_NAMES[bad_dense]} (dense values are decimal numbers such as 12 or -1, without "
+                "spaces, '_' or a 0x prefix, or empty when missing)",
             )
             continue
+        row_dense = [float(s) if s else 0.0 for s in dense_fields]
         if not all(math.isfinite(v) for v in row_dense):
             errors.bad_line(path, lineno, "dense value is not finite (nan/inf)")
             continue
@@ -196,19 +216,17 @@ def parse_criteo_lines_one_by_one(
         if any(len(s) > 16 for s in fields[1 + INT_FEATURE_COUNT :]):
             errors.bad_line(path, lineno, "categorical value longer than 16 hex digits (64 bits)")
             continue
-        try:
-            # Criteo values are 32-bit; wider ones are folded to 63 bits (they are hashed anyway).
-            row_cats = [int(s, 16) & _FOLD if s else -1 for s in fields[1 + INT_FEATURE_COUNT :]]
-        except ValueError:
-            tail = fields[1 + INT_FEATURE_COUNT :]
-            bad = next(j for j, s in enumerate(tail) if s and not _is_hex(s))
+        tail = fields[1 + INT_FEATURE_COUNT :]
+        bad_cat = next((j for j, s in enumerate(tail) if s and not _HEX_RE.fullmatch(s)), None)
+        if bad_cat is not None:
             errors.bad_line(
-                path, lineno, f"categorical value {tail[bad][:20]!r} in {DEFAULT_CAT_NAMES[bad]} is not hex"
+                path, lineno, f"categorical value {tail[bad_cat][:20]!r} in {DEFAULT_CAT_NAMES[bad_cat]} is not hex "
+                "(categoricals are unsigned hex digits such as 68fd1e64, without spaces, '_' or a 0x prefix, or "
+                "empty when missing)",
             )
             continue
-        if any(s[:1] in (b"-", b"+") for s in fields[1 + INT_FEATURE_COUNT :]):
-            errors.bad_line(path, lineno, "categorical values must be unsigned hex, got a sign")
-            continue
+        # Criteo values are 32-bit; wider ones are folded to 63 bits (they are hashed anyway).
+        row_cats = [int(s, 16) & _FOLD if s else -1 for s in tail]
         labels.append(float(fields[0]))
         dense.append(row_dense)
         cats.append(row_cats)
@@ -220,17 +238,26 @@ def parse_criteo_lines_one_by_one(
     )
 
 
-def _is_number(s: bytes) -> bool:
-    try:
-        float(s)
-        return True
-    except ValueError:
-        return False
+def _is_dense(s: bytes) -> bool:
+    """A dense value as the format writes it (``nan`` / ``inf`` pass here and are refused as not finite)."""
+    return _DENSE_RE.fullmatch(s) is not None or _NONFINITE_RE.fullmatch(s) is not None
 
 
-def _is_hex(s: bytes) -> bool:
-    try:
-        int(s, 16)
-        return True
-    except ValueError:
-        return False
+def _whole_file_problem(fields: list[bytes], lineno: int) -> str | None:
+    """What is wrong with the file, when a line shows it: a UTF-8 byte order mark at its start, or a
+    header as its first line (the first field a word). ``None`` for any other line."""
+    # the first two fields: the label, or the first count of an unlabelled file (Kaggle's test.txt)
+    if any(f.startswith(_BOM) for f in fields[:2]):
+        return (
+            "the line starts with a UTF-8 byte order mark (BOM, bytes EF BB BF), which an editor or Excel "
+            "wrote: Criteo files are plain tab-separated text; save the file without a BOM (e.g. "
+            "sed -i '1s/^\\xEF\\xBB\\xBF//' FILE; on_error='skip' would drop this line's row)"
+        )
+    if lineno == 1:
+        word = next((f for f in fields[:2] if _WORD_RE.fullmatch(f) and _NONFINITE_RE.fullmatch(f) is None), None)
+        if word is not None:
+            return (
+                f"the first line looks like a header row (first field {word[:20].decode(errors='replace')!r}), "
+                "but Criteo files have no header: remove the line (e.g. tail -n +2 FILE > FILE.data)"
+            )
+    return None

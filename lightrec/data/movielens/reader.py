@@ -9,8 +9,10 @@ Files read (``data_dir`` is the unpacked archive folder)::
     ml-20m/25m ratings.csv "userId,movieId,rating,timestamp"  movies.csv "movieId,title,genres" (header)
 
 A ratings file's first line is a header when its first field is not an integer (detected, not
-assumed: a ``ratings.csv`` without one keeps its first rating). Rows with ids below 1 or a rating
-that is not a number from 0.5 to 5 are malformed lines under the reader's ``on_error`` policy.
+assumed: a ``ratings.csv`` without one keeps its first rating); ``movies.csv``'s likewise when its
+first field is a column name (``movieId``: letters only), so a file without one keeps its first movie.
+Rows with ids below 1 or a rating that is not a number from 0.5 to 5 are malformed lines under the
+reader's ``on_error`` policy.
 
 Ids are renumbered densely from 1 (``0`` = unknown/padding), so a feature's table has
 ``num_embeddings[feature]`` rows. :class:`~lightrec.data.MovieLensDataset`
@@ -168,6 +170,14 @@ def _has_header(path: Path, sep: str) -> bool:
     return False
 
 
+def _is_movies_header(fields: list[str]) -> bool:
+    """True when the first row of a ``movies.csv`` is its header (``movieId,title,genres``): its first
+    field is a column name (letters and ``_``). A file without a header keeps its first movie, and a
+    mistyped id (``x10``) stays a malformed line."""
+    name = fields[0].strip() if fields else ""
+    return bool(name) and name.replace("_", "").isalpha()
+
+
 def _check_ranges(arr: np.ndarray, linenos: np.ndarray, path: Path, errors: LineErrors) -> np.ndarray:
     """Rows whose ids are >= 1 and rating is finite and within ``RATING_RANGE``; others are bad lines."""
     lo, hi = RATING_RANGE
@@ -259,7 +269,7 @@ def _read_movies(path: Path, variant: str, errors: LineErrors) -> dict[int, list
         reader = csv.reader(io.StringIO(text, newline=""))
         rows = []
         for f in reader:
-            if reader.line_num == 1:
+            if reader.line_num == 1 and _is_movies_header(f):
                 continue
             if not text.endswith("\n") and reader.line_num == text.count("\n") + 1:
                 errors.bad_line(str(path), reader.line_num, TRUNCATED)

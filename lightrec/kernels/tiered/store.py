@@ -170,8 +170,9 @@ class SsdRowStore(RowStore):
     """The rows in direct row files under ``directory`` (``key_value``; see the module docstring).
 
     Raises:
-        TieredStorageError: the directory cannot be created or written, or its filesystem has too
-            little free space for every row and its state (checked before anything is written).
+        TieredStorageError: the directory cannot be created or written, its filesystem has too
+            little free space for every row and its state (checked before anything is written), or
+            a row file cannot be memory-mapped. The folders the call created are removed again.
     """
 
     kind = "ssd"
@@ -181,11 +182,30 @@ class SsdRowStore(RowStore):
         self._fd_by_ptr: dict[int, int] = {}
         # per table, advise()'s native call's files (fds, addresses, row strides); None: no native ops
         self._native_advise: dict[int, tuple[list[int], list[int], list[int]] | None] = {}
-        super().__init__(*layout)
+        self._created_dirs: list[str] = []  # folders this call made (deepest first): removed if it fails
+        try:
+            super().__init__(*layout)
+        except BaseException:
+            self._undo()
+            raise
+        self._created_dirs = []
+
+    def _undo(self) -> None:
+        """After a failed construction: close the row files made so far (they have no name, so their
+        space returns with the last mapping) and remove the folders this call created, if empty."""
+        for fd in self._fds if hasattr(self, "_fds") else []:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds = []
+        for folder in self._created_dirs:
+            with contextlib.suppress(OSError):  # not empty (another process wrote there) or gone: keep it
+                os.rmdir(folder)
+        self._created_dirs = []
 
     def _prepare(self, needed: int) -> None:
         """Check the directory and its free space before any file is created."""
         directory = self.directory
+        self._created_dirs = _missing_dirs(directory)
         try:
             os.makedirs(directory, exist_ok=True)
             probe_fd, probe = tempfile.mkstemp(prefix=".lightrec-probe-", dir=directory)
@@ -305,12 +325,34 @@ def _mapped_file(directory: str, prefix: str, nbytes: int, needed: int) -> tuple
             raise TieredStorageError(
                 exc.errno, f"cannot preallocate {nbytes} bytes for row files in {directory!r}: {exc.strerror}"
             ) from exc
-        mapping = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        try:
+            mapping = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError as exc:
+            raise TieredStorageError(
+                exc.errno,
+                f"cannot memory-map a {nbytes}-byte row file in ssd_storage_directory {directory!r} ({exc.strerror}); "
+                "choose a directory on a local disk whose file system supports shared memory maps (not a network "
+                "or FUSE mount), or, with many large tables, raise the limit on mappings (sysctl vm.max_map_count) "
+                "or the address space (ulimit -v)",
+            ) from exc
         mapping.madvise(mmap.MADV_RANDOM)
     except BaseException:
         os.close(fd)
         raise
     return torch.frombuffer(mapping, dtype=torch.uint8), fd, mapping
+
+
+def _missing_dirs(directory: str) -> list[str]:
+    """The folders ``os.makedirs(directory)`` would create, deepest first."""
+    missing = []
+    path = os.path.abspath(directory)
+    while not os.path.lexists(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return missing
 
 
 def _unnamed_file(directory: str, prefix: str) -> int:
