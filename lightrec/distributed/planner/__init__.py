@@ -20,7 +20,8 @@
                            (``ZipfCacheStatistics``), torchrec's ``EmbeddingPerfEstimator`` /
                            ``EmbeddingStorageEstimator``
 ``proposers.py``           one option per table (greedy, memory DP; torchrec's proposers)
-``partitioners.py``        shards onto ranks, then refinement (``GreedyPerfPartitioner``)
+``partitioners.py``        shards onto ranks, then refinement (``GreedyPerfPartitioner``,
+                           ``MemoryBalancedPartitioner``)
 ``search.py``              the search through custom parts; ``NoopPerfModel``
 ``storage_reservations.py`` memory kept for everything but the tables
 ``errors.py``              the errors that say what to change (fast memory, host memory, SSD)
@@ -36,7 +37,7 @@ docs/planner.md for the cost model and the algorithm. ``PlanReport`` is the form
 
 from lightrec.distributed.planner import plan
 from lightrec.distributed.planner.enumerators import EmbeddingEnumerator
-from lightrec.distributed.planner.partitioners import GreedyPerfPartitioner, SortBy
+from lightrec.distributed.planner.partitioners import GreedyPerfPartitioner, MemoryBalancedPartitioner, SortBy
 from lightrec.distributed.planner.plan import *  # noqa: F403 - the plan model's names, listed in plan.__all__
 from lightrec.distributed.planner.planners import EmbeddingShardingPlanner
 from lightrec.distributed.planner.planning import PlanningResult, plan_report_for, plan_sharding, topology_for
@@ -51,6 +52,7 @@ from lightrec.distributed.planner.shard_estimators import (
 from lightrec.distributed.planner.storage_reservations import (
     FixedPercentageStorageReservation,
     HeuristicalStorageReservation,
+    InferenceStorageReservation,
 )
 from lightrec.distributed.planner.types import ParameterConstraints, PlannerError, ShardingOption, Topology
 
@@ -64,6 +66,8 @@ __all__ = [
     "GreedyProposer",
     "GridSearchProposer",
     "HeuristicalStorageReservation",
+    "InferenceStorageReservation",
+    "MemoryBalancedPartitioner",
     "NoopPerfModel",
     "ParameterConstraints",
     "PlanReport",

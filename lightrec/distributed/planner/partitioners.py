@@ -22,6 +22,7 @@ as each step strictly lowers the busiest rank without exceeding a cap.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -37,7 +38,7 @@ from lightrec.distributed.planner.types import (
     Topology,
 )
 
-__all__ = ["GreedyPerfPartitioner", "Placement", "SortBy", "partition", "refine"]
+__all__ = ["GreedyPerfPartitioner", "MemoryBalancedPartitioner", "Placement", "SortBy", "partition", "refine"]
 
 _EPS = 1e-12
 
@@ -378,11 +379,25 @@ class GreedyPerfPartitioner(Partitioner):
         self.sort_by = SortBy(sort_by)
         self.balance_modules = balance_modules
 
-    def partition(self, proposal: list[ShardingOption], storage_constraint: Topology) -> list[ShardingOption]:
+    def partition(
+        self, proposal: list[ShardingOption], storage_constraint: Topology, hbm_per_device: int | None = None
+    ) -> list[ShardingOption]:
+        """Set ``shard.rank`` of every shard of ``proposal`` (returned); ``PlannerError`` if one finds no room.
+
+        ``hbm_per_device`` (torchrec's argument; None or 0: not given) caps every rank's table memory
+        at that many bytes: HBM on a ``cuda`` topology, DDR on a ``cpu`` one, where lightrec's tables live.
+        """
         topo = storage_constraint
         W, L = topo.world_size, topo.local_size
         on_hbm = topo.compute_device == "cuda"
         free = topo.storage_caps.astype(np.float64).copy()
+        if hbm_per_device:
+            if isinstance(hbm_per_device, bool) or not isinstance(hbm_per_device, int | float) or hbm_per_device < 0:  # fmt: skip
+                raise ValueError(
+                    f"GreedyPerfPartitioner.partition(hbm_per_device={hbm_per_device!r}): give a number of bytes "
+                    ">= 0 (None or 0: each rank's own table memory)"
+                )
+            free = np.minimum(free, float(hbm_per_device))
         load = np.zeros(W)
 
         def put(so: ShardingOption, i: int, rank: int) -> None:
@@ -432,4 +447,100 @@ class GreedyPerfPartitioner(Partitioner):
                 raise PlannerError(f"no rank has room for shard {i} of table {so.fqn!r}", [so.name], 0.0, 0.0,
                                    PlannerErrorType.PARTITION)  # fmt: skip
             put(so, i, min(room, key=lambda r: (load[r], r)))
+        return proposal
+
+
+_SEARCH_STEP_BYTES = 10 * 1024**2  # the memory search stops once its bounds are this close (torchrec's 10 MB)
+
+
+def _per_rank(
+    proposal: list[ShardingOption], W: int, value: Callable[[ShardingOption, int], float]
+) -> list[float]:
+    """``[W]`` sums of ``value(option, shard index)`` over the shards on each rank of a partitioned
+    proposal; a data-parallel option's single shard stands for one replica on every rank."""
+    out = [0.0] * W
+    for so in proposal:
+        for i, shard in enumerate(so.shards):
+            v = value(so, i)
+            for r in range(W) if shard.rank is None else [shard.rank]:
+                out[r] += v
+    return out
+
+
+class MemoryBalancedPartitioner(Partitioner):
+    """torchrec's memory-balanced partitioner: the plan of least per-rank table memory whose rating
+    stays within ``tolerance`` of the greedy plan's.
+
+    It partitions with ``GreedyPerfPartitioner(SortBy.PERF, balance_modules)`` first (that plan,
+    rated by :class:`~lightrec.distributed.planner.search.NoopPerfModel`, the busiest rank's cost, is
+    the fallback), then binary-searches a cap on every rank's table memory (HBM on ``cuda``, DDR on
+    ``cpu``) between ``max(average per rank, largest shard)`` and the greedy plan's busiest rank: a
+    cap whose greedy plan fits and rates at most ``(1 + tolerance)`` times the first becomes the new
+    upper bound (and the plan kept), otherwise the new lower bound. It stops after
+    ``max_search_count`` steps or once the bounds are within 10 MiB.
+
+    Args:
+        max_search_count: most capped partitions tried.
+        tolerance: how much worse than the greedy plan a kept plan may rate (0.02: 2%).
+        balance_modules: place the options of the module with the most work first.
+    """
+
+    def __init__(
+        self, max_search_count: int = 10, tolerance: float = 0.02, balance_modules: bool = False
+    ) -> None:
+        count = max_search_count
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(
+                f"MemoryBalancedPartitioner(max_search_count={max_search_count!r}): give an int >= 0, "
+                "the most capped partitions to try (e.g. 10)"
+            )
+        if isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or not tolerance >= 0:
+            raise ValueError(
+                f"MemoryBalancedPartitioner(tolerance={tolerance!r}): give a fraction >= 0, how much worse than "
+                "the greedy plan a more balanced plan may rate (e.g. 0.02)"
+            )
+        self._max_search_count = max_search_count
+        self._tolerance = float(tolerance)
+        self._balance_modules = bool(balance_modules)
+
+    def partition(self, proposal: list[ShardingOption], storage_constraint: Topology) -> list[ShardingOption]:
+        """Set ``shard.rank`` of every shard of ``proposal`` (returned) to the most memory-balanced
+        placement found; raises ``PlannerError`` when not even the greedy placement fits."""
+        topo = storage_constraint
+        W, on_hbm = topo.world_size, topo.compute_device == "cuda"
+        greedy = GreedyPerfPartitioner(sort_by=SortBy.PERF, balance_modules=self._balance_modules)
+
+        def memory(so: ShardingOption, i: int) -> float:
+            return _shard_storage(so, i, on_hbm)
+
+        def rate() -> float:  # NoopPerfModel's rating: the busiest rank's cost
+            return max(_per_rank(proposal, W, _shard_perf))
+
+        greedy.partition(proposal, topo)
+        best = [[shard.rank for shard in so.shards] for so in proposal]
+        first_rating = rate()
+        per_rank = _per_rank(proposal, W, memory)
+        biggest = max((memory(so, i) for so in proposal for i in range(len(so.shards))), default=0.0)
+        high = int(max(per_rank))
+        low = max(int(sum(per_rank) / W), int(biggest))
+        for _ in range(self._max_search_count):
+            if low + _SEARCH_STEP_BYTES >= high:
+                break
+            mid = (low + high) // 2
+            for so in proposal:
+                for shard in so.shards:
+                    shard.rank = None
+            try:
+                greedy.partition(proposal, topo, hbm_per_device=mid)
+            except PlannerError:
+                low = mid
+                continue
+            if rate() > first_rating * (1.0 + self._tolerance):
+                low = mid
+            else:
+                best = [[shard.rank for shard in so.shards] for so in proposal]
+                high = mid
+        for so, ranks in zip(proposal, best):
+            for shard, r in zip(so.shards, ranks):
+                shard.rank = r
         return proposal
