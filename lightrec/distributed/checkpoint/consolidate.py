@@ -69,6 +69,7 @@ def consolidate_checkpoint(path: str | os.PathLike, out: str | os.PathLike | Non
         "format": FORMAT,
         "payload": payload,
         "dense_optim": source.dense_optim,
+        "extra_optim": source.extra_optim,
         "has_training_state": source.has_training_state,
         "source_world_size": source.world_size,
     }

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 import torch
@@ -65,6 +65,8 @@ class CheckpointSource:
         world_size: how many ranks wrote it.
         has_training_state: optimizer/scheduler state was saved.
         path: where it was read from (for error messages).
+        extra_optim: per optimizer, its ``state`` entries that name no parameter (a
+            ``WarmupOptimizer``'s schedule position ``"__warmup"``), in the optimizer's own naming.
     """
 
     meta: dict[str, Any]
@@ -73,6 +75,7 @@ class CheckpointSource:
     world_size: int
     has_training_state: bool
     path: str | None = None
+    extra_optim: list[dict[str, Any]] = field(default_factory=list)
 
     def table_blocks(self, key: str) -> list[Block]:
         return [b for p in self.payloads for b in p["tables"].get(key, [])]
@@ -108,7 +111,7 @@ def open_checkpoint(path: str | os.PathLike) -> CheckpointSource:
         info = meta.pop("lightrec_sharded")
         return CheckpointSource(
             meta, read_shards(info["folder"], info["world_size"]), info["dense_optim"], info["world_size"],
-            info["has_training_state"], os.fspath(path),
+            info["has_training_state"], os.fspath(path), info.get("extra_optim", []),
         )  # fmt: skip
     if os.path.isdir(path):
         raise CheckpointError(
@@ -126,8 +129,9 @@ def open_checkpoint(path: str | os.PathLike) -> CheckpointSource:
             "lightrec.distributed.checkpoint.consolidate_checkpoint"
         )
     return CheckpointSource(
-        meta, [info["payload"]], info["dense_optim"], 1, info["has_training_state"], os.fspath(path)
-    )
+        meta, [info["payload"]], info["dense_optim"], 1, info["has_training_state"], os.fspath(path),
+        info.get("extra_optim", []),
+    )  # fmt: skip
 
 
 def _where(source: CheckpointSource) -> str:
@@ -466,6 +470,16 @@ def _optimizer_state(
                         "optimizer the checkpoint was saved with"
                     )
             state[key] = assembled
+    extra = source.extra_optim[i] if i < len(source.extra_optim) else {}
+    if extra and isinstance(opt, KeyedOptimizer):
+        unknown = sorted(str(name) for name in extra if name not in opt._extra_state_names())
+        if unknown:
+            raise CheckpointError(
+                f"{where}: {what} was saved with optimizer state {unknown} that names no parameter (e.g. a "
+                f"WarmupOptimizer's schedule position), which this optimizer does not keep ("
+                f"{sorted(opt._extra_state_names()) or 'none'}); {_OPTIMIZER_FIX}"
+            )
+    state.update(extra)  # a torch optimizer keeps entries it does not know as they are
     return {"state": state, "param_groups": groups}
 
 

@@ -112,6 +112,7 @@ def _rank_part(
         payload["tables"][key] = [(m.shard_offsets, m.shard_sizes, _copy(p)) for m, p in table.shards]
 
     dense_states: list[dict[str, Any]] = []
+    extra_states: list[dict[str, Any]] = []
     opt_states = list(checkpoint.get("optimizer_states", []))
     if len(opt_states) != len(optimizers):
         raise ValueError(
@@ -123,7 +124,13 @@ def _rank_part(
         params = optimizer_params(opt, sd)
         sharded: dict[str, dict[str, SavedState]] = {}
         dense: dict[str, Any] = {}
+        # Entries that name no parameter (a WarmupOptimizer's "__warmup" schedule position, also as a
+        # CombinedOptimizer part's "<prefix>.__warmup") are the optimizer's own: saved as they are.
+        extra: dict[str, Any] = {}
         for key, state in sd["state"].items():
+            if key not in params:
+                extra[key] = state
+                continue
             param = params[key]
             stable = index.stable_id(param, what)
             if id(param) not in index.shard_of:
@@ -147,6 +154,7 @@ def _rank_part(
         payload["optim"].append(sharded)
         payload["groups"].append(groups)
         dense_states.append(dense)
+        extra_states.append(extra)
 
     # Per-group scheduler entries (base_lrs, _last_lr, lr_lambdas, ...) travel with their group:
     # another plan groups the tables differently, so lists are rebuilt group by group on load.
@@ -175,6 +183,7 @@ def _rank_part(
         "world_size": world,
         "tables": sorted(tables),
         "dense_optim": dense_states,
+        "extra_optim": extra_states,
         "has_training_state": "optimizer_states" in checkpoint,
     }
     streamed = [t for blocks in payload["tables"].values() for *_, t in blocks]
