@@ -3,7 +3,8 @@
 Given a data-parallel strategy that does not shard tables (``strategy="ddp"``, FSDP, ...) it is refused
 at ``setup("fit")`` by name, not by torch's ``AttributeError`` about ``torch.distributed.optim`` in the
 first forward. ``accumulate_grad_batches`` and ``gradient_clip_val``, which reach the dense part only,
-are warned about once when the optimizers are configured.
+are warned about once when the optimizers are configured, and so is an LR scheduler of the user's own
+``configure_optimizers`` that does not reach the tables' fused optimizer.
 
 Under such a strategy the DDP wrapper cannot run the tables' in-backward optimizer, and even if it
 could, each replica's tables would step on its own rank's gradients. A model whose tables are plain
@@ -16,10 +17,16 @@ import lightning.pytorch as pl
 from lightning.pytorch.strategies import ParallelStrategy, Strategy
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
+from torch.optim import Optimizer
 
 from lightrec.lightning.contracts import EmbeddingShardingStrategy
 
-__all__ = ["FusedTablesStrategyError", "refuse_fused_tables_under_data_parallel", "warn_trainer_flags_with_fused_tables"]
+__all__ = [
+    "FusedTablesStrategyError",
+    "refuse_fused_tables_under_data_parallel",
+    "warn_schedulers_that_miss_fused_tables",
+    "warn_trainer_flags_with_fused_tables",
+]
 
 
 class FusedTablesStrategyError(ValueError):
@@ -71,3 +78,33 @@ def warn_trainer_flags_with_fused_tables(trainer: pl.Trainer) -> None:
             "lower the embedding learning rate (RecModule(embedding_lr=...) or the strategy's fused_params)",
             category=UserWarning,
         )
+
+
+def warn_schedulers_that_miss_fused_tables(
+    trainer: pl.Trainer, fused_optimizers: list[tuple[str, Optimizer]]
+) -> None:
+    """Warn (rank 0, once per fit) when the trainer has LR schedulers but none of its optimizers holds a
+    fused embedding optimizer's parameter groups: the schedule then never reaches those tables, which keep
+    their initial learning rate (a ``configure_optimizers`` override that returns a dense optimizer only).
+
+    A dense optimizer without any scheduler is not warned about: the tables then train at their own
+    constant learning rate, as ``RecModule``'s default does with a constant schedule.
+    """
+    configs = list(getattr(trainer, "lr_scheduler_configs", []) or [])
+    if not configs or not fused_optimizers:
+        return
+    held = {id(group) for optimizer in trainer.optimizers for group in optimizer.param_groups}
+    missed = [path or "embeddings" for path, opt in fused_optimizers if any(id(g) not in held for g in opt.param_groups)]
+    if not missed:
+        return
+    schedulers = sorted({type(config.scheduler).__name__ for config in configs})
+    rank_zero_warn(
+        f"configure_optimizers returned LR scheduler(s) {schedulers}, but none of its optimizers holds the fused "
+        f"embedding optimizer(s) of {missed}, which update the tables inside backward: the schedule never reaches "
+        "the tables, which keep their initial learning rate. To schedule them too, return "
+        "lightrec.optim.CombinedOptimizer([*self.fused_optimizers(), ('dense', KeyedOptimizerWrapper("
+        "self.dense_parameters(), lambda params: YourOptimizer(params, ...)))]) and build the scheduler on it "
+        "(as RecModule.configure_optimizers does); to keep the tables' learning rate constant on purpose, list "
+        "the fused optimizers among the returned optimizers without a scheduler",
+        category=UserWarning,
+    )

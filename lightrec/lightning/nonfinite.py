@@ -15,8 +15,11 @@ table. The only place to stop it is before backward. ``RecModule.backward`` call
 
 Policies (``RecModule(nonfinite_loss=...)``): ``"raise"`` (default) raises
 :class:`NonFiniteLossError` on every rank naming the ranks and the step; ``"skip"`` skips the
-batch -- no backward on any rank, so neither the fused nor the dense optimizer changes a weight
-(dense gradients are cleared; the LR schedule still advances one step) -- and counts it;
+batch -- no backward on any rank, so the batch changes no weight through either optimizer (with
+``accumulate_grad_batches`` only the bad batch's contribution is dropped: the gradients of the good
+batches of its window are kept for the window's step; a window without any good batch has its dense
+gradients cleared, so its step changes nothing, and under a GradScaler the scaler skips that step;
+the LR schedule still advances) -- and counts it;
 ``None`` turns the check off.
 """
 

@@ -67,6 +67,7 @@ from lightrec.lightning.contracts import EmbeddingShardingStrategy, FusedOptimiz
 from lightrec.lightning.fused_tables_checks import (
     FusedTablesStrategyError,
     refuse_fused_tables_under_data_parallel,
+    warn_schedulers_that_miss_fused_tables,
     warn_trainer_flags_with_fused_tables,
 )
 from lightrec.lightning.loop_state import fix_resume_counters, logging_step_of
@@ -204,6 +205,8 @@ class RecModule(pl.LightningModule):
             )
         self.nonfinite_loss = check_nonfinite_policy(nonfinite_loss)
         self.skipped_nonfinite_batches = 0
+        self._window_has_gradients = False  # a finite loss was back-propagated since the last zero_grad
+        self._nan_stand_ins = False  # the dense gradients are NaN written for a GradScaler to skip a step
         if isinstance(dense_optimizer, str) and dense_optimizer.lower() not in _DENSE_OPTIMIZERS:
             raise ValueError(
                 f"dense_optimizer must be one of {sorted(_DENSE_OPTIMIZERS)} or an Optimizer class, "
@@ -264,6 +267,13 @@ class RecModule(pl.LightningModule):
         return loss
 
     @override
+    def on_fit_start(self) -> None:
+        # The optimizers are set up by now: warn when a configure_optimizers override schedules the
+        # learning rate of optimizers that leave out the fused embedding tables (they keep their LR).
+        if self._trainer is not None:
+            warn_schedulers_that_miss_fused_tables(self._trainer, list(self.fused_optimizers()))
+
+    @override
     def on_fit_end(self) -> None:
         # Each later stage of the same Trainer (the recipes' test after fit) would write Lightning's
         # placeholder hp_metric = -1 again, after the validation AUC: TensorBoard's HPARAMS tab shows a
@@ -307,10 +317,40 @@ class RecModule(pl.LightningModule):
                         "RecModule(nonfinite_loss='skip') to skip such batches, or find the bad input/learning rate"
                     )
                 self.skipped_nonfinite_batches += 1
-                for p in self.parameters():  # the dense optimizer's step then changes nothing
-                    p.grad = None
+                # Only this batch's contribution is dropped: gradients that earlier micro-batches of the
+                # accumulation window (accumulate_grad_batches) left are kept for the window's step. When
+                # none did (the window's first batch, or all of them bad), the gradients are cleared, so the
+                # dense optimizer's step changes nothing (also after zero_grad(set_to_none=False)).
+                if not self._window_has_gradients:
+                    for p in self.parameters():
+                        p.grad = None
+                    self._let_grad_scaler_skip_the_step()
                 return
+        if self._nan_stand_ins:  # a skipped earlier micro-batch of this window left NaN for the GradScaler
+            for p in self.dense_parameters().values():
+                p.grad = None
+            self._nan_stand_ins = False
         super().backward(loss, *args, **kwargs)
+        self._window_has_gradients = True
+
+    def _let_grad_scaler_skip_the_step(self) -> None:
+        """Under a GradScaler (``precision="16-mixed"``) a step without any gradient fails in
+        ``scaler.step`` ("No inf checks were recorded for this optimizer"): NaN dense gradients make the
+        scaler skip that step instead (and back its scale off, as after any overflow). A later good
+        micro-batch of the same window (``accumulate_grad_batches``) drops them before its backward."""
+        plugin = self._trainer.precision_plugin if self._trainer is not None else None
+        scaler = getattr(plugin, "scaler", None)
+        if isinstance(scaler, torch.amp.GradScaler) and scaler.is_enabled():
+            for p in self.dense_parameters().values():
+                p.grad = torch.full_like(p, float("nan"))
+            self._nan_stand_ins = True
+
+    @override
+    def on_before_zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
+        # Lightning zeroes the gradients at the first batch of each accumulation window (automatic
+        # optimization): a skipped non-finite batch then has no good gradient of the window to keep.
+        self._window_has_gradients = False
+        self._nan_stand_ins = False
 
     # ------------------------------------------------------------------ throughput
     @override
