@@ -28,7 +28,11 @@ from lightrec.distributed.comm.kjt_all_to_all import (
     KJTAllToAllSplitsAwaitable,
     KJTAllToAllTensorsAwaitable,
 )
-from lightrec.distributed.comm.pooled_all_to_all import PooledEmbeddingsAllToAll, PooledEmbeddingsAwaitable
+from lightrec.distributed.comm.pooled_all_to_all import (
+    PooledEmbeddingsAllToAll,
+    PooledEmbeddingsAllToAllError,
+    PooledEmbeddingsAwaitable,
+)
 from lightrec.distributed.comm.reduce_scatter import (
     AllGatherAwaitable,
     PooledEmbeddingsAllGather,
@@ -41,7 +45,7 @@ from lightrec.distributed.comm.sequence_all_to_all import (
     SequenceEmbeddingsAwaitable,
 )
 from lightrec.distributed.comm.shm_segments import ShmSpaceError
-from lightrec.distributed.comm.shm_transport import ShmPeerError
+from lightrec.distributed.comm.shm_transport import ShmMismatchError, ShmPeerError
 from lightrec.distributed.comm.topology import (
     get_group_rank,
     get_local_rank,
@@ -64,12 +68,14 @@ __all__ = [
     "NoWait",
     "PooledEmbeddingsAllGather",
     "PooledEmbeddingsAllToAll",
+    "PooledEmbeddingsAllToAllError",
     "PooledEmbeddingsAwaitable",
     "PooledEmbeddingsReduceScatter",
     "ReduceScatterAwaitable",
     "RowWiseBucketized",
     "SequenceEmbeddingsAllToAll",
     "SequenceEmbeddingsAwaitable",
+    "ShmMismatchError",
     "ShmPeerError",
     "ShmSpaceError",
     "bucketize_kjt_by_rank",

@@ -20,7 +20,8 @@ written for eager modules keeps working unchanged::
     a.wait()           # the same tensor object as above
 
 Every awaitable resolves at most once: ``wait()`` caches its result, so waiting twice never
-re-runs a collective (which would deadlock or double-count gradients).
+re-runs a collective (which would deadlock or double-count gradients). Likewise a ``wait()`` that
+raised raises the same error again when called again (the work is not retried).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class _Indexable(Protocol[K_contra, V_co]):
 
 # Attributes set by the base classes; ``LazyAwaitable.__getattr__`` must never forward them to
 # the result (that would recurse while the object is half constructed).
-_OWN_ATTRS = frozenset({"_callbacks", "_resolved", "_result", "_wait_impl"})
+_OWN_ATTRS = frozenset({"_callbacks", "_error", "_resolved", "_result", "_wait_impl"})
 
 
 class Awaitable(abc.ABC, Generic[W]):
@@ -60,6 +61,7 @@ class Awaitable(abc.ABC, Generic[W]):
         self._callbacks: list[Callable[[W], W]] = []
         self._resolved: bool = False
         self._result: W | None = None
+        self._error: BaseException | None = None  # what the first wait() raised, raised again
 
     @abc.abstractmethod
     def _wait_impl(self) -> W:
@@ -73,9 +75,15 @@ class Awaitable(abc.ABC, Generic[W]):
     def wait(self) -> W:
         """Block until the value is ready, apply the callbacks, and return it (cached)."""
         if not self._resolved:
-            result = self._wait_impl()
-            for callback in self._callbacks:
-                result = callback(result)
+            if self._error is not None:
+                raise self._error  # the first wait failed: re-running the work would not be the same exchange
+            try:
+                result = self._wait_impl()
+                for callback in self._callbacks:
+                    result = callback(result)
+            except Exception as exc:
+                self._error = exc
+                raise
             self._result = result
             self._resolved = True
             # Callbacks may hold large closures (buffers of the collective); free them.

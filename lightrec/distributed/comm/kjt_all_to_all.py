@@ -31,8 +31,9 @@ Keys may have batch sizes of their own (a variable-batch KJT, ``stride_per_key_p
 every key's batch size from every source travels too (one more small all-to-all, only when some
 rank's KJT is variable-batch) and the output is a variable-batch KJT whose
 ``stride_per_key_per_rank[k][s]`` is key ``k``'s batch on source rank ``s`` (inverse indices stay
-with the sender). Ranks whose ``key_splits`` differ all raise :class:`KJTAllToAllError` naming them
-before any tensor moves (the count exchange carries a checksum of each rank's ``key_splits``).
+with the sender). Ranks whose ``key_splits`` differ, or whose KJTs' keys differ (names or order), all
+raise :class:`KJTAllToAllError` naming them before any tensor moves (the count exchange carries a
+checksum of each rank's ``key_splits`` and one of its keys: two more ints per destination).
 
 Lengths and values travel in ONE all-to-all: each destination's chunk is its lengths followed by
 its values, in the values' dtype (int32 lengths -- the usual KJT -- are cast up to int64 ids on the
@@ -71,14 +72,20 @@ class Waitable(Protocol):
 
 
 # Columns of the per-destination count table exchanged first: ``_VARIABLE`` flags a variable-batch
-# KJT (its per-key batch sizes follow in stage 2), ``_SPLITS`` is a checksum of the sender's key_splits.
-_BATCH, _LENGTHS, _VALUES, _WEIGHTED, _CONSISTENT, _VARIABLE, _SPLITS = range(7)
-_NUM_COLS = 7
+# KJT (its per-key batch sizes follow in stage 2), ``_SPLITS`` is a checksum of the sender's key_splits,
+# ``_KEYS`` one of its KJT's keys.
+_BATCH, _LENGTHS, _VALUES, _WEIGHTED, _CONSISTENT, _VARIABLE, _SPLITS, _KEYS = range(8)
+_NUM_COLS = 8
 
 
 def _splits_checksum(splits: list[int]) -> int:
     """The same int on every rank for the same ``key_splits`` (crc32: not Python's salted hash)."""
     return zlib.crc32(",".join(str(n) for n in splits).encode())
+
+
+def _keys_checksum(keys: list[str]) -> int:
+    """The same int on every rank for the same keys in the same order (crc32 of their repr)."""
+    return zlib.crc32(repr(list(keys)).encode())
 
 
 class KJTAllToAllError(ValueError):
@@ -416,6 +423,15 @@ def _check_counts(
             f"KJTAllToAll: the ranks disagree about key_splits: ranks {' vs ranks '.join(map(str, groups.values()))} "
             f"(rank {rank} has key_splits={key_splits}); every rank must build KJTAllToAll with the same key_splits"
         )
+    groups = {}
+    for src, row in enumerate(recv):
+        groups.setdefault(row[_KEYS], []).append(src)
+    if len(groups) > 1:
+        raise KJTAllToAllError(
+            f"KJTAllToAll: the ranks' KJTs have different keys (names or order): ranks "
+            f"{' vs ranks '.join(map(str, groups.values()))} (rank {rank} has keys {list(kjt.keys())}); every rank "
+            "must pass KJTs with the same keys in the same order"
+        )
     flags = {r[_WEIGHTED] for r in recv}
     if len(flags) > 1:
         weighted_ranks = [s for s, r in enumerate(recv) if r[_WEIGHTED]]
@@ -468,6 +484,9 @@ class KJTAllToAll(GroupCollective):
         # a tensor made from host data on CUDA is a blocking copy (a host sync) at every call.
         self._split_tensors: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
         self._checksum = _splits_checksum(self._splits)
+        # The keys of the last input and their checksum: the same list every call, in a sharded module.
+        self._keys_seen: list[str] | None = None
+        self._keys_sum = 0
 
     @property
     def key_splits(self) -> list[int]:
@@ -530,6 +549,9 @@ class KJTAllToAll(GroupCollective):
         table[:, _CONSISTENT] = per_key.sum() == kjt.values().numel()
         table[:, _VARIABLE] = int(variable)
         table[:, _SPLITS] = self._checksum
+        if keys != self._keys_seen:
+            self._keys_seen, self._keys_sum = list(keys), _keys_checksum(keys)
+        table[:, _KEYS] = self._keys_sum
         sent = table.view(-1)
         received = torch.empty_like(sent)
         shm = shm_transport(self._pg) if device.type == "cpu" and world_size > 1 else None

@@ -60,6 +60,7 @@ themselves as a plain all-to-all would.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Iterator
 
 import torch
@@ -73,13 +74,44 @@ from lightrec.distributed.comm._autograd import (
 )
 from lightrec.distributed.comm._placements import Placement, rank_placements
 from lightrec.distributed.comm.qcomm import QuantizedCommCodecs, RowCodec
-from lightrec.distributed.comm.shm_transport import ShmExchange, ShmTransport, shm_transport
+from lightrec.distributed.comm.shm_transport import ShmExchange, ShmMismatchError, ShmTransport, shm_transport
 from lightrec.kernels.kernel_interface import OutRows
 
 #: ``view(rank, numel)``: a flat ``[numel]`` view of the shared-memory chunk to or from ``rank``.
 SegmentView = Callable[[int, int], torch.Tensor]
 
-__all__ = ["PlacedExchange", "PooledEmbeddingsAllToAll", "PooledEmbeddingsAwaitable", "check_batch_sizes"]
+__all__ = [
+    "PlacedExchange", "PooledEmbeddingsAllToAll", "PooledEmbeddingsAllToAllError", "PooledEmbeddingsAwaitable",
+    "check_batch_sizes",
+]  # fmt: skip
+
+
+class PooledEmbeddingsAllToAllError(ValueError):
+    """Ranks called the pooled-embedding all-to-all with ``dim_sum_per_rank`` or ``batch_size_per_rank``
+    that do not fit together (raised on every rank that receives from a disagreeing peer)."""
+
+
+def _geometry_check(dims: list[int], batches: list[int]) -> int:
+    """The same int on every rank for the same widths and batch sizes (crc32: not Python's salted hash);
+    the shared-memory exchanges carry it, so ranks that disagree raise instead of mixing rows."""
+    return zlib.crc32(f"{dims}|{batches}".encode())
+
+
+def _recv(ex: ShmExchange, src: int, dtype: torch.dtype, numel: int, layout: PooledEmbeddingsAllToAll,
+          batches: list[int]) -> torch.Tensor:
+    """``src``'s whole chunk for this rank, ``[numel]``; a chunk that does not fit (ranks that disagree
+    about the geometry) raises :class:`PooledEmbeddingsAllToAllError` naming both arguments."""
+    try:
+        return ex.recv_view(src, dtype, numel, whole=True)
+    except ShmMismatchError as exc:
+        item = torch.empty((), dtype=dtype).element_size()
+        raise PooledEmbeddingsAllToAllError(
+            f"PooledEmbeddingsAllToAll: the ranks disagree about dim_sum_per_rank or batch_size_per_rank: rank "
+            f"{src} sent rank {layout.rank} {exc.sent // item} values where {exc.expected // item} were expected "
+            f"(this rank, rank {layout.rank}, has dim_sum_per_rank={layout.dims}, batch_size_per_rank={batches}). "
+            "Build PooledEmbeddingsAllToAll with the same dim_sum_per_rank on every rank and pass the same "
+            "batch_size_per_rank on every rank"
+        ) from exc
 
 
 def check_batch_sizes(
@@ -144,6 +176,7 @@ class _PooledAllToAllOp:
         self.layout = layout
         self.batches = batches
         self.placed = placed
+        self.check = _geometry_check(layout.dims, batches)
         # Set by a placed forward whose kernel wrote the rows itself: its backward reads the gradient
         # rows where they arrive (OutRows.give_grad).
         self.grad_rows: OutRows | None = None
@@ -246,14 +279,14 @@ class _PooledAllToAllOp:
         """The forward through shared memory: each peer's rows into this rank's segment, then each
         peer's block for this rank straight into the output's columns."""
         lay, me = self.layout, self.layout.rank
-        ex = shm.start([b * lay.dims[me] * send.element_size() for b in self.batches])
+        ex = shm.start([b * lay.dims[me] * send.element_size() for b in self.batches], self.check)
         for rows, block in self._peer_row_blocks(lambda s, n: ex.send_view(s, send.dtype, n)):
             block.copy_(send[rows])
         ex.publish()
 
         def finish() -> torch.Tensor:
             out = send.new_empty(self.batches[me], lay.total_width)
-            for r, block in self._column_blocks(self._own_rows(send), lambda r, n: ex.recv_view(r, send.dtype, n)):
+            for r, block in self._column_blocks(self._own_rows(send), lambda r, n: _recv(ex, r, send.dtype, n, lay, self.batches)):
                 self._place(out, r, block)
             ex.finish()
             return out
@@ -263,11 +296,11 @@ class _PooledAllToAllOp:
     def _placed_forward(self, placed: PlacedExchange) -> Pending:
         """The forward of a prepared exchange: the lookup wrote the peers' rows and this rank's own
         columns already; publish, then place each peer's block for this rank."""
-        ex, out = placed.exchange, placed.out
+        ex, out, lay = placed.exchange, placed.out, self.layout
         ex.publish()
 
         def finish() -> torch.Tensor:
-            for r, block in self._column_blocks(None, lambda r, n: ex.recv_view(r, out.dtype, n)):
+            for r, block in self._column_blocks(None, lambda r, n: _recv(ex, r, out.dtype, n, lay, self.batches)):
                 self._place(out, r, block)
             ex.finish()
             return out
@@ -340,13 +373,13 @@ class _PooledAllToAllOp:
         this rank's segment; each peer's rows for this rank copied into the input gradient."""
         lay, me = self.layout, self.layout.rank
         input_grad = grad.new_empty(sum(self.batches), lay.dims[me])
-        ex = shm.start([self.batches[me] * w * grad.element_size() for w in lay.dims])
+        ex = shm.start([self.batches[me] * w * grad.element_size() for w in lay.dims], self.check)
         for r, block in self._column_blocks(self._own_rows(input_grad), lambda r, n: ex.send_view(r, grad.dtype, n)):
             self._pack(grad, r, block)
         ex.publish()
 
         def finish() -> torch.Tensor:
-            for rows, block in self._peer_row_blocks(lambda s, n: ex.recv_view(s, grad.dtype, n)):
+            for rows, block in self._peer_row_blocks(lambda s, n: _recv(ex, s, grad.dtype, n, lay, self.batches)):
                 input_grad[rows].copy_(block)
             ex.finish()
             return input_grad
@@ -361,13 +394,13 @@ class _PooledAllToAllOp:
         gradient is a stand-in without values."""
         lay, me = self.layout, self.layout.rank
         own = grad.new_empty(self.batches[me], lay.dims[me])
-        ex = shm.start([self.batches[me] * w * grad.element_size() for w in lay.dims])
+        ex = shm.start([self.batches[me] * w * grad.element_size() for w in lay.dims], self.check)
         for r, block in self._column_blocks(own, lambda r, n: ex.send_view(r, grad.dtype, n)):
             self._pack(grad, r, block)
         ex.publish()
 
         def finish() -> torch.Tensor:
-            parts = [(rows.start, block) for rows, block in self._peer_row_blocks(lambda s, n: ex.recv_view(s, grad.dtype, n))]
+            parts = [(rows.start, block) for rows, block in self._peer_row_blocks(lambda s, n: _recv(ex, s, grad.dtype, n, lay, self.batches))]
             parts.append((self._row_starts()[me], own))
             grad_rows.give_grad(sorted(parts, key=lambda part: part[0]), ex.finish)
             return grad.new_zeros(()).expand(sum(self.batches), lay.dims[me])
@@ -462,7 +495,7 @@ class PooledEmbeddingsAllToAll:
         if shm is None:
             return None
         batches = per_rank_counts(batch_size_per_rank, self.world_size, "batch_size_per_rank", "batch sizes")
-        ex = shm.start([b * d_me * dtype.itemsize for b in batches])
+        ex = shm.start([b * d_me * dtype.itemsize for b in batches], _geometry_check(self.dims, batches))
         out = torch.empty(batches[me], self.total_width, dtype=dtype, device=device)
         blocks, start = [], 0
         for s, b in enumerate(batches):

@@ -12,7 +12,7 @@ Layout, per rank (``shm_segments.py`` makes the files and keeps them from outliv
     control segment (fixed)       failed[3]       int64: (exchange, bytes, errno) of a failed grow; 0: none
                                   seq[K]          int32: the exchange last published in slot k
                                   ack[W][K]       int32: the exchange of writer w slot k this rank has read
-                                  meta[K][2+2W]   int64: slot k's data generation, total, (offset, bytes) per dest
+                                  meta[K][3+2W]   int64: slot k's data generation, total, check, (offset, bytes) per dest
     data segment (generation g)   the arena the rank writes its outgoing chunks into
 
 Exchange ``n`` (numbered in the order ranks start them, which the process group's collective
@@ -59,7 +59,7 @@ from lightrec._native import native_ops
 from lightrec.distributed.comm.failures import CollectiveError, timeout_of
 from lightrec.distributed.comm.shm_segments import SHM_DIR, ShmSegment, ShmSpaceError, sweep_stale_segments
 
-__all__ = ["ShmExchange", "ShmPeerError", "ShmTransport", "shm_transport"]
+__all__ = ["ShmExchange", "ShmMismatchError", "ShmPeerError", "ShmTransport", "shm_transport"]
 
 _SLOTS = 64
 _ALIGN = 64
@@ -68,10 +68,27 @@ _MAGIC = 0x4C524543  # "LREC"
 _INITIAL_ARENA = 16 << 20
 _TIMED_OUT = -(1 << 39)  # shm_wait's return below this: the wait timed out
 _EXIT_GRACE = 2.0  # seconds a rank at exit waits for its peers to read its last exchanges
+_META = 3  # words of a slot's meta before its (offset, bytes) per dest: generation, total, check
 
 
 class ShmPeerError(CollectiveError):
     """A peer of the shared-memory transport died or stopped answering (a :class:`CollectiveError`)."""
+
+
+class ShmMismatchError(ShmPeerError, ValueError):
+    """A peer's chunk of an exchange does not fit what this rank expects: the ranks called the exchange
+    with different inputs (a ``ValueError``; a :class:`ShmPeerError` too, as this was raised before).
+
+    Attributes:
+        src: the peer.
+        sent: bytes the peer sent this rank.
+        expected: bytes this rank expected from it.
+        same_check: whether the peer's ``check`` (:meth:`ShmTransport.start`) equals this rank's.
+    """
+
+    def __init__(self, message: str, src: int, sent: int, expected: int, same_check: bool) -> None:
+        super().__init__(message)
+        self.src, self.sent, self.expected, self.same_check = src, sent, expected, same_check
 
 
 def _pid_alive(pid: int) -> bool:
@@ -95,7 +112,7 @@ class _Control:
 
     @classmethod
     def layout_bytes(cls, world: int) -> int:
-        return 64 + 4 * _SLOTS * (1 + world) + 8 * _SLOTS * (2 + 2 * world) + 64
+        return 64 + 4 * _SLOTS * (1 + world) + 8 * _SLOTS * (_META + 2 * world) + 64
 
     @classmethod
     def over(cls, segment: ShmSegment, world: int) -> _Control:
@@ -107,7 +124,7 @@ class _Control:
             segment.words(torch.int64, 8, 3),  # the header: int32 word 0 is the magic
             segment.words(torch.int32, seq_at, _SLOTS),
             segment.words(torch.int32, ack_at, _SLOTS * world),
-            segment.words(torch.int64, meta_at, _SLOTS * (2 + 2 * world)).view(_SLOTS, 2 + 2 * world),
+            segment.words(torch.int64, meta_at, _SLOTS * (_META + 2 * world)).view(_SLOTS, _META + 2 * world),
         )
 
 
@@ -155,8 +172,13 @@ class ShmTransport:
                 self._peer_data[(r, 0)] = ShmSegment.open(p["data"])
 
     # ---- exchanges ---------------------------------------------------------------------------
-    def start(self, send_bytes: list[int]) -> ShmExchange:
+    def start(self, send_bytes: list[int], check: int = 0) -> ShmExchange:
         """Begin the next exchange: ``send_bytes[d]`` bytes to each peer ``d`` (0 for this rank).
+
+        ``check``: an int64 that every rank computes from what it believes the exchange's geometry is
+        (e.g. a checksum of the widths and batch sizes); a reader whose check differs from its
+        source's raises :class:`ShmMismatchError` in :meth:`ShmExchange.recv_view` (one word written
+        here and one read per received chunk: no extra exchange).
 
         Raises:
             ShmSpaceError: this rank's send buffer had to grow and ``/dev/shm`` cannot hold it (the
@@ -176,11 +198,11 @@ class ShmTransport:
         for n in padded:
             offsets.append(at)
             at += n
-        fields = [arena.gen, sum(padded)]
+        fields = [arena.gen, sum(padded), int(check)]
         for d in range(self.world):
             fields += [offsets[d], sizes[d]]
         self._control[self.rank].meta[slot].copy_(torch.tensor(fields, dtype=torch.int64))
-        return ShmExchange(self, seq, slot, arena.segment, offsets, sizes)
+        return ShmExchange(self, seq, slot, arena.segment, offsets, sizes, int(check))
 
     def _wait_slot_free(self, seq: int, slot: int) -> None:
         """Slot ``seq % K`` last carried exchange ``seq - K``: every peer must have read it."""
@@ -377,8 +399,9 @@ class ShmExchange:
         segment: ShmSegment,
         offsets: list[int],
         sizes: list[int],
+        check: int = 0,
     ) -> None:
-        self._t, self.seq, self._slot = transport, seq, slot
+        self._t, self.seq, self._slot, self.check = transport, seq, slot, check
         self._segment, self._offsets, self._sizes = segment, offsets, sizes
         self._finished = False
         self._published = False
@@ -418,20 +441,33 @@ class ShmExchange:
             arena.live = [a for a in arena.live if a[0] != self.seq]
         self._finished = True  # nothing for the peers to release
 
-    def recv_view(self, src: int, dtype: torch.dtype, numel: int, byte_offset: int = 0) -> torch.Tensor:
-        """``[numel]`` of ``dtype`` of ``src``'s chunk for this rank (waits for ``src`` to publish)."""
+    def recv_view(
+        self, src: int, dtype: torch.dtype, numel: int, byte_offset: int = 0, whole: bool = False
+    ) -> torch.Tensor:
+        """``[numel]`` of ``dtype`` of ``src``'s chunk for this rank (waits for ``src`` to publish).
+        ``whole``: the view must end where the chunk ends (a reader that takes the whole chunk).
+
+        Raises:
+            ShmMismatchError: ``src`` started the exchange with another ``check`` (:meth:`ShmTransport.start`),
+                or its chunk is shorter than the view (or, with ``whole``, of another size).
+        """
         t = self._t
         control = t._control[src]
         t._wait_word(control.seq, self._slot, self.seq, src)
         meta = control.meta[self._slot]
-        gen, offset, nbytes = int(meta[0]), int(meta[2 + 2 * t.rank]), int(meta[3 + 2 * t.rank])
+        gen, offset, nbytes = int(meta[0]), int(meta[_META + 2 * t.rank]), int(meta[_META + 1 + 2 * t.rank])
         if gen < 0:  # src published this exchange as failed: its send buffer could not grow
             raise t._peer_failed() or ShmSpaceError(f"rank {src} could not send exchange {self.seq}")
         size = numel * torch.empty((), dtype=dtype).element_size()
-        if byte_offset + size > nbytes:
-            raise ShmPeerError(
-                f"rank {src} sent rank {t.rank} {nbytes} bytes in exchange {self.seq}, fewer than the "
-                f"{byte_offset + size} expected; ranks disagree about the exchange (different batches or plans?)"
+        end = byte_offset + size
+        same_check = int(meta[2]) == self.check
+        if end > nbytes or (whole and end != nbytes) or not same_check:
+            what = "fewer than" if end > nbytes else "not" if end != nbytes else "as"
+            raise ShmMismatchError(
+                f"rank {src} sent rank {t.rank} {nbytes} bytes in exchange {self.seq}, {what} the {end} expected"
+                f"{'' if same_check else ' (and the ranks computed different checks of its geometry)'}; ranks "
+                "disagree about the exchange (different batches or plans?)",
+                src, nbytes, end, same_check,
             )
         segment = t._peer_segment(src, gen)
         return segment.data[offset + byte_offset : offset + byte_offset + size].view(dtype)
