@@ -111,7 +111,7 @@ BAD = [  # (body, status, index, field, value, words of the message)
     ({"batch": {"dense": [[0.0] * 5] * 2, "lengths": {"f1": [1, 1]}, "ids": {"f1": [0]}}}, 422, None,
      "batch.ids.f1", 1, "sum(lengths) = 2"),
     ({"batch": {"dense": [[0.0] * 5] * 3, "lengths": {"f1": [1, 0, 2]}, "ids": {"f1": [0, 5, 40]}}}, 422, 2,
-     "sparse.f1[1]", 40, "request 2: feature 'f1' has id 40"),
+     "batch.ids.f1[2]", 40, "request 2: batch.ids.f1[2]=40"),
     ({"batch": {"dense": [[0.0] * 5] * 2, "size": 0}}, 422, None, "batch.size", 0, "positive int"),
     ({"batch": {"dense": [[0.0] * 5, [0.0, 10**400, 0, 0, 0]]}}, 422, 1, "dense[1]", "1" + "0" * 199 + "... (401 "
      "characters)", "request 1: dense[1]="),
