@@ -143,25 +143,25 @@ def val_filter(key_fn: Callable[[int], int], train_perc: float, decimal_places: 
     return not train_filter(key_fn, train_perc, decimal_places, idx)
 
 
-class _IdxFilter(IterableDataset):
+class _IdxFilter(IterableDataset[T]):
     """The rows of ``datapipe`` whose index passes ``filter_fn``."""
 
-    def __init__(self, datapipe: Iterable[Any], filter_fn: Callable[[int], bool]) -> None:
+    def __init__(self, datapipe: Iterable[T], filter_fn: Callable[[int], bool]) -> None:
         self.datapipe = datapipe
         self.filter_fn = filter_fn
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[T]:
         for idx, row in enumerate(self.datapipe):
             if self.filter_fn(idx):
                 yield row
 
 
 def idx_split_train_val(
-    datapipe: Iterable[Any],
+    datapipe: Iterable[T],
     train_perc: float,
     decimal_places: int = 2,
     key_fn: Callable[[int], int] = _default_key_fn,
-) -> tuple[IterableDataset, IterableDataset]:
+) -> tuple[IterableDataset[T], IterableDataset[T]]:
     """Split ``datapipe`` into ``(train, val)`` by each row's index (see :func:`train_filter`).
 
     Args:
@@ -185,18 +185,18 @@ def idx_split_train_val(
     )
 
 
-class _RandFilter(IterableDataset):
+class _RandFilter(IterableDataset[T]):
     """The rows of ``datapipe`` for which ``filter_fn(rng)`` holds, ``rng`` restarted every pass."""
 
     def __init__(
-        self, datapipe: Iterable[Any], filter_fn: Callable[[random.Random], bool], rand_gen: random.Random
+        self, datapipe: Iterable[T], filter_fn: Callable[[random.Random], bool], rand_gen: random.Random
     ) -> None:
         self.datapipe = datapipe
         self.filter_fn = filter_fn
         self.rand_gen = rand_gen
         self.rand_gen_init_state = rand_gen.getstate()
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[T]:
         self.rand_gen.setstate(self.rand_gen_init_state)
         for row in self.datapipe:
             if self.filter_fn(self.rand_gen):
@@ -212,8 +212,8 @@ def _rand_in_val(train_perc: float, rand_gen: random.Random) -> bool:
 
 
 def rand_split_train_val(
-    datapipe: Iterable[Any], train_perc: float, random_seed: int = 0
-) -> tuple[IterableDataset, IterableDataset]:
+    datapipe: Iterable[T], train_perc: float, random_seed: int = 0
+) -> tuple[IterableDataset[T], IterableDataset[T]]:
     """Split ``datapipe`` into ``(train, val)`` by a seeded uniform draw per row.
 
     Row ``i`` goes to train when the ``i``-th ``random.Random(random_seed).random()`` is below
@@ -236,17 +236,17 @@ def rand_split_train_val(
     )
 
 
-class Limit(IterableDataset):
+class Limit(IterableDataset[T]):
     """The first ``limit`` rows of ``datapipe`` (all of them when it has fewer)."""
 
-    def __init__(self, datapipe: Iterable[Any], limit: int) -> None:
+    def __init__(self, datapipe: Iterable[T], limit: int) -> None:
         _check_source("Limit", "datapipe", datapipe)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ValueError(f"Limit(limit={limit!r}): limit must be an int >= 0, the number of rows to keep")
         self.datapipe = datapipe
         self.limit = limit
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[T]:
         if self.limit == 0:
             return
         for idx, row in enumerate(self.datapipe):
@@ -255,7 +255,7 @@ class Limit(IterableDataset):
                 break
 
 
-def _default_dp_selector(datapipes: Sequence[Iterable[Any]]) -> Sequence[Iterable[Any]]:
+def _default_dp_selector(datapipes: Sequence[Iterable[T]]) -> Sequence[Iterable[T]]:
     """The sources this ``DataLoader`` worker reads: all of them outside workers, else a contiguous
     share (``ceil`` of what is left over the workers left, so earlier workers take the extra ones)."""
     info = get_worker_info()
@@ -272,7 +272,7 @@ def _default_dp_selector(datapipes: Sequence[Iterable[Any]]) -> Sequence[Iterabl
     return datapipes[bounds[info.id] : bounds[info.id + 1]]
 
 
-class ParallelReadConcat(IterableDataset):
+class ParallelReadConcat(IterableDataset[T]):
     """The rows of several sources, one source after the other.
 
     In a ``DataLoader(num_workers=n)`` each worker reads only the sources ``dp_selector`` gives it
@@ -286,14 +286,14 @@ class ParallelReadConcat(IterableDataset):
 
     def __init__(
         self,
-        *datapipes: Iterable[Any],
-        dp_selector: Callable[[Sequence[Iterable[Any]]], Sequence[Iterable[Any]]] = _default_dp_selector,
+        *datapipes: Iterable[T],
+        dp_selector: Callable[[Sequence[Iterable[T]]], Sequence[Iterable[T]]] = _default_dp_selector,
     ) -> None:
         for i, dp in enumerate(datapipes):
             _check_source("ParallelReadConcat", f"datapipes[{i}]", dp)
-        self.datapipes: tuple[Iterable[Any], ...] = datapipes
+        self.datapipes: tuple[Iterable[T], ...] = datapipes
         self.dp_selector = dp_selector
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[T]:
         for dp in self.dp_selector(self.datapipes):
             yield from dp

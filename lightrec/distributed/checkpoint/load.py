@@ -75,7 +75,7 @@ class CheckpointSource:
     world_size: int
     has_training_state: bool
     path: str | None = None
-    extra_optim: list[dict[str, Any]] = field(default_factory=list)
+    extra_optim: list[dict[str, object]] = field(default_factory=list)
 
     def table_blocks(self, key: str) -> list[Block]:
         return [b for p in self.payloads for b in p["tables"].get(key, [])]

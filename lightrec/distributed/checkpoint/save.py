@@ -112,7 +112,7 @@ def _rank_part(
         payload["tables"][key] = [(m.shard_offsets, m.shard_sizes, _copy(p)) for m, p in table.shards]
 
     dense_states: list[dict[str, Any]] = []
-    extra_states: list[dict[str, Any]] = []
+    extra_states: list[dict[str, object]] = []
     opt_states = list(checkpoint.get("optimizer_states", []))
     if len(opt_states) != len(optimizers):
         raise ValueError(
@@ -126,7 +126,7 @@ def _rank_part(
         dense: dict[str, Any] = {}
         # Entries that name no parameter (a WarmupOptimizer's "__warmup" schedule position, also as a
         # CombinedOptimizer part's "<prefix>.__warmup") are the optimizer's own: saved as they are.
-        extra: dict[str, Any] = {}
+        extra: dict[str, object] = {}
         for key, state in sd["state"].items():
             if key not in params:
                 extra[key] = state
