@@ -1,12 +1,16 @@
-"""What every ``lightrec`` subcommand shares: exit codes, the command error, recipe lookup."""
+"""What every ``lightrec`` subcommand shares: exit codes, the command error, recipe lookup.
+
+Imports no Lightning, nor does any subcommand module at import time: ``lightrec --help``, ``ls`` and
+``serve`` (whose LitServe workers import the command again) build the whole parser, so Lightning, the
+recipes' scripts and the data stack (pyarrow) are imported inside the functions that use them
+(``tests/cli/test_review_lazy_imports.py``). ``lightrec.recipes`` is names and paths only.
+"""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from lightrec.distributed.checkpoint import is_sharded_checkpoint
-from lightrec.lightning.recipe.checks import nearest
 from lightrec.recipes import RECIPES, Recipe, get_recipe
 
 __all__ = [
@@ -49,6 +53,8 @@ def checkpoint_argument(path: Path) -> None:
     """Refuse (``UsageError``) a checkpoint argument that is missing or a folder that is not a checkpoint, and
     (``CommandError``) a checkpoint folder whose ``meta.pt`` is gone. A save killed between its two renames
     (``<path>`` missing, a complete ``<path>.tmp-<run>`` beside it) is accepted, as the loader reads it."""
+    from lightrec.distributed.checkpoint import is_sharded_checkpoint  # the distributed stack: only here
+
     if is_sharded_checkpoint(path):  # also <path> gone beside the complete <path>.tmp-<run> of a killed save
         return
     if not path.exists():
@@ -81,6 +87,8 @@ def shipped_recipe(name: str, parser: argparse.ArgumentParser, or_file: bool = F
     """The shipped recipe called ``name``; else a usage error naming the valid ones (and, with
     ``or_file``, saying a recipe ``.py`` file is accepted too)."""
     if name not in RECIPES:
+        from lightrec.lightning.recipe.checks import nearest  # imports Lightning: only for a wrong name
+
         parser.error(
             f"unknown recipe {name!r}{nearest(name, list(RECIPES))}; valid recipes: {', '.join(RECIPES)}"
             + (" or a recipe .py file" if or_file else "")

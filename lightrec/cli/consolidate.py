@@ -13,7 +13,6 @@ from lightrec.cli.common import (
     output_argument,
     reject_extra_arguments,
 )
-from lightrec.distributed.checkpoint import CheckpointError, ForeignCheckpointError, consolidate_checkpoint
 
 __all__ = ["register", "run"]
 
@@ -27,6 +26,12 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParser) -> int:
+    from lightrec.distributed.checkpoint import (
+        CheckpointError,
+        ForeignCheckpointError,
+        consolidate_checkpoint,
+    )
+
     reject_extra_arguments(rest, parser)
     source, out = Path(ns.checkpoint), Path(ns.out)
     checkpoint_argument(source)

@@ -18,10 +18,6 @@ import argparse
 import json
 
 from lightrec.cli.common import CommandError, UsageError, command_parser, positive_int, reject_extra_arguments
-from lightrec.data.errors import DataFormatError
-from lightrec.data.parquet.convert import MANIFEST, convert_to_parquet
-from lightrec.data.parquet.errors import ParquetDataError
-from lightrec.data.parquet.inspection import format_report, inspect_parquet
 
 __all__ = ["register", "run"]
 
@@ -65,6 +61,9 @@ def run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParser
 
 
 def _convert(ns: argparse.Namespace) -> int:
+    from lightrec.data.errors import DataFormatError  # the data stack and pyarrow: only for this command
+    from lightrec.data.parquet.convert import MANIFEST, convert_to_parquet
+
     try:
         manifest = convert_to_parquet(
             ns.inputs, ns.out, format=ns.format, rows_per_file=ns.rows_per_file, row_group_size=ns.row_group_size,
@@ -91,6 +90,9 @@ def _convert(ns: argparse.Namespace) -> int:
 
 
 def _inspect(ns: argparse.Namespace) -> int:
+    from lightrec.data.parquet.errors import ParquetDataError  # pyarrow: only for this command
+    from lightrec.data.parquet.inspection import format_report, inspect_parquet
+
     try:
         report = inspect_parquet(ns.path, label=ns.label, dense=ns.dense, sparse=ns.sparse or "auto")
     except FileNotFoundError as exc:

@@ -26,10 +26,8 @@ from lightrec.cli.common import (
     command_parser,
     reject_extra_arguments,
 )
-from lightrec.distributed.checkpoint import CheckpointError, consolidate_checkpoint, load_file
-from lightrec.inference import export_from_checkpoint
 
-if TYPE_CHECKING:  # annotation only: importing Lightning would slow every command down by a second
+if TYPE_CHECKING:  # annotation only: importing Lightning would slow every command down by seconds
     from lightrec.lightning import RecModule
 
 __all__ = ["register", "run"]
@@ -135,6 +133,8 @@ def run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParser
     suffix = "pt2" if ns.format == "export" else "pt"
     out = Path(ns.out) if ns.out else checkpoint.parent / f"{checkpoint.stem}_{ns.dtype}.{suffix}"
     if checkpoint.is_dir():
+        from lightrec.distributed.checkpoint import CheckpointError, consolidate_checkpoint
+
         with tempfile.TemporaryDirectory() as tmp:  # the whole model is gathered in this process
             full = Path(tmp) / "full.ckpt"
             try:
@@ -146,6 +146,9 @@ def run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParser
 
 
 def _export_file(ns: argparse.Namespace, checkpoint: Path, out: Path, shown: Path) -> int:
+    from lightrec.distributed.checkpoint import CheckpointError, load_file  # only for this command
+    from lightrec.inference import export_from_checkpoint
+
     try:
         state = load_file(checkpoint)  # weights_only=True: nothing in the file runs
     except CheckpointError as exc:

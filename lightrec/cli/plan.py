@@ -23,8 +23,7 @@ from lightrec.cli.common import (
     positive_int,
     shipped_recipe,
 )
-from lightrec.distributed.dmp.default_sharders import get_default_sharders
-from lightrec.distributed.planner import PlannerError, plan_sharding, topology_for
+from lightrec.distributed.planner import PlannerError, plan_sharding, topology_for  # no Lightning
 from lightrec.recipes import CONFIGS, CONFIGS_DIR, RECIPES
 
 __all__ = ["register", "run"]
@@ -95,6 +94,7 @@ def run(ns: argparse.Namespace, rest: list[str], parser: argparse.ArgumentParser
         if out is not None:  # before the model is built and planned, not after (plan overwrites: force)
             output_argument(Path(out), force=True, example=example)
     module = importlib.import_module(f"lightrec.recipes.{script}")
+    from lightrec.distributed.dmp.default_sharders import get_default_sharders
     from lightrec.lightning.contracts import planning_batch_size
     from lightrec.lightning.rec_module import RecModule
     from lightrec.lightning.recipe.checks import condense_error  # Lightning: only when a plan is asked for
