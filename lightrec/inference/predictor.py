@@ -264,8 +264,11 @@ class Predictor:
                                    f"weights.{feature}[{k}]", weights[k])
         return cast("list[float]", floats)  # no None left
 
-    def check_dense(self, index: int, dense: object) -> list[float]:
+    def check_dense(self, index: int, dense: object, field: str = "dense") -> list[float]:
         """The dense features of request ``index`` as floats (``[]`` for a model without them).
+
+        ``field`` names them in errors, as the request wrote them (``dense``; a served compact batch's row
+        ``batch.dense[b]``); a bad value is ``<field>[k]``.
 
         Raises:
             RequestError: missing, wrong width, or a value that is not a finite number.
@@ -273,20 +276,20 @@ class Predictor:
         where = f"request {index}"
         if not self.takes_dense:
             if dense not in (None, []):
-                raise RequestError(f"{where}: the model takes no dense features, but 'dense' was given",
-                                   index, "dense", None)
+                raise RequestError(f"{where}: the model takes no dense features, but '{field}' was given",
+                                   index, field, None)
             return []
         if dense is None:
-            raise RequestError(f"{where}: 'dense' is missing; give {self.dense_in_features} floats", index, "dense", None)
+            raise RequestError(f"{where}: '{field}' is missing; give {self.dense_in_features} floats", index, field, None)
         if not isinstance(dense, (list, tuple)) or len(dense) != self.dense_in_features:
             got = len(dense) if isinstance(dense, (list, tuple)) else type(dense).__name__
-            raise RequestError(f"{where}: 'dense' must be a list of {self.dense_in_features} floats, got {got}"
-                               + (" values" if isinstance(got, int) else ""), index, "dense", got)
+            raise RequestError(f"{where}: '{field}' must be a list of {self.dense_in_features} floats, got {got}"
+                               + (" values" if isinstance(got, int) else ""), index, field, got)
         floats = [finite_float32(x) for x in dense]
         for k, x in enumerate(floats):
             if x is None:
-                raise RequestError(f"{where}: dense[{k}]={shown(dense[k])!r} is not a finite number (dense features "
-                                   f"are float32: |x| <= {FLOAT32_MAX:.7g})", index, f"dense[{k}]", dense[k])
+                raise RequestError(f"{where}: {field}[{k}]={shown(dense[k])!r} is not a finite number (dense features "
+                                   f"are float32: |x| <= {FLOAT32_MAX:.7g})", index, f"{field}[{k}]", dense[k])
         return cast("list[float]", floats)  # no None left
 
     def check_ids(self, index: int, feature: str, ids: object) -> list[int]:

@@ -15,8 +15,10 @@ In the compact form a feature left out of ``ids`` and ``lengths`` has no ids in 
 are validated by :class:`~lightrec.inference.Predictor` (``check_request``, ``check_dense``,
 ``check_ids``: the rules of ``docs/serving.md``), so the server accepts exactly what ``Predictor``
 accepts, and an error names the sample's index in the body, the field and the value. A compact batch's
-bad id or weight is named where the client wrote it: ``batch.ids.f[k]``, ``batch.weights.f[k]`` (``k`` its
-position in the flat list) with the sample it belongs to. A JSON integer longer than Python converts (4300
+bad dense row, id or weight is named where the client wrote it: ``batch.dense[b]``, ``batch.dense[b][j]``,
+``batch.ids.f[k]``, ``batch.weights.f[k]`` (``k`` its position in the flat list) with the sample it belongs to; a
+batch too large, or of no size, names the key its size came from (``batch.size``, ``batch.dense`` or
+``batch.lengths.f``). A JSON integer longer than Python converts (4300
 digits) gets a 400 naming its line, column and character offset.
 
 A decoded request is :class:`SampleColumns` -- the samples as columns, ready to join others in a
@@ -96,6 +98,18 @@ def reject(error: RequestError, status: int = 422) -> Rejected:
 
 
 _shown = shown  # the truncation of Predictor's messages: one rule for every value the server echoes
+
+
+def _json(value: object, limit: int = 200) -> str:
+    """``value`` as JSON text for a message (``[NaN]``, ``[true]``, ``null``: as the client wrote it, not Python's
+    repr), truncated as :func:`_shown` truncates: the start of the text and its length (a string's: its characters)."""
+    if isinstance(value, str):
+        return json.dumps(_shown(value, limit))
+    try:
+        text = json.dumps(value)  # NaN and infinities in their JSON spellings
+    except (TypeError, ValueError, RecursionError):  # no JSON text (an int past Python's digits, nested too deeply)
+        return str(_shown(value, limit))
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
 
 
 def decode_body(predictor: Predictor, body: object, max_samples: int) -> SampleColumns | Rejected:
@@ -180,10 +194,10 @@ def _too_long_number(body: bytes | bytearray | str, error: ValueError) -> Reject
     return None
 
 
-def _too_many(size: int, max_samples: int) -> Rejected:
+def _too_many(size: int, max_samples: int, field: str = "size") -> Rejected:
     # a client's 'batch.size' may have thousands of digits: shown truncated, as every value the server echoes
     return Rejected(413, f"the request holds {_shown(size)} samples, more than the server's limit of {max_samples}; "
-                    "split it", None, "size", size)
+                    "split it", None, field, size)
 
 
 def _columns(predictor: Predictor, samples: list[CheckedRequest]) -> SampleColumns:
@@ -222,11 +236,12 @@ def _compact(predictor: Predictor, batch: object, max_samples: int) -> SampleCol
             return Rejected(422, f"unknown features {_shown(unknown)} in 'batch.{key}'; the model's features are "
                             f"{predictor.feature_names}", None, f"batch.{key}", unknown[0])
         per_feature[key] = part
-    size = _batch_size(predictor, batch, per_feature["lengths"])
-    if isinstance(size, Rejected):
-        return size
+    sized = _batch_size(predictor, batch, per_feature["lengths"])
+    if isinstance(sized, Rejected):
+        return sized
+    size, source = sized
     if size > max_samples:
-        return _too_many(size, max_samples)
+        return _too_many(size, max_samples, source)
     dense = batch.get("dense")
     if not predictor.takes_dense and dense not in (None, []):
         return Rejected(422, "the model takes no dense features, but 'batch.dense' was given", None, "batch.dense", None)
@@ -234,8 +249,8 @@ def _compact(predictor: Predictor, batch: object, max_samples: int) -> SampleCol
         got = len(dense) if isinstance(dense, list) else type(dense).__name__
         return Rejected(422, f"'batch.dense' must be a list of {size} rows of {predictor.dense_in_features} floats, "
                         f"got {got}", None, "batch.dense", got)
-    rows = [predictor.check_dense(b, dense[b] if isinstance(dense, list) and predictor.takes_dense else None)
-            for b in range(size)]
+    given = cast("list[object]", dense) if predictor.takes_dense else []  # a list of `size` rows (checked above)
+    rows = [predictor.check_dense(b, given[b], f"batch.dense[{b}]") for b in range(size)] if given else []
     columns = SampleColumns(size, [x for row in rows for x in row], [], [], [] if predictor.is_weighted else None)
     for f in predictor.feature_names:
         problem = _add_feature(predictor, columns, f, per_feature)
@@ -244,19 +259,26 @@ def _compact(predictor: Predictor, batch: object, max_samples: int) -> SampleCol
     return columns
 
 
-def _batch_size(predictor: Predictor, batch: dict[str, Any], lengths: dict[str, Any]) -> int | Rejected:
-    size = batch.get("size")
+def _batch_size(predictor: Predictor, batch: dict[str, Any], lengths: dict[str, Any]) -> tuple[int, str] | Rejected:
+    """The batch's size and the key it came from (``batch.size``, ``batch.dense``, ``batch.lengths.<f>``)."""
+    size, source = batch.get("size"), "batch.size"
     if size is None:
         if predictor.takes_dense and isinstance(batch.get("dense"), list):
-            size = len(batch["dense"])
+            size, source = len(batch["dense"]), "batch.dense"
         elif lengths:
-            first = next(iter(lengths.values()))
-            size = len(first) if isinstance(first, list) else None
+            feature, first = next(iter(lengths.items()))
+            source = _key(f"batch.lengths.{feature}")
+            if not isinstance(first, list):
+                return Rejected(422, f"the batch's size is unknown: {source!r} is {type(first).__name__}, not a list; "
+                                "give 'batch.size' (a positive int), or 'batch.dense' rows", None, source,
+                                type(first).__name__)
+            size = len(first)
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         # any JSON value (a 40000-character string, a long list): shown truncated, never echoed whole
-        return Rejected(422, f"the batch's size is {_shown(size)!r}: give 'batch.size' (a positive int), or "
-                        "'batch.dense' rows", None, "batch.size", size)
-    return size
+        return Rejected(422, f"the batch's size is {_json(size)}" + ("" if source == "batch.size" else f" (from "
+                        f"{source!r})") + ": give 'batch.size' (a positive int), or 'batch.dense' rows", None, source,
+                        size)
+    return size, source
 
 
 def _add_feature(predictor: Predictor, columns: SampleColumns, feature: str, parts: dict[str, Any]) -> Rejected | None:
@@ -271,7 +293,7 @@ def _add_feature(predictor: Predictor, columns: SampleColumns, feature: str, par
     if (not isinstance(lengths, list) or len(lengths) != size
             or not all(type(n) is int and n >= 0 for n in lengths)):  # fmt: skip
         return Rejected(422, f"'batch.lengths.{feature}' must be {size} non-negative ints (ids per sample), got "
-                        f"{_shown(lengths, 80)}", None, f"batch.lengths.{feature}", lengths)
+                        f"{_json(lengths, 80)}", None, f"batch.lengths.{feature}", lengths)
     total = sum(lengths)
     if not isinstance(ids, list) or len(ids) != total:
         got = len(ids) if isinstance(ids, list) else type(ids).__name__

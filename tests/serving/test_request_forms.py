@@ -103,8 +103,8 @@ BAD = [  # (body, status, index, field, value, words of the message)
     ({"batch": {}, "x": 1}, 400, None, "x", "x", "only 'batch'"),
     ({"batch": {"dense": [[0.0] * 5], "idz": {}}}, 400, None, "batch.idz", "idz", "unknown keys"),
     ({"batch": {"dense": [[0.0] * 5], "ids": {"zz": [1]}}}, 422, None, "batch.ids", "zz", "unknown features"),
-    ({"batch": {"dense": [[0.0] * 5] * 9}}, 413, None, "size", 9, "limit of 4"),
-    ({"batch": {"dense": [[0.0] * 5, [0.0] * 6]}}, 422, 1, "dense", 6, "request 1"),
+    ({"batch": {"dense": [[0.0] * 5] * 9}}, 413, None, "batch.dense", 9, "limit of 4"),
+    ({"batch": {"dense": [[0.0] * 5, [0.0] * 6]}}, 422, 1, "batch.dense[1]", 6, "request 1"),
     ({"batch": {"dense": [[0.0] * 5] * 2, "size": 3}}, 422, None, "batch.dense", 2, "3 rows"),
     ({"batch": {"dense": [[0.0] * 5] * 2, "lengths": {"f1": [1]}, "ids": {"f1": [0]}}}, 422, None,
      "batch.lengths.f1", [1], "2 non-negative ints"),
@@ -113,8 +113,8 @@ BAD = [  # (body, status, index, field, value, words of the message)
     ({"batch": {"dense": [[0.0] * 5] * 3, "lengths": {"f1": [1, 0, 2]}, "ids": {"f1": [0, 5, 40]}}}, 422, 2,
      "batch.ids.f1[2]", 40, "request 2: batch.ids.f1[2]=40"),
     ({"batch": {"dense": [[0.0] * 5] * 2, "size": 0}}, 422, None, "batch.size", 0, "positive int"),
-    ({"batch": {"dense": [[0.0] * 5, [0.0, 10**400, 0, 0, 0]]}}, 422, 1, "dense[1]", "1" + "0" * 199 + "... (401 "
-     "characters)", "request 1: dense[1]="),
+    ({"batch": {"dense": [[0.0] * 5, [0.0, 10**400, 0, 0, 0]]}}, 422, 1, "batch.dense[1][1]", "1" + "0" * 199 + "... "
+     "(401 characters)", "request 1: batch.dense[1][1]="),
     ({"batch": {"dense": [[0.0] * 5], "y" * 10_000: {}}}, 400, None, "batch." + "y" * 194 + "... (10006 characters)",
      "y" * 200 + "... (10000 characters)", "unknown keys"),
 ]
