@@ -22,18 +22,34 @@ update contract is importable where only the model is: ``from lightrec.serving i
 The server itself is ``lightrec.serving.server``. See ``docs/serving.md`` ("Serve it").
 """
 
-from lightrec.serving.config import ServeConfig, ServeConfigError
-from lightrec.serving.model_updates import UpdateFollower
-from lightrec.serving.served_model import (
-    ModelDamaged,
-    ModelUpdate,
-    ModelUpdater,
-    PredictorMismatch,
-    ServedModel,
-    UpdateFailed,
-    UpdateRefused,
-    UpdaterFactory,
-)
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lightrec.serving.config import ServeConfig, ServeConfigError
+    from lightrec.serving.model_updates import UpdateFollower
+    from lightrec.serving.served_model import (
+        ModelDamaged,
+        ModelUpdate,
+        ModelUpdater,
+        PredictorMismatch,
+        ServedModel,
+        UpdateFailed,
+        UpdateRefused,
+        UpdaterFactory,
+    )
+
+# Imported when first named (PEP 562): ``lightrec serve``'s parser reads only ``config``, and the
+# update contract's modules pull in the inference and distributed stacks (seconds on a small VM).
+_HOMES = {"ServeConfig": "config", "ServeConfigError": "config", "UpdateFollower": "model_updates"}
+
+
+def __getattr__(name: str) -> object:
+    if name not in __all__:
+        raise AttributeError(f"module 'lightrec.serving' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"lightrec.serving.{_HOMES.get(name, 'served_model')}"), name)
+
 
 __all__ = [
     "ModelDamaged",
