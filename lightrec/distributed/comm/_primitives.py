@@ -23,6 +23,7 @@ pieces, summed by the same ``sum(dim=0)``, so the same bits (not with ``CPU_NATI
 from __future__ import annotations
 
 import math
+import zlib
 
 import torch
 import torch.distributed as dist
@@ -30,9 +31,9 @@ import torch.distributed as dist
 from lightrec._compat import all_gather_single, reduce_scatter_single
 from lightrec.distributed.comm._autograd import Pending
 from lightrec.distributed.comm.qcomm import RowCodec
-from lightrec.distributed.comm.shm_transport import ShmTransport, shm_transport
+from lightrec.distributed.comm.shm_transport import ShmExchange, ShmMismatchError, ShmTransport, shm_transport
 
-__all__ = ["start_reduce_scatter", "start_all_gather", "CPU_NATIVE_REDUCE_SCATTER"]
+__all__ = ["start_reduce_scatter", "start_all_gather", "CPU_NATIVE_REDUCE_SCATTER", "BatchExchangeMismatchError"]
 
 #: Use gloo's ``reduce_scatter_single`` for CPU tensors with equal shares (slower; see above).
 CPU_NATIVE_REDUCE_SCATTER = False
@@ -50,6 +51,35 @@ def _starts(batches: list[int]) -> list[int]:
     return out
 
 
+class BatchExchangeMismatchError(ValueError):
+    """Ranks called a reduce-scatter or all-gather over the batch dimension (``PooledEmbeddingsReduceScatter``,
+    ``PooledEmbeddingsAllGather`` and their backwards) with ``batch_size_per_rank``, rows of ``shape[1:]``
+    or dtypes that do not fit together (raised on every rank that receives from a disagreeing peer)."""
+
+
+def _geometry_check(kind: str, batches: list[int], rest: tuple[int, ...], dtype: torch.dtype) -> int:
+    """The same int on every rank for the same exchange geometry (crc32: not Python's salted hash);
+    the shared-memory exchange carries it, so ranks that disagree raise instead of mixing rows."""
+    return zlib.crc32(f"{kind}|{batches}|{rest}|{dtype}".encode())
+
+
+def _recv(ex: ShmExchange, src: int, kind: str, send: torch.Tensor, numel: int, batches: list[int], rank: int) -> torch.Tensor:
+    """``src``'s whole chunk for this rank, ``[numel]`` of ``send``'s dtype; a chunk that does not fit
+    (ranks that disagree about the geometry) raises :class:`BatchExchangeMismatchError` naming it."""
+    try:
+        return ex.recv_view(src, send.dtype, numel, whole=True)
+    except ShmMismatchError as exc:
+        item = send.element_size()
+        same = "" if exc.sent != exc.expected else " (the same size, but the ranks' geometries differ)"
+        raise BatchExchangeMismatchError(
+            f"{kind}: the ranks disagree about batch_size_per_rank or the rows' shape[1:] or dtype: rank {src} "
+            f"sent rank {rank} {exc.sent // item} values where {exc.expected // item} were expected{same} "
+            f"(this rank, rank {rank}, has batch_size_per_rank={batches}, rows of shape[1:]="
+            f"{tuple(send.shape[1:])}, dtype={send.dtype}). Pass the same batch_size_per_rank on every rank, "
+            "and rows of the same shape[1:] and dtype"
+        ) from exc
+
+
 def _shm(x: torch.Tensor, batches: list[int], group: dist.ProcessGroup | None) -> ShmTransport | None:
     return shm_transport(group) if x.device.type == "cpu" and len(batches) > 1 else None
 
@@ -58,7 +88,8 @@ def _shm_reduce_scatter(shm: ShmTransport, send: torch.Tensor, batches: list[int
     """The all-to-all + sum through shared memory: the same ``[W, B, *rest]`` pieces summed by the
     same ``sum(dim=0)`` as the gloo path, so the same bits."""
     rest, row, starts, b_me = tuple(send.shape[1:]), _row_numel(send), _starts(batches), batches[rank]
-    ex = shm.start([b * row * send.element_size() for b in batches])
+    kind = "reduce-scatter (PooledEmbeddingsReduceScatter, or PooledEmbeddingsAllGather's backward)"
+    ex = shm.start([b * row * send.element_size() for b in batches], _geometry_check(kind, batches, rest, send.dtype))
     for s, b in enumerate(batches):
         if s != rank and b * row > 0:
             ex.send_view(s, send.dtype, b * row).copy_(send[starts[s] : starts[s] + b].reshape(-1))
@@ -70,7 +101,7 @@ def _shm_reduce_scatter(shm: ShmTransport, send: torch.Tensor, batches: list[int
             if s == rank:
                 pieces[s].copy_(send[starts[rank] : starts[rank] + b_me])
             elif b_me * row > 0:
-                pieces[s].copy_(ex.recv_view(s, send.dtype, b_me * row).view(b_me, *rest))
+                pieces[s].copy_(_recv(ex, s, kind, send, b_me * row, batches, rank).view(b_me, *rest))
         ex.finish()
         return pieces.sum(dim=0)
 
@@ -80,7 +111,8 @@ def _shm_reduce_scatter(shm: ShmTransport, send: torch.Tensor, batches: list[int
 def _shm_all_gather(shm: ShmTransport, send: torch.Tensor, batches: list[int], rank: int) -> Pending:
     """Every rank's rows to every rank through shared memory."""
     rest, row, starts, b_me = tuple(send.shape[1:]), _row_numel(send), _starts(batches), batches[rank]
-    ex = shm.start([b_me * row * send.element_size()] * len(batches))
+    kind = "all-gather (PooledEmbeddingsAllGather, or PooledEmbeddingsReduceScatter's backward)"
+    ex = shm.start([b_me * row * send.element_size()] * len(batches), _geometry_check(kind, batches, rest, send.dtype))
     for d in range(len(batches)):
         if d != rank and b_me * row > 0:
             ex.send_view(d, send.dtype, b_me * row).copy_(send.reshape(-1))
@@ -92,7 +124,7 @@ def _shm_all_gather(shm: ShmTransport, send: torch.Tensor, batches: list[int], r
             if s == rank:
                 out[starts[s] : starts[s] + b].copy_(send)
             elif b * row > 0:
-                out[starts[s] : starts[s] + b].copy_(ex.recv_view(s, send.dtype, b * row).view(b, *rest))
+                out[starts[s] : starts[s] + b].copy_(_recv(ex, s, kind, send, b * row, batches, rank).view(b, *rest))
         ex.finish()
         return out
 

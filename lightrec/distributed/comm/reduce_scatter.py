@@ -27,7 +27,11 @@ from lightrec.distributed.comm._autograd import (
     Pending,
     group_rank_and_size,
 )
-from lightrec.distributed.comm._primitives import start_all_gather, start_reduce_scatter
+from lightrec.distributed.comm._primitives import (
+    BatchExchangeMismatchError,
+    start_all_gather,
+    start_reduce_scatter,
+)
 from lightrec.distributed.comm.pooled_all_to_all import check_batch_sizes
 from lightrec.distributed.comm.qcomm import QuantizedCommCodecs
 
@@ -36,6 +40,7 @@ __all__ = [
     "PooledEmbeddingsAllGather",
     "ReduceScatterAwaitable",
     "AllGatherAwaitable",
+    "BatchExchangeMismatchError",
     "exchange_batch_sizes",
 ]
 
@@ -96,7 +101,9 @@ class PooledEmbeddingsReduceScatter(GroupCollective):
 
     Call with ``partial`` ``[B_total, *rest]`` (all ranks' samples in rank order) and, when ranks
     have different batch sizes, ``batch_size_per_rank``; returns a :class:`ReduceScatterAwaitable`
-    of ``[batch_size_per_rank[rank], *rest]``. Backward all-gathers the gradient.
+    of ``[batch_size_per_rank[rank], *rest]``. Backward all-gathers the gradient. Over shared memory,
+    ranks that disagree about ``batch_size_per_rank`` or the rows' ``shape[1:]`` / dtype raise
+    :class:`BatchExchangeMismatchError` (a ``ValueError``) in ``wait()``.
     """
 
     def __init__(self, pg: dist.ProcessGroup | None = None, codecs: QuantizedCommCodecs | None = None) -> None:
@@ -123,7 +130,9 @@ class PooledEmbeddingsAllGather(GroupCollective):
     Call with ``local`` ``[B_local, *rest]`` and ``batch_size_per_rank`` (``[W]``); when it is None
     the batch sizes are exchanged first (one small blocking collective). Returns an
     :class:`AllGatherAwaitable` of ``[sum(batch_size_per_rank), *rest]``. Backward reduce-scatters the
-    gradient (each rank's rows receive the sum of every rank's gradient for them).
+    gradient (each rank's rows receive the sum of every rank's gradient for them). Over shared memory,
+    ranks that disagree about ``batch_size_per_rank`` or the rows' ``shape[1:]`` / dtype raise
+    :class:`BatchExchangeMismatchError` (a ``ValueError``) in ``wait()``.
     """
 
     def __call__(
