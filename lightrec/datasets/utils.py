@@ -10,30 +10,8 @@ A re-export of :mod:`lightrec.data.batch` and :mod:`lightrec.data.csv_readers` (
 into lightrec's DataModules, ``RecModule`` and train pipelines alike.
 """
 
+from lightrec.data import csv_readers
 from lightrec.data.batch import Batch
-from lightrec.data.csv_readers import (
-    PATH_MANAGER_KEY,
-    Limit,
-    LoadFiles,
-    ParallelReadConcat,
-    ReadLinesFromCSV,
-    idx_split_train_val,
-    rand_split_train_val,
-    safe_cast,
-    train_filter,
-    val_filter,
-)
+from lightrec.data.csv_readers import *  # noqa: F403 - torchrec's names, all of csv_readers.__all__
 
-__all__ = [
-    "PATH_MANAGER_KEY",
-    "Batch",
-    "Limit",
-    "LoadFiles",
-    "ParallelReadConcat",
-    "ReadLinesFromCSV",
-    "idx_split_train_val",
-    "rand_split_train_val",
-    "safe_cast",
-    "train_filter",
-    "val_filter",
-]
+__all__ = ["Batch", *csv_readers.__all__]

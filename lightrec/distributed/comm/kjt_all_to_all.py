@@ -409,27 +409,31 @@ def _split_merged(
     )
 
 
+def _ranks_by(recv: list[list[int]], column: int) -> list[list[int]]:
+    """The source ranks grouped by their value in count-table ``column`` (one group: they agree)."""
+    groups: dict[int, list[int]] = {}
+    for src, row in enumerate(recv):
+        groups.setdefault(row[column], []).append(src)
+    return list(groups.values())
+
+
 def _check_counts(
     rank: int, num_keys: int, kjt: KeyedJaggedTensor, sent: list[list[int]], recv: list[list[int]],
     key_splits: list[int] | None = None,
 ) -> None:
     """Fail before the tensor all-to-alls if ranks disagree (on every rank alike: every rank
     receives every source's row)."""
-    groups: dict[int, list[int]] = {}
-    for src, row in enumerate(recv):
-        groups.setdefault(row[_SPLITS], []).append(src)
+    groups = _ranks_by(recv, _SPLITS)
     if len(groups) > 1:
         raise KJTAllToAllError(
-            f"KJTAllToAll: the ranks disagree about key_splits: ranks {' vs ranks '.join(map(str, groups.values()))} "
+            f"KJTAllToAll: the ranks disagree about key_splits: ranks {' vs ranks '.join(map(str, groups))} "
             f"(rank {rank} has key_splits={key_splits}); every rank must build KJTAllToAll with the same key_splits"
         )
-    groups = {}
-    for src, row in enumerate(recv):
-        groups.setdefault(row[_KEYS], []).append(src)
+    groups = _ranks_by(recv, _KEYS)
     if len(groups) > 1:
         raise KJTAllToAllError(
             f"KJTAllToAll: the ranks' KJTs have different keys (names or order): ranks "
-            f"{' vs ranks '.join(map(str, groups.values()))} (rank {rank} has keys {list(kjt.keys())}); every rank "
+            f"{' vs ranks '.join(map(str, groups))} (rank {rank} has keys {list(kjt.keys())}); every rank "
             "must pass KJTs with the same keys in the same order"
         )
     flags = {r[_WEIGHTED] for r in recv}
