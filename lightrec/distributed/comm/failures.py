@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from lightrec._compat import timeout_of
 
-__all__ = ["CollectiveError", "collective_guard", "timeout_of"]
+__all__ = ["CollectiveError", "ShmMismatchError", "ShmPeerError", "collective_guard", "timeout_of"]
 
 # What the transports say when a peer died or did not answer (gloo, NCCL, the TCP store).
 _PEER_FAILURE = re.compile(
@@ -75,3 +75,23 @@ def collective_guard(name: str, pg: dist.ProcessGroup | None = None) -> Iterator
         if not (distributed or _PEER_FAILURE.search(str(exc))) or not dist.is_initialized():
             raise
         raise CollectiveError(_describe(name, pg, exc)) from exc
+
+
+class ShmPeerError(CollectiveError):
+    """A peer of the shared-memory transport died or stopped answering (a :class:`CollectiveError`)."""
+
+
+class ShmMismatchError(ShmPeerError, ValueError):
+    """A peer's chunk of an exchange does not fit what this rank expects: the ranks called the exchange
+    with different inputs (a ``ValueError``; a :class:`ShmPeerError` too, as this was raised before).
+
+    Attributes:
+        src: the peer.
+        sent: bytes the peer sent this rank.
+        expected: bytes this rank expected from it.
+        same_check: whether the peer's ``check`` (:meth:`ShmTransport.start`) equals this rank's.
+    """
+
+    def __init__(self, message: str, src: int, sent: int, expected: int, same_check: bool) -> None:
+        super().__init__(message)
+        self.src, self.sent, self.expected, self.same_check = src, sent, expected, same_check

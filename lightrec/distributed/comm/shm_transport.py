@@ -56,7 +56,7 @@ import torch.distributed as dist
 
 from lightrec import _switches
 from lightrec._native import native_ops
-from lightrec.distributed.comm.failures import CollectiveError, timeout_of
+from lightrec.distributed.comm.failures import ShmMismatchError, ShmPeerError, timeout_of
 from lightrec.distributed.comm.shm_segments import SHM_DIR, ShmSegment, ShmSpaceError, sweep_stale_segments
 
 __all__ = ["ShmExchange", "ShmMismatchError", "ShmPeerError", "ShmTransport", "shm_transport"]
@@ -69,26 +69,6 @@ _INITIAL_ARENA = 16 << 20
 _TIMED_OUT = -(1 << 39)  # shm_wait's return below this: the wait timed out
 _EXIT_GRACE = 2.0  # seconds a rank at exit waits for its peers to read its last exchanges
 _META = 3  # words of a slot's meta before its (offset, bytes) per dest: generation, total, check
-
-
-class ShmPeerError(CollectiveError):
-    """A peer of the shared-memory transport died or stopped answering (a :class:`CollectiveError`)."""
-
-
-class ShmMismatchError(ShmPeerError, ValueError):
-    """A peer's chunk of an exchange does not fit what this rank expects: the ranks called the exchange
-    with different inputs (a ``ValueError``; a :class:`ShmPeerError` too, as this was raised before).
-
-    Attributes:
-        src: the peer.
-        sent: bytes the peer sent this rank.
-        expected: bytes this rank expected from it.
-        same_check: whether the peer's ``check`` (:meth:`ShmTransport.start`) equals this rank's.
-    """
-
-    def __init__(self, message: str, src: int, sent: int, expected: int, same_check: bool) -> None:
-        super().__init__(message)
-        self.src, self.sent, self.expected, self.same_check = src, sent, expected, same_check
 
 
 def _pid_alive(pid: int) -> bool:
