@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from lightrec.cli.export import load_class
-from lightrec.lightning.rec_module import class_reference
+from lightrec.lightning.class_reference import class_reference
 
 MODELS = """
 from lightrec.recipes.dlrm import DLRMModule

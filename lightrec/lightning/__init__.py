@@ -1,7 +1,8 @@
 """Lightning integration: ``RecStrategy``, ``RecModule`` and callbacks.
 
-``rec_strategy.py`` and ``rec_module.py`` (with ``nonfinite.py``, ``loop_state.py`` and
-``table_tiering.py``) at the top, the callbacks one per file in ``callbacks/``, the recipes' library
+``rec_strategy.py`` and ``rec_module.py`` (with ``nonfinite.py``, ``loop_state.py``,
+``table_tiering.py``, ``fused_tables_checks.py``, ``fused_optimizer_states.py``, ``dlrm_schedule.py`` and
+``class_reference.py``) at the top, the callbacks one per file in ``callbacks/``, the recipes' library
 in ``recipe/``.
 
 Importing this package registers ``RecStrategy`` in Lightning's strategy registry as
@@ -22,8 +23,9 @@ from lightrec.lightning.callbacks import (
     TieredTableMonitor,
 )
 from lightrec.lightning.callbacks.rec_throughput_monitor import ThroughputMonitor
+from lightrec.lightning.dlrm_schedule import dlrm_lr_lambda
 from lightrec.lightning.nonfinite import NonFiniteLossError
-from lightrec.lightning.rec_module import RecModule, ShardedCheckpointFolderError, dlrm_lr_lambda
+from lightrec.lightning.rec_module import RecModule, ShardedCheckpointFolderError
 from lightrec.lightning.rec_strategy import RecStrategy
 from lightrec.lightning.table_tiering import TableTiering
 

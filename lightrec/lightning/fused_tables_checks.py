@@ -24,6 +24,7 @@ from lightrec.lightning.contracts import EmbeddingShardingStrategy
 __all__ = [
     "FusedTablesStrategyError",
     "refuse_fused_tables_under_data_parallel",
+    "unlisted_fused_optimizers",
     "warn_schedulers_that_miss_fused_tables",
     "warn_trainer_flags_with_fused_tables",
 ]
@@ -93,8 +94,7 @@ def warn_schedulers_that_miss_fused_tables(
     configs = list(getattr(trainer, "lr_scheduler_configs", []) or [])
     if not configs or not fused_optimizers:
         return
-    held = {id(group) for optimizer in trainer.optimizers for group in optimizer.param_groups}
-    missed = [path or "embeddings" for path, opt in fused_optimizers if any(id(g) not in held for g in opt.param_groups)]
+    missed = [path or "embeddings" for path, _ in unlisted_fused_optimizers(trainer.optimizers, fused_optimizers)]
     if not missed:
         return
     schedulers = sorted({type(config.scheduler).__name__ for config in configs})
@@ -108,3 +108,15 @@ def warn_schedulers_that_miss_fused_tables(
         "the fused optimizers among the returned optimizers without a scheduler",
         category=UserWarning,
     )
+
+
+def unlisted_fused_optimizers(
+    optimizers: list[Optimizer], fused_optimizers: list[tuple[str, Optimizer]]
+) -> list[tuple[str, Optimizer]]:
+    """The ``(path, fused optimizer)`` pairs whose parameter groups none of ``optimizers`` (the trainer's)
+    holds: a ``configure_optimizers`` override that returns a dense optimizer only leaves them out, so
+    Lightning neither saves nor restores their state (``RecModule`` carries it itself). Groups, not the
+    optimizers, are compared: a fused collection builds a new ``CombinedOptimizer`` of the same groups on
+    each ``fused_optimizer`` access."""
+    held = {id(group) for optimizer in optimizers for group in optimizer.param_groups}
+    return [(path, opt) for path, opt in fused_optimizers if any(id(g) not in held for g in opt.param_groups)]

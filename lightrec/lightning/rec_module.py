@@ -36,13 +36,16 @@ sharders' and planner's view of the embedding optimizer), ``serving_model()`` / 
 (plain ``EmbeddingBagCollection`` tables, the input of ``lightrec.inference.quantize`` / ``export``)
 and a checkpoint entry ``lightrec_module`` naming the class, so ``lightrec export`` can rebuild it.
 An optional ``for_serving(model)`` picks the part of the model that serves requests.
+
+A ``configure_optimizers`` override may return a dense optimizer only: the fused tables still train
+inside backward, and on one device (no ``RecStrategy``, which saves them itself) ``RecModule`` keeps
+their optimizer state in the checkpoint entry ``lightrec_unlisted_fused_optimizer_states``, so a
+resumed fit continues their Adagrad accumulators / Adam moments.
 """
 
 from __future__ import annotations
 
-import importlib.machinery
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -63,7 +66,13 @@ from lightrec.kernels import FusedEmbeddingBagCollection
 from lightrec.kernels.tiered.config import refuse_tiered_export
 from lightrec.lightning.callbacks.rec_model_summary import summary_for
 from lightrec.lightning.callbacks.tiered_table_monitor import TieredTableMonitor
+from lightrec.lightning.class_reference import class_reference
 from lightrec.lightning.contracts import EmbeddingShardingStrategy, FusedOptimizerModule, ShardingRequest
+from lightrec.lightning.dlrm_schedule import dlrm_lr_lambda
+from lightrec.lightning.fused_optimizer_states import (
+    restore_unlisted_fused_states,
+    save_unlisted_fused_states,
+)
 from lightrec.lightning.fused_tables_checks import (
     FusedTablesStrategyError,
     refuse_fused_tables_under_data_parallel,
@@ -71,7 +80,12 @@ from lightrec.lightning.fused_tables_checks import (
     warn_trainer_flags_with_fused_tables,
 )
 from lightrec.lightning.loop_state import fix_resume_counters, logging_step_of
-from lightrec.lightning.nonfinite import NonFiniteLossError, check_nonfinite_policy, nonfinite_ranks
+from lightrec.lightning.nonfinite import (
+    GradientWindow,
+    NonFiniteLossError,
+    check_nonfinite_policy,
+    nonfinite_ranks,
+)
 from lightrec.lightning.sharded_folder_refusal import ShardedCheckpointFolderError, ShardedFolderRefusal
 from lightrec.lightning.table_tiering import TableTiering
 from lightrec.metrics import rec_metrics
@@ -110,28 +124,6 @@ EMBEDDING_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
     "adam": torch.optim.Adam,
 }
 """The fused optimizers ``RecModule(embedding_optimizer=...)`` names for tables it builds."""
-
-
-def dlrm_lr_lambda(
-    warmup_steps: int, decay_start_step: int | None, decay_steps: int, decay_power: float = 2.0, min_factor: float = 0.0
-) -> Callable[[int], float]:
-    """LR multiplier of DLRM training: linear warm-up, constant, then polynomial decay to ``min_factor``.
-
-    ``factor(step)`` is ``(step + 1) / warmup_steps`` during warm-up, 1 until ``decay_start_step``,
-    then ``max(min_factor, (1 - (step - decay_start) / decay_steps) ** decay_power)``.
-    """
-    if warmup_steps < 0 or decay_steps < 0:
-        raise ValueError(f"warmup_steps and decay_steps must be >= 0, got {warmup_steps} and {decay_steps}")
-
-    def factor(step: int) -> float:
-        if warmup_steps > 0 and step < warmup_steps:
-            return (step + 1) / warmup_steps
-        if decay_start_step is None or decay_steps == 0 or step < decay_start_step:
-            return 1.0
-        remaining = 1.0 - (step - decay_start_step) / decay_steps
-        return max(min_factor, max(remaining, 0.0) ** decay_power)
-
-    return factor
 
 
 class RecModule(pl.LightningModule):
@@ -205,8 +197,7 @@ class RecModule(pl.LightningModule):
             )
         self.nonfinite_loss = check_nonfinite_policy(nonfinite_loss)
         self.skipped_nonfinite_batches = 0
-        self._window_has_gradients = False  # a finite loss was back-propagated since the last zero_grad
-        self._nan_stand_ins = False  # the dense gradients are NaN written for a GradScaler to skip a step
+        self._gradient_window = GradientWindow()  # what a skipped micro-batch keeps (nonfinite.py)
         if isinstance(dense_optimizer, str) and dense_optimizer.lower() not in _DENSE_OPTIMIZERS:
             raise ValueError(
                 f"dense_optimizer must be one of {sorted(_DENSE_OPTIMIZERS)} or an Optimizer class, "
@@ -317,40 +308,20 @@ class RecModule(pl.LightningModule):
                         "RecModule(nonfinite_loss='skip') to skip such batches, or find the bad input/learning rate"
                     )
                 self.skipped_nonfinite_batches += 1
-                # Only this batch's contribution is dropped: gradients that earlier micro-batches of the
-                # accumulation window (accumulate_grad_batches) left are kept for the window's step. When
-                # none did (the window's first batch, or all of them bad), the gradients are cleared, so the
-                # dense optimizer's step changes nothing (also after zero_grad(set_to_none=False)).
-                if not self._window_has_gradients:
-                    for p in self.parameters():
-                        p.grad = None
-                    self._let_grad_scaler_skip_the_step()
+                # Only this batch's contribution is dropped: the good micro-batches of its accumulation window
+                # keep their gradients (see nonfinite.GradientWindow).
+                scaler = getattr(self._trainer.precision_plugin, "scaler", None) if self._trainer is not None else None
+                self._gradient_window.skip(self.parameters(), self.dense_parameters().values(), scaler)
                 return
-        if self._nan_stand_ins:  # a skipped earlier micro-batch of this window left NaN for the GradScaler
-            for p in self.dense_parameters().values():
-                p.grad = None
-            self._nan_stand_ins = False
+        self._gradient_window.before_backward()
         super().backward(loss, *args, **kwargs)
-        self._window_has_gradients = True
-
-    def _let_grad_scaler_skip_the_step(self) -> None:
-        """Under a GradScaler (``precision="16-mixed"``) a step without any gradient fails in
-        ``scaler.step`` ("No inf checks were recorded for this optimizer"): NaN dense gradients make the
-        scaler skip that step instead (and back its scale off, as after any overflow). A later good
-        micro-batch of the same window (``accumulate_grad_batches``) drops them before its backward."""
-        plugin = self._trainer.precision_plugin if self._trainer is not None else None
-        scaler = getattr(plugin, "scaler", None)
-        if isinstance(scaler, torch.amp.GradScaler) and scaler.is_enabled():
-            for p in self.dense_parameters().values():
-                p.grad = torch.full_like(p, float("nan"))
-            self._nan_stand_ins = True
+        self._gradient_window.after_backward()
 
     @override
     def on_before_zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
         # Lightning zeroes the gradients at the first batch of each accumulation window (automatic
         # optimization): a skipped non-finite batch then has no good gradient of the window to keep.
-        self._window_has_gradients = False
-        self._nan_stand_ins = False
+        self._gradient_window.reset()
 
     # ------------------------------------------------------------------ throughput
     @override
@@ -540,6 +511,13 @@ class RecModule(pl.LightningModule):
         # Lets `lightrec export <checkpoint>` find the class that rebuilds this model from tables.
         if self.builds_from_tables:
             checkpoint["lightrec_module"] = class_reference(type(self))
+        # The state (Adagrad accumulators, Adam moments) of fused optimizers that a configure_optimizers
+        # override left out, which Lightning does not save; RecStrategy saves them itself (sharded).
+        if "optimizer_states" in checkpoint and self._trainer is not None and not self._tables_sharded():
+            save_unlisted_fused_states(checkpoint, self.trainer.optimizers, list(self.fused_optimizers()))
+
+    def _tables_sharded(self) -> bool:
+        return self._trainer is not None and isinstance(self._trainer.strategy, EmbeddingShardingStrategy)
 
     @classmethod
     def load_from_checkpoint(
@@ -596,6 +574,8 @@ class RecModule(pl.LightningModule):
         # that epoch (see lightrec.lightning.loop_state; RecStrategy does the same for any module).
         if fix_resume_counters(checkpoint) is not None:
             self._resumed_logging_step = logging_step_of(checkpoint)
+        if self._trainer is not None and self._trainer.state.fn == "fit" and not self._tables_sharded():
+            restore_unlisted_fused_states(checkpoint, dict(self.fused_optimizers()), type(self).__name__)
 
 
 def _metric_names(metrics: str | tuple[str, ...] | list[str] | None) -> tuple[str, ...]:
@@ -605,32 +585,3 @@ def _metric_names(metrics: str | tuple[str, ...] | list[str] | None) -> tuple[st
     if isinstance(metrics, str):
         return (metrics,)
     return tuple(metrics)
-
-
-def class_reference(cls: type) -> str:
-    """``"package.module.Class"``, or ``"/abs/path/recipe.py:Class"`` for a class of a script run as a file
-    (``python recipe.py``) or imported from a file that its module name does not import (``lightrec run
-    my_dlrm/dlrm.py`` names the module ``dlrm``, which ``lightrec export`` could not import)."""
-    module = cls.__module__
-    loaded = sys.modules.get(module)
-    if module == "__main__":
-        main = sys.modules["__main__"]
-        spec = getattr(main, "__spec__", None)
-        if spec is None or not spec.name:
-            return f"{os.path.abspath(str(main.__file__))}:{cls.__qualname__}"
-        module = spec.name
-    elif loaded is not None and loaded.__file__ is not None and not _imported_by_name(module, loaded.__file__):
-        return f"{os.path.abspath(loaded.__file__)}:{cls.__qualname__}"
-    return f"{module}.{cls.__qualname__}"
-
-
-def _imported_by_name(module: str, file: str) -> bool:
-    """Whether ``import module`` in a fresh process finds ``file``: a top-level module loaded from a file
-    (``importlib.util.spec_from_file_location``) is found on ``sys.path`` only if the file lies there. A
-    module of a package is taken as importable (its package was imported by name)."""
-    if "." in module:
-        return True
-    spec = importlib.machinery.PathFinder.find_spec(module)  # sys.path only, not sys.modules
-    if spec is None or spec.origin is None or not os.path.exists(spec.origin):
-        return False
-    return os.path.samefile(spec.origin, file)
