@@ -91,7 +91,7 @@ def warn_schedulers_that_miss_fused_tables(
     A dense optimizer without any scheduler is not warned about: the tables then train at their own
     constant learning rate, as ``RecModule``'s default does with a constant schedule.
     """
-    configs = list(getattr(trainer, "lr_scheduler_configs", []) or [])
+    configs = list(trainer.lr_scheduler_configs)
     if not configs or not fused_optimizers:
         return
     missed = [path or "embeddings" for path, _ in unlisted_fused_optimizers(trainer.optimizers, fused_optimizers)]
