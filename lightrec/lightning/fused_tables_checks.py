@@ -13,6 +13,8 @@ parameters (updated by the dense optimizer) trains under DDP like any dense mode
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import lightning.pytorch as pl
 from lightning.pytorch.strategies import ParallelStrategy, Strategy
 from lightning.pytorch.utilities import rank_zero_warn
@@ -20,6 +22,8 @@ from torch import nn
 from torch.optim import Optimizer
 
 from lightrec.lightning.contracts import EmbeddingShardingStrategy
+
+FusedOpt = TypeVar("FusedOpt", bound=Optimizer)
 
 __all__ = [
     "FusedTablesStrategyError",
@@ -111,8 +115,8 @@ def warn_schedulers_that_miss_fused_tables(
 
 
 def unlisted_fused_optimizers(
-    optimizers: list[Optimizer], fused_optimizers: list[tuple[str, Optimizer]]
-) -> list[tuple[str, Optimizer]]:
+    optimizers: list[Optimizer], fused_optimizers: list[tuple[str, FusedOpt]]
+) -> list[tuple[str, FusedOpt]]:
     """The ``(path, fused optimizer)`` pairs whose parameter groups none of ``optimizers`` (the trainer's)
     holds: a ``configure_optimizers`` override that returns a dense optimizer only leaves them out, so
     Lightning neither saves nor restores their state (``RecModule`` carries it itself). Groups, not the

@@ -84,12 +84,13 @@ from lightrec.lightning.contracts import (
     UnshardableModuleError,
     planning_batch_size,
 )
+from lightrec.lightning.fused_tables_checks import unlisted_fused_optimizers
 from lightrec.lightning.loop_state import fix_resume_counters, logging_step_of
 from lightrec.lightning.process_group_exit import destroy_process_groups_at_exit
 from lightrec.lightning.sigterm_agreement import AgreedSigtermConnector, install_agreed_sigterm
 from lightrec.modules import EmbeddingBagCollection, EmbeddingCollection
 from lightrec.modules.managed_collision.embedding_collections import BaseManagedCollisionEmbeddingCollection
-from lightrec.optim import CombinedOptimizer, KeyedOptimizer
+from lightrec.optim import KeyedOptimizer
 
 __all__ = ["RecStrategy"]
 
@@ -451,17 +452,11 @@ class RecStrategy(DDPStrategy, EmbeddingShardingStrategy):
     # configure_optimizers: their state (row-wise Adagrad accumulators, Adam moments) was then neither
     # saved nor restored, and a resumed run's embedding updates differed from an uninterrupted run's.
     def _unlisted_fused_optimizers(self) -> list[KeyedOptimizer]:
-        """The sharded model's fused embedding optimizers that none of the trainer's optimizers holds."""
+        """The sharded model's fused embedding optimizers that none of the trainer's optimizers holds (by
+        parameter group, as ``RecModule`` compares them on one device)."""
         if self.dmp is None:
             return []
-        listed: set[int] = set()
-        stack: list[Optimizer] = list(self.optimizers)
-        while stack:
-            opt = stack.pop()
-            listed.add(id(opt))
-            if isinstance(opt, CombinedOptimizer):
-                stack.extend(child for _, child in opt.optimizers)
-        return [opt for _, opt in self.dmp.fused_optimizer.optimizers if id(opt) not in listed]
+        return [opt for _, opt in unlisted_fused_optimizers(list(self.optimizers), self.dmp.fused_optimizer.optimizers)]
 
     def _optimizers_of(self, source: CheckpointSource) -> list[Optimizer]:
         """The live optimizers a checkpoint's optimizer states are for: the trainer's, then the fused
