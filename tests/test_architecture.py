@@ -34,8 +34,8 @@ RECIPES = ROOT / "recipes"
 # the version string and the value-printing enum base. They import nothing of lightrec's but each other
 # (the switches import nothing).
 FOUNDATION = frozenset(
-    {"_compat", "_enum", "_fbgemm", "_host_memory", "_malloc_policy", "_native", "_stop_signal", "_switches", "_triton",
-     "_version"}
+    {"_compat", "_enum", "_fbgemm", "_host_memory", "_malloc_policy", "_native", "_stop_signal", "_suggest", "_switches",
+     "_triton", "_version"}
 )
 
 # room -> the rooms it may import (besides itself and FOUNDATION). Reading down the table climbs

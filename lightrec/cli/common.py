@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from lightrec._suggest import nearest
 from lightrec.recipes import RECIPES, Recipe, get_recipe
 
 __all__ = [
@@ -87,8 +88,6 @@ def shipped_recipe(name: str, parser: argparse.ArgumentParser, or_file: bool = F
     """The shipped recipe called ``name``; else a usage error naming the valid ones (and, with
     ``or_file``, saying a recipe ``.py`` file is accepted too)."""
     if name not in RECIPES:
-        from lightrec.lightning.recipe.checks import nearest  # imports Lightning: only for a wrong name
-
         parser.error(
             f"unknown recipe {name!r}{nearest(name, list(RECIPES))}; valid recipes: {', '.join(RECIPES)}"
             + (" or a recipe .py file" if or_file else "")

@@ -17,7 +17,6 @@ check again.
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import logging
 import os
@@ -34,6 +33,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lightrec import _switches
+from lightrec._suggest import nearest
 from lightrec.lightning.contracts import CheckedData
 from lightrec.lightning.recipe.preflight import check_built_run
 
@@ -57,12 +57,6 @@ class RequestedDevices:
     devices: int | str | list[int]  # as Lightning's Trainer(devices=...) takes it
     accelerator: str
     notes: tuple[str, ...] = ()  # warnings to print before the run starts
-
-
-def nearest(word: str, choices: list[str]) -> str:
-    """``" (did you mean 'x'?)"`` for the closest of ``choices`` to ``word`` (empty when none is close)."""
-    match = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
-    return f" (did you mean {match[0]!r}?)" if match else ""
 
 
 @contextmanager
