@@ -1,5 +1,5 @@
 """``torch.fx`` tracing of lightrec models (``torchrec.fx`` -> ``lightrec.fx``): :class:`Tracer`."""
 
-from lightrec.fx.tracer import DEFAULT_LEAF_MODULES, Tracer, symbolic_trace
+from lightrec.fx.tracer import DEFAULT_LEAF_MODULES, Tracer, UntraceableModuleError, symbolic_trace
 
-__all__ = ["DEFAULT_LEAF_MODULES", "Tracer", "symbolic_trace"]
+__all__ = ["DEFAULT_LEAF_MODULES", "Tracer", "UntraceableModuleError", "symbolic_trace"]

@@ -117,8 +117,20 @@ def embedding_metadata_to_config(
         raise IRMetadataError(f"the metadata of {where} does not make a table config: {e}") from e
 
 
-def get_deserialized_device(config_device: str | None, device: torch.device | None) -> torch.device | None:
-    """``device`` if given (a warning when it overrides the recorded device's type), else the recorded one."""
+def get_deserialized_device(
+    config_device: str | None, device: torch.device | str | None
+) -> torch.device | None:
+    """``device`` if given (a warning when it overrides the recorded device's type), else the recorded one.
+
+    Raises:
+        ValueError: ``device`` is a string torch cannot parse.
+        IRMetadataError: the recorded device is one torch cannot parse.
+    """
+    if isinstance(device, str):
+        try:
+            device = torch.device(device)
+        except RuntimeError as e:
+            raise ValueError(f"device={device!r} is not a device torch knows; pass e.g. 'cpu' or 'cuda:0'") from e
     if not config_device:
         return device
     try:
@@ -336,11 +348,14 @@ class _CollectionJsonSerializer(JsonSerializer):
         metadata = from_dict(cls._metadata_cls, metadata_dict, f"{where} metadata")
         tables = [embedding_metadata_to_config(from_dict(cls._table_cls, t, f"{where} table")) for t in metadata.tables]
         on = get_deserialized_device(metadata.device, device)
-        if isinstance(metadata, EBCMetadata):
-            bags = [t for t in tables if isinstance(t, EmbeddingBagConfig)]  # all of them: bag metadata
-            return EmbeddingBagCollection(bags, metadata.is_weighted, on, metadata.bounds_check)
-        unpooled = [t for t in tables if isinstance(t, EmbeddingConfig)]
-        return EmbeddingCollection(unpooled, on, metadata.need_indices, metadata.bounds_check)
+        try:
+            if isinstance(metadata, EBCMetadata):
+                bags = [t for t in tables if isinstance(t, EmbeddingBagConfig)]  # all of them: bag metadata
+                return EmbeddingBagCollection(bags, metadata.is_weighted, on, metadata.bounds_check)
+            unpooled = [t for t in tables if isinstance(t, EmbeddingConfig)]
+            return EmbeddingCollection(unpooled, on, metadata.need_indices, metadata.bounds_check)
+        except ValueError as e:  # e.g. an unknown bounds_check, or two tables of one name
+            raise IRMetadataError(f"{where} metadata does not make a collection: {e}") from e
 
 
 class EBCJsonSerializer(_CollectionJsonSerializer):

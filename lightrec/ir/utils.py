@@ -89,7 +89,7 @@ def encapsulate_ir_modules(
 def decapsulate_ir_modules(
     module: nn.Module | ExportedProgram,
     serializer: type[JsonSerializer] = JsonSerializer,
-    device: torch.device | None = None,
+    device: torch.device | str | None = None,
     finalize_interpreter_modules: bool = False,
     short_circuit_pytree_ebc_regroup: bool = False,
 ) -> nn.Module:
@@ -102,7 +102,8 @@ def decapsulate_ir_modules(
     Args:
         module: ``torch.export.unflatten(ep)`` (an ``ExportedProgram`` is unflattened here).
         serializer: the registry the program was encapsulated with.
-        device: where to build the rebuilt modules (default: the device each one was exported from).
+        device: where to build the rebuilt modules (default: the device each one was exported from);
+            a ``torch.device`` or its string (``"cpu"``).
         finalize_interpreter_modules: call ``finalize()`` on the program's remaining graph modules
             (regenerates their code from their graphs; torch runs the graphs in its interpreter
             either way unless its ``RUN_WITH_INTERPRETER`` switch is off).
@@ -116,8 +117,10 @@ def decapsulate_ir_modules(
 
     Raises:
         IRSerializationError: ``module`` is ``ep.module()``, whose one graph inlines every submodule
-            (replacing them would change nothing); pass ``torch.export.unflatten(ep)``.
-        ValueError: ``short_circuit_pytree_ebc_regroup`` without ``finalize_interpreter_modules``.
+            (replacing them would change nothing); pass ``torch.export.unflatten(ep)``. The errors of
+            rebuilding one module (its metadata, its tensors) name its path in the model.
+        ValueError: ``short_circuit_pytree_ebc_regroup`` without ``finalize_interpreter_modules``,
+            or a ``device`` string torch cannot parse.
     """
     if short_circuit_pytree_ebc_regroup and not finalize_interpreter_modules:
         raise ValueError(
@@ -139,7 +142,7 @@ def decapsulate_ir_modules(
     if isinstance(module, UnflattenedModule):
         preserved = {entry.fqn for entry in module.module_call_graph if entry.signature is not None}
         _check_signatures_preserved(module, preserved)
-    module = _decapsulate(module, serializer, device, signature_args)
+    module = _decapsulate(module, serializer, _as_device(device), signature_args)
     _drop_threaded_inputs(module, signature_args)
     if finalize_interpreter_modules:
         for sub in module.modules():
@@ -162,20 +165,39 @@ def _check_signatures_preserved(root: UnflattenedModule, preserved: set[str]) ->
         )
 
 
+def _as_device(device: torch.device | str | None) -> torch.device | None:
+    if not isinstance(device, str):
+        return device
+    try:
+        return torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"device={device!r} is not a device torch knows; pass e.g. 'cpu' or 'cuda:0'") from e
+
+
 def _decapsulate(
-    module: nn.Module, serializer: type[JsonSerializer], device: torch.device | None, signature_args: dict[int, int]
+    module: nn.Module,
+    serializer: type[JsonSerializer],
+    device: torch.device | None,
+    signature_args: dict[int, int],
+    fqn: str = "",
 ) -> nn.Module:
     """Rebuild ``module``'s serialized descendants, children first; records each rebuilt module's
-    positional arity (``id(rebuilt) -> n``) for :func:`_drop_threaded_inputs`."""
+    positional arity (``id(rebuilt) -> n``) for :func:`_drop_threaded_inputs`. ``fqn`` is
+    ``module``'s path in the model, for the errors."""
     for name, child in list(module.named_children()):
-        rebuilt = _decapsulate(child, serializer, device, signature_args)
+        rebuilt = _decapsulate(child, serializer, device, signature_args, f"{fqn}.{name}" if fqn else name)
         if rebuilt is not child:
             setattr(module, name, rebuilt)
     # a module called several times unflattens to a dispatcher over one traced graph per call
     traced = module.call_modules()[0] if isinstance(module, InterpreterModuleDispatcher) else module
     if IR_METADATA not in dict(traced.named_buffers(recurse=False)):
         return module
-    rebuilt = serializer.decapsulate_module(traced, device)
+    try:
+        rebuilt = serializer.decapsulate_module(traced, device)
+    except IRSerializationError as e:
+        # the serializer sees one graph module (an InterpreterModule): say which one of the model it is
+        where = f"module {fqn!r}" if fqn else "the exported module itself"
+        raise type(e)(f"cannot rebuild {where} of the program from its {IR_METADATA!r}: {e}") from e
     if isinstance(traced, InterpreterModule):
         signature_args[id(rebuilt)] = sum(
             1 for n in traced.graph.nodes if n.op == "placeholder" and _POSITIONAL.fullmatch(n.name)
@@ -213,7 +235,7 @@ def _drop_threaded_inputs(root: nn.Module, signature_args: dict[int, int]) -> No
 def unlift_and_swap_modules(
     ep: ExportedProgram,
     serializer: type[JsonSerializer] = JsonSerializer,
-    device: torch.device | None = None,
+    device: torch.device | str | None = None,
 ) -> torch.fx.GraphModule:
     """``ep.module()`` with the serialized modules swapped for the eager modules they describe.
 
@@ -259,7 +281,8 @@ def unlift_and_swap_modules(
                 "without weights or offsets); use decapsulate_ir_modules(torch.export.unflatten(ep))"
             )
     constants = {fqn: _graph_constants(unlifted, fqn) for fqn in fqns}
-    swaps = {fqn: _decapsulate(unlifted.get_submodule(fqn), serializer, device, {}) for fqn in fqns}
+    on = _as_device(device)
+    swaps = {fqn: _decapsulate(unlifted.get_submodule(fqn), serializer, on, {}, fqn) for fqn in fqns}
     for fqn, eager in swaps.items():
         for target, value in constants[fqn].items():
             path, _, name = target.rpartition(".")
