@@ -5,6 +5,9 @@
 * :func:`skip_if_asan` / :func:`skip_if_asan_class` -- skip a test (a ``unittest`` test function or
   class) when the interpreter runs under AddressSanitizer or ThreadSanitizer, where forking worker
   processes and fbgemm's kernels are not supported;
+* :func:`init_distributed_single_host` -- join a one-host process group as ``rank`` of
+  ``world_size`` (``LOCAL_WORLD_SIZE`` / ``LOCAL_RANK`` set first, so ``get_local_size()`` and
+  ``get_local_rank()`` see the host's layout), for a test's worker process;
 * :func:`seed_and_log` -- run a test under a fresh seed of torch, ``random`` and numpy, printed so a
   failure can be replayed (``torch.manual_seed(<printed seed>)``).
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import random
 import socket
 import time
@@ -24,9 +28,10 @@ from typing import ParamSpec, TypeVar
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
-__all__ = ["get_free_port", "is_asan", "is_asan_or_tsan", "is_tsan", "seed_and_log", "skip_if_asan",
-           "skip_if_asan_class"]  # fmt: skip
+__all__ = ["get_free_port", "init_distributed_single_host", "is_asan", "is_asan_or_tsan", "is_tsan",
+           "seed_and_log", "skip_if_asan", "skip_if_asan_class"]  # fmt: skip
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -81,6 +86,42 @@ def skip_if_asan_class(cls: C) -> C:
         cls.__unittest_skip__ = True  # type: ignore[attr-defined]  # unittest's class-level skip flags
         cls.__unittest_skip_why__ = _SANITIZER_SKIP  # type: ignore[attr-defined]
     return cls
+
+
+def init_distributed_single_host(
+    rank: int, world_size: int, backend: str, local_size: int | None = None
+) -> dist.ProcessGroup:
+    """Join the default process group as ``rank`` of ``world_size`` on one host, as torchrec's helper.
+
+    Sets ``LOCAL_WORLD_SIZE`` (``local_size``, default ``world_size``) and ``LOCAL_RANK``
+    (``rank % local_size``, default ``rank``) in ``os.environ`` first, then calls
+    ``torch.distributed.init_process_group(rank=rank, world_size=world_size, backend=backend)``,
+    which reads ``MASTER_ADDR`` / ``MASTER_PORT`` from the environment (:func:`get_free_port`).
+
+    Returns:
+        the default group (``torch.distributed.group.WORLD``).
+    """
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size <= 0:
+        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ValueError(f"rank must be an int in [0, {world_size}) (world_size={world_size}), got {rank!r}")
+    if local_size is not None and (
+        isinstance(local_size, bool) or not isinstance(local_size, int) or local_size <= 0
+    ):
+        raise ValueError(
+            f"local_size must be a positive int or None (one host: world_size), got {local_size!r}"
+        )
+    # Written, as torchrec's helper does, for the code under test (get_local_size / get_local_rank read them
+    # through lightrec.distributed.comm.topology); a test's worker process owns its environment.
+    os.environ.update(
+        LOCAL_WORLD_SIZE=str(local_size if local_size else world_size),
+        LOCAL_RANK=str(rank % local_size if local_size else rank),
+    )
+    dist.init_process_group(rank=rank, world_size=world_size, backend=backend)
+    group = dist.group.WORLD
+    if group is None:  # init_process_group returned, so the default group exists
+        raise RuntimeError("torch.distributed.init_process_group did not create the default group")
+    return group
 
 
 def seed_and_log(func: Callable[P, R]) -> Callable[P, R]:
