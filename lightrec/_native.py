@@ -4,10 +4,11 @@ Six small C++ files register torch ops (``torch.ops.lightrec_cpu.*``: the torch 
 update and row gather on CPU, and the id check and sample-major id order of a batched lookup; ``torch.ops.lightrec_mch.*``: a managed-collision table's training step on CPU;
 ``torch.ops.lightrec_tiered.*``: a tiered table's cache bookkeeping and row copies on CPU;
 ``torch.ops.lightrec_shm.*``: the futex signalling of the shared-memory transport, Linux only).
-They are compiled once per machine by ``torch.utils.cpp_extension.load`` -- the
+They are compiled once per environment and checkout by ``torch.utils.cpp_extension.load`` -- the
 compiler torch itself documents for extensions (g++/clang++ and ``ninja``, which lightrec depends
 on) -- into torch's extension cache (``$TORCH_EXTENSIONS_DIR``, default
-``~/.cache/torch_extensions``), where later processes find the built library in well under a
+``~/.cache/torch_extensions``; one folder per torch install and source tree, see
+:func:`_build_directory`), where later processes find the built library in well under a
 second; a source change rebuilds it. Concurrent builds (several ranks starting at once) take turns
 on an ``flock`` in that folder (:func:`_build_turn`), which the kernel releases when its holder dies;
 torch's own lock file, which a process killed mid-build leaves behind and which would make every
@@ -25,6 +26,7 @@ The decision, made once per process (:func:`native_ops`):
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 import shutil
@@ -119,12 +121,21 @@ def _ninja_findable() -> Iterator[None]:
 
 
 def _build_directory() -> Path:
-    """The folder torch's ``cpp_extension.load`` would pick for ``lightrec_native``:
-    ``$TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``) / ``py311_cpu`` / ``lightrec_native``."""
+    """Where ``lightrec_native`` is built: ``$TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``) /
+    ``py311_cpu`` / ``lightrec_native-<key>``, ``<key>`` a hash of this torch install's and this lightrec
+    source tree's paths.
+
+    One folder per (environment, checkout): torch's ``cpp_extension.load`` rebuilds whenever the sources'
+    paths or include flags differ from the last build in its folder, so two virtual environments (or two
+    checkouts) sharing one folder rebuilt it in turn, each time a process of the other one had loaded it
+    (measured: a CI run beside a second checkout's test suite rebuilt it every few minutes).
+    """
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or str(Path.home() / ".cache" / "torch_extensions")
     cuda = torch.version.cuda
     flavour = "cpu" if not cuda else "cu" + cuda.replace(".", "")
-    return Path(root) / f"py{sys.version_info.major}{sys.version_info.minor}_{flavour}" / "lightrec_native"
+    where = f"{os.path.dirname(os.path.realpath(torch.__file__))}|{os.path.realpath(_CSRC)}"
+    key = hashlib.sha256(where.encode()).hexdigest()[:12]
+    return Path(root) / f"py{sys.version_info.major}{sys.version_info.minor}_{flavour}" / f"lightrec_native-{key}"
 
 
 @contextmanager

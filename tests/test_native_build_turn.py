@@ -54,5 +54,18 @@ def test_the_turn_waits_for_a_live_holder_and_is_free_once_it_is_killed(tmp_path
 def test_the_build_folder_follows_torch_extensions_dir(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     directory = _native._build_directory()
-    assert directory.parent.parent == tmp_path and directory.name == "lightrec_native"
+    assert directory.parent.parent == tmp_path and directory.name.startswith("lightrec_native-")
     assert directory.parent.name.startswith(f"py{sys.version_info.major}{sys.version_info.minor}_")
+
+
+def test_each_environment_and_checkout_builds_in_its_own_folder(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """Two virtual environments (or checkouts) sharing one folder made torch rebuild it in turn: the
+    folder is keyed by torch's install and lightrec's sources, the same for the same pair."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    here = _native._build_directory()
+    assert _native._build_directory() == here
+    other_tree = tmp_path / "other_checkout" / "csrc"
+    other_tree.mkdir(parents=True)
+    monkeypatch.setattr(_native, "_CSRC", other_tree)
+    assert _native._build_directory() != here
+    assert _native._build_directory().parent == here.parent
