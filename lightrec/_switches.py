@@ -431,7 +431,8 @@ FOREIGN: tuple[Foreign, ...] = (
     Foreign("LITSERVE_WORKER_ID", "LitServe", "which `lightrec serve` worker (or HTTP server) this process is: the "
             "index its metrics are kept under (0 outside LitServe)"),
     Foreign("TORCH_EXTENSIONS_DIR", "torch", "where lightrec's native ops are built and found (default "
-            "`~/.cache/torch_extensions`), as torch's `cpp_extension.load` reads it"),
+            "`~/.cache/torch_extensions`), as torch's `cpp_extension.load` reads it; one `lightrec_native-<key>` "
+            "folder per torch install and lightrec source tree"),
     Foreign("PATH", "the shell", "pip's `ninja` is put in front while the native ops build, then PATH is restored: "
             "torch's build finds `ninja` only there"),
 )
