@@ -119,7 +119,7 @@ BAD = [  # (body as sent, content type, status, index, field)
     # numbers JSON allows but float32 cannot hold: a 4xx naming them, not a 500 (OverflowError) or a NaN score
     (b'{"dense": [1' + b"0" * 400 + b', 0, 0, 0, 0], "sparse": {"f0": [1]}}', "application/json", 422, 0, "dense[0]"),
     (b'{"batch": {"dense": [[0, 0, 0, 0, 0], [0, 1' + b"0" * 400 + b', 0, 0, 0]]}}', "application/json", 422, 1,
-     "dense[1]"),
+     "batch.dense[1][1]"),
     (b'{"dense": [0, 0, 1e39, 0, 0]}', "application/json", 422, 0, "dense[2]"),
     (b'{"dense": [0, 0, 0, NaN, 0]}', "application/json", 422, 0, "dense[3]"),
     (b"[" * 20_000 + b"]" * 20_000, "application/json", 400, None, "body"),  # json.loads: RecursionError
