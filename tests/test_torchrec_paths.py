@@ -141,7 +141,7 @@ TORCHREC_PATHS.update({
     "torchrec.metrics.auc": ["AUCMetric"],
     "torchrec.metrics.calibration": ["CalibrationMetric"],
     "torchrec.metrics.ctr": ["CTRMetric"],
-    "torchrec.metrics.gauc": ["GAUCMetricComputation"],
+    "torchrec.metrics.gauc": ["GAUCMetricComputation", "GAUCMetric"],
     "torchrec.metrics.mae": ["MAEMetricComputation", "MAEMetric"],
     "torchrec.metrics.mse": ["MSEMetricComputation", "MSEMetric"],
     "torchrec.metrics.ne": ["NEMetricComputation", "NEMetric"],

@@ -17,19 +17,34 @@ only when it holds both classes and its predictions are not all equal; GAUC is t
 groups that count -- ``(sum of their AUCs + 1e-9) / (their number + 2e-9)``, torchrec's smoothing,
 so 0.5 when none counts. torchrec breaks prediction ties by sort order and also skips a group
 whose predictions are all equal *or zero* (it pads groups with zeros); lightrec needs no padding.
+torchrec weighs the pairs the same way (its older releases ignored ``weights``: pass ``weights=None``
+for their value) and divides by ``W+ W- + 1e-10``: 1e-10 lower for one unit pair, and far lower where
+the weights are tiny; lightrec divides by ``W+ W-`` itself.
+
+:class:`GAUCMetric` is torchrec's per-metric class: the same values by task, under torchrec's keys::
+
+    gauc = GAUCMetric(world_size=1, my_rank=0, batch_size=B, tasks=[DefaultTaskInfo])
+    gauc.update(predictions={"DefaultTask": p}, labels={"DefaultTask": y}, weights=None,
+                num_candidates=sizes)                    # or required_inputs={"num_candidates": sizes}
+    gauc.compute()       # {"gauc-DefaultTask|lifetime_gauc": ..., "gauc-DefaultTask|window_gauc_num_samples": ...}
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from typing import Any
 
 import torch
-from torch import Tensor
+import torch.distributed as dist
+from torch import Tensor, nn
 
 from lightrec.metrics.computation import MetricComputationReport, RecMetricComputation, RecMetricException
-from lightrec.metrics.metrics_namespace import MetricName, MetricPrefix
+from lightrec.metrics.metrics_config import RecComputeMode, RecTaskInfo
+from lightrec.metrics.metrics_namespace import MetricName, MetricNamespace, MetricPrefix, compose_metric_key
+from lightrec.metrics.rec_metric import _pick
 
-__all__ = ["GAUCMetricComputation", "compute_gauc_states", "grouped_auc"]
+__all__ = ["GAUCMetric", "GAUCMetricComputation", "compute_gauc_states", "grouped_auc"]
 
 
 def _padded(values: Tensor, num_candidates: Tensor, fill: float) -> Tensor:
@@ -120,7 +135,7 @@ class GAUCMetricComputation(RecMetricComputation):
         labels: Tensor,
         weights: Tensor | None,
         num_candidates: Tensor,
-        **kwargs: Any,
+        **kwargs: object,
     ) -> None:
         p, y, w = self._inputs(predictions, labels, weights)
         num_candidates = num_candidates.reshape(-1).long().to(p.device)
@@ -140,3 +155,99 @@ class GAUCMetricComputation(RecMetricComputation):
             MetricComputationReport(MetricName.GAUC_NUM_SAMPLES, MetricPrefix.LIFETIME, lifetime[1].clone()),
             MetricComputationReport(MetricName.GAUC_NUM_SAMPLES, MetricPrefix.WINDOW, window[1].clone()),
         ]
+
+
+class GAUCMetric(nn.Module):
+    """torchrec's ``GAUCMetric``: GAUC of each task (module docstring) under torchrec's keys, lifetime and
+    windowed, synced over the ranks.
+
+    Args:
+        world_size, my_rank, batch_size: the trainer layout; this rank's window holds
+            ``ceil(window_size / world_size)`` samples (at least one batch), as :class:`RecMetric`'s do.
+        tasks: the tasks (their names key the values).
+        window_size: samples of the window over all ranks.
+        process_group: the group the states are summed over (None: the default group).
+        compute_mode, fused_update_limit, compute_on_all_ranks, should_validate_update, **kwargs:
+            torchrec's arguments, accepted and unused (every task is computed on its own, on every rank).
+    """
+
+    # torchrec's constructor, as NamedRecMetric's; not a RecMetric: those feed one torchmetrics metric per
+    # task with (preds, labels, weights), and GAUC needs the group sizes as well
+    def __init__(self, world_size: int, my_rank: int, batch_size: int, tasks: list[RecTaskInfo],
+                 compute_mode: RecComputeMode | None = None, window_size: int = 100, fused_update_limit: int = 0,
+                 compute_on_all_ranks: bool = False, should_validate_update: bool = False,
+                 process_group: dist.ProcessGroup | None = None, **kwargs: object) -> None:  # fmt: skip
+        super().__init__()
+        if not tasks:
+            raise RecMetricException("GAUCMetric: tasks is empty; give at least one RecTaskInfo")
+        self._tasks = list(tasks)
+        window = max(math.ceil(window_size / max(world_size, 1)), batch_size, 1)
+        self._computation = GAUCMetricComputation(
+            my_rank=my_rank,
+            batch_size=batch_size,
+            n_tasks=len(tasks),
+            window_size=window,
+            process_group=process_group,
+        )
+
+    @property
+    def tasks(self) -> list[RecTaskInfo]:
+        return list(self._tasks)
+
+    def _stack(self, value: Mapping[str, Tensor] | Tensor | None, arg: str) -> Tensor | None:
+        """Per task ``[B]`` or ``[1, B]`` (a bare tensor: every task's) -> ``[n_tasks, B]``; None (for
+        every task) stays None, a task's None is ones (weights)."""
+        rows = [_pick(value, task.name, arg) for task in self._tasks]
+        for task, row in zip(self._tasks, rows):
+            if row is not None and not (row.dim() == 1 or (row.dim() == 2 and row.size(0) == 1)):
+                raise RecMetricException(
+                    f"GAUCMetric: {arg} of task {task.name!r} must be [B] or [1, B], got shape {list(row.shape)}; "
+                    "pass one row per task in a dict by task name"
+                )
+        present = [row.reshape(-1) for row in rows if row is not None]
+        if not present:
+            return None
+        return torch.stack([torch.ones_like(present[0]) if row is None else row.reshape(-1) for row in rows])
+
+    def update(
+        self,
+        *,
+        predictions: Mapping[str, Tensor] | Tensor,
+        labels: Mapping[str, Tensor] | Tensor,
+        weights: Mapping[str, Tensor] | Tensor | None,
+        num_candidates: Tensor | None = None,
+        required_inputs: Mapping[str, Tensor] | None = None,
+        **kwargs: object,
+    ) -> None:
+        """Add a batch: per task ``[B]`` predictions, labels and weights (None: 1; a bare tensor: every
+        task's, as :class:`RecMetric` takes them), and the ``[G]`` group sizes as ``num_candidates`` or
+        ``required_inputs["num_candidates"]`` (where torchrec's module puts them)."""
+        if num_candidates is None and required_inputs is not None:
+            num_candidates = required_inputs.get("num_candidates")
+        if num_candidates is None:
+            raise RecMetricException(
+                "GAUCMetric.update needs the group sizes: pass num_candidates=[G] tensor (summing to the batch "
+                "size) or required_inputs={'num_candidates': ...}"
+            )
+        p, y = self._stack(predictions, "predictions"), self._stack(labels, "labels")
+        if p is None or y is None:
+            raise RecMetricException(
+                "GAUCMetric.update needs predictions and labels for every task, got None"
+            )
+        self._computation.update(
+            predictions=p, labels=y, weights=self._stack(weights, "weights"), num_candidates=num_candidates
+        )
+
+    def compute(self) -> dict[str, Tensor]:
+        """``{"gauc-<task>|lifetime_gauc": ..., ...}`` (GAUC and its group count, lifetime and window;
+        collective: call on every rank)."""
+        out: dict[str, Tensor] = {}
+        for report in self._computation.compute():
+            for i, task in enumerate(self._tasks):
+                out[
+                    compose_metric_key(MetricNamespace.GAUC, task.name, report.name, report.metric_prefix)
+                ] = report.value[i]
+        return out
+
+    def reset(self) -> None:
+        self._computation.reset()

@@ -19,6 +19,7 @@ model's labels / predictions / weights), throughput (:class:`ThroughputMetric`) 
 from __future__ import annotations
 
 import abc
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -48,6 +49,31 @@ class StateMetric(abc.ABC):
         """``{metric name: value}``."""
 
 
+def _check_compute_intervals(low: float, high: float) -> None:
+    """Raise unless ``0 <= low <= high``, ``high > 0`` and ``low`` finite (seconds; see :class:`RecMetricModule`).
+
+    torchrec refuses a negative ``min_compute_interval`` and a ``max_compute_interval <= 0``; NaN, an
+    infinite minimum and ``min > max`` pass its checks and make its interval adjustment meaningless.
+    """
+    for arg, value in (("min_compute_interval", low), ("max_compute_interval", high)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{arg} must be a number of seconds, got {value!r} ({type(value).__name__})")
+    if not (0.0 <= low < math.inf):
+        raise RecMetricException(
+            f"min_compute_interval must be a finite number of seconds >= 0, got {low}; pass 0.0 (the default) "
+            "for no lower bound"
+        )
+    if not high > 0.0:
+        raise RecMetricException(
+            f"max_compute_interval must be > 0 seconds, got {high}; pass float('inf') (the default) for no upper bound"
+        )
+    if low > high:
+        raise RecMetricException(
+            f"min_compute_interval {low} is above max_compute_interval {high}; pass a min_compute_interval "
+            "<= max_compute_interval"
+        )
+
+
 class RecMetricModule(nn.Module):
     """Rec metrics + throughput + state metrics of one trainer (see the module docstring).
 
@@ -59,8 +85,15 @@ class RecMetricModule(nn.Module):
         throughput_metric: the throughput counter, or None.
         state_metrics: ``{namespace: StateMetric}``.
         compute_interval_steps: :meth:`should_compute` is True every this many updates.
-        min_compute_interval, max_compute_interval: accepted for torchrec's signature (lightrec
-            keeps ``compute_interval_steps`` fixed).
+        min_compute_interval, max_compute_interval: seconds; accepted for torchrec's signature (lightrec
+            keeps ``compute_interval_steps`` fixed) and checked as torchrec checks them, and more:
+            ``0 <= min_compute_interval <= max_compute_interval``, ``max_compute_interval > 0``, min
+            finite, neither NaN.
+
+    Raises:
+        RecMetricException: ``compute_interval_steps <= 0``, or a compute interval out of range (a
+            ``ValueError``, as torchrec raises).
+        TypeError: a compute interval that is not a number.
     """
 
     def __init__(
@@ -77,7 +110,11 @@ class RecMetricModule(nn.Module):
     ) -> None:
         super().__init__()
         if compute_interval_steps <= 0:
-            raise ValueError(f"compute_interval_steps must be > 0, got {compute_interval_steps}")
+            raise RecMetricException(
+                f"compute_interval_steps must be > 0, got {compute_interval_steps}; pass the number of updates "
+                "between two computes (torchrec's default is 100)"
+            )
+        _check_compute_intervals(min_compute_interval, max_compute_interval)
         self.batch_size = batch_size
         self.world_size = world_size
         self.rec_tasks = list(rec_tasks or [])

@@ -11,7 +11,8 @@ no weight seen ``compute`` warns and returns NaN.
 :class:`MSEMetricComputation` and :class:`MAEMetricComputation` are torchrec's forms
 (``torchrec.metrics.mse`` / ``.mae``): several tasks, lifetime and windowed, 0 when no weight was
 seen; MSE also reports RMSE and, with ``include_r_squared=True``, the weighted R^2
-``1 - sum w (y - p)^2 / (sum w y^2 - (sum w y)^2 / sum w)`` (1 when the labels do not vary).
+``1 - sum w (y - p)^2 / (sum w y^2 - (sum w y)^2 / sum w)`` (1 when the labels do not vary, within
+float64 rounding; 0, not NaN, when no weight was seen, like the other values).
 """
 
 from __future__ import annotations
@@ -125,6 +126,23 @@ class _ErrorComputation(RecMetricComputation):
         return [getattr(self, n) if prefix == MetricPrefix.LIFETIME else self.get_window_state(n) for n in names]
 
 
+# Relative to ``sum w y^2``, the spread float64 cancellation leaves of labels that do not vary (about
+# 1e-16 per added batch); a smaller spread is a constant label (std below 1e-6 of the mean: a few
+# float32 steps), so no rounding residue is divided by.
+_CONSTANT_LABELS = 1e-12
+
+
+def _r_squared(error: Tensor, total: Tensor, label_sum: Tensor, label_squared_sum: Tensor) -> Tensor:
+    """Weighted R^2 ``1 - error / spread`` per task (all ``[n_tasks]`` float64), with
+    ``spread = sum w y^2 - (sum w y)^2 / sum w``: 1 where the labels do not vary (torchrec's value), 0
+    where no weight was seen (torchrec's value for MSE, RMSE and MAE there; never NaN)."""
+    seen = total > 0
+    spread = label_squared_sum - label_sum.square() / torch.where(seen, total, torch.ones_like(total))
+    constant = spread <= _CONSTANT_LABELS * label_squared_sum
+    value = torch.where(constant, 1.0, 1.0 - error / torch.where(constant, torch.ones_like(spread), spread))
+    return torch.where(seen, value, 0.0).double()
+
+
 class MSEMetricComputation(_ErrorComputation):
     """Weighted mean squared error per task (and RMSE; R^2 with ``include_r_squared``).
 
@@ -152,8 +170,7 @@ class MSEMetricComputation(_ErrorComputation):
                         MetricComputationReport(MetricName.RMSE, prefix, mse.sqrt())]  # fmt: skip
             if self._include_r_squared:
                 label_sum, label_squared_sum = self._sums(prefix, ("label_sum", "label_squared_sum"))
-                spread = label_squared_sum - label_sum.square() / total
-                value = torch.where(spread == 0.0, torch.ones_like(spread), 1.0 - error / spread).double()
+                value = _r_squared(error, total, label_sum, label_squared_sum)
                 r_squared.append(MetricComputationReport(MetricName.R_SQUARED, prefix, value))
         return reports + r_squared
 
