@@ -74,7 +74,10 @@ KINDS = ("snapshot", "delta")
 # quantized layout (scale and bias fp16, then the codes; lightrec.quant.row_codec).
 ROW_FORMATS = ("fp32", "fp16", "int8", "int4")
 
-_VERSION_NAME = re.compile(r"^v(\d{9})$")
+# fullmatch, ASCII digits: "$" also matches before a final newline and "\d" any Unicode digit, which
+# ``int`` reads -- "v000000007\n" or "v" and eight Arabic-Indic zeros and a seven would be version 7
+# a second time, a version whose folder (``v000000007``) is not there.
+_VERSION_NAME = re.compile(r"v([0-9]{9})")
 _MAX_VERSION = 999_999_999
 
 
@@ -87,7 +90,7 @@ def version_name(version: int) -> str:
 
 def parse_version_name(name: str) -> int | None:
     """The version a folder name stands for, or None for any other name (``.tmp-*``, ``LATEST``...)."""
-    match = _VERSION_NAME.match(name)
+    match = _VERSION_NAME.fullmatch(name)
     return int(match.group(1)) if match and int(match.group(1)) >= 1 else None
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +45,13 @@ from lightrec.distributed.deltas.rows import (
     values_dtype,
 )
 
-__all__ = ["DeltaReader", "DeltaState", "Version", "merge_versions"]
+__all__ = ["DeltaReader", "DeltaState", "Stamp", "Version", "merge_versions"]
+
+# What a version folder holds: ``(name, inode, bytes, mtime_ns)`` of the folder (".") and of each entry.
+Stamp = tuple[tuple[str, int, int, int], ...]
+
+# No manifest comes near this (a table is ~150 bytes of JSON); a larger file is not read into memory.
+_MAX_MANIFEST_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -124,7 +131,7 @@ class DeltaReader:
 
     def __init__(self, dirpath: str | os.PathLike[str]) -> None:
         self.dirpath = Path(dirpath)
-        self._manifests: dict[int, tuple[tuple[int, int], Manifest]] = {}
+        self._manifests: dict[int, tuple[tuple[int, ...], Manifest]] = {}
 
     def versions(self) -> list[int]:
         """The complete versions (folders under their final name), ascending; not verified yet."""
@@ -151,8 +158,20 @@ class DeltaReader:
     def folder(self, version: int) -> Path:
         return self.dirpath / version_name(version)
 
+    def stamp(self, version: int) -> Stamp | None:
+        """What ``version``'s folder holds now (None: gone); it changes when a file of it is added,
+        removed, replaced or written, so a follower knows when a refused version is worth reading again."""
+        folder = self.folder(version)
+        try:
+            found = [(".", os.stat(folder))]
+            with os.scandir(folder) as entries:
+                found.extend((e.name, e.stat()) for e in entries)
+        except OSError:  # gone (retention), or an entry removed while listed: not a stable state
+            return None
+        return tuple(sorted((name, st.st_ino, st.st_size, st.st_mtime_ns) for name, st in found))
+
     def manifest(self, version: int) -> Manifest:
-        """The checked manifest of ``version`` (cached while the folder stays the same).
+        """The checked manifest of ``version`` (cached while its folder and file stay the same).
 
         Raises:
             DeltaNotFoundError: no such version folder.
@@ -160,23 +179,26 @@ class DeltaReader:
                 names another version.
         """
         folder = self.folder(version)
-        try:
-            stat = os.stat(folder)
-        except FileNotFoundError:
-            raise DeltaNotFoundError(f"{folder} does not exist (versions here: {self.versions()})") from None
-        key = (stat.st_ino, stat.st_mtime_ns)
-        cached = self._manifests.get(version)
-        if cached is not None and cached[0] == key:
-            return cached[1]
         path = folder / MANIFEST_FILE
         try:
-            text = path.read_text()
+            # the manifest's own stat too: one rewritten in place (cp over a folder) leaves the folder's alone
+            key = (os.stat(folder).st_ino, *_file_key(path))
+            cached = self._manifests.get(version)
+            if cached is not None and cached[0] == key:
+                return cached[1]
+            data = _read_regular(path, version, _MAX_MANIFEST_BYTES)
+            text = data.decode()
         except FileNotFoundError:
             if not folder.exists():
-                raise DeltaNotFoundError(f"{folder} was removed while being read (retention?)") from None
+                versions = self.versions()
+                raise DeltaNotFoundError(f"{folder} does not exist, or was removed while being read (retention?); "
+                                         f"versions here: {versions}") from None  # fmt: skip
             raise DeltaVerificationError(f"{path} is missing: the version is incomplete", path, version) from None
         except (OSError, UnicodeDecodeError) as exc:
             raise DeltaVerificationError(f"{path} cannot be read ({exc})", path, version) from exc
+        if len(data) > _MAX_MANIFEST_BYTES:
+            raise DeltaVerificationError(f"{path} is larger than any manifest ({_MAX_MANIFEST_BYTES} bytes at most)",
+                                         path, version)  # fmt: skip
         try:
             manifest = Manifest.from_json(text)
         except DeltaFormatError as exc:
@@ -258,7 +280,7 @@ class DeltaReader:
     def _load(self, version: int, name: str, size: int, sha256: str) -> dict[str, torch.Tensor]:
         path = self.folder(version) / name
         try:
-            data = path.read_bytes()
+            data = _read_regular(path, version, size)
         except FileNotFoundError:
             if not self.folder(version).exists():
                 raise DeltaNotFoundError(f"{self.folder(version)} was removed while being read (retention?)") from None
@@ -267,7 +289,8 @@ class DeltaReader:
             raise DeltaVerificationError(f"{path} cannot be read ({exc})", path, version) from exc
         if len(data) != size:
             what = "truncated" if len(data) < size else "longer than written"
-            raise DeltaVerificationError(f"{path} is {what}: {len(data)} bytes on disk, the manifest records {size}",
+            found = len(data) if len(data) < size else f"more than {size}"  # not read past size + 1
+            raise DeltaVerificationError(f"{path} is {what}: {found} bytes on disk, the manifest records {size}",
                                          path, version)  # fmt: skip
         if hashlib.sha256(data).hexdigest() != sha256:
             raise DeltaVerificationError(
@@ -309,3 +332,28 @@ class DeltaReader:
         except DeltaFormatError as exc:
             raise DeltaVerificationError(f"{path} does not match its manifest: {exc}", path, version) from exc
         return rows
+
+
+def _file_key(path: Path) -> tuple[int, int, int]:
+    st = os.stat(path)
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _read_regular(path: Path, version: int, limit: int) -> bytes:
+    """The bytes of the regular file ``path``: all of them up to ``limit``, else ``limit + 1`` (not read
+    further: a file longer than its record is refused as such, never loaded whole).
+
+    Opened without blocking and checked before any read: a FIFO under a version file's name would wait
+    for a writer forever (the follower's thread with it), a device such as ``/dev/zero`` never end.
+
+    Raises:
+        FileNotFoundError / OSError: as ``open``.
+        DeltaVerificationError: ``path`` is no regular file.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with open(fd, "rb") as file:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise DeltaVerificationError(f"{path} is not a regular file (mode {stat.filemode(mode)}); a version holds "
+                                         "regular files only: publish it again", path, version)  # fmt: skip
+        return file.read(limit + 1)

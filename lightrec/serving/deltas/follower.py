@@ -18,10 +18,12 @@ plus the deltas after it (a worker that starts -- ``c`` unknown -- or falls behi
 up that way). Every worker reading the same folder picks the same ``v``.
 
 A version whose files fail verification, or whose update fails to apply, is *refused*: logged once,
-never read again. With ``gaps="wait"`` (default) no update goes through a refused version: the
-follower stays at its version (exact) until a snapshot after it arrives. ``gaps="skip"`` applies the
-versions around it instead -- fresher, but the rows only that version changed keep older values until
-they change again or the next snapshot.
+not read again while its folder stays as it was. One whose files change -- a version copied in by
+``rsync`` or ``cp -r`` shows its folder before all of its files -- is read again once they have stayed
+unchanged from one poll to the next (not at every poll while a copy runs). With ``gaps="wait"``
+(default) no update goes through a refused version: the follower stays at its version (exact) until
+a snapshot after it arrives. ``gaps="skip"`` applies the versions around it instead -- fresher, but
+the rows only that version changed keep older values until they change again or the next snapshot.
 
 The follower remembers the manifest of the version it serves. When that version's folder holds
 another manifest, or is gone while older versions are listed -- the folder was emptied and published
@@ -49,6 +51,7 @@ from lightrec.distributed.deltas import (
     Version,
     merge_versions,
 )
+from lightrec.distributed.deltas.reader import Stamp
 from lightrec.inference.predictor import Predictor
 from lightrec.serving.deltas.apply import PendingUpdate
 
@@ -91,7 +94,11 @@ class DeltaFollower:
         self.gaps = gaps
         self._lock = threading.RLock()
         self._version = start_version
-        self._refused: set[int] = set()
+        # version -> what its folder held when refused (reader.stamp); the refused versions whose folder
+        # changed since -> as the last poll saw it; the newer versions' -> as taken before the last poll read them
+        self._refused: dict[int, Stamp | None] = {}
+        self._changed: dict[int, Stamp | None] = {}
+        self._stamps: dict[int, Stamp | None] = {}
         self._last_scan: float | None = None
         self._wall_times: dict[int, float] = {}  # of the listed versions newer than the served one
         self._served: Manifest | None = None  # the manifest of the served version (None: not known)
@@ -117,7 +124,7 @@ class DeltaFollower:
 
     @property
     def refused_versions(self) -> frozenset[int]:
-        """Versions refused (failed verification or application); never read again."""
+        """Versions refused (failed verification or application); not read again while their folder stays."""
         with self._lock:
             return frozenset(self._refused)
 
@@ -139,6 +146,7 @@ class DeltaFollower:
         if replaced is not None:
             current = None  # another history: rebuild from a snapshot
         newer = [v for v in listed if current is None or v > current]
+        self._reconsider(newer)
         manifests = {v: self._manifest(v) for v in newer}
         with self._lock:
             self._wall_times = {v: m.wall_time for v, m in manifests.items() if m is not None}
@@ -182,12 +190,18 @@ class DeltaFollower:
             with self._lock:
                 self._served = found
             return None
-        if found == served or (found is None and min(listed) > current):
-            return None  # still there; or removed by retention (every older version with it): a snapshot follows
+        if found == served:
+            return None
+        if found is None:  # removed by retention, every older version with it (a snapshot follows)?
+            # retention may have run since the listing: ask the folder again before calling it a new history
+            fresh = listed if min(listed) > current else self.reader.versions()
+            if min(fresh, default=current + 1) > current:
+                return None
         with self._lock:
             if self._warned is not served:  # once per served version: forget the old history's refusals
                 self._warned = served
                 self._refused.clear()
+                self._changed.clear()
                 logger.warning("version %d (served) is %s %s: the folder was published anew; rebuilding its newest "
                                "version from its snapshot", current, "no longer in" if found is None else "another "
                                "version in", self.reader.dirpath)  # fmt: skip
@@ -256,10 +270,30 @@ class DeltaFollower:
             versions.append(read[v])
         return versions or None
 
+    def _reconsider(self, newer: list[int]) -> None:
+        """Take the stamps of ``newer`` before anything of them is read, and forget the refusal of a
+        version whose folder changed since, once it is unchanged from the previous poll (module docstring)."""
+        stamps = {v: self.reader.stamp(v) for v in newer}
+        again = []
+        with self._lock:
+            self._stamps = stamps
+            for v, stamp in stamps.items():
+                if v not in self._refused or self._refused[v] == stamp:
+                    self._changed.pop(v, None)
+                elif v in self._changed and self._changed[v] == stamp:
+                    del self._refused[v], self._changed[v]
+                    again.append(v)
+                else:
+                    self._changed[v] = stamp  # still changing (a copy running): look at the next poll
+        if again:
+            logger.info("reading version(s) %s of %s again: their files changed since they were refused", again,
+                        self.reader.dirpath)  # fmt: skip
+
     def _refuse(self, versions: list[int] | range, error: Exception) -> None:
         with self._lock:
             new = [v for v in versions if v not in self._refused]
-            self._refused.update(versions)
+            # the stamp taken before the read: files that changed since make the version worth a new read
+            self._refused.update({v: self._stamps.get(v) for v in new})
         if new:
             logger.warning("refusing version(s) %s of %s: %s", new, self.reader.dirpath, error)
 
